@@ -1,0 +1,40 @@
+"""Renderers: one `Report` in, text / JSON / Markdown out. They never probe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpucheck.errors import UsageError
+from gpucheck.report import Report
+
+FORMATS = ("text", "json", "markdown")
+_EXTENSIONS = {".txt": "text", ".log": "text", ".json": "json", ".md": "markdown",
+               ".markdown": "markdown"}
+
+
+def format_for(requested: str | None, output: str | None) -> str:
+    """The format asked for, else the one the output file's extension implies, else text."""
+    if requested is not None:
+        if requested not in FORMATS:
+            raise UsageError(
+                f"unknown --format {requested!r}: choose one of {', '.join(FORMATS)}"
+            )
+        return requested
+    if output is not None:
+        return _EXTENSIONS.get(Path(output).suffix.lower(), "text")
+    return "text"
+
+
+def render(report: Report, fmt: str, color: bool = False) -> str:
+    """The report as a string in `fmt` (one of FORMATS)."""
+    if fmt == "json":
+        from gpucheck.render.json import render_json
+
+        return render_json(report)
+    if fmt == "markdown":
+        from gpucheck.render.markdown import render_markdown
+
+        return render_markdown(report)
+    from gpucheck.render.text import render_text
+
+    return render_text(report, color=color)

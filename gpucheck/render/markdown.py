@@ -1,0 +1,78 @@
+"""Markdown renderer for cluster tickets: verdict and summary first, details folded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpucheck.render.values import fmt_value, is_table, table_columns
+from gpucheck.report import Finding, Report, Section, Status
+
+
+def _cell(value: Any) -> str:
+    return fmt_value(value).replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(rows: list[dict[str, Any]]) -> list[str]:
+    columns = table_columns(rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    return lines
+
+
+def render_markdown(report: Report) -> str:
+    lines = [
+        f"# gpucheck {report.command}: **{report.verdict().value}**",
+        "",
+        f"Host `{report.host}`, {report.created_at}, gpucheck {report.tool_version}, "
+        f"command `{' '.join(report.argv)}`",
+        "",
+        *md_table([{"status": s, "count": n} for s, n in report.summary().items()]),
+        "",
+    ]
+    lines.extend(_problem_lines(report.findings))
+    for section in report.sections:
+        lines.extend(_section_lines(section))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _finding_row(f: Finding) -> dict[str, Any]:
+    return {"status": f.status.value, "check": f.check, "subject": f.subject or "",
+            "message": f.message, "hint": f.hint or ""}
+
+
+def _problem_lines(findings: list[Finding]) -> list[str]:
+    problems = [f for f in findings if f.status in (Status.FAIL, Status.WARN)]
+    problems.sort(key=lambda f: -f.status.severity)
+    if not problems:
+        return ["No FAIL or WARN findings.", ""]
+    return ["## Problems", "", *md_table([_finding_row(f) for f in problems]), ""]
+
+
+def _section_lines(section: Section) -> list[str]:
+    lines = [f"<details><summary><b>{section.title}</b> ({_section_verdict(section)})"
+             "</summary>", ""]
+    scalars = [{"key": k, "value": v} for k, v in _flatten(section.data).items()]
+    if scalars:
+        lines += [*md_table(scalars), ""]
+    for key, value in section.data.items():
+        if is_table(value):
+            lines += [f"**{key}**", "", *md_table(value), ""]
+    if section.findings:
+        lines += [*md_table([_finding_row(f) for f in section.findings]), ""]
+    return [*lines, "</details>", ""]
+
+
+def _section_verdict(section: Section) -> str:
+    statuses = [f.status for f in section.findings]
+    return max(statuses, key=lambda s: s.severity).value if statuses else "info"
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as dotted keys; tables are left for their own blocks."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        elif not is_table(value):
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -1,0 +1,34 @@
+"""Formatting of plain values shared by the text and Markdown renderers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fmt_value(value: Any) -> str:
+    """A short human form: None is n/a, floats keep about four significant digits."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "n/a"
+        return f"{value:.0f}" if abs(value) >= 10_000 else f"{value:.4g}"
+    if isinstance(value, list) and all(not isinstance(v, (dict, list)) for v in value):
+        return ", ".join(fmt_value(v) for v in value) if value else "-"
+    return str(value)
+
+
+def is_table(value: Any) -> bool:
+    """A non-empty list of dicts renders as a table."""
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def table_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """Columns in first-seen order across all rows."""
+    columns: dict[str, None] = {}
+    for row in rows:
+        for key in row:
+            columns.setdefault(key, None)
+    return list(columns)
