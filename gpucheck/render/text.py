@@ -55,8 +55,8 @@ def table_lines(rows: list[dict[str, Any]], indent: str = "") -> list[str]:
     columns = table_columns(rows)
     cells = [[fmt_value(row.get(c)) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    header = "  ".join(c.ljust(w) for c, w in zip(columns, widths))
-    body = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
+    header = "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))
+    body = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     return [f"{indent}{line}" for line in [header.rstrip(), *body]]
 
 

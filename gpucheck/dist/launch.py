@@ -1,0 +1,124 @@
+"""Start local workers through torch's elastic launcher (the machinery behind torchrun).
+
+gpucheck never manages processes itself: `launch_local` hands a picklable worker
+function to `torch.distributed.launcher.api.elastic_launch`, which spawns the
+ranks, rendezvous over c10d on loopback, watches them, stops the others when
+one fails, and returns every rank's return value.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpucheck.errors import UsageError
+
+# Seconds the agent waits after SIGTERM before SIGKILL when it stops workers.
+SHUTDOWN_TIMEOUT_S = 3
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """How one worker ended badly, as the elastic agent saw it."""
+
+    rank: int
+    local_rank: int
+    exitcode: int
+    signal: str | None
+    message: str
+
+    def describe(self) -> str:
+        how = f"killed by {self.signal}" if self.signal else f"exit code {self.exitcode}"
+        return f"rank {self.rank} ({how}): {self.message}"
+
+
+class WorkersFailed(Exception):
+    """One or more local workers failed; `failures` says which and how."""
+
+    def __init__(self, failures: list[RankFailure]) -> None:
+        self.failures = failures
+        super().__init__("; ".join(f.describe() for f in failures))
+
+
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    """Raise a UsageError when `port` cannot be bound (before any process starts)."""
+    if not 0 < port < 65536:
+        raise UsageError(f"--master-port {port} is not a TCP port; use 1024-65535")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                raise UsageError(
+                    f"port {port} is in use; choose another --master-port or omit it "
+                    "to pick a free one"
+                ) from None
+            raise
+
+
+def launch_local(
+    entrypoint: Callable[..., Any],
+    args: tuple[Any, ...],
+    nproc: int,
+    master_port: int | None = None,
+) -> dict[int, Any]:
+    """Run `entrypoint(*args)` on `nproc` local ranks; return {rank: return value}.
+
+    `master_port=None` lets the rendezvous store bind a free port itself, which
+    avoids the race of picking a port and binding it later.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if master_port is not None:
+        check_port_free(master_port)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"gpucheck-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{master_port or 0}",
+        rdzv_configs={"timeout": 60},
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+    )
+    _quiet_elastic_logs()
+    try:
+        return elastic_launch(config, entrypoint)(*args)
+    except ChildFailedError as exc:
+        raise WorkersFailed(_failures(exc)) from None
+
+
+def _failures(exc: Any) -> list[RankFailure]:
+    failures = []
+    for rank, failure in sorted(exc.failures.items()):
+        message = failure.message
+        while isinstance(message, dict):  # the error file written by @record
+            message = message.get("message", "")
+        failures.append(RankFailure(
+            rank=rank,
+            local_rank=failure.local_rank,
+            exitcode=failure.exitcode,
+            signal=failure.signal_name() if failure.exitcode < 0 else None,
+            message=_first_line(str(message or "")) or "no error message",
+        ))
+    return failures
+
+
+def _first_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _quiet_elastic_logs() -> None:
+    """The agent logs its whole config at INFO/WARNING; gpucheck reports failures itself."""
+    for name in ("torch.distributed.elastic", "torch.multiprocessing"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)

@@ -1,0 +1,73 @@
+"""Where this process stands in a distributed job, read from its launcher's variables."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpucheck.errors import UsageError
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the job (the variables torchrun sets for every worker)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    launcher: str  # "torchrun" (or the elastic agent gpucheck starts), "slurm", "none"
+
+    @property
+    def is_reporter(self) -> bool:
+        """Rank 0 gathers, aggregates and reports; the other ranks stay quiet."""
+        return self.rank == 0
+
+
+def _int_var(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = environ.get(name)
+    if raw is None:
+        if default is None:
+            raise UsageError(f"{name} is not set; launch with torchrun or set it")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} is not an integer; fix the launcher") from None
+
+
+def torchrun_world(environ: Mapping[str, str]) -> World:
+    """The world torchrun (or any elastic agent) describes in RANK, WORLD_SIZE, ...."""
+    world_size = _int_var(environ, "WORLD_SIZE")
+    rank = _int_var(environ, "RANK")
+    if not 0 <= rank < world_size:
+        raise UsageError(f"RANK={rank} is outside WORLD_SIZE={world_size}; fix the launcher")
+    return World(
+        rank=rank,
+        world_size=world_size,
+        local_rank=_int_var(environ, "LOCAL_RANK", 0),
+        local_world_size=_int_var(environ, "LOCAL_WORLD_SIZE", world_size),
+        node_rank=_int_var(environ, "GROUP_RANK", 0),
+        master_addr=environ.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=_int_var(environ, "MASTER_PORT", 29500),
+        launcher="torchrun",
+    )
+
+
+def world_from_env(environ: Mapping[str, str] | None = None) -> World | None:
+    """The launcher's world, or None when this process was started on its own."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return torchrun_world(env)
+    return None
+
+
+def host_name() -> str:
+    return socket.gethostname()

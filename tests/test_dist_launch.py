@@ -1,0 +1,66 @@
+"""The launch frame with real processes: gloo on loopback, elastic launcher."""
+
+from __future__ import annotations
+
+import pytest
+from dist_workers import fail_on_rank_one, gather_ranks
+
+from gpucheck.dist.job import resolve_nproc, run_job
+from gpucheck.dist.launch import WorkersFailed, check_port_free, launch_local
+from gpucheck.dist.world import world_from_env
+from gpucheck.errors import UsageError
+
+
+def test_run_job_one_rank_runs_in_this_process() -> None:
+    import os
+
+    records = run_job(gather_ranks, "solo", nproc=1)
+    assert records == [{"rank": 0, "tag": "solo", "pid": os.getpid()}]
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_run_job_gathers_every_rank_through_the_elastic_launcher(nproc: int) -> None:
+    records = run_job(gather_ranks, "many", nproc=nproc)
+    assert [r["rank"] for r in records] == list(range(nproc))
+    assert len({r["pid"] for r in records}) == nproc
+
+
+def test_launch_local_names_the_rank_that_failed() -> None:
+    with pytest.raises(WorkersFailed) as caught:
+        launch_local(fail_on_rank_one, ("boom from rank one",), 2)
+    failed = {f.rank: f for f in caught.value.failures}
+    assert 1 in failed
+    assert "boom from rank one" in failed[1].message
+
+
+def test_port_in_use_is_a_usage_error() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        with pytest.raises(UsageError, match="in use"):
+            check_port_free(sock.getsockname()[1])
+
+
+def test_world_from_env_reads_torchrun_variables() -> None:
+    env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+           "GROUP_RANK": "1", "MASTER_ADDR": "node0", "MASTER_PORT": "29501"}
+    world = world_from_env(env)
+    assert world is not None
+    assert (world.rank, world.world_size, world.local_rank, world.node_rank) == (3, 8, 1, 1)
+    assert world_from_env({}) is None
+
+
+def test_n_gpus_disagreeing_with_the_launchers_world_is_a_usage_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UsageError, match="disagrees"):
+        resolve_nproc(4, default=2)
+    assert resolve_nproc(None, default=7) == 2
+
+
+def test_n_gpus_below_one_is_a_usage_error() -> None:
+    with pytest.raises(UsageError):
+        resolve_nproc(0, default=2)
