@@ -1,0 +1,79 @@
+"""Options and checks shared by the distributed commands (bench, comm)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from gpucheck.dist.job import resolve_nproc
+from gpucheck.dist.launch import check_port_free
+from gpucheck.errors import UsageError
+
+DEFAULT_CPU_RANKS = 2
+DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How many ranks, on what, talking how: settled before any process starts."""
+
+    nproc: int
+    device: str  # "cuda" or "cpu"
+    backend: str  # "nccl", "gloo", ...
+    master_port: int | None
+    timeout_s: float
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("launch")
+    group.add_argument("--n-gpus", "--nproc", dest="n_gpus", type=int, default=None,
+                       metavar="N", help="ranks to run on this node (default: every visible "
+                       f"GPU; {DEFAULT_CPU_RANKS} CPU ranks when there is none)")
+    group.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                       help="where ranks compute (default: cuda when a GPU is visible)")
+    group.add_argument("--backend", default=None,
+                       help="torch.distributed backend (default: nccl on cuda, gloo on cpu)")
+    group.add_argument("--master-port", type=int, default=None, metavar="PORT",
+                       help="rendezvous port for self-launched ranks (default: a free port)")
+    group.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                       help="end the run when a collective waits longer than this "
+                       f"(default: {DEFAULT_TIMEOUT_S:g})")
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def plan_launch(args: argparse.Namespace) -> LaunchPlan:
+    """Check the launch options against this machine; every problem is a UsageError."""
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout {args.timeout:g}: give a positive number of seconds")
+    gpus = _visible_gpus()
+    device = args.device or ("cuda" if gpus else "cpu")
+    if device == "cuda" and gpus == 0:
+        raise UsageError("--device cuda but no GPU is visible to torch; run `gpucheck env` "
+                         "to see why, or use --device cpu")
+    nproc = resolve_nproc(args.n_gpus, default=gpus if device == "cuda" else DEFAULT_CPU_RANKS)
+    if device == "cuda" and args.n_gpus is not None and args.n_gpus > gpus:
+        raise UsageError(f"--n-gpus {args.n_gpus} but only {gpus} GPU(s) are visible; "
+                         f"use --n-gpus {gpus} or fewer (check CUDA_VISIBLE_DEVICES)")
+    backend = args.backend or ("nccl" if device == "cuda" else "gloo")
+    _check_backend(backend, device)
+    if args.master_port is not None:
+        check_port_free(args.master_port)
+    return LaunchPlan(nproc, device, backend, args.master_port, args.timeout)
+
+
+def _check_backend(backend: str, device: str) -> None:
+    import torch.distributed as dist
+
+    available = {"nccl": dist.is_nccl_available(), "gloo": dist.is_gloo_available(),
+                 "mpi": dist.is_mpi_available()}
+    if backend not in available:
+        raise UsageError(f"--backend {backend!r} is unknown; use nccl, gloo or mpi")
+    if not available[backend]:
+        raise UsageError(f"--backend {backend} is not built into this torch; use gloo")
+    if backend == "nccl" and device != "cuda":
+        raise UsageError("--backend nccl needs --device cuda; use gloo on cpu")
