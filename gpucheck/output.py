@@ -15,6 +15,8 @@ def check_writable(path: str) -> None:
     if target.is_dir():
         raise UsageError(f"--output {path} is a directory: give a file name")
     parent = target.parent if str(target.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise UsageError(f"--output {path}: {parent} is not a directory; choose another path")
     if not parent.is_dir():
         raise UsageError(f"--output {path}: directory {parent} does not exist; create it first")
     if not os.access(parent, os.W_OK | os.X_OK):

@@ -1,0 +1,129 @@
+"""The report model and its three renderers, without any probe."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+from gpucheck.errors import UsageError
+from gpucheck.output import check_writable, write_atomic
+from gpucheck.render import format_for, render
+from gpucheck.report import Report, Section, Status, fail, ok, skip, warn
+
+
+def sample_report() -> Report:
+    report = Report(command="env", argv=["gpucheck", "env"], host="node7")
+    report.add(Section("system", "System", {"os": "Debian 12", "cpu_cores": 2, "ram_gib": 23.4,
+                                            "nested": {"a": None, "b": True}},
+                       [ok("system.shm", "/dev/shm is 12 GiB")]))
+    report.add(Section("gpus", "GPUs", {"gpus": [{"index": 0, "name": "H200", "temp_c": 41},
+                                                 {"index": 1, "name": "H200", "temp_c": None}]},
+                       [warn("gpu.pcie.width", "x8 of x16", "reseat the card", "GPU 1"),
+                        fail("gpu.ecc.volatile_uncorrected", "3 errors", "drain the node",
+                             "GPU 1"),
+                        skip("gpu.nvlink", "no NVLink")]))
+    return report
+
+
+def test_summary_counts_every_status_and_the_worst_is_the_verdict() -> None:
+    report = sample_report()
+    assert report.summary() == {"OK": 1, "SKIP": 1, "WARN": 1, "FAIL": 1}
+    assert report.verdict() is Status.FAIL
+
+
+@pytest.mark.parametrize(
+    ("statuses", "strict", "code"),
+    [([], False, 0), ([Status.OK, Status.SKIP], False, 0), ([Status.WARN], False, 0),
+     ([Status.WARN], True, 1), ([Status.FAIL], False, 1), ([Status.OK, Status.FAIL], True, 1)],
+)
+def test_exit_code_follows_the_worst_finding(statuses: list[Status], strict: bool,
+                                             code: int) -> None:
+    section = Section("s", "S", findings=[
+        {Status.OK: ok, Status.SKIP: skip}.get(s, lambda c, m: warn(c, m, "h"))("c", "m")
+        if s is not Status.FAIL else fail("c", "m", "h") for s in statuses])
+    assert Report("env", [section]).exit_code(strict=strict) == code
+
+
+def test_json_round_trips_through_the_schema() -> None:
+    report = sample_report()
+    raw = json.loads(render(report, "json"))
+    assert raw["schema_version"] == 1
+    assert raw["verdict"] == "FAIL"
+    assert raw["sections"][1]["findings"][1]["hint"] == "drain the node"
+    again = Report.from_dict(raw)
+    assert again.to_dict() == report.to_dict()
+
+
+def test_json_from_another_schema_version_is_refused() -> None:
+    raw = sample_report().to_dict()
+    raw["schema_version"] = 99
+    with pytest.raises(ValueError, match="schema_version"):
+        Report.from_dict(raw)
+
+
+def test_text_aligns_data_renders_tables_and_hints_without_colour() -> None:
+    text = render(sample_report(), "text", color=False)
+    assert "\033[" not in text
+    assert "gpucheck env on node7" in text and "FAIL" in text
+    assert re.search(r"^  os\s+Debian 12$", text, re.M)
+    assert re.search(r"^    index\s+name\s+temp_c$", text, re.M)
+    assert re.search(r"^    1\s+H200\s+n/a$", text, re.M)
+    assert "HINT: drain the node" in text
+
+
+def test_text_colours_only_when_asked() -> None:
+    assert "\033[31;1m" in render(sample_report(), "text", color=True)
+
+
+def test_markdown_puts_verdict_and_problems_first_and_folds_details() -> None:
+    md = render(sample_report(), "markdown")
+    lines = md.splitlines()
+    assert lines[0] == "# gpucheck env: **FAIL**"
+    assert md.index("## Problems") < md.index("<details>")
+    problems = md[md.index("## Problems"):md.index("<details>")]
+    assert problems.index("FAIL") < problems.index("WARN")
+    assert md.count("<details>") == md.count("</details>") == 2
+    assert "| nested.b | yes |" in md
+
+
+@pytest.mark.parametrize(
+    ("requested", "output", "expected"),
+    [(None, None, "text"), (None, "r.json", "json"), (None, "r.md", "markdown"),
+     ("json", "r.md", "json"), (None, "r.log", "text")],
+)
+def test_format_comes_from_the_flag_then_the_extension(requested: str | None,
+                                                      output: str | None, expected: str) -> None:
+    assert format_for(requested, output) == expected
+
+
+def test_unknown_format_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="choose one of text, json, markdown"):
+        format_for("yaml", None)
+
+
+def test_write_atomic_replaces_the_file_whole(tmp_path: Path) -> None:
+    target = tmp_path / "report.json"
+    target.write_text("old")
+    write_atomic(str(target), "new contents\n")
+    assert target.read_text() == "new contents\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+    assert stat.S_IMODE(target.stat().st_mode) & 0o044  # readable by others, as umask allows
+
+
+def test_unwritable_output_is_refused_before_any_work(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UsageError, match="does not exist"):
+        check_writable(str(tmp_path / "missing" / "r.json"))
+    with pytest.raises(UsageError, match="directory"):
+        check_writable(str(tmp_path))
+    # Root can write anywhere, so the permission check is exercised through os.access.
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == tmp_path
+                        else real_access(path, mode))
+    with pytest.raises(UsageError, match="not writable"):
+        check_writable(str(tmp_path / "r.json"))
