@@ -1,0 +1,33 @@
+"""`gpucheck env`: OS, Python, PyTorch, CUDA/cuDNN/NCCL, driver and GPU health.
+
+torch and pynvml are imported only inside the probes, never by this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gpucheck.errors import UsageError
+from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S
+from gpucheck.probes.runner import collect_env_report
+from gpucheck.report import Report
+
+HELP = "probe OS, Python, PyTorch, CUDA/cuDNN/NCCL, driver and GPU health"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-gpu-test", dest="gpu_test", action="store_false",
+                        help="skip the quick functional test of every visible GPU "
+                             "(matmul check and pinned copy bandwidth, ~1 s per GPU)")
+    parser.add_argument("--nvml-timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        metavar="SECONDS",
+                        help="give up on an NVML call after this long (default: "
+                             f"{DEFAULT_TIMEOUT_S:g})")
+
+
+def run(args: argparse.Namespace) -> Report:
+    timeout = getattr(args, "nvml_timeout", DEFAULT_TIMEOUT_S)
+    if not timeout > 0:
+        raise UsageError(f"--nvml-timeout must be positive, not {timeout}")
+    return collect_env_report(gpu_test=getattr(args, "gpu_test", True),
+                              nvml_timeout_s=timeout)

@@ -1,0 +1,501 @@
+"""Driver and per-GPU health through NVML (the `nvidia-smi -q` view).
+
+Every call goes through `Nvml` (one doorway). A field the GPU does not support is
+None (shown as n/a); a GPU that fails mid-query (lost, needs reset) becomes a FAIL
+finding for that GPU while the others are still reported.
+"""
+
+from __future__ import annotations
+
+import glob
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpucheck.probes.nvml import Nvml, NvmlFailure
+from gpucheck.report import Finding, Section, fail, ok, skip, warn
+
+NVIDIA_PCI_VENDOR = "0x10de"
+PCI_DISPLAY_CLASSES = ("0x0300", "0x0302")
+
+# Clock-event (throttle) reason bits, as in nvml.h / pynvml nvmlClocksEventReason*.
+CLOCK_REASONS = {
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
+    0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+BAD_CLOCK_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                     "hw_power_brake_slowdown")
+# NVML_TOPOLOGY_* level -> the `nvidia-smi topo -m` legend.
+TOPOLOGY_LEVELS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    """NVML's view of the driver. `present` is False when no driver could be reached."""
+
+    present: bool
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    gpu_count: int | None = None
+    failure: NvmlFailure | None = None
+
+
+@dataclass(frozen=True)
+class GpuRecord:
+    """One GPU, fields named after `nvidia-smi --query-gpu=...`; None is n/a."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    compute_capability: str | None = None
+    persistence_mode: bool | None = None
+    mig_mode: bool | None = None
+    temperature_c: int | None = None
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    utilization_gpu_pct: int | None = None
+    utilization_memory_pct: int | None = None
+    process_count: int | None = None
+    pcie_gen_current: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_current: int | None = None
+    pcie_width_max: int | None = None
+    ecc_mode: bool | None = None
+    ecc_volatile_uncorrected: int | None = None
+    ecc_aggregate_uncorrected: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failed: bool | None = None
+    clock_event_reasons: list[str] | None = None
+    nvlink_active_links: int | None = None
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    error_kind: str | None = None
+    error_hint: str | None = None
+
+    @property
+    def subject(self) -> str:
+        details = ", ".join(v for v in (self.name, self.pci_bus_id) if v)
+        return f"GPU {self.index} ({details})" if details else f"GPU {self.index}"
+
+    def row(self) -> dict[str, Any]:
+        row = asdict(self)
+        for key in ("processes", "error_kind", "error_hint"):
+            row.pop(key)
+        return row
+
+
+def nvidia_pci_devices(root: str = "/sys/bus/pci/devices") -> int:
+    """NVIDIA display/3D controllers on the PCI bus (`lspci -d 10de:`), no driver needed."""
+    count = 0
+    for device in glob.glob(f"{root}/*"):
+        try:
+            vendor = Path(device, "vendor").read_text().strip()
+            klass = Path(device, "class").read_text().strip()
+        except OSError:
+            continue
+        if vendor == NVIDIA_PCI_VENDOR and klass.startswith(PCI_DISPLAY_CLASSES):
+            count += 1
+    return count
+
+
+def cuda_version_str(value: int | None) -> str | None:
+    """NVML's 12040 -> '12.4' (as in the `CUDA Version` of nvidia-smi's header)."""
+    if not value:
+        return None
+    return f"{value // 1000}.{(value % 1000) // 10}"
+
+
+def read_driver(nvml: Nvml) -> DriverInfo:
+    """`nvidia-smi --query-gpu=driver_version --format=csv` plus the CUDA the driver supports."""
+    try:
+        version = nvml.call("nvmlSystemGetDriverVersion")
+        cuda = nvml.get("nvmlSystemGetCudaDriverVersion_v2")
+        if cuda is None:
+            cuda = nvml.get("nvmlSystemGetCudaDriverVersion")
+        count = nvml.call("nvmlDeviceGetCount")
+    except NvmlFailure as exc:
+        return DriverInfo(present=False, failure=exc)
+    return DriverInfo(True, str(version), cuda_version_str(cuda), int(count))
+
+
+def driver_finding(info: DriverInfo, pci_gpus: int) -> Finding:
+    if info.present:
+        return ok("driver.nvml", f"NVIDIA driver {info.driver_version} (CUDA "
+                  f"{info.cuda_version or 'n/a'}), {info.gpu_count} GPU(s)")
+    failure = info.failure
+    assert failure is not None
+    if failure.kind == "ImportError":
+        return warn("driver.nvml", f"cannot query the driver: {failure.detail}",
+                    "pip install nvidia-ml-py")
+    if failure.kind == "NVMLError_LibraryNotFound" and pci_gpus == 0:
+        return skip("driver.nvml", "no NVIDIA driver and no NVIDIA GPU on this machine")
+    message = failure.meaning
+    if pci_gpus:
+        message += f" ({pci_gpus} NVIDIA GPU(s) on the PCI bus)"
+    return fail("driver.nvml", message, failure.hint)
+
+
+def _memory(nvml: Nvml, handle: Any) -> tuple[int | None, int | None]:
+    """Total/used bytes via the v2 call (`nvidia-smi --query-gpu=memory.total,memory.used`)."""
+    version = getattr(nvml.module, "nvmlMemory_v2", None)
+    mem = nvml.get("nvmlDeviceGetMemoryInfo", handle, version=version) if version else None
+    if mem is None:
+        mem = nvml.get("nvmlDeviceGetMemoryInfo", handle)
+    return (None, None) if mem is None else (int(mem.total), int(mem.used))
+
+
+def _enabled(value: Any) -> bool | None:
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    return None if value is None else bool(value)
+
+
+def _watts(milliwatts: Any) -> float | None:
+    return None if milliwatts is None else round(milliwatts / 1000.0, 1)
+
+
+def _clock_reasons(nvml: Nvml, handle: Any) -> list[str] | None:
+    """`nvidia-smi --query-gpu=clocks_event_reasons.active`, as names."""
+    mask = nvml.get("nvmlDeviceGetCurrentClocksEventReasons", handle)
+    if mask is None:
+        mask = nvml.get("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+    if mask is None:
+        return None
+    return [name for bit, name in CLOCK_REASONS.items() if int(mask) & bit]
+
+
+def _processes(nvml: Nvml, handle: Any) -> list[dict[str, Any]] | None:
+    """Compute and graphics processes (`nvidia-smi --query-compute-apps=pid,used_memory`)."""
+    seen: dict[int, dict[str, Any]] = {}
+    answered = False
+    for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        procs = nvml.get(fn, handle)
+        if procs is None:
+            continue
+        answered = True
+        for proc in procs:
+            used = getattr(proc, "usedGpuMemory", None)
+            seen.setdefault(int(proc.pid), {"pid": int(proc.pid), "used_memory_bytes": used})
+    return list(seen.values()) if answered else None
+
+
+def _nvlink_active(nvml: Nvml, handle: Any) -> int | None:
+    """Active NVLink links (`nvidia-smi nvlink --status`); None when NVLink is absent."""
+    max_links = getattr(nvml.module, "NVML_NVLINK_MAX_LINKS", 18)
+    active = 0
+    for link in range(max_links):
+        state = nvml.get("nvmlDeviceGetNvLinkState", handle, link)
+        if state is None:
+            return None if link == 0 else active
+        active += int(bool(state))
+    return active
+
+
+def _ecc(nvml: Nvml, handle: Any) -> dict[str, Any]:
+    """`nvidia-smi --query-gpu=ecc.mode.current,ecc.errors.uncorrected.volatile.total,...`."""
+    m = nvml.module
+    unc = getattr(m, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+    volatile = nvml.get("nvmlDeviceGetTotalEccErrors", handle, unc,
+                        getattr(m, "NVML_VOLATILE_ECC", 0))
+    aggregate = nvml.get("nvmlDeviceGetTotalEccErrors", handle, unc,
+                         getattr(m, "NVML_AGGREGATE_ECC", 1))
+    return {"ecc_mode": _enabled(nvml.get("nvmlDeviceGetEccMode", handle)),
+            "ecc_volatile_uncorrected": volatile, "ecc_aggregate_uncorrected": aggregate}
+
+
+def _retirement(nvml: Nvml, handle: Any) -> dict[str, Any]:
+    """Retired pages (pre-Ampere) and remapped rows (Ampere+), `nvidia-smi -q -d ROW_REMAPPER`."""
+    pending_pages = nvml.get("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+    rows = nvml.get("nvmlDeviceGetRemappedRows", handle)
+    return {
+        "retired_pages_pending": None if pending_pages is None else bool(pending_pages),
+        "remapped_rows_pending": None if rows is None else bool(rows[2]),
+        "remapped_rows_failed": None if rows is None else bool(rows[3]),
+    }
+
+
+def _pcie(nvml: Nvml, handle: Any) -> dict[str, Any]:
+    """`nvidia-smi --query-gpu=pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.*`."""
+    return {
+        "pcie_gen_current": nvml.get("nvmlDeviceGetCurrPcieLinkGeneration", handle),
+        "pcie_gen_max": nvml.get("nvmlDeviceGetMaxPcieLinkGeneration", handle),
+        "pcie_width_current": nvml.get("nvmlDeviceGetCurrPcieLinkWidth", handle),
+        "pcie_width_max": nvml.get("nvmlDeviceGetMaxPcieLinkWidth", handle),
+    }
+
+
+def _identity(nvml: Nvml, handle: Any) -> dict[str, Any]:
+    pci = nvml.get("nvmlDeviceGetPciInfo", handle)
+    cc = nvml.get("nvmlDeviceGetCudaComputeCapability", handle)
+    return {
+        "name": nvml.get("nvmlDeviceGetName", handle),
+        "uuid": nvml.get("nvmlDeviceGetUUID", handle),
+        "pci_bus_id": None if pci is None else _decode(pci.busId),
+        "compute_capability": None if cc is None else f"{cc[0]}.{cc[1]}",
+    }
+
+
+def _decode(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _state(nvml: Nvml, handle: Any) -> dict[str, Any]:
+    m = nvml.module
+    util = nvml.get("nvmlDeviceGetUtilizationRates", handle)
+    sm = getattr(m, "NVML_CLOCK_SM", 1)
+    return {
+        "persistence_mode": _enabled(nvml.get("nvmlDeviceGetPersistenceMode", handle)),
+        "mig_mode": _enabled(nvml.get("nvmlDeviceGetMigMode", handle)),
+        "temperature_c": nvml.get("nvmlDeviceGetTemperature", handle,
+                                  getattr(m, "NVML_TEMPERATURE_GPU", 0)),
+        "power_draw_w": _watts(nvml.get("nvmlDeviceGetPowerUsage", handle)),
+        "power_limit_w": _watts(nvml.get("nvmlDeviceGetEnforcedPowerLimit", handle)),
+        "sm_clock_mhz": nvml.get("nvmlDeviceGetClockInfo", handle, sm),
+        "sm_clock_max_mhz": nvml.get("nvmlDeviceGetMaxClockInfo", handle, sm),
+        "utilization_gpu_pct": None if util is None else int(util.gpu),
+        "utilization_memory_pct": None if util is None else int(util.memory),
+    }
+
+
+def read_gpu(nvml: Nvml, index: int) -> GpuRecord:
+    """Everything `nvidia-smi -q -i <index>` shows that matters here."""
+    fields: dict[str, Any] = {}
+    try:
+        handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
+        fields.update(_identity(nvml, handle))
+        total, used = _memory(nvml, handle)
+        fields.update(memory_total_bytes=total, memory_used_bytes=used)
+        fields.update(_state(nvml, handle), **_pcie(nvml, handle), **_ecc(nvml, handle))
+        fields.update(_retirement(nvml, handle))
+        fields["clock_event_reasons"] = _clock_reasons(nvml, handle)
+        procs = _processes(nvml, handle)
+        fields.update(process_count=None if procs is None else len(procs),
+                      processes=procs or [])
+        fields["nvlink_active_links"] = _nvlink_active(nvml, handle)
+    except NvmlFailure as exc:
+        fields.update(error=str(exc), error_kind=exc.kind, error_hint=exc.hint)
+    return GpuRecord(index=index, **fields)
+
+
+def _lost_finding(gpu: GpuRecord) -> Finding:
+    check = "gpu.lost" if gpu.error_kind == "NVMLError_GpuIsLost" else "gpu.query"
+    return fail(check, f"query failed: {gpu.error}", gpu.error_hint or "run nvidia-smi",
+                gpu.subject)
+
+
+def busy_finding(gpu: GpuRecord) -> Finding:
+    """WARN before a benchmark: another process is on the GPU."""
+    if gpu.process_count is None:
+        return skip("gpu.busy", "process list: n/a", gpu.subject)
+    if gpu.process_count:
+        pids = ", ".join(str(p["pid"]) for p in gpu.processes[:8])
+        return warn("gpu.busy", f"{gpu.process_count} process(es) using it (pid {pids}), "
+                    f"utilisation {gpu.utilization_gpu_pct}%",
+                    "wait for them or pick another GPU before benchmarking "
+                    "(nvidia-smi --query-compute-apps=pid,process_name --format=csv)",
+                    gpu.subject)
+    return ok("gpu.busy", "no processes on it", gpu.subject)
+
+
+def pcie_finding(gpu: GpuRecord) -> Finding:
+    """Link width below its max is a seating/riser/slot problem; a lower gen is often idle."""
+    cur, top = gpu.pcie_width_current, gpu.pcie_width_max
+    if cur is None or top is None:
+        return skip("gpu.pcie.width", "PCIe link width: n/a", gpu.subject)
+    gen = f"Gen{gpu.pcie_gen_current}/{gpu.pcie_gen_max}"
+    if cur < top:
+        return warn("gpu.pcie.width", f"PCIe link is x{cur} of x{top} ({gen})",
+                    "reseat the GPU or check the riser/slot; a narrower link cuts host "
+                    "transfer bandwidth", gpu.subject)
+    note = ""
+    if gpu.pcie_gen_current and gpu.pcie_gen_max and gpu.pcie_gen_current < gpu.pcie_gen_max:
+        note = " (idle GPUs lower the link generation to save power; check under load)"
+    return ok("gpu.pcie.width", f"PCIe link x{cur} of x{top}, {gen}{note}", gpu.subject)
+
+
+def ecc_findings(gpu: GpuRecord) -> list[Finding]:
+    subject = gpu.subject
+    volatile, aggregate = gpu.ecc_volatile_uncorrected, gpu.ecc_aggregate_uncorrected
+    if volatile is None:
+        mode = "ECC disabled" if gpu.ecc_mode is False else "ECC counters n/a"
+        return [skip("gpu.ecc.volatile_uncorrected", mode, subject)]
+    findings = []
+    if volatile > 0:
+        findings.append(fail("gpu.ecc.volatile_uncorrected",
+                             f"{volatile} uncorrected ECC error(s) since the last driver load",
+                             "drain the node and reset the GPU (nvidia-smi -r); if they return, "
+                             "replace it", subject))
+    else:
+        findings.append(ok("gpu.ecc.volatile_uncorrected", "no uncorrected ECC errors",
+                           subject))
+    if aggregate:
+        findings.append(warn("gpu.ecc.aggregate_uncorrected",
+                             f"{aggregate} uncorrected ECC error(s) over the GPU's lifetime",
+                             "watch this GPU; repeated errors mean an RMA", subject))
+    return findings
+
+
+def retirement_findings(gpu: GpuRecord) -> list[Finding]:
+    subject, findings = gpu.subject, []
+    if gpu.retired_pages_pending:
+        findings.append(fail("gpu.retired_pages.pending", "retired memory pages are pending",
+                             "reset the GPU (nvidia-smi -r) or reboot to retire them", subject))
+    if gpu.remapped_rows_pending:
+        findings.append(fail("gpu.remapped_rows.pending", "a memory row remap is pending",
+                             "reset the GPU (nvidia-smi -r) or reboot so the remap takes "
+                             "effect", subject))
+    if gpu.remapped_rows_failed:
+        findings.append(fail("gpu.remapped_rows.failed", "a memory row remap failed",
+                             "the GPU needs service: drain the node and open an RMA", subject))
+    known = (gpu.retired_pages_pending, gpu.remapped_rows_pending)
+    if not findings and any(v is not None for v in known):
+        findings.append(ok("gpu.memory_retirement", "no pending page retirement or row remap",
+                           subject))
+    return findings
+
+
+def clock_finding(gpu: GpuRecord) -> Finding:
+    """`nvidia-smi -q -d PERFORMANCE`: thermal, power-brake and HW slowdowns are WARN."""
+    reasons = gpu.clock_event_reasons
+    if reasons is None:
+        return skip("gpu.clocks.event_reasons", "clock event reasons: n/a", gpu.subject)
+    bad = [r for r in reasons if r in BAD_CLOCK_REASONS]
+    if bad:
+        return warn("gpu.clocks.event_reasons", f"clocks held down by {', '.join(bad)} "
+                    f"(SM {gpu.sm_clock_mhz}/{gpu.sm_clock_max_mhz} MHz, "
+                    f"{gpu.temperature_c} C)",
+                    "check cooling, airflow and the power supply; nvidia-smi -q -d "
+                    "PERFORMANCE,TEMPERATURE", gpu.subject)
+    return ok("gpu.clocks.event_reasons", f"no slowdown ({', '.join(reasons) or 'none'})",
+              gpu.subject)
+
+
+def gpu_findings(gpu: GpuRecord) -> list[Finding]:
+    if gpu.error:
+        return [_lost_finding(gpu)]
+    return [busy_finding(gpu), pcie_finding(gpu), *ecc_findings(gpu),
+            *retirement_findings(gpu), clock_finding(gpu)]
+
+
+def _link(nvml: Nvml, a: Any, b: Any, links: int | None) -> str:
+    m = nvml.module
+    if links:
+        status = nvml.get("nvmlDeviceGetP2PStatus", a, b,
+                          getattr(m, "NVML_P2P_CAPS_INDEX_NVLINK", 2))
+        if status == getattr(m, "NVML_P2P_STATUS_OK", 0):
+            return f"NV{links}"
+    level = nvml.get("nvmlDeviceGetTopologyCommonAncestor", a, b)
+    return "n/a" if level is None else TOPOLOGY_LEVELS.get(int(level), str(level))
+
+
+def read_topology(nvml: Nvml, gpus: list[GpuRecord]) -> list[dict[str, Any]]:
+    """The `nvidia-smi topo -m` matrix: X, NV#, PIX, PXB, PHB, NODE, SYS (n/a on error).
+
+    NV# is the number of active NVLinks of the row GPU when NVML reports NVLink P2P
+    between the pair (exact for NVSwitch systems and two-GPU bridges).
+    """
+    healthy = [g for g in gpus if not g.error]
+    handles = {g.index: nvml.call("nvmlDeviceGetHandleByIndex", g.index) for g in healthy}
+    rows = []
+    for a in healthy:
+        row: dict[str, Any] = {"gpu": f"GPU{a.index}"}
+        for b in healthy:
+            row[f"GPU{b.index}"] = "X" if a.index == b.index else _link(
+                nvml, handles[a.index], handles[b.index], a.nvlink_active_links)
+        rows.append(row)
+    return rows
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    parts = ([*version.split("."), "0"])[:2]
+    try:
+        return int(parts[0]), int(parts[1])
+    except ValueError:
+        return 0, 0
+
+
+def cuda_compat_finding(driver: DriverInfo, torch_cuda: str | None) -> Finding:
+    """The driver's newest CUDA against the CUDA torch was built with.
+
+    Rule: FAIL when the driver's CUDA major < torch's CUDA major (CUDA cannot start);
+    WARN when the major matches but the minor is lower (CUDA minor-version
+    compatibility runs most code, but PTX JIT and newer features can fail); OK otherwise.
+    """
+    check = "driver.cuda_compat"
+    if torch_cuda is None:
+        return skip(check, "torch has no CUDA build to compare with the driver")
+    if not driver.present or driver.cuda_version is None:
+        return skip(check, f"torch needs CUDA {torch_cuda}; the driver's CUDA is unknown")
+    have, need = _version_tuple(driver.cuda_version), _version_tuple(torch_cuda)
+    versions = f"driver {driver.driver_version} supports CUDA {driver.cuda_version}, " \
+               f"torch was built with CUDA {torch_cuda}"
+    if have[0] < need[0]:
+        return fail(check, f"{versions}: the driver is too old for this torch",
+                    "upgrade the NVIDIA driver (then reboot), or install a torch built for "
+                    f"CUDA {driver.cuda_version} or older")
+    if have < need:
+        return warn(check, f"{versions}: runs by minor-version compatibility, but PTX JIT "
+                    "and newer CUDA features may fail",
+                    "upgrade the NVIDIA driver to one that supports CUDA "
+                    f"{torch_cuda}")
+    return ok(check, versions)
+
+
+def driver_section(info: DriverInfo, pci_gpus: int) -> Section:
+    data = {
+        "driver_version": info.driver_version,
+        "cuda_driver_version": info.cuda_version,
+        "gpu_count": info.gpu_count,
+        "nvidia_pci_devices": pci_gpus,
+        "nvml_error": None if info.failure is None else str(info.failure),
+    }
+    return Section("driver", "NVIDIA driver", data, [driver_finding(info, pci_gpus)])
+
+
+def gpus_section(nvml: Nvml, gpus: list[GpuRecord]) -> Section:
+    findings = [f for gpu in gpus for f in gpu_findings(gpu)]
+    data: dict[str, Any] = {"gpus": [g.row() for g in gpus]}
+    data["processes"] = [{"gpu": g.index, **p} for g in gpus for p in g.processes]
+    try:
+        data["topology"] = read_topology(nvml, gpus) if len(gpus) > 1 else []
+    except NvmlFailure as exc:
+        data["topology"] = []
+        findings.append(fail("gpu.topology", f"topology query failed: {exc}", exc.hint))
+    return Section("gpus", "GPUs", data, findings)
+
+
+@dataclass(frozen=True)
+class NvmlResult:
+    driver: DriverInfo
+    gpus: list[GpuRecord]
+    sections: list[Section]
+    pci_gpus: int
+
+
+def probe_nvml(nvml: Nvml | None = None) -> NvmlResult:
+    """Driver and every GPU (`nvidia-smi -q` and `nvidia-smi topo -m`)."""
+    nvml = nvml or Nvml()
+    pci_gpus = nvidia_pci_devices()
+    info = read_driver(nvml)
+    sections = [driver_section(info, pci_gpus)]
+    gpus: list[GpuRecord] = []
+    if info.present:
+        gpus = [read_gpu(nvml, i) for i in range(info.gpu_count or 0)]
+        sections.append(gpus_section(nvml, gpus))
+    else:
+        sections.append(Section("gpus", "GPUs", {"gpus": []},
+                                [skip("gpu.count", "no GPU can be queried without NVML")]))
+    if nvml.hung is not None:
+        sections[0].findings.append(fail("driver.nvml_hang", str(nvml.hung),
+                                         "check dmesg for Xid errors; the driver may need a "
+                                         "reset or the node a reboot"))
+    nvml.shutdown()
+    return NvmlResult(info, gpus, sections, pci_gpus)

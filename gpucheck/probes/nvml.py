@@ -1,0 +1,198 @@
+"""The one doorway to NVML: lazy start, bytes decoded, errors mapped to meanings.
+
+Every NVML call in gpucheck goes through `Nvml.call`. It imports `pynvml` (from the
+nvidia-ml-py package) only when first used, starts NVML once, decodes bytes to
+str, and turns an `NVMLError` into an `NvmlFailure` that says what it means.
+Calls run on one daemon worker thread with a timeout, so a hanging driver call
+costs at most `timeout_s` once: after a timeout the doorway stays closed and
+every later call fails at once with the same meaning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_TIMEOUT_S = 3.0
+
+# NVMLError subclass name -> (short meaning, what to do).
+MEANINGS: dict[str, tuple[str, str]] = {
+    "NVMLError_LibraryNotFound": (
+        "no NVIDIA driver: the NVML library (libnvidia-ml.so.1) was not found",
+        "install the NVIDIA driver, or run inside a container started with the GPU runtime "
+        "(docker --gpus all)"),
+    "NVMLError_DriverNotLoaded": (
+        "the NVIDIA kernel driver is not loaded",
+        "load it (sudo modprobe nvidia) or reinstall the driver; check dmesg for errors"),
+    "NVMLError_LibRmVersionMismatch": (
+        "driver/library version mismatch: the loaded kernel module differs from the "
+        "user-space NVML library",
+        "reboot after the driver upgrade (or reload the nvidia kernel modules)"),
+    "NVMLError_GpuIsLost": (
+        "the GPU is lost (fell off the bus)",
+        "check dmesg for Xid 79; reset the GPU (nvidia-smi -r) or power-cycle the node"),
+    "NVMLError_ResetRequired": (
+        "the GPU needs a reset",
+        "reset the GPU (nvidia-smi -r -i <index>) or reboot the node"),
+    "NVMLError_NoPermission": (
+        "not permitted to query this",
+        "run as a user allowed to access /dev/nvidia* (or as root)"),
+    "NVMLError_NotSupported": ("not supported on this GPU", ""),
+    "NVMLError_FunctionNotFound": (
+        "this driver's NVML lacks the function (driver older than nvidia-ml-py)", ""),
+    "NVMLError_Uninitialized": ("NVML is not initialised", "report a gpucheck bug"),
+    "NVMLError_Timeout": ("the NVML call timed out in the driver",
+                         "check dmesg for Xid errors; the GPU may need a reset"),
+}
+# Field-level errors that mean "this GPU/driver does not have it": shown as n/a.
+NOT_AVAILABLE = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound",
+                 "NVMLError_NotFound", "NVMLError_NoData", "NVMLError_InvalidArgument",
+                 "NVMLError_NoPermission")
+
+
+class NvmlFailure(Exception):
+    """An NVML call failed; `kind` is the NVMLError subclass name (or 'Timeout')."""
+
+    def __init__(self, kind: str, detail: str, function: str) -> None:
+        self.kind = kind
+        self.detail = detail
+        self.function = function
+        super().__init__(f"{function}: {self.meaning} ({detail})")
+
+    @property
+    def meaning(self) -> str:
+        return MEANINGS.get(self.kind, (self.detail, ""))[0]
+
+    @property
+    def hint(self) -> str:
+        hint = MEANINGS.get(self.kind, ("", ""))[1]
+        return hint or "run nvidia-smi to see whether the driver itself reports the problem"
+
+    @property
+    def not_available(self) -> bool:
+        """True when the field simply does not exist on this GPU/driver (show n/a)."""
+        return self.kind in NOT_AVAILABLE
+
+
+def decode(value: Any) -> Any:
+    """NVML strings arrive as bytes from some nvidia-ml-py versions."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+@dataclass
+class _Job:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    done: threading.Event
+    result: Any = None
+    error: BaseException | None = None
+
+
+class Nvml:
+    """Lazy NVML session. `call("nvmlDeviceGetName", handle)` -> decoded value or NvmlFailure.
+
+    Equivalent of what `nvidia-smi -q` reads.
+    """
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self._module: Any = None
+        self._start_error: NvmlFailure | None = None
+        self._started = False
+        self._hung: NvmlFailure | None = None
+        self._jobs: queue.Queue[_Job] = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def module(self) -> Any:
+        """The pynvml module (after `start`)."""
+        return self._module
+
+    def start(self) -> None:
+        """Import pynvml and nvmlInit once; raises NvmlFailure (kept for later calls)."""
+        with self._lock:
+            if not self._started:
+                self._started = True
+                self._start_error = self._try_start()
+        if self._start_error is not None:
+            raise self._start_error
+
+    def _try_start(self) -> NvmlFailure | None:
+        try:
+            import pynvml
+        except ImportError as exc:
+            return NvmlFailure("ImportError", f"cannot import pynvml: {exc}", "import pynvml")
+        self._module = pynvml
+        try:
+            self._run(pynvml.nvmlInit, (), {}, "nvmlInit")
+        except NvmlFailure as exc:
+            return exc
+        return None
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call pynvml.<name>(*args) through the doorway; raises NvmlFailure."""
+        self.start()
+        fn = getattr(self._module, name, None)
+        if fn is None:
+            raise NvmlFailure("NVMLError_FunctionNotFound", "not in this pynvml", name)
+        return decode(self._run(fn, args, kwargs, name))
+
+    def get(self, name: str, *args: Any, default: Any = None, **kwargs: Any) -> Any:
+        """Like `call` but a not-available field gives `default` (n/a)."""
+        try:
+            return self.call(name, *args, **kwargs)
+        except NvmlFailure as exc:
+            if exc.not_available:
+                return default
+            raise
+
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...],
+             kwargs: dict[str, Any], name: str) -> Any:
+        if self._hung is not None:
+            raise NvmlFailure("Timeout", f"an earlier call ({self._hung.function}) hung",
+                              name)
+        job = _Job(fn, args, kwargs, threading.Event())
+        self._ensure_worker()
+        self._jobs.put(job)
+        if not job.done.wait(self.timeout_s):
+            self._hung = NvmlFailure("Timeout", f"no answer within {self.timeout_s:g} s", name)
+            raise self._hung
+        if job.error is not None:
+            raise self._translate(job.error, name) from job.error
+        return job.result
+
+    def _translate(self, error: BaseException, name: str) -> NvmlFailure:
+        # NVMLError subclasses are named NVMLError_<Meaning>; anything else keeps its name.
+        return NvmlFailure(type(error).__name__, str(error), name)
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._serve, name="gpucheck-nvml",
+                                            daemon=True)
+            self._worker.start()
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job.result = job.fn(*job.args, **job.kwargs)
+            except BaseException as exc:  # handed back to the caller's thread
+                job.error = exc
+            job.done.set()
+
+    @property
+    def hung(self) -> NvmlFailure | None:
+        """The timeout that closed the doorway, if any."""
+        return self._hung
+
+    def shutdown(self) -> None:
+        """nvmlShutdown when started and not hung (best effort)."""
+        if self._module is not None and self._start_error is None and self._hung is None:
+            with contextlib.suppress(NvmlFailure):
+                self._run(self._module.nvmlShutdown, (), {}, "nvmlShutdown")

@@ -1,0 +1,217 @@
+"""Python environment probe: interpreter, venv/conda, where torch comes from, versions.
+
+Versions come from package metadata (no `pip list` / `conda list` subprocess).
+The torchvision compiled-ops check runs in a subprocess started first and read
+last (`TorchvisionCheck`), so its cost overlaps the other probes.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import importlib.util
+import json
+import os
+import site
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpucheck.report import Finding, Section, fail, ok, skip, warn
+
+PACKAGES = ("torch", "torchvision", "pillow", "numpy", "tqdm", "psutil", "nvidia-ml-py")
+DEPRECATED = {
+    "pynvml": "the PyPI package `pynvml` is a deprecated wrapper around nvidia-ml-py",
+    "nvidia-ml-py3": "`nvidia-ml-py3` is an unmaintained fork that shadows nvidia-ml-py",
+}
+TORCHVISION_TIMEOUT_S = 30.0
+
+
+def package_version(name: str) -> str | None:
+    """`pip show <name>` without pip: the installed distribution's version, or None."""
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+    except Exception:  # a corrupt dist-info must not sink the probe
+        return None
+
+
+def environment_kind() -> dict[str, Any]:
+    """venv or conda (name, prefix); `conda info --envs` / `echo $VIRTUAL_ENV`."""
+    is_venv = sys.prefix != getattr(sys, "base_prefix", sys.prefix)
+    conda_prefix = os.environ.get("CONDA_PREFIX")
+    in_conda = (Path(sys.prefix) / "conda-meta").is_dir()
+    kind = "venv" if is_venv else ("conda" if in_conda else "system")
+    return {
+        "environment": kind,
+        "venv_prefix": sys.prefix if is_venv else None,
+        "conda_env_name": os.environ.get("CONDA_DEFAULT_ENV") if conda_prefix else None,
+        "conda_prefix": conda_prefix,
+    }
+
+
+def _under(path: str | None, prefix: str | None) -> bool:
+    if not path or not prefix:
+        return False
+    try:
+        return Path(path).resolve().is_relative_to(Path(prefix).resolve())
+    except OSError:
+        return False
+
+
+def torch_origin() -> str | None:
+    """The file `import torch` would load (`python -c 'import torch; print(torch.__file__)'`)."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    return None if spec is None else spec.origin
+
+
+def torch_location_finding(origin: str | None) -> Finding:
+    """Is torch imported from the active environment, or shadowed by user site / PYTHONPATH?"""
+    check = "python.torch_location"
+    if origin is None:
+        return fail(check, "torch is not installed in this environment",
+                    f"{sys.executable} -m pip install torch")
+    user_site = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    if _under(origin, user_site):
+        return warn(check, f"torch is imported from user site-packages ({origin}), shadowing "
+                    f"the environment at {sys.prefix}",
+                    "pip uninstall torch outside the env (pip uninstall --user torch), or "
+                    "set PYTHONNOUSERSITE=1")
+    if not _under(origin, sys.prefix):
+        return warn(check, f"torch is imported from {origin}, outside the active environment "
+                    f"{sys.prefix}", "check PYTHONPATH and sys.path; install torch into this "
+                    "environment")
+    return ok(check, f"torch comes from the active environment ({origin})")
+
+
+def deprecated_findings(versions: dict[str, str | None]) -> list[Finding]:
+    findings = []
+    for name, why in DEPRECATED.items():
+        if versions.get(name):
+            findings.append(warn(f"python.deprecated.{name}", f"{name} {versions[name]} is "
+                                 f"installed: {why}",
+                                 f"pip uninstall {name} (keep nvidia-ml-py)"))
+    return findings
+
+
+def probe_pyenv() -> Section:
+    """Interpreter, environment kind, torch origin, package versions."""
+    versions = {name: package_version(name) for name in (*PACKAGES, *DEPRECATED)}
+    origin = torch_origin()
+    data: dict[str, Any] = {
+        "python_version": sys.version.split()[0],
+        "executable": sys.executable,
+        "prefix": sys.prefix,
+        **environment_kind(),
+        "torch_file": origin,
+        "user_site": site.getusersitepackages() if site.ENABLE_USER_SITE else None,
+        "packages": {name: versions[name] for name in PACKAGES},
+    }
+    findings = [torch_location_finding(origin), *deprecated_findings(versions)]
+    return Section("python", "Python environment", data, findings)
+
+
+# Runs in a child interpreter: load torchvision's compiled ops against this torch,
+# exactly as torchvision/extension.py does, then run one tiny op.
+_TV_SCRIPT = r"""
+import glob, importlib.util, json, os, sys
+try:
+    import torch
+except BaseException as exc:
+    print(json.dumps({"torch_error": f"{type(exc).__name__}: {exc}"})); sys.exit(0)
+where = importlib.util.find_spec("torchvision").submodule_search_locations[0]
+libs = [p for stem in ("_C_stable", "_C") for p in glob.glob(os.path.join(where, stem + ".*"))
+        if p.endswith((".so", ".pyd", ".dylib"))]
+if not libs:
+    print(json.dumps({"error": "torchvision has no compiled _C library in " + where}))
+    sys.exit(0)
+try:
+    torch.ops.load_library(libs[0])
+    ops = torch.ops.torchvision
+    cuda = int(ops._cuda_version())
+    boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 10., 10.], [20., 20., 30., 30.]])
+    keep = ops.nms(boxes, torch.tensor([0.9, 0.8, 0.7]), 0.5).tolist()
+except BaseException as exc:
+    print(json.dumps({"error": f"{type(exc).__name__}: {exc}", "library": libs[0]}))
+    sys.exit(0)
+print(json.dumps({"library": libs[0], "cuda_version": cuda, "nms": keep,
+                  "torch_cuda": torch.version.cuda}))
+"""
+
+
+class TorchvisionCheck:
+    """Start the torchvision ops check now; `finding()` reads it later, bounded by a timeout."""
+
+    CHECK = "python.torchvision_ops"
+
+    def __init__(self, timeout_s: float = TORCHVISION_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self.started = time.monotonic()
+        self.proc: subprocess.Popen[str] | None = None
+        self.start_error: str | None = None
+        if importlib.util.find_spec("torchvision") is None:
+            return
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _TV_SCRIPT], stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        except OSError as exc:
+            self.start_error = str(exc)
+
+    def finding(self) -> Finding:
+        if self.proc is None:
+            if self.start_error:
+                return warn(self.CHECK, f"could not start the check: {self.start_error}",
+                            "run: python -c 'import torchvision.ops'")
+            return warn(self.CHECK, "torchvision is not installed",
+                        f"{sys.executable} -m pip install torchvision")
+        remaining = max(0.1, self.timeout_s - (time.monotonic() - self.started))
+        try:
+            out, err = self.proc.communicate(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            return warn(self.CHECK, f"the torchvision ops check did not finish in "
+                        f"{self.timeout_s:g} s", "run: python -c 'import torchvision.ops'")
+        return torchvision_finding(self.proc.returncode, out, err)
+
+
+def torchvision_finding(returncode: int, out: str, err: str) -> Finding:
+    """Verdict from the child's JSON line (or its crash)."""
+    check = TorchvisionCheck.CHECK
+    lines = out.strip().splitlines()
+    try:
+        result = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        result = None
+    if not isinstance(result, dict):
+        tail = (err.strip().splitlines() or [f"exit status {returncode}"])[-1]
+        return fail(check, f"loading torchvision's compiled ops crashed the interpreter: {tail}",
+                    "reinstall torchvision built for this torch (same index URL as torch)")
+    if "torch_error" in result:
+        return skip(check, "torch does not import, so torchvision cannot be checked")
+    return _ops_verdict(result)
+
+
+def _ops_verdict(result: dict[str, Any]) -> Finding:
+    check = TorchvisionCheck.CHECK
+    hint = ("pip install --force-reinstall torch torchvision from the same index "
+            "(e.g. --index-url https://download.pytorch.org/whl/cu124)")
+    if "error" in result:
+        return fail(check, f"torchvision's compiled ops do not load against this torch: "
+                    f"{result['error']}", hint)
+    cuda, torch_cuda = result.get("cuda_version", -1), result.get("torch_cuda")
+    if cuda != -1 and torch_cuda is None:
+        return fail(check, f"torchvision is a CUDA build (CUDA {cuda}) but torch is CPU-only",
+                    hint)
+    if cuda != -1 and torch_cuda and int(cuda) // 1000 != int(torch_cuda.split(".")[0]):
+        return fail(check, f"torchvision was built with CUDA {cuda}, torch with {torch_cuda}",
+                    hint)
+    if result.get("nms") != [0, 2]:
+        return fail(check, f"torchvision.ops.nms gave a wrong result {result.get('nms')}", hint)
+    return ok(check, "torchvision's compiled ops load and run against this torch")

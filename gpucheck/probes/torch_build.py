@@ -1,0 +1,193 @@
+"""PyTorch build probe: what torch was built with and what it actually loaded.
+
+`import torch` happens here (inside the probe), never at import of gpucheck.
+Equivalent of `python -m torch.utils.collect_env` for the build part.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpucheck.report import Finding, Section, fail, ok, skip, warn
+
+
+@dataclass(frozen=True)
+class TorchInfo:
+    """What the torch probe learnt; `error` is set when `import torch` failed."""
+
+    version: str | None = None
+    cuda: str | None = None
+    hip: str | None = None
+    cuda_available: bool = False
+    device_count: int = 0
+    init_error: str | None = None
+    error: str | None = None
+    arch_list: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def imported(self) -> bool:
+        return self.error is None
+
+
+def import_torch() -> Any:
+    """`import torch`; any exception (not only ImportError) propagates to the caller."""
+    import torch
+
+    return torch
+
+
+def _call(fn: Any, default: Any = None) -> Any:
+    """A build query that must not sink the probe (old torch lacks some of them)."""
+    try:
+        return fn()
+    except Exception:
+        return default
+
+
+def _cudnn(torch: Any) -> dict[str, Any]:
+    version = _call(torch.backends.cudnn.version)
+    return {"cudnn_version": version, "cudnn_enabled": bool(torch.backends.cudnn.enabled)}
+
+
+def _nccl_version(torch: Any) -> str | None:
+    version = _call(lambda: torch.cuda.nccl.version())
+    if isinstance(version, tuple):
+        return ".".join(str(v) for v in version)
+    return None if version is None else str(version)
+
+
+def _backends(torch: Any) -> list[str]:
+    dist = torch.distributed
+    if not _call(dist.is_available, False):
+        return []
+    checks = {"nccl": "is_nccl_available", "gloo": "is_gloo_available",
+              "mpi": "is_mpi_available", "ucc": "is_ucc_available"}
+    return [name for name, fn in checks.items() if _call(getattr(dist, fn, lambda: False))]
+
+
+def _init_error(torch: Any) -> str | None:
+    """The error torch gives when CUDA cannot start (`torch.cuda.init()`)."""
+    try:
+        torch.cuda.init()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}".strip()
+    return None
+
+
+def read_torch(torch: Any) -> TorchInfo:
+    """Build facts from an imported torch module."""
+    available = bool(_call(torch.cuda.is_available, False))
+    return TorchInfo(
+        version=str(torch.__version__),
+        cuda=torch.version.cuda,
+        hip=getattr(torch.version, "hip", None),
+        cuda_available=available,
+        device_count=int(_call(torch.cuda.device_count, 0)) if available else 0,
+        init_error=None if available or torch.version.cuda is None else _init_error(torch),
+        arch_list=tuple(_call(torch.cuda.get_arch_list, []) or []),
+    )
+
+
+def torch_data(torch: Any, info: TorchInfo) -> dict[str, Any]:
+    return {
+        "version": info.version,
+        "file": getattr(torch, "__file__", None),
+        "debug": bool(getattr(torch.version, "debug", False)),
+        "cuda_build_version": info.cuda,
+        "hip_version": info.hip,
+        **_cudnn(torch),
+        "nccl_version": _nccl_version(torch),
+        "distributed_backends": _backends(torch),
+        "cuda_arch_list": list(info.arch_list),
+        "cuda_available": info.cuda_available,
+        "cuda_device_count": info.device_count,
+    }
+
+
+def build_findings(info: TorchInfo, data: dict[str, Any]) -> list[Finding]:
+    findings = [ok("torch.import", f"torch {info.version} imported")]
+    if info.cuda is None and info.hip is None:
+        findings.append(warn("torch.build", "this torch is a CPU-only build",
+                             "install a CUDA build of torch (https://pytorch.org/get-started/)"))
+        return findings
+    if data["cudnn_version"] is None:
+        findings.append(warn("torch.cudnn", "torch could not load cuDNN",
+                             "reinstall torch with its nvidia-cudnn wheel"))
+    if info.cuda is not None and "nccl" not in data["distributed_backends"]:
+        findings.append(warn("torch.nccl", "this CUDA torch has no NCCL backend",
+                             "install a torch build with NCCL for multi-GPU training"))
+    return findings
+
+
+def probe_torch() -> tuple[Section, TorchInfo]:
+    """Import torch and describe its build; a failing import becomes a FAIL finding."""
+    try:
+        torch = import_torch()
+    except BaseException as exc:  # a broken torch may raise anything, even SystemExit
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        error = f"{type(exc).__name__}: {exc}"
+        info = TorchInfo(error=error)
+        finding = fail("torch.import", f"import torch failed: {error}",
+                       "reinstall torch in this environment (pip install --force-reinstall "
+                       "torch) and check that nothing on PYTHONPATH shadows it")
+        return Section("torch", "PyTorch build", {"import_error": error}, [finding]), info
+    info = read_torch(torch)
+    data = torch_data(torch, info)
+    return Section("torch", "PyTorch build", data, build_findings(info, data)), info
+
+
+def cuda_unavailable_reason(info: TorchInfo, driver_present: bool | None,
+                            driver_cuda: str | None, environ: dict[str, str]) -> str:
+    """The most likely reason `torch.cuda.is_available()` is False, in plain words."""
+    from gpucheck.probes.consistency import parse_visible_devices
+
+    if info.cuda is None and info.hip is None:
+        return "this torch is a CPU-only build"
+    visible = parse_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"))
+    if visible is not None and not visible:
+        return (f"CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES')!r} hides every "
+                "GPU")
+    if driver_present is False:
+        return "no NVIDIA driver is installed or loaded on this machine"
+    if driver_cuda and info.cuda and _major(driver_cuda) < _major(info.cuda):
+        return (f"the driver supports CUDA up to {driver_cuda} but torch was built with "
+                f"CUDA {info.cuda}: the driver is older than the build needs")
+    return info.init_error or "torch could not initialise CUDA (no further detail)"
+
+
+def _major(version: str) -> int:
+    try:
+        return int(version.split(".")[0])
+    except ValueError:
+        return 0
+
+
+def cuda_available_finding(info: TorchInfo, driver_present: bool | None,
+                           driver_cuda: str | None, gpus_present: bool,
+                           environ: dict[str, str] | None = None) -> Finding:
+    """`torch.cuda.is_available()`, with the reason when it is False."""
+    environ = dict(os.environ if environ is None else environ)
+    if not info.imported:
+        return skip("torch.cuda_available", "torch did not import")
+    if info.cuda_available:
+        return ok("torch.cuda_available", f"CUDA available, {info.device_count} device(s)")
+    reason = cuda_unavailable_reason(info, driver_present, driver_cuda, environ)
+    message = f"torch.cuda.is_available() is False: {reason}"
+    if not gpus_present:
+        return skip("torch.cuda_available", f"{message} (no NVIDIA GPU on this machine)")
+    return fail("torch.cuda_available", message, _reason_hint(reason))
+
+
+def _reason_hint(reason: str) -> str:
+    if "CPU-only" in reason:
+        return "install a CUDA build of torch (https://pytorch.org/get-started/locally/)"
+    if "CUDA_VISIBLE_DEVICES" in reason:
+        return "unset CUDA_VISIBLE_DEVICES or list the GPU indices you want"
+    if "older than" in reason:
+        return "upgrade the NVIDIA driver, or install a torch built for an older CUDA"
+    if "no NVIDIA driver" in reason:
+        return "install the NVIDIA driver (or start the container with --gpus all)"
+    return "run nvidia-smi; check dmesg for Xid errors; reboot after a driver upgrade"
