@@ -6,14 +6,28 @@ Three launch paths give the same result:
 - `torchrun --nproc-per-node N -m gpucheck CMD`: every process is a rank already.
 - `torchrun -m gpucheck CMD --n-gpus N`: torchrun's default single process then
   starts the N ranks itself, as in the first path.
+
+
+On failure every path raises `JobFailed` (a `WorkersFailed`): the failed ranks,
+the ranks that did not answer (from the survivors' roll call or the check-in), and
+the partial results the reporting rank had published (`gpucheck.dist.progress`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import shutil
+import tempfile
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any, TypeVar
 
-from gpucheck.dist.launch import launch_local
+from gpucheck.dist import progress
+from gpucheck.dist.checkin import CheckInFailed, RanksUnresponsive
+from gpucheck.dist.launch import RankFailure, WorkersFailed, launch_local
 from gpucheck.dist.world import World, world_from_env
 from gpucheck.errors import UsageError
 
@@ -50,5 +64,75 @@ def run_job(worker: Callable[[S], Any], spec: S, nproc: int,
     rank runs in this process, and several are started with the elastic launcher.
     """
     if launched_world() is not None or nproc == 1:
+        return _run_here(worker, spec)
+    with _run_dir() as folder:
+        try:
+            return launch_local(worker, (spec,), nproc, master_port)[0]
+        except WorkersFailed as exc:
+            partial, roster, diagnoses = progress.read_run_dir(folder)
+            raise JobFailed(exc.failures, partial, diagnoses, roster, reporter=True) from None
+
+
+class JobFailed(WorkersFailed):
+    """The job ended badly. Besides `failures` (ranks that exited badly):
+
+    `partial`: what the reporting rank had published before the failure (or None);
+    `diagnoses`: each survivor's view ({rank, missing, expected, step, cause, message}):
+    the ranks missing from the check-in or from the roll call after a failed collective;
+    `roster`: the check-in records ({rank, host, node_rank, local_rank, device, pid});
+    `reporter`: whether this process should write the report (False on ranks > 0
+    under torchrun or srun, which should only print one line and exit non-zero).
+    """
+
+    def __init__(self, failures: list[RankFailure], partial: dict[str, Any] | None,
+                 diagnoses: list[dict[str, Any]], roster: list[Any] | None,
+                 reporter: bool) -> None:
+        super().__init__(failures)
+        self.partial = partial
+        self.diagnoses = diagnoses
+        self.roster = roster or []
+        self.reporter = reporter
+
+    @property
+    def unresponsive(self) -> list[int]:
+        """Ranks that some survivor's roll call found silent, minus those that reported."""
+        answered = {d["rank"] for d in self.diagnoses}
+        return sorted({r for d in self.diagnoses for r in d["missing"]} - answered)
+
+
+@contextmanager
+def _run_dir() -> Iterator[Path]:
+    """The job's run directory, handed to the workers through the environment."""
+    given = os.environ.get(progress.RUN_DIR_VAR)
+    folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="gpucheck-run-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ[progress.RUN_DIR_VAR] = str(folder)
+    try:
+        yield folder
+    finally:
+        if not given:
+            os.environ.pop(progress.RUN_DIR_VAR, None)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_here(worker: Callable[[S], Any], spec: S) -> Any:
+    """This process is the only rank here: turn its failure into `JobFailed`."""
+    progress.reset()
+    try:
         return worker(spec)
-    return launch_local(worker, (spec,), nproc, master_port)[0]
+    except Exception as exc:
+        if not isinstance(exc, (CheckInFailed, RanksUnresponsive)):
+            traceback.print_exc()
+        raise _job_failed_here(exc) from exc
+
+
+def _job_failed_here(exc: Exception) -> JobFailed:
+    from gpucheck.dist.session import roster
+
+    world = world_from_env()
+    rank, local_rank = (world.rank, world.local_rank) if world else (0, 0)
+    lines = str(exc).strip().splitlines()
+    failure = RankFailure(rank, local_rank, exitcode=1, signal=None,
+                          message=lines[-1] if lines else type(exc).__name__)
+    return JobFailed([failure], progress.local_partial(), progress.local_diagnoses(),
+                     [asdict(i) for i in roster()], reporter=rank == 0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import signal
 import socket
 import uuid
 from collections.abc import Callable
@@ -72,6 +73,7 @@ def launch_local(
     `master_port=None` lets the rendezvous store bind a free port itself, which
     avoids the race of picking a port and binding it later.
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -95,6 +97,12 @@ def launch_local(
         return elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as exc:
         raise WorkersFailed(_failures(exc)) from None
+    except SignalException as exc:
+        # The agent has already stopped every worker (SIGTERM, then SIGKILL after
+        # SHUTDOWN_TIMEOUT_S); Ctrl-C leaves as KeyboardInterrupt (exit 130).
+        if exc.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise SystemExit(128 + int(exc.sigval)) from None
 
 
 def _failures(exc: Any) -> list[RankFailure]:

@@ -1,23 +1,88 @@
-"""The per-rank frame: join the process group with a timeout, leave it cleanly."""
+"""The per-rank frame: check in, join the process group with a timeout, leave cleanly,
+and when a collective fails, name the ranks that stopped answering.
+
+Hang safety lives here so every command that uses `process_group` gets it:
+- the job's key-value store is opened first and every rank checks in on it
+  (`gpucheck.dist.checkin`), so a rank that never starts is named, not waited for;
+- `timeout_s` bounds every collective (gloo; NCCL with blocking wait), so a rank
+  that stops answering ends the run instead of NCCL's 10-minute default;
+- when a collective fails, the surviving ranks hold a roll call on the store and
+  raise `RanksUnresponsive` naming the ranks that did not answer.
+"""
 
 from __future__ import annotations
 
 import datetime as _dt
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any
 
-from gpucheck.dist.world import World, world_from_env
+from gpucheck.dist import progress
+from gpucheck.dist.checkin import (
+    CheckInFailed,
+    RankInfo,
+    RanksUnresponsive,
+    check_in,
+    describe_device,
+    roll_call,
+    roll_call_window_s,
+)
+from gpucheck.dist.world import World, host_name, world_from_env
 
 SINGLE = World(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                master_addr="127.0.0.1", master_port=0, launcher="none")
 
+_session: dict[str, Any] = {"roster": []}
+
+_COMM_ERROR_WORDS = ("timed out", "timeout", "connection", "gloo", "nccl", "peer", "socket")
+
+
+def roster() -> list[RankInfo]:
+    """Every rank of the current job as it checked in (host, node, device, pid)."""
+    return list(_session["roster"])
+
+
+def is_comm_error(exc: BaseException) -> bool:
+    """Did this come from a collective or the store (not from the worker's own code)?"""
+    import torch.distributed as dist
+
+    if isinstance(exc, getattr(dist, "DistError", ())):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(w in text for w in _COMM_ERROR_WORDS)
+
+
+def _job_store(world: World, timeout: _dt.timedelta) -> Any:
+    """The job's store: the agent's under torchrun, else one hosted by rank 0."""
+    import torch.distributed as dist
+    from torch.distributed.rendezvous import _agent_store_serves
+
+    if world is SINGLE:
+        return dist.HashStore()
+    addr, port = world.master_addr, world.master_port
+    try:
+        if _agent_store_serves(addr, port):
+            return dist.TCPStore(addr, port, world.world_size, is_master=False, timeout=timeout)
+        return dist.TCPStore(addr, port, world.world_size, is_master=world.rank == 0,
+                             timeout=timeout, wait_for_workers=False, multi_tenant=True)
+    except Exception as exc:
+        raise CheckInFailed([0], [], world, timeout.total_seconds()) if world.rank else (
+            RuntimeError(f"cannot host the job's store on {addr}:{port}: {exc}; "
+                         "the port may be in use: set MASTER_PORT")) from exc
+
+
+def _single_roster(device: str) -> list[RankInfo]:
+    return [RankInfo(0, 0, 0, host_name(), describe_device(device, 0), os.getpid())]
+
 
 @contextmanager
 def process_group(backend: str, device: str, timeout_s: float) -> Iterator[World]:
-    """Join the job's process group (or a private one-rank group) for the block.
+    """Check in, join the job's process group (or a private one-rank group) for the block.
 
-    `timeout_s` bounds every collective, so a rank that stops answering ends
-    the run with an error instead of NCCL's default 10-minute wait.
+    `timeout_s` bounds the check-in and every collective. A failed collective
+    leaves as `RanksUnresponsive` naming the ranks that did not answer.
     """
     import torch
     import torch.distributed as dist
@@ -25,14 +90,45 @@ def process_group(backend: str, device: str, timeout_s: float) -> Iterator[World
     world = world_from_env() or SINGLE
     if device == "cuda":
         torch.cuda.set_device(world.local_rank)
+        # Without blocking wait NCCL's watchdog aborts the process on timeout,
+        # before this rank can say which peer did not answer.
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
     timeout = _dt.timedelta(seconds=timeout_s)
-    if world is SINGLE:
-        # Started on its own with one rank: no launcher, no port, no rendezvous.
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timeout)
-    else:
-        dist.init_process_group(backend, timeout=timeout)
+    progress.set_step("check-in")
+    store = _job_store(world, timeout)
+    infos = _single_roster(device) if world is SINGLE else check_in(store, world, device,
+                                                                     timeout_s)
+    _session["roster"] = infos
+    if world.rank == 0:
+        progress.publish_roster([asdict(i) for i in infos])
+    dist.init_process_group(backend, store=dist.PrefixStore("gpucheck/pg", store),
+                            rank=world.rank, world_size=world.world_size, timeout=timeout)
+    progress.set_step(None)
     try:
         yield world
-    finally:
-        dist.destroy_process_group()
+    except Exception as exc:
+        if world.world_size > 1 and is_comm_error(exc):
+            raise _diagnose(store, world, timeout_s, exc) from exc
+        raise
+    dist.destroy_process_group()
+
+
+def _diagnose(store: Any, world: World, timeout_s: float,
+              exc: BaseException) -> RanksUnresponsive:
+    """Roll call after a failed collective; record and return who did not answer."""
+    cause = _first_line(str(exc))
+    try:
+        missing = roll_call(store, world.rank, world.world_size, roll_call_window_s(timeout_s))
+    except Exception as store_exc:  # the store's host may be the one that hangs
+        missing = [0] if world.rank else []
+        cause += f"; the job's store did not answer either ({_first_line(str(store_exc))})"
+    step = progress.current_step()
+    error = RanksUnresponsive(missing, step, cause)
+    progress.record_diagnosis({"rank": world.rank, "missing": missing, "step": step,
+                               "cause": cause, "message": str(error)})
+    return error
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0][:300] if lines else "no message"

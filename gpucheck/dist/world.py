@@ -7,6 +7,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gpucheck.dist import slurm
 from gpucheck.errors import UsageError
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -61,11 +62,36 @@ def torchrun_world(environ: Mapping[str, str]) -> World:
     )
 
 
+def slurm_world(environ: Mapping[str, str]) -> World:
+    """The world of an srun task, from SLURM's variables (see gpucheck.dist.slurm)."""
+    world_size = _int_var(environ, "SLURM_STEP_NUM_TASKS", _int_var(environ, "SLURM_NTASKS", 1))
+    rank = _int_var(environ, "SLURM_PROCID")
+    if not 0 <= rank < world_size:
+        raise UsageError(f"SLURM_PROCID={rank} is outside the task count {world_size}; "
+                         "check the srun line")
+    node_rank = _int_var(environ, "SLURM_NODEID", 0)
+    return World(
+        rank=rank,
+        world_size=world_size,
+        local_rank=_int_var(environ, "SLURM_LOCALID", 0),
+        local_world_size=slurm.local_world_size(environ, node_rank, world_size),
+        node_rank=node_rank,
+        master_addr=slurm.master_addr(environ) if world_size > 1 else "127.0.0.1",
+        master_port=slurm.master_port(environ),
+        launcher="slurm",
+    )
+
+
 def world_from_env(environ: Mapping[str, str] | None = None) -> World | None:
-    """The launcher's world, or None when this process was started on its own."""
+    """The launcher's world, or None when this process was started on its own.
+
+    torchrun's variables win; under srun without them, SLURM's are read.
+    """
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
         return torchrun_world(env)
+    if slurm.is_slurm_step(env):
+        return slurm_world(env)
     return None
 
 

@@ -1,0 +1,138 @@
+"""Who is in the job, and who stopped answering: check-in and roll call on the c10d store.
+
+Before any collective, every rank writes who it is (rank, host, local rank, device,
+pid) under its own key of the job's key-value store and waits for the others. A rank
+that never arrives is named by rank, with the node and local rank it should have had.
+After a collective fails, the ranks still running answer a roll call on the same
+store; the ranks that do not answer are the ones that hang (stopped, or stuck on a GPU).
+A store needs no collective to work, so neither step can itself hang on a dead peer.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpucheck.dist import progress
+from gpucheck.dist.world import World, host_name
+
+POLL_S = 0.05
+_PREFIX = "gpucheck"
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """One rank as it checked in."""
+
+    rank: int
+    local_rank: int
+    node_rank: int
+    host: str
+    device: str
+    pid: int
+
+    def describe(self) -> str:
+        return (f"rank {self.rank} (node {self.node_rank} {self.host}, local rank "
+                f"{self.local_rank}, {self.device}, pid {self.pid})")
+
+
+class CheckInFailed(RuntimeError):
+    """Some ranks never reached the check-in."""
+
+    def __init__(self, missing: list[int], present: list[RankInfo], world: World,
+                 waited_s: float) -> None:
+        self.missing = missing
+        self.present = present
+        self.expected = {r: expected_place(r, world) for r in missing}
+        names = ", ".join(self.expected.values())
+        hint = (" (under sbatch, start the ranks with srun)" if world.launcher == "slurm" else "")
+        super().__init__(
+            f"{len(missing)} of {world.world_size} rank(s) never checked in within "
+            f"{waited_s:g} s: {names}; {len(present)} did{hint}")
+
+
+class RanksUnresponsive(RuntimeError):
+    """A collective failed and these ranks did not answer the roll call afterwards."""
+
+    def __init__(self, missing: list[int], step: str | None, cause: str) -> None:
+        self.missing = missing
+        self.step = step
+        where = f" during {step}" if step else ""
+        who = ", ".join(f"rank {r}" for r in missing) or "no rank (all answered)"
+        super().__init__(f"a collective failed{where} ({cause}); did not answer: {who}")
+
+
+def expected_place(rank: int, world: World) -> str:
+    """Where a rank that never arrived should have run (uniform ranks per node)."""
+    per_node = max(world.local_world_size, 1)
+    return f"rank {rank} (expected node {rank // per_node}, local rank {rank % per_node})"
+
+
+def _key(kind: str, rank: int | str) -> str:
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"{_PREFIX}/{attempt}/{kind}/{rank}"
+
+
+def describe_device(device: str, local_rank: int) -> str:
+    if device != "cuda":
+        return "cpu"
+    import torch
+
+    props = torch.cuda.get_device_properties(local_rank)
+    uuid = getattr(props, "uuid", None)
+    return f"cuda:{local_rank} {props.name}" + (f" GPU-{uuid}" if uuid else "")
+
+
+def check_in(store: Any, world: World, device: str, timeout_s: float) -> list[RankInfo]:
+    """Announce this rank and wait for every other one; return all, ordered by rank."""
+    me = RankInfo(world.rank, world.local_rank, world.node_rank, host_name(),
+                  describe_device(device, world.local_rank), os.getpid())
+    store.set(_key("checkin", world.rank), json.dumps(asdict(me)))
+    counter = _key("checkin", "count")
+    store.add(counter, 1)
+    deadline = time.monotonic() + timeout_s
+    while store.add(counter, 0) < world.world_size:
+        if time.monotonic() > deadline:
+            present = _present(store, "checkin", world.world_size)
+            missing = [r for r in range(world.world_size) if r not in present]
+            error = CheckInFailed(missing, [_read_info(store, r) for r in present], world,
+                                  timeout_s)
+            progress.record_diagnosis({"rank": world.rank, "missing": missing,
+                                       "expected": error.expected, "step": "check-in",
+                                       "cause": "never checked in", "message": str(error)})
+            raise error
+        time.sleep(POLL_S)
+    return [_read_info(store, r) for r in range(world.world_size)]
+
+
+def _present(store: Any, kind: str, world_size: int) -> list[int]:
+    return [r for r in range(world_size) if store.check([_key(kind, r)])]
+
+
+def _read_info(store: Any, rank: int) -> RankInfo:
+    return RankInfo(**json.loads(store.get(_key("checkin", rank))))
+
+
+def roll_call(store: Any, rank: int, world_size: int, window_s: float) -> list[int]:
+    """Answer, wait up to `window_s` for the others, return the ranks that never answered."""
+    store.set_timeout(_dt.timedelta(seconds=window_s))
+    store.set(_key("alive", rank), "1")
+    deadline = time.monotonic() + window_s
+    keys = [_key("alive", r) for r in range(world_size)]
+    while not store.check(keys) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    return [r for r in range(world_size) if not store.check([keys[r]])]
+
+
+def roll_call_window_s(timeout_s: float) -> float:
+    """Long enough for ranks whose own timeouts fire a little apart; short next to it."""
+    return min(5.0, max(1.0, timeout_s / 4))
+
+
+def infos_table(infos: Sequence[RankInfo]) -> list[dict[str, Any]]:
+    return [asdict(i) for i in infos]

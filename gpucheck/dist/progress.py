@@ -1,0 +1,91 @@
+"""What a rank has done so far, kept where a failure cannot take it away.
+
+Workers call `set_step` before each phase (so a failure says where it happened) and
+`publish_partial` on the reporting rank whenever a result is complete. Under
+self-launch the job has a run directory (`GPUCHECK_RUN_DIR`, made by `run_job` or set
+by the user to keep it): partial results, the roster from the check-in and each
+survivor's diagnosis are written there atomically, so the launching process can still
+report them after the agent has stopped every worker. Without a run directory they
+stay in this process, for the reporting rank under torchrun or srun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+RUN_DIR_VAR = "GPUCHECK_RUN_DIR"
+PARTIAL_FILE = "partial.json"
+ROSTER_FILE = "roster.json"
+DIAGNOSIS_GLOB = "diagnosis-*.json"
+
+_state: dict[str, Any] = {"step": None, "partial": None, "diagnoses": []}
+
+
+def run_dir() -> Path | None:
+    raw = os.environ.get(RUN_DIR_VAR)
+    return Path(raw) if raw else None
+
+
+def set_step(label: str | None) -> None:
+    """Name what this rank is doing now (`all_reduce 4 MiB`); failures quote it."""
+    _state["step"] = label
+
+
+def current_step() -> str | None:
+    return _state["step"]
+
+
+def _write_json(name: str, data: Any) -> None:
+    folder = run_dir()
+    if folder is None:
+        return
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(data, handle)
+    os.replace(tmp, folder / name)
+
+
+def publish_partial(data: dict[str, Any]) -> None:
+    """Keep what the reporting rank has measured so far (replaces the previous copy)."""
+    _state["partial"] = data
+    _write_json(PARTIAL_FILE, data)
+
+
+def publish_roster(roster: list[dict[str, Any]]) -> None:
+    _write_json(ROSTER_FILE, roster)
+
+
+def record_diagnosis(diagnosis: dict[str, Any]) -> None:
+    """A surviving rank's view of a failure: who did not answer, during which step."""
+    _state["diagnoses"].append(diagnosis)
+    _write_json(f"diagnosis-{diagnosis['rank']}.json", diagnosis)
+
+
+def local_partial() -> dict[str, Any] | None:
+    return _state["partial"]
+
+
+def local_diagnoses() -> list[dict[str, Any]]:
+    return list(_state["diagnoses"])
+
+
+def reset() -> None:
+    _state.update(step=None, partial=None, diagnoses=[])
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def read_run_dir(folder: Path) -> tuple[dict[str, Any] | None, list[Any] | None,
+                                        list[dict[str, Any]]]:
+    """(partial results, roster, diagnoses) that the ranks left in `folder`."""
+    diagnoses = [d for p in sorted(folder.glob(DIAGNOSIS_GLOB)) if (d := _read(p))]
+    return _read(folder / PARTIAL_FILE), _read(folder / ROSTER_FILE), diagnoses
