@@ -7,10 +7,13 @@ last (`TorchvisionCheck`), so its cost overlaps the other probes.
 
 from __future__ import annotations
 
+import glob
 import importlib.metadata as md
 import importlib.util
 import json
 import os
+import select
+import signal
 import site
 import subprocess
 import sys
@@ -116,69 +119,146 @@ def probe_pyenv() -> Section:
     return Section("python", "Python environment", data, findings)
 
 
-# Runs in a child interpreter: load torchvision's compiled ops against this torch,
-# exactly as torchvision/extension.py does, then run one tiny op.
-_TV_SCRIPT = r"""
-import glob, importlib.util, json, os, sys
+def torchvision_library() -> str | None:
+    """torchvision's compiled ops library (_C_stable.so or _C.so), found without importing it."""
+    try:
+        spec = importlib.util.find_spec("torchvision")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    where = next(iter(spec.submodule_search_locations))
+    for stem in ("_C_stable", "_C"):
+        for path in sorted(glob.glob(os.path.join(where, stem + ".*"))):
+            if path.endswith((".so", ".pyd", ".dylib")):
+                return path
+    return None
+
+
+def ops_check(torch: Any, library: str) -> dict[str, Any]:
+    """Load torchvision's ops as torchvision/extension.py does, then run one tiny nms.
+
+    Runs in a child (forked or spawned): a library built for another torch can
+    abort the process that loads it.
+    """
+    try:
+        torch.ops.load_library(library)
+        ops = torch.ops.torchvision
+        cuda = int(ops._cuda_version())
+        boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 10.0, 10.0],
+                              [20.0, 20.0, 30.0, 30.0]])
+        keep = ops.nms(boxes, torch.tensor([0.9, 0.8, 0.7]), 0.5).tolist()
+    except BaseException as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "library": library}
+    return {"library": library, "cuda_version": cuda, "nms": keep,
+            "torch_cuda": torch.version.cuda}
+
+
+_SPAWN_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[2])
 try:
     import torch
 except BaseException as exc:
     print(json.dumps({"torch_error": f"{type(exc).__name__}: {exc}"})); sys.exit(0)
-where = importlib.util.find_spec("torchvision").submodule_search_locations[0]
-libs = [p for stem in ("_C_stable", "_C") for p in glob.glob(os.path.join(where, stem + ".*"))
-        if p.endswith((".so", ".pyd", ".dylib"))]
-if not libs:
-    print(json.dumps({"error": "torchvision has no compiled _C library in " + where}))
-    sys.exit(0)
-try:
-    torch.ops.load_library(libs[0])
-    ops = torch.ops.torchvision
-    cuda = int(ops._cuda_version())
-    boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 10., 10.], [20., 20., 30., 30.]])
-    keep = ops.nms(boxes, torch.tensor([0.9, 0.8, 0.7]), 0.5).tolist()
-except BaseException as exc:
-    print(json.dumps({"error": f"{type(exc).__name__}: {exc}", "library": libs[0]}))
-    sys.exit(0)
-print(json.dumps({"library": libs[0], "cuda_version": cuda, "nms": keep,
-                  "torch_cuda": torch.version.cuda}))
+from gpucheck.probes.pyenv import ops_check
+print(json.dumps(ops_check(torch, sys.argv[1])))
 """
 
 
 class TorchvisionCheck:
-    """Start the torchvision ops check now; `finding()` reads it later, bounded by a timeout."""
+    """torchvision's compiled ops against this torch, in a child bounded by a timeout.
+
+    With an already imported torch and os.fork, the child is forked (no second
+    `import torch`, ~0.2 s); otherwise a fresh interpreter is spawned. Equivalent:
+    `python -c "import torch, torchvision; torchvision.ops.nms(...)"`.
+    """
 
     CHECK = "python.torchvision_ops"
 
-    def __init__(self, timeout_s: float = TORCHVISION_TIMEOUT_S) -> None:
+    def __init__(self, torch: Any | None, timeout_s: float = TORCHVISION_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
         self.started = time.monotonic()
+        self.library = torchvision_library()
         self.proc: subprocess.Popen[str] | None = None
+        self.pid: int | None = None
+        self.fd: int | None = None
         self.start_error: str | None = None
-        if importlib.util.find_spec("torchvision") is None:
+        if self.library is None:
             return
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", _TV_SCRIPT], stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+            if torch is not None and hasattr(os, "fork"):
+                self._fork(torch, self.library)
+            else:
+                self._spawn(self.library)
         except OSError as exc:
             self.start_error = str(exc)
 
+    def _fork(self, torch: Any, library: str) -> None:
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: never return into the caller's code
+            try:
+                os.close(read_fd)
+                os.write(write_fd, json.dumps(ops_check(torch, library)).encode())
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        self.pid, self.fd = pid, read_fd
+
+    def _spawn(self, library: str) -> None:
+        root = str(Path(__file__).resolve().parents[2])
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _SPAWN_SCRIPT, library, root], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+
+    def _remaining(self) -> float:
+        return max(0.1, self.timeout_s - (time.monotonic() - self.started))
+
     def finding(self) -> Finding:
-        if self.proc is None:
-            if self.start_error:
-                return warn(self.CHECK, f"could not start the check: {self.start_error}",
-                            "run: python -c 'import torchvision.ops'")
-            return warn(self.CHECK, "torchvision is not installed",
+        if self.library is None or self.start_error:
+            why = self.start_error or "torchvision (or its compiled _C library) is not installed"
+            return warn(self.CHECK, f"cannot check torchvision's ops: {why}",
                         f"{sys.executable} -m pip install torchvision")
-        remaining = max(0.1, self.timeout_s - (time.monotonic() - self.started))
         try:
-            out, err = self.proc.communicate(timeout=remaining)
+            returncode, out, err = self._collect()
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
             return warn(self.CHECK, f"the torchvision ops check did not finish in "
                         f"{self.timeout_s:g} s", "run: python -c 'import torchvision.ops'")
-        return torchvision_finding(self.proc.returncode, out, err)
+        return torchvision_finding(returncode, out, err)
+
+    def _collect(self) -> tuple[int, str, str]:
+        if self.proc is not None:
+            try:
+                out, err = self.proc.communicate(timeout=self._remaining())
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.communicate()
+                raise
+            return self.proc.returncode, out, err
+        assert self.pid is not None and self.fd is not None
+        return _read_child(self.pid, self.fd, self._remaining())
+
+
+def _read_child(pid: int, fd: int, timeout_s: float) -> tuple[int, str, str]:
+    """Read a forked child's JSON from `fd`; kill it when it overruns `timeout_s`."""
+    chunks, deadline = [], time.monotonic() + timeout_s
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise subprocess.TimeoutExpired("torchvision ops check", timeout_s)
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return code, b"".join(chunks).decode("utf-8", "replace"), f"child exit status {code}"
 
 
 def torchvision_finding(returncode: int, out: str, err: str) -> Finding:

@@ -117,9 +117,10 @@ def collect_env_report(gpu_test: bool = True, nvml_timeout_s: float = DEFAULT_TI
                        environ: Mapping[str, str] | None = None) -> Report:
     """Every env probe, as one Report (also the unit a multi-node gather collects)."""
     environ = dict(os.environ if environ is None else environ)
-    torchvision = TorchvisionCheck()
     phase1 = _phase1(nvml_timeout_s, environ)
     torch_section, info = _torch_parts(phase1["torch"])
+    # Forked only now, with every phase-1 thread finished (no lock held mid-fork).
+    torchvision = TorchvisionCheck(sys.modules.get("torch") if info.imported else None)
     nvml_sections, nvml = _nvml_parts(phase1["nvml"])
     driver = nvml.driver if nvml else DriverInfo(present=False)
     gpus = nvml.gpus if nvml else []

@@ -1,0 +1,274 @@
+"""A faithful fake of the `pynvml` module (nvidia-ml-py) for GPU-less tests.
+
+Same function names, signatures, return shapes and NVMLError class hierarchy as
+nvidia-ml-py 12/13 (NVMLError(value) maps to NVMLError_<Name> subclasses and
+carries `.value`). GPUs are `FakeGpu` records whose faults are set per test.
+"""
+
+from __future__ import annotations
+
+import string
+import time
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+ERROR_CODES = {
+    "UNINITIALIZED": 1, "INVALID_ARGUMENT": 2, "NOT_SUPPORTED": 3, "NO_PERMISSION": 4,
+    "ALREADY_INITIALIZED": 5, "NOT_FOUND": 6, "INSUFFICIENT_SIZE": 7,
+    "INSUFFICIENT_POWER": 8, "DRIVER_NOT_LOADED": 9, "TIMEOUT": 10, "IRQ_ISSUE": 11,
+    "LIBRARY_NOT_FOUND": 12, "FUNCTION_NOT_FOUND": 13, "CORRUPTED_INFOROM": 14,
+    "GPU_IS_LOST": 15, "RESET_REQUIRED": 16, "OPERATING_SYSTEM": 17,
+    "LIB_RM_VERSION_MISMATCH": 18, "IN_USE": 19, "MEMORY": 20, "NO_DATA": 21,
+    "UNKNOWN": 999,
+}
+CONSTANTS = {
+    "NVML_TEMPERATURE_GPU": 0, "NVML_CLOCK_GRAPHICS": 0, "NVML_CLOCK_SM": 1,
+    "NVML_CLOCK_MEM": 2, "NVML_MEMORY_ERROR_TYPE_CORRECTED": 0,
+    "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1, "NVML_VOLATILE_ECC": 0, "NVML_AGGREGATE_ECC": 1,
+    "NVML_NVLINK_MAX_LINKS": 18, "NVML_FEATURE_DISABLED": 0, "NVML_FEATURE_ENABLED": 1,
+    "NVML_TOPOLOGY_INTERNAL": 0, "NVML_TOPOLOGY_SINGLE": 10, "NVML_TOPOLOGY_MULTIPLE": 20,
+    "NVML_TOPOLOGY_HOSTBRIDGE": 30, "NVML_TOPOLOGY_NODE": 40, "NVML_TOPOLOGY_SYSTEM": 50,
+    "NVML_P2P_CAPS_INDEX_NVLINK": 2, "NVML_P2P_STATUS_OK": 0,
+    "NVML_P2P_STATUS_NOT_SUPPORTED": 5, "NVML_DEVICE_MIG_DISABLE": 0,
+    "NVML_DEVICE_MIG_ENABLE": 1, "nvmlMemory_v2": 0x02000028,
+    "nvmlClocksEventReasonGpuIdle": 0x1, "nvmlClocksEventReasonSwPowerCap": 0x4,
+    "nvmlClocksEventReasonHwSlowdown": 0x8, "nvmlClocksEventReasonSwThermalSlowdown": 0x20,
+    "nvmlClocksEventReasonHwThermalSlowdown": 0x40,
+    "nvmlClocksEventReasonHwPowerBrakeSlowdown": 0x80,
+}
+H200_MEMORY = 150_754_820_096
+
+
+@dataclass
+class FakeGpu:
+    """One simulated GPU: healthy H200 defaults; set fields to inject faults."""
+
+    name: str = "NVIDIA H200"
+    bus_id: str = "00000000:18:00.0"
+    memory_used: int = 1_048_576 * 600
+    cc: tuple[int, int] = (9, 0)
+    persistence: int = 1
+    mig: list[int] | None = field(default_factory=lambda: [0, 0])
+    temperature: int = 34
+    power_mw: int = 72_000
+    power_limit_mw: int = 700_000
+    sm_clock: int = 345
+    sm_clock_max: int = 1980
+    util: tuple[int, int] = (0, 0)
+    pids: list[int] = field(default_factory=list)
+    pcie_gen: tuple[int, int] = (1, 5)
+    pcie_width: tuple[int, int] = (16, 16)
+    ecc_mode: list[int] = field(default_factory=lambda: [1, 1])
+    ecc_volatile_unc: int = 0
+    ecc_aggregate_unc: int = 0
+    retired_pending: int = 0
+    remapped: tuple[int, int, int, int] = (0, 0, 0, 0)
+    clock_reasons: int = 0x1
+    nvlinks: int = 18
+    lost: bool = False
+    unsupported: set[str] = field(default_factory=set)
+    hang: set[str] = field(default_factory=set)
+
+
+class _Handle:
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _error_classes(module: types.ModuleType) -> None:
+    """The NVMLError hierarchy exactly as pynvml builds it."""
+
+    class NVMLError(Exception):
+        _valClassMapping: dict[int, type] = {}  # noqa: RUF012
+
+        def __new__(cls, value: int) -> Any:
+            if cls is NVMLError:
+                cls = NVMLError._valClassMapping.get(value, cls)
+            obj = Exception.__new__(cls)
+            obj.value = value
+            return obj
+
+        def __str__(self) -> str:
+            return {v: k for k, v in ERROR_CODES.items()}.get(self.value, "Unknown Error")
+
+    module.NVMLError = NVMLError
+    for name, value in ERROR_CODES.items():
+        class_name = "NVMLError_" + string.capwords(name, "_").replace("_", "")
+
+        def new(cls: type, *args: Any, _value: int = value) -> Any:
+            return NVMLError.__new__(cls, _value)
+
+        cls = type(class_name, (NVMLError,), {"__new__": new})
+        setattr(module, class_name, cls)
+        setattr(module, f"NVML_ERROR_{name}", value)
+        NVMLError._valClassMapping[value] = cls
+
+
+class FakeNvml:
+    """State behind the fake module's functions."""
+
+    def __init__(self, gpus: list[FakeGpu], driver: str = "550.54.15",
+                 cuda_driver: int = 12040, init_error: str | None = None,
+                 topology: int = 40) -> None:
+        self.gpus, self.driver, self.cuda_driver = gpus, driver, cuda_driver
+        self.init_error, self.topology, self.initialised = init_error, topology, False
+        self.module = types.ModuleType("pynvml")
+        _error_classes(self.module)
+        for key, value in CONSTANTS.items():
+            setattr(self.module, key, value)
+        for name in dir(self):
+            if name.startswith("nvml"):
+                setattr(self.module, name, getattr(self, name))
+
+    def _raise(self, name: str) -> None:
+        raise getattr(self.module, f"NVMLError_{name}")(ERROR_CODES[
+            {"NotSupported": "NOT_SUPPORTED", "GpuIsLost": "GPU_IS_LOST",
+             "Uninitialized": "UNINITIALIZED", "InvalidArgument": "INVALID_ARGUMENT"}[name]])
+
+    def _gpu(self, handle: _Handle, fn: str) -> FakeGpu:
+        if not self.initialised:
+            self._raise("Uninitialized")
+        gpu = self.gpus[handle.index]
+        if fn in gpu.hang:
+            time.sleep(30)
+        if gpu.lost:
+            self._raise("GpuIsLost")
+        if fn in gpu.unsupported:
+            self._raise("NotSupported")
+        return gpu
+
+    def nvmlInit(self) -> None:
+        if self.init_error:
+            raise getattr(self.module, self.init_error)(0)
+        self.initialised = True
+
+    def nvmlShutdown(self) -> None:
+        self.initialised = False
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.driver
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return self.cuda_driver
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        return self.cuda_driver
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
+        if index >= len(self.gpus):
+            self._raise("InvalidArgument")
+        if self.gpus[index].lost:
+            self._raise("GpuIsLost")
+        return _Handle(index)
+
+    def nvmlDeviceGetName(self, handle: _Handle) -> str:
+        return self._gpu(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetUUID(self, handle: _Handle) -> bytes:  # older releases return bytes
+        return f"GPU-{handle.index:08d}-0000-0000-0000-000000000000".encode()
+
+    def nvmlDeviceGetPciInfo(self, handle: _Handle) -> Any:
+        gpu = self._gpu(handle, "nvmlDeviceGetPciInfo")
+        return types.SimpleNamespace(busId=gpu.bus_id.encode(), busIdLegacy=gpu.bus_id[4:])
+
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: int | None = None) -> Any:
+        gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
+        mem = types.SimpleNamespace(total=H200_MEMORY, used=gpu.memory_used,
+                                    free=H200_MEMORY - gpu.memory_used)
+        if version:
+            mem.version, mem.reserved = version, 512 * 1_048_576
+        return mem
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: _Handle) -> tuple[int, int]:
+        return self._gpu(handle, "nvmlDeviceGetCudaComputeCapability").cc
+
+    def nvmlDeviceGetPersistenceMode(self, handle: _Handle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPersistenceMode").persistence
+
+    def nvmlDeviceGetMigMode(self, device: _Handle) -> list[int]:
+        gpu = self._gpu(device, "nvmlDeviceGetMigMode")
+        if gpu.mig is None:
+            self._raise("NotSupported")
+        return list(gpu.mig or [])
+
+    def nvmlDeviceGetTemperature(self, handle: _Handle, sensor: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetTemperature").temperature
+
+    def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPowerUsage").power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: _Handle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw
+
+    def nvmlDeviceGetClockInfo(self, handle: _Handle, type: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetClockInfo").sm_clock
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: _Handle, type: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetMaxClockInfo").sm_clock_max
+
+    def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> Any:
+        gpu = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        return types.SimpleNamespace(gpu=gpu.util[0], memory=gpu.util[1])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
+        gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
+        return [types.SimpleNamespace(pid=pid, usedGpuMemory=2 << 30, gpuInstanceId=0xFFFFFFFF,
+                                      computeInstanceId=0xFFFFFFFF) for pid in gpu.pids]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: _Handle) -> list[Any]:
+        self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses")
+        return []
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: _Handle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrPcieLinkGeneration").pcie_gen[0]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: _Handle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetMaxPcieLinkGeneration").pcie_gen[1]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: _Handle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrPcieLinkWidth").pcie_width[0]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: _Handle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetMaxPcieLinkWidth").pcie_width[1]
+
+    def nvmlDeviceGetEccMode(self, handle: _Handle) -> list[int]:
+        return list(self._gpu(handle, "nvmlDeviceGetEccMode").ecc_mode)
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: _Handle, errorType: int,
+                                    counterType: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetTotalEccErrors")
+        if errorType != 1:
+            return 0
+        return gpu.ecc_volatile_unc if counterType == 0 else gpu.ecc_aggregate_unc
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: _Handle) -> int:
+        return self._gpu(device, "nvmlDeviceGetRetiredPagesPendingStatus").retired_pending
+
+    def nvmlDeviceGetRemappedRows(self, device: _Handle) -> tuple[int, int, int, int]:
+        return self._gpu(device, "nvmlDeviceGetRemappedRows").remapped
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons").clock_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: _Handle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_reasons
+
+    def nvmlDeviceGetNvLinkState(self, device: _Handle, link: int) -> int:
+        gpu = self._gpu(device, "nvmlDeviceGetNvLinkState")
+        if link >= gpu.nvlinks:
+            self._raise("NotSupported" if gpu.nvlinks == 0 else "InvalidArgument")
+        return 1
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1: _Handle, device2: _Handle) -> int:
+        self._gpu(device1, "nvmlDeviceGetTopologyCommonAncestor")
+        return self.topology
+
+    def nvmlDeviceGetP2PStatus(self, device1: _Handle, device2: _Handle,
+                               p2pIndex: int) -> int:
+        a = self._gpu(device1, "nvmlDeviceGetP2PStatus")
+        b = self._gpu(device2, "nvmlDeviceGetP2PStatus")
+        return 0 if a.nvlinks and b.nvlinks else 5

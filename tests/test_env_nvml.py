@@ -1,0 +1,248 @@
+"""NVML logic against the fake pynvml: 2 to 8 GPUs, each fault with its verdict."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from gpucheck.probes import gpus as gpus_mod
+from gpucheck.probes.consistency import probe_consistency
+from gpucheck.probes.gpus import DriverInfo, cuda_compat_finding, probe_nvml
+from gpucheck.probes.nvml import Nvml
+from gpucheck.probes.torch_build import TorchInfo
+from gpucheck.render import render
+from gpucheck.report import Report, Status
+from tests.fake_pynvml import FakeGpu, FakeNvml
+
+
+def _gpus(n: int, **faults: dict) -> list[FakeGpu]:
+    """n healthy GPUs; `faults` maps 'gpu<i>' to field overrides."""
+    gpus = [FakeGpu(bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0") for i in range(n)]
+    for key, changes in faults.items():
+        for attr, value in changes.items():
+            setattr(gpus[int(key[3:])], attr, value)
+    return gpus
+
+
+def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, timeout_s: float = 2.0):
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    return probe_nvml(Nvml(timeout_s))
+
+
+def _findings(result, check: str, status: Status | None = None):
+    found = [f for s in result.sections for f in s.findings if f.check == check]
+    return [f for f in found if status is None or f.status is status]
+
+
+def _statuses(result) -> set[Status]:
+    return {f.status for s in result.sections for f in s.findings}
+
+
+def test_eight_healthy_gpus_are_all_ok_with_an_nvlink_topology(monkeypatch):
+    result = _probe(monkeypatch, FakeNvml(_gpus(8)))
+    assert result.driver.gpu_count == 8 and result.driver.cuda_version == "12.4"
+    assert _statuses(result) == {Status.OK}
+    gpus = result.sections[1].data["gpus"]
+    assert [g["index"] for g in gpus] == list(range(8))
+    assert gpus[0]["memory_total_bytes"] == 150_754_820_096
+    assert gpus[0]["uuid"].startswith("GPU-") and isinstance(gpus[0]["uuid"], str)
+    assert gpus[0]["pci_bus_id"] == "00000000:18:00.0"
+    assert gpus[0]["power_limit_w"] == 700.0 and gpus[0]["compute_capability"] == "9.0"
+    topology = result.sections[1].data["topology"]
+    assert len(topology) == 8
+    assert topology[2]["GPU2"] == "X" and topology[2]["GPU5"] == "NV18"
+
+
+def test_pcie_topology_levels_show_as_nvidia_smi_topo_does(monkeypatch):
+    fake = FakeNvml(_gpus(2, gpu0={"nvlinks": 0}, gpu1={"nvlinks": 0}), topology=50)
+    topology = _probe(monkeypatch, fake).sections[1].data["topology"]
+    assert topology == [{"gpu": "GPU0", "GPU0": "X", "GPU1": "SYS"},
+                        {"gpu": "GPU1", "GPU0": "SYS", "GPU1": "X"}]
+
+
+def test_degraded_pcie_width_warns_for_that_gpu_only(monkeypatch):
+    result = _probe(monkeypatch, FakeNvml(_gpus(4, gpu3={"pcie_width": (8, 16)})))
+    warned = _findings(result, "gpu.pcie.width", Status.WARN)
+    assert [f.subject for f in warned] == ["GPU 3 (NVIDIA H200, 00000000:48:00.0)"]
+    assert "x8 of x16" in warned[0].message and warned[0].hint
+    assert len(_findings(result, "gpu.pcie.width", Status.OK)) == 3
+
+
+def test_lower_pcie_generation_alone_is_ok_with_an_idle_note(monkeypatch):
+    result = _probe(monkeypatch, FakeNvml(_gpus(2)))
+    finding = _findings(result, "gpu.pcie.width")[0]
+    assert finding.status is Status.OK and "idle" in finding.message
+
+
+def test_volatile_uncorrected_ecc_error_fails(monkeypatch):
+    result = _probe(monkeypatch, FakeNvml(_gpus(2, gpu1={"ecc_volatile_unc": 3,
+                                                       "ecc_aggregate_unc": 3})))
+    failed = _findings(result, "gpu.ecc.volatile_uncorrected", Status.FAIL)
+    assert len(failed) == 1 and failed[0].subject.startswith("GPU 1 ")
+    assert "3 uncorrected" in failed[0].message
+    assert _findings(result, "gpu.ecc.aggregate_uncorrected", Status.WARN)
+
+
+def test_pending_row_remap_fails_with_a_reset_hint(monkeypatch):
+    result = _probe(monkeypatch, FakeNvml(_gpus(3, gpu2={"remapped": (0, 1, 1, 0)})))
+    failed = _findings(result, "gpu.remapped_rows.pending", Status.FAIL)
+    assert len(failed) == 1 and "reset the GPU" in failed[0].hint
+    assert not _findings(result, "gpu.remapped_rows.failed")
+
+
+def test_failed_row_remap_and_pending_retired_pages_fail(monkeypatch):
+    fake = FakeNvml(_gpus(2, gpu0={"remapped": (0, 0, 0, 1)}, gpu1={"retired_pending": 1}))
+    result = _probe(monkeypatch, fake)
+    assert _findings(result, "gpu.remapped_rows.failed", Status.FAIL)
+    assert _findings(result, "gpu.retired_pages.pending", Status.FAIL)
+
+
+@pytest.mark.parametrize("mask, reason", [(0x40, "hw_thermal_slowdown"),
+                                          (0x20, "sw_thermal_slowdown"),
+                                          (0x80, "hw_power_brake_slowdown"),
+                                          (0x8, "hw_slowdown")])
+def test_thermal_power_brake_and_hw_slowdown_warn(monkeypatch, mask, reason):
+    result = _probe(monkeypatch, FakeNvml(_gpus(2, gpu0={"clock_reasons": mask})))
+    warned = _findings(result, "gpu.clocks.event_reasons", Status.WARN)
+    assert len(warned) == 1 and reason in warned[0].message
+
+
+def test_sw_power_cap_alone_is_not_a_slowdown_warning(monkeypatch):
+    result = _probe(monkeypatch, FakeNvml(_gpus(2, gpu0={"clock_reasons": 0x4})))
+    assert not _findings(result, "gpu.clocks.event_reasons", Status.WARN)
+
+
+def test_busy_gpu_warns_and_lists_its_processes(monkeypatch):
+    result = _probe(monkeypatch, FakeNvml(_gpus(2, gpu1={"pids": [4242], "util": (97, 40)})))
+    warned = _findings(result, "gpu.busy", Status.WARN)
+    assert len(warned) == 1 and "4242" in warned[0].message
+    assert result.sections[1].data["processes"] == [
+        {"gpu": 1, "pid": 4242, "used_memory_bytes": 2 << 30}]
+
+
+def test_lost_gpu_fails_and_the_others_are_still_reported(monkeypatch):
+    result = _probe(monkeypatch, FakeNvml(_gpus(4, gpu2={"lost": True})))
+    lost = _findings(result, "gpu.lost", Status.FAIL)
+    assert [f.subject for f in lost] == ["GPU 2"]
+    assert "lost" in lost[0].message and "reset" in lost[0].hint
+    rows = result.sections[1].data["gpus"]
+    assert rows[3]["name"] == "NVIDIA H200" and rows[2]["name"] is None
+    assert [r["gpu"] for r in result.sections[1].data["topology"]] == ["GPU0", "GPU1", "GPU3"]
+
+
+def test_not_supported_fields_show_as_na(monkeypatch):
+    unsupported = {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit",
+                   "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
+                   "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetCurrPcieLinkWidth",
+                   "nvmlDeviceGetCurrentClocksEventReasons",
+                   "nvmlDeviceGetCurrentClocksThrottleReasons"}
+    fake = FakeNvml(_gpus(2, gpu1={"unsupported": unsupported, "mig": None, "nvlinks": 0}))
+    result = _probe(monkeypatch, fake)
+    row = result.sections[1].data["gpus"][1]
+    for key in ("power_draw_w", "power_limit_w", "ecc_volatile_uncorrected", "mig_mode",
+                "remapped_rows_pending", "pcie_width_current", "clock_event_reasons",
+                "nvlink_active_links"):
+        assert row[key] is None, key
+    subject_one = [f for f in result.sections[1].findings if f.subject.startswith("GPU 1 ")]
+    assert {f.status for f in subject_one} <= {Status.OK, Status.SKIP}
+    assert any(f.status is Status.SKIP for f in subject_one)
+    assert "n/a" in render(Report("env", sections=result.sections), "text")
+
+
+@pytest.mark.parametrize("driver_cuda, torch_cuda, status", [
+    (11080, "12.4", Status.FAIL), (12020, "12.4", Status.WARN),
+    (12040, "12.4", Status.OK), (13000, "12.4", Status.OK)])
+def test_driver_cuda_against_torch_cuda(monkeypatch, driver_cuda, torch_cuda, status):
+    result = _probe(monkeypatch, FakeNvml(_gpus(2), cuda_driver=driver_cuda))
+    finding = cuda_compat_finding(result.driver, torch_cuda)
+    assert finding.status is status
+    if status is Status.FAIL:
+        assert "too old" in finding.message and "upgrade" in finding.hint
+
+
+def test_cuda_compat_skips_without_a_cuda_torch_or_a_driver():
+    driver = DriverInfo(True, "550.54.15", "12.4", 2)
+    assert cuda_compat_finding(driver, None).status is Status.SKIP
+    assert cuda_compat_finding(DriverInfo(False), "12.4").status is Status.SKIP
+
+
+def test_no_nvml_library_without_nvidia_hardware_is_skip(monkeypatch):
+    monkeypatch.setattr(gpus_mod, "nvidia_pci_devices", lambda: 0)
+    result = _probe(monkeypatch, FakeNvml([], init_error="NVMLError_LibraryNotFound"))
+    finding = _findings(result, "driver.nvml")[0]
+    assert finding.status is Status.SKIP and not result.driver.present
+
+
+def test_no_nvml_library_with_nvidia_gpus_on_the_bus_fails(monkeypatch):
+    monkeypatch.setattr(gpus_mod, "nvidia_pci_devices", lambda: 8)
+    result = _probe(monkeypatch, FakeNvml([], init_error="NVMLError_LibraryNotFound"))
+    finding = _findings(result, "driver.nvml")[0]
+    assert finding.status is Status.FAIL and "8 NVIDIA GPU" in finding.message
+    assert "driver" in finding.hint
+
+
+def test_driver_library_mismatch_says_reboot(monkeypatch):
+    fake = FakeNvml(_gpus(2), init_error="NVMLError_LibRmVersionMismatch")
+    finding = _findings(_probe(monkeypatch, fake), "driver.nvml")[0]
+    assert finding.status is Status.FAIL and "reboot" in finding.hint
+    assert "mismatch" in finding.message
+
+
+def test_missing_pynvml_module_warns_to_install_nvidia_ml_py(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    finding = _findings(probe_nvml(Nvml(1.0)), "driver.nvml")[0]
+    assert finding.status is Status.WARN and "nvidia-ml-py" in finding.hint
+
+
+def test_a_hanging_nvml_call_becomes_a_finding_and_closes_the_doorway(monkeypatch):
+    fake = FakeNvml(_gpus(3, gpu0={"hang": {"nvmlDeviceGetTemperature"}}))
+    result = _probe(monkeypatch, fake, timeout_s=0.3)
+    hang = _findings(result, "driver.nvml_hang", Status.FAIL)
+    assert len(hang) == 1 and "nvmlDeviceGetTemperature" in hang[0].message
+    assert len(_findings(result, "gpu.query", Status.FAIL)) == 3
+
+
+def _torch(count: int, available: bool = True) -> TorchInfo:
+    return TorchInfo(version="2.5.0", cuda="12.4", cuda_available=available,
+                     device_count=count)
+
+
+def test_gpu_count_mismatch_between_nvml_and_torch_fails(monkeypatch):
+    result = _probe(monkeypatch, FakeNvml(_gpus(4)))
+    section = probe_consistency(4, result.gpus, _torch(2), None)
+    finding = section.findings[0]
+    assert finding.check == "consistency.gpu_count" and finding.status is Status.FAIL
+    assert "NVML sees 4" in finding.message and "torch sees 2" in finding.message
+
+
+def test_cuda_visible_devices_explains_a_smaller_torch_count(monkeypatch):
+    result = _probe(monkeypatch, FakeNvml(_gpus(4)))
+    finding = probe_consistency(4, result.gpus, _torch(2), "0,1").findings[0]
+    assert finding.status is Status.OK and "exposes 2 of 4" in finding.message
+    hidden = probe_consistency(4, result.gpus, _torch(0, False), "").findings[0]
+    assert hidden.status is Status.WARN and "hides every GPU" in hidden.message
+
+
+@pytest.mark.parametrize("field_name, value, check", [
+    ("name", "NVIDIA H100 80GB HBM3", "consistency.gpu_model"),
+    ("power_limit_mw", 500_000, "consistency.power_limit"),
+    ("ecc_mode", [0, 0], "consistency.ecc_mode"),
+    ("mig", [1, 1], "consistency.mig_mode")])
+def test_gpus_that_differ_within_a_node_are_flagged(monkeypatch, field_name, value, check):
+    result = _probe(monkeypatch, FakeNvml(_gpus(4, gpu2={field_name: value})))
+    section = probe_consistency(4, result.gpus, _torch(4), None)
+    flagged = [f for f in section.findings if f.check == check]
+    assert len(flagged) == 1 and flagged[0].status is Status.WARN
+    assert "GPU 2" in flagged[0].message
+
+
+def test_fake_report_renders_in_every_format_and_round_trips(monkeypatch):
+    fake = FakeNvml(_gpus(2, gpu0={"pcie_width": (4, 16)}, gpu1={"lost": True}))
+    report = Report("env", sections=_probe(monkeypatch, fake).sections)
+    text, markdown = render(report, "text"), render(report, "markdown")
+    assert "gpu.pcie.width" in text and "gpu.lost" in markdown
+    again = Report.from_dict(json.loads(render(report, "json")))
+    assert again.to_dict()["sections"] == report.to_dict()["sections"]
+    assert again.verdict() is Status.FAIL
