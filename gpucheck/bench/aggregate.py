@@ -1,0 +1,140 @@
+"""Per-rank timing records and their aggregation: pure functions, no torch.
+
+The clocks. Ranks may sit on different hosts whose clocks are not synchronised,
+so no raw timestamp is ever compared across ranks. Every rank measures two
+intervals on its own monotonic clock, both starting when it leaves the common
+start barrier:
+- `wall_s`: until its own timed loop ended (after a device synchronisation);
+- `span_s`: until it left the common end barrier, which no rank can leave
+  before the last rank has finished its loop.
+The job wall time is the longest interval any rank saw, `max(wall_s, span_s)`
+over ranks: it runs from the common start to the last rank's end, is at least
+every rank's own time, and over-counts at most the barrier's exit skew.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+DEFAULT_STRAGGLER_THRESHOLD = 0.10
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """What one rank measured in its timed loop."""
+
+    rank: int
+    host: str
+    node_rank: int
+    local_rank: int
+    device: str  # "cuda:0" or "cpu"
+    device_name: str
+    device_uuid: str | None
+    images: int
+    iters: int
+    wall_s: float  # start barrier exit -> own loop end (after device sync), host clock
+    span_s: float  # start barrier exit -> end barrier exit, host clock
+    device_s: float  # device busy time (CUDA events); on CPU the loop's wall time
+    peak_memory_bytes: int | None  # CUDA: max allocated; CPU: the process's peak RSS
+    threads: int
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    """The ranks of one node (same node_rank and host), for multi-node runs."""
+
+    node_rank: int
+    host: str
+    ranks: tuple[int, ...]
+    images: int
+    median_wall_s: float
+    slowest_wall_s: float
+    images_per_s: float  # the node's images / its slowest rank's wall time
+    vs_median: float  # the node's median wall / the median over nodes
+    slow: bool
+
+
+@dataclass(frozen=True)
+class BenchSummary:
+    """Rank 0's view of the whole job."""
+
+    n_ranks: int
+    job_wall_s: float
+    summed_device_s: float
+    total_images: int
+    aggregate_images_per_s: float  # all images / job wall time
+    median_wall_s: float
+    spread: float  # slowest rank's wall / median wall
+    parallel_efficiency: float  # summed device busy time / (N x job wall)
+    vs_median: tuple[float, ...]  # per rank, wall / median wall
+    stragglers: tuple[int, ...]  # ranks more than `threshold` slower than the median
+    threshold: float
+    nodes: tuple[NodeSummary, ...]
+
+
+def job_wall_s(records: Sequence[RankRecord]) -> float:
+    """Common start to the last rank's end, measured without comparing host clocks."""
+    return max(max(r.wall_s, r.span_s) for r in records)
+
+
+def aggregate(records: Sequence[RankRecord],
+              threshold: float = DEFAULT_STRAGGLER_THRESHOLD) -> BenchSummary:
+    """Combine every rank's record (in any order) into the job's numbers."""
+    if not records:
+        raise ValueError("no rank records to aggregate")
+    ordered = sorted(records, key=lambda r: r.rank)
+    wall = job_wall_s(ordered)
+    median = statistics.median(r.wall_s for r in ordered)
+    vs_median = tuple(_ratio(r.wall_s, median) for r in ordered)
+    summed_device = sum(r.device_s for r in ordered)
+    images = sum(r.images for r in ordered)
+    return BenchSummary(
+        n_ranks=len(ordered),
+        job_wall_s=wall,
+        summed_device_s=summed_device,
+        total_images=images,
+        aggregate_images_per_s=_ratio(images, wall),
+        median_wall_s=median,
+        spread=max(vs_median),
+        parallel_efficiency=_ratio(summed_device, len(ordered) * wall),
+        vs_median=vs_median,
+        stragglers=tuple(r.rank for r, v in zip(ordered, vs_median, strict=True)
+                         if v > 1 + threshold),
+        threshold=threshold,
+        nodes=node_summaries(ordered, threshold),
+    )
+
+
+def node_summaries(records: Sequence[RankRecord], threshold: float) -> tuple[NodeSummary, ...]:
+    """Group ranks by node; a node whose median rank is `threshold` slower is slow."""
+    groups: dict[tuple[int, str], list[RankRecord]] = {}
+    for record in records:
+        groups.setdefault((record.node_rank, record.host), []).append(record)
+    medians = {key: statistics.median(r.wall_s for r in group) for key, group in groups.items()}
+    overall = statistics.median(medians.values())
+    nodes = []
+    for (node_rank, host), group in sorted(groups.items()):
+        slowest = max(r.wall_s for r in group)
+        vs_median = _ratio(medians[(node_rank, host)], overall)
+        nodes.append(NodeSummary(
+            node_rank=node_rank,
+            host=host,
+            ranks=tuple(r.rank for r in group),
+            images=sum(r.images for r in group),
+            median_wall_s=medians[(node_rank, host)],
+            slowest_wall_s=slowest,
+            images_per_s=_ratio(sum(r.images for r in group), slowest),
+            vs_median=vs_median,
+            slow=len(groups) > 1 and vs_median > 1 + threshold,
+        ))
+    return tuple(nodes)
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 else 0.0

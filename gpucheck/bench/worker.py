@@ -1,0 +1,279 @@
+"""The per-rank benchmark: data, model under DDP, warm-up, timed loop, consistency batch.
+
+Runs on every rank (spawned by the elastic launcher, by torchrun, or in this
+process for one rank). Knows nothing of reports or rendering: rank 0 returns the
+gathered records, the other ranks return None.
+
+What DDP synchronises here. At construction it checks that every rank built a
+model with the same parameter shapes and broadcasts rank 0's parameters and
+buffers. The first forward without gradients broadcasts the buffers once more
+(`broadcast_buffers`); after that an inference forward runs no collective at all:
+no gradients, so no all-reduce. Ranks therefore run the timed loop independently,
+which is why each is timed on its own, between a common start barrier and a
+common end barrier.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gpucheck.bench import data
+from gpucheck.bench import model as bench_model
+from gpucheck.bench.aggregate import RankRecord
+from gpucheck.bench.model import WeightsChoice
+from gpucheck.bench.progress import Progress
+from gpucheck.dist.session import process_group
+from gpucheck.dist.world import World, host_name
+
+if TYPE_CHECKING:
+    import torch
+
+# Test-only: "module:function" called as function(model, rank) -> model before DDP
+# wraps it. Only the test suite sets it; nothing in gpucheck does.
+TEST_HOOK_VAR = "GPUCHECK_TEST_HOOK"
+CONSISTENCY_IMAGES = 4
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """Everything a rank needs, settled (and checked) before any rank starts."""
+
+    model: str
+    weights: WeightsChoice
+    dtype: str  # fp32, fp16 or bf16 (auto already resolved)
+    channels_last: bool
+    batch_size: int
+    warmup: int
+    iters: int | None  # None: choose from the warm-up speed to last `duration_s`
+    duration_s: float | None
+    device: str  # "cuda" or "cpu"
+    backend: str
+    timeout_s: float
+    images_dir: str
+    files: tuple[str, ...]
+    progress: bool  # show a bar on rank 0 (stdout is a TTY and not --quiet)
+
+
+@dataclass(frozen=True)
+class BenchOutcome:
+    """Rank 0's result: every rank's record and its logits for the consistency batch."""
+
+    records: tuple[RankRecord, ...]
+    outputs: tuple[Any, ...]  # float32 CPU tensors, one per rank
+    padding: int
+    per_rank_images: int
+
+
+def bench_worker(spec: BenchSpec) -> BenchOutcome | None:
+    """Run the benchmark on this rank; rank 0 returns everything gathered."""
+    import torch.distributed as dist
+
+    with process_group(spec.backend, spec.device, spec.timeout_s) as world:
+        threads = _set_threads(spec.device, world)
+        share = data.rank_share(len(spec.files), world.rank, world.world_size)
+        ddp, batch, check_batch = _prepare(spec, world, share)
+        record, output = _measure(spec, world, ddp, batch, check_batch, threads)
+        gathered: list[Any] = [None] * world.world_size
+        dist.all_gather_object(gathered, (record, output))
+    if not world.is_reporter:
+        return None
+    return BenchOutcome(
+        records=tuple(r for r, _ in gathered),
+        outputs=tuple(o for _, o in gathered),
+        padding=share.padding,
+        per_rank_images=len(share.indices),
+    )
+
+
+def _set_threads(device: str, world: World) -> int:
+    """On CPU, split this machine's cores between the ranks that share it."""
+    import torch
+
+    if device == "cpu":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        torch.set_num_threads(max(1, cores // world.local_world_size))
+    return torch.get_num_threads()
+
+
+def _prepare(spec: BenchSpec, world: World,
+             share: data.Share) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """Model under DDP on the device; the rank's batch and the fixed check batch there too."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    device = _device(spec, world)
+    dtype = bench_model.torch_dtype(spec.dtype)
+    fmt = torch.channels_last if spec.channels_last else torch.contiguous_format
+    model = _apply_test_hook(bench_model.build_model(spec.model, spec.weights), world.rank)
+    model = model.to(device=device, dtype=dtype, memory_format=fmt)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.index is not None
+                                  else None)
+    mine = data.load_tensor(spec.images_dir, tuple(spec.files[i] for i in share.indices))
+    common = data.load_tensor(spec.images_dir, spec.files[:CONSISTENCY_IMAGES])
+    batch = data.fill_batch(mine, spec.batch_size)
+    return (ddp, batch.to(device=device, dtype=dtype, memory_format=fmt),
+            common.to(device=device, dtype=dtype, memory_format=fmt))
+
+
+def _device(spec: BenchSpec, world: World) -> torch.device:
+    import torch
+
+    return torch.device("cuda", world.local_rank) if spec.device == "cuda" else torch.device(
+        "cpu")
+
+
+def _apply_test_hook(model: torch.nn.Module, rank: int) -> torch.nn.Module:
+    target = os.environ.get(TEST_HOOK_VAR)
+    if not target:
+        return model
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)(model, rank)
+
+
+def _measure(spec: BenchSpec, world: World, ddp: Any, batch: torch.Tensor,
+             check_batch: torch.Tensor, threads: int) -> tuple[RankRecord, torch.Tensor]:
+    """Warm up, agree on the iteration count, time the loop, run the check batch."""
+    import torch
+
+    with torch.inference_mode(), Progress(spec.progress and world.is_reporter) as bar:
+        bar.start("warm-up", spec.warmup)
+        per_iter_s = _warm_up(ddp, batch, spec.warmup, spec.device, bar)
+        iters = spec.iters or _agree_iters(per_iter_s, spec, world)
+        bar.start("timed", iters)
+        timing = _timed_loop(ddp, batch, iters, spec, world, bar)
+        output = ddp(check_batch).float().cpu()
+    record = RankRecord(
+        rank=world.rank, host=host_name(), node_rank=world.node_rank,
+        local_rank=world.local_rank, device=str(_device(spec, world)),
+        device_name=_device_name(spec.device, world.local_rank),
+        device_uuid=_device_uuid(spec.device, world.local_rank),
+        images=iters * spec.batch_size, iters=iters, wall_s=timing[0], span_s=timing[1],
+        device_s=timing[2], peak_memory_bytes=_peak_memory(spec.device, world.local_rank),
+        threads=threads,
+    )
+    return record, output
+
+
+def _warm_up(ddp: Any, batch: torch.Tensor, warmup: int, device: str, bar: Progress) -> float:
+    """Run `warmup` iterations; seconds per iteration, not counting the first one."""
+    started = time.perf_counter()
+    for i in range(warmup):
+        ddp(batch)
+        if i == 0:
+            _synchronize(device)
+            started = time.perf_counter()
+        bar.advance()
+    _synchronize(device)
+    timed = max(warmup - 1, 0)
+    return (time.perf_counter() - started) / timed if timed else 0.0
+
+
+def _agree_iters(per_iter_s: float, spec: BenchSpec, world: World) -> int:
+    """Iterations for --duration from the slowest rank's warm-up speed, the same on all ranks."""
+    import torch
+    import torch.distributed as dist
+
+    slowest = torch.tensor([per_iter_s], dtype=torch.float64, device=_device(spec, world))
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    per_iter = float(slowest.item())
+    duration = spec.duration_s or 0.0
+    return max(1, round(duration / per_iter)) if per_iter > 0 else 1
+
+
+def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, world: World,
+                bar: Progress) -> tuple[float, float, float]:
+    """(wall_s, span_s, device_s): barrier, clock, loop, device sync, clock, barrier, clock."""
+    _reset_peak_memory(spec.device, world.local_rank)
+    events = _cuda_events() if spec.device == "cuda" else None
+    _barrier(spec, world)
+    started = time.perf_counter()
+    if events:
+        events[0].record()
+    for _ in range(iters):
+        ddp(batch)
+        bar.advance()
+    if events:
+        events[1].record()
+    _synchronize(spec.device)
+    wall_s = time.perf_counter() - started
+    _barrier(spec, world)
+    span_s = time.perf_counter() - started
+    device_s = events[0].elapsed_time(events[1]) / 1000 if events else wall_s
+    return wall_s, span_s, device_s
+
+
+def _barrier(spec: BenchSpec, world: World) -> None:
+    import torch.distributed as dist
+
+    if spec.device == "cuda":
+        dist.barrier(device_ids=[world.local_rank])
+    else:
+        dist.barrier()
+
+
+def _cuda_events() -> tuple[Any, Any]:
+    import torch
+
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def _synchronize(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _reset_peak_memory(device: str, index: int) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats(index)
+
+
+def _peak_memory(device: str, index: int) -> int | None:
+    if device == "cuda":
+        import torch
+
+        return int(torch.cuda.max_memory_allocated(index))
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+    except (ImportError, OSError):
+        return None
+
+
+def _device_name(device: str, index: int) -> str:
+    if device == "cuda":
+        import torch
+
+        return str(torch.cuda.get_device_name(index))
+    return _cpu_name()
+
+
+def _device_uuid(device: str, index: int) -> str | None:
+    if device != "cuda":
+        return None
+    import torch
+
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    return f"GPU-{uuid}" if uuid is not None else None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return "CPU " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return "CPU " + (platform.processor() or platform.machine())

@@ -1,0 +1,135 @@
+"""`gpucheck bench`: DDP inference benchmark that times every rank honestly."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from gpucheck.bench.aggregate import DEFAULT_STRAGGLER_THRESHOLD
+from gpucheck.bench.data import ImageSet, default_images_dir, scan_images
+from gpucheck.bench.model import DTYPES, check_model, resolve_dtype, resolve_weights
+from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
+from gpucheck.errors import UsageError
+from gpucheck.report import Report, Section
+
+HELP = "DDP ResNet50 inference benchmark that times every rank"
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Per-device defaults, chosen by measurement (docs/bench.md)."""
+
+    batch_size: int
+    warmup: int
+    iters: int
+
+
+DEFAULTS = {"cuda": Defaults(batch_size=128, warmup=10, iters=50),
+            "cpu": Defaults(batch_size=4, warmup=2, iters=6)}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_launch_arguments(parser)
+    group = parser.add_argument_group("benchmark")
+    group.add_argument("--images", metavar="DIR", default=None,
+                       help="folder of images (default: the shipped sample_images)")
+    group.add_argument("--model", default="resnet50",
+                       help="any torchvision classification model (default: resnet50)")
+    group.add_argument("--weights", default="random", metavar="random|imagenet|PATH",
+                       help="random (seeded, default), imagenet (torchvision's, from the local "
+                            "cache) or a saved state_dict file")
+    group.add_argument("--download", action="store_true",
+                       help="with --weights imagenet, download the weights when not cached")
+    group.add_argument("--dtype", default="auto", metavar="|".join(DTYPES),
+                       help="auto (default): bf16 on GPUs that support it, else fp16; fp32 on CPU")
+    group.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
+                       help="channels_last memory format (default: on; faster on GPU and CPU)")
+    _add_loop_arguments(group)
+
+
+def _add_loop_arguments(group: argparse._ArgumentGroup) -> None:
+    cuda, cpu = DEFAULTS["cuda"], DEFAULTS["cpu"]
+    group.add_argument("--batch-size", type=int, default=None, metavar="N",
+                       help=f"images per batch and rank (default: {cuda.batch_size} on GPU, "
+                            f"{cpu.batch_size} on CPU)")
+    group.add_argument("--warmup", type=int, default=None, metavar="N",
+                       help=f"untimed iterations first (default: {cuda.warmup} on GPU, "
+                            f"{cpu.warmup} on CPU)")
+    loop = group.add_mutually_exclusive_group()
+    loop.add_argument("--iters", type=int, default=None, metavar="N",
+                      help=f"timed iterations (default: {cuda.iters} on GPU, {cpu.iters} on CPU)")
+    loop.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                      help="instead of --iters: as many iterations as fit in SECONDS at the "
+                           "slowest rank's warm-up speed")
+    group.add_argument("--straggler-threshold", type=float,
+                       default=DEFAULT_STRAGGLER_THRESHOLD, metavar="FRACTION",
+                       help="warn about a rank this much slower than the median "
+                            f"(default: {DEFAULT_STRAGGLER_THRESHOLD:g})")
+
+
+def run(args: argparse.Namespace) -> Report | None:
+    from gpucheck.bench.worker import BenchOutcome, bench_worker
+    from gpucheck.dist.job import run_job
+    from gpucheck.dist.launch import WorkersFailed
+
+    plan = plan_launch(args)
+    spec, images = _plan_bench(args, plan)
+    report = Report(command="bench")
+    try:
+        outcome = run_job(bench_worker, spec, plan.nproc, plan.master_port)
+    except WorkersFailed as exc:
+        report.add(_failed_section(exc.failures))
+        return report
+    if not isinstance(outcome, BenchOutcome):
+        return None  # a rank other than 0 under torchrun: rank 0 reports
+    from gpucheck.bench.findings import bench_sections
+
+    for section in bench_sections(spec, images, outcome, args.straggler_threshold):
+        report.add(section)
+    return report
+
+
+def _plan_bench(args: argparse.Namespace, plan: LaunchPlan):  # type: ignore[no-untyped-def]
+    """Check every benchmark option before any rank starts; returns (BenchSpec, ImageSet)."""
+    from gpucheck.bench.worker import BenchSpec
+
+    defaults = DEFAULTS[plan.device]
+    batch_size = _positive("--batch-size", args.batch_size, defaults.batch_size)
+    warmup = args.warmup if args.warmup is not None else defaults.warmup
+    if warmup < 0:
+        raise UsageError(f"--warmup {warmup}: give 0 or more iterations")
+    iters = None if args.duration is not None else _positive("--iters", args.iters,
+                                                             defaults.iters)
+    if args.duration is not None and args.duration <= 0:
+        raise UsageError(f"--duration {args.duration:g}: give a positive number of seconds")
+    if args.straggler_threshold <= 0:
+        raise UsageError(f"--straggler-threshold {args.straggler_threshold:g}: give a "
+                         "positive fraction such as 0.1")
+    dtype = resolve_dtype(args.dtype, plan.device)
+    check_model(args.model)
+    weights = resolve_weights(args.weights, args.model, args.download)
+    images: ImageSet = scan_images(args.images or default_images_dir())
+    spec = BenchSpec(
+        model=args.model, weights=weights, dtype=dtype, channels_last=args.channels_last,
+        batch_size=batch_size, warmup=max(warmup, 2) if args.duration is not None else warmup,
+        iters=iters, duration_s=args.duration, device=plan.device, backend=plan.backend,
+        timeout_s=plan.timeout_s, images_dir=images.folder, files=images.files,
+        progress=not args.quiet and sys.stdout.isatty(),
+    )
+    return spec, images
+
+
+def _positive(flag: str, value: int | None, default: int) -> int:
+    if value is None:
+        return default
+    if value < 1:
+        raise UsageError(f"{flag} {value}: give 1 or more")
+    return value
+
+
+def _failed_section(failures: list) -> Section:  # type: ignore[type-arg]
+    from gpucheck.dist.failures import rank_failure_findings
+
+    return Section("ranks", "Failed ranks", {"failed_ranks": [f.rank for f in failures]},
+                   rank_failure_findings(failures, "bench"))
