@@ -1,0 +1,46 @@
+"""Test-only model hooks for `gpucheck bench`, selected with GPUCHECK_TEST_HOOK=module:function.
+
+Each hook is called on every rank as hook(model, rank) before DDP wraps the model,
+so every rank wraps the same way (DDP checks that) and only the forward differs.
+Nothing in gpucheck imports this module; only tests set the variable.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+SLOW_RANK = 1
+WRONG_RANK = 2
+SLEEP_S = 0.25
+
+
+class _RankBehaviour(nn.Module):
+    """The wrapped model, slowed down and/or made wrong on chosen ranks."""
+
+    def __init__(self, inner: nn.Module, sleep_s: float, wrong: bool) -> None:
+        super().__init__()
+        self.inner = inner
+        self.sleep_s = sleep_s
+        self.wrong = wrong
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)  # a slow GPU: same work, more time
+        out = self.inner(batch)
+        return out * 1.5 + 1.0 if self.wrong else out  # a GPU computing wrong answers
+
+
+def slow_rank_one(model: nn.Module, rank: int) -> nn.Module:
+    return _RankBehaviour(model, SLEEP_S if rank == SLOW_RANK else 0.0, wrong=False)
+
+
+def wrong_rank_two(model: nn.Module, rank: int) -> nn.Module:
+    return _RankBehaviour(model, 0.0, wrong=rank == WRONG_RANK)
+
+
+def slow_rank_one_wrong_rank_two(model: nn.Module, rank: int) -> nn.Module:
+    return _RankBehaviour(model, SLEEP_S if rank == SLOW_RANK else 0.0,
+                          wrong=rank == WRONG_RANK)
