@@ -1,0 +1,112 @@
+"""`gpucheck env` through the CLI in a subprocess: formats, bad input, broken torch, secrets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Runs the real CLI; a sibling command module not written yet is stubbed so that
+# build_parser works (the stub is never chosen by these tests).
+LAUNCHER = """
+import importlib.util, sys, types
+for name in ("bench", "comm"):
+    if importlib.util.find_spec(f"gpucheck.commands.{name}") is None:
+        stub = types.ModuleType(f"gpucheck.commands.{name}")
+        stub.HELP, stub.add_arguments, stub.run = "", lambda parser: None, lambda args: None
+        sys.modules[stub.__name__] = stub
+from gpucheck.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+SECRETS = {"NCCL_IB_PASSWORD": "hunter2-nccl-secret", "SLURM_JOB_TOKEN": "tok-9f8e7d",
+           "CUDA_API_KEY": "cuda-key-1234", "MY_PRIVATE_NOTE": "not-allowlisted-value",
+           "HOME_SECRET_THING": "outside-the-allowlist"}
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None,
+            pythonpath: str | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {}), "NO_COLOR": "1"}
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, str(ROOT)) if p)
+    return subprocess.run([sys.executable, "-c", LAUNCHER, *args], capture_output=True,
+                          text=True, env=full_env, cwd=ROOT, timeout=120)
+
+
+def test_env_json_report_comes_out_and_parses():
+    proc = run_cli("env", "--format", "json", "--no-gpu-test")
+    report = json.loads(proc.stdout)
+    assert report["command"] == "env"
+    names = [s["name"] for s in report["sections"]]
+    assert names[:3] == ["system", "python", "torch"] and "environment" in names
+    assert proc.returncode == (1 if report["verdict"] == "FAIL" else 0)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "markdown"])
+def test_secrets_and_other_variables_never_appear_in_any_format(fmt):
+    proc = run_cli("env", "--format", fmt, "--no-gpu-test",
+                   env={**SECRETS, "NCCL_DEBUG": "WARN-visible"})
+    assert proc.stdout and proc.returncode in (0, 1)
+    for value in SECRETS.values():
+        assert value not in proc.stdout and value not in proc.stderr
+    assert "<redacted>" in proc.stdout and "WARN-visible" in proc.stdout
+    assert "MY_PRIVATE_NOTE" not in proc.stdout
+
+
+def test_broken_torch_still_gives_a_report_naming_the_error(tmp_path):
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text('raise ImportError("simulated broken torch")\n')
+    proc = run_cli("env", "--format", "json", pythonpath=str(tmp_path))
+    report = json.loads(proc.stdout)
+    failed = [f for s in report["sections"] for f in s["findings"]
+              if f["status"] == "FAIL" and f["check"] == "torch.import"]
+    assert failed and "simulated broken torch" in failed[0]["message"]
+    assert proc.returncode == 1
+
+
+def test_unwritable_output_is_a_one_line_error_and_exit_2(tmp_path):
+    target = tmp_path / "missing-dir" / "report.json"
+    proc = run_cli("env", "--output", str(target))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "--output" in proc.stderr
+    assert not target.parent.exists()
+
+
+def test_output_that_is_a_directory_is_exit_2_and_nothing_is_written(tmp_path):
+    proc = run_cli("env", "--output", str(tmp_path))
+    assert proc.returncode == 2 and list(tmp_path.iterdir()) == []
+
+
+def test_unknown_format_is_exit_2():
+    proc = run_cli("env", "--format", "yaml")
+    assert proc.returncode == 2 and "yaml" in proc.stderr
+
+
+def test_output_file_takes_its_format_from_the_extension(tmp_path):
+    target = tmp_path / "env.md"
+    proc = run_cli("env", "--no-gpu-test", "--quiet", "--output", str(target))
+    assert proc.returncode in (0, 1) and proc.stdout == ""
+    assert target.read_text().startswith("# gpucheck env: **")
+    assert [p.name for p in tmp_path.iterdir()] == ["env.md"]
+
+
+def test_importing_gpucheck_and_building_the_parser_never_imports_torch():
+    code = (LAUNCHER.split("from gpucheck.cli")[0]
+            + "import gpucheck.cli, gpucheck.commands.env, gpucheck.probes.runner\n"
+            + "gpucheck.cli.build_parser()\n"
+            + "assert 'torch' not in sys.modules, 'torch imported'\n"
+            + "assert 'pynvml' not in sys.modules, 'pynvml imported'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_help_works_with_a_broken_torch(tmp_path):
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise SystemExit('torch must not load')\n")
+    proc = run_cli("env", "--help", pythonpath=str(tmp_path))
+    assert proc.returncode == 0 and "--no-gpu-test" in proc.stdout
