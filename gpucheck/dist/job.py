@@ -71,33 +71,70 @@ def run_job(worker: Callable[[S], Any], spec: S, nproc: int,
         except WorkersFailed as exc:
             partial, roster, diagnoses = progress.read_run_dir(folder)
             raise JobFailed(exc.failures, partial, diagnoses, roster, reporter=True) from None
+        except KeyboardInterrupt:
+            progress.remember_partial(progress.read_run_dir(folder)[0])
+            raise
 
 
 class JobFailed(WorkersFailed):
-    """The job ended badly. Besides `failures` (ranks that exited badly):
+    """The job ended badly.
 
-    `partial`: what the reporting rank had published before the failure (or None);
-    `diagnoses`: each survivor's view ({rank, missing, expected, step, cause, message}):
-    the ranks missing from the check-in or from the roll call after a failed collective;
-    `roster`: the check-in records ({rank, host, node_rank, local_rank, device, pid});
+    `failures`: the ranks to blame, with their cause: ranks that crashed (exit code or
+    signal), then ranks the survivors found silent (`cause` "did not answer" or "never
+    checked in"); ranks that only failed because another stopped answering are left
+    out (they are in `raw_failures`). So `rank_failure_findings(exc.failures, cmd)`
+    names the culprit.
+    `partial`: what the reporting rank had published before the failure (or None).
+    `diagnoses`: each survivor's view ({rank, missing, expected, step, cause, message}).
+    `roster`: the check-in records ({rank, host, node_rank, local_rank, device, pid}).
     `reporter`: whether this process should write the report (False on ranks > 0
-    under torchrun or srun, which should only print one line and exit non-zero).
+    under torchrun or srun, which should print one line and exit non-zero).
     """
 
     def __init__(self, failures: list[RankFailure], partial: dict[str, Any] | None,
                  diagnoses: list[dict[str, Any]], roster: list[Any] | None,
                  reporter: bool) -> None:
-        super().__init__(failures)
+        self.raw_failures = failures
         self.partial = partial
         self.diagnoses = diagnoses
         self.roster = roster or []
         self.reporter = reporter
+        super().__init__(blame(failures, diagnoses, self.roster))
 
-    @property
-    def unresponsive(self) -> list[int]:
-        """Ranks that some survivor's roll call found silent, minus those that reported."""
-        answered = {d["rank"] for d in self.diagnoses}
-        return sorted({r for d in self.diagnoses for r in d["missing"]} - answered)
+
+def blame(failures: list[RankFailure], diagnoses: list[dict[str, Any]],
+          roster: list[dict[str, Any]]) -> list[RankFailure]:
+    """Crashed ranks first, then silent ones; survivors that diagnosed are not blamed."""
+    diagnosed = {d["rank"] for d in diagnoses}
+    crashed = [f for f in failures if f.rank not in diagnosed]
+    taken = {f.rank for f in crashed}
+    silent = [_silent(r, diagnoses, roster) for r in _missing(diagnoses)
+              if r not in taken and r not in diagnosed]
+    return crashed + silent or failures
+
+
+def _missing(diagnoses: list[dict[str, Any]]) -> list[int]:
+    return sorted({int(r) for d in diagnoses for r in d["missing"]})
+
+
+def _silent(rank: int, diagnoses: list[dict[str, Any]],
+            roster: list[dict[str, Any]]) -> RankFailure:
+    seen = next(d for d in diagnoses if rank in d["missing"])
+    info = next((r for r in roster if r.get("rank") == rank), None)
+    if info is not None:
+        where = (f"node {info['node_rank']} {info['host']}, {info['device']}, "
+                 f"pid {info['pid']}")
+        local_rank = int(info["local_rank"])
+    else:
+        where = (seen.get("expected") or {}).get(str(rank)) or \
+            (seen.get("expected") or {}).get(rank) or "never seen"
+        local_rank = -1
+    if seen.get("step") == "check-in":
+        return RankFailure(rank, local_rank, 0, None, f"{where}", cause="never checked in")
+    step = f" during {seen['step']}" if seen.get("step") else ""
+    return RankFailure(rank, local_rank, 0, None,
+                       f"{where}; rank {seen['rank']} timed out{step} waiting for it "
+                       f"({seen.get('cause', '')})", cause="did not answer")
 
 
 @contextmanager

@@ -32,10 +32,19 @@ class RankFailure:
     exitcode: int
     signal: str | None
     message: str
+    # Set when the rank did not fail itself but was found silent: "did not answer"
+    # (roll call after a failed collective) or "never checked in".
+    cause: str | None = None
+
+    def how(self) -> str:
+        if self.cause:
+            return self.cause
+        if self.signal:
+            return f"was killed by {self.signal}"
+        return f"exited with code {self.exitcode}"
 
     def describe(self) -> str:
-        how = f"killed by {self.signal}" if self.signal else f"exit code {self.exitcode}"
-        return f"rank {self.rank} ({how}): {self.message}"
+        return f"rank {self.rank} ({self.how()}): {self.message}"
 
 
 class WorkersFailed(Exception):

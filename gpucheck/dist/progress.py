@@ -55,6 +55,11 @@ def publish_partial(data: dict[str, Any]) -> None:
     _write_json(PARTIAL_FILE, data)
 
 
+def remember_partial(data: dict[str, Any] | None) -> None:
+    """Keep partial results in this process only (the launcher, after Ctrl-C)."""
+    _state["partial"] = data
+
+
 def publish_roster(roster: list[dict[str, Any]]) -> None:
     _write_json(ROSTER_FILE, roster)
 

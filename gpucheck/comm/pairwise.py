@@ -1,0 +1,81 @@
+"""Send/recv bandwidth between every ordered pair of ranks on the same node.
+
+One pair at a time per node (pairs of different nodes run side by side), a barrier
+of all ranks between steps, so no two transfers on a node share the bus. The sender
+times `iters` sends of one buffer plus the receiver's one-element acknowledgement.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpucheck.comm.collectives import ELEMENT_BYTES, synchronize
+from gpucheck.dist import progress
+from gpucheck.dist.nodes import group_by_node
+
+
+def pair_schedule(roster: Sequence[Mapping[str, Any]]) -> list[list[tuple[int, int]]]:
+    """Steps of (src, dst) pairs: step k holds every node's k-th ordered pair."""
+    per_node = []
+    for ranks in group_by_node(roster).values():
+        per_node.append([(a, b) for a in ranks for b in ranks if a != b])
+    steps = max((len(p) for p in per_node), default=0)
+    return [[p[k] for p in per_node if k < len(p)] for k in range(steps)]
+
+
+def _send_side(buf: Any, ack: Any, peer: int, iters: int) -> None:
+    import torch.distributed as dist
+
+    for _ in range(iters):
+        dist.send(buf, peer)
+    dist.recv(ack, peer)
+
+
+def _recv_side(buf: Any, ack: Any, peer: int, iters: int) -> None:
+    import torch.distributed as dist
+
+    for _ in range(iters):
+        dist.recv(buf, peer)
+    dist.send(ack, peer)
+
+
+def _time_pair(src: int, dst: int, size_bytes: int, iters: int, device: str) -> float | None:
+    """Bandwidth in GB/s on the sender; None on the receiver."""
+    import torch
+    import torch.distributed as dist
+
+    where = "cuda" if device == "cuda" else "cpu"
+    buf = torch.zeros(max(size_bytes // ELEMENT_BYTES, 1), device=where)
+    ack = torch.zeros(1, device=where)
+    me = dist.get_rank()
+    side, peer = (_send_side, dst) if me == src else (_recv_side, src)
+    side(buf, ack, peer, 1)  # warm-up: connect the pair
+    synchronize(device)
+    began = time.perf_counter()
+    side(buf, ack, peer, iters)
+    synchronize(device)
+    elapsed = time.perf_counter() - began
+    return size_bytes * iters / elapsed / 1e9 if me == src else None
+
+
+def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
+                  device: str) -> list[dict[str, Any]]:
+    """Run the schedule; return the pairs this rank sent from ({src, dst, node_rank, ...})."""
+    import torch.distributed as dist
+
+    me = dist.get_rank()
+    node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
+    mine = []
+    for step in pair_schedule(roster):
+        for src, dst in step:
+            if me in (src, dst):
+                progress.set_step(f"send/recv rank {src} -> rank {dst}")
+                gbps = _time_pair(src, dst, size_bytes, iters, device)
+                if gbps is not None:
+                    mine.append({"src": src, "dst": dst, "node_rank": node_of[src],
+                                 "size_bytes": size_bytes, "bandwidth_gbps": round(gbps, 4)})
+        progress.set_step("barrier after a pair")
+        dist.barrier()
+    return mine

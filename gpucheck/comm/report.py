@@ -1,0 +1,118 @@
+"""The comm results (from `comm_worker`, complete or partial) as report sections."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpucheck.comm.aggregate import (
+    baseline_findings,
+    correctness_findings,
+    pair_findings,
+    pair_matrix,
+)
+from gpucheck.dist.nodes import group_by_node, node_metric, nodes_rows, slow_node_findings
+from gpucheck.report import Finding, Section, fail
+
+TITLES = {"all_reduce": "all_reduce (busbw = algbw x 2(n-1)/n)",
+          "all_gather": "all_gather (algbw counts the gathered output; busbw = algbw x (n-1)/n)"}
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """The thresholds the user chose."""
+
+    pair_threshold: float
+    baseline_busbw_gbps: float | None
+    slow_node_fraction: float
+
+
+def human_bytes(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+def _setup_section(result: Mapping[str, Any]) -> Section:
+    sizes = result.get("sizes_bytes") or [0]
+    data = {"world_size": result["world_size"], "nodes": len(group_by_node(result["ranks"])),
+            "device": result["device"], "backend": result["backend"],
+            "sizes": f"{human_bytes(sizes[0])} .. {human_bytes(sizes[-1])} per rank buffer",
+            "iters": result["iters"], "warmup": result["warmup"],
+            "complete": result.get("complete", False), "ranks": result["ranks"]}
+    return Section("comm", "Collective bandwidth: setup and ranks", data)
+
+
+def _collective_section(name: str, rows: list[dict[str, Any]], verdicts: Verdicts,
+                        planned: int) -> Section:
+    table = [{"size": human_bytes(r["size_bytes"]), **{k: v for k, v in r.items()
+                                                       if k != "rank_times_us"}}
+             for r in rows]
+    findings: list[Finding] = correctness_findings(name, rows)
+    if name == "all_reduce":
+        findings += baseline_findings(rows, verdicts.baseline_busbw_gbps, name)
+    data: dict[str, Any] = {"sizes_done": f"{len(rows)} of {planned}", "results": table}
+    return Section(name, TITLES.get(name, name), data, findings)
+
+
+def _names(result: Mapping[str, Any]) -> dict[int, str]:
+    return {int(r["rank"]): f"rank {r['rank']} (node {r['node_rank']} {r['host']}, "
+            f"{r['device']})" for r in result["ranks"]}
+
+
+def _pairwise_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
+    pairwise = result["pairwise"]
+    ranks = [int(r["rank"]) for r in result["ranks"]]
+    data = {"size_bytes": pairwise["size_bytes"], "iters": pairwise["iters"],
+            "bandwidth_gbps (src row -> dst column)": pair_matrix(pairwise["pairs"], ranks)}
+    findings = pair_findings(pairwise["pairs"], verdicts.pair_threshold, _names(result))
+    return Section("pairwise", "Pairwise send/recv bandwidth on each node (GB/s)", data,
+                   findings)
+
+
+def _nodes_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section | None:
+    """Per node: its ranks, median intra-node pair bandwidth, slowest all_reduce time."""
+    ranks = result["ranks"]
+    if len(group_by_node(ranks)) < 2:
+        return None
+    pairs = (result.get("pairwise") or {}).get("pairs") or []
+    pair_bw = node_metric(ranks, {p["src"]: p["bandwidth_gbps"] for p in pairs})
+    rows = result["collectives"].get("all_reduce") or []
+    times = dict(enumerate(rows[-1]["rank_times_us"])) if rows else {}
+    time_metric = node_metric(ranks, times, combine=max)
+    table = nodes_rows(ranks, pair_bw, "pair_median_gbps")
+    for row, value in zip(table, time_metric.values(), strict=False):
+        row["largest_all_reduce_us"] = value
+    if len(pair_bw) >= 2:
+        findings = slow_node_findings(pair_bw, "comm.nodes.slow_node",
+                                      "median pair bandwidth", "GB/s",
+                                      fraction=verdicts.slow_node_fraction)
+    else:
+        findings = slow_node_findings(time_metric, "comm.nodes.slow_node",
+                                      "largest all_reduce time", "us", higher_is_better=False,
+                                      fraction=verdicts.slow_node_fraction)
+    return Section("nodes", "Nodes", {"nodes": table}, findings)
+
+
+def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section]:
+    """Setup, one section per collective, pairwise, nodes (when several)."""
+    sections = [_setup_section(result)]
+    planned = len(result.get("sizes_bytes") or [])
+    for name, rows in result["collectives"].items():
+        sections.append(_collective_section(name, rows, verdicts, planned))
+    if result.get("pairwise"):
+        sections.append(_pairwise_section(result, verdicts))
+    nodes = _nodes_section(result, verdicts)
+    if nodes is not None:
+        sections.append(nodes)
+    return sections
+
+
+def failure_section(findings: list[Finding], partial: bool, summary: str) -> Section:
+    """The failure as FAIL findings; says whether the sections above are partial."""
+    data = {"outcome": summary,
+            "results_above": "partial: measured before the failure" if partial else "none"}
+    return Section("failure", "Run failed", data,
+                   findings or [fail("comm.failed", summary, hint="see the ranks' output")])

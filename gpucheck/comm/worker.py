@@ -1,0 +1,111 @@
+"""The comm sweep on every rank; rank 0 gathers and keeps the results.
+
+Rank 0 publishes its results after every message size (`gpucheck.dist.progress`),
+so a failure later in the run loses nothing already measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpucheck.comm.aggregate import size_result
+from gpucheck.comm.collectives import (
+    DEFAULT_MIN_BYTES,
+    default_max_bytes,
+    free_bytes,
+    measure,
+    sweep_sizes,
+)
+from gpucheck.comm.pairwise import measure_pairs
+from gpucheck.dist import progress
+from gpucheck.dist.session import process_group, roster
+from gpucheck.dist.world import World
+
+
+@dataclass(frozen=True)
+class CommSpec:
+    """Everything a rank needs to run the sweep (picklable: it crosses to spawned ranks)."""
+
+    device: str
+    backend: str
+    timeout_s: float
+    collectives: tuple[str, ...] = ("all_reduce", "all_gather")
+    min_bytes: int = DEFAULT_MIN_BYTES
+    max_bytes: int | None = None  # None: from free device memory
+    iters: int = 20
+    warmup: int = 5
+    pairwise: bool = True
+    pair_bytes: int | None = None  # None: the sweep's largest size
+    pair_iters: int = 10
+
+
+def _agreed_max_bytes(spec: CommSpec, world: World) -> int:
+    """The smallest of the ranks' bounds, so every rank runs the same sizes."""
+    import torch
+    import torch.distributed as dist
+
+    if spec.max_bytes is not None:
+        return spec.max_bytes
+    mine = default_max_bytes(spec.device, world.world_size, free_bytes(spec.device))
+    value = torch.tensor([mine], dtype=torch.int64,
+                         device="cuda" if spec.device == "cuda" else "cpu")
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return int(value.item())
+
+
+def _gather_size(collective: str, size: int, spec: CommSpec, world: World) -> dict[str, Any]:
+    """Measure one size on every rank; all_gather the timings; the slowest rank wins."""
+    import torch
+    import torch.distributed as dist
+
+    progress.set_step(f"{collective} {size} bytes")
+    timing = measure(collective, size, spec.iters, spec.warmup, spec.device)
+    where = "cuda" if spec.device == "cuda" else "cpu"
+    mine = torch.tensor([timing.time_s, float(timing.wrong)], dtype=torch.float64, device=where)
+    every = [torch.zeros_like(mine) for _ in range(world.world_size)]
+    dist.all_gather(every, mine)
+    times = [float(t[0]) for t in every]
+    wrong = [int(t[1]) for t in every]
+    return size_result(collective, size, max(size // 4, 1), world.world_size, times,
+                       wrong).row() | {"rank_times_us": [round(t * 1e6, 2) for t in times]}
+
+
+def _pairwise(spec: CommSpec, world: World, infos: list[dict[str, Any]],
+              largest: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    size = spec.pair_bytes or largest
+    mine = measure_pairs(infos, size, spec.pair_iters, spec.device)
+    progress.set_step("gathering pairwise results")
+    every: list[Any] = [None] * world.world_size
+    dist.all_gather_object(every, mine)
+    pairs = sorted((p for rank_pairs in every for p in rank_pairs),
+                   key=lambda p: (p["src"], p["dst"]))
+    return {"size_bytes": size, "iters": spec.pair_iters, "pairs": pairs}
+
+
+def comm_worker(spec: CommSpec) -> dict[str, Any] | None:
+    """Run the sweep; rank 0 returns the results, the other ranks None."""
+    with process_group(spec.backend, spec.device, spec.timeout_s) as world:
+        infos = [asdict(i) for i in roster()]
+        sizes = sweep_sizes(spec.min_bytes, _agreed_max_bytes(spec, world))
+        result: dict[str, Any] = {
+            "world_size": world.world_size, "device": spec.device, "backend": spec.backend,
+            "iters": spec.iters, "warmup": spec.warmup, "sizes_bytes": sizes,
+            "ranks": infos, "collectives": {c: [] for c in spec.collectives},
+            "pairwise": None, "complete": False,
+        }
+        for collective in spec.collectives:
+            for size in sizes:
+                row = _gather_size(collective, size, spec, world)
+                result["collectives"][collective].append(row)
+                if world.rank == 0:
+                    progress.publish_partial(result)
+        if spec.pairwise and world.world_size > 1:
+            result["pairwise"] = _pairwise(spec, world, infos, sizes[-1])
+        result["complete"] = True
+        progress.set_step(None)
+        if world.rank == 0:
+            progress.publish_partial(result)
+        return result if world.rank == 0 else None

@@ -1,0 +1,146 @@
+"""`gpucheck comm`: all_reduce / all_gather sweep and pairwise send/recv, hang-safe."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
+from gpucheck.errors import UsageError
+from gpucheck.report import Report, fail
+
+HELP = "collective and pairwise bandwidth, hang-safe"
+DEFAULT_PAIR_THRESHOLD = 0.5
+DEFAULT_SLOW_NODE_FRACTION = 0.9
+
+
+def _size(text: str) -> int:
+    """Bytes, with an optional K/M/G suffix (binary: 1K = 1024)."""
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    raw = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        if raw and raw[-1] in scale:
+            return int(float(raw[:-1]) * scale[raw[-1]])
+        return int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size (e.g. 4096, 64K, 16M)") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_launch_arguments(parser)
+    group = parser.add_argument_group("sweep")
+    group.add_argument("--min-bytes", type=_size, default=1024, metavar="SIZE",
+                       help="smallest per-rank buffer (default: 1K)")
+    group.add_argument("--max-bytes", type=_size, default=None, metavar="SIZE",
+                       help="largest per-rank buffer (default: from free device memory, at "
+                       "most 1G on GPU and 16M on CPU)")
+    group.add_argument("--iters", type=int, default=20, metavar="N",
+                       help="timed operations per size (default: 20)")
+    group.add_argument("--warmup", type=int, default=5, metavar="N",
+                       help="untimed operations per size first (default: 5)")
+    group.add_argument("--collectives", default="all_reduce,all_gather", metavar="LIST",
+                       help="comma-separated: all_reduce, all_gather (default: both)")
+    group.add_argument("--no-pairwise", dest="pairwise", action="store_false",
+                       help="skip the pairwise send/recv matrix")
+    group.add_argument("--pair-bytes", type=_size, default=None, metavar="SIZE",
+                       help="buffer for each send/recv pair (default: the largest size)")
+    group.add_argument("--pair-threshold", type=float, default=DEFAULT_PAIR_THRESHOLD,
+                       metavar="FRACTION", help="WARN for a pair below this fraction of its "
+                       f"node's median pair bandwidth (default: {DEFAULT_PAIR_THRESHOLD:g})")
+    group.add_argument("--baseline-busbw", type=float, default=None, metavar="GBPS",
+                       help="FAIL when the largest all_reduce's bus bandwidth is below GBPS")
+
+
+def _check(args: argparse.Namespace) -> tuple[str, ...]:
+    if args.iters < 1 or args.warmup < 0:
+        raise UsageError("--iters must be 1 or more and --warmup 0 or more")
+    if args.min_bytes < 4 or (args.max_bytes is not None and args.max_bytes < args.min_bytes):
+        raise UsageError("--min-bytes must be at least 4 and --max-bytes at least --min-bytes")
+    if not 0 < args.pair_threshold <= 1:
+        raise UsageError(f"--pair-threshold {args.pair_threshold:g}: give a fraction in (0, 1]")
+    collectives = tuple(c.strip() for c in args.collectives.split(",") if c.strip())
+    unknown = set(collectives) - {"all_reduce", "all_gather"}
+    if unknown or not collectives:
+        raise UsageError(f"--collectives {args.collectives!r}: use all_reduce, all_gather")
+    return collectives
+
+
+def _spec(args: argparse.Namespace, plan: LaunchPlan, collectives: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    from gpucheck.comm.worker import CommSpec
+
+    return CommSpec(device=plan.device, backend=plan.backend, timeout_s=plan.timeout_s,
+                    collectives=collectives, min_bytes=args.min_bytes,
+                    max_bytes=args.max_bytes, iters=args.iters, warmup=args.warmup,
+                    pairwise=args.pairwise, pair_bytes=args.pair_bytes)
+
+
+def _verdicts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from gpucheck.comm.report import Verdicts
+
+    return Verdicts(args.pair_threshold, args.baseline_busbw, DEFAULT_SLOW_NODE_FRACTION)
+
+
+def run(args: argparse.Namespace) -> Report | None:
+    from gpucheck.dist.job import JobFailed, run_job
+    from gpucheck.dist.launch import WorkersFailed
+
+    collectives = _check(args)
+    plan = plan_launch(args)
+    from gpucheck.comm.worker import comm_worker
+
+    try:
+        result = run_job(comm_worker, _spec(args, plan, collectives), plan.nproc,
+                         plan.master_port)
+    except JobFailed as exc:
+        return _failed_report(args, exc)
+    except WorkersFailed as exc:
+        return _failed_report(args, JobFailed(exc.failures, None, [], None, reporter=True))
+    except KeyboardInterrupt:
+        _write_interrupted(args)
+        raise
+    if result is None:
+        return None  # a rank other than 0 under torchrun or srun: rank 0 reports
+    return _report(args, result)
+
+
+def _report(args: argparse.Namespace, result: dict) -> Report:  # type: ignore[type-arg]
+    from gpucheck.comm.report import comm_sections
+
+    report = Report(command="comm")
+    for section in comm_sections(result, _verdicts(args)):
+        report.add(section)
+    return report
+
+
+def _failed_report(args: argparse.Namespace, exc) -> Report | None:  # type: ignore[no-untyped-def]
+    """The partial results plus the failure; on ranks that do not report, one line."""
+    from gpucheck.comm.report import failure_section
+    from gpucheck.dist.failures import rank_failure_findings
+
+    summary = "; ".join(f.describe() for f in exc.failures) or "the job failed"
+    if not exc.reporter:
+        print(f"gpucheck comm: {summary}", file=sys.stderr)
+        raise SystemExit(1)
+    report = _report(args, exc.partial) if exc.partial else Report(command="comm")
+    report.add(failure_section(rank_failure_findings(exc.failures, "comm"),
+                               exc.partial is not None, summary))
+    if args.quiet and args.output is None:
+        print(f"gpucheck comm: FAIL: {summary}", file=sys.stderr)
+    return report
+
+
+def _write_interrupted(args: argparse.Namespace) -> None:
+    """Ctrl-C: keep what was measured in --output when the ranks published anything."""
+    from gpucheck.dist import progress
+
+    partial = progress.local_partial()
+    if args.output is None or partial is None:
+        return
+    from gpucheck.cli import emit
+    from gpucheck.render import format_for
+
+    report = _report(args, partial)
+    report.sections[-1].findings.append(fail("comm.interrupted", "interrupted (Ctrl-C)",
+                                             hint="rerun to measure the remaining sizes"))
+    emit(report, format_for(args.format, args.output), args.output, quiet=True)
