@@ -1,0 +1,83 @@
+"""Wall time of `gpucheck env` next to `import torch` and torch's collect_env.
+
+Runs the three commands interleaved (so load drifts hit all of them alike),
+N times each, and prints the median, min and the ratio to `import torch`.
+
+    python benchmarks/env_startup.py [--runs 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = {
+    "python -c 'import torch'": [sys.executable, "-c", "import torch"],
+    "python -m torch.utils.collect_env": [sys.executable, "-m", "torch.utils.collect_env"],
+    "python -m gpucheck env": [sys.executable, "-m", "gpucheck", "env"],
+}
+
+# While a sibling command module (bench, comm) is still being written, `python -m
+# gpucheck` cannot build its parser; this stand-in stubs only the missing modules.
+_LAUNCHER = """
+import importlib.util, sys, types
+for name in ("env", "bench", "comm"):
+    if importlib.util.find_spec(f"gpucheck.commands.{name}") is None:
+        stub = types.ModuleType(f"gpucheck.commands.{name}")
+        stub.HELP, stub.add_arguments, stub.run = "", lambda parser: None, lambda args: None
+        sys.modules[stub.__name__] = stub
+from gpucheck.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _gpucheck_argv() -> list[str]:
+    missing = [n for n in ("bench", "comm") if not (ROOT / f"gpucheck/commands/{n}.py").exists()]
+    if not missing:
+        return [sys.executable, "-m", "gpucheck", "env"]
+    print(f"note: gpucheck/commands/{{{','.join(missing)}}}.py missing; stubbed for the run")
+    return [sys.executable, "-c", _LAUNCHER, "env"]
+
+
+COMMANDS["python -m gpucheck env"] = _gpucheck_argv()
+
+
+def time_once(argv: list[str]) -> float:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, timeout=300)
+    elapsed = time.perf_counter() - start
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr[-500:]}")
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7, help="runs of each command (>= 5)")
+    runs = max(5, parser.parse_args().runs)
+    times: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    for argv in COMMANDS.values():  # warm the page cache once, untimed
+        time_once(argv)
+    for _ in range(runs):
+        for name, argv in COMMANDS.items():
+            times[name].append(time_once(argv))
+    base = statistics.median(times["python -c 'import torch'"])
+    print(f"{runs} runs each, interleaved, on {os.cpu_count()} CPU(s)\n")
+    print(f"{'command':36} {'median s':>9} {'min s':>7} {'vs import torch':>16}")
+    for name, values in times.items():
+        median = statistics.median(values)
+        print(f"{name:36} {median:9.2f} {min(values):7.2f} "
+              f"{median / base:8.2f}x {median - base:+6.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
