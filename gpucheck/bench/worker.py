@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpucheck.bench import data
@@ -26,6 +26,7 @@ from gpucheck.bench import model as bench_model
 from gpucheck.bench.aggregate import RankRecord
 from gpucheck.bench.model import WeightsChoice
 from gpucheck.bench.progress import Progress
+from gpucheck.dist import progress
 from gpucheck.dist.session import process_group
 from gpucheck.dist.world import World, host_name
 
@@ -75,10 +76,15 @@ def bench_worker(spec: BenchSpec) -> BenchOutcome | None:
     with process_group(spec.backend, spec.device, spec.timeout_s) as world:
         threads = _set_threads(spec.device, world)
         share = data.rank_share(len(spec.files), world.rank, world.world_size)
+        progress.set_step("model and data (DDP construction broadcasts rank 0's weights)")
         ddp, batch, check_batch = _prepare(spec, world, share)
         record, output = _measure(spec, world, ddp, batch, check_batch, threads)
+        if world.is_reporter:  # kept even if another rank fails from here on
+            progress.publish_partial({"rank0_record": asdict(record)})
+        progress.set_step("all_gather of the per-rank records")
         gathered: list[Any] = [None] * world.world_size
         dist.all_gather_object(gathered, (record, output))
+        progress.set_step(None)
     if not world.is_reporter:
         return None
     return BenchOutcome(
@@ -141,11 +147,14 @@ def _measure(spec: BenchSpec, world: World, ddp: Any, batch: torch.Tensor,
     import torch
 
     with torch.inference_mode(), Progress(spec.progress and world.is_reporter) as bar:
+        progress.set_step("warm-up")
         bar.start("warm-up", spec.warmup)
         per_iter_s = _warm_up(ddp, batch, spec.warmup, spec.device, bar)
         iters = spec.iters or _agree_iters(per_iter_s, spec, world)
+        progress.set_step("timed loop (between the start and end barriers)")
         bar.start("timed", iters)
         timing = _timed_loop(ddp, batch, iters, spec, world, bar)
+        progress.set_step("consistency batch")
         output = ddp(check_batch).float().cpu()
     record = RankRecord(
         rank=world.rank, host=host_name(), node_rank=world.node_rank,

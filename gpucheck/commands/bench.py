@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from gpucheck.bench.aggregate import DEFAULT_STRAGGLER_THRESHOLD
 from gpucheck.bench.data import ImageSet, default_images_dir, scan_images
@@ -79,7 +80,11 @@ def run(args: argparse.Namespace) -> Report | None:
     try:
         outcome = run_job(bench_worker, spec, plan.nproc, plan.master_port)
     except WorkersFailed as exc:
-        report.add(_failed_section(exc.failures))
+        if not getattr(exc, "reporter", True):
+            # A rank > 0 under torchrun: rank 0 reports; exit non-zero so the launcher knows.
+            print(f"gpucheck bench: this rank failed: {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
+        report.add(_failed_section(exc))
         return report
     if not isinstance(outcome, BenchOutcome):
         return None  # a rank other than 0 under torchrun: rank 0 reports
@@ -128,8 +133,16 @@ def _positive(flag: str, value: int | None, default: int) -> int:
     return value
 
 
-def _failed_section(failures: list) -> Section:  # type: ignore[type-arg]
+def _failed_section(exc: Exception) -> Section:
+    """The failed ranks, the silent ones, and whatever rank 0 had measured before."""
     from gpucheck.dist.failures import rank_failure_findings
 
-    return Section("ranks", "Failed ranks", {"failed_ranks": [f.rank for f in failures]},
-                   rank_failure_findings(failures, "bench"))
+    failures = getattr(exc, "failures", [])
+    data: dict[str, Any] = {"failed_ranks": [f.rank for f in failures]}
+    unresponsive = getattr(exc, "unresponsive", [])
+    if unresponsive:
+        data["unresponsive_ranks"] = unresponsive
+    partial = getattr(exc, "partial", None)
+    if partial:
+        data["partial"] = partial
+    return Section("ranks", "Failed ranks", data, rank_failure_findings(failures, "bench"))
