@@ -106,7 +106,10 @@ def blame(failures: list[RankFailure], diagnoses: list[dict[str, Any]],
           roster: list[dict[str, Any]]) -> list[RankFailure]:
     """Crashed ranks first, then silent ones; survivors that diagnosed are not blamed."""
     diagnosed = {d["rank"] for d in diagnoses}
-    crashed = [f for f in failures if f.rank not in diagnosed]
+    missing = set(_missing(diagnoses))
+    # A silent rank that a survivor then SIGKILLed is blamed for its silence.
+    crashed = [f for f in failures if f.rank not in diagnosed
+               and not (f.rank in missing and f.signal == "SIGKILL")]
     taken = {f.rank for f in crashed}
     silent = [_silent(r, diagnoses, roster) for r in _missing(diagnoses)
               if r not in taken and r not in diagnosed]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -123,10 +124,32 @@ def _diagnose(store: Any, world: World, timeout_s: float,
         missing = [0] if world.rank else []
         cause += f"; the job's store did not answer either ({_first_line(str(store_exc))})"
     step = progress.current_step()
+    _end_silent_siblings(missing)
     error = RanksUnresponsive(missing, step, cause)
     progress.record_diagnosis({"rank": world.rank, "missing": missing, "step": step,
                                "cause": cause, "message": str(error)})
     return error
+
+
+def _end_silent_siblings(missing: list[int]) -> None:
+    """SIGKILL silent ranks started by the same agent as this one (same parent process).
+
+    A stopped or hung rank ignores the agent's SIGTERM, and the agent waits 30 s
+    before its SIGKILL; a hung rank cannot be saved, so end it now. Ranks on other
+    nodes are left to their own node's survivors and agent.
+    """
+    import psutil
+
+    me = psutil.Process()
+    for info in roster():
+        if info.rank not in missing or info.host != host_name() or info.pid == me.pid:
+            continue
+        try:
+            peer = psutil.Process(info.pid)
+            if peer.ppid() == me.ppid():
+                peer.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
 
 
 def _first_line(text: str) -> str:
