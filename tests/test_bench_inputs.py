@@ -1,0 +1,144 @@
+"""Bad input to `gpucheck bench`: a one-line error saying what to do, exit 2, no process left."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpucheck.bench.data import default_images_dir
+from gpucheck.cli import main
+
+FAST = ["--model", "mobilenet_v3_small", "--iters", "1", "--warmup", "0", "--batch-size", "1"]
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GPUCHECK_TEST_HOOK"):
+        monkeypatch.delenv(var, raising=False)
+    yield
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    assert not [c for c in children if "resource_tracker" not in " ".join(c.cmdline())]
+
+
+def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Run the command; it must exit 2 with one line on stderr, which is returned."""
+    code = main(["bench", *argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("gpucheck bench: error:")
+    return lines[0]
+
+
+@pytest.mark.parametrize("n", ["0", "-1"])
+def test_n_gpus_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str], n: str) -> None:
+    assert "give 1 or more" in usage_error(capsys, "--n-gpus", n)
+
+
+def test_more_gpus_than_visible_is_a_usage_error(capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpucheck.commands import launch_options
+
+    monkeypatch.setattr(launch_options, "_visible_gpus", lambda: 2)
+    line = usage_error(capsys, "--n-gpus", "4", "--device", "cuda")
+    assert "only 2 GPU" in line
+
+
+def test_cuda_without_a_gpu_is_a_usage_error(capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpucheck.commands import launch_options
+
+    monkeypatch.setattr(launch_options, "_visible_gpus", lambda: 0)
+    assert "--device cpu" in usage_error(capsys, "--device", "cuda")
+
+
+@pytest.mark.parametrize("flag", ["--batch-size", "--iters"])
+def test_zero_batch_size_or_iters_is_a_usage_error(capsys: pytest.CaptureFixture[str],
+                                                   flag: str) -> None:
+    assert flag in usage_error(capsys, flag, "0")
+
+
+def test_unknown_model_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "resnet" in usage_error(capsys, "--model", "resnet5000")
+
+
+def test_unknown_dtype_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "auto, fp32, fp16, bf16" in usage_error(capsys, "--dtype", "fp8")
+
+
+def test_missing_images_folder_is_a_usage_error(capsys: pytest.CaptureFixture[str],
+                                                tmp_path: Path) -> None:
+    assert "no such folder" in usage_error(capsys, "--images", str(tmp_path / "nope"))
+
+
+def test_empty_images_folder_is_a_usage_error(capsys: pytest.CaptureFixture[str],
+                                              tmp_path: Path) -> None:
+    assert "no readable image" in usage_error(capsys, "--images", str(tmp_path))
+
+
+def test_folder_of_broken_files_is_a_usage_error(capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: Path) -> None:
+    (tmp_path / "a.jpg").write_bytes(b"\xff\xd8\xffbroken")
+    (tmp_path / "b.png").write_bytes(b"\x89PNG\r\n\x1a\nbroken")
+    assert "2 file(s) skipped" in usage_error(capsys, "--images", str(tmp_path))
+
+
+def test_unwritable_output_is_a_usage_error(capsys: pytest.CaptureFixture[str],
+                                            tmp_path: Path) -> None:
+    assert "does not exist" in usage_error(capsys, "--output", str(tmp_path / "no" / "r.json"))
+
+
+def test_port_in_use_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = str(sock.getsockname()[1])
+        assert "in use" in usage_error(capsys, "--master-port", port)
+
+
+def test_missing_weights_file_is_a_usage_error(capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    assert "no such file" in usage_error(capsys, "--weights", str(tmp_path / "w.pt"))
+
+
+def test_imagenet_weights_offline_say_how_to_get_them(capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))  # an empty cache
+    assert "--download" in usage_error(capsys, "--weights", "imagenet")
+
+
+def test_n_gpus_disagreeing_with_torchrun_world_is_a_usage_error(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert "disagrees" in usage_error(capsys, "--n-gpus", "3")
+
+
+def test_saved_state_dict_is_loaded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+    import torchvision
+
+    path = tmp_path / "w.pt"
+    torch.save(torchvision.models.mobilenet_v3_small().state_dict(), path)
+    assert main(["bench", "--n-gpus", "1", "--weights", str(path), *FAST]) == 0
+    assert "weights" in capsys.readouterr().out
+    assert "does not load" in usage_error(capsys, "--weights", str(path), "--model", "resnet18")
+
+
+def test_broken_and_grayscale_images_run_with_a_warning_naming_the_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("camera.png", "horse.png"):  # grayscale and RGBA
+        shutil.copy(default_images_dir() / name, tmp_path / name)
+    (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8\xffbroken")
+    code = main(["bench", "--n-gpus", "1", "--images", str(tmp_path), *FAST])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "[WARN] bench.images.skipped (broken.jpg)" in out
