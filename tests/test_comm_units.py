@@ -1,0 +1,100 @@
+"""The comm arithmetic and verdicts, without processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpucheck.comm.aggregate import (
+    baseline_findings,
+    bus_factor,
+    correctness_findings,
+    pair_findings,
+    pair_matrix,
+    size_result,
+)
+from gpucheck.comm.collectives import default_max_bytes, sweep_sizes
+from gpucheck.comm.pairwise import pair_schedule
+from gpucheck.dist.nodes import NodeId, group_by_node, node_metric, slow_node_findings
+from gpucheck.report import Status
+
+
+def test_bus_factors_follow_nccl_tests() -> None:
+    assert bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert bus_factor("all_gather", 8) == pytest.approx(7 / 8)
+    assert bus_factor("all_reduce", 1) == 1.0
+
+
+def test_all_gather_algbw_counts_the_gathered_output() -> None:
+    result = size_result("all_gather", 1_000_000, 250_000, 4, [0.001, 0.002, 0.001, 0.001],
+                         [0, 0, 0, 0])
+    assert result.algbw_gbps == pytest.approx(4 * 1e6 / 0.002 / 1e9)
+    assert result.busbw_gbps == pytest.approx(result.algbw_gbps * 3 / 4, rel=1e-3)
+
+
+def test_size_result_reports_the_slowest_rank_not_the_average() -> None:
+    result = size_result("all_reduce", 1_000_000, 250_000, 3, [0.001, 0.004, 0.001], [0, 2, 0])
+    assert result.slowest_rank == 1
+    assert result.time_us == pytest.approx(4000)
+    assert result.algbw_gbps == pytest.approx(0.25)
+    assert result.wrong == 2
+
+
+def test_sweep_sizes_are_powers_of_two_up_to_the_bound() -> None:
+    assert sweep_sizes(1024, 8192) == [1024, 2048, 4096, 8192]
+    assert sweep_sizes(1024, 5000) == [1024, 2048, 4096, 5000]
+
+
+def test_default_max_bytes_leaves_room_for_all_gather_output() -> None:
+    assert default_max_bytes("cuda", 8, free_bytes=80 << 30) == 1 << 30
+    assert default_max_bytes("cuda", 8, free_bytes=1 << 30) <= (1 << 30) // 20
+    assert default_max_bytes("cpu", 2, free_bytes=64 << 30) == 16 << 20
+
+
+def test_wrong_elements_are_a_fail() -> None:
+    rows = [{"size_bytes": 1024, "wrong": 0}, {"size_bytes": 2048, "wrong": 3}]
+    findings = correctness_findings("all_reduce", rows)
+    assert [f.status for f in findings] == [Status.FAIL]
+    assert "3 wrong" in findings[0].message
+
+
+def test_busbw_below_the_baseline_is_a_fail() -> None:
+    rows = [{"size_bytes": 1024, "busbw_gbps": 1.0}, {"size_bytes": 1 << 20, "busbw_gbps": 90.0}]
+    assert baseline_findings(rows, 100.0)[0].status is Status.FAIL
+    assert baseline_findings(rows, 80.0)[0].status is Status.OK
+    assert baseline_findings(rows, None) == []
+
+
+def test_a_slow_pair_is_a_warn_naming_both_gpus() -> None:
+    pairs = [{"src": s, "dst": d, "node_rank": 0, "bandwidth_gbps": 100.0}
+             for s in range(3) for d in range(3) if s != d]
+    pairs[2]["bandwidth_gbps"] = 20.0  # 1 -> 0
+    names = {r: f"rank {r} (GPU {r})" for r in range(3)}
+    findings = pair_findings(pairs, 0.5, names)
+    assert [f.status for f in findings] == [Status.WARN]
+    assert "rank 1 (GPU 1) -> rank 0 (GPU 0)" in findings[0].message
+    matrix = pair_matrix(pairs, [0, 1, 2])
+    assert matrix[1]["to 0"] == 20.0 and matrix[0]["to 0"] is None
+
+
+def test_pairs_stay_within_a_node_and_nodes_run_side_by_side() -> None:
+    roster = [{"rank": r, "node_rank": r // 2, "host": f"h{r // 2}"} for r in range(4)]
+    steps = pair_schedule(roster)
+    assert steps == [[(0, 1), (2, 3)], [(1, 0), (3, 2)]]
+
+
+def test_nodes_group_by_node_rank_even_on_one_host() -> None:
+    roster = [{"rank": r, "node_rank": r % 2, "host": "same"} for r in range(4)]
+    groups = group_by_node(roster)
+    assert groups == {NodeId(0, "same"): [0, 2], NodeId(1, "same"): [1, 3]}
+    metric = node_metric(roster, {0: 10.0, 1: 5.0, 2: 10.0, 3: 5.0}, combine=sum)
+    assert metric == {NodeId(0, "same"): 20.0, NodeId(1, "same"): 10.0}
+
+
+def test_a_slow_node_is_a_warn_naming_it() -> None:
+    metric = {NodeId(0, "a"): 100.0, NodeId(1, "b"): 100.0, NodeId(2, "c"): 60.0}
+    findings = slow_node_findings(metric, "bench.nodes.slow_node", "images/s", "img/s")
+    assert [f.subject for f in findings] == ["node 2 (c)"]
+    assert slow_node_findings({NodeId(0, "a"): 1.0}, "x", "y", "z") == []
+    times = {NodeId(0, "a"): 1.0, NodeId(1, "b"): 2.0, NodeId(2, "c"): 1.0}
+    slow = slow_node_findings(times, "c", "time", "s", higher_is_better=False)
+    assert [f.subject for f in slow] == ["node 1 (b)"]
