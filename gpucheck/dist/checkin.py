@@ -22,6 +22,7 @@ from gpucheck.dist import progress
 from gpucheck.dist.world import World, host_name
 
 POLL_S = 0.05
+HOST_GRACE_S = 1.5
 _PREFIX = "gpucheck"
 
 
@@ -95,7 +96,8 @@ def check_in(store: Any, world: World, device: str, timeout_s: float) -> list[Ra
     store.set(_key("checkin", world.rank), json.dumps(asdict(me)))
     counter = _key("checkin", "count")
     store.add(counter, 1)
-    deadline = time.monotonic() + timeout_s
+    # Rank 0 may host the store: it gives up last, so the others can still read it.
+    deadline = time.monotonic() + timeout_s + (HOST_GRACE_S if world.rank == 0 else 0)
     while store.add(counter, 0) < world.world_size:
         if time.monotonic() > deadline:
             present = _present(store, "checkin", world.world_size)

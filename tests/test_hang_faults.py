@@ -1,0 +1,117 @@
+"""Faults on real ranks: killed, stopped, never joined, Ctrl-C, a busy port.
+
+Each run is bounded (small --timeout, subprocess timeouts) and ends by checking that
+no worker process is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+from comm_workers import (
+    clean_env,
+    free_port,
+    gpucheck,
+    start,
+    tracked,
+    wait_for_file,
+    wait_gone,
+)
+
+from gpucheck.cli import main
+
+TIMEOUT_S = 5
+LONG_SWEEP = ("--max-bytes", "64K", "--iters", "3000", "--warmup", "1", "--no-pairwise")
+
+
+def _failed(report: dict) -> dict[str, str]:  # type: ignore[type-arg]
+    return {f["check"]: f["message"] for s in report["sections"] for f in s["findings"]
+            if f["status"] == "FAIL"}
+
+
+def _fault_mid_run(tmp_path: Path, sig: signal.Signals) -> tuple[int, dict, list[int]]:  # type: ignore[type-arg]
+    """Start a 3-rank sweep, send `sig` to rank 1 once results exist; wait for the end."""
+    run, out = tmp_path / "run", tmp_path / "out.json"
+    run.mkdir()
+    proc = start(gpucheck("comm", "--n-gpus", "3", "--timeout", str(TIMEOUT_S), *LONG_SWEEP,
+                          "-q", "-o", str(out)), clean_env(GPUCHECK_RUN_DIR=str(run)))
+    with tracked([proc]) as seen:
+        roster = wait_for_file(run / "roster.json", 90, proc)
+        assert roster is not None, proc.communicate()
+        seen.extend(r["pid"] for r in roster)
+        assert wait_for_file(run / "partial.json", 60, proc) is not None
+        os.kill(roster[1]["pid"], sig)
+        proc.communicate(timeout=TIMEOUT_S + 40)
+        left = wait_gone(list(seen), within_s=5)
+        return proc.returncode, json.loads(out.read_text()), left
+
+
+def test_a_killed_rank_is_named_with_its_signal_and_partial_results_kept(
+        tmp_path: Path) -> None:
+    code, report, left = _fault_mid_run(tmp_path, signal.SIGKILL)
+    assert code == 1
+    failed = _failed(report)
+    assert "rank 1" in failed["comm.rank_failed"] and "SIGKILL" in failed["comm.rank_failed"]
+    assert report["sections"][1]["data"]["results"], "the sizes measured before are kept"
+    assert left == []
+
+
+def test_a_stopped_rank_is_named_within_the_timeout_and_killed(tmp_path: Path) -> None:
+    code, report, left = _fault_mid_run(tmp_path, signal.SIGSTOP)
+    assert code == 1
+    failed = _failed(report)
+    assert "rank 1" in failed["comm.rank_unresponsive"]
+    assert set(failed) == {"comm.rank_unresponsive"}, failed
+    assert left == []
+
+
+def _rank_env(rank: int, port: int, run: Path) -> dict[str, str]:
+    return clean_env(RANK=str(rank), WORLD_SIZE="3", LOCAL_RANK=str(rank),
+                     LOCAL_WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def test_a_rank_that_never_joins_is_named_by_the_check_in(tmp_path: Path) -> None:
+    port, out = free_port(), tmp_path / "out.json"
+    args = ("comm", "--timeout", str(TIMEOUT_S), "--max-bytes", "4K", "--iters", "1")
+    rank0 = start(gpucheck(*args, "-q", "-o", str(out)), _rank_env(0, port, tmp_path))
+    rank2 = start(gpucheck(*args), _rank_env(2, port, tmp_path))
+    with tracked([rank0, rank2]) as seen:
+        seen.extend([rank0.pid, rank2.pid])
+        _, err2 = rank2.communicate(timeout=TIMEOUT_S + 60)
+        rank0.communicate(timeout=TIMEOUT_S + 30)
+        assert (rank0.returncode, rank2.returncode) == (1, 1)
+        failed = _failed(json.loads(out.read_text()))
+        assert "rank 1 (expected node 0, local rank 1)" in failed["comm.checkin"]
+        assert "rank 1" in err2 and "never checked in" in err2
+        assert wait_gone(list(seen)) == []
+
+
+def test_ctrl_c_ends_every_worker_and_exits_130(tmp_path: Path) -> None:
+    run, out = tmp_path / "run", tmp_path / "out.json"
+    run.mkdir()
+    proc = start(gpucheck("comm", "--n-gpus", "2", "--timeout", "30", *LONG_SWEEP, "-q",
+                          "-o", str(out)), clean_env(GPUCHECK_RUN_DIR=str(run)))
+    with tracked([proc]) as seen:
+        roster = wait_for_file(run / "roster.json", 90, proc)
+        assert roster is not None, proc.communicate()
+        seen.extend(r["pid"] for r in roster)
+        assert wait_for_file(run / "partial.json", 60, proc) is not None
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        proc.communicate(timeout=30)
+        assert proc.returncode == 130
+        assert wait_gone(list(seen)) == []
+        assert "comm.interrupted" in _failed(json.loads(out.read_text()))
+
+
+def test_a_port_in_use_is_a_clear_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        code = main(["comm", "--master-port", str(sock.getsockname()[1])])
+    assert code == 2
+    assert "in use" in capsys.readouterr().err
