@@ -88,9 +88,7 @@ def straggler_findings(records: tuple[RankRecord, ...], summary: BenchSummary) -
         f"rank {rank} on {by_rank[rank].host} ({by_rank[rank].device_name}) took "
         f"{summary.vs_median[rank]:.2f}x the median rank time "
         f"({by_rank[rank].wall_s:.3g} s vs {summary.median_wall_s:.3g} s)",
-        hint="check that GPU's clocks, temperature, power limit and PCIe link "
-             "(gpucheck env, nvidia-smi -q -d PERFORMANCE); the job runs at the slowest "
-             "rank's pace",
+        hint=_straggler_hint(by_rank[rank]),
         subject=f"rank {rank}",
     ) for rank in summary.stragglers]
     if not findings:
@@ -98,6 +96,14 @@ def straggler_findings(records: tuple[RankRecord, ...], summary: BenchSummary) -
                            f"all {summary.n_ranks} rank(s) within {pct} of the median "
                            f"(spread {summary.spread:.3f})"))
     return findings
+
+
+def _straggler_hint(record: RankRecord) -> str:
+    if record.device.startswith("cuda"):
+        return ("check that GPU's clocks, temperature, power limit and PCIe link (gpucheck "
+                "env, nvidia-smi -q -d PERFORMANCE); the job runs at the slowest rank's pace")
+    return ("check what else runs on that host's cores (top); the job runs at the slowest "
+            "rank's pace")
 
 
 def nodes_section(nodes: tuple[NodeSummary, ...], threshold: float) -> Section:

@@ -27,7 +27,7 @@ class Defaults:
 
 
 DEFAULTS = {"cuda": Defaults(batch_size=128, warmup=10, iters=50),
-            "cpu": Defaults(batch_size=4, warmup=2, iters=6)}
+            "cpu": Defaults(batch_size=4, warmup=2, iters=12)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
