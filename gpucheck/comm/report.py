@@ -102,7 +102,7 @@ def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section
     planned = len(result.get("sizes_bytes") or [])
     for name, rows in result["collectives"].items():
         sections.append(_collective_section(name, rows, verdicts, planned))
-    if result.get("pairwise"):
+    if (result.get("pairwise") or {}).get("pairs"):
         sections.append(_pairwise_section(result, verdicts))
     nodes = _nodes_section(result, verdicts)
     if nodes is not None:

@@ -1,0 +1,129 @@
+"""`torchrun ... -m gpucheck env` on several nodes: probe each node once, compare them.
+
+Every node's local rank 0 builds the env report (the env command's own builder,
+handed in as a function: dist knows nothing of probes); rank 0 gathers them over a
+gloo group and reports each node's sections and verdicts, plus one WARN per
+difference between nodes that matters (driver, torch/CUDA/cuDNN/NCCL versions, GPU
+model and count, allowlisted environment variables), naming the odd node.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpucheck.dist.nodes import NodeId
+from gpucheck.report import Finding, Report, Section, ok, warn
+
+GATHER_TIMEOUT_S = 300.0
+
+# (label, section, key) of the env report's data compared between nodes.
+FACTS = (
+    ("NVIDIA driver version", "driver", "driver_version"),
+    ("CUDA driver version", "driver", "cuda_driver_version"),
+    ("torch version", "torch", "version"),
+    ("torch CUDA build version", "torch", "cuda_build_version"),
+    ("cuDNN version", "torch", "cudnn_version"),
+    ("NCCL version", "torch", "nccl_version"),
+    ("GPU count (torch)", "torch", "cuda_device_count"),
+    ("GPU count (driver)", "driver", "gpu_count"),
+    ("Python version", "python", "python_version"),
+    ("OS", "system", "os"),
+    ("kernel", "system", "kernel"),
+)
+# Variables that differ per rank or node by nature: never a finding.
+PER_NODE_VAR = re.compile(
+    r"RANK|NODEID|NODENAME|PROCID|LOCALID|TASK_PID|HOSTNAME|TOPOLOGY_ADDR|GTIDS|"
+    r"LAUNCH_NODE_IPADDR|^TORCHELASTIC_|^MASTER_PORT$|^LOCAL_WORLD_SIZE$|^PMIX?_|"
+    r"^GPUCHECK_RUN_DIR$|^SLURM_CPU_BIND|^SLURM_STEP_|^SLURM_TASKS_PER_NODE$")
+
+
+def node_facts(report: Mapping[str, Any]) -> dict[str, str]:
+    """The facts of one node's env report (as a dict) that should match across nodes."""
+    data = {s["name"]: s.get("data") or {} for s in report.get("sections", [])}
+    facts = {label: str(data.get(section, {}).get(key)) for label, section, key in FACTS}
+    models = sorted({str(g.get("name")) for g in data.get("gpus", {}).get("gpus") or []
+                     if isinstance(g, dict)})
+    facts["GPU model"] = ", ".join(models) or "none"
+    variables = data.get("environment", {}).get("variables") or {}
+    for name, value in variables.items():
+        if not PER_NODE_VAR.search(name):
+            facts[f"${name}"] = str(value)
+    return facts
+
+
+def _odd_nodes(values: Mapping[NodeId, str]) -> tuple[str, list[NodeId]]:
+    """(the usual value, nodes that differ): most common, ties to the lowest node's."""
+    counts = Counter(values.values())
+    best = max(counts.values())
+    usual = next(v for n, v in sorted(values.items()) if counts[v] == best)
+    return usual, [n for n, v in sorted(values.items()) if v != usual]
+
+
+def diff_findings(facts: Mapping[NodeId, Mapping[str, str]]) -> list[Finding]:
+    """One WARN per fact and odd node; an OK when every node agrees."""
+    keys = sorted({k for f in facts.values() for k in f})
+    findings = []
+    for key in keys:
+        values = {node: f.get(key, "unset") for node, f in facts.items()}
+        usual, odd = _odd_nodes(values)
+        for node in odd:
+            what = f"environment variable {key}" if key.startswith("$") else key
+            findings.append(warn(
+                "env.nodes.differ", f"{node.label}: {what} is {values[node]!r}, "
+                f"the other nodes have {usual!r}",
+                hint="nodes of one job should match: align drivers, containers, "
+                "packages and launcher environment", subject=node.label))
+    if not findings:
+        findings.append(ok("env.nodes.differ", f"{len(facts)} nodes match on {len(keys)} "
+                           "versions, GPU models/counts and environment variables"))
+    return findings
+
+
+def merge_node_reports(reports: Mapping[NodeId, Mapping[str, Any]]) -> Report:
+    """One report: the node comparison first, then every node's own sections."""
+    merged = Report(command="env")
+    facts = {node: node_facts(r) for node, r in reports.items()}
+    table = [{"node_rank": n.node_rank, "host": n.host, "verdict": r.get("verdict"),
+              **{k: v for k, v in r.get("summary", {}).items()}} for n, r in reports.items()]
+    merged.add(Section("nodes", "Nodes compared", {"nodes": table}, diff_findings(facts)))
+    for node, report in reports.items():
+        for raw in report.get("sections", []):
+            section = Section.from_dict(raw)
+            section.name = f"node{node.node_rank}.{section.name}"
+            section.title = f"{node.label}: {section.title}"
+            section.findings = [_on_node(f, node) for f in section.findings]
+            merged.add(section)
+    return merged
+
+
+def _on_node(finding: Finding, node: NodeId) -> Finding:
+    subject = f"{node.label} {finding.subject}" if finding.subject else node.label
+    return Finding(finding.check, finding.status, finding.message, finding.hint, subject)
+
+
+def gather_env_reports(build: Callable[[], Report]) -> Report | None:
+    """Under a launcher with several ranks: probe once per node, rank 0 merges.
+
+    Without one, just `build()`. Ranks other than 0 return None.
+    """
+    from gpucheck.dist.job import launched_world
+
+    if launched_world() is None:
+        return build()
+    import torch.distributed as dist
+
+    from gpucheck.dist.session import process_group
+    from gpucheck.dist.world import host_name
+
+    with process_group("gloo", "cpu", GATHER_TIMEOUT_S) as world:
+        mine = build().to_dict() if world.local_rank == 0 else None
+        record = {"node_rank": world.node_rank, "host": host_name(), "report": mine}
+        every: list[Any] = [None] * world.world_size if world.rank == 0 else []
+        dist.gather_object(record, every if world.rank == 0 else None, dst=0)
+    if world.rank != 0:
+        return None
+    reports = {NodeId(r["node_rank"], r["host"]): r["report"] for r in every if r["report"]}
+    return merge_node_reports(dict(sorted(reports.items())))
