@@ -44,3 +44,16 @@ def wrong_rank_two(model: nn.Module, rank: int) -> nn.Module:
 def slow_rank_one_wrong_rank_two(model: nn.Module, rank: int) -> nn.Module:
     return _RankBehaviour(model, SLEEP_S if rank == SLOW_RANK else 0.0,
                           wrong=rank == WRONG_RANK)
+
+
+class _Broken(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("simulated device fault in forward")
+
+
+def fail_rank_zero(model: nn.Module, rank: int) -> nn.Module:
+    return _Broken(model) if rank == 0 else model

@@ -142,3 +142,23 @@ def test_broken_and_grayscale_images_run_with_a_warning_naming_the_file(
     out = capsys.readouterr().out
     assert code == 0
     assert "[WARN] bench.images.skipped (broken.jpg)" in out
+
+
+def test_duration_picks_the_iteration_count_from_the_warm_up(tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "r.json"
+    argv = ["bench", "--n-gpus", "1", "--model", "mobilenet_v3_small", "--batch-size", "1",
+            "--duration", "0.2", "--quiet", "--output", str(out)]
+    assert main(argv) == 0
+    setup = next(s for s in json.loads(out.read_text())["sections"] if s["name"] == "bench")
+    assert setup["data"]["timed_iters"] >= 1 and setup["data"]["warmup_iters"] >= 2
+
+
+def test_a_failing_rank_becomes_a_report_not_a_traceback(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("GPUCHECK_TEST_HOOK", "bench_workers:fail_rank_zero")
+    assert main(["bench", "--n-gpus", "1", *FAST, "--warmup", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] bench.rank_failed (rank 0)" in out
+    assert "simulated device fault" in out
