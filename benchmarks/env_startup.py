@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -48,15 +49,22 @@ def _gpucheck_argv() -> list[str]:
 COMMANDS["python -m gpucheck env"] = _gpucheck_argv()
 
 
-def time_once(argv: list[str]) -> float:
+def _child_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_once(argv: list[str]) -> tuple[float, float]:
+    """(wall s, CPU s of the child and its children) of one run."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
+    cpu = _child_cpu_s()
     start = time.perf_counter()
     proc = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True, timeout=300)
     elapsed = time.perf_counter() - start
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr[-500:]}")
-    return elapsed
+    return elapsed, _child_cpu_s() - cpu
 
 
 def main() -> int:
@@ -64,18 +72,24 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=7, help="runs of each command (>= 5)")
     runs = max(5, parser.parse_args().runs)
     times: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    cpu: dict[str, list[float]] = {name: [] for name in COMMANDS}
     for argv in COMMANDS.values():  # warm the page cache once, untimed
         time_once(argv)
     for _ in range(runs):
         for name, argv in COMMANDS.items():
-            times[name].append(time_once(argv))
+            wall, cpu_s = time_once(argv)
+            times[name].append(wall)
+            cpu[name].append(cpu_s)
     base = statistics.median(times["python -c 'import torch'"])
-    print(f"{runs} runs each, interleaved, on {os.cpu_count()} CPU(s)\n")
-    print(f"{'command':36} {'median s':>9} {'min s':>7} {'vs import torch':>16}")
+    cpu_base = statistics.median(cpu["python -c 'import torch'"])
+    print(f"{runs} runs each, interleaved, on {os.cpu_count()} CPU(s), load average "
+          f"{os.getloadavg()[0]:.1f}\n")
+    print(f"{'command':36} {'median s':>9} {'min s':>6} {'vs import torch':>17} "
+          f"{'median CPU s':>13} {'CPU vs torch':>12}")
     for name, values in times.items():
-        median = statistics.median(values)
-        print(f"{name:36} {median:9.2f} {min(values):7.2f} "
-              f"{median / base:8.2f}x {median - base:+6.2f} s")
+        median, cpu_median = statistics.median(values), statistics.median(cpu[name])
+        print(f"{name:36} {median:9.2f} {min(values):6.2f} {median / base:8.2f}x "
+              f"{median - base:+6.2f} s {cpu_median:13.2f} {cpu_median - cpu_base:+10.2f} s")
     return 0
 
 
