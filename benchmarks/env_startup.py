@@ -24,29 +24,6 @@ COMMANDS = {
     "python -m gpucheck env": [sys.executable, "-m", "gpucheck", "env"],
 }
 
-# While a sibling command module (bench, comm) is still being written, `python -m
-# gpucheck` cannot build its parser; this stand-in stubs only the missing modules.
-_LAUNCHER = """
-import importlib.util, sys, types
-for name in ("env", "bench", "comm"):
-    if importlib.util.find_spec(f"gpucheck.commands.{name}") is None:
-        stub = types.ModuleType(f"gpucheck.commands.{name}")
-        stub.HELP, stub.add_arguments, stub.run = "", lambda parser: None, lambda args: None
-        sys.modules[stub.__name__] = stub
-from gpucheck.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-def _gpucheck_argv() -> list[str]:
-    missing = [n for n in ("bench", "comm") if not (ROOT / f"gpucheck/commands/{n}.py").exists()]
-    if not missing:
-        return [sys.executable, "-m", "gpucheck", "env"]
-    print(f"note: gpucheck/commands/{{{','.join(missing)}}}.py missing; stubbed for the run")
-    return [sys.executable, "-c", _LAUNCHER, "env"]
-
-
-COMMANDS["python -m gpucheck env"] = _gpucheck_argv()
 
 
 def _child_cpu_s() -> float:

@@ -150,8 +150,14 @@ class Report:
         return counts
 
     def verdict(self) -> Status:
-        """The worst status among the findings (OK for an empty report)."""
-        return worst(f.status for f in self.findings)
+        """FAIL or WARN when any finding says so; a skipped check does not lower an OK.
+
+        SKIP only when every check was skipped; OK for an empty report.
+        """
+        statuses = {f.status for f in self.findings}
+        if statuses == {Status.SKIP}:
+            return Status.SKIP
+        return worst(statuses - {Status.SKIP})
 
     def exit_code(self, strict: bool = False) -> int:
         """0 when nothing failed, 1 on any FAIL (with `strict`, on any WARN too)."""

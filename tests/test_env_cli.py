@@ -11,18 +11,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Runs the real CLI; a sibling command module not written yet is stubbed so that
-# build_parser works (the stub is never chosen by these tests).
-LAUNCHER = """
-import importlib.util, sys, types
-for name in ("bench", "comm"):
-    if importlib.util.find_spec(f"gpucheck.commands.{name}") is None:
-        stub = types.ModuleType(f"gpucheck.commands.{name}")
-        stub.HELP, stub.add_arguments, stub.run = "", lambda parser: None, lambda args: None
-        sys.modules[stub.__name__] = stub
-from gpucheck.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
 SECRETS = {"NCCL_IB_PASSWORD": "hunter2-nccl-secret", "SLURM_JOB_TOKEN": "tok-9f8e7d",
            "CUDA_API_KEY": "cuda-key-1234", "MY_PRIVATE_NOTE": "not-allowlisted-value",
            "HOME_SECRET_THING": "outside-the-allowlist"}
@@ -32,7 +20,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
             pythonpath: str | None = None) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {}), "NO_COLOR": "1"}
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, str(ROOT)) if p)
-    return subprocess.run([sys.executable, "-c", LAUNCHER, *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gpucheck", *args], capture_output=True,
                           text=True, env=full_env, cwd=ROOT, timeout=120)
 
 
@@ -95,7 +83,7 @@ def test_output_file_takes_its_format_from_the_extension(tmp_path):
 
 
 def test_importing_gpucheck_and_building_the_parser_never_imports_torch():
-    code = (LAUNCHER.split("from gpucheck.cli")[0]
+    code = ("import sys\n"
             + "import gpucheck.cli, gpucheck.commands.env, gpucheck.probes.runner\n"
             + "gpucheck.cli.build_parser()\n"
             + "assert 'torch' not in sys.modules, 'torch imported'\n"

@@ -127,3 +127,20 @@ def test_unwritable_output_is_refused_before_any_work(tmp_path: Path,
                         else real_access(path, mode))
     with pytest.raises(UsageError, match="not writable"):
         check_writable(str(tmp_path / "r.json"))
+
+
+def test_skipped_checks_do_not_lower_an_ok_verdict() -> None:
+    assert Report("env", [Section("s", "S", findings=[ok("a", "m"), skip("b", "m")])]
+                  ).verdict() is Status.OK
+    assert Report("env", [Section("s", "S", findings=[skip("b", "m")])]).verdict() is Status.SKIP
+    assert Report("env").verdict() is Status.OK
+
+
+def test_byte_counts_read_in_binary_units_in_text_and_markdown() -> None:
+    report = Report("env", [Section("s", "S", {"memory_total_bytes": 25276510208,
+                                               "rows": [{"peak_memory_bytes": 3 * 2**20}]})])
+    text = render(report, "text")
+    assert "23.5 GiB" in text and "3.0 MiB" in text
+    assert "| memory_total_bytes | 23.5 GiB |" in render(report, "markdown")
+    assert json.loads(render(report, "json"))["sections"][0]["data"]["memory_total_bytes"] == \
+        25276510208

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucheck.render.values import fmt_value, is_table, table_columns
+from gpucheck.render.values import fmt_field, is_table, table_columns
 from gpucheck.report import Finding, Report, Section, Status
 
 
-def _cell(value: Any) -> str:
-    return fmt_value(value).replace("|", "\\|").replace("\n", " ")
+def _cell(column: str, value: Any) -> str:
+    return fmt_field(column, value).replace("|", "\\|").replace("\n", " ")
 
 
 def md_table(rows: list[dict[str, Any]]) -> list[str]:
     columns = table_columns(rows)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    lines += ["| " + " | ".join(_cell(c, row.get(c)) for c in columns) + " |" for row in rows]
     return lines
 
 
@@ -51,7 +51,7 @@ def _problem_lines(findings: list[Finding]) -> list[str]:
 def _section_lines(section: Section) -> list[str]:
     lines = [f"<details><summary><b>{section.title}</b> ({_section_verdict(section)})"
              "</summary>", ""]
-    scalars = [{"key": k, "value": v} for k, v in _flatten(section.data).items()]
+    scalars = [{"key": k, "value": fmt_field(k, v)} for k, v in _flatten(section.data).items()]
     if scalars:
         lines += [*md_table(scalars), ""]
     for key, value in section.data.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucheck.render.values import fmt_value, is_table, table_columns
+from gpucheck.render.values import fmt_field, is_table, table_columns
 from gpucheck.report import Finding, Report, Section, Status
 
 _COLORS = {Status.OK: "32", Status.SKIP: "2", Status.WARN: "33", Status.FAIL: "31;1"}
@@ -39,7 +39,8 @@ def _section_lines(section: Section, color: bool) -> list[str]:
 def _data_lines(data: dict[str, Any], indent: str) -> list[str]:
     scalars = {k: v for k, v in data.items() if not isinstance(v, dict) and not is_table(v)}
     width = max((len(k) for k in scalars), default=0)
-    lines = [f"{indent}{key:<{width}}  {fmt_value(value)}" for key, value in scalars.items()]
+    lines = [f"{indent}{key:<{width}}  {fmt_field(key, value)}"
+             for key, value in scalars.items()]
     for key, value in data.items():
         if isinstance(value, dict):
             lines.append(f"{indent}{key}:")
@@ -53,7 +54,7 @@ def _data_lines(data: dict[str, Any], indent: str) -> list[str]:
 def table_lines(rows: list[dict[str, Any]], indent: str = "") -> list[str]:
     """Rows of dicts as aligned columns under a header."""
     columns = table_columns(rows)
-    cells = [[fmt_value(row.get(c)) for c in columns] for row in rows]
+    cells = [[fmt_field(c, row.get(c)) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
     header = "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))
     body = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]

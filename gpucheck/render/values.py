@@ -20,6 +20,23 @@ def fmt_value(value: Any) -> str:
     return str(value)
 
 
+_BYTE_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def fmt_field(key: str, value: Any) -> str:
+    """Like fmt_value, but byte counts (keys ending in `_bytes`) read as KiB/MiB/GiB/TiB."""
+    if key.endswith("_bytes") and isinstance(value, int) and not isinstance(value, bool):
+        return fmt_bytes(value)
+    return fmt_value(value)
+
+
+def fmt_bytes(count: int) -> str:
+    for unit, size in _BYTE_UNITS:
+        if abs(count) >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} B"
+
+
 def is_table(value: Any) -> bool:
     """A non-empty list of dicts renders as a table."""
     return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
