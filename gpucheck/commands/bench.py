@@ -26,7 +26,7 @@ class Defaults:
     iters: int
 
 
-DEFAULTS = {"cuda": Defaults(batch_size=128, warmup=10, iters=50),
+DEFAULTS = {"cuda": Defaults(batch_size=128, warmup=20, iters=100),
             "cpu": Defaults(batch_size=4, warmup=2, iters=12)}
 
 
