@@ -71,6 +71,23 @@ class BenchOutcome:
 
 def bench_worker(spec: BenchSpec) -> BenchOutcome | None:
     """Run the benchmark on this rank; rank 0 returns everything gathered."""
+    try:
+        return _bench_rank(spec)
+    except BaseException:
+        _leave_private_group()
+        raise
+
+
+def _leave_private_group() -> None:
+    """After a failure, leave a one-rank group so this process can run again (tests,
+    benchmarks). `process_group` keeps a failed multi-rank group: peers may hang."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() == 1:
+        dist.destroy_process_group()
+
+
+def _bench_rank(spec: BenchSpec) -> BenchOutcome | None:
     import torch.distributed as dist
 
     with process_group(spec.backend, spec.device, spec.timeout_s) as world:
