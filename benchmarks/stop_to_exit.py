@@ -34,7 +34,7 @@ def one_run(timeout_s: float, ranks: int) -> tuple[float, int, int]:
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)
         proc = start(gpucheck("comm", "--n-gpus", str(ranks), "--timeout", str(timeout_s),
-                              "--max-bytes", "64K", "--iters", "100000", "--no-pairwise",
+                              "--max-bytes", "64K", "--iters", "20000", "--no-pairwise",
                               "-q", "-o", str(run / "out.json")),
                      clean_env(GPUCHECK_RUN_DIR=str(run)))
         with tracked([proc]) as seen:
@@ -58,7 +58,7 @@ def main() -> None:
     for k in range(args.runs):
         elapsed, code, left = one_run(args.timeout, args.ranks)
         print(f"run {k + 1}: exit {code} after {elapsed:.1f} s "
-              f"(timeout + {elapsed - args.timeout:.1f} s), processes left: {left}")
+              f"(timeout + {elapsed - args.timeout:.1f} s), processes left: {left}", flush=True)
 
 
 if __name__ == "__main__":
