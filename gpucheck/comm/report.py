@@ -47,9 +47,7 @@ def _setup_section(result: Mapping[str, Any]) -> Section:
 
 def _collective_section(name: str, rows: list[dict[str, Any]], verdicts: Verdicts,
                         planned: int) -> Section:
-    table = [{"size": human_bytes(r["size_bytes"]), **{k: v for k, v in r.items()
-                                                       if k != "rank_times_us"}}
-             for r in rows]
+    table = [{k: v for k, v in r.items() if k != "rank_times_us"} for r in rows]
     findings: list[Finding] = correctness_findings(name, rows)
     if name == "all_reduce":
         findings += baseline_findings(rows, verdicts.baseline_busbw_gbps, name)
