@@ -12,6 +12,7 @@ Hang safety lives here so every command that uses `process_group` gets it:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import signal
@@ -107,11 +108,25 @@ def process_group(backend: str, device: str, timeout_s: float) -> Iterator[World
     progress.set_step(None)
     try:
         yield world
-    except Exception as exc:
-        if world.world_size > 1 and is_comm_error(exc):
+    except BaseException as exc:
+        if world.world_size > 1 and isinstance(exc, Exception) and is_comm_error(exc):
             raise _diagnose(store, world, timeout_s, exc) from exc
         raise
-    dist.destroy_process_group()
+    else:
+        dist.destroy_process_group()
+    finally:
+        _leave_after_failure(backend, world)
+
+
+def _leave_after_failure(backend: str, world: World) -> None:
+    """Leave a group that failed when that cannot hang (one rank, or gloo), so this
+    process can run again; a failed multi-rank NCCL group is left to process exit."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and (world.world_size == 1 or backend == "gloo"):
+        # The group may be broken already; the failure itself is being reported.
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
 
 
 def _diagnose(store: Any, world: World, timeout_s: float,
