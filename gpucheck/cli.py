@@ -20,11 +20,7 @@ from gpucheck.output import check_writable, write_atomic
 from gpucheck.render import FORMATS, format_for, render
 from gpucheck.report import Report
 
-COMMANDS = {
-    "env": "probe OS, Python, PyTorch, CUDA/cuDNN/NCCL, driver and GPU health",
-    "bench": "DDP ResNet50 inference benchmark that times every rank",
-    "comm": "collective and pairwise bandwidth, hang-safe",
-}
+COMMANDS = ("env", "bench", "comm")
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -62,10 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpucheck {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     common = _output_options()
-    for name, help_text in COMMANDS.items():
-        command_parser = sub.add_parser(name, help=help_text, description=help_text,
+    for name in COMMANDS:
+        module = _command_module(name)
+        command_parser = sub.add_parser(name, help=module.HELP, description=module.HELP,
                                         parents=[common])
-        _command_module(name).add_arguments(command_parser)
+        module.add_arguments(command_parser)
     return parser
 
 
