@@ -18,6 +18,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpucheck.dist.nodes import group_by_node
+
 DEFAULT_STRAGGLER_THRESHOLD = 0.10
 
 
@@ -113,21 +115,22 @@ def aggregate(records: Sequence[RankRecord],
 
 def node_summaries(records: Sequence[RankRecord], threshold: float) -> tuple[NodeSummary, ...]:
     """Group ranks by node; a node whose median rank is `threshold` slower is slow."""
-    groups: dict[tuple[int, str], list[RankRecord]] = {}
-    for record in records:
-        groups.setdefault((record.node_rank, record.host), []).append(record)
-    medians = {key: statistics.median(r.wall_s for r in group) for key, group in groups.items()}
+    by_rank = {r.rank: r for r in records}
+    rank_nodes = [{"rank": r.rank, "node_rank": r.node_rank, "host": r.host} for r in records]
+    groups = {node: [by_rank[rank] for rank in ranks]
+              for node, ranks in group_by_node(rank_nodes).items()}
+    medians = {node: statistics.median(r.wall_s for r in group) for node, group in groups.items()}
     overall = statistics.median(medians.values())
     nodes = []
-    for (node_rank, host), group in sorted(groups.items()):
+    for node, group in groups.items():
         slowest = max(r.wall_s for r in group)
-        vs_median = _ratio(medians[(node_rank, host)], overall)
+        vs_median = _ratio(medians[node], overall)
         nodes.append(NodeSummary(
-            node_rank=node_rank,
-            host=host,
+            node_rank=node.node_rank,
+            host=node.host,
             ranks=tuple(r.rank for r in group),
             images=sum(r.images for r in group),
-            median_wall_s=medians[(node_rank, host)],
+            median_wall_s=medians[node],
             slowest_wall_s=slowest,
             images_per_s=_ratio(sum(r.images for r in group), slowest),
             vs_median=vs_median,
