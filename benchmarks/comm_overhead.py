@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpucheck.comm.worker import CommSpec, _gather_size
-from gpucheck.dist.launch import launch_local
-from gpucheck.dist.session import process_group
+from gpucheck.distributed.launch import launch_local
+from gpucheck.distributed.session import process_group
 
 SIZES = (4 << 20, 16 << 20, 64 << 20)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from gpucheck.dist.session import process_group
+from gpucheck.distributed.session import process_group
 
 
 def gather_ranks(tag: str) -> list[dict[str, object]] | None:

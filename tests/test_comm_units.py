@@ -14,7 +14,7 @@ from gpucheck.comm.aggregate import (
 )
 from gpucheck.comm.collectives import default_max_bytes, sweep_sizes
 from gpucheck.comm.pairwise import pair_schedule
-from gpucheck.dist.nodes import NodeId, group_by_node, node_metric, slow_node_findings
+from gpucheck.distributed.nodes import NodeId, group_by_node, node_metric, slow_node_findings
 from gpucheck.report import Status
 
 

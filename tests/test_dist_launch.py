@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from dist_workers import fail_on_rank_one, gather_ranks
 
-from gpucheck.dist.job import resolve_nproc, run_job
-from gpucheck.dist.launch import WorkersFailed, check_port_free, launch_local
-from gpucheck.dist.world import world_from_env
+from gpucheck.distributed.job import resolve_nproc, run_job
+from gpucheck.distributed.launch import WorkersFailed, check_port_free, launch_local
+from gpucheck.distributed.world import world_from_env
 from gpucheck.errors import UsageError
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucheck.dist.envgather import diff_findings, merge_node_reports, node_facts
-from gpucheck.dist.nodes import NodeId
+from gpucheck.distributed.envgather import diff_findings, merge_node_reports, node_facts
+from gpucheck.distributed.nodes import NodeId
 from gpucheck.report import Status
 
 

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpucheck.dist.nodes import group_by_node
+from gpucheck.distributed.nodes import group_by_node
 
 DEFAULT_STRAGGLER_THRESHOLD = 0.10
 

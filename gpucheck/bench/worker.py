@@ -26,9 +26,9 @@ from gpucheck.bench import model as bench_model
 from gpucheck.bench.aggregate import RankRecord
 from gpucheck.bench.model import WeightsChoice
 from gpucheck.bench.progress import Progress
-from gpucheck.dist import progress
-from gpucheck.dist.session import process_group
-from gpucheck.dist.world import World, host_name
+from gpucheck.distributed import progress
+from gpucheck.distributed.session import process_group
+from gpucheck.distributed.world import World, host_name
 
 if TYPE_CHECKING:
     import torch

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpucheck.comm.collectives import ELEMENT_BYTES, synchronize
-from gpucheck.dist import progress
-from gpucheck.dist.nodes import group_by_node
+from gpucheck.distributed import progress
+from gpucheck.distributed.nodes import group_by_node
 
 
 def pair_schedule(roster: Sequence[Mapping[str, Any]]) -> list[list[tuple[int, int]]]:

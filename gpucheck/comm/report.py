@@ -12,7 +12,7 @@ from gpucheck.comm.aggregate import (
     pair_findings,
     pair_matrix,
 )
-from gpucheck.dist.nodes import group_by_node, node_metric, nodes_rows, slow_node_findings
+from gpucheck.distributed.nodes import group_by_node, node_metric, nodes_rows, slow_node_findings
 from gpucheck.report import Finding, Section, fail
 
 TITLES = {"all_reduce": "all_reduce (busbw = algbw x 2(n-1)/n)",

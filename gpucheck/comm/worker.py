@@ -1,6 +1,6 @@
 """The comm sweep on every rank; rank 0 gathers and keeps the results.
 
-Rank 0 publishes its results after every message size (`gpucheck.dist.progress`),
+Rank 0 publishes its results after every message size (`gpucheck.distributed.progress`),
 so a failure later in the run loses nothing already measured.
 """
 
@@ -18,9 +18,9 @@ from gpucheck.comm.collectives import (
     sweep_sizes,
 )
 from gpucheck.comm.pairwise import measure_pairs
-from gpucheck.dist import progress
-from gpucheck.dist.session import process_group, roster
-from gpucheck.dist.world import World
+from gpucheck.distributed import progress
+from gpucheck.distributed.session import process_group, roster
+from gpucheck.distributed.world import World
 
 
 @dataclass(frozen=True)

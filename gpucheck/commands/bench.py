@@ -71,8 +71,8 @@ def _add_loop_arguments(group: argparse._ArgumentGroup) -> None:
 
 def run(args: argparse.Namespace) -> Report | None:
     from gpucheck.bench.worker import BenchOutcome, bench_worker
-    from gpucheck.dist.job import run_job
-    from gpucheck.dist.launch import WorkersFailed
+    from gpucheck.distributed.job import run_job
+    from gpucheck.distributed.launch import WorkersFailed
 
     plan = plan_launch(args)
     spec, images = _plan_bench(args, plan)
@@ -135,7 +135,7 @@ def _positive(flag: str, value: int | None, default: int) -> int:
 
 def _failed_section(exc: Exception) -> Section:
     """The failed ranks, the silent ones, and whatever rank 0 had measured before."""
-    from gpucheck.dist.failures import rank_failure_findings
+    from gpucheck.distributed.failures import rank_failure_findings
 
     failures = getattr(exc, "failures", [])
     data: dict[str, Any] = {"failed_ranks": [f.rank for f in failures]}

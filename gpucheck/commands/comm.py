@@ -82,8 +82,8 @@ def _verdicts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def run(args: argparse.Namespace) -> Report | None:
-    from gpucheck.dist.job import JobFailed, run_job
-    from gpucheck.dist.launch import WorkersFailed
+    from gpucheck.distributed.job import JobFailed, run_job
+    from gpucheck.distributed.launch import WorkersFailed
 
     collectives = _check(args)
     plan = plan_launch(args)
@@ -116,7 +116,7 @@ def _report(args: argparse.Namespace, result: dict) -> Report:  # type: ignore[t
 def _failed_report(args: argparse.Namespace, exc) -> Report | None:  # type: ignore[no-untyped-def]
     """The partial results plus the failure; on ranks that do not report, one line."""
     from gpucheck.comm.report import failure_section
-    from gpucheck.dist.failures import rank_failure_findings
+    from gpucheck.distributed.failures import rank_failure_findings
 
     summary = "; ".join(f.describe() for f in exc.failures) or "the job failed"
     if not exc.reporter:
@@ -132,7 +132,7 @@ def _failed_report(args: argparse.Namespace, exc) -> Report | None:  # type: ign
 
 def _write_interrupted(args: argparse.Namespace) -> None:
     """Ctrl-C: keep what was measured in --output when the ranks published anything."""
-    from gpucheck.dist import progress
+    from gpucheck.distributed import progress
 
     partial = progress.local_partial()
     if args.output is None or partial is None:

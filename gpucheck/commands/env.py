@@ -26,12 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> Report | None:
-    from gpucheck.dist.envgather import gather_env_reports
+    from gpucheck.distributed.envgather import gather_env_reports
 
     timeout = getattr(args, "nvml_timeout", DEFAULT_TIMEOUT_S)
     if not timeout > 0:
         raise UsageError(f"--nvml-timeout must be positive, not {timeout}")
     # Under torchrun/srun with several ranks: each node's local rank 0 probes, rank 0
-    # compares the nodes (gpucheck.dist.envgather); otherwise just this machine.
+    # compares the nodes (gpucheck.distributed.envgather); otherwise just this machine.
     return gather_env_reports(lambda: collect_env_report(
         gpu_test=getattr(args, "gpu_test", True), nvml_timeout_s=timeout))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from gpucheck.dist.job import resolve_nproc
-from gpucheck.dist.launch import check_port_free
+from gpucheck.distributed.job import resolve_nproc
+from gpucheck.distributed.launch import check_port_free
 from gpucheck.errors import UsageError
 
 DEFAULT_CPU_RANKS = 2

@@ -3,7 +3,7 @@
 Shared by bench and comm. A node is (node_rank, host): under torchrun node_rank is
 GROUP_RANK, under srun SLURM_NODEID; two "nodes" on one machine (tests) share a host
 name, so the node rank is part of the key. Rank records are plain mappings with at
-least `rank`, `node_rank` and `host` (the check-in roster, `gpucheck.dist.session.roster()`,
+least `rank`, `node_rank` and `host` (the check-in roster, `gpucheck.distributed.session.roster()`,
 gives them as `RankInfo`; `dataclasses.asdict` makes the mappings).
 """
 

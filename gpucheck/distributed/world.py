@@ -7,7 +7,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpucheck.dist import slurm
+from gpucheck.distributed import slurm
 from gpucheck.errors import UsageError
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -63,7 +63,7 @@ def torchrun_world(environ: Mapping[str, str]) -> World:
 
 
 def slurm_world(environ: Mapping[str, str]) -> World:
-    """The world of an srun task, from SLURM's variables (see gpucheck.dist.slurm)."""
+    """The world of an srun task, from SLURM's variables (see gpucheck.distributed.slurm)."""
     world_size = _int_var(environ, "SLURM_STEP_NUM_TASKS", _int_var(environ, "SLURM_NTASKS", 1))
     rank = _int_var(environ, "SLURM_PROCID")
     if not 0 <= rank < world_size:

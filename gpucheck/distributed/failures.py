@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpucheck.dist.launch import RankFailure
+from gpucheck.distributed.launch import RankFailure
 from gpucheck.report import Finding, fail
 
 ANOTHER_RANK_HINT = (

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpucheck.dist.nodes import NodeId
+from gpucheck.distributed.nodes import NodeId
 from gpucheck.report import Finding, Report, Section, ok, warn
 
 GATHER_TIMEOUT_S = 300.0
@@ -109,14 +109,14 @@ def gather_env_reports(build: Callable[[], Report]) -> Report | None:
 
     Without one, just `build()`. Ranks other than 0 return None.
     """
-    from gpucheck.dist.job import launched_world
+    from gpucheck.distributed.job import launched_world
 
     if launched_world() is None:
         return build()
     import torch.distributed as dist
 
-    from gpucheck.dist.session import process_group
-    from gpucheck.dist.world import host_name
+    from gpucheck.distributed.session import process_group
+    from gpucheck.distributed.world import host_name
 
     with process_group("gloo", "cpu", GATHER_TIMEOUT_S) as world:
         mine = build().to_dict() if world.local_rank == 0 else None

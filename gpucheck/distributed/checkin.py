@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpucheck.dist import progress
-from gpucheck.dist.world import World, host_name
+from gpucheck.distributed import progress
+from gpucheck.distributed.world import World, host_name
 
 POLL_S = 0.05
 HOST_GRACE_S = 1.5

@@ -3,7 +3,7 @@ and when a collective fails, name the ranks that stopped answering.
 
 Hang safety lives here so every command that uses `process_group` gets it:
 - the job's key-value store is opened first and every rank checks in on it
-  (`gpucheck.dist.checkin`), so a rank that never starts is named, not waited for;
+  (`gpucheck.distributed.checkin`), so a rank that never starts is named, not waited for;
 - `timeout_s` bounds every collective (gloo; NCCL with blocking wait), so a rank
   that stops answering ends the run instead of NCCL's 10-minute default;
 - when a collective fails, the surviving ranks hold a roll call on the store and
@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
-from gpucheck.dist import progress
-from gpucheck.dist.checkin import (
+from gpucheck.distributed import progress
+from gpucheck.distributed.checkin import (
     CheckInFailed,
     RankInfo,
     RanksUnresponsive,
@@ -31,7 +31,7 @@ from gpucheck.dist.checkin import (
     roll_call,
     roll_call_window_s,
 )
-from gpucheck.dist.world import World, host_name, world_from_env
+from gpucheck.distributed.world import World, host_name, world_from_env
 
 SINGLE = World(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                master_addr="127.0.0.1", master_port=0, launcher="none")

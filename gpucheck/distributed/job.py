@@ -10,7 +10,7 @@ Three launch paths give the same result:
 
 On failure every path raises `JobFailed` (a `WorkersFailed`): the failed ranks,
 the ranks that did not answer (from the survivors' roll call or the check-in), and
-the partial results the reporting rank had published (`gpucheck.dist.progress`).
+the partial results the reporting rank had published (`gpucheck.distributed.progress`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpucheck.dist import progress
-from gpucheck.dist.checkin import CheckInFailed, RanksUnresponsive
-from gpucheck.dist.launch import RankFailure, WorkersFailed, launch_local
-from gpucheck.dist.world import World, world_from_env
+from gpucheck.distributed import progress
+from gpucheck.distributed.checkin import CheckInFailed, RanksUnresponsive
+from gpucheck.distributed.launch import RankFailure, WorkersFailed, launch_local
+from gpucheck.distributed.world import World, world_from_env
 from gpucheck.errors import UsageError
 
 S = TypeVar("S")
@@ -167,7 +167,7 @@ def _run_here(worker: Callable[[S], Any], spec: S) -> Any:
 
 
 def _job_failed_here(exc: Exception) -> JobFailed:
-    from gpucheck.dist.session import roster
+    from gpucheck.distributed.session import roster
 
     world = world_from_env()
     rank, local_rank = (world.rank, world.local_rank) if world else (0, 0)
