@@ -7,47 +7,17 @@ from typing import Any
 
 from gpucheck.probes.gpus import GpuRecord
 from gpucheck.probes.torch_build import TorchInfo
+from gpucheck.probes.visible import VisibleDevices, expected_visible, read_visible
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
 
-def _valid_entry(entry: str) -> bool:
-    if entry.startswith(("GPU-", "MIG-")):
-        return True
-    return entry.isdigit()
+def count_finding(nvml_count: int | None, torch: TorchInfo, cvd: str | None,
+                  gpus: list[GpuRecord] | None = None) -> Finding:
+    """NVML count vs CUDA's device count vs CUDA_VISIBLE_DEVICES, explained.
 
-
-def parse_visible_devices(value: str | None) -> list[str] | None:
-    """CUDA_VISIBLE_DEVICES as CUDA reads it: None when unset; entries up to the first invalid.
-
-    CUDA stops at the first entry it cannot parse ("-1" hides everything), so
-    "0,1,-1,2" exposes two GPUs. Equivalent: `echo $CUDA_VISIBLE_DEVICES`.
+    `torch.device_count` is the count CUDA really enumerates (`cudaGetDeviceCount`),
+    not torch's NVML-based guess, so MIG and a cut-short CUDA_VISIBLE_DEVICES show.
     """
-    if value is None:
-        return None
-    entries = []
-    for raw in value.split(","):
-        entry = raw.strip()
-        if not _valid_entry(entry):
-            break
-        entries.append(entry)
-    return entries
-
-
-def expected_visible(nvml_count: int | None, cvd: str | None) -> int | None:
-    """How many GPUs CUDA should expose given NVML's count and CUDA_VISIBLE_DEVICES."""
-    entries = parse_visible_devices(cvd)
-    if entries is None:
-        return nvml_count
-    count = 0
-    for entry in entries:
-        if entry.isdigit() and nvml_count is not None and int(entry) >= nvml_count:
-            break
-        count += 1
-    return count
-
-
-def count_finding(nvml_count: int | None, torch: TorchInfo, cvd: str | None) -> Finding:
-    """NVML count vs `torch.cuda.device_count()` vs CUDA_VISIBLE_DEVICES, explained."""
     check = "consistency.gpu_count"
     shown = "unset" if cvd is None else repr(cvd)
     facts = (f"NVML sees {nvml_count if nvml_count is not None else 'n/a'}, "
@@ -59,10 +29,15 @@ def count_finding(nvml_count: int | None, torch: TorchInfo, cvd: str | None) -> 
     if nvml_count is None:
         return warn(check, f"{facts}: NVML is unavailable, so torch's count cannot be "
                     "cross-checked", "install nvidia-ml-py and check the driver (nvidia-smi)")
-    expected = expected_visible(nvml_count, cvd)
+    expected = expected_visible(nvml_count, cvd, _uuids(gpus))
     if expected == 0:
         return warn(check, f"{facts}: CUDA_VISIBLE_DEVICES hides every GPU",
                     "unset CUDA_VISIBLE_DEVICES or list the GPUs to use (e.g. 0,1)")
+    mig = [g.index for g in gpus or [] if g.mig_mode]
+    if mig and torch.cuda_available and 0 < torch.device_count <= (expected or 0):
+        # CUDA enumerates one MIG instance per process: fewer devices is the design.
+        return ok(check, f"{facts} (MIG is on for GPU {', '.join(map(str, mig))}: CUDA "
+                  "shows a process one MIG instance, so fewer devices than GPUs is expected)")
     if torch.device_count != expected:
         why = ("torch cannot use CUDA (see torch.cuda_available)" if not torch.cuda_available
                else f"expected {expected} visible GPU(s)")
@@ -72,6 +47,41 @@ def count_finding(nvml_count: int | None, torch: TorchInfo, cvd: str | None) -> 
     note = f" (CUDA_VISIBLE_DEVICES exposes {expected} of {nvml_count})" \
         if expected != nvml_count else ""
     return ok(check, f"{facts}{note}")
+
+
+def _uuids(gpus: list[GpuRecord] | None) -> list[str] | None:
+    """NVML's UUIDs in index order, when every GPU answered (else None: unknown)."""
+    if not gpus or any(g.uuid is None for g in gpus):
+        return None
+    return [str(g.uuid) for g in sorted(gpus, key=lambda g: g.index)]
+
+
+def _deliberately_hidden(visible: VisibleDevices) -> bool:
+    """"-1" (or an empty value) is the usual way to hide every GPU, not a mistake."""
+    value = (visible.value or "").strip()
+    return value in ("", "-1") or (value.startswith("-1,") and not visible.used)
+
+
+def visible_devices_finding(cvd: str | None, nvml_count: int | None,
+                            gpus: list[GpuRecord] | None = None) -> Finding | None:
+    """WARN when CUDA will stop early in CUDA_VISIBLE_DEVICES and drop GPUs silently."""
+    check = "consistency.cuda_visible_devices"
+    if cvd is None:
+        return None
+    visible = read_visible(cvd, nvml_count, _uuids(gpus))
+    if visible.cut_at is None or _deliberately_hidden(visible):
+        return ok(check, f"CUDA_VISIBLE_DEVICES={cvd!r}: CUDA uses every entry "
+                  f"({visible.cuda_count} device(s))") if visible.cut_at is None else None
+    dropped = [e for e in cvd.split(",")[len(visible.used):] if e.strip()]
+    if not dropped and visible.cut_at == "":
+        return ok(check, f"CUDA_VISIBLE_DEVICES={cvd!r}: CUDA uses "
+                  f"{visible.cuda_count} device(s) (a trailing comma drops nothing)")
+    entry = repr(visible.cut_at)
+    return warn(check, f"CUDA_VISIBLE_DEVICES={cvd!r}: CUDA stops at entry {entry} "
+                f"({visible.cut_reason}) and will see only {visible.cuda_count} GPU(s); "
+                f"ignored: {', '.join(repr(e.strip()) for e in dropped) or entry}",
+                "list each GPU once, by index (nvidia-smi -L) or full UUID, with no empty "
+                "or unknown entries", subject="CUDA_VISIBLE_DEVICES")
 
 
 _UNIFORM: dict[str, tuple[str, Callable[[GpuRecord], Any], str]] = {
@@ -109,5 +119,9 @@ def probe_consistency(nvml_count: int | None, gpus: list[GpuRecord], torch: Torc
     data = {"nvml_gpu_count": nvml_count,
             "torch_device_count": torch.device_count if torch.imported else None,
             "cuda_visible_devices": cvd}
-    findings = [count_finding(nvml_count, torch, cvd), *uniformity_findings(gpus)]
+    findings = [count_finding(nvml_count, torch, cvd, gpus)]
+    visible = visible_devices_finding(cvd, nvml_count, gpus)
+    if visible is not None:
+        findings.append(visible)
+    findings += uniformity_findings(gpus)
     return Section("consistency", "Consistency", data, findings)

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpucheck.devices import cuda_device_count
+from gpucheck.probes.visible import parse_visible_devices
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
 
@@ -84,7 +86,7 @@ def read_torch(torch: Any) -> TorchInfo:
         cuda=torch.version.cuda,
         hip=getattr(torch.version, "hip", None),
         cuda_available=available,
-        device_count=int(_call(torch.cuda.device_count, 0)) if available else 0,
+        device_count=cuda_device_count(torch) if available else 0,
         init_error=None if available or torch.version.cuda is None else _init_error(torch),
         arch_list=tuple(_call(torch.cuda.get_arch_list, []) or []),
     )
@@ -142,8 +144,6 @@ def probe_torch() -> tuple[Section, TorchInfo]:
 def cuda_unavailable_reason(info: TorchInfo, driver_present: bool | None,
                             driver_cuda: str | None, environ: dict[str, str]) -> str:
     """The most likely reason `torch.cuda.is_available()` is False, in plain words."""
-    from gpucheck.probes.consistency import parse_visible_devices
-
     if info.cuda is None and info.hip is None:
         return "this torch is a CPU-only build"
     visible = parse_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"))
@@ -181,7 +181,16 @@ def cuda_available_finding(info: TorchInfo, driver_present: bool | None,
     return fail("torch.cuda_available", message, _reason_hint(reason))
 
 
+# CUDA error 802, cudaErrorSystemNotReady: on NVSwitch systems (HGX H100/H200/B200) CUDA
+# refuses to start until the fabric manager has registered every GPU in the fabric.
+FABRIC_NOT_READY = ("system not yet initialized", "error 802", "cudaErrorSystemNotReady")
+
+
 def _reason_hint(reason: str) -> str:
+    if any(words.lower() in reason.lower() for words in FABRIC_NOT_READY):
+        return ("CUDA error 802: the NVSwitch fabric is not ready. Start the fabric manager "
+                "(systemctl start nvidia-fabricmanager; its version must match the driver) "
+                "and wait for fabric registration (nvidia-smi -q | grep -A2 Fabric)")
     if "CPU-only" in reason:
         return "install a CUDA build of torch (https://pytorch.org/get-started/locally/)"
     if "CUDA_VISIBLE_DEVICES" in reason:
