@@ -20,8 +20,14 @@ from typing import Any
 
 from gpucheck.probes.consistency import probe_consistency
 from gpucheck.probes.envvars import probe_envvars
-from gpucheck.probes.gpus import DriverInfo, NvmlResult, cuda_compat_finding, probe_nvml
-from gpucheck.probes.gputest import probe_gputest
+from gpucheck.probes.gpus import (
+    DriverInfo,
+    GpuRecord,
+    NvmlResult,
+    cuda_compat_finding,
+    probe_nvml,
+)
+from gpucheck.probes.gputest import GpuTestRun, probe_gputest
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S, Nvml
 from gpucheck.probes.pyenv import TorchvisionCheck, probe_pyenv
 from gpucheck.probes.system import probe_system
@@ -105,12 +111,29 @@ def _nvml_parts(outcome: Outcome) -> tuple[list[Section], NvmlResult | None]:
     return outcome.value.sections, outcome.value
 
 
-def _gpu_test(info: TorchInfo, enabled: bool) -> Section:
+def _gpu_test(info: TorchInfo, enabled: bool, nvml_gpus: list[GpuRecord],
+              timeout_s: float | None = None) -> Section:
+    """The GPU functional test, bounded; on a hang the GPUs that passed keep their rows
+    and the finding names the GPU it hung on."""
     torch = sys.modules.get("torch") if info.imported and info.cuda_available else None
-    timeout = GPU_TEST_TIMEOUT_S + GPU_TEST_PER_GPU_S * info.device_count
-    outcome = run_concurrently({"gpu_test": lambda: probe_gputest(torch, enabled)},
-                               timeout)["gpu_test"]
-    return _section(outcome, "gpu_test")
+    timeout = timeout_s or GPU_TEST_TIMEOUT_S + GPU_TEST_PER_GPU_S * info.device_count
+    run = GpuTestRun()
+    outcome = run_concurrently({"gpu_test": lambda: probe_gputest(torch, enabled, nvml_gpus,
+                                                                  run)}, timeout)["gpu_test"]
+    if outcome.error is None:
+        return outcome.value
+    hung = run.current
+    if hung is None:  # failed before or after any GPU: the probe itself broke
+        return crashed_section("gpu_test", outcome.error)
+    index = "<index>" if hung.nvml_index is None else hung.nvml_index
+    # A copy: the hung thread may still append to its own section later.
+    kept = Section(run.section.name, run.section.title,
+                   {"results": list(run.section.data["results"])}, list(run.section.findings))
+    kept.findings.append(fail(
+        "gpu.functional", f"the test did not finish on this GPU: {outcome.error}",
+        f"the GPU may be hung: check dmesg for Xid errors and nvidia-smi; reset it "
+        f"(nvidia-smi -r -i {index}) or drain the node", hung.label()))
+    return kept
 
 
 def collect_env_report(gpu_test: bool = True, nvml_timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -135,7 +158,7 @@ def collect_env_report(gpu_test: bool = True, nvml_timeout_s: float = DEFAULT_TI
         report.add(section)
     report.add(probe_consistency(driver.gpu_count, gpus, info,
                                  environ.get("CUDA_VISIBLE_DEVICES")))
-    report.add(_gpu_test(info, gpu_test))
+    report.add(_gpu_test(info, gpu_test, gpus))
     report.add(_section(phase1["environment"], "environment"))
     python.findings.append(torchvision.finding())
     return report
