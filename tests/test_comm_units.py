@@ -98,3 +98,32 @@ def test_a_slow_node_is_a_warn_naming_it() -> None:
     times = {NodeId(0, "a"): 1.0, NodeId(1, "b"): 2.0, NodeId(2, "c"): 1.0}
     slow = slow_node_findings(times, "c", "time", "s", higher_is_better=False)
     assert [f.subject for f in slow] == ["node 1 (b)"]
+
+
+def _two_node_result(pair_gbps: dict[tuple[int, int], float]) -> dict:  # type: ignore[type-arg]
+    """A comm result of 2 nodes x 3 ranks with the given send/recv bandwidths."""
+    ranks = [{"rank": r, "local_rank": r % 3, "node_rank": r // 3, "host": f"h{r // 3}",
+              "device": "cpu", "pid": 100 + r} for r in range(6)]
+    pairs = [{"src": s, "dst": d, "node_rank": s // 3, "size_bytes": 1024,
+              "bandwidth_gbps": gbps} for (s, d), gbps in sorted(pair_gbps.items())]
+    return {"world_size": 6, "device": "cpu", "backend": "gloo", "iters": 1, "warmup": 0,
+            "sizes_bytes": [1024], "ranks": ranks, "complete": True,
+            "collectives": {"all_reduce": []},
+            "pairwise": {"size_bytes": 1024, "iters": 1, "pairs": pairs}}
+
+
+def test_a_nodes_pair_bandwidth_is_the_median_of_all_its_pairs() -> None:
+    from gpucheck.comm.report import Verdicts, comm_sections
+
+    # Node 0's six pairs: three at 10 GB/s, then 90, 100, 100. The last pair of each
+    # source rank (0->2, 1->2, 2->1) are the fast ones, so a median over those alone
+    # reads 100; the median over all six is 50. Node 1 is a uniform 60.
+    gbps = {(0, 1): 10.0, (0, 2): 100.0, (1, 0): 10.0, (1, 2): 100.0, (2, 0): 10.0,
+            (2, 1): 90.0}
+    gbps |= {(s, d): 60.0 for s in range(3, 6) for d in range(3, 6) if s != d}
+    sections = {s.name: s for s in comm_sections(_two_node_result(gbps),
+                                                 Verdicts(0.5, None, 0.9))}
+    rows = sections["nodes"].data["nodes"]
+    assert [row["pair_median_gbps"] for row in rows] == [50.0, 60.0]  # type: ignore[index]
+    # 50 and 60 are within 0.9 of their median 55: no node is slow.
+    assert [f.status for f in sections["nodes"].findings] == [Status.OK]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,13 @@ from gpucheck.comm.aggregate import (
     pair_findings,
     pair_matrix,
 )
-from gpucheck.distributed.nodes import group_by_node, node_metric, nodes_rows, slow_node_findings
+from gpucheck.distributed.nodes import (
+    NodeId,
+    group_by_node,
+    node_metric,
+    nodes_rows,
+    slow_node_findings,
+)
 from gpucheck.report import Finding, Section, fail
 
 TITLES = {"all_reduce": "all_reduce (busbw = algbw x 2(n-1)/n)",
@@ -70,19 +77,36 @@ def _pairwise_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
                    findings)
 
 
+def _pair_medians(ranks: Sequence[Mapping[str, Any]],
+                  pairs: Sequence[Mapping[str, Any]]) -> dict[NodeId, float]:
+    """Per node: the median bandwidth over every one of its pairs (by the sender's node).
+
+    Not a per-rank metric: a rank sends to every other rank of its node, and keeping
+    one pair per sender would drop the others from the median.
+    """
+    node_of = {rank: node for node, members in group_by_node(ranks).items()
+               for rank in members}
+    by_node: dict[NodeId, list[float]] = {}
+    for pair in pairs:
+        node = node_of.get(int(pair["src"]))
+        if node is not None and pair.get("bandwidth_gbps") is not None:
+            by_node.setdefault(node, []).append(float(pair["bandwidth_gbps"]))
+    return {node: float(statistics.median(values)) for node, values in sorted(by_node.items())}
+
+
 def _nodes_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section | None:
     """Per node: its ranks, median intra-node pair bandwidth, slowest all_reduce time."""
     ranks = result["ranks"]
     if len(group_by_node(ranks)) < 2:
         return None
     pairs = (result.get("pairwise") or {}).get("pairs") or []
-    pair_bw = node_metric(ranks, {p["src"]: p["bandwidth_gbps"] for p in pairs})
+    pair_bw = _pair_medians(ranks, pairs)
     rows = result["collectives"].get("all_reduce") or []
     times = dict(enumerate(rows[-1]["rank_times_us"])) if rows else {}
     time_metric = node_metric(ranks, times, combine=max)
     table = nodes_rows(ranks, pair_bw, "pair_median_gbps")
-    for row, value in zip(table, time_metric.values(), strict=False):
-        row["largest_all_reduce_us"] = value
+    for row in table:
+        row["largest_all_reduce_us"] = time_metric.get(NodeId(row["node_rank"], row["host"]))
     if len(pair_bw) >= 2:
         findings = slow_node_findings(pair_bw, "comm.nodes.slow_node",
                                       "median pair bandwidth", "GB/s",
