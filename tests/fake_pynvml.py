@@ -7,6 +7,7 @@ carries `.value`). GPUs are `FakeGpu` records whose faults are set per test.
 
 from __future__ import annotations
 
+import ctypes
 import string
 import time
 import types
@@ -20,7 +21,20 @@ ERROR_CODES = {
     "LIBRARY_NOT_FOUND": 12, "FUNCTION_NOT_FOUND": 13, "CORRUPTED_INFOROM": 14,
     "GPU_IS_LOST": 15, "RESET_REQUIRED": 16, "OPERATING_SYSTEM": 17,
     "LIB_RM_VERSION_MISMATCH": 18, "IN_USE": 19, "MEMORY": 20, "NO_DATA": 21,
-    "UNKNOWN": 999,
+    "VGPU_ECC_NOT_SUPPORTED": 22, "INSUFFICIENT_RESOURCES": 23, "FREQ_NOT_SUPPORTED": 24,
+    "ARGUMENT_VERSION_MISMATCH": 25, "DEPRECATED": 26, "NOT_READY": 27, "GPU_NOT_FOUND": 28,
+    "INVALID_STATE": 29, "RESET_TYPE_NOT_SUPPORTED": 30, "UNKNOWN": 999,
+}
+# NVMLError._errcode_to_string of pynvml (codes it lacks print as "NVML Error with code N").
+ERROR_STRINGS = {
+    1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported",
+    4: "Insufficient Permissions", 5: "Already Initialized", 6: "Not Found",
+    7: "Insufficient Size", 8: "Insufficient External Power", 9: "Driver Not Loaded",
+    10: "Timeout", 11: "Interrupt Request Issue", 12: "NVML Shared Library Not Found",
+    13: "Function Not Found", 14: "Corrupted infoROM", 15: "GPU is lost",
+    16: "GPU requires restart", 17: "The operating system has blocked the request.",
+    18: "RM has detected an NVML/RM version mismatch.", 20: "Insufficient Memory",
+    999: "Unknown Error",
 }
 CONSTANTS = {
     "NVML_TEMPERATURE_GPU": 0, "NVML_CLOCK_GRAPHICS": 0, "NVML_CLOCK_SM": 1,
@@ -36,7 +50,42 @@ CONSTANTS = {
     "nvmlClocksEventReasonHwSlowdown": 0x8, "nvmlClocksEventReasonSwThermalSlowdown": 0x20,
     "nvmlClocksEventReasonHwThermalSlowdown": 0x40,
     "nvmlClocksEventReasonHwPowerBrakeSlowdown": 0x80,
+    "NVML_SUCCESS": 0, "NVML_GPU_FABRIC_UUID_LEN": 16,
+    "NVML_GPU_FABRIC_STATE_NOT_SUPPORTED": 0, "NVML_GPU_FABRIC_STATE_NOT_STARTED": 1,
+    "NVML_GPU_FABRIC_STATE_IN_PROGRESS": 2, "NVML_GPU_FABRIC_STATE_COMPLETED": 3,
+    "nvmlGpuFabricInfo_v2": 0x02000024,
 }
+FABRIC_COMPLETED_OK = (3, 0)  # (NVML_GPU_FABRIC_STATE_COMPLETED, NVML_SUCCESS)
+
+
+class c_nvmlGpuFabricInfo_t(ctypes.Structure):
+    """As pynvml: the unversioned struct of nvmlDeviceGetGpuFabricInfo (deprecated)."""
+
+    _fields_ = [("clusterUuid", ctypes.c_uint8 * 16), ("status", ctypes.c_uint),
+                ("cliqueId", ctypes.c_uint32), ("state", ctypes.c_uint)]
+
+
+class c_nvmlGpuFabricInfo_v2_t(ctypes.Structure):
+    """As pynvml: the v2 struct of nvmlDeviceGetGpuFabricInfoV; __init__ sets its version."""
+
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_uint8 * 16),
+                ("status", ctypes.c_uint), ("cliqueId", ctypes.c_uint32),
+                ("state", ctypes.c_uint), ("healthMask", ctypes.c_uint32)]
+
+    def __init__(self) -> None:
+        super().__init__(version=CONSTANTS["nvmlGpuFabricInfo_v2"])
+
+
+STRUCTS = {"c_nvmlGpuFabricInfo_t": c_nvmlGpuFabricInfo_t,
+           "c_nvmlGpuFabricInfo_v2_t": c_nvmlGpuFabricInfo_v2_t,
+           "c_nvmlGpuFabricInfoV_t": c_nvmlGpuFabricInfo_v2_t}
+
+
+def _struct(arg: Any) -> Any:
+    """The structure behind what pynvml hands to C: byref(s), pointer(s) or s itself."""
+    if hasattr(arg, "_obj"):
+        return arg._obj
+    return arg.contents if hasattr(arg, "contents") else arg
 H200_MEMORY = 150_754_820_096
 
 
@@ -66,6 +115,10 @@ class FakeGpu:
     remapped: tuple[int, int, int, int] = (0, 0, 0, 0)
     clock_reasons: int = 0x1
     nvlinks: int = 18
+    # (state, status) of nvmlDeviceGetGpuFabricInfo*; None: the GPU has no fabric (NotSupported).
+    fabric: tuple[int, int] | None = FABRIC_COMPLETED_OK
+    # Seconds the first nvmlDeviceGetHandleByIndex after nvmlInit takes (GPU bring-up).
+    first_attach_s: float = 0.0
     lost: bool = False
     unsupported: set[str] = field(default_factory=set)
     hang: set[str] = field(default_factory=set)
@@ -90,7 +143,12 @@ def _error_classes(module: types.ModuleType) -> None:
             return obj
 
         def __str__(self) -> str:
-            return {v: k for k, v in ERROR_CODES.items()}.get(self.value, "Unknown Error")
+            return ERROR_STRINGS.get(self.value, f"NVML Error with code {self.value}")
+
+        def __eq__(self, other: object) -> bool:
+            return self.value == getattr(other, "value", None)
+
+        __hash__ = Exception.__hash__
 
     module.NVMLError = NVMLError
     for name, value in ERROR_CODES.items():
@@ -110,28 +168,33 @@ class FakeNvml:
 
     def __init__(self, gpus: list[FakeGpu], driver: str = "550.54.15",
                  cuda_driver: int = 12040, init_error: str | None = None,
-                 topology: int = 40) -> None:
+                 topology: int = 40, absent: frozenset[str] = frozenset(),
+                 hang_s: float = 30.0) -> None:
+        """`absent`: functions this driver's libnvidia-ml lacks (pynvml raises
+        FunctionNotFound); `hang_s`: how long a call in `FakeGpu.hang` blocks."""
         self.gpus, self.driver, self.cuda_driver = gpus, driver, cuda_driver
         self.init_error, self.topology, self.initialised = init_error, topology, False
+        self.absent, self.hang_s, self.attached = absent, hang_s, set()
         self.module = types.ModuleType("pynvml")
         _error_classes(self.module)
-        for key, value in CONSTANTS.items():
+        for key, value in {**CONSTANTS, **STRUCTS}.items():
             setattr(self.module, key, value)
         for name in dir(self):
             if name.startswith("nvml"):
                 setattr(self.module, name, getattr(self, name))
 
     def _raise(self, name: str) -> None:
-        raise getattr(self.module, f"NVMLError_{name}")(ERROR_CODES[
-            {"NotSupported": "NOT_SUPPORTED", "GpuIsLost": "GPU_IS_LOST",
-             "Uninitialized": "UNINITIALIZED", "InvalidArgument": "INVALID_ARGUMENT"}[name]])
+        # As pynvml: NVMLError_<Name>() carries its own code.
+        raise getattr(self.module, f"NVMLError_{name}")()
 
     def _gpu(self, handle: _Handle, fn: str) -> FakeGpu:
+        if fn in self.absent:
+            self._raise("FunctionNotFound")
         if not self.initialised:
             self._raise("Uninitialized")
         gpu = self.gpus[handle.index]
         if fn in gpu.hang:
-            time.sleep(30)
+            time.sleep(self.hang_s)
         if gpu.lost:
             self._raise("GpuIsLost")
         if fn in gpu.unsupported:
@@ -144,7 +207,8 @@ class FakeNvml:
         self.initialised = True
 
     def nvmlShutdown(self) -> None:
-        self.initialised = False
+        # Without persistence mode the driver tears the GPUs down with the last client.
+        self.initialised, self.attached = False, set()
 
     def nvmlSystemGetDriverVersion(self) -> str:
         return self.driver
@@ -159,9 +223,17 @@ class FakeNvml:
         return len(self.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
+        if not self.initialised:
+            self._raise("Uninitialized")
         if index >= len(self.gpus):
             self._raise("InvalidArgument")
-        if self.gpus[index].lost:
+        gpu = self.gpus[index]
+        if "nvmlDeviceGetHandleByIndex" in gpu.hang:
+            time.sleep(self.hang_s)
+        if index not in self.attached:
+            time.sleep(gpu.first_attach_s)  # NVML brings the GPU up on its first attach
+            self.attached.add(index)
+        if gpu.lost:
             self._raise("GpuIsLost")
         return _Handle(index)
 
@@ -266,6 +338,24 @@ class FakeNvml:
     def nvmlDeviceGetTopologyCommonAncestor(self, device1: _Handle, device2: _Handle) -> int:
         self._gpu(device1, "nvmlDeviceGetTopologyCommonAncestor")
         return self.topology
+
+    def _fabric(self, device: _Handle, fn: str, info: Any) -> int:
+        gpu = self._gpu(device, fn)
+        if gpu.fabric is None:
+            self._raise("NotSupported")
+        info.state, info.status = gpu.fabric
+        if gpu.fabric[0] == CONSTANTS["NVML_GPU_FABRIC_STATE_COMPLETED"]:
+            info.cliqueId = 1
+        return CONSTANTS["NVML_SUCCESS"]
+
+    def nvmlDeviceGetGpuFabricInfo(self, device: _Handle, gpuFabricInfo: Any) -> int:
+        return self._fabric(device, "nvmlDeviceGetGpuFabricInfo", _struct(gpuFabricInfo))
+
+    def nvmlDeviceGetGpuFabricInfoV(self, device: _Handle, gpuFabricInfo: Any) -> int:
+        info = _struct(gpuFabricInfo)
+        if getattr(info, "version", None) != CONSTANTS["nvmlGpuFabricInfo_v2"]:
+            self._raise("ArgumentVersionMismatch")
+        return self._fabric(device, "nvmlDeviceGetGpuFabricInfoV", info)
 
     def nvmlDeviceGetP2PStatus(self, device1: _Handle, device2: _Handle,
                                p2pIndex: int) -> int:

@@ -65,7 +65,8 @@ def test_pcie_topology_levels_show_as_nvidia_smi_topo_does(monkeypatch):
 def test_degraded_pcie_width_warns_for_that_gpu_only(monkeypatch):
     result = _probe(monkeypatch, FakeNvml(_gpus(4, gpu3={"pcie_width": (8, 16)})))
     warned = _findings(result, "gpu.pcie.width", Status.WARN)
-    assert [f.subject for f in warned] == ["GPU 3 (NVIDIA H200, 00000000:48:00.0)"]
+    assert [f.subject for f in warned] == [
+        "GPU 3 (NVIDIA H200, bus 00000000:48:00.0, GPU-00000003-0000-0000-0000-000000000000)"]
     assert "x8 of x16" in warned[0].message and warned[0].hint
     assert len(_findings(result, "gpu.pcie.width", Status.OK)) == 3
 
@@ -152,7 +153,7 @@ def test_not_supported_fields_show_as_na(monkeypatch):
 
 
 @pytest.mark.parametrize("driver_cuda, torch_cuda, status", [
-    (11080, "12.4", Status.FAIL), (12020, "12.4", Status.WARN),
+    (11080, "12.4", Status.FAIL), (12020, "12.4", Status.OK), (13000, "13.2", Status.OK),
     (12040, "12.4", Status.OK), (13000, "12.4", Status.OK)])
 def test_driver_cuda_against_torch_cuda(monkeypatch, driver_cuda, torch_cuda, status):
     result = _probe(monkeypatch, FakeNvml(_gpus(2), cuda_driver=driver_cuda))
@@ -160,6 +161,9 @@ def test_driver_cuda_against_torch_cuda(monkeypatch, driver_cuda, torch_cuda, st
     assert finding.status is status
     if status is Status.FAIL:
         assert "too old" in finding.message and "upgrade" in finding.hint
+    older_minor = driver_cuda // 1000 == int(torch_cuda.split(".")[0]) and \
+        driver_cuda % 1000 // 10 < int(torch_cuda.split(".")[1])
+    assert ("minor-version compatibility" in finding.message) is older_minor
 
 
 def test_cuda_compat_skips_without_a_cuda_torch_or_a_driver():

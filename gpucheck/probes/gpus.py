@@ -2,16 +2,21 @@
 
 Every call goes through `Nvml` (one doorway). A field the GPU does not support is
 None (shown as n/a); a GPU that fails mid-query (lost, needs reset) becomes a FAIL
-finding for that GPU while the others are still reported.
+finding for that GPU while the others are still reported. Also here: the driver's
+CUDA and the GPUs' architectures against what torch was built for.
 """
 
 from __future__ import annotations
 
+import ctypes
 import glob
+import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpucheck.devices import GpuIdentity
 from gpucheck.probes.nvml import Nvml, NvmlFailure
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
@@ -29,6 +34,11 @@ BAD_CLOCK_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown"
                      "hw_power_brake_slowdown")
 # NVML_TOPOLOGY_* level -> the `nvidia-smi topo -m` legend.
 TOPOLOGY_LEVELS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+# NVML_GPU_FABRIC_STATE_* (pynvml) -> the words the report uses.
+FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+FABRIC_HINT = ("start the fabric manager: systemctl start nvidia-fabricmanager (and "
+               "systemctl enable it; its version must match the driver's); see journalctl -u "
+               "nvidia-fabricmanager, and nvidia-smi -q | grep -A3 Fabric")
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,7 @@ class GpuRecord:
     compute_capability: str | None = None
     persistence_mode: bool | None = None
     mig_mode: bool | None = None
+    mig_mode_pending: bool | None = None
     temperature_c: int | None = None
     power_draw_w: float | None = None
     power_limit_w: float | None = None
@@ -75,6 +86,8 @@ class GpuRecord:
     remapped_rows_failed: bool | None = None
     clock_event_reasons: list[str] | None = None
     nvlink_active_links: int | None = None
+    fabric_state: str | None = None  # FABRIC_STATES; None: no fabric API (n/a)
+    fabric_status: str | None = None  # "success" or the NVML_ERROR_* name, once completed
     processes: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     error_kind: str | None = None
@@ -82,8 +95,8 @@ class GpuRecord:
 
     @property
     def subject(self) -> str:
-        details = ", ".join(v for v in (self.name, self.pci_bus_id) if v)
-        return f"GPU {self.index} ({details})" if details else f"GPU {self.index}"
+        """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)", as in every other section."""
+        return GpuIdentity(None, self.index, self.name, self.pci_bus_id, self.uuid).label()
 
     def row(self) -> dict[str, Any]:
         row = asdict(self)
@@ -247,13 +260,69 @@ def _decode(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _mig(nvml: Nvml, handle: Any) -> dict[str, Any]:
+    """`nvidia-smi --query-gpu=mig.mode.current,mig.mode.pending`."""
+    modes = nvml.get("nvmlDeviceGetMigMode", handle)
+    pending = modes[1] if isinstance(modes, (list, tuple)) and len(modes) > 1 else None
+    return {"mig_mode": _enabled(modes),
+            "mig_mode_pending": None if pending is None else bool(pending)}
+
+
+def _return_name(module: Any, code: int) -> str:
+    """An nvmlReturn_t as its pynvml constant name ("NVML_ERROR_NOT_READY (27)")."""
+    names = [n for n in dir(module) if n.startswith("NVML_ERROR_")
+             and getattr(module, n) == code]
+    return f"{names[0]} ({code})" if names else f"NVML error {code}"
+
+
+def _fabric_info(nvml: Nvml, handle: Any) -> Any:
+    """The GPU's fabric struct, or None where the GPU or the driver has no fabric API.
+
+    nvmlDeviceGetGpuFabricInfoV (c_nvmlGpuFabricInfoV_t, version set by its
+    constructor) first; drivers before it only have the deprecated unversioned
+    call. pynvml hands the argument to C as is, so it must be byref(struct).
+    """
+    m = nvml.module
+    for fn, struct in (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+                       ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")):
+        cls = getattr(m, struct, None)
+        if cls is None:
+            continue
+        info = cls()
+        try:
+            nvml.call(fn, handle, ctypes.byref(info))
+        except NvmlFailure as exc:
+            if exc.kind in ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch"):
+                continue  # an older driver: try the older call
+            if exc.not_available:
+                return None
+            raise
+        return info
+    return None
+
+
+def _fabric(nvml: Nvml, handle: Any) -> dict[str, Any]:
+    """`nvidia-smi -q` "Fabric": NVSwitch registration state and, once completed, status."""
+    info = _fabric_info(nvml, handle)
+    if info is None:
+        return {"fabric_state": None, "fabric_status": None}
+    m = nvml.module
+    state = FABRIC_STATES.get(int(info.state), f"unknown ({int(info.state)})")
+    status = None
+    # NVML: `status` is valid only once the state is COMPLETED.
+    if int(info.state) == getattr(m, "NVML_GPU_FABRIC_STATE_COMPLETED", 3):
+        code = int(info.status)
+        status = "success" if code == getattr(m, "NVML_SUCCESS", 0) else _return_name(m, code)
+    return {"fabric_state": state, "fabric_status": status}
+
+
 def _state(nvml: Nvml, handle: Any) -> dict[str, Any]:
     m = nvml.module
     util = nvml.get("nvmlDeviceGetUtilizationRates", handle)
     sm = getattr(m, "NVML_CLOCK_SM", 1)
     return {
         "persistence_mode": _enabled(nvml.get("nvmlDeviceGetPersistenceMode", handle)),
-        "mig_mode": _enabled(nvml.get("nvmlDeviceGetMigMode", handle)),
+        **_mig(nvml, handle),
         "temperature_c": nvml.get("nvmlDeviceGetTemperature", handle,
                                   getattr(m, "NVML_TEMPERATURE_GPU", 0)),
         "power_draw_w": _watts(nvml.get("nvmlDeviceGetPowerUsage", handle)),
@@ -280,6 +349,7 @@ def read_gpu(nvml: Nvml, index: int) -> GpuRecord:
         fields.update(process_count=None if procs is None else len(procs),
                       processes=procs or [])
         fields["nvlink_active_links"] = _nvlink_active(nvml, handle)
+        fields.update(_fabric(nvml, handle))
     except NvmlFailure as exc:
         fields.update(error=str(exc), error_kind=exc.kind, error_hint=exc.hint)
     return GpuRecord(index=index, **fields)
@@ -378,11 +448,60 @@ def clock_finding(gpu: GpuRecord) -> Finding:
               gpu.subject)
 
 
+def persistence_finding(gpu: GpuRecord) -> Finding:
+    """Persistence mode off: every process that opens the GPU brings it up again."""
+    check = "gpu.persistence_mode"
+    if gpu.persistence_mode is None:
+        return skip(check, "persistence mode: n/a", gpu.subject)
+    if not gpu.persistence_mode:
+        return warn(check, "persistence mode is off: the driver tears the GPU down whenever no "
+                    "process holds it, so each job (and each NVML or CUDA start) brings it up "
+                    "again, which takes seconds per GPU on H100/H200/B200 and can look like a "
+                    "hang", "turn it on: sudo nvidia-smi -pm 1, or run the nvidia-persistenced "
+                    "service (systemctl enable --now nvidia-persistenced)", gpu.subject)
+    return ok(check, "persistence mode is on", gpu.subject)
+
+
+def mig_finding(gpu: GpuRecord) -> Finding | None:
+    """MIG on is a choice, not a fault: say what it means. A pending change is a WARN."""
+    check = "gpu.mig_mode"
+    if gpu.mig_mode_pending is not None and gpu.mig_mode is not None \
+            and gpu.mig_mode_pending != gpu.mig_mode:
+        now, then = ("on", "off") if gpu.mig_mode else ("off", "on")
+        return warn(check, f"MIG mode is {now} but {then} is pending: the change takes effect "
+                    "only after a GPU reset", f"reset the GPU (nvidia-smi -r -i {gpu.index}) "
+                    "or reboot the node", gpu.subject)
+    if not gpu.mig_mode:
+        return None
+    return ok(check, "MIG mode is on: CUDA gives each process one MIG instance (choose it with "
+              "CUDA_VISIBLE_DEVICES=MIG-<uuid>), and NCCL cannot connect instances of the same "
+              "GPU, so a multi-GPU job needs one instance per physical GPU", gpu.subject)
+
+
+def fabric_finding(gpu: GpuRecord) -> Finding | None:
+    """NVSwitch systems: CUDA will not start (error 802) until the fabric registers the GPU."""
+    check, state = "gpu.fabric", gpu.fabric_state
+    if state in (None, "not_supported"):
+        return None  # no NVSwitch fabric on this GPU (PCIe cards, pre-Hopper)
+    if state != "completed":
+        wait = " (it can take a minute after boot: run again)" if state == "in_progress" else ""
+        return fail(check, f"NVSwitch fabric registration is {state.replace('_', ' ')}: CUDA "
+                    "fails to initialise on this GPU (error 802, \"system not yet "
+                    f"initialized\") until the fabric manager has registered it{wait}",
+                    FABRIC_HINT, gpu.subject)
+    if gpu.fabric_status != "success":
+        return fail(check, f"NVSwitch fabric registration failed ({gpu.fabric_status}): CUDA "
+                    "fails to initialise on this GPU (error 802)", FABRIC_HINT, gpu.subject)
+    return ok(check, "NVSwitch fabric registration completed", gpu.subject)
+
+
 def gpu_findings(gpu: GpuRecord) -> list[Finding]:
     if gpu.error:
         return [_lost_finding(gpu)]
+    optional = [f for f in (mig_finding(gpu), fabric_finding(gpu)) if f is not None]
     return [busy_finding(gpu), pcie_finding(gpu), *ecc_findings(gpu),
-            *retirement_findings(gpu), clock_finding(gpu)]
+            *retirement_findings(gpu), clock_finding(gpu), persistence_finding(gpu),
+            *optional]
 
 
 def _link(nvml: Nvml, a: Any, b: Any, links: int | None) -> str:
@@ -422,12 +541,105 @@ def _version_tuple(version: str) -> tuple[int, int]:
         return 0, 0
 
 
+# Which GPUs torch's kernels run on. From the CUDA C++ Programming Guide ("Binary
+# Compatibility", "PTX Compatibility", and "Feature Availability" for the a/f suffixes;
+# and NVIDIA's "Blackwell and CUDA 12.9 introduce family-specific architecture
+# features" post):
+# - SASS (a cubin, 'sm_XY') built for X.Y runs on X.Z with Z >= Y, never across majors
+#   (sm_80 runs on sm_86 and sm_89, not on sm_90; sm_120 not on sm_100);
+# - 'sm_90a'/'sm_100a' (architecture-specific) run only on exactly 9.0/10.0;
+# - 'sm_100f' (family-specific, CUDA 12.9+) runs on 10.Z with Z >= 0, like plain SASS;
+# - PTX ('compute_XY') is JIT-compiled by the driver for any GPU of X.Y or newer,
+#   across majors (compute_120 PTX runs on a future sm_130), but the driver's JIT
+#   understands PTX only up to its own CUDA version (cudaErrorUnsupportedPtxVersion;
+#   the "Minor Version Compatibility" limits in NVIDIA's CUDA Compatibility guide).
+# Tegra parts (sm_72, sm_87, ...) have no binary compatibility; not modelled here.
+_ARCH = re.compile(r"(sm|compute)_(\d+)(\d)([af]?)")
+
+
+def parse_arch(entry: str) -> tuple[str, int, int, str] | None:
+    """'sm_90' -> ('sm', 9, 0, ''), 'sm_100a' -> ('sm', 10, 0, 'a'), 'compute_120' -> PTX."""
+    match = _ARCH.fullmatch(entry.strip())
+    if match is None:
+        return None
+    return match[1], int(match[2]), int(match[3]), match[4]
+
+
+def parse_cc(cc: str | None) -> tuple[int, int] | None:
+    """NVML's compute capability "9.0" -> (9, 0)."""
+    try:
+        major, minor = (cc or "").split(".")
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+def _runs_on(arch: tuple[str, int, int, str], cc: tuple[int, int]) -> bool:
+    kind, major, minor, suffix = arch
+    if suffix == "a":  # architecture-specific: that exact GPU only
+        return cc == (major, minor)
+    if kind == "sm" or suffix == "f":  # SASS or family PTX: same major, minor >= Y
+        return cc[0] == major and cc[1] >= minor
+    return cc >= (major, minor)  # PTX: JIT for any newer GPU
+
+
+def arch_coverage(cc: str | None, arch_list: Sequence[str]) -> tuple[str, str | None]:
+    """How torch's kernels reach a GPU of this compute capability.
+
+    ("sass", 'sm_80') when a cubin runs on it natively, ("ptx", 'compute_90') when
+    only the driver's JIT can make its kernels, ("none", None) when nothing runs
+    ("no kernel image is available for execution on the device"), ("unknown", None)
+    without a compute capability.
+    """
+    gpu = parse_cc(cc)
+    if gpu is None:
+        return "unknown", None
+    parsed = [(entry, parse_arch(entry)) for entry in arch_list]
+    for kind in ("sm", "compute"):
+        for entry, arch in parsed:
+            if arch is not None and arch[0] == kind and _runs_on(arch, gpu):
+                return ("sass" if kind == "sm" else "ptx"), entry
+    return "none", None
+
+
+def sm_name(cc: str | None) -> str:
+    """"9.0" -> "sm_90" (the name torch's arch list uses)."""
+    parsed = parse_cc(cc)
+    return f"sm_{parsed[0]}{parsed[1]}" if parsed else f"compute capability {cc}"
+
+
+def arch_finding(gpu: GpuRecord, arch_list: Sequence[str], ptx_jit_ok: bool) -> Finding | None:
+    """`gpu.arch_supported`: does this torch have kernels this GPU can run?"""
+    how, entry = arch_coverage(gpu.compute_capability, arch_list)
+    if how == "unknown":
+        return None
+    check, sm = "gpu.arch_supported", sm_name(gpu.compute_capability)
+    listed = ", ".join(arch_list)
+    upgrade = (f"install a torch build whose arch list has {sm} (torch.cuda.get_arch_list()), "
+               f"or build torch with TORCH_CUDA_ARCH_LIST={gpu.compute_capability}")
+    if how == "sass":
+        return ok(check, f"{sm}: torch ships native kernels for it ({entry})", gpu.subject)
+    if how == "none":
+        return fail(check, f"{sm} is not in torch's arch list ({listed}): the first CUDA kernel "
+                    "fails with \"no kernel image is available for execution on the device\"",
+                    upgrade, gpu.subject)
+    message = (f"{sm} has no native kernels in torch's arch list ({listed}): it runs only by "
+               f"JIT-compiling torch's {entry} PTX")
+    if not ptx_jit_ok:
+        return fail(check, f"{message}, and this driver is older than torch's CUDA, so its "
+                    "JIT cannot compile that PTX (cudaErrorUnsupportedPtxVersion)",
+                    f"upgrade the NVIDIA driver, or {upgrade}", gpu.subject)
+    return warn(check, f"{message}: the first start compiles every kernel (minutes) and they "
+                "may run slower than native ones", upgrade, gpu.subject)
+
+
 def cuda_compat_finding(driver: DriverInfo, torch_cuda: str | None) -> Finding:
     """The driver's newest CUDA against the CUDA torch was built with.
 
-    Rule: FAIL when the driver's CUDA major < torch's CUDA major (CUDA cannot start);
-    WARN when the major matches but the minor is lower (CUDA minor-version
-    compatibility runs most code, but PTX JIT and newer features can fail); OK otherwise.
+    FAIL when the driver's CUDA major is older than torch's (CUDA cannot start);
+    OK when the major matches, with a note when the driver's minor is older:
+    CUDA 11+ runs it by minor-version compatibility (what the GPUs need from torch's
+    kernels is `gpu.arch_supported`'s part); OK otherwise.
     """
     check = "driver.cuda_compat"
     if torch_cuda is None:
@@ -442,11 +654,26 @@ def cuda_compat_finding(driver: DriverInfo, torch_cuda: str | None) -> Finding:
                     "upgrade the NVIDIA driver (then reboot), or install a torch built for "
                     f"CUDA {driver.cuda_version} or older")
     if have < need:
-        return warn(check, f"{versions}: runs by minor-version compatibility, but PTX JIT "
-                    "and newer CUDA features may fail",
-                    "upgrade the NVIDIA driver to one that supports CUDA "
-                    f"{torch_cuda}")
+        return ok(check, f"{versions}: runs by CUDA minor-version compatibility (the "
+                  "driver cannot JIT-compile torch's newer PTX; see gpu.arch_supported)")
     return ok(check, versions)
+
+
+def cuda_compat_findings(driver: DriverInfo, torch_cuda: str | None,
+                         gpus: Sequence[GpuRecord] = (),
+                         arch_list: Sequence[str] = ()) -> list[Finding]:
+    """`driver.cuda_compat` and, for a CUDA torch, `gpu.arch_supported` per GPU."""
+    findings = [cuda_compat_finding(driver, torch_cuda)]
+    queried = [g for g in gpus if not g.error and g.compute_capability]
+    if torch_cuda is None or not queried:
+        return findings
+    if not arch_list:
+        return [*findings, skip("gpu.arch_supported", "torch reports no CUDA arch list "
+                                "(torch.cuda.get_arch_list()); GPU architectures not checked")]
+    have = _version_tuple(driver.cuda_version) if driver.cuda_version else None
+    ptx_jit_ok = have is None or have >= _version_tuple(torch_cuda)
+    arch = [arch_finding(g, arch_list, ptx_jit_ok) for g in queried]
+    return [*findings, *(f for f in arch if f is not None)]
 
 
 def driver_section(info: DriverInfo, pci_gpus: int) -> Section:

@@ -4,8 +4,15 @@ Every NVML call in gpucheck goes through `Nvml.call`. It imports `pynvml` (from 
 nvidia-ml-py package) only when first used, starts NVML once, decodes bytes to
 str, and turns an `NVMLError` into an `NvmlFailure` that says what it means.
 Calls run on one daemon worker thread with a timeout, so a hanging driver call
-costs at most `timeout_s` once: after a timeout the doorway stays closed and
+costs at most its budget once: after a timeout the doorway stays closed and
 every later call fails at once with the same meaning.
+
+Two budgets. `nvmlInit` and the first `nvmlDeviceGetHandleBy*` of each GPU get
+`attach_timeout_s` (30 s): nvmlInit_v2 initialises no GPU, the GPUs are brought
+up in the `nvmlDeviceGetHandleBy*` calls instead (NVML API reference,
+"Initialization and Cleanup"), and with persistence mode off that bring-up takes
+seconds on GSP-based GPUs (H100/H200/B200). It is slow, not hung. Every other
+call is steady state and gets `timeout_s` (`--nvml-timeout`, 3 s).
 """
 
 from __future__ import annotations
@@ -18,6 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_TIMEOUT_S = 3.0
+ATTACH_TIMEOUT_S = 30.0
+# The calls that attach (bring up) a GPU the first time they name it.
+ATTACH_PREFIX = "nvmlDeviceGetHandleBy"
 
 # NVMLError subclass name -> (short meaning, what to do).
 MEANINGS: dict[str, tuple[str, str]] = {
@@ -47,6 +57,10 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "NVMLError_Uninitialized": ("NVML is not initialised", "report a gpucheck bug"),
     "NVMLError_Timeout": ("the NVML call timed out in the driver",
                          "check dmesg for Xid errors; the GPU may need a reset"),
+    # Our own: the call did not come back within its budget (the doorway closes).
+    "Timeout": ("no answer from the driver",
+                "check dmesg for Xid errors; the GPU may need a reset (nvidia-smi -r) or the "
+                "node a reboot"),
 }
 # Field-level errors that mean "this GPU/driver does not have it": shown as n/a.
 NOT_AVAILABLE = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound",
@@ -99,8 +113,12 @@ class Nvml:
     Equivalent of what `nvidia-smi -q` reads.
     """
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 attach_timeout_s: float = ATTACH_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
+        # Never shorter than the steady budget: a slow bring-up is never less patient.
+        self.attach_timeout_s = max(attach_timeout_s, timeout_s)
+        self._attached: set[tuple[str, str]] = set()
         self._module: Any = None
         self._start_error: NvmlFailure | None = None
         self._started = False
@@ -130,7 +148,7 @@ class Nvml:
             return NvmlFailure("ImportError", f"cannot import pynvml: {exc}", "import pynvml")
         self._module = pynvml
         try:
-            self._run(pynvml.nvmlInit, (), {}, "nvmlInit")
+            self._run(pynvml.nvmlInit, (), {}, "nvmlInit", self.attach_timeout_s)
         except NvmlFailure as exc:
             return exc
         return None
@@ -141,7 +159,14 @@ class Nvml:
         fn = getattr(self._module, name, None)
         if fn is None:
             raise NvmlFailure("NVMLError_FunctionNotFound", "not in this pynvml", name)
-        return decode(self._run(fn, args, kwargs, name))
+        attach = (name, repr(args)) if name.startswith(ATTACH_PREFIX) else None
+        if attach is None or attach in self._attached:
+            return decode(self._run(fn, args, kwargs, name, self.timeout_s))
+        result = decode(self._run(fn, args, kwargs, name, self.attach_timeout_s,
+                                  " (the first attach of this GPU, which brings it up "
+                                  "when persistence mode is off)"))
+        self._attached.add(attach)
+        return result
 
     def get(self, name: str, *args: Any, default: Any = None, **kwargs: Any) -> Any:
         """Like `call` but a not-available field gives `default` (n/a)."""
@@ -152,16 +177,16 @@ class Nvml:
                 return default
             raise
 
-    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...],
-             kwargs: dict[str, Any], name: str) -> Any:
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+             name: str, budget_s: float, what: str = "") -> Any:
         if self._hung is not None:
             raise NvmlFailure("Timeout", f"an earlier call ({self._hung.function}) hung",
                               name)
         job = _Job(fn, args, kwargs, threading.Event())
         self._ensure_worker()
         self._jobs.put(job)
-        if not job.done.wait(self.timeout_s):
-            self._hung = NvmlFailure("Timeout", f"no answer within {self.timeout_s:g} s", name)
+        if not job.done.wait(budget_s):
+            self._hung = NvmlFailure("Timeout", f"no answer within {budget_s:g} s{what}", name)
             raise self._hung
         if job.error is not None:
             raise self._translate(job.error, name) from job.error
@@ -195,4 +220,4 @@ class Nvml:
         """nvmlShutdown when started and not hung (best effort)."""
         if self._module is not None and self._start_error is None and self._hung is None:
             with contextlib.suppress(NvmlFailure):
-                self._run(self._module.nvmlShutdown, (), {}, "nvmlShutdown")
+                self._run(self._module.nvmlShutdown, (), {}, "nvmlShutdown", self.timeout_s)
