@@ -1,17 +1,29 @@
 """Timing all_reduce and all_gather on one rank, and checking their results.
 
 Every rank: warm up, synchronise the device, pass a barrier, start the clock (CUDA
-events on GPU, perf_counter on CPU), run `iters` operations, synchronise, stop. The
-buffers are float32; the timed buffers are zeros (so repeated sums stay finite), then
-one more call on a rank-specific pattern counts the wrong elements.
+events on GPU, perf_counter on CPU), run `iters` operations, stop. The buffers are
+float32; the timed buffers are zeros (so repeated sums stay finite), then one more
+call on a rank-specific pattern counts the wrong elements.
+
+How the `iters` operations run depends on the backend (`time_batch`):
+- NCCL: back to back, as nccl-tests does. Under TORCH_NCCL_BLOCKING_WAIT=1 (which
+  `process_group` sets) a synchronous op's `wait()` blocks the host in a 1 ms
+  sleep-poll loop until the op ends, so timing synchronous ops would count the GPU
+  idling between them. Every op is launched with `async_op=True`, the current stream
+  is made to wait on each (`block_current_stream`), the stop event is recorded, and
+  only then does the host `wait()` on the handles: bounded by the process group's
+  timeout, so a silent peer still ends in an error, not a hang.
+- gloo (and anything else): one op at a time, each waited before the next. gloo runs
+  async ops on a thread pool, so back-to-back ops could overlap and overstate the
+  bandwidth; its synchronous op already returns when the op is done.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 ELEMENT_BYTES = 4  # float32
 KIB = 1024
@@ -19,6 +31,12 @@ MIB = 1024 * KIB
 DEFAULT_MIN_BYTES = KIB
 CPU_MAX_BYTES = 16 * MIB
 CUDA_MAX_BYTES = 1024 * MIB
+# The most NCCL ops queued before the host waits on the oldest one. Under blocking wait
+# there is no watchdog, only `wait()` enforces the timeout; a launch into a full CUDA
+# queue would block the host without a timeout if a peer hangs. Each op takes a few
+# queue entries (events, stream waits, the kernel), so 64 ops stay far below the queue's
+# ~1024 entries. `--iters` up to this many run as one uninterrupted batch.
+MAX_IN_FLIGHT = 64
 
 
 @dataclass(frozen=True)
@@ -74,27 +92,123 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_op(op: Callable[[], Any], iters: int, warmup: int, device: str) -> float:
-    """Mean seconds per op, started together with the other ranks after a barrier."""
-    import torch
+class Work(Protocol):
+    """What `time_batch` needs of a `torch.distributed.Work` handle."""
+
+    def wait(self) -> Any: ...
+
+    def block_current_stream(self) -> None: ...
+
+
+class Clock(Protocol):
+    """Marks the start and the end of a batch; `seconds` waits for the end mark."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def seconds(self) -> float: ...
+
+
+class HostClock:
+    """time.perf_counter: for ops that are done when their `wait()` returns (gloo, CPU)."""
+
+    def __init__(self) -> None:
+        self._began = self._ended = 0.0
+
+    def start(self) -> None:
+        self._began = time.perf_counter()
+
+    def stop(self) -> None:
+        self._ended = time.perf_counter()
+
+    def seconds(self) -> float:
+        return self._ended - self._began
+
+
+class CudaEventClock:
+    """CUDA events on the current stream; `seconds` is the one device synchronisation."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._start = torch.cuda.Event(enable_timing=True)
+        self._end = torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        self._start.record()
+
+    def stop(self) -> None:
+        self._end.record()
+
+    def seconds(self) -> float:
+        self._end.synchronize()
+        return float(self._start.elapsed_time(self._end)) / 1000
+
+
+class NullClock:
+    """For untimed batches (warm-up, the receiving side of a pair)."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def seconds(self) -> float:
+        return 0.0
+
+
+def make_clock(device: str) -> Clock:
+    return CudaEventClock() if device == "cuda" else HostClock()
+
+
+def back_to_back() -> bool:
+    """Launch a batch without waiting per op: NCCL only (see the module docstring)."""
     import torch.distributed as dist
 
-    for _ in range(warmup):
-        op()
+    return str(dist.get_backend()) == "nccl"
+
+
+def time_batch(launches: Sequence[Callable[[], Work]], clock: Clock,
+               back_to_back: bool) -> float:
+    """Seconds for running every launch once, in order; each returns its op's handle.
+
+    Back to back: start mark, every launch (waiting on the op MAX_IN_FLIGHT
+    launches back only past that many), the current stream made to wait on every
+    op, end mark, then the host waits (bounded by the group's timeout under
+    blocking wait), then `clock.seconds()`. The end mark is on the stream before
+    the host waits, so the host's poll latency is not counted. Otherwise each op is
+    waited before the next is launched, and the end mark follows the last wait.
+    """
+    clock.start()
+    if not back_to_back:
+        for launch in launches:
+            launch().wait()
+        clock.stop()
+        return clock.seconds()
+    works: list[Work] = []
+    for launch in launches:
+        if len(works) >= MAX_IN_FLIGHT:
+            works[len(works) - MAX_IN_FLIGHT].wait()
+        works.append(launch())
+    for work in works:
+        work.block_current_stream()
+    clock.stop()
+    for work in works:
+        work.wait()
+    return clock.seconds()
+
+
+def time_op(launch: Callable[[], Work], iters: int, warmup: int, device: str) -> float:
+    """Mean seconds per op, started together with the other ranks after a barrier."""
+    import torch.distributed as dist
+
+    in_a_row = back_to_back()
+    time_batch([launch] * warmup, NullClock(), in_a_row)
     synchronize(device)
     dist.barrier()
-    if device == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            op()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1000 / iters
-    began = time.perf_counter()
-    for _ in range(iters):
-        op()
-    return (time.perf_counter() - began) / iters
+    return time_batch([launch] * iters, make_clock(device), in_a_row) / iters
 
 
 def measure(collective: str, size_bytes: int, iters: int, warmup: int,
@@ -109,14 +223,16 @@ def measure(collective: str, size_bytes: int, iters: int, warmup: int,
 
     buf = torch.zeros(count, dtype=torch.float32, device=where)
     if collective == "all_reduce":
-        time_s = time_op(lambda: dist.all_reduce(buf), iters, warmup, device)
+        time_s = time_op(lambda: dist.all_reduce(buf, async_op=True), iters, warmup,
+                         device)
         buf.copy_(pattern(rank, count, where))
         dist.all_reduce(buf)
         expected = pattern(0, count, where) * (world * (world + 1) // 2)
         wrong = int((buf != expected).sum())
     else:
         out = torch.zeros(count * world, dtype=torch.float32, device=where)
-        time_s = time_op(lambda: dist.all_gather_into_tensor(out, buf), iters, warmup, device)
+        time_s = time_op(lambda: dist.all_gather_into_tensor(out, buf, async_op=True),
+                         iters, warmup, device)
         buf.copy_(pattern(rank, count, where))
         dist.all_gather_into_tensor(out, buf)
         expected = torch.cat([pattern(r, count, where) for r in range(world)])

@@ -2,16 +2,26 @@
 
 One pair at a time per node (pairs of different nodes run side by side), a barrier
 of all ranks between steps, so no two transfers on a node share the bus. The sender
-times `iters` sends of one buffer plus the receiver's one-element acknowledgement.
+times `iters` sends of one buffer plus the receiver's one-element acknowledgement,
+with the same clock and batching as the collectives (`collectives.time_batch`): on
+NCCL every isend/irecv is launched before the first wait, on gloo one at a time.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpucheck.comm.collectives import ELEMENT_BYTES, synchronize
+from gpucheck.comm.collectives import (
+    ELEMENT_BYTES,
+    Clock,
+    NullClock,
+    Work,
+    back_to_back,
+    make_clock,
+    synchronize,
+    time_batch,
+)
 from gpucheck.distributed import progress
 from gpucheck.distributed.nodes import group_by_node
 
@@ -25,20 +35,15 @@ def pair_schedule(roster: Sequence[Mapping[str, Any]]) -> list[list[tuple[int, i
     return [[p[k] for p in per_node if k < len(p)] for k in range(steps)]
 
 
-def _send_side(buf: Any, ack: Any, peer: int, iters: int) -> None:
+def _side(me: int, src: int, dst: int, buf: Any, ack: Any,
+          iters: int) -> list[Callable[[], Work]]:
+    """This rank's launches: `iters` isends then the ack's irecv on the sender, the
+    mirror image on the receiver (so the sender's last op ends after the last byte)."""
     import torch.distributed as dist
 
-    for _ in range(iters):
-        dist.send(buf, peer)
-    dist.recv(ack, peer)
-
-
-def _recv_side(buf: Any, ack: Any, peer: int, iters: int) -> None:
-    import torch.distributed as dist
-
-    for _ in range(iters):
-        dist.recv(buf, peer)
-    dist.send(ack, peer)
+    if me == src:
+        return [lambda: dist.isend(buf, dst)] * iters + [lambda: dist.irecv(ack, dst)]
+    return [lambda: dist.irecv(buf, src)] * iters + [lambda: dist.isend(ack, src)]
 
 
 def _time_pair(src: int, dst: int, size_bytes: int, iters: int, device: str) -> float | None:
@@ -50,13 +55,12 @@ def _time_pair(src: int, dst: int, size_bytes: int, iters: int, device: str) -> 
     buf = torch.zeros(max(size_bytes // ELEMENT_BYTES, 1), device=where)
     ack = torch.zeros(1, device=where)
     me = dist.get_rank()
-    side, peer = (_send_side, dst) if me == src else (_recv_side, src)
-    side(buf, ack, peer, 1)  # warm-up: connect the pair
+    in_a_row = back_to_back()
+    # Warm-up: the first NCCL send/recv between two ranks creates their communicator.
+    time_batch(_side(me, src, dst, buf, ack, 1), NullClock(), in_a_row)
     synchronize(device)
-    began = time.perf_counter()
-    side(buf, ack, peer, iters)
-    synchronize(device)
-    elapsed = time.perf_counter() - began
+    clock: Clock = make_clock(device) if me == src else NullClock()
+    elapsed = time_batch(_side(me, src, dst, buf, ack, iters), clock, in_a_row)
     return size_bytes * iters / elapsed / 1e9 if me == src else None
 
 

@@ -1,0 +1,198 @@
+"""How comm times its ops: the order of launches, waits and clock marks, without a GPU.
+
+Fake work handles and a fake clock write into one log, and `torch.distributed`'s
+functions are replaced by recorders, so the tests see exactly what the timed loop
+asks of NCCL and when: under NCCL every op of a batch is launched (async_op=True)
+before the host waits on any, the end mark goes on the stream before the waits, and
+the batch ends in exactly one device synchronisation (the clock's `seconds`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from gpucheck.comm import collectives, pairwise
+
+Event = tuple[Any, ...]
+
+
+class Log:
+    """One ordered record of launches, waits, stream waits and clock marks."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def work(self) -> FakeWork:
+        return FakeWork(self, sum(1 for e in self.events if e[0] == "launch") - 1)
+
+
+class FakeWork:
+    def __init__(self, log: Log, number: int) -> None:
+        self.log, self.number = log, number
+
+    def wait(self) -> bool:
+        self.log.events.append(("wait", self.number))
+        return True
+
+    def block_current_stream(self) -> None:
+        self.log.events.append(("block", self.number))
+
+
+class FakeClock:
+    def __init__(self, log: Log) -> None:
+        self.log = log
+
+    def start(self) -> None:
+        self.log.events.append(("start",))
+
+    def stop(self) -> None:
+        self.log.events.append(("stop",))
+
+    def seconds(self) -> float:
+        self.log.events.append(("seconds",))
+        return 1.0
+
+
+def _launcher(log: Log, name: str) -> Any:
+    def launch() -> FakeWork:
+        log.events.append(("launch", name))
+        return log.work()
+    return launch
+
+
+def _fake_dist(monkeypatch: pytest.MonkeyPatch, log: Log, backend: str, rank: int = 0) -> None:
+    """Replace the torch.distributed calls comm makes with recorders (2 ranks)."""
+    def collective(name: str) -> Any:
+        def call(*args: Any, async_op: bool = False, **kwargs: Any) -> FakeWork | None:
+            log.events.append(("launch", name, async_op))
+            return log.work() if async_op else None  # a synchronous call waits inside
+        return call
+
+    def p2p(name: str) -> Any:
+        def call(tensor: Any, peer: int, *args: Any, **kwargs: Any) -> FakeWork | None:
+            log.events.append(("launch", name, peer))
+            return log.work() if name in ("isend", "irecv") else None
+        return call
+
+    for name in ("all_reduce", "all_gather_into_tensor"):
+        monkeypatch.setattr(dist, name, collective(name))
+    for name in ("isend", "irecv", "send", "recv"):
+        monkeypatch.setattr(dist, name, p2p(name))
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: log.events.append(("barrier",)))
+    monkeypatch.setattr(dist, "get_rank", lambda *a, **k: rank)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+    monkeypatch.setattr(dist, "get_backend", lambda *a, **k: backend)
+    # raising=False: the fake clock is only looked up where the code has a clock factory.
+    for module in (collectives, pairwise):
+        monkeypatch.setattr(module, "make_clock", lambda device: FakeClock(log),
+                            raising=False)
+
+
+def _kinds(events: list[Event]) -> list[str]:
+    return [e[0] for e in events]
+
+
+def test_a_back_to_back_batch_launches_every_op_before_the_first_wait() -> None:
+    log = Log()
+    seconds = collectives.time_batch([_launcher(log, "op")] * 4, FakeClock(log), back_to_back=True)
+    assert log.events == [
+        ("start",),
+        *[("launch", "op")] * 4,
+        *[("block", n) for n in range(4)],  # the stream waits on every op, host free
+        ("stop",),  # the end mark is on the stream before the host waits
+        *[("wait", n) for n in range(4)],
+        ("seconds",),  # the one device synchronisation, last
+    ]
+    assert seconds == 1.0
+
+
+def test_a_one_at_a_time_batch_waits_on_each_op_before_the_next() -> None:
+    log = Log()
+    collectives.time_batch([_launcher(log, "op")] * 3, FakeClock(log), back_to_back=False)
+    assert log.events == [("start",), ("launch", "op"), ("wait", 0), ("launch", "op"),
+                          ("wait", 1), ("launch", "op"), ("wait", 2), ("stop",),
+                          ("seconds",)]
+
+
+def test_a_long_batch_waits_on_the_op_max_in_flight_launches_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(collectives, "MAX_IN_FLIGHT", 2)
+    log = Log()
+    collectives.time_batch([_launcher(log, "op")] * 5, FakeClock(log), back_to_back=True)
+    launched_before_stop = log.events[:log.events.index(("stop",))]
+    assert launched_before_stop == [
+        ("start",), ("launch", "op"), ("launch", "op"), ("wait", 0), ("launch", "op"),
+        ("wait", 1), ("launch", "op"), ("wait", 2), ("launch", "op"),
+        *[("block", n) for n in range(5)]]
+    assert log.events[-1] == ("seconds",) and _kinds(log.events).count("seconds") == 1
+
+
+@pytest.mark.parametrize(("collective", "torch_name"), [("all_reduce", "all_reduce"),
+                                                         ("all_gather",
+                                                          "all_gather_into_tensor")])
+def test_the_nccl_timed_loop_launches_every_op_async_and_waits_once_at_the_end(
+        monkeypatch: pytest.MonkeyPatch, collective: str, torch_name: str) -> None:
+    log = Log()
+    _fake_dist(monkeypatch, log, backend="nccl")
+    iters = 5
+    timing = collectives.measure(collective, 1024, iters, 2, "cpu")
+    timed = log.events[log.events.index(("barrier",)) + 1:]
+    launches = [e for e in timed if e[0] == "launch"]
+    # The timed ops, then the one synchronous call that checks the result.
+    assert launches == [("launch", torch_name, True)] * iters + [("launch", torch_name, False)]
+    first_wait = _kinds(timed).index("wait")
+    assert _kinds(timed[:first_wait]).count("launch") == iters
+    assert _kinds(timed) == ["start", *["launch"] * iters, *["block"] * iters, "stop",
+                             *["wait"] * iters, "seconds", "launch"]
+    assert timing.time_s == pytest.approx(1.0 / iters)
+
+
+def test_the_nccl_warm_up_runs_as_one_batch_before_the_barrier(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    log = Log()
+    _fake_dist(monkeypatch, log, backend="nccl")
+    collectives.measure("all_reduce", 1024, 1, 3, "cpu")
+    warm = log.events[:log.events.index(("barrier",))]
+    assert _kinds(warm) == [*["launch"] * 3, *["block"] * 3, *["wait"] * 3]
+
+
+def test_the_gloo_timed_loop_waits_on_each_op_before_launching_the_next(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    log = Log()
+    _fake_dist(monkeypatch, log, backend="gloo")
+    collectives.measure("all_reduce", 1024, 3, 0, "cpu")
+    timed = log.events[log.events.index(("barrier",)) + 1:]
+    assert _kinds(timed) == ["start", "launch", "wait", "launch", "wait", "launch", "wait",
+                             "stop", "seconds", "launch"]
+
+
+def test_the_nccl_pair_sender_launches_every_send_and_the_ack_before_waiting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    log = Log()
+    _fake_dist(monkeypatch, log, backend="nccl", rank=0)
+    iters = 3
+    gbps = pairwise._time_pair(0, 1, 4096, iters, "cpu")
+    launches = [e for e in log.events if e[0] == "launch"]
+    # Warm-up (one send and the ack: it connects the pair), then the timed batch.
+    assert launches == [("launch", "isend", 1), ("launch", "irecv", 1),
+                        *[("launch", "isend", 1)] * iters, ("launch", "irecv", 1)]
+    timed = log.events[log.events.index(("start",)):]
+    assert _kinds(timed) == ["start", *["launch"] * (iters + 1), *["block"] * (iters + 1),
+                             "stop", *["wait"] * (iters + 1), "seconds"]
+    assert gbps == pytest.approx(4096 * iters / 1.0 / 1e9)
+
+
+def test_the_nccl_pair_receiver_posts_every_receive_and_the_ack_before_waiting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    log = Log()
+    _fake_dist(monkeypatch, log, backend="nccl", rank=1)
+    assert pairwise._time_pair(0, 1, 4096, 3, "cpu") is None
+    timed = log.events[_kinds(log.events).index("wait") + 2:]  # after the warm-up's waits
+    assert [e for e in timed if e[0] == "launch"] == [("launch", "irecv", 0)] * 3 + [
+        ("launch", "isend", 0)]
+    assert _kinds(timed) == [*["launch"] * 4, *["block"] * 4, *["wait"] * 4]
+    assert "start" not in _kinds(log.events)  # only the sender keeps time
+
