@@ -1,0 +1,138 @@
+"""The NVML doorway's two budgets, persistence mode, and a driver NVML cannot use.
+
+Budgets are scaled down: a "slow" first attach sleeps 0.5 s in the fake while the
+steady budget is 0.25 s and the attach budget 10 s, so the outcome does not depend
+on how fast this machine is. A "hang" sleeps a few seconds, longer than the steady
+budget and shorter than the attach budget, so a hang given the wrong budget would
+come back and the test would fail.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from gpucheck.probes import gpus as gpus_mod
+from gpucheck.probes.gpus import cuda_compat_findings, probe_nvml
+from gpucheck.probes.nvml import ATTACH_TIMEOUT_S, DEFAULT_TIMEOUT_S, Nvml, NvmlFailure
+from gpucheck.report import Report, Status
+from tests.fake_pynvml import FakeGpu, FakeNvml
+
+STEADY_S, ATTACH_S = 0.25, 10.0
+
+
+def _gpus(n: int, **fields) -> list[FakeGpu]:
+    return [FakeGpu(bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", **fields) for i in range(n)]
+
+
+def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, steady_s: float = STEADY_S,
+           attach_s: float = ATTACH_S):
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    return probe_nvml(Nvml(steady_s, attach_s))
+
+
+def _findings(result, check: str, status: Status | None = None):
+    found = [f for s in result.sections for f in s.findings if f.check == check]
+    return [f for f in found if status is None or f.status is status]
+
+
+def test_the_default_budgets_are_3_s_steady_and_30_s_for_init_and_first_attach():
+    nvml = Nvml()
+    assert (DEFAULT_TIMEOUT_S, ATTACH_TIMEOUT_S) == (3.0, 30.0)
+    assert (nvml.timeout_s, nvml.attach_timeout_s) == (3.0, 30.0)
+    # --nvml-timeout above 30 s must not make the first attach less patient than the rest.
+    assert Nvml(45.0).attach_timeout_s == 45.0
+
+
+def test_a_slow_first_attach_per_gpu_is_not_a_hang_and_every_gpu_is_read(monkeypatch):
+    # Persistence mode off on a GSP-based GPU: the first handle per GPU takes seconds.
+    fake = FakeNvml(_gpus(3, first_attach_s=2 * STEADY_S, persistence=0))
+    result = _probe(monkeypatch, fake)
+    assert not _findings(result, "driver.nvml_hang")
+    assert not [f for s in result.sections for f in s.findings if f.status is Status.FAIL]
+    rows = result.sections[1].data["gpus"]
+    assert [r["name"] for r in rows] == ["NVIDIA H200"] * 3
+    assert all(r["error"] is None for r in rows)
+    # The topology matrix attaches again: the GPUs are up by then, the steady budget holds.
+    assert result.sections[1].data["topology"][0]["GPU2"] == "NV18"
+
+
+def test_a_steady_state_call_that_hangs_closes_the_doorway_at_the_steady_budget(monkeypatch):
+    # The call sleeps 3 s: under the attach budget (10 s) it would come back and not count.
+    fake = FakeNvml(_gpus(3, hang={"nvmlDeviceGetTemperature"}), hang_s=3.0)
+    result = _probe(monkeypatch, fake, steady_s=0.2)
+    hang = _findings(result, "driver.nvml_hang", Status.FAIL)
+    assert len(hang) == 1
+    assert "nvmlDeviceGetTemperature" in hang[0].message and "0.2 s" in hang[0].message
+    assert "first attach" not in hang[0].message
+    # Closed: the other GPUs fail at once instead of each waiting out a budget.
+    failed = _findings(result, "gpu.query", Status.FAIL)
+    assert [f.subject.split(" (")[0] for f in failed] == ["GPU 0", "GPU 1", "GPU 2"]
+    assert all("hung" in f.message for f in failed[1:])
+
+
+def test_a_second_attach_of_the_same_gpu_gets_the_steady_budget(monkeypatch):
+    fake = FakeNvml(_gpus(2), hang_s=3.0)
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    nvml = Nvml(0.2, ATTACH_S)
+    nvml.call("nvmlDeviceGetHandleByIndex", 0)
+    fake.gpus[0].hang = {"nvmlDeviceGetHandleByIndex"}
+    with pytest.raises(NvmlFailure) as raised:
+        nvml.call("nvmlDeviceGetHandleByIndex", 0)
+    assert raised.value.kind == "Timeout" and "within 0.2 s" in raised.value.detail
+
+
+def test_a_first_attach_longer_than_its_budget_is_a_hang_named_as_such(monkeypatch):
+    gpus = _gpus(3)
+    gpus[1].first_attach_s = 3.0
+    result = _probe(monkeypatch, FakeNvml(gpus), steady_s=0.1, attach_s=0.5)
+    hang = _findings(result, "driver.nvml_hang", Status.FAIL)
+    assert len(hang) == 1 and "nvmlDeviceGetHandleByIndex" in hang[0].message
+    assert "within 0.5 s" in hang[0].message and "first attach" in hang[0].message
+    rows = result.sections[1].data["gpus"]
+    assert rows[0]["name"] == "NVIDIA H200" and rows[1]["error"] and rows[2]["error"]
+
+
+def test_persistence_mode_off_warns_per_gpu_with_the_way_to_turn_it_on(monkeypatch):
+    gpus = _gpus(3)
+    gpus[2].persistence = 0
+    result = _probe(monkeypatch, FakeNvml(gpus))
+    warned = _findings(result, "gpu.persistence_mode", Status.WARN)
+    assert [f.subject.split(" (")[0] for f in warned] == ["GPU 2"]
+    assert "off" in warned[0].message
+    assert "nvidia-smi -pm 1" in warned[0].hint and "nvidia-persistenced" in warned[0].hint
+    assert len(_findings(result, "gpu.persistence_mode", Status.OK)) == 2
+
+
+def test_persistence_mode_a_gpu_cannot_report_is_skipped_not_warned(monkeypatch):
+    result = _probe(monkeypatch, FakeNvml(_gpus(1, unsupported={
+        "nvmlDeviceGetPersistenceMode"})))
+    assert [f.status for f in _findings(result, "gpu.persistence_mode")] == [Status.SKIP]
+
+
+@pytest.mark.parametrize("error, pci_gpus, meaning", [
+    ("NVMLError_LibRmVersionMismatch", 8, "driver/library version mismatch"),
+    ("NVMLError_DriverNotLoaded", 8, "kernel driver is not loaded"),
+    ("NVMLError_LibraryNotFound", 8, "no NVIDIA driver")])
+def test_a_driver_nvml_cannot_use_fails_the_report_with_its_meaning(monkeypatch, error,
+                                                                    pci_gpus, meaning):
+    monkeypatch.setattr(gpus_mod, "nvidia_pci_devices", lambda: pci_gpus)
+    result = _probe(monkeypatch, FakeNvml(_gpus(8), init_error=error))
+    report = Report("env")
+    for section in result.sections:
+        report.add(section)
+    result.sections[0].findings.extend(cuda_compat_findings(result.driver, "13.0", result.gpus,
+                                                            ("sm_90",)))
+    assert report.verdict() is Status.FAIL and report.exit_code() == 1
+    failed = [f for f in report.findings if f.status is Status.FAIL]
+    assert [f.check for f in failed] == ["driver.nvml"]  # not a generic probe error
+    assert meaning in failed[0].message and f"{pci_gpus} NVIDIA GPU(s)" in failed[0].message
+    assert failed[0].hint and "nvidia-smi to see" not in failed[0].hint
+
+
+def test_a_healthy_driver_passes_the_same_report_with_exit_code_0(monkeypatch):
+    monkeypatch.setattr(gpus_mod, "nvidia_pci_devices", lambda: 8)
+    result = _probe(monkeypatch, FakeNvml(_gpus(8)))
+    report = Report("env", sections=result.sections)
+    assert report.verdict() is Status.OK and report.exit_code() == 0
