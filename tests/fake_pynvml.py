@@ -40,7 +40,7 @@ CONSTANTS = {
     "NVML_TEMPERATURE_GPU": 0, "NVML_CLOCK_GRAPHICS": 0, "NVML_CLOCK_SM": 1,
     "NVML_CLOCK_MEM": 2, "NVML_MEMORY_ERROR_TYPE_CORRECTED": 0,
     "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1, "NVML_VOLATILE_ECC": 0, "NVML_AGGREGATE_ECC": 1,
-    "NVML_NVLINK_MAX_LINKS": 18, "NVML_FEATURE_DISABLED": 0, "NVML_FEATURE_ENABLED": 1,
+    "NVML_NVLINK_MAX_LINKS": 36, "NVML_FEATURE_DISABLED": 0, "NVML_FEATURE_ENABLED": 1,
     "NVML_TOPOLOGY_INTERNAL": 0, "NVML_TOPOLOGY_SINGLE": 10, "NVML_TOPOLOGY_MULTIPLE": 20,
     "NVML_TOPOLOGY_HOSTBRIDGE": 30, "NVML_TOPOLOGY_NODE": 40, "NVML_TOPOLOGY_SYSTEM": 50,
     "NVML_P2P_CAPS_INDEX_NVLINK": 2, "NVML_P2P_STATUS_OK": 0,
@@ -82,10 +82,16 @@ STRUCTS = {"c_nvmlGpuFabricInfo_t": c_nvmlGpuFabricInfo_t,
 
 
 def _struct(arg: Any) -> Any:
-    """The structure behind what pynvml hands to C: byref(s), pointer(s) or s itself."""
+    """The structure behind byref(s) or pointer(s).
+
+    pynvml hands this argument to C as is, so a bare structure would be passed by
+    value where C expects a pointer: callers must pass byref(s). Refuse anything else.
+    """
     if hasattr(arg, "_obj"):
         return arg._obj
-    return arg.contents if hasattr(arg, "contents") else arg
+    if hasattr(arg, "contents"):
+        return arg.contents
+    raise TypeError("pass ctypes.byref(struct): pynvml hands the argument to C as is")
 H200_MEMORY = 150_754_820_096
 
 

@@ -485,7 +485,8 @@ def fabric_finding(gpu: GpuRecord) -> Finding | None:
         return None  # no NVSwitch fabric on this GPU (PCIe cards, pre-Hopper)
     if state != "completed":
         wait = " (it can take a minute after boot: run again)" if state == "in_progress" else ""
-        return fail(check, f"NVSwitch fabric registration is {state.replace('_', ' ')}: CUDA "
+        where = {"not_started": "has not started", "in_progress": "is still in progress"}
+        return fail(check, f"NVSwitch fabric registration {where.get(state, f'is {state}')}: CUDA "
                     "fails to initialise on this GPU (error 802, \"system not yet "
                     f"initialized\") until the fabric manager has registered it{wait}",
                     FABRIC_HINT, gpu.subject)
