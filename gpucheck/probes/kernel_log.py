@@ -138,8 +138,8 @@ def _is_gzip(path: str) -> bool:
         return raw.read(2) == b"\x1f\x8b"
 
 
-def _file_lines(path: str, max_bytes: int = MAX_READ_BYTES) -> Iterator[str]:
-    """The lines of a text or gzip file; of a huge text one, only the last `max_bytes`."""
+def _file_lines(path: str) -> Iterator[str]:
+    """The lines of a text or gzip file; of a huge text one, only the last MAX_READ_BYTES."""
     if _is_gzip(path):  # nvidia-bug-report.log.gz, a compressed kern.log.1.gz
         with gzip.open(path) as unzipped:
             for chunk in unzipped:
@@ -147,8 +147,8 @@ def _file_lines(path: str, max_bytes: int = MAX_READ_BYTES) -> Iterator[str]:
         return
     with open(path, "rb") as raw:
         size = os.fstat(raw.fileno()).st_size
-        raw.seek(max(0, size - max_bytes))
-        if size > max_bytes:
+        raw.seek(max(0, size - MAX_READ_BYTES))
+        if size > MAX_READ_BYTES:
             raw.readline()  # a partial first line
         for chunk in raw:
             yield chunk.decode("utf-8", errors="replace")
@@ -169,7 +169,7 @@ def read_file(path: str, boot_cut: bool = False, source: str | None = None) -> K
     except (OSError, EOFError) as exc:  # EOFError: a truncated .gz
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         return KernelLog(None, not_read=(f"{name}: {reason}",))
-    note = f"read only its last {MAX_READ_BYTES // 1024**2} MiB" if cut_short else None
+    note = f"read only its last {MAX_READ_BYTES / 1024**2:g} MiB" if cut_short else None
     return _from_scan(name, scan, note=note)
 
 
@@ -323,8 +323,10 @@ def _row(group: XidClass, name: GpuName) -> dict[str, object]:
 
 def _fault_finding(group: XidClass, name: GpuName, source: str) -> Finding:
     info = group.info
-    when = (f"at {group.first}" if group.count == 1
-            else f"{group.count} times, first {group.first}, last {group.last}")
+    when = "once" if group.count == 1 else f"{group.count} times"
+    if group.first is not None:  # `dmesg -t` logs carry no time at all
+        when += (f" at {group.first}" if group.count == 1
+                 else f", first {group.first}, last {group.last}")
     message = (f"XID {group.xid} ({info.meaning}) {when} in the kernel log ({source}): "
                f"{group.sample}")
     index = "<index>" if name.nvml_index is None else str(name.nvml_index)

@@ -1,0 +1,323 @@
+"""Xid history from the kernel log: saved logs of each XID class, the live sources
+(with fake command runners), the naming of GPUs by NVML, and `--kernel-log`."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from gpucheck.cli import main
+from gpucheck.probes import kernel_log as kl
+from gpucheck.probes.gpus import GpuRecord
+from gpucheck.probes.kernel_log import (
+    KernelLog,
+    kernel_log_section,
+    read_file,
+    read_kernel_log,
+    read_live_log,
+)
+from gpucheck.probes.xid_table import ACTIONS, SEVERITIES, XID_TABLE
+from gpucheck.report import Section, Status
+from tests.fake_pynvml import FakeGpu, FakeNvml
+
+LOGS = Path(__file__).parent / "data" / "kernel_logs"
+GPU0 = GpuRecord(0, "NVIDIA H200", "GPU-00000000-0000-0000-0000-000000000000",
+                 "00000000:18:00.0")
+GPU1 = GpuRecord(1, "NVIDIA H200", "GPU-00000001-0000-0000-0000-000000000000",
+                 "00000000:3B:00.0")
+GPU1_LABEL = "GPU 1 (bus 0000:3B:00.0, GPU-00000001-0000-0000-0000-000000000000)"
+SECRETS = ("hunter2-kernel-secret", "journal-secret-fingerprint", "alice")
+
+
+def section_of(name: str, gpus: Sequence[GpuRecord] = (GPU0, GPU1)) -> Section:
+    return kernel_log_section(read_kernel_log(str(LOGS / name)), gpus)
+
+
+def xid_findings(section: Section, xid: int) -> list:
+    return [f for f in section.findings if f.message.startswith(f"XID {xid} ")]
+
+
+def row_of(section: Section, xid: int) -> dict:
+    (row,) = [r for r in section.data["xids"] if r["xid"] == xid]
+    return row
+
+
+# ---- verdicts from saved logs ----
+
+def test_a_clean_log_is_ok_and_names_its_source():
+    section = section_of("dmesg_clean.log")
+    (finding,) = section.findings
+    assert finding.status is Status.OK and finding.message.startswith("no Xid in the kernel log")
+    assert section.data["xids"] == [] and section.data["lines_scanned"] == 5
+    assert "dmesg_clean.log" in finding.message
+
+
+def test_xid_79_fails_once_per_gpu_naming_it_by_nvml_index_bus_id_and_uuid():
+    section = section_of("dmesg_fallen_off_bus.log")
+    (finding,) = xid_findings(section, 79)
+    assert finding.status is Status.FAIL and finding.subject == GPU1_LABEL
+    assert finding.hint.startswith("action: drain-node")
+    # Two Xid 79 lines; the "fallen off the bus" line is the same loss, not a third.
+    row = row_of(section, 79)
+    assert row["count"] == 2 and row["action"] == "drain-node"
+    assert (row["first"], row["last"]) == ("12345.678901 s after boot",
+                                           "12346.001002 s after boot")
+
+
+def test_a_fallen_off_the_bus_line_alone_still_fails_as_xid_79():
+    log = kl.scan_lines(["[  9.0] NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."])
+    section = kernel_log_section(KernelLog("dmesg", log.lines, tuple(log.events)), [GPU1])
+    (finding,) = xid_findings(section, 79)
+    assert finding.status is Status.FAIL and finding.subject == GPU1_LABEL
+
+
+def test_application_level_xids_alone_stay_ok_and_are_listed_as_information():
+    section = section_of("dmesg_T_app_level_only.log")
+    (finding,) = section.findings
+    assert finding.status is Status.OK and "not a GPU fault" in finding.message
+    for xid in (13, 43, 31, 45):
+        assert f"XID {xid} (" in finding.message and row_of(section, xid)["severity"] == "info"
+    assert row_of(section, 13)["count"] == 2
+    assert row_of(section, 13)["first"] == "Sat Nov 21 10:02:03 2026"  # dmesg -T stamps
+
+
+def test_application_level_xids_next_to_a_gpu_fault_do_not_hide_it():
+    section = section_of("dmesg_fallen_off_bus.log")
+    statuses = sorted(f.status.value for f in section.findings)
+    assert statuses == ["FAIL", "OK"]
+    (info,) = [f for f in section.findings if f.status is Status.OK]
+    assert "XID 13 (" in info.message and "XID 31 (" in info.message
+
+
+@pytest.mark.parametrize(("xid", "status", "action"), [
+    (94, Status.WARN, "restart-app"), (63, Status.WARN, "reset-gpu"),
+    (92, Status.WARN, "none"), (48, Status.FAIL, "drain-node"),
+    (64, Status.FAIL, "replace-hardware"), (95, Status.FAIL, "reset-gpu"),
+    (74, Status.FAIL, "reset-gpu"), (119, Status.FAIL, "reset-gpu"),
+    (120, Status.FAIL, "reset-gpu"),
+])
+def test_each_gpu_fault_xid_is_caught_with_its_status_and_action(xid, status, action):
+    section = section_of("journal_ecc_and_gsp.log")
+    (finding,) = xid_findings(section, xid)
+    assert finding.status is status and finding.check == "kernel_log.xid"
+    assert finding.hint.startswith(f"action: {action}:")
+    assert row_of(section, xid)["action"] == action
+
+
+def test_repeats_are_counted_with_the_first_and_last_time():
+    section = section_of("journal_ecc_and_gsp.log")
+    row = row_of(section, 94)
+    assert (row["count"], row["first"], row["last"]) == (
+        3, "2026-11-21T10:02:03+0000", "2026-11-21T10:07:44+0000")
+    (finding,) = xid_findings(section, 94)
+    assert "3 times, first 2026-11-21T10:02:03+0000, last 2026-11-21T10:07:44+0000" in (
+        finding.message)
+
+
+def test_an_unknown_xid_warns_pointing_at_nvidias_catalog():
+    (finding,) = xid_findings(section_of("journal_ecc_and_gsp.log"), 250)
+    assert finding.status is Status.WARN and "unknown XID 250" in finding.message
+    assert "docs.nvidia.com/deploy/xid-errors" in finding.hint
+
+
+def test_an_old_xid_line_without_pid_is_parsed_with_its_message():
+    row = row_of(section_of("journal_ecc_and_gsp.log"), 48)
+    assert row["sample"].startswith("An uncorrectable double bit error")
+
+
+def test_garbage_lines_are_tolerated_and_only_the_real_xid_is_kept():
+    log = read_kernel_log(str(LOGS / "garbage.log"))
+    assert log.lines_scanned == 9
+    assert [(e.xid, e.bus_id) for e in log.events] == [(62, "0000:01:00.0")]  # no "PCI:" prefix
+
+
+def test_a_long_driver_message_is_truncated_in_the_report():
+    row = row_of(section_of("journal_ecc_and_gsp.log"), 119)
+    assert len(row["sample"]) == kl.SAMPLE_CHARS and row["sample"].endswith("…")
+
+
+def test_no_kernel_line_other_than_nvrm_fields_reaches_the_report():
+    for name in ("dmesg_fallen_off_bus.log", "journal_ecc_and_gsp.log"):
+        text = json.dumps(section_of(name).to_dict())
+        assert not any(secret in text for secret in SECRETS)
+        assert "Linux version" not in text and "apparmor" not in text
+
+
+# ---- naming GPUs ----
+
+def test_bus_ids_match_whatever_the_domain_width_and_case():
+    lower = GpuRecord(1, "H200", GPU1.uuid, "0000:3b:00.0")
+    for gpu in (GPU1, lower):
+        (finding,) = xid_findings(section_of("dmesg_fallen_off_bus.log", [gpu]), 79)
+        assert finding.subject.startswith("GPU 1 (bus 0000:3B:00.0")
+
+
+def test_a_gpu_nvml_does_not_know_is_named_by_its_pci_id_and_the_logs_uuid():
+    section = section_of("journal_ecc_and_gsp.log", [GPU0])
+    (finding,) = xid_findings(section, 94)
+    assert finding.subject == "PCI:0000:86:00 (GPU-00000002-0000-0000-0000-000000000000)"
+    (finding,) = xid_findings(section, 48)
+    assert finding.subject == "PCI:0000:af:00" and "<index>" not in finding.hint
+
+
+def test_a_log_from_another_machine_is_not_pinned_on_this_machines_gpu_at_that_bus():
+    other = GpuRecord(7, "NVIDIA H200", "GPU-99999999-0000-0000-0000-000000000000",
+                      "00000000:3B:00.0")
+    (finding,) = xid_findings(section_of("dmesg_fallen_off_bus.log", [other]), 79)
+    assert finding.subject == "PCI:0000:3b:00 (GPU-00000001-0000-0000-0000-000000000000)"
+
+
+def test_the_reset_hint_names_the_mapped_gpus_nvml_index():
+    (finding,) = xid_findings(section_of("garbage.log", [GpuRecord(4, "H200", None,
+                                                                   "00000000:01:00.0")]), 62)
+    assert "nvidia-smi -r -i 4" in finding.hint and finding.subject.startswith("GPU 4 ")
+
+
+# ---- reading files ----
+
+def test_kern_log_keeps_only_the_current_boot():
+    path = str(LOGS / "kern_log_two_boots.log")
+    assert [e.xid for e in read_file(path, boot_cut=True).events] == [43, 45]
+    assert [e.xid for e in read_file(path).events] == [79, 79, 43, 45]  # a saved file: all
+    assert read_file(path, boot_cut=True).events[0].time == "Nov 21 10:02:03"
+
+
+def test_a_gzipped_saved_log_is_read(tmp_path):
+    packed = tmp_path / "dmesg.txt.gz"
+    packed.write_bytes(gzip.compress((LOGS / "dmesg_fallen_off_bus.log").read_bytes()))
+    assert [e.xid for e in read_kernel_log(str(packed)).events if not e.off_bus_line] == [
+        13, 13, 31, 79, 79]
+
+
+def test_only_the_tail_of_a_huge_log_is_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(kl, "MAX_READ_BYTES", 200)
+    path = tmp_path / "kern.log"
+    lines = [f"Nov 21 10:00:{i:02d} n kernel: NVRM: Xid (PCI:0000:18:00): 13, x\n"
+             for i in range(20)]
+    path.write_text("".join(lines))
+    log = read_file(str(path))
+    assert 0 < log.lines_scanned < 20 and log.note and "last" in log.note
+    assert log.events[-1].time == "Nov 21 10:00:19"
+
+
+def test_an_empty_saved_log_is_skipped_not_called_clean(tmp_path):
+    empty = tmp_path / "dmesg.txt"
+    empty.write_text("")
+    (finding,) = kernel_log_section(read_kernel_log(str(empty)), [GPU0]).findings
+    assert finding.status is Status.SKIP and "empty" in finding.message
+
+
+# ---- the live sources, with fake runners ----
+
+def runner(**answers):
+    """A fake command runner: answers[command] is a CompletedProcess or an exception."""
+    calls: list[tuple[str, float]] = []
+
+    def run(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+        calls.append((argv[0], timeout_s))
+        answer = answers[argv[0]]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+    run.calls = calls  # type: ignore[attr-defined]
+    return run
+
+
+def done(stdout: str = "", stderr: str = "", rc: int = 0) -> subprocess.CompletedProcess[str]:
+    return subprocess.CompletedProcess(["x"], rc, stdout, stderr)
+
+
+DENIED = done(stderr="dmesg: read kernel buffer failed: Operation not permitted\n", rc=1)
+JOURNAL = (LOGS / "journal_ecc_and_gsp.log").read_text()
+
+
+def test_dmesg_is_used_when_this_user_may_read_it():
+    fake = runner(dmesg=done((LOGS / "dmesg_fallen_off_bus.log").read_text()))
+    log = read_live_log(fake, syslog_files=())
+    assert log.source == "dmesg" and log.not_read == () and fake.calls == [("dmesg", 5.0)]
+
+
+def test_dmesg_restrict_falls_back_to_journalctl_and_says_why():
+    log = read_live_log(runner(dmesg=DENIED, journalctl=done(JOURNAL)), syslog_files=())
+    assert log.source == "journalctl -k -b" and 94 in {e.xid for e in log.events}
+    (reason,) = log.not_read
+    assert "Operation not permitted" in reason and "dmesg_restrict" in reason
+
+
+def test_a_journal_this_user_cannot_read_falls_back_to_kern_log_of_this_boot(tmp_path):
+    kern = tmp_path / "kern.log"
+    kern.write_text((LOGS / "kern_log_two_boots.log").read_text())
+    empty = done("-- No entries --\n", "Hint: You are currently not seeing messages from other "
+                 "users and the system.\n")
+    log = read_live_log(runner(dmesg=DENIED, journalctl=empty), syslog_files=[str(kern)])
+    assert log.source == str(kern) and [e.xid for e in log.events] == [43, 45]
+    assert len(log.not_read) == 2 and "not seeing messages" in log.not_read[1]
+
+
+def test_no_readable_source_is_a_skip_naming_each_reason(tmp_path):
+    fake = runner(dmesg=FileNotFoundError("dmesg"),
+                  journalctl=subprocess.TimeoutExpired("journalctl", 10.0))
+    log = read_live_log(fake, syslog_files=[str(tmp_path / "kern.log"), str(tmp_path)])
+    section = kernel_log_section(log, [GPU0])
+    (finding,) = section.findings
+    assert finding.status is Status.SKIP and finding.check == "kernel_log.read"
+    for reason in ("dmesg: not installed", "journalctl -k -b: no answer within 10 s",
+                   "kern.log: not present", "Is a directory", "--kernel-log"):
+        assert reason in finding.message
+    assert fake.calls == [("dmesg", 5.0), ("journalctl", 10.0)]
+
+
+def test_the_real_runner_passes_its_timeout_and_reports_a_hang(monkeypatch):
+    seen = {}
+
+    def hanging_run(argv, **kwargs):
+        seen.update(kwargs)
+        raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+    monkeypatch.setattr(kl.subprocess, "run", hanging_run)
+    log = read_live_log(syslog_files=())
+    assert seen["timeout"] == kl.JOURNAL_TIMEOUT_S and seen["stdin"] is subprocess.DEVNULL
+    assert log.source is None and "dmesg: no answer within 5 s" in log.not_read
+
+
+def test_a_crashed_kernel_log_probe_is_a_fail_naming_the_error():
+    (finding,) = kernel_log_section(None, [], "RuntimeError: boom").findings
+    assert finding.status is Status.FAIL and "boom" in finding.message
+
+
+def test_every_table_entry_uses_a_known_severity_and_action():
+    for xid, info in XID_TABLE.items():
+        assert info.xid == xid and info.severity in SEVERITIES and info.action in ACTIONS
+    assert {x for x, i in XID_TABLE.items() if i.severity == "fail"} >= {48, 64, 74, 79, 95,
+                                                                          119, 120}
+    assert {x for x, i in XID_TABLE.items() if i.severity == "info"} >= {13, 31, 43, 45}
+
+
+# ---- gpucheck env --kernel-log ----
+
+@pytest.mark.parametrize("bad", ["/nonexistent/dmesg.txt", "DIR"])
+def test_an_unreadable_kernel_log_is_a_one_line_usage_error(bad, tmp_path, capsys):
+    path = str(tmp_path) if bad == "DIR" else bad
+    assert main(["env", "--kernel-log", path, "--no-gpu-test"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("gpucheck env: error: --kernel-log ")
+
+
+def test_gpucheck_env_with_a_saved_dmesg_fails_naming_the_lost_gpu(tmp_path, monkeypatch):
+    fake = FakeNvml([FakeGpu(bus_id="00000000:18:00.0"), FakeGpu(bus_id="00000000:3B:00.0")])
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    out = tmp_path / "report.json"
+    rc = main(["env", "--kernel-log", str(LOGS / "dmesg_fallen_off_bus.log"), "--no-gpu-test",
+               "--format", "json", "-o", str(out), "-q"])
+    report = json.loads(out.read_text())
+    (section,) = [s for s in report["sections"] if s["name"] == "kernel_log"]
+    failed = [f for f in section["findings"] if f["status"] == "FAIL"]
+    assert [f["subject"] for f in failed] == [GPU1_LABEL] and "XID 79" in failed[0]["message"]
+    assert rc == 1 and report["verdict"] == "FAIL"
+    assert not any(secret in out.read_text() for secret in SECRETS[:2])
