@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from gpucheck.errors import UsageError
+from gpucheck.probes.kernel_log import checked_kernel_log_path
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S
 from gpucheck.probes.runner import collect_env_report
 from gpucheck.report import Report
@@ -23,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="SECONDS",
                         help="give up on an NVML call after this long (default: "
                              f"{DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--kernel-log", metavar="FILE", default=None,
+                        help="read Xid errors from this saved kernel log (dmesg, journalctl -k, "
+                             "kern.log; .gz too) instead of this boot's log")
 
 
 def run(args: argparse.Namespace) -> Report | None:
@@ -31,7 +35,9 @@ def run(args: argparse.Namespace) -> Report | None:
     timeout = getattr(args, "nvml_timeout", DEFAULT_TIMEOUT_S)
     if not timeout > 0:
         raise UsageError(f"--nvml-timeout must be positive, not {timeout}")
+    kernel_log = checked_kernel_log_path(getattr(args, "kernel_log", None))
     # Under torchrun/srun with several ranks: each node's local rank 0 probes, rank 0
     # compares the nodes (gpucheck.distributed.envgather); otherwise just this machine.
     return gather_env_reports(lambda: collect_env_report(
-        gpu_test=getattr(args, "gpu_test", True), nvml_timeout_s=timeout))
+        gpu_test=getattr(args, "gpu_test", True), nvml_timeout_s=timeout,
+        kernel_log=kernel_log))

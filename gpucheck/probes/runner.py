@@ -28,6 +28,7 @@ from gpucheck.probes.gpus import (
     probe_nvml,
 )
 from gpucheck.probes.gputest import GpuTestRun, probe_gputest
+from gpucheck.probes.kernel_log import kernel_log_section, read_kernel_log
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S, Nvml
 from gpucheck.probes.pyenv import TorchvisionCheck, probe_pyenv
 from gpucheck.probes.system import probe_system
@@ -89,13 +90,15 @@ def _section(outcome: Outcome, name: str) -> Section:
     return outcome.value if outcome.error is None else crashed_section(name, outcome.error)
 
 
-def _phase1(nvml_timeout_s: float, environ: Mapping[str, str]) -> dict[str, Outcome]:
+def _phase1(nvml_timeout_s: float, environ: Mapping[str, str],
+            kernel_log: str | None = None) -> dict[str, Outcome]:
     return run_concurrently({
         "torch": probe_torch,
         "nvml": lambda: probe_nvml(Nvml(nvml_timeout_s)),
         "system": probe_system,
         "python": probe_pyenv,
         "environment": lambda: probe_envvars(environ),
+        "kernel_log": lambda: read_kernel_log(kernel_log),
     }, PHASE1_TIMEOUT_S)
 
 
@@ -137,10 +140,11 @@ def _gpu_test(info: TorchInfo, enabled: bool, nvml_gpus: list[GpuRecord],
 
 
 def collect_env_report(gpu_test: bool = True, nvml_timeout_s: float = DEFAULT_TIMEOUT_S,
-                       environ: Mapping[str, str] | None = None) -> Report:
+                       environ: Mapping[str, str] | None = None,
+                       kernel_log: str | None = None) -> Report:
     """Every env probe, as one Report (also the unit a multi-node gather collects)."""
     environ = dict(os.environ if environ is None else environ)
-    phase1 = _phase1(nvml_timeout_s, environ)
+    phase1 = _phase1(nvml_timeout_s, environ, kernel_log)
     torch_section, info = _torch_parts(phase1["torch"])
     # Forked only now, with every phase-1 thread finished (no lock held mid-fork).
     torchvision = TorchvisionCheck(sys.modules.get("torch") if info.imported else None)
@@ -159,6 +163,8 @@ def collect_env_report(gpu_test: bool = True, nvml_timeout_s: float = DEFAULT_TI
     report.add(probe_consistency(driver.gpu_count, gpus, info,
                                  environ.get("CUDA_VISIBLE_DEVICES")))
     report.add(_gpu_test(info, gpu_test, gpus))
+    xids = phase1["kernel_log"]
+    report.add(kernel_log_section(xids.value, gpus, xids.error))
     report.add(_section(phase1["environment"], "environment"))
     python.findings.append(torchvision.finding())
     return report
