@@ -108,6 +108,28 @@ def test_missing_weights_file_is_a_usage_error(capsys: pytest.CaptureFixture[str
     assert "no such file" in usage_error(capsys, "--weights", str(tmp_path / "w.pt"))
 
 
+@pytest.mark.parametrize("content", [
+    bytes(range(256)) * 64,  # random-looking bytes: torch.load raises UnpicklingError
+    b"layer1.weight = 0.5\nnot a checkpoint\n",  # a text file: torch.load raises KeyError
+    b"",  # an empty file: EOFError
+], ids=["binary", "text", "empty"])
+def test_a_weights_file_torch_cannot_read_is_a_usage_error(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "w.pt"
+    path.write_bytes(content)
+    line = usage_error(capsys, "--weights", str(path))
+    assert str(path) in line and "torch.save(model.state_dict(), path)" in line
+
+
+def test_a_weights_file_holding_no_state_dict_is_a_usage_error(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import torch
+
+    path = tmp_path / "w.pt"
+    torch.save(torch.zeros(3), path)
+    assert "holds a Tensor, not a state_dict" in usage_error(capsys, "--weights", str(path))
+
+
 def test_imagenet_weights_offline_say_how_to_get_them(capsys: pytest.CaptureFixture[str],
                                                       monkeypatch: pytest.MonkeyPatch,
                                                       tmp_path: Path) -> None:

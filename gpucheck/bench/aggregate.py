@@ -18,6 +18,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpucheck.devices import GpuIdentity
 from gpucheck.distributed.nodes import group_by_node
 
 DEFAULT_STRAGGLER_THRESHOLD = 0.10
@@ -41,6 +42,18 @@ class RankRecord:
     device_s: float  # device busy time (CUDA events); on CPU the loop's wall time
     peak_memory_bytes: int | None  # CUDA: max allocated; CPU: the process's peak RSS
     threads: int
+    # The physical GPU (None on CPU): `device` is the CUDA ordinal in the rank's own
+    # process, which under SLURM's per-task binding is cuda:0 on every rank.
+    nvml_index: int | None = None
+    pci_bus_id: str | None = None
+
+    def gpu_label(self) -> str:
+        """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)" on CUDA; the CPU's name."""
+        if not self.device.startswith("cuda"):
+            return self.device_name
+        ordinal = int(self.device.partition(":")[2] or 0)
+        return GpuIdentity(ordinal, self.nvml_index, self.device_name, self.pci_bus_id,
+                           self.device_uuid).label()
 
     @property
     def images_per_s(self) -> float:

@@ -75,7 +75,8 @@ def rank_rows(records: tuple[RankRecord, ...], summary: BenchSummary) -> list[di
 def detail_rows(records: tuple[RankRecord, ...]) -> list[dict[str, Any]]:
     return [{
         "rank": r.rank, "node_rank": r.node_rank, "local_rank": r.local_rank,
-        "device": r.device, "uuid": r.device_uuid, "peak_memory_bytes": r.peak_memory_bytes,
+        "device": r.device, "nvml_index": r.nvml_index, "pci_bus_id": r.pci_bus_id,
+        "uuid": r.device_uuid, "peak_memory_bytes": r.peak_memory_bytes,
         "threads": r.threads, "span_s": r.span_s,
     } for r in sorted(records, key=lambda r: r.rank)]
 
@@ -85,7 +86,7 @@ def straggler_findings(records: tuple[RankRecord, ...], summary: BenchSummary) -
     pct = f"{summary.threshold:.0%}"
     findings = [warn(
         "bench.rank.straggler",
-        f"rank {rank} on {by_rank[rank].host} ({by_rank[rank].device_name}) took "
+        f"rank {rank} on {by_rank[rank].host} ({by_rank[rank].gpu_label()}) took "
         f"{summary.vs_median[rank]:.2f}x the median rank time "
         f"({by_rank[rank].wall_s:.3g} s vs {summary.median_wall_s:.3g} s)",
         hint=_straggler_hint(by_rank[rank]),
@@ -148,9 +149,7 @@ def _wrong_rank(record: RankRecord, result: Consistency, n_ranks: int) -> Findin
     tie = " (with 2 ranks the check cannot tell which one is wrong)" if n_ranks == 2 else ""
     return fail(
         "bench.consistency",
-        f"rank {record.rank} on {record.host} ({record.device_name}"
-        + (f", {record.device_uuid}" if record.device_uuid else "")
-        + f") computed {what}{tie}",
+        f"rank {record.rank} on {record.host} ({record.gpu_label()}) computed {what}{tie}",
         hint="a GPU that computes wrong answers: rerun, then run the vendor's diagnostics "
              "(dcgmi diag -r 3) and take it out of service if it repeats",
         subject=f"rank {record.rank}",

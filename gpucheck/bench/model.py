@@ -7,9 +7,11 @@ rank starts (`check_model`, `resolve_weights`), so a typo is a one-line error.
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpucheck.errors import UsageError
 
@@ -43,7 +45,11 @@ def check_model(name: str) -> None:
 
 
 def resolve_dtype(requested: str, device: str) -> str:
-    """`auto`: bf16 on GPUs that support it, else fp16 on GPU, fp32 on CPU."""
+    """`auto`: bf16 on GPUs with native bf16 (Ampere and newer), else fp16; fp32 on CPU.
+
+    `is_bf16_supported()` alone also says yes on pre-Ampere GPUs, where bf16 runs
+    emulated and far slower than fp16: the benchmark would measure the emulation.
+    """
     if requested not in DTYPES:
         raise UsageError(f"--dtype {requested!r} is unknown; use one of {', '.join(DTYPES)}")
     if requested != "auto":
@@ -52,7 +58,7 @@ def resolve_dtype(requested: str, device: str) -> str:
         return "fp32"
     import torch
 
-    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -94,13 +100,41 @@ def _imagenet_file(model: str, download: bool) -> str:
 
 
 def _check_state_dict(path: str, model: str) -> None:
+    """Load the file and fit it into the model here, before any rank starts."""
+    import torchvision
+
+    state = _load_state_dict(path)
     try:
-        build_model(model, WeightsChoice("path", path))
-    except (RuntimeError, OSError, KeyError, ValueError) as exc:
+        torchvision.models.get_model(model, weights=None).load_state_dict(state)
+    except (RuntimeError, KeyError, ValueError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(f"--weights {path} does not load into {model}: {first}; save "
                          f"{model}'s state_dict with torch.save(model.state_dict(), path)"
                          ) from None
+
+
+def _load_state_dict(path: str) -> Mapping[str, Any]:
+    """The file's state_dict; a file torch cannot read is bad input, not a crash.
+
+    A corrupt or non-torch file fails in torch.load with whatever its bytes provoke
+    (UnpicklingError, KeyError, EOFError, ...), so every exception is caught here.
+    """
+    import torch
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4" before failing
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else (
+            type(exc).__name__)
+        raise UsageError(f"--weights {path} is not a saved state_dict torch can read "
+                         f"({reason}); save one with torch.save(model.state_dict(), path), "
+                         "or use --weights random") from None
+    if not isinstance(state, Mapping):
+        raise UsageError(f"--weights {path} holds a {type(state).__name__}, not a state_dict; "
+                         "save one with torch.save(model.state_dict(), path)")
+    return state
 
 
 def build_model(name: str, weights: WeightsChoice) -> torch.nn.Module:

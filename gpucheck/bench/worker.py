@@ -27,7 +27,7 @@ from gpucheck.bench.aggregate import RankRecord
 from gpucheck.bench.model import WeightsChoice
 from gpucheck.bench.progress import Progress
 from gpucheck.distributed import progress
-from gpucheck.distributed.session import process_group
+from gpucheck.distributed.session import gpu_identity, process_group
 from gpucheck.distributed.world import World, host_name
 
 if TYPE_CHECKING:
@@ -144,10 +144,11 @@ def _prepare(spec: BenchSpec, world: World,
 
 
 def _device(spec: BenchSpec, world: World) -> torch.device:
+    """This rank's device: its GPU among those this process sees (not its local rank)."""
     import torch
 
-    return torch.device("cuda", world.local_rank) if spec.device == "cuda" else torch.device(
-        "cpu")
+    return torch.device("cuda", world.device_index) if spec.device == "cuda" else (
+        torch.device("cpu"))
 
 
 def _apply_test_hook(model: torch.nn.Module, rank: int) -> torch.nn.Module:
@@ -173,16 +174,24 @@ def _measure(spec: BenchSpec, world: World, ddp: Any, batch: torch.Tensor,
         timing = _timed_loop(ddp, batch, iters, spec, world, bar)
         progress.set_step("consistency batch")
         output = ddp(check_batch).float().cpu()
-    record = RankRecord(
+    return _record(spec, world, iters, timing, threads), output
+
+
+def _record(spec: BenchSpec, world: World, iters: int, timing: tuple[float, float, float],
+            threads: int) -> RankRecord:
+    """This rank's record, naming the physical GPU it ran on (NVML index, bus id, UUID)."""
+    gpu = gpu_identity() if spec.device == "cuda" else None
+    return RankRecord(
         rank=world.rank, host=host_name(), node_rank=world.node_rank,
         local_rank=world.local_rank, device=str(_device(spec, world)),
-        device_name=_device_name(spec.device, world.local_rank),
-        device_uuid=_device_uuid(spec.device, world.local_rank),
+        device_name=(gpu.name or "GPU") if gpu else _cpu_name(),
+        device_uuid=gpu.uuid if gpu else None,
         images=iters * spec.batch_size, iters=iters, wall_s=timing[0], span_s=timing[1],
-        device_s=timing[2], peak_memory_bytes=_peak_memory(spec.device, world.local_rank),
+        device_s=timing[2], peak_memory_bytes=_peak_memory(spec.device, world.device_index),
         threads=threads,
+        nvml_index=gpu.nvml_index if gpu else None,
+        pci_bus_id=gpu.pci_bus_id if gpu else None,
     )
-    return record, output
 
 
 def _warm_up(ddp: Any, batch: torch.Tensor, warmup: int, device: str, bar: Progress) -> float:
@@ -214,7 +223,7 @@ def _agree_iters(per_iter_s: float, spec: BenchSpec, world: World) -> int:
 def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, world: World,
                 bar: Progress) -> tuple[float, float, float]:
     """(wall_s, span_s, device_s): barrier, clock, loop, device sync, clock, barrier, clock."""
-    _reset_peak_memory(spec.device, world.local_rank)
+    _reset_peak_memory(spec.device, world.device_index)
     events = _cuda_events() if spec.device == "cuda" else None
     _barrier(spec, world)
     started = time.perf_counter()
@@ -234,10 +243,12 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
 
 
 def _barrier(spec: BenchSpec, world: World) -> None:
+    """On CUDA name this rank's GPU: without device_ids NCCL's barrier guesses it and
+    warns "barrier(): using the device under current context"."""
     import torch.distributed as dist
 
     if spec.device == "cuda":
-        dist.barrier(device_ids=[world.local_rank])
+        dist.barrier(device_ids=[world.device_index])
     else:
         dist.barrier()
 
@@ -255,14 +266,14 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _reset_peak_memory(device: str, index: int) -> None:
+def _reset_peak_memory(device: str, index: int | None) -> None:
     import torch
 
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats(index)
 
 
-def _peak_memory(device: str, index: int) -> int | None:
+def _peak_memory(device: str, index: int | None) -> int | None:
     if device == "cuda":
         import torch
 
@@ -273,23 +284,6 @@ def _peak_memory(device: str, index: int) -> int | None:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
     except (ImportError, OSError):
         return None
-
-
-def _device_name(device: str, index: int) -> str:
-    if device == "cuda":
-        import torch
-
-        return str(torch.cuda.get_device_name(index))
-    return _cpu_name()
-
-
-def _device_uuid(device: str, index: int) -> str | None:
-    if device != "cuda":
-        return None
-    import torch
-
-    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-    return f"GPU-{uuid}" if uuid is not None else None
 
 
 def _cpu_name() -> str:

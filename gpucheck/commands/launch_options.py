@@ -41,9 +41,16 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _visible_gpus() -> int:
+    """The GPUs CUDA really gives this process: one rank per GPU.
+
+    Not `torch.cuda.device_count()`, which before CUDA starts answers from NVML and
+    counts every MIG instance in CUDA_VISIBLE_DEVICES, though CUDA enumerates only one.
+    """
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    from gpucheck.devices import cuda_device_count
+
+    return cuda_device_count(torch)
 
 
 def plan_launch(args: argparse.Namespace) -> LaunchPlan:

@@ -1,8 +1,9 @@
 """Who is in the job, and who stopped answering: check-in and roll call on the c10d store.
 
-Before any collective, every rank writes who it is (rank, host, local rank, device,
-pid) under its own key of the job's key-value store and waits for the others. A rank
-that never arrives is named by rank, with the node and local rank it should have had.
+Before any collective, every rank writes who it is (rank, host, local rank, device, on
+CUDA the physical GPU by NVML index, PCI bus id and UUID, pid) under its own key of the
+job's key-value store and waits for the others. A rank that never arrives is named by
+rank, with the node and local rank it should have had.
 After a collective fails, the ranks still running answer a roll call on the same
 store; the ranks that do not answer are the ones that hang (stopped, or stuck on a GPU).
 A store needs no collective to work, so neither step can itself hang on a dead peer.
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpucheck.devices import GpuIdentity
 from gpucheck.distributed import progress
 from gpucheck.distributed.world import World, host_name
 
@@ -34,8 +36,12 @@ class RankInfo:
     local_rank: int
     node_rank: int
     host: str
-    device: str
+    device: str  # "cpu", or "cuda:0 GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)"
     pid: int
+    # The physical GPU on CUDA (None on CPU, or when NVML cannot tell the index).
+    nvml_index: int | None = None
+    pci_bus_id: str | None = None
+    uuid: str | None = None
 
     def describe(self) -> str:
         return (f"rank {self.rank} (node {self.node_rank} {self.host}, local rank "
@@ -79,20 +85,19 @@ def _key(kind: str, rank: int | str) -> str:
     return f"{_PREFIX}/{attempt}/{kind}/{rank}"
 
 
-def describe_device(device: str, local_rank: int) -> str:
-    if device != "cuda":
-        return "cpu"
-    import torch
+def this_rank(world: World, gpu: GpuIdentity | None) -> RankInfo:
+    """This rank as it checks in: where it runs and, on CUDA, which physical GPU it uses
+    (`world.device_index` is its CUDA ordinal; `gpu` names that GPU)."""
+    if gpu is None:
+        return RankInfo(world.rank, world.local_rank, world.node_rank, host_name(), "cpu",
+                        os.getpid())
+    return RankInfo(world.rank, world.local_rank, world.node_rank, host_name(),
+                    f"cuda:{gpu.cuda_ordinal} {gpu.label()}", os.getpid(),
+                    nvml_index=gpu.nvml_index, pci_bus_id=gpu.pci_bus_id, uuid=gpu.uuid)
 
-    props = torch.cuda.get_device_properties(local_rank)
-    uuid = getattr(props, "uuid", None)
-    return f"cuda:{local_rank} {props.name}" + (f" GPU-{uuid}" if uuid else "")
 
-
-def check_in(store: Any, world: World, device: str, timeout_s: float) -> list[RankInfo]:
-    """Announce this rank and wait for every other one; return all, ordered by rank."""
-    me = RankInfo(world.rank, world.local_rank, world.node_rank, host_name(),
-                  describe_device(device, world.local_rank), os.getpid())
+def check_in(store: Any, world: World, me: RankInfo, timeout_s: float) -> list[RankInfo]:
+    """Announce this rank (`me`) and wait for every other one; return all, ordered by rank."""
     store.set(_key("checkin", world.rank), json.dumps(asdict(me)))
     counter = _key("checkin", "count")
     store.add(counter, 1)

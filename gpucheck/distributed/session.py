@@ -18,25 +18,26 @@ import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
+from gpucheck.devices import GpuIdentity
 from gpucheck.distributed import progress
 from gpucheck.distributed.checkin import (
     CheckInFailed,
     RankInfo,
     RanksUnresponsive,
     check_in,
-    describe_device,
     roll_call,
     roll_call_window_s,
+    this_rank,
 )
 from gpucheck.distributed.world import World, host_name, world_from_env
 
 SINGLE = World(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                master_addr="127.0.0.1", master_port=0, launcher="none")
 
-_session: dict[str, Any] = {"roster": []}
+_session: dict[str, Any] = {"roster": [], "gpu": None}
 
 _COMM_ERROR_WORDS = ("timed out", "timeout", "connection", "gloo", "nccl", "peer", "socket")
 
@@ -44,6 +45,11 @@ _COMM_ERROR_WORDS = ("timed out", "timeout", "connection", "gloo", "nccl", "peer
 def roster() -> list[RankInfo]:
     """Every rank of the current job as it checked in (host, node, device, pid)."""
     return list(_session["roster"])
+
+
+def gpu_identity() -> GpuIdentity | None:
+    """The physical GPU this rank uses (None on CPU): NVML index, bus id, UUID."""
+    return _session["gpu"]
 
 
 def is_comm_error(exc: BaseException) -> bool:
@@ -61,7 +67,7 @@ def _job_store(world: World, timeout: _dt.timedelta) -> Any:
     import torch.distributed as dist
     from torch.distributed.rendezvous import _agent_store_serves
 
-    if world is SINGLE:
+    if world.launcher == "none":
         return dist.HashStore()
     addr, port = world.master_addr, world.master_port
     try:
@@ -75,31 +81,56 @@ def _job_store(world: World, timeout: _dt.timedelta) -> Any:
                          "the port may be in use: set MASTER_PORT")) from exc
 
 
-def _single_roster(device: str) -> list[RankInfo]:
-    return [RankInfo(0, 0, 0, host_name(), describe_device(device, 0), os.getpid())]
+def bind_device(device: str, world: World) -> World:
+    """Choose and set this rank's GPU; the world with its `device_index` (None on CPU).
+
+    The one place a local rank becomes a device index: every later use (set_device,
+    barriers, memory statistics, the GPU's identity) reads `world.device_index`.
+    Under torchrun local rank k sees every GPU and uses cuda:k; under
+    `srun --gpus-per-task=1` or `--gpu-bind` it sees only its own, cuda:0.
+    """
+    if device != "cuda":
+        return world
+    import torch
+
+    from gpucheck.devices import cuda_device_count, local_device_index
+
+    index = local_device_index(world.local_rank, cuda_device_count(torch))
+    torch.cuda.set_device(index)
+    # Without blocking wait NCCL's watchdog aborts the process on timeout,
+    # before this rank can say which peer did not answer.
+    os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+    return replace(world, device_index=index)
+
+
+def _identify(world: World) -> GpuIdentity | None:
+    if world.device_index is None:
+        return None
+    import torch
+
+    from gpucheck.devices import cuda_identity
+
+    return cuda_identity(torch, world.device_index)
 
 
 @contextmanager
 def process_group(backend: str, device: str, timeout_s: float) -> Iterator[World]:
     """Check in, join the job's process group (or a private one-rank group) for the block.
 
-    `timeout_s` bounds the check-in and every collective. A failed collective
-    leaves as `RanksUnresponsive` naming the ranks that did not answer.
+    The world it yields carries this rank's `device_index` on CUDA. `timeout_s`
+    bounds the check-in and every collective. A failed collective leaves as
+    `RanksUnresponsive` naming the ranks that did not answer.
     """
-    import torch
     import torch.distributed as dist
 
-    world = world_from_env() or SINGLE
-    if device == "cuda":
-        torch.cuda.set_device(world.local_rank)
-        # Without blocking wait NCCL's watchdog aborts the process on timeout,
-        # before this rank can say which peer did not answer.
-        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+    world = bind_device(device, world_from_env() or SINGLE)
+    # Named before the check-in, so a slow NVML attach does not eat its window.
+    _session["gpu"] = _identify(world)
+    me = this_rank(world, _session["gpu"])
     timeout = _dt.timedelta(seconds=timeout_s)
     progress.set_step("check-in")
     store = _job_store(world, timeout)
-    infos = _single_roster(device) if world is SINGLE else check_in(store, world, device,
-                                                                     timeout_s)
+    infos = [me] if world.launcher == "none" else check_in(store, world, me, timeout_s)
     _session["roster"] = infos
     if world.rank == 0:
         progress.publish_roster([asdict(i) for i in infos])

@@ -25,6 +25,10 @@ class World:
     master_addr: str
     master_port: int
     launcher: str  # "torchrun" (or the elastic agent gpucheck starts), "slurm", "none"
+    # The CUDA ordinal this rank computes on, among the GPUs this process can see; set
+    # by `process_group` on CUDA (None on CPU). Not the local rank: under
+    # `srun --gpus-per-task=1` every task sees one GPU, its cuda:0.
+    device_index: int | None = None
 
     @property
     def is_reporter(self) -> bool:

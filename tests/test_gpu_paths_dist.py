@@ -1,0 +1,187 @@
+"""The CUDA paths of the rank frame and of bench, on a machine without a GPU.
+
+A fake CUDA (`FakeCuda`) answers like a process that sees `visible` GPUs out of
+more physical ones: an ordinal it cannot see fails with "invalid device ordinal",
+as real CUDA does under `srun --gpus-per-task=1` or with MIG. The process group
+itself is real (gloo, one rank), so only the device calls are faked.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from comm_workers import free_port
+
+from gpucheck.bench import model as bench_model
+from gpucheck.bench import worker as bench_worker
+from gpucheck.bench.model import WeightsChoice
+from gpucheck.commands import launch_options
+from gpucheck.distributed.session import process_group, roster
+
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS",
+                 "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_NODEID", "GPUCHECK_RUN_DIR")
+
+
+def bus_id(physical: int) -> str:
+    return f"00000000:{0x18 + physical:02X}:00.0"
+
+
+@dataclass
+class FakeCuda:
+    """CUDA as a process sees it: `physical[i]` is the NVML index behind cuda:i."""
+
+    physical: list[int]
+    nvml_count: int  # what torch.cuda.device_count() says before CUDA starts
+    calls: list[tuple[str, int]] = field(default_factory=list)
+
+    def _check(self, what: str, index: Any) -> int:
+        index = int(getattr(index, "index", index) or 0)
+        self.calls.append((what, index))
+        if not 0 <= index < len(self.physical):
+            raise RuntimeError("CUDA error: invalid device ordinal")
+        return index
+
+    def props(self, index: Any) -> SimpleNamespace:
+        gpu = self.physical[self._check("props", index)]
+        return SimpleNamespace(name="NVIDIA H200", major=9, pci_domain_id=0,
+                               pci_bus_id=0x18 + gpu, pci_device_id=0,
+                               uuid=f"00000000-0000-0000-0000-{gpu:012d}")
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import torch
+
+        from gpucheck import devices
+
+        by_bus = {bus_id(p): p for p in self.physical}
+        patches: dict[str, Any] = {
+            "is_available": lambda: True,
+            "device_count": lambda: self.nvml_count,
+            "set_device": lambda i: self._check("set_device", i),
+            "get_device_properties": self.props,
+            "get_device_name": lambda i=0: self.props(i).name,
+            "reset_peak_memory_stats": lambda i=None: self._check("reset_peak", i),
+            "max_memory_allocated": lambda i=None: self._check("peak", i) + 1000,
+        }
+        for name, fake in patches.items():
+            monkeypatch.setattr(torch.cuda, name, fake)
+        monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", lambda: len(self.physical))
+        monkeypatch.setattr(devices, "nvml_index_by_bus_id",
+                            lambda bus, nvml=None: by_bus.get(bus or ""))
+
+
+@pytest.fixture
+def no_launcher(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    for var in LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    yield monkeypatch
+
+
+def srun_task(monkeypatch: pytest.MonkeyPatch, local_id: int) -> None:
+    """This process as an srun task with SLURM_LOCALID `local_id` (a one-task step, so
+    the process group needs no peer)."""
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_LOCALID", str(local_id))
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "localhost")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+
+
+def launch_args(**given: Any) -> argparse.Namespace:
+    values = {"timeout": 30.0, "device": None, "n_gpus": None, "backend": "gloo",
+              "master_port": None} | given
+    return argparse.Namespace(**values)
+
+
+def test_the_rank_count_under_mig_is_cudas_count_not_nvmls(
+        no_launcher: pytest.MonkeyPatch) -> None:
+    # CUDA_VISIBLE_DEVICES=MIG-a,MIG-b: NVML counts 2, CUDA enumerates only the first.
+    FakeCuda(physical=[0], nvml_count=2).install(no_launcher)
+    plan = launch_options.plan_launch(launch_args())
+    assert (plan.device, plan.nproc) == ("cuda", 1)
+
+
+def test_more_ranks_than_mig_instances_cuda_gives_is_a_usage_error(
+        no_launcher: pytest.MonkeyPatch) -> None:
+    from gpucheck.errors import UsageError
+
+    FakeCuda(physical=[0], nvml_count=2).install(no_launcher)
+    with pytest.raises(UsageError, match="only 1 GPU"):
+        launch_options.plan_launch(launch_args(n_gpus=2))
+
+
+def test_an_srun_task_bound_to_one_gpu_uses_cuda_0_whatever_its_local_id(
+        no_launcher: pytest.MonkeyPatch) -> None:
+    cuda = FakeCuda(physical=[3], nvml_count=1)
+    cuda.install(no_launcher)
+    srun_task(no_launcher, local_id=3)
+    with process_group("gloo", "cuda", timeout_s=30) as world:
+        me = roster()[0]
+    assert world.local_rank == 3 and world.device_index == 0
+    assert ("set_device", 0) in cuda.calls
+    assert me.device.startswith("cuda:0 GPU 3 (NVIDIA H200")
+    assert (me.nvml_index, me.pci_bus_id, me.uuid) == (
+        3, bus_id(3), "GPU-00000000-0000-0000-0000-000000000003")
+    assert "GPU 3" in me.describe()
+
+
+def test_under_torchrun_local_rank_k_uses_cuda_k_and_names_its_gpu(
+        no_launcher: pytest.MonkeyPatch) -> None:
+    cuda = FakeCuda(physical=[4, 5, 6], nvml_count=3)
+    cuda.install(no_launcher)
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+        no_launcher.setenv(name, value)
+    with process_group("gloo", "cuda", timeout_s=30) as world:
+        me = roster()[0]
+    assert world.device_index == 2
+    assert me.nvml_index == 6 and me.device.startswith("cuda:2 GPU 6")
+
+
+def bench_spec() -> bench_worker.BenchSpec:
+    return bench_worker.BenchSpec(
+        model="resnet18", weights=WeightsChoice("random"), dtype="fp16", channels_last=True,
+        batch_size=2, warmup=0, iters=1, duration_s=None, device="cuda", backend="gloo",
+        timeout_s=30, images_dir=".", files=("a.png",), progress=False)
+
+
+def test_bench_times_and_records_the_gpu_the_task_sees_not_its_local_id(
+        no_launcher: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    cuda = FakeCuda(physical=[3], nvml_count=1)
+    cuda.install(no_launcher)
+    srun_task(no_launcher, local_id=3)
+    barriers: list[Any] = []
+    no_launcher.setattr(dist, "barrier", lambda **kw: barriers.append(kw.get("device_ids")))
+    spec = bench_spec()
+    with process_group("gloo", "cuda", timeout_s=30) as world:
+        assert str(bench_worker._device(spec, world)) == "cuda:0"
+        bench_worker._barrier(spec, world)
+        record = bench_worker._record(spec, world, 1, (1.0, 1.0, 0.9), threads=1)
+    # device_ids on every CUDA barrier: NCCL would otherwise guess the GPU and warn.
+    assert barriers == [[0]]
+    assert (record.device, record.local_rank, record.nvml_index) == ("cuda:0", 3, 3)
+    assert record.pci_bus_id == bus_id(3) and record.device_uuid.endswith("000000000003")
+    assert record.peak_memory_bytes == 1000  # read from cuda:0
+    assert record.gpu_label().startswith("GPU 3 (NVIDIA H200, bus 00000000:1B:00.0")
+
+
+@pytest.mark.parametrize(("emulated_only", "expected"), [(True, "fp16"), (False, "bf16")])
+def test_auto_dtype_picks_bf16_only_where_the_gpu_has_it_natively(
+        monkeypatch: pytest.MonkeyPatch, emulated_only: bool, expected: str) -> None:
+    import torch
+
+    # Pre-Ampere (a V100, a T4): torch says bf16 "is supported" counting the emulation.
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return including_emulation or not emulated_only
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    assert bench_model.resolve_dtype("auto", "cuda") == expected
+    assert bench_model.resolve_dtype("auto", "cpu") == "fp32"
