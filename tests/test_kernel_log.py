@@ -31,7 +31,7 @@ GPU0 = GpuRecord(0, "NVIDIA H200", "GPU-00000000-0000-0000-0000-000000000000",
                  "00000000:18:00.0")
 GPU1 = GpuRecord(1, "NVIDIA H200", "GPU-00000001-0000-0000-0000-000000000000",
                  "00000000:3B:00.0")
-GPU1_LABEL = "GPU 1 (bus 0000:3B:00.0, GPU-00000001-0000-0000-0000-000000000000)"
+GPU1_LABEL = "GPU 1 (NVIDIA H200, bus 00000000:3B:00.0, GPU-00000001-0000-0000-0000-000000000000)"
 SECRETS = ("hunter2-kernel-secret", "journal-secret-fingerprint", "alice")
 
 
@@ -152,10 +152,11 @@ def test_no_kernel_line_other_than_nvrm_fields_reaches_the_report():
 # ---- naming GPUs ----
 
 def test_bus_ids_match_whatever_the_domain_width_and_case():
+    upper = GpuRecord(1, "H200", GPU1.uuid, "00000000:3B:00.0")
     lower = GpuRecord(1, "H200", GPU1.uuid, "0000:3b:00.0")
-    for gpu in (GPU1, lower):
+    for gpu in (upper, lower):
         (finding,) = xid_findings(section_of("dmesg_fallen_off_bus.log", [gpu]), 79)
-        assert finding.subject.startswith("GPU 1 (bus 0000:3B:00.0")
+        assert finding.subject.startswith("GPU 1 (H200, bus ")
 
 
 def test_a_gpu_nvml_does_not_know_is_named_by_its_pci_id_and_the_logs_uuid():

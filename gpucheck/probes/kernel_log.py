@@ -298,7 +298,8 @@ class GpuName:
 
 def gpu_name(bus_id: str, pci_id: str, gpus: Sequence[GpuRecord],
              log_uuids: dict[str, str]) -> GpuName:
-    """"GPU 3 (bus 0000:3B:00.0, GPU-...)" when NVML has this bus id, else the log's PCI id.
+    """NVML's name for the GPU at this bus id, as every section names it
+    ("GPU 3 (NVIDIA H200, bus 00000000:3B:00.0, GPU-...)"), else the log's PCI id.
 
     A saved log from another machine can name a bus this one also has: when the log
     gives that GPU's UUID and NVML's differs, it is not the same GPU, so it stays unnamed.
@@ -309,8 +310,7 @@ def gpu_name(bus_id: str, pci_id: str, gpus: Sequence[GpuRecord],
             continue
         if log_uuid and gpu.uuid and log_uuid != gpu.uuid:
             break
-        details = ", ".join(d for d in (f"bus {bus_id}", gpu.uuid) if d)
-        return GpuName(f"GPU {gpu.index} ({details})", gpu.index)
+        return GpuName(gpu.subject, gpu.index)
     return GpuName(f"PCI:{pci_id}" + (f" ({log_uuid})" if log_uuid else ""), None)
 
 
