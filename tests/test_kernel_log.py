@@ -322,3 +322,9 @@ def test_gpucheck_env_with_a_saved_dmesg_fails_naming_the_lost_gpu(tmp_path, mon
     assert [f["subject"] for f in failed] == [GPU1_LABEL] and "XID 79" in failed[0]["message"]
     assert rc == 1 and report["verdict"] == "FAIL"
     assert not any(secret in out.read_text() for secret in SECRETS[:2])
+
+
+def test_the_documented_xid_table_matches_the_code():
+    doc = (Path(__file__).parents[1] / "docs" / "xid.md").read_text()
+    for xid, info in XID_TABLE.items():
+        assert f"| {xid} | {info.meaning} | {info.severity} | `{info.action}` |" in doc
