@@ -24,7 +24,7 @@ from gpucheck.probes.gpus import (
     DriverInfo,
     GpuRecord,
     NvmlResult,
-    cuda_compat_finding,
+    cuda_compat_findings,
     probe_nvml,
 )
 from gpucheck.probes.gputest import GpuTestRun, probe_gputest
@@ -35,7 +35,9 @@ from gpucheck.probes.system import probe_system
 from gpucheck.probes.torch_build import TorchInfo, cuda_available_finding, probe_torch
 from gpucheck.report import Report, Section, fail
 
-PHASE1_TIMEOUT_S = 60.0
+# NVML may take 30 s to start and seconds per GPU to attach with persistence off (see
+# probes/nvml.py): the phase waits long enough for a slow but healthy 8-GPU node.
+PHASE1_TIMEOUT_S = 120.0
 GPU_TEST_TIMEOUT_S = 10.0
 GPU_TEST_PER_GPU_S = 3.0
 
@@ -154,7 +156,8 @@ def collect_env_report(gpu_test: bool = True, nvml_timeout_s: float = DEFAULT_TI
     gpus_present = bool((nvml and nvml.pci_gpus) or driver.gpu_count)
     torch_section.findings.append(cuda_available_finding(
         info, driver.present if nvml else None, driver.cuda_version, gpus_present, environ))
-    nvml_sections[0].findings.append(cuda_compat_finding(driver, info.cuda))
+    nvml_sections[0].findings.extend(cuda_compat_findings(driver, info.cuda, gpus,
+                                                          info.arch_list))
     python = _section(phase1["python"], "python")
     report = Report(command="env")
     for section in (_section(phase1["system"], "system"), python, torch_section,

@@ -88,8 +88,21 @@ def read_torch(torch: Any) -> TorchInfo:
         cuda_available=available,
         device_count=cuda_device_count(torch) if available else 0,
         init_error=None if available or torch.version.cuda is None else _init_error(torch),
-        arch_list=tuple(_call(torch.cuda.get_arch_list, []) or []),
+        arch_list=_arch_list(torch),
     )
+
+
+def _arch_list(torch: Any) -> tuple[str, ...]:
+    """The architectures torch ships kernels for ('sm_90', 'compute_120', ...).
+
+    Some torch versions answer `get_arch_list()` with [] when CUDA is unavailable;
+    the compiled-in flags are the same list and do not need a working CUDA.
+    """
+    listed = _call(torch.cuda.get_arch_list, []) or []
+    if not listed:
+        flags = _call(getattr(torch._C, "_cuda_getArchFlags", lambda: None))
+        listed = str(flags).split() if flags else []
+    return tuple(str(a) for a in listed)
 
 
 def torch_data(torch: Any, info: TorchInfo) -> dict[str, Any]:
