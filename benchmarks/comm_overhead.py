@@ -1,13 +1,17 @@
 """How much the comm sweep's own machinery costs: gpucheck's reported all_reduce
 bandwidth against a bare loop of the same collective, side by side in one job.
 
-    /work/venv/bin/python benchmarks/comm_overhead.py [--ranks 2] [--rounds 7]
+    .venv/bin/python benchmarks/comm_overhead.py [--ranks 2] [--rounds 7] [--device cuda]
 
-Loopback gloo on CPU, large messages. Each round runs gpucheck's measurement
-(`gpucheck.comm.worker._gather_size`: warm-up, barrier, timed loop, all_gather of
-every rank's time, slowest rank) and a bare loop (barrier, perf_counter, all_reduce
-x iters, slowest rank by an all_reduce MAX), alternating which goes first. Prints the
-median of the rounds and the ratio gpucheck / bare (1.00 = no overhead).
+Large messages; loopback gloo on CPU (the default), NCCL with --device cuda (one rank
+per GPU). Each round runs gpucheck's measurement (`gpucheck.comm.worker._gather_size`:
+warm-up, barrier, timed batch, all_gather of every rank's time, slowest rank) and a
+bare loop, alternating which goes first; the bare loop's slowest rank comes from an
+all_reduce MAX. The bare loop is what each backend is best timed with: on CPU a plain
+synchronous all_reduce loop under perf_counter; on CUDA the nccl-tests loop (start
+event, `iters` all_reduces launched back to back with async_op=True, the stream made
+to wait on them, end event, one synchronisation). Prints the median of the rounds and
+the ratio gpucheck / bare (1.00 = no overhead).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -27,31 +32,54 @@ from gpucheck.distributed.session import process_group
 SIZES = (4 << 20, 16 << 20, 64 << 20)
 
 
-def _bare(size: int, iters: int, warmup: int) -> float:
-    """algbw in GB/s of a plain all_reduce loop, slowest rank."""
+def _bare_cuda(buf: Any, iters: int) -> float:
+    """Seconds for `iters` all_reduces the nccl-tests way: launched back to back."""
     import torch
     import torch.distributed as dist
 
-    buf = torch.zeros(size // 4)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    works = [dist.all_reduce(buf, async_op=True) for _ in range(iters)]
+    for work in works:
+        work.block_current_stream()  # the stream waits; the host does not
+    end.record()
+    torch.cuda.synchronize()
+    return float(start.elapsed_time(end)) / 1000
+
+
+def _bare(size: int, iters: int, warmup: int, device: str) -> float:
+    """algbw in GB/s of a bare all_reduce loop, slowest rank."""
+    import torch
+    import torch.distributed as dist
+
+    buf = torch.zeros(size // 4, device=device)
     for _ in range(warmup):
         dist.all_reduce(buf)
+    if device == "cuda":
+        torch.cuda.synchronize()
     dist.barrier()
-    began = time.perf_counter()
-    for _ in range(iters):
-        dist.all_reduce(buf)
-    elapsed = torch.tensor([time.perf_counter() - began], dtype=torch.float64)
+    if device == "cuda":
+        seconds = _bare_cuda(buf, iters)
+    else:
+        began = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(buf)
+        seconds = time.perf_counter() - began
+    elapsed = torch.tensor([seconds], dtype=torch.float64, device=device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return size * iters / float(elapsed) / 1e9
 
 
-def worker(rounds: int, iters: int, warmup: int) -> dict[int, tuple[list[float], list[float]]]:
-    spec = CommSpec(device="cpu", backend="gloo", timeout_s=120, iters=iters, warmup=warmup)
+def worker(rounds: int, iters: int, warmup: int,
+           device: str = "cpu") -> dict[int, tuple[list[float], list[float]]]:
+    backend = "nccl" if device == "cuda" else "gloo"
+    spec = CommSpec(device=device, backend=backend, timeout_s=120, iters=iters, warmup=warmup)
     results: dict[int, tuple[list[float], list[float]]] = {s: ([], []) for s in SIZES}
-    with process_group("gloo", "cpu", 120) as world:
+    with process_group(backend, device, 120) as world:
         for k in range(rounds):
             for size in SIZES:
                 ours = lambda: _gather_size("all_reduce", size, spec, world)["algbw_gbps"]  # noqa: E731,B023
-                bare = lambda: _bare(size, iters, warmup)  # noqa: E731,B023
+                bare = lambda: _bare(size, iters, warmup, device)  # noqa: E731,B023
                 first, second = (ours, bare) if k % 2 == 0 else (bare, ours)
                 a, b = first(), second()
                 got, plain = (a, b) if k % 2 == 0 else (b, a)
@@ -66,9 +94,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: gloo on loopback; cuda: NCCL, one rank per GPU")
     args = parser.parse_args()
-    results = launch_local(worker, (args.rounds, args.iters, args.warmup), args.ranks)[0]
-    print(f"all_reduce, {args.ranks} gloo ranks on loopback, {args.rounds} rounds x "
+    results = launch_local(worker, (args.rounds, args.iters, args.warmup, args.device),
+                           args.ranks)[0]
+    where = "NCCL ranks" if args.device == "cuda" else "gloo ranks on loopback"
+    print(f"all_reduce, {args.ranks} {where}, {args.rounds} rounds x "
           f"{args.iters} iters, median algbw (GB/s)")
     print(f"{'size':>8}  {'gpucheck':>9}  {'bare loop':>9}  {'ratio':>6}")
     for size, (ours, bare) in results.items():
