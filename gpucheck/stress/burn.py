@@ -1,0 +1,179 @@
+"""Silent data corruption under load (gpu-burn's method), on one device.
+
+Every rank multiplies the same seeded inputs (drawn on the CPU, so bit-identical on
+every rank) over and over for the run's duration and compares every result with
+its first one. cuBLAS is bitwise reproducible run to run on the same GPU with the
+same kernel, so on a GPU the comparison is exact (tolerance zero). That is checked
+first: two products are compared before the first result is taken; if they differ
+(a non-deterministic kernel), the loop compares within the dtype's tolerance
+instead and says so (mode "tolerance").
+
+The first result is also summarised for the cross-rank comparison: per row, the sum
+of its elements' bit patterns and the sum weighted by column (int64, exact), whose
+hash is the rank's digest; rows where ranks differ are located from them without
+moving the matrix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gpucheck.stress.gemm import matmul_precision, seeded_pair
+from gpucheck.stress.hooks import Hook
+from gpucheck.stress.sdc import TOLERANCE
+from gpucheck.stress.timing import Marks, percentile, synchronize
+
+if TYPE_CHECKING:
+    import torch
+
+SDC_SEED = 20260
+CHUNK_S = 0.5  # a synchronisation (and a look at the clock) this often
+FULL_REFERENCE_MAX = 1024  # up to this n, the CPU reference covers the whole product
+REFERENCE_ROWS = 16  # otherwise these first rows ...
+EXTRA_ROWS = 8  # ... plus up to this many rows where the ranks disagree
+
+
+@dataclass(frozen=True)
+class BurnRecord:
+    """One rank's burn-in: how long, how often its result changed, how fast."""
+
+    rank: int
+    dtype: str
+    size: int
+    mode: str  # "bitwise" or "tolerance"
+    iters: int  # products compared with the first (not counting it)
+    duration_s: float
+    bad_iters: int  # products that differed from the first
+    first_bad_iter: int | None
+    worst_elements: int  # most elements wrong in one product (bitwise mode)
+    p50_ms: float
+    p99_ms: float
+    digest: str  # hash of the first result's bits
+    group: str  # ranks of one group should agree bit for bit
+
+
+def _bits(out: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return out.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[out.element_size()])
+
+
+def row_checks(out: torch.Tensor) -> torch.Tensor:
+    """(n, 2) int64 on the CPU: per row, the sum of the bit patterns and the sum
+    weighted by column. Any single changed element changes its row's sums."""
+    import torch
+
+    bits = _bits(out)
+    weights = torch.arange(1, bits.shape[1] + 1, device=out.device, dtype=torch.int64)
+    block = max(1, (128 << 20) // (bits.shape[1] * 8))  # bound the int64 temporaries
+    parts = []
+    for start in range(0, bits.shape[0], block):
+        chunk = bits[start:start + block].to(torch.int64)
+        parts.append(torch.stack((chunk.sum(1), (chunk * weights).sum(1)), dim=1))
+    return torch.cat(parts).cpu()
+
+
+def digest_of(checks: torch.Tensor) -> str:
+    return hashlib.blake2b(repr(checks.tolist()).encode(), digest_size=8).hexdigest()
+
+
+def _mismatch_counter(golden: torch.Tensor, mode: str, dtype: str) -> Any:
+    """A function out -> 0-dim tensor: wrong elements (bitwise) or 1/0 (tolerance)."""
+    import torch
+
+    if mode == "bitwise":
+        ref_bits = _bits(golden)
+        return lambda out: torch.count_nonzero(_bits(out) != ref_bits)
+    limit = TOLERANCE[dtype] * float(golden.float().abs().max())
+    return lambda out: ((out.float() - golden.float()).abs().max() > limit).to(torch.int64)
+
+
+def _first_result(a: torch.Tensor, b: torch.Tensor, kind: str,
+                  hook: Hook | None) -> tuple[torch.Tensor, str, float]:
+    """(the first result, the comparison mode, seconds per product)."""
+    import torch
+
+    first, second = torch.matmul(a, b), torch.empty_like(a)
+    synchronize(kind)
+    started = time.perf_counter()
+    torch.matmul(a, b, out=second)
+    synchronize(kind)
+    per_iter = time.perf_counter() - started
+    mode = "bitwise" if torch.equal(_bits(first), _bits(second)) else "tolerance"
+    torch.matmul(a, b, out=first)
+    if hook is not None:
+        hook("burn", 0, first)
+    return first, mode, per_iter
+
+
+def burn(rank: int, dtype: str, n: int, device: Any, kind: str, duration_s: float,
+         group: str, hook: Hook | None) -> tuple[BurnRecord, torch.Tensor, torch.Tensor]:
+    """Repeat the product for `duration_s`; (the record, the first result, its row
+    checks)."""
+    import torch
+
+    with torch.inference_mode(), matmul_precision(dtype):
+        a, b = seeded_pair(n, SDC_SEED, device, dtype, on_cpu=True)
+        golden, mode, per_iter = _first_result(a, b, kind, hook)
+        count = _mismatch_counter(golden, mode, dtype)
+        out = torch.empty_like(golden)
+        chunk = max(1, min(1000, round(CHUNK_S / max(per_iter, 1e-6))))
+        times: list[float] = []
+        wrong: list[int] = []
+        deadline = time.monotonic() + duration_s
+        started = time.perf_counter()
+        while not times or time.monotonic() < deadline:
+            marks, counts = Marks(kind), []
+            marks.mark()
+            for _ in range(chunk):
+                torch.matmul(a, b, out=out)
+                if hook is not None:
+                    hook("burn", len(times) + len(counts) + 1, out)
+                counts.append(count(out))
+                marks.mark()
+            times += marks.intervals_s()
+            wrong += [int(c) for c in torch.stack(counts).tolist()]
+        elapsed = time.perf_counter() - started
+        checks = row_checks(golden)
+    record = _record(rank, dtype, n, mode, times, wrong, elapsed, digest_of(checks), group)
+    return record, golden, checks
+
+
+def _record(rank: int, dtype: str, n: int, mode: str, times: list[float],
+            wrong: list[int], elapsed: float, digest: str, group: str) -> BurnRecord:
+    bad = [i + 1 for i, w in enumerate(wrong) if w]
+    return BurnRecord(rank=rank, dtype=dtype, size=n, mode=mode, iters=len(times),
+                      duration_s=elapsed, bad_iters=len(bad),
+                      first_bad_iter=bad[0] if bad else None,
+                      worst_elements=max(wrong) if mode == "bitwise" and wrong else 0,
+                      p50_ms=percentile(times, 50) * 1e3, p99_ms=percentile(times, 99) * 1e3,
+                      digest=digest, group=group)
+
+
+def rows_to_check(n: int, checks: list[torch.Tensor]) -> list[int]:
+    """The rows the CPU reference covers: all of a small product; else the first
+    REFERENCE_ROWS plus up to EXTRA_ROWS where the ranks' row checks disagree."""
+    import torch
+
+    if n <= FULL_REFERENCE_MAX:
+        return list(range(n))
+    stacked = torch.stack(checks)
+    differ = (stacked != stacked[0]).any(dim=2).any(dim=0)
+    extra = [int(r) for r in torch.nonzero(differ).flatten().tolist() if r >= REFERENCE_ROWS]
+    return list(range(REFERENCE_ROWS)) + extra[:EXTRA_ROWS]
+
+
+def reference_rows(n: int, dtype: str, rows: list[int]) -> torch.Tensor:
+    """The product's `rows` in fp64 on the CPU, from the same seeded inputs rounded to
+    the dtype (TF32's input rounding is left to the tolerance)."""
+    import torch
+
+    from gpucheck.stress.gemm import torch_dtype
+
+    a, b = seeded_pair(n, SDC_SEED, "cpu", "fp32", on_cpu=True)
+    kind = torch_dtype(dtype)
+    index = torch.tensor(rows, dtype=torch.long)
+    return a[index].to(kind).double() @ b.to(kind).double()

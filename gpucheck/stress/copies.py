@@ -1,0 +1,119 @@
+"""Host<->device copies through pinned memory, and peer copies between GPUs.
+
+Host copies count the bytes once (one direction over the PCIe link), so they
+compare with the link's one-direction rate (`gpucheck.stress.numa.link_rate_gbps`).
+Each rate is the buffer over the median copy's time.
+
+Peer copies need one process that sees both GPUs: with one process per GPU, a copy
+into another rank's memory would need CUDA IPC handles. So each node's local rank 0
+measures the whole matrix in a separate step, opening every GPU it can see, while
+the other ranks wait; when it sees only its own GPU (CUDA_VISIBLE_DEVICES, srun
+--gpus-per-task) the matrix is skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from gpucheck.stress.timing import timed_batch
+
+HOST_COPY_BYTES = 256 << 20
+PEER_COPY_BYTES = 256 << 20
+COPY_ITERS = 10
+
+
+@dataclass(frozen=True)
+class HostCopies:
+    """One rank's pinned-memory copy rates in one setting ("alone" or "together")."""
+
+    rank: int
+    setting: str
+    size_bytes: int
+    h2d_gbps: float
+    d2h_gbps: float
+
+
+def _gbps(size: int, times_s: list[float]) -> float:
+    return size / statistics.median(times_s) / 1e9
+
+
+def host_copies(rank: int, setting: str, host: Any, dev: Any) -> HostCopies:
+    """Time COPY_ITERS copies each way between a pinned host buffer and the GPU."""
+    import torch
+
+    dev.copy_(host, non_blocking=True)  # warm-up: first use of the copy engines
+    host.copy_(dev, non_blocking=True)
+    torch.cuda.synchronize()
+    h2d = timed_batch(lambda i: dev.copy_(host, non_blocking=True), COPY_ITERS, "cuda")
+    d2h = timed_batch(lambda i: host.copy_(dev, non_blocking=True), COPY_ITERS, "cuda")
+    size = host.numel() * host.element_size()
+    return HostCopies(rank, setting, size, _gbps(size, h2d), _gbps(size, d2h))
+
+
+def copy_buffers(device: Any, size: int = HOST_COPY_BYTES) -> tuple[Any, Any]:
+    """(pinned host buffer, device buffer). Allocate after the rank is placed on its
+    GPU's NUMA node: pinned pages land on the node of the thread touching them."""
+    import torch
+
+    host = torch.ones(size, dtype=torch.uint8, pin_memory=True)
+    return host, torch.empty(size, dtype=torch.uint8, device=device)
+
+
+def peer_matrix(local_world_size: int) -> dict[str, Any]:
+    """Every ordered pair of the GPUs this process sees: peer access and GB/s.
+
+    {"gpus": [identity rows], "pairs": [{src, dst, peer_access, gbps}]}, or
+    {"skipped": reason}.
+    """
+    import torch
+
+    from gpucheck.devices import cuda_identity
+
+    visible = torch.cuda.device_count()
+    if visible < 2:
+        return {"skipped": "this process sees one GPU (CUDA_VISIBLE_DEVICES or srun "
+                "--gpus-per-task): peer copies need one process that sees every GPU"}
+    if visible < local_world_size:
+        return {"skipped": f"local rank 0 sees {visible} of the node's {local_world_size} "
+                "GPUs: peer copies need one process that sees every GPU"}
+    gpus = [cuda_identity(torch, i).row() for i in range(visible)]
+    try:
+        pairs = _measure_pairs(visible)
+    except RuntimeError as exc:  # e.g. exclusive-process compute mode: no second context
+        return {"gpus": gpus, "skipped": f"could not open every GPU from one process: "
+                f"{str(exc).strip().splitlines()[0][:200]}"}
+    return {"gpus": gpus, "pairs": pairs}
+
+
+def _measure_pairs(visible: int) -> list[dict[str, Any]]:
+    import torch
+
+    buffers = [torch.ones(PEER_COPY_BYTES, dtype=torch.uint8, device=f"cuda:{i}")
+               for i in range(visible)]
+    landing = [torch.empty_like(b) for b in buffers]
+    pairs = []
+    for src in range(visible):
+        for dst in range(visible):
+            if src == dst:
+                continue
+            access = bool(torch.cuda.can_device_access_peer(src, dst))
+            gbps = _pair_gbps(buffers[src], landing[dst]) if access else None
+            pairs.append({"src": src, "dst": dst, "peer_access": access, "gbps": gbps})
+    del buffers, landing
+    torch.cuda.empty_cache()
+    return pairs
+
+
+def _pair_gbps(src: Any, dst: Any) -> float:
+    """torch copies across GPUs on the source's current stream, so events there time it."""
+    import torch
+
+    with torch.cuda.device(src.device):
+        dst.copy_(src)
+        torch.cuda.synchronize(src.device)
+        torch.cuda.synchronize(dst.device)
+        times = timed_batch(lambda i: dst.copy_(src, non_blocking=True), COPY_ITERS, "cuda")
+        torch.cuda.synchronize(dst.device)
+    return _gbps(src.numel(), times)

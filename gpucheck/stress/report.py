@@ -1,0 +1,327 @@
+"""The stress results (from `stress_worker`, complete or partial) as report sections."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpucheck.distributed.nodes import group_by_node
+from gpucheck.report import Finding, Section, fail, ok, skip, warn
+from gpucheck.stress.sdc import judge
+from gpucheck.stress.specs import copy_figure, gemm_figure
+from gpucheck.stress.verdicts import (
+    expected_findings,
+    link_findings,
+    peer_findings,
+    slow_vs_median,
+    subjects,
+)
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """The thresholds the user chose (fractions in (0, 1])."""
+
+    peer_fraction: float
+    expected_fraction: float
+    copy_fraction: float
+
+
+def stress_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section]:
+    """Setup and ranks, then one section per phase that ran (in the order they ran)."""
+    sections = [_setup_section(result)]
+    done = result.get("phases_done") or []
+    if result.get("gemm"):
+        sections.append(_gemm_section(result, verdicts))
+    if result.get("membw"):
+        sections.append(_membw_section(result, verdicts))
+    if result.get("sdc"):
+        sections.append(_sdc_section(result, verdicts))
+    if "copies" in done and result.get("copies"):
+        sections.append(_copies_section(result, verdicts))
+    if "p2p" in done and result.get("p2p"):
+        sections.append(_p2p_section(result, verdicts))
+    return sections
+
+
+def _setup_section(result: Mapping[str, Any]) -> Section:
+    keep = ("rank", "node_rank", "host", "local_rank", "device", "cpus", "numa_node",
+            "on_gpu_numa_node", "pinned", "threads", "pid")
+    ranks = [{k: r.get(k) for k in keep} for r in result["ranks"]]
+    done, planned = result.get("phases_done") or [], result.get("phases_planned") or []
+    data = {"world_size": result["world_size"], "nodes": len(group_by_node(result["ranks"])),
+            "device": result["device"], "backend": result["backend"],
+            "dtypes": result["dtypes"], "size": result["size"],
+            "burn_in_s": result["duration_s"],
+            "phases_done": f"{len(done)} of {len(planned)}: {', '.join(done) or 'none'}",
+            "complete": result.get("complete", False), "ranks": ranks}
+    return Section("stress", "Stress: setup and ranks", data, _numa_findings(result["ranks"]))
+
+
+def _numa_findings(ranks: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    names = subjects(ranks)
+    if all(r.get("gpu_name") is None for r in ranks):
+        return [skip("stress.numa", "CPU ranks: no GPU NUMA node to be near")]
+    off = [r for r in ranks if r.get("on_gpu_numa_node") is False]
+    unknown = [int(r["rank"]) for r in ranks if r.get("on_gpu_numa_node") is None]
+    findings = [warn("stress.numa", f"{names[int(r['rank'])].label} runs on CPUs {r['cpus']}, "
+                     f"none or not all of them on its GPU's NUMA node {r['numa_node']} "
+                     f"(CPUs {r['gpu_cpus']})",
+                     hint="bind each rank to its GPU's NUMA node (srun --cpu-bind, numactl "
+                     "--cpunodebind), or allow gpucheck to pin it (no --no-numa-pin): host "
+                     "copies and launches cross the CPU interconnect otherwise",
+                     subject=f"rank {r['rank']}") for r in off]
+    if unknown:
+        findings.append(skip("stress.numa", "the GPU's NUMA node is not known (sysfs) for "
+                             f"rank(s) {', '.join(map(str, unknown))}"))
+    near = len(ranks) - len(off) - len(unknown)
+    if near and not off:
+        pinned = sum(1 for r in ranks if r.get("pinned"))
+        findings.append(ok("stress.numa", f"{near} rank(s) run on their GPU's NUMA node "
+                           f"({pinned} pinned there by gpucheck)"))
+    return findings
+
+
+def _vs_peers(rows: list[dict[str, Any]], key: str, ranks: Sequence[Mapping[str, Any]],
+              ) -> dict[int, float]:
+    """Each rank's `key` / its node's median (rounded for the table)."""
+    value = {int(r["rank"]): float(r[key]) for r in rows}
+    ratio = {}
+    for members in group_by_node(ranks).values():
+        mine = [value[m] for m in members if m in value]
+        median = statistics.median(mine) if mine else 0.0
+        for m in members:
+            if m in value and median > 0:
+                ratio[m] = round(value[m] / median, 3)
+    return ratio
+
+
+def _gemm_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
+    ranks, rows, findings = result["ranks"], list(result["gemm"]), []
+    models = {int(r["rank"]): r.get("gpu_name") for r in ranks}
+    table = []
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        mine = [r for r in rows if r["dtype"] == dtype]
+        peers = _vs_peers(mine, "tflops_p50", ranks)
+        for r in mine:
+            figure = gemm_figure(models.get(int(r["rank"])), dtype)
+            table.append(r | {"vs_peers": peers.get(int(r["rank"])),
+                              "expected_tflops": round(figure.typical, 1) if figure else None,
+                              "vs_expected": round(r["tflops_p50"] / figure.typical, 3)
+                              if figure else None})
+        values = {int(r["rank"]): float(r["tflops_p50"]) for r in mine}
+        what = f"{dtype} GEMM {mine[0]['size']}^3"
+        findings += peer_findings("stress.gemm.peers", what, "TFLOP/s", values, ranks,
+                                  verdicts.peer_fraction)
+        findings += expected_findings("stress.gemm.expected", what, "TFLOP/s", values, ranks,
+                                      lambda m, d=dtype: gemm_figure(m, d),
+                                      verdicts.expected_fraction)
+    data = {"flops_per_product": "2 n^3", "results": table}
+    return Section("gemm", "Matrix multiply throughput per rank (TFLOP/s; verdicts use the "
+                   "median product)", data, findings)
+
+
+def _membw_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
+    ranks, rows = result["ranks"], list(result["membw"])
+    models = {int(r["rank"]): r.get("gpu_name") for r in ranks}
+    peers = _vs_peers(rows, "gbps_p50", ranks)
+    table = []
+    for r in rows:
+        figure = copy_figure(models.get(int(r["rank"])))
+        table.append(r | {"vs_peers": peers.get(int(r["rank"])),
+                          "expected_gbps": round(figure.typical) if figure else None,
+                          "vs_expected": round(r["gbps_p50"] / figure.typical, 3)
+                          if figure else None})
+    values = {int(r["rank"]): float(r["gbps_p50"]) for r in rows}
+    what = "device memory copy"
+    findings = peer_findings("stress.membw.peers", what, "GB/s", values, ranks,
+                             verdicts.peer_fraction)
+    findings += expected_findings("stress.membw.expected", what, "GB/s", values, ranks,
+                                  copy_figure, verdicts.expected_fraction)
+    data = {"counted": "2 x size_bytes per copy (read + write)", "results": table}
+    return Section("membw", "Device memory bandwidth per rank (GB/s)", data, findings)
+
+
+def _sdc_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
+    sdc, ranks = result["sdc"], result["ranks"]
+    records = list(sdc["records"])
+    deviations = sdc.get("reference_deviations") or [None] * len(records)
+    table = [{k: v for k, v in r.items() if k != "group"} | {"reference_deviation": d}
+             for r, d in zip(records, deviations, strict=True)]
+    findings = _repeat_findings(records, ranks)
+    findings += _agreement_findings(records, deviations, sdc["tolerance"], ranks)
+    times = {int(r["rank"]): float(r["p50_ms"]) for r in records}
+    findings += peer_findings("stress.sdc.straggler", "median burn-in product time", "ms",
+                              times, ranks, verdicts.peer_fraction, higher_is_better=False)
+    data = {"dtype": sdc["dtype"], "size": sdc["size"], "burn_in_s": sdc["duration_s"],
+            "tolerance_vs_reference": sdc["tolerance"], "rows_vs_reference": sdc["rows_checked"],
+            "results": table}
+    return Section("sdc", "Silent data corruption: the same product, repeated and compared",
+                   data, findings)
+
+
+def _repeat_findings(records: Sequence[Mapping[str, Any]],
+                     ranks: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """Each rank's later products against its own first one."""
+    names = subjects(ranks)
+    findings = []
+    for r in records:
+        if not r["bad_iters"]:
+            continue
+        how = (f"up to {r['worst_elements']} element(s) differed bitwise" if r["mode"] ==
+               "bitwise" else "beyond the dtype's tolerance")
+        findings.append(fail(
+            "stress.sdc.repeat", f"{names[int(r['rank'])].label}: the same product on the "
+            f"same inputs gave a different result in {r['bad_iters']} of {r['iters']} "
+            f"repetitions (first at repetition {r['first_bad_iter']}; {how})",
+            hint="this GPU computes wrong results under load: drain it, check nvidia-smi -q "
+            "(ECC errors, retired/remapped rows, XIDs in dmesg) and run the vendor's "
+            "diagnostics (dcgmi diag -r 3) before it returns to service",
+            subject=f"rank {r['rank']}"))
+    if not findings:
+        total = sum(int(r["iters"]) for r in records)
+        modes = sorted({r["mode"] for r in records})
+        findings.append(ok("stress.sdc.repeat", f"all {len(records)} rank(s) repeated their "
+                           f"first result exactly ({'/'.join(modes)}) over {total} products"))
+    return findings
+
+
+def _agreement_findings(records: Sequence[Mapping[str, Any]],
+                        deviations: Sequence[float | None], tolerance: float,
+                        ranks: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """Ranks against each other (bitwise, by model) and against the CPU reference."""
+    names = subjects(ranks)
+    digests = {int(r["rank"]): r["digest"] for r in records}
+    groups = {int(r["rank"]): r["group"] for r in records}
+    deviation = {int(r["rank"]): d for r, d in zip(records, deviations, strict=True)}
+    verdict = judge(digests, deviation, tolerance, groups)
+    every_one = len(verdict.wrong) == len(records) > 1
+    findings = [fail("stress.sdc.agreement", f"{names[rank].label}: {why}",
+                     hint=("every rank disagrees with the reference alike: suspect the "
+                           "software (torch, cuBLAS, driver), not one GPU") if every_one else
+                     "this GPU computed a wrong product: drain it and run the vendor's "
+                     "diagnostics (dcgmi diag -r 3); check ECC errors and XIDs",
+                     subject=f"rank {rank}") for rank, why in verdict.wrong.items()]
+    if verdict.undecided:
+        listed = ", ".join(f"rank {r}" for r in verdict.undecided)
+        findings.append(warn(
+            "stress.sdc.agreement", f"{listed} differ bitwise but all stay within the CPU "
+            f"reference's tolerance ({tolerance:g}), and no majority names one",
+            hint="rerun with more GPUs (a majority then names the odd one) or a longer "
+            "--duration; repeated disagreement points at one of these GPUs",
+            subject=listed))
+    if not findings:
+        checked = sum(1 for d in deviation.values() if d is not None)
+        findings.append(ok("stress.sdc.agreement", f"all {len(records)} rank(s) agree "
+                           f"bitwise (same model and libraries); {checked} within {tolerance:g} "
+                           "of the fp64 CPU reference"))
+    return findings
+
+
+def _copies_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
+    copies, ranks = result["copies"], result["ranks"]
+    if "skipped" in copies:
+        return Section("copies", "Host<->device copies (pinned memory)", {},
+                       [skip("stress.copies", copies["skipped"])])
+    rows = list(copies["rows"])
+    alone = [{"rank": r["rank"], "h2d_gbps": r["h2d_alone_gbps"],
+              "d2h_gbps": r["d2h_alone_gbps"], "link": r["link"],
+              "link_gbps": r["link_gbps"]} for r in rows if r["h2d_alone_gbps"] is not None]
+    findings = link_findings("stress.copies.link", alone, ranks, verdicts.copy_fraction)
+    together = {int(r["rank"]): min(r["h2d_together_gbps"], r["d2h_together_gbps"])
+                for r in rows}
+    findings += peer_findings("stress.copies.together", "host copies with every GPU at once "
+                              "(slower direction)", "GB/s", together, ranks,
+                              verdicts.peer_fraction)
+    table = [r | {"together_vs_alone": _together_ratio(r)} for r in rows]
+    data = {"counted": "bytes one way / median copy time (one PCIe direction)",
+            "results": table}
+    return Section("copies", "Host<->device copies (pinned memory): each GPU alone, then "
+                   "all at once (GB/s)", data, findings)
+
+
+def _together_ratio(row: Mapping[str, Any]) -> float | None:
+    if not row.get("h2d_alone_gbps") or not row.get("d2h_alone_gbps"):
+        return None
+    return round(min(row["h2d_together_gbps"] / row["h2d_alone_gbps"],
+                     row["d2h_together_gbps"] / row["d2h_alone_gbps"]), 3)
+
+
+def _p2p_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
+    p2p = result["p2p"]
+    title = "Peer-to-peer copies between GPUs (GB/s, src row -> dst column)"
+    if "skipped" in p2p:
+        return Section("p2p", title, {}, [skip("stress.p2p", p2p["skipped"])])
+    data: dict[str, Any] = {}
+    findings: list[Finding] = []
+    for node in p2p["nodes"]:
+        where = f"node {node['node_rank']} ({node['host']})"
+        if "skipped" in node:
+            findings.append(skip("stress.p2p", f"{where}: {node['skipped']}", subject=where))
+            continue
+        data[f"{where} matrix"] = _p2p_matrix(node)
+        findings += p2p_findings(node, where, verdicts.copy_fraction)
+    return Section("p2p", title, data, findings)
+
+
+def _p2p_matrix(node: Mapping[str, Any]) -> list[dict[str, Any]]:
+    count = len(node["gpus"])
+    cell = {(p["src"], p["dst"]): p for p in node["pairs"]}
+    rows = []
+    for src in range(count):
+        row: dict[str, Any] = {"src": _gpu_name(node, src)}
+        for dst in range(count):
+            pair = cell.get((src, dst))
+            row[f"to cuda:{dst}"] = None if pair is None else (
+                round(pair["gbps"], 1) if pair["gbps"] is not None else "no P2P")
+        rows.append(row)
+    return rows
+
+
+def _gpu_name(node: Mapping[str, Any], index: int) -> str:
+    gpu = node["gpus"][index]
+    head = f"GPU {gpu['nvml_index']}" if gpu.get("nvml_index") is not None else "?"
+    return f"cuda:{index} ({head})"
+
+
+def p2p_findings(node: Mapping[str, Any], where: str, fraction: float) -> list[Finding]:
+    """Pairs without peer access while others have it; pairs slow against the median."""
+    pairs = node["pairs"]
+    measured = {(p["src"], p["dst"]): p["gbps"] for p in pairs if p["gbps"] is not None}
+    if not measured:
+        return [skip("stress.p2p", f"{where}: no GPU pair has peer access (PCIe without "
+                     "P2P support, or P2P disabled): copies go through host memory",
+                     subject=where)]
+    findings = []
+    blocked = [p for p in pairs if not p["peer_access"]]
+    if blocked:
+        listed = ", ".join(f"cuda:{p['src']}->cuda:{p['dst']}" for p in blocked[:8])
+        findings.append(warn("stress.p2p", f"{where}: {len(blocked)} pair(s) without peer "
+                             f"access while {len(measured)} have it ({listed})",
+                             hint="check nvidia-smi topo -m and nvidia-smi topo -p2p r; ACS "
+                             "or an IOMMU setting can block P2P between some GPUs",
+                             subject=where))
+    median, slow = slow_vs_median(dict(enumerate(measured.values())), fraction)
+    keys = list(measured)
+    for index, ratio in slow.items():
+        src, dst = keys[index]
+        findings.append(warn("stress.p2p", f"{where}: cuda:{src}->cuda:{dst} copies at "
+                             f"{measured[(src, dst)]:.4g} GB/s, {ratio:.2f}x the median pair "
+                             f"({median:.4g} GB/s)",
+                             hint="check this pair's link: nvidia-smi nvlink -s / -e for "
+                             "NVLink errors, nvidia-smi topo -m for the path",
+                             subject=f"{where} cuda:{src}->cuda:{dst}"))
+    if not findings:
+        findings.append(ok("stress.p2p", f"{where}: {len(measured)} pairs, all at or above "
+                           f"{fraction:g} x the median pair ({median:.4g} GB/s)"))
+    return findings
+
+
+def failure_section(findings: list[Finding], partial: bool, summary: str) -> Section:
+    """The failure as FAIL findings; says whether the sections above are partial."""
+    data = {"outcome": summary,
+            "results_above": "partial: measured before the failure" if partial else "none"}
+    return Section("failure", "Run failed", data,
+                   findings or [fail("stress.failed", summary, hint="see the ranks' output")])

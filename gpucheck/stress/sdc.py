@@ -1,0 +1,97 @@
+"""Which rank computed a wrong result? Pure judgement over per-rank digests and a reference.
+
+Meant for any command that compares the same computation across ranks (stress's
+burn-in; bench's consistency check could use it to break its two-rank tie):
+
+- each rank's result is summarised by a `digest` (a hash of its exact bits) and, when
+  a reference (fp64 on the CPU) was computed, by its `deviation` from it: the largest
+  |result - reference| over the compared elements / the largest |reference|;
+- ranks that should agree bit for bit (same GPU model, same library versions: the same
+  kernels on the same inputs) share a `group`;
+- a rank is wrong when its deviation is beyond the dtype's tolerance (or not finite),
+  or when a strict majority of its group shares a digest and it does not;
+- ranks that disagree bitwise where no majority exists (two ranks, a 2-2 split) and
+  the reference cannot tell apart (both within tolerance) stay `undecided`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+# Largest |result - fp64 reference| / largest |reference| a healthy GPU stays under.
+# Inputs are rounded to the dtype on both sides, so this is accumulation order
+# (fp32 accumulators) plus the output's rounding: bf16 keeps 8 bits (0.4% of the
+# value), fp16 11, TF32 rounds the inputs' mantissas to 10 bits (~5e-4 relative).
+# Each tolerance is several times that; a flipped exponent or sign bit, or a wrong
+# tile, is far beyond it.
+TOLERANCE = {"fp32": 1e-4, "tf32": 1e-2, "fp16": 1e-2, "bf16": 2e-2}
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """Who is wrong, who cannot be told apart, and why."""
+
+    wrong: dict[int, str] = field(default_factory=dict)  # rank -> reason
+    undecided: tuple[int, ...] = ()
+
+    def agreeing(self, ranks: list[int]) -> list[int]:
+        return [r for r in ranks if r not in self.wrong and r not in self.undecided]
+
+
+def beyond(deviation: float | None, tolerance: float) -> bool:
+    """A deviation beyond tolerance; NaN and inf count (a non-finite result is wrong)."""
+    return deviation is not None and not (deviation <= tolerance)
+
+
+def odd_by_majority(digests: Mapping[int, str]) -> tuple[int, ...] | None:
+    """Ranks whose digest differs from the one a strict majority shares; () when all
+    agree; None when no digest has a strict majority (nobody can be named by vote)."""
+    if not digests:
+        return ()
+    winner, votes = Counter(digests.values()).most_common(1)[0]
+    if votes * 2 <= len(digests):
+        return None
+    return tuple(sorted(r for r, d in digests.items() if d != winner))
+
+
+def judge(digests: Mapping[int, str], deviations: Mapping[int, float | None],
+          tolerance: float, groups: Mapping[int, str] | None = None) -> Judgement:
+    """Name the wrong ranks from their digests and their deviations from a reference.
+
+    The reference speaks first (it needs no majority, so it names the wrong GPU of
+    one or two); the ranks it cleared are then compared bitwise within their group.
+    """
+    wrong = {r: f"deviates {d:.3g} from the CPU reference (tolerance {tolerance:g})"
+             for r, d in sorted(deviations.items()) if beyond(d, tolerance)}
+    undecided: list[int] = []
+    by_group: dict[str, dict[int, str]] = {}
+    for rank, digest in digests.items():
+        if rank not in wrong:
+            by_group.setdefault((groups or {}).get(rank, ""), {})[rank] = digest
+    for members in by_group.values():
+        odd = odd_by_majority(members)
+        if odd is None:
+            undecided += sorted(members)
+            continue
+        for rank in odd:
+            wrong[rank] = (f"its result differs bitwise from the {len(members) - len(odd)} "
+                           "other rank(s) of the same GPU model, which agree")
+    return Judgement(wrong=dict(sorted(wrong.items())), undecided=tuple(sorted(undecided)))
+
+
+def relative_deviation(values: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |values - reference| / max |reference| (inf when `values` is not finite)."""
+    import torch
+
+    got = values.to(torch.float64)
+    if not bool(torch.isfinite(got).all()):
+        return math.inf
+    scale = max(float(reference.abs().max()), 1e-30)
+    return float((got - reference).abs().max()) / scale

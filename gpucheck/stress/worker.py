@@ -1,0 +1,273 @@
+"""`gpucheck stress` on every rank: all GPUs at once, one rank per GPU.
+
+Phases, each started together after a barrier and ended with an all_gather of every
+rank's record: GEMM throughput per dtype, device memory bandwidth, the burn-in for
+silent data corruption, host<->device copies (each GPU alone, then all at once) and
+the peer-copy matrix. Rank 0 publishes the results after every phase
+(`gpucheck.distributed.progress`), so a failure or a stop keeps what was measured.
+Knows nothing of reports: rank 0 returns the gathered results, the others None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpucheck.distributed import progress
+from gpucheck.distributed.session import gpu_identity, process_group, roster
+from gpucheck.distributed.world import World, host_name
+from gpucheck.stress import burn as sdc_burn
+from gpucheck.stress.copies import copy_buffers, host_copies, peer_matrix
+from gpucheck.stress.gemm import measure_gemm
+from gpucheck.stress.hooks import Hook, load_hook
+from gpucheck.stress.membw import copy_bytes, free_device_bytes, measure_copy
+from gpucheck.stress.numa import Placement, cpulist, place_this_rank, read_link
+from gpucheck.stress.sdc import TOLERANCE, relative_deviation
+
+PHASES = ("gemm", "membw", "sdc", "copies", "p2p")
+CPU_SKIP = "CPU ranks: there is no host<->device or peer link to measure"
+
+
+@dataclass(frozen=True)
+class StressSpec:
+    """Everything a rank needs, settled before any rank starts (picklable)."""
+
+    device: str  # "cuda" or "cpu"
+    backend: str
+    timeout_s: float
+    dtypes: tuple[str, ...]  # GEMM dtypes; the first is the burn-in's
+    size: int  # n of the n x n x n products
+    duration_s: float  # the burn-in's length
+    warmup_s: float  # before each timed window
+    gemm_window_s: float  # timed GEMM per dtype
+    membw_window_s: float
+    pin_numa: bool = True
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """This rank's fixed facts for the phases."""
+
+    spec: StressSpec
+    world: World
+    device: Any  # torch.device
+    hook: Hook | None
+    bus_id: str | None
+
+
+Phase = Callable[[RankContext, dict[str, Any]], None]
+
+
+def stress_worker(spec: StressSpec) -> dict[str, Any] | None:
+    """Run every phase on this rank; rank 0 returns the gathered results."""
+    with process_group(spec.backend, spec.device, spec.timeout_s) as world:
+        ctx = _context(spec, world)
+        result = _initial_result(ctx)
+        with watch_faults(ctx, result):
+            for name, phase in _phases():
+                progress.set_step(name)
+                phase(ctx, result)
+                result["phases_done"].append(name)
+                _publish(ctx, result)
+        result["complete"] = True
+        progress.set_step(None)
+        _publish(ctx, result)
+    return result if world.is_reporter else None
+
+
+@contextlib.contextmanager
+def watch_faults(ctx: RankContext, result: dict[str, Any]) -> Iterator[None]:
+    """THE PLACE FOR THE PER-GPU FAULT WATCHER (gpucheck.faults, not wired yet).
+
+    It should start here on every rank, watching this rank's GPU (ctx.bus_id,
+    gpu_identity()) for the whole run, and on the way out put what it saw into
+    result["faults"] (then gathered to rank 0 like the phases' records), so the
+    report can tie an XID or a throttle event to the phase it happened in
+    (progress.current_step()). Until then: nothing, and result["faults"] stays None.
+    """
+    yield
+
+
+def _phases() -> list[tuple[str, Phase]]:
+    return [("gemm", _gemm), ("membw", _membw), ("sdc", _sdc), ("copies", _copies),
+            ("p2p", _p2p)]
+
+
+def _context(spec: StressSpec, world: World) -> RankContext:
+    import torch
+
+    gpu = gpu_identity() if spec.device == "cuda" else None
+    device = torch.device("cuda", world.device_index) if spec.device == "cuda" else \
+        torch.device("cpu")
+    return RankContext(spec, world, device, load_hook(world.rank), gpu.pci_bus_id if gpu else None)
+
+
+def _initial_result(ctx: RankContext) -> dict[str, Any]:
+    """Place the rank on its GPU's NUMA node, then the roll of ranks with placements."""
+    spec = ctx.spec
+    placement = _place(ctx)
+    mine = _rank_row(ctx, placement)
+    rows = {int(r["rank"]): r for r in _gather(ctx, mine)}
+    ranks = [asdict(info) | rows.get(info.rank, {}) for info in roster()]
+    return {"world_size": ctx.world.world_size, "device": spec.device, "backend": spec.backend,
+            "dtypes": list(spec.dtypes), "size": spec.size, "duration_s": spec.duration_s,
+            "ranks": ranks, "gemm": [], "membw": None, "sdc": None, "copies": None,
+            "p2p": None, "faults": None, "phases_planned": list(PHASES), "phases_done": [],
+            "complete": False}
+
+
+def _place(ctx: RankContext) -> Placement:
+    """GPU ranks: onto the GPU's NUMA node. CPU ranks: split the cores (as bench)."""
+    import torch
+
+    if ctx.spec.device == "cuda":
+        return place_this_rank(ctx.bus_id, ctx.spec.pin_numa)
+    allowed = tuple(sorted(os.sched_getaffinity(0)))
+    torch.set_num_threads(max(1, len(allowed) // ctx.world.local_world_size))
+    return Placement(None, (), allowed, None, False)
+
+
+def _rank_row(ctx: RankContext, placement: Placement) -> dict[str, Any]:
+    import torch
+
+    gpu = gpu_identity() if ctx.spec.device == "cuda" else None
+    return {"rank": ctx.world.rank, "gpu_name": gpu.name if gpu else None,
+            "cpus": cpulist(placement.cpus), "numa_node": placement.numa_node,
+            "gpu_cpus": cpulist(placement.gpu_cpus) or None,
+            "on_gpu_numa_node": placement.on_gpu_node, "pinned": placement.pinned,
+            "threads": torch.get_num_threads(), "group": _kernel_group(ctx)}
+
+
+def _kernel_group(ctx: RankContext) -> str:
+    """Ranks whose products should agree bit for bit: same model, same libraries."""
+    import torch
+
+    versions = f"torch {torch.__version__}"
+    if ctx.spec.device == "cuda":
+        props = torch.cuda.get_device_properties(ctx.device)
+        return f"{props.name}, {props.multi_processor_count} SMs, {versions}, " \
+               f"CUDA {torch.version.cuda}"
+    return f"{_cpu_name()}, {torch.get_num_threads()} threads, {versions}"
+
+
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _gather(ctx: RankContext, mine: Any) -> list[Any]:
+    import torch.distributed as dist
+
+    every: list[Any] = [None] * ctx.world.world_size
+    dist.all_gather_object(every, mine)
+    return every
+
+
+def _barrier(ctx: RankContext) -> None:
+    """Every rank starts the next phase together. On CUDA name this rank's GPU."""
+    import torch.distributed as dist
+
+    if ctx.spec.device == "cuda":
+        dist.barrier(device_ids=[ctx.world.device_index])
+    else:
+        dist.barrier()
+
+
+def _publish(ctx: RankContext, result: dict[str, Any]) -> None:
+    if ctx.world.is_reporter:
+        progress.publish_partial(result)
+
+
+def _gemm(ctx: RankContext, result: dict[str, Any]) -> None:
+    spec = ctx.spec
+    for dtype in spec.dtypes:
+        progress.set_step(f"gemm {dtype} {spec.size}^3")
+        _barrier(ctx)
+        record = measure_gemm(ctx.world.rank, dtype, spec.size, ctx.device, spec.device,
+                              spec.warmup_s, spec.gemm_window_s, ctx.hook)
+        result["gemm"] += _gather(ctx, asdict(record))
+        _publish(ctx, result)
+
+
+def _membw(ctx: RankContext, result: dict[str, Any]) -> None:
+    spec = ctx.spec
+    size = copy_bytes(spec.device, free_device_bytes(spec.device))
+    _barrier(ctx)
+    record = measure_copy(ctx.world.rank, size, ctx.device, spec.device, spec.warmup_s,
+                          spec.membw_window_s, ctx.hook)
+    result["membw"] = _gather(ctx, asdict(record))
+
+
+def _sdc(ctx: RankContext, result: dict[str, Any]) -> None:
+    """Burn in; gather digests and row checks; rank 0 compares the rows to an fp64
+    CPU reference (the whole product at CPU sizes)."""
+    import torch
+
+    spec, dtype = ctx.spec, ctx.spec.dtypes[0]
+    group = next(r["group"] for r in result["ranks"] if r["rank"] == ctx.world.rank)
+    _barrier(ctx)
+    record, golden, checks = sdc_burn.burn(ctx.world.rank, dtype, spec.size, ctx.device,
+                                           spec.device, spec.duration_s, group, ctx.hook)
+    progress.set_step("sdc: comparing results across ranks")
+    every = _gather(ctx, (asdict(record), checks))
+    rows = sdc_burn.rows_to_check(spec.size, [c for _, c in every])
+    index = torch.tensor(rows, dtype=torch.long, device=golden.device)
+    values = _gather(ctx, golden[index].float().cpu())
+    del golden
+    deviations = None
+    if ctx.world.is_reporter:
+        progress.set_step("sdc: CPU reference")
+        reference = sdc_burn.reference_rows(spec.size, dtype, rows)
+        deviations = [relative_deviation(v, reference) for v in values]
+    result["sdc"] = {"dtype": dtype, "size": spec.size, "duration_s": spec.duration_s,
+                     "tolerance": TOLERANCE[dtype], "rows_checked": len(rows),
+                     "records": [r for r, _ in every], "reference_deviations": deviations}
+
+
+def _copies(ctx: RankContext, result: dict[str, Any]) -> None:
+    """Pinned host copies: each GPU alone (local ranks take turns), then all at once."""
+    if ctx.spec.device != "cuda":
+        result["copies"] = {"skipped": CPU_SKIP}
+        return
+    import torch
+
+    world = ctx.world
+    host, dev = copy_buffers(ctx.device)
+    alone = None
+    for turn in range(world.local_world_size):
+        _barrier(ctx)
+        if world.local_rank == turn:
+            alone = host_copies(world.rank, "alone", host, dev)
+    _barrier(ctx)
+    together = host_copies(world.rank, "together", host, dev)
+    # Read under load: an idle GPU's link may have dropped its speed to save power.
+    link = read_link(ctx.bus_id) if ctx.bus_id else None
+    del host, dev
+    torch.cuda.empty_cache()
+    row = {"rank": world.rank, "size_bytes": together.size_bytes,
+           "h2d_alone_gbps": alone.h2d_gbps if alone else None,
+           "d2h_alone_gbps": alone.d2h_gbps if alone else None,
+           "h2d_together_gbps": together.h2d_gbps, "d2h_together_gbps": together.d2h_gbps,
+           "link": link.label() if link else None, "link_gbps": link.rate_gbps if link else None}
+    result["copies"] = {"rows": _gather(ctx, row)}
+
+
+def _p2p(ctx: RankContext, result: dict[str, Any]) -> None:
+    """Each node's local rank 0 measures the peer matrix; the others wait."""
+    if ctx.spec.device != "cuda":
+        result["p2p"] = {"skipped": CPU_SKIP}
+        return
+    world = ctx.world
+    _barrier(ctx)
+    mine = None
+    if world.local_rank == 0:
+        mine = {"node_rank": world.node_rank, "host": host_name(),
+                **peer_matrix(world.local_world_size)}
+    result["p2p"] = {"nodes": [m for m in _gather(ctx, mine) if m is not None]}
