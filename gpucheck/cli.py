@@ -20,7 +20,7 @@ from gpucheck.output import check_writable, write_atomic
 from gpucheck.render import FORMATS, format_for, render
 from gpucheck.report import Report
 
-COMMANDS = ("env", "bench", "comm")
+COMMANDS = ("env", "bench", "comm", "stress")
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
