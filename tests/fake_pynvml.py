@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import ctypes
 import string
+import threading
 import time
 import types
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +56,38 @@ CONSTANTS = {
     "NVML_GPU_FABRIC_STATE_NOT_SUPPORTED": 0, "NVML_GPU_FABRIC_STATE_NOT_STARTED": 1,
     "NVML_GPU_FABRIC_STATE_IN_PROGRESS": 2, "NVML_GPU_FABRIC_STATE_COMPLETED": 3,
     "nvmlGpuFabricInfo_v2": 0x02000024,
+    # Fault counters and events (gpucheck.faults).
+    "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS": 0,
+    "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR": 1,
+    "NVML_NVLINK_ERROR_DL_REPLAY": 0, "NVML_NVLINK_ERROR_DL_RECOVERY": 1,
+    "NVML_NVLINK_ERROR_DL_CRC_FLIT": 2, "NVML_NVLINK_ERROR_DL_CRC_DATA": 3,
+    "NVML_FI_DEV_PERF_POLICY_POWER": 74,
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP": 74,
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN": 269,
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN": 270,
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN": 271,
+    "NVML_VALUE_TYPE_DOUBLE": 0, "NVML_VALUE_TYPE_UNSIGNED_INT": 1,
+    "NVML_VALUE_TYPE_UNSIGNED_LONG": 2, "NVML_VALUE_TYPE_UNSIGNED_LONG_LONG": 3,
+    "NVML_VALUE_TYPE_SIGNED_LONG_LONG": 4, "NVML_VALUE_TYPE_SIGNED_INT": 5,
+    "NVML_VALUE_TYPE_UNSIGNED_SHORT": 6,
+    "nvmlEventTypeSingleBitEccError": 0x1, "nvmlEventTypeDoubleBitEccError": 0x2,
+    "nvmlEventTypePState": 0x4, "nvmlEventTypeXidCriticalError": 0x8,
+    "nvmlEventTypeClock": 0x10, "nvmlEventTypePowerSourceChange": 0x80,
+    "nvmlEventMigConfigChange": 0x100, "nvmlEventTypeSingleBitEccErrorStorm": 0x200,
+    "nvmlEventTypeDramRetirementEvent": 0x400, "nvmlEventTypeDramRetirementFailure": 0x800,
+    "nvmlEventTypeNonFatalPoisonError": 0x1000, "nvmlEventTypeFatalPoisonError": 0x2000,
+    "nvmlEventTypeGpuUnavailableError": 0x4000, "nvmlEventTypeGpuRecoveryAction": 0x8000,
+    "nvmlEventTypeNone": 0x0,
+    "nvmlClocksEventReasonApplicationsClocksSetting": 0x2,
+    "nvmlClocksEventReasonSyncBoost": 0x10, "nvmlClocksEventReasonDisplayClockSetting": 0x100,
+    "NVML_GPU_RECOVERY_ACTION_NONE": 0, "NVML_GPU_RECOVERY_ACTION_GPU_RESET": 1,
+    "NVML_GPU_RECOVERY_ACTION_NODE_REBOOT": 2, "NVML_GPU_RECOVERY_ACTION_DRAIN_P2P": 3,
+    "NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET": 4,
 }
+# What an H100/H200 answers to nvmlDeviceGetSupportedEventTypes (no storm, no poison).
+H200_EVENT_TYPES = 0x1 | 0x2 | 0x4 | 0x8 | 0x10 | 0x80 | 0x100
+# Clock-event reason time counters (ns) a recent driver answers; other field ids: NotSupported.
+SLOWDOWN_FIELD_IDS = (74, 269, 270, 271)
 FABRIC_COMPLETED_OK = (3, 0)  # (NVML_GPU_FABRIC_STATE_COMPLETED, NVML_SUCCESS)
 
 
@@ -76,6 +109,35 @@ class c_nvmlGpuFabricInfo_v2_t(ctypes.Structure):
         super().__init__(version=CONSTANTS["nvmlGpuFabricInfo_v2"])
 
 
+class c_nvmlValue_t(ctypes.Union):
+    """As pynvml: the value union of a field value."""
+
+    _fields_ = [("dVal", ctypes.c_double), ("uiVal", ctypes.c_uint), ("ulVal", ctypes.c_ulong),
+                ("ullVal", ctypes.c_ulonglong), ("sllVal", ctypes.c_longlong),
+                ("siVal", ctypes.c_int), ("usVal", ctypes.c_ushort)]
+
+
+class c_nvmlFieldValue_t(ctypes.Structure):
+    """As pynvml: one entry of nvmlDeviceGetFieldValues' answer (its own nvmlReturn)."""
+
+    _fields_ = [("fieldId", ctypes.c_uint32), ("scopeId", ctypes.c_uint32),
+                ("timestamp", ctypes.c_int64), ("latencyUsec", ctypes.c_int64),
+                ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
+                ("value", c_nvmlValue_t)]
+
+
+class c_nvmlEventData_t(ctypes.Structure):
+    """As pynvml: what nvmlEventSetWait_v2 returns (`device` is an opaque pointer)."""
+
+    _fields_ = [("device", ctypes.c_void_p), ("eventType", ctypes.c_ulonglong),
+                ("eventData", ctypes.c_ulonglong), ("gpuInstanceId", ctypes.c_uint),
+                ("computeInstanceId", ctypes.c_uint)]
+
+
+# Structs pynvml builds and returns; their nested types are pynvml's own classes, so
+# tests compare them by field names, offsets and sizes rather than by `_fields_`.
+RETURNED_STRUCTS = {"c_nvmlFieldValue_t": c_nvmlFieldValue_t,
+                    "c_nvmlEventData_t": c_nvmlEventData_t, "c_nvmlValue_t": c_nvmlValue_t}
 STRUCTS = {"c_nvmlGpuFabricInfo_t": c_nvmlGpuFabricInfo_t,
            "c_nvmlGpuFabricInfo_v2_t": c_nvmlGpuFabricInfo_v2_t,
            "c_nvmlGpuFabricInfoV_t": c_nvmlGpuFabricInfo_v2_t}
@@ -117,10 +179,22 @@ class FakeGpu:
     ecc_mode: list[int] = field(default_factory=lambda: [1, 1])
     ecc_volatile_unc: int = 0
     ecc_aggregate_unc: int = 0
+    ecc_volatile_cor: int = 0
+    ecc_aggregate_cor: int = 0
     retired_pending: int = 0
+    # Retired page addresses per NVML_PAGE_RETIREMENT_CAUSE_* (0: multiple SBE, 1: DBE).
+    retired_pages: dict[int, list[int]] = field(default_factory=dict)
     remapped: tuple[int, int, int, int] = (0, 0, 0, 0)
     clock_reasons: int = 0x1
+    pcie_replays: int = 0
     nvlinks: int = 18
+    nvlinks_down: set[int] = field(default_factory=set)  # links whose state reads 0
+    # (link, NVML_NVLINK_ERROR_DL_*) -> count; absent pairs read 0.
+    nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)
+    # nvmlDeviceGetFieldValues: field id -> value (ULL); other ids answer NotSupported.
+    field_values: dict[int, int] = field(
+        default_factory=lambda: dict.fromkeys(SLOWDOWN_FIELD_IDS, 0))
+    event_types: int = H200_EVENT_TYPES
     # (state, status) of nvmlDeviceGetGpuFabricInfo*; None: the GPU has no fabric (NotSupported).
     fabric: tuple[int, int] | None = FABRIC_COMPLETED_OK
     # Seconds the first nvmlDeviceGetHandleByIndex after nvmlInit takes (GPU bring-up).
@@ -133,6 +207,22 @@ class FakeGpu:
 class _Handle:
     def __init__(self, index: int) -> None:
         self.index = index
+
+
+class _EventSet:
+    """An nvmlEventSet_t: per GPU index the registered type mask, and a queue."""
+
+    def __init__(self) -> None:
+        self.masks: dict[int, int] = {}
+        self.queue: deque[c_nvmlEventData_t] = deque()
+        self.ready = threading.Condition()
+        self.freed = False
+
+
+def _bus_key(bus_id: str) -> str:
+    """NVML takes "0000:9a:00.0" and "00000000:9A:00.0" alike."""
+    domain, rest = bus_id.strip().upper().split(":", 1)
+    return f"{int(domain, 16):08X}:{rest}"
 
 
 def _error_classes(module: types.ModuleType) -> None:
@@ -181,6 +271,7 @@ class FakeNvml:
         self.gpus, self.driver, self.cuda_driver = gpus, driver, cuda_driver
         self.init_error, self.topology, self.initialised = init_error, topology, False
         self.absent, self.hang_s, self.attached = absent, hang_s, set()
+        self.event_sets: list[_EventSet] = []
         self.module = types.ModuleType("pynvml")
         _error_classes(self.module)
         for key, value in {**CONSTANTS, **STRUCTS}.items():
@@ -320,7 +411,7 @@ class FakeNvml:
                                     counterType: int) -> int:
         gpu = self._gpu(handle, "nvmlDeviceGetTotalEccErrors")
         if errorType != 1:
-            return 0
+            return gpu.ecc_volatile_cor if counterType == 0 else gpu.ecc_aggregate_cor
         return gpu.ecc_volatile_unc if counterType == 0 else gpu.ecc_aggregate_unc
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, device: _Handle) -> int:
@@ -339,7 +430,7 @@ class FakeNvml:
         gpu = self._gpu(device, "nvmlDeviceGetNvLinkState")
         if link >= gpu.nvlinks:
             self._raise("NotSupported" if gpu.nvlinks == 0 else "InvalidArgument")
-        return 1
+        return 0 if link in gpu.nvlinks_down else 1
 
     def nvmlDeviceGetTopologyCommonAncestor(self, device1: _Handle, device2: _Handle) -> int:
         self._gpu(device1, "nvmlDeviceGetTopologyCommonAncestor")
@@ -368,3 +459,109 @@ class FakeNvml:
         a = self._gpu(device1, "nvmlDeviceGetP2PStatus")
         b = self._gpu(device2, "nvmlDeviceGetP2PStatus")
         return 0 if a.nvlinks and b.nvlinks else 5
+
+    # -- fault counters (gpucheck.faults) --------------------------------------------
+
+    def _check(self, fn: str) -> None:
+        if fn in self.absent:
+            self._raise("FunctionNotFound")
+        if not self.initialised:
+            self._raise("Uninitialized")
+
+    def nvmlDeviceGetHandleByPciBusId(self, pciBusId: str) -> _Handle:
+        self._check("nvmlDeviceGetHandleByPciBusId")
+        for index, gpu in enumerate(self.gpus):
+            if _bus_key(gpu.bus_id) == _bus_key(pciBusId):
+                if index not in self.attached:
+                    time.sleep(gpu.first_attach_s)
+                    self.attached.add(index)
+                if gpu.lost:
+                    self._raise("GpuIsLost")
+                return _Handle(index)
+        self._raise("NotFound")
+        raise AssertionError("unreachable")
+
+    def nvmlDeviceGetIndex(self, handle: _Handle) -> int:
+        self._gpu(handle, "nvmlDeviceGetIndex")
+        return handle.index
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: _Handle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPcieReplayCounter").pcie_replays
+
+    def nvmlDeviceGetRetiredPages(self, device: _Handle, sourceFilter: int) -> list[int]:
+        gpu = self._gpu(device, "nvmlDeviceGetRetiredPages")
+        return list(gpu.retired_pages.get(sourceFilter, []))
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: _Handle, link: int, counter: int) -> int:
+        gpu = self._gpu(device, "nvmlDeviceGetNvLinkErrorCounter")
+        if link >= gpu.nvlinks:
+            self._raise("NotSupported" if gpu.nvlinks == 0 else "InvalidArgument")
+        return gpu.nvlink_errors.get((link, counter), 0)
+
+    def nvmlDeviceGetFieldValues(self, handle: _Handle, fieldIds: list[Any]) -> Any:
+        """As pynvml: an array of c_nvmlFieldValue_t, each with its own nvmlReturn."""
+        gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        values = (c_nvmlFieldValue_t * len(fieldIds))()
+        for value, field_id in zip(values, fieldIds, strict=True):
+            value.fieldId, value.scopeId = (field_id if isinstance(field_id, tuple)
+                                            else (field_id, 0))
+            value.timestamp = time.time_ns() // 1000
+            if value.fieldId in gpu.field_values:
+                value.valueType = CONSTANTS["NVML_VALUE_TYPE_UNSIGNED_LONG_LONG"]
+                value.value.ullVal = gpu.field_values[value.fieldId]
+            else:
+                value.nvmlReturn = ERROR_CODES["NOT_SUPPORTED"]
+        return values
+
+    # -- events ----------------------------------------------------------------------
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: _Handle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetSupportedEventTypes").event_types
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        self._check("nvmlEventSetCreate")
+        event_set = _EventSet()
+        self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceRegisterEvents(self, handle: _Handle, eventTypes: int,
+                                 eventSet: _EventSet) -> None:
+        gpu = self._gpu(handle, "nvmlDeviceRegisterEvents")
+        if eventTypes & ~gpu.event_types:  # NVML refuses the whole call
+            self._raise("NotSupported")
+        eventSet.masks[handle.index] = eventSet.masks.get(handle.index, 0) | eventTypes
+
+    def nvmlEventSetWait_v2(self, eventSet: _EventSet, timeoutms: int) -> c_nvmlEventData_t:
+        """The next queued event, waiting up to `timeoutms`; NVMLError_Timeout when none."""
+        self._check("nvmlEventSetWait_v2")
+        if eventSet.freed:
+            self._raise("InvalidArgument")
+        with eventSet.ready:
+            if not eventSet.queue:
+                eventSet.ready.wait(timeoutms / 1000.0)
+            if eventSet.queue:
+                return eventSet.queue.popleft()
+        self._raise("Timeout")
+        raise AssertionError("unreachable")
+
+    def nvmlEventSetWait(self, eventSet: _EventSet, timeoutms: int) -> c_nvmlEventData_t:
+        return self.nvmlEventSetWait_v2(eventSet, timeoutms)
+
+    def nvmlEventSetFree(self, eventSet: _EventSet) -> None:
+        self._check("nvmlEventSetFree")
+        eventSet.freed = True
+
+    def deliver_event(self, index: int, event_type: int, data: int = 0) -> int:
+        """The driver raises an event on GPU `index` (an XID: `data` is its number);
+        queued in every live set registered for it. Returns how many sets got it."""
+        delivered = 0
+        for event_set in self.event_sets:
+            if event_set.freed or not event_set.masks.get(index, 0) & event_type:
+                continue
+            with event_set.ready:
+                event_set.queue.append(c_nvmlEventData_t(
+                    device=index + 1, eventType=event_type, eventData=data,
+                    gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF))
+                event_set.ready.notify_all()
+            delivered += 1
+        return delivered

@@ -1,0 +1,191 @@
+"""One GPU's error counters, read before and after a load.
+
+The `nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT`, `nvidia-smi -q` "Replays
+Since Reset" and `nvidia-smi nvlink -e` view, as plain integers: every value is
+an int, or None where this GPU or driver does not have the counter (n/a; ECC
+off, no NVLink, a pre-Ampere GPU without row remapping, ...). Flags (a pending
+remap) are 0/1 so that before, after and delta have one shape.
+
+Every call goes through the `Nvml` doorway; a failure that is not "not
+available" (the GPU is lost, the driver hangs) raises `NvmlFailure`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class NvmlDoor(Protocol):
+    """What the watcher needs of the doorway: `Nvml`, or `Nvml` with its calls metered."""
+
+    @property
+    def module(self) -> Any: ...
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any: ...
+
+    def get(self, name: str, *args: Any, default: Any = None, **kwargs: Any) -> Any: ...
+
+
+# Failures that mean the GPU (or the driver) stopped answering: a fault, never n/a.
+LOST_KINDS = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired", "Timeout")
+# Counter name -> what `nvidia-smi` calls it (docs/faults.md has the full table).
+COUNTERS: dict[str, str] = {
+    "ecc_uncorrected": "ecc.errors.uncorrected.volatile.total",
+    "ecc_corrected": "ecc.errors.corrected.volatile.total",
+    "remapped_rows_pending": "remapped_rows.pending",
+    "remapped_rows_failed": "remapped_rows.failure",
+    "remapped_rows_uncorrected": "remapped_rows.uncorrectable",
+    "remapped_rows_corrected": "remapped_rows.correctable",
+    "retired_pages_dbe": "retired_pages.double_bit.count",
+    "retired_pages_sbe": "retired_pages.single_bit_ecc.count",
+    "retired_pages_pending": "retired_pages.pending",
+    "pcie_replays": "Replays Since Reset (nvidia-smi -q)",
+    "nvlink_active_links": "nvidia-smi nvlink --status",
+    "nvlink_crc_flit": "nvidia-smi nvlink -e: CRC Flit Errors",
+    "nvlink_crc_data": "nvidia-smi nvlink -e: CRC Data Errors",
+    "nvlink_replay": "nvidia-smi nvlink -e: Replay Errors",
+    "nvlink_recovery": "nvidia-smi nvlink -e: Recovery Errors",
+}
+# Our counter -> the pynvml constant of nvmlDeviceGetNvLinkErrorCounter's `counter`.
+NVLINK_ERRORS: dict[str, str] = {
+    "nvlink_crc_flit": "NVML_NVLINK_ERROR_DL_CRC_FLIT",
+    "nvlink_crc_data": "NVML_NVLINK_ERROR_DL_CRC_DATA",
+    "nvlink_replay": "NVML_NVLINK_ERROR_DL_REPLAY",
+    "nvlink_recovery": "NVML_NVLINK_ERROR_DL_RECOVERY",
+}
+# Fallbacks are nvml.h's values, for a pynvml too old to name them.
+_NVLINK_DEFAULTS = {"NVML_NVLINK_ERROR_DL_REPLAY": 0, "NVML_NVLINK_ERROR_DL_RECOVERY": 1,
+                    "NVML_NVLINK_ERROR_DL_CRC_FLIT": 2, "NVML_NVLINK_ERROR_DL_CRC_DATA": 3}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The counters at one moment; `per_link` keeps each active link's NVLink errors."""
+
+    values: dict[str, int | None]
+    links: tuple[int, ...] | None  # the active NVLinks; None: no NVLink (n/a)
+    per_link: dict[int, dict[str, int]] = field(default_factory=dict)
+
+
+def _flag(value: Any) -> int | None:
+    return None if value is None else int(bool(value))
+
+
+def _ecc(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
+    """Volatile (since the driver loaded) ECC totals; n/a when ECC is off."""
+    m = nvml.module
+    volatile = getattr(m, "NVML_VOLATILE_ECC", 0)
+    read = {"ecc_uncorrected": getattr(m, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+            "ecc_corrected": getattr(m, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)}
+    return {name: nvml.get("nvmlDeviceGetTotalEccErrors", handle, kind, volatile)
+            for name, kind in read.items()}
+
+
+def _remapped_rows(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
+    """Row remapper (Ampere and newer): (correctable, uncorrectable, pending, failure)."""
+    rows = nvml.get("nvmlDeviceGetRemappedRows", handle)
+    if rows is None:
+        return dict.fromkeys(("remapped_rows_corrected", "remapped_rows_uncorrected",
+                              "remapped_rows_pending", "remapped_rows_failed"))
+    return {"remapped_rows_corrected": int(rows[0]), "remapped_rows_uncorrected": int(rows[1]),
+            "remapped_rows_pending": _flag(rows[2]), "remapped_rows_failed": _flag(rows[3])}
+
+
+def _retired_pages(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
+    """Dynamic page retirement (before Ampere; newer GPUs remap rows instead)."""
+    m = nvml.module
+    causes = {"retired_pages_sbe": getattr(
+        m, "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", 0),
+        "retired_pages_dbe": getattr(m, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1)}
+    values: dict[str, int | None] = {}
+    for name, cause in causes.items():
+        pages = nvml.get("nvmlDeviceGetRetiredPages", handle, cause)
+        values[name] = None if pages is None else len(pages)
+    values["retired_pages_pending"] = _flag(
+        nvml.get("nvmlDeviceGetRetiredPagesPendingStatus", handle))
+    return values
+
+
+def active_links(nvml: NvmlDoor, handle: Any) -> tuple[int, ...] | None:
+    """The NVLinks that are up (`nvidia-smi nvlink --status`); None without NVLink.
+
+    NVML answers an error for link numbers past the GPU's last link, so the scan
+    stops at the first unanswered link, as in gpucheck/probes/gpus.py.
+    """
+    links: list[int] = []
+    for link in range(getattr(nvml.module, "NVML_NVLINK_MAX_LINKS", 18)):
+        state = nvml.get("nvmlDeviceGetNvLinkState", handle, link)
+        if state is None:
+            return None if link == 0 else tuple(links)
+        if state:
+            links.append(link)
+    return tuple(links)
+
+
+def _nvlink_errors(nvml: NvmlDoor, handle: Any,
+                   links: tuple[int, ...]) -> tuple[dict[str, int | None], dict[int, dict]]:
+    """Each error counter summed over `links`; None when no link has it."""
+    m = nvml.module
+    totals: dict[str, int | None] = dict.fromkeys(NVLINK_ERRORS)
+    per_link: dict[int, dict[str, int]] = {}
+    for link in links:
+        for name, constant in NVLINK_ERRORS.items():
+            counter = getattr(m, constant, _NVLINK_DEFAULTS[constant])
+            value = nvml.get("nvmlDeviceGetNvLinkErrorCounter", handle, link, counter)
+            if value is None:
+                continue
+            totals[name] = (totals[name] or 0) + int(value)
+            per_link.setdefault(link, {})[name] = int(value)
+    return totals, per_link
+
+
+def read_snapshot(nvml: NvmlDoor, handle: Any,
+                  error_links: tuple[int, ...] | None = None) -> Snapshot:
+    """All counters now. NVLink errors are read on `error_links` (after the run: the
+    links that were active before it, so a link that went down is still read), or
+    on the links active now when None."""
+    values: dict[str, int | None] = {}
+    values.update(_ecc(nvml, handle))
+    values.update(_remapped_rows(nvml, handle))
+    values.update(_retired_pages(nvml, handle))
+    replays = nvml.get("nvmlDeviceGetPcieReplayCounter", handle)
+    values["pcie_replays"] = None if replays is None else int(replays)
+    now_active = active_links(nvml, handle)
+    values["nvlink_active_links"] = None if now_active is None else len(now_active)
+    links = now_active if error_links is None else error_links
+    per_link: dict[int, dict[str, int]] = {}
+    values.update(dict.fromkeys(NVLINK_ERRORS))
+    if links:
+        errors, per_link = _nvlink_errors(nvml, handle, links)
+        values.update(errors)
+    return Snapshot(values, links, per_link)
+
+
+def delta(before: int | None, after: int | None) -> int | None:
+    """after - before; None (n/a) when either side is n/a."""
+    return None if before is None or after is None else after - before
+
+
+def counter_rows(before: Snapshot | None,
+                 after: Snapshot | None) -> dict[str, dict[str, int | None]]:
+    """{counter: {"before", "after", "delta"}} for the result dict (None = n/a)."""
+    rows = {}
+    for name in COUNTERS:
+        b = None if before is None else before.values.get(name)
+        a = None if after is None else after.values.get(name)
+        rows[name] = {"before": b, "after": a, "delta": delta(b, a)}
+    return rows
+
+
+def link_deltas(before: Snapshot | None, after: Snapshot | None) -> dict[str, dict[str, int]]:
+    """Per link, the NVLink error counters that grew ({"7": {"nvlink_crc_flit": 12}})."""
+    if before is None or after is None:
+        return {}
+    grown: dict[str, dict[str, int]] = {}
+    for link, values in after.per_link.items():
+        for name, value in values.items():
+            change = delta(before.per_link.get(link, {}).get(name), value)
+            if change:
+                grown.setdefault(str(link), {})[name] = change
+    return grown
