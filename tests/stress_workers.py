@@ -1,0 +1,54 @@
+"""Test-only hooks for `gpucheck stress`, selected with
+GPUCHECK_STRESS_TEST_HOOK=stress_workers:<function>.
+
+Each is called on every rank as hook(rank, phase, iteration, out) after every timed
+iteration of the "gemm", "membw" and "burn" loops (burn iteration 0 is the first
+result, the one the later products are compared with). Nothing in gpucheck imports
+this module; only tests set the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+SLOW_RANK = 1
+SLEEP_S = 0.02
+WRONG_RANK = 1
+CHANGE_AFTER = 5
+
+
+def _plant(out: Any) -> None:
+    """A wrong element far beyond any tolerance (and every bit pattern changes)."""
+    out.view(-1)[7] = out.view(-1)[7] * -2 + 1000
+
+
+def wrong_rank_one_always(rank: int, phase: str, iteration: int, out: Any) -> None:
+    """Rank 1's every burn-in product is wrong the same way: it agrees with itself,
+    so only the other ranks and the CPU reference can tell."""
+    if rank == WRONG_RANK and phase == "burn":
+        _plant(out)
+
+
+def changes_on_rank_one(rank: int, phase: str, iteration: int, out: Any) -> None:
+    """Rank 1's products go wrong from burn-in repetition CHANGE_AFTER on."""
+    if rank == WRONG_RANK and phase == "burn" and iteration >= CHANGE_AFTER:
+        _plant(out)
+
+
+def slow_rank_one_changes_on_rank_two(rank: int, phase: str, iteration: int,
+                                      out: Any) -> None:
+    """Three ranks: rank 1 sleeps in every iteration of every loop (a slow GPU);
+    rank 2's burn-in products go wrong after CHANGE_AFTER repetitions."""
+    if rank == SLOW_RANK:
+        time.sleep(SLEEP_S)
+    if rank == 2 and phase == "burn" and iteration >= CHANGE_AFTER:
+        _plant(out)
+
+
+def crash_rank_one_in_burn(rank: int, phase: str, iteration: int, out: Any) -> None:
+    """Rank 1 dies (no clean-up, as a crash) when the burn-in starts, after the GEMM
+    and memory phases have been measured and published."""
+    if rank == 1 and phase == "burn":
+        os._exit(3)
