@@ -1,0 +1,314 @@
+"""FaultWatch end to end on the fake pynvml: a watched "load" (a sleep) while the test,
+playing the driver, changes counters and delivers events mid-run."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from gpucheck.faults import FaultWatch, fault_findings, faults_section
+from gpucheck.faults.watch import THREAD_NAME
+from gpucheck.probes.nvml import Nvml
+from gpucheck.report import Finding, Status
+from tests.fake_pynvml import FakeGpu, FakeNvml
+
+BUS = "00000000:9A:00.0"
+XID, DBE = 0x8, 0x2  # nvmlEventTypeXidCriticalError, nvmlEventTypeDoubleBitEccError
+HW_THERMAL, IDLE, POWER_CAP = 0x40, 0x1, 0x4
+HW_THERM_FIELD = 270  # NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN (ns)
+LABEL = f"GPU 1 (NVIDIA H200, bus {BUS}, GPU-00000001-0000-0000-0000-000000000000)"
+
+
+def _fake(monkeypatch: pytest.MonkeyPatch, **gpu1) -> FakeNvml:
+    """Two H200s; the watched one is GPU 1 at BUS."""
+    fake = FakeNvml([FakeGpu(bus_id="00000000:18:00.0"), FakeGpu(bus_id=BUS, **gpu1)])
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    return fake
+
+
+def _wait_until(condition: Callable[[], bool], what: str) -> None:
+    """Wait for the watcher's thread; the deadline only keeps a broken test from hanging."""
+    deadline = time.monotonic() + 10.0
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.002)
+
+
+def _run(load: Callable[[FaultWatch], None] = lambda w: None, bus: str | None = BUS,
+         rank: int = 3, nvml: Nvml | None = None) -> dict:
+    """Watch `bus` around warm-up, a timed loop running `load`, and a tail."""
+    with FaultWatch(bus, nvml=nvml or Nvml(2.0), sample_s=0.005, rank=rank) as watch:
+        time.sleep(0.01)
+        watch.mark_start()
+        load(watch)
+        time.sleep(0.02)
+        watch.mark_end()
+    return watch.result()
+
+
+def _bad(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.status in (Status.WARN, Status.FAIL)]
+
+
+def _one(findings: list[Finding], check: str) -> Finding:
+    found = [f for f in findings if f.check == check]
+    assert len(found) == 1, [(f.check, f.status, f.message) for f in findings]
+    return found[0]
+
+
+def test_a_healthy_gpu_under_a_watched_load_stays_ok_with_every_counter_unchanged(
+        monkeypatch):
+    result = _run(lambda w: _wait_until(lambda: w.clock_samples >= 5, "5 clock samples"),
+                  nvml=None)
+    assert result["status"] == "watched" and result["gpu"] == LABEL
+    deltas = {name: row["delta"] for name, row in result["counters"].items()}
+    assert deltas and set(deltas.values()) == {0}
+    assert result["events"] == [] and result["errors"] == []
+    assert result["events_registered"] == ["ecc_corrected", "ecc_uncorrected", "xid"]
+    findings = fault_findings([result])
+    assert [(f.check, f.status) for f in findings] == [("faults.summary", Status.OK)]
+    assert findings[0].subject == f"rank 3 on {LABEL}"
+    assert "no new hardware fault" in findings[0].message
+
+
+@pytest.fixture(autouse=True)
+def _fake_gpus(request, monkeypatch):
+    """Every test here gets the default two-GPU fake unless it builds its own."""
+    if "fake" not in request.fixturenames:
+        _fake(monkeypatch)
+
+
+@pytest.fixture
+def fake(monkeypatch) -> FakeNvml:
+    return _fake(monkeypatch)
+
+
+def test_a_gpu_without_pcie_replay_or_nvlink_counters_gives_na_never_a_fail(monkeypatch):
+    _fake(monkeypatch, nvlinks=0, unsupported={"nvmlDeviceGetPcieReplayCounter",
+                                               "nvmlDeviceGetFieldValues"})
+    result = _run()
+    rows = result["counters"]
+    assert rows["pcie_replays"] == {"before": None, "after": None, "delta": None}
+    assert rows["nvlink_crc_flit"]["delta"] is None and rows["nvlink_active_links"]["after"] is None
+    assert set(result["clocks"]["slowdown_ms"].values()) == {None}
+    findings = fault_findings([result])
+    assert not _bad(findings)
+    summary = _one(findings, "faults.summary")
+    assert summary.status is Status.OK
+    assert "n/a: PCIe replay counter, NVLink (none on this GPU)" in summary.message
+
+
+def test_nvlink_error_counters_the_driver_lacks_are_na_too(monkeypatch):
+    _fake(monkeypatch, unsupported={"nvmlDeviceGetNvLinkErrorCounter"})
+    result = _run()
+    assert result["counters"]["nvlink_active_links"]["after"] == 18
+    assert result["counters"]["nvlink_replay"]["delta"] is None
+    findings = fault_findings([result])
+    assert not _bad(findings) and "NVLink error counters" in findings[0].message
+
+
+def test_an_uncorrected_ecc_error_mid_run_fails_naming_the_gpu_and_the_rank(fake):
+    def load(watch: FaultWatch) -> None:
+        fake.gpus[1].ecc_volatile_unc += 1
+        assert fake.deliver_event(1, DBE) == 1
+
+    result = _run(load)
+    assert result["counters"]["ecc_uncorrected"] == {"before": 0, "after": 1, "delta": 1}
+    failed = _one(fault_findings([result]), "faults.ecc.uncorrected")
+    assert failed.status is Status.FAIL and failed.subject == f"rank 3 on {LABEL}"
+    assert failed.message == "1 new uncorrected (double-bit) ECC error during the run"
+    assert failed.hint.startswith("action: drain-node:") and "nvidia-smi -r -i 1" in failed.hint
+
+
+def test_a_row_remap_that_becomes_pending_mid_run_fails_with_reset_gpu(fake):
+    def load(watch: FaultWatch) -> None:
+        fake.gpus[1].remapped = (0, 1, 1, 0)  # (correctable, uncorrectable, pending, failure)
+
+    findings = fault_findings([_run(load)])
+    failed = _one(findings, "faults.remapped_rows.pending")
+    assert failed.status is Status.FAIL and "became pending during the run" in failed.message
+    assert failed.hint.startswith("action: reset-gpu:")
+    assert {f.check for f in _bad(findings)} == {"faults.remapped_rows.pending"}
+
+
+def test_an_xid_79_delivered_mid_run_fails_with_the_xid_meaning(fake):
+    result = _run(lambda w: fake.deliver_event(1, XID, 79))
+    assert [(e["kind"], e["xid"], e["in_timed_loop"]) for e in result["events"]] == [
+        ("xid", 79, True)]
+    failed = _one(fault_findings([result]), "faults.xid")
+    assert failed.status is Status.FAIL and failed.subject == f"rank 3 on {LABEL}"
+    assert "XID 79 (GPU has fallen off the bus) once during the run" in failed.message
+    assert "in the timed loop" in failed.message
+    assert failed.hint.startswith("action: drain-node:")
+
+
+def test_an_xid_before_the_timed_loop_is_reported_but_not_as_in_the_loop(fake):
+    with FaultWatch(BUS, nvml=Nvml(2.0), sample_s=0.005, rank=0) as watch:
+        fake.deliver_event(1, XID, 48)
+        _wait_until(lambda: watch.result()["events"], "the thread to poll the XID")
+        watch.mark_start()
+        watch.mark_end()
+    events = watch.result()["events"]
+    assert [(e["xid"], e["in_timed_loop"]) for e in events] == [(48, False)]
+    failed = _one(fault_findings([watch.result()]), "faults.xid")
+    assert "in the timed loop" not in failed.message
+
+
+def test_an_application_xid_13_is_information_not_a_gpu_fault(fake):
+    findings = fault_findings([_run(lambda w: fake.deliver_event(1, XID, 13))])
+    assert not _bad(findings)
+    assert "application-level XID 13 (Graphics Engine Exception)" in findings[0].message
+    assert "not a GPU fault" in findings[0].message
+
+
+def test_hw_thermal_slowdown_most_of_the_timed_loop_warns_naming_rank_gpu_and_share(fake):
+    gpu = fake.gpus[1]
+
+    def load(watch: FaultWatch) -> None:
+        gpu.clock_reasons = HW_THERMAL | POWER_CAP
+        _wait_until(lambda: watch.clock_samples >= 20, "20 hot samples")
+        gpu.clock_reasons = IDLE
+        _wait_until(lambda: watch.clock_samples >= 22, "cooler samples after them")
+
+    result = _run(load)
+    share = result["clocks"]["fractions"]["hw_thermal_slowdown"]
+    assert result["clocks"]["window"] == "timed" and share >= 0.5
+    warned = _one(fault_findings([result]), "faults.clocks.slowdown")
+    assert warned.status is Status.WARN and warned.subject == f"rank 3 on {LABEL}"
+    assert f"was in HW thermal slowdown {share * 100:.0f}% of the timed loop" in warned.message
+    assert warned.hint.startswith("action: drain-node:")
+
+
+def test_slowdown_before_the_timed_loop_does_not_count(fake):
+    gpu = fake.gpus[1]
+    gpu.clock_reasons = HW_THERMAL
+    with FaultWatch(BUS, nvml=Nvml(2.0), sample_s=0.005, rank=3) as watch:
+        _wait_until(lambda: watch.clock_samples >= 5, "hot samples before the loop")
+        gpu.clock_reasons = IDLE
+        watch.mark_start()
+        gpu.field_values[HW_THERM_FIELD] += 10**9  # 1 s of slowdown, all before the loop
+        _wait_until(lambda: watch.clock_samples >= 5, "cool samples in the loop")
+        watch.mark_end()
+    result = watch.result()
+    assert "hw_thermal_slowdown" not in result["clocks"]["fractions"]
+    assert not _bad(fault_findings([result]))
+
+
+def test_the_drivers_slowdown_counter_is_read_over_the_timed_loop_only(fake):
+    def load(watch: FaultWatch) -> None:
+        fake.gpus[1].field_values[HW_THERM_FIELD] += 7_000_000  # 7 ms, in ns
+
+    clocks = _run(load)["clocks"]
+    assert clocks["slowdown_ms"]["hw_thermal_slowdown"] == 7.0
+    assert clocks["slowdown_ms"]["sw_power_cap"] == 0.0
+
+
+def test_a_cpu_rank_is_a_no_op_that_reports_na(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # NVML is never even imported
+    with FaultWatch(None, rank=5) as watch:
+        watch.mark_start()
+        watch.mark_end()
+    result = watch.result()
+    assert result["status"] == "n/a" and "CPU" in result["reason"]
+    section = faults_section([result])
+    assert [(f.check, f.status) for f in section.findings] == [("faults.watch", Status.SKIP)]
+    assert "rank 5" in section.findings[0].message
+    assert section.data["not_watched"] == [{"ranks": "5", "reason": result["reason"]}]
+
+
+@pytest.mark.parametrize("install", ["no pynvml", "no driver"])
+def test_without_nvml_the_watch_is_a_skip_that_says_why(monkeypatch, install):
+    if install == "no pynvml":
+        monkeypatch.setitem(sys.modules, "pynvml", None)
+    else:
+        fake = FakeNvml([FakeGpu(bus_id=BUS)], init_error="NVMLError_LibraryNotFound")
+        monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    result = _run(rank=0)
+    assert result["status"] == "n/a" and result["reason"].startswith("NVML unavailable")
+    findings = fault_findings([result])
+    assert [(f.check, f.status) for f in findings] == [("faults.watch", Status.SKIP)]
+
+
+def test_a_gpu_nvml_does_not_know_is_na(monkeypatch):
+    result = _run(bus="00000000:C1:00.0")
+    assert result["status"] == "n/a" and "00000000:C1:00.0" in result["reason"]
+    assert not _bad(fault_findings([result]))
+
+
+def test_a_gpu_lost_mid_run_fails_as_lost(fake):
+    def load(watch: FaultWatch) -> None:
+        fake.gpus[1].lost = True
+        _wait_until(lambda: watch.result()["errors"], "the thread to see the loss")
+
+    result = _run(load)
+    assert result["errors"][0]["kind"] == "NVMLError_GpuIsLost"
+    failed = _one(fault_findings([result]), "faults.gpu_lost")
+    assert failed.status is Status.FAIL and "during the run" in failed.message
+    assert failed.hint.startswith("action: drain-node:")
+
+
+def test_the_watcher_thread_stops_and_the_event_set_is_freed_on_exit(fake):
+    def load(watch: FaultWatch) -> None:
+        assert any(t.name == THREAD_NAME for t in threading.enumerate())
+        raise RuntimeError("the load failed")
+
+    with pytest.raises(RuntimeError, match="the load failed"):
+        _run(load)
+    assert not any(t.name == THREAD_NAME for t in threading.enumerate())
+    assert fake.event_sets and all(s.freed for s in fake.event_sets)
+
+
+def test_a_private_nvml_is_shut_down_and_a_shared_one_is_not(fake):
+    with FaultWatch(BUS, sample_s=0.005):
+        pass
+    assert not fake.initialised
+    shared = Nvml(2.0)
+    with FaultWatch(BUS, nvml=shared, sample_s=0.005):
+        pass
+    assert fake.initialised
+
+
+def test_drivers_without_event_sets_still_get_their_counters_judged(monkeypatch):
+    _fake(monkeypatch, event_types=0)
+    result = _run()
+    assert result["events_registered"] is None and result["events_reason"]
+    findings = fault_findings([result])
+    assert not _bad(findings) and "XID/ECC events (" in findings[0].message
+
+
+def test_ranks_sharing_one_gpu_get_one_finding_naming_both(fake):
+    results = []
+    watches = [FaultWatch(BUS, nvml=Nvml(2.0), sample_s=0.005, rank=r) for r in (0, 1)]
+    for watch in watches:
+        watch.start()
+    assert fake.deliver_event(1, XID, 79) == 2
+    for watch in watches:
+        watch.stop()
+        results.append(watch.result())
+    section = faults_section(results)
+    failed = _one(section.findings, "faults.xid")
+    assert failed.subject == f"ranks 0, 1 on {LABEL}"
+    assert len(section.data["events"]) == 1 and section.data["gpus"][0]["ranks"] == "0, 1"
+
+
+def test_the_result_and_the_section_are_plain_json(fake):
+    result = _run(lambda w: fake.deliver_event(1, XID, 79))
+    assert json.loads(json.dumps(result)) == result
+    section = faults_section([result], names={3: "GPU 1 (as the roster names it)"})
+    data = json.loads(json.dumps(section.to_dict()))
+    assert data["name"] == "faults" and data["title"] == "Hardware faults during the run"
+    assert data["data"]["faults"][0]["action"] == "drain-node"
+    assert section.findings[0].subject == "rank 3 on GPU 1 (as the roster names it)"
+
+
+def test_the_watcher_reports_what_it_cost(fake):
+    result = _run(lambda w: _wait_until(lambda: w.clock_samples >= 3, "3 samples"))
+    cost = result["cost"]
+    # Each tick: a 0 ms event-set wait, and a clock-reasons read while the loop runs.
+    assert cost["ticks"] >= 3 and cost["nvml_calls"] >= cost["ticks"] + 3
+    assert cost["thread_cpu_s"] >= 0.0
