@@ -16,8 +16,10 @@ moving the matrix.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 
 SDC_SEED = 20260
 CHUNK_S = 0.5  # a synchronisation (and a look at the clock) this often
+MIN_REPEATS = 10  # however short the duration: fewer repetitions prove nothing
 FULL_REFERENCE_MAX = 1024  # up to this n, the CPU reference covers the whole product
 REFERENCE_ROWS = 16  # otherwise these first rows ...
 EXTRA_ROWS = 8  # ... plus up to this many rows where the ranks disagree
@@ -109,13 +112,32 @@ def _first_result(a: torch.Tensor, b: torch.Tensor, kind: str,
     return first, mode, per_iter
 
 
+@contextlib.contextmanager
+def full_precision_reductions() -> Iterator[None]:
+    """fp16/bf16 products may reduce split-K partial sums in fp16/bf16 by default
+    (cuBLAS's faster kernels); for the burn-in keep fp32 reductions, so the distance
+    to the fp64 reference is the output's rounding, far inside the tolerance."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    before = (matmul.allow_fp16_reduced_precision_reduction,
+              matmul.allow_bf16_reduced_precision_reduction)
+    matmul.allow_fp16_reduced_precision_reduction = False
+    matmul.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        (matmul.allow_fp16_reduced_precision_reduction,
+         matmul.allow_bf16_reduced_precision_reduction) = before
+
+
 def burn(rank: int, dtype: str, n: int, device: Any, kind: str, duration_s: float,
          group: str, hook: Hook | None) -> tuple[BurnRecord, torch.Tensor, torch.Tensor]:
     """Repeat the product for `duration_s`; (the record, the first result, its row
     checks)."""
     import torch
 
-    with torch.inference_mode(), matmul_precision(dtype):
+    with torch.inference_mode(), matmul_precision(dtype), full_precision_reductions():
         a, b = seeded_pair(n, SDC_SEED, device, dtype, on_cpu=True)
         golden, mode, per_iter = _first_result(a, b, kind, hook)
         count = _mismatch_counter(golden, mode, dtype)
@@ -125,7 +147,7 @@ def burn(rank: int, dtype: str, n: int, device: Any, kind: str, duration_s: floa
         wrong: list[int] = []
         deadline = time.monotonic() + duration_s
         started = time.perf_counter()
-        while not times or time.monotonic() < deadline:
+        while len(times) < MIN_REPEATS or time.monotonic() < deadline:
             marks, counts = Marks(kind), []
             marks.mark()
             for _ in range(chunk):

@@ -1,0 +1,143 @@
+"""`gpucheck stress` on real gloo CPU ranks over loopback, through the CLI.
+
+On a shared 2-core machine CPU ranks are noisy, so these runs assert on what
+planted faults must cause (a FAIL naming the rank, a straggler WARN for a rank
+sleeping in every iteration) and on FAILs being absent when healthy, never on the
+absence of noise-sensitive WARNs; the peer and straggler verdicts are tested as
+pure functions in test_stress_units.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from gpucheck.cli import main
+from gpucheck.stress.hooks import TEST_HOOK_VAR
+
+SHORT = ("--duration", "1", "--timeout", "60", "-q")
+
+
+def stress(tmp_path: Path, nproc: int, *extra: str, hook: str | None = None,
+           ) -> tuple[int, dict[str, Any]]:
+    out = tmp_path / "stress.json"
+    if hook:
+        os.environ[TEST_HOOK_VAR] = f"stress_workers:{hook}"
+    try:
+        code = main(["stress", "--n-gpus", str(nproc), *SHORT, "--format", "json",
+                     "-o", str(out), *extra])
+    finally:
+        os.environ.pop(TEST_HOOK_VAR, None)
+    return code, json.loads(out.read_text())
+
+
+def section(report: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(s for s in report["sections"] if s["name"] == name)
+
+
+def findings(report: dict[str, Any], status: str, check: str | None = None,
+             ) -> list[tuple[str, str | None]]:
+    return [(f["check"], f["subject"]) for s in report["sections"] for f in s["findings"]
+            if f["status"] == status and (check is None or f["check"] == check)]
+
+
+def no_children_left() -> bool:
+    """No rank left behind (multiprocessing's resource tracker stays by design)."""
+    children = psutil.Process().children(recursive=True)
+    return not [c for c in children if "resource_tracker" not in " ".join(c.cmdline())]
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_healthy_cpu_ranks_run_every_phase_without_a_fail(tmp_path: Path, nproc: int) -> None:
+    code, report = stress(tmp_path, nproc)
+    assert code == 0 and findings(report, "FAIL") == [], report
+    setup = section(report, "stress")["data"]
+    assert setup["complete"] and [r["rank"] for r in setup["ranks"]] == list(range(nproc))
+    gemm = section(report, "gemm")["data"]["results"]
+    assert sorted((r["rank"], r["dtype"]) for r in gemm) == sorted(
+        (r, d) for r in range(nproc) for d in ("fp32", "bf16"))
+    assert all(r["tflops"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0 for r in gemm)
+    assert all(r["gbps"] > 0 for r in section(report, "membw")["data"]["results"])
+    burn = section(report, "sdc")["data"]["results"]
+    assert all(r["iters"] >= 1 and r["bad_iters"] == 0 and r["mode"] == "bitwise"
+               for r in burn)
+    assert all(r["reference_deviation"] < 1e-4 for r in burn)
+    assert findings(report, "SKIP", "stress.copies") == [("stress.copies", None)]
+    assert findings(report, "SKIP", "stress.p2p") == [("stress.p2p", None)]
+    assert no_children_left()
+
+
+def test_a_rank_always_wrong_of_two_is_named_through_the_cpu_reference(tmp_path: Path) -> None:
+    code, report = stress(tmp_path, 2, hook="wrong_rank_one_always")
+    assert code == 1
+    assert findings(report, "FAIL") == [("stress.sdc.agreement", "rank 1")]
+    burn = section(report, "sdc")["data"]["results"]
+    assert [r["bad_iters"] for r in burn] == [0, 0]  # it agrees with itself
+    assert burn[0]["digest"] != burn[1]["digest"]
+    assert burn[1]["reference_deviation"] > 0.1 > burn[0]["reference_deviation"]
+
+
+@pytest.fixture(scope="module")
+def slow_and_changing(tmp_path_factory: pytest.TempPathFactory,
+                      ) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Three ranks: rank 1 sleeps in every iteration, rank 2's results change."""
+    yield stress(tmp_path_factory.mktemp("slow"), 3,
+                 hook="slow_rank_one_changes_on_rank_two")
+
+
+def test_a_gpu_whose_result_changes_under_load_fails_by_name(
+        slow_and_changing: tuple[int, dict[str, Any]]) -> None:
+    code, report = slow_and_changing
+    assert code == 1
+    assert findings(report, "FAIL") == [("stress.sdc.repeat", "rank 2")]
+    changed = section(report, "sdc")["data"]["results"][2]
+    assert changed["first_bad_iter"] == 5 and changed["bad_iters"] == changed["iters"] - 4
+
+
+def test_a_rank_slow_in_every_iteration_is_a_named_straggler(
+        slow_and_changing: tuple[int, dict[str, Any]]) -> None:
+    _, report = slow_and_changing
+    assert ("stress.sdc.straggler", "rank 1") in findings(report, "WARN")
+    assert ("stress.gemm.peers", "rank 1") in findings(report, "WARN")
+    assert no_children_left()
+
+
+def test_a_crashed_rank_keeps_the_phases_measured_before_it(tmp_path: Path) -> None:
+    code, report = stress(tmp_path, 2, hook="crash_rank_one_in_burn")
+    assert code == 1
+    assert [s["name"] for s in report["sections"]] == ["stress", "gemm", "membw", "failure"]
+    assert section(report, "stress")["data"]["complete"] is False
+    assert ("stress.rank_failed", "rank 1") in findings(report, "FAIL")
+    assert no_children_left()
+
+
+def test_an_interrupted_run_reports_the_phases_it_had() -> None:
+    """After Ctrl-C the launcher holds rank 0's last published result: its report."""
+    from argparse import Namespace
+
+    from gpucheck.commands.stress import partial_report
+    from gpucheck.distributed import progress
+
+    ranks = [{"rank": r, "node_rank": 0, "host": "vm", "local_rank": r, "device": "cpu",
+              "gpu_name": None} for r in range(2)]
+    gemm = [{"rank": r, "dtype": "fp32", "size": 512, "iters": 50, "tflops": 0.03,
+             "tflops_p50": 0.03, "p50_ms": 9.0, "p99_ms": 12.0} for r in range(2)]
+    progress.remember_partial({
+        "world_size": 2, "device": "cpu", "backend": "gloo", "dtypes": ["fp32"], "size": 512,
+        "duration_s": 8.0, "ranks": ranks, "gemm": gemm, "membw": None, "sdc": None,
+        "copies": None, "p2p": None, "phases_planned": ["gemm", "membw", "sdc"],
+        "phases_done": ["gemm"], "complete": False})
+    try:
+        built = partial_report(Namespace(peer_threshold=0.9, expected_threshold=0.8,
+                                         copy_threshold=0.6))
+    finally:
+        progress.reset()
+    assert built is not None and [s.name for s in built.sections] == ["stress", "gemm"]
+    assert built.sections[0].data["phases_done"] == "1 of 3: gemm"
+    assert partial_report(Namespace()) is None  # nothing published: nothing to keep
