@@ -1,0 +1,1225 @@
+"""GPU acceptance run: gpucheck env, bench and comm on a real GPU machine, each timed
+against a bare loop of the same work, with one JSON summary of everything.
+
+    PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out DIR [--quick] [--runs N]
+        [--skip env,comm,bench,shared,comm_default] [--budget SECONDS]
+    PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out DIR --dry-run-cpu
+
+Needs the torch already installed (no install step) and NVIDIA GPUs; without a GPU it
+exits 2 (use tests/ for GPU-less checks, or --dry-run-cpu, which runs the same
+pipeline on CPU with gloo and tiny sizes). Steps, in order:
+- facts: nvidia-smi -L, torch / CUDA / NCCL versions, GPU names and count;
+- env: `gpucheck env` with real NVML; every WARN/FAIL finding is listed (possible
+  false alarms to look at), and its wall time;
+- comm: `gpucheck comm` on every GPU with NCCL, 1 KiB .. 1 GiB, against a bare
+  back-to-back NCCL loop (no gpucheck code), interleaved; busbw ratio per size;
+- bench: `gpucheck bench` on every GPU (defaults) against a bare eager loop of the
+  same model, dtype and batch on one GPU, interleaved; images/s ratio;
+- comm_default: plain `gpucheck comm` (its default sizes), for its wall time;
+- shared: gloo with 2 ranks sharing one GPU (comm and bench), directly and under
+  torchrun; a refusal is recorded as such (status "refused", gpucheck's message).
+Goals: comm busbw / bare >= 0.95 at 1 GiB and >= 0.90 at 64 KiB; bench images/s per
+GPU / bare >= 0.95. Each is the median of the per-pair ratios over --runs pairs (the
+pair's two sides run back to back, alternating which goes first).
+
+Everything lands in DIR: summary.json (rewritten atomically after every step and
+every pair, so a timeout keeps what was measured), each gpucheck report (the first
+pair's as comm_nccl.json / bench_nccl.json, later pairs as .2, .3), the bare loops'
+outputs, logs/ with every subprocess's output. Every subprocess has a timeout, and
+the whole run stays inside --budget (default 540 s; ~4-5 minutes is typical on one
+GPU, ~2 with --quick). Exit 0: every measured goal passed and no step timed out or
+broke; 1: a goal failed, a step timed out or broke, or the run was interrupted;
+2: bad input or no GPU. A "refused" step (gpucheck's usage error) is a recorded
+result, not a failure of this script.
+
+With one GPU, the NCCL comm runs with one rank. NCCL's all_reduce on one rank in
+place does little or no device work, so its "bandwidth" measures per-call overhead
+(gpucheck's loop against the bare one), not memory; all_gather on one rank still
+copies the buffer, so it measures device memory bandwidth. gpucheck's bus factor
+for one rank is 1 (busbw = algbw), and so is the bare loop's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+ROOT = Path(__file__).resolve().parents[1]
+PROG = "gpu_acceptance.py"
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+GB = 1e9  # bandwidths in GB/s of 1e9 bytes, as gpucheck and nccl-tests report them
+ELEMENT_BYTES = 4  # float32 buffers, as in gpucheck comm
+IMAGE_PX = 224  # gpucheck bench's centre crop: the bare loop uses the same input shape
+COLLECTIVES = ("all_reduce", "all_gather")
+# Run in this order; shared (the likeliest to be refused or to hang) comes last.
+STEPS = ("env", "comm", "bench", "comm_default", "shared")
+BENCH_GOAL = 0.95
+COMM_GOALS = ((GIB, 0.95), (64 * KIB, 0.90))  # (size, goal): busbw ratio at that size
+EXIT_OK, EXIT_GOALS, EXIT_USAGE = 0, 1, 2
+SUMMARY_SCHEMA = "gpucheck-gpu-acceptance/1"
+
+
+class ReportError(ValueError):
+    """A gpucheck report lacks a section or field this script needs."""
+
+
+# ---------------------------------------------------------------- pure: numbers
+
+
+def human_size(size: int) -> str:
+    """1024 -> "1 KiB", 65536 -> "64 KiB", 1 << 30 -> "1 GiB"."""
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+def median_of(values: Iterable[float | None]) -> float | None:
+    """Median of the values that were measured (None when none was)."""
+    kept = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return statistics.median(kept) if kept else None
+
+
+def safe_ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, None when either is missing or the denominator is not > 0."""
+    if numerator is None or denominator is None or not denominator > 0:
+        return None
+    return numerator / denominator
+
+
+def sweep_sizes(min_bytes: int, max_bytes: int) -> list[int]:
+    """Powers of two from min_bytes to max_bytes, as `gpucheck comm --min/--max-bytes`."""
+    sizes, size = [], max(min_bytes, ELEMENT_BYTES)
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= 2
+    return sizes
+
+
+def bus_factor(collective: str, world_size: int) -> float:
+    """busbw / algbw, nccl-tests' definition (doc/PERFORMANCE.md); 1 for one rank."""
+    if world_size <= 1:
+        return 1.0
+    if collective == "all_reduce":
+        return 2 * (world_size - 1) / world_size
+    if collective == "all_gather":
+        return (world_size - 1) / world_size
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+def bandwidths(collective: str, size_bytes: int, world_size: int,
+               time_s: float) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s; all_gather's data size is the gathered output."""
+    data = size_bytes * world_size if collective == "all_gather" else size_bytes
+    algbw = data / time_s / GB if time_s > 0 else 0.0
+    return algbw, algbw * bus_factor(collective, world_size)
+
+
+def goal_result(name: str, value: float | None, goal: float) -> dict[str, Any]:
+    """One goal line: pass is None when the value was not measured."""
+    return {"name": name, "value": None if value is None else round(value, 4),
+            "goal": goal, "pass": None if value is None else value >= goal}
+
+
+# ---------------------------------------------------------------- pure: reports
+
+
+def find_section(report: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """The section called `name`; a ReportError naming the sections there are otherwise."""
+    sections = report.get("sections")
+    if not isinstance(sections, list):
+        raise ReportError(f"{report.get('command', '?')} report has no 'sections' list")
+    for section in sections:
+        if isinstance(section, dict) and section.get("name") == name:
+            return section
+    names = ", ".join(str(s.get("name")) for s in sections if isinstance(s, dict))
+    raise ReportError(f"{report.get('command', '?')} report has no section {name!r} "
+                      f"(it has: {names or 'none'})")
+
+
+def section_data(report: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    data = find_section(report, name).get("data")
+    if not isinstance(data, dict):
+        raise ReportError(f"section {name!r} has no 'data' object")
+    return data
+
+
+def need(mapping: Mapping[str, Any], key: str, where: str) -> Any:
+    """mapping[key], or a ReportError that lists the fields there are."""
+    if key not in mapping:
+        raise ReportError(f"{where}: no field {key!r} (fields: {', '.join(map(str, mapping))})")
+    return mapping[key]
+
+
+def _is_size_rows(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(r, dict) and "size_bytes" in r for r in value)
+
+
+def comm_busbw(report: Mapping[str, Any], collective: str) -> dict[int, float]:
+    """{size_bytes: busbw GB/s} from a comm report's section for `collective`."""
+    data = section_data(report, collective)
+    rows = data.get("results")
+    if not _is_size_rows(rows):
+        # Field renamed? take the one list of per-size rows the section holds.
+        rows = next((v for v in data.values() if _is_size_rows(v)), None)
+    if rows is None:
+        raise ReportError(f"section {collective!r} has no per-size rows (fields: "
+                          f"{', '.join(data)})")
+    out: dict[int, float] = {}
+    for row in rows:
+        key = next((k for k in ("busbw_gbps", "busbw_GBps", "busbw") if k in row), None)
+        if key is None:
+            raise ReportError(f"{collective} row has no busbw field (fields: {', '.join(row)})")
+        out[int(row["size_bytes"])] = float(row[key])
+    return out
+
+
+def comm_world_size(report: Mapping[str, Any]) -> int:
+    return int(need(section_data(report, "comm"), "world_size", "section 'comm'"))
+
+
+BENCH_SETUP_FIELDS = ("model", "dtype", "batch_size", "warmup_iters", "timed_iters",
+                      "channels_last", "device")
+
+
+def bench_setup(report: Mapping[str, Any]) -> dict[str, Any]:
+    """What the bare loop must copy: model, dtype, batch, iterations, memory format."""
+    data = section_data(report, "bench")
+    setup = {key: need(data, key, "section 'bench'") for key in BENCH_SETUP_FIELDS}
+    setup["threads"] = data.get("threads_per_rank")
+    setup["ranks"] = data.get("ranks")
+    return setup
+
+
+def bench_rank_rates(report: Mapping[str, Any]) -> list[float]:
+    """Images/s of every rank, in rank order."""
+    ranks = need(section_data(report, "timing"), "ranks", "section 'timing'")
+    return [float(need(r, "images_per_s", "a timing rank row")) for r in ranks]
+
+
+def flagged_findings(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every WARN or FAIL finding: (section, check, status, subject, message)."""
+    flagged = []
+    for section in report.get("sections") or []:
+        for finding in section.get("findings") or []:
+            if finding.get("status") in ("WARN", "FAIL"):
+                flagged.append({"section": section.get("name"),
+                                **{k: finding.get(k) for k in
+                                   ("check", "status", "subject", "message")}})
+    return flagged
+
+
+def report_summary(report: Mapping[str, Any]) -> dict[str, Any]:
+    return {"verdict": report.get("verdict"), "flagged": flagged_findings(report)}
+
+
+# ---------------------------------------------------------------- pure: aggregation
+
+
+def pair_rows(ours: Mapping[int, float], bare: Mapping[int, float]) -> list[dict[str, Any]]:
+    """One row per size measured by either side: both busbw values and their ratio."""
+    return [{"size_bytes": size, "gpucheck_busbw_gbps": ours.get(size),
+             "bare_busbw_gbps": bare.get(size),
+             "ratio": safe_ratio(ours.get(size), bare.get(size))}
+            for size in sorted(set(ours) | set(bare))]
+
+
+def median_rows(runs: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Per size over the runs: the median of each side and the median per-pair ratio."""
+    sizes = sorted({int(r["size_bytes"]) for rows in runs for r in rows})
+    out = []
+    for size in sizes:
+        rows = [r for run in runs for r in run if int(r["size_bytes"]) == size]
+        ratios = [r.get("ratio") for r in rows]
+        out.append({"size_bytes": size, "size": human_size(size),
+                    "gpucheck_busbw_gbps": median_of(r.get("gpucheck_busbw_gbps") for r in rows),
+                    "bare_busbw_gbps": median_of(r.get("bare_busbw_gbps") for r in rows),
+                    "ratio": median_of(ratios), "pairs": sum(v is not None for v in ratios)})
+    return out
+
+
+def bench_medians(pairs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Medians over the (gpucheck, bare) pairs, and both ways of forming the ratio."""
+    ours = median_of(p.get("gpucheck_per_gpu_images_per_s") for p in pairs)
+    bare = median_of(p.get("bare_images_per_s") for p in pairs)
+    return {"gpucheck_per_gpu_images_per_s": ours, "bare_images_per_s": bare,
+            "median_pair_ratio": median_of(p.get("ratio") for p in pairs),
+            "ratio_of_medians": safe_ratio(ours, bare),
+            "pairs": sum(p.get("ratio") is not None for p in pairs)}
+
+
+def comm_goals(step: Mapping[str, Any] | None, goals: Sequence[tuple[int, float]],
+               label: str) -> list[dict[str, Any]]:
+    """A goal per collective and goal size from a comm step's median rows."""
+    out = []
+    medians = (step or {}).get("medians") or {}
+    for collective in COLLECTIVES:
+        rows = {r["size_bytes"]: r for r in medians.get(collective, [])}
+        for size, goal in goals:
+            value = (rows.get(size) or {}).get("ratio")
+            out.append(goal_result(f"comm {collective} busbw / bare loop at "
+                                   f"{human_size(size)} ({label})", value, goal))
+    return out
+
+
+def run_label(backend: str, ranks: Any, dry_run: bool) -> str:
+    """"nccl, 8 ranks": which run a goal's figure comes from."""
+    count = f"{ranks} rank{'' if ranks == 1 else 's'}" if ranks is not None else "? ranks"
+    return f"{backend}, {count}" + (", CPU dry run" if dry_run else "")
+
+
+def all_goals(steps: Mapping[str, Any], comm_goal_sizes: Sequence[tuple[int, float]],
+              backend: str, dry_run: bool) -> list[dict[str, Any]]:
+    """The bench goal and the comm goals, from the steps' medians (None: not measured)."""
+    bench = steps.get("bench") or {}
+    bench_ranks = (bench.get("setup") or {}).get("ranks")
+    comm_ranks = (steps.get("comm") or {}).get("world_size")
+    return [goal_result("bench images/s per GPU / bare eager loop ("
+                        f"{run_label(backend, bench_ranks, dry_run)})",
+                        (bench.get("medians") or {}).get("median_pair_ratio"), BENCH_GOAL),
+            *comm_goals(steps.get("comm"), comm_goal_sizes,
+                        run_label(backend, comm_ranks, dry_run))]
+
+
+def exit_status(exit_code: int | None, timed_out: bool) -> str:
+    """ok, fail (gpucheck's FAIL verdict), refused (usage error), timeout or error."""
+    if timed_out:
+        return "timeout"
+    return {0: "ok", 1: "fail", 2: "refused"}.get(exit_code if exit_code is not None else -1,
+                                                 "error")
+
+
+def first_visible_gpu(cuda_visible_devices: str | None) -> str:
+    """The GPU to share: the first of CUDA_VISIBLE_DEVICES when set, else GPU 0."""
+    if cuda_visible_devices and cuda_visible_devices.strip():
+        return cuda_visible_devices.split(",")[0].strip()
+    return "0"
+
+
+def parse_skip(text: str | None) -> frozenset[str]:
+    names = frozenset(s.strip() for s in (text or "").split(",") if s.strip())
+    unknown = sorted(names - set(STEPS))
+    if unknown:
+        raise ValueError(f"--skip {','.join(unknown)}: unknown step; use {', '.join(STEPS)}")
+    return names
+
+
+def out_dir_problem(path: Path) -> str | None:
+    """Why --out cannot hold the results (None when it can, or can be created)."""
+    if path.exists() and not path.is_dir():
+        return f"--out {path} is a file, not a folder"
+    probe = path if path.exists() else next((p for p in path.parents if p.exists()), None)
+    if probe is None or not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        return f"--out {path}: cannot write there"
+    return None
+
+
+def _cell(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def format_table(summary: Mapping[str, Any]) -> str:
+    """A short human table: each step's status and wall time, then the goals."""
+    lines = [f"{'step':<14} {'status':<26} {'wall s':>7}  note"]
+    for name, step in summary.get("steps", {}).items():
+        lines.append(f"{name:<14} {step.get('status', '?')!s:<26} "
+                     f"{_cell(step.get('wall_s'), 1):>7}  {step.get('note', '')}")
+    goals = summary.get("goals", [])
+    width = max([len(g["name"]) for g in goals] + [4])
+    lines.append("")
+    lines.append(f"{'goal':<{width}} {'value':>7} {'goal':>6}  result")
+    for goal in goals:
+        verdict = {True: "PASS", False: "FAIL", None: "not measured"}[goal["pass"]]
+        lines.append(f"{goal['name']:<{width}} {_cell(goal['value']):>7} "
+                     f">={goal['goal']:<4}  {verdict}")
+    for error in summary.get("errors", []):
+        lines.append(f"error: {error}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What this invocation runs, settled from the options before anything starts."""
+
+    out: Path
+    dry_run: bool
+    quick: bool
+    runs: int
+    skip: frozenset[str]
+    budget_s: float
+    device: str  # where gpucheck's ranks compute: cuda, or cpu for the dry run
+    backend: str  # nccl, or gloo for the dry run
+    comm_ranks: int  # filled in from the GPU count
+    comm_max: int
+    comm_iters: int = 20  # gpucheck comm's defaults, passed explicitly to both sides
+    comm_warmup: int = 5
+    comm_goals: tuple[tuple[int, float], ...] = COMM_GOALS
+    bench_args: tuple[str, ...] = ()
+    shared_comm_max: int = 16 * MIB  # gloo copies through the host: keep it short
+    shared_bench_args: tuple[str, ...] = ("--warmup", "5", "--iters", "30")
+    default_comm_args: tuple[str, ...] = ()
+    shared_variants: tuple[str, ...] = ("comm", "bench", "comm_torchrun", "bench_torchrun")
+    timeouts: dict[str, float] = field(default_factory=dict)
+
+
+GPU_TIMEOUTS = {"env": 180, "gpucheck": 300, "bare": 240, "shared": 150, "facts": 120}
+DRY_TIMEOUTS = {"env": 90, "gpucheck": 120, "bare": 90, "shared": 120, "facts": 90}
+
+
+def make_plan(args: argparse.Namespace, gpus: int) -> Plan:
+    """The plan for a GPU run, or for the CPU dry run (gloo, tiny sizes)."""
+    runs = args.runs if args.runs is not None else (1 if args.quick or args.dry_run_cpu else 3)
+    common = {"out": Path(args.out), "quick": args.quick, "runs": runs,
+              "skip": parse_skip(args.skip), "budget_s": args.budget}
+    if args.dry_run_cpu:
+        return Plan(**common, dry_run=True, device="cpu", backend="gloo", comm_ranks=2,
+                    comm_max=256 * KIB, comm_goals=((256 * KIB, 0.95), (64 * KIB, 0.90)),
+                    # resnet18 and tiny loops: the dry run checks the pipeline, not speed
+                    bench_args=("--device", "cpu", "--n-gpus", "1", "--model", "resnet18",
+                                "--warmup", "1", "--iters", "4"),
+                    shared_comm_max=64 * KIB,
+                    shared_bench_args=("--model", "resnet18", "--warmup", "1", "--iters",
+                                       "2", "--batch-size", "2"),
+                    default_comm_args=("--device", "cpu", "--max-bytes", "256K"),
+                    # bench under torchrun adds ~20 s on 2 cores and no new code path
+                    shared_variants=("comm", "bench", "comm_torchrun"),
+                    timeouts=DRY_TIMEOUTS)
+    quick_bench = ("--warmup", "10", "--iters", "40") if args.quick else ()
+    return Plan(**common, dry_run=False, device="cuda", backend="nccl", comm_ranks=gpus,
+                comm_max=GIB, bench_args=quick_bench, timeouts=GPU_TIMEOUTS)
+
+
+# ---------------------------------------------------------------- running things
+
+
+def plan_notes(plan: Plan) -> list[str]:
+    """What a reader of the summary must know to read its figures right."""
+    notes = []
+    if plan.dry_run:
+        notes.append("CPU dry run: checks that the pipeline works end to end; its ratios come "
+                     "from gloo on loopback and tiny loops on a shared CPU and are noise, "
+                     "not evidence about gpucheck on a GPU")
+    elif plan.comm_ranks == 1:
+        notes.append("one GPU: comm runs one NCCL rank; all_reduce in place on one rank does "
+                     "little or no device work, so its ratio compares per-call overhead, "
+                     "while all_gather still copies the buffer (device memory bandwidth); "
+                     "busbw = algbw for one rank on both sides")
+    return notes
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This environment, with the repository importable (no install step) and no colour."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env.update({"NO_COLOR": "1", "PYTHONUNBUFFERED": "1", **(extra or {})})
+    return env
+
+
+GPUCHECK_LINE = re.compile(r"^gpucheck \w+: ")  # "gpucheck comm: error: ..." and the like
+EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Failed)\w*: \S")
+
+
+def key_line(text: str) -> str | None:
+    """The line that says why a run failed: gpucheck's own one-line message (also when
+    torchrun wraps it in its failure banner), else the last exception line, else the
+    last line with words in it."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for pattern in (GPUCHECK_LINE, EXCEPTION_LINE):
+        found = [ln for ln in lines if pattern.search(ln)]
+        if found:
+            return found[-1][:500]
+    worded = [ln for ln in lines if any(ch.isalpha() for ch in ln)]
+    return worded[-1][:500] if worded else None
+
+
+def last_line(path: Path) -> str | None:
+    try:
+        return key_line(path.read_text(errors="replace"))
+    except OSError:
+        return None
+
+
+def _end_group(proc: subprocess.Popen[bytes]) -> None:
+    """End the child we started and the ranks it spawned (its own process group)."""
+    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_command(argv: Sequence[str], log_path: Path, timeout_s: float,
+                env: Mapping[str, str]) -> dict[str, Any]:
+    """Run one subprocess with a timeout; its output goes to log_path."""
+    started = time.perf_counter()
+    code: int | None = None
+    timed_out = False
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(list(argv), cwd=ROOT, env=dict(env), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=max(timeout_s, 1.0))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            if proc.poll() is None:  # timeout, Ctrl-C or SIGTERM: leave nothing behind
+                _end_group(proc)
+    status = exit_status(code, timed_out)
+    return {"command": shlex.join(argv), "exit_code": code, "timed_out": timed_out,
+            "timeout_s": round(timeout_s, 1), "wall_s": round(time.perf_counter() - started, 2),
+            "status": status, "log": str(log_path),
+            "message": None if status == "ok" else last_line(log_path)}
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ReportError(f"{path} was not written") from None
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"{path} is not readable JSON: {exc}") from None
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    """Write, then rename over: a reader (or a kill) never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+class Session:
+    """The running acceptance: its plan, clock, summary and where things are written."""
+
+    def __init__(self, plan: Plan, gpu: dict[str, Any]) -> None:
+        self.plan = plan
+        self.started = time.monotonic()
+        self.logs = plan.out / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.summary: dict[str, Any] = {
+            "schema": SUMMARY_SCHEMA, "mode": "dry-run-cpu" if plan.dry_run else "gpu",
+            "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "complete": False, "options": {"runs": plan.runs, "quick": plan.quick,
+                                           "skip": sorted(plan.skip), "budget_s": plan.budget_s},
+            "gpu": gpu, "notes": plan_notes(plan), "steps": {}, "goals": [], "wall_times": {},
+            "errors": []}
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def remaining(self) -> float:
+        return self.plan.budget_s - self.elapsed()
+
+    def log(self, message: str) -> None:
+        print(f"[{self.elapsed():6.1f}s] {message}", flush=True)
+
+    def error(self, message: str) -> None:
+        self.summary["errors"].append(message)
+        self.log(f"error: {message}")
+
+    def save(self) -> None:
+        goals = all_goals(self.summary["steps"], self.plan.comm_goals, self.plan.backend,
+                          self.plan.dry_run)
+        self.summary["goals"] = goals
+        for name in ("comm", "bench"):  # each step also shows its own goals
+            if name in self.summary["steps"]:
+                self.summary["steps"][name]["goals"] = [
+                    g for g in goals if g["name"].startswith(name + " ")]
+        self.summary["elapsed_s"] = round(self.elapsed(), 1)
+        write_json_atomic(self.plan.out / "summary.json", self.summary)
+
+    def timeout(self, kind: str) -> float:
+        """The step kind's timeout, cut to what is left of the budget."""
+        return min(self.plan.timeouts[kind], self.remaining())
+
+    def run(self, name: str, argv: Sequence[str], kind: str,
+            extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
+        result = run_command(argv, self.logs / f"{name}.log", self.timeout(kind),
+                             child_env(extra_env))
+        note = f" ({result['message']})" if result["message"] else ""
+        self.log(f"  {name}: {result['status']} in {result['wall_s']:.1f} s{note}")
+        return result
+
+
+def gpucheck_argv(command: str, report: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "gpucheck", command, *args, "--quiet", "-o", str(report)]
+
+
+def self_argv(mode: str, config: Mapping[str, Any], out: Path) -> list[str]:
+    """This script in one of its internal modes (a fresh process: no shared CUDA state)."""
+    return [sys.executable, str(Path(__file__).resolve()), mode, json.dumps(config), str(out)]
+
+
+def fresh(path: Path) -> Path:
+    """A report path with no stale file from an earlier run that could be misread."""
+    path.unlink(missing_ok=True)
+    return path
+
+
+def with_report(s: Session, step: dict[str, Any], name: str, path: Path,
+                parse: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any] | None:
+    """Merge parse(report) into step; a missing report or field is recorded, not raised
+    (and a run that left no usable report measured nothing: its status becomes error)."""
+    try:
+        figures = parse(read_json(path))
+    except (ReportError, KeyError, TypeError, ValueError) as exc:
+        step["report_error"] = str(exc)
+        if step.get("status") in ("ok", "fail"):
+            step["status"] = "error"
+        s.error(f"{name}: {exc}")
+        return None
+    step.update(figures)
+    return figures
+
+
+STATUS_ORDER = ("ok", "fail", "refused", "timeout", "error")
+
+
+def worst_status(statuses: Iterable[str]) -> str:
+    """The least good of the statuses (ok < fail < refused < timeout < error)."""
+    rank = {name: i for i, name in enumerate(STATUS_ORDER)}
+    return max(statuses, key=lambda st: rank.get(st, len(STATUS_ORDER)), default="ok")
+
+
+# ---------------------------------------------------------------- step: facts
+
+
+def nvidia_smi_list(timeout_s: float = 20.0) -> dict[str, Any]:
+    """`nvidia-smi -L`: the driver's own list of GPUs, independent of torch."""
+    try:
+        proc = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+    except FileNotFoundError:
+        return {"ok": False, "error": "nvidia-smi is not on PATH"}
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"nvidia-smi -L did not answer in {timeout_s:g} s"}
+    except OSError as exc:
+        return {"ok": False, "error": str(exc)}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    error = (proc.stderr.strip().splitlines() or [None])[-1] if proc.returncode else None
+    return {"ok": proc.returncode == 0, "exit_code": proc.returncode, "lines": lines,
+            "error": error}
+
+
+def collect_facts(timeout_s: float) -> dict[str, Any]:
+    """Machine facts, from nvidia-smi and from torch in a child process (CUDA stays out of
+    this one, so it holds no GPU memory while the steps run)."""
+    smi = nvidia_smi_list()
+    with tempfile.TemporaryDirectory(prefix="gpu-acceptance-") as folder:
+        out = Path(folder) / "facts.json"
+        result = run_command(self_argv("_facts", {}, out), Path(folder) / "facts.log",
+                             timeout_s, child_env())
+        try:
+            facts = read_json(out)
+        except ReportError as exc:
+            facts = {"error": result["message"] or str(exc), "count": 0}
+    return {**facts, "nvidia_smi": smi, "facts_wall_s": result["wall_s"]}
+
+
+def facts_worker(_config: Mapping[str, Any], out: Path) -> None:
+    import torch
+
+    facts: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__,
+                             "cuda": torch.version.cuda,
+                             "cuda_available": torch.cuda.is_available()}
+    try:
+        import torchvision
+
+        facts["torchvision"] = torchvision.__version__
+    except ImportError as exc:
+        facts["torchvision"] = f"not importable: {exc}"
+    count = torch.cuda.device_count() if facts["cuda_available"] else 0
+    facts["count"] = count
+    facts["names"] = [torch.cuda.get_device_name(i) for i in range(count)]
+    facts["memory_gib"] = [round(torch.cuda.get_device_properties(i).total_memory / GIB, 1)
+                           for i in range(count)]
+    facts["bf16"] = bool(count and torch.cuda.is_bf16_supported())
+    try:  # a fact, not a requirement: never fail the run over it
+        import torch.cuda.nccl
+        import torch.distributed as dist
+
+        if count and dist.is_nccl_available():
+            version = torch.cuda.nccl.version()
+            facts["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else (
+                str(version))
+    except (ImportError, RuntimeError, AttributeError) as exc:
+        facts["nccl"] = f"unknown: {exc}"
+    write_json_atomic(out, facts)
+
+
+def no_gpu_message(facts: Mapping[str, Any]) -> str:
+    why = facts.get("error") or (f"torch {facts.get('torch')} (CUDA build "
+                                 f"{facts.get('cuda')}) sees no GPU")
+    smi = facts.get("nvidia_smi") or {}
+    seen = f"; nvidia-smi: {smi.get('error') or len(smi.get('lines', []))} GPU line(s)"
+    return (f"this script needs an NVIDIA GPU ({why}{seen}); use tests/ for GPU-less "
+            "checks, or --dry-run-cpu to exercise the pipeline on CPU")
+
+
+# ---------------------------------------------------------------- step: env
+
+
+def step_env(s: Session, step: dict[str, Any]) -> None:
+    report = fresh(s.plan.out / "env.json")
+    result = s.run("env", gpucheck_argv("env", report), "env")
+    step.update(result, report=str(report))
+    with_report(s, step, "env", report, report_summary)
+    flagged = step.get("flagged") or []
+    for finding in flagged:
+        s.log(f"    {finding['status']} {finding['check']} [{finding.get('subject') or '-'}]: "
+              f"{finding['message']}")
+    step["note"] = f"verdict {step.get('verdict')}, {len(flagged)} WARN/FAIL finding(s)"
+    s.summary["wall_times"]["gpucheck env"] = result["wall_s"]
+
+
+# ---------------------------------------------------------------- step: comm vs bare loop
+
+
+def comm_argv(plan: Plan, report: Path) -> list[str]:
+    return gpucheck_argv("comm", report, "--n-gpus", str(plan.comm_ranks), "--device",
+                         plan.device, "--backend", plan.backend, "--min-bytes", str(KIB),
+                         "--max-bytes", str(plan.comm_max), "--iters", str(plan.comm_iters),
+                         "--warmup", str(plan.comm_warmup), "--no-pairwise")
+
+
+def bare_comm_busbw(data: Mapping[str, Any], collective: str) -> dict[int, float]:
+    rows = need(need(data, "results", "bare comm output"), collective, "bare comm results")
+    return {int(r["size_bytes"]): float(r["busbw_gbps"]) for r in rows}
+
+
+def interleave(index: int, first: Callable[[], Any], second: Callable[[], Any]) -> None:
+    """Run a pair's sides back to back, swapping the order on every other pair so a
+    drift in machine speed (clocks, heat) does not always favour the same side."""
+    for side in (first, second) if index % 2 == 0 else (second, first):
+        side()
+
+
+def comm_pair(s: Session, index: int) -> dict[str, Any]:
+    """One gpucheck comm run and one bare loop run, back to back; busbw ratio per size."""
+    p = s.plan
+    tag = "" if index == 0 else f".{index + 1}"
+    report = fresh(p.out / f"comm_{p.backend}{tag}.json")
+    bare_out = fresh(p.out / f"bare_comm_{p.backend}{tag}.json")
+    config = {"backend": p.backend, "device": p.device, "world_size": p.comm_ranks,
+              "sizes": sweep_sizes(KIB, p.comm_max), "collectives": list(COLLECTIVES),
+              "iters": p.comm_iters, "warmup": p.comm_warmup, "timeout_s": 120}
+    pair: dict[str, Any] = {"gpucheck": {"report": str(report)}, "bare": {"output": str(bare_out)}}
+    interleave(index,
+               lambda: pair["gpucheck"].update(s.run(f"comm{tag or '.1'}.gpucheck",
+                                                     comm_argv(p, report), "gpucheck")),
+               lambda: pair["bare"].update(s.run(f"comm{tag or '.1'}.bare",
+                                                 self_argv("_bare-comm", config, bare_out),
+                                                 "bare")))
+    ours = with_report(s, pair["gpucheck"], "comm gpucheck", report, lambda r: {
+        "verdict": r.get("verdict"), "world_size": comm_world_size(r),
+        "busbw": {c: comm_busbw(r, c) for c in COLLECTIVES}})
+    bare = with_report(s, pair["bare"], "comm bare loop", bare_out, lambda d: {
+        "busbw": {c: bare_comm_busbw(d, c) for c in COLLECTIVES}})
+    if ours and bare:
+        pair["rows"] = {c: pair_rows(ours["busbw"][c], bare["busbw"][c]) for c in COLLECTIVES}
+    for side in ("gpucheck", "bare"):
+        pair[side].pop("busbw", None)  # the rows hold both sides' figures
+    return pair
+
+
+def log_comm_ratios(s: Session, rows: Mapping[str, Sequence[Mapping[str, Any]]],
+                    prefix: str) -> None:
+    for collective in COLLECTIVES:
+        by_size = {r["size_bytes"]: r for r in rows.get(collective, [])}
+        parts = [f"{human_size(size)} {_cell((by_size.get(size) or {}).get('ratio'))}"
+                 for size, _ in s.plan.comm_goals]
+        s.log(f"  {prefix} {collective} busbw gpucheck/bare: {', '.join(parts)}")
+
+
+def step_comm(s: Session, step: dict[str, Any]) -> None:
+    p = s.plan
+    step.update(world_size=p.comm_ranks, backend=p.backend, device=p.device,
+                sizes=f"{human_size(KIB)} .. {human_size(p.comm_max)}", iters=p.comm_iters,
+                warmup=p.comm_warmup, runs=[], medians={})
+    for index in range(p.runs):
+        if s.remaining() < 30:
+            s.error(f"comm: time budget spent after {index} pair(s)")
+            break
+        s.log(f"comm pair {index + 1}/{p.runs} "
+              f"({run_label(p.backend, p.comm_ranks, p.dry_run)})")
+        pair = comm_pair(s, index)
+        step["runs"].append(pair)
+        if "rows" in pair:
+            log_comm_ratios(s, pair["rows"], f"pair {index + 1}")
+        done = [r["rows"] for r in step["runs"] if "rows" in r]
+        step["medians"] = {c: median_rows([rows[c] for rows in done]) for c in COLLECTIVES}
+        s.save()
+    statuses = [r[side].get("status", "error") for r in step["runs"] for side in ("gpucheck",
+                                                                                   "bare")]
+    complete = sum("rows" in r for r in step["runs"])
+    step["status"] = worst_status(statuses) if complete else (
+        "error" if step["runs"] else "skipped")
+    step["note"] = f"{complete}/{p.runs} pair(s) with ratios"
+    log_comm_ratios(s, step["medians"], "median")
+
+
+# ---------------------------------------------------------------- step: bench vs bare loop
+
+
+def bench_figures(report: Mapping[str, Any]) -> dict[str, Any]:
+    rates = bench_rank_rates(report)
+    return {"verdict": report.get("verdict"), "setup": bench_setup(report),
+            "rank_images_per_s": [round(r, 2) for r in rates],
+            "per_gpu_images_per_s": median_of(rates)}
+
+
+def bench_pair(s: Session, index: int, setup: dict[str, Any] | None) -> dict[str, Any]:
+    """One gpucheck bench run and one bare eager loop; the first pair runs gpucheck first,
+    since the bare loop copies the settings gpucheck reports (dtype, batch, iterations)."""
+    p = s.plan
+    tag = "" if index == 0 else f".{index + 1}"
+    report = fresh(p.out / f"bench_{p.backend}{tag}.json")
+    bare_out = fresh(p.out / f"bare_bench{tag}.json")
+    pair: dict[str, Any] = {"gpucheck": {"report": str(report)}, "bare": {"output": str(bare_out)}}
+
+    def ours() -> None:
+        pair["gpucheck"].update(s.run(f"bench{tag or '.1'}.gpucheck",
+                                      gpucheck_argv("bench", report, *p.bench_args), "gpucheck"))
+        with_report(s, pair["gpucheck"], "bench gpucheck", report, bench_figures)
+
+    def bare() -> None:
+        config = {**(setup or pair["gpucheck"].get("setup") or {}), "timeout_s": 120}
+        if "model" not in config:
+            pair["bare"].update(status="error", message="no settings to copy (gpucheck failed)")
+            return
+        pair["bare"].update(s.run(f"bench{tag or '.1'}.bare",
+                                  self_argv("_bare-bench", config, bare_out), "bare"))
+        with_report(s, pair["bare"], "bench bare loop", bare_out, lambda d: {
+            "images_per_s": float(need(d, "images_per_s", "bare bench output"))})
+
+    interleave(index, ours, bare)
+    pair["gpucheck_per_gpu_images_per_s"] = pair["gpucheck"].get("per_gpu_images_per_s")
+    pair["bare_images_per_s"] = pair["bare"].get("images_per_s")
+    pair["ratio"] = safe_ratio(pair["gpucheck_per_gpu_images_per_s"], pair["bare_images_per_s"])
+    return pair
+
+
+def step_bench(s: Session, step: dict[str, Any]) -> None:
+    p = s.plan
+    step.update(runs=[], medians={})
+    setup: dict[str, Any] | None = None
+    for index in range(p.runs):
+        if s.remaining() < 45:
+            s.error(f"bench: time budget spent after {index} pair(s)")
+            break
+        s.log(f"bench pair {index + 1}/{p.runs}")
+        pair = bench_pair(s, index, setup)
+        setup = setup or pair["gpucheck"].get("setup")
+        step["runs"].append(pair)
+        step["setup"] = setup
+        step["medians"] = bench_medians(step["runs"])
+        s.log(f"  pair {index + 1}: gpucheck {_cell(pair['gpucheck_per_gpu_images_per_s'], 1)} "
+              f"images/s per GPU, bare {_cell(pair['bare_images_per_s'], 1)}, ratio "
+              f"{_cell(pair['ratio'])}")
+        s.save()
+        if setup is None:
+            s.error("bench: the first gpucheck run gave no settings; no more pairs")
+            break
+    statuses = [r[side].get("status", "error") for r in step["runs"] for side in ("gpucheck",
+                                                                                   "bare")]
+    medians = step["medians"]
+    step["status"] = worst_status(statuses) if medians.get("pairs") else (
+        "error" if step["runs"] else "skipped")
+    step["note"] = (f"{medians.get('pairs', 0)}/{p.runs} pair(s), median ratio "
+                    f"{_cell(medians.get('median_pair_ratio'))}")
+
+
+# ---------------------------------------------------------------- step: gloo, shared GPU
+
+
+def torchrun_argv(command: str, report: Path, *args: str) -> list[str]:
+    """The same command with 2 ranks started by torchrun (torch's own launcher)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", "2", "-m", "gpucheck", command, *args, "--quiet", "-o",
+            str(report)]
+
+
+def shared_figures(report: Mapping[str, Any]) -> dict[str, Any]:
+    """Who ran where and how fast: enough to see both ranks on the one GPU."""
+    figures: dict[str, Any] = {**report_summary(report)}
+    if report.get("command") == "comm":
+        ranks = need(section_data(report, "comm"), "ranks", "section 'comm'")
+        figures["rank_devices"] = [r.get("device") for r in ranks]
+        busbw = comm_busbw(report, "all_reduce")
+        top = max(busbw) if busbw else None
+        figures["all_reduce_busbw_gbps_at_largest"] = {"size": top and human_size(top),
+                                                       "busbw_gbps": busbw.get(top)}
+    else:
+        timing = section_data(report, "timing")
+        figures["rank_images_per_s"] = [round(r, 2) for r in bench_rank_rates(report)]
+        figures["rank_devices"] = [r.get("device") for r in timing.get("rank_details") or []]
+    return figures
+
+
+def shared_variants(p: Plan) -> list[tuple[str, str, list[str]]]:
+    """(name, report file, argv): comm and bench, 2 gloo ranks, direct and under torchrun."""
+    # --timeout 60: a rank that cannot start (no device for it) ends the run sooner.
+    launch = ("--backend", "gloo", "--device", p.device, "--timeout", "60")
+    comm = (*launch, "--max-bytes", str(p.shared_comm_max))
+    bench = (*launch, *p.shared_bench_args)
+    out = p.out
+    return [
+        ("comm", "shared_gloo_comm.json",
+         gpucheck_argv("comm", out / "shared_gloo_comm.json", "--n-gpus", "2", *comm)),
+        ("bench", "shared_gloo_bench.json",
+         gpucheck_argv("bench", out / "shared_gloo_bench.json", "--n-gpus", "2", *bench)),
+        ("comm_torchrun", "shared_gloo_comm_torchrun.json",
+         torchrun_argv("comm", out / "shared_gloo_comm_torchrun.json", *comm)),
+        ("bench_torchrun", "shared_gloo_bench_torchrun.json",
+         torchrun_argv("bench", out / "shared_gloo_bench_torchrun.json", *bench)),
+    ]
+
+
+def step_shared(s: Session, step: dict[str, Any]) -> None:
+    p = s.plan
+    gpu = None if p.dry_run else first_visible_gpu(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    extra = {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}
+    step.update(ranks=2, backend="gloo", device=p.device,
+                shared_gpu=gpu if gpu is not None else "none (CPU dry run)", variants={})
+    for name, file, argv in shared_variants(p):
+        if name not in p.shared_variants:
+            continue
+        if s.remaining() < 30:
+            s.error(f"shared: time budget spent before {name}")
+            break
+        fresh(p.out / file)
+        variant = {**s.run(f"shared.{name}", argv, "shared", extra), "report": str(p.out / file)}
+        if variant["status"] in ("ok", "fail"):
+            with_report(s, variant, f"shared {name}", p.out / file, shared_figures)
+        elif variant["status"] == "refused":
+            s.log(f"    gpucheck refused: {variant['message']}")
+        step["variants"][name] = variant
+        s.save()
+    statuses = {name: v["status"] for name, v in step["variants"].items()}
+    step["status"] = worst_status(statuses.values())
+    step["note"] = ", ".join(f"{name} {status}" for name, status in statuses.items())
+
+
+# ---------------------------------------------------------------- step: comm defaults
+
+
+def step_comm_default(s: Session, step: dict[str, Any]) -> None:
+    p = s.plan
+    report = fresh(p.out / "comm_default.json")
+    result = s.run("comm_default", gpucheck_argv("comm", report, *p.default_comm_args),
+                   "gpucheck")
+    step.update(result, report=str(report))
+    with_report(s, step, "comm_default", report, lambda r: {
+        **report_summary(r), "world_size": comm_world_size(r),
+        "sizes": section_data(r, "comm").get("sizes")})
+    step["note"] = f"verdict {step.get('verdict')}, {step.get('sizes')}"
+    s.summary["wall_times"]["gpucheck comm (defaults)"] = result["wall_s"]
+
+
+STEP_FUNCTIONS: dict[str, Callable[[Session, dict[str, Any]], None]] = {
+    "env": step_env, "comm": step_comm, "bench": step_bench, "shared": step_shared,
+    "comm_default": step_comm_default}
+MIN_STEP_S = 20.0  # do not start a step with less of the budget left than this
+
+
+def run_steps(s: Session) -> None:
+    for name in STEPS:
+        if name in s.plan.skip:
+            s.summary["steps"][name] = {"status": "skipped", "note": "--skip"}
+            s.save()
+            continue
+        if s.remaining() < MIN_STEP_S:
+            s.summary["steps"][name] = {"status": "skipped", "note": "time budget spent"}
+            s.error(f"{name}: not run, the --budget of {s.plan.budget_s:g} s is spent")
+            s.save()
+            continue
+        s.log(f"step {name}")
+        step = s.summary["steps"][name] = {"status": "running"}
+        started = time.monotonic()
+        try:
+            STEP_FUNCTIONS[name](s, step)
+        except Exception as exc:  # a bug here must not cost the remaining steps
+            step["status"] = "error"
+            s.error(f"{name}: internal error {type(exc).__name__}: {exc}")
+        except BaseException:  # Ctrl-C, SIGTERM: main records it and writes the summary
+            step["status"] = "interrupted"
+            raise
+        finally:
+            step["wall_s"] = round(time.monotonic() - started, 2)
+            s.save()
+
+
+# ---------------------------------------------------------------- bare loops (own processes)
+
+
+def _time_back_to_back(op: Callable[[], Any], iters: int, warmup: int, cuda: bool) -> float:
+    """Seconds per op. CUDA: event, `iters` async ops back to back, wait the last, event.
+    gloo runs async ops on several threads, so on CPU each op is waited for."""
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        op().wait()
+    if not cuda:
+        dist.barrier()
+        began = time.perf_counter()
+        for _ in range(iters):
+            op().wait()
+        return (time.perf_counter() - began) / iters
+    torch.cuda.synchronize()
+    dist.barrier(device_ids=[torch.cuda.current_device()])
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    work = None
+    for _ in range(iters):
+        work = op()
+    work.wait()  # the current stream waits for the NCCL stream: no host sync in between
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1000 / iters
+
+
+def _bare_size(collective: str, size: int, config: Mapping[str, Any]) -> dict[str, Any]:
+    """One size: time on this rank, then the slowest rank's time (as gpucheck reports)."""
+    import torch
+    import torch.distributed as dist
+
+    world, cuda = dist.get_world_size(), config["device"] == "cuda"
+    where = "cuda" if cuda else "cpu"
+    count = max(size // ELEMENT_BYTES, 1)
+    buf = torch.zeros(count, dtype=torch.float32, device=where)
+    if collective == "all_reduce":
+        def op() -> Any:
+            return dist.all_reduce(buf, async_op=True)
+    else:
+        gathered = torch.zeros(count * world, dtype=torch.float32, device=where)
+
+        def op() -> Any:
+            return dist.all_gather_into_tensor(gathered, buf, async_op=True)
+    mine = _time_back_to_back(op, int(config["iters"]), int(config["warmup"]), cuda)
+    slowest = torch.tensor([mine], dtype=torch.float64, device=where)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    time_s = float(slowest.item())
+    algbw, busbw = bandwidths(collective, size, world, time_s)
+    return {"size_bytes": size, "time_us": round(time_s * 1e6, 2), "algbw_gbps": algbw,
+            "busbw_gbps": busbw}
+
+
+def _bare_comm_rank(rank: int, config: dict[str, Any], store_path: str, out: str) -> None:
+    """One rank of the bare loop: its own process group on a FileStore (no port, no
+    torchrun), every size of every collective, rank 0 writes the results."""
+    import torch
+    import torch.distributed as dist
+
+    world, cuda = int(config["world_size"]), config["device"] == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(config["backend"], store=dist.FileStore(store_path, world),
+                            rank=rank, world_size=world,
+                            timeout=_dt.timedelta(seconds=float(config["timeout_s"])))
+    try:
+        results = {c: [_bare_size(c, int(size), config) for size in config["sizes"]]
+                   for c in config["collectives"]}
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        write_json_atomic(Path(out), {**{k: config[k] for k in ("backend", "device",
+                                                               "world_size", "iters",
+                                                               "warmup")},
+                                      "results": results})
+
+
+def bare_comm_main(config: dict[str, Any], out: Path) -> None:
+    import shutil
+
+    folder = tempfile.mkdtemp(prefix="gpu-acceptance-store-")
+    try:
+        store_path = os.path.join(folder, "store")
+        if int(config["world_size"]) == 1:
+            _bare_comm_rank(0, config, store_path, str(out))
+        else:
+            import torch.multiprocessing as mp
+
+            mp.spawn(_bare_comm_rank, args=(config, store_path, str(out)),
+                     nprocs=int(config["world_size"]), join=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def bare_bench_main(config: dict[str, Any], out: Path) -> None:
+    """The model alone: same model, dtype, memory format, batch and iterations as gpucheck
+    reported, random weights and input, inference mode, a synchronise before each clock."""
+    import torch
+    import torchvision
+
+    cuda = config["device"] == "cuda"
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if not cuda and config.get("threads"):
+        torch.set_num_threads(int(config["threads"]))
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[
+        config["dtype"]]
+    fmt = torch.channels_last if config["channels_last"] else torch.contiguous_format
+    torch.manual_seed(0)
+    model = torchvision.models.get_model(config["model"], weights=None).eval()
+    model = model.to(device=device, dtype=dtype, memory_format=fmt)
+    batch = torch.randn(int(config["batch_size"]), 3, IMAGE_PX, IMAGE_PX).to(
+        device=device, dtype=dtype, memory_format=fmt)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    iters = int(config["timed_iters"])
+    with torch.inference_mode():
+        for _ in range(int(config["warmup_iters"])):
+            model(batch)
+        sync()
+        started = time.perf_counter()
+        for _ in range(iters):
+            model(batch)
+        sync()
+        elapsed = time.perf_counter() - started
+    write_json_atomic(out, {**config, "elapsed_s": elapsed, "threads": torch.get_num_threads(),
+                            "images_per_s": int(config["batch_size"]) * iters / elapsed})
+
+
+INTERNAL_MODES: dict[str, Callable[[dict[str, Any], Path], None]] = {
+    "_facts": facts_worker, "_bare-comm": bare_comm_main, "_bare-bench": bare_bench_main}
+
+
+# ---------------------------------------------------------------- command line
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a positive number")
+        return value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="folder for summary.json, the reports and logs/ (created)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a first look: 1 pair per ratio, shorter bench loops")
+    parser.add_argument("--runs", type=_positive(int), default=None, metavar="N",
+                        help="(gpucheck, bare loop) pairs per ratio; medians are taken "
+                             "(default: 3; 1 with --quick or --dry-run-cpu)")
+    parser.add_argument("--skip", default=None, metavar="STEP,...",
+                        help=f"steps to leave out: {', '.join(STEPS)}")
+    parser.add_argument("--budget", type=_positive(float), default=540.0, metavar="SECONDS",
+                        help="stop starting work after this long (default: 540, inside a "
+                             "10-minute limit)")
+    parser.add_argument("--dry-run-cpu", action="store_true",
+                        help="no GPU needed: the same pipeline on CPU with gloo, tiny sizes")
+    return parser
+
+
+def usage_error(message: str) -> NoReturn:
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_USAGE)
+
+
+class Terminated(Exception):
+    """SIGTERM: stop, end the children, keep what was measured."""
+
+
+def _on_sigterm(_signum: int, _frame: Any) -> None:
+    raise Terminated()
+
+
+def start_session(args: argparse.Namespace, started: float) -> Session:
+    """Validate, collect the facts, refuse a GPU-less machine (unless --dry-run-cpu)."""
+    problem = out_dir_problem(Path(args.out))
+    if problem:
+        usage_error(problem)
+    try:
+        parse_skip(args.skip)
+    except ValueError as exc:
+        usage_error(str(exc))
+    print("collecting machine facts (nvidia-smi -L, torch)", flush=True)
+    facts = collect_facts(DRY_TIMEOUTS["facts"] if args.dry_run_cpu else GPU_TIMEOUTS["facts"])
+    gpus = int(facts.get("count") or 0)
+    if gpus == 0 and not args.dry_run_cpu:
+        usage_error(no_gpu_message(facts))
+    plan = make_plan(args, gpus)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    session = Session(plan, facts)
+    session.started = started
+    session.summary["steps"]["facts"] = {
+        "status": "error" if "error" in facts else "ok", "wall_s": facts.get("facts_wall_s"),
+        "note": f"{gpus} GPU(s): {', '.join(facts.get('names') or []) or 'none'}; torch "
+                f"{facts.get('torch')}, CUDA {facts.get('cuda')}"}
+    session.log(session.summary["steps"]["facts"]["note"])
+    session.save()
+    return session
+
+
+def finish(s: Session) -> int:
+    """Save the final summary, print the table; 0 when every measured goal passed and no
+    step timed out or failed to run."""
+    s.summary["complete"] = not any(e.startswith(("interrupted", "terminated"))
+                                    for e in s.summary["errors"])
+    s.save()
+    print("\n" + format_table(s.summary), flush=True)
+    print(f"\nsummary: {s.plan.out / 'summary.json'} ({s.elapsed():.0f} s in all)", flush=True)
+    failed_goal = any(g["pass"] is False for g in s.summary["goals"])
+    broken = any(step.get("status") in ("timeout", "error")
+                 for step in s.summary["steps"].values())
+    return EXIT_GOALS if failed_goal or broken or not s.summary["complete"] else EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in INTERNAL_MODES:
+        INTERNAL_MODES[argv[0]](json.loads(argv[1]), Path(argv[2]))
+        return EXIT_OK
+    started = time.monotonic()
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    session = start_session(args, started)
+    try:
+        run_steps(session)
+    except KeyboardInterrupt:
+        session.error("interrupted (Ctrl-C); the summary holds what was measured")
+    except Terminated:
+        session.error("terminated (SIGTERM); the summary holds what was measured")
+    return finish(session)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
