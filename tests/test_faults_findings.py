@@ -4,11 +4,13 @@ case that stays OK (or n/a) and one that is caught, named and given its action."
 from __future__ import annotations
 
 import copy
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpucheck.faults import fault_findings, faults_section
+from gpucheck.faults import fault_findings, faults_section, findings
 from gpucheck.faults.counters import COUNTERS
 from gpucheck.faults.findings import (
     CORRECTED_ECC_WARN,
@@ -361,3 +363,15 @@ def test_cpu_ranks_are_one_skip_per_reason():
     findings = fault_findings([cpu, {**cpu, "rank": 1}, healthy()])
     skipped = _one(findings, "faults.watch")
     assert skipped.status is Status.SKIP and "ranks 0, 1" in skipped.message
+
+
+def test_the_docs_name_every_check_id_and_threshold():
+    docs = (Path(__file__).parents[1] / "docs" / "faults.md").read_text()
+    source = Path(findings.__file__).read_text()
+    ids = set(re.findall(r'"(faults\.[a-z_.]+)"', source))
+    ids |= {f"faults.event.{kind}" for kind in findings.EVENT_VERDICTS}
+    assert [i for i in sorted(ids) if f"`{i}`" not in docs] == []
+    for words in (f"{CORRECTED_ECC_WARN} or more", f"more than {PCIE_REPLAYS_PER_MIN} a minute",
+                  f"{NVLINK_ERRORS_PER_S:.0f} a second", f"{SLOWDOWN_WARN_FRACTION:.0%} of the",
+                  f"at least {SLOWDOWN_MIN_SAMPLES} samples"):
+        assert words in docs

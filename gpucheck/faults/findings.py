@@ -159,12 +159,12 @@ def judge_remapped_rows(result: Mapping[str, Any]) -> list[Verdict]:
     failed = (_counter(result, "remapped_rows_failed", "before"),
               _counter(result, "remapped_rows_failed", "after"))
     if pending[1] is None and failed[1] is None:
-        return [_na("faults.remapped_rows", "row remapping (not on this GPU)")]
+        return [_na("faults.remapped_rows.pending", "row remapping (not on this GPU)")]
     verdicts = []
     if failed[1]:
         when = "had already failed before the run" if failed[0] else "failed during the run"
         verdicts.append(Verdict("faults.remapped_rows.failed", Status.FAIL, f"a memory row "
-                                f"remap {when}: the GPU has no spare row left for a bad one",
+                                f"remap {when}: the GPU could not replace a bad row",
                                 "replace-hardware", "drain the node and replace the GPU"))
     if pending[1]:
         when = ("was already pending before the run (not caused by it)" if pending[0]
@@ -172,7 +172,7 @@ def judge_remapped_rows(result: Mapping[str, Any]) -> list[Verdict]:
         verdicts.append(Verdict("faults.remapped_rows.pending", Status.FAIL, f"a memory row "
                                 f"remap {when}: a bad row waits for a GPU reset", "reset-gpu",
                                 f"{_RESET}; until then the bad row can fail again"))
-    return verdicts or [_ok("faults.remapped_rows", "no row remap pending or failed")]
+    return verdicts or [_ok("faults.remapped_rows.pending", "no row remap pending or failed")]
 
 
 def judge_retired_pages(result: Mapping[str, Any]) -> Verdict:
@@ -225,7 +225,7 @@ def judge_nvlink(result: Mapping[str, Any]) -> list[Verdict]:
     d = {n: _counter(result, f"nvlink_{n}") for n in ("crc_flit", "crc_data", "replay",
                                                        "recovery")}
     if active[0] is None or (not active[0] and not active[1]):
-        return [_na("faults.nvlink", "NVLink (none on this GPU)")]
+        return [_na("faults.nvlink.crc", "NVLink (none on this GPU)")]
     verdicts = []
     if active[1] is not None and active[1] < active[0]:
         verdicts.append(Verdict("faults.nvlink.down", Status.FAIL, f"{active[0] - active[1]} "
@@ -297,7 +297,7 @@ def judge_events(result: Mapping[str, Any]) -> list[Verdict]:
     """XIDs and the memory/availability events; n/a when no event set could be registered."""
     if result.get("events_registered") is None:
         why = result.get("events_reason") or "not registered"
-        return [_na("faults.events", f"XID/ECC events ({why})")]
+        return [_na("faults.xid", f"XID/ECC events ({why})")]
     verdicts = judge_xids(result)
     for kind, (status, action, meaning, advice) in EVENT_VERDICTS.items():
         seen = _events(result, kind)
@@ -316,7 +316,7 @@ def judge_events(result: Mapping[str, Any]) -> list[Verdict]:
                                 f"gpucheck does not know ({unknown[0]['kind']}) {_when(unknown)}",
                                 "rerun", "look the event type up in nvml.h; run again"))
     if not verdicts:
-        verdicts.append(_ok("faults.events", "no XID or memory event"))
+        verdicts.append(_ok("faults.xid", "no XID or memory event"))
     return verdicts
 
 
@@ -333,9 +333,15 @@ def _slowdown_shares(clocks: Mapping[str, Any]) -> dict[str, tuple[float, float 
     return shares
 
 
-def _share_text(reason: str, sampled: float, counted: float | None) -> str:
-    text = f"{REASON_WORDS[reason]} {sampled * 100:.0f}%"
-    return text + (f" (driver's counter: {counted * 100:.0f}%)" if counted is not None else "")
+def _headline(reason: str, share: tuple[float, float | None]) -> str:
+    return f"{REASON_WORDS[reason]} {max(share[0], share[1] or 0.0) * 100:.0f}%"
+
+
+def _detail(reason: str, share: tuple[float, float | None], samples: int) -> str:
+    sampled, counted = share
+    text = f"{REASON_WORDS[reason]} in {sampled * 100:.0f}% of {samples} samples"
+    return text + (f", {counted * 100:.0f}% by the driver's counter" if counted is not None
+                   else "")
 
 
 def judge_clocks(result: Mapping[str, Any]) -> Verdict:
@@ -351,14 +357,15 @@ def judge_clocks(result: Mapping[str, Any]) -> Verdict:
     bad = {r: s for r, s in shares.items()
            if (judged and s[0] >= SLOWDOWN_WARN_FRACTION)
            or (s[1] is not None and s[1] >= SLOWDOWN_WARN_FRACTION)}
-    span = f"{window_s} s, {samples} samples"
     if bad:
-        words = ", ".join(_share_text(r, *s) for r, s in bad.items())
-        return Verdict(check, Status.WARN, f"was in {words} of the {window} ({span})",
-                       "drain-node", _COOLING)
+        words = ", ".join(_headline(r, s) for r, s in bad.items())
+        details = "; ".join(_detail(r, s, samples) for r, s in bad.items())
+        return Verdict(check, Status.WARN, f"was in {words} of the {window} ({window_s} s: "
+                       f"{details})", "drain-node", _COOLING)
+    span = f"{window_s} s, {samples} samples"
     if not judged:
         return _na(check, f"slowdowns (too few clock samples: {span})")
-    seen = [_share_text(r, *s) for r, s in shares.items() if s[0] or s[1]]
+    seen = [_headline(r, s) for r, s in shares.items() if s[0] or s[1]]
     power = (clocks.get("fractions") or {}).get("sw_power_cap")
     if power:  # the power limit is doing its job: information
         seen.append(f"at its power limit {power * 100:.0f}%")
@@ -475,8 +482,9 @@ def _gpu_row(group: GpuGroup, verdicts: list[Verdict]) -> dict[str, Any]:
         "slowdown_pct": None if fractions is None else round(100 * max(
             [fractions.get(b, 0.0) for b in BAD_CLOCK_REASONS]), 1),
         "clock_samples": clocks.get("samples"),
-        "watcher_cpu_pct": round(100 * (cost.get("thread_cpu_s", 0.0) + cost.get(
-            "nvml_call_s", 0.0)) / watched_s, 3) if watched_s else None,
+        # The thread's own CPU; its NVML calls run in the driver with the GIL released.
+        "watcher_cpu_pct": round(100 * cost.get("thread_cpu_s", 0.0) / watched_s, 3)
+        if watched_s else None,
     }
 
 

@@ -99,7 +99,7 @@ class FaultWatch:
                  host: str | None = None) -> None:
         self.bus_id, self.rank, self.sample_s = bus_id, rank, sample_s
         self.host = host or socket.gethostname()
-        self._given, self._nvml = nvml, None
+        self._given = nvml
         self._door: Nvml | None = None
         self._meter: _Metered | None = None
         self._handle: Any = None
@@ -115,7 +115,10 @@ class FaultWatch:
         self._lock = threading.Lock()
         self._poll_lock = threading.Lock()
         self._window_open, self._marked = True, False
-        self._t0 = self._t_end = self._win_t0 = self._win_t1 = None
+        self._t0: float | None = None  # time.monotonic() at start, stop, and the window's ends
+        self._t_end: float | None = None
+        self._win_t0: float | None = None
+        self._win_t1: float | None = None
         self._slow: dict[str, dict[str, int | None] | None] = {"start": None, "end": None}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -290,13 +293,13 @@ class FaultWatch:
                 "time": _utc_now()})
 
     def _finish(self) -> None:
-        """After the thread: the events queued since its last tick, then the counters."""
-        if self._handle is None or self._lost():
-            return
+        """After the thread: the events queued since its last tick, then the counters.
+        Nothing is read from a GPU that was lost (it would only fail again)."""
         try:
-            self._drain_events()
-            links = self._before.links if self._before is not None else None
-            self._after = read_snapshot(self._door, self._handle, links)
+            if self._handle is not None and not self._lost():
+                self._drain_events()
+                links = self._before.links if self._before is not None else None
+                self._after = read_snapshot(self._door, self._handle, links)
         except NvmlFailure as exc:
             self._record(exc, "after the run")
         finally:
