@@ -252,6 +252,15 @@ def test_a_gpu_lost_mid_run_fails_as_lost(fake):
     assert failed.hint.startswith("action: drain-node:")
 
 
+def test_a_gpu_already_lost_when_the_run_starts_fails_as_lost(monkeypatch):
+    _fake(monkeypatch, lost=True)
+    result = _run()
+    assert result["status"] == "watched" and result["gpu"] is None
+    failed = _one(fault_findings([result]), "faults.gpu_lost")
+    assert failed.status is Status.FAIL and failed.subject == f"rank 3 on the GPU at bus {BUS}"
+    assert "when it was looked up" in failed.message
+
+
 def test_the_watcher_thread_stops_and_the_event_set_is_freed_on_exit(fake):
     def load(watch: FaultWatch) -> None:
         assert any(t.name == THREAD_NAME for t in threading.enumerate())

@@ -110,8 +110,8 @@ def judge_errors(result: Mapping[str, Any]) -> list[Verdict]:
                         "check dmesg for Xid 79 ('fallen off the bus'); reset the GPU "
                         "(nvidia-smi -r -i <index>) or reboot the node; replace it if it "
                         "happens again")]
-    return [Verdict("faults.watch", Status.WARN, f"the fault watcher stopped early "
-                    f"({e['phase']}: {e['message']}); counters it could not read are n/a",
+    return [Verdict("faults.watch", Status.WARN, f"the fault watcher ran into trouble "
+                    f"{e['phase']} ({e['message']}); what it could not read is n/a",
                     "rerun", "run again; report a gpucheck bug if it repeats", key=str(i))
             for i, e in enumerate(errors)]
 
@@ -414,9 +414,10 @@ def group_by_gpu(results: Sequence[Mapping[str, Any]],
         bus = normal_bus_id(result.get("nvml_bus_id") or result.get("bus_id"))
         gpus.setdefault((result.get("host"), bus or f"rank {rank}"), []).append((rank, result))
     groups = []
-    for (host, bus), members in gpus.items():
+    for (host, _bus), members in gpus.items():
         first = members[0][1]
-        label = names.get(members[0][0]) or first.get("gpu") or f"the GPU at bus {bus}"
+        shown_bus = first.get("nvml_bus_id") or first.get("bus_id")
+        label = names.get(members[0][0]) or first.get("gpu") or f"the GPU at bus {shown_bus}"
         groups.append(GpuGroup(tuple(r for r, _ in members), host, label,
                                first.get("nvml_index"), tuple(m for _, m in members)))
     return groups, not_watched

@@ -97,6 +97,8 @@ class FaultWatch:
     def __init__(self, bus_id: str | None, nvml: Nvml | None = None,
                  sample_s: float = DEFAULT_SAMPLE_S, rank: int | None = None,
                  host: str | None = None) -> None:
+        if sample_s <= 0:
+            raise ValueError(f"sample_s must be positive, not {sample_s}")
         self.bus_id, self.rank, self.sample_s = bus_id, rank, sample_s
         self.host = host or socket.gethostname()
         self._given = nvml
@@ -219,7 +221,7 @@ class FaultWatch:
             if exc.not_available or exc.kind == "NVMLError_NotFound":
                 self._reason = f"NVML has no GPU at bus {self.bus_id} ({exc.meaning})"
             else:
-                self._record(exc, "finding the GPU")
+                self._record(exc, "when it was looked up")
             return False
         return True
 
