@@ -125,7 +125,11 @@ def _place(ctx: RankContext) -> Placement:
     import torch
 
     if ctx.spec.device == "cuda":
-        return place_this_rank(ctx.bus_id, ctx.spec.pin_numa)
+        placement = place_this_rank(ctx.bus_id, ctx.spec.pin_numa)
+        # The CPU work (seeded inputs, the reference) shares the node's cores.
+        share = (os.cpu_count() or 1) // ctx.world.local_world_size
+        torch.set_num_threads(max(1, min(len(placement.cpus) or share, share)))
+        return placement
     allowed = tuple(sorted(os.sched_getaffinity(0)))
     torch.set_num_threads(max(1, len(allowed) // ctx.world.local_world_size))
     return Placement(None, (), allowed, None, False)
