@@ -202,6 +202,10 @@ def _gemm(ctx: RankContext, result: dict[str, Any]) -> None:
 
 def _membw(ctx: RankContext, result: dict[str, Any]) -> None:
     spec = ctx.spec
+    if spec.device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()  # the GEMM buffers would not count as free memory
     size = copy_bytes(spec.device, free_device_bytes(spec.device))
     _barrier(ctx)
     record = measure_copy(ctx.world.rank, size, ctx.device, spec.device, spec.warmup_s,
@@ -245,7 +249,9 @@ def _copies(ctx: RankContext, result: dict[str, Any]) -> None:
     world = ctx.world
     host, dev = copy_buffers(ctx.device)
     alone = None
-    for turn in range(world.local_world_size):
+    # As many turns as the largest node has ranks: every rank passes every barrier.
+    turns = 1 + max(int(r["local_rank"]) for r in result["ranks"])
+    for turn in range(turns):
         _barrier(ctx)
         if world.local_rank == turn:
             alone = host_copies(world.rank, "alone", host, dev)
