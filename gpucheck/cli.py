@@ -11,19 +11,25 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
-from typing import NoReturn, TextIO
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn, TextIO
 
 from gpucheck import __version__
-from gpucheck.errors import UsageError
+from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
 from gpucheck.output import check_writable, write_atomic
 from gpucheck.render import FORMATS, format_for, render
-from gpucheck.report import Report
+from gpucheck.report import Report, Section, fail
 
 COMMANDS = ("env", "bench", "comm", "stress")
 
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # Ctrl-C; every stop signal N exits 128 + N (SIGTERM: 143)
+# Signals that end a run like Ctrl-C does (SIGINT raises KeyboardInterrupt already).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gpucheck",
         description="Is this GPU server fit for distributed work? Exit codes: 0 no FAIL, "
-                    "1 any FAIL (--strict: WARN too), 2 usage or input error.",
+                    "1 any FAIL (--strict: WARN too), 2 usage or input error, 130 "
+                    "interrupted (Ctrl-C), 143 terminated (SIGTERM).",
     )
     parser.add_argument("--version", action="version", version=f"gpucheck {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -90,18 +97,93 @@ def emit(report: Report, fmt: str, output: str | None, quiet: bool,
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with signals_as_interrupts():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    module = _command_module(args.command)
     try:
         fmt = format_for(args.format, args.output)
         if args.output is not None:
             check_writable(args.output)
-        report = _command_module(args.command).run(args)
+        report = module.run(args)
         if report is None:
             return 0
         emit(report, fmt, args.output, args.quiet)
     except UsageError as exc:
         print(f"gpucheck {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print(f"gpucheck {args.command}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        return _interrupted(module, args, stop_signal(exc))
     return report.exit_code(strict=args.strict)
+
+
+@contextmanager
+def signals_as_interrupts() -> Iterator[None]:
+    """For the block, SIGTERM and SIGHUP raise `Interrupted`, as Ctrl-C raises
+    KeyboardInterrupt: a SLURM time limit, `timeout` or an eviction then ends the run
+    the way Ctrl-C does (workers stopped, partial report kept, one line, exit 128+N)
+    instead of killing the process on the spot."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set on the main thread
+        return
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _raise_interrupted)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def _interrupted(module: Any, args: argparse.Namespace, signum: signal.Signals) -> int:
+    """Keep what was measured: the partial report in --output, with a FAIL saying how
+    the run was stopped; one line on stderr; exit 128 + the signal (130, 143)."""
+    how = describe_stop(signum)
+    written = args.output is not None and _is_reporter() and _write_interrupted(
+        module, args, signum)
+    where = f"; partial report in {args.output}" if written else ""
+    print(f"gpucheck {args.command}: {how}{where}", file=sys.stderr)
+    return 128 + int(signum)
+
+
+def _is_reporter() -> bool:
+    """Only the reporting rank writes --output (under torchrun or srun every rank runs
+    this command line with the same --output)."""
+    from gpucheck.distributed.world import world_from_env
+
+    try:
+        world = world_from_env()
+    except UsageError:
+        return True
+    return world is None or world.is_reporter
+
+
+def _write_interrupted(module: Any, args: argparse.Namespace, signum: signal.Signals) -> bool:
+    """The command's partial report (`partial_report(args)`, when it has one) plus the
+    `<command>.interrupted` section; False when it cannot be written."""
+    build = getattr(module, "partial_report", None)
+    report = (build(args) if build is not None else None) or Report(command=args.command)
+    report.add(interrupted_section(args.command, signum, partial=bool(report.sections)))
+    try:
+        write_atomic(args.output, render(report, format_for(args.format, args.output)))
+    except UsageError:
+        return False
+    return True
+
+
+def interrupted_section(command: str, signum: signal.Signals, partial: bool) -> Section:
+    """The stop as a FAIL, in the shape of a failed run's section."""
+    data = {"outcome": f"{describe_stop(signum)} before the run finished",
+            "results_above": "partial: measured before the stop" if partial else "none"}
+    hint = ("rerun to measure the rest" if signum == signal.SIGINT else
+            "a time limit (SLURM --time, timeout) or an eviction stopped the run: allow "
+            "more time or measure less, then rerun")
+    return Section("interrupted", "Run stopped", data,
+                   [fail(f"{command}.interrupted", data["outcome"], hint=hint)])

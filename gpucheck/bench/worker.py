@@ -96,8 +96,7 @@ def _bench_rank(spec: BenchSpec) -> BenchOutcome | None:
         progress.set_step("model and data (DDP construction broadcasts rank 0's weights)")
         ddp, batch, check_batch = _prepare(spec, world, share)
         record, output = _measure(spec, world, ddp, batch, check_batch, threads)
-        if world.is_reporter:  # kept even if another rank fails from here on
-            progress.publish_partial({"rank0_record": asdict(record)})
+        _publish(world, rank0_record=asdict(record))  # kept if another rank fails now
         progress.set_step("all_gather of the per-rank records")
         gathered: list[Any] = [None] * world.world_size
         dist.all_gather_object(gathered, (record, output))
@@ -168,6 +167,7 @@ def _measure(spec: BenchSpec, world: World, ddp: Any, batch: torch.Tensor,
         progress.set_step("warm-up")
         bar.start("warm-up", spec.warmup)
         per_iter_s = _warm_up(ddp, batch, spec.warmup, spec.device, bar)
+        _publish(world, rank0_warmup={"iters": spec.warmup, "s_per_iter": per_iter_s})
         iters = spec.iters or _agree_iters(per_iter_s, spec, world)
         progress.set_step("timed loop (between the start and end barriers)")
         bar.start("timed", iters)
@@ -192,6 +192,13 @@ def _record(spec: BenchSpec, world: World, iters: int, timing: tuple[float, floa
         nvml_index=gpu.nvml_index if gpu else None,
         pci_bus_id=gpu.pci_bus_id if gpu else None,
     )
+
+
+def _publish(world: World, **results: Any) -> None:
+    """Rank 0 keeps what it has measured so far, so a failure or a stop (Ctrl-C,
+    SIGTERM) later in the run still reports it."""
+    if world.is_reporter:
+        progress.publish_partial((progress.local_partial() or {}) | results)
 
 
 def _warm_up(ddp: Any, batch: torch.Tensor, warmup: int, device: str, bar: Progress) -> float:

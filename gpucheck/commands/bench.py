@@ -95,6 +95,18 @@ def run(args: argparse.Namespace) -> Report | None:
     return report
 
 
+def partial_report(args: argparse.Namespace) -> Report | None:
+    """After Ctrl-C or SIGTERM: what rank 0 had measured (gpucheck.cli adds the stop)."""
+    from gpucheck.distributed import progress
+
+    partial = progress.local_partial()
+    if partial is None:
+        return None
+    report = Report(command="bench")
+    report.add(Section("partial", "Measured by rank 0 before the stop", dict(partial)))
+    return report
+
+
 def _plan_bench(args: argparse.Namespace, plan: LaunchPlan):  # type: ignore[no-untyped-def]
     """Check every benchmark option before any rank starts; returns (BenchSpec, ImageSet)."""
     from gpucheck.bench.worker import BenchSpec

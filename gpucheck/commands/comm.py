@@ -7,7 +7,7 @@ import sys
 
 from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
 from gpucheck.errors import UsageError
-from gpucheck.report import Report, fail
+from gpucheck.report import Report
 
 HELP = "collective and pairwise bandwidth, hang-safe"
 DEFAULT_PAIR_THRESHOLD = 0.5
@@ -59,6 +59,9 @@ def _check(args: argparse.Namespace) -> tuple[str, ...]:
         raise UsageError("--min-bytes must be at least 4 and --max-bytes at least --min-bytes")
     if not 0 < args.pair_threshold <= 1:
         raise UsageError(f"--pair-threshold {args.pair_threshold:g}: give a fraction in (0, 1]")
+    if args.baseline_busbw is not None and not args.baseline_busbw > 0:
+        raise UsageError(f"--baseline-busbw {args.baseline_busbw:g}: give the expected bus "
+                         "bandwidth in GB/s, a positive number")
     collectives = tuple(c.strip() for c in args.collectives.split(",") if c.strip())
     unknown = set(collectives) - {"all_reduce", "all_gather"}
     if unknown or not collectives:
@@ -96,9 +99,6 @@ def run(args: argparse.Namespace) -> Report | None:
         return _failed_report(args, exc)
     except WorkersFailed as exc:
         return _failed_report(args, JobFailed(exc.failures, None, [], None, reporter=True))
-    except KeyboardInterrupt:
-        _write_interrupted(args)
-        raise
     if result is None:
         return None  # a rank other than 0 under torchrun or srun: rank 0 reports
     return _report(args, result)
@@ -130,17 +130,9 @@ def _failed_report(args: argparse.Namespace, exc) -> Report | None:  # type: ign
     return report
 
 
-def _write_interrupted(args: argparse.Namespace) -> None:
-    """Ctrl-C: keep what was measured in --output when the ranks published anything."""
+def partial_report(args: argparse.Namespace) -> Report | None:
+    """After Ctrl-C or SIGTERM: the sizes measured so far (gpucheck.cli adds the stop)."""
     from gpucheck.distributed import progress
 
     partial = progress.local_partial()
-    if args.output is None or partial is None:
-        return
-    from gpucheck.cli import emit
-    from gpucheck.render import format_for
-
-    report = _report(args, partial)
-    report.sections[-1].findings.append(fail("comm.interrupted", "interrupted (Ctrl-C)",
-                                             hint="rerun to measure the remaining sizes"))
-    emit(report, format_for(args.format, args.output), args.output, quiet=True)
+    return _report(args, partial) if partial is not None else None

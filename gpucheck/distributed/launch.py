@@ -12,12 +12,13 @@ import errno
 import logging
 import signal
 import socket
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.errors import UsageError
+from gpucheck.errors import Interrupted, UsageError
 
 # Seconds the agent waits after SIGTERM before SIGKILL when it stops workers.
 SHUTDOWN_TIMEOUT_S = 3
@@ -102,16 +103,36 @@ def launch_local(
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
     )
     _quiet_elastic_logs()
+    handlers = _signal_handlers()
     try:
         return elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as exc:
         raise WorkersFailed(_failures(exc)) from None
     except SignalException as exc:
-        # The agent has already stopped every worker (SIGTERM, then SIGKILL after
-        # SHUTDOWN_TIMEOUT_S); Ctrl-C leaves as KeyboardInterrupt (exit 130).
-        if exc.sigval == signal.SIGINT:
-            raise KeyboardInterrupt from None
-        raise SystemExit(128 + int(exc.sigval)) from None
+        # The agent has already stopped every worker (the same signal, then SIGKILL
+        # after SHUTDOWN_TIMEOUT_S). Ctrl-C and SIGTERM alike leave as an interruption,
+        # so the command keeps what was measured and exits 128 + the signal.
+        raise Interrupted(exc.sigval) from None
+    finally:
+        _restore(handlers)
+
+
+# The signals torch's elastic agent takes over (TORCHELASTIC_SIGNALS_TO_HANDLE's default).
+_AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _signal_handlers() -> dict[signal.Signals, Any]:
+    return {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
+
+
+def _restore(handlers: dict[signal.Signals, Any]) -> None:
+    """Give back the handlers the agent replaced and never restores: its handler raises
+    SignalException, which outside the agent would end in a traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # the agent registers none off the main thread
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
 
 
 def _failures(exc: Any) -> list[RankFailure]:
@@ -135,7 +156,17 @@ def _first_line(text: str) -> str:
     return lines[-1].strip() if lines else ""
 
 
+_QUIET_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher",
+                  "torch.multiprocessing")
+
+
 def _quiet_elastic_logs() -> None:
-    """The agent logs its whole config at INFO/WARNING; gpucheck reports failures itself."""
-    for name in ("torch.distributed.elastic", "torch.multiprocessing"):
+    """The agent logs its whole config at INFO/WARNING, and "Received 15 death signal,
+    shutting down workers" on a signal; gpucheck reports failures and signals itself.
+
+    Setting the parents is not enough: torch's `get_logger` gives each module's logger
+    its own level (LOGLEVEL, default WARNING), so every existing one is set as well.
+    """
+    names = [n for n in logging.Logger.manager.loggerDict if n.startswith(_QUIET_LOGGERS)]
+    for name in (*_QUIET_LOGGERS, *names):
         logging.getLogger(name).setLevel(logging.CRITICAL)

@@ -1,0 +1,172 @@
+"""Stopping a run: Ctrl-C (SIGINT) and SIGTERM (a SLURM time limit, `timeout`, an eviction).
+
+Every command stopped by a signal keeps what it measured: the workers are stopped,
+the partial report is written to --output with a `<command>.interrupted` FAIL, one
+line of gpucheck's own goes to stderr, and the exit code is 128 + the signal (130,
+143). The real runs below signal gpucheck once rank 0 has published a result, and
+end by checking that no process is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from comm_workers import clean_env, free_port, gpucheck, start, tracked, wait_for_file, wait_gone
+
+from gpucheck.cli import main
+from gpucheck.errors import Interrupted
+
+START_S = 120  # spawning ranks and loading torch on a busy 2-core machine
+END_S = 60
+LONG_BENCH = ("bench", "--model", "mobilenet_v3_small", "--batch-size", "1", "--warmup", "1",
+              "--iters", "5000", "--timeout", "30")
+LONG_COMM = ("comm", "--max-bytes", "64K", "--iters", "3000", "--warmup", "1", "--no-pairwise",
+             "--timeout", "30")
+
+
+def interrupted(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for s in report["sections"] for f in s["findings"]
+            if f["check"].endswith(".interrupted") and f["status"] == "FAIL"]
+
+
+def one_line(stderr: str, command: str) -> str:
+    """The only line on stderr, which must be gpucheck's own (no traceback, no torch log)."""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith(f"gpucheck {command}: "), stderr
+    return lines[0]
+
+
+def stop_mid_run(tmp_path: Path, sig: signal.Signals, *argv: str,
+                 whole_group: bool = False) -> tuple[int, str, dict[str, Any]]:
+    """Start `gpucheck ARGV -o FILE`, send `sig` once rank 0 has published a result
+    (to the whole process group when `whole_group`, as a terminal's Ctrl-C does);
+    return (exit code, stderr, the report)."""
+    run, out = tmp_path / "run", tmp_path / "out.json"
+    run.mkdir()
+    proc = start(gpucheck(*argv, "-q", "-o", str(out)), clean_env(GPUCHECK_RUN_DIR=str(run)))
+    with tracked([proc]) as seen:
+        assert wait_for_file(run / "partial.json", START_S, proc) is not None, \
+            proc.communicate()
+        seen.extend(r["pid"] for r in wait_for_file(run / "roster.json", 5) or [])
+        seen.extend(p.pid for p in _children(proc))
+        if whole_group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        _, err = proc.communicate(timeout=END_S)
+        assert wait_gone(seen) == [], "a worker outlived the command"
+    return proc.returncode, err, json.loads(out.read_text())
+
+
+def _children(proc: subprocess.Popen[str]) -> list[Any]:
+    import psutil
+
+    try:
+        return psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_sigterm_stops_a_self_launched_bench_with_its_partial_report_and_143(
+        tmp_path: Path) -> None:
+    code, err, report = stop_mid_run(tmp_path, signal.SIGTERM, *LONG_BENCH, "--n-gpus", "2")
+    assert code == 143
+    assert "terminated by SIGTERM" in one_line(err, "bench")
+    assert "SIGTERM" in interrupted(report)[0]["message"]
+    partial = next(s for s in report["sections"] if s["name"] == "partial")
+    assert partial["data"]["rank0_warmup"]["iters"] == 1
+
+
+def test_ctrl_c_stops_a_self_launched_bench_with_its_partial_report_and_130(
+        tmp_path: Path) -> None:
+    code, err, report = stop_mid_run(tmp_path, signal.SIGINT, *LONG_BENCH, "--n-gpus", "2",
+                                     whole_group=True)
+    assert code == 130
+    assert "interrupted (Ctrl-C)" in one_line(err, "bench")
+    assert interrupted(report)
+
+
+def test_sigterm_stops_a_self_launched_comm_with_the_sizes_measured_and_143(
+        tmp_path: Path) -> None:
+    code, err, report = stop_mid_run(tmp_path, signal.SIGTERM, *LONG_COMM, "--n-gpus", "2",
+                                     whole_group=True)
+    assert code == 143
+    one_line(err, "comm")
+    assert interrupted(report)
+    all_reduce = next(s for s in report["sections"] if s["name"] == "all_reduce")
+    assert all_reduce["data"]["results"], "the sizes measured before the signal are kept"
+
+
+def test_sigterm_stops_a_one_process_bench_with_its_partial_report_and_143(
+        tmp_path: Path) -> None:
+    code, err, report = stop_mid_run(tmp_path, signal.SIGTERM, *LONG_BENCH, "--n-gpus", "1")
+    assert code == 143
+    one_line(err, "bench")
+    assert interrupted(report) and report["sections"][0]["name"] == "partial"
+
+
+def _srun_env(rank: int, port: int, run: Path) -> dict[str, str]:
+    return clean_env(SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
+                     SLURM_NODEID="0", SLURM_TASKS_PER_NODE="2", MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(port), GPUCHECK_RUN_DIR=str(run))
+
+
+def test_sigterm_to_every_srun_task_writes_rank_0s_report_and_each_exits_143(
+        tmp_path: Path) -> None:
+    run, out, port = tmp_path / "run", tmp_path / "out.json", free_port()
+    run.mkdir()
+    # srun gives every task the same command line, --output included.
+    tasks = [start(gpucheck(*LONG_BENCH, "-q", "-o", str(out)), _srun_env(r, port, run))
+             for r in range(2)]
+    with tracked(tasks) as seen:
+        seen.extend(t.pid for t in tasks)
+        assert wait_for_file(run / "partial.json", START_S, tasks[0]) is not None, \
+            tasks[0].communicate()
+        for task in tasks:  # a time limit signals every task of the step
+            task.send_signal(signal.SIGTERM)
+        errs = [t.communicate(timeout=END_S)[1] for t in tasks]
+        assert [t.returncode for t in tasks] == [143, 143], errs
+        assert wait_gone(seen) == []
+    assert "partial report in" in one_line(errs[0], "bench")
+    assert "partial report in" not in one_line(errs[1], "bench")
+    report = json.loads(out.read_text())
+    assert interrupted(report) and report["sections"][0]["name"] == "partial"
+
+
+def test_a_stop_before_anything_was_measured_still_writes_a_report_saying_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from gpucheck.commands import bench
+    from gpucheck.distributed import progress
+
+    def stopped(args: Any) -> None:
+        raise Interrupted(signal.SIGTERM)
+
+    progress.reset()
+    monkeypatch.setattr(bench, "run", stopped)
+    out = tmp_path / "out.json"
+    assert main(["bench", "-q", "-o", str(out)]) == 143
+    assert one_line(capsys.readouterr().err, "bench").endswith(f"partial report in {out}")
+    report = json.loads(out.read_text())
+    assert [s["name"] for s in report["sections"]] == ["interrupted"]
+    assert report["sections"][0]["data"]["results_above"] == "none"
+
+
+def test_main_gives_back_the_sigterm_handler_it_installed() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    main(["comm", "--iters", "0"])
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("value", ["-3", "0", "nan"])
+def test_a_non_positive_comm_baseline_is_a_usage_error(
+        capsys: pytest.CaptureFixture[str], value: str) -> None:
+    assert main(["comm", "--baseline-busbw", value]) == 2
+    assert "--baseline-busbw" in one_line(capsys.readouterr().err, "comm")
