@@ -125,10 +125,11 @@ def test_an_srun_task_bound_to_one_gpu_uses_cuda_0_whatever_its_local_id(
         me = roster()[0]
     assert world.local_rank == 3 and world.device_index == 0
     assert ("set_device", 0) in cuda.calls
-    assert me.device.startswith("cuda:0 GPU 3 (NVIDIA H200")
+    assert me.device == "cuda:0 NVIDIA H200"
     assert (me.nvml_index, me.pci_bus_id, me.uuid) == (
         3, bus_id(3), "GPU-00000000-0000-0000-0000-000000000003")
-    assert "GPU 3" in me.describe()
+    # Failure messages name the physical GPU, not only cuda:0.
+    assert "cuda:0 = GPU 3 (NVIDIA H200, bus 00000000:1B:00.0, GPU-" in me.describe()
 
 
 def test_under_torchrun_local_rank_k_uses_cuda_k_and_names_its_gpu(
@@ -141,7 +142,7 @@ def test_under_torchrun_local_rank_k_uses_cuda_k_and_names_its_gpu(
     with process_group("gloo", "cuda", timeout_s=30) as world:
         me = roster()[0]
     assert world.device_index == 2
-    assert me.nvml_index == 6 and me.device.startswith("cuda:2 GPU 6")
+    assert me.nvml_index == 6 and "cuda:2 = GPU 6 (" in me.describe()
 
 
 def bench_spec() -> bench_worker.BenchSpec:
@@ -185,3 +186,15 @@ def test_auto_dtype_picks_bf16_only_where_the_gpu_has_it_natively(
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
     assert bench_model.resolve_dtype("auto", "cuda") == expected
     assert bench_model.resolve_dtype("auto", "cpu") == "fp32"
+
+
+def test_a_silent_rank_is_named_by_its_physical_gpu_in_the_failure() -> None:
+    from gpucheck.distributed.job import blame
+
+    roster_rows = [{"rank": 1, "local_rank": 1, "node_rank": 0, "host": "node0",
+                    "device": "cuda:0 NVIDIA H200", "pid": 42, "nvml_index": 5,
+                    "pci_bus_id": bus_id(5), "uuid": "GPU-5"}]
+    diagnoses = [{"rank": 0, "missing": [1], "step": "timed loop", "cause": "timed out"}]
+    [failure] = blame([], diagnoses, roster_rows)
+    assert failure.cause == "did not answer"
+    assert "cuda:0 = GPU 5 (NVIDIA H200, bus 00000000:1D:00.0, GPU-5)" in failure.message

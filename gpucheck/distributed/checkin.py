@@ -15,7 +15,7 @@ import datetime as _dt
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -36,7 +36,7 @@ class RankInfo:
     local_rank: int
     node_rank: int
     host: str
-    device: str  # "cpu", or "cuda:0 GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)"
+    device: str  # "cpu", or the CUDA ordinal in this rank's process and name: "cuda:0 NVIDIA H200"
     pid: int
     # The physical GPU on CUDA (None on CPU, or when NVML cannot tell the index).
     nvml_index: int | None = None
@@ -45,7 +45,21 @@ class RankInfo:
 
     def describe(self) -> str:
         return (f"rank {self.rank} (node {self.node_rank} {self.host}, local rank "
-                f"{self.local_rank}, {self.device}, pid {self.pid})")
+                f"{self.local_rank}, {device_label(asdict(self))}, pid {self.pid})")
+
+
+def device_label(info: Mapping[str, Any]) -> str:
+    """A check-in record's device as messages name it: "cpu", or
+    "cuda:0 = GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)" (NVML index, bus id,
+    UUID: cuda:0 alone is a different GPU on every rank under SLURM's binding)."""
+    device = str(info.get("device", "unknown device"))
+    ordinal, _, name = device.partition(" ")
+    if not ordinal.startswith("cuda:"):
+        return device
+    gpu = GpuIdentity(int(ordinal[5:]) if ordinal[5:].isdigit() else None,
+                      info.get("nvml_index"), name or None, info.get("pci_bus_id"),
+                      info.get("uuid"))
+    return gpu.label() if gpu.nvml_index is None else f"{ordinal} = {gpu.label()}"
 
 
 class CheckInFailed(RuntimeError):
@@ -92,7 +106,7 @@ def this_rank(world: World, gpu: GpuIdentity | None) -> RankInfo:
         return RankInfo(world.rank, world.local_rank, world.node_rank, host_name(), "cpu",
                         os.getpid())
     return RankInfo(world.rank, world.local_rank, world.node_rank, host_name(),
-                    f"cuda:{gpu.cuda_ordinal} {gpu.label()}", os.getpid(),
+                    f"cuda:{gpu.cuda_ordinal} {gpu.name or 'GPU'}", os.getpid(),
                     nvml_index=gpu.nvml_index, pci_bus_id=gpu.pci_bus_id, uuid=gpu.uuid)
 
 

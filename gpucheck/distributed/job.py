@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpucheck.distributed import progress
-from gpucheck.distributed.checkin import CheckInFailed, RanksUnresponsive
+from gpucheck.distributed.checkin import CheckInFailed, RanksUnresponsive, device_label
 from gpucheck.distributed.launch import RankFailure, WorkersFailed, launch_local
 from gpucheck.distributed.world import World, world_from_env
 from gpucheck.errors import UsageError
@@ -86,7 +86,8 @@ class JobFailed(WorkersFailed):
     names the culprit.
     `partial`: what the reporting rank had published before the failure (or None).
     `diagnoses`: each survivor's view ({rank, missing, expected, step, cause, message}).
-    `roster`: the check-in records ({rank, host, node_rank, local_rank, device, pid}).
+    `roster`: the check-in records ({rank, host, node_rank, local_rank, device, pid, and
+    on CUDA the physical GPU: nvml_index, pci_bus_id, uuid}).
     `reporter`: whether this process should write the report (False on ranks > 0
     under torchrun or srun, which should print one line and exit non-zero).
     """
@@ -125,7 +126,7 @@ def _silent(rank: int, diagnoses: list[dict[str, Any]],
     seen = next(d for d in diagnoses if rank in d["missing"])
     info = next((r for r in roster if r.get("rank") == rank), None)
     if info is not None:
-        where = (f"node {info['node_rank']} {info['host']}, {info['device']}, "
+        where = (f"node {info['node_rank']} {info['host']}, {device_label(info)}, "
                  f"pid {info['pid']}")
         local_rank = int(info["local_rank"])
     else:
