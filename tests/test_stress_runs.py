@@ -141,3 +141,23 @@ def test_an_interrupted_run_reports_the_phases_it_had() -> None:
     assert built is not None and [s.name for s in built.sections] == ["stress", "gemm"]
     assert built.sections[0].data["phases_done"] == "1 of 3: gemm"
     assert partial_report(Namespace()) is None  # nothing published: nothing to keep
+
+
+def test_torchrun_ranks_report_once_from_rank_zero(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", TEST_HOOK_VAR)}
+    env["PYTHONPATH"] = str(root)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m", "gpucheck",
+         "stress", "--duration", "1", "--timeout", "60", "-o", str(tmp_path / "r.json")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("gpucheck stress on") == 1
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [r["rank"] for r in section(report, "stress")["data"]["ranks"]] == [0, 1]
+    assert findings(report, "FAIL") == []
