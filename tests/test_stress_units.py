@@ -45,8 +45,11 @@ def test_memory_peaks_are_the_datasheet_figures() -> None:
 
 
 def _rank(rank: int, gpu: str | None, node_rank: int = 0, **extra: Any) -> dict[str, Any]:
+    """A rank row as the worker builds it: the check-in record plus the GPU's label."""
+    label = f"GPU {rank} ({gpu}, bus 00000000:{rank + 16:02X}:00.0, GPU-{rank})" if gpu else None
     return {"rank": rank, "node_rank": node_rank, "host": f"n{node_rank}", "local_rank": rank,
-            "device": f"cuda:{rank} GPU {rank} ({gpu})", "gpu_name": gpu, **extra}
+            "device": f"cuda:{rank} {gpu}" if gpu else "cpu", "gpu": label, "gpu_name": gpu,
+            **extra}
 
 
 def test_an_unknown_model_is_skipped_never_warned_however_slow() -> None:
@@ -258,7 +261,8 @@ def test_a_rank_slow_throughout_is_named_against_its_nodes_median() -> None:
     values = dict.fromkeys(range(8), 790.0) | {5: 640.0}
     found = verdicts.peer_findings("stress.gemm.peers", "bf16", "TFLOP/s", values, ranks, 0.9)
     assert [(f.status, f.subject) for f in found] == [(Status.WARN, "rank 5")]
-    assert "0.81x" in found[0].message and "GPU 5" in found[0].message
+    assert "0.81x" in found[0].message
+    assert "GPU 5 (NVIDIA H200, bus 00000000:15:00.0, GPU-5)" in found[0].message
 
 
 def test_a_straggler_is_slower_in_time_not_faster() -> None:

@@ -47,7 +47,7 @@ def stress_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Secti
 
 
 def _setup_section(result: Mapping[str, Any]) -> Section:
-    keep = ("rank", "node_rank", "host", "local_rank", "device", "cpus", "numa_node",
+    keep = ("rank", "node_rank", "host", "local_rank", "device", "gpu", "cpus", "numa_node",
             "on_gpu_numa_node", "pinned", "threads", "pid")
     ranks = [{k: r.get(k) for k in keep} for r in result["ranks"]]
     done, planned = result.get("phases_done") or [], result.get("phases_planned") or []

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck.distributed.checkin import device_label
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.report import Finding, ok, skip, warn
 from gpucheck.stress.specs import Figure
@@ -38,8 +39,11 @@ class Subject:
 
 
 def subjects(ranks: Sequence[Mapping[str, Any]]) -> dict[int, Subject]:
+    """Each rank named with its node and the physical GPU it used (NVML index, bus id,
+    UUID: `GpuIdentity.label()`), or its check-in device when it has no GPU."""
     return {int(r["rank"]): Subject(int(r["rank"]), f"rank {r['rank']} (node {r['node_rank']} "
-                                    f"{r['host']}, {r['device']})") for r in ranks}
+                                    f"{r['host']}, {r.get('gpu') or device_label(r)})")
+            for r in ranks}
 
 
 def slow_vs_median(values: Mapping[int, float], fraction: float,

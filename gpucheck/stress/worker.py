@@ -139,7 +139,8 @@ def _rank_row(ctx: RankContext, placement: Placement) -> dict[str, Any]:
     import torch
 
     gpu = gpu_identity() if ctx.spec.device == "cuda" else None
-    return {"rank": ctx.world.rank, "gpu_name": gpu.name if gpu else None,
+    return {"rank": ctx.world.rank, "gpu": gpu.label() if gpu else None,
+            "gpu_name": gpu.name if gpu else None,
             "cpus": cpulist(placement.cpus), "numa_node": placement.numa_node,
             "gpu_cpus": cpulist(placement.gpu_cpus) or None,
             "on_gpu_numa_node": placement.on_gpu_node, "pinned": placement.pinned,
