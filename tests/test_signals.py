@@ -17,7 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from comm_workers import clean_env, free_port, gpucheck, start, tracked, wait_for_file, wait_gone
+from comm_workers import (
+    PYTHON,
+    clean_env,
+    free_port,
+    gpucheck,
+    start,
+    tracked,
+    wait_for_file,
+    wait_gone,
+)
 
 from gpucheck.cli import main
 from gpucheck.errors import Interrupted
@@ -138,6 +147,21 @@ def test_sigterm_to_every_srun_task_writes_rank_0s_report_and_each_exits_143(
     assert "partial report in" not in one_line(errs[1], "bench")
     report = json.loads(out.read_text())
     assert interrupted(report) and report["sections"][0]["name"] == "partial"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_spawned_rank_ends_at_once_and_silently_on_a_stop_signal(
+        sig: signal.Signals) -> None:
+    # Ctrl-C reaches the rank from the terminal, then again from the agent stopping it.
+    code = ("import time; from gpucheck.distributed.launch import rank_main; "
+            "rank_main(lambda: (print('ready', flush=True), time.sleep(60)))")
+    proc = start([PYTHON, "-c", code], clean_env())
+    with tracked([proc]):
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        proc.send_signal(sig)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=END_S)
+    assert (proc.returncode, err) == (128 + sig, "")
 
 
 def test_a_stop_before_anything_was_measured_still_writes_a_report_saying_so(

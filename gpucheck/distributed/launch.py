@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import signal
 import socket
 import threading
@@ -105,7 +106,7 @@ def launch_local(
     _quiet_elastic_logs()
     handlers = _signal_handlers()
     try:
-        return elastic_launch(config, entrypoint)(*args)
+        return elastic_launch(config, rank_main)(entrypoint, *args)
     except ChildFailedError as exc:
         raise WorkersFailed(_failures(exc)) from None
     except SignalException as exc:
@@ -115,6 +116,24 @@ def launch_local(
         raise Interrupted(exc.sigval) from None
     finally:
         _restore(handlers)
+
+
+def rank_main(entrypoint: Callable[..., Any], *args: Any) -> Any:
+    """How every spawned rank runs `entrypoint(*args)`: a stop signal ends it at once.
+
+    A terminal's Ctrl-C reaches every process of the group, then the agent stops the
+    ranks with the same signal. As a KeyboardInterrupt that second SIGINT landed in
+    torch's own handler of the first one and printed a traceback per rank. The
+    launching process reports the stop; what rank 0 measured is already in the run
+    directory (written atomically), so a rank has nothing to unwind.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit_at_once)
+    return entrypoint(*args)
+
+
+def _exit_at_once(signum: int, frame: object) -> None:
+    os._exit(128 + signum)
 
 
 # The signals torch's elastic agent takes over (TORCHELASTIC_SIGNALS_TO_HANDLE's default).
