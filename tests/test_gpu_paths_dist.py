@@ -113,7 +113,15 @@ def test_more_ranks_than_mig_instances_cuda_gives_is_a_usage_error(
 
     FakeCuda(physical=[0], nvml_count=2).install(no_launcher)
     with pytest.raises(UsageError, match="only 1 GPU"):
-        launch_options.plan_launch(launch_args(n_gpus=2))
+        launch_options.plan_launch(launch_args(n_gpus=2, backend="nccl"))
+
+
+def test_gloo_ranks_may_share_the_gpus_cuda_gives(no_launcher: pytest.MonkeyPatch) -> None:
+    # NCCL needs a GPU per rank; gloo ranks on one GPU are how a GPU-less CI-style check
+    # of the CUDA paths runs on a one-GPU machine.
+    FakeCuda(physical=[0], nvml_count=1).install(no_launcher)
+    plan = launch_options.plan_launch(launch_args(n_gpus=2, backend="gloo"))
+    assert (plan.device, plan.nproc, plan.backend) == ("cuda", 2, "gloo")
 
 
 def test_an_srun_task_bound_to_one_gpu_uses_cuda_0_whatever_its_local_id(

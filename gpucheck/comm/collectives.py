@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpucheck.distributed.session import barrier
+
 ELEMENT_BYTES = 4  # float32
 KIB = 1024
 MIB = 1024 * KIB
@@ -202,12 +204,11 @@ def time_batch(launches: Sequence[Callable[[], Work]], clock: Clock,
 
 def time_op(launch: Callable[[], Work], iters: int, warmup: int, device: str) -> float:
     """Mean seconds per op, started together with the other ranks after a barrier."""
-    import torch.distributed as dist
 
     in_a_row = back_to_back()
     time_batch([launch] * warmup, NullClock(), in_a_row)
     synchronize(device)
-    dist.barrier()
+    barrier()
     return time_batch([launch] * iters, make_clock(device), in_a_row) / iters
 
 

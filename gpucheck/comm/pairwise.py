@@ -24,6 +24,7 @@ from gpucheck.comm.collectives import (
 )
 from gpucheck.distributed import progress
 from gpucheck.distributed.nodes import group_by_node
+from gpucheck.distributed.session import barrier
 
 
 def pair_schedule(roster: Sequence[Mapping[str, Any]]) -> list[list[tuple[int, int]]]:
@@ -81,5 +82,5 @@ def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
                     mine.append({"src": src, "dst": dst, "node_rank": node_of[src],
                                  "size_bytes": size_bytes, "bandwidth_gbps": round(gbps, 4)})
         progress.set_step("barrier after a pair")
-        dist.barrier()
+        barrier()
     return mine

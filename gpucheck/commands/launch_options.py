@@ -63,11 +63,15 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
         raise UsageError("--device cuda but no GPU is visible to torch; run `gpucheck env` "
                          "to see why, or use --device cpu")
     nproc = resolve_nproc(args.n_gpus, default=gpus if device == "cuda" else DEFAULT_CPU_RANKS)
-    if device == "cuda" and args.n_gpus is not None and args.n_gpus > gpus:
-        raise UsageError(f"--n-gpus {args.n_gpus} but only {gpus} GPU(s) are visible; "
-                         f"use --n-gpus {gpus} or fewer (check CUDA_VISIBLE_DEVICES)")
     backend = args.backend or ("nccl" if device == "cuda" else "gloo")
     _check_backend(backend, device)
+    # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); gloo ranks can
+    # share GPUs (spread round-robin by gpucheck.devices.local_device_index).
+    if device == "cuda" and backend == "nccl" and args.n_gpus is not None and \
+            args.n_gpus > gpus:
+        raise UsageError(f"--n-gpus {args.n_gpus} but only {gpus} GPU(s) are visible and NCCL "
+                         f"needs one GPU per rank; use --n-gpus {gpus} or fewer (check "
+                         "CUDA_VISIBLE_DEVICES), or --backend gloo to share GPUs")
     if args.master_port is not None:
         check_port_free(args.master_port)
     return LaunchPlan(nproc, device, backend, args.master_port, args.timeout)

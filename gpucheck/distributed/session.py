@@ -37,7 +37,7 @@ from gpucheck.distributed.world import World, host_name, world_from_env
 SINGLE = World(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                master_addr="127.0.0.1", master_port=0, launcher="none")
 
-_session: dict[str, Any] = {"roster": [], "gpu": None}
+_session: dict[str, Any] = {"roster": [], "gpu": None, "device_index": None}
 
 _COMM_ERROR_WORDS = ("timed out", "timeout", "connection", "gloo", "nccl", "peer", "socket")
 
@@ -50,6 +50,25 @@ def roster() -> list[RankInfo]:
 def gpu_identity() -> GpuIdentity | None:
     """The physical GPU this rank uses (None on CPU): NVML index, bus id, UUID."""
     return _session["gpu"]
+
+
+def barrier() -> None:
+    """A barrier of the job's group that names this rank's GPU to NCCL.
+
+    Without `device_ids`, NCCL's barrier guesses the device from the current
+    context and warns ("barrier(): using the device under current context") on
+    every run. Binding the device in `init_process_group(device_id=...)` would
+    mute it too, but makes NCCL run point-to-point ops on the world communicator
+    instead of a 2-rank one per pair, which changes what comm's pair matrix
+    measures.
+    """
+    import torch.distributed as dist
+
+    index = _session["device_index"]
+    if index is not None and dist.get_backend() == "nccl":
+        dist.barrier(device_ids=[index])
+    else:
+        dist.barrier()
 
 
 def is_comm_error(exc: BaseException) -> bool:
@@ -124,6 +143,7 @@ def process_group(backend: str, device: str, timeout_s: float) -> Iterator[World
     import torch.distributed as dist
 
     world = bind_device(device, world_from_env() or SINGLE)
+    _session["device_index"] = world.device_index
     # Named before the check-in, so a slow NVML attach does not eat its window.
     _session["gpu"] = _identify(world)
     me = this_rank(world, _session["gpu"])

@@ -17,6 +17,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck.devices import cuda_device_count
 from gpucheck.stress.timing import timed_batch
 
 HOST_COPY_BYTES = 256 << 20
@@ -71,7 +72,7 @@ def peer_matrix(local_world_size: int) -> dict[str, Any]:
 
     from gpucheck.devices import cuda_identity
 
-    visible = torch.cuda.device_count()
+    visible = cuda_device_count(torch)
     if visible < 2:
         return {"skipped": "this process sees one GPU (CUDA_VISIBLE_DEVICES or srun "
                 "--gpus-per-task): peer copies need one process that sees every GPU"}
