@@ -1,4 +1,5 @@
-"""Where a GPU sits: its NUMA node, the CPUs near it, and its PCIe link, from sysfs.
+"""Where a GPU sits: its NUMA node, the CPUs near it, and its PCIe link, from sysfs; and
+pinning a stress rank to its GPU's node.
 
 Pure file reading, with the sysfs root as a parameter so tests use a fake tree.
 A GPU's PCI device directory is /sys/bus/pci/devices/<dddd:bb:dd.f> (domain four
@@ -13,9 +14,22 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpucheck.devices import normal_bus_id
+# The general sysfs NUMA reading lives in gpucheck.numa (env and every rank's check-in use
+# it too); the names stay importable from here.
+from gpucheck.numa import (
+    SYSFS,
+    cpulist,
+    parse_cpulist,
+    pci_dir,
+    read_local_cpus,
+    read_numa_node,
+    read_value,
+)
 
-SYSFS = Path("/sys")
+__all__ = ["GENERATION", "LANE_GBPS", "SYSFS", "PcieLink", "Placement", "cpulist",
+           "lane_gbps", "link_rate_gbps", "parse_cpulist", "parse_speed", "parse_width",
+           "pci_dir", "place_this_rank", "plan_placement", "read_link", "read_local_cpus",
+           "read_numa_node"]
 
 # Usable GB/s per lane after line encoding: Gen1/2 8b/10b, Gen3-5 128b/130b, Gen6 FLIT
 # mode (242 payload bytes of every 256). Packet headers cost a further few percent,
@@ -71,34 +85,6 @@ def link_rate_gbps(speed_gts: float | None, width: int | None) -> float | None:
     return lane * width if lane is not None else None
 
 
-def pci_dir(bus_id: str, root: Path = SYSFS) -> Path:
-    """sysfs directory of a PCI device given NVML's or CUDA's form of its address."""
-    normal = normal_bus_id(bus_id) or bus_id
-    return root / "bus" / "pci" / "devices" / normal.lower()
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def parse_cpulist(text: str | None) -> tuple[int, ...]:
-    """"0-3,8,10-11" -> (0, 1, 2, 3, 8, 10, 11); empty or malformed -> ()."""
-    cpus: set[int] = set()
-    for part in (text or "").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        low, _, high = part.partition("-")
-        try:
-            cpus.update(range(int(low), int(high or low) + 1))
-        except ValueError:
-            return ()
-    return tuple(sorted(cpus))
-
-
 def parse_speed(text: str | None) -> float | None:
     """"32.0 GT/s PCIe" (or "32 GT/s") -> 32.0; "Unknown" or garbage -> None."""
     try:
@@ -117,23 +103,10 @@ def parse_width(text: str | None) -> int | None:
 
 def read_link(bus_id: str, root: Path = SYSFS) -> PcieLink:
     folder = pci_dir(bus_id, root)
-    return PcieLink(speed_gts=parse_speed(_read(folder / "current_link_speed")),
-                    width=parse_width(_read(folder / "current_link_width")),
-                    max_speed_gts=parse_speed(_read(folder / "max_link_speed")),
-                    max_width=parse_width(_read(folder / "max_link_width")))
-
-
-def read_numa_node(bus_id: str, root: Path = SYSFS) -> int | None:
-    raw = _read(pci_dir(bus_id, root) / "numa_node")
-    try:
-        node = int(raw) if raw is not None else -1
-    except ValueError:
-        return None
-    return node if node >= 0 else None
-
-
-def read_local_cpus(bus_id: str, root: Path = SYSFS) -> tuple[int, ...]:
-    return parse_cpulist(_read(pci_dir(bus_id, root) / "local_cpulist"))
+    return PcieLink(speed_gts=parse_speed(read_value(folder / "current_link_speed")),
+                    width=parse_width(read_value(folder / "current_link_width")),
+                    max_speed_gts=parse_speed(read_value(folder / "max_link_speed")),
+                    max_width=parse_width(read_value(folder / "max_link_width")))
 
 
 def plan_placement(bus_id: str | None, allowed: tuple[int, ...], pin: bool,
@@ -180,19 +153,3 @@ def _pin_every_thread(cpus: tuple[int, ...]) -> None:
         except (ProcessLookupError, ValueError):
             continue  # a thread that ended meanwhile
     os.sched_setaffinity(0, cpus)
-
-
-def cpulist(cpus: tuple[int, ...]) -> str:
-    """(0, 1, 2, 3, 8) -> "0-3,8": the kernel's own short form."""
-    runs: list[str] = []
-    start = prev = None
-    for cpu in sorted(cpus):
-        if prev is not None and cpu == prev + 1:
-            prev = cpu
-            continue
-        if start is not None:
-            runs.append(f"{start}-{prev}" if prev != start else f"{start}")
-        start = prev = cpu
-    if start is not None:
-        runs.append(f"{start}-{prev}" if prev != start else f"{start}")
-    return ",".join(runs)
