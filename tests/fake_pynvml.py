@@ -197,6 +197,8 @@ class FakeGpu:
     event_types: int = H200_EVENT_TYPES
     # (state, status) of nvmlDeviceGetGpuFabricInfo*; None: the GPU has no fabric (NotSupported).
     fabric: tuple[int, int] | None = FABRIC_COMPLETED_OK
+    # nvmlDeviceGetCpuAffinity: the CPUs near the GPU (`nvidia-smi topo -m` "CPU Affinity").
+    cpu_affinity: tuple[int, ...] = tuple(range(8))
     # Seconds the first nvmlDeviceGetHandleByIndex after nvmlInit takes (GPU bring-up).
     first_attach_s: float = 0.0
     lost: bool = False
@@ -453,6 +455,16 @@ class FakeNvml:
         if getattr(info, "version", None) != CONSTANTS["nvmlGpuFabricInfo_v2"]:
             self._raise("ArgumentVersionMismatch")
         return self._fabric(device, "nvmlDeviceGetGpuFabricInfoV", info)
+
+    def nvmlDeviceGetCpuAffinity(self, handle: _Handle, cpuSetSize: int) -> Any:
+        """As pynvml: a (c_ulonglong * cpuSetSize) bitmask, CPU 64*i+b in word i bit b;
+        CPUs past cpuSetSize words are left out, as NVML does."""
+        gpu = self._gpu(handle, "nvmlDeviceGetCpuAffinity")
+        mask = (ctypes.c_ulonglong * cpuSetSize)()
+        for cpu in gpu.cpu_affinity:
+            if cpu // 64 < cpuSetSize:
+                mask[cpu // 64] |= 1 << (cpu % 64)
+        return mask
 
     def nvmlDeviceGetP2PStatus(self, device1: _Handle, device2: _Handle,
                                p2pIndex: int) -> int:

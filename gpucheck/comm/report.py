@@ -20,6 +20,7 @@ from gpucheck.distributed.nodes import (
     nodes_rows,
     slow_node_findings,
 )
+from gpucheck.distributed.placement import numa_findings
 from gpucheck.report import Finding, Section, fail
 
 TITLES = {"all_reduce": "all_reduce (busbw = algbw x 2(n-1)/n)",
@@ -49,7 +50,8 @@ def _setup_section(result: Mapping[str, Any]) -> Section:
             "sizes": f"{human_bytes(sizes[0])} .. {human_bytes(sizes[-1])} per rank buffer",
             "iters": result["iters"], "warmup": result["warmup"],
             "complete": result.get("complete", False), "ranks": result["ranks"]}
-    return Section("comm", "Collective bandwidth: setup and ranks", data)
+    return Section("comm", "Collective bandwidth: setup and ranks", data,
+                   numa_findings(result["ranks"]))
 
 
 def _collective_section(name: str, rows: list[dict[str, Any]], verdicts: Verdicts,

@@ -1,9 +1,9 @@
 """Who is in the job, and who stopped answering: check-in and roll call on the c10d store.
 
 Before any collective, every rank writes who it is (rank, host, local rank, device, on
-CUDA the physical GPU by NVML index, PCI bus id and UUID, pid) under its own key of the
-job's key-value store and waits for the others. A rank that never arrives is named by
-rank, with the node and local rank it should have had.
+CUDA the physical GPU by NVML index, PCI bus id and UUID, pid, its CPUs and its GPU's NUMA
+node) under its own key of the job's key-value store and waits for the others. A rank
+that never arrives is named by rank, with the node and local rank it should have had.
 After a collective fails, the ranks still running answer a roll call on the same
 store; the ranks that do not answer are the ones that hang (stopped, or stuck on a GPU).
 A store needs no collective to work, so neither step can itself hang on a dead peer.
@@ -17,11 +17,13 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from gpucheck.devices import GpuIdentity
 from gpucheck.distributed import progress
 from gpucheck.distributed.world import World, host_name
+from gpucheck.numa import SYSFS, allowed_cpus, rank_numa
 
 POLL_S = 0.05
 HOST_GRACE_S = 1.5
@@ -42,6 +44,11 @@ class RankInfo:
     nvml_index: int | None = None
     pci_bus_id: str | None = None
     uuid: str | None = None
+    # Where it runs: its CPUs at check-in ("0-27,56-83"), its GPU's NUMA node (sysfs) and
+    # whether those CPUs are on that node (`gpucheck.numa.RankNuma`; None: nothing to judge).
+    cpus: str | None = None
+    numa_node: int | None = None
+    on_gpu_numa: bool | None = None
 
     def describe(self) -> str:
         return (f"rank {self.rank} (node {self.node_rank} {self.host}, local rank "
@@ -99,15 +106,23 @@ def _key(kind: str, rank: int | str) -> str:
     return f"{_PREFIX}/{attempt}/{kind}/{rank}"
 
 
-def this_rank(world: World, gpu: GpuIdentity | None) -> RankInfo:
+def this_rank(world: World, gpu: GpuIdentity | None, sysfs: Path = SYSFS) -> RankInfo:
     """This rank as it checks in: where it runs and, on CUDA, which physical GPU it uses
-    (`world.device_index` is its CUDA ordinal; `gpu` names that GPU)."""
+    (`world.device_index` is its CUDA ordinal; `gpu` names that GPU), its CPUs
+    (`taskset -cp <pid>`) and its GPU's NUMA node (`cat /sys/bus/pci/devices/<bus>/numa_node`).
+
+    Read before any command moves the rank (stress pins after check-in and reports
+    the new CPUs itself)."""
+    place = rank_numa(gpu.pci_bus_id if gpu else None, allowed_cpus(), sysfs)
+    where: dict[str, Any] = {"cpus": place.cpus or None, "numa_node": place.numa_node,
+                             "on_gpu_numa": place.on_gpu_numa}
     if gpu is None:
         return RankInfo(world.rank, world.local_rank, world.node_rank, host_name(), "cpu",
-                        os.getpid())
+                        os.getpid(), **where)
     return RankInfo(world.rank, world.local_rank, world.node_rank, host_name(),
                     f"cuda:{gpu.cuda_ordinal} {gpu.name or 'GPU'}", os.getpid(),
-                    nvml_index=gpu.nvml_index, pci_bus_id=gpu.pci_bus_id, uuid=gpu.uuid)
+                    nvml_index=gpu.nvml_index, pci_bus_id=gpu.pci_bus_id, uuid=gpu.uuid,
+                    **where)
 
 
 def check_in(store: Any, world: World, me: RankInfo, timeout_s: float) -> list[RankInfo]:

@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpucheck.devices import GpuIdentity
+from gpucheck.numa import (
+    SYSFS,
+    cpulist,
+    node_cpus,
+    numa_nodes,
+    read_local_cpus,
+    read_numa_node,
+)
 from gpucheck.probes.nvml import Nvml, NvmlFailure
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
@@ -88,6 +97,8 @@ class GpuRecord:
     nvlink_active_links: int | None = None
     fabric_state: str | None = None  # FABRIC_STATES; None: no fabric API (n/a)
     fabric_status: str | None = None  # "success" or the NVML_ERROR_* name, once completed
+    numa_node: int | None = None  # sysfs; None where it reads -1 (VMs, single socket)
+    cpu_affinity: str | None = None  # CPUs near the GPU, "0-27,56-83" (nvidia-smi topo -m)
     processes: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     error_kind: str | None = None
@@ -334,7 +345,32 @@ def _state(nvml: Nvml, handle: Any) -> dict[str, Any]:
     }
 
 
-def read_gpu(nvml: Nvml, index: int) -> GpuRecord:
+def _cpu_affinity(nvml: Nvml, handle: Any) -> tuple[int, ...]:
+    """`nvidia-smi topo -m`'s "CPU Affinity": a bitmask in 64-bit words, CPU 64*i+b in
+    word i bit b; () when NVML cannot say."""
+    # Room for every CPU id (NVML leaves out those that do not fit); 1024 at least, for
+    # CPU ids past the count of configured CPUs.
+    words = max(os.cpu_count() or 0, 1024) // 64 + 1
+    mask = nvml.get("nvmlDeviceGetCpuAffinity", handle, words)
+    if mask is None:
+        return ()
+    return tuple(64 * i + bit for i, word in enumerate(mask) for bit in range(64)
+                 if int(word) >> bit & 1)
+
+
+def _numa(nvml: Nvml, handle: Any, bus_id: str | None, sysfs: Path) -> dict[str, Any]:
+    """The GPU's NUMA node (`cat /sys/bus/pci/devices/<bus>/numa_node`) and the CPUs near it.
+
+    Not nvmlDeviceGetNumaNodeId: that is the node of the GPU's own memory on platforms
+    where the GPU is a NUMA node (Grace Hopper), not the node of the CPUs near it.
+    """
+    if bus_id is None:
+        return {"numa_node": None, "cpu_affinity": None}
+    cpus = _cpu_affinity(nvml, handle) or read_local_cpus(bus_id, sysfs)
+    return {"numa_node": read_numa_node(bus_id, sysfs), "cpu_affinity": cpulist(cpus) or None}
+
+
+def read_gpu(nvml: Nvml, index: int, sysfs: Path = SYSFS) -> GpuRecord:
     """Everything `nvidia-smi -q -i <index>` shows that matters here."""
     fields: dict[str, Any] = {}
     try:
@@ -350,6 +386,7 @@ def read_gpu(nvml: Nvml, index: int) -> GpuRecord:
                       processes=procs or [])
         fields["nvlink_active_links"] = _nvlink_active(nvml, handle)
         fields.update(_fabric(nvml, handle))
+        fields.update(_numa(nvml, handle, fields.get("pci_bus_id"), sysfs))
     except NvmlFailure as exc:
         fields.update(error=str(exc), error_kind=exc.kind, error_hint=exc.hint)
     return GpuRecord(index=index, **fields)
@@ -688,8 +725,28 @@ def driver_section(info: DriverInfo, pci_gpus: int) -> Section:
     return Section("driver", "NVIDIA driver", data, [driver_finding(info, pci_gpus)])
 
 
-def gpus_section(nvml: Nvml, gpus: list[GpuRecord]) -> Section:
+def numa_findings(gpus: Sequence[GpuRecord], nodes: Mapping[int, str]) -> list[Finding]:
+    """`gpu.numa`: an OK per NUMA node naming its GPUs and CPUs (`nvidia-smi topo -m`), on
+    machines with more than one node (`nodes`: node -> its cpulist). Never a WARN: where a
+    GPU sits is the board's design; what costs is a rank running on another node's CPUs,
+    which bench, comm and stress judge (`ranks.numa`)."""
+    if len(nodes) < 2:
+        return []  # one node, or no NUMA information: nothing to say
+    by_node: dict[int, list[int]] = {}
+    for gpu in gpus:
+        if gpu.numa_node is not None:
+            by_node.setdefault(gpu.numa_node, []).append(gpu.index)
+    return [ok("gpu.numa", f"GPU {cpulist(tuple(indices))} on NUMA node {node}"
+               + (f" (CPUs {nodes[node]})" if nodes.get(node) else ""), f"NUMA node {node}")
+            for node, indices in sorted(by_node.items())]
+
+
+def gpus_section(nvml: Nvml, gpus: list[GpuRecord],
+                 nodes: Mapping[int, str] | None = None) -> Section:
+    """The GPU table, per-GPU findings, `gpu.numa` (`nodes`: NUMA node -> its CPUs) and
+    the topology matrix."""
     findings = [f for gpu in gpus for f in gpu_findings(gpu)]
+    findings += numa_findings(gpus, nodes or {})
     data: dict[str, Any] = {"gpus": [g.row() for g in gpus]}
     data["processes"] = [{"gpu": g.index, **p} for g in gpus for p in g.processes]
     try:
@@ -708,16 +765,18 @@ class NvmlResult:
     pci_gpus: int
 
 
-def probe_nvml(nvml: Nvml | None = None) -> NvmlResult:
-    """Driver and every GPU (`nvidia-smi -q` and `nvidia-smi topo -m`)."""
+def probe_nvml(nvml: Nvml | None = None, sysfs: Path = SYSFS) -> NvmlResult:
+    """Driver and every GPU (`nvidia-smi -q` and `nvidia-smi topo -m`); `sysfs` is where
+    the GPUs' NUMA nodes are read (a fake tree in tests)."""
     nvml = nvml or Nvml()
     pci_gpus = nvidia_pci_devices()
     info = read_driver(nvml)
     sections = [driver_section(info, pci_gpus)]
     gpus: list[GpuRecord] = []
     if info.present:
-        gpus = [read_gpu(nvml, i) for i in range(info.gpu_count or 0)]
-        sections.append(gpus_section(nvml, gpus))
+        gpus = [read_gpu(nvml, i, sysfs) for i in range(info.gpu_count or 0)]
+        nodes = {n: cpulist(node_cpus(n, sysfs)) for n in numa_nodes(sysfs)}
+        sections.append(gpus_section(nvml, gpus, nodes))
     else:
         sections.append(Section("gpus", "GPUs", {"gpus": []},
                                 [skip("gpu.count", "no GPU can be queried without NVML")]))
