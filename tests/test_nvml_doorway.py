@@ -136,3 +136,12 @@ def test_a_healthy_driver_passes_the_same_report_with_exit_code_0(monkeypatch):
     result = _probe(monkeypatch, FakeNvml(_gpus(8)))
     report = Report("env", sections=result.sections)
     assert report.verdict() is Status.OK and report.exit_code() == 0
+
+
+def test_a_4_s_first_attach_under_the_default_budgets_is_no_fail(monkeypatch):
+    # The case at full scale (the only test here that waits in real time):
+    # default budgets (3 s steady, 30 s first attach), one GPU that takes 4 s to come up.
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(_gpus(1, first_attach_s=4.0)).module)
+    result = probe_nvml(Nvml())
+    assert not [f for s in result.sections for f in s.findings if f.status is Status.FAIL]
+    assert result.sections[1].data["gpus"][0]["error"] is None
