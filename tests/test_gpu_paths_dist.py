@@ -206,3 +206,21 @@ def test_a_silent_rank_is_named_by_its_physical_gpu_in_the_failure() -> None:
     [failure] = blame([], diagnoses, roster_rows)
     assert failure.cause == "did not answer"
     assert "cuda:0 = GPU 5 (NVIDIA H200, bus 00000000:1D:00.0, GPU-5)" in failure.message
+
+
+def test_comms_barrier_names_the_ranks_gpu_to_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without device_ids, NCCL's barrier warns "using the device under current context".
+    import torch.distributed as dist
+
+    from gpucheck.comm import collectives, pairwise
+    from gpucheck.distributed import session
+
+    calls: list[Any] = []
+    monkeypatch.setattr(dist, "barrier", lambda **kw: calls.append(kw.get("device_ids")))
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
+    monkeypatch.setitem(session._session, "device_index", 3)
+    assert collectives.barrier is session.barrier and pairwise.barrier is session.barrier
+    session.barrier()
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "gloo")
+    session.barrier()
+    assert calls == [[3], None]
