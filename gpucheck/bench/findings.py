@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpucheck.bench.aggregate import BenchSummary, NodeSummary, RankRecord, aggregate
 from gpucheck.bench.consistency import Consistency, compare_outputs
 from gpucheck.bench.data import ImageSet
 from gpucheck.bench.worker import BenchOutcome, BenchSpec
+from gpucheck.faults import run_faults_section
 from gpucheck.report import Finding, Section, fail, ok, warn
 
 
@@ -22,7 +24,14 @@ def bench_sections(spec: BenchSpec, images: ImageSet, outcome: BenchOutcome,
     if len(summary.nodes) > 1:
         sections.append(nodes_section(summary.nodes, threshold))
     sections.append(consistency_section(outcome.records, consistency, spec.dtype))
+    sections.append(faults_of(outcome.records, outcome.faults))
     return sections
+
+
+def faults_of(records: tuple[RankRecord, ...], faults: Sequence[Mapping[str, Any]]) -> Section:
+    """Hardware faults during the run, each GPU named as the timing section names it."""
+    names = {r.rank: r.gpu_label() for r in records if r.pci_bus_id}
+    return run_faults_section(faults, [r.rank for r in records], names)
 
 
 def setup_section(spec: BenchSpec, images: ImageSet, outcome: BenchOutcome) -> Section:

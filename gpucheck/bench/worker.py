@@ -26,7 +26,7 @@ from gpucheck.bench import model as bench_model
 from gpucheck.bench.aggregate import RankRecord
 from gpucheck.bench.model import WeightsChoice
 from gpucheck.bench.progress import Progress
-from gpucheck.distributed import progress
+from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.session import gpu_identity, process_group
 from gpucheck.distributed.world import World, host_name
 
@@ -57,6 +57,7 @@ class BenchSpec:
     images_dir: str
     files: tuple[str, ...]
     progress: bool  # show a bar on rank 0 (stdout is a TTY and not --quiet)
+    fault_watch: bool = True  # watch every rank's GPU (gpucheck.distributed.faultwatch)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class BenchOutcome:
     outputs: tuple[Any, ...]  # float32 CPU tensors, one per rank
     padding: int
     per_rank_images: int
+    faults: tuple[dict[str, Any], ...] = ()  # every rank's FaultWatch result, rank order
 
 
 def bench_worker(spec: BenchSpec) -> BenchOutcome | None:
@@ -90,7 +92,8 @@ def _leave_private_group() -> None:
 def _bench_rank(spec: BenchSpec) -> BenchOutcome | None:
     import torch.distributed as dist
 
-    with process_group(spec.backend, spec.device, spec.timeout_s) as world:
+    with process_group(spec.backend, spec.device, spec.timeout_s,
+                       fault_watch=spec.fault_watch) as world:
         threads = _set_threads(spec.device, world)
         share = data.rank_share(len(spec.files), world.rank, world.world_size)
         progress.set_step("model and data (DDP construction broadcasts rank 0's weights)")
@@ -101,6 +104,7 @@ def _bench_rank(spec: BenchSpec) -> BenchOutcome | None:
         gathered: list[Any] = [None] * world.world_size
         dist.all_gather_object(gathered, (record, output))
         progress.set_step(None)
+        faults = faultwatch.gather()
     if not world.is_reporter:
         return None
     return BenchOutcome(
@@ -108,6 +112,7 @@ def _bench_rank(spec: BenchSpec) -> BenchOutcome | None:
         outputs=tuple(o for _, o in gathered),
         padding=share.padding,
         per_rank_images=len(share.indices),
+        faults=tuple(faults),
     )
 
 
@@ -171,7 +176,9 @@ def _measure(spec: BenchSpec, world: World, ddp: Any, batch: torch.Tensor,
         iters = spec.iters or _agree_iters(per_iter_s, spec, world)
         progress.set_step("timed loop (between the start and end barriers)")
         bar.start("timed", iters)
+        faultwatch.mark_start()  # the fault watch's timed window is the timed loop
         timing = _timed_loop(ddp, batch, iters, spec, world, bar)
+        faultwatch.mark_end()
         progress.set_step("consistency batch")
         output = ddp(check_batch).float().cpu()
     return _record(spec, world, iters, timing, threads), output

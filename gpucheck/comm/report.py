@@ -21,6 +21,7 @@ from gpucheck.distributed.nodes import (
     slow_node_findings,
 )
 from gpucheck.distributed.placement import numa_findings
+from gpucheck.faults import gpu_names, run_faults_section
 from gpucheck.report import Finding, Section, fail
 
 TITLES = {"all_reduce": "all_reduce (busbw = algbw x 2(n-1)/n)",
@@ -120,8 +121,17 @@ def _nodes_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section | N
     return Section("nodes", "Nodes", {"nodes": table}, findings)
 
 
+def faults_of(result: Mapping[str, Any]) -> Section:
+    """Hardware faults during the run: every rank's watch, or (a failed run) rank 0's."""
+    ranks = result.get("ranks") or []
+    return run_faults_section(result.get("faults") or [], [int(r["rank"]) for r in ranks],
+                              gpu_names(ranks))
+
+
 def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section]:
-    """Setup, one section per collective, pairwise, nodes (when several)."""
+    """Setup, one section per collective, pairwise, nodes (when several), faults."""
+    if "collectives" not in result:  # failed before the first size: rank 0's watch only
+        return [faults_of(result)]
     sections = [_setup_section(result)]
     planned = len(result.get("sizes_bytes") or [])
     for name, rows in result["collectives"].items():
@@ -131,6 +141,7 @@ def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section
     nodes = _nodes_section(result, verdicts)
     if nodes is not None:
         sections.append(nodes)
+    sections.append(faults_of(result))
     return sections
 
 

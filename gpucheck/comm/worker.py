@@ -1,7 +1,9 @@
 """The comm sweep on every rank; rank 0 gathers and keeps the results.
 
 Rank 0 publishes its results after every message size (`gpucheck.distributed.progress`),
-so a failure later in the run loses nothing already measured.
+so a failure later in the run loses nothing already measured. Every rank's GPU is
+watched for hardware faults by the frame; the sweep (collectives and pairs) is the
+watch's timed window, and every rank's result comes back in `result["faults"]`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from gpucheck.comm.collectives import (
     sweep_sizes,
 )
 from gpucheck.comm.pairwise import measure_pairs
-from gpucheck.distributed import progress
+from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.session import process_group, roster
 from gpucheck.distributed.world import World
 
@@ -38,6 +40,7 @@ class CommSpec:
     pairwise: bool = True
     pair_bytes: int | None = None  # None: the sweep's largest size
     pair_iters: int = 10
+    fault_watch: bool = True  # watch every rank's GPU (gpucheck.distributed.faultwatch)
 
 
 def _agreed_max_bytes(spec: CommSpec, world: World) -> int:
@@ -87,7 +90,8 @@ def _pairwise(spec: CommSpec, world: World, infos: list[dict[str, Any]],
 
 def comm_worker(spec: CommSpec) -> dict[str, Any] | None:
     """Run the sweep; rank 0 returns the results, the other ranks None."""
-    with process_group(spec.backend, spec.device, spec.timeout_s) as world:
+    with process_group(spec.backend, spec.device, spec.timeout_s,
+                       fault_watch=spec.fault_watch) as world:
         infos = [asdict(i) for i in roster()]
         sizes = sweep_sizes(spec.min_bytes, _agreed_max_bytes(spec, world))
         result: dict[str, Any] = {
@@ -96,6 +100,7 @@ def comm_worker(spec: CommSpec) -> dict[str, Any] | None:
             "ranks": infos, "collectives": {c: [] for c in spec.collectives},
             "pairwise": None, "complete": False,
         }
+        faultwatch.mark_start()
         for collective in spec.collectives:
             for size in sizes:
                 row = _gather_size(collective, size, spec, world)
@@ -104,6 +109,8 @@ def comm_worker(spec: CommSpec) -> dict[str, Any] | None:
                     progress.publish_partial(result)
         if spec.pairwise and world.world_size > 1:
             result["pairwise"] = _pairwise(spec, world, infos, sizes[-1])
+        faultwatch.mark_end()
+        result["faults"] = faultwatch.gather()
         result["complete"] = True
         progress.set_step(None)
         if world.rank == 0:

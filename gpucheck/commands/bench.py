@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> Report | None:
             print(f"gpucheck bench: this rank failed: {exc}", file=sys.stderr)
             raise SystemExit(1) from None
         report.add(_failed_section(exc))
+        _add_partial_faults(report, getattr(exc, "partial", None))
         return report
     if not isinstance(outcome, BenchOutcome):
         return None  # a rank other than 0 under torchrun: rank 0 reports
@@ -103,8 +104,18 @@ def partial_report(args: argparse.Namespace) -> Report | None:
     if partial is None:
         return None
     report = Report(command="bench")
-    report.add(Section("partial", "Measured by rank 0 before the stop", dict(partial)))
+    shown = {k: v for k, v in partial.items() if k != "faults"}
+    report.add(Section("partial", "Measured by rank 0 before the stop", shown))
+    _add_partial_faults(report, partial)
     return report
+
+
+def _add_partial_faults(report: Report, partial: dict[str, Any] | None) -> None:
+    """Rank 0's fault watch, when it published one before the failure or the stop."""
+    if partial and partial.get("faults"):
+        from gpucheck.faults import run_faults_section
+
+        report.add(run_faults_section(partial["faults"]))
 
 
 def _plan_bench(args: argparse.Namespace, plan: LaunchPlan):  # type: ignore[no-untyped-def]
@@ -132,7 +143,7 @@ def _plan_bench(args: argparse.Namespace, plan: LaunchPlan):  # type: ignore[no-
         batch_size=batch_size, warmup=max(warmup, 2) if args.duration is not None else warmup,
         iters=iters, duration_s=args.duration, device=plan.device, backend=plan.backend,
         timeout_s=plan.timeout_s, images_dir=images.folder, files=images.files,
-        progress=not args.quiet and sys.stdout.isatty(),
+        progress=not args.quiet and sys.stdout.isatty(), fault_watch=args.fault_watch,
     )
     return spec, images
 
@@ -156,5 +167,5 @@ def _failed_section(exc: Exception) -> Section:
         data["unresponsive_ranks"] = unresponsive
     partial = getattr(exc, "partial", None)
     if partial:
-        data["partial"] = partial
+        data["partial"] = {k: v for k, v in partial.items() if k != "faults"}
     return Section("ranks", "Failed ranks", data, rank_failure_findings(failures, "bench"))

@@ -75,7 +75,8 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan, collectives: tuple[str, ..
     return CommSpec(device=plan.device, backend=plan.backend, timeout_s=plan.timeout_s,
                     collectives=collectives, min_bytes=args.min_bytes,
                     max_bytes=args.max_bytes, iters=args.iters, warmup=args.warmup,
-                    pairwise=args.pairwise, pair_bytes=args.pair_bytes)
+                    pairwise=args.pairwise, pair_bytes=args.pair_bytes,
+                    fault_watch=args.fault_watch)
 
 
 def _verdicts(args: argparse.Namespace):  # type: ignore[no-untyped-def]

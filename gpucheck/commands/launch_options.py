@@ -38,6 +38,9 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                        help="end the run when a collective waits longer than this "
                        f"(default: {DEFAULT_TIMEOUT_S:g})")
+    group.add_argument("--no-fault-watch", dest="fault_watch", action="store_false",
+                       help="do not watch the GPUs for hardware faults (XID and ECC events, "
+                       "error counters, clock slowdowns) during the run (docs/faults.md)")
 
 
 def _visible_gpus() -> int:

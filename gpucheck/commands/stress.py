@@ -122,7 +122,8 @@ def _check(args: argparse.Namespace, plan: LaunchPlan):  # type: ignore[no-untyp
     return StressSpec(device=plan.device, backend=plan.backend, timeout_s=plan.timeout_s,
                       dtypes=_dtypes(args, plan.device), size=size, duration_s=duration,
                       warmup_s=defaults.warmup_s, gemm_window_s=defaults.gemm_window_s,
-                      membw_window_s=defaults.membw_window_s, pin_numa=args.pin_numa)
+                      membw_window_s=defaults.membw_window_s, pin_numa=args.pin_numa,
+                      fault_watch=args.fault_watch)
 
 
 def _verdicts(args: argparse.Namespace):  # type: ignore[no-untyped-def]

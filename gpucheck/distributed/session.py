@@ -22,7 +22,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from gpucheck.devices import GpuIdentity
-from gpucheck.distributed import progress
+from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.checkin import (
     CheckInFailed,
     RankInfo,
@@ -122,30 +122,33 @@ def bind_device(device: str, world: World) -> World:
     return replace(world, device_index=index)
 
 
-def _identify(world: World) -> GpuIdentity | None:
+def _identify(world: World, nvml: Any | None = None) -> GpuIdentity | None:
     if world.device_index is None:
         return None
     import torch
 
     from gpucheck.devices import cuda_identity
 
-    return cuda_identity(torch, world.device_index)
+    return cuda_identity(torch, world.device_index, nvml)
 
 
 @contextmanager
-def process_group(backend: str, device: str, timeout_s: float) -> Iterator[World]:
+def process_group(backend: str, device: str, timeout_s: float,
+                  fault_watch: bool = True) -> Iterator[World]:
     """Check in, join the job's process group (or a private one-rank group) for the block.
 
     The world it yields carries this rank's `device_index` on CUDA. `timeout_s`
     bounds the check-in and every collective. A failed collective leaves as
-    `RanksUnresponsive` naming the ranks that did not answer.
+    `RanksUnresponsive` naming the ranks that did not answer. With `fault_watch`
+    the rank's GPU is watched for hardware faults for the whole block
+    (`gpucheck.distributed.faultwatch`: the worker marks its timed window and gathers).
     """
     import torch.distributed as dist
 
     world = bind_device(device, world_from_env() or SINGLE)
     _session["device_index"] = world.device_index
     # Named before the check-in, so a slow NVML attach does not eat its window.
-    _session["gpu"] = _identify(world)
+    _session["gpu"] = _identify(world, faultwatch.rank_nvml(world, fault_watch))
     me = this_rank(world, _session["gpu"])
     timeout = _dt.timedelta(seconds=timeout_s)
     progress.set_step("check-in")
@@ -158,14 +161,17 @@ def process_group(backend: str, device: str, timeout_s: float) -> Iterator[World
                             rank=world.rank, world_size=world.world_size, timeout=timeout)
     progress.set_step(None)
     try:
+        faultwatch.start(world, _session["gpu"], fault_watch)
         yield world
     except BaseException as exc:
+        faultwatch.publish_after_failure(world)  # before the roll call, which can take long
         if world.world_size > 1 and isinstance(exc, Exception) and is_comm_error(exc):
             raise _diagnose(store, world, timeout_s, exc) from exc
         raise
     else:
         dist.destroy_process_group()
     finally:
+        faultwatch.close()
         _leave_after_failure(backend, world)
 
 

@@ -344,19 +344,30 @@ def _detail(reason: str, share: tuple[float, float | None], samples: int) -> str
                    else "")
 
 
+def _bad_slowdowns(clocks: Mapping[str, Any]) -> dict[str, tuple[float, float | None]]:
+    """The slowdowns held for SLOWDOWN_WARN_FRACTION of the window or more: sampled (with
+    at least SLOWDOWN_MIN_SAMPLES samples), or by the driver's own counter alone."""
+    judged = int(clocks.get("samples") or 0) >= SLOWDOWN_MIN_SAMPLES
+    return {r: s for r, s in _slowdown_shares(clocks).items()
+            if (judged and s[0] >= SLOWDOWN_WARN_FRACTION)
+            or (s[1] is not None and s[1] >= SLOWDOWN_WARN_FRACTION)}
+
+
+def _window_words(clocks: Mapping[str, Any]) -> str:
+    return "timed loop" if clocks.get("window") == "timed" else "watched run"
+
+
 def judge_clocks(result: Mapping[str, Any]) -> Verdict:
     """HW slowdown, HW/SW thermal slowdown or HW power brake for SLOWDOWN_WARN_FRACTION
     of the window or more (sampled, or by the driver's own counter): WARN."""
     check, clocks = "faults.clocks.slowdown", result.get("clocks") or {}
     if clocks.get("fractions") is None:
         return _na(check, "clock-event reasons")
-    window = "timed loop" if clocks.get("window") == "timed" else "watched run"
+    window = _window_words(clocks)
     samples, window_s = int(clocks.get("samples") or 0), clocks.get("window_s")
     shares = _slowdown_shares(clocks)
     judged = samples >= SLOWDOWN_MIN_SAMPLES
-    bad = {r: s for r, s in shares.items()
-           if (judged and s[0] >= SLOWDOWN_WARN_FRACTION)
-           or (s[1] is not None and s[1] >= SLOWDOWN_WARN_FRACTION)}
+    bad = _bad_slowdowns(clocks)
     if bad:
         words = ", ".join(_headline(r, s) for r, s in bad.items())
         details = "; ".join(_detail(r, s, samples) for r, s in bad.items())
@@ -371,6 +382,26 @@ def judge_clocks(result: Mapping[str, Any]) -> Verdict:
         seen.append(f"at its power limit {power * 100:.0f}%")
     return _ok(check, f"no slowdown in the {window} ({span})" + (
         f"; briefly: {', '.join(seen)}" if seen else ""))
+
+
+def slowdown_causes(results: Sequence[Mapping[str, Any]],
+                    window: str | None = None) -> dict[int, str]:
+    """Rank -> why its clocks were down, for ranks over the slowdown threshold:
+    "was in HW thermal slowdown 40% of the timed loop" (the words of the
+    faults.clocks.slowdown WARN). For the straggler findings, which name a slow rank
+    and can then say what slowed it. `window` replaces the window's words ("measured
+    phases"); n/a and unwatched ranks are left out."""
+    causes: dict[int, str] = {}
+    for position, result in enumerate(results):
+        clocks = result.get("clocks") or {}
+        if result.get("status") != "watched" or clocks.get("fractions") is None:
+            continue
+        bad = _bad_slowdowns(clocks)
+        if bad:
+            words = ", ".join(_headline(r, s) for r, s in bad.items())
+            causes[_rank(result, position)] = (f"was in {words} of the "
+                                               f"{window or _window_words(clocks)}")
+    return causes
 
 
 def judge(result: Mapping[str, Any]) -> list[Verdict]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.distributed.nodes import group_by_node
+from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 from gpucheck.stress.sdc import judge
 from gpucheck.stress.specs import copy_figure, gemm_figure
@@ -30,7 +31,10 @@ class Verdicts:
 
 
 def stress_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section]:
-    """Setup and ranks, then one section per phase that ran (in the order they ran)."""
+    """Setup and ranks, then one section per phase that ran (in the order they ran),
+    then the hardware faults seen during the run."""
+    if "ranks" not in result:  # failed before the first phase: rank 0's fault watch only
+        return [faults_of(result)]
     sections = [_setup_section(result)]
     done = result.get("phases_done") or []
     if result.get("gemm"):
@@ -43,7 +47,20 @@ def stress_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Secti
         sections.append(_copies_section(result, verdicts))
     if "p2p" in done and result.get("p2p"):
         sections.append(_p2p_section(result, verdicts))
+    sections.append(faults_of(result))
     return sections
+
+
+def faults_of(result: Mapping[str, Any]) -> Section:
+    """Hardware faults during the run: every rank's watch, or (a failed run) rank 0's."""
+    ranks = result.get("ranks") or []
+    return run_faults_section(result.get("faults") or [], [int(r["rank"]) for r in ranks],
+                              gpu_names(ranks))
+
+
+def _causes(result: Mapping[str, Any]) -> dict[int, str]:
+    """Rank -> the clock slowdown its fault watch saw, for the slow-rank WARNs."""
+    return slowdown_causes(result.get("faults") or [], window="measured phases")
 
 
 def _setup_section(result: Mapping[str, Any]) -> Section:
@@ -114,7 +131,7 @@ def _gemm_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
         values = {int(r["rank"]): float(r["tflops_p50"]) for r in mine}
         what = f"{dtype} GEMM {mine[0]['size']}^3"
         findings += peer_findings("stress.gemm.peers", what, "TFLOP/s", values, ranks,
-                                  verdicts.peer_fraction)
+                                  verdicts.peer_fraction, causes=_causes(result))
         findings += expected_findings("stress.gemm.expected", what, "TFLOP/s", values, ranks,
                                       lambda m, d=dtype: gemm_figure(m, d),
                                       verdicts.expected_fraction)
@@ -137,7 +154,7 @@ def _membw_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     values = {int(r["rank"]): float(r["gbps_p50"]) for r in rows}
     what = "device memory copy"
     findings = peer_findings("stress.membw.peers", what, "GB/s", values, ranks,
-                             verdicts.peer_fraction)
+                             verdicts.peer_fraction, causes=_causes(result))
     findings += expected_findings("stress.membw.expected", what, "GB/s", values, ranks,
                                   copy_figure, verdicts.expected_fraction)
     data = {"counted": "2 x size_bytes per copy (read + write)", "results": table}
@@ -154,7 +171,8 @@ def _sdc_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     findings += _agreement_findings(records, deviations, sdc["tolerance"], ranks)
     times = {int(r["rank"]): float(r["p50_ms"]) for r in records}
     findings += peer_findings("stress.sdc.straggler", "median burn-in product time", "ms",
-                              times, ranks, verdicts.peer_fraction, higher_is_better=False)
+                              times, ranks, verdicts.peer_fraction, higher_is_better=False,
+                              causes=_causes(result))
     data = {"dtype": sdc["dtype"], "size": sdc["size"], "burn_in_s": sdc["duration_s"],
             "tolerance_vs_reference": sdc["tolerance"], "rows_vs_reference": sdc["rows_checked"],
             "results": table}

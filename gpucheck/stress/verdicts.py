@@ -62,8 +62,11 @@ def slow_vs_median(values: Mapping[int, float], fraction: float,
 
 def peer_findings(check: str, what: str, unit: str, values: Mapping[int, float],
                   ranks: Sequence[Mapping[str, Any]], fraction: float,
-                  higher_is_better: bool = True) -> list[Finding]:
-    """Per node, WARN for each rank worse than `fraction` of the node's median."""
+                  higher_is_better: bool = True,
+                  causes: Mapping[int, str] | None = None) -> list[Finding]:
+    """Per node, WARN for each rank worse than `fraction` of the node's median.
+    `causes`: rank -> what the fault watch saw slow it ("was in HW thermal slowdown
+    40% of the measured phases", `gpucheck.faults.slowdown_causes`), added to its WARN."""
     names = subjects(ranks)
     findings: list[Finding] = []
     compared = 0
@@ -76,7 +79,8 @@ def peer_findings(check: str, what: str, unit: str, values: Mapping[int, float],
         for rank, ratio in slow.items():
             findings.append(warn(
                 check, f"{names[rank].label}: {what} {mine[rank]:.4g} {unit}, {ratio:.2f}x the "
-                f"median of {node.label}'s {len(mine)} ranks ({median:.4g} {unit})",
+                f"median of {node.label}'s {len(mine)} ranks ({median:.4g} {unit})"
+                + (f"; it {causes[rank]}" if causes and rank in causes else ""),
                 hint="this GPU is slower than its peers: check its clocks, temperature, power "
                 "limit and throttle reasons (nvidia-smi -q -d PERFORMANCE,CLOCK,POWER) and "
                 "whether another process uses it", subject=names[rank].subject))

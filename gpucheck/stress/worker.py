@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpucheck.distributed import progress
+from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.session import gpu_identity, process_group, roster
 from gpucheck.distributed.world import World, host_name
 from gpucheck.stress import burn as sdc_burn
@@ -46,6 +46,7 @@ class StressSpec:
     gemm_window_s: float  # timed GEMM per dtype
     membw_window_s: float
     pin_numa: bool = True
+    fault_watch: bool = True  # watch every rank's GPU (gpucheck.distributed.faultwatch)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ Phase = Callable[[RankContext, dict[str, Any]], None]
 
 def stress_worker(spec: StressSpec) -> dict[str, Any] | None:
     """Run every phase on this rank; rank 0 returns the gathered results."""
-    with process_group(spec.backend, spec.device, spec.timeout_s) as world:
+    with process_group(spec.backend, spec.device, spec.timeout_s,
+                       fault_watch=spec.fault_watch) as world:
         ctx = _context(spec, world)
         result = _initial_result(ctx)
         with watch_faults(ctx, result):
@@ -81,15 +83,17 @@ def stress_worker(spec: StressSpec) -> dict[str, Any] | None:
 
 @contextlib.contextmanager
 def watch_faults(ctx: RankContext, result: dict[str, Any]) -> Iterator[None]:
-    """THE PLACE FOR THE PER-GPU FAULT WATCHER (gpucheck.faults, not wired yet).
+    """The measured phases are the fault watch's timed window.
 
-    It should start here on every rank, watching this rank's GPU (ctx.bus_id,
-    gpu_identity()) for the whole run, and on the way out put what it saw into
-    result["faults"] (then gathered to rank 0 like the phases' records), so the
-    report can tie an XID or a throttle event to the phase it happened in
-    (progress.current_step()). Until then: nothing, and result["faults"] stays None.
+    The frame (`process_group`) watches this rank's GPU for the whole run; here the
+    window is marked and, once every phase is done, every rank's result is gathered
+    into result["faults"]. A failed phase skips the gather (a collective): rank 0's
+    own result then reaches the failure report through its partial results.
     """
+    faultwatch.mark_start()
     yield
+    faultwatch.mark_end()
+    result["faults"] = faultwatch.gather()
 
 
 def _phases() -> list[tuple[str, Phase]]:

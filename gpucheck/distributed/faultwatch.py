@@ -1,0 +1,119 @@
+"""Every rank of a load command watches its GPU for hardware faults, set up once here.
+
+`process_group` opens one NVML doorway for the rank (`rank_nvml`), starts the rank's
+`FaultWatch` (gpucheck.faults) once the group is up (`start`) and stops it when the
+group is left (`close`), so bench, comm and stress all watch the same way. A worker
+only marks its timed window (`mark_start` / `mark_end`) and, on its success path,
+`gather`s every rank's result for rank 0's report. When the run fails, the
+reporting rank publishes its own result with its partial results
+(`publish_after_failure`, from `process_group`'s failure path, which runs no
+collective), so the failure report still shows what its GPU went through.
+
+On a CPU rank the watch is a no-op whose result says "n/a" (no GPU); with
+`--no-fault-watch` there is no watch, no thread and no NVML doorway at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+from gpucheck.devices import GpuIdentity
+from gpucheck.distributed import progress
+from gpucheck.distributed.world import World
+from gpucheck.faults import FaultWatch
+from gpucheck.probes.nvml import Nvml
+
+# Test-only: comma-separated PCI bus ids, one per rank (empty: none), that ranks
+# watch instead of their own GPU, so CPU ranks can watch a fake GPU (the fake
+# pynvml of tests/fake_nvml_site). Only the test suite sets it; nothing in gpucheck does.
+TEST_BUS_VAR = "GPUCHECK_TEST_FAULT_BUS"
+OFF_REASON = "fault watching turned off (--no-fault-watch)"
+
+_state: dict[str, Any] = {"watch": None, "nvml": None, "off": False, "result": None}
+
+
+def test_bus_id(rank: int) -> str | None:
+    """The bus id GPUCHECK_TEST_FAULT_BUS gives this rank (test-only), else None."""
+    ids = [b.strip() for b in os.environ.get(TEST_BUS_VAR, "").split(",")]
+    return (ids[rank] or None) if 0 <= rank < len(ids) else None
+
+
+def rank_nvml(world: World, enabled: bool) -> Nvml | None:
+    """The rank's one NVML doorway (its GPU's name, its fault watch), or None when this
+    rank has no GPU to ask about. One per rank: each doorway runs a worker thread."""
+    wanted = world.device_index is not None or (enabled and test_bus_id(world.rank))
+    _state["nvml"] = Nvml() if wanted else None
+    return _state["nvml"]
+
+
+def start(world: World, gpu: GpuIdentity | None, enabled: bool) -> None:
+    """Start watching this rank's GPU (the counters' first snapshot is taken here)."""
+    _state.update(watch=None, off=not enabled, result=None)
+    if not enabled:
+        return
+    bus_id = test_bus_id(world.rank) or (gpu.pci_bus_id if gpu else None)
+    watch = FaultWatch(bus_id, nvml=_state["nvml"], rank=world.rank)
+    watch.start()
+    _state["watch"] = watch
+
+
+def mark_start() -> None:
+    """The timed window starts now (clock-event reasons count from here)."""
+    if _state["watch"] is not None:
+        _state["watch"].mark_start()
+
+
+def mark_end() -> None:
+    """The timed window ended now (events are still watched until the group is left)."""
+    if _state["watch"] is not None:
+        _state["watch"].mark_end()
+
+
+def _own_result() -> dict[str, Any] | None:
+    """Stop the watch (the counters' second snapshot) and keep its result."""
+    watch = _state["watch"]
+    if watch is not None and _state["result"] is None:
+        watch.stop()
+        _state["result"] = watch.result()
+    return _state["result"]
+
+
+def off_results(world_size: int) -> list[dict[str, Any]]:
+    return [{"rank": r, "status": "n/a", "reason": OFF_REASON} for r in range(world_size)]
+
+
+def gather() -> list[dict[str, Any]]:
+    """Every rank's result, in rank order, on every rank. A collective: call it on the
+    success path only, after the load (with the watch off: no collective)."""
+    import torch.distributed as dist
+
+    if _state["off"]:
+        return off_results(dist.get_world_size())
+    mine = _own_result()
+    progress.set_step("all_gather of the fault watch results")
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    progress.set_step(None)
+    return every
+
+
+def publish_after_failure(world: World) -> None:
+    """On the reporting rank, put its own result into the partial results, so the
+    failure report shows its GPU's faults. Never raises: the failure is what matters."""
+    if not world.is_reporter or (_state["watch"] is None and not _state["off"]):
+        return
+    with contextlib.suppress(Exception):
+        faults = off_results(world.world_size) if _state["off"] else [_own_result()]
+        progress.publish_partial((progress.local_partial() or {}) | {"faults": faults})
+
+
+def close() -> None:
+    """Stop the watch (when still running) and shut the rank's doorway."""
+    with contextlib.suppress(Exception):
+        _own_result()
+    nvml = _state["nvml"]
+    _state.update(watch=None, nvml=None)
+    if nvml is not None:
+        nvml.shutdown()
