@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tests.*
 
-from tests.fake_pynvml import FakeGpu, FakeNvml  # noqa: E402
+from tests.fake_pynvml import FakeGpu, FakeNvml
 
 SCENARIO_VAR = "GPUCHECK_FAKE_NVML"
 _SETS = {"unsupported", "hang", "nvlinks_down"}
