@@ -111,7 +111,8 @@ def test_a_rank_slow_in_every_iteration_is_a_named_straggler(
 def test_a_crashed_rank_keeps_the_phases_measured_before_it(tmp_path: Path) -> None:
     code, report = stress(tmp_path, 2, hook="crash_rank_one_in_burn")
     assert code == 1
-    assert [s["name"] for s in report["sections"]] == ["stress", "gemm", "membw", "failure"]
+    assert [s["name"] for s in report["sections"]] == ["stress", "gemm", "membw", "faults",
+                                                       "failure"]
     assert section(report, "stress")["data"]["complete"] is False
     assert ("stress.rank_failed", "rank 1") in findings(report, "FAIL")
     assert no_children_left()
@@ -138,7 +139,8 @@ def test_an_interrupted_run_reports_the_phases_it_had() -> None:
                                          copy_threshold=0.6))
     finally:
         progress.reset()
-    assert built is not None and [s.name for s in built.sections] == ["stress", "gemm"]
+    assert built is not None and [s.name for s in built.sections] == ["stress", "gemm",
+                                                                      "faults"]
     assert built.sections[0].data["phases_done"] == "1 of 3: gemm"
     assert partial_report(Namespace()) is None  # nothing published: nothing to keep
 
