@@ -3,6 +3,7 @@
 Probes and workers return `Finding`s and plain data; renderers turn a `Report`
 into text, JSON or Markdown. The JSON form is versioned (`SCHEMA_VERSION`) and
 round-trips through `Report.from_dict`, so later tools can read reports back.
+Every WARN and FAIL carries an action (`gpucheck.actions`), fixed when it is made.
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucheck import __version__
+from gpucheck.actions import ACTIONS, Action, resolve_action
 
-SCHEMA_VERSION = 1
+# 2: findings carry "action" (every WARN and FAIL one of gpucheck.actions.ACTIONS,
+# null for OK and SKIP). 1: the same without it; still read, actions filled in.
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
 
 # JSON-able values only: str, int, float, bool, None, lists and dicts of them.
 JsonValue = Any
@@ -41,13 +46,34 @@ _SEVERITY = {Status.OK: 0, Status.SKIP: 1, Status.WARN: 2, Status.FAIL: 3}
 
 @dataclass(frozen=True)
 class Finding:
-    """One verdict: a stable dotted check id, a status, what was seen, what to do."""
+    """One verdict: a stable dotted check id, a status, what was seen, what to do.
+
+    `action` is one of `gpucheck.actions.ACTIONS` for WARN and FAIL, None for OK and
+    SKIP. Left out, it is resolved here from the hint's "action: <x>: " prefix or
+    the central table (`gpucheck.actions.resolve_action`), so every finding has its
+    action from birth and JSON, Markdown and text cannot disagree.
+    """
 
     check: str
     status: Status
     message: str
     hint: str | None = None
     subject: str | None = None
+    action: str | None = None
+
+    def __post_init__(self) -> None:
+        action = self.action.value if isinstance(self.action, Action) else self.action
+        if self.status not in (Status.WARN, Status.FAIL):
+            if action is not None:
+                raise ValueError(f"{self.check}: a {self.status.value} finding has no "
+                                 f"action (got {action!r})")
+            return
+        if action is None:
+            action = resolve_action(self.check, self.status.value, self.message, self.hint)
+        elif action not in ACTIONS:
+            raise ValueError(f"{self.check}: unknown action {action!r}: choose one of "
+                             f"{', '.join(ACTIONS)}")
+        object.__setattr__(self, "action", action)  # frozen: set once, here
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {
@@ -56,16 +82,20 @@ class Finding:
             "message": self.message,
             "hint": self.hint,
             "subject": self.subject,
+            "action": self.action,
         }
 
     @classmethod
     def from_dict(cls, raw: dict[str, JsonValue]) -> Finding:
+        """Version 2 keeps the stored action; version 1 has none, so it is resolved
+        as for a new finding."""
         return cls(
             check=raw["check"],
             status=Status(raw["status"]),
             message=raw["message"],
             hint=raw.get("hint"),
             subject=raw.get("subject"),
+            action=raw.get("action"),
         )
 
 
@@ -73,12 +103,16 @@ def ok(check: str, message: str, subject: str | None = None) -> Finding:
     return Finding(check, Status.OK, message, None, subject)
 
 
-def warn(check: str, message: str, hint: str, subject: str | None = None) -> Finding:
-    return Finding(check, Status.WARN, message, hint, subject)
+def warn(check: str, message: str, hint: str, subject: str | None = None, *,
+         action: str | None = None) -> Finding:
+    """`action`: only to overrule gpucheck.actions' table for this one finding."""
+    return Finding(check, Status.WARN, message, hint, subject, action)
 
 
-def fail(check: str, message: str, hint: str, subject: str | None = None) -> Finding:
-    return Finding(check, Status.FAIL, message, hint, subject)
+def fail(check: str, message: str, hint: str, subject: str | None = None, *,
+         action: str | None = None) -> Finding:
+    """`action`: only to overrule gpucheck.actions' table for this one finding."""
+    return Finding(check, Status.FAIL, message, hint, subject, action)
 
 
 def skip(check: str, message: str, subject: str | None = None) -> Finding:
@@ -120,9 +154,23 @@ def _utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+class SchemaVersionError(ValueError):
+    """A report whose `schema_version` this gpucheck cannot read (`version` says which)."""
+
+    def __init__(self, version: object) -> None:
+        self.version = version
+        readable = " and ".join(map(str, READABLE_SCHEMA_VERSIONS))
+        super().__init__(f"unknown schema_version {version!r} (gpucheck {__version__} "
+                         f"reads {readable}; a newer gpucheck wrote it?)")
+
+
 @dataclass
 class Report:
-    """Everything one command found, in the order it should be read."""
+    """Everything one command found, in the order it should be read.
+
+    `schema_version` is the version the report was read from (`from_dict`); `to_dict`
+    always writes the current SCHEMA_VERSION, the only shape it knows how to write.
+    """
 
     command: str
     sections: list[Section] = field(default_factory=list)
@@ -168,7 +216,7 @@ class Report:
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {
-            "schema_version": self.schema_version,
+            "schema_version": SCHEMA_VERSION,
             "tool": "gpucheck",
             "tool_version": self.tool_version,
             "command": self.command,
@@ -182,11 +230,12 @@ class Report:
 
     @classmethod
     def from_dict(cls, raw: dict[str, JsonValue]) -> Report:
-        if raw.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(
-                f"report schema_version {raw.get('schema_version')!r} is not "
-                f"{SCHEMA_VERSION}; use the gpucheck version that wrote it"
-            )
+        """A report as `to_dict` (or an older gpucheck: READABLE_SCHEMA_VERSIONS) wrote
+        it; SchemaVersionError for any other version."""
+        version = raw.get("schema_version")
+        # bool is an int: `true` must not pass for version 1.
+        if isinstance(version, bool) or version not in READABLE_SCHEMA_VERSIONS:
+            raise SchemaVersionError(version)
         return cls(
             command=raw["command"],
             sections=[Section.from_dict(s) for s in raw.get("sections") or []],

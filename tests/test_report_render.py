@@ -13,7 +13,7 @@ import pytest
 from gpucheck.errors import UsageError
 from gpucheck.output import check_writable, write_atomic
 from gpucheck.render import format_for, render
-from gpucheck.report import Report, Section, Status, fail, ok, skip, warn
+from gpucheck.report import Report, SchemaVersionError, Section, Status, fail, ok, skip, warn
 
 
 def sample_report() -> Report:
@@ -52,18 +52,22 @@ def test_exit_code_follows_the_worst_finding(statuses: list[Status], strict: boo
 def test_json_round_trips_through_the_schema() -> None:
     report = sample_report()
     raw = json.loads(render(report, "json"))
-    assert raw["schema_version"] == 1
+    assert raw["schema_version"] == 2
     assert raw["verdict"] == "FAIL"
     assert raw["sections"][1]["findings"][1]["hint"] == "drain the node"
+    assert [f["action"] for f in raw["sections"][1]["findings"]] == [
+        "replace-hardware", "drain-node", None]
     again = Report.from_dict(raw)
     assert again.to_dict() == report.to_dict()
 
 
-def test_json_from_another_schema_version_is_refused() -> None:
+@pytest.mark.parametrize("version", [99, 0, None, "2", True])
+def test_json_from_an_unknown_schema_version_is_refused_by_name(version: object) -> None:
     raw = sample_report().to_dict()
-    raw["schema_version"] = 99
-    with pytest.raises(ValueError, match="schema_version"):
+    raw["schema_version"] = version
+    with pytest.raises(SchemaVersionError, match="unknown schema_version") as caught:
         Report.from_dict(raw)
+    assert caught.value.version == version and isinstance(caught.value, ValueError)
 
 
 def test_text_aligns_data_renders_tables_and_hints_without_colour() -> None:
@@ -73,7 +77,8 @@ def test_text_aligns_data_renders_tables_and_hints_without_colour() -> None:
     assert re.search(r"^  os\s+Debian 12$", text, re.M)
     assert re.search(r"^    index\s+name\s+temp_c$", text, re.M)
     assert re.search(r"^    1\s+H200\s+n/a$", text, re.M)
-    assert "HINT: drain the node" in text
+    assert "HINT (drain-node): drain the node" in text
+    assert "HINT (replace-hardware): reseat the card" in text
 
 
 def test_text_colours_only_when_asked() -> None:
@@ -87,6 +92,9 @@ def test_markdown_puts_verdict_and_problems_first_and_folds_details() -> None:
     assert md.index("## Problems") < md.index("<details>")
     problems = md[md.index("## Problems"):md.index("<details>")]
     assert problems.index("FAIL") < problems.index("WARN")
+    assert "| status | action | check | subject | message | hint |" in problems
+    assert "| FAIL | drain-node | gpu.ecc.volatile_uncorrected | GPU 1 | 3 errors | drain the " \
+        "node |" in problems
     assert md.count("<details>") == md.count("</details>") == 2
     assert "| nested.b | yes |" in md
 

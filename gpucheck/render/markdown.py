@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpucheck.actions import strip_hint
 from gpucheck.render.values import fmt_field, is_table, table_columns
 from gpucheck.report import Finding, Report, Section, Status
 
@@ -35,9 +36,13 @@ def render_markdown(report: Report) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _finding_row(f: Finding) -> dict[str, Any]:
-    return {"status": f.status.value, "check": f.check, "subject": f.subject or "",
-            "message": f.message, "hint": f.hint or ""}
+def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:
+    """Rows of a findings table; the action column only where a finding has one, so
+    all-OK sections stay narrow. The hint loses an "action: x:" prefix the column shows."""
+    with_action = any(f.action for f in findings)
+    return [{"status": f.status.value, **({"action": f.action or ""} if with_action else {}),
+             "check": f.check, "subject": f.subject or "", "message": f.message,
+             "hint": strip_hint(f.hint, f.action) or ""} for f in findings]
 
 
 def _problem_lines(findings: list[Finding]) -> list[str]:
@@ -45,7 +50,7 @@ def _problem_lines(findings: list[Finding]) -> list[str]:
     problems.sort(key=lambda f: -f.status.severity)
     if not problems:
         return ["No FAIL or WARN findings.", ""]
-    return ["## Problems", "", *md_table([_finding_row(f) for f in problems]), ""]
+    return ["## Problems", "", *md_table(_finding_rows(problems)), ""]
 
 
 def _section_lines(section: Section) -> list[str]:
@@ -58,7 +63,7 @@ def _section_lines(section: Section) -> list[str]:
         if is_table(value):
             lines += [f"**{key}**", "", *md_table(value), ""]
     if section.findings:
-        lines += [*md_table([_finding_row(f) for f in section.findings]), ""]
+        lines += [*md_table(_finding_rows(section.findings)), ""]
     return [*lines, "</details>", ""]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpucheck.actions import strip_hint
 from gpucheck.render.values import fmt_field, is_table, table_columns
 from gpucheck.report import Finding, Report, Section, Status
 
@@ -65,6 +66,10 @@ def _finding_lines(finding: Finding, color: bool) -> str:
     tag = _paint(f"[{finding.status.value:^4}]", finding.status, color)
     subject = f" ({finding.subject})" if finding.subject else ""
     line = f"  {tag} {finding.check}{subject}: {finding.message}"
-    if finding.hint:
-        line += f"\n         HINT: {finding.hint}"
+    hint = strip_hint(finding.hint, finding.action)
+    action = f" ({finding.action})" if finding.action else ""
+    if hint:
+        line += f"\n         HINT{action}: {hint}"
+    elif action:
+        line += f"\n         ACTION: {finding.action}"
     return line

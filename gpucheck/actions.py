@@ -1,0 +1,248 @@
+"""What to do about each WARN and FAIL: one action from a fixed list of seven.
+
+Findings are made in many modules; their actions are decided here, in one table
+(`RULES`), so the choices can be read, argued and tested side by side. A finding
+gets its action when it is made (`gpucheck.report.Finding`), in this order:
+
+1. an action passed explicitly (`warn(..., action="reset-gpu")`);
+2. a hint that starts with "action: <action>: " (the kernel-log XID findings and
+   the fault watcher's write it, from their per-XID and per-event tables: the
+   most specific knowledge there is);
+3. the most specific rule of `RULES` that matches the check id (and, where a rule
+   names one, the status and a keyword of the message or hint);
+4. `fallback(status)` for a check id no rule knows (tests/test_actions_coverage.py
+   makes sure no check id in gpucheck/ falls through today).
+
+OK and SKIP findings have no action.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+
+class Action(str, enum.Enum):
+    """The fixed list, from the least to the most disruptive."""
+
+    NONE = "none"  # nothing to do now: information, or a count to watch
+    RERUN = "rerun"  # run again: the result may be transient, or names no culprit yet
+    FIX_CONFIG = "fix-config"  # software, settings or the launch: the hardware is fine
+    RESTART_APP = "restart-app"  # the application's fault; the GPU is healthy
+    RESET_GPU = "reset-gpu"  # nvidia-smi -r (or a reboot) clears it; the node may stay
+    DRAIN_NODE = "drain-node"  # take the node out of service until someone has looked
+    REPLACE_HARDWARE = "replace-hardware"  # a part is bad or unseated: hands on the box
+
+
+ACTIONS: tuple[str, ...] = tuple(a.value for a in Action)
+PROBLEM_STATUSES = ("WARN", "FAIL")
+
+# "action: drain-node: drain the node and ..." (gpucheck/probes/kernel_log.py,
+# gpucheck/faults/findings.py).
+_HINT_PREFIX = re.compile(r"action: ([a-z-]+): ?")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Check ids matching `pattern` (dotted; a `*` segment matches any one segment)
+    get `action`; optionally only for one `status` or when `keyword` occurs
+    (case-insensitively) in the message or hint. `why` argues the choice."""
+
+    pattern: str
+    action: Action
+    why: str
+    status: str | None = None
+    keyword: str | None = None
+
+    def matches(self, check: str, status: str, text: str) -> bool:
+        parts, want = check.split("."), self.pattern.split(".")
+        if len(parts) != len(want):
+            return False
+        if any(w != "*" and w != p for w, p in zip(want, parts, strict=True)):
+            return False
+        if self.status is not None and self.status != status:
+            return False
+        return self.keyword is None or self.keyword.lower() in text
+
+    @property
+    def specificity(self) -> tuple[int, int, bool, bool]:
+        """More literal segments win; then more literal segments at the end, because the
+        last segment says how a check ended (`*.probe` crashed, `*.interrupted`), which
+        decides the action more than the namespace does (`torch.*`); then a keyword,
+        then a status."""
+        segments = self.pattern.split(".")
+        trailing = len(segments) - max((i + 1 for i, s in enumerate(segments) if s == "*"),
+                                       default=0)
+        literal = sum(1 for s in segments if s != "*")
+        return literal, trailing, self.keyword is not None, self.status is not None
+
+
+A = Action
+_SHORT_RUN = ("one short measurement: contention from other jobs, a cold start or the "
+              "host's CPU can explain it, so confirm before acting; the hint says where "
+              "to look when it repeats")
+_PEERS = ("slower than identical GPUs of its own node under the same sustained load: the "
+          "comparison calibrates itself, so what is left is the GPU, its cooling or power")
+
+RULES: tuple[Rule, ...] = (
+    # How a run ended, whatever it checked.
+    Rule("*.probe", A.RERUN, "a probe crashed or hung: gpucheck's own trouble, not a "
+         "verdict on the machine; run again and report a bug if it repeats"),
+    Rule("*.interrupted", A.RERUN, "the run was stopped (Ctrl-C, a time limit): nothing "
+         "was judged wrong, the rest was not measured"),
+    Rule("*.failed", A.RERUN, "the run failed with no rank to blame: read the ranks' "
+         "output, then run again"),
+    Rule("*.rank_failed", A.RERUN, "a rank exited early, often because another one "
+         "stopped answering; the hardware findings (faults, XIDs) carry their own actions"),
+    Rule("*.rank_unresponsive", A.RERUN, "a rank stopped answering and was killed; the "
+         "fault watcher and kernel log say whether its GPU hung"),
+    Rule("*.checkin", A.FIX_CONFIG, "a rank never started or never reached the rendezvous: "
+         "the launch (every node started, the same endpoint) is wrong, and running the "
+         "same command again fails the same way"),
+    # Driver and NVML.
+    Rule("driver.nvml", A.FIX_CONFIG, "the driver or nvidia-ml-py is missing, not loaded, "
+         "mismatched (reboot after an upgrade) or not permitted: installation, not hardware"),
+    Rule("driver.nvml", A.DRAIN_NODE, "NVML itself says a GPU fell off the bus", "FAIL",
+         "is lost"),
+    Rule("driver.nvml", A.RESET_GPU, "NVML says a GPU needs a reset", "FAIL", "needs a reset"),
+    Rule("driver.nvml", A.RESET_GPU, "the driver timed out: a wedged GPU, which a reset "
+         "clears", "FAIL", "timed out"),
+    Rule("driver.nvml", A.RESET_GPU, "the driver did not answer: a wedged GPU, which a "
+         "reset clears", "FAIL", "no answer"),
+    Rule("driver.nvml_hang", A.DRAIN_NODE, "an NVML call never came back: the driver is "
+         "wedged, jobs would hang too, and the usual cure is a reboot"),
+    Rule("driver.cuda_compat", A.FIX_CONFIG, "the driver is older than torch's CUDA: "
+         "upgrade the driver or install a matching torch"),
+    # Per GPU (nvidia-smi -q).
+    Rule("gpu.lost", A.DRAIN_NODE, "fell off the bus (Xid 79): a reset in place rarely "
+         "works, the node needs a reboot or power-cycle and the cause (power, PCIe, "
+         "the GPU) a look; as the kernel-log and fault-watcher findings decide"),
+    Rule("gpu.query", A.RESET_GPU, "the GPU stopped answering queries (reset required, "
+         "timeouts): a reset is the first cure"),
+    Rule("gpu.query", A.FIX_CONFIG, "a permission problem, not the GPU",
+         keyword="not permitted"),
+    Rule("gpu.busy", A.RERUN, "another process shares the GPU: measure again when it is "
+         "idle; the GPU is not at fault"),
+    Rule("gpu.pcie.width", A.REPLACE_HARDWARE, "a narrower link than the slot's is a "
+         "seating, riser or slot fault: hands on the box (reseat, then replace); as the "
+         "fault watcher's PCIe-replay WARN"),
+    Rule("gpu.ecc.volatile_uncorrected", A.DRAIN_NODE, "a double-bit (uncorrectable) ECC "
+         "error corrupts data: take the node out until the GPU is reset and checked"),
+    Rule("gpu.ecc.aggregate_uncorrected", A.NONE, "lifetime count, history not news: "
+         "watch it; the volatile counter and row remapping judge the present"),
+    Rule("gpu.retired_pages.pending", A.RESET_GPU, "the retirement takes effect at the "
+         "next reset"),
+    Rule("gpu.remapped_rows.pending", A.RESET_GPU, "the row remap takes effect at the next "
+         "reset; until then the bad row stays in use"),
+    Rule("gpu.remapped_rows.failed", A.REPLACE_HARDWARE, "the GPU has no spare rows left "
+         "to remap: it needs an RMA"),
+    Rule("gpu.clocks.event_reasons", A.DRAIN_NODE, "thermal or power-brake slowdown: "
+         "cooling or power needs a look and slows every job; as the fault watcher's "
+         "faults.clocks.slowdown"),
+    Rule("gpu.persistence_mode", A.FIX_CONFIG, "a driver setting (nvidia-smi -pm 1, "
+         "nvidia-persistenced)"),
+    Rule("gpu.mig_mode", A.RESET_GPU, "a pending MIG change takes effect at the next reset"),
+    Rule("gpu.fabric", A.FIX_CONFIG, "the NVSwitch fabric manager is not running or does "
+         "not match the driver"),
+    Rule("gpu.fabric", A.RERUN, "registration is still going on (a minute after boot)",
+         keyword="still in progress"),
+    Rule("gpu.topology", A.RERUN, "a topology query failed after every GPU answered: "
+         "transient until it repeats"),
+    Rule("gpu.arch_supported", A.FIX_CONFIG, "this torch build lacks kernels for the GPU: "
+         "install another torch or upgrade the driver"),
+    Rule("gpu.functional", A.DRAIN_NODE, "the GPU computed a wrong product, raised or hung "
+         "on a small test: it must not take jobs until reset and diagnosed"),
+    # Software and environment.
+    Rule("system.shm", A.FIX_CONFIG, "/dev/shm is a container or mount setting"),
+    Rule("torch.*", A.FIX_CONFIG, "the torch installation (CPU-only, no cuDNN or NCCL, "
+         "CUDA unavailable for a driver or fabric reason): software"),
+    Rule("python.*", A.FIX_CONFIG, "the Python environment (torch's origin, torchvision)"),
+    Rule("python.deprecated.*", A.FIX_CONFIG, "a deprecated package to uninstall"),
+    Rule("consistency.*", A.FIX_CONFIG, "NVML, CUDA and CUDA_VISIBLE_DEVICES disagree, or "
+         "the GPUs of one node differ in settings: configuration"),
+    Rule("env.nodes.differ", A.FIX_CONFIG, "nodes of one job differ in drivers, packages "
+         "or environment"),
+    Rule("ranks.numa", A.FIX_CONFIG, "CPU binding of the ranks is a launch setting"),
+    # bench.
+    Rule("bench.images.skipped", A.FIX_CONFIG, "an unreadable input image: fix or remove "
+         "the file"),
+    Rule("bench.rank.straggler", A.RERUN, f"a slow rank in {_SHORT_RUN}"),
+    Rule("bench.node.slow", A.RERUN, f"a slow node in {_SHORT_RUN}"),
+    Rule("bench.consistency", A.DRAIN_NODE, "a rank computed wrong logits: a GPU that "
+         "gives wrong answers must not take jobs until diagnosed (dcgmi diag)"),
+    # comm.
+    Rule("comm.*.correct", A.DRAIN_NODE, "a collective gave wrong sums: silent data "
+         "corruption on a GPU or link"),
+    Rule("comm.*.busbw_baseline", A.RERUN, "job-wide bandwidth below the given baseline "
+         "names no node to drain and shares the fabric with other jobs; "
+         "comm.pairwise.slow_pair, comm.nodes.slow_node and the faults section localise "
+         "it, with their own actions"),
+    Rule("comm.pairwise.slow_pair", A.RERUN, f"a slow GPU pair in {_SHORT_RUN}"),
+    Rule("comm.nodes.slow_node", A.RERUN, f"a slow node in {_SHORT_RUN}"),
+    # stress: sustained load, built to reproduce what it finds.
+    Rule("stress.*.peers", A.DRAIN_NODE, _PEERS),
+    Rule("stress.sdc.straggler", A.DRAIN_NODE, _PEERS),
+    Rule("stress.copies.together", A.DRAIN_NODE, _PEERS),
+    Rule("stress.*.expected", A.FIX_CONFIG, "below the model's typical figure (an estimate "
+         "for some models): when the peers agree it is a power limit or clock setting, and "
+         "a GPU worse than its peers already has a drain-node finding; draining on an "
+         "optimistic figure could empty a whole fleet"),
+    Rule("stress.copies.link", A.DRAIN_NODE, "host copies alone far below the link's rate: "
+         "link, slot or riser trouble to look into (NUMA placement has stress.numa)"),
+    Rule("stress.sdc.repeat", A.DRAIN_NODE, "the same product gave different results: "
+         "silent data corruption"),
+    Rule("stress.sdc.agreement", A.DRAIN_NODE, "one GPU computed a wrong product: silent "
+         "data corruption"),
+    Rule("stress.sdc.agreement", A.FIX_CONFIG, "every rank is wrong alike: the software "
+         "stack, not a GPU", keyword="suspect the software"),
+    Rule("stress.sdc.agreement", A.RERUN, "ranks differ within tolerance and no majority "
+         "names one: more GPUs or a longer run decides", "WARN"),
+    Rule("stress.p2p", A.DRAIN_NODE, "one GPU pair copies far slower than the others: an "
+         "NVLink or PCIe path to look into"),
+    Rule("stress.p2p", A.FIX_CONFIG, "peer access blocked for some pairs: ACS or IOMMU "
+         "settings", keyword="without peer access"),
+    Rule("stress.numa", A.FIX_CONFIG, "CPU binding of the ranks is a launch setting"),
+)
+
+
+def hint_action(hint: str | None) -> str | None:
+    """The action a hint names in its "action: <action>: " prefix, if one of ACTIONS."""
+    match = _HINT_PREFIX.match(hint or "")
+    return match[1] if match and match[1] in ACTIONS else None
+
+
+def strip_hint(hint: str | None, action: str | None) -> str | None:
+    """The hint without an "action: <action>: " prefix that only repeats `action`
+    (the renderers show the action on its own)."""
+    match = _HINT_PREFIX.match(hint or "")
+    if hint is None or match is None or match[1] != action:
+        return hint
+    return hint[match.end():]
+
+
+def rule_for(check: str, status: str, message: str = "",
+             hint: str | None = None) -> Rule | None:
+    """The most specific matching rule (the first of equals in RULES), or None."""
+    text = f"{message}\n{hint or ''}".lower()
+    matching = [r for r in RULES if r.matches(check, status, text)]
+    return max(matching, key=lambda r: r.specificity, default=None)
+
+
+def fallback(status: str) -> Action:
+    """For a check id no rule knows. A FAIL drains the node: an unexplained failure must
+    not keep taking jobs until a person has read its hint. A WARN is run again: cheap,
+    and it tells a passing glitch from a lasting problem."""
+    return Action.DRAIN_NODE if status == "FAIL" else Action.RERUN
+
+
+def resolve_action(check: str, status: str, message: str = "",
+                   hint: str | None = None) -> str | None:
+    """The action of a finding made without one (None for OK and SKIP)."""
+    if status not in PROBLEM_STATUSES:
+        return None
+    named = hint_action(hint)
+    if named is not None:
+        return named
+    rule = rule_for(check, status, message, hint)
+    return (rule.action if rule is not None else fallback(status)).value
