@@ -171,6 +171,10 @@ RULES: tuple[Rule, ...] = (
     Rule("bench.node.slow", A.RERUN, f"a slow node in {_SHORT_RUN}"),
     Rule("bench.consistency", A.DRAIN_NODE, "a rank computed wrong logits: a GPU that "
          "gives wrong answers must not take jobs until diagnosed (dcgmi diag)"),
+    Rule("bench.consistency", A.FIX_CONFIG, "every rank is wrong alike: the software stack "
+         "or the tolerance, not a GPU", keyword="suspect the software"),
+    Rule("bench.consistency", A.RERUN, "ranks disagree and nothing names the odd one: more "
+         "GPUs decide", "WARN"),
     # comm.
     Rule("comm.*.correct", A.DRAIN_NODE, "a collective gave wrong sums: silent data "
          "corruption on a GPU or link"),
