@@ -149,6 +149,10 @@ RULES: tuple[Rule, ...] = (
          keyword="still in progress"),
     Rule("gpu.topology", A.RERUN, "a topology query failed after every GPU answered: "
          "transient until it repeats"),
+    Rule("gpu.topology", A.RESET_GPU, "a GPU stopped answering, as for gpu.query",
+         keyword="no answer"),
+    Rule("gpu.topology", A.RESET_GPU, "a GPU's driver call timed out, as for gpu.query",
+         keyword="timed out"),
     Rule("gpu.arch_supported", A.FIX_CONFIG, "this torch build lacks kernels for the GPU: "
          "install another torch or upgrade the driver"),
     Rule("gpu.functional", A.DRAIN_NODE, "the GPU computed a wrong product, raised or hung "

@@ -1,0 +1,325 @@
+"""Actions on every WARN and FAIL: the table, the hint prefix, the schema, the renderers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpucheck.actions import (
+    ACTIONS,
+    RULES,
+    Action,
+    fallback,
+    hint_action,
+    resolve_action,
+    rule_for,
+    strip_hint,
+)
+from gpucheck.probes.consistency import probe_consistency
+from gpucheck.probes.gpus import cuda_compat_findings, probe_nvml
+from gpucheck.probes.kernel_log import kernel_log_section, read_kernel_log
+from gpucheck.probes.nvml import Nvml
+from gpucheck.probes.torch_build import TorchInfo
+from gpucheck.probes.xid_table import ACTIONS as XID_ACTIONS
+from gpucheck.render import render
+from gpucheck.report import Finding, Report, Section, Status, fail, ok, skip, warn
+from tests.fake_pynvml import FakeGpu, FakeNvml
+
+LOGS = Path(__file__).parent / "data" / "kernel_logs"
+PROBLEMS = (Status.WARN, Status.FAIL)
+
+
+def _fake(faults: dict[str, Any] | None = None, n: int = 2, **nvml: Any) -> FakeNvml:
+    """`n` healthy fake GPUs, GPU 1 with `faults` (FakeGpu fields)."""
+    gpus = [FakeGpu(bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0") for i in range(n)]
+    for field_name, value in (faults or {}).items():
+        setattr(gpus[1], field_name, value)
+    return FakeNvml(gpus, **nvml)
+
+
+def _env_findings(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml | None,
+                  timeout_s: float = 2.0) -> list[Finding]:
+    """The driver and GPU findings of a fake machine (None: pynvml not installed)."""
+    monkeypatch.setitem(sys.modules, "pynvml", None if fake is None else fake.module)
+    result = probe_nvml(Nvml(timeout_s))
+    return [f for s in result.sections for f in s.findings]
+
+
+def _problems(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.status in PROBLEMS]
+
+
+# Fake-NVML machines, each with the WARN/FAIL it must produce and that finding's action.
+SCENARIOS: dict[str, tuple[dict[str, Any], dict[str, Any], str, str]] = {
+    "pending row remap": ({"remapped": (0, 1, 1, 0)}, {}, "gpu.remapped_rows.pending",
+                          "reset-gpu"),
+    "failed row remap": ({"remapped": (0, 0, 0, 1)}, {}, "gpu.remapped_rows.failed",
+                         "replace-hardware"),
+    "double-bit ECC": ({"ecc_volatile_unc": 2, "ecc_aggregate_unc": 2}, {},
+                       "gpu.ecc.volatile_uncorrected", "drain-node"),
+    "lifetime ECC": ({"ecc_aggregate_unc": 2}, {}, "gpu.ecc.aggregate_uncorrected", "none"),
+    "pending page retirement": ({"retired_pending": 1}, {}, "gpu.retired_pages.pending",
+                                "reset-gpu"),
+    "narrow PCIe link": ({"pcie_width": (8, 16)}, {}, "gpu.pcie.width", "replace-hardware"),
+    "thermal slowdown": ({"clock_reasons": 0x40}, {}, "gpu.clocks.event_reasons",
+                         "drain-node"),
+    "busy": ({"pids": [4242], "util": (97, 40)}, {}, "gpu.busy", "rerun"),
+    "lost": ({"lost": True}, {}, "gpu.lost", "drain-node"),
+    "persistence off": ({"persistence": 0}, {}, "gpu.persistence_mode", "fix-config"),
+    "MIG change pending": ({"mig": [1, 0]}, {}, "gpu.mig_mode", "reset-gpu"),
+    "fabric not started": ({"fabric": (1, 0)}, {}, "gpu.fabric", "fix-config"),
+    "fabric in progress": ({"fabric": (2, 0)}, {}, "gpu.fabric", "rerun"),
+    "driver/library mismatch": ({}, {"init_error": "NVMLError_LibRmVersionMismatch"},
+                                "driver.nvml", "fix-config"),
+    "driver not loaded": ({}, {"init_error": "NVMLError_DriverNotLoaded"}, "driver.nvml",
+                          "fix-config"),
+    "lost at init": ({}, {"init_error": "NVMLError_GpuIsLost"}, "driver.nvml", "drain-node"),
+}
+
+
+@pytest.mark.parametrize(("faults", "nvml", "check", "action"), SCENARIOS.values(),
+                         ids=SCENARIOS.keys())
+def test_each_fake_nvml_fault_gets_its_action(monkeypatch: pytest.MonkeyPatch,
+                                              faults: dict[str, Any], nvml: dict[str, Any],
+                                              check: str, action: str) -> None:
+    problems = _problems(_env_findings(monkeypatch, _fake(faults, **nvml)))
+    assert [f.action for f in problems if f.check == check] == [action]
+
+
+def test_a_hanging_nvml_call_drains_the_node_and_the_unanswered_gpus_want_a_reset(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    findings = _env_findings(monkeypatch, _fake({"hang": {"nvmlDeviceGetTemperature"}}, 3),
+                             timeout_s=0.3)
+    actions = {(f.check, f.action) for f in _problems(findings)}
+    assert actions == {("driver.nvml_hang", "drain-node"), ("gpu.query", "reset-gpu"),
+                       ("gpu.topology", "reset-gpu")}
+
+
+def test_a_missing_nvml_module_is_a_configuration_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    [finding] = _problems(_env_findings(monkeypatch, None))
+    assert (finding.check, finding.status, finding.action) == ("driver.nvml", Status.WARN,
+                                                               "fix-config")
+
+
+def test_software_mismatches_found_with_fake_gpus_are_configuration_fixes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake(n=4).module)
+    result = probe_nvml(Nvml(2.0))
+    torch = TorchInfo(version="2.5.0", cuda="12.4", cuda_available=True, device_count=2)
+    findings = [*probe_consistency(4, result.gpus, torch, None).findings,
+                *cuda_compat_findings(result.driver, "13.0", result.gpus, ["sm_70"])]
+    assert {(f.check, f.action) for f in _problems(findings)} == {
+        ("consistency.gpu_count", "fix-config"), ("driver.cuda_compat", "fix-config"),
+        ("gpu.arch_supported", "fix-config")}
+
+
+def _all_scenario_findings(monkeypatch: pytest.MonkeyPatch) -> list[Finding]:
+    findings = []
+    for faults, nvml, _check, _action in SCENARIOS.values():
+        findings += _env_findings(monkeypatch, _fake(faults, **nvml))
+    for log in sorted(LOGS.glob("*.log")):
+        findings += kernel_log_section(read_kernel_log(str(log)), []).findings
+    return findings
+
+
+def test_every_problem_of_every_scenario_has_a_listed_action_that_is_not_a_fallback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    problems = _problems(_all_scenario_findings(monkeypatch))
+    assert len(problems) >= len(SCENARIOS)
+    for f in problems:
+        assert f.action in ACTIONS, f
+        assert hint_action(f.hint) or rule_for(f.check, f.status.value, f.message, f.hint), f
+    report = Report("env", [Section("all", "All", findings=problems)])
+    rows = [line for line in render(report, "markdown").splitlines()  # not the summary's
+            if line.startswith(("| WARN |", "| FAIL |")) and line.count(" | ") > 2]
+    assert len(rows) == 2 * len(problems)  # the problems table and the section's table
+    assert all(row.split(" | ")[1] in ACTIONS for row in rows)
+
+
+def _kernel_log_findings(tmp_path: Path, lines: str) -> list[Finding]:
+    log = tmp_path / "dmesg.txt"
+    log.write_text(lines)
+    return _problems(kernel_log_section(read_kernel_log(str(log)), []).findings)
+
+
+def test_xid_94_asks_to_restart_the_application_through_the_hint_prefix(
+        tmp_path: Path) -> None:
+    [finding] = _kernel_log_findings(tmp_path, "[ 10.0] NVRM: Xid (PCI:0000:18:00): 94, "
+                                     "pid=1234, name=python, Ch 00000008\n")
+    assert finding.hint is not None and finding.hint.startswith("action: restart-app: ")
+    assert finding.action == "restart-app"
+    # The table alone would say otherwise: the prefix is what decided.
+    assert resolve_action(finding.check, finding.status.value, finding.message) != \
+        "restart-app"
+
+
+def test_every_kernel_log_problem_takes_the_action_its_hint_names(tmp_path: Path) -> None:
+    findings = _kernel_log_findings(tmp_path, "".join(
+        f"[ {xid}.0] NVRM: Xid (PCI:0000:18:00): {xid}, pid=1, name=x, detail\n"
+        for xid in (31, 48, 63, 64, 74, 79, 92, 94, 95, 119)))
+    assert len(findings) >= 8
+    assert all(f.action == f.hint.split(": ")[1] for f in findings if f.hint)
+    assert {"drain-node", "reset-gpu", "replace-hardware"} <= {f.action for f in findings}
+
+
+def test_fixed_list_is_the_one_the_kernel_log_and_fault_watcher_write() -> None:
+    assert ACTIONS == XID_ACTIONS == ("none", "rerun", "fix-config", "restart-app",
+                                      "reset-gpu", "drain-node", "replace-hardware")
+
+
+@pytest.mark.parametrize(("check", "status", "text", "action"), [
+    ("torch.probe", "FAIL", "", "rerun"),  # how it ended beats the torch.* namespace
+    ("torch.cudnn", "WARN", "", "fix-config"),
+    ("comm.all_reduce.correct", "FAIL", "", "drain-node"),
+    ("comm.broadcast.busbw_baseline", "FAIL", "", "rerun"),
+    ("bench.interrupted", "FAIL", "", "rerun"),
+    ("stress.checkin", "FAIL", "", "fix-config"),
+    ("stress.gemm.peers", "WARN", "", "drain-node"),
+    ("stress.gemm.expected", "WARN", "", "fix-config"),
+    ("stress.sdc.agreement", "FAIL", "x", "drain-node"),
+    ("stress.sdc.agreement", "FAIL", "suspect the SOFTWARE", "fix-config"),
+    ("stress.sdc.agreement", "WARN", "", "rerun"),
+    ("driver.nvml", "FAIL", "driver/library version mismatch", "fix-config"),
+    ("driver.nvml", "FAIL", "the GPU needs a reset", "reset-gpu"),
+    ("driver.nvml", "WARN", "the GPU is lost", "fix-config"),  # keyword rules are FAIL-only
+])
+def test_the_most_specific_rule_decides(check: str, status: str, text: str,
+                                        action: str) -> None:
+    assert resolve_action(check, status, text) == action
+
+
+def test_a_star_matches_exactly_one_segment() -> None:
+    assert rule_for("comm.all_reduce.correct", "FAIL") is not None
+    assert rule_for("comm.correct", "FAIL") is None
+    assert rule_for("comm.a.b.correct", "FAIL") is None
+
+
+def test_an_unknown_check_falls_back_to_rerun_for_warn_and_drain_node_for_fail() -> None:
+    assert rule_for("brand_new.check", "FAIL") is None
+    assert warn("brand_new.check", "m", "h").action == fallback("WARN") == Action.RERUN
+    assert fail("brand_new.check", "m", "h").action == fallback("FAIL") == Action.DRAIN_NODE
+
+
+def test_an_explicit_action_beats_the_hint_prefix_and_the_table() -> None:
+    assert warn("gpu.busy", "m", "action: reset-gpu: x").action == "reset-gpu"
+    assert warn("gpu.busy", "m", "action: reset-gpu: x", action="none").action == "none"
+    assert fail("gpu.lost", "m", "h", action=Action.RESET_GPU).action == "reset-gpu"
+    assert warn("gpu.busy", "m", "action: unheard-of: x").action == "rerun"
+
+
+def test_ok_and_skip_have_no_action_and_cannot_be_given_one() -> None:
+    assert ok("gpu.busy", "m").action is None and skip("gpu.busy", "m").action is None
+    with pytest.raises(ValueError, match="has no action"):
+        Finding("gpu.busy", Status.OK, "m", action="rerun")
+
+
+def test_an_action_outside_the_list_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown action 'reboot'"):
+        fail("gpu.lost", "m", "h", action="reboot")
+
+
+def test_strip_hint_drops_only_a_prefix_that_repeats_the_action() -> None:
+    assert strip_hint("action: reset-gpu: reset it", "reset-gpu") == "reset it"
+    assert strip_hint("action: reset-gpu: reset it", "none") == "action: reset-gpu: reset it"
+    assert strip_hint("reset it", "reset-gpu") == "reset it"
+    assert strip_hint(None, "reset-gpu") is None
+
+
+def test_every_rule_argues_its_choice_and_no_two_rules_are_the_same() -> None:
+    assert all(len(r.why) > 20 for r in RULES)
+    keys = [(r.pattern, r.status, r.keyword) for r in RULES]
+    assert len(keys) == len(set(keys))
+
+
+# ------------------------------------------------------------ schema and rendering
+
+
+V1_REPORT = """{
+  "schema_version": 1,
+  "tool": "gpucheck",
+  "tool_version": "0.1.0",
+  "command": "env",
+  "argv": ["gpucheck", "env"],
+  "host": "node7",
+  "created_at": "2026-11-20T23:02:10+00:00",
+  "verdict": "FAIL",
+  "summary": {"OK": 1, "SKIP": 0, "WARN": 1, "FAIL": 2},
+  "sections": [
+    {"name": "gpus", "title": "GPUs", "data": {"gpus": []}, "findings": [
+      {"check": "gpu.busy", "status": "OK", "message": "no processes on it",
+       "hint": null, "subject": "GPU 0"},
+      {"check": "gpu.remapped_rows.pending", "status": "FAIL",
+       "message": "a memory row remap is pending",
+       "hint": "reset the GPU (nvidia-smi -r) or reboot so the remap takes effect",
+       "subject": "GPU 1"},
+      {"check": "gpu.pcie.width", "status": "WARN", "message": "PCIe link is x8 of x16",
+       "hint": "reseat the GPU", "subject": "GPU 1"}]},
+    {"name": "kernel_log", "title": "Kernel log: Xid errors", "data": {}, "findings": [
+      {"check": "kernel_log.xid", "status": "FAIL", "message": "XID 95 once",
+       "hint": "action: reset-gpu: drain the node and reset the GPU", "subject": "GPU 1"}]}
+  ]
+}"""
+
+
+def test_a_version_1_report_is_read_and_its_actions_resolved_as_for_new_findings() -> None:
+    report = Report.from_dict(json.loads(V1_REPORT))
+    assert report.schema_version == 1
+    assert [f.action for f in report.findings] == [None, "reset-gpu", "replace-hardware",
+                                                   "reset-gpu"]
+    raw = report.to_dict()
+    assert raw["schema_version"] == 2 and raw["verdict"] == "FAIL"
+    assert raw["sections"][1]["findings"][0]["hint"].startswith("action: reset-gpu: ")
+    assert Report.from_dict(raw).to_dict() == raw
+
+
+def test_a_version_2_report_keeps_its_stored_actions() -> None:
+    report = Report("env", [Section("gpus", "GPUs", findings=[
+        warn("gpu.busy", "busy", "wait", action="restart-app"), ok("gpu.numa", "fine")])])
+    raw = json.loads(render(report, "json"))
+    assert [f["action"] for f in raw["sections"][0]["findings"]] == ["restart-app", None]
+    raw["sections"][0]["findings"][0]["action"] = "none"  # as a person edited it
+    again = Report.from_dict(raw)
+    assert again.findings[0].action == "none"  # kept, though the table says rerun
+    assert Report.from_dict(again.to_dict()).to_dict() == again.to_dict()
+
+
+def test_a_version_2_finding_with_a_bad_action_is_refused() -> None:
+    raw = Report("env", [Section("s", "S", findings=[fail("gpu.lost", "m", "h")])]).to_dict()
+    raw["sections"][0]["findings"][0]["action"] = "panic"
+    with pytest.raises(ValueError, match="unknown action 'panic'"):
+        Report.from_dict(raw)
+
+
+@pytest.mark.parametrize("status", PROBLEMS)
+@pytest.mark.parametrize("action", ACTIONS)
+def test_every_status_and_action_renders_in_json_markdown_and_text(status: Status,
+                                                                   action: str) -> None:
+    maker = warn if status is Status.WARN else fail
+    finding = maker("x.y", "seen", f"action: {action}: do this", "GPU 3", action=action)
+    report = Report("env", [Section("s", "S", findings=[finding])], host="node7")
+    assert json.loads(render(report, "json"))["sections"][0]["findings"][0]["action"] == action
+    text = render(report, "text")
+    assert f"[{status.value}] x.y (GPU 3): seen\n         HINT ({action}): do this\n" in text
+    markdown = render(report, "markdown")
+    row = f"| {status.value} | {action} | x.y | GPU 3 | seen | do this |"
+    assert markdown.count(row) == 2  # the problems table and the section's own
+
+
+@pytest.mark.parametrize("maker", [ok, skip])
+def test_ok_and_skip_render_without_an_action(maker: Any) -> None:
+    report = Report("env", [Section("s", "S", findings=[maker("x.y", "fine")])])
+    assert json.loads(render(report, "json"))["sections"][0]["findings"][0]["action"] is None
+    assert "HINT" not in render(report, "text") and "ACTION" not in render(report, "text")
+    markdown = render(report, "markdown")
+    assert "| status | check | subject | message | hint |" in markdown  # no action column
+    assert "No FAIL or WARN findings." in markdown
+
+
+def test_a_problem_without_a_hint_still_shows_its_action_in_text() -> None:
+    finding = Finding("x.y", Status.FAIL, "seen", None, None, "drain-node")
+    text = render(Report("env", [Section("s", "S", findings=[finding])]), "text")
+    assert "ACTION: drain-node" in text
