@@ -1,0 +1,180 @@
+"""Baselines: the expected value of each metric on healthy nodes, and a floor under it.
+
+`gpucheck fleet --save-baseline FILE` writes one from a fleet's healthy reports;
+`--baseline FILE` (fleet today; bench, comm and stress can call `baseline_findings`)
+warns on a metric worse than its limit. The file format is documented in
+docs/compare_fleet.md ("Baseline files") and versioned by BASELINE_SCHEMA_VERSION.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpucheck import __version__
+from gpucheck.analysis.loading import BASELINE_KIND
+from gpucheck.analysis.metrics import HIGHER, LOWER, Metric, number
+from gpucheck.analysis.stats import describe, shortfall, significant, trimmed
+from gpucheck.report import Finding, ok, skip, warn
+
+BASELINE_SCHEMA_VERSION = 1
+
+
+class BaselineError(ValueError):
+    """A baseline file that cannot be used: the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class Expected:
+    """One metric's expected value and its limit: a floor for `higher` metrics, a
+    ceiling for `lower` ones. `nodes` values were left after trimming; `mad` is theirs."""
+
+    expected: float
+    limit: float
+    direction: str
+    unit: str
+    nodes: int
+    mad: float
+
+    def beyond(self, value: float) -> bool:
+        """True when `value` is worse than the limit."""
+        return value < self.limit if self.direction == HIGHER else value > self.limit
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Expected values by metric name (see gpucheck.analysis.metrics)."""
+
+    tolerance: float
+    metrics: Mapping[str, Expected]
+    created_at: str = ""
+    source: Mapping[str, Any] = field(default_factory=dict)
+
+
+def expected_from(values: Sequence[float], direction: str, unit: str, tolerance: float,
+                  mad_k: float) -> Expected:
+    """The median of `values` after iterative trimming, with its limit `tolerance` away."""
+    kept = trimmed(values, tolerance, mad_k)
+    spread = describe(kept)
+    factor = 1 - tolerance if direction == HIGHER else 1 + tolerance
+    return Expected(significant(spread.median), significant(spread.median * factor),
+                    direction, unit, spread.n, significant(spread.mad))
+
+
+def build_baseline(samples: Mapping[str, Sequence[Metric]], tolerance: float, mad_k: float,
+                   created_at: str = "", source: Mapping[str, Any] | None = None) -> Baseline:
+    """A baseline from every healthy node's metrics, by name (info metrics left out)."""
+    metrics = {}
+    for name in sorted(samples):
+        found = samples[name]
+        if found and found[0].direction in (HIGHER, LOWER):
+            metrics[name] = expected_from([m.value for m in found], found[0].direction,
+                                          found[0].unit, tolerance, mad_k)
+    return Baseline(tolerance, metrics, created_at, dict(source or {}))
+
+
+def baseline_to_dict(baseline: Baseline) -> dict[str, Any]:
+    return {
+        "kind": BASELINE_KIND,
+        "schema_version": BASELINE_SCHEMA_VERSION,
+        "tool_version": __version__,
+        "created_at": baseline.created_at,
+        "source": dict(baseline.source),
+        "tolerance": baseline.tolerance,
+        "metrics": {name: {"expected": e.expected, "limit": e.limit,
+                           "direction": e.direction, "unit": e.unit, "nodes": e.nodes,
+                           "mad": e.mad} for name, e in sorted(baseline.metrics.items())},
+    }
+
+
+def baseline_json(baseline: Baseline) -> str:
+    return json.dumps(baseline_to_dict(baseline), indent=2) + "\n"
+
+
+def load_baseline(path: str) -> Baseline:
+    """The baseline in `path`, or BaselineError naming the file and what is wrong."""
+    try:
+        raw = json.loads(Path(path).read_bytes())
+    except OSError as exc:
+        raise BaselineError(f"{path}: cannot be read ({exc.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise BaselineError(f"{path}: is not valid JSON, so not a gpucheck baseline") from None
+    return baseline_from_dict(raw, path)
+
+
+def baseline_from_dict(raw: Any, path: str = "baseline") -> Baseline:
+    if not isinstance(raw, dict) or raw.get("kind") != BASELINE_KIND:
+        raise BaselineError(f"{path}: is not a gpucheck baseline (no \"kind\": "
+                            f"\"{BASELINE_KIND}\"; write one with gpucheck fleet "
+                            "--save-baseline)")
+    version = raw.get("schema_version")
+    if isinstance(version, bool) or version != BASELINE_SCHEMA_VERSION:
+        raise BaselineError(f"{path}: has unknown baseline schema_version {version!r} (this "
+                            f"gpucheck reads {BASELINE_SCHEMA_VERSION})")
+    metrics, tolerance = raw.get("metrics"), number(raw.get("tolerance"))
+    if not isinstance(metrics, dict) or tolerance is None:
+        raise BaselineError(f"{path}: is a damaged baseline (no \"metrics\" or \"tolerance\")")
+    return Baseline(tolerance, {name: _expected(path, name, e) for name, e in metrics.items()},
+                    str(raw.get("created_at") or ""), dict(raw.get("source") or {}))
+
+
+def _expected(path: str, name: str, raw: Any) -> Expected:
+    entry = raw if isinstance(raw, dict) else {}
+    expected, limit = number(entry.get("expected")), number(entry.get("limit"))
+    direction = entry.get("direction")
+    if expected is None or limit is None or direction not in (HIGHER, LOWER):
+        raise BaselineError(f"{path}: metric {name!r} needs numbers \"expected\" and "
+                            "\"limit\" and a \"direction\" of higher or lower")
+    nodes, mad = entry.get("nodes"), number(entry.get("mad"))
+    return Expected(expected, limit, direction, str(entry.get("unit") or ""),
+                    nodes if isinstance(nodes, int) else 0, mad or 0.0)
+
+
+def below_baseline(metrics: Mapping[str, Metric], baseline: Baseline) -> list[Metric]:
+    """The metrics worse than their baseline limit, by name."""
+    return [m for name, m in sorted(metrics.items())
+            if name in baseline.metrics and baseline.metrics[name].beyond(m.value)]
+
+
+def baseline_findings(report_metrics: Mapping[str, Metric], baseline: Baseline) -> list[Finding]:
+    """WARN `baseline.metric` for each figure (a GPU's, or a collective's over its sizes)
+    worse than the baseline's limit; one OK when none is; SKIP when the report and the
+    baseline share no metric. `report_metrics` is `extract_metrics(report_dict)`."""
+    shared = [name for name in report_metrics if name in baseline.metrics]
+    if not shared:
+        return [skip("baseline.metric", "no metric of this report is in the baseline (it "
+                     "was saved from other commands, GPUs or message sizes)")]
+    groups: dict[tuple[str, str | None], list[Metric]] = {}
+    for metric in below_baseline(report_metrics, baseline):
+        groups.setdefault((metric.family, metric.position), []).append(metric)
+    findings = [_below_finding(found, baseline) for _, found in sorted(groups.items(),
+                                                                         key=_group_key)]
+    if not findings:
+        findings.append(ok("baseline.metric", f"{len(shared)} metric(s) within "
+                           f"{baseline.tolerance:.0%} of their baseline (none beyond its "
+                           "limit)"))
+    return findings
+
+
+def _group_key(item: tuple[tuple[str, str | None], list[Metric]]) -> tuple[str, str]:
+    (family, position), _ = item
+    return family, position or ""
+
+
+def _below_finding(found: list[Metric], baseline: Baseline) -> Finding:
+    worst = max(found, key=lambda m: shortfall(m.value, baseline.metrics[m.name].expected,
+                                               m.direction))
+    entry = baseline.metrics[worst.name]
+    side = "floor" if entry.direction == HIGHER else "ceiling"
+    gap = shortfall(worst.value, entry.expected, worst.direction)
+    what = worst.name if len(found) == 1 else (
+        f"{worst.family}: {len(found)} figures beyond the baseline, worst {worst.name}")
+    return warn("baseline.metric", f"{what} = {worst.value:.4g} {worst.unit}, beyond the "
+                f"baseline {side} {entry.limit:.4g} ({gap:.0%} worse than the expected "
+                f"{entry.expected:.4g})",
+                hint="run again to confirm; if it repeats, compare this node's gpucheck env "
+                "and stress with a healthy one (gpucheck compare)",
+                subject=worst.gpu or worst.position, action="rerun")

@@ -1,0 +1,213 @@
+"""Two reports of one command side by side: facts, every metric's change, findings.
+
+B is judged against A: a metric worse by more than the threshold, fewer GPUs or a
+new FAIL is a FAIL (exit 1: a regression gate); differing versions or settings and
+new WARNs are WARNs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpucheck.analysis.facts import ENVIRONMENT, HARDWARE, SETUP, VERSION, Fact, gpu_count
+from gpucheck.analysis.loading import LoadedReport, finding_action
+from gpucheck.analysis.metrics import HIGHER, LOWER, Metric
+from gpucheck.analysis.stats import shortfall
+from gpucheck.report import Finding, Section, Status, fail, ok, warn
+
+PROBLEMS = ("WARN", "FAIL")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One input: the report, its metrics and facts."""
+
+    report: LoadedReport
+    metrics: Mapping[str, Metric]
+    facts: Mapping[str, Fact]
+
+
+def compare_sections(a: Side, b: Side, threshold: float) -> list[Section]:
+    return [_inputs_section(a, b), _facts_section(a, b), _metrics_section(a, b, threshold),
+            _findings_section(a, b)]
+
+
+def _inputs_section(a: Side, b: Side) -> Section:
+    table = [{"side": name, "file": s.report.path, "host": s.report.host,
+              "command": s.report.command, "created_at": s.report.created_at,
+              "gpucheck": s.report.raw.get("tool_version"), "verdict": s.report.verdict}
+             for name, s in (("A", a), ("B", b))]
+    return Section("inputs", "Reports compared (B against A)", {"reports": table})
+
+
+# --- facts -------------------------------------------------------------------------
+
+def _facts_section(a: Side, b: Side) -> Section:
+    """What differs, side by side; the facts both share only by name."""
+    keys = sorted(a.facts.keys() | b.facts.keys())
+    table, same, findings = [], [], []
+    for key in keys:
+        fa, fb = a.facts.get(key), b.facts.get(key)
+        va, vb = (fa.value if fa else None), (fb.value if fb else None)
+        kind = (fa or fb).kind  # type: ignore[union-attr]
+        if va == vb:
+            same.append(key)
+            continue
+        table.append({"fact": key, "kind": kind, "A": va, "B": vb})
+        findings.append(_fact_finding(key, kind, va, vb))
+    if not findings:
+        findings.append(ok("compare.facts", f"A and B agree on all {len(keys)} versions, "
+                           "GPU models and counts, environment variables and settings"))
+    return Section("facts", "Versions, hardware and run settings that differ",
+                   {"differ": table, "same": same}, findings)
+
+
+def _fact_finding(key: str, kind: str, va: str | None, vb: str | None) -> Finding:
+    change = f"{key}: {va if va is not None else 'absent'} (A) -> " \
+             f"{vb if vb is not None else 'absent'} (B)"
+    if kind == HARDWARE and "count" in key and _fewer(va, vb):
+        return fail("compare.hardware", f"B has fewer GPUs: {change}",
+                    hint="a GPU is missing from B: check nvidia-smi -L and the kernel log "
+                    "(Xid 79: fell off the bus) on B's node", subject=key, action="drain-node")
+    if kind == SETUP:
+        return warn("compare.setup", f"the runs differ in {change}: their figures measure "
+                    "different things", hint="rerun both with the same options before "
+                    "reading their metrics as a regression", subject=key, action="fix-config")
+    check = {HARDWARE: "compare.hardware", ENVIRONMENT: "compare.environment",
+             VERSION: "compare.versions"}.get(kind, "compare.versions")
+    return warn(check, change, hint="if the change was not intended, align B with A (driver, "
+                "packages, container image, launcher environment)", subject=key,
+                action="fix-config")
+
+
+def _fewer(va: str | None, vb: str | None) -> bool:
+    ca, cb = gpu_count(va or ""), gpu_count(vb or "")
+    return ca is not None and (cb is None or cb < ca)
+
+
+# --- metrics -----------------------------------------------------------------------
+
+def _verdict(ma: Metric | None, mb: Metric | None, threshold: float) -> str:
+    if ma is None or mb is None:
+        return "only in B" if ma is None else "only in A"
+    if ma.direction not in (HIGHER, LOWER):
+        return "info"
+    short = shortfall(mb.value, ma.value, ma.direction)
+    return "worse" if short > threshold else "better" if short < -threshold else "same"
+
+
+def change_pct(a: float, b: float) -> float | None:
+    """B's change against A in percent (None from zero)."""
+    if a == 0:
+        return 0.0 if b == 0 else None
+    return round((b - a) / abs(a) * 100, 1)
+
+
+def _metric_row(name: str, ma: Metric | None, mb: Metric | None,
+                threshold: float) -> dict[str, Any]:
+    any_metric = ma or mb
+    assert any_metric is not None
+    return {"metric": name, "unit": any_metric.unit,
+            "better": any_metric.direction if any_metric.direction != "info" else "-",
+            "A": ma.value if ma else None, "B": mb.value if mb else None,
+            "change_pct": change_pct(ma.value, mb.value) if ma and mb else None,
+            "verdict": _verdict(ma, mb, threshold)}
+
+
+def _metrics_section(a: Side, b: Side, threshold: float) -> Section:
+    names = sorted(a.metrics.keys() | b.metrics.keys())
+    table = [_metric_row(n, a.metrics.get(n), b.metrics.get(n), threshold) for n in names]
+    worse: dict[str, list[dict[str, Any]]] = {}
+    for row in table:
+        if row["verdict"] == "worse":
+            worse.setdefault(a.metrics[row["metric"]].family, []).append(row)
+    findings = [_regression(family, found, a, b, threshold)
+                for family, found in sorted(worse.items())]
+    findings += _missing(table)
+    if not worse:
+        better = sum(1 for r in table if r["verdict"] == "better")
+        compared = sum(1 for r in table if r["verdict"] in ("same", "better"))
+        findings.append(ok("compare.metrics", f"{compared} metric(s) compared: none worse "
+                           f"by more than {threshold:.0%} in B, {better} better"))
+    data = {"threshold": threshold, "metrics": table}
+    return Section("metrics", f"Metrics (B against A; worse beyond {threshold:.0%} fails)",
+                   data, findings)
+
+
+def _regression(family: str, found: list[dict[str, Any]], a: Side, b: Side,
+                threshold: float) -> Finding:
+    """One FAIL per family (a GPU's figure, a collective over its sizes), naming the worst."""
+    def short(row: dict[str, Any]) -> float:
+        name = row["metric"]
+        return shortfall(b.metrics[name].value, a.metrics[name].value, a.metrics[name].direction)
+
+    worst = max(found, key=short)
+    metric = b.metrics[worst["metric"]]
+    pct = "from zero" if worst["change_pct"] is None else f"{worst['change_pct']:+.1f}%"
+    lead = worst["metric"] if len(found) == 1 else (
+        f"{family}: {len(found)} figures worse by more than {threshold:.0%}, worst "
+        f"{worst['metric']}")
+    return fail("compare.regression", f"{lead}: {worst['A']:.4g} -> {worst['B']:.4g} "
+                f"{metric.unit} ({pct})",
+                hint="run both again to tell noise from a change; if B stays worse, look at "
+                "what changed between them (the facts above, gpucheck env on B's node)",
+                subject=metric.gpu or metric.position, action="rerun")
+
+
+def _missing(table: list[dict[str, Any]]) -> list[Finding]:
+    gone = [r["metric"] for r in table if r["verdict"] == "only in A"]
+    if not gone:
+        return []
+    shown = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
+    return [warn("compare.missing", f"{len(gone)} metric(s) of A are missing from B: {shown}",
+                 hint="B measured less (fewer ranks, sizes or phases, or a run that stopped "
+                 "early): rerun B with A's options", action="rerun")]
+
+
+# --- findings ----------------------------------------------------------------------
+
+_GPU_DETAILS = re.compile(r" \([^()]*(?:bus |GPU-)[^()]*\)")
+
+
+def _subject_key(subject: Any) -> str:
+    """A subject without its GPU's bus id and UUID: "GPU 3" on two nodes is one slot."""
+    return _GPU_DETAILS.sub("", str(subject or ""))
+
+
+def _problems(side: Side) -> dict[tuple[str, str, str], Mapping[str, Any]]:
+    found: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+    for f in side.report.findings:
+        if f["status"] in PROBLEMS:
+            found.setdefault((f["check"], _subject_key(f.get("subject")), f["status"]), f)
+    return found
+
+
+def _findings_section(a: Side, b: Side) -> Section:
+    pa, pb = _problems(a), _problems(b)
+    new = [pb[k] for k in sorted(pb.keys() - pa.keys())]
+    gone = [pa[k] for k in sorted(pa.keys() - pb.keys())]
+    table = [_change_row("new in B", f) for f in new] + [_change_row("gone in B", f)
+                                                          for f in gone]
+    findings = [_new_problem(f) for f in new]
+    if not new:
+        findings.append(ok("compare.findings", "no WARN or FAIL in B that A did not have"))
+    if gone:
+        findings.append(ok("compare.findings", f"{len(gone)} WARN/FAIL of A gone in B"))
+    return Section("findings", "Findings that appeared or went away (WARN and FAIL)",
+                   {"changes": table}, findings)
+
+
+def _change_row(change: str, f: Mapping[str, Any]) -> dict[str, Any]:
+    return {"change": change, "status": f["status"], "check": f["check"],
+            "subject": _subject_key(f.get("subject")) or None, "action": finding_action(f),
+            "message": f.get("message")}
+
+
+def _new_problem(f: Mapping[str, Any]) -> Finding:
+    hint = f.get("hint") if isinstance(f.get("hint"), str) else None
+    return Finding("compare.findings", Status(f["status"]), f"new in B: {f['check']}: "
+                   f"{f.get('message')}", hint or "see B's report", f.get("subject"),
+                   finding_action(f))

@@ -1,0 +1,183 @@
+"""Report files in, checked dicts out: one line naming the file and the problem otherwise.
+
+compare and fleet read the JSON as plain dicts rather than through `Report.from_dict`:
+they only read, a report of schema version 1 (no actions) must stay readable, and
+fleet reads a thousand of them, so the shape is checked once here and read
+defensively after that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpucheck.actions import ACTIONS, resolve_action
+from gpucheck.errors import UsageError
+from gpucheck.report import READABLE_SCHEMA_VERSIONS, Status
+
+STATUSES = frozenset(s.value for s in Status)
+BASELINE_KIND = "gpucheck-baseline"
+# Reports about reports: read by neither analysis (a fleet directory may hold them).
+ANALYSIS_COMMANDS = frozenset({"compare", "fleet"})
+
+
+class ReportError(Exception):
+    """A file that is not a readable gpucheck report: `path` and what is wrong."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{path}: {problem}")
+
+
+@dataclass(frozen=True)
+class LoadedReport:
+    """One report file, its shape checked: `raw` is the JSON object as read."""
+
+    path: str
+    raw: Mapping[str, Any]
+
+    @property
+    def command(self) -> str:
+        return str(self.raw["command"])
+
+    @property
+    def host(self) -> str:
+        return str(self.raw.get("host") or "")
+
+    @property
+    def created_at(self) -> str:
+        return str(self.raw.get("created_at") or "")
+
+    @property
+    def sections(self) -> list[Mapping[str, Any]]:
+        return list(self.raw["sections"])
+
+    @property
+    def findings(self) -> list[Mapping[str, Any]]:
+        return [f for s in self.sections for f in s.get("findings") or []]
+
+    @property
+    def verdict(self) -> str:
+        """The worst WARN/FAIL finding, as Report.verdict says (recomputed, not trusted)."""
+        statuses = {f["status"] for f in self.findings}
+        if statuses == {"SKIP"}:
+            return "SKIP"
+        for status in ("FAIL", "WARN"):
+            if status in statuses:
+                return status
+        return "OK"
+
+    @property
+    def run_failed(self) -> bool:
+        """The run itself did not finish: a failure or stop section (see cli, stress)."""
+        return any(_kind(s.get("name")) in ("failure", "interrupted") for s in self.sections)
+
+
+def finding_action(finding: Mapping[str, Any]) -> str | None:
+    """The finding's action (schema 2), else resolved as gpucheck.actions would have."""
+    action = finding.get("action")
+    if action in ACTIONS:
+        return str(action)
+    return resolve_action(finding["check"], finding["status"], str(finding.get("message", "")),
+                          finding.get("hint") if isinstance(finding.get("hint"), str) else None)
+
+
+def _kind(name: object) -> str:
+    return str(name or "").rsplit(".", 1)[-1]
+
+
+def load_report(path: str) -> LoadedReport:
+    """The report at `path`, or ReportError saying what is wrong with the file."""
+    raw = _read_json(path)
+    check_report_shape(path, raw)
+    return LoadedReport(path, raw)
+
+
+def _read_json(path: str) -> Any:
+    try:
+        text = Path(path).read_bytes()
+    except IsADirectoryError:
+        raise ReportError(path, "is a directory, not a report file") from None
+    except OSError as exc:
+        raise ReportError(path, f"cannot be read ({exc.strerror})") from None
+    try:
+        return json.loads(text)
+    except UnicodeDecodeError:
+        raise ReportError(path, "is not a gpucheck report (not UTF-8 text)") from None
+    except json.JSONDecodeError as exc:
+        raise ReportError(path, f"is not valid JSON ({exc.msg} at line {exc.lineno} column "
+                                f"{exc.colno})") from None
+    except RecursionError:
+        raise ReportError(path, "is not a gpucheck report (JSON nested too deeply)") from None
+
+
+def check_report_shape(path: str, raw: Any) -> None:
+    """Raise ReportError unless `raw` has the report shape compare and fleet rely on."""
+    if not isinstance(raw, dict):
+        raise ReportError(path, f"is not a gpucheck report (a JSON {_json_type(raw)}, not "
+                                "an object)")
+    if raw.get("kind") == BASELINE_KIND:
+        raise ReportError(path, "is a gpucheck baseline, not a report (give it to --baseline)")
+    if raw.get("tool") != "gpucheck" or not isinstance(raw.get("command"), str):
+        raise ReportError(path, "is not a gpucheck report (no \"tool\": \"gpucheck\" and "
+                                "\"command\")")
+    version = raw.get("schema_version")
+    if isinstance(version, bool) or version not in READABLE_SCHEMA_VERSIONS:
+        readable = " and ".join(map(str, READABLE_SCHEMA_VERSIONS))
+        raise ReportError(path, f"has unknown schema_version {version!r} (this gpucheck "
+                                f"reads {readable}; a newer gpucheck wrote it?)")
+    problem = _section_problem(raw.get("sections"))
+    if problem is not None:
+        raise ReportError(path, f"is a damaged gpucheck report ({problem})")
+
+
+def _json_type(value: Any) -> str:
+    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _section_problem(sections: Any) -> str | None:
+    """What is wrong with the sections list, or None: every field later code reads."""
+    if not isinstance(sections, list):
+        return "\"sections\" is not a list"
+    for i, section in enumerate(sections):
+        where = f"sections[{i}]"
+        if not isinstance(section, dict) or not isinstance(section.get("name"), str):
+            return f"{where} has no name"
+        if not isinstance(section.get("data", {}), dict):
+            return f"{where}.data is not an object"
+        findings = section.get("findings", [])
+        if not isinstance(findings, list):
+            return f"{where}.findings is not a list"
+        for j, finding in enumerate(findings):
+            if not (isinstance(finding, dict) and isinstance(finding.get("check"), str)
+                    and finding.get("status") in STATUSES):
+                return f"{where}.findings[{j}] has no check id or a status other than " \
+                       f"{', '.join(sorted(STATUSES))}"
+    return None
+
+
+def report_paths(inputs: Sequence[str]) -> list[str]:
+    """Files as given; a directory gives its `*.json` files (sorted, not recursive).
+
+    UsageError for a path that does not exist and for a directory without reports:
+    both are typing mistakes, not bad reports.
+    """
+    paths: list[str] = []
+    for given in inputs:
+        if os.path.isdir(given):
+            found = sorted(os.path.join(given, n) for n in os.listdir(given)
+                           if n.endswith(".json") and not n.startswith("."))
+            if not found:
+                raise UsageError(f"{given}: no .json report files in this directory")
+            paths.extend(found)
+        elif os.path.exists(given):
+            paths.append(given)
+        else:
+            raise UsageError(f"{given}: no such file or directory")
+    return list(dict.fromkeys(paths))  # a file named twice is read once

@@ -1,0 +1,129 @@
+"""Per metric across a command's nodes: median, MAD and the nodes worse than the rest.
+
+A GPU's figure is judged against the same GPU slot on the other nodes (rank 3
+against every node's rank 3): slots can differ by design (the GPU sharing a PCIe
+switch with the NIC), so pooling them would blur a slow slot into noise or flag a
+healthy one. With fewer than three nodes per slot the pool of every slot stands in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpucheck.analysis.metrics import HIGHER, LOWER, Metric
+from gpucheck.analysis.nodes import NodeReport, Reason
+from gpucheck.analysis.stats import MIN_VALUES, Spread, describe, is_outlier, shortfall, significant
+
+
+@dataclass(frozen=True)
+class Outlier:
+    """`node`'s `metric` is worse than `reference` (described by `against`)."""
+
+    command: str
+    node: str
+    metric: Metric
+    reference: Spread
+    against: str
+
+    @property
+    def shortfall(self) -> float:
+        return shortfall(self.metric.value, self.reference.median, self.metric.direction)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One command's statistics table and outliers."""
+
+    rows: list[dict[str, Any]]
+    outliers: list[Outlier]
+
+
+def _values(group: Mapping[str, NodeReport]) -> tuple[dict[str, list[float]],
+                                                      dict[str, list[float]]]:
+    by_name: dict[str, list[float]] = {}
+    by_pool: dict[str, list[float]] = {}
+    for node in group.values():
+        for metric in node.metrics.values():
+            by_name.setdefault(metric.name, []).append(metric.value)
+            if metric.position:
+                by_pool.setdefault(metric.pool, []).append(metric.value)
+    return by_name, by_pool
+
+
+def judge_group(command: str, group: Mapping[str, NodeReport], threshold: float,
+                mad_k: float) -> Judged:
+    by_name, by_pool = _values(group)
+    spreads = {name: describe(values) for name, values in sorted(by_name.items())}
+    pools = {pool: describe(values) for pool, values in by_pool.items()}
+    outliers = []
+    for node, report in group.items():
+        for metric in report.metrics.values():
+            if metric.direction not in (HIGHER, LOWER):
+                continue
+            reference, against = _reference(metric, spreads, pools)
+            if reference and is_outlier(metric.value, reference, metric.direction, threshold,
+                                        mad_k):
+                outliers.append(Outlier(command, node, metric, reference, against))
+    outliers.sort(key=lambda o: (o.node, o.metric.name))
+    counts: dict[str, int] = {}
+    for outlier in outliers:
+        counts[outlier.metric.name] = counts.get(outlier.metric.name, 0) + 1
+    rows = [_stats_row(command, name, spread, group, counts.get(name, 0))
+            for name, spread in spreads.items()]
+    return Judged(rows, outliers)
+
+
+def _reference(metric: Metric, spreads: Mapping[str, Spread],
+               pools: Mapping[str, Spread]) -> tuple[Spread | None, str]:
+    own = spreads[metric.name]
+    if own.n >= MIN_VALUES:
+        where = f"{metric.position} of {own.n} nodes" if metric.position else f"{own.n} nodes"
+        return own, where
+    pool = pools.get(metric.pool) if metric.position else None
+    if pool is not None and pool.n >= MIN_VALUES:
+        return pool, f"all {pool.n} GPU slots' {metric.pool}"
+    return None, ""
+
+
+def _stats_row(command: str, name: str, spread: Spread, group: Mapping[str, NodeReport],
+               outliers: int) -> dict[str, Any]:
+    sample = next(n.metrics[name] for n in group.values() if name in n.metrics)
+    return {"command": command, "metric": name, "unit": sample.unit,
+            "better": sample.direction if sample.direction in (HIGHER, LOWER) else "-",
+            "nodes": spread.n, "median": significant(spread.median),
+            "mad": significant(spread.mad), "low": significant(spread.low),
+            "high": significant(spread.high), "outliers": outliers}
+
+
+def outlier_row(outlier: Outlier) -> dict[str, Any]:
+    pct = outlier.shortfall * 100
+    return {"command": outlier.command, "node": outlier.node, "gpu": outlier.metric.gpu,
+            "metric": outlier.metric.name, "value": significant(outlier.metric.value),
+            "median": significant(outlier.reference.median), "unit": outlier.metric.unit,
+            "worse_pct": round(pct, 1) if pct != float("inf") else None,
+            "against": outlier.against}
+
+
+def outlier_reasons(outliers: list[Outlier]) -> list[Reason]:
+    """One WARN per node and figure (a GPU slot's, or a collective over its sizes)."""
+    groups: dict[tuple[str, str, str, str], list[Outlier]] = {}
+    for o in outliers:
+        key = (o.node, o.command, o.metric.family, o.metric.position or "")
+        groups.setdefault(key, []).append(o)
+    return [_reason(found) for _, found in sorted(groups.items())]
+
+
+def _reason(found: list[Outlier]) -> Reason:
+    worst = max(found, key=lambda o: o.shortfall)
+    m = worst.metric
+    side = "below" if m.direction == HIGHER else "above"
+    more = f" (and {len(found) - 1} more of {m.family})" if len(found) > 1 else ""
+    gap = "infinitely" if worst.shortfall == float("inf") else f"{worst.shortfall:.0%}"
+    message = (f"{m.name} = {m.value:.4g} {m.unit}, {gap} {side} the fleet median "
+               f"{worst.reference.median:.4g} ({worst.against}){more}")
+    return Reason(worst.node, "WARN", "rerun", "fleet.outlier", message, m.gpu or m.position,
+                  worst.command, "run gpucheck again on this node to confirm; if it stays "
+                  "behind, compare it with a healthy node (gpucheck compare) and check the "
+                  "GPU's clocks, power and links (nvidia-smi -q)")

@@ -1,0 +1,52 @@
+"""`gpucheck compare A.json B.json`: two reports of one command side by side.
+
+Reads report files only (never torch): it runs on any laptop. Exit 1 when B is
+worse than A beyond --threshold, so it works as a regression gate in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gpucheck.analysis.compare import Side, compare_sections
+from gpucheck.analysis.facts import extract_facts
+from gpucheck.analysis.loading import LoadedReport, ReportError, load_report
+from gpucheck.analysis.metrics import extract_metrics
+from gpucheck.analysis.nodes import newest_created_at
+from gpucheck.analysis.options import fraction
+from gpucheck.errors import UsageError
+from gpucheck.report import Report
+
+HELP = ("compare two reports of the same command (two nodes, or before and after a "
+        "change): versions, GPUs, every metric's change, new findings; exit 1 when B is "
+        "worse than A")
+DEFAULT_THRESHOLD = "5%"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("a", metavar="A.json", help="the reference report")
+    parser.add_argument("b", metavar="B.json", help="the report judged against A")
+    parser.add_argument("--threshold", metavar="FRACTION", default=DEFAULT_THRESHOLD,
+                        help="a metric worse than A by more than this fails (0.05 or 5%%; "
+                             f"default {DEFAULT_THRESHOLD})")
+
+
+def run(args: argparse.Namespace) -> Report:
+    threshold = fraction(args.threshold, "--threshold")
+    a, b = _load(args.a), _load(args.b)
+    if a.command != b.command:
+        raise UsageError(f"{b.path}: is a {b.command} report and {a.path} a {a.command} "
+                         "report: compare needs two reports of the same command")
+    sides = [Side(r, extract_metrics(r.raw), extract_facts(r.raw)) for r in (a, b)]
+    hosts = a.host if a.host == b.host else f"{a.host} vs {b.host}"
+    # created_at and host come from the inputs: the same two files give the same report.
+    return Report("compare", compare_sections(sides[0], sides[1], threshold),
+                  argv=["gpucheck", "compare", args.a, args.b, "--threshold", args.threshold],
+                  host=hosts, created_at=newest_created_at([a, b]))
+
+
+def _load(path: str) -> LoadedReport:
+    try:
+        return load_report(path)
+    except ReportError as exc:
+        raise UsageError(str(exc)) from None

@@ -1,0 +1,149 @@
+"""`gpucheck fleet REPORT... | DIR`: reports from many nodes, judged together.
+
+Collect one report per node with SLURM (`srun --ntasks-per-node 1 gpucheck all -o
+reports/%N.json`) or any launcher that runs gpucheck on every node; this command
+only reads the files (never torch), so it runs anywhere. docs/compare_fleet.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from gpucheck.analysis.baseline import (
+    Baseline,
+    BaselineError,
+    baseline_json,
+    build_baseline,
+    load_baseline,
+)
+from gpucheck.analysis.fleet import DEFAULT_MAD_K, DEFAULT_THRESHOLD, FleetOptions, fleet_sections
+from gpucheck.analysis.loading import LoadedReport, ReportError, load_report, report_paths
+from gpucheck.analysis.metrics import Metric
+from gpucheck.analysis.nodes import Fleet, Unused, group_reports, newest_created_at
+from gpucheck.analysis.options import fraction, positive
+from gpucheck.distributed.slurm import expand_nodelist
+from gpucheck.errors import UsageError
+from gpucheck.output import write_atomic
+from gpucheck.report import Report
+
+HELP = ("judge reports from many nodes together: outlier nodes per metric and GPU, "
+        "version drift, missing or failed nodes, a ranked list of nodes to act on")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="+", metavar="REPORT|DIR",
+                        help="report files, or directories of them (*.json)")
+    parser.add_argument("--nodes", metavar="LIST", default=None,
+                        help="the nodes that should have reported, as SLURM writes them "
+                             "(gpu[01-16],cpu3): the missing ones are named")
+    parser.add_argument("--expect-nodes", type=int, metavar="N", default=None,
+                        help="how many nodes should have reported (without names)")
+    parser.add_argument("--threshold", metavar="FRACTION", default=f"{DEFAULT_THRESHOLD:.0%}",
+                        help="a node worse than the fleet median by more than this is an "
+                             "outlier; also the baseline's tolerance (default "
+                             f"{DEFAULT_THRESHOLD:.0%})")
+    parser.add_argument("--mad-k", type=float, metavar="K", default=DEFAULT_MAD_K,
+                        help="also an outlier: worse by more than K scaled MADs (and at least "
+                             f"2%%) (default {DEFAULT_MAD_K:g})")
+    parser.add_argument("--baseline", metavar="FILE", default=None,
+                        help="warn on figures beyond this baseline's limits")
+    parser.add_argument("--save-baseline", metavar="FILE", default=None,
+                        help="write the expected value of every metric, from the healthy "
+                             "reports, to FILE")
+
+
+def run(args: argparse.Namespace) -> Report:
+    options = _options(args)
+    if args.save_baseline is not None:
+        _check_writable(args.save_baseline)
+    fleet = _read(report_paths(args.inputs))
+    loaded = [r.report for r in fleet.reports]
+    report = Report("fleet", fleet_sections(fleet, options), argv=_argv(args),
+                    host=f"{len(fleet.nodes)} nodes", created_at=newest_created_at(loaded))
+    if args.save_baseline is not None:
+        _save_baseline(args.save_baseline, fleet, options.threshold, options.mad_k,
+                       report.created_at)
+    return report
+
+
+def _options(args: argparse.Namespace) -> FleetOptions:
+    nodes: tuple[str, ...] = ()
+    if args.nodes is not None:
+        try:
+            nodes = tuple(dict.fromkeys(expand_nodelist(args.nodes)))
+        except ValueError as exc:
+            raise UsageError(f"--nodes {args.nodes!r}: {exc}; write it as SLURM does, e.g. "
+                             "gpu[01-16],cpu3") from None
+    count = args.expect_nodes
+    if count is not None and count < 1:
+        raise UsageError(f"--expect-nodes must be at least 1, not {count}")
+    if count is not None and nodes and count != len(nodes):
+        raise UsageError(f"--expect-nodes {count} disagrees with --nodes ({len(nodes)} "
+                         "nodes): give one of them")
+    return FleetOptions(fraction(args.threshold, "--threshold"),
+                        positive(args.mad_k, "--mad-k"), nodes, count,
+                        _baseline(args.baseline))
+
+
+def _baseline(path: str | None) -> Baseline | None:
+    if path is None:
+        return None
+    try:
+        return load_baseline(path)
+    except BaselineError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _read(paths: list[str]) -> Fleet:
+    """Every readable report; the others are listed. Exit 2 only when none is readable."""
+    loaded: list[LoadedReport] = []
+    unreadable: list[Unused] = []
+    for path in paths:
+        try:
+            loaded.append(load_report(path))
+        except ReportError as exc:
+            unreadable.append(Unused(exc.path, exc.problem))
+    if not loaded:
+        first = unreadable[0]
+        more = f" (and {len(unreadable) - 1} more unreadable)" if len(unreadable) > 1 else ""
+        raise UsageError(f"{first.path}: {first.why}{more}: no report to judge")
+    return group_reports(loaded, unreadable)
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    """The command line from the options (not sys.argv: `python -m gpucheck` and
+    `gpucheck` must give the same report)."""
+    argv = ["gpucheck", "fleet", *args.inputs]
+    for flag, value in (("--nodes", args.nodes), ("--expect-nodes", args.expect_nodes),
+                        ("--threshold", args.threshold), ("--mad-k", args.mad_k),
+                        ("--baseline", args.baseline),
+                        ("--save-baseline", args.save_baseline)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _check_writable(path: str) -> None:
+    parent = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        raise UsageError(f"--save-baseline {path} is a directory: give a file name")
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--save-baseline {path}: directory {parent} does not exist or is "
+                         "not writable")
+
+
+def _save_baseline(path: str, fleet: Fleet, tolerance: float, mad_k: float,
+                   created_at: str) -> None:
+    healthy = [r for r in fleet.reports if r.healthy]
+    samples: dict[str, list[Metric]] = {}
+    for node in healthy:
+        for name, metric in node.metrics.items():
+            samples.setdefault(name, []).append(metric)
+    source = {"reports": len(healthy), "nodes": len({r.node for r in healthy}),
+              "commands": sorted({r.command for r in healthy})}
+    baseline = build_baseline(samples, tolerance, mad_k, created_at, source)
+    try:
+        write_atomic(path, baseline_json(baseline))
+    except UsageError as exc:
+        raise UsageError(str(exc).replace("--output", "--save-baseline", 1)) from None
