@@ -57,3 +57,44 @@ class _Broken(nn.Module):
 
 def fail_rank_zero(model: nn.Module, rank: int) -> nn.Module:
     return _Broken(model) if rank == 0 else model
+
+
+SLOWDOWN = 0.15
+
+
+class _Slowed(nn.Module):
+    """A rank slower by a fixed fraction in every iteration: after the real forward, as
+    much extra work as `fraction` of it. On CPU the extra is busy work measured in the
+    process's CPU time: a sleep would hand the core to the other processes, and the
+    scheduler's wake-up credit then speeds up this rank's next forward, hiding most of
+    the slowdown on a loaded machine. On a GPU the host waits for the kernels and then
+    sleeps (the GPU stays idle, as a slower GPU would leave the next launch waiting)."""
+
+    def __init__(self, inner: nn.Module, fraction: float) -> None:
+        super().__init__()
+        self.inner = inner
+        self.fraction = fraction
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        if not self.fraction:
+            return self.inner(batch)
+        if batch.is_cuda:
+            started = time.perf_counter()
+            out = self.inner(batch)
+            torch.cuda.synchronize(batch.device)
+            time.sleep(self.fraction * (time.perf_counter() - started))
+            return out
+        started = time.process_time()
+        out = self.inner(batch)
+        until = time.process_time() + self.fraction * (time.process_time() - started)
+        while time.process_time() < until:
+            pass
+        return out
+
+
+def slow_rank_one_by_15_percent(model: nn.Module, rank: int) -> nn.Module:
+    return _Slowed(model, SLOWDOWN if rank == SLOW_RANK else 0.0)
+
+
+def wrong_rank_zero(model: nn.Module, rank: int) -> nn.Module:
+    return _RankBehaviour(model, 0.0, wrong=rank == 0)

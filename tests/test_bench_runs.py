@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gpucheck.bench.aggregate import MIN_JUDGED_ITERS
 from gpucheck.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,16 +68,35 @@ def test_two_self_launched_ranks_add_up(tmp_path: Path) -> None:
     code, report = bench(tmp_path, "--n-gpus", "2", *SMALL)
     assert code == 0, report
     assert_records_add_up(report, 2, images_per_rank=4)
-    assert section(report, "consistency")["data"]["max_deviation"] <= 1e-3
+    consistency = section(report, "consistency")
+    assert consistency["data"]["max_deviation"] <= 1e-3
+    assert consistency["data"]["reference"] == "CPU float32"
+    assert len(consistency["data"]["reference_deviation_per_rank"]) == 2
+    assert [f["status"] for f in consistency["findings"]] == ["OK"]
     assert no_children_left()
+
+
+def test_two_ranks_one_computing_wrong_logits_fail_naming_that_rank_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No majority with two ranks: the CPU reference tells which one is wrong.
+    monkeypatch.setenv("GPUCHECK_TEST_HOOK", "bench_workers:wrong_rank_zero")
+    code, report = bench(tmp_path, "--n-gpus", "2", *SMALL)
+    assert code == 1
+    failed = findings(report, "bench.consistency", "FAIL")
+    assert [f["subject"] for f in failed] == ["rank 0"]
+    assert "CPU reference" in failed[0]["message"]
+    deviations = section(report, "consistency")["data"]["reference_deviation_per_rank"]
+    assert deviations[0] > section(report, "consistency")["data"]["reference_tolerance"]
 
 
 @pytest.fixture(scope="module")
 def slow_and_wrong(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, dict]]:
-    """Three ranks: rank 1 sleeps in every forward, rank 2 perturbs its logits."""
+    """Three ranks: rank 1 sleeps in every forward, rank 2 perturbs its logits; enough
+    iterations for a straggler verdict (MIN_JUDGED_ITERS)."""
     os.environ["GPUCHECK_TEST_HOOK"] = "bench_workers:slow_rank_one_wrong_rank_two"
     try:
-        yield bench(tmp_path_factory.mktemp("slow"), "--n-gpus", "3", *SMALL)
+        yield bench(tmp_path_factory.mktemp("slow"), "--n-gpus", "3", *SMALL, "--iters",
+                    str(MIN_JUDGED_ITERS))
     finally:
         del os.environ["GPUCHECK_TEST_HOOK"]
 
@@ -84,7 +104,7 @@ def slow_and_wrong(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[i
 def test_job_wall_follows_the_slow_rank_that_rank_zero_would_hide(
         slow_and_wrong: tuple[int, dict]) -> None:
     _, report = slow_and_wrong
-    assert_records_add_up(report, 3, images_per_rank=4)
+    assert_records_add_up(report, 3, images_per_rank=2 * MIN_JUDGED_ITERS)
     timing = section(report, "timing")["data"]
     walls = [r["wall_s"] for r in timing["ranks"]]
     assert walls[1] == max(walls) and walls[0] < walls[1]  # rank 0's own time misses it

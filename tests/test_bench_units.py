@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpucheck.bench.aggregate import RankRecord, aggregate, job_wall_s
-from gpucheck.bench.consistency import compare_outputs
+from gpucheck.bench.consistency import compare_outputs, cpu_reference, reference_tolerance
 from gpucheck.bench.data import (
     default_images_dir,
     fill_batch,
@@ -26,7 +26,7 @@ def record(rank: int, wall_s: float, span_s: float | None = None, host: str = "n
         rank=rank, host=host, node_rank=node_rank, local_rank=rank % 8, device=f"cuda:{rank}",
         device_name="NVIDIA H100", device_uuid=f"GPU-{rank}", images=images, iters=8,
         wall_s=wall_s, span_s=wall_s if span_s is None else span_s, device_s=wall_s * 0.9,
-        peak_memory_bytes=1 << 30, threads=1,
+        peak_memory_bytes=1 << 30, threads=1, iter_ms=(wall_s * 1e3 / 8,) * 8,
     )
 
 
@@ -119,6 +119,79 @@ def test_consistency_tolerates_rounding_of_the_dtype() -> None:
 
     base = torch.randn(4, 10)
     assert compare_outputs([base, base + 1e-3 * base.abs().max()], "bf16").bad_ranks == ()
+
+
+def test_with_two_ranks_the_cpu_reference_names_the_wrong_one_only() -> None:
+    import torch
+
+    truth = torch.randn(4, 10)
+    result = compare_outputs([truth * 1.5 + 1.0, truth + 1e-7], "fp32", reference=truth)
+    assert result.bad_ranks == (0,) and result.undecided == ()
+    assert "CPU reference" in result.wrong[0]
+    records = (record(0, 1.0), record(1, 1.0))
+    findings = consistency_section(records, result, "fp32", "CPU float32").findings
+    assert [(f.status, f.subject) for f in findings] == [(Status.FAIL, "rank 0")]
+
+
+def test_without_a_reference_two_disagreeing_ranks_are_a_warning_naming_both() -> None:
+    import torch
+
+    truth = torch.randn(4, 10)
+    result = compare_outputs([truth * 1.5, truth], "fp32")
+    assert result.bad_ranks == () and result.undecided == (0, 1)
+    findings = consistency_section((record(0, 1.0), record(1, 1.0)), result, "fp32").findings
+    assert [(f.status, f.subject) for f in findings] == [(Status.WARN, "rank 0, rank 1")]
+
+
+def test_a_single_wrong_rank_is_caught_by_the_cpu_reference() -> None:
+    import torch
+
+    truth = torch.randn(4, 10)
+    assert compare_outputs([truth * 1.01], "fp32", reference=truth).bad_ranks == (0,)
+    assert compare_outputs([truth + 1e-6], "fp32", reference=truth).bad_ranks == ()
+
+
+def test_ranks_that_all_differ_from_the_reference_alike_point_at_the_software() -> None:
+    import torch
+
+    truth = torch.randn(4, 10)
+    result = compare_outputs([truth * 1.1] * 3, "fp32", reference=truth)
+    assert result.bad_ranks == (0, 1, 2)
+    records = tuple(record(r, 1.0) for r in range(3))
+    hints = {f.hint for f in consistency_section(records, result, "fp32").findings}
+    assert len(hints) == 1 and "software" in hints.pop()
+
+
+def test_healthy_ranks_agree_with_each_other_and_the_reference() -> None:
+    import torch
+
+    truth = torch.randn(4, 10)
+    result = compare_outputs([truth, truth + 1e-6], "bf16", reference=truth,
+                             ref_tolerance=reference_tolerance("bf16", "cuda"))
+    [finding] = consistency_section((record(0, 1.0), record(1, 1.0)), result, "bf16").findings
+    assert finding.status is Status.OK and "CPU reference" in finding.message
+
+
+def test_fp32_on_a_gpu_is_held_to_tf32_tolerance_against_the_reference() -> None:
+    # cuDNN runs fp32 convolutions in TF32 by default: 10 mantissa bits, like fp16.
+    assert reference_tolerance("fp32", "cuda") == reference_tolerance("fp16", "cuda") > (
+        reference_tolerance("fp32", "cpu"))
+
+
+def test_the_cpu_reference_matches_the_model_run_in_float32() -> None:
+    import torch
+
+    from gpucheck.bench.model import WeightsChoice, build_model
+
+    images = scan_images(default_images_dir())
+    files = images.files[:2]
+    reference = cpu_reference("mobilenet_v3_small", WeightsChoice("random"), "fp32",
+                              str(images.folder), files)
+    with torch.inference_mode():
+        direct = build_model("mobilenet_v3_small", WeightsChoice("random"))(
+            load_tensor(images.folder, files))
+    assert compare_outputs([direct], "fp32", reference=reference).bad_ranks == ()
+    assert compare_outputs([direct * 1.01], "fp32", reference=reference).bad_ranks == (0,)
 
 
 @pytest.mark.parametrize(("n_images", "world_size"), [(6, 1), (6, 2), (6, 4), (5, 3), (2, 3)])

@@ -14,14 +14,23 @@ every rank's own time, and over-counts at most the barrier's exit skew.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpucheck.devices import GpuIdentity
 from gpucheck.distributed.nodes import group_by_node
+from gpucheck.stress.timing import percentile
 
 DEFAULT_STRAGGLER_THRESHOLD = 0.10
+# A straggler is judged on its typical iteration, and only when that is clear:
+# fewer iterations than this give a median that one or two hiccups can move.
+MIN_JUDGED_ITERS = 5
+# ... and a slow median must come from a slowdown in most iterations, not from a
+# neighbour that held the core for half of the loop (docs/bench.md, "Stragglers").
+CONSISTENT_SHARE = 0.75
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,8 @@ class RankRecord:
     # process, which under SLURM's per-task binding is cuda:0 on every rank.
     nvml_index: int | None = None
     pci_bus_id: str | None = None
+    # Every timed iteration in order (CUDA events on a GPU, perf_counter on CPU).
+    iter_ms: tuple[float, ...] = ()
 
     def gpu_label(self) -> str:
         """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)" on CUDA; the CPU's name."""
@@ -58,6 +69,29 @@ class RankRecord:
     @property
     def images_per_s(self) -> float:
         return self.images / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def p50_ms(self) -> float | None:
+        """The typical iteration (nearest-rank median); None without iteration times."""
+        return percentile(self.iter_ms, 50) if self.iter_ms else None
+
+    @property
+    def p99_ms(self) -> float | None:
+        return percentile(self.iter_ms, 99) if self.iter_ms else None
+
+
+@dataclass(frozen=True)
+class RankPace:
+    """One rank's typical iteration against the other ranks' typical iterations."""
+
+    rank: int
+    p50_ms: float
+    p99_ms: float
+    others_p50_ms: float  # the median over the other ranks of their p50_ms
+    # Its iterations against the other ranks' iterations running at the same moment
+    # (rank_paces): the median of those ratios, and the share of them above 1.
+    vs_others: float
+    slower_share: float
 
 
 @dataclass(frozen=True)
@@ -88,9 +122,11 @@ class BenchSummary:
     spread: float  # slowest rank's wall / median wall
     parallel_efficiency: float  # summed device busy time / (N x job wall)
     vs_median: tuple[float, ...]  # per rank, wall / median wall
-    stragglers: tuple[int, ...]  # ranks more than `threshold` slower than the median
+    stragglers: tuple[int, ...]  # ranks whose typical iteration is `threshold` slower
     threshold: float
     nodes: tuple[NodeSummary, ...]
+    paces: tuple[RankPace, ...] = ()  # per rank; empty when not judged (see `judged`)
+    judged: str = "yes"  # "yes", or why stragglers were not judged
 
 
 def job_wall_s(records: Sequence[RankRecord]) -> float:
@@ -109,6 +145,8 @@ def aggregate(records: Sequence[RankRecord],
     vs_median = tuple(_ratio(r.wall_s, median) for r in ordered)
     summed_device = sum(r.device_s for r in ordered)
     images = sum(r.images for r in ordered)
+    judged = unjudged_reason(ordered)
+    paces = rank_paces(ordered) if judged == "yes" else ()
     return BenchSummary(
         n_ranks=len(ordered),
         job_wall_s=wall,
@@ -119,11 +157,74 @@ def aggregate(records: Sequence[RankRecord],
         spread=max(vs_median),
         parallel_efficiency=_ratio(summed_device, len(ordered) * wall),
         vs_median=vs_median,
-        stragglers=tuple(r.rank for r, v in zip(ordered, vs_median, strict=True)
-                         if v > 1 + threshold),
+        stragglers=tuple(p.rank for p in paces if is_straggler(p, threshold)),
         threshold=threshold,
         nodes=node_summaries(ordered, threshold),
+        paces=paces,
+        judged=judged,
     )
+
+
+def unjudged_reason(records: Sequence[RankRecord]) -> str:
+    """"yes" when stragglers can be judged, else why not."""
+    if len(records) < 2:
+        return "one rank, no other rank to compare with"
+    fewest = min(len(r.iter_ms) for r in records)
+    if fewest < MIN_JUDGED_ITERS:
+        return (f"{fewest} timed iteration(s) per rank, fewer than the {MIN_JUDGED_ITERS} "
+                "a typical iteration needs")
+    return "yes"
+
+
+def rank_paces(records: Sequence[RankRecord]) -> tuple[RankPace, ...]:
+    """Each rank's iterations against what the other ranks' took AT THE SAME TIME.
+
+    Every rank's iterations are placed on its own clock from the common start barrier
+    (the same origin on every rank, whatever the hosts' clocks say). An iteration is
+    compared with the median of the iterations the other ranks were running at its
+    midpoint: a load that comes and goes during the loop (a neighbour's process on a
+    shared CPU, a GPU clock ramp) then slows both sides of the comparison alike, where
+    comparing whole-loop medians would blame whichever rank it overlapped more.
+    An iteration that ran after every other rank had finished (the tail of a slower
+    rank) is compared with the other ranks' median iteration instead.
+    """
+    timelines = {r.rank: _timeline(r.iter_ms) for r in records}
+    p50 = {r.rank: percentile(r.iter_ms, 50) for r in records}
+    paces = []
+    for r in records:
+        others_p50 = statistics.median(v for k, v in p50.items() if k != r.rank)
+        ratios = []
+        for middle, took in zip(_middles(r.iter_ms), r.iter_ms, strict=True):
+            others = [t for k, line in timelines.items() if k != r.rank
+                      if (t := _running_at(line, middle)) is not None]
+            ratios.append(_ratio(took, statistics.median(others) if others else others_p50))
+        paces.append(RankPace(
+            rank=r.rank, p50_ms=p50[r.rank], p99_ms=percentile(r.iter_ms, 99),
+            others_p50_ms=others_p50, vs_others=statistics.median(ratios),
+            slower_share=sum(1 for x in ratios if x > 1) / len(ratios)))
+    return tuple(paces)
+
+
+def _timeline(iter_ms: Sequence[float]) -> tuple[list[float], Sequence[float]]:
+    """(each iteration's end, ms since the start barrier; the iterations' times)."""
+    return list(itertools.accumulate(iter_ms)), iter_ms
+
+
+def _middles(iter_ms: Sequence[float]) -> list[float]:
+    ends = itertools.accumulate(iter_ms)
+    return [end - took / 2 for end, took in zip(ends, iter_ms, strict=True)]
+
+
+def _running_at(line: tuple[list[float], Sequence[float]], moment_ms: float) -> float | None:
+    """The time of the iteration running at `moment_ms`; None once the loop was over."""
+    ends, times = line
+    index = bisect.bisect_left(ends, moment_ms)
+    return times[index] if index < len(times) else None
+
+
+def is_straggler(pace: RankPace, threshold: float) -> bool:
+    """Typically `threshold` slower than the others, and slower in most iterations."""
+    return pace.vs_others > 1 + threshold and pace.slower_share >= CONSISTENT_SHARE
 
 
 def node_summaries(records: Sequence[RankRecord], threshold: float) -> tuple[NodeSummary, ...]:

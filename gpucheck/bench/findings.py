@@ -5,25 +5,38 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpucheck.bench.aggregate import BenchSummary, NodeSummary, RankRecord, aggregate
-from gpucheck.bench.consistency import Consistency, compare_outputs
+from gpucheck.bench.aggregate import (
+    CONSISTENT_SHARE,
+    MIN_JUDGED_ITERS,
+    BenchSummary,
+    NodeSummary,
+    RankPace,
+    RankRecord,
+    aggregate,
+)
+from gpucheck.bench.consistency import (
+    Consistency,
+    compare_outputs,
+    cpu_reference,
+    reference_tolerance,
+)
 from gpucheck.bench.data import ImageSet
-from gpucheck.bench.worker import BenchOutcome, BenchSpec
+from gpucheck.bench.worker import CONSISTENCY_IMAGES, BenchOutcome, BenchSpec
 from gpucheck.faults import run_faults_section
-from gpucheck.report import Finding, Section, fail, ok, warn
+from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
 
 def bench_sections(spec: BenchSpec, images: ImageSet, outcome: BenchOutcome,
                    threshold: float) -> list[Section]:
     summary = aggregate(outcome.records, threshold)
-    consistency = compare_outputs(outcome.outputs, spec.dtype)
+    consistency, reference = check_consistency(spec, outcome.outputs)
     sections = [
         setup_section(spec, images, outcome),
         timing_section(outcome.records, summary),
     ]
     if len(summary.nodes) > 1:
         sections.append(nodes_section(summary.nodes, threshold))
-    sections.append(consistency_section(outcome.records, consistency, spec.dtype))
+    sections.append(consistency_section(outcome.records, consistency, spec.dtype, reference))
     sections.append(faults_of(outcome.records, outcome.faults))
     return sections
 
@@ -32,6 +45,19 @@ def faults_of(records: tuple[RankRecord, ...], faults: Sequence[Mapping[str, Any
     """Hardware faults during the run, each GPU named as the timing section names it."""
     names = {r.rank: r.gpu_label() for r in records if r.pci_bus_id}
     return run_faults_section(faults, [r.rank for r in records], names)
+
+
+def check_consistency(spec: BenchSpec, outputs: tuple[Any, ...]) -> tuple[Consistency, str]:
+    """The ranks' logits against each other and against a float32 CPU reference, which
+    the reporting process computes now, after every rank has finished (one model build
+    and one forward pass of the check batch: about 2 s on a 2-core CPU)."""
+    try:
+        reference = cpu_reference(spec.model, spec.weights, spec.dtype, spec.images_dir,
+                                  spec.files[:CONSISTENCY_IMAGES])
+    except (RuntimeError, OSError, MemoryError) as exc:  # the ranks' own comparison stands
+        return compare_outputs(outputs, spec.dtype), f"not computed ({exc})"
+    return (compare_outputs(outputs, spec.dtype, reference,
+                            reference_tolerance(spec.dtype, spec.device)), "CPU float32")
 
 
 def setup_section(spec: BenchSpec, images: ImageSet, outcome: BenchOutcome) -> Section:
@@ -57,7 +83,8 @@ def setup_section(spec: BenchSpec, images: ImageSet, outcome: BenchOutcome) -> S
     return Section("bench", "Benchmark setup", data, findings)
 
 
-def timing_section(records: tuple[RankRecord, ...], summary: BenchSummary) -> Section:
+def timing_section(records: tuple[RankRecord, ...], summary: BenchSummary,
+                   causes: Mapping[int, str] | None = None) -> Section:
     data: dict[str, Any] = {
         "job_wall_s": summary.job_wall_s,
         "summed_device_s": summary.summed_device_s,
@@ -69,15 +96,19 @@ def timing_section(records: tuple[RankRecord, ...], summary: BenchSummary) -> Se
         "ranks": rank_rows(records, summary),
         "rank_details": detail_rows(records),
     }
-    return Section("timing", "Timing (every rank)", data, straggler_findings(records, summary))
+    return Section("timing", "Timing (every rank)", data,
+                   straggler_findings(records, summary, causes))
 
 
 def rank_rows(records: tuple[RankRecord, ...], summary: BenchSummary) -> list[dict[str, Any]]:
     ordered = sorted(records, key=lambda r: r.rank)
+    paces = {p.rank: p for p in summary.paces}
     return [{
         "rank": r.rank, "host": r.host, "device": r.device_name, "images": r.images,
         "wall_s": r.wall_s, "device_s": r.device_s, "images_per_s": r.images_per_s,
-        "vs_median": v,
+        "vs_median": v, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,
+        "vs_others": paces[r.rank].vs_others if r.rank in paces else None,
+        "slower_share": paces[r.rank].slower_share if r.rank in paces else None,
     } for r, v in zip(ordered, summary.vs_median, strict=True)]
 
 
@@ -90,22 +121,47 @@ def detail_rows(records: tuple[RankRecord, ...]) -> list[dict[str, Any]]:
     } for r in sorted(records, key=lambda r: r.rank)]
 
 
-def straggler_findings(records: tuple[RankRecord, ...], summary: BenchSummary) -> list[Finding]:
+def straggler_findings(records: tuple[RankRecord, ...], summary: BenchSummary,
+                       causes: Mapping[int, str] | None = None) -> list[Finding]:
+    """WARN per straggler; `causes` maps a rank to why it was slow (say, the fault
+    watcher's "in HW thermal slowdown 40% of the timed loop"), appended to its WARN."""
+    if summary.n_ranks < 2:
+        return [ok("bench.rank.straggler", f"not judged: {summary.judged}")]
+    if summary.judged != "yes":
+        return [skip("bench.rank.straggler", f"not judged: {summary.judged}; time at least "
+                     f"{MIN_JUDGED_ITERS} iterations (--iters) to judge stragglers")]
     by_rank = {r.rank: r for r in records}
-    pct = f"{summary.threshold:.0%}"
+    paces = {p.rank: p for p in summary.paces}
     findings = [warn(
-        "bench.rank.straggler",
-        f"rank {rank} on {by_rank[rank].host} ({by_rank[rank].gpu_label()}) took "
-        f"{summary.vs_median[rank]:.2f}x the median rank time "
-        f"({by_rank[rank].wall_s:.3g} s vs {summary.median_wall_s:.3g} s)",
-        hint=_straggler_hint(by_rank[rank]),
-        subject=f"rank {rank}",
+        "bench.rank.straggler", _straggler_message(by_rank[rank], paces[rank], summary)
+        + (f"; {causes[rank]}" if causes and causes.get(rank) else ""),
+        hint=_straggler_hint(by_rank[rank]), subject=f"rank {rank}",
     ) for rank in summary.stragglers]
     if not findings:
-        findings.append(ok("bench.rank.straggler",
-                           f"all {summary.n_ranks} rank(s) within {pct} of the median "
-                           f"(spread {summary.spread:.3f})"))
+        findings.append(ok("bench.rank.straggler", _no_straggler_message(summary)))
     return findings
+
+
+def _straggler_message(record: RankRecord, pace: RankPace, summary: BenchSummary) -> str:
+    slower = round(pace.slower_share * record.iters)
+    return (f"rank {record.rank} on {record.host} ({record.gpu_label()}) ran its iterations "
+            f"{pace.vs_others:.2f}x as long as the other ranks at the same moments (median "
+            f"over {record.iters}; slower in {slower} of them); p50 "
+            f"{pace.p50_ms:.4g} ms vs the others' {pace.others_p50_ms:.4g} ms, whole loop "
+            f"{summary.vs_median[record.rank]:.2f}x the median rank's")
+
+
+def _no_straggler_message(summary: BenchSummary) -> str:
+    worst = max(summary.paces, key=lambda p: p.vs_others)
+    text = (f"all {summary.n_ranks} rank(s) within {summary.threshold:.0%} of the other "
+            f"ranks at the same moments (slowest: rank {worst.rank}, {worst.vs_others:.3f}x; "
+            f"wall spread {summary.spread:.3f})")
+    unsteady = [p for p in summary.paces if p.vs_others > 1 + summary.threshold]
+    for p in unsteady:  # slow typical iteration, but not in most iterations: noise
+        text += (f"; rank {p.rank}'s {p.vs_others:.2f}x came from only "
+                 f"{p.slower_share:.0%} of its iterations (a straggler is slower in at "
+                 f"least {CONSISTENT_SHARE:.0%})")
+    return text
 
 
 def _straggler_hint(record: RankRecord) -> str:
@@ -134,32 +190,56 @@ def nodes_section(nodes: tuple[NodeSummary, ...], threshold: float) -> Section:
 
 
 def consistency_section(records: tuple[RankRecord, ...], result: Consistency,
-                        dtype: str) -> Section:
+                        dtype: str, reference: str = "not computed") -> Section:
     data: dict[str, Any] = {
         "images": result.images, "dtype": dtype, "tolerance": result.tolerance,
         "max_deviation": result.max_deviation,
         "deviation_per_rank": list(result.deviations),
+        "reference": reference,
     }
+    if result.reference_deviations is not None:
+        data["reference_tolerance"] = result.reference_tolerance
+        data["reference_deviation_per_rank"] = list(result.reference_deviations)
     by_rank = {r.rank: r for r in records}
-    findings = [_wrong_rank(by_rank[rank], result, len(records)) for rank in result.bad_ranks]
+    alike = len(result.wrong) == len(records) > 1 and not result.undecided and max(
+        result.deviations) <= result.tolerance
+    findings = [_wrong_rank(by_rank[rank], why, alike) for rank, why in result.wrong.items()]
+    if result.undecided:
+        findings.append(_undecided(result))
     if not findings:
-        findings.append(ok("bench.consistency",
-                           f"all {len(records)} rank(s) agree on the check batch (largest "
-                           f"relative deviation {result.max_deviation:.2g}, tolerance "
-                           f"{result.tolerance:g} for {dtype})"))
+        findings.append(ok("bench.consistency", _agreement(len(records), result, dtype)))
     return Section("consistency", "Consistency across ranks", data, findings)
 
 
-def _wrong_rank(record: RankRecord, result: Consistency, n_ranks: int) -> Finding:
-    deviation = result.deviations[record.rank]
-    what = ("non-finite logits" if record.rank in result.nonfinite_ranks
-            else f"logits {deviation:.3g} away from the other ranks' consensus "
-                 f"(tolerance {result.tolerance:g})")
-    tie = " (with 2 ranks the check cannot tell which one is wrong)" if n_ranks == 2 else ""
+def _agreement(n_ranks: int, result: Consistency, dtype: str) -> str:
+    text = (f"all {n_ranks} rank(s) agree on the check batch (largest relative deviation "
+            f"{result.max_deviation:.2g}, tolerance {result.tolerance:g} for {dtype})")
+    if result.reference_deviations is None:
+        return text + "; no CPU reference to compare with"
+    return (text + f" and with the CPU reference (largest {max(result.reference_deviations):.2g}"
+            f", tolerance {result.reference_tolerance:g})")
+
+
+def _wrong_rank(record: RankRecord, why: str, alike: bool) -> Finding:
     return fail(
         "bench.consistency",
-        f"rank {record.rank} on {record.host} ({record.gpu_label()}) computed {what}{tie}",
-        hint="a GPU that computes wrong answers: rerun, then run the vendor's diagnostics "
+        f"rank {record.rank} on {record.host} ({record.gpu_label()}) {why}",
+        hint="every rank differs from the CPU reference alike: suspect the software (torch, "
+             "cuDNN, driver) or the reference's tolerance, not one GPU" if alike else
+             "a GPU that computes wrong answers: rerun, then run the vendor's diagnostics "
              "(dcgmi diag -r 3) and take it out of service if it repeats",
         subject=f"rank {record.rank}",
+    )
+
+
+def _undecided(result: Consistency) -> Finding:
+    listed = ", ".join(f"rank {r}" for r in result.undecided)
+    return warn(
+        "bench.consistency",
+        f"{listed} computed logits up to {result.max_deviation:.3g} apart (tolerance "
+        f"{result.tolerance:g}), and neither a CPU reference nor a majority tells which "
+        "is wrong",
+        hint="rerun with more GPUs (a majority then names the odd one); repeated "
+             "disagreement points at one of these GPUs",
+        subject=listed,
     )

@@ -19,6 +19,7 @@ import importlib
 import os
 import time
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from gpucheck.bench import data
@@ -184,7 +185,7 @@ def _measure(spec: BenchSpec, world: World, ddp: Any, batch: torch.Tensor,
     return _record(spec, world, iters, timing, threads), output
 
 
-def _record(spec: BenchSpec, world: World, iters: int, timing: tuple[float, float, float],
+def _record(spec: BenchSpec, world: World, iters: int, timing: LoopTiming,
             threads: int) -> RankRecord:
     """This rank's record, naming the physical GPU it ran on (NVML index, bus id, UUID)."""
     gpu = gpu_identity() if spec.device == "cuda" else None
@@ -193,8 +194,9 @@ def _record(spec: BenchSpec, world: World, iters: int, timing: tuple[float, floa
         local_rank=world.local_rank, device=str(_device(spec, world)),
         device_name=(gpu.name or "GPU") if gpu else _cpu_name(),
         device_uuid=gpu.uuid if gpu else None,
-        images=iters * spec.batch_size, iters=iters, wall_s=timing[0], span_s=timing[1],
-        device_s=timing[2], peak_memory_bytes=_peak_memory(spec.device, world.device_index),
+        images=iters * spec.batch_size, iters=iters, wall_s=timing.wall_s,
+        span_s=timing.span_s, device_s=timing.device_s, iter_ms=timing.iter_ms,
+        peak_memory_bytes=_peak_memory(spec.device, world.device_index),
         threads=threads,
         nvml_index=gpu.nvml_index if gpu else None,
         pci_bus_id=gpu.pci_bus_id if gpu else None,
@@ -235,25 +237,66 @@ def _agree_iters(per_iter_s: float, spec: BenchSpec, world: World) -> int:
 
 
 def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, world: World,
-                bar: Progress) -> tuple[float, float, float]:
-    """(wall_s, span_s, device_s): barrier, clock, loop, device sync, clock, barrier, clock."""
+                bar: Progress) -> LoopTiming:
+    """Barrier, clock, loop (a mark after every iteration), device sync, clock, barrier,
+    clock. The marks are read after the loop's one synchronisation: a sync per iteration
+    would stall the launch queue and change what is measured."""
     _reset_peak_memory(spec.device, world.device_index)
-    events = _cuda_events() if spec.device == "cuda" else None
+    marks = _IterationMarks(spec.device, iters)
     _barrier(spec, world)
     started = time.perf_counter()
-    if events:
-        events[0].record()
+    marks.mark()
     for _ in range(iters):
         ddp(batch)
+        marks.mark()
         bar.advance()
-    if events:
-        events[1].record()
     _synchronize(spec.device)
     wall_s = time.perf_counter() - started
     _barrier(spec, world)
     span_s = time.perf_counter() - started
-    device_s = events[0].elapsed_time(events[1]) / 1000 if events else wall_s
-    return wall_s, span_s, device_s
+    iter_s = marks.intervals_s()
+    # On a GPU the events bracket the device's work; on CPU the loop's wall time is it.
+    device_s = sum(iter_s) if spec.device == "cuda" else wall_s
+    return LoopTiming(wall_s=wall_s, span_s=span_s, device_s=device_s,
+                      iter_ms=tuple(s * 1e3 for s in iter_s))
+
+
+@dataclass(frozen=True)
+class LoopTiming:
+    """One rank's timed loop, each interval on its own clock."""
+
+    wall_s: float
+    span_s: float
+    device_s: float
+    iter_ms: tuple[float, ...]  # every timed iteration, in order
+
+
+class _IterationMarks:
+    """A timestamp between iterations: a CUDA event recorded on the stream (all created
+    before the loop, read after it) or, on CPU, perf_counter."""
+
+    def __init__(self, device: str, iters: int) -> None:
+        self.events: list[Any] = []
+        self.stamps: list[float] = []
+        if device == "cuda":
+            import torch
+
+            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+        self.used = 0
+
+    def mark(self) -> None:
+        if self.events:
+            self.events[self.used].record()
+            self.used += 1
+        else:
+            self.stamps.append(time.perf_counter())
+
+    def intervals_s(self) -> list[float]:
+        """Seconds between consecutive marks (call after the device is synchronised)."""
+        if self.events:
+            done = self.events[:self.used]
+            return [a.elapsed_time(b) / 1e3 for a, b in pairwise(done)]
+        return [b - a for a, b in pairwise(self.stamps)]
 
 
 def _barrier(spec: BenchSpec, world: World) -> None:
@@ -265,12 +308,6 @@ def _barrier(spec: BenchSpec, world: World) -> None:
         dist.barrier(device_ids=[world.device_index])
     else:
         dist.barrier()
-
-
-def _cuda_events() -> tuple[Any, Any]:
-    import torch
-
-    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
 def _synchronize(device: str) -> None:

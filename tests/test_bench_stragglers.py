@@ -1,0 +1,156 @@
+"""Straggler verdicts from per-iteration times: handcrafted records and runs recorded on
+the 2-core development VM (the noisy case the verdict must survive)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from gpucheck.bench.aggregate import (
+    CONSISTENT_SHARE,
+    MIN_JUDGED_ITERS,
+    RankRecord,
+    aggregate,
+)
+from gpucheck.bench.findings import rank_rows, straggler_findings
+from gpucheck.report import Status
+from gpucheck.stress.timing import percentile
+
+# Per-iteration ms of real default runs (2 CPU ranks, ResNet50, batch 4, 12 iterations)
+# on the 2-core VM while other test suites ran (load average 4 to 5).
+HEALTHY_RAMP = [  # the load grew during the loop: whole-loop medians differ by 1.14x
+    [522, 620, 904, 932, 1230, 1264, 805, 1955, 2239, 2678, 2171, 1116],
+    [571, 601, 940, 934, 1403, 1268, 1003, 1556, 1940, 2137, 1459, 1821]]
+HEALTHY_NOISY = [  # rank 0's median is 1.16x rank 1's, and above it in 10 of 12 iterations
+    [1576, 1131, 1149, 502, 1108, 1032, 974, 1067, 1111, 1192, 1139, 864],
+    [1566, 1345, 935, 876, 1305, 877, 1058, 1048, 779, 956, 851, 1079]]
+SLOWED = [  # rank 1 slept 15% of its own forward time after every forward
+    [874, 1071, 977, 868, 778, 753, 896, 832, 738, 711, 733, 874],
+    [992, 1296, 1115, 1086, 865, 921, 957, 925, 954, 1008, 657, 655]]
+
+
+def ranks(*iter_ms: Sequence[float], host: str = "node0") -> tuple[RankRecord, ...]:
+    return tuple(RankRecord(
+        rank=rank, host=host, node_rank=0, local_rank=rank, device=f"cuda:{rank}",
+        device_name="NVIDIA H100", device_uuid=f"GPU-{rank}", images=len(times) * 128,
+        iters=len(times), wall_s=sum(times) / 1e3, span_s=sum(times) / 1e3,
+        device_s=sum(times) / 1e3, peak_memory_bytes=None, threads=1,
+        iter_ms=tuple(float(t) for t in times),
+    ) for rank, times in enumerate(iter_ms))
+
+
+def noisy(n: int, scale: float = 1.0) -> list[float]:
+    """n iterations around 100 ms with a fixed +-8% pattern (no randomness)."""
+    return [scale * (100 + 8 * ((i * 7) % 5 - 2) / 2) for i in range(n)]
+
+
+def warned(records: tuple[RankRecord, ...], **kwargs: float) -> list[str | None]:
+    findings = straggler_findings(records, aggregate(records, **kwargs))
+    return [f.subject for f in findings if f.status is Status.WARN]
+
+
+def test_a_rank_slower_in_every_iteration_is_named() -> None:
+    records = ranks(noisy(12), noisy(12, scale=1.15), noisy(12))
+    assert warned(records) == ["rank 1"]
+
+
+def test_with_two_ranks_the_slow_one_is_compared_with_the_other_not_with_both() -> None:
+    # Against the median of both ranks, 15% slower would read as only 7%.
+    summary = aggregate(ranks(noisy(12), noisy(12, scale=1.15)))
+    assert summary.paces[1].vs_others == pytest.approx(1.15)
+    assert summary.stragglers == (1,)
+
+
+def flat(n: int, ms: float = 100.0) -> list[float]:
+    return [ms] * n
+
+
+def test_one_hiccup_does_not_make_a_straggler() -> None:
+    hiccup = noisy(12)
+    hiccup[9] *= 10  # one iteration stalled for a second: the whole loop is 1.8x
+    summary = aggregate(ranks(noisy(12), hiccup))
+    assert summary.vs_median[1] / summary.vs_median[0] > 1.5
+    assert summary.stragglers == ()
+
+
+def test_a_slowdown_in_part_of_the_iterations_only_is_not_a_straggler() -> None:
+    records = ranks(flat(24), [130.0 if i % 3 else 100.0 for i in range(24)])
+    summary = aggregate(records)
+    assert summary.paces[1].vs_others == pytest.approx(1.3)  # the typical iteration...
+    assert summary.paces[1].slower_share < CONSISTENT_SHARE  # ...but not most of them
+    assert summary.stragglers == ()
+    message = straggler_findings(records, summary)[0].message
+    assert "rank 1's 1.30x came from only 6" in message
+
+
+def test_recorded_healthy_runs_on_the_noisy_vm_are_not_stragglers() -> None:
+    for run in (HEALTHY_RAMP, HEALTHY_NOISY):
+        medians = sorted(percentile(times, 50) for times in run)
+        assert medians[1] / medians[0] > 1.1  # whole-loop medians would have warned
+        assert warned(ranks(*run)) == []
+
+
+def test_a_recorded_run_with_rank_one_slowed_by_15_percent_names_it() -> None:
+    summary = aggregate(ranks(*SLOWED))
+    assert summary.stragglers == (1,)
+    assert summary.paces[1].vs_others > 1.1 and summary.paces[0].vs_others < 0.9
+
+
+def test_a_rank_three_times_slower_is_named_though_most_of_its_loop_ran_alone() -> None:
+    # After the others finished, its iterations are compared with their median one.
+    assert warned(ranks(noisy(12), noisy(12, scale=3.0))) == ["rank 1"]
+
+
+def test_one_straggler_among_eight_ranks_is_the_only_one_named() -> None:
+    times = [noisy(20) for _ in range(8)]
+    times[5] = noisy(20, scale=1.2)
+    assert warned(ranks(*times)) == ["rank 5"]
+
+
+def test_the_threshold_is_configurable() -> None:
+    records = ranks(flat(12), flat(12, 108.0))
+    assert warned(records, threshold=0.10) == []
+    assert warned(records, threshold=0.05) == ["rank 1"]
+
+
+def test_too_few_iterations_are_not_judged() -> None:
+    few = MIN_JUDGED_ITERS - 1
+    records = ranks(noisy(few), noisy(few, scale=2.0))
+    summary = aggregate(records)
+    assert summary.stragglers == ()
+    findings = straggler_findings(records, summary)
+    assert [f.status for f in findings] == [Status.SKIP]
+    assert "--iters" in findings[0].message
+
+
+def test_one_rank_has_no_straggler_to_judge() -> None:
+    records = ranks(noisy(12))
+    findings = straggler_findings(records, aggregate(records))
+    assert [f.status for f in findings] == [Status.OK]
+
+
+def test_the_straggler_warning_names_rank_host_gpu_and_figures() -> None:
+    records = ranks(noisy(12), noisy(12, scale=1.3), host="node7")
+    [finding] = straggler_findings(records, aggregate(records))
+    assert finding.status is Status.WARN and finding.subject == "rank 1"
+    for part in ("rank 1 on node7", "NVIDIA H100", "GPU-1", "1.30x", "slower in"):
+        assert part in finding.message
+
+
+def test_a_cause_is_appended_to_the_straggler_warning_of_its_rank_only() -> None:
+    records = ranks(noisy(12), noisy(12, scale=1.3), noisy(12, scale=1.3), noisy(12))
+    causes = {1: "was in HW thermal slowdown 40% of the timed loop", 3: "unrelated"}
+    findings = straggler_findings(records, aggregate(records), causes)
+    by_subject = {f.subject: f.message for f in findings}
+    assert by_subject["rank 1"].endswith("; was in HW thermal slowdown 40% of the timed loop")
+    assert "thermal" not in by_subject["rank 2"]
+    assert "unrelated" not in " ".join(by_subject.values())  # rank 3 is no straggler
+
+
+def test_the_ranks_table_has_each_ranks_p50_and_p99_in_ms() -> None:
+    records = ranks(noisy(12), [*noisy(11), 900.0])
+    rows = rank_rows(records, aggregate(records))
+    assert [r["p50_ms"] for r in rows] == [percentile(noisy(12), 50)] * 2
+    assert rows[1]["p99_ms"] == 900.0 and rows[0]["p99_ms"] == max(noisy(12))
+    assert rows[1]["vs_others"] is not None and 0 <= rows[1]["slower_share"] <= 1
