@@ -41,16 +41,16 @@ class Fact:
 
 def extract_facts(report: Mapping[str, Any]) -> dict[str, Fact]:
     """Every fact of `report` (a report's JSON dict), by key, sorted by key."""
-    sections = [s for s in report.get("sections") or [] if isinstance(s, Mapping)]
+    sections = [s for s in report.get("sections") or [] if isinstance(s, dict)]
     facts = {"gpucheck version": Fact("gpucheck version", str(report.get("tool_version")),
                                       VERSION)}
     facts.update(_env_facts(sections))
     for section in sections:
         data = section.get("data")
         kind = section_kind(section.get("name"))
-        if isinstance(data, Mapping) and kind in _SETUP:
+        if isinstance(data, dict) and kind in _SETUP:
             facts.update(_setup_facts(kind, data))
-        if isinstance(data, Mapping) and kind == "timing":
+        if isinstance(data, dict) and kind == "timing":
             facts.update(_bench_devices(data))
     return dict(sorted(facts.items()))
 

@@ -66,12 +66,12 @@ def extract_metrics(report: Mapping[str, Any]) -> dict[str, Metric]:
 
     Reads defensively: a missing section, column or a non-number is no metric.
     """
-    sections = [s for s in report.get("sections") or [] if isinstance(s, Mapping)]
+    sections = [s for s in report.get("sections") or [] if isinstance(s, dict)]
     context = Context(rank_gpus(sections))
     found: dict[str, Metric] = {}
     for section in sections:
         data = section.get("data")
-        if not isinstance(data, Mapping):
+        if not isinstance(data, dict):
             continue
         extractor = _extractor(section_kind(section.get("name")), data)
         for metric in extractor(data, context) if extractor else ():
@@ -93,7 +93,9 @@ def number(value: Any) -> float | None:
 
 def rows(value: Any) -> Rows:
     """The dict rows of a table (a list), skipping anything else."""
-    return [r for r in value if isinstance(r, Mapping)] if isinstance(value, list) else []
+    # isinstance(r, dict), not Mapping: JSON gives dicts, and the ABC check is what
+    # a thousand-node fleet would spend its time on.
+    return [r for r in value if isinstance(r, dict)] if isinstance(value, list) else []
 
 
 def _rank(row: Mapping[str, Any]) -> int | None:
@@ -108,7 +110,9 @@ def rank_gpus(sections: list[Mapping[str, Any]]) -> dict[int, str]:
     for section in sections:
         data = section.get("data")
         for key in ("ranks", "rank_details"):
-            for row in rows(data.get(key) if isinstance(data, Mapping) else None):
+            if not isinstance(data, dict) or key not in data:
+                continue
+            for row in rows(data[key]):
                 rank, label = _rank(row), _gpu_label(row)
                 if rank is not None and label and len(label) > len(labels.get(rank, "")):
                     labels[rank] = label
@@ -129,8 +133,11 @@ def _per_rank(table: Any, columns: tuple[str, ...], base: str, unit: str, direct
               context: Context) -> Iterator[Metric]:
     """`base.rank<N>` from the first of `columns` that holds a number in each row."""
     for row in rows(table):
-        rank = _rank(row)
-        value = next((v for v in (number(row.get(c)) for c in columns) if v is not None), None)
+        rank, value = _rank(row), None
+        for column in columns:
+            value = number(row.get(column))
+            if value is not None:
+                break
         if rank is not None and value is not None:
             yield Metric(f"{base}.rank{rank}", value, unit, direction, f"rank{rank}",
                          context.rank_gpus.get(rank))

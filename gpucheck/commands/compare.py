@@ -35,8 +35,8 @@ def run(args: argparse.Namespace) -> Report:
     threshold = fraction(args.threshold, "--threshold")
     a, b = _load(args.a), _load(args.b)
     if a.command != b.command:
-        raise UsageError(f"{b.path}: is a {b.command} report and {a.path} a {a.command} "
-                         "report: compare needs two reports of the same command")
+        raise UsageError(f"{b.path}: is a report of gpucheck {b.command}, {a.path} one of "
+                         f"gpucheck {a.command}: compare needs two reports of the same command")
     sides = [Side(r, extract_metrics(r.raw), extract_facts(r.raw)) for r in (a, b)]
     hosts = a.host if a.host == b.host else f"{a.host} vs {b.host}"
     # created_at and host come from the inputs: the same two files give the same report.

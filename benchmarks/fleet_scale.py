@@ -1,0 +1,168 @@
+"""`gpucheck fleet` on 1,000 node reports: how long, and are the planted bad nodes named?
+
+Builds a synthetic fleet from real reports (tests/data/reports: env, bench, comm and
+stress joined into one report per node, the shape `gpucheck all` gives; or --source
+FILE, e.g. a real `gpucheck all` report), with 2% Gaussian noise on every measured
+figure and four planted problems:
+
+    node0137  rank 1 at 60% speed (bench images/s, stress GEMM TFLOP/s)
+    node0421  an older NVIDIA driver (535.104.05)
+    node0777  a FAIL finding (stress.sdc.repeat: silent data corruption)
+    node0999  no report at all (the fleet is told to expect node[0000-0999])
+
+plus one unreadable file. Then times `python -m gpucheck fleet DIR --nodes ... -o
+out.json -q` in a fresh process, several runs (median), and checks that the planted
+nodes are the ones named in the ranked list.
+
+    python benchmarks/fleet_scale.py [--nodes 1000] [--runs 5] [--ranks 8] [--source FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "tests" / "data" / "reports"
+# Sections whose floats are measurements (noise goes there, not into settings).
+MEASURED = {"timing", "all_reduce", "all_gather", "pairwise", "gemm", "membw", "copies",
+            "sdc", "p2p"}
+SLOW, OLD_DRIVER, FAILING, MISSING = 137, 421, 777, 999
+
+
+def combined_source() -> dict[str, Any]:
+    """env, bench, comm and stress of the samples as one report (command "all")."""
+    parts = [json.loads((SAMPLES / f"{name}.json").read_text())
+             for name in ("env", "bench", "comm", "stress")]
+    joined = copy.deepcopy(parts[0])
+    joined["command"] = "all"
+    joined["sections"] = [s for part in parts for s in part["sections"]]
+    return joined
+
+
+def widen(report: dict[str, Any], ranks: int) -> None:
+    """Every per-rank table given `ranks` rows (copies of the rows there are), so the
+    report has the metrics of an N-GPU node."""
+    for section in report["sections"]:
+        for key, table in list(section.get("data", {}).items()):
+            if isinstance(table, list) and table and all(
+                    isinstance(r, dict) and isinstance(r.get("rank"), int) for r in table):
+                have = sorted({r["rank"] for r in table})
+                section["data"][key] = [dict(r, rank=rank) for rank in range(ranks)
+                                        for r in table if r["rank"] == have[rank % len(have)]]
+
+
+def _noisy(value: Any, rng: random.Random) -> Any:
+    if isinstance(value, float):
+        return value * (1 + rng.gauss(0, 0.02))
+    if isinstance(value, dict):
+        return {k: _noisy(v, rng) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_noisy(v, rng) for v in value]
+    return value
+
+
+def node_report(source: dict[str, Any], index: int, rng: random.Random) -> dict[str, Any]:
+    report = copy.deepcopy(source)
+    report["host"] = f"node{index:04d}"
+    for section in report["sections"]:
+        if section["name"] in MEASURED:
+            section["data"] = _noisy(section["data"], rng)
+    if index == SLOW:
+        _slow_rank(report, rank=1, factor=0.6)
+    if index == OLD_DRIVER:
+        for section in report["sections"]:
+            if section["name"] == "driver":
+                section["data"]["driver_version"] = "535.104.05"
+    if index == FAILING:
+        report["sections"][-1]["findings"].append({
+            "check": "stress.sdc.repeat", "status": "FAIL", "message": "rank 1 gave a "
+            "different result in 3 of 417 repeats of the same product", "hint": "drain it",
+            "subject": "rank 1", "action": "drain-node"})
+    return report
+
+
+def _slow_rank(report: dict[str, Any], rank: int, factor: float) -> None:
+    for section in report["sections"]:
+        for table in section.get("data", {}).values():
+            for row in table if isinstance(table, list) else []:
+                if isinstance(row, dict) and row.get("rank") == rank:
+                    for key in ("images_per_s", "tflops_p50", "tflops"):
+                        if isinstance(row.get(key), float):
+                            row[key] *= factor
+
+
+def write_fleet(folder: Path, source: dict[str, Any], nodes: int, seed: int) -> None:
+    rng = random.Random(seed)
+    for index in range(nodes):
+        if index != MISSING:
+            report = node_report(source, index, rng)
+            (folder / f"node{index:04d}.json").write_text(json.dumps(report))
+    (folder / "garbage.json").write_text('{"schema_version": 2, "tool": "gpu')
+
+
+def time_fleet(folder: Path, nodes: int, out: Path) -> float:
+    argv = [sys.executable, "-m", "gpucheck", "fleet", str(folder), "--nodes",
+            f"node[0000-{nodes - 1:04d}]", "-o", str(out), "-q"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    wall = time.perf_counter() - start
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"gpucheck fleet exited {proc.returncode}: {proc.stderr.strip()}")
+    return wall
+
+
+def named_nodes(out: Path) -> dict[str, str]:
+    """Node -> the first reason the ranked list gives for it."""
+    report = json.loads(out.read_text())
+    actions = next(s for s in report["sections"] if s["name"] == "actions")
+    return {row["node"]: f"{row['status']} {row['action']}: {row['reason']}"
+            for row in actions["data"]["nodes"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--ranks", type=int, default=None,
+                        help="widen every per-rank table to this many ranks (e.g. 8)")
+    parser.add_argument("--source", type=Path, default=None,
+                        help="a real report to copy (default: the samples joined)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    source = json.loads(args.source.read_text()) if args.source else combined_source()
+    if args.ranks:
+        widen(source, args.ranks)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, out = Path(tmp) / "reports", Path(tmp) / "fleet.json"
+        folder.mkdir()
+        write_fleet(folder, source, args.nodes, args.seed)
+        size = sum(f.stat().st_size for f in folder.iterdir())
+        walls = [time_fleet(folder, args.nodes, out) for _ in range(args.runs)]
+        named = named_nodes(out)
+    planted = {f"node{i:04d}" for i in (SLOW, OLD_DRIVER, FAILING, MISSING)}
+    print(f"{args.nodes} node reports ({size / 2**20:.1f} MiB, {args.ranks or 'sample'} "
+          f"ranks each): gpucheck fleet median {statistics.median(walls):.2f} s "
+          f"(runs: {', '.join(f'{w:.2f}' for w in walls)})")
+    for node in sorted(planted):
+        print(f"  planted {node}: {named.get(node, 'NOT NAMED')}")
+    others = sorted(set(named) - planted)
+    print(f"  other nodes named: {len(others)}" + (f" ({', '.join(others[:10])})"
+                                                  if others else ""))
+    return 0 if planted <= set(named) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
