@@ -174,3 +174,18 @@ def test_benchs_stop_report_shows_rank_zeros_faults_apart_from_its_partial_numbe
     assert [s.name for s in report.sections] == ["partial", "faults"]
     assert report.section("partial").data == {"rank0_warmup": {"iters": 2}}
     assert [f.status for f in report.section("faults").findings] == [Status.OK]
+
+
+def test_a_watcher_that_cannot_start_leaves_the_load_running_and_says_why(
+        fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: Any) -> None:
+        raise ValueError("a watcher bug")
+
+    monkeypatch.setattr(faultwatch.FaultWatch, "start", broken)
+    with process_group("gloo", "cpu", 30):
+        faultwatch.mark_start()
+        faultwatch.mark_end()
+        (result,) = faultwatch.gather()
+    assert result["status"] == "n/a" and "a watcher bug" in result["reason"]
+    (finding,) = run_faults_section([result]).findings
+    assert finding.status is Status.SKIP and "did not start" in finding.message

@@ -55,7 +55,14 @@ def start(world: World, gpu: GpuIdentity | None, enabled: bool) -> None:
         return
     bus_id = test_bus_id(world.rank) or (gpu.pci_bus_id if gpu else None)
     watch = FaultWatch(bus_id, nvml=_state["nvml"], rank=world.rank)
-    watch.start()
+    try:
+        watch.start()
+    except Exception as exc:  # a watcher bug must not fail the load: say so instead
+        with contextlib.suppress(Exception):
+            watch.stop()
+        _state["result"] = {"rank": world.rank, "status": "n/a", "bus_id": bus_id,
+                            "reason": f"the fault watcher did not start ({exc!r})"}
+        return
     _state["watch"] = watch
 
 
@@ -102,7 +109,8 @@ def gather() -> list[dict[str, Any]]:
 def publish_after_failure(world: World) -> None:
     """On the reporting rank, put its own result into the partial results, so the
     failure report shows its GPU's faults. Never raises: the failure is what matters."""
-    if not world.is_reporter or (_state["watch"] is None and not _state["off"]):
+    if not world.is_reporter or (_state["watch"] is None and not _state["off"]
+                                 and _state["result"] is None):
         return
     with contextlib.suppress(Exception):
         faults = off_results(world.world_size) if _state["off"] else [_own_result()]
