@@ -139,3 +139,19 @@ def test_a_failed_bench_run_still_reports_rank_zeros_own_faults(tmp_path: Path,
     assert ("faults.xid", "FAIL", f"rank 0 on {LABEL[0]}") in statuses(section)
     skipped = [f["message"] for f in section["findings"] if f["status"] == "SKIP"]
     assert skipped == [], skipped  # bench's partial has no roll of ranks: rank 0 alone
+
+
+def test_a_bench_straggler_in_thermal_slowdown_is_told_why_it_was_slow(
+        tmp_path: Path, fake_gpus, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rank 1 sleeps in every forward (a slow GPU) and its GPU's HW thermal slowdown
+    # counter (field 270) grows at half of real time: slowed down 50% of any window.
+    fake_gpus(gpus=[{}, {"slowdown_share": {"270": 0.5}}])
+    monkeypatch.setenv("GPUCHECK_TEST_HOOK", "bench_workers:slow_rank_one")
+    code, report = run(tmp_path, "bench", *BENCH[:-1], "5")
+    assert code == 0, report
+    warned = [f for s in report["sections"] for f in s["findings"]
+              if f["check"] == "bench.rank.straggler" and f["status"] == "WARN"]
+    assert [f["subject"] for f in warned] == ["rank 1"]
+    assert warned[0]["message"].endswith("; was in HW thermal slowdown 50% of the timed loop")
+    slowed = [f for f in faults(report)["findings"] if f["check"] == "faults.clocks.slowdown"]
+    assert [(f["status"], f["subject"]) for f in slowed] == [("WARN", f"rank 1 on {LABEL[1]}")]

@@ -22,7 +22,7 @@ from gpucheck.bench.consistency import (
 )
 from gpucheck.bench.data import ImageSet
 from gpucheck.bench.worker import CONSISTENCY_IMAGES, BenchOutcome, BenchSpec
-from gpucheck.faults import run_faults_section
+from gpucheck.faults import run_faults_section, slowdown_causes
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
 
@@ -32,7 +32,7 @@ def bench_sections(spec: BenchSpec, images: ImageSet, outcome: BenchOutcome,
     consistency, reference = check_consistency(spec, outcome.outputs)
     sections = [
         setup_section(spec, images, outcome),
-        timing_section(outcome.records, summary),
+        timing_section(outcome.records, summary, slowdown_causes(outcome.faults)),
     ]
     if len(summary.nodes) > 1:
         sections.append(nodes_section(summary.nodes, threshold))
