@@ -249,17 +249,22 @@ def _stress_p2p(data: Mapping[str, Any], context: Context) -> Iterator[Metric]:
         if node is None:
             continue
         base = "stress.p2p.gbps" if node[1] == "0" else f"stress.p2p.node{node[1]}.gbps"
-        for row in rows(table):
-            yield from _p2p_row(row, base)
+        # The source cells name each device's GPU; the columns only say cuda:N.
+        cells = [_CUDA_CELL.match(str(row.get("src", ""))) for row in rows(table)]
+        names = {m[1]: m[2] for m in cells if m and m[2]}
+        for row, src in zip(rows(table), cells, strict=True):
+            if src is not None:
+                yield from _p2p_row(row, src[1], base, names)
 
 
-def _p2p_row(row: Mapping[str, Any], base: str) -> Iterator[Metric]:
-    src = _CUDA_CELL.match(str(row.get("src", "")))
+def _p2p_row(row: Mapping[str, Any], src: str, base: str,
+             names: Mapping[str, str]) -> Iterator[Metric]:
     for column, cell in row.items():
-        dst, value = _CUDA_CELL.match(column.removeprefix("to ")), number(cell)
-        if src and dst and column.startswith("to ") and value is not None:
-            pair = f"cuda{src[1]}_to_cuda{dst[1]}"
-            gpus = f"{src[2]} -> {dst[2]}" if src[2] and dst[2] else None
+        dst, value = _CUDA_CELL.fullmatch(column.removeprefix("to ")), number(cell)
+        if dst and column.startswith("to ") and value is not None:
+            pair = f"cuda{src}_to_cuda{dst[1]}"
+            gpus = f"{names[src]} -> {names[dst[1]]}" if src in names and dst[1] in names \
+                else None
             yield Metric(f"{base}.{pair}", value, "GB/s", HIGHER, pair, gpus)
 
 
