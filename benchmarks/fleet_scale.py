@@ -10,11 +10,13 @@ figure and four planted problems:
     node0777  a FAIL finding (stress.sdc.repeat: silent data corruption)
     node0999  no report at all (the fleet is told to expect node[0000-0999])
 
+(at the same fractions of a smaller fleet: --nodes 12 plants nodes 1, 5, 9 and 11),
 plus one unreadable file. Then times `python -m gpucheck fleet DIR --nodes ... -o
 out.json -q` in a fresh process, several runs (median), and checks that the planted
 nodes are the ones named in the ranked list.
 
     python benchmarks/fleet_scale.py [--nodes 1000] [--runs 5] [--ranks 8] [--source FILE]
+                                     [--keep DIR]
 """
 
 from __future__ import annotations
@@ -37,7 +39,12 @@ SAMPLES = ROOT / "tests" / "data" / "reports"
 # Sections whose floats are measurements (noise goes there, not into settings).
 MEASURED = {"timing", "all_reduce", "all_gather", "pairwise", "gemm", "membw", "copies",
             "sdc", "p2p"}
-SLOW, OLD_DRIVER, FAILING, MISSING = 137, 421, 777, 999
+PLANTED = {"slow": 0.137, "old_driver": 0.421, "failing": 0.777, "missing": 0.999}
+
+
+def planted(nodes: int) -> dict[str, int]:
+    """Which node gets which problem: the same fractions of any fleet size."""
+    return {what: int(fraction * nodes) for what, fraction in PLANTED.items()}
 
 
 def combined_source() -> dict[str, Any]:
@@ -72,19 +79,20 @@ def _noisy(value: Any, rng: random.Random) -> Any:
     return value
 
 
-def node_report(source: dict[str, Any], index: int, rng: random.Random) -> dict[str, Any]:
+def node_report(source: dict[str, Any], index: int, rng: random.Random,
+                plant: dict[str, int]) -> dict[str, Any]:
     report = copy.deepcopy(source)
     report["host"] = f"node{index:04d}"
     for section in report["sections"]:
         if section["name"] in MEASURED:
             section["data"] = _noisy(section["data"], rng)
-    if index == SLOW:
+    if index == plant["slow"]:
         _slow_rank(report, rank=1, factor=0.6)
-    if index == OLD_DRIVER:
+    if index == plant["old_driver"]:
         for section in report["sections"]:
             if section["name"] == "driver":
                 section["data"]["driver_version"] = "535.104.05"
-    if index == FAILING:
+    if index == plant["failing"]:
         report["sections"][-1]["findings"].append({
             "check": "stress.sdc.repeat", "status": "FAIL", "message": "rank 1 gave a "
             "different result in 3 of 417 repeats of the same product", "hint": "drain it",
@@ -103,10 +111,10 @@ def _slow_rank(report: dict[str, Any], rank: int, factor: float) -> None:
 
 
 def write_fleet(folder: Path, source: dict[str, Any], nodes: int, seed: int) -> None:
-    rng = random.Random(seed)
+    rng, plant = random.Random(seed), planted(nodes)
     for index in range(nodes):
-        if index != MISSING:
-            report = node_report(source, index, rng)
+        if index != plant["missing"]:
+            report = node_report(source, index, rng, plant)
             (folder / f"node{index:04d}.json").write_text(json.dumps(report))
     (folder / "garbage.json").write_text('{"schema_version": 2, "tool": "gpu')
 
@@ -141,27 +149,29 @@ def main() -> int:
     parser.add_argument("--source", type=Path, default=None,
                         help="a real report to copy (default: the samples joined)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="write the fleet to this new directory and keep it")
     args = parser.parse_args()
     source = json.loads(args.source.read_text()) if args.source else combined_source()
     if args.ranks:
         widen(source, args.ranks)
     with tempfile.TemporaryDirectory() as tmp:
-        folder, out = Path(tmp) / "reports", Path(tmp) / "fleet.json"
+        folder, out = args.keep or Path(tmp) / "reports", Path(tmp) / "fleet.json"
         folder.mkdir()
         write_fleet(folder, source, args.nodes, args.seed)
         size = sum(f.stat().st_size for f in folder.iterdir())
         walls = [time_fleet(folder, args.nodes, out) for _ in range(args.runs)]
         named = named_nodes(out)
-    planted = {f"node{i:04d}" for i in (SLOW, OLD_DRIVER, FAILING, MISSING)}
+    planted_nodes = {f"node{i:04d}" for i in planted(args.nodes).values()}
     print(f"{args.nodes} node reports ({size / 2**20:.1f} MiB, {args.ranks or 'sample'} "
           f"ranks each): gpucheck fleet median {statistics.median(walls):.2f} s "
           f"(runs: {', '.join(f'{w:.2f}' for w in walls)})")
-    for node in sorted(planted):
+    for node in sorted(planted_nodes):
         print(f"  planted {node}: {named.get(node, 'NOT NAMED')}")
-    others = sorted(set(named) - planted)
+    others = sorted(set(named) - planted_nodes)
     print(f"  other nodes named: {len(others)}" + (f" ({', '.join(others[:10])})"
                                                   if others else ""))
-    return 0 if planted <= set(named) else 1
+    return 0 if planted_nodes <= set(named) else 1
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def test_better_than_the_median_is_never_an_outlier() -> None:
 
 
 def test_a_tight_fleet_flags_a_node_several_mads_off_but_not_noise() -> None:
-    fleet = [100.0 + d for d in (-0.2, -0.1, 0.0, 0.0, 0.1, 0.2, 0.1, -0.1, 0.0)]
+    fleet = [100.0 + d for d in (-0.2, -0.1, 0.0, 0.0, 0.1, 0.2, 0.1, -0.1, 0.0)] * 3
     spread = describe([*fleet, 96.0])
     assert spread.n >= MAD_MIN_VALUES
     assert is_outlier(96.0, spread, HIGHER, 0.10, 5)  # 4% off, far beyond 5 MADs
@@ -54,8 +54,9 @@ def test_a_tight_fleet_flags_a_node_several_mads_off_but_not_noise() -> None:
 
 
 def test_a_few_values_use_only_the_threshold_rule() -> None:
-    spread = describe([100.0, 100.1, 99.9, 96.0])
-    assert not is_outlier(96.0, spread, HIGHER, 0.10, 5)
+    few = [100.0, 100.1, 99.9, 100.0, 100.1, 99.9, 100.0, 100.1, 99.9, 96.0]
+    assert len(few) < MAD_MIN_VALUES
+    assert not is_outlier(96.0, describe(few), HIGHER, 0.10, 5)
 
 
 def test_two_values_cannot_name_an_outlier() -> None:

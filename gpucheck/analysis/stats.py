@@ -20,9 +20,10 @@ MAD_SCALE = 1.4826
 # 0.05%: no one acts on that, so a node must also be this much worse.
 MAD_FLOOR = 0.02
 MIN_VALUES = 3  # with two values the median cannot tell which one is off
-# A MAD from a handful of values is itself noise (five nodes that happen to agree to
-# 0.1% would make a 2% node "5 MADs off"): the MAD rule waits for this many.
-MAD_MIN_VALUES = 8
+# A MAD from a handful of values is itself noise: eleven nodes with 2% noise can
+# happen to agree to 0.3%, which makes an ordinary node "5 MADs off" (seen with
+# benchmarks/fleet_scale.py --nodes 12). The MAD rule waits for this many values.
+MAD_MIN_VALUES = 20
 TRIM_ROUNDS = 20
 
 

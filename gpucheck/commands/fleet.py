@@ -1,8 +1,9 @@
 """`gpucheck fleet REPORT... | DIR`: reports from many nodes, judged together.
 
-Collect one report per node with SLURM (`srun --ntasks-per-node 1 gpucheck all -o
-reports/%N.json`) or any launcher that runs gpucheck on every node; this command
-only reads the files (never torch), so it runs anywhere. docs/compare_fleet.md.
+Collect one report per node with SLURM (`srun --ntasks-per-node 1 bash -c 'gpucheck
+all -o reports/$SLURMD_NODENAME.json'`: srun expands `%N` only in its own --output)
+or any launcher that runs gpucheck on every node; this command only reads the files
+(never torch), so it runs anywhere. docs/compare_fleet.md.
 """
 
 from __future__ import annotations
