@@ -181,3 +181,21 @@ def test_compare_reads_files_whatever_their_name(tmp_path: Path) -> None:
     shutil.copy(path("comm"), copy)
     code, report = compare(tmp_path, path("comm"), str(copy))
     assert code == 0 and section(report, "inputs")["data"]["reports"][1]["file"] == str(copy)
+
+
+def test_the_same_problem_on_another_nodes_gpu_is_not_new(tmp_path: Path) -> None:
+    def with_warn(uuid: str, index: int) -> str:
+        raw = json.loads(Path(path("env_gpu")).read_text())
+        section(raw, "gpus")["findings"].append({
+            "check": "gpu.persistence_mode", "status": "WARN", "message": "off",
+            "hint": "nvidia-smi -pm 1", "action": "fix-config",
+            "subject": f"GPU {index} (NVIDIA H200, bus 00000000:18:00.0, {uuid})"})
+        out = tmp_path / f"{uuid}-{index}.json"
+        out.write_text(json.dumps(raw))
+        return str(out)
+    _, same_slot = compare(tmp_path, with_warn("GPU-aaaa", 1), with_warn("GPU-bbbb", 1))
+    assert section(same_slot, "findings")["data"]["changes"] == []
+    _, other_slot = compare(tmp_path, with_warn("GPU-aaaa", 1), with_warn("GPU-bbbb", 0))
+    assert [(c["change"], c["subject"]) for c in
+            section(other_slot, "findings")["data"]["changes"]] == [
+        ("new in B", "GPU 0"), ("gone in B", "GPU 1")]

@@ -175,12 +175,15 @@ def test_missing_nodes_are_named_from_a_slurm_node_list(tmp_path: Path) -> None:
     folder = tmp_path / "reports"
     folder.mkdir()
     healthy_fleet(folder, "bench", 3)  # gpu01..gpu03
+    write_node(folder, "bench", "spare1", 9)
     code, report = fleet(tmp_path, folder, extra=("--nodes", "gpu[01-04],gpu07"))
     assert code == 1
     nodes = section(report, "nodes")
     assert nodes["data"]["missing"] == ["gpu04", "gpu07"]
     assert nodes["data"]["expected"] == 5
     assert ranked(report)[:2] == [("gpu04", "FAIL", "rerun"), ("gpu07", "FAIL", "rerun")]
+    [unexpected] = [f for f in nodes["findings"] if f["check"] == "fleet.unexpected"]
+    assert "spare1" in unexpected["message"] and unexpected["status"] == "WARN"
 
 
 def test_a_fully_qualified_host_counts_as_its_slurm_node_name(tmp_path: Path) -> None:
@@ -266,7 +269,7 @@ def test_reports_of_every_command_are_grouped_by_command(tmp_path: Path) -> None
     for name in ("bench", "comm", "stress", "env"):
         healthy_fleet(folder, name, 3)
     code, report = fleet(tmp_path, folder)
-    assert code == 0
+    assert code == 0 and report["verdict"] == "OK" and ranked(report) == []
     commands = {r["command"] for r in section(report, "metrics")["data"]["metrics"]}
     assert commands == {"bench", "comm", "stress", "env"}
     assert section(report, "inputs")["data"]["commands"] == (
@@ -379,6 +382,24 @@ def test_a_path_that_does_not_exist_is_a_usage_error(tmp_path: Path,
 
 def test_a_single_healthy_report_is_a_fleet_of_one(tmp_path: Path) -> None:
     code, report = fleet(tmp_path, REPORTS / "bench.json")
-    assert code == 0 and report["host"] == "1 nodes"
+    assert code == 0 and report["host"] == "1 nodes" and report["verdict"] == "OK"
     assert ranked(report) == []
     assert os.path.basename(report["argv"][2]) == "bench.json"
+
+
+def test_an_outlier_names_the_gpu_its_rank_used(tmp_path: Path) -> None:
+    folder = tmp_path / "reports"
+    folder.mkdir()
+
+    def on_gpus(raw: dict[str, Any]) -> None:
+        for row in section(raw, "stress")["data"]["ranks"]:
+            row["gpu"] = f"GPU {row['rank']} (NVIDIA H200, bus 0000000{row['rank']}:18:00.0)"
+    for i in range(1, 5):
+        write_node(folder, "stress", f"gpu{i:02d}", i, on_gpus)
+    write_node(folder, "stress", "gpu05", 5, lambda raw: (on_gpus(raw), rows_where(
+        1, "gbps_p50", 0.5)(raw)))
+    _, report = fleet(tmp_path, folder)
+    [outlier] = section(report, "outliers")["data"]["outliers"]
+    assert (outlier["node"], outlier["metric"], outlier["gpu"]) == (
+        "gpu05", "stress.membw.gbps.rank1", "GPU 1 (NVIDIA H200, bus 00000001:18:00.0)")
+    assert reasons(report, "gpu05")[0]["subject"] == outlier["gpu"]

@@ -75,7 +75,9 @@ def _inputs_section(fleet: Fleet) -> Section:
 def match_nodes(seen: Sequence[str], expected: Sequence[str]) -> tuple[list[str], list[str]]:
     """(expected nodes with no report, reporting nodes not expected). A report's host
     "gpu01.cluster.local" is node "gpu01": hostnames may be fully qualified, SLURM's
-    node names are not."""
+    node names are not. No expected nodes: nothing is missing or unexpected."""
+    if not expected:
+        return [], []
     short = {h.split(".", 1)[0]: h for h in seen}
     found = {e for e in expected if e in seen or e.split(".", 1)[0] in short}
     named = {h for h in seen if h in expected or h.split(".", 1)[0] in
