@@ -403,3 +403,18 @@ def test_an_outlier_names_the_gpu_its_rank_used(tmp_path: Path) -> None:
     assert (outlier["node"], outlier["metric"], outlier["gpu"]) == (
         "gpu05", "stress.membw.gbps.rank1", "GPU 1 (NVIDIA H200, bus 00000001:18:00.0)")
     assert reasons(report, "gpu05")[0]["subject"] == outlier["gpu"]
+
+
+def test_a_fleet_written_into_its_own_directory_does_not_read_itself(tmp_path: Path) -> None:
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    healthy_fleet(folder, "bench", 3)
+    argv = ["fleet", str(folder), "-q", "-o", str(folder / "fleet.json"), "--save-baseline",
+            str(folder / "baseline.json")]
+    outputs = []
+    for _ in range(2):
+        assert main(argv) == 0
+        outputs.append((folder / "fleet.json").read_bytes())
+    assert outputs[0] == outputs[1]
+    inputs = section(json.loads(outputs[1]), "inputs")["data"]
+    assert inputs["unused"] == [] and inputs["unreadable"] == []

@@ -210,4 +210,4 @@ def _new_problem(f: Mapping[str, Any]) -> Finding:
     hint = f.get("hint") if isinstance(f.get("hint"), str) else None
     return Finding("compare.findings", Status(f["status"]), f"new in B: {f['check']}: "
                    f"{f.get('message')}", hint or "see B's report", f.get("subject"),
-                   finding_action(f))
+                   action=finding_action(f))

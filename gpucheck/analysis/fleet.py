@@ -154,7 +154,7 @@ def _drift_section(fleet: Fleet, reasons: list[Reason]) -> Section:
         findings.append(Finding("fleet.drift", status, f"{drift.command}: {drift.key}: "
                                 f"{drift_row(drift)['differ']}; most nodes "
                                 f"({drift.usual_nodes}) have {drift.usual!r}",
-                                found[0].hint, drift.key, found[0].action))
+                                found[0].hint, drift.key, action=found[0].action))
     if not drifts:
         findings.append(ok("fleet.drift", "the nodes agree on every version, GPU model and "
                            "count, environment variable and run setting their reports state"))
@@ -271,7 +271,7 @@ def _actions_section(reasons: Sequence[Reason], nodes: int) -> Section:
         others = f" (+{len(found) - 1} more: {_all_actions(found)})" if len(found) > 1 else ""
         findings.append(Finding("fleet.node", Status(top.status), f"{top.check}: "
                                 f"{top.message}{others}", top.hint or "see the reasons table",
-                                node, top.action))
+                                node, action=top.action))
     if not ranked:
         findings.append(ok("fleet.node", f"no node to act on among {nodes}"))
     return Section("actions", "Nodes to act on, most urgent first",

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> Report:
     options = _options(args)
     if args.save_baseline is not None:
         _check_writable(args.save_baseline)
-    fleet = _read(report_paths(args.inputs))
+    fleet = _read(_inputs(args))
     loaded = [r.report for r in fleet.reports]
     report = Report("fleet", fleet_sections(fleet, options), argv=_argv(args),
                     host=f"{len(fleet.nodes)} nodes", created_at=newest_created_at(loaded))
@@ -96,6 +96,14 @@ def _baseline(path: str | None) -> Baseline | None:
         raise UsageError(str(exc)) from None
 
 
+def _inputs(args: argparse.Namespace) -> list[str]:
+    """The report files, without this run's own --output and --save-baseline files: a
+    second run into the same directory must not read the first one's report."""
+    own = {os.path.realpath(p) for p in (getattr(args, "output", None), args.save_baseline)
+           if p is not None}
+    return [p for p in report_paths(args.inputs) if os.path.realpath(p) not in own]
+
+
 def _read(paths: list[str]) -> Fleet:
     """Every readable report; the others are listed. Exit 2 only when none is readable."""
     loaded: list[LoadedReport] = []
@@ -105,6 +113,8 @@ def _read(paths: list[str]) -> Fleet:
             loaded.append(load_report(path))
         except ReportError as exc:
             unreadable.append(Unused(exc.path, exc.problem))
+    if not loaded and not unreadable:
+        raise UsageError("no report to judge: the only input is this run's own output file")
     if not loaded:
         first = unreadable[0]
         more = f" (and {len(unreadable) - 1} more unreadable)" if len(unreadable) > 1 else ""
