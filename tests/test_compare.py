@@ -199,3 +199,11 @@ def test_the_same_problem_on_another_nodes_gpu_is_not_new(tmp_path: Path) -> Non
     assert [(c["change"], c["subject"]) for c in
             section(other_slot, "findings")["data"]["changes"]] == [
         ("new in B", "GPU 0"), ("gone in B", "GPU 1")]
+
+
+@pytest.mark.parametrize("command", ["compare", "fleet"])
+def test_help_shows_the_threshold_option(command: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main([command, "--help"])
+    assert stop.value.code == 0 and "--threshold" in capsys.readouterr().out

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("b", metavar="B.json", help="the report judged against A")
     parser.add_argument("--threshold", metavar="FRACTION", default=DEFAULT_THRESHOLD,
                         help="a metric worse than A by more than this fails (0.05 or 5%%; "
-                             f"default {DEFAULT_THRESHOLD})")
+                             f"default {DEFAULT_THRESHOLD}%)")  # %% in help: one %
 
 
 def run(args: argparse.Namespace) -> Report:

@@ -42,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how many nodes should have reported (without names)")
     parser.add_argument("--threshold", metavar="FRACTION", default=f"{DEFAULT_THRESHOLD:.0%}",
                         help="a node worse than the fleet median by more than this is an "
-                             "outlier; also the baseline's tolerance (default "
-                             f"{DEFAULT_THRESHOLD:.0%})")
+                             "outlier; also the baseline's tolerance (0.1 or 10%%; default "
+                             f"{DEFAULT_THRESHOLD:.0%}%)")
     parser.add_argument("--mad-k", type=float, metavar="K", default=DEFAULT_MAD_K,
                         help="also an outlier: worse by more than K scaled MADs (and at least "
                              f"2%%) (default {DEFAULT_MAD_K:g})")
