@@ -1,0 +1,98 @@
+"""Fault watching's cost: bench's images/s with and without the watcher, side by side.
+
+The goal: fault watching costs under 1% of bench's throughput. One rank in this
+process (the whole in-process path: process group, DDP, the frame's watch), three
+modes interleaved run by run (off, on, fake, then on, fake, off, ...) so every
+mode sees the same machine load:
+
+- off:  `--no-fault-watch` (no watch, no thread, no NVML doorway);
+- on:   the default. On a GPU this is the real watcher; on a CPU rank it is n/a
+        (no GPU to watch: no thread, no NVML call), so on a GPU-less machine this
+        measures only the frame's bookkeeping;
+- fake: (CPU only) the rank watches a fake H200 of tests/fake_pynvml.py through the
+        test-only bus override: the watcher's real thread ticks every 0.2 s and calls
+        the fake NVML, competing with the benchmark for the CPU. The fake's answers
+        are Python code holding the GIL, where the real library answers in C
+        without it, so this bounds the watcher's own Python work, not the driver's.
+
+Prints every run, then per mode the median images/s and its ratio to off, and for
+the watched modes the watcher thread's CPU time as a share of the watched time
+(the faults section's `watcher_cpu_pct`).
+
+    .venv/bin/python benchmarks/faultwatch_overhead.py --runs 5
+    .venv/bin/python benchmarks/faultwatch_overhead.py --runs 5 -- --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # gpucheck and tests.*
+
+from gpucheck.cli import build_parser
+from gpucheck.commands import bench
+from gpucheck.distributed.faultwatch import TEST_BUS_VAR
+
+FAKE_BUS = "00000000:9A:00.0"
+
+
+def _install_fake(on: bool) -> None:
+    """The fake pynvml and the bus override for the `fake` mode; neither otherwise."""
+    from tests.fake_pynvml import FakeGpu, FakeNvml
+
+    sys.modules.pop("pynvml", None)
+    os.environ.pop(TEST_BUS_VAR, None)
+    if on:
+        sys.modules["pynvml"] = FakeNvml([FakeGpu(bus_id=FAKE_BUS)]).module
+        os.environ[TEST_BUS_VAR] = FAKE_BUS
+
+
+def one_run(mode: str, extra: list[str]) -> tuple[float, dict[str, Any] | None, str]:
+    """(images/s, the watched GPU's row of the faults section or None, the setup)."""
+    _install_fake(mode == "fake")
+    flags = ["--no-fault-watch"] if mode == "off" else []
+    args = build_parser().parse_args(["bench", "--n-gpus", "1", "--quiet", *flags, *extra])
+    report = bench.run(args)
+    assert report is not None
+    timing, setup = report.section("timing").data, report.section("bench").data
+    gpus = report.section("faults").data["gpus"]
+    what = (f"{setup['model']} {setup['dtype']} batch {setup['batch_size']} x "
+            f"{setup['timed_iters']} iters, {setup['threads_per_rank']} threads")
+    return float(timing["aggregate_images_per_s"]), (gpus[0] if gpus else None), what
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="runs per mode")
+    parser.add_argument("extra", nargs="*", help="options passed to gpucheck bench")
+    args = parser.parse_args()
+    modes = ["off", "on"] if "cuda" in args.extra else ["off", "on", "fake"]
+    rates: dict[str, list[float]] = {m: [] for m in modes}
+    cpu_pct: dict[str, list[float]] = {m: [] for m in modes}
+    for i in range(args.runs):
+        for mode in modes[i % len(modes):] + modes[:i % len(modes)]:
+            rate, gpu, what = one_run(mode, args.extra)
+            rates[mode].append(rate)
+            if gpu is not None and gpu.get("watcher_cpu_pct") is not None:
+                cpu_pct[mode].append(float(gpu["watcher_cpu_pct"]))
+            watched = (f", watcher thread {gpu['watcher_cpu_pct']:.3f}% CPU, "
+                       f"{gpu['clock_samples']} clock samples") if gpu else ""
+            print(f"run {i + 1} {mode:>4}: {rate:.2f} images/s ({what}){watched}", flush=True)
+    _install_fake(False)
+    base = statistics.median(rates["off"])
+    for mode in modes:
+        median = statistics.median(rates[mode])
+        thread = (f"; watcher thread median {statistics.median(cpu_pct[mode]):.3f}% of one "
+                  "core" if cpu_pct[mode] else "")
+        print(f"{mode:>4}: median {median:.2f} images/s (min {min(rates[mode]):.2f}, max "
+              f"{max(rates[mode]):.2f}), {median / base:.3f} of off{thread}")
+    print(f"{os.cpu_count()} cores; goal: on and fake at least 0.99 of off")
+
+
+if __name__ == "__main__":
+    main()
