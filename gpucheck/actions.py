@@ -188,6 +188,9 @@ RULES: tuple[Rule, ...] = (
          "it, with their own actions"),
     Rule("comm.pairwise.slow_pair", A.RERUN, f"a slow GPU pair in {_SHORT_RUN}"),
     Rule("comm.nodes.slow_node", A.RERUN, f"a slow node in {_SHORT_RUN}"),
+    Rule("comm.internode.slow_pair", A.RERUN, f"a slow node-to-node link in {_SHORT_RUN}"),
+    Rule("comm.internode.shared_node", A.RERUN, "several slow node pairs share one node: "
+         f"a suspect, still from {_SHORT_RUN}"),
     # stress: sustained load, built to reproduce what it finds.
     Rule("stress.*.peers", A.DRAIN_NODE, _PEERS),
     Rule("stress.sdc.straggler", A.DRAIN_NODE, _PEERS),

@@ -13,6 +13,7 @@ from gpucheck.comm.aggregate import (
     pair_findings,
     pair_matrix,
 )
+from gpucheck.comm.internode import internode_findings, node_pair_rows
 from gpucheck.distributed.nodes import (
     NodeId,
     group_by_node,
@@ -22,7 +23,7 @@ from gpucheck.distributed.nodes import (
 )
 from gpucheck.distributed.placement import numa_findings
 from gpucheck.faults import gpu_names, run_faults_section
-from gpucheck.report import Finding, Section, fail
+from gpucheck.report import Finding, Section, fail, skip
 
 TITLES = {"all_reduce": "all_reduce (busbw = algbw x 2(n-1)/n)",
           "all_gather": "all_gather (algbw counts the gathered output; busbw = algbw x (n-1)/n)"}
@@ -121,6 +122,29 @@ def _nodes_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section | N
     return Section("nodes", "Nodes", {"nodes": table}, findings)
 
 
+def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
+    """Node pairs (sum of rails) and every rail; skipped with the reason on one node."""
+    nodes = list(group_by_node(result["ranks"]))
+    labels = {i: node.label for i, node in enumerate(nodes)}
+    internode = result.get("internode")
+    title = "Between nodes: send/recv per node pair and rail (GB/s)"
+    if len(nodes) < 2:
+        return Section("internode", title, {"skipped": "one node: nothing between nodes"},
+                       [skip("comm.internode.slow_pair", "one node: nothing between nodes")])
+    if not internode:
+        reason = "not measured (the run ended before the node-to-node rounds)"
+        return Section("internode", title, {"skipped": reason},
+                       [skip("comm.internode.slow_pair", reason)])
+    rows = node_pair_rows(internode["links"])
+    data = {"size_bytes": internode["size_bytes"], "iters": internode["iters"],
+            "rounds": len(nodes) - 1,
+            "node_pairs": [r | {"src": labels[r["src_node"]], "dst": labels[r["dst_node"]]}
+                           for r in rows],
+            "rails": internode["links"]}
+    return Section("internode", title, data,
+                   internode_findings(rows, verdicts.pair_threshold, labels))
+
+
 def faults_of(result: Mapping[str, Any]) -> Section:
     """Hardware faults during the run: every rank's watch, or (a failed run) rank 0's."""
     ranks = result.get("ranks") or []
@@ -129,7 +153,8 @@ def faults_of(result: Mapping[str, Any]) -> Section:
 
 
 def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section]:
-    """Setup, one section per collective, pairwise, nodes (when several), faults."""
+    """Setup, one section per collective, pairwise, nodes (when several), between nodes
+    (skipped on one node), faults."""
     if "collectives" not in result:  # failed before the first size: rank 0's watch only
         return [faults_of(result)]
     sections = [_setup_section(result)]
@@ -141,6 +166,7 @@ def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section
     nodes = _nodes_section(result, verdicts)
     if nodes is not None:
         sections.append(nodes)
+    sections.append(_internode_section(result, verdicts))
     sections.append(faults_of(result))
     return sections
 

@@ -19,8 +19,10 @@ from gpucheck.comm.collectives import (
     measure,
     sweep_sizes,
 )
+from gpucheck.comm.internode import measure_internode
 from gpucheck.comm.pairwise import measure_pairs
 from gpucheck.distributed import faultwatch, progress
+from gpucheck.distributed.nodes import group_by_node
 from gpucheck.distributed.session import process_group, roster
 from gpucheck.distributed.world import World
 
@@ -41,6 +43,7 @@ class CommSpec:
     pair_bytes: int | None = None  # None: the sweep's largest size
     pair_iters: int = 10
     fault_watch: bool = True  # watch every rank's GPU (gpucheck.distributed.faultwatch)
+    internode: bool = True  # node-to-node rounds (gpucheck.comm.internode), 2+ nodes only
 
 
 def _agreed_max_bytes(spec: CommSpec, world: World) -> int:
@@ -88,6 +91,20 @@ def _pairwise(spec: CommSpec, world: World, infos: list[dict[str, Any]],
     return {"size_bytes": size, "iters": spec.pair_iters, "pairs": pairs}
 
 
+def _internode(spec: CommSpec, world: World, infos: list[dict[str, Any]],
+               largest: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    size = spec.pair_bytes or largest
+    mine = measure_internode(infos, size, spec.pair_iters, spec.device)
+    progress.set_step("gathering node-to-node results")
+    every: list[Any] = [None] * world.world_size
+    dist.all_gather_object(every, mine)
+    links = sorted((link for rank_links in every for link in rank_links),
+                   key=lambda link: (link["src_node"], link["dst_node"], link["rail"]))
+    return {"size_bytes": size, "iters": spec.pair_iters, "links": links}
+
+
 def comm_worker(spec: CommSpec) -> dict[str, Any] | None:
     """Run the sweep; rank 0 returns the results, the other ranks None."""
     with process_group(spec.backend, spec.device, spec.timeout_s,
@@ -98,7 +115,7 @@ def comm_worker(spec: CommSpec) -> dict[str, Any] | None:
             "world_size": world.world_size, "device": spec.device, "backend": spec.backend,
             "iters": spec.iters, "warmup": spec.warmup, "sizes_bytes": sizes,
             "ranks": infos, "collectives": {c: [] for c in spec.collectives},
-            "pairwise": None, "complete": False,
+            "pairwise": None, "internode": None, "complete": False,
         }
         faultwatch.mark_start()
         for collective in spec.collectives:
@@ -109,6 +126,8 @@ def comm_worker(spec: CommSpec) -> dict[str, Any] | None:
                     progress.publish_partial(result)
         if spec.pairwise and world.world_size > 1:
             result["pairwise"] = _pairwise(spec, world, infos, sizes[-1])
+        if spec.internode and len(group_by_node(infos)) > 1:
+            result["internode"] = _internode(spec, world, infos, sizes[-1])
         faultwatch.mark_end()
         result["faults"] = faultwatch.gather()
         result["complete"] = True

@@ -1,0 +1,53 @@
+"""Three "nodes" on one machine (three torchrun agents, c10d on 127.0.0.1), one slowed.
+
+The test hook GPUCHECK_TEST_SLOW_SENDS=2:SECONDS makes node 2's ranks sleep before
+each send of the node-to-node rounds: its two outgoing node pairs must be the slow
+ones, and node 2 the node they share.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from comm_workers import PYTHON, clean_env, free_port, start, tracked, wait_gone
+
+from gpucheck.comm.internode import TEST_SLOW_SENDS_VAR
+
+RUN_S = 240
+NODES = 3
+
+
+def _nodes(tmp_path: Path, **env: str) -> dict[str, Any]:
+    """`gpucheck comm` under NODES one-rank torchrun nodes; rank 0's report."""
+    port, out, run_id = free_port(), tmp_path / "report.json", uuid.uuid4().hex[:8]
+    torchrun = [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(NODES),
+                "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                f"127.0.0.1:{port}", "--rdzv-id", run_id, "--max-restarts", "0",
+                "-m", "gpucheck", "comm", "--collectives", "all_reduce", "--max-bytes",
+                "4K", "--iters", "1", "--warmup", "0", "--pair-bytes", "1M",
+                "--timeout", "60", "-q", "-o", str(out)]
+    procs = [start(torchrun, clean_env(**env)) for _ in range(NODES)]
+    with tracked(procs) as seen:
+        outputs = [p.communicate(timeout=RUN_S) for p in procs]
+        assert [p.returncode for p in procs] == [0] * NODES, outputs
+        assert wait_gone(seen) == []
+    return json.loads(out.read_text())
+
+
+def test_a_node_with_slow_sends_is_named_as_the_node_its_slow_pairs_share(
+        tmp_path: Path) -> None:
+    report = _nodes(tmp_path, **{TEST_SLOW_SENDS_VAR: "2:0.2"})
+    section = {s["name"]: s for s in report["sections"]}["internode"]
+    assert section["data"]["rounds"] == NODES - 1
+    pairs = {(r["src_node"], r["dst_node"]) for r in section["data"]["node_pairs"]}
+    assert pairs == {(a, b) for a in range(NODES) for b in range(NODES) if a != b}
+    slow = [f["subject"] for f in section["findings"]
+            if f["check"] == "comm.internode.slow_pair" and f["status"] == "WARN"]
+    # Both of node 2's outgoing pairs are slow (another pair may be too, on a busy host:
+    # node 2 is still in most of them).
+    assert {"node 2 -> node 0", "node 2 -> node 1"} <= set(slow)
+    (shared,) = [f for f in section["findings"] if f["check"] == "comm.internode.shared_node"]
+    assert shared["status"] == "WARN" and shared["subject"].startswith("node 2 ")
