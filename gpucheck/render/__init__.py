@@ -1,4 +1,4 @@
-"""Renderers: one `Report` in, text / JSON / Markdown out. They never probe."""
+"""Renderers: one `Report` in, text / JSON / Markdown / HTML out. They never probe."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
 
-FORMATS = ("text", "json", "markdown")
+FORMATS = ("text", "json", "markdown", "html")
 _EXTENSIONS = {".txt": "text", ".log": "text", ".json": "json", ".md": "markdown",
-               ".markdown": "markdown"}
+               ".markdown": "markdown", ".html": "html", ".htm": "html"}
 
 
 def format_for(requested: str | None, output: str | None) -> str:
@@ -35,6 +35,10 @@ def render(report: Report, fmt: str, color: bool = False) -> str:
         from gpucheck.render.markdown import render_markdown
 
         return render_markdown(report)
+    if fmt == "html":
+        from gpucheck.render.html import render_html
+
+        return render_html(report)
     from gpucheck.render.text import render_text
 
     return render_text(report, color=color)

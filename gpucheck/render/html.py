@@ -1,0 +1,154 @@
+"""HTML renderer: one self-contained page for a ticket attachment or a browser.
+
+No scripts, no external CSS, fonts or images: the style is inline and the charts
+are inline SVG (`gpucheck.render.charts`), so the file opens offline. Every value
+of the report is escaped (hostnames, environment variables and messages are
+input from the machine, not markup).
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from gpucheck.actions import strip_hint
+from gpucheck.render.charts import Chart, draw_charts
+from gpucheck.render.values import fmt_field, is_table, table_columns
+from gpucheck.report import Finding, Report, Section, Status
+
+_STYLE = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin: 0; display: inline; }
+table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 13px; }
+th, td { border: 1px solid #ccc; padding: 2px 8px; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+table.kv th { font-weight: normal; color: #555; }
+.s-OK { background: #d8f0d8; } .s-SKIP { background: #eee; color: #666; }
+.s-WARN { background: #fbe7b5; } .s-FAIL { background: #f5c6c6; font-weight: bold; }
+.badge { padding: 1px 8px; border-radius: 4px; }
+details { border-top: 1px solid #ddd; padding: 0.5em 0; }
+summary { cursor: pointer; } .note { color: #666; font-style: italic; }
+ul.tree { margin: 0.2em 0; } figure { margin: 0.5em 0 1.5em; }
+svg { max-width: 100%; height: auto; }
+"""
+
+_STATUSES = {s.value for s in Status}
+# Columns whose OK/SKIP/WARN/FAIL cells get their status colour in any table.
+_STATUS_COLUMNS = ("status", "verdict")
+
+
+def render_html(report: Report) -> str:
+    verdict = report.verdict().value
+    title = f"gpucheck {report.command} on {report.host}: {verdict}"
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{escape(title)}</title><style>{_STYLE}</style></head><body>",
+        *_headline(report),
+        *_problems(report.findings),
+        *_charts(draw_charts(report)),
+        *(line for section in report.sections for line in _section(section)),
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _headline(report: Report) -> list[str]:
+    verdict = report.verdict().value
+    counts = [{"status": status, "count": n} for status, n in report.summary().items()]
+    return [
+        f"<h1>gpucheck {escape(report.command)}: "
+        f'<span class="badge s-{verdict}">{verdict}</span></h1>',
+        f"<p>Host <code>{escape(report.host)}</code>, {escape(report.created_at)}, "
+        f"gpucheck {escape(report.tool_version)}, command "
+        f"<code>{escape(' '.join(report.argv))}</code></p>",
+        _table(counts),
+    ]
+
+
+def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:
+    """As in Markdown: the hint loses the "action: x:" prefix the action column shows."""
+    return [{"status": f.status.value, "action": f.action or "", "check": f.check,
+             "subject": f.subject or "", "message": f.message,
+             "hint": strip_hint(f.hint, f.action) or ""} for f in findings]
+
+
+def _problems(findings: list[Finding]) -> list[str]:
+    problems = [f for f in findings if f.status in (Status.FAIL, Status.WARN)]
+    problems.sort(key=lambda f: -f.status.severity)  # stable: report order within a status
+    if not problems:
+        return ["<h2>Problems</h2>", "<p>No FAIL or WARN findings.</p>"]
+    return ["<h2>Problems</h2>", _table(_finding_rows(problems), css="problems")]
+
+
+def _charts(charts: list[Chart]) -> list[str]:
+    if not charts:
+        return []
+    lines = ["<h2>Charts</h2>"]
+    for chart in charts:
+        if chart.svg is not None:
+            lines.append(f"<figure>{chart.svg}</figure>")
+        else:
+            lines.append(f'<p class="note">{escape(chart.title)}: {escape(chart.note or "")}</p>')
+    return lines
+
+
+def _section(section: Section) -> list[str]:
+    statuses = [f.status for f in section.findings]
+    verdict = max(statuses, key=lambda s: s.severity).value if statuses else "info"
+    badge_class = f"s-{verdict}" if verdict in _STATUSES else ""
+    lines = [f'<details open id="{escape(section.name)}"><summary><h2>'
+             f"{escape(section.title)}</h2> "
+             f'<span class="badge {badge_class}">{verdict}</span></summary>']
+    lines.extend(_data(section.data))
+    if section.findings:
+        lines.append(_table(_finding_rows(section.findings)))
+    lines.append("</details>")
+    return lines
+
+
+def _data(data: dict[str, Any]) -> list[str]:
+    """Scalars as one key/value table, nested dicts as nested lists, tables as tables."""
+    scalars = {k: v for k, v in data.items() if not isinstance(v, dict) and not is_table(v)}
+    lines = []
+    if scalars:
+        rows = "".join(f"<tr><th>{escape(str(k))}</th><td>{escape(fmt_field(str(k), v))}</td>"
+                       "</tr>" for k, v in scalars.items())
+        lines.append(f'<table class="kv">{rows}</table>')
+    for key, value in data.items():
+        if isinstance(value, dict):
+            lines.append(f"<p><b>{escape(str(key))}</b></p>{_tree(value)}")
+        elif is_table(value):
+            lines.append(f"<p><b>{escape(str(key))}</b></p>{_table(value)}")
+    return lines
+
+
+def _tree(data: dict[str, Any]) -> str:
+    items = []
+    for key, value in data.items():
+        name = escape(str(key))
+        if isinstance(value, dict):
+            items.append(f"<li>{name}:{_tree(value)}</li>")
+        elif is_table(value):
+            items.append(f"<li>{name}:{_table(value)}</li>")
+        else:
+            items.append(f"<li>{name}: {escape(fmt_field(str(key), value))}</li>")
+    return f'<ul class="tree">{"".join(items)}</ul>' if items else ""
+
+
+def _table(rows: list[dict[str, Any]], css: str = "") -> str:
+    columns = table_columns(rows)
+    head = "".join(f"<th>{escape(str(c))}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(_cell(str(c), row.get(c)) for c in columns) + "</tr>"
+                   for row in rows)
+    css_attr = f' class="{css}"' if css else ""
+    return f"<table{css_attr}><tr>{head}</tr>{body}</table>"
+
+
+def _cell(column: str, value: Any) -> str:
+    text = escape(fmt_field(column, value))
+    if column in _STATUS_COLUMNS and value in _STATUSES:
+        return f'<td class="s-{value}">{text}</td>'
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f'<td class="num">{text}</td>'
+    return f"<td>{text}</td>"
