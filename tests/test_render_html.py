@@ -16,7 +16,14 @@ import pytest
 from gpucheck.cli import main
 from gpucheck.render import charts as charts_module
 from gpucheck.render import format_for, render
-from gpucheck.render.charts import INSTALL_NOTE, BarSpec, LineSpec, RangeSpec, find_charts
+from gpucheck.render.charts import (
+    INSTALL_NOTE,
+    BarSpec,
+    ChangeSpec,
+    LineSpec,
+    RangeSpec,
+    find_charts,
+)
 from gpucheck.report import Report, Section, fail, ok, warn
 
 REPORTS = Path(__file__).resolve().parent / "data" / "reports"
@@ -173,6 +180,16 @@ def test_the_fleet_chart_marks_the_outlier_node_on_its_metric(fleet_report: Repo
     assert first.label == "bench.images_per_s.rank1"
     assert [node for node, _ in first.outliers] == ["node-slow"]
     assert all(not row.outliers for row in spec.rows[1:])
+
+
+def test_the_compare_chart_shows_each_metrics_change_worse_first(tmp_path: Path) -> None:
+    compare = run_report(tmp_path, "compare", str(REPORTS / "bench.json"),
+                         str(REPORTS / "bench_slow.json"))
+    (spec,) = find_charts(compare)
+    assert isinstance(spec, ChangeSpec)
+    verdicts = [verdict for _, _, verdict in spec.rows]
+    assert verdicts == ["worse"] * 4 + ["same"] * 2
+    assert spec.rows[0][:2] == ("bench.job_wall_s", 66.7)
 
 
 def test_an_env_report_has_no_charts_and_no_install_note(no_matplotlib: None) -> None:

@@ -60,7 +60,16 @@ class RangeSpec:
     left_out: int = 0
 
 
-ChartSpec = LineSpec | BarSpec | RangeSpec
+@dataclass
+class ChangeSpec:
+    """compare: each metric's change from A to B in percent, coloured by its verdict."""
+
+    title: str
+    rows: list[tuple[str, float, str]]
+    left_out: int = 0
+
+
+ChartSpec = LineSpec | BarSpec | RangeSpec | ChangeSpec
 
 
 @dataclass
@@ -91,7 +100,8 @@ def _rows(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
 def find_charts(report: Report) -> list[ChartSpec]:
     """Every chart this report has data for, in the order they are shown."""
     specs: list[ChartSpec | None] = [_comm_chart(report), _bench_chart(report),
-                                     *_stress_charts(report), _fleet_chart(report)]
+                                     *_stress_charts(report), _fleet_chart(report),
+                                     _compare_chart(report)]
     return [spec for spec in specs if spec is not None]
 
 
@@ -184,6 +194,21 @@ def _fleet_chart(report: Report) -> RangeSpec | None:
                      rows[:MAX_RANGE_ROWS], max(0, len(rows) - MAX_RANGE_ROWS))
 
 
+def _compare_chart(report: Report) -> ChangeSpec | None:
+    """compare's `metrics` rows (change_pct, verdict): worse first, then the largest."""
+    metrics = report.section("metrics")
+    rows = []
+    for row in _rows(metrics.data, "metrics") if metrics else []:
+        change = _number(row.get("change_pct"))
+        if change is not None and "verdict" in row:
+            rows.append((str(row.get("metric")), change, str(row["verdict"])))
+    if not rows:
+        return None
+    rows.sort(key=lambda r: (r[2] != "worse", -abs(r[1]), r[0]))
+    return ChangeSpec("Change from A to B (%)", rows[:MAX_RANGE_ROWS],
+                      max(0, len(rows) - MAX_RANGE_ROWS))
+
+
 def draw_charts(report: Report) -> list[Chart]:
     """The report's charts as inline SVG; notes instead where they cannot be drawn."""
     specs = find_charts(report)
@@ -217,6 +242,8 @@ def _draw(spec: ChartSpec, salt: str) -> str:
             figure = _draw_lines(Figure(figsize=(7, 3.6)), spec)
         elif isinstance(spec, BarSpec):
             figure = _draw_bars(spec)
+        elif isinstance(spec, ChangeSpec):
+            figure = _draw_changes(spec)
         else:
             figure = _draw_ranges(spec)
         return _svg(figure, salt)
@@ -286,6 +313,28 @@ def _draw_ranges(spec: RangeSpec) -> Any:
     axes.set_xlabel("value / fleet median (bar: low..high; |: median; x: outlier node)")
     more = f"\n(the {len(spec.rows)} with outliers or the widest range; {spec.left_out} more " \
         "in the table)" if spec.left_out else ""
+    axes.set_title(spec.title + more)
+    axes.grid(True, axis="x", alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+_VERDICT_COLORS = {"worse": "#c0392b", "better": "#2e8b57", "same": "#999999"}
+
+
+def _draw_changes(spec: ChangeSpec) -> Any:
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 1.2 + 0.28 * len(spec.rows)))
+    axes = figure.add_subplot()
+    labels = [f"{name} ({verdict})" for name, _, verdict in spec.rows]
+    colors = [_VERDICT_COLORS.get(verdict, "#cccccc") for _, _, verdict in spec.rows]
+    axes.barh(range(len(spec.rows)), [change for _, change, _ in spec.rows], color=colors)
+    axes.set_yticks(range(len(spec.rows)), labels, fontsize=7)
+    axes.invert_yaxis()
+    axes.axvline(0, color="black", linewidth=1)
+    axes.set_xlabel("B against A (%); worse and better follow each metric's direction")
+    more = f" ({spec.left_out} more in the table)" if spec.left_out else ""
     axes.set_title(spec.title + more)
     axes.grid(True, axis="x", alpha=0.3)
     figure.tight_layout()
