@@ -93,6 +93,8 @@ RULES: tuple[Rule, ...] = (
          "was judged wrong, the rest was not measured"),
     Rule("*.failed", A.RERUN, "the run failed with no rank to blame: read the ranks' "
          "output, then run again"),
+    Rule("all.*.failed", A.RERUN, "one command of `gpucheck all` stopped with an error, "
+         "the others ran: run that command alone to see the whole error"),
     Rule("*.rank_failed", A.RERUN, "a rank exited early, often because another one "
          "stopped answering; the hardware findings (faults, XIDs) carry their own actions"),
     Rule("*.rank_unresponsive", A.RERUN, "a rank stopped answering and was killed; the "
@@ -191,6 +193,8 @@ RULES: tuple[Rule, ...] = (
     Rule("comm.internode.slow_pair", A.RERUN, f"a slow node-to-node link in {_SHORT_RUN}"),
     Rule("comm.internode.shared_node", A.RERUN, "several slow node pairs share one node: "
          f"a suspect, still from {_SHORT_RUN}"),
+    Rule("comm.transport.*", A.FIX_CONFIG, "NCCL chose sockets or a loopback/bridge "
+         "interface: its settings or the container's RDMA libraries, not the hardware"),
     # stress: sustained load, built to reproduce what it finds.
     Rule("stress.*.peers", A.DRAIN_NODE, _PEERS),
     Rule("stress.sdc.straggler", A.DRAIN_NODE, _PEERS),

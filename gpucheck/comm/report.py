@@ -14,6 +14,7 @@ from gpucheck.comm.aggregate import (
     pair_matrix,
 )
 from gpucheck.comm.internode import internode_findings, node_pair_rows
+from gpucheck.comm.nccl_log import transport_view
 from gpucheck.distributed.nodes import (
     NodeId,
     group_by_node,
@@ -145,6 +146,20 @@ def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section
                    internode_findings(rows, verdicts.pair_threshold, labels))
 
 
+def _transport_section(result: Mapping[str, Any]) -> Section:
+    """The transport NCCL used on each rank; n/a on gloo (gpucheck.comm.nccl_log)."""
+    title = "NCCL transport per rank"
+    backend = str(result.get("backend"))
+    entries = result.get("transport")
+    if backend == "nccl" and entries is None:
+        reason = "not read (the run ended before the transport was gathered)"
+        return Section("transport", title, {"transport": reason},
+                       [skip("comm.transport.sockets_with_ib", reason)])
+    data, findings = transport_view(entries or [], _names(result), backend,
+                                    len(group_by_node(result["ranks"])))
+    return Section("transport", title, data, findings)
+
+
 def faults_of(result: Mapping[str, Any]) -> Section:
     """Hardware faults during the run: every rank's watch, or (a failed run) rank 0's."""
     ranks = result.get("ranks") or []
@@ -154,7 +169,7 @@ def faults_of(result: Mapping[str, Any]) -> Section:
 
 def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section]:
     """Setup, one section per collective, pairwise, nodes (when several), between nodes
-    (skipped on one node), faults."""
+    (skipped on one node), the NCCL transport, faults."""
     if "collectives" not in result:  # failed before the first size: rank 0's watch only
         return [faults_of(result)]
     sections = [_setup_section(result)]
@@ -167,6 +182,7 @@ def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section
     if nodes is not None:
         sections.append(nodes)
     sections.append(_internode_section(result, verdicts))
+    sections.append(_transport_section(result))
     sections.append(faults_of(result))
     return sections
 

@@ -20,6 +20,7 @@ from gpucheck.comm.collectives import (
     sweep_sizes,
 )
 from gpucheck.comm.internode import measure_internode
+from gpucheck.comm.nccl_log import nccl_logging, rank_entry
 from gpucheck.comm.pairwise import measure_pairs
 from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.nodes import group_by_node
@@ -105,8 +106,24 @@ def _internode(spec: CommSpec, world: World, infos: list[dict[str, Any]],
     return {"size_bytes": size, "iters": spec.pair_iters, "links": links}
 
 
+def _transport(spec: CommSpec, world: World, folder: str | None) -> list[Any] | None:
+    """Every rank's NCCL transport (gpucheck.comm.nccl_log); None off NCCL."""
+    import torch.distributed as dist
+
+    if spec.backend != "nccl":
+        return None
+    every: list[Any] = [None] * world.world_size
+    dist.all_gather_object(every, rank_entry(world.rank, folder))
+    return every
+
+
 def comm_worker(spec: CommSpec) -> dict[str, Any] | None:
     """Run the sweep; rank 0 returns the results, the other ranks None."""
+    with nccl_logging(spec.backend) as nccl_folder:
+        return _sweep(spec, nccl_folder)
+
+
+def _sweep(spec: CommSpec, nccl_folder: str | None) -> dict[str, Any] | None:
     with process_group(spec.backend, spec.device, spec.timeout_s,
                        fault_watch=spec.fault_watch) as world:
         infos = [asdict(i) for i in roster()]
@@ -128,6 +145,7 @@ def comm_worker(spec: CommSpec) -> dict[str, Any] | None:
             result["pairwise"] = _pairwise(spec, world, infos, sizes[-1])
         if spec.internode and len(group_by_node(infos)) > 1:
             result["internode"] = _internode(spec, world, infos, sizes[-1])
+        result["transport"] = _transport(spec, world, nccl_folder)
         faultwatch.mark_end()
         result["faults"] = faultwatch.gather()
         result["complete"] = True

@@ -1,0 +1,200 @@
+"""The transport NCCL really used, read from NCCL's own init log: pure functions.
+
+Each rank, on the NCCL backend and only when the user has not set NCCL_DEBUG, gets
+NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET (keeps it short) and NCCL_DEBUG_FILE in
+a folder of its own (NCCL expands %h to the host and %p to the pid). After the sweep
+the rank reads its own file (its node's view: the files of other nodes are not
+reachable from the reporting rank), lists /sys/class/infiniband, and sends both in
+its result. The lines read:
+
+    NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE ; OOB eth0:10.0.0.1<0>
+    NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>
+    NCCL INFO Using network IB
+    NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM
+    NCCL INFO Channel 00/0 : 1[1] -> 2[0] [send] via NET/IB/0/GDRDMA
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpucheck.report import Finding, ok, skip, warn
+
+LOG_NAME = "nccl.%h.%p.log"
+# Interfaces that can never carry traffic between nodes: loopback, container and VM
+# bridges, virtual ethernet pairs. A rule anyone can check, unlike "the management NIC".
+BAD_PREFIXES = ("lo", "docker", "virbr", "veth")
+
+_USING_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")
+_NET_IB = re.compile(r"NCCL INFO NET/IB : Using (.*?)(?:; OOB (\S+?):|$)")
+_NET_SOCKET = re.compile(r"NCCL INFO NET/Socket : Using (.*)$")
+_DEVICE = re.compile(r"\[\d+\]([^:\s]+):(?:\d+/(IB|RoCE)|\S*)")
+_VIA = re.compile(r"NCCL INFO Channel .* via (\S+)")
+
+
+def nccl_debug_env(environ: Mapping[str, str], log_dir: str, backend: str) -> dict[str, str]:
+    """The variables a rank gets so NCCL logs its transport: none off NCCL, none when
+    the user set NCCL_DEBUG (theirs is left alone; the transport is then not read)."""
+    if backend != "nccl" or "NCCL_DEBUG" in environ:
+        return {}
+    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
+            "NCCL_DEBUG_FILE": f"{log_dir.rstrip('/')}/{LOG_NAME}"}
+
+
+@dataclass(frozen=True)
+class Transport:
+    """What one rank's log says."""
+
+    network: str | None = None  # "IB", "Socket", or a plugin's name
+    ib_devices: tuple[tuple[str, str], ...] = ()  # (device, "IB" or "RoCE")
+    oob_interface: str | None = None
+    socket_interfaces: tuple[str, ...] = ()
+    via: dict[str, int] = field(default_factory=dict)  # channel transports: count
+
+    def row(self) -> dict[str, Any]:
+        return {"network": self.network,
+                "ib_devices": " ".join(f"{d}/{k}" for d, k in self.ib_devices) or None,
+                "oob_interface": self.oob_interface,
+                "socket_interfaces": " ".join(self.socket_interfaces) or None,
+                "channels": ", ".join(f"{k} x{v}" for k, v in sorted(self.via.items()))
+                or None}
+
+
+def _kind(via: str) -> str:
+    """"NET/IB/0/GDRDMA" -> "NET/IB", "P2P/CUMEM" -> "P2P", "SHM" -> "SHM"."""
+    parts = via.split("/")
+    return "/".join(parts[:2]) if parts[0] == "NET" else parts[0]
+
+
+def parse_nccl_log(text: str) -> Transport:
+    network, oob, ib, sockets, via = None, None, [], [], {}
+    for line in text.splitlines():
+        if m := _USING_NETWORK.search(line):
+            network = m.group(1)
+        elif m := _NET_IB.search(line):
+            ib = [(d, k or "IB") for d, k in _DEVICE.findall(m.group(1))]
+            oob = m.group(2) or oob
+        elif m := _NET_SOCKET.search(line):
+            sockets = [d for d, _ in _DEVICE.findall(m.group(1))]
+        elif m := _VIA.search(line):
+            kind = _kind(m.group(1))
+            via[kind] = via.get(kind, 0) + 1
+    return Transport(network, tuple(dict.fromkeys(ib)), oob, tuple(dict.fromkeys(sockets)),
+                     via)
+
+
+def bad_interface(name: str) -> bool:
+    return name.startswith(BAD_PREFIXES)
+
+
+def _uses_sockets(t: Transport) -> bool:
+    return t.network == "Socket" or "NET/Socket" in t.via
+
+
+def rank_findings(label: str, t: Transport, ib_sysfs: Sequence[str]) -> list[Finding]:
+    """One rank's WARNs for traffic between nodes (call only with 2+ nodes)."""
+    findings = []
+    if _uses_sockets(t) and ib_sysfs:
+        findings.append(warn(
+            "comm.transport.sockets_with_ib",
+            f"{label}: NCCL sends between nodes over sockets although this node has "
+            f"InfiniBand devices ({', '.join(ib_sysfs)})",
+            hint="NCCL did not load its IB transport: check NCCL_IB_DISABLE, NCCL_NET, "
+            "NCCL_IB_HCA, rdma-core/libibverbs in the container and `ibstat`", subject=label))
+    wrong = [i for i in t.socket_interfaces if bad_interface(i)] if _uses_sockets(t) else []
+    if wrong:
+        findings.append(warn(
+            "comm.transport.bad_interface",
+            f"{label}: NCCL sends between nodes over {', '.join(wrong)}, which cannot "
+            "reach another node well (loopback, container or VM bridge)",
+            hint="set NCCL_SOCKET_IFNAME to the node's data interface (e.g. "
+            "NCCL_SOCKET_IFNAME=^lo,docker,virbr,veth excludes these)", subject=label))
+    return findings
+
+
+def transport_of(data: Mapping[str, Any]) -> Transport:
+    """A `Transport` back from its `dataclasses.asdict` form (lists for tuples)."""
+    return Transport(data.get("network"), tuple(tuple(d) for d in data.get("ib_devices", ())),
+                     data.get("oob_interface"), tuple(data.get("socket_interfaces", ())),
+                     dict(data.get("via", {})))
+
+
+def transport_view(entries: Sequence[Mapping[str, Any]], labels: Mapping[int, str],
+                   backend: str, nodes: int) -> tuple[dict[str, Any], list[Finding]]:
+    """The section's data and findings from every rank's entry:
+    {rank, state ("read", "user_nccl_debug", "no_log"), transport, ib_sysfs}."""
+    if backend != "nccl":
+        return {"transport": f"n/a ({backend}): only NCCL logs its transport"}, []
+    read = [e for e in entries if e["state"] == "read"]
+    rows = [{"rank": e["rank"], "ib_sysfs": " ".join(e.get("ib_sysfs") or []) or None}
+            | transport_of(e["transport"]).row() for e in read]
+    data: dict[str, Any] = {"ranks": rows}
+    check = "comm.transport.sockets_with_ib"
+    if not read:
+        user = any(e["state"] == "user_nccl_debug" for e in entries)
+        reason = ("NCCL_DEBUG was set by the user: left alone, the transport not read"
+                  if user else "no NCCL log found: the transport not read")
+        return data | {"transport": reason}, [skip(check, reason)]
+    if nodes < 2:
+        return data | {"between_nodes": "one node: no traffic between nodes"}, []
+    findings = [f for e in read for f in rank_findings(
+        labels.get(int(e["rank"]), f"rank {e['rank']}"), transport_of(e["transport"]),
+        e.get("ib_sysfs") or [])]
+    if not findings:
+        networks = sorted({str(r["network"]) for r in rows})
+        findings = [ok(check, f"{len(read)} ranks send between nodes over "
+                       f"{', '.join(networks)}, on no loopback or bridge interface")]
+    return data, findings
+
+
+# I/O on the rank: the environment around the process group, then the rank's own log.
+
+
+@contextlib.contextmanager
+def nccl_logging(backend: str) -> Iterator[str | None]:
+    """Set the NCCL_DEBUG variables for this process (restored after); yield the log
+    folder, or None when nothing was set (gloo, or the user's own NCCL_DEBUG)."""
+    if not nccl_debug_env(os.environ, "/", backend):
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="gpucheck-nccl-")
+    env = nccl_debug_env(os.environ, folder, backend)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield folder
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def ib_sysfs(root: str = "/sys/class/infiniband") -> list[str]:
+    """This node's InfiniBand/RoCE devices, as the kernel lists them."""
+    try:
+        return sorted(os.listdir(root))
+    except OSError:
+        return []
+
+
+def rank_entry(rank: int, folder: str | None) -> dict[str, Any]:
+    """This rank's transport as read from its own log (NCCL names it by host and pid)."""
+    entry: dict[str, Any] = {"rank": rank, "transport": None, "ib_sysfs": ib_sysfs()}
+    if folder is None:
+        return entry | {"state": "user_nccl_debug"}
+    logs = sorted(Path(folder).glob(f"nccl.*.{os.getpid()}.log"))
+    if not logs:
+        return entry | {"state": "no_log"}
+    text = logs[0].read_text(errors="replace")
+    return entry | {"state": "read", "transport": asdict(parse_nccl_log(text))}

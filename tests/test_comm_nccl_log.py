@@ -1,0 +1,164 @@
+"""The NCCL transport: the env a rank gets, the parser on saved logs, the verdicts."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpucheck.comm.nccl_log import (
+    nccl_debug_env,
+    nccl_logging,
+    parse_nccl_log,
+    rank_entry,
+    transport_view,
+)
+from gpucheck.comm.report import Verdicts, comm_sections
+from gpucheck.report import Status
+
+LOGS = Path(__file__).parent / "data" / "nccl_logs"
+LABELS = {0: "rank 0 (node 0 a)", 1: "rank 1 (node 1 b)"}
+
+
+def _parse(name: str):  # type: ignore[no-untyped-def]
+    return parse_nccl_log((LOGS / name).read_text())
+
+
+def test_a_rank_on_nccl_gets_info_logging_into_its_own_folder() -> None:
+    env = nccl_debug_env({"PATH": "/bin"}, "/tmp/run/", "nccl")
+    assert env == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
+                   "NCCL_DEBUG_FILE": "/tmp/run/nccl.%h.%p.log"}
+
+
+def test_the_users_own_nccl_debug_is_left_alone() -> None:
+    assert nccl_debug_env({"NCCL_DEBUG": "WARN"}, "/tmp/run", "nccl") == {}
+
+
+def test_gloo_gets_no_nccl_variables() -> None:
+    assert nccl_debug_env({}, "/tmp/run", "gloo") == {}
+
+
+def test_a_healthy_infiniband_log_reads_as_ib_with_its_hcas_and_channels() -> None:
+    t = _parse("ib_healthy.log")
+    assert t.network == "IB"
+    assert t.ib_devices == (("mlx5_0", "IB"), ("mlx5_1", "IB"), ("mlx5_2", "IB"),
+                            ("mlx5_3", "IB"))
+    assert t.oob_interface == "eth0"
+    assert t.via == {"P2P": 2, "NET/IB": 3}
+
+
+def test_roce_ports_are_told_from_infiniband() -> None:
+    t = _parse("roce.log")
+    assert t.ib_devices == (("mlx5_0", "RoCE"), ("mlx5_1", "RoCE"))
+    assert t.via == {"NET/IB": 2, "SHM": 1}
+
+
+def test_sockets_name_their_interfaces() -> None:
+    assert _parse("sockets_with_ib.log").socket_interfaces == ("eth0",)
+    t = _parse("socket_over_lo.log")
+    assert (t.network, t.socket_interfaces) == ("Socket", ("lo", "docker0"))
+
+
+def _entry(rank: int, log: str, ib_sysfs: list[str], state: str = "read") -> dict[str, Any]:
+    return {"rank": rank, "state": state, "transport": asdict(_parse(log)),
+            "ib_sysfs": ib_sysfs}
+
+
+def _statuses(entries: list[dict[str, Any]], nodes: int = 2) -> list[tuple[str, Status]]:
+    _, findings = transport_view(entries, LABELS, "nccl", nodes)
+    return [(f.check, f.status) for f in findings]
+
+
+def test_infiniband_between_nodes_is_ok() -> None:
+    entries = [_entry(0, "ib_healthy.log", ["mlx5_0"]), _entry(1, "roce.log", ["mlx5_0"])]
+    assert _statuses(entries) == [("comm.transport.sockets_with_ib", Status.OK)]
+
+
+def test_sockets_while_the_node_has_infiniband_is_a_warn() -> None:
+    entries = [_entry(0, "sockets_with_ib.log", ["mlx5_0", "mlx5_1"]),
+               _entry(1, "ib_healthy.log", ["mlx5_0"])]
+    data, findings = transport_view(entries, LABELS, "nccl", 2)
+    assert [(f.check, f.status, f.subject) for f in findings] == [
+        ("comm.transport.sockets_with_ib", Status.WARN, "rank 0 (node 0 a)")]
+    assert "mlx5_0, mlx5_1" in findings[0].message
+    assert [r["network"] for r in data["ranks"]] == ["Socket", "IB"]
+
+
+def test_sockets_without_infiniband_on_a_proper_interface_are_ok() -> None:
+    entries = [_entry(0, "sockets_with_ib.log", [])]
+    assert _statuses(entries) == [("comm.transport.sockets_with_ib", Status.OK)]
+
+
+def test_sockets_over_loopback_or_a_bridge_are_a_warn_naming_them() -> None:
+    _, findings = transport_view([_entry(0, "socket_over_lo.log", [])], LABELS, "nccl", 2)
+    assert [(f.check, f.status) for f in findings] == [
+        ("comm.transport.bad_interface", Status.WARN)]
+    assert "lo, docker0" in findings[0].message
+
+
+def test_on_one_node_nothing_goes_between_nodes_so_nothing_is_warned() -> None:
+    assert _statuses([_entry(0, "socket_over_lo.log", ["mlx5_0"])], nodes=1) == []
+
+
+def test_a_user_set_nccl_debug_says_the_transport_could_not_be_read() -> None:
+    assert parse_nccl_log((LOGS / "user_set_debug.log").read_text()).network is None
+    entries = [{"rank": 0, "state": "user_nccl_debug", "transport": None, "ib_sysfs": []}]
+    data, findings = transport_view(entries, LABELS, "nccl", 2)
+    assert "set by the user" in data["transport"]
+    assert [f.status for f in findings] == [Status.SKIP]
+
+
+def test_gloo_has_no_nccl_log_and_no_warn() -> None:
+    data, findings = transport_view([], LABELS, "gloo", 2)
+    assert data == {"transport": "n/a (gloo): only NCCL logs its transport"}
+    assert findings == []
+
+
+def test_the_logging_variables_are_set_around_the_group_and_restored_after(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NCCL_DEBUG", raising=False)
+    monkeypatch.setenv("NCCL_DEBUG_SUBSYS", "ALL")
+    with nccl_logging("nccl") as folder:
+        assert folder is not None and Path(folder).is_dir()
+        assert os.environ["NCCL_DEBUG"] == "INFO"
+        assert os.environ["NCCL_DEBUG_FILE"] == f"{folder}/nccl.%h.%p.log"
+    assert "NCCL_DEBUG" not in os.environ and "NCCL_DEBUG_FILE" not in os.environ
+    assert os.environ["NCCL_DEBUG_SUBSYS"] == "ALL"
+    assert not Path(folder).exists()
+
+
+def test_a_user_set_nccl_debug_gives_no_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    with nccl_logging("nccl") as folder:
+        assert folder is None and os.environ["NCCL_DEBUG"] == "WARN"
+    assert rank_entry(3, None)["state"] == "user_nccl_debug"
+
+
+def test_a_rank_reads_the_log_named_by_its_own_pid(tmp_path: Path) -> None:
+    text = (LOGS / "roce.log").read_text()
+    (tmp_path / f"nccl.gpu-r07.{os.getpid()}.log").write_text(text)
+    (tmp_path / f"nccl.gpu-r07.{os.getpid() + 1}.log").write_text("another rank's")
+    entry = rank_entry(1, str(tmp_path))
+    assert entry["state"] == "read" and entry["rank"] == 1
+    assert list(entry["transport"]["ib_devices"]) == [("mlx5_0", "RoCE"), ("mlx5_1", "RoCE")]
+
+
+def test_no_log_in_the_folder_is_said_so(tmp_path: Path) -> None:
+    assert rank_entry(0, str(tmp_path))["state"] == "no_log"
+    data, findings = transport_view([rank_entry(0, str(tmp_path))], LABELS, "nccl", 2)
+    assert data["transport"].startswith("no NCCL log found")
+    assert [f.status for f in findings] == [Status.SKIP]
+
+
+def test_the_gloo_report_says_the_transport_is_n_a() -> None:
+    ranks = [{"rank": 0, "node_rank": 0, "host": "h", "device": "cpu"}]
+    result = {"world_size": 1, "device": "cpu", "backend": "gloo", "iters": 1, "warmup": 0,
+              "sizes_bytes": [1024], "ranks": ranks, "collectives": {}, "pairwise": None,
+              "transport": None, "complete": True, "faults": []}
+    sections = {s.name: s for s in comm_sections(result, Verdicts(0.5, None, 0.9))}
+    assert sections["transport"].data == {
+        "transport": "n/a (gloo): only NCCL logs its transport"}
+    assert sections["transport"].findings == []
