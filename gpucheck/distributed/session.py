@@ -30,6 +30,7 @@ from gpucheck.distributed.checkin import (
     check_in,
     roll_call,
     roll_call_window_s,
+    scoped,
     this_rank,
 )
 from gpucheck.distributed.world import World, host_name, world_from_env
@@ -157,7 +158,7 @@ def process_group(backend: str, device: str, timeout_s: float,
     _session["roster"] = infos
     if world.rank == 0:
         progress.publish_roster([asdict(i) for i in infos])
-    dist.init_process_group(backend, store=dist.PrefixStore("gpucheck/pg", store),
+    dist.init_process_group(backend, store=dist.PrefixStore(scoped("gpucheck/pg"), store),
                             rank=world.rank, world_size=world.world_size, timeout=timeout)
     progress.set_step(None)
     try:

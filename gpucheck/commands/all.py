@@ -1,0 +1,272 @@
+"""`gpucheck all`: env, stress, bench and comm in turn, one report (docs/all.md).
+
+Each command runs through its own `run(args)` with a Namespace built by its own
+parser (`gpucheck <cmd> ...`), so every option has that command's default and
+validation. Every option is checked for every command before the first one runs:
+a bad option is a usage error up front. A command that then fails becomes a FAIL
+finding `all.<cmd>.failed` and the next command runs. Under torchrun or srun every
+rank runs this sequence; each command's process group gets its own namespace on
+the job's store (`gpucheck.distributed.checkin.namespaced`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gpucheck.commands.launch_options import add_launch_arguments
+from gpucheck.errors import UsageError
+from gpucheck.report import Finding, Report, Section, fail, skip
+
+HELP = "env, stress, bench and comm in turn on this node (or job): one report"
+
+ORDER = ("env", "stress", "bench", "comm")
+# Without a GPU the ranks are CPU processes: short settings keep the whole run near a
+# minute (docs/all.md has the measured times). GPU runs keep every command's defaults.
+CPU_SETTINGS: dict[str, tuple[str, ...]] = {
+    "stress": ("--duration", "2"),
+    "comm": ("--max-bytes", "64K", "--iters", "5"),
+}
+# What `--local` removes: the variables by which gpucheck reads a launcher's world
+# (gpucheck.distributed.world.world_from_env), so this node runs as a job of its own.
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")
+
+
+@dataclass
+class Outcome:
+    """How one command went: ran, skipped, failed or not run, and why."""
+
+    command: str
+    outcome: str
+    why: str = ""
+    wall_s: float | None = None
+    report: Report | None = None
+
+
+# The run so far, for `partial_report` after Ctrl-C or SIGTERM.
+_state: dict[str, Any] = {"outcomes": [], "current": None, "namespaces": {}}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_launch_arguments(parser)
+    group = parser.add_argument_group("all")
+    group.add_argument("--skip", default="", metavar="LIST",
+                       help=f"commands not to run, comma-separated: {', '.join(ORDER)}")
+    group.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                       help="stress's burn-in length (default: stress's, 30 on GPU; "
+                            f"{CPU_SETTINGS['stress'][1]} on CPU)")
+    group.add_argument("--local", action="store_true",
+                       help="ignore torchrun's and SLURM's rank variables: run this node "
+                            "alone, e.g. one srun task per node (docs/all.md)")
+
+
+def run(args: argparse.Namespace) -> Report | None:
+    chosen = _chosen(args.skip)
+    if args.local:
+        for name in LAUNCHER_VARS:
+            os.environ.pop(name, None)
+    namespaces = _namespaces(args, chosen)
+    _state.update(outcomes=[], current=None, namespaces=namespaces)
+    for name in ORDER:
+        if name not in chosen:
+            _state["outcomes"].append(Outcome(name, "skipped", "--skip"))
+            continue
+        _state["outcomes"].append(_run_one(name, namespaces[name]))
+        _state["current"] = None  # left set by an interrupt, for partial_report
+    outcomes: list[Outcome] = _state["outcomes"]
+    if not _is_reporter():
+        if any(o.outcome == "failed" for o in outcomes):
+            raise SystemExit(1)  # the launcher should know this rank failed
+        return None
+    return combined_report(outcomes)
+
+
+def _chosen(skip_list: str) -> tuple[str, ...]:
+    skipped = {s.strip() for s in skip_list.split(",") if s.strip()}
+    unknown = sorted(skipped - set(ORDER))
+    if unknown:
+        raise UsageError(f"--skip {skip_list!r}: unknown command(s) {', '.join(unknown)}; "
+                         f"use {', '.join(ORDER)}")
+    chosen = tuple(n for n in ORDER if n not in skipped)
+    if not chosen:
+        raise UsageError(f"--skip {skip_list!r} leaves nothing to run")
+    return chosen
+
+
+def _namespaces(args: argparse.Namespace, chosen: tuple[str, ...]) -> dict[str, Any]:
+    """Each chosen command's options from its own parser, checked before anything runs."""
+    from gpucheck.commands.launch_options import plan_launch
+
+    if args.duration is not None and not args.duration > 0:
+        raise UsageError(f"--duration {args.duration:g}: give a positive number of seconds")
+    launched = [n for n in chosen if n != "env"]
+    device = plan_launch(args).device if launched else "cpu"
+    namespaces = {}
+    for name in chosen:
+        argv = _sub_argv(name, args, device)
+        namespace = _parse(argv)
+        try:
+            _preflight(name, namespace)
+        except UsageError as exc:
+            raise UsageError(f"{name} ({' '.join(argv)}): {exc}") from None
+        namespaces[name] = namespace
+    return namespaces
+
+
+def _sub_argv(name: str, args: argparse.Namespace, device: str) -> list[str]:
+    """`all`'s options as the command line of one command."""
+    argv = [name, *(["--quiet"] if args.quiet else [])]
+    if name == "env":
+        return argv
+    for flag, value in (("--n-gpus", args.n_gpus), ("--device", args.device),
+                        ("--backend", args.backend), ("--master-port", args.master_port)):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += ["--timeout", repr(args.timeout)]
+    if not args.fault_watch:
+        argv.append("--no-fault-watch")
+    if device == "cpu":
+        argv += CPU_SETTINGS.get(name, ())
+    if name == "stress" and args.duration is not None:
+        argv += ["--duration", repr(args.duration)]  # the later value wins in argparse
+    return argv
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    from gpucheck.cli import build_parser
+
+    return build_parser().parse_args(argv)
+
+
+def _preflight(name: str, ns: argparse.Namespace) -> None:
+    """The checks each command makes before it starts any rank (UsageError on a bad one)."""
+    from gpucheck.commands import bench, comm, stress
+    from gpucheck.commands.launch_options import plan_launch
+    from gpucheck.probes.kernel_log import checked_kernel_log_path
+
+    if name == "env":
+        checked_kernel_log_path(ns.kernel_log)
+    elif name == "stress":
+        stress._check(ns, plan_launch(ns))
+    elif name == "bench":
+        bench._plan_bench(ns, plan_launch(ns))
+    elif name == "comm":
+        comm._check(ns)
+        plan_launch(ns)
+
+
+def _run_one(name: str, ns: argparse.Namespace) -> Outcome:
+    """Run one command; its failure is an outcome, not the end of `all`."""
+    from gpucheck.cli import _command_module
+    from gpucheck.distributed.checkin import namespaced
+
+    _state["current"] = name
+    start = time.monotonic()
+    try:
+        with namespaced(name):
+            report = _command_module(name).run(ns)
+    except SystemExit as exc:  # a rank > 0 whose job failed; it said why on stderr
+        why = f"this rank exited with status {exc.code}"
+        return Outcome(name, "failed", why, _since(start))
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {_first_line(str(exc))}"
+        print(f"gpucheck all: {name} failed: {why}", file=sys.stderr)
+        _leave_group()
+        return Outcome(name, "failed", why, _since(start))
+    if report is None and _is_reporter():
+        return Outcome(name, "failed", "it returned no report", _since(start))
+    return Outcome(name, "ran", "", _since(start), report)
+
+
+def _since(start: float) -> float:
+    return round(time.monotonic() - start, 1)
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0][:300] if lines else "no message"
+
+
+def _leave_group() -> None:
+    """A command that failed inside its process group may have left it joined; leave,
+    so the next command can join its own (best effort: it may be broken)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # the failure itself is being reported
+        pass
+
+
+def _is_reporter() -> bool:
+    from gpucheck.distributed.world import world_from_env
+
+    world = world_from_env()
+    return world is None or world.is_reporter
+
+
+def combined_report(outcomes: list[Outcome]) -> Report:
+    """The summary first, then every command's sections, named `<cmd>.<section>`."""
+    report = Report(command="all")
+    report.add(summary_section(outcomes))
+    for outcome in outcomes:
+        for section in outcome.report.sections if outcome.report else []:
+            report.add(prefixed(outcome.command, section))
+    return report
+
+
+def prefixed(command: str, section: Section) -> Section:
+    return Section(f"{command}.{section.name}", f"{command}: {section.title}",
+                   section.data, section.findings)
+
+
+def summary_section(outcomes: list[Outcome]) -> Section:
+    """One row per command (verdict, counts, outcome, wall time), and a finding for
+    each command that failed or was skipped."""
+    rows, findings = [], []
+    for o in outcomes:
+        counts = o.report.summary() if o.report else {}
+        rows.append({"command": o.command, "outcome": o.outcome,
+                     "verdict": o.report.verdict().value if o.report else "-",
+                     **{status: counts.get(status, 0) for status in ("FAIL", "WARN", "OK")},
+                     "wall_s": o.wall_s, "why": o.why})
+        findings += _outcome_findings(o)
+    ran = sum(o.outcome == "ran" for o in outcomes)
+    return Section("summary", "Commands", {"commands_run": f"{ran} of {len(outcomes)}",
+                                           "commands": rows}, findings)
+
+
+def _outcome_findings(o: Outcome) -> list[Finding]:
+    if o.outcome == "failed":
+        return [fail(f"all.{o.command}.failed", f"gpucheck {o.command} did not finish: "
+                     f"{o.why}; the other commands still ran",
+                     hint=f"read its error above, then run `gpucheck {o.command}` alone "
+                          "to see it in full", subject=o.command)]
+    if o.outcome in ("skipped", "not run"):
+        return [skip(f"all.{o.command}.{o.outcome.replace(' ', '_')}",
+                     f"gpucheck {o.command} did not run: {o.why}", subject=o.command)]
+    return []
+
+
+def partial_report(args: argparse.Namespace) -> Report | None:
+    """After Ctrl-C or SIGTERM: the commands that finished, what the running one had
+    measured, and which never ran (gpucheck.cli adds the `interrupted` section)."""
+    from gpucheck.cli import _command_module
+
+    outcomes: list[Outcome] = list(_state["outcomes"])
+    current = _state["current"]
+    if current is not None:
+        build = getattr(_command_module(current), "partial_report", None)
+        ns = _state["namespaces"].get(current)
+        partial = build(ns) if build is not None and ns is not None else None
+        outcomes.append(Outcome(current, "interrupted", "stopped while running",
+                                report=partial))
+    done = {o.command for o in outcomes}
+    outcomes += [Outcome(n, "not run", "the run was stopped before it")
+                 for n in ORDER if n not in done]
+    return combined_report(outcomes)
