@@ -3,7 +3,10 @@ the 2-core development VM (the noisy case the verdict must survive)."""
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -154,3 +157,42 @@ def test_the_ranks_table_has_each_ranks_p50_and_p99_in_ms() -> None:
     assert [r["p50_ms"] for r in rows] == [percentile(noisy(12), 50)] * 2
     assert rows[1]["p99_ms"] == 900.0 and rows[0]["p99_ms"] == max(noisy(12))
     assert rows[1]["vs_others"] is not None and 0 <= rows[1]["slower_share"] <= 1
+
+
+def test_a_rank_that_waited_for_a_shared_core_but_computed_as_fast_is_no_straggler() -> None:
+    # CPU ranks: iter_ms is CPU time, iter_end_ms the wall clock. Rank 1 got 70% of a
+    # core (its wall clock stretched 1.4x) but its computation took as long as rank 0's.
+    fast, waited = ranks(flat(12), flat(12))
+    waited = replace(waited, iter_end_ms=tuple(140.0 * (i + 1) for i in range(12)),
+                     wall_s=1.68)
+    summary = aggregate((fast, waited))
+    assert summary.vs_median[1] > summary.vs_median[0] * 1.3
+    assert summary.paces[1].vs_others == pytest.approx(1.0) and summary.stragglers == ()
+
+
+def test_iterations_are_lined_up_by_the_clock_not_by_their_index() -> None:
+    # Rank 1 started slow (an external load on its core stretched its wall clock) and
+    # then, at the same moments as rank 0, both ran a slower phase: 100 ms, then 150 ms.
+    zero = replace(ranks([100.0] * 6 + [150.0] * 6)[0],
+                   iter_end_ms=tuple(itertools.accumulate([100.0] * 6 + [150.0] * 6)))
+    ends_one = [200.0 * (i + 1) for i in range(3)] + [600 + 150.0 * (i + 1) for i in range(9)]
+    one = replace(ranks(flat(12), [100.0] * 3 + [150.0] * 9)[1], iter_end_ms=tuple(ends_one))
+    summary = aggregate((zero, one))
+    assert summary.paces[1].p50_ms / summary.paces[0].p50_ms == pytest.approx(1.5)
+    assert summary.paces[1].vs_others == pytest.approx(1.0) and summary.stragglers == ()
+
+
+def test_cpu_marks_give_cpu_time_per_iteration_and_the_wall_clock_timeline() -> None:
+    from gpucheck.bench.worker import _IterationMarks
+
+    marks = _IterationMarks("cpu", 2)
+    marks.mark()
+    until = time.process_time() + 0.02
+    while time.process_time() < until:  # 20 ms of computation
+        pass
+    marks.mark()
+    time.sleep(0.05)  # waiting, as for a core another process holds
+    marks.mark()
+    took, ends = marks.read_ms()
+    assert took[0] > 19.9 and took[1] < took[0]
+    assert ends[1] - ends[0] > 50 > took[1]  # the wait is on the timeline, not in took

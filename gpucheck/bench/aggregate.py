@@ -55,8 +55,11 @@ class RankRecord:
     # process, which under SLURM's per-task binding is cuda:0 on every rank.
     nvml_index: int | None = None
     pci_bus_id: str | None = None
-    # Every timed iteration in order (CUDA events on a GPU, perf_counter on CPU).
+    # Every timed iteration's device time in order: CUDA events on a GPU, the process's
+    # CPU time on a CPU; and when each ended, in ms from the start barrier on the rank's
+    # own clock (the device's on a GPU, perf_counter on a CPU; empty: sum of iter_ms).
     iter_ms: tuple[float, ...] = ()
+    iter_end_ms: tuple[float, ...] = ()
 
     def gpu_label(self) -> str:
         """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)" on CUDA; the CPU's name."""
@@ -180,21 +183,21 @@ def rank_paces(records: Sequence[RankRecord]) -> tuple[RankPace, ...]:
     """Each rank's iterations against what the other ranks' took AT THE SAME TIME.
 
     Every rank's iterations are placed on its own clock from the common start barrier
-    (the same origin on every rank, whatever the hosts' clocks say). An iteration is
-    compared with the median of the iterations the other ranks were running at its
-    midpoint: a load that comes and goes during the loop (a neighbour's process on a
-    shared CPU, a GPU clock ramp) then slows both sides of the comparison alike, where
+    (the same origin on every rank, whatever the hosts' clocks say). An iteration's
+    device time is compared with the median device time of the iterations the other
+    ranks were running at its midpoint: a load that comes and goes during the loop (a
+    GPU clock ramp, a neighbour's cache traffic) then slows both sides alike, where
     comparing whole-loop medians would blame whichever rank it overlapped more.
     An iteration that ran after every other rank had finished (the tail of a slower
     rank) is compared with the other ranks' median iteration instead.
     """
-    timelines = {r.rank: _timeline(r.iter_ms) for r in records}
+    timelines = {r.rank: (_ends(r), r.iter_ms) for r in records}
     p50 = {r.rank: percentile(r.iter_ms, 50) for r in records}
     paces = []
     for r in records:
         others_p50 = statistics.median(v for k, v in p50.items() if k != r.rank)
         ratios = []
-        for middle, took in zip(_middles(r.iter_ms), r.iter_ms, strict=True):
+        for middle, took in zip(_middles(_ends(r)), r.iter_ms, strict=True):
             others = [t for k, line in timelines.items() if k != r.rank
                       if (t := _running_at(line, middle)) is not None]
             ratios.append(_ratio(took, statistics.median(others) if others else others_p50))
@@ -205,14 +208,15 @@ def rank_paces(records: Sequence[RankRecord]) -> tuple[RankPace, ...]:
     return tuple(paces)
 
 
-def _timeline(iter_ms: Sequence[float]) -> tuple[list[float], Sequence[float]]:
-    """(each iteration's end, ms since the start barrier; the iterations' times)."""
-    return list(itertools.accumulate(iter_ms)), iter_ms
+def _ends(record: RankRecord) -> list[float]:
+    """When each iteration ended, in ms from the start barrier on the rank's clock."""
+    if len(record.iter_end_ms) == len(record.iter_ms):
+        return list(record.iter_end_ms)
+    return list(itertools.accumulate(record.iter_ms))
 
 
-def _middles(iter_ms: Sequence[float]) -> list[float]:
-    ends = itertools.accumulate(iter_ms)
-    return [end - took / 2 for end, took in zip(ends, iter_ms, strict=True)]
+def _middles(ends: Sequence[float]) -> list[float]:
+    return [(start + end) / 2 for start, end in zip([0.0, *ends], ends, strict=False)]
 
 
 def _running_at(line: tuple[list[float], Sequence[float]], moment_ms: float) -> float | None:

@@ -19,7 +19,7 @@ import importlib
 import os
 import time
 from dataclasses import asdict, dataclass
-from itertools import pairwise
+from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING, Any
 
 from gpucheck.bench import data
@@ -196,6 +196,7 @@ def _record(spec: BenchSpec, world: World, iters: int, timing: LoopTiming,
         device_uuid=gpu.uuid if gpu else None,
         images=iters * spec.batch_size, iters=iters, wall_s=timing.wall_s,
         span_s=timing.span_s, device_s=timing.device_s, iter_ms=timing.iter_ms,
+        iter_end_ms=timing.iter_end_ms,
         peak_memory_bytes=_peak_memory(spec.device, world.device_index),
         threads=threads,
         nvml_index=gpu.nvml_index if gpu else None,
@@ -254,11 +255,11 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
     wall_s = time.perf_counter() - started
     _barrier(spec, world)
     span_s = time.perf_counter() - started
-    iter_s = marks.intervals_s()
+    iter_ms, iter_end_ms = marks.read_ms()
     # On a GPU the events bracket the device's work; on CPU the loop's wall time is it.
-    device_s = sum(iter_s) if spec.device == "cuda" else wall_s
-    return LoopTiming(wall_s=wall_s, span_s=span_s, device_s=device_s,
-                      iter_ms=tuple(s * 1e3 for s in iter_s))
+    device_s = sum(iter_ms) / 1e3 if spec.device == "cuda" else wall_s
+    return LoopTiming(wall_s=wall_s, span_s=span_s, device_s=device_s, iter_ms=iter_ms,
+                      iter_end_ms=iter_end_ms)
 
 
 @dataclass(frozen=True)
@@ -268,16 +269,21 @@ class LoopTiming:
     wall_s: float
     span_s: float
     device_s: float
-    iter_ms: tuple[float, ...]  # every timed iteration, in order
+    iter_ms: tuple[float, ...]  # every timed iteration's device time, in order
+    iter_end_ms: tuple[float, ...]  # when each ended, from the start barrier
 
 
 class _IterationMarks:
-    """A timestamp between iterations: a CUDA event recorded on the stream (all created
-    before the loop, read after it) or, on CPU, perf_counter."""
+    """A mark between iterations. On a GPU a CUDA event recorded on the stream (all
+    created before the loop, read after it): the device's time per iteration and its
+    timeline. On CPU the process's CPU time gives the device time (a core shared with
+    another process does not make the rank's computation slower; docs/bench.md,
+    "Stragglers") and perf_counter the timeline."""
 
     def __init__(self, device: str, iters: int) -> None:
         self.events: list[Any] = []
-        self.stamps: list[float] = []
+        self.cpu_s: list[float] = []
+        self.wall_s: list[float] = []
         if device == "cuda":
             import torch
 
@@ -289,14 +295,18 @@ class _IterationMarks:
             self.events[self.used].record()
             self.used += 1
         else:
-            self.stamps.append(time.perf_counter())
+            self.wall_s.append(time.perf_counter())
+            self.cpu_s.append(time.process_time())
 
-    def intervals_s(self) -> list[float]:
-        """Seconds between consecutive marks (call after the device is synchronised)."""
+    def read_ms(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(each iteration's device ms, each one's end in ms from the first mark); on a
+        GPU call it after the device is synchronised."""
         if self.events:
             done = self.events[:self.used]
-            return [a.elapsed_time(b) / 1e3 for a, b in pairwise(done)]
-        return [b - a for a, b in pairwise(self.stamps)]
+            took = tuple(a.elapsed_time(b) for a, b in pairwise(done))
+            return took, tuple(accumulate(took))
+        took = tuple((b - a) * 1e3 for a, b in pairwise(self.cpu_s))
+        return took, tuple((t - self.wall_s[0]) * 1e3 for t in self.wall_s[1:])
 
 
 def _barrier(spec: BenchSpec, world: World) -> None:
