@@ -117,9 +117,12 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
         to = {s: d for _, s, d in rail_links(node_ranks, *pairs[mine_node])}
         src_node = (mine_node - r) % len(node_ranks)
         came = {d: (k, s) for k, s, d in rail_links(node_ranks, src_node, mine_node)}
+        peers = (to.get(me), came.get(me, (0, None))[1])
+        # Warm-up, untimed: NCCL's first send/recv between two ranks creates their
+        # communicator, which must not be inside the timed exchange.
+        _exchange(*peers, size_bytes, 1, device, 0.0)
         barrier()
-        seconds = _exchange(to.get(me), came.get(me, (0, None))[1], size_bytes, iters,
-                            device, delay)
+        seconds = _exchange(*peers, size_bytes, iters, device, delay)
         if seconds is not None:
             rail, src = came[me]
             links.append({"round": r, "src_node": src_node, "dst_node": mine_node,
