@@ -191,6 +191,7 @@ RULES: tuple[Rule, ...] = (
     Rule("comm.pairwise.slow_pair", A.RERUN, f"a slow GPU pair in {_SHORT_RUN}"),
     Rule("comm.nodes.slow_node", A.RERUN, f"a slow node in {_SHORT_RUN}"),
     Rule("comm.internode.slow_pair", A.RERUN, f"a slow node-to-node link in {_SHORT_RUN}"),
+    Rule("comm.internode.slow_rail", A.RERUN, f"one slow NIC-to-NIC link in {_SHORT_RUN}"),
     Rule("comm.internode.shared_node", A.RERUN, "several slow node pairs share one node: "
          f"a suspect, still from {_SHORT_RUN}"),
     Rule("comm.transport.*", A.FIX_CONFIG, "NCCL chose sockets or a loopback/bridge "

@@ -7,6 +7,7 @@ import pytest
 from gpucheck.comm.internode import (
     internode_findings,
     node_pair_rows,
+    rail_findings,
     rail_links,
     round_schedule,
     shared_node,
@@ -122,3 +123,30 @@ def test_the_report_names_node_pairs_by_their_nodes() -> None:
     assert data["rounds"] == 1
     assert [(r["src"], r["dst"]) for r in data["node_pairs"]] == [
         ("node 0 (h)", "node 1 (h)"), ("node 1 (h)", "node 0 (h)")]
+
+
+def test_a_slow_rail_is_named_even_when_its_node_pair_sum_is_fine() -> None:
+    links = _links({})
+    slow = next(x for x in links if (x["src_node"], x["dst_node"], x["rail"]) == (0, 1, 1))
+    slow["bandwidth_gbps"] = 1.0
+    assert [f.status for f in internode_findings(node_pair_rows(links), 0.5, LABELS)] == [
+        Status.OK]
+    findings = rail_findings(links, 0.5, LABELS)
+    assert [(f.check, f.status, f.subject) for f in findings] == [
+        ("comm.internode.slow_rail", Status.WARN, "rank 1 -> rank 3")]
+
+
+def test_a_bad_nic_names_its_node_and_rail() -> None:
+    links = _links({})
+    for x in links:
+        if x["rail"] == 1 and 2 in (x["src_node"], x["dst_node"]):
+            x["bandwidth_gbps"] = 1.0
+    findings = rail_findings(links, 0.5, LABELS)
+    assert len([f for f in findings if f.check == "comm.internode.slow_rail"]) == 4
+    (named,) = [f for f in findings if f.check == "comm.internode.shared_node"]
+    assert named.subject == "node 2 (h2) rail 1"
+
+
+def test_with_one_rail_the_node_pairs_say_it_all() -> None:
+    links = [x for x in _links({(2, 0): 1.0, (2, 1): 1.0}) if x["rail"] == 0]
+    assert rail_findings(links, 0.5, LABELS) == []

@@ -188,3 +188,35 @@ def internode_findings(rows: Sequence[Mapping[str, Any]], threshold: float,
             hint="suspect this node's NICs, their PCIe links or its switch port; rerun "
             "without it to confirm", subject=labels[suspect]))
     return findings
+
+
+def rail_findings(links: Sequence[Mapping[str, Any]], threshold: float,
+                  labels: Mapping[int, str]) -> list[Finding]:
+    """WARN each rail link below `threshold` x the median rail link, and the node a
+    rail's slow links share (its NIC on that rail). Only with 2+ rails per node: with
+    one rail, a rail is its node pair and `internode_findings` says it all."""
+    if max((link["rail"] for link in links), default=0) < 1:
+        return []
+    median = statistics.median(link["bandwidth_gbps"] for link in links)
+    slow = [link for link in links if link["bandwidth_gbps"] < threshold * median]
+    check = "comm.internode.slow_rail"
+    if not slow:
+        return [ok(check, f"{len(links)} rail links within {threshold:g} x the median "
+                   f"({median:.3g} GB/s)")]
+    findings = [warn(check, f"rail {x['rail']}: rank {x['src']} ({labels[x['src_node']]}) "
+                     f"-> rank {x['dst']} ({labels[x['dst_node']]}): "
+                     f"{x['bandwidth_gbps']:.3g} GB/s, below {threshold:g} x the median "
+                     f"rail link's {median:.3g} GB/s",
+                     hint="one NIC or its cable: check this rail's NIC on both nodes "
+                     "(ibstat, its PCIe link width, NCCL_IB_HCA's order)",
+                     subject=f"rank {x['src']} -> rank {x['dst']}") for x in slow]
+    for rail in sorted({x["rail"] for x in slow}):
+        pairs = [(x["src_node"], x["dst_node"]) for x in slow if x["rail"] == rail]
+        suspect = shared_node(pairs)
+        if suspect is not None:
+            findings.append(warn(
+                "comm.internode.shared_node",
+                f"{labels[suspect]} is in most of the {len(pairs)} slow links of rail {rail}",
+                hint="suspect this node's NIC on that rail (ibstat, its PCIe link, its "
+                "cable and switch port)", subject=f"{labels[suspect]} rail {rail}"))
+    return findings

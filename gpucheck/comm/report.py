@@ -13,7 +13,7 @@ from gpucheck.comm.aggregate import (
     pair_findings,
     pair_matrix,
 )
-from gpucheck.comm.internode import internode_findings, node_pair_rows
+from gpucheck.comm.internode import internode_findings, node_pair_rows, rail_findings
 from gpucheck.comm.nccl_log import transport_view
 from gpucheck.distributed.nodes import (
     NodeId,
@@ -142,8 +142,9 @@ def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section
             "node_pairs": [r | {"src": labels[r["src_node"]], "dst": labels[r["dst_node"]]}
                            for r in rows],
             "rails": internode["links"]}
-    return Section("internode", title, data,
-                   internode_findings(rows, verdicts.pair_threshold, labels))
+    findings = (internode_findings(rows, verdicts.pair_threshold, labels)
+                + rail_findings(internode["links"], verdicts.pair_threshold, labels))
+    return Section("internode", title, data, findings)
 
 
 def _transport_section(result: Mapping[str, Any]) -> Section:
