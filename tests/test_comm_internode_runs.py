@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from comm_workers import PYTHON, clean_env, free_port, start, tracked, wait_gone
 
 from gpucheck.comm.internode import TEST_SLOW_SENDS_VAR
@@ -20,19 +21,20 @@ RUN_S = 240
 NODES = 3
 
 
-def _nodes(tmp_path: Path, **env: str) -> dict[str, Any]:
-    """`gpucheck comm` under NODES one-rank torchrun nodes; rank 0's report."""
+def _nodes(tmp_path: Path, nodes: int = NODES, per_node: int = 1,
+           **env: str) -> dict[str, Any]:
+    """`gpucheck comm` under `nodes` torchrun nodes of `per_node` ranks; rank 0's report."""
     port, out, run_id = free_port(), tmp_path / "report.json", uuid.uuid4().hex[:8]
-    torchrun = [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(NODES),
-                "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+    torchrun = [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(nodes),
+                "--nproc-per-node", str(per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint",
                 f"127.0.0.1:{port}", "--rdzv-id", run_id, "--max-restarts", "0",
                 "-m", "gpucheck", "comm", "--collectives", "all_reduce", "--max-bytes",
-                "4K", "--iters", "1", "--warmup", "0", "--pair-bytes", "1M",
+                "4K", "--iters", "1", "--warmup", "0", "--no-pairwise", "--pair-bytes", "1M",
                 "--timeout", "60", "-q", "-o", str(out)]
-    procs = [start(torchrun, clean_env(**env)) for _ in range(NODES)]
+    procs = [start(torchrun, clean_env(**env)) for _ in range(nodes)]
     with tracked(procs) as seen:
         outputs = [p.communicate(timeout=RUN_S) for p in procs]
-        assert [p.returncode for p in procs] == [0] * NODES, outputs
+        assert [p.returncode for p in procs] == [0] * nodes, outputs
         assert wait_gone(seen) == []
     return json.loads(out.read_text())
 
@@ -51,3 +53,20 @@ def test_a_node_with_slow_sends_is_named_as_the_node_its_slow_pairs_share(
     assert {"node 2 -> node 0", "node 2 -> node 1"} <= set(slow)
     (shared,) = [f for f in section["findings"] if f["check"] == "comm.internode.shared_node"]
     assert shared["status"] == "WARN" and shared["subject"].startswith("node 2 ")
+
+
+def test_two_nodes_of_two_ranks_run_both_rails_and_sum_them_per_node_pair(
+        tmp_path: Path) -> None:
+    report = _nodes(tmp_path, nodes=2, per_node=2)
+    sections = {s["name"]: s for s in report["sections"]}
+    data = sections["internode"]["data"]
+    assert data["rounds"] == 1
+    links = {(x["src"], x["dst"], x["rail"]) for x in data["rails"]}
+    # Local rank k with local rank k, both directions: ranks 0,1 on node 0; 2,3 on node 1.
+    assert links == {(0, 2, 0), (1, 3, 1), (2, 0, 0), (3, 1, 1)}
+    for row in data["node_pairs"]:
+        rails = [x["bandwidth_gbps"] for x in data["rails"]
+                 if (x["src_node"], x["dst_node"]) == (row["src_node"], row["dst_node"])]
+        assert row["rails"] == 2
+        assert row["bandwidth_gbps"] == pytest.approx(sum(rails), abs=1e-3)
+    assert sections["transport"]["data"]["transport"].startswith("n/a (gloo)")
