@@ -4,6 +4,9 @@ Rank 0 publishes its results after every message size (`gpucheck.distributed.pro
 so a failure later in the run loses nothing already measured. Every rank's GPU is
 watched for hardware faults by the frame; the sweep (collectives and pairs) is the
 watch's timed window, and every rank's result comes back in `result["faults"]`.
+With 2+ nodes the node-to-node rounds follow the pairs (`gpucheck.comm.internode`);
+on NCCL each rank logs NCCL's init into a folder of its own around the process group
+and reports the transport it read there (`gpucheck.comm.nccl_log`).
 """
 
 from __future__ import annotations
@@ -124,6 +127,7 @@ def comm_worker(spec: CommSpec) -> dict[str, Any] | None:
 
 
 def _sweep(spec: CommSpec, nccl_folder: str | None) -> dict[str, Any] | None:
+    """Collectives, pairs, node-to-node rounds, the NCCL transport; rank 0's result."""
     with process_group(spec.backend, spec.device, spec.timeout_s,
                        fault_watch=spec.fault_watch) as world:
         infos = [asdict(i) for i in roster()]
