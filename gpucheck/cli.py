@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any, NoReturn, TextIO
 
 from gpucheck import __version__
+from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
 from gpucheck.output import check_writable, write_atomic
 from gpucheck.render import FORMATS, format_for, render
@@ -107,9 +108,12 @@ def _run(args: argparse.Namespace) -> int:
         fmt = format_for(args.format, args.output)
         if args.output is not None:
             check_writable(args.output)
+        baseline = read_baseline_option(args)
         report = module.run(args)
         if report is None:
             return 0
+        if baseline is not None:
+            report.add(baseline_section(report, baseline))
         emit(report, fmt, args.output, args.quiet)
     except UsageError as exc:
         print(f"gpucheck {args.command}: error: {exc}", file=sys.stderr)

@@ -13,7 +13,7 @@ from gpucheck.analysis.facts import HARDWARE, SETUP, VERSION, extract_facts
 from gpucheck.analysis.metrics import FAMILIES, HIGHER, INFO, LOWER, extract_metrics
 
 REPORTS = Path(__file__).resolve().parent / "data" / "reports"
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "compare_fleet.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "fleet.md"
 
 
 def sample(name: str) -> dict[str, Any]:

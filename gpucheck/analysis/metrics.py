@@ -11,7 +11,7 @@ compared across nodes; `pool` is the name without it. Metrics are found by secti
 name (the last dotted part, so a combined report's sections are found too), not by
 the report's command. Counters already judged by findings (ECC, XIDs, faults) are
 left out: a fleet median of zero errors would make one corrected error an outlier,
-a threshold the fault watcher chose not to use. docs/compare_fleet.md lists them all.
+a threshold the fault watcher chose not to use. docs/fleet.md lists them all.
 """
 
 from __future__ import annotations
@@ -338,7 +338,7 @@ def _extractor(kind: str, data: Mapping[str, Any]) -> Extractor | None:
     return _collective(kind) if _is_collective(data) else None
 
 
-# Every family of names, for the docs and their test (docs/compare_fleet.md).
+# Every family of names, for the docs and their test (docs/fleet.md).
 FAMILIES: tuple[str, ...] = (
     *(f"bench.{k}" for k in _BENCH_SCALARS), "bench.images_per_s",
     "comm.<collective>.busbw_gbps", "comm.pairwise.gbps",

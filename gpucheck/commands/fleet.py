@@ -3,7 +3,7 @@
 Collect one report per node with SLURM (`srun --ntasks-per-node 1 bash -c 'gpucheck
 all -o reports/$SLURMD_NODENAME.json'`: srun expands `%N` only in its own --output)
 or any launcher that runs gpucheck on every node; this command only reads the files
-(never torch), so it runs anywhere. docs/compare_fleet.md.
+(never torch), so it runs anywhere. docs/fleet.md.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from gpucheck.commands.baseline_option import add_baseline_argument
 from gpucheck.distributed.job import resolve_nproc
 from gpucheck.distributed.launch import check_port_free
 from gpucheck.errors import UsageError
@@ -35,6 +36,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
                        help="torch.distributed backend (default: nccl on cuda, gloo on cpu)")
     group.add_argument("--master-port", type=int, default=None, metavar="PORT",
                        help="rendezvous port for self-launched ranks (default: a free port)")
+    add_baseline_argument(group)
     group.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                        help="end the run when a collective waits longer than this "
                        f"(default: {DEFAULT_TIMEOUT_S:g})")
