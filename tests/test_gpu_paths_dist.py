@@ -9,6 +9,7 @@ itself is real (gloo, one rank), so only the device calls are faked.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -173,7 +174,11 @@ def test_bench_times_and_records_the_gpu_the_task_sees_not_its_local_id(
     with process_group("gloo", "cuda", timeout_s=30) as world:
         assert str(bench_worker._device(spec, world)) == "cuda:0"
         bench_worker._barrier(spec, world)
-        record = bench_worker._record(spec, world, 1, (1.0, 1.0, 0.9), threads=1)
+        given = {"wall_s": 1.0, "span_s": 1.0, "device_s": 0.9, "iter_ms": (900.0,),
+                 "iter_end_ms": (1000.0,)}
+        timing = bench_worker.LoopTiming(**{f.name: given[f.name] for f in
+                                            dataclasses.fields(bench_worker.LoopTiming)})
+        record = bench_worker._record(spec, world, 1, timing, threads=1)
     # device_ids on every CUDA barrier: NCCL would otherwise guess the GPU and warn.
     assert barriers == [[0]]
     assert (record.device, record.local_rank, record.nvml_index) == ("cuda:0", 3, 3)
