@@ -96,5 +96,9 @@ def slow_rank_one_by_15_percent(model: nn.Module, rank: int) -> nn.Module:
     return _Slowed(model, SLOWDOWN if rank == SLOW_RANK else 0.0)
 
 
+def slow_rank_zero_by_15_percent(model: nn.Module, rank: int) -> nn.Module:
+    return _Slowed(model, SLOWDOWN if rank == 0 else 0.0)
+
+
 def wrong_rank_zero(model: nn.Module, rank: int) -> nn.Module:
     return _RankBehaviour(model, 0.0, wrong=rank == 0)

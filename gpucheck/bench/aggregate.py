@@ -25,12 +25,9 @@ from gpucheck.distributed.nodes import group_by_node
 from gpucheck.stress.timing import percentile
 
 DEFAULT_STRAGGLER_THRESHOLD = 0.10
-# A straggler is judged on its typical iteration, and only when that is clear:
+# A straggler is judged on its typical iteration (docs/bench.md, "Stragglers"):
 # fewer iterations than this give a median that one or two hiccups can move.
 MIN_JUDGED_ITERS = 5
-# ... and a slow median must come from a slowdown in most iterations, not from a
-# neighbour that held the core for half of the loop (docs/bench.md, "Stragglers").
-CONSISTENT_SHARE = 0.75
 
 
 @dataclass(frozen=True)
@@ -227,8 +224,9 @@ def _running_at(line: tuple[list[float], Sequence[float]], moment_ms: float) -> 
 
 
 def is_straggler(pace: RankPace, threshold: float) -> bool:
-    """Typically `threshold` slower than the others, and slower in most iterations."""
-    return pace.vs_others > 1 + threshold and pace.slower_share >= CONSISTENT_SHARE
+    """More than half of its iterations took over 1 + `threshold` times the other ranks'
+    at the same moments (the median ratio): a persistent slowdown, not a hiccup."""
+    return pace.vs_others > 1 + threshold
 
 
 def node_summaries(records: Sequence[RankRecord], threshold: float) -> tuple[NodeSummary, ...]:

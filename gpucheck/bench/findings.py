@@ -6,7 +6,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpucheck.bench.aggregate import (
-    CONSISTENT_SHARE,
     MIN_JUDGED_ITERS,
     BenchSummary,
     NodeSummary,
@@ -153,15 +152,9 @@ def _straggler_message(record: RankRecord, pace: RankPace, summary: BenchSummary
 
 def _no_straggler_message(summary: BenchSummary) -> str:
     worst = max(summary.paces, key=lambda p: p.vs_others)
-    text = (f"all {summary.n_ranks} rank(s) within {summary.threshold:.0%} of the other "
+    return (f"all {summary.n_ranks} rank(s) within {summary.threshold:.0%} of the other "
             f"ranks at the same moments (slowest: rank {worst.rank}, {worst.vs_others:.3f}x; "
             f"wall spread {summary.spread:.3f})")
-    unsteady = [p for p in summary.paces if p.vs_others > 1 + summary.threshold]
-    for p in unsteady:  # slow typical iteration, but not in most iterations: noise
-        text += (f"; rank {p.rank}'s {p.vs_others:.2f}x came from only "
-                 f"{p.slower_share:.0%} of its iterations (a straggler is slower in at "
-                 f"least {CONSISTENT_SHARE:.0%})")
-    return text
 
 
 def _straggler_hint(record: RankRecord) -> str:
