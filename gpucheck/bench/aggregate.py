@@ -82,7 +82,7 @@ class RankRecord:
 
 @dataclass(frozen=True)
 class RankPace:
-    """One rank's typical iteration against the other ranks' typical iterations."""
+    """One rank's iterations against the other ranks' iterations at the same moments."""
 
     rank: int
     p50_ms: float
@@ -224,8 +224,9 @@ def _running_at(line: tuple[list[float], Sequence[float]], moment_ms: float) -> 
 
 
 def is_straggler(pace: RankPace, threshold: float) -> bool:
-    """More than half of its iterations took over 1 + `threshold` times the other ranks'
-    at the same moments (the median ratio): a persistent slowdown, not a hiccup."""
+    """Its median ratio is above 1 + `threshold`: half of its iterations or more took
+    that much longer than the other ranks' at the same moments. A persistent slowdown;
+    a few slow iterations (a hiccup) do not move a median."""
     return pace.vs_others > 1 + threshold
 
 

@@ -161,8 +161,10 @@ def _straggler_hint(record: RankRecord) -> str:
     if record.device.startswith("cuda"):
         return ("check that GPU's clocks, temperature, power limit and PCIe link (gpucheck "
                 "env, nvidia-smi -q -d PERFORMANCE); the job runs at the slowest rank's pace")
-    return ("check what else runs on that host's cores (top); the job runs at the slowest "
-            "rank's pace")
+    return ("CPU ranks are timed in CPU time, so waiting for a busy core does not count: "
+            "that rank computed slower (a slower or shared physical core, memory placement "
+            "on a VM); rerun, and check what else runs on the host (top); the job runs at "
+            "the slowest rank's pace")
 
 
 def nodes_section(nodes: tuple[NodeSummary, ...], threshold: float) -> Section:
@@ -227,11 +229,12 @@ def _wrong_rank(record: RankRecord, why: str, alike: bool) -> Finding:
 
 def _undecided(result: Consistency) -> Finding:
     listed = ", ".join(f"rank {r}" for r in result.undecided)
+    why = ("there is no CPU reference" if result.reference_deviations is None else
+           f"each is within the CPU reference's tolerance ({result.reference_tolerance:g})")
     return warn(
         "bench.consistency",
-        f"{listed} computed logits up to {result.max_deviation:.3g} apart (tolerance "
-        f"{result.tolerance:g}), and neither a CPU reference nor a majority tells which "
-        "is wrong",
+        f"{listed} computed logits up to {result.max_deviation:.3g} from the ranks' median "
+        f"(tolerance {result.tolerance:g}); {why} and no majority tells which is wrong",
         hint="rerun with more GPUs (a majority then names the odd one); repeated "
              "disagreement points at one of these GPUs",
         subject=listed,
