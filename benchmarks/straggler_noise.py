@@ -10,6 +10,10 @@ the same machine load, and counts the straggler WARNs. Issue 8's goal: 0 WARNs i
 the healthy runs, the slowed rank (and only it) named in every slowed run.
 
     python benchmarks/straggler_noise.py --runs 20 [--keep DIR] [-- extra bench options]
+    python benchmarks/straggler_noise.py --reports DIR    # summarise kept reports again
+
+The summary adds what other thresholds would have said of the same runs (the verdict
+is vs_others > 1 + threshold, so it can be recomputed from the reports).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 SLOW_HOOKS = {1: "bench_workers:slow_rank_one_by_15_percent",
               0: "bench_workers:slow_rank_zero_by_15_percent"}
 RUN_TIMEOUT_S = 600
+SWEEP = (0.05, 0.075, 0.10, 0.125, 0.15, 0.20)
 
 
 @dataclass(frozen=True)
@@ -70,20 +75,43 @@ def one_run(slowed_rank: int | None, extra: list[str], keep: Path | None,
             raise SystemExit(f"{kind} run {index} wrote no report (exit {done.returncode}):\n"
                              f"{done.stderr[-2000:]}")
         if keep:
-            shutil.copy(out, keep / f"{index:03d}-{kind}.json")
-        report = json.loads(out.read_text())
+            suffix = "" if slowed_rank is None else f"-r{slowed_rank}"
+            shutil.copy(out, keep / f"{index:03d}-{kind}{suffix}.json")
+        return outcome_of(json.loads(out.read_text()), slowed_rank, total)
+
+
+def outcome_of(report: dict[str, Any], slowed_rank: int | None, total_s: float) -> Outcome:
     timing = next(s for s in report["sections"] if s["name"] == "timing")
     warned = tuple(sorted(int(f["subject"].split()[-1]) for f in timing["findings"]
                           if f["check"] == "bench.rank.straggler" and f["status"] == "WARN"))
-    return Outcome(kind, slowed_rank, total, warned, tuple(timing["data"]["ranks"]))
+    kind = "healthy" if slowed_rank is None else "slowed"
+    return Outcome(kind, slowed_rank, total_s, warned, tuple(timing["data"]["ranks"]))
+
+
+def kept_outcomes(folder: Path) -> list[Outcome]:
+    """Reports saved by --keep: NNN-healthy.json, NNN-slowed-rK.json."""
+    outcomes = []
+    for path in sorted(folder.glob("*.json")):
+        tail = path.stem.rpartition("-r")[2]
+        slowed = int(tail) if "slowed" in path.stem and tail.isdigit() else None
+        outcomes.append(outcome_of(json.loads(path.read_text()), slowed, float("nan")))
+    return outcomes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="runs of each kind (default 20)")
     parser.add_argument("--keep", type=Path, default=None, help="save every JSON report here")
+    parser.add_argument("--reports", type=Path, default=None,
+                        help="run nothing: summarise the reports --keep saved in this folder")
     parser.add_argument("extra", nargs="*", help="options passed to gpucheck bench")
     args = parser.parse_args()
+    if args.reports:
+        outcomes = kept_outcomes(args.reports)
+        for i, outcome in enumerate(outcomes):
+            print(f"run {i + 1:3d} {outcome.describe()}")
+        summarise(outcomes)
+        return
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
     outcomes: list[Outcome] = []
@@ -115,6 +143,13 @@ def summarise(outcomes: list[Outcome]) -> None:
     print(f"margins: healthy ranks' largest vs_others {worst[0]:.3f} (slower_share "
           f"{worst[1]:.2f}); slowed rank's smallest {slow[0]:.3f} (slower_share {slow[1]:.2f})")
     print(f"on {os.cpu_count()} cores, load average at the end {load:.2f}")
+    for threshold in SWEEP:  # the same runs judged at other thresholds
+        over = [(o, {int(r["rank"]) for r in o.ranks if r["vs_others"] is not None
+                     and r["vs_others"] > 1 + threshold}) for o in outcomes]
+        false = sum(1 for o, warned in over if o.kind == "healthy" and warned)
+        caught = sum(1 for o, warned in over if o.kind == "slowed" and warned == {o.slowed_rank})
+        print(f"  at --straggler-threshold {threshold:<5g}: false alarms {false} of "
+              f"{len(healthy)}, caught {caught} of {len(slowed)}")
 
 
 if __name__ == "__main__":
