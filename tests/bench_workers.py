@@ -28,9 +28,20 @@ class _RankBehaviour(nn.Module):
 
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
         if self.sleep_s:
-            time.sleep(self.sleep_s)  # a slow GPU: same work, more time
+            _spend(self.sleep_s, batch.is_cuda)  # a slow device: same work, more time
         out = self.inner(batch)
         return out * 1.5 + 1.0 if self.wrong else out  # a GPU computing wrong answers
+
+
+def _spend(seconds: float, on_gpu: bool) -> None:
+    """Time a slow device would take. CPU ranks are timed in CPU time (docs/bench.md,
+    "Stragglers"), so on CPU the extra time is busy work, not a sleep."""
+    if on_gpu:
+        time.sleep(seconds)
+        return
+    until = time.process_time() + seconds
+    while time.process_time() < until:
+        pass
 
 
 def slow_rank_one(model: nn.Module, rank: int) -> nn.Module:
