@@ -238,3 +238,28 @@ def test_comms_setup_section_warns_of_a_rank_off_its_gpus_node() -> None:
     assert [(f.check, f.status, f.subject and f.subject[:6]) for f in setup.findings] == \
         [("ranks.numa", Status.WARN, "rank 1"), ("ranks.numa", Status.OK, None)]
     assert setup.data["ranks"][1]["cpus"] == "0-3"
+
+
+def test_benchs_setup_section_warns_of_a_rank_off_its_gpus_node() -> None:
+    from gpucheck.bench.aggregate import RankRecord
+    from gpucheck.bench.data import ImageSet
+    from gpucheck.bench.findings import setup_section
+    from gpucheck.bench.model import WeightsChoice
+    from gpucheck.bench.worker import BenchOutcome, BenchSpec
+
+    spec = BenchSpec(model="resnet50", weights=WeightsChoice("random"), dtype="bf16",
+                     channels_last=True, batch_size=8, warmup=1, iters=2, duration_s=None,
+                     device="cuda", backend="nccl", timeout_s=30.0, images_dir="/x",
+                     files=("a.png",), progress=False)
+    records = tuple(RankRecord(rank=r, host="node7", node_rank=0, local_rank=r,
+                               device=f"cuda:{r}", device_name="NVIDIA H200",
+                               device_uuid=None, images=16, iters=2, wall_s=1.0, span_s=1.0,
+                               device_s=1.0, peak_memory_bytes=None, threads=4)
+                    for r in range(2))
+    outcome = BenchOutcome(records=records, outputs=(), padding=0, per_rank_images=1,
+                           ranks=(rank_row(0, True, cpus="4-7"), rank_row(1, False, cpus="0-3")))
+    setup = setup_section(spec, ImageSet("/x", ("a.png",), ()), outcome)
+    numa = [(f.status, f.subject and f.subject[:6]) for f in setup.findings
+            if f.check == "ranks.numa"]
+    assert numa == [(Status.WARN, "rank 1"), (Status.OK, None)]
+    assert setup.data["rank_placement"][1]["cpus"] == "0-3"

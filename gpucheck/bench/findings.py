@@ -21,6 +21,7 @@ from gpucheck.bench.consistency import (
 )
 from gpucheck.bench.data import ImageSet
 from gpucheck.bench.worker import CONSISTENCY_IMAGES, BenchOutcome, BenchSpec
+from gpucheck.distributed.placement import numa_findings
 from gpucheck.faults import run_faults_section, slowdown_causes
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
@@ -79,6 +80,11 @@ def setup_section(spec: BenchSpec, images: ImageSet, outcome: BenchOutcome) -> S
         share += (f"; {outcome.padding} repeated to even out the split, as DistributedSampler "
                   "does")
     findings.append(ok("bench.images.share", share))
+    if outcome.ranks:  # each rank's CPUs against its GPU's NUMA node (check-in records)
+        data["rank_placement"] = [{k: r.get(k) for k in ("rank", "host", "device", "cpus",
+                                                         "numa_node", "on_gpu_numa")}
+                                  for r in outcome.ranks]
+        findings += numa_findings(list(outcome.ranks))
     return Section("bench", "Benchmark setup", data, findings)
 
 

@@ -28,7 +28,7 @@ from gpucheck.bench.aggregate import RankRecord
 from gpucheck.bench.model import WeightsChoice
 from gpucheck.bench.progress import Progress
 from gpucheck.distributed import faultwatch, progress
-from gpucheck.distributed.session import gpu_identity, process_group
+from gpucheck.distributed.session import gpu_identity, process_group, roster
 from gpucheck.distributed.world import World, host_name
 
 if TYPE_CHECKING:
@@ -70,6 +70,7 @@ class BenchOutcome:
     padding: int
     per_rank_images: int
     faults: tuple[dict[str, Any], ...] = ()  # every rank's FaultWatch result, rank order
+    ranks: tuple[dict[str, Any], ...] = ()  # every rank's check-in record (CPUs, NUMA, GPU)
 
 
 def bench_worker(spec: BenchSpec) -> BenchOutcome | None:
@@ -114,6 +115,7 @@ def _bench_rank(spec: BenchSpec) -> BenchOutcome | None:
         padding=share.padding,
         per_rank_images=len(share.indices),
         faults=tuple(faults),
+        ranks=tuple(asdict(info) for info in roster()),
     )
 
 
