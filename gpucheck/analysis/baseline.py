@@ -1,8 +1,9 @@
 """Baselines: the expected value of each metric on healthy nodes, and a floor under it.
 
 `gpucheck fleet --save-baseline FILE` writes one from a fleet's healthy reports;
-`--baseline FILE` (fleet, and bench, comm, stress and all through gpucheck/commands/baseline_option.py)
-warns on a metric worse than its limit. The file format is documented in
+`--baseline FILE` (fleet; bench, comm, stress and all through
+gpucheck/commands/baseline_option.py) warns on a metric worse than its limit. The
+file format is documented in
 docs/fleet.md ("Baseline files") and versioned by BASELINE_SCHEMA_VERSION.
 """
 
