@@ -81,6 +81,11 @@ def setup_section(spec: BenchSpec, images: ImageSet, outcome: BenchOutcome) -> S
         share += (f"; {outcome.padding} repeated to even out the split, as DistributedSampler "
                   "does")
     findings.append(ok("bench.images.share", share))
+    if outcome.rotation:
+        data["cpu_rotation"] = outcome.rotation
+        findings.append(ok("bench.cpu_rotation", f"CPU ranks took turns on the cores in the "
+                           f"timed loop ({outcome.rotation}), so a core the host slows "
+                           "slows every rank alike and is not read as a straggler"))
     if outcome.ranks:  # each rank's CPUs against its GPU's NUMA node (check-in records)
         data["rank_placement"] = [{k: r.get(k) for k in ("rank", "host", "device", "cpus",
                                                          "numa_node", "on_gpu_numa")}

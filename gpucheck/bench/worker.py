@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpucheck.bench import data
 from gpucheck.bench import model as bench_model
+from gpucheck.bench import rotation
 from gpucheck.bench.aggregate import RankRecord
 from gpucheck.bench.model import WeightsChoice
 from gpucheck.bench.progress import Progress
@@ -71,6 +72,7 @@ class BenchOutcome:
     per_rank_images: int
     faults: tuple[dict[str, Any], ...] = ()  # every rank's FaultWatch result, rank order
     ranks: tuple[dict[str, Any], ...] = ()  # every rank's check-in record (CPUs, NUMA, GPU)
+    rotation: str | None = None  # how CPU ranks took turns on rank 0's node's cores
 
 
 def bench_worker(spec: BenchSpec) -> BenchOutcome | None:
@@ -100,7 +102,8 @@ def _bench_rank(spec: BenchSpec) -> BenchOutcome | None:
         share = data.rank_share(len(spec.files), world.rank, world.world_size)
         progress.set_step("model and data (DDP construction broadcasts rank 0's weights)")
         ddp, batch, check_batch = _prepare(spec, world, share)
-        record, output = _measure(spec, world, ddp, batch, check_batch, threads)
+        plan = _rotation_plan(spec, world)
+        record, output = _measure(spec, world, ddp, batch, check_batch, threads, plan)
         _publish(world, rank0_record=asdict(record))  # kept if another rank fails now
         progress.set_step("all_gather of the per-rank records")
         gathered: list[Any] = [None] * world.world_size
@@ -116,6 +119,7 @@ def _bench_rank(spec: BenchSpec) -> BenchOutcome | None:
         per_rank_images=len(share.indices),
         faults=tuple(faults),
         ranks=tuple(asdict(info) for info in roster()),
+        rotation=plan.describe() if plan else None,
     )
 
 
@@ -167,7 +171,8 @@ def _apply_test_hook(model: torch.nn.Module, rank: int) -> torch.nn.Module:
 
 
 def _measure(spec: BenchSpec, world: World, ddp: Any, batch: torch.Tensor,
-             check_batch: torch.Tensor, threads: int) -> tuple[RankRecord, torch.Tensor]:
+             check_batch: torch.Tensor, threads: int,
+             plan: rotation.RotationPlan | None) -> tuple[RankRecord, torch.Tensor]:
     """Warm up, agree on the iteration count, time the loop, run the check batch."""
     import torch
 
@@ -180,11 +185,22 @@ def _measure(spec: BenchSpec, world: World, ddp: Any, batch: torch.Tensor,
         progress.set_step("timed loop (between the start and end barriers)")
         bar.start("timed", iters)
         faultwatch.mark_start()  # the fault watch's timed window is the timed loop
-        timing = _timed_loop(ddp, batch, iters, spec, world, bar)
+        with rotation.CoreRotation(plan):
+            timing = _timed_loop(ddp, batch, iters, spec, world, bar)
         faultwatch.mark_end()
         progress.set_step("consistency batch")
         output = ddp(check_batch).float().cpu()
     return _record(spec, world, iters, timing, threads), output
+
+
+def _rotation_plan(spec: BenchSpec, world: World) -> rotation.RotationPlan | None:
+    """CPU ranks take turns on the cores when every rank on this node may use all of
+    them (`gpucheck.bench.rotation`); GPU ranks never do."""
+    if spec.device != "cpu" or not hasattr(os, "sched_getaffinity"):
+        return None
+    return rotation.plan_rotation(
+        sorted(os.sched_getaffinity(0)), world.local_rank, world.local_world_size,
+        [info.cpus for info in roster() if info.node_rank == world.node_rank])
 
 
 def _record(spec: BenchSpec, world: World, iters: int, timing: LoopTiming,
