@@ -22,9 +22,8 @@ from dataclasses import asdict, dataclass
 from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING, Any
 
-from gpucheck.bench import data
+from gpucheck.bench import data, rotation
 from gpucheck.bench import model as bench_model
-from gpucheck.bench import rotation
 from gpucheck.bench.aggregate import RankRecord
 from gpucheck.bench.model import WeightsChoice
 from gpucheck.bench.progress import Progress
