@@ -47,8 +47,8 @@ def _output_options() -> argparse.ArgumentParser:
                        help=f"report format: {', '.join(FORMATS)} (default: from --output's "
                             "extension, else text)")
     group.add_argument("--output", "-o", metavar="FILE", default=None,
-                       help="also write the report to FILE (atomically); .json and .md pick "
-                            "the format")
+                       help="also write the report to FILE (atomically); .json, .md and .html "
+                            "pick the format")
     group.add_argument("--strict", action="store_true",
                        help="exit 1 on WARN as well as on FAIL")
     group.add_argument("--quiet", "-q", action="store_true",

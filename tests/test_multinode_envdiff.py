@@ -43,3 +43,13 @@ def test_matching_nodes_give_one_ok_and_keep_each_nodes_verdicts() -> None:
     assert [f.status for f in merged.sections[0].findings] == [Status.OK]
     gpu_findings = [f for f in merged.findings if f.check == "gpu.ecc"]
     assert [f.subject for f in gpu_findings] == ["node 0 (a) GPU 0", "node 1 (b) GPU 0"]
+
+
+def test_a_finding_keeps_the_action_its_probe_set_when_nodes_are_merged() -> None:
+    report = _env_report("2.21", 8, {})
+    report["sections"][2]["findings"] = [{
+        "check": "gpu.ecc", "status": "FAIL", "message": "uncorrectable ECC errors",
+        "hint": None, "subject": "GPU 0", "action": "replace-hardware"}]
+    merged = merge_node_reports({NODES[0]: report, NODES[1]: _env_report("2.21", 8, {})})
+    failed = [f for f in merged.findings if f.status is Status.FAIL]
+    assert [(f.subject, f.action) for f in failed] == [("node 0 (a) GPU 0", "replace-hardware")]

@@ -9,6 +9,7 @@ model and count, allowlisted environment variables), naming the odd node.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -100,8 +101,10 @@ def merge_node_reports(reports: Mapping[NodeId, Mapping[str, Any]]) -> Report:
 
 
 def _on_node(finding: Finding, node: NodeId) -> Finding:
+    """The finding with its node in the subject; its action (set by the probe or
+    resolved at birth) is kept, not resolved again."""
     subject = f"{node.label} {finding.subject}" if finding.subject else node.label
-    return Finding(finding.check, finding.status, finding.message, finding.hint, subject)
+    return dataclasses.replace(finding, subject=subject)
 
 
 def gather_env_reports(build: Callable[[], Report]) -> Report | None:
