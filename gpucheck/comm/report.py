@@ -24,7 +24,7 @@ from gpucheck.distributed.nodes import (
 )
 from gpucheck.distributed.placement import numa_findings
 from gpucheck.faults import gpu_names, run_faults_section
-from gpucheck.report import Finding, Section, fail, skip
+from gpucheck.report import Finding, Section, skip
 
 TITLES = {"all_reduce": "all_reduce (busbw = algbw x 2(n-1)/n)",
           "all_gather": "all_gather (algbw counts the gathered output; busbw = algbw x (n-1)/n)"}
@@ -187,10 +187,3 @@ def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section
     sections.append(faults_of(result))
     return sections
 
-
-def failure_section(findings: list[Finding], partial: bool, summary: str) -> Section:
-    """The failure as FAIL findings; says whether the sections above are partial."""
-    data = {"outcome": summary,
-            "results_above": "partial: measured before the failure" if partial else "none"}
-    return Section("failure", "Run failed", data,
-                   findings or [fail("comm.failed", summary, hint="see the ranks' output")])

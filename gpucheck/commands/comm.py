@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import sys
+from typing import TYPE_CHECKING
 
 from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
+
+if TYPE_CHECKING:
+    from gpucheck.distributed.job import JobFailed
 
 HELP = "collective and pairwise bandwidth, hang-safe"
 DEFAULT_PAIR_THRESHOLD = 0.5
@@ -114,21 +117,12 @@ def _report(args: argparse.Namespace, result: dict) -> Report:  # type: ignore[t
     return report
 
 
-def _failed_report(args: argparse.Namespace, exc) -> Report | None:  # type: ignore[no-untyped-def]
+def _failed_report(args: argparse.Namespace, exc: JobFailed) -> Report:
     """The partial results plus the failure; on ranks that do not report, one line."""
-    from gpucheck.comm.report import failure_section
-    from gpucheck.distributed.failures import rank_failure_findings
+    from gpucheck.distributed.failures import failed_job_report
 
-    summary = "; ".join(f.describe() for f in exc.failures) or "the job failed"
-    if not exc.reporter:
-        print(f"gpucheck comm: {summary}", file=sys.stderr)
-        raise SystemExit(1)
-    report = _report(args, exc.partial) if exc.partial else Report(command="comm")
-    report.add(failure_section(rank_failure_findings(exc.failures, "comm"),
-                               exc.partial is not None, summary))
-    if args.quiet and args.output is None:
-        print(f"gpucheck comm: FAIL: {summary}", file=sys.stderr)
-    return report
+    return failed_job_report("comm", exc, lambda partial: _report(args, partial),
+                             quiet_stdout=args.quiet and args.output is None)
 
 
 def partial_report(args: argparse.Namespace) -> Report | None:

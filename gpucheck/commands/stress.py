@@ -4,12 +4,15 @@ bandwidth, silent data corruption under load, host and peer copies."""
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
+
+if TYPE_CHECKING:
+    from gpucheck.distributed.job import JobFailed
 
 HELP = "every GPU at once: GEMM TFLOP/s, memory bandwidth, silent data corruption, copies"
 GPU_DTYPES = ("bf16", "fp16", "tf32", "fp32")
@@ -160,21 +163,12 @@ def _report(args: argparse.Namespace, result: dict) -> Report:  # type: ignore[t
     return report
 
 
-def _failed_report(args: argparse.Namespace, exc) -> Report | None:  # type: ignore[no-untyped-def]
+def _failed_report(args: argparse.Namespace, exc: JobFailed) -> Report:
     """The partial results plus the failure; on ranks that do not report, one line."""
-    from gpucheck.distributed.failures import rank_failure_findings
-    from gpucheck.stress.report import failure_section
+    from gpucheck.distributed.failures import failed_job_report
 
-    summary = "; ".join(f.describe() for f in exc.failures) or "the job failed"
-    if not exc.reporter:
-        print(f"gpucheck stress: {summary}", file=sys.stderr)
-        raise SystemExit(1)
-    report = _report(args, exc.partial) if exc.partial else Report(command="stress")
-    report.add(failure_section(rank_failure_findings(exc.failures, "stress"),
-                               exc.partial is not None, summary))
-    if args.quiet and args.output is None:
-        print(f"gpucheck stress: FAIL: {summary}", file=sys.stderr)
-    return report
+    return failed_job_report("stress", exc, lambda partial: _report(args, partial),
+                             quiet_stdout=args.quiet and args.output is None)
 
 
 def partial_report(args: argparse.Namespace) -> Report | None:

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from gpucheck.distributed.launch import RankFailure
-from gpucheck.report import Finding, fail
+from gpucheck.report import Finding, Report, Section, fail
+
+if TYPE_CHECKING:
+    from gpucheck.distributed.job import JobFailed
 
 ANOTHER_RANK_HINT = (
     "a rank can fail because another rank stopped answering: read the earliest failure "
@@ -38,3 +45,30 @@ def rank_failure_findings(failures: list[RankFailure], command: str) -> list[Fin
                              f"rank {f.rank} (local rank {f.local_rank}) {f.how()}: {f.message}",
                              hint=hint, subject=f"rank {f.rank}"))
     return findings
+
+
+def failure_section(command: str, findings: list[Finding], partial: bool,
+                    summary: str) -> Section:
+    """The failure as FAIL findings; says whether the sections above are partial."""
+    data = {"outcome": summary,
+            "results_above": "partial: measured before the failure" if partial else "none"}
+    return Section("failure", "Run failed", data,
+                   findings or [fail(f"{command}.failed", summary, hint="see the ranks' output")])
+
+
+def failed_job_report(command: str, exc: JobFailed, build: Callable[[Any], Report],
+                      quiet_stdout: bool) -> Report:
+    """The report of a job that failed: what rank 0 had published (`build(exc.partial)`)
+    plus the failure naming the ranks to blame. On a rank that does not report: one
+    line on stderr and exit 1. `quiet_stdout` (--quiet without --output): the FAIL
+    still gets its line on stderr."""
+    summary = "; ".join(f.describe() for f in exc.failures) or "the job failed"
+    if not exc.reporter:
+        print(f"gpucheck {command}: {summary}", file=sys.stderr)
+        raise SystemExit(1)
+    report = build(exc.partial) if exc.partial else Report(command=command)
+    report.add(failure_section(command, rank_failure_findings(exc.failures, command),
+                               exc.partial is not None, summary))
+    if quiet_stdout:
+        print(f"gpucheck {command}: FAIL: {summary}", file=sys.stderr)
+    return report

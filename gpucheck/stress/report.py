@@ -336,10 +336,3 @@ def p2p_findings(node: Mapping[str, Any], where: str, fraction: float) -> list[F
                            f"{fraction:g} x the median pair ({median:.4g} GB/s)"))
     return findings
 
-
-def failure_section(findings: list[Finding], partial: bool, summary: str) -> Section:
-    """The failure as FAIL findings; says whether the sections above are partial."""
-    data = {"outcome": summary,
-            "results_above": "partial: measured before the failure" if partial else "none"}
-    return Section("failure", "Run failed", data,
-                   findings or [fail("stress.failed", summary, hint="see the ranks' output")])
