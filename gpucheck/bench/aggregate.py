@@ -57,6 +57,9 @@ class RankRecord:
     # own clock (the device's on a GPU, perf_counter on a CPU; empty: sum of iter_ms).
     iter_ms: tuple[float, ...] = ()
     iter_end_ms: tuple[float, ...] = ()
+    # The timed loop's segments: CPU ranks re-place their tensors in fresh memory
+    # between them (gpucheck.bench.layout); 1 on a GPU.
+    segments: int = 1
 
     def gpu_label(self) -> str:
         """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)" on CUDA; the CPU's name."""

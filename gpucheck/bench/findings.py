@@ -86,6 +86,12 @@ def setup_section(spec: BenchSpec, images: ImageSet, outcome: BenchOutcome) -> S
         findings.append(ok("bench.cpu_rotation", f"CPU ranks took turns on the cores in the "
                            f"timed loop ({outcome.rotation}), so a core the host slows "
                            "slows every rank alike and is not read as a straggler"))
+    if first.segments > 1:
+        data["timed_segments"] = first.segments
+        findings.append(ok("bench.cpu_relayout", f"CPU ranks copied their weights and batch to "
+                           f"fresh memory between {first.segments} segments of the timed loop "
+                           "(untimed), so where a process's memory happens to land is not "
+                           "read as a straggler"))
     if outcome.ranks:  # each rank's CPUs against its GPU's NUMA node (check-in records)
         data["rank_placement"] = [{k: r.get(k) for k in ("rank", "host", "device", "cpus",
                                                          "numa_node", "on_gpu_numa")}

@@ -19,10 +19,9 @@ import importlib
 import os
 import time
 from dataclasses import asdict, dataclass
-from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING, Any
 
-from gpucheck.bench import data, rotation
+from gpucheck.bench import data, layout, rotation
 from gpucheck.bench import model as bench_model
 from gpucheck.bench.aggregate import RankRecord
 from gpucheck.bench.model import WeightsChoice
@@ -213,7 +212,7 @@ def _record(spec: BenchSpec, world: World, iters: int, timing: LoopTiming,
         device_uuid=gpu.uuid if gpu else None,
         images=iters * spec.batch_size, iters=iters, wall_s=timing.wall_s,
         span_s=timing.span_s, device_s=timing.device_s, iter_ms=timing.iter_ms,
-        iter_end_ms=timing.iter_end_ms,
+        iter_end_ms=timing.iter_end_ms, segments=timing.segments,
         peak_memory_bytes=_peak_memory(spec.device, world.device_index),
         threads=threads,
         nvml_index=gpu.nvml_index if gpu else None,
@@ -256,74 +255,95 @@ def _agree_iters(per_iter_s: float, spec: BenchSpec, world: World) -> int:
 
 def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, world: World,
                 bar: Progress) -> LoopTiming:
-    """Barrier, clock, loop (a mark after every iteration), device sync, clock, barrier,
-    clock. The marks are read after the loop's one synchronisation: a sync per iteration
-    would stall the launch queue and change what is measured."""
+    """The timed loop in segments (one on a GPU; CPU ranks re-place their tensors between
+    them, `gpucheck.bench.layout`), each: barrier, clock, iterations (a mark after every
+    one), device sync, clock, barrier, clock. The marks are read after the loop's one
+    synchronisation: a sync per iteration would stall the launch queue and change what
+    is measured. wall_s and span_s add up the segments' timed windows."""
     _reset_peak_memory(spec.device, world.device_index)
-    marks = _IterationMarks(spec.device, iters)
-    _barrier(spec, world)
-    started = time.perf_counter()
-    marks.mark()
-    for _ in range(iters):
-        ddp(batch)
-        marks.mark()
-        bar.advance()
-    _synchronize(spec.device)
-    wall_s = time.perf_counter() - started
-    _barrier(spec, world)
-    span_s = time.perf_counter() - started
+    sizes = layout.segment_sizes(iters, spec.device == "cpu" and world.world_size > 1)
+    marks = _IterationMarks(spec.device, iters + len(sizes))
+    wall_s = span_s = 0.0
+    for index, size in enumerate(sizes):
+        if index:
+            batch = layout.relayout(ddp.module, batch)
+        _barrier(spec, world)
+        started = time.perf_counter()
+        marks.begin()
+        for _ in range(size):
+            ddp(batch)
+            marks.mark()
+            bar.advance()
+        _synchronize(spec.device)
+        wall_s += time.perf_counter() - started
+        _barrier(spec, world)
+        span_s += time.perf_counter() - started
     iter_ms, iter_end_ms = marks.read_ms()
     # On a GPU the events bracket the device's work; on CPU the loop's wall time is it.
     device_s = sum(iter_ms) / 1e3 if spec.device == "cuda" else wall_s
     return LoopTiming(wall_s=wall_s, span_s=span_s, device_s=device_s, iter_ms=iter_ms,
-                      iter_end_ms=iter_end_ms)
+                      iter_end_ms=iter_end_ms, segments=len(sizes))
 
 
 @dataclass(frozen=True)
 class LoopTiming:
     """One rank's timed loop, each interval on its own clock."""
 
-    wall_s: float
-    span_s: float
+    wall_s: float  # the segments' start barrier exit -> own loop end, added up
+    span_s: float  # the segments' start barrier exit -> end barrier exit, added up
     device_s: float
     iter_ms: tuple[float, ...]  # every timed iteration's device time, in order
-    iter_end_ms: tuple[float, ...]  # when each ended, from the start barrier
+    iter_end_ms: tuple[float, ...]  # when each ended, from the first start barrier
+    segments: int = 1  # the loop's segments (CPU ranks re-place their tensors between)
 
 
 class _IterationMarks:
-    """A mark between iterations. On a GPU a CUDA event recorded on the stream (all
-    created before the loop, read after it): the device's time per iteration and its
-    timeline. On CPU the process's CPU time gives the device time (a core shared with
-    another process does not make the rank's computation slower; docs/bench.md,
-    "Stragglers") and perf_counter the timeline."""
+    """Marks on the rank's timeline: `begin` where a segment starts, `mark` where an
+    iteration ends. On a GPU a CUDA event recorded on the stream (all created before
+    the loop, read after it): the device's time per iteration and its timeline. On CPU
+    the process's CPU time gives the device time (a core shared with another process
+    does not make the rank's computation slower; docs/bench.md, "Stragglers") and
+    perf_counter the timeline."""
 
-    def __init__(self, device: str, iters: int) -> None:
+    def __init__(self, device: str, points: int) -> None:
         self.events: list[Any] = []
-        self.cpu_s: list[float] = []
-        self.wall_s: list[float] = []
         if device == "cuda":
             import torch
 
-            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
-        self.used = 0
+            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(points)]
+        self.ends_iteration: list[bool] = []  # per mark: False where a segment begins
+        self.cpu_s: list[float] = []
+        self.wall_s: list[float] = []
+
+    def begin(self) -> None:
+        self._point(ends_iteration=False)
 
     def mark(self) -> None:
+        self._point(ends_iteration=True)
+
+    def _point(self, ends_iteration: bool) -> None:
         if self.events:
-            self.events[self.used].record()
-            self.used += 1
+            self.events[len(self.ends_iteration)].record()
         else:
-            self.wall_s.append(time.perf_counter())
             self.cpu_s.append(time.process_time())
+            self.wall_s.append(time.perf_counter())
+        self.ends_iteration.append(ends_iteration)
 
     def read_ms(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """(each iteration's device ms, each one's end in ms from the first mark); on a
         GPU call it after the device is synchronised."""
+        took, ends = [], []
+        for index in range(1, len(self.ends_iteration)):
+            if self.ends_iteration[index]:
+                took.append(self._elapsed_ms(index - 1, index, self.cpu_s))
+                ends.append(self._elapsed_ms(0, index, self.wall_s))
+        return tuple(took), tuple(ends)
+
+    def _elapsed_ms(self, first: int, last: int, clock: list[float]) -> float:
+        """Between two marks: the events' time on a GPU, else `clock`'s."""
         if self.events:
-            done = self.events[:self.used]
-            took = tuple(a.elapsed_time(b) for a, b in pairwise(done))
-            return took, tuple(accumulate(took))
-        took = tuple((b - a) * 1e3 for a, b in pairwise(self.cpu_s))
-        return took, tuple((t - self.wall_s[0]) * 1e3 for t in self.wall_s[1:])
+            return float(self.events[first].elapsed_time(self.events[last]))
+        return (clock[last] - clock[first]) * 1e3
 
 
 def _barrier(spec: BenchSpec, world: World) -> None:
