@@ -327,9 +327,13 @@ def test_gpus_without_any_peer_access_are_skipped_and_a_blocked_pair_warned() ->
 # --- report from a handcrafted GPU result ---------------------------------------------------
 
 
-def gpu_result(bf16: dict[int, float], numa_off: int | None = None) -> dict[str, Any]:
-    ranks = [_rank(r, "NVIDIA H200", cpus="0-7", numa_node=0, gpu_cpus="0-7",
-                   on_gpu_numa_node=r != numa_off, pinned=False, pid=100 + r)
+def gpu_result(bf16: dict[int, float], numa_off: int | None = None,
+               spanning: int | None = None) -> dict[str, Any]:
+    """`numa_off`: that rank runs only on the other node's CPUs; `spanning`: on both
+    nodes' (not pinned)."""
+    cpus = {numa_off: "8-15", spanning: "0-15"}
+    ranks = [_rank(r, "NVIDIA H200", cpus=cpus.get(r, "0-7"), numa_node=0, gpu_cpus="0-7",
+                   on_gpu_numa_node=r not in (numa_off, spanning), pinned=False, pid=100 + r)
              for r in bf16]
     gemm = [{"rank": r, "dtype": "bf16", "size": 8192, "iters": 1000, "tflops": v,
              "tflops_p50": v, "p50_ms": 1.39, "p99_ms": 1.5} for r, v in bf16.items()]
@@ -363,6 +367,15 @@ def test_a_rank_off_its_gpus_numa_node_is_warned() -> None:
     sections = stress_sections(gpu_result({0: 790.0, 1: 790.0}, numa_off=1),
                                Verdicts(0.9, 0.8, 0.6))
     assert findings_of(sections, Status.WARN) == [("stress.numa", "rank 1")]
+
+
+def test_an_unpinned_rank_spanning_both_nodes_is_no_warning_but_said() -> None:
+    # --no-numa-pin under torchrun's default: the rank may run on every CPU.
+    sections = stress_sections(gpu_result({0: 790.0, 1: 790.0}, spanning=1),
+                               Verdicts(0.9, 0.8, 0.6))
+    assert findings_of(sections, Status.WARN) == []
+    said = [f.message for s in sections for f in s.findings if f.check == "stress.numa"]
+    assert len(said) == 1 and "rank(s) 1 also on other nodes' CPUs (not pinned" in said[0]
 
 
 def sdc_result(records: list[dict[str, Any]], deviations: list[float]) -> dict[str, Any]:

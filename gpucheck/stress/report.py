@@ -9,6 +9,7 @@ from typing import Any
 
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
+from gpucheck.numa import cpulist, parse_cpulist
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 from gpucheck.stress.sdc import judge
 from gpucheck.stress.specs import copy_figure, gemm_figure
@@ -78,27 +79,45 @@ def _setup_section(result: Mapping[str, Any]) -> Section:
 
 
 def _numa_findings(ranks: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """A WARN per rank with none of its CPUs on its GPU's NUMA node (as `ranks.numa`
+    judges bench and comm); a rank spanning nodes is unpinned (--no-numa-pin, or the
+    launcher's cpuset), the scheduler's choice and not a fault: said in the OK."""
     names = subjects(ranks)
     if all(r.get("gpu_name") is None for r in ranks):
         return [skip("stress.numa", "CPU ranks: no GPU NUMA node to be near")]
-    off = [r for r in ranks if r.get("on_gpu_numa_node") is False]
+    off = [r for r in ranks if r.get("on_gpu_numa_node") is False and not _near_cpus(r)]
     unknown = [int(r["rank"]) for r in ranks if r.get("on_gpu_numa_node") is None]
     findings = [warn("stress.numa", f"{names[int(r['rank'])].label} runs on CPUs {r['cpus']}, "
-                     f"none or not all of them on its GPU's NUMA node {r['numa_node']} "
+                     f"none of them on its GPU's NUMA node {r['numa_node']} "
                      f"(CPUs {r['gpu_cpus']})",
                      hint="bind each rank to its GPU's NUMA node (srun --cpu-bind, numactl "
-                     "--cpunodebind), or allow gpucheck to pin it (no --no-numa-pin): host "
-                     "copies and launches cross the CPU interconnect otherwise",
+                     "--cpunodebind), or widen the job's cpuset to the GPU's CPUs so that "
+                     "gpucheck can pin it: host copies and launches cross the CPU "
+                     "interconnect otherwise",
                      subject=f"rank {r['rank']}") for r in off]
     if unknown:
         findings.append(skip("stress.numa", "the GPU's NUMA node is not known (sysfs) for "
                              f"rank(s) {', '.join(map(str, unknown))}"))
     near = len(ranks) - len(off) - len(unknown)
     if near and not off:
-        pinned = sum(1 for r in ranks if r.get("pinned"))
-        findings.append(ok("stress.numa", f"{near} rank(s) run on their GPU's NUMA node "
-                           f"({pinned} pinned there by gpucheck)"))
+        findings.append(ok("stress.numa", _near_message(ranks, near)))
     return findings
+
+
+def _near_cpus(rank: Mapping[str, Any]) -> set[int]:
+    """The rank's CPUs that are local to its GPU."""
+    return set(parse_cpulist(rank.get("cpus") or "")) & set(
+        parse_cpulist(rank.get("gpu_cpus") or ""))
+
+
+def _near_message(ranks: Sequence[Mapping[str, Any]], near: int) -> str:
+    pinned = sum(1 for r in ranks if r.get("pinned"))
+    spanning = [int(r["rank"]) for r in ranks if r.get("on_gpu_numa_node") is False]
+    message = f"{near} rank(s) run on their GPU's NUMA node ({pinned} pinned there by gpucheck)"
+    if spanning:
+        message += (f"; rank(s) {cpulist(tuple(spanning))} also on other nodes' CPUs (not "
+                     "pinned: --no-numa-pin or the launcher's binding)")
+    return message
 
 
 def _vs_peers(rows: list[dict[str, Any]], key: str, ranks: Sequence[Mapping[str, Any]],
