@@ -10,7 +10,11 @@ the same machine load, and counts the straggler WARNs. Issue 8's goal: 0 WARNs i
 the healthy runs, the slowed rank (and only it) named in every slowed run.
 
     python benchmarks/straggler_noise.py --runs 20 [--keep DIR] [-- extra bench options]
+    python benchmarks/straggler_noise.py --runs 10 --busy 1   # a busy loop competing
     python benchmarks/straggler_noise.py --reports DIR    # summarise kept reports again
+
+`--busy N` runs N busy-loop processes beside the benchmark for its whole length (a
+neighbour that always wants a core: the loaded case, reproducibly).
 
 The summary adds what other thresholds would have said of the same runs (the verdict
 is vs_others > 1 + threshold, so it can be recomputed from the reports).
@@ -104,6 +108,8 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None, help="save every JSON report here")
     parser.add_argument("--reports", type=Path, default=None,
                         help="run nothing: summarise the reports --keep saved in this folder")
+    parser.add_argument("--busy", type=int, default=0,
+                        help="busy-loop processes to run beside the benchmark (default 0)")
     parser.add_argument("extra", nargs="*", help="options passed to gpucheck bench")
     args = parser.parse_args()
     if args.reports:
@@ -115,11 +121,20 @@ def main() -> None:
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
     outcomes: list[Outcome] = []
-    for i in range(args.runs):
-        for slowed in (None, 1 - i % 2):  # interleaved: both kinds see the same load
-            outcome = one_run(slowed, args.extra, args.keep, len(outcomes))
-            outcomes.append(outcome)
-            print(f"run {len(outcomes):3d} {outcome.describe()}", flush=True)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(args.busy)]
+    try:
+        for i in range(args.runs):
+            for slowed in (None, 1 - i % 2):  # interleaved: both kinds see the same load
+                outcome = one_run(slowed, args.extra, args.keep, len(outcomes))
+                outcomes.append(outcome)
+                print(f"run {len(outcomes):3d} {outcome.describe()}", flush=True)
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+    if args.busy:
+        print(f"with {args.busy} busy-loop process(es) beside the benchmark")
     summarise(outcomes)
 
 
