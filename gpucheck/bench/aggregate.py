@@ -9,7 +9,10 @@ start barrier:
   before the last rank has finished its loop.
 The job wall time is the longest interval any rank saw, `max(wall_s, span_s)`
 over ranks: it runs from the common start to the last rank's end, is at least
-every rank's own time, and over-counts at most the barrier's exit skew.
+every rank's own time, and over-counts at most the barrier's exit skew. When the
+loop runs in segments (CPU ranks, `gpucheck.bench.layout`), each segment has its
+own start and end barriers and both intervals add up the segments' windows, so
+the untimed work between segments counts in neither.
 """
 
 from __future__ import annotations
