@@ -4,12 +4,13 @@ timed loop.
 Why: where a process's tensors happen to land (which pages, which cache sets; invisible
 from inside a VM) makes its computation faster or slower by up to about 10%, and the
 offset holds for as long as the tensors stay where they are. Two identical CPU
-processes taking turns on the same cores ran 6% to 12% apart for a whole loop in 3 of
-10 runs on the 2-core development VM, the same in each quarter of the loop. With the
-weights and the batch copied to fresh memory every quarter, each quarter drew its own
-offset and the median over the loop stayed within 2% in all 10 (docs/bench.md,
-"Stragglers"). A rank that computes more stays slower whatever memory it gets, so the
-verdict keeps seeing a real straggler.
+processes taking turns on the same cores, their tensors left in place, ran 7% to 11%
+apart in every quarter of the loop in 3 of 10 runs on the 2-core development VM (1.06
+at worst in 8 runs of benchmarks/cpu_placement.py, another day); with the weights and
+the batch copied to fresh memory every quarter, each quarter drew its own offset and
+the loop's median stayed within 2% in those 10 runs (1.039 at worst in the 8). A rank
+that computes more stays slower whatever memory it gets, so the verdict keeps seeing a
+real straggler (docs/bench.md, "Stragglers").
 
 The copy is made between segments, outside the timed windows, and every segment
 starts at a common barrier, so the ranks stay lined up in time. GPU ranks run one
@@ -27,9 +28,9 @@ if TYPE_CHECKING:
 # Three iterations a segment: the default CPU loop (12 iterations) gets four
 # placements; a median over fewer segments is moved by one unlucky placement.
 ITERS_PER_SEGMENT = 3
-# Each re-placement costs a copy of the weights and a barrier (about 0.1 s for ResNet50
-# here), outside the timed windows but inside the run: a long --duration run does not
-# need more placements than this to even out.
+# Each re-placement costs a copy of the weights and a barrier (the copy about 11 ms for
+# ResNet50 on one core here), outside the timed windows but inside the run: a long
+# --duration run does not need more placements than this to even out.
 MAX_SEGMENTS = 8
 
 
