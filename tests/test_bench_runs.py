@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
-from gpucheck.bench.aggregate import MIN_JUDGED_ITERS
+from gpucheck.bench.layout import ITERS_PER_SEGMENT
 from gpucheck.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--model", "mobilenet_v3_small", "--batch-size", "2", "--warmup", "1", "--iters", "2"]
 SUBPROCESS_TIMEOUT_S = 180
+SEGMENTED_ITERS = 2 * ITERS_PER_SEGMENT  # the fewest iterations CPU ranks split
 
 
 def bench(tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
@@ -92,11 +93,12 @@ def test_two_ranks_one_computing_wrong_logits_fail_naming_that_rank_only(
 @pytest.fixture(scope="module")
 def slow_and_wrong(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, dict]]:
     """Three ranks: rank 1 sleeps in every forward, rank 2 perturbs its logits; enough
-    iterations for a straggler verdict (MIN_JUDGED_ITERS)."""
+    iterations for a straggler verdict (MIN_JUDGED_ITERS) in two segments, so the CPU
+    ranks re-place their tensors once in the timed loop."""
     os.environ["GPUCHECK_TEST_HOOK"] = "bench_workers:slow_rank_one_wrong_rank_two"
     try:
         yield bench(tmp_path_factory.mktemp("slow"), "--n-gpus", "3", *SMALL, "--iters",
-                    str(MIN_JUDGED_ITERS))
+                    str(SEGMENTED_ITERS))
     finally:
         del os.environ["GPUCHECK_TEST_HOOK"]
 
@@ -104,7 +106,9 @@ def slow_and_wrong(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[i
 def test_job_wall_follows_the_slow_rank_that_rank_zero_would_hide(
         slow_and_wrong: tuple[int, dict]) -> None:
     _, report = slow_and_wrong
-    assert_records_add_up(report, 3, images_per_rank=2 * MIN_JUDGED_ITERS)
+    assert_records_add_up(report, 3, images_per_rank=2 * SEGMENTED_ITERS)
+    assert section(report, "bench")["data"]["timed_segments"] == 2
+    assert findings(report, "bench.cpu_relayout", "OK")
     timing = section(report, "timing")["data"]
     walls = [r["wall_s"] for r in timing["ranks"]]
     assert walls[1] == max(walls) and walls[0] < walls[1]  # rank 0's own time misses it
