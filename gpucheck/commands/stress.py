@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from gpucheck.commands.job_report import partial_report as job_partial_report
+from gpucheck.commands.job_report import report_of, run_reported
 from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
-
-if TYPE_CHECKING:
-    from gpucheck.distributed.job import JobFailed
 
 HELP = "every GPU at once: GEMM TFLOP/s, memory bandwidth, silent data corruption, copies"
 GPU_DTYPES = ("bf16", "fp16", "tf32", "fp32")
@@ -136,44 +134,20 @@ def _verdicts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def run(args: argparse.Namespace) -> Report | None:
-    from gpucheck.distributed.job import JobFailed, run_job
-    from gpucheck.distributed.launch import WorkersFailed
-
     plan = plan_launch(args)
     spec = _check(args, plan)
     from gpucheck.stress.worker import stress_worker
 
-    try:
-        result = run_job(stress_worker, spec, plan.nproc, plan.master_port)
-    except JobFailed as exc:
-        return _failed_report(args, exc)
-    except WorkersFailed as exc:
-        return _failed_report(args, JobFailed(exc.failures, None, [], None, reporter=True))
-    if result is None:
-        return None  # a rank other than 0 under torchrun or srun: rank 0 reports
-    return _report(args, result)
+    return run_reported("stress", stress_worker, spec, plan, lambda r: _report(args, r),
+                        quiet_stdout=args.quiet and args.output is None)
 
 
 def _report(args: argparse.Namespace, result: dict) -> Report:  # type: ignore[type-arg]
     from gpucheck.stress.report import stress_sections
 
-    report = Report(command="stress")
-    for section in stress_sections(result, _verdicts(args)):
-        report.add(section)
-    return report
-
-
-def _failed_report(args: argparse.Namespace, exc: JobFailed) -> Report:
-    """The partial results plus the failure; on ranks that do not report, one line."""
-    from gpucheck.distributed.failures import failed_job_report
-
-    return failed_job_report("stress", exc, lambda partial: _report(args, partial),
-                             quiet_stdout=args.quiet and args.output is None)
+    return report_of("stress", stress_sections(result, _verdicts(args)))
 
 
 def partial_report(args: argparse.Namespace) -> Report | None:
-    """After Ctrl-C or SIGTERM: the phases measured so far (gpucheck.cli adds the stop)."""
-    from gpucheck.distributed import progress
-
-    partial = progress.local_partial()
-    return _report(args, partial) if partial is not None else None
+    """After Ctrl-C or SIGTERM: what was measured so far (gpucheck.cli adds the stop)."""
+    return job_partial_report(lambda partial: _report(args, partial))
