@@ -64,14 +64,15 @@ def test_marks_time_iterations_within_segments_and_not_the_gap_between_them() ->
     marks.begin()
     marks.mark()
     marks.mark()
-    time.sleep(0.001)
-    spin_until = time.process_time() + 0.03  # the re-placement: computation, untimed
-    while time.process_time() < spin_until:
+    # The re-placement between segments: 30 ms of computation (by the wall clock: the
+    # process's CPU time also counts any other thread of the test process).
+    gap_until = time.perf_counter() + 0.03
+    while time.perf_counter() < gap_until:
         pass
     marks.begin()
     marks.mark()
     took, ends = marks.read_ms()
     assert len(took) == len(ends) == 3
-    assert took[2] < 29  # the 30 ms between the segments is in no iteration
-    assert ends[2] - ends[1] > 30  # but it is on the timeline
+    assert took[2] < 15  # the 30 ms between the segments is in no iteration
+    assert ends[2] - ends[1] >= 30  # but it is on the timeline
     assert list(ends) == sorted(ends)
