@@ -186,4 +186,3 @@ def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section
     sections.append(_transport_section(result))
     sections.append(faults_of(result))
     return sections
-

@@ -354,4 +354,3 @@ def p2p_findings(node: Mapping[str, Any], where: str, fraction: float) -> list[F
         findings.append(ok("stress.p2p", f"{where}: {len(measured)} pairs, all at or above "
                            f"{fraction:g} x the median pair ({median:.4g} GB/s)"))
     return findings
-
