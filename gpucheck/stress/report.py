@@ -9,7 +9,7 @@ from typing import Any
 
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
-from gpucheck.numa import cpulist, parse_cpulist
+from gpucheck.numa import cpulist, on_node, parse_cpulist
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 from gpucheck.stress.sdc import judge
 from gpucheck.stress.specs import copy_figure, gemm_figure
@@ -85,7 +85,7 @@ def _numa_findings(ranks: Sequence[Mapping[str, Any]]) -> list[Finding]:
     names = subjects(ranks)
     if all(r.get("gpu_name") is None for r in ranks):
         return [skip("stress.numa", "CPU ranks: no GPU NUMA node to be near")]
-    off = [r for r in ranks if r.get("on_gpu_numa_node") is False and not _near_cpus(r)]
+    off = [r for r in ranks if r.get("on_gpu_numa_node") is False and _none_near(r)]
     unknown = [int(r["rank"]) for r in ranks if r.get("on_gpu_numa_node") is None]
     findings = [warn("stress.numa", f"{names[int(r['rank'])].label} runs on CPUs {r['cpus']}, "
                      f"none of them on its GPU's NUMA node {r['numa_node']} "
@@ -104,10 +104,9 @@ def _numa_findings(ranks: Sequence[Mapping[str, Any]]) -> list[Finding]:
     return findings
 
 
-def _near_cpus(rank: Mapping[str, Any]) -> set[int]:
-    """The rank's CPUs that are local to its GPU."""
-    return set(parse_cpulist(rank.get("cpus") or "")) & set(
-        parse_cpulist(rank.get("gpu_cpus") or ""))
+def _none_near(rank: Mapping[str, Any]) -> bool:
+    """None of the rank's CPUs is local to its GPU (`gpucheck.numa.on_node`'s rule)."""
+    return on_node(parse_cpulist(rank.get("cpus")), parse_cpulist(rank.get("gpu_cpus"))) is False
 
 
 def _near_message(ranks: Sequence[Mapping[str, Any]], near: int) -> str:
