@@ -19,7 +19,7 @@ CRASH = RankFailure(rank=1, local_rank=1, exitcode=1, signal=None,
 
 
 def build(result: dict[str, Any]) -> Report:
-    return job_report.report_of("stress", [Section("gemm", "GEMM", dict(result))])
+    return Report(command="stress", sections=[Section("gemm", "GEMM", dict(result))])
 
 
 def run_with(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> Report | None:

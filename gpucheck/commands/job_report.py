@@ -32,13 +32,6 @@ def run_reported(command: str, worker: Callable[[Any], Any], spec: Any, plan: La
     return build(result) if result is not None else None
 
 
-def report_of(command: str, sections: list[Any]) -> Report:
-    report = Report(command=command)
-    for section in sections:
-        report.add(section)
-    return report
-
-
 def partial_report(build: Build) -> Report | None:
     """After Ctrl-C or SIGTERM: what rank 0 had measured so far (gpucheck.cli adds the
     stop), or None when nothing was."""

@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass
 
 from gpucheck.commands.job_report import partial_report as job_partial_report
-from gpucheck.commands.job_report import report_of, run_reported
+from gpucheck.commands.job_report import run_reported
 from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> Report | None:
 def _report(args: argparse.Namespace, result: dict) -> Report:  # type: ignore[type-arg]
     from gpucheck.stress.report import stress_sections
 
-    return report_of("stress", stress_sections(result, _verdicts(args)))
+    return Report(command="stress", sections=stress_sections(result, _verdicts(args)))
 
 
 def partial_report(args: argparse.Namespace) -> Report | None:
