@@ -21,7 +21,7 @@ from typing import Any, NoReturn, TextIO
 from gpucheck import __version__
 from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
-from gpucheck.output import check_writable, write_atomic
+from gpucheck.output import WriteError, check_writable, write_atomic
 from gpucheck.render import FORMATS, format_for, render
 from gpucheck.report import Report, Section, fail
 
@@ -85,15 +85,27 @@ def use_color(stream: TextIO) -> bool:
 
 def emit(report: Report, fmt: str, output: str | None, quiet: bool,
          stream: TextIO | None = None) -> None:
-    """Write the report file (if asked) and show the report on `stream`."""
+    """Write the report file (if asked) and show the report on `stream`.
+
+    A failed write (a full disk at the end of a long run) still shows the report on
+    `stream` unless `quiet`, then raises WriteError saying where the report went."""
     stream = stream or sys.stdout
-    if output is not None:
-        write_atomic(output, render(report, fmt))
-        if not quiet:
-            stream.write(render(report, "text", color=use_color(stream)))
+    if output is None:
+        stream.write(render(report, fmt, color=fmt == "text" and use_color(stream)))
+        stream.flush()
         return
-    stream.write(render(report, fmt, color=fmt == "text" and use_color(stream)))
-    stream.flush()
+    failed: WriteError | None = None
+    try:
+        write_atomic(output, render(report, fmt))
+    except WriteError as exc:
+        failed = exc
+    if not quiet:
+        stream.write(render(report, "text", color=use_color(stream)))
+        stream.flush()
+    if failed is not None:
+        kept = ("the report is on stdout only" if not quiet else
+                "nothing was kept (-q): rerun without -q or with another --output")
+        raise WriteError(f"{failed}; {kept}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ from gpucheck.analysis.nodes import Fleet, Unused, group_reports, newest_created
 from gpucheck.analysis.options import fraction, positive
 from gpucheck.distributed.slurm import expand_nodelist
 from gpucheck.errors import UsageError
-from gpucheck.output import write_atomic
+from gpucheck.output import check_writable, same_file, write_atomic
 from gpucheck.report import Report
 
 HELP = ("judge reports from many nodes together: outlier nodes per metric and GPU, "
@@ -57,7 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> Report:
     options = _options(args)
     if args.save_baseline is not None:
-        _check_writable(args.save_baseline)
+        if same_file(args.save_baseline, getattr(args, "output", None)):
+            raise UsageError(f"--save-baseline and --output both name {args.save_baseline}: "
+                             "one would overwrite the other; give two files")
+        check_writable(args.save_baseline, "--save-baseline")
     fleet = _read(_inputs(args))
     loaded = [r.report for r in fleet.reports]
     report = Report("fleet", fleet_sections(fleet, options), argv=_argv(args),
@@ -135,15 +138,6 @@ def _argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def _check_writable(path: str) -> None:
-    parent = os.path.dirname(path) or "."
-    if os.path.isdir(path):
-        raise UsageError(f"--save-baseline {path} is a directory: give a file name")
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"--save-baseline {path}: directory {parent} does not exist or is "
-                         "not writable")
-
-
 def _save_baseline(path: str, fleet: Fleet, tolerance: float, mad_k: float,
                    created_at: str) -> None:
     healthy = [r for r in fleet.reports if r.healthy]
@@ -154,7 +148,4 @@ def _save_baseline(path: str, fleet: Fleet, tolerance: float, mad_k: float,
     source = {"reports": len(healthy), "nodes": len({r.node for r in healthy}),
               "commands": sorted({r.command for r in healthy})}
     baseline = build_baseline(samples, tolerance, mad_k, created_at, source)
-    try:
-        write_atomic(path, baseline_json(baseline))
-    except UsageError as exc:
-        raise UsageError(str(exc).replace("--output", "--save-baseline", 1)) from None
+    write_atomic(path, baseline_json(baseline), "--save-baseline")
