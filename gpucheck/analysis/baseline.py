@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from gpucheck import __version__
 from gpucheck.analysis.loading import BASELINE_KIND
 from gpucheck.analysis.metrics import HIGHER, LOWER, Metric, number
 from gpucheck.analysis.stats import describe, shortfall, significant, trimmed
+from gpucheck.inputs import InputError, read_capped
 from gpucheck.report import Finding, ok, skip, warn
 
 BASELINE_SCHEMA_VERSION = 1
@@ -98,7 +98,9 @@ def baseline_json(baseline: Baseline) -> str:
 def load_baseline(path: str) -> Baseline:
     """The baseline in `path`, or BaselineError naming the file and what is wrong."""
     try:
-        raw = json.loads(Path(path).read_bytes())
+        raw = json.loads(read_capped(path))  # regular files only, bounded
+    except InputError as exc:
+        raise BaselineError(f"{path}: {exc.strerror}") from None
     except OSError as exc:
         raise BaselineError(f"{path}: cannot be read ({exc.strerror})") from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):

@@ -12,11 +12,11 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gpucheck.actions import ACTIONS, resolve_action
 from gpucheck.errors import UsageError
+from gpucheck.inputs import InputError, read_capped
 from gpucheck.report import READABLE_SCHEMA_VERSIONS, Status
 
 STATUSES = frozenset(s.value for s in Status)
@@ -100,9 +100,11 @@ def load_report(path: str) -> LoadedReport:
 
 def _read_json(path: str) -> Any:
     try:
-        text = Path(path).read_bytes()
+        text = read_capped(path)  # regular files only, at most REPORT_MAX_BYTES
     except IsADirectoryError:
         raise ReportError(path, "is a directory, not a report file") from None
+    except InputError as exc:
+        raise ReportError(path, f"{exc.strerror}") from None
     except OSError as exc:
         raise ReportError(path, f"cannot be read ({exc.strerror})") from None
     try:

@@ -14,7 +14,6 @@ forbidden source); naming the GPUs needs NVML, so the section is built later
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import subprocess
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 
 from gpucheck.devices import normal_bus_id
 from gpucheck.errors import UsageError
+from gpucheck.inputs import MAX_LINE_BYTES, bounded_lines, gzip_lines, open_regular
 from gpucheck.probes.gpus import GpuRecord
 from gpucheck.probes.xid_table import XidInfo, xid_info
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
@@ -134,23 +134,25 @@ def scan_lines(lines: Iterable[str], boot_cut: bool = False) -> _Scan:
 
 
 def _is_gzip(path: str) -> bool:
-    with open(path, "rb") as raw:
+    with open_regular(path) as raw:
         return raw.read(2) == b"\x1f\x8b"
 
 
 def _file_lines(path: str) -> Iterator[str]:
-    """The lines of a text or gzip file; of a huge text one, only the last MAX_READ_BYTES."""
+    """The lines of a text or gzip file; of a huge text one, only the last MAX_READ_BYTES.
+    Regular files only, lines and gzip inflation bounded (gpucheck/inputs.py): a FIFO,
+    /dev/zero or a gzip bomb is refused, not read forever."""
     if _is_gzip(path):  # nvidia-bug-report.log.gz, a compressed kern.log.1.gz
-        with gzip.open(path) as unzipped:
-            for chunk in unzipped:
+        with open_regular(path) as raw:
+            for chunk in gzip_lines(raw, MAX_READ_BYTES):
                 yield chunk.decode("utf-8", errors="replace")
         return
-    with open(path, "rb") as raw:
+    with open_regular(path) as raw:
         size = os.fstat(raw.fileno()).st_size
         raw.seek(max(0, size - MAX_READ_BYTES))
         if size > MAX_READ_BYTES:
-            raw.readline()  # a partial first line
-        for chunk in raw:
+            raw.readline(MAX_LINE_BYTES)  # a partial first line
+        for chunk in bounded_lines(raw, MAX_READ_BYTES + MAX_LINE_BYTES):
             yield chunk.decode("utf-8", errors="replace")
 
 
@@ -244,7 +246,7 @@ def checked_kernel_log_path(path: str | None) -> str | None:
     if path is None:
         return None
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             handle.read(1)
     except OSError as exc:
         raise UsageError(f"--kernel-log {path}: cannot read it "

@@ -1,0 +1,99 @@
+"""Reading files given on the command line: regular files only, never unbounded.
+
+Every report file (compare, fleet's files and directories, --baseline) and the
+--kernel-log file is opened here. What they name comes from other machines or a
+careless command line: a FIFO with no writer blocks `open()` forever, `/dev/zero`
+or `/dev/urandom` never ends, and a few kilobytes of gzip can inflate to
+gigabytes. So: the file is opened without blocking (O_NONBLOCK: opening a FIFO
+returns at once), refused unless `fstat` says it is a regular file, and read up
+to a cap; gzip is inflated up to a cap too. Errors are `InputError`, an OSError
+whose `strerror` says what is wrong in words a person can act on.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import os
+import stat
+import zlib
+from collections.abc import Iterator
+from typing import BinaryIO
+
+MIB = 1024**2
+# A report of 8 GPUs' stress with every table is well under 1 MiB; 32 MiB leaves room
+# for a thousand ranks and stops a wrong file (a disk image, a core dump) early.
+REPORT_MAX_BYTES = 32 * MIB
+# Kernel log lines are short (printk's limit is 1024 bytes); longer pieces are split.
+MAX_LINE_BYTES = 64 * 1024
+
+
+class InputError(OSError):
+    """A file that is not read: `strerror` says why (not a regular file, too big)."""
+
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(code, why)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def open_regular(path: str) -> BinaryIO:
+    """`path` open for reading in binary, once `fstat` says it is a regular file.
+
+    Opened with O_NONBLOCK, then checked on the open descriptor (no race with a
+    rename), so a FIFO or a device is refused before any read could block."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            code = errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL
+            raise InputError(code, f"is {_kind(mode)}, not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_capped(path: str, limit: int = REPORT_MAX_BYTES) -> bytes:
+    """The whole regular file at `path`; InputError when it holds more than `limit` bytes."""
+    with open_regular(path) as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise InputError(errno.EFBIG, f"is larger than {limit / MIB:g} MiB, too big for a "
+                                      "gpucheck report (is it the right file?)")
+    return data
+
+
+def bounded_lines(handle: BinaryIO, limit: int, max_line: int = MAX_LINE_BYTES,
+                  what: str = "") -> Iterator[bytes]:
+    """The lines of `handle`, none longer than `max_line` (a longer one comes in
+    pieces); InputError once more than `limit` bytes were read."""
+    total = 0
+    while True:
+        line = handle.readline(max_line)
+        if not line:
+            return
+        total += len(line)
+        if total > limit:
+            raise InputError(errno.EFBIG, f"{what or 'holds'} more than {limit / MIB:g} MiB; "
+                                          "not read")
+        yield line
+
+
+def gzip_lines(handle: BinaryIO, limit: int) -> Iterator[bytes]:
+    """The lines of the gzip stream in `handle`, inflated up to `limit` bytes (a gzip
+    bomb stops there); a damaged stream is an InputError, as a truncated one is."""
+    try:
+        with gzip.GzipFile(fileobj=handle, mode="rb") as unzipped:
+            yield from bounded_lines(unzipped, limit, what="decompresses to")
+    except (zlib.error, EOFError) as exc:
+        raise InputError(errno.EINVAL, f"is a damaged gzip file ({exc})") from None

@@ -1,0 +1,133 @@
+"""No read can hang or eat the machine: regular files only, sizes and gzip capped.
+
+Every test runs under an alarm: a read that blocks (the bug) fails the test instead
+of hanging the suite."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpucheck.cli import main
+from gpucheck.inputs import MIB, REPORT_MAX_BYTES, InputError, gzip_lines, read_capped
+from gpucheck.probes import kernel_log
+from gpucheck.probes.kernel_log import read_file
+
+REPORTS = Path(__file__).resolve().parent / "data" / "reports"
+KERNEL_LOGS = Path(__file__).resolve().parent / "data" / "kernel_logs"
+
+
+def _too_slow(signum: int, frame: object) -> None:
+    raise TimeoutError("a read blocked: the input was not bounded")
+
+
+@pytest.fixture(autouse=True)
+def alarm() -> Iterator[None]:
+    previous = signal.signal(signal.SIGALRM, _too_slow)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "pipe.json"
+    os.mkfifo(path)  # nobody ever writes to it
+    return path
+
+
+def test_a_fifo_as_a_compare_input_is_exit_2_at_once(
+        fifo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", str(fifo), str(REPORTS / "bench.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "FIFO" in err and "not a regular file" in err
+
+
+def test_a_fifo_in_a_fleet_directory_is_an_unreadable_node_not_a_hang(
+        fifo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shutil.copy(REPORTS / "bench.json", fifo.parent / "node1.json")
+    assert main(["fleet", str(fifo.parent), "--format", "json"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert '"fleet.unreadable"' in out and "pipe.json" in out and "FIFO" in out
+
+
+def test_a_fifo_as_baseline_is_exit_2_for_fleet_and_for_bench(
+        fifo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fleet", str(REPORTS / "bench.json"), "--baseline", str(fifo)]) == 2
+    assert "FIFO" in capsys.readouterr().err
+    assert main(["bench", "--baseline", str(fifo)]) == 2
+    assert "FIFO" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_a_device_as_kernel_log_is_refused(device: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["env", "--kernel-log", device]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "character device" in err
+    log = read_file(device)
+    assert log.source is None and "not a regular file" in log.not_read[0]
+
+
+def test_a_fifo_as_kernel_log_is_refused(fifo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["env", "--kernel-log", str(fifo)]) == 2
+    assert "FIFO" in capsys.readouterr().err
+    assert read_file(str(fifo)).source is None
+
+
+def test_a_gzip_bomb_as_kernel_log_stops_at_the_cap(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel_log, "MAX_READ_BYTES", 4 * MIB)
+    bomb = tmp_path / "kern.log.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as out:
+        for _ in range(64):  # 64 MiB of zeros in ~64 KiB of gzip
+            out.write(bytes(MIB))
+    assert bomb.stat().st_size < MIB
+    log = read_file(str(bomb))
+    assert log.source is None and "decompresses to more than 4 MiB" in log.not_read[0]
+
+
+def test_a_healthy_gzip_kernel_log_is_still_read(tmp_path: Path) -> None:
+    packed = tmp_path / "kern.log.gz"
+    packed.write_bytes(gzip.compress((KERNEL_LOGS / "dmesg_fallen_off_bus.log").read_bytes()))
+    log = read_file(str(packed))
+    assert log.source == str(packed) and log.events
+
+
+def test_gzip_lines_caps_what_a_bomb_inflates_to(tmp_path: Path) -> None:
+    bomb = tmp_path / "b.gz"
+    bomb.write_bytes(gzip.compress(bytes(8 * MIB)))
+    with bomb.open("rb") as handle, pytest.raises(InputError, match="more than 1 MiB"):
+        for _ in gzip_lines(handle, MIB):
+            pass
+
+
+def test_a_damaged_gzip_is_an_input_error_not_a_crash(tmp_path: Path) -> None:
+    broken = tmp_path / "k.gz"
+    broken.write_bytes(gzip.compress(b"NVRM: Xid\n" * 1000)[:-40] + b"\xff" * 40)
+    log = read_file(str(broken))
+    assert log.source is None and log.not_read
+
+
+def test_a_report_over_the_size_cap_is_refused_with_a_clear_message(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as out:
+        out.truncate(REPORT_MAX_BYTES + 1)  # sparse: costs no disk
+    with pytest.raises(InputError, match="larger than 32 MiB"):
+        read_capped(str(huge))
+    assert main(["compare", str(huge), str(REPORTS / "bench.json")]) == 2
+    assert "larger than 32 MiB" in capsys.readouterr().err
+
+
+def test_a_symlink_to_a_report_is_still_read(tmp_path: Path) -> None:
+    link = tmp_path / "a.json"
+    link.symlink_to(REPORTS / "bench.json")
+    assert main(["compare", str(link), str(REPORTS / "bench.json"), "-q"]) == 0
