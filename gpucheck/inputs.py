@@ -37,8 +37,7 @@ class InputError(OSError):
 
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISDIR, "a directory")):
+                       (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
             return name
     return "a special file"
@@ -53,9 +52,10 @@ def open_regular(path: str) -> BinaryIO:
     fd = os.open(path, flags)
     try:
         mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):  # as open() says it
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         if not stat.S_ISREG(mode):
-            code = errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL
-            raise InputError(code, f"is {_kind(mode)}, not a regular file")
+            raise InputError(errno.EINVAL, f"is {_kind(mode)}, not a regular file")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
