@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import errno
 import gzip
+import json
 import os
 import stat
 import zlib
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 MIB = 1024**2
 # A report of 8 GPUs' stress with every table is well under 1 MiB; 32 MiB leaves room
@@ -97,3 +98,50 @@ def gzip_lines(handle: BinaryIO, limit: int) -> Iterator[bytes]:
             yield from bounded_lines(unzipped, limit, what="decompresses to")
     except (zlib.error, EOFError) as exc:
         raise InputError(errno.EINVAL, f"is a damaged gzip file ({exc})") from None
+
+
+class JsonProblem(ValueError):
+    """Valid JSON that no gpucheck wrote: a number of hundreds of digits, a lone
+    surrogate. The message says which, in words for the one-line error."""
+
+
+# 2**64 has 20 digits: no count, byte total or id gpucheck writes is longer. A longer
+# one is an attack on int() (Python refuses over 4300 digits) or float() (overflow).
+MAX_INT_DIGITS = 20
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise JsonProblem(f"holds a number of {digits} digits (no gpucheck report does)")
+    return int(text)
+
+
+def parse_json(data: bytes) -> Any:
+    """JSON from `data`, every integer short and every string valid Unicode.
+
+    json.loads accepts "\\ud800" (a lone surrogate): it cannot be written as UTF-8, so
+    printing or saving it would fail far from here. JsonProblem for either; the
+    json module's own errors (JSONDecodeError, UnicodeDecodeError, RecursionError)
+    pass through."""
+    value = json.loads(data, parse_int=_parse_int)
+    _check_strings(value)
+    return value
+
+
+def _check_strings(value: Any) -> None:
+    """No lone surrogate in any key or string (iterative: depth is json's problem)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and not item.isascii():
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise JsonProblem("holds a lone surrogate (\\ud800-\\udfff), not valid "
+                                  "Unicode text") from None

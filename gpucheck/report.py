@@ -89,6 +89,8 @@ class Finding:
     def from_dict(cls, raw: dict[str, JsonValue]) -> Finding:
         """Version 2 keeps the stored action; version 1 has none, so it is resolved
         as for a new finding."""
+        for key in ("check", "message", "hint", "subject", "action"):
+            _require_text(raw, key, optional=key not in ("check", "message"))
         return cls(
             check=raw["check"],
             status=Status(raw["status"]),
@@ -142,6 +144,8 @@ class Section:
 
     @classmethod
     def from_dict(cls, raw: dict[str, JsonValue]) -> Section:
+        _require_text(raw, "name", optional=False)
+        _require_text(raw, "title", optional=False)
         return cls(
             name=raw["name"],
             title=raw["title"],
@@ -232,10 +236,22 @@ class Report:
     def from_dict(cls, raw: dict[str, JsonValue]) -> Report:
         """A report as `to_dict` (or an older gpucheck: READABLE_SCHEMA_VERSIONS) wrote
         it; SchemaVersionError for any other version."""
+        if not isinstance(raw, dict):
+            raise ReportShapeError(f"a report is a JSON object, not {type(raw).__name__}")
         version = raw.get("schema_version")
         # bool is an int: `true` must not pass for version 1.
         if isinstance(version, bool) or version not in READABLE_SCHEMA_VERSIONS:
             raise SchemaVersionError(version)
+        try:
+            return cls._from_checked(raw)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            # A damaged or hostile file: one error type with the cause, not a traceback.
+            raise ReportShapeError(f"{type(exc).__name__}: {str(exc)[:120]}") from None
+
+    @classmethod
+    def _from_checked(cls, raw: dict[str, JsonValue]) -> Report:
+        for key in ("command", "host", "created_at", "tool_version"):
+            _require_text(raw, key, optional=key != "command")
         return cls(
             command=raw["command"],
             sections=[Section.from_dict(s) for s in raw.get("sections") or []],
@@ -245,6 +261,21 @@ class Report:
             tool_version=raw.get("tool_version", ""),
             schema_version=raw["schema_version"],
         )
+
+
+class ReportShapeError(ValueError):
+    """A report dict that `from_dict` cannot read: a missing key, a value of the wrong
+    type (a table replaced by a number, a list where an object belongs)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(f"damaged report: {problem}")
+
+
+def _require_text(raw: dict[str, JsonValue], key: str, optional: bool = True) -> None:
+    """TypeError unless raw[key] is a string (or, when optional, null or missing)."""
+    value = raw.get(key)
+    if not isinstance(value, str) and not (optional and value is None):
+        raise TypeError(f"{key!r} is {type(value).__name__}, not a string")
 
 
 def worst(statuses: Iterable[Status]) -> Status:

@@ -18,7 +18,7 @@ from gpucheck import __version__
 from gpucheck.analysis.loading import BASELINE_KIND
 from gpucheck.analysis.metrics import HIGHER, LOWER, Metric, number
 from gpucheck.analysis.stats import describe, shortfall, significant, trimmed
-from gpucheck.inputs import InputError, read_capped
+from gpucheck.inputs import InputError, JsonProblem, parse_json, read_capped
 from gpucheck.report import Finding, ok, skip, warn
 
 BASELINE_SCHEMA_VERSION = 1
@@ -98,9 +98,11 @@ def baseline_json(baseline: Baseline) -> str:
 def load_baseline(path: str) -> Baseline:
     """The baseline in `path`, or BaselineError naming the file and what is wrong."""
     try:
-        raw = json.loads(read_capped(path))  # regular files only, bounded
+        raw = parse_json(read_capped(path))  # regular files only, bounded
     except InputError as exc:
         raise BaselineError(f"{path}: {exc.strerror}") from None
+    except JsonProblem as exc:
+        raise BaselineError(f"{path}: is not a gpucheck baseline ({exc})") from None
     except OSError as exc:
         raise BaselineError(f"{path}: cannot be read ({exc.strerror})") from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
@@ -121,7 +123,8 @@ def baseline_from_dict(raw: Any, path: str = "baseline") -> Baseline:
     if not isinstance(metrics, dict) or tolerance is None:
         raise BaselineError(f"{path}: is a damaged baseline (no \"metrics\" or \"tolerance\")")
     return Baseline(tolerance, {name: _expected(path, name, e) for name, e in metrics.items()},
-                    str(raw.get("created_at") or ""), dict(raw.get("source") or {}))
+                    str(raw.get("created_at") or ""),
+                    source if isinstance(source := raw.get("source"), dict) else {})
 
 
 def _expected(path: str, name: str, raw: Any) -> Expected:

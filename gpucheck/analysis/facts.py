@@ -94,4 +94,6 @@ def _bench_devices(data: Mapping[str, Any]) -> dict[str, Fact]:
 
 def gpu_count(value: str) -> int | None:
     """A GPU-count fact as a number (None when it says "None" or anything else)."""
-    return int(value) if value.isdigit() else None
+    # ASCII digits only: "²".isdigit() is True but int("²") raises, and a count of
+    # thousands of digits is no GPU count (int() refuses over 4300 digits).
+    return int(value) if value.isascii() and value.isdigit() and len(value) < 10 else None

@@ -15,6 +15,7 @@ from typing import Any
 from gpucheck.actions import ACTIONS
 from gpucheck.analysis.baseline import Baseline, baseline_findings, below_baseline
 from gpucheck.analysis.drift import Drift, drift_reasons, drift_row, find_drift
+from gpucheck.analysis.identity import identity_findings
 from gpucheck.analysis.nodes import Fleet, Reason, finding_reasons
 from gpucheck.analysis.outliers import judge_group, outlier_reasons, outlier_row
 from gpucheck.analysis.stats import significant
@@ -41,10 +42,13 @@ def fleet_sections(fleet: Fleet, options: FleetOptions) -> list[Section]:
     coverage = _coverage_section(fleet, options, reasons)
     for node in fleet.reports:
         reasons += finding_reasons(node)
+    for node in fleet.shadowed:  # a FAIL is never hidden by another file's claim
+        reasons += finding_reasons(node, shadowed=True)
+    inputs = _inputs_section(fleet, reasons)
     drift = _drift_section(fleet, reasons)
     outliers, metrics = _metric_sections(fleet, options, reasons)
     tail = [_baseline_section(fleet, options.baseline, reasons)] if options.baseline else []
-    return [_inputs_section(fleet), _actions_section(reasons, len(fleet.nodes)), coverage,
+    return [inputs, _actions_section(reasons, len(fleet.nodes)), coverage,
             drift, outliers, metrics, *tail]
 
 
@@ -55,7 +59,7 @@ def _listed(names: Sequence[str]) -> str:
 
 # --- inputs ------------------------------------------------------------------------
 
-def _inputs_section(fleet: Fleet) -> Section:
+def _inputs_section(fleet: Fleet, reasons: list[Reason]) -> Section:
     commands = {c: len(g) for c, g in fleet.groups.items()}
     data: dict[str, Any] = {
         "reports": sum(commands.values()), "nodes": len(fleet.nodes),
@@ -65,6 +69,7 @@ def _inputs_section(fleet: Fleet) -> Section:
     findings = [warn("fleet.unreadable", f"{u.path}: {u.why}", hint="left out; write the "
                      "node's report again (rerun gpucheck on it)", subject=u.path,
                      action="rerun") for u in fleet.unreadable]
+    findings += identity_findings(fleet, reasons)
     findings.append(ok("fleet.inputs", f"{data['reports']} report(s) from {data['nodes']} "
                        f"node(s): {data['commands']}"))
     return Section("inputs", "Reports read", data, findings)

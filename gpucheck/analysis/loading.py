@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpucheck.actions import ACTIONS, resolve_action
+from gpucheck.analysis.facts import Fact, extract_facts
+from gpucheck.analysis.metrics import Metric, extract_metrics
 from gpucheck.errors import UsageError
-from gpucheck.inputs import InputError, read_capped
+from gpucheck.inputs import InputError, JsonProblem, parse_json, read_capped
 from gpucheck.report import READABLE_SCHEMA_VERSIONS, Status
 
 STATUSES = frozenset(s.value for s in Status)
@@ -40,6 +42,9 @@ class LoadedReport:
 
     path: str
     raw: Mapping[str, Any]
+    # Read once, in load_report, where a damaged value becomes a ReportError.
+    metrics: Mapping[str, Metric] = field(default_factory=dict, compare=False)
+    facts: Mapping[str, Fact] = field(default_factory=dict, compare=False)
 
     @property
     def command(self) -> str:
@@ -95,7 +100,14 @@ def load_report(path: str) -> LoadedReport:
     """The report at `path`, or ReportError saying what is wrong with the file."""
     raw = _read_json(path)
     check_report_shape(path, raw)
-    return LoadedReport(path, raw)
+    try:
+        metrics, facts = extract_metrics(raw), extract_facts(raw)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as exc:
+        # The trust boundary: a value of the wrong type deep in a section (a table
+        # replaced by a number) is this file's fault, named, never a traceback.
+        raise ReportError(path, "is a damaged gpucheck report (a value of the wrong type: "
+                                f"{type(exc).__name__}: {str(exc)[:120]})") from None
+    return LoadedReport(path, raw, metrics, facts)
 
 
 def _read_json(path: str) -> Any:
@@ -108,7 +120,9 @@ def _read_json(path: str) -> Any:
     except OSError as exc:
         raise ReportError(path, f"cannot be read ({exc.strerror})") from None
     try:
-        return json.loads(text)
+        return parse_json(text)
+    except JsonProblem as exc:
+        raise ReportError(path, f"is not a gpucheck report ({exc})") from None
     except UnicodeDecodeError:
         raise ReportError(path, "is not a gpucheck report (not UTF-8 text)") from None
     except json.JSONDecodeError as exc:
@@ -128,6 +142,9 @@ def check_report_shape(path: str, raw: Any) -> None:
     if raw.get("tool") != "gpucheck" or not isinstance(raw.get("command"), str):
         raise ReportError(path, "is not a gpucheck report (no \"tool\": \"gpucheck\" and "
                                 "\"command\")")
+    problem = _field_problem(raw, _REPORT_TEXT, "") or _argv_problem(raw.get("argv"))
+    if problem is not None:
+        raise ReportError(path, f"is a damaged gpucheck report ({problem})")
     version = raw.get("schema_version")
     if isinstance(version, bool) or version not in READABLE_SCHEMA_VERSIONS:
         readable = " and ".join(map(str, READABLE_SCHEMA_VERSIONS))
@@ -151,6 +168,8 @@ def _section_problem(sections: Any) -> str | None:
         where = f"sections[{i}]"
         if not isinstance(section, dict) or not isinstance(section.get("name"), str):
             return f"{where} has no name"
+        if (problem := _field_problem(section, ("title",), where)) is not None:
+            return problem
         if not isinstance(section.get("data", {}), dict):
             return f"{where}.data is not an object"
         findings = section.get("findings", [])
@@ -158,10 +177,34 @@ def _section_problem(sections: Any) -> str | None:
             return f"{where}.findings is not a list"
         for j, finding in enumerate(findings):
             if not (isinstance(finding, dict) and isinstance(finding.get("check"), str)
-                    and finding.get("status") in STATUSES):
+                    and isinstance(finding.get("status"), str)
+                    and finding["status"] in STATUSES):
                 return f"{where}.findings[{j}] has no check id or a status other than " \
                        f"{', '.join(sorted(STATUSES))}"
+            problem = _field_problem(finding, _FINDING_TEXT, f"{where}.findings[{j}]")
+            if problem is not None:
+                return problem
     return None
+
+
+# Text fields: a string or null where present; anything else is a damaged report.
+_REPORT_TEXT = ("host", "created_at", "tool_version")
+_FINDING_TEXT = ("message", "hint", "subject", "action")
+
+
+def _field_problem(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> str | None:
+    for key in keys:
+        value = raw.get(key)
+        if value is not None and not isinstance(value, str):
+            name = f"{where}.{key}" if where else f"\"{key}\""
+            return f"{name} is a JSON {_json_type(value)}, not a string"
+    return None
+
+
+def _argv_problem(argv: Any) -> str | None:
+    if argv is None or (isinstance(argv, list) and all(isinstance(a, str) for a in argv)):
+        return None
+    return "\"argv\" is not a list of strings"
 
 
 def report_paths(inputs: Sequence[str]) -> list[str]:

@@ -8,13 +8,14 @@ them. Nodes are named by their report's `host` (the file name when it has none).
 from __future__ import annotations
 
 import datetime as _dt
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpucheck.analysis.facts import Fact, extract_facts
+from gpucheck.analysis.facts import Fact
 from gpucheck.analysis.loading import ANALYSIS_COMMANDS, LoadedReport, finding_action
-from gpucheck.analysis.metrics import Metric, extract_metrics
+from gpucheck.analysis.metrics import Metric
 from gpucheck.report import Status
 
 
@@ -65,12 +66,29 @@ class Unused:
 
 
 @dataclass(frozen=True)
+class Duplicate:
+    """Several files claiming one node for one command (a host name is a claim, not a
+    proof: a copied or stale file says the same). `reports`: oldest first; the last
+    one is the node's judged report."""
+
+    node: str
+    command: str
+    reports: tuple[LoadedReport, ...]
+
+
+@dataclass(frozen=True)
 class Fleet:
-    """The readable reports by command, then node (newest report per node and command)."""
+    """The readable reports by command, then node (newest report per node and command).
+
+    `shadowed`: the other reports of a node and command, kept so that their FAILs
+    stay visible; `duplicates` names them; `future`: reports dated ahead of now."""
 
     groups: Mapping[str, Mapping[str, NodeReport]]
     unreadable: Sequence[Unused]
     unused: Sequence[Unused]
+    shadowed: Sequence[NodeReport] = ()
+    duplicates: Sequence[Duplicate] = ()
+    future: Sequence[LoadedReport] = ()
 
     @property
     def nodes(self) -> list[str]:
@@ -85,11 +103,20 @@ def node_name(report: LoadedReport) -> str:
     return report.host or Path(report.path).stem
 
 
-def group_reports(loaded: Iterable[LoadedReport], unreadable: Sequence[Unused]) -> Fleet:
+# Clocks of a cluster agree within seconds (NTP); a quarter of an hour ahead is a
+# wrong clock or an edited file, not skew.
+FUTURE_SLACK_S = 15 * 60
+
+
+def group_reports(loaded: Iterable[LoadedReport], unreadable: Sequence[Unused],
+                  now: float | None = None) -> Fleet:
     """Group by command and node; an older report of the same node and command, and
-    reports of compare and fleet themselves, are listed as unused."""
+    reports of compare and fleet themselves, are listed as unused. The older report
+    is also kept as `shadowed` (its FAILs still count) and named in `duplicates`."""
     groups: dict[str, dict[str, NodeReport]] = {}
     unused: list[Unused] = []
+    shadowed: list[NodeReport] = []
+    claims: dict[tuple[str, str], list[LoadedReport]] = {}
     for report in sorted(loaded, key=lambda r: (timestamp(r.created_at), r.path)):
         if report.command in ANALYSIS_COMMANDS:
             unused.append(Unused(report.path, f"a gpucheck {report.command} report, not a "
@@ -97,24 +124,30 @@ def group_reports(loaded: Iterable[LoadedReport], unreadable: Sequence[Unused]) 
             continue
         group = groups.setdefault(report.command, {})
         node = node_name(report)
+        claims.setdefault((report.command, node), []).append(report)
         if node in group:  # sorted oldest first: the newer one replaces it
             unused.append(Unused(group[node].report.path, f"an older {report.command} report "
                                                           f"of {node} (newer: {report.path})"))
-        group[node] = NodeReport(node, report, extract_metrics(report.raw),
-                                 extract_facts(report.raw))
+            shadowed.append(group[node])
+        group[node] = NodeReport(node, report, report.metrics, report.facts)
+    duplicates = [Duplicate(node, command, tuple(found))
+                  for (command, node), found in sorted(claims.items()) if len(found) > 1]
+    limit = (time.time() if now is None else now) + FUTURE_SLACK_S
+    future = sorted((r for r in loaded if timestamp(r.created_at) > limit), key=lambda r: r.path)
     return Fleet({c: dict(sorted(g.items())) for c, g in sorted(groups.items())},
-                 sorted(unreadable, key=lambda u: u.path), sorted(unused, key=lambda u: u.path))
+                 sorted(unreadable, key=lambda u: u.path), sorted(unused, key=lambda u: u.path),
+                 sorted(shadowed, key=lambda r: r.report.path), duplicates, future)
 
 
 def timestamp(created_at: str) -> float:
     """created_at as seconds since the epoch (0 when it cannot be read)."""
     try:
         when = _dt.datetime.fromisoformat(created_at)
-    except ValueError:
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=_dt.timezone.utc)
+        return when.timestamp()
+    except (ValueError, OverflowError, OSError):  # year 9999 in a far time zone
         return 0.0
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=_dt.timezone.utc)
-    return when.timestamp()
 
 
 def newest_created_at(reports: Iterable[LoadedReport]) -> str:
@@ -124,14 +157,17 @@ def newest_created_at(reports: Iterable[LoadedReport]) -> str:
     return stamps[-1][1] if stamps else ""
 
 
-def finding_reasons(node: NodeReport) -> list[Reason]:
-    """The node's own WARN and FAIL findings, each with its action."""
+def finding_reasons(node: NodeReport, shadowed: bool = False) -> list[Reason]:
+    """The node's own WARN and FAIL findings, each with its action; of a `shadowed`
+    report (another file claims the node), its FAILs only, naming the file."""
     reasons = []
+    wanted = ("FAIL",) if shadowed else ("WARN", "FAIL")
+    where = f"in {node.report.path} (not the judged report): " if shadowed else ""
     for f in node.report.findings:
-        if f["status"] in ("WARN", "FAIL"):
+        if f["status"] in wanted:
             hint = f.get("hint") if isinstance(f.get("hint"), str) else None
             subject = f.get("subject") if isinstance(f.get("subject"), str) else None
             reasons.append(Reason(node.node, f["status"], finding_action(f) or "rerun",
-                                  f["check"], str(f.get("message", "")), subject,
+                                  f["check"], where + str(f.get("message", "")), subject,
                                   node.command, hint))
     return reasons

@@ -9,9 +9,7 @@ from __future__ import annotations
 import argparse
 
 from gpucheck.analysis.compare import Side, compare_sections
-from gpucheck.analysis.facts import extract_facts
 from gpucheck.analysis.loading import LoadedReport, ReportError, load_report
-from gpucheck.analysis.metrics import extract_metrics
 from gpucheck.analysis.nodes import newest_created_at
 from gpucheck.analysis.options import fraction
 from gpucheck.errors import UsageError
@@ -37,7 +35,7 @@ def run(args: argparse.Namespace) -> Report:
     if a.command != b.command:
         raise UsageError(f"{b.path}: is a report of gpucheck {b.command}, {a.path} one of "
                          f"gpucheck {a.command}: compare needs two reports of the same command")
-    sides = [Side(r, extract_metrics(r.raw), extract_facts(r.raw)) for r in (a, b)]
+    sides = [Side(r, r.metrics, r.facts) for r in (a, b)]
     hosts = a.host if a.host == b.host else f"{a.host} vs {b.host}"
     # created_at and host come from the inputs: the same two files give the same report.
     return Report("compare", compare_sections(sides[0], sides[1], threshold),
