@@ -21,6 +21,7 @@ from typing import Any, NoReturn, TextIO
 from gpucheck import __version__
 from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
+from gpucheck.escape import terminal
 from gpucheck.output import WriteError, check_writable, write_atomic
 from gpucheck.render import FORMATS, format_for, render
 from gpucheck.report import Report, Section, fail
@@ -37,7 +38,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (argparse prints the usage block too)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {terminal(message)} (see {self.prog} "
+                              "--help)\n")
 
 
 def _output_options() -> argparse.ArgumentParser:
@@ -128,7 +130,8 @@ def _run(args: argparse.Namespace) -> int:
             report.add(baseline_section(report, baseline))
         emit(report, fmt, args.output, args.quiet)
     except UsageError as exc:
-        print(f"gpucheck {args.command}: error: {exc}", file=sys.stderr)
+        # terminal(): the message may quote a report file (its command, host, path).
+        print(f"gpucheck {args.command}: error: {terminal(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
         return _interrupted(module, args, stop_signal(exc))
@@ -165,7 +168,7 @@ def _interrupted(module: Any, args: argparse.Namespace, signum: signal.Signals) 
     written = args.output is not None and _is_reporter() and _write_interrupted(
         module, args, signum)
     where = f"; partial report in {args.output}" if written else ""
-    print(f"gpucheck {args.command}: {how}{where}", file=sys.stderr)
+    print(f"gpucheck {args.command}: {how}{terminal(where)}", file=sys.stderr)
     return 128 + int(signum)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from gpucheck.commands.launch_options import add_launch_arguments
 from gpucheck.errors import UsageError
+from gpucheck.escape import terminal
 from gpucheck.report import Finding, Report, Section, fail, skip
 
 HELP = "env, stress, bench and comm in turn on this node (or job): one report"
@@ -174,7 +175,7 @@ def _run_one(name: str, ns: argparse.Namespace) -> Outcome:
         return Outcome(name, "failed", why, _since(start))
     except Exception as exc:
         why = f"{type(exc).__name__}: {_first_line(str(exc))}"
-        print(f"gpucheck all: {name} failed: {why}", file=sys.stderr)
+        print(f"gpucheck all: {name} failed: {terminal(why)}", file=sys.stderr)
         _leave_group()
         return Outcome(name, "failed", why, _since(start))
     if report is None and _is_reporter():

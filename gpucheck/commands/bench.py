@@ -12,6 +12,7 @@ from gpucheck.bench.data import ImageSet, default_images_dir, scan_images
 from gpucheck.bench.model import DTYPES, check_model, resolve_dtype, resolve_weights
 from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
 from gpucheck.errors import UsageError
+from gpucheck.escape import terminal
 from gpucheck.report import Report, Section
 
 HELP = "DDP ResNet50 inference benchmark that times every rank"
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> Report | None:
     except WorkersFailed as exc:
         if not getattr(exc, "reporter", True):
             # A rank > 0 under torchrun: rank 0 reports; exit non-zero so the launcher knows.
-            print(f"gpucheck bench: this rank failed: {exc}", file=sys.stderr)
+            print(f"gpucheck bench: this rank failed: {terminal(exc)}", file=sys.stderr)
             raise SystemExit(1) from None
         report.add(_failed_section(exc))
         _add_partial_faults(report, getattr(exc, "partial", None))

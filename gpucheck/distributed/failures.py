@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpucheck.distributed.launch import RankFailure
+from gpucheck.escape import terminal
 from gpucheck.report import Finding, Report, Section, fail
 
 if TYPE_CHECKING:
@@ -64,11 +65,11 @@ def failed_job_report(command: str, exc: JobFailed, build: Callable[[Any], Repor
     still gets its line on stderr."""
     summary = "; ".join(f.describe() for f in exc.failures) or "the job failed"
     if not exc.reporter:
-        print(f"gpucheck {command}: {summary}", file=sys.stderr)
+        print(f"gpucheck {command}: {terminal(summary)}", file=sys.stderr)
         raise SystemExit(1)
     report = build(exc.partial) if exc.partial else Report(command=command)
     report.add(failure_section(command, rank_failure_findings(exc.failures, command),
                                exc.partial is not None, summary))
     if quiet_stdout:
-        print(f"gpucheck {command}: FAIL: {summary}", file=sys.stderr)
+        print(f"gpucheck {command}: FAIL: {terminal(summary)}", file=sys.stderr)
     return report

@@ -237,7 +237,11 @@ def _draw(spec: ChartSpec, salt: str) -> str:
 
     # Text as <text>: no embedded glyphs, searchable; the hash salt keeps the ids
     # stable from run to run; no date either, so the same report gives the same page.
-    with rc_context({"svg.fonttype": "none", "svg.hashsalt": salt, "font.size": 9}):
+    # Labels are data (node, metric and GPU names from report files): never TeX.
+    # With mathtext on, "$\\frac{..}$" in a node name took a minute or removed the
+    # chart (matplotlib text.parse_math, text.usetex).
+    with rc_context({"svg.fonttype": "none", "svg.hashsalt": salt, "font.size": 9,
+                     "text.parse_math": False, "text.usetex": False}):
         if isinstance(spec, LineSpec):
             figure = _draw_lines(Figure(figsize=(7, 3.6)), spec)
         elif isinstance(spec, BarSpec):

@@ -8,11 +8,11 @@ input from the machine, not markup).
 
 from __future__ import annotations
 
-from html import escape
 from typing import Any
 
 from gpucheck.actions import strip_hint
 from gpucheck.render.charts import Chart, draw_charts
+from gpucheck.render.safe import html as escape  # control characters too
 from gpucheck.render.values import fmt_field, is_table, table_columns
 from gpucheck.report import Finding, Report, Section, Status
 

@@ -5,27 +5,30 @@ from __future__ import annotations
 from typing import Any
 
 from gpucheck.actions import strip_hint
+from gpucheck.render import safe
 from gpucheck.render.values import fmt_field, is_table, table_columns
 from gpucheck.report import Finding, Report, Section, Status
 
 
 def _cell(column: str, value: Any) -> str:
-    return fmt_field(column, value).replace("|", "\\|").replace("\n", " ")
+    return safe.markdown(fmt_field(str(column), value))
 
 
 def md_table(rows: list[dict[str, Any]]) -> list[str]:
     columns = table_columns(rows)
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines = ["| " + " | ".join(map(safe.markdown, columns)) + " |",
+             "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(c, row.get(c)) for c in columns) + " |" for row in rows]
     return lines
 
 
 def render_markdown(report: Report) -> str:
     lines = [
-        f"# gpucheck {report.command}: **{report.verdict().value}**",
+        f"# gpucheck {safe.markdown(report.command)}: **{report.verdict().value}**",
         "",
-        f"Host `{report.host}`, {report.created_at}, gpucheck {report.tool_version}, "
-        f"command `{' '.join(report.argv)}`",
+        f"Host {safe.markdown_code(report.host)}, {safe.markdown(report.created_at)}, "
+        f"gpucheck {safe.markdown(report.tool_version)}, command "
+        f"{safe.markdown_code(' '.join(report.argv))}",
         "",
         *md_table([{"status": s, "count": n} for s, n in report.summary().items()]),
         "",
@@ -54,14 +57,15 @@ def _problem_lines(findings: list[Finding]) -> list[str]:
 
 
 def _section_lines(section: Section) -> list[str]:
-    lines = [f"<details><summary><b>{section.title}</b> ({_section_verdict(section)})"
+    lines = [f"<details><summary><b>{safe.html(section.title)}</b> "
+             f"({_section_verdict(section)})"
              "</summary>", ""]
     scalars = [{"key": k, "value": fmt_field(k, v)} for k, v in _flatten(section.data).items()]
     if scalars:
         lines += [*md_table(scalars), ""]
     for key, value in section.data.items():
         if is_table(value):
-            lines += [f"**{key}**", "", *md_table(value), ""]
+            lines += [f"**{safe.markdown(key)}**", "", *md_table(value), ""]
     if section.findings:
         lines += [*md_table(_finding_rows(section.findings)), ""]
     return [*lines, "</details>", ""]

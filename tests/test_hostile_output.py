@@ -1,0 +1,121 @@
+"""Output that cannot be turned against its reader: terminal, Markdown, HTML charts."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from gpucheck.cli import main
+from gpucheck.render import render
+from gpucheck.render.safe import markdown, terminal
+from gpucheck.report import Report, Section, fail, ok
+
+REPORTS = Path(__file__).resolve().parent / "data" / "reports"
+# OSC 0 (window title), OSC 8 (hyperlink), clear screen, BEL, 8-bit CSI, a bidi override,
+# and a newline that starts a forged report line.
+HOSTILE = ("gpu01\x1b]0;owned\x07\x1b]8;;http://evil/\x1b\\link\x1b]8;;\x1b\\\x1b[2J\x9b31m"
+           "\u202eexe.txt\n  [ OK ] forged.check: all good")
+
+
+def hostile_report() -> Report:
+    data = {"host_name": HOSTILE, HOSTILE: "as a key",
+            "rows": [{"node": HOSTILE, "value": 1}, {"node": "gpu02", "value": 2}]}
+    return Report("env", [Section("s", f"Title {HOSTILE}", data,
+                                   [fail("gpu.x", f"msg {HOSTILE}", hint=f"hint {HOSTILE}",
+                                         subject=HOSTILE), ok("gpu.y", "fine")])],
+                  argv=["gpucheck", "env"], host=HOSTILE, created_at="2026-01-01T00:00:00")
+
+
+CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def test_terminal_escapes_controls_newlines_and_bidi_and_keeps_plain_text() -> None:
+    assert terminal("gpu01.cluster: 8x H100 (80 GiB) ü") == "gpu01.cluster: 8x H100 (80 GiB) ü"
+    shown = terminal(HOSTILE)
+    assert not CONTROL.search(shown) and "\n" not in shown
+    assert "\\x1b]0;owned\\x07" in shown and "\\u202e" in shown and "\\n" in shown
+    assert terminal("\ud800") == "\\ud800"  # a lone surrogate can be printed
+
+
+def test_the_text_report_has_no_control_character_and_no_forged_line() -> None:
+    text = render(hostile_report(), "text")
+    assert not CONTROL.search(text)
+    assert not any(line.lstrip().startswith("[ OK ] forged") for line in text.splitlines())
+    clean = render(Report("env", [Section("s", "Title", {"host_name": "a", "b": "as a key",
+                                                         "rows": [{"node": "a", "value": 1},
+                                                                  {"node": "b", "value": 2}]},
+                                          [fail("gpu.x", "m", hint="h", subject="s"),
+                                           ok("gpu.y", "fine")])],
+                          argv=["gpucheck", "env"], host="h"), "text")
+    assert len(text.splitlines()) == len(clean.splitlines())  # one line per field still
+
+
+def test_colour_codes_are_still_written_on_a_terminal() -> None:
+    assert "\x1b[31;1m" in render(hostile_report(), "text", color=True)
+
+
+def test_markdown_keeps_data_out_of_tables_folds_and_html() -> None:
+    hostile = hostile_report()
+    hostile.sections[0].findings[0] = fail("gpu.x", "a | b\nc </details><img src=x> [l](u)",
+                                           hint="h", subject="</details>")
+    md = render(hostile, "markdown")
+    assert not CONTROL.search(md)
+    assert md.count("</details>") == md.count("<details>") == 1  # only the renderer's own
+    assert "<img" not in md and "&lt;img src=x&gt;" in md and "\\[l\\](u)" in md
+    for line in md.splitlines():
+        if line.startswith("| FAIL") and "gpu.x" in line:  # a finding row, its columns
+            assert len(re.findall(r"(?<!\\)\|", line)) == 7
+
+
+def test_markdown_escapes_pipes_and_newlines_in_a_cell() -> None:
+    assert markdown("a|b\nc") == "a\\|b\\nc"
+    assert markdown("<b>") == "&lt;b&gt;"
+
+
+def test_html_report_escapes_controls_too() -> None:
+    page = render(hostile_report(), "html")
+    assert not CONTROL.search(page) and "<img" not in page
+
+
+def test_stderr_quoting_a_report_field_is_escaped(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    raw = json.loads((REPORTS / "bench.json").read_text())
+    raw["command"] = "stress\x1b[2J\x1b]0;owned\x07\nFAKE LINE"
+    other = tmp_path / "b.json"
+    other.write_text(json.dumps(raw))
+    assert main(["compare", str(REPORTS / "bench.json"), str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\x1b" not in err and "\x07" not in err
+    assert "\\x1b[2J" in err
+
+
+def test_a_file_name_with_an_escape_sequence_is_escaped_on_stderr(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    name = tmp_path / "r\x1b]0;t\x07.json"
+    assert main(["compare", str(name), str(REPORTS / "bench.json")]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\\x1b]0;t\\x07" in err
+
+
+def test_dollar_signs_in_fleet_names_are_text_in_the_chart_not_tex(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    hosts = ["$\\frac{\\frac{1}{2}}{\\frac{3}{4}}$", "gpu02", "gpu03", "gpu04", "$x^2$"]
+    for i, host in enumerate(hosts):  # the last one slow: an outlier, named in the chart
+        raw = json.loads((REPORTS / "bench.json").read_text())
+        raw["host"] = host
+        for section in raw["sections"]:  # a little spread, so the chart has ranges
+            for table in section["data"].values():
+                for row in table if isinstance(table, list) else []:
+                    if isinstance(row, dict) and "images_per_s" in row:
+                        row["images_per_s"] *= 0.6 if host == "$x^2$" else 1 + i / 100
+        (folder / f"n{i}.json").write_text(json.dumps(raw))
+    out = tmp_path / "fleet.html"
+    assert main(["fleet", str(folder), "-q", "-o", str(out)]) in (0, 1)
+    page = out.read_text()
+    chart = page[page.index("<svg"):page.index("</svg>")]
+    assert ">$x^2$</text>" in chart  # the outlier's label as written, not typeset
