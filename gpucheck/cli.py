@@ -34,12 +34,16 @@ EXIT_INTERRUPTED = 130  # Ctrl-C; every stop signal N exits 128 + N (SIGTERM: 14
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
+class BadOption(Exception):
+    """An option argparse refused: `main` prints the one line and returns 2, as for
+    every other usage error (a test or a caller of main() gets the code, not an exit)."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (argparse prints the usage block too)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {terminal(message)} (see {self.prog} "
-                              "--help)\n")
+        raise BadOption(f"{self.prog}: error: {terminal(message)} (see {self.prog} --help)")
 
 
 def _output_options() -> argparse.ArgumentParser:
@@ -111,7 +115,11 @@ def emit(report: Report, fmt: str, output: str | None, quiet: bool,
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except BadOption as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_USAGE
     with signals_as_interrupts():
         return _run(args)
 

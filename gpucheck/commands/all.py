@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.commands.launch_options import add_launch_arguments
+from gpucheck.commands.option_types import positive_float
 from gpucheck.errors import UsageError
 from gpucheck.escape import terminal
 from gpucheck.report import Finding, Report, Section, fail, skip
@@ -57,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("all")
     group.add_argument("--skip", default="", metavar="LIST",
                        help=f"commands not to run, comma-separated: {', '.join(ORDER)}")
-    group.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+    group.add_argument("--duration", type=positive_float, default=None, metavar="SECONDS",
                        help="stress's burn-in length (default: stress's, 30 on GPU; "
                             f"{CPU_SETTINGS['stress'][1]} on CPU)")
     group.add_argument("--local", action="store_true",

@@ -11,6 +11,7 @@ from gpucheck.bench.aggregate import DEFAULT_STRAGGLER_THRESHOLD
 from gpucheck.bench.data import ImageSet, default_images_dir, scan_images
 from gpucheck.bench.model import DTYPES, check_model, resolve_dtype, resolve_weights
 from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
+from gpucheck.commands.option_types import non_negative_int, positive_float, positive_int
 from gpucheck.errors import UsageError
 from gpucheck.escape import terminal
 from gpucheck.report import Report, Section
@@ -52,19 +53,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_loop_arguments(group: argparse._ArgumentGroup) -> None:
     cuda, cpu = DEFAULTS["cuda"], DEFAULTS["cpu"]
-    group.add_argument("--batch-size", type=int, default=None, metavar="N",
+    group.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
                        help=f"images per batch and rank (default: {cuda.batch_size} on GPU, "
                             f"{cpu.batch_size} on CPU)")
-    group.add_argument("--warmup", type=int, default=None, metavar="N",
+    group.add_argument("--warmup", type=non_negative_int, default=None, metavar="N",
                        help=f"untimed iterations first (default: {cuda.warmup} on GPU, "
                             f"{cpu.warmup} on CPU)")
     loop = group.add_mutually_exclusive_group()
-    loop.add_argument("--iters", type=int, default=None, metavar="N",
+    loop.add_argument("--iters", type=positive_int, default=None, metavar="N",
                       help=f"timed iterations (default: {cuda.iters} on GPU, {cpu.iters} on CPU)")
-    loop.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+    loop.add_argument("--duration", type=positive_float, default=None, metavar="SECONDS",
                       help="instead of --iters: as many iterations as fit in SECONDS at the "
                            "slowest rank's warm-up speed")
-    group.add_argument("--straggler-threshold", type=float,
+    group.add_argument("--straggler-threshold", type=positive_float,
                        default=DEFAULT_STRAGGLER_THRESHOLD, metavar="FRACTION",
                        help="warn about a rank this much slower than the median "
                             f"(default: {DEFAULT_STRAGGLER_THRESHOLD:g})")

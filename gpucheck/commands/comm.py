@@ -7,6 +7,13 @@ import argparse
 from gpucheck.commands.job_report import partial_report as job_partial_report
 from gpucheck.commands.job_report import run_reported
 from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
+from gpucheck.commands.option_types import (
+    MAX_COUNT,
+    finite_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
 
@@ -21,11 +28,15 @@ def _size(text: str) -> int:
     raw = text.strip().lower().removesuffix("ib").removesuffix("b")
     try:
         if raw and raw[-1] in scale:
-            return int(float(raw[:-1]) * scale[raw[-1]])
-        return int(raw)
-    except ValueError:
+            size = int(positive_float(raw[:-1]) * scale[raw[-1]])
+        else:
+            size = positive_int(raw)
+    except argparse.ArgumentTypeError:  # nan, inf, -1, 0: never a buffer size
+        size = 0
+    if not 0 < size <= MAX_COUNT:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size (e.g. 4096, 64K, 16M)") from None
+            f"{text!r} is not a size of 1 byte or more (e.g. 4096, 64K, 16M)") from None
+    return size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,9 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-bytes", type=_size, default=None, metavar="SIZE",
                        help="largest per-rank buffer (default: from free device memory, at "
                        "most 1G on GPU and 16M on CPU)")
-    group.add_argument("--iters", type=int, default=20, metavar="N",
+    group.add_argument("--iters", type=positive_int, default=20, metavar="N",
                        help="timed operations per size (default: 20)")
-    group.add_argument("--warmup", type=int, default=5, metavar="N",
+    group.add_argument("--warmup", type=non_negative_int, default=5, metavar="N",
                        help="untimed operations per size first (default: 5)")
     group.add_argument("--collectives", default="all_reduce,all_gather", metavar="LIST",
                        help="comma-separated: all_reduce, all_gather (default: both)")
@@ -46,10 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="skip the pairwise send/recv matrix")
     group.add_argument("--pair-bytes", type=_size, default=None, metavar="SIZE",
                        help="buffer for each send/recv pair (default: the largest size)")
-    group.add_argument("--pair-threshold", type=float, default=DEFAULT_PAIR_THRESHOLD,
+    group.add_argument("--pair-threshold", type=finite_float, default=DEFAULT_PAIR_THRESHOLD,
                        metavar="FRACTION", help="WARN for a pair below this fraction of its "
                        f"node's median pair bandwidth (default: {DEFAULT_PAIR_THRESHOLD:g})")
-    group.add_argument("--baseline-busbw", type=float, default=None, metavar="GBPS",
+    group.add_argument("--baseline-busbw", type=positive_float, default=None, metavar="GBPS",
                        help="FAIL when the largest all_reduce's bus bandwidth is below GBPS")
 
 

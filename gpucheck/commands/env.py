@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from gpucheck.commands.option_types import positive_float
 from gpucheck.errors import UsageError
 from gpucheck.probes.kernel_log import checked_kernel_log_path
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S
@@ -20,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-gpu-test", dest="gpu_test", action="store_false",
                         help="skip the quick functional test of every visible GPU "
                              "(matmul check and pinned copy bandwidth, ~1 s per GPU)")
-    parser.add_argument("--nvml-timeout", type=float, default=DEFAULT_TIMEOUT_S,
+    parser.add_argument("--nvml-timeout", type=positive_float, default=DEFAULT_TIMEOUT_S,
                         metavar="SECONDS",
                         help="give up on an NVML call after this long (default: "
                              f"{DEFAULT_TIMEOUT_S:g})")

@@ -23,6 +23,7 @@ from gpucheck.analysis.loading import LoadedReport, ReportError, load_report, re
 from gpucheck.analysis.metrics import Metric
 from gpucheck.analysis.nodes import Fleet, Unused, group_reports, newest_created_at
 from gpucheck.analysis.options import fraction, positive
+from gpucheck.commands.option_types import positive_float, positive_int
 from gpucheck.distributed.slurm import expand_nodelist
 from gpucheck.errors import UsageError
 from gpucheck.output import check_writable, same_file, write_atomic
@@ -38,13 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", metavar="LIST", default=None,
                         help="the nodes that should have reported, as SLURM writes them "
                              "(gpu[01-16],cpu3): the missing ones are named")
-    parser.add_argument("--expect-nodes", type=int, metavar="N", default=None,
+    parser.add_argument("--expect-nodes", type=positive_int, metavar="N", default=None,
                         help="how many nodes should have reported (without names)")
     parser.add_argument("--threshold", metavar="FRACTION", default=f"{DEFAULT_THRESHOLD:.0%}",
                         help="a node worse than the fleet median by more than this is an "
                              "outlier; also the baseline's tolerance (0.1 or 10%%; default "
                              f"{DEFAULT_THRESHOLD:.0%}%)")
-    parser.add_argument("--mad-k", type=float, metavar="K", default=DEFAULT_MAD_K,
+    parser.add_argument("--mad-k", type=positive_float, metavar="K", default=DEFAULT_MAD_K,
                         help="also an outlier: worse by more than K scaled MADs (and at least "
                              f"2%%) (default {DEFAULT_MAD_K:g})")
     parser.add_argument("--baseline", metavar="FILE", default=None,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
 from gpucheck.commands.baseline_option import add_baseline_argument
-from gpucheck.distributed.job import resolve_nproc
+from gpucheck.commands.option_types import port, positive_float, positive_int
+from gpucheck.distributed.job import launched_world, resolve_nproc
 from gpucheck.distributed.launch import check_port_free
 from gpucheck.errors import UsageError
 
@@ -27,17 +29,18 @@ class LaunchPlan:
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("launch")
-    group.add_argument("--n-gpus", "--nproc", dest="n_gpus", type=int, default=None,
+    group.add_argument("--n-gpus", "--nproc", dest="n_gpus", type=positive_int, default=None,
                        metavar="N", help="ranks to run on this node (default: every visible "
                        f"GPU; {DEFAULT_CPU_RANKS} CPU ranks when there is none)")
     group.add_argument("--device", choices=("cuda", "cpu"), default=None,
                        help="where ranks compute (default: cuda when a GPU is visible)")
     group.add_argument("--backend", default=None,
                        help="torch.distributed backend (default: nccl on cuda, gloo on cpu)")
-    group.add_argument("--master-port", type=int, default=None, metavar="PORT",
+    group.add_argument("--master-port", type=port, default=None, metavar="PORT",
                        help="rendezvous port for self-launched ranks (default: a free port)")
     add_baseline_argument(group)
-    group.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+    group.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S,
+                       metavar="SECONDS",
                        help="end the run when a collective waits longer than this "
                        f"(default: {DEFAULT_TIMEOUT_S:g})")
     group.add_argument("--no-fault-watch", dest="fault_watch", action="store_false",
@@ -67,6 +70,7 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
     if device == "cuda" and gpus == 0:
         raise UsageError("--device cuda but no GPU is visible to torch; run `gpucheck env` "
                          "to see why, or use --device cpu")
+    _check_rank_count(args.n_gpus, gpus)
     nproc = resolve_nproc(args.n_gpus, default=gpus if device == "cuda" else DEFAULT_CPU_RANKS)
     backend = args.backend or ("nccl" if device == "cuda" else "gloo")
     _check_backend(backend, device)
@@ -80,6 +84,29 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
     if args.master_port is not None:
         check_port_free(args.master_port)
     return LaunchPlan(nproc, device, backend, args.master_port, args.timeout)
+
+
+# Each self-launched rank is a process that imports torch (~0.3 GB, semaphores, a
+# port); beyond 4 per CPU core (or one per GPU) a run measures the scheduler, and
+# 10**30 ranks exhausted the semaphores and hung the launcher.
+RANKS_PER_CORE = 4
+MIN_RANK_LIMIT = 8
+
+
+def rank_limit(gpus: int) -> int:
+    """The most ranks one node may self-launch."""
+    return max(MIN_RANK_LIMIT, RANKS_PER_CORE * (os.cpu_count() or 1), gpus)
+
+
+def _check_rank_count(requested: int | None, gpus: int) -> None:
+    """Under torchrun or srun --n-gpus is the job's world size (many nodes): not here."""
+    if requested is None or launched_world() is not None:
+        return
+    limit = rank_limit(gpus)
+    if requested > limit:
+        raise UsageError(f"--n-gpus {requested} is far beyond this node ({gpus} GPU(s), "
+                         f"{os.cpu_count()} CPU core(s)): at most {limit} ranks; for more, "
+                         "launch across nodes with torchrun or srun")
 
 
 def _check_backend(backend: str, device: str) -> None:

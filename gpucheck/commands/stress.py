@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from gpucheck.commands.job_report import partial_report as job_partial_report
 from gpucheck.commands.job_report import run_reported
 from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
+from gpucheck.commands.option_types import finite_float, positive_float, positive_int
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
 
@@ -48,20 +49,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="GEMM dtypes, comma-separated, the first also burns in: bf16, "
                        f"fp16, tf32, fp32 (default: {','.join(GPU_DTYPES)} as the GPU "
                        f"supports them; {','.join(CPU_DTYPES)} on CPU)")
-    group.add_argument("--size", type=int, default=None, metavar="N",
+    group.add_argument("--size", type=positive_int, default=None, metavar="N",
                        help=f"n of the n x n x n products (default: {cuda.size} on GPU, "
                        f"{cpu.size} on CPU)")
-    group.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+    group.add_argument("--duration", type=positive_float, default=None, metavar="SECONDS",
                        help="length of the burn-in that looks for silent data corruption "
                        f"(default: {cuda.duration_s:g} on GPU, {cpu.duration_s:g} on CPU)")
-    group.add_argument("--peer-threshold", type=float, default=None,
+    group.add_argument("--peer-threshold", type=finite_float, default=None,
                        metavar="FRACTION", help="WARN for a rank below FRACTION x its node's "
                        f"median (default: {DEFAULT_PEER_FRACTION:g} on GPU, "
                        f"{DEFAULT_CPU_PEER_FRACTION:g} on CPU)")
-    group.add_argument("--expected-threshold", type=float, default=DEFAULT_EXPECTED_FRACTION,
+    group.add_argument("--expected-threshold", type=finite_float,
+                       default=DEFAULT_EXPECTED_FRACTION,
                        metavar="FRACTION", help="WARN below FRACTION x the GPU model's typical "
                        f"figure (default: {DEFAULT_EXPECTED_FRACTION:g})")
-    group.add_argument("--copy-threshold", type=float, default=DEFAULT_COPY_FRACTION,
+    group.add_argument("--copy-threshold", type=finite_float, default=DEFAULT_COPY_FRACTION,
                        metavar="FRACTION", help="WARN for host copies below FRACTION x the "
                        "PCIe link's rate, and for a peer pair below FRACTION x the median "
                        f"pair (default: {DEFAULT_COPY_FRACTION:g})")

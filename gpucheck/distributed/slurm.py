@@ -30,6 +30,11 @@ def is_slurm_step(environ: Mapping[str, str]) -> bool:
         "SLURM_STEP_NUM_TASKS" in environ or "SLURM_NTASKS" in environ)
 
 
+# The largest SLURM clusters have tens of thousands of nodes; a host list longer
+# than this is a typo (gpu[1-99999999]), not a job.
+MAX_HOSTS = 100_000
+
+
 def _split_top_level(text: str) -> list[str]:
     """Split on commas that are not inside brackets: `a1,b[2-3]` -> [`a1`, `b[2-3]`]."""
     parts, depth, current = [], 0, ""
@@ -49,8 +54,11 @@ def _expand_range(item: str) -> list[str]:
     if "-" not in item:
         return [item]
     low, high = item.split("-", 1)
-    if not (low.isdigit() and high.isdigit()) or int(high) < int(low):
+    if not (low.isascii() and high.isascii() and low.isdigit() and high.isdigit()) \
+            or len(high) > 9 or int(high) < int(low):
         raise ValueError(f"bad range {item!r}")
+    if int(high) - int(low) >= MAX_HOSTS:
+        raise ValueError(f"range {item!r} names more than {MAX_HOSTS} hosts")
     width = len(low)
     return [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
 
@@ -62,7 +70,12 @@ def _expand_one(part: str) -> list[str]:
             raise ValueError(f"unsupported host list form {part!r}")
         return [part]
     prefix, ranges, suffix = match.groups()
-    return [f"{prefix}{n}{suffix}" for r in ranges.split(",") for n in _expand_range(r.strip())]
+    hosts: list[str] = []
+    for item in ranges.split(","):
+        hosts += [f"{prefix}{n}{suffix}" for n in _expand_range(item.strip())]
+        if len(hosts) > MAX_HOSTS:
+            raise ValueError(f"more than {MAX_HOSTS} hosts")
+    return hosts
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
@@ -71,7 +84,11 @@ def expand_nodelist(nodelist: str) -> list[str]:
     Handles one bracket group per host name (the forms SLURM prints for a job's
     nodes); raises ValueError for anything else (`scontrol show hostnames` does all).
     """
-    hosts = [host for part in _split_top_level(nodelist) for host in _expand_one(part)]
+    hosts: list[str] = []
+    for part in _split_top_level(nodelist):
+        hosts += _expand_one(part)
+        if len(hosts) > MAX_HOSTS:  # bounded: a typo must not fill the memory
+            raise ValueError(f"more than {MAX_HOSTS} hosts")
     if not hosts:
         raise ValueError("empty host list")
     return hosts
