@@ -14,6 +14,7 @@ from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, p
 from gpucheck.commands.option_types import non_negative_int, positive_float, positive_int
 from gpucheck.errors import UsageError
 from gpucheck.escape import terminal
+from gpucheck.interrupts import deferred_interrupts
 from gpucheck.report import Report, Section
 
 HELP = "DDP ResNet50 inference benchmark that times every rank"
@@ -137,7 +138,8 @@ def _plan_bench(args: argparse.Namespace, plan: LaunchPlan):  # type: ignore[no-
         raise UsageError(f"--straggler-threshold {args.straggler_threshold:g}: give a "
                          "positive fraction such as 0.1")
     dtype = resolve_dtype(args.dtype, plan.device)
-    check_model(args.model)
+    with deferred_interrupts():  # imports torchvision: Ctrl-C is raised after it
+        check_model(args.model)
     weights = resolve_weights(args.weights, args.model, args.download)
     images: ImageSet = scan_images(args.images or default_images_dir())
     spec = BenchSpec(

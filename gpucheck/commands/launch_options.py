@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 from gpucheck.commands.baseline_option import add_baseline_argument
 from gpucheck.commands.option_types import port, positive_float, positive_int
 from gpucheck.distributed.job import launched_world, resolve_nproc
 from gpucheck.distributed.launch import check_port_free
 from gpucheck.errors import UsageError
+from gpucheck.interrupts import deferred_interrupts
 
 DEFAULT_CPU_RANKS = 2
 DEFAULT_TIMEOUT_S = 120.0
@@ -54,11 +57,25 @@ def _visible_gpus() -> int:
     Not `torch.cuda.device_count()`, which before CUDA starts answers from NVML and
     counts every MIG instance in CUDA_VISIBLE_DEVICES, though CUDA enumerates only one.
     """
-    import torch
-
     from gpucheck.devices import cuda_device_count
 
-    return cuda_device_count(torch)
+    return cuda_device_count(import_torch())
+
+
+def import_torch() -> Any:
+    """torch, or one UsageError line (exit 2): bench, comm, stress and all end the way
+    env reports it, never in an ImportError traceback. Any exception counts: a
+    missing CUDA library is an OSError, a broken install anything."""
+    try:
+        with deferred_interrupts():  # Ctrl-C inside torch's import: raised after it
+            import torch
+    except Exception as exc:
+        said = str(exc).strip().splitlines()
+        raise UsageError(f"torch cannot be imported ({type(exc).__name__}: "
+                         f"{said[0] if said else 'no message'}); install it into this "
+                         f"environment ({sys.executable} -m pip install torch), or run "
+                         "gpucheck env to see why") from None
+    return torch
 
 
 def plan_launch(args: argparse.Namespace) -> LaunchPlan:

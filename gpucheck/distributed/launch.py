@@ -15,11 +15,13 @@ import signal
 import socket
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.errors import Interrupted, UsageError
+from gpucheck.interrupts import deferred_interrupts
 
 # Seconds the agent waits after SIGTERM before SIGKILL when it stops workers.
 SHUTDOWN_TIMEOUT_S = 3
@@ -84,9 +86,10 @@ def launch_local(
     `master_port=None` lets the rendezvous store bind a free port itself, which
     avoids the race of picking a port and binding it later.
     """
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    with deferred_interrupts():  # Ctrl-C inside torch's imports: raised after them
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if master_port is not None:
         check_port_free(master_port)
@@ -106,7 +109,8 @@ def launch_local(
     _quiet_elastic_logs()
     handlers = _signal_handlers()
     try:
-        return elastic_launch(config, rank_main)(entrypoint, *args)
+        with _ranks_start_deaf_to_ctrl_c():
+            return elastic_launch(config, rank_main)(entrypoint, *args)
     except ChildFailedError as exc:
         raise WorkersFailed(_failures(exc)) from None
     except SignalException as exc:
@@ -129,7 +133,41 @@ def rank_main(entrypoint: Callable[..., Any], *args: Any) -> Any:
     """
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit_at_once)
+    # Started with SIGINT blocked (see _ranks_start_deaf_to_ctrl_c): a Ctrl-C that came
+    # while the rank imported torch is pending and ends it here, silently.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     return entrypoint(*args)
+
+
+@contextmanager
+def _ranks_start_deaf_to_ctrl_c() -> Iterator[None]:
+    """Ranks are born with SIGINT blocked; this process still hears Ctrl-C.
+
+    A terminal's Ctrl-C reaches every process of the group, and a spawned rank
+    spends its first seconds importing torch (while multiprocessing unpickles its
+    function) before rank_main can set a handler: each rank printed a
+    KeyboardInterrupt traceback (14 to 73 lines) before gpucheck's one line. A
+    blocked signal stays blocked across fork and exec (POSIX sigprocmask), so the
+    agent's thread, which forks the ranks, blocks SIGINT for the launch; a waiting
+    thread started before keeps it unblocked, so the kernel delivers this process's
+    Ctrl-C there and Python runs the agent's handler on the main thread as usual.
+    (CPython does the same for its resource tracker, bpo-33613; starting that tracker
+    unblocks SIGINT afterwards, so it is started first.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    done = threading.Event()
+    listener = threading.Thread(target=done.wait, name="gpucheck-ctrl-c", daemon=True)
+    listener.start()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        done.set()
 
 
 def _exit_at_once(signum: int, frame: object) -> None:
