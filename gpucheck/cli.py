@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -43,6 +44,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (argparse prints the usage block too)."""
 
     def error(self, message: str) -> NoReturn:
+        # "argument --n-gpus/--nproc: 0: give 1 or more" reads "--n-gpus 0: give 1 or more"
+        message = re.sub(r"^argument ([^:/ ]+)(?:/[^: ]+)*: ", r"\1 ", message)
         raise BadOption(f"{self.prog}: error: {terminal(message)} (see {self.prog} --help)")
 
 

@@ -35,7 +35,7 @@ def _size(text: str) -> int:
         size = 0
     if not 0 < size <= MAX_COUNT:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size of 1 byte or more (e.g. 4096, 64K, 16M)") from None
+            f"{text}: not a size of 1 byte or more (e.g. 4096, 64K, 16M)") from None
     return size
 
 

@@ -22,9 +22,9 @@ def _number(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{text}: not a number") from None
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        raise argparse.ArgumentTypeError(f"{text}: not a finite number")
     return value
 
 
@@ -38,18 +38,18 @@ def positive_float(text: str) -> float:
     """A finite number greater than 0 (seconds, fractions, GB/s, factors)."""
     value = _number(text)
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number greater than 0")
+        raise argparse.ArgumentTypeError(f"{text}: give a number greater than 0")
     return value
 
 
 def _integer(text: str) -> int:
     raw = text.strip()
     if not (raw.lstrip("+-").isascii() and raw.lstrip("+-").isdigit()) or len(raw) > 16:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (up to "
+        raise argparse.ArgumentTypeError(f"{text}: not a whole number (up to "
                                          f"{MAX_COUNT})")
     value = int(raw)
     if value > MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"{text!r} is too large (at most {MAX_COUNT})")
+        raise argparse.ArgumentTypeError(f"{text}: too large (at most {MAX_COUNT})")
     return value
 
 
@@ -57,7 +57,7 @@ def positive_int(text: str) -> int:
     """A whole number, 1 or more (iterations, ranks, sizes, nodes)."""
     value = _integer(text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give 1 or more")
+        raise argparse.ArgumentTypeError(f"{text}: give 1 or more")
     return value
 
 
@@ -65,7 +65,7 @@ def non_negative_int(text: str) -> int:
     """A whole number, 0 or more (warm-up iterations)."""
     value = _integer(text)
     if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give 0 or more")
+        raise argparse.ArgumentTypeError(f"{text}: give 0 or more")
     return value
 
 
@@ -73,5 +73,5 @@ def port(text: str) -> int:
     """A TCP port, 1 to 65535."""
     value = _integer(text)
     if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port; use 1024-65535")
+        raise argparse.ArgumentTypeError(f"{text}: not a TCP port; use 1024-65535")
     return value
