@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpucheck.cli import main
+from gpucheck.errors import UsageError
 from gpucheck.inputs import MIB, REPORT_MAX_BYTES, InputError, gzip_lines, read_capped
 from gpucheck.probes import kernel_log
 from gpucheck.probes.kernel_log import read_file
@@ -131,3 +132,21 @@ def test_a_symlink_to_a_report_is_still_read(tmp_path: Path) -> None:
     link = tmp_path / "a.json"
     link.symlink_to(REPORTS / "bench.json")
     assert main(["compare", str(link), str(REPORTS / "bench.json"), "-q"]) == 0
+
+
+def test_a_decompression_bomb_image_is_skipped_not_a_crash(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from PIL import Image
+
+    from gpucheck.bench.data import default_images_dir, scan_images
+
+    images = tmp_path / "images"
+    images.mkdir()
+    first = sorted(p for p in Path(default_images_dir()).iterdir()
+                   if p.suffix.lower() in (".jpg", ".jpeg", ".png"))[0]
+    shutil.copy(first, images / first.name)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 10)  # any real image is a "bomb" now
+    with pytest.raises(UsageError, match="no readable image"):
+        scan_images(str(images))
+    monkeypatch.undo()
+    assert scan_images(str(images)).files == (first.name,)

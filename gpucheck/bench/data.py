@@ -90,6 +90,8 @@ def _unreadable(path: Path) -> str | None:
         return "not an image"
     except (OSError, ValueError, SyntaxError) as exc:
         return f"cannot decode: {exc}"
+    except Image.DecompressionBombError as exc:  # PIL's pixel cap: a few KiB, gigabytes
+        return f"refused: {exc}"
     return None
 
 
