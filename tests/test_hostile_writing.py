@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 from pathlib import Path
@@ -104,3 +105,24 @@ def test_a_healthy_write_still_prints_the_report_and_exits_0(
     out, err = capsys.readouterr()
     assert out.startswith("gpucheck compare on ") and err == ""
     assert target.read_text().startswith("# gpucheck compare")
+
+
+def test_a_full_disk_for_the_baseline_keeps_the_fleet_report_and_fails_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_fsync, calls = os.fsync, []
+
+    def first_write_fails(fd: int) -> None:  # the baseline is written first, in run()
+        calls.append(fd)
+        if len(calls) == 1:
+            _disk_full(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(output.os, "fsync", first_write_fails)
+    out = tmp_path / "fleet.json"
+    assert main(["fleet", str(REPORTS / "bench.json"), "-q", "-o", str(out),
+                 "--save-baseline", str(tmp_path / "baseline.json")]) == 1
+    findings = [f for s in json.loads(out.read_text())["sections"] for f in s["findings"]]
+    saved = [f for f in findings if f["check"] == "fleet.save_baseline"]
+    assert len(saved) == 1 and saved[0]["status"] == "FAIL"
+    assert "No space left on device" in saved[0]["message"]
+    assert not (tmp_path / "baseline.json").exists()

@@ -26,8 +26,8 @@ from gpucheck.analysis.options import fraction, positive
 from gpucheck.commands.option_types import positive_float, positive_int
 from gpucheck.distributed.slurm import expand_nodelist
 from gpucheck.errors import UsageError
-from gpucheck.output import check_writable, same_file, write_atomic
-from gpucheck.report import Report
+from gpucheck.output import WriteError, check_writable, same_file, write_atomic
+from gpucheck.report import Report, Section, fail
 
 HELP = ("judge reports from many nodes together: outlier nodes per metric and GPU, "
         "version drift, missing or failed nodes, a ranked list of nodes to act on")
@@ -67,8 +67,14 @@ def run(args: argparse.Namespace) -> Report:
     report = Report("fleet", fleet_sections(fleet, options), argv=_argv(args),
                     host=f"{len(fleet.nodes)} nodes", created_at=newest_created_at(loaded))
     if args.save_baseline is not None:
-        _save_baseline(args.save_baseline, fleet, options.threshold, options.mad_k,
-                       report.created_at)
+        try:
+            _save_baseline(args.save_baseline, fleet, options.threshold, options.mad_k,
+                           report.created_at)
+        except WriteError as exc:  # a full disk: the fleet's judgement is not lost
+            report.add(Section("save_baseline", "Baseline not saved", {"file": args.save_baseline},
+                               [fail("fleet.save_baseline", str(exc), hint="free space or give "
+                                     "another --save-baseline file, then rerun",
+                                     action="fix-config")]))
     return report
 
 
