@@ -203,7 +203,9 @@ def test_a_report_dated_in_the_future_is_flagged(tmp_path: Path) -> None:
     assert [r.path for r in fleet.future] == [future.path]
     out = tmp_path / "fleet.json"
     assert main(["fleet", future.path, today.path, "-q", "-o", str(out)]) == 0
-    findings = [f for s in json.loads(out.read_text())["sections"] for f in s["findings"]]
+    fleet_report = json.loads(out.read_text())
+    assert not fleet_report["created_at"].startswith("2099")  # the forged date is not taken
+    findings = [f for s in fleet_report["sections"] for f in s["findings"]]
     flagged = [f for f in findings if f["check"] == "fleet.future_report"]
     assert len(flagged) == 1 and flagged[0]["subject"] == "gpu03"
     assert flagged[0]["status"] == "WARN" and "2099" in flagged[0]["message"]
