@@ -252,6 +252,9 @@ class Report:
     def _from_checked(cls, raw: dict[str, JsonValue]) -> Report:
         for key in ("command", "host", "created_at", "tool_version"):
             _require_text(raw, key, optional=key != "command")
+        argv = raw.get("argv") or []
+        if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+            raise TypeError("'argv' is not a list of strings")
         return cls(
             command=raw["command"],
             sections=[Section.from_dict(s) for s in raw.get("sections") or []],

@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 
 from gpucheck.cli import BadOption, build_parser, main
 from gpucheck.commands import option_types
+from gpucheck.render import render
+from gpucheck.report import Report, ReportShapeError, SchemaVersionError
 
 REPORTS = Path(__file__).resolve().parent / "data" / "reports"
 SAMPLES = ("bench.json", "comm.json", "stress_fail.json", "env_gpu.json")
@@ -180,3 +182,15 @@ def test_fleet_and_compare_options_end_in_0_1_or_2(option: str, value: str) -> N
     if option == "--threshold":
         _check(["compare", str(REPORTS / "bench.json"), str(REPORTS / "bench_slow.json"),
                 f"--threshold={value}"])
+
+
+@FUZZ
+@given(damaged_reports())
+def test_report_from_dict_reads_or_raises_its_own_errors_only(text: str) -> None:
+    raw = json.loads(text)
+    try:
+        report = Report.from_dict(raw)
+    except (ReportShapeError, SchemaVersionError):
+        return
+    for fmt in ("text", "markdown", "json"):
+        render(report, fmt).encode("utf-8")
