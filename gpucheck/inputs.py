@@ -57,7 +57,8 @@ def open_regular(path: str) -> BinaryIO:
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         if not stat.S_ISREG(mode):
             raise InputError(errno.EINVAL, f"is {_kind(mode)}, not a regular file")
-        os.set_blocking(fd, True)
+        # Left non-blocking: a disk file ignores it, and a pseudo-file that would wait
+        # for data (/proc/kmsg is "regular") answers "no more" instead of hanging.
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
@@ -67,7 +68,7 @@ def open_regular(path: str) -> BinaryIO:
 def read_capped(path: str, limit: int = REPORT_MAX_BYTES) -> bytes:
     """The whole regular file at `path`; InputError when it holds more than `limit` bytes."""
     with open_regular(path) as handle:
-        data = handle.read(limit + 1)
+        data = handle.read(limit + 1) or b""  # None: a pseudo-file with nothing to read
     if len(data) > limit:
         raise InputError(errno.EFBIG, f"is larger than {limit / MIB:g} MiB, too big for a "
                                       "gpucheck report (is it the right file?)")
