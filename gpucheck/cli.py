@@ -25,7 +25,7 @@ from gpucheck.output import check_writable, write_atomic
 from gpucheck.render import FORMATS, format_for, render
 from gpucheck.report import Report, Section, fail
 
-COMMANDS = ("env", "bench", "comm", "stress", "all", "compare", "fleet")
+COMMANDS = ("env", "bench", "comm", "stress", "all", "compare", "fleet", "hang")
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # Ctrl-C; every stop signal N exits 128 + N (SIGTERM: 143)
