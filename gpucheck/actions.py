@@ -219,6 +219,20 @@ RULES: tuple[Rule, ...] = (
     Rule("stress.p2p", A.FIX_CONFIG, "peer access blocked for some pairs: ACS or IOMMU "
          "settings", keyword="without peer access"),
     Rule("stress.numa", A.FIX_CONFIG, "CPU binding of the ranks is a launch setting"),
+    # hang: a stuck job, the rank the others wait for (docs/hang.md).
+    Rule("hang.rank.*", A.RESTART_APP, "the job cannot go on without this rank (dead, "
+         "stopped, in its own code or another collective): restart the job once its log "
+         "or stack says why; the GPU is not blamed, the fault findings would"),
+    Rule("hang.rank.d_state", A.DRAIN_NODE, "a process in uninterruptible sleep for the "
+         "whole window waits on a driver or file-system call that does not return: the "
+         "node needs a look (dmesg), and the next job would hang the same way"),
+    Rule("hang.rank.unreadable", A.FIX_CONFIG, "the others wait for a rank whose stack "
+         "could not be read: grant the ptrace capability and look again"),
+    Rule("hang.verdict", A.RERUN, "stuck, but no rank of this node to blame: look at "
+         "every node at once (or read the Flight Recorder dumps) to find it"),
+    Rule("hang.traces.*", A.RESTART_APP, "the dumps show ranks that disagree on the "
+         "collectives or never reached one: the program's order of collectives or a rank "
+         "that stopped: fix or restart the job"),
 )
 
 

@@ -38,7 +38,13 @@ _CHECK = {"dead": "dead", "stopped": "stopped", "d-state": "d_state",
 
 
 def culprit_finding(culprit: Culprit, view: RankView) -> Finding:
-    return fail(f"hang.rank.{_CHECK[culprit.what]}", f"{label(view)} {culprit.detail}",
+    # Spelled out where the actions differ (gpucheck/actions.py reads these ids).
+    check = f"hang.rank.{_CHECK[culprit.what]}"
+    if culprit.what == "d-state":
+        check = "hang.rank.d_state"
+    elif culprit.what == "unreadable":
+        check = "hang.rank.unreadable"
+    return fail(check, f"{label(view)} {culprit.detail}",
                 hint=_HINTS[culprit.what], subject=f"rank {culprit.rank} on {culprit.host}")
 
 

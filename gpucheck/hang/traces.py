@@ -56,7 +56,9 @@ class GroupTrace:
     desc: str
     members: list[int]
     calls: dict[int, dict[int, Call]] = field(default_factory=dict)
-    completed: dict[int, int] = field(default_factory=dict)  # rank -> last completed seq
+    # rank -> its last collective recorded as completed (NCCL's watchdog sets the state;
+    # gloo leaves every entry "scheduled", so gloo dumps have none).
+    completed: dict[int, int] = field(default_factory=dict)
 
 
 def dump_files(directory: str, prefix: str | None = None) -> dict[int, str]:
@@ -84,7 +86,8 @@ def load(files: Mapping[int, str]) -> dict[int, dict[str, Any]]:
 
     dumps = {}
     for rank, path in files.items():
-        prefix = path[: len(path) - len(str(rank))]
+        match = _NAME.match(os.path.basename(path))
+        prefix = match[1] if match else ""  # read_dump takes the file name's prefix
         try:
             dumps[rank] = read_dump(prefix, path)
         except Exception as exc:  # a truncated or foreign file: say which, go on
@@ -129,11 +132,10 @@ def groups(dumps: Mapping[int, Mapping[str, Any]]) -> list[GroupTrace]:
                 continue
             name, desc = (*(entry.get("process_group") or ()), "?", "?")[:2]
             group = found.setdefault(str(name), GroupTrace(str(name), str(desc), []))
-            group.calls.setdefault(rank, {})[int(entry["collective_seq_id"])] = _call(entry)
-    for rank, dump in dumps.items():
-        for name, status in (dump.get("pg_status") or {}).items():
-            if name in found and "last_completed_collective" in status:
-                found[name].completed[rank] = int(status["last_completed_collective"])
+            seq = int(entry["collective_seq_id"])
+            group.calls.setdefault(rank, {})[seq] = _call(entry)
+            if entry.get("state") == "completed":  # NCCL records it; gloo never does
+                group.completed[rank] = max(seq, group.completed.get(rank, 0))
     for group in found.values():
         members = _members(dumps, group.name, group.desc) | set(group.calls)
         group.members = sorted(members)
