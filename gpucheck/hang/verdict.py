@@ -97,7 +97,9 @@ def culprits(views: list[RankView]) -> tuple[Site | None, list[Culprit]]:
         if view.rank in waiting_ranks:
             continue
         what, detail = describe(view, site)
-        stuck = what in ("dead", "stopped", "d-state")
-        if site is not None or stuck:
+        # A dead or stopped rank stops the job whether or not the others have reached
+        # their collective yet; a D state is often a short I/O wait, so it is named
+        # only when the others are seen waiting.
+        if site is not None or what in ("dead", "stopped"):
             named.append(Culprit(view.rank, view.host, what, detail))
     return site, named
