@@ -51,9 +51,13 @@ def wait_for(job: Job, word: str, count: int, timeout_s: float = READY_TIMEOUT_S
         seen += line.startswith(word)
 
 
-def _rank_env(rank: int, n: int, port: int, extra: dict[str, str]) -> dict[str, str]:
-    return clean_env(RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
-                     LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+def _rank_env(rank: int, nodes: list[int], port: int, extra: dict[str, str]) -> dict[str, str]:
+    """torchrun's variables for `rank` when rank r runs on node nodes[r]."""
+    node = nodes[rank]
+    local = [r for r in range(len(nodes)) if nodes[r] == node]
+    return clean_env(RANK=str(rank), WORLD_SIZE=str(len(nodes)),
+                     LOCAL_RANK=str(local.index(rank)), LOCAL_WORLD_SIZE=str(len(local)),
+                     GROUP_RANK=str(node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                      **extra)
 
 
@@ -64,8 +68,9 @@ def _popen(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
 
 @contextlib.contextmanager
 def hang_job(mode: str, odd: int = 2, n: int = 3, torchrun: bool = False,
-             **extra: str) -> Iterator[Job]:
-    """A running job, every rank ready; killed (SIGKILL, every process) on exit."""
+             nodes: list[int] | None = None, **extra: str) -> Iterator[Job]:
+    """A running job, every rank ready; killed (SIGKILL, every process) on exit.
+    `nodes`: the "node" of each rank (all on this machine; default: one node)."""
     job = Job([])
     try:
         if torchrun:
@@ -75,7 +80,8 @@ def hang_job(mode: str, odd: int = 2, n: int = 3, torchrun: bool = False,
         else:
             port = free_port()
             job.procs.extend(_popen([sys.executable, str(JOBS), mode, str(odd)],
-                                    _rank_env(r, n, port, extra)) for r in range(n))
+                                    _rank_env(r, nodes or [0] * n, port, extra))
+                             for r in range(n))
         for proc in job.procs:
             threading.Thread(target=_pump, args=(proc, job.lines), daemon=True).start()
         wait_for(job, "ready", n)

@@ -37,7 +37,7 @@ _CHECK = {"dead": "dead", "stopped": "stopped", "d-state": "d_state",
           "other-collective": "desync", "user-code": "user_code", "unreadable": "unreadable"}
 
 
-def culprit_finding(culprit: Culprit, view: RankView) -> Finding:
+def culprit_finding(culprit: Culprit, view: RankView, multi_node: bool = False) -> Finding:
     # Spelled out where the actions differ (gpucheck/actions.py reads these ids).
     check = f"hang.rank.{_CHECK[culprit.what]}"
     if culprit.what == "d-state":
@@ -45,7 +45,12 @@ def culprit_finding(culprit: Culprit, view: RankView) -> Finding:
     elif culprit.what == "unreadable":
         check = "hang.rank.unreadable"
     return fail(check, f"{label(view)} {culprit.detail}",
-                hint=_HINTS[culprit.what], subject=f"rank {culprit.rank} on {culprit.host}")
+                hint=_HINTS[culprit.what], subject=_subject(view, multi_node))
+
+
+def _subject(view: RankView, multi_node: bool) -> str:
+    where = f"node {view.node_rank} ({view.host})" if multi_node else view.host
+    return f"rank {view.rank} on {where}"
 
 
 def live_findings(views: list[RankView], window_s: float, multi_node: bool) -> list[Finding]:
@@ -55,7 +60,7 @@ def live_findings(views: list[RankView], window_s: float, multi_node: bool) -> l
                      + PTRACE_CAPABILITY)]
     site, named = culprits(views)
     by_rank = {v.rank: v for v in views}
-    found = [culprit_finding(c, by_rank[c.rank]) for c in named]
+    found = [culprit_finding(c, by_rank[c.rank], multi_node) for c in named]
     pinned = [v for v in views if v.pinned]
     if found:
         return found
