@@ -26,7 +26,8 @@ from tests.fake_pynvml import FakeGpu, FakeNvml
 C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 LOGGER = "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py"
 TRAIN = "/home/me/train.py"
-ALL_REDUCE = Site("collective", "all_reduce", f"step at {TRAIN}:40", f"all_reduce at {C10D}:4181")
+ALL_REDUCE = Site("collective", "all_reduce", f"step at {TRAIN}:40",
+                  "all_reduce at torch/distributed/distributed_c10d.py:4181")
 
 
 def view(rank: int, site: Site | None, pinned: bool, state: str = "sleeping",

@@ -38,7 +38,13 @@ class Frame:
 
     @property
     def where(self) -> str:
-        return f"{self.function} at {self.file}:{self.line}"
+        """`function at file:line`; an installed package's file from its package folder
+        (torch/distributed/distributed_c10d.py), the job's own files in full."""
+        file = self.file
+        for mark in ("/site-packages/", "/dist-packages/"):
+            if mark in file:
+                file = file.split(mark, 1)[1]
+        return f"{self.function} at {file}:{self.line}"
 
 
 class StackError(Exception):
