@@ -4,7 +4,7 @@ Run as a rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, or under torchrun
     python tests/hang_jobs.py MODE [ODD_RANK]
 MODE:
 - slow: a healthy job whose ranks take different times per step (the odd rank
-  0.3 s, the others 0.02 s) before every all_reduce; never hangs by itself.
+  0.3 s, the others 0.05 s) before every all_reduce; never hangs by itself.
 - user: the odd rank loops forever in `stuck_in_user_code` while the others wait in
   all_reduce.
 - desync: the odd rank calls broadcast where the others call all_reduce; every rank
@@ -33,7 +33,7 @@ def stuck_in_user_code() -> None:
 
 def slow(rank: int, odd: int, dist, t) -> None:  # type: ignore[no-untyped-def]
     for step in range(100_000):
-        time.sleep(0.3 if rank == odd else 0.02)
+        time.sleep(0.3 if rank == odd else 0.05)
         dist.all_reduce(t)
         if step == 3:
             print(f"ready {rank}", flush=True)
