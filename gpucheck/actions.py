@@ -39,7 +39,7 @@ ACTIONS: tuple[str, ...] = tuple(a.value for a in Action)
 PROBLEM_STATUSES = ("WARN", "FAIL")
 
 # "action: drain-node: drain the node and ..." (gpucheck/probes/kernel_log.py,
-# gpucheck/faults/findings.py).
+# gpucheck/faults/judge_*.py).
 _HINT_PREFIX = re.compile(r"action: ([a-z-]+): ?")
 
 

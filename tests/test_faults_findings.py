@@ -367,7 +367,8 @@ def test_cpu_ranks_are_one_skip_per_reason():
 
 def test_the_docs_name_every_check_id_and_threshold():
     docs = (Path(__file__).parents[1] / "docs" / "faults.md").read_text()
-    source = Path(findings.__file__).read_text()
+    # Every module of gpucheck/faults that makes a verdict (judge_*.py, findings.py).
+    source = "\n".join(p.read_text() for p in Path(findings.__file__).parent.glob("*.py"))
     ids = set(re.findall(r'"(faults\.[a-z_.]+)"', source))
     ids |= {f"faults.event.{kind}" for kind in findings.EVENT_VERDICTS}
     assert [i for i in sorted(ids) if f"`{i}`" not in docs] == []
