@@ -26,9 +26,10 @@ def _gpus(n: int, **faults: dict) -> list[FakeGpu]:
     return gpus
 
 
-def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, timeout_s: float = 2.0):
+def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, timeout_s: float = 2.0,
+           retry_s: float = 2.0):
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
-    return probe_nvml(Nvml(timeout_s))
+    return probe_nvml(Nvml(timeout_s, retry_timeout_s=retry_s))
 
 
 def _findings(result, check: str, status: Status | None = None):
@@ -201,8 +202,9 @@ def test_missing_pynvml_module_warns_to_install_nvidia_ml_py(monkeypatch):
 
 
 def test_a_hanging_nvml_call_becomes_a_finding_and_closes_the_doorway(monkeypatch):
+    # The call hangs 30 s: past its budget (0.3 s) and the second one (0.6 s more).
     fake = FakeNvml(_gpus(3, gpu0={"hang": {"nvmlDeviceGetTemperature"}}))
-    result = _probe(monkeypatch, fake, timeout_s=0.3)
+    result = _probe(monkeypatch, fake, timeout_s=0.3, retry_s=0.6)
     hang = _findings(result, "driver.nvml_hang", Status.FAIL)
     assert len(hang) == 1 and "nvmlDeviceGetTemperature" in hang[0].message
     assert len(_findings(result, "gpu.query", Status.FAIL)) == 3

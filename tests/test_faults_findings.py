@@ -314,6 +314,46 @@ def test_a_gpu_that_stopped_answering_fails_as_lost():
     assert failed.status is Status.FAIL and failed.hint.startswith("action: drain-node:")
 
 
+@pytest.mark.parametrize(("kind", "words", "action"), [
+    ("NVMLError_GpuIsLost", "NVML says the GPU is lost", "drain-node"),
+    ("NVMLError_ResetRequired", "NVML says the GPU needs a reset", "reset-gpu"),
+    ("Timeout", "never came back", "drain-node")])
+def test_a_gpu_lost_by_nvmls_word_or_by_a_hang_fails_named_with_its_action(kind, words,
+                                                                           action):
+    error = {"phase": "during the run", "kind": kind, "function": "nvmlDeviceGetIndex",
+             "message": "nvmlDeviceGetIndex: ..."}
+    failed = _one(fault_findings([healthy(errors=[error])]), "faults.gpu_lost")
+    assert failed.status is Status.FAIL and failed.subject == SUBJECT
+    assert words in failed.message and failed.hint.startswith(f"action: {action}:")
+
+
+SLOW = {"function": "nvmlDeviceGetCurrentClocksEventReasons", "waited_s": 4.2,
+        "budget_s": 3.0}
+
+
+def test_one_slow_nvml_call_is_a_warn_nvml_slow_with_no_action_not_a_lost_gpu():
+    findings = fault_findings([healthy(nvml_slow=[SLOW])])
+    slow = _one(findings, "faults.nvml_slow")
+    assert slow.status is Status.WARN and slow.subject == SUBJECT
+    assert slow.message == ("NVML slow, not lost: nvmlDeviceGetCurrentClocksEventReasons "
+                            "answered after 4.2 s (its budget: 3 s)")
+    assert slow.hint.startswith("action: none:") and "second, longer budget" in slow.hint
+    assert not [f for f in findings if f.status is Status.FAIL]
+
+
+def test_several_slow_calls_name_the_slowest():
+    calls = [SLOW, {**SLOW, "function": "nvmlEventSetWait_v2", "waited_s": 7.5}]
+    slow = _one(fault_findings([healthy(nvml_slow=calls)]), "faults.nvml_slow")
+    assert "2 NVML calls answered late, the slowest nvmlEventSetWait_v2 answered after " \
+        "7.5 s" in slow.message
+
+
+def test_a_lost_gpu_is_said_once_even_after_slow_calls():
+    error = {"phase": "during the run", "kind": "Timeout", "function": "x", "message": "x"}
+    findings = fault_findings([healthy(nvml_slow=[SLOW], errors=[error])])
+    assert [f.check for f in _bad(findings)] == ["faults.gpu_lost"]
+
+
 def test_other_watcher_trouble_warns_with_rerun_and_is_no_gpu_fault():
     error = {"phase": "during the run", "kind": "KeyError", "function": None,
              "message": "watcher error: 'x'"}

@@ -252,6 +252,45 @@ def test_a_gpu_lost_mid_run_fails_as_lost(fake):
     assert failed.hint.startswith("action: drain-node:")
 
 
+def test_one_slow_nvml_call_mid_run_is_a_warn_nvml_slow_and_not_a_lost_gpu(fake):
+    # The clock read waits 0.3 s behind other driver work: past its 0.1 s budget, well
+    # inside the second one (10 s). Every count is still read and judged.
+    fake.hang_s, fake.gpus[1].hang = 0.3, {"nvmlDeviceGetCurrentClocksEventReasons"}
+    nvml = Nvml(0.1, retry_timeout_s=10.0)
+    result = _run(lambda w: _wait_until(lambda: nvml.slow_calls, "a slow call"), nvml=nvml)
+    assert result["errors"] == [] and result["nvml_slow"]
+    # Calls queued behind it are late too (one worker): the budget counts the queue.
+    assert "nvmlDeviceGetCurrentClocksEventReasons" in {c["function"] for c in
+                                                        result["nvml_slow"]}
+    findings = fault_findings([result])
+    slow = _one(findings, "faults.nvml_slow")
+    assert slow.status is Status.WARN and slow.subject == f"rank 3 on {LABEL}"
+    assert slow.message.startswith("NVML slow, not lost: ")
+    assert slow.hint.startswith("action: none:")
+    assert not [f for f in findings if f.status is Status.FAIL]
+    assert "uncorrected ECC +0" in _one(findings, "faults.summary").message
+
+
+def test_a_gpu_whose_nvml_call_hangs_through_both_budgets_fails_as_lost_naming_it(fake):
+    fake.hang_s, fake.gpus[1].hang = 3.0, {"nvmlDeviceGetCurrentClocksEventReasons"}
+    result = _run(lambda w: _wait_until(lambda: w.result()["errors"], "the hang"),
+                  nvml=Nvml(0.1, retry_timeout_s=0.3))
+    assert result["errors"][0]["kind"] == "Timeout"
+    failed = _one(fault_findings([result]), "faults.gpu_lost")
+    assert failed.status is Status.FAIL and failed.subject == f"rank 3 on {LABEL}"
+    assert "never came back" in failed.message and "nor in 0.3 s more" in failed.message
+    assert failed.hint.startswith("action: drain-node:")
+
+
+def test_a_slow_call_of_a_shared_doorway_before_the_watch_is_not_the_watchs(fake):
+    fake.hang_s, fake.gpus[1].hang = 0.3, {"nvmlDeviceGetName"}
+    nvml = Nvml(0.1, retry_timeout_s=10.0)
+    nvml.call("nvmlDeviceGetName", nvml.call("nvmlDeviceGetHandleByPciBusId", BUS))
+    assert len(nvml.slow_calls) == 1
+    fake.gpus[1].hang = set()
+    assert _run(nvml=nvml)["nvml_slow"] == []
+
+
 def test_a_gpu_already_lost_when_the_run_starts_fails_as_lost(monkeypatch):
     _fake(monkeypatch, lost=True)
     result = _run()

@@ -26,7 +26,7 @@ from gpucheck.numa import (
     read_local_cpus,
     read_numa_node,
 )
-from gpucheck.probes.nvml import Nvml, NvmlFailure
+from gpucheck.probes.nvml import SLOW_ADVICE, Nvml, NvmlFailure, slow_words
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
 NVIDIA_PCI_VENDOR = "0x10de"
@@ -784,5 +784,8 @@ def probe_nvml(nvml: Nvml | None = None, sysfs: Path = SYSFS) -> NvmlResult:
         sections[0].findings.append(fail("driver.nvml_hang", str(nvml.hung),
                                          "check dmesg for Xid errors; the driver may need a "
                                          "reset or the node a reboot"))
+    elif nvml.slow_calls:  # late but answered: not a hang (gpucheck/probes/nvml.py)
+        sections[0].findings.append(warn("driver.nvml_slow", slow_words(nvml.slow_calls),
+                                         SLOW_ADVICE))
     nvml.shutdown()
     return NvmlResult(info, gpus, sections, pci_gpus)
