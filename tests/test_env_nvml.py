@@ -104,11 +104,21 @@ def test_failed_row_remap_and_pending_retired_pages_fail(monkeypatch):
 @pytest.mark.parametrize("mask, reason", [(0x40, "hw_thermal_slowdown"),
                                           (0x20, "sw_thermal_slowdown"),
                                           (0x80, "hw_power_brake_slowdown"),
-                                          (0x8, "hw_slowdown")])
+                                          (0x8 | 0x40, "hw_slowdown, hw_thermal_slowdown")])
 def test_thermal_power_brake_and_hw_slowdown_warn(monkeypatch, mask, reason):
     result = _probe(monkeypatch, FakeNvml(_gpus(2, gpu0={"clock_reasons": mask})))
     warned = _findings(result, "gpu.clocks.event_reasons", Status.WARN)
     assert len(warned) == 1 and reason in warned[0].message
+
+
+def test_the_hw_slowdown_flag_alone_in_one_sample_is_noted_not_warned(monkeypatch):
+    # NVML also sets 0x8 during P-state and clock changes: one sample cannot tell.
+    result = _probe(monkeypatch, FakeNvml(_gpus(2, gpu0={"clock_reasons": 0x8})))
+    assert not _findings(result, "gpu.clocks.event_reasons", Status.WARN)
+    noted = [f for f in _findings(result, "gpu.clocks.event_reasons")
+             if "hw_slowdown" in f.message]
+    assert len(noted) == 1 and "P-state and clock changes" in noted[0].message
+    assert noted[0].subject.startswith("GPU 0 (")
 
 
 def test_sw_power_cap_alone_is_not_a_slowdown_warning(monkeypatch):

@@ -19,7 +19,7 @@ from tests.fake_pynvml import FakeGpu, FakeNvml
 
 BUS = "00000000:9A:00.0"
 XID, DBE = 0x8, 0x2  # nvmlEventTypeXidCriticalError, nvmlEventTypeDoubleBitEccError
-HW_THERMAL, IDLE, POWER_CAP = 0x40, 0x1, 0x4
+HW_THERMAL, IDLE, POWER_CAP, HW_SLOWDOWN = 0x40, 0x1, 0x4, 0x8
 HW_THERM_FIELD = 270  # NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN (ns)
 LABEL = f"GPU 1 (NVIDIA H200, bus {BUS}, GPU-00000001-0000-0000-0000-000000000000)"
 
@@ -181,6 +181,35 @@ def test_hw_thermal_slowdown_most_of_the_timed_loop_warns_naming_rank_gpu_and_sh
     warned = _one(fault_findings([result]), "faults.clocks.slowdown")
     assert warned.status is Status.WARN and warned.subject == f"rank 3 on {LABEL}"
     assert f"was in HW thermal slowdown {share * 100:.0f}% of the timed loop" in warned.message
+    assert warned.hint.startswith("action: drain-node:")
+
+
+def _busy_hw_slowdown(fake: FakeNvml, sm_mhz: int) -> dict:
+    """A timed loop in which the watched GPU is busy with 0x8 set at every sample and
+    its SM clock at `sm_mhz` (of 1980)."""
+    fake.gpus[1].clock_reasons, fake.gpus[1].sm_clock = HW_SLOWDOWN | POWER_CAP, sm_mhz
+    return _run(lambda w: _wait_until(lambda: w.clock_samples >= 20, "20 busy samples"))
+
+
+def test_the_hw_slowdown_bit_at_full_clock_under_load_stays_ok_with_a_note(fake):
+    result = _busy_hw_slowdown(fake, sm_mhz=1900)
+    hw = result["clocks"]["hw_slowdown"]
+    assert hw["flagged"] >= 20 and hw["held"] == 0 and hw["sm_clock_max_mhz"] == 1980
+    findings = fault_findings([result])
+    assert not _bad(findings)
+    assert "HW slowdown flag" in _one(findings, "faults.summary").message
+
+
+def test_a_sustained_hw_slowdown_with_a_low_sm_clock_under_load_warns_naming_rank_and_gpu(
+        fake):
+    result = _busy_hw_slowdown(fake, sm_mhz=700)
+    hw = result["clocks"]["hw_slowdown"]
+    assert hw["held"] == result["clocks"]["samples"] >= 20
+    assert hw["lowest_sm_ratio"] == round(700 / 1980, 3)
+    warned = _one(fault_findings([result]), "faults.clocks.slowdown")
+    assert warned.status is Status.WARN and warned.subject == f"rank 3 on {LABEL}"
+    assert warned.message.startswith("was in HW slowdown ")
+    assert "the SM clock down to 35% of its 1980 MHz maximum, busy" in warned.message
     assert warned.hint.startswith("action: drain-node:")
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.devices import normal_bus_id
+from gpucheck.faults.clocks import SM_LOW_FRACTION, SUSTAINED_SAMPLES
 from gpucheck.faults.judge_clocks import (
     SLOWDOWN_MIN_SAMPLES,
     SLOWDOWN_WARN_FRACTION,
@@ -164,7 +165,9 @@ THRESHOLDS = {"corrected_ecc_warn": CORRECTED_ECC_WARN,
               "pcie_replays_per_min_warn": PCIE_REPLAYS_PER_MIN,
               "nvlink_errors_per_s_warn": NVLINK_ERRORS_PER_S,
               "slowdown_warn_fraction": SLOWDOWN_WARN_FRACTION,
-              "slowdown_min_samples": SLOWDOWN_MIN_SAMPLES}
+              "slowdown_min_samples": SLOWDOWN_MIN_SAMPLES,
+              "hw_slowdown_sm_low_fraction": SM_LOW_FRACTION,
+              "hw_slowdown_sustained_samples": SUSTAINED_SAMPLES}
 
 
 def _build(results: Sequence[Mapping[str, Any]],

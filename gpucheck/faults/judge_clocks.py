@@ -2,6 +2,13 @@
 
 From the clock-event reasons the watcher sampled (`gpucheck.faults.clocks`) and
 the driver's own slowdown-time counters. docs/faults.md has the thresholds.
+
+HW slowdown (0x8) counts only where the watcher corroborated it, sample by sample
+(HW thermal or power-brake bits with it, or the SM clock at SM_LOW_FRACTION of its
+maximum or less while busy) in runs of SUSTAINED_SAMPLES in a row: NVML documents
+that the bit is also set during P-state and clock changes (gpucheck/faults/clocks.py
+quotes it). The bit alone is never a WARN, so never a `drain-node`; it is noted
+in the OK line.
 """
 
 from __future__ import annotations
@@ -29,18 +36,58 @@ def _slowdown_shares(clocks: Mapping[str, Any]) -> dict[str, tuple[float, float 
     window_s = clocks.get("window_s") or 0.0
     shares = {}
     for reason in BAD_CLOCK_REASONS:
+        if reason == "hw_slowdown":  # no counter; only its held, corroborated samples
+            shares[reason] = (_hw_held_share(clocks), None)
+            continue
         ms = counters.get(reason)
         counted = ms / 1000.0 / window_s if ms is not None and window_s > 0 else None
         shares[reason] = (float(fractions.get(reason, 0.0)), counted)
     return shares
 
 
+def _hw_held_share(clocks: Mapping[str, Any]) -> float:
+    """Share of the samples in which HW slowdown was held and corroborated (0.0 when the
+    result has no corroboration: a watcher that did not check counts as not held)."""
+    samples = int(clocks.get("samples") or 0)
+    held = int((clocks.get("hw_slowdown") or {}).get("held") or 0)
+    return held / samples if samples else 0.0
+
+
+def _hw_evidence(clocks: Mapping[str, Any]) -> str:
+    """What corroborated HW slowdown: "up to 40 samples in a row; HW thermal or power
+    brake bits with it in 10; the SM clock at 30% of its 1980 MHz maximum, busy, in 90"."""
+    hw = clocks.get("hw_slowdown") or {}
+    parts = [f"up to {hw.get('longest_run')} samples in a row"]
+    if hw.get("corroborated_by_bits"):
+        parts.append(f"HW thermal or power brake bits with it in {hw['corroborated_by_bits']}")
+    if hw.get("corroborated_by_low_clock"):
+        ratio, top = hw.get("lowest_sm_ratio"), hw.get("sm_clock_max_mhz")
+        clock = f"down to {ratio * 100:.0f}%" if ratio is not None else "low"
+        parts.append(f"the SM clock {clock} of its {top} MHz maximum, busy, in "
+                     f"{hw['corroborated_by_low_clock']}")
+    return "; ".join(parts)
+
+
+def _hw_note(clocks: Mapping[str, Any]) -> str | None:
+    """The OK line's note on a HW slowdown flag that was not held and corroborated."""
+    flagged = float((clocks.get("fractions") or {}).get("hw_slowdown", 0.0))
+    if not flagged:
+        return None
+    return (f"HW slowdown flag {flagged * 100:.0f}%, {_hw_held_share(clocks) * 100:.0f}% held "
+            "with a low SM clock or thermal/power-brake bits (NVML also sets the flag at "
+            "P-state and clock changes)")
+
+
 def _headline(reason: str, share: tuple[float, float | None]) -> str:
     return f"{REASON_WORDS[reason]} {max(share[0], share[1] or 0.0) * 100:.0f}%"
 
 
-def _detail(reason: str, share: tuple[float, float | None], samples: int) -> str:
+def _detail(reason: str, share: tuple[float, float | None], clocks: Mapping[str, Any]) -> str:
     sampled, counted = share
+    samples = int(clocks.get("samples") or 0)
+    if reason == "hw_slowdown":
+        return (f"{REASON_WORDS[reason]} held in {sampled * 100:.0f}% of {samples} samples "
+                f"({_hw_evidence(clocks)})")
     text = f"{REASON_WORDS[reason]} in {sampled * 100:.0f}% of {samples} samples"
     return text + (f", {counted * 100:.0f}% by the driver's counter" if counted is not None
                    else "")
@@ -72,13 +119,15 @@ def judge_clocks(result: Mapping[str, Any]) -> Verdict:
     bad = _bad_slowdowns(clocks)
     if bad:
         words = ", ".join(_headline(r, s) for r, s in bad.items())
-        details = "; ".join(_detail(r, s, samples) for r, s in bad.items())
+        details = "; ".join(_detail(r, s, clocks) for r, s in bad.items())
         return Verdict(check, Status.WARN, f"was in {words} of the {window} ({window_s} s: "
                        f"{details})", "drain-node", _COOLING)
     span = f"{window_s} s, {samples} samples"
     if not judged:
         return na(check, f"slowdowns (too few clock samples: {span})")
-    seen = [_headline(r, s) for r, s in shares.items() if s[0] or s[1]]
+    seen = [_headline(r, s) for r, s in shares.items()
+            if r != "hw_slowdown" and (s[0] or s[1])]
+    seen += [note] if (note := _hw_note(clocks)) else []
     power = (clocks.get("fractions") or {}).get("sw_power_cap")
     if power:  # the power limit is doing its job: information
         seen.append(f"at its power limit {power * 100:.0f}%")
@@ -89,10 +138,9 @@ def judge_clocks(result: Mapping[str, Any]) -> Verdict:
 def slowdown_pct(clocks: Mapping[str, Any]) -> float | None:
     """The largest share of the window any bad reason held the clocks, in % (the
     section's `slowdown_pct` column); None when the reasons were n/a."""
-    fractions = clocks.get("fractions")
-    if fractions is None:
+    if clocks.get("fractions") is None:
         return None
-    return round(100 * max(fractions.get(b, 0.0) for b in BAD_CLOCK_REASONS), 1)
+    return round(100 * max(s[0] for s in _slowdown_shares(clocks).values()), 1)
 
 
 def slowdown_causes(results: Sequence[Mapping[str, Any]],

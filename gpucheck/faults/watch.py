@@ -260,7 +260,7 @@ class FaultWatch:
             if sampling and self._clocks.available:
                 mask = self._clocks.read()
                 if mask is not None:
-                    self._tally.add(mask)
+                    self._tally.add(mask, self._clocks.sm_ratio(mask))
         except NvmlFailure as exc:
             self._record(exc, "during the run")
             return False
@@ -344,6 +344,8 @@ class FaultWatch:
                 "samples": self._tally.samples,
                 "fractions": self._tally.fractions() if available else None,
                 "source": self._clocks.function if self._clocks else None,
+                "hw_slowdown": {**self._tally.hw_slowdown(), "sm_clock_max_mhz": (
+                    self._clocks.sm_max_mhz if self._clocks else None)},
                 "slowdown_ms": slowdown_ms(self._slow["start"], self._slow["end"], window_s)}
 
     def result(self) -> dict[str, Any]:
