@@ -213,6 +213,13 @@ def test_a_sustained_hw_slowdown_with_a_low_sm_clock_under_load_warns_naming_ran
     assert warned.hint.startswith("action: drain-node:")
 
 
+def test_the_hw_slowdown_bit_on_a_gpu_without_its_max_clock_is_not_corroborated(fake):
+    fake.gpus[1].unsupported = {"nvmlDeviceGetMaxClockInfo"}
+    result = _busy_hw_slowdown(fake, sm_mhz=700)
+    assert result["clocks"]["hw_slowdown"]["held"] == 0 and result["errors"] == []
+    assert not _bad(fault_findings([result]))
+
+
 def test_slowdown_before_the_timed_loop_does_not_count(fake):
     gpu = fake.gpus[1]
     gpu.clock_reasons = HW_THERMAL

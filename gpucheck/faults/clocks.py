@@ -95,8 +95,10 @@ class ClockReader:
         if self._max_mhz is None:
             self._max_mhz = int(self._nvml.get("nvmlDeviceGetMaxClockInfo", self._handle, sm)
                                 or 0)
+        if not self._max_mhz:  # n/a here: no clock to corroborate with
+            return None
         current = self._nvml.get("nvmlDeviceGetClockInfo", self._handle, sm)
-        if not self._max_mhz or current is None:
+        if current is None:
             return None
         return int(current) / self._max_mhz
 
