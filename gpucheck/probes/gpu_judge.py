@@ -21,7 +21,6 @@ FABRIC_HINT = ("start the fabric manager: systemctl start nvidia-fabricmanager (
                "nvidia-fabricmanager, and nvidia-smi -q | grep -A3 Fabric")
 
 
-
 def _lost_finding(gpu: GpuRecord) -> Finding:
     check = "gpu.lost" if gpu.error_kind == "NVMLError_GpuIsLost" else "gpu.query"
     return fail(check, f"query failed: {gpu.error}", gpu.error_hint or "run nvidia-smi",

@@ -63,7 +63,6 @@ def read_driver(nvml: Nvml) -> DriverInfo:
     return DriverInfo(True, str(version), cuda_version_str(cuda), int(count))
 
 
-
 def _memory(nvml: Nvml, handle: Any) -> tuple[int | None, int | None]:
     """Total/used bytes via the v2 call (`nvidia-smi --query-gpu=memory.total,memory.used`)."""
     version = getattr(nvml.module, "nvmlMemory_v2", None)
