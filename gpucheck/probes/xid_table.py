@@ -139,6 +139,7 @@ XID_TABLE: dict[int, XidInfo] = {info.xid: info for info in (
        "before using it again"),
     _x(106, "SMBPBI test message", "IGNORE", "info", "none", _IGNORE),
     _x(107, "SMBPBI test message (silent)", "IGNORE", "info", "none", _IGNORE),
+    _x(108, "NVLink remote translation error", "IGNORE", "info", "none", _IGNORE),
     _x(109, "Context switch timeout", "RESET_GPU", "fail", "reset-gpu", _RESET),
     _x(110, "Security fault error", "RESET_GPU", "fail", "reset-gpu",
        f"{_RESET}; revert recent hardware changes if it recurs"),
