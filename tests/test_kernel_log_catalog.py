@@ -183,6 +183,15 @@ def test_a_gpu_the_driver_does_not_support_is_not_called_lost(tmp_path):
     assert finding.status is Status.OK and finding.message.startswith("no Xid")
 
 
+def test_another_gpus_xid_79_after_an_unsupported_gpu_message_is_not_pinned_on_it(tmp_path):
+    lines = ("[ 14.1] NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:1c03)\n"
+             "               NVRM: installed in this system is not supported by the\n"
+             "[ 14.2] NVRM: Xid (PCI:0000:b3:00): 79, pid=1, name=x, GPU has fallen off the "
+             "bus.\n")
+    finding = only_problem(section_for(tmp_path, lines))
+    assert finding.subject == "PCI:0000:b3:00"
+
+
 # ---- MIG, bus id forms, healthy logs ----
 
 def test_a_mig_xid_line_is_parsed_and_keeps_its_gpu_instance(tmp_path):

@@ -146,10 +146,14 @@ def parse_line(line: str) -> XidEvent | tuple[str, str] | None:
     return None
 
 
-def _follow_lost(scan: _Scan, line: str) -> None:
+def _follow_lost(scan: _Scan, line: str, parsed: bool) -> None:
     """Read the driver's no-Xid "has fallen off the bus" message, wrapped or not: from its
-    "The NVIDIA GPU <bus id>" start, over at most LOST_MESSAGE_LINES NVRM: lines."""
-    if "NVRM" not in line:
+    "The NVIDIA GPU <bus id>" start, over at most LOST_MESSAGE_LINES NVRM: lines. A line
+    parsed as something else (an Xid line, another GPU's) ends it: its words are not
+    this message's."""
+    if parsed:
+        scan.lost = None
+    if "NVRM" not in line or parsed:
         return
     start = _LOST_RE.search(line)
     if start is not None:
@@ -180,7 +184,7 @@ def scan_lines(lines: Iterable[str], boot_cut: bool = False) -> _Scan:
             scan.events.append(parsed)
         elif parsed is not None:
             scan.uuids[parsed[0]] = parsed[1]
-        _follow_lost(scan, line)
+        _follow_lost(scan, line, parsed is not None)
     return scan
 
 
