@@ -137,9 +137,10 @@ def _sub_argv(name: str, args: argparse.Namespace, device: str) -> list[str]:
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    from gpucheck.cli import build_parser
+    from gpucheck import __version__
+    from gpucheck.commands.registry import build_parser
 
-    return build_parser().parse_args(argv)
+    return build_parser(__version__).parse_args(argv)
 
 
 def _preflight(name: str, ns: argparse.Namespace) -> None:
@@ -161,14 +162,14 @@ def _preflight(name: str, ns: argparse.Namespace) -> None:
 
 def _run_one(name: str, ns: argparse.Namespace) -> Outcome:
     """Run one command; its failure is an outcome, not the end of `all`."""
-    from gpucheck.cli import _command_module
+    from gpucheck.commands.registry import command_module
     from gpucheck.distributed.checkin import namespaced
 
     _state["current"] = name
     start = time.monotonic()
     try:
         with namespaced(name):
-            report = _command_module(name).run(ns)
+            report = command_module(name).run(ns)
     except SystemExit as exc:  # a rank > 0 whose job failed; it said why on stderr
         why = f"this rank exited with status {exc.code}"
         return Outcome(name, "failed", why, _since(start))
@@ -256,12 +257,12 @@ def _outcome_findings(o: Outcome) -> list[Finding]:
 def partial_report(args: argparse.Namespace) -> Report | None:
     """After Ctrl-C or SIGTERM: the commands that finished, what the running one had
     measured, and which never ran (gpucheck.cli adds the `interrupted` section)."""
-    from gpucheck.cli import _command_module
+    from gpucheck.commands.registry import command_module
 
     outcomes: list[Outcome] = list(_state["outcomes"])
     current = _state["current"]
     if current is not None:
-        build = getattr(_command_module(current), "partial_report", None)
+        build = getattr(command_module(current), "partial_report", None)
         ns = _state["namespaces"].get(current)
         partial = build(ns) if build is not None and ns is not None else None
         outcomes.append(Outcome(current, "interrupted", "stopped while running",
