@@ -41,16 +41,29 @@ def use_color(stream: TextIO) -> bool:
     return stream.isatty() and "NO_COLOR" not in os.environ
 
 
+def terminal_width(stream: TextIO) -> int | None:
+    """A terminal's own width, so text lines fit it; None off a terminal (the text
+    renderer's fixed default keeps files and pipes stable)."""
+    if not stream.isatty():
+        return None
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError):
+        return None
+
+
 def emit(report: Report, fmt: str, output: str | None, quiet: bool,
          stream: TextIO | None = None) -> None:
     """Write the report file (if asked) and show the report on `stream`."""
     stream = stream or sys.stdout
+    width = terminal_width(stream)
     if output is not None:
         write_atomic(output, render(report, fmt))
         if not quiet:
-            stream.write(render(report, "text", color=use_color(stream)))
+            stream.write(render(report, "text", color=use_color(stream), width=width))
         return
-    stream.write(render(report, fmt, color=fmt == "text" and use_color(stream)))
+    stream.write(render(report, fmt, color=fmt == "text" and use_color(stream),
+                        width=width if fmt == "text" else None))
     stream.flush()
 
 
