@@ -135,3 +135,36 @@ def test_env_without_gpu_or_driver_says_so_and_with_gpus_claims_no_scope(monkeyp
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
     with_gpus = collect_env_report(gpu_test=False, environ={})
     assert with_gpus.scope is None
+
+
+def test_cpu_ranks_within_the_cores_stay_ok_and_more_ranks_than_cores_warn_naming_them() -> None:
+    from gpucheck.commands.launch_options import LaunchPlan, cpu_ranks_finding
+
+    fits = cpu_ranks_finding(LaunchPlan(2, "cpu", "gloo", None, 60.0), cores=2)
+    assert fits is not None and fits.status is Status.OK
+    crowded = cpu_ranks_finding(LaunchPlan(8, "cpu", "gloo", None, 60.0), cores=2)
+    assert crowded is not None and crowded.status is Status.WARN
+    assert "8 CPU rank(s) on 2 usable core(s)" in crowded.message
+    assert "--n-gpus 2" in crowded.hint and crowded.action == "fix-config"
+    assert cpu_ranks_finding(LaunchPlan(8, "cuda", "nccl", None, 60.0), cores=2) is None
+
+
+def test_all_shows_the_fault_watch_thresholds_once_and_points_back_to_them() -> None:
+    from gpucheck.commands.all import Outcome, combined_report
+
+    thresholds = {"temperature_c": 90, "xid": "any"}
+
+    def faulted(command: str) -> Report:
+        return Report(command, [Section("faults", "Fault watch",
+                                        {"thresholds": thresholds, "gpus": 1},
+                                        [ok(f"{command}.faults", "none")])])
+
+    other = {"thresholds": {"temperature_c": 80}}
+    reports = [faulted("stress"), faulted("bench"),
+               Report("comm", [Section("faults", "Fault watch", other)])]
+    combined = combined_report([Outcome(r.command, "ran", "", 1.0, r) for r in reports])
+    data = {s.name: s.data for s in combined.sections}
+    assert data["stress.faults"]["thresholds"] == thresholds
+    assert data["bench.faults"]["thresholds"] == "as in stress: Fault watch"
+    assert data["comm.faults"]["thresholds"] == {"temperature_c": 80}  # differs: shown
+    assert reports[1].sections[0].data["thresholds"] == thresholds  # the input is kept

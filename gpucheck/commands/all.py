@@ -12,6 +12,7 @@ the job's store (`gpucheck.distributed.checkin.namespaced`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -218,6 +219,21 @@ def combined_report(outcomes: list[Outcome]) -> Report:
     for outcome in outcomes:
         for section in outcome.report.sections if outcome.report else []:
             report.add(prefixed(outcome.command, section))
+    return shown_once(report, "thresholds")
+
+
+def shown_once(report: Report, key: str) -> Report:
+    """A data value that every load command repeats (the fault watcher's thresholds)
+    is shown in the first section that has it; later identical ones point there."""
+    first: dict[str, str] = {}  # the value's JSON form -> the title of the first section
+    for section in report.sections:
+        if key not in section.data:
+            continue
+        value = json.dumps(section.data[key], sort_keys=True)
+        if value in first:
+            section.data = {**section.data, key: f"as in {first[value]}"}
+        else:
+            first[value] = section.title
     return report
 
 
