@@ -189,6 +189,7 @@ RULES: tuple[Rule, ...] = (
     Rule("env.nodes.differ", A.FIX_CONFIG, "nodes of one job differ in drivers, packages "
          "or environment"),
     Rule("ranks.numa", A.FIX_CONFIG, "CPU binding of the ranks is a launch setting"),
+    Rule("launch.cpu_ranks", A.FIX_CONFIG, "more CPU ranks than cores is a launch setting"),
     # bench.
     Rule("bench.images.skipped", A.FIX_CONFIG, "an unreadable input image: fix or remove "
          "the file"),
