@@ -14,11 +14,12 @@ from gpucheck.analysis.metrics import HIGHER, Metric
 from gpucheck.analysis.noise import NOISY, noise_levels
 from gpucheck.cli import main
 
-REPORTS = Path(__file__).resolve().parent / "data" / "reports"
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def load(name: str) -> dict[str, Any]:
-    return json.loads((REPORTS / f"{name}.json").read_text())
+    folder = "reports" if (DATA / "reports" / f"{name}.json").exists() else "noise_pairs"
+    return json.loads((DATA / folder / f"{name}.json").read_text())
 
 
 def compare(tmp_path: Path, a: dict[str, Any], b: dict[str, Any]) -> tuple[int, dict]:
