@@ -18,7 +18,7 @@ from typing import Any
 
 from gpucheck.faults.clocks import REASON_WORDS
 from gpucheck.faults.verdict import Verdict, na, ok, rank_of
-from gpucheck.probes.gpus import BAD_CLOCK_REASONS
+from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS
 from gpucheck.report import Status
 
 SLOWDOWN_WARN_FRACTION = 0.10  # of the window: at least ~5% of throughput lost

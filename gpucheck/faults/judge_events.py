@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpucheck.faults.verdict import RESET, Verdict, events_of, na, ok
-from gpucheck.probes.xid_table import xid_info
+from gpucheck.probes.xid_table import RECOVERY_ACTIONS, xid_info
 from gpucheck.report import Status
 
 # NVML event kind (gpucheck.faults.events) -> (status, action, meaning, advice).
@@ -31,12 +31,8 @@ EVENT_VERDICTS: dict[str, tuple[Status, str, str, str]] = {
     "gpu_unavailable": (Status.FAIL, "drain-node", "the GPU became unavailable",
                         "drain the node; check dmesg for Xid errors; reset or reboot"),
 }
-# NVML_GPU_RECOVERY_ACTION_* (eventData of a recovery-action event) -> our action.
-RECOVERY_ACTIONS = {1: ("GPU reset", "reset-gpu"), 2: ("node reboot", "drain-node"),
-                    3: ("drain peer-to-peer traffic", "drain-node"),
-                    4: ("drain and reset", "drain-node"), 5: ("recover the IMEX domain",
-                                                              "drain-node"),
-                    6: ("bus reset", "reset-gpu"), 7: ("system reboot", "drain-node")}
+# RECOVERY_ACTIONS (NVML_GPU_RECOVERY_ACTION_*, the eventData of a recovery-action
+# event -> our action) lives in xid_table: it also judges the kernel log's XID 154 lines.
 # The ECC events are counted into the ECC verdicts (judge_memory); in the events table:
 _ECC_WORDS = {"ecc_uncorrected": ("uncorrected ECC error", "drain-node"),
               "ecc_corrected": ("corrected ECC error", "none"),

@@ -69,7 +69,11 @@ def judge_nvlink(result: Mapping[str, Any]) -> list[Verdict]:
 def _nvlink_errors(result: Mapping[str, Any], d: dict[str, int | None]) -> Verdict:
     check = "faults.nvlink.crc"
     if all(d[n] is None for n in ("crc_flit", "crc_data", "replay")):
-        return na(check, "NVLink error counters")
+        # Links are up (judge_nvlink checked), so the counters were refused, not absent:
+        # NVML removed them on Blackwell (change log, v560 -> v565). Say so.
+        return na(check, "NVLink error counters (NVML answers NotSupported on the active "
+                  "links: it removed them on Blackwell, B200/GB200, from driver R565; "
+                  "NVLink faults still arrive as XIDs 144-150)")
     # A CRC error is answered by a replay: count the larger side, not both.
     errors = max((d["crc_flit"] or 0) + (d["crc_data"] or 0), d["replay"] or 0)
     seconds = result.get("watched_s") or 0.0
