@@ -396,3 +396,4 @@ def test_the_watcher_reports_what_it_cost(fake):
     # Each tick: a 0 ms event-set wait, and a clock-reasons read while the loop runs.
     assert cost["ticks"] >= 3 and cost["nvml_calls"] >= cost["ticks"] + 3
     assert cost["thread_cpu_s"] >= 0.0
+    assert cost["nvml_call_max_s"] > 0.0  # a thread-hop through the doorway at least
