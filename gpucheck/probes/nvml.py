@@ -70,7 +70,8 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "NVMLError_Uninitialized": ("NVML is not initialised", "report a gpucheck bug"),
     "NVMLError_Timeout": ("the NVML call timed out in the driver",
                          "check dmesg for Xid errors; the GPU may need a reset"),
-    # Our own: the call did not come back within its budget (the doorway closes).
+    # Our own: the call did not come back within its budget nor the second (the doorway
+    # closes).
     "Timeout": ("no answer from the driver (within two budgets)",
                 "check dmesg for Xid errors; the GPU may need a reset (nvidia-smi -r) or the "
                 "node a reboot"),
