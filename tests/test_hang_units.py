@@ -123,6 +123,17 @@ def test_only_allowlisted_variables_of_a_target_are_kept() -> None:
     assert rank_of(44, "python", {"RANK": "5", "WORLD_SIZE": "2"}) is None
 
 
+def test_an_srun_python_task_is_a_rank_with_its_nodes_task_count() -> None:
+    env = {"SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_TASKS": "16",
+           "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "8(x2)", "SLURM_JOB_ID": "77",
+           "SLURM_STEP_ID": "0"}
+    rank = rank_of(50, "python3.11", env)
+    assert rank is not None and (rank.rank, rank.local_rank, rank.local_world_size) == (9, 1, 8)
+    assert rank.job == "slurm:77.0"
+    del env["SLURM_STEP_TASKS_PER_NODE"]
+    assert rank_of(50, "python3.11", env).local_world_size is None  # type: ignore[union-attr]
+
+
 def test_missing_local_ranks_need_the_launchers_local_world_size() -> None:
     def rank(r: int, local_size: int | None) -> RankProcess:
         return RankProcess(r, r, 8, r - 4, local_size, "job", "python")

@@ -23,7 +23,8 @@ import psutil
 ALLOWED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
            "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_PROCID",
            "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_JOB_ID",
-           "SLURM_STEP_ID", "SLURM_NODEID", "CUDA_VISIBLE_DEVICES",
+           "SLURM_STEP_ID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
+           "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "CUDA_VISIBLE_DEVICES",
            # Flight Recorder arming (docs/hang.md): where the dumps of this job go.
            "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
@@ -79,13 +80,29 @@ def rank_of(pid: int, name: str, env: Mapping[str, str]) -> RankProcess | None:
         rank, size = _int(env, "SLURM_PROCID"), _int(env, "SLURM_STEP_NUM_TASKS",
                                                      "SLURM_NTASKS")
         job = f"slurm:{env.get('SLURM_JOB_ID', '?')}.{env.get('SLURM_STEP_ID', '?')}"
-        local, local_size = _int(env, "SLURM_LOCALID"), None
+        local, local_size = _int(env, "SLURM_LOCALID"), _slurm_local_size(env, size)
     else:
         return None
     if rank is None or size is None or not 0 <= rank < size:
         return None
     return RankProcess(pid, rank, size, local if local is not None else rank, local_size,
                        job, name, allowed_env(env))
+
+
+def _slurm_local_size(env: Mapping[str, str], size: int | None) -> int | None:
+    """This node's task count from SLURM's tasks-per-node variables; None without them
+    (SLURM's own fallback, the whole step, would call ranks on other nodes dead)."""
+    from gpucheck.distributed import slurm
+    from gpucheck.errors import UsageError
+
+    if size is None or not any(env.get(name) for name in
+                               ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+                                "SLURM_NTASKS_PER_NODE")):
+        return None
+    try:
+        return slurm.local_world_size(env, _int(env, "SLURM_NODEID") or 0, size)
+    except UsageError:
+        return None
 
 
 def _read(proc: psutil.Process) -> RankProcess | None:
