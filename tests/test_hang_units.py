@@ -94,6 +94,32 @@ def test_every_rank_waiting_blames_no_local_rank_and_says_where_to_look() -> Non
     assert "gpucheck comm" in (gathered.hint or "")
 
 
+def _on_gpu(v: RankView, util: float) -> RankView:
+    v.gpu = {"gpu": v.rank, "gpu_name": "NVIDIA H200", "gpu_memory_bytes": 1 << 30,
+             "gpu_sm_util_pct": util}
+    v.steady = v.pinned or v.steady
+    return v
+
+
+def test_nccl_ranks_busy_on_their_gpus_name_the_rank_whose_gpu_is_idle() -> None:
+    item = Site("user", None, f"step at {TRAIN}:88", "item")
+    views = [_on_gpu(view(r, item, False, steady=True), 100.0) for r in range(3)]
+    views.append(_on_gpu(view(3, user(f"load_batch at {TRAIN}:12"), False), 0.0))
+    findings = live_findings(views, 2.0, multi_node=False)
+    assert failing(findings) == [("hang.rank.user_code", "rank 3 on node7")]
+    assert "idle on its GPU (0 % SM)" in findings[0].message
+
+
+def test_every_gpu_busy_in_a_long_step_names_no_one() -> None:
+    item = Site("user", None, f"step at {TRAIN}:88", "item")
+    views = [_on_gpu(view(r, item, False, steady=True), 100.0) for r in range(4)]
+    assert failing(live_findings(views, 2.0, multi_node=False)) == []
+    views[3] = _on_gpu(view(3, user(f"load_batch at {TRAIN}:12"), False), 0.0)
+    views[2].gpu = None  # no GPU figures for half the ranks: no majority, no verdict
+    views[1].gpu = None
+    assert failing(live_findings(views, 2.0, multi_node=False)) == []
+
+
 def test_ranks_split_evenly_between_two_collectives_name_no_one() -> None:
     broadcast = Site("collective", "broadcast", f"sync at {TRAIN}:50", "broadcast")
     views = [view(0, ALL_REDUCE, True), view(1, broadcast, True)]

@@ -42,7 +42,8 @@ class RankView:
     state_start: str = "unknown"
     cpu_pct: float | None = None
     site: dict[str, Any] | None = None  # Site as a dict: the most frequent site
-    pinned: bool = False  # every sample at that one site
+    pinned: bool = False  # every sample at that one collective site
+    steady: bool = False  # every sample at that one site, whatever its kind
     samples: int = 0
     site_share: float | None = None  # of the samples, the share at `site`
     stack: list[str] = field(default_factory=list)  # innermost first
@@ -103,7 +104,8 @@ def _judge_samples(view: RankView, samples: stacks.Samples) -> None:
     # Pinned: every sample with a Python frame at one collective call (--nonblocking
     # reads can catch a thread between frames: such a sample says nothing).
     known = [s for s in sites if s.kind != "unknown"]
-    view.pinned = len(known) == 1 and known[0].kind == "collective"
+    view.steady = len(known) == 1
+    view.pinned = view.steady and known[0].kind == "collective"
     view.stack = [f.where for f in stack_at[site][:MAX_FRAMES]]
 
 

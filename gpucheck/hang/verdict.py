@@ -20,6 +20,10 @@ from gpucheck.hang.observe import RankView
 from gpucheck.hang.sites import Site
 
 STOPPED = ("stopped", "tracing-stop")
+# NCCL's kernels poll for their peers: a GPU waiting in one reads near 100 % SM
+# utilisation (nvidia-smi pmon's "sm"); a rank that launched nothing reads near 0.
+BUSY_PCT = 90.0
+IDLE_PCT = 10.0
 DEAD = ("exited", "zombie", "dead")
 D_STATE = "disk-sleep"
 
@@ -88,9 +92,43 @@ def waited_site(views: list[RankView]) -> tuple[Site | None, list[RankView]]:
     return site, [v for v in pinned if v.where == site]
 
 
+def _sm_util(view: RankView) -> float | None:
+    return (view.gpu or {}).get("gpu_sm_util_pct")
+
+
+def gpu_waiting(views: list[RankView]) -> list[Culprit]:
+    """NCCL: `all_reduce` returns once its kernel is queued, so a waiting rank's Python
+    stack is at its next synchronisation in user code (`loss.item()`), while NCCL's
+    kernel polls for the missing peer and keeps the GPU busy. Ranks steady at one site
+    with a busy GPU (BUSY_PCT) are taken as waiting when they are a strict majority;
+    the ranks named are the others whose GPU is idle (IDLE_PCT): stuck before
+    launching their part. Without GPU figures, or with every rank busy (a long
+    step), nobody is named."""
+    busy = [v for v in views if v.steady and (_sm_util(v) or 0) >= BUSY_PCT and v.where]
+    sites = Counter(v.where for v in busy).most_common(1)
+    if not sites or 2 * sites[0][1] <= len(views):
+        return []
+    site, count = sites[0]
+    skip = {v.rank for v in busy} | {c.rank for c in _stuck_anyway(views)}
+    named = []
+    for view in views:
+        util = _sm_util(view)
+        if view.rank in skip or util is None or util > IDLE_PCT or view.where is None:
+            continue
+        detail = (f"idle on its GPU ({util:.0f} % SM) {view.where.describe()}, while "
+                  f"{count} ranks' GPUs are busy (an NCCL kernel waiting for a peer) with "
+                  f"their Python at {site.where}")
+        named.append(Culprit(view.rank, view.host, "user-code", detail))
+    return named
+
+
 def culprits(views: list[RankView]) -> tuple[Site | None, list[Culprit]]:
     """The site the others wait at and the ranks they wait for."""
     site, waiting = waited_site(views)
+    if site is None and not waiting:
+        named = gpu_waiting(views)
+        if named:
+            return None, named + _stuck_anyway(views)
     waiting_ranks = {v.rank for v in waiting}
     named = []
     for view in views:
@@ -103,3 +141,13 @@ def culprits(views: list[RankView]) -> tuple[Site | None, list[Culprit]]:
         if site is not None or what in ("dead", "stopped"):
             named.append(Culprit(view.rank, view.host, what, detail))
     return site, named
+
+
+def _stuck_anyway(views: list[RankView]) -> list[Culprit]:
+    """Dead and stopped ranks: named whatever the others do."""
+    named = []
+    for view in views:
+        what, detail = describe(view, None)
+        if what in ("dead", "stopped"):
+            named.append(Culprit(view.rank, view.host, what, detail))
+    return named
