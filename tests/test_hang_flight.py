@@ -45,6 +45,6 @@ def test_a_gloo_rank_dumps_its_trace_after_a_failure(monkeypatch, tmp_path: Path
         flight.dump_after_failure(0, "gloo")
     finally:
         dist.destroy_process_group()
-    dumps = load(dump_files(str(tmp_path)))
+    dumps, _ = load(dump_files(str(tmp_path)))
     (group,) = groups(dumps)
     assert [c.op for c in group.calls[0].values()][-1] == "all_reduce"

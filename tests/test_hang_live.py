@@ -124,7 +124,7 @@ def test_flight_recorder_dumps_name_the_desynced_rank(desync_job: tuple[Job, Pat
 def test_the_trace_culprit_does_not_depend_on_the_order_of_the_files(
         desync_job: tuple[Job, Path]) -> None:
     _, folder = desync_job
-    dumps = load(dump_files(str(folder)))
+    dumps, _ = load(dump_files(str(folder)))
     verdicts = set()
     for order in itertools.permutations(sorted(dumps)):
         shuffled = {rank: dumps[rank] for rank in order}
@@ -137,7 +137,7 @@ def test_the_trace_culprit_does_not_depend_on_the_order_of_the_files(
 def test_a_rank_that_never_reached_the_collective_is_named_from_the_dumps(
         desync_job: tuple[Job, Path]) -> None:
     _, folder = desync_job
-    dumps = load(dump_files(str(folder)))
+    dumps, _ = load(dump_files(str(folder)))
     dumps[0]["entries"] = dumps[0]["entries"][:-1]  # rank 0 stopped before #4
     (group,) = groups(dumps)
     verdict = judge_group(group, set(dumps))

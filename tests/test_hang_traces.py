@@ -5,9 +5,13 @@
 from __future__ import annotations
 
 import itertools
+import pickle
+from pathlib import Path
 from typing import Any
 
-from gpucheck.hang.trace_findings import group_findings
+import pytest
+
+from gpucheck.hang.trace_findings import group_findings, traces_section
 from gpucheck.hang.trace_verdict import judge_group
 from gpucheck.hang.traces import groups
 from gpucheck.report import Status
@@ -90,3 +94,14 @@ def test_a_ring_buffer_that_wrapped_is_compared_where_every_rank_has_entries() -
     dumps = {r: dump(r, [entry(s) for s in range(3 + r, 10)]) for r in range(4)}
     (v,) = verdicts(dumps)
     assert (v.first_seq, v.last_seq, v.culprits) == (6, 9, {})
+
+
+def test_a_truncated_dump_counts_as_no_dump_and_the_rest_is_judged(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    for rank in (0, 1, 3):
+        raw = {k: v for k, v in dump(rank, steps(3)).items() if k not in ("rank", "host_name")}
+        (tmp_path / f"rank_{rank}").write_bytes(pickle.dumps(raw))
+    (tmp_path / "rank_2").write_bytes(pickle.dumps(dump(2, steps(3)))[:40])
+    section = traces_section(str(tmp_path), None)
+    assert section.data["ranks_dumped"] == [0, 1, 3] and "rank_2" in section.data["unreadable"][0]
+    assert [(f.check, f.subject) for f in section.findings] == [("hang.traces.no_dump", "rank 2")]

@@ -139,6 +139,15 @@ def test_no_readable_stack_is_a_skip_naming_the_capability() -> None:
     assert finding.status is Status.SKIP and "CAP_SYS_PTRACE" in finding.message
 
 
+def test_stacks_unreadable_for_any_reason_judge_nothing_but_a_dead_rank() -> None:
+    views = [view(r, None, False, stack_error="missing: py-spy is not installed")
+             for r in range(2)]
+    views.append(view(2, None, False, state="exited", pid=None))
+    findings = live_findings(views, 2.0, multi_node=False)
+    assert findings[0].status is Status.SKIP and "py-spy is not installed" in findings[0].message
+    assert failing(findings) == [("hang.rank.dead", "rank 2 on node7")]
+
+
 def test_only_allowlisted_variables_of_a_target_are_kept() -> None:
     env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_PORT": "29500",
            "HF_TOKEN": "hf_secret", "AWS_SECRET_ACCESS_KEY": "xyz"}

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpucheck.hang.observe import RankView
 from gpucheck.hang.stacks import PTRACE_CAPABILITY
-from gpucheck.hang.verdict import Culprit, culprits, label
+from gpucheck.hang.verdict import Culprit, culprits, label, stuck_anyway
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
 ARM = ("export TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/$JOB/rank_ "
@@ -55,11 +55,16 @@ def _subject(view: RankView, multi_node: bool) -> str:
 
 def live_findings(views: list[RankView], window_s: float, multi_node: bool) -> list[Finding]:
     """The verdict on one job's ranks (every node's, when gathered)."""
+    by_rank = {v.rank: v for v in views}
     if views and all(v.stack_error and v.stack_error.startswith("denied") for v in views):
         return [skip("hang.verdict", "no rank's stack could be read: needs "
                      + PTRACE_CAPABILITY)]
+    if views and all(v.stack_error or v.pid is None for v in views):
+        reasons = sorted({v.stack_error for v in views if v.stack_error})
+        return [skip("hang.verdict", "no rank's stack could be read, nothing to judge: "
+                     + "; ".join(reasons))] + [
+            culprit_finding(c, by_rank[c.rank], multi_node) for c in stuck_anyway(views)]
     site, named = culprits(views)
-    by_rank = {v.rank: v for v in views}
     found = [culprit_finding(c, by_rank[c.rank], multi_node) for c in named]
     pinned = [v for v in views if v.pinned]
     if found:
@@ -79,8 +84,11 @@ def live_findings(views: list[RankView], window_s: float, multi_node: bool) -> l
                      f"collective calls with no majority: {'; '.join(sites)}",
                      hint="the ranks disagree on the order of collectives; read each rank's "
                      "stack below and the Flight Recorder dumps (--traces)")]
+    unread = [v.rank for v in views if v.stack_error]
+    unread_words = (f"; rank(s) {', '.join(map(str, unread))} not read (below)"
+                    if unread else "")
     return [ok("hang.verdict", f"every rank progressed: none sat in one collective for "
-               f"the whole {window_s:g} s window ({len(views)} ranks)")]
+               f"the whole {window_s:g} s window ({len(views)} ranks{unread_words})")]
 
 
 def stack_findings(views: list[RankView]) -> list[Finding]:

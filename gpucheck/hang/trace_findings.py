@@ -62,9 +62,12 @@ def traces_section(directory: str, prefix: str | None) -> Section:
     if not files:
         raise UsageError(f"--traces {directory}: no Flight Recorder dump (files named "
                          f"<prefix><rank>); to have them next time, {ARM}")
-    dumps = load(files)
+    dumps, unreadable = load(files)
+    if not dumps:
+        raise UsageError(f"--traces {directory}: no dump torch can read: {unreadable[0]}")
     verdicts = [judge_group(g, set(dumps)) for g in groups(dumps)]
     data = {"directory": directory, "ranks_dumped": sorted(dumps),
+            "unreadable": unreadable,
             "torch_fr_version": sorted({str(d.get("version")) for d in dumps.values()}),
             "groups": [group_row(v) for v in verdicts]}
     findings = [f for v in verdicts for f in group_findings(v)]

@@ -80,20 +80,22 @@ def dump_files(directory: str, prefix: str | None = None) -> dict[int, str]:
     return max(by_prefix.values(), key=len)
 
 
-def load(files: Mapping[int, str]) -> dict[int, dict[str, Any]]:
-    """rank -> dump, through torch's reader (a pickle: read only your own jobs' dumps)."""
+def load(files: Mapping[int, str]) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """(rank -> dump, one line per file torch could not read), through torch's reader
+    (a pickle: read only your own jobs' dumps). A rank that died while dumping leaves
+    a truncated file: it counts as no dump, the others are still judged."""
     from torch.distributed.flight_recorder.components.loader import read_dump
 
-    dumps = {}
+    dumps, unreadable = {}, []
     for rank, path in files.items():
         match = _NAME.match(os.path.basename(path))
         prefix = match[1] if match else ""  # read_dump takes the file name's prefix
         try:
             dumps[rank] = read_dump(prefix, path)
-        except Exception as exc:  # a truncated or foreign file: say which, go on
-            raise UsageError(f"{path}: not a Flight Recorder dump torch can read "
-                             f"({type(exc).__name__}: {exc})") from None
-    return dumps
+        except Exception as exc:  # truncated or foreign: say which, go on
+            unreadable.append(f"{path}: not a Flight Recorder dump torch can read "
+                              f"({type(exc).__name__}: {str(exc)[:120]})")
+    return dumps, unreadable
 
 
 def _op(entry: Mapping[str, Any]) -> str:

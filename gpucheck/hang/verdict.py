@@ -109,7 +109,7 @@ def gpu_waiting(views: list[RankView]) -> list[Culprit]:
     if not sites or 2 * sites[0][1] <= len(views):
         return []
     site, count = sites[0]
-    skip = {v.rank for v in busy} | {c.rank for c in _stuck_anyway(views)}
+    skip = {v.rank for v in busy} | {c.rank for c in stuck_anyway(views)}
     named = []
     for view in views:
         util = _sm_util(view)
@@ -128,7 +128,7 @@ def culprits(views: list[RankView]) -> tuple[Site | None, list[Culprit]]:
     if site is None and not waiting:
         named = gpu_waiting(views)
         if named:
-            return None, named + _stuck_anyway(views)
+            return None, named + stuck_anyway(views)
     waiting_ranks = {v.rank for v in waiting}
     named = []
     for view in views:
@@ -143,7 +143,7 @@ def culprits(views: list[RankView]) -> tuple[Site | None, list[Culprit]]:
     return site, named
 
 
-def _stuck_anyway(views: list[RankView]) -> list[Culprit]:
+def stuck_anyway(views: list[RankView]) -> list[Culprit]:
     """Dead and stopped ranks: named whatever the others do."""
     named = []
     for view in views:
