@@ -86,12 +86,15 @@ def test_a_rank_in_d_state_is_named_only_while_the_others_wait() -> None:
 
 
 def test_every_rank_waiting_blames_no_local_rank_and_says_where_to_look() -> None:
-    views = [view(r, ALL_REDUCE, True) for r in range(3)]
+    views = [view(r, ALL_REDUCE, True, world_size=6) for r in range(3)]  # 3 on another node
     (alone,) = live_findings(views, 2.0, multi_node=False)
     assert (alone.check, alone.status, alone.subject) == ("hang.verdict", Status.FAIL, None)
     assert "every node" in (alone.hint or "")
     (gathered,) = live_findings(views, 2.0, multi_node=True)
     assert "gpucheck comm" in (gathered.hint or "")
+    whole = [view(r, ALL_REDUCE, True) for r in range(3)]  # the whole job is on this node
+    (one_node,) = live_findings(whole, 2.0, multi_node=False)
+    assert "gpucheck comm" in (one_node.hint or "")
 
 
 def _on_gpu(v: RankView, util: float) -> RankView:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpucheck.hang.observe import RankView
+from gpucheck.hang.sites import Site
 from gpucheck.hang.stacks import PTRACE_CAPABILITY
 from gpucheck.hang.verdict import Culprit, culprits, label, stuck_anyway
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
@@ -65,30 +66,36 @@ def live_findings(views: list[RankView], window_s: float, multi_node: bool) -> l
                      + "; ".join(reasons))] + [
             culprit_finding(c, by_rank[c.rank], multi_node) for c in stuck_anyway(views)]
     site, named = culprits(views)
-    found = [culprit_finding(c, by_rank[c.rank], multi_node) for c in named]
-    pinned = [v for v in views if v.pinned]
-    if found:
-        return found
+    if named:
+        return [culprit_finding(c, by_rank[c.rank], multi_node) for c in named]
+    # Every rank of the job seen (several nodes gathered, or a one-node job whole).
+    whole = multi_node or len(by_rank) == views[0].world_size
+    return [_nobody_named(views, site, window_s, whole)]
+
+
+def _nobody_named(views: list[RankView], site: Site | None, window_s: float,
+                  whole: bool) -> Finding:
     if site is not None:
-        where = "every rank" if multi_node else "every rank on this node"
-        return [fail("hang.verdict", f"{where} waits in {site.op} called from {site.where} "
-                     f"for the whole {window_s:g} s window",
-                     hint=("the rank they wait for is not on this node: run gpucheck hang "
-                           "on every node at once (srun --ntasks-per-node 1, docs/hang.md)"
-                           if not multi_node else "every rank is inside the collective: it "
-                           "does not complete (network, NCCL or a GPU): run gpucheck comm "
-                           "and read the faults"))]
+        where = "every rank" if whole else "every rank on this node"
+        return fail("hang.verdict", f"{where} waits in {site.op} called from {site.where} "
+                    f"for the whole {window_s:g} s window",
+                    hint=("every rank is inside the collective: it does not complete "
+                          "(network, NCCL or a GPU): run gpucheck comm and read the faults"
+                          if whole else "the rank they wait for is not on this node: run "
+                          "gpucheck hang on every node at once (srun --ntasks-per-node 1, "
+                          "docs/hang.md)"))
+    pinned = [v for v in views if v.pinned]
     if pinned:
         sites = sorted({v.where.describe() for v in pinned if v.where})
-        return [warn("hang.verdict", f"ranks are pinned in {len(sites)} different "
-                     f"collective calls with no majority: {'; '.join(sites)}",
-                     hint="the ranks disagree on the order of collectives; read each rank's "
-                     "stack below and the Flight Recorder dumps (--traces)")]
+        return warn("hang.verdict", f"ranks are pinned in {len(sites)} different "
+                    f"collective calls with no majority: {'; '.join(sites)}",
+                    hint="the ranks disagree on the order of collectives; read each rank's "
+                    "stack below and the Flight Recorder dumps (--traces)")
     unread = [v.rank for v in views if v.stack_error]
     unread_words = (f"; rank(s) {', '.join(map(str, unread))} not read (below)"
                     if unread else "")
-    return [ok("hang.verdict", f"every rank progressed: none sat in one collective for "
-               f"the whole {window_s:g} s window ({len(views)} ranks{unread_words})")]
+    return ok("hang.verdict", f"every rank progressed: none sat in one collective for "
+              f"the whole {window_s:g} s window ({len(views)} ranks{unread_words})")
 
 
 def stack_findings(views: list[RankView]) -> list[Finding]:
