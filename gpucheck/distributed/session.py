@@ -166,7 +166,8 @@ def process_group(backend: str, device: str, timeout_s: float,
         yield world
     except BaseException as exc:
         faultwatch.publish_after_failure(world)  # before the roll call, which can take long
-        flight.dump_after_failure(world.rank, backend)  # evidence for gpucheck hang --traces
+        if isinstance(exc, Exception) and is_comm_error(exc):  # for gpucheck hang --traces
+            flight.dump_after_failure(world.rank, backend)
         if world.world_size > 1 and isinstance(exc, Exception) and is_comm_error(exc):
             raise _diagnose(store, world, timeout_s, exc) from exc
         raise
