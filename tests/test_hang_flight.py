@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from gpucheck.distributed import flight
+from gpucheck.hang.trace_findings import traces_section
 from gpucheck.hang.traces import dump_files, groups, load
 
 
@@ -48,3 +50,29 @@ def test_a_gloo_rank_dumps_its_trace_after_a_failure(monkeypatch, tmp_path: Path
     dumps, _ = load(dump_files(str(tmp_path)))
     (group,) = groups(dumps)
     assert [c.op for c in group.calls[0].values()][-1] == "all_reduce"
+
+
+def test_gpucheck_comm_with_a_stopped_rank_leaves_dumps_that_name_it(tmp_path: Path) -> None:
+    """End to end: gpucheck's own comm arms the recorder; rank 1 stops; the survivors
+    dump after their collective times out; `gpucheck hang --traces` names rank 1."""
+    from tests.comm_workers import clean_env, gpucheck, start, tracked, wait_for_file, wait_gone
+
+    run, fr = tmp_path / "run", tmp_path / "fr"
+    run.mkdir()
+    fr.mkdir()
+    args = gpucheck("comm", "--n-gpus", "3", "--timeout", "3", "--max-bytes", "64K",
+                    "--iters", "3000", "--warmup", "1", "--no-pairwise", "-q",
+                    "-o", str(tmp_path / "out.json"))
+    proc = start(args, clean_env(GPUCHECK_RUN_DIR=str(run),
+                                 TORCH_FR_DUMP_TEMP_FILE=str(fr / "comm_rank_")))
+    with tracked([proc]) as seen:
+        roster = wait_for_file(run / "roster.json", 90, proc)
+        assert roster is not None, proc.communicate()
+        seen.extend(r["pid"] for r in roster)
+        assert wait_for_file(run / "partial.json", 60, proc) is not None
+        os.kill(roster[1]["pid"], signal.SIGSTOP)
+        proc.communicate(timeout=60)
+        assert wait_gone(list(seen), within_s=5) == []
+    section = traces_section(str(fr), None)
+    assert section.data["ranks_dumped"] == [0, 2]
+    assert [(f.check, f.subject) for f in section.findings] == [("hang.traces.no_dump", "rank 1")]
