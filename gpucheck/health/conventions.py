@@ -4,13 +4,15 @@ One mapping cannot serve all three: Nagios reads 1 as WARNING and 2 as CRITICAL,
 node-problem-detector reads 1 as a problem and 2 as unknown, and SLURM knows only
 zero and non-zero. So:
 
-| verdict                          | slurm | npd | nagios |
-|----------------------------------|-------|-----|--------|
-| OK (skipped checks allowed)      | 0     | 0   | 0      |
-| WARN                             | 0 (1 with --strict) | 0 (1 with --strict) | 1      |
-| FAIL                             | 1     | 1   | 2      |
-| unknown: a check did not finish within the budget, or every check was skipped (no FAIL, and under npd no WARN counted as a problem) | 0 | 2 | 3 |
-| usage error (bad option)         | 2     | 2   | 2      |
+| verdict                                  | slurm         | npd           | nagios |
+|------------------------------------------|---------------|---------------|--------|
+| OK (skipped checks allowed)              | 0             | 0             | 0      |
+| WARN                                     | 0 (--strict 1) | 0 (--strict 1) | 1      |
+| FAIL                                     | 1             | 1             | 2      |
+| unknown, nothing worse found (1)         | 0             | 2             | 3      |
+| usage error (bad option)                 | 2             | 2             | 2      |
+
+(1) a check did not finish within the budget, or every check was skipped.
 
 Sources: slurm.conf(5) (Prolog: "If the Prolog fails (returns a non-zero exit code),
 this will result in the node being set to a DRAIN state"; HealthCheckProgram must

@@ -90,9 +90,10 @@ def load_state(directory: Path | None) -> HealthState:
         return HealthState()
     except (OSError, ValueError) as exc:
         return HealthState(problem=f"{path}: {getattr(exc, 'strerror', None) or exc}")
-    if not isinstance(raw, dict) or raw.get("version") != STATE_VERSION:
+    version = raw.get("version") if isinstance(raw, dict) else None
+    if version != STATE_VERSION:
         return HealthState(problem=f"{path}: not a state file this gpucheck wrote "
-                                   f"(version {raw.get('version') if isinstance(raw, dict) else '?'})")
+                                   f"(version {version})")
     return HealthState(raw.get("boot_id"), dict(raw.get("kernel_log") or {}),
                        dict(raw.get("ib_ports") or {}), dict(raw.get("last") or {}))
 
