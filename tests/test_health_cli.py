@@ -190,3 +190,24 @@ def test_a_busy_gpu_is_not_a_health_problem(node, monkeypatch, capsys):
     code, out, _ = _main(monkeypatch, capsys, FakeNvml(_gpus(2, gpu0={"pids": [4242]})),
                          _argv(node, "--format", "line"))
     assert code == 0 and out.startswith("gpucheck health OK")
+
+
+def test_health_loads_no_third_party_module_but_pynvml(node):
+    """So an image for node-problem-detector needs gpucheck and nvidia-ml-py only."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (REPO, FAKE_SITE))),
+           "GPUCHECK_FAKE_NVML": '{"gpus": [{}]}'}
+    code = ("import sys; from gpucheck.cli import main; main(sys.argv[1:]); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)"
+            " - {'gpucheck', 'tests', '__main__'} - {m for m in sys.modules if 'editable' in m "
+            "or 'distutils' in m}))")
+    done = subprocess.run([sys.executable, "-c", code, *_argv(node, "-q", "-o",
+                                                                  str(node / "r.json"))],
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.stdout.strip() == "['pynvml']", done.stderr
+
+
+def test_a_named_command_builds_only_its_own_parser():
+    parser = cli.build_parser(["health", "--budget", "2"])
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert tuple(sub.choices) == ("health",)
+    assert parser.parse_args(["health", "--budget", "2"]).budget == 2.0
