@@ -22,7 +22,8 @@ from tests.health_fakes import healthy_ib_node, write_log, xid_line
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "docs" / "health"
 FAKE_SITE = REPO / "tests" / "fake_nvml_site"
-DBE = xid_line(100.5, "0000:18:00", 48, "An uncorrectable double bit error (DBE) has been detected.")
+DBE = xid_line(100.5, "0000:18:00", 48,
+               "An uncorrectable double bit error (DBE) has been detected.")
 
 
 def _script(path: Path, body: str) -> None:
