@@ -9,10 +9,10 @@ Prometheus) and the rules.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 from gpucheck.errors import UsageError
+from gpucheck.health.budget import start_of_run
 from gpucheck.health.conventions import CONVENTIONS, DEFAULT_CONVENTION
 from gpucheck.health.conventions import exit_code as convention_exit_code
 from gpucheck.health.ib_judge import IbOptions
@@ -90,8 +90,9 @@ def options_from(args: argparse.Namespace) -> HealthOptions:
 
 
 def run(args: argparse.Namespace) -> Report:
-    start = time.monotonic()
-    return collect_health_report(options_from(args), start)
+    options = options_from(args)
+    # The budget counts from the process's start: what a scheduler times is all of it.
+    return collect_health_report(options, start_of_run(options.budget_s))
 
 
 def exit_code(report: Report, args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ threads never hold up the exit.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -72,3 +73,31 @@ def run_until(checks: Mapping[str, Callable[[], Any]], deadline: Deadline) -> di
         done = dict(results)
     return {name: done.get(name, Outcome(finished=False, seconds=deadline.spent()))
             for name in checks}
+
+
+def process_age_s(proc: str = "/proc") -> float | None:
+    """Seconds since this process started (`ps -o etimes= -p $$`), from /proc/self/stat's
+    starttime (clock ticks after boot, field 22) and /proc/uptime; None where unreadable.
+
+    So a budget can cover the interpreter's own start and gpucheck's imports, not only
+    the checks: what SLURM or node-problem-detector time is the whole process.
+    """
+    try:
+        with open(f"{proc}/self/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        with open(f"{proc}/uptime", encoding="ascii") as uptime:
+            up_s = float(uptime.read().split()[0])
+        ticks = os.sysconf("SC_CLK_TCK")
+        age = up_s - int(fields[19]) / ticks  # field 22 counted from 1, after "pid (comm)"
+    except (OSError, ValueError, IndexError):
+        return None
+    return age if age >= 0 else None
+
+
+def start_of_run(budget_s: float, now: float | None = None) -> float:
+    """When the budget starts: at the process's start when that is recent (a command
+    line run), else now (an older process calling in, e.g. a test runner: counting
+    from its start would leave no time)."""
+    now = time.monotonic() if now is None else now
+    age = process_age_s()
+    return now - age if age is not None and age < budget_s / 2 else now
