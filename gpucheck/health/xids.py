@@ -14,7 +14,6 @@ lines at two times are two events.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,6 +26,8 @@ _NO_XID = "no Xid in the kernel log"
 
 
 def fingerprint(event: XidEvent) -> str:
+    import hashlib  # only when there are Xid lines: loading OpenSSL costs every run ~10 ms
+
     text = "|".join(str(v) for v in (event.bus_id, event.xid, event.time, event.detail,
                                      event.off_bus_line, event.instance))
     return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:24]
