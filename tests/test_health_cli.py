@@ -211,3 +211,11 @@ def test_a_named_command_builds_only_its_own_parser():
     sub = next(a for a in parser._actions if a.dest == "command")
     assert tuple(sub.choices) == ("health",)
     assert parser.parse_args(["health", "--budget", "2"]).budget == 2.0
+
+
+def test_the_line_of_a_run_cut_short_by_the_budget_says_so_first(node, monkeypatch, capsys):
+    fake = FakeNvml(_gpus(2, gpu1={"hang": {"nvmlDeviceGetTotalEccErrors"}}), hang_s=10.0)
+    code, out, _ = _main(monkeypatch, capsys, fake, _argv(
+        node, "--budget", "1", "--nvml-timeout", "30", "--format", "line"))
+    assert code == 0 and out.startswith("gpucheck health OK (not finished within the 1 s "
+                                        "budget: gpus (an unknown, not an all-clear)): ")

@@ -53,7 +53,9 @@ def render_line(report: Report) -> str:
         skipped = f", {counts['SKIP']} skipped" if counts["SKIP"] else ""
         first_skip = next((f for f in report.findings if f.status is Status.SKIP), None)
         why = f": {first_skip.check}: {first_skip.message}" if first_skip and skipped else ""
-        line = f"{PREFIX} {report.command} {verdict}: {counts['OK']} checks OK{skipped}{why}"
+        scope = f" ({report.scope})" if report.scope else ""
+        line = (f"{PREFIX} {report.command} {verdict}{scope}: {counts['OK']} checks OK"
+                f"{skipped}{why}")
         return _fit(clean(line)) + "\n"
     others = counts["WARN"] + counts["FAIL"] - 1
     more = f" (+{others} more)" if others else ""
