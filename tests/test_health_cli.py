@@ -219,3 +219,15 @@ def test_the_line_of_a_run_cut_short_by_the_budget_says_so_first(node, monkeypat
         node, "--budget", "1", "--nvml-timeout", "30", "--format", "line"))
     assert code == 0 and out.startswith("gpucheck health OK (not finished within the 1 s "
                                         "budget: gpus (an unknown, not an all-clear)): ")
+
+
+def test_a_gpu_gone_since_an_earlier_check_fails_without_expect_gpus(node, monkeypatch,
+                                                                    capsys):
+    state = ["--state-dir", str(node / "state"), "--format", "line"]
+    assert _main(monkeypatch, capsys, FakeNvml(_gpus(8)), _argv(node, *state))[0] == 0
+    for _ in range(2):  # and it stays until the GPU is back
+        code, out, _ = _main(monkeypatch, capsys, FakeNvml(_gpus(7)), _argv(node, *state))
+        assert code == 1 and "gpu.count: NVML sees 7 GPU(s), 8 at an earlier check" in out
+    code, out, _ = _main(monkeypatch, capsys, FakeNvml(_gpus(7)),
+                         _argv(node, *state, "--expect-gpus", "7"))
+    assert code == 0, out

@@ -3,6 +3,7 @@ fault (down, slow, flapping, too few) is caught and names the HCA and port."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from gpucheck.health.ib import read_ports
@@ -137,3 +138,23 @@ def test_ignored_ports_are_not_judged(tmp_path):
     add_port(tmp_path, "mlx5_9", state=1, phys=2)
     judged = _judge(tmp_path, ignore=("mlx5_9",))
     assert _problems(judged) == [] and judged.section.data["ignored"] == ["mlx5_9/1"]
+
+
+def test_a_port_seen_active_before_that_vanished_from_sysfs_fails_naming_it(tmp_path):
+    healthy_ib_node(tmp_path, 2)
+    first = _judge(tmp_path)
+    shutil.rmtree(tmp_path / "class/infiniband/mlx5_1")
+    second = _judge(tmp_path, first.remembered)
+    assert _problems(second) == [("ib.port.state", "FAIL", "mlx5_1 port 1")]
+    gone = next(f for f in second.section.findings if f.status is Status.FAIL)
+    assert "missing" in gone.message and gone.action == "drain-node"
+    assert _problems(_judge(tmp_path, second.remembered)) == _problems(second)  # stays
+    assert _problems(_judge(tmp_path, second.remembered, ignore=("mlx5_1",))) == []
+
+
+def test_every_hca_gone_after_being_seen_is_a_fail_not_a_skip(tmp_path):
+    healthy_ib_node(tmp_path, 1)
+    first = _judge(tmp_path)
+    shutil.rmtree(tmp_path / "class/infiniband")
+    assert _problems(_judge(tmp_path, first.remembered)) == [
+        ("ib.port.state", "FAIL", "mlx5_0 port 1")]

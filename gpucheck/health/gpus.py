@@ -51,12 +51,14 @@ def read_gpus(progress: GpuProgress, nvml: Nvml, sysfs: Path) -> GpuProgress:
     return progress
 
 
-def count_finding(nvml_count: int | None, pci_gpus: int | None,
-                  expected: int | None) -> Finding:
-    """`gpu.count`: the GPUs NVML sees against --expect-gpus, else against the PCI bus.
+def count_finding(nvml_count: int | None, pci_gpus: int | None, expected: int | None,
+                  most_seen: int | None = None) -> Finding:
+    """`gpu.count`: the GPUs NVML sees against --expect-gpus, else against the most an
+    earlier check saw (the state dir), else against the PCI bus.
 
     Without --expect-gpus a shortfall against the PCI bus is only a WARN: a container
     given some of the node's GPUs sees them all on the PCI bus and only its own in NVML.
+    A shortfall against an earlier check is a FAIL: this node had that GPU.
     """
     seen = nvml_count or 0
     pci = f"{pci_gpus} NVIDIA GPU(s) on the PCI bus" if pci_gpus is not None else "PCI bus n/a"
@@ -69,6 +71,11 @@ def count_finding(nvml_count: int | None, pci_gpus: int | None,
             return warn("gpu.count", f"NVML sees {seen} GPU(s), more than the {expected} "
                         "expected", "correct --expect-gpus for this node")
         return ok("gpu.count", f"{seen} GPU(s), as expected")
+    if most_seen is not None and seen < most_seen:
+        return fail("gpu.count", f"NVML sees {seen} GPU(s), {most_seen} at an earlier check "
+                    f"({pci})", "a GPU fell off the bus or did not initialise: check dmesg "
+                    "for Xid 79 and nvidia-smi; if it was removed on purpose, pass "
+                    f"--expect-gpus {seen} or delete the state dir's health-state.json")
     if pci_gpus and seen < pci_gpus:
         return warn("gpu.count", f"NVML sees {seen} GPU(s) of the {pci}: one may have fallen "
                     "off the bus (in a container given only some GPUs this is expected)",
@@ -91,7 +98,7 @@ def _unfinished(progress: GpuProgress, budget_s: float) -> list[Finding]:
 
 
 def gpus_section(progress: GpuProgress, expected: int | None, budget_s: float,
-                 hang: Finding | None = None) -> Section:
+                 hang: Finding | None = None, most_seen: int | None = None) -> Section:
     """Driver, count and per-GPU findings from what was read, finished or not."""
     driver = progress.driver
     findings: list[Finding] = []
@@ -102,7 +109,7 @@ def gpus_section(progress: GpuProgress, expected: int | None, budget_s: float,
     if (progress.done and driver is not None and driver.present) or (
             driver is not None and expected is not None):
         findings.append(count_finding(driver.gpu_count if driver else None,
-                                      progress.pci_gpus, expected))
+                                      progress.pci_gpus, expected, most_seen))
     for record in list(progress.records):
         findings += [f for f in gpu_findings(record) if f.check not in NOT_IN_HEALTH]
     if not progress.done:
@@ -120,3 +127,11 @@ def hang_finding(nvml: Nvml) -> Finding | None:
         return None
     return fail("driver.nvml_hang", str(nvml.hung), "check dmesg for Xid errors; the driver "
                 "may need a reset or the node a reboot")
+
+
+def most_seen(progress: GpuProgress, before: int | None) -> int | None:
+    """The most GPUs NVML has shown here, this run included when NVML answered it."""
+    driver = progress.driver
+    if not progress.done or driver is None or not driver.present:
+        return before
+    return max(before or 0, driver.gpu_count or 0)

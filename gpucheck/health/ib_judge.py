@@ -46,9 +46,25 @@ class IbJudgement:
     remembered: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def ignored(port: IbPort, patterns: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(port.key, p) or fnmatch.fnmatchcase(port.hca, p)
+def ignored(port: IbPort | str, patterns: Sequence[str]) -> bool:
+    """`port` or its key "mlx5_0/1" matches a --ib-ignore pattern (the key or the HCA)."""
+    key = port if isinstance(port, str) else port.key
+    return any(fnmatch.fnmatchcase(key, p) or fnmatch.fnmatchcase(key.rsplit("/", 1)[0], p)
                for p in patterns)
+
+
+def missing_findings(ports: Sequence[IbPort], previous: dict[str, dict[str, Any]],
+                     patterns: Sequence[str]) -> list[Finding]:
+    """A port seen active at an earlier check that sysfs no longer shows: its HCA fell
+    off the bus or its driver did not load. A FAIL until it is back (or ignored)."""
+    present = {p.key for p in ports}
+    gone = [k for k, v in sorted(previous.items()) if k not in present
+            and v.get("seen_active") and not ignored(k, patterns)]
+    return [fail("ib.port.state", "missing: active at an earlier check, no longer in "
+                 "/sys/class/infiniband (the HCA fell off the bus or its driver did not load)",
+                 "check lspci | grep -i mellanox, dmesg | grep mlx5 and the driver (mlx5_ib); "
+                 f"if the HCA was removed on purpose, pass --ib-ignore {key}",
+                 key.replace("/", " port ", 1)) for key in gone]
 
 
 def _look(port: IbPort) -> str:
@@ -138,7 +154,7 @@ def judge_ports(ports: list[IbPort] | None, previous: dict[str, dict[str, Any]],
                 options: IbOptions, now: str) -> IbJudgement:
     """The section, and what to remember for the next check (each port's counters and
     whether it was ever seen active)."""
-    if not ports:
+    if not ports and not missing_findings([], previous, options.ignore):
         where = "no /sys/class/infiniband" if ports is None else "no device in it"
         finding = (fail("ib.ports", f"no InfiniBand/RoCE port ({where}), "
                         f"{options.expect_active} expected active", "load the RDMA driver "
@@ -146,6 +162,7 @@ def judge_ports(ports: list[IbPort] | None, previous: dict[str, dict[str, Any]],
                    if options.expect_active else
                    skip("ib.ports", f"no InfiniBand/RoCE device on this node ({where})"))
         return IbJudgement(Section("ib", TITLE, {"ports": []}, [finding]), dict(previous))
+    ports = ports or []
     judged = [p for p in ports if not ignored(p, options.ignore)]
     fastest = _fastest(judged)
     findings: list[Finding] = [_count_finding(judged, options)]
@@ -160,5 +177,6 @@ def judge_ports(ports: list[IbPort] | None, previous: dict[str, dict[str, Any]],
         rows.append({**port.row(), "change_since_last_check": deltas})
         remembered[port.key] = {"seen_active": seen_active, "counters": port.counters,
                                 "at": now}
+    findings += missing_findings(ports, previous, options.ignore)
     data = {"ports": rows, "ignored": [p.key for p in ports if ignored(p, options.ignore)]}
     return IbJudgement(Section("ib", TITLE, data, findings), remembered)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.health.budget import Deadline, Outcome, run_until
-from gpucheck.health.gpus import GpuProgress, gpus_section, hang_finding, read_gpus
+from gpucheck.health.gpus import GpuProgress, gpus_section, hang_finding, most_seen, read_gpus
 from gpucheck.health.ib import read_ports
 from gpucheck.health.ib_judge import TITLE as IB_TITLE
 from gpucheck.health.ib_judge import IbOptions, judge_ports
@@ -75,11 +75,12 @@ def _late(check: str, what: str, budget_s: float) -> Finding:
                 "this time (raise --budget if it is always slow)")
 
 
-def _gpu_part(outcome: Outcome, progress: GpuProgress, options: HealthOptions) -> Section:
+def _gpu_part(outcome: Outcome, progress: GpuProgress, options: HealthOptions,
+              before: int | None) -> Section:
     if outcome.error is not None:
         return _probe_failed("gpus", "NVIDIA driver and GPUs", outcome.error)
     hang = hang_finding(outcome.value) if outcome.finished else None
-    return gpus_section(progress, options.expect_gpus, options.budget_s, hang)
+    return gpus_section(progress, options.expect_gpus, options.budget_s, hang, before)
 
 
 def _xid_part(outcome: Outcome, progress: GpuProgress, state: HealthState,
@@ -149,7 +150,9 @@ def collect_health_report(options: HealthOptions, start: float | None = None) ->
     progress = GpuProgress()
     outcomes = run_until(_checks(options, deadline, progress), deadline)
     report = Report(command="health")
-    report.add(_gpu_part(outcomes["gpus"], progress, options))
+    most = state.gpus.get("most_seen")
+    seen_before = most if isinstance(most, int) and not isinstance(most, bool) else None
+    report.add(_gpu_part(outcomes["gpus"], progress, options, seen_before))
     xids, cursor = _xid_part(outcomes["kernel_log"], progress, state, same_boot,
                              options.budget_s)
     report.add(xids)
@@ -161,9 +164,10 @@ def collect_health_report(options: HealthOptions, start: float | None = None) ->
                         f"{', '.join(unfinished)} (an unknown, not an all-clear)")
     report.add(_health_section(report, options, state, unfinished, deadline.spent()))
     if options.state_dir is not None:
-        new = HealthState(boot_id, cursor, ports, {
-            "verdict": report.verdict().value, "at": report.created_at,
-            "problems": problem_keys(report)})
+        new = HealthState(boot_id=boot_id, kernel_log=cursor, ib_ports=ports,
+                          gpus={"most_seen": most_seen(progress, seen_before)},
+                          last={"verdict": report.verdict().value, "at": report.created_at,
+                                "problems": problem_keys(report)})
         problem = save_state(options.state_dir, new)
         if problem is not None:
             report.section("health").findings.append(warn(  # type: ignore[union-attr]

@@ -8,7 +8,9 @@ a run killed mid-write leaves the previous state, never half a file). It holds:
 - `kernel_log`: the fingerprint of the last Xid line already reported, so the next
   run raises only the lines after it (`gpucheck.health.xids`);
 - `ib_ports`: each port's error counters and whether it was active, for the change
-  since the last check (`gpucheck.health.ib`);
+  since the last check (`gpucheck.health.ib_judge`);
+- `gpus`: the most GPUs NVML has shown on this node, so one that falls off the bus is
+  caught without --expect-gpus (`gpucheck.health.gpus`);
 - `last`: the previous run's verdict, its time and its one-line summary.
 A missing file is a first run; an unreadable one is reported and replaced.
 """
@@ -44,6 +46,7 @@ class HealthState:
     boot_id: str | None = None
     kernel_log: dict[str, Any] = field(default_factory=dict)
     ib_ports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gpus: dict[str, Any] = field(default_factory=dict)
     last: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None
 
@@ -53,7 +56,8 @@ class HealthState:
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "boot_id": self.boot_id,
-                "kernel_log": self.kernel_log, "ib_ports": self.ib_ports, "last": self.last}
+                "kernel_log": self.kernel_log, "ib_ports": self.ib_ports, "gpus": self.gpus,
+                "last": self.last}
 
 
 def checked_state_dir(path: str | None) -> Path | None:
@@ -94,8 +98,9 @@ def load_state(directory: Path | None) -> HealthState:
     if version != STATE_VERSION:
         return HealthState(problem=f"{path}: not a state file this gpucheck wrote "
                                    f"(version {version})")
-    return HealthState(raw.get("boot_id"), dict(raw.get("kernel_log") or {}),
-                       dict(raw.get("ib_ports") or {}), dict(raw.get("last") or {}))
+    return HealthState(boot_id=raw.get("boot_id"), kernel_log=dict(raw.get("kernel_log") or {}),
+                       ib_ports=dict(raw.get("ib_ports") or {}),
+                       gpus=dict(raw.get("gpus") or {}), last=dict(raw.get("last") or {}))
 
 
 def save_state(directory: Path, state: HealthState) -> str | None:
