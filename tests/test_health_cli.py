@@ -115,13 +115,13 @@ def test_a_hung_nvml_call_ends_at_the_budget_as_a_skip_naming_the_gpu(node, monk
     assert code == 0  # slurm: an unknown never drains
 
 
-def test_an_nvml_call_outliving_the_nvml_timeout_is_a_hung_driver_fail(node, monkeypatch,
-                                                                      capsys):
-    fake = FakeNvml(_gpus(2, gpu1={"hang": {"nvmlDeviceGetTotalEccErrors"}}), hang_s=20.0)
+def test_an_nvml_call_answering_after_the_nvml_timeout_is_slow_not_hung(node, monkeypatch,
+                                                                        capsys):
+    fake = FakeNvml(_gpus(2, gpu1={"hang": {"nvmlDeviceGetTotalEccErrors"}}), hang_s=1.0)
     code, out, _ = _main(monkeypatch, capsys, fake, _argv(
-        node, "--budget", "5", "--nvml-timeout", "0.3", "--format", "line"))
-    assert code == 1 and out.startswith("gpucheck health FAIL drain-node")
-    assert "driver.nvml_hang" in out
+        node, "--budget", "10", "--nvml-timeout", "0.3", "--format", "line"))
+    assert code == 0 and out.startswith("gpucheck health WARN none: driver.nvml_slow: ")
+    assert "nvmlDeviceGetTotalEccErrors answered after" in out
 
 
 SCENARIOS = {

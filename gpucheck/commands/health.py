@@ -53,8 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="SECONDS", help="the result's valid_until is this far after "
                         f"it was made (default: {DEFAULT_VALID_FOR_S:g})")
     parser.add_argument("--nvml-timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                        metavar="SECONDS", help="an NVML call unanswered this long is a hung "
-                        f"driver, a FAIL (default: {DEFAULT_TIMEOUT_S:g})")
+                        metavar="SECONDS", help="an NVML call answered later than this is "
+                        "slow (a WARN); unanswered 30 s more, hung (default: "
+                        f"{DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--kernel-log", metavar="FILE", default=None,
                         help="read Xid lines from this saved kernel log instead of this boot's")
     parser.add_argument("--sysfs", metavar="DIR", default="/sys",

@@ -21,7 +21,7 @@ from gpucheck.probes.gpu_judge import gpu_findings
 from gpucheck.probes.gpu_read import nvidia_pci_devices, read_driver, read_gpu
 from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
 from gpucheck.probes.gpus import driver_finding
-from gpucheck.probes.nvml import Nvml
+from gpucheck.probes.nvml import SLOW_ADVICE, Nvml, slow_words
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
 NOT_IN_HEALTH = ("gpu.busy",)
@@ -122,11 +122,15 @@ def gpus_section(progress: GpuProgress, expected: int | None, budget_s: float,
 
 
 def hang_finding(nvml: Nvml) -> Finding | None:
-    """`driver.nvml_hang` when an NVML call outlived --nvml-timeout (as `env` says it)."""
-    if nvml.hung is None:
-        return None
-    return fail("driver.nvml_hang", str(nvml.hung), "check dmesg for Xid errors; the driver "
-                "may need a reset or the node a reboot")
+    """As `env` says it: `driver.nvml_hang` when an NVML call missed both its budgets
+    (--nvml-timeout, then 30 s more: gpucheck/probes/nvml.py), `driver.nvml_slow` (a
+    WARN, action none) when one answered late but answered. Slow is not hung."""
+    if nvml.hung is not None:
+        return fail("driver.nvml_hang", str(nvml.hung), "check dmesg for Xid errors; the "
+                    "driver may need a reset or the node a reboot")
+    if nvml.slow_calls:
+        return warn("driver.nvml_slow", slow_words(nvml.slow_calls), SLOW_ADVICE)
+    return None
 
 
 def most_seen(progress: GpuProgress, before: int | None) -> int | None:
