@@ -11,6 +11,7 @@ import pytest
 
 from gpucheck.render import format_for, render
 from gpucheck.render.line import MAX_CHARS
+from gpucheck.render.prometheus import LABELS
 from gpucheck.report import Report, Section, fail, ok, skip, warn
 
 parser = pytest.importorskip("prometheus_client.parser")
@@ -45,6 +46,7 @@ def test_prometheus_text_parses_with_prometheus_own_parser_into_labelled_gauges(
     assert len(by_key) == len(samples) == 5  # two XIDs on GPU 3 fold into one series
     xid = by_key[("kernel_log.xid", GPU3)]
     assert xid.value == 3 and xid.labels["gpu"] == "3" and xid.labels["action"] == "reset-gpu"
+    assert set(xid.labels) == set(LABELS) and xid.labels["command"] == "health"
     rate = by_key[("ib.port.rate", "mlx5_1 port 1")]
     assert (rate.value, rate.labels["hca"], rate.labels["port"]) == (2, "mlx5_1", "1")
     assert by_key[("driver.nvml", "")].value == 0

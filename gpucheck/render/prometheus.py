@@ -2,9 +2,11 @@
 
 For node_exporter's textfile collector (write it atomically into the collector's
 directory: `gpucheck health -o DIR/gpucheck.prom`) or any scraper. Metrics:
-- `gpucheck_check_status{check, subject, gpu, hca, port, status, action}`: one gauge per
-  check and per GPU or port, its value the status's severity (0 OK, 1 SKIP, 2 WARN,
-  3 FAIL); several findings of one check on one subject are folded into the worst;
+- `gpucheck_check_status{command, check, subject, gpu, hca, port, status, action}`: one
+  gauge per check and per GPU or port, its value the status's severity (0 OK, 1 SKIP,
+  2 WARN, 3 FAIL); several findings of one check on one subject are folded into the
+  worst; `command` keeps two commands' files in one textfile directory apart (the
+  collector refuses one series written twice);
 - `gpucheck_verdict{command}`: the node's verdict, same scale;
 - `gpucheck_findings{command, status}`: how many findings of each status;
 - `gpucheck_report_timestamp_seconds{command}`: when the report was made;
@@ -24,7 +26,7 @@ from gpucheck.report import Finding, Report
 
 _GPU = re.compile(r"GPU (\d+)\b")
 _PORT = re.compile(r"(\S+) port (\d+)$")
-LABELS = ("check", "subject", "gpu", "hca", "port", "status", "action")
+LABELS = ("command", "check", "subject", "gpu", "hca", "port", "status", "action")
 
 
 def escape(value: str) -> str:
@@ -89,8 +91,8 @@ def render_prometheus(report: Report) -> str:
     lines = _header("gpucheck_check_status", "Status of one check on one subject: 0 OK, "
                     "1 SKIP, 2 WARN, 3 FAIL.")
     for f in folded(report):
-        labels = {"check": f.check, **_subject_labels(f.subject), "status": f.status.value,
-                  "action": f.action or ""}
+        labels = {**command, "check": f.check, **_subject_labels(f.subject),
+                  "status": f.status.value, "action": f.action or ""}
         lines.append(f"gpucheck_check_status{_labels(labels)} {f.status.severity}")
     lines += _header("gpucheck_verdict", "The report's verdict: 0 OK, 1 SKIP, 2 WARN, 3 FAIL.")
     lines.append(f"gpucheck_verdict{_labels(command)} {report.verdict().severity}")
