@@ -1,0 +1,54 @@
+"""Parking: ranks with nothing to measure wait on the host, off their GPUs.
+
+The peer-copy matrix is measured by each node's local rank 0 alone, opening every GPU
+of the node (`gpucheck.stress.copies.peer_matrix`). The other ranks used to go
+straight into the phase's result gather, an NCCL all_gather: its kernel then spun on
+their GPUs for as long as the matrix took, and rank 0's copies to and from those GPUs
+queued behind another process's running kernel, so the matrix measured NCCL's spin
+as much as the links. Parked ranks wait in a barrier of a gloo group instead: gloo
+runs on the CPU, the waiting thread blocks in the host, and no CUDA work of theirs is
+queued until every local rank 0 has finished. Then all ranks enter the gather
+together, which takes only as long as the gather itself.
+
+A gloo group rather than the job's key-value store: a gloo barrier has the process
+group's timeout (a rank 0 that hangs inside the matrix ends the wait after
+`--timeout`, and the usual roll call names it), and it needs no keys of its own to
+clean up. Its cost is one more group, created once on every rank (a few
+milliseconds of connections on one node).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class HostWait:
+    """A barrier that waits on the host: `group` a gloo group, None the world group
+    (when the job's backend is gloo already)."""
+
+    group: Any | None
+
+    def wait(self) -> None:
+        """Block until every rank has arrived, without touching a GPU."""
+        import torch.distributed as dist
+
+        if self.group is None:
+            dist.barrier()
+        else:
+            dist.barrier(group=self.group)
+
+
+def host_wait(backend: str, world_size: int, timeout_s: float) -> HostWait | None:
+    """The host-side barrier for this job: on NCCL a new gloo group over every rank (a
+    collective call: every rank must make it), on gloo the world group. None for one
+    rank: there is nobody to park."""
+    if world_size <= 1:
+        return None
+    if backend == "gloo":
+        return HostWait(None)
+    import torch.distributed as dist
+
+    return HostWait(dist.new_group(backend="gloo", timeout=_dt.timedelta(seconds=timeout_s)))
