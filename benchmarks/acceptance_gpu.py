@@ -216,6 +216,8 @@ class ClockSampler:
                                              nv.NVML_CLOCK_SM),
                         "sm_max_mhz": top[i], "util": util.gpu if util is not None else None})
                 self._stop.wait(SAMPLE_S)
+        except Exception as exc:  # a GPU that cannot be opened: say so, keep the samples
+            self.error = f"NVML sampling stopped: {type(exc).__name__}: {exc}"
         finally:
             nv.nvmlShutdown()
 
