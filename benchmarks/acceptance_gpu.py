@@ -267,7 +267,7 @@ def _p2p_rank(rank: int, config: dict[str, Any], store_path: str, out: str) -> N
                             rank=rank, world_size=world,
                             timeout=_dt.timedelta(seconds=timeout))
     try:
-        parking = host_wait(config["backend"], world, timeout)
+        parking = host_wait(config["backend"], world, range(world), timeout)
         dist.barrier(device_ids=[rank]) if cuda else dist.barrier()
         with ClockSampler([rank] if cuda else []) as sampler:
             mine: dict[str, Any] = {}

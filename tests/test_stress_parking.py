@@ -40,9 +40,10 @@ def _ctx(rank: int, backend: str = "nccl", world_size: int = 2) -> worker.RankCo
 def _record(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     log: list[tuple[Any, ...]] = []
 
-    def new_group(*args: Any, backend: str | None = None, timeout: Any = None,
-                  **kwargs: Any) -> object:
-        log.append(("new_group", backend, timeout.total_seconds()))
+    def new_group(ranks: Any = None, timeout: Any = None, backend: str | None = None,
+                  use_local_synchronization: bool = False, **kwargs: Any) -> object:
+        assert use_local_synchronization  # only the node's ranks take part
+        log.append(("new_group", backend, list(ranks), timeout.total_seconds()))
         return HOST_GROUP
 
     def barrier(group: Any = None, device_ids: Any = None, **kwargs: Any) -> None:
@@ -71,16 +72,16 @@ def _measure(log: list[tuple[Any, ...]]) -> Any:
 def test_a_rank_that_does_not_measure_waits_on_the_host_before_any_device_collective(
         monkeypatch: pytest.MonkeyPatch) -> None:
     log = _record(monkeypatch)
-    assert worker.peer_phase(_ctx(1), _measure(log)) == {"nodes": []}
-    assert log == [("new_group", "gloo", 42.0), ("device barrier", [1]),
+    assert worker.peer_phase(_ctx(1), _measure(log), [0, 1]) == {"nodes": []}
+    assert log == [("new_group", "gloo", [0, 1], 42.0), ("device barrier", [1]),
                    ("host barrier", "gloo group"), ("gather",)]
 
 
 def test_local_rank_0_measures_then_joins_the_host_wait_then_the_gather(
         monkeypatch: pytest.MonkeyPatch) -> None:
     log = _record(monkeypatch)
-    result = worker.peer_phase(_ctx(0), _measure(log))
-    assert log == [("new_group", "gloo", 42.0), ("device barrier", [0]), ("measure", 2),
+    result = worker.peer_phase(_ctx(0), _measure(log), [0, 1])
+    assert log == [("new_group", "gloo", [0, 1], 42.0), ("device barrier", [0]), ("measure", 2),
                    ("host barrier", "gloo group"), ("gather",)]
     assert [node["node_rank"] for node in result["nodes"]] == [0, 0]  # the fake gathers twice
 
@@ -88,15 +89,29 @@ def test_local_rank_0_measures_then_joins_the_host_wait_then_the_gather(
 def test_on_gloo_the_world_group_parks_and_one_rank_parks_nobody(
         monkeypatch: pytest.MonkeyPatch) -> None:
     log = _record(monkeypatch)
-    worker.peer_phase(_ctx(1, backend="gloo"), _measure(log))
+    worker.peer_phase(_ctx(1, backend="gloo"), _measure(log), [0, 1])
     assert log == [("device barrier", [1]), ("host barrier", "world"), ("gather",)]
     log.clear()
-    worker.peer_phase(_ctx(0, world_size=1), _measure(log))
+    worker.peer_phase(_ctx(0, world_size=1), _measure(log), [0])
     assert log == [("device barrier", [0]), ("measure", 1), ("gather",)]
 
 
-def test_real_ranks_enter_the_gather_only_after_the_matrix_is_measured(tmp_path: Path) -> None:
-    result = run_job(peer_phase_on_cpu, str(tmp_path), nproc=2)
+def test_on_nccl_each_node_parks_its_own_ranks_and_a_one_rank_node_nobody(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """gloo connects only the processes of one host: a host name that other nodes
+    cannot reach (GLOO_SOCKET_IFNAME) cannot break an NCCL job's peer phase."""
+    log = _record(monkeypatch)
+    worker.peer_phase(_ctx(3, world_size=4), _measure(log), [2, 3])
+    assert log[0] == ("new_group", "gloo", [2, 3], 42.0)
+    log.clear()
+    worker.peer_phase(_ctx(0, world_size=3), _measure(log), [0])  # alone on its node
+    assert log == [("device barrier", [0]), ("measure", 3), ("gather",)]
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_real_ranks_enter_the_gather_only_after_the_matrix_is_measured(
+        tmp_path: Path, backend: str) -> None:
+    result = run_job(peer_phase_on_cpu, (str(tmp_path), backend), nproc=2)
     assert result == {"nodes": [{"node_rank": 0, "host": result["nodes"][0]["host"],
                                  "pairs": [], "gpus": 2}]}
     waiting = json.loads((tmp_path / "gather-1.json").read_text())

@@ -279,14 +279,17 @@ def _p2p(ctx: RankContext, result: dict[str, Any]) -> None:
     if ctx.spec.device != "cuda":
         result["p2p"] = {"skipped": CPU_SKIP}
         return
-    result["p2p"] = peer_phase(ctx, peer_matrix)
+    node_ranks = [r.rank for r in roster() if r.node_rank == ctx.world.node_rank]
+    result["p2p"] = peer_phase(ctx, peer_matrix, node_ranks)
 
 
-def peer_phase(ctx: RankContext, measure: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
-    """Each node's local rank 0 measures the peer matrix; the others are parked on
-    the host (`gpucheck.stress.parking`), not in the gather's NCCL kernel."""
+def peer_phase(ctx: RankContext, measure: Callable[[int], dict[str, Any]],
+               node_ranks: list[int]) -> dict[str, Any]:
+    """Each node's local rank 0 measures the peer matrix; the other ranks of its node
+    (`node_ranks`) are parked on the host (`gpucheck.stress.parking`), not in the
+    gather's NCCL kernel."""
     world, spec = ctx.world, ctx.spec
-    parking = host_wait(spec.backend, world.world_size, spec.timeout_s)
+    parking = host_wait(spec.backend, world.world_size, node_ranks, spec.timeout_s)
     _barrier(ctx)
     mine = None
     if world.local_rank == 0:
