@@ -269,6 +269,8 @@ def _p2p_rank(rank: int, config: dict[str, Any], store_path: str, out: str) -> N
     try:
         parking = host_wait(config["backend"], world, range(world), timeout)
         dist.barrier(device_ids=[rank]) if cuda else dist.barrier()
+        # NVML index = CUDA ordinal: true on a machine without CUDA_VISIBLE_DEVICES and
+        # with identical GPUs, which is what the acceptance run expects.
         with ClockSampler([rank] if cuda else []) as sampler:
             mine: dict[str, Any] = {}
             if rank == 0:
