@@ -3,9 +3,9 @@
 Every rank: warm up, synchronise the device, pass a barrier, start the clock (CUDA
 events on GPU, perf_counter on CPU), run `iters` operations, stop. On NCCL the start
 is aligned on the device (`rendezvous`): ranks leave a host barrier up to ~1 ms apart,
-so the clock starts only once an untimed all_reduce has joined every rank's stream. The buffers are
-float32; the timed buffers are zeros (so repeated sums stay finite), then one more
-call on a rank-specific pattern counts the wrong elements.
+so the clock starts only once an untimed all_reduce has joined every rank's stream.
+The buffers are float32; the timed buffers are zeros (so repeated sums stay finite),
+then one more call on a rank-specific pattern counts the wrong elements.
 
 How the `iters` operations run depends on the backend (`time_batch`):
 - NCCL: back to back, as nccl-tests does. Under TORCH_NCCL_BLOCKING_WAIT=1 (which

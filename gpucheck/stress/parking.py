@@ -7,8 +7,7 @@ their GPUs for as long as the matrix took, and rank 0's copies to and from those
 queued behind another process's running kernel, so the matrix measured NCCL's spin
 as much as the links. Parked ranks wait in a barrier of a gloo group instead: gloo
 runs on the CPU, the waiting thread blocks in the host, and no CUDA work of theirs is
-queued until every local rank 0 has finished. Then all ranks enter the gather
-together, which takes only as long as the gather itself.
+queued until their node's local rank 0 has finished. Then they enter the gather.
 
 One gloo group per node, of that node's ranks only (`use_local_synchronization`: only
 its members take part in creating it): a parked rank waits for its own node's local
