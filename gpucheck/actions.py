@@ -149,6 +149,25 @@ RULES: tuple[Rule, ...] = (
          "not match the driver"),
     Rule("gpu.fabric", A.RERUN, "registration is still going on (a minute after boot)",
          keyword="still in progress"),
+    Rule("gpu.fabric.health", A.DRAIN_NODE, "NVML's own summary says the NVSwitch fabric "
+         "is unhealthy or at limited capacity: out of service until the fabric is checked"),
+    Rule("gpu.fabric.degraded_bandwidth", A.DRAIN_NODE, "NVLink bandwidth through the "
+         "fabric is degraded: every collective is slower until the link or switch is fixed"),
+    Rule("gpu.fabric.route_unhealthy", A.DRAIN_NODE, "a fabric route is unhealthy: NVLink "
+         "traffic to some peers can fail"),
+    Rule("gpu.fabric.recovering", A.RERUN, "the fabric is recovering a route or an access "
+         "timeout by itself: look again when it has finished"),
+    Rule("gpu.fabric.configuration", A.FIX_CONFIG, "the fabric names a configuration error "
+         "(system GUID, chassis serial, partition, firmware, location)"),
+    Rule("gpu.fabric.configuration", A.DRAIN_NODE, "too few NVLinks came up to join the "
+         "fabric: a hardware fault", keyword="INSUFFICIENT_NVLINKS"),
+    Rule("gpu.recovery_action", A.DRAIN_NODE, "NVML asks for a node reboot, a drain (of P2P "
+         "traffic, or before a reset), an IMEX-domain recovery, or an action gpucheck does "
+         "not know: the node must stop taking work"),
+    Rule("gpu.recovery_action", A.RESET_GPU, "NVML asks for a GPU reset: nvidia-smi -r "
+         "clears it, the node may stay", keyword="RECOVERY_ACTION_GPU_RESET"),
+    Rule("gpu.recovery_action", A.RESET_GPU, "NVML asks for a reset of the GPU's PCIe bus",
+         keyword="RECOVERY_ACTION_BUS_RESET"),
     Rule("gpu.topology", A.RERUN, "a topology query failed after every GPU answered: "
          "transient until it repeats"),
     Rule("gpu.topology", A.RESET_GPU, "a GPU stopped answering, as for gpu.query",
@@ -170,6 +189,7 @@ RULES: tuple[Rule, ...] = (
     Rule("env.nodes.differ", A.FIX_CONFIG, "nodes of one job differ in drivers, packages "
          "or environment"),
     Rule("ranks.numa", A.FIX_CONFIG, "CPU binding of the ranks is a launch setting"),
+    Rule("launch.cpu_ranks", A.FIX_CONFIG, "more CPU ranks than cores is a launch setting"),
     # bench.
     Rule("bench.images.skipped", A.FIX_CONFIG, "an unreadable input image: fix or remove "
          "the file"),

@@ -224,7 +224,8 @@ def test_an_nvlink_that_goes_down_during_the_run_fails():
 
 @pytest.mark.parametrize(("xid", "status", "action"), [
     (79, Status.FAIL, "drain-node"), (64, Status.FAIL, "replace-hardware"),
-    (94, Status.WARN, "restart-app"), (999, Status.WARN, "none")])
+    (94, Status.WARN, "restart-app"), (109, Status.FAIL, "reset-gpu"),
+    (154, Status.WARN, "reset-gpu"), (999, Status.WARN, "rerun")])
 def test_xid_events_take_their_verdict_and_action_from_the_xid_table(xid, status, action):
     found = _one(fault_findings([healthy(events=[event("xid", xid)])]), "faults.xid")
     assert found.status is status and found.hint.startswith(f"action: {action}:")

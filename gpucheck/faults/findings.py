@@ -21,7 +21,7 @@ from gpucheck.devices import normal_bus_id
 from gpucheck.faults.clocks import REASON_WORDS
 from gpucheck.faults.counters import LOST_KINDS
 from gpucheck.probes.gpus import BAD_CLOCK_REASONS
-from gpucheck.probes.xid_table import ACTIONS, xid_info
+from gpucheck.probes.xid_table import ACTIONS, RECOVERY_ACTIONS, xid_info
 from gpucheck.report import Finding, Section, Status, skip, worst
 
 TITLE = "Hardware faults during the run"
@@ -51,12 +51,8 @@ EVENT_VERDICTS: dict[str, tuple[Status, str, str, str]] = {
     "gpu_unavailable": (Status.FAIL, "drain-node", "the GPU became unavailable",
                         "drain the node; check dmesg for Xid errors; reset or reboot"),
 }
-# NVML_GPU_RECOVERY_ACTION_* (eventData of a recovery-action event) -> our action.
-RECOVERY_ACTIONS = {1: ("GPU reset", "reset-gpu"), 2: ("node reboot", "drain-node"),
-                    3: ("drain peer-to-peer traffic", "drain-node"),
-                    4: ("drain and reset", "drain-node"), 5: ("recover the IMEX domain",
-                                                              "drain-node"),
-                    6: ("bus reset", "reset-gpu"), 7: ("system reboot", "drain-node")}
+# RECOVERY_ACTIONS (NVML_GPU_RECOVERY_ACTION_*, the eventData of a recovery-action
+# event -> our action) lives in xid_table: it also judges the kernel log's XID 154 lines.
 
 
 @dataclass(frozen=True)
@@ -248,7 +244,11 @@ def judge_nvlink(result: Mapping[str, Any]) -> list[Verdict]:
 def _nvlink_errors(result: Mapping[str, Any], d: dict[str, int | None]) -> Verdict:
     check = "faults.nvlink.crc"
     if all(d[n] is None for n in ("crc_flit", "crc_data", "replay")):
-        return _na(check, "NVLink error counters")
+        # Links are up (judge_nvlink checked), so the counters were refused, not absent:
+        # NVML removed them on Blackwell (change log, v560 -> v565). Say so.
+        return _na(check, "NVLink error counters (NVML answers NotSupported on the active "
+                   "links: it removed them on Blackwell, B200/GB200, from driver R565; "
+                   "NVLink faults still arrive as XIDs 144-150)")
     # A CRC error is answered by a replay: count the larger side, not both.
     errors = max((d["crc_flit"] or 0) + (d["crc_data"] or 0), d["replay"] or 0)
     seconds = result.get("watched_s") or 0.0

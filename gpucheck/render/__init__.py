@@ -25,8 +25,9 @@ def format_for(requested: str | None, output: str | None) -> str:
     return "text"
 
 
-def render(report: Report, fmt: str, color: bool = False) -> str:
-    """The report as a string in `fmt` (one of FORMATS)."""
+def render(report: Report, fmt: str, color: bool = False, width: int | None = None) -> str:
+    """The report as a string in `fmt` (one of FORMATS); `width` (text only): the
+    terminal's columns, else the text renderer's default."""
     if fmt == "json":
         from gpucheck.render.json import render_json
 
@@ -41,4 +42,6 @@ def render(report: Report, fmt: str, color: bool = False) -> str:
         return render_html(report)
     from gpucheck.render.text import render_text
 
-    return render_text(report, color=color)
+    if width is None:
+        return render_text(report, color=color)
+    return render_text(report, color=color, width=width)
