@@ -22,8 +22,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpucheck.cli import BadOption, build_parser, main
+from gpucheck.cli import build_parser, main
 from gpucheck.commands import option_types
+from gpucheck.commands.registry import BadOption
 from gpucheck.render import render
 from gpucheck.report import Report, ReportShapeError, SchemaVersionError
 

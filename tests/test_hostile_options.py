@@ -24,6 +24,9 @@ BAD = [
     ("stress", "--n-gpus", str(10**30)), ("bench", "--n-gpus", "-2"),
     ("bench", "--master-port", "70000"), ("bench", "--iters", "٣"),
     ("fleet", "--mad-k", "nan"), ("fleet", "--expect-nodes", "0"),
+    ("health", "--budget", "inf"), ("health", "--valid-for", "nan"),
+    ("health", "--expect-gpus", "-1"), ("health", "--nvml-timeout", "inf"),
+    ("hang", "--window", "nan"), ("hang", "--nvml-timeout", "inf"),
 ]
 
 

@@ -10,7 +10,12 @@ from typing import Any
 from gpucheck.bench.aggregate import DEFAULT_STRAGGLER_THRESHOLD
 from gpucheck.bench.data import ImageSet, default_images_dir, scan_images
 from gpucheck.bench.model import DTYPES, check_model, resolve_dtype, resolve_weights
-from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
+from gpucheck.commands.launch_options import (
+    LaunchPlan,
+    add_launch_arguments,
+    add_launch_finding,
+    plan_launch,
+)
 from gpucheck.commands.option_types import non_negative_int, positive_float, positive_int
 from gpucheck.errors import UsageError
 from gpucheck.escape import terminal
@@ -74,6 +79,7 @@ def _add_loop_arguments(group: argparse._ArgumentGroup) -> None:
 
 def run(args: argparse.Namespace) -> Report | None:
     from gpucheck.bench.worker import BenchOutcome, bench_worker
+    from gpucheck.distributed.flight import armed
     from gpucheck.distributed.job import run_job
     from gpucheck.distributed.launch import WorkersFailed
 
@@ -81,7 +87,8 @@ def run(args: argparse.Namespace) -> Report | None:
     spec, images = _plan_bench(args, plan)
     report = Report(command="bench")
     try:
-        outcome = run_job(bench_worker, spec, plan.nproc, plan.master_port)
+        with armed("bench"):  # a hang leaves Flight Recorder dumps (gpucheck hang --traces)
+            outcome = run_job(bench_worker, spec, plan.nproc, plan.master_port)
     except WorkersFailed as exc:
         if not getattr(exc, "reporter", True):
             # A rank > 0 under torchrun: rank 0 reports; exit non-zero so the launcher knows.
@@ -96,7 +103,7 @@ def run(args: argparse.Namespace) -> Report | None:
 
     for section in bench_sections(spec, images, outcome, args.straggler_threshold):
         report.add(section)
-    return report
+    return add_launch_finding(report, plan)
 
 
 def partial_report(args: argparse.Namespace) -> Report | None:

@@ -101,10 +101,12 @@ def run(args: argparse.Namespace) -> Report | None:
     collectives = _check(args)
     plan = plan_launch(args)
     from gpucheck.comm.worker import comm_worker
+    from gpucheck.distributed.flight import armed
 
-    return run_reported("comm", comm_worker, _spec(args, plan, collectives), plan,
-                        lambda r: _report(args, r),
-                        quiet_stdout=args.quiet and args.output is None)
+    with armed("comm"):  # a hang leaves Flight Recorder dumps (gpucheck hang --traces)
+        return run_reported("comm", comm_worker, _spec(args, plan, collectives), plan,
+                            lambda r: _report(args, r),
+                            quiet_stdout=args.quiet and args.output is None)
 
 
 def _report(args: argparse.Namespace, result: dict) -> Report:  # type: ignore[type-arg]

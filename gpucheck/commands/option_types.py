@@ -5,7 +5,7 @@ let `--timeout nan`, `--duration inf` or `--nvml-timeout inf` through to the run
 where they failed as a rank crash or a "report a gpucheck bug" (a NaN compares False
 with everything, so `timeout <= 0` checks never fired). Every numeric option of every
 command uses one of these types; argparse turns the ArgumentTypeError into the
-parser's one-line error and exit 2 (gpucheck.cli._Parser).
+parser's one-line error and exit 2 (gpucheck.commands.registry.OneLineParser).
 """
 
 from __future__ import annotations
@@ -50,6 +50,15 @@ def _integer(text: str) -> int:
     value = int(raw)
     if value > MAX_COUNT:
         raise argparse.ArgumentTypeError(f"{text}: too large (at most {MAX_COUNT})")
+    return value
+
+
+def integer(text: str) -> int:
+    """A whole number within MAX_COUNT either way, for options whose command checks
+    the range itself and says so in its own words."""
+    value = _integer(text)
+    if value < -MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text}: too small (at least {-MAX_COUNT})")
     return value
 
 

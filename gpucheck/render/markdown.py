@@ -26,6 +26,7 @@ def render_markdown(report: Report) -> str:
     lines = [
         f"# gpucheck {safe.markdown(report.command)}: **{report.verdict().value}**",
         "",
+        *([f"_{safe.markdown(report.scope)}_", ""] if report.scope else []),
         f"Host {safe.markdown_code(report.host)}, {safe.markdown(report.created_at)}, "
         f"gpucheck {safe.markdown(report.tool_version)}, command "
         f"{safe.markdown_code(' '.join(report.argv))}",
@@ -72,8 +73,8 @@ def _section_lines(section: Section) -> list[str]:
 
 
 def _section_verdict(section: Section) -> str:
-    statuses = [f.status for f in section.findings]
-    return max(statuses, key=lambda s: s.severity).value if statuses else "info"
+    verdict = section.verdict()
+    return verdict.value if verdict is not None else "info"
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
