@@ -25,7 +25,8 @@ from gpucheck.comm.collectives import (
 from gpucheck.comm.internode import measure_internode
 from gpucheck.comm.nccl_log import nccl_logging, rank_entry
 from gpucheck.comm.pairwise import measure_pairs
-from gpucheck.distributed import faultwatch, progress
+from gpucheck.comm.report import human_bytes
+from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.distributed.session import process_group, roster
 from gpucheck.distributed.world import World
@@ -120,6 +121,17 @@ def _transport(spec: CommSpec, world: World, folder: str | None) -> list[Any] | 
     return every
 
 
+def _pairs_and_nodes(spec: CommSpec, world: World, infos: list[dict[str, Any]], largest: int,
+                     result: dict[str, Any]) -> None:
+    """Pairwise send/recv, then node-to-node rounds with 2+ nodes (named on the terminal)."""
+    if spec.pairwise and world.world_size > 1:
+        terminal.step(f"pairwise send/recv, {human_bytes(spec.pair_bytes or largest)}")
+        result["pairwise"] = _pairwise(spec, world, infos, largest)
+    if spec.internode and len(group_by_node(infos)) > 1:
+        terminal.step("node-to-node rounds")
+        result["internode"] = _internode(spec, world, infos, largest)
+
+
 def comm_worker(spec: CommSpec) -> dict[str, Any] | None:
     """Run the sweep; rank 0 returns the results, the other ranks None."""
     with nccl_logging(spec.backend) as nccl_folder:
@@ -139,16 +151,17 @@ def _sweep(spec: CommSpec, nccl_folder: str | None) -> dict[str, Any] | None:
             "pairwise": None, "internode": None, "complete": False,
         }
         faultwatch.mark_start()
-        for collective in spec.collectives:
-            for size in sizes:
-                row = _gather_size(collective, size, spec, world)
-                result["collectives"][collective].append(row)
-                if world.rank == 0:
-                    progress.publish_partial(result)
-        if spec.pairwise and world.world_size > 1:
-            result["pairwise"] = _pairwise(spec, world, infos, sizes[-1])
-        if spec.internode and len(group_by_node(infos)) > 1:
-            result["internode"] = _internode(spec, world, infos, sizes[-1])
+        with terminal.bar("comm", len(spec.collectives) * len(sizes), "size") as shown:
+            for collective in spec.collectives:
+                for size in sizes:
+                    shown.describe(f"{collective} {human_bytes(size)} "
+                                   f"(up to {human_bytes(sizes[-1])})")
+                    row = _gather_size(collective, size, spec, world)
+                    result["collectives"][collective].append(row)
+                    shown.advance()
+                    if world.rank == 0:
+                        progress.publish_partial(result)
+            _pairs_and_nodes(spec, world, infos, sizes[-1], result)
         result["transport"] = _transport(spec, world, nccl_folder)
         faultwatch.mark_end()
         result["faults"] = faultwatch.gather()

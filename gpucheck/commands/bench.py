@@ -126,6 +126,7 @@ def _add_partial_faults(report: Report, partial: dict[str, Any] | None) -> None:
 def _plan_bench(args: argparse.Namespace, plan: LaunchPlan):  # type: ignore[no-untyped-def]
     """Check every benchmark option before any rank starts; returns (BenchSpec, ImageSet)."""
     from gpucheck.bench.worker import BenchSpec
+    from gpucheck.distributed import terminal
 
     defaults = DEFAULTS[plan.device]
     batch_size = _positive("--batch-size", args.batch_size, defaults.batch_size)
@@ -148,7 +149,7 @@ def _plan_bench(args: argparse.Namespace, plan: LaunchPlan):  # type: ignore[no-
         batch_size=batch_size, warmup=max(warmup, 2) if args.duration is not None else warmup,
         iters=iters, duration_s=args.duration, device=plan.device, backend=plan.backend,
         timeout_s=plan.timeout_s, images_dir=images.folder, files=images.files,
-        progress=not args.quiet and sys.stdout.isatty(), fault_watch=args.fault_watch,
+        progress=terminal.wanted(args.quiet), fault_watch=args.fault_watch,
     )
     return spec, images
 

@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpucheck.distributed import progress
+from gpucheck.distributed import progress, terminal
 from gpucheck.distributed.checkin import CheckInFailed, RanksUnresponsive, device_label
 from gpucheck.distributed.launch import RankFailure, WorkersFailed, launch_local
 from gpucheck.distributed.world import World, world_from_env
@@ -63,8 +63,13 @@ def run_job(worker: Callable[[S], Any], spec: S, nproc: int,
     its own worker's value (None on ranks that do not report). Otherwise a single
     rank runs in this process, and several are started with the elastic launcher.
     """
-    if launched_world() is not None or nproc == 1:
+    world = launched_world()
+    if world is not None or nproc == 1:
+        terminal.say(f"rank 0 of {world.world_size}: joining the process group" if world
+                     else "1 rank, in this process")
         return _run_here(worker, spec)
+    terminal.say(f"launching {nproc} ranks (each starts python and torch, then they "
+                 "join one process group)")
     with _run_dir() as folder:
         try:
             return launch_local(worker, (spec,), nproc, master_port)[0]
