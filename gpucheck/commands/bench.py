@@ -102,15 +102,21 @@ def run(args: argparse.Namespace) -> Report | None:
 
 
 def partial_report(args: argparse.Namespace) -> Report | None:
-    """After Ctrl-C or SIGTERM: what rank 0 had measured (gpucheck.cli adds the stop)."""
+    """After Ctrl-C or SIGTERM: what rank 0 had measured, and every rank's timed
+    iterations so far (`gpucheck.bench.partial`; gpucheck.cli adds the stop)."""
+    from gpucheck.bench.partial import timed_so_far_section
     from gpucheck.distributed import progress
 
     partial = progress.local_partial()
-    if partial is None:
+    timed = timed_so_far_section(progress.local_ranks())
+    if partial is None and timed is None:
         return None
     report = Report(command="bench")
-    shown = {k: v for k, v in partial.items() if k != "faults"}
-    report.add(Section("partial", "Measured by rank 0 before the stop", shown))
+    if partial is not None:
+        shown = {k: v for k, v in partial.items() if k != "faults"}
+        report.add(Section("partial", "Measured by rank 0 before the stop", shown))
+    if timed is not None:
+        report.add(timed)
     _add_partial_faults(report, partial)
     return report
 

@@ -78,6 +78,7 @@ def run_job(worker: Callable[[S], Any], spec: S, nproc: int,
             raise JobFailed(exc.failures, partial, diagnoses, roster, reporter=True) from None
         except KeyboardInterrupt:
             progress.remember_partial(progress.read_run_dir(folder)[0])
+            progress.remember_ranks(progress.read_ranks(folder))
             raise
 
 
@@ -152,6 +153,8 @@ def _run_dir() -> Iterator[Path]:
     given = os.environ.get(progress.RUN_DIR_VAR)
     folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="gpucheck-run-"))
     folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(progress.RANK_GLOB):  # a kept folder's earlier run
+        stale.unlink(missing_ok=True)
     os.environ[progress.RUN_DIR_VAR] = str(folder)
     try:
         yield folder
