@@ -93,11 +93,12 @@ class PeerRule:
                 found[f"rank {row['rank']}"] = self.peer * value / vs_peers
         return found
 
-    def describe(self) -> str:
+    def describe(self, rows: list[dict[str, Any]]) -> str:
         if self.peer is None:
             return "red: a rank this section's findings warned about"
+        judged = any(number(r.get("vs_expected")) is not None for r in rows)
         expected = (f" or {self.expected:g} x its GPU model's typical figure"
-                    if self.expected is not None else "")
+                    if self.expected is not None and judged else "")
         return f"red: below {self.peer:g} x its node's median{expected}"
 
     def limit_label(self) -> str:

@@ -180,7 +180,8 @@ def _stress_charts(report: Report) -> list[BarSpec]:
         rows = _rows(section.data, "results")
         if _short(section.name) == "gemm":
             key = "tflops_p50" if any("tflops_p50" in r for r in rows) else "tflops"
-            spec = _rule_bars(section, "GEMM TFLOP/s per rank (median product)", "TFLOP/s")
+            spec = _rule_bars(section, rows, "GEMM TFLOP/s per rank (median product)",
+                              "TFLOP/s")
             for dtype in dict.fromkeys(str(r.get("dtype")) for r in rows):
                 mine = [r for r in rows if str(r.get("dtype")) == dtype]
                 _add_group(spec, section, dtype, mine, key, rank_baseline(
@@ -189,7 +190,7 @@ def _stress_charts(report: Report) -> list[BarSpec]:
                 charts.append(spec)
         elif _short(section.name) == "membw":
             key = "gbps_p50" if any("gbps_p50" in r for r in rows) else "gbps"
-            spec = _rule_bars(section, "Memory bandwidth per rank", "GB/s")
+            spec = _rule_bars(section, rows, "Memory bandwidth per rank", "GB/s")
             _add_group(spec, section, "", rows, key, rank_baseline(
                 rows, limits, lambda rank: f"stress.membw.gbps.rank{rank}"))
             if spec.groups:
@@ -197,9 +198,11 @@ def _stress_charts(report: Report) -> list[BarSpec]:
     return charts
 
 
-def _rule_bars(section: Section, title: str, ylabel: str) -> BarSpec:
+def _rule_bars(section: Section, rows: list[dict[str, Any]], title: str,
+               ylabel: str) -> BarSpec:
     rule = PeerRule(section)
-    return BarSpec(title, ylabel, {}, rule=rule.describe(), limit_label=rule.limit_label())
+    return BarSpec(title, ylabel, {}, rule=rule.describe(rows),
+                   limit_label=rule.limit_label())
 
 
 def _add_group(spec: BarSpec, section: Section, group: str, rows: list[dict[str, Any]],
@@ -363,9 +366,11 @@ def _draw_panel(axes: Any, spec: BarSpec, group: str, bars: list[tuple[str, floa
     handles, _ = axes.get_legend_handles_labels()
     if spec.rule:
         handles.append(Patch(color=FLAGGED_COLOR, label=spec.rule))
-    axes.legend(handles=handles, loc="lower right", fontsize=7)
     axes.set_ylabel(spec.ylabel)
     axes.tick_params(axis="x", labelrotation=45 if len(bars) > 8 else 0)
+    # Under the axes, never over a bar; tight_layout makes room for it.
+    axes.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.14 if
+                len(bars) <= 8 else -0.3), fontsize=7, frameon=False)
 
 
 def _per_bar_lines(axes: Any, labels: list[str], levels: dict[str, float], color: str,
