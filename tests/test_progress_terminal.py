@@ -67,9 +67,12 @@ def test_comm_on_a_terminal_says_it_launches_ranks_and_which_collective_and_size
         comm_on_terminal: tuple[int, str, str]) -> None:
     code, shown, out = comm_on_terminal
     assert code == 0, shown + out
-    assert "launching 2 ranks" in shown
+    assert "loading torch" in shown and "launching 2 ranks" in shown
+    assert "2 rank(s) joined the process group (gloo, cpu)" in shown
     assert "comm: all_reduce 1 KiB" in shown and "comm: all_gather 2 KiB" in shown
     assert "comm: pairwise send/recv" in shown
+    assert "measured: the ranks stop" in shown
+    assert shown.count("joined the process group") == 1, "rank 1 must stay quiet"
 
 
 def test_progress_never_reaches_the_report_on_stdout(
