@@ -65,8 +65,8 @@ def run_job(worker: Callable[[S], Any], spec: S, nproc: int,
     """
     world = launched_world()
     if world is not None or nproc == 1:
-        terminal.say(f"rank 0 of {world.world_size}: joining the process group" if world
-                     else "1 rank, in this process")
+        if world is None:  # under torchrun or srun, rank 0's check-in says it
+            terminal.say("1 rank, in this process")
         return _run_here(worker, spec)
     terminal.say(f"launching {nproc} ranks (each starts python and torch, then they "
                  "join one process group)")
