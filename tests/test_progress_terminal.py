@@ -99,7 +99,7 @@ def test_bench_on_a_terminal_names_its_warm_up_and_timed_loop() -> None:
 def test_all_on_a_terminal_says_which_step_it_runs() -> None:
     code, shown, out = run_on_pty("all", "--skip", "stress,bench,comm")
     assert code in (0, 1), shown + out
-    assert "all: step 1 of 1: gpucheck env" in shown
+    assert "all: step 1 of 1: gpucheck env" in shown and "env: probing" in shown
 
 
 def test_quiet_on_a_terminal_shows_no_progress() -> None:
