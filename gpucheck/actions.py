@@ -39,7 +39,7 @@ ACTIONS: tuple[str, ...] = tuple(a.value for a in Action)
 PROBLEM_STATUSES = ("WARN", "FAIL")
 
 # "action: drain-node: drain the node and ..." (gpucheck/probes/kernel_log.py,
-# gpucheck/faults/findings.py).
+# gpucheck/faults/judge_*.py).
 _HINT_PREFIX = re.compile(r"action: ([a-z-]+): ?")
 
 
@@ -112,6 +112,9 @@ RULES: tuple[Rule, ...] = (
          "clears", "FAIL", "timed out"),
     Rule("driver.nvml", A.RESET_GPU, "the driver did not answer: a wedged GPU, which a "
          "reset clears", "FAIL", "no answer"),
+    Rule("driver.nvml_slow", A.NONE, "an NVML call answered late but answered: nothing is "
+         "missing, and a late answer is mostly the driver busy elsewhere on the node; "
+         "only a call that misses a second, longer budget is a hang"),
     Rule("driver.nvml_hang", A.DRAIN_NODE, "an NVML call never came back: the driver is "
          "wedged, jobs would hang too, and the usual cure is a reboot"),
     Rule("driver.cuda_compat", A.FIX_CONFIG, "the driver is older than torch's CUDA: "

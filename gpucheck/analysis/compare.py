@@ -129,7 +129,7 @@ def _metric_row(name: str, ma: Metric | None, mb: Metric | None,
             "change_pct": change_pct(ma.value, mb.value) if ma and mb else None,
             "threshold_pct": round(judged_threshold(threshold, noise) * 100, 1)
             if judged else None,
-            "noise": noise.source if judged and noise else None,
+            "noise": f"{noise.level:.1%} {noise.source}" if judged and noise else None,
             "verdict": _verdict(ma, mb, threshold, noise)}
 
 

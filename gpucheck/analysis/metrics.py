@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 HIGHER = "higher"  # throughput, bandwidth, capacity
@@ -247,8 +247,12 @@ def _stress_gemm(data: Mapping[str, Any], context: Context) -> Iterator[Metric]:
 
 
 def _stress_membw(data: Mapping[str, Any], context: Context) -> Iterator[Metric]:
-    yield from _per_rank(data.get("results"), ("gbps_p50", "gbps"), "stress.membw.gbps",
-                         "GB/s", HIGHER, context)
+    """Copied bytes counted once (as nvbandwidth); reports from before 2026-11 counted
+    read + write (`counted` "2 x size_bytes ..."): halved, so old and new compare."""
+    scale = 0.5 if str(data.get("counted", "")).startswith("2 x") else 1.0
+    for metric in _per_rank(data.get("results"), ("gbps_p50", "gbps"), "stress.membw.gbps",
+                            "GB/s", HIGHER, context):
+        yield replace(metric, value=metric.value * scale) if scale != 1.0 else metric
 
 
 _COPY_COLUMNS = {"h2d_gbps": "h2d_alone_gbps", "d2h_gbps": "d2h_alone_gbps",

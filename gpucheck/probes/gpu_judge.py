@@ -103,14 +103,18 @@ def clock_finding(gpu: GpuRecord) -> Finding:
     reasons = gpu.clock_event_reasons
     if reasons is None:
         return skip("gpu.clocks.event_reasons", "clock event reasons: n/a", gpu.subject)
+    # One sample cannot hold 0x8 against NVML's own caveat (also set at P-state and
+    # clock changes): alone it is noted, not warned; docs/faults.md, gpucheck stress.
     bad = [r for r in reasons if r in BAD_CLOCK_REASONS]
-    if bad:
+    if bad and bad != ["hw_slowdown"]:
         return warn("gpu.clocks.event_reasons", f"clocks held down by {', '.join(bad)} "
                     f"(SM {gpu.sm_clock_mhz}/{gpu.sm_clock_max_mhz} MHz, "
                     f"{gpu.temperature_c} C)",
                     "check cooling, airflow and the power supply; nvidia-smi -q -d "
                     "PERFORMANCE,TEMPERATURE", gpu.subject)
-    return ok("gpu.clocks.event_reasons", f"no slowdown ({', '.join(reasons) or 'none'})",
+    note = ("; the HW slowdown flag alone, which NVML also sets at P-state and clock "
+            "changes: one sample cannot tell") if bad else ""
+    return ok("gpu.clocks.event_reasons", f"no slowdown ({', '.join(reasons) or 'none'}{note})",
               gpu.subject)
 
 

@@ -27,7 +27,7 @@ from gpucheck.probes.compat import (
 from gpucheck.probes.gpu_judge import gpu_findings, numa_findings
 from gpucheck.probes.gpu_read import nvidia_pci_devices, read_driver, read_gpu
 from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS, CLOCK_REASONS, DriverInfo, GpuRecord
-from gpucheck.probes.nvml import Nvml, NvmlFailure
+from gpucheck.probes.nvml import SLOW_ADVICE, Nvml, NvmlFailure, slow_words
 from gpucheck.probes.topology import read_topology
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
@@ -107,5 +107,8 @@ def probe_nvml(nvml: Nvml | None = None, sysfs: Path = SYSFS) -> NvmlResult:
         sections[0].findings.append(fail("driver.nvml_hang", str(nvml.hung),
                                          "check dmesg for Xid errors; the driver may need a "
                                          "reset or the node a reboot"))
+    elif nvml.slow_calls:  # late but answered: not a hang (gpucheck/probes/nvml.py)
+        sections[0].findings.append(warn("driver.nvml_slow", slow_words(nvml.slow_calls),
+                                         SLOW_ADVICE))
     nvml.shutdown()
     return NvmlResult(info, gpus, sections, pci_gpus)
