@@ -60,6 +60,23 @@ def test_ctrl_c_in_the_timed_loop_keeps_every_ranks_timed_iterations_and_summary
     assert summary["total_images"] == sum(r["images"] for r in rows.values())
 
 
+def test_a_rank_failing_in_the_timed_loop_keeps_every_ranks_iterations_so_far(
+        tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    env = clean_env(GPUCHECK_TEST_HOOK="bench_workers:fail_rank_one_in_the_timed_loop")
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(Path(__file__).parent)])
+    proc = start(gpucheck(*LONG_BENCH, "--n-gpus", "2", "-q", "-o", str(out)), env)
+    with tracked([proc]):
+        _, err = proc.communicate(timeout=START_S + END_S)
+    assert proc.returncode == 1, err
+    report = json.loads(out.read_text())
+    failed = next(s for s in report["sections"] if s["name"] == "ranks")
+    assert failed["data"]["failed_ranks"] == [1]
+    timed = next(s for s in report["sections"] if s["name"] == "timed_so_far")
+    rows = {r["rank"]: r for r in timed["data"]["ranks"]}
+    assert sorted(rows) == [0, 1] and all(r["iters_done"] > 0 for r in rows.values())
+
+
 def _published(rank: int, iter_ms: list[float], world_size: int = 2) -> dict[str, Any]:
     return {"rank": rank, "host": "node-a", "device": "cpu", "batch_size": 4,
             "iters_planned": 12, "world_size": world_size, "iters_done": len(iter_ms),

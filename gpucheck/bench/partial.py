@@ -4,12 +4,13 @@ Interrupted at iteration 11 of 12, a bench used to keep only rank 0's warm-up: t
 records are gathered once, after the loop. Now every rank publishes its own timed
 iterations while the loop runs (`gpucheck.distributed.progress.publish_rank`: a file
 per rank in the run directory), at most once per PUBLISH_EVERY_S and at the end of
-each segment, so the partial report after Ctrl-C or SIGTERM shows each rank's
-iterations and their summary. Each rank writes its own file, never through a
-collective: a rank that is stuck costs only its own newest figures.
+each segment, so the partial report after Ctrl-C or SIGTERM, and the report of a
+job where a rank failed, show each rank's iterations and their summary. Each rank
+writes its own file, never through a collective: a rank that is stuck costs only its
+own newest figures.
 
 What the figures cover: the iterations each rank had finished when it last wrote
-(up to PUBLISH_EVERY_S before the stop); on a GPU only those the GPU had finished
+(up to PUBLISH_EVERY_S before the stop or failure); on a GPU only those the GPU had finished
 (CUDA events already complete, read without a synchronisation). Writing takes well
 under a millisecond once a second, off the device's critical path.
 """
@@ -75,8 +76,8 @@ def rank_row(data: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def timed_so_far_section(ranks: Mapping[int, Mapping[str, Any]]) -> Section | None:
-    """Every rank's timed iterations before the stop and their summary; None when no
-    rank had finished a timed iteration. Not judged: a stopped loop is no benchmark."""
+    """Every rank's timed iterations before a stop or a failure and their summary; None
+    when no rank had finished a timed iteration. Not judged: a cut loop is no benchmark."""
     rows = [row for _, data in sorted(ranks.items()) if (row := rank_row(data))]
     if not rows:
         return None
@@ -95,10 +96,11 @@ def timed_so_far_section(ranks: Mapping[int, Mapping[str, Any]]) -> Section | No
     data: dict[str, Any] = {
         "covers": "the timed iterations each rank had finished when it last published "
                   f"them (every {PUBLISH_EVERY_S:g} s and at each segment's end, so up to "
-                  f"{PUBLISH_EVERY_S:g} s before the stop; on a GPU those the GPU had "
-                  "finished); images_per_s: images / the iterations' own time (device "
+                  f"{PUBLISH_EVERY_S:g} s before the stop or failure; on a GPU those the "
+                  "GPU had finished); images_per_s: images / the iterations' own time (device "
                   "time on a GPU, CPU time on CPU ranks); not judged",
         "summary": summary, "ranks": rows}
     if missing:
         data["ranks_without_iterations"] = missing
-    return Section("timed_so_far", "Timed iterations before the stop (every rank)", data)
+    return Section("timed_so_far", "Timed iterations before the run ended (every rank)",
+                   data)

@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> Report | None:
             print(f"gpucheck bench: this rank failed: {exc}", file=sys.stderr)
             raise SystemExit(1) from None
         report.add(_failed_section(exc))
+        _add_timed_so_far(report)
         _add_partial_faults(report, getattr(exc, "partial", None))
         return report
     if not isinstance(outcome, BenchOutcome):
@@ -104,21 +105,28 @@ def run(args: argparse.Namespace) -> Report | None:
 def partial_report(args: argparse.Namespace) -> Report | None:
     """After Ctrl-C or SIGTERM: what rank 0 had measured, and every rank's timed
     iterations so far (`gpucheck.bench.partial`; gpucheck.cli adds the stop)."""
-    from gpucheck.bench.partial import timed_so_far_section
     from gpucheck.distributed import progress
 
     partial = progress.local_partial()
-    timed = timed_so_far_section(progress.local_ranks())
-    if partial is None and timed is None:
-        return None
     report = Report(command="bench")
     if partial is not None:
         shown = {k: v for k, v in partial.items() if k != "faults"}
         report.add(Section("partial", "Measured by rank 0 before the stop", shown))
-    if timed is not None:
-        report.add(timed)
+    _add_timed_so_far(report)
+    if not report.sections:
+        return None
     _add_partial_faults(report, partial)
     return report
+
+
+def _add_timed_so_far(report: Report) -> None:
+    """Every rank's timed iterations published before a stop or a failure."""
+    from gpucheck.bench.partial import timed_so_far_section
+    from gpucheck.distributed import progress
+
+    timed = timed_so_far_section(progress.local_ranks())
+    if timed is not None:
+        report.add(timed)
 
 
 def _add_partial_faults(report: Report, partial: dict[str, Any] | None) -> None:

@@ -70,11 +70,13 @@ def run_job(worker: Callable[[S], Any], spec: S, nproc: int,
         return _run_here(worker, spec)
     terminal.say(f"launching {nproc} ranks (each starts python and torch, then they "
                  "join one process group)")
+    progress.remember_ranks({})
     with _run_dir() as folder:
         try:
             return launch_local(worker, (spec,), nproc, master_port)[0]
         except WorkersFailed as exc:
             partial, roster, diagnoses = progress.read_run_dir(folder)
+            progress.remember_ranks(progress.read_ranks(folder))
             raise JobFailed(exc.failures, partial, diagnoses, roster, reporter=True) from None
         except KeyboardInterrupt:
             progress.remember_partial(progress.read_run_dir(folder)[0])
