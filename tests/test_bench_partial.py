@@ -18,7 +18,8 @@ from typing import Any
 from comm_workers import clean_env, gpucheck, start, tracked, wait_gone
 from test_signals import END_S, LONG_BENCH, START_S, interrupted, one_line
 
-from gpucheck.bench.partial import rank_row, timed_so_far_section
+from gpucheck.bench import partial
+from gpucheck.bench.partial import TimedSoFar, rank_row, timed_so_far_section
 from gpucheck.distributed import progress
 
 
@@ -114,3 +115,34 @@ def test_the_launcher_clears_rank_files_of_an_earlier_run_in_a_kept_folder(
     monkeypatch.setenv(progress.RUN_DIR_VAR, str(tmp_path))
     with job._run_dir() as folder:
         assert progress.read_ranks(folder) == {}
+
+
+class _Marks:
+    """Ten finished iterations of 10 ms each."""
+
+    def completed(self) -> int:
+        return 11
+
+    def read_ms(self, points: int | None = None) -> tuple[tuple[float, ...], tuple[()]]:
+        return (10.0,) * 10, ()
+
+
+def test_a_slow_write_spaces_the_next_ones_so_publishing_stays_under_1_percent(
+        monkeypatch: Any, tmp_path: Path) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(partial.time, "perf_counter", lambda: clock[0])
+
+    def slow_write(rank: int, data: dict[str, Any]) -> None:
+        clock[0] += 0.05  # a 50 ms write
+        written.append(data["iters_done"])
+
+    written: list[int] = []
+    monkeypatch.setattr(partial.progress, "publish_rank", slow_write)
+    so_far = TimedSoFar(_Marks(), {"rank": 0})
+    clock[0] += 1.0
+    so_far.tick()  # 1 s since the start: publish
+    clock[0] += 4.0
+    so_far.tick()  # 4 s after a 50 ms write: under 100 x 50 ms, so not yet
+    clock[0] += 1.0
+    so_far.tick()
+    assert written == [10, 10]
