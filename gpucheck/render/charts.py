@@ -304,12 +304,15 @@ def _draw(spec: ChartSpec, salt: str) -> str:
 
 def _draw_lines(figure: Any, spec: LineSpec) -> Any:
     axes = figure.add_subplot()
+    colors = {}
     for name, points in spec.series.items():
-        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o",
-                  markersize=3, label=name)
-    for name, points in spec.baseline.items():
+        (line,) = axes.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                            markersize=3, label=name)
+        colors[name] = line.get_color()
+    for name, points in spec.baseline.items():  # dashed, in its collective's colour
         axes.plot([p[0] for p in points], [p[1] for p in points], linestyle="--",
-                  color="#e67e22", linewidth=1, label=f"{name}: baseline floor")
+                  color=colors.get(name, BASELINE_COLOR), linewidth=1,
+                  label=f"{name}: baseline floor")
     axes.set_xscale("log", base=2)
     axes.xaxis.set_major_formatter(_bytes_formatter())
     axes.set_xlabel("message size (per rank buffer)")
