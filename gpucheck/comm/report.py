@@ -76,8 +76,13 @@ def _pairwise_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     pairwise = result["pairwise"]
     ranks = [int(r["rank"]) for r in result["ranks"]]
     data = {"size_bytes": pairwise["size_bytes"], "iters": pairwise["iters"],
+            "repeats": pairwise.get("repeats", 1),
             "bandwidth_gbps (src row -> dst column)": pair_matrix(pairwise["pairs"], ranks)}
-    findings = pair_findings(pairwise["pairs"], verdicts.pair_threshold, _names(result))
+    if pairwise.get("again"):
+        data["measured again"] = [{k: p[k] for k in ("src", "dst", "samples_gbps")}
+                                  for p in pairwise["again"]]
+    findings = pair_findings(pairwise["pairs"], verdicts.pair_threshold, _names(result),
+                             pairwise.get("again"), str(result.get("device")))
     return Section("pairwise", "Pairwise send/recv bandwidth on each node (GB/s)", data,
                    findings)
 
