@@ -182,9 +182,9 @@ def _noisy(node: int, suspects: Suspects, pairs: Sequence[Mapping[str, Any]],
     size = _figure(pairs, suspects.noisy[0]).get("size_bytes")
     return skip("comm.pairwise.slow_pair", f"node {node}: too noisy to judge at {size} bytes: "
                 f"{listed} read below {threshold:g} x the median "
-                f"({suspects.reference_gbps:.3g} GB/s), but repeated timings of one pair "
-                f"already spread by {1 / max(suspects.spread, 1e-9):.2g}x (worst to best); "
-                "a larger --pair-bytes resolves more", subject=f"node {node}")
+                f"({suspects.reference_gbps:.3g} GB/s), but repeated timings of healthy "
+                f"pairs read as low as {suspects.floor_gbps:.3g} GB/s; a larger --pair-bytes "
+                "resolves more", subject=f"node {node}")
 
 
 def pair_matrix(pairs: Sequence[Mapping[str, Any]], ranks: Sequence[int]) -> list[dict[str, Any]]:

@@ -5,10 +5,9 @@ Three rules, the same for send/recv pairs on a node and for node-to-node links:
 
 1. **Only what the measurement can resolve.** Each pair holds repeated timings
    (`samples`, GB/s). A pair is slow only when even its best sample is below
-   `threshold` x the reference AND below the measurement's own spread x the
-   reference, where the spread is the node's median pair's worst / best sample: a
-   healthy pair can read that low by noise alone. A pair below the threshold but
-   within the spread is "too noisy to judge", said in an OK note, never a WARN.
+   `threshold` x the reference AND below the worst sample of every other healthy
+   pair: those show how far noise alone reaches down. A pair below the threshold
+   but within that spread is "too noisy to judge", said in a note, never a WARN.
 2. **Elimination.** The member (rank or node) whose every outgoing pair, or every
    incoming pair, is below `threshold` x the median of the pairs WITHOUT it is the
    suspect: with 3 nodes, 4 of the 6 directed pairs involve any one node, so a
@@ -40,19 +39,12 @@ def typical(samples: Sequence[float]) -> float:
     return float(statistics.median(samples))
 
 
-def spread(samples: Samples) -> float:
-    """worst / best of the median pair's repeats (1.0: perfectly repeatable; one
-    sample per pair says nothing about noise, so 1.0 then too)."""
-    ratios = sorted(min(s) / max(s) for s in samples.values() if len(s) > 1 and max(s) > 0)
-    return ratios[(len(ratios) - 1) // 2] if ratios else 1.0
-
-
 @dataclass(frozen=True)
 class Suspects:
     """What the first measurement found, and what to measure again."""
 
     reference_gbps: float  # median typical figure of the pairs without a suspect member
-    spread: float  # worst / best of the median pair's repeats
+    floor_gbps: float  # the lowest reading of a healthy pair: noise reaches down to here
     members: dict[int, str] = field(default_factory=dict)  # member -> "sending", ...
     pairs: tuple[Pair, ...] = ()  # resolvably slow pairs (and a suspect's pairs)
     noisy: tuple[Pair, ...] = ()  # below the threshold, but within the spread
@@ -82,7 +74,7 @@ def slow_members(values: Mapping[Pair, float], threshold: float) -> dict[int, st
     return found
 
 
-def _directed(pair: Pair, member: int, way: str) -> bool:
+def directed(pair: Pair, member: int, way: str) -> bool:
     """Is `pair` one of `member`'s pairs in the direction it is slow in?"""
     return (way in ("sending", "both") and pair[0] == member) or \
         (way in ("receiving", "both") and pair[1] == member)
@@ -91,34 +83,40 @@ def _directed(pair: Pair, member: int, way: str) -> bool:
 def find_suspects(samples: Samples, threshold: float) -> Suspects:
     """Slow members and pairs of one group (a node's ranks, or the nodes)."""
     if not samples:
-        return Suspects(0.0, 1.0)
-    noise = spread(samples)
+        return Suspects(0.0, 0.0)
     bests = {p: best(s) for p, s in samples.items()}
     members = slow_members(bests, threshold)
-    clean = [typical(s) for p, s in samples.items() if not set(p) & set(members)]
-    reference = float(statistics.median(clean or [typical(s) for s in samples.values()]))
+    clean = {p: s for p, s in samples.items() if not set(p) & set(members)} or samples
+    reference = float(statistics.median(typical(s) for s in clean.values()))
+    healthy = {p: min(s) for p, s in clean.items() if best(s) >= threshold * reference}
     slow, noisy = [], []
     for pair, value in sorted(bests.items()):
-        by_member = any(_directed(pair, m, way) for m, way in members.items())
+        by_member = any(directed(pair, m, way) for m, way in members.items())
         if by_member or value < threshold * reference:
-            (slow if value < noise * reference else noisy).append(pair)
+            # Resolvable: even its best reading is below every reading of every other
+            # healthy pair (their worst repeats show how far noise alone reaches down).
+            floor = min((v for q, v in healthy.items() if q != pair), default=float("inf"))
+            (slow if value < floor else noisy).append(pair)
     # A member stays a suspect only when every pair that makes it one is resolvable.
     members = {m: way for m, way in members.items()
-               if all(p in slow for p in bests if _directed(p, m, way))}
-    return Suspects(reference, noise, members, tuple(slow), tuple(noisy),
-                    _references(samples, slow, members, reference))
+               if all(p in slow for p in bests if directed(p, m, way))}
+    return Suspects(reference, min(healthy.values(), default=0.0), members, tuple(slow),
+                    tuple(noisy), _references(samples, slow, members, reference))
 
 
 def _references(samples: Samples, slow: Sequence[Pair], members: Mapping[int, str],
                 reference: float) -> tuple[Pair, ...]:
-    """The known-good pair closest to the reference (none of its ends suspect), to be
-    measured again beside the suspects; none when nothing is slow."""
+    """The known-good pair closest to the reference (none of its ends suspect), and its
+    reverse when that is good too, to be measured again beside the suspects; none
+    when nothing is slow."""
     if not slow:
         return ()
     good = [p for p in samples if p not in slow and not set(p) & set(members)]
     if not good:
         return ()
-    return (min(good, key=lambda p: (abs(typical(samples[p]) - reference), p)),)
+    chosen = min(good, key=lambda p: (abs(typical(samples[p]) - reference), p))
+    back = (chosen[1], chosen[0])
+    return (chosen, back) if back in good else (chosen,)
 
 
 @dataclass(frozen=True)

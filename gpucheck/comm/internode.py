@@ -28,9 +28,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpucheck.comm.collectives import ELEMENT_BYTES, synchronize
+from gpucheck.comm.confirm import (
+    Pair,
+    Second,
+    Suspects,
+    directed,
+    find_suspects,
+    second_look,
+)
 from gpucheck.report import Finding, ok, warn
 
-# Test-only: "NODE_RANK:SECONDS" makes the ranks of that node sleep before each send.
+# Test-only: "NODE_RANK:SECONDS[:first]" makes the ranks of that node sleep before each
+# send (with ":first" in the rounds only, not when measured again).
 TEST_SLOW_SENDS_VAR = "GPUCHECK_TEST_SLOW_SENDS"
 GB = 1e9
 
@@ -47,11 +56,15 @@ def rail_links(node_ranks: Sequence[Sequence[int]], src_node: int,
     return [(k, src[k], dst[k]) for k in range(min(len(src), len(dst)))]
 
 
-def _slow_sends(node_index: int) -> float:
-    """Seconds to sleep before each send (the test hook), 0 when unset or another node."""
+def _slow_sends(node_index: int, again: bool = False) -> float:
+    """Seconds to sleep before each send (the test hook), 0 when unset or another node.
+    "NODE:SECONDS:first" slows the first measurement only, not the second look."""
     raw = os.environ.get(TEST_SLOW_SENDS_VAR, "")
-    node, _, seconds = raw.partition(":")
-    return float(seconds) if raw and int(node) == node_index else 0.0
+    node, _, rest = raw.partition(":")
+    seconds, _, when = rest.partition(":")
+    if not raw or int(node) != node_index or (again and when == "first"):
+        return 0.0
+    return float(seconds)
 
 
 def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: int,
@@ -98,8 +111,32 @@ def _wait_all(works: Sequence[Any], ended: list[float]) -> None:
     ended.append(time.perf_counter())
 
 
+def _samples(peers: tuple[int | None, int | None], size_bytes: int, iters: int,
+             device: str, delay_s: float, repeats: int) -> list[float] | None:
+    """`repeats` timed exchanges in a row: GB/s received in each (None: no receive).
+    Their spread is the measurement's own noise (gpucheck.comm.confirm)."""
+    from gpucheck.distributed.session import barrier
+
+    seconds = []
+    for _ in range(repeats):
+        # Every repeat starts together: without the barrier a rank that waited on a slow
+        # peer would start its next sends late, and its own receivers would read slow.
+        barrier()
+        seconds.append(_exchange(*peers, size_bytes, iters, device, delay_s))
+    if any(s is None for s in seconds):
+        return None
+    return [round(size_bytes * iters / s / GB, 4) for s in seconds if s is not None]
+
+
+def _link(round_: int | str, src_node: int, dst_node: int, came: tuple[int, int], me: int,
+          samples: list[float]) -> dict[str, Any]:
+    return {"round": round_, "src_node": src_node, "dst_node": dst_node, "rail": came[0],
+            "src": came[1], "dst": me, "bandwidth_gbps": statistics.median(samples),
+            "samples_gbps": samples}
+
+
 def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
-                      device: str) -> list[dict[str, Any]]:
+                      device: str, repeats: int = 1) -> list[dict[str, Any]]:
     """Run every round; return the links this rank received on."""
     import torch.distributed as dist
 
@@ -121,15 +158,96 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
         # Warm-up, untimed: NCCL's first send/recv between two ranks creates their
         # communicator, which must not be inside the timed exchange.
         _exchange(*peers, size_bytes, 1, device, 0.0)
-        barrier()
-        seconds = _exchange(*peers, size_bytes, iters, device, delay)
-        if seconds is not None:
-            rail, src = came[me]
-            links.append({"round": r, "src_node": src_node, "dst_node": mine_node,
-                          "rail": rail, "src": src, "dst": me,
-                          "bandwidth_gbps": round(size_bytes * iters / seconds / GB, 4)})
+        samples = _samples(peers, size_bytes, iters, device, delay, repeats)
+        if samples is not None:
+            links.append(_link(r, src_node, mine_node, came[me], me, samples))
     barrier()
     return links
+
+
+def _pair_links(node_ranks: Sequence[Sequence[int]], me: int, x: int,
+                y: int) -> tuple[int | None, int | None, tuple[int, int] | None]:
+    """This rank's (send peer, receive peer, (rail, src)) in an exchange of nodes x and
+    y both ways at once, all rails; Nones for a rank of neither node."""
+    for here, there in ((x, y), (y, x)):
+        if me in node_ranks[here]:
+            to = {s: d for _, s, d in rail_links(node_ranks, here, there)}
+            came = {d: (k, s) for k, s, d in rail_links(node_ranks, there, here)}
+            return to.get(me), came.get(me, (0, None))[1], came.get(me)
+    return None, None, None
+
+
+def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple[int, int]],
+                  size_bytes: int, iters: int, device: str,
+                  repeats: int) -> list[dict[str, Any]]:
+    """The second look: each exchange (node x <-> node y, all rails, both ways at once,
+    as in the rounds) alone, a barrier of all ranks around each; the links this rank
+    received on, as `measure_internode` returns them (round "again")."""
+    import torch.distributed as dist
+
+    from gpucheck.distributed import progress
+    from gpucheck.distributed.nodes import group_by_node
+    from gpucheck.distributed.session import barrier
+
+    me = dist.get_rank()
+    node_ranks = list(group_by_node(roster).values())
+    mine_node = next(i for i, ranks in enumerate(node_ranks) if me in ranks)
+    links: list[dict[str, Any]] = []
+    for x, y in exchanges:
+        progress.set_step(f"between nodes: node {x} <-> node {y} measured again")
+        send, recv, came = _pair_links(node_ranks, me, x, y)
+        if came is not None:  # warm-up, untimed, as in the rounds
+            _exchange(send, recv, size_bytes, 1, device, 0.0)
+        # Every rank passes the repeats' barriers; ranks of neither node exchange nothing.
+        samples = _samples((send, recv), size_bytes, iters, device,
+                           _slow_sends(mine_node, again=True), repeats)
+        if samples is not None and came is not None:
+            links.append(_link("again", y if mine_node == x else x, mine_node, came, me,
+                               samples))
+        barrier()
+    return links
+
+
+def exchanges_for(suspects: Suspects) -> list[tuple[int, int]]:
+    """The node pairs to measure again (unordered, each once): every slow pair's and
+    every known-good reference pair's two nodes."""
+    wanted = {tuple(sorted(p)) for p in (*suspects.pairs, *suspects.references)}
+    return sorted((a, b) for a, b in wanted)
+
+
+def node_samples(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[int, int], list[float]]:
+    """Each node pair's repeated figures (one for rows without repeats)."""
+    return {(int(r["src_node"]), int(r["dst_node"])):
+            list(r.get("samples_gbps") or [float(r["bandwidth_gbps"])]) for r in rows}
+
+
+def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
+                  device: str, threshold: float, repeats: int) -> dict[str, Any]:
+    """The rounds, gathered on every rank; then the slow node pairs (and a suspect
+    node's pairs) measured again beside known-good ones (gpucheck.comm.confirm).
+    Rank 0's list of exchanges is broadcast, so every rank runs the same steps."""
+    import torch.distributed as dist
+
+    links = _gather(measure_internode(roster, size_bytes, iters, device, repeats))
+    suspects = find_suspects(node_samples(node_pair_rows(links)), threshold)
+    box: list[Any] = [exchanges_for(suspects)]
+    dist.broadcast_object_list(box, src=0)
+    again = _gather(measure_again(roster, box[0], size_bytes, iters, device, repeats)) \
+        if box[0] else []
+    return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats, "links": links,
+            "again": again}
+
+
+def _gather(mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    import torch.distributed as dist
+
+    from gpucheck.distributed import progress
+
+    progress.set_step("gathering node-to-node results")
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return sorted((link for rank_links in every for link in rank_links),
+                  key=lambda link: (link["src_node"], link["dst_node"], link["rail"]))
 
 
 def node_pair_rows(links: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -144,13 +262,23 @@ def node_pair_rows(links: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                      "rails": len(rails),
                      "bandwidth_gbps": round(sum(x["bandwidth_gbps"] for x in rails), 4),
                      "slowest_rail": slowest["rail"],
-                     "slowest_rail_gbps": slowest["bandwidth_gbps"]})
+                     "slowest_rail_gbps": slowest["bandwidth_gbps"]}
+                    | _summed_samples(rails))
     return rows
+
+
+def _summed_samples(rails: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+    """The k-th repeat of every rail added up (the rails ran at the same time)."""
+    every = [x.get("samples_gbps") for x in rails]
+    if not all(every) or len({len(x) for x in every if x}) != 1:
+        return {}
+    return {"samples_gbps": [round(sum(k), 4) for k in zip(*every, strict=True)]}
 
 
 def shared_node(slow_pairs: Sequence[tuple[int, int]]) -> int | None:
     """The node in more than half of the slow pairs, and in more than any other node;
-    None with fewer than two slow pairs (one pair cannot tell its two ends apart)."""
+    None with fewer than two slow pairs (one pair cannot tell its two ends apart).
+    Used for one rail's slow links; node pairs use elimination (`internode_findings`)."""
     if len(slow_pairs) < 2:
         return None
     counts: dict[int, int] = {}
@@ -163,31 +291,82 @@ def shared_node(slow_pairs: Sequence[tuple[int, int]]) -> int | None:
     return node if count * 2 > len(slow_pairs) and count > runner_up else None
 
 
+SLOW_LINK_HINT = ("check the NICs, cables and switch ports between these two nodes "
+                  "(ibstat, ibdiagnet, ethtool) and the transport NCCL chose")
+UNSTABLE_HINT = ("slow once, fine when measured again: other traffic or a transient; "
+                 "rerun, and look into it if it comes back")
+
+
 def internode_findings(rows: Sequence[Mapping[str, Any]], threshold: float,
-                       labels: Mapping[int, str]) -> list[Finding]:
-    """WARN each node pair below `threshold` x the median node pair; name the shared node."""
+                       labels: Mapping[int, str],
+                       again: Sequence[Mapping[str, Any]] | None = None) -> list[Finding]:
+    """The suspect node by elimination, and each slow node pair, each confirmed or
+    found unstable by the second look (`again`: the re-measured links); see
+    gpucheck.comm.confirm for the rules."""
     if not rows:
         return []
-    median = statistics.median(r["bandwidth_gbps"] for r in rows)
-    slow = [r for r in rows if r["bandwidth_gbps"] < threshold * median]
+    suspects = find_suspects(node_samples(rows), threshold)
     check = "comm.internode.slow_pair"
-    findings = [warn(check, f"{labels[r['src_node']]} -> {labels[r['dst_node']]}: "
-                     f"{r['bandwidth_gbps']:.3g} GB/s over {r['rails']} rail(s), below "
-                     f"{threshold:g} x the median node pair's {median:.3g} GB/s",
-                     hint="check the NICs, cables and switch ports between these two nodes "
-                     "(ibstat, ibdiagnet, ethtool) and the transport NCCL chose",
-                     subject=f"node {r['src_node']} -> node {r['dst_node']}") for r in slow]
-    if not slow:
-        return [ok(check, f"{len(rows)} node pairs within {threshold:g} x the median "
-                   f"({median:.3g} GB/s)")]
-    suspect = shared_node([(r["src_node"], r["dst_node"]) for r in slow])
-    if suspect is not None:
-        findings.append(warn(
-            "comm.internode.shared_node",
-            f"{labels[suspect]} is in most of the {len(slow)} slow node pairs",
-            hint="suspect this node's NICs, their PCIe links or its switch port; rerun "
-            "without it to confirm", subject=labels[suspect]))
+    if suspects.empty:
+        return [ok(check, f"{len(rows)} node pairs: no node and no pair below {threshold:g} "
+                   f"x the median of the pairs without it ({suspects.reference_gbps:.3g} GB/s)")]
+    second = node_samples(node_pair_rows(again)) if again is not None else None
+    looks = {look.pair: look for look in (
+        second_look(suspects, second, suspects.reference_gbps) if second is not None
+        else [Second(p, None, None, ()) for p in suspects.pairs])}
+    figure = {p: v[0] for p, v in node_samples(rows).items()}
+    findings = [_node_finding(m, way, suspects, looks, threshold, labels)
+                for m, way in sorted(suspects.members.items())]
+    for pair, look in looks.items():
+        text = (f"{labels[pair[0]]} -> {labels[pair[1]]}: {figure[pair]:.3g} GB/s, below "
+                f"{threshold:g} x the median node pair without a suspect "
+                f"({suspects.reference_gbps:.3g} GB/s)")
+        findings.append(_judged(check, text, look, threshold, labels, SLOW_LINK_HINT,
+                                f"node {pair[0]} -> node {pair[1]}"))
     return findings
+
+
+def _against(look: Second, labels: Mapping[int, str]) -> str:
+    pairs = " and ".join(f"{labels[a]} -> {labels[b]}" for a, b in look.against)
+    return f"{pairs or 'the first measurement'} at {look.reference_gbps:.3g} GB/s"
+
+
+def _judged(check: str, text: str, look: Second, threshold: float, labels: Mapping[int, str],
+            hint: str, subject: str) -> Finding:
+    """One slow figure's WARN: confirmed, unstable (action rerun) or not measured again."""
+    confirmed = look.confirmed(threshold)
+    if confirmed is None:
+        return warn(check, f"{text}; not measured again (the run ended first)", hint=hint,
+                    subject=subject)
+    again = f"measured again at {look.again_gbps:.3g} GB/s against {_against(look, labels)}"
+    if confirmed:
+        return warn(check, f"{text}; confirmed: {again}", hint=hint, subject=subject)
+    return warn(check, f"{text}; unstable: {again}, within {threshold:g} x",
+                hint=UNSTABLE_HINT, subject=subject, action="rerun")
+
+
+def _node_finding(node: int, way: str, suspects: Suspects, looks: Mapping[Pair, Second],
+                  threshold: float, labels: Mapping[int, str]) -> Finding:
+    """The suspect node: confirmed when every one of its slow pairs is slow again."""
+    mine = [look for pair, look in looks.items() if directed(pair, node, way)]
+    verdicts = [look.confirmed(threshold) for look in mine]
+    words = {"sending": "it sends on", "receiving": "it receives on", "both": "it is in"}[way]
+    text = (f"{labels[node]}: every node pair {words} is below {threshold:g} x the median of "
+            f"the pairs without it ({suspects.reference_gbps:.3g} GB/s)")
+    hint = ("suspect this node's NICs, their PCIe links or its switch port (ibstat, "
+            "ibdiagnet, the NICs' link width)")
+    if any(v is None for v in verdicts) or not mine:
+        return warn("comm.internode.shared_node", f"{text}; not measured again", hint=hint,
+                    subject=labels[node])
+    against = _against(mine[0], labels)
+    if all(verdicts):
+        partners = sorted({n for look in mine for n in look.pair if n != node})
+        return warn("comm.internode.shared_node", f"{text}; confirmed: measured again with "
+                    f"{', '.join(labels[n] for n in partners)} (known good), against "
+                    f"{against}", hint=hint, subject=labels[node])
+    return warn("comm.internode.shared_node", f"{text}; unstable: {sum(map(bool, verdicts))} "
+                f"of {len(mine)} of its pairs were slow when measured again (against "
+                f"{against})", hint=UNSTABLE_HINT, subject=labels[node], action="rerun")
 
 
 def rail_findings(links: Sequence[Mapping[str, Any]], threshold: float,

@@ -147,7 +147,12 @@ def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section
             "node_pairs": [r | {"src": labels[r["src_node"]], "dst": labels[r["dst_node"]]}
                            for r in rows],
             "rails": internode["links"]}
-    findings = (internode_findings(rows, verdicts.pair_threshold, labels)
+    if internode.get("again"):
+        data["measured again"] = [r | {"src": labels[r["src_node"]],
+                                       "dst": labels[r["dst_node"]]}
+                                  for r in node_pair_rows(internode["again"])]
+    findings = (internode_findings(rows, verdicts.pair_threshold, labels,
+                                   internode.get("again"))
                 + rail_findings(internode["links"], verdicts.pair_threshold, labels))
     return Section("internode", title, data, findings)
 

@@ -22,7 +22,7 @@ from gpucheck.comm.collectives import (
     measure,
     sweep_sizes,
 )
-from gpucheck.comm.internode import measure_internode
+from gpucheck.comm.internode import run_internode
 from gpucheck.comm.nccl_log import nccl_logging, rank_entry
 from gpucheck.comm.pairwise import DEFAULT_REPEATS, run_pairwise
 from gpucheck.distributed import faultwatch, progress
@@ -91,16 +91,8 @@ def _pairwise(spec: CommSpec, world: World, infos: list[dict[str, Any]],
 
 def _internode(spec: CommSpec, world: World, infos: list[dict[str, Any]],
                largest: int) -> dict[str, Any]:
-    import torch.distributed as dist
-
-    size = spec.pair_bytes or largest
-    mine = measure_internode(infos, size, spec.pair_iters, spec.device)
-    progress.set_step("gathering node-to-node results")
-    every: list[Any] = [None] * world.world_size
-    dist.all_gather_object(every, mine)
-    links = sorted((link for rank_links in every for link in rank_links),
-                   key=lambda link: (link["src_node"], link["dst_node"], link["rail"]))
-    return {"size_bytes": size, "iters": spec.pair_iters, "links": links}
+    return run_internode(infos, spec.pair_bytes or largest, spec.pair_iters, spec.device,
+                         spec.pair_threshold, spec.pair_repeats)
 
 
 def _transport(spec: CommSpec, world: World, folder: str | None) -> list[Any] | None:
