@@ -47,6 +47,15 @@ def slow_rank_one_changes_on_rank_two(rank: int, phase: str, iteration: int,
         _plant(out)
 
 
+def wrong_rank_one_always_slow_once(rank: int, phase: str, iteration: int,
+                                    out: Any) -> None:
+    """As `wrong_rank_one_always`, and rank 1 sleeps in every GEMM and memory iteration
+    of the first measurement only, not when measured again ("gemm.again"): unstable."""
+    wrong_rank_one_always(rank, phase, iteration, out)
+    if rank == SLOW_RANK and phase in ("gemm", "membw"):
+        time.sleep(SLEEP_S)
+
+
 def crash_rank_one_in_burn(rank: int, phase: str, iteration: int, out: Any) -> None:
     """Rank 1 dies (no clean-up, as a crash) when the burn-in starts, after the GEMM
     and memory phases have been measured and published."""

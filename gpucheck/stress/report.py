@@ -14,6 +14,7 @@ from gpucheck.report import Finding, Section, fail, ok, skip, warn
 from gpucheck.stress.sdc import judge
 from gpucheck.stress.specs import copy_figure, gemm_figure
 from gpucheck.stress.verdicts import (
+    again_of,
     expected_findings,
     link_findings,
     peer_findings,
@@ -148,12 +149,15 @@ def _gemm_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
                               if figure else None})
         values = {int(r["rank"]): float(r["tflops_p50"]) for r in mine}
         what = f"{dtype} GEMM {mine[0]['size']}^3"
+        again = again_of(result.get("gemm_again"), "tflops_p50", dtype)
         findings += peer_findings("stress.gemm.peers", what, "TFLOP/s", values, ranks,
-                                  verdicts.peer_fraction, causes=_causes(result))
+                                  verdicts.peer_fraction, causes=_causes(result), again=again)
         findings += expected_findings("stress.gemm.expected", what, "TFLOP/s", values, ranks,
                                       lambda m, d=dtype: gemm_figure(m, d),
-                                      verdicts.expected_fraction)
+                                      verdicts.expected_fraction, again)
     data = {"flops_per_product": "2 n^3", "results": table}
+    if result.get("gemm_again"):
+        data["measured again"] = list(result["gemm_again"])
     return Section("gemm", "Matrix multiply throughput per rank (TFLOP/s; verdicts use the "
                    "median product)", data, findings)
 
@@ -171,11 +175,14 @@ def _membw_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
                           if figure else None})
     values = {int(r["rank"]): float(r["gbps_p50"]) for r in rows}
     what = "device memory copy"
+    again = again_of(result.get("membw_again"), "gbps_p50")
     findings = peer_findings("stress.membw.peers", what, "GB/s", values, ranks,
-                             verdicts.peer_fraction, causes=_causes(result))
+                             verdicts.peer_fraction, causes=_causes(result), again=again)
     findings += expected_findings("stress.membw.expected", what, "GB/s", values, ranks,
-                                  copy_figure, verdicts.expected_fraction)
+                                  copy_figure, verdicts.expected_fraction, again)
     data = {"counted": "2 x size_bytes per copy (read + write)", "results": table}
+    if result.get("membw_again"):
+        data["measured again"] = list(result["membw_again"])
     return Section("membw", "Device memory bandwidth per rank (GB/s)", data, findings)
 
 
