@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpucheck.report import Status
-from gpucheck.stress import specs
+from gpucheck.stress import specs, verdicts
 from gpucheck.stress.verdicts import (
     again_of,
     expected_findings,
@@ -87,3 +87,26 @@ def test_below_the_models_figure_twice_is_confirmed_and_once_is_unstable() -> No
     (unstable,) = _expected(780.0)
     assert unstable.status == Status.WARN and unstable.action == "rerun"
     assert "unstable: measured again at 780" in unstable.message
+
+
+def _copy_row(rank: int, alone: float, together: float) -> dict[str, Any]:
+    return {"rank": rank, "h2d_alone_gbps": alone, "d2h_alone_gbps": alone + 1,
+            "h2d_together_gbps": together, "d2h_together_gbps": together + 1,
+            "link": "Gen5 x16", "link_gbps": 63.0}
+
+
+def test_host_copies_below_the_link_or_their_peers_are_measured_again() -> None:
+    rows = [_copy_row(0, 55.0, 50.0), _copy_row(1, 20.0, 50.0), _copy_row(2, 55.0, 20.0)]
+    assert verdicts.copy_suspects(rows, _ranks(3), 0.6, 0.9) == [1, 2]
+    healthy = [_copy_row(r, 55.0, 50.0) for r in range(3)]
+    assert verdicts.copy_suspects(healthy, _ranks(3), 0.6, 0.9) == []
+
+
+def test_a_slow_link_is_confirmed_by_its_second_copies_alone_or_found_unstable() -> None:
+    first = [{"rank": 0, "h2d_gbps": 20.0, "d2h_gbps": 21.0, "link": "Gen5 x16",
+              "link_gbps": 63.0}]
+    for value, word, action in ((21.0, "confirmed", "drain-node"), (55.0, "unstable", "rerun")):
+        again = verdicts.copies_again([_copy_row(0, value, 50.0)], "alone")
+        (found,) = verdicts.link_findings("stress.copies.link", first, _ranks(1), 0.6, again)
+        assert (found.status, found.action) == (Status.WARN, action)
+        assert f"{word}: measured again alone at {value:.3g} GB/s" in found.message

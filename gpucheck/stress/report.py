@@ -15,6 +15,7 @@ from gpucheck.stress.sdc import judge
 from gpucheck.stress.specs import copy_figure, gemm_figure
 from gpucheck.stress.verdicts import (
     again_of,
+    copies_again,
     expected_findings,
     link_findings,
     peer_findings,
@@ -272,15 +273,19 @@ def _copies_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     alone = [{"rank": r["rank"], "h2d_gbps": r["h2d_alone_gbps"],
               "d2h_gbps": r["d2h_alone_gbps"], "link": r["link"],
               "link_gbps": r["link_gbps"]} for r in rows if r["h2d_alone_gbps"] is not None]
-    findings = link_findings("stress.copies.link", alone, ranks, verdicts.copy_fraction)
+    again = copies.get("again")
+    findings = link_findings("stress.copies.link", alone, ranks, verdicts.copy_fraction,
+                             copies_again(again, "alone"))
     together = {int(r["rank"]): min(r["h2d_together_gbps"], r["d2h_together_gbps"])
                 for r in rows}
     findings += peer_findings("stress.copies.together", "host copies with every GPU at once "
                               "(slower direction)", "GB/s", together, ranks,
-                              verdicts.peer_fraction)
+                              verdicts.peer_fraction, again=copies_again(again, "together"))
     table = [r | {"together_vs_alone": _together_ratio(r)} for r in rows]
     data = {"counted": "bytes one way / median copy time (one PCIe direction)",
             "results": table}
+    if again:
+        data["measured again"] = list(again)
     return Section("copies", "Host<->device copies (pinned memory): each GPU alone, then "
                    "all at once (GB/s)", data, findings)
 

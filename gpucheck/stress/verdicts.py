@@ -232,8 +232,10 @@ def _below_expected(check: str, what: str, unit: str, value: float, figure: Figu
 
 
 def link_findings(check: str, rows: Sequence[Mapping[str, Any]],
-                  ranks: Sequence[Mapping[str, Any]], fraction: float) -> list[Finding]:
-    """Host copies of each rank measured alone against its link's one-direction rate."""
+                  ranks: Sequence[Mapping[str, Any]], fraction: float,
+                  again: Again | None = None) -> list[Finding]:
+    """Host copies of each rank measured alone against its link's one-direction rate;
+    `again`: each rank's slower direction alone, measured a second time."""
     names = subjects(ranks)
     findings: list[Finding] = []
     unknown = []
@@ -244,13 +246,13 @@ def link_findings(check: str, rows: Sequence[Mapping[str, Any]],
             continue
         worst = min(row["h2d_gbps"], row["d2h_gbps"])
         if worst < fraction * rate:
-            findings.append(warn(
+            findings.append(_link_again(warn(
                 check, f"{names[rank].label}: host copies alone {row['h2d_gbps']:.3g} GB/s "
                 f"H2D, {row['d2h_gbps']:.3g} GB/s D2H, below {fraction:g} x its link's "
                 f"{rate:.3g} GB/s ({row.get('link')})",
                 hint="check the link (nvidia-smi -q -d PCIE; lspci -vv for its width and "
                 "speed), the slot and riser, and that the rank runs on its GPU's NUMA node",
-                subject=names[rank].subject))
+                subject=names[rank].subject), again, rank, fraction * rate))
     if unknown:
         findings.append(skip(check, "PCIe link rate unknown (sysfs has no link speed/width) "
                              f"for rank(s) {', '.join(map(str, unknown))}"))
@@ -259,3 +261,40 @@ def link_findings(check: str, rows: Sequence[Mapping[str, Any]],
         findings.append(ok(check, f"{checked} rank(s) copy at or above {fraction:g} x their "
                            "PCIe link's rate"))
     return findings
+
+
+def _link_again(finding: Finding, again: Again | None, rank: int, bound: float) -> Finding:
+    """The slow-link WARN, confirmed or unstable by the rank's second copies alone."""
+    if again is None or rank not in again.values:
+        return warn(finding.check, f"{finding.message}; not measured again",
+                    hint=finding.hint or "", subject=finding.subject)
+    value = again.values[rank]
+    words = f"measured again alone at {value:.3g} GB/s (slower direction)"
+    if value < bound:
+        return warn(finding.check, f"{finding.message}; confirmed: {words}",
+                    hint=finding.hint or "", subject=finding.subject)
+    return warn(finding.check, f"{finding.message}; unstable: {words}", hint=UNSTABLE_HINT,
+                subject=finding.subject, action="rerun")
+
+
+def copy_suspects(rows: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str, Any]],
+                  copy_fraction: float, peer_fraction: float) -> list[int]:
+    """Ranks whose host copies alone are below `copy_fraction` x their link's rate, or
+    whose copies all at once are below `peer_fraction` x their node's median."""
+    found = {int(r["rank"]) for r in rows if r.get("link_gbps") and
+             r.get("h2d_alone_gbps") is not None and
+             min(r["h2d_alone_gbps"], r["d2h_alone_gbps"]) < copy_fraction * r["link_gbps"]}
+    together = {int(r["rank"]): min(r["h2d_together_gbps"], r["d2h_together_gbps"])
+                for r in rows}
+    return sorted(found | set(suspect_ranks(together, ranks, peer_fraction, lambda _: None,
+                                            0.0)))
+
+
+def copies_again(rows: Sequence[Mapping[str, Any]] | None,
+                 setting: str) -> Again | None:
+    """The second copies' slower direction per rank, "alone" or "together"."""
+    if not rows:
+        return None
+    values = {int(r["rank"]): min(r[f"h2d_{setting}_gbps"], r[f"d2h_{setting}_gbps"])
+              for r in rows if r.get(f"h2d_{setting}_gbps") is not None}
+    return Again(values)

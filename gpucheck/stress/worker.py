@@ -21,7 +21,7 @@ from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.session import gpu_identity, process_group, roster
 from gpucheck.distributed.world import World, host_name
 from gpucheck.stress import burn as sdc_burn
-from gpucheck.stress.again import again_hook, measure_again
+from gpucheck.stress.again import again_hook, agreed, measure_again
 from gpucheck.stress.copies import copy_buffers, host_copies, peer_matrix
 from gpucheck.stress.gemm import measure_gemm
 from gpucheck.stress.hooks import Hook, load_hook
@@ -29,6 +29,7 @@ from gpucheck.stress.membw import copy_bytes, free_device_bytes, measure_copy
 from gpucheck.stress.numa import Placement, cpulist, place_this_rank, read_link
 from gpucheck.stress.sdc import TOLERANCE, relative_deviation
 from gpucheck.stress.specs import copy_figure, gemm_figure
+from gpucheck.stress.verdicts import copy_suspects
 
 PHASES = ("gemm", "membw", "sdc", "copies", "p2p")
 CPU_SKIP = "CPU ranks: there is no host<->device or peer link to measure"
@@ -52,6 +53,7 @@ class StressSpec:
     # The report's bounds: a rank below one is measured again (gpucheck.stress.again).
     peer_fraction: float = 0.9
     expected_fraction: float = 0.8
+    copy_fraction: float = 0.6
 
 
 @dataclass(frozen=True)
@@ -280,6 +282,19 @@ def _copies(ctx: RankContext, result: dict[str, Any]) -> None:
     if ctx.spec.device != "cuda":
         result["copies"] = {"skipped": CPU_SKIP}
         return
+    rows = _gather(ctx, _copy_row(ctx, result))
+    result["copies"] = {"rows": rows}
+    spec = ctx.spec
+    mine = copy_suspects(rows, result["ranks"], spec.copy_fraction, spec.peer_fraction) \
+        if ctx.world.rank == 0 else []
+    if agreed(mine):  # confirm before condemning: every rank copies again, as before
+        _publish(ctx, result)
+        progress.set_step("copies: measured again")
+        result["copies"]["again"] = _gather(ctx, _copy_row(ctx, result))
+
+
+def _copy_row(ctx: RankContext, result: dict[str, Any]) -> dict[str, Any]:
+    """This rank's copies alone (local ranks take turns) and all at once."""
     import torch
 
     world = ctx.world
@@ -302,7 +317,7 @@ def _copies(ctx: RankContext, result: dict[str, Any]) -> None:
            "d2h_alone_gbps": alone.d2h_gbps if alone else None,
            "h2d_together_gbps": together.h2d_gbps, "d2h_together_gbps": together.d2h_gbps,
            "link": link.label() if link else None, "link_gbps": link.rate_gbps if link else None}
-    result["copies"] = {"rows": _gather(ctx, row)}
+    return row
 
 
 def _p2p(ctx: RankContext, result: dict[str, Any]) -> None:
