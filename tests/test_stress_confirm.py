@@ -7,7 +7,10 @@ test_stress_runs.py.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from gpucheck.report import Status
 from gpucheck.stress import specs, verdicts
@@ -110,3 +113,24 @@ def test_a_slow_link_is_confirmed_by_its_second_copies_alone_or_found_unstable()
         (found,) = verdicts.link_findings("stress.copies.link", first, _ranks(1), 0.6, again)
         assert (found.status, found.action) == (Status.WARN, action)
         assert f"{word}: measured again alone at {value:.3g} GB/s" in found.message
+
+
+def test_the_worker_copies_again_only_when_a_rank_is_a_suspect(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copies step's wiring without a GPU: its measurement and collectives faked."""
+    from gpucheck.stress import worker
+
+    spec = worker.StressSpec(device="cuda", backend="nccl", timeout_s=1.0, dtypes=("bf16",),
+                             size=16, duration_s=1.0, warmup_s=0.0, gemm_window_s=0.0,
+                             membw_window_s=0.0)
+    world = SimpleNamespace(rank=0, is_reporter=True)
+    ctx = SimpleNamespace(spec=spec, world=world)
+    for first, measured_again in ((20.0, True), (55.0, False)):
+        copies = iter([_copy_row(0, first, 50.0), _copy_row(0, 55.0, 50.0)])
+        monkeypatch.setattr(worker, "_copy_row", lambda ctx, result, it=copies: next(it))
+        monkeypatch.setattr(worker, "_gather", lambda ctx, mine: [mine])
+        monkeypatch.setattr(worker, "agreed", lambda suspects: suspects)
+        monkeypatch.setattr(worker, "_publish", lambda ctx, result: None)
+        result: dict[str, Any] = {"ranks": _ranks(1)}
+        worker._copies(ctx, result)  # type: ignore[arg-type]
+        assert ("again" in result["copies"]) is measured_again
