@@ -10,7 +10,8 @@ from typing import Any
 
 from gpucheck.comm.aggregate import pair_findings
 from gpucheck.comm.confirm import find_suspects, second_look
-from gpucheck.comm.internode import exchanges_for, internode_findings
+from gpucheck.comm.internode import exchanges_for
+from gpucheck.comm.internode_verdicts import internode_findings
 from gpucheck.comm.pairwise import second_look_steps
 from gpucheck.report import Status
 

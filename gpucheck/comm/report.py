@@ -13,7 +13,7 @@ from gpucheck.comm.aggregate import (
     pair_findings,
     pair_matrix,
 )
-from gpucheck.comm.internode import internode_findings, node_pair_rows, rail_findings
+from gpucheck.comm.internode_verdicts import internode_findings, node_pair_rows, rail_findings
 from gpucheck.comm.nccl_log import transport_view
 from gpucheck.distributed.nodes import (
     NodeId,

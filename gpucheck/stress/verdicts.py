@@ -187,7 +187,8 @@ def expected_findings(check: str, what: str, unit: str, values: Mapping[int, flo
         if values[rank] < fraction * figure.typical:
             finding = _below_expected(check, what, unit, values[rank], figure, fraction,
                                       names[rank])
-            findings.append(_expected_again(finding, again, rank, figure, fraction, unit))
+            findings.append(_expected_again(check, finding, again, rank, figure, fraction,
+                                            unit))
         else:
             passed.setdefault(model, (figure, []))[1].append(rank)
     for model, (figure, members) in passed.items():
@@ -201,18 +202,18 @@ def expected_findings(check: str, what: str, unit: str, values: Mapping[int, flo
     return findings
 
 
-def _expected_again(finding: Finding, again: Again | None, rank: int, figure: Figure,
+def _expected_again(check: str, finding: Finding, again: Again | None, rank: int, figure: Figure,
                     fraction: float, unit: str) -> Finding:
     """The below-expected WARN, confirmed or unstable by the rank's second figure."""
     if again is None or rank not in again.values:
-        return warn(finding.check, f"{finding.message}; not measured again",
+        return warn(check, f"{finding.message}; not measured again",
                     hint=finding.hint or "", subject=finding.subject)
     value = again.values[rank]
     words = f"measured again at {value:.4g} {unit}, {value / figure.typical:.2f}x the typical"
     if value < fraction * figure.typical:
-        return warn(finding.check, f"{finding.message}; confirmed: {words}",
+        return warn(check, f"{finding.message}; confirmed: {words}",
                     hint=finding.hint or "", subject=finding.subject)
-    return warn(finding.check, f"{finding.message}; unstable: {words}", hint=UNSTABLE_HINT,
+    return warn(check, f"{finding.message}; unstable: {words}", hint=UNSTABLE_HINT,
                 subject=finding.subject, action="rerun")
 
 
@@ -246,7 +247,7 @@ def link_findings(check: str, rows: Sequence[Mapping[str, Any]],
             continue
         worst = min(row["h2d_gbps"], row["d2h_gbps"])
         if worst < fraction * rate:
-            findings.append(_link_again(warn(
+            findings.append(_link_again(check, warn(
                 check, f"{names[rank].label}: host copies alone {row['h2d_gbps']:.3g} GB/s "
                 f"H2D, {row['d2h_gbps']:.3g} GB/s D2H, below {fraction:g} x its link's "
                 f"{rate:.3g} GB/s ({row.get('link')})",
@@ -263,17 +264,18 @@ def link_findings(check: str, rows: Sequence[Mapping[str, Any]],
     return findings
 
 
-def _link_again(finding: Finding, again: Again | None, rank: int, bound: float) -> Finding:
+def _link_again(check: str, finding: Finding, again: Again | None, rank: int,
+                bound: float) -> Finding:
     """The slow-link WARN, confirmed or unstable by the rank's second copies alone."""
     if again is None or rank not in again.values:
-        return warn(finding.check, f"{finding.message}; not measured again",
+        return warn(check, f"{finding.message}; not measured again",
                     hint=finding.hint or "", subject=finding.subject)
     value = again.values[rank]
     words = f"measured again alone at {value:.3g} GB/s (slower direction)"
     if value < bound:
-        return warn(finding.check, f"{finding.message}; confirmed: {words}",
+        return warn(check, f"{finding.message}; confirmed: {words}",
                     hint=finding.hint or "", subject=finding.subject)
-    return warn(finding.check, f"{finding.message}; unstable: {words}", hint=UNSTABLE_HINT,
+    return warn(check, f"{finding.message}; unstable: {words}", hint=UNSTABLE_HINT,
                 subject=finding.subject, action="rerun")
 
 
