@@ -15,7 +15,13 @@ The receiver times each link (a barrier, then from posting its receives to the l
 one done), so a slow sender shows on its own outgoing links only. On NCCL the sends
 and receives of a rank are one group (separate groups on one stream would deadlock
 in a ring); on gloo the sends go one at a time (see `collectives`), the receives are
-posted before them.
+posted before them. Each link is timed `repeats` times in a row, every repeat after a
+barrier (without it a rank held up by a slow peer would start its next sends late and
+make its own receivers read slow); the repeats' spread is the measurement's noise.
+
+Then the second look (`run_internode`): the slow node pairs, and a suspect node's
+pairs, are measured again, one node pair at a time, beside a pair of known-good
+nodes (gpucheck.comm.confirm; the verdicts are in gpucheck.comm.internode_verdicts).
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ of all ranks between steps, so no two transfers on a node share the bus. The sen
 times `iters` sends of one buffer plus the receiver's one-element acknowledgement,
 with the same clock and batching as the collectives (`collectives.time_batch`): on
 NCCL every isend/irecv is launched before the first wait, on gloo one at a time.
+Each pair is timed `repeats` times after one warm-up: the spread of the repeats is the
+measurement's own noise, which decides what can be judged (gpucheck.comm.confirm).
+Then the slow pairs are measured again beside a known-good pair of their node, with
+every rank following rank 0's plan (`run_pairwise`).
 """
 
 from __future__ import annotations
