@@ -164,3 +164,12 @@ def test_each_node_measures_its_reference_and_its_slow_pairs_again_side_by_side(
     plan = find_suspects(samples, 0.5)
     steps = second_look_steps({0: plan})
     assert [p for step in steps for p in step] == [*plan.references, (1, 0)]
+
+
+def test_a_node_is_no_suspect_when_one_of_its_slow_pairs_is_within_the_noise() -> None:
+    samples = _nodes(None, 1.0)
+    samples[(0, 1)] = [10.0, 3.0, 10.0]  # a healthy pair that read as low as 3 GB/s
+    samples[(2, 0)] = [1.0, 1.0, 1.0]  # resolvably slow
+    samples[(2, 1)] = [4.0, 4.0, 4.0]  # below 0.5 x 10, but not below 3
+    suspects = find_suspects(samples, 0.5)
+    assert (suspects.members, suspects.pairs, suspects.noisy) == ({}, ((2, 0),), ((2, 1),))

@@ -84,24 +84,34 @@ def find_suspects(samples: Samples, threshold: float) -> Suspects:
     """Slow members and pairs of one group (a node's ranks, or the nodes)."""
     if not samples:
         return Suspects(0.0, 0.0)
-    bests = {p: best(s) for p, s in samples.items()}
-    members = slow_members(bests, threshold)
+    members = slow_members({p: best(s) for p, s in samples.items()}, threshold)
+    reference, floor, slow, noisy = _classify(samples, members, threshold)
+    # A member stays a suspect only when every pair that makes it one is resolvable;
+    # without the others, the pairs are judged again.
+    kept = {m: way for m, way in members.items()
+            if all(p in slow for p in samples if directed(p, m, way))}
+    if kept != members:
+        members = kept
+        reference, floor, slow, noisy = _classify(samples, members, threshold)
+    return Suspects(reference, floor, members, tuple(slow), tuple(noisy),
+                    _references(samples, slow, members, reference))
+
+
+def _classify(samples: Samples, members: Mapping[int, str], threshold: float,
+              ) -> tuple[float, float, list[Pair], list[Pair]]:
+    """(reference, lowest healthy reading, slow pairs, too-noisy pairs)."""
     clean = {p: s for p, s in samples.items() if not set(p) & set(members)} or samples
     reference = float(statistics.median(typical(s) for s in clean.values()))
     healthy = {p: min(s) for p, s in clean.items() if best(s) >= threshold * reference}
     slow, noisy = [], []
-    for pair, value in sorted(bests.items()):
+    for pair, values in sorted(samples.items()):
         by_member = any(directed(pair, m, way) for m, way in members.items())
-        if by_member or value < threshold * reference:
+        if by_member or best(values) < threshold * reference:
             # Resolvable: even its best reading is below every reading of every other
             # healthy pair (their worst repeats show how far noise alone reaches down).
             floor = min((v for q, v in healthy.items() if q != pair), default=float("inf"))
-            (slow if value < floor else noisy).append(pair)
-    # A member stays a suspect only when every pair that makes it one is resolvable.
-    members = {m: way for m, way in members.items()
-               if all(p in slow for p in bests if directed(p, m, way))}
-    return Suspects(reference, min(healthy.values(), default=0.0), members, tuple(slow),
-                    tuple(noisy), _references(samples, slow, members, reference))
+            (slow if best(values) < floor else noisy).append(pair)
+    return reference, min(healthy.values(), default=0.0), slow, noisy
 
 
 def _references(samples: Samples, slow: Sequence[Pair], members: Mapping[int, str],

@@ -77,7 +77,9 @@ def _pairwise_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     ranks = [int(r["rank"]) for r in result["ranks"]]
     data = {"size_bytes": pairwise["size_bytes"], "iters": pairwise["iters"],
             "repeats": pairwise.get("repeats", 1),
-            "bandwidth_gbps (src row -> dst column)": pair_matrix(pairwise["pairs"], ranks)}
+            "bandwidth_gbps (src row -> dst column)": pair_matrix(pairwise["pairs"], ranks),
+            "repeats_gbps": [{k: p.get(k) for k in ("src", "dst", "samples_gbps")}
+                             for p in pairwise["pairs"]]}
     if pairwise.get("again"):
         data["measured again"] = [{k: p[k] for k in ("src", "dst", "samples_gbps")}
                                   for p in pairwise["again"]]
