@@ -139,15 +139,30 @@ def test_the_nccl_timed_loop_launches_every_op_async_and_waits_once_at_the_end(
     _fake_dist(monkeypatch, log, backend="nccl")
     iters = 5
     timing = collectives.measure(collective, 1024, iters, 2, "cpu")
-    timed = log.events[log.events.index(("barrier",)) + 1:]
+    timed = log.events[log.events.index(("start",)):]
     launches = [e for e in timed if e[0] == "launch"]
     # The timed ops, then the one synchronous call that checks the result.
     assert launches == [("launch", torch_name, True)] * iters + [("launch", torch_name, False)]
     first_wait = _kinds(timed).index("wait")
     assert _kinds(timed[:first_wait]).count("launch") == iters
     assert _kinds(timed) == ["start", *["launch"] * iters, *["block"] * iters, "stop",
-                             *["wait"] * iters, "seconds", "launch"]
+                             *["wait"] * (iters + 1), "seconds", "launch"]
     assert timing.time_s == pytest.approx(1.0 / iters)
+
+
+def test_the_nccl_clock_starts_on_the_stream_after_an_untimed_all_reduce_of_every_rank(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks leave the host barrier up to ~1 ms apart (blocking wait polls every 1 ms):
+    the start mark must come after a device-side rendezvous, or the first rank out
+    counts the wait for the last one."""
+    log = Log()
+    _fake_dist(monkeypatch, log, backend="nccl")
+    collectives.measure("all_gather", 1024, 3, 1, "cpu")
+    after_barrier = log.events[log.events.index(("barrier",)) + 1:]
+    assert after_barrier[:3] == [("launch", "all_reduce", True), ("block", 1), ("start",)]
+    rendezvous_wait = after_barrier.index(("wait", 1))
+    assert rendezvous_wait > after_barrier.index(("stop",))  # waited with the timed ops
+    assert rendezvous_wait < after_barrier.index(("seconds",))  # bounded before the sync
 
 
 def test_the_nccl_warm_up_runs_as_one_batch_before_the_barrier(
@@ -196,3 +211,13 @@ def test_the_nccl_pair_receiver_posts_every_receive_and_the_ack_before_waiting(
     assert _kinds(timed) == [*["launch"] * 4, *["block"] * 4, *["wait"] * 4]
     assert "start" not in _kinds(log.events)  # only the sender keeps time
 
+
+
+def test_the_untimed_rendezvous_counts_as_one_op_in_flight(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(collectives, "MAX_IN_FLIGHT", 2)
+    log = Log()
+    collectives.time_batch([_launcher(log, "op")] * 2, FakeClock(log), back_to_back=True,
+                           align=_launcher(log, "rendezvous"))
+    assert log.events[:7] == [("launch", "rendezvous"), ("block", 0), ("start",),
+                              ("launch", "op"), ("wait", 0), ("launch", "op"), ("block", 1)]

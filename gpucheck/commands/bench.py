@@ -10,7 +10,12 @@ from typing import Any
 from gpucheck.bench.aggregate import DEFAULT_STRAGGLER_THRESHOLD
 from gpucheck.bench.data import ImageSet, default_images_dir, scan_images
 from gpucheck.bench.model import DTYPES, check_model, resolve_dtype, resolve_weights
-from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
+from gpucheck.commands.launch_options import (
+    LaunchPlan,
+    add_launch_arguments,
+    add_launch_finding,
+    plan_launch,
+)
 from gpucheck.errors import UsageError
 from gpucheck.report import Report, Section
 
@@ -93,7 +98,7 @@ def run(args: argparse.Namespace) -> Report | None:
 
     for section in bench_sections(spec, images, outcome, args.straggler_threshold):
         report.add(section)
-    return report
+    return add_launch_finding(report, plan)
 
 
 def partial_report(args: argparse.Namespace) -> Report | None:

@@ -19,7 +19,8 @@ from typing import Any
 from gpucheck.render.values import fmt_bytes, fmt_value, is_table
 from gpucheck.report import Report
 
-INSTALL_NOTE = "charts need matplotlib: pip install 'gpucheck[html]'"
+INSTALL_NOTE = ("charts need matplotlib: pip install '.[html]' from the gpucheck checkout "
+                "(or pip install matplotlib)")
 # A fleet of many metrics would make a chart too tall to read; the table has them all.
 MAX_RANGE_ROWS = 30
 

@@ -7,8 +7,9 @@ Each rate is the buffer over the median copy's time.
 Peer copies need one process that sees both GPUs: with one process per GPU, a copy
 into another rank's memory would need CUDA IPC handles. So each node's local rank 0
 measures the whole matrix in a separate step, opening every GPU it can see, while
-the other ranks wait; when it sees only its own GPU (CUDA_VISIBLE_DEVICES, srun
---gpus-per-task) the matrix is skipped with that reason.
+the other ranks wait on the host, off their GPUs (`gpucheck.stress.parking`); when
+it sees only its own GPU (CUDA_VISIBLE_DEVICES, srun --gpus-per-task) the matrix is
+skipped with that reason.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
 from gpucheck.numa import cpulist, on_node, parse_cpulist
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 from gpucheck.stress.sdc import judge
-from gpucheck.stress.specs import copy_figure, gemm_figure
+from gpucheck.stress.specs import COPY_COUNTED, copy_figure, gemm_figure
 from gpucheck.stress.verdicts import (
     again_of,
     copies_again,
@@ -181,7 +181,7 @@ def _membw_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
                              verdicts.peer_fraction, causes=_causes(result), again=again)
     findings += expected_findings("stress.membw.expected", what, "GB/s", values, ranks,
                                   copy_figure, verdicts.expected_fraction, again)
-    data = {"counted": "2 x size_bytes per copy (read + write)", "results": table}
+    data = {"counted": COPY_COUNTED, "results": table}
     if result.get("membw_again"):
         data["measured again"] = list(result["membw_again"])
     return Section("membw", "Device memory bandwidth per rank (GB/s)", data, findings)

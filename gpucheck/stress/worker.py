@@ -27,6 +27,7 @@ from gpucheck.stress.gemm import measure_gemm
 from gpucheck.stress.hooks import Hook, load_hook
 from gpucheck.stress.membw import copy_bytes, free_device_bytes, measure_copy
 from gpucheck.stress.numa import Placement, cpulist, place_this_rank, read_link
+from gpucheck.stress.parking import host_wait
 from gpucheck.stress.sdc import TOLERANCE, relative_deviation
 from gpucheck.stress.specs import copy_figure, gemm_figure
 from gpucheck.stress.verdicts import copy_suspects
@@ -321,14 +322,25 @@ def _copy_row(ctx: RankContext, result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _p2p(ctx: RankContext, result: dict[str, Any]) -> None:
-    """Each node's local rank 0 measures the peer matrix; the others wait."""
     if ctx.spec.device != "cuda":
         result["p2p"] = {"skipped": CPU_SKIP}
         return
-    world = ctx.world
+    node_ranks = [r.rank for r in roster() if r.node_rank == ctx.world.node_rank]
+    result["p2p"] = peer_phase(ctx, peer_matrix, node_ranks)
+
+
+def peer_phase(ctx: RankContext, measure: Callable[[int], dict[str, Any]],
+               node_ranks: list[int]) -> dict[str, Any]:
+    """Each node's local rank 0 measures the peer matrix; the other ranks of its node
+    (`node_ranks`) are parked on the host (`gpucheck.stress.parking`), not in the
+    gather's NCCL kernel."""
+    world, spec = ctx.world, ctx.spec
+    parking = host_wait(spec.backend, world.world_size, node_ranks, spec.timeout_s)
     _barrier(ctx)
     mine = None
     if world.local_rank == 0:
         mine = {"node_rank": world.node_rank, "host": host_name(),
-                **peer_matrix(world.local_world_size)}
-    result["p2p"] = {"nodes": [m for m in _gather(ctx, mine) if m is not None]}
+                **measure(world.local_world_size)}
+    if parking is not None:
+        parking.wait()
+    return {"nodes": [m for m in _gather(ctx, mine) if m is not None]}
