@@ -181,6 +181,23 @@ RULES: tuple[Rule, ...] = (
          "install another torch or upgrade the driver"),
     Rule("gpu.functional", A.DRAIN_NODE, "the GPU computed a wrong product, raised or hung "
          "on a small test: it must not take jobs until reset and diagnosed"),
+    # gpucheck health: the GPU count and the InfiniBand/RoCE ports (docs/health.md).
+    Rule("gpu.count", A.DRAIN_NODE, "fewer GPUs than the node should have: one fell off the "
+         "bus or failed to initialise; jobs sized for the node cannot run", "FAIL"),
+    Rule("gpu.count", A.FIX_CONFIG, "more GPUs than expected, or fewer than the PCI bus shows "
+         "with no count given: state the node's count (--expect-gpus) to judge it", "WARN"),
+    Rule("ib.ports", A.DRAIN_NODE, "fewer active InfiniBand/RoCE ports than the node should "
+         "have: multi-node jobs lose a rail or cannot start"),
+    Rule("ib.port.state", A.DRAIN_NODE, "a port this node has seen active is down: NCCL over "
+         "that rail fails or falls back until the link is fixed", "FAIL"),
+    Rule("ib.port.state", A.FIX_CONFIG, "a port never seen active is down or not configured: "
+         "an unused port to disable or ignore, or a subnet manager to start", "WARN"),
+    Rule("ib.port.rate", A.REPLACE_HARDWARE, "a port trained to a lower rate than its peers: "
+         "a cable, transceiver or switch port to reseat or replace; as gpu.pcie.width"),
+    Rule("ib.port.link_downed", A.DRAIN_NODE, "the link went down and retrained since the "
+         "last check: a flapping link breaks NCCL jobs at random until it is looked at"),
+    Rule("health.state", A.FIX_CONFIG, "the state dir could not be read or written: disk "
+         "space or rights; the checks themselves ran"),
     # Software and environment.
     Rule("system.shm", A.FIX_CONFIG, "/dev/shm is a container or mount setting"),
     Rule("torch.*", A.FIX_CONFIG, "the torch installation (CPU-only, no cuDNN or NCCL, "
@@ -242,6 +259,20 @@ RULES: tuple[Rule, ...] = (
     Rule("stress.p2p", A.FIX_CONFIG, "peer access blocked for some pairs: ACS or IOMMU "
          "settings", keyword="without peer access"),
     Rule("stress.numa", A.FIX_CONFIG, "CPU binding of the ranks is a launch setting"),
+    # hang: a stuck job, the rank the others wait for (docs/hang.md).
+    Rule("hang.rank.*", A.RESTART_APP, "the job cannot go on without this rank (dead, "
+         "stopped, in its own code or another collective): restart the job once its log "
+         "or stack says why; the GPU is not blamed, the fault findings would"),
+    Rule("hang.rank.d_state", A.DRAIN_NODE, "a process in uninterruptible sleep for the "
+         "whole window waits on a driver or file-system call that does not return: the "
+         "node needs a look (dmesg), and the next job would hang the same way"),
+    Rule("hang.rank.unreadable", A.FIX_CONFIG, "the others wait for a rank whose stack "
+         "could not be read: grant the ptrace capability and look again"),
+    Rule("hang.verdict", A.RERUN, "stuck, but no rank of this node to blame: look at "
+         "every node at once (or read the Flight Recorder dumps) to find it"),
+    Rule("hang.traces.*", A.RESTART_APP, "the dumps show ranks that disagree on the "
+         "collectives or never reached one: the program's order of collectives or a rank "
+         "that stopped: fix or restart the job"),
 )
 
 

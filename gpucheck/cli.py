@@ -33,8 +33,9 @@ EXIT_INTERRUPTED = 130  # Ctrl-C; every stop signal N exits 128 + N (SIGTERM: 14
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    return registry.build_parser(__version__)
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """Every command's parser, or (given the command line) only its command's."""
+    return registry.build_parser(__version__, argv)
 
 
 def use_color(stream: TextIO) -> bool:
@@ -69,7 +70,7 @@ def emit(report: Report, fmt: str, output: str | None, quiet: bool,
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     with signals_as_interrupts():
         return _run(args)
 
@@ -93,7 +94,8 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
         return _interrupted(module, args, stop_signal(exc))
-    return report.exit_code(strict=args.strict)
+    decide = getattr(module, "exit_code", None)  # a command with its own convention
+    return decide(report, args) if decide is not None else report.exit_code(strict=args.strict)
 
 
 @contextmanager

@@ -217,6 +217,9 @@ class FakeGpu:
     sm_clock_max: int = 1980
     util: tuple[int, int] = (0, 0)
     pids: list[int] = field(default_factory=list)
+    # nvmlDeviceGetProcessUtilization: pid -> SM utilisation %; empty answers NotFound
+    # (no sample in the buffer), as NVML does.
+    proc_util: dict[int, int] = field(default_factory=dict)
     pcie_gen: tuple[int, int] = (1, 5)
     pcie_width: tuple[int, int] = (16, 16)
     ecc_mode: list[int] = field(default_factory=lambda: [1, 1])
@@ -450,6 +453,14 @@ class FakeNvml:
         gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
         return [types.SimpleNamespace(pid=pid, usedGpuMemory=2 << 30, gpuInstanceId=0xFFFFFFFF,
                                       computeInstanceId=0xFFFFFFFF) for pid in gpu.pids]
+
+    def nvmlDeviceGetProcessUtilization(self, handle: _Handle, timeStamp: int) -> list[Any]:
+        gpu = self._gpu(handle, "nvmlDeviceGetProcessUtilization")
+        if not gpu.proc_util:
+            self._raise("NotFound")
+        return [types.SimpleNamespace(pid=pid, timeStamp=timeStamp + 1, smUtil=util,
+                                      memUtil=util // 2, encUtil=0, decUtil=0)
+                for pid, util in gpu.proc_util.items()]
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: _Handle) -> list[Any]:
         self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses")

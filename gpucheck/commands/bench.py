@@ -76,6 +76,7 @@ def _add_loop_arguments(group: argparse._ArgumentGroup) -> None:
 
 def run(args: argparse.Namespace) -> Report | None:
     from gpucheck.bench.worker import BenchOutcome, bench_worker
+    from gpucheck.distributed.flight import armed
     from gpucheck.distributed.job import run_job
     from gpucheck.distributed.launch import WorkersFailed
 
@@ -83,7 +84,8 @@ def run(args: argparse.Namespace) -> Report | None:
     spec, images = _plan_bench(args, plan)
     report = Report(command="bench")
     try:
-        outcome = run_job(bench_worker, spec, plan.nproc, plan.master_port)
+        with armed("bench"):  # a hang leaves Flight Recorder dumps (gpucheck hang --traces)
+            outcome = run_job(bench_worker, spec, plan.nproc, plan.master_port)
     except WorkersFailed as exc:
         if not getattr(exc, "reporter", True):
             # A rank > 0 under torchrun: rank 0 reports; exit non-zero so the launcher knows.

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
 
 from gpucheck.render import FORMATS
 
-COMMANDS = ("env", "bench", "comm", "stress", "all", "compare", "fleet")
+COMMANDS = ("env", "bench", "comm", "stress", "all", "compare", "fleet", "health", "hang")
 
 EXIT_USAGE = 2
 
@@ -51,8 +52,18 @@ def output_options() -> argparse.ArgumentParser:
     return common
 
 
-def build_parser(version: str) -> argparse.ArgumentParser:
-    """The whole command line: every registered command with the shared options."""
+def parsed_commands(argv: Sequence[str] | None) -> tuple[str, ...]:
+    """The commands whose parsers are built: only the one `argv` names when it names one
+    (nothing else can parse, and the other modules, some heavy, stay unimported, so
+    `gpucheck health` starts fast); every one for `gpucheck --help` and usage errors."""
+    if argv and argv[0] in COMMANDS:
+        return (argv[0],)
+    return COMMANDS
+
+
+def build_parser(version: str, argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line: the shared options and every registered command, or only the
+    one `argv` names (`parsed_commands`)."""
     parser = OneLineParser(
         prog="gpucheck",
         description="Is this GPU server fit for distributed work? Exit codes: 0 no FAIL, "
@@ -62,7 +73,7 @@ def build_parser(version: str) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpucheck {version}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     common = output_options()
-    for name in COMMANDS:
+    for name in parsed_commands(argv):
         module = command_module(name)
         command_parser = sub.add_parser(name, help=module.HELP, description=module.HELP,
                                         parents=[common])

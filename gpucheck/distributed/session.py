@@ -22,7 +22,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from gpucheck.devices import GpuIdentity
-from gpucheck.distributed import faultwatch, progress, terminal
+from gpucheck.distributed import faultwatch, flight, progress, terminal
 from gpucheck.distributed.checkin import (
     CheckInFailed,
     RankInfo,
@@ -169,6 +169,8 @@ def process_group(backend: str, device: str, timeout_s: float,
         yield world
     except BaseException as exc:
         faultwatch.publish_after_failure(world)  # before the roll call, which can take long
+        if isinstance(exc, Exception) and is_comm_error(exc):  # for gpucheck hang --traces
+            flight.dump_after_failure(world.rank, backend)
         if world.world_size > 1 and isinstance(exc, Exception) and is_comm_error(exc):
             raise _diagnose(store, world, timeout_s, exc) from exc
         raise
