@@ -21,8 +21,9 @@ from typing import Any, TextIO
 from gpucheck import __version__
 from gpucheck.commands import registry
 from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
+from gpucheck.distributed import terminal
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
-from gpucheck.escape import terminal
+from gpucheck.escape import terminal as shown
 from gpucheck.output import WriteError, check_writable, write_atomic
 from gpucheck.render import format_for, render
 from gpucheck.report import Report, Section, fail
@@ -98,6 +99,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.output is not None:
             check_writable(args.output)
         baseline = read_baseline_option(args)
+        terminal.configure(terminal.wanted(args.quiet))  # progress on stderr, rank 0 only
         report = module.run(args)
         if report is None:
             return 0
@@ -105,8 +107,8 @@ def _run(args: argparse.Namespace) -> int:
             report.add(baseline_section(report, baseline))
         emit(report, fmt, args.output, args.quiet)
     except UsageError as exc:
-        # terminal(): the message may quote a report file (its command, host, path).
-        print(f"gpucheck {args.command}: error: {terminal(exc)}", file=sys.stderr)
+        # shown(): the message may quote a report file (its command, host, path).
+        print(f"gpucheck {args.command}: error: {shown(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
         return _interrupted(module, args, stop_signal(exc))
@@ -144,7 +146,7 @@ def _interrupted(module: Any, args: argparse.Namespace, signum: signal.Signals) 
     written = args.output is not None and _is_reporter() and _write_interrupted(
         module, args, signum)
     where = f"; partial report in {args.output}" if written else ""
-    print(f"gpucheck {args.command}: {how}{terminal(where)}", file=sys.stderr)
+    print(f"gpucheck {args.command}: {how}{shown(where)}", file=sys.stderr)
     return 128 + int(signum)
 
 

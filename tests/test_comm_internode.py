@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpucheck.comm.internode import (
+from gpucheck.comm.internode import rail_links, round_schedule
+from gpucheck.comm.internode_verdicts import (
     internode_findings,
     node_pair_rows,
     rail_findings,
-    rail_links,
-    round_schedule,
     shared_node,
 )
 from gpucheck.comm.report import Verdicts, comm_sections

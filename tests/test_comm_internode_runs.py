@@ -1,8 +1,8 @@
 """Three "nodes" on one machine (three torchrun agents, c10d on 127.0.0.1), one slowed.
 
 The test hook GPUCHECK_TEST_SLOW_SENDS=2:SECONDS makes node 2's ranks sleep before
-each send of the node-to-node rounds: its two outgoing node pairs must be the slow
-ones, and node 2 the node they share.
+each send between nodes (with ":first" in the rounds only, not in the second look):
+far slower than any noise, so the verdicts below are deterministic.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _nodes(tmp_path: Path, nodes: int = NODES, per_node: int = 1,
                 "--nproc-per-node", str(per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint",
                 f"127.0.0.1:{port}", "--rdzv-id", run_id, "--max-restarts", "0",
                 "-m", "gpucheck", "comm", "--collectives", "all_reduce", "--max-bytes",
-                "4K", "--iters", "1", "--warmup", "0", "--no-pairwise", "--pair-bytes", "1M",
+                "4K", "--iters", "1", "--warmup", "0", "--no-pairwise", "--pair-bytes", "256K",
                 "--timeout", "60", "-q", "-o", str(out)]
     procs = [start(torchrun, clean_env(**env)) for _ in range(nodes)]
     with tracked(procs) as seen:
@@ -39,20 +39,44 @@ def _nodes(tmp_path: Path, nodes: int = NODES, per_node: int = 1,
     return json.loads(out.read_text())
 
 
-def test_a_node_with_slow_sends_is_named_as_the_node_its_slow_pairs_share(
+def _internode(report: dict[str, Any]) -> dict[str, Any]:
+    return {s["name"]: s for s in report["sections"]}["internode"]
+
+
+def _warns(section: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [(f["check"], f["subject"], f["action"]) for f in section["findings"]
+            if f["status"] == "WARN"]
+
+
+def test_a_node_slow_in_every_round_is_named_and_confirmed_against_known_good_nodes(
         tmp_path: Path) -> None:
-    report = _nodes(tmp_path, **{TEST_SLOW_SENDS_VAR: "2:0.2"})
-    section = {s["name"]: s for s in report["sections"]}["internode"]
+    report = _nodes(tmp_path, **{TEST_SLOW_SENDS_VAR: "2:0.02"})
+    section = _internode(report)
     assert section["data"]["rounds"] == NODES - 1
     pairs = {(r["src_node"], r["dst_node"]) for r in section["data"]["node_pairs"]}
     assert pairs == {(a, b) for a in range(NODES) for b in range(NODES) if a != b}
-    slow = [f["subject"] for f in section["findings"]
-            if f["check"] == "comm.internode.slow_pair" and f["status"] == "WARN"]
-    # Both of node 2's outgoing pairs are slow (another pair may be too, on a busy host:
-    # node 2 is still in most of them).
-    assert {"node 2 -> node 0", "node 2 -> node 1"} <= set(slow)
-    (shared,) = [f for f in section["findings"] if f["check"] == "comm.internode.shared_node"]
-    assert shared["status"] == "WARN" and shared["subject"].startswith("node 2 ")
+    # Node 2 sends slowly: it is the suspect by elimination (every pair it sends on is
+    # slower than the pairs without it), and the second look, with node 0 and node 1
+    # (known good), confirms it.
+    named = [f for f in section["findings"] if f["check"] == "comm.internode.shared_node"]
+    assert [(f["subject"][:6], f["status"]) for f in named] == [("node 2", "WARN")]
+    assert "confirmed" in named[0]["message"] and "known good" in named[0]["message"]
+    confirmed = {f["subject"] for f in section["findings"]
+                 if f["check"] == "comm.internode.slow_pair" and "confirmed" in f["message"]}
+    assert {"node 2 -> node 0", "node 2 -> node 1"} <= confirmed
+    again = {(r["src_node"], r["dst_node"]) for r in section["data"]["measured again"]}
+    assert {(2, 0), (2, 1), (0, 1), (1, 0)} <= again
+
+
+def test_a_node_slow_only_in_the_rounds_is_unstable_and_asks_for_a_rerun(
+        tmp_path: Path) -> None:
+    report = _nodes(tmp_path, **{TEST_SLOW_SENDS_VAR: "2:0.02:first"})
+    warns = _warns(_internode(report))
+    assert ("comm.internode.shared_node", "node 2 (", "rerun") in [
+        (c, s[:8], a) for c, s, a in warns]
+    assert all(a == "rerun" for _, _, a in warns)
+    assert all("unstable" in f["message"] for f in _internode(report)["findings"]
+               if f["status"] == "WARN")
 
 
 def test_two_nodes_of_two_ranks_run_both_rails_and_sum_them_per_node_pair(
@@ -70,3 +94,7 @@ def test_two_nodes_of_two_ranks_run_both_rails_and_sum_them_per_node_pair(
         assert row["rails"] == 2
         assert row["bandwidth_gbps"] == pytest.approx(sum(rails), abs=1e-3)
     assert sections["transport"]["data"]["transport"].startswith("n/a (gloo)")
+    # Healthy: nothing is condemned (noise on this shared VM can at most make a figure
+    # "unstable", action rerun, after its second look).
+    assert all("confirmed" not in f["message"] and f["action"] in (None, "rerun")
+               for f in sections["internode"]["findings"])

@@ -13,7 +13,7 @@ from gpucheck.comm.aggregate import (
     pair_findings,
     pair_matrix,
 )
-from gpucheck.comm.internode import internode_findings, node_pair_rows, rail_findings
+from gpucheck.comm.internode_verdicts import internode_findings, node_pair_rows, rail_findings
 from gpucheck.comm.nccl_log import transport_view
 from gpucheck.distributed.nodes import (
     NodeId,
@@ -76,8 +76,15 @@ def _pairwise_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     pairwise = result["pairwise"]
     ranks = [int(r["rank"]) for r in result["ranks"]]
     data = {"size_bytes": pairwise["size_bytes"], "iters": pairwise["iters"],
-            "bandwidth_gbps (src row -> dst column)": pair_matrix(pairwise["pairs"], ranks)}
-    findings = pair_findings(pairwise["pairs"], verdicts.pair_threshold, _names(result))
+            "repeats": pairwise.get("repeats", 1),
+            "bandwidth_gbps (src row -> dst column)": pair_matrix(pairwise["pairs"], ranks),
+            "repeats_gbps": [{k: p.get(k) for k in ("src", "dst", "samples_gbps")}
+                             for p in pairwise["pairs"]]}
+    if pairwise.get("again"):
+        data["measured again"] = [{k: p[k] for k in ("src", "dst", "samples_gbps")}
+                                  for p in pairwise["again"]]
+    findings = pair_findings(pairwise["pairs"], verdicts.pair_threshold, _names(result),
+                             pairwise.get("again"), str(result.get("device")))
     return Section("pairwise", "Pairwise send/recv bandwidth on each node (GB/s)", data,
                    findings)
 
@@ -142,7 +149,12 @@ def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section
             "node_pairs": [r | {"src": labels[r["src_node"]], "dst": labels[r["dst_node"]]}
                            for r in rows],
             "rails": internode["links"]}
-    findings = (internode_findings(rows, verdicts.pair_threshold, labels)
+    if internode.get("again"):
+        data["measured again"] = [r | {"src": labels[r["src_node"]],
+                                       "dst": labels[r["dst_node"]]}
+                                  for r in node_pair_rows(internode["again"])]
+    findings = (internode_findings(rows, verdicts.pair_threshold, labels,
+                                   internode.get("again"))
                 + rail_findings(internode["links"], verdicts.pair_threshold, labels))
     return Section("internode", title, data, findings)
 

@@ -21,8 +21,9 @@ from typing import Any
 
 from gpucheck.commands.launch_options import add_launch_arguments
 from gpucheck.commands.option_types import positive_float
+from gpucheck.distributed import terminal
 from gpucheck.errors import UsageError
-from gpucheck.escape import terminal
+from gpucheck.escape import terminal as shown
 from gpucheck.report import Finding, Report, Section, fail, skip
 
 HELP = "env, stress, bench and comm in turn on this node (or job): one report"
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> Report | None:
         if name not in chosen:
             _state["outcomes"].append(Outcome(name, "skipped", "--skip"))
             continue
+        terminal.say(f"all: step {chosen.index(name) + 1} of {len(chosen)}: gpucheck {name}")
         _state["outcomes"].append(_run_one(name, namespaces[name]))
         _state["current"] = None  # left set by an interrupt, for partial_report
     outcomes: list[Outcome] = _state["outcomes"]
@@ -178,7 +180,7 @@ def _run_one(name: str, ns: argparse.Namespace) -> Outcome:
         return Outcome(name, "failed", why, _since(start))
     except Exception as exc:
         why = f"{type(exc).__name__}: {_first_line(str(exc))}"
-        print(f"gpucheck all: {name} failed: {terminal(why)}", file=sys.stderr)
+        print(f"gpucheck all: {name} failed: {shown(why)}", file=sys.stderr)
         _leave_group()
         return Outcome(name, "failed", why, _since(start))
     if report is None and _is_reporter():

@@ -88,7 +88,7 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan, collectives: tuple[str, ..
                     collectives=collectives, min_bytes=args.min_bytes,
                     max_bytes=args.max_bytes, iters=args.iters, warmup=args.warmup,
                     pairwise=args.pairwise, pair_bytes=args.pair_bytes,
-                    fault_watch=args.fault_watch)
+                    pair_threshold=args.pair_threshold, fault_watch=args.fault_watch)
 
 
 def _verdicts(args: argparse.Namespace):  # type: ignore[no-untyped-def]

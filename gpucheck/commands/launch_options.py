@@ -10,6 +10,7 @@ from typing import Any
 
 from gpucheck.commands.baseline_option import add_baseline_argument
 from gpucheck.commands.option_types import port, positive_float, positive_int
+from gpucheck.distributed import terminal
 from gpucheck.distributed.job import launched_world, resolve_nproc
 from gpucheck.distributed.launch import check_port_free
 from gpucheck.errors import UsageError
@@ -58,6 +59,8 @@ def _visible_gpus() -> int:
     Not `torch.cuda.device_count()`, which before CUDA starts answers from NVML and
     counts every MIG instance in CUDA_VISIBLE_DEVICES, though CUDA enumerates only one.
     """
+    if "torch" not in sys.modules:  # the first seconds of every load command
+        terminal.say("loading torch and looking for GPUs")
     from gpucheck.devices import cuda_device_count
 
     return cuda_device_count(import_torch())

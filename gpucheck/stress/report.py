@@ -14,6 +14,8 @@ from gpucheck.report import Finding, Section, fail, ok, skip, warn
 from gpucheck.stress.sdc import judge
 from gpucheck.stress.specs import COPY_COUNTED, copy_figure, gemm_figure
 from gpucheck.stress.verdicts import (
+    again_of,
+    copies_again,
     expected_findings,
     link_findings,
     peer_findings,
@@ -148,14 +150,25 @@ def _gemm_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
                               if figure else None})
         values = {int(r["rank"]): float(r["tflops_p50"]) for r in mine}
         what = f"{dtype} GEMM {mine[0]['size']}^3"
+        again = again_of(result.get("gemm_again"), "tflops_p50", dtype)
         findings += peer_findings("stress.gemm.peers", what, "TFLOP/s", values, ranks,
-                                  verdicts.peer_fraction, causes=_causes(result))
+                                  verdicts.peer_fraction, causes=_causes(result), again=again)
         findings += expected_findings("stress.gemm.expected", what, "TFLOP/s", values, ranks,
                                       lambda m, d=dtype: gemm_figure(m, d),
-                                      verdicts.expected_fraction)
-    data = {"flops_per_product": "2 n^3", "results": table}
+                                      verdicts.expected_fraction, again)
+    data = {"flops_per_product": "2 n^3", **_thresholds(verdicts), "results": table}
+    if result.get("gemm_again"):
+        data["measured again"] = list(result["gemm_again"])
     return Section("gemm", "Matrix multiply throughput per rank (TFLOP/s; verdicts use the "
                    "median product)", data, findings)
+
+
+def _thresholds(verdicts: Verdicts) -> dict[str, float]:
+    """The fractions the verdicts used, kept in the data so charts (and readers) use
+    the same: a rank is flagged below peer_threshold x its node's median (vs_peers)
+    or expected_threshold x its model's typical figure (vs_expected)."""
+    return {"peer_threshold": verdicts.peer_fraction,
+            "expected_threshold": verdicts.expected_fraction}
 
 
 def _membw_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
@@ -171,11 +184,14 @@ def _membw_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
                           if figure else None})
     values = {int(r["rank"]): float(r["gbps_p50"]) for r in rows}
     what = "device memory copy"
+    again = again_of(result.get("membw_again"), "gbps_p50")
     findings = peer_findings("stress.membw.peers", what, "GB/s", values, ranks,
-                             verdicts.peer_fraction, causes=_causes(result))
+                             verdicts.peer_fraction, causes=_causes(result), again=again)
     findings += expected_findings("stress.membw.expected", what, "GB/s", values, ranks,
-                                  copy_figure, verdicts.expected_fraction)
-    data = {"counted": COPY_COUNTED, "results": table}
+                                  copy_figure, verdicts.expected_fraction, again)
+    data = {"counted": COPY_COUNTED, **_thresholds(verdicts), "results": table}
+    if result.get("membw_again"):
+        data["measured again"] = list(result["membw_again"])
     return Section("membw", "Device memory bandwidth per rank (GB/s)", data, findings)
 
 
@@ -265,15 +281,19 @@ def _copies_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     alone = [{"rank": r["rank"], "h2d_gbps": r["h2d_alone_gbps"],
               "d2h_gbps": r["d2h_alone_gbps"], "link": r["link"],
               "link_gbps": r["link_gbps"]} for r in rows if r["h2d_alone_gbps"] is not None]
-    findings = link_findings("stress.copies.link", alone, ranks, verdicts.copy_fraction)
+    again = copies.get("again")
+    findings = link_findings("stress.copies.link", alone, ranks, verdicts.copy_fraction,
+                             copies_again(again, "alone"))
     together = {int(r["rank"]): min(r["h2d_together_gbps"], r["d2h_together_gbps"])
                 for r in rows}
     findings += peer_findings("stress.copies.together", "host copies with every GPU at once "
                               "(slower direction)", "GB/s", together, ranks,
-                              verdicts.peer_fraction)
+                              verdicts.peer_fraction, again=copies_again(again, "together"))
     table = [r | {"together_vs_alone": _together_ratio(r)} for r in rows]
     data = {"counted": "bytes one way / median copy time (one PCIe direction)",
             "results": table}
+    if again:
+        data["measured again"] = list(again)
     return Section("copies", "Host<->device copies (pinned memory): each GPU alone, then "
                    "all at once (GB/s)", data, findings)
 
