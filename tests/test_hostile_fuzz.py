@@ -30,7 +30,7 @@ from gpucheck.report import Report, ReportShapeError, SchemaVersionError
 
 REPORTS = Path(__file__).resolve().parent / "data" / "reports"
 SAMPLES = ("bench.json", "comm.json", "stress_fail.json", "env_gpu.json")
-FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=100, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 ODD_TEXT = st.lists(st.sampled_from(
