@@ -26,14 +26,17 @@ from gpucheck.escape import terminal
 __all__ = ["html", "markdown", "markdown_code", "terminal"]
 
 _MD_SPECIAL = re.compile(r"([\\`|\[\]])")
+_MD_ANY = re.compile(r"[\\`|\[\]&<>]")
 
 
 def markdown(value: object) -> str:
     """`value` as literal text in a Markdown table cell or paragraph."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isascii() and text.isprintable() and not _MD_ANY.search(text):
+        return text  # the usual cell: nothing to escape
     # Markdown escapes first, on the raw text; then controls as `\n`, which Markdown
     # shows as written (a backslash before a letter escapes nothing).
-    text = _MD_SPECIAL.sub(r"\\\1", _html.escape(str(value), quote=False))
-    return terminal(text)
+    return terminal(_MD_SPECIAL.sub(r"\\\1", _html.escape(text, quote=False)))
 
 
 def markdown_code(value: object) -> str:
