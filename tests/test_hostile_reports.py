@@ -209,3 +209,16 @@ def test_a_report_dated_in_the_future_is_flagged(tmp_path: Path) -> None:
     flagged = [f for f in findings if f["check"] == "fleet.future_report"]
     assert len(flagged) == 1 and flagged[0]["subject"] == "gpu03"
     assert flagged[0]["status"] == "WARN" and "2099" in flagged[0]["message"]
+
+
+def test_one_file_named_twice_through_a_symlink_is_no_duplicate_host(tmp_path: Path) -> None:
+    real = write(tmp_path / "gpu01.json", _claiming("stress.json", "gpu01",
+                                                    "2026-01-01T10:00:00"))
+    (tmp_path / "link.json").symlink_to(real)
+    out = tmp_path / "out" / "fleet.json"
+    out.parent.mkdir()
+    assert main(["fleet", str(real), str(tmp_path / "link.json"), str(tmp_path / "." /
+                                                                     "gpu01.json"),
+                 "-q", "-o", str(out)]) == 0
+    findings = [f for s in json.loads(out.read_text())["sections"] for f in s["findings"]]
+    assert not [f for f in findings if f["check"] == "fleet.duplicate_host"]

@@ -225,4 +225,9 @@ def report_paths(inputs: Sequence[str]) -> list[str]:
             paths.append(given)
         else:
             raise UsageError(f"{given}: no such file or directory")
-    return list(dict.fromkeys(paths))  # a file named twice is read once
+    # A file named twice (or through a symlink, ./ or ..) is read once: else it would
+    # claim its host twice (fleet.duplicate_host) though it is one file.
+    unique: dict[str, str] = {}
+    for path in paths:
+        unique.setdefault(os.path.realpath(path), path)
+    return list(unique.values())
