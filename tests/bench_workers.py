@@ -7,7 +7,11 @@ Nothing in gpucheck imports this module; only tests set the variable.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -113,3 +117,25 @@ def slow_rank_zero_by_15_percent(model: nn.Module, rank: int) -> nn.Module:
 
 def wrong_rank_zero(model: nn.Module, rank: int) -> nn.Module:
     return _RankBehaviour(model, 0.0, wrong=rank == 0)
+
+
+THROTTLE_SCRIPT = str(Path(__file__).with_name("throttle.py"))
+
+
+def _throttled(model: nn.Module, throttled: bool) -> nn.Module:
+    """A rank whose host does not run it part of the time: tests/throttle.py stops this
+    process from outside for SLOWDOWN of the time it lets it run (as a CPU quota would),
+    so the rank computes as fast as the others, in CPU time, and its wall time is 15%
+    longer. The helper ends when this process does."""
+    if throttled:
+        subprocess.Popen([sys.executable, THROTTLE_SCRIPT, str(os.getpid()), str(SLOWDOWN)],
+                         stdin=subprocess.DEVNULL, close_fds=True)
+    return model
+
+
+def throttle_rank_one_by_15_percent(model: nn.Module, rank: int) -> nn.Module:
+    return _throttled(model, rank == SLOW_RANK)
+
+
+def throttle_rank_zero_by_15_percent(model: nn.Module, rank: int) -> nn.Module:
+    return _throttled(model, rank == 0)
