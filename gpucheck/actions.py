@@ -174,6 +174,10 @@ RULES: tuple[Rule, ...] = (
     Rule("bench.images.skipped", A.FIX_CONFIG, "an unreadable input image: fix or remove "
          "the file"),
     Rule("bench.rank.straggler", A.RERUN, f"a slow rank in {_SHORT_RUN}"),
+    Rule("bench.rank.straggler", A.FIX_CONFIG, "the rank computed at speed and held the job "
+         "back because its host did not run it (a CPU quota, a competing or stopped "
+         "process, a data loader): the host's settings or load, not the hardware",
+         keyword="its host did not run it"),
     Rule("bench.node.slow", A.RERUN, f"a slow node in {_SHORT_RUN}"),
     Rule("bench.consistency", A.DRAIN_NODE, "a rank computed wrong logits: a GPU that "
          "gives wrong answers must not take jobs until diagnosed (dcgmi diag)"),

@@ -187,9 +187,9 @@ def test_iterations_are_lined_up_by_the_clock_not_by_their_index() -> None:
 
 
 def test_cpu_marks_give_cpu_time_per_iteration_and_the_wall_clock_timeline() -> None:
-    from gpucheck.bench.worker import _IterationMarks
+    from gpucheck.bench.marks import IterationMarks
 
-    marks = _IterationMarks("cpu", 3)
+    marks = IterationMarks("cpu", 3)
     marks.begin()
     until = time.process_time() + 0.02
     while time.process_time() < until:  # 20 ms of computation
