@@ -122,20 +122,27 @@ def wrong_rank_zero(model: nn.Module, rank: int) -> nn.Module:
 THROTTLE_SCRIPT = str(Path(__file__).with_name("throttle.py"))
 
 
-def _throttled(model: nn.Module, throttled: bool) -> nn.Module:
+def _throttled(model: nn.Module, share: float) -> nn.Module:
     """A rank whose host does not run it part of the time: tests/throttle.py stops this
-    process from outside for SLOWDOWN of the time it lets it run (as a CPU quota would),
-    so the rank computes as fast as the others, in CPU time, and its wall time is 15%
-    longer. The helper ends when this process does."""
-    if throttled:
-        subprocess.Popen([sys.executable, THROTTLE_SCRIPT, str(os.getpid()), str(SLOWDOWN)],
+    process from outside for `share` of the time it lets it run (as a CPU quota would),
+    so the rank computes as fast as the others, in CPU time, and its wall time is longer
+    by up to `share` (less on a loaded machine, where the scheduler gives a stopped
+    process back part of its turn). The helper ends when this process does."""
+    if share:
+        subprocess.Popen([sys.executable, THROTTLE_SCRIPT, str(os.getpid()), str(share)],
                          stdin=subprocess.DEVNULL, close_fds=True)
     return model
 
 
 def throttle_rank_one_by_15_percent(model: nn.Module, rank: int) -> nn.Module:
-    return _throttled(model, rank == SLOW_RANK)
+    return _throttled(model, SLOWDOWN if rank == SLOW_RANK else 0.0)
 
 
 def throttle_rank_zero_by_15_percent(model: nn.Module, rank: int) -> nn.Module:
-    return _throttled(model, rank == 0)
+    return _throttled(model, SLOWDOWN if rank == 0 else 0.0)
+
+
+def stop_rank_one_half_the_time(model: nn.Module, rank: int) -> nn.Module:
+    """Stopped as long as it is let run: twice the wall time, for tests that must name
+    it whatever the load."""
+    return _throttled(model, 1.0 if rank == SLOW_RANK else 0.0)
