@@ -18,6 +18,7 @@ every run, with the right kind ("a slow CPU" / "its host did not run it").
     python benchmarks/straggler_noise.py --runs 20 [--kinds healthy,slowed,throttled]
     python benchmarks/straggler_noise.py --runs 10 --busy 1   # a busy loop competing
     python benchmarks/straggler_noise.py --reports DIR    # summarise kept reports again
+    python benchmarks/straggler_noise.py --runs 3 --kinds throttled --throttle-share 0.5
 
 `--busy N` runs N busy-loop processes beside the benchmark for its whole length (a
 neighbour that always wants a core: the loaded case, reproducibly). Every run line ends
@@ -173,8 +174,13 @@ def main() -> None:
                         help="run nothing: summarise the reports --keep saved in this folder")
     parser.add_argument("--busy", type=int, default=0,
                         help="busy-loop processes to run beside the benchmark (default 0)")
+    parser.add_argument("--throttle-share", type=float, default=None,
+                        help="throttled runs: stopped for this share of the time the rank "
+                             "is let run (default 0.15)")
     parser.add_argument("extra", nargs="*", help="options passed to gpucheck bench")
     args = parser.parse_args()
+    if args.throttle_share is not None:
+        os.environ["GPUCHECK_TEST_THROTTLE_SHARE"] = str(args.throttle_share)
     kinds = [k for k in args.kinds.split(",") if k]
     if set(kinds) - set(KINDS):
         parser.error(f"--kinds: choose among {', '.join(KINDS)}")

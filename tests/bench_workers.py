@@ -134,12 +134,20 @@ def _throttled(model: nn.Module, share: float) -> nn.Module:
     return model
 
 
+# benchmarks/straggler_noise.py --throttle-share: the share for the two hooks below.
+THROTTLE_SHARE_VAR = "GPUCHECK_TEST_THROTTLE_SHARE"
+
+
+def _throttle_share() -> float:
+    return float(os.environ.get(THROTTLE_SHARE_VAR) or SLOWDOWN)
+
+
 def throttle_rank_one_by_15_percent(model: nn.Module, rank: int) -> nn.Module:
-    return _throttled(model, SLOWDOWN if rank == SLOW_RANK else 0.0)
+    return _throttled(model, _throttle_share() if rank == SLOW_RANK else 0.0)
 
 
 def throttle_rank_zero_by_15_percent(model: nn.Module, rank: int) -> nn.Module:
-    return _throttled(model, SLOWDOWN if rank == 0 else 0.0)
+    return _throttled(model, _throttle_share() if rank == 0 else 0.0)
 
 
 def stop_rank_one_half_the_time(model: nn.Module, rank: int) -> nn.Module:
