@@ -194,7 +194,8 @@ def test_a_rank_its_host_did_not_run_is_named_as_held_back_by_its_host() -> None
     [(subject, (message, action))] = judged(records).items()
     assert subject == "rank 1" and action == "fix-config"
     for part in ("rank 1 on vm", "held the job back", "1.15x", "in wall time",
-                 "1.00x in CPU time", "its host did not run it"):
+                 "1.00x in CPU time", "its host did not run it",
+                 "whole loop 1.15x the other ranks'"):
         assert part in message
 
 

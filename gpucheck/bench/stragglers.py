@@ -3,6 +3,7 @@ straggler it is (gpucheck.bench.pace; docs/bench.md, "Stragglers")."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 
 from gpucheck.bench.aggregate import MIN_JUDGED_ITERS, BenchSummary, RankRecord
@@ -27,10 +28,11 @@ def straggler_findings(records: tuple[RankRecord, ...], summary: BenchSummary,
     findings = []
     for rank in summary.stragglers:
         record, pace = by_rank[rank], paces[rank]
+        loop = _loop_vs_others(record, records)
         if straggler_kind(pace, summary.threshold) == HOST_STALL:
-            message, hint = _host_message(record, pace, summary), HOST_HINT
+            message, hint = _host_message(record, pace, loop), HOST_HINT
         else:
-            message, hint = _device_message(record, pace, summary), _device_hint(record)
+            message, hint = _device_message(record, pace, loop), _device_hint(record)
         cause = f"; {causes[rank]}" if causes and causes.get(rank) else ""
         findings.append(warn(CHECK, message + cause, hint=hint, subject=f"rank {rank}"))
     if not findings:
@@ -42,7 +44,14 @@ def _clock(record: RankRecord) -> str:
     return "GPU time" if record.device.startswith("cuda") else "CPU time"
 
 
-def _device_message(record: RankRecord, pace: RankPace, summary: BenchSummary) -> str:
+def _loop_vs_others(record: RankRecord, records: tuple[RankRecord, ...]) -> float:
+    """Its whole loop's wall time over the other ranks' median: how long the job waited
+    for it (with two ranks, the median of both would halve the gap)."""
+    others = statistics.median(r.wall_s for r in records if r.rank != record.rank)
+    return record.wall_s / others if others > 0 else 0.0
+
+
+def _device_message(record: RankRecord, pace: RankPace, loop: float) -> str:
     """The slow-device kind: its device time was slow (and so, mostly, its wall time)."""
     slower = round(pace.slower_share * record.iters)
     what = "GPU" if record.device.startswith("cuda") else "CPU"
@@ -52,19 +61,17 @@ def _device_message(record: RankRecord, pace: RankPace, summary: BenchSummary) -
             f"{pace.vs_others:.2f}x as long as the other ranks at the same moments in "
             f"{_clock(record)} (median over {record.iters}; slower in {slower} of them)"
             f"{wall}: a slow {what}, it computed slower; p50 {pace.p50_ms:.4g} ms vs the "
-            f"others' {pace.others_p50_ms:.4g} ms, whole loop "
-            f"{summary.vs_median[record.rank]:.2f}x the median rank's")
+            f"others' {pace.others_p50_ms:.4g} ms, whole loop {loop:.2f}x the other ranks'")
 
 
-def _host_message(record: RankRecord, pace: RankPace, summary: BenchSummary) -> str:
+def _host_message(record: RankRecord, pace: RankPace, loop: float) -> str:
     """The host kind: it held the job back in wall time, yet computed at the others' pace."""
     slower = round(pace.wall_slower_share * record.iters)
     return (f"rank {record.rank} on {record.host} ({record.gpu_label()}) held the job back: "
             f"its iterations took {pace.wall_vs_others:.2f}x as long as the other ranks' at "
             f"the same moments in wall time (median over {record.iters}; slower in {slower} "
             f"of them), yet {pace.vs_others:.2f}x in {_clock(record)}: its host did not run "
-            f"it part of the time; whole loop {summary.vs_median[record.rank]:.2f}x the "
-            "median rank's")
+            f"it part of the time; whole loop {loop:.2f}x the other ranks'")
 
 
 def _no_straggler_message(records: tuple[RankRecord, ...], summary: BenchSummary) -> str:
