@@ -4,7 +4,10 @@ One pair at a time per node (pairs of different nodes run side by side), a barri
 of all ranks between steps, so no two transfers on a node share the bus. The sender
 times `iters` sends of one buffer plus the receiver's one-element acknowledgement,
 with the same clock and batching as the collectives (`collectives.time_batch`): on
-NCCL every isend/irecv is launched before the first wait, on gloo one at a time.
+NCCL every isend/irecv is launched before the first wait, after an untimed one-element
+send from the receiver that the sender's stream waits on before its start event
+(`_align`: the start is aligned on the device, as the collectives' rendezvous); on
+gloo one at a time, unchanged.
 Each pair is timed `repeats` times after one warm-up: the spread of the repeats is the
 measurement's own noise, which decides what can be judged (gpucheck.comm.confirm).
 Then the slow pairs are measured again beside a known-good pair of their node, with
@@ -80,6 +83,20 @@ def _side(me: int, src: int, dst: int, buf: Any, ack: Any,
     return [lambda: dist.irecv(buf, src)] * iters + [lambda: dist.isend(ack, src)]
 
 
+def _align(me: int, src: int, dst: int, flag: Any) -> Callable[[], Work]:
+    """The untimed op that aligns a pair's start on the device (NCCL only): the
+    receiver sends one element to the sender. The sender's start event, recorded once
+    its stream has waited on that receive, fires only when the receiver has joined,
+    not when the sender left the host barrier (polled every 1 ms under blocking wait,
+    so the two leave it up to ~1 ms apart; gpucheck.comm.collectives). Sent before the
+    batch on the same pair, so NCCL matches it before the batch's ops, in order."""
+    import torch.distributed as dist
+
+    if me == src:
+        return lambda: dist.irecv(flag, dst)
+    return lambda: dist.isend(flag, src)
+
+
 def _time_pair(src: int, dst: int, size_bytes: int, iters: int, device: str) -> float | None:
     """Bandwidth in GB/s on the sender; None on the receiver."""
     samples = _time_pair_samples(src, dst, size_bytes, iters, device, 1, False)
@@ -95,7 +112,7 @@ def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: 
 
     where = "cuda" if device == "cuda" else "cpu"
     buf = torch.zeros(max(size_bytes // ELEMENT_BYTES, 1), device=where)
-    ack = torch.zeros(1, device=where)
+    ack, flag = torch.zeros(1, device=where), torch.zeros(1, device=where)
     me = dist.get_rank()
     in_a_row = back_to_back()
     # Warm-up: the first NCCL send/recv between two ranks creates their communicator.
@@ -105,7 +122,9 @@ def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: 
     for repeat in range(repeats):
         clock: Clock = make_clock(device) if me == src else NullClock()
         delay = _test_delay(src, dst, again, repeat)
-        elapsed = time_batch(_side(me, src, dst, buf, ack, iters, delay), clock, in_a_row)
+        align = _align(me, src, dst, flag) if in_a_row else None
+        elapsed = time_batch(_side(me, src, dst, buf, ack, iters, delay), clock, in_a_row,
+                             align)
         if me == src:
             samples.append(size_bytes * iters / elapsed / 1e9)
     return samples
