@@ -50,22 +50,22 @@ def pair_schedule(roster: Sequence[Mapping[str, Any]]) -> list[list[tuple[int, i
 
 # Test-only: "SRC:DST:SECONDS[:WHEN]" makes rank SRC sleep before each send to DST;
 # WHEN "always" (default), "first" (the first measurement only, not the second look)
-# or "once" (the first measurement's first repeat only: one noisy batch).
+# or "once" (the first measurement's first repeat only: one noisy batch). Several
+# pairs: separated by commas.
 TEST_SLOW_PAIR_VAR = "GPUCHECK_TEST_SLOW_PAIR"
 DEFAULT_REPEATS = 3
 
 
 def _test_delay(src: int, dst: int, again: bool, repeat: int) -> float:
     """Seconds to sleep before each send of this batch (the test hook), else 0."""
-    raw = os.environ.get(TEST_SLOW_PAIR_VAR, "")
-    if not raw:
-        return 0.0
-    a, b, seconds, *when = raw.split(":")
-    if (int(a), int(b)) != (src, dst):
-        return 0.0
-    mode = when[0] if when else "always"
-    slowed = mode == "always" or (not again and (mode == "first" or repeat == 0))
-    return float(seconds) if slowed else 0.0
+    for spec in filter(None, os.environ.get(TEST_SLOW_PAIR_VAR, "").split(",")):
+        a, b, seconds, *when = spec.split(":")
+        if (int(a), int(b)) != (src, dst):
+            continue
+        mode = when[0] if when else "always"
+        slowed = mode == "always" or (not again and (mode == "first" or repeat == 0))
+        return float(seconds) if slowed else 0.0
+    return 0.0
 
 
 def _side(me: int, src: int, dst: int, buf: Any, ack: Any,
@@ -157,11 +157,12 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
 
 
 def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
-                  device: str, repeats: int = 1) -> list[dict[str, Any]]:
-    """Run the schedule; return the pairs this rank sent from ({src, dst, node_rank, ...})."""
+                  device: str, repeats: int = 1, again: bool = False) -> list[dict[str, Any]]:
+    """Run the schedule; return the pairs this rank sent from ({src, dst, node_rank, ...}).
+    `again`: a second look (a slow node's pairs, gpucheck.comm.nodes_again)."""
     node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
     return _run_steps(pair_schedule(roster), node_of, size_bytes, iters, device, repeats,
-                      False)
+                      again)
 
 
 def second_look_steps(plans: Mapping[int, Suspects]) -> list[list[tuple[int, int]]]:
@@ -177,16 +178,16 @@ def run_pairwise(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: in
     beside a known-good pair. Every rank computes the same plan from the same gathered
     rows, and rank 0's copy is broadcast, so all ranks run the same steps."""
     node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
-    pairs = _gather_rows(measure_pairs(roster, size_bytes, iters, device, repeats))
+    pairs = gather_rows(measure_pairs(roster, size_bytes, iters, device, repeats))
     plans = _agree({n: s for n, s in suspects_by_node(pairs, threshold).items()
                     if not s.empty})
-    again = _gather_rows(_run_steps(second_look_steps(plans), node_of, size_bytes, iters,
+    again = gather_rows(_run_steps(second_look_steps(plans), node_of, size_bytes, iters,
                                     device, repeats, True)) if plans else []
     return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats, "pairs": pairs,
             "again": again}
 
 
-def _gather_rows(mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def gather_rows(mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
     import torch.distributed as dist
 
     progress.set_step("gathering pairwise results")
