@@ -44,7 +44,7 @@ from gpucheck.comm.collectives import (
     time_batch,
 )
 from gpucheck.comm.confirm import Suspects, find_suspects
-from gpucheck.comm.internode_verdicts import node_pair_rows, node_samples
+from gpucheck.comm.internode_verdicts import node_pair_rows, node_samples, rail_exchanges
 
 # Test-only: "NODE_RANK:SECONDS[:first]" makes the ranks of that node sleep before each
 # send (with ":first" in the rounds only, not when measured again).
@@ -265,13 +265,15 @@ def exchanges_for(suspects: Suspects) -> list[tuple[int, int]]:
 def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                   device: str, threshold: float, repeats: int) -> dict[str, Any]:
     """The rounds, gathered on every rank; then the slow node pairs (and a suspect
-    node's pairs) measured again beside known-good ones (gpucheck.comm.confirm).
+    node's pairs), and the node pairs of slow rail links, measured again beside
+    known-good ones (gpucheck.comm.confirm; `rail_exchanges`).
     Rank 0's list of exchanges is broadcast, so every rank runs the same steps."""
     import torch.distributed as dist
 
     links = _gather(measure_internode(roster, size_bytes, iters, device, repeats))
     suspects = find_suspects(node_samples(node_pair_rows(links)), threshold)
-    box: list[Any] = [exchanges_for(suspects)]
+    wanted = sorted(set(exchanges_for(suspects)) | set(rail_exchanges(links, threshold)))
+    box: list[Any] = [wanted]
     dist.broadcast_object_list(box, src=0)
     again = _gather(measure_again(roster, box[0], size_bytes, iters, device, repeats)) \
         if box[0] else []

@@ -105,11 +105,11 @@ def slow_node_verdicts(figures: NodeFigures, fraction: float,
     by_rank = {n.node_rank: n for n in figures.values}
     known = by_rank.get(int(again["known_good"])) if again else None
     nodes = {n.label: n for n in figures.values}
-    return [_judged(f, nodes[f.subject], known, second, figures, fraction)
+    return [_second_judged(f, nodes[f.subject], known, second, figures, fraction)
             if f.status == Status.WARN and f.subject in nodes else f for f in first]
 
 
-def _judged(finding: Finding, node: NodeId, known: NodeId | None,
+def _second_judged(finding: Finding, node: NodeId, known: NodeId | None,
             second: Mapping[NodeId, float], figures: NodeFigures,
             fraction: float) -> Finding:
     hint = finding.hint or ""

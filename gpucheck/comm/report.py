@@ -130,7 +130,8 @@ def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section
                                   for r in node_pair_rows(internode["again"])]
     findings = (internode_findings(rows, verdicts.pair_threshold, labels,
                                    internode.get("again"))
-                + rail_findings(internode["links"], verdicts.pair_threshold, labels))
+                + rail_findings(internode["links"], verdicts.pair_threshold, labels,
+                                internode.get("again")))
     return Section("internode", title, data, findings)
 
 
