@@ -46,8 +46,9 @@ from gpucheck.comm.collectives import (
 from gpucheck.comm.confirm import Suspects, find_suspects
 from gpucheck.comm.internode_verdicts import node_pair_rows, node_samples, rail_exchanges
 
-# Test-only: "NODE_RANK:SECONDS[:first]" makes the ranks of that node sleep before each
-# send (with ":first" in the rounds only, not when measured again).
+# Test-only: "NODE_RANK[/RAIL]:SECONDS[:first]" makes the ranks of that node (or only
+# its local rank RAIL) sleep before each send (with ":first" in the rounds only, not
+# when measured again).
 TEST_SLOW_SENDS_VAR = "GPUCHECK_TEST_SLOW_SENDS"
 GB = 1e9
 
@@ -64,13 +65,16 @@ def rail_links(node_ranks: Sequence[Sequence[int]], src_node: int,
     return [(k, src[k], dst[k]) for k in range(min(len(src), len(dst)))]
 
 
-def _slow_sends(node_index: int, again: bool = False) -> float:
+def _slow_sends(node_index: int, again: bool = False, rail: int = 0) -> float:
     """Seconds to sleep before each send (the test hook), 0 when unset or another node.
-    "NODE:SECONDS:first" slows the first measurement only, not the second look."""
+    "NODE:SECONDS:first" slows the first measurement only, not the second look;
+    "NODE/RAIL:SECONDS" only that node's local rank RAIL (one slow NIC)."""
     raw = os.environ.get(TEST_SLOW_SENDS_VAR, "")
-    node, _, rest = raw.partition(":")
+    where, _, rest = raw.partition(":")
+    node, _, only = where.partition("/")
     seconds, _, when = rest.partition(":")
-    if not raw or int(node) != node_index or (again and when == "first"):
+    if not raw or int(node) != node_index or (again and when == "first") or \
+            (only and int(only) != rail):
         return 0.0
     return float(seconds)
 
@@ -194,7 +198,7 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
     me = dist.get_rank()
     node_ranks = list(group_by_node(roster).values())
     mine_node = next(i for i, ranks in enumerate(node_ranks) if me in ranks)
-    delay = _slow_sends(mine_node)
+    delay = _slow_sends(mine_node, rail=node_ranks[mine_node].index(me))
     links: list[dict[str, Any]] = []
     for r, pairs in enumerate(round_schedule(len(node_ranks)), start=1):
         progress.set_step(f"between nodes: round {r}")
@@ -247,7 +251,8 @@ def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple
             _exchange(send, recv, size_bytes, 1, device, 0.0)
         # Every rank passes the repeats' barriers; ranks of neither node exchange nothing.
         samples = _samples((send, recv), size_bytes, iters, device,
-                           _slow_sends(mine_node, again=True), repeats)
+                           _slow_sends(mine_node, True, node_ranks[mine_node].index(me)),
+                           repeats)
         if samples is not None and came is not None:
             links.append(_link("again", y if mine_node == x else x, mine_node, came, me,
                                samples))
