@@ -21,6 +21,7 @@ from typing import Any, TextIO
 from gpucheck import __version__
 from gpucheck.commands import registry
 from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
+from gpucheck.distributed import terminal
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
 from gpucheck.output import check_writable, write_atomic
 from gpucheck.render import format_for, render
@@ -81,6 +82,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.output is not None:
             check_writable(args.output)
         baseline = read_baseline_option(args)
+        terminal.configure(terminal.wanted(args.quiet))  # progress on stderr, rank 0 only
         report = module.run(args)
         if report is None:
             return 0

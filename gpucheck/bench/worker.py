@@ -25,6 +25,7 @@ from gpucheck.bench import data, layout, rotation
 from gpucheck.bench import model as bench_model
 from gpucheck.bench.aggregate import RankRecord
 from gpucheck.bench.model import WeightsChoice
+from gpucheck.bench.partial import TimedSoFar
 from gpucheck.bench.progress import Progress
 from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.session import gpu_identity, process_group, roster
@@ -263,6 +264,10 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
     _reset_peak_memory(spec.device, world.device_index)
     sizes = layout.segment_sizes(iters, spec.device == "cpu" and world.world_size > 1)
     marks = _IterationMarks(spec.device, iters + len(sizes))
+    so_far = TimedSoFar(marks, {"rank": world.rank, "host": host_name(),
+                                "device": str(_device(spec, world)),
+                                "batch_size": spec.batch_size, "iters_planned": iters,
+                                "world_size": world.world_size})
     wall_s = span_s = 0.0
     for index, size in enumerate(sizes):
         if index:
@@ -274,10 +279,12 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
             ddp(batch)
             marks.mark()
             bar.advance()
+            so_far.tick()  # every rank's iterations survive a stop (gpucheck.bench.partial)
         _synchronize(spec.device)
         wall_s += time.perf_counter() - started
         _barrier(spec, world)
         span_s += time.perf_counter() - started
+        so_far.publish()
     iter_ms, iter_end_ms = marks.read_ms()
     # On a GPU the events bracket the device's work; on CPU the loop's wall time is it.
     device_s = sum(iter_ms) / 1e3 if spec.device == "cuda" else wall_s
@@ -314,6 +321,7 @@ class _IterationMarks:
         self.ends_iteration: list[bool] = []  # per mark: False where a segment begins
         self.cpu_s: list[float] = []
         self.wall_s: list[float] = []
+        self.done = 0  # marks known complete (`completed`)
 
     def begin(self) -> None:
         self._point(ends_iteration=False)
@@ -329,11 +337,21 @@ class _IterationMarks:
             self.wall_s.append(time.perf_counter())
         self.ends_iteration.append(ends_iteration)
 
-    def read_ms(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """(each iteration's device ms, each one's end in ms from the first mark); on a
-        GPU call it after the device is synchronised."""
+    def completed(self) -> int:
+        """How many marks have happened: on a GPU the leading events already complete
+        (a stream completes them in order; `query` never waits)."""
+        if not self.events:
+            return len(self.ends_iteration)
+        while self.done < len(self.ends_iteration) and self.events[self.done].query():
+            self.done += 1
+        return self.done
+
+    def read_ms(self, points: int | None = None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(each iteration's device ms, each one's end in ms from the first mark), over
+        the first `points` marks (default all); on a GPU those must be complete
+        (`completed`, or after the device is synchronised)."""
         took, ends = [], []
-        for index in range(1, len(self.ends_iteration)):
+        for index in range(1, points if points is not None else len(self.ends_iteration)):
             if self.ends_iteration[index]:
                 took.append(self._elapsed_ms(index - 1, index, self.cpu_s))
                 ends.append(self._elapsed_ms(0, index, self.wall_s))

@@ -27,7 +27,8 @@ from gpucheck.comm.internode import run_internode
 from gpucheck.comm.nccl_log import nccl_logging, rank_entry
 from gpucheck.comm.nodes_again import node_figures, plan
 from gpucheck.comm.pairwise import DEFAULT_REPEATS, gather_rows, measure_pairs, run_pairwise
-from gpucheck.distributed import faultwatch, progress
+from gpucheck.comm.report import human_bytes
+from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.nodes import DEFAULT_SLOW_NODE_FRACTION, group_by_node
 from gpucheck.distributed.session import process_group, roster
 from gpucheck.distributed.world import World
@@ -134,6 +135,20 @@ def _transport(spec: CommSpec, world: World, folder: str | None) -> list[Any] | 
     return every
 
 
+def _pairs_and_nodes(spec: CommSpec, world: World, infos: list[dict[str, Any]], largest: int,
+                     result: dict[str, Any]) -> None:
+    """Pairwise send/recv, a slow node measured again, then node-to-node rounds with 2+
+    nodes (named on the terminal)."""
+    if spec.pairwise and world.world_size > 1:
+        terminal.step(f"pairwise send/recv, {human_bytes(spec.pair_bytes or largest)}")
+        result["pairwise"] = _pairwise(spec, world, infos, largest)
+    if len(group_by_node(infos)) > 1:
+        result["nodes_again"] = _nodes_again(spec, world, infos, result, largest)
+    if spec.internode and len(group_by_node(infos)) > 1:
+        terminal.step("node-to-node rounds")
+        result["internode"] = _internode(spec, world, infos, largest)
+
+
 def comm_worker(spec: CommSpec) -> dict[str, Any] | None:
     """Run the sweep; rank 0 returns the results, the other ranks None."""
     with nccl_logging(spec.backend) as nccl_folder:
@@ -153,18 +168,17 @@ def _sweep(spec: CommSpec, nccl_folder: str | None) -> dict[str, Any] | None:
             "pairwise": None, "internode": None, "complete": False,
         }
         faultwatch.mark_start()
-        for collective in spec.collectives:
-            for size in sizes:
-                row = _gather_size(collective, size, spec, world)
-                result["collectives"][collective].append(row)
-                if world.rank == 0:
-                    progress.publish_partial(result)
-        if spec.pairwise and world.world_size > 1:
-            result["pairwise"] = _pairwise(spec, world, infos, sizes[-1])
-        if len(group_by_node(infos)) > 1:
-            result["nodes_again"] = _nodes_again(spec, world, infos, result, sizes[-1])
-        if spec.internode and len(group_by_node(infos)) > 1:
-            result["internode"] = _internode(spec, world, infos, sizes[-1])
+        with terminal.bar("comm", len(spec.collectives) * len(sizes), "size") as shown:
+            for collective in spec.collectives:
+                for size in sizes:
+                    shown.describe(f"{collective} {human_bytes(size)} "
+                                   f"(up to {human_bytes(sizes[-1])})")
+                    row = _gather_size(collective, size, spec, world)
+                    result["collectives"][collective].append(row)
+                    shown.advance()
+                    if world.rank == 0:
+                        progress.publish_partial(result)
+            _pairs_and_nodes(spec, world, infos, sizes[-1], result)
         result["transport"] = _transport(spec, world, nccl_folder)
         faultwatch.mark_end()
         result["faults"] = faultwatch.gather()

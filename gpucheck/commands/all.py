@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.commands.launch_options import add_launch_arguments
+from gpucheck.distributed import terminal
 from gpucheck.errors import UsageError
 from gpucheck.report import Finding, Report, Section, fail, skip
 
@@ -76,6 +77,7 @@ def run(args: argparse.Namespace) -> Report | None:
         if name not in chosen:
             _state["outcomes"].append(Outcome(name, "skipped", "--skip"))
             continue
+        terminal.say(f"all: step {chosen.index(name) + 1} of {len(chosen)}: gpucheck {name}")
         _state["outcomes"].append(_run_one(name, namespaces[name]))
         _state["current"] = None  # left set by an interrupt, for partial_report
     outcomes: list[Outcome] = _state["outcomes"]

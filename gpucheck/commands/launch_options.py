@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass
 
 from gpucheck.commands.baseline_option import add_baseline_argument
+from gpucheck.distributed import terminal
 from gpucheck.distributed.job import resolve_nproc
 from gpucheck.distributed.launch import check_port_free
 from gpucheck.errors import UsageError
@@ -53,6 +55,8 @@ def _visible_gpus() -> int:
     Not `torch.cuda.device_count()`, which before CUDA starts answers from NVML and
     counts every MIG instance in CUDA_VISIBLE_DEVICES, though CUDA enumerates only one.
     """
+    if "torch" not in sys.modules:  # the first seconds of every load command
+        terminal.say("loading torch and looking for GPUs")
     import torch
 
     from gpucheck.devices import cuda_device_count

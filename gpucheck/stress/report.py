@@ -156,11 +156,19 @@ def _gemm_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
         findings += expected_findings("stress.gemm.expected", what, "TFLOP/s", values, ranks,
                                       lambda m, d=dtype: gemm_figure(m, d),
                                       verdicts.expected_fraction, again)
-    data = {"flops_per_product": "2 n^3", "results": table}
+    data = {"flops_per_product": "2 n^3", **_thresholds(verdicts), "results": table}
     if result.get("gemm_again"):
         data["measured again"] = list(result["gemm_again"])
     return Section("gemm", "Matrix multiply throughput per rank (TFLOP/s; verdicts use the "
                    "median product)", data, findings)
+
+
+def _thresholds(verdicts: Verdicts) -> dict[str, float]:
+    """The fractions the verdicts used, kept in the data so charts (and readers) use
+    the same: a rank is flagged below peer_threshold x its node's median (vs_peers)
+    or expected_threshold x its model's typical figure (vs_expected)."""
+    return {"peer_threshold": verdicts.peer_fraction,
+            "expected_threshold": verdicts.expected_fraction}
 
 
 def _membw_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
@@ -181,7 +189,7 @@ def _membw_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
                              verdicts.peer_fraction, causes=_causes(result), again=again)
     findings += expected_findings("stress.membw.expected", what, "GB/s", values, ranks,
                                   copy_figure, verdicts.expected_fraction, again)
-    data = {"counted": COPY_COUNTED, "results": table}
+    data = {"counted": COPY_COUNTED, **_thresholds(verdicts), "results": table}
     if result.get("membw_again"):
         data["measured again"] = list(result["membw_again"])
     return Section("membw", "Device memory bandwidth per rank (GB/s)", data, findings)

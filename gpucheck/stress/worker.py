@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpucheck.distributed import faultwatch, progress
+from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.session import gpu_identity, process_group, roster
 from gpucheck.distributed.world import World, host_name
 from gpucheck.stress import burn as sdc_burn
@@ -77,16 +77,26 @@ def stress_worker(spec: StressSpec) -> dict[str, Any] | None:
                        fault_watch=spec.fault_watch) as world:
         ctx = _context(spec, world)
         result = _initial_result(ctx)
-        with watch_faults(ctx, result):
+        with watch_faults(ctx, result), terminal.bar("stress", len(PHASES), "phase") as shown:
             for name, phase in _phases():
                 progress.set_step(name)
+                shown.describe(_phase_text(name, spec))
                 phase(ctx, result)
                 result["phases_done"].append(name)
+                shown.advance()
                 _publish(ctx, result)
         result["complete"] = True
         progress.set_step(None)
         _publish(ctx, result)
     return result if world.is_reporter else None
+
+
+def _phase_text(name: str, spec: StressSpec) -> str:
+    """What the terminal shows during a phase: the burn-in says how long it lasts."""
+    texts = {"membw": "membw (device memory bandwidth)",
+             "sdc": f"sdc burn-in, {spec.duration_s:g} s of {spec.dtypes[0]} products",
+             "copies": "copies (host<->device)", "p2p": "p2p (peer copies)"}
+    return texts.get(name, name)
 
 
 @contextlib.contextmanager
@@ -206,6 +216,7 @@ def _gemm(ctx: RankContext, result: dict[str, Any]) -> None:
     spec = ctx.spec
     for dtype in spec.dtypes:
         progress.set_step(f"gemm {dtype} {spec.size}^3")
+        terminal.step(f"gemm {dtype} {spec.size}^3")
         _barrier(ctx)
         record = measure_gemm(ctx.world.rank, dtype, spec.size, ctx.device, spec.device,
                               spec.warmup_s, spec.gemm_window_s, ctx.hook)
