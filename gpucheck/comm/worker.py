@@ -114,6 +114,7 @@ def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
     if wanted is None:
         return None
     progress.set_step("slow node: measured again")
+    terminal.step("a slow node: measured again beside a known-good node")
     if wanted["kind"] == "pairs":
         chosen = {*wanted["suspects"], wanted["known_good"]}
         subset = [r for r in infos if int(r["node_rank"]) in chosen]
