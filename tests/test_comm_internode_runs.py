@@ -88,8 +88,8 @@ def test_two_nodes_of_two_ranks_run_both_rails_and_sum_them_per_node_pair(
     # Node 1's rail 1 (rank 3) sends slowly to node 0 in both looks: one slow NIC,
     # named as its rail link and confirmed against the known-good rails.
     report = _nodes(tmp_path, nodes=2, per_node=2, pairwise=True,
-                    **{TEST_SLOW_PAIR_VAR: "2:3:0.05,3:2:0.05",
-                       TEST_SLOW_SENDS_VAR: "1/1:0.05"})
+                    **{TEST_SLOW_PAIR_VAR: "2:3:0.02,3:2:0.02",
+                       TEST_SLOW_SENDS_VAR: "1/1:0.02"})
     sections = {s["name"]: s for s in report["sections"]}
     rails = [f for f in sections["internode"]["findings"]
              if f["check"] == "comm.internode.slow_rail" and f["status"] == "WARN"]
