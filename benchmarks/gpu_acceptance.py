@@ -2,7 +2,8 @@
 against a bare loop of the same work, with one JSON summary of everything.
 
     PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out DIR [--quick] [--runs N]
-        [--skip env,comm,bench,shared,comm_default] [--budget SECONDS]
+        [--skip env,comm,bench,stress,p2p,comm_wait,comm_default,shared]
+        [--budget SECONDS]
     PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out DIR --dry-run-cpu
 
 Needs the torch already installed (no install step) and NVIDIA GPUs; without a GPU it
@@ -12,9 +13,22 @@ pipeline on CPU with gloo and tiny sizes). Steps, in order:
 - env: `gpucheck env` with real NVML; every WARN/FAIL finding is listed (possible
   false alarms to look at), and its wall time;
 - comm: `gpucheck comm` on every GPU with NCCL, 1 KiB .. 1 GiB, against a bare
-  back-to-back NCCL loop (no gpucheck code), interleaved; busbw ratio per size;
+  back-to-back NCCL loop (no gpucheck code), interleaved; busbw ratio per size.
+  gpucheck runs with TORCH_NCCL_BLOCKING_WAIT=1 (as it always does), the bare loop
+  with 0 (as nccl-tests runs); every GPU's clock-event mask and SM clock are sampled
+  while gpucheck runs (`clocks`);
 - bench: `gpucheck bench` on every GPU (defaults) against a bare eager loop of the
   same model, dtype and batch on one GPU, interleaved; images/s ratio;
+- stress: `gpucheck stress` on every GPU, its clocks sampled the same way: how often
+  each clock-event mask and the HW-slowdown bit 0x8 show, at idle/busy transitions
+  or steady; GEMM and burn-in spread across the GPUs (`spread`);
+- p2p: the peer-copy matrix measured by rank 0 with the other ranks parked on the
+  host (gpucheck's rule) and not parked (in an NCCL all_gather, the old way),
+  interleaved, and the longest single NVML call each rank made meanwhile; SKIP on
+  one GPU (2 NCCL ranks cannot share a GPU);
+- comm_wait: the other two blocking-wait cases, gpucheck with
+  TORCH_NCCL_BLOCKING_WAIT=0 and the bare loop with 1, so `blocking_wait` shows per
+  size what blocking wait costs each side;
 - comm_default: plain `gpucheck comm` (its default sizes), for its wall time;
 - shared: gloo with 2 ranks sharing one GPU (comm and bench), directly and under
   torchrun; a refusal is recorded as such (status "refused", gpucheck's message).
@@ -60,6 +74,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helper module below
+import acceptance_gpu as ag  # noqa: E402  (needs the line above: benchmarks/ is no package)
+
 PROG = "gpu_acceptance.py"
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 GB = 1e9  # bandwidths in GB/s of 1e9 bytes, as gpucheck and nccl-tests report them
@@ -67,7 +84,7 @@ ELEMENT_BYTES = 4  # float32 buffers, as in gpucheck comm
 IMAGE_PX = 224  # gpucheck bench's centre crop: the bare loop uses the same input shape
 COLLECTIVES = ("all_reduce", "all_gather")
 # Run in this order; shared (the likeliest to be refused or to hang) comes last.
-STEPS = ("env", "comm", "bench", "comm_default", "shared")
+STEPS = ("env", "comm", "bench", "stress", "p2p", "comm_wait", "comm_default", "shared")
 BENCH_GOAL = 0.95
 COMM_GOALS = ((GIB, 0.95), (64 * KIB, 0.90))  # (size, goal): busbw ratio at that size
 EXIT_OK, EXIT_GOALS, EXIT_USAGE = 0, 1, 2
@@ -379,6 +396,7 @@ class Plan:
     shared_comm_max: int = 16 * MIB  # gloo copies through the host: keep it short
     shared_bench_args: tuple[str, ...] = ("--warmup", "5", "--iters", "30")
     default_comm_args: tuple[str, ...] = ()
+    stress_args: tuple[str, ...] = ("--duration", "20")
     shared_variants: tuple[str, ...] = ("comm", "bench", "comm_torchrun", "bench_torchrun")
     timeouts: dict[str, float] = field(default_factory=dict)
 
@@ -402,6 +420,8 @@ def make_plan(args: argparse.Namespace, gpus: int) -> Plan:
                     shared_bench_args=("--model", "resnet18", "--warmup", "1", "--iters",
                                        "2", "--batch-size", "2"),
                     default_comm_args=("--device", "cpu", "--max-bytes", "256K"),
+                    stress_args=("--device", "cpu", "--n-gpus", "2", "--duration", "1",
+                                 "--size", "256"),
                     # bench under torchrun adds ~20 s on 2 cores and no new code path
                     shared_variants=("comm", "bench", "comm_torchrun"),
                     timeouts=DRY_TIMEOUTS)
@@ -425,6 +445,12 @@ def plan_notes(plan: Plan) -> list[str]:
                      "little or no device work, so its ratio compares per-call overhead, "
                      "while all_gather still copies the buffer (device memory bandwidth); "
                      "busbw = algbw for one rank on both sides")
+        notes.append(f"one GPU: the p2p step is skipped ({ag.ONE_GPU_P2P}); stress has "
+                     "one rank, so there is no spread across GPUs")
+    if plan.dry_run:
+        notes.append("CPU dry run: the p2p step times host copies as a stand-in for peer "
+                     "copies and NVML is absent (clock samples skipped): it checks the "
+                     "steps run, nothing about a GPU")
     return notes
 
 
@@ -719,22 +745,38 @@ def interleave(index: int, first: Callable[[], Any], second: Callable[[], Any]) 
         side()
 
 
-def comm_pair(s: Session, index: int) -> dict[str, Any]:
+# TORCH_NCCL_BLOCKING_WAIT for (gpucheck, the bare loop) in each comm step: `comm` runs
+# gpucheck as it always runs (on) against nccl-tests' way (off); `comm_wait` the others.
+COMM_WAIT = {"comm": ("1", "0"), "comm_wait": ("0", "1")}
+
+
+def sampled_run(s: Session, name: str, argv: Sequence[str], kind: str,
+                extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """s.run with every GPU's clock-event mask and SM clock sampled meanwhile."""
+    with ag.ClockSampler() as sampler:
+        result = s.run(name, argv, kind, extra_env)
+    return {**result, "clocks": sampler.summary()}
+
+
+def comm_pair(s: Session, index: int, name: str = "comm") -> dict[str, Any]:
     """One gpucheck comm run and one bare loop run, back to back; busbw ratio per size."""
     p = s.plan
     tag = "" if index == 0 else f".{index + 1}"
-    report = fresh(p.out / f"comm_{p.backend}{tag}.json")
-    bare_out = fresh(p.out / f"bare_comm_{p.backend}{tag}.json")
+    report = fresh(p.out / f"{name}_{p.backend}{tag}.json")
+    bare_out = fresh(p.out / f"bare_{name}_{p.backend}{tag}.json")
     config = {"backend": p.backend, "device": p.device, "world_size": p.comm_ranks,
               "sizes": sweep_sizes(KIB, p.comm_max), "collectives": list(COLLECTIVES),
               "iters": p.comm_iters, "warmup": p.comm_warmup, "timeout_s": 120}
-    pair: dict[str, Any] = {"gpucheck": {"report": str(report)}, "bare": {"output": str(bare_out)}}
+    ours_wait, bare_wait = COMM_WAIT[name]
+    pair: dict[str, Any] = {"gpucheck": {"report": str(report), "blocking_wait": ours_wait},
+                            "bare": {"output": str(bare_out), "blocking_wait": bare_wait}}
     interleave(index,
-               lambda: pair["gpucheck"].update(s.run(f"comm{tag or '.1'}.gpucheck",
-                                                     comm_argv(p, report), "gpucheck")),
-               lambda: pair["bare"].update(s.run(f"comm{tag or '.1'}.bare",
-                                                 self_argv("_bare-comm", config, bare_out),
-                                                 "bare")))
+               lambda: pair["gpucheck"].update(sampled_run(
+                   s, f"{name}{tag or '.1'}.gpucheck", comm_argv(p, report), "gpucheck",
+                   {"TORCH_NCCL_BLOCKING_WAIT": ours_wait})),
+               lambda: pair["bare"].update(s.run(
+                   f"{name}{tag or '.1'}.bare", self_argv("_bare-comm", config, bare_out),
+                   "bare", {"TORCH_NCCL_BLOCKING_WAIT": bare_wait})))
     ours = with_report(s, pair["gpucheck"], "comm gpucheck", report, lambda r: {
         "verdict": r.get("verdict"), "world_size": comm_world_size(r),
         "busbw": {c: comm_busbw(r, c) for c in COLLECTIVES}})
@@ -756,18 +798,22 @@ def log_comm_ratios(s: Session, rows: Mapping[str, Sequence[Mapping[str, Any]]],
         s.log(f"  {prefix} {collective} busbw gpucheck/bare: {', '.join(parts)}")
 
 
-def step_comm(s: Session, step: dict[str, Any]) -> None:
+def step_comm(s: Session, step: dict[str, Any], name: str = "comm") -> None:
     p = s.plan
+    ours_wait, bare_wait = COMM_WAIT[name]
     step.update(world_size=p.comm_ranks, backend=p.backend, device=p.device,
                 sizes=f"{human_size(KIB)} .. {human_size(p.comm_max)}", iters=p.comm_iters,
-                warmup=p.comm_warmup, runs=[], medians={})
-    for index in range(p.runs):
+                warmup=p.comm_warmup, blocking_wait={"gpucheck": ours_wait, "bare": bare_wait},
+                runs=[], medians={})
+    runs = p.runs if name == "comm" else min(p.runs, 2)  # comm_wait: context, not a goal
+    for index in range(runs):
         if s.remaining() < 30:
-            s.error(f"comm: time budget spent after {index} pair(s)")
+            s.error(f"{name}: time budget spent after {index} pair(s)")
             break
-        s.log(f"comm pair {index + 1}/{p.runs} "
-              f"({run_label(p.backend, p.comm_ranks, p.dry_run)})")
-        pair = comm_pair(s, index)
+        s.log(f"{name} pair {index + 1}/{runs} "
+              f"({run_label(p.backend, p.comm_ranks, p.dry_run)}; blocking wait: gpucheck "
+              f"{ours_wait}, bare {bare_wait})")
+        pair = comm_pair(s, index, name)
         step["runs"].append(pair)
         if "rows" in pair:
             log_comm_ratios(s, pair["rows"], f"pair {index + 1}")
@@ -779,8 +825,109 @@ def step_comm(s: Session, step: dict[str, Any]) -> None:
     complete = sum("rows" in r for r in step["runs"])
     step["status"] = worst_status(statuses) if complete else (
         "error" if step["runs"] else "skipped")
-    step["note"] = f"{complete}/{p.runs} pair(s) with ratios"
+    step["note"] = f"{complete}/{runs} pair(s) with ratios"
     log_comm_ratios(s, step["medians"], "median")
+
+
+def step_comm_wait(s: Session, step: dict[str, Any]) -> None:
+    """gpucheck with blocking wait off, the bare loop with it on; then the four-way table."""
+    step_comm(s, step, "comm_wait")
+    s.summary["blocking_wait"] = blocking_wait_table(s.summary["steps"])
+
+
+def blocking_wait_table(steps: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per collective and size, from the comm and comm_wait medians: gpucheck and the
+    bare loop with TORCH_NCCL_BLOCKING_WAIT on and off, and the ratios that matter."""
+    def rows(name: str, collective: str) -> dict[int, Mapping[str, Any]]:
+        medians = (steps.get(name) or {}).get("medians") or {}
+        return {r["size_bytes"]: r for r in medians.get(collective, [])}
+
+    table: dict[str, list[dict[str, Any]]] = {}
+    for collective in COLLECTIVES:
+        on_off, off_on = rows("comm", collective), rows("comm_wait", collective)
+        table[collective] = []
+        for size in sorted(set(on_off) | set(off_on)):
+            ours_on = (on_off.get(size) or {}).get("gpucheck_busbw_gbps")
+            bare_off = (on_off.get(size) or {}).get("bare_busbw_gbps")
+            ours_off = (off_on.get(size) or {}).get("gpucheck_busbw_gbps")
+            bare_on = (off_on.get(size) or {}).get("bare_busbw_gbps")
+            table[collective].append({
+                "size": human_size(size), "size_bytes": size,
+                "gpucheck_wait_on": ours_on, "gpucheck_wait_off": ours_off,
+                "bare_wait_off": bare_off, "bare_wait_on": bare_on,
+                "gpucheck_on_over_bare_off": safe_ratio(ours_on, bare_off),
+                "gpucheck_off_over_bare_off": safe_ratio(ours_off, bare_off),
+                "bare_on_over_bare_off": safe_ratio(bare_on, bare_off)})
+    return table
+
+
+# ---------------------------------------------------------------- step: stress, clocks
+
+
+def stress_figures(report: Mapping[str, Any]) -> dict[str, Any]:
+    return {**report_summary(report), "spread": ag.spread_figures(report)}
+
+
+def step_stress(s: Session, step: dict[str, Any]) -> None:
+    report = fresh(s.plan.out / "stress.json")
+    result = sampled_run(s, "stress", gpucheck_argv("stress", report, *s.plan.stress_args),
+                         "gpucheck")
+    step.update(result, report=str(report))
+    with_report(s, step, "stress", report, stress_figures)
+    gemm = (step.get("spread") or {}).get("gemm_tflops") or {}
+    spreads = ", ".join(f"{d} min/median {_cell(v.get('min_over_median'))}"
+                        for d, v in gemm.items())
+    clocks = step["clocks"].get("gpus") or {}
+    hw = sum(g["hw_slowdown_samples"] for g in clocks.values())
+    near = sum(g["hw_slowdown_at_transition"] for g in clocks.values())
+    step["note"] = (f"verdict {step.get('verdict')}; GEMM {spreads or '-'}; 0x8 in {hw} "
+                    f"sample(s), {near} at a transition" if clocks else
+                    f"verdict {step.get('verdict')}; GEMM {spreads or '-'}; clocks: "
+                    f"{step['clocks'].get('note')}")
+    s.summary["wall_times"]["gpucheck stress"] = result["wall_s"]
+
+
+# ---------------------------------------------------------------- step: p2p parked or not
+
+
+def p2p_run(s: Session, index: int, mode: str, world: int) -> dict[str, Any]:
+    p = s.plan
+    tag = "" if index == 0 else f".{index + 1}"
+    out = fresh(p.out / f"p2p_{mode}{tag}.json")
+    config = {"mode": mode, "world_size": world, "device": p.device, "backend": p.backend,
+              "timeout_s": 120}
+    run = {**s.run(f"p2p{tag or '.1'}.{mode}", self_argv("_p2p", config, out), "bare"),
+           "mode": mode, "output": str(out)}
+    if run["status"] == "ok":
+        try:
+            run.update(read_json(out))
+        except ReportError as exc:
+            run["status"] = "error"
+            s.error(f"p2p {mode}: {exc}")
+    return run
+
+
+def step_p2p(s: Session, step: dict[str, Any]) -> None:
+    p = s.plan
+    if not p.dry_run and p.comm_ranks < 2:
+        step.update(status="skipped", note=ag.ONE_GPU_P2P)
+        return
+    world = 2 if p.dry_run else p.comm_ranks
+    step.update(world_size=world, runs=[], comparison=None)
+    for index in range(p.runs):
+        if s.remaining() < 30:
+            s.error(f"p2p: time budget spent after {index} pair(s)")
+            break
+        modes = ag.P2P_MODES if index % 2 == 0 else ag.P2P_MODES[::-1]
+        step["runs"] += [p2p_run(s, index, mode, world) for mode in modes]
+        step["comparison"] = ag.p2p_comparison([r for r in step["runs"] if "pairs" in r])
+        s.save()
+    comparison = step["comparison"] or {}
+    step["status"] = worst_status(r["status"] for r in step["runs"]) if step["runs"] else (
+        "skipped")
+    step["note"] = (f"{world} ranks; median pair parked / not parked "
+                    f"{_cell(comparison.get('median_parked_over_not'))}; longest NVML call "
+                    f"(ms) {comparison.get('nvml_max_call_ms')}")
 
 
 # ---------------------------------------------------------------- step: bench vs bare loop
@@ -942,8 +1089,9 @@ def step_comm_default(s: Session, step: dict[str, Any]) -> None:
 
 
 STEP_FUNCTIONS: dict[str, Callable[[Session, dict[str, Any]], None]] = {
-    "env": step_env, "comm": step_comm, "bench": step_bench, "shared": step_shared,
-    "comm_default": step_comm_default}
+    "env": step_env, "comm": step_comm, "bench": step_bench, "stress": step_stress,
+    "p2p": step_p2p, "comm_wait": step_comm_wait, "comm_default": step_comm_default,
+    "shared": step_shared}
 MIN_STEP_S = 20.0  # do not start a step with less of the budget left than this
 
 
@@ -1105,7 +1253,8 @@ def bare_bench_main(config: dict[str, Any], out: Path) -> None:
 
 
 INTERNAL_MODES: dict[str, Callable[[dict[str, Any], Path], None]] = {
-    "_facts": facts_worker, "_bare-comm": bare_comm_main, "_bare-bench": bare_bench_main}
+    "_facts": facts_worker, "_bare-comm": bare_comm_main, "_bare-bench": bare_bench_main,
+    "_p2p": ag.p2p_main}
 
 
 # ---------------------------------------------------------------- command line

@@ -39,7 +39,7 @@ ACTIONS: tuple[str, ...] = tuple(a.value for a in Action)
 PROBLEM_STATUSES = ("WARN", "FAIL")
 
 # "action: drain-node: drain the node and ..." (gpucheck/probes/kernel_log.py,
-# gpucheck/faults/findings.py).
+# gpucheck/faults/judge_*.py).
 _HINT_PREFIX = re.compile(r"action: ([a-z-]+): ?")
 
 
@@ -85,6 +85,13 @@ _SHORT_RUN = ("one short measurement: contention from other jobs, a cold start o
 _PEERS = ("slower than identical GPUs of its own node under the same sustained load: the "
           "comparison calibrates itself, so what is left is the GPU, its cooling or power")
 
+_CONFIRMED = ("slow twice, the second time measured beside known-good peers (pairs, "
+              "nodes or GPUs the first measurement cleared) in the same run: contention "
+              "and transients would have slowed those too, so the link, NIC or GPU is "
+              "the suspect; out of service until someone has looked, as stress's peers")
+_UNCONFIRMED = ("below its bound once and not measured again (the run stopped first, or "
+                "an older report): nothing is condemned on one measurement")
+
 RULES: tuple[Rule, ...] = (
     # How a run ended, whatever it checked.
     Rule("*.probe", A.RERUN, "a probe crashed or hung: gpucheck's own trouble, not a "
@@ -112,6 +119,9 @@ RULES: tuple[Rule, ...] = (
          "clears", "FAIL", "timed out"),
     Rule("driver.nvml", A.RESET_GPU, "the driver did not answer: a wedged GPU, which a "
          "reset clears", "FAIL", "no answer"),
+    Rule("driver.nvml_slow", A.NONE, "an NVML call answered late but answered: nothing is "
+         "missing, and a late answer is mostly the driver busy elsewhere on the node; "
+         "only a call that misses a second, longer budget is a hang"),
     Rule("driver.nvml_hang", A.DRAIN_NODE, "an NVML call never came back: the driver is "
          "wedged, jobs would hang too, and the usual cure is a reboot"),
     Rule("driver.cuda_compat", A.FIX_CONFIG, "the driver is older than torch's CUDA: "
@@ -149,6 +159,25 @@ RULES: tuple[Rule, ...] = (
          "not match the driver"),
     Rule("gpu.fabric", A.RERUN, "registration is still going on (a minute after boot)",
          keyword="still in progress"),
+    Rule("gpu.fabric.health", A.DRAIN_NODE, "NVML's own summary says the NVSwitch fabric "
+         "is unhealthy or at limited capacity: out of service until the fabric is checked"),
+    Rule("gpu.fabric.degraded_bandwidth", A.DRAIN_NODE, "NVLink bandwidth through the "
+         "fabric is degraded: every collective is slower until the link or switch is fixed"),
+    Rule("gpu.fabric.route_unhealthy", A.DRAIN_NODE, "a fabric route is unhealthy: NVLink "
+         "traffic to some peers can fail"),
+    Rule("gpu.fabric.recovering", A.RERUN, "the fabric is recovering a route or an access "
+         "timeout by itself: look again when it has finished"),
+    Rule("gpu.fabric.configuration", A.FIX_CONFIG, "the fabric names a configuration error "
+         "(system GUID, chassis serial, partition, firmware, location)"),
+    Rule("gpu.fabric.configuration", A.DRAIN_NODE, "too few NVLinks came up to join the "
+         "fabric: a hardware fault", keyword="INSUFFICIENT_NVLINKS"),
+    Rule("gpu.recovery_action", A.DRAIN_NODE, "NVML asks for a node reboot, a drain (of P2P "
+         "traffic, or before a reset), an IMEX-domain recovery, or an action gpucheck does "
+         "not know: the node must stop taking work"),
+    Rule("gpu.recovery_action", A.RESET_GPU, "NVML asks for a GPU reset: nvidia-smi -r "
+         "clears it, the node may stay", keyword="RECOVERY_ACTION_GPU_RESET"),
+    Rule("gpu.recovery_action", A.RESET_GPU, "NVML asks for a reset of the GPU's PCIe bus",
+         keyword="RECOVERY_ACTION_BUS_RESET"),
     Rule("gpu.topology", A.RERUN, "a topology query failed after every GPU answered: "
          "transient until it repeats"),
     Rule("gpu.topology", A.RESET_GPU, "a GPU stopped answering, as for gpu.query",
@@ -159,6 +188,23 @@ RULES: tuple[Rule, ...] = (
          "install another torch or upgrade the driver"),
     Rule("gpu.functional", A.DRAIN_NODE, "the GPU computed a wrong product, raised or hung "
          "on a small test: it must not take jobs until reset and diagnosed"),
+    # gpucheck health: the GPU count and the InfiniBand/RoCE ports (docs/health.md).
+    Rule("gpu.count", A.DRAIN_NODE, "fewer GPUs than the node should have: one fell off the "
+         "bus or failed to initialise; jobs sized for the node cannot run", "FAIL"),
+    Rule("gpu.count", A.FIX_CONFIG, "more GPUs than expected, or fewer than the PCI bus shows "
+         "with no count given: state the node's count (--expect-gpus) to judge it", "WARN"),
+    Rule("ib.ports", A.DRAIN_NODE, "fewer active InfiniBand/RoCE ports than the node should "
+         "have: multi-node jobs lose a rail or cannot start"),
+    Rule("ib.port.state", A.DRAIN_NODE, "a port this node has seen active is down: NCCL over "
+         "that rail fails or falls back until the link is fixed", "FAIL"),
+    Rule("ib.port.state", A.FIX_CONFIG, "a port never seen active is down or not configured: "
+         "an unused port to disable or ignore, or a subnet manager to start", "WARN"),
+    Rule("ib.port.rate", A.REPLACE_HARDWARE, "a port trained to a lower rate than its peers: "
+         "a cable, transceiver or switch port to reseat or replace; as gpu.pcie.width"),
+    Rule("ib.port.link_downed", A.DRAIN_NODE, "the link went down and retrained since the "
+         "last check: a flapping link breaks NCCL jobs at random until it is looked at"),
+    Rule("health.state", A.FIX_CONFIG, "the state dir could not be read or written: disk "
+         "space or rights; the checks themselves ran"),
     # Software and environment.
     Rule("system.shm", A.FIX_CONFIG, "/dev/shm is a container or mount setting"),
     Rule("torch.*", A.FIX_CONFIG, "the torch installation (CPU-only, no cuDNN or NCCL, "
@@ -170,6 +216,7 @@ RULES: tuple[Rule, ...] = (
     Rule("env.nodes.differ", A.FIX_CONFIG, "nodes of one job differ in drivers, packages "
          "or environment"),
     Rule("ranks.numa", A.FIX_CONFIG, "CPU binding of the ranks is a launch setting"),
+    Rule("launch.cpu_ranks", A.FIX_CONFIG, "more CPU ranks than cores is a launch setting"),
     # bench.
     Rule("bench.images.skipped", A.FIX_CONFIG, "an unreadable input image: fix or remove "
          "the file"),
@@ -198,6 +245,14 @@ RULES: tuple[Rule, ...] = (
     Rule("comm.internode.slow_rail", A.RERUN, f"one slow NIC-to-NIC link in {_SHORT_RUN}"),
     Rule("comm.internode.shared_node", A.RERUN, "several slow node pairs share one node: "
          f"a suspect, still from {_SHORT_RUN}"),
+    # Confirmed: slow twice, the second time beside known-good peers measured with it.
+    Rule("comm.pairwise.slow_pair", A.RERUN, "CPU ranks: a confirmed slow pair is a busy "
+         "or throttled process, not a link", "WARN", "cpu ranks exchange"),
+    Rule("comm.pairwise.slow_pair", A.DRAIN_NODE, _CONFIRMED, keyword="confirmed:"),
+    Rule("comm.nodes.slow_node", A.DRAIN_NODE, _CONFIRMED, keyword="confirmed:"),
+    Rule("comm.internode.slow_pair", A.DRAIN_NODE, _CONFIRMED, keyword="confirmed:"),
+    Rule("comm.internode.slow_rail", A.DRAIN_NODE, _CONFIRMED, keyword="confirmed:"),
+    Rule("comm.internode.shared_node", A.DRAIN_NODE, _CONFIRMED, keyword="confirmed:"),
     Rule("comm.transport.*", A.FIX_CONFIG, "NCCL chose sockets or a loopback/bridge "
          "interface: its settings or the container's RDMA libraries, not the hardware"),
     # stress: sustained load, built to reproduce what it finds.
@@ -223,6 +278,24 @@ RULES: tuple[Rule, ...] = (
     Rule("stress.p2p", A.FIX_CONFIG, "peer access blocked for some pairs: ACS or IOMMU "
          "settings", keyword="without peer access"),
     Rule("stress.numa", A.FIX_CONFIG, "CPU binding of the ranks is a launch setting"),
+    # Not measured again (a run stopped in between, an older report): nothing confirmed.
+    *(Rule(check, A.RERUN, _UNCONFIRMED, keyword="not measured again") for check in (
+        "stress.*.peers", "stress.sdc.straggler", "stress.copies.together",
+        "stress.copies.link", "stress.p2p")),
+    # hang: a stuck job, the rank the others wait for (docs/hang.md).
+    Rule("hang.rank.*", A.RESTART_APP, "the job cannot go on without this rank (dead, "
+         "stopped, in its own code or another collective): restart the job once its log "
+         "or stack says why; the GPU is not blamed, the fault findings would"),
+    Rule("hang.rank.d_state", A.DRAIN_NODE, "a process in uninterruptible sleep for the "
+         "whole window waits on a driver or file-system call that does not return: the "
+         "node needs a look (dmesg), and the next job would hang the same way"),
+    Rule("hang.rank.unreadable", A.FIX_CONFIG, "the others wait for a rank whose stack "
+         "could not be read: grant the ptrace capability and look again"),
+    Rule("hang.verdict", A.RERUN, "stuck, but no rank of this node to blame: look at "
+         "every node at once (or read the Flight Recorder dumps) to find it"),
+    Rule("hang.traces.*", A.RESTART_APP, "the dumps show ranks that disagree on the "
+         "collectives or never reached one: the program's order of collectives or a rank "
+         "that stopped: fix or restart the job"),
 )
 
 

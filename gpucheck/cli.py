@@ -1,6 +1,7 @@
 """Command line: parse, run one command, render its report, pick the exit code.
 
-Each command lives in `gpucheck.commands.<name>` and provides `HELP`,
+Each command lives in `gpucheck.commands.<name>` (listed in
+`gpucheck.commands.registry`) and provides `HELP`,
 `add_arguments(parser)` and `run(args) -> Report | None` (None on a rank that
 does not report, e.g. every rank but 0 under torchrun). Command modules are
 imported only when chosen, so `gpucheck --help` never imports torch.
@@ -9,73 +10,32 @@ imported only when chosen, so `gpucheck --help` never imports torch.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import signal
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 from gpucheck import __version__
+from gpucheck.commands import registry
 from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
+from gpucheck.distributed import terminal
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
 from gpucheck.output import check_writable, write_atomic
-from gpucheck.render import FORMATS, format_for, render
+from gpucheck.render import format_for, render
 from gpucheck.report import Report, Section, fail
 
-COMMANDS = ("env", "bench", "comm", "stress", "all", "compare", "fleet")
-
-EXIT_USAGE = 2
+EXIT_USAGE = registry.EXIT_USAGE
 EXIT_INTERRUPTED = 130  # Ctrl-C; every stop signal N exits 128 + N (SIGTERM: 143)
 # Signals that end a run like Ctrl-C does (SIGINT raises KeyboardInterrupt already).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (argparse prints the usage block too)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _output_options() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    group = common.add_argument_group("report")
-    group.add_argument("--format", metavar="FMT", default=None,
-                       help=f"report format: {', '.join(FORMATS)} (default: from --output's "
-                            "extension, else text)")
-    group.add_argument("--output", "-o", metavar="FILE", default=None,
-                       help="also write the report to FILE (atomically); .json, .md and .html "
-                            "pick the format")
-    group.add_argument("--strict", action="store_true",
-                       help="exit 1 on WARN as well as on FAIL")
-    group.add_argument("--quiet", "-q", action="store_true",
-                       help="no progress output; with --output, nothing on stdout")
-    return common
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="gpucheck",
-        description="Is this GPU server fit for distributed work? Exit codes: 0 no FAIL, "
-                    "1 any FAIL (--strict: WARN too), 2 usage or input error, 130 "
-                    "interrupted (Ctrl-C), 143 terminated (SIGTERM).",
-    )
-    parser.add_argument("--version", action="version", version=f"gpucheck {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    common = _output_options()
-    for name in COMMANDS:
-        module = _command_module(name)
-        command_parser = sub.add_parser(name, help=module.HELP, description=module.HELP,
-                                        parents=[common])
-        module.add_arguments(command_parser)
-    return parser
-
-
-def _command_module(name: str):  # type: ignore[no-untyped-def]
-    return importlib.import_module(f"gpucheck.commands.{name}")
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """Every command's parser, or (given the command line) only its command's."""
+    return registry.build_parser(__version__, argv)
 
 
 def use_color(stream: TextIO) -> bool:
@@ -83,32 +43,46 @@ def use_color(stream: TextIO) -> bool:
     return stream.isatty() and "NO_COLOR" not in os.environ
 
 
+def terminal_width(stream: TextIO) -> int | None:
+    """A terminal's own width, so text lines fit it; None off a terminal (the text
+    renderer's fixed default keeps files and pipes stable)."""
+    if not stream.isatty():
+        return None
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError):
+        return None
+
+
 def emit(report: Report, fmt: str, output: str | None, quiet: bool,
          stream: TextIO | None = None) -> None:
     """Write the report file (if asked) and show the report on `stream`."""
     stream = stream or sys.stdout
+    width = terminal_width(stream)
     if output is not None:
         write_atomic(output, render(report, fmt))
         if not quiet:
-            stream.write(render(report, "text", color=use_color(stream)))
+            stream.write(render(report, "text", color=use_color(stream), width=width))
         return
-    stream.write(render(report, fmt, color=fmt == "text" and use_color(stream)))
+    stream.write(render(report, fmt, color=fmt == "text" and use_color(stream),
+                        width=width if fmt == "text" else None))
     stream.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     with signals_as_interrupts():
         return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
-    module = _command_module(args.command)
+    module = registry.command_module(args.command)
     try:
         fmt = format_for(args.format, args.output)
         if args.output is not None:
             check_writable(args.output)
         baseline = read_baseline_option(args)
+        terminal.configure(terminal.wanted(args.quiet))  # progress on stderr, rank 0 only
         report = module.run(args)
         if report is None:
             return 0
@@ -120,7 +94,8 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
         return _interrupted(module, args, stop_signal(exc))
-    return report.exit_code(strict=args.strict)
+    decide = getattr(module, "exit_code", None)  # a command with its own convention
+    return decide(report, args) if decide is not None else report.exit_code(strict=args.strict)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ torch is passed in or imported lazily: importing this module never starts CUDA.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -66,13 +67,23 @@ def bus_id_of(props: Any) -> str | None:
     return f"{int(domain):08X}:{int(bus):02X}:{int(device):02X}.0"
 
 
-def uuid_of(props: Any) -> str | None:
-    """The UUID as nvidia-smi prints it ("GPU-..."), from torch's device properties."""
+def uuid_of(props: Any, mig: bool = False) -> str | None:
+    """The UUID as nvidia-smi prints it, from torch's device properties: "GPU-..." for a
+    whole GPU, "MIG-..." for a MIG instance (`mig`: its GPU has MIG mode on).
+
+    torch gives the bare 16 octets CUDA reports. On a GPU in MIG mode CUDA only ever
+    sees a MIG instance, and reports the instance's own UUID (cuDeviceGetUuid_v2:
+    "If the device is in MIG mode, returns its MIG UUID"), which nvidia-smi -L and
+    CUDA_VISIBLE_DEVICES write "MIG-<uuid>": prefixing it "GPU-" would name a GPU that
+    does not exist.
+    """
     uuid = getattr(props, "uuid", None)
     if uuid is None:
         return None
     text = str(uuid)
-    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+    if text.startswith(("GPU-", "MIG-")):
+        return text
+    return f"{'MIG' if mig else 'GPU'}-{text}"
 
 
 def normal_bus_id(bus_id: str | None) -> str | None:
@@ -107,8 +118,8 @@ class GpuIdentity:
         return asdict(self)
 
 
-def nvml_index_by_bus_id(bus_id: str | None, nvml: Any | None = None) -> int | None:
-    """NVML's index of the GPU at this PCI address (None when NVML cannot tell)."""
+def _ask_nvml(bus_id: str | None, nvml: Any | None, read: Any) -> Any:
+    """`read(nvml, handle)` for the GPU at this PCI address; None when NVML cannot tell."""
     if not bus_id:
         return None
     from gpucheck.probes.nvml import Nvml, NvmlFailure
@@ -116,8 +127,7 @@ def nvml_index_by_bus_id(bus_id: str | None, nvml: Any | None = None) -> int | N
     own = nvml is None
     nvml = nvml or Nvml()
     try:
-        handle = nvml.call("nvmlDeviceGetHandleByPciBusId", bus_id)
-        return int(nvml.call("nvmlDeviceGetIndex", handle))
+        return read(nvml, nvml.call("nvmlDeviceGetHandleByPciBusId", bus_id))
     except NvmlFailure:
         return None
     finally:
@@ -125,9 +135,40 @@ def nvml_index_by_bus_id(bus_id: str | None, nvml: Any | None = None) -> int | N
             nvml.shutdown()
 
 
+def nvml_index_by_bus_id(bus_id: str | None, nvml: Any | None = None) -> int | None:
+    """NVML's index of the GPU at this PCI address (None when NVML cannot tell)."""
+    return _ask_nvml(bus_id, nvml, lambda n, h: int(n.call("nvmlDeviceGetIndex", h)))
+
+
+def mig_mode_by_bus_id(bus_id: str | None, nvml: Any | None = None) -> bool:
+    """Whether the GPU at this PCI address has MIG mode on (`nvidia-smi --query-gpu=
+    mig.mode.current`); False when NVML cannot tell or the GPU has no MIG."""
+    modes = _ask_nvml(bus_id, nvml, lambda n, h: n.get("nvmlDeviceGetMigMode", h))
+    current = modes[0] if isinstance(modes, (list, tuple)) and modes else modes
+    return bool(current)
+
+
+def _mig_visible() -> bool:
+    """CUDA_VISIBLE_DEVICES=MIG-<uuid>,...: CUDA enumerates the first entry, a MIG
+    instance (what tells it when NVML cannot)."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "").strip().startswith("MIG-")
+
+
 def cuda_identity(torch: Any, ordinal: int, nvml: Any | None = None) -> GpuIdentity:
-    """Name cuda:<ordinal> of this process by NVML index, bus id and UUID."""
+    """Name cuda:<ordinal> of this process by NVML index, bus id and UUID (a MIG
+    instance's as "MIG-...")."""
     props = torch.cuda.get_device_properties(ordinal)
     bus_id = bus_id_of(props)
-    return GpuIdentity(cuda_ordinal=ordinal, nvml_index=nvml_index_by_bus_id(bus_id, nvml),
-                       name=str(props.name), pci_bus_id=bus_id, uuid=uuid_of(props))
+    own = nvml is None and bus_id is not None
+    if own:
+        from gpucheck.probes.nvml import Nvml
+
+        nvml = Nvml()  # one session for both questions
+    try:
+        index = nvml_index_by_bus_id(bus_id, nvml)
+        mig = mig_mode_by_bus_id(bus_id, nvml) or _mig_visible()
+    finally:
+        if own:
+            nvml.shutdown()
+    return GpuIdentity(cuda_ordinal=ordinal, nvml_index=index, name=str(props.name),
+                       pci_bus_id=bus_id, uuid=uuid_of(props, mig))

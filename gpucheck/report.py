@@ -132,6 +132,16 @@ class Section:
     data: dict[str, JsonValue] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
 
+    def verdict(self) -> Status | None:
+        """The section's badge: its worst WARN or FAIL, else OK when anything was checked;
+        SKIP only when every check was skipped; None when it holds data alone."""
+        statuses = {f.status for f in self.findings}
+        if not statuses:
+            return None
+        if statuses == {Status.SKIP}:
+            return Status.SKIP
+        return worst(statuses - {Status.SKIP})
+
     def to_dict(self) -> dict[str, JsonValue]:
         return {
             "name": self.name,
@@ -179,6 +189,9 @@ class Report:
     created_at: str = field(default_factory=_utc_now)
     tool_version: str = __version__
     schema_version: int = SCHEMA_VERSION
+    # What the verdict covers when that is less than the command's name suggests
+    # ("no NVIDIA GPU or driver found: software checks only"); shown in the headline.
+    scope: str | None = None
 
     def add(self, section: Section) -> Section:
         self.sections.append(section)
@@ -224,6 +237,7 @@ class Report:
             "host": self.host,
             "created_at": self.created_at,
             "verdict": self.verdict().value,
+            "scope": self.scope,
             "summary": self.summary(),
             "sections": [s.to_dict() for s in self.sections],
         }
@@ -244,6 +258,7 @@ class Report:
             created_at=raw.get("created_at", ""),
             tool_version=raw.get("tool_version", ""),
             schema_version=raw["schema_version"],
+            scope=raw.get("scope"),
         )
 
 

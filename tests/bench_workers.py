@@ -157,3 +157,27 @@ def stop_rank_one_most_of_the_time(model: nn.Module, rank: int) -> nn.Module:
     task back some of the turn it missed). For tests that must name it whatever the
     load."""
     return _throttled(model, 3.0 if rank == SLOW_RANK else 0.0)
+
+
+class _FailsLater(nn.Module):
+    """Fails `after_s` seconds into the timed loop (clock from the second forward: the
+    first is the warm-up of a --warmup 1 run), as a GPU that dies mid-run."""
+
+    def __init__(self, inner: nn.Module, after_s: float) -> None:
+        super().__init__()
+        self.inner = inner
+        self.after_s = after_s
+        self.calls = 0
+        self.started = 0.0
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 2:
+            self.started = time.monotonic()
+        if self.calls > 2 and time.monotonic() - self.started > self.after_s:
+            raise RuntimeError("simulated device fault in the timed loop")
+        return self.inner(batch)
+
+
+def fail_rank_one_in_the_timed_loop(model: nn.Module, rank: int) -> nn.Module:
+    return _FailsLater(model, 2.5) if rank == 1 else model

@@ -83,12 +83,42 @@ CONSTANTS = {
     "NVML_GPU_RECOVERY_ACTION_NONE": 0, "NVML_GPU_RECOVERY_ACTION_GPU_RESET": 1,
     "NVML_GPU_RECOVERY_ACTION_NODE_REBOOT": 2, "NVML_GPU_RECOVERY_ACTION_DRAIN_P2P": 3,
     "NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET": 4,
+    "NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN": 5, "NVML_GPU_RECOVERY_ACTION_BUS_RESET": 6,
+    "NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT": 7, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION": 230,
+    # Fabric health (struct v2 healthMask, v3 healthSummary).
+    "nvmlGpuFabricInfo_v3": 0x3000028,
+    "NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE": 1,
+    "NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE": 2,
+    "NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW": 0,
+    "NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_RECOVERY_FALSE": 2,
+    "NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_RECOVERY": 2,
+    "NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE": 1,
+    "NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_FALSE": 2,
+    "NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY": 4,
+    "NVML_GPU_FABRIC_HEALTH_MASK_ACCESS_TIMEOUT_RECOVERY_FALSE": 2,
+    "NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ACCESS_TIMEOUT_RECOVERY": 6,
+    "NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NONE": 1,
+    "NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_INSUFFICIENT_NVLINKS": 5,
+    "NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_INCORRECT_CONFIGURATION": 8,
+    "NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED": 0, "NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY": 1,
+    "NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY": 2,
+    "NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY": 3,
+    # Per-link NVLink error field ids (scope = link), removed on Blackwell like
+    # nvmlDeviceGetNvLinkErrorCounter (NVML change log, v560 -> v565).
+    "NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY": 161, "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY": 162,
+    "NVML_FI_DEV_NVLINK_ERROR_DL_CRC": 163,
 }
 # What an H100/H200 answers to nvmlDeviceGetSupportedEventTypes (no storm, no poison).
 H200_EVENT_TYPES = 0x1 | 0x2 | 0x4 | 0x8 | 0x10 | 0x80 | 0x100
 # Clock-event reason time counters (ns) a recent driver answers; other field ids: NotSupported.
 SLOWDOWN_FIELD_IDS = (74, 269, 270, 271)
 FABRIC_COMPLETED_OK = (3, 0)  # (NVML_GPU_FABRIC_STATE_COMPLETED, NVML_SUCCESS)
+# A healthy NVSwitch GPU's healthMask: bandwidth not degraded, no route recovery, routes
+# healthy, no access-timeout recovery (each _FALSE = 2), configuration NONE (1); the
+# partition and global-fabric-manager fields not supported (0), as on a single HGX node.
+HEALTHY_FABRIC_MASK = 2 | 2 << 2 | 2 << 4 | 2 << 6 | 1 << 8
+# Fabric struct versions a current driver's nvmlDeviceGetGpuFabricInfoV accepts.
+FABRIC_VERSIONS = frozenset({0x02000024, 0x3000028})
 
 
 class c_nvmlGpuFabricInfo_t(ctypes.Structure):
@@ -107,6 +137,18 @@ class c_nvmlGpuFabricInfo_v2_t(ctypes.Structure):
 
     def __init__(self) -> None:
         super().__init__(version=CONSTANTS["nvmlGpuFabricInfo_v2"])
+
+
+class c_nvmlGpuFabricInfo_v3_t(ctypes.Structure):
+    """As pynvml: the v3 struct (adds healthSummary); __init__ sets its version."""
+
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_uint8 * 16),
+                ("status", ctypes.c_uint), ("cliqueId", ctypes.c_uint32),
+                ("state", ctypes.c_uint), ("healthMask", ctypes.c_uint32),
+                ("healthSummary", ctypes.c_uint8)]
+
+    def __init__(self) -> None:
+        super().__init__(version=CONSTANTS["nvmlGpuFabricInfo_v3"])
 
 
 class c_nvmlValue_t(ctypes.Union):
@@ -140,7 +182,8 @@ RETURNED_STRUCTS = {"c_nvmlFieldValue_t": c_nvmlFieldValue_t,
                     "c_nvmlEventData_t": c_nvmlEventData_t, "c_nvmlValue_t": c_nvmlValue_t}
 STRUCTS = {"c_nvmlGpuFabricInfo_t": c_nvmlGpuFabricInfo_t,
            "c_nvmlGpuFabricInfo_v2_t": c_nvmlGpuFabricInfo_v2_t,
-           "c_nvmlGpuFabricInfoV_t": c_nvmlGpuFabricInfo_v2_t}
+           "c_nvmlGpuFabricInfoV_t": c_nvmlGpuFabricInfo_v2_t,
+           "c_nvmlGpuFabricInfo_v3_t": c_nvmlGpuFabricInfo_v3_t}
 
 
 def _struct(arg: Any) -> Any:
@@ -174,6 +217,9 @@ class FakeGpu:
     sm_clock_max: int = 1980
     util: tuple[int, int] = (0, 0)
     pids: list[int] = field(default_factory=list)
+    # nvmlDeviceGetProcessUtilization: pid -> SM utilisation %; empty answers NotFound
+    # (no sample in the buffer), as NVML does.
+    proc_util: dict[int, int] = field(default_factory=dict)
     pcie_gen: tuple[int, int] = (1, 5)
     pcie_width: tuple[int, int] = (16, 16)
     ecc_mode: list[int] = field(default_factory=lambda: [1, 1])
@@ -197,6 +243,15 @@ class FakeGpu:
     event_types: int = H200_EVENT_TYPES
     # (state, status) of nvmlDeviceGetGpuFabricInfo*; None: the GPU has no fabric (NotSupported).
     fabric: tuple[int, int] | None = FABRIC_COMPLETED_OK
+    # healthMask and healthSummary (NVML_GPU_FABRIC_HEALTH_SUMMARY_*) of a registered fabric.
+    fabric_health: int = HEALTHY_FABRIC_MASK
+    fabric_summary: int = 1
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (NVML_GPU_RECOVERY_ACTION_*); None: a driver
+    # before R565, which answers NotSupported for the field.
+    recovery_action: int | None = 0
+    # Blackwell: NVML answers NotSupported for nvmlDeviceGetNvLinkErrorCounter and the
+    # NVML_FI_DEV_NVLINK_ERROR_DL_* field ids (removed there; see `blackwell_gpu`).
+    nvlink_error_counters: bool = True
     # nvmlDeviceGetCpuAffinity: the CPUs near the GPU (`nvidia-smi topo -m` "CPU Affinity").
     cpu_affinity: tuple[int, ...] = tuple(range(8))
     # Seconds the first nvmlDeviceGetHandleByIndex after nvmlInit takes (GPU bring-up).
@@ -204,6 +259,13 @@ class FakeGpu:
     lost: bool = False
     unsupported: set[str] = field(default_factory=set)
     hang: set[str] = field(default_factory=set)
+
+
+def blackwell_gpu(**fields: Any) -> FakeGpu:
+    """A B200 as NVML >= R565 shows it: compute capability 10.0, 18 NVLinks up, and
+    NotSupported for the NVLink error counters NVML removed on Blackwell."""
+    return FakeGpu(**{"name": "NVIDIA B200", "cc": (10, 0), "nvlinks": 18,
+                      "nvlink_error_counters": False, **fields})
 
 
 class _Handle:
@@ -267,12 +329,14 @@ class FakeNvml:
     def __init__(self, gpus: list[FakeGpu], driver: str = "550.54.15",
                  cuda_driver: int = 12040, init_error: str | None = None,
                  topology: int = 40, absent: frozenset[str] = frozenset(),
-                 hang_s: float = 30.0) -> None:
+                 hang_s: float = 30.0, fabric_versions: frozenset[int] = FABRIC_VERSIONS) -> None:
         """`absent`: functions this driver's libnvidia-ml lacks (pynvml raises
-        FunctionNotFound); `hang_s`: how long a call in `FakeGpu.hang` blocks."""
+        FunctionNotFound); `hang_s`: how long a call in `FakeGpu.hang` blocks;
+        `fabric_versions`: the fabric struct versions this driver knows."""
         self.gpus, self.driver, self.cuda_driver = gpus, driver, cuda_driver
         self.init_error, self.topology, self.initialised = init_error, topology, False
         self.absent, self.hang_s, self.attached = absent, hang_s, set()
+        self.fabric_versions = fabric_versions
         self.event_sets: list[_EventSet] = []
         self.module = types.ModuleType("pynvml")
         _error_classes(self.module)
@@ -390,6 +454,14 @@ class FakeNvml:
         return [types.SimpleNamespace(pid=pid, usedGpuMemory=2 << 30, gpuInstanceId=0xFFFFFFFF,
                                       computeInstanceId=0xFFFFFFFF) for pid in gpu.pids]
 
+    def nvmlDeviceGetProcessUtilization(self, handle: _Handle, timeStamp: int) -> list[Any]:
+        gpu = self._gpu(handle, "nvmlDeviceGetProcessUtilization")
+        if not gpu.proc_util:
+            self._raise("NotFound")
+        return [types.SimpleNamespace(pid=pid, timeStamp=timeStamp + 1, smUtil=util,
+                                      memUtil=util // 2, encUtil=0, decUtil=0)
+                for pid, util in gpu.proc_util.items()]
+
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: _Handle) -> list[Any]:
         self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses")
         return []
@@ -445,6 +517,11 @@ class FakeNvml:
         info.state, info.status = gpu.fabric
         if gpu.fabric[0] == CONSTANTS["NVML_GPU_FABRIC_STATE_COMPLETED"]:
             info.cliqueId = 1
+        supported = gpu.fabric[0] != CONSTANTS["NVML_GPU_FABRIC_STATE_NOT_SUPPORTED"]
+        if hasattr(info, "healthMask"):  # v2 and v3; 0: every field not supported
+            info.healthMask = gpu.fabric_health if supported else 0
+        if hasattr(info, "healthSummary"):  # v3
+            info.healthSummary = gpu.fabric_summary if supported else 0
         return CONSTANTS["NVML_SUCCESS"]
 
     def nvmlDeviceGetGpuFabricInfo(self, device: _Handle, gpuFabricInfo: Any) -> int:
@@ -452,7 +529,7 @@ class FakeNvml:
 
     def nvmlDeviceGetGpuFabricInfoV(self, device: _Handle, gpuFabricInfo: Any) -> int:
         info = _struct(gpuFabricInfo)
-        if getattr(info, "version", None) != CONSTANTS["nvmlGpuFabricInfo_v2"]:
+        if getattr(info, "version", None) not in self.fabric_versions:
             self._raise("ArgumentVersionMismatch")
         return self._fabric(device, "nvmlDeviceGetGpuFabricInfoV", info)
 
@@ -506,6 +583,8 @@ class FakeNvml:
 
     def nvmlDeviceGetNvLinkErrorCounter(self, device: _Handle, link: int, counter: int) -> int:
         gpu = self._gpu(device, "nvmlDeviceGetNvLinkErrorCounter")
+        if not gpu.nvlink_error_counters:
+            self._raise("NotSupported")
         if link >= gpu.nvlinks:
             self._raise("NotSupported" if gpu.nvlinks == 0 else "InvalidArgument")
         return gpu.nvlink_errors.get((link, counter), 0)
@@ -518,7 +597,11 @@ class FakeNvml:
             value.fieldId, value.scopeId = (field_id if isinstance(field_id, tuple)
                                             else (field_id, 0))
             value.timestamp = time.time_ns() // 1000
-            if value.fieldId in gpu.field_values:
+            if value.fieldId == CONSTANTS["NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"] \
+                    and gpu.recovery_action is not None:
+                value.valueType = CONSTANTS["NVML_VALUE_TYPE_UNSIGNED_INT"]
+                value.value.uiVal = gpu.recovery_action
+            elif value.fieldId in gpu.field_values:
                 value.valueType = CONSTANTS["NVML_VALUE_TYPE_UNSIGNED_LONG_LONG"]
                 value.value.ullVal = gpu.field_values[value.fieldId]
             else:

@@ -42,10 +42,10 @@ def _fake(faults: dict[str, Any] | None = None, n: int = 2, **nvml: Any) -> Fake
 
 
 def _env_findings(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml | None,
-                  timeout_s: float = 2.0) -> list[Finding]:
+                  timeout_s: float = 2.0, retry_s: float = 2.0) -> list[Finding]:
     """The driver and GPU findings of a fake machine (None: pynvml not installed)."""
     monkeypatch.setitem(sys.modules, "pynvml", None if fake is None else fake.module)
-    result = probe_nvml(Nvml(timeout_s))
+    result = probe_nvml(Nvml(timeout_s, retry_timeout_s=retry_s))
     return [f for s in result.sections for f in s.findings]
 
 
@@ -92,8 +92,9 @@ def test_each_fake_nvml_fault_gets_its_action(monkeypatch: pytest.MonkeyPatch,
 
 def test_a_hanging_nvml_call_drains_the_node_and_the_unanswered_gpus_want_a_reset(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    # The call hangs 30 s: past its budget (0.3 s) and the second one (0.6 s more).
     findings = _env_findings(monkeypatch, _fake({"hang": {"nvmlDeviceGetTemperature"}}, 3),
-                             timeout_s=0.3)
+                             timeout_s=0.3, retry_s=0.6)
     actions = {(f.check, f.action) for f in _problems(findings)}
     assert actions == {("driver.nvml_hang", "drain-node"), ("gpu.query", "reset-gpu"),
                        ("gpu.topology", "reset-gpu")}

@@ -162,3 +162,53 @@ def test_the_gloo_report_says_the_transport_is_n_a() -> None:
     assert sections["transport"].data == {
         "transport": "n/a (gloo): only NCCL logs its transport"}
     assert sections["transport"].findings == []
+
+
+@pytest.mark.parametrize(("log", "interface"), [("socket_veth_cut_short.log", "veth1a2b3c"),
+                                                ("socket_lo_cut_short.log", "lo")])
+def test_a_socket_line_over_a_bridge_or_loopback_warns_without_a_using_network_line(
+        log: str, interface: str) -> None:
+    t = _parse(log)
+    assert t.network is None and t.socket_interfaces == (interface,)
+    data, findings = transport_view([_entry(1, log, [])], LABELS, "nccl", 2)
+    assert [(f.check, f.status, f.subject) for f in findings] == [
+        ("comm.transport.bad_interface", Status.WARN, "rank 1 (node 1 b)")]
+    assert f"over {interface}," in findings[0].message
+    assert data["ranks"][0]["network"] == "Socket"
+
+
+def test_a_socket_line_over_veth_next_to_infiniband_devices_warns_twice() -> None:
+    _, findings = transport_view([_entry(0, "socket_veth_cut_short.log", ["mlx5_0"])],
+                                 LABELS, "nccl", 2)
+    assert [(f.check, f.status) for f in findings] == [
+        ("comm.transport.sockets_with_ib", Status.WARN),
+        ("comm.transport.bad_interface", Status.WARN)]
+
+
+def test_a_socket_line_over_a_proper_interface_with_no_infiniband_stays_ok() -> None:
+    entries = [_entry(0, "socket_ens_cut_short.log", []), _entry(1, "sockets_with_ib.log", [])]
+    _, findings = transport_view(entries, LABELS, "nccl", 2)
+    (finding,) = findings
+    assert finding.status is Status.OK and "over Socket," in finding.message
+
+
+def test_no_transport_message_ever_says_none() -> None:
+    logs = ["ib_healthy.log", "roce.log", "socket_ens_cut_short.log", "socket_lo_cut_short.log",
+            "socket_veth_cut_short.log", "sockets_with_ib.log", "socket_over_lo.log"]
+    for log in logs:
+        for ib in ([], ["mlx5_0"]):
+            _, findings = transport_view([_entry(0, log, ib)], LABELS, "nccl", 2)
+            assert findings and all("None" not in f.message for f in findings), log
+    # A log that names no network at all: said in words, not as None.
+    entry = {"rank": 0, "state": "read", "transport": asdict(parse_nccl_log("NCCL INFO x")),
+             "ib_sysfs": []}
+    (finding,) = transport_view([entry], LABELS, "nccl", 2)[1]
+    assert finding.status is Status.OK and "does not name" in finding.message
+
+
+def test_an_ib_log_with_no_using_network_line_reads_as_ib() -> None:
+    text = (LOGS / "ib_healthy.log").read_text().replace("NCCL INFO Using network IB", "")
+    entry = {"rank": 0, "state": "read", "transport": asdict(parse_nccl_log(text)),
+             "ib_sysfs": ["mlx5_0"]}
+    (finding,) = transport_view([entry], LABELS, "nccl", 2)[1]
+    assert finding.status is Status.OK and "over IB," in finding.message

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpucheck.cli import main
+from gpucheck.comm.pairwise import TEST_SLOW_PAIR_VAR
 
 
 def _sweep(tmp_path: Path, nproc: int, *extra: str) -> tuple[int, dict]:  # type: ignore[type-arg]
@@ -18,11 +19,28 @@ def _sweep(tmp_path: Path, nproc: int, *extra: str) -> tuple[int, dict]:  # type
     return code, json.loads(out.read_text())
 
 
+# Test hooks (gpucheck.comm.pairwise.TEST_SLOW_PAIR_VAR), each far beyond any noise: with
+# 2 ranks one batch of 0 -> 1 is slowed (noise: no alarm); with 3, 1 -> 0 always (found).
+SLOWED = {2: "0:1:0.05:once", 3: "1:0:0.05"}
+
+
+def _pair_warns(report: dict) -> list[tuple[str, str]]:  # type: ignore[type-arg]
+    pairwise = {s["name"]: s for s in report["sections"]}["pairwise"]
+    return [(f["subject"], f["message"]) for f in pairwise["findings"]
+            if f["status"] == "WARN"]
+
+
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_comm_sweep_reports_every_size_with_nccl_tests_bandwidths(
-        tmp_path: Path, nproc: int) -> None:
+        tmp_path: Path, nproc: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TEST_SLOW_PAIR_VAR, SLOWED[nproc])
     code, report = _sweep(tmp_path, nproc)
     assert code == 0, report
+    warns = _pair_warns(report)
+    if nproc == 2:  # one slow batch of three is noise: no slow_pair alarm
+        assert warns == []
+    else:  # slow in every batch, and again when measured again beside a good pair
+        assert [s for s, m in warns if "confirmed" in m] == ["rank 1 -> rank 0"]
     sections = {s["name"]: s for s in report["sections"]}
     assert [r["rank"] for r in sections["comm"]["data"]["ranks"]] == list(range(nproc))
     for name, factor in (("all_reduce", 2 * (nproc - 1) / nproc),
@@ -38,6 +56,18 @@ def test_comm_sweep_reports_every_size_with_nccl_tests_bandwidths(
     assert len(matrix) == nproc
     assert all(row[f"to {d}"] > 0 for row in matrix for d in range(nproc)
                if row["src"] != f"rank {d}")
+
+
+def test_a_pair_slow_the_first_time_only_is_an_unstable_warn_that_asks_for_a_rerun(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TEST_SLOW_PAIR_VAR, "1:0:0.05:first")
+    code, report = _sweep(tmp_path, 2, "--collectives", "all_reduce", "--max-bytes", "4K",
+                          "--pair-bytes", "1M")
+    assert code == 0
+    pairwise = {s["name"]: s for s in report["sections"]}["pairwise"]
+    (warned,) = [f for f in pairwise["findings"] if f["status"] == "WARN"]
+    assert (warned["subject"], warned["action"]) == ("rank 1 -> rank 0", "rerun")
+    assert "unstable: measured again" in warned["message"]
 
 
 def test_baseline_busbw_above_what_loopback_gives_is_a_fail(tmp_path: Path) -> None:

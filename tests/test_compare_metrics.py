@@ -30,7 +30,8 @@ def test_bench_gives_images_per_s_per_rank_and_the_job_figures() -> None:
     ranks = section(report, "timing")["data"]["ranks"]
     assert set(metrics) == {"bench.aggregate_images_per_s", "bench.job_wall_s",
                             "bench.parallel_efficiency", "bench.spread_slowest_vs_median",
-                            "bench.images_per_s.rank0", "bench.images_per_s.rank1"}
+                            "bench.images_per_s.rank0", "bench.images_per_s.rank1",
+                            "bench.iteration_p50_ms.rank0", "bench.iteration_p50_ms.rank1"}
     assert metrics["bench.images_per_s.rank1"].value == ranks[1]["images_per_s"]
     assert metrics["bench.images_per_s.rank1"].position == "rank1"
     assert metrics["bench.images_per_s.rank1"].pool == "bench.images_per_s"

@@ -26,9 +26,10 @@ def _gpus(n: int, **faults: dict) -> list[FakeGpu]:
     return gpus
 
 
-def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, timeout_s: float = 2.0):
+def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, timeout_s: float = 2.0,
+           retry_s: float = 2.0):
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
-    return probe_nvml(Nvml(timeout_s))
+    return probe_nvml(Nvml(timeout_s, retry_timeout_s=retry_s))
 
 
 def _findings(result, check: str, status: Status | None = None):
@@ -103,11 +104,21 @@ def test_failed_row_remap_and_pending_retired_pages_fail(monkeypatch):
 @pytest.mark.parametrize("mask, reason", [(0x40, "hw_thermal_slowdown"),
                                           (0x20, "sw_thermal_slowdown"),
                                           (0x80, "hw_power_brake_slowdown"),
-                                          (0x8, "hw_slowdown")])
+                                          (0x8 | 0x40, "hw_slowdown, hw_thermal_slowdown")])
 def test_thermal_power_brake_and_hw_slowdown_warn(monkeypatch, mask, reason):
     result = _probe(monkeypatch, FakeNvml(_gpus(2, gpu0={"clock_reasons": mask})))
     warned = _findings(result, "gpu.clocks.event_reasons", Status.WARN)
     assert len(warned) == 1 and reason in warned[0].message
+
+
+def test_the_hw_slowdown_flag_alone_in_one_sample_is_noted_not_warned(monkeypatch):
+    # NVML also sets 0x8 during P-state and clock changes: one sample cannot tell.
+    result = _probe(monkeypatch, FakeNvml(_gpus(2, gpu0={"clock_reasons": 0x8})))
+    assert not _findings(result, "gpu.clocks.event_reasons", Status.WARN)
+    noted = [f for f in _findings(result, "gpu.clocks.event_reasons")
+             if "hw_slowdown" in f.message]
+    assert len(noted) == 1 and "P-state and clock changes" in noted[0].message
+    assert noted[0].subject.startswith("GPU 0 (")
 
 
 def test_sw_power_cap_alone_is_not_a_slowdown_warning(monkeypatch):
@@ -201,8 +212,9 @@ def test_missing_pynvml_module_warns_to_install_nvidia_ml_py(monkeypatch):
 
 
 def test_a_hanging_nvml_call_becomes_a_finding_and_closes_the_doorway(monkeypatch):
+    # The call hangs 30 s: past its budget (0.3 s) and the second one (0.6 s more).
     fake = FakeNvml(_gpus(3, gpu0={"hang": {"nvmlDeviceGetTemperature"}}))
-    result = _probe(monkeypatch, fake, timeout_s=0.3)
+    result = _probe(monkeypatch, fake, timeout_s=0.3, retry_s=0.6)
     hang = _findings(result, "driver.nvml_hang", Status.FAIL)
     assert len(hang) == 1 and "nvmlDeviceGetTemperature" in hang[0].message
     assert len(_findings(result, "gpu.query", Status.FAIL)) == 3

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpucheck.faults import fault_findings, faults_section, findings
+from gpucheck.faults import fault_findings, faults_section, findings, slowdown_causes
 from gpucheck.faults.counters import COUNTERS
 from gpucheck.faults.findings import (
     CORRECTED_ECC_WARN,
@@ -224,7 +224,8 @@ def test_an_nvlink_that_goes_down_during_the_run_fails():
 
 @pytest.mark.parametrize(("xid", "status", "action"), [
     (79, Status.FAIL, "drain-node"), (64, Status.FAIL, "replace-hardware"),
-    (94, Status.WARN, "restart-app"), (999, Status.WARN, "none")])
+    (94, Status.WARN, "restart-app"), (109, Status.FAIL, "reset-gpu"),
+    (154, Status.WARN, "reset-gpu"), (999, Status.WARN, "rerun")])
 def test_xid_events_take_their_verdict_and_action_from_the_xid_table(xid, status, action):
     found = _one(fault_findings([healthy(events=[event("xid", xid)])]), "faults.xid")
     assert found.status is status and found.hint.startswith(f"action: {action}:")
@@ -276,8 +277,52 @@ def test_hw_thermal_slowdown_for_40_percent_of_the_loop_warns_with_the_share():
 
 def test_a_brief_slowdown_below_the_threshold_is_noted_and_ok():
     share = SLOWDOWN_WARN_FRACTION / 2
-    summary = _summary(_clocks(healthy(), fractions={"hw_slowdown": share}))
-    assert f"briefly: HW slowdown {share * 100:.0f}%" in summary.message
+    summary = _summary(_clocks(healthy(), fractions={"hw_thermal_slowdown": share}))
+    assert f"briefly: HW thermal slowdown {share * 100:.0f}%" in summary.message
+
+
+def _hw(held: int, bits: int = 0, low_clock: int = 0, longest: int = 0,
+        ratio: float | None = None, flagged: int | None = None) -> dict[str, Any]:
+    """The watcher's HW slowdown (0x8) corroboration for a 250-sample loop."""
+    return {"flagged": held if flagged is None else flagged, "corroborated_by_bits": bits,
+            "corroborated_by_low_clock": low_clock, "held": held, "longest_run": longest,
+            "lowest_sm_ratio": ratio, "sm_clock_max_mhz": 1980}
+
+
+def test_the_hw_slowdown_flag_alone_in_every_sample_stays_ok_and_is_noted():
+    # 0x8 at every sample, never with a low clock under load nor thermal/brake bits:
+    # the P-state and clock changes NVML says also set it.
+    result = _clocks(healthy(), fractions={"hw_slowdown": 1.0}, hw_slowdown=_hw(0, flagged=250))
+    summary = _summary(result)
+    assert "HW slowdown flag 100%, 0% held with a low SM clock or thermal/power-brake bits " \
+        "(NVML also sets the flag at P-state and clock changes)" in summary.message
+    assert slowdown_causes([result]) == {}
+
+
+def test_a_result_without_corroboration_never_warns_on_the_hw_slowdown_flag():
+    _summary(_clocks(healthy(), fractions={"hw_slowdown": 0.9}))
+
+
+def test_a_sustained_hw_slowdown_with_a_low_sm_clock_under_load_warns_naming_rank_and_gpu():
+    result = _clocks(healthy(), fractions={"hw_slowdown": 0.42},
+                     hw_slowdown=_hw(100, low_clock=104, longest=60, ratio=0.3, flagged=105))
+    warned = _one(fault_findings([result]), "faults.clocks.slowdown")
+    assert warned.status is Status.WARN and warned.subject == SUBJECT
+    assert warned.message.startswith("was in HW slowdown 40% of the timed loop")
+    assert ("HW slowdown held in 40% of 250 samples (up to 60 samples in a row; the SM "
+            "clock down to 30% of its 1980 MHz maximum, busy, in 104)") in warned.message
+    assert warned.hint.startswith("action: drain-node:")
+    assert slowdown_causes([result]) == {3: "was in HW slowdown 40% of the timed loop"}
+
+
+def test_hw_slowdown_with_thermal_or_power_brake_bits_warns_naming_those_bits():
+    result = _clocks(healthy(), fractions={"hw_slowdown": 0.5, "hw_power_brake_slowdown": 0.5},
+                     hw_slowdown=_hw(125, bits=125, longest=125))
+    warned = _one(fault_findings([result]), "faults.clocks.slowdown")
+    assert warned.status is Status.WARN and warned.subject == SUBJECT
+    assert "HW slowdown 50%, HW power brake slowdown 50%" in warned.message
+    assert "HW thermal or power brake bits with it in 125" in warned.message
+    assert faults_section([result]).data["gpus"][0]["slowdown_pct"] == 50.0
 
 
 def test_the_power_limit_at_work_is_information_not_a_slowdown():
@@ -314,6 +359,46 @@ def test_a_gpu_that_stopped_answering_fails_as_lost():
     assert failed.status is Status.FAIL and failed.hint.startswith("action: drain-node:")
 
 
+@pytest.mark.parametrize(("kind", "words", "action"), [
+    ("NVMLError_GpuIsLost", "NVML says the GPU is lost", "drain-node"),
+    ("NVMLError_ResetRequired", "NVML says the GPU needs a reset", "reset-gpu"),
+    ("Timeout", "never came back", "drain-node")])
+def test_a_gpu_lost_by_nvmls_word_or_by_a_hang_fails_named_with_its_action(kind, words,
+                                                                           action):
+    error = {"phase": "during the run", "kind": kind, "function": "nvmlDeviceGetIndex",
+             "message": "nvmlDeviceGetIndex: ..."}
+    failed = _one(fault_findings([healthy(errors=[error])]), "faults.gpu_lost")
+    assert failed.status is Status.FAIL and failed.subject == SUBJECT
+    assert words in failed.message and failed.hint.startswith(f"action: {action}:")
+
+
+SLOW = {"function": "nvmlDeviceGetCurrentClocksEventReasons", "waited_s": 4.2,
+        "budget_s": 3.0}
+
+
+def test_one_slow_nvml_call_is_a_warn_nvml_slow_with_no_action_not_a_lost_gpu():
+    findings = fault_findings([healthy(nvml_slow=[SLOW])])
+    slow = _one(findings, "faults.nvml_slow")
+    assert slow.status is Status.WARN and slow.subject == SUBJECT
+    assert slow.message == ("NVML slow, not lost: nvmlDeviceGetCurrentClocksEventReasons "
+                            "answered after 4.2 s (its budget: 3 s)")
+    assert slow.hint.startswith("action: none:") and "second, longer budget" in slow.hint
+    assert not [f for f in findings if f.status is Status.FAIL]
+
+
+def test_several_slow_calls_name_the_slowest():
+    calls = [SLOW, {**SLOW, "function": "nvmlEventSetWait_v2", "waited_s": 7.5}]
+    slow = _one(fault_findings([healthy(nvml_slow=calls)]), "faults.nvml_slow")
+    assert "2 NVML calls answered late, the slowest nvmlEventSetWait_v2 answered after " \
+        "7.5 s" in slow.message
+
+
+def test_a_lost_gpu_is_said_once_even_after_slow_calls():
+    error = {"phase": "during the run", "kind": "Timeout", "function": "x", "message": "x"}
+    findings = fault_findings([healthy(nvml_slow=[SLOW], errors=[error])])
+    assert [f.check for f in _bad(findings)] == ["faults.gpu_lost"]
+
+
 def test_other_watcher_trouble_warns_with_rerun_and_is_no_gpu_fault():
     error = {"phase": "during the run", "kind": "KeyError", "function": None,
              "message": "watcher error: 'x'"}
@@ -327,7 +412,7 @@ def test_every_fault_carries_an_action_from_the_fixed_list_in_hint_and_rows():
                         ("remapped_rows_pending", 1), ("retired_pages_sbe", 1),
                         ("nvlink_recovery", 1)):
         result = bump(result, name, after)
-    result = _clocks(result, fractions={"hw_slowdown": 0.5})
+    result = _clocks(result, fractions={"hw_slowdown": 0.5}, hw_slowdown=_hw(125, low_clock=125))
     section = faults_section([result])
     bad = _bad(section.findings)
     assert len(bad) == 9
@@ -367,7 +452,8 @@ def test_cpu_ranks_are_one_skip_per_reason():
 
 def test_the_docs_name_every_check_id_and_threshold():
     docs = (Path(__file__).parents[1] / "docs" / "faults.md").read_text()
-    source = Path(findings.__file__).read_text()
+    # Every module of gpucheck/faults that makes a verdict (judge_*.py, findings.py).
+    source = "\n".join(p.read_text() for p in Path(findings.__file__).parent.glob("*.py"))
     ids = set(re.findall(r'"(faults\.[a-z_.]+)"', source))
     ids |= {f"faults.event.{kind}" for kind in findings.EVENT_VERDICTS}
     assert [i for i in sorted(ids) if f"`{i}`" not in docs] == []

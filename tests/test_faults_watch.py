@@ -19,7 +19,7 @@ from tests.fake_pynvml import FakeGpu, FakeNvml
 
 BUS = "00000000:9A:00.0"
 XID, DBE = 0x8, 0x2  # nvmlEventTypeXidCriticalError, nvmlEventTypeDoubleBitEccError
-HW_THERMAL, IDLE, POWER_CAP = 0x40, 0x1, 0x4
+HW_THERMAL, IDLE, POWER_CAP, HW_SLOWDOWN = 0x40, 0x1, 0x4, 0x8
 HW_THERM_FIELD = 270  # NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN (ns)
 LABEL = f"GPU 1 (NVIDIA H200, bus {BUS}, GPU-00000001-0000-0000-0000-000000000000)"
 
@@ -184,6 +184,42 @@ def test_hw_thermal_slowdown_most_of_the_timed_loop_warns_naming_rank_gpu_and_sh
     assert warned.hint.startswith("action: drain-node:")
 
 
+def _busy_hw_slowdown(fake: FakeNvml, sm_mhz: int) -> dict:
+    """A timed loop in which the watched GPU is busy with 0x8 set at every sample and
+    its SM clock at `sm_mhz` (of 1980)."""
+    fake.gpus[1].clock_reasons, fake.gpus[1].sm_clock = HW_SLOWDOWN | POWER_CAP, sm_mhz
+    return _run(lambda w: _wait_until(lambda: w.clock_samples >= 20, "20 busy samples"))
+
+
+def test_the_hw_slowdown_bit_at_full_clock_under_load_stays_ok_with_a_note(fake):
+    result = _busy_hw_slowdown(fake, sm_mhz=1900)
+    hw = result["clocks"]["hw_slowdown"]
+    assert hw["flagged"] >= 20 and hw["held"] == 0 and hw["sm_clock_max_mhz"] == 1980
+    findings = fault_findings([result])
+    assert not _bad(findings)
+    assert "HW slowdown flag" in _one(findings, "faults.summary").message
+
+
+def test_a_sustained_hw_slowdown_with_a_low_sm_clock_under_load_warns_naming_rank_and_gpu(
+        fake):
+    result = _busy_hw_slowdown(fake, sm_mhz=700)
+    hw = result["clocks"]["hw_slowdown"]
+    assert hw["held"] == result["clocks"]["samples"] >= 20
+    assert hw["lowest_sm_ratio"] == round(700 / 1980, 3)
+    warned = _one(fault_findings([result]), "faults.clocks.slowdown")
+    assert warned.status is Status.WARN and warned.subject == f"rank 3 on {LABEL}"
+    assert warned.message.startswith("was in HW slowdown ")
+    assert "the SM clock down to 35% of its 1980 MHz maximum, busy" in warned.message
+    assert warned.hint.startswith("action: drain-node:")
+
+
+def test_the_hw_slowdown_bit_on_a_gpu_without_its_max_clock_is_not_corroborated(fake):
+    fake.gpus[1].unsupported = {"nvmlDeviceGetMaxClockInfo"}
+    result = _busy_hw_slowdown(fake, sm_mhz=700)
+    assert result["clocks"]["hw_slowdown"]["held"] == 0 and result["errors"] == []
+    assert not _bad(fault_findings([result]))
+
+
 def test_slowdown_before_the_timed_loop_does_not_count(fake):
     gpu = fake.gpus[1]
     gpu.clock_reasons = HW_THERMAL
@@ -250,6 +286,45 @@ def test_a_gpu_lost_mid_run_fails_as_lost(fake):
     failed = _one(fault_findings([result]), "faults.gpu_lost")
     assert failed.status is Status.FAIL and "during the run" in failed.message
     assert failed.hint.startswith("action: drain-node:")
+
+
+def test_one_slow_nvml_call_mid_run_is_a_warn_nvml_slow_and_not_a_lost_gpu(fake):
+    # The clock read waits 0.3 s behind other driver work: past its 0.1 s budget, well
+    # inside the second one (10 s). Every count is still read and judged.
+    fake.hang_s, fake.gpus[1].hang = 0.3, {"nvmlDeviceGetCurrentClocksEventReasons"}
+    nvml = Nvml(0.1, retry_timeout_s=10.0)
+    result = _run(lambda w: _wait_until(lambda: nvml.slow_calls, "a slow call"), nvml=nvml)
+    assert result["errors"] == [] and result["nvml_slow"]
+    # Calls queued behind it are late too (one worker): the budget counts the queue.
+    assert "nvmlDeviceGetCurrentClocksEventReasons" in {c["function"] for c in
+                                                        result["nvml_slow"]}
+    findings = fault_findings([result])
+    slow = _one(findings, "faults.nvml_slow")
+    assert slow.status is Status.WARN and slow.subject == f"rank 3 on {LABEL}"
+    assert slow.message.startswith("NVML slow, not lost: ")
+    assert slow.hint.startswith("action: none:")
+    assert not [f for f in findings if f.status is Status.FAIL]
+    assert "uncorrected ECC +0" in _one(findings, "faults.summary").message
+
+
+def test_a_gpu_whose_nvml_call_hangs_through_both_budgets_fails_as_lost_naming_it(fake):
+    fake.hang_s, fake.gpus[1].hang = 3.0, {"nvmlDeviceGetCurrentClocksEventReasons"}
+    result = _run(lambda w: _wait_until(lambda: w.result()["errors"], "the hang"),
+                  nvml=Nvml(0.1, retry_timeout_s=0.3))
+    assert result["errors"][0]["kind"] == "Timeout"
+    failed = _one(fault_findings([result]), "faults.gpu_lost")
+    assert failed.status is Status.FAIL and failed.subject == f"rank 3 on {LABEL}"
+    assert "never came back" in failed.message and "nor in 0.3 s more" in failed.message
+    assert failed.hint.startswith("action: drain-node:")
+
+
+def test_a_slow_call_of_a_shared_doorway_before_the_watch_is_not_the_watchs(fake):
+    fake.hang_s, fake.gpus[1].hang = 0.3, {"nvmlDeviceGetName"}
+    nvml = Nvml(0.1, retry_timeout_s=10.0)
+    nvml.call("nvmlDeviceGetName", nvml.call("nvmlDeviceGetHandleByPciBusId", BUS))
+    assert len(nvml.slow_calls) == 1
+    fake.gpus[1].hang = set()
+    assert _run(nvml=nvml)["nvml_slow"] == []
 
 
 def test_a_gpu_already_lost_when_the_run_starts_fails_as_lost(monkeypatch):
@@ -321,3 +396,4 @@ def test_the_watcher_reports_what_it_cost(fake):
     # Each tick: a 0 ms event-set wait, and a clock-reasons read while the loop runs.
     assert cost["ticks"] >= 3 and cost["nvml_calls"] >= cost["ticks"] + 3
     assert cost["thread_cpu_s"] >= 0.0
+    assert cost["nvml_call_max_s"] > 0.0  # a thread-hop through the doorway at least

@@ -97,7 +97,7 @@ def test_application_level_xids_next_to_a_gpu_fault_do_not_hide_it():
 
 @pytest.mark.parametrize(("xid", "status", "action"), [
     (94, Status.WARN, "restart-app"), (63, Status.WARN, "reset-gpu"),
-    (92, Status.WARN, "none"), (48, Status.FAIL, "drain-node"),
+    (48, Status.FAIL, "drain-node"),
     (64, Status.FAIL, "replace-hardware"), (95, Status.FAIL, "reset-gpu"),
     (74, Status.FAIL, "reset-gpu"), (119, Status.FAIL, "reset-gpu"),
     (120, Status.FAIL, "reset-gpu"),
@@ -120,10 +120,19 @@ def test_repeats_are_counted_with_the_first_and_last_time():
         finding.message)
 
 
-def test_an_unknown_xid_warns_pointing_at_nvidias_catalog():
+def test_an_unknown_xid_warns_pointing_at_nvidias_catalog_with_an_action():
     (finding,) = xid_findings(section_of("journal_ecc_and_gsp.log"), 250)
     assert finding.status is Status.WARN and "unknown XID 250" in finding.message
+    assert "look it up in NVIDIA's Xid catalog" in finding.hint
     assert "docs.nvidia.com/deploy/xid-errors" in finding.hint
+    assert finding.action == "rerun"
+
+
+def test_xid_92_corrected_errors_are_information_as_the_catalog_says():
+    section = section_of("journal_ecc_and_gsp.log")
+    assert xid_findings(section, 92) == [] and row_of(section, 92)["severity"] == "info"
+    (summary,) = [f for f in section.findings if f.status is Status.OK]
+    assert "XID 92 (" in summary.message
 
 
 def test_an_old_xid_line_without_pid_is_parsed_with_its_message():

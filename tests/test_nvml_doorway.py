@@ -1,10 +1,12 @@
-"""The NVML doorway's two budgets, persistence mode, and a driver NVML cannot use.
+"""The NVML doorway's budgets, slow versus hung, persistence mode, and a driver NVML
+cannot use.
 
 Budgets are scaled down: a "slow" first attach sleeps 0.5 s in the fake while the
 steady budget is 0.25 s and the attach budget 10 s, so the outcome does not depend
 on how fast this machine is. A "hang" sleeps a few seconds, longer than the steady
-budget and shorter than the attach budget, so a hang given the wrong budget would
-come back and the test would fail.
+budget plus the second budget (0.5 s) and shorter than the attach budget, so a hang
+given the wrong budget would come back and the test would fail. A "slow" call
+sleeps past its budget and well inside the second one (10 s).
 """
 
 from __future__ import annotations
@@ -15,11 +17,17 @@ import pytest
 
 from gpucheck.probes import gpus as gpus_mod
 from gpucheck.probes.gpus import cuda_compat_findings, probe_nvml
-from gpucheck.probes.nvml import ATTACH_TIMEOUT_S, DEFAULT_TIMEOUT_S, Nvml, NvmlFailure
+from gpucheck.probes.nvml import (
+    ATTACH_TIMEOUT_S,
+    DEFAULT_TIMEOUT_S,
+    RETRY_TIMEOUT_S,
+    Nvml,
+    NvmlFailure,
+)
 from gpucheck.report import Report, Status
 from tests.fake_pynvml import FakeGpu, FakeNvml
 
-STEADY_S, ATTACH_S = 0.25, 10.0
+STEADY_S, ATTACH_S, HANG_RETRY_S, SLOW_RETRY_S = 0.25, 10.0, 0.5, 10.0
 
 
 def _gpus(n: int, **fields) -> list[FakeGpu]:
@@ -27,9 +35,9 @@ def _gpus(n: int, **fields) -> list[FakeGpu]:
 
 
 def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, steady_s: float = STEADY_S,
-           attach_s: float = ATTACH_S):
+           attach_s: float = ATTACH_S, retry_s: float = HANG_RETRY_S):
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
-    return probe_nvml(Nvml(steady_s, attach_s))
+    return probe_nvml(Nvml(steady_s, attach_s, retry_s))
 
 
 def _findings(result, check: str, status: Status | None = None):
@@ -37,10 +45,11 @@ def _findings(result, check: str, status: Status | None = None):
     return [f for f in found if status is None or f.status is status]
 
 
-def test_the_default_budgets_are_3_s_steady_and_30_s_for_init_and_first_attach():
+def test_the_default_budgets_are_3_s_steady_30_s_for_first_attach_and_30_s_more_to_hang():
     nvml = Nvml()
-    assert (DEFAULT_TIMEOUT_S, ATTACH_TIMEOUT_S) == (3.0, 30.0)
-    assert (nvml.timeout_s, nvml.attach_timeout_s) == (3.0, 30.0)
+    assert (DEFAULT_TIMEOUT_S, ATTACH_TIMEOUT_S, RETRY_TIMEOUT_S) == (3.0, 30.0, 30.0)
+    assert (nvml.timeout_s, nvml.attach_timeout_s, nvml.retry_timeout_s) == (3.0, 30.0, 30.0)
+    assert nvml.longest_wait_s == 33.0
     # --nvml-timeout above 30 s must not make the first attach less patient than the rest.
     assert Nvml(45.0).attach_timeout_s == 45.0
 
@@ -58,14 +67,16 @@ def test_a_slow_first_attach_per_gpu_is_not_a_hang_and_every_gpu_is_read(monkeyp
     assert result.sections[1].data["topology"][0]["GPU2"] == "NV18"
 
 
-def test_a_steady_state_call_that_hangs_closes_the_doorway_at_the_steady_budget(monkeypatch):
+def test_a_steady_state_call_that_hangs_through_both_budgets_closes_the_doorway(monkeypatch):
     # The call sleeps 3 s: under the attach budget (10 s) it would come back and not count.
     fake = FakeNvml(_gpus(3, hang={"nvmlDeviceGetTemperature"}), hang_s=3.0)
     result = _probe(monkeypatch, fake, steady_s=0.2)
     hang = _findings(result, "driver.nvml_hang", Status.FAIL)
     assert len(hang) == 1
-    assert "nvmlDeviceGetTemperature" in hang[0].message and "0.2 s" in hang[0].message
+    assert "nvmlDeviceGetTemperature" in hang[0].message
+    assert "within 0.2 s, nor in 0.5 s more" in hang[0].message
     assert "first attach" not in hang[0].message
+    assert not _findings(result, "driver.nvml_slow")
     # Closed: the other GPUs fail at once instead of each waiting out a budget.
     failed = _findings(result, "gpu.query", Status.FAIL)
     assert [f.subject.split(" (")[0] for f in failed] == ["GPU 0", "GPU 1", "GPU 2"]
@@ -75,7 +86,7 @@ def test_a_steady_state_call_that_hangs_closes_the_doorway_at_the_steady_budget(
 def test_a_second_attach_of_the_same_gpu_gets_the_steady_budget(monkeypatch):
     fake = FakeNvml(_gpus(2), hang_s=3.0)
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
-    nvml = Nvml(0.2, ATTACH_S)
+    nvml = Nvml(0.2, ATTACH_S, HANG_RETRY_S)
     nvml.call("nvmlDeviceGetHandleByIndex", 0)
     fake.gpus[0].hang = {"nvmlDeviceGetHandleByIndex"}
     with pytest.raises(NvmlFailure) as raised:
@@ -92,6 +103,33 @@ def test_a_first_attach_longer_than_its_budget_is_a_hang_named_as_such(monkeypat
     assert "within 0.5 s" in hang[0].message and "first attach" in hang[0].message
     rows = result.sections[1].data["gpus"]
     assert rows[0]["name"] == "NVIDIA H200" and rows[1]["error"] and rows[2]["error"]
+
+
+def test_one_call_that_answers_after_its_budget_is_slow_not_hung_and_the_doorway_stays_open(
+        monkeypatch):
+    # Rank 0 creating contexts on every GPU: the call waits behind them, then answers.
+    fake = FakeNvml(_gpus(2, hang={"nvmlDeviceGetTemperature"}), hang_s=2 * STEADY_S)
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    nvml = Nvml(STEADY_S, ATTACH_S, SLOW_RETRY_S)
+    handle = nvml.call("nvmlDeviceGetHandleByIndex", 0)
+    assert nvml.call("nvmlDeviceGetTemperature", handle, 0) == 34
+    assert nvml.hung is None and nvml.call("nvmlDeviceGetName", handle) == "NVIDIA H200"
+    [slow] = nvml.slow_calls
+    assert slow.function == "nvmlDeviceGetTemperature" and slow.budget_s == STEADY_S
+    assert slow.waited_s >= STEADY_S
+
+
+def test_env_reports_a_slow_call_as_a_warn_with_no_action_and_reads_every_gpu(monkeypatch):
+    gpus = _gpus(3)
+    gpus[1].hang = {"nvmlDeviceGetTemperature"}
+    result = _probe(monkeypatch, FakeNvml(gpus, hang_s=2 * STEADY_S), retry_s=SLOW_RETRY_S)
+    [slow] = _findings(result, "driver.nvml_slow")
+    assert slow.status is Status.WARN and slow.action == "none"
+    assert slow.message.startswith("nvmlDeviceGetTemperature answered after ")
+    assert f"(its budget: {STEADY_S:g} s)" in slow.message
+    assert not [f for s in result.sections for f in s.findings if f.status is Status.FAIL]
+    rows = result.sections[1].data["gpus"]
+    assert all(r["error"] is None for r in rows) and rows[1]["temperature_c"] == 34
 
 
 def test_persistence_mode_off_warns_per_gpu_with_the_way_to_turn_it_on(monkeypatch):

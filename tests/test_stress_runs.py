@@ -73,9 +73,21 @@ def test_healthy_cpu_ranks_run_every_phase_without_a_fail(tmp_path: Path, nproc:
     assert no_children_left()
 
 
+def warns(report: dict[str, Any], check: str) -> list[dict[str, Any]]:
+    return [f for s in report["sections"] for f in s["findings"]
+            if f["status"] == "WARN" and f["check"] == check]
+
+
 def test_a_rank_always_wrong_of_two_is_named_through_the_cpu_reference(tmp_path: Path) -> None:
-    code, report = stress(tmp_path, 2, hook="wrong_rank_one_always")
+    # Rank 1 is also slow in the first GEMM and memory measurements only (not when
+    # measured again): "unstable", action rerun, never a drain.
+    code, report = stress(tmp_path, 2, hook="wrong_rank_one_always_slow_once")
     assert code == 1
+    slow = warns(report, "stress.gemm.peers") + warns(report, "stress.membw.peers")
+    assert [(f["subject"], f["action"]) for f in slow] == [("rank 1", "rerun")] * 3
+    assert all("unstable: measured again" in f["message"] for f in slow)
+    assert {r["rank"] for r in section(report, "gemm")["data"]["measured again"]} == {0, 1}
+
     assert findings(report, "FAIL") == [("stress.sdc.agreement", "rank 1")]
     burn = section(report, "sdc")["data"]["results"]
     assert [r["bad_iters"] for r in burn] == [0, 0]  # it agrees with itself
@@ -103,8 +115,12 @@ def test_a_gpu_whose_result_changes_under_load_fails_by_name(
 def test_a_rank_slow_in_every_iteration_is_a_named_straggler(
         slow_and_changing: tuple[int, dict[str, Any]]) -> None:
     _, report = slow_and_changing
-    assert ("stress.sdc.straggler", "rank 1") in findings(report, "WARN")
-    assert ("stress.gemm.peers", "rank 1") in findings(report, "WARN")
+    (straggler,) = warns(report, "stress.sdc.straggler")
+    assert straggler["subject"] == "rank 1" and "confirmed: measured again" in \
+        straggler["message"]
+    assert {r["rank"] for r in section(report, "sdc")["data"]["measured again"]} == {0, 1, 2}
+    slow = [f for f in warns(report, "stress.gemm.peers") if f["subject"] == "rank 1"]
+    assert len(slow) == 2 and all("confirmed: measured again" in f["message"] for f in slow)
     assert no_children_left()
 
 

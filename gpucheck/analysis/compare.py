@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.analysis.facts import ENVIRONMENT, HARDWARE, SETUP, VERSION, Fact, gpu_count
+from gpucheck.analysis.hostbound import host_bound_finding, host_bound_ranks, relabel
 from gpucheck.analysis.loading import LoadedReport, finding_action
 from gpucheck.analysis.metrics import HIGHER, LOWER, Metric
+from gpucheck.analysis.noise import NOISY, Noise, judged_threshold, noise_levels
 from gpucheck.analysis.stats import shortfall
-from gpucheck.report import Finding, Section, Status, fail, ok, warn
+from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
 
 PROBLEMS = ("WARN", "FAIL")
 
@@ -90,13 +92,23 @@ def _fewer(va: str | None, vb: str | None) -> bool:
 
 # --- metrics -----------------------------------------------------------------------
 
-def _verdict(ma: Metric | None, mb: Metric | None, threshold: float) -> str:
+def _verdict(ma: Metric | None, mb: Metric | None, threshold: float,
+             noise: Noise | None) -> str:
+    """worse / better beyond the metric's own threshold (the user's, or its runs' noise
+    when that is larger); a larger change inside the noise is "within noise"."""
     if ma is None or mb is None:
         return "only in B" if ma is None else "only in A"
     if ma.direction not in (HIGHER, LOWER):
         return "info"
+    if noise is not None and noise.level >= NOISY:
+        return "too noisy"
     short = shortfall(mb.value, ma.value, ma.direction)
-    return "worse" if short > threshold else "better" if short < -threshold else "same"
+    used = judged_threshold(threshold, noise)
+    if abs(short) <= threshold:
+        return "same"
+    if abs(short) <= used:
+        return "within noise"
+    return "worse" if short > 0 else "better"
 
 
 def change_pct(a: float, b: float) -> float | None:
@@ -107,19 +119,27 @@ def change_pct(a: float, b: float) -> float | None:
 
 
 def _metric_row(name: str, ma: Metric | None, mb: Metric | None,
-                threshold: float) -> dict[str, Any]:
+                threshold: float, noise: Noise | None) -> dict[str, Any]:
     any_metric = ma or mb
     assert any_metric is not None
+    judged = ma is not None and mb is not None and ma.direction in (HIGHER, LOWER)
     return {"metric": name, "unit": any_metric.unit,
             "better": any_metric.direction if any_metric.direction != "info" else "-",
             "A": ma.value if ma else None, "B": mb.value if mb else None,
             "change_pct": change_pct(ma.value, mb.value) if ma and mb else None,
-            "verdict": _verdict(ma, mb, threshold)}
+            "threshold_pct": round(judged_threshold(threshold, noise) * 100, 1)
+            if judged else None,
+            "noise": f"{noise.level:.1%} {noise.source}" if judged and noise else None,
+            "verdict": _verdict(ma, mb, threshold, noise)}
 
 
 def _metrics_section(a: Side, b: Side, threshold: float) -> Section:
     names = sorted(a.metrics.keys() | b.metrics.keys())
-    table = [_metric_row(n, a.metrics.get(n), b.metrics.get(n), threshold) for n in names]
+    noise = noise_levels(a.metrics, b.metrics)
+    table = [_metric_row(n, a.metrics.get(n), b.metrics.get(n), threshold, noise.get(n))
+             for n in names]
+    host_bound = host_bound_ranks(table, a.metrics, b.metrics)
+    relabel(table, host_bound)
     worse: dict[str, list[dict[str, Any]]] = {}
     for row in table:
         if row["verdict"] == "worse":
@@ -127,14 +147,37 @@ def _metrics_section(a: Side, b: Side, threshold: float) -> Section:
     findings = [_regression(family, found, a, b, threshold)
                 for family, found in sorted(worse.items())]
     findings += _missing(table)
+    findings += _noisy(table, threshold)
+    if host_bound:
+        findings.append(host_bound_finding(host_bound))
     if not worse:
         better = sum(1 for r in table if r["verdict"] == "better")
-        compared = sum(1 for r in table if r["verdict"] in ("same", "better"))
+        compared = sum(1 for r in table if r["verdict"] in ("same", "better", "within noise"))
         findings.append(ok("compare.metrics", f"{compared} metric(s) compared: none worse "
-                           f"by more than {threshold:.0%} in B, {better} better"))
+                           f"in B beyond its threshold ({threshold:.0%}, or its runs' noise "
+                           f"when larger), {better} better"))
     data = {"threshold": threshold, "metrics": table}
-    return Section("metrics", f"Metrics (B against A; worse beyond {threshold:.0%} fails)",
-                   data, findings)
+    return Section("metrics", f"Metrics (B against A; worse beyond {threshold:.0%}, or the "
+                   "runs' own noise when larger, fails)", data, findings)
+
+
+def _noisy(table: list[dict[str, Any]], threshold: float) -> list[Finding]:
+    """Say what could not be judged, and how wide the noise was: never silently."""
+    inside = [r for r in table if r["verdict"] == "within noise"]
+    noisy = [r["metric"] for r in table if r["verdict"] == "too noisy"]
+    findings = []
+    if inside:
+        widest = max(r["threshold_pct"] for r in inside)
+        findings.append(ok("compare.noise", f"{len(inside)} metric(s) changed by more than "
+                           f"{threshold:.0%} but within their runs' own noise (thresholds up "
+                           f"to {widest:g}%, column threshold_pct): not a regression"))
+    if noisy:
+        shown = ", ".join(noisy[:4]) + (f" and {len(noisy) - 4} more" if len(noisy) > 4
+                                         else "")
+        findings.append(skip("compare.noise", f"{len(noisy)} metric(s) too noisy to judge "
+                             f"(their runs differ by {NOISY:.0%} or more by noise alone): "
+                             f"{shown}"))
+    return findings
 
 
 def _regression(family: str, found: list[dict[str, Any]], a: Side, b: Side,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 HIGHER = "higher"  # throughput, bandwidth, capacity
@@ -38,6 +38,10 @@ class Metric:
     direction: str
     position: str | None = None
     gpu: str | None = None
+    # How much this figure varied inside its own run, as a fraction (a rank's p99 vs its
+    # median iteration, the slowest vs the fastest rank of one collective); None when
+    # the report does not say. compare judges a change against it (analysis/noise.py).
+    spread: float | None = None
 
     @property
     def pool(self) -> str:
@@ -130,7 +134,8 @@ def _gpu_label(row: Mapping[str, Any]) -> str | None:
 
 
 def _per_rank(table: Any, columns: tuple[str, ...], base: str, unit: str, direction: str,
-              context: Context) -> Iterator[Metric]:
+              context: Context, spread: Callable[[Mapping[str, Any]], float | None] = (
+                  lambda row: None)) -> Iterator[Metric]:
     """`base.rank<N>` from the first of `columns` that holds a number in each row."""
     for row in rows(table):
         rank, value = _rank(row), None
@@ -140,7 +145,15 @@ def _per_rank(table: Any, columns: tuple[str, ...], base: str, unit: str, direct
                 break
         if rank is not None and value is not None:
             yield Metric(f"{base}.rank{rank}", value, unit, direction, f"rank{rank}",
-                         context.rank_gpus.get(rank))
+                         context.rank_gpus.get(rank), spread(row))
+
+
+def relative_spread(high: Any, low: Any) -> float | None:
+    """`high` over `low`, less one (0.1: ten percent apart); None without two numbers."""
+    top, bottom = number(high), number(low)
+    if top is None or bottom is None or bottom <= 0 or top < bottom:
+        return None
+    return top / bottom - 1
 
 
 def _scalars(data: Mapping[str, Any], prefix: str,
@@ -158,10 +171,24 @@ _BENCH_SCALARS = {"aggregate_images_per_s": ("images/s", HIGHER), "job_wall_s": 
                   "spread_slowest_vs_median": ("ratio", LOWER)}
 
 
+def _iteration_spread(row: Mapping[str, Any]) -> float | None:
+    """A rank's slow iterations against its typical one (p99 vs p50)."""
+    return relative_spread(row.get("p99_ms"), row.get("p50_ms"))
+
+
 def _bench_timing(data: Mapping[str, Any], context: Context) -> Iterator[Metric]:
-    yield from _scalars(data, "bench", _BENCH_SCALARS)
+    # The job's figures vary as much as its most unsettled rank did.
+    spreads = [s for s in map(_iteration_spread, rows(data.get("ranks"))) if s is not None]
+    job_spread = max(spreads, default=None)
+    for metric in _scalars(data, "bench", _BENCH_SCALARS):
+        yield Metric(metric.name, metric.value, metric.unit, metric.direction,
+                     spread=job_spread)
     yield from _per_rank(data.get("ranks"), ("images_per_s",), "bench.images_per_s",
-                         "images/s", HIGHER, context)
+                         "images/s", HIGHER, context, _iteration_spread)
+    # The rank's own pace (device time per iteration; CPU time on CPU ranks): what it
+    # computed at, apart from how much of the wall clock its host gave it.
+    yield from _per_rank(data.get("ranks"), ("p50_ms",), "bench.iteration_p50_ms", "ms",
+                         LOWER, context, _iteration_spread)
 
 
 # --- comm --------------------------------------------------------------------------
@@ -177,7 +204,10 @@ def _collective(kind: str) -> Extractor:
         for row in rows(data.get("results")):
             size, value = row.get("size_bytes"), number(row.get("busbw_gbps"))
             if isinstance(size, int) and value is not None:
-                yield Metric(f"comm.{kind}.busbw_gbps@{size}", value, "GB/s", HIGHER)
+                # The ranks timed the same operations: how far apart they ended.
+                spread = relative_spread(row.get("time_us"), row.get("fastest_time_us"))
+                yield Metric(f"comm.{kind}.busbw_gbps@{size}", value, "GB/s", HIGHER,
+                             spread=spread)
     return extract
 
 
@@ -217,8 +247,12 @@ def _stress_gemm(data: Mapping[str, Any], context: Context) -> Iterator[Metric]:
 
 
 def _stress_membw(data: Mapping[str, Any], context: Context) -> Iterator[Metric]:
-    yield from _per_rank(data.get("results"), ("gbps_p50", "gbps"), "stress.membw.gbps",
-                         "GB/s", HIGHER, context)
+    """Copied bytes counted once (as nvbandwidth); reports from before 2026-11 counted
+    read + write (`counted` "2 x size_bytes ..."): halved, so old and new compare."""
+    scale = 0.5 if str(data.get("counted", "")).startswith("2 x") else 1.0
+    for metric in _per_rank(data.get("results"), ("gbps_p50", "gbps"), "stress.membw.gbps",
+                            "GB/s", HIGHER, context):
+        yield replace(metric, value=metric.value * scale) if scale != 1.0 else metric
 
 
 _COPY_COLUMNS = {"h2d_gbps": "h2d_alone_gbps", "d2h_gbps": "d2h_alone_gbps",
@@ -340,7 +374,7 @@ def _extractor(kind: str, data: Mapping[str, Any]) -> Extractor | None:
 
 # Every family of names, for the docs and their test (docs/fleet.md).
 FAMILIES: tuple[str, ...] = (
-    *(f"bench.{k}" for k in _BENCH_SCALARS), "bench.images_per_s",
+    *(f"bench.{k}" for k in _BENCH_SCALARS), "bench.images_per_s", "bench.iteration_p50_ms",
     "comm.<collective>.busbw_gbps", "comm.pairwise.gbps",
     "stress.gemm.<dtype>.tflops", "stress.membw.gbps",
     *(f"stress.copies.{k}" for k in _COPY_COLUMNS), "stress.sdc.p50_ms", "stress.p2p.gbps",

@@ -24,6 +24,7 @@ class IterationMarks:
         self.ends_iteration: list[bool] = []  # per mark: False where a segment begins
         self.cpu_s: list[float] = []
         self.wall_s: list[float] = []
+        self.done = 0  # marks known complete (`completed`)
 
     def begin(self) -> None:
         self._point(ends_iteration=False)
@@ -39,11 +40,21 @@ class IterationMarks:
             self.wall_s.append(time.perf_counter())
         self.ends_iteration.append(ends_iteration)
 
-    def read_ms(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """(each iteration's device ms, each one's end in ms from the first mark); on a
-        GPU call it after the device is synchronised."""
+    def completed(self) -> int:
+        """How many marks have happened: on a GPU the leading events already complete
+        (a stream completes them in order; `query` never waits)."""
+        if not self.events:
+            return len(self.ends_iteration)
+        while self.done < len(self.ends_iteration) and self.events[self.done].query():
+            self.done += 1
+        return self.done
+
+    def read_ms(self, points: int | None = None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(each iteration's device ms, each one's end in ms from the first mark), over
+        the first `points` marks (default all); on a GPU those must be complete
+        (`completed`, or after the device is synchronised)."""
         took, ends = [], []
-        for index in range(1, len(self.ends_iteration)):
+        for index in range(1, points if points is not None else len(self.ends_iteration)):
             if self.ends_iteration[index]:
                 took.append(self._elapsed_ms(index - 1, index, self.cpu_s))
                 ends.append(self._elapsed_ms(0, index, self.wall_s))

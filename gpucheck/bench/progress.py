@@ -1,23 +1,23 @@
-"""One progress bar, on rank 0 only, reused for the warm-up and the timed loop."""
+"""One progress bar, on rank 0 only, reused for the warm-up and the timed loop
+(`gpucheck.distributed.terminal`: stderr, a terminal, no --quiet)."""
 
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any
+
+from gpucheck.distributed import terminal
 
 
 class Progress:
-    """A tqdm bar when `enabled`, else nothing at all (tqdm is not even imported)."""
+    """`bench: warm-up` then `bench: timed`, counting batches; nothing when not `enabled`."""
 
     def __init__(self, enabled: bool) -> None:
         self._enabled = enabled
-        self._bar: Any = None
+        self._bar: terminal.Bar | None = None
 
     def __enter__(self) -> Progress:
         if self._enabled:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=0, unit="batch", leave=False, dynamic_ncols=True)
+            self._bar = terminal.Bar("bench", 0, "batch")
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -27,9 +27,8 @@ class Progress:
 
     def start(self, phase: str, total: int) -> None:
         if self._bar is not None:
-            self._bar.reset(total=total)
-            self._bar.set_description(phase)
+            self._bar.restart(phase, total)
 
     def advance(self) -> None:
         if self._bar is not None:
-            self._bar.update()
+            self._bar.advance()

@@ -26,6 +26,7 @@ from gpucheck.bench import model as bench_model
 from gpucheck.bench.aggregate import RankRecord
 from gpucheck.bench.marks import IterationMarks
 from gpucheck.bench.model import WeightsChoice
+from gpucheck.bench.partial import TimedSoFar
 from gpucheck.bench.progress import Progress
 from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.session import gpu_identity, process_group, roster
@@ -265,6 +266,10 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
     _reset_peak_memory(spec.device, world.device_index)
     sizes = layout.segment_sizes(iters, spec.device == "cpu" and world.world_size > 1)
     marks = IterationMarks(spec.device, iters + len(sizes))
+    so_far = TimedSoFar(marks, {"rank": world.rank, "host": host_name(),
+                                "device": str(_device(spec, world)),
+                                "batch_size": spec.batch_size, "iters_planned": iters,
+                                "world_size": world.world_size})
     wall_s = span_s = 0.0
     for index, size in enumerate(sizes):
         if index:
@@ -276,10 +281,12 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
             ddp(batch)
             marks.mark()
             bar.advance()
+            so_far.tick()  # every rank's iterations survive a stop (gpucheck.bench.partial)
         _synchronize(spec.device)
         wall_s += time.perf_counter() - started
         _barrier(spec, world)
         span_s += time.perf_counter() - started
+        so_far.publish()
     iter_ms, iter_end_ms = marks.read_ms()
     # On a GPU the events bracket the device's work; on CPU the loop's wall time is it.
     device_s = sum(iter_ms) / 1e3 if spec.device == "cuda" else wall_s

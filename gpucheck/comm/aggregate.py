@@ -12,12 +12,12 @@ gathered and the slowest one reported, never an average that hides it.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpucheck.report import Finding, fail, ok, warn
+from gpucheck.comm.confirm import Pair, Second, Suspects, find_suspects, second_look
+from gpucheck.report import Finding, fail, ok, skip, warn
 
 COLLECTIVES = ("all_reduce", "all_gather")
 GB = 1e9
@@ -97,29 +97,94 @@ def baseline_findings(rows: Sequence[Mapping[str, Any]], baseline_gbps: float | 
                  "health (nvidia-smi nvlink -s, nvidia-smi topo -m) and NCCL_* settings")]
 
 
+def suspects_by_node(pairs: Sequence[Mapping[str, Any]],
+                     threshold: float) -> dict[int, Suspects]:
+    """Per node (by the sender's node rank): `gpucheck.comm.confirm.find_suspects`
+    over each pair's repeated samples (one sample for rows without repeats)."""
+    by_node: dict[int, dict[Pair, Sequence[float]]] = {}
+    for p in pairs:
+        samples = p.get("samples_gbps") or [p["bandwidth_gbps"]]
+        by_node.setdefault(int(p["node_rank"]), {})[(int(p["src"]), int(p["dst"]))] = samples
+    return {node: find_suspects(samples, threshold) for node, samples in by_node.items()}
+
+
+def _pair_hint(device: str) -> str:
+    """Where to look for a slow pair: the GPUs' path, or (CPU ranks) the processes."""
+    if device == "cuda":
+        return ("one path is slow: check `nvidia-smi topo -m` and `nvidia-smi nvlink -s` "
+                "for these two GPUs, and their PCIe link width")
+    return ("CPU ranks exchange through the host's memory: a slow pair means a busy, "
+            "throttled or descheduled process (top, the job's CPU quota and binding), "
+            "not a link")
+
+
 def pair_findings(pairs: Sequence[Mapping[str, Any]], threshold: float,
-                  names: Mapping[int, str]) -> list[Finding]:
-    """WARN for each pair slower than `threshold` x its node's median pair bandwidth."""
+                  names: Mapping[int, str], again: Sequence[Mapping[str, Any]] | None = None,
+                  device: str = "cuda") -> list[Finding]:
+    """Per node: WARN for each pair resolvably slower than `threshold` x its node's
+    reference, confirmed or found unstable by its second measurement (`again`);
+    a note for pairs too noisy to judge (gpucheck.comm.confirm)."""
+    second = {(int(p["src"]), int(p["dst"])): p["samples_gbps"] for p in again or []}
+
+    def name(rank: int) -> str:
+        return names.get(rank, f"rank {rank}")
+
     findings: list[Finding] = []
-    by_node: dict[int, list[Mapping[str, Any]]] = {}
-    for pair in pairs:
-        by_node.setdefault(pair["node_rank"], []).append(pair)
-    for node_pairs in by_node.values():
-        median = statistics.median(p["bandwidth_gbps"] for p in node_pairs)
-        for p in node_pairs:
-            if p["bandwidth_gbps"] < threshold * median:
-                src, dst = names.get(p["src"], f"rank {p['src']}"), names.get(p["dst"])
-                findings.append(warn(
-                    "comm.pairwise.slow_pair",
-                    f"{src} -> {dst or 'rank ' + str(p['dst'])}: {p['bandwidth_gbps']:.3g} "
-                    f"GB/s, below {threshold:g} x the node's median {median:.3g} GB/s",
-                    hint="one path is slow: check `nvidia-smi topo -m` and "
-                    "`nvidia-smi nvlink -s` for these two GPUs, and their PCIe link width",
-                    subject=f"rank {p['src']} -> rank {p['dst']}"))
-    if pairs and not findings:
-        findings.append(ok("comm.pairwise.slow_pair",
-                           f"{len(pairs)} pairs within {threshold:g} x their node's median"))
+    judged = 0
+    for node, suspects in sorted(suspects_by_node(pairs, threshold).items()):
+        judged += sum(1 for p in pairs if int(p["node_rank"]) == node)
+        looks = second_look(suspects, second, suspects.reference_gbps) if again is not None \
+            else [Second(p, None, None, ()) for p in suspects.pairs]
+        for look in looks:
+            findings.append(_slow_pair(look, suspects, pairs, threshold, name, device))
+        if suspects.noisy:
+            findings.append(_noisy(node, suspects, pairs, threshold, name))
+    if pairs and not any(f.status.value == "WARN" for f in findings):
+        findings.insert(0, ok("comm.pairwise.slow_pair", f"{judged} pairs: none slower than "
+                              f"{threshold:g} x their node's median beyond the spread of "
+                              "repeated timings"))
     return findings
+
+
+def _figure(pairs: Sequence[Mapping[str, Any]], pair: Pair) -> Mapping[str, Any]:
+    return next(p for p in pairs if (int(p["src"]), int(p["dst"])) == pair)
+
+
+def _slow_pair(look: Second, suspects: Suspects, pairs: Sequence[Mapping[str, Any]],
+               threshold: float, name: Any, device: str) -> Finding:
+    src, dst = look.pair
+    row = _figure(pairs, look.pair)
+    samples = row.get("samples_gbps") or [row["bandwidth_gbps"]]
+    text = (f"{name(src)} -> {name(dst)}: {max(samples):.3g} GB/s (best of {len(samples)}), "
+            f"below {threshold:g} x the node's median {suspects.reference_gbps:.3g} GB/s")
+    confirmed = look.confirmed(threshold)
+    subject = f"rank {src} -> rank {dst}"
+    against = " and ".join(f"rank {a} -> rank {b}" for a, b in look.against) or \
+        "the first measurement's median"
+    if confirmed is None:
+        return warn("comm.pairwise.slow_pair", text + "; not measured again (the run ended "
+                    "first)", hint=_pair_hint(device), subject=subject)
+    again = f"{look.again_gbps:.3g} GB/s against {against} at {look.reference_gbps:.3g} GB/s"
+    if confirmed:
+        return warn("comm.pairwise.slow_pair", f"{text}; confirmed: measured again at "
+                    f"{again}", hint=_pair_hint(device), subject=subject)
+    return warn("comm.pairwise.slow_pair", f"{text}; unstable: measured again at {again}, "
+                f"within {threshold:g} x", hint="slow once, fine when measured again: "
+                "contention or a transient; rerun, and look into it if it comes back",
+                subject=subject, action="rerun")
+
+
+def _noisy(node: int, suspects: Suspects, pairs: Sequence[Mapping[str, Any]],
+           threshold: float, name: Any) -> Finding:
+    """Below the threshold, but no further below the median than repeated timings of
+    one pair spread: the measurement cannot tell a slow pair from noise here."""
+    listed = ", ".join(f"{name(a)} -> {name(b)}" for a, b in suspects.noisy[:4])
+    size = _figure(pairs, suspects.noisy[0]).get("size_bytes")
+    return skip("comm.pairwise.slow_pair", f"node {node}: too noisy to judge at {size} bytes: "
+                f"{listed} read below {threshold:g} x the median "
+                f"({suspects.reference_gbps:.3g} GB/s), but repeated timings of healthy "
+                f"pairs read as low as {suspects.floor_gbps:.3g} GB/s; a larger --pair-bytes "
+                "resolves more", subject=f"node {node}")
 
 
 def pair_matrix(pairs: Sequence[Mapping[str, Any]], ranks: Sequence[int]) -> list[dict[str, Any]]:

@@ -1,9 +1,11 @@
 """Timing all_reduce and all_gather on one rank, and checking their results.
 
 Every rank: warm up, synchronise the device, pass a barrier, start the clock (CUDA
-events on GPU, perf_counter on CPU), run `iters` operations, stop. The buffers are
-float32; the timed buffers are zeros (so repeated sums stay finite), then one more
-call on a rank-specific pattern counts the wrong elements.
+events on GPU, perf_counter on CPU), run `iters` operations, stop. On NCCL the start
+is aligned on the device (`rendezvous`): ranks leave a host barrier up to ~1 ms apart,
+so the clock starts only once an untimed all_reduce has joined every rank's stream.
+The buffers are float32; the timed buffers are zeros (so repeated sums stay finite),
+then one more call on a rank-specific pattern counts the wrong elements.
 
 How the `iters` operations run depends on the backend (`time_batch`):
 - NCCL: back to back, as nccl-tests does. Under TORCH_NCCL_BLOCKING_WAIT=1 (which
@@ -16,6 +18,17 @@ How the `iters` operations run depends on the backend (`time_batch`):
 - gloo (and anything else): one op at a time, each waited before the next. gloo runs
   async ops on a thread pool, so back-to-back ops could overlap and overstate the
   bandwidth; its synchronous op already returns when the op is done.
+
+Why the device-side start (NCCL): under blocking wait the barrier is a 1 ms sleep-poll
+on the host, so the ranks leave it up to ~1 ms apart. A rank that started its clock
+when it left would count the wait for the last rank inside its first op, and the
+slowest rank (the one reported) is the early one: at 64 KiB a 20-op batch lasts well
+under 1 ms, so the gap alone read 3-5x slow. An untimed 1-element all_reduce first,
+the current stream made to wait on it, then the start event: the event fires when
+that all_reduce ends, which is when every rank has joined it, on every rank within a
+hop's latency. nccl-tests gets the same effect from MPI_Barrier's tight spin
+(src/common.cu, BenchTime); gpucheck cannot spin on the host without giving up the
+timeout that blocking wait gives.
 """
 
 from __future__ import annotations
@@ -173,43 +186,60 @@ def back_to_back() -> bool:
 
 
 def time_batch(launches: Sequence[Callable[[], Work]], clock: Clock,
-               back_to_back: bool) -> float:
+               back_to_back: bool, align: Callable[[], Work] | None = None) -> float:
     """Seconds for running every launch once, in order; each returns its op's handle.
 
-    Back to back: start mark, every launch (waiting on the op MAX_IN_FLIGHT
+    Back to back: `align`'s untimed op first when given (the current stream made to
+    wait on it, so the start mark fires only once it has ended; its handle is waited
+    with the others), start mark, every launch (waiting on the op MAX_IN_FLIGHT
     launches back only past that many), the current stream made to wait on every
     op, end mark, then the host waits (bounded by the group's timeout under
     blocking wait), then `clock.seconds()`. The end mark is on the stream before
     the host waits, so the host's poll latency is not counted. Otherwise each op is
     waited before the next is launched, and the end mark follows the last wait.
     """
-    clock.start()
     if not back_to_back:
+        clock.start()
         for launch in launches:
             launch().wait()
         clock.stop()
         return clock.seconds()
+    untimed: list[Work] = [align()] if align is not None else []
+    for work in untimed:
+        work.block_current_stream()
+    clock.start()
     works: list[Work] = []
     for launch in launches:
-        if len(works) >= MAX_IN_FLIGHT:
-            works[len(works) - MAX_IN_FLIGHT].wait()
+        if len(untimed) + len(works) >= MAX_IN_FLIGHT:
+            (untimed + works)[len(untimed) + len(works) - MAX_IN_FLIGHT].wait()
         works.append(launch())
     for work in works:
         work.block_current_stream()
     clock.stop()
-    for work in works:
+    for work in untimed + works:
         work.wait()
     return clock.seconds()
 
 
+def rendezvous(device: str) -> Callable[[], Work]:
+    """The untimed op that aligns the ranks' start on the device: a 1-element all_reduce."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.zeros(1, dtype=torch.float32, device="cuda" if device == "cuda" else "cpu")
+    return lambda: dist.all_reduce(flag, async_op=True)
+
+
 def time_op(launch: Callable[[], Work], iters: int, warmup: int, device: str) -> float:
-    """Mean seconds per op, started together with the other ranks after a barrier."""
+    """Mean seconds per op, started together with the other ranks: after a barrier,
+    and on NCCL after an untimed all_reduce on the stream (`rendezvous`)."""
 
     in_a_row = back_to_back()
     time_batch([launch] * warmup, NullClock(), in_a_row)
     synchronize(device)
     barrier()
-    return time_batch([launch] * iters, make_clock(device), in_a_row) / iters
+    align = rendezvous(device) if in_a_row else None
+    return time_batch([launch] * iters, make_clock(device), in_a_row, align) / iters
 
 
 def measure(collective: str, size_bytes: int, iters: int, warmup: int,

@@ -14,8 +14,16 @@ are measured under their real contention, not in isolation.
 The receiver times each link (a barrier, then from posting its receives to the last
 one done), so a slow sender shows on its own outgoing links only. On NCCL the sends
 and receives of a rank are one group (separate groups on one stream would deadlock
-in a ring); on gloo the sends go one at a time (see `collectives`), the receives are
-posted before them.
+in a ring), timed with CUDA events from a start aligned on the device (an untimed
+one-element exchange with the same peers first, `_exchange_nccl`); on gloo the
+sends go one at a time (see `collectives`), the receives are posted before them.
+Each link is timed `repeats` times in a row, every repeat after a barrier (without
+it a rank held up by a slow peer would start its next sends late and make its own
+receivers read slow); the repeats' spread is the measurement's noise.
+
+Then the second look (`run_internode`): the slow node pairs, and a suspect node's
+pairs, are measured again, one node pair at a time, beside a pair of known-good
+nodes (gpucheck.comm.confirm; the verdicts are in gpucheck.comm.internode_verdicts).
 """
 
 from __future__ import annotations
@@ -24,13 +32,23 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpucheck.comm.collectives import ELEMENT_BYTES, synchronize
-from gpucheck.report import Finding, ok, warn
+from gpucheck.comm.collectives import (
+    ELEMENT_BYTES,
+    NullClock,
+    Work,
+    make_clock,
+    synchronize,
+    time_batch,
+)
+from gpucheck.comm.confirm import Suspects, find_suspects
+from gpucheck.comm.internode_verdicts import node_pair_rows, node_samples, rail_exchanges
 
-# Test-only: "NODE_RANK:SECONDS" makes the ranks of that node sleep before each send.
+# Test-only: "NODE_RANK[/RAIL]:SECONDS[:first]" makes the ranks of that node (or only
+# its local rank RAIL) sleep before each send (with ":first" in the rounds only, not
+# when measured again).
 TEST_SLOW_SENDS_VAR = "GPUCHECK_TEST_SLOW_SENDS"
 GB = 1e9
 
@@ -47,11 +65,62 @@ def rail_links(node_ranks: Sequence[Sequence[int]], src_node: int,
     return [(k, src[k], dst[k]) for k in range(min(len(src), len(dst)))]
 
 
-def _slow_sends(node_index: int) -> float:
-    """Seconds to sleep before each send (the test hook), 0 when unset or another node."""
+def _slow_sends(node_index: int, again: bool = False, rail: int = 0) -> float:
+    """Seconds to sleep before each send (the test hook), 0 when unset or another node.
+    "NODE:SECONDS:first" slows the first measurement only, not the second look;
+    "NODE/RAIL:SECONDS" only that node's local rank RAIL (one slow NIC)."""
     raw = os.environ.get(TEST_SLOW_SENDS_VAR, "")
-    node, _, seconds = raw.partition(":")
-    return float(seconds) if raw and int(node) == node_index else 0.0
+    where, _, rest = raw.partition(":")
+    node, _, only = where.partition("/")
+    seconds, _, when = rest.partition(":")
+    if not raw or int(node) != node_index or (again and when == "first") or \
+            (only and int(only) != rail):
+        return 0.0
+    return float(seconds)
+
+
+class _Group:
+    """The handles of one `batch_isend_irecv` as one `collectives.Work`."""
+
+    def __init__(self, works: Sequence[Any]) -> None:
+        self.works = list(works)
+
+    def wait(self) -> bool:
+        for work in self.works:
+            work.wait()
+        return True
+
+    def block_current_stream(self) -> None:
+        for work in self.works:
+            work.block_current_stream()
+
+
+def _batch(peers: tuple[int | None, int | None], out: Any, into: Any,
+           iters: int) -> Callable[[], Work]:
+    """One NCCL group: `iters` receives from peers[1] and sends to peers[0]."""
+    import torch.distributed as dist
+
+    send, recv = peers
+    ops = ([dist.P2POp(dist.irecv, into, recv)] * iters if recv is not None else []) + \
+        ([dist.P2POp(dist.isend, out, send)] * iters if send is not None else [])
+    return lambda: _Group(dist.batch_isend_irecv(ops))
+
+
+def _exchange_nccl(peers: tuple[int | None, int | None], out: Any, into: Any, iters: int,
+                   device: str) -> float | None:
+    """NCCL: one group of every send and receive, timed on the device from an aligned
+    start: an untimed one-element exchange with the same peers first, the stream made
+    to wait on it, then the start event (`collectives.time_batch`'s `align`). Without
+    it the clock started when this rank left the barrier (a 1 ms host poll under
+    blocking wait) and counted the wait for its sender; with it the start event fires
+    once the sender has joined. The time covers both directions (one group)."""
+    import torch
+
+    flag_out, flag_in = torch.zeros_like(out[:1]), torch.zeros_like(into[:1])
+    clock = make_clock(device) if peers[1] is not None else NullClock()
+    seconds = time_batch([_batch(peers, out, into, iters)], clock, True,
+                         _batch(peers, flag_out, flag_in, 1))
+    return seconds if peers[1] is not None else None
 
 
 def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: int,
@@ -64,31 +133,26 @@ def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: 
     where = "cuda" if device == "cuda" else "cpu"
     count = max(size_bytes // ELEMENT_BYTES, 1)
     out, into = torch.zeros(count, device=where), torch.zeros(count, device=where)
-    nccl = str(dist.get_backend()) == "nccl"
     synchronize(device)
+    if str(dist.get_backend()) == "nccl":
+        if me_send is None and me_recv is None:
+            return None
+        return _exchange_nccl((me_send, me_recv), out, into, iters, device)
     began = time.perf_counter()
-    recvs = [dist.P2POp(dist.irecv, into, me_recv)] * iters if me_recv is not None else []
-    sends = [dist.P2POp(dist.isend, out, me_send)] * iters if me_send is not None else []
-    if nccl:
-        works = dist.batch_isend_irecv(recvs + sends) if recvs + sends else []
-        for work in works:
-            work.wait()
-        synchronize(device)
-        return time.perf_counter() - began if recvs else None
-    posted = [dist.irecv(into, me_recv) for _ in recvs]
+    posted = [dist.irecv(into, me_recv) for _ in range(iters)] if me_recv is not None else []
     # A helper thread waits on the receives, so this rank's own (possibly slow) sends
     # do not delay the moment its receives are seen done.
     ended: list[float] = []
     waiter = threading.Thread(target=_wait_all, args=(posted, ended), daemon=True)
     waiter.start()
-    for _ in sends:
+    for _ in range(iters if me_send is not None else 0):
         if delay_s:
             time.sleep(delay_s)
         dist.isend(out, me_send).wait()
     waiter.join()
     if len(ended) != 1:
         raise RuntimeError("a receive between nodes failed (see the rank's error)")
-    return ended[0] - began if recvs else None
+    return ended[0] - began if me_recv is not None else None
 
 
 def _wait_all(works: Sequence[Any], ended: list[float]) -> None:
@@ -98,8 +162,32 @@ def _wait_all(works: Sequence[Any], ended: list[float]) -> None:
     ended.append(time.perf_counter())
 
 
+def _samples(peers: tuple[int | None, int | None], size_bytes: int, iters: int,
+             device: str, delay_s: float, repeats: int) -> list[float] | None:
+    """`repeats` timed exchanges in a row: GB/s received in each (None: no receive).
+    Their spread is the measurement's own noise (gpucheck.comm.confirm)."""
+    from gpucheck.distributed.session import barrier
+
+    seconds = []
+    for _ in range(repeats):
+        # Every repeat starts together: without the barrier a rank that waited on a slow
+        # peer would start its next sends late, and its own receivers would read slow.
+        barrier()
+        seconds.append(_exchange(*peers, size_bytes, iters, device, delay_s))
+    if any(s is None for s in seconds):
+        return None
+    return [round(size_bytes * iters / s / GB, 4) for s in seconds if s is not None]
+
+
+def _link(round_: int | str, src_node: int, dst_node: int, came: tuple[int, int], me: int,
+          samples: list[float]) -> dict[str, Any]:
+    return {"round": round_, "src_node": src_node, "dst_node": dst_node, "rail": came[0],
+            "src": came[1], "dst": me, "bandwidth_gbps": statistics.median(samples),
+            "samples_gbps": samples}
+
+
 def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
-                      device: str) -> list[dict[str, Any]]:
+                      device: str, repeats: int = 1) -> list[dict[str, Any]]:
     """Run every round; return the links this rank received on."""
     import torch.distributed as dist
 
@@ -110,7 +198,7 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
     me = dist.get_rank()
     node_ranks = list(group_by_node(roster).values())
     mine_node = next(i for i, ranks in enumerate(node_ranks) if me in ranks)
-    delay = _slow_sends(mine_node)
+    delay = _slow_sends(mine_node, rail=node_ranks[mine_node].index(me))
     links: list[dict[str, Any]] = []
     for r, pairs in enumerate(round_schedule(len(node_ranks)), start=1):
         progress.set_step(f"between nodes: round {r}")
@@ -121,102 +209,90 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
         # Warm-up, untimed: NCCL's first send/recv between two ranks creates their
         # communicator, which must not be inside the timed exchange.
         _exchange(*peers, size_bytes, 1, device, 0.0)
-        barrier()
-        seconds = _exchange(*peers, size_bytes, iters, device, delay)
-        if seconds is not None:
-            rail, src = came[me]
-            links.append({"round": r, "src_node": src_node, "dst_node": mine_node,
-                          "rail": rail, "src": src, "dst": me,
-                          "bandwidth_gbps": round(size_bytes * iters / seconds / GB, 4)})
+        samples = _samples(peers, size_bytes, iters, device, delay, repeats)
+        if samples is not None:
+            links.append(_link(r, src_node, mine_node, came[me], me, samples))
     barrier()
     return links
 
 
-def node_pair_rows(links: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per ordered node pair: the sum of its rails (they ran at once) and its slowest rail."""
-    by_pair: dict[tuple[int, int], list[Mapping[str, Any]]] = {}
-    for link in links:
-        by_pair.setdefault((link["src_node"], link["dst_node"]), []).append(link)
-    rows = []
-    for (src, dst), rails in sorted(by_pair.items()):
-        slowest = min(rails, key=lambda link: link["bandwidth_gbps"])
-        rows.append({"src_node": src, "dst_node": dst, "round": rails[0]["round"],
-                     "rails": len(rails),
-                     "bandwidth_gbps": round(sum(x["bandwidth_gbps"] for x in rails), 4),
-                     "slowest_rail": slowest["rail"],
-                     "slowest_rail_gbps": slowest["bandwidth_gbps"]})
-    return rows
+def _pair_links(node_ranks: Sequence[Sequence[int]], me: int, x: int,
+                y: int) -> tuple[int | None, int | None, tuple[int, int] | None]:
+    """This rank's (send peer, receive peer, (rail, src)) in an exchange of nodes x and
+    y both ways at once, all rails; Nones for a rank of neither node."""
+    for here, there in ((x, y), (y, x)):
+        if me in node_ranks[here]:
+            to = {s: d for _, s, d in rail_links(node_ranks, here, there)}
+            came = {d: (k, s) for k, s, d in rail_links(node_ranks, there, here)}
+            return to.get(me), came.get(me, (0, None))[1], came.get(me)
+    return None, None, None
 
 
-def shared_node(slow_pairs: Sequence[tuple[int, int]]) -> int | None:
-    """The node in more than half of the slow pairs, and in more than any other node;
-    None with fewer than two slow pairs (one pair cannot tell its two ends apart)."""
-    if len(slow_pairs) < 2:
-        return None
-    counts: dict[int, int] = {}
-    for pair in slow_pairs:
-        for node in set(pair):
-            counts[node] = counts.get(node, 0) + 1
-    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
-    node, count = ranked[0]
-    runner_up = ranked[1][1] if len(ranked) > 1 else 0
-    return node if count * 2 > len(slow_pairs) and count > runner_up else None
+def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple[int, int]],
+                  size_bytes: int, iters: int, device: str,
+                  repeats: int) -> list[dict[str, Any]]:
+    """The second look: each exchange (node x <-> node y, all rails, both ways at once,
+    as in the rounds) alone, a barrier of all ranks around each; the links this rank
+    received on, as `measure_internode` returns them (round "again")."""
+    import torch.distributed as dist
+
+    from gpucheck.distributed import progress
+    from gpucheck.distributed.nodes import group_by_node
+    from gpucheck.distributed.session import barrier
+
+    me = dist.get_rank()
+    node_ranks = list(group_by_node(roster).values())
+    mine_node = next(i for i, ranks in enumerate(node_ranks) if me in ranks)
+    links: list[dict[str, Any]] = []
+    for x, y in exchanges:
+        progress.set_step(f"between nodes: node {x} <-> node {y} measured again")
+        send, recv, came = _pair_links(node_ranks, me, x, y)
+        if came is not None:  # warm-up, untimed, as in the rounds
+            _exchange(send, recv, size_bytes, 1, device, 0.0)
+        # Every rank passes the repeats' barriers; ranks of neither node exchange nothing.
+        samples = _samples((send, recv), size_bytes, iters, device,
+                           _slow_sends(mine_node, True, node_ranks[mine_node].index(me)),
+                           repeats)
+        if samples is not None and came is not None:
+            links.append(_link("again", y if mine_node == x else x, mine_node, came, me,
+                               samples))
+        barrier()
+    return links
 
 
-def internode_findings(rows: Sequence[Mapping[str, Any]], threshold: float,
-                       labels: Mapping[int, str]) -> list[Finding]:
-    """WARN each node pair below `threshold` x the median node pair; name the shared node."""
-    if not rows:
-        return []
-    median = statistics.median(r["bandwidth_gbps"] for r in rows)
-    slow = [r for r in rows if r["bandwidth_gbps"] < threshold * median]
-    check = "comm.internode.slow_pair"
-    findings = [warn(check, f"{labels[r['src_node']]} -> {labels[r['dst_node']]}: "
-                     f"{r['bandwidth_gbps']:.3g} GB/s over {r['rails']} rail(s), below "
-                     f"{threshold:g} x the median node pair's {median:.3g} GB/s",
-                     hint="check the NICs, cables and switch ports between these two nodes "
-                     "(ibstat, ibdiagnet, ethtool) and the transport NCCL chose",
-                     subject=f"node {r['src_node']} -> node {r['dst_node']}") for r in slow]
-    if not slow:
-        return [ok(check, f"{len(rows)} node pairs within {threshold:g} x the median "
-                   f"({median:.3g} GB/s)")]
-    suspect = shared_node([(r["src_node"], r["dst_node"]) for r in slow])
-    if suspect is not None:
-        findings.append(warn(
-            "comm.internode.shared_node",
-            f"{labels[suspect]} is in most of the {len(slow)} slow node pairs",
-            hint="suspect this node's NICs, their PCIe links or its switch port; rerun "
-            "without it to confirm", subject=labels[suspect]))
-    return findings
+def exchanges_for(suspects: Suspects) -> list[tuple[int, int]]:
+    """The node pairs to measure again (unordered, each once): every slow pair's and
+    every known-good reference pair's two nodes."""
+    wanted = {tuple(sorted(p)) for p in (*suspects.pairs, *suspects.references)}
+    return sorted((a, b) for a, b in wanted)
 
 
-def rail_findings(links: Sequence[Mapping[str, Any]], threshold: float,
-                  labels: Mapping[int, str]) -> list[Finding]:
-    """WARN each rail link below `threshold` x the median rail link, and the node a
-    rail's slow links share (its NIC on that rail). Only with 2+ rails per node: with
-    one rail, a rail is its node pair and `internode_findings` says it all."""
-    if max((link["rail"] for link in links), default=0) < 1:
-        return []
-    median = statistics.median(link["bandwidth_gbps"] for link in links)
-    slow = [link for link in links if link["bandwidth_gbps"] < threshold * median]
-    check = "comm.internode.slow_rail"
-    if not slow:
-        return [ok(check, f"{len(links)} rail links within {threshold:g} x the median "
-                   f"({median:.3g} GB/s)")]
-    findings = [warn(check, f"rail {x['rail']}: rank {x['src']} ({labels[x['src_node']]}) "
-                     f"-> rank {x['dst']} ({labels[x['dst_node']]}): "
-                     f"{x['bandwidth_gbps']:.3g} GB/s, below {threshold:g} x the median "
-                     f"rail link's {median:.3g} GB/s",
-                     hint="one NIC or its cable: check this rail's NIC on both nodes "
-                     "(ibstat, its PCIe link width, NCCL_IB_HCA's order)",
-                     subject=f"rank {x['src']} -> rank {x['dst']}") for x in slow]
-    for rail in sorted({x["rail"] for x in slow}):
-        pairs = [(x["src_node"], x["dst_node"]) for x in slow if x["rail"] == rail]
-        suspect = shared_node(pairs)
-        if suspect is not None:
-            findings.append(warn(
-                "comm.internode.shared_node",
-                f"{labels[suspect]} is in most of the {len(pairs)} slow links of rail {rail}",
-                hint="suspect this node's NIC on that rail (ibstat, its PCIe link, its "
-                "cable and switch port)", subject=f"{labels[suspect]} rail {rail}"))
-    return findings
+def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
+                  device: str, threshold: float, repeats: int) -> dict[str, Any]:
+    """The rounds, gathered on every rank; then the slow node pairs (and a suspect
+    node's pairs), and the node pairs of slow rail links, measured again beside
+    known-good ones (gpucheck.comm.confirm; `rail_exchanges`).
+    Rank 0's list of exchanges is broadcast, so every rank runs the same steps."""
+    import torch.distributed as dist
+
+    links = _gather(measure_internode(roster, size_bytes, iters, device, repeats))
+    suspects = find_suspects(node_samples(node_pair_rows(links)), threshold)
+    wanted = sorted(set(exchanges_for(suspects)) | set(rail_exchanges(links, threshold)))
+    box: list[Any] = [wanted]
+    dist.broadcast_object_list(box, src=0)
+    again = _gather(measure_again(roster, box[0], size_bytes, iters, device, repeats)) \
+        if box[0] else []
+    return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats, "links": links,
+            "again": again}
+
+
+def _gather(mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    import torch.distributed as dist
+
+    from gpucheck.distributed import progress
+
+    progress.set_step("gathering node-to-node results")
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return sorted((link for rank_links in every for link in rank_links),
+                  key=lambda link: (link["src_node"], link["dst_node"], link["rail"]))

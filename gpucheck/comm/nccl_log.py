@@ -96,7 +96,29 @@ def bad_interface(name: str) -> bool:
 
 
 def _uses_sockets(t: Transport) -> bool:
-    return t.network == "Socket" or "NET/Socket" in t.via
+    """Sockets carry the traffic between nodes: NCCL says so ("Using network Socket", a
+    channel via NET/Socket), or its log names socket interfaces and nothing else. Some
+    logs have no "Using network" line (older NCCL, a log cut short, channels not logged
+    yet); NCCL tries its IB transport before sockets (src/net.cc), so a NET/Socket line
+    with no IB device and no other network means sockets."""
+    if t.network == "Socket" or "NET/Socket" in t.via:
+        return True
+    other_net = any(kind.startswith("NET/") for kind in t.via)
+    return t.network is None and bool(t.socket_interfaces) and not t.ib_devices and (
+        not other_net)
+
+
+def network_name(t: Transport) -> str | None:
+    """The network this rank sends over between nodes: NCCL's own word, else what its
+    log shows (NET/Socket interfaces alone: Socket; IB devices or NET/IB channels: IB);
+    None when the log names none."""
+    if t.network:
+        return t.network
+    if _uses_sockets(t):
+        return "Socket"
+    if t.ib_devices or "NET/IB" in t.via:
+        return "IB"
+    return None
 
 
 def rank_findings(label: str, t: Transport, ib_sysfs: Sequence[str]) -> list[Finding]:
@@ -135,7 +157,8 @@ def transport_view(entries: Sequence[Mapping[str, Any]], labels: Mapping[int, st
         return {"transport": f"n/a ({backend}): only NCCL logs its transport"}, []
     read = [e for e in entries if e["state"] == "read"]
     rows = [{"rank": e["rank"], "ib_sysfs": " ".join(e.get("ib_sysfs") or []) or None}
-            | transport_of(e["transport"]).row() for e in read]
+            | transport_of(e["transport"]).row()
+            | {"network": network_name(transport_of(e["transport"]))} for e in read]
     data: dict[str, Any] = {"ranks": rows}
     check = "comm.transport.sockets_with_ib"
     if not read:
@@ -145,14 +168,22 @@ def transport_view(entries: Sequence[Mapping[str, Any]], labels: Mapping[int, st
         return data | {"transport": reason}, [skip(check, reason)]
     if nodes < 2:
         return data | {"between_nodes": "one node: no traffic between nodes"}, []
-    findings = [f for e in read for f in rank_findings(
-        labels.get(int(e["rank"]), f"rank {e['rank']}"), transport_of(e["transport"]),
-        e.get("ib_sysfs") or [])]
+    transports = [transport_of(e["transport"]) for e in read]
+    findings = [f for e, t in zip(read, transports, strict=True) for f in rank_findings(
+        labels.get(int(e["rank"]), f"rank {e['rank']}"), t, e.get("ib_sysfs") or [])]
     if not findings:
-        networks = sorted({str(r["network"]) for r in rows})
         findings = [ok(check, f"{len(read)} ranks send between nodes over "
-                       f"{', '.join(networks)}, on no loopback or bridge interface")]
+                       f"{_networks_said(transports)}, on no loopback or bridge interface")]
     return data, findings
+
+
+def _networks_said(transports: Sequence[Transport]) -> str:
+    """"IB", "IB, Socket", or what the logs did not say: never the word None."""
+    names = {network_name(t) for t in transports}
+    said = sorted(n for n in names if n is not None)
+    if None in names:
+        said.append("a network NCCL's log does not name")
+    return ", ".join(said)
 
 
 # I/O on the rank: the environment around the process group, then the rank's own log.

@@ -4,14 +4,25 @@ One pair at a time per node (pairs of different nodes run side by side), a barri
 of all ranks between steps, so no two transfers on a node share the bus. The sender
 times `iters` sends of one buffer plus the receiver's one-element acknowledgement,
 with the same clock and batching as the collectives (`collectives.time_batch`): on
-NCCL every isend/irecv is launched before the first wait, on gloo one at a time.
+NCCL every isend/irecv is launched before the first wait, after an untimed one-element
+send from the receiver that the sender's stream waits on before its start event
+(`_align`: the start is aligned on the device, as the collectives' rendezvous); on
+gloo one at a time, unchanged.
+Each pair is timed `repeats` times after one warm-up: the spread of the repeats is the
+measurement's own noise, which decides what can be judged (gpucheck.comm.confirm).
+Then the slow pairs are measured again beside a known-good pair of their node, with
+every rank following rank 0's plan (`run_pairwise`).
 """
 
 from __future__ import annotations
 
+import os
+import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from gpucheck.comm.aggregate import suspects_by_node
 from gpucheck.comm.collectives import (
     ELEMENT_BYTES,
     Clock,
@@ -22,6 +33,7 @@ from gpucheck.comm.collectives import (
     synchronize,
     time_batch,
 )
+from gpucheck.comm.confirm import Suspects
 from gpucheck.distributed import progress
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.distributed.session import barrier
@@ -36,51 +48,158 @@ def pair_schedule(roster: Sequence[Mapping[str, Any]]) -> list[list[tuple[int, i
     return [[p[k] for p in per_node if k < len(p)] for k in range(steps)]
 
 
+# Test-only: "SRC:DST:SECONDS[:WHEN]" makes rank SRC sleep before each send to DST;
+# WHEN "always" (default), "first" (the first measurement only, not the second look)
+# or "once" (the first measurement's first repeat only: one noisy batch). Several
+# pairs: separated by commas.
+TEST_SLOW_PAIR_VAR = "GPUCHECK_TEST_SLOW_PAIR"
+DEFAULT_REPEATS = 3
+
+
+def _test_delay(src: int, dst: int, again: bool, repeat: int) -> float:
+    """Seconds to sleep before each send of this batch (the test hook), else 0."""
+    for spec in filter(None, os.environ.get(TEST_SLOW_PAIR_VAR, "").split(",")):
+        a, b, seconds, *when = spec.split(":")
+        if (int(a), int(b)) != (src, dst):
+            continue
+        mode = when[0] if when else "always"
+        slowed = mode == "always" or (not again and (mode == "first" or repeat == 0))
+        return float(seconds) if slowed else 0.0
+    return 0.0
+
+
 def _side(me: int, src: int, dst: int, buf: Any, ack: Any,
-          iters: int) -> list[Callable[[], Work]]:
+          iters: int, delay_s: float = 0.0) -> list[Callable[[], Work]]:
     """This rank's launches: `iters` isends then the ack's irecv on the sender, the
     mirror image on the receiver (so the sender's last op ends after the last byte)."""
     import torch.distributed as dist
 
     if me == src:
-        return [lambda: dist.isend(buf, dst)] * iters + [lambda: dist.irecv(ack, dst)]
+        def send() -> Work:
+            if delay_s:
+                time.sleep(delay_s)
+            return dist.isend(buf, dst)
+        return [send] * iters + [lambda: dist.irecv(ack, dst)]
     return [lambda: dist.irecv(buf, src)] * iters + [lambda: dist.isend(ack, src)]
+
+
+def _align(me: int, src: int, dst: int, flag: Any) -> Callable[[], Work]:
+    """The untimed op that aligns a pair's start on the device (NCCL only): the
+    receiver sends one element to the sender. The sender's start event, recorded once
+    its stream has waited on that receive, fires only when the receiver has joined,
+    not when the sender left the host barrier (polled every 1 ms under blocking wait,
+    so the two leave it up to ~1 ms apart; gpucheck.comm.collectives). Sent before the
+    batch on the same pair, so NCCL matches it before the batch's ops, in order."""
+    import torch.distributed as dist
+
+    if me == src:
+        return lambda: dist.irecv(flag, dst)
+    return lambda: dist.isend(flag, src)
 
 
 def _time_pair(src: int, dst: int, size_bytes: int, iters: int, device: str) -> float | None:
     """Bandwidth in GB/s on the sender; None on the receiver."""
+    samples = _time_pair_samples(src, dst, size_bytes, iters, device, 1, False)
+    return samples[0] if samples else None
+
+
+def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: str,
+                       repeats: int, again: bool) -> list[float]:
+    """`repeats` timed batches after one warm-up: GB/s each on the sender, [] on the
+    receiver. Repeats give the measurement's own spread (gpucheck.comm.confirm)."""
     import torch
     import torch.distributed as dist
 
     where = "cuda" if device == "cuda" else "cpu"
     buf = torch.zeros(max(size_bytes // ELEMENT_BYTES, 1), device=where)
-    ack = torch.zeros(1, device=where)
+    ack, flag = torch.zeros(1, device=where), torch.zeros(1, device=where)
     me = dist.get_rank()
     in_a_row = back_to_back()
     # Warm-up: the first NCCL send/recv between two ranks creates their communicator.
     time_batch(_side(me, src, dst, buf, ack, 1), NullClock(), in_a_row)
     synchronize(device)
-    clock: Clock = make_clock(device) if me == src else NullClock()
-    elapsed = time_batch(_side(me, src, dst, buf, ack, iters), clock, in_a_row)
-    return size_bytes * iters / elapsed / 1e9 if me == src else None
+    samples = []
+    for repeat in range(repeats):
+        clock: Clock = make_clock(device) if me == src else NullClock()
+        delay = _test_delay(src, dst, again, repeat)
+        align = _align(me, src, dst, flag) if in_a_row else None
+        elapsed = time_batch(_side(me, src, dst, buf, ack, iters, delay), clock, in_a_row,
+                             align)
+        if me == src:
+            samples.append(size_bytes * iters / elapsed / 1e9)
+    return samples
 
 
-def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
-                  device: str) -> list[dict[str, Any]]:
-    """Run the schedule; return the pairs this rank sent from ({src, dst, node_rank, ...})."""
+def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int, int],
+               size_bytes: int, iters: int, device: str, repeats: int,
+               again: bool) -> list[dict[str, Any]]:
+    """Each step's pairs side by side (one per node), a barrier of all ranks between
+    steps; the rows of the pairs this rank sent from."""
     import torch.distributed as dist
 
     me = dist.get_rank()
-    node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
     mine = []
-    for step in pair_schedule(roster):
+    for step in steps:
         for src, dst in step:
             if me in (src, dst):
-                progress.set_step(f"send/recv rank {src} -> rank {dst}")
-                gbps = _time_pair(src, dst, size_bytes, iters, device)
-                if gbps is not None:
+                progress.set_step(f"send/recv rank {src} -> rank {dst}"
+                                  + (" (measured again)" if again else ""))
+                samples = _time_pair_samples(src, dst, size_bytes, iters, device, repeats,
+                                             again)
+                if me == src:
                     mine.append({"src": src, "dst": dst, "node_rank": node_of[src],
-                                 "size_bytes": size_bytes, "bandwidth_gbps": round(gbps, 4)})
+                                 "size_bytes": size_bytes,
+                                 "bandwidth_gbps": round(statistics.median(samples), 4),
+                                 "samples_gbps": [round(x, 4) for x in samples]})
         progress.set_step("barrier after a pair")
         barrier()
     return mine
+
+
+def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
+                  device: str, repeats: int = 1, again: bool = False) -> list[dict[str, Any]]:
+    """Run the schedule; return the pairs this rank sent from ({src, dst, node_rank, ...}).
+    `again`: a second look (a slow node's pairs, gpucheck.comm.nodes_again)."""
+    node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
+    return _run_steps(pair_schedule(roster), node_of, size_bytes, iters, device, repeats,
+                      again)
+
+
+def second_look_steps(plans: Mapping[int, Suspects]) -> list[list[tuple[int, int]]]:
+    """Per node: its known-good reference pair, then each slow pair; nodes side by side."""
+    per_node = [list(plan.references) + list(plan.pairs) for _, plan in sorted(plans.items())]
+    steps = max((len(p) for p in per_node), default=0)
+    return [[p[k] for p in per_node if k < len(p)] for k in range(steps)]
+
+
+def run_pairwise(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
+                 device: str, repeats: int, threshold: float) -> dict[str, Any]:
+    """Measure every pair, gather them on every rank, then measure the slow ones again
+    beside a known-good pair. Every rank computes the same plan from the same gathered
+    rows, and rank 0's copy is broadcast, so all ranks run the same steps."""
+    node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
+    pairs = gather_rows(measure_pairs(roster, size_bytes, iters, device, repeats))
+    plans = _agree({n: s for n, s in suspects_by_node(pairs, threshold).items()
+                    if not s.empty})
+    again = gather_rows(_run_steps(second_look_steps(plans), node_of, size_bytes, iters,
+                                    device, repeats, True)) if plans else []
+    return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats, "pairs": pairs,
+            "again": again}
+
+
+def gather_rows(mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    import torch.distributed as dist
+
+    progress.set_step("gathering pairwise results")
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return sorted((p for rows in every for p in rows), key=lambda p: (p["src"], p["dst"]))
+
+
+def _agree(plans: dict[int, Suspects]) -> dict[int, Suspects]:
+    """Rank 0's plan on every rank (a collective, bounded by the group's timeout)."""
+    import torch.distributed as dist
+
+    box: list[Any] = [plans]
+    dist.broadcast_object_list(box, src=0)
+    return dict(box[0])

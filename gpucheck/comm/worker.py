@@ -4,7 +4,8 @@ Rank 0 publishes its results after every message size (`gpucheck.distributed.pro
 so a failure later in the run loses nothing already measured. Every rank's GPU is
 watched for hardware faults by the frame; the sweep (collectives and pairs) is the
 watch's timed window, and every rank's result comes back in `result["faults"]`.
-With 2+ nodes the node-to-node rounds follow the pairs (`gpucheck.comm.internode`);
+With 2+ nodes a slow node is measured again (`gpucheck.comm.nodes_again`), then the
+node-to-node rounds follow (`gpucheck.comm.internode`);
 on NCCL each rank logs NCCL's init into a folder of its own around the process group
 and reports the transport it read there (`gpucheck.comm.nccl_log`).
 """
@@ -22,11 +23,13 @@ from gpucheck.comm.collectives import (
     measure,
     sweep_sizes,
 )
-from gpucheck.comm.internode import measure_internode
+from gpucheck.comm.internode import run_internode
 from gpucheck.comm.nccl_log import nccl_logging, rank_entry
-from gpucheck.comm.pairwise import measure_pairs
-from gpucheck.distributed import faultwatch, progress
-from gpucheck.distributed.nodes import group_by_node
+from gpucheck.comm.nodes_again import node_figures, plan
+from gpucheck.comm.pairwise import DEFAULT_REPEATS, gather_rows, measure_pairs, run_pairwise
+from gpucheck.comm.report import human_bytes
+from gpucheck.distributed import faultwatch, progress, terminal
+from gpucheck.distributed.nodes import DEFAULT_SLOW_NODE_FRACTION, group_by_node
 from gpucheck.distributed.session import process_group, roster
 from gpucheck.distributed.world import World
 
@@ -46,6 +49,8 @@ class CommSpec:
     pairwise: bool = True
     pair_bytes: int | None = None  # None: the sweep's largest size
     pair_iters: int = 10
+    pair_repeats: int = DEFAULT_REPEATS  # timed batches per pair: their spread is the noise
+    pair_threshold: float = 0.5  # slow pairs below this x the median are measured again
     fault_watch: bool = True  # watch every rank's GPU (gpucheck.distributed.faultwatch)
     internode: bool = True  # node-to-node rounds (gpucheck.comm.internode), 2+ nodes only
 
@@ -83,30 +88,41 @@ def _gather_size(collective: str, size: int, spec: CommSpec, world: World) -> di
 
 def _pairwise(spec: CommSpec, world: World, infos: list[dict[str, Any]],
               largest: int) -> dict[str, Any]:
-    import torch.distributed as dist
-
-    size = spec.pair_bytes or largest
-    mine = measure_pairs(infos, size, spec.pair_iters, spec.device)
-    progress.set_step("gathering pairwise results")
-    every: list[Any] = [None] * world.world_size
-    dist.all_gather_object(every, mine)
-    pairs = sorted((p for rank_pairs in every for p in rank_pairs),
-                   key=lambda p: (p["src"], p["dst"]))
-    return {"size_bytes": size, "iters": spec.pair_iters, "pairs": pairs}
+    return run_pairwise(infos, spec.pair_bytes or largest, spec.pair_iters, spec.device,
+                        spec.pair_repeats, spec.pair_threshold)
 
 
 def _internode(spec: CommSpec, world: World, infos: list[dict[str, Any]],
                largest: int) -> dict[str, Any]:
+    return run_internode(infos, spec.pair_bytes or largest, spec.pair_iters, spec.device,
+                         spec.pair_threshold, spec.pair_repeats)
+
+
+def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
+                 result: dict[str, Any], largest: int) -> dict[str, Any] | None:
+    """Confirm before condemning a slow node (gpucheck.comm.nodes_again): rank 0's plan
+    is broadcast, then every rank measures again the suspects' pairs beside a
+    known-good node's (side by side, as the first pass), or the largest all_reduce.
+    None when no node is slow. Every step is a collective bounded by --timeout."""
     import torch.distributed as dist
 
-    size = spec.pair_bytes or largest
-    mine = measure_internode(infos, size, spec.pair_iters, spec.device)
-    progress.set_step("gathering node-to-node results")
-    every: list[Any] = [None] * world.world_size
-    dist.all_gather_object(every, mine)
-    links = sorted((link for rank_links in every for link in rank_links),
-                   key=lambda link: (link["src_node"], link["dst_node"], link["rail"]))
-    return {"size_bytes": size, "iters": spec.pair_iters, "links": links}
+    pairs = (result.get("pairwise") or {}).get("pairs") or []
+    figures = node_figures(infos, pairs, result["collectives"].get("all_reduce") or [])
+    box: list[Any] = [plan(figures, DEFAULT_SLOW_NODE_FRACTION) if world.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    wanted = box[0]
+    if wanted is None:
+        return None
+    progress.set_step("slow node: measured again")
+    terminal.step("a slow node: measured again beside a known-good node")
+    if wanted["kind"] == "pairs":
+        chosen = {*wanted["suspects"], wanted["known_good"]}
+        subset = [r for r in infos if int(r["node_rank"]) in chosen]
+        mine = measure_pairs(subset, spec.pair_bytes or largest, spec.pair_iters,
+                             spec.device, spec.pair_repeats, again=True)
+        return wanted | {"pairs": gather_rows(mine)}
+    row = _gather_size("all_reduce", largest, spec, world)
+    return wanted | {"rank_times_us": row["rank_times_us"]}
 
 
 def _transport(spec: CommSpec, world: World, folder: str | None) -> list[Any] | None:
@@ -118,6 +134,20 @@ def _transport(spec: CommSpec, world: World, folder: str | None) -> list[Any] | 
     every: list[Any] = [None] * world.world_size
     dist.all_gather_object(every, rank_entry(world.rank, folder))
     return every
+
+
+def _pairs_and_nodes(spec: CommSpec, world: World, infos: list[dict[str, Any]], largest: int,
+                     result: dict[str, Any]) -> None:
+    """Pairwise send/recv, a slow node measured again, then node-to-node rounds with 2+
+    nodes (named on the terminal)."""
+    if spec.pairwise and world.world_size > 1:
+        terminal.step(f"pairwise send/recv, {human_bytes(spec.pair_bytes or largest)}")
+        result["pairwise"] = _pairwise(spec, world, infos, largest)
+    if len(group_by_node(infos)) > 1:
+        result["nodes_again"] = _nodes_again(spec, world, infos, result, largest)
+    if spec.internode and len(group_by_node(infos)) > 1:
+        terminal.step("node-to-node rounds")
+        result["internode"] = _internode(spec, world, infos, largest)
 
 
 def comm_worker(spec: CommSpec) -> dict[str, Any] | None:
@@ -139,16 +169,17 @@ def _sweep(spec: CommSpec, nccl_folder: str | None) -> dict[str, Any] | None:
             "pairwise": None, "internode": None, "complete": False,
         }
         faultwatch.mark_start()
-        for collective in spec.collectives:
-            for size in sizes:
-                row = _gather_size(collective, size, spec, world)
-                result["collectives"][collective].append(row)
-                if world.rank == 0:
-                    progress.publish_partial(result)
-        if spec.pairwise and world.world_size > 1:
-            result["pairwise"] = _pairwise(spec, world, infos, sizes[-1])
-        if spec.internode and len(group_by_node(infos)) > 1:
-            result["internode"] = _internode(spec, world, infos, sizes[-1])
+        with terminal.bar("comm", len(spec.collectives) * len(sizes), "size") as shown:
+            for collective in spec.collectives:
+                for size in sizes:
+                    shown.describe(f"{collective} {human_bytes(size)} "
+                                   f"(up to {human_bytes(sizes[-1])})")
+                    row = _gather_size(collective, size, spec, world)
+                    result["collectives"][collective].append(row)
+                    shown.advance()
+                    if world.rank == 0:
+                        progress.publish_partial(result)
+            _pairs_and_nodes(spec, world, infos, sizes[-1], result)
         result["transport"] = _transport(spec, world, nccl_folder)
         faultwatch.mark_end()
         result["faults"] = faultwatch.gather()

@@ -12,6 +12,7 @@ the job's store (`gpucheck.distributed.checkin.namespaced`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.commands.launch_options import add_launch_arguments
+from gpucheck.distributed import terminal
 from gpucheck.errors import UsageError
 from gpucheck.report import Finding, Report, Section, fail, skip
 
@@ -75,6 +77,7 @@ def run(args: argparse.Namespace) -> Report | None:
         if name not in chosen:
             _state["outcomes"].append(Outcome(name, "skipped", "--skip"))
             continue
+        terminal.say(f"all: step {chosen.index(name) + 1} of {len(chosen)}: gpucheck {name}")
         _state["outcomes"].append(_run_one(name, namespaces[name]))
         _state["current"] = None  # left set by an interrupt, for partial_report
     outcomes: list[Outcome] = _state["outcomes"]
@@ -137,9 +140,10 @@ def _sub_argv(name: str, args: argparse.Namespace, device: str) -> list[str]:
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    from gpucheck.cli import build_parser
+    from gpucheck import __version__
+    from gpucheck.commands.registry import build_parser
 
-    return build_parser().parse_args(argv)
+    return build_parser(__version__).parse_args(argv)
 
 
 def _preflight(name: str, ns: argparse.Namespace) -> None:
@@ -161,14 +165,14 @@ def _preflight(name: str, ns: argparse.Namespace) -> None:
 
 def _run_one(name: str, ns: argparse.Namespace) -> Outcome:
     """Run one command; its failure is an outcome, not the end of `all`."""
-    from gpucheck.cli import _command_module
+    from gpucheck.commands.registry import command_module
     from gpucheck.distributed.checkin import namespaced
 
     _state["current"] = name
     start = time.monotonic()
     try:
         with namespaced(name):
-            report = _command_module(name).run(ns)
+            report = command_module(name).run(ns)
     except SystemExit as exc:  # a rank > 0 whose job failed; it said why on stderr
         why = f"this rank exited with status {exc.code}"
         return Outcome(name, "failed", why, _since(start))
@@ -217,6 +221,21 @@ def combined_report(outcomes: list[Outcome]) -> Report:
     for outcome in outcomes:
         for section in outcome.report.sections if outcome.report else []:
             report.add(prefixed(outcome.command, section))
+    return shown_once(report, "thresholds")
+
+
+def shown_once(report: Report, key: str) -> Report:
+    """A data value that every load command repeats (the fault watcher's thresholds)
+    is shown in the first section that has it; later identical ones point there."""
+    first: dict[str, str] = {}  # the value's JSON form -> the title of the first section
+    for section in report.sections:
+        if key not in section.data:
+            continue
+        value = json.dumps(section.data[key], sort_keys=True)
+        if value in first:
+            section.data = {**section.data, key: f"as in {first[value]}"}
+        else:
+            first[value] = section.title
     return report
 
 
@@ -256,12 +275,12 @@ def _outcome_findings(o: Outcome) -> list[Finding]:
 def partial_report(args: argparse.Namespace) -> Report | None:
     """After Ctrl-C or SIGTERM: the commands that finished, what the running one had
     measured, and which never ran (gpucheck.cli adds the `interrupted` section)."""
-    from gpucheck.cli import _command_module
+    from gpucheck.commands.registry import command_module
 
     outcomes: list[Outcome] = list(_state["outcomes"])
     current = _state["current"]
     if current is not None:
-        build = getattr(_command_module(current), "partial_report", None)
+        build = getattr(command_module(current), "partial_report", None)
         ns = _state["namespaces"].get(current)
         partial = build(ns) if build is not None and ns is not None else None
         outcomes.append(Outcome(current, "interrupted", "stopped while running",

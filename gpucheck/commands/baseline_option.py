@@ -42,8 +42,15 @@ def baseline_section(report: Report, baseline: Any) -> Section:
     from gpucheck.analysis.metrics import extract_metrics
 
     metrics = extract_metrics(report.to_dict())
+    shared = [name for name in metrics if name in baseline.metrics]
     data = {"tolerance": baseline.tolerance, "baseline_metrics": len(baseline.metrics),
-            "report_metrics": len(metrics),
-            "shared_metrics": len([m for m in metrics if m in baseline.metrics])}
+            "report_metrics": len(metrics), "shared_metrics": len(shared),
+            # Every shared figure against its limit: what the WARNs judged, and the
+            # floor the HTML charts draw (gpucheck.render.chart_rules).
+            "limits": [{"metric": name, "value": metrics[name].value,
+                        "expected": baseline.metrics[name].expected,
+                        "limit": baseline.metrics[name].limit,
+                        "beyond": baseline.metrics[name].beyond(metrics[name].value)}
+                       for name in shared]}
     return Section("baseline", "Against the baseline", data,
                    baseline_findings(metrics, baseline))

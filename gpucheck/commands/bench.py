@@ -10,7 +10,12 @@ from typing import Any
 from gpucheck.bench.aggregate import DEFAULT_STRAGGLER_THRESHOLD
 from gpucheck.bench.data import ImageSet, default_images_dir, scan_images
 from gpucheck.bench.model import DTYPES, check_model, resolve_dtype, resolve_weights
-from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
+from gpucheck.commands.launch_options import (
+    LaunchPlan,
+    add_launch_arguments,
+    add_launch_finding,
+    plan_launch,
+)
 from gpucheck.errors import UsageError
 from gpucheck.report import Report, Section
 
@@ -71,6 +76,7 @@ def _add_loop_arguments(group: argparse._ArgumentGroup) -> None:
 
 def run(args: argparse.Namespace) -> Report | None:
     from gpucheck.bench.worker import BenchOutcome, bench_worker
+    from gpucheck.distributed.flight import armed
     from gpucheck.distributed.job import run_job
     from gpucheck.distributed.launch import WorkersFailed
 
@@ -78,13 +84,15 @@ def run(args: argparse.Namespace) -> Report | None:
     spec, images = _plan_bench(args, plan)
     report = Report(command="bench")
     try:
-        outcome = run_job(bench_worker, spec, plan.nproc, plan.master_port)
+        with armed("bench"):  # a hang leaves Flight Recorder dumps (gpucheck hang --traces)
+            outcome = run_job(bench_worker, spec, plan.nproc, plan.master_port)
     except WorkersFailed as exc:
         if not getattr(exc, "reporter", True):
             # A rank > 0 under torchrun: rank 0 reports; exit non-zero so the launcher knows.
             print(f"gpucheck bench: this rank failed: {exc}", file=sys.stderr)
             raise SystemExit(1) from None
         report.add(_failed_section(exc))
+        _add_timed_so_far(report)
         _add_partial_faults(report, getattr(exc, "partial", None))
         return report
     if not isinstance(outcome, BenchOutcome):
@@ -93,21 +101,34 @@ def run(args: argparse.Namespace) -> Report | None:
 
     for section in bench_sections(spec, images, outcome, args.straggler_threshold):
         report.add(section)
-    return report
+    return add_launch_finding(report, plan)
 
 
 def partial_report(args: argparse.Namespace) -> Report | None:
-    """After Ctrl-C or SIGTERM: what rank 0 had measured (gpucheck.cli adds the stop)."""
+    """After Ctrl-C or SIGTERM: what rank 0 had measured, and every rank's timed
+    iterations so far (`gpucheck.bench.partial`; gpucheck.cli adds the stop)."""
     from gpucheck.distributed import progress
 
     partial = progress.local_partial()
-    if partial is None:
-        return None
     report = Report(command="bench")
-    shown = {k: v for k, v in partial.items() if k != "faults"}
-    report.add(Section("partial", "Measured by rank 0 before the stop", shown))
+    if partial is not None:
+        shown = {k: v for k, v in partial.items() if k != "faults"}
+        report.add(Section("partial", "Measured by rank 0 before the stop", shown))
+    _add_timed_so_far(report)
+    if not report.sections:
+        return None
     _add_partial_faults(report, partial)
     return report
+
+
+def _add_timed_so_far(report: Report) -> None:
+    """Every rank's timed iterations published before a stop or a failure."""
+    from gpucheck.bench.partial import timed_so_far_section
+    from gpucheck.distributed import progress
+
+    timed = timed_so_far_section(progress.local_ranks())
+    if timed is not None:
+        report.add(timed)
 
 
 def _add_partial_faults(report: Report, partial: dict[str, Any] | None) -> None:
@@ -121,6 +142,7 @@ def _add_partial_faults(report: Report, partial: dict[str, Any] | None) -> None:
 def _plan_bench(args: argparse.Namespace, plan: LaunchPlan):  # type: ignore[no-untyped-def]
     """Check every benchmark option before any rank starts; returns (BenchSpec, ImageSet)."""
     from gpucheck.bench.worker import BenchSpec
+    from gpucheck.distributed import terminal
 
     defaults = DEFAULTS[plan.device]
     batch_size = _positive("--batch-size", args.batch_size, defaults.batch_size)
@@ -143,7 +165,7 @@ def _plan_bench(args: argparse.Namespace, plan: LaunchPlan):  # type: ignore[no-
         batch_size=batch_size, warmup=max(warmup, 2) if args.duration is not None else warmup,
         iters=iters, duration_s=args.duration, device=plan.device, backend=plan.backend,
         timeout_s=plan.timeout_s, images_dir=images.folder, files=images.files,
-        progress=not args.quiet and sys.stdout.isatty(), fault_watch=args.fault_watch,
+        progress=terminal.wanted(args.quiet), fault_watch=args.fault_watch,
     )
     return spec, images
 

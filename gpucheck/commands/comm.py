@@ -77,7 +77,7 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan, collectives: tuple[str, ..
                     collectives=collectives, min_bytes=args.min_bytes,
                     max_bytes=args.max_bytes, iters=args.iters, warmup=args.warmup,
                     pairwise=args.pairwise, pair_bytes=args.pair_bytes,
-                    fault_watch=args.fault_watch)
+                    pair_threshold=args.pair_threshold, fault_watch=args.fault_watch)
 
 
 def _verdicts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -90,10 +90,12 @@ def run(args: argparse.Namespace) -> Report | None:
     collectives = _check(args)
     plan = plan_launch(args)
     from gpucheck.comm.worker import comm_worker
+    from gpucheck.distributed.flight import armed
 
-    return run_reported("comm", comm_worker, _spec(args, plan, collectives), plan,
-                        lambda r: _report(args, r),
-                        quiet_stdout=args.quiet and args.output is None)
+    with armed("comm"):  # a hang leaves Flight Recorder dumps (gpucheck hang --traces)
+        return run_reported("comm", comm_worker, _spec(args, plan, collectives), plan,
+                            lambda r: _report(args, r),
+                            quiet_stdout=args.quiet and args.output is None)
 
 
 def _report(args: argparse.Namespace, result: dict) -> Report:  # type: ignore[type-arg]

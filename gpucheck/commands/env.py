@@ -36,6 +36,9 @@ def run(args: argparse.Namespace) -> Report | None:
     if not timeout > 0:
         raise UsageError(f"--nvml-timeout must be positive, not {timeout}")
     kernel_log = checked_kernel_log_path(getattr(args, "kernel_log", None))
+    from gpucheck.distributed import terminal
+
+    terminal.say("env: probing this machine (system, Python, torch, NVML, each GPU)")
     # Under torchrun/srun with several ranks: each node's local rank 0 probes, rank 0
     # compares the nodes (gpucheck.distributed.envgather); otherwise just this machine.
     return gather_env_reports(lambda: collect_env_report(

@@ -29,7 +29,11 @@ def run_reported(command: str, worker: Callable[[Any], Any], spec: Any, plan: La
     except WorkersFailed as exc:  # the launcher saw ranks fail before any reported
         failed = JobFailed(exc.failures, None, [], None, reporter=True)
         return failed_job_report(command, failed, build, quiet_stdout)
-    return build(result) if result is not None else None
+    if result is None:
+        return None
+    from gpucheck.commands.launch_options import add_launch_finding
+
+    return add_launch_finding(build(result), plan)
 
 
 def partial_report(build: Build) -> Report | None:

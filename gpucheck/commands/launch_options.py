@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from dataclasses import dataclass
 
 from gpucheck.commands.baseline_option import add_baseline_argument
+from gpucheck.distributed import terminal
 from gpucheck.distributed.job import resolve_nproc
 from gpucheck.distributed.launch import check_port_free
 from gpucheck.errors import UsageError
+from gpucheck.report import Finding, Report, ok, warn
 
 DEFAULT_CPU_RANKS = 2
 DEFAULT_TIMEOUT_S = 120.0
@@ -51,6 +55,8 @@ def _visible_gpus() -> int:
     Not `torch.cuda.device_count()`, which before CUDA starts answers from NVML and
     counts every MIG instance in CUDA_VISIBLE_DEVICES, though CUDA enumerates only one.
     """
+    if "torch" not in sys.modules:  # the first seconds of every load command
+        terminal.say("loading torch and looking for GPUs")
     import torch
 
     from gpucheck.devices import cuda_device_count
@@ -93,3 +99,36 @@ def _check_backend(backend: str, device: str) -> None:
         raise UsageError(f"--backend {backend} is not built into this torch; use gloo")
     if backend == "nccl" and device != "cuda":
         raise UsageError("--backend nccl needs --device cuda; use gloo on cpu")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (a cgroup or taskset narrows them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cpu_ranks_finding(plan: LaunchPlan, cores: int | None = None) -> Finding | None:
+    """CPU ranks against the cores they share: more ranks than cores time-share them,
+    so every figure measures the contention, not the ranks (a GPU rank mostly waits on
+    its device, so GPU runs are not judged here)."""
+    if plan.device != "cpu":
+        return None
+    cores = usable_cores() if cores is None else cores
+    said = f"{plan.nproc} CPU rank(s) on {cores} usable core(s)"
+    if plan.nproc <= cores:
+        return ok("launch.cpu_ranks", said)
+    return warn("launch.cpu_ranks",
+                f"{said}: the ranks take turns on the cores, so their timings measure the "
+                "contention, not the ranks",
+                f"use --n-gpus {cores} or fewer on this machine, or run on GPUs "
+                "(gpucheck env says why none is visible)")
+
+
+def add_launch_finding(report: Report, plan: LaunchPlan) -> Report:
+    """The launch's own verdict in the report's first section (its setup)."""
+    finding = cpu_ranks_finding(plan)
+    if finding is not None and report.sections:
+        report.sections[0].findings.append(finding)
+    return report

@@ -124,7 +124,9 @@ def _check(args: argparse.Namespace, plan: LaunchPlan):  # type: ignore[no-untyp
                       dtypes=_dtypes(args, plan.device), size=size, duration_s=duration,
                       warmup_s=defaults.warmup_s, gemm_window_s=defaults.gemm_window_s,
                       membw_window_s=defaults.membw_window_s, pin_numa=args.pin_numa,
-                      fault_watch=args.fault_watch)
+                      fault_watch=args.fault_watch, peer_fraction=args.peer_threshold,
+                      expected_fraction=args.expected_threshold,
+                      copy_fraction=args.copy_threshold)
 
 
 def _verdicts(args: argparse.Namespace):  # type: ignore[no-untyped-def]

@@ -116,17 +116,26 @@ def gather_env_reports(build: Callable[[], Report]) -> Report | None:
 
     if launched_world() is None:
         return build()
+    reports = gather_per_node(lambda: build().to_dict())
+    return None if reports is None else merge_node_reports(reports)
+
+
+def gather_per_node(build: Callable[[], Any], fault_watch: bool = True,
+                    timeout_s: float = GATHER_TIMEOUT_S) -> dict[NodeId, Any] | None:
+    """Under a launcher with several ranks: each node's local rank 0 runs `build()` (plain
+    values), rank 0 gets them all by node; other ranks get None. Shared by env and hang."""
     import torch.distributed as dist
 
     from gpucheck.distributed.session import process_group
     from gpucheck.distributed.world import host_name
 
-    with process_group("gloo", "cpu", GATHER_TIMEOUT_S) as world:
-        mine = build().to_dict() if world.local_rank == 0 else None
-        record = {"node_rank": world.node_rank, "host": host_name(), "report": mine}
+    with process_group("gloo", "cpu", timeout_s, fault_watch=fault_watch) as world:
+        mine = build() if world.local_rank == 0 else None
+        record = {"node_rank": world.node_rank, "host": host_name(), "value": mine}
         every: list[Any] = [None] * world.world_size if world.rank == 0 else []
         dist.gather_object(record, every if world.rank == 0 else None, dst=0)
     if world.rank != 0:
         return None
-    reports = {NodeId(r["node_rank"], r["host"]): r["report"] for r in every if r["report"]}
-    return merge_node_reports(dict(sorted(reports.items())))
+    values = {NodeId(r["node_rank"], r["host"]): r["value"] for r in every
+              if r["value"] is not None}
+    return dict(sorted(values.items()))

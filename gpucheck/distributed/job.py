@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpucheck.distributed import progress
+from gpucheck.distributed import progress, terminal
 from gpucheck.distributed.checkin import CheckInFailed, RanksUnresponsive, device_label
 from gpucheck.distributed.launch import RankFailure, WorkersFailed, launch_local
 from gpucheck.distributed.world import World, world_from_env
@@ -63,16 +63,24 @@ def run_job(worker: Callable[[S], Any], spec: S, nproc: int,
     its own worker's value (None on ranks that do not report). Otherwise a single
     rank runs in this process, and several are started with the elastic launcher.
     """
-    if launched_world() is not None or nproc == 1:
+    world = launched_world()
+    if world is not None or nproc == 1:
+        if world is None:  # under torchrun or srun, rank 0's check-in says it
+            terminal.say("1 rank, in this process")
         return _run_here(worker, spec)
+    terminal.say(f"launching {nproc} ranks (each starts python and torch, then they "
+                 "join one process group)")
+    progress.remember_ranks({})
     with _run_dir() as folder:
         try:
             return launch_local(worker, (spec,), nproc, master_port)[0]
         except WorkersFailed as exc:
             partial, roster, diagnoses = progress.read_run_dir(folder)
+            progress.remember_ranks(progress.read_ranks(folder))
             raise JobFailed(exc.failures, partial, diagnoses, roster, reporter=True) from None
         except KeyboardInterrupt:
             progress.remember_partial(progress.read_run_dir(folder)[0])
+            progress.remember_ranks(progress.read_ranks(folder))
             raise
 
 
@@ -147,6 +155,8 @@ def _run_dir() -> Iterator[Path]:
     given = os.environ.get(progress.RUN_DIR_VAR)
     folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="gpucheck-run-"))
     folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(progress.RANK_GLOB):  # a kept folder's earlier run
+        stale.unlink(missing_ok=True)
     os.environ[progress.RUN_DIR_VAR] = str(folder)
     try:
         yield folder

@@ -129,7 +129,12 @@ def rank_main(entrypoint: Callable[..., Any], *args: Any) -> Any:
     """
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit_at_once)
-    return entrypoint(*args)
+    result = entrypoint(*args)
+    # Stopping the ranks and writing the report take a few more seconds.
+    from gpucheck.distributed import terminal
+
+    terminal.say("measured: the ranks stop, then the report follows")
+    return result
 
 
 def _exit_at_once(signum: int, frame: object) -> None:

@@ -21,8 +21,10 @@ RUN_DIR_VAR = "GPUCHECK_RUN_DIR"
 PARTIAL_FILE = "partial.json"
 ROSTER_FILE = "roster.json"
 DIAGNOSIS_GLOB = "diagnosis-*.json"
+RANK_FILE = "rank-{rank}.json"
+RANK_GLOB = "rank-*.json"
 
-_state: dict[str, Any] = {"step": None, "partial": None, "diagnoses": []}
+_state: dict[str, Any] = {"step": None, "partial": None, "diagnoses": [], "ranks": {}}
 
 
 def run_dir() -> Path | None:
@@ -70,6 +72,37 @@ def record_diagnosis(diagnosis: dict[str, Any]) -> None:
     _write_json(f"diagnosis-{diagnosis['rank']}.json", diagnosis)
 
 
+def publish_rank(rank: int, data: dict[str, Any]) -> None:
+    """Keep what THIS rank has measured so far, apart from rank 0's partial results: each
+    rank writes its own file, so a stuck or killed rank costs only its own newest
+    figures, and rank 0 never waits on another rank to keep them."""
+    _state["ranks"][rank] = data
+    _write_json(RANK_FILE.format(rank=rank), data)
+
+
+def remember_ranks(ranks: dict[int, dict[str, Any]]) -> None:
+    """Keep every rank's published figures in this process (the launcher, after Ctrl-C)."""
+    _state["ranks"] = dict(ranks)
+
+
+def local_ranks() -> dict[int, dict[str, Any]]:
+    """Every rank's figures known here: this process's, and the run directory's when
+    there is one (ranks on this node, under torchrun or srun with GPUCHECK_RUN_DIR)."""
+    folder = run_dir()
+    found = read_ranks(folder) if folder is not None and folder.is_dir() else {}
+    return found | _state["ranks"]
+
+
+def read_ranks(folder: Path) -> dict[int, dict[str, Any]]:
+    """{rank: figures} from the rank files in `folder`."""
+    found = {}
+    for path in sorted(folder.glob(RANK_GLOB)):
+        data = _read(path)
+        if isinstance(data, dict) and isinstance(data.get("rank"), int):
+            found[data["rank"]] = data
+    return found
+
+
 def local_partial() -> dict[str, Any] | None:
     return _state["partial"]
 
@@ -79,7 +112,7 @@ def local_diagnoses() -> list[dict[str, Any]]:
 
 
 def reset() -> None:
-    _state.update(step=None, partial=None, diagnoses=[])
+    _state.update(step=None, partial=None, diagnoses=[], ranks={})
 
 
 def _read(path: Path) -> Any:

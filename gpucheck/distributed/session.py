@@ -22,7 +22,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from gpucheck.devices import GpuIdentity
-from gpucheck.distributed import faultwatch, progress
+from gpucheck.distributed import faultwatch, flight, progress, terminal
 from gpucheck.distributed.checkin import (
     CheckInFailed,
     RankInfo,
@@ -153,6 +153,8 @@ def process_group(backend: str, device: str, timeout_s: float,
     me = this_rank(world, _session["gpu"])
     timeout = _dt.timedelta(seconds=timeout_s)
     progress.set_step("check-in")
+    if world.world_size > 1:
+        terminal.say(f"rank 0 started: waiting for {world.world_size} ranks to check in")
     store = _job_store(world, timeout)
     infos = [me] if world.launcher == "none" else check_in(store, world, me, timeout_s)
     _session["roster"] = infos
@@ -161,11 +163,14 @@ def process_group(backend: str, device: str, timeout_s: float,
     dist.init_process_group(backend, store=dist.PrefixStore(scoped("gpucheck/pg"), store),
                             rank=world.rank, world_size=world.world_size, timeout=timeout)
     progress.set_step(None)
+    terminal.say(f"{world.world_size} rank(s) joined the process group ({backend}, {device})")
     try:
         faultwatch.start(world, _session["gpu"], fault_watch)
         yield world
     except BaseException as exc:
         faultwatch.publish_after_failure(world)  # before the roll call, which can take long
+        if isinstance(exc, Exception) and is_comm_error(exc):  # for gpucheck hang --traces
+            flight.dump_after_failure(world.rank, backend)
         if world.world_size > 1 and isinstance(exc, Exception) and is_comm_error(exc):
             raise _diagnose(store, world, timeout_s, exc) from exc
         raise

@@ -111,7 +111,7 @@ def active_links(nvml: NvmlDoor, handle: Any) -> tuple[int, ...] | None:
     """The NVLinks that are up (`nvidia-smi nvlink --status`); None without NVLink.
 
     NVML answers an error for link numbers past the GPU's last link, so the scan
-    stops at the first unanswered link, as in gpucheck/probes/gpus.py.
+    stops at the first unanswered link, as in gpucheck/probes/gpu_read.py.
     """
     links: list[int] = []
     for link in range(getattr(nvml.module, "NVML_NVLINK_MAX_LINKS", 18)):

@@ -20,7 +20,8 @@ every rank's result into findings. The command-line equivalent is running
 It never raises into the load and never fails the run by itself: without a GPU
 (a CPU rank, `bus_id=None`), without NVML, or for a GPU NVML does not know, it is
 a no-op whose result says why (status "n/a"). All NVML calls go through the
-`Nvml` doorway, so a hanging driver costs one call budget, not the run.
+`Nvml` doorway, so a hanging driver costs one call's two budgets, not the run; a
+call that answers late (after its first budget) is listed in `nvml_slow`.
 
 Cost: per tick, one clock-reasons call and one 0 ms event-set wait (two NVML
 calls, each well under a millisecond), on a thread that sleeps in between: at
@@ -60,6 +61,7 @@ class _Metered:
         self._nvml = nvml
         self.calls = 0
         self.call_s = 0.0
+        self.longest_s = 0.0  # the longest single call, queueing included
 
     @property
     def module(self) -> Any:
@@ -70,8 +72,10 @@ class _Metered:
         try:
             return self._nvml.call(name, *args, **kwargs)
         finally:
+            took = time.perf_counter() - started
             self.calls += 1
-            self.call_s += time.perf_counter() - started
+            self.call_s += took
+            self.longest_s = max(self.longest_s, took)
 
     def get(self, name: str, *args: Any, default: Any = None, **kwargs: Any) -> Any:
         try:
@@ -126,6 +130,7 @@ class FaultWatch:
         self._thread: threading.Thread | None = None
         self._cost = {"ticks": 0, "nvml_calls": 0, "nvml_call_s": 0.0, "thread_cpu_s": 0.0}
         self._state = "new"
+        self._slow_from = 0
 
     # -- the load command's calls ---------------------------------------------------
 
@@ -188,7 +193,7 @@ class FaultWatch:
         self.mark_end()
         self._stop.set()
         if self._thread is not None:
-            budget_s = self.sample_s + (self._door.timeout_s if self._door else 3.0) + 1.0
+            budget_s = self.sample_s + (self._door.longest_wait_s if self._door else 3.0) + 1.0
             self._thread.join(budget_s)
             if self._thread.is_alive():
                 self._errors.append({"phase": "stopping", "kind": "WatcherStuck",
@@ -210,6 +215,8 @@ class FaultWatch:
         """Start NVML and find the GPU; False (with the n/a reason or error) when not."""
         self._door = self._given or Nvml()
         self._meter = _Metered(self._door)
+        # A shared doorway's late calls from before this watch are not this watch's.
+        self._slow_from = len(self._door.slow_calls)
         try:
             self._door.start()
         except NvmlFailure as exc:
@@ -256,7 +263,7 @@ class FaultWatch:
             if sampling and self._clocks.available:
                 mask = self._clocks.read()
                 if mask is not None:
-                    self._tally.add(mask)
+                    self._tally.add(mask, self._clocks.sm_ratio(mask))
         except NvmlFailure as exc:
             self._record(exc, "during the run")
             return False
@@ -327,6 +334,11 @@ class FaultWatch:
 
     # -- the result -----------------------------------------------------------------
 
+    def _slow_calls(self) -> list[dict[str, Any]]:
+        """NVML calls that answered late (after their budget, within the second one)."""
+        calls = self._door.slow_calls[self._slow_from:] if self._door is not None else []
+        return [call._asdict() for call in calls]
+
     def _window(self) -> dict[str, Any]:
         end = self._win_t1 if self._win_t1 is not None else self._t_end
         window_s = None if end is None or self._win_t0 is None else round(end - self._win_t0, 3)
@@ -335,6 +347,8 @@ class FaultWatch:
                 "samples": self._tally.samples,
                 "fractions": self._tally.fractions() if available else None,
                 "source": self._clocks.function if self._clocks else None,
+                "hw_slowdown": {**self._tally.hw_slowdown(), "sm_clock_max_mhz": (
+                    self._clocks.sm_max_mhz if self._clocks else None)},
                 "slowdown_ms": slowdown_ms(self._slow["start"], self._slow["end"], window_s)}
 
     def result(self) -> dict[str, Any]:
@@ -355,6 +369,10 @@ class FaultWatch:
             "events": list(self._event_rows),
             "clocks": self._window(),
             "errors": list(self._errors),
+            "nvml_slow": self._slow_calls(),
             "cost": {"sample_s": self.sample_s, **{k: round(v, 6) if isinstance(v, float)
-                                                   else v for k, v in self._cost.items()}},
+                                                   else v for k, v in self._cost.items()},
+                     # For the GPU acceptance run: how late NVML answers under this load.
+                     "nvml_call_max_s": round(self._meter.longest_s, 6) if self._meter
+                     else None},
         }

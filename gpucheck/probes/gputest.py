@@ -84,10 +84,13 @@ def identify(torch: Any, ordinal: int, nvml_gpus: Sequence[Any] = ()) -> GpuIden
         props = torch.cuda.get_device_properties(ordinal)
     except Exception:
         return GpuIdentity(ordinal, None, None, None, None)
-    bus_id, uuid = bus_id_of(props), uuid_of(props)
+    bus_id = bus_id_of(props)
     match = next((g for g in nvml_gpus if bus_id and
                   normal_bus_id(getattr(g, "pci_bus_id", None)) == normal_bus_id(bus_id)),
-                 None) or next((g for g in nvml_gpus if uuid and g.uuid == uuid), None)
+                 None)
+    # On a GPU in MIG mode CUDA sees a MIG instance and reports its MIG UUID.
+    uuid = uuid_of(props, mig=bool(getattr(match, "mig_mode", False)))
+    match = match or next((g for g in nvml_gpus if uuid and g.uuid == uuid), None)
     return GpuIdentity(cuda_ordinal=ordinal, nvml_index=None if match is None else match.index,
                        name=str(getattr(props, "name", "")) or None,
                        pci_bus_id=bus_id or getattr(match, "pci_bus_id", None),

@@ -4,8 +4,9 @@ Sources, first readable wins: `dmesg`, `journalctl -k -b`, then /var/log/kern.lo
 or /var/log/messages (cut at the last boot). `--kernel-log FILE` reads a saved log
 instead (a dmesg attached to a ticket; .gz too). Only NVRM lines are parsed, and
 only their parsed fields are kept: the kernel log can hold secrets, so no other
-line ever reaches the report. Each (GPU, XID) becomes one row and, unless it is
-an application-level XID, one finding (see gpucheck/probes/xid_table.py).
+line ever reaches the report. Each (GPU, XID) becomes one row and, unless the
+table calls it information, one finding, judged by `xid_table.judge_xid` on the
+line's own words (see gpucheck/probes/xid_table.py and docs/xid.md).
 
 Reading happens in phase 1 (`read_kernel_log`, never raises for a missing or
 forbidden source); naming the GPUs needs NVML, so the section is built later
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from gpucheck.devices import normal_bus_id
 from gpucheck.errors import UsageError
 from gpucheck.probes.gpus import GpuRecord
-from gpucheck.probes.xid_table import XidInfo, xid_info
+from gpucheck.probes.xid_table import SEVERITIES, XidInfo, judge_xid
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
 TITLE = "Kernel log: Xid errors"
@@ -35,11 +36,22 @@ MAX_READ_BYTES = 256 * 1024**2  # a years-old kern.log: read only its tail
 SAMPLE_CHARS = 120
 
 _PCI = r"(?:PCI:)?(?P<pci>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
-_XID_RE = re.compile(rf"NVRM: Xid \({_PCI}\):\s*(?P<xid>\d+)\b,?\s*(?P<detail>.*)")
+# "NVRM: Xid (PCI:0000:3b:00): 79, ..."; on a MIG GPU the driver adds the instances:
+# "NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:02): 94, ..." (open-gpu-kernel-modules,
+# krcReportXid: "PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u").
+_XID_RE = re.compile(rf"NVRM: Xid \({_PCI}(?P<mig>(?:\s+GPU-C?I:\s*\d+)*)\s*\):\s*"
+                     r"(?P<xid>\d+)\b,?\s*(?P<detail>.*)")
 # "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus." (and the older
 # "NVRM: GPU at 0000:01:00.0 has fallen off the bus.")
 _OFF_BUS_RE = re.compile(rf"NVRM: GPU (?:at )?{_PCI}:? (?:GPU )?has fallen off the bus")
 _UUID_RE = re.compile(rf"NVRM: GPU at {_PCI}: (?P<uuid>GPU-[0-9A-Fa-f-]{{8,}})")
+# A GPU lost with no Xid line at all, on one line or wrapped over several NVRM: lines:
+#   NVRM: The NVIDIA GPU 0000:b3:00.0
+#                  NVRM: (PCI ID: 10de:26b5) installed in this system has
+#                  NVRM: fallen off the bus and is not responding to commands.
+_LOST_RE = re.compile(rf"NVRM: The NVIDIA GPU {_PCI}")
+_NVRM_TEXT = re.compile(r"NVRM:\s*(.*)")
+LOST_MESSAGE_LINES = 4  # NVRM: lines to read for "fallen off the bus" after its start
 _BOOT_RE = re.compile(r"(?:kernel:|\])\s*(?:\[\s*\d+\.\d+\]\s*)?Linux version \d")
 _TIME_RES = (
     # journalctl -o short-iso, dmesg --time-format iso
@@ -60,6 +72,11 @@ class XidEvent:
     time: str | None
     detail: str
     off_bus_line: bool = False  # a "fallen off the bus" line, not an Xid line
+    instance: str | None = None  # on a MIG GPU, "GPU-I:05 GPU-CI:02"
+
+    @property
+    def sample(self) -> str:
+        return _truncate(f"[{self.instance}] {self.detail}" if self.instance else self.detail)
 
 
 @dataclass(frozen=True)
@@ -75,10 +92,20 @@ class KernelLog:
 
 
 @dataclass
+class _Lost:
+    """A "The NVIDIA GPU <bus id>" message still being read (it may wrap)."""
+
+    pci: str
+    time: str | None
+    text: list[str]
+
+
+@dataclass
 class _Scan:
     lines: int = 0
     events: list[XidEvent] = field(default_factory=list)
     uuids: dict[str, str] = field(default_factory=dict)
+    lost: _Lost | None = None
 
 
 def _bus_id(pci: str) -> str:
@@ -106,8 +133,9 @@ def parse_line(line: str) -> XidEvent | tuple[str, str] | None:
         return None
     match = _XID_RE.search(line)
     if match:
+        instance = " ".join(match["mig"].split()) or None
         return XidEvent(_bus_id(match["pci"]), match["pci"], int(match["xid"]), _time_of(line),
-                        _truncate(match["detail"]))
+                        match["detail"].strip()[:SAMPLE_CHARS * 4], instance=instance)
     match = _OFF_BUS_RE.search(line)
     if match:
         return XidEvent(_bus_id(match["pci"]), match["pci"], 79, _time_of(line),
@@ -116,6 +144,32 @@ def parse_line(line: str) -> XidEvent | tuple[str, str] | None:
     if match:
         return _bus_id(match["pci"]), match["uuid"]
     return None
+
+
+def _follow_lost(scan: _Scan, line: str, parsed: bool) -> None:
+    """Read the driver's no-Xid "has fallen off the bus" message, wrapped or not: from its
+    "The NVIDIA GPU <bus id>" start, over at most LOST_MESSAGE_LINES NVRM: lines. A line
+    parsed as something else (an Xid line, another GPU's) ends it: its words are not
+    this message's."""
+    if parsed:
+        scan.lost = None
+    if "NVRM" not in line or parsed:
+        return
+    start = _LOST_RE.search(line)
+    if start is not None:
+        scan.lost = _Lost(start["pci"], _time_of(line), [])
+    text = _NVRM_TEXT.search(line)
+    if scan.lost is None or text is None:
+        return
+    scan.lost.text.append(text[1].strip())
+    said = " ".join(scan.lost.text)
+    if "fallen off the bus" in said:
+        lost = scan.lost
+        scan.events.append(XidEvent(_bus_id(lost.pci), lost.pci, 79, lost.time, said,
+                                    off_bus_line=True))
+        scan.lost = None
+    elif len(scan.lost.text) >= LOST_MESSAGE_LINES:  # another message ("not supported")
+        scan.lost = None
 
 
 def scan_lines(lines: Iterable[str], boot_cut: bool = False) -> _Scan:
@@ -130,6 +184,7 @@ def scan_lines(lines: Iterable[str], boot_cut: bool = False) -> _Scan:
             scan.events.append(parsed)
         elif parsed is not None:
             scan.uuids[parsed[0]] = parsed[1]
+        _follow_lost(scan, line, parsed is not None)
     return scan
 
 
@@ -256,7 +311,8 @@ def checked_kernel_log_path(path: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class XidClass:
-    """Every event of one XID on one GPU: how many, the first and last time, a sample."""
+    """Every event of one XID on one GPU: how many, the first and last time, the
+    verdict, and the sample of the line that decided it."""
 
     bus_id: str
     pci_id: str
@@ -265,10 +321,18 @@ class XidClass:
     first: str | None
     last: str | None
     sample: str
+    info: XidInfo
 
-    @property
-    def info(self) -> XidInfo:
-        return xid_info(self.xid)
+
+def _verdict(xid: int, seen: Sequence[XidEvent],
+             companions: set[int]) -> tuple[XidInfo, XidEvent]:
+    """The verdict of one (GPU, XID) and the line behind it: for XID 154 the last line
+    (the recovery action the GPU is in now: a later "to 0x0 (None)" means it was done),
+    for any other the worst line (one fatal NVLink line among non-fatal ones)."""
+    judged = [(judge_xid(xid, e.detail, companions), e) for e in seen]
+    if xid == 154:
+        return judged[-1]
+    return max(judged, key=lambda pair: SEVERITIES.index(pair[0].severity))
 
 
 def group_events(events: Iterable[XidEvent]) -> list[XidClass]:
@@ -284,8 +348,15 @@ def group_events(events: Iterable[XidEvent]) -> list[XidClass]:
         target.setdefault((event.bus_id, event.xid), []).append(event)
     for key, lost in off_bus.items():
         groups.setdefault(key, lost)
-    return [XidClass(bus, first.pci_id, xid, len(seen), first.time, seen[-1].time, first.detail)
-            for (bus, xid), seen in groups.items() for first in seen[:1]]
+    companions: dict[str, set[int]] = {}
+    for bus, xid in groups:
+        companions.setdefault(bus, set()).add(xid)
+    classes = []
+    for (bus, xid), seen in groups.items():
+        info, decider = _verdict(xid, seen, companions[bus] - {xid})
+        classes.append(XidClass(bus, seen[0].pci_id, xid, len(seen), seen[0].time,
+                                seen[-1].time, decider.sample, info))
+    return classes
 
 
 @dataclass(frozen=True)
@@ -296,10 +367,17 @@ class GpuName:
     nvml_index: int | None
 
 
-def gpu_name(bus_id: str, pci_id: str, gpus: Sequence[GpuRecord],
-             log_uuids: dict[str, str]) -> GpuName:
+def log_pci_name(bus_id: str) -> str:
+    """"0000:B3:00.0" -> "0000:b3:00", the form of the driver's Xid lines: one GPU gets
+    one name whether a line wrote 0000:b3:00, 0000:b3:00.0 or 00000000:B3:00.0."""
+    head, _, function = bus_id.lower().rpartition(".")
+    return head if head and function == "0" else bus_id.lower()
+
+
+def gpu_name(bus_id: str, gpus: Sequence[GpuRecord], log_uuids: dict[str, str]) -> GpuName:
     """NVML's name for the GPU at this bus id, as every section names it
-    ("GPU 3 (NVIDIA H200, bus 00000000:3B:00.0, GPU-...)"), else the log's PCI id.
+    ("GPU 3 (NVIDIA H200, bus 00000000:3B:00.0, GPU-...)"), else its PCI id as the
+    driver writes it.
 
     A saved log from another machine can name a bus this one also has: when the log
     gives that GPU's UUID and NVML's differs, it is not the same GPU, so it stays unnamed.
@@ -311,7 +389,8 @@ def gpu_name(bus_id: str, pci_id: str, gpus: Sequence[GpuRecord],
         if log_uuid and gpu.uuid and log_uuid != gpu.uuid:
             break
         return GpuName(gpu.subject, gpu.index)
-    return GpuName(f"PCI:{pci_id}" + (f" ({log_uuid})" if log_uuid else ""), None)
+    return GpuName(f"PCI:{log_pci_name(bus_id)}" + (f" ({log_uuid})" if log_uuid else ""),
+                   None)
 
 
 def _row(group: XidClass, name: GpuName) -> dict[str, object]:
@@ -340,8 +419,9 @@ def _summary_finding(log: KernelLog, app_level: list[str], faults: int) -> Findi
     where = f"source: {log.source}, {log.lines_scanned} lines"
     if app_level:
         only = "" if faults else " only"
-        return ok("kernel_log.xid", f"application-level XIDs{only} (information, not a GPU "
-                  f"fault; {where}): " + "; ".join(app_level))
+        return ok("kernel_log.xid", f"XIDs that need no action on the GPU{only} "
+                  f"(application-level or informational, not a GPU fault; {where}): "
+                  + "; ".join(app_level))
     if faults:
         return None
     return ok("kernel_log.xid", f"no Xid in the kernel log ({where})")
@@ -377,7 +457,7 @@ def kernel_log_section(log: KernelLog | None, gpus: Sequence[GpuRecord],
         return section
     rows, app_level, faults = [], [], []
     for group in group_events(log.events):
-        name = gpu_name(group.bus_id, group.pci_id, gpus, log.uuids_by_bus)
+        name = gpu_name(group.bus_id, gpus, log.uuids_by_bus)
         rows.append(_row(group, name))
         if group.info.severity == "info":
             app_level.append(f"XID {group.xid} ({group.info.meaning}) x{group.count} "

@@ -4,8 +4,17 @@ Every NVML call in gpucheck goes through `Nvml.call`. It imports `pynvml` (from 
 nvidia-ml-py package) only when first used, starts NVML once, decodes bytes to
 str, and turns an `NVMLError` into an `NvmlFailure` that says what it means.
 Calls run on one daemon worker thread with a timeout, so a hanging driver call
-costs at most its budget once: after a timeout the doorway stays closed and
-every later call fails at once with the same meaning.
+costs at most its budgets once: after a hang the doorway stays closed and every
+later call fails at once with the same meaning.
+
+Slow is not hung. A call's budget counts the time it waits behind the driver's
+other work (CUDA contexts being created on the node's GPUs, another process's
+calls), so one late answer says little. A call that misses its budget is given a
+second, longer one (`retry_timeout_s` more, 30 s): it is the same call waited on,
+not a second call, because the worker is still inside the first and a new call
+would only queue behind it. An answer within the second budget is a slow call
+(`slow_calls`, a WARN for the callers); only a call that misses both is a hang
+("Timeout"), the one case callers may treat as a GPU or driver that is gone.
 
 Two budgets. `nvmlInit` and the first `nvmlDeviceGetHandleBy*` of each GPU get
 `attach_timeout_s` (30 s): nvmlInit_v2 initialises no GPU, the GPUs are brought
@@ -20,12 +29,16 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 DEFAULT_TIMEOUT_S = 3.0
 ATTACH_TIMEOUT_S = 30.0
+# The second budget a late call gets before it counts as hung: as patient as a
+# GPU's bring-up (ATTACH_TIMEOUT_S), the slowest legitimate NVML call we know.
+RETRY_TIMEOUT_S = 30.0
 # The calls that attach (bring up) a GPU the first time they name it.
 ATTACH_PREFIX = "nvmlDeviceGetHandleBy"
 
@@ -57,8 +70,9 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "NVMLError_Uninitialized": ("NVML is not initialised", "report a gpucheck bug"),
     "NVMLError_Timeout": ("the NVML call timed out in the driver",
                          "check dmesg for Xid errors; the GPU may need a reset"),
-    # Our own: the call did not come back within its budget (the doorway closes).
-    "Timeout": ("no answer from the driver",
+    # Our own: the call did not come back within its budget nor the second (the doorway
+    # closes).
+    "Timeout": ("no answer from the driver (within two budgets)",
                 "check dmesg for Xid errors; the GPU may need a reset (nvidia-smi -r) or the "
                 "node a reboot"),
 }
@@ -92,9 +106,33 @@ class NvmlFailure(Exception):
         return self.kind in NOT_AVAILABLE
 
 
+SLOW_ADVICE = ("the call answered and nothing is missing; a late answer is most often the "
+               "driver busy with other work on the node (CUDA contexts being created, other "
+               "processes' NVML calls), which is why only a call that also misses a second, "
+               "longer budget counts as a hung GPU. If it recurs on one GPU while the node is "
+               "otherwise idle, check dmesg for Xid errors")
+
+
+def slow_words(calls: Sequence[tuple[str, float, float]]) -> str:
+    """"nvmlDeviceGetTemperature answered after 4.2 s (its budget: 3 s)", or for several
+    "3 NVML calls answered late, the slowest ...", from (function, waited_s, budget_s)."""
+    function, waited_s, budget_s = max(calls, key=lambda c: c[1])
+    slowest = f"{function} answered after {waited_s:g} s (its budget: {budget_s:g} s)"
+    return slowest if len(calls) == 1 else (f"{len(calls)} NVML calls answered late, the "
+                                            f"slowest {slowest}")
+
+
 def decode(value: Any) -> Any:
     """NVML strings arrive as bytes from some nvidia-ml-py versions."""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+class SlowCall(NamedTuple):
+    """A call that missed its budget but answered within the second one."""
+
+    function: str
+    waited_s: float  # from the call to its answer, queueing included
+    budget_s: float  # the budget it missed
 
 
 @dataclass
@@ -114,10 +152,13 @@ class Nvml:
     """
 
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 attach_timeout_s: float = ATTACH_TIMEOUT_S) -> None:
+                 attach_timeout_s: float = ATTACH_TIMEOUT_S,
+                 retry_timeout_s: float = RETRY_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
         # Never shorter than the steady budget: a slow bring-up is never less patient.
         self.attach_timeout_s = max(attach_timeout_s, timeout_s)
+        self.retry_timeout_s = retry_timeout_s
+        self.slow_calls: list[SlowCall] = []  # appended by the callers' threads
         self._attached: set[tuple[str, str]] = set()
         self._module: Any = None
         self._start_error: NvmlFailure | None = None
@@ -184,10 +225,16 @@ class Nvml:
                               name)
         job = _Job(fn, args, kwargs, threading.Event())
         self._ensure_worker()
+        started = time.monotonic()
         self._jobs.put(job)
         if not job.done.wait(budget_s):
-            self._hung = NvmlFailure("Timeout", f"no answer within {budget_s:g} s{what}", name)
-            raise self._hung
+            if not job.done.wait(self.retry_timeout_s):  # the second, longer budget
+                self._hung = NvmlFailure(
+                    "Timeout", f"no answer within {budget_s:g} s{what}, nor in "
+                    f"{self.retry_timeout_s:g} s more", name)
+                raise self._hung
+            self.slow_calls.append(SlowCall(name, round(time.monotonic() - started, 3),
+                                            budget_s))
         if job.error is not None:
             raise self._translate(job.error, name) from job.error
         return job.result
@@ -213,8 +260,13 @@ class Nvml:
 
     @property
     def hung(self) -> NvmlFailure | None:
-        """The timeout that closed the doorway, if any."""
+        """The hang (both budgets missed) that closed the doorway, if any."""
         return self._hung
+
+    @property
+    def longest_wait_s(self) -> float:
+        """The longest one steady-state call can keep its caller waiting."""
+        return self.timeout_s + self.retry_timeout_s
 
     def shutdown(self) -> None:
         """nvmlShutdown when started and not hung (best effort)."""

@@ -141,6 +141,10 @@ def _gpu_test(info: TorchInfo, enabled: bool, nvml_gpus: list[GpuRecord],
     return kept
 
 
+# An OK with no GPU must not read as "the GPUs are fine": the headline says what it covers.
+NO_GPU_SCOPE = "no NVIDIA GPU or driver found: software checks only"
+
+
 def collect_env_report(gpu_test: bool = True, nvml_timeout_s: float = DEFAULT_TIMEOUT_S,
                        environ: Mapping[str, str] | None = None,
                        kernel_log: str | None = None) -> Report:
@@ -159,7 +163,7 @@ def collect_env_report(gpu_test: bool = True, nvml_timeout_s: float = DEFAULT_TI
     nvml_sections[0].findings.extend(cuda_compat_findings(driver, info.cuda, gpus,
                                                           info.arch_list))
     python = _section(phase1["python"], "python")
-    report = Report(command="env")
+    report = Report(command="env", scope=None if gpus_present or nvml is None else NO_GPU_SCOPE)
     for section in (_section(phase1["system"], "system"), python, torch_section,
                     *nvml_sections):
         report.add(section)

@@ -2,24 +2,44 @@
 
 XIDs are the driver's error codes, logged to the kernel log as
 `NVRM: Xid (PCI:0000:3b:00): 79, ...` (see them with `sudo dmesg | grep -i xid`).
-NVIDIA's catalog is https://docs.nvidia.com/deploy/xid-errors/ ; this table keeps
-only the XIDs whose meaning we are sure of. Any other XID is reported as
-"unknown XID N" (a WARN pointing at the catalog), never silently dropped.
 
-Severity is about the GPU, not the job: an application-level XID (13, 31, 43,
-45, ...) means a program faulted on a healthy GPU, so it is information, not a
-GPU fault. The action is one of `ACTIONS`, the same words every gpucheck finding
-will use once findings carry an action.
+Source: NVIDIA's Xid catalog for Ampere and newer GPUs, "Analyzing Xid Errors with the
+Xid Catalog" (CATALOG_URL, the same content as its spreadsheet
+https://docs.nvidia.com/Xid-Catalog.xlsx), as read on CATALOG_READ (2026-11-24); that
+edition covers drivers up to R575: XIDs 1-172, the "XID 144-150 Decode" sheet and the
+"Fault Resolution Buckets" sheet. Each entry keeps the catalog's "Resolution Bucket
+(Immediate Action)" in `bucket`, and its action is that bucket in gpucheck's words:
+
+    RESTART_APP -> restart-app        RESET_GPU -> reset-gpu
+    RESTART_BM (reboot) -> drain-node  IGNORE -> none (severity info)
+    CHECK_MECHANICALS -> replace-hardware (reseat: hands on the box)
+    UPDATE_SWFW -> fix-config         RESTART_VM -> restart-app (the VM)
+    WORKFLOW_XID_48 -> reset-gpu alone, drain-node with a 63/64 on the GPU (DRAIN_AND_RESET)
+    WORKFLOW_NVLINK_ERR (74) -> reset-gpu ("a GPU reset or node reboot is needed")
+    WORKFLOW_NVLINK5_ERR (144-150) -> the line's own word: Fatal -> reset-gpu (FAIL),
+        Nonfatal -> restart-app (WARN; the catalog's IGNORE or XID_154_EVAL)
+    XID_154 -> the recovery action the line names (`RECOVERY_ACTIONS`)
+
+Two deliberate departures, argued in docs/xid.md: 63 (IGNORE) stays a WARN reset-gpu,
+as its own line says "reset gpu to activate"; 64 (RESET_GPU) is replace-hardware, as
+NVIDIA's memory-error RMA policy treats a row-remap failure.
+
+Severity is about the GPU, not the job: `info` XIDs (an application's own fault, or
+the catalog's IGNORE) are information, not a GPU fault. An XID the table does not
+know is a WARN that points at the catalog (action rerun: see `xid_info`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 
-ACTIONS = ("none", "rerun", "fix-config", "restart-app", "reset-gpu", "drain-node",
-           "replace-hardware")
+from gpucheck.actions import ACTIONS as ACTIONS  # the fixed list every finding uses
+
 SEVERITIES = ("info", "warn", "fail")
-CATALOG_URL = "https://docs.nvidia.com/deploy/xid-errors/"
+CATALOG_URL = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
+CATALOG_READ = "2026-11-24"
 
 
 @dataclass(frozen=True)
@@ -31,78 +51,225 @@ class XidInfo:
     severity: str  # one of SEVERITIES
     action: str  # one of ACTIONS
     advice: str  # what a person should do, in one sentence
+    bucket: str = ""  # the catalog's Resolution Bucket (Immediate Action); "" unknown
 
 
 _APP = "the application's own fault on a healthy GPU: fix or restart the program"
+_ENGINE = ("restart the application that used this engine; the GPU needs no reset "
+           "(NVIDIA's catalog); contact support if it recurs with known-good programs")
+_RESET = "reset the GPU (nvidia-smi -r -i <index>) before using it again"
+_IGNORE = "no action needed (NVIDIA's catalog: IGNORE)"
+_NVL5 = ("NVLink error on a Blackwell GPU: Fatal or Nonfatal is in the kernel-log line "
+         "(gpucheck env reads it); a fatal one needs a GPU reset")
+
+
+def _x(xid: int, meaning: str, bucket: str, severity: str, action: str,
+       advice: str) -> XidInfo:
+    return XidInfo(xid, meaning, severity, action, advice, bucket)
+
+
+_ENGINES = {39: "CE0", 40: "CE1", 41: "CE2", 60: "Video processor", 68: "NVDEC0",
+            70: "CE3", 71: "CE4", 72: "CE5", 75: "CE6", 76: "CE7", 77: "CE8", 82: "NVJPG0",
+            83: "NVDEC1", 84: "NVDEC2", 85: "CE9", 86: "OFA", 88: "NVDEC3", 89: "NVDEC4",
+            96: "NVDEC5", 97: "NVDEC6", 98: "NVDEC7", 99: "NVJPG1", 100: "NVJPG2",
+            101: "NVJPG3", 102: "NVJPG4", 103: "NVJPG5", 104: "NVJPG6", 105: "NVJPG7",
+            139: "OFA1", **{126 + i: f"CE{10 + i}" for i in range(10)}}
+_NVLINK5 = {144: "SAW", 145: "RLW", 146: "TLW", 147: "TREX", 148: "NVLPW_CTRL",
+            149: "NETIR", 150: "MSE"}
 
 XID_TABLE: dict[int, XidInfo] = {info.xid: info for info in (
-    XidInfo(8, "GPU stopped processing (channel idle timeout)", "warn", "restart-app",
-            "restart the application; if it recurs with no application at fault, reset the "
-            "GPU"),
-    XidInfo(13, "Graphics Engine Exception", "info", "restart-app",
-            f"{_APP} (often an out-of-range access or an illegal instruction in a kernel)"),
-    XidInfo(31, "GPU memory page fault", "info", "restart-app",
-            f"{_APP} (an illegal memory address, as compute-sanitizer would show)"),
-    XidInfo(32, "Invalid or corrupted push buffer stream", "warn", "restart-app",
-            "restart the application; repeated ones point at host memory or the PCIe bus"),
-    XidInfo(43, "GPU stopped processing", "info", "restart-app",
-            f"{_APP} (the driver stopped a channel that faulted)"),
-    XidInfo(45, "Preemptive cleanup, due to previous errors", "info", "none",
-            "the driver cleaned up after an earlier error or a killed program: look at the "
-            "XIDs before it"),
-    XidInfo(46, "GPU stopped processing", "fail", "drain-node",
-            "drain the node and reset the GPU (nvidia-smi -r -i <index>); replace it if it "
-            "happens again"),
-    XidInfo(48, "Double bit ECC error (uncorrectable memory error)", "fail", "drain-node",
-            "drain the node, reset the GPU so the page is retired or the row remapped; "
-            "replace the GPU if it happens again"),
-    XidInfo(61, "Internal micro-controller breakpoint/warning", "warn", "reset-gpu",
-            "reset the GPU when it is idle; report it to NVIDIA if it recurs"),
-    XidInfo(62, "Internal micro-controller halt", "fail", "reset-gpu",
-            "reset the GPU (nvidia-smi -r -i <index>) before using it again"),
-    XidInfo(63, "ECC page retirement or row remapping recording event", "warn", "reset-gpu",
-            "a bad memory row was recorded: reset the GPU when it is idle so the retirement "
-            "or remap takes effect"),
-    XidInfo(64, "ECC page retirement or row remapper recording failure", "fail",
-            "replace-hardware",
-            "the GPU could not retire a bad memory page or remap a row: drain the node and "
-            "replace the GPU"),
-    XidInfo(68, "NVDEC0 exception (video decoder)", "warn", "restart-app",
-            "restart the application using the video decoder; reset the GPU if it recurs"),
-    XidInfo(69, "Graphics Engine class error", "info", "restart-app", _APP),
-    XidInfo(74, "NVLink error", "fail", "reset-gpu",
-            "reset the GPU (with its NVLink peers) and check the links with "
-            "nvidia-smi nvlink -s; drain the node and replace hardware if it recurs"),
-    XidInfo(79, "GPU has fallen off the bus", "fail", "drain-node",
-            "the GPU is gone from the PCIe bus: drain the node and reboot it; check power, "
-            "cooling and seating, and replace the GPU if it happens again"),
-    XidInfo(92, "High single-bit ECC error rate", "warn", "none",
-            "the errors were corrected; watch nvidia-smi -q -d ECC and replace the GPU if "
-            "the rate keeps growing"),
-    XidInfo(94, "Contained ECC error", "warn", "restart-app",
-            "only the applications using the bad memory were stopped: restart them; reset "
-            "the GPU when it is idle to remap the row"),
-    XidInfo(95, "Uncontained ECC error", "fail", "reset-gpu",
-            "every application on this GPU is affected: drain the node and reset the GPU "
-            "before using it again"),
-    XidInfo(109, "Context switch timeout", "warn", "restart-app",
-            "restart the application; reset the GPU if it recurs with other programs"),
-    XidInfo(119, "GSP RPC timeout", "fail", "reset-gpu",
-            "the GPU System Processor stopped answering: reset the GPU (or reboot the node) "
-            "before using it again"),
-    XidInfo(120, "GSP error", "fail", "reset-gpu",
-            "the GPU System Processor failed: reset the GPU (or reboot the node) before "
-            "using it again"),
-    XidInfo(140, "ECC unrecovered error", "fail", "drain-node",
-            "drain the node and reset the GPU; replace it if it happens again"),
+    _x(8, "GPU stopped processing (channel idle timeout)", "RESTART_APP", "warn",
+       "restart-app", "restart the application; if it recurs with no application at fault, "
+       "reset the GPU"),
+    _x(11, "Invalid or corrupted push buffer stream", "RESTART_APP", "info", "restart-app",
+       f"{_APP} (it passed bad data to the GPU: the catalog's CHECK_APP/CUDA)"),
+    _x(13, "Graphics Engine Exception", "RESTART_APP", "info", "restart-app",
+       f"{_APP} (often an out-of-range access or an illegal instruction in a kernel)"),
+    _x(14, "Fake or injected error", "IGNORE", "info", "none", f"{_IGNORE}: injected from "
+       "user space"),
+    _x(25, "Invalid or illegal push buffer stream", "RESTART_APP", "info", "restart-app",
+       f"{_APP} (the catalog's CHECK_APP/CUDA)"),
+    _x(31, "GPU memory page fault", "RESTART_APP", "info", "restart-app",
+       f"{_APP} (an illegal memory address, as compute-sanitizer would show)"),
+    _x(32, "Invalid or corrupted push buffer stream", "RESTART_APP", "warn", "restart-app",
+       "restart the application; repeated ones point at the PCIe bus (the catalog: "
+       "'primarily quality issues on PCI')"),
+    _x(37, "Driver firmware error", "IGNORE", "info", "none", _IGNORE),
+    _x(38, "Driver firmware error", "IGNORE", "info", "none", _IGNORE),
+    _x(43, "GPU stopped processing", "IGNORE", "info", "none",
+       f"{_APP} (the driver stopped a channel that faulted; the GPU stays healthy)"),
+    _x(44, "Graphics Engine fault during context switch", "IGNORE", "info", "none", _IGNORE),
+    _x(45, "Preemptive cleanup, due to previous errors", "WORKFLOW_XID_45", "info", "none",
+       "the driver cleaned up after an earlier error or a killed program: follow the XIDs "
+       "before it"),
+    _x(46, "GPU stopped processing", "RESET_GPU", "fail", "reset-gpu", _RESET),
+    _x(48, "Double bit ECC error (uncorrectable memory error)", "WORKFLOW_XID_48", "fail",
+       "reset-gpu", f"{_RESET}; with an XID 63/64 on the same GPU, drain the node first"),
+    _x(54, "Auxiliary power is not connected to the GPU board", "CHECK_MECHANICALS", "fail",
+       "replace-hardware", "check the GPU's seating and its power connectors"),
+    _x(62, "Internal micro-controller halt", "RESET_GPU", "fail", "reset-gpu", _RESET),
+    _x(63, "ECC page retirement or row remapping recording event", "IGNORE", "warn",
+       "reset-gpu", "a bad memory row was recorded: reset the GPU when it is idle so the "
+       "retirement or remap takes effect"),
+    _x(64, "ECC page retirement or row remapper recording failure", "RESET_GPU", "fail",
+       "replace-hardware", "the GPU could not retire a bad memory page or remap a row: "
+       "drain the node and replace the GPU"),
+    _x(66, "Illegal access by driver", "IGNORE", "info", "none", _IGNORE),
+    _x(67, "Illegal access by driver", "IGNORE", "info", "none", _IGNORE),
+    _x(69, "Graphics Engine class error", "RESTART_APP", "info", "restart-app", _APP),
+    _x(74, "NVLink error", "WORKFLOW_NVLINK_ERR", "fail", "reset-gpu",
+       "reset the GPU (with its NVLink peers) and check the links with nvidia-smi nvlink "
+       "-s; drain the node and replace hardware if it recurs"),
+    _x(78, "vGPU start error", "UPDATE_SWFW", "warn", "fix-config",
+       "update the host and guest drivers to matching versions"),
+    _x(79, "GPU has fallen off the bus", "RESTART_BM", "fail", "drain-node",
+       "the GPU is gone from the PCIe bus: drain the node and reboot it; check power, "
+       "cooling and seating, and replace the GPU if it happens again"),
+    _x(80, "Corrupted data sent to GPU", "RESTART_APP", "warn", "restart-app",
+       "restart the application; repeated ones point at the PCIe bus"),
+    _x(92, "High single-bit ECC error rate", "IGNORE", "info", "none",
+       "the errors were corrected; the ECC counters (nvidia-smi -q -d ECC) say more"),
+    _x(93, "Non-fatal violation of provisioned InfoROM wear limit", "IGNORE", "info", "none",
+       f"{_IGNORE}; nvflash --elsessionclear clears the limit"),
+    _x(94, "Contained ECC error", "RESTART_APP", "warn", "restart-app",
+       "only the applications using the bad memory were stopped: restart them; reset "
+       "the GPU when it is idle to remap the row"),
+    _x(95, "Uncontained ECC error", "RESET_GPU", "fail", "reset-gpu",
+       "every application on this GPU is affected: drain the node and reset the GPU "
+       "before using it again"),
+    _x(106, "SMBPBI test message", "IGNORE", "info", "none", _IGNORE),
+    _x(107, "SMBPBI test message (silent)", "IGNORE", "info", "none", _IGNORE),
+    _x(108, "NVLink remote translation error", "IGNORE", "info", "none", _IGNORE),
+    _x(109, "Context switch timeout", "RESET_GPU", "fail", "reset-gpu", _RESET),
+    _x(110, "Security fault error", "RESET_GPU", "fail", "reset-gpu",
+       f"{_RESET}; revert recent hardware changes if it recurs"),
+    _x(119, "GSP RPC timeout", "RESET_GPU", "fail", "reset-gpu",
+       "the GPU System Processor stopped answering: reset the GPU (or power-cycle the "
+       "node) before using it again"),
+    _x(120, "GSP error", "RESET_GPU", "fail", "reset-gpu",
+       "the GPU System Processor failed: reset the GPU (or power-cycle the node) before "
+       "using it again"),
+    _x(121, "C2C (Grace-to-GPU link) corrected error", "IGNORE", "info", "none",
+       f"{_IGNORE}: corrected; reset the GPU in a service window to retrain the link"),
+    _x(136, "NVLink link training failed", "RESET_GPU", "fail", "reset-gpu", _RESET),
+    _x(137, "NVLink privilege error (illegal peer access)", "IGNORE", "info", "none",
+       f"{_APP} (an illegal NVLink peer access: the catalog's XID_137_FLOW)"),
+    _x(140, "ECC unrecovered error", "RESET_GPU", "fail", "reset-gpu",
+       f"{_RESET}; replace it if it happens again"),
+    _x(141, "CUDA fast path error", "IGNORE", "info", "none", _IGNORE),
+    _x(143, "GPU initialization error", "RESET_GPU", "fail", "reset-gpu", _RESET),
+    _x(151, "Key rotation error", "RESTART_VM", "warn", "restart-app",
+       "restart the VM that owns the GPU"),
+    _x(154, "GPU recovery action changed", "XID_154", "warn", "reset-gpu",
+       "the driver asks for a recovery: its kernel-log line (or nvidia-smi -q, 'GPU "
+       "Recovery Action') says which; every one but None needs at least a GPU reset"),
+    _x(155, "NVLink software-defined error (intentional link down)", "RESET_GPU", "warn",
+       "reset-gpu", "a link was taken down on purpose (or to sleep): reset the GPU; "
+       "find who did it if it was not expected"),
+    _x(156, "Resource retirement event", "RESET_GPU", "warn", "reset-gpu",
+       "a resource was retired: reset the GPU when it is idle so it takes effect"),
+    _x(157, "Resource retirement failure", "IGNORE", "info", "none",
+       f"{_IGNORE}: no repair was possible; the same XID may come back"),
+    _x(158, "GPU fatal timeout", "RESET_GPU", "fail", "reset-gpu", _RESET),
+    _x(159, "CHI non-data error (C2C link)", "CHECK_UVM", "warn", "reset-gpu",
+       "reset the GPU if UVM or vGPU is in use; otherwise nothing to do (the catalog)"),
+    _x(160, "Channel retirement event", "IGNORE", "info", "none", _IGNORE),
+    _x(161, "Channel retirement failure", "IGNORE", "info", "none", _IGNORE),
+    *(_x(x, f"{unit} exception", "RESTART_APP", "warn", "restart-app", _ENGINE)
+      for x, unit in _ENGINES.items()),
+    *(_x(x, f"NVLink {unit} error", "WORKFLOW_NVLINK5_ERR", "warn", "reset-gpu", _NVL5)
+      for x, unit in _NVLINK5.items()),
 )}
+
+# nvmlGpuRecoveryAction_t (pynvml NVML_GPU_RECOVERY_ACTION_*), which XID 154 announces
+# and NVML's recovery-action event carries -> (what the driver asks, our action).
+# NVIDIA's GPU memory error management guide: Drain P2P = quiesce peer-to-peer traffic,
+# then query again; Drain and Reset = drain the jobs, then reset.
+RECOVERY_ACTIONS: dict[int, tuple[str, str]] = {
+    1: ("GPU reset", "reset-gpu"), 2: ("node reboot", "drain-node"),
+    3: ("drain peer-to-peer traffic", "drain-node"), 4: ("drain and reset", "drain-node"),
+    5: ("recover the IMEX domain", "drain-node"), 6: ("bus reset", "reset-gpu"),
+    7: ("system reboot", "drain-node")}
+_RECOVERY_CHANGE = re.compile(r"recovery action changed from .*?\bto\s+0x(?P<code>[0-9a-fA-F]+)"
+                              r"(?:\s*\((?P<words>[^)]*)\))?", re.IGNORECASE)
+_NVLINK_FATALITY = re.compile(r"(?:^|\s)(?P<unit>[A-Z][A-Z0-9_/]*)\s+"
+                              r"(?P<word>(?i:fatal|nonfatal|non-fatal))\b")
 
 
 def xid_info(xid: int) -> XidInfo:
-    """The table's entry, or an "unknown XID N" WARN pointing at NVIDIA's catalog."""
+    """The table's entry, or an "unknown XID N" WARN pointing at NVIDIA's catalog.
+
+    Its action is rerun, not none: someone must look the XID up. Not drain-node: since
+    R570 an XID that needs a recovery comes with an XID 154 naming it, judged on its
+    own, and draining nodes on every XID a newer driver adds would cost more trust."""
     known = XID_TABLE.get(xid)
     if known is not None:
         return known
-    return XidInfo(xid, f"unknown XID {xid}", "warn", "none",
-                   f"gpucheck does not know this XID: look it up in NVIDIA's catalog "
-                   f"({CATALOG_URL})")
+    return XidInfo(xid, f"unknown XID {xid}", "warn", "rerun",
+                   f"gpucheck does not know this XID: look it up in NVIDIA's Xid catalog "
+                   f"({CATALOG_URL}); an XID 154 next to it names the recovery, if any")
+
+
+def recovery_action(code: int) -> tuple[str, str] | None:
+    """(what the driver asks, our action) for an NVML recovery-action value; None for
+    0 (no action) or a value newer than this table."""
+    return RECOVERY_ACTIONS.get(code)
+
+
+def _judge_154(base: XidInfo, detail: str) -> XidInfo:
+    """XID 154: the catalog says follow the action its line names, e.g. "GPU recovery
+    action changed from 0x0 (None) to 0x1 (GPU Reset Required)"."""
+    match = _RECOVERY_CHANGE.search(detail)
+    if match is None:
+        return base
+    code = int(match["code"], 16)
+    words = (match["words"] or "").strip()
+    if code == 0:
+        return replace(base, meaning="GPU recovery action changed to None", severity="info",
+                       action="none", advice="the GPU needs no recovery (any earlier one "
+                       "was done)")
+    known = recovery_action(code)
+    if known is None:
+        return replace(base, meaning=f"GPU recovery action changed to 0x{code:x} "
+                       f"({words or 'a value gpucheck does not know'})",
+                       advice=f"look the value up in nvml.h (nvmlGpuRecoveryAction_t); "
+                       f"{base.advice}")
+    what, action = known
+    return replace(base, meaning=f"GPU recovery action changed to {words or what}",
+                   severity="fail", action=action,
+                   advice=f"the driver asks for a {what} before the GPU is used again")
+
+
+def _judge_nvlink5(base: XidInfo, detail: str) -> XidInfo:
+    """XIDs 144-150: the line says "<unit> Fatal|Nonfatal XC.. i.. Link NN (...)"; the
+    catalog's decode gives RESET_GPU for the fatal rows and IGNORE or XID_154_EVAL
+    (restart the application unless an XID 154 names more) for the non-fatal ones."""
+    match = _NVLINK_FATALITY.search(detail)
+    if match is None:
+        return base
+    unit = match["unit"]
+    if match["word"].lower() == "fatal":
+        return replace(base, meaning=f"{base.meaning}, fatal ({unit})", severity="fail",
+                       action="reset-gpu", advice="stop the jobs on this GPU and its "
+                       "NVLink peers, then reset it (nvidia-smi -r -i <index>)")
+    return replace(base, meaning=f"{base.meaning}, non-fatal ({unit})", severity="warn",
+                   action="restart-app", advice="the link stays up: restart an application "
+                   "it stopped (an XID 45 'caused by previous Xid'); an XID 154 next to it "
+                   "names any recovery; repeated ones: nvidia-smi nvlink -e")
+
+
+def judge_xid(xid: int, detail: str = "", companions: Collection[int] = ()) -> XidInfo:
+    """The verdict on one Xid line: the table's entry, refined where the catalog says
+    the line decides (154: the recovery action it names; 144-150: its Fatal/Nonfatal
+    word) or the other XIDs of the same GPU do (48 with a 63/64: WORKFLOW_XID_48's
+    DRAIN_AND_RESET)."""
+    base = xid_info(xid)
+    if xid == 154:
+        return _judge_154(base, detail)
+    if xid in _NVLINK5:
+        return _judge_nvlink5(base, detail)
+    if xid == 48 and {63, 64} & set(companions):
+        return replace(base, action="drain-node", advice="drain the node, then reset the "
+                       "GPU so the page is retired or the row remapped (the catalog: DBE "
+                       "with 63/64 is DRAIN_AND_RESET); replace the GPU if it happens again")
+    return base

@@ -1,4 +1,9 @@
-"""Renderers: one `Report` in, text / JSON / Markdown / HTML out. They never probe."""
+"""Renderers: one `Report` in, text / JSON / Markdown / HTML out, or for machines one
+line (`line`: a drain reason) or Prometheus text (`prometheus`). They never probe.
+
+`line` and `prometheus` serve every command, not only `gpucheck health`: each needs
+nothing but the report (a stress run's drain reason, env's gauges for a textfile
+collector), so no command has to refuse them."""
 
 from __future__ import annotations
 
@@ -7,9 +12,10 @@ from pathlib import Path
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
 
-FORMATS = ("text", "json", "markdown", "html")
+FORMATS = ("text", "json", "markdown", "html", "line", "prometheus")
 _EXTENSIONS = {".txt": "text", ".log": "text", ".json": "json", ".md": "markdown",
-               ".markdown": "markdown", ".html": "html", ".htm": "html"}
+               ".markdown": "markdown", ".html": "html", ".htm": "html",
+               ".prom": "prometheus"}
 
 
 def format_for(requested: str | None, output: str | None) -> str:
@@ -25,8 +31,9 @@ def format_for(requested: str | None, output: str | None) -> str:
     return "text"
 
 
-def render(report: Report, fmt: str, color: bool = False) -> str:
-    """The report as a string in `fmt` (one of FORMATS)."""
+def render(report: Report, fmt: str, color: bool = False, width: int | None = None) -> str:
+    """The report as a string in `fmt` (one of FORMATS); `width` (text only): the
+    terminal's columns, else the text renderer's default."""
     if fmt == "json":
         from gpucheck.render.json import render_json
 
@@ -39,6 +46,16 @@ def render(report: Report, fmt: str, color: bool = False) -> str:
         from gpucheck.render.html import render_html
 
         return render_html(report)
+    if fmt == "line":
+        from gpucheck.render.line import render_line
+
+        return render_line(report)
+    if fmt == "prometheus":
+        from gpucheck.render.prometheus import render_prometheus
+
+        return render_prometheus(report)
     from gpucheck.render.text import render_text
 
-    return render_text(report, color=color)
+    if width is None:
+        return render_text(report, color=color)
+    return render_text(report, color=color, width=width)

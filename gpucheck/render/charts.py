@@ -16,30 +16,45 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpucheck.render.chart_rules import PeerRule, baseline_limits, flagged_ranks, rank_baseline
 from gpucheck.render.values import fmt_bytes, fmt_value, is_table
-from gpucheck.report import Report
+from gpucheck.report import Report, Section
 
-INSTALL_NOTE = "charts need matplotlib: pip install 'gpucheck[html]'"
+INSTALL_NOTE = ("charts need matplotlib: pip install '.[html]' from the gpucheck checkout "
+                "(or pip install matplotlib)")
 # A fleet of many metrics would make a chart too tall to read; the table has them all.
 MAX_RANGE_ROWS = 30
 
 
 @dataclass
 class LineSpec:
-    """Lines over message size (log x axis): one per series."""
+    """Lines over message size (log x axis): one per series; `baseline`: per series the
+    baseline's limit at each size it has one for (`--baseline`)."""
 
     title: str
     ylabel: str
     series: dict[str, list[tuple[float, float]]]
+    baseline: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
 
 @dataclass
 class BarSpec:
-    """Bars per rank with the median as a line; one panel per group (a dtype)."""
+    """Bars per rank with the median as a line; one panel per group (a dtype).
+
+    What paints a bar red and where lines go come from the report, never from the
+    chart: `flagged` (group -> bar labels) are the bars the section's verdict flags,
+    `rule` says why in the legend, `limits` (group -> label -> value) is where the
+    check's threshold puts the WARN line for that bar, `baseline` the baseline's limit.
+    """
 
     title: str
     ylabel: str
     groups: dict[str, list[tuple[str, float]]]
+    flagged: dict[str, set[str]] = field(default_factory=dict)
+    rule: str = ""
+    limits: dict[str, dict[str, float]] = field(default_factory=dict)
+    limit_label: str = ""
+    baseline: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -109,17 +124,24 @@ def _comm_chart(report: Report) -> LineSpec | None:
     """busbw over message size, a line per collective: any section whose `results`
     rows have size_bytes and busbw_gbps (all_reduce, all_gather, later ones too)."""
     series: dict[str, list[tuple[float, float]]] = {}
+    baseline: dict[str, list[tuple[float, float]]] = {}
+    limits = baseline_limits(report)
     for section in report.sections:
-        points = []
+        points, floor = [], []
         for row in _rows(section.data, "results"):
             size, busbw = _number(row.get("size_bytes")), _number(row.get("busbw_gbps"))
             if size is not None and busbw is not None and size > 0:
                 points.append((size, busbw))
+                metric = f"comm.{_short(section.name)}.busbw_gbps@{int(size)}"
+                if metric in limits:  # the name gpucheck.analysis.metrics gives it
+                    floor.append((size, limits[metric]))
         if points:
             series[section.name] = sorted(points)
+        if floor:
+            baseline[section.name] = sorted(floor)
     if not series:
         return None
-    return LineSpec("Bus bandwidth by message size", "busbw (GB/s)", series)
+    return LineSpec("Bus bandwidth by message size", "busbw (GB/s)", series, baseline)
 
 
 def _per_rank(rows: list[dict[str, Any]], key: str) -> list[tuple[str, float]]:
@@ -132,37 +154,68 @@ def _per_rank(rows: list[dict[str, Any]], key: str) -> list[tuple[str, float]]:
 
 
 def _bench_chart(report: Report) -> BarSpec | None:
-    groups = {}
+    """images/s per rank; red: the ranks the straggler check warned about; the
+    baseline's per-rank floor where there is one."""
+    spec = BarSpec("Images/s per rank", "images/s", {},
+                   rule="red: a rank this section's findings warned about (a straggler)")
+    limits = baseline_limits(report)
     for section in report.sections:
         if _short(section.name) == "timing":
-            bars = _per_rank(_rows(section.data, "ranks"), "images_per_s")
+            rows = _rows(section.data, "ranks")
+            bars = _per_rank(rows, "images_per_s")
             if bars:
-                groups[section.name] = bars
-    return BarSpec("Images/s per rank", "images/s", groups) if groups else None
+                spec.groups[section.name] = bars
+                spec.flagged[section.name] = flagged_ranks(section)
+                spec.baseline[section.name] = rank_baseline(
+                    rows, limits, lambda rank: f"bench.images_per_s.rank{rank}")
+    return spec if spec.groups else None
 
 
 def _stress_charts(report: Report) -> list[BarSpec]:
     """GEMM TFLOP/s per rank, a panel per dtype (their scales differ by 10x and more),
     and memory bandwidth per rank. The median product (`_p50`) is what stress judges."""
     charts = []
+    limits = baseline_limits(report)
     for section in report.sections:
         rows = _rows(section.data, "results")
         if _short(section.name) == "gemm":
             key = "tflops_p50" if any("tflops_p50" in r for r in rows) else "tflops"
-            groups: dict[str, list[tuple[str, float]]] = {}
+            spec = _rule_bars(section, rows, "GEMM TFLOP/s per rank (median product)",
+                              "TFLOP/s")
             for dtype in dict.fromkeys(str(r.get("dtype")) for r in rows):
-                bars = _per_rank([r for r in rows if str(r.get("dtype")) == dtype], key)
-                if bars:
-                    groups[dtype] = bars
-            if groups:
-                charts.append(BarSpec("GEMM TFLOP/s per rank (median product)",
-                                      "TFLOP/s", groups))
+                mine = [r for r in rows if str(r.get("dtype")) == dtype]
+                _add_group(spec, section, dtype, mine, key, rank_baseline(
+                    mine, limits, lambda rank, d=dtype: f"stress.gemm.{d}.tflops.rank{rank}"))
+            if spec.groups:
+                charts.append(spec)
         elif _short(section.name) == "membw":
             key = "gbps_p50" if any("gbps_p50" in r for r in rows) else "gbps"
-            bars = _per_rank(rows, key)
-            if bars:
-                charts.append(BarSpec("Memory bandwidth per rank", "GB/s", {"": bars}))
+            spec = _rule_bars(section, rows, "Memory bandwidth per rank", "GB/s")
+            _add_group(spec, section, "", rows, key, rank_baseline(
+                rows, limits, lambda rank: f"stress.membw.gbps.rank{rank}"))
+            if spec.groups:
+                charts.append(spec)
     return charts
+
+
+def _rule_bars(section: Section, rows: list[dict[str, Any]], title: str,
+               ylabel: str) -> BarSpec:
+    rule = PeerRule(section)
+    return BarSpec(title, ylabel, {}, rule=rule.describe(rows),
+                   limit_label=rule.limit_label())
+
+
+def _add_group(spec: BarSpec, section: Section, group: str, rows: list[dict[str, Any]],
+               key: str, baseline: dict[str, float]) -> None:
+    """One panel of a stress chart, coloured and lined by the section's own thresholds."""
+    bars = _per_rank(rows, key)
+    if not bars:
+        return
+    rule = PeerRule(section)
+    spec.groups[group] = bars
+    spec.flagged[group] = rule.flagged(rows)
+    spec.limits[group] = rule.limits(rows, key)
+    spec.baseline[group] = baseline
 
 
 def _fleet_chart(report: Report) -> RangeSpec | None:
@@ -251,9 +304,15 @@ def _draw(spec: ChartSpec, salt: str) -> str:
 
 def _draw_lines(figure: Any, spec: LineSpec) -> Any:
     axes = figure.add_subplot()
+    colors = {}
     for name, points in spec.series.items():
-        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o",
-                  markersize=3, label=name)
+        (line,) = axes.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                            markersize=3, label=name)
+        colors[name] = line.get_color()
+    for name, points in spec.baseline.items():  # dashed, in its collective's colour
+        axes.plot([p[0] for p in points], [p[1] for p in points], linestyle="--",
+                  color=colors.get(name, BASELINE_COLOR), linewidth=1,
+                  label=f"{name}: baseline floor")
     axes.set_xscale("log", base=2)
     axes.xaxis.set_major_formatter(_bytes_formatter())
     axes.set_xlabel("message size (per rank buffer)")
@@ -279,44 +338,86 @@ def _draw_bars(spec: BarSpec) -> Any:
     figure = Figure(figsize=(min(3 + 0.5 * widest, 10) * len(panels), 3.4))
     for index, (group, bars) in enumerate(panels, start=1):
         axes = figure.add_subplot(1, len(panels), index)
-        values = [v for _, v in bars]
-        median = statistics.median(values)
-        colors = ["#c0392b" if v < 0.9 * median else "#4878a8" for v in values]
-        axes.bar([label for label, _ in bars], values, color=colors)
-        axes.axhline(median, color="black", linestyle="--", linewidth=1,
-                     label=f"median {fmt_value(median)}")
-        axes.set_ylabel(spec.ylabel)
+        _draw_panel(axes, spec, group, bars)
         if len(panels) > 1:
             axes.set_title(group)
-        axes.legend(loc="lower right")
-        axes.tick_params(axis="x", labelrotation=45 if len(bars) > 8 else 0)
     figure.suptitle(spec.title)
     figure.tight_layout()
     return figure
 
 
+FLAGGED_COLOR, BAR_COLOR, BASELINE_COLOR = "#c0392b", "#4878a8", "#e67e22"
+
+
+def _draw_panel(axes: Any, spec: BarSpec, group: str, bars: list[tuple[str, float]]) -> None:
+    """Bars coloured by the section's verdict; the median; the check's WARN line and the
+    baseline's floor per bar (each rank's own: a node's median, a GPU slot's limit)."""
+    from matplotlib.patches import Patch
+
+    labels, values = [label for label, _ in bars], [v for _, v in bars]
+    flagged = spec.flagged.get(group, set())
+    axes.bar(range(len(bars)), values,
+             color=[FLAGGED_COLOR if label in flagged else BAR_COLOR for label in labels])
+    axes.set_xticks(range(len(bars)), labels)
+    median = statistics.median(values)
+    axes.axhline(median, color="black", linestyle="--", linewidth=1,
+                 label=f"median {fmt_value(median)}")
+    _per_bar_lines(axes, labels, spec.limits.get(group, {}), FLAGGED_COLOR, ":",
+                   spec.limit_label)
+    _per_bar_lines(axes, labels, spec.baseline.get(group, {}), BASELINE_COLOR, "-.",
+                   "baseline floor (--baseline)")
+    handles, _ = axes.get_legend_handles_labels()
+    if spec.rule:
+        handles.append(Patch(color=FLAGGED_COLOR, label=spec.rule))
+    axes.set_ylabel(spec.ylabel)
+    axes.tick_params(axis="x", labelrotation=45 if len(bars) > 8 else 0)
+    # Under the axes, never over a bar; tight_layout makes room for it.
+    axes.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.14 if
+                len(bars) <= 8 else -0.3), fontsize=7, frameon=False)
+
+
+def _per_bar_lines(axes: Any, labels: list[str], levels: dict[str, float], color: str,
+                   style: str, label: str) -> None:
+    """A short line across each bar that has a level; one legend entry for all."""
+    at = [(x, levels[name]) for x, name in enumerate(labels) if name in levels]
+    if at and label:
+        axes.hlines([y for _, y in at], [x - 0.45 for x, _ in at], [x + 0.45 for x, _ in at],
+                    colors=color, linestyles=style, linewidth=1.5, label=label)
+
+
 def _draw_ranges(spec: RangeSpec) -> Any:
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(8, 1.2 + 0.28 * len(spec.rows)))
+    figure = Figure(figsize=(9, 1.4 + 0.36 * len(spec.rows)))
     axes = figure.add_subplot()
     for y, row in enumerate(spec.rows):
         axes.plot([row.low / row.median, row.high / row.median], [y, y], color="#4878a8",
                   linewidth=4, solid_capstyle="butt", alpha=0.6)
         axes.plot([1.0], [y], marker="|", color="black", markersize=10)
         for node, value in row.outliers:
-            axes.plot([value / row.median], [y], marker="x", color="#c0392b", markersize=8)
-            axes.annotate(node, (value / row.median, y), textcoords="offset points",
-                          xytext=(4, 3), fontsize=7, color="#c0392b")
-    axes.set_yticks(range(len(spec.rows)), [row.label for row in spec.rows], fontsize=7)
+            _mark_node(axes, node, value / row.median, y)
+    axes.set_yticks(range(len(spec.rows)), [row.label for row in spec.rows], fontsize=8)
+    axes.margins(x=0.08, y=0.6 / max(len(spec.rows), 1))
     axes.invert_yaxis()
     axes.set_xlabel("value / fleet median (bar: low..high; |: median; x: outlier node)")
     more = f"\n(the {len(spec.rows)} with outliers or the widest range; {spec.left_out} more " \
         "in the table)" if spec.left_out else ""
     axes.set_title(spec.title + more)
     axes.grid(True, axis="x", alpha=0.3)
+    # Twice: the node names move with their points when the first pass narrows the
+    # axes, and a long name at the right edge would still be cut off after one.
+    figure.tight_layout()
     figure.tight_layout()
     return figure
+
+
+def _mark_node(axes: Any, node: str, x: float, y: float) -> None:
+    """An outlier node: a red x and its name, legible (8 pt), above the row's bar and to
+    the right of the mark (to the left it would run into the metric names); the
+    figure's tight_layout keeps the text inside the figure."""
+    axes.plot([x], [y], marker="x", color="#c0392b", markersize=8)
+    axes.annotate(node, (x, y), textcoords="offset points", xytext=(4, 5), fontsize=8,
+                  color="#c0392b")
 
 
 _VERDICT_COLORS = {"worse": "#c0392b", "better": "#2e8b57", "same": "#999999"}

@@ -59,6 +59,7 @@ def _headline(report: Report) -> list[str]:
     return [
         f"<h1>gpucheck {escape(report.command)}: "
         f'<span class="badge s-{verdict}">{verdict}</span></h1>',
+        *([f'<p class="note">{escape(report.scope)}</p>'] if report.scope else []),
         f"<p>Host <code>{escape(report.host)}</code>, {escape(report.created_at)}, "
         f"gpucheck {escape(report.tool_version)}, command "
         f"<code>{escape(' '.join(report.argv))}</code></p>",
@@ -94,10 +95,12 @@ def _charts(charts: list[Chart]) -> list[str]:
 
 
 def _section(section: Section) -> list[str]:
-    statuses = [f.status for f in section.findings]
-    verdict = max(statuses, key=lambda s: s.severity).value if statuses else "info"
+    status = section.verdict()
+    verdict = status.value if status is not None else "info"
     badge_class = f"s-{verdict}" if verdict in _STATUSES else ""
-    lines = [f'<details open id="{escape(section.name)}"><summary><h2>'
+    # Sections with a problem stay open; OK, SKIP and data-only ones are folded.
+    opened = " open" if status in (Status.WARN, Status.FAIL) else ""
+    lines = [f'<details{opened} id="{escape(section.name)}"><summary><h2>'
              f"{escape(section.title)}</h2> "
              f'<span class="badge {badge_class}">{verdict}</span></summary>']
     lines.extend(_data(section.data))

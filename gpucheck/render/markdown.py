@@ -24,6 +24,7 @@ def render_markdown(report: Report) -> str:
     lines = [
         f"# gpucheck {report.command}: **{report.verdict().value}**",
         "",
+        *([f"_{report.scope}_", ""] if report.scope else []),
         f"Host `{report.host}`, {report.created_at}, gpucheck {report.tool_version}, "
         f"command `{' '.join(report.argv)}`",
         "",
@@ -68,8 +69,8 @@ def _section_lines(section: Section) -> list[str]:
 
 
 def _section_verdict(section: Section) -> str:
-    statuses = [f.status for f in section.findings]
-    return max(statuses, key=lambda s: s.severity).value if statuses else "info"
+    verdict = section.verdict()
+    return verdict.value if verdict is not None else "info"
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,12 +1,21 @@
-"""Text renderer for a terminal: aligned sections, colour only when asked."""
+"""Text renderer for a terminal: the verdict and the problems first, then the details,
+then a one-line summary; every line fits `width` columns; colour only when asked."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from gpucheck.actions import strip_hint
 from gpucheck.render.values import fmt_field, is_table, table_columns
 from gpucheck.report import Finding, Report, Section, Status
+
+# A terminal of 100 columns shows every line whole (tables too: wide ones are split
+# into column groups); the CLI passes a real terminal's own width.
+WIDTH = 100
+MIN_WIDTH = 60
+_CELL_MAX = 48  # a longer cell wraps inside its column
+_HINT_INDENT = " " * 9  # under the text after "  [WARN] "
 
 _COLORS = {Status.OK: "32", Status.SKIP: "2", Status.WARN: "33", Status.FAIL: "31;1"}
 
@@ -15,61 +24,164 @@ def _paint(text: str, status: Status, color: bool) -> str:
     return f"\033[{_COLORS[status]}m{text}\033[0m" if color else text
 
 
-def render_text(report: Report, color: bool = False) -> str:
-    lines = [_headline(report, color), ""]
+def render_text(report: Report, color: bool = False, width: int = WIDTH) -> str:
+    width = max(width, MIN_WIDTH)
+    lines = _wrap(_headline(report), width, "  ")
+    if report.scope:
+        lines += _wrap(f"Scope: {report.scope}", width, "  ")
+    lines.append("")
+    lines += _problem_lines(report, color, width)
     for section in report.sections:
-        lines.extend(_section_lines(section, color))
+        lines += _section_lines(section, color, width)
         lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
+    lines.append(_closing(report, width))
+    return "\n".join(_paint_verdicts(lines, report, color)) + "\n"
 
 
-def _headline(report: Report, color: bool) -> str:
-    counts = ", ".join(f"{n} {status}" for status, n in report.summary().items())
-    verdict = _paint(report.verdict().value, report.verdict(), color)
+def _headline(report: Report) -> str:
     return (f"gpucheck {report.command} on {report.host} at {report.created_at}: "
-            f"{verdict} ({counts})")
+            f"{report.verdict().value} ({_counts(report)})")
 
 
-def _section_lines(section: Section, color: bool) -> list[str]:
-    lines = [f"== {section.title} =="]
-    lines.extend(_data_lines(section.data, indent="  "))
-    lines.extend(_finding_lines(f, color) for f in section.findings)
+def _counts(report: Report) -> str:
+    return ", ".join(f"{n} {status}" for status, n in report.summary().items())
+
+
+def _closing(report: Report, width: int) -> str:
+    counts = _counts(report)
+    plain = f"{report.verdict().value}: {counts}"
+    problems = _problems(report)
+    if not problems:
+        return plain
+    top = problems[0]
+    # One line whatever the width: the subject's short name ("GPU 1"), else no subject,
+    # else the counts alone.
+    where = f" on {top.subject.split(' (')[0]}" if top.subject else ""
+    for candidate in (f"{plain}; first: {top.check}{where} ({top.action})",
+                      f"{plain}; first: {top.check} ({top.action})"):
+        if len(candidate) <= width:
+            return candidate
+    return plain
+
+
+def _paint_verdicts(lines: list[str], report: Report, color: bool) -> list[str]:
+    """The verdict word of the headline and the closing line in its colour."""
+    if not color or not lines:
+        return lines
+    verdict = report.verdict()
+    word = verdict.value
+    first = lines[0].replace(f": {word}", f": {_paint(word, verdict, True)}", 1)
+    last = lines[-1].replace(word, _paint(word, verdict, True), 1)
+    return [first, *lines[1:-1], last] if len(lines) > 1 else [first]
+
+
+def _problems(report: Report) -> list[Finding]:
+    """Every FAIL, then every WARN, each group in report order."""
+    found = [f for f in report.findings if f.status in (Status.FAIL, Status.WARN)]
+    return sorted(found, key=lambda f: -f.status.severity)
+
+
+def _problem_lines(report: Report, color: bool, width: int) -> list[str]:
+    problems = _problems(report)
+    if not problems:
+        return ["No problems: no check ended in WARN or FAIL.", ""]
+    counts = {s: sum(f.status is s for f in problems) for s in (Status.FAIL, Status.WARN)}
+    said = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
+    lines = [f"Problems ({said}):"]
+    for finding in problems:
+        lines += finding_lines(finding, color, width)
+    return [*lines, ""]
+
+
+def _section_lines(section: Section, color: bool, width: int) -> list[str]:
+    verdict = section.verdict()
+    badge = f" ({verdict.value})" if verdict is not None else ""
+    lines = [f"== {section.title}{badge} =="]
+    lines += _data_lines(section.data, "  ", width)
+    for finding in section.findings:
+        lines += finding_lines(finding, color, width)
     return lines
 
 
-def _data_lines(data: dict[str, Any], indent: str) -> list[str]:
+def _data_lines(data: dict[str, Any], indent: str, width: int) -> list[str]:
     scalars = {k: v for k, v in data.items() if not isinstance(v, dict) and not is_table(v)}
-    width = max((len(k) for k in scalars), default=0)
-    lines = [f"{indent}{key:<{width}}  {fmt_field(key, value)}"
-             for key, value in scalars.items()]
+    key_width = min(max((len(k) for k in scalars), default=0), 28)
+    lines: list[str] = []
+    for key, value in scalars.items():
+        head = f"{indent}{key:<{key_width}}  "
+        lines += _wrap(fmt_field(key, value), width, " " * min(len(head), width // 2), head)
     for key, value in data.items():
         if isinstance(value, dict):
             lines.append(f"{indent}{key}:")
-            lines.extend(_data_lines(value, indent + "  "))
+            lines += _data_lines(value, indent + "  ", width)
         elif is_table(value):
             lines.append(f"{indent}{key}:")
-            lines.extend(table_lines(value, indent + "  "))
+            lines += table_lines(value, indent + "  ", width)
     return lines
 
 
-def table_lines(rows: list[dict[str, Any]], indent: str = "") -> list[str]:
-    """Rows of dicts as aligned columns under a header."""
+def table_lines(rows: list[dict[str, Any]], indent: str = "", width: int = WIDTH) -> list[str]:
+    """Rows of dicts as aligned columns under a header. A table wider than `width` is
+    split into column groups, each repeating the first column so rows stay named."""
     columns = table_columns(rows)
-    cells = [[fmt_field(c, row.get(c)) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    header = "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))
-    body = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    return [f"{indent}{line}" for line in [header.rstrip(), *body]]
+    cells = [[_cell_lines(fmt_field(c, row.get(c))) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(line) for r in cells for line in r[i]))
+              for i, c in enumerate(columns)]
+    lines: list[str] = []
+    for group in _column_groups(widths, width - len(indent)):
+        if lines:
+            lines.append("")
+        lines += _table_block(columns, cells, widths, group, indent)
+    return lines
 
 
-def _finding_lines(finding: Finding, color: bool) -> str:
-    tag = _paint(f"[{finding.status.value:^4}]", finding.status, color)
+def _cell_lines(text: str) -> list[str]:
+    return textwrap.wrap(text, _CELL_MAX, break_on_hyphens=False) or [""]
+
+
+def _column_groups(widths: list[int], room: int) -> list[list[int]]:
+    """Column indexes in groups that fit `room`; every group starts with column 0."""
+    groups: list[list[int]] = [[0]]
+    used = widths[0]
+    for index in range(1, len(widths)):
+        if used + 2 + widths[index] > room and len(groups[-1]) > 1:
+            groups.append([0])
+            used = widths[0]
+        groups[-1].append(index)
+        used += 2 + widths[index]
+    return groups
+
+
+def _table_block(columns: list[str], cells: list[list[list[str]]], widths: list[int],
+                 group: list[int], indent: str) -> list[str]:
+    header = "  ".join(columns[i].ljust(widths[i]) for i in group).rstrip()
+    lines = [f"{indent}{header}"]
+    for row in cells:
+        height = max(len(row[i]) for i in group)
+        for k in range(height):
+            parts = [(row[i][k] if k < len(row[i]) else "").ljust(widths[i]) for i in group]
+            lines.append(f"{indent}{'  '.join(parts).rstrip()}")
+    return lines
+
+
+def finding_lines(finding: Finding, color: bool, width: int = WIDTH) -> list[str]:
+    """`[WARN] check (subject): message`, then its hint and action, wrapped to `width`."""
+    tag = f"[{finding.status.value:^4}]"
     subject = f" ({finding.subject})" if finding.subject else ""
-    line = f"  {tag} {finding.check}{subject}: {finding.message}"
+    lines = _wrap(f"{tag} {finding.check}{subject}: {finding.message}", width,
+                  _HINT_INDENT, "  ")
+    if color:
+        lines[0] = lines[0].replace(tag, _paint(tag, finding.status, True), 1)
     hint = strip_hint(finding.hint, finding.action)
     action = f" ({finding.action})" if finding.action else ""
     if hint:
-        line += f"\n         HINT{action}: {hint}"
-    elif action:
-        line += f"\n         ACTION: {finding.action}"
-    return line
+        lines += _wrap(f"HINT{action}: {hint}", width, _HINT_INDENT + "  ", _HINT_INDENT)
+    elif finding.action:
+        lines.append(f"{_HINT_INDENT}ACTION: {finding.action}")
+    return lines
+
+
+def _wrap(text: str, width: int, indent: str, first: str = "") -> list[str]:
+    """`text` in lines of at most `width` columns; long words (paths) are broken."""
+    return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=indent,
+                         break_on_hyphens=False) or [first.rstrip()]

@@ -1,9 +1,14 @@
 """Device memory bandwidth: copy one large buffer into another, on the device.
 
-Bandwidth counts the bytes read AND written: 2 x buffer / time, as nvbandwidth's
-device-local copy and BabelStream's "copy" do; a vendor's "4.8 TB/s" is the same
-kind of total. The buffer is far larger than any cache (2 GiB on a GPU), so this is
-memory, not L2.
+Bandwidth counts the copied bytes once: buffer / time, as nvbandwidth prints for the
+same copy (`device_local_copy`: cuMemcpyAsync between two buffers of one GPU,
+bandwidth = copy size x loop count / time; nvbandwidth memcpy.cpp,
+`MemcpyOperation::doMemcpyCore`), so a user can set the two side by side. The memory
+itself moves twice that (each byte read, then written): a datasheet's "4.8 TB/s"
+counts both, so the expected figures (`gpucheck.stress.specs`) allow half of it.
+Before 2026-11 gpucheck counted read + write (2 x buffer / time): such reports say
+so in `counted`, and compare/fleet halve them. The buffer is far larger than any
+cache (2 GiB on a GPU), so this is memory, not L2.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ class CopyRecord:
     rank: int
     size_bytes: int
     iters: int
-    gbps: float  # 2 x size_bytes x iters / total time
+    gbps: float  # size_bytes x iters / total time: copied bytes, counted once
     gbps_p50: float  # from the median copy: what the verdicts use
     p50_ms: float
     p99_ms: float
@@ -62,7 +67,7 @@ def measure_copy(rank: int, size: int, device: Any, kind: str, warmup_s: float,
             hook("membw", i, dst)
 
     stats = summarise(timed_window(step, kind, warmup_s, window_s))
-    moved = 2.0 * size
+    moved = float(size)  # counted once, as nvbandwidth (see the module docstring)
     return CopyRecord(rank=rank, size_bytes=size, iters=stats.iters,
                       gbps=moved * stats.iters / stats.total_s / 1e9,
                       gbps_p50=moved / stats.p50_s / 1e9,

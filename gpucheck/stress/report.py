@@ -11,13 +11,15 @@ from gpucheck.distributed.nodes import group_by_node
 from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
 from gpucheck.numa import cpulist, on_node, parse_cpulist
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
+from gpucheck.stress.p2p_verdicts import p2p_findings
 from gpucheck.stress.sdc import judge
-from gpucheck.stress.specs import copy_figure, gemm_figure
+from gpucheck.stress.specs import COPY_COUNTED, copy_figure, gemm_figure
 from gpucheck.stress.verdicts import (
+    again_of,
+    copies_again,
     expected_findings,
     link_findings,
     peer_findings,
-    slow_vs_median,
     subjects,
 )
 
@@ -148,14 +150,25 @@ def _gemm_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
                               if figure else None})
         values = {int(r["rank"]): float(r["tflops_p50"]) for r in mine}
         what = f"{dtype} GEMM {mine[0]['size']}^3"
+        again = again_of(result.get("gemm_again"), "tflops_p50", dtype)
         findings += peer_findings("stress.gemm.peers", what, "TFLOP/s", values, ranks,
-                                  verdicts.peer_fraction, causes=_causes(result))
+                                  verdicts.peer_fraction, causes=_causes(result), again=again)
         findings += expected_findings("stress.gemm.expected", what, "TFLOP/s", values, ranks,
                                       lambda m, d=dtype: gemm_figure(m, d),
-                                      verdicts.expected_fraction)
-    data = {"flops_per_product": "2 n^3", "results": table}
+                                      verdicts.expected_fraction, again)
+    data = {"flops_per_product": "2 n^3", **_thresholds(verdicts), "results": table}
+    if result.get("gemm_again"):
+        data["measured again"] = list(result["gemm_again"])
     return Section("gemm", "Matrix multiply throughput per rank (TFLOP/s; verdicts use the "
                    "median product)", data, findings)
+
+
+def _thresholds(verdicts: Verdicts) -> dict[str, float]:
+    """The fractions the verdicts used, kept in the data so charts (and readers) use
+    the same: a rank is flagged below peer_threshold x its node's median (vs_peers)
+    or expected_threshold x its model's typical figure (vs_expected)."""
+    return {"peer_threshold": verdicts.peer_fraction,
+            "expected_threshold": verdicts.expected_fraction}
 
 
 def _membw_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
@@ -171,11 +184,14 @@ def _membw_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
                           if figure else None})
     values = {int(r["rank"]): float(r["gbps_p50"]) for r in rows}
     what = "device memory copy"
+    again = again_of(result.get("membw_again"), "gbps_p50")
     findings = peer_findings("stress.membw.peers", what, "GB/s", values, ranks,
-                             verdicts.peer_fraction, causes=_causes(result))
+                             verdicts.peer_fraction, causes=_causes(result), again=again)
     findings += expected_findings("stress.membw.expected", what, "GB/s", values, ranks,
-                                  copy_figure, verdicts.expected_fraction)
-    data = {"counted": "2 x size_bytes per copy (read + write)", "results": table}
+                                  copy_figure, verdicts.expected_fraction, again)
+    data = {"counted": COPY_COUNTED, **_thresholds(verdicts), "results": table}
+    if result.get("membw_again"):
+        data["measured again"] = list(result["membw_again"])
     return Section("membw", "Device memory bandwidth per rank (GB/s)", data, findings)
 
 
@@ -190,10 +206,14 @@ def _sdc_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     times = {int(r["rank"]): float(r["p50_ms"]) for r in records}
     findings += peer_findings("stress.sdc.straggler", "median burn-in product time", "ms",
                               times, ranks, verdicts.peer_fraction, higher_is_better=False,
-                              causes=_causes(result))
+                              causes=_causes(result),
+                              again=again_of(result.get("sdc_again"), "p50_ms"))
     data = {"dtype": sdc["dtype"], "size": sdc["size"], "burn_in_s": sdc["duration_s"],
             "tolerance_vs_reference": sdc["tolerance"], "rows_vs_reference": sdc["rows_checked"],
             "results": table}
+    if result.get("sdc_again"):
+        data["measured again"] = [{k: r[k] for k in ("rank", "iters", "p50_ms", "p99_ms")}
+                                  for r in result["sdc_again"]]
     return Section("sdc", "Silent data corruption: the same product, repeated and compared",
                    data, findings)
 
@@ -265,15 +285,19 @@ def _copies_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     alone = [{"rank": r["rank"], "h2d_gbps": r["h2d_alone_gbps"],
               "d2h_gbps": r["d2h_alone_gbps"], "link": r["link"],
               "link_gbps": r["link_gbps"]} for r in rows if r["h2d_alone_gbps"] is not None]
-    findings = link_findings("stress.copies.link", alone, ranks, verdicts.copy_fraction)
+    again = copies.get("again")
+    findings = link_findings("stress.copies.link", alone, ranks, verdicts.copy_fraction,
+                             copies_again(again, "alone"))
     together = {int(r["rank"]): min(r["h2d_together_gbps"], r["d2h_together_gbps"])
                 for r in rows}
     findings += peer_findings("stress.copies.together", "host copies with every GPU at once "
                               "(slower direction)", "GB/s", together, ranks,
-                              verdicts.peer_fraction)
+                              verdicts.peer_fraction, again=copies_again(again, "together"))
     table = [r | {"together_vs_alone": _together_ratio(r)} for r in rows]
     data = {"counted": "bytes one way / median copy time (one PCIe direction)",
             "results": table}
+    if again:
+        data["measured again"] = list(again)
     return Section("copies", "Host<->device copies (pinned memory): each GPU alone, then "
                    "all at once (GB/s)", data, findings)
 
@@ -320,36 +344,3 @@ def _gpu_name(node: Mapping[str, Any], index: int) -> str:
     gpu = node["gpus"][index]
     head = f"GPU {gpu['nvml_index']}" if gpu.get("nvml_index") is not None else "?"
     return f"cuda:{index} ({head})"
-
-
-def p2p_findings(node: Mapping[str, Any], where: str, fraction: float) -> list[Finding]:
-    """Pairs without peer access while others have it; pairs slow against the median."""
-    pairs = node["pairs"]
-    measured = {(p["src"], p["dst"]): p["gbps"] for p in pairs if p["gbps"] is not None}
-    if not measured:
-        return [skip("stress.p2p", f"{where}: no GPU pair has peer access (PCIe without "
-                     "P2P support, or P2P disabled): copies go through host memory",
-                     subject=where)]
-    findings = []
-    blocked = [p for p in pairs if not p["peer_access"]]
-    if blocked:
-        listed = ", ".join(f"cuda:{p['src']}->cuda:{p['dst']}" for p in blocked[:8])
-        findings.append(warn("stress.p2p", f"{where}: {len(blocked)} pair(s) without peer "
-                             f"access while {len(measured)} have it ({listed})",
-                             hint="check nvidia-smi topo -m and nvidia-smi topo -p2p r; ACS "
-                             "or an IOMMU setting can block P2P between some GPUs",
-                             subject=where))
-    median, slow = slow_vs_median(dict(enumerate(measured.values())), fraction)
-    keys = list(measured)
-    for index, ratio in slow.items():
-        src, dst = keys[index]
-        findings.append(warn("stress.p2p", f"{where}: cuda:{src}->cuda:{dst} copies at "
-                             f"{measured[(src, dst)]:.4g} GB/s, {ratio:.2f}x the median pair "
-                             f"({median:.4g} GB/s)",
-                             hint="check this pair's link: nvidia-smi nvlink -s / -e for "
-                             "NVLink errors, nvidia-smi topo -m for the path",
-                             subject=f"{where} cuda:{src}->cuda:{dst}"))
-    if not findings:
-        findings.append(ok("stress.p2p", f"{where}: {len(measured)} pairs, all at or above "
-                           f"{fraction:g} x the median pair ({median:.4g} GB/s)"))
-    return findings

@@ -1,0 +1,71 @@
+"""From `gpucheck hang` to its verdict, on a job that hangs on purpose.
+
+    PYTHONPATH=. python benchmarks/hang_speed.py [--ranks 3] [--runs 5] [--window 2]
+
+Starts a gloo job of --ranks ranks on 127.0.0.1 (tests/hang_jobs.py "user": rank 1
+loops in its own code, the others wait in all_reduce), then runs the command as a
+person types it, a new process each time, with the ranks' PIDs and without any
+(every rank process of the machine is looked at), and times each run from start to
+exit. Every run must name rank 1 and only it. The goal: at most 10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.comm_workers import clean_env  # noqa: E402
+from tests.hang_launch import hang_job  # noqa: E402
+
+
+def one_run(pids: list[int] | None, window: float) -> tuple[float, list[str]]:
+    """(seconds to the verdict, the subjects named)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "hang.json"
+        args = [sys.executable, "-m", "gpucheck", "hang", *map(str, pids or []),
+                "--window", str(window), "-q", "-o", str(out)]
+        start = time.monotonic()
+        subprocess.run(args, env=clean_env(), check=False, timeout=120)
+        elapsed = time.monotonic() - start
+        report = json.loads(out.read_text())
+    named = [f["subject"] for s in report["sections"] for f in s["findings"]
+             if f["status"] == "FAIL" and f["check"].startswith("hang.rank.")
+             and (pids is None or s["data"].get("ranks"))]
+    return elapsed, named
+
+
+def measure(label: str, pids: list[int] | None, runs: int, window: float,
+            want: str) -> None:
+    times = []
+    for k in range(runs):
+        elapsed, named = one_run(pids, window)
+        mine = [n for n in named if n.startswith(want)]
+        print(f"  {label} run {k + 1}: {elapsed:.2f} s, named {mine or named}")
+        times.append(elapsed)
+    print(f"{label}: median {statistics.median(times):.2f} s "
+          f"({min(times):.2f} to {max(times):.2f}) over {runs} runs")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--window", type=float, default=2.0)
+    args = parser.parse_args()
+    with hang_job("user", odd=1, n=args.ranks) as job:
+        print(f"{args.ranks} gloo ranks, rank 1 stuck in user code, --window {args.window:g}")
+        measure("gpucheck hang PIDS", job.pids, args.runs, args.window, "rank 1 ")
+        measure("gpucheck hang (no PIDs)", None, args.runs, args.window, "rank 1 ")
+
+
+if __name__ == "__main__":
+    main()

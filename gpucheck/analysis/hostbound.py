@@ -1,0 +1,73 @@
+"""A bench that got slower on the wall clock while its ranks computed at the same
+pace: B's host did not run the ranks (other load on the machine, a CPU quota, a
+stopped process), not a slower device. compare says so as a WARN instead of a
+regression FAIL: the hardware did not get worse, the node was busy.
+
+A rank's pace is its median iteration in device time (CPU time on CPU ranks,
+`bench.iteration_p50_ms`); its wall figure is `bench.images_per_s`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from gpucheck.analysis.metrics import Metric
+from gpucheck.report import Finding, warn
+
+HOST_BOUND = "host-bound"
+_WALL = "bench.images_per_s."
+_PACE = "bench.iteration_p50_ms."
+# The job's wall figures follow the slowest rank: host-bound when every worse rank is.
+_JOB = ("bench.aggregate_images_per_s", "bench.job_wall_s")
+
+
+def host_bound_ranks(table: list[dict[str, Any]], a: Mapping[str, Metric],
+                     b: Mapping[str, Metric]) -> dict[str, tuple[float, float]]:
+    """Rank position -> (wall, pace) slowdown factors of B against A, for every rank
+    whose wall figure is worse and whose pace explains less than half of it (in log
+    terms: 6x slower on the wall clock at a 1.1x slower pace is a busy host; 1.4x at
+    1.4x is a slower device). Load also costs some pace (shared caches), hence half."""
+    found = {}
+    for row in table:
+        name = row["metric"]
+        if not name.startswith(_WALL) or row["verdict"] != "worse":
+            continue
+        rank = name[len(_WALL):]
+        pace = _PACE + rank
+        if pace not in a or pace not in b or min(a[pace].value, b[pace].value) <= 0 \
+                or b[name].value <= 0:
+            continue
+        wall_factor = a[name].value / b[name].value  # images/s: higher is better
+        pace_factor = b[pace].value / a[pace].value  # ms per iteration: lower is better
+        if math.log(max(pace_factor, 1.0)) < 0.5 * math.log(wall_factor):
+            found[rank] = (wall_factor, pace_factor)
+    return found
+
+
+def relabel(table: list[dict[str, Any]], ranks: Mapping[str, Any]) -> None:
+    """Mark the host-bound ranks' wall and pace rows, and the job's wall figures when
+    every worse rank is host-bound."""
+    worse_ranks = {r["metric"][len(_WALL):] for r in table
+                   if r["metric"].startswith(_WALL) and r["verdict"] == "worse"}
+    for row in table:
+        name = row["metric"]
+        if row["verdict"] != "worse":
+            continue
+        rank = name.rsplit(".", 1)[-1]
+        if (name.startswith((_WALL, _PACE)) and rank in ranks) or (
+                name in _JOB and worse_ranks and worse_ranks <= ranks.keys()):
+            row["verdict"] = HOST_BOUND
+
+
+def host_bound_finding(ranks: Mapping[str, tuple[float, float]]) -> Finding:
+    said = ", ".join(f"{rank}: {wall:.2f}x slower on the wall clock, pace {pace:.2f}x"
+                     for rank, (wall, pace) in sorted(ranks.items()))
+    return warn("compare.host_bound",
+                f"B's ranks ran slower but computed at about A's pace ({said}): B's host did not "
+                "run them for part of the time (other load, a CPU quota, a stopped "
+                "process), so this is not a slower device",
+                hint="rerun B on an idle node (check top, the job's cgroup CPU quota, other "
+                "jobs on the node); if it stays slow, find what shares the node's CPUs",
+                action="rerun")

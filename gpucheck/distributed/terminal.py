@@ -1,0 +1,121 @@
+"""What the person at the terminal sees while a command runs: one line per step and a
+tqdm bar where there is a count, on stderr, from the reporting rank only.
+
+A rank job is quiet for a long time otherwise (spawning ranks and loading torch, a
+comm sweep, a stress burn-in), and a silent terminal reads as a hang. Progress is
+shown only when the person asked for it implicitly: stderr is a terminal and
+`--quiet` was not given. The CLI decides once (`configure`) and the decision travels
+to spawned ranks through the environment, as the run directory does
+(`gpucheck.distributed.progress`). Off a terminal nothing is written, so logs, pipes
+and CI output stay the report alone; progress never goes to stdout or into a report.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+SHOW_VAR = "GPUCHECK_PROGRESS"
+
+# The bars open in this process, innermost last: `step` names what the innermost does.
+_open: list[Bar] = []
+
+
+def configure(show: bool) -> None:
+    """Show progress in this process and the ranks it starts (`show`: stderr is a
+    terminal and no --quiet)."""
+    os.environ[SHOW_VAR] = "1" if show else "0"
+
+
+def wanted(quiet: bool) -> bool:
+    """Whether a command run with `quiet` on this stderr should show progress."""
+    return not quiet and sys.stderr.isatty()
+
+
+def enabled() -> bool:
+    """Progress is on and this process reports: the launcher, one rank alone, or rank 0
+    of a job launched by torchrun or srun (the other ranks would repeat it)."""
+    if os.environ.get(SHOW_VAR) != "1":
+        return False
+    from gpucheck.distributed.world import world_from_env
+    from gpucheck.errors import UsageError
+
+    try:
+        world = world_from_env()
+    except UsageError:
+        return False  # the command itself says what is wrong with the environment
+    return world is None or world.is_reporter
+
+
+def say(text: str) -> None:
+    """One line of progress (above any open bar)."""
+    if not enabled():
+        return
+    if _open and _open[-1].tqdm is not None:
+        _open[-1].tqdm.write(text, file=sys.stderr)
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
+def step(text: str) -> None:
+    """Name what the innermost open bar is doing now (`gemm bf16 8192^3`)."""
+    if _open:
+        _open[-1].describe(text)
+
+
+class Bar:
+    """A tqdm bar `label: what it does now`, counting `unit`s; inert when progress is off
+    (tqdm is not even imported then)."""
+
+    def __init__(self, label: str, total: int | None, unit: str) -> None:
+        self.label = label
+        self.tqdm: Any = None
+        if enabled():
+            from tqdm import tqdm
+
+            # A terminal that reports no size (a bare pseudo-terminal: 0 columns) would
+            # get an empty bar; it gets 80 columns instead.
+            fixed = None if _columns() else 80
+            self.tqdm = tqdm(total=total, unit=unit, leave=False, file=sys.stderr,
+                             desc=label, ncols=fixed, dynamic_ncols=fixed is None)
+
+    def describe(self, text: str) -> None:
+        if self.tqdm is not None:
+            self.tqdm.set_description(f"{self.label}: {text}")
+
+    def restart(self, text: str, total: int | None) -> None:
+        """Count again from zero, for a new phase (bench's warm-up, then timed loop)."""
+        if self.tqdm is not None:
+            self.tqdm.reset(total=total)
+            self.describe(text)
+
+    def advance(self, count: int = 1) -> None:
+        if self.tqdm is not None:
+            self.tqdm.update(count)
+
+    def close(self) -> None:
+        if self.tqdm is not None:
+            self.tqdm.close()
+            self.tqdm = None
+
+
+def _columns() -> int:
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError):
+        return 0
+
+
+@contextmanager
+def bar(label: str, total: int | None = None, unit: str = "it") -> Iterator[Bar]:
+    """An open bar for the block; `step` names its current step."""
+    opened = Bar(label, total, unit)
+    _open.append(opened)
+    try:
+        yield opened
+    finally:
+        _open.remove(opened)
+        opened.close()

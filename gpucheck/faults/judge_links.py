@@ -1,0 +1,96 @@
+"""How the GPU's links are judged: PCIe replays and NVLink.
+
+`nvidia-smi -q` "Replays Since Reset", `nvidia-smi nvlink --status` and `nvidia-smi
+nvlink -e`, before and after the run. The rates are DCGM's (docs/faults.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpucheck.faults.verdict import Verdict, counter, na, ok
+from gpucheck.report import Status
+
+PCIE_REPLAYS_PER_MIN = 8  # DCGM's limit ("8 replays per minute is the maximum recommended")
+NVLINK_ERRORS_PER_S = 100.0  # DCGM: "CRC errors only matter at rates of 100+ per second"
+
+
+def judge_pcie(result: Mapping[str, Any]) -> Verdict:
+    """PCIe replays: WARN above PCIE_REPLAYS_PER_MIN a minute (at least that many in a
+    run shorter than a minute)."""
+    check, count = "faults.pcie.replay", counter(result, "pcie_replays")
+    if count is None:
+        return na(check, "PCIe replay counter")
+    minutes = max(1.0, (result.get("watched_s") or 0.0) / 60.0)
+    if count > PCIE_REPLAYS_PER_MIN * minutes:
+        return Verdict(check, Status.WARN, f"{count} PCIe replays during the run "
+                       f"({count / minutes:.0f} a minute; the limit is {PCIE_REPLAYS_PER_MIN})",
+                       "replace-hardware", "the PCIe link kept retransmitting: at the next "
+                       "maintenance reseat the GPU and check its riser, cable and slot; "
+                       "replace the part if replays continue (nvidia-smi -q | grep -i replay)")
+    return ok(check, f"PCIe replays +{count}")
+
+
+def _links(result: Mapping[str, Any], name: str) -> str:
+    grown = result.get("nvlink_links_grown") or {}
+    links = sorted((int(k) for k, v in grown.items() if v.get(name)))
+    return f" (link {', '.join(map(str, links))})" if links else ""
+
+
+def judge_nvlink(result: Mapping[str, Any]) -> list[Verdict]:
+    """A link that went down or a recovery (retraining): FAIL; CRC/replay errors at
+    NVLINK_ERRORS_PER_S or more: WARN; fewer: noted, OK."""
+    active = (counter(result, "nvlink_active_links", "before"),
+              counter(result, "nvlink_active_links", "after"))
+    d = {n: counter(result, f"nvlink_{n}") for n in ("crc_flit", "crc_data", "replay",
+                                                      "recovery")}
+    if active[0] is None or (not active[0] and not active[1]):
+        return [na("faults.nvlink.crc", "NVLink (none on this GPU)")]
+    verdicts = []
+    if active[1] is not None and active[1] < active[0]:
+        verdicts.append(Verdict("faults.nvlink.down", Status.FAIL, f"{active[0] - active[1]} "
+                                f"NVLink link(s) went down during the run ({active[0]} active "
+                                f"before, {active[1]} after)", "reset-gpu", "check nvidia-smi "
+                                "nvlink --status; reset the GPU with its NVLink peers, and "
+                                "have the NVLink/NVSwitch hardware checked if a link stays down"))
+    if d["recovery"]:
+        verdicts.append(Verdict("faults.nvlink.recovery", Status.FAIL, f"{d['recovery']} "
+                                f"NVLink recovery error(s) during the run"
+                                f"{_links(result, 'nvlink_recovery')}: a link dropped and "
+                                "retrained, stalling its traffic", "reset-gpu", "reset the GPU "
+                                "with its NVLink peers (nvidia-smi nvlink -e shows the "
+                                "counters); drain the node and have the link hardware checked "
+                                "if it recurs"))
+    verdicts.append(_nvlink_errors(result, d))
+    return verdicts
+
+
+def _nvlink_errors(result: Mapping[str, Any], d: dict[str, int | None]) -> Verdict:
+    check = "faults.nvlink.crc"
+    if all(d[n] is None for n in ("crc_flit", "crc_data", "replay")):
+        # Links are up (judge_nvlink checked), so the counters were refused, not absent:
+        # NVML removed them on Blackwell (change log, v560 -> v565). Say so.
+        return na(check, "NVLink error counters (NVML answers NotSupported on the active "
+                  "links: it removed them on Blackwell, B200/GB200, from driver R565; "
+                  "NVLink faults still arrive as XIDs 144-150)")
+    # A CRC error is answered by a replay: count the larger side, not both.
+    errors = max((d["crc_flit"] or 0) + (d["crc_data"] or 0), d["replay"] or 0)
+    seconds = result.get("watched_s") or 0.0
+    rate = errors / seconds if seconds > 0 else 0.0
+    where = _links(result, "nvlink_crc_flit") or _links(result, "nvlink_replay")
+    if errors and rate >= NVLINK_ERRORS_PER_S:
+        return Verdict(check, Status.WARN, f"{errors} NVLink CRC/replay errors during the run"
+                       f"{where}, {rate:.0f}/s (WARN from {NVLINK_ERRORS_PER_S:.0f}/s): a "
+                       "marginal link, retransmitting", "replace-hardware", "reset the GPU with "
+                       "its NVLink peers; if the rate stays high, have the NVLink bridge, cable "
+                       "or NVSwitch tray checked (nvidia-smi nvlink -e)")
+    note = f"{where}, corrected by replay, {rate:.1f}/s" if errors else ""
+    recovery = d["recovery"]
+    return ok(check, f"NVLink CRC/replay +{errors}{note}, recovery "
+                     f"{'n/a' if recovery is None else f'+{recovery}'}")
+
+
+def judge_links(result: Mapping[str, Any]) -> list[Verdict]:
+    """Every link verdict on one rank's result."""
+    return [judge_pcie(result), *judge_nvlink(result)]

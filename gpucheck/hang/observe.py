@@ -1,0 +1,145 @@
+"""Watch every rank for a short window: stack samples, process state, CPU, GPU.
+
+All ranks are watched at once (one thread each), so N ranks cost one window, not N.
+One snapshot cannot tell a hung job from a slow one (a fast rank of a healthy job
+spends most of its time waiting in all_reduce for the slowest): what tells them
+apart is whether a rank ever leaves the collective during the window. py-spy samples
+each rank RECORD_RATE_HZ times a second for the window; a rank whose main thread
+sat in the same collective call in every sample is pinned there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psutil
+
+from gpucheck.hang import stacks
+from gpucheck.hang.gpu import per_process
+from gpucheck.hang.procs import RankProcess
+from gpucheck.hang.sites import Site, site_of
+from gpucheck.hang.stacks import Frame, StackError
+
+DEFAULT_WINDOW_S = 2.0
+MAX_FRAMES = 12
+
+
+@dataclass
+class RankView:
+    """What one rank was doing during the window (plain values: sent across nodes)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    pid: int | None
+    host: str
+    node_rank: int = 0
+    state: str = "unknown"  # psutil's status at the end: running, sleeping, stopped, ...
+    state_start: str = "unknown"
+    cpu_pct: float | None = None
+    site: dict[str, Any] | None = None  # Site as a dict: the most frequent site
+    pinned: bool = False  # every sample at that one collective site
+    steady: bool = False  # every sample at that one site, whatever its kind
+    samples: int = 0
+    site_share: float | None = None  # of the samples, the share at `site`
+    stack: list[str] = field(default_factory=list)  # innermost first
+    stack_error: str | None = None  # kind: detail
+    gpu: dict[str, Any] | None = None
+    env: dict[str, str] = field(default_factory=dict)  # allowlisted only
+
+    @property
+    def where(self) -> Site | None:
+        return Site(**self.site) if self.site else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _cpu_seconds(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def _status(proc: psutil.Process) -> str:
+    try:
+        return str(proc.status())
+    except psutil.NoSuchProcess:
+        return "exited"
+    except psutil.Error:
+        return "unknown"
+
+
+def _main_thread(samples: stacks.Samples, pid: int) -> int | None:
+    """The thread that matters: one seen in a collective (the most often), else the
+    main thread (its id is the PID), else the busiest."""
+    in_c10d: Counter[int] = Counter()
+    seen: Counter[int] = Counter()
+    for (tid, frames), count in samples.items():
+        seen[tid] += count
+        if site_of(frames).kind == "collective":
+            in_c10d[tid] += count
+    if in_c10d:
+        return in_c10d.most_common(1)[0][0]
+    return pid if pid in seen else (seen.most_common(1)[0][0] if seen else None)
+
+
+def _judge_samples(view: RankView, samples: stacks.Samples) -> None:
+    tid = _main_thread(samples, view.pid or 0)
+    sites: Counter[Site] = Counter()
+    stack_at: dict[Site, tuple[Frame, ...]] = {}
+    for (thread, frames), count in samples.items():
+        if thread == tid:
+            site = site_of(frames)
+            sites[site] += count
+            stack_at.setdefault(site, frames)
+    if not sites:
+        return
+    site, count = sites.most_common(1)[0]
+    view.samples = sum(sites.values())
+    view.site, view.site_share = asdict(site), count / view.samples
+    # Pinned: every sample with a Python frame at one collective call (--nonblocking
+    # reads can catch a thread between frames: such a sample says nothing).
+    known = [s for s in sites if s.kind != "unknown"]
+    view.steady = len(known) == 1
+    view.pinned = view.steady and known[0].kind == "collective"
+    view.stack = [f.where for f in stack_at[site][:MAX_FRAMES]]
+
+
+def watch_rank(rank: RankProcess, host: str, window_s: float) -> RankView:
+    """Watch one rank for `window_s`; every failure becomes a field, never a raise."""
+    view = RankView(rank.rank, rank.local_rank, rank.world_size, rank.pid, host,
+                    env=dict(rank.env))
+    try:
+        proc = psutil.Process(rank.pid)
+        view.state_start = _status(proc)
+        cpu0, t0 = _cpu_seconds(proc), time.monotonic()
+    except psutil.Error:
+        view.state = view.state_start = "exited"
+        return view
+    try:
+        _judge_samples(view, stacks.record(rank.pid, window_s))
+    except StackError as exc:
+        view.stack_error = f"{exc.kind}: {exc.detail}"
+        time.sleep(max(0.0, window_s - (time.monotonic() - t0)))
+    view.state = _status(proc)
+    try:
+        view.cpu_pct = 100.0 * (_cpu_seconds(proc) - cpu0) / max(time.monotonic() - t0, 1e-3)
+    except psutil.Error:
+        view.cpu_pct = None
+    return view
+
+
+def watch(ranks: list[RankProcess], host: str, window_s: float = DEFAULT_WINDOW_S,
+          nvml_timeout_s: float = 3.0) -> tuple[list[RankView], str | None]:
+    """Every rank at once, NVML beside them: (views in rank order, why no GPU data)."""
+    with ThreadPoolExecutor(max_workers=len(ranks) + 1) as pool:
+        gpu_future = pool.submit(per_process, [r.pid for r in ranks], nvml_timeout_s)
+        views = list(pool.map(lambda r: watch_rank(r, host, window_s), ranks))
+        gpus, gpu_note = gpu_future.result()
+    for view in views:
+        view.gpu = gpus.get(view.pid or -1)
+    return views, gpu_note

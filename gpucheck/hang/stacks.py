@@ -1,0 +1,137 @@
+"""A rank's Python stack, through py-spy (https://github.com/benfred/py-spy).
+
+py-spy reads another process's memory (process_vm_readv), which the kernel allows
+under the ptrace access rules: the same user and, where Yama is on
+(kernel.yama.ptrace_scope >= 1), only with CAP_SYS_PTRACE for a process that is not
+a child. Always `--nonblocking`: the target is never paused, so looking at a
+production job cannot slow it or leave it stopped. Every call has a timeout.
+
+The command a person would type: `py-spy dump --pid PID` (one snapshot); gpucheck
+runs `py-spy record --idle --threads --format raw --duration 2 --pid PID` instead: the
+same stacks, sampled over a window, in one py-spy process per rank.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+DUMP_TIMEOUT_S = 5.0
+RECORD_RATE_HZ = 50
+PTRACE_CAPABILITY = ("the capability to read other processes' memory: run as the job's "
+                     "user or root with CAP_SYS_PTRACE (docker run --cap-add SYS_PTRACE; "
+                     "Kubernetes securityContext.capabilities.add: [SYS_PTRACE]) and "
+                     "kernel.yama.ptrace_scope at most 1 (sysctl kernel.yama.ptrace_scope)")
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    file: str  # as py-spy gives it (dump: full path; record: package-relative)
+    line: int
+
+    @property
+    def where(self) -> str:
+        """`function at file:line`; an installed package's file from its package folder
+        (torch/distributed/distributed_c10d.py), the job's own files in full."""
+        file = self.file
+        for mark in ("/site-packages/", "/dist-packages/"):
+            if mark in file:
+                file = file.split(mark, 1)[1]
+        return f"{self.function} at {file}:{self.line}"
+
+
+class StackError(Exception):
+    """py-spy could not read the stack: `kind` is denied, gone, timeout, missing or error."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        self.kind = kind
+        self.detail = detail
+        super().__init__(detail)
+
+
+def py_spy_path() -> str | None:
+    """py-spy on PATH, else beside this Python (a venv's bin/ not on PATH)."""
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else None
+
+
+def _run(args: list[str], timeout_s: float) -> str:
+    exe = py_spy_path()
+    if exe is None:
+        raise StackError("missing", "py-spy is not installed (pip install py-spy)")
+    try:
+        done = subprocess.run([exe, *args], capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise StackError("timeout", f"py-spy gave no stack within {timeout_s:g} s") from None
+    except OSError as exc:
+        raise StackError("error", f"cannot run py-spy: {exc}") from None
+    if done.returncode != 0:
+        raise _error(done.stdout + done.stderr)
+    return done.stdout
+
+
+def _error(output: str) -> StackError:
+    """py-spy's failure text, as a kind: it prints "Permission Denied" when ptrace is
+    refused and "Failed to get process executable name ... (os error 13)" when even
+    /proc/PID/exe is closed to us."""
+    text = output.strip()
+    first = next((line for line in text.splitlines() if line.strip()), "py-spy failed")
+    if "Permission Denied" in text or "os error 13" in text or "os error 1)" in text:
+        return StackError("denied", "no permission to read the process's stack: needs "
+                          + PTRACE_CAPABILITY)
+    if "os error 2" in text or "os error 3)" in text or "No such process" in text:
+        return StackError("gone", "the process exited")
+    return StackError("error", first[:300])
+
+
+Samples = Counter[tuple[int, tuple[Frame, ...]]]  # (thread id, stack innermost first)
+
+
+def record(pid: int, duration_s: float, rate_hz: int = RECORD_RATE_HZ) -> Samples:
+    """How often each thread's stack was seen over `duration_s`, idle threads included:
+    a rank waiting in a collective is idle, and that is what matters here."""
+    seconds = max(1, round(duration_s))  # py-spy takes whole seconds
+    with tempfile.TemporaryDirectory(prefix="gpucheck-hang-") as tmp:
+        out = os.path.join(tmp, "raw.txt")
+        _run(["record", "--nonblocking", "--idle", "--threads", "--full-filenames",
+              "--format", "raw", "--rate", str(rate_hz), "--duration", str(seconds),
+              "--output", out, "--pid", str(pid)], seconds + DUMP_TIMEOUT_S + 5)
+        text = Path(out).read_text() if os.path.exists(out) else ""
+    return parse_raw(text)
+
+
+def parse_raw(text: str) -> Samples:
+    """py-spy's raw (collapsed) format with --threads:
+    `thread (TID): NAME;outer (file:line);...;inner (file:line) COUNT`."""
+    stacks: Samples = Counter()
+    for line in text.splitlines():
+        body, _, count = line.rpartition(" ")
+        head, sep, rest = body.partition("): ")
+        if not sep or not count.isdigit() or not head.startswith("thread ("):
+            continue
+        try:
+            tid = int(head[len("thread ("):], 0)
+        except ValueError:
+            continue
+        frames = [_raw_frame(part) for part in rest.split(";")[1:]]
+        stacks[(tid, tuple(f for f in reversed(frames) if f is not None))] += int(count)
+    return stacks
+
+
+def _raw_frame(part: str) -> Frame | None:
+    name, _, rest = part.rpartition(" (")
+    file, _, line = rest.rstrip(")").rpartition(":")
+    if not name or not line.isdigit():
+        return None
+    return Frame(name, file, int(line))

@@ -1,0 +1,74 @@
+"""`gpucheck hang --traces DIR`: the Flight Recorder verdict as a report section."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpucheck.hang.trace_verdict import GroupVerdict, judge_group
+from gpucheck.hang.traces import MISSING, dump_files, groups, load
+from gpucheck.report import Finding, Section, fail, ok, warn
+
+_DESYNC_HINT = ("the ranks call collectives in different orders or with different "
+                "shapes: a branch on the rank or on data; fix the program "
+                "(TORCH_DISTRIBUTED_DEBUG=DETAIL checks every call)")
+_MISSING_HINT = ("the others wait for this rank: see what it does instead (gpucheck hang "
+                 "on its node while the job still runs, or its log)")
+
+
+def group_findings(v: GroupVerdict) -> list[Finding]:
+    found = []
+    for rank, what in sorted(v.culprits.items()):
+        check = "hang.traces.missing" if "never reached" in what else "hang.traces.desync"
+        found.append(fail(check, f"rank {rank} {what}",
+                          hint=_MISSING_HINT if check.endswith("missing") else _DESYNC_HINT,
+                          subject=f"rank {rank}"))
+    if v.split:
+        sides = "; ".join(f"ranks {', '.join(map(str, r))}: {w}" for w, r in v.split.items())
+        found.append(warn("hang.traces.split", f"collective #{v.diverge_seq} of group "
+                          f"{v.group} ({v.desc}) splits the ranks evenly: {sides}",
+                          hint=_DESYNC_HINT))
+    if v.no_dump and not v.culprits:
+        ranks = ", ".join(map(str, v.no_dump))
+        found.append(fail("hang.traces.no_dump", f"rank(s) {ranks} of group {v.group} left "
+                          "no dump while the others agree: dead, or stuck before dumping",
+                          hint="read those ranks' logs; a rank that died writes no dump",
+                          subject=f"rank {ranks}"))
+    if not found:
+        last = f"#{v.last_agreed[0]} ({v.last_agreed[1].describe()})" if v.last_agreed else "none"
+        found.append(ok("hang.traces.agree", f"group {v.group} ({v.desc}): the "
+                        f"{len(v.members)} ranks agree on every recorded collective, "
+                        f"through {last}"))
+    return found
+
+
+def group_row(v: GroupVerdict) -> dict[str, Any]:
+    expected = v.expected.describe() if v.expected is not None and v.expected != MISSING \
+        else v.expected
+    return {"group": v.group, "desc": v.desc, "ranks": len(v.members),
+            "recorded": f"#{v.first_seq}..#{v.last_seq}" if v.first_seq is not None else None,
+            "first_mismatch": v.diverge_seq, "expected": expected,
+            "culprits": ", ".join(map(str, sorted(v.culprits))) or None,
+            "last_agreed": (f"#{v.last_agreed[0]} {v.last_agreed[1].describe()}"
+                            if v.last_agreed else None),
+            "last_completed_by_all": v.last_completed_by_all}
+
+
+def traces_section(directory: str, prefix: str | None) -> Section:
+    """Raises UsageError when DIR holds no dump torch can read."""
+    from gpucheck.errors import UsageError
+    from gpucheck.hang.findings import ARM
+
+    files = dump_files(directory, prefix)
+    if not files:
+        raise UsageError(f"--traces {directory}: no Flight Recorder dump (files named "
+                         f"<prefix><rank>); to have them next time, {ARM}")
+    dumps, unreadable = load(files)
+    if not dumps:
+        raise UsageError(f"--traces {directory}: no dump torch can read: {unreadable[0]}")
+    verdicts = [judge_group(g, set(dumps)) for g in groups(dumps)]
+    data = {"directory": directory, "ranks_dumped": sorted(dumps),
+            "unreadable": unreadable,
+            "torch_fr_version": sorted({str(d.get("version")) for d in dumps.values()}),
+            "groups": [group_row(v) for v in verdicts]}
+    findings = [f for v in verdicts for f in group_findings(v)]
+    return Section("traces", "Flight Recorder traces", data, findings)

@@ -1,0 +1,141 @@
+"""NVML health per GPU for `gpucheck health`: read as `env` reads, judged by the same
+rules (`gpucheck.probes.gpu_judge`), less what only matters before a benchmark.
+
+Left out on purpose: `gpu.busy` (a health check runs while jobs use the GPUs: a busy
+GPU is a healthy one at work), the topology matrix and the NUMA lines (facts, not
+health). Kept: PCIe width, ECC, row remapping and retired pages, clock-event reasons,
+persistence and MIG mode, NVLink fabric registration and health, and NVML's
+recovery action, each with the check id and action `env` gives it.
+
+The read runs on the budget runner's thread and reports its progress here
+(`GpuProgress`), so when the budget ends mid-read the GPUs read so far keep their
+verdicts and the one NVML did not answer for is named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpucheck.probes.gpu_judge import gpu_findings
+from gpucheck.probes.gpu_read import nvidia_pci_devices, read_driver, read_gpu
+from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
+from gpucheck.probes.gpus import driver_finding
+from gpucheck.probes.nvml import SLOW_ADVICE, Nvml, slow_words
+from gpucheck.report import Finding, Section, fail, ok, skip, warn
+
+NOT_IN_HEALTH = ("gpu.busy",)
+
+
+@dataclass
+class GpuProgress:
+    """What the NVML read has got so far (written by its thread, read at the deadline)."""
+
+    pci_gpus: int | None = None
+    driver: DriverInfo | None = None
+    records: list[GpuRecord] = field(default_factory=list)
+    reading: int | None = None  # the GPU index being read now
+    done: bool = False
+
+
+def read_gpus(progress: GpuProgress, nvml: Nvml, sysfs: Path) -> GpuProgress:
+    """Driver, then every GPU in turn (`nvidia-smi -q`), recording progress as it goes."""
+    progress.pci_gpus = nvidia_pci_devices(str(sysfs / "bus/pci/devices"))
+    progress.driver = read_driver(nvml)
+    for index in range(progress.driver.gpu_count or 0):
+        progress.reading = index
+        progress.records.append(read_gpu(nvml, index, sysfs))
+    progress.reading = None
+    progress.done = True
+    nvml.shutdown()
+    return progress
+
+
+def count_finding(nvml_count: int | None, pci_gpus: int | None, expected: int | None,
+                  most_seen: int | None = None) -> Finding:
+    """`gpu.count`: the GPUs NVML sees against --expect-gpus, else against the most an
+    earlier check saw (the state dir), else against the PCI bus.
+
+    Without --expect-gpus a shortfall against the PCI bus is only a WARN: a container
+    given some of the node's GPUs sees them all on the PCI bus and only its own in NVML.
+    A shortfall against an earlier check is a FAIL: this node had that GPU.
+    """
+    seen = nvml_count or 0
+    pci = f"{pci_gpus} NVIDIA GPU(s) on the PCI bus" if pci_gpus is not None else "PCI bus n/a"
+    if expected is not None:
+        if seen < expected:
+            return fail("gpu.count", f"NVML sees {seen} GPU(s), this node should have "
+                        f"{expected} ({pci})", "a GPU fell off the bus or is not initialised: "
+                        "check dmesg for Xid 79 and nvidia-smi; reboot or have it reseated")
+        if seen > expected:
+            return warn("gpu.count", f"NVML sees {seen} GPU(s), more than the {expected} "
+                        "expected", "correct --expect-gpus for this node")
+        return ok("gpu.count", f"{seen} GPU(s), as expected")
+    if most_seen is not None and seen < most_seen:
+        return fail("gpu.count", f"NVML sees {seen} GPU(s), {most_seen} at an earlier check "
+                    f"({pci})", "a GPU fell off the bus or did not initialise: check dmesg "
+                    "for Xid 79 and nvidia-smi; if it was removed on purpose, pass "
+                    f"--expect-gpus {seen} or delete the state dir's health-state.json")
+    if pci_gpus and seen < pci_gpus:
+        return warn("gpu.count", f"NVML sees {seen} GPU(s) of the {pci}: one may have fallen "
+                    "off the bus (in a container given only some GPUs this is expected)",
+                    "pass --expect-gpus N with the node's GPU count to judge it; check "
+                    "dmesg for Xid 79")
+    return ok("gpu.count", f"{seen} GPU(s) ({pci}; pass --expect-gpus to require a count)")
+
+
+def _unfinished(progress: GpuProgress, budget_s: float) -> list[Finding]:
+    """SKIPs for what NVML did not answer within the budget, naming where it stopped."""
+    why = f"did not finish within the {budget_s:g} s budget"
+    if progress.driver is None:
+        return [skip("driver.nvml", f"NVML {why} (starting NVML or reading the driver): "
+                     "nothing judged; run nvidia-smi to see whether it answers")]
+    count = progress.driver.gpu_count or 0
+    done = {r.index for r in progress.records}
+    return [skip("gpu.query", f"NVML {why} while reading this GPU" if i == progress.reading
+                 else f"not read: NVML {why}", f"GPU {i}")
+            for i in range(count) if i not in done]
+
+
+def gpus_section(progress: GpuProgress, expected: int | None, budget_s: float,
+                 hang: Finding | None = None, most_seen: int | None = None) -> Section:
+    """Driver, count and per-GPU findings from what was read, finished or not."""
+    driver = progress.driver
+    findings: list[Finding] = []
+    if driver is not None:
+        findings.append(driver_finding(driver, progress.pci_gpus or 0))
+    if hang is not None:
+        findings.append(hang)
+    if (progress.done and driver is not None and driver.present) or (
+            driver is not None and expected is not None):
+        findings.append(count_finding(driver.gpu_count if driver else None,
+                                      progress.pci_gpus, expected, most_seen))
+    for record in list(progress.records):
+        findings += [f for f in gpu_findings(record) if f.check not in NOT_IN_HEALTH]
+    if not progress.done:
+        findings += _unfinished(progress, budget_s)
+    data = {"driver_version": driver.driver_version if driver else None,
+            "gpu_count": driver.gpu_count if driver else None,
+            "nvidia_pci_devices": progress.pci_gpus,
+            "gpus": [r.row() for r in list(progress.records)]}
+    return Section("gpus", "NVIDIA driver and GPUs", data, findings)
+
+
+def hang_finding(nvml: Nvml) -> Finding | None:
+    """As `env` says it: `driver.nvml_hang` when an NVML call missed both its budgets
+    (--nvml-timeout, then 30 s more: gpucheck/probes/nvml.py), `driver.nvml_slow` (a
+    WARN, action none) when one answered late but answered. Slow is not hung."""
+    if nvml.hung is not None:
+        return fail("driver.nvml_hang", str(nvml.hung), "check dmesg for Xid errors; the "
+                    "driver may need a reset or the node a reboot")
+    if nvml.slow_calls:
+        return warn("driver.nvml_slow", slow_words(nvml.slow_calls), SLOW_ADVICE)
+    return None
+
+
+def most_seen(progress: GpuProgress, before: int | None) -> int | None:
+    """The most GPUs NVML has shown here, this run included when NVML answered it."""
+    driver = progress.driver
+    if not progress.done or driver is None or not driver.present:
+        return before
+    return max(before or 0, driver.gpu_count or 0)

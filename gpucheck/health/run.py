@@ -1,0 +1,176 @@
+"""Assemble `gpucheck health`: state in, checks under the budget, report, state out.
+
+The budget covers the whole command once it has parsed its options: the checks get
+it less a small reserve (`RESERVE_S`) for judging, writing the state and rendering.
+Every check starts at once on its own daemon thread (`budget.run_until`); what did
+not finish by the deadline is a SKIP naming it, and the state it would have updated
+is kept as it was (nothing read, nothing moves).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpucheck.health.budget import Deadline, Outcome, run_until
+from gpucheck.health.gpus import GpuProgress, gpus_section, hang_finding, most_seen, read_gpus
+from gpucheck.health.ib import read_ports
+from gpucheck.health.ib_judge import TITLE as IB_TITLE
+from gpucheck.health.ib_judge import IbOptions, judge_ports
+from gpucheck.health.state import HealthState, load_state, read_boot_id, save_state
+from gpucheck.health.xids import xid_section
+from gpucheck.probes.kernel_log import TITLE as XID_TITLE
+from gpucheck.probes.kernel_log import Runner, read_kernel_log, run_command
+from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S, Nvml
+from gpucheck.report import Finding, Report, Section, Status, fail, skip, warn
+
+DEFAULT_BUDGET_S = 5.0
+DEFAULT_VALID_FOR_S = 600.0
+RESERVE_S = 0.25  # at most this much of the budget is kept for judging and writing
+RESERVE_SHARE = 0.2  # and at most this share of a short budget
+
+
+@dataclass(frozen=True)
+class HealthOptions:
+    """What `gpucheck health`'s options say; the roots are parameters for fake trees."""
+
+    budget_s: float = DEFAULT_BUDGET_S
+    nvml_timeout_s: float = DEFAULT_TIMEOUT_S
+    expect_gpus: int | None = None
+    ib: IbOptions = field(default_factory=IbOptions)
+    state_dir: Path | None = None
+    kernel_log: str | None = None
+    valid_for_s: float = DEFAULT_VALID_FOR_S
+    sysfs: Path = Path("/sys")
+    proc: Path = Path("/proc")
+    runner: Runner = run_command
+
+
+def _capped(runner: Runner, deadline: Deadline) -> Runner:
+    """The log commands' own timeouts, cut to the budget left: a dmesg still running at
+    the deadline is killed by its timeout, never left behind."""
+    return lambda argv, timeout_s: runner(argv, max(0.05, min(timeout_s, deadline.left())))
+
+
+def _checks(options: HealthOptions, deadline: Deadline,
+            progress: GpuProgress) -> dict[str, Callable[[], Any]]:
+    nvml = Nvml(options.nvml_timeout_s, attach_timeout_s=options.budget_s)
+    runner = _capped(options.runner, deadline)
+    return {"gpus": lambda: (read_gpus(progress, nvml, options.sysfs), nvml)[1],
+            "kernel_log": lambda: read_kernel_log(options.kernel_log, runner),
+            "ib": lambda: read_ports(options.sysfs)}
+
+
+def _probe_failed(name: str, title: str, error: str) -> Section:
+    return Section(name, title, {"probe_error": error}, [fail(
+        f"{name}.probe", f"the {name} check failed: {error}",
+        "run it again with --format json and report a gpucheck bug with the output")])
+
+
+def _late(check: str, what: str, budget_s: float) -> Finding:
+    return skip(check, f"{what} did not finish within the {budget_s:g} s budget: not judged "
+                "this time (raise --budget if it is always slow)")
+
+
+def _gpu_part(outcome: Outcome, progress: GpuProgress, options: HealthOptions,
+              before: int | None) -> Section:
+    if outcome.error is not None:
+        return _probe_failed("gpus", "NVIDIA driver and GPUs", outcome.error)
+    hang = hang_finding(outcome.value) if outcome.finished else None
+    return gpus_section(progress, options.expect_gpus, options.budget_s, hang, before)
+
+
+def _xid_part(outcome: Outcome, progress: GpuProgress, state: HealthState,
+              same_boot: bool, budget_s: float) -> tuple[Section, dict[str, Any]]:
+    if not outcome.finished:
+        return (Section("kernel_log", XID_TITLE, {}, [_late("kernel_log.read",
+                "reading the kernel log", budget_s)]), state.kernel_log)
+    return xid_section(outcome.value, state.kernel_log, same_boot, list(progress.records),
+                       outcome.error)
+
+
+def _ib_part(outcome: Outcome, state: HealthState, same_boot: bool, options: HealthOptions,
+             now: str) -> tuple[Section, dict[str, Any]]:
+    if not outcome.finished:
+        return (Section("ib", IB_TITLE, {}, [_late("ib.ports", "reading /sys/class/infiniband",
+                                                   options.budget_s)]), state.ib_ports)
+    if outcome.error is not None:
+        return _probe_failed("ib", IB_TITLE, outcome.error), state.ib_ports
+    # Counters of another boot were reset by the reboot: keep only what a port was.
+    previous = state.ib_ports if same_boot else {
+        key: {"seen_active": bool(v.get("seen_active"))} for key, v in state.ib_ports.items()}
+    judged = judge_ports(outcome.value, previous, options.ib, now)
+    return judged.section, judged.remembered
+
+
+def problem_keys(report: Report) -> list[str]:
+    """"check|subject" of every WARN and FAIL: what the next run says has cleared."""
+    return sorted({f"{f.check}|{f.subject or ''}" for f in report.findings
+                   if f.status in (Status.WARN, Status.FAIL)})
+
+
+def _utc(stamp: str) -> dt.datetime:
+    try:
+        return dt.datetime.fromisoformat(stamp)
+    except ValueError:
+        return dt.datetime.now(dt.timezone.utc)
+
+
+def _health_section(report: Report, options: HealthOptions, state: HealthState,
+                    unfinished: list[str], spent_s: float) -> Section:
+    """How this run went: budget, what did not finish, until when it holds, what cleared."""
+    valid_until = _utc(report.created_at) + dt.timedelta(seconds=options.valid_for_s)
+    last = state.last
+    cleared = sorted(set(last.get("problems") or []) - set(problem_keys(report)))
+    data = {"budget_s": options.budget_s, "checks_s": round(spent_s, 3),
+            "unfinished": unfinished,
+            "valid_until": valid_until.isoformat(timespec="seconds"),
+            "state_dir": None if options.state_dir is None else str(options.state_dir),
+            "previous": {"verdict": last.get("verdict"), "at": last.get("at")} if last else None,
+            "cleared_since_previous": [k.replace("|", " on ", 1).rstrip() for k in cleared]}
+    findings = []
+    if state.problem is not None:
+        findings.append(warn("health.state", f"the state file could not be used ({state.problem}): "
+                             "this run starts afresh and replaces it",
+                             "nothing to do if it repeats no more; else check the state dir"))
+    return Section("health", "Health check run", data, findings)
+
+
+def collect_health_report(options: HealthOptions, start: float | None = None) -> Report:
+    """Every check under one budget, as a Report; with a state dir, the state is
+    read first and written last (atomically)."""
+    reserve = min(RESERVE_S, options.budget_s * RESERVE_SHARE)
+    deadline = Deadline(options.budget_s - reserve, start)
+    state = load_state(options.state_dir)
+    boot_id = read_boot_id(options.proc)
+    same_boot = state.same_boot(boot_id)
+    progress = GpuProgress()
+    outcomes = run_until(_checks(options, deadline, progress), deadline)
+    report = Report(command="health")
+    most = state.gpus.get("most_seen")
+    seen_before = most if isinstance(most, int) and not isinstance(most, bool) else None
+    report.add(_gpu_part(outcomes["gpus"], progress, options, seen_before))
+    xids, cursor = _xid_part(outcomes["kernel_log"], progress, state, same_boot,
+                             options.budget_s)
+    report.add(xids)
+    ib, ports = _ib_part(outcomes["ib"], state, same_boot, options, report.created_at)
+    report.add(ib)
+    unfinished = [name for name, outcome in outcomes.items() if not outcome.finished]
+    if unfinished:  # the headline (and the one line) say what the verdict does not cover
+        report.scope = (f"not finished within the {options.budget_s:g} s budget: "
+                        f"{', '.join(unfinished)} (an unknown, not an all-clear)")
+    report.add(_health_section(report, options, state, unfinished, deadline.spent()))
+    if options.state_dir is not None:
+        new = HealthState(boot_id=boot_id, kernel_log=cursor, ib_ports=ports,
+                          gpus={"most_seen": most_seen(progress, seen_before)},
+                          last={"verdict": report.verdict().value, "at": report.created_at,
+                                "problems": problem_keys(report)})
+        problem = save_state(options.state_dir, new)
+        if problem is not None:
+            report.section("health").findings.append(warn(  # type: ignore[union-attr]
+                "health.state", f"the state could not be saved ({problem}): the next run "
+                "raises again what this one raised", "check the state dir's disk and rights"))
+    return report

@@ -1,0 +1,302 @@
+"""How each GPU is judged: the `nvidia-smi -q` facts of a `GpuRecord` -> findings.
+
+One function per check id, each a pure function of the record (read by
+`gpu_read`): busy, PCIe width, ECC, memory retirement, clock-event reasons,
+persistence and MIG mode, the NVSwitch fabric (registration and health), and the
+recovery action NVML itself asks for. Their actions are in gpucheck/actions.py;
+docs/env.md explains each rule and its source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from gpucheck.numa import cpulist
+from gpucheck.probes.fabric import decode_health
+from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS, GpuRecord
+from gpucheck.report import Finding, fail, ok, skip, warn
+
+FABRIC_HINT = ("start the fabric manager: systemctl start nvidia-fabricmanager (and "
+               "systemctl enable it; its version must match the driver's); see journalctl -u "
+               "nvidia-fabricmanager, and nvidia-smi -q | grep -A3 Fabric")
+
+
+def _lost_finding(gpu: GpuRecord) -> Finding:
+    check = "gpu.lost" if gpu.error_kind == "NVMLError_GpuIsLost" else "gpu.query"
+    return fail(check, f"query failed: {gpu.error}", gpu.error_hint or "run nvidia-smi",
+                gpu.subject)
+
+
+def busy_finding(gpu: GpuRecord) -> Finding:
+    """WARN before a benchmark: another process is on the GPU."""
+    if gpu.process_count is None:
+        return skip("gpu.busy", "process list: n/a", gpu.subject)
+    if gpu.process_count:
+        pids = ", ".join(str(p["pid"]) for p in gpu.processes[:8])
+        return warn("gpu.busy", f"{gpu.process_count} process(es) using it (pid {pids}), "
+                    f"utilisation {gpu.utilization_gpu_pct}%",
+                    "wait for them or pick another GPU before benchmarking "
+                    "(nvidia-smi --query-compute-apps=pid,process_name --format=csv)",
+                    gpu.subject)
+    return ok("gpu.busy", "no processes on it", gpu.subject)
+
+
+def pcie_finding(gpu: GpuRecord) -> Finding:
+    """Link width below its max is a seating/riser/slot problem; a lower gen is often idle."""
+    cur, top = gpu.pcie_width_current, gpu.pcie_width_max
+    if cur is None or top is None:
+        return skip("gpu.pcie.width", "PCIe link width: n/a", gpu.subject)
+    gen = f"Gen{gpu.pcie_gen_current}/{gpu.pcie_gen_max}"
+    if cur < top:
+        return warn("gpu.pcie.width", f"PCIe link is x{cur} of x{top} ({gen})",
+                    "reseat the GPU or check the riser/slot; a narrower link cuts host "
+                    "transfer bandwidth", gpu.subject)
+    note = ""
+    if gpu.pcie_gen_current and gpu.pcie_gen_max and gpu.pcie_gen_current < gpu.pcie_gen_max:
+        note = " (idle GPUs lower the link generation to save power; check under load)"
+    return ok("gpu.pcie.width", f"PCIe link x{cur} of x{top}, {gen}{note}", gpu.subject)
+
+
+def ecc_findings(gpu: GpuRecord) -> list[Finding]:
+    subject = gpu.subject
+    volatile, aggregate = gpu.ecc_volatile_uncorrected, gpu.ecc_aggregate_uncorrected
+    if volatile is None:
+        mode = "ECC disabled" if gpu.ecc_mode is False else "ECC counters n/a"
+        return [skip("gpu.ecc.volatile_uncorrected", mode, subject)]
+    findings = []
+    if volatile > 0:
+        findings.append(fail("gpu.ecc.volatile_uncorrected",
+                             f"{volatile} uncorrected ECC error(s) since the last driver load",
+                             "drain the node and reset the GPU (nvidia-smi -r); if they return, "
+                             "replace it", subject))
+    else:
+        findings.append(ok("gpu.ecc.volatile_uncorrected", "no uncorrected ECC errors",
+                           subject))
+    if aggregate:
+        findings.append(warn("gpu.ecc.aggregate_uncorrected",
+                             f"{aggregate} uncorrected ECC error(s) over the GPU's lifetime",
+                             "watch this GPU; repeated errors mean an RMA", subject))
+    return findings
+
+
+def retirement_findings(gpu: GpuRecord) -> list[Finding]:
+    subject, findings = gpu.subject, []
+    if gpu.retired_pages_pending:
+        findings.append(fail("gpu.retired_pages.pending", "retired memory pages are pending",
+                             "reset the GPU (nvidia-smi -r) or reboot to retire them", subject))
+    if gpu.remapped_rows_pending:
+        findings.append(fail("gpu.remapped_rows.pending", "a memory row remap is pending",
+                             "reset the GPU (nvidia-smi -r) or reboot so the remap takes "
+                             "effect", subject))
+    if gpu.remapped_rows_failed:
+        findings.append(fail("gpu.remapped_rows.failed", "a memory row remap failed",
+                             "the GPU needs service: drain the node and open an RMA", subject))
+    known = (gpu.retired_pages_pending, gpu.remapped_rows_pending)
+    if not findings and any(v is not None for v in known):
+        findings.append(ok("gpu.memory_retirement", "no pending page retirement or row remap",
+                           subject))
+    return findings
+
+
+def clock_finding(gpu: GpuRecord) -> Finding:
+    """`nvidia-smi -q -d PERFORMANCE`: thermal, power-brake and HW slowdowns are WARN."""
+    reasons = gpu.clock_event_reasons
+    if reasons is None:
+        return skip("gpu.clocks.event_reasons", "clock event reasons: n/a", gpu.subject)
+    # One sample cannot hold 0x8 against NVML's own caveat (also set at P-state and
+    # clock changes): alone it is noted, not warned; docs/faults.md, gpucheck stress.
+    bad = [r for r in reasons if r in BAD_CLOCK_REASONS]
+    if bad and bad != ["hw_slowdown"]:
+        return warn("gpu.clocks.event_reasons", f"clocks held down by {', '.join(bad)} "
+                    f"(SM {gpu.sm_clock_mhz}/{gpu.sm_clock_max_mhz} MHz, "
+                    f"{gpu.temperature_c} C)",
+                    "check cooling, airflow and the power supply; nvidia-smi -q -d "
+                    "PERFORMANCE,TEMPERATURE", gpu.subject)
+    note = ("; the HW slowdown flag alone, which NVML also sets at P-state and clock "
+            "changes: one sample cannot tell") if bad else ""
+    return ok("gpu.clocks.event_reasons", f"no slowdown ({', '.join(reasons) or 'none'}{note})",
+              gpu.subject)
+
+
+def persistence_finding(gpu: GpuRecord) -> Finding:
+    """Persistence mode off: every process that opens the GPU brings it up again."""
+    check = "gpu.persistence_mode"
+    if gpu.persistence_mode is None:
+        return skip(check, "persistence mode: n/a", gpu.subject)
+    if not gpu.persistence_mode:
+        return warn(check, "persistence mode is off: the driver tears the GPU down whenever no "
+                    "process holds it, so each job (and each NVML or CUDA start) brings it up "
+                    "again, which takes seconds per GPU on H100/H200/B200 and can look like a "
+                    "hang", "turn it on: sudo nvidia-smi -pm 1, or run the nvidia-persistenced "
+                    "service (systemctl enable --now nvidia-persistenced)", gpu.subject)
+    return ok(check, "persistence mode is on", gpu.subject)
+
+
+def mig_finding(gpu: GpuRecord) -> Finding | None:
+    """MIG on is a choice, not a fault: say what it means. A pending change is a WARN."""
+    check = "gpu.mig_mode"
+    if gpu.mig_mode_pending is not None and gpu.mig_mode is not None \
+            and gpu.mig_mode_pending != gpu.mig_mode:
+        now, then = ("on", "off") if gpu.mig_mode else ("off", "on")
+        return warn(check, f"MIG mode is {now} but {then} is pending: the change takes effect "
+                    "only after a GPU reset", f"reset the GPU (nvidia-smi -r -i {gpu.index}) "
+                    "or reboot the node", gpu.subject)
+    if not gpu.mig_mode:
+        return None
+    return ok(check, "MIG mode is on: CUDA gives each process one MIG instance (choose it with "
+              "CUDA_VISIBLE_DEVICES=MIG-<uuid>), and NCCL cannot connect instances of the same "
+              "GPU, so a multi-GPU job needs one instance per physical GPU", gpu.subject)
+
+
+def fabric_finding(gpu: GpuRecord) -> Finding | None:
+    """NVSwitch systems: CUDA will not start (error 802) until the fabric registers the GPU."""
+    check, state = "gpu.fabric", gpu.fabric_state
+    if state in (None, "not_supported"):
+        return None  # no NVSwitch fabric on this GPU (PCIe cards, pre-Hopper)
+    if state != "completed":
+        wait = " (it can take a minute after boot: run again)" if state == "in_progress" else ""
+        where = {"not_started": "has not started", "in_progress": "is still in progress"}
+        return fail(check, f"NVSwitch fabric registration {where.get(state, f'is {state}')}: CUDA "
+                    "fails to initialise on this GPU (error 802, \"system not yet "
+                    f"initialized\") until the fabric manager has registered it{wait}",
+                    FABRIC_HINT, gpu.subject)
+    if gpu.fabric_status != "success":
+        return fail(check, f"NVSwitch fabric registration failed ({gpu.fabric_status}): CUDA "
+                    "fails to initialise on this GPU (error 802)", FABRIC_HINT, gpu.subject)
+    return ok(check, "NVSwitch fabric registration completed", gpu.subject)
+
+
+# NVML's recovery action -> (WARN or FAIL, what it means, what to do). The words are
+# NVIDIA's ("Error Recovery and Response Flags", GPU Memory Error Management guide;
+# nvmlDeviceGpuRecoveryAction_t in the NVML API reference). The action (reset-gpu,
+# drain-node) is gpucheck/actions.py's, matched on the NVML name in the message.
+RECOVERY_VERDICTS: dict[str, tuple[bool, str, str]] = {
+    "gpu_reset": (True, "the GPU hit a fault that only a GPU reset clears",
+                  "stop every process on it, then reset it: nvidia-smi -r -i {index}"),
+    "node_reboot": (True, "the fault may have left the OS in an inconsistent state",
+                    "drain the node and reboot it"),
+    "drain_p2p": (True, "peer-to-peer traffic must be quiesced before NVML can say more",
+                  "stop every process doing peer-to-peer (NVLink/NCCL) traffic on it and "
+                  "turn off UVM persistence mode, then run gpucheck env again: NVML then "
+                  "names the next action"),
+    "drain_and_reset": (False, "the GPU keeps working, possibly at reduced capacity, but "
+                        "NVIDIA recommends draining it and resetting it",
+                        "drain the node (let running work finish, start nothing new), then "
+                        "reset the GPU: nvidia-smi -r -i {index}"),
+    "recover_imex_domain": (True, "the IMEX domain (memory shared over multi-node NVLink) "
+                            "must be recovered", "drain the node and recover the IMEX "
+                            "domain (restart nvidia-imex on the domain's nodes)"),
+    "bus_reset": (True, "the GPU's PCIe bus must be reset",
+                  "stop every process on it, then reset it: nvidia-smi -r -i {index}"),
+    "system_reboot": (True, "the system must be rebooted", "drain the node and reboot it"),
+}
+
+
+def recovery_action_finding(gpu: GpuRecord) -> Finding:
+    """`gpu.recovery_action`: the action NVML asks for (XID 154 announces a change).
+
+    NONE is OK; any other is a WARN/FAIL naming NVML's constant; a value this table
+    does not know is a WARN to look up, never OK; not reported (drivers before R565,
+    or a GPU without it) is a SKIP that says so.
+    """
+    check, action = "gpu.recovery_action", gpu.recovery_action
+    if action is None:
+        return skip(check, "recovery action: n/a (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION "
+                    "answers NotSupported: drivers before R565 do not report it)", gpu.subject)
+    if action == "none":
+        return ok(check, "NVML asks for no recovery action (NVML_GPU_RECOVERY_ACTION_NONE)",
+                  gpu.subject)
+    known = RECOVERY_VERDICTS.get(action)
+    if known is None:
+        return warn(check, f"NVML asks for a recovery action gpucheck does not know ({action})",
+                    "look the value up in nvmlDeviceGpuRecoveryAction_t (NVML API reference) "
+                    "and nvidia-smi -q; keep the node out of service until then", gpu.subject)
+    is_fail, meaning, todo = known
+    name = f"NVML_GPU_RECOVERY_ACTION_{action.upper()}"
+    make = fail if is_fail else warn
+    return make(check, f"NVML asks for a recovery action: {name}: {meaning}",
+                todo.format(index=gpu.index), gpu.subject)
+
+
+_FABRIC_LOOK = ("nvidia-smi -q | grep -A12 Fabric; nvidia-smi nvlink -s; the fabric "
+                "manager's log: journalctl -u nvidia-fabricmanager")
+
+
+def _fabric_problems(health: Mapping[str, str], gpu: GpuRecord) -> list[Finding]:
+    """One finding per health-mask field that reports a problem."""
+    s, found = gpu.subject, []
+    if health.get("degraded_bandwidth") == "true":
+        found.append(warn("gpu.fabric.degraded_bandwidth", "NVSwitch fabric bandwidth is "
+                          "degraded (NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE): collectives "
+                          "over NVLink run slower", f"have the NVLink/NVSwitch checked: "
+                          f"{_FABRIC_LOOK}", s))
+    if health.get("route_unhealthy") == "true":
+        found.append(fail("gpu.fabric.route_unhealthy", "an NVSwitch fabric route of this "
+                          "GPU is unhealthy (NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE): "
+                          "NVLink traffic to some peers can fail", f"drain the node; "
+                          f"{_FABRIC_LOOK}", s))
+    busy = [k for k in ("route_recovery", "access_timeout_recovery")
+            if health.get(k) == "in_progress"]
+    if busy:
+        found.append(warn("gpu.fabric.recovering", f"the fabric is recovering "
+                          f"({', '.join(busy)} in progress): NVLink traffic may stall until "
+                          "it ends", f"run gpucheck env again in a minute; {_FABRIC_LOOK}", s))
+    config = health.get("incorrect_configuration", "none")
+    if config != "none" and not config.startswith("unknown"):
+        found.append(fail("gpu.fabric.configuration", "the fabric reports an incorrect "
+                          f"configuration: NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_"
+                          f"{config}", f"fix the configuration it names; {_FABRIC_LOOK}", s))
+    return found
+
+
+def fabric_health_findings(gpu: GpuRecord) -> list[Finding]:
+    """NVSwitch systems: the fabric's own health (mask fields, and the v3 summary).
+
+    Judged only once registration completed (before that `gpu.fabric` FAILs and the
+    mask means nothing). A field is judged only when it reports a problem; the
+    summary adds a finding only when no field explains it.
+    """
+    if gpu.fabric_state != "completed" or gpu.fabric_status != "success":
+        return []
+    health, summary = decode_health(gpu.fabric_health_mask), gpu.fabric_health_summary
+    if not health and summary is None:
+        return [skip("gpu.fabric.health", "fabric health: n/a (this driver reports no "
+                     "health mask: drivers before R550)", gpu.subject)]
+    found = _fabric_problems(health, gpu)
+    shown = ", ".join(f"{k}={v}" for k, v in health.items())
+    if not found and summary == "unhealthy":
+        found.append(fail("gpu.fabric.health", f"NVML calls the fabric unhealthy "
+                          f"(NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY; {shown})",
+                          f"drain the node; {_FABRIC_LOOK}", gpu.subject))
+    elif not found and summary == "limited_capacity":
+        found.append(warn("gpu.fabric.health", f"NVML says the fabric runs at limited capacity "
+                          f"(NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY; {shown})",
+                          f"have the NVLink/NVSwitch checked: {_FABRIC_LOOK}", gpu.subject))
+    return found or [ok("gpu.fabric.health", f"NVSwitch fabric healthy (summary "
+                        f"{summary or 'n/a'}; {shown or 'no health fields'})", gpu.subject)]
+
+
+def gpu_findings(gpu: GpuRecord) -> list[Finding]:
+    if gpu.error:
+        return [_lost_finding(gpu)]
+    optional = [f for f in (mig_finding(gpu), fabric_finding(gpu)) if f is not None]
+    return [busy_finding(gpu), pcie_finding(gpu), *ecc_findings(gpu),
+            *retirement_findings(gpu), clock_finding(gpu), persistence_finding(gpu),
+            *optional, *fabric_health_findings(gpu), recovery_action_finding(gpu)]
+
+
+def numa_findings(gpus: Sequence[GpuRecord], nodes: Mapping[int, str]) -> list[Finding]:
+    """`gpu.numa`: an OK per NUMA node naming its GPUs and CPUs (`nvidia-smi topo -m`), on
+    machines with more than one node (`nodes`: node -> its cpulist). Never a WARN: where a
+    GPU sits is the board's design; what costs is a rank running on another node's CPUs,
+    which bench, comm and stress judge (`ranks.numa`)."""
+    if len(nodes) < 2:
+        return []  # one node, or no NUMA information: nothing to say
+    by_node: dict[int, list[int]] = {}
+    for gpu in gpus:
+        if gpu.numa_node is not None:
+            by_node.setdefault(gpu.numa_node, []).append(gpu.index)
+    return [ok("gpu.numa", f"GPU {cpulist(tuple(indices))} on NUMA node {node}"
+               + (f" (CPUs {nodes[node]})" if nodes.get(node) else ""), f"NUMA node {node}")
+            for node, indices in sorted(by_node.items())]
+

@@ -1,0 +1,266 @@
+"""Driver and per-GPU facts through NVML (the `nvidia-smi -q` view): reading only.
+
+Every call goes through `Nvml` (one doorway). A field the GPU does not support is
+None (shown as n/a); a GPU that fails mid-query (lost, needs reset) keeps its error
+in its record, so the others are still reported. What the facts mean is
+`gpu_judge`'s part.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Any
+
+from gpucheck.numa import SYSFS, cpulist, read_local_cpus, read_numa_node
+from gpucheck.probes.fabric import read_fabric
+from gpucheck.probes.gpu_record import CLOCK_REASONS, DriverInfo, GpuRecord
+from gpucheck.probes.nvml import Nvml, NvmlFailure
+
+NVIDIA_PCI_VENDOR = "0x10de"
+PCI_DISPLAY_CLASSES = ("0x0300", "0x0302")
+# NVML_GPU_RECOVERY_ACTION_* (pynvml; nvmlDeviceGpuRecoveryAction_t) -> our words.
+RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
+                    4: "drain_and_reset", 5: "recover_imex_domain", 6: "bus_reset",
+                    7: "system_reboot"}
+# nvmlValueType_t -> the member of c_nvmlValue_t that holds a field value.
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
+                  6: "usVal"}
+
+
+def nvidia_pci_devices(root: str = "/sys/bus/pci/devices") -> int:
+    """NVIDIA display/3D controllers on the PCI bus (`lspci -d 10de:`), no driver needed."""
+    count = 0
+    for device in glob.glob(f"{root}/*"):
+        try:
+            vendor = Path(device, "vendor").read_text().strip()
+            klass = Path(device, "class").read_text().strip()
+        except OSError:
+            continue
+        if vendor == NVIDIA_PCI_VENDOR and klass.startswith(PCI_DISPLAY_CLASSES):
+            count += 1
+    return count
+
+
+def cuda_version_str(value: int | None) -> str | None:
+    """NVML's 12040 -> '12.4' (as in the `CUDA Version` of nvidia-smi's header)."""
+    if not value:
+        return None
+    return f"{value // 1000}.{(value % 1000) // 10}"
+
+
+def read_driver(nvml: Nvml) -> DriverInfo:
+    """`nvidia-smi --query-gpu=driver_version --format=csv` plus the CUDA the driver supports."""
+    try:
+        version = nvml.call("nvmlSystemGetDriverVersion")
+        cuda = nvml.get("nvmlSystemGetCudaDriverVersion_v2")
+        if cuda is None:
+            cuda = nvml.get("nvmlSystemGetCudaDriverVersion")
+        count = nvml.call("nvmlDeviceGetCount")
+    except NvmlFailure as exc:
+        return DriverInfo(present=False, failure=exc)
+    return DriverInfo(True, str(version), cuda_version_str(cuda), int(count))
+
+
+def _memory(nvml: Nvml, handle: Any) -> tuple[int | None, int | None]:
+    """Total/used bytes via the v2 call (`nvidia-smi --query-gpu=memory.total,memory.used`)."""
+    version = getattr(nvml.module, "nvmlMemory_v2", None)
+    mem = nvml.get("nvmlDeviceGetMemoryInfo", handle, version=version) if version else None
+    if mem is None:
+        mem = nvml.get("nvmlDeviceGetMemoryInfo", handle)
+    return (None, None) if mem is None else (int(mem.total), int(mem.used))
+
+
+def _enabled(value: Any) -> bool | None:
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    return None if value is None else bool(value)
+
+
+def _watts(milliwatts: Any) -> float | None:
+    return None if milliwatts is None else round(milliwatts / 1000.0, 1)
+
+
+def _clock_reasons(nvml: Nvml, handle: Any) -> list[str] | None:
+    """`nvidia-smi --query-gpu=clocks_event_reasons.active`, as names."""
+    mask = nvml.get("nvmlDeviceGetCurrentClocksEventReasons", handle)
+    if mask is None:
+        mask = nvml.get("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+    if mask is None:
+        return None
+    return [name for bit, name in CLOCK_REASONS.items() if int(mask) & bit]
+
+
+def _processes(nvml: Nvml, handle: Any) -> list[dict[str, Any]] | None:
+    """Compute and graphics processes (`nvidia-smi --query-compute-apps=pid,used_memory`)."""
+    seen: dict[int, dict[str, Any]] = {}
+    answered = False
+    for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        procs = nvml.get(fn, handle)
+        if procs is None:
+            continue
+        answered = True
+        for proc in procs:
+            used = getattr(proc, "usedGpuMemory", None)
+            seen.setdefault(int(proc.pid), {"pid": int(proc.pid), "used_memory_bytes": used})
+    return list(seen.values()) if answered else None
+
+
+def _nvlink_active(nvml: Nvml, handle: Any) -> int | None:
+    """Active NVLink links (`nvidia-smi nvlink --status`); None when NVLink is absent."""
+    max_links = getattr(nvml.module, "NVML_NVLINK_MAX_LINKS", 18)
+    active = 0
+    for link in range(max_links):
+        state = nvml.get("nvmlDeviceGetNvLinkState", handle, link)
+        if state is None:
+            return None if link == 0 else active
+        active += int(bool(state))
+    return active
+
+
+def _ecc(nvml: Nvml, handle: Any) -> dict[str, Any]:
+    """`nvidia-smi --query-gpu=ecc.mode.current,ecc.errors.uncorrected.volatile.total,...`."""
+    m = nvml.module
+    unc = getattr(m, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+    volatile = nvml.get("nvmlDeviceGetTotalEccErrors", handle, unc,
+                        getattr(m, "NVML_VOLATILE_ECC", 0))
+    aggregate = nvml.get("nvmlDeviceGetTotalEccErrors", handle, unc,
+                         getattr(m, "NVML_AGGREGATE_ECC", 1))
+    return {"ecc_mode": _enabled(nvml.get("nvmlDeviceGetEccMode", handle)),
+            "ecc_volatile_uncorrected": volatile, "ecc_aggregate_uncorrected": aggregate}
+
+
+def _retirement(nvml: Nvml, handle: Any) -> dict[str, Any]:
+    """Retired pages (pre-Ampere) and remapped rows (Ampere+), `nvidia-smi -q -d ROW_REMAPPER`."""
+    pending_pages = nvml.get("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+    rows = nvml.get("nvmlDeviceGetRemappedRows", handle)
+    return {
+        "retired_pages_pending": None if pending_pages is None else bool(pending_pages),
+        "remapped_rows_pending": None if rows is None else bool(rows[2]),
+        "remapped_rows_failed": None if rows is None else bool(rows[3]),
+    }
+
+
+def _pcie(nvml: Nvml, handle: Any) -> dict[str, Any]:
+    """`nvidia-smi --query-gpu=pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.*`."""
+    return {
+        "pcie_gen_current": nvml.get("nvmlDeviceGetCurrPcieLinkGeneration", handle),
+        "pcie_gen_max": nvml.get("nvmlDeviceGetMaxPcieLinkGeneration", handle),
+        "pcie_width_current": nvml.get("nvmlDeviceGetCurrPcieLinkWidth", handle),
+        "pcie_width_max": nvml.get("nvmlDeviceGetMaxPcieLinkWidth", handle),
+    }
+
+
+def _identity(nvml: Nvml, handle: Any) -> dict[str, Any]:
+    pci = nvml.get("nvmlDeviceGetPciInfo", handle)
+    cc = nvml.get("nvmlDeviceGetCudaComputeCapability", handle)
+    return {
+        "name": nvml.get("nvmlDeviceGetName", handle),
+        "uuid": nvml.get("nvmlDeviceGetUUID", handle),
+        "pci_bus_id": None if pci is None else _decode(pci.busId),
+        "compute_capability": None if cc is None else f"{cc[0]}.{cc[1]}",
+    }
+
+
+def _decode(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _mig(nvml: Nvml, handle: Any) -> dict[str, Any]:
+    """`nvidia-smi --query-gpu=mig.mode.current,mig.mode.pending`."""
+    modes = nvml.get("nvmlDeviceGetMigMode", handle)
+    pending = modes[1] if isinstance(modes, (list, tuple)) and len(modes) > 1 else None
+    return {"mig_mode": _enabled(modes),
+            "mig_mode_pending": None if pending is None else bool(pending)}
+
+
+def field_value(nvml: Nvml, handle: Any, constant: str) -> float | int | None:
+    """One `nvmlDeviceGetFieldValues` field, named by its pynvml constant; None when
+    pynvml lacks the constant or NVML answers the field's own error (a driver that
+    does not know the field id answers NVML_ERROR_NOT_SUPPORTED for it)."""
+    field_id = getattr(nvml.module, constant, None)
+    if field_id is None:
+        return None
+    values = nvml.get("nvmlDeviceGetFieldValues", handle, [field_id])
+    if not values or int(values[0].nvmlReturn) != getattr(nvml.module, "NVML_SUCCESS", 0):
+        return None
+    member = _VALUE_MEMBERS.get(int(values[0].valueType))
+    return None if member is None else getattr(values[0].value, member)
+
+
+def read_recovery_action(nvml: Nvml, handle: Any) -> str | None:
+    """The action NVML asks for to recover this GPU (`nvidia-smi -q` "Recovery Action";
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, drivers R565+; XID 154 announces a change);
+    None where the driver or GPU does not report it."""
+    value = field_value(nvml, handle, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")
+    if value is None:
+        return None
+    return RECOVERY_ACTIONS.get(int(value), f"unknown ({int(value)})")
+
+
+def _state(nvml: Nvml, handle: Any) -> dict[str, Any]:
+    m = nvml.module
+    util = nvml.get("nvmlDeviceGetUtilizationRates", handle)
+    sm = getattr(m, "NVML_CLOCK_SM", 1)
+    return {
+        "persistence_mode": _enabled(nvml.get("nvmlDeviceGetPersistenceMode", handle)),
+        **_mig(nvml, handle),
+        "temperature_c": nvml.get("nvmlDeviceGetTemperature", handle,
+                                  getattr(m, "NVML_TEMPERATURE_GPU", 0)),
+        "power_draw_w": _watts(nvml.get("nvmlDeviceGetPowerUsage", handle)),
+        "power_limit_w": _watts(nvml.get("nvmlDeviceGetEnforcedPowerLimit", handle)),
+        "sm_clock_mhz": nvml.get("nvmlDeviceGetClockInfo", handle, sm),
+        "sm_clock_max_mhz": nvml.get("nvmlDeviceGetMaxClockInfo", handle, sm),
+        "utilization_gpu_pct": None if util is None else int(util.gpu),
+        "utilization_memory_pct": None if util is None else int(util.memory),
+    }
+
+
+def _cpu_affinity(nvml: Nvml, handle: Any) -> tuple[int, ...]:
+    """`nvidia-smi topo -m`'s "CPU Affinity": a bitmask in 64-bit words, CPU 64*i+b in
+    word i bit b; () when NVML cannot say."""
+    # Room for every CPU id (NVML leaves out those that do not fit); 1024 at least, for
+    # CPU ids past the count of configured CPUs.
+    words = max(os.cpu_count() or 0, 1024) // 64 + 1
+    mask = nvml.get("nvmlDeviceGetCpuAffinity", handle, words)
+    if mask is None:
+        return ()
+    return tuple(64 * i + bit for i, word in enumerate(mask) for bit in range(64)
+                 if int(word) >> bit & 1)
+
+
+def _numa(nvml: Nvml, handle: Any, bus_id: str | None, sysfs: Path) -> dict[str, Any]:
+    """The GPU's NUMA node (`cat /sys/bus/pci/devices/<bus>/numa_node`) and the CPUs near it.
+
+    Not nvmlDeviceGetNumaNodeId: that is the node of the GPU's own memory on platforms
+    where the GPU is a NUMA node (Grace Hopper), not the node of the CPUs near it.
+    """
+    if bus_id is None:
+        return {"numa_node": None, "cpu_affinity": None}
+    cpus = _cpu_affinity(nvml, handle) or read_local_cpus(bus_id, sysfs)
+    return {"numa_node": read_numa_node(bus_id, sysfs), "cpu_affinity": cpulist(cpus) or None}
+
+
+def read_gpu(nvml: Nvml, index: int, sysfs: Path = SYSFS) -> GpuRecord:
+    """Everything `nvidia-smi -q -i <index>` shows that matters here."""
+    fields: dict[str, Any] = {}
+    try:
+        handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
+        fields.update(_identity(nvml, handle))
+        total, used = _memory(nvml, handle)
+        fields.update(memory_total_bytes=total, memory_used_bytes=used)
+        fields.update(_state(nvml, handle), **_pcie(nvml, handle), **_ecc(nvml, handle))
+        fields.update(_retirement(nvml, handle))
+        fields["clock_event_reasons"] = _clock_reasons(nvml, handle)
+        procs = _processes(nvml, handle)
+        fields.update(process_count=None if procs is None else len(procs),
+                      processes=procs or [])
+        fields["nvlink_active_links"] = _nvlink_active(nvml, handle)
+        fields.update(read_fabric(nvml, handle))
+        fields["recovery_action"] = read_recovery_action(nvml, handle)
+        fields.update(_numa(nvml, handle, fields.get("pci_bus_id"), sysfs))
+    except NvmlFailure as exc:
+        fields.update(error=str(exc), error_kind=exc.kind, error_hint=exc.hint)
+    return GpuRecord(index=index, **fields)
+

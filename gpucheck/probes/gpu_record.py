@@ -1,0 +1,97 @@
+"""What NVML says about the driver and one GPU, as plain records (no NVML here).
+
+`GpuRecord` is one GPU's `nvidia-smi -q` view, read by `gpu_read`, judged by
+`gpu_judge`; `DriverInfo` is the driver's. Field names follow
+`nvidia-smi --query-gpu=...`; None is n/a (the GPU or driver does not have it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gpucheck.devices import GpuIdentity
+from gpucheck.probes.fabric import decode_health
+from gpucheck.probes.nvml import NvmlFailure
+
+# Clock-event (throttle) reason bits, as in nvml.h / pynvml nvmlClocksEventReason*.
+CLOCK_REASONS = {
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
+    0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+BAD_CLOCK_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                     "hw_power_brake_slowdown")
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    """NVML's view of the driver. `present` is False when no driver could be reached."""
+
+    present: bool
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    gpu_count: int | None = None
+    failure: NvmlFailure | None = None
+
+
+@dataclass(frozen=True)
+class GpuRecord:
+    """One GPU, fields named after `nvidia-smi --query-gpu=...`; None is n/a."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    compute_capability: str | None = None
+    persistence_mode: bool | None = None
+    mig_mode: bool | None = None
+    mig_mode_pending: bool | None = None
+    temperature_c: int | None = None
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    utilization_gpu_pct: int | None = None
+    utilization_memory_pct: int | None = None
+    process_count: int | None = None
+    pcie_gen_current: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_current: int | None = None
+    pcie_width_max: int | None = None
+    ecc_mode: bool | None = None
+    ecc_volatile_uncorrected: int | None = None
+    ecc_aggregate_uncorrected: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failed: bool | None = None
+    clock_event_reasons: list[str] | None = None
+    nvlink_active_links: int | None = None
+    fabric_state: str | None = None  # FABRIC_STATES; None: no fabric API (n/a)
+    fabric_status: str | None = None  # "success" or the NVML_ERROR_* name, once completed
+    fabric_health_mask: int | None = None  # healthMask (fabric.decode_health); None: n/a
+    fabric_health_summary: str | None = None  # fabric.HEALTH_SUMMARIES; None: n/a (v2 struct)
+    recovery_action: str | None = None  # gpu_read.RECOVERY_ACTIONS; None: n/a (pre-R565)
+    numa_node: int | None = None  # sysfs; None where it reads -1 (VMs, single socket)
+    cpu_affinity: str | None = None  # CPUs near the GPU, "0-27,56-83" (nvidia-smi topo -m)
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    error_kind: str | None = None
+    error_hint: str | None = None
+
+    @property
+    def subject(self) -> str:
+        """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)", as in every other section."""
+        return GpuIdentity(None, self.index, self.name, self.pci_bus_id, self.uuid).label()
+
+    def row(self) -> dict[str, Any]:
+        row = asdict(self)
+        for key in ("processes", "error_kind", "error_hint", "fabric_health_mask"):
+            row.pop(key)
+        health = decode_health(self.fabric_health_mask)
+        row["fabric_health"] = ", ".join(f"{k}={v}" for k, v in health.items()) or None
+        return row
+

@@ -1,0 +1,57 @@
+"""Fakes at the boundary for the `gpucheck health` tests: a sysfs tree of InfiniBand
+ports written into a temporary directory, and a kernel log file of NVRM lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+STATES = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+PHYS = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining",
+        5: "LinkUp", 6: "LinkErrorRecovery", 7: "Phy Test"}
+HEALTHY_COUNTERS = {"link_downed": 0, "symbol_error": 0, "port_rcv_errors": 0,
+                    "link_error_recovery": 0, "port_xmit_discards": 0}
+
+
+def add_port(sysfs: Path, hca: str, port: int = 1, state: int = 4, phys: int = 5,
+             rate: str = "400 Gb/sec (4X NDR)", link_layer: str = "InfiniBand",
+             hca_type: str = "MT4129", **counters: int) -> Path:
+    """One port as the kernel's drivers/infiniband/core/sysfs.c shows it."""
+    hca_dir = sysfs / "class/infiniband" / hca
+    port_dir = hca_dir / "ports" / str(port)
+    (port_dir / "counters").mkdir(parents=True, exist_ok=True)
+    (hca_dir / "hca_type").write_text(f"{hca_type}\n")
+    (port_dir / "state").write_text(f"{state}: {STATES[state]}\n")
+    (port_dir / "phys_state").write_text(f"{phys}: {PHYS[phys]}\n")
+    (port_dir / "rate").write_text(f"{rate}\n")
+    (port_dir / "link_layer").write_text(f"{link_layer}\n")
+    set_counters(sysfs, hca, port, **{**HEALTHY_COUNTERS, **counters})
+    return port_dir
+
+
+def set_counters(sysfs: Path, hca: str, port: int = 1, **counters: int) -> None:
+    directory = sysfs / "class/infiniband" / hca / "ports" / str(port) / "counters"
+    for name, value in counters.items():
+        (directory / name).write_text(f"{value}\n")
+
+
+def set_state(sysfs: Path, hca: str, port: int, state: int, phys: int) -> None:
+    port_dir = sysfs / "class/infiniband" / hca / "ports" / str(port)
+    (port_dir / "state").write_text(f"{state}: {STATES[state]}\n")
+    (port_dir / "phys_state").write_text(f"{phys}: {PHYS[phys]}\n")
+
+
+def healthy_ib_node(sysfs: Path, rails: int = 4) -> Path:
+    """`rails` active 400 Gb/s NDR ports, one per HCA, as on an HGX H200 node."""
+    for i in range(rails):
+        add_port(sysfs, f"mlx5_{i}")
+    return sysfs
+
+
+def xid_line(seconds: float, bus: str, xid: int, detail: str) -> str:
+    """A dmesg line as the driver writes it (open-gpu-kernel-modules krcReportXid)."""
+    return f"[{seconds:12.6f}] NVRM: Xid (PCI:{bus}): {xid}, {detail}\n"
+
+
+def write_log(path: Path, lines: list[str]) -> Path:
+    path.write_text("[    0.000000] Linux version 6.8.0 (buildd@lcy02)\n" + "".join(lines))
+    return path

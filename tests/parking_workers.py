@@ -1,0 +1,56 @@
+"""Module-level workers for tests/test_stress_parking.py (spawned ranks import them).
+
+`peer_phase_on_cpu((folder, backend))` runs stress's peer phase on gloo CPU ranks with a fake
+measurement on local rank 0 that takes PEER_S and then drops a marker file; every
+other rank records, at the moment it enters the phase's result gather (on a GPU an
+NCCL kernel that would spin on its device), whether the marker was there yet.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from gpucheck.distributed.session import process_group
+from gpucheck.stress import worker
+
+PEER_S = 0.5  # long enough for a rank that does not wait to reach the gather first
+
+
+def _spec(backend: str) -> worker.StressSpec:
+    return worker.StressSpec(device="cpu", backend=backend, timeout_s=30.0, dtypes=("fp32",),
+                             size=8, duration_s=0.0, warmup_s=0.0, gemm_window_s=0.0,
+                             membw_window_s=0.0, pin_numa=False, fault_watch=False)
+
+
+def peer_phase_on_cpu(job: tuple[str, str]) -> dict[str, Any] | None:
+    """job: (folder, the backend the phase believes it runs: "gloo" parks on the world
+    group, "nccl" creates the node's own gloo group, as on a GPU node; the ranks'
+    collectives are gloo either way)."""
+    import torch
+
+    folder, backend = job
+    marker = Path(folder) / "matrix-done"
+
+    def measure(local_world_size: int) -> dict[str, Any]:
+        time.sleep(PEER_S)
+        marker.write_text("done")
+        return {"pairs": [], "gpus": local_world_size}
+
+    with process_group("gloo", "cpu", timeout_s=30, fault_watch=False) as world:
+        ctx = worker.RankContext(_spec(backend), world, torch.device("cpu"), None, None)
+        gather = worker._gather
+
+        def recording_gather(ctx: worker.RankContext, mine: Any) -> list[Any]:
+            entry = {"rank": world.rank, "matrix_done_at_entry": marker.exists()}
+            (Path(folder) / f"gather-{world.rank}.json").write_text(json.dumps(entry))
+            return gather(ctx, mine)
+
+        worker._gather = recording_gather  # type: ignore[assignment]
+        try:
+            result = worker.peer_phase(ctx, measure, [0, 1])
+        finally:
+            worker._gather = gather  # type: ignore[assignment]
+        return result if world.rank == 0 else None

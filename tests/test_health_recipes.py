@@ -1,0 +1,183 @@
+"""The recipes of docs/health.md, run: the SLURM wrappers against a fake `scontrol` and
+`sinfo` recording their arguments, the node-problem-detector config as NPD validates
+it, the DaemonSet, and the Prometheus textfile script and alert rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpucheck import cli
+from gpucheck.render.line import MAX_CHARS
+from tests.health_fakes import healthy_ib_node, write_log, xid_line
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "docs" / "health"
+FAKE_SITE = REPO / "tests" / "fake_nvml_site"
+DBE = xid_line(100.5, "0000:18:00", 48,
+               "An uncorrectable double bit error (DBE) has been detected.")
+
+
+def _script(path: Path, body: str) -> None:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> dict:
+    """A PATH with gpucheck (this repository, fake NVML), and fake scontrol and sinfo
+    that append their arguments to calls.log; sinfo prints $FAKE_REASON."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _script(bin_dir / "gpucheck", f'exec {shlex.quote(sys.executable)} -m gpucheck "$@"\n')
+    log = tmp_path / "calls.log"
+    for tool in ("scontrol", "sinfo"):
+        _script(bin_dir / tool, f'printf "%s\\n" "{tool} $*" >> {shlex.quote(str(log))}\n'
+                + ('printf "%s\\n" "$FAKE_REASON"\n' if tool == "sinfo" else ""))
+    healthy_ib_node(tmp_path / "sys")
+    kernel_log = write_log(tmp_path / "dmesg.txt", [])
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": os.pathsep.join(map(str, (REPO, FAKE_SITE))),
+           "GPUCHECK_FAKE_NVML": json.dumps({"gpus": [{}] * 8}), "GPUCHECK_NODE": "gpu-node-7",
+           "GPUCHECK_STATE_DIR": str(tmp_path / "state"), "FAKE_REASON": "none",
+           "GPUCHECK_HEALTH_ARGS": f"--sysfs {tmp_path / 'sys'} --kernel-log {kernel_log}"}
+    return {"env": env, "calls": log, "dir": tmp_path, "kernel_log": kernel_log}
+
+
+def _run(script: str, node: dict, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(RECIPES / script)], env={**node["env"], **env}, text=True,
+                          capture_output=True, timeout=120, check=False)
+
+
+def _calls(node: dict) -> list[str]:
+    return node["calls"].read_text().splitlines() if node["calls"].exists() else []
+
+
+def _sick(node: dict) -> None:
+    write_log(node["kernel_log"], [DBE])
+
+
+def test_the_healthcheck_wrapper_leaves_a_healthy_node_alone(node):
+    done = _run("slurm-healthcheck.sh", node)
+    assert done.returncode == 0, done.stderr
+    assert not [c for c in _calls(node) if c.startswith("scontrol")]
+
+
+def test_the_healthcheck_wrapper_drains_with_the_one_line_reason(node):
+    _sick(node)
+    done = _run("slurm-healthcheck.sh", node)
+    assert done.returncode == 0, done.stderr
+    (call,) = [c for c in _calls(node) if c.startswith("scontrol")]
+    assert call.startswith("scontrol update nodename=gpu-node-7 state=drain reason=gpucheck "
+                           "health FAIL reset-gpu: GPU 0 (bus 00000000:18:00.0): "
+                           "kernel_log.xid: XID 48")
+    assert "\n" not in call
+
+
+def test_the_healthcheck_wrapper_resumes_only_a_node_it_drained_itself(node):
+    _run("slurm-healthcheck.sh", node, FAKE_REASON="gpucheck health FAIL reset-gpu: GPU 0")
+    assert "scontrol update nodename=gpu-node-7 state=resume" in _calls(node)
+    node["calls"].unlink()
+    _run("slurm-healthcheck.sh", node, FAKE_REASON="replacing fan (alice)")
+    assert not [c for c in _calls(node) if c.startswith("scontrol")]
+
+
+def test_the_healthcheck_wrapper_changes_nothing_when_gpucheck_cannot_tell(node):
+    done = _run("slurm-healthcheck.sh", node, GPUCHECK_HEALTH_ARGS="--budget 0",
+                FAKE_REASON="gpucheck health FAIL reset-gpu: GPU 0")
+    assert done.returncode == 0 and "could not judge gpu-node-7 (exit 2)" in done.stderr
+    assert not [c for c in _calls(node) if c.startswith("scontrol")]
+
+
+def test_the_prolog_passes_a_healthy_node_and_drains_a_sick_one_with_exit_1(node):
+    assert _run("slurm-prolog.sh", node).returncode == 0 and _calls(node) == []
+    _sick(node)
+    done = _run("slurm-prolog.sh", node)
+    (call,) = _calls(node)
+    assert done.returncode == 1 and call.startswith(
+        "scontrol update nodename=gpu-node-7 state=drain reason=gpucheck health FAIL")
+
+
+def test_the_npd_plugin_config_is_what_node_problem_detector_accepts():
+    config = json.loads((RECIPES / "npd-gpucheck.json").read_text())
+    assert config["plugin"] == "custom"  # NPD's Validate(): the only plugin it supports
+    conditions = {c["type"] for c in config["conditions"]}
+    timeout = _seconds(config["pluginConfig"]["timeout"])
+    assert config["pluginConfig"]["max_output_length"] >= MAX_CHARS
+    for rule in config["rules"]:
+        assert {"type", "condition", "reason", "path", "timeout"} <= set(rule)
+        assert rule["type"] in ("temporary", "permanent")
+        assert rule["type"] != "permanent" or rule["condition"] in conditions
+        assert _seconds(rule["timeout"]) <= timeout  # else NPD refuses the config
+        args = cli.build_parser(rule["args"]).parse_args(rule["args"])
+        assert args.command == "health" and args.convention == "npd"
+        assert args.format == "line" and args.budget < _seconds(rule["timeout"])
+
+
+def _seconds(duration: str) -> float:
+    match = re.fullmatch(r"(\d+)(s|m)", duration)
+    assert match, f"a Go duration this test reads: {duration}"
+    return int(match[1]) * (60 if match[2] == "m" else 1)
+
+
+def _configmap_json(text: str) -> str:
+    """The block scalar under `gpucheck.json: |`, without a YAML library."""
+    lines = text.split("gpucheck.json: |\n", 1)[1].splitlines()
+    return "\n".join(line[4:] for line in lines[:next(
+        i for i, line in enumerate(lines) if line and not line.startswith("    "))])
+
+
+def test_the_daemonset_carries_the_same_plugin_config_and_mounts_what_health_reads():
+    text = (RECIPES / "npd-daemonset.yaml").read_text()
+    config = json.loads((RECIPES / "npd-gpucheck.json").read_text())
+    assert json.loads(_configmap_json(text)) == config
+    assert "mountPath: /host/sys" in text and "mountPath: /var/lib/gpucheck" in text
+
+
+def test_the_daemonset_parses_as_kubernetes_objects():
+    yaml = pytest.importorskip("yaml")
+    configmap, daemonset = yaml.safe_load_all((RECIPES / "npd-daemonset.yaml").read_text())
+    assert (configmap["kind"], daemonset["kind"]) == ("ConfigMap", "DaemonSet")
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    assert "--config.custom-plugin-monitor=/config/gpucheck.json" in container["command"]
+
+
+def test_the_textfile_script_writes_prometheus_text_atomically(node):
+    parser = pytest.importorskip("prometheus_client.parser")
+    textfile = node["dir"] / "textfile"
+    textfile.mkdir()
+    done = _run("prometheus-textfile.sh", node, TEXTFILE_DIR=str(textfile))
+    assert done.returncode == 0 and done.stdout == "", done.stderr
+    assert [p.name for p in textfile.iterdir()] == ["gpucheck.prom"]  # no temp file left
+    families = {f.name: f for f in parser.text_string_to_metric_families(
+        (textfile / "gpucheck.prom").read_text())}
+    assert families["gpucheck_verdict"].samples[0].value == 0
+    assert "gpucheck_valid_until_timestamp_seconds" in families
+
+
+def test_the_alert_rules_name_only_metrics_gpucheck_writes():
+    parser = pytest.importorskip("prometheus_client.parser")
+    from gpucheck.render.prometheus import render_prometheus
+    from gpucheck.report import Report, Section, ok
+
+    report = Report(command="health", sections=[Section("health", "run", {
+        "valid_until": "2026-11-24T10:10:00+00:00"}, [ok("gpu.count", "8 GPU(s)")])])
+    written = {f.name for f in parser.text_string_to_metric_families(render_prometheus(report))}
+    rules = (RECIPES / "prometheus-alerts.yml").read_text()
+    named = set(re.findall(r"\bgpucheck_[a-z_]+", rules))
+    assert named and named <= written
+
+
+def test_the_alert_rules_parse_as_a_prometheus_rule_file():
+    yaml = pytest.importorskip("yaml")
+    rules = yaml.safe_load((RECIPES / "prometheus-alerts.yml").read_text())
+    for rule in rules["groups"][0]["rules"]:
+        assert {"alert", "expr"} <= set(rule)

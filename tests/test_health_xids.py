@@ -1,0 +1,109 @@
+"""Xid lines since the last check: raised once, not again after the GPU was reset;
+log rotation, a wrapped ring buffer and a reboot never hide a new line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpucheck.health.run import HealthOptions, collect_health_report
+from gpucheck.health.state import STATE_FILE
+from gpucheck.report import Status
+from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.health_fakes import write_log, xid_line
+
+BUS = "0000:18:00"
+DBE = xid_line(100.5, BUS, 48, "An uncorrectable double bit error (DBE) has been detected.")
+LOST = xid_line(900.0, BUS, 79, "GPU has fallen off the bus.")
+APP = xid_line(50.0, BUS, 13, "Graphics Exception: ESR 0x504648=0x80000000")
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu()]).module)
+    (tmp_path / "sys").mkdir()
+    boot = tmp_path / "proc/sys/kernel/random/boot_id"
+    boot.parent.mkdir(parents=True)
+    boot.write_text("boot-1\n")
+    return tmp_path
+
+
+def _run(node: Path, lines: list[str], state: bool = True):
+    log = write_log(node / "dmesg.txt", lines)
+    options = HealthOptions(budget_s=20, kernel_log=str(log), sysfs=node / "sys",
+                            proc=node / "proc", state_dir=node / "state" if state else None)
+    (node / "state").mkdir(exist_ok=True)
+    return collect_health_report(options)
+
+
+def _xids(report) -> list[tuple[str, str | None]]:
+    return [(f.status.value, f.subject) for f in report.section("kernel_log").findings
+            if f.status in (Status.WARN, Status.FAIL)]
+
+
+def _reboot(node: Path, boot_id: str) -> None:
+    (node / "proc/sys/kernel/random/boot_id").write_text(f"{boot_id}\n")
+
+
+def test_a_clean_log_is_ok(node):
+    report = _run(node, [APP])
+    assert _xids(report) == [] and report.verdict() is Status.OK
+
+
+def test_a_new_xid_is_raised_once_naming_the_gpu_then_not_again(node):
+    first = _run(node, [APP, DBE])
+    assert [s for s, _ in _xids(first)] == ["FAIL"]
+    assert _xids(first)[0][1].startswith("GPU 0 (NVIDIA H200, bus 00000000:18:00.0")
+    second = _run(node, [APP, DBE])
+    assert _xids(second) == [] and second.verdict() is Status.OK
+    ok = next(f for f in second.section("kernel_log").findings if f.check == "kernel_log.xid")
+    assert ok.message.startswith("no new Xid since the last check (2 earlier line(s)")
+
+
+def test_a_line_after_the_last_reported_one_is_raised(node):
+    _run(node, [DBE])
+    report = _run(node, [DBE, LOST])
+    (finding,) = [f for f in report.section("kernel_log").findings if f.status is Status.FAIL]
+    assert "XID 79" in finding.message and finding.action == "drain-node"
+
+
+def test_without_a_state_dir_every_xid_of_the_boot_is_raised_every_time(node):
+    for _ in range(2):
+        assert [s for s, _ in _xids(_run(node, [DBE], state=False))] == ["FAIL"]
+
+
+def test_a_rotated_log_without_the_remembered_line_raises_only_what_it_holds(node):
+    _run(node, [APP, DBE])
+    assert [s for s, _ in _xids(_run(node, [LOST]))] == ["FAIL"]  # DBE rotated away
+    assert _xids(_run(node, [LOST])) == []
+
+
+def test_a_reboot_makes_every_line_of_the_new_boot_new(node):
+    _run(node, [DBE])
+    _reboot(node, "boot-2")
+    assert [s for s, _ in _xids(_run(node, [DBE]))] == ["FAIL"]
+
+
+def test_the_state_file_is_written_atomically_and_a_corrupt_one_warns_once(node):
+    _run(node, [DBE])
+    state = node / "state" / STATE_FILE
+    assert '"boot_id": "boot-1"' in state.read_text()
+    assert [p.name for p in (node / "state").iterdir()] == [STATE_FILE]  # no temp file left
+    state.write_text("{not json")
+    report = _run(node, [DBE])
+    warned = [f for f in report.findings if f.check == "health.state"]
+    assert [f.status for f in warned] == [Status.WARN] and warned[0].action == "fix-config"
+    assert [s for s, _ in _xids(report)] == ["FAIL"]  # afresh: the DBE is raised again
+    assert not [f for f in _run(node, [DBE]).findings if f.check == "health.state"]
+
+
+def test_the_report_says_what_cleared_since_the_previous_run(node):
+    _run(node, [DBE])
+    second = _run(node, [DBE])
+    data = second.section("health").data
+    assert data["previous"]["verdict"] == "FAIL"
+    assert data["cleared_since_previous"] == [
+        "kernel_log.xid on GPU 0 (NVIDIA H200, bus 00000000:18:00.0, "
+        "GPU-00000000-0000-0000-0000-000000000000)"]

@@ -1,0 +1,182 @@
+"""NVML's own verdicts in `env`: the recovery action it asks for (XID 154's field) and the
+NVSwitch fabric's health mask and summary, each judged per GPU on the fake pynvml."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from gpucheck.probes.gpus import probe_nvml
+from gpucheck.probes.nvml import Nvml
+from gpucheck.report import Status
+from tests.fake_pynvml import HEALTHY_FABRIC_MASK, FakeGpu, FakeNvml
+
+NOT_STARTED, COMPLETED, NOT_SUPPORTED = 1, 3, 0
+FABRIC_V2 = 0x02000024
+# healthMask sub-fields (pynvml NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_*), and the healthy
+# mask with one of them changed.
+DEGRADED_BW, ROUTE_RECOVERY, ROUTE_UNHEALTHY, ACCESS_TIMEOUT, CONFIG = 0, 2, 4, 6, 8
+
+
+def _with(shift: int, value: int, width: int = 0x3) -> int:
+    return HEALTHY_FABRIC_MASK & ~(width << shift) | value << shift
+
+
+def _gpus(n: int, **fields) -> list[FakeGpu]:
+    return [FakeGpu(bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", **fields) for i in range(n)]
+
+
+def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml):
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    return probe_nvml(Nvml(2.0))
+
+
+def _findings(result, check: str):
+    return [f for s in result.sections for f in s.findings if f.check == check]
+
+
+def _problems(result):
+    return [f for s in result.sections for f in s.findings
+            if f.status in (Status.WARN, Status.FAIL)]
+
+
+def _gpu(finding) -> str:
+    return finding.subject.split(" (")[0]
+
+
+def test_a_healthy_nvswitch_node_stays_ok_on_every_nvml_verdict(monkeypatch):
+    result = _probe(monkeypatch, FakeNvml(_gpus(8)))
+    assert not _problems(result)
+    for check in ("gpu.recovery_action", "gpu.fabric.health"):
+        assert [f.status for f in _findings(result, check)] == [Status.OK] * 8, check
+    assert "NVML_GPU_RECOVERY_ACTION_NONE" in _findings(result, "gpu.recovery_action")[0].message
+    row = result.sections[1].data["gpus"][0]
+    assert row["recovery_action"] == "none"
+    assert row["fabric_health"] == ("degraded_bandwidth=false, route_recovery=false, "
+                                    "route_unhealthy=false, access_timeout_recovery=false, "
+                                    "incorrect_configuration=none")
+    assert row["fabric_health_summary"] == "healthy"
+
+
+@pytest.mark.parametrize("value, status, action, words", [
+    (1, Status.FAIL, "reset-gpu", "GPU_RESET"),
+    (2, Status.FAIL, "drain-node", "NODE_REBOOT"),
+    (3, Status.FAIL, "drain-node", "DRAIN_P2P"),
+    (4, Status.WARN, "drain-node", "DRAIN_AND_RESET"),
+    (5, Status.FAIL, "drain-node", "RECOVER_IMEX_DOMAIN"),
+    (6, Status.FAIL, "reset-gpu", "BUS_RESET"),
+    (7, Status.FAIL, "drain-node", "SYSTEM_REBOOT"),
+])
+def test_a_recovery_action_nvml_asks_for_is_caught_on_that_gpu_with_its_action(
+        monkeypatch, value, status, action, words):
+    gpus = _gpus(4)
+    gpus[2].recovery_action = value
+    result = _probe(monkeypatch, FakeNvml(gpus))
+    bad = _problems(result)
+    assert [(f.check, f.status, f.action, _gpu(f)) for f in bad] == [
+        ("gpu.recovery_action", status, action, "GPU 2")]
+    assert f"NVML_GPU_RECOVERY_ACTION_{words}" in bad[0].message
+    oks = [f for f in _findings(result, "gpu.recovery_action") if f.status is Status.OK]
+    assert [_gpu(f) for f in oks] == ["GPU 0", "GPU 1", "GPU 3"]
+
+
+def test_a_gpu_reset_request_names_the_reset_command_for_that_gpu(monkeypatch):
+    gpus = _gpus(3)
+    gpus[1].recovery_action = 1
+    bad = _problems(_probe(monkeypatch, FakeNvml(gpus)))
+    assert "nvidia-smi -r -i 1" in bad[0].hint
+
+
+def test_a_recovery_action_gpucheck_does_not_know_warns_and_is_never_ok(monkeypatch):
+    gpus = _gpus(2)
+    gpus[0].recovery_action = 9
+    bad = _problems(_probe(monkeypatch, FakeNvml(gpus)))
+    assert [(f.check, f.status, _gpu(f)) for f in bad] == [
+        ("gpu.recovery_action", Status.WARN, "GPU 0")]
+    assert "unknown (9)" in bad[0].message and bad[0].action != "none"
+    assert "nvmlDeviceGpuRecoveryAction_t" in bad[0].hint
+
+
+def test_a_driver_that_does_not_report_the_recovery_action_is_a_skip_saying_why(monkeypatch):
+    result = _probe(monkeypatch, FakeNvml(_gpus(2, recovery_action=None)))
+    assert not _problems(result)
+    skipped = _findings(result, "gpu.recovery_action")
+    assert [f.status for f in skipped] == [Status.SKIP] * 2
+    assert "NotSupported" in skipped[0].message and "R565" in skipped[0].message
+
+
+def test_a_gpu_without_field_values_at_all_is_a_skip_not_a_failure(monkeypatch):
+    result = _probe(monkeypatch, FakeNvml(_gpus(2, unsupported={"nvmlDeviceGetFieldValues"})))
+    assert not _problems(result)
+    assert {f.status for f in _findings(result, "gpu.recovery_action")} == {Status.SKIP}
+
+
+@pytest.mark.parametrize("mask, check, status, action", [
+    (_with(DEGRADED_BW, 1), "gpu.fabric.degraded_bandwidth", Status.WARN, "drain-node"),
+    (_with(ROUTE_UNHEALTHY, 1), "gpu.fabric.route_unhealthy", Status.FAIL, "drain-node"),
+    (_with(ROUTE_RECOVERY, 1), "gpu.fabric.recovering", Status.WARN, "rerun"),
+    (_with(ACCESS_TIMEOUT, 1), "gpu.fabric.recovering", Status.WARN, "rerun"),
+    (_with(CONFIG, 5, 0xF), "gpu.fabric.configuration", Status.FAIL, "drain-node"),
+    (_with(CONFIG, 2, 0xF), "gpu.fabric.configuration", Status.FAIL, "fix-config"),
+])
+def test_a_fabric_health_problem_is_caught_on_that_gpu_with_its_action(
+        monkeypatch, mask, check, status, action):
+    gpus = _gpus(4)
+    gpus[3].fabric_health = mask
+    gpus[3].fabric_summary = 2  # NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY
+    result = _probe(monkeypatch, FakeNvml(gpus))
+    bad = _problems(result)
+    # The field names the problem; the summary adds no second finding.
+    assert [(f.check, f.status, f.action, _gpu(f)) for f in bad] == [
+        (check, status, action, "GPU 3")]
+    assert [_gpu(f) for f in _findings(result, "gpu.fabric.health")] == ["GPU 0", "GPU 1",
+                                                                         "GPU 2"]
+
+
+def test_an_incorrect_configuration_names_nvmls_reason(monkeypatch):
+    gpus = _gpus(2)
+    gpus[0].fabric_health = _with(CONFIG, 5, 0xF)
+    bad = _problems(_probe(monkeypatch, FakeNvml(gpus)))
+    assert "INCORRECT_CONFIGURATION_INSUFFICIENT_NVLINKS" in bad[0].message
+
+
+@pytest.mark.parametrize("summary, status", [(2, Status.FAIL), (3, Status.WARN)])
+def test_nvmls_fabric_summary_alone_is_judged_when_no_field_explains_it(monkeypatch, summary,
+                                                                        status):
+    gpus = _gpus(3)
+    gpus[1].fabric_summary = summary
+    bad = _problems(_probe(monkeypatch, FakeNvml(gpus)))
+    assert [(f.check, f.status, f.action, _gpu(f)) for f in bad] == [
+        ("gpu.fabric.health", status, "drain-node", "GPU 1")]
+
+
+def test_a_driver_with_only_the_v2_fabric_struct_still_judges_the_mask(monkeypatch):
+    gpus = _gpus(2)
+    gpus[1].fabric_health = _with(DEGRADED_BW, 1)
+    result = _probe(monkeypatch, FakeNvml(gpus, fabric_versions=frozenset({FABRIC_V2})))
+    bad = _problems(result)
+    assert [(f.check, _gpu(f)) for f in bad] == [("gpu.fabric.degraded_bandwidth", "GPU 1")]
+    healthy = _findings(result, "gpu.fabric.health")
+    assert healthy[0].status is Status.OK and "summary n/a" in healthy[0].message
+
+
+def test_a_driver_without_the_versioned_call_has_no_health_and_says_so(monkeypatch):
+    fake = FakeNvml(_gpus(2), absent=frozenset({"nvmlDeviceGetGpuFabricInfoV"}))
+    result = _probe(monkeypatch, fake)
+    assert not _problems(result)
+    skipped = _findings(result, "gpu.fabric.health")
+    assert [f.status for f in skipped] == [Status.SKIP] * 2 and "R550" in skipped[0].message
+
+
+@pytest.mark.parametrize("fabric", [(NOT_SUPPORTED, 0), None])
+def test_a_gpu_without_an_nvswitch_fabric_gets_no_fabric_health_verdict(monkeypatch, fabric):
+    result = _probe(monkeypatch, FakeNvml(_gpus(2, fabric=fabric, nvlinks=0)))
+    assert not _findings(result, "gpu.fabric.health") and not _problems(result)
+
+
+def test_an_unregistered_fabric_is_judged_by_registration_only(monkeypatch):
+    # Before registration completes the mask means nothing: gpu.fabric's FAIL says it all.
+    gpus = _gpus(2, fabric=(NOT_STARTED, 0), fabric_health=_with(DEGRADED_BW, 1))
+    bad = _problems(_probe(monkeypatch, FakeNvml(gpus)))
+    assert {f.check for f in bad} == {"gpu.fabric"}

@@ -1,0 +1,115 @@
+"""Progress on a terminal: every command says what it is doing, on stderr, from the
+reporting process only; nothing off a terminal or with -q.
+
+The commands run as real processes with stderr on a pseudo-terminal (os.openpty), as
+a person's shell gives it, and stdout on a pipe: progress must never reach the
+report. Sizes and durations are the smallest that still run every step.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import struct
+import subprocess
+import termios
+import time
+
+import pytest
+from comm_workers import ROOT, clean_env, gpucheck, kill_tree
+
+RUN_S = 180  # spawning ranks and loading torch on a busy 2-core machine
+TINY_COMM = ("comm", "--max-bytes", "2K", "--iters", "1", "--warmup", "0", "--timeout", "60")
+TINY_STRESS = ("stress", "--duration", "0.2", "--size", "32", "--dtypes", "fp32",
+               "--timeout", "60")
+
+
+def run_on_pty(*argv: str, stderr_on_pty: bool = True) -> tuple[int, str, str]:
+    """(exit code, what the terminal showed, stdout) of `gpucheck ARGV`, stderr on a
+    pseudo-terminal (or on a pipe when not `stderr_on_pty`); killed past RUN_S."""
+    main, child = os.openpty()
+    # A terminal has a size (a new pseudo-terminal has 0 x 0): 40 rows of 160 columns.
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    proc = subprocess.Popen(gpucheck(*argv), cwd=ROOT, env=clean_env(), text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=child if stderr_on_pty else subprocess.STDOUT,
+                            start_new_session=True)
+    os.close(child)
+    shown = bytearray()
+    try:
+        deadline = time.monotonic() + RUN_S
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([main], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(main, 65536)
+                except OSError:  # EIO: every holder of the terminal has closed it
+                    chunk = b""
+                if not chunk:
+                    break
+                shown += chunk
+            elif proc.poll() is not None:
+                break
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        kill_tree([proc], [])
+        os.close(main)
+    return proc.returncode, shown.decode(errors="replace"), out
+
+
+@pytest.fixture(scope="module")
+def comm_on_terminal() -> tuple[int, str, str]:
+    return run_on_pty(*TINY_COMM, "--n-gpus", "2")
+
+
+def test_comm_on_a_terminal_says_it_launches_ranks_and_which_collective_and_size(
+        comm_on_terminal: tuple[int, str, str]) -> None:
+    code, shown, out = comm_on_terminal
+    assert code == 0, shown + out
+    assert "loading torch" in shown and "launching 2 ranks" in shown
+    assert "2 rank(s) joined the process group (gloo, cpu)" in shown
+    assert "comm: all_reduce 1 KiB" in shown and "comm: all_gather 2 KiB" in shown
+    assert "comm: pairwise send/recv" in shown
+    assert "measured: the ranks stop" in shown
+    assert shown.count("joined the process group") == 1, "rank 1 must stay quiet"
+
+
+def test_progress_never_reaches_the_report_on_stdout(
+        comm_on_terminal: tuple[int, str, str]) -> None:
+    _, _, out = comm_on_terminal
+    assert "gpucheck comm" in out
+    assert "launching" not in out and "\r" not in out
+
+
+def test_stress_on_a_terminal_names_each_phase() -> None:
+    code, shown, out = run_on_pty(*TINY_STRESS, "--n-gpus", "1")
+    assert code in (0, 1), shown + out
+    assert "stress: gemm fp32 32^3" in shown
+    assert "stress: sdc burn-in, 0.2 s of fp32 products" in shown
+
+
+def test_bench_on_a_terminal_names_its_warm_up_and_timed_loop() -> None:
+    code, shown, out = run_on_pty("bench", "--model", "mobilenet_v3_small", "--batch-size",
+                                  "1", "--warmup", "1", "--iters", "2", "--n-gpus", "1")
+    assert code in (0, 1), shown + out
+    assert "bench: warm-up" in shown and "bench: timed" in shown
+
+
+def test_all_on_a_terminal_says_which_step_it_runs() -> None:
+    code, shown, out = run_on_pty("all", "--skip", "stress,bench,comm")
+    assert code in (0, 1), shown + out
+    assert "all: step 1 of 1: gpucheck env" in shown and "env: probing" in shown
+
+
+def test_quiet_on_a_terminal_shows_no_progress() -> None:
+    code, shown, out = run_on_pty(*TINY_COMM, "--n-gpus", "1", "-q")
+    assert code == 0, shown + out
+    assert "comm:" not in shown and "rank" not in shown
+
+
+def test_off_a_terminal_nothing_but_the_report_is_written() -> None:
+    code, shown, out = run_on_pty(*TINY_COMM, "--n-gpus", "1", stderr_on_pty=False)
+    assert code == 0, shown + out
+    assert shown == ""
+    assert "comm: all_reduce" not in out and "in this process" not in out

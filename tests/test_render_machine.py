@@ -1,0 +1,104 @@
+"""`--format line` and `--format prometheus`, for any report: one clean line; text that
+Prometheus' own parser (prometheus_client) reads back, one gauge per check and subject."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+
+from gpucheck.render import format_for, render
+from gpucheck.render.line import MAX_CHARS
+from gpucheck.render.prometheus import LABELS
+from gpucheck.report import Report, Section, fail, ok, skip, warn
+
+parser = pytest.importorskip("prometheus_client.parser")
+REPORTS = Path(__file__).resolve().parent / "data" / "reports"
+GPU3 = "GPU 3 (NVIDIA H200, bus 00000000:48:00.0, GPU-00000003-0000-0000-0000-000000000000)"
+
+
+def _families(text: str) -> dict:
+    return {f.name: f for f in parser.text_string_to_metric_families(text)}
+
+
+def _health_like() -> Report:
+    section = Section("gpus", "GPUs", {"valid_until": "2026-11-24T10:10:00+00:00"}, [
+        ok("driver.nvml", "driver 550"),
+        ok("gpu.pcie.width", "x16", GPU3),
+        fail("kernel_log.xid", "XID 48 once", "action: reset-gpu: reset it", GPU3),
+        warn("kernel_log.xid", "XID 94 once", "action: restart-app: restart", GPU3),
+        warn("ib.port.rate", "runs at 200 Gb/sec", "reseat", "mlx5_1 port 1"),
+        skip("ib.port.link_downed", "first check", "mlx5_0 port 1"),
+    ])
+    return Report(command="health", sections=[section], created_at="2026-11-24T10:00:00+00:00")
+
+
+def test_prometheus_text_parses_with_prometheus_own_parser_into_labelled_gauges():
+    families = _families(render(_health_like(), "prometheus"))
+    assert {n: f.type for n, f in families.items()} == {
+        "gpucheck_check_status": "gauge", "gpucheck_verdict": "gauge",
+        "gpucheck_findings": "gauge", "gpucheck_report_timestamp_seconds": "gauge",
+        "gpucheck_valid_until_timestamp_seconds": "gauge"}
+    samples = families["gpucheck_check_status"].samples
+    by_key = {(s.labels["check"], s.labels["subject"]): s for s in samples}
+    assert len(by_key) == len(samples) == 5  # two XIDs on GPU 3 fold into one series
+    xid = by_key[("kernel_log.xid", GPU3)]
+    assert xid.value == 3 and xid.labels["gpu"] == "3" and xid.labels["action"] == "reset-gpu"
+    assert set(xid.labels) == set(LABELS) and xid.labels["command"] == "health"
+    rate = by_key[("ib.port.rate", "mlx5_1 port 1")]
+    assert (rate.value, rate.labels["hca"], rate.labels["port"]) == (2, "mlx5_1", "1")
+    assert by_key[("driver.nvml", "")].value == 0
+    assert families["gpucheck_verdict"].samples[0].value == 3
+    findings = {s.labels["status"]: s.value for s in families["gpucheck_findings"].samples}
+    assert findings == {"OK": 2, "SKIP": 1, "WARN": 2, "FAIL": 1}
+    made = dt.datetime(2026, 11, 24, 10, 0, tzinfo=dt.timezone.utc).timestamp()
+    assert families["gpucheck_report_timestamp_seconds"].samples[0].value == made
+    assert families["gpucheck_valid_until_timestamp_seconds"].samples[0].value == made + 600
+    assert all(s.timestamp is None for f in families.values() for s in f.samples)
+
+
+def test_prometheus_label_values_are_escaped():
+    odd = 'GPU 1 (a "quoted" \\ name\nwith a newline)'
+    report = Report(command="health", sections=[Section("x", "X", {}, [
+        fail("gpu.query", "lost", "reset", odd)])])
+    (sample,) = _families(render(report, "prometheus"))["gpucheck_check_status"].samples
+    assert sample.labels["subject"] == odd and sample.labels["gpu"] == "1"
+
+
+@pytest.mark.parametrize("name", ["env_gpu.json", "stress_fail.json", "bench.json"])
+def test_every_saved_report_renders_as_valid_prometheus_text(name):
+    report = Report.from_dict(json.loads((REPORTS / name).read_text()))
+    families = _families(render(report, "prometheus"))
+    statuses = families["gpucheck_check_status"].samples
+    assert len(statuses) == len({(s.labels["check"], s.labels["subject"]) for s in statuses})
+    assert "gpucheck_valid_until_timestamp_seconds" not in families  # says no valid_until
+
+
+def test_the_line_of_a_saved_failed_stress_run_names_the_rank_and_drains():
+    report = Report.from_dict(json.loads((REPORTS / "stress_fail.json").read_text()))
+    line = render(report, "line")
+    assert line.count("\n") == 1 and line.startswith("gpucheck stress FAIL drain-node")
+    assert "stress.sdc.repeat" in line
+
+
+def test_the_line_is_one_short_printable_line_whatever_the_message_holds():
+    report = Report(command="health", sections=[Section("x", "X", {}, [
+        fail("gpu.query", "lost\nfell off\x1b[31m the bus\t" + "x" * 400, "reset", GPU3)])])
+    line = render(report, "line")
+    assert line.endswith("\n") and line.count("\n") == 1 and len(line) <= MAX_CHARS + 1
+    assert all(32 <= ord(c) < 127 for c in line[:-1]) and line[:-1].endswith("...")
+    assert "GPU 3 (bus 00000000:48:00.0): gpu.query: lost fell off [31m the bus x" in line
+
+
+def test_the_line_of_a_healthy_report_counts_its_checks():
+    report = Report(command="health", sections=[Section("x", "X", {}, [
+        ok("a.b", "fine"), ok("c.d", "fine"), skip("ib.ports", "no InfiniBand device")])])
+    assert render(report, "line") == ("gpucheck health OK: 2 checks OK, 1 skipped: ib.ports: "
+                                      "no InfiniBand device\n")
+
+
+def test_a_prom_output_file_picks_the_prometheus_format():
+    assert format_for(None, "/var/lib/node_exporter/textfile/gpucheck.prom") == "prometheus"
+    assert format_for("line", None) == "line"

@@ -1,0 +1,170 @@
+"""The text report as a person meets it: verdict and problems first, details, a closing
+line; every line fits the terminal; section badges tell the truth."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from gpucheck.render import render
+from gpucheck.render.text import WIDTH, render_text
+from gpucheck.report import Report, Section, Status, fail, ok, skip, warn
+
+ANSI = re.compile(r"\033\[[0-9;]*m")
+
+
+def long_report() -> Report:
+    """Many OK sections, wide data and a wide table, the problems deep inside."""
+    report = Report(command="all", argv=["gpucheck", "all"], host="node7")
+    for n in range(20):
+        report.add(Section(f"s{n}", f"Section {n}", {f"key_{k}": "value " * 5 for k in range(8)},
+                           [ok(f"check.{n}.{k}", "fine") for k in range(5)]))
+    report.add(Section("environment", "Environment", {"variables": {
+        "PATH": ":".join(f"/opt/tool{n}/bin" for n in range(30))}}))
+    rows = [{f"column_{c}": f"rank{r}-value-{c}" for c in range(12)} for r in range(4)]
+    report.add(Section("ranks", "Ranks", {"ranks": rows}, [
+        warn("bench.rank.straggler", "rank 3 ran 1.31x the other ranks' pace " + "x" * 150,
+             "look at rank 3's GPU clocks and the processes sharing it", "rank 3 on node7"),
+    ]))
+    report.add(Section("xid", "Kernel log", {}, [
+        fail("kernel_log.xid.79", "GPU has fallen off the bus", "drain the node and reseat",
+             "GPU 1 (NVIDIA H200, bus 00000000:28:00.0)")]))
+    return report
+
+
+def test_text_report_opens_with_the_verdict_and_the_problems_failures_first() -> None:
+    lines = render_text(long_report()).splitlines()
+    assert lines[0].startswith("gpucheck all on node7 at ") and ": FAIL (" in lines[0]
+    assert lines[2] == "Problems (1 FAIL, 1 WARN):"
+    assert "[FAIL] kernel_log.xid.79 (GPU 1" in lines[3]
+    warn_line = next(i for i, line in enumerate(lines) if "[WARN] bench.rank.straggler" in line)
+    assert warn_line < 12, "the WARN must be on the first screen, not hundreds of lines down"
+    assert any("HINT (drain-node): drain the node and reseat" in line for line in lines[3:6])
+
+
+def test_text_report_ends_with_a_one_line_summary_naming_the_first_problem() -> None:
+    last = render_text(long_report()).splitlines()[-1]
+    assert last == ("FAIL: 100 OK, 0 SKIP, 1 WARN, 1 FAIL; "
+                    "first: kernel_log.xid.79 on GPU 1 (drain-node)")
+
+
+@pytest.mark.parametrize("width", [WIDTH, 80, 60])
+def test_every_line_fits_the_width_with_tables_split_into_column_groups(width: int) -> None:
+    text = render_text(long_report(), width=width)
+    too_wide = [line for line in text.splitlines() if len(line) > width]
+    assert too_wide == []
+    # The wide table is split, and every group repeats the first column so rows stay named.
+    assert text.count("column_0") >= 2
+    assert "column_11" in text and "rank3-value-11" in text
+
+
+def test_wrapping_keeps_every_word_of_a_long_message_and_a_long_path() -> None:
+    text = render_text(long_report(), width=80)
+    joined = "".join(line.strip() for line in text.splitlines())
+    assert "x" * 150 in joined
+    assert ":".join(f"/opt/tool{n}/bin" for n in range(30)) in joined
+
+
+def test_colour_paints_tags_and_verdict_without_changing_the_layout() -> None:
+    report = long_report()
+    plain = render_text(report)
+    painted = render_text(report, color=True)
+    assert "\033[31;1m[FAIL]\033[0m" in painted
+    assert ANSI.sub("", painted) == plain
+
+
+def test_healthy_report_says_there_is_no_problem_and_ends_ok() -> None:
+    report = Report("env", [Section("s", "S", {}, [ok("a", "fine"), skip("b", "n/a")])],
+                    host="h")
+    lines = render_text(report).splitlines()
+    assert lines[2] == "No problems: no check ended in WARN or FAIL."
+    assert lines[-1] == "OK: 1 OK, 1 SKIP, 0 WARN, 0 FAIL"
+
+
+@pytest.mark.parametrize(
+    ("findings", "badge"),
+    [([ok("a", "m"), skip("b", "n/a")], Status.OK),
+     ([skip("a", "n/a"), skip("b", "n/a")], Status.SKIP),
+     ([ok("a", "m"), skip("b", "n/a"), warn("c", "m", "h")], Status.WARN),
+     ([warn("c", "m", "h"), fail("d", "m", "h"), skip("b", "n/a")], Status.FAIL),
+     ([], None)],
+)
+def test_section_badge_is_worst_problem_else_ok_when_measured_skip_only_if_all_skipped(
+        findings: list, badge: Status | None) -> None:
+    section = Section("s", "S", {"x": 1}, findings)
+    assert section.verdict() is badge
+    report = Report("env", [section])
+    label = badge.value if badge else "info"
+    assert f"<b>S</b> ({label})" in render(report, "markdown")
+    assert f'<span class="badge s-{label}">{label}</span>' in render(report, "html") or \
+        (badge is None and ">info</span>" in render(report, "html"))
+    header = "== S ==" if badge is None else f"== S ({badge.value}) =="
+    assert header in render(report, "text")
+
+
+def test_html_keeps_problem_sections_open_and_folds_the_rest() -> None:
+    report = Report("env", [Section("good", "Good", {}, [ok("a", "m")]),
+                            Section("bad", "Bad", {}, [warn("b", "m", "h")])])
+    html = render(report, "html")
+    assert '<details id="good">' in html
+    assert '<details open id="bad">' in html
+
+
+def test_scope_of_an_env_without_a_gpu_is_in_every_headline() -> None:
+    scope = "no NVIDIA GPU or driver found: software checks only"
+    report = Report("env", [Section("s", "S", {}, [ok("a", "m")])], scope=scope)
+    lines = render(report, "text").splitlines()
+    assert ": OK (" in lines[0] and lines[1] == f"Scope: {scope}"
+    assert f"_{scope}_" in render(report, "markdown")
+    assert scope in render(report, "html")
+    assert Report.from_dict(report.to_dict()).scope == scope
+
+
+def test_env_without_gpu_or_driver_says_so_and_with_gpus_claims_no_scope(monkeypatch) -> None:
+    import sys
+
+    from gpucheck.probes.runner import NO_GPU_SCOPE, collect_env_report
+    from tests.fake_pynvml import FakeGpu, FakeNvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML library: no driver
+    monkeypatch.setattr("gpucheck.probes.gpus.nvidia_pci_devices", lambda *a, **k: 0)
+    bare = collect_env_report(gpu_test=False, environ={})
+    assert bare.scope == NO_GPU_SCOPE
+    fake = FakeNvml([FakeGpu(bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0") for i in range(2)])
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    with_gpus = collect_env_report(gpu_test=False, environ={})
+    assert with_gpus.scope is None
+
+
+def test_cpu_ranks_within_the_cores_stay_ok_and_more_ranks_than_cores_warn_naming_them() -> None:
+    from gpucheck.commands.launch_options import LaunchPlan, cpu_ranks_finding
+
+    fits = cpu_ranks_finding(LaunchPlan(2, "cpu", "gloo", None, 60.0), cores=2)
+    assert fits is not None and fits.status is Status.OK
+    crowded = cpu_ranks_finding(LaunchPlan(8, "cpu", "gloo", None, 60.0), cores=2)
+    assert crowded is not None and crowded.status is Status.WARN
+    assert "8 CPU rank(s) on 2 usable core(s)" in crowded.message
+    assert "--n-gpus 2" in crowded.hint and crowded.action == "fix-config"
+    assert cpu_ranks_finding(LaunchPlan(8, "cuda", "nccl", None, 60.0), cores=2) is None
+
+
+def test_all_shows_the_fault_watch_thresholds_once_and_points_back_to_them() -> None:
+    from gpucheck.commands.all import Outcome, combined_report
+
+    thresholds = {"temperature_c": 90, "xid": "any"}
+
+    def faulted(command: str) -> Report:
+        return Report(command, [Section("faults", "Fault watch",
+                                        {"thresholds": thresholds, "gpus": 1},
+                                        [ok(f"{command}.faults", "none")])])
+
+    other = {"thresholds": {"temperature_c": 80}}
+    reports = [faulted("stress"), faulted("bench"),
+               Report("comm", [Section("faults", "Fault watch", other)])]
+    combined = combined_report([Outcome(r.command, "ran", "", 1.0, r) for r in reports])
+    data = {s.name: s.data for s in combined.sections}
+    assert data["stress.faults"]["thresholds"] == thresholds
+    assert data["bench.faults"]["thresholds"] == "as in stress: Fault watch"
+    assert data["comm.faults"]["thresholds"] == {"temperature_c": 80}  # differs: shown
+    assert reports[1].sections[0].data["thresholds"] == thresholds  # the input is kept
