@@ -1,23 +1,33 @@
-"""Does `gpucheck bench`'s straggler verdict hold on a noisy machine?
+"""Does `gpucheck bench`'s straggler verdict hold on a noisy machine, for both kinds?
 
 Runs the default `gpucheck bench` (no options but --quiet and a JSON report, as a
-new user would: 2 CPU ranks without a GPU) N times healthy and N times with one
-rank slowed by 15% in every iteration (15% more computation after each forward: the
-test hooks tests/bench_workers.py:slow_rank_{one,zero}_by_15_percent, rank 1 and
-rank 0 in turn: the rank spawned second tends to run a few percent slower here, so
-slowing only rank 1 would flatter the catch rate), interleaved so both kinds see
-the same machine load, and counts the straggler WARNs. Issue 8's goal: 0 WARNs in
-the healthy runs, the slowed rank (and only it) named in every slowed run.
+new user would: 2 CPU ranks without a GPU) N times for each kind of run, interleaved so
+all kinds see the same machine load, and counts the straggler WARNs:
+- healthy: nothing planted;
+- slowed (the slow-device kind): one rank does 15% more computation after each forward
+  (tests/bench_workers.py:slow_rank_{one,zero}_by_15_percent);
+- throttled (the host kind): one rank's process is stopped from outside for 15% of the
+  time it is let run, on a 100 ms period, as a CPU quota does (tests/throttle.py, through
+  tests/bench_workers.py:throttle_rank_{one,zero}_by_15_percent): it computes at speed,
+  and its host does not run it.
+Rank 0 and rank 1 take turns as the planted rank: the rank spawned second tends to run a
+few percent slower here, so planting only rank 1 would flatter the catch rate.
+Issue 14's goal: 0 WARNs in the healthy runs; the planted rank, and only it, named in
+every run, with the right kind ("a slow CPU" / "its host did not run it").
 
-    python benchmarks/straggler_noise.py --runs 20 [--keep DIR] [-- extra bench options]
+    python benchmarks/straggler_noise.py --runs 20 [--kinds healthy,slowed,throttled]
     python benchmarks/straggler_noise.py --runs 10 --busy 1   # a busy loop competing
     python benchmarks/straggler_noise.py --reports DIR    # summarise kept reports again
+    python benchmarks/straggler_noise.py --runs 3 --kinds throttled --throttle-share 0.5
 
 `--busy N` runs N busy-loop processes beside the benchmark for its whole length (a
-neighbour that always wants a core: the loaded case, reproducibly).
+neighbour that always wants a core: the loaded case, reproducibly). Every run line ends
+with the machine's 1-minute load average when it ended: this 2-core VM is shared.
 
-The summary adds what other thresholds would have said of the same runs (the verdict
-is vs_others > 1 + threshold, so it can be recomputed from the reports).
+The summary adds what other thresholds would have said of the same runs (the verdict is
+vs_others > 1 + threshold, else wall_vs_others > 1 + threshold, so it can be recomputed
+from the reports), and each planted run's hold-back: the planted rank's whole-loop wall
+time over the other rank's.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,40 +46,62 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-SLOW_HOOKS = {1: "bench_workers:slow_rank_one_by_15_percent",
-              0: "bench_workers:slow_rank_zero_by_15_percent"}
+HOOKS = {"slowed": {1: "bench_workers:slow_rank_one_by_15_percent",
+                    0: "bench_workers:slow_rank_zero_by_15_percent"},
+         "throttled": {1: "bench_workers:throttle_rank_one_by_15_percent",
+                       0: "bench_workers:throttle_rank_zero_by_15_percent"}}
+KINDS = ("healthy", "slowed", "throttled")
+# The kind of straggler each planted run must be named as (gpucheck.bench.stragglers).
+EXPECTED = {"slowed": "device", "throttled": "host"}
+HOST_WORDS = "its host did not run it"
 RUN_TIMEOUT_S = 600
 SWEEP = (0.05, 0.075, 0.10, 0.125, 0.15, 0.20)
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """One run: which ranks were called stragglers, and what the verdict looked at."""
+    """One run: which ranks were named stragglers and as which kind, and what the
+    verdict looked at."""
 
-    kind: str  # "healthy" or "slowed"
-    slowed_rank: int | None
+    kind: str  # "healthy", "slowed" or "throttled"
+    planted: int | None  # the slowed or throttled rank
     total_s: float
-    warned_ranks: tuple[int, ...]
+    named: dict[int, str]  # rank -> "device" or "host"
     ranks: tuple[dict[str, Any], ...]  # the report's ranks table
+    load: float  # 1-minute load average when the run ended
 
     def describe(self) -> str:
-        cells = "  ".join(f"r{r['rank']} p50 {r['p50_ms']:.0f} ms p99 {r['p99_ms']:.0f} ms "
-                          f"x{r['vs_others']:.3f} slower in {r['slower_share']:.0%}"
-                          for r in self.ranks)
-        warned = ",".join(map(str, self.warned_ranks)) or "-"
-        kind = self.kind if self.slowed_rank is None else f"slowed r{self.slowed_rank}"
-        return f"{kind:9} {self.total_s:5.1f} s  WARN ranks: {warned:4}  {cells}"
+        cells = "  ".join(f"r{r['rank']} p50 {r['p50_ms']:.0f} ms x{r['vs_others']:.3f} cpu "
+                          f"x{r.get('wall_vs_others') or 0:.3f} wall" for r in self.ranks)
+        named = ",".join(f"{r}:{k}" for r, k in sorted(self.named.items())) or "-"
+        kind = self.kind if self.planted is None else f"{self.kind} r{self.planted}"
+        return (f"{kind:12} {self.total_s:5.1f} s  WARN: {named:9}  {cells}  "
+                f"hold-back {self.hold_back():.3f}  load {self.load:.1f}")
+
+    def correct(self) -> bool:
+        """Healthy: nobody named; planted: that rank alone, as the right kind."""
+        if self.planted is None:
+            return not self.named
+        return self.named == {self.planted: EXPECTED[self.kind]}
+
+    def hold_back(self) -> float:
+        """The planted rank's whole-loop wall time over the other rank's (healthy: the
+        slower rank's over the faster's)."""
+        walls = {int(r["rank"]): float(r["wall_s"]) for r in self.ranks}
+        if self.planted is None:
+            return max(walls.values()) / min(walls.values())
+        others = [w for k, w in walls.items() if k != self.planted]
+        return walls[self.planted] / statistics.median(others)
 
 
-def one_run(slowed_rank: int | None, extra: list[str], keep: Path | None,
+def one_run(kind: str, planted: int | None, extra: list[str], keep: Path | None,
             index: int) -> Outcome:
-    kind = "healthy" if slowed_rank is None else "slowed"
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "r.json"
         env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
         env.pop("GPUCHECK_TEST_HOOK", None)
-        if slowed_rank is not None:
-            env["GPUCHECK_TEST_HOOK"] = SLOW_HOOKS[slowed_rank]
+        if planted is not None:
+            env["GPUCHECK_TEST_HOOK"] = HOOKS[kind][planted]
         started = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "gpucheck", "bench", "--quiet",
                                "--output", str(out), *extra], cwd=folder, env=env,
@@ -78,40 +111,79 @@ def one_run(slowed_rank: int | None, extra: list[str], keep: Path | None,
         if not out.is_file():
             raise SystemExit(f"{kind} run {index} wrote no report (exit {done.returncode}):\n"
                              f"{done.stderr[-2000:]}")
+        report, load = json.loads(out.read_text()), _load()
         if keep:
-            suffix = "" if slowed_rank is None else f"-r{slowed_rank}"
+            suffix = "" if planted is None else f"-r{planted}"
             shutil.copy(out, keep / f"{index:03d}-{kind}{suffix}.json")
-        return outcome_of(json.loads(out.read_text()), slowed_rank, total)
+            with (keep / "loads.txt").open("a", encoding="utf-8") as loads:
+                loads.write(f"{index:03d} {load:.2f} {total:.1f}\n")
+        return outcome_of(report, kind, planted, total, load)
 
 
-def outcome_of(report: dict[str, Any], slowed_rank: int | None, total_s: float) -> Outcome:
+def _load() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def outcome_of(report: dict[str, Any], kind: str, planted: int | None, total_s: float,
+               load: float) -> Outcome:
     timing = next(s for s in report["sections"] if s["name"] == "timing")
-    warned = tuple(sorted(int(f["subject"].split()[-1]) for f in timing["findings"]
-                          if f["check"] == "bench.rank.straggler" and f["status"] == "WARN"))
-    kind = "healthy" if slowed_rank is None else "slowed"
-    return Outcome(kind, slowed_rank, total_s, warned, tuple(timing["data"]["ranks"]))
+    named = {int(f["subject"].split()[-1]): "host" if HOST_WORDS in f["message"] else "device"
+             for f in timing["findings"]
+             if f["check"] == "bench.rank.straggler" and f["status"] == "WARN"}
+    return Outcome(kind, planted, total_s, named, tuple(timing["data"]["ranks"]), load)
 
 
 def kept_outcomes(folder: Path) -> list[Outcome]:
-    """Reports saved by --keep: NNN-healthy.json, NNN-slowed-rK.json."""
+    """Reports saved by --keep: NNN-healthy.json, NNN-slowed-rK.json, NNN-throttled-rK.json,
+    and loads.txt ("NNN load seconds" per run)."""
+    loads = {}
+    if (folder / "loads.txt").is_file():
+        for line in (folder / "loads.txt").read_text(encoding="utf-8").splitlines():
+            index, load, total = line.split()
+            loads[index] = (float(load), float(total))
     outcomes = []
     for path in sorted(folder.glob("*.json")):
+        load, total = loads.get(path.stem[:3], (float("nan"), float("nan")))
+        kind = next((k for k in KINDS if k in path.stem), "healthy")
         tail = path.stem.rpartition("-r")[2]
-        slowed = int(tail) if "slowed" in path.stem and tail.isdigit() else None
-        outcomes.append(outcome_of(json.loads(path.read_text()), slowed, float("nan")))
+        planted = int(tail) if kind != "healthy" and tail.isdigit() else None
+        outcomes.append(outcome_of(json.loads(path.read_text()), kind, planted, total, load))
     return outcomes
+
+
+def plan(runs: int, kinds: list[str]) -> list[tuple[str, int | None]]:
+    """Each round runs every kind once, the planted rank alternating between rounds (and
+    between the two planted kinds within a round)."""
+    order = []
+    for i in range(runs):
+        for kind in kinds:
+            if kind == "healthy":
+                order.append((kind, None))
+            else:
+                order.append((kind, (i + (kind == "throttled")) % 2))
+    return order
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="runs of each kind (default 20)")
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help="comma-separated kinds to run (default: all three)")
     parser.add_argument("--keep", type=Path, default=None, help="save every JSON report here")
     parser.add_argument("--reports", type=Path, default=None,
                         help="run nothing: summarise the reports --keep saved in this folder")
     parser.add_argument("--busy", type=int, default=0,
                         help="busy-loop processes to run beside the benchmark (default 0)")
+    parser.add_argument("--throttle-share", type=float, default=None,
+                        help="throttled runs: stopped for this share of the time the rank "
+                             "is let run (default 0.15)")
     parser.add_argument("extra", nargs="*", help="options passed to gpucheck bench")
     args = parser.parse_args()
+    if args.throttle_share is not None:
+        os.environ["GPUCHECK_TEST_THROTTLE_SHARE"] = str(args.throttle_share)
+    kinds = [k for k in args.kinds.split(",") if k]
+    if set(kinds) - set(KINDS):
+        parser.error(f"--kinds: choose among {', '.join(KINDS)}")
     if args.reports:
         outcomes = kept_outcomes(args.reports)
         for i, outcome in enumerate(outcomes):
@@ -120,51 +192,80 @@ def main() -> None:
         return
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
+    summarise(run_all(plan(args.runs, kinds), args.extra, args.keep, args.busy))
+
+
+def run_all(order: list[tuple[str, int | None]], extra: list[str], keep: Path | None,
+            busy_loops: int) -> list[Outcome]:
     outcomes: list[Outcome] = []
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(args.busy)]
+            for _ in range(busy_loops)]
     try:
-        for i in range(args.runs):
-            for slowed in (None, 1 - i % 2):  # interleaved: both kinds see the same load
-                outcome = one_run(slowed, args.extra, args.keep, len(outcomes))
-                outcomes.append(outcome)
-                print(f"run {len(outcomes):3d} {outcome.describe()}", flush=True)
+        for kind, planted in order:
+            outcome = one_run(kind, planted, extra, keep, len(outcomes))
+            outcomes.append(outcome)
+            print(f"run {len(outcomes):3d} {outcome.describe()}", flush=True)
     finally:
         for proc in busy:
             proc.kill()
             proc.wait()
-    if args.busy:
-        print(f"with {args.busy} busy-loop process(es) beside the benchmark")
-    summarise(outcomes)
+    if busy_loops:
+        print(f"with {busy_loops} busy-loop process(es) beside the benchmark")
+    return outcomes
 
 
 def summarise(outcomes: list[Outcome]) -> None:
-    healthy = [o for o in outcomes if o.kind == "healthy"]
-    slowed = [o for o in outcomes if o.kind == "slowed"]
-    false_healthy = sum(1 for o in healthy if o.warned_ranks)
-    caught = sum(1 for o in slowed if o.warned_ranks == (o.slowed_rank,))
-    false_slowed = sum(1 for o in slowed if set(o.warned_ranks) - {o.slowed_rank})
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"healthy runs with a straggler WARN (false alarms): {false_healthy} of {len(healthy)}")
-    by_rank = {r: f"{sum(1 for o in slowed if o.slowed_rank == r and o.warned_ranks == (r,))}"
-                  f" of {sum(1 for o in slowed if o.slowed_rank == r)}" for r in sorted(SLOW_HOOKS)}
-    print(f"slowed runs naming the slowed rank and only it (caught): {caught} of "
-          f"{len(slowed)} (rank 0: {by_rank[0]}, rank 1: {by_rank[1]}); naming a healthy "
-          f"rank: {false_slowed}")
-    worst = max((r["vs_others"] or 0.0, r["slower_share"] or 0.0) for o in healthy
-                for r in o.ranks)
-    slow = min((r["vs_others"] or 0.0, r["slower_share"] or 0.0) for o in slowed
-               for r in o.ranks if r["rank"] == o.slowed_rank)
-    print(f"margins: healthy ranks' largest vs_others {worst[0]:.3f} (slower_share "
-          f"{worst[1]:.2f}); slowed rank's smallest {slow[0]:.3f} (slower_share {slow[1]:.2f})")
-    print(f"on {os.cpu_count()} cores, load average at the end {load:.2f}")
+    for kind in KINDS:
+        runs = [o for o in outcomes if o.kind == kind]
+        if runs:
+            print(_kind_line(kind, runs))
+    loads = [o.load for o in outcomes if o.load == o.load]
+    if loads:
+        print(f"on {os.cpu_count()} cores, 1-minute load average at the runs' ends: median "
+              f"{statistics.median(loads):.2f}, min {min(loads):.2f}, max {max(loads):.2f}")
     for threshold in SWEEP:  # the same runs judged at other thresholds
-        over = [(o, {int(r["rank"]) for r in o.ranks if r["vs_others"] is not None
-                     and r["vs_others"] > 1 + threshold}) for o in outcomes]
-        false = sum(1 for o, warned in over if o.kind == "healthy" and warned)
-        caught = sum(1 for o, warned in over if o.kind == "slowed" and warned == {o.slowed_rank})
-        print(f"  at --straggler-threshold {threshold:<5g}: false alarms {false} of "
-              f"{len(healthy)}, caught {caught} of {len(slowed)}")
+        print(f"  at --straggler-threshold {threshold:<5g}: " + ", ".join(
+            f"{kind} {sum(1 for o in outcomes if o.kind == kind and _right_at(o, threshold))}"
+            f" of {sum(1 for o in outcomes if o.kind == kind)} right"
+            for kind in KINDS if any(o.kind == kind for o in outcomes)))
+
+
+def _kind_line(kind: str, runs: list[Outcome]) -> str:
+    right = sum(1 for o in runs if o.correct())
+    holds = [o.hold_back() for o in runs]
+    hold = (f"hold-back median {statistics.median(holds):.3f} (min {min(holds):.3f}, "
+            f"max {max(holds):.3f})")
+    if kind == "healthy":
+        worst = max(max(r["vs_others"] or 0.0 for r in o.ranks) for o in runs)
+        worst_wall = max(max(r.get("wall_vs_others") or 0.0 for r in o.ranks) for o in runs)
+        return (f"healthy  : a straggler WARN (false alarm) in {len(runs) - right} of "
+                f"{len(runs)}; largest vs_others {worst:.3f} cpu, {worst_wall:.3f} wall; {hold}")
+    by_rank = {r: (sum(1 for o in runs if o.planted == r and o.correct()),
+                   sum(1 for o in runs if o.planted == r)) for r in (0, 1)}
+    kinds = {k: sum(1 for o in runs if o.planted in o.named and o.named[o.planted] == k)
+             for k in ("device", "host")}
+    healthy = sum(1 for o in runs if set(o.named) - {o.planted})
+    column = "vs_others" if kind == "slowed" else "wall_vs_others"
+    least = min(next(r.get(column) or 0.0 for r in o.ranks if r["rank"] == o.planted)
+                for o in runs)
+    return (f"{kind:9}: planted rank named alone as {EXPECTED[kind]} (caught) in {right} of "
+            f"{len(runs)} (rank 0: {by_rank[0][0]} of {by_rank[0][1]}, rank 1: "
+            f"{by_rank[1][0]} of {by_rank[1][1]}); named as device {kinds['device']}, as "
+            f"host {kinds['host']}; a healthy rank named in {healthy}; planted rank's "
+            f"smallest {column} {least:.3f}; {hold}")
+
+
+def _right_at(outcome: Outcome, threshold: float) -> bool:
+    """Would the verdict have been right at this threshold (pace.straggler_kind)?"""
+    named = {}
+    for r in outcome.ranks:
+        if r["vs_others"] is not None and r["vs_others"] > 1 + threshold:
+            named[int(r["rank"])] = "device"
+        elif (r.get("wall_vs_others") or 0.0) > 1 + threshold:
+            named[int(r["rank"])] = "host"
+    if outcome.planted is None:
+        return not named
+    return named == {outcome.planted: EXPECTED[outcome.kind]}
 
 
 if __name__ == "__main__":

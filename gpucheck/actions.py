@@ -85,6 +85,13 @@ _SHORT_RUN = ("one short measurement: contention from other jobs, a cold start o
 _PEERS = ("slower than identical GPUs of its own node under the same sustained load: the "
           "comparison calibrates itself, so what is left is the GPU, its cooling or power")
 
+_CONFIRMED = ("slow twice, the second time measured beside known-good peers (pairs, "
+              "nodes or GPUs the first measurement cleared) in the same run: contention "
+              "and transients would have slowed those too, so the link, NIC or GPU is "
+              "the suspect; out of service until someone has looked, as stress's peers")
+_UNCONFIRMED = ("below its bound once and not measured again (the run stopped first, or "
+                "an older report): nothing is condemned on one measurement")
+
 RULES: tuple[Rule, ...] = (
     # How a run ended, whatever it checked.
     Rule("*.probe", A.RERUN, "a probe crashed or hung: gpucheck's own trouble, not a "
@@ -214,6 +221,10 @@ RULES: tuple[Rule, ...] = (
     Rule("bench.images.skipped", A.FIX_CONFIG, "an unreadable input image: fix or remove "
          "the file"),
     Rule("bench.rank.straggler", A.RERUN, f"a slow rank in {_SHORT_RUN}"),
+    Rule("bench.rank.straggler", A.FIX_CONFIG, "the rank computed at speed and held the job "
+         "back because its host did not run it (a CPU quota, a competing or stopped "
+         "process, a data loader): the host's settings or load, not the hardware",
+         keyword="its host did not run it"),
     Rule("bench.node.slow", A.RERUN, f"a slow node in {_SHORT_RUN}"),
     Rule("bench.consistency", A.DRAIN_NODE, "a rank computed wrong logits: a GPU that "
          "gives wrong answers must not take jobs until diagnosed (dcgmi diag)"),
@@ -234,6 +245,14 @@ RULES: tuple[Rule, ...] = (
     Rule("comm.internode.slow_rail", A.RERUN, f"one slow NIC-to-NIC link in {_SHORT_RUN}"),
     Rule("comm.internode.shared_node", A.RERUN, "several slow node pairs share one node: "
          f"a suspect, still from {_SHORT_RUN}"),
+    # Confirmed: slow twice, the second time beside known-good peers measured with it.
+    Rule("comm.pairwise.slow_pair", A.RERUN, "CPU ranks: a confirmed slow pair is a busy "
+         "or throttled process, not a link", "WARN", "cpu ranks exchange"),
+    Rule("comm.pairwise.slow_pair", A.DRAIN_NODE, _CONFIRMED, keyword="confirmed:"),
+    Rule("comm.nodes.slow_node", A.DRAIN_NODE, _CONFIRMED, keyword="confirmed:"),
+    Rule("comm.internode.slow_pair", A.DRAIN_NODE, _CONFIRMED, keyword="confirmed:"),
+    Rule("comm.internode.slow_rail", A.DRAIN_NODE, _CONFIRMED, keyword="confirmed:"),
+    Rule("comm.internode.shared_node", A.DRAIN_NODE, _CONFIRMED, keyword="confirmed:"),
     Rule("comm.transport.*", A.FIX_CONFIG, "NCCL chose sockets or a loopback/bridge "
          "interface: its settings or the container's RDMA libraries, not the hardware"),
     # stress: sustained load, built to reproduce what it finds.
@@ -259,6 +278,10 @@ RULES: tuple[Rule, ...] = (
     Rule("stress.p2p", A.FIX_CONFIG, "peer access blocked for some pairs: ACS or IOMMU "
          "settings", keyword="without peer access"),
     Rule("stress.numa", A.FIX_CONFIG, "CPU binding of the ranks is a launch setting"),
+    # Not measured again (a run stopped in between, an older report): nothing confirmed.
+    *(Rule(check, A.RERUN, _UNCONFIRMED, keyword="not measured again") for check in (
+        "stress.*.peers", "stress.sdc.straggler", "stress.copies.together",
+        "stress.copies.link", "stress.p2p")),
     # hang: a stuck job, the rank the others wait for (docs/hang.md).
     Rule("hang.rank.*", A.RESTART_APP, "the job cannot go on without this rank (dead, "
          "stopped, in its own code or another collective): restart the job once its log "

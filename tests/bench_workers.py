@@ -7,7 +7,11 @@ Nothing in gpucheck imports this module; only tests set the variable.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -113,6 +117,46 @@ def slow_rank_zero_by_15_percent(model: nn.Module, rank: int) -> nn.Module:
 
 def wrong_rank_zero(model: nn.Module, rank: int) -> nn.Module:
     return _RankBehaviour(model, 0.0, wrong=rank == 0)
+
+
+THROTTLE_SCRIPT = str(Path(__file__).with_name("throttle.py"))
+
+
+def _throttled(model: nn.Module, share: float) -> nn.Module:
+    """A rank whose host does not run it part of the time: tests/throttle.py stops this
+    process from outside for `share` of the time it lets it run (as a CPU quota would),
+    so the rank computes as fast as the others, in CPU time, and its wall time is longer
+    by up to `share` (less on a loaded machine, where the scheduler gives a stopped
+    process back part of its turn). The helper ends when this process does."""
+    if share:
+        subprocess.Popen([sys.executable, THROTTLE_SCRIPT, str(os.getpid()), str(share)],
+                         stdin=subprocess.DEVNULL, close_fds=True)
+    return model
+
+
+# benchmarks/straggler_noise.py --throttle-share: the share for the two hooks below.
+THROTTLE_SHARE_VAR = "GPUCHECK_TEST_THROTTLE_SHARE"
+
+
+def _throttle_share() -> float:
+    return float(os.environ.get(THROTTLE_SHARE_VAR) or SLOWDOWN)
+
+
+def throttle_rank_one_by_15_percent(model: nn.Module, rank: int) -> nn.Module:
+    return _throttled(model, _throttle_share() if rank == SLOW_RANK else 0.0)
+
+
+def throttle_rank_zero_by_15_percent(model: nn.Module, rank: int) -> nn.Module:
+    return _throttled(model, _throttle_share() if rank == 0 else 0.0)
+
+
+def stop_rank_one_most_of_the_time(model: nn.Module, rank: int) -> nn.Module:
+    """Stopped three times as long as it is let run (300 ms every 100 ms): four times the
+    wall time on a quiet machine, and still far behind on a loaded one, where a short
+    stop costs a rank that gets a small share of a core little (the scheduler gives a
+    task back some of the turn it missed). For tests that must name it whatever the
+    load."""
+    return _throttled(model, 3.0 if rank == SLOW_RANK else 0.0)
 
 
 class _FailsLater(nn.Module):

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from gpucheck.bench.layout import MAX_SEGMENTS, relayout, segment_sizes
-from gpucheck.bench.worker import _IterationMarks
+from gpucheck.bench.marks import IterationMarks
 
 
 @pytest.mark.parametrize(("iters", "sizes"), [
@@ -60,7 +60,7 @@ def test_relayout_moves_every_weight_and_the_batch_to_new_memory_keeping_values(
 
 
 def test_marks_time_iterations_within_segments_and_not_the_gap_between_them() -> None:
-    marks = _IterationMarks("cpu", 5)
+    marks = IterationMarks("cpu", 5)
     marks.begin()
     marks.mark()
     marks.mark()
@@ -76,3 +76,6 @@ def test_marks_time_iterations_within_segments_and_not_the_gap_between_them() ->
     assert took[2] < 15  # the 30 ms between the segments is in no iteration
     assert ends[2] - ends[1] >= 30  # but it is on the timeline
     assert list(ends) == sorted(ends)
+    walls = marks.read_wall_ms()  # each iteration's wall time: the gap in none either
+    assert len(walls) == 3 and walls[2] < ends[2] - ends[1]
+    assert walls[1] == pytest.approx(ends[1] - ends[0])

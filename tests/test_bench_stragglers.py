@@ -163,15 +163,98 @@ def test_the_ranks_table_has_each_ranks_p50_and_p99_in_ms() -> None:
     assert rows[1]["vs_others"] is not None and 0 <= rows[1]["slower_share"] <= 1
 
 
-def test_a_rank_that_waited_for_a_shared_core_but_computed_as_fast_is_no_straggler() -> None:
-    # CPU ranks: iter_ms is CPU time, iter_end_ms the wall clock. Rank 1 got 70% of a
-    # core (its wall clock stretched 1.4x) but its computation took as long as rank 0's.
+def cpu_ranks(*runs: tuple[Sequence[float], Sequence[float]]) -> tuple[RankRecord, ...]:
+    """CPU ranks from (CPU ms, wall ms) per iteration: iter_ms is CPU time, iter_wall_ms
+    and the timeline (iter_end_ms) the wall clock, one segment."""
+    return tuple(RankRecord(
+        rank=rank, host="vm", node_rank=0, local_rank=rank, device="cpu",
+        device_name="CPU AMD EPYC", device_uuid=None, images=len(cpu) * 4, iters=len(cpu),
+        wall_s=sum(wall) / 1e3, span_s=sum(wall) / 1e3, device_s=sum(wall) / 1e3,
+        peak_memory_bytes=None, threads=1, iter_ms=tuple(float(t) for t in cpu),
+        iter_end_ms=tuple(itertools.accumulate(float(t) for t in wall)),
+        iter_wall_ms=tuple(float(t) for t in wall),
+    ) for rank, (cpu, wall) in enumerate(runs))
+
+
+def judged(records: tuple[RankRecord, ...]) -> dict[str, tuple[str, str]]:
+    """{subject: (message, action)} of the straggler WARNs."""
+    findings = straggler_findings(records, aggregate(records))
+    return {f.subject or "": (f.message, f.action or "") for f in findings
+            if f.status is Status.WARN}
+
+
+def test_a_rank_its_host_did_not_run_is_named_as_held_back_by_its_host() -> None:
+    # Rank 1 computed as fast as rank 0 (CPU time) but was stopped 15% of the time it
+    # ran (wall time 1.15x): the job waited for it. CPU time alone would call it OK.
+    records = cpu_ranks((noisy(12), noisy(12)), (noisy(12), noisy(12, scale=1.15)))
+    summary = aggregate(records)
+    assert summary.paces[1].vs_others == pytest.approx(1.0)
+    assert summary.paces[1].wall_vs_others == pytest.approx(1.15)
+    assert summary.stragglers == (1,)
+    [(subject, (message, action))] = judged(records).items()
+    assert subject == "rank 1" and action == "fix-config"
+    for part in ("rank 1 on vm", "held the job back", "1.15x", "in wall time",
+                 "1.00x in CPU time", "its host did not run it",
+                 "whole loop 1.15x the other ranks'"):
+        assert part in message
+
+
+def test_a_rank_that_computed_slower_is_named_as_slow_not_as_held_back_by_its_host() -> None:
+    # More CPU time and so more wall time: the slow-device kind, whose action is rerun.
+    records = cpu_ranks((noisy(12), noisy(12)),
+                        (noisy(12, scale=1.15), noisy(12, scale=1.15)))
+    [(subject, (message, action))] = judged(records).items()
+    assert subject == "rank 1" and action == "rerun"
+    assert "1.15x" in message and "a slow CPU" in message and "in CPU time" in message
+    assert "did not run" not in message
+    hint = straggler_findings(records, aggregate(records))[0].hint or ""
+    assert "quota" not in hint
+
+
+def test_a_host_stall_hint_points_at_quotas_and_stopped_processes() -> None:
+    records = cpu_ranks((noisy(12), noisy(12)), (noisy(12), noisy(12, scale=1.3)))
+    [finding] = straggler_findings(records, aggregate(records))
+    assert finding.hint and "quota" in finding.hint and "state T" in finding.hint
+
+
+def test_healthy_cpu_ranks_within_the_threshold_in_both_clocks_stay_ok() -> None:
+    records = cpu_ranks((noisy(12), noisy(12, scale=1.06)),
+                        (noisy(12, scale=1.04), noisy(12, scale=0.99)))
+    findings = straggler_findings(records, aggregate(records))
+    assert [f.status for f in findings] == [Status.OK]
+    assert "in CPU time" in findings[0].message and "in wall time" in findings[0].message
+
+
+def test_a_rank_stopped_once_for_a_long_time_is_a_hiccup_not_a_straggler() -> None:
+    # One iteration stalled for two seconds in wall time (a stopped process, continued):
+    # the whole loop is 1.5x, the typical iteration is not.
+    stalled = noisy(12)
+    stalled[5] += 2000
+    records = cpu_ranks((noisy(12), noisy(12)), (noisy(12), stalled))
+    summary = aggregate(records)
+    assert summary.vs_median[1] > 1.2
+    assert summary.stragglers == ()
+
+
+def test_gpu_ranks_have_one_clock_so_a_slow_gpu_is_never_called_a_host_stall() -> None:
+    # CUDA events time the device's own timeline: no separate wall time per iteration.
+    records = ranks(noisy(12), noisy(12, scale=1.3))
+    [(_, (message, action))] = judged(records).items()
+    assert "a slow GPU" in message and "did not run" not in message and action == "rerun"
+    assert aggregate(records).paces[1].wall_vs_others == pytest.approx(1.3)
+
+
+def test_a_rank_that_waited_for_a_shared_core_is_named_as_held_back_by_its_host() -> None:
+    # Rank 1 got 70% of a core (its wall clock stretched 1.4x) while its computation took
+    # as long as rank 0's: not a slow CPU, but the job waited for it all the same.
     fast, waited = ranks(flat(12), flat(12))
-    waited = replace(waited, iter_end_ms=tuple(140.0 * (i + 1) for i in range(12)),
-                     wall_s=1.68)
-    summary = aggregate((fast, waited))
+    waited = replace(waited, device="cpu", iter_end_ms=tuple(140.0 * (i + 1) for i in range(12)),
+                     iter_wall_ms=(140.0,) * 12, wall_s=1.68)
+    summary = aggregate((replace(fast, device="cpu"), waited))
     assert summary.vs_median[1] > summary.vs_median[0] * 1.3
-    assert summary.paces[1].vs_others == pytest.approx(1.0) and summary.stragglers == ()
+    assert summary.paces[1].vs_others == pytest.approx(1.0)
+    assert summary.paces[1].wall_vs_others == pytest.approx(1.4)
+    assert summary.stragglers == (1,)
 
 
 def test_iterations_are_lined_up_by_the_clock_not_by_their_index() -> None:
@@ -187,9 +270,9 @@ def test_iterations_are_lined_up_by_the_clock_not_by_their_index() -> None:
 
 
 def test_cpu_marks_give_cpu_time_per_iteration_and_the_wall_clock_timeline() -> None:
-    from gpucheck.bench.worker import _IterationMarks
+    from gpucheck.bench.marks import IterationMarks
 
-    marks = _IterationMarks("cpu", 3)
+    marks = IterationMarks("cpu", 3)
     marks.begin()
     until = time.process_time() + 0.02
     while time.process_time() < until:  # 20 ms of computation

@@ -54,7 +54,7 @@ def test_a_pair_below_the_threshold_but_within_the_spread_is_too_noisy_to_judge(
     assert "rank 2 (cpu) -> rank 0 (cpu)" in findings[1].message
 
 
-def _slow_one(first: float, again: float) -> list[Any]:
+def _slow_one(first: float, again: float, device: str = "cuda") -> list[Any]:
     samples = _all(3)
     samples[(1, 0)] = [first, first, first]
     suspects = find_suspects(samples, 0.5)
@@ -62,7 +62,7 @@ def _slow_one(first: float, again: float) -> list[Any]:
     measured = {p: [10.0, 9.8, 10.1] for p in suspects.references} | {
         (1, 0): [again, again, again]}
     rows = [{"src": s, "dst": d, "samples_gbps": v} for (s, d), v in measured.items()]
-    return pair_findings(_pairs(samples), 0.5, NAMES, again=rows, device="cuda")
+    return pair_findings(_pairs(samples), 0.5, NAMES, again=rows, device=device)
 
 
 def test_a_slow_pair_slow_again_is_confirmed_against_a_known_good_pair() -> None:
@@ -70,6 +70,14 @@ def test_a_slow_pair_slow_again_is_confirmed_against_a_known_good_pair() -> None
     assert (finding.status, finding.subject) == (Status.WARN, "rank 1 -> rank 0")
     assert "confirmed: measured again at 2.1 GB/s against rank" in finding.message
     assert finding.hint is not None and "nvidia-smi topo" in finding.hint
+    # Slow twice, beside a known-good pair: a link to look into (docs/comm.md).
+    assert finding.action == "drain-node"
+
+
+def test_a_confirmed_slow_pair_of_cpu_ranks_is_a_process_to_rerun_not_a_node_to_drain(
+        ) -> None:
+    (finding,) = _slow_one(first=2.0, again=2.1, device="cpu")
+    assert "confirmed" in finding.message and finding.action == "rerun"
 
 
 def test_a_slow_pair_fine_the_second_time_is_unstable_with_action_rerun() -> None:
@@ -136,10 +144,11 @@ def test_a_slow_node_slow_again_is_confirmed_against_known_good_nodes() -> None:
     (node,) = [f for f in findings if f.check == "comm.internode.shared_node"]
     assert node.subject == "node 2 (h2)" and "confirmed" in node.message
     assert "node 0 (h0), node 1 (h1) (known good)" in node.message
+    assert node.action == "drain-node"
     slow = [f for f in findings if f.check == "comm.internode.slow_pair"]
     assert {f.subject for f in slow} == {"node 2 -> node 0", "node 2 -> node 1",
                                          "node 0 -> node 2", "node 1 -> node 2"}
-    assert all("confirmed" in f.message for f in slow)
+    assert all("confirmed" in f.message and f.action == "drain-node" for f in slow)
 
 
 def test_a_slow_node_fine_the_second_time_is_unstable_with_action_rerun() -> None:

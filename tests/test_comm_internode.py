@@ -8,6 +8,7 @@ from gpucheck.comm.internode import rail_links, round_schedule
 from gpucheck.comm.internode_verdicts import (
     internode_findings,
     node_pair_rows,
+    rail_exchanges,
     rail_findings,
     shared_node,
 )
@@ -133,6 +134,38 @@ def test_a_slow_rail_is_named_even_when_its_node_pair_sum_is_fine() -> None:
     findings = rail_findings(links, 0.5, LABELS)
     assert [(f.check, f.status, f.subject) for f in findings] == [
         ("comm.internode.slow_rail", Status.WARN, "rank 1 -> rank 3")]
+
+
+def _one_slow_rail(again_gbps: float | None) -> list[object]:
+    links = _links({})
+    slow = next(x for x in links if (x["src_node"], x["dst_node"], x["rail"]) == (0, 1, 1))
+    slow["bandwidth_gbps"] = 1.0
+    again = None
+    if again_gbps is not None:  # the exchanges rank 0 planned, measured again
+        again = [dict(x, round="again", bandwidth_gbps=again_gbps if x is slow else 9.8)
+                 for x in links if tuple(sorted((x["src_node"], x["dst_node"]))) in
+                 rail_exchanges(links, 0.5)]
+    return rail_findings(links, 0.5, LABELS, again)
+
+
+def test_a_slow_rail_is_measured_again_with_its_node_pair_and_a_known_good_one() -> None:
+    links = _links({})
+    assert rail_exchanges(links, 0.5) == []  # healthy: nothing to measure again
+    next(x for x in links if (x["src_node"], x["dst_node"], x["rail"]) == (0, 1, 1))[
+        "bandwidth_gbps"] = 1.0
+    assert rail_exchanges(links, 0.5) == [(0, 1), (0, 2)]
+
+
+def test_a_slow_rail_slow_again_is_confirmed_and_fine_again_is_unstable() -> None:
+    (confirmed,) = _one_slow_rail(1.1)
+    assert (confirmed.subject, confirmed.action) == ("rank 1 -> rank 3", "drain-node")
+    assert "confirmed: measured again at 1.1 GB/s against 7 known-good rail link(s) " \
+        "measured with it at 9.8 GB/s" in confirmed.message
+    (unstable,) = _one_slow_rail(9.7)
+    assert (unstable.subject, unstable.action) == ("rank 1 -> rank 3", "rerun")
+    assert "unstable: measured again at 9.7 GB/s" in unstable.message
+    (older,) = _one_slow_rail(None)
+    assert "not measured again" in older.message and older.action == "rerun"
 
 
 def test_a_bad_nic_names_its_node_and_rail() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from gpucheck.comm import collectives, pairwise
+from gpucheck.comm import collectives, internode, pairwise
 
 Event = tuple[Any, ...]
 
@@ -191,13 +191,29 @@ def test_the_nccl_pair_sender_launches_every_send_and_the_ack_before_waiting(
     iters = 3
     gbps = pairwise._time_pair(0, 1, 4096, iters, "cpu")
     launches = [e for e in log.events if e[0] == "launch"]
-    # Warm-up (one send and the ack: it connects the pair), then the timed batch.
+    # Warm-up (one send and the ack: it connects the pair), the untimed alignment
+    # (the receiver's one element), then the timed batch.
     assert launches == [("launch", "isend", 1), ("launch", "irecv", 1),
+                        ("launch", "irecv", 1),
                         *[("launch", "isend", 1)] * iters, ("launch", "irecv", 1)]
     timed = log.events[log.events.index(("start",)):]
     assert _kinds(timed) == ["start", *["launch"] * (iters + 1), *["block"] * (iters + 1),
-                             "stop", *["wait"] * (iters + 1), "seconds"]
+                             "stop", *["wait"] * (iters + 2), "seconds"]
     assert gbps == pytest.approx(4096 * iters / 1.0 / 1e9)
+
+
+def test_the_nccl_pair_sender_starts_its_clock_only_after_the_stream_waited_on_the_receiver(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sender leaves the host barrier up to ~1 ms before the receiver under blocking
+    wait: its start mark must follow an untimed receive from the receiver that its
+    stream waits on, so the skew is not counted in the pair's bandwidth."""
+    log = Log()
+    _fake_dist(monkeypatch, log, backend="nccl", rank=0)
+    pairwise._time_pair(0, 1, 4096, 2, "cpu")
+    start = log.events.index(("start",))
+    align = log.events[start - 2:start]
+    assert align == [("launch", "irecv", 1), ("block", 2)]  # ops 0, 1: the warm-up
+    assert log.events.index(("wait", 2)) > log.events.index(("stop",))  # waited, bounded
 
 
 def test_the_nccl_pair_receiver_posts_every_receive_and_the_ack_before_waiting(
@@ -206,11 +222,68 @@ def test_the_nccl_pair_receiver_posts_every_receive_and_the_ack_before_waiting(
     _fake_dist(monkeypatch, log, backend="nccl", rank=1)
     assert pairwise._time_pair(0, 1, 4096, 3, "cpu") is None
     timed = log.events[_kinds(log.events).index("wait") + 2:]  # after the warm-up's waits
-    assert [e for e in timed if e[0] == "launch"] == [("launch", "irecv", 0)] * 3 + [
-        ("launch", "isend", 0)]
-    assert _kinds(timed) == [*["launch"] * 4, *["block"] * 4, *["wait"] * 4]
+    # The alignment's one-element send to the sender, then the batch.
+    assert [e for e in timed if e[0] == "launch"] == [("launch", "isend", 0)] + [
+        ("launch", "irecv", 0)] * 3 + [("launch", "isend", 0)]
+    assert _kinds(timed) == ["launch", "block", *["launch"] * 4, *["block"] * 4,
+                             *["wait"] * 5]
     assert "start" not in _kinds(log.events)  # only the sender keeps time
 
+
+def test_the_gloo_pair_is_timed_one_op_at_a_time_without_an_alignment_op(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    log = Log()
+    _fake_dist(monkeypatch, log, backend="gloo", rank=0)
+    pairwise._time_pair(0, 1, 4096, 2, "cpu")
+    timed = log.events[log.events.index(("start",)):]
+    assert _kinds(timed) == ["start", "launch", "wait", "launch", "wait", "launch", "wait",
+                             "stop", "seconds"]
+
+
+def _fake_batches(monkeypatch: pytest.MonkeyPatch, log: Log) -> None:
+    """batch_isend_irecv as a recorder: one launch per group, one handle per op."""
+    def p2p_op(op: Any, tensor: Any, peer: int) -> tuple[str, int, int]:
+        return ("isend" if op is dist.isend else "irecv", peer, tensor.numel())
+    monkeypatch.setattr(dist, "P2POp", p2p_op)
+
+    def batch(ops: list[Any]) -> list[FakeWork]:
+        log.events.append(("launch", "group", tuple(ops)))
+        number = sum(1 for e in log.events if e[0] == "launch") - 1
+        return [FakeWork(log, number)] * len(ops)
+    monkeypatch.setattr(dist, "batch_isend_irecv", batch)
+    monkeypatch.setattr(internode, "make_clock", lambda device: FakeClock(log))
+
+
+def test_the_nccl_exchange_between_nodes_starts_its_clock_after_an_aligned_one_element_group(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    log = Log()
+    _fake_dist(monkeypatch, log, backend="nccl", rank=1)
+    _fake_batches(monkeypatch, log)
+    seconds = internode._exchange(2, 0, 4096, 3, "cpu", 0.0)
+    groups = [e for e in log.events if e[0] == "launch"]
+    # The alignment: one element from the sender (rank 0) and to the receiver (rank 2).
+    assert groups[0] == ("launch", "group", (("irecv", 0, 1), ("isend", 2, 1)))
+    assert groups[1] == ("launch", "group", (("irecv", 0, 1024),) * 3 + (("isend", 2, 1024),) * 3)
+    start = log.events.index(("start",))
+    assert log.events[start - 1] == ("block", 0) and log.events[start + 1] == groups[1]
+    assert log.events.index(("wait", 0)) > log.events.index(("stop",))
+    assert seconds == 1.0
+
+
+def test_a_rank_that_only_sends_between_nodes_keeps_no_time_and_gloo_has_no_alignment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    log = Log()
+    _fake_dist(monkeypatch, log, backend="nccl", rank=1)
+    _fake_batches(monkeypatch, log)
+    assert internode._exchange(2, None, 4096, 2, "cpu", 0.0) is None
+    assert "start" not in _kinds(log.events)
+    assert [e[2] for e in log.events if e[0] == "launch"] == [
+        (("isend", 2, 1),), (("isend", 2, 1024),) * 2]
+    gloo = Log()
+    _fake_dist(monkeypatch, gloo, backend="gloo", rank=1)
+    internode._exchange(2, 0, 4096, 2, "cpu", 0.0)
+    assert [e[1] for e in gloo.events if e[0] == "launch"] == ["irecv", "irecv", "isend",
+                                                                "isend"]
 
 
 def test_the_untimed_rendezvous_counts_as_one_op_in_flight(

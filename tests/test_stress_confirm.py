@@ -134,3 +134,94 @@ def test_the_worker_copies_again_only_when_a_rank_is_a_suspect(
         result: dict[str, Any] = {"ranks": _ranks(1)}
         worker._copies(ctx, result)  # type: ignore[arg-type]
         assert ("again" in result["copies"]) is measured_again
+
+
+# --- the peer-copy matrix (stress.p2p) ------------------------------------------------
+
+
+def _matrix(slow: dict[tuple[int, int], float] | None = None) -> list[dict[str, Any]]:
+    cells = {(s, d): 380.0 + s + d for s in range(3) for d in range(3) if s != d}
+    return [{"src": s, "dst": d, "peer_access": True, "gbps": v}
+            for (s, d), v in (cells | (slow or {})).items()]
+
+
+def test_a_healthy_matrix_is_not_measured_again_and_stays_ok() -> None:
+    from gpucheck.stress.copies import second_look
+    from gpucheck.stress.p2p_verdicts import p2p_findings
+
+    asked: list[Any] = []
+    assert second_look(_matrix(), 0.6, lambda wanted: asked.append(wanted) or []) == []
+    assert asked == []
+    found = p2p_findings({"pairs": _matrix()}, "node 0", 0.6)
+    assert [f.status for f in found] == [Status.OK]
+
+
+def test_a_slow_peer_pair_is_measured_again_beside_a_known_good_pair() -> None:
+    from gpucheck.stress.copies import second_look
+
+    asked: list[list[tuple[int, int]]] = []
+
+    def measure(wanted: list[tuple[int, int]]) -> list[dict[str, Any]]:
+        asked.append(wanted)
+        return [{"src": s, "dst": d, "peer_access": True, "gbps": 1.0} for s, d in wanted]
+
+    second_look(_matrix({(2, 0): 90.0}), 0.6, measure)
+    (wanted,) = asked
+    assert wanted[-1] == (2, 0) and len(wanted) >= 2
+    assert all(2 not in pair or pair == (2, 0) for pair in wanted[:-1])  # known good
+
+
+def _again(slow_again: float) -> list[dict[str, Any]]:
+    return [{"src": 0, "dst": 1, "peer_access": True, "gbps": 381.0},
+            {"src": 1, "dst": 0, "peer_access": True, "gbps": 381.0},
+            {"src": 2, "dst": 0, "peer_access": True, "gbps": slow_again}]
+
+
+def test_a_slow_peer_pair_slow_again_is_confirmed_and_fine_again_is_unstable() -> None:
+    from gpucheck.stress.p2p_verdicts import p2p_findings
+
+    first = _matrix({(2, 0): 90.0})
+    (confirmed,) = p2p_findings({"pairs": first, "again": _again(88.0)}, "node 0", 0.6)
+    assert (confirmed.status, confirmed.subject, confirmed.action) == (
+        Status.WARN, "node 0 cuda:2->cuda:0", "drain-node")
+    assert "confirmed: measured again at 88 GB/s against cuda:0->cuda:1 and cuda:1->cuda:0" \
+        in confirmed.message
+    (unstable,) = p2p_findings({"pairs": first, "again": _again(379.0)}, "node 0", 0.6)
+    assert (unstable.status, unstable.action) == (Status.WARN, "rerun")
+    assert "unstable: measured again at 379 GB/s" in unstable.message
+    (older,) = p2p_findings({"pairs": first}, "node 0", 0.6)
+    assert "not measured again" in older.message and older.action == "rerun"
+
+
+# --- the burn-in's straggler (stress.sdc.straggler: a time, lower is better) ----------
+
+TIMES = {0: 7.0, 1: 7.2, 2: 30.0}  # ms per product: rank 2 four times slower
+
+
+def test_a_slow_burn_in_rank_is_a_suspect_by_its_time_and_a_fast_one_is_not() -> None:
+    assert suspect_ranks(TIMES, _ranks(3), 0.9, lambda _: None, 0.8,
+                         higher_is_better=False) == [2]
+    assert suspect_ranks({0: 7.0, 1: 7.2, 2: 7.1}, _ranks(3), 0.9, lambda _: None, 0.8,
+                         higher_is_better=False) == []
+
+
+def _straggler(again: dict[int, float] | None) -> list[Any]:
+    rows = [{"rank": r, "p50_ms": v} for r, v in (again or {}).items()]
+    return peer_findings("stress.sdc.straggler", "median burn-in product time", "ms", TIMES,
+                         _ranks(3), 0.9, higher_is_better=False,
+                         again=again_of(rows or None, "p50_ms"))
+
+
+def test_a_burn_in_straggler_slow_again_is_confirmed_and_fine_again_is_unstable() -> None:
+    (confirmed,) = _straggler({0: 7.1, 1: 7.0, 2: 29.0})
+    assert (confirmed.subject, confirmed.action) == ("rank 2", "drain-node")
+    assert "confirmed: measured again with its node's ranks at once: 4.08x" in \
+        confirmed.message
+    (unstable,) = _straggler({0: 7.1, 1: 7.0, 2: 7.3})
+    assert (unstable.subject, unstable.action) == ("rank 2", "rerun")
+    assert "unstable" in unstable.message
+    (older,) = _straggler(None)
+    assert "not measured again" in older.message and older.action == "rerun"
+    healthy = peer_findings("stress.sdc.straggler", "t", "ms", {0: 7.0, 1: 7.2, 2: 7.1},
+                            _ranks(3), 0.9, higher_is_better=False)
+    assert [f.status for f in healthy] == [Status.OK]

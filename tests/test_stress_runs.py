@@ -87,6 +87,7 @@ def test_a_rank_always_wrong_of_two_is_named_through_the_cpu_reference(tmp_path:
     assert [(f["subject"], f["action"]) for f in slow] == [("rank 1", "rerun")] * 3
     assert all("unstable: measured again" in f["message"] for f in slow)
     assert {r["rank"] for r in section(report, "gemm")["data"]["measured again"]} == {0, 1}
+
     assert findings(report, "FAIL") == [("stress.sdc.agreement", "rank 1")]
     burn = section(report, "sdc")["data"]["results"]
     assert [r["bad_iters"] for r in burn] == [0, 0]  # it agrees with itself
@@ -114,7 +115,10 @@ def test_a_gpu_whose_result_changes_under_load_fails_by_name(
 def test_a_rank_slow_in_every_iteration_is_a_named_straggler(
         slow_and_changing: tuple[int, dict[str, Any]]) -> None:
     _, report = slow_and_changing
-    assert ("stress.sdc.straggler", "rank 1") in findings(report, "WARN")
+    (straggler,) = warns(report, "stress.sdc.straggler")
+    assert straggler["subject"] == "rank 1" and "confirmed: measured again" in \
+        straggler["message"]
+    assert {r["rank"] for r in section(report, "sdc")["data"]["measured again"]} == {0, 1, 2}
     slow = [f for f in warns(report, "stress.gemm.peers") if f["subject"] == "rank 1"]
     assert len(slow) == 2 and all("confirmed: measured again" in f["message"] for f in slow)
     assert no_children_left()

@@ -17,12 +17,11 @@ the untimed work between segments counts in neither.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpucheck.bench.pace import RankPace, is_straggler, rank_paces
 from gpucheck.devices import GpuIdentity
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.stress.timing import percentile
@@ -60,6 +59,9 @@ class RankRecord:
     # own clock (the device's on a GPU, perf_counter on a CPU; empty: sum of iter_ms).
     iter_ms: tuple[float, ...] = ()
     iter_end_ms: tuple[float, ...] = ()
+    # CPU ranks: each iteration's wall time (perf_counter), start to end; empty on a GPU,
+    # whose events already run on the device's wall clock (gpucheck.bench.pace.wall_ms).
+    iter_wall_ms: tuple[float, ...] = ()
     # The timed loop's segments: CPU ranks re-place their tensors in fresh memory
     # between them (gpucheck.bench.layout); 1 on a GPU.
     segments: int = 1
@@ -84,20 +86,6 @@ class RankRecord:
     @property
     def p99_ms(self) -> float | None:
         return percentile(self.iter_ms, 99) if self.iter_ms else None
-
-
-@dataclass(frozen=True)
-class RankPace:
-    """One rank's iterations against the other ranks' iterations at the same moments."""
-
-    rank: int
-    p50_ms: float
-    p99_ms: float
-    others_p50_ms: float  # the median over the other ranks of their p50_ms
-    # Its iterations against the other ranks' iterations running at the same moment
-    # (rank_paces): the median of those ratios, and the share of them above 1.
-    vs_others: float
-    slower_share: float
 
 
 @dataclass(frozen=True)
@@ -128,7 +116,7 @@ class BenchSummary:
     spread: float  # slowest rank's wall / median wall
     parallel_efficiency: float  # summed device busy time / (N x job wall)
     vs_median: tuple[float, ...]  # per rank, wall / median wall
-    stragglers: tuple[int, ...]  # ranks whose typical iteration is `threshold` slower
+    stragglers: tuple[int, ...]  # ranks `threshold` slower in device or wall time (pace.py)
     threshold: float
     nodes: tuple[NodeSummary, ...]
     paces: tuple[RankPace, ...] = ()  # per rank; empty when not judged (see `judged`)
@@ -180,60 +168,6 @@ def unjudged_reason(records: Sequence[RankRecord]) -> str:
         return (f"{fewest} timed iteration(s) per rank, fewer than the {MIN_JUDGED_ITERS} "
                 "a typical iteration needs")
     return "yes"
-
-
-def rank_paces(records: Sequence[RankRecord]) -> tuple[RankPace, ...]:
-    """Each rank's iterations against what the other ranks' took AT THE SAME TIME.
-
-    Every rank's iterations are placed on its own clock from the common start barrier
-    (the same origin on every rank, whatever the hosts' clocks say). An iteration's
-    device time is compared with the median device time of the iterations the other
-    ranks were running at its midpoint: a load that comes and goes during the loop (a
-    GPU clock ramp, a neighbour's cache traffic) then slows both sides alike, where
-    comparing whole-loop medians would blame whichever rank it overlapped more.
-    An iteration that ran after every other rank had finished (the tail of a slower
-    rank) is compared with the other ranks' median iteration instead.
-    """
-    timelines = {r.rank: (_ends(r), r.iter_ms) for r in records}
-    p50 = {r.rank: percentile(r.iter_ms, 50) for r in records}
-    paces = []
-    for r in records:
-        others_p50 = statistics.median(v for k, v in p50.items() if k != r.rank)
-        ratios = []
-        for middle, took in zip(_middles(_ends(r)), r.iter_ms, strict=True):
-            others = [t for k, line in timelines.items() if k != r.rank
-                      if (t := _running_at(line, middle)) is not None]
-            ratios.append(_ratio(took, statistics.median(others) if others else others_p50))
-        paces.append(RankPace(
-            rank=r.rank, p50_ms=p50[r.rank], p99_ms=percentile(r.iter_ms, 99),
-            others_p50_ms=others_p50, vs_others=statistics.median(ratios),
-            slower_share=sum(1 for x in ratios if x > 1) / len(ratios)))
-    return tuple(paces)
-
-
-def _ends(record: RankRecord) -> list[float]:
-    """When each iteration ended, in ms from the start barrier on the rank's clock."""
-    if len(record.iter_end_ms) == len(record.iter_ms):
-        return list(record.iter_end_ms)
-    return list(itertools.accumulate(record.iter_ms))
-
-
-def _middles(ends: Sequence[float]) -> list[float]:
-    return [(start + end) / 2 for start, end in zip([0.0, *ends], ends, strict=False)]
-
-
-def _running_at(line: tuple[list[float], Sequence[float]], moment_ms: float) -> float | None:
-    """The time of the iteration running at `moment_ms`; None once the loop was over."""
-    ends, times = line
-    index = bisect.bisect_left(ends, moment_ms)
-    return times[index] if index < len(times) else None
-
-
-def is_straggler(pace: RankPace, threshold: float) -> bool:
-    """Its median ratio is above 1 + `threshold`: half of its iterations or more took
-    that much longer than the other ranks' at the same moments. A persistent slowdown;
-    a few slow iterations (a hiccup) do not move a median."""
-    return pace.vs_others > 1 + threshold
 
 
 def node_summaries(records: Sequence[RankRecord], threshold: float) -> tuple[NodeSummary, ...]:

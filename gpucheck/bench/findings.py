@@ -5,14 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpucheck.bench.aggregate import (
-    MIN_JUDGED_ITERS,
-    BenchSummary,
-    NodeSummary,
-    RankPace,
-    RankRecord,
-    aggregate,
-)
+from gpucheck.bench.aggregate import BenchSummary, NodeSummary, RankRecord, aggregate
 from gpucheck.bench.consistency import (
     Consistency,
     compare_outputs,
@@ -20,10 +13,11 @@ from gpucheck.bench.consistency import (
     reference_tolerance,
 )
 from gpucheck.bench.data import ImageSet
+from gpucheck.bench.stragglers import straggler_findings
 from gpucheck.bench.worker import CONSISTENCY_IMAGES, BenchOutcome, BenchSpec
 from gpucheck.distributed.placement import numa_findings
 from gpucheck.faults import run_faults_section, slowdown_causes
-from gpucheck.report import Finding, Section, fail, ok, skip, warn
+from gpucheck.report import Finding, Section, fail, ok, warn
 
 
 def bench_sections(spec: BenchSpec, images: ImageSet, outcome: BenchOutcome,
@@ -126,6 +120,7 @@ def rank_rows(records: tuple[RankRecord, ...], summary: BenchSummary) -> list[di
         "vs_median": v, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,
         "vs_others": paces[r.rank].vs_others if r.rank in paces else None,
         "slower_share": paces[r.rank].slower_share if r.rank in paces else None,
+        "wall_vs_others": paces[r.rank].wall_vs_others if r.rank in paces else None,
     } for r, v in zip(ordered, summary.vs_median, strict=True)]
 
 
@@ -136,53 +131,6 @@ def detail_rows(records: tuple[RankRecord, ...]) -> list[dict[str, Any]]:
         "uuid": r.device_uuid, "peak_memory_bytes": r.peak_memory_bytes,
         "threads": r.threads, "span_s": r.span_s,
     } for r in sorted(records, key=lambda r: r.rank)]
-
-
-def straggler_findings(records: tuple[RankRecord, ...], summary: BenchSummary,
-                       causes: Mapping[int, str] | None = None) -> list[Finding]:
-    """WARN per straggler; `causes` maps a rank to why it was slow (say, the fault
-    watcher's "in HW thermal slowdown 40% of the timed loop"), appended to its WARN."""
-    if summary.n_ranks < 2:
-        return [ok("bench.rank.straggler", f"not judged: {summary.judged}")]
-    if summary.judged != "yes":
-        return [skip("bench.rank.straggler", f"not judged: {summary.judged}; time at least "
-                     f"{MIN_JUDGED_ITERS} iterations (--iters) to judge stragglers")]
-    by_rank = {r.rank: r for r in records}
-    paces = {p.rank: p for p in summary.paces}
-    findings = [warn(
-        "bench.rank.straggler", _straggler_message(by_rank[rank], paces[rank], summary)
-        + (f"; {causes[rank]}" if causes and causes.get(rank) else ""),
-        hint=_straggler_hint(by_rank[rank]), subject=f"rank {rank}",
-    ) for rank in summary.stragglers]
-    if not findings:
-        findings.append(ok("bench.rank.straggler", _no_straggler_message(summary)))
-    return findings
-
-
-def _straggler_message(record: RankRecord, pace: RankPace, summary: BenchSummary) -> str:
-    slower = round(pace.slower_share * record.iters)
-    return (f"rank {record.rank} on {record.host} ({record.gpu_label()}) ran its iterations "
-            f"{pace.vs_others:.2f}x as long as the other ranks at the same moments (median "
-            f"over {record.iters}; slower in {slower} of them); p50 "
-            f"{pace.p50_ms:.4g} ms vs the others' {pace.others_p50_ms:.4g} ms, whole loop "
-            f"{summary.vs_median[record.rank]:.2f}x the median rank's")
-
-
-def _no_straggler_message(summary: BenchSummary) -> str:
-    worst = max(summary.paces, key=lambda p: p.vs_others)
-    return (f"all {summary.n_ranks} rank(s) within {summary.threshold:.0%} of the other "
-            f"ranks at the same moments (slowest: rank {worst.rank}, {worst.vs_others:.3f}x; "
-            f"wall spread {summary.spread:.3f})")
-
-
-def _straggler_hint(record: RankRecord) -> str:
-    if record.device.startswith("cuda"):
-        return ("check that GPU's clocks, temperature, power limit and PCIe link (gpucheck "
-                "env, nvidia-smi -q -d PERFORMANCE); the job runs at the slowest rank's pace")
-    return ("CPU ranks are timed in CPU time, so waiting for a busy core does not count: "
-            "that rank computed slower (a slower or shared physical core, memory placement "
-            "on a VM); rerun, and check what else runs on the host (top); the job runs at "
-            "the slowest rank's pace")
 
 
 def nodes_section(nodes: tuple[NodeSummary, ...], threshold: float) -> Section:

@@ -36,7 +36,7 @@ PUBLISH_COST_FACTOR = 100
 
 
 class Marks(Protocol):
-    """The timed loop's marks (`gpucheck.bench.worker._IterationMarks`)."""
+    """The timed loop's marks (`gpucheck.bench.marks.IterationMarks`)."""
 
     def completed(self) -> int: ...
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from gpucheck.bench import data, layout, rotation
 from gpucheck.bench import model as bench_model
 from gpucheck.bench.aggregate import RankRecord
+from gpucheck.bench.marks import IterationMarks
 from gpucheck.bench.model import WeightsChoice
 from gpucheck.bench.partial import TimedSoFar
 from gpucheck.bench.progress import Progress
@@ -213,7 +214,8 @@ def _record(spec: BenchSpec, world: World, iters: int, timing: LoopTiming,
         device_uuid=gpu.uuid if gpu else None,
         images=iters * spec.batch_size, iters=iters, wall_s=timing.wall_s,
         span_s=timing.span_s, device_s=timing.device_s, iter_ms=timing.iter_ms,
-        iter_end_ms=timing.iter_end_ms, segments=timing.segments,
+        iter_end_ms=timing.iter_end_ms, iter_wall_ms=timing.iter_wall_ms,
+        segments=timing.segments,
         peak_memory_bytes=_peak_memory(spec.device, world.device_index),
         threads=threads,
         nvml_index=gpu.nvml_index if gpu else None,
@@ -263,7 +265,7 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
     is measured. wall_s and span_s add up the segments' timed windows."""
     _reset_peak_memory(spec.device, world.device_index)
     sizes = layout.segment_sizes(iters, spec.device == "cpu" and world.world_size > 1)
-    marks = _IterationMarks(spec.device, iters + len(sizes))
+    marks = IterationMarks(spec.device, iters + len(sizes))
     so_far = TimedSoFar(marks, {"rank": world.rank, "host": host_name(),
                                 "device": str(_device(spec, world)),
                                 "batch_size": spec.batch_size, "iters_planned": iters,
@@ -289,7 +291,8 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
     # On a GPU the events bracket the device's work; on CPU the loop's wall time is it.
     device_s = sum(iter_ms) / 1e3 if spec.device == "cuda" else wall_s
     return LoopTiming(wall_s=wall_s, span_s=span_s, device_s=device_s, iter_ms=iter_ms,
-                      iter_end_ms=iter_end_ms, segments=len(sizes))
+                      iter_end_ms=iter_end_ms, segments=len(sizes),
+                      iter_wall_ms=marks.read_wall_ms())
 
 
 @dataclass(frozen=True)
@@ -302,66 +305,7 @@ class LoopTiming:
     iter_ms: tuple[float, ...]  # every timed iteration's device time, in order
     iter_end_ms: tuple[float, ...]  # when each ended, from the first start barrier
     segments: int = 1  # the loop's segments (CPU ranks re-place their tensors between)
-
-
-class _IterationMarks:
-    """Marks on the rank's timeline: `begin` where a segment starts, `mark` where an
-    iteration ends. On a GPU a CUDA event recorded on the stream (all created before
-    the loop, read after it): the device's time per iteration and its timeline. On CPU
-    the process's CPU time gives the device time (a core shared with another process
-    does not make the rank's computation slower; docs/bench.md, "Stragglers") and
-    perf_counter the timeline."""
-
-    def __init__(self, device: str, points: int) -> None:
-        self.events: list[Any] = []
-        if device == "cuda":
-            import torch
-
-            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(points)]
-        self.ends_iteration: list[bool] = []  # per mark: False where a segment begins
-        self.cpu_s: list[float] = []
-        self.wall_s: list[float] = []
-        self.done = 0  # marks known complete (`completed`)
-
-    def begin(self) -> None:
-        self._point(ends_iteration=False)
-
-    def mark(self) -> None:
-        self._point(ends_iteration=True)
-
-    def _point(self, ends_iteration: bool) -> None:
-        if self.events:
-            self.events[len(self.ends_iteration)].record()
-        else:
-            self.cpu_s.append(time.process_time())
-            self.wall_s.append(time.perf_counter())
-        self.ends_iteration.append(ends_iteration)
-
-    def completed(self) -> int:
-        """How many marks have happened: on a GPU the leading events already complete
-        (a stream completes them in order; `query` never waits)."""
-        if not self.events:
-            return len(self.ends_iteration)
-        while self.done < len(self.ends_iteration) and self.events[self.done].query():
-            self.done += 1
-        return self.done
-
-    def read_ms(self, points: int | None = None) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """(each iteration's device ms, each one's end in ms from the first mark), over
-        the first `points` marks (default all); on a GPU those must be complete
-        (`completed`, or after the device is synchronised)."""
-        took, ends = [], []
-        for index in range(1, points if points is not None else len(self.ends_iteration)):
-            if self.ends_iteration[index]:
-                took.append(self._elapsed_ms(index - 1, index, self.cpu_s))
-                ends.append(self._elapsed_ms(0, index, self.wall_s))
-        return tuple(took), tuple(ends)
-
-    def _elapsed_ms(self, first: int, last: int, clock: list[float]) -> float:
-        """Between two marks: the events' time on a GPU, else `clock`'s."""
-        if self.events:
-            return float(self.events[first].elapsed_time(self.events[last]))
-        return (clock[last] - clock[first]) * 1e3
+    iter_wall_ms: tuple[float, ...] = ()  # CPU: each iteration's wall time; GPU: empty
 
 
 def _barrier(spec: BenchSpec, world: World) -> None:

@@ -14,10 +14,12 @@ are measured under their real contention, not in isolation.
 The receiver times each link (a barrier, then from posting its receives to the last
 one done), so a slow sender shows on its own outgoing links only. On NCCL the sends
 and receives of a rank are one group (separate groups on one stream would deadlock
-in a ring); on gloo the sends go one at a time (see `collectives`), the receives are
-posted before them. Each link is timed `repeats` times in a row, every repeat after a
-barrier (without it a rank held up by a slow peer would start its next sends late and
-make its own receivers read slow); the repeats' spread is the measurement's noise.
+in a ring), timed with CUDA events from a start aligned on the device (an untimed
+one-element exchange with the same peers first, `_exchange_nccl`); on gloo the
+sends go one at a time (see `collectives`), the receives are posted before them.
+Each link is timed `repeats` times in a row, every repeat after a barrier (without
+it a rank held up by a slow peer would start its next sends late and make its own
+receivers read slow); the repeats' spread is the measurement's noise.
 
 Then the second look (`run_internode`): the slow node pairs, and a suspect node's
 pairs, are measured again, one node pair at a time, beside a pair of known-good
@@ -30,15 +32,23 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpucheck.comm.collectives import ELEMENT_BYTES, synchronize
+from gpucheck.comm.collectives import (
+    ELEMENT_BYTES,
+    NullClock,
+    Work,
+    make_clock,
+    synchronize,
+    time_batch,
+)
 from gpucheck.comm.confirm import Suspects, find_suspects
-from gpucheck.comm.internode_verdicts import node_pair_rows, node_samples
+from gpucheck.comm.internode_verdicts import node_pair_rows, node_samples, rail_exchanges
 
-# Test-only: "NODE_RANK:SECONDS[:first]" makes the ranks of that node sleep before each
-# send (with ":first" in the rounds only, not when measured again).
+# Test-only: "NODE_RANK[/RAIL]:SECONDS[:first]" makes the ranks of that node (or only
+# its local rank RAIL) sleep before each send (with ":first" in the rounds only, not
+# when measured again).
 TEST_SLOW_SENDS_VAR = "GPUCHECK_TEST_SLOW_SENDS"
 GB = 1e9
 
@@ -55,15 +65,62 @@ def rail_links(node_ranks: Sequence[Sequence[int]], src_node: int,
     return [(k, src[k], dst[k]) for k in range(min(len(src), len(dst)))]
 
 
-def _slow_sends(node_index: int, again: bool = False) -> float:
+def _slow_sends(node_index: int, again: bool = False, rail: int = 0) -> float:
     """Seconds to sleep before each send (the test hook), 0 when unset or another node.
-    "NODE:SECONDS:first" slows the first measurement only, not the second look."""
+    "NODE:SECONDS:first" slows the first measurement only, not the second look;
+    "NODE/RAIL:SECONDS" only that node's local rank RAIL (one slow NIC)."""
     raw = os.environ.get(TEST_SLOW_SENDS_VAR, "")
-    node, _, rest = raw.partition(":")
+    where, _, rest = raw.partition(":")
+    node, _, only = where.partition("/")
     seconds, _, when = rest.partition(":")
-    if not raw or int(node) != node_index or (again and when == "first"):
+    if not raw or int(node) != node_index or (again and when == "first") or \
+            (only and int(only) != rail):
         return 0.0
     return float(seconds)
+
+
+class _Group:
+    """The handles of one `batch_isend_irecv` as one `collectives.Work`."""
+
+    def __init__(self, works: Sequence[Any]) -> None:
+        self.works = list(works)
+
+    def wait(self) -> bool:
+        for work in self.works:
+            work.wait()
+        return True
+
+    def block_current_stream(self) -> None:
+        for work in self.works:
+            work.block_current_stream()
+
+
+def _batch(peers: tuple[int | None, int | None], out: Any, into: Any,
+           iters: int) -> Callable[[], Work]:
+    """One NCCL group: `iters` receives from peers[1] and sends to peers[0]."""
+    import torch.distributed as dist
+
+    send, recv = peers
+    ops = ([dist.P2POp(dist.irecv, into, recv)] * iters if recv is not None else []) + \
+        ([dist.P2POp(dist.isend, out, send)] * iters if send is not None else [])
+    return lambda: _Group(dist.batch_isend_irecv(ops))
+
+
+def _exchange_nccl(peers: tuple[int | None, int | None], out: Any, into: Any, iters: int,
+                   device: str) -> float | None:
+    """NCCL: one group of every send and receive, timed on the device from an aligned
+    start: an untimed one-element exchange with the same peers first, the stream made
+    to wait on it, then the start event (`collectives.time_batch`'s `align`). Without
+    it the clock started when this rank left the barrier (a 1 ms host poll under
+    blocking wait) and counted the wait for its sender; with it the start event fires
+    once the sender has joined. The time covers both directions (one group)."""
+    import torch
+
+    flag_out, flag_in = torch.zeros_like(out[:1]), torch.zeros_like(into[:1])
+    clock = make_clock(device) if peers[1] is not None else NullClock()
+    seconds = time_batch([_batch(peers, out, into, iters)], clock, True,
+                         _batch(peers, flag_out, flag_in, 1))
+    return seconds if peers[1] is not None else None
 
 
 def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: int,
@@ -76,31 +133,26 @@ def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: 
     where = "cuda" if device == "cuda" else "cpu"
     count = max(size_bytes // ELEMENT_BYTES, 1)
     out, into = torch.zeros(count, device=where), torch.zeros(count, device=where)
-    nccl = str(dist.get_backend()) == "nccl"
     synchronize(device)
+    if str(dist.get_backend()) == "nccl":
+        if me_send is None and me_recv is None:
+            return None
+        return _exchange_nccl((me_send, me_recv), out, into, iters, device)
     began = time.perf_counter()
-    recvs = [dist.P2POp(dist.irecv, into, me_recv)] * iters if me_recv is not None else []
-    sends = [dist.P2POp(dist.isend, out, me_send)] * iters if me_send is not None else []
-    if nccl:
-        works = dist.batch_isend_irecv(recvs + sends) if recvs + sends else []
-        for work in works:
-            work.wait()
-        synchronize(device)
-        return time.perf_counter() - began if recvs else None
-    posted = [dist.irecv(into, me_recv) for _ in recvs]
+    posted = [dist.irecv(into, me_recv) for _ in range(iters)] if me_recv is not None else []
     # A helper thread waits on the receives, so this rank's own (possibly slow) sends
     # do not delay the moment its receives are seen done.
     ended: list[float] = []
     waiter = threading.Thread(target=_wait_all, args=(posted, ended), daemon=True)
     waiter.start()
-    for _ in sends:
+    for _ in range(iters if me_send is not None else 0):
         if delay_s:
             time.sleep(delay_s)
         dist.isend(out, me_send).wait()
     waiter.join()
     if len(ended) != 1:
         raise RuntimeError("a receive between nodes failed (see the rank's error)")
-    return ended[0] - began if recvs else None
+    return ended[0] - began if me_recv is not None else None
 
 
 def _wait_all(works: Sequence[Any], ended: list[float]) -> None:
@@ -146,7 +198,7 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
     me = dist.get_rank()
     node_ranks = list(group_by_node(roster).values())
     mine_node = next(i for i, ranks in enumerate(node_ranks) if me in ranks)
-    delay = _slow_sends(mine_node)
+    delay = _slow_sends(mine_node, rail=node_ranks[mine_node].index(me))
     links: list[dict[str, Any]] = []
     for r, pairs in enumerate(round_schedule(len(node_ranks)), start=1):
         progress.set_step(f"between nodes: round {r}")
@@ -199,7 +251,8 @@ def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple
             _exchange(send, recv, size_bytes, 1, device, 0.0)
         # Every rank passes the repeats' barriers; ranks of neither node exchange nothing.
         samples = _samples((send, recv), size_bytes, iters, device,
-                           _slow_sends(mine_node, again=True), repeats)
+                           _slow_sends(mine_node, True, node_ranks[mine_node].index(me)),
+                           repeats)
         if samples is not None and came is not None:
             links.append(_link("again", y if mine_node == x else x, mine_node, came, me,
                                samples))
@@ -217,13 +270,15 @@ def exchanges_for(suspects: Suspects) -> list[tuple[int, int]]:
 def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                   device: str, threshold: float, repeats: int) -> dict[str, Any]:
     """The rounds, gathered on every rank; then the slow node pairs (and a suspect
-    node's pairs) measured again beside known-good ones (gpucheck.comm.confirm).
+    node's pairs), and the node pairs of slow rail links, measured again beside
+    known-good ones (gpucheck.comm.confirm; `rail_exchanges`).
     Rank 0's list of exchanges is broadcast, so every rank runs the same steps."""
     import torch.distributed as dist
 
     links = _gather(measure_internode(roster, size_bytes, iters, device, repeats))
     suspects = find_suspects(node_samples(node_pair_rows(links)), threshold)
-    box: list[Any] = [exchanges_for(suspects)]
+    wanted = sorted(set(exchanges_for(suspects)) | set(rail_exchanges(links, threshold)))
+    box: list[Any] = [wanted]
     dist.broadcast_object_list(box, src=0)
     again = _gather(measure_again(roster, box[0], size_bytes, iters, device, repeats)) \
         if box[0] else []

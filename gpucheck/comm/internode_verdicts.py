@@ -140,26 +140,83 @@ def _node_finding(node: int, way: str, suspects: Suspects, looks: Mapping[Pair, 
                 f"{against})", hint=UNSTABLE_HINT, subject=labels[node], action="rerun")
 
 
-def rail_findings(links: Sequence[Mapping[str, Any]], threshold: float,
-                  labels: Mapping[int, str]) -> list[Finding]:
-    """WARN each rail link below `threshold` x the median rail link, and the node a
-    rail's slow links share (its NIC on that rail). Only with 2+ rails per node: with
-    one rail, a rail is its node pair and `internode_findings` says it all."""
+def slow_rails(links: Sequence[Mapping[str, Any]],
+               threshold: float) -> tuple[float | None, list[Mapping[str, Any]]]:
+    """(the median rail link, the rail links below `threshold` x it); none with one
+    rail per node (a rail is then its node pair, judged by `internode_findings`)."""
     if max((link["rail"] for link in links), default=0) < 1:
+        return None, []
+    median = float(statistics.median(link["bandwidth_gbps"] for link in links))
+    return median, [x for x in links if x["bandwidth_gbps"] < threshold * median]
+
+
+def rail_exchanges(links: Sequence[Mapping[str, Any]],
+                   threshold: float) -> list[tuple[int, int]]:
+    """The node pairs to measure again for the slow rails (each once, unordered): every
+    slow rail link's two nodes, and one node pair none of whose rail links was slow
+    (known good), when there is one. The other rails of a slow link's node pair run
+    with it (all rails at once, as in the rounds) and are known good when they were
+    not slow the first time."""
+    _, slow = slow_rails(links, threshold)
+    if not slow:
         return []
-    median = statistics.median(link["bandwidth_gbps"] for link in links)
-    slow = [link for link in links if link["bandwidth_gbps"] < threshold * median]
+    bad = {tuple(sorted((x["src_node"], x["dst_node"]))) for x in slow}
+    pairs = {tuple(sorted((x["src_node"], x["dst_node"]))) for x in links}
+    good = sorted(pairs - bad)
+    return sorted(bad | set(good[:1]))  # type: ignore[arg-type]
+
+
+def _rail_look(link: Mapping[str, Any], slow: Sequence[Mapping[str, Any]],
+               again: Sequence[Mapping[str, Any]] | None) -> Second:
+    """A slow rail link's second look: its re-measured figure against the median of
+    the re-measured rail links that were not slow the first time (known good)."""
+    pair = (int(link["src"]), int(link["dst"]))
+    if again is None:
+        return Second(pair, None, None, ())
+    bad = {(int(x["src"]), int(x["dst"])) for x in slow}
+    mine = [x["bandwidth_gbps"] for x in again if (int(x["src"]), int(x["dst"])) == pair]
+    good = [x for x in again if (int(x["src"]), int(x["dst"])) not in bad]
+    reference = float(statistics.median(x["bandwidth_gbps"] for x in good)) if good else None
+    return Second(pair, max(mine) if mine else None, reference,
+                  tuple((int(x["src"]), int(x["dst"])) for x in good))
+
+
+def _rail_judged(text: str, look: Second, threshold: float, subject: str) -> Finding:
+    """A slow rail link's WARN: confirmed, unstable (rerun) or not measured again."""
+    check, hint = "comm.internode.slow_rail", ("one NIC or its cable: check this rail's "
+                                               "NIC on both nodes (ibstat, its PCIe link "
+                                               "width, NCCL_IB_HCA's order)")
+    confirmed = look.confirmed(threshold)
+    if confirmed is None:
+        return warn(check, f"{text}; not measured again", hint=hint, subject=subject)
+    again = (f"measured again at {look.again_gbps:.3g} GB/s against {len(look.against)} "
+             f"known-good rail link(s) measured with it at {look.reference_gbps:.3g} GB/s")
+    if confirmed:
+        return warn(check, f"{text}; confirmed: {again}", hint=hint, subject=subject)
+    return warn(check, f"{text}; unstable: {again}, within {threshold:g} x",
+                hint=UNSTABLE_HINT, subject=subject, action="rerun")
+
+
+def rail_findings(links: Sequence[Mapping[str, Any]], threshold: float,
+                  labels: Mapping[int, str],
+                  again: Sequence[Mapping[str, Any]] | None = None) -> list[Finding]:
+    """WARN each rail link below `threshold` x the median rail link, judged again on its
+    second look (`again`: the re-measured links), and the node a rail's slow links
+    share (its NIC on that rail). Only with 2+ rails per node: with one rail, a rail
+    is its node pair and `internode_findings` says it all."""
+    median, slow = slow_rails(links, threshold)
+    if median is None:
+        return []
     check = "comm.internode.slow_rail"
     if not slow:
         return [ok(check, f"{len(links)} rail links within {threshold:g} x the median "
                    f"({median:.3g} GB/s)")]
-    findings = [warn(check, f"rail {x['rail']}: rank {x['src']} ({labels[x['src_node']]}) "
-                     f"-> rank {x['dst']} ({labels[x['dst_node']]}): "
-                     f"{x['bandwidth_gbps']:.3g} GB/s, below {threshold:g} x the median "
-                     f"rail link's {median:.3g} GB/s",
-                     hint="one NIC or its cable: check this rail's NIC on both nodes "
-                     "(ibstat, its PCIe link width, NCCL_IB_HCA's order)",
-                     subject=f"rank {x['src']} -> rank {x['dst']}") for x in slow]
+    findings = [_rail_judged(f"rail {x['rail']}: rank {x['src']} ({labels[x['src_node']]}) "
+                             f"-> rank {x['dst']} ({labels[x['dst_node']]}): "
+                             f"{x['bandwidth_gbps']:.3g} GB/s, below {threshold:g} x the "
+                             f"median rail link's {median:.3g} GB/s",
+                             _rail_look(x, slow, again), threshold,
+                             f"rank {x['src']} -> rank {x['dst']}") for x in slow]
     for rail in sorted({x["rail"] for x in slow}):
         pairs = [(x["src_node"], x["dst_node"]) for x in slow if x["rail"] == rail]
         suspect = shared_node(pairs)

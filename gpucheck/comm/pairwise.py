@@ -4,7 +4,10 @@ One pair at a time per node (pairs of different nodes run side by side), a barri
 of all ranks between steps, so no two transfers on a node share the bus. The sender
 times `iters` sends of one buffer plus the receiver's one-element acknowledgement,
 with the same clock and batching as the collectives (`collectives.time_batch`): on
-NCCL every isend/irecv is launched before the first wait, on gloo one at a time.
+NCCL every isend/irecv is launched before the first wait, after an untimed one-element
+send from the receiver that the sender's stream waits on before its start event
+(`_align`: the start is aligned on the device, as the collectives' rendezvous); on
+gloo one at a time, unchanged.
 Each pair is timed `repeats` times after one warm-up: the spread of the repeats is the
 measurement's own noise, which decides what can be judged (gpucheck.comm.confirm).
 Then the slow pairs are measured again beside a known-good pair of their node, with
@@ -47,22 +50,22 @@ def pair_schedule(roster: Sequence[Mapping[str, Any]]) -> list[list[tuple[int, i
 
 # Test-only: "SRC:DST:SECONDS[:WHEN]" makes rank SRC sleep before each send to DST;
 # WHEN "always" (default), "first" (the first measurement only, not the second look)
-# or "once" (the first measurement's first repeat only: one noisy batch).
+# or "once" (the first measurement's first repeat only: one noisy batch). Several
+# pairs: separated by commas.
 TEST_SLOW_PAIR_VAR = "GPUCHECK_TEST_SLOW_PAIR"
 DEFAULT_REPEATS = 3
 
 
 def _test_delay(src: int, dst: int, again: bool, repeat: int) -> float:
     """Seconds to sleep before each send of this batch (the test hook), else 0."""
-    raw = os.environ.get(TEST_SLOW_PAIR_VAR, "")
-    if not raw:
-        return 0.0
-    a, b, seconds, *when = raw.split(":")
-    if (int(a), int(b)) != (src, dst):
-        return 0.0
-    mode = when[0] if when else "always"
-    slowed = mode == "always" or (not again and (mode == "first" or repeat == 0))
-    return float(seconds) if slowed else 0.0
+    for spec in filter(None, os.environ.get(TEST_SLOW_PAIR_VAR, "").split(",")):
+        a, b, seconds, *when = spec.split(":")
+        if (int(a), int(b)) != (src, dst):
+            continue
+        mode = when[0] if when else "always"
+        slowed = mode == "always" or (not again and (mode == "first" or repeat == 0))
+        return float(seconds) if slowed else 0.0
+    return 0.0
 
 
 def _side(me: int, src: int, dst: int, buf: Any, ack: Any,
@@ -80,6 +83,20 @@ def _side(me: int, src: int, dst: int, buf: Any, ack: Any,
     return [lambda: dist.irecv(buf, src)] * iters + [lambda: dist.isend(ack, src)]
 
 
+def _align(me: int, src: int, dst: int, flag: Any) -> Callable[[], Work]:
+    """The untimed op that aligns a pair's start on the device (NCCL only): the
+    receiver sends one element to the sender. The sender's start event, recorded once
+    its stream has waited on that receive, fires only when the receiver has joined,
+    not when the sender left the host barrier (polled every 1 ms under blocking wait,
+    so the two leave it up to ~1 ms apart; gpucheck.comm.collectives). Sent before the
+    batch on the same pair, so NCCL matches it before the batch's ops, in order."""
+    import torch.distributed as dist
+
+    if me == src:
+        return lambda: dist.irecv(flag, dst)
+    return lambda: dist.isend(flag, src)
+
+
 def _time_pair(src: int, dst: int, size_bytes: int, iters: int, device: str) -> float | None:
     """Bandwidth in GB/s on the sender; None on the receiver."""
     samples = _time_pair_samples(src, dst, size_bytes, iters, device, 1, False)
@@ -95,7 +112,7 @@ def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: 
 
     where = "cuda" if device == "cuda" else "cpu"
     buf = torch.zeros(max(size_bytes // ELEMENT_BYTES, 1), device=where)
-    ack = torch.zeros(1, device=where)
+    ack, flag = torch.zeros(1, device=where), torch.zeros(1, device=where)
     me = dist.get_rank()
     in_a_row = back_to_back()
     # Warm-up: the first NCCL send/recv between two ranks creates their communicator.
@@ -105,7 +122,9 @@ def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: 
     for repeat in range(repeats):
         clock: Clock = make_clock(device) if me == src else NullClock()
         delay = _test_delay(src, dst, again, repeat)
-        elapsed = time_batch(_side(me, src, dst, buf, ack, iters, delay), clock, in_a_row)
+        align = _align(me, src, dst, flag) if in_a_row else None
+        elapsed = time_batch(_side(me, src, dst, buf, ack, iters, delay), clock, in_a_row,
+                             align)
         if me == src:
             samples.append(size_bytes * iters / elapsed / 1e9)
     return samples
@@ -138,11 +157,12 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
 
 
 def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
-                  device: str, repeats: int = 1) -> list[dict[str, Any]]:
-    """Run the schedule; return the pairs this rank sent from ({src, dst, node_rank, ...})."""
+                  device: str, repeats: int = 1, again: bool = False) -> list[dict[str, Any]]:
+    """Run the schedule; return the pairs this rank sent from ({src, dst, node_rank, ...}).
+    `again`: a second look (a slow node's pairs, gpucheck.comm.nodes_again)."""
     node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
     return _run_steps(pair_schedule(roster), node_of, size_bytes, iters, device, repeats,
-                      False)
+                      again)
 
 
 def second_look_steps(plans: Mapping[int, Suspects]) -> list[list[tuple[int, int]]]:
@@ -158,16 +178,16 @@ def run_pairwise(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: in
     beside a known-good pair. Every rank computes the same plan from the same gathered
     rows, and rank 0's copy is broadcast, so all ranks run the same steps."""
     node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
-    pairs = _gather_rows(measure_pairs(roster, size_bytes, iters, device, repeats))
+    pairs = gather_rows(measure_pairs(roster, size_bytes, iters, device, repeats))
     plans = _agree({n: s for n, s in suspects_by_node(pairs, threshold).items()
                     if not s.empty})
-    again = _gather_rows(_run_steps(second_look_steps(plans), node_of, size_bytes, iters,
+    again = gather_rows(_run_steps(second_look_steps(plans), node_of, size_bytes, iters,
                                     device, repeats, True)) if plans else []
     return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats, "pairs": pairs,
             "again": again}
 
 
-def _gather_rows(mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def gather_rows(mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
     import torch.distributed as dist
 
     progress.set_step("gathering pairwise results")

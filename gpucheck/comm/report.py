@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,13 +14,8 @@ from gpucheck.comm.aggregate import (
 )
 from gpucheck.comm.internode_verdicts import internode_findings, node_pair_rows, rail_findings
 from gpucheck.comm.nccl_log import transport_view
-from gpucheck.distributed.nodes import (
-    NodeId,
-    group_by_node,
-    node_metric,
-    nodes_rows,
-    slow_node_findings,
-)
+from gpucheck.comm.nodes_again import node_figures, pair_medians, slow_node_verdicts
+from gpucheck.distributed.nodes import NodeId, group_by_node, node_metric, nodes_rows
 from gpucheck.distributed.placement import numa_findings
 from gpucheck.faults import gpu_names, run_faults_section
 from gpucheck.report import Finding, Section, skip
@@ -89,45 +83,26 @@ def _pairwise_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
                    findings)
 
 
-def _pair_medians(ranks: Sequence[Mapping[str, Any]],
-                  pairs: Sequence[Mapping[str, Any]]) -> dict[NodeId, float]:
-    """Per node: the median bandwidth over every one of its pairs (by the sender's node).
-
-    Not a per-rank metric: a rank sends to every other rank of its node, and keeping
-    one pair per sender would drop the others from the median.
-    """
-    node_of = {rank: node for node, members in group_by_node(ranks).items()
-               for rank in members}
-    by_node: dict[NodeId, list[float]] = {}
-    for pair in pairs:
-        node = node_of.get(int(pair["src"]))
-        if node is not None and pair.get("bandwidth_gbps") is not None:
-            by_node.setdefault(node, []).append(float(pair["bandwidth_gbps"]))
-    return {node: float(statistics.median(values)) for node, values in sorted(by_node.items())}
-
-
 def _nodes_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section | None:
-    """Per node: its ranks, median intra-node pair bandwidth, slowest all_reduce time."""
+    """Per node: its ranks, median intra-node pair bandwidth, slowest all_reduce time;
+    a slow node confirmed or not by its second look (gpucheck.comm.nodes_again)."""
     ranks = result["ranks"]
     if len(group_by_node(ranks)) < 2:
         return None
     pairs = (result.get("pairwise") or {}).get("pairs") or []
-    pair_bw = _pair_medians(ranks, pairs)
     rows = result["collectives"].get("all_reduce") or []
     times = dict(enumerate(rows[-1]["rank_times_us"])) if rows else {}
     time_metric = node_metric(ranks, times, combine=max)
-    table = nodes_rows(ranks, pair_bw, "pair_median_gbps")
+    table = nodes_rows(ranks, pair_medians(ranks, pairs), "pair_median_gbps")
     for row in table:
         row["largest_all_reduce_us"] = time_metric.get(NodeId(row["node_rank"], row["host"]))
-    if len(pair_bw) >= 2:
-        findings = slow_node_findings(pair_bw, "comm.nodes.slow_node",
-                                      "median pair bandwidth", "GB/s",
-                                      fraction=verdicts.slow_node_fraction)
-    else:
-        findings = slow_node_findings(time_metric, "comm.nodes.slow_node",
-                                      "largest all_reduce time", "us", higher_is_better=False,
-                                      fraction=verdicts.slow_node_fraction)
-    return Section("nodes", "Nodes", {"nodes": table}, findings)
+    again = result.get("nodes_again")
+    findings = slow_node_verdicts(node_figures(ranks, pairs, rows),
+                                  verdicts.slow_node_fraction, again, ranks)
+    data: dict[str, Any] = {"nodes": table}
+    if again:
+        data["measured again"] = again
+    return Section("nodes", "Nodes", data, findings)
 
 
 def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
@@ -155,7 +130,8 @@ def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section
                                   for r in node_pair_rows(internode["again"])]
     findings = (internode_findings(rows, verdicts.pair_threshold, labels,
                                    internode.get("again"))
-                + rail_findings(internode["links"], verdicts.pair_threshold, labels))
+                + rail_findings(internode["links"], verdicts.pair_threshold, labels,
+                                internode.get("again")))
     return Section("internode", title, data, findings)
 
 

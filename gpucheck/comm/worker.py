@@ -4,7 +4,8 @@ Rank 0 publishes its results after every message size (`gpucheck.distributed.pro
 so a failure later in the run loses nothing already measured. Every rank's GPU is
 watched for hardware faults by the frame; the sweep (collectives and pairs) is the
 watch's timed window, and every rank's result comes back in `result["faults"]`.
-With 2+ nodes the node-to-node rounds follow the pairs (`gpucheck.comm.internode`);
+With 2+ nodes a slow node is measured again (`gpucheck.comm.nodes_again`), then the
+node-to-node rounds follow (`gpucheck.comm.internode`);
 on NCCL each rank logs NCCL's init into a folder of its own around the process group
 and reports the transport it read there (`gpucheck.comm.nccl_log`).
 """
@@ -24,10 +25,11 @@ from gpucheck.comm.collectives import (
 )
 from gpucheck.comm.internode import run_internode
 from gpucheck.comm.nccl_log import nccl_logging, rank_entry
-from gpucheck.comm.pairwise import DEFAULT_REPEATS, run_pairwise
+from gpucheck.comm.nodes_again import node_figures, plan
+from gpucheck.comm.pairwise import DEFAULT_REPEATS, gather_rows, measure_pairs, run_pairwise
 from gpucheck.comm.report import human_bytes
 from gpucheck.distributed import faultwatch, progress, terminal
-from gpucheck.distributed.nodes import group_by_node
+from gpucheck.distributed.nodes import DEFAULT_SLOW_NODE_FRACTION, group_by_node
 from gpucheck.distributed.session import process_group, roster
 from gpucheck.distributed.world import World
 
@@ -96,6 +98,33 @@ def _internode(spec: CommSpec, world: World, infos: list[dict[str, Any]],
                          spec.pair_threshold, spec.pair_repeats)
 
 
+def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
+                 result: dict[str, Any], largest: int) -> dict[str, Any] | None:
+    """Confirm before condemning a slow node (gpucheck.comm.nodes_again): rank 0's plan
+    is broadcast, then every rank measures again the suspects' pairs beside a
+    known-good node's (side by side, as the first pass), or the largest all_reduce.
+    None when no node is slow. Every step is a collective bounded by --timeout."""
+    import torch.distributed as dist
+
+    pairs = (result.get("pairwise") or {}).get("pairs") or []
+    figures = node_figures(infos, pairs, result["collectives"].get("all_reduce") or [])
+    box: list[Any] = [plan(figures, DEFAULT_SLOW_NODE_FRACTION) if world.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    wanted = box[0]
+    if wanted is None:
+        return None
+    progress.set_step("slow node: measured again")
+    terminal.step("a slow node: measured again beside a known-good node")
+    if wanted["kind"] == "pairs":
+        chosen = {*wanted["suspects"], wanted["known_good"]}
+        subset = [r for r in infos if int(r["node_rank"]) in chosen]
+        mine = measure_pairs(subset, spec.pair_bytes or largest, spec.pair_iters,
+                             spec.device, spec.pair_repeats, again=True)
+        return wanted | {"pairs": gather_rows(mine)}
+    row = _gather_size("all_reduce", largest, spec, world)
+    return wanted | {"rank_times_us": row["rank_times_us"]}
+
+
 def _transport(spec: CommSpec, world: World, folder: str | None) -> list[Any] | None:
     """Every rank's NCCL transport (gpucheck.comm.nccl_log); None off NCCL."""
     import torch.distributed as dist
@@ -109,10 +138,13 @@ def _transport(spec: CommSpec, world: World, folder: str | None) -> list[Any] | 
 
 def _pairs_and_nodes(spec: CommSpec, world: World, infos: list[dict[str, Any]], largest: int,
                      result: dict[str, Any]) -> None:
-    """Pairwise send/recv, then node-to-node rounds with 2+ nodes (named on the terminal)."""
+    """Pairwise send/recv, a slow node measured again, then node-to-node rounds with 2+
+    nodes (named on the terminal)."""
     if spec.pairwise and world.world_size > 1:
         terminal.step(f"pairwise send/recv, {human_bytes(spec.pair_bytes or largest)}")
         result["pairwise"] = _pairwise(spec, world, infos, largest)
+    if len(group_by_node(infos)) > 1:
+        result["nodes_again"] = _nodes_again(spec, world, infos, result, largest)
     if spec.internode and len(group_by_node(infos)) > 1:
         terminal.step("node-to-node rounds")
         result["internode"] = _internode(spec, world, infos, largest)

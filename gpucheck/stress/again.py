@@ -43,15 +43,18 @@ def measure_again(rank: int, records: Sequence[Mapping[str, Any]], key: str,
                   ranks: Sequence[Mapping[str, Any]], bounds: tuple[float, float],
                   figure_of: Callable[[str | None], Figure | None],
                   measure: Callable[[], Any],
-                  gather: Callable[[Any], list[Any]]) -> list[Any] | None:
+                  gather: Callable[[Any], list[Any]],
+                  higher_is_better: bool = True) -> list[Any] | None:
     """Every rank's second record when any rank is below a bound, else None.
 
     `records`: the first pass, gathered; `key`: the figure judged (`tflops_p50`);
     `bounds`: (peer fraction, expected fraction); `measure`: this rank's measurement
-    (with `again_hook`); `gather`: the worker's all_gather.
+    (with `again_hook`); `gather`: the worker's all_gather; `higher_is_better`: False
+    for a time (the burn-in's median product time, `stress.sdc.straggler`).
     """
     values = {int(r["rank"]): float(r[key]) for r in records}
-    mine = suspect_ranks(values, ranks, bounds[0], figure_of, bounds[1]) if rank == 0 else []
+    mine = suspect_ranks(values, ranks, bounds[0], figure_of, bounds[1],
+                         higher_is_better) if rank == 0 else []
     suspects = agreed(mine)
     if not suspects:
         return None

@@ -9,15 +9,18 @@ into another rank's memory would need CUDA IPC handles. So each node's local ran
 measures the whole matrix in a separate step, opening every GPU it can see, while
 the other ranks wait on the host, off their GPUs (`gpucheck.stress.parking`); when
 it sees only its own GPU (CUDA_VISIBLE_DEVICES, srun --gpus-per-task) the matrix is
-skipped with that reason.
+skipped with that reason. A slow pair is measured again before it is judged
+(`second_look`, the rules of `gpucheck.comm.confirm`).
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck.comm.confirm import Suspects, find_suspects
 from gpucheck.devices import cuda_device_count
 from gpucheck.stress.timing import timed_batch
 
@@ -63,10 +66,12 @@ def copy_buffers(device: Any, size: int = HOST_COPY_BYTES) -> tuple[Any, Any]:
     return host, torch.empty(size, dtype=torch.uint8, device=device)
 
 
-def peer_matrix(local_world_size: int) -> dict[str, Any]:
-    """Every ordered pair of the GPUs this process sees: peer access and GB/s.
+def peer_matrix(local_world_size: int, fraction: float = 0.6) -> dict[str, Any]:
+    """Every ordered pair of the GPUs this process sees: peer access and GB/s; the
+    slow pairs measured again beside a known-good pair (`second_look`).
 
-    {"gpus": [identity rows], "pairs": [{src, dst, peer_access, gbps}]}, or
+    {"gpus": [identity rows], "pairs": [{src, dst, peer_access, gbps}],
+    "again": [the same rows, second look; only when a pair was slow]}, or
     {"skipped": reason}.
     """
     import torch
@@ -81,28 +86,48 @@ def peer_matrix(local_world_size: int) -> dict[str, Any]:
         return {"skipped": f"local rank 0 sees {visible} of the node's {local_world_size} "
                 "GPUs: peer copies need one process that sees every GPU"}
     gpus = [cuda_identity(torch, i).row() for i in range(visible)]
+    every = [(s, d) for s in range(visible) for d in range(visible) if s != d]
     try:
-        pairs = _measure_pairs(visible)
+        pairs = _measure_pairs(visible, every)
+        again = second_look(pairs, fraction, lambda wanted: _measure_pairs(visible, wanted))
     except RuntimeError as exc:  # e.g. exclusive-process compute mode: no second context
         return {"gpus": gpus, "skipped": f"could not open every GPU from one process: "
                 f"{str(exc).strip().splitlines()[0][:200]}"}
-    return {"gpus": gpus, "pairs": pairs}
+    return {"gpus": gpus, "pairs": pairs} | ({"again": again} if again else {})
 
 
-def _measure_pairs(visible: int) -> list[dict[str, Any]]:
+def peer_suspects(pairs: list[dict[str, Any]], fraction: float) -> Suspects:
+    """The slow pairs (and a GPU whose every pair one way is slow) by
+    `gpucheck.comm.confirm`'s rules, the same as comm's send/recv pairs."""
+    return find_suspects({(p["src"], p["dst"]): [p["gbps"]] for p in pairs
+                          if p["gbps"] is not None}, fraction)
+
+
+def second_look(pairs: list[dict[str, Any]], fraction: float,
+                measure: Callable[[list[tuple[int, int]]], list[dict[str, Any]]],
+                ) -> list[dict[str, Any]]:
+    """Confirm before condemning: the known-good reference pair(s), then every slow
+    pair, measured again by this same process (the node's other ranks are still
+    parked, `gpucheck.stress.parking`, so nothing else runs on the GPUs; only this
+    process measures, so no other rank has to agree on the plan). [] when nothing
+    is slow."""
+    suspects = peer_suspects(pairs, fraction)
+    if suspects.empty:
+        return []
+    return measure([*suspects.references, *suspects.pairs])
+
+
+def _measure_pairs(visible: int, wanted: list[tuple[int, int]]) -> list[dict[str, Any]]:
     import torch
 
     buffers = [torch.ones(PEER_COPY_BYTES, dtype=torch.uint8, device=f"cuda:{i}")
                for i in range(visible)]
     landing = [torch.empty_like(b) for b in buffers]
     pairs = []
-    for src in range(visible):
-        for dst in range(visible):
-            if src == dst:
-                continue
-            access = bool(torch.cuda.can_device_access_peer(src, dst))
-            gbps = _pair_gbps(buffers[src], landing[dst]) if access else None
-            pairs.append({"src": src, "dst": dst, "peer_access": access, "gbps": gbps})
+    for src, dst in wanted:
+        access = bool(torch.cuda.can_device_access_peer(src, dst))
+        gbps = _pair_gbps(buffers[src], landing[dst]) if access else None
+        pairs.append({"src": src, "dst": dst, "peer_access": access, "gbps": gbps})
     del buffers, landing
     torch.cuda.empty_cache()
     return pairs

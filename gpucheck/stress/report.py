@@ -11,6 +11,7 @@ from gpucheck.distributed.nodes import group_by_node
 from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
 from gpucheck.numa import cpulist, on_node, parse_cpulist
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
+from gpucheck.stress.p2p_verdicts import p2p_findings
 from gpucheck.stress.sdc import judge
 from gpucheck.stress.specs import COPY_COUNTED, copy_figure, gemm_figure
 from gpucheck.stress.verdicts import (
@@ -19,7 +20,6 @@ from gpucheck.stress.verdicts import (
     expected_findings,
     link_findings,
     peer_findings,
-    slow_vs_median,
     subjects,
 )
 
@@ -206,10 +206,14 @@ def _sdc_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     times = {int(r["rank"]): float(r["p50_ms"]) for r in records}
     findings += peer_findings("stress.sdc.straggler", "median burn-in product time", "ms",
                               times, ranks, verdicts.peer_fraction, higher_is_better=False,
-                              causes=_causes(result))
+                              causes=_causes(result),
+                              again=again_of(result.get("sdc_again"), "p50_ms"))
     data = {"dtype": sdc["dtype"], "size": sdc["size"], "burn_in_s": sdc["duration_s"],
             "tolerance_vs_reference": sdc["tolerance"], "rows_vs_reference": sdc["rows_checked"],
             "results": table}
+    if result.get("sdc_again"):
+        data["measured again"] = [{k: r[k] for k in ("rank", "iters", "p50_ms", "p99_ms")}
+                                  for r in result["sdc_again"]]
     return Section("sdc", "Silent data corruption: the same product, repeated and compared",
                    data, findings)
 
@@ -340,36 +344,3 @@ def _gpu_name(node: Mapping[str, Any], index: int) -> str:
     gpu = node["gpus"][index]
     head = f"GPU {gpu['nvml_index']}" if gpu.get("nvml_index") is not None else "?"
     return f"cuda:{index} ({head})"
-
-
-def p2p_findings(node: Mapping[str, Any], where: str, fraction: float) -> list[Finding]:
-    """Pairs without peer access while others have it; pairs slow against the median."""
-    pairs = node["pairs"]
-    measured = {(p["src"], p["dst"]): p["gbps"] for p in pairs if p["gbps"] is not None}
-    if not measured:
-        return [skip("stress.p2p", f"{where}: no GPU pair has peer access (PCIe without "
-                     "P2P support, or P2P disabled): copies go through host memory",
-                     subject=where)]
-    findings = []
-    blocked = [p for p in pairs if not p["peer_access"]]
-    if blocked:
-        listed = ", ".join(f"cuda:{p['src']}->cuda:{p['dst']}" for p in blocked[:8])
-        findings.append(warn("stress.p2p", f"{where}: {len(blocked)} pair(s) without peer "
-                             f"access while {len(measured)} have it ({listed})",
-                             hint="check nvidia-smi topo -m and nvidia-smi topo -p2p r; ACS "
-                             "or an IOMMU setting can block P2P between some GPUs",
-                             subject=where))
-    median, slow = slow_vs_median(dict(enumerate(measured.values())), fraction)
-    keys = list(measured)
-    for index, ratio in slow.items():
-        src, dst = keys[index]
-        findings.append(warn("stress.p2p", f"{where}: cuda:{src}->cuda:{dst} copies at "
-                             f"{measured[(src, dst)]:.4g} GB/s, {ratio:.2f}x the median pair "
-                             f"({median:.4g} GB/s)",
-                             hint="check this pair's link: nvidia-smi nvlink -s / -e for "
-                             "NVLink errors, nvidia-smi topo -m for the path",
-                             subject=f"{where} cuda:{src}->cuda:{dst}"))
-    if not findings:
-        findings.append(ok("stress.p2p", f"{where}: {len(measured)} pairs, all at or above "
-                           f"{fraction:g} x the median pair ({median:.4g} GB/s)"))
-    return findings

@@ -1,0 +1,145 @@
+"""Stragglers: each rank's iterations against the other ranks' at the same moments, in
+device time and in wall time, and which kind of straggler a rank is (docs/bench.md,
+"Stragglers"). Pure functions over the ranks' records, no torch.
+
+Two clocks, two questions:
+- device time (CUDA events on a GPU, the process's CPU time on a CPU): did the rank
+  COMPUTE slower? A slow GPU, a slower core.
+- wall time (the rank's own clock, each iteration from its start to its end): did the
+  rank HOLD THE JOB BACK? A rank that computes at speed but is not run part of the time
+  (a CPU quota, another process on its core, a stopped process, a data loader it waits
+  for) holds the job back as surely as a slow device, and only the wall clock sees it.
+On a GPU the events' timeline is the device's wall time (it includes the time the GPU
+waited for the host), so the two clocks are one there and every straggler is of the
+device kind.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpucheck.stress.timing import percentile
+
+if TYPE_CHECKING:
+    from gpucheck.bench.aggregate import RankRecord
+
+# The two kinds of straggler (straggler_kind).
+SLOW_DEVICE = "device"  # its device (or CPU) time was slow too: it computed slower
+HOST_STALL = "host"  # only its wall time was slow: its host did not run it
+
+
+@dataclass(frozen=True)
+class RankPace:
+    """One rank's iterations against the other ranks' iterations at the same moments."""
+
+    rank: int
+    p50_ms: float
+    p99_ms: float
+    others_p50_ms: float  # the median over the other ranks of their p50_ms
+    # Its iterations' device times against the other ranks' iterations running at the
+    # same moment (rank_paces): the median of those ratios, and the share of them above 1.
+    vs_others: float
+    slower_share: float
+    # The same in wall time: each iteration from its start to its end on the rank's clock.
+    wall_vs_others: float
+    wall_slower_share: float
+
+
+@dataclass(frozen=True)
+class _Against:
+    """One clock's comparison: the median ratio to the others, the share above 1."""
+
+    median: float
+    share: float
+
+
+def wall_ms(record: RankRecord) -> Sequence[float]:
+    """Each iteration's wall time: measured on CPU ranks; on a GPU (and in records from
+    before it was measured) the device time, whose events already run on the device's
+    wall clock."""
+    if len(record.iter_wall_ms) == len(record.iter_ms):
+        return record.iter_wall_ms
+    return record.iter_ms
+
+
+def rank_paces(records: Sequence[RankRecord]) -> tuple[RankPace, ...]:
+    """Each rank's iterations against what the other ranks' took AT THE SAME TIME, in
+    device time and in wall time."""
+    device = _against_others(records, lambda r: r.iter_ms)
+    wall = _against_others(records, wall_ms)
+    p50 = {r.rank: percentile(r.iter_ms, 50) for r in records}
+    return tuple(RankPace(
+        rank=r.rank, p50_ms=p50[r.rank], p99_ms=percentile(r.iter_ms, 99),
+        others_p50_ms=statistics.median(v for k, v in p50.items() if k != r.rank),
+        vs_others=device[r.rank].median, slower_share=device[r.rank].share,
+        wall_vs_others=wall[r.rank].median, wall_slower_share=wall[r.rank].share,
+    ) for r in records)
+
+
+def _against_others(records: Sequence[RankRecord],
+                    times_of: Callable[[RankRecord], Sequence[float]]) -> dict[int, _Against]:
+    """Every rank's iterations are placed on its own clock from the common start barrier
+    (the same origin on every rank, whatever the hosts' clocks say). An iteration's time
+    is compared with the median time of the iterations the other ranks were running at
+    its midpoint: a load that comes and goes during the loop (a GPU clock ramp, a
+    neighbour's cache traffic) then slows both sides alike, where comparing whole-loop
+    medians would blame whichever rank it overlapped more. An iteration that ran after
+    every other rank had finished (the tail of a slower rank) is compared with the other
+    ranks' median iteration instead."""
+    timelines = {r.rank: (_ends(r), times_of(r)) for r in records}
+    p50 = {r.rank: percentile(times_of(r), 50) for r in records}
+    result = {}
+    for r in records:
+        others_p50 = statistics.median(v for k, v in p50.items() if k != r.rank)
+        ratios = []
+        for middle, took in zip(_middles(_ends(r)), times_of(r), strict=True):
+            others = [t for k, line in timelines.items() if k != r.rank
+                      if (t := _running_at(line, middle)) is not None]
+            ratios.append(_ratio(took, statistics.median(others) if others else others_p50))
+        result[r.rank] = _Against(statistics.median(ratios),
+                                  sum(1 for x in ratios if x > 1) / len(ratios))
+    return result
+
+
+def _ends(record: RankRecord) -> list[float]:
+    """When each iteration ended, in ms from the start barrier on the rank's clock."""
+    if len(record.iter_end_ms) == len(record.iter_ms):
+        return list(record.iter_end_ms)
+    return list(itertools.accumulate(record.iter_ms))
+
+
+def _middles(ends: Sequence[float]) -> list[float]:
+    return [(start + end) / 2 for start, end in zip([0.0, *ends], ends, strict=False)]
+
+
+def _running_at(line: tuple[list[float], Sequence[float]], moment_ms: float) -> float | None:
+    """The time of the iteration running at `moment_ms`; None once the loop was over."""
+    ends, times = line
+    index = bisect.bisect_left(ends, moment_ms)
+    return times[index] if index < len(times) else None
+
+
+def straggler_kind(pace: RankPace, threshold: float) -> str | None:
+    """SLOW_DEVICE when its median device-time ratio is above 1 + `threshold` (half of its
+    iterations or more computed that much longer than the other ranks' at the same
+    moments); else HOST_STALL when its wall-time ratio is (it held the job back, and
+    computed at speed: its host did not run it); else None. A persistent slowdown: a few
+    slow iterations (a hiccup) do not move a median."""
+    if pace.vs_others > 1 + threshold:
+        return SLOW_DEVICE
+    if pace.wall_vs_others > 1 + threshold:
+        return HOST_STALL
+    return None
+
+
+def is_straggler(pace: RankPace, threshold: float) -> bool:
+    return straggler_kind(pace, threshold) is not None
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 else 0.0

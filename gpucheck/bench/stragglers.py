@@ -1,0 +1,107 @@
+"""The straggler verdict's findings: which rank held the job back, and which kind of
+straggler it is (gpucheck.bench.pace; docs/bench.md, "Stragglers")."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+
+from gpucheck.bench.aggregate import MIN_JUDGED_ITERS, BenchSummary, RankRecord
+from gpucheck.bench.pace import HOST_STALL, RankPace, straggler_kind
+from gpucheck.report import Finding, ok, skip, warn
+
+CHECK = "bench.rank.straggler"
+
+
+def straggler_findings(records: tuple[RankRecord, ...], summary: BenchSummary,
+                       causes: Mapping[int, str] | None = None) -> list[Finding]:
+    """WARN per straggler, saying its kind; `causes` maps a rank to why it was slow (say,
+    the fault watcher's "in HW thermal slowdown 40% of the timed loop"), appended to its
+    WARN."""
+    if summary.n_ranks < 2:
+        return [ok(CHECK, f"not judged: {summary.judged}")]
+    if summary.judged != "yes":
+        return [skip(CHECK, f"not judged: {summary.judged}; time at least "
+                     f"{MIN_JUDGED_ITERS} iterations (--iters) to judge stragglers")]
+    by_rank = {r.rank: r for r in records}
+    paces = {p.rank: p for p in summary.paces}
+    findings = []
+    for rank in summary.stragglers:
+        record, pace = by_rank[rank], paces[rank]
+        loop = _loop_vs_others(record, records)
+        if straggler_kind(pace, summary.threshold) == HOST_STALL:
+            message, hint = _host_message(record, pace, loop), HOST_HINT
+        else:
+            message, hint = _device_message(record, pace, loop), _device_hint(record)
+        cause = f"; {causes[rank]}" if causes and causes.get(rank) else ""
+        findings.append(warn(CHECK, message + cause, hint=hint, subject=f"rank {rank}"))
+    if not findings:
+        findings.append(ok(CHECK, _no_straggler_message(records, summary)))
+    return findings
+
+
+def _clock(record: RankRecord) -> str:
+    return "GPU time" if record.device.startswith("cuda") else "CPU time"
+
+
+def _loop_vs_others(record: RankRecord, records: tuple[RankRecord, ...]) -> float:
+    """Its whole loop's wall time over the other ranks' median: how long the job waited
+    for it (with two ranks, the median of both would halve the gap)."""
+    others = statistics.median(r.wall_s for r in records if r.rank != record.rank)
+    return record.wall_s / others if others > 0 else 0.0
+
+
+def _device_message(record: RankRecord, pace: RankPace, loop: float) -> str:
+    """The slow-device kind: its device time was slow (and so, mostly, its wall time)."""
+    slower = round(pace.slower_share * record.iters)
+    what = "GPU" if record.device.startswith("cuda") else "CPU"
+    wall = ("" if not record.iter_wall_ms else
+            f", {pace.wall_vs_others:.2f}x in wall time")
+    return (f"rank {record.rank} on {record.host} ({record.gpu_label()}) ran its iterations "
+            f"{pace.vs_others:.2f}x as long as the other ranks at the same moments in "
+            f"{_clock(record)} (median over {record.iters}; slower in {slower} of them)"
+            f"{wall}: a slow {what}, it computed slower; p50 {pace.p50_ms:.4g} ms vs the "
+            f"others' {pace.others_p50_ms:.4g} ms, whole loop {loop:.2f}x the other ranks'")
+
+
+def _host_message(record: RankRecord, pace: RankPace, loop: float) -> str:
+    """The host kind: it held the job back in wall time, yet computed at the others' pace."""
+    slower = round(pace.wall_slower_share * record.iters)
+    return (f"rank {record.rank} on {record.host} ({record.gpu_label()}) held the job back: "
+            f"its iterations took {pace.wall_vs_others:.2f}x as long as the other ranks' at "
+            f"the same moments in wall time (median over {record.iters}; slower in {slower} "
+            f"of them), yet {pace.vs_others:.2f}x in {_clock(record)}: its host did not run "
+            f"it part of the time; whole loop {loop:.2f}x the other ranks'")
+
+
+def _no_straggler_message(records: tuple[RankRecord, ...], summary: BenchSummary) -> str:
+    worst = max(summary.paces, key=lambda p: p.vs_others)
+    clock = _clock(min(records, key=lambda r: r.rank))
+    text = (f"all {summary.n_ranks} rank(s) within {summary.threshold:.0%} of the other "
+            f"ranks at the same moments (slowest: rank {worst.rank}, {worst.vs_others:.3f}x "
+            f"in {clock}")
+    if any(r.iter_wall_ms for r in records):
+        late = max(summary.paces, key=lambda p: p.wall_vs_others)
+        text += f"; rank {late.rank}, {late.wall_vs_others:.3f}x in wall time"
+    return text + f"; wall spread {summary.spread:.3f})"
+
+
+def _device_hint(record: RankRecord) -> str:
+    if record.device.startswith("cuda"):
+        return ("check that GPU's clocks, temperature, power limit and PCIe link (gpucheck "
+                "env, nvidia-smi -q -d PERFORMANCE); if they are normal, its host may have "
+                "kept it waiting for work (CUDA events count the GPU's idle gaps too: a CPU "
+                "quota or a busy core on that rank's host); the job runs at the slowest "
+                "rank's pace")
+    return ("CPU ranks are timed in CPU time, so waiting for a busy core does not count: "
+            "that rank computed slower (a slower or shared physical core, memory placement "
+            "on a VM); rerun, and check what else runs on the host (top); the job runs at "
+            "the slowest rank's pace")
+
+
+HOST_HINT = ("the rank computed at the others' pace but was not running part of the time: "
+             "look for a CPU quota or limit on its process or container (throttled time in "
+             "its cgroup's cpu.stat; docker --cpus, a Kubernetes CPU limit), other processes "
+             "on its cores (top, pidstat), a process stopped and continued (state T in ps), "
+             "or, in a training job, a data loader it waits for; the job runs at the "
+             "slowest rank's pace")

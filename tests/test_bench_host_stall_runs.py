@@ -1,0 +1,63 @@
+"""The host kind of straggler end to end: a CPU rank whose process is stopped from
+outside part of the time (tests/throttle.py, as a CPU quota does) computes at the other
+rank's pace and holds the job back; it is named as such, and a healthy pair is not.
+Real processes, gloo on loopback."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpucheck.bench.layout import ITERS_PER_SEGMENT
+from tests.test_bench_runs import bench, findings, no_children_left, section
+
+# ResNet50 at batch 2: an iteration (about 0.2 s of CPU on a core) spans the throttle's
+# periods (run 100 ms, stopped 300 ms), so every iteration is stopped. Four segments of
+# 3 iterations, as the default run has: a median over 12 iterations, not 6.
+ARGS = ["--n-gpus", "2", "--batch-size", "2", "--warmup", "1", "--iters",
+        str(4 * ITERS_PER_SEGMENT)]
+THROTTLE_SCRIPT = str(Path(__file__).with_name("throttle.py"))
+HELPER_EXIT_S = 10  # the helper checks every 0.2 s or so whether its rank is gone
+
+
+def leftover_throttles() -> list[psutil.Process]:
+    """Throttle helpers whose rank has ended (one still running would be left behind)."""
+    left = []
+    for proc in psutil.process_iter(["cmdline"]):
+        line = proc.info["cmdline"] or []
+        if THROTTLE_SCRIPT in line and not psutil.pid_exists(int(line[line.index(
+                THROTTLE_SCRIPT) + 1])):
+            left.append(proc)
+    return left
+
+
+def test_a_rank_stopped_from_outside_is_named_as_held_back_by_its_host(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUCHECK_TEST_HOOK", "bench_workers:stop_rank_one_most_of_the_time")
+    code, report = bench(tmp_path, *ARGS)
+    assert code == 0, report  # a WARN
+    warned = findings(report, "bench.rank.straggler", "WARN")
+    assert [f["subject"] for f in warned] == ["rank 1"]
+    assert "held the job back" in warned[0]["message"]
+    assert "its host did not run it" in warned[0]["message"]
+    assert warned[0]["action"] == "fix-config" and "quota" in warned[0]["hint"]
+    one = section(report, "timing")["data"]["ranks"][1]
+    assert one["wall_vs_others"] > one["vs_others"]
+    assert no_children_left()
+    deadline = time.monotonic() + HELPER_EXIT_S
+    while leftover_throttles() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not leftover_throttles()
+
+
+def test_two_healthy_ranks_are_ok_in_cpu_time_and_in_wall_time(tmp_path: Path) -> None:
+    code, report = bench(tmp_path, *ARGS)
+    assert code == 0, report
+    assert not findings(report, "bench.rank.straggler", "WARN")
+    [verdict] = findings(report, "bench.rank.straggler", "OK")
+    assert "in CPU time" in verdict["message"] and "in wall time" in verdict["message"]
+    assert all(r["wall_vs_others"] is not None
+               for r in section(report, "timing")["data"]["ranks"])

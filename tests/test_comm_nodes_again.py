@@ -1,0 +1,75 @@
+"""comm.nodes.slow_node: a slow node is measured again beside a known-good node before
+it is condemned. Pure functions on handmade figures; the real run (two "nodes" of two
+gloo ranks, node 1's pairs slowed) is in test_comm_internode_runs.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpucheck.comm.nodes_again import node_figures, plan, slow_node_verdicts
+from gpucheck.report import Status
+
+RANKS = [{"rank": r, "node_rank": r // 2, "host": f"h{r // 2}"} for r in range(6)]
+
+
+def _pairs(gbps: dict[int, float]) -> list[dict[str, Any]]:
+    """Both pairs of each node (ranks 2n and 2n+1) at that node's figure."""
+    return [{"src": s, "dst": d, "bandwidth_gbps": gbps[s // 2]}
+            for s in range(6) for d in range(6) if s != d and s // 2 == d // 2]
+
+
+FIRST = {0: 10.0, 1: 10.2, 2: 2.0}  # node 2 at a fifth of the others
+
+
+def _verdicts(again: dict[int, float] | None) -> list[Any]:
+    figures = node_figures(RANKS, _pairs(FIRST), [])
+    wanted = plan(figures, 0.9)
+    second = None if again is None else (wanted or {}) | {"pairs": [
+        p for p in _pairs(again | {n: 0.0 for n in FIRST if n not in again})
+        if p["src"] // 2 in again]}
+    return slow_node_verdicts(figures, 0.9, second, RANKS)
+
+
+def test_healthy_nodes_are_not_measured_again_and_stay_ok() -> None:
+    figures = node_figures(RANKS, _pairs({0: 10.0, 1: 10.2, 2: 9.8}), [])
+    assert plan(figures, 0.9) is None
+    assert [f.status for f in slow_node_verdicts(figures, 0.9, None, RANKS)] == [Status.OK]
+
+
+def test_a_slow_node_is_measured_again_beside_the_known_good_node_nearest_the_median(
+        ) -> None:
+    wanted = plan(node_figures(RANKS, _pairs(FIRST), []), 0.9)
+    assert wanted == {"kind": "pairs", "suspects": [2], "known_good": 0}
+
+
+def test_a_node_slow_again_is_confirmed_against_the_known_good_node_and_drained() -> None:
+    (found,) = _verdicts({2: 2.1, 0: 9.9})
+    assert (found.status, found.subject, found.action) == (Status.WARN, "node 2 (h2)",
+                                                           "drain-node")
+    assert "confirmed: measured again at 2.1 GB/s against node 0 (h0) (known good) at " \
+        "9.9 GB/s" in found.message
+
+
+def test_a_node_fine_the_second_time_is_unstable_with_action_rerun() -> None:
+    (found,) = _verdicts({2: 9.7, 0: 9.9})
+    assert (found.subject, found.action) == ("node 2 (h2)", "rerun")
+    assert "unstable: measured again at 9.7 GB/s" in found.message
+
+
+def test_a_slow_node_not_measured_again_says_so_and_is_not_condemned() -> None:
+    (found,) = _verdicts(None)
+    assert "not measured again" in found.message and found.action == "rerun"
+
+
+def test_one_rank_per_node_is_judged_by_the_largest_all_reduce_time_again() -> None:
+    ranks = [{"rank": r, "node_rank": r, "host": f"h{r}"} for r in range(3)]
+    rows = [{"rank_times_us": [100.0, 101.0, 400.0]}]
+    figures = node_figures(ranks, [], rows)
+    wanted = plan(figures, 0.9)
+    assert wanted == {"kind": "all_reduce", "suspects": [2], "known_good": 1}
+    slow = (wanted or {}) | {"rank_times_us": [100.0, 99.0, 390.0]}
+    (found,) = slow_node_verdicts(figures, 0.9, slow, ranks)
+    assert found.subject == "node 2 (h2)" and "confirmed" in found.message
+    fine = (wanted or {}) | {"rank_times_us": [100.0, 99.0, 101.0]}
+    (found,) = slow_node_verdicts(figures, 0.9, fine, ranks)
+    assert "unstable" in found.message and found.action == "rerun"
