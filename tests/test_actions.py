@@ -21,9 +21,10 @@ from gpucheck.actions import (
 )
 from gpucheck.probes.consistency import probe_consistency
 from gpucheck.probes.gpus import cuda_compat_findings, probe_nvml
-from gpucheck.probes.kernel_log import kernel_log_section, read_kernel_log
+from gpucheck.probes.kernel_log import read_kernel_log
 from gpucheck.probes.nvml import Nvml
 from gpucheck.probes.torch_build import TorchInfo
+from gpucheck.probes.xid_section import kernel_log_section
 from gpucheck.probes.xid_table import ACTIONS as XID_ACTIONS
 from gpucheck.render import render
 from gpucheck.report import Finding, Report, Section, Status, fail, ok, skip, warn

@@ -15,13 +15,8 @@ import pytest
 from gpucheck.cli import main
 from gpucheck.probes import kernel_log as kl
 from gpucheck.probes.gpus import GpuRecord
-from gpucheck.probes.kernel_log import (
-    KernelLog,
-    kernel_log_section,
-    read_file,
-    read_kernel_log,
-    read_live_log,
-)
+from gpucheck.probes.kernel_log import KernelLog, read_file, read_kernel_log, read_live_log
+from gpucheck.probes.xid_section import kernel_log_section
 from gpucheck.probes.xid_table import ACTIONS, SEVERITIES, XID_TABLE
 from gpucheck.report import Section, Status
 from tests.fake_pynvml import FakeGpu, FakeNvml

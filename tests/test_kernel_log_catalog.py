@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpucheck.probes.gpus import GpuRecord
-from gpucheck.probes.kernel_log import kernel_log_section, read_kernel_log
+from gpucheck.probes.kernel_log import read_kernel_log
+from gpucheck.probes.xid_section import kernel_log_section
 from gpucheck.probes.xid_table import (
     CATALOG_READ,
     CATALOG_URL,

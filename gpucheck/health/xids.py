@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpucheck.probes.gpu_record import GpuRecord
-from gpucheck.probes.kernel_log import KernelLog, XidEvent, kernel_log_section
+from gpucheck.probes.kernel_log import KernelLog, XidEvent
+from gpucheck.probes.xid_section import kernel_log_section
 from gpucheck.report import Finding, Section, ok
 
 _NO_XID = "no Xid in the kernel log"

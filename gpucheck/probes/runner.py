@@ -28,11 +28,12 @@ from gpucheck.probes.gpus import (
     probe_nvml,
 )
 from gpucheck.probes.gputest import GpuTestRun, probe_gputest
-from gpucheck.probes.kernel_log import kernel_log_section, read_kernel_log
+from gpucheck.probes.kernel_log import read_kernel_log
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S, Nvml
 from gpucheck.probes.pyenv import TorchvisionCheck, probe_pyenv
 from gpucheck.probes.system import probe_system
 from gpucheck.probes.torch_build import TorchInfo, cuda_available_finding, probe_torch
+from gpucheck.probes.xid_section import kernel_log_section
 from gpucheck.report import Report, Section, fail
 
 # NVML may take 30 s to start and seconds per GPU to attach with persistence off (see
