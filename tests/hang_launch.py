@@ -48,7 +48,9 @@ def wait_for(job: Job, word: str, count: int, timeout_s: float = READY_TIMEOUT_S
             line = job.lines.get(timeout=max(0.1, deadline - time.monotonic()))
         except queue.Empty:
             raise TimeoutError(f"only {seen} of {count} '{word}' lines") from None
-        seen += line.startswith(word)
+        # Ranks under torchrun share one pipe: two "ready N" writes can land on one
+        # line ("ready 1ready 2"), so count every occurrence.
+        seen += line.count(word)
 
 
 def _rank_env(rank: int, nodes: list[int], port: int, extra: dict[str, str]) -> dict[str, str]:

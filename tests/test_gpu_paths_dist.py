@@ -175,7 +175,7 @@ def test_bench_times_and_records_the_gpu_the_task_sees_not_its_local_id(
         assert str(bench_worker._device(spec, world)) == "cuda:0"
         bench_worker._barrier(spec, world)
         given = {"wall_s": 1.0, "span_s": 1.0, "device_s": 0.9, "iter_ms": (900.0,),
-                 "iter_end_ms": (1000.0,), "segments": 1}
+                 "iter_end_ms": (1000.0,), "iter_wall_ms": (1000.0,), "segments": 1}
         timing = bench_worker.LoopTiming(**{f.name: given[f.name] for f in
                                             dataclasses.fields(bench_worker.LoopTiming)})
         record = bench_worker._record(spec, world, 1, timing, threads=1)
