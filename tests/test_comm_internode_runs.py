@@ -75,7 +75,7 @@ def test_a_node_slow_only_in_the_rounds_is_unstable_and_asks_for_a_rerun(
     warns = _warns(_internode(report))
     assert ("comm.internode.shared_node", "node 2 (", "rerun") in [
         (c, s[:8], a) for c, s, a in warns]
-    assert all(a == "rerun" for _, _, a in warns)
+    assert all(a == "rerun" for _, _, a in warns), warns
     assert all("unstable" in f["message"] for f in _internode(report)["findings"]
                if f["status"] == "WARN")
 
@@ -93,11 +93,14 @@ def test_two_nodes_of_two_ranks_run_both_rails_and_sum_them_per_node_pair(
     sections = {s["name"]: s for s in report["sections"]}
     rails = [f for f in sections["internode"]["findings"]
              if f["check"] == "comm.internode.slow_rail" and f["status"] == "WARN"]
+    # CPU ranks: confirmed is a busy process to rerun, not a node to drain (GPU ranks
+    # drain: test_confirmed_links_on_cpu_ranks_are_rerun_and_on_gpus_drain below).
     assert [(f["subject"], f["action"]) for f in rails if "confirmed" in f["message"]] == [
-        ("rank 3 -> rank 1", "drain-node")]
-    assert all(f["action"] == "rerun" for f in rails if f["subject"] != "rank 3 -> rank 1")
+        ("rank 3 -> rank 1", "rerun")]
+    assert all(f["action"] == "rerun" for f in rails)
     (slow,) = [f for f in sections["nodes"]["findings"] if f["status"] == "WARN"]
-    assert slow["subject"].startswith("node 1 (") and slow["action"] == "drain-node"
+    assert slow["subject"].startswith("node 1 (") and slow["action"] == "rerun"
+    assert "CPU ranks" in slow["hint"]
     assert "confirmed: measured again" in slow["message"] and "node 0 (" in slow["message"]
     assert sections["nodes"]["data"]["measured again"]["known_good"] == 0
     data = sections["internode"]["data"]
@@ -118,3 +121,18 @@ def test_two_nodes_of_two_ranks_run_both_rails_and_sum_them_per_node_pair(
                for f in sections["internode"]["findings"]
                if f["check"] != "comm.internode.slow_rail"
                and f["subject"] != "node 1 -> node 0"), sections["internode"]["findings"]
+
+
+def test_confirmed_links_on_cpu_ranks_are_rerun_and_on_gpus_drain() -> None:
+    from gpucheck.comm.report import on_cpu_ranks
+    from gpucheck.report import warn
+
+    confirmed = warn("comm.internode.slow_rail", "rail 1 slow; confirmed: measured again",
+                     hint="check the NIC", subject="rank 3 -> rank 1")
+    unstable = warn("comm.internode.slow_rail", "rail 0 slow; unstable: fine again",
+                    hint="rerun", subject="rank 2 -> rank 0")
+    assert confirmed.action == "drain-node" and unstable.action == "rerun"
+    assert on_cpu_ranks([confirmed, unstable], "cuda") == [confirmed, unstable]
+    on_cpu = on_cpu_ranks([confirmed, unstable], "cpu")
+    assert [f.action for f in on_cpu] == ["rerun", "rerun"]
+    assert "CPU ranks" in on_cpu[0].hint and on_cpu[1] is unstable
