@@ -37,8 +37,10 @@ def test_comm_sweep_reports_every_size_with_nccl_tests_bandwidths(
     code, report = _sweep(tmp_path, nproc)
     assert code == 0, report
     warns = _pair_warns(report)
-    if nproc == 2:  # one slow batch of three is noise: no slow_pair alarm
-        assert warns == []
+    if nproc == 2:  # one slow batch of three is noise: never a confirmed slow_pair
+        # (a CI run once met more noise in the same pair's other batches: then the
+        # second look clears it, at most an "unstable" WARN asking for a rerun)
+        assert all("unstable" in m for _, m in warns), warns
     else:  # slow in every batch, and again when measured again beside a good pair
         assert [s for s, m in warns if "confirmed" in m] == ["rank 1 -> rank 0"]
     sections = {s["name"]: s for s in report["sections"]}
