@@ -42,7 +42,11 @@ def test_comm_sweep_reports_every_size_with_nccl_tests_bandwidths(
         # second look clears it, at most an "unstable" WARN asking for a rerun)
         assert all("unstable" in m for _, m in warns), warns
     else:  # slow in every batch, and again when measured again beside a good pair
-        assert [s for s, m in warns if "confirmed" in m] == ["rank 1 -> rank 0"]
+        # The planted pair, confirmed; the hook's sleep is in rank 1's process, so its
+        # other sends may be held up too (a CI run once confirmed rank 1 -> rank 2).
+        confirmed = [s for s, m in warns if "confirmed" in m]
+        assert "rank 1 -> rank 0" in confirmed
+        assert all(s.startswith("rank 1 -> ") for s in confirmed), confirmed
     sections = {s["name"]: s for s in report["sections"]}
     assert [r["rank"] for r in sections["comm"]["data"]["ranks"]] == list(range(nproc))
     for name, factor in (("all_reduce", 2 * (nproc - 1) / nproc),
