@@ -287,12 +287,7 @@ def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
 
 
 def _gather(mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    import torch.distributed as dist
+    from gpucheck.comm.pairwise import gather_rows
 
-    from gpucheck.distributed import progress
-
-    progress.set_step("gathering node-to-node results")
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
-    return sorted((link for rank_links in every for link in rank_links),
-                  key=lambda link: (link["src_node"], link["dst_node"], link["rail"]))
+    return gather_rows(mine, "gathering node-to-node results",
+                       ("src_node", "dst_node", "rail"))

@@ -187,13 +187,15 @@ def run_pairwise(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: in
             "again": again}
 
 
-def gather_rows(mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def gather_rows(mine: list[dict[str, Any]], step: str = "gathering pairwise results",
+                key: tuple[str, ...] = ("src", "dst")) -> list[dict[str, Any]]:
+    """Every rank's rows, in one list sorted by the `key` columns (pairs, or links)."""
     import torch.distributed as dist
 
-    progress.set_step("gathering pairwise results")
+    progress.set_step(step)
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
-    return sorted((p for rows in every for p in rows), key=lambda p: (p["src"], p["dst"]))
+    return sorted((p for rows in every for p in rows), key=lambda p: [p[k] for k in key])
 
 
 def _agree(plans: dict[int, Suspects]) -> dict[int, Suspects]:
