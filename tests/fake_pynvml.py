@@ -217,9 +217,10 @@ class FakeGpu:
     sm_clock_max: int = 1980
     util: tuple[int, int] = (0, 0)
     pids: list[int] = field(default_factory=list)
-    # nvmlDeviceGetProcessUtilization: pid -> SM utilisation %; empty answers NotFound
-    # (no sample in the buffer), as NVML does.
-    proc_util: dict[int, int] = field(default_factory=dict)
+    # nvmlDeviceGetProcessUtilization: pid -> SM utilisation % (or (%, sample time in
+    # microseconds)); no non-zero sample newer than the call's timestamp answers
+    # NotFound, as NVML does.
+    proc_util: dict[int, int | tuple[int, int]] = field(default_factory=dict)
     pcie_gen: tuple[int, int] = (1, 5)
     pcie_width: tuple[int, int] = (16, 16)
     ecc_mode: list[int] = field(default_factory=lambda: [1, 1])
@@ -455,12 +456,21 @@ class FakeNvml:
                                       computeInstanceId=0xFFFFFFFF) for pid in gpu.pids]
 
     def nvmlDeviceGetProcessUtilization(self, handle: _Handle, timeStamp: int) -> list[Any]:
+        # NVML: one sample per process with non-zero utilisation in the last sample
+        # period, only samples newer than timeStamp (lastSeenTimeStamp, CPU time in
+        # microseconds), NotFound when none is left. A `proc_util` value is the SM %
+        # sampled now, or (SM %, sample time in microseconds).
         gpu = self._gpu(handle, "nvmlDeviceGetProcessUtilization")
-        if not gpu.proc_util:
+        now_us = int(time.time() * 1e6)
+        samples = []
+        for pid, value in gpu.proc_util.items():
+            util, at_us = value if isinstance(value, tuple) else (value, now_us)
+            if util > 0 and at_us > timeStamp:
+                samples.append(types.SimpleNamespace(pid=pid, timeStamp=at_us, smUtil=util,
+                                                     memUtil=util // 2, encUtil=0, decUtil=0))
+        if not samples:
             self._raise("NotFound")
-        return [types.SimpleNamespace(pid=pid, timeStamp=timeStamp + 1, smUtil=util,
-                                      memUtil=util // 2, encUtil=0, decUtil=0)
-                for pid, util in gpu.proc_util.items()]
+        return samples
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: _Handle) -> list[Any]:
         self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses")
