@@ -243,7 +243,8 @@ def _expand(pids: list[int], found: Discovery) -> list[psutil.Process]:
     for pid in pids:
         try:
             proc = psutil.Process(pid)
-            rank = None if pid in ancestors else _read(proc)
+            outside = pid == 1 or pid in ancestors
+            rank = None if outside else _read(proc)
         except psutil.AccessDenied:
             found.denied += 1
             continue
@@ -252,8 +253,9 @@ def _expand(pids: list[int], found: Discovery) -> list[psutil.Process]:
             continue
         if rank is not None:
             result.append(proc)
-        elif pid in ancestors:
-            _not_a_rank(found, pid, "it is gpucheck's own parent (your shell, or init)")
+        elif outside:
+            _not_a_rank(found, pid, "it is init or gpucheck's own parent, such as your "
+                        "shell, above every job")
         else:
             result.extend(_launched(proc, found))
     return result
