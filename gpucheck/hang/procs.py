@@ -220,18 +220,28 @@ def discover(pids: Iterable[int] | None = None) -> Discovery:
 
 def split_duplicates(jobs: dict[str, list[RankProcess]]) -> dict[str, list[RankProcess]]:
     """A job in which two processes claim one rank is two jobs behind one key (the same
-    port reused, a made-up environment): their launchers tell them apart."""
+    port reused, a made-up environment): their launchers tell them apart, else each
+    such process stands alone."""
     result: dict[str, list[RankProcess]] = {}
     for key, ranks in jobs.items():
-        numbers = [r.rank for r in ranks]
-        if len(set(numbers)) == len(numbers):
-            result[key] = sorted(ranks, key=lambda r: r.rank)
+        if _unique(ranks):
+            result[key] = ranks
             continue
+        by_parent: dict[str, list[RankProcess]] = {}
         for rank in ranks:
-            result.setdefault(f"{key} launcher pid {rank.parent}", []).append(rank)
-        for sub in result.values():
-            sub.sort(key=lambda r: r.rank)
+            by_parent.setdefault(f"{key} launcher pid {rank.parent}", []).append(rank)
+        for sub_key, sub in by_parent.items():
+            if _unique(sub):
+                result[sub_key] = sub
+            else:
+                result.update({f"{key} process {r.pid}": [r] for r in sub})
+    for ranks in result.values():
+        ranks.sort(key=lambda r: r.rank)
     return result
+
+
+def _unique(ranks: list[RankProcess]) -> bool:
+    return len({r.rank for r in ranks}) == len(ranks)
 
 
 def _expand(pids: list[int], found: Discovery) -> list[psutil.Process]:
