@@ -80,7 +80,10 @@ def node_view(pids: Sequence[int] | None, window_s: float, host: str, node_rank:
     for (job, _), view in zip(order, views, strict=True):
         jobs.setdefault(job, []).append(view.to_dict())
     for job, ranks in found.jobs.items():
-        jobs[job].extend(v.to_dict() for v in _dead_views(ranks, host))
+        # A job none of whose processes could be watched is not judged here: its
+        # missing ranks are not called dead either (it is a row of the jobs table).
+        watched = any(raw["watched"] for raw in jobs[job])
+        jobs[job].extend({**v.to_dict(), "watched": watched} for v in _dead_views(ranks, host))
     for raw in jobs.values():
         for view_dict in raw:
             view_dict["node_rank"] = node_rank

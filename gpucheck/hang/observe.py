@@ -33,7 +33,9 @@ from gpucheck.hang.stacks import Frame, StackError
 DEFAULT_WINDOW_S = 2.0
 MAX_FRAMES = 12
 MAX_PY_SPY = 16  # py-spy processes at once (each samples one rank at 50 Hz)
-MAX_THREADS = 64  # ranks being watched or waiting for a py-spy at once
+# Ranks being watched at once (a thread each; most of them only wait out the window,
+# their py-spy done or failed fast, as on a process that is no Python at all).
+MAX_THREADS = 512
 START_BUDGET_S = 4.0  # a rank not started by then is not watched
 NOT_WATCHED = "not watched"  # stack_error kind of a rank whose turn never came
 
