@@ -149,3 +149,10 @@ def test_extreme_numbers_are_one_line_usage_errors(argv: list[str], capsys) -> N
     assert main(["hang", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_samples_with_no_python_frame_are_not_moving() -> None:
+    native = "thread (7): MainThread 99\n"  # in native code (or between frames) throughout
+    views = [judged(r, native) for r in range(3)]
+    assert all(v.samples == 99 and v.moved is False for v in views)
+    assert live_findings(views, 2.0, multi_node=False)[0].status is not Status.OK

@@ -116,7 +116,9 @@ def _nobody_named(views: list[RankView], site: Site | None, window_s: float,
 
 def moved(view: RankView) -> bool:
     """Seen at more than one place in its code during the window: it progresses."""
-    return view.samples > 0 and not view.stack_error and not view.steady
+    if view.stack_error or view.samples == 0:
+        return False
+    return view.moved if view.moved is not None else not view.steady
 
 
 def _nothing_moved(views: list[RankView], window_s: float, unread_words: str) -> Finding:

@@ -56,6 +56,8 @@ class RankView:
     site: dict[str, Any] | None = None  # Site as a dict: the most frequent site
     pinned: bool = False  # every sample at that one collective site
     steady: bool = False  # every sample at that one site, whatever its kind
+    moved: bool | None = None  # seen at two sites or more with Python frames (None: not
+    # recorded, as in a view built by hand: then "sampled and not steady")
     samples: int = 0
     site_share: float | None = None  # of the samples, the share at `site`
     stack: list[str] = field(default_factory=list)  # innermost first
@@ -121,6 +123,7 @@ def _judge_samples(view: RankView, samples: stacks.Samples) -> None:
     # reads can catch a thread between frames: such a sample says nothing).
     known = [s for s in sites if s.kind != "unknown"]
     view.steady = len(known) == 1
+    view.moved = len(known) > 1  # samples with no Python frame say nothing of moving
     view.pinned = view.steady and known[0].kind == "collective"
     view.stack = [f.where for f in stack_at[site][:MAX_FRAMES]]
 
