@@ -195,6 +195,8 @@ def watch(ranks: list[RankProcess], host: str, window_s: float = DEFAULT_WINDOW_
           nvml_timeout_s: float = 3.0) -> tuple[list[RankView], str | None]:
     """Every rank at once, NVML beside them: (views in the order given, why no GPU
     data). Give the ranks in the order they should be watched when not all can be."""
+    if not ranks:
+        return [], None
     turns = _Turns()
     with ThreadPoolExecutor(max_workers=max(1, min(len(ranks), MAX_THREADS))) as pool, \
             ThreadPoolExecutor(max_workers=1) as nvml_pool:

@@ -173,7 +173,10 @@ def _owner(proc: psutil.Process) -> str:
 
 def _read(proc: psutil.Process) -> RankProcess | None:
     """The rank `proc` is; raises psutil errors (gone, denied) to the caller."""
-    rank = rank_of(proc.pid, proc.name(), read_environ(proc.pid), proc.ppid())
+    env = read_environ(proc.pid)
+    if not env and proc.status() == psutil.STATUS_ZOMBIE:  # its environment went with it
+        raise psutil.ZombieProcess(proc.pid)
+    rank = rank_of(proc.pid, proc.name(), env, proc.ppid())
     if rank is None:
         return None
     return RankProcess(**{**rank.__dict__, "user": _owner(proc)})
