@@ -237,3 +237,18 @@ def test_ranks_left_unwatched_give_no_verdict_and_blame_no_one(monkeypatch) -> N
                                            "b": [v.to_dict() for v in views]}}}, 1.0)
     (jobs,) = sections  # neither job was watched: rows in the jobs table, no section
     assert [r["verdict"] for r in jobs.data["jobs"]] == ["not watched"] * 2
+
+
+def test_a_rank_that_exited_unreaped_is_gone_not_a_usage_error() -> None:
+    """A zombie's environment is empty: it must read as a rank that went, not as a
+    process that never was one."""
+    proc = subprocess.Popen(["sleep", "0"], env=_rank_env(0, 2, free_port()))
+    try:
+        deadline = time.monotonic() + 30
+        while psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        found = discover([proc.pid])
+    finally:
+        proc.wait(timeout=30)
+    assert (found.gone, found.not_ranks) == ([proc.pid], [])
