@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psutil
@@ -179,7 +179,7 @@ def _read(proc: psutil.Process) -> RankProcess | None:
     rank = rank_of(proc.pid, proc.name(), env, proc.ppid())
     if rank is None:
         return None
-    return RankProcess(**{**rank.__dict__, "user": _owner(proc)})
+    return replace(rank, user=_owner(proc))
 
 
 def _own_job() -> str | None:
