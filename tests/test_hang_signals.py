@@ -156,3 +156,16 @@ def test_samples_with_no_python_frame_are_not_moving() -> None:
     views = [judged(r, native) for r in range(3)]
     assert all(v.samples == 99 and v.moved is False for v in views)
     assert live_findings(views, 2.0, multi_node=False)[0].status is not Status.OK
+
+
+def test_the_fake_answers_not_found_when_no_process_has_a_non_zero_sample() -> None:
+    gpu = FakeGpu(pids=[4242, 4243])
+    gpu.proc_util = {4242: 0, 4243: (80, 1)}  # idle, and busy long before the timestamp
+    nvml = FakeNvml([gpu]).module
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(nvml.NVMLError_NotFound):
+        nvml.nvmlDeviceGetProcessUtilization(handle, 2)
+    gpu.proc_util[4243] = 80  # sampled now
+    (sample,) = nvml.nvmlDeviceGetProcessUtilization(handle, 2)
+    assert (sample.pid, sample.smUtil) == (4243, 80)
