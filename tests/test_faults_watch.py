@@ -89,8 +89,9 @@ def fake(monkeypatch) -> FakeNvml:
 
 
 def test_a_gpu_without_pcie_replay_or_nvlink_counters_gives_na_never_a_fail(monkeypatch):
-    _fake(monkeypatch, nvlinks=0, unsupported={"nvmlDeviceGetPcieReplayCounter",
-                                               "nvmlDeviceGetFieldValues"})
+    # No field value supported: NVML answers NotSupported per field, not for the call.
+    _fake(monkeypatch, nvlinks=0, unsupported={"nvmlDeviceGetPcieReplayCounter"},
+          field_values={})
     result = _run()
     rows = result["counters"]
     assert rows["pcie_replays"] == {"before": None, "after": None, "delta": None}

@@ -107,7 +107,10 @@ def test_a_driver_that_does_not_report_the_recovery_action_is_a_skip_saying_why(
 
 
 def test_a_gpu_without_field_values_at_all_is_a_skip_not_a_failure(monkeypatch):
-    result = _probe(monkeypatch, FakeNvml(_gpus(2, unsupported={"nvmlDeviceGetFieldValues"})))
+    # A driver whose libnvidia-ml lacks the function (pynvml: FunctionNotFound); NVML
+    # itself answers NotSupported per field, never for the whole call.
+    result = _probe(monkeypatch, FakeNvml(_gpus(2), absent=frozenset({
+        "nvmlDeviceGetFieldValues"})))
     assert not _problems(result)
     assert {f.status for f in _findings(result, "gpu.recovery_action")} == {Status.SKIP}
 

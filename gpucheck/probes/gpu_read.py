@@ -92,13 +92,29 @@ def _clock_reasons(nvml: Nvml, handle: Any) -> list[str] | None:
     return [name for bit, name in CLOCK_REASONS.items() if int(mask) & bit]
 
 
+def _process_list(nvml: Nvml, fn: str, handle: Any) -> list[Any] | None:
+    """One process list; None when n/a. InsufficientSize means processes started
+    between pynvml's sizing call and its read (the list changes while it is read,
+    NVML API reference): asked once more, then n/a, never a failed GPU."""
+    for _ in range(2):
+        try:
+            return nvml.get(fn, handle)
+        except NvmlFailure as exc:
+            if exc.kind != "NVMLError_InsufficientSize":
+                raise
+    return None
+
+
 def _processes(nvml: Nvml, handle: Any) -> list[dict[str, Any]] | None:
-    """Compute and graphics processes (`nvidia-smi --query-compute-apps=pid,used_memory`)."""
+    """Compute and graphics processes (`nvidia-smi --query-compute-apps=pid,used_memory`);
+    None (n/a) when the compute list is: an empty graphics list says nothing of CUDA."""
     seen: dict[int, dict[str, Any]] = {}
     answered = False
     for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-        procs = nvml.get(fn, handle)
+        procs = _process_list(nvml, fn, handle)
         if procs is None:
+            if fn == "nvmlDeviceGetComputeRunningProcesses":
+                return None
             continue
         answered = True
         for proc in procs:
