@@ -10,6 +10,7 @@ docs/env.md explains each rule and its source.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
 
 from gpucheck.numa import cpulist
 from gpucheck.probes.fabric import decode_health
@@ -19,6 +20,14 @@ from gpucheck.report import Finding, fail, ok, skip, warn
 FABRIC_HINT = ("start the fabric manager: systemctl start nvidia-fabricmanager (and "
                "systemctl enable it; its version must match the driver's); see journalctl -u "
                "nvidia-fabricmanager, and nvidia-smi -q | grep -A3 Fabric")
+
+
+def package_version(name: str) -> str | None:
+    """An installed package's version (`pip show NAME`), None when not installed."""
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
 
 
 def _lost_finding(gpu: GpuRecord) -> Finding:
@@ -192,6 +201,18 @@ RECOVERY_VERDICTS: dict[str, tuple[bool, str, str]] = {
 }
 
 
+def _recovery_na_words(why: str | None) -> str:
+    """Which side is too old to report the recovery action: the package or the driver."""
+    if why == "nvidia-ml-py":
+        return (f"recovery action: n/a (the installed nvidia-ml-py "
+                f"{package_version('nvidia-ml-py') or ''} lacks "
+                "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, so gpucheck cannot ask the driver: "
+                "pip install -U nvidia-ml-py; releases for R565 and later have it)")
+    return ("recovery action: n/a (the driver answers NotSupported for "
+            "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: drivers before R565 do not report it; "
+            "nvidia-ml-py has the field)")
+
+
 def recovery_action_finding(gpu: GpuRecord) -> Finding:
     """`gpu.recovery_action`: the action NVML asks for (XID 154 announces a change).
 
@@ -201,8 +222,7 @@ def recovery_action_finding(gpu: GpuRecord) -> Finding:
     """
     check, action = "gpu.recovery_action", gpu.recovery_action
     if action is None:
-        return skip(check, "recovery action: n/a (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION "
-                    "answers NotSupported: drivers before R565 do not report it)", gpu.subject)
+        return skip(check, _recovery_na_words(gpu.recovery_action_na), gpu.subject)
     if action == "none":
         return ok(check, "NVML asks for no recovery action (NVML_GPU_RECOVERY_ACTION_NONE)",
                   gpu.subject)

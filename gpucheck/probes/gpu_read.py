@@ -205,14 +205,20 @@ def field_value(nvml: Nvml, handle: Any, constant: str) -> float | int | None:
     return None if member is None else getattr(values[0].value, member)
 
 
-def read_recovery_action(nvml: Nvml, handle: Any) -> str | None:
+def read_recovery_action(nvml: Nvml, handle: Any) -> tuple[str | None, str | None]:
     """The action NVML asks for to recover this GPU (`nvidia-smi -q` "Recovery Action";
-    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, drivers R565+; XID 154 announces a change);
-    None where the driver or GPU does not report it."""
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, drivers R565+; XID 154 announces a change),
+    and, when it is n/a, which side is too old: "nvidia-ml-py" (the installed package
+    lacks the constant or the call: gpucheck cannot even ask) or "driver" (it asked,
+    and the driver answered NotSupported for the field or lacks the call)."""
+    m = nvml.module
+    if getattr(m, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None) is None \
+            or getattr(m, "nvmlDeviceGetFieldValues", None) is None:
+        return None, "nvidia-ml-py"
     value = field_value(nvml, handle, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")
     if value is None:
-        return None
-    return RECOVERY_ACTIONS.get(int(value), f"unknown ({int(value)})")
+        return None, "driver"
+    return RECOVERY_ACTIONS.get(int(value), f"unknown ({int(value)})"), None
 
 
 def _state(nvml: Nvml, handle: Any) -> dict[str, Any]:
@@ -274,7 +280,8 @@ def read_gpu(nvml: Nvml, index: int, sysfs: Path = SYSFS) -> GpuRecord:
                       processes=procs or [])
         fields["nvlink_active_links"] = _nvlink_active(nvml, handle)
         fields.update(read_fabric(nvml, handle))
-        fields["recovery_action"] = read_recovery_action(nvml, handle)
+        fields["recovery_action"], fields["recovery_action_na"] = read_recovery_action(
+            nvml, handle)
         fields.update(_numa(nvml, handle, fields.get("pci_bus_id"), sysfs))
     except NvmlFailure as exc:
         fields.update(error=str(exc), error_kind=exc.kind, error_hint=exc.hint)

@@ -75,6 +75,9 @@ class GpuRecord:
     fabric_health_mask: int | None = None  # healthMask (fabric.decode_health); None: n/a
     fabric_health_summary: str | None = None  # fabric.HEALTH_SUMMARIES; None: n/a (v2 struct)
     recovery_action: str | None = None  # gpu_read.RECOVERY_ACTIONS; None: n/a (pre-R565)
+    # Why the recovery action is n/a: "nvidia-ml-py" (the package is too old to ask) or
+    # "driver" (the driver does not report it); None when it was read.
+    recovery_action_na: str | None = None
     numa_node: int | None = None  # sysfs; None where it reads -1 (VMs, single socket)
     cpu_affinity: str | None = None  # CPUs near the GPU, "0-27,56-83" (nvidia-smi topo -m)
     processes: list[dict[str, Any]] = field(default_factory=list)
