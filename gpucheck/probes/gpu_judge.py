@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from gpucheck.numa import cpulist
 from gpucheck.probes.fabric import decode_health
@@ -108,23 +109,44 @@ def retirement_findings(gpu: GpuRecord) -> list[Finding]:
 
 
 def clock_finding(gpu: GpuRecord) -> Finding:
-    """`nvidia-smi -q -d PERFORMANCE`: thermal, power-brake and HW slowdowns are WARN."""
-    reasons = gpu.clock_event_reasons
+    """`nvidia-smi -q -d PERFORMANCE`: a thermal or power-brake slowdown held through the
+    second look (gpucheck/probes/clock_window.py) is a WARN; one seen in one sample only
+    is not judged, and a brief one is noted in the OK line."""
+    reasons, check = gpu.clock_event_reasons, "gpu.clocks.event_reasons"
     if reasons is None:
-        return skip("gpu.clocks.event_reasons", "clock event reasons: n/a", gpu.subject)
-    # One sample cannot hold 0x8 against NVML's own caveat (also set at P-state and
-    # clock changes): alone it is noted, not warned; docs/faults.md, gpucheck stress.
+        return skip(check, "clock event reasons: n/a", gpu.subject)
     bad = [r for r in reasons if r in BAD_CLOCK_REASONS]
-    if bad and bad != ["hw_slowdown"]:
-        return warn("gpu.clocks.event_reasons", f"clocks held down by {', '.join(bad)} "
-                    f"(SM {gpu.sm_clock_mhz}/{gpu.sm_clock_max_mhz} MHz, "
-                    f"{gpu.temperature_c} C)",
+    look = gpu.clock_window
+    if look is None and bad and bad != ["hw_slowdown"]:
+        return skip(check, f"{', '.join(bad)} in one sample, and no second look (NVML did not "
+                    "answer it): one sample cannot tell a held slowdown from a moment at "
+                    "the limit", gpu.subject)
+    if look is not None and look["held"]:
+        return warn(check, f"clocks held down by {', '.join(look['held'])} "
+                    f"({_look_words(look, look['held'])}; SM {gpu.sm_clock_mhz}/"
+                    f"{gpu.sm_clock_max_mhz} MHz, {gpu.temperature_c} C)",
                     "check cooling, airflow and the power supply; nvidia-smi -q -d "
                     "PERFORMANCE,TEMPERATURE", gpu.subject)
+    if look is not None:
+        brief = [r for r in BAD_CLOCK_REASONS if r in look["fractions"] or r in bad]
+        return ok(check, f"no held slowdown: briefly {', '.join(brief)} "
+                  f"({_look_words(look, brief)}: not held)", gpu.subject)
+    # One sample cannot hold 0x8 against NVML's own caveat (also set at P-state and
+    # clock changes): alone it is noted, not warned; docs/faults.md, gpucheck stress.
     note = ("; the HW slowdown flag alone, which NVML also sets at P-state and clock "
             "changes: one sample cannot tell") if bad else ""
-    return ok("gpu.clocks.event_reasons", f"no slowdown ({', '.join(reasons) or 'none'}{note})",
-              gpu.subject)
+    return ok(check, f"no slowdown ({', '.join(reasons) or 'none'}{note})", gpu.subject)
+
+
+def _look_words(look: Mapping[str, Any], reasons: Sequence[str]) -> str:
+    """"sw_thermal_slowdown in 20% of 21 samples, 12% of 1.0 s by the driver's counter"."""
+    parts = []
+    for reason in reasons:
+        share = (look.get("counter_share") or {}).get(reason)
+        counted = "" if share is None else f", {share * 100:.0f}% by the driver's counter"
+        parts.append(f"{reason} in {look['fractions'].get(reason, 0.0) * 100:.0f}% of "
+                     f"{look['samples']} samples{counted}")
+    return "; ".join(parts) + f" over {look['window_s']} s"
 
 
 def persistence_finding(gpu: GpuRecord) -> Finding:

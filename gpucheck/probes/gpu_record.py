@@ -69,6 +69,9 @@ class GpuRecord:
     remapped_rows_pending: bool | None = None
     remapped_rows_failed: bool | None = None
     clock_event_reasons: list[str] | None = None
+    # The second look (clock_window.second_look) when the sample showed a thermal or
+    # power-brake slowdown: window_s, samples, fractions, counter_share, held.
+    clock_window: dict[str, Any] | None = None
     nvlink_active_links: int | None = None
     fabric_state: str | None = None  # FABRIC_STATES; None: no fabric API (n/a)
     fabric_status: str | None = None  # "success" or the NVML_ERROR_* name, once completed
@@ -92,8 +95,13 @@ class GpuRecord:
 
     def row(self) -> dict[str, Any]:
         row = asdict(self)
-        for key in ("processes", "error_kind", "error_hint", "fabric_health_mask"):
+        for key in ("processes", "error_kind", "error_hint", "fabric_health_mask",
+                    "clock_window"):
             row.pop(key)
+        look = self.clock_window
+        row["clock_held"] = ", ".join(look["held"]) or None if look else None
+        row["clock_look"] = (f"{look['samples']} samples over {look['window_s']} s"
+                             if look else None)
         health = decode_health(self.fabric_health_mask)
         row["fabric_health"] = ", ".join(f"{k}={v}" for k, v in health.items()) or None
         return row
