@@ -214,11 +214,28 @@ CONSTANTS = {
     # nvmlDeviceGetNvLinkErrorCounter (NVML change log, v560 -> v565).
     "NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY": 161, "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY": 162,
     "NVML_FI_DEV_NVLINK_ERROR_DL_CRC": 163,
+    # NVLink5 (Blackwell) counters, read summed over the links (scopeId ALL_LINKS).
+    "NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS": 215,
+    "NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS": 219,
+    "NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER": 220,
+    "NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS": 221, "NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER": 222,
+    **{f"NVML_FI_DEV_NVLINK_COUNT_FEC_HISTORY_{b}": 235 + b for b in range(16)},
+    # The bank remapper (nvmlEccBankRemapperStatus_v1_t as field values).
+    "NVML_FI_DEV_ACTIVE_BANK_REMAPPINGS": 303, "NVML_FI_DEV_INACTIVE_BANK_REMAPPINGS": 304,
+    "NVML_FI_DEV_PENDING_BANK_REMAPPING": 307,
 }
 # What an H100/H200 answers to nvmlDeviceGetSupportedEventTypes (no storm, no poison).
 H200_EVENT_TYPES = 0x1 | 0x2 | 0x4 | 0x8 | 0x10 | 0x80 | 0x100
 # Clock-event reason time counters (ns) a recent driver answers; other field ids: NotSupported.
 SLOWDOWN_FIELD_IDS = (74, 269, 270, 271)
+# A packed BER of zero (mantissa 15, exponent 255: DCGM's "BER zero"); and a GPU's
+# NVLink5 counters and bank remapper when healthy (what a B200 answers; an H200 answers
+# NotSupported for every one of these field ids).
+BER_ZERO = 15 << 8 | 255
+NVLINK5_HEALTHY: dict[int | tuple[int, int], int] = {
+    **{(field_id, ALL_LINKS): 0 for field_id in (215, 219, 221, *range(235, 251))},
+    (220, ALL_LINKS): BER_ZERO, (222, ALL_LINKS): BER_ZERO}
+BANKS_HEALTHY: dict[int | tuple[int, int], int] = {303: 0, 304: 0, 307: 0}
 FABRIC_COMPLETED_OK = (3, 0)  # (NVML_GPU_FABRIC_STATE_COMPLETED, NVML_SUCCESS)
 # A healthy NVSwitch GPU's healthMask: bandwidth not degraded, no route recovery, routes
 # healthy, no access-timeout recovery (each _FALSE = 2), configuration NONE (1); the
@@ -379,10 +396,12 @@ class FakeGpu:
 
 
 def blackwell_gpu(**fields: Any) -> FakeGpu:
-    """A B200 as NVML >= R565 shows it: compute capability 10.0, 18 NVLinks up, and
-    NotSupported for the NVLink error counters NVML removed on Blackwell."""
+    """A B200 as NVML >= R565 shows it: compute capability 10.0, 18 NVLinks up,
+    NotSupported for the NVLink error counters NVML removed on Blackwell, and the
+    NVLink5 counters and bank remapper in their place (field values, all healthy)."""
+    values = {**dict.fromkeys(SLOWDOWN_FIELD_IDS, 0), **NVLINK5_HEALTHY, **BANKS_HEALTHY}
     return FakeGpu(**{"name": "NVIDIA B200", "cc": (10, 0), "nvlinks": 18,
-                      "nvlink_error_counters": False, **fields})
+                      "nvlink_error_counters": False, "field_values": values, **fields})
 
 
 class _Handle:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gpucheck.probes.gpu_read import ALL_LINKS, BANK_FIELDS, read_fields
+
 
 class NvmlDoor(Protocol):
     """What the watcher needs of the doorway: `Nvml`, or `Nvml` with its calls metered."""
@@ -46,6 +48,27 @@ COUNTERS: dict[str, str] = {
     "nvlink_crc_data": "nvidia-smi nvlink -e: CRC Data Errors",
     "nvlink_replay": "nvidia-smi nvlink -e: Replay Errors",
     "nvlink_recovery": "nvidia-smi nvlink -e: Recovery Errors",
+    "bank_remaps_active": "nvidia-smi -q -d ROW_REMAPPER: bank remappings, active",
+    "bank_remaps_inactive": "nvidia-smi -q -d ROW_REMAPPER: bank remappings, inactive",
+    "bank_remap_pending": "nvidia-smi -q -d ROW_REMAPPER: bank remapping pending",
+    "nvlink5_recovery_events": "NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS (all links)",
+    "nvlink5_effective_errors": "NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS (all links)",
+    "nvlink5_effective_ber": "NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER (all links, encoded)",
+    "nvlink5_symbol_errors": "NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS (all links)",
+    "nvlink5_symbol_ber": "NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER (all links, encoded)",
+    **{f"nvlink5_fec_history_{b}": f"NVML_FI_DEV_NVLINK_COUNT_FEC_HISTORY_{b} (all links)"
+       for b in range(16)},
+}
+# NVLink5 (Blackwell) counters, summed over the links (scopeId ALL_LINKS, as DCGM reads
+# them); every GPU before Blackwell answers NotSupported for each (n/a).
+NVLINK5_FIELDS: dict[str, tuple[str, int]] = {
+    "nvlink5_recovery_events": ("NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS", ALL_LINKS),
+    "nvlink5_effective_errors": ("NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS", ALL_LINKS),
+    "nvlink5_effective_ber": ("NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER", ALL_LINKS),
+    "nvlink5_symbol_errors": ("NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS", ALL_LINKS),
+    "nvlink5_symbol_ber": ("NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER", ALL_LINKS),
+    **{f"nvlink5_fec_history_{b}": (f"NVML_FI_DEV_NVLINK_COUNT_FEC_HISTORY_{b}", ALL_LINKS)
+       for b in range(16)},
 }
 # Our counter -> the pynvml constant of nvmlDeviceGetNvLinkErrorCounter's `counter`.
 NVLINK_ERRORS: dict[str, str] = {
@@ -90,6 +113,12 @@ def _remapped_rows(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
                               "remapped_rows_pending", "remapped_rows_failed"))
     return {"remapped_rows_corrected": int(rows[0]), "remapped_rows_uncorrected": int(rows[1]),
             "remapped_rows_pending": _flag(rows[2]), "remapped_rows_failed": _flag(rows[3])}
+
+
+def _fields(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
+    """The bank remapper and the NVLink5 counters: one nvmlDeviceGetFieldValues call."""
+    values = read_fields(nvml, handle, {**BANK_FIELDS, **NVLINK5_FIELDS})
+    return {name: None if value is None else int(value) for name, value in values.items()}
 
 
 def _retired_pages(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
@@ -149,6 +178,7 @@ def read_snapshot(nvml: NvmlDoor, handle: Any,
     values.update(_ecc(nvml, handle))
     values.update(_remapped_rows(nvml, handle))
     values.update(_retired_pages(nvml, handle))
+    values.update(_fields(nvml, handle))
     replays = nvml.get("nvmlDeviceGetPcieReplayCounter", handle)
     values["pcie_replays"] = None if replays is None else int(replays)
     now_active = active_links(nvml, handle)

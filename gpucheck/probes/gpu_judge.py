@@ -101,11 +101,24 @@ def retirement_findings(gpu: GpuRecord) -> list[Finding]:
     if gpu.remapped_rows_failed:
         findings.append(fail("gpu.remapped_rows.failed", "a memory row remap failed",
                              "the GPU needs service: drain the node and open an RMA", subject))
-    known = (gpu.retired_pages_pending, gpu.remapped_rows_pending)
+    if gpu.bank_remap_pending:
+        findings.append(fail("gpu.bank_remap.pending", f"a memory bank remap is pending "
+                             f"({_banks(gpu)})", "reset the GPU (nvidia-smi -r) or reboot so "
+                             "the remap takes effect", subject))
+    known = (gpu.retired_pages_pending, gpu.remapped_rows_pending, gpu.bank_remap_pending)
     if not findings and any(v is not None for v in known):
-        findings.append(ok("gpu.memory_retirement", "no pending page retirement or row remap",
-                           subject))
+        banks = f"; {_banks(gpu)}" if gpu.bank_remap_pending is not None else ""
+        findings.append(ok("gpu.memory_retirement", "no pending page retirement, row or bank "
+                           f"remap{banks}", subject))
     return findings
+
+
+def _banks(gpu: GpuRecord) -> str:
+    """"bank remappings: 2 active, 0 inactive" (`nvidia-smi -q -d ROW_REMAPPER`)."""
+    def count(value: int | None) -> str:
+        return "n/a" if value is None else str(value)
+    return (f"bank remappings: {count(gpu.bank_remaps_active)} active, "
+            f"{count(gpu.bank_remaps_inactive)} inactive")
 
 
 def clock_finding(gpu: GpuRecord) -> Finding:

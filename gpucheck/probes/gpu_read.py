@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,16 @@ PCI_DISPLAY_CLASSES = ("0x0300", "0x0302")
 RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
                     4: "drain_and_reset", 5: "recover_imex_domain", 6: "bus_reset",
                     7: "system_reboot"}
+# nvmlDeviceGetFieldValues' scopeId for a value summed over all NVLinks (NVLink5, as DCGM
+# reads them: "NVLink5+ requires scopeId = UINT_MAX", DcgmCacheManager.cpp).
+ALL_LINKS = 0xFFFFFFFF
+# Bank remapper (nvmlEccBankRemapperStatus_v1_t as field values): active and inactive
+# remappings, and whether one is pending (it takes effect at the next reset).
+BANK_FIELDS: dict[str, tuple[str, int]] = {
+    "bank_remaps_active": ("NVML_FI_DEV_ACTIVE_BANK_REMAPPINGS", 0),
+    "bank_remaps_inactive": ("NVML_FI_DEV_INACTIVE_BANK_REMAPPINGS", 0),
+    "bank_remap_pending": ("NVML_FI_DEV_PENDING_BANK_REMAPPING", 0),
+}
 # nvmlValueType_t -> the member of c_nvmlValue_t that holds a field value.
 _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
                   6: "usVal"}
@@ -148,13 +159,19 @@ def _ecc(nvml: Nvml, handle: Any) -> dict[str, Any]:
 
 
 def _retirement(nvml: Nvml, handle: Any) -> dict[str, Any]:
-    """Retired pages (pre-Ampere) and remapped rows (Ampere+), `nvidia-smi -q -d ROW_REMAPPER`."""
+    """Retired pages (pre-Ampere), remapped rows (Ampere+), `nvidia-smi -q -d ROW_REMAPPER`,
+    and the bank remapper beside them (field values 303/304/307; n/a where the GPU or
+    driver lacks it)."""
     pending_pages = nvml.get("nvmlDeviceGetRetiredPagesPendingStatus", handle)
     rows = nvml.get("nvmlDeviceGetRemappedRows", handle)
+    banks = read_fields(nvml, handle, BANK_FIELDS)
+    pending_bank = banks.pop("bank_remap_pending")
     return {
         "retired_pages_pending": None if pending_pages is None else bool(pending_pages),
         "remapped_rows_pending": None if rows is None else bool(rows[2]),
         "remapped_rows_failed": None if rows is None else bool(rows[3]),
+        **{k: None if v is None else int(v) for k, v in banks.items()},
+        "bank_remap_pending": None if pending_bank is None else bool(pending_bank),
     }
 
 
@@ -191,18 +208,36 @@ def _mig(nvml: Nvml, handle: Any) -> dict[str, Any]:
             "mig_mode_pending": None if pending is None else bool(pending)}
 
 
+def _member(value: Any) -> float | int | None:
+    """One c_nvmlFieldValue_t's value, None when NVML answered the field's own error."""
+    if int(value.nvmlReturn) != 0:  # NVML_SUCCESS
+        return None
+    member = _VALUE_MEMBERS.get(int(value.valueType))
+    return None if member is None else getattr(value.value, member)
+
+
+def read_fields(nvml: Nvml, handle: Any,
+                wanted: Mapping[str, tuple[str, int]]) -> dict[str, float | int | None]:
+    """Several `nvmlDeviceGetFieldValues` fields in one call: name -> (pynvml constant,
+    scopeId: 0, a link, or ALL_LINKS). None per field where pynvml lacks the constant
+    or NVML answers the field's own error (NotSupported: this GPU or driver lacks it)."""
+    m = nvml.module
+    ids = {n: getattr(m, c) for n, (c, _) in wanted.items() if getattr(m, c, None) is not None}
+    out: dict[str, float | int | None] = dict.fromkeys(wanted)
+    if not ids:
+        return out
+    values = nvml.get("nvmlDeviceGetFieldValues", handle,
+                      [(field_id, wanted[n][1]) for n, field_id in ids.items()])
+    for name, value in zip(ids, values or (), strict=False):
+        out[name] = _member(value)
+    return out
+
+
 def field_value(nvml: Nvml, handle: Any, constant: str) -> float | int | None:
     """One `nvmlDeviceGetFieldValues` field, named by its pynvml constant; None when
     pynvml lacks the constant or NVML answers the field's own error (a driver that
     does not know the field id answers NVML_ERROR_NOT_SUPPORTED for it)."""
-    field_id = getattr(nvml.module, constant, None)
-    if field_id is None:
-        return None
-    values = nvml.get("nvmlDeviceGetFieldValues", handle, [field_id])
-    if not values or int(values[0].nvmlReturn) != getattr(nvml.module, "NVML_SUCCESS", 0):
-        return None
-    member = _VALUE_MEMBERS.get(int(values[0].valueType))
-    return None if member is None else getattr(values[0].value, member)
+    return read_fields(nvml, handle, {"value": (constant, 0)})["value"]
 
 
 def read_recovery_action(nvml: Nvml, handle: Any) -> tuple[str | None, str | None]:

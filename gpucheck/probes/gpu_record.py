@@ -68,6 +68,9 @@ class GpuRecord:
     retired_pages_pending: bool | None = None
     remapped_rows_pending: bool | None = None
     remapped_rows_failed: bool | None = None
+    bank_remaps_active: int | None = None  # NVML_FI_DEV_ACTIVE_BANK_REMAPPINGS
+    bank_remaps_inactive: int | None = None  # NVML_FI_DEV_INACTIVE_BANK_REMAPPINGS
+    bank_remap_pending: bool | None = None  # NVML_FI_DEV_PENDING_BANK_REMAPPING
     clock_event_reasons: list[str] | None = None
     # The second look (clock_window.second_look) when the sample showed a thermal or
     # power-brake slowdown: window_s, samples, fractions, counter_share, held.
