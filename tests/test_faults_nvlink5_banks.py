@@ -147,3 +147,18 @@ def test_env_shows_bank_remappings_beside_row_remaps_and_fails_a_pending_one(mon
     retirement = {f.subject.split(" (")[0]: f.status for f in findings
                   if f.check == "gpu.memory_retirement"}
     assert retirement == {"GPU 0": Status.OK, "GPU 2": Status.OK}
+
+
+def test_a_driver_answering_nvlink5_counters_per_link_only_is_summed_over_the_links(
+        monkeypatch):
+    """NVRx reads them with scopeId = link; a driver without the all-links scope gives
+    them that way: recovery events summed, the worst link's BER kept."""
+    per_link = {(field_id, link): 0 for field_id in (RECOVERY, EFFECTIVE, SYMBOL)
+                for link in range(18)}
+    per_link |= {(EFFECTIVE_BER, link): _ber(15, 255) for link in range(18)}
+    gpu = blackwell_gpu(bus_id=BUS, field_values={**per_link, 307: 0})
+    result = _watched(monkeypatch, gpu, _grow(RECOVERY, 1, scope=7))
+    assert result["counters"]["nvlink5_recovery_events"] == {"before": 0, "after": 1,
+                                                             "delta": 1}
+    assert result["counters"]["nvlink5_effective_ber"]["after"] == _ber(15, 255)
+    assert _problems(result) == [("faults.nvlink5.recovery", Status.FAIL, "reset-gpu")]

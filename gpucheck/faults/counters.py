@@ -121,6 +121,39 @@ def _fields(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
     return {name: None if value is None else int(value) for name, value in values.items()}
 
 
+def decode_ber(raw: int) -> tuple[int, int]:
+    """NVML's packed BER (NVML_FI_DEV_NVLINK_COUNT_*_BER): (mantissa, exponent), the BER
+    being mantissa x 10^-exponent (nvml.h NVML_NVLINK_ERROR_COUNTER_BER_GET: mantissa
+    bits 8-11, exponent bits 0-7; (15, 255) encodes zero, as DCGM reads it)."""
+    return (raw >> 8) & 0xF, raw & 0xFF
+
+
+def ber_value(raw: int) -> float:
+    mantissa, exponent = decode_ber(raw)
+    return 0.0 if (mantissa, exponent) == (15, 255) else mantissa * 10.0 ** -exponent
+
+
+def _nvlink5_per_link(nvml: NvmlDoor, handle: Any,
+                      links: tuple[int, ...]) -> dict[str, int | None]:
+    """Where the driver answers the NVLink5 counters per link only (scopeId = link, as
+    NVRx's NVLinkWindowHealthCheck reads them): counts summed over `links`, and the
+    worst link's BER. One nvmlDeviceGetFieldValues call."""
+    wanted = {(name, link): (constant, link)
+              for name, (constant, _) in NVLINK5_FIELDS.items() for link in links}
+    found = read_fields(nvml, handle, wanted)
+    out: dict[str, int | None] = dict.fromkeys(NVLINK5_FIELDS)
+    for (name, _link), value in found.items():
+        if value is None:
+            continue
+        now = out[name]
+        if name.endswith("_ber"):
+            out[name] = int(value) if now is None or ber_value(int(value)) > ber_value(now) \
+                else now
+        else:
+            out[name] = (now or 0) + int(value)
+    return out
+
+
 def _retired_pages(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
     """Dynamic page retirement (before Ampere; newer GPUs remap rows instead)."""
     m = nvml.module
@@ -189,6 +222,8 @@ def read_snapshot(nvml: NvmlDoor, handle: Any,
     if links:
         errors, per_link = _nvlink_errors(nvml, handle, links)
         values.update(errors)
+        if all(values[name] is None for name in NVLINK5_FIELDS):
+            values.update(_nvlink5_per_link(nvml, handle, links))
     return Snapshot(values, links, per_link)
 
 

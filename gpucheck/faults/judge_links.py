@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpucheck.faults.counters import COUNTERS
+from gpucheck.faults.counters import COUNTERS, decode_ber
 from gpucheck.faults.verdict import Verdict, counter, na, ok
 from gpucheck.report import Status
 
@@ -94,13 +94,6 @@ def _nvlink_errors(result: Mapping[str, Any], d: dict[str, int | None]) -> Verdi
     recovery = d["recovery"]
     return ok(check, f"NVLink CRC/replay +{errors}{note}, recovery "
                      f"{'n/a' if recovery is None else f'+{recovery}'}")
-
-
-def decode_ber(raw: int) -> tuple[int, int]:
-    """NVML's packed BER (NVML_FI_DEV_NVLINK_COUNT_*_BER): (mantissa, exponent), the BER
-    being mantissa x 10^-exponent (nvml.h NVML_NVLINK_ERROR_COUNTER_BER_GET: mantissa
-    bits 8-11, exponent bits 0-7)."""
-    return (raw >> 8) & 0xF, raw & 0xFF
 
 
 def ber_words(raw: int | None) -> str:

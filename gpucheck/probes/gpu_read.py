@@ -12,13 +12,14 @@ import glob
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpucheck.numa import SYSFS, cpulist, read_local_cpus, read_numa_node
 from gpucheck.probes.fabric import read_fabric
 from gpucheck.probes.gpu_record import CLOCK_REASONS, DriverInfo, GpuRecord
 from gpucheck.probes.nvml import Nvml, NvmlFailure
 
+K = TypeVar("K")  # read_fields' names for the fields it reads
 NVIDIA_PCI_VENDOR = "0x10de"
 PCI_DISPLAY_CLASSES = ("0x0300", "0x0302")
 # NVML_GPU_RECOVERY_ACTION_* (pynvml; nvmlDeviceGpuRecoveryAction_t) -> our words.
@@ -217,13 +218,13 @@ def _member(value: Any) -> float | int | None:
 
 
 def read_fields(nvml: Nvml, handle: Any,
-                wanted: Mapping[str, tuple[str, int]]) -> dict[str, float | int | None]:
+                wanted: Mapping[K, tuple[str, int]]) -> dict[K, float | int | None]:
     """Several `nvmlDeviceGetFieldValues` fields in one call: name -> (pynvml constant,
     scopeId: 0, a link, or ALL_LINKS). None per field where pynvml lacks the constant
     or NVML answers the field's own error (NotSupported: this GPU or driver lacks it)."""
     m = nvml.module
     ids = {n: getattr(m, c) for n, (c, _) in wanted.items() if getattr(m, c, None) is not None}
-    out: dict[str, float | int | None] = dict.fromkeys(wanted)
+    out: dict[K, float | int | None] = dict.fromkeys(wanted)
     if not ids:
         return out
     values = nvml.get("nvmlDeviceGetFieldValues", handle,
