@@ -173,3 +173,14 @@ def test_two_new_identical_lines_after_a_first_one_are_raised(node, stamp):
     (row,) = report.section("kernel_log").data["xids"]
     assert row["count"] == 2
     assert _xid_problems(report) == [("FAIL", "reset-gpu")]
+
+
+def test_more_consumers_than_the_file_keeps_drop_the_oldest_never_the_file(node):
+    from gpucheck.health.schema import MAX_CONSUMERS
+
+    for i in range(MAX_CONSUMERS + 3):
+        report = _run(node, [PUSH], consumer=f"job-{i}")
+        assert not [f for f in report.findings if f.check == "health.state"]
+    stored = json.loads((node / "state" / STATE_FILE).read_text())
+    assert len(stored["consumers"]) == MAX_CONSUMERS
+    assert f"job-{MAX_CONSUMERS + 2}" in stored["consumers"]

@@ -247,3 +247,15 @@ def test_a_non_utf8_hca_name_is_a_valid_prometheus_label(node):
     samples = [s for f in parser.text_string_to_metric_families(text) for s in f.samples
                if s.labels.get("check") == "ib.port.state"]
     assert [s.labels["hca"] for s in samples] == ["mlx5_\\xff"]
+
+
+def test_a_non_utf8_hca_name_keeps_one_name_across_runs(node):
+    add_port(node / "sys", "mlx5_0")
+    raw = os.fsencode(node / "sys/class/infiniband/mlx5_0")
+    os.rename(raw, raw[:-1] + b"\xff")
+    first = _run(node)
+    second = _run(node)
+    assert _state_warnings(first) == _state_warnings(second) == []
+    assert second.verdict() is Status.OK
+    assert [f.subject for f in second.findings if f.check == "ib.port.state"] == [
+        "mlx5_\\xff port 1"]

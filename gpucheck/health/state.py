@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.errors import UsageError
-from gpucheck.health.schema import MAX_FAULTS, Damaged, checked_state
+from gpucheck.health.schema import MAX_CONSUMERS, MAX_FAULTS, Damaged, checked_state
 from gpucheck.inputs import InputError, parse_json, read_capped
 
 STATE_FILE = "health-state.json"
@@ -182,7 +182,15 @@ def merged(directory: Path, consumer: str, new: HealthState, added: list[dict[st
             if isinstance(v, int)]
     return {"version": STATE_VERSION, "gpus": {"most_seen": max(most) if most else None},
             "faults": faults[-MAX_FAULTS:], "baseline": now["baseline"],
-            "consumers": {**now["consumers"], consumer: new.own()}}
+            "consumers": _kept(now["consumers"], consumer, new.own())}
+
+
+def _kept(consumers: dict[str, Any], name: str, own: dict[str, Any]) -> dict[str, Any]:
+    """Every consumer's part with this one's replaced; beyond MAX_CONSUMERS, those that
+    ran longest ago are dropped (a file the reader would refuse helps no one)."""
+    others = sorted(((k, v) for k, v in consumers.items() if k != name),
+                    key=lambda item: str(item[1].get("last", {}).get("at") or ""))
+    return {**dict(others[max(0, len(others) - MAX_CONSUMERS + 1):]), name: own}
 
 
 def write_state(directory: Path, data: dict[str, Any]) -> str | None:
