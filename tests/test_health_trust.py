@@ -259,3 +259,10 @@ def test_a_non_utf8_hca_name_keeps_one_name_across_runs(node):
     assert second.verdict() is Status.OK
     assert [f.subject for f in second.findings if f.check == "ib.port.state"] == [
         "mlx5_\\xff port 1"]
+
+
+def test_a_state_file_others_may_write_is_not_trusted(node):
+    _run(node, [DBE])
+    (node / "state" / STATE_FILE).chmod(0o666)
+    assert any("written by other users" in m for m in _state_warnings(_run(node)))
+    assert (node / "state" / STATE_FILE).stat().st_mode & 0o022 == 0  # the new one
