@@ -252,3 +252,34 @@ def test_a_rank_that_exited_unreaped_is_gone_not_a_usage_error() -> None:
     finally:
         proc.wait(timeout=30)
     assert (found.gone, found.not_ranks) == ([proc.pid], [])
+
+
+def test_an_environment_read_that_never_answers_is_left_behind(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    """A process stuck in the kernel with its memory map locked blocks a read of its
+    /proc/PID/environ (a FIFO with no writer blocks the same way here)."""
+    from gpucheck.hang import procs
+
+    fifo = tmp_path / "environ"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(procs, "ENVIRON_TIMEOUT_S", 0.2)
+    try:
+        with pytest.raises(procs.EnvironBlocked):
+            procs._read_in_time(str(fifo))
+    finally:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # lets the reader go
+
+
+def test_a_blocked_process_is_a_note_not_a_hang(tmp_path: Path, monkeypatch) -> None:
+    from gpucheck.hang import procs
+
+    def blocked(path: str) -> bytes:
+        raise procs.EnvironBlocked(path)
+
+    monkeypatch.setattr(procs, "_read_in_time", blocked)
+    with processes([(["sleep", "60"], _rank_env(0, 1, free_port()))]) as (pid,):
+        found = discover([pid])
+        code, report = _report(tmp_path, str(pid))
+    assert found.blocked == [pid] and found.not_ranks == []
+    assert code == 0 and any(str(pid) in n for s in report["sections"]
+                             for n in s["data"].get("notes", []))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -45,6 +46,14 @@ MAX_LOCAL_WORLD_SIZE = 1024
 MAX_ENVIRON_BYTES = 1 << 20
 MAX_VALUE_CHARS = 4096  # PATH_MAX: a longer value of an allowed variable is dropped
 _NUMBER = re.compile(r"\+?\d{1,9}")
+# Reading /proc/PID/environ takes the target's memory-map lock: a process stuck in
+# the kernel with it held (a page fault into a hung driver or file system) blocks the
+# read. Such a process is noted, never waited for.
+ENVIRON_TIMEOUT_S = 1.0
+
+
+class EnvironBlocked(Exception):
+    """/proc/PID/environ gave no answer within ENVIRON_TIMEOUT_S."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,7 @@ class Discovery:
     not_ranks: list[int] = field(default_factory=list)  # PIDs given that are no rank
     why_not: dict[int, str] = field(default_factory=dict)  # of not_ranks, when known
     denied: int = 0  # processes whose environment could not be read
+    blocked: list[int] = field(default_factory=list)  # whose environment never answered
 
 
 def allowed_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -149,8 +159,7 @@ def read_environ(pid: int) -> dict[str, str]:
     """The allowlisted variables of a process, from at most MAX_ENVIRON_BYTES of
     /proc/PID/environ; raises psutil's errors (AccessDenied, NoSuchProcess)."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            raw = handle.read(MAX_ENVIRON_BYTES)
+        raw = _read_in_time(f"/proc/{pid}/environ")
     except PermissionError:
         raise psutil.AccessDenied(pid) from None
     except (FileNotFoundError, ProcessLookupError):
@@ -162,6 +171,28 @@ def read_environ(pid: int) -> dict[str, str]:
         if sep and key in wanted:
             env[key.decode()] = value.decode("utf-8", errors="replace")
     return allowed_env(env)
+
+
+def _read_in_time(path: str) -> bytes:
+    """At most MAX_ENVIRON_BYTES of `path`, read by a daemon thread that is left behind
+    when it does not answer in time (its read is killable: it ends with gpucheck)."""
+    result: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            with open(path, "rb") as handle:
+                result["raw"] = handle.read(MAX_ENVIRON_BYTES)
+        except OSError as exc:
+            result["error"] = exc
+
+    reader = threading.Thread(target=read, name="gpucheck-environ", daemon=True)
+    reader.start()
+    reader.join(ENVIRON_TIMEOUT_S)
+    if reader.is_alive():
+        raise EnvironBlocked(path)
+    if "error" in result:
+        raise result["error"]
+    return bytes(result.get("raw", b""))
 
 
 def _owner(proc: psutil.Process) -> str:
@@ -205,6 +236,9 @@ def discover(pids: Iterable[int] | None = None) -> Discovery:
             continue
         try:
             rank = _read(proc)
+        except EnvironBlocked:
+            found.blocked.append(proc.pid)
+            continue
         except psutil.AccessDenied:
             found.denied += 1
             continue
@@ -258,6 +292,9 @@ def _expand(pids: list[int], found: Discovery) -> list[psutil.Process]:
             proc = psutil.Process(pid)
             outside = pid == 1 or pid in ancestors
             rank = None if outside else _read(proc)
+        except EnvironBlocked:
+            found.blocked.append(pid)
+            continue
         except psutil.AccessDenied:
             found.denied += 1
             continue
@@ -300,7 +337,7 @@ def _rank_descendants(proc: psutil.Process) -> list[tuple[psutil.Process, RankPr
     for child in children:
         try:
             rank = _read(child)
-        except psutil.Error:
+        except (psutil.Error, EnvironBlocked):
             continue
         if rank is not None:
             ranks.append((child, rank))
