@@ -271,6 +271,10 @@ RULES: tuple[Rule, ...] = (
          "data corruption"),
     Rule("stress.sdc.agreement", A.FIX_CONFIG, "every rank is wrong alike: the software "
          "stack, not a GPU", keyword="suspect the software"),
+    Rule("stress.sdc.software_split", A.FIX_CONFIG, "ranks agree among themselves (or fill "
+         "whole nodes) against the rest: independent GPU faults never give the same wrong "
+         "bits, so the software or its settings differ; the CPU reference says which side "
+         "is right"),
     Rule("stress.sdc.agreement", A.RERUN, "ranks differ within tolerance and no majority "
          "names one: more GPUs or a longer run decides", "WARN"),
     Rule("stress.p2p", A.DRAIN_NODE, "one GPU pair copies far slower than the others: an "

@@ -177,8 +177,11 @@ def test_healthy_ranks_are_all_agreeing() -> None:
 
 
 def test_a_non_finite_result_is_wrong() -> None:
-    verdict = sdc.judge({0: "aa", 1: "aa"}, {0: math.inf, 1: math.nan}, 1e-4)
+    verdict = sdc.judge({0: "aa", 1: "bb", 2: "cc"}, {0: math.inf, 1: math.nan, 2: 0.0}, 1e-4)
     assert list(verdict.wrong) == [0, 1]
+    # The same non-finite bits on two ranks are alike: software (gpucheck.stress.sdc).
+    alike = sdc.judge({0: "aa", 1: "aa"}, {0: math.inf, 1: math.nan}, 1e-4)
+    assert alike.wrong == {} and alike.software == ((0, 1),)
 
 
 def test_ranks_of_different_models_are_not_compared_bitwise() -> None:

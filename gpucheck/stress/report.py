@@ -12,7 +12,7 @@ from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
 from gpucheck.numa import cpulist, on_node, parse_cpulist
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 from gpucheck.stress.p2p_verdicts import p2p_findings
-from gpucheck.stress.sdc import judge
+from gpucheck.stress.sdc import beyond, judge
 from gpucheck.stress.specs import COPY_COUNTED, copy_figure, gemm_figure
 from gpucheck.stress.verdicts import (
     again_of,
@@ -210,12 +210,21 @@ def _sdc_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
                               again=again_of(result.get("sdc_again"), "p50_ms"))
     data = {"dtype": sdc["dtype"], "size": sdc["size"], "burn_in_s": sdc["duration_s"],
             "tolerance_vs_reference": sdc["tolerance"], "rows_vs_reference": sdc["rows_checked"],
-            "results": table}
+            "kernel_groups": _kernel_groups(records), "results": table}
     if result.get("sdc_again"):
         data["measured again"] = [{k: r[k] for k in ("rank", "iters", "p50_ms", "p99_ms")}
                                   for r in result["sdc_again"]]
     return Section("sdc", "Silent data corruption: the same product, repeated and compared",
                    data, findings)
+
+
+def _kernel_groups(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Which ranks were compared bit for bit: one row per group key (model, SMs,
+    torch, CUDA, the cuBLAS loaded and its settings)."""
+    groups: dict[str, list[int]] = {}
+    for r in records:
+        groups.setdefault(str(r.get("group")), []).append(int(r["rank"]))
+    return [{"group": g, "ranks": cpulist(tuple(sorted(m)))} for g, m in groups.items()]
 
 
 def _repeat_findings(records: Sequence[Mapping[str, Any]],
@@ -252,7 +261,8 @@ def _agreement_findings(records: Sequence[Mapping[str, Any]],
     digests = {int(r["rank"]): r["digest"] for r in records}
     groups = {int(r["rank"]): r["group"] for r in records}
     deviation = {int(r["rank"]): d for r, d in zip(records, deviations, strict=True)}
-    verdict = judge(digests, deviation, tolerance, groups)
+    nodes = {int(r["rank"]): int(r["node_rank"]) for r in ranks if "node_rank" in r}
+    verdict = judge(digests, deviation, tolerance, groups, nodes)
     every_one = len(verdict.wrong) == len(records) > 1
     findings = [fail("stress.sdc.agreement", f"{names[rank].label}: {why}",
                      hint=("every rank disagrees with the reference alike: suspect the "
@@ -260,6 +270,8 @@ def _agreement_findings(records: Sequence[Mapping[str, Any]],
                      "this GPU computed a wrong product: drain it and run the vendor's "
                      "diagnostics (dcgmi diag -r 3); check ECC errors and XIDs",
                      subject=f"rank {rank}") for rank, why in verdict.wrong.items()]
+    findings += [_software_split(side, digests, groups, deviation, tolerance, ranks)
+                 for side in verdict.software]
     if verdict.undecided:
         listed = ", ".join(f"rank {r}" for r in verdict.undecided)
         findings.append(warn(
@@ -274,6 +286,39 @@ def _agreement_findings(records: Sequence[Mapping[str, Any]],
                            f"bitwise (same model and libraries); {checked} within {tolerance:g} "
                            "of the fp64 CPU reference"))
     return findings
+
+
+def _software_split(side: Sequence[int], digests: Mapping[int, str], groups: Mapping[int, str],
+                    deviation: Mapping[int, float | None], tolerance: float,
+                    ranks: Sequence[Mapping[str, Any]]) -> Finding:
+    """Ranks that agree among themselves (or fill whole nodes) against the rest of their
+    group: a software difference, which the CPU reference settles (who is right)."""
+    rest = [r for r in digests if groups.get(r) == groups.get(side[0]) and r not in side]
+    hosts = sorted({f"node {r['node_rank']} ({r['host']})" for r in ranks
+                    if int(r["rank"]) in side and "node_rank" in r})
+    listed = f"rank(s) {cpulist(tuple(side))}" + (f" on {', '.join(hosts)}" if hosts else "")
+    return warn("stress.sdc.software_split",
+                f"{listed} agree with each other (or fill whole nodes) but differ bitwise "
+                f"from rank(s) {cpulist(tuple(sorted(rest))) or 'none'}: independent GPU "
+                f"faults never agree, so this is a software split; CPU reference: "
+                f"{_side_words(side, deviation, tolerance)} on this side, "
+                f"{_side_words(rest, deviation, tolerance)} on the other",
+                hint="make the nodes' software the same: compare gpucheck env across nodes "
+                "(torch, CUDA, the cuBLAS loaded, CUBLAS_WORKSPACE_CONFIG, "
+                "TORCH_BLAS_PREFER_CUBLASLT); the side beyond the reference's tolerance "
+                "computes wrongly, both within it is a harmless difference",
+                subject=listed, action="fix-config")
+
+
+def _side_words(side: Sequence[int], deviation: Mapping[int, float | None],
+                tolerance: float) -> str:
+    """"within 2e-02" / "beyond 2e-02 (worst 0.4)" / "not compared" for one side."""
+    values = [d for r in side if (d := deviation.get(r)) is not None]
+    if not values:
+        return "not compared"
+    worst = max(values, key=lambda d: d if d == d else float("inf"))
+    return f"beyond {tolerance:g} (worst {worst:.3g})" if beyond(worst, tolerance) else \
+        f"within {tolerance:g} (worst {worst:.3g})"
 
 
 def _copies_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:

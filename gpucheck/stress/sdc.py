@@ -11,7 +11,13 @@ burn-in; bench's consistency check could use it to break its two-rank tie):
 - a rank is wrong when its deviation is beyond the dtype's tolerance (or not finite),
   or when a strict majority of its group shares a digest and it does not;
 - ranks that disagree bitwise where no majority exists (two ranks, a 2-2 split) and
-  the reference cannot tell apart (both within tolerance) stay `undecided`.
+  the reference cannot tell apart (both within tolerance) stay `undecided`;
+- ranks named wrong that agree bitwise with each other, or that make up whole nodes
+  (two or more ranks each), are a `software` split, not faulty GPUs: independent
+  hardware faults never give the same wrong bits, and a node's GPUs do not all fail
+  at once. Different cuBLAS builds or settings pick different kernels (cuBLAS promises
+  identical bits only within one version, architecture and SM count: the cuBLAS
+  guide, "Results reproducibility"); the CPU reference says which side is right.
 """
 
 from __future__ import annotations
@@ -40,9 +46,13 @@ class Judgement:
 
     wrong: dict[int, str] = field(default_factory=dict)  # rank -> reason
     undecided: tuple[int, ...] = ()
+    # Ranks outvoted (or beyond the reference) alike: each tuple one software split.
+    software: tuple[tuple[int, ...], ...] = ()
 
     def agreeing(self, ranks: list[int]) -> list[int]:
-        return [r for r in ranks if r not in self.wrong and r not in self.undecided]
+        split = {r for side in self.software for r in side}
+        return [r for r in ranks if r not in self.wrong and r not in self.undecided
+                and r not in split]
 
 
 def beyond(deviation: float | None, tolerance: float) -> bool:
@@ -62,11 +72,14 @@ def odd_by_majority(digests: Mapping[int, str]) -> tuple[int, ...] | None:
 
 
 def judge(digests: Mapping[int, str], deviations: Mapping[int, float | None],
-          tolerance: float, groups: Mapping[int, str] | None = None) -> Judgement:
+          tolerance: float, groups: Mapping[int, str] | None = None,
+          nodes: Mapping[int, int] | None = None) -> Judgement:
     """Name the wrong ranks from their digests and their deviations from a reference.
 
     The reference speaks first (it needs no majority, so it names the wrong GPU of
     one or two); the ranks it cleared are then compared bitwise within their group.
+    Wrong ranks that agree with each other, or fill whole nodes (`nodes`: rank ->
+    node), are then set apart as software splits (`software_splits`).
     """
     wrong = {r: f"deviates {d:.3g} from the CPU reference (tolerance {tolerance:g})"
              for r, d in sorted(deviations.items()) if beyond(d, tolerance)}
@@ -83,7 +96,41 @@ def judge(digests: Mapping[int, str], deviations: Mapping[int, float | None],
         for rank in odd:
             wrong[rank] = (f"its result differs bitwise from the {len(members) - len(odd)} "
                            "other rank(s) of the same GPU model, which agree")
-    return Judgement(wrong=dict(sorted(wrong.items())), undecided=tuple(sorted(undecided)))
+    splits = software_splits(wrong, digests, groups or {}, nodes or {})
+    split = {r for side in splits for r in side}
+    return Judgement(wrong={r: w for r, w in sorted(wrong.items()) if r not in split},
+                     undecided=tuple(sorted(undecided)), software=splits)
+
+
+def software_splits(wrong: Mapping[int, str], digests: Mapping[int, str],
+                    groups: Mapping[int, str], nodes: Mapping[int, int],
+                    ) -> tuple[tuple[int, ...], ...]:
+    """Sets of wrong ranks that are a software difference, not faulty GPUs: two or
+    more with the same digest in one group, or every rank of their group on whole
+    nodes that hold two or more of them (the rest of the group outvoted them)."""
+    alike: dict[tuple[str, str], list[int]] = {}
+    for rank in wrong:
+        alike.setdefault((groups.get(rank, ""), digests.get(rank, "")), []).append(rank)
+    splits = [tuple(sorted(ranks)) for ranks in alike.values() if len(ranks) >= 2]
+    taken = {r for side in splits for r in side}
+    for group in dict.fromkeys(groups.get(r, "") for r in wrong):
+        members = [r for r in digests if groups.get(r, "") == group]
+        left = sorted(r for r in wrong if groups.get(r, "") == group and r not in taken)
+        if left and _whole_nodes(left, members, nodes):
+            splits.append(tuple(left))
+    return tuple(sorted(splits))
+
+
+def _whole_nodes(ranks: list[int], members: list[int], nodes: Mapping[int, int]) -> bool:
+    """`ranks` are every member of their nodes, each such node holds two or more, and
+    some member of the group lies outside them."""
+    if not nodes or any(r not in nodes for r in ranks):
+        return False
+    covered = {nodes[r] for r in ranks}
+    on_them = [m for m in members if nodes.get(m) in covered]
+    per_node = [sum(1 for r in ranks if nodes[r] == n) for n in covered]
+    return sorted(on_them) == sorted(ranks) and min(per_node) >= 2 and \
+        len(members) > len(ranks)
 
 
 def relative_deviation(values: torch.Tensor, reference: torch.Tensor) -> float:

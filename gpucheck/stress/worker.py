@@ -22,6 +22,7 @@ from gpucheck.distributed.session import gpu_identity, process_group, roster
 from gpucheck.distributed.world import World, host_name
 from gpucheck.stress import burn as sdc_burn
 from gpucheck.stress.again import again_hook, agreed, measure_again
+from gpucheck.stress.blas import loaded_blas
 from gpucheck.stress.copies import copy_buffers, host_copies, peer_matrix
 from gpucheck.stress.gemm import measure_gemm
 from gpucheck.stress.hooks import Hook, load_hook
@@ -170,14 +171,16 @@ def _rank_row(ctx: RankContext, placement: Placement) -> dict[str, Any]:
 
 
 def _kernel_group(ctx: RankContext) -> str:
-    """Ranks whose products should agree bit for bit: same model, same libraries."""
+    """Ranks whose products should agree bit for bit: same model and SM count, same
+    libraries (the cuBLAS actually loaded) and the settings that change cuBLAS's kernel
+    choice (gpucheck.stress.blas)."""
     import torch
 
     versions = f"torch {torch.__version__}"
     if ctx.spec.device == "cuda":
         props = torch.cuda.get_device_properties(ctx.device)
         return f"{props.name}, {props.multi_processor_count} SMs, {versions}, " \
-               f"CUDA {torch.version.cuda}"
+               f"CUDA {torch.version.cuda}, {loaded_blas(torch).key()}"
     return f"{_cpu_name()}, {torch.get_num_threads()} threads, {versions}"
 
 
