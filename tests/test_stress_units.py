@@ -193,7 +193,11 @@ def test_ranks_of_different_models_are_not_compared_bitwise() -> None:
 def test_a_two_two_split_is_settled_by_the_reference() -> None:
     verdict = sdc.judge({0: "aa", 1: "aa", 2: "bb", 3: "bb"},
                         {0: 1e-7, 1: 1e-7, 2: 0.5, 3: 0.5}, 1e-4)
-    assert list(verdict.wrong) == [2, 3] and verdict.undecided == ()
+    # 2 and 3 are wrong alike (the same bits): a software split the reference settles.
+    assert verdict.wrong == {} and verdict.undecided == () and verdict.software == ((2, 3),)
+    apart = sdc.judge({0: "aa", 1: "aa", 2: "bb", 3: "cc"},
+                      {0: 1e-7, 1: 1e-7, 2: 0.5, 3: 0.5}, 1e-4)
+    assert list(apart.wrong) == [2, 3] and apart.software == ()
 
 
 def test_majority_vote_needs_a_strict_majority() -> None:
