@@ -180,7 +180,7 @@ def test_a_non_finite_result_is_wrong() -> None:
     verdict = sdc.judge({0: "aa", 1: "bb", 2: "cc"}, {0: math.inf, 1: math.nan, 2: 0.0}, 1e-4)
     assert list(verdict.wrong) == [0, 1]
     # The same non-finite bits on two ranks are alike: software (gpucheck.stress.sdc).
-    alike = sdc.judge({0: "aa", 1: "aa"}, {0: math.inf, 1: math.nan}, 1e-4)
+    alike = sdc.judge({0: "aa", 1: "aa"}, {0: math.inf, 1: math.nan}, 1e-4, splits=True)
     assert alike.wrong == {} and alike.software == ((0, 1),)
 
 
@@ -192,11 +192,11 @@ def test_ranks_of_different_models_are_not_compared_bitwise() -> None:
 
 def test_a_two_two_split_is_settled_by_the_reference() -> None:
     verdict = sdc.judge({0: "aa", 1: "aa", 2: "bb", 3: "bb"},
-                        {0: 1e-7, 1: 1e-7, 2: 0.5, 3: 0.5}, 1e-4)
+                        {0: 1e-7, 1: 1e-7, 2: 0.5, 3: 0.5}, 1e-4, splits=True)
     # 2 and 3 are wrong alike (the same bits): a software split the reference settles.
     assert verdict.wrong == {} and verdict.undecided == () and verdict.software == ((2, 3),)
     apart = sdc.judge({0: "aa", 1: "aa", 2: "bb", 3: "cc"},
-                      {0: 1e-7, 1: 1e-7, 2: 0.5, 3: 0.5}, 1e-4)
+                      {0: 1e-7, 1: 1e-7, 2: 0.5, 3: 0.5}, 1e-4, splits=True)
     assert list(apart.wrong) == [2, 3] and apart.software == ()
 
 

@@ -262,7 +262,7 @@ def _agreement_findings(records: Sequence[Mapping[str, Any]],
     groups = {int(r["rank"]): r["group"] for r in records}
     deviation = {int(r["rank"]): d for r, d in zip(records, deviations, strict=True)}
     nodes = {int(r["rank"]): int(r["node_rank"]) for r in ranks if "node_rank" in r}
-    verdict = judge(digests, deviation, tolerance, groups, nodes)
+    verdict = judge(digests, deviation, tolerance, groups, nodes, splits=True)
     every_one = len(verdict.wrong) == len(records) > 1
     findings = [fail("stress.sdc.agreement", f"{names[rank].label}: {why}",
                      hint=("every rank disagrees with the reference alike: suspect the "

@@ -73,13 +73,14 @@ def odd_by_majority(digests: Mapping[int, str]) -> tuple[int, ...] | None:
 
 def judge(digests: Mapping[int, str], deviations: Mapping[int, float | None],
           tolerance: float, groups: Mapping[int, str] | None = None,
-          nodes: Mapping[int, int] | None = None) -> Judgement:
+          nodes: Mapping[int, int] | None = None, splits: bool = False) -> Judgement:
     """Name the wrong ranks from their digests and their deviations from a reference.
 
     The reference speaks first (it needs no majority, so it names the wrong GPU of
     one or two); the ranks it cleared are then compared bitwise within their group.
-    Wrong ranks that agree with each other, or fill whole nodes (`nodes`: rank ->
-    node), are then set apart as software splits (`software_splits`).
+    With `splits`, wrong ranks that agree with each other, or fill whole nodes
+    (`nodes`: rank -> node), are then set apart as software splits (`software_splits`;
+    bench's labels are not digests of exact bits, so it leaves them off).
     """
     wrong = {r: f"deviates {d:.3g} from the CPU reference (tolerance {tolerance:g})"
              for r, d in sorted(deviations.items()) if beyond(d, tolerance)}
@@ -96,10 +97,10 @@ def judge(digests: Mapping[int, str], deviations: Mapping[int, float | None],
         for rank in odd:
             wrong[rank] = (f"its result differs bitwise from the {len(members) - len(odd)} "
                            "other rank(s) of the same GPU model, which agree")
-    splits = software_splits(wrong, digests, groups or {}, nodes or {})
-    split = {r for side in splits for r in side}
+    found = software_splits(wrong, digests, groups or {}, nodes or {}) if splits else ()
+    split = {r for side in found for r in side}
     return Judgement(wrong={r: w for r, w in sorted(wrong.items()) if r not in split},
-                     undecided=tuple(sorted(undecided)), software=splits)
+                     undecided=tuple(sorted(undecided)), software=found)
 
 
 def software_splits(wrong: Mapping[int, str], digests: Mapping[int, str],
