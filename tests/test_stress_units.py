@@ -223,13 +223,16 @@ def test_row_checks_change_with_any_single_element() -> None:
     assert burn.digest_of(before) != burn.digest_of(after)
 
 
-def test_large_products_check_the_first_rows_plus_the_rows_that_differ() -> None:
+def test_large_products_check_a_row_of_every_tile_band_plus_the_rows_that_differ() -> None:
     n = 2048
     same = torch.zeros(n, 2, dtype=torch.int64)
     odd = same.clone()
     odd[[3, 100, 2000], 0] = 1
-    assert burn.rows_to_check(n, [same, same]) == list(range(16))
-    assert burn.rows_to_check(n, [same, odd]) == [*range(16), 100, 2000]
+    drawn = burn.rows_to_check(n, [same, same], seed=7)
+    assert [r // burn.TILE_ROWS for r in drawn] == list(range(n // burn.TILE_ROWS))
+    assert burn.rows_to_check(n, [same, same], seed=7) == drawn  # one draw, every rank
+    assert burn.rows_to_check(n, [same, same], seed=8) != drawn  # another run, other rows
+    assert {3, 100, 2000} <= set(burn.rows_to_check(n, [same, odd], seed=7))
     assert burn.rows_to_check(512, [same[:512], odd[:512]]) == list(range(512))
 
 

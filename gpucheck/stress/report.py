@@ -12,7 +12,7 @@ from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
 from gpucheck.numa import cpulist, on_node, parse_cpulist
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 from gpucheck.stress.p2p_verdicts import p2p_findings
-from gpucheck.stress.sdc import beyond, judge
+from gpucheck.stress.sdc import BOUND_WORDS, beyond, judge
 from gpucheck.stress.specs import COPY_COUNTED, copy_figure, gemm_figure
 from gpucheck.stress.verdicts import (
     again_of,
@@ -202,7 +202,8 @@ def _sdc_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     table = [{k: v for k, v in r.items() if k != "group"} | {"reference_deviation": d}
              for r, d in zip(records, deviations, strict=True)]
     findings = _repeat_findings(records, ranks)
-    findings += _agreement_findings(records, deviations, sdc["tolerance"], ranks)
+    findings += _agreement_findings(records, deviations, sdc["tolerance"], ranks,
+                                    _reference_words(sdc))
     times = {int(r["rank"]): float(r["p50_ms"]) for r in records}
     findings += peer_findings("stress.sdc.straggler", "median burn-in product time", "ms",
                               times, ranks, verdicts.peer_fraction, higher_is_better=False,
@@ -210,12 +211,25 @@ def _sdc_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
                               again=again_of(result.get("sdc_again"), "p50_ms"))
     data = {"dtype": sdc["dtype"], "size": sdc["size"], "burn_in_s": sdc["duration_s"],
             "tolerance_vs_reference": sdc["tolerance"], "rows_vs_reference": sdc["rows_checked"],
+            "reference": sdc.get("reference", "largest deviation / largest reference value"),
+            "reference_coverage": sdc.get("coverage"), "rows_seed": sdc.get("rows_seed"),
             "kernel_groups": _kernel_groups(records), "results": table}
     if result.get("sdc_again"):
         data["measured again"] = [{k: r[k] for k in ("rank", "iters", "p50_ms", "p99_ms")}
                                   for r in result["sdc_again"]]
     return Section("sdc", "Silent data corruption: the same product, repeated and compared",
                    data, findings)
+
+
+def _reference_words(sdc: Mapping[str, Any]) -> tuple[str, str]:
+    """(how a wrong rank's deviation reads, what the OK says was checked): per element
+    against its bound, or (older reports) the largest deviation / largest value."""
+    if sdc.get("reference") == "per-element bound":
+        return BOUND_WORDS, (f"each element within its bound of the fp64 CPU reference on "
+                             f"{sdc.get('coverage') or str(sdc['rows_checked']) + ' rows'}")
+    return ("deviates {:.3g} from the CPU reference (tolerance {:g})",
+            f"within {sdc['tolerance']:g} of the fp64 CPU reference on {sdc['rows_checked']} "
+            "rows")
 
 
 def _kernel_groups(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -255,14 +269,16 @@ def _repeat_findings(records: Sequence[Mapping[str, Any]],
 
 def _agreement_findings(records: Sequence[Mapping[str, Any]],
                         deviations: Sequence[float | None], tolerance: float,
-                        ranks: Sequence[Mapping[str, Any]]) -> list[Finding]:
+                        ranks: Sequence[Mapping[str, Any]],
+                        words: tuple[str, str]) -> list[Finding]:
     """Ranks against each other (bitwise, by model) and against the CPU reference."""
     names = subjects(ranks)
     digests = {int(r["rank"]): r["digest"] for r in records}
     groups = {int(r["rank"]): r["group"] for r in records}
     deviation = {int(r["rank"]): d for r, d in zip(records, deviations, strict=True)}
     nodes = {int(r["rank"]): int(r["node_rank"]) for r in ranks if "node_rank" in r}
-    verdict = judge(digests, deviation, tolerance, groups, nodes, splits=True)
+    verdict = judge(digests, deviation, tolerance, groups, nodes, splits=True,
+                    measure=words[0])
     every_one = len(verdict.wrong) == len(records) > 1
     findings = [fail("stress.sdc.agreement", f"{names[rank].label}: {why}",
                      hint=("every rank disagrees with the reference alike: suspect the "
@@ -283,8 +299,7 @@ def _agreement_findings(records: Sequence[Mapping[str, Any]],
     if not findings:
         checked = sum(1 for d in deviation.values() if d is not None)
         findings.append(ok("stress.sdc.agreement", f"all {len(records)} rank(s) agree "
-                           f"bitwise (same model and libraries); {checked} within {tolerance:g} "
-                           "of the fp64 CPU reference"))
+                           f"bitwise (same model and libraries); {checked} with {words[1]}"))
     return findings
 
 

@@ -39,6 +39,29 @@ if TYPE_CHECKING:
 # tile, is far beyond it.
 TOLERANCE = {"fp32": 1e-4, "tf32": 1e-2, "fp16": 1e-2, "bf16": 2e-2}
 
+# The burn-in's per-element bound against the fp64 reference (`element_bounds`):
+#   |c_ij - r_ij| <= OUTPUT_ROUNDING * |r_ij| + ACCUMULATION * (|A| |B|)_ij
+# the classic error bound of a dot product (Higham, "Accuracy and Stability of
+# Numerical Algorithms", 2nd ed., section 3.1: |error| <= gamma_k |a|.|b|), with the
+# output's rounding apart. OUTPUT_ROUNDING is 4x the unit roundoff of the output type
+# (2^-24 fp32, 2^-11 fp16, 2^-8 bf16). ACCUMULATION: fp32 accumulators whose rounding
+# errors mostly cancel give about u x (|A||B|)_ij (u = 2^-24); 2^-16 leaves a margin of
+# hundreds. Tensor cores may truncate when they align products (Fasi, Higham, Mikaitis,
+# Pranesh, "Numerical behavior of NVIDIA tensor cores", PeerJ CS 2021), an error that
+# grows like sqrt(k) u: 2^-13 for fp16/bf16 inputs covers k = 65536 at 2^-23 several
+# times over. TF32 rounds the inputs to 10 mantissa bits, which the fp32 reference does
+# not: each product's error is below 2^-10 of it, so 2^-11 on |A||B| (random signs
+# cancel most) is some 10x the largest deviation of random inputs. With bf16 at
+# n = 8192 (|A||B| about 5,200) an element may be off by about 0.6 + 1.6 % of itself:
+# the sign of every element above about 0.3 is checked, where a bound scaled by the
+# largest reference value let about 8 through.
+OUTPUT_ROUNDING = {"fp32": 2.0 ** -22, "tf32": 2.0 ** -22, "fp16": 2.0 ** -9,
+                   "bf16": 2.0 ** -6}
+ACCUMULATION = {"fp32": 2.0 ** -16, "tf32": 2.0 ** -11, "fp16": 2.0 ** -13,
+                "bf16": 2.0 ** -13}
+BOUND_TOLERANCE = 1.0  # a deviation is |c - r| / bound: above 1 is beyond the bound
+BOUND_WORDS = "is {:.3g}x its per-element bound from the fp64 CPU reference (at most {:g})"
+
 
 @dataclass(frozen=True)
 class Judgement:
@@ -73,7 +96,9 @@ def odd_by_majority(digests: Mapping[int, str]) -> tuple[int, ...] | None:
 
 def judge(digests: Mapping[int, str], deviations: Mapping[int, float | None],
           tolerance: float, groups: Mapping[int, str] | None = None,
-          nodes: Mapping[int, int] | None = None, splits: bool = False) -> Judgement:
+          nodes: Mapping[int, int] | None = None, splits: bool = False,
+          measure: str = "deviates {:.3g} from the CPU reference (tolerance {:g})",
+          ) -> Judgement:
     """Name the wrong ranks from their digests and their deviations from a reference.
 
     The reference speaks first (it needs no majority, so it names the wrong GPU of
@@ -82,8 +107,8 @@ def judge(digests: Mapping[int, str], deviations: Mapping[int, float | None],
     (`nodes`: rank -> node), are then set apart as software splits (`software_splits`;
     bench's labels are not digests of exact bits, so it leaves them off).
     """
-    wrong = {r: f"deviates {d:.3g} from the CPU reference (tolerance {tolerance:g})"
-             for r, d in sorted(deviations.items()) if beyond(d, tolerance)}
+    wrong = {r: measure.format(d, tolerance) for r, d in sorted(deviations.items())
+             if beyond(d, tolerance)}
     undecided: list[int] = []
     by_group: dict[str, dict[int, str]] = {}
     for rank, digest in digests.items():
@@ -132,6 +157,17 @@ def _whole_nodes(ranks: list[int], members: list[int], nodes: Mapping[int, int])
     per_node = [sum(1 for r in ranks if nodes[r] == n) for n in covered]
     return sorted(on_them) == sorted(ranks) and min(per_node) >= 2 and \
         len(members) > len(ranks)
+
+
+def bound_excess(values: torch.Tensor, reference: torch.Tensor, bound: torch.Tensor) -> float:
+    """max over the elements of |values - reference| / bound: 1 is at the bound (inf
+    when `values` is not finite)."""
+    import torch
+
+    got = values.to(torch.float64)
+    if not bool(torch.isfinite(got).all()):
+        return math.inf
+    return float(((got - reference).abs() / bound).max())
 
 
 def relative_deviation(values: torch.Tensor, reference: torch.Tensor) -> float:
