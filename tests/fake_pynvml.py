@@ -337,6 +337,10 @@ class FakeNvml:
         self.init_error, self.topology, self.initialised = init_error, topology, False
         self.absent, self.hang_s, self.attached = absent, hang_s, set()
         self.fabric_versions = fabric_versions
+        # Per GPU pair (NVML indices, either order): the NVML_TOPOLOGY_* level, and the
+        # NVML_P2P_STATUS_* per (pair, NVML_P2P_CAPS_INDEX_*); others as above.
+        self.topology_pairs: dict[frozenset[int], int] = {}
+        self.p2p_pairs: dict[tuple[frozenset[int], int], int] = {}
         self.event_sets: list[_EventSet] = []
         self.module = types.ModuleType("pynvml")
         _error_classes(self.module)
@@ -508,7 +512,9 @@ class FakeNvml:
 
     def nvmlDeviceGetTopologyCommonAncestor(self, device1: _Handle, device2: _Handle) -> int:
         self._gpu(device1, "nvmlDeviceGetTopologyCommonAncestor")
-        return self.topology
+        self._gpu(device2, "nvmlDeviceGetTopologyCommonAncestor")
+        return self.topology_pairs.get(frozenset((device1.index, device2.index)),
+                                       self.topology)
 
     def _fabric(self, device: _Handle, fn: str, info: Any) -> int:
         gpu = self._gpu(device, fn)
@@ -547,6 +553,9 @@ class FakeNvml:
                                p2pIndex: int) -> int:
         a = self._gpu(device1, "nvmlDeviceGetP2PStatus")
         b = self._gpu(device2, "nvmlDeviceGetP2PStatus")
+        pair = frozenset((device1.index, device2.index))
+        if (pair, p2pIndex) in self.p2p_pairs:
+            return self.p2p_pairs[(pair, p2pIndex)]
         return 0 if a.nvlinks and b.nvlinks else 5
 
     # -- fault counters (gpucheck.faults) --------------------------------------------
