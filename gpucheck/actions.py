@@ -285,6 +285,12 @@ RULES: tuple[Rule, ...] = (
     Rule("stress.p2p", A.FIX_CONFIG, "peer access blocked for some pairs under one CPU "
          "socket: ACS or IOMMU settings (pairs across sockets are refused by design and "
          "are no WARN)", keyword="without peer access"),
+    Rule("stress.power.reach", A.RERUN, "below DCGM's targeted-power ratio of its own limit "
+         "while its peers reach theirs, in one short GEMM window: confirm (gpucheck stress "
+         "again, dcgmi diag -r targeted_power) before condemning; its slowdown, if any, "
+         "has the drain-node peer findings"),
+    Rule("stress.power.limit", A.FIX_CONFIG, "the enforced power limit is below the "
+         "default: a setting (nvidia-smi -pl, site policy), not a fault"),
     Rule("stress.numa", A.FIX_CONFIG, "CPU binding of the ranks is a launch setting"),
     # Not measured again (a run stopped in between, an older report): nothing confirmed.
     *(Rule(check, A.RERUN, _UNCONFIRMED, keyword="not measured again") for check in (

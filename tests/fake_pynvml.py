@@ -213,6 +213,7 @@ class FakeGpu:
     temperature: int = 34
     power_mw: int = 72_000
     power_limit_mw: int = 700_000
+    power_default_limit_mw: int = 700_000  # nvmlDeviceGetPowerManagementDefaultLimit
     sm_clock: int = 345
     sm_clock_max: int = 1980
     util: tuple[int, int] = (0, 0)
@@ -442,6 +443,10 @@ class FakeNvml:
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: _Handle) -> int:
         return self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: _Handle) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetPowerManagementDefaultLimit")
+        return gpu.power_default_limit_mw
 
     def nvmlDeviceGetClockInfo(self, handle: _Handle, type: int) -> int:
         return self._gpu(handle, "nvmlDeviceGetClockInfo").sm_clock

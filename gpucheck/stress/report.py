@@ -12,6 +12,7 @@ from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
 from gpucheck.numa import cpulist, on_node, parse_cpulist
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 from gpucheck.stress.p2p_verdicts import p2p_findings
+from gpucheck.stress.power import power_findings, reach
 from gpucheck.stress.sdc import BOUND_WORDS, beyond, judge
 from gpucheck.stress.specs import COPY_COUNTED, copy_figure, gemm_figure
 from gpucheck.stress.verdicts import (
@@ -159,6 +160,12 @@ def _gemm_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     data = {"flops_per_product": "2 n^3", **_thresholds(verdicts), "results": table}
     if result.get("gemm_again"):
         data["measured again"] = list(result["gemm_again"])
+    if result.get("power") is not None:  # older reports have no power readings
+        power = list(result["power"])
+        data["power under load (W)"] = [r | {"reach": round(x, 3) if (x := reach(r)) else None}
+                                        for r in power]
+        labels = {rank: s.label for rank, s in subjects(ranks).items()}
+        findings += power_findings(power, ranks, labels)
     return Section("gemm", "Matrix multiply throughput per rank (TFLOP/s; verdicts use the "
                    "median product)", data, findings)
 

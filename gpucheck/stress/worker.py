@@ -29,6 +29,7 @@ from gpucheck.stress.hooks import Hook, load_hook
 from gpucheck.stress.membw import copy_bytes, free_device_bytes, measure_copy
 from gpucheck.stress.numa import Placement, cpulist, place_this_rank, read_link
 from gpucheck.stress.parking import host_wait
+from gpucheck.stress.power import PowerSampler
 from gpucheck.stress.sdc import BOUND_TOLERANCE, bound_excess
 from gpucheck.stress.specs import copy_figure, gemm_figure
 from gpucheck.stress.verdicts import copy_suspects
@@ -138,7 +139,7 @@ def _initial_result(ctx: RankContext) -> dict[str, Any]:
     ranks = [asdict(info) | rows.get(info.rank, {}) for info in roster()]
     return {"world_size": ctx.world.world_size, "device": spec.device, "backend": spec.backend,
             "dtypes": list(spec.dtypes), "size": spec.size, "duration_s": spec.duration_s,
-            "ranks": ranks, "gemm": [], "membw": None, "sdc": None, "copies": None,
+            "ranks": ranks, "gemm": [], "power": None, "membw": None, "sdc": None, "copies": None,
             "p2p": None, "faults": None, "phases_planned": list(PHASES), "phases_done": [],
             "complete": False}
 
@@ -216,20 +217,28 @@ def _publish(ctx: RankContext, result: dict[str, Any]) -> None:
 
 
 def _gemm(ctx: RankContext, result: dict[str, Any]) -> None:
+    """Every dtype's GEMM window (and its second look), with this GPU's power draw
+    sampled throughout (gpucheck.stress.power)."""
     spec = ctx.spec
-    for dtype in spec.dtypes:
-        progress.set_step(f"gemm {dtype} {spec.size}^3")
-        terminal.step(f"gemm {dtype} {spec.size}^3")
-        _barrier(ctx)
-        record = measure_gemm(ctx.world.rank, dtype, spec.size, ctx.device, spec.device,
-                              spec.warmup_s, spec.gemm_window_s, ctx.hook)
-        result["gemm"] += _gather(ctx, asdict(record))
-        _publish(ctx, result)
-        _again(ctx, result, "gemm", result["gemm"][-ctx.world.world_size:], "tflops_p50",
-               lambda m, d=dtype: gemm_figure(m, d),
-               lambda h, d=dtype: measure_gemm(ctx.world.rank, d, spec.size, ctx.device,
-                                               spec.device, spec.warmup_s,
-                                               spec.gemm_window_s, h))
+    with PowerSampler(ctx.world.rank, ctx.bus_id if spec.device == "cuda" else None) as power:
+        for dtype in spec.dtypes:
+            _gemm_dtype(ctx, result, dtype)
+    result["power"] = _gather(ctx, power.result())
+
+
+def _gemm_dtype(ctx: RankContext, result: dict[str, Any], dtype: str) -> None:
+    spec = ctx.spec
+    progress.set_step(f"gemm {dtype} {spec.size}^3")
+    terminal.step(f"gemm {dtype} {spec.size}^3")
+    _barrier(ctx)
+    record = measure_gemm(ctx.world.rank, dtype, spec.size, ctx.device, spec.device,
+                          spec.warmup_s, spec.gemm_window_s, ctx.hook)
+    result["gemm"] += _gather(ctx, asdict(record))
+    _publish(ctx, result)
+    _again(ctx, result, "gemm", result["gemm"][-ctx.world.world_size:], "tflops_p50",
+           lambda m, d=dtype: gemm_figure(m, d),
+           lambda h, d=dtype: measure_gemm(ctx.world.rank, d, spec.size, ctx.device,
+                                           spec.device, spec.warmup_s, spec.gemm_window_s, h))
 
 
 def _membw(ctx: RankContext, result: dict[str, Any]) -> None:
