@@ -195,3 +195,21 @@ def test_a_gpu_nvml_cannot_find_has_no_class(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_contended_copies_alone_never_drain() -> None:
     assert resolve_action("stress.copies.together", "WARN", "confirmed") != "drain-node"
+
+
+def test_the_p2p_section_lists_the_path_classes() -> None:
+    from gpucheck.stress.report import Verdicts, stress_sections
+
+    ranks = [{"rank": r, "node_rank": 0, "host": "n0", "local_rank": r, "device": f"cuda:{r}",
+              "gpu": f"GPU {r}", "gpu_name": "NVIDIA H100 NVL"} for r in range(8)]
+    node = {"node_rank": 0, "host": "n0", "gpus": [{"nvml_index": i} for i in range(8)],
+            **_node(nvl_matrix())}
+    result = {"world_size": 8, "device": "cuda", "backend": "nccl", "dtypes": ["bf16"],
+              "size": 8192, "duration_s": 30.0, "ranks": ranks, "gemm": None, "sdc": None,
+              "membw": None, "copies": None, "p2p": {"nodes": [node]},
+              "phases_planned": ["p2p"], "phases_done": ["p2p"]}
+    section = next(s for s in stress_sections(result, Verdicts(0.9, 0.8, 0.6))
+                   if s.name == "p2p")
+    classes = section.data["node 0 (n0) path classes"]
+    assert [(c["path"], c["pairs"], c["with_p2p"]) for c in classes] == [
+        (PCIE, 16, 16), (NV, 8, 8), (SYS, 32, 0)]

@@ -389,8 +389,26 @@ def _p2p_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
             findings.append(skip("stress.p2p", f"{where}: {node['skipped']}", subject=where))
             continue
         data[f"{where} matrix"] = _p2p_matrix(node)
+        data[f"{where} path classes"] = _path_classes(node)
         findings += p2p_findings(node, where, verdicts.copy_fraction)
     return Section("p2p", title, data, findings)
+
+
+def _path_classes(node: Mapping[str, Any]) -> list[dict[str, Any]] | str:
+    """Per path class (`nvidia-smi topo -m`): its pairs, how many have peer access and
+    their median GB/s; or why the classes were not read (one class then)."""
+    if node.get("paths_unread"):
+        return str(node["paths_unread"])
+    classes: dict[str, list[Mapping[str, Any]]] = {}
+    for p in node["pairs"]:
+        classes.setdefault(str(p.get("path") or "unknown"), []).append(p)
+    rows = []
+    for kind, pairs in sorted(classes.items()):
+        rates = [p["gbps"] for p in pairs if p["gbps"] is not None]
+        rows.append({"path": kind, "pairs": len(pairs), "with_p2p": len(rates),
+                     "median_gbps": round(statistics.median(rates), 1) if rates else None,
+                     "p2p_status": sorted({str(p.get("p2p_status")) for p in pairs})})
+    return rows
 
 
 def _p2p_matrix(node: Mapping[str, Any]) -> list[dict[str, Any]]:
