@@ -152,3 +152,28 @@ def test_this_process_reads_the_cublas_it_loaded() -> None:
     found = blas.loaded_blas(None)
     assert found.cublas is not None and found.cublas.count(".") == 2, found.why_unknown
     assert torch is not None
+
+
+def test_torchs_blas_choices_join_the_key_or_say_they_were_not_read() -> None:
+    class _Cuda:
+        @staticmethod
+        def preferred_blas_library() -> str:
+            return "_BlasBackend.Cublaslt"
+
+    class _Private:
+        @staticmethod
+        def _cuda_getCublasWorkspaceSize() -> int:
+            return 33554432
+
+        @staticmethod
+        def _cuda_getCublasLtWorkspaceSize() -> int:
+            raise RuntimeError("CUDA driver version is insufficient\nmore")
+
+    class _Torch:
+        backends = type("backends", (), {"cuda": _Cuda})
+        _C = _Private
+
+    settings = dict(blas.torch_settings(_Torch))
+    assert settings["torch blas"] == "Cublaslt"
+    assert settings["workspace bytes"] == "33554432"
+    assert settings["Lt workspace bytes"].startswith("not read (CUDA driver")

@@ -113,8 +113,17 @@ def torch_settings(torch: Any) -> list[tuple[str, str]]:
     for name, label in (("_cuda_getCublasWorkspaceSize", "workspace bytes"),
                         ("_cuda_getCublasLtWorkspaceSize", "Lt workspace bytes")):
         getter = getattr(torch._C, name, None)
-        found.append((label, str(getter()) if getter is not None else "not read"))
+        found.append((label, _read(getter) if getter is not None else "not read"))
     return found
+
+
+def _read(getter: Callable[[], Any]) -> str:
+    """A torch getter's answer; its error's first words when CUDA refuses (a broken
+    driver is the fault watch's and env's to report, not a reason to stop here)."""
+    try:
+        return str(getter())
+    except RuntimeError as exc:
+        return f"not read ({str(exc).strip().splitlines()[0][:80]})"
 
 
 def loaded_blas(torch: Any | None = None, environ: dict[str, str] | None = None,
