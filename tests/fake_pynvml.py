@@ -43,6 +43,7 @@ AssertionError, so no test can make NVML answer what it never answers.
 | nvmlDeviceGetTemperature | InvalidArgument, NotSupported |
 | nvmlDeviceGetPowerUsage | InvalidArgument, NotSupported |
 | nvmlDeviceGetEnforcedPowerLimit | InvalidArgument, NotSupported |
+| nvmlDeviceGetPowerManagementDefaultLimit | InvalidArgument, NotSupported |
 | nvmlDeviceGetClockInfo | InvalidArgument, NotSupported |
 | nvmlDeviceGetMaxClockInfo | InvalidArgument, NotSupported |
 | nvmlDeviceGetUtilizationRates | InvalidArgument, NotSupported |
