@@ -1214,7 +1214,7 @@ def step_nvml(s: Session, step: dict[str, Any]) -> None:
     power = step.get("power") or {}
     fields = step["fields_summary"].get("0") or {}
     step.update(status="ok" if verdict == "PASS" else "fail", verdict=verdict,
-                goal="busy>0%, idle listed at 0",
+                goal="busy>0%, idle at 0%",
                 figure=f"{figure}; power max {_cell(power.get('max_over_limit'))} of the "
                        f"{_cell(power.get('limit_w'), 0)} W limit; fields read "
                        f"{fields.get('read')}/{len(ap.FIELD_IDS)}")
@@ -1293,7 +1293,7 @@ def step_flight(s: Session, step: dict[str, Any]) -> None:
                     "probe", flight_env(prefix))
     (folder / "store").unlink(missing_ok=True)
     dumps = sorted(f.name for f in folder.glob(FLIGHT_PREFIX + "*"))
-    step.update(planted=planted, dumps=dumps, goal="a dump per rank, read back")
+    step.update(planted=planted, dumps=dumps, goal="dump per rank, read")
     if not dumps:
         step.update(status="fail", verdict="FAIL", figure=f"no dump written (planted run "
                     f"{planted['status']}: {planted.get('message')})")
@@ -1581,8 +1581,9 @@ def usage_error(message: str) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
-class Terminated(Exception):
-    """SIGTERM: stop, end the children, keep what was measured."""
+class Terminated(BaseException):
+    """SIGTERM: stop, end the children, keep what was measured. A BaseException, like
+    KeyboardInterrupt, so a step's own `except Exception` cannot swallow it."""
 
 
 def _on_sigterm(_signum: int, _frame: Any) -> None:

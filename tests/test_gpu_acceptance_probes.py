@@ -142,3 +142,18 @@ def test_pack_leaves_summary_and_one_archive_and_nothing_more(tmp_path: Path) ->
     assert sorted(p.name for p in plan.out.iterdir()) == ["acceptance.tar.gz", "summary.json"]
     with tarfile.open(archive) as tar:
         assert {"acceptance/env.json", "acceptance/logs"} <= set(tar.getnames())
+
+
+def test_sigterm_during_a_step_stops_the_run_instead_of_the_next_step_starting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = ga.make_plan(_args("--out", str(tmp_path), "--dry-run-cpu"), 0)
+    session = ga.Session(plan, {"count": 0})
+
+    def terminated(_s: Any, _step: dict[str, Any]) -> None:
+        raise ga.Terminated()
+
+    monkeypatch.setattr(ga, "STEP_FUNCTIONS", {name: lambda s, step: pytest.fail(
+        "no step may start after SIGTERM") for name in ga.STEPS} | {"env": terminated})
+    with pytest.raises(ga.Terminated):
+        ga.run_steps(session)
+    assert session.summary["steps"]["env"]["status"] == "interrupted"
