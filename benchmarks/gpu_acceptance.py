@@ -65,6 +65,8 @@ from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helper module below
+if str(ROOT) not in sys.path:  # gpucheck itself, for the steps that call it in-process
+    sys.path.append(str(ROOT))
 import acceptance_gpu as ag  # noqa: E402  (needs the line above: benchmarks/ is no package)
 import acceptance_probes as ap  # noqa: E402
 
@@ -81,7 +83,9 @@ NEW_COLLECTIVES = ("reduce_scatter", "all_to_all", "broadcast")  # issue 22 item
 STEPS = ("env", "nvml", "flight", "collectives", "comm", "stress", "bench", "p2p",
          "comm_wait", "comm_default", "shared")
 DEFAULT_BUDGET_S = 300.0  # 5 minutes on one H200, everything included
-RESERVE_S = 8.0  # kept back from every step for the archive and the summary
+# Kept back from every step: a timed-out child's end (SIGTERM, 5 s, SIGKILL, 5 s), the
+# archive and the summary.
+RESERVE_S = 15.0
 ARCHIVE = "acceptance"  # the work folder under --out, packed into acceptance.tar.gz
 BENCH_GOAL = 0.95
 COMM_GOALS = ((GIB, 0.95), (64 * KIB, 0.90))  # (size, goal): busbw ratio at that size
@@ -1233,7 +1237,7 @@ def load_processes(s: Session, step: dict[str, Any], nvml: Any, handle: Any) -> 
                 self_argv("_load", {"mode": mode, "seconds": seconds + 60}, flag), cwd=ROOT,
                 env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             log.close()
-        deadline = time.monotonic() + s.timeout("probe")
+        deadline = time.monotonic() + max(s.timeout("probe") - seconds, 1.0)
         while not all(f.exists() for f in ready.values()) and time.monotonic() < deadline:
             if any(p.poll() is not None for p in procs.values()):
                 break
@@ -1350,7 +1354,8 @@ MIN_STEP_S = 20.0  # do not start a step with less of the budget left than this
 DRY_SKIP = {"comm_wait": "dry run: the comm step's pipeline with another blocking wait",
             "comm_default": "dry run: the comm step's pipeline with default sizes",
             "p2p": "dry run: needs 2+ GPUs (its ranks are tested on gloo in "
-                   "tests/test_gpu_acceptance_steps.py)"}
+                   "tests/test_gpu_acceptance_steps.py)",
+            "shared": "dry run: no GPU to share (gloo ranks on CPU share nothing)"}
 
 
 def run_steps(s: Session) -> None:
