@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpucheck.distributed import checkin, job, progress
-from gpucheck.distributed.checkin import RankInfo, SharedGpu, shared_gpu_groups
+from gpucheck.distributed.checkin import RankInfo, SharedGpu, View, shared_gpu_groups
 from gpucheck.distributed.failures import rank_failure_findings
 from gpucheck.distributed.session import bind_device
 from gpucheck.distributed.world import slurm_world
@@ -66,8 +66,8 @@ def _bind_all(views: dict[int, list[str]]) -> dict[int, str]:
         world = slurm_world(slurm_env(rank))
         torch = FakeCuda(views[rank])
         try:
-            bound, _ = bind_device("cuda", world, lambda seen: checkin.exchange_visible(
-                store, world, seen, 30.0), torch=torch)
+            bound = bind_device("cuda", world, lambda seen: checkin.local_views(
+                checkin.exchange_visible(store, world, seen, 30.0), world), torch=torch)
             chosen[rank] = torch.uuids[bound.device_index]
         except BaseException as exc:
             errors.append(exc)
@@ -92,15 +92,22 @@ def test_one_gpu_per_task_and_every_gpu_visible_keep_their_usual_choice() -> Non
     assert _bind_all({t: list(GPUS) for t in range(8)}) == {t: GPUS[t] for t in range(8)}
 
 
-def _info(rank: int, uuid: str, visible: list[str], host: str = "gpu01") -> RankInfo:
+def _info(rank: int, uuid: str, host: str = "gpu01") -> RankInfo:
     return RankInfo(rank, rank, 0, host, f"cuda:{GPUS.index(uuid) % 4} NVIDIA H200", 100 + rank,
-                    nvml_index=GPUS.index(uuid), uuid=uuid, visible=visible,
-                    cuda_visible_devices="0,1,2,3" if visible == GPUS[:4] else "4,5,6,7")
+                    nvml_index=GPUS.index(uuid), uuid=uuid)
+
+
+def _views(seen: dict[int, list[str]], host: str = "gpu01") -> dict[int, View]:
+    return {r: View(r, host, 0, r, v, "0,1,2,3" if v == GPUS[:4] else "4,5,6,7")
+            for r, v in seen.items()}
+
+
+CLOSEST = _views({t: closest_binding(t) for t in range(8)})
 
 
 def _old_choice() -> list[RankInfo]:
     """What `local_rank % visible` gave under closest binding: GPUs 0,2,0,2 and 5,7,5,7."""
-    return [_info(t, closest_binding(t)[t % 4], closest_binding(t)) for t in range(8)]
+    return [_info(t, closest_binding(t)[t % 4]) for t in range(8)]
 
 
 def test_ranks_on_one_gpu_uuid_are_refused_by_name_with_the_launch_setting(
@@ -110,7 +117,7 @@ def test_ranks_on_one_gpu_uuid_are_refused_by_name_with_the_launch_setting(
     infos = _old_choice()
     world = replace(slurm_world(slurm_env(3)), device_index=3)
     with pytest.raises(SharedGpu) as caught:
-        checkin.refuse_shared_gpus(infos, world, "nccl")
+        checkin.refuse_shared_gpus(infos, CLOSEST, world, "nccl")
     assert caught.value.groups == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert "--gpu-bind" in str(caught.value) and "CUDA_VISIBLE_DEVICES='4,5,6,7'" in str(
         caught.value)
@@ -123,13 +130,13 @@ def test_ranks_on_one_gpu_uuid_are_refused_by_name_with_the_launch_setting(
 
 
 def test_gloo_ranks_sharing_a_gpu_on_purpose_are_not_refused_but_an_idle_gpu_is() -> None:
-    one = [GPUS[0]]
-    deliberate = [_info(r, GPUS[0], one) for r in range(2)]  # --n-gpus 2 on one GPU
-    assert shared_gpu_groups(deliberate, "gloo") == []
-    assert [[i.rank for i in g] for g in shared_gpu_groups(deliberate, "nccl")] == [[0, 1]]
-    assert [[i.rank for i in g] for g in shared_gpu_groups(_old_choice(), "gloo")] == [
+    one = _views({0: [GPUS[0]], 1: [GPUS[0]]})
+    deliberate = [_info(r, GPUS[0]) for r in range(2)]  # --n-gpus 2 --backend gloo, 1 GPU
+    assert shared_gpu_groups(deliberate, one, "gloo") == []
+    assert [[i.rank for i in g] for g in shared_gpu_groups(deliberate, one, "nccl")] == [[0, 1]]
+    assert [[i.rank for i in g] for g in shared_gpu_groups(_old_choice(), CLOSEST, "gloo")] == [
         [0, 4], [1, 5], [2, 6], [3, 7]]
-    fixed = [_info(t, GPUS[t], closest_binding(t)) for t in range(8)]
-    assert shared_gpu_groups(fixed, "nccl") == []
-    other_host = [_info(0, GPUS[0], one), _info(1, GPUS[0], one, host="gpu02")]
-    assert shared_gpu_groups(other_host, "nccl") == []
+    fixed = [_info(t, GPUS[t]) for t in range(8)]
+    assert shared_gpu_groups(fixed, CLOSEST, "nccl") == []
+    other_host = [_info(0, GPUS[0]), _info(1, GPUS[0], host="gpu02")]
+    assert shared_gpu_groups(other_host, one, "nccl") == []

@@ -50,10 +50,6 @@ class RankInfo:
     cpus: str | None = None
     numa_node: int | None = None
     on_gpu_numa: bool | None = None
-    # On CUDA: the GPUs this process sees (UUIDs in CUDA order) and CUDA_VISIBLE_DEVICES as
-    # the launcher set it (srun's --gpu-bind sets it per task): what a shared GPU names.
-    visible: list[str] | None = None
-    cuda_visible_devices: str | None = None
 
     def describe(self) -> str:
         return (f"rank {self.rank} (node {self.node_rank} {self.host}, local rank "
@@ -133,8 +129,7 @@ def _key(kind: str, rank: int | str) -> str:
     return f"{scoped(f'{_PREFIX}/{attempt}')}/{kind}/{rank}"
 
 
-def this_rank(world: World, gpu: GpuIdentity | None, sysfs: Path = SYSFS,
-              visible: Sequence[str] | None = None) -> RankInfo:
+def this_rank(world: World, gpu: GpuIdentity | None, sysfs: Path = SYSFS) -> RankInfo:
     """This rank as it checks in: where it runs and, on CUDA, which physical GPU it uses
     (`world.device_index` is its CUDA ordinal; `gpu` names that GPU), its CPUs
     (`taskset -cp <pid>`) and its GPU's NUMA node (`cat /sys/bus/pci/devices/<bus>/numa_node`).
@@ -150,8 +145,7 @@ def this_rank(world: World, gpu: GpuIdentity | None, sysfs: Path = SYSFS,
     return RankInfo(world.rank, world.local_rank, world.node_rank, host_name(),
                     f"cuda:{gpu.cuda_ordinal} {gpu.name or 'GPU'}", os.getpid(),
                     nvml_index=gpu.nvml_index, pci_bus_id=gpu.pci_bus_id, uuid=gpu.uuid,
-                    visible=list(visible) if visible is not None else None,
-                    cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), **where)
+                    **where)
 
 
 def check_in(store: Any, world: World, me: RankInfo, timeout_s: float) -> list[RankInfo]:
@@ -161,21 +155,37 @@ def check_in(store: Any, world: World, me: RankInfo, timeout_s: float) -> list[R
     return [_read_info(store, r) for r in range(world.world_size)]
 
 
+@dataclass(frozen=True)
+class View:
+    """What one rank's process sees on CUDA, said before it picks its GPU: the GPUs (UUIDs
+    in CUDA order) and CUDA_VISIBLE_DEVICES as its launcher set it (srun's --gpu-bind
+    sets it per task)."""
+
+    rank: int
+    host: str
+    node_rank: int
+    local_rank: int
+    visible: list[str]
+    cuda_visible_devices: str | None = None
+
+
 def exchange_visible(store: Any, world: World, visible: Sequence[str],
-                     timeout_s: float) -> dict[int, list[str]]:
+                     timeout_s: float) -> dict[int, View]:
     """The first half of the check-in on CUDA, before any rank picks its GPU: every rank
-    says which GPUs it sees; returns, for this node's ranks, local rank -> those GPUs
-    (`gpucheck.devices.device_among_peers` picks from them)."""
-    mine = {"host": host_name(), "node_rank": world.node_rank,
-            "local_rank": world.local_rank, "visible": list(visible)}
-    store.set(_key("visible", world.rank), json.dumps(mine))
+    says which GPUs it sees and reads what every other one sees (rank -> `View`)."""
+    mine = View(world.rank, host_name(), world.node_rank, world.local_rank, list(visible),
+                os.environ.get("CUDA_VISIBLE_DEVICES"))
+    store.set(_key("visible", world.rank), json.dumps(asdict(mine)))
     _wait_for_all(store, world, "visible", timeout_s)
-    peers: dict[int, list[str]] = {}
-    for rank in range(world.world_size):
-        seen = json.loads(store.get(_key("visible", rank)))
-        if seen["host"] == mine["host"] and seen["node_rank"] == world.node_rank:
-            peers[int(seen["local_rank"])] = [str(v) for v in seen["visible"]]
-    return peers
+    return {r: View(**json.loads(store.get(_key("visible", r))))
+            for r in range(world.world_size)}
+
+
+def local_views(views: Mapping[int, View], world: World) -> dict[int, list[str]]:
+    """This node's ranks: local rank -> the GPUs it sees (for `device_among_peers`)."""
+    me = views[world.rank]
+    return {v.local_rank: v.visible for v in views.values()
+            if v.host == me.host and v.node_rank == me.node_rank}
 
 
 def _wait_for_all(store: Any, world: World, kind: str, timeout_s: float) -> None:
@@ -216,20 +226,26 @@ SHARED_GPU_HINT = (
 class SharedGpu(RuntimeError):
     """Two or more ranks picked one physical GPU (same UUID): refused at check-in."""
 
-    def __init__(self, groups: list[list[RankInfo]], launcher: str) -> None:
+    def __init__(self, groups: list[list[RankInfo]], views: Mapping[int, View],
+                 launcher: str) -> None:
         self.ranks = sorted(i.rank for group in groups for i in group)
         self.groups = [[i.rank for i in group] for group in groups]
         setting = ("srun's GPU binding (--gpu-bind / --gpus-per-task) gave" if
                    launcher == "slurm" else "the launch gave")
+
+        def launched(rank: int) -> str:
+            view = views.get(rank)
+            return f"CUDA_VISIBLE_DEVICES={view.cuda_visible_devices if view else None!r}"
+
         said = "; ".join(f"ranks {', '.join(str(i.rank) for i in group)} on "
                          f"{device_label(asdict(group[0]))}, "
-                         + ", ".join(f"CUDA_VISIBLE_DEVICES={i.cuda_visible_devices!r}"
-                                     for i in group) for group in groups)
+                         + ", ".join(launched(i.rank) for i in group) for group in groups)
         super().__init__(f"{len(self.ranks)} ranks share a GPU: {said}; {setting} them "
                          "overlapping GPUs")
 
 
-def shared_gpu_groups(infos: Sequence[RankInfo], backend: str) -> list[list[RankInfo]]:
+def shared_gpu_groups(infos: Sequence[RankInfo], views: Mapping[int, View],
+                      backend: str) -> list[list[RankInfo]]:
     """Ranks on one GPU UUID that must not be: always on NCCL (it stops with "Duplicate
     GPU detected"); on gloo only when a GPU the node's ranks see is left idle (more
     ranks than GPUs is a deliberate share, `--backend gloo` on purpose)."""
@@ -240,22 +256,23 @@ def shared_gpu_groups(infos: Sequence[RankInfo], backend: str) -> list[list[Rank
     shared = [group for group in by_gpu.values() if len(group) > 1]
     if backend == "nccl":
         return shared
-    return [group for group in shared if _idle_gpu_on(group[0].host, infos)]
+    return [group for group in shared if _idle_gpu_on(group[0].host, infos, views)]
 
 
-def _idle_gpu_on(host: str, infos: Sequence[RankInfo]) -> bool:
+def _idle_gpu_on(host: str, infos: Sequence[RankInfo], views: Mapping[int, View]) -> bool:
     here = [i for i in infos if i.host == host]
-    seen = {name for i in here for name in (i.visible or [])}
+    seen = {name for i in here for name in getattr(views.get(i.rank), "visible", [])}
     return bool(seen - {i.uuid for i in here})
 
 
-def refuse_shared_gpus(infos: Sequence[RankInfo], world: World, backend: str) -> None:
-    """Raise `SharedGpu` (every rank does, from the same roster) when ranks share a GPU
-    they should not; the diagnosis names them for the report (`*.shared_gpu`)."""
-    groups = shared_gpu_groups(infos, backend)
+def refuse_shared_gpus(infos: Sequence[RankInfo], views: Mapping[int, View], world: World,
+                       backend: str) -> None:
+    """Raise `SharedGpu` (every rank does, from the same roster and views) when ranks
+    share a GPU they should not; the diagnosis names them for the report (`*.shared_gpu`)."""
+    groups = shared_gpu_groups(infos, views, backend)
     if not groups:
         return
-    error = SharedGpu(groups, world.launcher)
+    error = SharedGpu(groups, views, world.launcher)
     progress.record_diagnosis({"rank": world.rank, "missing": [], "shared": error.ranks,
                                "step": "check-in", "cause": "shares a GPU",
                                "message": str(error)})

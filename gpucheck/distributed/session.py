@@ -27,8 +27,10 @@ from gpucheck.distributed.checkin import (
     CheckInFailed,
     RankInfo,
     RanksUnresponsive,
+    View,
     check_in,
     exchange_visible,
+    local_views,
     refuse_shared_gpus,
     roll_call,
     roll_call_window_s,
@@ -105,9 +107,8 @@ def _job_store(world: World, timeout: _dt.timedelta) -> Any:
 
 def bind_device(device: str, world: World,
                 peers: Callable[[list[str]], dict[int, list[str]]] | None = None,
-                torch: Any = None) -> tuple[World, list[str]]:
-    """Choose and set this rank's GPU; the world with its `device_index` (None on CPU)
-    and the GPUs this process sees (UUIDs in CUDA order; [] on CPU).
+                torch: Any = None) -> World:
+    """Choose and set this rank's GPU; the world with its `device_index` (None on CPU).
 
     The one place a local rank becomes a device index: every later use (set_device,
     barriers, memory statistics, the GPU's identity) reads `world.device_index`.
@@ -118,7 +119,7 @@ def bind_device(device: str, world: World,
     joins).
     """
     if device != "cuda":
-        return world, []
+        return world
     if torch is None:
         import torch
 
@@ -139,7 +140,7 @@ def bind_device(device: str, world: World,
     # Without blocking wait NCCL's watchdog aborts the process on timeout,
     # before this rank can say which peer did not answer.
     os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
-    return replace(world, device_index=index), visible
+    return replace(world, device_index=index)
 
 
 def _identify(world: World, nvml: Any | None = None) -> GpuIdentity | None:
@@ -171,19 +172,23 @@ def process_group(backend: str, device: str, timeout_s: float,
     if world.world_size > 1:
         terminal.say(f"rank 0 started: waiting for {world.world_size} ranks to check in")
     store = _job_store(world, timeout)
-    launched = world
-    world, visible = bind_device(device, world, (
-        lambda seen: exchange_visible(store, launched, seen, timeout_s))
-        if world.launcher != "none" and world.world_size > 1 else None)
+    views: dict[int, View] = {}
+
+    def peers(seen: list[str], launched: World = world) -> dict[int, list[str]]:
+        views.update(exchange_visible(store, launched, seen, timeout_s))
+        return local_views(views, launched)
+
+    world = bind_device(device, world, peers if world.launcher != "none" and
+                        world.world_size > 1 else None)
     _session["device_index"] = world.device_index
     # Named before the check-in, so a slow NVML attach does not eat its window.
     _session["gpu"] = _identify(world, faultwatch.rank_nvml(world, fault_watch))
-    me = this_rank(world, _session["gpu"], visible=visible or None)
+    me = this_rank(world, _session["gpu"])
     infos = [me] if world.launcher == "none" else check_in(store, world, me, timeout_s)
     _session["roster"] = infos
     if world.rank == 0:
         progress.publish_roster([asdict(i) for i in infos])
-    refuse_shared_gpus(infos, world, backend)
+    refuse_shared_gpus(infos, views, world, backend)
     dist.init_process_group(backend, store=dist.PrefixStore(scoped("gpucheck/pg"), store),
                             rank=world.rank, world_size=world.world_size, timeout=timeout)
     progress.set_step(None)
