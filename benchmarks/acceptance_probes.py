@@ -172,21 +172,25 @@ def power_figures(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     draws = sorted(s["power_w"] for s in samples if s.get("power_w") is not None)
     limit = next((s["limit_w"] for s in samples if s.get("limit_w")), None)
     default = next((s["default_limit_w"] for s in samples if s.get("default_limit_w")), None)
+    errors = next((s["errors"] for s in samples if s.get("errors")), None)
     if not draws or not limit:
-        return {"samples": len(draws), "limit_w": limit, "default_limit_w": default}
+        return {"samples": len(draws), "limit_w": limit, "default_limit_w": default,
+                "errors": errors}
     return {"samples": len(draws), "max_w": draws[-1], "median_w": draws[len(draws) // 2],
             "limit_w": limit, "default_limit_w": default,
             "max_over_limit": round(draws[-1] / limit, 3),
-            "limit_below_default": bool(default and limit < default)}
+            "limit_below_default": bool(default and limit < default), "errors": errors}
 
 
 def power_sample(nvml: Any, handle: Any) -> dict[str, Any]:
-    draw, _ = _call(nvml, "nvmlDeviceGetPowerUsage", handle)
-    limit, _ = _call(nvml, "nvmlDeviceGetEnforcedPowerLimit", handle)
-    default, _ = _call(nvml, "nvmlDeviceGetPowerManagementDefaultLimit", handle)
+    """One reading in W; a call NVML (or this nvidia-ml-py) refuses is named in "errors"."""
+    draw, e1 = _call(nvml, "nvmlDeviceGetPowerUsage", handle)
+    limit, e2 = _call(nvml, "nvmlDeviceGetEnforcedPowerLimit", handle)
+    default, e3 = _call(nvml, "nvmlDeviceGetPowerManagementDefaultLimit", handle)
+    errors = {k: e for k, e in (("power", e1), ("limit", e2), ("default_limit", e3)) if e}
     return {"t": time.monotonic(), "power_w": None if draw is None else draw / 1000,
             "limit_w": None if limit is None else limit / 1000,
-            "default_limit_w": None if default is None else default / 1000}
+            "default_limit_w": None if default is None else default / 1000, "errors": errors}
 
 
 # ---------------------------------------------------------------- child processes

@@ -517,9 +517,10 @@ def plan_notes(plan: Plan) -> list[str]:
         notes.append(f"one GPU: the p2p step is skipped ({ag.ONE_GPU_P2P}); stress has "
                      "one rank, so there is no spread across GPUs")
     if plan.dry_run:
-        notes.append("CPU dry run: the p2p step times host copies as a stand-in for peer "
-                     "copies and NVML is absent (clock samples skipped): it checks the "
-                     "steps run, nothing about a GPU")
+        notes.append("CPU dry run: one gloo rank as on one GPU; NVML is absent (nvml step "
+                     "and clock samples skipped); the planted timeout uses two gloo ranks "
+                     "that dump themselves; steps that need a GPU or repeat another's "
+                     "pipeline say SKIP: it checks the steps run, nothing about a GPU")
     return notes
 
 

@@ -78,6 +78,7 @@ def test_power_under_load_is_the_highest_draw_against_the_enforced_limit(nvml: A
     module = nvml(FakeGpu(power_mw=640_000, power_limit_mw=700_000))
     sample = ap.power_sample(module, module.nvmlDeviceGetHandleByIndex(0))
     assert (sample["power_w"], sample["limit_w"]) == (640.0, 700.0)
+    assert "default_limit" in sample["errors"]  # a function this fake lacks: named, not hidden
     figures = ap.power_figures([sample, {**sample, "power_w": 500.0},
                                 {**sample, "default_limit_w": 700.0}])
     assert (figures["max_w"], figures["max_over_limit"]) == (640.0, round(640 / 700, 3))
