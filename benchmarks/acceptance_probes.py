@@ -202,7 +202,8 @@ def loaded_libraries() -> dict[str, Any]:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from gpucheck.probes.loaded import loaded_cublas, loaded_nccl
+    from gpucheck.probes.loaded import loaded_nccl
+    from gpucheck.stress.blas import loaded_blas
 
     if torch.cuda.is_available():  # cuBLAS is mapped by its first use at the latest
         a = torch.ones(64, 64, device="cuda")
@@ -213,11 +214,11 @@ def loaded_libraries() -> dict[str, Any]:
         build = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
     except (AttributeError, RuntimeError) as exc:
         build = f"unknown: {exc}"
-    nccl, cublas = loaded_nccl(), loaded_cublas()
+    nccl, blas = loaded_nccl(), loaded_blas(torch)
     return {"nccl_build": build, "nccl_loaded": nccl.version, "nccl_path": nccl.path,
-            "nccl_note": nccl.why, "cublas_loaded": cublas.version,
-            "cublas_path": cublas.path, "cublas_note": cublas.why,
-            "cuda_runtime_build": torch.version.cuda}
+            "nccl_note": nccl.why, "cublas_loaded": blas.cublas, "cublaslt": blas.cublaslt,
+            "cublas_path": blas.path, "cublas_note": blas.why_unknown,
+            "blas_key": blas.key(), "cuda_runtime_build": torch.version.cuda}
 
 
 def load_main(config: Mapping[str, Any], ready: Path) -> None:

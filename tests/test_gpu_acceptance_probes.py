@@ -77,8 +77,11 @@ def test_no_sample_at_all_is_nvmls_notfound_and_fails_the_busy_check(nvml: Any) 
 def test_power_under_load_is_the_highest_draw_against_the_enforced_limit(nvml: Any) -> None:
     module = nvml(FakeGpu(power_mw=640_000, power_limit_mw=700_000))
     sample = ap.power_sample(module, module.nvmlDeviceGetHandleByIndex(0))
-    assert (sample["power_w"], sample["limit_w"]) == (640.0, 700.0)
-    assert "default_limit" in sample["errors"]  # a function this fake lacks: named, not hidden
+    assert (sample["power_w"], sample["limit_w"], sample["default_limit_w"]) == (
+        640.0, 700.0, 700.0) and sample["errors"] == {}
+    refused = nvml(FakeGpu(unsupported={"nvmlDeviceGetPowerManagementDefaultLimit"}))
+    sample_refused = ap.power_sample(refused, refused.nvmlDeviceGetHandleByIndex(0))
+    assert set(sample_refused["errors"]) == {"default_limit"}  # named, not hidden
     figures = ap.power_figures([sample, {**sample, "power_w": 500.0},
                                 {**sample, "default_limit_w": 700.0}])
     assert (figures["max_w"], figures["max_over_limit"]) == (640.0, round(640 / 700, 3))

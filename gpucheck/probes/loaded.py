@@ -1,13 +1,14 @@
-"""Which NCCL and cuBLAS this process actually loaded, and their versions.
+"""Which NCCL this process actually loaded, and its version.
 
 `torch.cuda.nccl.version()` answers with the NCCL_MAJOR/MINOR/PATCH macros of the
 headers torch was built against (torch's `csrc/cuda/nccl.cpp`); the library the
 dynamic loader mapped can be another one: a newer `nvidia-nccl` wheel, a site NCCL
 in LD_LIBRARY_PATH, or one in LD_PRELOAD. So the path comes from this process's own
 memory map (`/proc/self/maps`: written by the kernel about this process, not by any
-user) and the version from the mapped library itself (`ncclGetVersion`,
-`cublasGetProperty`), called through ctypes. Opening a path that is already mapped
-returns the loaded object (dlopen matches it by name), so nothing new is loaded.
+user) and the version from the mapped library itself (`ncclGetVersion`), called through
+ctypes on the object already loaded (RTLD_NOLOAD: a file replaced on disk since is
+never loaded, and nothing new runs). cuBLAS is read the same way by
+`gpucheck.stress.blas`.
 
 The same thing by hand: `grep nccl /proc/<pid>/maps` for a running rank, and
 `NCCL_DEBUG=VERSION` (NCCL prints "NCCL version 2.21.5+cuda12.4" at its first init).
@@ -16,6 +17,7 @@ The same thing by hand: `grep nccl /proc/<pid>/maps` for a running rank, and
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,9 +27,6 @@ from typing import Any
 MAPS = Path("/proc/self/maps")
 # libnccl.so, libnccl.so.2, libnccl.so.2.21.5; not libnccl-net.so (a network plugin).
 NCCL_NAME = re.compile(r"^libnccl\.so(\.\d+)*$")
-CUBLAS_NAME = re.compile(r"^libcublas\.so(\.\d+)*$")
-# cuBLAS's libraryPropertyType (library_types.h): MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL.
-_PROPERTIES = (0, 1, 2)
 
 
 @dataclass(frozen=True)
@@ -70,6 +69,11 @@ def nccl_version_text(code: int) -> str:
 Opener = Callable[[str], Any]
 
 
+def already_loaded(path: str) -> Any:
+    """The library only if this process has it loaded already (RTLD_NOLOAD)."""
+    return ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+
+
 def _open(path: str, opener: Opener) -> tuple[Any, str | None]:
     try:
         return opener(path), None
@@ -77,7 +81,7 @@ def _open(path: str, opener: Opener) -> tuple[Any, str | None]:
         return None, f"{path} is mapped but could not be opened: {exc}"
 
 
-def loaded_nccl(maps: Path = MAPS, opener: Opener = ctypes.CDLL) -> LoadedLibrary:
+def loaded_nccl(maps: Path = MAPS, opener: Opener = already_loaded) -> LoadedLibrary:
     """The libnccl mapped in this process and its `ncclGetVersion`."""
     paths = mapped_paths(NCCL_NAME, maps)
     if not paths:
@@ -95,26 +99,3 @@ def loaded_nccl(maps: Path = MAPS, opener: Opener = ctypes.CDLL) -> LoadedLibrar
         return LoadedLibrary(paths[0], None, f"ncclGetVersion returned error {result}")
     extra = f"; also mapped: {', '.join(paths[1:])}" if len(paths) > 1 else None
     return LoadedLibrary(paths[0], nccl_version_text(code.value), extra)
-
-
-def loaded_cublas(maps: Path = MAPS, opener: Opener = ctypes.CDLL) -> LoadedLibrary:
-    """The libcublas mapped in this process and its version (`cublasGetProperty`, which
-    needs no GPU and no handle)."""
-    paths = mapped_paths(CUBLAS_NAME, maps)
-    if not paths:
-        return LoadedLibrary(None, None, "no libcublas is loaded in this process (a "
-                             "CPU-only torch, or no CUDA work yet)")
-    lib, why = _open(paths[0], opener)
-    if lib is None:
-        return LoadedLibrary(paths[0], None, why)
-    get = getattr(lib, "cublasGetProperty", None)
-    if get is None:
-        return LoadedLibrary(paths[0], None, f"{paths[0]} has no cublasGetProperty")
-    parts = []
-    for prop in _PROPERTIES:
-        value = ctypes.c_int(0)
-        result = int(get(prop, ctypes.byref(value)))
-        if result != 0:
-            return LoadedLibrary(paths[0], None, f"cublasGetProperty returned error {result}")
-        parts.append(str(value.value))
-    return LoadedLibrary(paths[0], ".".join(parts))
