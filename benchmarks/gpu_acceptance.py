@@ -963,7 +963,15 @@ def blocking_wait_table(steps: Mapping[str, Any]) -> dict[str, list[dict[str, An
 
 
 def stress_figures(report: Mapping[str, Any]) -> dict[str, Any]:
-    return {**report_summary(report), "spread": ag.spread_figures(report)}
+    """Verdict, flagged findings, spread across GPUs, and stress's own power reach (its
+    draw under the GEMM over the enforced limit, per rank) where this gpucheck has it."""
+    figures = {**report_summary(report), "spread": ag.spread_figures(report)}
+    try:
+        power = section_data(report, "gemm").get("power under load (W)")
+    except ReportError:
+        power = None
+    figures["power_reach"] = [r.get("reach") for r in power or []] or None
+    return figures
 
 
 def step_stress(s: Session, step: dict[str, Any]) -> None:
@@ -978,6 +986,8 @@ def step_stress(s: Session, step: dict[str, Any]) -> None:
     clocks = step["clocks"].get("gpus") or {}
     hw = sum(g["hw_slowdown_samples"] for g in clocks.values())
     near = sum(g["hw_slowdown_at_transition"] for g in clocks.values())
+    reach = step.get("power_reach")
+    spreads += f"; power reach {reach}" if reach else ""
     step["note"] = (f"verdict {step.get('verdict')}; GEMM {spreads or '-'}; 0x8 in {hw} "
                     f"sample(s), {near} at a transition" if clocks else
                     f"verdict {step.get('verdict')}; GEMM {spreads or '-'}; clocks: "

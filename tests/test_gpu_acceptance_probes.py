@@ -161,3 +161,13 @@ def test_sigterm_during_a_step_stops_the_run_instead_of_the_next_step_starting(
     with pytest.raises(ga.Terminated):
         ga.run_steps(session)
     assert session.summary["steps"]["env"]["status"] == "interrupted"
+
+
+def test_stress_figures_keep_stress_own_power_reach_when_the_report_has_it() -> None:
+    gemm = {"name": "gemm", "data": {"results": [{"dtype": "bf16", "rank": 0,
+                                                  "tflops_p50": 700.0}],
+                                     "power under load (W)": [{"rank": 0, "reach": 0.93}]}}
+    report = {"verdict": "OK", "sections": [gemm]}
+    assert ga.stress_figures(report)["power_reach"] == [0.93]
+    del gemm["data"]["power under load (W)"]  # a gpucheck before stress's power reach
+    assert ga.stress_figures(report)["power_reach"] is None
