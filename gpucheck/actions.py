@@ -109,6 +109,8 @@ RULES: tuple[Rule, ...] = (
     Rule("*.checkin", A.FIX_CONFIG, "a rank never started or never reached the rendezvous: "
          "the launch (every node started, the same endpoint) is wrong, and running the "
          "same command again fails the same way"),
+    Rule("*.shared_gpu", A.FIX_CONFIG, "two ranks picked one GPU (the launch's GPU binding "
+         "or CUDA_VISIBLE_DEVICES overlaps): the launch is wrong, not the GPU"),
     # Driver and NVML.
     Rule("driver.nvml", A.FIX_CONFIG, "the driver or nvidia-ml-py is missing, not loaded, "
          "mismatched (reboot after an upgrade) or not permitted: installation, not hardware"),
