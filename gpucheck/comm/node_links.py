@@ -9,9 +9,11 @@ by design, NVLink against PCIe) let such a node through. Between nodes:
 - **The cut** is `FABRIC_FRACTION` (0.9) x the reference, or the healthy pairs' own
   measured spread when that is larger (their lowest figure against their median; as
   compare judges a change against the runs' own noise, gpucheck.analysis.noise).
-  0.9 fits a fabric's health checks: Azure's HPC node checks flag an H100 node whose
-  all_reduce falls below 460 GB/s where about 480 is typical (a 4% shortfall), and a
-  NIC below 380 of its 400 Gb/s (5%); a 10% shortfall is past both.
+  0.9 fits a fabric's health checks: Azure's node health checks for ND H100 v5
+  (Azure/azurehpc-health-checks, conf/nd96isr_h100_v5.conf) fail a node whose 8-GPU
+  all_reduce busbw falls below 460 GB/s (`check_nccl_allreduce 460.0`; about 480 is
+  typical: a 4% shortfall) and a 400 Gb/s NIC (`check_hw_ib 400`) below 375 Gb/s
+  GPUDirect RDMA (`check_ib_bw_gdr 375`: 6%); a 10% shortfall is past both.
 - **Elimination**, as `confirm`: a node whose every pair in one direction is below the
   cut x the median of the pairs *without it* is the suspect (with 3 nodes, 4 of the 6
   directed pairs involve any one node).
