@@ -7,8 +7,9 @@ intra-node rule (`gpucheck.comm.confirm`, 0.5 x the median: GPU pairs on one nod
 by design, NVLink against PCIe) let such a node through. Between nodes:
 
 - **The cut** is `FABRIC_FRACTION` (0.9) x the reference, or the healthy pairs' own
-  measured spread when that is larger (their lowest figure against their median; as
-  compare judges a change against the runs' own noise, gpucheck.analysis.noise).
+  measured spread when that is larger (`spread_cut`: between the pairs, and between
+  a pair's repeats; as compare judges a change against the runs' own noise, both
+  within a run and between runs, gpucheck.analysis.noise).
   0.9 fits a fabric's health checks: Azure's node health checks for ND H100 v5
   (Azure/azurehpc-health-checks, conf/nd96isr_h100_v5.conf) fail a node whose 8-GPU
   all_reduce busbw falls below 460 GB/s (`check_nccl_allreduce 460.0`; about 480 is
@@ -61,15 +62,21 @@ class NodeSuspects(Suspects):
 
 def spread_cut(healthy: Samples, fabric: float = FABRIC_FRACTION) -> tuple[float, float]:
     """(reference, cut): the median typical figure of `healthy`, and the fraction of it
-    a slow figure is below: `fabric`, or the healthy figures' own spread (the lowest
-    against the median) when that is larger."""
+    a slow figure is below: `fabric`, or 1 - the healthy pairs' own spread when that
+    is larger. Their spread is the larger of how far the lowest pair's typical figure
+    sits below the reference (between pairs) and how far a pair's lowest repeat
+    falls below its own typical figure, the median over the pairs (within a pair:
+    the median, so one pair's stray repeat does not set it)."""
     typicals = [typical(s) for s in healthy.values() if s]
     if not typicals:
         return 0.0, fabric
     reference = float(statistics.median(typicals))
     if reference <= 0:
         return reference, fabric
-    return reference, min(fabric, min(typicals) / reference)
+    between = 1 - min(typicals) / reference
+    within = statistics.median(1 - min(s) / typical(s) for s in healthy.values()
+                               if s and typical(s) > 0)
+    return reference, max(0.0, min(fabric, 1 - max(between, within)))
 
 
 def below_almost_all(mine: Sequence[float], healthy: Sequence[float], stray: int) -> bool:
