@@ -147,6 +147,8 @@ RULES: tuple[Rule, ...] = (
          "next reset"),
     Rule("gpu.remapped_rows.pending", A.RESET_GPU, "the row remap takes effect at the next "
          "reset; until then the bad row stays in use"),
+    Rule("gpu.bank_remap.pending", A.RESET_GPU, "the bank remap takes effect at the next "
+         "reset, as a pending row remap"),
     Rule("gpu.remapped_rows.failed", A.REPLACE_HARDWARE, "the GPU has no spare rows left "
          "to remap: it needs an RMA"),
     Rule("gpu.clocks.event_reasons", A.DRAIN_NODE, "thermal or power-brake slowdown: "
