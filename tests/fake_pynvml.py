@@ -43,6 +43,7 @@ AssertionError, so no test can make NVML answer what it never answers.
 | nvmlDeviceGetTemperature | InvalidArgument, NotSupported |
 | nvmlDeviceGetPowerUsage | InvalidArgument, NotSupported |
 | nvmlDeviceGetEnforcedPowerLimit | InvalidArgument, NotSupported |
+| nvmlDeviceGetPowerManagementDefaultLimit | InvalidArgument, NotSupported |
 | nvmlDeviceGetClockInfo | InvalidArgument, NotSupported |
 | nvmlDeviceGetMaxClockInfo | InvalidArgument, NotSupported |
 | nvmlDeviceGetUtilizationRates | InvalidArgument, NotSupported |
@@ -337,6 +338,7 @@ class FakeGpu:
     temperature: int = 34
     power_mw: int = 72_000
     power_limit_mw: int = 700_000
+    power_default_limit_mw: int = 700_000  # nvmlDeviceGetPowerManagementDefaultLimit
     sm_clock: int = 345
     sm_clock_max: int = 1980
     util: tuple[int, int] = (0, 0)
@@ -475,6 +477,10 @@ class FakeNvml:
         self.born_ns = time.monotonic_ns()  # the clock `FakeGpu.slowdown_share` grows on
         self.absent, self.hang_s, self.attached = absent, hang_s, set()
         self.fabric_versions = fabric_versions
+        # Per GPU pair (NVML indices, either order): the NVML_TOPOLOGY_* level, and the
+        # NVML_P2P_STATUS_* per (pair, NVML_P2P_CAPS_INDEX_*); others as above.
+        self.topology_pairs: dict[frozenset[int], int] = {}
+        self.p2p_pairs: dict[tuple[frozenset[int], int], int] = {}
         self.event_sets: list[_EventSet] = []
         self.module = types.ModuleType("pynvml")
         _error_classes(self.module)
@@ -597,6 +603,10 @@ class FakeNvml:
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: _Handle) -> int:
         return self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw
 
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: _Handle) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetPowerManagementDefaultLimit")
+        return gpu.power_default_limit_mw
+
     def nvmlDeviceGetClockInfo(self, handle: _Handle, type: int) -> int:
         return self._gpu(handle, "nvmlDeviceGetClockInfo").sm_clock
 
@@ -679,7 +689,9 @@ class FakeNvml:
 
     def nvmlDeviceGetTopologyCommonAncestor(self, device1: _Handle, device2: _Handle) -> int:
         self._gpu(device1, "nvmlDeviceGetTopologyCommonAncestor")
-        return self.topology
+        self._gpu(device2, "nvmlDeviceGetTopologyCommonAncestor")
+        return self.topology_pairs.get(frozenset((device1.index, device2.index)),
+                                       self.topology)
 
     def _fabric(self, device: _Handle, fn: str, info: Any) -> int:
         gpu = self._gpu(device, fn)
@@ -718,6 +730,9 @@ class FakeNvml:
                                p2pIndex: int) -> int:
         a = self._gpu(device1, "nvmlDeviceGetP2PStatus")
         b = self._gpu(device2, "nvmlDeviceGetP2PStatus")
+        pair = frozenset((device1.index, device2.index))
+        if (pair, p2pIndex) in self.p2p_pairs:
+            return self.p2p_pairs[(pair, p2pIndex)]
         return 0 if a.nvlinks and b.nvlinks else 5
 
     # -- fault counters (gpucheck.faults) --------------------------------------------
