@@ -23,6 +23,24 @@ import re
 from dataclasses import dataclass
 
 
+class Status(str, enum.Enum):
+    """A check's verdict, ordered from best to worst by `severity`. Here beside Action
+    (the two closed lists a finding is made of) so gpucheck.checks sits below report.py,
+    which re-exports it."""
+
+    OK = "OK"
+    SKIP = "SKIP"
+    WARN = "WARN"
+    FAIL = "FAIL"
+
+    @property
+    def severity(self) -> int:
+        return _SEVERITY[self]
+
+
+_SEVERITY = {Status.OK: 0, Status.SKIP: 1, Status.WARN: 2, Status.FAIL: 3}
+
+
 class Action(str, enum.Enum):
     """The fixed list, from the least to the most disruptive."""
 

@@ -28,11 +28,11 @@ from gpucheck.comm.internode import run_internode
 from gpucheck.comm.nccl_log import nccl_logging, rank_entry
 from gpucheck.comm.nodes_again import node_figures, plan
 from gpucheck.comm.pairwise import DEFAULT_REPEATS, gather_rows, measure_pairs, run_pairwise
-from gpucheck.comm.report import human_bytes
 from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.nodes import DEFAULT_SLOW_NODE_FRACTION, group_by_node
 from gpucheck.distributed.session import process_group, roster
 from gpucheck.distributed.world import World
+from gpucheck.units import human_bytes
 
 
 @dataclass(frozen=True)
