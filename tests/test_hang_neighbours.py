@@ -237,6 +237,18 @@ def test_ranks_left_unwatched_give_no_verdict_and_blame_no_one(monkeypatch) -> N
                                            "b": [v.to_dict() for v in views]}}}, 1.0)
     (jobs,) = sections  # neither job was watched: rows in the jobs table, no section
     assert [r["verdict"] for r in jobs.data["jobs"]] == ["not watched"] * 2
+    # nothing judged is no all-clear (it read OK, exit 0, before)
+    assert [(f.check, f.status) for f in jobs.findings] == [("hang.jobs", Status.SKIP)]
+
+
+def test_a_job_crowded_out_by_others_leaves_the_jobs_line_a_skip() -> None:
+    watched = [observe.RankView(r, r, 2, None, "node7", state="exited") for r in range(2)]
+    crowd = [observe.RankView(r, r, 2, None, "node7", state="sleeping", watched=False)
+             for r in range(2)]
+    sections = live_sections({0: {"jobs": {"a": [v.to_dict() for v in watched],
+                                           "b": [v.to_dict() for v in crowd]}}}, 1.0)
+    jobs = sections[-1]
+    assert [(f.check, f.status) for f in jobs.findings] == [("hang.jobs", Status.SKIP)]
 
 
 def test_a_rank_that_exited_unreaped_is_gone_not_a_usage_error() -> None:
