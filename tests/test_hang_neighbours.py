@@ -282,6 +282,38 @@ def test_an_environment_read_that_never_answers_is_left_behind(tmp_path: Path,
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # lets the reader go
 
 
+def test_environments_that_never_answer_share_one_wait(tmp_path: Path, monkeypatch) -> None:
+    """Every rank of a job stuck in a hung driver blocks its environment: each waited
+    the full timeout before (eight ranks, 8 s); now they share ENVIRON_BUDGET_S and
+    the rest get the floor."""
+    import builtins
+
+    from gpucheck.hang import procs
+
+    fifo = tmp_path / "environ"
+    os.mkfifo(fifo)
+
+    def stuck_open(path, *args, **kwargs):  # every environment blocks, as in the driver
+        return builtins.open(fifo if str(path).endswith("/environ") else path, *args,
+                             **kwargs)
+
+    waits: list[float] = []
+    timeout = procs.Waits.timeout
+    monkeypatch.setattr(procs, "open", stuck_open, raising=False)
+    monkeypatch.setattr(procs, "ENVIRON_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(procs, "ENVIRON_BUDGET_S", 0.3)
+    monkeypatch.setattr(procs, "ENVIRON_FLOOR_S", 0.01)
+    monkeypatch.setattr(procs.Waits, "timeout", lambda self: waits.append(timeout(self))
+                        or waits[-1])
+    try:
+        with processes([(["sleep", "60"], _rank_env(r, 3, free_port())) for r in range(3)]
+                       ) as pids:
+            found = discover(pids)
+    finally:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # lets the readers go
+    assert found.blocked == list(pids) and waits == [0.2, 0.2, 0.01]
+
+
 def test_a_blocked_process_is_a_note_not_a_hang(tmp_path: Path, monkeypatch) -> None:
     from gpucheck.hang import procs
 
