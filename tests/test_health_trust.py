@@ -150,6 +150,25 @@ def test_a_state_dir_another_user_could_write_is_a_usage_error(node, how, monkey
     assert list(shared.iterdir()) == []
 
 
+def test_a_state_dir_that_is_another_users_link_is_a_usage_error(node, capsys):
+    """In a sticky world-writable dir another user links the name root will be given to
+    a directory of root's: root followed it and wrote its state there (before)."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a link to another uid")
+    shared, victim = node / "shared", node / "victim"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim.mkdir(mode=0o755)
+    link = shared / "gpucheck-state"
+    link.symlink_to(victim)
+    os.lchown(link, 12345, 12345)
+    code = cli.main(["health", "--sysfs", str(node / "sys"), "--kernel-log",
+                     str(node / "dmesg.txt"), "--state-dir", str(link)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "uid 12345" in err
+    assert list(victim.iterdir()) == []
+
+
 def test_the_state_is_written_by_rename_and_never_through_a_link_made_meanwhile(node):
     _run(node)
     assert sorted(p.name for p in (node / "state").iterdir()) == [STATE_FILE]
