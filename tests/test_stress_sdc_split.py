@@ -191,3 +191,10 @@ def test_torchs_blas_choices_join_the_key_or_say_they_were_not_read() -> None:
     assert settings["torch blas"] == "Cublaslt"
     assert settings["workspace bytes"] == "33554432"
     assert settings["Lt workspace bytes"].startswith("not read (CUDA driver")
+
+
+def test_a_torch_getter_refusing_without_words_is_not_read_not_a_crash() -> None:
+    def silent() -> int:
+        raise RuntimeError()
+
+    assert blas._read(silent) == "not read (RuntimeError)"  # IndexError before
