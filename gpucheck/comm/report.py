@@ -22,7 +22,11 @@ from gpucheck.report import Finding, Section, skip
 from gpucheck.units import human_bytes
 
 TITLES = {"all_reduce": "all_reduce (busbw = algbw x 2(n-1)/n)",
-          "all_gather": "all_gather (algbw counts the gathered output; busbw = algbw x (n-1)/n)"}
+          "all_gather": "all_gather (algbw counts the gathered output; busbw = algbw x (n-1)/n)",
+          "reduce_scatter": "reduce_scatter (algbw counts the reduced input, n x the buffer; "
+                            "busbw = algbw x (n-1)/n)",
+          "all_to_all": "all_to_all (busbw = algbw x (n-1)/n)",
+          "broadcast": "broadcast from rank 0 (busbw = algbw)"}
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpucheck.comm.aggregate import size_result
+from gpucheck.comm.aggregate import COLLECTIVES, size_result
 from gpucheck.comm.collectives import (
     DEFAULT_MIN_BYTES,
     default_max_bytes,
+    element_count,
     free_bytes,
     measure,
     sweep_sizes,
@@ -41,7 +42,7 @@ class CommSpec:
     device: str
     backend: str
     timeout_s: float
-    collectives: tuple[str, ...] = ("all_reduce", "all_gather")
+    collectives: tuple[str, ...] = COLLECTIVES
     min_bytes: int = DEFAULT_MIN_BYTES
     max_bytes: int | None = None  # None: from free device memory
     iters: int = 20
@@ -82,8 +83,9 @@ def _gather_size(collective: str, size: int, spec: CommSpec, world: World) -> di
     dist.all_gather(every, mine)
     times = [float(t[0]) for t in every]
     wrong = [int(t[1]) for t in every]
-    return size_result(collective, size, max(size // 4, 1), world.world_size, times,
-                       wrong).row() | {"rank_times_us": [round(t * 1e6, 2) for t in times]}
+    count = element_count(collective, size, world.world_size)
+    return size_result(collective, size, count, world.world_size, times, wrong).row() | {
+        "rank_times_us": [round(t * 1e6, 2) for t in times]}
 
 
 def _pairwise(spec: CommSpec, world: World, infos: list[dict[str, Any]],
