@@ -13,7 +13,7 @@ from gpucheck.errors import UsageError
 from gpucheck.report import Report
 
 FORMATS = ("text", "json", "markdown", "html", "line", "prometheus")
-_EXTENSIONS = {".txt": "text", ".log": "text", ".json": "json", ".md": "markdown",
+EXTENSIONS = {".txt": "text", ".log": "text", ".json": "json", ".md": "markdown",
                ".markdown": "markdown", ".html": "html", ".htm": "html",
                ".prom": "prometheus"}
 
@@ -27,7 +27,7 @@ def format_for(requested: str | None, output: str | None) -> str:
             )
         return requested
     if output is not None:
-        return _EXTENSIONS.get(Path(output).suffix.lower(), "text")
+        return EXTENSIONS.get(Path(output).suffix.lower(), "text")
     return "text"
 
 
