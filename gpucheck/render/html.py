@@ -12,6 +12,7 @@ from typing import Any
 
 from gpucheck.actions import strip_hint
 from gpucheck.render.charts import Chart, draw_charts
+from gpucheck.render.headline import headline_rows
 from gpucheck.render.safe import html as escape  # control characters too
 from gpucheck.render.values import fmt_field, is_table, table_columns
 from gpucheck.report import Finding, Report, Section, Status
@@ -64,7 +65,14 @@ def _headline(report: Report) -> list[str]:
         f"gpucheck {escape(report.tool_version)}, command "
         f"<code>{escape(' '.join(report.argv))}</code></p>",
         _table(counts),
+        *_figures(report),
     ]
+
+
+def _figures(report: Report) -> list[str]:
+    """The headline figures (gpucheck.render.headline), outside every fold."""
+    rows = headline_rows(report)
+    return ["<h2>Figures</h2>", _table(rows, css="figures")] if rows else []
 
 
 def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ from typing import Any
 
 from gpucheck.actions import strip_hint
 from gpucheck.render import safe
+from gpucheck.render.headline import headline_rows
 from gpucheck.render.values import fmt_field, is_table, table_columns
 from gpucheck.report import Finding, Report, Section, Status
 
@@ -33,11 +34,18 @@ def render_markdown(report: Report) -> str:
         "",
         *md_table([{"status": s, "count": n} for s, n in report.summary().items()]),
         "",
+        *_figure_lines(report),
     ]
     lines.extend(_problem_lines(report.findings))
     for section in report.sections:
         lines.extend(_section_lines(section))
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _figure_lines(report: Report) -> list[str]:
+    """The headline figures (gpucheck.render.headline) unfolded, under the verdict."""
+    rows = headline_rows(report)
+    return ["## Figures", "", *md_table(rows), ""] if rows else []
 
 
 def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ import textwrap
 from typing import Any
 
 from gpucheck.actions import strip_hint
+from gpucheck.render.headline import headline_rows
 from gpucheck.render.safe import terminal as esc
 from gpucheck.render.values import fmt_field, is_table, table_columns
 from gpucheck.report import Finding, Report, Section, Status
@@ -31,12 +32,19 @@ def render_text(report: Report, color: bool = False, width: int = WIDTH) -> str:
     if report.scope:
         lines += _wrap(f"Scope: {report.scope}", width, "  ")
     lines.append("")
+    lines += _figure_lines(report, width)
     lines += _problem_lines(report, color, width)
     for section in report.sections:
         lines += _section_lines(section, color, width)
         lines.append("")
     lines.append(_closing(report, width))
     return "\n".join(_paint_verdicts(lines, report, color)) + "\n"
+
+
+def _figure_lines(report: Report, width: int) -> list[str]:
+    """The command's headline figures (gpucheck.render.headline), when it has any."""
+    rows = headline_rows(report)
+    return ["Figures:", *table_lines(rows, "  ", width), ""] if rows else []
 
 
 def _headline(report: Report) -> str:
