@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from gpucheck import __version__
 from gpucheck.commands import registry
 from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
-from gpucheck.distributed import terminal
+from gpucheck.distributed import caught, terminal
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
 from gpucheck.escape import encodable
 from gpucheck.escape import terminal as shown
@@ -151,6 +151,7 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         if baseline is not None:
             report.add(baseline_section(report, baseline))
+        add_log(report)
         emit(report, fmt, outputs, args.quiet, formats=formats)
     except UsageError as exc:
         # shown(): the message may quote a report file (its command, host, path).
@@ -214,12 +215,22 @@ def _write_interrupted(module: Any, args: argparse.Namespace, signum: signal.Sig
     `<command>.interrupted` section; False when it cannot be written."""
     build = getattr(module, "partial_report", None)
     report = (build(args) if build is not None else None) or Report(command=args.command)
+    add_log(report)
     report.add(interrupted_section(args.command, signum, partial=bool(report.sections)))
     try:
         formats = file_formats(args.format, outputs_of(args))
     except UsageError:
         return False
     return not _write_files(report, formats)
+
+
+def add_log(report: Report) -> None:
+    """The warnings libraries raised on the ranks (gpucheck.distributed.caught), caught
+    instead of printed: a `log` section, data only (a FutureWarning is no verdict)."""
+    rows = caught.log_rows()
+    if rows:
+        report.add(Section("log", "Warnings from libraries (caught, not printed)",
+                           {"warnings": rows}))
 
 
 def interrupted_section(command: str, signum: signal.Signals, partial: bool) -> Section:

@@ -4,9 +4,10 @@ A healthy run folds its sections away; this table keeps its numbers on the first
 screen of a ticket: bench's images/s and efficiency, comm's peak bus bandwidth per
 collective, stress's TFLOP/s per dtype and memory bandwidth, with the slowest rank
 (and its GPU) named. stress's rows name the column its verdicts judge (`tflops_p50`,
-`gbps_p50`: the median product's or copy's rate, not the mean `tflops`). The figures come from the report's metrics
-(gpucheck.analysis.metrics, the names compare and fleet use), never from rendered
-cells, so a combined `all` report gathers the same rows as its commands do alone.
+`gbps_p50`: the median product's or copy's rate, not the mean `tflops`). The figures
+come from the report's metrics (gpucheck.analysis.metrics, the names compare and fleet
+use), never from rendered cells, so a combined `all` report gathers the same rows as
+its commands do alone.
 """
 
 from __future__ import annotations
