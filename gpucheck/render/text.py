@@ -9,7 +9,7 @@ from typing import Any
 from gpucheck.actions import strip_hint
 from gpucheck.render.headline import headline_rows
 from gpucheck.render.safe import terminal as esc
-from gpucheck.render.values import fmt_field, is_table, table_columns
+from gpucheck.render.values import fmt_field, is_table, is_verbatim, table_columns
 from gpucheck.report import Finding, Report, Section, Status
 
 # A terminal of 100 columns shows every line whole (tables too: wide ones are split
@@ -123,8 +123,9 @@ def _data_lines(data: dict[str, Any], indent: str, width: int) -> list[str]:
     lines: list[str] = []
     for key, value in scalars.items():
         head = f"{indent}{esc(key):<{key_width}}  "
-        lines += _wrap(esc(fmt_field(key, value)), width, " " * min(len(head), width // 2),
-                       head)
+        shown = (f"{len(value.splitlines())} lines, shown in the Markdown, HTML and JSON "
+                 "reports" if is_verbatim(key, value) else fmt_field(key, value))
+        lines += _wrap(esc(shown), width, " " * min(len(head), width // 2), head)
     for key, value in data.items():
         if isinstance(value, dict):
             lines.append(f"{indent}{esc(key)}:")
