@@ -1,4 +1,4 @@
-"""`gpucheck show REPORT.json`: a saved report in another format (docs/show.md).
+"""`gpucheck show REPORT.json`: a saved report in another format (README, "The commands").
 
 A JSON report from a node becomes Markdown for a ticket or HTML for a browser, with
 no Python: `gpucheck show node.json -o ticket.md`. The file goes through the bounded
