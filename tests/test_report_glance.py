@@ -301,3 +301,17 @@ def test_collect_env_runs_only_for_markdown_and_html(argv: list[str], wanted: bo
     from gpucheck.commands.env import wants_collect_env
 
     assert wants_collect_env(build_parser(argv).parse_args(argv)) is wanted
+
+
+def test_comm_quiet_prints_nothing_on_stderr(tmp_path: Path) -> None:
+    """A real 2-rank comm run with -q: no warning from torch reaches stderr (today's torch
+    deprecates all_gather_into_tensor; whatever a library warns lands in the `log`)."""
+    out = tmp_path / "comm.json"
+    proc = subprocess.run([sys.executable, "-m", "gpucheck", "comm", "--max-bytes", "8K",
+                           "--iters", "2", "--no-fault-watch", "-q", "-o", str(out)],
+                          capture_output=True, text=True, timeout=300, check=False, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Warning" not in proc.stderr
+    report = json.loads(out.read_text())
+    for row in (s for s in report["sections"] if s["name"] == "log"):
+        assert all(w["category"].endswith("Warning") for w in row["data"]["warnings"])
