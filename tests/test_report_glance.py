@@ -315,3 +315,17 @@ def test_comm_quiet_prints_nothing_on_stderr(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     for row in (s for s in report["sections"] if s["name"] == "log"):
         assert all(w["category"].endswith("Warning") for w in row["data"]["warnings"])
+
+
+@pytest.mark.parametrize(("outputs", "wanted"), [([], False), (["node.json"], False),
+                                                 (["node.json", "ticket.md"], True)])
+def test_all_with_a_markdown_output_asks_env_for_collect_env(outputs: list[str],
+                                                             wanted: bool) -> None:
+    from gpucheck.cli import build_parser
+    from gpucheck.commands.env import wants_collect_env
+
+    argv = ["all", "--skip", "stress,bench,comm"]
+    for path in outputs:
+        argv += ["-o", path]
+    namespaces = all_command._namespaces(build_parser(argv).parse_args(argv), ("env",))
+    assert wants_collect_env(namespaces["env"]) is wanted

@@ -118,6 +118,8 @@ def _namespaces(args: argparse.Namespace, chosen: tuple[str, ...]) -> dict[str, 
             _preflight(name, namespace)
         except UsageError as exc:
             raise UsageError(f"{name} ({' '.join(argv)}): {exc}") from None
+        if name == "env":  # `all -o ticket.md`: env's collect_env, as `env -o ticket.md`
+            namespace.format, namespace.outputs = args.format, list(args.outputs or [])
         namespaces[name] = namespace
     return namespaces
 

@@ -14,7 +14,7 @@ import importlib
 import re
 from collections.abc import Sequence
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from gpucheck.errors import UsageError
 from gpucheck.escape import terminal
@@ -35,13 +35,17 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse with a one-line error (argparse prints the usage block too), a "did you
     mean" for a mistyped command or option, and the --help of the command concerned."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Filled by build_parser on the top parser: the parsers of the commands it built.
+        self.command_parsers: dict[str, argparse.ArgumentParser] = {}
+
     def error(self, message: str) -> NoReturn:
         # "argument --n-gpus/--nproc: 0: give 1 or more" reads "--n-gpus 0: give 1 or more"
         message = re.sub(r"^argument ([^:/ ]+)(?:/[^: ]+)*: ", r"\1 ", message)
         # An unknown option reaches the top parser: point to the command's own --help.
-        # build_parser sets `command_parsers` on the top parser: the commands it built.
-        built: dict[str, argparse.ArgumentParser] = getattr(self, "command_parsers", {})
-        own = next(iter(built.values())) if len(built) == 1 else self
+        built = self.command_parsers
+        own: argparse.ArgumentParser = next(iter(built.values())) if len(built) == 1 else self
         guess = did_you_mean(message, own)
         # A mistyped command: the help of the command it was probably meant to be.
         helped = f"{self.prog} {guess}" if guess in built else own.prog
@@ -123,7 +127,6 @@ def build_parser(version: str, argv: Sequence[str] | None = None) -> argparse.Ar
     parser.set_defaults(outputs=[])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     common = output_options()
-    parser.command_parsers = {}
     for name in parsed_commands(argv):
         module = command_module(name)
         command_parser = sub.add_parser(name, help=module.HELP, description=module.HELP,
