@@ -43,6 +43,7 @@ AssertionError, so no test can make NVML answer what it never answers.
 | nvmlDeviceGetTemperature | InvalidArgument, NotSupported |
 | nvmlDeviceGetPowerUsage | InvalidArgument, NotSupported |
 | nvmlDeviceGetEnforcedPowerLimit | InvalidArgument, NotSupported |
+| nvmlDeviceGetPowerManagementDefaultLimit | InvalidArgument, NotSupported |
 | nvmlDeviceGetClockInfo | InvalidArgument, NotSupported |
 | nvmlDeviceGetMaxClockInfo | InvalidArgument, NotSupported |
 | nvmlDeviceGetUtilizationRates | InvalidArgument, NotSupported |
@@ -337,13 +338,15 @@ class FakeGpu:
     temperature: int = 34
     power_mw: int = 72_000
     power_limit_mw: int = 700_000
+    power_default_limit_mw: int = 700_000  # nvmlDeviceGetPowerManagementDefaultLimit
     sm_clock: int = 345
     sm_clock_max: int = 1980
     util: tuple[int, int] = (0, 0)
     pids: list[int] = field(default_factory=list)
-    # nvmlDeviceGetProcessUtilization: pid -> SM utilisation %; empty answers NotFound
-    # (no sample in the buffer), as NVML does.
-    proc_util: dict[int, int] = field(default_factory=dict)
+    # nvmlDeviceGetProcessUtilization: pid -> SM utilisation % (or (%, sample time in
+    # microseconds)); no non-zero sample newer than the call's timestamp answers
+    # NotFound, as NVML does.
+    proc_util: dict[int, int | tuple[int, int]] = field(default_factory=dict)
     pcie_gen: tuple[int, int] = (1, 5)
     pcie_width: tuple[int, int] = (16, 16)
     ecc_mode: list[int] = field(default_factory=lambda: [1, 1])
@@ -474,6 +477,10 @@ class FakeNvml:
         self.born_ns = time.monotonic_ns()  # the clock `FakeGpu.slowdown_share` grows on
         self.absent, self.hang_s, self.attached = absent, hang_s, set()
         self.fabric_versions = fabric_versions
+        # Per GPU pair (NVML indices, either order): the NVML_TOPOLOGY_* level, and the
+        # NVML_P2P_STATUS_* per (pair, NVML_P2P_CAPS_INDEX_*); others as above.
+        self.topology_pairs: dict[frozenset[int], int] = {}
+        self.p2p_pairs: dict[tuple[frozenset[int], int], int] = {}
         self.event_sets: list[_EventSet] = []
         self.module = types.ModuleType("pynvml")
         _error_classes(self.module)
@@ -596,6 +603,10 @@ class FakeNvml:
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: _Handle) -> int:
         return self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw
 
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: _Handle) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetPowerManagementDefaultLimit")
+        return gpu.power_default_limit_mw
+
     def nvmlDeviceGetClockInfo(self, handle: _Handle, type: int) -> int:
         return self._gpu(handle, "nvmlDeviceGetClockInfo").sm_clock
 
@@ -612,12 +623,21 @@ class FakeNvml:
                                       computeInstanceId=0xFFFFFFFF) for pid in gpu.pids]
 
     def nvmlDeviceGetProcessUtilization(self, handle: _Handle, timeStamp: int) -> list[Any]:
+        # NVML: one sample per process with non-zero utilisation in the last sample
+        # period, only samples newer than timeStamp (lastSeenTimeStamp, CPU time in
+        # microseconds), NotFound when none is left. A `proc_util` value is the SM %
+        # sampled now, or (SM %, sample time in microseconds).
         gpu = self._gpu(handle, "nvmlDeviceGetProcessUtilization")
-        if not gpu.proc_util:
+        now_us = int(time.time() * 1e6)
+        samples = []
+        for pid, value in gpu.proc_util.items():
+            util, at_us = value if isinstance(value, tuple) else (value, now_us)
+            if util > 0 and at_us > timeStamp:
+                samples.append(types.SimpleNamespace(pid=pid, timeStamp=at_us, smUtil=util,
+                                                     memUtil=util // 2, encUtil=0, decUtil=0))
+        if not samples:
             self._raise("NotFound")
-        return [types.SimpleNamespace(pid=pid, timeStamp=timeStamp + 1, smUtil=util,
-                                      memUtil=util // 2, encUtil=0, decUtil=0)
-                for pid, util in gpu.proc_util.items()]
+        return samples
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: _Handle) -> list[Any]:
         self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses")
@@ -669,7 +689,9 @@ class FakeNvml:
 
     def nvmlDeviceGetTopologyCommonAncestor(self, device1: _Handle, device2: _Handle) -> int:
         self._gpu(device1, "nvmlDeviceGetTopologyCommonAncestor")
-        return self.topology
+        self._gpu(device2, "nvmlDeviceGetTopologyCommonAncestor")
+        return self.topology_pairs.get(frozenset((device1.index, device2.index)),
+                                       self.topology)
 
     def _fabric(self, device: _Handle, fn: str, info: Any) -> int:
         gpu = self._gpu(device, fn)
@@ -708,6 +730,9 @@ class FakeNvml:
                                p2pIndex: int) -> int:
         a = self._gpu(device1, "nvmlDeviceGetP2PStatus")
         b = self._gpu(device2, "nvmlDeviceGetP2PStatus")
+        pair = frozenset((device1.index, device2.index))
+        if (pair, p2pIndex) in self.p2p_pairs:
+            return self.p2p_pairs[(pair, p2pIndex)]
         return 0 if a.nvlinks and b.nvlinks else 5
 
     # -- fault counters (gpucheck.faults) --------------------------------------------
