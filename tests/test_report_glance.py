@@ -329,3 +329,12 @@ def test_all_with_a_markdown_output_asks_env_for_collect_env(outputs: list[str],
         argv += ["-o", path]
     namespaces = all_command._namespaces(build_parser(argv).parse_args(argv), ("env",))
     assert wants_collect_env(namespaces["env"]) is wanted
+
+
+def test_a_hostile_number_leaves_the_figures_out_and_the_report_renders() -> None:
+    raw = json.loads((REPORTS / "comm.json").read_text())
+    raw["sections"][1]["data"]["results"][0]["fastest_time_us"] = 10 ** 400
+    report = Report.from_dict(raw)
+    assert headline_rows(report) == []
+    for fmt in ("text", "markdown", "markdown-plain", "html", "json"):
+        assert render(report, fmt)

@@ -34,7 +34,12 @@ _JOB = {
 def headline_rows(report: Report) -> list[dict[str, str]]:
     """Rows `{figure, value, unit, where}`: empty for a report without such figures
     (env, health, compare...)."""
-    metrics = extract_metrics(report.to_dict())
+    try:
+        metrics = extract_metrics(report.to_dict())
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError):
+        # A damaged or hostile report read back by `show` (a number too large for a
+        # float): its sections still render; the figures table is left out.
+        return []
     pools: dict[str, list[Metric]] = {}
     for metric in metrics.values():
         pools.setdefault(metric.pool, []).append(metric)
