@@ -22,7 +22,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from gpucheck.devices import GpuIdentity
-from gpucheck.distributed import faultwatch, flight, progress, terminal
+from gpucheck.distributed import caught, faultwatch, flight, progress, terminal
 from gpucheck.distributed.checkin import (
     CheckInFailed,
     RankInfo,
@@ -195,7 +195,8 @@ def process_group(backend: str, device: str, timeout_s: float,
     terminal.say(f"{world.world_size} rank(s) joined the process group ({backend}, {device})")
     try:
         faultwatch.start(world, _session["gpu"], fault_watch)
-        yield world
+        with caught.caught(world.rank):  # library warnings into the report, not stderr
+            yield world
     except BaseException as exc:
         faultwatch.publish_after_failure(world)  # before the roll call, which can take long
         if isinstance(exc, Exception) and is_comm_error(exc):  # for gpucheck hang --traces

@@ -284,8 +284,9 @@ def _sdc(ctx: RankContext, result: dict[str, Any]) -> None:
     spec, dtype = ctx.spec, ctx.spec.dtypes[0]
     group = next(r["group"] for r in result["ranks"] if r["rank"] == ctx.world.rank)
     _barrier(ctx)
-    record, golden, checks = sdc_burn.burn(ctx.world.rank, dtype, spec.size, ctx.device,
-                                           spec.device, spec.duration_s, group, ctx.hook)
+    with terminal.timed("sdc burn-in", spec.duration_s):  # its own seconds, not a frozen bar
+        record, golden, checks = sdc_burn.burn(ctx.world.rank, dtype, spec.size, ctx.device,
+                                               spec.device, spec.duration_s, group, ctx.hook)
     progress.set_step("sdc: comparing results across ranks")
     every = _gather(ctx, (asdict(record), checks, sdc_burn.draw_seed()))
     seed = every[0][2]  # rank 0's draw, so every rank sends the same rows
