@@ -16,6 +16,7 @@ from gpucheck.bench.aggregate import (
     aggregate,
 )
 from gpucheck.bench.findings import rank_rows, straggler_findings
+from gpucheck.bench.pace import SLOW_DEVICE, straggler_kind
 from gpucheck.report import Status
 from gpucheck.stress.timing import percentile
 
@@ -266,7 +267,9 @@ def test_iterations_are_lined_up_by_the_clock_not_by_their_index() -> None:
     one = replace(ranks(flat(12), [100.0] * 3 + [150.0] * 9)[1], iter_end_ms=tuple(ends_one))
     summary = aggregate((zero, one))
     assert summary.paces[1].p50_ms / summary.paces[0].p50_ms == pytest.approx(1.5)
-    assert summary.paces[1].vs_others == pytest.approx(1.0) and summary.stragglers == ()
+    assert summary.paces[1].vs_others == pytest.approx(1.0)
+    # Not a slow device (its loop, 1.1x rank 0's, is judged on its own: issue 21).
+    assert straggler_kind(summary.paces[1], summary.threshold) != SLOW_DEVICE
 
 
 def test_cpu_marks_give_cpu_time_per_iteration_and_the_wall_clock_timeline() -> None:
