@@ -23,6 +23,7 @@ every run, with the right kind ("a slow CPU" / "its host did not run it").
     python benchmarks/straggler_noise.py --runs 20 [--kinds healthy,slowed,throttled]
     python benchmarks/straggler_noise.py --runs 10 --busy 1   # a busy loop competing
     python benchmarks/straggler_noise.py --reports DIR    # summarise kept reports again
+                                  # (judged again from their records when kept)
     python benchmarks/straggler_noise.py --runs 3 --kinds throttled --throttle-share 0.5
     python benchmarks/straggler_noise.py --runs 20 --kinds healthy,fine-2x,fine-1.3x,\
         coarse-2x,coarse-1.3x --keep DIR -- --n-gpus 2 --model resnet18 --batch-size 4 \
@@ -186,8 +187,24 @@ def kept_outcomes(folder: Path) -> list[Outcome]:
         kind = max((k for k in KINDS if k in path.stem), key=len, default="healthy")
         tail = path.stem.rpartition("-r")[2]
         planted = int(tail) if kind != "healthy" and tail.isdigit() else None
-        outcomes.append(outcome_of(json.loads(path.read_text()), kind, planted, total, load))
+        report = json.loads(path.read_text())
+        records = path.with_name(f"{path.stem}.records.json")
+        if records.is_file():  # judged again by today's code
+            report = rejudged(report, json.loads(records.read_text()))
+        outcomes.append(outcome_of(report, kind, planted, total, load))
     return outcomes
+
+
+def rejudged(report: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """`report` with its timing section recomputed from the run's saved records."""
+    from gpucheck.bench.aggregate import RankRecord, aggregate
+    from gpucheck.bench.findings import timing_section
+
+    records = tuple(RankRecord(**{k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in row.items()}) for row in rows)
+    timing = timing_section(records, aggregate(records)).to_dict()
+    return {**report, "sections": [timing if s["name"] == "timing" else s
+                                   for s in report["sections"]]}
 
 
 def plan(runs: int, kinds: list[str]) -> list[tuple[str, int | None]]:
@@ -289,11 +306,15 @@ def _kind_line(kind: str, runs: list[Outcome]) -> str:
     column = "vs_others" if kind == "slowed" else "hold_back"
     least = min(next(r.get(column) or 0.0 for r in o.ranks if r["rank"] == o.planted)
                 for o in runs)
+    # On a loaded machine a stopped rank may cost the job little: the scheduler gives a
+    # stopped process back part of the turn it missed. Those that cost 10% or more:
+    costly = [o for o in runs if o.hold_back() >= 1.1]
     return (f"{kind:11}: planted rank named alone as {EXPECTED[kind]} (caught) in {right} of "
             f"{len(runs)} (rank 0: {by_rank[0][0]} of {by_rank[0][1]}, rank 1: "
             f"{by_rank[1][0]} of {by_rank[1][1]}); named as device {kinds['device']}, as "
             f"host {kinds['host']}; a healthy rank named in {healthy}; planted rank's "
-            f"smallest {column} {least:.3f}; {hold}")
+            f"smallest {column} {least:.3f}; {hold}; of the {len(costly)} whose whole loop "
+            f"held the job back 1.1x or more, caught {sum(1 for o in costly if o.correct())}")
 
 
 def _right_at(outcome: Outcome, threshold: float) -> bool:

@@ -152,13 +152,18 @@ def _against_others(records: Sequence[RankRecord],
 
 def _hold_back(records: Sequence[RankRecord], record: RankRecord) -> tuple[float, float]:
     """(hold-back, waited ms): its whole timed loop over the other ranks' median loop
-    (every rank runs the same work between the same barriers), each loop less its one
-    longest stall (a hiccup); and how long the other ranks waited at the end barriers
-    (span_s - wall_s: waiting for the last rank, which the straggler is)."""
+    (every rank runs the same work between the same barriers), and the same with each
+    loop less its one longest stall (a hiccup), whichever is smaller; and how long the
+    other ranks waited at the end barriers (span_s - wall_s: waiting for the last rank,
+    which the straggler is)."""
     others = [r for r in records if r.rank != record.rank]
-    loop = _ratio(_steady_loop_s(record), statistics.median(map(_steady_loop_s, others)))
+    whole = _ratio(record.wall_s, statistics.median(r.wall_s for r in others))
+    steady = _ratio(_steady_loop_s(record), statistics.median(map(_steady_loop_s, others)))
     waited = statistics.median(max(0.0, r.span_s - r.wall_s) for r in others)
-    return loop, waited * 1e3
+    # The smaller of the two: without the hiccups a rank held the job back only when it
+    # did with them too (taking one healthy rank's slow first iteration out, and not
+    # the other's, must not make a straggler of the other).
+    return min(whole, steady), waited * 1e3
 
 
 def _steady_loop_s(record: RankRecord) -> float:
