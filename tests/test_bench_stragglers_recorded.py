@@ -36,7 +36,7 @@ def test_recorded_healthy_runs_name_no_straggler(name: str) -> None:
 
 
 @pytest.mark.parametrize("name, rank", [("001-fine-2x-r1", 1), ("003-coarse-2x-r1", 1),
-                                        ("004-coarse-1.3x-r0", 0)])
+                                        ("004-coarse-1.3x-r0", 0), ("026-fine-2x-r0", 0)])
 def test_a_rank_stopped_from_outside_is_named_alone_as_held_back_by_its_host(
         name: str, rank: int) -> None:
     records = recorded(name)
@@ -71,3 +71,14 @@ def test_one_long_stop_in_a_recorded_healthy_run_is_a_hiccup_not_a_straggler() -
     records = (replace(zero, span_s=zero.span_s + 1.5), stalled)
     assert aggregate(records).stragglers == ()
     assert named(records) == {}
+
+
+def test_a_stopped_rank_whose_cpu_time_grew_a_little_is_still_its_hosts_fault() -> None:
+    # Stopped half the time, rank 0 came back to cold caches: 1.14x the CPU time per
+    # iteration (above the threshold), 1.87x the loop. The CPU time explains a fraction
+    # of what it cost the job: its host is what to fix, not its CPU.
+    records = recorded("026-fine-2x-r0")
+    summary = aggregate(records)
+    pace = next(p for p in summary.paces if p.rank == 0)
+    assert pace.vs_others > 1 + summary.threshold and pace.hold_back > 1.5
+    assert straggler_kind(pace, summary.threshold) == HOST_STALL

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -194,14 +195,25 @@ def _running_at(line: tuple[list[float], Sequence[float]], moment_ms: float) -> 
 def straggler_kind(pace: RankPace, threshold: float) -> str | None:
     """SLOW_DEVICE when its median device-time ratio is above 1 + `threshold` (half of its
     iterations or more computed that much longer than the other ranks' at the same
-    moments); else HOST_STALL when it held the job back (its median wall-time ratio, or
-    its loop's hold-back, above the bar) while its typical iteration computed at speed:
-    its host did not run it; else None. One stall alone (a hiccup) moves neither."""
-    if pace.vs_others > 1 + threshold:
+    moments) and explains at least half of its hold-back; else HOST_STALL when it held
+    the job back (its median wall-time ratio, or its loop's hold-back, above the bar)
+    while its device kept pace: its host did not run it; else None. One stall alone (a
+    hiccup) moves neither."""
+    held = pace.wall_vs_others > 1 + threshold or held_back(pace, threshold)
+    if pace.vs_others > 1 + threshold and _device_explains(pace):
         return SLOW_DEVICE
-    if pace.wall_vs_others > 1 + threshold or held_back(pace, threshold):
+    if held or pace.vs_others > 1 + threshold:
         return HOST_STALL
     return None
+
+
+def _device_explains(pace: RankPace) -> bool:
+    """Its slower device time explains at least half of how far it held the job back,
+    in log terms (compare's host-bound rule, gpucheck.analysis.hostbound): a rank
+    stopped half the time comes back to cold caches and computes 14% slower, yet held
+    the job back 1.9x: its host, not its device, is what to fix."""
+    held = max(pace.hold_back, pace.wall_vs_others, 1.0)
+    return math.log(max(pace.vs_others, 1.0)) >= 0.5 * math.log(held)
 
 
 def hold_back_bar(pace: RankPace, threshold: float) -> float:
