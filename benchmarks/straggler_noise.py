@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -318,14 +319,17 @@ def _kind_line(kind: str, runs: list[Outcome]) -> str:
 
 
 def _right_at(outcome: Outcome, threshold: float) -> bool:
-    """Would the verdict have been right at this threshold (pace.straggler_kind)?"""
+    """Would the verdict have been right at this threshold (pace.straggler_kind, from
+    the ranks table: r["hold_back"] is the pace's hold_back)?"""
     named = {}
     for r in outcome.ranks:
         bar = 1 + max(threshold, r.get("others_spread") or 0.0)
-        if r["vs_others"] is not None and r["vs_others"] > 1 + threshold:
+        device, wall = r["vs_others"] or 0.0, r.get("wall_vs_others") or 0.0
+        held = max(r.get("hold_back") or 0.0, wall, 1.0)
+        explains = math.log(max(device, 1.0)) >= 0.5 * math.log(held)
+        if device > 1 + threshold and explains:
             named[int(r["rank"])] = "device"
-        elif ((r.get("wall_vs_others") or 0.0) > 1 + threshold
-              or (r.get("hold_back") or 0.0) > bar):
+        elif device > 1 + threshold or wall > 1 + threshold or held > bar:
             named[int(r["rank"])] = "host"
     if outcome.planted is None:
         return not named
