@@ -8,6 +8,8 @@ import json
 import os
 import signal
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -179,3 +181,53 @@ def test_gpucheck_comm_with_a_stopped_rank_leaves_dumps_that_name_it(tmp_path: P
     findings = json.loads(out.read_text())["sections"][0]["findings"]
     assert [(f["check"], f["subject"]) for f in findings] == [("hang.traces.no_dump", "rank 1")]
 
+
+
+# One NCCL rank whose all_reduce waits behind a ~5 s GPU spin while the group's timeout
+# is 2 s: NCCL's watchdog times it out. Under gpucheck's frame (no blocking wait,
+# CleanUpOnly) the watchdog must dump and leave the process alive, and the next
+# collective must raise in this rank, which then writes its own dump.
+_NCCL_TIMEOUT = """
+import os, sys, torch, torch.distributed as dist
+from gpucheck.distributed import session
+path = os.environ["TORCH_FR_DUMP_TEMP_FILE"] + "0"
+try:
+    with session.process_group("nccl", "cuda", timeout_s=2.0, fault_watch=False):
+        print("watchdog", "off" if os.environ.get("TORCH_NCCL_BLOCKING_WAIT") == "1" else "on")
+        t = torch.ones(4, device="cuda")
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(10_000_000_000)
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        print("watchdog dump", os.path.exists(path), flush=True)
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+except Exception as exc:
+    print("raised", type(exc).__name__, session.is_comm_error(exc), flush=True)
+"""
+
+
+def test_an_nccl_timeout_is_dumped_by_the_watchdog_and_raised_in_the_rank(
+        tmp_path: Path) -> None:
+    """Needs a GPU (not yet run on one): the claim of docs/hang.md, 'NCCL keeps its
+    watchdog'."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: NCCL's watchdog runs only with one")
+    from tests.comm_workers import ROOT, clean_env
+
+    env = clean_env(TORCH_FR_DUMP_TEMP_FILE=str(tmp_path / "rank_"),
+                    TORCH_NCCL_DUMP_ON_TIMEOUT="1", TORCH_FR_BUFFER_SIZE="200")
+    env.pop("TORCH_NCCL_BLOCKING_WAIT", None)
+    env.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
+    proc = subprocess.run([sys.executable, "-c", _NCCL_TIMEOUT], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert lines[:3] == ["watchdog on", "watchdog dump True", "raised DistBackendError True"], \
+        proc.stdout + proc.stderr[-3000:]
+    assert "Flight Recorder dump written to" in proc.stderr
+    dumps, unreadable = load(dump_files(str(tmp_path)))
+    assert unreadable == [] and any(c.op == "all_reduce" for g in groups(dumps)
+                                    for c in g.calls.get(0, {}).values())
