@@ -23,6 +23,7 @@ from gpucheck.commands import registry
 from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
 from gpucheck.distributed import terminal
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
+from gpucheck.escape import encodable
 from gpucheck.escape import terminal as shown
 from gpucheck.output import WriteError, check_writable, write_atomic
 from gpucheck.render import format_for, render
@@ -64,8 +65,9 @@ def emit(report: Report, fmt: str, output: str | None, quiet: bool,
     stream = stream or sys.stdout
     width = terminal_width(stream)
     if output is None:
-        stream.write(render(report, fmt, color=fmt == "text" and use_color(stream),
-                            width=width if fmt == "text" else None))
+        stream.write(encodable(render(report, fmt, color=fmt == "text" and use_color(stream),
+                                      width=width if fmt == "text" else None),
+                               getattr(stream, "encoding", None)))
         stream.flush()
         return
     failed: WriteError | None = None
@@ -74,7 +76,8 @@ def emit(report: Report, fmt: str, output: str | None, quiet: bool,
     except WriteError as exc:
         failed = exc
     if not quiet:
-        stream.write(render(report, "text", color=use_color(stream), width=width))
+        stream.write(encodable(render(report, "text", color=use_color(stream), width=width),
+                               getattr(stream, "encoding", None)))
         stream.flush()
     if failed is not None:
         kept = ("the report is on stdout only" if not quiet else
@@ -108,7 +111,8 @@ def _run(args: argparse.Namespace) -> int:
         emit(report, fmt, args.output, args.quiet)
     except UsageError as exc:
         # shown(): the message may quote a report file (its command, host, path).
-        print(f"gpucheck {args.command}: error: {shown(exc)}", file=sys.stderr)
+        print(encodable(f"gpucheck {args.command}: error: {shown(exc)}",
+                        getattr(sys.stderr, "encoding", None)), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
         return _interrupted(module, args, stop_signal(exc))

@@ -32,3 +32,26 @@ def terminal(value: object) -> str:
     if text.isascii() and text.isprintable():  # the usual case, at C speed
         return text
     return _UNSAFE.sub(_escape_one, text)
+
+
+# gpucheck's own typography, in ASCII, for a stream that cannot write it.
+_ASCII = str.maketrans({"…": "...", "—": "-", "–": "-", "×": "x", "≥": ">=", "≤": "<=",
+                        "µ": "u", "²": "2"})
+
+
+def encodable(text: str, encoding: str | None) -> str:
+    """`text` as a stream in `encoding` can write it (a terminal in a latin-1 or C
+    locale, PYTHONIOENCODING=ascii): gpucheck's own "…" as "...", any other character
+    the encoding lacks as a Python escape, so printing a report never raises
+    UnicodeEncodeError and loses it."""
+    if text.isascii():
+        return text
+    try:
+        text.encode(encoding or "utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    except LookupError:  # an encoding Python does not know: ASCII is safe everywhere
+        encoding = "ascii"
+    text = text.translate(_ASCII)
+    return text.encode(encoding or "utf-8", "backslashreplace").decode(encoding or "utf-8")

@@ -44,12 +44,16 @@ def _kind(mode: int) -> str:
     return "a special file"
 
 
-def open_regular(path: str) -> BinaryIO:
+def open_regular(path: str, follow: bool = True) -> BinaryIO:
     """`path` open for reading in binary, once `fstat` says it is a regular file.
 
     Opened with O_NONBLOCK, then checked on the open descriptor (no race with a
-    rename), so a FIFO or a device is refused before any read could block."""
+    rename), so a FIFO or a device is refused before any read could block. With
+    `follow=False` a symlink is refused too (O_NOFOLLOW: ELOOP), for files gpucheck
+    keeps itself (the health state), which are never links."""
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow:
+        flags |= os.O_NOFOLLOW
     fd = os.open(path, flags)
     try:
         mode = os.fstat(fd).st_mode
@@ -65,9 +69,9 @@ def open_regular(path: str) -> BinaryIO:
         raise
 
 
-def read_capped(path: str, limit: int = REPORT_MAX_BYTES) -> bytes:
+def read_capped(path: str, limit: int = REPORT_MAX_BYTES, follow: bool = True) -> bytes:
     """The whole regular file at `path`; InputError when it holds more than `limit` bytes."""
-    with open_regular(path) as handle:
+    with open_regular(path, follow) as handle:
         data = handle.read(limit + 1) or b""  # None: a pseudo-file with nothing to read
     if len(data) > limit:
         raise InputError(errno.EFBIG, f"is larger than {limit / MIB:g} MiB, too big for a "

@@ -181,3 +181,50 @@ def test_the_alert_rules_parse_as_a_prometheus_rule_file():
     rules = yaml.safe_load((RECIPES / "prometheus-alerts.yml").read_text())
     for rule in rules["groups"][0]["rules"]:
         assert {"alert", "expr"} <= set(rule)
+
+
+def _drains(node: dict) -> list[str]:
+    return [c for c in _calls(node) if c.startswith("scontrol") and "state=drain" in c]
+
+
+def test_the_healthcheck_wrapper_keeps_a_node_drained_until_the_fault_is_cleared(node):
+    _sick(node)
+    drained = "gpucheck health FAIL reset-gpu: GPU 0 (bus 00000000:18:00.0)"
+    for _ in range(3):  # later runs read no new line: the fault is still reported
+        node["calls"].unlink(missing_ok=True)
+        _run("slurm-healthcheck.sh", node, FAKE_REASON=drained)
+        assert len(_drains(node)) == 1 and "state=resume" not in "".join(_calls(node))
+    cleared = subprocess.run(
+        [sys.executable, "-m", "gpucheck", "health", "--set-healthy", "--state-dir",
+         node["env"]["GPUCHECK_STATE_DIR"], *shlex.split(node["env"]["GPUCHECK_HEALTH_ARGS"])],
+        env=node["env"], capture_output=True, text=True, timeout=120, check=False)
+    assert cleared.returncode == 0, cleared.stderr
+    node["calls"].unlink()
+    _run("slurm-healthcheck.sh", node, FAKE_REASON=drained)
+    assert "scontrol update nodename=gpu-node-7 state=resume" in _calls(node)
+
+
+@pytest.mark.parametrize("first", ["prometheus-textfile.sh", "slurm-prolog.sh"])
+def test_another_recipe_run_first_never_takes_the_healthcheck_s_xid(node, first):
+    """The recipes share the default state dir: a duplicate, never a loss."""
+    textfile = node["dir"] / "textfile"
+    textfile.mkdir()
+    _sick(node)
+    _run(first, node, TEXTFILE_DIR=str(textfile))
+    node["calls"].unlink(missing_ok=True)
+    _run("slurm-healthcheck.sh", node)
+    assert len(_drains(node)) == 1
+
+
+def test_the_textfile_still_shows_an_xid_the_healthcheck_read_first(node):
+    parser = pytest.importorskip("prometheus_client.parser")
+    textfile = node["dir"] / "textfile"
+    textfile.mkdir()
+    write_log(node["kernel_log"], [xid_line(60.0, "0000:18:00", 32, "Invalid push buffer")])
+    _run("slurm-healthcheck.sh", node)
+    _run("prometheus-textfile.sh", node, TEXTFILE_DIR=str(textfile))
+    families = {f.name: f for f in parser.text_string_to_metric_families(
+        (textfile / "gpucheck.prom").read_text())}
+    xids = [s for s in families["gpucheck_check_status"].samples
+            if s.labels["check"] == "kernel_log.xid"]
+    assert [(s.labels["status"], s.value) for s in xids] == [("WARN", 2)]

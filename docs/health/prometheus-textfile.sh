@@ -14,5 +14,6 @@ TEXTFILE_DIR=${TEXTFILE_DIR:-/var/lib/node_exporter/textfile}
 
 # shellcheck disable=SC2086
 "$GPUCHECK" health --budget 10 --valid-for 900 --state-dir "$STATE_DIR" \
+    --consumer prometheus-textfile \
     --output "$TEXTFILE_DIR/gpucheck.prom" --quiet $GPUCHECK_HEALTH_ARGS
 exit 0

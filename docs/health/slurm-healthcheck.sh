@@ -21,7 +21,7 @@ NODE=${GPUCHECK_NODE:-$(hostname -s)}
 
 # shellcheck disable=SC2086  # GPUCHECK_HEALTH_ARGS holds several options on purpose
 reason=$("$GPUCHECK" health --format line --convention npd --budget 10 \
-         --state-dir "$STATE_DIR" $GPUCHECK_HEALTH_ARGS)
+         --state-dir "$STATE_DIR" --consumer slurm-healthcheck $GPUCHECK_HEALTH_ARGS)
 status=$?
 case $status in
 0)

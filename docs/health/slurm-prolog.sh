@@ -16,7 +16,7 @@ NODE=${GPUCHECK_NODE:-$(hostname -s)}
 
 # shellcheck disable=SC2086
 reason=$("$GPUCHECK" health --format line --convention slurm --budget 3 \
-         --state-dir "$STATE_DIR" $GPUCHECK_HEALTH_ARGS)
+         --state-dir "$STATE_DIR" --consumer slurm-prolog $GPUCHECK_HEALTH_ARGS)
 status=$?
 if [ "$status" -eq 1 ]; then
     scontrol update nodename="$NODE" state=drain reason="$reason"

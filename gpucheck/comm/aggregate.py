@@ -97,15 +97,21 @@ def baseline_findings(rows: Sequence[Mapping[str, Any]], baseline_gbps: float | 
                  "health (nvidia-smi nvlink -s, nvidia-smi topo -m) and NCCL_* settings")]
 
 
+ClassKey = tuple[int, str]  # (node rank, path class: "NV18", "PXB", "SYS"; "" unknown)
+
+
 def suspects_by_node(pairs: Sequence[Mapping[str, Any]],
-                     threshold: float) -> dict[int, Suspects]:
-    """Per node (by the sender's node rank): `gpucheck.comm.confirm.find_suspects`
+                     threshold: float) -> dict[ClassKey, Suspects]:
+    """Per node (by the sender's node rank) and path class (`path`, from
+    gpucheck.probes.topology: pairs across a bridge, switch or socket are slower by
+    design, so each is compared with its own kind): `gpucheck.comm.confirm.find_suspects`
     over each pair's repeated samples (one sample for rows without repeats)."""
-    by_node: dict[int, dict[Pair, Sequence[float]]] = {}
+    by_class: dict[ClassKey, dict[Pair, Sequence[float]]] = {}
     for p in pairs:
         samples = p.get("samples_gbps") or [p["bandwidth_gbps"]]
-        by_node.setdefault(int(p["node_rank"]), {})[(int(p["src"]), int(p["dst"]))] = samples
-    return {node: find_suspects(samples, threshold) for node, samples in by_node.items()}
+        key = (int(p["node_rank"]), str(p.get("path") or ""))
+        by_class.setdefault(key, {})[(int(p["src"]), int(p["dst"]))] = samples
+    return {key: find_suspects(samples, threshold) for key, samples in by_class.items()}
 
 
 def _pair_hint(device: str) -> str:
@@ -130,19 +136,20 @@ def pair_findings(pairs: Sequence[Mapping[str, Any]], threshold: float,
         return names.get(rank, f"rank {rank}")
 
     findings: list[Finding] = []
-    judged = 0
-    for node, suspects in sorted(suspects_by_node(pairs, threshold).items()):
-        judged += sum(1 for p in pairs if int(p["node_rank"]) == node)
+    classes = suspects_by_node(pairs, threshold)
+    for (node, kind), suspects in sorted(classes.items()):
         looks = second_look(suspects, second, suspects.reference_gbps) if again is not None \
             else [Second(p, None, None, ()) for p in suspects.pairs]
         for look in looks:
-            findings.append(_slow_pair(look, suspects, pairs, threshold, name, device))
+            findings.append(_slow_pair(look, suspects, pairs, threshold, name, device, kind))
         if suspects.noisy:
             findings.append(_noisy(node, suspects, pairs, threshold, name))
     if pairs and not any(f.status.value == "WARN" for f in findings):
-        findings.insert(0, ok("comm.pairwise.slow_pair", f"{judged} pairs: none slower than "
-                              f"{threshold:g} x their node's median beyond the spread of "
-                              "repeated timings"))
+        kinds = sorted({k for _, k in classes if k})
+        within = f" pair of their path class ({', '.join(kinds)})" if kinds else ""
+        findings.insert(0, ok("comm.pairwise.slow_pair", f"{len(pairs)} pairs: none slower "
+                              f"than {threshold:g} x their node's median{within} beyond the "
+                              "spread of repeated timings"))
     return findings
 
 
@@ -151,12 +158,13 @@ def _figure(pairs: Sequence[Mapping[str, Any]], pair: Pair) -> Mapping[str, Any]
 
 
 def _slow_pair(look: Second, suspects: Suspects, pairs: Sequence[Mapping[str, Any]],
-               threshold: float, name: Any, device: str) -> Finding:
+               threshold: float, name: Any, device: str, kind: str = "") -> Finding:
     src, dst = look.pair
     row = _figure(pairs, look.pair)
     samples = row.get("samples_gbps") or [row["bandwidth_gbps"]]
+    median = f"the node's median {kind} pair" if kind else "the node's median"
     text = (f"{name(src)} -> {name(dst)}: {max(samples):.3g} GB/s (best of {len(samples)}), "
-            f"below {threshold:g} x the node's median {suspects.reference_gbps:.3g} GB/s")
+            f"below {threshold:g} x {median} {suspects.reference_gbps:.3g} GB/s")
     confirmed = look.confirmed(threshold)
     subject = f"rank {src} -> rank {dst}"
     against = " and ".join(f"rank {a} -> rank {b}" for a, b in look.against) or \

@@ -23,7 +23,8 @@ from gpucheck.health.run import (
     HealthOptions,
     collect_health_report,
 )
-from gpucheck.health.state import checked_state_dir
+from gpucheck.health.schema import CONSUMER
+from gpucheck.health.state import DEFAULT_CONSUMER, checked_state_dir
 from gpucheck.probes.kernel_log import checked_kernel_log_path
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S
 from gpucheck.report import Report
@@ -62,12 +63,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="read Xid lines from this saved kernel log instead of this boot's")
     parser.add_argument("--sysfs", metavar="DIR", default="/sys",
                         help="where sysfs is mounted (a container with the host's at /host/sys)")
+    parser.add_argument("--consumer", metavar="NAME", default=DEFAULT_CONSUMER,
+                        help="who reads the state dir (slurm-healthcheck, prometheus, ...): "
+                             "each consumer reads the kernel log from its own position, so "
+                             f"none takes another's Xid lines (default: {DEFAULT_CONSUMER})")
+    parser.add_argument("--set-healthy", action="store_true",
+                        help="with --state-dir: the remembered faults were dealt with (a GPU "
+                             "reset, a part replaced): forget them and every Xid line so far")
 
 
-def _positive(value: float, option: str) -> float:
+# Upper bounds: SLURM kills a HealthCheckProgram after 60 s and node-problem-detector a
+# plugin after its timeout, so an hour is already far past any use; beyond these,
+# threading's timeouts overflow (--budget 1e10) and datetime does (--valid-for 1e12).
+MAX_BUDGET_S = 3600.0
+MAX_NVML_TIMEOUT_S = 3600.0
+MAX_VALID_FOR_S = 366 * 86400.0
+
+
+def _positive(value: float, option: str, most: float) -> float:
     if not value > 0:
-        raise UsageError(f"{option} must be a positive number of seconds, not {value}")
+        raise UsageError(f"{option} must be a positive number of seconds, not {value:g}")
+    if value > most:
+        raise UsageError(f"{option} {value:g} is too long: give at most {most:.0f} seconds")
     return value
+
+
+def _consumer(name: str, set_healthy: bool, state_dir: str | None) -> str:
+    if CONSUMER.fullmatch(name) is None:
+        raise UsageError(f"--consumer {name!r}: give a short name of letters, digits, "
+                         "'.', '_' or '-' (e.g. slurm-healthcheck)")
+    if set_healthy and state_dir is None:
+        raise UsageError("--set-healthy needs --state-dir DIR: the state it clears")
+    return name
 
 
 def _count(value: int | None, option: str) -> int | None:
@@ -78,18 +105,20 @@ def _count(value: int | None, option: str) -> int | None:
 
 def options_from(args: argparse.Namespace) -> HealthOptions:
     """The checked options; UsageError (exit 2) for any that cannot be used."""
+    consumer = _consumer(args.consumer, args.set_healthy, args.state_dir)
     sysfs = Path(args.sysfs)
     if not sysfs.is_dir():
         raise UsageError(f"--sysfs {args.sysfs} is not a directory: give where sysfs is mounted")
     ignore = tuple(p.strip() for item in args.ib_ignore for p in item.split(",") if p.strip())
     return HealthOptions(
-        budget_s=_positive(args.budget, "--budget"),
-        nvml_timeout_s=_positive(args.nvml_timeout, "--nvml-timeout"),
+        budget_s=_positive(args.budget, "--budget", MAX_BUDGET_S),
+        nvml_timeout_s=_positive(args.nvml_timeout, "--nvml-timeout", MAX_NVML_TIMEOUT_S),
         expect_gpus=_count(args.expect_gpus, "--expect-gpus"),
         ib=IbOptions(_count(args.expect_ib_ports, "--expect-ib-ports"), ignore),
         state_dir=checked_state_dir(args.state_dir),
         kernel_log=checked_kernel_log_path(args.kernel_log),
-        valid_for_s=_positive(args.valid_for, "--valid-for"), sysfs=sysfs)
+        valid_for_s=_positive(args.valid_for, "--valid-for", MAX_VALID_FOR_S), sysfs=sysfs,
+        consumer=consumer, set_healthy=args.set_healthy)
 
 
 def run(args: argparse.Namespace) -> Report:

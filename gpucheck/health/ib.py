@@ -13,6 +13,7 @@ Reading only; `judge_ports` says what the values mean (docs/health.md argues eac
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,13 +97,20 @@ def _counters(directory: Path) -> dict[str, int]:
     return found
 
 
+def _name(path: Path) -> str:
+    """A directory's name as text: bytes that are not UTF-8 as `\\xff`, never as lone
+    surrogates, which no report, state file or Prometheus label can carry, so one HCA
+    keeps one name in all of them."""
+    return os.fsencode(path.name).decode("utf-8", "backslashreplace")
+
+
 def read_port(hca_dir: Path, port_dir: Path) -> IbPort:
     """`cat state phys_state rate link_layer counters/*` of one port."""
     state, state_name = _numbered(_read(port_dir / "state"))
     phys, phys_name = _numbered(_read(port_dir / "phys_state"))
     rate = _read(port_dir / "rate")
     match = _RATE.match(rate or "")
-    return IbPort(hca_dir.name, int(port_dir.name), state, state_name, phys, phys_name,
+    return IbPort(_name(hca_dir), int(port_dir.name), state, state_name, phys, phys_name,
                   float(match[1]) if match else None, rate, _read(port_dir / "link_layer"),
                   _read(hca_dir / "hca_type"), _counters(port_dir / "counters"))
 

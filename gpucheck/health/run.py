@@ -15,13 +15,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpucheck.errors import UsageError
 from gpucheck.health.budget import Deadline, Outcome, run_until
+from gpucheck.health.faults import carry, new_faults, still_findings
 from gpucheck.health.gpus import GpuProgress, gpus_section, hang_finding, most_seen, read_gpus
 from gpucheck.health.ib import read_ports
 from gpucheck.health.ib_judge import TITLE as IB_TITLE
 from gpucheck.health.ib_judge import IbOptions, judge_ports
-from gpucheck.health.state import HealthState, load_state, read_boot_id, save_state
-from gpucheck.health.xids import xid_section
+from gpucheck.health.state import (
+    DEFAULT_CONSUMER,
+    HealthState,
+    load_state,
+    merged,
+    read_boot_id,
+    write_state,
+)
+from gpucheck.health.xids import cursor_of, xid_section
 from gpucheck.probes.kernel_log import TITLE as XID_TITLE
 from gpucheck.probes.kernel_log import Runner, read_kernel_log, run_command
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S, Nvml
@@ -47,6 +56,8 @@ class HealthOptions:
     sysfs: Path = Path("/sys")
     proc: Path = Path("/proc")
     runner: Runner = run_command
+    consumer: str = DEFAULT_CONSUMER
+    set_healthy: bool = False
 
 
 def _capped(runner: Runner, deadline: Deadline) -> Runner:
@@ -83,12 +94,24 @@ def _gpu_part(outcome: Outcome, progress: GpuProgress, options: HealthOptions,
     return gpus_section(progress, options.expect_gpus, options.budget_s, hang, before)
 
 
+def _start_cursor(state: HealthState, boot_id: str | None) -> tuple[dict[str, Any], bool]:
+    """Where this consumer reads from: its own cursor; a new consumer starts where
+    `--set-healthy` cleared the log (the baseline), else at the boot's first line."""
+    if state.kernel_log.get("tail") or state.kernel_log.get("count"):
+        return state.kernel_log, state.same_boot(boot_id)
+    base = state.baseline
+    if base and boot_id is not None and base.get("boot_id") == boot_id:
+        return base.get("kernel_log") or {}, True
+    return state.kernel_log, False
+
+
 def _xid_part(outcome: Outcome, progress: GpuProgress, state: HealthState,
-              same_boot: bool, budget_s: float) -> tuple[Section, dict[str, Any]]:
+              boot_id: str | None, budget_s: float) -> tuple[Section, dict[str, Any]]:
     if not outcome.finished:
         return (Section("kernel_log", XID_TITLE, {}, [_late("kernel_log.read",
                 "reading the kernel log", budget_s)]), state.kernel_log)
-    return xid_section(outcome.value, state.kernel_log, same_boot, list(progress.records),
+    cursor, same_boot = _start_cursor(state, boot_id)
+    return xid_section(outcome.value, cursor, same_boot, list(progress.records),
                        outcome.error)
 
 
@@ -131,6 +154,8 @@ def _health_section(report: Report, options: HealthOptions, state: HealthState,
             "state_dir": None if options.state_dir is None else str(options.state_dir),
             "previous": {"verdict": last.get("verdict"), "at": last.get("at")} if last else None,
             "cleared_since_previous": [k.replace("|", " on ", 1).rstrip() for k in cleared]}
+    if state.cleared:
+        data["faults_cleared"] = state.cleared
     findings = []
     if state.problem is not None:
         findings.append(warn("health.state", f"the state file could not be used ({state.problem}): "
@@ -139,13 +164,64 @@ def _health_section(report: Report, options: HealthOptions, state: HealthState,
     return Section("health", "Health check run", data, findings)
 
 
+def set_healthy(options: HealthOptions, state: HealthState, boot_id: str | None,
+                deadline: Deadline) -> HealthState:
+    """`--set-healthy`: forget every remembered fault, and move every consumer's cursor
+    (and the baseline a new consumer starts from) to the end of the log as it is now,
+    so no line read before is raised again. Returns the state to run on."""
+    assert options.state_dir is not None  # the command refuses --set-healthy without one
+    log = read_kernel_log(options.kernel_log, _capped(options.runner, deadline))
+    now = state
+    now.cleared = [f"{f['key']} (cleared by --set-healthy)" for f in state.faults]
+    if log.source is not None:
+        cursor = cursor_of(log)
+        now.kernel_log, now.boot_id = cursor, boot_id
+        now.baseline = {"boot_id": boot_id, "kernel_log": cursor}
+    data = merged(options.state_dir, options.consumer, now, [], {f["key"] for f in state.faults})
+    data["faults"] = []
+    if log.source is not None:
+        data["baseline"] = now.baseline
+        for part in data["consumers"].values():
+            part.update(boot_id=boot_id, kernel_log=cursor)
+    problem = write_state(options.state_dir, data)
+    if problem is not None:
+        raise UsageError(f"--set-healthy: {problem}")
+    now.faults = []
+    return now
+
+
+def _remember(options: HealthOptions, report: Report, new: HealthState,
+              added: list[dict[str, Any]], cleared: set[str]) -> None:
+    """Write the state (merged with what other consumers wrote meanwhile)."""
+    assert options.state_dir is not None
+    data = merged(options.state_dir, options.consumer, new, added, cleared)
+    problem = write_state(options.state_dir, data)
+    if problem is not None:
+        report.section("health").findings.append(warn(  # type: ignore[union-attr]
+            "health.state", f"the state could not be saved ({problem}): the next run "
+            "raises again what this one raised", "check the state dir's disk and rights"))
+
+
+def _faults(report: Report, xids: Section, state: HealthState,
+            boot_id: str | None) -> tuple[list[dict[str, Any]], set[str]]:
+    """Add the remembered faults still reported; return the new ones and those cleared."""
+    carried = carry(state.faults, boot_id)
+    added = new_faults(xids, boot_id, report.created_at)
+    xids.findings += still_findings(carried.still, {f["key"] for f in added})
+    xids.data["still_reported"] = [f["key"] for f in carried.still]
+    state.cleared += [f"{f['key']} (cleared by a reboot)" for f in carried.cleared]
+    return added, {f["key"] for f in carried.cleared}
+
+
 def collect_health_report(options: HealthOptions, start: float | None = None) -> Report:
     """Every check under one budget, as a Report; with a state dir, the state is
     read first and written last (atomically)."""
     reserve = min(RESERVE_S, options.budget_s * RESERVE_SHARE)
     deadline = Deadline(options.budget_s - reserve, start)
-    state = load_state(options.state_dir)
+    state = load_state(options.state_dir, options.consumer)
     boot_id = read_boot_id(options.proc)
+    if options.set_healthy:
+        state = set_healthy(options, state, boot_id, deadline)
     same_boot = state.same_boot(boot_id)
     progress = GpuProgress()
     outcomes = run_until(_checks(options, deadline, progress), deadline)
@@ -153,8 +229,10 @@ def collect_health_report(options: HealthOptions, start: float | None = None) ->
     most = state.gpus.get("most_seen")
     seen_before = most if isinstance(most, int) and not isinstance(most, bool) else None
     report.add(_gpu_part(outcomes["gpus"], progress, options, seen_before))
-    xids, cursor = _xid_part(outcomes["kernel_log"], progress, state, same_boot,
+    xids, cursor = _xid_part(outcomes["kernel_log"], progress, state, boot_id,
                              options.budget_s)
+    added, cleared = (_faults(report, xids, state, boot_id) if options.state_dir is not None
+                      else ([], set()))
     report.add(xids)
     ib, ports = _ib_part(outcomes["ib"], state, same_boot, options, report.created_at)
     report.add(ib)
@@ -167,10 +245,7 @@ def collect_health_report(options: HealthOptions, start: float | None = None) ->
         new = HealthState(boot_id=boot_id, kernel_log=cursor, ib_ports=ports,
                           gpus={"most_seen": most_seen(progress, seen_before)},
                           last={"verdict": report.verdict().value, "at": report.created_at,
-                                "problems": problem_keys(report)})
-        problem = save_state(options.state_dir, new)
-        if problem is not None:
-            report.section("health").findings.append(warn(  # type: ignore[union-attr]
-                "health.state", f"the state could not be saved ({problem}): the next run "
-                "raises again what this one raised", "check the state dir's disk and rights"))
+                                "problems": problem_keys(report)},
+                          faults=state.faults, baseline=state.baseline)
+        _remember(options, report, new, added, cleared)
     return report

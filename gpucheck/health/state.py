@@ -1,114 +1,217 @@
 """What `gpucheck health --state-dir DIR` remembers between runs, so health recovers.
 
-One JSON file, `DIR/health-state.json`, written atomically (temp file + rename:
-a run killed mid-write leaves the previous state, never half a file). It holds:
+One JSON file, `DIR/health-state.json`. Shared by every consumer of the node:
+- `gpus`: the most GPUs NVML has shown on this node (`gpucheck.health.gpus`);
+- `faults`: the faults that stay reported until what clears them has happened
+  (`gpucheck.health.faults`: a reboot, or `gpucheck health --set-healthy`);
+- `baseline`: the kernel-log position `--set-healthy` cleared up to, where a consumer
+  seen for the first time starts.
+Per consumer (`--consumer NAME`: the SLURM HealthCheckProgram, the prolog, the
+Prometheus textfile job each read the log for themselves, so none consumes another's
+Xid lines), under `consumers.NAME`:
 - `boot_id` (/proc/sys/kernel/random/boot_id): a reboot resets what the kernel log
-  and the InfiniBand counters mean, so remembered positions of another boot are
-  dropped rather than compared;
-- `kernel_log`: the fingerprint of the last Xid line already reported, so the next
-  run raises only the lines after it (`gpucheck.health.xids`);
-- `ib_ports`: each port's error counters and whether it was active, for the change
-  since the last check (`gpucheck.health.ib_judge`);
-- `gpus`: the most GPUs NVML has shown on this node, so one that falls off the bus is
-  caught without --expect-gpus (`gpucheck.health.gpus`);
-- `last`: the previous run's verdict, its time and its one-line summary.
-A missing file is a first run; an unreadable one is reported and replaced.
+  and the InfiniBand counters mean, so positions of another boot are not compared;
+- `kernel_log`: where this consumer stopped reading the Xid lines (`gpucheck.health.xids`);
+- `ib_ports`: each port's error counters and whether it was active;
+- `last`: the previous run's verdict, its time and its problems.
+
+The state dir is trusted only when it is this user's and no one else may write it
+(else a UsageError): gpucheck runs as root, and a file another user can replace or
+link could make root overwrite another file, block, or fill memory. The file is read
+without following a link, only if it is a regular file of this user, up to
+MAX_STATE_BYTES; written as a temp file renamed into place (a link at the name is
+replaced, never followed). A file that cannot be used is a WARN: it is set aside
+(`health-state.json.bad`), the run starts afresh, and a new file replaces it.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import stat
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpucheck.errors import UsageError
-from gpucheck.output import write_atomic
+from gpucheck.health.schema import MAX_CONSUMERS, MAX_FAULTS, Damaged, checked_state
+from gpucheck.inputs import InputError, parse_json, read_capped
 
 STATE_FILE = "health-state.json"
-STATE_VERSION = 1
+SET_ASIDE = STATE_FILE + ".bad"
+STATE_VERSION = 2
 BOOT_ID = "sys/kernel/random/boot_id"
+MAX_STATE_BYTES = 1024**2  # a node's state is a few KiB: 1 MiB is a wrong file
+DEFAULT_CONSUMER = "default"
 
 
 def read_boot_id(proc: Path = Path("/proc")) -> str | None:
     """This boot's id (`cat /proc/sys/kernel/random/boot_id`); None where unreadable."""
     try:
-        return (proc / BOOT_ID).read_text().strip() or None
-    except OSError:
+        return (proc / BOOT_ID).read_text().strip()[:64] or None
+    except (OSError, UnicodeDecodeError):
         return None
 
 
 @dataclass
 class HealthState:
-    """The remembered state; `problem` says why a stored file could not be used."""
+    """One consumer's view of the state: its own part, the shared part, and `problem`
+    saying why a stored file could not be used."""
 
     boot_id: str | None = None
     kernel_log: dict[str, Any] = field(default_factory=dict)
     ib_ports: dict[str, dict[str, Any]] = field(default_factory=dict)
-    gpus: dict[str, Any] = field(default_factory=dict)
     last: dict[str, Any] = field(default_factory=dict)
+    gpus: dict[str, Any] = field(default_factory=dict)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    baseline: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None
+    cleared: list[str] = field(default_factory=list)  # faults this run saw cleared
 
     def same_boot(self, boot_id: str | None) -> bool:
         """True when the stored positions belong to this boot (unknown ids never match)."""
         return boot_id is not None and self.boot_id == boot_id
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "boot_id": self.boot_id,
-                "kernel_log": self.kernel_log, "ib_ports": self.ib_ports, "gpus": self.gpus,
-                "last": self.last}
+    def own(self) -> dict[str, Any]:
+        return {"boot_id": self.boot_id, "kernel_log": self.kernel_log,
+                "ib_ports": self.ib_ports, "last": self.last}
+
+
+def _trust_problem(info: os.stat_result, what: str) -> str | None:
+    """Why a state dir or file another user could change is not used, or None."""
+    if info.st_uid != os.geteuid():
+        return f"{what} belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{what} may be written by other users (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
 
 
 def checked_state_dir(path: str | None) -> Path | None:
-    """`--state-dir DIR`, created when missing; a UsageError (exit 2) when it cannot be."""
+    """`--state-dir DIR`, created (0755) when missing; a UsageError (exit 2) when it cannot
+    be, or when it is not this user's alone to write."""
     if path is None:
         return None
     directory = Path(path)
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"--state-dir {path} is not a directory: give a directory")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+        info = os.stat(directory)
     except OSError as exc:
         raise UsageError(f"--state-dir {path}: cannot create it ({exc.strerror}); "
                          "choose another directory") from None
-    probe = directory / STATE_FILE
-    if not _writable(directory) or (probe.exists() and not _writable(probe)):
+    problem = _trust_problem(info, "it")
+    if problem is not None:
+        raise UsageError(f"--state-dir {path}: {problem}: give a directory only this user "
+                         "may write (chown it, chmod go-w), never a shared one like /tmp")
+    if not os.access(directory, os.W_OK | os.X_OK):
         raise UsageError(f"--state-dir {path} is not writable by this user: choose another "
                          "directory or run as its owner")
     return directory
 
 
-def _writable(path: Path) -> bool:
-    return os.access(path, os.W_OK | (os.X_OK if path.is_dir() else 0))
+def read_raw(directory: Path) -> dict[str, Any] | None:
+    """The stored state as checked data; None when there is none. Damaged when it
+    cannot be used (a link, a FIFO, too big, another user's, not what gpucheck wrote)."""
+    path = directory / STATE_FILE
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise Damaged(exc.strerror or str(exc)) from None
+    if stat.S_ISLNK(info.st_mode):
+        raise Damaged("it is a symbolic link; gpucheck never follows one here")
+    try:
+        data = read_capped(str(path), MAX_STATE_BYTES, follow=False)
+        problem = _trust_problem(os.stat(path, follow_symlinks=False), "it")
+        if problem is not None:
+            raise Damaged(problem)
+        raw = parse_json(data)
+    except InputError as exc:
+        raise Damaged(f"it {exc.strerror}") from None
+    except OSError as exc:
+        raise Damaged(exc.strerror or str(exc)) from None
+    except (ValueError, RecursionError) as exc:  # JSON, UTF-8, JsonProblem
+        raise Damaged(f"not JSON ({str(exc)[:80]})") from None
+    return checked_state(raw)
 
 
-def load_state(directory: Path | None) -> HealthState:
-    """The stored state, an empty one on a first run (or without a state dir)."""
+def load_state(directory: Path | None, consumer: str = DEFAULT_CONSUMER) -> HealthState:
+    """`consumer`'s view of the stored state; an empty one on a first run or without a
+    state dir; a damaged file is set aside and named in `problem`."""
     if directory is None:
         return HealthState()
-    path = directory / STATE_FILE
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+        raw = read_raw(directory)
+    except Damaged as exc:
+        return HealthState(problem=f"{directory / STATE_FILE}: {exc}{_set_aside(directory)}")
+    if raw is None:
         return HealthState()
-    except (OSError, ValueError) as exc:
-        return HealthState(problem=f"{path}: {getattr(exc, 'strerror', None) or exc}")
-    version = raw.get("version") if isinstance(raw, dict) else None
-    if version != STATE_VERSION:
-        return HealthState(problem=f"{path}: not a state file this gpucheck wrote "
-                                   f"(version {version})")
-    return HealthState(boot_id=raw.get("boot_id"), kernel_log=dict(raw.get("kernel_log") or {}),
-                       ib_ports=dict(raw.get("ib_ports") or {}),
-                       gpus=dict(raw.get("gpus") or {}), last=dict(raw.get("last") or {}))
+    own = raw["consumers"].get(consumer, {})
+    return HealthState(boot_id=own.get("boot_id"), kernel_log=own.get("kernel_log", {}),
+                       ib_ports=own.get("ib_ports", {}), last=own.get("last", {}),
+                       gpus=raw["gpus"], faults=raw["faults"], baseline=raw["baseline"])
 
 
-def save_state(directory: Path, state: HealthState) -> str | None:
-    """Write the state atomically; the reason when it could not be written, else None."""
+def _set_aside(directory: Path) -> str:
+    """Rename the unusable file (a link is renamed, not followed) so a person can look."""
+    try:
+        os.replace(directory / STATE_FILE, directory / SET_ASIDE)
+    except OSError as exc:
+        return f" (could not set it aside: {exc.strerror})"
+    return f"; set aside as {SET_ASIDE}"
+
+
+def merged(directory: Path, consumer: str, new: HealthState, added: list[dict[str, Any]],
+           cleared: set[str]) -> dict[str, Any]:
+    """The file to write: this consumer's part, every other consumer's part and the
+    faults as the file holds them now (read again just before writing, so that a run
+    beside this one, or a `--set-healthy`, is kept: at worst a duplicate, never a
+    loss), less the faults this run saw cleared, plus those it added."""
+    try:
+        now = read_raw(directory)
+    except Damaged:
+        now = None
+    if now is None:  # gone or damaged since: what this run read is the best there is
+        now = {"consumers": {}, "faults": new.faults, "baseline": new.baseline, "gpus": {}}
+    keys = {f["key"] for f in now["faults"]}
+    faults = [f for f in now["faults"] if f["key"] not in cleared]
+    faults += [f for f in added if f["key"] not in keys]
+    most = [v for v in (now["gpus"].get("most_seen"), new.gpus.get("most_seen"))
+            if isinstance(v, int)]
+    return {"version": STATE_VERSION, "gpus": {"most_seen": max(most) if most else None},
+            "faults": faults[-MAX_FAULTS:], "baseline": now["baseline"],
+            "consumers": _kept(now["consumers"], consumer, new.own())}
+
+
+def _kept(consumers: dict[str, Any], name: str, own: dict[str, Any]) -> dict[str, Any]:
+    """Every consumer's part with this one's replaced; beyond MAX_CONSUMERS, those that
+    ran longest ago are dropped (a file the reader would refuse helps no one)."""
+    others = sorted(((k, v) for k, v in consumers.items() if k != name),
+                    key=lambda item: str(item[1].get("last", {}).get("at") or ""))
+    return {**dict(others[max(0, len(others) - MAX_CONSUMERS + 1):]), name: own}
+
+
+def write_state(directory: Path, data: dict[str, Any]) -> str | None:
+    """Write `data` as the state file: a temp file in the dir (O_EXCL, never a link),
+    fsync, rename over the name (a link there is replaced, not followed). The reason
+    when it could not be written, else None."""
+    import json
+
     path = directory / STATE_FILE
     try:
-        write_atomic(str(path), json.dumps(state.to_dict(), indent=1) + "\n")
-    except UsageError as exc:  # write_atomic words it for --output: say it for the state
-        reason = getattr(exc.__cause__, "strerror", None) or str(exc)
-        return f"cannot write {path}: {reason}"
+        fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        return f"cannot write {path}: {exc.strerror}"
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
+            handle.write(json.dumps(data, indent=1) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        return f"cannot write {path}: {exc.strerror or exc}"
     return None

@@ -33,6 +33,11 @@ MAX_READ_BYTES = 256 * 1024**2  # a years-old kern.log: read only its tail
 SAMPLE_CHARS = 120
 
 _PCI = r"(?:PCI:)?(?P<pci>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
+# Every pattern below is matched at the start of the message, after the prefix the
+# log's own format puts there (`_PREFIX`), never anywhere in a line: any user can put
+# text into the kernel log (a failed `mount -o "<text>"` logs
+# "tmpfs: Unknown parameter '<text>'"), and a forged "NVRM: Xid" inside such a line
+# must not drain a node. Only the driver writes a message that starts with "NVRM:".
 # "NVRM: Xid (PCI:0000:3b:00): 79, ..."; on a MIG GPU the driver adds the instances:
 # "NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:02): 94, ..." (open-gpu-kernel-modules,
 # krcReportXid: "PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u").
@@ -49,14 +54,31 @@ _UUID_RE = re.compile(rf"NVRM: GPU at {_PCI}: (?P<uuid>GPU-[0-9A-Fa-f-]{{8,}})")
 _LOST_RE = re.compile(rf"NVRM: The NVIDIA GPU {_PCI}")
 _NVRM_TEXT = re.compile(r"NVRM:\s*(.*)")
 LOST_MESSAGE_LINES = 4  # NVRM: lines to read for "fallen off the bus" after its start
-_BOOT_RE = re.compile(r"(?:kernel:|\])\s*(?:\[\s*\d+\.\d+\]\s*)?Linux version \d")
-_TIME_RES = (
-    # journalctl -o short-iso, dmesg --time-format iso
-    re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\s"),
-    re.compile(r"^([A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2})\s"),  # syslog, journalctl short
-    re.compile(r"\[([A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4})\]"),  # dmesg -T
-    re.compile(r"\[\s*(\d+\.\d+)\]"),  # plain dmesg: seconds since boot
-)
+_ISO = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
+_SYSLOG = r"[A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2}"
+_CTIME = r"[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4}"
+# What the accepted formats put before the kernel's message, each part optional:
+# a /dev/kmsg or `dmesg -r` level "<3>"; `dmesg -x` "kern  :err   : "; a journalctl
+# `-o short-iso`/`dmesg --time-format iso` or syslog/journalctl `short` stamp, then for
+# syslog and journalctl the host and "kernel:"; then dmesg's "[ 1283.204] " or
+# `dmesg -T`'s "[Thu Nov 26 10:00:00 2026] ". Leading blanks: a wrapped message.
+_PREFIX = re.compile(
+    r"\s*(?:<\d{1,3}>)?(?:[a-z]+\s*:[a-z]+\s*: )?"
+    rf"(?:(?P<iso>{_ISO})\s+|(?P<syslog>{_SYSLOG})\s+)?(?:\S+ kernel:\s*)?"
+    rf"(?:\[(?P<ctime>{_CTIME})\]\s*|\[\s*(?P<mono>\d+\.\d+)\]\s*)?")
+_BOOT_RE = re.compile(r"Linux version \d")
+
+
+def message(line: str) -> tuple[str | None, str]:
+    """(the line's time, the kernel's message): what follows the prefix `_PREFIX`
+    accepts. Patterns match the message at its start, never inside another message."""
+    match = _PREFIX.match(line)
+    if match is None:  # the pattern is all optional: never, but keep the types honest
+        return None, line
+    stamp = match["iso"] or match["syslog"] or match["ctime"]  # the wall clock first
+    if stamp is None and match["mono"] is not None:
+        stamp = f"{match['mono']} s after boot"
+    return stamp, line[match.end():]
 
 
 @dataclass(frozen=True)
@@ -110,15 +132,6 @@ def _bus_id(pci: str) -> str:
     return normal_bus_id(full) or full
 
 
-def _time_of(line: str) -> str | None:
-    for pattern in _TIME_RES:
-        match = pattern.search(line)
-        if match:
-            stamp = match.group(1)
-            return f"{stamp} s after boot" if pattern is _TIME_RES[-1] else stamp
-    return None
-
-
 def _truncate(text: str) -> str:
     text = text.strip()
     return text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS - 1] + "…"
@@ -126,18 +139,19 @@ def _truncate(text: str) -> str:
 
 def parse_line(line: str) -> XidEvent | tuple[str, str] | None:
     """An Xid or fallen-off-the-bus event, a (bus id, UUID) pair, or None for other lines."""
-    if "NVRM" not in line:
+    if "NVRM:" not in line:
         return None
-    match = _XID_RE.search(line)
+    stamp, text = message(line)
+    match = _XID_RE.match(text)
     if match:
         instance = " ".join(match["mig"].split()) or None
-        return XidEvent(_bus_id(match["pci"]), match["pci"], int(match["xid"]), _time_of(line),
+        return XidEvent(_bus_id(match["pci"]), match["pci"], int(match["xid"]), stamp,
                         match["detail"].strip()[:SAMPLE_CHARS * 4], instance=instance)
-    match = _OFF_BUS_RE.search(line)
+    match = _OFF_BUS_RE.match(text)
     if match:
-        return XidEvent(_bus_id(match["pci"]), match["pci"], 79, _time_of(line),
+        return XidEvent(_bus_id(match["pci"]), match["pci"], 79, stamp,
                         "GPU has fallen off the bus.", off_bus_line=True)
-    match = _UUID_RE.search(line)
+    match = _UUID_RE.match(text)
     if match:
         return _bus_id(match["pci"]), match["uuid"]
     return None
@@ -150,12 +164,13 @@ def _follow_lost(scan: _Scan, line: str, parsed: bool) -> None:
     this message's."""
     if parsed:
         scan.lost = None
-    if "NVRM" not in line or parsed:
+    if "NVRM:" not in line or parsed:
         return
-    start = _LOST_RE.search(line)
+    stamp, said_here = message(line)
+    start = _LOST_RE.match(said_here)
     if start is not None:
-        scan.lost = _Lost(start["pci"], _time_of(line), [])
-    text = _NVRM_TEXT.search(line)
+        scan.lost = _Lost(start["pci"], stamp, [])
+    text = _NVRM_TEXT.match(said_here)
     if scan.lost is None or text is None:
         return
     scan.lost.text.append(text[1].strip())
@@ -173,7 +188,7 @@ def scan_lines(lines: Iterable[str], boot_cut: bool = False) -> _Scan:
     """Parse every line; with `boot_cut`, keep only what follows the last boot banner."""
     scan = _Scan()
     for line in lines:
-        if boot_cut and _BOOT_RE.search(line):
+        if boot_cut and "Linux version" in line and _BOOT_RE.match(message(line)[1]):
             scan = _Scan()
         scan.lines += 1
         parsed = parse_line(line)

@@ -30,8 +30,11 @@ def worst_finding(report: Report) -> Finding | None:
     problems = [f for f in report.findings if f.status in (Status.WARN, Status.FAIL)]
     if not problems:
         return None
-    return max(problems, key=lambda f: (f.status.severity, ACTIONS.index(f.action or "none"),
-                                        -problems.index(f)))
+    # The position from enumerate: problems.index(f) made this quadratic (minutes for a
+    # report of many thousand findings).
+    _, worst = max(enumerate(problems), key=lambda pair: (
+        pair[1].status.severity, ACTIONS.index(pair[1].action or "none"), -pair[0]))
+    return worst
 
 
 def _fit(text: str, limit: int = MAX_CHARS) -> str:

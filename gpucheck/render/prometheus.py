@@ -30,6 +30,14 @@ LABELS = ("command", "check", "subject", "gpu", "hca", "port", "status", "action
 
 
 def escape(value: str) -> str:
+    """A label value as the format wants it: UTF-8 text (a name read from sysfs that is
+    not UTF-8 arrives as lone surrogates: they become \\xNN, shown as the bytes, with
+    the backslash escaped), then backslash, newline and double quote escaped."""
+    if not value.isascii():
+        try:  # a file name's undecodable bytes (surrogateescape) back to bytes, shown
+            value = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:  # any other lone surrogate
+            value = value.encode("utf-8", "backslashreplace").decode("ascii")
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 

@@ -1,0 +1,88 @@
+"""Faults that stay reported until what clears them has happened.
+
+An Xid line is read once (`gpucheck.health.xids`), but the fault it reports does not
+end there: a GPU that needs a reset still needs it on the next run, and a scheduler
+recipe that resumes a node on the first clean run would put a broken GPU back in
+service one interval after draining it. So an Xid finding whose action is
+`reset-gpu`, `drain-node` or `replace-hardware` is remembered in the state dir (shared
+by every consumer) and reported again on every run until:
+- a reboot (another boot id) for `reset-gpu` and `drain-node`: the GPU was reset with
+  the node (a GPU reset alone, `nvidia-smi -r`, does not change the boot id: say so
+  with `--set-healthy`);
+- `gpucheck health --set-healthy`, for every fault: a person says the fault was dealt
+  with (the part was replaced, the GPU reset).
+As gpud does: its Xid component stays unhealthy until a reboot clears a
+reboot-class Xid or `gpud set-healthy` purges the stored events
+(leptonai/gpud issue 1072, pull request 1126).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gpucheck.report import Finding, Section, Status
+
+STICKY_ACTIONS = ("reset-gpu", "drain-node", "replace-hardware")
+CLEARED_BY_REBOOT = ("reset-gpu", "drain-node")
+XID_CHECK = "kernel_log.xid"
+
+
+def _key(subject: str | None, xid: object) -> str:
+    return f"{XID_CHECK}|{subject or ''}|{xid}"
+
+
+def new_faults(section: Section, boot_id: str | None, now: str) -> list[dict[str, Any]]:
+    """The sticky faults among this run's new Xid findings, as state records."""
+    rows = [r for r in section.data.get("xids") or [] if r.get("action") in STICKY_ACTIONS]
+    found = []
+    for finding in section.findings:
+        if finding.check != XID_CHECK or finding.action not in STICKY_ACTIONS:
+            continue
+        row = next((r for r in rows if r["gpu"] == finding.subject
+                    and finding.message.startswith(f"XID {r['xid']} ")), None)
+        if row is None:
+            continue
+        found.append({"key": _key(finding.subject, row["xid"]), "check": finding.check,
+                      "status": finding.status.value, "action": finding.action,
+                      "subject": finding.subject, "message": finding.message[:1000],
+                      "hint": (finding.hint or "")[:1000], "boot_id": boot_id, "since": now})
+    return found
+
+
+@dataclass(frozen=True)
+class Carried:
+    """The faults still reported, and those this run saw cleared (by a reboot)."""
+
+    still: list[dict[str, Any]]
+    cleared: list[dict[str, Any]]
+
+
+def carry(faults: Iterable[dict[str, Any]], boot_id: str | None) -> Carried:
+    """Split the remembered faults: a reboot clears those a reset clears."""
+    still, cleared = [], []
+    for fault in faults:
+        rebooted = boot_id is not None and fault.get("boot_id") not in (None, boot_id)
+        (cleared if rebooted and fault["action"] in CLEARED_BY_REBOOT else still).append(fault)
+    return Carried(still, cleared)
+
+
+def _until(action: str) -> str:
+    if action in CLEARED_BY_REBOOT:
+        return "until a reboot, or `gpucheck health --set-healthy` after a GPU reset"
+    return "until the part is replaced and `gpucheck health --set-healthy` is run"
+
+
+def still_findings(still: Iterable[dict[str, Any]], raised: set[str]) -> list[Finding]:
+    """A finding for each remembered fault not raised again by a new line this run."""
+    findings = []
+    for fault in still:
+        if fault["key"] in raised:
+            continue
+        message = (f"{fault['message']} (first reported {fault['since']}; reported "
+                   f"{_until(fault['action'])})")
+        findings.append(Finding(fault["check"], Status(fault["status"]), message,
+                                fault.get("hint") or None, fault.get("subject"),
+                                action=fault["action"]))
+    return findings

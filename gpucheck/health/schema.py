@@ -1,0 +1,139 @@
+"""The health state file's shape, checked field by field before anything uses it.
+
+A state file is data another run (or a person, or a disk error) may have damaged:
+`{"version": 1, "last": {"problems": 5}}` once gave a traceback on every run. So every
+field is checked for its type and size here, and a file that does not fit is
+`Damaged` (the caller makes it a WARN, sets the file aside and writes a new one).
+Version 1 files (one consumer, the last line's fingerprint) are read as the
+"default" consumer's part.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gpucheck.actions import ACTIONS
+
+MAX_CONSUMERS = 32
+MAX_FAULTS = 256
+MAX_PORTS = 1024
+MAX_PROBLEMS = 4096
+MAX_TAIL = 64
+MAX_TEXT = 4096
+CONSUMER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class Damaged(ValueError):
+    """The state file cannot be used; the message says why, in a few words."""
+
+
+def _need(ok: bool, where: str, what: str) -> None:
+    if not ok:
+        raise Damaged(f"{where} is not {what}")
+
+
+def _dict(value: Any, where: str, most: int = 64) -> dict[str, Any]:
+    _need(isinstance(value, dict) and len(value) <= most, where, f"an object (<= {most} keys)")
+    return value
+
+
+def _text(value: Any, where: str, optional: bool = True) -> str | None:
+    if value is None and optional:
+        return None
+    _need(isinstance(value, str) and len(value) <= MAX_TEXT, where, "a short string")
+    return value
+
+
+def _int(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    _need(isinstance(value, int) and not isinstance(value, bool) and value >= 0, where,
+          "a whole number")
+    return value
+
+
+def _texts(value: Any, where: str, most: int) -> list[str]:
+    _need(isinstance(value, list) and len(value) <= most, where, f"a list (<= {most} items)")
+    return [_text(v, f"{where}[]", optional=False) for v in value]  # type: ignore[misc]
+
+
+def cursor(value: Any, where: str) -> dict[str, Any]:
+    """`kernel_log`: {count, chain, tail, source} (version 2) or {last_event, source}
+    (version 1, read as a tail of one line)."""
+    raw = _dict(value if value is not None else {}, where)
+    out: dict[str, Any] = {"source": _text(raw.get("source"), f"{where}.source")}
+    last = _text(raw.get("last_event"), f"{where}.last_event")
+    tail = raw.get("tail", [last] if last else [])
+    out["tail"] = _texts(tail, f"{where}.tail", MAX_TAIL)
+    out["count"] = _int(raw.get("count"), f"{where}.count")
+    out["chain"] = _text(raw.get("chain"), f"{where}.chain")
+    return out
+
+
+def _port(value: Any, where: str) -> dict[str, Any]:
+    raw = _dict(value, where)
+    _need(isinstance(raw.get("seen_active", False), bool), f"{where}.seen_active", "true/false")
+    counters = _dict(raw.get("counters", {}), f"{where}.counters")
+    for name, count in counters.items():
+        _int(count, f"{where}.counters.{name}")
+    _text(raw.get("at"), f"{where}.at")
+    return raw
+
+
+def _last(value: Any, where: str) -> dict[str, Any]:
+    raw = _dict(value if value is not None else {}, where)
+    _text(raw.get("verdict"), f"{where}.verdict")
+    _text(raw.get("at"), f"{where}.at")
+    _texts(raw.get("problems", []), f"{where}.problems", MAX_PROBLEMS)
+    return raw
+
+
+def consumer_part(value: Any, where: str) -> dict[str, Any]:
+    raw = _dict(value, where)
+    ports = _dict(raw.get("ib_ports") or {}, f"{where}.ib_ports", MAX_PORTS)
+    return {"boot_id": _text(raw.get("boot_id"), f"{where}.boot_id"),
+            "kernel_log": cursor(raw.get("kernel_log"), f"{where}.kernel_log"),
+            "ib_ports": {_text(k, f"{where}.ib_ports key", False): _port(v, f"{where}.ib_ports")
+                         for k, v in ports.items()},
+            "last": _last(raw.get("last"), f"{where}.last")}
+
+
+def fault(value: Any, where: str) -> dict[str, Any]:
+    """One fault still reported (gpucheck.health.faults): every field a short string."""
+    raw = _dict(value, where)
+    for key in ("key", "check", "status", "action", "message", "since"):
+        _text(raw.get(key), f"{where}.{key}", optional=False)
+    for key in ("subject", "hint", "boot_id"):
+        _text(raw.get(key), f"{where}.{key}")
+    _need(raw["status"] in ("WARN", "FAIL"), f"{where}.status", "WARN or FAIL")
+    _need(raw["action"] in ACTIONS, f"{where}.action", "a gpucheck action")
+    return raw
+
+
+def checked_state(raw: Any) -> dict[str, Any]:
+    """The file's data in version 2's shape, every field checked; Damaged otherwise."""
+    top = _dict(raw, "the file")
+    version = top.get("version")
+    _need(version in (1, 2) and not isinstance(version, bool), "its version",
+          "one this gpucheck wrote (1 or 2)")
+    gpus = _dict(top.get("gpus") or {}, "gpus")
+    out = {"gpus": {"most_seen": _int(gpus.get("most_seen"), "gpus.most_seen")}}
+    if version == 1:  # one consumer: the "default" one
+        out.update(faults=[], baseline={}, consumers={"default": consumer_part(
+            {k: top.get(k) for k in ("boot_id", "kernel_log", "ib_ports", "last")}, "the file")})
+        return out
+    consumers = _dict(top.get("consumers") or {}, "consumers", MAX_CONSUMERS)
+    faults = top.get("faults") or []
+    _need(isinstance(faults, list) and len(faults) <= MAX_FAULTS, "faults", "a short list")
+    baseline = _dict(top.get("baseline") or {}, "baseline")
+    out["faults"] = [fault(f, "faults[]") for f in faults]
+    out["baseline"] = ({"boot_id": _text(baseline.get("boot_id"), "baseline.boot_id"),
+                        "kernel_log": cursor(baseline.get("kernel_log"), "baseline.kernel_log")}
+                       if baseline else {})
+    out["consumers"] = {}
+    for name, part in consumers.items():
+        _need(isinstance(name, str) and CONSUMER.fullmatch(name) is not None,
+              "a consumer's name", "a short name")
+        out["consumers"][name] = consumer_part(part, f"consumers.{name}")
+    return out

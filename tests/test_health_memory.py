@@ -1,0 +1,186 @@
+"""Health remembers right: a fault that needs a reset or a reboot stays reported until
+one happened (or `--set-healthy` says so); each consumer of a shared state dir reads
+the kernel log for itself; identical Xid lines are each an event."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpucheck import cli
+from gpucheck.health.run import HealthOptions, collect_health_report
+from gpucheck.health.state import STATE_FILE
+from gpucheck.report import Report, Status
+from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.health_fakes import write_log, xid_line
+
+BUS = "0000:18:00"
+DBE = xid_line(100.5, BUS, 48, "An uncorrectable double bit error (DBE) has been detected.")
+REMAP = xid_line(120.0, BUS, 64, "ECC page retirement or row remapper recording failure")
+PUSH = xid_line(60.0, BUS, 32, "Invalid or corrupted push buffer stream")  # WARN restart-app
+STICKY = {  # each action that stays reported, by an Xid the catalog gives it
+    "reset-gpu": DBE, "drain-node": xid_line(900.0, BUS, 79, "GPU has fallen off the bus."),
+    "replace-hardware": REMAP}
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu()]).module)
+    (tmp_path / "sys").mkdir()
+    _reboot(tmp_path, "boot-1")
+    (tmp_path / "state").mkdir()
+    write_log(tmp_path / "dmesg.txt", [])
+    return tmp_path
+
+
+def _reboot(node: Path, boot_id: str) -> None:
+    boot = node / "proc/sys/kernel/random/boot_id"
+    boot.parent.mkdir(parents=True, exist_ok=True)
+    boot.write_text(f"{boot_id}\n")
+
+
+def _run(node: Path, lines: list[str] | None = None, consumer: str = "default",
+         set_healthy: bool = False, raw: str | None = None) -> Report:
+    if lines is not None:
+        write_log(node / "dmesg.txt", lines)
+    if raw is not None:
+        (node / "dmesg.txt").write_text(raw)
+    options = HealthOptions(budget_s=20, kernel_log=str(node / "dmesg.txt"), sysfs=node / "sys",
+                            proc=node / "proc", state_dir=node / "state", consumer=consumer,
+                            set_healthy=set_healthy)
+    return collect_health_report(options)
+
+
+def _xid_problems(report: Report) -> list[tuple[str, str | None]]:
+    return [(f.status.value, f.action) for f in report.section("kernel_log").findings
+            if f.status in (Status.WARN, Status.FAIL)]
+
+
+# ---- item 5: a fault stays until what clears it happened ----
+
+@pytest.mark.parametrize("action", sorted(STICKY))
+def test_a_fault_needing_a_reset_stays_reported_on_later_clean_runs(node, action):
+    first = _run(node, [STICKY[action]])
+    assert _xid_problems(first) == [("FAIL", action)]
+    for _ in range(2):
+        later = _run(node)  # the line is read, nothing new: the fault is still there
+        assert _xid_problems(later) == [("FAIL", action)]
+        assert later.section("kernel_log").data["xid_lines_new"] == 0
+        assert later.verdict() is Status.FAIL
+
+
+def test_a_restart_app_xid_is_reported_once(node):
+    assert _xid_problems(_run(node, [PUSH])) == [("WARN", "restart-app")]
+    assert _xid_problems(_run(node, [PUSH])) == []
+
+
+def test_a_reboot_clears_a_reset_fault_but_not_a_part_to_replace(node):
+    _run(node, [DBE, REMAP])
+    _reboot(node, "boot-2")
+    report = _run(node, [])
+    assert _xid_problems(report) == [("FAIL", "replace-hardware")]
+    cleared = report.section("health").data["faults_cleared"]
+    assert len(cleared) == 1 and "|48 (cleared by a reboot)" in cleared[0]
+    assert _xid_problems(_run(node, [])) == [("FAIL", "replace-hardware")]
+
+
+def test_set_healthy_clears_every_fault_and_a_later_line_is_raised_again(node):
+    _run(node, [DBE, REMAP])
+    cleared = _run(node, set_healthy=True)
+    assert _xid_problems(cleared) == [] and cleared.verdict() is Status.OK
+    assert len(cleared.section("health").data["faults_cleared"]) == 2
+    assert _xid_problems(_run(node)) == []
+    again = xid_line(2000.0, BUS, 48, "An uncorrectable double bit error (DBE) has been detected.")
+    assert _xid_problems(_run(node, [DBE, REMAP, again])) == [("FAIL", "reset-gpu")]
+
+
+def test_set_healthy_moves_every_consumer_and_a_new_one_starts_there(node):
+    _run(node, [DBE], consumer="prolog")  # the prolog saw it; the healthcheck not yet
+    _run(node, set_healthy=True, consumer="operator")
+    assert _xid_problems(_run(node, consumer="healthcheck")) == []
+    assert _xid_problems(_run(node, consumer="prolog")) == []
+
+
+def test_set_healthy_from_the_command_line(node, monkeypatch, capsys):
+    _run(node, [DBE])
+    argv = ["health", "--sysfs", str(node / "sys"), "--kernel-log", str(node / "dmesg.txt"),
+            "--state-dir", str(node / "state"), "--format", "json"]
+    monkeypatch.setattr("gpucheck.health.state.read_boot_id", lambda proc=None: "boot-1")
+    monkeypatch.setattr("gpucheck.health.run.read_boot_id", lambda proc=None: "boot-1")
+    assert cli.main(argv) == 1
+    capsys.readouterr()
+    assert cli.main([*argv, "--set-healthy"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    health = next(s for s in data["sections"] if s["name"] == "health")
+    assert len(health["data"]["faults_cleared"]) == 1
+    assert cli.main(argv) == 0
+
+
+# ---- item 6: consumers of one state dir do not take each other's lines ----
+
+def test_each_consumer_reads_every_line_for_itself(node):
+    for consumer in ("prometheus-textfile", "slurm-healthcheck", "slurm-prolog"):
+        assert _xid_problems(_run(node, [PUSH], consumer=consumer)) == [("WARN", "restart-app")]
+    for consumer in ("prometheus-textfile", "slurm-healthcheck"):
+        assert _xid_problems(_run(node, [PUSH], consumer=consumer)) == []
+    state = json.loads((node / "state" / STATE_FILE).read_text())
+    assert sorted(state["consumers"]) == ["prometheus-textfile", "slurm-healthcheck",
+                                          "slurm-prolog"]
+
+
+def test_a_fault_found_by_one_consumer_is_reported_by_every_other(node):
+    _run(node, [DBE], consumer="prometheus-textfile")
+    _run(node, [DBE], consumer="slurm-healthcheck")
+    assert _xid_problems(_run(node, [DBE], consumer="slurm-healthcheck")) == [
+        ("FAIL", "reset-gpu")]
+
+
+def test_a_consumer_s_write_keeps_what_another_wrote_meanwhile(node):
+    """Two runs at once: the later write re-reads the file, so neither loses the other's
+    cursor nor a fault it found."""
+    from gpucheck.health import state as state_module
+
+    real = state_module.read_raw
+    calls = {"n": 0}
+
+    def other_writes_first(directory):
+        calls["n"] += 1
+        if calls["n"] == 2:  # between this run's load and its write
+            _run(node, [DBE], consumer="prolog")
+        return real(directory)
+
+    state_module.read_raw = other_writes_first
+    try:
+        _run(node, [DBE], consumer="healthcheck")
+    finally:
+        state_module.read_raw = real
+    stored = json.loads((node / "state" / STATE_FILE).read_text())
+    assert sorted(stored["consumers"]) == ["healthcheck", "prolog"]
+    assert [f["action"] for f in stored["faults"]] == ["reset-gpu"]
+
+
+# ---- item 7: identical lines are each an event ----
+
+@pytest.mark.parametrize("stamp", ["Nov 26 10:00:00 node7 kernel: ", ""])
+def test_two_new_identical_lines_after_a_first_one_are_raised(node, stamp):
+    line = f"{stamp}NVRM: Xid (PCI:{BUS}): 48, An uncorrectable double bit error (DBE).\n"
+    _run(node, raw=line)
+    report = _run(node, raw=line * 3)
+    assert report.section("kernel_log").data["xid_lines_new"] == 2
+    (row,) = report.section("kernel_log").data["xids"]
+    assert row["count"] == 2
+    assert _xid_problems(report) == [("FAIL", "reset-gpu")]
+
+
+def test_more_consumers_than_the_file_keeps_drop_the_oldest_never_the_file(node):
+    from gpucheck.health.schema import MAX_CONSUMERS
+
+    for i in range(MAX_CONSUMERS + 3):
+        report = _run(node, [PUSH], consumer=f"job-{i}")
+        assert not [f for f in report.findings if f.check == "health.state"]
+    stored = json.loads((node / "state" / STATE_FILE).read_text())
+    assert len(stored["consumers"]) == MAX_CONSUMERS
+    assert f"job-{MAX_CONSUMERS + 2}" in stored["consumers"]

@@ -1,0 +1,268 @@
+"""What another user can write is data: a forged Xid inside another kernel message, a
+state dir or state file another user could change, a damaged state file, option
+extremes and a non-UTF-8 locale or HCA name never drain a node, hang, or traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpucheck import cli
+from gpucheck.health.run import HealthOptions, collect_health_report
+from gpucheck.health.state import SET_ASIDE, STATE_FILE
+from gpucheck.probes.kernel_log import parse_line, read_file, scan_lines
+from gpucheck.render.line import worst_finding
+from gpucheck.report import Report, Section, Status, warn
+from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.health_fakes import add_port, write_log, xid_line
+
+REPO = Path(__file__).resolve().parents[1]
+FAKE_SITE = REPO / "tests" / "fake_nvml_site"
+BUS = "0000:18:00"
+DBE = xid_line(100.5, BUS, 48, "An uncorrectable double bit error (DBE) has been detected.")
+FORGED = [  # text any user can put into the kernel log, with "NVRM: Xid" inside it
+    "[ 1283.200000] tmpfs: Unknown parameter 'NVRM: Xid (PCI:0000:18:00): 79'\n",
+    "Nov 26 10:00:00 node7 kernel: [ 1283.2] tmpfs: Unknown parameter "
+    "'NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.'\n",
+    "2026-11-26T10:00:00+0000 node7 kernel: ext4: bad option 'NVRM: Xid (PCI:0000:18:00): 48,'\n",
+]
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu()]).module)
+    (tmp_path / "sys").mkdir()
+    boot = tmp_path / "proc/sys/kernel/random/boot_id"
+    boot.parent.mkdir(parents=True)
+    boot.write_text("boot-1\n")
+    (tmp_path / "state").mkdir(mode=0o755)
+    write_log(tmp_path / "dmesg.txt", [])
+    return tmp_path
+
+
+def _run(node: Path, lines: list[str] | None = None, budget: float = 20) -> Report:
+    if lines is not None:
+        write_log(node / "dmesg.txt", lines)
+    options = HealthOptions(budget_s=budget, kernel_log=str(node / "dmesg.txt"),
+                            sysfs=node / "sys", proc=node / "proc", state_dir=node / "state")
+    return collect_health_report(options)
+
+
+def _state_warnings(report: Report) -> list[str]:
+    return [f.message for f in report.findings if f.check == "health.state"]
+
+
+# ---- item 2: NVRM only where the driver writes it ----
+
+@pytest.mark.parametrize("line", FORGED)
+def test_a_forged_xid_inside_another_message_is_not_an_xid(line):
+    assert parse_line(line) is None
+    assert scan_lines([line]).events == []
+
+
+@pytest.mark.parametrize("line", [
+    "[ 1283.200000] NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.",
+    "Nov 26 10:00:00 node7 kernel: NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off",
+    "Nov 26 10:00:00 node7 kernel: [ 1283.2] NVRM: Xid (PCI:0000:18:00): 79, off the bus",
+    "2026-11-26T10:00:00+0000 node7 kernel: NVRM: Xid (PCI:0000:18:00): 79, off the bus",
+    "2026-11-26T10:00:00,123456+00:00 NVRM: Xid (PCI:0000:18:00): 79, off the bus",
+    "[Thu Nov 26 10:00:00 2026] NVRM: Xid (PCI:0000:18:00): 79, off the bus",
+    "kern  :err   : [ 1283.2] NVRM: Xid (PCI:0000:18:00): 79, off the bus",
+    "<3>[ 1283.2] NVRM: Xid (PCI:0000:18:00): 79, off the bus",
+    "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.",
+])
+def test_the_driver_s_own_lines_in_every_accepted_format_are_xids(line):
+    event = parse_line(line)
+    assert event is not None and event.xid == 79 and event.bus_id == "0000:18:00.0"
+
+
+def test_a_forged_xid_does_not_fail_health_and_a_real_one_does(node):
+    assert _run(node, FORGED).verdict() is Status.OK
+    (finding,) = [f for f in _run(node, [*FORGED, DBE]).findings if f.status is Status.FAIL]
+    assert finding.check == "kernel_log.xid" and finding.action == "reset-gpu"
+
+
+def test_a_forged_boot_banner_does_not_cut_earlier_xids_away(tmp_path):
+    log = write_log(tmp_path / "kern.log", [
+        DBE, "[ 200.0] tmpfs: Unknown parameter '] Linux version 6.8.0'\n"])
+    assert [e.xid for e in read_file(str(log), boot_cut=True).events] == [48]
+
+
+# ---- item 3: the state dir and file are trusted only when they are this user's ----
+
+def test_a_state_file_linked_elsewhere_is_not_followed_nor_written_through(node):
+    target = node / "victim.conf"
+    target.write_text("precious\n")
+    (node / "state" / STATE_FILE).symlink_to(target)
+    report = _run(node)
+    assert any("symbolic link" in m for m in _state_warnings(report))
+    assert target.read_text() == "precious\n"
+    assert not (node / "state" / STATE_FILE).is_symlink()
+    assert (node / "state" / SET_ASIDE).is_symlink()  # the link itself, set aside
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "huge"])
+def test_a_state_file_that_is_no_state_is_a_warn_within_the_budget(node, kind):
+    path = node / "state" / STATE_FILE
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev_zero":
+        path.symlink_to("/dev/zero")
+    else:  # 12 MB of a state gpucheck could have written, one problem repeated
+        last = {"verdict": "WARN", "at": "x", "problems": ["gpu.x|GPU 0"] * 800_000}
+        path.write_text(json.dumps({"version": 1, "last": last}))
+    report = _run(node, budget=2)
+    assert len(_state_warnings(report)) == 1
+    assert (node / "state" / STATE_FILE).is_file()  # replaced by a good one
+    assert _state_warnings(_run(node)) == []
+
+
+def test_a_state_file_of_another_user_is_not_trusted(node):
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a file to another uid")
+    _run(node, [DBE])
+    os.chown(node / "state" / STATE_FILE, 12345, 12345)
+    assert any("uid 12345" in m for m in _state_warnings(_run(node)))
+
+
+@pytest.mark.parametrize("how", ["others_write", "other_owner"])
+def test_a_state_dir_another_user_could_write_is_a_usage_error(node, how, monkeypatch, capsys):
+    shared = node / "shared"
+    shared.mkdir()
+    if how == "others_write":
+        shared.chmod(0o1777)
+    elif os.geteuid() == 0:
+        os.chown(shared, 12345, 12345)
+    else:
+        pytest.skip("only root can give a directory to another uid")
+    code = cli.main(["health", "--sysfs", str(node / "sys"), "--kernel-log",
+                     str(node / "dmesg.txt"), "--state-dir", str(shared)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--state-dir" in err
+    assert list(shared.iterdir()) == []
+
+
+def test_the_state_is_written_by_rename_and_never_through_a_link_made_meanwhile(node):
+    _run(node)
+    assert sorted(p.name for p in (node / "state").iterdir()) == [STATE_FILE]
+    assert (node / "state" / STATE_FILE).stat().st_mode & 0o022 == 0
+
+
+def test_the_worst_finding_of_many_thousand_is_the_first_most_severe():
+    findings = [warn("x.y", f"m{i}", "h", f"s{i}") for i in range(5_000)]
+    report = Report(command="health")
+    report.add(Section("s", "S", {}, findings))
+    assert worst_finding(report).subject == "s0"
+
+
+# ---- item 8: a damaged state file is a WARN, set aside, replaced ----
+
+@pytest.mark.parametrize("content", [
+    {"version": 1, "last": {"problems": 5}},
+    {"version": 1, "last": []},
+    {"version": 1, "kernel_log": "x"},
+    {"version": 1, "kernel_log": {"last_event": 7}},
+    {"version": 1, "ib_ports": {"mlx5_0/1": {"counters": {"link_downed": "1"}}}},
+    {"version": 1, "ib_ports": {"mlx5_0/1": 3}},
+    {"version": 1, "gpus": {"most_seen": "8"}},
+    {"version": 2, "consumers": {"default": {"kernel_log": {"tail": [1]}}}},
+    {"version": 2, "consumers": {"../x": {}}},
+    {"version": 2, "faults": [{"key": "k"}]},
+    {"version": 2, "faults": [{"key": "k", "check": "c", "status": "OK", "action": "none",
+                               "message": "m", "since": "t"}]},
+    {"version": True},
+    [1, 2],
+    "text",
+])
+def test_a_damaged_state_file_warns_once_is_set_aside_and_replaced(node, content):
+    path = node / "state" / STATE_FILE
+    path.write_text(json.dumps(content))
+    report = _run(node, [DBE])
+    (message,) = _state_warnings(report)
+    assert SET_ASIDE in message
+    assert json.loads((node / "state" / SET_ASIDE).read_text()) == content
+    assert [f.status for f in report.findings if f.check == "kernel_log.xid"] == [Status.FAIL]
+    assert _state_warnings(_run(node, [DBE])) == []
+
+
+def test_a_version_1_state_is_read_and_its_cursor_kept(node):
+    from gpucheck.health.xids import fingerprint
+
+    (event,) = scan_lines([DBE]).events
+    (node / "state" / STATE_FILE).write_text(json.dumps({
+        "version": 1, "boot_id": "boot-1", "kernel_log": {"last_event": fingerprint(event)},
+        "last": {"verdict": "FAIL", "problems": []}}))
+    report = _run(node, [DBE])
+    assert _state_warnings(report) == []
+    assert report.section("kernel_log").data["xid_lines_new"] == 0
+
+
+# ---- item 11: option extremes are usage errors ----
+
+@pytest.mark.parametrize("option", [["--valid-for", "1e12"], ["--budget", "1e10"],
+                                    ["--nvml-timeout", "1e10"], ["--consumer", "a/b"],
+                                    ["--set-healthy"]])
+def test_option_extremes_are_one_line_usage_errors(node, option, capsys):
+    code = cli.main(["health", "--sysfs", str(node / "sys"), "--kernel-log",
+                     str(node / "dmesg.txt"), *option])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("gpucheck health: error:")
+
+
+# ---- item 12: any locale, any HCA name ----
+
+def _subprocess_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (REPO, FAKE_SITE))),
+            "GPUCHECK_FAKE_NVML": json.dumps({"gpus": [{}]}), **extra}
+
+
+def test_a_latin_1_terminal_gets_the_text_report_not_a_traceback(node):
+    sample = "An uncorrectable double bit error " + "x" * 200  # truncated with "…"
+    write_log(node / "dmesg.txt", [xid_line(1.0, BUS, 48, sample)])
+    done = subprocess.run([sys.executable, "-m", "gpucheck", "health", "--sysfs",
+                           str(node / "sys"), "--kernel-log", str(node / "dmesg.txt")],
+                          env=_subprocess_env(PYTHONIOENCODING="latin-1"),
+                          capture_output=True, timeout=120, check=False)
+    assert done.returncode == 1 and b"Traceback" not in done.stderr
+    assert b"XID 48" in done.stdout and b"xxx..." in done.stdout
+
+
+def test_a_non_utf8_hca_name_is_a_valid_prometheus_label(node):
+    parser = pytest.importorskip("prometheus_client.parser")
+    add_port(node / "sys", "mlx5_0", state=1, phys=2)
+    raw = os.fsencode(node / "sys/class/infiniband/mlx5_0")
+    os.rename(raw, raw[:-1] + b"\xff")
+    out = node / "health.prom"
+    done = subprocess.run([sys.executable, "-m", "gpucheck", "health", "--sysfs",
+                           str(node / "sys"), "--kernel-log", str(node / "dmesg.txt"),
+                           "-o", str(out), "-q"], env=_subprocess_env(),
+                          capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    text = out.read_bytes().decode("utf-8")  # valid UTF-8, as the format requires
+    samples = [s for f in parser.text_string_to_metric_families(text) for s in f.samples
+               if s.labels.get("check") == "ib.port.state"]
+    assert [s.labels["hca"] for s in samples] == ["mlx5_\\xff"]
+
+
+def test_a_non_utf8_hca_name_keeps_one_name_across_runs(node):
+    add_port(node / "sys", "mlx5_0")
+    raw = os.fsencode(node / "sys/class/infiniband/mlx5_0")
+    os.rename(raw, raw[:-1] + b"\xff")
+    first = _run(node)
+    second = _run(node)
+    assert _state_warnings(first) == _state_warnings(second) == []
+    assert second.verdict() is Status.OK
+    assert [f.subject for f in second.findings if f.check == "ib.port.state"] == [
+        "mlx5_\\xff port 1"]
+
+
+def test_a_state_file_others_may_write_is_not_trusted(node):
+    _run(node, [DBE])
+    (node / "state" / STATE_FILE).chmod(0o666)
+    assert any("written by other users" in m for m in _state_warnings(_run(node)))
+    assert (node / "state" / STATE_FILE).stat().st_mode & 0o022 == 0  # the new one
