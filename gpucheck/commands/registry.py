@@ -19,7 +19,8 @@ from gpucheck.errors import UsageError
 from gpucheck.escape import terminal
 from gpucheck.render import FORMATS
 
-COMMANDS = ("env", "bench", "comm", "stress", "all", "compare", "fleet", "health", "hang")
+COMMANDS = ("env", "bench", "comm", "stress", "all", "compare", "fleet", "health", "hang",
+            "preflight")
 
 EXIT_USAGE = 2
 
