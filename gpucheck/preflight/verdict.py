@@ -28,7 +28,7 @@ def decide(result: Mapping[str, Any]) -> dict[str, Any]:
     strict = bool(result.get("strict"))
     worst = max((f.status.severity for s in sections for f in s.findings), default=0)
     bound = Status.WARN.severity if strict else Status.FAIL.severity
-    go = worst < bound
+    go = worst < bound and not failing  # a node named to fail stops the job whatever else
     head = verdict_section(result, failing, go)
     return {"go": go, "failing": failing,
             "sections": [s.to_dict() for s in (head, *sections)]}
@@ -203,7 +203,7 @@ def links_section(internode: Mapping[str, Any], result: Mapping[str, Any],
             blamed.append({"host": node.host, "node_rank": node.node_rank, "rank": None,
                            "gpu": None, "check": "preflight.links", "why": why})
             section.findings.append(fail("preflight.links", f"{node.label}: {why}",
-                                         NODE_HINT, subject=node.label))
+                                         NODE_HINT, subject=node.label, action="drain-node"))
     return section, blamed
 
 
@@ -235,7 +235,8 @@ def verdict_section(result: Mapping[str, Any], failing: Sequence[Mapping[str, An
         where = ", ".join(f"rank {r}" for r in node["ranks"]) or "the node"
         gpus = f" on {', '.join(map(str, node['gpus']))}" if node["gpus"] else ""
         findings.append(fail("preflight.node", f"{label}: {where}{gpus}: "
-                             f"{'; '.join(node['why'])}", NODE_HINT, subject=node["host"]))
+                             f"{'; '.join(node['why'])}", NODE_HINT, subject=node["host"],
+                             action="drain-node"))
     if go:
         findings.append(ok("preflight.go", f"{result['world_size']} rank(s) on "
                            f"{len(group_by_node(result['ranks']))} node(s) passed: the "
