@@ -193,3 +193,44 @@ def test_a_command_not_on_path_is_a_usage_error(capsys: pytest.CaptureFixture[st
 
 def test_a_zero_budget_is_a_usage_error() -> None:
     assert cli.main(["preflight", "--budget", "0"]) == 2
+
+
+def _fake_nvml(monkeypatch: pytest.MonkeyPatch, **faults: dict) -> None:
+    import sys
+
+    from tests.fake_pynvml import FakeGpu, FakeNvml
+
+    gpus = [FakeGpu(bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0") for i in range(2)]
+    for key, changes in faults.items():
+        for attr, value in changes.items():
+            setattr(gpus[int(key[3:])], attr, value)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus).module)
+
+
+def _by_check(findings: list[dict], check: str) -> list[tuple[str, str]]:
+    return [(f["status"], f["subject"][:5]) for f in findings if f["check"] == check]
+
+
+def test_nvml_counts_only_other_processes_as_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpucheck.preflight.checks import nvml_findings
+
+    _fake_nvml(monkeypatch, gpu0={"pids": [111]}, gpu1={"pids": [4242]})
+    found = nvml_findings("cuda", own_pids=[111, 112])
+    assert _by_check(found, "gpu.busy") == [("OK", "GPU 0"), ("WARN", "GPU 1")]
+
+
+def test_nvml_fail_condemns_its_node_and_a_healthy_node_passes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpucheck.preflight.checks import nvml_findings
+
+    _fake_nvml(monkeypatch, gpu1={"ecc_volatile_unc": 3, "ecc_aggregate_unc": 3})
+    bad = nvml_findings("cuda")
+    _fake_nvml(monkeypatch)
+    good = nvml_findings("cuda")
+    assert [f for f in good if f["status"] == "FAIL"] == []
+    nodes = [{"node_rank": 0, "findings": good}, {"node_rank": 1, "findings": bad}]
+    decision = decide(_result({"nvml": {"state": "done", "nodes": nodes}}))
+    assert decision["go"] is False
+    [node] = decision["failing"]
+    assert node["host"] == "gpu-b" and node["checks"] == ["gpu.ecc.volatile_uncorrected"]
+    assert str(node["gpus"][0]).startswith("GPU 1")

@@ -200,7 +200,8 @@ def _failed(args: argparse.Namespace, exc: Any) -> Report | None:
     from gpucheck.preflight.actions import failing_hosts
 
     failing = [{"host": r.get("host"), "node_rank": r.get("node_rank")}
-               for f in exc.failures for r in exc.roster if r.get("rank") == f.rank]
+               for f in exc.failures if _node_fault(f)
+               for r in exc.roster if r.get("rank") == f.rank]
     # On a rank that does not report: one line on stderr and exit 1.
     report = failed_job_report("preflight", exc, lambda partial: Report(command="preflight"),
                                args.quiet and args.output is None)
@@ -208,6 +209,16 @@ def _failed(args: argparse.Namespace, exc: Any) -> Report | None:
     if report is not None and failing:
         report.sections[-1].data["exclude"] = failing_hosts(failing)
     return report
+
+
+def _node_fault(failure: Any) -> bool:
+    """Does this rank's end point at its node? Silent (stopped, hung) or never arrived,
+    or killed by a signal other than a stop request. A rank that raised (exit code 1)
+    is software, not the node: its host is not excluded."""
+    if failure.cause in ("did not answer", "never checked in"):
+        return True
+    return failure.signal is not None and failure.signal not in ("SIGTERM", "SIGINT",
+                                                                 "SIGHUP")
 
 
 def exit_code(report: Report, args: argparse.Namespace) -> int:

@@ -3,6 +3,8 @@ env's NVML judges as a list of findings, and one large allocation."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import replace
 from typing import Any
 
 from gpucheck.report import fail, skip
@@ -13,12 +15,14 @@ DEFAULT_ALLOC_FRACTION = 0.8
 CPU_ALLOC_BYTES = 64 << 20  # CPU ranks: a token allocation (host memory is the OS's)
 
 
-def nvml_findings(device: str) -> list[dict[str, Any]]:
+def nvml_findings(device: str, own_pids: Collection[int] = ()) -> list[dict[str, Any]]:
     """Every GPU of this node read through NVML and judged by env's judges (ECC, row
     remaps, retired pages, recovery action, fabric, clocks, lost GPUs): the findings,
-    as dicts. `nvidia-smi -q` shows the same fields."""
+    as dicts. `nvidia-smi -q` shows the same fields. The job's own ranks (`own_pids`)
+    are on the GPUs by now: `gpu.busy` counts only the other processes."""
     if device != "cuda":
         return [skip("preflight.nvml", "CPU ranks: no GPU to read through NVML").to_dict()]
+    from gpucheck.probes.gpu_judge import busy_finding
     from gpucheck.probes.gpus import probe_nvml
 
     try:
@@ -26,7 +30,14 @@ def nvml_findings(device: str) -> list[dict[str, Any]]:
     except Exception as exc:  # a probe that fails is a finding, never a crash
         return [fail("preflight.nvml", f"NVML could not be read: {exc}",
                      "run gpucheck env on this node to see why").to_dict()]
-    return [f.to_dict() for section in result.sections for f in section.findings]
+    findings = [f for section in result.sections for f in section.findings
+                if f.check != "gpu.busy"]
+    for gpu in result.gpus:
+        if gpu.process_count is not None and not gpu.error:
+            others = [p for p in gpu.processes if p.get("pid") not in set(own_pids)]
+            findings.append(busy_finding(replace(gpu, processes=others,
+                                                 process_count=len(others))))
+    return [f.to_dict() for f in findings]
 
 
 def large_allocation(rank: int, device: str, fraction: float) -> dict[str, Any]:

@@ -120,7 +120,10 @@ def _nvml(run: Run) -> dict[str, Any]:
 
     mine = None
     if run.world.local_rank == 0:
-        mine = {"node_rank": run.world.node_rank, "findings": nvml_findings(run.spec.device)}
+        own = [int(r["pid"]) for r in run.result["ranks"]
+               if r["node_rank"] == run.world.node_rank]
+        mine = {"node_rank": run.world.node_rank,
+                "findings": nvml_findings(run.spec.device, own)}
     return {"nodes": [n for n in _gather(mine, run.world.world_size) if n is not None]}
 
 
