@@ -234,3 +234,12 @@ def test_nvml_fail_condemns_its_node_and_a_healthy_node_passes(
     [node] = decision["failing"]
     assert node["host"] == "gpu-b" and node["checks"] == ["gpu.ecc.volatile_uncorrected"]
     assert str(node["gpus"][0]).startswith("GPU 1")
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "-5", "x"])
+def test_a_budget_that_is_no_positive_number_is_a_usage_error(budget: str) -> None:
+    assert cli.main(["preflight", "--budget", budget]) == 2
+
+
+def test_an_exclude_file_that_is_a_directory_is_a_usage_error(tmp_path: Path) -> None:
+    assert cli.main(["preflight", "--exclude-file", str(tmp_path)]) == 2
