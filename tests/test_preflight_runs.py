@@ -37,17 +37,21 @@ def _torchrun(tmp_path: Path, *options: str, **env: str) -> subprocess.Popen[str
     return start(args, _env(**env))
 
 
-def _slurm_ranks(port: int, *options: str, **env: str) -> list[subprocess.Popen[str]]:
-    """Two tasks as srun starts them on one node: no agent, rank 0 hosts the store."""
+def _slurm_ranks(port: int, *options: str, nodes: int = 1,
+                 **env: str) -> list[subprocess.Popen[str]]:
+    """Two tasks as srun starts them: no agent, rank 0 hosts the store; with `nodes=2`
+    each task is its own "node" (node rank 0 and 1 on this one host)."""
     procs = []
     for rank in (0, 1):
+        node, local = (rank, 0) if nodes == 2 else (0, rank)
         rank_env = _env(
-            RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-            SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_PROCID=str(rank),
-            SLURM_LOCALID=str(rank), SLURM_NODEID="0", SLURM_NTASKS="2",
-            SLURM_STEP_NUM_TASKS="2", SLURM_NNODES="1", SLURM_JOB_NODELIST="localhost",
-            SLURM_STEP_NODELIST="localhost", SLURM_TASKS_PER_NODE="2", **env)
+            RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(local),
+            LOCAL_WORLD_SIZE=str(2 // nodes), GROUP_RANK=str(node), MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port), SLURM_JOB_ID="4242", SLURM_STEP_ID="0",
+            SLURM_PROCID=str(rank), SLURM_LOCALID=str(local), SLURM_NODEID=str(node),
+            SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2", SLURM_NNODES=str(nodes),
+            SLURM_JOB_NODELIST="localhost", SLURM_STEP_NODELIST="localhost",
+            SLURM_TASKS_PER_NODE=str(2 // nodes), **env)
         procs.append(start([PYTHON, "-m", "gpucheck", "preflight", *options, "--",
                             PYTHON, TRAIN], rank_env))
     return procs
@@ -78,6 +82,19 @@ def test_slurm_shaped_pass_frees_master_port_for_the_command() -> None:
     assert [(r["rank"], r["sum"]) for r in trained] == [(0, 3.0), (1, 3.0)]
     assert [r["pid"] for r in trained] == [p.pid for p in procs]
     assert {r["master_port"] for r in trained} == {str(port)}
+
+
+def test_two_nodes_measure_their_links_then_run_the_command(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    procs = _slurm_ranks(free_port(), "-q", "-o", str(report), nodes=2)
+    with tracked(procs):
+        outs = [p.communicate(timeout=RUN_S) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+    assert [_trained(out)[0]["sum"] for out, _ in outs] == [3.0, 3.0]
+    sections = {s["name"]: s for s in json.loads(report.read_text())["sections"]}
+    assert sections["budget"]["data"]["checks"]["links"] == "done"
+    assert [(f["check"], f["status"]) for f in sections["internode"]["findings"]] == [
+        ("comm.internode.slow_pair", "OK")]
 
 
 @pytest.mark.parametrize("launch", ["torchrun", "slurm"])
