@@ -146,3 +146,23 @@ def test_alone_on_a_healthy_machine_is_ok_and_writes_an_empty_exclude_file(
     head = json.loads(report.read_text())["sections"][0]
     assert head["data"]["go"] is True and head["data"]["failing_nodes"] == []
     assert exclude.read_text() == ""
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_checks_that_do_not_fit_the_budget_skip_and_with_strict_stop_the_job(
+        tmp_path: Path, strict: bool) -> None:
+    # 1.5 s is less than every check but the allocation says it needs (DEFAULTS' costs).
+    report = tmp_path / "report.json"
+    proc = _torchrun(tmp_path, "-q", "--budget", "1.5", "-o", str(report),
+                     *(["--strict"] if strict else []))
+    with tracked([proc]) as seen:
+        stdout, stderr = proc.communicate(timeout=RUN_S)
+        assert wait_gone(seen) == []
+    assert proc.returncode == (1 if strict else 0), stderr[-3000:]
+    assert len(_trained(stdout)) == (0 if strict else 2)
+    sections = {s["name"]: s for s in json.loads(report.read_text())["sections"]}
+    states = sections["budget"]["data"]["checks"]
+    assert states["alloc"] == "done" and states["sdc"] == states["gemm"] == "unfinished"
+    unfinished = {f["subject"]: f["status"] for f in sections["budget"]["findings"]}
+    assert set(unfinished.values()) == {"FAIL" if strict else "SKIP"}
+    assert sections["preflight"]["data"]["failing_nodes"] == []

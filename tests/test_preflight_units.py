@@ -243,3 +243,12 @@ def test_a_budget_that_is_no_positive_number_is_a_usage_error(budget: str) -> No
 
 def test_an_exclude_file_that_is_a_directory_is_a_usage_error(tmp_path: Path) -> None:
     assert cli.main(["preflight", "--exclude-file", str(tmp_path)]) == 2
+
+
+def test_the_line_format_gives_the_failing_node_in_one_line() -> None:
+    from gpucheck.commands.preflight import _report
+    from gpucheck.render import render
+
+    text = render(_report(decide(_result({"sdc": {"state": "done"}}, stress=_sdc(2))),
+                          None), "line")
+    assert text.count("\n") <= 1 and "preflight.node" in text and "gpu-b" in text
