@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
+from collections.abc import Callable
 
 # Seconds a collective may wait beyond the budget's end: ranks reach the end a little
 # apart, and the final agreement (gather, decide, broadcast) needs its own moment.
@@ -22,7 +23,7 @@ GRACE_S = 5.0
 class Budget:
     """Seconds left of the checks' budget, agreed by every rank."""
 
-    def __init__(self, seconds: float, clock=time.monotonic) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.seconds = seconds
         self._clock = clock
         self._end = clock() + seconds
