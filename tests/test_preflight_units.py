@@ -252,3 +252,22 @@ def test_the_line_format_gives_the_failing_node_in_one_line() -> None:
     text = render(_report(decide(_result({"sdc": {"state": "done"}}, stress=_sdc(2))),
                           None), "line")
     assert text.count("\n") <= 1 and "preflight.node" in text and "gpu-b" in text
+
+
+@pytest.mark.parametrize(("local_rank", "host", "drained"), [
+    (0, "gpu-b", True), (1, "gpu-b", False), (0, "gpu-a", False)])
+def test_only_the_failing_node_own_rank_0_drains_it(
+        recording_scontrol: Path, monkeypatch: pytest.MonkeyPatch, local_rank: int,
+        host: str, drained: bool) -> None:
+    import argparse
+    from types import SimpleNamespace
+
+    from gpucheck.commands import preflight
+    from gpucheck.distributed import world
+
+    monkeypatch.setattr(world, "host_name", lambda: host)
+    monkeypatch.setitem(preflight.STARTED_ENVIRONMENT, "SLURM_JOB_ID", "77")
+    me = SimpleNamespace(local_rank=local_rank, node_rank=1, rank=2 + local_rank)
+    preflight._drain(argparse.Namespace(drain=True), SimpleNamespace(device="cuda"),
+                     {"failing": [NODE]}, me)
+    assert recording_scontrol.exists() is drained

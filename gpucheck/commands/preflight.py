@@ -170,8 +170,10 @@ def _drain(args: argparse.Namespace, spec: Any, decision: dict[str, Any],
         return None
     node = my_failing_node(decision["failing"], host_name(),
                            world.node_rank if world is not None else 0)
-    done = drain_node(node, spec.device, slurm.is_slurm_step(STARTED_ENVIRONMENT),
-                      args.drain)
+    # An srun task, or a job's prolog / batch step (SLURM_JOB_ID without a task rank).
+    under_slurm = slurm.is_slurm_step(STARTED_ENVIRONMENT) or \
+        "SLURM_JOB_ID" in STARTED_ENVIRONMENT
+    done = drain_node(node, spec.device, under_slurm, args.drain)
     if done is not None:
         how = (f"ran: {done['command']} (exit {done['exit_code']})" if done["ran"] else
                f"{done['note']}: {done['command']}")
