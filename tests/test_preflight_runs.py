@@ -20,8 +20,12 @@ HOOK_PATH = f"{ROOT}:{ROOT / 'tests'}"
 
 
 def _env(**extra: str) -> dict[str, str]:
-    """The test's environment with tests/ importable (the hooks' modules)."""
-    return clean_env(**extra) | {"PYTHONPATH": HOOK_PATH}
+    """The test's environment with tests/ importable (the hooks' modules), without any
+    GPUCHECK_* variable (an earlier test's cli.main may have set one in this process),
+    so whatever the command finds of them, gpucheck left behind."""
+    env = {k: v for k, v in clean_env(**extra).items()
+           if not k.startswith("GPUCHECK_") or k in extra}
+    return env | {"PYTHONPATH": HOOK_PATH}
 
 
 def _trained(stdout: str) -> list[dict]:
