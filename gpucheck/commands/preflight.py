@@ -82,7 +82,8 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan) -> Any:
                          alloc_fraction=0.8, allreduce_bytes=ar_bytes,
                          link_bytes=link_bytes, iters=iters,
                          peer_fraction=0.9 if plan.device == "cuda" else 0.5,
-                         expected_fraction=0.8, link_fraction=0.5, costs_s=costs)
+                         expected_fraction=0.8, link_fraction=0.5,
+                         fault_watch=args.fault_watch, costs_s=costs)
 
 
 def run(args: argparse.Namespace) -> Report | None:

@@ -59,7 +59,33 @@ def judged_sections(result: Mapping[str, Any]) -> tuple[list[Section], list[dict
         section, bad = links_section(links["internode"], result)
         sections.append(section)
         blamed += bad
+    if result.get("faults") is not None:
+        section = faults_section(result)
+        sections.append(section)
+        blamed += [_blame(ranks, r, "preflight.faults", why)
+                   for r, why in fault_ranks(section.data.get("gpus") or [])]
     return sections, failing_nodes(blamed)
+
+
+def faults_section(result: Mapping[str, Any]) -> Section:
+    """The hardware faults every rank's watch saw during the checks (docs/faults.md)."""
+    from gpucheck.stress.report import faults_of
+
+    return faults_of(result)
+
+
+def fault_ranks(gpus: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
+    """(rank, why) for each rank on a GPU whose fault verdict is FAIL (an XID 79, an
+    uncorrectable ECC error during the checks)."""
+    found = []
+    for gpu in gpus:
+        if gpu.get("verdict") != Status.FAIL.value:
+            continue
+        for rank in str(gpu.get("ranks") or "").split(","):
+            if rank.strip().isdigit():
+                found.append((int(rank), f"a hardware fault during the checks on "
+                              f"{gpu.get('gpu')} (action {gpu.get('action')})"))
+    return found
 
 
 def _node_of(ranks: Sequence[Mapping[str, Any]], rank: int) -> Mapping[str, Any]:

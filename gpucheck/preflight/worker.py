@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpucheck.distributed import progress, terminal
+from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.checkin import namespaced
 from gpucheck.distributed.session import job_store, process_group, roster, store_on_rank0
 from gpucheck.distributed.world import World
@@ -47,6 +47,7 @@ class PreflightSpec:
     peer_fraction: float
     expected_fraction: float
     link_fraction: float
+    fault_watch: bool = True  # watch every rank's GPU during the checks (docs/faults.md)
     # The least seconds each check needs; fewer left: it is a SKIP (budget).
     costs_s: tuple[tuple[str, float], ...] = ()
 
@@ -67,10 +68,14 @@ def preflight_worker(spec: PreflightSpec) -> dict[str, Any]:
     the gathered result), then knows whether it may hand over the job's store."""
     with namespaced("preflight"):
         with process_group(spec.backend, spec.device, spec.startup_s,
-                           fault_watch=False) as world:
+                           fault_watch=spec.fault_watch) as world:
             run = Run(spec, world, Budget(spec.budget_s), _initial(world, spec))
+            faultwatch.mark_start()  # XID and ECC events, counters, during the checks
             for name in CHECKS:
                 _check(run, name)
+            faultwatch.mark_end()
+            run.budget.bound_waits(GRACE_S)
+            run.result["faults"] = faultwatch.gather()
             decision = _decide(run)
         out = {"decision": decision, "result": run.result if world.rank == 0 else None,
                "store_on_rank0": store_on_rank0(world)}
