@@ -142,9 +142,13 @@ def _decided(args: argparse.Namespace, spec: Any, out: dict[str, Any],
 def _show(report: Report, args: argparse.Namespace) -> None:
     """The passing report, before this process becomes CMD (gpucheck.cli would show it
     only after `run` returns): --output written, text on stdout unless --quiet."""
+    from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
     from gpucheck.output import write_atomic
     from gpucheck.render import format_for, render
 
+    baseline = read_baseline_option(args)  # gpucheck.cli adds it to a returned report
+    if baseline is not None:
+        report.add(baseline_section(report, baseline))
     fmt = format_for(args.format, args.output)
     if args.output is not None:
         write_atomic(args.output, render(report, fmt))
