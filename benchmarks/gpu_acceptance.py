@@ -1,56 +1,44 @@
-"""GPU acceptance run: gpucheck env, bench and comm on a real GPU machine, each timed
-against a bare loop of the same work, with one JSON summary of everything.
+"""GPU acceptance run: what only a real GPU can settle about gpucheck, in 5 minutes on
+one H100 or H200, carried off the machine as two files.
 
-    PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out DIR [--quick] [--runs N]
-        [--skip env,comm,bench,stress,p2p,comm_wait,comm_default,shared]
-        [--budget SECONDS]
+    PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out DIR [--budget SECONDS]
+        [--quick] [--runs N] [--skip STEP,...]
     PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out DIR --dry-run-cpu
 
-Needs the torch already installed (no install step) and NVIDIA GPUs; without a GPU it
-exits 2 (use tests/ for GPU-less checks, or --dry-run-cpu, which runs the same
-pipeline on CPU with gloo and tiny sizes). Steps, in order:
-- facts: nvidia-smi -L, torch / CUDA / NCCL versions, GPU names and count;
-- env: `gpucheck env` with real NVML; every WARN/FAIL finding is listed (possible
-  false alarms to look at), and its wall time;
-- comm: `gpucheck comm` on every GPU with NCCL, 1 KiB .. 1 GiB, against a bare
-  back-to-back NCCL loop (no gpucheck code), interleaved; busbw ratio per size.
-  gpucheck runs with TORCH_NCCL_BLOCKING_WAIT=1 (as it always does), the bare loop
-  with 0 (as nccl-tests runs); every GPU's clock-event mask and SM clock are sampled
-  while gpucheck runs (`clocks`);
-- bench: `gpucheck bench` on every GPU (defaults) against a bare eager loop of the
-  same model, dtype and batch on one GPU, interleaved; images/s ratio;
-- stress: `gpucheck stress` on every GPU, its clocks sampled the same way: how often
-  each clock-event mask and the HW-slowdown bit 0x8 show, at idle/busy transitions
-  or steady; GEMM and burn-in spread across the GPUs (`spread`);
-- p2p: the peer-copy matrix measured by rank 0 with the other ranks parked on the
-  host (gpucheck's rule) and not parked (in an NCCL all_gather, the old way),
-  interleaved, and the longest single NVML call each rank made meanwhile; SKIP on
-  one GPU (2 NCCL ranks cannot share a GPU);
-- comm_wait: the other two blocking-wait cases, gpucheck with
-  TORCH_NCCL_BLOCKING_WAIT=0 and the bare loop with 1, so `blocking_wait` shows per
-  size what blocking wait costs each side;
-- comm_default: plain `gpucheck comm` (its default sizes), for its wall time;
-- shared: gloo with 2 ranks sharing one GPU (comm and bench), directly and under
-  torchrun; a refusal is recorded as such (status "refused", gpucheck's message).
-Goals: comm busbw / bare >= 0.95 at 1 GiB and >= 0.90 at 64 KiB; bench images/s per
-GPU / bare >= 0.95. Each is the median of the per-pair ratios over --runs pairs (the
-pair's two sides run back to back, alternating which goes first).
+Needs torch already installed (no install step) and an NVIDIA GPU; without one it exits
+2 (use tests/ for GPU-less checks, or --dry-run-cpu: the same pipeline on CPU with gloo
+and tiny sizes, a test of its structure that CI runs). Steps, most informative first,
+so a run cut by --budget (default 300 s, never exceeded: every child's timeout is cut
+to what is left, less a reserve for the archive) still answers the most:
+- facts: nvidia-smi -L; torch, CUDA; the NCCL torch was built with and the one really
+  loaded (its path from /proc/self/maps, `ncclGetVersion`); the cuBLAS loaded
+  (`cublasGetProperty`); the topology classes of every GPU pair
+  (`nvmlDeviceGetTopologyCommonAncestor`, P2P read status, NVLinks up);
+- env: `gpucheck env` with real NVML; every WARN/FAIL listed (possible false alarms);
+- nvml: the raw NVLink5 and bank-remap field values (215, 219-222, 235-250, 303, 304)
+  on every GPU; an idle and a busy process on the GPU, NVML's per-process view of
+  each (listed? samples since the window began?) and gpucheck hang's reading of them;
+  power draw under the busy process's GEMM against the enforced and default limits;
+- flight: a planted collective timeout with the Flight Recorder armed (one NCCL rank
+  whose all_reduce waits behind a GPU sleep: the watchdog times it out and dumps),
+  read back with `gpucheck hang --traces`;
+- collectives: reduce_scatter, all_to_all and broadcast timed directly with torch;
+- comm: `gpucheck comm` against a bare back-to-back loop, busbw ratio per size (on one
+  GPU a figure, not a goal: a 1-rank collective measures host overhead per call);
+- stress: `gpucheck stress`, with every GPU's clock-event mask sampled meanwhile;
+- bench: `gpucheck bench` against a bare eager loop of the same model; images/s ratio;
+- p2p: peer copies with the other ranks parked or not (SKIP on one GPU, with why);
+- comm_wait, comm_default, shared: the blocking-wait table, default comm, gloo ranks
+  sharing a GPU.
+Goals: bench images/s per GPU / bare >= 0.95; comm busbw / bare >= 0.95 at 1 GiB and
+>= 0.90 at 64 KiB with 2+ ranks; nvml: the busy process has a sample, the idle one is
+listed with none; flight: a dump per rank, read back. The rest are figures.
 
-Everything lands in DIR: summary.json (rewritten atomically after every step and
-every pair, so a timeout keeps what was measured), each gpucheck report (the first
-pair's as comm_nccl.json / bench_nccl.json, later pairs as .2, .3), the bare loops'
-outputs, logs/ with every subprocess's output. Every subprocess has a timeout, and
-the whole run stays inside --budget (default 540 s; ~4-5 minutes is typical on one
-GPU, ~2 with --quick). Exit 0: every measured goal passed and no step timed out or
-broke; 1: a goal failed, a step timed out or broke, or the run was interrupted;
-2: bad input or no GPU. A "refused" step (gpucheck's usage error) is a recorded
-result, not a failure of this script.
-
-With one GPU, the NCCL comm runs with one rank. NCCL's all_reduce on one rank in
-place does little or no device work, so its "bandwidth" measures per-call overhead
-(gpucheck's loop against the bare one), not memory; all_gather on one rank still
-copies the buffer, so it measures device memory bandwidth. gpucheck's bus factor
-for one rank is 1 (busbw = algbw), and so is the bare loop's.
+--out DIR ends up holding summary.json (rewritten atomically after every step, so a
+killed run keeps what was measured) and acceptance.tar.gz (every report, bare-loop
+output, dump and log), nothing more. The last output is a one-screen table: each
+step's verdict, goal and figure. Exit 0: no step failed, broke or timed out; 1: one
+did, or the run was interrupted; 2: bad input or no GPU.
 """
 
 from __future__ import annotations
@@ -62,10 +50,12 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -75,7 +65,10 @@ from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helper module below
+if str(ROOT) not in sys.path:  # gpucheck itself, for the steps that call it in-process
+    sys.path.append(str(ROOT))
 import acceptance_gpu as ag  # noqa: E402  (needs the line above: benchmarks/ is no package)
+import acceptance_probes as ap  # noqa: E402
 
 PROG = "gpu_acceptance.py"
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
@@ -83,8 +76,17 @@ GB = 1e9  # bandwidths in GB/s of 1e9 bytes, as gpucheck and nccl-tests report t
 ELEMENT_BYTES = 4  # float32 buffers, as in gpucheck comm
 IMAGE_PX = 224  # gpucheck bench's centre crop: the bare loop uses the same input shape
 COLLECTIVES = ("all_reduce", "all_gather")
-# Run in this order; shared (the likeliest to be refused or to hang) comes last.
-STEPS = ("env", "comm", "bench", "stress", "p2p", "comm_wait", "comm_default", "shared")
+NEW_COLLECTIVES = ("reduce_scatter", "all_to_all", "broadcast")  # issue 22 item 9
+# Most informative first, so a run cut by --budget still answers the most: what no CPU
+# test can show (NVML's real answers, a real Flight Recorder dump, the new collectives)
+# before the comparisons with bare loops; shared (likeliest refused or hung) comes last.
+STEPS = ("env", "nvml", "flight", "collectives", "comm", "stress", "bench", "p2p",
+         "comm_wait", "comm_default", "shared")
+DEFAULT_BUDGET_S = 300.0  # 5 minutes on one H200, everything included
+# Kept back from every step: a timed-out child's end (SIGTERM, 5 s, SIGKILL, 5 s), the
+# archive and the summary.
+RESERVE_S = 15.0
+ARCHIVE = "acceptance"  # the work folder under --out, packed into acceptance.tar.gz
 BENCH_GOAL = 0.95
 COMM_GOALS = ((GIB, 0.95), (64 * KIB, 0.90))  # (size, goal): busbw ratio at that size
 EXIT_OK, EXIT_GOALS, EXIT_USAGE = 0, 1, 2
@@ -134,23 +136,31 @@ def bus_factor(collective: str, world_size: int) -> float:
         return 1.0
     if collective == "all_reduce":
         return 2 * (world_size - 1) / world_size
-    if collective == "all_gather":
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return (world_size - 1) / world_size
+    if collective == "broadcast":
+        return 1.0
     raise ValueError(f"unknown collective {collective!r}")
 
 
 def bandwidths(collective: str, size_bytes: int, world_size: int,
                time_s: float) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s; all_gather's data size is the gathered output."""
-    data = size_bytes * world_size if collective == "all_gather" else size_bytes
+    """(algbw, busbw) in GB/s. `size_bytes` is each rank's buffer; all_gather's and
+    reduce_scatter's data is the whole gathered (or reduced) array, as nccl-tests counts
+    it; all_to_all's and broadcast's the buffer itself."""
+    gathered = collective in ("all_gather", "reduce_scatter")
+    data = size_bytes * world_size if gathered else size_bytes
     algbw = data / time_s / GB if time_s > 0 else 0.0
     return algbw, algbw * bus_factor(collective, world_size)
 
 
-def goal_result(name: str, value: float | None, goal: float) -> dict[str, Any]:
-    """One goal line: pass is None when the value was not measured."""
+def goal_result(name: str, value: float | None, goal: float,
+                figure_only: bool = False) -> dict[str, Any]:
+    """One goal line: pass is None when the value was not measured, or when it is a
+    figure to read rather than a goal to meet (`figure_only`)."""
+    judged = None if value is None or figure_only else value >= goal
     return {"name": name, "value": None if value is None else round(value, 4),
-            "goal": goal, "pass": None if value is None else value >= goal}
+            "goal": goal, "pass": judged, "figure_only": figure_only}
 
 
 # ---------------------------------------------------------------- pure: reports
@@ -282,8 +292,10 @@ def bench_medians(pairs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def comm_goals(step: Mapping[str, Any] | None, goals: Sequence[tuple[int, float]],
-               label: str) -> list[dict[str, Any]]:
-    """A goal per collective and goal size from a comm step's median rows."""
+               label: str, one_rank: bool = False) -> list[dict[str, Any]]:
+    """A goal per collective and goal size from a comm step's median rows. With one
+    rank they are figures, not goals: a 1-rank collective against a bare loop of it
+    measures host overhead per call, not a link."""
     out = []
     medians = (step or {}).get("medians") or {}
     for collective in COLLECTIVES:
@@ -291,7 +303,7 @@ def comm_goals(step: Mapping[str, Any] | None, goals: Sequence[tuple[int, float]
         for size, goal in goals:
             value = (rows.get(size) or {}).get("ratio")
             out.append(goal_result(f"comm {collective} busbw / bare loop at "
-                                   f"{human_size(size)} ({label})", value, goal))
+                                   f"{human_size(size)} ({label})", value, goal, one_rank))
     return out
 
 
@@ -307,11 +319,13 @@ def all_goals(steps: Mapping[str, Any], comm_goal_sizes: Sequence[tuple[int, flo
     bench = steps.get("bench") or {}
     bench_ranks = (bench.get("setup") or {}).get("ranks")
     comm_ranks = (steps.get("comm") or {}).get("world_size")
+    # A dry run's ratios are gloo and a shared CPU: noise, shown as figures.
     return [goal_result("bench images/s per GPU / bare eager loop ("
                         f"{run_label(backend, bench_ranks, dry_run)})",
-                        (bench.get("medians") or {}).get("median_pair_ratio"), BENCH_GOAL),
+                        (bench.get("medians") or {}).get("median_pair_ratio"), BENCH_GOAL,
+                        dry_run),
             *comm_goals(steps.get("comm"), comm_goal_sizes,
-                        run_label(backend, comm_ranks, dry_run))]
+                        run_label(backend, comm_ranks, dry_run), comm_ranks == 1 or dry_run)]
 
 
 def exit_status(exit_code: int | None, timed_out: bool) -> str:
@@ -353,22 +367,61 @@ def _cell(value: Any, digits: int = 3) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+VERDICT_OF_STATUS = {"ok": "OK", "fail": "FAIL", "skipped": "SKIP", "refused": "REFUSED",
+                     "timeout": "TIMEOUT", "error": "ERROR", "interrupted": "CUT",
+                     "running": "CUT"}
+TABLE_WIDTH = 118
+
+
+def goal_verdict(goals: Sequence[Mapping[str, Any]]) -> str | None:
+    """FAIL if any goal failed, PASS if every judged one passed, FIGURE when they are
+    figures only, None when nothing was measured."""
+    judged = [g["pass"] for g in goals if g.get("pass") is not None]
+    if judged:
+        return "PASS" if all(judged) else "FAIL"
+    return "FIGURE" if any(g.get("value") is not None for g in goals) else None
+
+
+def goals_cells(goals: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    """(figure, goal) cells of a step from its goal lines."""
+    figure = ", ".join(f"{_short(g['name'])} {_cell(g['value'])}" for g in goals)
+    marks = sorted({f">={g['goal']}" for g in goals})
+    figure_only = all(g.get("figure_only") for g in goals)
+    return figure, ("figure only" if figure_only else " / ".join(marks))
+
+
+def _short(name: str) -> str:
+    """"comm all_reduce busbw / bare loop at 1 GiB (nccl, 1 rank)" -> "all_reduce 1 GiB"."""
+    words = name.split(" (")[0].replace("busbw / bare loop at ", "").replace("comm ", "")
+    return words.replace("bench images/s per GPU / bare eager loop", "img/s ratio")
+
+
+def step_row(name: str, step: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(verdict, figure, goal) of one step for the closing table."""
+    goals = step.get("goals") or []
+    figure, goal = goals_cells(goals) if goals else (
+        str(step.get("figure") or step.get("note") or ""), str(step.get("goal") or "-"))
+    verdict = step.get("verdict") or (goal_verdict(goals) if goals else None)
+    status = str(step.get("status", "?"))
+    if verdict is None or status in ("timeout", "error", "interrupted", "running"):
+        verdict = VERDICT_OF_STATUS.get(status, status.upper())
+    return str(verdict), figure, goal
+
+
 def format_table(summary: Mapping[str, Any]) -> str:
-    """A short human table: each step's status and wall time, then the goals."""
-    lines = [f"{'step':<14} {'status':<26} {'wall s':>7}  note"]
+    """The closing one-screen summary: each step's verdict, figure and goal."""
+    lines = [f"{'step':<13}{'verdict':<9}{'wall s':>7}  {'goal':<24}figure"]
     for name, step in summary.get("steps", {}).items():
-        lines.append(f"{name:<14} {step.get('status', '?')!s:<26} "
-                     f"{_cell(step.get('wall_s'), 1):>7}  {step.get('note', '')}")
-    goals = summary.get("goals", [])
-    width = max([len(g["name"]) for g in goals] + [4])
-    lines.append("")
-    lines.append(f"{'goal':<{width}} {'value':>7} {'goal':>6}  result")
-    for goal in goals:
-        verdict = {True: "PASS", False: "FAIL", None: "not measured"}[goal["pass"]]
-        lines.append(f"{goal['name']:<{width}} {_cell(goal['value']):>7} "
-                     f">={goal['goal']:<4}  {verdict}")
-    for error in summary.get("errors", []):
-        lines.append(f"error: {error}")
+        verdict, figure, goal = step_row(name, step)
+        line = (f"{name:<13}{verdict:<9}{_cell(step.get('wall_s'), 1):>7}  "
+                f"{goal[:23]:<24}{figure}")
+        lines.append(line if len(line) <= TABLE_WIDTH else line[:TABLE_WIDTH - 3] + "...")
+    errors = summary.get("errors", [])
+    if errors:
+        lines.append(f"{len(errors)} error(s); first: {str(errors[0])[:TABLE_WIDTH - 24]}")
+    lines.append(f"{summary.get('mode', '?')} run, {summary.get('elapsed_s', '?')} s of "
+                 f"--budget {summary.get('options', {}).get('budget_s', '?')} s; "
+                 f"details: summary.json and {ARCHIVE}.tar.gz in {summary.get('out', '?')}")
     return "\n".join(lines)
 
 
@@ -399,19 +452,33 @@ class Plan:
     stress_args: tuple[str, ...] = ("--duration", "20")
     shared_variants: tuple[str, ...] = ("comm", "bench", "comm_torchrun", "bench_torchrun")
     timeouts: dict[str, float] = field(default_factory=dict)
+    load_s: float = 8.0  # the idle and busy processes' sampled window (nvml step)
+    p2p_modes: tuple[str, ...] = ag.P2P_MODES
+    dry_skip: tuple[str, ...] = ()  # steps the CPU dry run leaves out (DRY_SKIP says why)
+    collective_sizes: tuple[int, ...] = (MIB, 64 * MIB, GIB)
+
+    @property
+    def work(self) -> Path:
+        """Everything but summary.json is written here, then packed into one archive."""
+        return self.out / ARCHIVE
 
 
-GPU_TIMEOUTS = {"env": 180, "gpucheck": 300, "bare": 240, "shared": 150, "facts": 120}
-DRY_TIMEOUTS = {"env": 90, "gpucheck": 120, "bare": 90, "shared": 120, "facts": 90}
+GPU_TIMEOUTS = {"env": 120, "gpucheck": 180, "bare": 150, "shared": 120, "facts": 60,
+                "probe": 90}
+DRY_TIMEOUTS = {"env": 90, "gpucheck": 120, "bare": 90, "shared": 120, "facts": 60,
+                "probe": 60}
 
 
 def make_plan(args: argparse.Namespace, gpus: int) -> Plan:
     """The plan for a GPU run, or for the CPU dry run (gloo, tiny sizes)."""
-    runs = args.runs if args.runs is not None else (1 if args.quick or args.dry_run_cpu else 3)
+    # One pair per ratio by default: five minutes hold one of each step on one GPU.
+    runs = args.runs if args.runs is not None else 1
     common = {"out": Path(args.out), "quick": args.quick, "runs": runs,
               "skip": parse_skip(args.skip), "budget_s": args.budget}
     if args.dry_run_cpu:
-        return Plan(**common, dry_run=True, device="cpu", backend="gloo", comm_ranks=2,
+        # One rank, as on the one-GPU machines the real run is for (and no rank spawning:
+        # the dry run's time goes to the structure, not to starting torch again).
+        return Plan(**common, dry_run=True, device="cpu", backend="gloo", comm_ranks=1,
                     comm_max=256 * KIB, comm_goals=((256 * KIB, 0.95), (64 * KIB, 0.90)),
                     # resnet18 and tiny loops: the dry run checks the pipeline, not speed
                     bench_args=("--device", "cpu", "--n-gpus", "1", "--model", "resnet18",
@@ -420,10 +487,11 @@ def make_plan(args: argparse.Namespace, gpus: int) -> Plan:
                     shared_bench_args=("--model", "resnet18", "--warmup", "1", "--iters",
                                        "2", "--batch-size", "2"),
                     default_comm_args=("--device", "cpu", "--max-bytes", "256K"),
-                    stress_args=("--device", "cpu", "--n-gpus", "2", "--duration", "1",
+                    stress_args=("--device", "cpu", "--n-gpus", "1", "--duration", "1",
                                  "--size", "256"),
-                    # bench under torchrun adds ~20 s on 2 cores and no new code path
-                    shared_variants=("comm", "bench", "comm_torchrun"),
+                    # one variant: the structure, not every launch path, on 2 cores
+                    shared_variants=("comm",), collective_sizes=(64 * KIB,),
+                    p2p_modes=ag.P2P_MODES[:1], dry_skip=tuple(DRY_SKIP),
                     timeouts=DRY_TIMEOUTS)
     quick_bench = ("--warmup", "10", "--iters", "40") if args.quick else ()
     return Plan(**common, dry_run=False, device="cuda", backend="nccl", comm_ranks=gpus,
@@ -444,13 +512,15 @@ def plan_notes(plan: Plan) -> list[str]:
         notes.append("one GPU: comm runs one NCCL rank; all_reduce in place on one rank does "
                      "little or no device work, so its ratio compares per-call overhead, "
                      "while all_gather still copies the buffer (device memory bandwidth); "
-                     "busbw = algbw for one rank on both sides")
+                     "busbw = algbw for one rank on both sides; so these ratios are "
+                     "figures, not goals")
         notes.append(f"one GPU: the p2p step is skipped ({ag.ONE_GPU_P2P}); stress has "
                      "one rank, so there is no spread across GPUs")
     if plan.dry_run:
-        notes.append("CPU dry run: the p2p step times host copies as a stand-in for peer "
-                     "copies and NVML is absent (clock samples skipped): it checks the "
-                     "steps run, nothing about a GPU")
+        notes.append("CPU dry run: one gloo rank as on one GPU; NVML is absent (nvml step "
+                     "and clock samples skipped); the planted timeout uses two gloo ranks "
+                     "that dump themselves; steps that need a GPU or repeat another's "
+                     "pipeline say SKIP: it checks the steps run, nothing about a GPU")
     return notes
 
 
@@ -545,7 +615,7 @@ class Session:
     def __init__(self, plan: Plan, gpu: dict[str, Any]) -> None:
         self.plan = plan
         self.started = time.monotonic()
-        self.logs = plan.out / "logs"
+        self.logs = plan.work / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.summary: dict[str, Any] = {
             "schema": SUMMARY_SCHEMA, "mode": "dry-run-cpu" if plan.dry_run else "gpu",
@@ -580,8 +650,9 @@ class Session:
         write_json_atomic(self.plan.out / "summary.json", self.summary)
 
     def timeout(self, kind: str) -> float:
-        """The step kind's timeout, cut to what is left of the budget."""
-        return min(self.plan.timeouts[kind], self.remaining())
+        """The step kind's timeout, cut to what is left of the budget (less the reserve
+        for the archive and the summary)."""
+        return max(1.0, min(self.plan.timeouts[kind], self.remaining() - RESERVE_S))
 
     def run(self, name: str, argv: Sequence[str], kind: str,
             extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -664,7 +735,29 @@ def collect_facts(timeout_s: float) -> dict[str, Any]:
             facts = read_json(out)
         except ReportError as exc:
             facts = {"error": result["message"] or str(exc), "count": 0}
-    return {**facts, "nvidia_smi": smi, "facts_wall_s": result["wall_s"]}
+    return {**facts, "nvidia_smi": smi, "topology": nvml_topology(),
+            "facts_wall_s": result["wall_s"]}
+
+
+def nvml_topology() -> dict[str, Any]:
+    """The topology classes of the machine's GPUs (NVML in this process: no CUDA)."""
+    nvml, why = ap.open_nvml()
+    if nvml is None:
+        return {"status": "skipped", "note": why}
+    try:
+        return {"status": "ok", **ap.topology_classes(nvml)}
+    finally:
+        nvml.nvmlShutdown()
+
+
+def facts_note(facts: Mapping[str, Any], gpus: int) -> str:
+    """The facts step's figure: GPUs, torch and CUDA, the NCCL and cuBLAS loaded."""
+    libs = facts.get("libraries") or {}
+    classes = (facts.get("topology") or {}).get("classes") or {}
+    return (f"{gpus} GPU(s) {', '.join(sorted(set(facts.get('names') or []))) or 'none'}; "
+            f"torch {facts.get('torch')} CUDA {facts.get('cuda')}; NCCL loaded "
+            f"{libs.get('nccl_loaded') or '-'} (build {libs.get('nccl_build') or '-'}); "
+            f"cuBLAS {libs.get('cublas_loaded') or '-'}; pairs {classes or '-'}")
 
 
 def facts_worker(_config: Mapping[str, Any], out: Path) -> None:
@@ -695,6 +788,11 @@ def facts_worker(_config: Mapping[str, Any], out: Path) -> None:
                 str(version))
     except (ImportError, RuntimeError, AttributeError) as exc:
         facts["nccl"] = f"unknown: {exc}"
+    facts["libraries"] = ap.loaded_libraries()  # the NCCL and cuBLAS really loaded
+    if count:  # the GPU the one-GPU steps run on, for NVML (cuda:0 of this process)
+        from gpucheck.devices import bus_id_of
+
+        facts["bus_id"] = bus_id_of(torch.cuda.get_device_properties(0))
     write_json_atomic(out, facts)
 
 
@@ -711,7 +809,7 @@ def no_gpu_message(facts: Mapping[str, Any]) -> str:
 
 
 def step_env(s: Session, step: dict[str, Any]) -> None:
-    report = fresh(s.plan.out / "env.json")
+    report = fresh(s.plan.work / "env.json")
     result = s.run("env", gpucheck_argv("env", report), "env")
     step.update(result, report=str(report))
     with_report(s, step, "env", report, report_summary)
@@ -762,8 +860,8 @@ def comm_pair(s: Session, index: int, name: str = "comm") -> dict[str, Any]:
     """One gpucheck comm run and one bare loop run, back to back; busbw ratio per size."""
     p = s.plan
     tag = "" if index == 0 else f".{index + 1}"
-    report = fresh(p.out / f"{name}_{p.backend}{tag}.json")
-    bare_out = fresh(p.out / f"bare_{name}_{p.backend}{tag}.json")
+    report = fresh(p.work / f"{name}_{p.backend}{tag}.json")
+    bare_out = fresh(p.work / f"bare_{name}_{p.backend}{tag}.json")
     config = {"backend": p.backend, "device": p.device, "world_size": p.comm_ranks,
               "sizes": sweep_sizes(KIB, p.comm_max), "collectives": list(COLLECTIVES),
               "iters": p.comm_iters, "warmup": p.comm_warmup, "timeout_s": 120}
@@ -865,11 +963,19 @@ def blocking_wait_table(steps: Mapping[str, Any]) -> dict[str, list[dict[str, An
 
 
 def stress_figures(report: Mapping[str, Any]) -> dict[str, Any]:
-    return {**report_summary(report), "spread": ag.spread_figures(report)}
+    """Verdict, flagged findings, spread across GPUs, and stress's own power reach (its
+    draw under the GEMM over the enforced limit, per rank) where this gpucheck has it."""
+    figures = {**report_summary(report), "spread": ag.spread_figures(report)}
+    try:
+        power = section_data(report, "gemm").get("power under load (W)")
+    except ReportError:
+        power = None
+    figures["power_reach"] = [r.get("reach") for r in power or []] or None
+    return figures
 
 
 def step_stress(s: Session, step: dict[str, Any]) -> None:
-    report = fresh(s.plan.out / "stress.json")
+    report = fresh(s.plan.work / "stress.json")
     result = sampled_run(s, "stress", gpucheck_argv("stress", report, *s.plan.stress_args),
                          "gpucheck")
     step.update(result, report=str(report))
@@ -880,6 +986,8 @@ def step_stress(s: Session, step: dict[str, Any]) -> None:
     clocks = step["clocks"].get("gpus") or {}
     hw = sum(g["hw_slowdown_samples"] for g in clocks.values())
     near = sum(g["hw_slowdown_at_transition"] for g in clocks.values())
+    reach = step.get("power_reach")
+    spreads += f"; power reach {reach}" if reach else ""
     step["note"] = (f"verdict {step.get('verdict')}; GEMM {spreads or '-'}; 0x8 in {hw} "
                     f"sample(s), {near} at a transition" if clocks else
                     f"verdict {step.get('verdict')}; GEMM {spreads or '-'}; clocks: "
@@ -893,7 +1001,7 @@ def step_stress(s: Session, step: dict[str, Any]) -> None:
 def p2p_run(s: Session, index: int, mode: str, world: int) -> dict[str, Any]:
     p = s.plan
     tag = "" if index == 0 else f".{index + 1}"
-    out = fresh(p.out / f"p2p_{mode}{tag}.json")
+    out = fresh(p.work / f"p2p_{mode}{tag}.json")
     config = {"mode": mode, "world_size": world, "device": p.device, "backend": p.backend,
               "timeout_s": 120}
     run = {**s.run(f"p2p{tag or '.1'}.{mode}", self_argv("_p2p", config, out), "bare"),
@@ -918,7 +1026,7 @@ def step_p2p(s: Session, step: dict[str, Any]) -> None:
         if s.remaining() < 30:
             s.error(f"p2p: time budget spent after {index} pair(s)")
             break
-        modes = ag.P2P_MODES if index % 2 == 0 else ag.P2P_MODES[::-1]
+        modes = p.p2p_modes if index % 2 == 0 else p.p2p_modes[::-1]
         step["runs"] += [p2p_run(s, index, mode, world) for mode in modes]
         step["comparison"] = ag.p2p_comparison([r for r in step["runs"] if "pairs" in r])
         s.save()
@@ -945,8 +1053,8 @@ def bench_pair(s: Session, index: int, setup: dict[str, Any] | None) -> dict[str
     since the bare loop copies the settings gpucheck reports (dtype, batch, iterations)."""
     p = s.plan
     tag = "" if index == 0 else f".{index + 1}"
-    report = fresh(p.out / f"bench_{p.backend}{tag}.json")
-    bare_out = fresh(p.out / f"bare_bench{tag}.json")
+    report = fresh(p.work / f"bench_{p.backend}{tag}.json")
+    bare_out = fresh(p.work / f"bare_bench{tag}.json")
     pair: dict[str, Any] = {"gpucheck": {"report": str(report)}, "bare": {"output": str(bare_out)}}
 
     def ours() -> None:
@@ -1034,7 +1142,7 @@ def shared_variants(p: Plan) -> list[tuple[str, str, list[str]]]:
     launch = ("--backend", "gloo", "--device", p.device, "--timeout", "60")
     comm = (*launch, "--max-bytes", str(p.shared_comm_max))
     bench = (*launch, *p.shared_bench_args)
-    out = p.out
+    out = p.work
     return [
         ("comm", "shared_gloo_comm.json",
          gpucheck_argv("comm", out / "shared_gloo_comm.json", "--n-gpus", "2", *comm)),
@@ -1059,10 +1167,10 @@ def step_shared(s: Session, step: dict[str, Any]) -> None:
         if s.remaining() < 30:
             s.error(f"shared: time budget spent before {name}")
             break
-        fresh(p.out / file)
-        variant = {**s.run(f"shared.{name}", argv, "shared", extra), "report": str(p.out / file)}
+        fresh(p.work / file)
+        variant = {**s.run(f"shared.{name}", argv, "shared", extra), "report": str(p.work / file)}
         if variant["status"] in ("ok", "fail"):
-            with_report(s, variant, f"shared {name}", p.out / file, shared_figures)
+            with_report(s, variant, f"shared {name}", p.work / file, shared_figures)
         elif variant["status"] == "refused":
             s.log(f"    gpucheck refused: {variant['message']}")
         step["variants"][name] = variant
@@ -1077,7 +1185,7 @@ def step_shared(s: Session, step: dict[str, Any]) -> None:
 
 def step_comm_default(s: Session, step: dict[str, Any]) -> None:
     p = s.plan
-    report = fresh(p.out / "comm_default.json")
+    report = fresh(p.work / "comm_default.json")
     result = s.run("comm_default", gpucheck_argv("comm", report, *p.default_comm_args),
                    "gpucheck")
     step.update(result, report=str(report))
@@ -1088,20 +1196,187 @@ def step_comm_default(s: Session, step: dict[str, Any]) -> None:
     s.summary["wall_times"]["gpucheck comm (defaults)"] = result["wall_s"]
 
 
+# ---------------------------------------------------------------- step: nvml (raw answers)
+
+
+def nvml_handle(nvml: Any, facts: Mapping[str, Any]) -> Any:
+    """NVML's handle of the GPU this script's children use (cuda:0), by PCI bus id."""
+    bus_id = facts.get("bus_id")
+    if bus_id:
+        try:
+            return nvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+        except Exception:  # an id NVML does not know: fall back to its first GPU
+            pass
+    return nvml.nvmlDeviceGetHandleByIndex(0)
+
+
+def step_nvml(s: Session, step: dict[str, Any]) -> None:
+    """NVLink5 and bank-remap fields on every GPU; per-process utilisation of an idle and
+    a busy process; power draw under the busy process's GEMM against the limit."""
+    nvml, why = ap.open_nvml()
+    if nvml is None:
+        step.update(status="skipped", verdict="SKIP", figure=why, goal="needs NVML")
+        return
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        step["fields"] = {str(i): ap.field_readings(nvml, nvml.nvmlDeviceGetHandleByIndex(i))
+                          for i in range(count)}
+        step["fields_summary"] = {i: ap.fields_summary(r) for i, r in step["fields"].items()}
+        load_processes(s, step, nvml, nvml_handle(nvml, s.summary["gpu"]))
+    finally:
+        nvml.nvmlShutdown()
+    verdict, figure = ap.process_verdict(step.get("processes") or {})
+    power = step.get("power") or {}
+    fields = step["fields_summary"].get("0") or {}
+    step.update(status="ok" if verdict == "PASS" else "fail", verdict=verdict,
+                goal="busy>0%, idle at 0%",
+                figure=f"{figure}; power max {_cell(power.get('max_over_limit'))} of the "
+                       f"{_cell(power.get('limit_w'), 0)} W limit; fields read "
+                       f"{fields.get('read')}/{len(ap.FIELD_IDS)}")
+
+
+def load_processes(s: Session, step: dict[str, Any], nvml: Any, handle: Any) -> None:
+    """Start an idle and a busy process on the GPU, sample NVML while both run."""
+    seconds = s.plan.load_s
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    ready = {m: s.plan.work / f"load_{m}.ready" for m in ("idle", "busy")}
+    try:
+        for mode, flag in ready.items():
+            flag.unlink(missing_ok=True)
+            log = open(s.logs / f"nvml.{mode}.log", "wb")  # noqa: SIM115 (the child's)
+            procs[mode] = subprocess.Popen(
+                self_argv("_load", {"mode": mode, "seconds": seconds + 60}, flag), cwd=ROOT,
+                env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            log.close()
+        deadline = time.monotonic() + max(s.timeout("probe") - seconds, 1.0)
+        while not all(f.exists() for f in ready.values()) and time.monotonic() < deadline:
+            if any(p.poll() is not None for p in procs.values()):
+                break
+            time.sleep(0.2)
+        if not all(f.exists() for f in ready.values()):
+            s.error("nvml: the idle and busy processes did not start (see logs/nvml.*.log)")
+            return
+        samples = [ap.power_sample(nvml, handle)]
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(0.25)
+            samples.append(ap.power_sample(nvml, handle))
+        pids = {m: p.pid for m, p in procs.items()}
+        step["processes"] = ap.process_view(nvml, handle, pids, seconds)
+        step["power"] = ap.power_figures(samples)
+        step["gpucheck_hang_view"] = gpucheck_process_view(pids)
+    finally:
+        for proc in procs.values():
+            _end_group(proc)
+        for flag in ready.values():
+            flag.unlink(missing_ok=True)
+
+
+def gpucheck_process_view(pids: Mapping[str, int]) -> dict[str, Any]:
+    """What `gpucheck hang`'s NVML reader makes of the same two processes (its idle
+    rank must read 0 %, not unknown: issue 22 item 2)."""
+    from gpucheck.hang.gpu import per_process
+
+    found, why = per_process(pids.values())
+    return {"why": why, **{m: found.get(pid) for m, pid in pids.items()}}
+
+
+# ---------------------------------------------------------------- step: flight recorder
+
+
+FLIGHT_PREFIX = "planted_rank_"
+
+
+def flight_env(prefix: str) -> dict[str, str]:
+    """The Flight Recorder armed, and NCCL's watchdog present (blocking wait off)."""
+    return {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": prefix,
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix, "TORCH_NCCL_BLOCKING_WAIT": "0"}
+
+
+def step_flight(s: Session, step: dict[str, Any]) -> None:
+    """A planted collective timeout; its dumps read back with `gpucheck hang --traces`."""
+    p = s.plan
+    folder = p.work / "flight"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    prefix = str(folder / FLIGHT_PREFIX)
+    config = {"device": p.device, "timeout_s": 5 if p.device == "cuda" else 3,
+              "sleep_cycles": 60_000_000_000, "prefix": prefix,
+              "store": str(folder / "store")}
+    planted = s.run("flight.planted", self_argv("_planted", config, folder / "planted.json"),
+                    "probe", flight_env(prefix))
+    (folder / "store").unlink(missing_ok=True)
+    dumps = sorted(f.name for f in folder.glob(FLIGHT_PREFIX + "*"))
+    step.update(planted=planted, dumps=dumps, goal="dump per rank, read")
+    if not dumps:
+        step.update(status="fail", verdict="FAIL", figure=f"no dump written (planted run "
+                    f"{planted['status']}: {planted.get('message')})")
+        return
+    report = fresh(p.work / "hang_traces.json")
+    step["hang"] = s.run("flight.hang", gpucheck_argv("hang", report, "--traces",
+                                                      str(folder), "--prefix", FLIGHT_PREFIX),
+                         "env")
+    with_report(s, step["hang"], "flight hang", report, lambda r: {
+        **report_summary(r), "ranks_dumped": section_data(r, "traces").get("ranks_dumped")})
+    read = step["hang"].get("ranks_dumped") or []
+    good = bool(read) and len(read) == len(dumps)
+    named = sorted({f["subject"] for f in step["hang"].get("flagged") or [] if f["subject"]})
+    step.update(status="ok" if good else "fail", verdict="PASS" if good else "FAIL",
+                figure=f"{len(dumps)} dump(s) written, ranks {read} read back by gpucheck "
+                       f"hang: {step['hang'].get('verdict')}, naming {named or 'no rank'}")
+
+
+# ---------------------------------------------------------------- step: new collectives
+
+
+def step_collectives(s: Session, step: dict[str, Any]) -> None:
+    """reduce_scatter, all_to_all and broadcast timed directly with torch (the bare loop),
+    and which of them `gpucheck comm` runs itself."""
+    p = s.plan
+    world = p.comm_ranks if not p.dry_run else 1  # the dry run: as on one GPU
+    out = fresh(p.work / "collectives.json")
+    config = {"backend": p.backend, "device": p.device, "world_size": world,
+              "sizes": list(p.collective_sizes), "collectives": list(NEW_COLLECTIVES),
+              "iters": p.comm_iters, "warmup": p.comm_warmup, "timeout_s": 60}
+    step.update(s.run("collectives", self_argv("_bare-comm", config, out), "bare"),
+                world_size=world)
+    with_report(s, step, "collectives", out, lambda d: {"results": d["results"]})
+    from gpucheck.comm import aggregate
+
+    step["in_gpucheck_comm"] = [c for c in NEW_COLLECTIVES if c in aggregate.COLLECTIVES]
+    largest = {c: max(rows, key=lambda r: r["size_bytes"])
+               for c, rows in (step.get("results") or {}).items() if rows}
+    step["figure"] = ", ".join(f"{c} {human_size(r['size_bytes'])} {r['busbw_gbps']:.3g} "
+                               "GB/s" for c, r in largest.items()) or "-"
+    step["goal"] = "figure" if world == 1 else "figure (no bar yet)"
+    if step.get("status") == "ok":
+        step["verdict"] = "FIGURE"
+
+
 STEP_FUNCTIONS: dict[str, Callable[[Session, dict[str, Any]], None]] = {
-    "env": step_env, "comm": step_comm, "bench": step_bench, "stress": step_stress,
+    "env": step_env, "nvml": step_nvml, "flight": step_flight,
+    "collectives": step_collectives, "comm": step_comm, "bench": step_bench, "stress": step_stress,
     "p2p": step_p2p, "comm_wait": step_comm_wait, "comm_default": step_comm_default,
     "shared": step_shared}
 MIN_STEP_S = 20.0  # do not start a step with less of the budget left than this
+# The dry run checks the structure in under 3 minutes on a shared 2-core VM: steps
+# whose pipeline another step already runs are left out of it.
+DRY_SKIP = {"comm_wait": "dry run: the comm step's pipeline with another blocking wait",
+            "comm_default": "dry run: the comm step's pipeline with default sizes",
+            "p2p": "dry run: needs 2+ GPUs (its ranks are tested on gloo in "
+                   "tests/test_gpu_acceptance_steps.py)",
+            "shared": "dry run: no GPU to share (gloo ranks on CPU share nothing)"}
 
 
 def run_steps(s: Session) -> None:
     for name in STEPS:
-        if name in s.plan.skip:
-            s.summary["steps"][name] = {"status": "skipped", "note": "--skip"}
+        if name in s.plan.skip or name in s.plan.dry_skip:
+            s.summary["steps"][name] = {"status": "skipped", "note": DRY_SKIP.get(
+                name, "--skip") if name not in s.plan.skip else "--skip"}
             s.save()
             continue
-        if s.remaining() < MIN_STEP_S:
+        if s.remaining() - RESERVE_S < MIN_STEP_S:
             s.summary["steps"][name] = {"status": "skipped", "note": "time budget spent"}
             s.error(f"{name}: not run, the --budget of {s.plan.budget_s:g} s is spent")
             s.save()
@@ -1160,15 +1435,7 @@ def _bare_size(collective: str, size: int, config: Mapping[str, Any]) -> dict[st
     world, cuda = dist.get_world_size(), config["device"] == "cuda"
     where = "cuda" if cuda else "cpu"
     count = max(size // ELEMENT_BYTES, 1)
-    buf = torch.zeros(count, dtype=torch.float32, device=where)
-    if collective == "all_reduce":
-        def op() -> Any:
-            return dist.all_reduce(buf, async_op=True)
-    else:
-        gathered = torch.zeros(count * world, dtype=torch.float32, device=where)
-
-        def op() -> Any:
-            return dist.all_gather_into_tensor(gathered, buf, async_op=True)
+    op = _collective_op(collective, count, world, where)
     mine = _time_back_to_back(op, int(config["iters"]), int(config["warmup"]), cuda)
     slowest = torch.tensor([mine], dtype=torch.float64, device=where)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -1176,6 +1443,31 @@ def _bare_size(collective: str, size: int, config: Mapping[str, Any]) -> dict[st
     algbw, busbw = bandwidths(collective, size, world, time_s)
     return {"size_bytes": size, "time_us": round(time_s * 1e6, 2), "algbw_gbps": algbw,
             "busbw_gbps": busbw}
+
+
+def _collective_op(collective: str, count: int, world: int,
+                   where: str) -> Callable[[], Any]:
+    """One async call of `collective` on `count` float32 elements per rank."""
+    import torch
+    import torch.distributed as dist
+
+    buf = torch.zeros(count, dtype=torch.float32, device=where)
+    whole = torch.zeros(count * world, dtype=torch.float32, device=where)
+    if collective == "all_reduce":
+        return lambda: dist.all_reduce(buf, async_op=True)
+    if collective == "all_gather":
+        return lambda: dist.all_gather_into_tensor(whole, buf, async_op=True)
+    if collective == "reduce_scatter":  # reduce_scatter_single: torch 2.14's new name
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return lambda: scatter(buf, whole, async_op=True)
+    if collective == "all_to_all":
+        chunks = max(count // world, 1) * world
+        send = torch.zeros(chunks, dtype=torch.float32, device=where)
+        recv = torch.zeros(chunks, dtype=torch.float32, device=where)
+        return lambda: dist.all_to_all_single(recv, send, async_op=True)
+    if collective == "broadcast":
+        return lambda: dist.broadcast(buf, src=0, async_op=True)
+    raise ValueError(f"unknown collective {collective!r}")
 
 
 def _bare_comm_rank(rank: int, config: dict[str, Any], store_path: str, out: str) -> None:
@@ -1254,7 +1546,7 @@ def bare_bench_main(config: dict[str, Any], out: Path) -> None:
 
 INTERNAL_MODES: dict[str, Callable[[dict[str, Any], Path], None]] = {
     "_facts": facts_worker, "_bare-comm": bare_comm_main, "_bare-bench": bare_bench_main,
-    "_p2p": ag.p2p_main}
+    "_p2p": ag.p2p_main, "_load": ap.load_main, "_planted": ap.planted_main}
 
 
 # ---------------------------------------------------------------- command line
@@ -1284,15 +1576,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="folder for summary.json, the reports and logs/ (created)")
     parser.add_argument("--quick", action="store_true",
-                        help="a first look: 1 pair per ratio, shorter bench loops")
+                        help="a first look: shorter bench loops")
     parser.add_argument("--runs", type=_positive(int), default=None, metavar="N",
                         help="(gpucheck, bare loop) pairs per ratio; medians are taken "
-                             "(default: 3; 1 with --quick or --dry-run-cpu)")
+                             "(default: 1; give a longer --budget with more)")
     parser.add_argument("--skip", default=None, metavar="STEP,...",
                         help=f"steps to leave out: {', '.join(STEPS)}")
-    parser.add_argument("--budget", type=_positive(float), default=540.0, metavar="SECONDS",
-                        help="stop starting work after this long (default: 540, inside a "
-                             "10-minute limit)")
+    parser.add_argument("--budget", type=_positive(float), default=DEFAULT_BUDGET_S,
+                        metavar="SECONDS",
+                        help="the whole run ends within this long, archive included "
+                             f"(default: {DEFAULT_BUDGET_S:g}); steps that do not fit are "
+                             "SKIP")
     parser.add_argument("--dry-run-cpu", action="store_true",
                         help="no GPU needed: the same pipeline on CPU with gloo, tiny sizes")
     return parser
@@ -1303,8 +1597,9 @@ def usage_error(message: str) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
-class Terminated(Exception):
-    """SIGTERM: stop, end the children, keep what was measured."""
+class Terminated(BaseException):
+    """SIGTERM: stop, end the children, keep what was measured. A BaseException, like
+    KeyboardInterrupt, so a step's own `except Exception` cannot swallow it."""
 
 
 def _on_sigterm(_signum: int, _frame: Any) -> None:
@@ -1321,7 +1616,8 @@ def start_session(args: argparse.Namespace, started: float) -> Session:
     except ValueError as exc:
         usage_error(str(exc))
     print("collecting machine facts (nvidia-smi -L, torch)", flush=True)
-    facts = collect_facts(DRY_TIMEOUTS["facts"] if args.dry_run_cpu else GPU_TIMEOUTS["facts"])
+    limit = DRY_TIMEOUTS["facts"] if args.dry_run_cpu else GPU_TIMEOUTS["facts"]
+    facts = collect_facts(min(limit, max(args.budget - 2 * RESERVE_S, 5.0)))
     gpus = int(facts.get("count") or 0)
     if gpus == 0 and not args.dry_run_cpu:
         usage_error(no_gpu_message(facts))
@@ -1331,25 +1627,42 @@ def start_session(args: argparse.Namespace, started: float) -> Session:
     session.started = started
     session.summary["steps"]["facts"] = {
         "status": "error" if "error" in facts else "ok", "wall_s": facts.get("facts_wall_s"),
-        "note": f"{gpus} GPU(s): {', '.join(facts.get('names') or []) or 'none'}; torch "
-                f"{facts.get('torch')}, CUDA {facts.get('cuda')}"}
-    session.log(session.summary["steps"]["facts"]["note"])
+        "figure": facts_note(facts, gpus), "goal": "recorded"}
+    session.log(session.summary["steps"]["facts"]["figure"])
     session.save()
     return session
 
 
+def pack(plan: Plan) -> Path | None:
+    """Everything but summary.json into one acceptance.tar.gz (written, then renamed over),
+    and the work folder removed: --out holds the two files and nothing more."""
+    if not plan.work.exists():
+        return None
+    archive = plan.out / f"{ARCHIVE}.tar.gz"
+    partial = archive.with_name(f".{archive.name}.tmp")
+    with tarfile.open(partial, "w:gz") as tar:
+        tar.add(plan.work, arcname=ARCHIVE)
+    os.replace(partial, archive)
+    shutil.rmtree(plan.work, ignore_errors=True)
+    return archive
+
+
 def finish(s: Session) -> int:
-    """Save the final summary, print the table; 0 when every measured goal passed and no
-    step timed out or failed to run."""
+    """Save the final summary, pack the rest, print the table last; 0 when every measured
+    goal passed and no step failed, timed out or broke."""
     s.summary["complete"] = not any(e.startswith(("interrupted", "terminated"))
                                     for e in s.summary["errors"])
+    s.summary["out"] = str(s.plan.out)
     s.save()
+    try:
+        s.summary["archive"] = str(pack(s.plan))
+    except OSError as exc:  # a full disk: summary.json still says what was measured
+        s.error(f"archive not written: {exc}")
+    s.save()
+    verdicts = [step_row(name, step)[0] for name, step in s.summary["steps"].items()]
     print("\n" + format_table(s.summary), flush=True)
-    print(f"\nsummary: {s.plan.out / 'summary.json'} ({s.elapsed():.0f} s in all)", flush=True)
-    failed_goal = any(g["pass"] is False for g in s.summary["goals"])
-    broken = any(step.get("status") in ("timeout", "error")
-                 for step in s.summary["steps"].values())
-    return EXIT_GOALS if failed_goal or broken or not s.summary["complete"] else EXIT_OK
+    failed = any(v in ("FAIL", "TIMEOUT", "ERROR") for v in verdicts)
+    return EXIT_GOALS if failed or not s.summary["complete"] else EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,18 +1,26 @@
 """From `gpucheck hang` to its verdict, on a job that hangs on purpose.
 
     PYTHONPATH=. python benchmarks/hang_speed.py [--ranks 3] [--runs 5] [--window 2]
+                                                 [--neighbours 200]
 
 Starts a gloo job of --ranks ranks on 127.0.0.1 (tests/hang_jobs.py "user": rank 1
 loops in its own code, the others wait in all_reduce), then runs the command as a
 person types it, a new process each time, with the ranks' PIDs and without any
 (every rank process of the machine is looked at), and times each run from start to
 exit. Every run must name rank 1 and only it. The goal: at most 10 s.
+
+--neighbours N adds N made-up ranks of another job beside it (`sleep` processes named
+python3 with RANK, WORLD_SIZE and LOCAL_WORLD_SIZE=10**12 in their environment, as a
+hostile user on a shared node can start): the run without PIDs must stay within the
+goal and never crash.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -23,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.comm_workers import clean_env  # noqa: E402
+from tests.comm_workers import clean_env, free_port  # noqa: E402
 from tests.hang_launch import hang_job  # noqa: E402
 
 
@@ -55,13 +63,38 @@ def measure(label: str, pids: list[int] | None, runs: int, window: float,
           f"({min(times):.2f} to {max(times):.2f}) over {runs} runs")
 
 
+@contextlib.contextmanager
+def neighbours(count: int):  # type: ignore[no-untyped-def]
+    """`count` made-up ranks of one other job, killed on exit."""
+    procs: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        fake = Path(tmp) / "python3"
+        fake.symlink_to(shutil.which("sleep") or "/bin/sleep")
+        port = free_port()
+        try:
+            for rank in range(count):
+                env = clean_env(RANK=str(rank), WORLD_SIZE=str(count),
+                                LOCAL_WORLD_SIZE=str(10**12), MASTER_ADDR="127.0.0.1",
+                                MASTER_PORT=str(port))
+                procs.append(subprocess.Popen([str(fake), "600"], env=env))
+            yield
+        finally:
+            for proc in procs:
+                proc.kill()
+            for proc in procs:
+                proc.wait(timeout=30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=3)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--window", type=float, default=2.0)
+    parser.add_argument("--neighbours", type=int, default=0)
     args = parser.parse_args()
-    with hang_job("user", odd=1, n=args.ranks) as job:
+    with hang_job("user", odd=1, n=args.ranks) as job, neighbours(args.neighbours):
+        if args.neighbours:
+            print(f"{args.neighbours} made-up ranks of another job beside it")
         print(f"{args.ranks} gloo ranks, rank 1 stuck in user code, --window {args.window:g}")
         measure("gpucheck hang PIDS", job.pids, args.runs, args.window, "rank 1 ")
         measure("gpucheck hang (no PIDs)", None, args.runs, args.window, "rank 1 ")

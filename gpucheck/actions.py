@@ -23,6 +23,24 @@ import re
 from dataclasses import dataclass
 
 
+class Status(str, enum.Enum):
+    """A check's verdict, ordered from best to worst by `severity`. Here beside Action
+    (the two closed lists a finding is made of) so gpucheck.checks sits below report.py,
+    which re-exports it."""
+
+    OK = "OK"
+    SKIP = "SKIP"
+    WARN = "WARN"
+    FAIL = "FAIL"
+
+    @property
+    def severity(self) -> int:
+        return _SEVERITY[self]
+
+
+_SEVERITY = {Status.OK: 0, Status.SKIP: 1, Status.WARN: 2, Status.FAIL: 3}
+
+
 class Action(str, enum.Enum):
     """The fixed list, from the least to the most disruptive."""
 
@@ -109,6 +127,8 @@ RULES: tuple[Rule, ...] = (
     Rule("*.checkin", A.FIX_CONFIG, "a rank never started or never reached the rendezvous: "
          "the launch (every node started, the same endpoint) is wrong, and running the "
          "same command again fails the same way"),
+    Rule("*.shared_gpu", A.FIX_CONFIG, "two ranks picked one GPU (the launch's GPU binding "
+         "or CUDA_VISIBLE_DEVICES overlaps): the launch is wrong, not the GPU"),
     # Driver and NVML.
     Rule("driver.nvml", A.FIX_CONFIG, "the driver or nvidia-ml-py is missing, not loaded, "
          "mismatched (reboot after an upgrade) or not permitted: installation, not hardware"),
@@ -147,6 +167,8 @@ RULES: tuple[Rule, ...] = (
          "next reset"),
     Rule("gpu.remapped_rows.pending", A.RESET_GPU, "the row remap takes effect at the next "
          "reset; until then the bad row stays in use"),
+    Rule("gpu.bank_remap.pending", A.RESET_GPU, "the bank remap takes effect at the next "
+         "reset, as a pending row remap"),
     Rule("gpu.remapped_rows.failed", A.REPLACE_HARDWARE, "the GPU has no spare rows left "
          "to remap: it needs an RMA"),
     Rule("gpu.clocks.event_reasons", A.DRAIN_NODE, "thermal or power-brake slowdown: "
@@ -258,7 +280,10 @@ RULES: tuple[Rule, ...] = (
     # stress: sustained load, built to reproduce what it finds.
     Rule("stress.*.peers", A.DRAIN_NODE, _PEERS),
     Rule("stress.sdc.straggler", A.DRAIN_NODE, _PEERS),
-    Rule("stress.copies.together", A.DRAIN_NODE, _PEERS),
+    Rule("stress.copies.together", A.RERUN, "host copies of every GPU at once contend "
+         "for shared PCIe switch uplinks and the CPU's root ports, by design unequal on "
+         "PCIe boxes: slow there names no part, so never a drain on its own; "
+         "stress.copies.link judges each GPU's link alone"),
     Rule("stress.*.expected", A.FIX_CONFIG, "below the model's typical figure (an estimate "
          "for some models): when the peers agree it is a power limit or clock setting, and "
          "a GPU worse than its peers already has a drain-node finding; draining on an "
@@ -271,12 +296,23 @@ RULES: tuple[Rule, ...] = (
          "data corruption"),
     Rule("stress.sdc.agreement", A.FIX_CONFIG, "every rank is wrong alike: the software "
          "stack, not a GPU", keyword="suspect the software"),
+    Rule("stress.sdc.software_split", A.FIX_CONFIG, "ranks agree among themselves (or fill "
+         "whole nodes) against the rest: independent GPU faults never give the same wrong "
+         "bits, so the software or its settings differ; the CPU reference says which side "
+         "is right"),
     Rule("stress.sdc.agreement", A.RERUN, "ranks differ within tolerance and no majority "
          "names one: more GPUs or a longer run decides", "WARN"),
-    Rule("stress.p2p", A.DRAIN_NODE, "one GPU pair copies far slower than the others: an "
-         "NVLink or PCIe path to look into"),
-    Rule("stress.p2p", A.FIX_CONFIG, "peer access blocked for some pairs: ACS or IOMMU "
-         "settings", keyword="without peer access"),
+    Rule("stress.p2p", A.DRAIN_NODE, "one GPU pair copies far slower than the pairs of its "
+         "own path class (NV#, PXB, SYS...): an NVLink or PCIe path to look into"),
+    Rule("stress.p2p", A.FIX_CONFIG, "peer access blocked for some pairs under one CPU "
+         "socket: ACS or IOMMU settings (pairs across sockets are refused by design and "
+         "are no WARN)", keyword="without peer access"),
+    Rule("stress.power.reach", A.RERUN, "below DCGM's targeted-power ratio of its own limit "
+         "while its peers reach theirs, in one short GEMM window: confirm (gpucheck stress "
+         "again, dcgmi diag -r targeted_power) before condemning; its slowdown, if any, "
+         "has the drain-node peer findings"),
+    Rule("stress.power.limit", A.FIX_CONFIG, "the enforced power limit is below the "
+         "default: a setting (nvidia-smi -pl, site policy), not a fault"),
     Rule("stress.numa", A.FIX_CONFIG, "CPU binding of the ranks is a launch setting"),
     # Not measured again (a run stopped in between, an older report): nothing confirmed.
     *(Rule(check, A.RERUN, _UNCONFIRMED, keyword="not measured again") for check in (

@@ -16,6 +16,7 @@ torch is passed in or imported lazily: importing this module never starts CUDA.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,11 +51,45 @@ def local_device_index(local_rank: int, visible: int) -> int:
     `cuda:k`. Under `srun --gpus-per-task=1` (or `--gpu-bind`) each task sees only
     its own GPU, so SLURM_LOCALID 3 must use `cuda:0`: `set_device(3)` would fail
     with "invalid device ordinal". Several ranks sharing fewer GPUs (gloo tests on
-    one GPU) are spread over them round-robin.
+    one GPU) are spread over them round-robin. Without the other ranks' view (one rank,
+    no store) this is all there is; with it, `device_among_peers` decides.
     """
     if visible <= 0:
         raise ValueError("no CUDA device is visible to this process")
     return local_rank if local_rank < visible else local_rank % visible
+
+
+def visible_gpu_names(torch: Any, count: int) -> list[str]:
+    """What each CUDA ordinal of this process is, in CUDA's order: its UUID (or PCI
+    address when this torch gives no UUID; "cuda:N" when neither). Two ranks that list
+    the same names see the same GPUs, whatever CUDA_VISIBLE_DEVICES says (a cgroup may
+    renumber them)."""
+    names = []
+    for ordinal in range(count):
+        try:
+            props = torch.cuda.get_device_properties(ordinal)
+        except Exception:  # a GPU CUDA enumerates but cannot describe: name it by ordinal
+            names.append(f"cuda:{ordinal}")
+            continue
+        names.append(uuid_of(props) or bus_id_of(props) or f"cuda:{ordinal}")
+    return names
+
+
+def device_among_peers(local_rank: int, mine: Sequence[str],
+                       peers: Mapping[int, Sequence[str]]) -> int:
+    """The CUDA ordinal for this rank: its position among this node's local ranks that
+    see the same GPUs (`peers`: local rank -> the GPUs it sees, this rank included).
+
+    `srun --gpu-bind=closest` on a two-socket node gives tasks 0,2,4,6 the first
+    socket's four GPUs and tasks 1,3,5,7 the second's; `local_rank % 4` would put
+    tasks 0 and 4 on one GPU and leave two GPUs of each socket idle. Counting only the
+    ranks that see the same GPUs gives tasks 0,2,4,6 cuda:0,1,2,3 of their socket.
+    More such ranks than GPUs (gloo sharing on purpose) wrap round-robin.
+    """
+    if not mine:
+        raise ValueError("no CUDA device is visible to this process")
+    same = sorted({r for r, seen in peers.items() if list(seen) == list(mine)} | {local_rank})
+    return same.index(local_rank) % len(mine)
 
 
 def bus_id_of(props: Any) -> str | None:

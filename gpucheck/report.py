@@ -9,7 +9,6 @@ Every WARN and FAIL carries an action (`gpucheck.actions`), fixed when it is mad
 from __future__ import annotations
 
 import datetime as _dt
-import enum
 import socket
 import sys
 from collections.abc import Iterable
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucheck import __version__
-from gpucheck.actions import ACTIONS, Action, resolve_action
+from gpucheck.actions import ACTIONS, Action, Status, resolve_action
 
 # 2: findings carry "action" (every WARN and FAIL one of gpucheck.actions.ACTIONS,
 # null for OK and SKIP). 1: the same without it; still read, actions filled in.
@@ -26,22 +25,6 @@ READABLE_SCHEMA_VERSIONS = (1, 2)
 
 # JSON-able values only: str, int, float, bool, None, lists and dicts of them.
 JsonValue = Any
-
-
-class Status(str, enum.Enum):
-    """A check's verdict, ordered from best to worst by `severity`."""
-
-    OK = "OK"
-    SKIP = "SKIP"
-    WARN = "WARN"
-    FAIL = "FAIL"
-
-    @property
-    def severity(self) -> int:
-        return _SEVERITY[self]
-
-
-_SEVERITY = {Status.OK: 0, Status.SKIP: 1, Status.WARN: 2, Status.FAIL: 3}
 
 
 @dataclass(frozen=True)

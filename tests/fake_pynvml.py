@@ -3,6 +3,95 @@
 Same function names, signatures, return shapes and NVMLError class hierarchy as
 nvidia-ml-py 12/13 (NVMLError(value) maps to NVMLError_<Name> subclasses and
 carries `.value`). GPUs are `FakeGpu` records whose faults are set per test.
+
+When it returns and when it raises follows the NVML API reference
+(docs.nvidia.com/deploy/nvml-api: "Device Queries", "Initialization and Cleanup",
+"Field Value Queries", "Event Handling Methods", "NvLink Methods"). The table names
+every NVML function gpucheck calls with the errors its "Returns" list documents
+besides SUCCESS, UNKNOWN and the two every row has (pynvml's class names,
+NVMLError_<Name>); tests/test_fake_nvml_reference.py fails when gpucheck calls a
+function the table does not name.
+
+The two every row has: a call before nvmlInit (or after the nvmlShutdown that ends
+the last nvmlInit: NVML counts them) answers Uninitialized, except in the rows marked
+"(no init)"; and a device call on a GPU that fell off the bus answers GpuIsLost (the
+reference lists it for most device queries; the driver answers it for all).
+FunctionNotFound, pynvml's answer when the driver's library lacks the function, can
+follow any call (`FakeNvml.absent`). A test injects the other errors per GPU
+(`FakeGpu.unsupported`: NotSupported, `denied`: NoPermission, `racing`:
+InsufficientSize); injecting one the function's row does not name is refused with an
+AssertionError, so no test can make NVML answer what it never answers.
+
+| function | documented errors |
+|---|---|
+| nvmlInit | (no init), DriverNotLoaded, NoPermission, LibRmVersionMismatch, LibraryNotFound |
+| nvmlShutdown | (the two every row has) |
+| nvmlSystemGetDriverVersion | InvalidArgument, InsufficientSize |
+| nvmlSystemGetCudaDriverVersion | (no init), InvalidArgument |
+| nvmlSystemGetCudaDriverVersion_v2 | (no init), InvalidArgument, LibraryNotFound |
+| nvmlDeviceGetCount | InvalidArgument |
+| nvmlDeviceGetHandleByIndex | InvalidArgument, InsufficientPower, NoPermission, IrqIssue |
+| nvmlDeviceGetHandleByPciBusId | InvalidArgument, NotFound, InsufficientPower, DriverNotLoaded |
+| nvmlDeviceGetIndex | InvalidArgument |
+| nvmlDeviceGetName | InvalidArgument, InsufficientSize |
+| nvmlDeviceGetUUID | InvalidArgument, InsufficientSize, NotSupported |
+| nvmlDeviceGetPciInfo | InvalidArgument |
+| nvmlDeviceGetMemoryInfo | NoPermission, InvalidArgument, ArgumentVersionMismatch |
+| nvmlDeviceGetCudaComputeCapability | InvalidArgument |
+| nvmlDeviceGetPersistenceMode | InvalidArgument, NotSupported |
+| nvmlDeviceGetMigMode | InvalidArgument, NotSupported |
+| nvmlDeviceGetTemperature | InvalidArgument, NotSupported |
+| nvmlDeviceGetPowerUsage | InvalidArgument, NotSupported |
+| nvmlDeviceGetEnforcedPowerLimit | InvalidArgument, NotSupported |
+| nvmlDeviceGetPowerManagementDefaultLimit | InvalidArgument, NotSupported |
+| nvmlDeviceGetClockInfo | InvalidArgument, NotSupported |
+| nvmlDeviceGetMaxClockInfo | InvalidArgument, NotSupported |
+| nvmlDeviceGetUtilizationRates | InvalidArgument, NotSupported |
+| nvmlDeviceGetComputeRunningProcesses | InvalidArgument, InsufficientSize, NoPermission |
+| nvmlDeviceGetGraphicsRunningProcesses | InvalidArgument, InsufficientSize, NoPermission |
+| nvmlDeviceGetProcessUtilization | InvalidArgument, NotSupported, NotFound |
+| nvmlDeviceGetCurrPcieLinkGeneration | InvalidArgument, NotSupported |
+| nvmlDeviceGetMaxPcieLinkGeneration | InvalidArgument, NotSupported |
+| nvmlDeviceGetCurrPcieLinkWidth | InvalidArgument, NotSupported |
+| nvmlDeviceGetMaxPcieLinkWidth | InvalidArgument, NotSupported |
+| nvmlDeviceGetPcieReplayCounter | InvalidArgument, NotSupported |
+| nvmlDeviceGetEccMode | InvalidArgument, NotSupported |
+| nvmlDeviceGetTotalEccErrors | InvalidArgument, NotSupported |
+| nvmlDeviceGetRetiredPages | InvalidArgument, InsufficientSize, NotSupported |
+| nvmlDeviceGetRetiredPagesPendingStatus | InvalidArgument, NotSupported |
+| nvmlDeviceGetRemappedRows | InvalidArgument, NotSupported |
+| nvmlDeviceGetCurrentClocksEventReasons | InvalidArgument, NotSupported |
+| nvmlDeviceGetCurrentClocksThrottleReasons | InvalidArgument, NotSupported |
+| nvmlDeviceGetNvLinkState | InvalidArgument, NotSupported |
+| nvmlDeviceGetNvLinkErrorCounter | InvalidArgument, NotSupported |
+| nvmlDeviceGetTopologyCommonAncestor | InvalidArgument, NotSupported |
+| nvmlDeviceGetP2PStatus | InvalidArgument |
+| nvmlDeviceGetGpuFabricInfo | InvalidArgument, NotSupported |
+| nvmlDeviceGetGpuFabricInfoV | InvalidArgument, NotSupported, ArgumentVersionMismatch |
+| nvmlDeviceGetCpuAffinity | InvalidArgument, NotSupported |
+| nvmlDeviceGetFieldValues | InvalidArgument |
+| nvmlDeviceGetSupportedEventTypes | InvalidArgument |
+| nvmlEventSetCreate | InvalidArgument |
+| nvmlDeviceRegisterEvents | InvalidArgument, NotSupported |
+| nvmlEventSetWait_v2 | InvalidArgument, Timeout |
+| nvmlEventSetFree | (the two every row has) |
+
+Notes on rows where the behaviour is the point:
+- nvmlDeviceGetFieldValues answers SUCCESS when any value was filled; each field has
+  its own `nvmlReturn` (NotSupported for a field id this GPU or driver lacks, as for
+  NVML_FI_DEV_GET_GPU_RECOVERY_ACTION before R565). NVLink5 counters (Blackwell) are
+  read per link (scopeId = link) or summed over the links (scopeId = 0xFFFFFFFF, as
+  DCGM reads them: DcgmCacheManager.cpp, "NVLink5+ requires scopeId = UINT_MAX").
+- nvmlDeviceGetProcessUtilization answers NotFound when no process has a sample in
+  the buffer since `timeStamp` (an idle process is absent, not 0 %).
+- nvmlDeviceGetComputeRunningProcesses / ...GraphicsRunningProcesses: pynvml sizes
+  the array for twice the processes plus 5; InsufficientSize reaches the caller only
+  when even more started in between (`racing`). NoPermission: aggregate information
+  of a MIG GPU to an unprivileged caller.
+- nvmlDeviceGetNvLinkState / ...ErrorCounter: InvalidArgument for a link number past
+  the GPU's last link; NotSupported on a GPU without NVLink (and for the error
+  counters on Blackwell, where NVML removed them).
+- nvmlEventSetWait_v2 answers Timeout when no event arrived within `timeoutms`.
 """
 
 from __future__ import annotations
@@ -15,6 +104,25 @@ import types
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+
+def _documented_errors(doc: str) -> dict[str, frozenset[str]]:
+    """The docstring's table: function -> the errors its row names ("(no init)" kept)."""
+    rows: dict[str, frozenset[str]] = {}
+    for line in doc.splitlines():
+        if line.startswith("| nvml"):
+            name, errors = (cell.strip() for cell in line.strip().strip("|").split("|"))
+            rows[name] = frozenset(e.strip() for e in errors.split(","))
+    return rows
+
+
+# Function -> the errors the NVML reference documents for it (the docstring's table).
+DOCUMENTED_ERRORS = _documented_errors(__doc__ or "")
+NO_INIT = "(no init)"
+# The two every row has (see the module docstring).
+EVERY_ROW = frozenset({"Uninitialized", "GpuIsLost"})
+# A field value summed over a GPU's NVLinks (NVLink5: scopeId = UINT_MAX).
+ALL_LINKS = 0xFFFFFFFF
 
 ERROR_CODES = {
     "UNINITIALIZED": 1, "INVALID_ARGUMENT": 2, "NOT_SUPPORTED": 3, "NO_PERMISSION": 4,
@@ -107,11 +215,28 @@ CONSTANTS = {
     # nvmlDeviceGetNvLinkErrorCounter (NVML change log, v560 -> v565).
     "NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY": 161, "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY": 162,
     "NVML_FI_DEV_NVLINK_ERROR_DL_CRC": 163,
+    # NVLink5 (Blackwell) counters, read summed over the links (scopeId ALL_LINKS).
+    "NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS": 215,
+    "NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS": 219,
+    "NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER": 220,
+    "NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS": 221, "NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER": 222,
+    **{f"NVML_FI_DEV_NVLINK_COUNT_FEC_HISTORY_{b}": 235 + b for b in range(16)},
+    # The bank remapper (nvmlEccBankRemapperStatus_v1_t as field values).
+    "NVML_FI_DEV_ACTIVE_BANK_REMAPPINGS": 303, "NVML_FI_DEV_INACTIVE_BANK_REMAPPINGS": 304,
+    "NVML_FI_DEV_PENDING_BANK_REMAPPING": 307,
 }
 # What an H100/H200 answers to nvmlDeviceGetSupportedEventTypes (no storm, no poison).
 H200_EVENT_TYPES = 0x1 | 0x2 | 0x4 | 0x8 | 0x10 | 0x80 | 0x100
 # Clock-event reason time counters (ns) a recent driver answers; other field ids: NotSupported.
 SLOWDOWN_FIELD_IDS = (74, 269, 270, 271)
+# A packed BER of zero (mantissa 15, exponent 255: DCGM's "BER zero"); and a GPU's
+# NVLink5 counters and bank remapper when healthy (what a B200 answers; an H200 answers
+# NotSupported for every one of these field ids).
+BER_ZERO = 15 << 8 | 255
+NVLINK5_HEALTHY: dict[int | tuple[int, int], int] = {
+    **{(field_id, ALL_LINKS): 0 for field_id in (215, 219, 221, *range(235, 251))},
+    (220, ALL_LINKS): BER_ZERO, (222, ALL_LINKS): BER_ZERO}
+BANKS_HEALTHY: dict[int | tuple[int, int], int] = {303: 0, 304: 0, 307: 0}
 FABRIC_COMPLETED_OK = (3, 0)  # (NVML_GPU_FABRIC_STATE_COMPLETED, NVML_SUCCESS)
 # A healthy NVSwitch GPU's healthMask: bandwidth not degraded, no route recovery, routes
 # healthy, no access-timeout recovery (each _FALSE = 2), configuration NONE (1); the
@@ -213,13 +338,15 @@ class FakeGpu:
     temperature: int = 34
     power_mw: int = 72_000
     power_limit_mw: int = 700_000
+    power_default_limit_mw: int = 700_000  # nvmlDeviceGetPowerManagementDefaultLimit
     sm_clock: int = 345
     sm_clock_max: int = 1980
     util: tuple[int, int] = (0, 0)
     pids: list[int] = field(default_factory=list)
-    # nvmlDeviceGetProcessUtilization: pid -> SM utilisation %; empty answers NotFound
-    # (no sample in the buffer), as NVML does.
-    proc_util: dict[int, int] = field(default_factory=dict)
+    # nvmlDeviceGetProcessUtilization: pid -> SM utilisation % (or (%, sample time in
+    # microseconds)); no non-zero sample newer than the call's timestamp answers
+    # NotFound, as NVML does.
+    proc_util: dict[int, int | tuple[int, int]] = field(default_factory=dict)
     pcie_gen: tuple[int, int] = (1, 5)
     pcie_width: tuple[int, int] = (16, 16)
     ecc_mode: list[int] = field(default_factory=lambda: [1, 1])
@@ -232,14 +359,20 @@ class FakeGpu:
     retired_pages: dict[int, list[int]] = field(default_factory=dict)
     remapped: tuple[int, int, int, int] = (0, 0, 0, 0)
     clock_reasons: int = 0x1
+    # Masks the clock-event reason calls answer first, one per call; then `clock_reasons`.
+    clock_reasons_seq: list[int] = field(default_factory=list)
     pcie_replays: int = 0
     nvlinks: int = 18
     nvlinks_down: set[int] = field(default_factory=set)  # links whose state reads 0
     # (link, NVML_NVLINK_ERROR_DL_*) -> count; absent pairs read 0.
     nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)
-    # nvmlDeviceGetFieldValues: field id -> value (ULL); other ids answer NotSupported.
-    field_values: dict[int, int] = field(
+    # nvmlDeviceGetFieldValues: field id, or (field id, scopeId), -> value (ULL); a
+    # (field, scope) pair wins over the bare id; other ids answer NotSupported.
+    field_values: dict[int | tuple[int, int], int] = field(
         default_factory=lambda: dict.fromkeys(SLOWDOWN_FIELD_IDS, 0))
+    # Field id -> share of wall time since the fake was made that its counter (ns) grows
+    # by: a clock-event reason held that share of any window (added to field_values).
+    slowdown_share: dict[int, float] = field(default_factory=dict)
     event_types: int = H200_EVENT_TYPES
     # (state, status) of nvmlDeviceGetGpuFabricInfo*; None: the GPU has no fabric (NotSupported).
     fabric: tuple[int, int] | None = FABRIC_COMPLETED_OK
@@ -257,15 +390,21 @@ class FakeGpu:
     # Seconds the first nvmlDeviceGetHandleByIndex after nvmlInit takes (GPU bring-up).
     first_attach_s: float = 0.0
     lost: bool = False
+    # Functions that answer NotSupported, NoPermission or InsufficientSize on this GPU
+    # (only where the reference documents that error: see the module docstring).
     unsupported: set[str] = field(default_factory=set)
+    denied: set[str] = field(default_factory=set)
+    racing: set[str] = field(default_factory=set)
     hang: set[str] = field(default_factory=set)
 
 
 def blackwell_gpu(**fields: Any) -> FakeGpu:
-    """A B200 as NVML >= R565 shows it: compute capability 10.0, 18 NVLinks up, and
-    NotSupported for the NVLink error counters NVML removed on Blackwell."""
+    """A B200 as NVML >= R565 shows it: compute capability 10.0, 18 NVLinks up,
+    NotSupported for the NVLink error counters NVML removed on Blackwell, and the
+    NVLink5 counters and bank remapper in their place (field values, all healthy)."""
+    values = {**dict.fromkeys(SLOWDOWN_FIELD_IDS, 0), **NVLINK5_HEALTHY, **BANKS_HEALTHY}
     return FakeGpu(**{"name": "NVIDIA B200", "cc": (10, 0), "nvlinks": 18,
-                      "nvlink_error_counters": False, **fields})
+                      "nvlink_error_counters": False, "field_values": values, **fields})
 
 
 class _Handle:
@@ -334,9 +473,14 @@ class FakeNvml:
         FunctionNotFound); `hang_s`: how long a call in `FakeGpu.hang` blocks;
         `fabric_versions`: the fabric struct versions this driver knows."""
         self.gpus, self.driver, self.cuda_driver = gpus, driver, cuda_driver
-        self.init_error, self.topology, self.initialised = init_error, topology, False
+        self.init_error, self.topology, self.init_count = init_error, topology, 0
+        self.born_ns = time.monotonic_ns()  # the clock `FakeGpu.slowdown_share` grows on
         self.absent, self.hang_s, self.attached = absent, hang_s, set()
         self.fabric_versions = fabric_versions
+        # Per GPU pair (NVML indices, either order): the NVML_TOPOLOGY_* level, and the
+        # NVML_P2P_STATUS_* per (pair, NVML_P2P_CAPS_INDEX_*); others as above.
+        self.topology_pairs: dict[frozenset[int], int] = {}
+        self.p2p_pairs: dict[tuple[frozenset[int], int], int] = {}
         self.event_sets: list[_EventSet] = []
         self.module = types.ModuleType("pynvml")
         _error_classes(self.module)
@@ -350,6 +494,20 @@ class FakeNvml:
         # As pynvml: NVMLError_<Name>() carries its own code.
         raise getattr(self.module, f"NVMLError_{name}")()
 
+    @property
+    def initialised(self) -> bool:
+        return self.init_count > 0
+
+    def _injected(self, gpu: FakeGpu, fn: str) -> None:
+        """Raise the error a test injected for `fn` on this GPU, if the reference
+        documents it for `fn`; an undocumented one is the test's mistake."""
+        for injected, error in ((gpu.unsupported, "NotSupported"), (gpu.denied, "NoPermission"),
+                                (gpu.racing, "InsufficientSize")):
+            if fn in injected:
+                assert error in DOCUMENTED_ERRORS.get(fn, ()), (
+                    f"NVML does not document {error} for {fn}: see tests/fake_pynvml.py")
+                self._raise(error)
+
     def _gpu(self, handle: _Handle, fn: str) -> FakeGpu:
         if fn in self.absent:
             self._raise("FunctionNotFound")
@@ -360,20 +518,24 @@ class FakeNvml:
             time.sleep(self.hang_s)
         if gpu.lost:
             self._raise("GpuIsLost")
-        if fn in gpu.unsupported:
-            self._raise("NotSupported")
+        self._injected(gpu, fn)
         return gpu
 
     def nvmlInit(self) -> None:
         if self.init_error:
             raise getattr(self.module, self.init_error)(0)
-        self.initialised = True
+        self.init_count += 1  # NVML counts nvmlInit calls; nvmlShutdown undoes one
 
     def nvmlShutdown(self) -> None:
-        # Without persistence mode the driver tears the GPUs down with the last client.
-        self.initialised, self.attached = False, set()
+        if not self.initialised:
+            self._raise("Uninitialized")
+        self.init_count -= 1
+        if not self.init_count:
+            # Without persistence mode the driver tears the GPUs down with the last client.
+            self.attached = set()
 
     def nvmlSystemGetDriverVersion(self) -> str:
+        self._check("nvmlSystemGetDriverVersion")
         return self.driver
 
     def nvmlSystemGetCudaDriverVersion(self) -> int:
@@ -383,6 +545,7 @@ class FakeNvml:
         return self.cuda_driver
 
     def nvmlDeviceGetCount(self) -> int:
+        self._check("nvmlDeviceGetCount")
         return len(self.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
@@ -404,6 +567,7 @@ class FakeNvml:
         return self._gpu(handle, "nvmlDeviceGetName").name
 
     def nvmlDeviceGetUUID(self, handle: _Handle) -> bytes:  # older releases return bytes
+        self._gpu(handle, "nvmlDeviceGetUUID")
         return f"GPU-{handle.index:08d}-0000-0000-0000-000000000000".encode()
 
     def nvmlDeviceGetPciInfo(self, handle: _Handle) -> Any:
@@ -439,6 +603,10 @@ class FakeNvml:
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: _Handle) -> int:
         return self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw
 
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: _Handle) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetPowerManagementDefaultLimit")
+        return gpu.power_default_limit_mw
+
     def nvmlDeviceGetClockInfo(self, handle: _Handle, type: int) -> int:
         return self._gpu(handle, "nvmlDeviceGetClockInfo").sm_clock
 
@@ -455,12 +623,21 @@ class FakeNvml:
                                       computeInstanceId=0xFFFFFFFF) for pid in gpu.pids]
 
     def nvmlDeviceGetProcessUtilization(self, handle: _Handle, timeStamp: int) -> list[Any]:
+        # NVML: one sample per process with non-zero utilisation in the last sample
+        # period, only samples newer than timeStamp (lastSeenTimeStamp, CPU time in
+        # microseconds), NotFound when none is left. A `proc_util` value is the SM %
+        # sampled now, or (SM %, sample time in microseconds).
         gpu = self._gpu(handle, "nvmlDeviceGetProcessUtilization")
-        if not gpu.proc_util:
+        now_us = int(time.time() * 1e6)
+        samples = []
+        for pid, value in gpu.proc_util.items():
+            util, at_us = value if isinstance(value, tuple) else (value, now_us)
+            if util > 0 and at_us > timeStamp:
+                samples.append(types.SimpleNamespace(pid=pid, timeStamp=at_us, smUtil=util,
+                                                     memUtil=util // 2, encUtil=0, decUtil=0))
+        if not samples:
             self._raise("NotFound")
-        return [types.SimpleNamespace(pid=pid, timeStamp=timeStamp + 1, smUtil=util,
-                                      memUtil=util // 2, encUtil=0, decUtil=0)
-                for pid, util in gpu.proc_util.items()]
+        return samples
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: _Handle) -> list[Any]:
         self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses")
@@ -494,11 +671,15 @@ class FakeNvml:
     def nvmlDeviceGetRemappedRows(self, device: _Handle) -> tuple[int, int, int, int]:
         return self._gpu(device, "nvmlDeviceGetRemappedRows").remapped
 
+    @staticmethod
+    def _reasons(gpu: FakeGpu) -> int:
+        return gpu.clock_reasons_seq.pop(0) if gpu.clock_reasons_seq else gpu.clock_reasons
+
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:
-        return self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons").clock_reasons
+        return self._reasons(self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons"))
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: _Handle) -> int:
-        return self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_reasons
+        return self._reasons(self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons"))
 
     def nvmlDeviceGetNvLinkState(self, device: _Handle, link: int) -> int:
         gpu = self._gpu(device, "nvmlDeviceGetNvLinkState")
@@ -508,7 +689,9 @@ class FakeNvml:
 
     def nvmlDeviceGetTopologyCommonAncestor(self, device1: _Handle, device2: _Handle) -> int:
         self._gpu(device1, "nvmlDeviceGetTopologyCommonAncestor")
-        return self.topology
+        self._gpu(device2, "nvmlDeviceGetTopologyCommonAncestor")
+        return self.topology_pairs.get(frozenset((device1.index, device2.index)),
+                                       self.topology)
 
     def _fabric(self, device: _Handle, fn: str, info: Any) -> int:
         gpu = self._gpu(device, fn)
@@ -547,6 +730,9 @@ class FakeNvml:
                                p2pIndex: int) -> int:
         a = self._gpu(device1, "nvmlDeviceGetP2PStatus")
         b = self._gpu(device2, "nvmlDeviceGetP2PStatus")
+        pair = frozenset((device1.index, device2.index))
+        if (pair, p2pIndex) in self.p2p_pairs:
+            return self.p2p_pairs[(pair, p2pIndex)]
         return 0 if a.nvlinks and b.nvlinks else 5
 
     # -- fault counters (gpucheck.faults) --------------------------------------------
@@ -592,6 +778,8 @@ class FakeNvml:
     def nvmlDeviceGetFieldValues(self, handle: _Handle, fieldIds: list[Any]) -> Any:
         """As pynvml: an array of c_nvmlFieldValue_t, each with its own nvmlReturn."""
         gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        if not fieldIds:
+            self._raise("InvalidArgument")  # valuesCount 0 (cuda-python notes it)
         values = (c_nvmlFieldValue_t * len(fieldIds))()
         for value, field_id in zip(values, fieldIds, strict=True):
             value.fieldId, value.scopeId = (field_id if isinstance(field_id, tuple)
@@ -601,12 +789,23 @@ class FakeNvml:
                     and gpu.recovery_action is not None:
                 value.valueType = CONSTANTS["NVML_VALUE_TYPE_UNSIGNED_INT"]
                 value.value.uiVal = gpu.recovery_action
-            elif value.fieldId in gpu.field_values:
-                value.valueType = CONSTANTS["NVML_VALUE_TYPE_UNSIGNED_LONG_LONG"]
-                value.value.ullVal = gpu.field_values[value.fieldId]
-            else:
+                continue
+            found = self._field(gpu, value.fieldId, value.scopeId)
+            if found is None:
                 value.nvmlReturn = ERROR_CODES["NOT_SUPPORTED"]
+            else:
+                value.valueType = CONSTANTS["NVML_VALUE_TYPE_UNSIGNED_LONG_LONG"]
+                value.value.ullVal = found
         return values
+
+    def _field(self, gpu: FakeGpu, field_id: int, scope: int) -> int | None:
+        """A field's value at `scope` (a scoped entry wins), None when not supported; a
+        slowdown counter grows by its share of the time since the fake was made."""
+        value = gpu.field_values.get((field_id, scope), gpu.field_values.get(field_id))
+        share = gpu.slowdown_share.get(field_id)
+        if share is not None:
+            value = (value or 0) + int(share * (time.monotonic_ns() - self.born_ns))
+        return value
 
     # -- events ----------------------------------------------------------------------
 

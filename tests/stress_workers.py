@@ -65,3 +65,17 @@ def crash_rank_one_in_burn(rank: int, phase: str, iteration: int, out: Any) -> N
     and memory phases have been measured and published."""
     if rank == 1 and phase == "burn":
         os._exit(3)
+
+
+def wrong_tile_band_two(rank: int, phase: str, iteration: int, out: Any) -> None:
+    """Every burn-in product wrong the same way in rows 256-383 (a faulty tile band):
+    in each row the element closest to 1 in size has its sign flipped. Deterministic,
+    so the rank agrees with itself; only the CPU reference can tell."""
+    import torch
+
+    if phase != "burn":
+        return
+    band = out[256:384]
+    cols = (band.abs() - 1).abs().argmin(dim=1)
+    rows = torch.arange(band.shape[0], device=band.device)
+    band[rows, cols] = -band[rows, cols]

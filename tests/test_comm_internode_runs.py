@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from comm_workers import PYTHON, clean_env, free_port, start, tracked, wait_gone
 
-from gpucheck.comm.internode import TEST_SLOW_SENDS_VAR
+from gpucheck.comm.internode import TEST_SLOW_RECVS_VAR, TEST_SLOW_SENDS_VAR
 from gpucheck.comm.pairwise import TEST_SLOW_PAIR_VAR
 
 RUN_S = 240
@@ -67,6 +67,25 @@ def test_a_node_slow_in_every_round_is_named_and_confirmed_against_known_good_no
     assert {"node 2 -> node 0", "node 2 -> node 1"} <= confirmed
     again = {(r["src_node"], r["dst_node"]) for r in section["data"]["measured again"]}
     assert {(2, 0), (2, 1), (0, 1), (1, 0)} <= again
+
+
+def test_a_node_slow_to_receive_is_named_for_its_receives_and_no_other_node_is_blamed(
+        tmp_path: Path) -> None:
+    """Issue 22, defect 3, on the path NCCL and gloo share (rounds, gathering both ends'
+    figures, the verdicts): node 2 takes its receives in slowly; only the links into
+    it read slow, and it is the one node named, for receiving. (NCCL's own figures,
+    one group per rank, are judged on recorded group times in test_comm_node_links.)"""
+    report = _nodes(tmp_path, **{TEST_SLOW_RECVS_VAR: "2:0.02"})
+    section = _internode(report)
+    named = [f for f in section["findings"] if f["check"] == "comm.internode.shared_node"]
+    assert [f["subject"][:6] for f in named] == ["node 2"]
+    assert "it receives on" in named[0]["message"] and "confirmed" in named[0]["message"]
+    confirmed = {f["subject"] for f in section["findings"]
+                 if f["check"] == "comm.internode.slow_pair" and "confirmed" in f["message"]}
+    assert confirmed == {"node 0 -> node 2", "node 1 -> node 2"}
+    # Nothing node 2 sends, and nothing between node 0 and node 1, is condemned.
+    assert all(f["subject"].endswith("-> node 2") or f["action"] == "rerun"
+               for f in section["findings"] if f["status"] == "WARN")
 
 
 def test_a_node_slow_only_in_the_rounds_is_unstable_and_asks_for_a_rerun(

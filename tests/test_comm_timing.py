@@ -17,6 +17,10 @@ import torch.distributed as dist
 from gpucheck.comm import collectives, internode, pairwise
 
 Event = tuple[Any, ...]
+# The torch.distributed function each collective calls (torch 2.14's current names).
+TORCH_NAMES = {"all_reduce": "all_reduce", "all_gather": "all_gather_single",
+               "reduce_scatter": "reduce_scatter_single", "all_to_all": "all_to_all_single",
+               "broadcast": "broadcast"}
 
 
 class Log:
@@ -77,7 +81,7 @@ def _fake_dist(monkeypatch: pytest.MonkeyPatch, log: Log, backend: str, rank: in
             return log.work() if name in ("isend", "irecv") else None
         return call
 
-    for name in ("all_reduce", "all_gather_into_tensor"):
+    for name in TORCH_NAMES.values():
         monkeypatch.setattr(dist, name, collective(name))
     for name in ("isend", "irecv", "send", "recv"):
         monkeypatch.setattr(dist, name, p2p(name))
@@ -130,9 +134,7 @@ def test_a_long_batch_waits_on_the_op_max_in_flight_launches_back(
     assert log.events[-1] == ("seconds",) and _kinds(log.events).count("seconds") == 1
 
 
-@pytest.mark.parametrize(("collective", "torch_name"), [("all_reduce", "all_reduce"),
-                                                         ("all_gather",
-                                                          "all_gather_into_tensor")])
+@pytest.mark.parametrize(("collective", "torch_name"), sorted(TORCH_NAMES.items()))
 def test_the_nccl_timed_loop_launches_every_op_async_and_waits_once_at_the_end(
         monkeypatch: pytest.MonkeyPatch, collective: str, torch_name: str) -> None:
     log = Log()
@@ -259,7 +261,7 @@ def test_the_nccl_exchange_between_nodes_starts_its_clock_after_an_aligned_one_e
     log = Log()
     _fake_dist(monkeypatch, log, backend="nccl", rank=1)
     _fake_batches(monkeypatch, log)
-    seconds = internode._exchange(2, 0, 4096, 3, "cpu", 0.0)
+    timed = internode._exchange(2, 0, 4096, 3, "cpu", 0.0)
     groups = [e for e in log.events if e[0] == "launch"]
     # The alignment: one element from the sender (rank 0) and to the receiver (rank 2).
     assert groups[0] == ("launch", "group", (("irecv", 0, 1), ("isend", 2, 1)))
@@ -267,23 +269,32 @@ def test_the_nccl_exchange_between_nodes_starts_its_clock_after_an_aligned_one_e
     start = log.events.index(("start",))
     assert log.events[start - 1] == ("block", 0) and log.events[start + 1] == groups[1]
     assert log.events.index(("wait", 0)) > log.events.index(("stop",))
-    assert seconds == 1.0
+    # One group ends when both directions have: its time is reported for the link
+    # received on and for the link sent on (internode_verdicts.both_ends).
+    assert timed == internode.Exchange(1.0, 1.0)
 
 
-def test_a_rank_that_only_sends_between_nodes_keeps_no_time_and_gloo_has_no_alignment(
+def test_a_rank_that_only_sends_between_nodes_times_its_group_for_the_link_it_sent_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
     log = Log()
     _fake_dist(monkeypatch, log, backend="nccl", rank=1)
     _fake_batches(monkeypatch, log)
-    assert internode._exchange(2, None, 4096, 2, "cpu", 0.0) is None
-    assert "start" not in _kinds(log.events)
+    assert internode._exchange(2, None, 4096, 2, "cpu", 0.0) == internode.Exchange(None, 1.0)
+    assert _kinds(log.events).count("start") == 1
     assert [e[2] for e in log.events if e[0] == "launch"] == [
         (("isend", 2, 1),), (("isend", 2, 1024),) * 2]
+
+
+def test_gloo_times_the_receives_alone_and_has_no_alignment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     gloo = Log()
     _fake_dist(monkeypatch, gloo, backend="gloo", rank=1)
-    internode._exchange(2, 0, 4096, 2, "cpu", 0.0)
+    timed = internode._exchange(2, 0, 4096, 2, "cpu", 0.0)
     assert [e[1] for e in gloo.events if e[0] == "launch"] == ["irecv", "irecv", "isend",
                                                                 "isend"]
+    # A gloo send is done when handed over, not when received: it times nothing.
+    assert timed.received_s is not None and timed.received_s >= 0
+    assert timed.sent_s is None
 
 
 def test_the_untimed_rendezvous_counts_as_one_op_in_flight(

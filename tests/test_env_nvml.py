@@ -104,7 +104,7 @@ def test_failed_row_remap_and_pending_retired_pages_fail(monkeypatch):
 @pytest.mark.parametrize("mask, reason", [(0x40, "hw_thermal_slowdown"),
                                           (0x20, "sw_thermal_slowdown"),
                                           (0x80, "hw_power_brake_slowdown"),
-                                          (0x8 | 0x40, "hw_slowdown, hw_thermal_slowdown")])
+                                          (0x8 | 0x40, "hw_thermal_slowdown")])
 def test_thermal_power_brake_and_hw_slowdown_warn(monkeypatch, mask, reason):
     result = _probe(monkeypatch, FakeNvml(_gpus(2, gpu0={"clock_reasons": mask})))
     warned = _findings(result, "gpu.clocks.event_reasons", Status.WARN)

@@ -109,7 +109,8 @@ def test_goal_result_passes_at_the_bar_and_leaves_unmeasured_open() -> None:
     assert ga.goal_result("g", 0.95, 0.95)["pass"] is True
     assert ga.goal_result("g", 0.9499, 0.95)["pass"] is False
     assert ga.goal_result("g", None, 0.95) == {"name": "g", "value": None, "goal": 0.95,
-                                                "pass": None}
+                                                "pass": None, "figure_only": False}
+    assert ga.goal_result("g", 0.5, 0.95, figure_only=True)["pass"] is None
 
 
 # ---------------------------------------------------------------- reading reports
@@ -196,11 +197,19 @@ def test_all_goals_from_steps() -> None:
     goals = ga.all_goals(steps, ga.COMM_GOALS, "nccl", False)
     by_name = {g["name"]: g for g in goals}
     assert by_name["bench images/s per GPU / bare eager loop (nccl, 8 ranks)"]["pass"] is True
-    assert by_name["comm all_reduce busbw / bare loop at 1 GiB (nccl, 1 rank)"]["pass"] is True
+    # one rank: the comm ratios are figures (host overhead per call), never a FAIL
     small = by_name["comm all_reduce busbw / bare loop at 64 KiB (nccl, 1 rank)"]
+    assert (small["value"], small["goal"], small["pass"], small["figure_only"]) == (
+        0.89, 0.90, None, True)
+    assert ga.goal_verdict([g for g in goals if g["name"].startswith("comm")]) == "FIGURE"
+    steps["comm"]["world_size"] = 8
+    by_name = {g["name"]: g for g in ga.all_goals(steps, ga.COMM_GOALS, "nccl", False)}
+    assert by_name["comm all_reduce busbw / bare loop at 1 GiB (nccl, 8 ranks)"]["pass"] is True
+    small = by_name["comm all_reduce busbw / bare loop at 64 KiB (nccl, 8 ranks)"]
     assert (small["value"], small["goal"], small["pass"]) == (0.89, 0.90, False)
-    assert by_name["comm all_gather busbw / bare loop at 1 GiB (nccl, 1 rank)"]["pass"] is None
+    assert by_name["comm all_gather busbw / bare loop at 1 GiB (nccl, 8 ranks)"]["pass"] is None
     assert len(ga.all_goals({}, ga.COMM_GOALS, "nccl", False)) == 5
+    assert all(g["pass"] is None for g in ga.all_goals(steps, ga.COMM_GOALS, "gloo", True))
 
 
 def test_exit_and_step_statuses() -> None:
@@ -230,16 +239,27 @@ def test_first_visible_gpu() -> None:
 # ---------------------------------------------------------------- summary and options
 
 
-def test_format_table_lists_steps_goals_and_errors() -> None:
+def test_the_closing_table_gives_each_step_its_verdict_figure_and_goal_on_one_screen() -> None:
+    bench = [ga.goal_result("bench images/s per GPU / bare eager loop (nccl, 1 rank)", 0.97,
+                            0.95)]
+    comm = [ga.goal_result("comm all_reduce busbw / bare loop at 1 GiB (nccl, 1 rank)", 0.7,
+                           0.95, figure_only=True)]
     summary = {"steps": {"env": {"status": "ok", "wall_s": 8.25, "note": "verdict OK"},
+                         "nvml": {"status": "skipped", "verdict": "SKIP", "figure": "no NVML",
+                                  "goal": "needs NVML"},
+                         "comm": {"status": "ok", "goals": comm},
+                         "bench": {"status": "ok", "goals": bench},
+                         "stress": {"status": "timeout", "note": "cut"},
                          "shared": {"status": "refused", "note": "comm refused"}},
-               "goals": [ga.goal_result("bench ratio", 0.97, 0.95),
-                         ga.goal_result("comm ratio", None, 0.9)],
-               "errors": ["shared: refused"]}
-    table = ga.format_table(summary)
-    assert "env" in table and "8.2" in table and "refused" in table
-    assert "0.970" in table and "PASS" in table and "not measured" in table
-    assert table.splitlines()[-1] == "error: shared: refused"
+               "errors": ["shared: refused"], "mode": "gpu", "elapsed_s": 280.0,
+               "options": {"budget_s": 300.0}, "out": "/x"}
+    lines = ga.format_table(summary).splitlines()
+    rows = {line.split()[0]: line.split()[1] for line in lines[1:7]}
+    assert rows == {"env": "OK", "nvml": "SKIP", "comm": "FIGURE", "bench": "PASS",
+                    "stress": "TIMEOUT", "shared": "REFUSED"}
+    assert "figure only" in lines[3] and "0.970" in lines[4] and ">=0.95" in lines[4]
+    assert len(lines) <= 25 and all(len(line) <= ga.TABLE_WIDTH for line in lines)
+    assert ga.ARCHIVE + ".tar.gz" in lines[-1]
 
 
 def test_parse_skip_and_out_dir_problems(tmp_path: Path) -> None:
@@ -260,12 +280,13 @@ def _args(*argv: str) -> argparse.Namespace:
 
 def test_make_plan_gpu_defaults_quick_and_dry_run(tmp_path: Path) -> None:
     plan = ga.make_plan(_args("--out", str(tmp_path)), gpus=1)
-    assert (plan.runs, plan.device, plan.backend, plan.comm_ranks) == (3, "cuda", "nccl", 1)
+    assert (plan.runs, plan.device, plan.backend, plan.comm_ranks) == (1, "cuda", "nccl", 1)
+    assert plan.budget_s == 300 and plan.work == tmp_path / ga.ARCHIVE
     assert plan.comm_max == GIB and plan.bench_args == ()
     assert ga.make_plan(_args("--out", str(tmp_path), "--quick"), gpus=8).runs == 1
     assert ga.make_plan(_args("--out", str(tmp_path), "--quick", "--runs", "2"), 8).runs == 2
     dry = ga.make_plan(_args("--out", str(tmp_path), "--dry-run-cpu"), gpus=0)
-    assert (dry.device, dry.backend, dry.comm_ranks) == ("cpu", "gloo", 2)
+    assert (dry.device, dry.backend, dry.comm_ranks) == ("cpu", "gloo", 1)
     assert {size for size, _ in dry.comm_goals} <= set(ga.sweep_sizes(KIB, dry.comm_max))
     assert ga.plan_notes(dry) and "dry run" in ga.plan_notes(dry)[0]
     assert "one GPU" in ga.plan_notes(plan)[0]
@@ -368,6 +389,8 @@ def test_run_steps_survives_a_broken_step_and_saves_after_each(
         "env": broken})
     ga.run_steps(session)
     steps = json.loads((tmp_path / "summary.json").read_text())["steps"]
-    assert steps["env"]["status"] == "error" and seen == ["error"] * (len(ga.STEPS) - 2)
+    ran = len([n for n in ga.STEPS if n not in plan.skip and n not in plan.dry_skip])
+    assert steps["env"]["status"] == "error" and seen == ["error"] * (ran - 1)
+    assert all(steps[name]["status"] == "skipped" for name in plan.dry_skip)
     assert steps["shared"] == {"status": "skipped", "note": "--skip"}
     assert session.summary["errors"] == ["env: internal error KeyError: 'sections'"]

@@ -98,16 +98,37 @@ def test_a_recovery_action_gpucheck_does_not_know_warns_and_is_never_ok(monkeypa
     assert "nvmlDeviceGpuRecoveryAction_t" in bad[0].hint
 
 
-def test_a_driver_that_does_not_report_the_recovery_action_is_a_skip_saying_why(monkeypatch):
+def test_a_driver_that_does_not_report_the_recovery_action_is_a_skip_blaming_the_driver(
+        monkeypatch):
     result = _probe(monkeypatch, FakeNvml(_gpus(2, recovery_action=None)))
     assert not _problems(result)
     skipped = _findings(result, "gpu.recovery_action")
     assert [f.status for f in skipped] == [Status.SKIP] * 2
-    assert "NotSupported" in skipped[0].message and "R565" in skipped[0].message
+    assert [g["recovery_action_na"] for g in result.sections[1].data["gpus"]] == [
+        "driver", "driver"]
+    assert "R565" in skipped[0].message
+
+
+def test_a_package_without_the_recovery_field_is_a_skip_blaming_the_package_not_the_driver(
+        monkeypatch):
+    """nvidia-ml-py before the R565 field ids: gpucheck cannot ask, whatever the driver."""
+    fake = FakeNvml(_gpus(2))
+    del fake.module.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+    result = _probe(monkeypatch, fake)
+    assert not _problems(result)
+    skipped = _findings(result, "gpu.recovery_action")
+    assert [f.status for f in skipped] == [Status.SKIP] * 2
+    assert [g["recovery_action_na"] for g in result.sections[1].data["gpus"]] == [
+        "nvidia-ml-py", "nvidia-ml-py"]
+    assert "pip install -U nvidia-ml-py" in skipped[0].message
+    assert "drivers before" not in skipped[0].message
 
 
 def test_a_gpu_without_field_values_at_all_is_a_skip_not_a_failure(monkeypatch):
-    result = _probe(monkeypatch, FakeNvml(_gpus(2, unsupported={"nvmlDeviceGetFieldValues"})))
+    # A driver whose libnvidia-ml lacks the function (pynvml: FunctionNotFound); NVML
+    # itself answers NotSupported per field, never for the whole call.
+    result = _probe(monkeypatch, FakeNvml(_gpus(2), absent=frozenset({
+        "nvmlDeviceGetFieldValues"})))
     assert not _problems(result)
     assert {f.status for f in _findings(result, "gpu.recovery_action")} == {Status.SKIP}
 

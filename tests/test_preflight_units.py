@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpucheck import cli
-from gpucheck.comm.confirm import find_suspects
 from gpucheck.comm.internode import round_schedule
+from gpucheck.comm.node_links import find_node_suspects
 from gpucheck.preflight import actions
 from gpucheck.preflight.budget import Budget
 from gpucheck.preflight.verdict import confirmed_slow_nodes, decide
@@ -51,9 +51,9 @@ def test_two_ring_shifts_whatever_the_node_count() -> None:
 
 
 def test_a_slow_node_among_512_is_named_alone_by_elimination() -> None:
-    suspects = find_suspects(_node_samples(_links(SLOW)), 0.5)
+    suspects = find_node_suspects(_node_samples(_links(SLOW)), 0.5)
     assert suspects.members == {SLOW: "both"}
-    assert find_suspects(_node_samples(_links(None)), 0.5).empty
+    assert find_node_suspects(_node_samples(_links(None)), 0.5).empty
 
 
 def _node_samples(links: list[dict]) -> dict:
@@ -66,7 +66,7 @@ def test_the_slow_node_is_condemned_only_when_slow_again_beside_a_known_good_one
     from gpucheck.comm.internode import exchanges_for
 
     links = _links(SLOW)
-    suspects = find_suspects(_node_samples(links), 0.5)
+    suspects = find_node_suspects(_node_samples(links), 0.5)
     wanted = {p for x, y in exchanges_for(suspects) for p in ((x, y), (y, x))}
     assert suspects.references  # a known-good pair is measured beside the suspect's
     confirmed = {"links": links, "again": _again(links, wanted, slow_again=True)}

@@ -67,9 +67,10 @@ def test_healthy_cpu_ranks_run_every_phase_without_a_fail(tmp_path: Path, nproc:
     burn = section(report, "sdc")["data"]["results"]
     assert all(r["iters"] >= 1 and r["bad_iters"] == 0 and r["mode"] == "bitwise"
                for r in burn)
-    assert all(r["reference_deviation"] < 1e-4 for r in burn)
+    assert all(r["reference_deviation"] < 1 for r in burn)  # within every element's bound
     assert findings(report, "SKIP", "stress.copies") == [("stress.copies", None)]
     assert findings(report, "SKIP", "stress.p2p") == [("stress.p2p", None)]
+    assert findings(report, "SKIP", "stress.power.reach") == [("stress.power.reach", None)]
     assert no_children_left()
 
 

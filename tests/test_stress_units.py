@@ -177,8 +177,11 @@ def test_healthy_ranks_are_all_agreeing() -> None:
 
 
 def test_a_non_finite_result_is_wrong() -> None:
-    verdict = sdc.judge({0: "aa", 1: "aa"}, {0: math.inf, 1: math.nan}, 1e-4)
+    verdict = sdc.judge({0: "aa", 1: "bb", 2: "cc"}, {0: math.inf, 1: math.nan, 2: 0.0}, 1e-4)
     assert list(verdict.wrong) == [0, 1]
+    # The same non-finite bits on two ranks are alike: software (gpucheck.stress.sdc).
+    alike = sdc.judge({0: "aa", 1: "aa"}, {0: math.inf, 1: math.nan}, 1e-4, splits=True)
+    assert alike.wrong == {} and alike.software == ((0, 1),)
 
 
 def test_ranks_of_different_models_are_not_compared_bitwise() -> None:
@@ -189,8 +192,12 @@ def test_ranks_of_different_models_are_not_compared_bitwise() -> None:
 
 def test_a_two_two_split_is_settled_by_the_reference() -> None:
     verdict = sdc.judge({0: "aa", 1: "aa", 2: "bb", 3: "bb"},
-                        {0: 1e-7, 1: 1e-7, 2: 0.5, 3: 0.5}, 1e-4)
-    assert list(verdict.wrong) == [2, 3] and verdict.undecided == ()
+                        {0: 1e-7, 1: 1e-7, 2: 0.5, 3: 0.5}, 1e-4, splits=True)
+    # 2 and 3 are wrong alike (the same bits): a software split the reference settles.
+    assert verdict.wrong == {} and verdict.undecided == () and verdict.software == ((2, 3),)
+    apart = sdc.judge({0: "aa", 1: "aa", 2: "bb", 3: "cc"},
+                      {0: 1e-7, 1: 1e-7, 2: 0.5, 3: 0.5}, 1e-4, splits=True)
+    assert list(apart.wrong) == [2, 3] and apart.software == ()
 
 
 def test_majority_vote_needs_a_strict_majority() -> None:
@@ -216,13 +223,16 @@ def test_row_checks_change_with_any_single_element() -> None:
     assert burn.digest_of(before) != burn.digest_of(after)
 
 
-def test_large_products_check_the_first_rows_plus_the_rows_that_differ() -> None:
+def test_large_products_check_a_row_of_every_tile_band_plus_the_rows_that_differ() -> None:
     n = 2048
     same = torch.zeros(n, 2, dtype=torch.int64)
     odd = same.clone()
     odd[[3, 100, 2000], 0] = 1
-    assert burn.rows_to_check(n, [same, same]) == list(range(16))
-    assert burn.rows_to_check(n, [same, odd]) == [*range(16), 100, 2000]
+    drawn = burn.rows_to_check(n, [same, same], seed=7)
+    assert [r // burn.TILE_ROWS for r in drawn] == list(range(n // burn.TILE_ROWS))
+    assert burn.rows_to_check(n, [same, same], seed=7) == drawn  # one draw, every rank
+    assert burn.rows_to_check(n, [same, same], seed=8) != drawn  # another run, other rows
+    assert {3, 100, 2000} <= set(burn.rows_to_check(n, [same, odd], seed=7))
     assert burn.rows_to_check(512, [same[:512], odd[:512]]) == list(range(512))
 
 

@@ -1,10 +1,16 @@
 """Bandwidth arithmetic and verdicts for the comm sweep: pure functions, no torch.
 
-Definitions follow nccl-tests (doc/PERFORMANCE.md), with GB = 1e9 bytes and
-`size_bytes` the buffer each rank passes in:
-- all_reduce: algbw = size_bytes / time; busbw = algbw x 2(n-1)/n.
-- all_gather: the data size is the gathered output, n x size_bytes, so
-  algbw = n x size_bytes / time; busbw = algbw x (n-1)/n.
+Definitions follow nccl-tests (doc/PERFORMANCE.md, "Summary", and each test's
+`GetBw` in src/*.cu), with GB = 1e9 bytes. `size_bytes` is the per-rank buffer: what
+each rank passes in (all_reduce, all_gather, all_to_all, broadcast) or gets back
+(reduce_scatter). The data size S that algbw = S / time counts:
+- all_reduce: the buffer; busbw = algbw x 2(n-1)/n.
+- all_gather: the gathered output, n x size_bytes; busbw = algbw x (n-1)/n.
+- reduce_scatter: the reduced input, n x size_bytes (each rank's output is one of its
+  n chunks); busbw = algbw x (n-1)/n.
+- all_to_all: the buffer (n chunks, one per peer; rounded down to a multiple of n
+  elements); busbw = algbw x (n-1)/n.
+- broadcast (from rank 0): the buffer; busbw = algbw (all data leaves the root).
 - send/recv (pairwise): bandwidth = bytes sent / time, one direction.
 `time` is the slowest rank's mean time per operation: every rank's timings are
 gathered and the slowest one reported, never an average that hides it.
@@ -17,26 +23,33 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpucheck.comm.confirm import Pair, Second, Suspects, find_suspects, second_look
+from gpucheck.probes.topology import path_class
 from gpucheck.report import Finding, fail, ok, skip, warn
 
-COLLECTIVES = ("all_reduce", "all_gather")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 GB = 1e9
+ELEMENT_BYTES = 4  # float32, as gpucheck.comm.collectives
+# The data size S is n x the per-rank buffer for these (the gathered output, the
+# reduced input); the buffer itself for the others.
+N_FOLD = ("all_gather", "reduce_scatter")
 
 
-def data_bytes(collective: str, size_bytes: int, world_size: int) -> int:
-    """The "size" nccl-tests divides by time: the output for all_gather, else the buffer."""
-    return size_bytes * world_size if collective == "all_gather" else size_bytes
+def data_bytes(collective: str, count: int, world_size: int) -> int:
+    """The "size" nccl-tests divides by time, from the per-rank buffer's elements."""
+    size = count * ELEMENT_BYTES
+    return size * world_size if collective in N_FOLD else size
 
 
 def bus_factor(collective: str, world_size: int) -> float:
-    """busbw / algbw: how much each link must carry for the algorithm to be optimal."""
-    if world_size <= 1:
+    """busbw / algbw: how much each link must carry for the algorithm to be optimal
+    (nccl-tests doc/PERFORMANCE.md, "Summary")."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}")
+    if world_size <= 1 or collective == "broadcast":
         return 1.0
     if collective == "all_reduce":
         return 2 * (world_size - 1) / world_size
-    if collective == "all_gather":
-        return (world_size - 1) / world_size
-    raise ValueError(f"unknown collective {collective!r}")
+    return (world_size - 1) / world_size
 
 
 @dataclass(frozen=True)
@@ -62,7 +75,7 @@ def size_result(collective: str, size_bytes: int, count: int, world_size: int,
     """Combine every rank's time per op and wrong-element count for one size."""
     slowest = max(range(len(times_s)), key=lambda r: times_s[r])
     time_s = times_s[slowest]
-    algbw = data_bytes(collective, size_bytes, world_size) / time_s / GB if time_s > 0 else 0.0
+    algbw = data_bytes(collective, count, world_size) / time_s / GB if time_s > 0 else 0.0
     return SizeResult(collective, size_bytes, count, round(time_s * 1e6, 2), round(algbw, 4),
                       round(algbw * bus_factor(collective, world_size), 4), int(sum(wrong)),
                       slowest, round(min(times_s) * 1e6, 2))
@@ -97,15 +110,21 @@ def baseline_findings(rows: Sequence[Mapping[str, Any]], baseline_gbps: float | 
                  "health (nvidia-smi nvlink -s, nvidia-smi topo -m) and NCCL_* settings")]
 
 
+ClassKey = tuple[int, str]  # (node rank, path class: "NV", "PXB", "SYS"; "" unknown)
+
+
 def suspects_by_node(pairs: Sequence[Mapping[str, Any]],
-                     threshold: float) -> dict[int, Suspects]:
-    """Per node (by the sender's node rank): `gpucheck.comm.confirm.find_suspects`
+                     threshold: float) -> dict[ClassKey, Suspects]:
+    """Per node (by the sender's node rank) and path class (`path`, from
+    gpucheck.probes.topology: pairs across a bridge, switch or socket are slower by
+    design, so each is compared with its own kind): `gpucheck.comm.confirm.find_suspects`
     over each pair's repeated samples (one sample for rows without repeats)."""
-    by_node: dict[int, dict[Pair, Sequence[float]]] = {}
+    by_class: dict[ClassKey, dict[Pair, Sequence[float]]] = {}
     for p in pairs:
         samples = p.get("samples_gbps") or [p["bandwidth_gbps"]]
-        by_node.setdefault(int(p["node_rank"]), {})[(int(p["src"]), int(p["dst"]))] = samples
-    return {node: find_suspects(samples, threshold) for node, samples in by_node.items()}
+        key = (int(p["node_rank"]), path_class(p.get("path")))
+        by_class.setdefault(key, {})[(int(p["src"]), int(p["dst"]))] = samples
+    return {key: find_suspects(samples, threshold) for key, samples in by_class.items()}
 
 
 def _pair_hint(device: str) -> str:
@@ -130,19 +149,20 @@ def pair_findings(pairs: Sequence[Mapping[str, Any]], threshold: float,
         return names.get(rank, f"rank {rank}")
 
     findings: list[Finding] = []
-    judged = 0
-    for node, suspects in sorted(suspects_by_node(pairs, threshold).items()):
-        judged += sum(1 for p in pairs if int(p["node_rank"]) == node)
+    classes = suspects_by_node(pairs, threshold)
+    for (node, kind), suspects in sorted(classes.items()):
         looks = second_look(suspects, second, suspects.reference_gbps) if again is not None \
             else [Second(p, None, None, ()) for p in suspects.pairs]
         for look in looks:
-            findings.append(_slow_pair(look, suspects, pairs, threshold, name, device))
+            findings.append(_slow_pair(look, suspects, pairs, threshold, name, device, kind))
         if suspects.noisy:
             findings.append(_noisy(node, suspects, pairs, threshold, name))
     if pairs and not any(f.status.value == "WARN" for f in findings):
-        findings.insert(0, ok("comm.pairwise.slow_pair", f"{judged} pairs: none slower than "
-                              f"{threshold:g} x their node's median beyond the spread of "
-                              "repeated timings"))
+        kinds = sorted({k for _, k in classes if k})
+        within = f" pair of their path class ({', '.join(kinds)})" if kinds else ""
+        findings.insert(0, ok("comm.pairwise.slow_pair", f"{len(pairs)} pairs: none slower "
+                              f"than {threshold:g} x their node's median{within} beyond the "
+                              "spread of repeated timings"))
     return findings
 
 
@@ -151,12 +171,13 @@ def _figure(pairs: Sequence[Mapping[str, Any]], pair: Pair) -> Mapping[str, Any]
 
 
 def _slow_pair(look: Second, suspects: Suspects, pairs: Sequence[Mapping[str, Any]],
-               threshold: float, name: Any, device: str) -> Finding:
+               threshold: float, name: Any, device: str, kind: str = "") -> Finding:
     src, dst = look.pair
     row = _figure(pairs, look.pair)
     samples = row.get("samples_gbps") or [row["bandwidth_gbps"]]
+    median = f"the node's median {kind} pair" if kind else "the node's median"
     text = (f"{name(src)} -> {name(dst)}: {max(samples):.3g} GB/s (best of {len(samples)}), "
-            f"below {threshold:g} x the node's median {suspects.reference_gbps:.3g} GB/s")
+            f"below {threshold:g} x {median} {suspects.reference_gbps:.3g} GB/s")
     confirmed = look.confirmed(threshold)
     subject = f"rank {src} -> rank {dst}"
     against = " and ".join(f"rank {a} -> rank {b}" for a, b in look.against) or \

@@ -1,4 +1,5 @@
-"""Timing all_reduce and all_gather on one rank, and checking their results.
+"""Timing collectives (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast)
+on one rank, and checking their results.
 
 Every rank: warm up, synchronise the device, pass a barrier, start the clock (CUDA
 events on GPU, perf_counter on CPU), run `iters` operations, stop. On NCCL the start
@@ -242,31 +243,125 @@ def time_op(launch: Callable[[], Work], iters: int, warmup: int, device: str) ->
     return time_batch([launch] * iters, make_clock(device), in_a_row, align) / iters
 
 
-def measure(collective: str, size_bytes: int, iters: int, warmup: int,
-            device: str) -> RankTiming:
-    """Time one collective at one size on this rank and count wrong elements."""
+def element_count(collective: str, size_bytes: int, world: int) -> int:
+    """float32 elements of the per-rank buffer `size_bytes` names. all_to_all splits
+    it into `world` equal chunks, so its count is rounded down to a multiple of the
+    world size (nccl-tests rounds its count per peer down the same way)."""
+    count = max(size_bytes // ELEMENT_BYTES, 1)
+    if collective == "all_to_all":
+        return max(count // world, 1) * world
+    return count
+
+
+def _torch_op(current: str, older: str) -> Callable[..., Any]:
+    """torch.distributed's current name for an op, or the older one where this torch
+    predates it: torch 2.14 deprecates all_gather_into_tensor and reduce_scatter_tensor
+    (a FutureWarning on every call) for all_gather_single and reduce_scatter_single,
+    which torch before 2.14 does not have."""
     import torch.distributed as dist
 
-    count = max(size_bytes // ELEMENT_BYTES, 1)
-    where = "cuda" if device == "cuda" else "cpu"
-    rank, world = dist.get_rank(), dist.get_world_size()
+    return getattr(dist, current, None) or getattr(dist, older)
+
+
+Case = tuple[Callable[[], Work], Callable[[], int]]  # the timed launch, the check
+
+
+def _wrong(got: Any, expected: Any) -> int:
+    return int((got != expected).sum())
+
+
+def _all_reduce(count: int, rank: int, world: int, where: str) -> Case:
     import torch
+    import torch.distributed as dist
 
     buf = torch.zeros(count, dtype=torch.float32, device=where)
-    if collective == "all_reduce":
-        time_s = time_op(lambda: dist.all_reduce(buf, async_op=True), iters, warmup,
-                         device)
+
+    def check() -> int:
         buf.copy_(pattern(rank, count, where))
         dist.all_reduce(buf)
-        expected = pattern(0, count, where) * (world * (world + 1) // 2)
-        wrong = int((buf != expected).sum())
-    else:
-        out = torch.zeros(count * world, dtype=torch.float32, device=where)
-        time_s = time_op(lambda: dist.all_gather_into_tensor(out, buf, async_op=True),
-                         iters, warmup, device)
+        return _wrong(buf, pattern(0, count, where) * (world * (world + 1) // 2))
+    return (lambda: dist.all_reduce(buf, async_op=True)), check
+
+
+def _all_gather(count: int, rank: int, world: int, where: str) -> Case:
+    import torch
+
+    gather = _torch_op("all_gather_single", "all_gather_into_tensor")
+    buf = torch.zeros(count, dtype=torch.float32, device=where)
+    out = torch.zeros(count * world, dtype=torch.float32, device=where)
+
+    def check() -> int:
         buf.copy_(pattern(rank, count, where))
-        dist.all_gather_into_tensor(out, buf)
-        expected = torch.cat([pattern(r, count, where) for r in range(world)])
-        wrong = int((out != expected).sum())
+        gather(out, buf)
+        return _wrong(out, torch.cat([pattern(r, count, where) for r in range(world)]))
+    return (lambda: gather(out, buf, async_op=True)), check
+
+
+def _reduce_scatter(count: int, rank: int, world: int, where: str) -> Case:
+    """Each rank gets back `count` elements: the sum of every rank's chunk of its input
+    (world x count elements, the nccl-tests "size")."""
+    import torch
+
+    scatter = _torch_op("reduce_scatter_single", "reduce_scatter_tensor")
+    buf = torch.zeros(count * world, dtype=torch.float32, device=where)
+    out = torch.zeros(count, dtype=torch.float32, device=where)
+
+    def check() -> int:
+        buf.copy_(pattern(rank, count * world, where))
+        scatter(out, buf)
+        total = pattern(0, count * world, where) * (world * (world + 1) // 2)
+        return _wrong(out, total[rank * count:(rank + 1) * count])
+    return (lambda: scatter(out, buf, async_op=True)), check
+
+
+def _all_to_all(count: int, rank: int, world: int, where: str) -> Case:
+    """Chunk j of every rank's buffer goes to rank j: rank k gets chunk k of each."""
+    import torch
+    import torch.distributed as dist
+
+    chunk = count // world
+    buf = torch.zeros(count, dtype=torch.float32, device=where)
+    out = torch.zeros(count, dtype=torch.float32, device=where)
+
+    def check() -> int:
+        buf.copy_(pattern(rank, count, where))
+        dist.all_to_all_single(out, buf)
+        expected = torch.cat([pattern(r, count, where)[rank * chunk:(rank + 1) * chunk]
+                              for r in range(world)])
+        return _wrong(out, expected)
+    return (lambda: dist.all_to_all_single(out, buf, async_op=True)), check
+
+
+def _broadcast(count: int, rank: int, world: int, where: str) -> Case:
+    """From rank 0, as nccl-tests' default root."""
+    import torch
+    import torch.distributed as dist
+
+    buf = torch.zeros(count, dtype=torch.float32, device=where)
+
+    def check() -> int:
+        buf.copy_(pattern(rank, count, where))
+        dist.broadcast(buf, 0)
+        return _wrong(buf, pattern(0, count, where))
+    return (lambda: dist.broadcast(buf, 0, async_op=True)), check
+
+
+CASES: dict[str, Callable[[int, int, int, str], Case]] = {
+    "all_reduce": _all_reduce, "all_gather": _all_gather,
+    "reduce_scatter": _reduce_scatter, "all_to_all": _all_to_all, "broadcast": _broadcast}
+
+
+def measure(collective: str, size_bytes: int, iters: int, warmup: int,
+            device: str) -> RankTiming:
+    """Time one collective at one size on this rank and count wrong elements: the
+    timed buffers hold zeros, then one synchronous call on a rank-specific pattern."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    where = "cuda" if device == "cuda" else "cpu"
+    launch, check = CASES[collective](element_count(collective, size_bytes, world), rank,
+                                      world, where)
+    time_s = time_op(launch, iters, warmup, device)
+    wrong = check()
     synchronize(device)
     return RankTiming(time_s, wrong)

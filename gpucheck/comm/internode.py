@@ -11,12 +11,19 @@ node-pair figure is the sum of its rails. Each rail's own figure is kept too, so
 single slow rail (NIC) still shows, although rails that share a NIC or a PCIe switch
 are measured under their real contention, not in isolation.
 
-The receiver times each link (a barrier, then from posting its receives to the last
-one done), so a slow sender shows on its own outgoing links only. On NCCL the sends
-and receives of a rank are one group (separate groups on one stream would deadlock
-in a ring), timed with CUDA events from a start aligned on the device (an untimed
-one-element exchange with the same peers first, `_exchange_nccl`); on gloo the
-sends go one at a time (see `collectives`), the receives are posted before them.
+Each link is timed apart from what its receiver sends, so slowness lands on the
+links of the node that has it. gloo: the receiver times its receives alone (a
+barrier, then from posting them to the last one done, waited on a helper thread
+while its sends go one at a time), so a slow sender shows on its own outgoing links
+only. NCCL: the sends and receives of a rank are one group (separate groups on one
+stream would deadlock in a ring), whose end waits for both directions; every rank
+times its group (CUDA events from a start aligned on the device: an untimed
+one-element exchange with the same peers first, `_exchange_nccl`) and reports it both
+for the link it received on and for the link it sent on. Both groups carried the
+link, so each time bounds it: a link's figure is the faster of its two ends'
+(`internode_verdicts.both_ends`). A node slow to receive slows its own group and its
+senders' groups, but not the groups of those senders' own senders: the link into
+the node before it reads its true rate from that link's sender.
 Each link is timed `repeats` times in a row, every repeat after a barrier (without
 it a rank held up by a slow peer would start its next sends late and make its own
 receivers read slow); the repeats' spread is the measurement's noise.
@@ -33,23 +40,31 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpucheck.comm.collectives import (
     ELEMENT_BYTES,
-    NullClock,
     Work,
     make_clock,
     synchronize,
     time_batch,
 )
-from gpucheck.comm.confirm import Suspects, find_suspects
-from gpucheck.comm.internode_verdicts import node_pair_rows, node_samples, rail_exchanges
+from gpucheck.comm.confirm import Suspects
+from gpucheck.comm.internode_verdicts import (
+    both_ends,
+    node_pair_rows,
+    node_samples,
+    rail_exchanges,
+)
+from gpucheck.comm.node_links import find_node_suspects
 
 # Test-only: "NODE_RANK[/RAIL]:SECONDS[:first]" makes the ranks of that node (or only
 # its local rank RAIL) sleep before each send (with ":first" in the rounds only, not
 # when measured again).
 TEST_SLOW_SENDS_VAR = "GPUCHECK_TEST_SLOW_SENDS"
+# Test-only, the same form: that node's ranks sleep before waiting on each receive
+# (gloo: a node that takes its receives in slowly, the case of a slow receiving NIC).
+TEST_SLOW_RECVS_VAR = "GPUCHECK_TEST_SLOW_RECVS"
 GB = 1e9
 
 
@@ -71,11 +86,13 @@ def rail_links(node_ranks: Sequence[Sequence[int]], src_node: int,
     return [(k, src[k], dst[k]) for k in range(min(len(src), len(dst)))]
 
 
-def _slow_sends(node_index: int, again: bool = False, rail: int = 0) -> float:
-    """Seconds to sleep before each send (the test hook), 0 when unset or another node.
+def _slow_sends(node_index: int, again: bool = False, rail: int = 0,
+                var: str = TEST_SLOW_SENDS_VAR) -> float:
+    """Seconds to sleep before each send (the test hook `var`; before each receive with
+    TEST_SLOW_RECVS_VAR), 0 when unset or another node.
     "NODE:SECONDS:first" slows the first measurement only, not the second look;
     "NODE/RAIL:SECONDS" only that node's local rank RAIL (one slow NIC)."""
-    raw = os.environ.get(TEST_SLOW_SENDS_VAR, "")
+    raw = os.environ.get(var, "")
     where, _, rest = raw.partition(":")
     node, _, only = where.partition("/")
     seconds, _, when = rest.partition(":")
@@ -113,26 +130,37 @@ def _batch(peers: tuple[int | None, int | None], out: Any, into: Any,
 
 
 def _exchange_nccl(peers: tuple[int | None, int | None], out: Any, into: Any, iters: int,
-                   device: str) -> float | None:
+                   device: str) -> float:
     """NCCL: one group of every send and receive, timed on the device from an aligned
     start: an untimed one-element exchange with the same peers first, the stream made
     to wait on it, then the start event (`collectives.time_batch`'s `align`). Without
     it the clock started when this rank left the barrier (a 1 ms host poll under
     blocking wait) and counted the wait for its sender; with it the start event fires
-    once the sender has joined. The time covers both directions (one group)."""
-    import torch
+    once the sender has joined. The group ends when both its directions have: its time
+    covers this rank's receives and its sends (`Exchange`)."""
+    flag_out, flag_in = out[:1].clone(), into[:1].clone()
+    return time_batch([_batch(peers, out, into, iters)], make_clock(device), True,
+                      _batch(peers, flag_out, flag_in, 1))
 
-    flag_out, flag_in = torch.zeros_like(out[:1]), torch.zeros_like(into[:1])
-    clock = make_clock(device) if peers[1] is not None else NullClock()
-    seconds = time_batch([_batch(peers, out, into, iters)], clock, True,
-                         _batch(peers, flag_out, flag_in, 1))
-    return seconds if peers[1] is not None else None
+
+class Exchange(NamedTuple):
+    """One timed exchange on one rank: seconds until its receives were done, and
+    seconds that cover its sends (None: no receive, or no send, or not timed).
+
+    gloo times the receives alone (on a helper thread) and leaves `sent_s` None: a
+    gloo send is done when its bytes are handed over, not when they arrived. NCCL
+    cannot end a receive apart from the sends of its group (separate groups on one
+    stream deadlock in a ring), so both are the group's time: each covers the link,
+    and a link's figure is the faster of its two ends' (`internode_verdicts.both_ends`).
+    """
+
+    received_s: float | None
+    sent_s: float | None
 
 
 def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: int,
-              device: str, delay_s: float) -> float | None:
-    """Send `iters` buffers to `me_send` while receiving as many from `me_recv`;
-    the seconds until the last receive (None when this rank receives nothing)."""
+              device: str, delay_s: float, recv_delay_s: float = 0.0) -> Exchange:
+    """Send `iters` buffers to `me_send` while receiving as many from `me_recv`."""
     import torch
     import torch.distributed as dist
 
@@ -142,14 +170,17 @@ def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: 
     synchronize(device)
     if str(dist.get_backend()) == "nccl":
         if me_send is None and me_recv is None:
-            return None
-        return _exchange_nccl((me_send, me_recv), out, into, iters, device)
+            return Exchange(None, None)
+        seconds = _exchange_nccl((me_send, me_recv), out, into, iters, device)
+        return Exchange(seconds if me_recv is not None else None,
+                        seconds if me_send is not None else None)
     began = time.perf_counter()
     posted = [dist.irecv(into, me_recv) for _ in range(iters)] if me_recv is not None else []
     # A helper thread waits on the receives, so this rank's own (possibly slow) sends
     # do not delay the moment its receives are seen done.
     ended: list[float] = []
-    waiter = threading.Thread(target=_wait_all, args=(posted, ended), daemon=True)
+    waiter = threading.Thread(target=_wait_all, args=(posted, ended, recv_delay_s),
+                              daemon=True)
     waiter.start()
     for _ in range(iters if me_send is not None else 0):
         if delay_s:
@@ -158,31 +189,41 @@ def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: 
     waiter.join()
     if len(ended) != 1:
         raise RuntimeError("a receive between nodes failed (see the rank's error)")
-    return ended[0] - began if me_recv is not None else None
+    return Exchange(ended[0] - began if me_recv is not None else None, None)
 
 
-def _wait_all(works: Sequence[Any], ended: list[float]) -> None:
-    """Wait on every work; append the time (nothing when a wait raised)."""
+def _wait_all(works: Sequence[Any], ended: list[float], delay_s: float = 0.0) -> None:
+    """Wait on every work (the test hook's `delay_s` before each: a slow receiver);
+    append the time (nothing when a wait raised)."""
     for work in works:
+        if delay_s:
+            time.sleep(delay_s)
         work.wait()
     ended.append(time.perf_counter())
 
 
+Samples = tuple[list[float] | None, list[float] | None]  # GB/s received, sent per repeat
+
+
 def _samples(peers: tuple[int | None, int | None], size_bytes: int, iters: int,
-             device: str, delay_s: float, repeats: int) -> list[float] | None:
-    """`repeats` timed exchanges in a row: GB/s received in each (None: no receive).
-    Their spread is the measurement's own noise (gpucheck.comm.confirm)."""
+             device: str, delays: tuple[float, float], repeats: int) -> Samples:
+    """`repeats` timed exchanges in a row: GB/s in each, as this rank received (None:
+    no receive) and as its sends were timed (None: none, or gloo). Their spread is
+    the measurement's own noise (gpucheck.comm.confirm)."""
     from gpucheck.distributed.session import barrier
 
-    seconds = []
+    timed = []
     for _ in range(repeats):
         # Every repeat starts together: without the barrier a rank that waited on a slow
         # peer would start its next sends late, and its own receivers would read slow.
         barrier()
-        seconds.append(_exchange(*peers, size_bytes, iters, device, delay_s))
-    if any(s is None for s in seconds):
-        return None
-    return [round(size_bytes * iters / s / GB, 4) for s in seconds if s is not None]
+        timed.append(_exchange(*peers, size_bytes, iters, device, *delays))
+
+    def gbps(seconds: list[float | None]) -> list[float] | None:
+        if not seconds or any(s is None or s <= 0 for s in seconds):
+            return None
+        return [round(size_bytes * iters / s / GB, 4) for s in seconds if s is not None]
+    return gbps([t.received_s for t in timed]), gbps([t.sent_s for t in timed])
 
 
 def _link(round_: int | str, src_node: int, dst_node: int, came: tuple[int, int], me: int,
@@ -192,11 +233,21 @@ def _link(round_: int | str, src_node: int, dst_node: int, came: tuple[int, int]
             "samples_gbps": samples}
 
 
+def _sent(round_: int | str, src_node: int, dst_node: int, me: int, to: int,
+          samples: list[float]) -> dict[str, Any]:
+    """What this rank's timing says of the link it sent on (NCCL: its group's time)."""
+    return {"round": round_, "src_node": src_node, "dst_node": dst_node, "src": me,
+            "dst": to, "sent_gbps": samples}
+
+
+Measured = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # links received on, sent on
+
+
 def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                       device: str, repeats: int = 1,
-                      shifts: Sequence[int] | None = None) -> list[dict[str, Any]]:
+                      shifts: Sequence[int] | None = None) -> Measured:
     """Run every round (or only `shifts`: `round_schedule`); return the links this rank
-    received on."""
+    received on, and what it timed of the links it sent on (NCCL only)."""
     import torch.distributed as dist
 
     from gpucheck.distributed import progress
@@ -206,8 +257,9 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
     me = dist.get_rank()
     node_ranks = list(group_by_node(roster).values())
     mine_node = next(i for i, ranks in enumerate(node_ranks) if me in ranks)
-    delay = _slow_sends(mine_node, rail=node_ranks[mine_node].index(me))
+    delays = _delays(mine_node, node_ranks[mine_node].index(me))
     links: list[dict[str, Any]] = []
+    sent: list[dict[str, Any]] = []
     for pairs in round_schedule(len(node_ranks), shifts):
         r = (pairs[0][1] - pairs[0][0]) % len(node_ranks)  # the round's shift
         progress.set_step(f"between nodes: round {r}")
@@ -218,11 +270,18 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
         # Warm-up, untimed: NCCL's first send/recv between two ranks creates their
         # communicator, which must not be inside the timed exchange.
         _exchange(*peers, size_bytes, 1, device, 0.0)
-        samples = _samples(peers, size_bytes, iters, device, delay, repeats)
-        if samples is not None:
-            links.append(_link(r, src_node, mine_node, came[me], me, samples))
+        received, sending = _samples(peers, size_bytes, iters, device, delays, repeats)
+        if received is not None:
+            links.append(_link(r, src_node, mine_node, came[me], me, received))
+        if sending is not None and peers[0] is not None:
+            sent.append(_sent(r, mine_node, pairs[mine_node][1], me, peers[0], sending))
     barrier()
-    return links
+    return links, sent
+
+
+def _delays(node: int, rail: int, again: bool = False) -> tuple[float, float]:
+    """The test hooks' sleeps for this rank: before each send, before each receive."""
+    return _slow_sends(node, again, rail), _slow_sends(node, again, rail, TEST_SLOW_RECVS_VAR)
 
 
 def _pair_links(node_ranks: Sequence[Sequence[int]], me: int, x: int,
@@ -238,11 +297,10 @@ def _pair_links(node_ranks: Sequence[Sequence[int]], me: int, x: int,
 
 
 def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple[int, int]],
-                  size_bytes: int, iters: int, device: str,
-                  repeats: int) -> list[dict[str, Any]]:
+                  size_bytes: int, iters: int, device: str, repeats: int) -> Measured:
     """The second look: each exchange (node x <-> node y, all rails, both ways at once,
     as in the rounds) alone, a barrier of all ranks around each; the links this rank
-    received on, as `measure_internode` returns them (round "again")."""
+    received on and sent on, as `measure_internode` returns them (round "again")."""
     import torch.distributed as dist
 
     from gpucheck.distributed import progress
@@ -252,21 +310,23 @@ def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple
     me = dist.get_rank()
     node_ranks = list(group_by_node(roster).values())
     mine_node = next(i for i, ranks in enumerate(node_ranks) if me in ranks)
+    delays = _delays(mine_node, node_ranks[mine_node].index(me), again=True)
     links: list[dict[str, Any]] = []
+    sent: list[dict[str, Any]] = []
     for x, y in exchanges:
         progress.set_step(f"between nodes: node {x} <-> node {y} measured again")
         send, recv, came = _pair_links(node_ranks, me, x, y)
         if came is not None:  # warm-up, untimed, as in the rounds
             _exchange(send, recv, size_bytes, 1, device, 0.0)
         # Every rank passes the repeats' barriers; ranks of neither node exchange nothing.
-        samples = _samples((send, recv), size_bytes, iters, device,
-                           _slow_sends(mine_node, True, node_ranks[mine_node].index(me)),
-                           repeats)
-        if samples is not None and came is not None:
-            links.append(_link("again", y if mine_node == x else x, mine_node, came, me,
-                               samples))
+        received, sending = _samples((send, recv), size_bytes, iters, device, delays, repeats)
+        other = y if mine_node == x else x
+        if received is not None and came is not None:
+            links.append(_link("again", other, mine_node, came, me, received))
+        if sending is not None and send is not None:
+            sent.append(_sent("again", mine_node, other, me, send, sending))
         barrier()
-    return links
+    return links, sent
 
 
 def exchanges_for(suspects: Suspects) -> list[tuple[int, int]]:
@@ -281,12 +341,12 @@ def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
                   shifts: Sequence[int] | None = None) -> dict[str, Any]:
     """The rounds, gathered on every rank; then the slow node pairs (and a suspect
     node's pairs), and the node pairs of slow rail links, measured again beside
-    known-good ones (gpucheck.comm.confirm; `rail_exchanges`).
+    known-good ones (gpucheck.comm.node_links, gpucheck.comm.confirm; `rail_exchanges`).
     Rank 0's list of exchanges is broadcast, so every rank runs the same steps."""
     import torch.distributed as dist
 
     links = _gather(measure_internode(roster, size_bytes, iters, device, repeats, shifts))
-    suspects = find_suspects(node_samples(node_pair_rows(links)), threshold)
+    suspects = find_node_suspects(node_samples(node_pair_rows(links)), threshold)
     wanted = sorted(set(exchanges_for(suspects)) | set(rail_exchanges(links, threshold)))
     box: list[Any] = [wanted]
     dist.broadcast_object_list(box, src=0)
@@ -296,8 +356,12 @@ def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
             "again": again}
 
 
-def _gather(mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _gather(mine: Measured) -> list[dict[str, Any]]:
+    """Every rank's links, each with what its sender timed of it (`both_ends`)."""
     from gpucheck.comm.pairwise import gather_rows
 
-    return gather_rows(mine, "gathering node-to-node results",
-                       ("src_node", "dst_node", "rail"))
+    received, sent = mine
+    links = gather_rows(received, "gathering node-to-node results",
+                        ("src_node", "dst_node", "rail"))
+    senders = gather_rows(sent, "gathering node-to-node results", ("src", "dst"))
+    return both_ends(links, senders)

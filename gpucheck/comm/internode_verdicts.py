@@ -1,8 +1,10 @@
 """Verdicts on the node-to-node rounds (`gpucheck.comm.internode`): pure functions.
 
-Node pairs are judged by elimination and confirmed by a second look
-(`gpucheck.comm.confirm`); rails (2+ per node) against the median rail link, with
-the node most of one rail's slow links share named.
+A slow node is found by elimination at the fabric's cut (`gpucheck.comm.node_links`:
+0.9 x the pairs without it, or their own spread when larger), a single slow node pair
+at `--pair-threshold` (`gpucheck.comm.confirm`), each confirmed by a second look;
+rails (2+ per node) against the median rail link, with the node most of one rail's
+slow links share named.
 """
 
 from __future__ import annotations
@@ -11,8 +13,35 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpucheck.comm.confirm import Pair, Second, Suspects, directed, find_suspects, second_look
+from gpucheck.comm.confirm import Pair, Second, directed, second_look
+from gpucheck.comm.node_links import FABRIC_FRACTION, NodeSuspects, find_node_suspects
 from gpucheck.report import Finding, ok, warn
+
+
+def both_ends(links: Sequence[Mapping[str, Any]],
+              sent: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each received link with what its sender timed of it (NCCL; gloo sends none).
+
+    On NCCL a rank's sends and receives are one group, and the group's time covers
+    both: a receiver's figure is held down by its own sends too, so a node that takes
+    its receives in slowly made the link *into the node before it* (which sends to it)
+    read slow. Each repeat's figure is therefore the faster of the receiver's and the
+    sender's group time (the higher GB/s): both groups carried the link, so each time
+    bounds it, and only the link's own slowness slows both. The two ends' figures stay
+    in `received_gbps` and `sent_gbps`."""
+    by_link = {(x["src"], x["dst"], x["round"]): x["sent_gbps"] for x in sent}
+    merged = []
+    for link in links:
+        theirs = by_link.get((link["src"], link["dst"], link["round"]))
+        mine = link.get("samples_gbps") or []
+        if not theirs or len(theirs) != len(mine):
+            merged.append(dict(link))
+            continue
+        best_of = [max(a, b) for a, b in zip(mine, theirs, strict=True)]
+        merged.append(dict(link) | {"received_gbps": mine, "sent_gbps": list(theirs),
+                                    "samples_gbps": best_of,
+                                    "bandwidth_gbps": statistics.median(best_of)})
+    return merged
 
 
 def node_pair_rows(links: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -71,30 +100,40 @@ UNSTABLE_HINT = ("slow once, fine when measured again: other traffic or a transi
 def internode_findings(rows: Sequence[Mapping[str, Any]], threshold: float,
                        labels: Mapping[int, str],
                        again: Sequence[Mapping[str, Any]] | None = None) -> list[Finding]:
-    """The suspect node by elimination, and each slow node pair, each confirmed or
-    found unstable by the second look (`again`: the re-measured links); see
-    gpucheck.comm.confirm for the rules."""
+    """The suspect node by elimination (at the fabric's cut), and each slow node pair,
+    each confirmed or found unstable by the second look (`again`: the re-measured
+    links); see gpucheck.comm.node_links and gpucheck.comm.confirm for the rules."""
     if not rows:
         return []
-    suspects = find_suspects(node_samples(rows), threshold)
+    suspects = find_node_suspects(node_samples(rows), threshold)
     check = "comm.internode.slow_pair"
     if suspects.empty:
-        return [ok(check, f"{len(rows)} node pairs: no node and no pair below {threshold:g} "
-                   f"x the median of the pairs without it ({suspects.reference_gbps:.3g} GB/s)")]
+        return [ok(check, f"{len(rows)} node pairs: no node below {suspects.cut:.2g} x the "
+                   f"median of the pairs without it (the fabric's {FABRIC_FRACTION:g}, or "
+                   f"their own spread when larger) and no pair below {threshold:g} x the "
+                   f"median ({suspects.reference_gbps:.3g} GB/s)")]
     second = node_samples(node_pair_rows(again)) if again is not None else None
     looks = {look.pair: look for look in (
         second_look(suspects, second, suspects.reference_gbps) if second is not None
         else [Second(p, None, None, ()) for p in suspects.pairs])}
     figure = {p: max(v) for p, v in node_samples(rows).items()}
-    findings = [_node_finding(m, way, suspects, looks, threshold, labels)
+    findings = [_node_finding(m, way, suspects, looks, labels)
                 for m, way in sorted(suspects.members.items())]
     for pair, look in looks.items():
+        cut = _cut(pair, suspects, threshold)
         text = (f"{labels[pair[0]]} -> {labels[pair[1]]}: {figure[pair]:.3g} GB/s (best "
-                f"repeat), below {threshold:g} x the median node pair without a suspect "
+                f"repeat), below {cut:.2g} x the median node pair without a suspect "
                 f"({suspects.reference_gbps:.3g} GB/s)")
-        findings.append(_judged(check, text, look, threshold, labels, SLOW_LINK_HINT,
+        findings.append(_judged(check, text, look, cut, labels, SLOW_LINK_HINT,
                                 f"node {pair[0]} -> node {pair[1]}"))
     return findings
+
+
+def _cut(pair: Pair, suspects: NodeSuspects, threshold: float) -> float:
+    """The fraction a pair was judged at: a suspect node's cut for its pairs, the
+    pair rule's threshold for a pair slow on its own."""
+    mine = any(directed(pair, m, way) for m, way in suspects.members.items())
+    return suspects.cut if mine else threshold
 
 
 def _against(look: Second, labels: Mapping[int, str]) -> str:
@@ -112,18 +151,19 @@ def _judged(check: str, text: str, look: Second, threshold: float, labels: Mappi
     again = f"measured again at {look.again_gbps:.3g} GB/s against {_against(look, labels)}"
     if confirmed:
         return warn(check, f"{text}; confirmed: {again}", hint=hint, subject=subject)
-    return warn(check, f"{text}; unstable: {again}, within {threshold:g} x",
+    return warn(check, f"{text}; unstable: {again}, within {threshold:.2g} x",
                 hint=UNSTABLE_HINT, subject=subject, action="rerun")
 
 
-def _node_finding(node: int, way: str, suspects: Suspects, looks: Mapping[Pair, Second],
-                  threshold: float, labels: Mapping[int, str]) -> Finding:
-    """The suspect node: confirmed when every one of its slow pairs is slow again."""
+def _node_finding(node: int, way: str, suspects: NodeSuspects, looks: Mapping[Pair, Second],
+                  labels: Mapping[int, str]) -> Finding:
+    """The suspect node: confirmed when every one of its slow pairs is slow again, at
+    the cut it was found at."""
     mine = [look for pair, look in looks.items() if directed(pair, node, way)]
-    verdicts = [look.confirmed(threshold) for look in mine]
+    verdicts = [look.confirmed(suspects.cut) for look in mine]
     words = {"sending": "it sends on", "receiving": "it receives on", "both": "it is in"}[way]
-    text = (f"{labels[node]}: every node pair {words} is below {threshold:g} x the median of "
-            f"the pairs without it ({suspects.reference_gbps:.3g} GB/s)")
+    text = (f"{labels[node]}: every node pair {words} is below {suspects.cut:.2g} x the "
+            f"median of the pairs without it ({suspects.reference_gbps:.3g} GB/s)")
     hint = ("suspect this node's NICs, their PCIe links or its switch port (ibstat, "
             "ibdiagnet, the NICs' link width)")
     if any(v is None for v in verdicts) or not mine:

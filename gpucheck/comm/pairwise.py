@@ -130,11 +130,29 @@ def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: 
     return samples
 
 
+def sender_paths(roster: Sequence[Mapping[str, Any]], me: int) -> dict[tuple[int, int], str]:
+    """(me, peer) -> the path class between this rank's GPU and each other GPU of its
+    node (NV#, PIX, PXB, PHB, NODE, SYS: gpucheck.probes.topology), read through NVML
+    on this node; {} on CPU ranks or without NVML (the pairs then form one class)."""
+    from gpucheck.probes.topology import paths_or_none
+
+    mine = next((r for r in roster if int(r["rank"]) == me), None)
+    if mine is None or not mine.get("pci_bus_id"):
+        return {}
+    peers = [r for r in roster if r["node_rank"] == mine["node_rank"] and int(r["rank"]) != me
+             and r.get("pci_bus_id")]
+    paths, _ = paths_or_none([mine["pci_bus_id"], *(p["pci_bus_id"] for p in peers)])
+    return {(me, int(p["rank"])): paths[(0, i)].kind for i, p in enumerate(peers, start=1)
+            if (0, i) in paths and paths[(0, i)].kind != "n/a"}
+
+
 def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int, int],
                size_bytes: int, iters: int, device: str, repeats: int,
-               again: bool) -> list[dict[str, Any]]:
+               again: bool, paths: Mapping[tuple[int, int], str] | None = None,
+               ) -> list[dict[str, Any]]:
     """Each step's pairs side by side (one per node), a barrier of all ranks between
-    steps; the rows of the pairs this rank sent from."""
+    steps; the rows of the pairs this rank sent from (with their path class when
+    `paths` has it)."""
     import torch.distributed as dist
 
     me = dist.get_rank()
@@ -150,7 +168,9 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
                     mine.append({"src": src, "dst": dst, "node_rank": node_of[src],
                                  "size_bytes": size_bytes,
                                  "bandwidth_gbps": round(statistics.median(samples), 4),
-                                 "samples_gbps": [round(x, 4) for x in samples]})
+                                 "samples_gbps": [round(x, 4) for x in samples]}
+                                | ({"path": paths[(src, dst)]} if paths and (src, dst) in paths
+                                   else {}))
         progress.set_step("barrier after a pair")
         barrier()
     return mine
@@ -160,14 +180,24 @@ def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
                   device: str, repeats: int = 1, again: bool = False) -> list[dict[str, Any]]:
     """Run the schedule; return the pairs this rank sent from ({src, dst, node_rank, ...}).
     `again`: a second look (a slow node's pairs, gpucheck.comm.nodes_again)."""
+    import torch.distributed as dist
+
     node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
+    paths = sender_paths(roster, dist.get_rank()) if device == "cuda" else {}
     return _run_steps(pair_schedule(roster), node_of, size_bytes, iters, device, repeats,
-                      again)
+                      again, paths)
 
 
-def second_look_steps(plans: Mapping[int, Suspects]) -> list[list[tuple[int, int]]]:
-    """Per node: its known-good reference pair, then each slow pair; nodes side by side."""
-    per_node = [list(plan.references) + list(plan.pairs) for _, plan in sorted(plans.items())]
+def second_look_steps(plans: Mapping[Any, Suspects]) -> list[list[tuple[int, int]]]:
+    """Per node: each path class's known-good reference pair(s), then its slow pairs,
+    one after the other (plans keyed by node, or by (node, path class)); nodes side
+    by side, so no two pairs of one node ever share its bus."""
+    by_node: dict[int, list[tuple[int, int]]] = {}
+    for key, plan in sorted(plans.items()):
+        node = key[0] if isinstance(key, tuple) else key
+        mine = by_node.setdefault(int(node), [])
+        mine += [p for p in (*plan.references, *plan.pairs) if p not in mine]
+    per_node = [by_node[n] for n in sorted(by_node)]
     steps = max((len(p) for p in per_node), default=0)
     return [[p[k] for p in per_node if k < len(p)] for k in range(steps)]
 

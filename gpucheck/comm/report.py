@@ -19,9 +19,14 @@ from gpucheck.distributed.nodes import NodeId, group_by_node, node_metric, nodes
 from gpucheck.distributed.placement import numa_findings
 from gpucheck.faults import gpu_names, run_faults_section
 from gpucheck.report import Finding, Section, skip
+from gpucheck.units import human_bytes
 
 TITLES = {"all_reduce": "all_reduce (busbw = algbw x 2(n-1)/n)",
-          "all_gather": "all_gather (algbw counts the gathered output; busbw = algbw x (n-1)/n)"}
+          "all_gather": "all_gather (algbw counts the gathered output; busbw = algbw x (n-1)/n)",
+          "reduce_scatter": "reduce_scatter (algbw counts the reduced input, n x the buffer; "
+                            "busbw = algbw x (n-1)/n)",
+          "all_to_all": "all_to_all (busbw = algbw x (n-1)/n)",
+          "broadcast": "broadcast from rank 0 (busbw = algbw)"}
 
 
 @dataclass(frozen=True)
@@ -31,13 +36,6 @@ class Verdicts:
     pair_threshold: float
     baseline_busbw_gbps: float | None
     slow_node_fraction: float
-
-
-def human_bytes(size: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= scale and size % scale == 0:
-            return f"{size // scale} {unit}"
-    return f"{size} B"
 
 
 def _setup_section(result: Mapping[str, Any]) -> Section:

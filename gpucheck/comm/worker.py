@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpucheck.comm.aggregate import size_result
+from gpucheck.comm.aggregate import COLLECTIVES, size_result
 from gpucheck.comm.collectives import (
     DEFAULT_MIN_BYTES,
     default_max_bytes,
+    element_count,
     free_bytes,
     measure,
     sweep_sizes,
@@ -27,11 +28,11 @@ from gpucheck.comm.internode import run_internode
 from gpucheck.comm.nccl_log import nccl_logging, rank_entry
 from gpucheck.comm.nodes_again import node_figures, plan
 from gpucheck.comm.pairwise import DEFAULT_REPEATS, gather_rows, measure_pairs, run_pairwise
-from gpucheck.comm.report import human_bytes
 from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.nodes import DEFAULT_SLOW_NODE_FRACTION, group_by_node
 from gpucheck.distributed.session import process_group, roster
 from gpucheck.distributed.world import World
+from gpucheck.units import human_bytes
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class CommSpec:
     device: str
     backend: str
     timeout_s: float
-    collectives: tuple[str, ...] = ("all_reduce", "all_gather")
+    collectives: tuple[str, ...] = COLLECTIVES
     min_bytes: int = DEFAULT_MIN_BYTES
     max_bytes: int | None = None  # None: from free device memory
     iters: int = 20
@@ -82,8 +83,9 @@ def _gather_size(collective: str, size: int, spec: CommSpec, world: World) -> di
     dist.all_gather(every, mine)
     times = [float(t[0]) for t in every]
     wrong = [int(t[1]) for t in every]
-    return size_result(collective, size, max(size // 4, 1), world.world_size, times,
-                       wrong).row() | {"rank_times_us": [round(t * 1e6, 2) for t in times]}
+    count = element_count(collective, size, world.world_size)
+    return size_result(collective, size, count, world.world_size, times, wrong).row() | {
+        "rank_times_us": [round(t * 1e6, 2) for t in times]}
 
 
 def measure_size(collective: str, size: int, spec: CommSpec, world: World) -> dict[str, Any]:

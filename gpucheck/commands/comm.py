@@ -1,9 +1,11 @@
-"""`gpucheck comm`: all_reduce / all_gather sweep and pairwise send/recv, hang-safe."""
+"""`gpucheck comm`: collective sweep (all_reduce, all_gather, reduce_scatter, all_to_all,
+broadcast) and pairwise send/recv, hang-safe."""
 
 from __future__ import annotations
 
 import argparse
 
+from gpucheck.comm.aggregate import COLLECTIVES
 from gpucheck.commands.job_report import partial_report as job_partial_report
 from gpucheck.commands.job_report import run_reported
 from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
@@ -15,11 +17,11 @@ from gpucheck.commands.option_types import (
     positive_int,
 )
 from gpucheck.errors import UsageError
+from gpucheck.peers import SLOW_NODE_FRACTION
 from gpucheck.report import Report
 
 HELP = "collective and pairwise bandwidth, hang-safe"
 DEFAULT_PAIR_THRESHOLD = 0.5
-DEFAULT_SLOW_NODE_FRACTION = 0.9
 
 
 def _size(text: str) -> int:
@@ -51,8 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="timed operations per size (default: 20)")
     group.add_argument("--warmup", type=non_negative_int, default=5, metavar="N",
                        help="untimed operations per size first (default: 5)")
-    group.add_argument("--collectives", default="all_reduce,all_gather", metavar="LIST",
-                       help="comma-separated: all_reduce, all_gather (default: both)")
+    group.add_argument("--collectives", default=",".join(COLLECTIVES), metavar="LIST",
+                       help=f"comma-separated, of: {', '.join(COLLECTIVES)} (default: all)")
     group.add_argument("--no-pairwise", dest="pairwise", action="store_false",
                        help="skip the pairwise send/recv matrix")
     group.add_argument("--pair-bytes", type=_size, default=None, metavar="SIZE",
@@ -75,9 +77,10 @@ def _check(args: argparse.Namespace) -> tuple[str, ...]:
         raise UsageError(f"--baseline-busbw {args.baseline_busbw:g}: give the expected bus "
                          "bandwidth in GB/s, a positive number")
     collectives = tuple(c.strip() for c in args.collectives.split(",") if c.strip())
-    unknown = set(collectives) - {"all_reduce", "all_gather"}
+    unknown = set(collectives) - set(COLLECTIVES)
     if unknown or not collectives:
-        raise UsageError(f"--collectives {args.collectives!r}: use all_reduce, all_gather")
+        raise UsageError(f"--collectives {args.collectives!r}: use one or more of "
+                         f"{', '.join(COLLECTIVES)}, comma-separated")
     return collectives
 
 
@@ -94,7 +97,7 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan, collectives: tuple[str, ..
 def _verdicts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from gpucheck.comm.report import Verdicts
 
-    return Verdicts(args.pair_threshold, args.baseline_busbw, DEFAULT_SLOW_NODE_FRACTION)
+    return Verdicts(args.pair_threshold, args.baseline_busbw, SLOW_NODE_FRACTION)
 
 
 def run(args: argparse.Namespace) -> Report | None:

@@ -18,6 +18,11 @@ HELP = ("a distributed job hangs or crawls: name the rank the others wait for an
         "does (py-spy stacks, process state, GPU), or read its Flight Recorder dumps")
 DEFAULT_WINDOW_S = 2.0
 MAX_WINDOW_S = 60.0
+# An NVML call that has not answered in 30 s is hung (the doorway's own retry budget
+# comes on top); a larger budget would only push the run past its gather timeout,
+# and 1e300 overflows the wait itself.
+MAX_NVML_TIMEOUT_S = 30.0
+MIN_NVML_TIMEOUT_S = 0.1  # below it every call "times out" on a healthy driver
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,14 +40,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "collective call in it is waiting (default: "
                              f"{DEFAULT_WINDOW_S:g}; longer than one training step)")
     parser.add_argument("--nvml-timeout", type=positive_float, default=3.0, metavar="SECONDS",
-                        help="give up on an NVML call after this long (default: 3)")
+                        help="give up on an NVML call after this long (default: 3; at "
+                             f"most {MAX_NVML_TIMEOUT_S:g})")
 
 
 def _validate(args: argparse.Namespace) -> None:
     if not 1 <= args.window <= MAX_WINDOW_S:  # py-spy records whole seconds
         raise UsageError(f"--window {args.window:g}: give 1 to {MAX_WINDOW_S:g} seconds")
-    if not args.nvml_timeout > 0:
-        raise UsageError(f"--nvml-timeout must be positive, not {args.nvml_timeout:g}")
+    if not MIN_NVML_TIMEOUT_S <= args.nvml_timeout <= MAX_NVML_TIMEOUT_S:
+        raise UsageError(f"--nvml-timeout {args.nvml_timeout:g}: give "
+                         f"{MIN_NVML_TIMEOUT_S:g} to {MAX_NVML_TIMEOUT_S:g} seconds")
     bad = [p for p in args.pids if p <= 0]
     if bad:
         raise UsageError(f"PID {bad[0]}: a process id is a positive number")

@@ -151,22 +151,62 @@ def this_rank(world: World, gpu: GpuIdentity | None, sysfs: Path = SYSFS) -> Ran
 def check_in(store: Any, world: World, me: RankInfo, timeout_s: float) -> list[RankInfo]:
     """Announce this rank (`me`) and wait for every other one; return all, ordered by rank."""
     store.set(_key("checkin", world.rank), json.dumps(asdict(me)))
-    counter = _key("checkin", "count")
+    _wait_for_all(store, world, "checkin", timeout_s)
+    return [_read_info(store, r) for r in range(world.world_size)]
+
+
+@dataclass(frozen=True)
+class View:
+    """What one rank's process sees on CUDA, said before it picks its GPU: the GPUs (UUIDs
+    in CUDA order) and CUDA_VISIBLE_DEVICES as its launcher set it (srun's --gpu-bind
+    sets it per task)."""
+
+    rank: int
+    host: str
+    node_rank: int
+    local_rank: int
+    visible: list[str]
+    cuda_visible_devices: str | None = None
+
+
+def exchange_visible(store: Any, world: World, visible: Sequence[str],
+                     timeout_s: float) -> dict[int, View]:
+    """The first half of the check-in on CUDA, before any rank picks its GPU: every rank
+    says which GPUs it sees and reads what every other one sees (rank -> `View`)."""
+    mine = View(world.rank, host_name(), world.node_rank, world.local_rank, list(visible),
+                os.environ.get("CUDA_VISIBLE_DEVICES"))
+    store.set(_key("visible", world.rank), json.dumps(asdict(mine)))
+    _wait_for_all(store, world, "visible", timeout_s)
+    return {r: View(**json.loads(store.get(_key("visible", r))))
+            for r in range(world.world_size)}
+
+
+def local_views(views: Mapping[int, View], world: World) -> dict[int, list[str]]:
+    """This node's ranks: local rank -> the GPUs it sees (for `device_among_peers`)."""
+    me = views[world.rank]
+    return {v.local_rank: v.visible for v in views.values()
+            if v.host == me.host and v.node_rank == me.node_rank}
+
+
+def _wait_for_all(store: Any, world: World, kind: str, timeout_s: float) -> None:
+    """Count this rank in under `kind` and wait until every rank has; a rank that never
+    arrives is named (`CheckInFailed`) and recorded as the check-in's diagnosis."""
+    counter = _key(kind, "count")
     store.add(counter, 1)
     # Rank 0 may host the store: it gives up last, so the others can still read it.
     deadline = time.monotonic() + timeout_s + (HOST_GRACE_S if world.rank == 0 else 0)
     while store.add(counter, 0) < world.world_size:
         if time.monotonic() > deadline:
-            present = _present(store, "checkin", world.world_size)
+            present = _present(store, kind, world.world_size)
             missing = [r for r in range(world.world_size) if r not in present]
-            error = CheckInFailed(missing, [_read_info(store, r) for r in present], world,
+            known = _present(store, "checkin", world.world_size) if kind == "checkin" else []
+            error = CheckInFailed(missing, [_read_info(store, r) for r in known], world,
                                   timeout_s)
             progress.record_diagnosis({"rank": world.rank, "missing": missing,
                                        "expected": error.expected, "step": "check-in",
                                        "cause": "never checked in", "message": str(error)})
             raise error
         time.sleep(POLL_S)
-    return [_read_info(store, r) for r in range(world.world_size)]
 
 
 def _present(store: Any, kind: str, world_size: int) -> list[int]:
@@ -175,6 +215,68 @@ def _present(store: Any, kind: str, world_size: int) -> list[int]:
 
 def _read_info(store: Any, rank: int) -> RankInfo:
     return RankInfo(**json.loads(store.get(_key("checkin", rank))))
+
+
+SHARED_GPU_HINT = (
+    "give every rank its own GPU: under srun use --gpus-per-task=1 or --gpu-bind=closest "
+    "with gpucheck's per-socket placement (or drop --gpu-bind), under torchrun one process "
+    "per GPU with every GPU visible; check CUDA_VISIBLE_DEVICES per task")
+
+
+class SharedGpu(RuntimeError):
+    """Two or more ranks picked one physical GPU (same UUID): refused at check-in."""
+
+    def __init__(self, groups: list[list[RankInfo]], views: Mapping[int, View],
+                 launcher: str) -> None:
+        self.ranks = sorted(i.rank for group in groups for i in group)
+        self.groups = [[i.rank for i in group] for group in groups]
+        setting = ("srun's GPU binding (--gpu-bind / --gpus-per-task) gave" if
+                   launcher == "slurm" else "the launch gave")
+
+        def launched(rank: int) -> str:
+            view = views.get(rank)
+            return f"CUDA_VISIBLE_DEVICES={view.cuda_visible_devices if view else None!r}"
+
+        said = "; ".join(f"ranks {', '.join(str(i.rank) for i in group)} on "
+                         f"{device_label(asdict(group[0]))}, "
+                         + ", ".join(launched(i.rank) for i in group) for group in groups)
+        super().__init__(f"{len(self.ranks)} ranks share a GPU: {said}; {setting} them "
+                         "overlapping GPUs")
+
+
+def shared_gpu_groups(infos: Sequence[RankInfo], views: Mapping[int, View],
+                      backend: str) -> list[list[RankInfo]]:
+    """Ranks on one GPU UUID that must not be: always on NCCL (it stops with "Duplicate
+    GPU detected"); on gloo only when a GPU the node's ranks see is left idle (more
+    ranks than GPUs is a deliberate share, `--backend gloo` on purpose)."""
+    by_gpu: dict[tuple[str, str], list[RankInfo]] = {}
+    for info in infos:
+        if info.uuid:
+            by_gpu.setdefault((info.host, info.uuid), []).append(info)
+    shared = [group for group in by_gpu.values() if len(group) > 1]
+    if backend == "nccl":
+        return shared
+    return [group for group in shared if _idle_gpu_on(group[0].host, infos, views)]
+
+
+def _idle_gpu_on(host: str, infos: Sequence[RankInfo], views: Mapping[int, View]) -> bool:
+    here = [i for i in infos if i.host == host]
+    seen = {name for i in here for name in getattr(views.get(i.rank), "visible", [])}
+    return bool(seen - {i.uuid for i in here})
+
+
+def refuse_shared_gpus(infos: Sequence[RankInfo], views: Mapping[int, View], world: World,
+                       backend: str) -> None:
+    """Raise `SharedGpu` (every rank does, from the same roster and views) when ranks
+    share a GPU they should not; the diagnosis names them for the report (`*.shared_gpu`)."""
+    groups = shared_gpu_groups(infos, views, backend)
+    if not groups:
+        return
+    error = SharedGpu(groups, views, world.launcher)
+    progress.record_diagnosis({"rank": world.rank, "missing": [], "shared": error.ranks,
+                               "step": "check-in", "cause": "shares a GPU",
+                               "message": str(error)})
+    raise error
 
 
 def roll_call(store: Any, rank: int, world_size: int, window_s: float) -> list[int]:

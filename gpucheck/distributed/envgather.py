@@ -27,7 +27,10 @@ FACTS = (
     ("torch version", "torch", "version"),
     ("torch CUDA build version", "torch", "cuda_build_version"),
     ("cuDNN version", "torch", "cudnn_version"),
-    ("NCCL version", "torch", "nccl_version"),
+    ("NCCL version (torch build)", "torch", "nccl_version"),
+    # The library the ranks really use (ncclGetVersion of the mapped libnccl): a site
+    # NCCL or another wheel on one node changes this, not the build's figure.
+    ("NCCL version loaded", "torch", "nccl_loaded_version"),
     ("GPU count (torch)", "torch", "cuda_device_count"),
     ("GPU count (driver)", "driver", "gpu_count"),
     ("Python version", "python", "python_version"),

@@ -6,6 +6,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from gpucheck.distributed.checkin import SHARED_GPU_HINT
 from gpucheck.distributed.launch import RankFailure
 from gpucheck.escape import terminal
 from gpucheck.report import Finding, Report, Section, fail
@@ -30,7 +31,8 @@ NEVER_ARRIVED_HINT = (
 
 
 _CHECKS = {"did not answer": ("rank_unresponsive", HUNG_HINT),
-           "never checked in": ("checkin", NEVER_ARRIVED_HINT)}
+           "never checked in": ("checkin", NEVER_ARRIVED_HINT),
+           "shares a GPU": ("shared_gpu", SHARED_GPU_HINT)}
 
 
 def rank_failure_findings(failures: list[RankFailure], command: str) -> list[Finding]:

@@ -25,8 +25,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpucheck.distributed import progress, terminal
-from gpucheck.distributed.checkin import CheckInFailed, RanksUnresponsive, device_label
+from gpucheck.distributed import caught, progress, terminal
+from gpucheck.distributed.checkin import (
+    CheckInFailed,
+    RanksUnresponsive,
+    SharedGpu,
+    device_label,
+)
 from gpucheck.distributed.launch import RankFailure, WorkersFailed, launch_local
 from gpucheck.distributed.world import World, world_from_env
 from gpucheck.errors import UsageError
@@ -82,6 +87,8 @@ def run_job(worker: Callable[[S], Any], spec: S, nproc: int,
             progress.remember_partial(progress.read_run_dir(folder)[0])
             progress.remember_ranks(progress.read_ranks(folder))
             raise
+        finally:
+            caught.gather(folder)  # the ranks' library warnings, for the report's log
 
 
 class JobFailed(WorkersFailed):
@@ -113,7 +120,11 @@ class JobFailed(WorkersFailed):
 
 def blame(failures: list[RankFailure], diagnoses: list[dict[str, Any]],
           roster: list[dict[str, Any]]) -> list[RankFailure]:
-    """Crashed ranks first, then silent ones; survivors that diagnosed are not blamed."""
+    """Crashed ranks first, then silent ones; survivors that diagnosed are not blamed.
+    Ranks refused at check-in for sharing a GPU come first, once each."""
+    shared = _shared(diagnoses, roster)
+    if shared:
+        return shared
     diagnosed = {d["rank"] for d in diagnoses}
     missing = set(_missing(diagnoses))
     # A silent rank that a survivor then SIGKILLed is blamed for its silence.
@@ -123,6 +134,17 @@ def blame(failures: list[RankFailure], diagnoses: list[dict[str, Any]],
     silent = [_silent(r, diagnoses, roster) for r in _missing(diagnoses)
               if r not in taken and r not in diagnosed]
     return crashed + silent or failures
+
+
+def _shared(diagnoses: list[dict[str, Any]],
+            roster: list[dict[str, Any]]) -> list[RankFailure]:
+    """The ranks a check-in found on one GPU, each named with the refusal's message."""
+    said = next((d for d in diagnoses if d.get("shared")), None)
+    if said is None:
+        return []
+    local = {int(r["rank"]): int(r["local_rank"]) for r in roster if "rank" in r}
+    return [RankFailure(int(r), local.get(int(r), -1), 0, None, str(said.get("message", "")),
+                        cause="shares a GPU") for r in sorted(set(said["shared"]))]
 
 
 def _missing(diagnoses: list[dict[str, Any]]) -> list[int]:
@@ -172,7 +194,7 @@ def _run_here(worker: Callable[[S], Any], spec: S) -> Any:
     try:
         return worker(spec)
     except Exception as exc:
-        if not isinstance(exc, (CheckInFailed, RanksUnresponsive)):
+        if not isinstance(exc, (CheckInFailed, RanksUnresponsive, SharedGpu)):
             traceback.print_exc()
         raise _job_failed_here(exc) from exc
 

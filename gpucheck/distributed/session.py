@@ -16,18 +16,22 @@ import contextlib
 import datetime as _dt
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import Any
 
 from gpucheck.devices import GpuIdentity
-from gpucheck.distributed import faultwatch, flight, progress, terminal
+from gpucheck.distributed import caught, faultwatch, flight, progress, terminal
 from gpucheck.distributed.checkin import (
     CheckInFailed,
     RankInfo,
     RanksUnresponsive,
+    View,
     check_in,
+    exchange_visible,
+    local_views,
+    refuse_shared_gpus,
     roll_call,
     roll_call_window_s,
     scoped,
@@ -118,21 +122,37 @@ def store_on_rank0(world: World) -> bool:
         not _agent_store_serves(world.master_addr, world.master_port)
 
 
-def bind_device(device: str, world: World) -> World:
+def bind_device(device: str, world: World,
+                peers: Callable[[list[str]], dict[int, list[str]]] | None = None,
+                torch: Any = None) -> World:
     """Choose and set this rank's GPU; the world with its `device_index` (None on CPU).
 
     The one place a local rank becomes a device index: every later use (set_device,
     barriers, memory statistics, the GPU's identity) reads `world.device_index`.
     Under torchrun local rank k sees every GPU and uses cuda:k; under
-    `srun --gpus-per-task=1` or `--gpu-bind` it sees only its own, cuda:0.
+    `srun --gpus-per-task=1` it sees only its own, cuda:0; under `--gpu-bind=closest`
+    it sees its socket's GPUs and takes its place among the local ranks that see the
+    same ones (`peers(visible)`: the first half of the check-in, which every rank
+    joins).
     """
     if device != "cuda":
         return world
-    import torch
+    if torch is None:
+        import torch
 
-    from gpucheck.devices import cuda_device_count, local_device_index
+    from gpucheck.devices import (
+        cuda_device_count,
+        device_among_peers,
+        local_device_index,
+        visible_gpu_names,
+    )
 
-    index = local_device_index(world.local_rank, cuda_device_count(torch))
+    count = cuda_device_count(torch)
+    visible = visible_gpu_names(torch, count)
+    if peers is None or not visible:
+        index = local_device_index(world.local_rank, count)
+    else:
+        index = device_among_peers(world.local_rank, visible, peers(visible))
     torch.cuda.set_device(index)
     # Without blocking wait NCCL's watchdog aborts the process on timeout,
     # before this rank can say which peer did not answer.
@@ -163,27 +183,37 @@ def process_group(backend: str, device: str, timeout_s: float,
     """
     import torch.distributed as dist
 
-    world = bind_device(device, world_from_env() or SINGLE)
-    _session["device_index"] = world.device_index
-    # Named before the check-in, so a slow NVML attach does not eat its window.
-    _session["gpu"] = _identify(world, faultwatch.rank_nvml(world, fault_watch))
-    me = this_rank(world, _session["gpu"])
+    world = world_from_env() or SINGLE
     timeout = _dt.timedelta(seconds=timeout_s)
     progress.set_step("check-in")
     if world.world_size > 1:
         terminal.say(f"rank 0 started: waiting for {world.world_size} ranks to check in")
     store = _session["store"] = _job_store(world, timeout)
+    views: dict[int, View] = {}
+
+    def peers(seen: list[str], launched: World = world) -> dict[int, list[str]]:
+        views.update(exchange_visible(store, launched, seen, timeout_s))
+        return local_views(views, launched)
+
+    world = bind_device(device, world, peers if world.launcher != "none" and
+                        world.world_size > 1 else None)
+    _session["device_index"] = world.device_index
+    # Named before the check-in, so a slow NVML attach does not eat its window.
+    _session["gpu"] = _identify(world, faultwatch.rank_nvml(world, fault_watch))
+    me = this_rank(world, _session["gpu"])
     infos = [me] if world.launcher == "none" else check_in(store, world, me, timeout_s)
     _session["roster"] = infos
     if world.rank == 0:
         progress.publish_roster([asdict(i) for i in infos])
+    refuse_shared_gpus(infos, views, world, backend)
     dist.init_process_group(backend, store=dist.PrefixStore(scoped("gpucheck/pg"), store),
                             rank=world.rank, world_size=world.world_size, timeout=timeout)
     progress.set_step(None)
     terminal.say(f"{world.world_size} rank(s) joined the process group ({backend}, {device})")
     try:
         faultwatch.start(world, _session["gpu"], fault_watch)
-        yield world
+        with caught.caught(world.rank):  # library warnings into the report, not stderr
+            yield world
     except BaseException as exc:
         faultwatch.publish_after_failure(world)  # before the roll call, which can take long
         if isinstance(exc, Exception) and is_comm_error(exc):  # for gpucheck hang --traces

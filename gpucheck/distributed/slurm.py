@@ -101,7 +101,12 @@ def tasks_per_node(value: str) -> list[int]:
         match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part)
         if match is None:
             raise ValueError(f"bad tasks-per-node item {part!r}")
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+        repeat = int(match.group(2) or 1)
+        # Bounded before expanding: `1(x99999999999999999999)` (another process's
+        # environment, read by `gpucheck hang`) must not allocate.
+        if repeat > MAX_HOSTS - len(counts):
+            raise ValueError(f"more than {MAX_HOSTS} nodes in {part!r}")
+        counts.extend([int(match.group(1))] * repeat)
     return counts
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gpucheck.probes.gpu_read import ALL_LINKS, BANK_FIELDS, read_fields
+
 
 class NvmlDoor(Protocol):
     """What the watcher needs of the doorway: `Nvml`, or `Nvml` with its calls metered."""
@@ -46,6 +48,27 @@ COUNTERS: dict[str, str] = {
     "nvlink_crc_data": "nvidia-smi nvlink -e: CRC Data Errors",
     "nvlink_replay": "nvidia-smi nvlink -e: Replay Errors",
     "nvlink_recovery": "nvidia-smi nvlink -e: Recovery Errors",
+    "bank_remaps_active": "nvidia-smi -q -d ROW_REMAPPER: bank remappings, active",
+    "bank_remaps_inactive": "nvidia-smi -q -d ROW_REMAPPER: bank remappings, inactive",
+    "bank_remap_pending": "nvidia-smi -q -d ROW_REMAPPER: bank remapping pending",
+    "nvlink5_recovery_events": "NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS (all links)",
+    "nvlink5_effective_errors": "NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS (all links)",
+    "nvlink5_effective_ber": "NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER (all links, encoded)",
+    "nvlink5_symbol_errors": "NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS (all links)",
+    "nvlink5_symbol_ber": "NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER (all links, encoded)",
+    **{f"nvlink5_fec_history_{b}": f"NVML_FI_DEV_NVLINK_COUNT_FEC_HISTORY_{b} (all links)"
+       for b in range(16)},
+}
+# NVLink5 (Blackwell) counters, summed over the links (scopeId ALL_LINKS, as DCGM reads
+# them); every GPU before Blackwell answers NotSupported for each (n/a).
+NVLINK5_FIELDS: dict[str, tuple[str, int]] = {
+    "nvlink5_recovery_events": ("NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS", ALL_LINKS),
+    "nvlink5_effective_errors": ("NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS", ALL_LINKS),
+    "nvlink5_effective_ber": ("NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER", ALL_LINKS),
+    "nvlink5_symbol_errors": ("NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS", ALL_LINKS),
+    "nvlink5_symbol_ber": ("NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER", ALL_LINKS),
+    **{f"nvlink5_fec_history_{b}": (f"NVML_FI_DEV_NVLINK_COUNT_FEC_HISTORY_{b}", ALL_LINKS)
+       for b in range(16)},
 }
 # Our counter -> the pynvml constant of nvmlDeviceGetNvLinkErrorCounter's `counter`.
 NVLINK_ERRORS: dict[str, str] = {
@@ -90,6 +113,45 @@ def _remapped_rows(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
                               "remapped_rows_pending", "remapped_rows_failed"))
     return {"remapped_rows_corrected": int(rows[0]), "remapped_rows_uncorrected": int(rows[1]),
             "remapped_rows_pending": _flag(rows[2]), "remapped_rows_failed": _flag(rows[3])}
+
+
+def _fields(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
+    """The bank remapper and the NVLink5 counters: one nvmlDeviceGetFieldValues call."""
+    values = read_fields(nvml, handle, {**BANK_FIELDS, **NVLINK5_FIELDS})
+    return {name: None if value is None else int(value) for name, value in values.items()}
+
+
+def decode_ber(raw: int) -> tuple[int, int]:
+    """NVML's packed BER (NVML_FI_DEV_NVLINK_COUNT_*_BER): (mantissa, exponent), the BER
+    being mantissa x 10^-exponent (nvml.h NVML_NVLINK_ERROR_COUNTER_BER_GET: mantissa
+    bits 8-11, exponent bits 0-7; (15, 255) encodes zero, as DCGM reads it)."""
+    return (raw >> 8) & 0xF, raw & 0xFF
+
+
+def ber_value(raw: int) -> float:
+    mantissa, exponent = decode_ber(raw)
+    return 0.0 if (mantissa, exponent) == (15, 255) else mantissa * 10.0 ** -exponent
+
+
+def _nvlink5_per_link(nvml: NvmlDoor, handle: Any,
+                      links: tuple[int, ...]) -> dict[str, int | None]:
+    """Where the driver answers the NVLink5 counters per link only (scopeId = link, as
+    NVRx's NVLinkWindowHealthCheck reads them): counts summed over `links`, and the
+    worst link's BER. One nvmlDeviceGetFieldValues call."""
+    wanted = {(name, link): (constant, link)
+              for name, (constant, _) in NVLINK5_FIELDS.items() for link in links}
+    found = read_fields(nvml, handle, wanted)
+    out: dict[str, int | None] = dict.fromkeys(NVLINK5_FIELDS)
+    for (name, _link), value in found.items():
+        if value is None:
+            continue
+        now = out[name]
+        if name.endswith("_ber"):
+            out[name] = int(value) if now is None or ber_value(int(value)) > ber_value(now) \
+                else now
+        else:
+            out[name] = (now or 0) + int(value)
+    return out
 
 
 def _retired_pages(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
@@ -149,6 +211,7 @@ def read_snapshot(nvml: NvmlDoor, handle: Any,
     values.update(_ecc(nvml, handle))
     values.update(_remapped_rows(nvml, handle))
     values.update(_retired_pages(nvml, handle))
+    values.update(_fields(nvml, handle))
     replays = nvml.get("nvmlDeviceGetPcieReplayCounter", handle)
     values["pcie_replays"] = None if replays is None else int(replays)
     now_active = active_links(nvml, handle)
@@ -159,6 +222,8 @@ def read_snapshot(nvml: NvmlDoor, handle: Any,
     if links:
         errors, per_link = _nvlink_errors(nvml, handle, links)
         values.update(errors)
+        if all(values[name] is None for name in NVLINK5_FIELDS):
+            values.update(_nvlink5_per_link(nvml, handle, links))
     return Snapshot(values, links, per_link)
 
 

@@ -1,7 +1,9 @@
-"""How the GPU's links are judged: PCIe replays and NVLink.
+"""How the GPU's links are judged: PCIe replays, NVLink, and NVLink5's own counters.
 
 `nvidia-smi -q` "Replays Since Reset", `nvidia-smi nvlink --status` and `nvidia-smi
-nvlink -e`, before and after the run. The rates are DCGM's (docs/faults.md).
+nvlink -e`, before and after the run; on Blackwell the NVLink5 field values (link
+recovery events, effective and symbol errors and BER, FEC history). The rates and
+thresholds are DCGM's (docs/faults.md).
 """
 
 from __future__ import annotations
@@ -9,11 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpucheck.faults.counters import COUNTERS, decode_ber
 from gpucheck.faults.verdict import Verdict, counter, na, ok
 from gpucheck.report import Status
 
 PCIE_REPLAYS_PER_MIN = 8  # DCGM's limit ("8 replays per minute is the maximum recommended")
 NVLINK_ERRORS_PER_S = 100.0  # DCGM: "CRC errors only matter at rates of 100+ per second"
+BER_ZERO = (15, 255)  # the packed (mantissa, exponent) NVML gives for a BER of zero (DCGM)
+SYMBOL_BER_FLOOR_EXP = 238  # DCGM_SYMBOL_BER_FLOOR_EXP_AGGREGATED (Blackwell, all links)
 
 
 def judge_pcie(result: Mapping[str, Any]) -> Verdict:
@@ -91,6 +96,90 @@ def _nvlink_errors(result: Mapping[str, Any], d: dict[str, int | None]) -> Verdi
                      f"{'n/a' if recovery is None else f'+{recovery}'}")
 
 
+def ber_words(raw: int | None) -> str:
+    if raw is None:
+        return "n/a"
+    mantissa, exponent = decode_ber(raw)
+    zero = mantissa == 0 or (mantissa, exponent) == BER_ZERO
+    return "0" if zero else f"{mantissa}e-{exponent}"
+
+
+def effective_ber_too_high(raw: int) -> bool:
+    """DCGM's IsEffectiveBerThresholdExceeded (common/DcgmUtilities.cpp): worse than
+    1e-12; (15, 255) encodes a BER of zero."""
+    mantissa, exponent = decode_ber(raw)
+    if (mantissa, exponent) == BER_ZERO or mantissa == 0:
+        return False
+    return (exponent < 12 or (exponent == 12 and mantissa > 1)
+            or (exponent == 13 and mantissa > 10))
+
+
+def symbol_ber_too_high(raw: int) -> bool:
+    """DCGM's IsSymbolBerThresholdExceeded for the aggregated (all links, Blackwell)
+    symbol BER: worse than 15e-238, i.e. any symbol BER the FEC did not clear
+    (modules/health/DcgmHealthWatch.cpp, DCGM_SYMBOL_BER_FLOOR_EXP_AGGREGATED)."""
+    mantissa, exponent = decode_ber(raw)
+    if mantissa == 0:
+        return False
+    return exponent < SYMBOL_BER_FLOOR_EXP or (exponent == SYMBOL_BER_FLOOR_EXP
+                                                and mantissa > 15)
+
+
+def _nvlink5_ber(result: Mapping[str, Any]) -> list[str]:
+    """What is wrong with the BERs after the run ("effective BER 3e-11 (over 1e-12)")."""
+    bad = []
+    effective = counter(result, "nvlink5_effective_ber", "after")
+    symbol = counter(result, "nvlink5_symbol_ber", "after")
+    if effective is not None and effective_ber_too_high(effective):
+        bad.append(f"effective BER {ber_words(effective)} (over 1e-12)")
+    if symbol is not None and symbol_ber_too_high(symbol):
+        bad.append(f"symbol BER {ber_words(symbol)} (DCGM: none expected past the FEC)")
+    return bad
+
+
+def judge_nvlink5(result: Mapping[str, Any]) -> list[Verdict]:
+    """NVLink5 (Blackwell) counters over all links, before and after the run; SKIP where
+    the GPU lacks them. Link recovery events: FAIL (DCGM fails on one); effective
+    (post-FEC) errors, or a BER over DCGM's threshold: WARN; symbol errors the FEC
+    corrected (FEC history bins) are counted in the OK line."""
+    names = [n for n in COUNTERS if n.startswith("nvlink5_")]
+    if all(counter(result, n, "after") is None for n in names):
+        return [na("faults.nvlink5", "NVLink5 counters (link recovery, effective and symbol "
+                   "errors, BER, FEC history): NVML answers NotSupported for each; only "
+                   "NVLink5 GPUs (B200, GB200 and later) have them")]
+    verdicts = []
+    recoveries = counter(result, "nvlink5_recovery_events")
+    if recoveries:
+        verdicts.append(Verdict("faults.nvlink5.recovery", Status.FAIL, f"{recoveries} NVLink "
+                                "link recovery event(s) during the run: a link left the up "
+                                "state and retrained, stalling its traffic", "reset-gpu",
+                                "reset the GPU with its NVLink peers (nvidia-smi nvlink -e); "
+                                "drain the node and have the link hardware checked if it "
+                                "recurs"))
+    effective = counter(result, "nvlink5_effective_errors")
+    bad = ([f"{effective} effective (post-FEC) error(s) during the run"] if effective
+           else []) + _nvlink5_ber(result)
+    if bad:
+        verdicts.append(Verdict("faults.nvlink5.errors", Status.WARN, "NVLink5: " + "; ".join(
+            bad), "replace-hardware", "the links carry errors the FEC did not correct: run "
+            "the field diagnostics (dcgmi diag -r 3), then have the NVLink cable, tray or "
+            "switch checked (nvidia-smi nvlink -e)"))
+    else:
+        verdicts.append(ok("faults.nvlink5.errors", _nvlink5_ok(result)))
+    return verdicts
+
+
+def _nvlink5_ok(result: Mapping[str, Any]) -> str:
+    symbol = counter(result, "nvlink5_symbol_errors")
+    fec = [counter(result, f"nvlink5_fec_history_{b}") for b in range(16)]
+    corrected = sum(v for v in fec if v) if any(v is not None for v in fec) else None
+    return (f"NVLink5 effective errors +{counter(result, 'nvlink5_effective_errors') or 0}, "
+            f"symbol errors {'n/a' if symbol is None else f'+{symbol}'} (FEC-corrected "
+            f"{'n/a' if corrected is None else f'+{corrected}'}), effective BER "
+            f"{ber_words(counter(result, 'nvlink5_effective_ber', 'after'))}, symbol BER "
+            f"{ber_words(counter(result, 'nvlink5_symbol_ber', 'after'))}")
+
+
 def judge_links(result: Mapping[str, Any]) -> list[Verdict]:
     """Every link verdict on one rank's result."""
-    return [judge_pcie(result), *judge_nvlink(result)]
+    return [judge_pcie(result), *judge_nvlink(result), *judge_nvlink5(result)]

@@ -105,7 +105,34 @@ def judge_retired_pages(result: Mapping[str, Any]) -> Verdict:
     return ok(check, "retired pages +0")
 
 
+def judge_bank_remaps(result: Mapping[str, Any]) -> list[Verdict]:
+    """The bank remapper, beside the row remapper (nvmlEccBankRemapperStatus_v1_t as
+    field values): a pending bank remap is a FAIL like a pending row remap (a reset
+    applies it); new bank remappings during the run are a WARN to watch (the memory
+    repaired a bank under this load); nothing where the GPU lacks the remapper."""
+    pending = (counter(result, "bank_remap_pending", "before"),
+               counter(result, "bank_remap_pending", "after"))
+    grown = {k: counter(result, f"bank_remaps_{k}") for k in ("active", "inactive")}
+    if pending[1] is None and all(v is None for v in grown.values()):
+        return []
+    if pending[1]:
+        when = ("was already pending before the run (not caused by it)" if pending[0]
+                else "became pending during the run")
+        return [Verdict("faults.bank_remap.pending", Status.FAIL, f"a memory bank remap "
+                        f"{when}: it waits for a GPU reset", "reset-gpu", RESET)]
+    new = sum(v for v in grown.values() if v and v > 0)
+    if new:
+        return [Verdict("faults.bank_remaps", Status.WARN, f"{plural(new, 'new bank remapping')}"
+                        f" during the run ({grown['active'] or 0} active, "
+                        f"{grown['inactive'] or 0} inactive): the memory replaced a bank "
+                        "under this load", "rerun", "run again and watch nvidia-smi -q -d "
+                        "ROW_REMAPPER: remappings that keep growing mean failing memory "
+                        "(replace the GPU)")]
+    return [ok("faults.bank_remaps", "bank remappings +0, none pending")]
+
+
 def judge_memory(result: Mapping[str, Any]) -> list[Verdict]:
     """Every memory verdict on one rank's result."""
     return [judge_uncorrected_ecc(result), judge_corrected_ecc(result),
-            *judge_remapped_rows(result), judge_retired_pages(result)]
+            *judge_remapped_rows(result), *judge_bank_remaps(result),
+            judge_retired_pages(result)]

@@ -2,8 +2,9 @@
 
 Check ids (actions in gpucheck/actions.py, meanings in docs/hang.md):
 hang.rank.<what> (a rank the others wait for: dead, stopped, d_state, desync,
-user_code, unreadable), hang.verdict (nobody to blame: progressing, or every rank
-waiting), hang.stack (a stack py-spy could not read), hang.discovery, and
+user_code, unreadable), hang.verdict (nobody to blame: progressing, every rank
+waiting, nothing moved, or not every rank watched), hang.stack (a stack py-spy could
+not read), hang.discovery, hang.jobs (the jobs seen on the node), and
 hang.traces.<what> for Flight Recorder dumps (missing, desync, no_dump, split, agree,
 armed).
 """
@@ -16,7 +17,7 @@ from gpucheck.hang.observe import RankView
 from gpucheck.hang.sites import Site
 from gpucheck.hang.stacks import PTRACE_CAPABILITY
 from gpucheck.hang.verdict import Culprit, culprits, label, stuck_anyway
-from gpucheck.report import Finding, Section, fail, ok, skip, warn
+from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
 
 ARM = ("export TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/$JOB/rank_ "
        "TORCH_NCCL_DUMP_ON_TIMEOUT=1 before the job starts (docs/hang.md, 'Arming a job')")
@@ -38,7 +39,8 @@ _CHECK = {"dead": "dead", "stopped": "stopped", "d-state": "d_state",
           "other-collective": "desync", "user-code": "user_code", "unreadable": "unreadable"}
 
 
-def culprit_finding(culprit: Culprit, view: RankView, multi_node: bool = False) -> Finding:
+def culprit_finding(culprit: Culprit, view: RankView, multi_node: bool = False,
+                    job: str | None = None) -> Finding:
     # Spelled out where the actions differ (gpucheck/actions.py reads these ids).
     check = f"hang.rank.{_CHECK[culprit.what]}"
     if culprit.what == "d-state":
@@ -46,28 +48,40 @@ def culprit_finding(culprit: Culprit, view: RankView, multi_node: bool = False) 
     elif culprit.what == "unreadable":
         check = "hang.rank.unreadable"
     return fail(check, f"{label(view)} {culprit.detail}",
-                hint=_HINTS[culprit.what], subject=_subject(view, multi_node))
+                hint=_HINTS[culprit.what], subject=_subject(view, multi_node, job))
 
 
-def _subject(view: RankView, multi_node: bool) -> str:
+def _subject(view: RankView, multi_node: bool, job: str | None = None) -> str:
+    """`rank 2 on node7`; with several jobs seen, `rank 2 of job KEY on node7`."""
     where = f"node {view.node_rank} ({view.host})" if multi_node else view.host
-    return f"rank {view.rank} on {where}"
+    of_job = f" of job {job}" if job else ""
+    return f"rank {view.rank}{of_job} on {where}"
 
 
-def live_findings(views: list[RankView], window_s: float, multi_node: bool) -> list[Finding]:
+def live_findings(views: list[RankView], window_s: float, multi_node: bool,
+                  job: str | None = None) -> list[Finding]:
     """The verdict on one job's ranks (every node's, when gathered)."""
     by_rank = {v.rank: v for v in views}
+
+    def named(found: list[Culprit]) -> list[Finding]:
+        return [culprit_finding(c, by_rank[c.rank], multi_node, job) for c in found]
+
+    unwatched = [v.rank for v in views if not v.watched]
+    if unwatched:
+        return [skip("hang.verdict", f"{len(unwatched)} of {len(views)} ranks of this job "
+                     "were not watched (more rank processes on this node than could be "
+                     "watched in time): no verdict; give this job's PIDs or its "
+                     "launcher's PID"), *named(stuck_anyway(views))]
     if views and all(v.stack_error and v.stack_error.startswith("denied") for v in views):
         return [skip("hang.verdict", "no rank's stack could be read: needs "
                      + PTRACE_CAPABILITY)]
     if views and all(v.stack_error or v.pid is None for v in views):
         reasons = sorted({v.stack_error for v in views if v.stack_error})
         return [skip("hang.verdict", "no rank's stack could be read, nothing to judge: "
-                     + "; ".join(reasons))] + [
-            culprit_finding(c, by_rank[c.rank], multi_node) for c in stuck_anyway(views)]
-    site, named = culprits(views)
-    if named:
-        return [culprit_finding(c, by_rank[c.rank], multi_node) for c in named]
+                     + "; ".join(reasons)), *named(stuck_anyway(views))]
+    site, culprit_list = culprits(views)
+    if culprit_list:
+        return named(culprit_list)
     # Every rank of the job seen (several nodes gathered, or a one-node job whole).
     whole = multi_node or len(by_rank) == views[0].world_size
     return [_nobody_named(views, site, window_s, whole)]
@@ -94,14 +108,42 @@ def _nobody_named(views: list[RankView], site: Site | None, window_s: float,
     unread = [v.rank for v in views if v.stack_error]
     unread_words = (f"; rank(s) {', '.join(map(str, unread))} not read (below)"
                     if unread else "")
+    if not any(moved(v) for v in views):
+        return _nothing_moved(views, window_s, unread_words)
     return ok("hang.verdict", f"every rank progressed: none sat in one collective for "
               f"the whole {window_s:g} s window ({len(views)} ranks{unread_words})")
 
 
-def stack_findings(views: list[RankView]) -> list[Finding]:
-    """One SKIP per rank whose stack could not be read (the capability named)."""
-    return [skip("hang.stack", f"{label(v)}: {v.stack_error}", subject=f"rank {v.rank}")
-            for v in views if v.stack_error]
+def moved(view: RankView) -> bool:
+    """Seen at more than one place in its code during the window: it progresses."""
+    if view.stack_error or view.samples == 0:
+        return False
+    return view.moved if view.moved is not None else not view.steady
+
+
+def _nothing_moved(views: list[RankView], window_s: float, unread_words: str) -> Finding:
+    """No rank in a collective and none seen moving: every readable rank sat at one
+    line of its own code (asleep, or in one long call) for the whole window. That is
+    a step longer than the window, or a job stuck outside torch.distributed (a data
+    loader, a lock, a file system): never an all-clear."""
+    sites = sorted({v.where.describe() for v in views if v.where is not None})
+    cpu = [v.cpu_pct for v in views if v.cpu_pct is not None]
+    cpu_words = f", at most {max(cpu):.0f} % CPU" if cpu else ""
+    return warn("hang.verdict", f"no rank moved for the whole {window_s:g} s window and "
+                f"none is in a collective ({len(views)} ranks{cpu_words}; "
+                f"{'; '.join(sites[:3]) or 'no site read'}{unread_words})",
+                hint="a step longer than the window, or every rank stuck in its own code: "
+                     "run again with a longer --window; if nothing moves still, read the "
+                     "stacks below (a data loader, a lock, a file system)")
+
+
+def stack_findings(views: list[RankView], job: str | None = None) -> list[Finding]:
+    """One SKIP per rank whose stack could not be read (the capability named); ranks
+    not watched are said once, in the verdict."""
+    of_job = f" of job {job}" if job else ""
+    return [skip("hang.stack", f"{label(v)}: {v.stack_error}",
+                 subject=f"rank {v.rank}{of_job}")
+            for v in views if v.stack_error and v.watched]
 
 
 def rank_rows(views: list[RankView]) -> list[dict[str, Any]]:
@@ -121,13 +163,40 @@ def rank_rows(views: list[RankView]) -> list[dict[str, Any]]:
 
 
 def ranks_section(job: str, views: list[RankView], window_s: float, multi_node: bool,
-                  notes: list[str]) -> Section:
+                  notes: list[str], label_job: str | None = None) -> Section:
+    """One job's section; `label_job` (several jobs seen) puts the job in subjects."""
     data: dict[str, Any] = {"job": job, "window_s": window_s, "ranks": rank_rows(views),
                             "stacks": {f"rank {v.rank}": v.stack for v in views if v.stack}}
     if notes:
         data["notes"] = notes
-    findings = live_findings(views, window_s, multi_node) + stack_findings(views)
+    findings = (live_findings(views, window_s, multi_node, label_job)
+                + stack_findings(views, label_job))
     return Section("hang", f"Hang check: job {job}", data, findings)
+
+
+def job_row(job: str, views: list[RankView], section: Section | None) -> dict[str, Any]:
+    """One line of the jobs table: its ranks, how many were watched, its verdict."""
+    problems = [f for f in (section.findings if section else [])
+                if f.status in (Status.WARN, Status.FAIL)]
+    badge = section.verdict() if section is not None else None
+    verdict = "not watched" if section is None else badge.value if badge else "n/a"
+    return {"job": job, "ranks": len(views), "watched": sum(v.watched for v in views),
+            "nodes": len({v.node_rank for v in views}), "verdict": verdict,
+            "first": problems[0].check if problems else None}
+
+
+def jobs_section(rows: list[dict[str, Any]]) -> Section:
+    """More than one job on the node: how many, each judged in its own section."""
+    unwatched = [r["job"] for r in rows if r["verdict"] == "not watched"]
+    said = f"{len(rows)} jobs seen, each judged on its own (their sections above)"
+    if unwatched:  # a job never looked at is no all-clear: another user's crowd of
+        # made-up ranks, watched first, must not leave a hung job reading OK
+        finding = skip("hang.jobs", f"{said}; {len(unwatched)} not watched at all (more "
+                       "rank processes than could be watched in time): not judged; give "
+                       "the PIDs of the job to judge, or its launcher's PID")
+    else:
+        finding = ok("hang.jobs", said)
+    return Section("hang", f"Hang check: {len(rows)} jobs", {"jobs": rows}, [finding])
 
 
 def armed(views: list[RankView]) -> Finding:

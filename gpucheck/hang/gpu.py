@@ -11,6 +11,7 @@ namespace NVML reports host PIDs, which match no rank: the report then says n/a.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -18,17 +19,19 @@ from typing import Any
 from gpucheck.probes.nvml import Nvml, NvmlFailure
 
 
-def per_process(pids: Iterable[int], timeout_s: float = 3.0) -> tuple[dict[int, dict[str, Any]],
-                                                                      str | None]:
-    """({pid: {gpu, gpu_name, gpu_memory_bytes, gpu_sm_util_pct}}, why none when empty)."""
+def per_process(pids: Iterable[int], timeout_s: float = 3.0,
+                window_s: float = 2.0) -> tuple[dict[int, dict[str, Any]], str | None]:
+    """({pid: {gpu, gpu_name, gpu_memory_bytes, gpu_sm_util_pct}}, why none when empty).
+    Utilisation is over the last `window_s` seconds: call it at the end of the window."""
     wanted = set(pids)
+    since_us = max(0, int((time.time() - window_s) * 1e6))
     nvml = Nvml(timeout_s=timeout_s)
     try:
         count = nvml.call("nvmlDeviceGetCount")
         found: dict[int, dict[str, Any]] = {}
         for index in range(count):
             handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
-            found.update(_gpu_processes(nvml, handle, index, wanted))
+            found.update(_gpu_processes(nvml, handle, index, wanted, since_us))
     except NvmlFailure as exc:
         return {}, f"NVML: {exc.meaning}"
     finally:
@@ -36,27 +39,34 @@ def per_process(pids: Iterable[int], timeout_s: float = 3.0) -> tuple[dict[int, 
     return found, None if found else "NVML lists none of these PIDs on any GPU"
 
 
-def _gpu_processes(nvml: Nvml, handle: Any, index: int,
-                   wanted: set[int]) -> dict[int, dict[str, Any]]:
+def _gpu_processes(nvml: Nvml, handle: Any, index: int, wanted: set[int],
+                   since_us: int) -> dict[int, dict[str, Any]]:
     procs = nvml.get("nvmlDeviceGetComputeRunningProcesses", handle, default=[]) or []
     mine = {p.pid: p for p in procs if p.pid in wanted}
     if not mine:
         return {}
     name = nvml.get("nvmlDeviceGetName", handle)
-    util = _sm_util(nvml, handle)
+    util = _sm_util(nvml, handle, since_us)
     return {pid: {"gpu": index, "gpu_name": name,
                   "gpu_memory_bytes": getattr(p, "usedGpuMemory", None),
-                  "gpu_sm_util_pct": util.get(pid)} for pid, p in mine.items()}
+                  # Listed on the GPU with no sample since `since_us`: NVML keeps samples
+                  # only of processes with non-zero utilisation, so this one was at 0 %.
+                  "gpu_sm_util_pct": None if util is None else util.get(pid, 0.0)}
+            for pid, p in mine.items()}
 
 
-def _sm_util(nvml: Nvml, handle: Any) -> dict[int, float]:
-    """Mean SM utilisation per PID over NVML's sample buffer (timestamp 0: every
-    sample it holds, the last few seconds). NotFound (no sample yet) gives none."""
+def _sm_util(nvml: Nvml, handle: Any, since_us: int) -> dict[int, float] | None:
+    """Mean SM utilisation per PID over the samples NVML took after `since_us` (CPU
+    time, microseconds: lastSeenTimeStamp), so a busy phase before the hang does not
+    count. NVML returns a sample only for a process with non-zero utilisation and
+    raises NotFound when no process has one (every process idle): {} then. None when
+    the figure is not to be had (NotSupported, NoPermission, a timeout)."""
     try:
-        samples = nvml.call("nvmlDeviceGetProcessUtilization", handle, 0)
-    except NvmlFailure:
-        return {}
+        samples = nvml.call("nvmlDeviceGetProcessUtilization", handle, since_us)
+    except NvmlFailure as exc:
+        return {} if exc.kind == "NVMLError_NotFound" else None
     by_pid: dict[int, list[int]] = defaultdict(list)
     for sample in samples or []:
-        by_pid[sample.pid].append(sample.smUtil)
+        if getattr(sample, "timeStamp", since_us + 1) > since_us:
+            by_pid[sample.pid].append(sample.smUtil)
     return {pid: sum(v) / len(v) for pid, v in by_pid.items()}

@@ -7,11 +7,14 @@ distributed frame and judged together by `live_sections`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import psutil
+
 from gpucheck.errors import UsageError
-from gpucheck.hang.findings import armed, ranks_section
+from gpucheck.hang.findings import armed, job_row, jobs_section, ranks_section
 from gpucheck.hang.observe import RankView, watch
 from gpucheck.hang.procs import Discovery, RankProcess, discover, missing_local_ranks
 from gpucheck.report import Section, skip
@@ -30,6 +33,11 @@ def _notes(found: Discovery) -> list[str]:
     notes = []
     if found.gone:
         notes.append(f"PID(s) {', '.join(map(str, found.gone))} no longer exist")
+    if found.blocked:
+        notes.append(f"PID(s) {', '.join(map(str, found.blocked[:20]))}: the environment "
+                     "gave no answer in time (1 s each, 0.05 s once 2 s were spent on "
+                     "such processes; a process stuck in the kernel with its memory map "
+                     "locked: look at its state, /proc/PID/stack)")
     if found.denied:
         notes.append(f"{found.denied} process(es) whose environment could not be read "
                      "(another user's: run as that user or root)")
@@ -41,33 +49,81 @@ def check_pids(pids: Sequence[int] | None, found: Discovery) -> None:
     if not pids:
         return
     if found.not_ranks:
-        raise UsageError(f"PID {found.not_ranks[0]} is neither a torch.distributed rank "
-                         "(no RANK and WORLD_SIZE in its environment) nor a launcher of "
-                         "ranks (torchrun); give rank PIDs or torchrun's PID")
+        pid = found.not_ranks[0]
+        why = found.why_not.get(pid, "no RANK and WORLD_SIZE in its environment, and no "
+                                "rank below it")
+        raise UsageError(f"PID {pid} is no rank of any job ({why}); give rank PIDs or "
+                         "torchrun's PID, or none to judge every job on this node")
     if not found.jobs and len(found.gone) == len(pids):
         raise UsageError(f"no process with PID {', '.join(map(str, pids))}: give the PIDs "
                          "of running ranks (or none, to find them all)")
 
 
+def _watch_order(jobs: Mapping[str, list[RankProcess]]) -> list[tuple[str, RankProcess]]:
+    """Whole jobs one after the other, the user's own first: when the node holds more
+    ranks than can be watched in time, another user's ranks are the ones left out."""
+    me = os.environ.get("SUDO_USER") or _me()
+    ordered = sorted(jobs.items(), key=lambda item: (item[1][0].user != me, item[0]))
+    return [(job, rank) for job, ranks in ordered for rank in ranks]
+
+
+def _me() -> str:
+    try:
+        return psutil.Process().username()
+    except psutil.Error:
+        return ""
+
+
 def node_view(pids: Sequence[int] | None, window_s: float, host: str, node_rank: int,
               nvml_timeout_s: float) -> dict[str, Any]:
-    """{jobs: {job: [view dicts]}, notes, gpu_note} of this node."""
+    """{jobs: {job: [view dicts]}, notes} of this node; every job's ranks watched at once."""
     found = discover(pids or None)
     check_pids(pids, found)
+    order = _watch_order(found.jobs)
+    views, gpu_note = watch([rank for _, rank in order], host, window_s, nvml_timeout_s)
     jobs: dict[str, list[dict[str, Any]]] = {}
-    gpu_notes = set()
+    for (job, _), view in zip(order, views, strict=True):
+        jobs.setdefault(job, []).append(view.to_dict())
     for job, ranks in found.jobs.items():
-        views, gpu_note = watch(ranks, host, window_s, nvml_timeout_s)
-        if gpu_note:
-            gpu_notes.add(gpu_note)
-        for view in views + _dead_views(ranks, host):
-            view.node_rank = node_rank
-            jobs.setdefault(job, []).append(view.to_dict())
-    return {"jobs": jobs, "notes": _notes(found) + sorted(gpu_notes)}
+        # A job none of whose processes could be watched is not judged here: its
+        # missing ranks are not called dead either (it is a row of the jobs table).
+        watched = any(raw["watched"] for raw in jobs[job])
+        jobs[job].extend({**v.to_dict(), "watched": watched} for v in _dead_views(ranks, host))
+    for raw in jobs.values():
+        for view_dict in raw:
+            view_dict["node_rank"] = node_rank
+    notes = _notes(found) + ([gpu_note] if gpu_note and found.jobs else [])
+    return {"jobs": jobs, "notes": notes}
 
 
 def live_sections(nodes: Mapping[int, Mapping[str, Any]], window_s: float) -> list[Section]:
-    """One section per job, every node's ranks of it judged together."""
+    """One section per job, every node's ranks of it judged together, and with more
+    than one job a last section listing them all."""
+    jobs, notes = _merge(nodes)
+    if not jobs:
+        finding = skip("hang.discovery", "no torch.distributed rank process found (none "
+                       "has RANK and WORLD_SIZE, or SLURM_PROCID, in its environment)")
+        return [Section("hang", "Hang check", {"notes": notes}, [finding])]
+    several = len(jobs) > 1
+    sections, rows = [], []
+    for job, views in sorted(jobs.items()):
+        views.sort(key=lambda v: (v.rank, v.node_rank))
+        if not any(v.watched for v in views):  # another user's crowd: a row, no section
+            rows.append(job_row(job, views, None))
+            continue
+        section = ranks_section(job, views, window_s, len(nodes) > 1, notes,
+                                job if several else None)
+        section.data["jobs_seen"] = len(jobs)
+        section.findings.append(armed(views))
+        sections.append(section)
+        rows.append(job_row(job, views, section))
+    if several:
+        sections.append(jobs_section(rows))
+    return sections
+
+
+def _merge(nodes: Mapping[int, Mapping[str, Any]]) -> tuple[dict[str, list[RankView]],
+                                                             list[str]]:
     jobs: dict[str, list[RankView]] = {}
     notes: list[str] = []
     for node_rank, view in sorted(nodes.items()):
@@ -75,14 +131,4 @@ def live_sections(nodes: Mapping[int, Mapping[str, Any]], window_s: float) -> li
         notes.extend(prefix + n for n in view.get("notes", []))
         for job, raw in view.get("jobs", {}).items():
             jobs.setdefault(job, []).extend(RankView(**r) for r in raw)
-    if not jobs:
-        finding = skip("hang.discovery", "no torch.distributed rank process found (none "
-                       "has RANK and WORLD_SIZE, or SLURM_PROCID, in its environment)")
-        return [Section("hang", "Hang check", {"notes": notes}, [finding])]
-    sections = []
-    for job, views in sorted(jobs.items()):
-        views.sort(key=lambda v: v.rank)
-        section = ranks_section(job, views, window_s, len(nodes) > 1, notes)
-        section.findings.append(armed(views))
-        sections.append(section)
-    return sections
+    return jobs, notes

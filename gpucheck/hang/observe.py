@@ -1,6 +1,11 @@
 """Watch every rank for a short window: stack samples, process state, CPU, GPU.
 
-All ranks are watched at once (one thread each), so N ranks cost one window, not N.
+All ranks are watched at once (one thread each), so N ranks cost one window, not N,
+up to MAX_PY_SPY py-spy processes at a time: every process on the node that calls
+itself a rank is watched, another user's 200 made-up ranks included, so their number
+must not start 200 py-spy processes or stretch the run. A rank whose turn has not
+come START_BUDGET_S after the start is not watched (said in the report): the run
+stays within about two windows whatever the node runs.
 One snapshot cannot tell a hung job from a slow one (a fast rank of a healthy job
 spends most of its time waiting in all_reduce for the slowest): what tells them
 apart is whether a rank ever leaves the collective during the window. py-spy samples
@@ -10,6 +15,7 @@ sat in the same collective call in every sample is pinned there.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +32,12 @@ from gpucheck.hang.stacks import Frame, StackError
 
 DEFAULT_WINDOW_S = 2.0
 MAX_FRAMES = 12
+MAX_PY_SPY = 16  # py-spy processes at once (each samples one rank at 50 Hz)
+# Ranks being watched at once (a thread each; most of them only wait out the window,
+# their py-spy done or failed fast, as on a process that is no Python at all).
+MAX_THREADS = 512
+START_BUDGET_S = 4.0  # a rank not started by then is not watched
+NOT_WATCHED = "not watched"  # stack_error kind of a rank whose turn never came
 
 
 @dataclass
@@ -44,12 +56,15 @@ class RankView:
     site: dict[str, Any] | None = None  # Site as a dict: the most frequent site
     pinned: bool = False  # every sample at that one collective site
     steady: bool = False  # every sample at that one site, whatever its kind
+    moved: bool | None = None  # seen at two sites or more with Python frames (None: not
+    # recorded, as in a view built by hand: then "sampled and not steady")
     samples: int = 0
     site_share: float | None = None  # of the samples, the share at `site`
     stack: list[str] = field(default_factory=list)  # innermost first
     stack_error: str | None = None  # kind: detail
     gpu: dict[str, Any] | None = None
     env: dict[str, str] = field(default_factory=dict)  # allowlisted only
+    watched: bool = True  # False: its turn for py-spy never came (NOT_WATCHED)
 
     @property
     def where(self) -> Site | None:
@@ -97,6 +112,9 @@ def _judge_samples(view: RankView, samples: stacks.Samples) -> None:
             sites[site] += count
             stack_at.setdefault(site, frames)
     if not sites:
+        # py-spy ran and saw no thread at all: nothing is known of this rank, and a
+        # rank with no sample must never count as one that moved.
+        view.stack_error = "empty: py-spy recorded no sample of this process"
         return
     site, count = sites.most_common(1)[0]
     view.samples = sum(sites.values())
@@ -105,26 +123,46 @@ def _judge_samples(view: RankView, samples: stacks.Samples) -> None:
     # reads can catch a thread between frames: such a sample says nothing).
     known = [s for s in sites if s.kind != "unknown"]
     view.steady = len(known) == 1
+    view.moved = len(known) > 1  # samples with no Python frame say nothing of moving
     view.pinned = view.steady and known[0].kind == "collective"
     view.stack = [f.where for f in stack_at[site][:MAX_FRAMES]]
 
 
-def watch_rank(rank: RankProcess, host: str, window_s: float) -> RankView:
+class _Turns:
+    """Who may start a py-spy now: at most MAX_PY_SPY at once, none after the budget."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.slots = threading.BoundedSemaphore(MAX_PY_SPY)
+
+    def acquire(self) -> bool:
+        left = START_BUDGET_S - (time.monotonic() - self.start)
+        return left > 0 and self.slots.acquire(timeout=left)
+
+
+def watch_rank(rank: RankProcess, host: str, window_s: float,
+               turns: _Turns | None = None) -> RankView:
     """Watch one rank for `window_s`; every failure becomes a field, never a raise."""
     view = RankView(rank.rank, rank.local_rank, rank.world_size, rank.pid, host,
                     env=dict(rank.env))
+    turns = turns or _Turns()
+    if not turns.acquire():
+        return _not_watched(view)
     try:
         proc = psutil.Process(rank.pid)
         view.state_start = _status(proc)
         cpu0, t0 = _cpu_seconds(proc), time.monotonic()
     except psutil.Error:
+        turns.slots.release()
         view.state = view.state_start = "exited"
         return view
     try:
         _judge_samples(view, stacks.record(rank.pid, window_s))
     except StackError as exc:
         view.stack_error = f"{exc.kind}: {exc.detail}"
-        time.sleep(max(0.0, window_s - (time.monotonic() - t0)))
+    finally:
+        turns.slots.release()
+    time.sleep(max(0.0, window_s - (time.monotonic() - t0)))  # the state's window
     view.state = _status(proc)
     try:
         view.cpu_pct = 100.0 * (_cpu_seconds(proc) - cpu0) / max(time.monotonic() - t0, 1e-3)
@@ -133,12 +171,38 @@ def watch_rank(rank: RankProcess, host: str, window_s: float) -> RankView:
     return view
 
 
+def _not_watched(view: RankView) -> RankView:
+    """Its process state only (a stopped or dead rank is still seen)."""
+    try:
+        view.state = view.state_start = _status(psutil.Process(view.pid or 0))
+    except psutil.Error:
+        view.state = view.state_start = "exited"
+    view.watched = False
+    view.stack_error = (f"{NOT_WATCHED}: more rank processes on this node than "
+                        f"{MAX_PY_SPY} py-spy at a time could watch within "
+                        f"{START_BUDGET_S:g} s of the start")
+    return view
+
+
+def _gpu_after(pids: list[int], window_s: float,
+               nvml_timeout_s: float) -> tuple[dict[int, dict[str, Any]], str | None]:
+    """NVML's per-process figures over the window just watched."""
+    time.sleep(window_s)
+    return per_process(pids, nvml_timeout_s, window_s)
+
+
 def watch(ranks: list[RankProcess], host: str, window_s: float = DEFAULT_WINDOW_S,
           nvml_timeout_s: float = 3.0) -> tuple[list[RankView], str | None]:
-    """Every rank at once, NVML beside them: (views in rank order, why no GPU data)."""
-    with ThreadPoolExecutor(max_workers=len(ranks) + 1) as pool:
-        gpu_future = pool.submit(per_process, [r.pid for r in ranks], nvml_timeout_s)
-        views = list(pool.map(lambda r: watch_rank(r, host, window_s), ranks))
+    """Every rank at once, NVML beside them: (views in the order given, why no GPU
+    data). Give the ranks in the order they should be watched when not all can be."""
+    if not ranks:
+        return [], None
+    turns = _Turns()
+    with ThreadPoolExecutor(max_workers=max(1, min(len(ranks), MAX_THREADS))) as pool, \
+            ThreadPoolExecutor(max_workers=1) as nvml_pool:
+        gpu_future = nvml_pool.submit(_gpu_after, [r.pid for r in ranks], window_s,
+                                      nvml_timeout_s)
+        views = list(pool.map(lambda r: watch_rank(r, host, window_s, turns), ranks))
         gpus, gpu_note = gpu_future.result()
     for view in views:
         view.gpu = gpus.get(view.pid or -1)

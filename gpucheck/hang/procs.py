@@ -6,15 +6,23 @@ SLURM_PROCID with the step's task count. Only the variables in ALLOWED are ever 
 out of a target's environment: a job's environment holds tokens and passwords, and a
 report is pasted into tickets.
 
-Ranks of one job share a key (the rendezvous endpoint, or SLURM's job and step), so
-two jobs on one node, or gpucheck's own launcher, are never mixed up.
+Ranks of one job share a key (the rendezvous endpoint, or SLURM's job and step, else
+the launcher that started them) and an owner, so two jobs on one node, or gpucheck's
+own launcher, are never mixed up.
+
+Every process's environment is another user's data: it is read through a bounded
+reader, and every number in it is checked against a bound before it sizes anything
+(a `LOCAL_WORLD_SIZE=1000000000000` must not allocate a list of dead ranks).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psutil
@@ -29,6 +37,43 @@ ALLOWED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
            "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
            "TORCH_FR_DUMP_ON_TIMEOUT")
+# Bounds on what another process's environment may claim. The largest jobs run about
+# 100k ranks; a node runs at most a few hundred (one per core on a CPU job).
+MAX_WORLD_SIZE = 1 << 20
+MAX_LOCAL_WORLD_SIZE = 1024
+# /proc/PID/environ is at most ARG_MAX (a quarter of the stack limit, 2 MiB by
+# default) but a raised stack limit lifts that; launchers' variables come early
+# enough in any environment a job really has.
+MAX_ENVIRON_BYTES = 1 << 20
+MAX_VALUE_CHARS = 4096  # PATH_MAX: a longer value of an allowed variable is dropped
+_NUMBER = re.compile(r"\+?\d{1,9}")
+# Reading /proc/PID/environ takes the target's memory-map lock: a process stuck in
+# the kernel with it held (a page fault into a hung driver or file system) blocks the
+# read. Such a process is noted, never waited for.
+ENVIRON_TIMEOUT_S = 1.0
+# One search waits at most this long in all on such processes; after that each read
+# gets ENVIRON_FLOOR_S (a read that answers takes well under a millisecond). The ranks
+# of a job stuck in a hung driver (inside mmap, the lock held for writing) all block:
+# eight of them cost 8 s one after the other before, past the 10 s goal.
+ENVIRON_BUDGET_S = 2.0
+ENVIRON_FLOOR_S = 0.05
+
+
+class EnvironBlocked(Exception):
+    """/proc/PID/environ gave no answer within its timeout."""
+
+
+class Waits:
+    """The time one search has spent waiting on environments that never answered."""
+
+    def __init__(self) -> None:
+        self.spent_s = 0.0
+
+    def timeout(self) -> float:
+        return ENVIRON_TIMEOUT_S if self.spent_s < ENVIRON_BUDGET_S else ENVIRON_FLOOR_S
+
+
+_WAITS: ContextVar[Waits | None] = ContextVar("gpucheck_hang_environ_waits", default=None)
 
 
 @dataclass(frozen=True)
@@ -40,9 +85,16 @@ class RankProcess:
     world_size: int
     local_rank: int
     local_world_size: int | None
-    job: str  # the key shared by the ranks of one job
+    job: str  # the key shared by the ranks of one job (the same on every node)
     name: str
     env: dict[str, str] = field(default_factory=dict)  # ALLOWED variables only
+    user: str = ""  # the process's owner: two users' ranks are never one job
+    parent: int | None = None  # the launcher (torchrun, slurmstepd) that started it
+
+    @property
+    def group(self) -> str:
+        """The job as gpucheck groups it on this node: its key and its owner."""
+        return f"{self.job} ({self.user})" if self.user else self.job
 
 
 @dataclass
@@ -52,30 +104,46 @@ class Discovery:
     jobs: dict[str, list[RankProcess]] = field(default_factory=dict)
     gone: list[int] = field(default_factory=list)  # PIDs given that no longer exist
     not_ranks: list[int] = field(default_factory=list)  # PIDs given that are no rank
+    why_not: dict[int, str] = field(default_factory=dict)  # of not_ranks, when known
     denied: int = 0  # processes whose environment could not be read
+    blocked: list[int] = field(default_factory=list)  # whose environment never answered
 
 
 def allowed_env(environ: Mapping[str, str]) -> dict[str, str]:
-    return {k: environ[k] for k in ALLOWED if k in environ}
+    return {k: environ[k] for k in ALLOWED
+            if k in environ and len(environ[k]) <= MAX_VALUE_CHARS}
 
 
 def _int(env: Mapping[str, str], *names: str) -> int | None:
+    """The first of `names` that holds a plain count (at most 9 digits), else None."""
     for name in names:
-        try:
-            return int(env[name])
-        except (KeyError, ValueError):
-            continue
+        value = env.get(name, "").strip()
+        if _NUMBER.fullmatch(value):
+            return int(value)
     return None
 
 
-def rank_of(pid: int, name: str, env: Mapping[str, str]) -> RankProcess | None:
-    """The rank a process is, from its (allowlisted) environment; None if it is none."""
+def _endpoint_key(env: Mapping[str, str], parent: int | None) -> str:
+    """The rendezvous a job's ranks share on every node, else SLURM's step, else (a job
+    started without either) the launcher process of this node."""
+    if env.get("MASTER_PORT") or env.get("TORCHELASTIC_RUN_ID"):
+        return (f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"
+                f"/{env.get('TORCHELASTIC_RUN_ID', '')}")
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm:{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '?')}"
+    return f"launcher pid {parent if parent is not None else '?'}"
+
+
+def rank_of(pid: int, name: str, env: Mapping[str, str],
+            parent: int | None = None) -> RankProcess | None:
+    """The rank a process is, from its (allowlisted) environment; None if it is none.
+    Numbers out of bounds make it no rank (RANK, WORLD_SIZE) or leave the node's rank
+    count unknown (LOCAL_WORLD_SIZE): no dead rank is ever made up from them."""
+    env = allowed_env(env)
     if "RANK" in env and "WORLD_SIZE" in env:
         rank, size = _int(env, "RANK"), _int(env, "WORLD_SIZE")
-        job = (f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"
-               f"/{env.get('TORCHELASTIC_RUN_ID', '')}")
-        local = _int(env, "LOCAL_RANK")
-        local_size = _int(env, "LOCAL_WORLD_SIZE")
+        job = _endpoint_key(env, parent)
+        local, local_size = _int(env, "LOCAL_RANK"), _int(env, "LOCAL_WORLD_SIZE")
     elif "SLURM_PROCID" in env and "python" in name.lower():
         rank, size = _int(env, "SLURM_PROCID"), _int(env, "SLURM_STEP_NUM_TASKS",
                                                      "SLURM_NTASKS")
@@ -83,10 +151,12 @@ def rank_of(pid: int, name: str, env: Mapping[str, str]) -> RankProcess | None:
         local, local_size = _int(env, "SLURM_LOCALID"), _slurm_local_size(env, size)
     else:
         return None
-    if rank is None or size is None or not 0 <= rank < size:
+    if rank is None or size is None or not 0 <= rank < size <= MAX_WORLD_SIZE:
         return None
-    return RankProcess(pid, rank, size, local if local is not None else rank, local_size,
-                       job, name, allowed_env(env))
+    local = local if local is not None else rank
+    if local_size is not None and not local < local_size <= min(size, MAX_LOCAL_WORLD_SIZE):
+        local_size = None
+    return RankProcess(pid, rank, size, local, local_size, job, name, env, parent=parent)
 
 
 def _slurm_local_size(env: Mapping[str, str], size: int | None) -> int | None:
@@ -101,33 +171,108 @@ def _slurm_local_size(env: Mapping[str, str], size: int | None) -> int | None:
         return None
     try:
         return slurm.local_world_size(env, _int(env, "SLURM_NODEID") or 0, size)
-    except UsageError:
+    except (UsageError, ValueError):
         return None
+
+
+def read_environ(pid: int) -> dict[str, str]:
+    """The allowlisted variables of a process, from at most MAX_ENVIRON_BYTES of
+    /proc/PID/environ; raises psutil's errors (AccessDenied, NoSuchProcess)."""
+    try:
+        raw = _read_in_time(f"/proc/{pid}/environ")
+    except PermissionError:
+        raise psutil.AccessDenied(pid) from None
+    except (FileNotFoundError, ProcessLookupError):
+        raise psutil.NoSuchProcess(pid) from None
+    env: dict[str, str] = {}
+    wanted = {name.encode() for name in ALLOWED}
+    for entry in raw.split(b"\0"):
+        key, sep, value = entry.partition(b"=")
+        if sep and key in wanted:
+            env[key.decode()] = value.decode("utf-8", errors="replace")
+    return allowed_env(env)
+
+
+def _read_in_time(path: str) -> bytes:
+    """At most MAX_ENVIRON_BYTES of `path`, read by a daemon thread that is left behind
+    when it does not answer in time (its read is killable: it ends with gpucheck); in
+    a search (`discover`), the time is its share of ENVIRON_BUDGET_S."""
+    result: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            with open(path, "rb") as handle:
+                result["raw"] = handle.read(MAX_ENVIRON_BYTES)
+        except OSError as exc:
+            result["error"] = exc
+
+    reader = threading.Thread(target=read, name="gpucheck-environ", daemon=True)
+    reader.start()
+    waits = _WAITS.get()
+    timeout = waits.timeout() if waits is not None else ENVIRON_TIMEOUT_S
+    reader.join(timeout)
+    if reader.is_alive():
+        if waits is not None:
+            waits.spent_s += timeout
+        raise EnvironBlocked(path)
+    if "error" in result:
+        raise result["error"]
+    return bytes(result.get("raw", b""))
+
+
+def _owner(proc: psutil.Process) -> str:
+    try:
+        return proc.username()
+    except (KeyError, psutil.AccessDenied):  # a uid with no name: the number
+        return str(proc.uids().real)
 
 
 def _read(proc: psutil.Process) -> RankProcess | None:
     """The rank `proc` is; raises psutil errors (gone, denied) to the caller."""
-    return rank_of(proc.pid, proc.name(), proc.environ())
+    env = read_environ(proc.pid)
+    if not env and proc.status() == psutil.STATUS_ZOMBIE:  # its environment went with it
+        raise psutil.ZombieProcess(proc.pid)
+    rank = rank_of(proc.pid, proc.name(), env, proc.ppid())
+    if rank is None:
+        return None
+    return replace(rank, user=_owner(proc))
 
 
 def _own_job() -> str | None:
     """gpucheck's own job (under srun or torchrun), never a target."""
-    mine = rank_of(os.getpid(), "python", os.environ)
+    mine = rank_of(os.getpid(), "python", os.environ, os.getppid())
     return mine.job if mine is not None else None
+
+
+def _ancestors() -> set[int]:
+    """gpucheck itself and the processes above it (its shell, PID 1): never targets,
+    and never launchers standing for every rank below them."""
+    return {os.getpid(), *(p.pid for p in psutil.Process().parents())}
 
 
 def discover(pids: Iterable[int] | None = None) -> Discovery:
     """Every rank process on this node (pids None), or those PIDs (a launcher such as
-    torchrun stands for its workers: the ranks among its descendants)."""
+    torchrun stands for its workers: the ranks among its descendants); waits on
+    environments that never answer bounded together (ENVIRON_BUDGET_S)."""
+    token = _WAITS.set(Waits())
+    try:
+        return _discover(pids)
+    finally:
+        _WAITS.reset(token)
+
+
+def _discover(pids: Iterable[int] | None) -> Discovery:
     found = Discovery()
     candidates = list(psutil.process_iter()) if pids is None else _expand(list(pids), found)
-    skip = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
-    own = _own_job()
+    skip, own = _ancestors(), _own_job()
     for proc in candidates:
         if proc.pid in skip:
             continue
         try:
             rank = _read(proc)
+        except EnvironBlocked:
+            found.blocked.append(proc.pid)
+            continue
         except psutil.AccessDenied:
             found.denied += 1
             continue
@@ -139,20 +284,51 @@ def discover(pids: Iterable[int] | None = None) -> Discovery:
             if pids is not None and rank is None:
                 found.not_ranks.append(proc.pid)
             continue
-        found.jobs.setdefault(rank.job, []).append(rank)
-    for ranks in found.jobs.values():
-        ranks.sort(key=lambda r: r.rank)
+        found.jobs.setdefault(rank.group, []).append(rank)
+    found.jobs = split_duplicates(found.jobs)
     return found
 
 
+def split_duplicates(jobs: dict[str, list[RankProcess]]) -> dict[str, list[RankProcess]]:
+    """A job in which two processes claim one rank is two jobs behind one key (the same
+    port reused, a made-up environment): their launchers tell them apart, else each
+    such process stands alone."""
+    result: dict[str, list[RankProcess]] = {}
+    for key, ranks in jobs.items():
+        if _unique(ranks):
+            result[key] = ranks
+            continue
+        by_parent: dict[str, list[RankProcess]] = {}
+        for rank in ranks:
+            by_parent.setdefault(f"{key} launcher pid {rank.parent}", []).append(rank)
+        for sub_key, sub in by_parent.items():
+            if _unique(sub):
+                result[sub_key] = sub
+            else:
+                result.update({f"{key} process {r.pid}": [r] for r in sub})
+    for ranks in result.values():
+        ranks.sort(key=lambda r: r.rank)
+    return result
+
+
+def _unique(ranks: list[RankProcess]) -> bool:
+    return len({r.rank for r in ranks}) == len(ranks)
+
+
 def _expand(pids: list[int], found: Discovery) -> list[psutil.Process]:
-    """The given processes; one that is not a rank but has rank descendants (torchrun,
-    srun's step daemon) is replaced by them."""
+    """The given processes; one that is not a rank but has the ranks of one job below
+    it (torchrun, srun's step daemon) is replaced by them. gpucheck's own ancestors
+    (the shell, PID 1) are no launcher of any job: PIDs that are no rank."""
     result: list[psutil.Process] = []
+    ancestors = _ancestors()
     for pid in pids:
         try:
             proc = psutil.Process(pid)
-            rank = _read(proc)
+            outside = pid == 1 or pid in ancestors
+            rank = None if outside else _read(proc)
+        except EnvironBlocked:
+            found.blocked.append(pid)
+            continue
         except psutil.AccessDenied:
             found.denied += 1
             continue
@@ -161,13 +337,32 @@ def _expand(pids: list[int], found: Discovery) -> list[psutil.Process]:
             continue
         if rank is not None:
             result.append(proc)
-            continue
-        workers = _rank_descendants(proc)
-        result.extend(workers if workers else [proc])
+        elif outside:
+            _not_a_rank(found, pid, "it is init or gpucheck's own parent, such as your "
+                        "shell, above every job")
+        else:
+            result.extend(_launched(proc, found))
     return result
 
 
-def _rank_descendants(proc: psutil.Process) -> list[psutil.Process]:
+def _launched(proc: psutil.Process, found: Discovery) -> list[psutil.Process]:
+    """The rank processes below a launcher: those of one job, else none (a PID above
+    several jobs, such as a login shell, does not say which job to look at)."""
+    workers = _rank_descendants(proc)
+    groups = {rank.group for _, rank in workers}
+    if len(groups) > 1:
+        _not_a_rank(found, proc.pid, f"the ranks below it belong to {len(groups)} jobs: "
+                    "give the launcher of one job (torchrun) or the ranks' PIDs")
+        return []
+    return [p for p, _ in workers] or [proc]
+
+
+def _not_a_rank(found: Discovery, pid: int, why: str) -> None:
+    found.not_ranks.append(pid)
+    found.why_not[pid] = why
+
+
+def _rank_descendants(proc: psutil.Process) -> list[tuple[psutil.Process, RankProcess]]:
     try:
         children = proc.children(recursive=True)
     except psutil.Error:
@@ -175,10 +370,11 @@ def _rank_descendants(proc: psutil.Process) -> list[psutil.Process]:
     ranks = []
     for child in children:
         try:
-            if _read(child) is not None:
-                ranks.append(child)
-        except psutil.Error:
+            rank = _read(child)
+        except (psutil.Error, EnvironBlocked):
             continue
+        if rank is not None:
+            ranks.append((child, rank))
     return ranks
 
 

@@ -14,6 +14,7 @@ same stacks, sampled over a window, in one py-spy process per rank.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,12 @@ from pathlib import Path
 
 DUMP_TIMEOUT_S = 5.0
 RECORD_RATE_HZ = 50
+# py-spy writes its raw file after the window; a few seconds more is a py-spy that is
+# stuck (a target it cannot read), never a slow one.
+RECORD_GRACE_S = 3.0
+# The raw file holds one line per distinct stack: a few KB for a rank. A target's own
+# stacks (deep recursion, huge file names) must not fill gpucheck's memory.
+MAX_RAW_BYTES = 8 << 20
 PTRACE_CAPABILITY = ("the capability to read other processes' memory: run as the job's "
                      "user or root with CAP_SYS_PTRACE (docker run --cap-add SYS_PTRACE; "
                      "Kubernetes securityContext.capabilities.add: [SYS_PTRACE]) and "
@@ -106,27 +113,41 @@ def record(pid: int, duration_s: float, rate_hz: int = RECORD_RATE_HZ) -> Sample
         out = os.path.join(tmp, "raw.txt")
         _run(["record", "--nonblocking", "--idle", "--threads", "--full-filenames",
               "--format", "raw", "--rate", str(rate_hz), "--duration", str(seconds),
-              "--output", out, "--pid", str(pid)], seconds + DUMP_TIMEOUT_S + 5)
-        text = Path(out).read_text() if os.path.exists(out) else ""
+              "--output", out, "--pid", str(pid)], seconds + RECORD_GRACE_S)
+        text = _read_bounded(out)
     return parse_raw(text)
 
 
+def _read_bounded(path: str) -> str:
+    if not os.path.exists(path):
+        return ""
+    with open(path, "rb") as handle:
+        data = handle.read(MAX_RAW_BYTES)
+    # A cut file loses its last, partial line only (parse_raw skips it).
+    return data.decode("utf-8", errors="replace")
+
+
 def parse_raw(text: str) -> Samples:
-    """py-spy's raw (collapsed) format with --threads:
-    `thread (TID): NAME;outer (file:line);...;inner (file:line) COUNT`."""
+    """py-spy's raw (collapsed) format with --threads, one line per distinct stack:
+    `thread (TID): NAME;outer (file:line);...;inner (file:line) COUNT`. A thread with no
+    name (started without the threading module, `python -c`, py-spy 0.4) has no
+    `: NAME` part: `thread (TID);<module> (<string>:1) 49`."""
     stacks: Samples = Counter()
     for line in text.splitlines():
-        body, _, count = line.rpartition(" ")
-        head, sep, rest = body.partition("): ")
-        if not sep or not count.isdigit() or not head.startswith("thread ("):
+        match = _RAW_LINE.fullmatch(line.rstrip())
+        if match is None:
             continue
-        try:
-            tid = int(head[len("thread ("):], 0)
-        except ValueError:
-            continue
-        frames = [_raw_frame(part) for part in rest.split(";")[1:]]
-        stacks[(tid, tuple(f for f in reversed(frames) if f is not None))] += int(count)
+        tid = int(match["tid"], 0)
+        frames = [_raw_frame(part) for part in (match["frames"] or "").split(";")]
+        stacks[(tid, tuple(f for f in reversed(frames) if f is not None))] += int(
+            match["count"])
     return stacks
+
+
+# The thread's name is the target's own text: it may hold anything but a newline
+# (`;` in it would only add a frame that does not parse, and is dropped).
+_RAW_LINE = re.compile(r"thread \((?P<tid>0x[0-9a-fA-F]{1,16}|\d{1,19})\)(?:: [^;]*)?"
+                       r"(?:;(?P<frames>.*))? (?P<count>\d{1,9})")
 
 
 def _raw_frame(part: str) -> Frame | None:

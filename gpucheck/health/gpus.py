@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpucheck.probes.clock_window import second_look
 from gpucheck.probes.gpu_judge import gpu_findings
 from gpucheck.probes.gpu_read import nvidia_pci_devices, read_driver, read_gpu
 from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
@@ -46,6 +47,9 @@ def read_gpus(progress: GpuProgress, nvml: Nvml, sysfs: Path) -> GpuProgress:
         progress.reading = index
         progress.records.append(read_gpu(nvml, index, sysfs))
     progress.reading = None
+    # A slowdown in one sample: watched a moment to see whether it is held (a GPU at
+    # work touches its limits; only a held slowdown is judged).
+    progress.records[:] = second_look(nvml, progress.records)
     progress.done = True
     nvml.shutdown()
     return progress

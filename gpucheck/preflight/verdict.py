@@ -170,10 +170,15 @@ def sdc_wrong_ranks(stress: Mapping[str, Any]) -> dict[int, str]:
         return {}
     records = list(sdc["records"])
     deviations = sdc.get("reference_deviations") or [None] * len(records)
+    nodes = {int(r["rank"]): int(r["node_rank"]) for r in stress.get("ranks") or []
+             if "node_rank" in r}
     verdict = judge({int(r["rank"]): r["digest"] for r in records},
                     {int(r["rank"]): d for r, d in zip(records, deviations, strict=True)},
-                    sdc["tolerance"], {int(r["rank"]): r["group"] for r in records})
-    wrong = dict(verdict.wrong)
+                    sdc["tolerance"], {int(r["rank"]): r["group"] for r in records},
+                    nodes, splits=True)
+    # Every rank wrong alike is the software (torch, cuBLAS, the driver), as stress
+    # says: the job stops on its FAIL, but no node is condemned for it.
+    wrong = {} if len(verdict.wrong) == len(records) > 1 else dict(verdict.wrong)
     for r in records:
         if r["bad_iters"]:
             wrong.setdefault(int(r["rank"]), f"its product changed in {r['bad_iters']} of "
@@ -235,18 +240,22 @@ def links_section(internode: Mapping[str, Any], result: Mapping[str, Any],
 
 def confirmed_slow_nodes(internode: Mapping[str, Any], fraction: float) -> list[int]:
     """Node indices every one of whose slow pairs was slow again beside a known-good
-    pair (gpucheck.comm.confirm: elimination, then confirm before condemning)."""
-    from gpucheck.comm.confirm import directed, find_suspects, second_look
+    pair, at the fabric's cut (gpucheck.comm.node_links: elimination, then
+    gpucheck.comm.confirm's second look before condemning), as comm judges them."""
+    from gpucheck.comm.confirm import directed, second_look
     from gpucheck.comm.internode_verdicts import node_pair_rows, node_samples
+    from gpucheck.comm.node_links import find_node_suspects
 
-    suspects = find_suspects(node_samples(node_pair_rows(internode["links"])), fraction)
+    suspects = find_node_suspects(node_samples(node_pair_rows(internode["links"])),
+                                  fraction)
     if suspects.empty or not internode.get("again"):
         return []
     again = node_samples(node_pair_rows(internode["again"]))
     looks = second_look(suspects, again, suspects.reference_gbps)
     found = []
     for member, way in sorted(suspects.members.items()):
-        mine = [look.confirmed(fraction) for look in looks if directed(look.pair, member, way)]
+        mine = [look.confirmed(suspects.cut) for look in looks
+                if directed(look.pair, member, way)]
         if mine and all(mine):
             found.append(member)
     return found

@@ -10,20 +10,32 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpucheck.numa import SYSFS, cpulist, read_local_cpus, read_numa_node
 from gpucheck.probes.fabric import read_fabric
 from gpucheck.probes.gpu_record import CLOCK_REASONS, DriverInfo, GpuRecord
 from gpucheck.probes.nvml import Nvml, NvmlFailure
 
+K = TypeVar("K")  # read_fields' names for the fields it reads
 NVIDIA_PCI_VENDOR = "0x10de"
 PCI_DISPLAY_CLASSES = ("0x0300", "0x0302")
 # NVML_GPU_RECOVERY_ACTION_* (pynvml; nvmlDeviceGpuRecoveryAction_t) -> our words.
 RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
                     4: "drain_and_reset", 5: "recover_imex_domain", 6: "bus_reset",
                     7: "system_reboot"}
+# nvmlDeviceGetFieldValues' scopeId for a value summed over all NVLinks (NVLink5, as DCGM
+# reads them: "NVLink5+ requires scopeId = UINT_MAX", DcgmCacheManager.cpp).
+ALL_LINKS = 0xFFFFFFFF
+# Bank remapper (nvmlEccBankRemapperStatus_v1_t as field values): active and inactive
+# remappings, and whether one is pending (it takes effect at the next reset).
+BANK_FIELDS: dict[str, tuple[str, int]] = {
+    "bank_remaps_active": ("NVML_FI_DEV_ACTIVE_BANK_REMAPPINGS", 0),
+    "bank_remaps_inactive": ("NVML_FI_DEV_INACTIVE_BANK_REMAPPINGS", 0),
+    "bank_remap_pending": ("NVML_FI_DEV_PENDING_BANK_REMAPPING", 0),
+}
 # nvmlValueType_t -> the member of c_nvmlValue_t that holds a field value.
 _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
                   6: "usVal"}
@@ -92,13 +104,29 @@ def _clock_reasons(nvml: Nvml, handle: Any) -> list[str] | None:
     return [name for bit, name in CLOCK_REASONS.items() if int(mask) & bit]
 
 
+def _process_list(nvml: Nvml, fn: str, handle: Any) -> list[Any] | None:
+    """One process list; None when n/a. InsufficientSize means processes started
+    between pynvml's sizing call and its read (the list changes while it is read,
+    NVML API reference): asked once more, then n/a, never a failed GPU."""
+    for _ in range(2):
+        try:
+            return nvml.get(fn, handle)
+        except NvmlFailure as exc:
+            if exc.kind != "NVMLError_InsufficientSize":
+                raise
+    return None
+
+
 def _processes(nvml: Nvml, handle: Any) -> list[dict[str, Any]] | None:
-    """Compute and graphics processes (`nvidia-smi --query-compute-apps=pid,used_memory`)."""
+    """Compute and graphics processes (`nvidia-smi --query-compute-apps=pid,used_memory`);
+    None (n/a) when the compute list is: an empty graphics list says nothing of CUDA."""
     seen: dict[int, dict[str, Any]] = {}
     answered = False
     for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-        procs = nvml.get(fn, handle)
+        procs = _process_list(nvml, fn, handle)
         if procs is None:
+            if fn == "nvmlDeviceGetComputeRunningProcesses":
+                return None
             continue
         answered = True
         for proc in procs:
@@ -132,13 +160,19 @@ def _ecc(nvml: Nvml, handle: Any) -> dict[str, Any]:
 
 
 def _retirement(nvml: Nvml, handle: Any) -> dict[str, Any]:
-    """Retired pages (pre-Ampere) and remapped rows (Ampere+), `nvidia-smi -q -d ROW_REMAPPER`."""
+    """Retired pages (pre-Ampere), remapped rows (Ampere+), `nvidia-smi -q -d ROW_REMAPPER`,
+    and the bank remapper beside them (field values 303/304/307; n/a where the GPU or
+    driver lacks it)."""
     pending_pages = nvml.get("nvmlDeviceGetRetiredPagesPendingStatus", handle)
     rows = nvml.get("nvmlDeviceGetRemappedRows", handle)
+    banks = read_fields(nvml, handle, BANK_FIELDS)
+    pending_bank = banks.pop("bank_remap_pending")
     return {
         "retired_pages_pending": None if pending_pages is None else bool(pending_pages),
         "remapped_rows_pending": None if rows is None else bool(rows[2]),
         "remapped_rows_failed": None if rows is None else bool(rows[3]),
+        **{k: None if v is None else int(v) for k, v in banks.items()},
+        "bank_remap_pending": None if pending_bank is None else bool(pending_bank),
     }
 
 
@@ -175,28 +209,52 @@ def _mig(nvml: Nvml, handle: Any) -> dict[str, Any]:
             "mig_mode_pending": None if pending is None else bool(pending)}
 
 
+def _member(value: Any) -> float | int | None:
+    """One c_nvmlFieldValue_t's value, None when NVML answered the field's own error."""
+    if int(value.nvmlReturn) != 0:  # NVML_SUCCESS
+        return None
+    member = _VALUE_MEMBERS.get(int(value.valueType))
+    return None if member is None else getattr(value.value, member)
+
+
+def read_fields(nvml: Nvml, handle: Any,
+                wanted: Mapping[K, tuple[str, int]]) -> dict[K, float | int | None]:
+    """Several `nvmlDeviceGetFieldValues` fields in one call: name -> (pynvml constant,
+    scopeId: 0, a link, or ALL_LINKS). None per field where pynvml lacks the constant
+    or NVML answers the field's own error (NotSupported: this GPU or driver lacks it)."""
+    m = nvml.module
+    ids = {n: getattr(m, c) for n, (c, _) in wanted.items() if getattr(m, c, None) is not None}
+    out: dict[K, float | int | None] = dict.fromkeys(wanted)
+    if not ids:
+        return out
+    values = nvml.get("nvmlDeviceGetFieldValues", handle,
+                      [(field_id, wanted[n][1]) for n, field_id in ids.items()])
+    for name, value in zip(ids, values or (), strict=False):
+        out[name] = _member(value)
+    return out
+
+
 def field_value(nvml: Nvml, handle: Any, constant: str) -> float | int | None:
     """One `nvmlDeviceGetFieldValues` field, named by its pynvml constant; None when
     pynvml lacks the constant or NVML answers the field's own error (a driver that
     does not know the field id answers NVML_ERROR_NOT_SUPPORTED for it)."""
-    field_id = getattr(nvml.module, constant, None)
-    if field_id is None:
-        return None
-    values = nvml.get("nvmlDeviceGetFieldValues", handle, [field_id])
-    if not values or int(values[0].nvmlReturn) != getattr(nvml.module, "NVML_SUCCESS", 0):
-        return None
-    member = _VALUE_MEMBERS.get(int(values[0].valueType))
-    return None if member is None else getattr(values[0].value, member)
+    return read_fields(nvml, handle, {"value": (constant, 0)})["value"]
 
 
-def read_recovery_action(nvml: Nvml, handle: Any) -> str | None:
+def read_recovery_action(nvml: Nvml, handle: Any) -> tuple[str | None, str | None]:
     """The action NVML asks for to recover this GPU (`nvidia-smi -q` "Recovery Action";
-    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, drivers R565+; XID 154 announces a change);
-    None where the driver or GPU does not report it."""
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, drivers R565+; XID 154 announces a change),
+    and, when it is n/a, which side is too old: "nvidia-ml-py" (the installed package
+    lacks the constant or the call: gpucheck cannot even ask) or "driver" (it asked,
+    and the driver answered NotSupported for the field or lacks the call)."""
+    m = nvml.module
+    if getattr(m, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None) is None \
+            or getattr(m, "nvmlDeviceGetFieldValues", None) is None:
+        return None, "nvidia-ml-py"
     value = field_value(nvml, handle, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")
     if value is None:
-        return None
-    return RECOVERY_ACTIONS.get(int(value), f"unknown ({int(value)})")
+        return None, "driver"
+    return RECOVERY_ACTIONS.get(int(value), f"unknown ({int(value)})"), None
 
 
 def _state(nvml: Nvml, handle: Any) -> dict[str, Any]:
@@ -258,7 +316,8 @@ def read_gpu(nvml: Nvml, index: int, sysfs: Path = SYSFS) -> GpuRecord:
                       processes=procs or [])
         fields["nvlink_active_links"] = _nvlink_active(nvml, handle)
         fields.update(read_fabric(nvml, handle))
-        fields["recovery_action"] = read_recovery_action(nvml, handle)
+        fields["recovery_action"], fields["recovery_action_na"] = read_recovery_action(
+            nvml, handle)
         fields.update(_numa(nvml, handle, fields.get("pci_bus_id"), sysfs))
     except NvmlFailure as exc:
         fields.update(error=str(exc), error_kind=exc.kind, error_hint=exc.hint)

@@ -68,13 +68,22 @@ class GpuRecord:
     retired_pages_pending: bool | None = None
     remapped_rows_pending: bool | None = None
     remapped_rows_failed: bool | None = None
+    bank_remaps_active: int | None = None  # NVML_FI_DEV_ACTIVE_BANK_REMAPPINGS
+    bank_remaps_inactive: int | None = None  # NVML_FI_DEV_INACTIVE_BANK_REMAPPINGS
+    bank_remap_pending: bool | None = None  # NVML_FI_DEV_PENDING_BANK_REMAPPING
     clock_event_reasons: list[str] | None = None
+    # The second look (clock_window.second_look) when the sample showed a thermal or
+    # power-brake slowdown: window_s, samples, fractions, counter_share, held.
+    clock_window: dict[str, Any] | None = None
     nvlink_active_links: int | None = None
     fabric_state: str | None = None  # FABRIC_STATES; None: no fabric API (n/a)
     fabric_status: str | None = None  # "success" or the NVML_ERROR_* name, once completed
     fabric_health_mask: int | None = None  # healthMask (fabric.decode_health); None: n/a
     fabric_health_summary: str | None = None  # fabric.HEALTH_SUMMARIES; None: n/a (v2 struct)
     recovery_action: str | None = None  # gpu_read.RECOVERY_ACTIONS; None: n/a (pre-R565)
+    # Why the recovery action is n/a: "nvidia-ml-py" (the package is too old to ask) or
+    # "driver" (the driver does not report it); None when it was read.
+    recovery_action_na: str | None = None
     numa_node: int | None = None  # sysfs; None where it reads -1 (VMs, single socket)
     cpu_affinity: str | None = None  # CPUs near the GPU, "0-27,56-83" (nvidia-smi topo -m)
     processes: list[dict[str, Any]] = field(default_factory=list)
@@ -89,8 +98,13 @@ class GpuRecord:
 
     def row(self) -> dict[str, Any]:
         row = asdict(self)
-        for key in ("processes", "error_kind", "error_hint", "fabric_health_mask"):
+        for key in ("processes", "error_kind", "error_hint", "fabric_health_mask",
+                    "clock_window"):
             row.pop(key)
+        look = self.clock_window
+        row["clock_held"] = ", ".join(look["held"]) or None if look else None
+        row["clock_look"] = (f"{look['samples']} samples over {look['window_s']} s"
+                             if look else None)
         health = decode_health(self.fabric_health_mask)
         row["fabric_health"] = ", ".join(f"{k}={v}" for k, v in health.items()) or None
         return row

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.numa import SYSFS, cpulist, node_cpus, numa_nodes
+from gpucheck.probes.clock_window import second_look
 from gpucheck.probes.compat import (
     arch_coverage,
     cuda_compat_finding,
@@ -98,6 +99,7 @@ def probe_nvml(nvml: Nvml | None = None, sysfs: Path = SYSFS) -> NvmlResult:
     gpus: list[GpuRecord] = []
     if info.present:
         gpus = [read_gpu(nvml, i, sysfs) for i in range(info.gpu_count or 0)]
+        gpus = second_look(nvml, gpus)  # a slowdown in one sample: is it held?
         nodes = {n: cpulist(node_cpus(n, sysfs)) for n in numa_nodes(sysfs)}
         sections.append(gpus_section(nvml, gpus, nodes))
     else:

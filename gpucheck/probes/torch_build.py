@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucheck.devices import cuda_device_count
+from gpucheck.probes.loaded import LoadedLibrary, loaded_nccl
 from gpucheck.probes.visible import parse_visible_devices
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
@@ -58,6 +59,13 @@ def _nccl_version(torch: Any) -> str | None:
     if isinstance(version, tuple):
         return ".".join(str(v) for v in version)
     return None if version is None else str(version)
+
+
+def _nccl_loaded(loaded: LoadedLibrary) -> dict[str, Any]:
+    """The NCCL the loader mapped (path, `ncclGetVersion`), which a newer wheel, a site
+    NCCL in LD_LIBRARY_PATH or LD_PRELOAD makes differ from the build's `nccl_version`."""
+    return {"nccl_loaded_version": loaded.version, "nccl_loaded_path": loaded.path,
+            "nccl_loaded_note": loaded.why}
 
 
 def _backends(torch: Any) -> list[str]:
@@ -113,7 +121,8 @@ def torch_data(torch: Any, info: TorchInfo) -> dict[str, Any]:
         "cuda_build_version": info.cuda,
         "hip_version": info.hip,
         **_cudnn(torch),
-        "nccl_version": _nccl_version(torch),
+        "nccl_version": _nccl_version(torch),  # the headers torch was built against
+        **_nccl_loaded(loaded_nccl()),
         "distributed_backends": _backends(torch),
         "cuda_arch_list": list(info.arch_list),
         "cuda_available": info.cuda_available,
@@ -133,7 +142,21 @@ def build_findings(info: TorchInfo, data: dict[str, Any]) -> list[Finding]:
     if info.cuda is not None and "nccl" not in data["distributed_backends"]:
         findings.append(warn("torch.nccl", "this CUDA torch has no NCCL backend",
                              "install a torch build with NCCL for multi-GPU training"))
+    findings.append(nccl_loaded_finding(data))
     return findings
+
+
+def nccl_loaded_finding(data: dict[str, Any]) -> Finding:
+    """The NCCL this process loaded beside the one torch was built against. A loaded
+    NCCL newer than the build is normal (NCCL keeps its ABI within a major version), so
+    a difference is said, not judged; across nodes the loaded one is compared."""
+    loaded, path, build = (data.get("nccl_loaded_version"), data.get("nccl_loaded_path"),
+                           data.get("nccl_version"))
+    if loaded is None:
+        return skip("torch.nccl_loaded", data.get("nccl_loaded_note") or "no NCCL loaded")
+    differs = f", not the {build} torch was built against" if build and build != loaded \
+        else ", as torch was built against" if build else ""
+    return ok("torch.nccl_loaded", f"NCCL {loaded} loaded from {path}{differs}")
 
 
 def probe_torch() -> tuple[Section, TorchInfo]:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpucheck.units import fmt_bytes
+
+__all__ = ["fmt_bytes", "fmt_field", "fmt_value", "is_table", "table_columns"]
+
 
 def fmt_value(value: Any) -> str:
     """A short human form: None is n/a, floats keep about four significant digits."""
@@ -20,21 +24,11 @@ def fmt_value(value: Any) -> str:
     return str(value)
 
 
-_BYTE_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
-
-
 def fmt_field(key: str, value: Any) -> str:
     """Like fmt_value, but byte counts (keys ending in `_bytes`) read as KiB/MiB/GiB/TiB."""
     if key.endswith("_bytes") and isinstance(value, int) and not isinstance(value, bool):
         return fmt_bytes(value)
     return fmt_value(value)
-
-
-def fmt_bytes(count: int) -> str:
-    for unit, size in _BYTE_UNITS:
-        if abs(count) >= size:
-            return f"{count / size:.1f} {unit}"
-    return f"{count} B"
 
 
 def is_table(value: Any) -> bool:
@@ -49,3 +43,10 @@ def table_columns(rows: list[dict[str, Any]]) -> list[str]:
         for key in row:
             columns.setdefault(key, None)
     return list(columns)
+
+
+def is_verbatim(key: str, value: Any) -> bool:
+    """Command output kept as written (env's `collect_env_output`): a multi-line string
+    under a key ending in `_output`. Markdown and HTML show it as a code block; text
+    says where to read it."""
+    return str(key).endswith("_output") and isinstance(value, str) and "\n" in value

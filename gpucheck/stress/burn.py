@@ -12,12 +12,21 @@ The first result is also summarised for the cross-rank comparison: per row, the 
 of its elements' bit patterns and the sum weighted by column (int64, exact), whose
 hash is the rank's digest; rows where ranks differ are located from them without
 moving the matrix.
+
+Against the fp64 CPU reference (what names a GPU that is wrong the same way every
+time, even alone), a product larger than FULL_REFERENCE_MAX is checked on one row
+drawn per run from every band of TILE_ROWS rows, so every output tile (and the SM
+that computed it) has a row checked, each element within its own bound
+(`gpucheck.stress.sdc.OUTPUT_ROUNDING` / `ACCUMULATION`), plus rows where ranks
+disagree. A different draw each run reaches other rows over time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import random
+import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpucheck.stress.gemm import matmul_precision, seeded_pair
 from gpucheck.stress.hooks import Hook
-from gpucheck.stress.sdc import TOLERANCE
+from gpucheck.stress.sdc import ACCUMULATION, OUTPUT_ROUNDING, TOLERANCE
 from gpucheck.stress.timing import Marks, percentile, synchronize
 
 if TYPE_CHECKING:
@@ -35,7 +44,11 @@ SDC_SEED = 20260
 CHUNK_S = 0.5  # a synchronisation (and a look at the clock) this often
 MIN_REPEATS = 10  # however short the duration: fewer repetitions prove nothing
 FULL_REFERENCE_MAX = 1024  # up to this n, the CPU reference covers the whole product
-REFERENCE_ROWS = 16  # otherwise these first rows ...
+# Otherwise one row drawn from every band of TILE_ROWS rows: cuBLAS's GEMM tiles are
+# 64 to 256 rows high (CUTLASS/cuBLAS threadblock tiles; Hopper's 64xN kernels the
+# lowest), so a band no higher than the lowest tile gives each tile at least one row
+# checked, on every column (bands of 128 left half of the 64-row tiles unchecked) ...
+TILE_ROWS = 64
 EXTRA_ROWS = 8  # ... plus up to this many rows where the ranks disagree
 
 
@@ -175,22 +188,46 @@ def _record(rank: int, dtype: str, n: int, mode: str, times: list[float],
                       digest=digest, group=group)
 
 
-def rows_to_check(n: int, checks: list[torch.Tensor]) -> list[int]:
-    """The rows the CPU reference covers: all of a small product; else the first
-    REFERENCE_ROWS plus up to EXTRA_ROWS where the ranks' row checks disagree."""
+def draw_seed() -> int:
+    """This run's draw of reference rows (rank 0's is used by every rank)."""
+    return secrets.randbits(32)
+
+
+def rows_to_check(n: int, checks: list[torch.Tensor], seed: int = 0) -> list[int]:
+    """The rows the CPU reference covers: all of a small product; else one row drawn
+    (with `seed`) from each band of TILE_ROWS rows, plus up to EXTRA_ROWS where the
+    ranks' row checks disagree."""
     import torch
 
     if n <= FULL_REFERENCE_MAX:
         return list(range(n))
+    draw = random.Random(seed)
+    drawn = [draw.randrange(start, min(start + TILE_ROWS, n)) for start in range(0, n, TILE_ROWS)]
     stacked = torch.stack(checks)
     differ = (stacked != stacked[0]).any(dim=2).any(dim=0)
-    extra = [int(r) for r in torch.nonzero(differ).flatten().tolist() if r >= REFERENCE_ROWS]
-    return list(range(REFERENCE_ROWS)) + extra[:EXTRA_ROWS]
+    extra = [int(r) for r in torch.nonzero(differ).flatten().tolist() if r not in drawn]
+    return sorted(drawn + extra[:EXTRA_ROWS])
+
+
+def coverage(n: int, rows: list[int]) -> str:
+    """How much of the product the reference checked, for the OK and the data."""
+    if len(rows) >= n:
+        return f"all {n} rows ({n * n} elements)"
+    return (f"{len(rows)} of {n} rows ({100 * len(rows) / n:.2g}% of the {n * n} "
+            f"elements; one drawn per {TILE_ROWS}-row band, so every output tile)")
 
 
 def reference_rows(n: int, dtype: str, rows: list[int]) -> torch.Tensor:
     """The product's `rows` in fp64 on the CPU, from the same seeded inputs rounded to
     the dtype (TF32's input rounding is left to the tolerance)."""
+    return reference_and_bounds(n, dtype, rows)[0]
+
+
+def reference_and_bounds(n: int, dtype: str, rows: list[int],
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the product's `rows` in fp64 on the CPU, each element's allowed error): the
+    same seeded inputs rounded to the dtype; the bound is OUTPUT_ROUNDING x |r| +
+    ACCUMULATION x (|A| |B|) (gpucheck.stress.sdc)."""
     import torch
 
     from gpucheck.stress.gemm import torch_dtype
@@ -198,4 +235,9 @@ def reference_rows(n: int, dtype: str, rows: list[int]) -> torch.Tensor:
     a, b = seeded_pair(n, SDC_SEED, "cpu", "fp32", on_cpu=True)
     kind = torch_dtype(dtype)
     index = torch.tensor(rows, dtype=torch.long)
-    return a[index].to(kind).double() @ b.to(kind).double()
+    left, right = a[index].to(kind).double(), b.to(kind).double()
+    del a, b
+    reference = left @ right
+    magnitude = left.abs_() @ right.abs_()
+    bound = OUTPUT_ROUNDING[dtype] * reference.abs() + ACCUMULATION[dtype] * magnitude
+    return reference, bound.clamp_(min=1e-300)

@@ -11,17 +11,25 @@ the other ranks wait on the host, off their GPUs (`gpucheck.stress.parking`); wh
 it sees only its own GPU (CUDA_VISIBLE_DEVICES, srun --gpus-per-task) the matrix is
 skipped with that reason. A slow pair is measured again before it is judged
 (`second_look`, the rules of `gpucheck.comm.confirm`).
+
+A pair is compared only with pairs of its own path class (`nvidia-smi topo -m`:
+NV#, PIX, PXB, PHB, NODE, SYS; `gpucheck.probes.topology.pair_paths`): on H100/H200
+NVL (NVLink bridges in pairs), L40S or any two-socket PCIe box, pairs across a bridge,
+switch or socket are slower by design, and a median over all of them would condemn
+the slower kind.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.comm.confirm import Suspects, find_suspects
 from gpucheck.devices import cuda_device_count
+from gpucheck.probes.topology import path_class as topology_class
+from gpucheck.probes.topology import paths_or_none
 from gpucheck.stress.timing import timed_batch
 
 HOST_COPY_BYTES = 256 << 20
@@ -86,14 +94,39 @@ def peer_matrix(local_world_size: int, fraction: float = 0.6) -> dict[str, Any]:
         return {"skipped": f"local rank 0 sees {visible} of the node's {local_world_size} "
                 "GPUs: peer copies need one process that sees every GPU"}
     gpus = [cuda_identity(torch, i).row() for i in range(visible)]
+    paths, why = paths_or_none([g.get("pci_bus_id") for g in gpus])
     every = [(s, d) for s in range(visible) for d in range(visible) if s != d]
     try:
-        pairs = _measure_pairs(visible, every)
+        pairs = with_paths(_measure_pairs(visible, every), paths)
         again = second_look(pairs, fraction, lambda wanted: _measure_pairs(visible, wanted))
     except RuntimeError as exc:  # e.g. exclusive-process compute mode: no second context
         return {"gpus": gpus, "skipped": f"could not open every GPU from one process: "
                 f"{str(exc).strip().splitlines()[0][:200]}"}
-    return {"gpus": gpus, "pairs": pairs} | ({"again": again} if again else {})
+    return {"gpus": gpus, "pairs": pairs} | ({"again": again} if again else {}) | \
+        ({"paths_unread": why} if why else {})
+
+
+def with_paths(pairs: list[dict[str, Any]], paths: Mapping[tuple[int, int], Any],
+               ) -> list[dict[str, Any]]:
+    """Each pair row with its path class and P2P status (`PairPath.row`), when known."""
+    return [p | (paths[(p["src"], p["dst"])].row() if (p["src"], p["dst"]) in paths else {})
+            for p in pairs]
+
+
+def path_class(pair: Mapping[str, Any]) -> str:
+    """The class a pair is compared within: its path, NV# as one class
+    (`gpucheck.probes.topology.path_class`; "" when not read: one class)."""
+    return topology_class(pair.get("path"))
+
+
+def class_suspects(pairs: list[dict[str, Any]], fraction: float) -> dict[str, Suspects]:
+    """Per path class, the slow pairs (and a GPU whose every pair one way is slow) by
+    `gpucheck.comm.confirm`'s rules against the median pair of that class."""
+    by_class: dict[str, list[dict[str, Any]]] = {}
+    for p in pairs:
+        if p["gbps"] is not None:  # a pair without peer access has nothing to compare
+            by_class.setdefault(path_class(p), []).append(p)
+    return {kind: peer_suspects(members, fraction) for kind, members in sorted(by_class.items())}
 
 
 def peer_suspects(pairs: list[dict[str, Any]], fraction: float) -> Suspects:
@@ -111,10 +144,11 @@ def second_look(pairs: list[dict[str, Any]], fraction: float,
     parked, `gpucheck.stress.parking`, so nothing else runs on the GPUs; only this
     process measures, so no other rank has to agree on the plan). [] when nothing
     is slow."""
-    suspects = peer_suspects(pairs, fraction)
-    if suspects.empty:
+    plans = [s for s in class_suspects(pairs, fraction).values() if not s.empty]
+    if not plans:
         return []
-    return measure([*suspects.references, *suspects.pairs])
+    wanted = [pair for s in plans for pair in (*s.references, *s.pairs)]
+    return measure(list(dict.fromkeys(wanted)))
 
 
 def _measure_pairs(visible: int, wanted: list[tuple[int, int]]) -> list[dict[str, Any]]:

@@ -12,7 +12,8 @@ from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
 from gpucheck.numa import cpulist, on_node, parse_cpulist
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 from gpucheck.stress.p2p_verdicts import p2p_findings
-from gpucheck.stress.sdc import judge
+from gpucheck.stress.power import power_findings, reach
+from gpucheck.stress.sdc import BOUND_WORDS, beyond, judge
 from gpucheck.stress.specs import COPY_COUNTED, copy_figure, gemm_figure
 from gpucheck.stress.verdicts import (
     again_of,
@@ -156,9 +157,17 @@ def _gemm_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
         findings += expected_findings("stress.gemm.expected", what, "TFLOP/s", values, ranks,
                                       lambda m, d=dtype: gemm_figure(m, d),
                                       verdicts.expected_fraction, again)
-    data = {"flops_per_product": "2 n^3", **_thresholds(verdicts), "results": table}
+    # Which column the verdicts judge: the median product's rate, not the mean `tflops`.
+    data = {"flops_per_product": "2 n^3", "judged": "tflops_p50", **_thresholds(verdicts),
+            "results": table}
     if result.get("gemm_again"):
         data["measured again"] = list(result["gemm_again"])
+    if result.get("power") is not None:  # older reports have no power readings
+        power = list(result["power"])
+        data["power under load (W)"] = [r | {"reach": round(x, 3) if (x := reach(r)) else None}
+                                        for r in power]
+        labels = {rank: s.label for rank, s in subjects(ranks).items()}
+        findings += power_findings(power, ranks, labels)
     return Section("gemm", "Matrix multiply throughput per rank (TFLOP/s; verdicts use the "
                    "median product)", data, findings)
 
@@ -189,7 +198,8 @@ def _membw_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
                              verdicts.peer_fraction, causes=_causes(result), again=again)
     findings += expected_findings("stress.membw.expected", what, "GB/s", values, ranks,
                                   copy_figure, verdicts.expected_fraction, again)
-    data = {"counted": COPY_COUNTED, **_thresholds(verdicts), "results": table}
+    data = {"counted": COPY_COUNTED, "judged": "gbps_p50", **_thresholds(verdicts),
+            "results": table}
     if result.get("membw_again"):
         data["measured again"] = list(result["membw_again"])
     return Section("membw", "Device memory bandwidth per rank (GB/s)", data, findings)
@@ -202,7 +212,8 @@ def _sdc_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     table = [{k: v for k, v in r.items() if k != "group"} | {"reference_deviation": d}
              for r, d in zip(records, deviations, strict=True)]
     findings = _repeat_findings(records, ranks)
-    findings += _agreement_findings(records, deviations, sdc["tolerance"], ranks)
+    findings += _agreement_findings(records, deviations, sdc["tolerance"], ranks,
+                                    _reference_words(sdc))
     times = {int(r["rank"]): float(r["p50_ms"]) for r in records}
     findings += peer_findings("stress.sdc.straggler", "median burn-in product time", "ms",
                               times, ranks, verdicts.peer_fraction, higher_is_better=False,
@@ -210,12 +221,34 @@ def _sdc_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
                               again=again_of(result.get("sdc_again"), "p50_ms"))
     data = {"dtype": sdc["dtype"], "size": sdc["size"], "burn_in_s": sdc["duration_s"],
             "tolerance_vs_reference": sdc["tolerance"], "rows_vs_reference": sdc["rows_checked"],
-            "results": table}
+            "reference": sdc.get("reference", "largest deviation / largest reference value"),
+            "reference_coverage": sdc.get("coverage"), "rows_seed": sdc.get("rows_seed"),
+            "kernel_groups": _kernel_groups(records), "results": table}
     if result.get("sdc_again"):
         data["measured again"] = [{k: r[k] for k in ("rank", "iters", "p50_ms", "p99_ms")}
                                   for r in result["sdc_again"]]
     return Section("sdc", "Silent data corruption: the same product, repeated and compared",
                    data, findings)
+
+
+def _reference_words(sdc: Mapping[str, Any]) -> tuple[str, str]:
+    """(how a wrong rank's deviation reads, what the OK says was checked): per element
+    against its bound, or (older reports) the largest deviation / largest value."""
+    if sdc.get("reference") == "per-element bound":
+        return BOUND_WORDS, (f"each element within its bound of the fp64 CPU reference on "
+                             f"{sdc.get('coverage') or str(sdc['rows_checked']) + ' rows'}")
+    return ("deviates {:.3g} from the CPU reference (tolerance {:g})",
+            f"within {sdc['tolerance']:g} of the fp64 CPU reference on {sdc['rows_checked']} "
+            "rows")
+
+
+def _kernel_groups(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Which ranks were compared bit for bit: one row per group key (model, SMs,
+    torch, CUDA, the cuBLAS loaded and its settings)."""
+    groups: dict[str, list[int]] = {}
+    for r in records:
+        groups.setdefault(str(r.get("group")), []).append(int(r["rank"]))
+    return [{"group": g, "ranks": cpulist(tuple(sorted(m)))} for g, m in groups.items()]
 
 
 def _repeat_findings(records: Sequence[Mapping[str, Any]],
@@ -246,13 +279,16 @@ def _repeat_findings(records: Sequence[Mapping[str, Any]],
 
 def _agreement_findings(records: Sequence[Mapping[str, Any]],
                         deviations: Sequence[float | None], tolerance: float,
-                        ranks: Sequence[Mapping[str, Any]]) -> list[Finding]:
+                        ranks: Sequence[Mapping[str, Any]],
+                        words: tuple[str, str]) -> list[Finding]:
     """Ranks against each other (bitwise, by model) and against the CPU reference."""
     names = subjects(ranks)
     digests = {int(r["rank"]): r["digest"] for r in records}
     groups = {int(r["rank"]): r["group"] for r in records}
     deviation = {int(r["rank"]): d for r, d in zip(records, deviations, strict=True)}
-    verdict = judge(digests, deviation, tolerance, groups)
+    nodes = {int(r["rank"]): int(r["node_rank"]) for r in ranks if "node_rank" in r}
+    verdict = judge(digests, deviation, tolerance, groups, nodes, splits=True,
+                    measure=words[0])
     every_one = len(verdict.wrong) == len(records) > 1
     findings = [fail("stress.sdc.agreement", f"{names[rank].label}: {why}",
                      hint=("every rank disagrees with the reference alike: suspect the "
@@ -260,6 +296,8 @@ def _agreement_findings(records: Sequence[Mapping[str, Any]],
                      "this GPU computed a wrong product: drain it and run the vendor's "
                      "diagnostics (dcgmi diag -r 3); check ECC errors and XIDs",
                      subject=f"rank {rank}") for rank, why in verdict.wrong.items()]
+    findings += [_software_split(side, digests, groups, deviation, tolerance, ranks)
+                 for side in verdict.software]
     if verdict.undecided:
         listed = ", ".join(f"rank {r}" for r in verdict.undecided)
         findings.append(warn(
@@ -271,9 +309,41 @@ def _agreement_findings(records: Sequence[Mapping[str, Any]],
     if not findings:
         checked = sum(1 for d in deviation.values() if d is not None)
         findings.append(ok("stress.sdc.agreement", f"all {len(records)} rank(s) agree "
-                           f"bitwise (same model and libraries); {checked} within {tolerance:g} "
-                           "of the fp64 CPU reference"))
+                           f"bitwise (same model and libraries); {checked} with {words[1]}"))
     return findings
+
+
+def _software_split(side: Sequence[int], digests: Mapping[int, str], groups: Mapping[int, str],
+                    deviation: Mapping[int, float | None], tolerance: float,
+                    ranks: Sequence[Mapping[str, Any]]) -> Finding:
+    """Ranks that agree among themselves (or fill whole nodes) against the rest of their
+    group: a software difference, which the CPU reference settles (who is right)."""
+    rest = [r for r in digests if groups.get(r) == groups.get(side[0]) and r not in side]
+    hosts = sorted({f"node {r['node_rank']} ({r['host']})" for r in ranks
+                    if int(r["rank"]) in side and "node_rank" in r})
+    listed = f"rank(s) {cpulist(tuple(side))}" + (f" on {', '.join(hosts)}" if hosts else "")
+    return warn("stress.sdc.software_split",
+                f"{listed} agree with each other (or fill whole nodes) but differ bitwise "
+                f"from rank(s) {cpulist(tuple(sorted(rest))) or 'none'}: independent GPU "
+                f"faults never agree, so this is a software split; CPU reference: "
+                f"{_side_words(side, deviation, tolerance)} on this side, "
+                f"{_side_words(rest, deviation, tolerance)} on the other",
+                hint="make the nodes' software the same: compare gpucheck env across nodes "
+                "(torch, CUDA, the cuBLAS loaded, CUBLAS_WORKSPACE_CONFIG, "
+                "TORCH_BLAS_PREFER_CUBLASLT); the side beyond the reference's tolerance "
+                "computes wrongly, both within it is a harmless difference",
+                subject=listed, action="fix-config")
+
+
+def _side_words(side: Sequence[int], deviation: Mapping[int, float | None],
+                tolerance: float) -> str:
+    """"within 2e-02" / "beyond 2e-02 (worst 0.4)" / "not compared" for one side."""
+    values = [d for r in side if (d := deviation.get(r)) is not None]
+    if not values:
+        return "not compared"
+    worst = max(values, key=lambda d: d if d == d else float("inf"))
+    return f"beyond {tolerance:g} (worst {worst:.3g})" if beyond(worst, tolerance) else \
+        f"within {tolerance:g} (worst {worst:.3g})"
 
 
 def _copies_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
@@ -322,8 +392,26 @@ def _p2p_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
             findings.append(skip("stress.p2p", f"{where}: {node['skipped']}", subject=where))
             continue
         data[f"{where} matrix"] = _p2p_matrix(node)
+        data[f"{where} path classes"] = _path_classes(node)
         findings += p2p_findings(node, where, verdicts.copy_fraction)
     return Section("p2p", title, data, findings)
+
+
+def _path_classes(node: Mapping[str, Any]) -> list[dict[str, Any]] | str:
+    """Per path class (`nvidia-smi topo -m`): its pairs, how many have peer access and
+    their median GB/s; or why the classes were not read (one class then)."""
+    if node.get("paths_unread"):
+        return str(node["paths_unread"])
+    classes: dict[str, list[Mapping[str, Any]]] = {}
+    for p in node["pairs"]:
+        classes.setdefault(str(p.get("path") or "unknown"), []).append(p)
+    rows = []
+    for kind, pairs in sorted(classes.items()):
+        rates = [p["gbps"] for p in pairs if p["gbps"] is not None]
+        rows.append({"path": kind, "pairs": len(pairs), "with_p2p": len(rates),
+                     "median_gbps": round(statistics.median(rates), 1) if rates else None,
+                     "p2p_status": sorted({str(p.get("p2p_status")) for p in pairs})})
+    return rows
 
 
 def _p2p_matrix(node: Mapping[str, Any]) -> list[dict[str, Any]]:

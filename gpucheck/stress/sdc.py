@@ -11,7 +11,13 @@ burn-in; bench's consistency check could use it to break its two-rank tie):
 - a rank is wrong when its deviation is beyond the dtype's tolerance (or not finite),
   or when a strict majority of its group shares a digest and it does not;
 - ranks that disagree bitwise where no majority exists (two ranks, a 2-2 split) and
-  the reference cannot tell apart (both within tolerance) stay `undecided`.
+  the reference cannot tell apart (both within tolerance) stay `undecided`;
+- ranks named wrong that agree bitwise with each other, or that make up whole nodes
+  (two or more ranks each), are a `software` split, not faulty GPUs: independent
+  hardware faults never give the same wrong bits, and a node's GPUs do not all fail
+  at once. Different cuBLAS builds or settings pick different kernels (cuBLAS promises
+  identical bits only within one version, architecture and SM count: the cuBLAS
+  guide, "Results reproducibility"); the CPU reference says which side is right.
 """
 
 from __future__ import annotations
@@ -33,6 +39,29 @@ if TYPE_CHECKING:
 # tile, is far beyond it.
 TOLERANCE = {"fp32": 1e-4, "tf32": 1e-2, "fp16": 1e-2, "bf16": 2e-2}
 
+# The burn-in's per-element bound against the fp64 reference (`element_bounds`):
+#   |c_ij - r_ij| <= OUTPUT_ROUNDING * |r_ij| + ACCUMULATION * (|A| |B|)_ij
+# the classic error bound of a dot product (Higham, "Accuracy and Stability of
+# Numerical Algorithms", 2nd ed., section 3.1: |error| <= gamma_k |a|.|b|), with the
+# output's rounding apart. OUTPUT_ROUNDING is 4x the unit roundoff of the output type
+# (2^-24 fp32, 2^-11 fp16, 2^-8 bf16). ACCUMULATION: fp32 accumulators whose rounding
+# errors mostly cancel give about u x (|A||B|)_ij (u = 2^-24); 2^-16 leaves a margin of
+# hundreds. Tensor cores may truncate when they align products (Fasi, Higham, Mikaitis,
+# Pranesh, "Numerical behavior of NVIDIA tensor cores", PeerJ CS 2021), an error that
+# grows like sqrt(k) u: 2^-13 for fp16/bf16 inputs covers k = 65536 at 2^-23 several
+# times over. TF32 rounds the inputs to 10 mantissa bits, which the fp32 reference does
+# not: each product's error is below 2^-10 of it, so 2^-11 on |A||B| (random signs
+# cancel most) is some 10x the largest deviation of random inputs. With bf16 at
+# n = 8192 (|A||B| about 5,200) an element may be off by about 0.6 + 1.6 % of itself:
+# the sign of every element above about 0.3 is checked, where a bound scaled by the
+# largest reference value let about 8 through.
+OUTPUT_ROUNDING = {"fp32": 2.0 ** -22, "tf32": 2.0 ** -22, "fp16": 2.0 ** -9,
+                   "bf16": 2.0 ** -6}
+ACCUMULATION = {"fp32": 2.0 ** -16, "tf32": 2.0 ** -11, "fp16": 2.0 ** -13,
+                "bf16": 2.0 ** -13}
+BOUND_TOLERANCE = 1.0  # a deviation is |c - r| / bound: above 1 is beyond the bound
+BOUND_WORDS = "is {:.3g}x its per-element bound from the fp64 CPU reference (at most {:g})"
+
 
 @dataclass(frozen=True)
 class Judgement:
@@ -40,9 +69,13 @@ class Judgement:
 
     wrong: dict[int, str] = field(default_factory=dict)  # rank -> reason
     undecided: tuple[int, ...] = ()
+    # Ranks outvoted (or beyond the reference) alike: each tuple one software split.
+    software: tuple[tuple[int, ...], ...] = ()
 
     def agreeing(self, ranks: list[int]) -> list[int]:
-        return [r for r in ranks if r not in self.wrong and r not in self.undecided]
+        split = {r for side in self.software for r in side}
+        return [r for r in ranks if r not in self.wrong and r not in self.undecided
+                and r not in split]
 
 
 def beyond(deviation: float | None, tolerance: float) -> bool:
@@ -62,14 +95,20 @@ def odd_by_majority(digests: Mapping[int, str]) -> tuple[int, ...] | None:
 
 
 def judge(digests: Mapping[int, str], deviations: Mapping[int, float | None],
-          tolerance: float, groups: Mapping[int, str] | None = None) -> Judgement:
+          tolerance: float, groups: Mapping[int, str] | None = None,
+          nodes: Mapping[int, int] | None = None, splits: bool = False,
+          measure: str = "deviates {:.3g} from the CPU reference (tolerance {:g})",
+          ) -> Judgement:
     """Name the wrong ranks from their digests and their deviations from a reference.
 
     The reference speaks first (it needs no majority, so it names the wrong GPU of
     one or two); the ranks it cleared are then compared bitwise within their group.
+    With `splits`, wrong ranks that agree with each other, or fill whole nodes
+    (`nodes`: rank -> node), are then set apart as software splits (`software_splits`;
+    bench's labels are not digests of exact bits, so it leaves them off).
     """
-    wrong = {r: f"deviates {d:.3g} from the CPU reference (tolerance {tolerance:g})"
-             for r, d in sorted(deviations.items()) if beyond(d, tolerance)}
+    wrong = {r: measure.format(d, tolerance) for r, d in sorted(deviations.items())
+             if beyond(d, tolerance)}
     undecided: list[int] = []
     by_group: dict[str, dict[int, str]] = {}
     for rank, digest in digests.items():
@@ -83,7 +122,58 @@ def judge(digests: Mapping[int, str], deviations: Mapping[int, float | None],
         for rank in odd:
             wrong[rank] = (f"its result differs bitwise from the {len(members) - len(odd)} "
                            "other rank(s) of the same GPU model, which agree")
-    return Judgement(wrong=dict(sorted(wrong.items())), undecided=tuple(sorted(undecided)))
+    off_reference = {r for r, d in deviations.items() if beyond(d, tolerance)}
+    found = software_splits(wrong, digests, groups or {}, nodes or {},
+                            off_reference) if splits else ()
+    split = {r for side in found for r in side}
+    return Judgement(wrong={r: w for r, w in sorted(wrong.items()) if r not in split},
+                     undecided=tuple(sorted(undecided)), software=found)
+
+
+def software_splits(wrong: Mapping[int, str], digests: Mapping[int, str],
+                    groups: Mapping[int, str], nodes: Mapping[int, int],
+                    off_reference: frozenset[int] | set[int] = frozenset(),
+                    ) -> tuple[tuple[int, ...], ...]:
+    """Sets of wrong ranks that are a software difference, not faulty GPUs: two or
+    more with the same digest in one group, or every rank of their group on whole
+    nodes that hold two or more of them (the rest of the group outvoted them). The
+    whole-node rule needs those ranks within the fp64 reference: ranks that each give
+    other bits AND miss the reference are wrong GPUs (one software gives one answer on
+    one node's identical GPUs), never excused as a split."""
+    alike: dict[tuple[str, str], list[int]] = {}
+    for rank in wrong:
+        alike.setdefault((groups.get(rank, ""), digests.get(rank, "")), []).append(rank)
+    splits = [tuple(sorted(ranks)) for ranks in alike.values() if len(ranks) >= 2]
+    taken = {r for side in splits for r in side}
+    for group in dict.fromkeys(groups.get(r, "") for r in wrong):
+        members = [r for r in digests if groups.get(r, "") == group]
+        left = sorted(r for r in wrong if groups.get(r, "") == group and r not in taken)
+        if left and not off_reference & set(left) and _whole_nodes(left, members, nodes):
+            splits.append(tuple(left))
+    return tuple(sorted(splits))
+
+
+def _whole_nodes(ranks: list[int], members: list[int], nodes: Mapping[int, int]) -> bool:
+    """`ranks` are every member of their nodes, each such node holds two or more, and
+    some member of the group lies outside them."""
+    if not nodes or any(r not in nodes for r in ranks):
+        return False
+    covered = {nodes[r] for r in ranks}
+    on_them = [m for m in members if nodes.get(m) in covered]
+    per_node = [sum(1 for r in ranks if nodes[r] == n) for n in covered]
+    return sorted(on_them) == sorted(ranks) and min(per_node) >= 2 and \
+        len(members) > len(ranks)
+
+
+def bound_excess(values: torch.Tensor, reference: torch.Tensor, bound: torch.Tensor) -> float:
+    """max over the elements of |values - reference| / bound: 1 is at the bound (inf
+    when `values` is not finite)."""
+    import torch
+
+    got = values.to(torch.float64)
+    if not bool(torch.isfinite(got).all()):
+        return math.inf
+    return float(((got - reference).abs() / bound).max())
 
 
 def relative_deviation(values: torch.Tensor, reference: torch.Tensor) -> float:

@@ -22,13 +22,15 @@ from gpucheck.distributed.session import gpu_identity, process_group, roster
 from gpucheck.distributed.world import World, host_name
 from gpucheck.stress import burn as sdc_burn
 from gpucheck.stress.again import again_hook, agreed, measure_again
+from gpucheck.stress.blas import loaded_blas
 from gpucheck.stress.copies import copy_buffers, host_copies, peer_matrix
 from gpucheck.stress.gemm import measure_gemm
 from gpucheck.stress.hooks import Hook, load_hook
 from gpucheck.stress.membw import copy_bytes, free_device_bytes, measure_copy
 from gpucheck.stress.numa import Placement, cpulist, place_this_rank, read_link
 from gpucheck.stress.parking import host_wait
-from gpucheck.stress.sdc import TOLERANCE, relative_deviation
+from gpucheck.stress.power import PowerSampler
+from gpucheck.stress.sdc import BOUND_TOLERANCE, bound_excess
 from gpucheck.stress.specs import copy_figure, gemm_figure
 from gpucheck.stress.verdicts import copy_suspects
 
@@ -150,7 +152,7 @@ def _initial_result(ctx: RankContext) -> dict[str, Any]:
     ranks = [asdict(info) | rows.get(info.rank, {}) for info in roster()]
     return {"world_size": ctx.world.world_size, "device": spec.device, "backend": spec.backend,
             "dtypes": list(spec.dtypes), "size": spec.size, "duration_s": spec.duration_s,
-            "ranks": ranks, "gemm": [], "membw": None, "sdc": None, "copies": None,
+            "ranks": ranks, "gemm": [], "power": None, "membw": None, "sdc": None, "copies": None,
             "p2p": None, "faults": None, "phases_planned": list(PHASES), "phases_done": [],
             "complete": False}
 
@@ -183,14 +185,16 @@ def _rank_row(ctx: RankContext, placement: Placement) -> dict[str, Any]:
 
 
 def _kernel_group(ctx: RankContext) -> str:
-    """Ranks whose products should agree bit for bit: same model, same libraries."""
+    """Ranks whose products should agree bit for bit: same model and SM count, same
+    libraries (the cuBLAS actually loaded) and the settings that change cuBLAS's kernel
+    choice (gpucheck.stress.blas)."""
     import torch
 
     versions = f"torch {torch.__version__}"
     if ctx.spec.device == "cuda":
         props = torch.cuda.get_device_properties(ctx.device)
         return f"{props.name}, {props.multi_processor_count} SMs, {versions}, " \
-               f"CUDA {torch.version.cuda}"
+               f"CUDA {torch.version.cuda}, {loaded_blas(torch).key()}"
     return f"{_cpu_name()}, {torch.get_num_threads()} threads, {versions}"
 
 
@@ -226,20 +230,28 @@ def _publish(ctx: RankContext, result: dict[str, Any]) -> None:
 
 
 def _gemm(ctx: RankContext, result: dict[str, Any]) -> None:
+    """Every dtype's GEMM window (and its second look), with this GPU's power draw
+    sampled throughout (gpucheck.stress.power)."""
     spec = ctx.spec
-    for dtype in spec.dtypes:
-        progress.set_step(f"gemm {dtype} {spec.size}^3")
-        terminal.step(f"gemm {dtype} {spec.size}^3")
-        _barrier(ctx)
-        record = measure_gemm(ctx.world.rank, dtype, spec.size, ctx.device, spec.device,
-                              spec.warmup_s, spec.gemm_window_s, ctx.hook)
-        result["gemm"] += _gather(ctx, asdict(record))
-        _publish(ctx, result)
-        _again(ctx, result, "gemm", result["gemm"][-ctx.world.world_size:], "tflops_p50",
-               lambda m, d=dtype: gemm_figure(m, d),
-               lambda h, d=dtype: measure_gemm(ctx.world.rank, d, spec.size, ctx.device,
-                                               spec.device, spec.warmup_s,
-                                               spec.gemm_window_s, h))
+    with PowerSampler(ctx.world.rank, ctx.bus_id if spec.device == "cuda" else None) as power:
+        for dtype in spec.dtypes:
+            _gemm_dtype(ctx, result, dtype)
+    result["power"] = _gather(ctx, power.result())
+
+
+def _gemm_dtype(ctx: RankContext, result: dict[str, Any], dtype: str) -> None:
+    spec = ctx.spec
+    progress.set_step(f"gemm {dtype} {spec.size}^3")
+    terminal.step(f"gemm {dtype} {spec.size}^3")
+    _barrier(ctx)
+    record = measure_gemm(ctx.world.rank, dtype, spec.size, ctx.device, spec.device,
+                          spec.warmup_s, spec.gemm_window_s, ctx.hook)
+    result["gemm"] += _gather(ctx, asdict(record))
+    _publish(ctx, result)
+    _again(ctx, result, "gemm", result["gemm"][-ctx.world.world_size:], "tflops_p50",
+           lambda m, d=dtype: gemm_figure(m, d),
+           lambda h, d=dtype: measure_gemm(ctx.world.rank, d, spec.size, ctx.device,
+                                           spec.device, spec.warmup_s, spec.gemm_window_s, h))
 
 
 def _membw(ctx: RankContext, result: dict[str, Any]) -> None:
@@ -277,29 +289,34 @@ def _again(ctx: RankContext, result: dict[str, Any], phase: str,
 
 
 def _sdc(ctx: RankContext, result: dict[str, Any]) -> None:
-    """Burn in; gather digests and row checks; rank 0 compares the rows to an fp64
-    CPU reference (the whole product at CPU sizes)."""
+    """Burn in; gather digests and row checks; rank 0 compares rows drawn from every
+    tile band (the whole product at CPU sizes) to an fp64 CPU reference, each element
+    within its own bound."""
     import torch
 
     spec, dtype = ctx.spec, ctx.spec.dtypes[0]
     group = next(r["group"] for r in result["ranks"] if r["rank"] == ctx.world.rank)
     _barrier(ctx)
-    record, golden, checks = sdc_burn.burn(ctx.world.rank, dtype, spec.size, ctx.device,
-                                           spec.device, spec.duration_s, group, ctx.hook)
+    with terminal.timed("sdc burn-in", spec.duration_s):  # its own seconds, not a frozen bar
+        record, golden, checks = sdc_burn.burn(ctx.world.rank, dtype, spec.size, ctx.device,
+                                               spec.device, spec.duration_s, group, ctx.hook)
     progress.set_step("sdc: comparing results across ranks")
-    every = _gather(ctx, (asdict(record), checks))
-    rows = sdc_burn.rows_to_check(spec.size, [c for _, c in every])
+    every = _gather(ctx, (asdict(record), checks, sdc_burn.draw_seed()))
+    seed = every[0][2]  # rank 0's draw, so every rank sends the same rows
+    rows = sdc_burn.rows_to_check(spec.size, [c for _, c, _ in every], seed)
     index = torch.tensor(rows, dtype=torch.long, device=golden.device)
     values = _gather(ctx, golden[index].float().cpu())
     del golden
     deviations = None
     if ctx.world.is_reporter:
         progress.set_step("sdc: CPU reference")
-        reference = sdc_burn.reference_rows(spec.size, dtype, rows)
-        deviations = [relative_deviation(v, reference) for v in values]
+        reference, bound = sdc_burn.reference_and_bounds(spec.size, dtype, rows)
+        deviations = [bound_excess(v, reference, bound) for v in values]
     result["sdc"] = {"dtype": dtype, "size": spec.size, "duration_s": spec.duration_s,
-                     "tolerance": TOLERANCE[dtype], "rows_checked": len(rows),
-                     "records": [r for r, _ in every], "reference_deviations": deviations}
+                     "tolerance": BOUND_TOLERANCE, "reference": "per-element bound",
+                     "rows_checked": len(rows), "rows_seed": seed,
+                     "coverage": sdc_burn.coverage(spec.size, rows),
+                     "records": [r for r, _, _ in every], "reference_deviations": deviations}
     _publish(ctx, result)
     _again(ctx, result, "sdc", result["sdc"]["records"], "p50_ms", lambda _: None,
            lambda h: _short_burn(ctx, group, h), higher_is_better=False)

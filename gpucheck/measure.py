@@ -1,0 +1,176 @@
+"""Measured figures as data: which way is better, a bound against a reference, the
+second look at a figure that crossed it, and a named metric.
+
+Floor 1: imports only gpucheck.subject. The arithmetic is always `value / reference`
+against `Bound.limit`, whichever command measured it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpucheck.subject import Subject
+
+
+class Better(str, enum.Enum):
+    HIGHER = "higher"
+    LOWER = "lower"
+    INFO = "info"  # a figure shown, never judged
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Worse than `limit` x the reference: for HIGHER, a ratio below the limit; for
+    LOWER, above it. A ratio exactly at the limit is not worse."""
+
+    limit: float
+    better: Better
+
+    def __post_init__(self) -> None:
+        if self.better is Better.INFO:
+            raise ValueError("an INFO figure has no bound")
+        if not self.limit > 0:
+            raise ValueError(f"a bound's limit is a positive ratio, not {self.limit!r}")
+
+    @classmethod
+    def fraction(cls, f: float, better: Better) -> Bound:
+        """Stress, comm, nodes: below f x the reference (HIGHER), above it / f (LOWER)."""
+        if not 0 < f <= 1:
+            raise ValueError(f"a fraction is in (0, 1], not {f!r}")
+        return cls(f if better is Better.HIGHER else 1 / f, better)
+
+    @classmethod
+    def shortfall(cls, t: float, better: Better) -> Bound:
+        """Bench, fleet: more than t below (HIGHER) or above (LOWER) the reference."""
+        if not 0 <= t < 1:
+            raise ValueError(f"a shortfall is in [0, 1), not {t!r}")
+        return cls(1 - t if better is Better.HIGHER else 1 + t, better)
+
+    def ratio(self, value: float, reference: float) -> float | None:
+        """value / reference; None when the reference is not positive."""
+        return value / reference if reference > 0 else None
+
+    def worse(self, value: float, reference: float) -> bool:
+        ratio = self.ratio(value, reference)
+        if ratio is None:
+            return False
+        return ratio < self.limit if self.better is Better.HIGHER else ratio > self.limit
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"limit": self.limit, "better": self.better.value}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Bound:
+        limit = raw["limit"]
+        if not isinstance(limit, (int, float)) or isinstance(limit, bool):
+            raise TypeError("a bound's 'limit' is not a number")
+        return cls(float(limit), Better(raw["better"]))
+
+
+class LookState(str, enum.Enum):
+    """What a figure that crossed its bound did when measured again."""
+
+    CONFIRMED = "confirmed"  # worse again, beside known-good peers
+    UNSTABLE = "unstable"  # not worse the second time
+    NOT_MEASURED = "not measured again"  # the run ended first, or nothing to measure beside
+
+
+@dataclass(frozen=True)
+class SecondLook:
+    """A figure measured twice: `first` crossed `bound` against `reference`; `again` is
+    the second figure (None when not measured again, `why_not` says why), taken beside
+    `against` (known-good peers; () means against the first reference). `parts`: one
+    look per slow pair of a shared node."""
+
+    first: float
+    again: float | None
+    reference: float | None
+    against: tuple[Subject, ...]
+    unit: str
+    bound: Bound
+    state: LookState
+    why_not: str | None = None
+    parts: tuple[SecondLook, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.state is LookState.NOT_MEASURED and self.again is not None:
+            raise ValueError("a look not measured again has no second figure")
+        if self.state is not LookState.NOT_MEASURED and self.again is None and not self.parts:
+            raise ValueError(f"a {self.state.value} look needs its second figure")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"first": self.first, "again": self.again, "reference": self.reference,
+                "against": [s.to_dict() for s in self.against], "unit": self.unit,
+                "bound": self.bound.to_dict(), "state": self.state.value,
+                "why_not": self.why_not, "parts": [p.to_dict() for p in self.parts]}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> SecondLook:
+        """Read back what `to_dict` wrote; TypeError, ValueError or KeyError otherwise."""
+        if not isinstance(raw, Mapping):
+            raise TypeError(f"a look is an object, not {type(raw).__name__}")
+        unit, why_not = raw.get("unit"), raw.get("why_not")
+        if not isinstance(unit, str) or not (why_not is None or isinstance(why_not, str)):
+            raise TypeError("a look's 'unit' or 'why_not' is not a string")
+        return cls(first=_number(raw.get("first")), again=_optional(raw.get("again")),
+                   reference=_optional(raw.get("reference")),
+                   against=tuple(Subject.from_dict(s) for s in _list(raw.get("against"))),
+                   unit=unit, bound=Bound.from_dict(raw["bound"]),
+                   state=LookState(raw["state"]), why_not=why_not,
+                   parts=tuple(cls.from_dict(p) for p in _list(raw.get("parts"))))
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One figure of a report: `name` ("stress.gemm.bf16.tflops"), for `subject` (None:
+    the job). `spread`: how much it varied inside its own run, as a fraction."""
+
+    name: str
+    unit: str
+    better: Better
+    value: float
+    subject: Subject | None = None
+    spread: float | None = None
+
+    def key(self) -> str:
+        """The name and the subject's position: "stress.gemm.bf16.tflops.rank3" (the
+        keys baselines were written with); the name alone for the job."""
+        position = self.subject.position() if self.subject is not None else None
+        return f"{self.name}.{position}" if position else self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "unit": self.unit, "better": self.better.value,
+                "value": self.value, "spread": self.spread,
+                "subject": self.subject.to_dict() if self.subject is not None else None}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Metric:
+        if not isinstance(raw, Mapping):
+            raise TypeError(f"a metric is an object, not {type(raw).__name__}")
+        name, unit, subject = raw.get("name"), raw.get("unit"), raw.get("subject")
+        if not isinstance(name, str) or not isinstance(unit, str):
+            raise TypeError("a metric's 'name' or 'unit' is not a string")
+        return cls(name, unit, Better(raw.get("better")), _number(raw.get("value")),
+                   Subject.from_dict(subject) if subject is not None else None,
+                   _optional(raw.get("spread")))
+
+
+def _number(value: object) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _optional(value: object) -> float | None:
+    return None if value is None else _number(value)
+
+
+def _list(value: object) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {type(value).__name__}")
+    return value

@@ -1,0 +1,141 @@
+"""What a finding or a figure is about: a rank, a GPU, a pair, a node, a port, a host,
+a file or the whole job, as fields (not a display string to parse back).
+
+Renderers print `label`; compare, charts, prometheus and line read the fields. Floor 1:
+imports nothing from gpucheck.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+class Kind(str, enum.Enum):
+    RANK = "rank"
+    GPU = "gpu"
+    PAIR = "pair"
+    NODE = "node"
+    PORT = "port"
+    HOST = "host"
+    FILE = "file"
+    JOB = "job"
+    TEXT = "text"  # a label no reader parses (the transition from str subjects)
+
+
+_INT_FIELDS = ("rank", "gpu", "node", "peer")
+_TEXT_FIELDS = ("bus_id", "uuid", "host", "port")
+
+
+@dataclass(frozen=True)
+class Subject:
+    """`label` is what people read ("rank 3", "GPU 5 (0000:17:00.0)", "cuda:0 -> cuda:1");
+    the other fields are what programs read. A pair names its first member in `rank`,
+    `gpu` or `node` and the second in `peer`."""
+
+    kind: Kind
+    label: str
+    rank: int | None = None
+    gpu: int | None = None
+    bus_id: str | None = None
+    uuid: str | None = None
+    node: int | None = None
+    host: str | None = None
+    peer: int | None = None
+    port: str | None = None
+
+    def __str__(self) -> str:
+        return self.label
+
+    def position(self) -> str | None:
+        """The slot a figure is kept under across reports: "rank3", "gpu5",
+        "cuda0_to_cuda1", "rank0_to_rank1", "node2"; None for hosts, files, the job."""
+        if self.kind is Kind.PAIR and self.peer is not None:
+            for prefix, first in (("rank", self.rank), ("cuda", self.gpu), ("node", self.node)):
+                if first is not None:
+                    return f"{prefix}{first}_to_{prefix}{self.peer}"
+            return None
+        for prefix, value in (("rank", self.rank), ("gpu", self.gpu), ("node", self.node)):
+            if self.kind.value == prefix and value is not None:
+                return f"{prefix}{value}"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """`{"kind", "label", ...}` with only the fields that are set."""
+        raw = {k: v for k, v in asdict(self).items() if v is not None}
+        raw["kind"] = self.kind.value
+        return raw
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Subject:
+        """Read back what `to_dict` wrote; TypeError or ValueError on any other shape
+        (a report file is data)."""
+        if not isinstance(raw, Mapping):
+            raise TypeError(f"a subject is an object or a string, not {type(raw).__name__}")
+        label = raw.get("label")
+        if not isinstance(label, str):
+            raise TypeError("a subject's 'label' is not a string")
+        fields: dict[str, Any] = {}
+        for key in _INT_FIELDS:
+            value = raw.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise TypeError(f"a subject's {key!r} is not an integer")
+            fields[key] = value
+        for key in _TEXT_FIELDS:
+            value = raw.get(key)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"a subject's {key!r} is not a string")
+            fields[key] = value
+        return cls(Kind(raw.get("kind")), label, **fields)
+
+
+def rank(number: int, label: str | None = None, *, gpu: int | None = None,
+         bus_id: str | None = None, host: str | None = None,
+         node: int | None = None) -> Subject:
+    return Subject(Kind.RANK, label or f"rank {number}", rank=number, gpu=gpu,
+                   bus_id=bus_id, host=host, node=node)
+
+
+def gpu(index: int, label: str | None = None, *, bus_id: str | None = None,
+        uuid: str | None = None, rank: int | None = None,
+        host: str | None = None) -> Subject:
+    return Subject(Kind.GPU, label or f"GPU {index}", gpu=index, bus_id=bus_id, uuid=uuid,
+                   rank=rank, host=host)
+
+
+def pair(first: int, second: int, label: str | None = None, *, by: str = "rank") -> Subject:
+    """Two ranks (`by="rank"`), two GPUs of one node (`"cuda"`) or two nodes (`"node"`)."""
+    shown = {"rank": "rank {}", "cuda": "cuda:{}", "node": "node {}"}.get(by)
+    if shown is None:
+        raise ValueError(f"a pair is by rank, cuda or node, not {by!r}")
+    text = label or f"{shown.format(first)} -> {shown.format(second)}"
+    return Subject(Kind.PAIR, text, peer=second, rank=first if by == "rank" else None,
+                   gpu=first if by == "cuda" else None, node=first if by == "node" else None)
+
+
+def node(index: int, label: str | None = None, *, host: str | None = None) -> Subject:
+    return Subject(Kind.NODE, label or f"node {index}", node=index, host=host)
+
+
+def port(name: str, label: str | None = None, *, host: str | None = None) -> Subject:
+    """An InfiniBand/RoCE port ("mlx5_0/1")."""
+    return Subject(Kind.PORT, label or f"hca port {name}", port=name, host=host)
+
+
+def host(name: str) -> Subject:
+    return Subject(Kind.HOST, name, host=name)
+
+
+def file(path: str) -> Subject:
+    return Subject(Kind.FILE, path)
+
+
+def job(label: str = "the job") -> Subject:
+    return Subject(Kind.JOB, label)
+
+
+def text(label: str) -> Subject:
+    """A subject known only by its words (a str subject of an older finding site)."""
+    return Subject(Kind.TEXT, label)

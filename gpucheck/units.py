@@ -1,0 +1,25 @@
+"""Byte counts in words. Floor 1: imports nothing from gpucheck, so workers, probes and
+renderers can all use it (the comm worker used to import the report layer for this)."""
+
+from __future__ import annotations
+
+_EXACT_UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+_BYTE_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def human_bytes(size: int) -> str:
+    """An exact size in the largest unit that divides it: a buffer size ("64 MiB",
+    "1536 B"); never rounded, so two sizes never read alike."""
+    for unit, scale in _EXACT_UNITS:
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+def fmt_bytes(count: int) -> str:
+    """A count in the largest unit it reaches, one decimal ("1.5 GiB"): a measured
+    amount, where the exact figure matters less than its size."""
+    for unit, size in _BYTE_UNITS:
+        if abs(count) >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} B"

@@ -1,0 +1,97 @@
+"""One GPU alone is checked against the fp64 CPU reference on a row of every tile band,
+each element within its own bound: a deterministic wrong element outside the first
+rows is caught, a healthy product stays OK, and the OK says how much was checked."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpucheck.cli import main
+from gpucheck.stress import burn, sdc
+from gpucheck.stress.gemm import seeded_pair
+from gpucheck.stress.hooks import TEST_HOOK_VAR
+
+N = 2048
+ROWS = [5, 300, 1500]
+
+
+def _product_rows(dtype: str) -> torch.Tensor:
+    """The rows as a healthy device computes them (the dtype's inputs, its output)."""
+    from gpucheck.stress.gemm import torch_dtype
+
+    a, b = seeded_pair(N, burn.SDC_SEED, "cpu", "fp32", on_cpu=True)
+    kind = torch_dtype(dtype)
+    return (a[ROWS].to(kind).float() @ b.to(kind).float()).to(kind).float()
+
+
+def test_a_healthy_bf16_product_is_within_every_elements_bound() -> None:
+    reference, bound = burn.reference_and_bounds(N, "bf16", ROWS)
+    assert sdc.bound_excess(_product_rows("bf16"), reference, bound) <= sdc.BOUND_TOLERANCE
+
+
+def test_a_flipped_small_element_is_caught_where_the_largest_value_scale_missed_it() -> None:
+    reference, bound = burn.reference_and_bounds(N, "bf16", ROWS)
+    got = _product_rows("bf16")
+    # A small element (|x| between 1 and 2) in row 1500, far from rows 0-15, sign-flipped.
+    row = got[2]
+    col = int(torch.nonzero((row.abs() > 1) & (row.abs() < 2))[0])
+    got[2, col] = -got[2, col]
+    assert sdc.relative_deviation(got, reference) < sdc.TOLERANCE["bf16"]  # the old scale
+    assert sdc.bound_excess(got, reference, bound) > sdc.BOUND_TOLERANCE
+
+
+def test_a_non_finite_element_is_beyond_any_bound() -> None:
+    reference, bound = burn.reference_and_bounds(N, "fp32", ROWS)
+    got = _product_rows("fp32")
+    got[1, 9] = float("nan")
+    assert sdc.bound_excess(got, reference, bound) == float("inf")
+
+
+def test_coverage_says_how_much_of_the_product_was_checked() -> None:
+    assert burn.coverage(512, list(range(512))) == "all 512 rows (262144 elements)"
+    rows = burn.rows_to_check(8192, [torch.zeros(8192, 2, dtype=torch.int64)], seed=1)
+    assert len(rows) == 128 and burn.coverage(8192, rows).startswith("128 of 8192 rows (1.6%")
+
+
+def test_every_output_tile_of_the_lowest_height_has_a_row_checked() -> None:
+    """cuBLAS's lowest tiles are 64 rows high: each must hold a drawn row, whatever the
+    draw (one row per 128-row band left half of them unchecked)."""
+    for seed in range(20):
+        rows = set(burn.rows_to_check(8192, [torch.zeros(8192, 2, dtype=torch.int64)], seed))
+        assert all(rows & set(range(tile, tile + 64)) for tile in range(0, 8192, 64))
+
+
+def _run(tmp_path: Path, hook: str | None) -> dict[str, Any]:
+    out = tmp_path / "stress.json"
+    if hook:
+        os.environ[TEST_HOOK_VAR] = f"stress_workers:{hook}"
+    try:
+        main(["stress", "--n-gpus", "1", "--duration", "0.5", "--timeout", "60", "-q",
+              "--dtypes", "fp32", "--size", "1280", "--format", "json", "-o", str(out)])
+    finally:
+        os.environ.pop(TEST_HOOK_VAR, None)
+    return json.loads(out.read_text())
+
+
+def _agreement(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for s in report["sections"] for f in s["findings"]
+            if f["check"] == "stress.sdc.agreement"]
+
+
+def test_one_rank_with_a_wrong_tile_outside_the_first_rows_fails(tmp_path: Path) -> None:
+    found = _agreement(_run(tmp_path, "wrong_tile_band_two"))
+    assert [(f["status"], f["subject"]) for f in found] == [("FAIL", "rank 0")]
+
+
+def test_one_healthy_rank_stays_ok_and_says_what_was_checked(tmp_path: Path) -> None:
+    report = _run(tmp_path, None)
+    found = _agreement(report)
+    assert [f["status"] for f in found] == ["OK"]
+    data = next(s for s in report["sections"] if s["name"] == "sdc")["data"]
+    assert data["rows_vs_reference"] == 20 and data["reference"] == "per-element bound"
+    assert data["reference_coverage"] in found[0]["message"]

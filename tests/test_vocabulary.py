@@ -1,0 +1,171 @@
+"""The core vocabulary (issue 25): Bound, SecondLook, Metric, Subject, Check, units."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import pytest
+
+from gpucheck import subject
+from gpucheck.actions import Action, Status
+from gpucheck.checks.check import Cause, Check, area_file, both, build, find
+from gpucheck.measure import Better, Bound, LookState, Metric, SecondLook
+from gpucheck.subject import Kind, Subject
+from gpucheck.units import fmt_bytes, human_bytes
+
+
+def test_fraction_bound_is_the_same_rule_both_ways() -> None:
+    higher = Bound.fraction(0.8, Better.HIGHER)
+    assert higher.worse(79, 100) and not higher.worse(80, 100) and not higher.worse(120, 100)
+    lower = Bound.fraction(0.8, Better.LOWER)
+    assert lower.limit == pytest.approx(1.25)
+    assert lower.worse(126, 100) and not lower.worse(125, 100) and not lower.worse(50, 100)
+
+
+def test_shortfall_bound() -> None:
+    assert Bound.shortfall(0.1, Better.LOWER).worse(1.11, 1.0)
+    assert not Bound.shortfall(0.1, Better.LOWER).worse(1.09, 1.0)
+    assert Bound.shortfall(0.1, Better.HIGHER).worse(0.89, 1.0)
+
+
+def test_no_reference_is_never_worse() -> None:
+    bound = Bound.fraction(0.5, Better.HIGHER)
+    assert bound.ratio(1.0, 0.0) is None and not bound.worse(0.0, 0.0)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5, 1.5])
+def test_fraction_out_of_range_is_refused(bad: float) -> None:
+    with pytest.raises(ValueError):
+        Bound.fraction(bad, Better.HIGHER)
+
+
+def test_info_figures_have_no_bound() -> None:
+    with pytest.raises(ValueError):
+        Bound(1.0, Better.INFO)
+
+
+def _look(state: LookState = LookState.CONFIRMED, again: float | None = 41.0) -> SecondLook:
+    return SecondLook(first=40.0, again=again, reference=80.0,
+                      against=(subject.pair(2, 5),), unit="GB/s",
+                      bound=Bound.fraction(0.7, Better.HIGHER), state=state)
+
+
+def test_second_look_round_trips_through_json_shapes() -> None:
+    look = _look()
+    shared = SecondLook(40.0, None, 80.0, (), "GB/s", look.bound, LookState.CONFIRMED,
+                        parts=(look, _look(LookState.UNSTABLE, 79.0)))
+    for each in (look, shared, _look(LookState.NOT_MEASURED, None)):
+        assert SecondLook.from_dict(each.to_dict()) == each
+
+
+def test_a_look_not_measured_again_has_no_second_figure() -> None:
+    with pytest.raises(ValueError):
+        _look(LookState.NOT_MEASURED, 41.0)
+    with pytest.raises(ValueError):
+        _look(LookState.CONFIRMED, None)
+
+
+def test_metric_key_keeps_todays_names() -> None:
+    gemm = Metric("stress.gemm.bf16.tflops", "TFLOP/s", Better.HIGHER, 400.0, subject.rank(3))
+    assert gemm.key() == "stress.gemm.bf16.tflops.rank3"
+    assert Metric("comm.x", "GB/s", Better.HIGHER, 1.0, subject.pair(0, 1, by="cuda")).key() \
+        == "comm.x.cuda0_to_cuda1"
+    assert Metric("comm.all_reduce.busbw_gbps@1048576", "GB/s", Better.HIGHER, 1.0).key() \
+        == "comm.all_reduce.busbw_gbps@1048576"
+    assert Metric.from_dict(gemm.to_dict()) == gemm
+
+
+@pytest.mark.parametrize(("made", "position"), [
+    (subject.rank(3), "rank3"), (subject.gpu(5, bus_id="0000:17:00.0"), "gpu5"),
+    (subject.pair(0, 1), "rank0_to_rank1"), (subject.pair(0, 1, by="cuda"), "cuda0_to_cuda1"),
+    (subject.node(2, host="n2"), "node2"), (subject.port("mlx5_0/1"), None),
+    (subject.host("n1"), None), (subject.file("/x"), None), (subject.text("y"), None),
+])
+def test_subject_positions_and_round_trip(made: Subject, position: str | None) -> None:
+    assert made.position() == position
+    assert Subject.from_dict(made.to_dict()) == made
+    assert str(made) == made.label
+
+
+@pytest.mark.parametrize("raw", [
+    {"kind": "rank", "label": 3}, {"kind": "rank", "label": "r", "rank": "3"},
+    {"kind": "rank", "label": "r", "rank": True}, {"kind": "planet", "label": "x"}, [],
+])
+def test_damaged_subjects_are_refused(raw: object) -> None:
+    with pytest.raises((TypeError, ValueError)):
+        Subject.from_dict(raw)  # type: ignore[arg-type]
+
+
+def test_units() -> None:
+    assert human_bytes(64 << 20) == "64 MiB" and human_bytes(1536) == "1536 B"
+    assert fmt_bytes(3 << 29) == "1.5 GiB"
+    from gpucheck.comm.report import human_bytes as old
+    from gpucheck.render.values import fmt_bytes as old_fmt
+    assert old is human_bytes and old_fmt is fmt_bytes
+
+
+def test_status_moved_beside_action_and_is_re_exported() -> None:
+    from gpucheck.report import Status as Old
+    assert Old is Status and Status.FAIL.severity > Status.WARN.severity
+
+
+_SLOW = Check("comm.pairwise.slow_pair", "slow pair", "send/recv per pair",
+              both(Action.RERUN), "one short run", "docs/comm.md#x",
+              causes=(Cause("cpu_ranks", Action.RERUN, "busy process"),
+                      Cause("fail_only", Action.DRAIN_NODE, "x", Status.FAIL)),
+              on_look=MappingProxyType({LookState.CONFIRMED: Action.DRAIN_NODE,
+                                        LookState.UNSTABLE: Action.RERUN,
+                                        LookState.NOT_MEASURED: Action.RERUN}))
+
+
+def test_check_action_order_cause_then_look_then_status() -> None:
+    assert _SLOW.action(Status.OK) is None and _SLOW.action(Status.SKIP) is None
+    assert _SLOW.action(Status.WARN) is Action.RERUN
+    assert _SLOW.action(Status.WARN, look=_look()) is Action.DRAIN_NODE
+    assert _SLOW.action(Status.WARN, look=_look(LookState.UNSTABLE, 79.0)) is Action.RERUN
+    assert _SLOW.action(Status.WARN, "cpu_ranks", _look()) is Action.RERUN
+    assert _SLOW.action(Status.FAIL, "fail_only") is Action.DRAIN_NODE
+
+
+def test_check_refuses_what_it_does_not_declare() -> None:
+    with pytest.raises(ValueError):
+        _SLOW.action(Status.WARN, "no_such_cause")
+    with pytest.raises(ValueError):
+        _SLOW.action(Status.WARN, "fail_only")
+    plain = Check("gpu.busy", "t", "m", {Status.WARN: Action.RERUN}, "w", "docs/env.md#a")
+    with pytest.raises(ValueError):
+        plain.action(Status.WARN, look=_look())
+    with pytest.raises(ValueError):
+        plain.action(Status.FAIL)
+    with pytest.raises(ValueError):
+        Check("a.b", "t", "m", {Status.OK: Action.NONE}, "w", "docs/x.md#a")
+
+
+def test_relaying_checks_take_the_relayed_action() -> None:
+    node = Check("fleet.node", "t", "m", both(Action.RERUN), "w", "docs/fleet.md#a",
+                 relays=True)
+    assert node.action(Status.WARN, relayed=Action.DRAIN_NODE) is Action.DRAIN_NODE
+    assert node.action(Status.WARN) is Action.RERUN
+    assert _SLOW.action(Status.WARN, relayed=Action.DRAIN_NODE) is Action.RERUN
+
+
+def test_lookup_exact_then_most_specific_template() -> None:
+    def make(i: str) -> Check:
+        return Check(i, "t", "m", both(Action.RERUN), "w", "docs/x.md#a")
+    table = build(make(i) for i in ("hang.rank.{state}", "hang.rank.d_state",
+                                    "{command}.probe", "comm.{op}.correct", "{a}.{b}"))
+    assert find(table, "hang.rank.d_state").id == "hang.rank.d_state"
+    assert find(table, "hang.rank.stopped").id == "hang.rank.{state}"
+    assert find(table, "comm.probe").id == "{command}.probe"
+    assert find(table, "comm.all_reduce.correct").id == "comm.{op}.correct"
+    with pytest.raises(KeyError, match=r"gpucheck/checks/stress\.py"):
+        find(table, "stress.new.thing")
+    with pytest.raises(ValueError, match="twice"):
+        build([make("a.b"), make("a.b")])
+
+
+def test_area_files() -> None:
+    assert area_file("driver.nvml") == "gpucheck/checks/env.py"
+    assert area_file("bench.probe") == "gpucheck/checks/bench.py"
+    assert area_file("launch.cpu_ranks") == "gpucheck/checks/run.py"
+    assert Kind("pair") is Kind.PAIR
