@@ -17,11 +17,11 @@ from gpucheck.commands.option_types import (
     positive_int,
 )
 from gpucheck.errors import UsageError
+from gpucheck.peers import SLOW_NODE_FRACTION
 from gpucheck.report import Report
 
 HELP = "collective and pairwise bandwidth, hang-safe"
 DEFAULT_PAIR_THRESHOLD = 0.5
-DEFAULT_SLOW_NODE_FRACTION = 0.9
 
 
 def _size(text: str) -> int:
@@ -97,7 +97,7 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan, collectives: tuple[str, ..
 def _verdicts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from gpucheck.comm.report import Verdicts
 
-    return Verdicts(args.pair_threshold, args.baseline_busbw, DEFAULT_SLOW_NODE_FRACTION)
+    return Verdicts(args.pair_threshold, args.baseline_busbw, SLOW_NODE_FRACTION)
 
 
 def run(args: argparse.Namespace) -> Report | None:

@@ -14,9 +14,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck.peers import SLOW_NODE_FRACTION
 from gpucheck.report import Finding, ok, warn
 
-DEFAULT_SLOW_NODE_FRACTION = 0.9
+# The name comm/worker.py imports; the figure is gpucheck.peers' one definition.
+DEFAULT_SLOW_NODE_FRACTION = SLOW_NODE_FRACTION
 
 
 @dataclass(frozen=True, order=True)
