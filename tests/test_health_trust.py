@@ -197,6 +197,9 @@ def test_the_worst_finding_of_many_thousand_is_the_first_most_severe():
     {"version": 2, "faults": [{"key": "k"}]},
     {"version": 2, "faults": [{"key": "k", "check": "c", "status": "OK", "action": "none",
                                "message": "m", "since": "t"}]},
+    # a check id this gpucheck does not declare (its finding could not be made)
+    {"version": 2, "faults": [{"key": "k", "check": "brand.new", "status": "FAIL",
+                               "action": "drain-node", "message": "m", "since": "t"}]},
     {"version": True},
     [1, 2],
     "text",
