@@ -140,7 +140,8 @@ def test_unwritable_output_is_refused_before_any_work(tmp_path: Path,
 def test_skipped_checks_do_not_lower_an_ok_verdict() -> None:
     assert Report("env", [Section("s", "S", findings=[ok("gpu.numa", "m"), skip("gpu.busy", "m")])]
                   ).verdict() is Status.OK
-    assert Report("env", [Section("s", "S", findings=[skip("gpu.busy", "m")])]).verdict() is Status.SKIP
+    assert Report("env", [Section("s", "S", findings=[skip("gpu.busy", "m")])]
+                  ).verdict() is Status.SKIP
     assert Report("env").verdict() is Status.OK
 
 
