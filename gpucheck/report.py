@@ -19,13 +19,14 @@ from gpucheck import __version__
 from gpucheck.actions import ACTIONS, Action, Status
 from gpucheck.checks import Check, lookup
 from gpucheck.checks.legacy import legacy_action, resolve_action
-from gpucheck.measure import SecondLook
+from gpucheck.measure import Metric, SecondLook
 from gpucheck.subject import Kind, Subject
 
-# 3: findings carry "cause", "look" (a second look, as data) and "subject_fields", the
-# subject as an object ({"kind", "label", ...fields}; null for a subject known only by
-# its words) beside "subject", its label: the readers of the label (compare, fleet,
-# health's state, every test that reads a report) move to the fields stream by stream.
+# 3: sections carry "metrics" (gpucheck.measure.Metric as data); findings carry
+# "cause", "look" (a second look, as data) and "subject_fields", the subject as an
+# object ({"kind", "label", ...fields}; null for a subject known only by its words)
+# beside "subject", its label: the readers of the label (compare, fleet, health's
+# state, every test that reads a report) move to the fields stream by stream.
 # 2: "action" on every WARN and FAIL, subject a string.
 # 1: the same without the action. 1 and 2 are still read (their actions resolved or
 # kept) until every reader has moved to 3 (S6 drops them).
@@ -169,13 +170,16 @@ class Section:
     """A titled group of data and findings (`system`, `gpus`, `ranks`, ...).
 
     `data` holds plain JSON-able values. Renderers show scalars as aligned
-    `key: value` lines, dicts as nested lines and lists of dicts as tables.
+    `key: value` lines, dicts as nested lines and lists of dicts as tables. `metrics`:
+    the section's figures as data (`gpucheck.measure.Metric`), what compare, fleet and
+    baselines read (schema 3; the producers attach them, S4).
     """
 
     name: str
     title: str
     data: dict[str, JsonValue] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+    metrics: list[Metric] = field(default_factory=list)
 
     def verdict(self) -> Status | None:
         """The section's badge: its worst WARN or FAIL, else OK when anything was checked;
@@ -193,6 +197,7 @@ class Section:
             "title": self.title,
             "data": self.data,
             "findings": [f.to_dict() for f in self.findings],
+            "metrics": [m.to_dict() for m in self.metrics],
         }
 
     @classmethod
@@ -204,6 +209,7 @@ class Section:
             title=raw["title"],
             data=dict(raw.get("data") or {}),
             findings=[Finding.from_dict(f) for f in raw.get("findings") or []],
+            metrics=[Metric.from_dict(m) for m in raw.get("metrics") or []],
         )
 
 

@@ -26,7 +26,7 @@ import gpucheck
 from gpucheck import subject
 from gpucheck.actions import Action, Status
 from gpucheck.checks import CHECKS, lookup
-from gpucheck.measure import Better, Bound, LookState, SecondLook
+from gpucheck.measure import Better, Bound, LookState, Metric, SecondLook
 from gpucheck.report import Finding, Report, Section, fail, ok, warn
 
 PACKAGE = Path(gpucheck.__file__).parent
@@ -647,8 +647,11 @@ def test_schema_3_round_trips_cause_look_and_subject_as_data() -> None:
                      look=_look(LookState.NOT_MEASURED), cause="cpu_ranks"),
                 fail("driver.nvml", "lost", "h", gpu, cause="gpu_lost"),
                 ok("gpu.numa", "fine", "a host string")]
-    report = Report("comm", [Section("s", "S", findings=findings)])
+    busbw = Metric("comm.all_reduce.busbw_gbps@1048576", "GB/s", Better.HIGHER, 80.5,
+                   subject.pair(2, 5), spread=0.03)
+    report = Report("comm", [Section("s", "S", findings=findings, metrics=[busbw])])
     raw = json.loads(json.dumps(report.to_dict()))
+    assert raw["sections"][0]["metrics"][0]["subject"]["peer"] == 5
     assert raw["schema_version"] == 3
     stored = raw["sections"][0]["findings"]
     assert stored[0]["look"]["state"] == "confirmed" and stored[0]["action"] == "drain-node"
@@ -669,3 +672,18 @@ def test_no_hint_of_the_source_starts_with_an_action_once_data_decides() -> None
     prefixed = {m.name for m in modules()
                 if re.search(r"f?\"action: \{", ast.unparse(m.tree))}
     assert prefixed <= {"probes/xid_section.py", "faults/findings.py"}
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("metrics", 3), ("metrics", [{"name": "x", "unit": "s", "better": "up", "value": 1}]),
+    ("look", {"state": "confirmed"}), ("subject_fields", {"kind": "rank", "label": 3})])
+def test_a_damaged_schema_3_field_is_a_damaged_report(tmp_path: Path, key: str,
+                                                      value: object) -> None:
+    from gpucheck.analysis.loading import ReportError, load_report
+    raw = Report("env", [Section("s", "S", findings=[ok("gpu.numa", "fine")])]).to_dict()
+    target = raw["sections"][0] if key == "metrics" else raw["sections"][0]["findings"][0]
+    target[key] = value
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ReportError, match="damaged"):
+        load_report(str(path))

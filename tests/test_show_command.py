@@ -38,9 +38,10 @@ def test_show_json_round_trips_the_report(capsys: pytest.CaptureFixture[str]) ->
     assert main(["show", str(REPORTS / "bench.json"), "--format", "json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     original = json.loads((REPORTS / "bench.json").read_text())
-    # The file is schema 2; show writes schema 3, the same findings with three keys more
-    # (cause, look, subject_fields: null for a report that had none).
+    # The file is schema 2; show writes schema 3: sections with metrics (none here), the
+    # same findings with three keys more (cause, look, subject_fields: null here).
     for section in shown["sections"]:
+        assert section.pop("metrics") == []
         for finding in section["findings"]:
             assert all(finding.pop(k) is None for k in ("cause", "look", "subject_fields"))
     assert shown["sections"] == original["sections"]

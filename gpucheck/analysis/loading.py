@@ -20,6 +20,7 @@ from gpucheck.analysis.metrics import Metric, extract_metrics
 from gpucheck.checks.legacy import resolve_action
 from gpucheck.errors import UsageError
 from gpucheck.inputs import InputError, JsonProblem, parse_json, read_capped
+from gpucheck.measure import Metric as MeasuredMetric  # analysis.metrics has its own, S4
 from gpucheck.measure import SecondLook
 from gpucheck.report import READABLE_SCHEMA_VERSIONS, Status
 from gpucheck.subject import Subject
@@ -175,6 +176,8 @@ def _section_problem(sections: Any) -> str | None:
             return problem
         if not isinstance(section.get("data", {}), dict):
             return f"{where}.data is not an object"
+        if (problem := _metrics_problem(section.get("metrics"), where)) is not None:
+            return problem
         findings = section.get("findings", [])
         if not isinstance(findings, list):
             return f"{where}.findings is not a list"
@@ -188,6 +191,20 @@ def _section_problem(sections: Any) -> str | None:
                 or _data_problem(finding, f"{where}.findings[{j}]")
             if problem is not None:
                 return problem
+    return None
+
+
+def _metrics_problem(metrics: Any, where: str) -> str | None:
+    """Schema 3's metrics: a list of what `Metric.to_dict` writes, or absent."""
+    if metrics is None:
+        return None
+    if not isinstance(metrics, list):
+        return f"{where}.metrics is not a list"
+    for i, metric in enumerate(metrics):
+        try:
+            MeasuredMetric.from_dict(metric)
+        except (TypeError, ValueError, KeyError) as exc:
+            return f"{where}.metrics[{i}]: {str(exc)[:120]}"
     return None
 
 
