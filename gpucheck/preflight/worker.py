@@ -128,8 +128,16 @@ def _nvml(run: Run) -> dict[str, Any]:
         own = [int(r["pid"]) for r in run.result["ranks"]
                if r["node_rank"] == run.world.node_rank]
         mine = {"node_rank": run.world.node_rank,
-                "findings": nvml_findings(run.spec.device, own)}
+                "findings": nvml_findings(run.spec.device, own, _kernel_log_s(run))}
     return {"nodes": [n for n in _gather(mine, run.world.world_size) if n is not None]}
+
+
+def _kernel_log_s(run: Run) -> float:
+    """The kernel log's share: its default, less when the budget has less left (a
+    second kept for the gather that follows)."""
+    from gpucheck.preflight.checks import KERNEL_LOG_S
+
+    return max(0.1, min(KERNEL_LOG_S, run.budget.left_here() - 1.0))
 
 
 def _stress(run: Run) -> tuple[Any, dict[str, Any]]:
