@@ -60,3 +60,21 @@ def _result(checks: dict, device: str = "cuda", nodes: int = 1, per_node: int = 
     return {"world_size": len(ranks), "device": device, "backend": "nccl", "budget_s": 60,
             "ranks": ranks, "checks": checks, "strict": False,
             "fractions": {"peer": 0.9, "expected": 0.8, "link": 0.5}}
+
+
+ROSTER = [{"rank": r, "node_rank": r // 2} for r in range(4)]  # 2 nodes, 2 ranks each
+
+
+def test_rank_zero_answering_is_the_only_one_to_speak() -> None:
+    from gpucheck.preflight.actions import speaks_for_failed_job
+
+    assert speaks_for_failed_job([3], ROSTER, 0, reporter=True)
+    assert [r for r in range(1, 4) if speaks_for_failed_job([3], ROSTER, r, False)] == []
+
+
+def test_rank_zero_silent_each_node_s_lowest_live_rank_speaks() -> None:
+    from gpucheck.preflight.actions import speaks_for_failed_job
+
+    assert [r for r in range(1, 4) if speaks_for_failed_job([0], ROSTER, r, False)] == [1, 2]
+    assert [r for r in range(1, 4) if speaks_for_failed_job([0, 1], ROSTER, r, False)] == [2]
+    assert not speaks_for_failed_job([0], [], 1, False)  # no roster: nothing known

@@ -170,3 +170,23 @@ def test_checks_that_do_not_fit_the_budget_skip_and_with_strict_stop_the_job(
     unfinished = {f["subject"]: f["status"] for f in sections["budget"]["findings"]}
     assert set(unfinished.values()) == {"FAIL" if strict else "SKIP"}
     assert sections["preflight"]["data"]["failing_nodes"] == []
+
+
+def test_rank_zero_stopped_still_stops_the_command_and_rank_one_speaks(
+        tmp_path: Path) -> None:
+    """Rank 0 (the reporter) stops (SIGSTOP) mid-check: rank 1 refuses the command, exits
+    1, and writes the report and the exclude file naming rank 0's host; bounded, no
+    process left."""
+    exclude, report = tmp_path / "exclude.txt", tmp_path / "report.json"
+    proc = _torchrun(tmp_path, "-q", "--budget", "10", "-o", str(report), "--exclude-file",
+                     str(exclude), GPUCHECK_STRESS_TEST_HOOK="preflight_workers:stop_rank_zero")
+    with tracked([proc]) as seen:
+        stdout, stderr = proc.communicate(timeout=RUN_S)
+        assert wait_gone(seen) == []
+    assert proc.returncode == 1 and _trained(stdout) == [], stderr[-3000:]
+    assert "exitcode  : 1 (pid" in stderr  # rank 1 ended itself, with 1
+    failed = [f for s in json.loads(report.read_text())["sections"] for f in s["findings"]
+              if f["status"] == "FAIL"]
+    assert [(f["check"], f["subject"]) for f in failed] == [
+        ("preflight.rank_unresponsive", "rank 0")]
+    assert exclude.read_text() == f"{socket.gethostname()}\n"
