@@ -78,3 +78,120 @@ def test_rank_zero_silent_each_node_s_lowest_live_rank_speaks() -> None:
     assert [r for r in range(1, 4) if speaks_for_failed_job([0], ROSTER, r, False)] == [1, 2]
     assert [r for r in range(1, 4) if speaks_for_failed_job([0, 1], ROSTER, r, False)] == [2]
     assert not speaks_for_failed_job([0], [], 1, False)  # no roster: nothing known
+
+
+# --- each node's own all_reduce busbw (recorded figures: no timing here) ---
+
+H100 = "NVIDIA H100 80GB HBM3"
+SIZE = 256 << 20
+
+
+def _records(busbw: dict[int, float], per_node: int = 2, model: str | None = None) -> list:
+    """Per-rank records whose slowest rank gives each node `busbw` GB/s."""
+    n = per_node
+    return [{"rank": node * n + i, "node_rank": node, "model": model, "size_bytes": SIZE,
+             "time_s": SIZE * 2 * (n - 1) / n / (gbps * 1e9) * (1.0 if i == 0 else 0.97)}
+            for node, gbps in busbw.items() for i in range(n)]
+
+
+def _nodes_check(first: dict[int, float], again: dict[int, float] | None,
+                 per_node: int = 2, model: str | None = None, why_not: str | None = None,
+                 ) -> dict:
+    from gpucheck.preflight.node_busbw import node_figures, plan
+
+    figures = node_figures(_records(first, per_node, model))
+    wanted = plan(figures)
+    measured = None if again is None else node_figures(_records(again, per_node, model))
+    return {"figures": figures, "plan": wanted, "again": measured, "why_not": why_not}
+
+
+def _decide_nodes(nodes: dict, device: str = "cuda", count: int = 4,
+                  per_node: int = 2) -> dict:
+    checks = {"all_reduce": {"state": "done", "row": {"size_bytes": SIZE, "wrong": 0},
+                             "nodes": nodes}}
+    return decide(_result(checks, device, count, per_node))
+
+
+def _node_section(decision: dict) -> dict:
+    return next(s for s in decision["sections"] if s["name"] == "node_all_reduce")
+
+
+def test_node_figure_is_busbw_of_the_slowest_rank() -> None:
+    from gpucheck.preflight.node_busbw import node_figures
+
+    figures = node_figures(_records({0: 100.0, 1: 50.0}))
+    assert round(figures[0]["busbw_gbps"], 6) == 100.0
+    assert round(figures[1]["busbw_gbps"], 6) == 50.0
+    assert node_figures(_records({0: 100.0}, per_node=1)) == {}  # one rank: no figure
+
+
+def test_healthy_nodes_stay_ok() -> None:
+    decision = _decide_nodes(_nodes_check({0: 100.0, 1: 97.0, 2: 99.0, 3: 95.0}, None))
+    assert decision["go"] is True
+    assert [(f["check"], f["status"]) for f in _node_section(decision)["findings"]] == [
+        ("preflight.node_all_reduce", "OK")]
+
+
+def test_a_node_slow_against_the_others_and_slow_again_fails_alone() -> None:
+    nodes = _nodes_check({0: 100.0, 1: 97.0, 2: 40.0, 3: 99.0},
+                         {0: 99.0, 1: 98.0, 2: 41.0, 3: 100.0})
+    assert nodes["plan"]["suspects"] == {2: ["peers"]}
+    assert nodes["plan"]["known_good"] in (0, 1, 3)
+    decision = _decide_nodes(nodes)
+    assert decision["go"] is False
+    [node] = decision["failing"]
+    assert node["host"] == "gpu-c" and node["checks"] == ["preflight.node_all_reduce"]
+    [bad] = [f for f in _node_section(decision)["findings"] if f["status"] == "FAIL"]
+    assert bad["subject"] == "node 2 (gpu-c)" and bad["action"] == "drain-node"
+
+
+def test_a_node_slow_once_then_fine_is_not_condemned() -> None:
+    nodes = _nodes_check({0: 100.0, 1: 97.0, 2: 40.0, 3: 99.0},
+                         {0: 99.0, 1: 98.0, 2: 97.0, 3: 100.0})
+    decision = _decide_nodes(nodes)
+    assert decision["go"] is True and decision["failing"] == []
+    [look] = [f for f in _node_section(decision)["findings"] if f["status"] != "OK"]
+    assert (look["status"], look["action"], look["subject"]) == ("WARN", "rerun",
+                                                                 "node 2 (gpu-c)")
+
+
+def test_not_measured_again_within_the_budget_never_condemns() -> None:
+    nodes = _nodes_check({0: 100.0, 1: 97.0, 2: 40.0, 3: 99.0}, None,
+                         why_not="no 1.2 s left of the budget to measure it again")
+    decision = _decide_nodes(nodes)
+    assert decision["failing"] == []
+    [look] = _node_section(decision)["findings"]
+    assert (look["status"], look["action"]) == ("WARN", "rerun")
+    assert nodes["again"] is None
+
+
+def test_cpu_ranks_confirmed_slow_are_a_warn_to_rerun_never_a_drain() -> None:
+    nodes = _nodes_check({0: 10.0, 1: 9.7, 2: 4.0, 3: 9.9}, {0: 9.9, 1: 9.8, 2: 4.1, 3: 10.0})
+    decision = _decide_nodes(nodes, device="cpu")
+    assert decision["failing"] == [] and decision["go"] is True
+    [look] = [f for f in _node_section(decision)["findings"] if f["status"] != "OK"]
+    assert (look["status"], look["action"]) == ("WARN", "rerun")
+
+
+def test_one_hgx_node_below_its_expected_floor_fails_and_above_it_passes() -> None:
+    healthy = _nodes_check({0: 380.0}, None, per_node=8, model=H100)
+    decision = _decide_nodes(healthy, count=1, per_node=8)
+    assert decision["go"] is True and healthy["plan"]["suspects"] == {}
+    # An NVLink down: the node's all_reduce falls to PCIe rates, twice.
+    broken = _nodes_check({0: 45.0}, {0: 47.0}, per_node=8, model=H100)
+    assert broken["plan"]["suspects"] == {0: ["expected"]}
+    decision = _decide_nodes(broken, count=1, per_node=8)
+    assert decision["go"] is False
+    assert decision["failing"][0]["checks"] == ["preflight.node_all_reduce"]
+
+
+def test_no_expected_figure_for_an_unlisted_model_or_a_small_message() -> None:
+    from gpucheck.preflight.node_busbw import expected_for
+
+    assert expected_for(H100, 8, SIZE) is not None
+    assert expected_for("NVIDIA H100 PCIe", 8, SIZE) is None  # other clocks: not guessed
+    assert expected_for(H100, 4, SIZE) is None
+    assert expected_for(H100, 8, 4 << 20) is None
+    # An unlisted model at 45 GB/s alone: no figure to judge it by, not a suspect.
+    assert _nodes_check({0: 45.0}, None, per_node=8, model="NVIDIA B200")["plan"][
+        "suspects"] == {}

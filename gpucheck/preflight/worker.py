@@ -180,7 +180,12 @@ def _all_reduce(run: Run) -> dict[str, Any]:
     spec = run.spec
     comm = CommSpec(device=spec.device, backend=spec.backend, timeout_s=spec.budget_s,
                     collectives=("all_reduce",), iters=spec.iters, warmup=2)
-    return {"row": measure_size("all_reduce", spec.allreduce_bytes, comm, run.world)}
+    from gpucheck.preflight.node_busbw import measure_nodes
+
+    row = measure_size("all_reduce", spec.allreduce_bytes, comm, run.world)
+    # Then each node's own all_reduce: the per-node figure judged (node_busbw).
+    return {"row": row, "nodes": measure_nodes(run.world, run.result["ranks"], spec.device,
+                                               spec.allreduce_bytes, spec.iters, run.budget)}
 
 
 def _links(run: Run) -> dict[str, Any]:
