@@ -195,3 +195,48 @@ def test_no_expected_figure_for_an_unlisted_model_or_a_small_message() -> None:
     # An unlisted model at 45 GB/s alone: no figure to judge it by, not a suspect.
     assert _nodes_check({0: 45.0}, None, per_node=8, model="NVIDIA B200")["plan"][
         "suspects"] == {}
+
+
+# --- the hang guard (a store whose host is stopped cannot time out) ---
+
+
+def test_hang_guard_cancelled_in_time_does_nothing() -> None:
+    from gpucheck.preflight.guard import HangGuard
+
+    ended: list[int] = []
+    with HangGuard(60.0, 1, lambda: ended.append(-1), ended.append):
+        pass
+    assert ended == []
+
+
+def test_hang_guard_fires_writes_what_it_knows_and_exits_1(tmp_path) -> None:
+    import threading
+
+    from gpucheck.preflight.guard import HangGuard, exclude_on_hang, on_hang_hosts
+
+    roster = [{"rank": 0, "node_rank": 0, "host": "gpu-a"},
+              {"rank": 1, "node_rank": 0, "host": "gpu-a"},
+              {"rank": 2, "node_rank": 1, "host": "gpu-b"}]
+    path = tmp_path / "exclude.txt"
+    done = threading.Event()
+    codes: list[int] = []
+
+    def exit_now(code: int) -> None:
+        codes.append(code)
+        done.set()
+
+    hosts = on_hang_hosts(1, True, roster)
+    with HangGuard(0.01, 1, exclude_on_hang(str(path), hosts), exit_now):
+        assert done.wait(60)
+    assert codes == [1] and path.read_text() == "gpu-a\n"
+
+
+def test_hang_guard_names_rank_zero_only_when_its_store_is_what_hangs() -> None:
+    from gpucheck.preflight.guard import on_hang_hosts
+
+    roster = [{"rank": r, "node_rank": r // 2, "host": "ab"[r // 2]} for r in range(4)]
+    assert on_hang_hosts(1, True, roster) == [{"host": "a", "node_rank": 0}]
+    assert on_hang_hosts(2, True, roster) == [{"host": "a", "node_rank": 0}]
+    assert on_hang_hosts(3, True, roster) is None  # node 1 speaks through rank 2
+    assert on_hang_hosts(1, False, roster) is None  # torchrun: the agent's store
+    assert on_hang_hosts(0, True, roster) is None

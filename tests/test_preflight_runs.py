@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from comm_workers import PYTHON, ROOT, clean_env, free_port, start, tracked, wait_gone
+from comm_workers import PYTHON, ROOT, clean_env, descendants, free_port, start, tracked, wait_gone
 
 RUN_S = 300
 TRAIN = str(ROOT / "tests" / "preflight_train.py")
@@ -189,4 +189,21 @@ def test_rank_zero_stopped_still_stops_the_command_and_rank_one_speaks(
               if f["status"] == "FAIL"]
     assert [(f["check"], f["subject"]) for f in failed] == [
         ("preflight.rank_unresponsive", "rank 0")]
+    assert exclude.read_text() == f"{socket.gethostname()}\n"
+
+
+def test_rank_zero_stopped_under_srun_shape_rank_one_ends_and_names_it(
+        tmp_path: Path) -> None:
+    """srun's shape: rank 0's process hosts the job's store, so with rank 0 stopped a
+    store call on rank 1 cannot return; the hang guard ends rank 1 (exit 1, the
+    command not started) and it writes rank 0's host to the exclude file."""
+    exclude = tmp_path / "exclude.txt"
+    procs = _slurm_ranks(free_port(), "-q", "--budget", "10", "--exclude-file", str(exclude),
+                         GPUCHECK_STRESS_TEST_HOOK="preflight_workers:stop_rank_zero")
+    with tracked(procs) as seen:
+        _stdout, stderr = procs[1].communicate(timeout=RUN_S)
+        seen.extend(p.pid for p in descendants(procs[1]))
+        assert procs[1].returncode == 1, stderr[-3000:]
+        assert wait_gone([procs[1].pid, *seen]) == []
+    assert _trained(_stdout) == []
     assert exclude.read_text() == f"{socket.gethostname()}\n"

@@ -83,7 +83,8 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan) -> Any:
                          link_bytes=link_bytes, iters=iters,
                          peer_fraction=0.9 if plan.device == "cuda" else 0.5,
                          expected_fraction=0.8, link_fraction=0.5,
-                         fault_watch=args.fault_watch, costs_s=costs)
+                         fault_watch=args.fault_watch, costs_s=costs,
+                         exclude_file=args.exclude_file)
 
 
 def run(args: argparse.Namespace) -> Report | None:
