@@ -6,7 +6,7 @@ Generated from the old actions.RULES and the finding sites; edit freely from her
 from __future__ import annotations
 
 from gpucheck.actions import Action, Status
-from gpucheck.checks.check import Check
+from gpucheck.checks.check import SLOW_TWICE, Cause, Check
 
 A, W, F = Action, Status.WARN, Status.FAIL
 # The preflight ids came with no rule of their own: they keep the action gpucheck gave
@@ -90,6 +90,17 @@ CHECKS: tuple[Check, ...] = (
           {},
           "OK only: the go; a no-go is preflight.no_go or the failing node's finding",
           "docs/preflight.md#preflight-go"),
+    Check("preflight.node_all_reduce", "Preflight node all_reduce",
+          "each node's intra-node all_reduce bus bandwidth against the others', a slow one "
+          "measured again beside a known-good node (gpucheck preflight)",
+          {W: A.RERUN, F: A.DRAIN_NODE},
+          "slow twice, the second time beside a known-good node, on GPU ranks: the node's "
+          "links or GPUs are the suspect and it must not take the job (FAIL); slow once, "
+          "or on CPU ranks, names nothing (WARN, rerun); the site passes these actions",
+          "docs/preflight.md#preflight-node-all-reduce",
+          causes=(Cause("cpu_ranks", A.RERUN, "CPU ranks: a slow node is the machine's "
+                        "load, not its links"),),
+          on_look=SLOW_TWICE),
     Check("preflight.no_go", "Preflight no-go",
           "the gate failed without naming a node (gpucheck preflight)",
           {W: A.RERUN, F: A.DRAIN_NODE},
