@@ -92,15 +92,15 @@ def test_slow_node_fraction_is_defined_once() -> None:
 def test_a_slow_node_is_named_and_a_node_exactly_at_the_bound_is_not() -> None:
     from gpucheck.distributed.nodes import NodeId, slow_node_findings
 
-    # images/s per node of a 4-node bench run; node 3 at 0.78x.
+    # A figure per node of a 4-node run; node 3 at 0.78x.
     metric = {NodeId(0, "a"): 2410.0, NodeId(1, "b"): 2395.0, NodeId(2, "c"): 2402.0,
               NodeId(3, "d"): 1874.0}
-    (slow,) = slow_node_findings(metric, "bench.nodes.slow_node", "images/s", "img/s")
+    (slow,) = slow_node_findings(metric, "comm.nodes.slow_node", "images/s", "img/s")
     assert (slow.status.value, slow.subject, slow.action) == ("WARN", "node 3 (d)", "rerun")
     # 90.0 against a median of 100: `value < 0.9 x median` called it slow (0.9 x 100 is
     # 90.00000000000001 in floating point); value / median == 0.9 is at the bound.
     tie = {NodeId(0, "a"): 100.0, NodeId(1, "b"): 100.0, NodeId(2, "c"): 90.0}
-    assert [f.status.value for f in slow_node_findings(tie, "bench.nodes.slow_node", "x",
+    assert [f.status.value for f in slow_node_findings(tie, "comm.nodes.slow_node", "x",
                                                        "u")] == ["OK"]
     times = {NodeId(0, "a"): 1.0, NodeId(1, "b"): 2.0, NodeId(2, "c"): 1.0}
     (late,) = slow_node_findings(times, "comm.nodes.slow_node", "time", "s",
