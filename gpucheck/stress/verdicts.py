@@ -180,7 +180,7 @@ def expected_findings(check: str, what: str, unit: str, values: Mapping[int, flo
             findings.append(_below_expected(check, what, unit, values[rank], figure,
                                             names[rank], look))
         else:
-            passed.setdefault(model, (figure, []))[1].append(rank)
+            passed.setdefault(model or "CPU", (figure, []))[1].append(rank)
     for model, (figure, members) in passed.items():
         findings.append(ok(check, f"{what}: {len(members)} {model} rank(s) at or above "
                            f"{fraction:g} x the typical {figure.typical:.4g} {unit} "
