@@ -237,6 +237,18 @@ def test_ranks_left_unwatched_give_no_verdict_and_blame_no_one(monkeypatch) -> N
                                            "b": [v.to_dict() for v in views]}}}, 1.0)
     (jobs,) = sections  # neither job was watched: rows in the jobs table, no section
     assert [r["verdict"] for r in jobs.data["jobs"]] == ["not watched"] * 2
+    # nothing judged is no all-clear (it read OK, exit 0, before)
+    assert [(f.check, f.status) for f in jobs.findings] == [("hang.jobs", Status.SKIP)]
+
+
+def test_a_job_crowded_out_by_others_leaves_the_jobs_line_a_skip() -> None:
+    watched = [observe.RankView(r, r, 2, None, "node7", state="exited") for r in range(2)]
+    crowd = [observe.RankView(r, r, 2, None, "node7", state="sleeping", watched=False)
+             for r in range(2)]
+    sections = live_sections({0: {"jobs": {"a": [v.to_dict() for v in watched],
+                                           "b": [v.to_dict() for v in crowd]}}}, 1.0)
+    jobs = sections[-1]
+    assert [(f.check, f.status) for f in jobs.findings] == [("hang.jobs", Status.SKIP)]
 
 
 def test_a_rank_that_exited_unreaped_is_gone_not_a_usage_error() -> None:
@@ -268,6 +280,38 @@ def test_an_environment_read_that_never_answers_is_left_behind(tmp_path: Path,
             procs._read_in_time(str(fifo))
     finally:
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # lets the reader go
+
+
+def test_environments_that_never_answer_share_one_wait(tmp_path: Path, monkeypatch) -> None:
+    """Every rank of a job stuck in a hung driver blocks its environment: each waited
+    the full timeout before (eight ranks, 8 s); now they share ENVIRON_BUDGET_S and
+    the rest get the floor."""
+    import builtins
+
+    from gpucheck.hang import procs
+
+    fifo = tmp_path / "environ"
+    os.mkfifo(fifo)
+
+    def stuck_open(path, *args, **kwargs):  # every environment blocks, as in the driver
+        return builtins.open(fifo if str(path).endswith("/environ") else path, *args,
+                             **kwargs)
+
+    waits: list[float] = []
+    timeout = procs.Waits.timeout
+    monkeypatch.setattr(procs, "open", stuck_open, raising=False)
+    monkeypatch.setattr(procs, "ENVIRON_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(procs, "ENVIRON_BUDGET_S", 0.3)
+    monkeypatch.setattr(procs, "ENVIRON_FLOOR_S", 0.01)
+    monkeypatch.setattr(procs.Waits, "timeout", lambda self: waits.append(timeout(self))
+                        or waits[-1])
+    try:
+        with processes([(["sleep", "60"], _rank_env(r, 3, free_port())) for r in range(3)]
+                       ) as pids:
+            found = discover(pids)
+    finally:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # lets the readers go
+    assert found.blocked == list(pids) and waits == [0.2, 0.2, 0.01]
 
 
 def test_a_blocked_process_is_a_note_not_a_hang(tmp_path: Path, monkeypatch) -> None:

@@ -15,7 +15,13 @@ import pytest
 from gpucheck.cli import main
 from gpucheck.probes import kernel_log as kl
 from gpucheck.probes.gpus import GpuRecord
-from gpucheck.probes.kernel_log import KernelLog, read_file, read_kernel_log, read_live_log
+from gpucheck.probes.kernel_log import (
+    KernelLog,
+    read_file,
+    read_kernel_log,
+    read_live_log,
+    scan_lines,
+)
 from gpucheck.probes.xid_section import kernel_log_section
 from gpucheck.probes.xid_table import ACTIONS, SEVERITIES, XID_TABLE
 from gpucheck.report import Section, Status
@@ -186,11 +192,10 @@ def test_the_reset_hint_names_the_mapped_gpus_nvml_index():
 
 # ---- reading files ----
 
-def test_kern_log_keeps_only_the_current_boot():
+def test_a_saved_kern_log_is_read_whole_every_boot_in_it():
     path = str(LOGS / "kern_log_two_boots.log")
-    assert [e.xid for e in read_file(path, boot_cut=True).events] == [43, 45]
-    assert [e.xid for e in read_file(path).events] == [79, 79, 43, 45]  # a saved file: all
-    assert read_file(path, boot_cut=True).events[0].time == "Nov 21 10:02:03"
+    assert [e.xid for e in read_file(path).events] == [79, 79, 43, 45]
+    assert read_file(path).events[2].time == "Nov 21 10:02:03"
 
 
 def test_a_gzipped_saved_log_is_read(tmp_path):
@@ -244,36 +249,42 @@ JOURNAL = (LOGS / "journal_ecc_and_gsp.log").read_text()
 
 def test_dmesg_is_used_when_this_user_may_read_it():
     fake = runner(dmesg=done((LOGS / "dmesg_fallen_off_bus.log").read_text()))
-    log = read_live_log(fake, syslog_files=())
+    log = read_live_log(fake)
     assert log.source == "dmesg" and log.not_read == () and fake.calls == [("dmesg", 5.0)]
 
 
 def test_dmesg_restrict_falls_back_to_journalctl_and_says_why():
-    log = read_live_log(runner(dmesg=DENIED, journalctl=done(JOURNAL)), syslog_files=())
+    log = read_live_log(runner(dmesg=DENIED, journalctl=done(JOURNAL)))
     assert log.source == "journalctl -k -b" and 94 in {e.xid for e in log.events}
     (reason,) = log.not_read
     assert "Operation not permitted" in reason and "dmesg_restrict" in reason
 
 
-def test_a_journal_this_user_cannot_read_falls_back_to_kern_log_of_this_boot(tmp_path):
-    kern = tmp_path / "kern.log"
-    kern.write_text((LOGS / "kern_log_two_boots.log").read_text())
+def test_syslog_files_any_user_writes_are_never_read_unasked(monkeypatch):
+    # `logger -t kernel "NVRM: Xid ..."` puts "<time> <host> kernel: NVRM: Xid ..." in
+    # /var/log/messages (and kern.log), the very text the kernel's line has there.
+    forged = KernelLog("/var/log/messages", 1, tuple(scan_lines([
+        "Nov 26 10:00:00 node7 kernel: NVRM: Xid (PCI:0000:18:00): 79, off the bus"]).events))
+    opened: list[str] = []
+    monkeypatch.setattr(kl.os.path, "exists", lambda path: True)
+    monkeypatch.setattr(kl, "read_file", lambda path, *a, **k: opened.append(path) or forged)
     empty = done("-- No entries --\n", "Hint: You are currently not seeing messages from other "
                  "users and the system.\n")
-    log = read_live_log(runner(dmesg=DENIED, journalctl=empty), syslog_files=[str(kern)])
-    assert log.source == str(kern) and [e.xid for e in log.events] == [43, 45]
-    assert len(log.not_read) == 2 and "not seeing messages" in log.not_read[1]
+    log = read_live_log(runner(dmesg=DENIED, journalctl=empty))
+    assert opened == [] and log.source is None and log.events == ()
+    (finding,) = kernel_log_section(log, [GPU0]).findings
+    assert finding.status is Status.SKIP and "logger -t kernel" in finding.message
 
 
-def test_no_readable_source_is_a_skip_naming_each_reason(tmp_path):
+def test_no_readable_source_is_a_skip_naming_each_reason():
     fake = runner(dmesg=FileNotFoundError("dmesg"),
                   journalctl=subprocess.TimeoutExpired("journalctl", 10.0))
-    log = read_live_log(fake, syslog_files=[str(tmp_path / "kern.log"), str(tmp_path)])
+    log = read_live_log(fake)
     section = kernel_log_section(log, [GPU0])
     (finding,) = section.findings
     assert finding.status is Status.SKIP and finding.check == "kernel_log.read"
     for reason in ("dmesg: not installed", "journalctl -k -b: no answer within 10 s",
-                   "kern.log: not present", "Is a directory", "--kernel-log"):
+                   "kern.log", "--kernel-log"):
         assert reason in finding.message
     assert fake.calls == [("dmesg", 5.0), ("journalctl", 10.0)]
 
@@ -285,7 +296,7 @@ def test_the_real_runner_passes_its_timeout_and_reports_a_hang(monkeypatch):
         seen.update(kwargs)
         raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
     monkeypatch.setattr(kl.subprocess, "run", hanging_run)
-    log = read_live_log(syslog_files=())
+    log = read_live_log()
     assert seen["timeout"] == kl.JOURNAL_TIMEOUT_S and seen["stdin"] is subprocess.DEVNULL
     assert log.source is None and "dmesg: no answer within 5 s" in log.not_read
 

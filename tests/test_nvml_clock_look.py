@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,29 @@ def test_a_power_brake_pulsing_between_samples_is_caught_by_the_drivers_counter(
     look = result.gpus[1].clock_window
     assert look["held"] == ["hw_power_brake_slowdown"]
     assert look["counter_share"]["hw_power_brake_slowdown"] >= 0.5
+
+
+def test_a_slow_counter_read_never_makes_a_reason_look_held(monkeypatch):
+    """The driver samples the counter inside its call: here at the start of a first
+    call that then takes 0.2 s (a busy driver). Over the window after that call, the
+    counter's growth read 0.45 as 0.67 (held: a drain); over its own reads' bracket it
+    can only read low."""
+    real, calls = clock_window._counters_ns, []
+
+    def sampled_then_slow(nvml, handle):
+        values = real(nvml, handle)
+        calls.append(handle)
+        if len(calls) == 1:
+            time.sleep(0.2)
+        return values
+
+    monkeypatch.setattr(clock_window, "_counters_ns", sampled_then_slow)
+    fake = FakeNvml(_gpus(clock_reasons_seq=[SW_THERMAL], clock_reasons=0,
+                          slowdown_share={SW_THERM_NS: 0.45}))
+    result, found = _env(monkeypatch, fake)
+    assert found["GPU 1"].status is Status.OK
+    share = result.gpus[1].clock_window["counter_share"]["sw_thermal_slowdown"]
+    assert share is not None and share <= 0.45
 
 
 @pytest.mark.parametrize("steady, status", [(0, Status.OK), (SW_THERMAL, Status.WARN)])

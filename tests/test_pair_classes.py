@@ -114,7 +114,35 @@ def test_the_second_look_asks_for_known_good_pairs_of_the_same_class() -> None:
     (wanted,) = asked
     paths = {(r["src"], r["dst"]): r["path"] for r in rows}
     assert (4, 5) in wanted and {paths[p] for p in wanted} == {NV}
-    assert set(class_suspects(rows, 0.6)) == {NV, PCIE}
+    assert set(class_suspects(rows, 0.6)) == {"NV", PCIE}
+
+
+def hgx_matrix(lost_links_gpu: int | None = None) -> list[dict[str, Any]]:
+    """Four NVSwitch GPUs, 18 NVLinks each (NV18, 300 GB/s); a GPU that lost 6 links
+    shows NV12 on its own row (topo -m's NV# is the row GPU's count) and sends at half."""
+    rows = []
+    for s in range(4):
+        for d in range(4):
+            if s != d:
+                lost = s == lost_links_gpu
+                rows.append(_pair(s, d, "NV12" if lost else "NV18", True,
+                                  150.0 if lost else 300.0))
+    return rows
+
+
+def test_a_gpu_that_lost_nvlinks_is_no_class_of_its_own() -> None:
+    """NV#'s number is the GPU's own active-link count: a GPU with links down made a
+    class of its own pairs, each as slow as the others, and read OK (before)."""
+    assert [f.status for f in p2p_findings(_node(hgx_matrix()), "node 0", 0.6)] == [
+        Status.OK]
+    found = [f for f in p2p_findings(_node(hgx_matrix(3)), "node 0", 0.6)
+             if f.status is Status.WARN]
+    assert {f.subject for f in found} == {f"node 0 cuda:3->cuda:{d}" for d in range(3)}
+    names = {r: f"rank {r}" for r in range(4)}
+    slow = _comm_pairs(hgx_matrix(3))
+    warned = [f for f in pair_findings(slow, 0.6, names, again=slow)
+              if f.status is Status.WARN]
+    assert {f.subject for f in warned} == {f"rank 3 -> rank {d}" for d in range(3)}
 
 
 # --- comm's send/recv pairs on a node -----------------------------------------------------
@@ -144,7 +172,7 @@ def test_a_nodes_classes_are_measured_again_one_pair_at_a_time() -> None:
 
     rows = _comm_pairs(nvl_matrix({(4, 5): 60.0, (0, 2): 10.0}))
     plans = {k: s for k, s in suspects_by_node(rows, 0.6).items() if not s.empty}
-    assert {k[1] for k in plans} == {NV, PCIE}
+    assert {k[1] for k in plans} == {"NV", PCIE}
     steps = second_look_steps(plans)
     assert all(len(step) == 1 for step in steps)  # one node: never two pairs at once
 

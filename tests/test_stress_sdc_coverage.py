@@ -55,7 +55,15 @@ def test_a_non_finite_element_is_beyond_any_bound() -> None:
 def test_coverage_says_how_much_of_the_product_was_checked() -> None:
     assert burn.coverage(512, list(range(512))) == "all 512 rows (262144 elements)"
     rows = burn.rows_to_check(8192, [torch.zeros(8192, 2, dtype=torch.int64)], seed=1)
-    assert len(rows) == 64 and burn.coverage(8192, rows).startswith("64 of 8192 rows (0.78%")
+    assert len(rows) == 128 and burn.coverage(8192, rows).startswith("128 of 8192 rows (1.6%")
+
+
+def test_every_output_tile_of_the_lowest_height_has_a_row_checked() -> None:
+    """cuBLAS's lowest tiles are 64 rows high: each must hold a drawn row, whatever the
+    draw (one row per 128-row band left half of them unchecked)."""
+    for seed in range(20):
+        rows = set(burn.rows_to_check(8192, [torch.zeros(8192, 2, dtype=torch.int64)], seed))
+        assert all(rows & set(range(tile, tile + 64)) for tile in range(0, 8192, 64))
 
 
 def _run(tmp_path: Path, hook: str | None) -> dict[str, Any]:
@@ -85,5 +93,5 @@ def test_one_healthy_rank_stays_ok_and_says_what_was_checked(tmp_path: Path) -> 
     found = _agreement(report)
     assert [f["status"] for f in found] == ["OK"]
     data = next(s for s in report["sections"] if s["name"] == "sdc")["data"]
-    assert data["rows_vs_reference"] == 10 and data["reference"] == "per-element bound"
+    assert data["rows_vs_reference"] == 20 and data["reference"] == "per-element bound"
     assert data["reference_coverage"] in found[0]["message"]

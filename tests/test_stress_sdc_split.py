@@ -74,6 +74,20 @@ def test_a_whole_node_outvoted_with_mixed_digests_is_still_a_software_split() ->
     assert verdict.wrong == {} and verdict.software == ((8, 9, 10, 11),)
 
 
+def test_a_whole_node_each_wrong_its_own_way_beyond_the_reference_is_four_fails() -> None:
+    """Other bits on every GPU of a node AND each off the fp64 reference: no software
+    gives four answers on one node's identical GPUs; these are wrong GPUs (before,
+    a software split: a WARN that drains nothing)."""
+    digests = {r: (f"x{r}" if r >= 8 else "a") for r in range(12)}
+    deviations = {r: (3.0 if r >= 8 else 0.3) for r in range(12)}
+    verdict = sdc.judge(digests, deviations, 1.0, dict.fromkeys(range(12), GROUP),
+                        {r: r // 4 for r in range(12)}, splits=True)
+    assert sorted(verdict.wrong) == [8, 9, 10, 11] and verdict.software == ()
+    found = _sdc_findings(_result(digests, deviations))
+    assert [f for f in found if f.check == "stress.sdc.software_split"] == []
+    assert len([f for f in found if f.status is Status.FAIL]) == 4
+
+
 def test_two_outvoted_ranks_on_different_nodes_that_agree_are_software() -> None:
     digests = {r: ("b" if r in (1, 6) else "a") for r in range(8)}
     verdict = sdc.judge(digests, dict.fromkeys(range(8), 0.3), 1.0,
@@ -177,3 +191,10 @@ def test_torchs_blas_choices_join_the_key_or_say_they_were_not_read() -> None:
     assert settings["torch blas"] == "Cublaslt"
     assert settings["workspace bytes"] == "33554432"
     assert settings["Lt workspace bytes"].startswith("not read (CUDA driver")
+
+
+def test_a_torch_getter_refusing_without_words_is_not_read_not_a_crash() -> None:
+    def silent() -> int:
+        raise RuntimeError()
+
+    assert blas._read(silent) == "not read (RuntimeError)"  # IndexError before

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpucheck.comm.confirm import Pair, Second, Suspects, find_suspects, second_look
+from gpucheck.probes.topology import path_class
 from gpucheck.report import Finding, fail, ok, skip, warn
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
@@ -109,7 +110,7 @@ def baseline_findings(rows: Sequence[Mapping[str, Any]], baseline_gbps: float | 
                  "health (nvidia-smi nvlink -s, nvidia-smi topo -m) and NCCL_* settings")]
 
 
-ClassKey = tuple[int, str]  # (node rank, path class: "NV18", "PXB", "SYS"; "" unknown)
+ClassKey = tuple[int, str]  # (node rank, path class: "NV", "PXB", "SYS"; "" unknown)
 
 
 def suspects_by_node(pairs: Sequence[Mapping[str, Any]],
@@ -121,7 +122,7 @@ def suspects_by_node(pairs: Sequence[Mapping[str, Any]],
     by_class: dict[ClassKey, dict[Pair, Sequence[float]]] = {}
     for p in pairs:
         samples = p.get("samples_gbps") or [p["bandwidth_gbps"]]
-        key = (int(p["node_rank"]), str(p.get("path") or ""))
+        key = (int(p["node_rank"]), path_class(p.get("path")))
         by_class.setdefault(key, {})[(int(p["src"]), int(p["dst"]))] = samples
     return {key: find_suspects(samples, threshold) for key, samples in by_class.items()}
 

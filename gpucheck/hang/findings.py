@@ -188,10 +188,14 @@ def job_row(job: str, views: list[RankView], section: Section | None) -> dict[st
 def jobs_section(rows: list[dict[str, Any]]) -> Section:
     """More than one job on the node: how many, each judged in its own section."""
     unwatched = [r["job"] for r in rows if r["verdict"] == "not watched"]
-    words = (f"; {len(unwatched)} not watched at all (more rank processes than could be "
-             "watched in time: give a job's PIDs to judge it)" if unwatched else "")
-    finding = ok("hang.jobs", f"{len(rows)} jobs seen, each judged on its own "
-                 f"(their sections above){words}")
+    said = f"{len(rows)} jobs seen, each judged on its own (their sections above)"
+    if unwatched:  # a job never looked at is no all-clear: another user's crowd of
+        # made-up ranks, watched first, must not leave a hung job reading OK
+        finding = skip("hang.jobs", f"{said}; {len(unwatched)} not watched at all (more "
+                       "rank processes than could be watched in time): not judged; give "
+                       "the PIDs of the job to judge, or its launcher's PID")
+    else:
+        finding = ok("hang.jobs", said)
     return Section("hang", f"Hang check: {len(rows)} jobs", {"jobs": rows}, [finding])
 
 

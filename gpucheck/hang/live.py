@@ -35,8 +35,9 @@ def _notes(found: Discovery) -> list[str]:
         notes.append(f"PID(s) {', '.join(map(str, found.gone))} no longer exist")
     if found.blocked:
         notes.append(f"PID(s) {', '.join(map(str, found.blocked[:20]))}: the environment "
-                     "gave no answer within 1 s (a process stuck in the kernel with its "
-                     "memory map locked: look at its state, /proc/PID/stack)")
+                     "gave no answer in time (1 s each, 0.05 s once 2 s were spent on "
+                     "such processes; a process stuck in the kernel with its memory map "
+                     "locked: look at its state, /proc/PID/stack)")
     if found.denied:
         notes.append(f"{found.denied} process(es) whose environment could not be read "
                      "(another user's: run as that user or root)")

@@ -21,6 +21,7 @@ import os
 import re
 import threading
 from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,10 +51,29 @@ _NUMBER = re.compile(r"\+?\d{1,9}")
 # the kernel with it held (a page fault into a hung driver or file system) blocks the
 # read. Such a process is noted, never waited for.
 ENVIRON_TIMEOUT_S = 1.0
+# One search waits at most this long in all on such processes; after that each read
+# gets ENVIRON_FLOOR_S (a read that answers takes well under a millisecond). The ranks
+# of a job stuck in a hung driver (inside mmap, the lock held for writing) all block:
+# eight of them cost 8 s one after the other before, past the 10 s goal.
+ENVIRON_BUDGET_S = 2.0
+ENVIRON_FLOOR_S = 0.05
 
 
 class EnvironBlocked(Exception):
-    """/proc/PID/environ gave no answer within ENVIRON_TIMEOUT_S."""
+    """/proc/PID/environ gave no answer within its timeout."""
+
+
+class Waits:
+    """The time one search has spent waiting on environments that never answered."""
+
+    def __init__(self) -> None:
+        self.spent_s = 0.0
+
+    def timeout(self) -> float:
+        return ENVIRON_TIMEOUT_S if self.spent_s < ENVIRON_BUDGET_S else ENVIRON_FLOOR_S
+
+
+_WAITS: ContextVar[Waits | None] = ContextVar("gpucheck_hang_environ_waits", default=None)
 
 
 @dataclass(frozen=True)
@@ -175,7 +195,8 @@ def read_environ(pid: int) -> dict[str, str]:
 
 def _read_in_time(path: str) -> bytes:
     """At most MAX_ENVIRON_BYTES of `path`, read by a daemon thread that is left behind
-    when it does not answer in time (its read is killable: it ends with gpucheck)."""
+    when it does not answer in time (its read is killable: it ends with gpucheck); in
+    a search (`discover`), the time is its share of ENVIRON_BUDGET_S."""
     result: dict[str, Any] = {}
 
     def read() -> None:
@@ -187,8 +208,12 @@ def _read_in_time(path: str) -> bytes:
 
     reader = threading.Thread(target=read, name="gpucheck-environ", daemon=True)
     reader.start()
-    reader.join(ENVIRON_TIMEOUT_S)
+    waits = _WAITS.get()
+    timeout = waits.timeout() if waits is not None else ENVIRON_TIMEOUT_S
+    reader.join(timeout)
     if reader.is_alive():
+        if waits is not None:
+            waits.spent_s += timeout
         raise EnvironBlocked(path)
     if "error" in result:
         raise result["error"]
@@ -227,7 +252,16 @@ def _ancestors() -> set[int]:
 
 def discover(pids: Iterable[int] | None = None) -> Discovery:
     """Every rank process on this node (pids None), or those PIDs (a launcher such as
-    torchrun stands for its workers: the ranks among its descendants)."""
+    torchrun stands for its workers: the ranks among its descendants); waits on
+    environments that never answer bounded together (ENVIRON_BUDGET_S)."""
+    token = _WAITS.set(Waits())
+    try:
+        return _discover(pids)
+    finally:
+        _WAITS.reset(token)
+
+
+def _discover(pids: Iterable[int] | None) -> Discovery:
     found = Discovery()
     candidates = list(psutil.process_iter()) if pids is None else _expand(list(pids), found)
     skip, own = _ancestors(), _own_job()

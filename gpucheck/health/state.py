@@ -92,6 +92,7 @@ def checked_state_dir(path: str | None) -> Path | None:
     if path is None:
         return None
     directory = Path(path)
+    _refuse_others_link(directory, path)
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"--state-dir {path} is not a directory: give a directory")
     try:
@@ -108,6 +109,18 @@ def checked_state_dir(path: str | None) -> Path | None:
         raise UsageError(f"--state-dir {path} is not writable by this user: choose another "
                          "directory or run as its owner")
     return directory
+
+
+def _refuse_others_link(directory: Path, path: str) -> None:
+    """A state dir given as a symbolic link that another user made (in /tmp, say) is
+    refused: it would point root's writes at any directory root owns."""
+    try:
+        info = os.lstat(directory)
+    except OSError:
+        return
+    if stat.S_ISLNK(info.st_mode) and info.st_uid not in (os.geteuid(), 0):
+        raise UsageError(f"--state-dir {path} is a symbolic link made by uid {info.st_uid}, "
+                         "not by this user: give a directory only this user may write")
 
 
 def read_raw(directory: Path) -> dict[str, Any] | None:

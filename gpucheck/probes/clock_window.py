@@ -98,10 +98,26 @@ def _held(fractions: dict[str, float], counted: dict[str, float | None],
             or (sampled and fractions.get(r, 0.0) >= HELD_SHARE)]
 
 
+def _read_counters(nvml: Nvml, handles: dict[int, Any],
+                   ) -> dict[int, tuple[float, float, dict[str, int | None]]]:
+    """Each GPU's counters, with when its call began and ended. A share is taken over
+    the outer bracket of its own two reads (start call's beginning to end call's end):
+    the driver samples a counter somewhere inside a call, so a slow call (a busy
+    driver) can never make a reason look held longer than it was; measured over the
+    window between the reads instead, a counter sampled early in a slow first call
+    grew over more time than that window (a 0.45 share read as 0.67: a drain)."""
+    read = {}
+    for i, handle in handles.items():
+        before = time.monotonic()
+        values = _counters_ns(nvml, handle)
+        read[i] = (before, time.monotonic(), values)
+    return read
+
+
 def _watch(nvml: Nvml, handles: dict[int, Any], window_s: float,
            tick_s: float) -> dict[int, dict[str, Any]]:
     """Sample every GPU's mask for `window_s`, counters at both ends."""
-    start = {i: _counters_ns(nvml, h) for i, h in handles.items()}
+    start = _read_counters(nvml, handles)
     began = time.monotonic()
     seen: dict[int, dict[str, int]] = {i: {} for i in handles}
     samples = 0
@@ -115,12 +131,12 @@ def _watch(nvml: Nvml, handles: dict[int, Any], window_s: float,
         if time.monotonic() - began >= window_s:
             break
         time.sleep(tick_s)
-    end = {i: _counters_ns(nvml, h) for i, h in handles.items()}
+    end = _read_counters(nvml, handles)
     elapsed = time.monotonic() - began
     looks = {}
     for i in handles:
         fractions = {r: round(n / samples, 3) for r, n in sorted(seen[i].items())}
-        counted = _shares(start[i], end[i], elapsed)
+        counted = _shares(start[i][2], end[i][2], max(end[i][1] - start[i][0], 1e-6))
         looks[i] = {"window_s": round(elapsed, 3), "samples": samples,
                     "fractions": fractions, "counter_share": counted,
                     "held": _held(fractions, counted, samples)}

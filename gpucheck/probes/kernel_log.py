@@ -1,8 +1,12 @@
 """Xid errors in this boot's kernel log (`sudo dmesg | grep -iE 'xid|fallen off'`).
 
-Sources, first readable wins: `dmesg`, `journalctl -k -b`, then /var/log/kern.log
-or /var/log/messages (cut at the last boot). `--kernel-log FILE` reads a saved log
-instead (a dmesg attached to a ticket; .gz too). Only NVRM lines are parsed, and
+Sources, first readable wins: `dmesg`, then `journalctl -k -b` (the kernel's own
+transport). /var/log/kern.log and /var/log/messages are never read unasked: any user
+writes a line there that no reader can tell from the kernel's (`logger -t kernel
+"NVRM: Xid ..."` gives "<time> <host> kernel: NVRM: Xid ..."), so a forged Xid would
+drain the node and a forged boot banner would hide real ones. `--kernel-log FILE`
+reads a saved log instead (a dmesg attached to a ticket, a kern.log the operator
+vouches for; .gz too). Only NVRM lines are parsed, and
 only their parsed fields are kept: the kernel log can hold secrets, so no other
 line ever reaches the report. Each (GPU, XID) becomes one row and, unless the
 table calls it information, one finding, judged by `xid_table.judge_xid` on the
@@ -28,7 +32,9 @@ from gpucheck.inputs import MAX_LINE_BYTES, bounded_lines, gzip_lines, open_regu
 TITLE = "Kernel log: Xid errors"
 DMESG_TIMEOUT_S = 5.0
 JOURNAL_TIMEOUT_S = 10.0
-SYSLOG_FILES = ("/var/log/kern.log", "/var/log/messages")
+# Not read unless given with --kernel-log (see the module doc): any user writes there.
+UNTRUSTED_FILES = "/var/log/kern.log, /var/log/messages: not read, any user can write a " \
+    "'kernel:' line there (logger -t kernel); pass one with --kernel-log to trust it"
 MAX_READ_BYTES = 256 * 1024**2  # a years-old kern.log: read only its tail
 SAMPLE_CHARS = 120
 
@@ -60,13 +66,14 @@ _CTIME = r"[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4}"
 # What the accepted formats put before the kernel's message, each part optional:
 # a /dev/kmsg or `dmesg -r` level "<3>"; `dmesg -x` "kern  :err   : "; a journalctl
 # `-o short-iso`/`dmesg --time-format iso` or syslog/journalctl `short` stamp, then for
-# syslog and journalctl the host and "kernel:"; then dmesg's "[ 1283.204] " or
+# syslog and journalctl the host and "kernel:" (only after such a stamp: dmesg never
+# writes one, and a kernel message that begins with a user's words, a task's name,
+# must not pass for a prefix); then dmesg's "[ 1283.204] " or
 # `dmesg -T`'s "[Thu Nov 26 10:00:00 2026] ". Leading blanks: a wrapped message.
 _PREFIX = re.compile(
     r"\s*(?:<\d{1,3}>)?(?:[a-z]+\s*:[a-z]+\s*: )?"
-    rf"(?:(?P<iso>{_ISO})\s+|(?P<syslog>{_SYSLOG})\s+)?(?:\S+ kernel:\s*)?"
+    rf"(?:(?:(?P<iso>{_ISO})|(?P<syslog>{_SYSLOG}))\s+(?:\S+ kernel:\s*)?)?"
     rf"(?:\[(?P<ctime>{_CTIME})\]\s*|\[\s*(?P<mono>\d+\.\d+)\]\s*)?")
-_BOOT_RE = re.compile(r"Linux version \d")
 
 
 def message(line: str) -> tuple[str | None, str]:
@@ -184,12 +191,10 @@ def _follow_lost(scan: _Scan, line: str, parsed: bool) -> None:
         scan.lost = None
 
 
-def scan_lines(lines: Iterable[str], boot_cut: bool = False) -> _Scan:
-    """Parse every line; with `boot_cut`, keep only what follows the last boot banner."""
+def scan_lines(lines: Iterable[str]) -> _Scan:
+    """Parse every line."""
     scan = _Scan()
     for line in lines:
-        if boot_cut and "Linux version" in line and _BOOT_RE.match(message(line)[1]):
-            scan = _Scan()
         scan.lines += 1
         parsed = parse_line(line)
         if isinstance(parsed, XidEvent):
@@ -229,12 +234,12 @@ def _from_scan(source: str, scan: _Scan, not_read: Sequence[str] = (),
                      tuple(not_read), note)
 
 
-def read_file(path: str, boot_cut: bool = False, source: str | None = None) -> KernelLog:
+def read_file(path: str, source: str | None = None) -> KernelLog:
     """A saved or on-disk kernel log; unreadable -> source None with the reason."""
     name = source or path
     try:
         cut_short = os.stat(path).st_size > MAX_READ_BYTES and not _is_gzip(path)
-        scan = scan_lines(_file_lines(path), boot_cut)
+        scan = scan_lines(_file_lines(path))
     except (OSError, EOFError) as exc:  # EOFError: a truncated .gz
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         return KernelLog(None, not_read=(f"{name}: {reason}",))
@@ -279,8 +284,7 @@ def _command_output(runner: Runner, argv: Sequence[str],
     return done.stdout, None
 
 
-def read_live_log(runner: Runner = run_command,
-                  syslog_files: Sequence[str] = SYSLOG_FILES) -> KernelLog:
+def read_live_log(runner: Runner = run_command) -> KernelLog:
     """This boot's kernel log from the first readable source, with why the others were not."""
     not_read: list[str] = []
     commands = ((["dmesg"], DMESG_TIMEOUT_S),
@@ -291,16 +295,7 @@ def read_live_log(runner: Runner = run_command,
             source = "journalctl -k -b" if argv[0] == "journalctl" else "dmesg"
             return _from_scan(source, scan_lines(text.splitlines()), not_read)
         not_read.append(reason or argv[0])
-    for path in syslog_files:
-        if not os.path.exists(path):
-            not_read.append(f"{path}: not present")
-            continue
-        log = read_file(path, boot_cut=True)
-        if log.source is not None:
-            return KernelLog(log.source, log.lines_scanned, log.events, log.uuids_by_bus,
-                             tuple(not_read), log.note)
-        not_read.extend(log.not_read)
-    return KernelLog(None, not_read=tuple(not_read))
+    return KernelLog(None, not_read=(*not_read, UNTRUSTED_FILES))
 
 
 def read_kernel_log(path: str | None = None, runner: Runner = run_command) -> KernelLog:

@@ -24,6 +24,16 @@ BY_DESIGN = (1, 3)
 P2P_READ = 0
 
 
+def path_class(path: str | None) -> str:
+    """The class a pair's bandwidth is compared within: its `nvidia-smi topo -m` path,
+    every NV# as one "NV" ("" when not read). NV#'s number is the row GPU's own count
+    of active NVLinks (`_link`), the same on every GPU of a healthy node: a GPU that
+    lost links would otherwise sit in a class of its own and be compared only with
+    its own slow pairs."""
+    path = str(path or "")
+    return "NV" if path.startswith("NV") and path[2:].isdigit() else path
+
+
 @dataclass(frozen=True)
 class PairPath:
     """One GPU pair's path: its `nvidia-smi topo -m` class and NVML's P2P read status."""

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucheck.checks.legacy import strip_hint
 from gpucheck.render.charts import Chart, draw_charts
 from gpucheck.render.safe import html as escape  # control characters too
 from gpucheck.render.values import fmt_field, is_table, table_columns
+from gpucheck.render.words import hint_words, message_words
 from gpucheck.report import Finding, Report, Section, Status
 
 _STYLE = """
@@ -70,8 +70,8 @@ def _headline(report: Report) -> list[str]:
 def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:
     """As in Markdown: the hint loses the "action: x:" prefix the action column shows."""
     return [{"status": f.status.value, "action": f.action or "", "check": f.check,
-             "subject": f.subject or "", "message": f.message,
-             "hint": strip_hint(f.hint, f.action) or ""} for f in findings]
+             "subject": f.subject or "", "message": message_words(f),
+             "hint": hint_words(f) or ""} for f in findings]
 
 
 def _problems(findings: list[Finding]) -> list[str]:

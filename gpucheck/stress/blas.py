@@ -122,8 +122,9 @@ def _read(getter: Callable[[], Any]) -> str:
     driver is the fault watch's and env's to report, not a reason to stop here)."""
     try:
         return str(getter())
-    except RuntimeError as exc:
-        return f"not read ({str(exc).strip().splitlines()[0][:80]})"
+    except RuntimeError as exc:  # a message may be empty: its type then
+        words = str(exc).strip().splitlines() or [type(exc).__name__]
+        return f"not read ({words[0][:80]})"
 
 
 def loaded_blas(torch: Any | None = None, environ: dict[str, str] | None = None,

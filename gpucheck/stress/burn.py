@@ -44,10 +44,11 @@ SDC_SEED = 20260
 CHUNK_S = 0.5  # a synchronisation (and a look at the clock) this often
 MIN_REPEATS = 10  # however short the duration: fewer repetitions prove nothing
 FULL_REFERENCE_MAX = 1024  # up to this n, the CPU reference covers the whole product
-# Otherwise one row drawn from every band of TILE_ROWS rows: cuBLAS's GEMM tiles are at
-# most 256 rows high (CUTLASS/cuBLAS threadblock tiles of 64 to 256), so each tile has
-# at least one row checked, on every column ...
-TILE_ROWS = 128
+# Otherwise one row drawn from every band of TILE_ROWS rows: cuBLAS's GEMM tiles are
+# 64 to 256 rows high (CUTLASS/cuBLAS threadblock tiles; Hopper's 64xN kernels the
+# lowest), so a band no higher than the lowest tile gives each tile at least one row
+# checked, on every column (bands of 128 left half of the 64-row tiles unchecked) ...
+TILE_ROWS = 64
 EXTRA_ROWS = 8  # ... plus up to this many rows where the ranks disagree
 
 

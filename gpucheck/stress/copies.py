@@ -29,6 +29,7 @@ from typing import Any
 from gpucheck.devices import cuda_device_count
 from gpucheck.measure import Better, Bound
 from gpucheck.peers import Suspects, eliminate
+from gpucheck.probes.topology import path_class as topology_class
 from gpucheck.probes.topology import paths_or_none
 from gpucheck.stress.timing import timed_batch
 
@@ -114,8 +115,9 @@ def with_paths(pairs: list[dict[str, Any]], paths: Mapping[tuple[int, int], Any]
 
 
 def path_class(pair: Mapping[str, Any]) -> str:
-    """The class a pair is compared within: its path ("" when not read: one class)."""
-    return str(pair.get("path") or "")
+    """The class a pair is compared within: its path, NV# as one class
+    (`gpucheck.probes.topology.path_class`; "" when not read: one class)."""
+    return topology_class(pair.get("path"))
 
 
 def class_suspects(pairs: list[dict[str, Any]], fraction: float) -> dict[str, Suspects]:
