@@ -2,7 +2,8 @@
 judgement against a reference: pure functions of plain numbers and strings, no torch.
 
 Used by stress's burn-in (`gpucheck.stress.sdc`, which computes the digests and
-deviations on the GPU) and by bench's consistency check. Floor 1.
+deviations on the GPU) and by bench's consistency check. Floor 1: importing it loads
+no torch (`relative_deviation` imports it when called).
 
 - each rank's result is summarised by a `digest` (a hash of its exact bits) and, when
   a reference (fp64 on the CPU) was computed, by its `deviation` from it;
@@ -22,9 +23,14 @@ deviations on the GPU) and by bench's consistency check. Floor 1.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only relative_deviation touches tensors, and imports torch itself
+    import torch
 
 
 @dataclass(frozen=True)
@@ -127,3 +133,14 @@ def _whole_nodes(ranks: list[int], members: list[int], nodes: Mapping[int, int])
     per_node = [sum(1 for r in ranks if nodes[r] == n) for n in covered]
     return sorted(on_them) == sorted(ranks) and min(per_node) >= 2 and \
         len(members) > len(ranks)
+
+
+def relative_deviation(values: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |values - reference| / max |reference| (inf when `values` is not finite)."""
+    import torch
+
+    got = values.to(torch.float64)
+    if not bool(torch.isfinite(got).all()):
+        return math.inf
+    scale = max(float(reference.abs().max()), 1e-30)
+    return float((got - reference).abs().max()) / scale

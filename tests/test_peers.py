@@ -292,3 +292,28 @@ def test_stress_and_bench_word_no_look_in_their_messages(package: str) -> None:
     found = [(path.name, text) for path in sorted(root.glob("*.py"))
              for text in _strings(path) if any(w in text for w in words)]
     assert found == []
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+    return found | {node.module for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.module}
+
+
+@pytest.mark.parametrize(("package", "forbidden"), [
+    ("bench", ("gpucheck.stress", "gpucheck.comm")), ("stress", ("gpucheck.comm",))])
+def test_bench_and_stress_take_shared_rules_from_stats_peers_and_agreement(
+        package: str, forbidden: tuple[str, ...]) -> None:
+    root = Path(__file__).resolve().parent.parent / "gpucheck" / package
+    found = sorted((path.name, name) for path in root.glob("*.py")
+                   for name in _imports(path) if name.startswith(forbidden))
+    assert found == []
+
+
+def test_bench_records_and_pace_form_no_circle() -> None:
+    root = Path(__file__).resolve().parent.parent / "gpucheck" / "bench"
+    assert "gpucheck.bench.aggregate" not in _imports(root / "pace.py")
+    assert not {"gpucheck.bench.aggregate", "gpucheck.bench.pace"} & _imports(
+        root / "records.py")

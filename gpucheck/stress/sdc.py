@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING
 
 # The vote itself is torch-free and shared with bench (gpucheck.agreement); these
 # names stay importable from here for the stress report.
-from gpucheck.agreement import Judgement, beyond, judge, odd_by_majority, software_splits
+from gpucheck.agreement import (
+    Judgement,
+    beyond,
+    judge,
+    odd_by_majority,
+    relative_deviation,
+    software_splits,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -76,14 +83,3 @@ def bound_excess(values: torch.Tensor, reference: torch.Tensor, bound: torch.Ten
     if not bool(torch.isfinite(got).all()):
         return math.inf
     return float(((got - reference).abs() / bound).max())
-
-
-def relative_deviation(values: torch.Tensor, reference: torch.Tensor) -> float:
-    """max |values - reference| / max |reference| (inf when `values` is not finite)."""
-    import torch
-
-    got = values.to(torch.float64)
-    if not bool(torch.isfinite(got).all()):
-        return math.inf
-    scale = max(float(reference.abs().max()), 1e-30)
-    return float((got - reference).abs().max()) / scale
