@@ -193,6 +193,9 @@ def test_a_rank_its_host_did_not_run_is_named_as_held_back_by_its_host() -> None
     assert summary.stragglers == (1,)
     [(subject, (message, action))] = judged(records).items()
     assert subject == "rank 1" and action == "fix-config"
+    (finding,) = [f for f in straggler_findings(records, summary) if f.status is Status.WARN]
+    assert finding.cause == "host_stall"  # the action follows from this, not the words
+    assert finding.subject is not None and finding.subject.position() == "rank1"
     for part in ("rank 1 on vm", "held the job back", "1.15x", "in wall time",
                  "1.00x in CPU time", "its host did not run it",
                  "whole loop 1.15x the other ranks'"):
@@ -205,6 +208,7 @@ def test_a_rank_that_computed_slower_is_named_as_slow_not_as_held_back_by_its_ho
                         (noisy(12, scale=1.15), noisy(12, scale=1.15)))
     [(subject, (message, action))] = judged(records).items()
     assert subject == "rank 1" and action == "rerun"
+    assert straggler_findings(records, aggregate(records))[0].cause is None
     assert "1.15x" in message and "a slow CPU" in message and "in CPU time" in message
     assert "did not run" not in message
     hint = straggler_findings(records, aggregate(records))[0].hint or ""
