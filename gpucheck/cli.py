@@ -16,17 +16,18 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TextIO
 
 from gpucheck import __version__
 from gpucheck.commands import registry
 from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
-from gpucheck.distributed import terminal
+from gpucheck.distributed import caught, terminal
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
 from gpucheck.escape import encodable
 from gpucheck.escape import terminal as shown
 from gpucheck.output import WriteError, check_writable, write_atomic
-from gpucheck.render import format_for, render
+from gpucheck.render import EXTENSIONS, format_for, render
 from gpucheck.report import Report, Section, fail
 
 EXIT_USAGE = registry.EXIT_USAGE
@@ -56,33 +57,73 @@ def terminal_width(stream: TextIO) -> int | None:
         return None
 
 
-def emit(report: Report, fmt: str, output: str | None, quiet: bool,
-         stream: TextIO | None = None) -> None:
-    """Write the report file (if asked) and show the report on `stream`.
+def outputs_of(args: argparse.Namespace) -> list[str]:
+    """Every `-o` file, in order (`-o` may be given more than once)."""
+    given = getattr(args, "outputs", None) or []
+    single = getattr(args, "output", None)
+    return list(given) if given else ([single] if single is not None else [])
 
-    A failed write (a full disk at the end of a long run) still shows the report on
-    `stream` unless `quiet`, then raises WriteError saying where the report went."""
+
+def file_formats(requested: str | None, outputs: list[str]) -> dict[str, str]:
+    """Each output file's format. One file: --format, else its extension (as ever).
+    Several: each file's extension, --format only for a file whose extension names no
+    format. UsageError when two -o name one file."""
+    seen: dict[str, str] = {}
+    for path in outputs:
+        real = os.path.realpath(path)
+        if real in seen:
+            raise UsageError(f"-o {path} names the same file as -o {seen[real]}; give "
+                             "each file once")
+        seen[real] = path
+    if len(outputs) <= 1:
+        return {path: format_for(requested, path) for path in outputs}
+    format_for(requested, None)  # an unknown --format is refused all the same
+    return {path: (format_for(None, path) if Path(path).suffix.lower() in EXTENSIONS
+                   else format_for(requested, path)) for path in outputs}
+
+
+def emit(report: Report, fmt: str, output: str | list[str] | None, quiet: bool,
+         stream: TextIO | None = None, formats: dict[str, str] | None = None) -> None:
+    """Write the report files (if asked) and show the report on `stream`.
+
+    `formats`: each file's format (`file_formats`), else `fmt` for all. A failed write
+    (a full disk at the end of a long run) still writes the other files and shows the
+    report on `stream` unless `quiet`, then raises WriteError saying where it went."""
     stream = stream or sys.stdout
     width = terminal_width(stream)
-    if output is None:
+    outputs = [output] if isinstance(output, str) else list(output or [])
+    if not outputs:
         stream.write(encodable(render(report, fmt, color=fmt == "text" and use_color(stream),
                                       width=width if fmt == "text" else None),
                                getattr(stream, "encoding", None)))
         stream.flush()
         return
-    failed: WriteError | None = None
-    try:
-        write_atomic(output, render(report, fmt))
-    except WriteError as exc:
-        failed = exc
+    failed = _write_files(report, {p: (formats or {}).get(p, fmt) for p in outputs})
     if not quiet:
         stream.write(encodable(render(report, "text", color=use_color(stream), width=width),
                                getattr(stream, "encoding", None)))
         stream.flush()
-    if failed is not None:
-        kept = ("the report is on stdout only" if not quiet else
-                "nothing was kept (-q): rerun without -q or with another --output")
-        raise WriteError(f"{failed}; {kept}") from None
+    if failed:
+        written = [p for p in outputs if p not in {f[0] for f in failed}]
+        kept = ("the report is on stdout" if not quiet else
+                "nothing was kept on stdout (-q)") + (
+            f" and in {', '.join(written)}" if written else
+            ("" if not quiet else ": rerun without -q or with another --output"))
+        raise WriteError(f"{'; '.join(str(f[1]) for f in failed)}; {kept}") from None
+
+
+def _write_files(report: Report, formats: dict[str, str]) -> list[tuple[str, UsageError]]:
+    """Each file atomically, in its format; the ones that failed, with why."""
+    failed: list[tuple[str, UsageError]] = []
+    rendered: dict[str, str] = {}  # one rendering per format
+    for path, fmt in formats.items():
+        if fmt not in rendered:
+            rendered[fmt] = render(report, fmt)
+        try:
+            write_atomic(path, rendered[fmt])
+        except UsageError as exc:  # WriteError, or the target turned into a FIFO
+            failed.append((path, exc))
+    return failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,9 +139,11 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     module = registry.command_module(args.command)
     try:
-        fmt = format_for(args.format, args.output)
-        if args.output is not None:
-            check_writable(args.output)
+        outputs = outputs_of(args)
+        formats = file_formats(args.format, outputs)
+        fmt = format_for(args.format, outputs[0] if outputs else None)
+        for path in outputs:
+            check_writable(path)
         baseline = read_baseline_option(args)
         terminal.configure(terminal.wanted(args.quiet))  # progress on stderr, rank 0 only
         report = module.run(args)
@@ -108,7 +151,8 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         if baseline is not None:
             report.add(baseline_section(report, baseline))
-        emit(report, fmt, args.output, args.quiet)
+        add_log(report)
+        emit(report, fmt, outputs, args.quiet, formats=formats)
     except UsageError as exc:
         # shown(): the message may quote a report file (its command, host, path).
         print(encodable(f"gpucheck {args.command}: error: {shown(exc)}",
@@ -147,9 +191,9 @@ def _interrupted(module: Any, args: argparse.Namespace, signum: signal.Signals) 
     """Keep what was measured: the partial report in --output, with a FAIL saying how
     the run was stopped; one line on stderr; exit 128 + the signal (130, 143)."""
     how = describe_stop(signum)
-    written = args.output is not None and _is_reporter() and _write_interrupted(
+    written = bool(outputs_of(args)) and _is_reporter() and _write_interrupted(
         module, args, signum)
-    where = f"; partial report in {args.output}" if written else ""
+    where = f"; partial report in {', '.join(outputs_of(args))}" if written else ""
     print(f"gpucheck {args.command}: {how}{shown(where)}", file=sys.stderr)
     return 128 + int(signum)
 
@@ -171,12 +215,22 @@ def _write_interrupted(module: Any, args: argparse.Namespace, signum: signal.Sig
     `<command>.interrupted` section; False when it cannot be written."""
     build = getattr(module, "partial_report", None)
     report = (build(args) if build is not None else None) or Report(command=args.command)
+    add_log(report)
     report.add(interrupted_section(args.command, signum, partial=bool(report.sections)))
     try:
-        write_atomic(args.output, render(report, format_for(args.format, args.output)))
+        formats = file_formats(args.format, outputs_of(args))
     except UsageError:
         return False
-    return True
+    return not _write_files(report, formats)
+
+
+def add_log(report: Report) -> None:
+    """The warnings libraries raised on the ranks (gpucheck.distributed.caught), caught
+    instead of printed: a `log` section, data only (a FutureWarning is no verdict)."""
+    rows = caught.log_rows()
+    if rows:
+        report.add(Section("log", "Warnings from libraries (caught, not printed)",
+                           {"warnings": rows}))
 
 
 def interrupted_section(command: str, signum: signal.Signals, partial: bool) -> Section:

@@ -68,6 +68,12 @@ CHECKS: tuple[Check, ...] = (
           "mostly the driver busy elsewhere on the node; only a call that misses a second, "
           "longer budget is a hang",
           "docs/env.md#driver-nvml-slow"),
+    Check("env.collect_env", "Env collect_env",
+          "torch's own environment report, kept verbatim (gpucheck env; python -m "
+          "torch.utils.collect_env by hand)",
+          {},
+          "SKIP only: shown when it could not run, never a verdict",
+          "docs/env.md#env-collect-env"),
     Check("env.nodes.differ", "Env nodes differ",
           "drivers, packages and environment across the nodes of one job (gpucheck env on every "
           "node of a job)",

@@ -9,6 +9,11 @@ from gpucheck.actions import Action, Status
 from gpucheck.checks.check import Check
 
 A, W, F = Action, Status.WARN, Status.FAIL
+# The preflight ids came with no rule of their own: they keep the action gpucheck gave
+# an id no rule knew, so that this move changes no action (issue 25).
+_UNRULED = ("no action was declared for it before issue 25: the one gpucheck gave an id "
+            "no rule knew (a FAIL drains: an unexplained failure must not keep taking "
+            "jobs; a WARN is run again)")
 
 CHECKS: tuple[Check, ...] = (
     Check("all.{command}.failed", "All <command> failed",
@@ -46,6 +51,50 @@ CHECKS: tuple[Check, ...] = (
           {W: A.RERUN, F: A.RERUN},
           "the run failed with no rank to blame: read the ranks' output, then run again",
           "docs/all.md#command-failed"),
+    Check("{command}.flight_recorder", "<command> Flight Recorder dumps",
+          "where the survivors' NCCL Flight Recorder dumps went after a failure, or why a "
+          "rank wrote none (gpucheck hang --traces DIR reads them)",
+          {},
+          "OK and SKIP only: where the dumps are, never a verdict",
+          "docs/hang.md#command-flight-recorder"),
+    Check("preflight.nvml", "Preflight NVML",
+          "the GPUs through NVML on each rank before the job starts (gpucheck preflight; "
+          "gpucheck env on the node by hand)",
+          {W: A.RERUN, F: A.DRAIN_NODE},
+          _UNRULED,
+          "docs/preflight.md#preflight-nvml"),
+    Check("preflight.budget", "Preflight budget",
+          "which checks finished within --budget (gpucheck preflight --budget S)",
+          {W: A.RERUN, F: A.DRAIN_NODE},
+          _UNRULED,
+          "docs/preflight.md#preflight-budget"),
+    Check("preflight.alloc", "Preflight allocation",
+          "one large allocation and write on each rank's GPU (gpucheck preflight)",
+          {W: A.RERUN, F: A.DRAIN_NODE},
+          _UNRULED,
+          "docs/preflight.md#preflight-alloc"),
+    Check("preflight.links", "Preflight links",
+          "each node's links to its neighbours before the job starts (gpucheck preflight)",
+          {W: A.RERUN, F: A.DRAIN_NODE},
+          "a link of this node failed the gate: the node must not take the job until "
+          "someone has looked (the site passes drain-node)",
+          "docs/preflight.md#preflight-links"),
+    Check("preflight.node", "Preflight node",
+          "every check of one node, the node named when it failed (gpucheck preflight)",
+          {W: A.RERUN, F: A.DRAIN_NODE},
+          "a node that failed the gate must not take the job until someone has looked "
+          "(the site passes drain-node)",
+          "docs/preflight.md#preflight-node"),
+    Check("preflight.go", "Preflight go",
+          "whether every rank passed the gate and the command starts (gpucheck preflight)",
+          {},
+          "OK only: the go; a no-go is preflight.no_go or the failing node's finding",
+          "docs/preflight.md#preflight-go"),
+    Check("preflight.no_go", "Preflight no-go",
+          "the gate failed without naming a node (gpucheck preflight)",
+          {W: A.RERUN, F: A.DRAIN_NODE},
+          _UNRULED,
+          "docs/preflight.md#preflight-no-go"),
     Check("{command}.interrupted", "<command> interrupted",
           "whether the run was stopped before its end (Ctrl-C, a time limit) (every command: how"
           " the run itself ended)",

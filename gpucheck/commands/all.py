@@ -118,6 +118,8 @@ def _namespaces(args: argparse.Namespace, chosen: tuple[str, ...]) -> dict[str, 
             _preflight(name, namespace)
         except UsageError as exc:
             raise UsageError(f"{name} ({' '.join(argv)}): {exc}") from None
+        if name == "env":  # `all -o ticket.md`: env's collect_env, as `env -o ticket.md`
+            namespace.format, namespace.outputs = args.format, list(args.outputs or [])
         namespaces[name] = namespace
     return namespaces
 
@@ -218,12 +220,24 @@ def _is_reporter() -> bool:
 
 def combined_report(outcomes: list[Outcome]) -> Report:
     """The summary first, then every command's sections, named `<cmd>.<section>`."""
-    report = Report(command="all")
+    report = Report(command="all", scope=narrowest_scope(outcomes))
     report.add(summary_section(outcomes))
     for outcome in outcomes:
         for section in outcome.report.sections if outcome.report else []:
             report.add(prefixed(outcome.command, section))
     return shown_once(report, "thresholds")
+
+
+def narrowest_scope(outcomes: list[Outcome]) -> str | None:
+    """A report covers no more than its narrowest part: every command's scope (env's
+    "no NVIDIA GPU or driver found: software checks only"), each named once."""
+    scopes = {o.report.scope: o.command for o in reversed(outcomes)
+              if o.report is not None and o.report.scope}
+    ordered = sorted(scopes.items(), key=lambda item: ORDER.index(item[1])
+                     if item[1] in ORDER else len(ORDER))
+    if len(ordered) == 1:
+        return ordered[0][0]
+    return "; ".join(f"{command}: {scope}" for scope, command in ordered) or None
 
 
 def shown_once(report: Report, key: str) -> Report:

@@ -50,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "cache) or a saved state_dict file")
     group.add_argument("--download", action="store_true",
                        help="with --weights imagenet, download the weights when not cached")
-    group.add_argument("--dtype", default="auto", metavar="|".join(DTYPES),
+    # choices: fp64 and the like are refused by the parser, before torch is imported.
+    group.add_argument("--dtype", default="auto", metavar="|".join(DTYPES), choices=DTYPES,
                        help="auto (default): bf16 on GPUs that support it, else fp16; fp32 on CPU")
     group.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
                        help="channels_last memory format (default: on; faster on GPU and CPU)")

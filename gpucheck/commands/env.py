@@ -12,8 +12,10 @@ from gpucheck.errors import UsageError
 from gpucheck.probes.kernel_log import checked_kernel_log_path
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S
 from gpucheck.probes.runner import collect_env_report
+from gpucheck.render import format_for
 from gpucheck.report import Report
 
+TICKET_FORMATS = {"markdown", "markdown-plain", "html"}
 HELP = "probe OS, Python, PyTorch, CUDA/cuDNN/NCCL, driver and GPU health"
 
 
@@ -42,6 +44,23 @@ def run(args: argparse.Namespace) -> Report | None:
     terminal.say("env: probing this machine (system, Python, torch, NVML, each GPU)")
     # Under torchrun/srun with several ranks: each node's local rank 0 probes, rank 0
     # compares the nodes (gpucheck.distributed.envgather); otherwise just this machine.
-    return gather_env_reports(lambda: collect_env_report(
+    report = gather_env_reports(lambda: collect_env_report(
         gpu_test=getattr(args, "gpu_test", True), nvml_timeout_s=timeout,
         kernel_log=kernel_log))
+    if report is not None and wants_collect_env(args):
+        from gpucheck.probes.collect_env import collect_env_section
+
+        terminal.say("env: python -m torch.utils.collect_env, for the Markdown/HTML report")
+        report.add(collect_env_section())
+    return report
+
+
+def wants_collect_env(args: argparse.Namespace) -> bool:
+    """PyTorch's collect_env only for a Markdown or HTML report (it takes seconds; the
+    terminal report stays as fast): --format, or a -o file's extension."""
+    formats = {getattr(args, "format", None)}
+    formats |= {format_for(None, path) for path in getattr(args, "outputs", None) or []}
+    single = getattr(args, "output", None)
+    if single is not None:
+        formats.add(format_for(None, single))
+    return bool(formats & TICKET_FORMATS)

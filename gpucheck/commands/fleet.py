@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> Report:
     options = _options(args)
     if args.save_baseline is not None:
-        if same_file(args.save_baseline, getattr(args, "output", None)):
+        if any(same_file(args.save_baseline, path) for path in _own_outputs(args)):
             raise UsageError(f"--save-baseline and --output both name {args.save_baseline}: "
                              "one would overwrite the other; give two files")
         check_writable(args.save_baseline, "--save-baseline")
@@ -110,9 +110,16 @@ def _baseline(path: str | None) -> Baseline | None:
 def _inputs(args: argparse.Namespace) -> list[str]:
     """The report files, without this run's own --output and --save-baseline files: a
     second run into the same directory must not read the first one's report."""
-    own = {os.path.realpath(p) for p in (getattr(args, "output", None), args.save_baseline)
+    own = {os.path.realpath(p) for p in (*_own_outputs(args), args.save_baseline)
            if p is not None}
     return [p for p in report_paths(args.inputs) if os.path.realpath(p) not in own]
+
+
+def _own_outputs(args: argparse.Namespace) -> list[str]:
+    """Every -o file of this run (-o may be given more than once)."""
+    outputs = getattr(args, "outputs", None) or []
+    single = getattr(args, "output", None)
+    return list(outputs) or ([single] if single is not None else [])
 
 
 def _read(paths: list[str]) -> Fleet:

@@ -9,17 +9,19 @@ Command modules are imported only when chosen or when the parser is built, so
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import re
 from collections.abc import Sequence
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from gpucheck.errors import UsageError
 from gpucheck.escape import terminal
 from gpucheck.render import FORMATS
 
-COMMANDS = ("env", "bench", "comm", "stress", "all", "compare", "fleet", "health", "hang")
+COMMANDS = ("env", "bench", "comm", "stress", "all", "compare", "fleet", "health", "hang",
+            "show", "preflight")
 
 EXIT_USAGE = 2
 
@@ -30,12 +32,41 @@ class BadOption(UsageError):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse with a one-line error (argparse prints the usage block too)."""
+    """argparse with a one-line error (argparse prints the usage block too), a "did you
+    mean" for a mistyped command or option, and the --help of the command concerned."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Filled by build_parser on the top parser: the parsers of the commands it built.
+        self.command_parsers: dict[str, argparse.ArgumentParser] = {}
 
     def error(self, message: str) -> NoReturn:
         # "argument --n-gpus/--nproc: 0: give 1 or more" reads "--n-gpus 0: give 1 or more"
         message = re.sub(r"^argument ([^:/ ]+)(?:/[^: ]+)*: ", r"\1 ", message)
-        raise BadOption(f"{self.prog}: error: {terminal(message)} (see {self.prog} --help)")
+        # An unknown option reaches the top parser: point to the command's own --help.
+        built = self.command_parsers
+        own: argparse.ArgumentParser = next(iter(built.values())) if len(built) == 1 else self
+        guess = did_you_mean(message, own)
+        # A mistyped command: the help of the command it was probably meant to be.
+        helped = f"{self.prog} {guess}" if guess in built else own.prog
+        said = f"; did you mean {guess!r}?" if guess else ""
+        raise BadOption(f"{self.prog}: error: {terminal(message)}{terminal(said)} "
+                        f"(see {terminal(helped)} --help)")
+
+
+def did_you_mean(message: str, parser: argparse.ArgumentParser) -> str:
+    """The command or option argparse's `message` refused was probably meant to be
+    ('bench' for 'benhc', '--iters' for '--itres'); "" when nothing is close."""
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice is not None:
+        wrong, offered = choice[1], re.findall(r"'([^']*)'", choice[2])
+    else:
+        unknown = re.search(r"unrecognized arguments: (.*)$", message)
+        words = unknown[1].split() if unknown else []
+        wrong = next((w.split("=", 1)[0] for w in words if w.startswith("-")), "")
+        offered = [o for a in parser._actions for o in a.option_strings]
+    close = difflib.get_close_matches(wrong, offered, n=1, cutoff=0.6) if wrong else []
+    return close[0] if close else ""
 
 
 def command_module(name: str) -> ModuleType:
@@ -52,14 +83,26 @@ def output_options() -> argparse.ArgumentParser:
     group.add_argument("--format", metavar="FMT", default=None,
                        help=f"report format: {', '.join(FORMATS)} (default: from --output's "
                             "extension, else text)")
-    group.add_argument("--output", "-o", metavar="FILE", default=None,
+    group.add_argument("--output", "-o", metavar="FILE", default=None, action=OutputAction,
                        help="also write the report to FILE (atomically); .json, .md and .html "
-                            "pick the format")
+                            "pick the format; give it again to write several files from one "
+                            "run (-o node.json -o ticket.md)")
     group.add_argument("--strict", action="store_true",
                        help="exit 1 on WARN as well as on FAIL")
     group.add_argument("--quiet", "-q", action="store_true",
                        help="no progress output; with --output, nothing on stdout")
     return common
+
+
+class OutputAction(argparse.Action):
+    """`-o` given more than once: `outputs` holds every file, in order; `output` the
+    first (what commands that only need to know "is there a file" read)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        outputs = [*(getattr(namespace, "outputs", None) or []), str(values)]
+        namespace.outputs = outputs
+        namespace.output = outputs[0]
 
 
 def parsed_commands(argv: Sequence[str] | None) -> tuple[str, ...]:
@@ -81,6 +124,7 @@ def build_parser(version: str, argv: Sequence[str] | None = None) -> argparse.Ar
                     "interrupted (Ctrl-C), 143 terminated (SIGTERM).",
     )
     parser.add_argument("--version", action="version", version=f"gpucheck {version}")
+    parser.set_defaults(outputs=[])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     common = output_options()
     for name in parsed_commands(argv):
@@ -88,4 +132,5 @@ def build_parser(version: str, argv: Sequence[str] | None = None) -> argparse.Ar
         command_parser = sub.add_parser(name, help=module.HELP, description=module.HELP,
                                         parents=[common])
         module.add_arguments(command_parser)
+        parser.command_parsers[name] = command_parser
     return parser

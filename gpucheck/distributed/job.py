@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpucheck.distributed import progress, terminal
+from gpucheck.distributed import caught, progress, terminal
 from gpucheck.distributed.checkin import (
     CheckInFailed,
     RanksUnresponsive,
@@ -87,6 +87,8 @@ def run_job(worker: Callable[[S], Any], spec: S, nproc: int,
             progress.remember_partial(progress.read_run_dir(folder)[0])
             progress.remember_ranks(progress.read_ranks(folder))
             raise
+        finally:
+            caught.gather(folder)  # the ranks' library warnings, for the report's log
 
 
 class JobFailed(WorkersFailed):

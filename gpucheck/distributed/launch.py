@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -161,9 +162,7 @@ def _ranks_start_deaf_to_ctrl_c() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    from multiprocessing import resource_tracker
-
-    resource_tracker.ensure_running()
+    quiet_resource_tracker()
     done = threading.Event()
     listener = threading.Thread(target=done.wait, name="gpucheck-ctrl-c", daemon=True)
     listener.start()
@@ -173,6 +172,27 @@ def _ranks_start_deaf_to_ctrl_c() -> Iterator[None]:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         done.set()
+
+
+# The resource tracker's own farewell when a rank ended by os._exit (Ctrl-C, SIGTERM)
+# left its multiprocessing semaphores registered: it unlinks them all the same.
+_TRACKER_LEAK_WARNING = "ignore:resource_tracker:UserWarning"
+
+
+def quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (shared by the spawned ranks) without its
+    "resource_tracker: There appear to be N leaked semaphore objects" line after a
+    Ctrl-C: ranks stopped by `_exit_at_once` never unregister their semaphores, and the
+    tracker, which still unlinks them, warned on stderr below gpucheck's one line. The
+    tracker takes its -W options from sys.warnoptions when it starts."""
+    from multiprocessing import resource_tracker
+
+    saved = list(sys.warnoptions)
+    sys.warnoptions.append(_TRACKER_LEAK_WARNING)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        sys.warnoptions[:] = saved
 
 
 def _exit_at_once(signum: int, frame: object) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -122,3 +123,32 @@ def bar(label: str, total: int | None = None, unit: str = "it") -> Iterator[Bar]
     finally:
         _open.remove(opened)
         opened.close()
+
+
+@contextmanager
+def timed(label: str, seconds: float, tick_s: float = 1.0) -> Iterator[Bar]:
+    """A bar of `seconds` that counts the block's own seconds while it runs (a burn-in
+    is one long call: without it the outer bar, ETA included, stands still)."""
+    with bar(label, max(1, round(seconds)), "s") as opened:
+        if opened.tqdm is None:
+            yield opened
+            return
+        done = threading.Event()
+        ticker = threading.Thread(target=_tick, args=(opened, done, tick_s), daemon=True)
+        ticker.start()
+        try:
+            yield opened
+        finally:
+            done.set()
+            ticker.join(timeout=5 * tick_s)
+
+
+def _tick(opened: Bar, done: threading.Event, tick_s: float) -> None:
+    """One unit per tick until the block ends or the bar is full (a burn-in ends at the
+    first chunk boundary after its deadline: it may run a little over)."""
+    total = opened.tqdm.total if opened.tqdm is not None else 0
+    while not done.wait(tick_s):
+        bar_now = opened.tqdm
+        if bar_now is None or bar_now.n >= total:
+            return
+        bar_now.update(1)

@@ -193,6 +193,8 @@ def _build(results: Sequence[Mapping[str, Any]],
         data["not_watched"].append({"ranks": ", ".join(map(str, ranks)), "reason": reason})
     if not results:
         findings.append(skip("faults.watch", "no rank brought back a fault watch"))
+    if not groups:  # nothing was watched, so nothing was judged against them
+        del data["thresholds"]
     return findings, data
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
 
-FORMATS = ("text", "json", "markdown", "html", "line", "prometheus")
-_EXTENSIONS = {".txt": "text", ".log": "text", ".json": "json", ".md": "markdown",
+FORMATS = ("text", "json", "markdown", "markdown-plain", "html", "line", "prometheus")
+EXTENSIONS = {".txt": "text", ".log": "text", ".json": "json", ".md": "markdown",
                ".markdown": "markdown", ".html": "html", ".htm": "html",
                ".prom": "prometheus"}
 
@@ -27,7 +27,7 @@ def format_for(requested: str | None, output: str | None) -> str:
             )
         return requested
     if output is not None:
-        return _EXTENSIONS.get(Path(output).suffix.lower(), "text")
+        return EXTENSIONS.get(Path(output).suffix.lower(), "text")
     return "text"
 
 
@@ -38,10 +38,10 @@ def render(report: Report, fmt: str, color: bool = False, width: int | None = No
         from gpucheck.render.json import render_json
 
         return render_json(report)
-    if fmt == "markdown":
+    if fmt in ("markdown", "markdown-plain"):
         from gpucheck.render.markdown import render_markdown
 
-        return render_markdown(report)
+        return render_markdown(report, plain=fmt == "markdown-plain")
     if fmt == "html":
         from gpucheck.render.html import render_html
 

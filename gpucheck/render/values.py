@@ -43,3 +43,10 @@ def table_columns(rows: list[dict[str, Any]]) -> list[str]:
         for key in row:
             columns.setdefault(key, None)
     return list(columns)
+
+
+def is_verbatim(key: str, value: Any) -> bool:
+    """Command output kept as written (env's `collect_env_output`): a multi-line string
+    under a key ending in `_output`. Markdown and HTML show it as a code block; text
+    says where to read it."""
+    return str(key).endswith("_output") and isinstance(value, str) and "\n" in value

@@ -157,7 +157,9 @@ def _gemm_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
         findings += expected_findings("stress.gemm.expected", what, "TFLOP/s", values, ranks,
                                       lambda m, d=dtype: gemm_figure(m, d),
                                       verdicts.expected_fraction, again)
-    data = {"flops_per_product": "2 n^3", **_thresholds(verdicts), "results": table}
+    # Which column the verdicts judge: the median product's rate, not the mean `tflops`.
+    data = {"flops_per_product": "2 n^3", "judged": "tflops_p50", **_thresholds(verdicts),
+            "results": table}
     if result.get("gemm_again"):
         data["measured again"] = list(result["gemm_again"])
     if result.get("power") is not None:  # older reports have no power readings
@@ -196,7 +198,8 @@ def _membw_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
                              verdicts.peer_fraction, causes=_causes(result), again=again)
     findings += expected_findings("stress.membw.expected", what, "GB/s", values, ranks,
                                   copy_figure, verdicts.expected_fraction, again)
-    data = {"counted": COPY_COUNTED, **_thresholds(verdicts), "results": table}
+    data = {"counted": COPY_COUNTED, "judged": "gbps_p50", **_thresholds(verdicts),
+            "results": table}
     if result.get("membw_again"):
         data["measured again"] = list(result["membw_again"])
     return Section("membw", "Device memory bandwidth per rank (GB/s)", data, findings)

@@ -93,6 +93,19 @@ def stress_worker(spec: StressSpec) -> dict[str, Any] | None:
     return result if world.is_reporter else None
 
 
+def open_phases(spec: StressSpec, world: World) -> tuple[RankContext, dict[str, Any]]:
+    """This rank's context and the result its phases fill, inside `process_group`: for
+    commands that compose stress's phases (`gpucheck preflight`) with `run_phase`."""
+    ctx = _context(spec, world)
+    return ctx, _initial_result(ctx)
+
+
+def run_phase(name: str, ctx: RankContext, result: dict[str, Any]) -> None:
+    """One phase by name ("gemm", "membw", "sdc", ...), as `stress_worker` runs it."""
+    dict(_phases())[name](ctx, result)
+    result["phases_done"].append(name)
+
+
 def _phase_text(name: str, spec: StressSpec) -> str:
     """What the terminal shows during a phase: the burn-in says how long it lasts."""
     texts = {"membw": "membw (device memory bandwidth)",
@@ -284,8 +297,9 @@ def _sdc(ctx: RankContext, result: dict[str, Any]) -> None:
     spec, dtype = ctx.spec, ctx.spec.dtypes[0]
     group = next(r["group"] for r in result["ranks"] if r["rank"] == ctx.world.rank)
     _barrier(ctx)
-    record, golden, checks = sdc_burn.burn(ctx.world.rank, dtype, spec.size, ctx.device,
-                                           spec.device, spec.duration_s, group, ctx.hook)
+    with terminal.timed("sdc burn-in", spec.duration_s):  # its own seconds, not a frozen bar
+        record, golden, checks = sdc_burn.burn(ctx.world.rank, dtype, spec.size, ctx.device,
+                                               spec.device, spec.duration_s, group, ctx.hook)
     progress.set_step("sdc: comparing results across ranks")
     every = _gather(ctx, (asdict(record), checks, sdc_burn.draw_seed()))
     seed = every[0][2]  # rank 0's draw, so every rank sends the same rows

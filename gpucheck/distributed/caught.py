@@ -1,0 +1,92 @@
+"""Warnings from libraries (torch's FutureWarnings and the like), caught on every rank
+into the report's log instead of printed on stderr, where they tear the progress bar
+and fire stderr alerting under cron or SLURM (`-q` means quiet).
+
+`caught()` wraps a rank's work (gpucheck.distributed.session.process_group); each rank
+leaves what it caught in the job's run directory (a private mkdtemp folder, as the
+progress files), `gather(folder)` reads them back in the launching process, and
+`log_rows()` is what the CLI adds to the report (`log` section). Each distinct
+warning is kept once, with the ranks that raised it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from gpucheck.distributed import progress
+
+WARNINGS_FILE = "warnings-{rank}.json"
+WARNINGS_GLOB = "warnings-*.json"
+MAX_KEPT = 20  # distinct warnings; a flood is cut, not kept whole
+MAX_TEXT = 300
+
+_state: dict[str, Any] = {"rows": []}
+
+
+@contextmanager
+def caught(rank: int) -> Iterator[None]:
+    """Record every warning raised in the block (once per place, as Python's default
+    filter shows it), keep it for the report, publish it for the launcher."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        try:
+            yield
+        finally:
+            rows = [_row(w, rank) for w in seen]
+            remember(rows)
+            _publish(rank, rows)
+
+
+def _row(warning: warnings.WarningMessage, rank: int) -> dict[str, Any]:
+    text = str(warning.message).strip().splitlines()
+    return {"category": warning.category.__name__,
+            "message": (text[0] if text else "")[:MAX_TEXT],
+            "where": f"{Path(warning.filename).name}:{warning.lineno}", "ranks": [rank]}
+
+
+def _publish(rank: int, rows: list[dict[str, Any]]) -> None:
+    folder = progress.run_dir()
+    if folder is None or not rows:
+        return
+    # The log is a courtesy: a full disk must not fail the rank.
+    with contextlib.suppress(OSError):
+        (folder / WARNINGS_FILE.format(rank=rank)).write_text(json.dumps(rows),
+                                                                encoding="utf-8")
+
+
+def gather(folder: Path) -> None:
+    """The warnings every rank left in the run directory `folder`, kept for the report."""
+    for path in sorted(folder.glob(WARNINGS_GLOB)):
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(rows, list):
+            remember([r for r in rows if isinstance(r, dict)])
+
+
+def remember(rows: list[dict[str, Any]]) -> None:
+    """Merge `rows` into the kept ones: one row per (category, message, where)."""
+    kept: list[dict[str, Any]] = _state["rows"]
+    for row in rows:
+        key = (row.get("category"), row.get("message"), row.get("where"))
+        same = next((k for k in kept if (k["category"], k["message"], k["where"]) == key),
+                    None)
+        if same is not None:
+            same["ranks"] = sorted({*same["ranks"], *row.get("ranks", [])})
+        elif len(kept) < MAX_KEPT:
+            kept.append({"category": str(key[0]), "message": str(key[1]),
+                         "where": str(key[2]), "ranks": list(row.get("ranks", []))})
+
+
+def log_rows() -> list[dict[str, Any]]:
+    """Everything caught since the last call, then forgotten (`all` runs several
+    commands in one process: its report gets them all once)."""
+    rows, _state["rows"] = _state["rows"], []
+    return rows

@@ -1,0 +1,340 @@
+"""The report as a person meets it, round 2 (issue 27): figures on an OK report, `all`'s
+scope, library warnings caught, the burn-in's own seconds, wrapped tables keyed, a
+SKIPped fault watch without thresholds, Markdown without tables, collect_env."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+
+from gpucheck.commands import all as all_command
+from gpucheck.distributed import caught, progress, terminal
+from gpucheck.faults import faults_section
+from gpucheck.probes import collect_env
+from gpucheck.render import render
+from gpucheck.render.headline import headline_rows
+from gpucheck.render.text import render_text, table_lines
+from gpucheck.report import Report, Section, Status
+
+REPORTS = Path(__file__).parent / "data" / "reports"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def saved(name: str) -> Report:
+    return Report.from_dict(json.loads((REPORTS / f"{name}.json").read_text()))
+
+
+# --- item 2: headline figures ------------------------------------------------------
+
+def test_bench_figures_name_images_per_s_efficiency_and_the_slowest_rank() -> None:
+    rows = {r["figure"]: r for r in headline_rows(saved("bench_slow"))}
+    assert rows["bench images/s, whole job"]["unit"] == "images/s"
+    assert rows["bench parallel efficiency"]["value"].endswith("%")
+    assert rows["bench images/s, slowest rank"]["where"].startswith("rank 1")
+
+
+def test_comm_figures_give_each_collectives_peak_busbw_and_its_size() -> None:
+    rows = {r["figure"]: r for r in headline_rows(saved("comm"))}
+    assert {"comm all_reduce busbw, peak", "comm all_gather busbw, peak"} <= set(rows)
+    assert rows["comm all_reduce busbw, peak"]["unit"] == "GB/s"
+    assert rows["comm all_reduce busbw, peak"]["where"].startswith("at ")
+
+
+def test_stress_figures_per_dtype_name_the_judged_column() -> None:
+    figures = [r["figure"] for r in headline_rows(saved("stress"))]
+    assert any("fp32" in f and "tflops_p50" in f for f in figures)
+    assert any("bf16" in f and "tflops_p50" in f for f in figures)
+    assert any("gbps_p50" in f for f in figures)
+
+
+def test_a_report_without_figures_gets_no_figures_table() -> None:
+    report = saved("env")
+    assert headline_rows(report) == []
+    assert "Figures" not in render_text(report)
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown", "markdown-plain", "html"])
+def test_an_ok_report_shows_its_figures_before_the_problems_in_every_format(fmt: str) -> None:
+    report = saved("stress")
+    assert report.verdict() is Status.OK
+    text = render(report, fmt)
+    figures = text.index("Figures")
+    assert figures < text.index("No ") < text.index("Stress: setup")
+    assert "tflops_p50" in text[figures:text.index("No ")]
+
+
+def test_json_carries_the_same_figures_and_still_reads_back() -> None:
+    report = saved("comm")
+    raw = json.loads(render(report, "json"))
+    assert raw["figures"] == headline_rows(report)
+    assert Report.from_dict(raw).sections[0].name == report.sections[0].name
+
+
+def test_all_gathers_the_same_figures_as_its_commands() -> None:
+    outcomes = [all_command.Outcome(n, "ran", report=saved(n)) for n in ("bench", "comm")]
+    combined = all_command.combined_report(outcomes)
+    expected = headline_rows(saved("bench")) + headline_rows(saved("comm"))
+    assert sorted(r["figure"] for r in headline_rows(combined)) == \
+        sorted(r["figure"] for r in expected)
+
+
+# --- item 3: all keeps the scope ------------------------------------------------------
+
+def test_all_takes_the_scope_of_its_narrowest_part() -> None:
+    env = Report("env", scope="no NVIDIA GPU or driver found: software checks only")
+    outcomes = [all_command.Outcome("env", "ran", report=env),
+                all_command.Outcome("bench", "ran", report=Report("bench"))]
+    assert all_command.combined_report(outcomes).scope == env.scope
+
+
+def test_all_without_a_narrower_part_has_no_scope() -> None:
+    outcomes = [all_command.Outcome("bench", "ran", report=Report("bench"))]
+    assert all_command.combined_report(outcomes).scope is None
+
+
+# --- item 4: warnings from libraries ---------------------------------------------------
+
+def test_a_library_warning_on_a_rank_is_caught_not_printed(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(progress.RUN_DIR_VAR, raising=False)
+    caught.log_rows()
+    with caught.caught(rank=0):
+        warnings.warn("torch.distributed.all_gather_into_tensor is deprecated", FutureWarning,
+                      stacklevel=1)
+    assert capsys.readouterr().err == ""
+    rows = caught.log_rows()
+    assert [(r["category"], r["ranks"]) for r in rows] == [("FutureWarning", [0])]
+    assert caught.log_rows() == []  # taken once
+
+
+def test_every_ranks_warnings_reach_the_launcher_once_with_their_ranks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(progress.RUN_DIR_VAR, str(tmp_path))
+    for rank in (0, 1):
+        with caught.caught(rank):
+            warnings.warn("deprecated", FutureWarning, stacklevel=1)
+    caught.log_rows()  # what this process kept itself: the launcher reads the files
+    caught.gather(tmp_path)
+    rows = caught.log_rows()
+    assert len(rows) == 1 and rows[0]["ranks"] == [0, 1]
+
+
+def test_the_cli_puts_caught_warnings_in_the_reports_log_section() -> None:
+    from gpucheck.cli import add_log
+
+    caught.remember([{"category": "FutureWarning", "message": "m", "where": "x.py:1",
+                      "ranks": [1]}])
+    report = Report("comm")
+    add_log(report)
+    log = report.section("log")
+    assert log is not None and log.data["warnings"][0]["category"] == "FutureWarning"
+    assert log.findings == []
+
+
+def test_the_process_group_frame_catches_warnings() -> None:
+    source = (ROOT / "gpucheck" / "distributed" / "session.py").read_text()
+    assert "caught.caught(world.rank)" in source
+
+
+# --- item 5: the burn-in's own seconds -------------------------------------------------
+
+def test_a_timed_bar_counts_seconds_while_its_block_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(terminal.SHOW_VAR, "1")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    moved = threading.Event()
+    with terminal.timed("sdc burn-in", 3, tick_s=0.01) as bar:
+        for _ in range(500):  # bounded: at most 5 s of waiting for the first tick
+            if bar.tqdm.n >= 1:
+                moved.set()
+                break
+            moved.wait(0.01)
+        assert bar.tqdm.total == 3
+    assert moved.is_set()
+
+
+def test_a_timed_bar_is_inert_when_progress_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(terminal.SHOW_VAR, "0")
+    with terminal.timed("sdc burn-in", 30) as bar:
+        assert bar.tqdm is None
+
+
+def test_the_stress_burn_in_runs_under_a_timed_bar() -> None:
+    tree = ast.parse((ROOT / "gpucheck" / "stress" / "worker.py").read_text())
+    sdc = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_sdc")
+    assert "terminal.timed" in ast.unparse(sdc)
+
+
+# --- item 6: wrapped tables, fault thresholds, resource tracker -------------------------
+
+def test_wrapped_fleet_table_groups_repeat_the_node_column() -> None:
+    rows = [{"rank": 1, "node": "node-slow", "status": "WARN", "reason": "x" * 60,
+             "all_actions": "rerun, drain-node"}]
+    lines = table_lines(rows, "", 60)
+    headers = [line for line in lines if line.startswith("rank")]
+    assert len(headers) >= 2 and all("node" in h.split() for h in headers)
+
+
+def test_a_fault_watch_that_watched_nothing_shows_no_thresholds() -> None:
+    section = faults_section([{"rank": 0, "status": "n/a", "reason": "no GPU"}])
+    assert section.verdict() is Status.SKIP
+    assert "thresholds" not in section.data
+
+
+def test_a_watched_gpu_keeps_its_thresholds_and_every_row_lines_up() -> None:
+    from tests.test_faults_findings import healthy
+
+    section = faults_section([healthy()])
+    assert "thresholds" in section.data
+    text = render_text(Report("stress", [section]))
+    start = text.index("thresholds:")
+    keys = list(section.data["thresholds"])
+    rows = [line for line in text[start:].splitlines()[1:] if line.split()[:1] and
+            line.split()[0] in keys]
+    assert len(rows) == len(keys)
+    assert len({len(re.match(r"\s+\S+\s+", r)[0]) for r in rows}) == 1
+
+
+LEAK_SCRIPT = """
+import multiprocessing as mp, os, sys
+def child():
+    lock = mp.get_context("spawn").Lock()
+    os._exit(130)
+if __name__ == "__main__":
+    from gpucheck.distributed.launch import quiet_resource_tracker
+    quiet_resource_tracker()
+    p = mp.get_context("spawn").Process(target=child)
+    p.start(); p.join()
+"""
+
+
+def test_no_leaked_semaphore_line_when_a_rank_exits_at_once(tmp_path: Path) -> None:
+    script = tmp_path / "leak.py"
+    script.write_text(LEAK_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, check=False, cwd=ROOT,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert "leaked semaphore" not in proc.stderr
+
+
+# --- item 7: Markdown where tables are not rendered ------------------------------------
+
+def _outside_fences(text: str) -> list[str]:
+    lines, fence = [], None
+    for line in text.splitlines():
+        opener = re.match(r"^(`{3,})", line)
+        if fence is None and opener:
+            fence = opener[1]
+        elif fence is not None and line == fence:
+            fence = None
+        elif fence is None:
+            lines.append(line)
+    assert fence is None, "an unclosed code fence"
+    return lines
+
+
+@pytest.mark.parametrize("name", ["env", "bench", "stress_fail", "comm_failed"])
+def test_markdown_plain_has_no_pipe_table_and_no_html_outside_code(name: str) -> None:
+    text = render(saved(name), "markdown-plain")
+    outside = _outside_fences(text)
+    assert not [line for line in outside if line.startswith("|")]
+    assert not [line for line in outside if re.search(r"<(details|summary|b)>", line)]
+    assert "stress.sdc.repeat" in text if name == "stress_fail" else True
+
+
+def test_gfm_markdown_tables_have_a_delimiter_row_after_every_header() -> None:
+    lines = render(saved("stress_fail"), "markdown").splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("| ") and (index == 0 or not lines[index - 1].startswith("|")):
+            cells = line.count(" | ") + 1
+            assert lines[index + 1] == "|" + "---|" * cells
+
+
+def test_a_backtick_fence_in_a_value_cannot_close_the_code_block() -> None:
+    report = Report("env", [Section("s", "S", {"rows": [{"name": "```", "v": 1}]})])
+    outside = _outside_fences(render(report, "markdown-plain"))
+    assert not any("```" in line for line in outside)
+
+
+# --- item 8: collect_env ---------------------------------------------------------------
+
+def test_collect_env_output_is_kept_verbatim_and_shown_as_code() -> None:
+    script = "print('PyTorch version: 9.9\\nIs CUDA available: False')"
+    section = collect_env.collect_env_section(command=(sys.executable, "-c", script))
+    assert section.findings == []
+    assert section.data["collect_env_output"] == "PyTorch version: 9.9\nIs CUDA available: False\n"
+    report = Report("env", [section])
+    md = render(report, "markdown")
+    assert "```\nPyTorch version: 9.9\nIs CUDA available: False\n```" in md
+    assert "<pre>PyTorch version: 9.9\nIs CUDA available: False</pre>" in render(report, "html")
+    assert "PyTorch version" not in render(report, "text")
+
+
+@pytest.mark.parametrize(("script", "timeout"), [("import sys; sys.exit(3)", 30.0),
+                                                 ("import time; time.sleep(30)", 0.5)])
+def test_a_failed_or_hung_collect_env_is_a_skip(script: str, timeout: float) -> None:
+    section = collect_env.collect_env_section(timeout, (sys.executable, "-c", script))
+    assert [f.check for f in section.findings] == ["env.collect_env"]
+    assert section.verdict() is Status.SKIP
+
+
+def test_a_missing_interpreter_is_a_skip_too() -> None:
+    section = collect_env.collect_env_section(command=("/nonexistent/python",))
+    assert section.verdict() is Status.SKIP
+
+
+@pytest.mark.parametrize(("argv", "wanted"), [
+    (["env"], False), (["env", "-o", "e.json"], False), (["env", "--format", "markdown"], True),
+    (["env", "-o", "e.json", "-o", "t.md"], True), (["env", "-o", "p.html"], True),
+    (["env", "--format", "markdown-plain"], True)])
+def test_collect_env_runs_only_for_markdown_and_html(argv: list[str], wanted: bool) -> None:
+    from gpucheck.cli import build_parser
+    from gpucheck.commands.env import wants_collect_env
+
+    assert wants_collect_env(build_parser(argv).parse_args(argv)) is wanted
+
+
+def test_comm_quiet_prints_nothing_on_stderr(tmp_path: Path) -> None:
+    """A real 2-rank comm run with -q: no warning from torch reaches stderr (today's torch
+    deprecates all_gather_into_tensor; whatever a library warns lands in the `log`)."""
+    out = tmp_path / "comm.json"
+    proc = subprocess.run([sys.executable, "-m", "gpucheck", "comm", "--max-bytes", "8K",
+                           "--iters", "2", "--no-fault-watch", "-q", "-o", str(out)],
+                          capture_output=True, text=True, timeout=300, check=False, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Warning" not in proc.stderr
+    report = json.loads(out.read_text())
+    for row in (s for s in report["sections"] if s["name"] == "log"):
+        assert all(w["category"].endswith("Warning") for w in row["data"]["warnings"])
+
+
+@pytest.mark.parametrize(("outputs", "wanted"), [([], False), (["node.json"], False),
+                                                 (["node.json", "ticket.md"], True)])
+def test_all_with_a_markdown_output_asks_env_for_collect_env(outputs: list[str],
+                                                             wanted: bool) -> None:
+    from gpucheck.cli import build_parser
+    from gpucheck.commands.env import wants_collect_env
+
+    argv = ["all", "--skip", "stress,bench,comm"]
+    for path in outputs:
+        argv += ["-o", path]
+    namespaces = all_command._namespaces(build_parser(argv).parse_args(argv), ("env",))
+    assert wants_collect_env(namespaces["env"]) is wanted
+
+
+def test_a_hostile_number_leaves_the_figures_out_and_the_report_renders() -> None:
+    raw = json.loads((REPORTS / "comm.json").read_text())
+    raw["sections"][1]["data"]["results"][0]["fastest_time_us"] = 10 ** 400
+    report = Report.from_dict(raw)
+    assert headline_rows(report) == []
+    for fmt in ("text", "markdown", "markdown-plain", "html", "json"):
+        assert render(report, fmt)
