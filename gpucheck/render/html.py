@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucheck.actions import strip_hint
+from gpucheck.checks.legacy import strip_hint
 from gpucheck.render.charts import Chart, draw_charts
 from gpucheck.render.headline import headline_rows
 from gpucheck.render.safe import html as escape  # control characters too

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpucheck.actions import strip_hint
+from gpucheck.checks.legacy import strip_hint
 from gpucheck.render import safe
 from gpucheck.render.headline import headline_rows
 from gpucheck.render.values import fmt_field, is_table, is_verbatim, table_columns

@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from gpucheck.actions import strip_hint
+from gpucheck.checks.legacy import strip_hint
 from gpucheck.render.headline import headline_rows
 from gpucheck.render.safe import terminal as esc
 from gpucheck.render.values import fmt_field, is_table, is_verbatim, table_columns
