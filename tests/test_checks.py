@@ -38,7 +38,7 @@ MAX_DEPTH = 6
 UNFOLLOWED: dict[tuple[str, str], tuple[str, ...]] = {
     # check, hint = _CHECKS.get(cause, ("rank_failed", ...)): f"{command}.{check}"
     ("distributed/failures.py", "rank_failure_findings"): (
-        "*.rank_unresponsive", "*.checkin", "*.rank_failed"),
+        "*.rank_unresponsive", "*.checkin", "*.shared_gpu", "*.rank_failed"),
 }
 
 

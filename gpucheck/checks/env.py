@@ -136,4 +136,11 @@ CHECKS: tuple[Check, ...] = (
           "the torch installation (CPU-only, no cuDNN or NCCL, CUDA unavailable for a driver or "
           "fabric reason): software",
           "docs/env.md#torch-nccl"),
+    Check("torch.nccl_loaded", "Torch NCCL loaded",
+          "the NCCL this process loaded beside the one torch was built against (gpucheck env; "
+          "the NCCL_DEBUG=INFO version line by hand)",
+          {W: A.FIX_CONFIG, F: A.FIX_CONFIG},
+          "the torch installation (CPU-only, no cuDNN or NCCL, CUDA unavailable for a driver or "
+          "fabric reason): software",
+          "docs/env.md#torch-nccl-loaded"),
 )

@@ -66,6 +66,13 @@ CHECKS: tuple[Check, ...] = (
           "a rank exited early, often because another one stopped answering; the hardware "
           "findings (faults, XIDs) carry their own actions",
           "docs/all.md#command-rank-failed"),
+    Check("{command}.shared_gpu", "<command> shared GPU",
+          "whether two ranks picked one GPU (every distributed command at launch; "
+          "CUDA_VISIBLE_DEVICES and the launcher's GPU binding by hand)",
+          {W: A.FIX_CONFIG, F: A.FIX_CONFIG},
+          "two ranks picked one GPU (the launch's GPU binding or CUDA_VISIBLE_DEVICES "
+          "overlaps): the launch is wrong, not the GPU",
+          "docs/all.md#command-shared-gpu"),
     Check("{command}.rank_unresponsive", "<command> rank unresponsive",
           "whether every rank kept answering (every command: how the run itself ended)",
           {W: A.RERUN, F: A.RERUN},
