@@ -253,10 +253,6 @@ def _site_ids(site: Site) -> frozenset[str]:
     return frozenset(UNFOLLOWED.get((site.file, site.function), site.ids))
 
 
-def _site_ids(site: Site) -> frozenset[str]:
-    return frozenset(UNFOLLOWED.get((site.file, site.function), site.ids))
-
-
 def _concrete(check_id: str) -> str:
     """A scanned id with `*` segments as one the templates must match."""
     return ".".join("x" if s == UNKNOWN else s for s in check_id.split("."))

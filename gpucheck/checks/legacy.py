@@ -88,6 +88,13 @@ def strip_hint(hint: str | None, action: str | None) -> str | None:
     return hint[match.end():]
 
 
+def strip_any_prefix(hint: str | None) -> str | None:
+    """The hint without any "action: <action>: " prefix: for a finding whose action
+    follows from its cause or look, which no words may contradict."""
+    match = _HINT_PREFIX.match(hint or "")
+    return hint if hint is None or match is None else hint[match.end():]
+
+
 def keyword_for(check: str, status: Status, message: str = "",
                 hint: str | None = None) -> Keyword | None:
     """The most specific keyword in the message or hint (the first of equals)."""

@@ -19,7 +19,7 @@ from gpucheck.distributed.nodes import NodeId, group_by_node, node_metric, nodes
 from gpucheck.distributed.placement import numa_findings
 from gpucheck.faults import gpu_names, run_faults_section
 from gpucheck.report import Finding, Section, skip
-from gpucheck.units import human_bytes
+from gpucheck.units import human_bytes as human_bytes  # its old home, re-exported
 
 TITLES = {"all_reduce": "all_reduce (busbw = algbw x 2(n-1)/n)",
           "all_gather": "all_gather (algbw counts the gathered output; busbw = algbw x (n-1)/n)",

@@ -1,25 +1,12 @@
-"""Markdown renderer for cluster tickets: verdict, figures and problems first, details
-folded.
-
-Two flavours:
-- `markdown`: GitHub-flavoured Markdown (GFM): pipe tables and `<details>` folds, as
-  GitHub, GitLab and Gitea render them.
-- `markdown-plain`: CommonMark with neither: every table is an aligned text table in
-  a fenced code block and every section a heading, so a tracker that renders no
-  tables (or shows the source as it is) still reads in columns.
-A multi-line string under a key ending in `_output` (env's collect_env) is verbatim
-command output: a fenced code block in both.
-"""
+"""Markdown renderer for cluster tickets: verdict and summary first, details folded."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from gpucheck.checks.legacy import strip_hint
 from gpucheck.render import safe
-from gpucheck.render.headline import headline_rows
-from gpucheck.render.values import fmt_field, is_table, is_verbatim, table_columns
+from gpucheck.render.values import fmt_field, is_table, table_columns
+from gpucheck.render.words import hint_words, message_words
 from gpucheck.report import Finding, Report, Section, Status
 
 
@@ -27,12 +14,7 @@ def _cell(column: str, value: Any) -> str:
     return safe.markdown(fmt_field(str(column), value))
 
 
-def md_table(rows: list[dict[str, Any]], plain: bool = False) -> list[str]:
-    """A GFM pipe table, or (`plain`) the text renderer's columns in a code block."""
-    if plain:
-        from gpucheck.render.text import table_lines
-
-        return fenced(table_lines(rows))
+def md_table(rows: list[dict[str, Any]]) -> list[str]:
     columns = table_columns(rows)
     lines = ["| " + " | ".join(map(safe.markdown, columns)) + " |",
              "|" + "---|" * len(columns)]
@@ -40,15 +22,7 @@ def md_table(rows: list[dict[str, Any]], plain: bool = False) -> list[str]:
     return lines
 
 
-def fenced(lines: list[str]) -> list[str]:
-    """`lines` as a CommonMark fenced code block: the fence is longer than any run of
-    backticks inside, so no value can close it early."""
-    longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return [fence, *lines, fence]
-
-
-def render_markdown(report: Report, plain: bool = False) -> str:
+def render_markdown(report: Report) -> str:
     lines = [
         f"# gpucheck {safe.markdown(report.command)}: **{report.verdict().value}**",
         "",
@@ -57,20 +31,13 @@ def render_markdown(report: Report, plain: bool = False) -> str:
         f"gpucheck {safe.markdown(report.tool_version)}, command "
         f"{safe.markdown_code(' '.join(report.argv))}",
         "",
-        *md_table([{"status": s, "count": n} for s, n in report.summary().items()], plain),
+        *md_table([{"status": s, "count": n} for s, n in report.summary().items()]),
         "",
-        *_figure_lines(report, plain),
     ]
-    lines.extend(_problem_lines(report.findings, plain))
+    lines.extend(_problem_lines(report.findings))
     for section in report.sections:
-        lines.extend(_section_lines(section, plain))
+        lines.extend(_section_lines(section))
     return "\n".join(lines).rstrip() + "\n"
-
-
-def _figure_lines(report: Report, plain: bool) -> list[str]:
-    """The headline figures (gpucheck.render.headline) unfolded, under the verdict."""
-    rows = headline_rows(report)
-    return ["## Figures", "", *md_table(rows, plain), ""] if rows else []
 
 
 def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:
@@ -78,39 +45,31 @@ def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:
     all-OK sections stay narrow. The hint loses an "action: x:" prefix the column shows."""
     with_action = any(f.action for f in findings)
     return [{"status": f.status.value, **({"action": f.action or ""} if with_action else {}),
-             "check": f.check, "subject": f.subject or "", "message": f.message,
-             "hint": strip_hint(f.hint, f.action) or ""} for f in findings]
+             "check": f.check, "subject": f.subject or "", "message": message_words(f),
+             "hint": hint_words(f) or ""} for f in findings]
 
 
-def _problem_lines(findings: list[Finding], plain: bool) -> list[str]:
+def _problem_lines(findings: list[Finding]) -> list[str]:
     problems = [f for f in findings if f.status in (Status.FAIL, Status.WARN)]
     problems.sort(key=lambda f: -f.status.severity)
     if not problems:
         return ["No FAIL or WARN findings.", ""]
-    return ["## Problems", "", *md_table(_finding_rows(problems), plain), ""]
+    return ["## Problems", "", *md_table(_finding_rows(problems)), ""]
 
 
-def _section_lines(section: Section, plain: bool) -> list[str]:
-    if plain:  # no HTML: a heading instead of a fold
-        lines = [f"### {safe.markdown(section.title)} ({_section_verdict(section)})", ""]
-    else:
-        lines = [f"<details><summary><b>{safe.html(section.title)}</b> "
-                 f"({_section_verdict(section)})"
-                 "</summary>", ""]
-    flat = _flatten(section.data)
-    scalars = [{"key": k, "value": fmt_field(k, v)} for k, v in flat.items()
-               if not is_verbatim(k, v)]
+def _section_lines(section: Section) -> list[str]:
+    lines = [f"<details><summary><b>{safe.html(section.title)}</b> "
+             f"({_section_verdict(section)})"
+             "</summary>", ""]
+    scalars = [{"key": k, "value": fmt_field(k, v)} for k, v in _flatten(section.data).items()]
     if scalars:
-        lines += [*md_table(scalars, plain), ""]
-    for key, value in flat.items():
-        if is_verbatim(key, value):
-            lines += [f"**{safe.markdown(key)}**", "", *fenced(value.splitlines()), ""]
+        lines += [*md_table(scalars), ""]
     for key, value in section.data.items():
         if is_table(value):
-            lines += [f"**{safe.markdown(key)}**", "", *md_table(value, plain), ""]
+            lines += [f"**{safe.markdown(key)}**", "", *md_table(value), ""]
     if section.findings:
-        lines += [*md_table(_finding_rows(section.findings), plain), ""]
-    return lines if plain else [*lines, "</details>", ""]
+        lines += [*md_table(_finding_rows(section.findings)), ""]
+    return [*lines, "</details>", ""]
 
 
 def _section_verdict(section: Section) -> str:
