@@ -9,7 +9,12 @@ all kinds see the same machine load, and counts the straggler WARNs:
 - throttled (the host kind): one rank's process is stopped from outside for 15% of the
   time it is let run, on a 100 ms period, as a CPU quota does (tests/throttle.py, through
   tests/bench_workers.py:throttle_rank_{one,zero}_by_15_percent): it computes at speed,
-  and its host does not run it.
+  and its host does not run it;
+- stalls of two grains and two strengths (the host kind, issue 21): the same stop from
+  outside, on a fine grain (a 100 ms period: 50 ms stopped of every 100 at 2x, 23 of 100
+  at 1.3x) or a coarse one (a 600 ms period: 300 of 600 at 2x, 138 of 600 at 1.3x):
+  fine-2x, fine-1.3x, coarse-2x, coarse-1.3x. "2x": the rank would take twice as long
+  alone on an idle machine. A coarse stall leaves most iterations untouched.
 Rank 0 and rank 1 take turns as the planted rank: the rank spawned second tends to run a
 few percent slower here, so planting only rank 1 would flatter the catch rate.
 Issue 14's goal: 0 WARNs in the healthy runs; the planted rank, and only it, named in
@@ -18,22 +23,31 @@ every run, with the right kind ("a slow CPU" / "its host did not run it").
     python benchmarks/straggler_noise.py --runs 20 [--kinds healthy,slowed,throttled]
     python benchmarks/straggler_noise.py --runs 10 --busy 1   # a busy loop competing
     python benchmarks/straggler_noise.py --reports DIR    # summarise kept reports again
+                                  # (judged again from their records when kept)
     python benchmarks/straggler_noise.py --runs 3 --kinds throttled --throttle-share 0.5
+    python benchmarks/straggler_noise.py --runs 20 --kinds healthy,fine-2x,fine-1.3x,\
+        coarse-2x,coarse-1.3x --keep DIR -- --n-gpus 2 --model resnet18 --batch-size 4 \
+        --warmup 1 --iters 12     # issue 21's runs; DIR also gets each run's records
+
+With --keep, each run's per-rank records (every iteration's CPU and wall time, as rank 0
+gathered them) are saved beside its report (NNN-kind.records.json): tests re-judge them
+(tests/data/stragglers/).
 
 `--busy N` runs N busy-loop processes beside the benchmark for its whole length (a
 neighbour that always wants a core: the loaded case, reproducibly). Every run line ends
 with the machine's 1-minute load average when it ended: this 2-core VM is shared.
 
 The summary adds what other thresholds would have said of the same runs (the verdict is
-vs_others > 1 + threshold, else wall_vs_others > 1 + threshold, so it can be recomputed
-from the reports), and each planted run's hold-back: the planted rank's whole-loop wall
-time over the other rank's.
+vs_others > 1 + threshold, else wall_vs_others or hold_back > 1 + threshold, so it can be
+recomputed from the reports' ranks tables), and each planted run's hold-back: the planted
+rank's whole-loop wall time over the other rank's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -46,13 +60,30 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+THROTTLE = {1: "bench_workers:throttle_rank_one_by_15_percent",
+            0: "bench_workers:throttle_rank_zero_by_15_percent"}
+# Stalls from outside, issue 21: (stopped share of the time let run, period in seconds).
+STALLS = {"fine-2x": (1.0, 0.1), "fine-1.3x": (0.3, 0.1),
+          "coarse-2x": (1.0, 0.6), "coarse-1.3x": (0.3, 0.6)}
 HOOKS = {"slowed": {1: "bench_workers:slow_rank_one_by_15_percent",
                     0: "bench_workers:slow_rank_zero_by_15_percent"},
-         "throttled": {1: "bench_workers:throttle_rank_one_by_15_percent",
-                       0: "bench_workers:throttle_rank_zero_by_15_percent"}}
-KINDS = ("healthy", "slowed", "throttled")
+         "throttled": THROTTLE, **{kind: THROTTLE for kind in STALLS}}
+KINDS = ("healthy", "slowed", "throttled", *STALLS)
 # The kind of straggler each planted run must be named as (gpucheck.bench.stragglers).
-EXPECTED = {"slowed": "device", "throttled": "host"}
+EXPECTED = {"slowed": "device", "throttled": "host", **{kind: "host" for kind in STALLS}}
+# Runs `gpucheck bench` with its gathered records saved as JSON (argv[1]) for --keep.
+RECORDER = """
+import dataclasses, json, sys
+import gpucheck.bench.findings as findings
+from gpucheck.cli import main
+original = findings.bench_sections
+def recording(spec, images, outcome, threshold):
+    with open(sys.argv[1], "w", encoding="utf-8") as out:
+        json.dump([dataclasses.asdict(r) for r in outcome.records], out)
+    return original(spec, images, outcome, threshold)
+findings.bench_sections = recording
+sys.exit(main(sys.argv[2:]))
+"""
 HOST_WORDS = "its host did not run it"
 RUN_TIMEOUT_S = 600
 SWEEP = (0.05, 0.075, 0.10, 0.125, 0.15, 0.20)
@@ -72,10 +103,11 @@ class Outcome:
 
     def describe(self) -> str:
         cells = "  ".join(f"r{r['rank']} p50 {r['p50_ms']:.0f} ms x{r['vs_others']:.3f} cpu "
-                          f"x{r.get('wall_vs_others') or 0:.3f} wall" for r in self.ranks)
+                          f"x{r.get('wall_vs_others') or 0:.3f} wall "
+                          f"x{r.get('hold_back') or 0:.3f} loop" for r in self.ranks)
         named = ",".join(f"{r}:{k}" for r, k in sorted(self.named.items())) or "-"
         kind = self.kind if self.planted is None else f"{self.kind} r{self.planted}"
-        return (f"{kind:12} {self.total_s:5.1f} s  WARN: {named:9}  {cells}  "
+        return (f"{kind:14} {self.total_s:5.1f} s  WARN: {named:9}  {cells}  "
                 f"hold-back {self.hold_back():.3f}  load {self.load:.1f}")
 
     def correct(self) -> bool:
@@ -102,8 +134,13 @@ def one_run(kind: str, planted: int | None, extra: list[str], keep: Path | None,
         env.pop("GPUCHECK_TEST_HOOK", None)
         if planted is not None:
             env["GPUCHECK_TEST_HOOK"] = HOOKS[kind][planted]
+        if kind in STALLS:
+            env["GPUCHECK_TEST_THROTTLE_SHARE"] = str(STALLS[kind][0])
+            env["GPUCHECK_TEST_THROTTLE_PERIOD"] = str(STALLS[kind][1])
+        records = Path(folder) / "records.json"
+        launcher = ["-c", RECORDER, str(records)] if keep else ["-m", "gpucheck"]
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "gpucheck", "bench", "--quiet",
+        done = subprocess.run([sys.executable, *launcher, "bench", "--quiet",
                                "--output", str(out), *extra], cwd=folder, env=env,
                               timeout=RUN_TIMEOUT_S, check=False, capture_output=True,
                               text=True)
@@ -115,6 +152,8 @@ def one_run(kind: str, planted: int | None, extra: list[str], keep: Path | None,
         if keep:
             suffix = "" if planted is None else f"-r{planted}"
             shutil.copy(out, keep / f"{index:03d}-{kind}{suffix}.json")
+            if records.is_file():
+                shutil.copy(records, keep / f"{index:03d}-{kind}{suffix}.records.json")
             with (keep / "loads.txt").open("a", encoding="utf-8") as loads:
                 loads.write(f"{index:03d} {load:.2f} {total:.1f}\n")
         return outcome_of(report, kind, planted, total, load)
@@ -143,12 +182,30 @@ def kept_outcomes(folder: Path) -> list[Outcome]:
             loads[index] = (float(load), float(total))
     outcomes = []
     for path in sorted(folder.glob("*.json")):
+        if path.name.endswith(".records.json"):
+            continue
         load, total = loads.get(path.stem[:3], (float("nan"), float("nan")))
-        kind = next((k for k in KINDS if k in path.stem), "healthy")
+        kind = max((k for k in KINDS if k in path.stem), key=len, default="healthy")
         tail = path.stem.rpartition("-r")[2]
         planted = int(tail) if kind != "healthy" and tail.isdigit() else None
-        outcomes.append(outcome_of(json.loads(path.read_text()), kind, planted, total, load))
+        report = json.loads(path.read_text())
+        records = path.with_name(f"{path.stem}.records.json")
+        if records.is_file():  # judged again by today's code
+            report = rejudged(report, json.loads(records.read_text()))
+        outcomes.append(outcome_of(report, kind, planted, total, load))
     return outcomes
+
+
+def rejudged(report: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """`report` with its timing section recomputed from the run's saved records."""
+    from gpucheck.bench.aggregate import RankRecord, aggregate
+    from gpucheck.bench.findings import timing_section
+
+    records = tuple(RankRecord(**{k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in row.items()}) for row in rows)
+    timing = timing_section(records, aggregate(records)).to_dict()
+    return {**report, "sections": [timing if s["name"] == "timing" else s
+                                   for s in report["sections"]]}
 
 
 def plan(runs: int, kinds: list[str]) -> list[tuple[str, int | None]]:
@@ -160,7 +217,7 @@ def plan(runs: int, kinds: list[str]) -> list[tuple[str, int | None]]:
             if kind == "healthy":
                 order.append((kind, None))
             else:
-                order.append((kind, (i + (kind == "throttled")) % 2))
+                order.append((kind, (i + kinds.index(kind)) % 2))
     return order
 
 
@@ -238,30 +295,41 @@ def _kind_line(kind: str, runs: list[Outcome]) -> str:
     if kind == "healthy":
         worst = max(max(r["vs_others"] or 0.0 for r in o.ranks) for o in runs)
         worst_wall = max(max(r.get("wall_vs_others") or 0.0 for r in o.ranks) for o in runs)
+        worst_loop = max(max(r.get("hold_back") or 0.0 for r in o.ranks) for o in runs)
         return (f"healthy  : a straggler WARN (false alarm) in {len(runs) - right} of "
-                f"{len(runs)}; largest vs_others {worst:.3f} cpu, {worst_wall:.3f} wall; {hold}")
+                f"{len(runs)}; largest vs_others {worst:.3f} cpu, {worst_wall:.3f} wall, "
+                f"hold_back {worst_loop:.3f}; {hold}")
     by_rank = {r: (sum(1 for o in runs if o.planted == r and o.correct()),
                    sum(1 for o in runs if o.planted == r)) for r in (0, 1)}
     kinds = {k: sum(1 for o in runs if o.planted in o.named and o.named[o.planted] == k)
              for k in ("device", "host")}
     healthy = sum(1 for o in runs if set(o.named) - {o.planted})
-    column = "vs_others" if kind == "slowed" else "wall_vs_others"
+    column = "vs_others" if kind == "slowed" else "hold_back"
     least = min(next(r.get(column) or 0.0 for r in o.ranks if r["rank"] == o.planted)
                 for o in runs)
-    return (f"{kind:9}: planted rank named alone as {EXPECTED[kind]} (caught) in {right} of "
+    # On a loaded machine a stopped rank may cost the job little: the scheduler gives a
+    # stopped process back part of the turn it missed. Those that cost 10% or more:
+    costly = [o for o in runs if o.hold_back() >= 1.1]
+    return (f"{kind:11}: planted rank named alone as {EXPECTED[kind]} (caught) in {right} of "
             f"{len(runs)} (rank 0: {by_rank[0][0]} of {by_rank[0][1]}, rank 1: "
             f"{by_rank[1][0]} of {by_rank[1][1]}); named as device {kinds['device']}, as "
             f"host {kinds['host']}; a healthy rank named in {healthy}; planted rank's "
-            f"smallest {column} {least:.3f}; {hold}")
+            f"smallest {column} {least:.3f}; {hold}; of the {len(costly)} whose whole loop "
+            f"held the job back 1.1x or more, caught {sum(1 for o in costly if o.correct())}")
 
 
 def _right_at(outcome: Outcome, threshold: float) -> bool:
-    """Would the verdict have been right at this threshold (pace.straggler_kind)?"""
+    """Would the verdict have been right at this threshold (pace.straggler_kind, from
+    the ranks table: r["hold_back"] is the pace's hold_back)?"""
     named = {}
     for r in outcome.ranks:
-        if r["vs_others"] is not None and r["vs_others"] > 1 + threshold:
+        bar = 1 + max(threshold, r.get("others_spread") or 0.0)
+        device, wall = r["vs_others"] or 0.0, r.get("wall_vs_others") or 0.0
+        held = max(r.get("hold_back") or 0.0, wall, 1.0)
+        explains = math.log(max(device, 1.0)) >= 0.5 * math.log(held)
+        if device > 1 + threshold and explains:
             named[int(r["rank"])] = "device"
-        elif (r.get("wall_vs_others") or 0.0) > 1 + threshold:
+        elif device > 1 + threshold or wall > 1 + threshold or held > bar:
             named[int(r["rank"])] = "host"
     if outcome.planted is None:
         return not named

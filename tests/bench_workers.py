@@ -129,13 +129,17 @@ def _throttled(model: nn.Module, share: float) -> nn.Module:
     by up to `share` (less on a loaded machine, where the scheduler gives a stopped
     process back part of its turn). The helper ends when this process does."""
     if share:
-        subprocess.Popen([sys.executable, THROTTLE_SCRIPT, str(os.getpid()), str(share)],
+        period = os.environ.get(THROTTLE_PERIOD_VAR)
+        subprocess.Popen([sys.executable, THROTTLE_SCRIPT, str(os.getpid()), str(share),
+                          *([period] if period else [])],
                          stdin=subprocess.DEVNULL, close_fds=True)
     return model
 
 
-# benchmarks/straggler_noise.py --throttle-share: the share for the two hooks below.
+# benchmarks/straggler_noise.py: the share for the two hooks below, and the stall's grain
+# (the period of one run and one stop, seconds; default tests/throttle.py's RUN_S run).
 THROTTLE_SHARE_VAR = "GPUCHECK_TEST_THROTTLE_SHARE"
+THROTTLE_PERIOD_VAR = "GPUCHECK_TEST_THROTTLE_PERIOD"
 
 
 def _throttle_share() -> float:

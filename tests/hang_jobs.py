@@ -40,11 +40,13 @@ def slow(rank: int, odd: int, dist, t) -> None:  # type: ignore[no-untyped-def]
 
 
 def desync(rank: int, odd: int, dist, t) -> None:  # type: ignore[no-untyped-def]
-    import torch
+    from gpucheck.distributed import flight
 
     def dump() -> None:
-        torch._C._distributed_c10d._dump_fr_trace_file(rank)
-        print(f"dumped {rank}", flush=True)
+        # What gpucheck's own ranks do after a failed collective (flight.dump_after_failure).
+        outcome = flight.dump_after_failure(rank, "gloo")
+        print(f"dumped {rank}" if outcome and outcome.path else f"no dump {rank}: {outcome}",
+              flush=True)
 
     threading.Timer(DUMP_AFTER_S, dump).start()
     print(f"ready {rank}", flush=True)

@@ -129,3 +129,31 @@ def test_a_rank_whose_pace_slowed_with_its_wall_time_is_a_slower_device_and_fail
     assert metric_rows(report)["bench.images_per_s.rank1"]["verdict"] == "worse"
     assert not [f for s in report["sections"] for f in s["findings"]
                 if f["check"] == "compare.host_bound"]
+
+
+def test_a_host_bound_stragglers_symptoms_are_reported_under_it_not_as_a_regression(
+        tmp_path: Path) -> None:
+    # Real runs (issue 21): B's rank 1 stopped from outside half the time. Its slower wall
+    # clock makes the job's spread and wall figures worse: the same cause, already named.
+    code, report = compare(tmp_path, load("bench_stall_a"), load("bench_stall_b"))
+    checks = [(f["check"], f["status"]) for s in report["sections"] for f in s["findings"]]
+    assert ("compare.regression", "FAIL") not in checks and code == 0
+    [host] = [f for s in report["sections"] for f in s["findings"]
+              if f["check"] == "compare.host_bound"]
+    assert host["status"] == "WARN" and host["action"] == "rerun"
+    assert "bench.spread_slowest_vs_median" in host["message"]
+    rows = metric_rows(report)
+    assert rows["bench.spread_slowest_vs_median"]["verdict"] == "host-bound"
+    assert rows["bench.images_per_s.rank1"]["verdict"] == "host-bound"
+
+
+def test_a_worse_spread_beside_a_slower_device_is_still_a_regression(tmp_path: Path) -> None:
+    a = load("bench")
+    slow = scaled(scaled(a, "timing", "images_per_s", 0.7, rank=1), "timing", "p50_ms",
+                  1 / 0.7, rank=1)
+    for section in slow["sections"]:
+        if section["name"] == "timing":
+            section["data"]["spread_slowest_vs_median"] *= 1.4
+    code, report = compare(tmp_path, a, slow)
+    assert code == 1
+    assert metric_rows(report)["bench.spread_slowest_vs_median"]["verdict"] == "worse"

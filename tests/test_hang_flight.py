@@ -4,13 +4,19 @@ that `gpucheck hang --traces` reads."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import signal
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from gpucheck.cli import main
 from gpucheck.distributed import flight
+from gpucheck.distributed.failures import flight_findings
 from gpucheck.hang.trace_findings import traces_section
 from gpucheck.hang.traces import dump_files, groups, load
 
@@ -34,6 +40,92 @@ def test_a_users_own_dump_location_is_kept(monkeypatch) -> None:
         assert prefix is None and os.environ["TORCH_FR_DUMP_TEMP_FILE"] == "/shared/fr/job_"
 
 
+@pytest.fixture
+def own_folder(monkeypatch, tmp_path: Path) -> Path:
+    """The default dump folder moved under tmp_path (the test may make it hostile)."""
+    folder = tmp_path / "gpucheck-fr-test"
+    monkeypatch.setattr(flight, "dump_folder", lambda: str(folder))
+    for name in (*flight.ARMED_VARS, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    return folder
+
+
+def test_the_dump_folder_is_made_private_to_its_user(own_folder: Path) -> None:
+    with flight.armed("comm") as prefix:
+        assert prefix is not None and prefix.startswith(str(own_folder))
+    info = os.lstat(own_folder)
+    assert stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o700
+    assert info.st_uid == os.getuid()
+
+
+def test_a_folder_others_can_write_is_refused_and_the_run_goes_on_unarmed(
+        own_folder: Path, capsys) -> None:
+    own_folder.mkdir()
+    own_folder.chmod(0o777)  # what another user makes to catch root's files
+    with flight.armed("comm") as prefix:
+        assert prefix is None and "TORCH_FR_DUMP_TEMP_FILE" not in os.environ
+    assert "writable by other users" in capsys.readouterr().err
+    assert stat.S_IMODE(os.lstat(own_folder).st_mode) == 0o777  # left as it was
+
+
+def test_a_folder_of_another_user_is_refused(own_folder: Path, monkeypatch) -> None:
+    own_folder.mkdir(mode=0o700)
+    monkeypatch.setattr(os, "getuid", lambda: os.lstat(own_folder).st_uid + 4242)
+    with pytest.raises(flight.UnsafeFolder, match="belongs to uid"):
+        flight.private_folder(str(own_folder))
+    assert flight.arm("bench", {}) is None
+
+
+def test_a_link_in_place_of_the_folder_is_refused_never_followed(
+        own_folder: Path, tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    own_folder.symlink_to(target)
+    with pytest.raises(flight.UnsafeFolder, match="not a directory"):
+        flight.private_folder(str(own_folder))
+    assert flight.arm("bench", {}) is None and list(target.iterdir()) == []
+
+
+def test_a_folder_of_this_user_closed_to_writers_is_taken_and_closed(own_folder: Path) -> None:
+    own_folder.mkdir(mode=0o755)  # what an older gpucheck made
+    own_folder.chmod(0o755)
+    assert flight.private_folder(str(own_folder)) == str(own_folder)
+    assert stat.S_IMODE(os.lstat(own_folder).st_mode) == 0o700
+
+
+def test_a_torch_without_the_dump_function_is_a_visible_skip(monkeypatch, tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", str(tmp_path / "rank_"))
+    monkeypatch.delattr(torch._C._distributed_c10d, "_dump_fr_trace")
+    outcome = flight.dump_after_failure(3, "gloo")
+    assert outcome is not None and outcome.path is None
+    assert "_dump_fr_trace" in (outcome.skipped or "") and list(tmp_path.iterdir()) == []
+    findings = flight_findings([{"rank": 3, "flight_recorder": outcome.as_dict()}], "comm")
+    assert [(f.check, f.status.value, f.subject) for f in findings] == [
+        ("comm.flight_recorder", "SKIP", "rank 3")]
+
+
+def test_a_dump_that_does_not_return_is_given_up_not_waited_for(monkeypatch,
+                                                                tmp_path: Path) -> None:
+    import threading
+
+    release = threading.Event()
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", str(tmp_path / "rank_"))
+    monkeypatch.setattr(flight, "dumper", lambda backend: (lambda: release.wait(30) and b"",
+                                                           None))
+    try:
+        outcome = flight.dump_after_failure(0, "nccl", wait_s=0.2)
+    finally:
+        release.set()
+    assert outcome is not None and "did not return" in (outcome.skipped or "")
+
+
+def test_an_unarmed_job_dumps_nothing(monkeypatch) -> None:
+    for name in flight.PREFIX_VARS:
+        monkeypatch.delenv(name, raising=False)
+    assert flight.dump_after_failure(0, "gloo") is None
+
+
 def test_a_gloo_rank_dumps_its_trace_after_a_failure(monkeypatch, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
@@ -46,7 +138,8 @@ def test_a_gloo_rank_dumps_its_trace_after_a_failure(monkeypatch, tmp_path: Path
         # A size no other test uses: the recorder's buffer is per process, and earlier
         # tests in this process left their own collectives in it.
         dist.all_reduce(torch.ones(4, 7))
-        flight.dump_after_failure(0, "gloo")
+        outcome = flight.dump_after_failure(0, "gloo")
+        assert outcome == flight.DumpOutcome(path=str(tmp_path / "rank_0"))
     finally:
         dist.destroy_process_group()
     dumps, _ = load(dump_files(str(tmp_path)))
@@ -78,3 +171,63 @@ def test_gpucheck_comm_with_a_stopped_rank_leaves_dumps_that_name_it(tmp_path: P
     section = traces_section(str(fr), None)
     assert section.data["ranks_dumped"] == [0, 2]
     assert [(f.check, f.subject) for f in section.findings] == [("hang.traces.no_dump", "rank 1")]
+    # The failed run's report says where the dumps went, and the CLI reads them back.
+    report = json.loads((tmp_path / "out.json").read_text())
+    said = [f for s in report["sections"] for f in s["findings"]
+            if f["check"] == "comm.flight_recorder"]
+    assert [f["status"] for f in said] == ["OK"] and str(fr) in said[0]["message"]
+    out = tmp_path / "hang.json"
+    assert main(["hang", "--traces", str(fr), "-q", "-o", str(out)]) == 1
+    findings = json.loads(out.read_text())["sections"][0]["findings"]
+    assert [(f["check"], f["subject"]) for f in findings] == [("hang.traces.no_dump", "rank 1")]
+
+
+
+# One NCCL rank whose all_reduce waits behind a ~5 s GPU spin while the group's timeout
+# is 2 s: NCCL's watchdog times it out. Under gpucheck's frame (no blocking wait,
+# CleanUpOnly) the watchdog must dump and leave the process alive, and the next
+# collective must raise in this rank, which then writes its own dump.
+_NCCL_TIMEOUT = """
+import os, sys, torch, torch.distributed as dist
+from gpucheck.distributed import session
+path = os.environ["TORCH_FR_DUMP_TEMP_FILE"] + "0"
+try:
+    with session.process_group("nccl", "cuda", timeout_s=2.0, fault_watch=False):
+        print("watchdog", "off" if os.environ.get("TORCH_NCCL_BLOCKING_WAIT") == "1" else "on")
+        t = torch.ones(4, device="cuda")
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(10_000_000_000)
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        print("watchdog dump", os.path.exists(path), flush=True)
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+except Exception as exc:
+    print("raised", type(exc).__name__, session.is_comm_error(exc), flush=True)
+"""
+
+
+def test_an_nccl_timeout_is_dumped_by_the_watchdog_and_raised_in_the_rank(
+        tmp_path: Path) -> None:
+    """Needs a GPU (not yet run on one): the claim of docs/hang.md, 'NCCL keeps its
+    watchdog'."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: NCCL's watchdog runs only with one")
+    from tests.comm_workers import ROOT, clean_env
+
+    env = clean_env(TORCH_FR_DUMP_TEMP_FILE=str(tmp_path / "rank_"),
+                    TORCH_NCCL_DUMP_ON_TIMEOUT="1", TORCH_FR_BUFFER_SIZE="200")
+    env.pop("TORCH_NCCL_BLOCKING_WAIT", None)
+    env.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
+    proc = subprocess.run([sys.executable, "-c", _NCCL_TIMEOUT], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert lines[:3] == ["watchdog on", "watchdog dump True", "raised DistBackendError True"], \
+        proc.stdout + proc.stderr[-3000:]
+    assert "Flight Recorder dump written to" in proc.stderr
+    dumps, unreadable = load(dump_files(str(tmp_path)))
+    assert unreadable == [] and any(c.op == "all_reduce" for g in groups(dumps)
+                                    for c in g.calls.get(0, {}).values())

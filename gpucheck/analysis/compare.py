@@ -139,7 +139,7 @@ def _metrics_section(a: Side, b: Side, threshold: float) -> Section:
     table = [_metric_row(n, a.metrics.get(n), b.metrics.get(n), threshold, noise.get(n))
              for n in names]
     host_bound = host_bound_ranks(table, a.metrics, b.metrics)
-    relabel(table, host_bound)
+    explained = relabel(table, host_bound)
     worse: dict[str, list[dict[str, Any]]] = {}
     for row in table:
         if row["verdict"] == "worse":
@@ -149,7 +149,7 @@ def _metrics_section(a: Side, b: Side, threshold: float) -> Section:
     findings += _missing(table)
     findings += _noisy(table, threshold)
     if host_bound:
-        findings.append(host_bound_finding(host_bound))
+        findings.append(host_bound_finding(host_bound, explained))
     if not worse:
         better = sum(1 for r in table if r["verdict"] == "better")
         compared = sum(1 for r in table if r["verdict"] in ("same", "better", "within noise"))

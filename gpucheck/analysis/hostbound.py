@@ -5,12 +5,17 @@ regression FAIL: the hardware did not get worse, the node was busy.
 
 A rank's pace is its median iteration in device time (CPU time on CPU ranks,
 `bench.iteration_p50_ms`); its wall figure is `bench.images_per_s`.
+
+The job's figures that follow its slowest rank (job wall time, aggregate images/s,
+parallel efficiency, the slowest rank against the median) fall with a host-bound rank:
+when every worse rank is host-bound, they are its symptoms, reported under the host-bound
+WARN that names the cause, never as a second, stronger regression FAIL (issue 21).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpucheck.analysis.metrics import Metric
@@ -19,8 +24,9 @@ from gpucheck.report import Finding, warn
 HOST_BOUND = "host-bound"
 _WALL = "bench.images_per_s."
 _PACE = "bench.iteration_p50_ms."
-# The job's wall figures follow the slowest rank: host-bound when every worse rank is.
-_JOB = ("bench.aggregate_images_per_s", "bench.job_wall_s")
+# The job's figures that follow the slowest rank: host-bound when every worse rank is.
+_JOB = ("bench.aggregate_images_per_s", "bench.job_wall_s", "bench.parallel_efficiency",
+        "bench.spread_slowest_vs_median")
 
 
 def host_bound_ranks(table: list[dict[str, Any]], a: Mapping[str, Metric],
@@ -46,28 +52,37 @@ def host_bound_ranks(table: list[dict[str, Any]], a: Mapping[str, Metric],
     return found
 
 
-def relabel(table: list[dict[str, Any]], ranks: Mapping[str, Any]) -> None:
-    """Mark the host-bound ranks' wall and pace rows, and the job's wall figures when
-    every worse rank is host-bound."""
+def relabel(table: list[dict[str, Any]], ranks: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Mark the host-bound ranks' wall and pace rows, and the job's figures when every
+    worse rank is host-bound; return the job's rows so marked (the symptoms the host-bound
+    WARN explains)."""
     worse_ranks = {r["metric"][len(_WALL):] for r in table
                    if r["metric"].startswith(_WALL) and r["verdict"] == "worse"}
+    explained = []
     for row in table:
         name = row["metric"]
         if row["verdict"] != "worse":
             continue
         rank = name.rsplit(".", 1)[-1]
-        if (name.startswith((_WALL, _PACE)) and rank in ranks) or (
-                name in _JOB and worse_ranks and worse_ranks <= ranks.keys()):
+        if name.startswith((_WALL, _PACE)) and rank in ranks:
             row["verdict"] = HOST_BOUND
+        elif name in _JOB and worse_ranks and worse_ranks <= ranks.keys():
+            row["verdict"] = HOST_BOUND
+            explained.append(row)
+    return explained
 
 
-def host_bound_finding(ranks: Mapping[str, tuple[float, float]]) -> Finding:
+def host_bound_finding(ranks: Mapping[str, tuple[float, float]],
+                       explained: Sequence[Mapping[str, Any]] = ()) -> Finding:
+    """The WARN naming the cause, and the job's figures it explains (`relabel`)."""
     said = ", ".join(f"{rank}: {wall:.2f}x slower on the wall clock, pace {pace:.2f}x"
                      for rank, (wall, pace) in sorted(ranks.items()))
+    also = "; ".join(f"{r['metric']} {r['A']:.4g} -> {r['B']:.4g}" for r in explained)
     return warn("compare.host_bound",
                 f"B's ranks ran slower but computed at about A's pace ({said}): B's host did not "
                 "run them for part of the time (other load, a CPU quota, a stopped "
-                "process), so this is not a slower device",
+                "process), so this is not a slower device"
+                + (f"; the job's figures fell with them ({also})" if also else ""),
                 hint="rerun B on an idle node (check top, the job's cgroup CPU quota, other "
                 "jobs on the node); if it stays slow, find what shares the node's CPUs",
                 action="rerun")

@@ -65,6 +65,9 @@ class RankRecord:
     # The timed loop's segments: CPU ranks re-place their tensors in fresh memory
     # between them (gpucheck.bench.layout); 1 on a GPU.
     segments: int = 1
+    # GPU ranks: the GPU model and software stack (gpucheck.bench.consistency
+    # .software_stack); ranks of one stack must compute bit-identical logits. None on CPU.
+    stack: str | None = None
 
     def gpu_label(self) -> str:
         """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)" on CUDA; the CPU's name."""

@@ -9,18 +9,26 @@ the dtype. Two comparisons, judged together by `gpucheck.stress.sdc.judge`:
   It needs no majority, so it names the wrong GPU of two, and a lone wrong GPU;
 - against the other ranks: the element-wise median over ranks; with three or more
   ranks, a rank the reference cleared but whose logits stray from a majority that
-  agrees is named too.
+  agrees is named too;
+- bit for bit, within one GPU model and software stack (issue 23): those ranks run the
+  same kernels (cuDNN's heuristic picks, not its autotuner) on the same weights and
+  images, so their logits are identical to the last bit, as stress's products are. A
+  rank one ulp off a majority of its stack is wrong; two that differ with no majority
+  are named together. The tolerances stay for the CPU reference and between stacks
+  (other kernels round differently). CPU ranks have no bitwise group.
 
 Deviation is relative: max |logits - reference| / max |reference|.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpucheck.stress.sdc import beyond, judge, relative_deviation
+from gpucheck.stress.sdc import Judgement, beyond, judge, relative_deviation
 
 if TYPE_CHECKING:
     import torch
@@ -35,6 +43,10 @@ if TYPE_CHECKING:
 # rounded alike): bf16 2.3e-3, fp16 4.0e-4, each far inside its tolerance.
 TOLERANCE = {"fp32": 1e-3, "tf32": 2e-2, "fp16": 2e-2, "bf16": 5e-2}
 AGREE = "agrees with the ranks' median"
+# Settings that change which kernels cuBLAS and torch pick: ranks that differ in them
+# may round differently, so they are no bitwise group.
+_KERNEL_SETTINGS = ("CUBLAS_WORKSPACE_CONFIG", "TORCH_BLAS_PREFER_CUBLASLT",
+                    "NVIDIA_TF32_OVERRIDE")
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,10 @@ class Consistency:
     undecided: tuple[int, ...] = ()  # disagree, and nothing tells which one is right
     reference_deviations: tuple[float, ...] | None = None  # None: no reference computed
     reference_tolerance: float | None = None
+    # Ranks compared bit for bit: stack -> its ranks; and the ranks of one stack whose
+    # logits differ bitwise with no majority to tell which is right.
+    bitwise_groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    bitwise_split: tuple[int, ...] = ()
 
     @property
     def bad_ranks(self) -> tuple[int, ...]:
@@ -63,11 +79,28 @@ def reference_tolerance(dtype: str, device: str) -> float:
     return TOLERANCE["tf32" if dtype == "fp32" and device == "cuda" else dtype]
 
 
+def software_stack(device_index: int) -> str | None:
+    """The GPU model and software whose ranks must compute bit-identical logits: name,
+    SM count, torch, CUDA, cuDNN and the settings that change kernel choice; None when
+    cuDNN autotunes (benchmark mode times candidate kernels: ranks may pick others)."""
+    import torch
+
+    if torch.backends.cudnn.benchmark:
+        return None
+    props = torch.cuda.get_device_properties(device_index)
+    settings = "".join(f", {name}={os.environ[name]}" for name in _KERNEL_SETTINGS
+                       if name in os.environ)
+    return (f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}{settings}")
+
+
 def compare_outputs(outputs: Sequence[torch.Tensor], dtype: str,
                     reference: torch.Tensor | None = None,
-                    ref_tolerance: float | None = None) -> Consistency:
+                    ref_tolerance: float | None = None,
+                    stacks: Sequence[str | None] = ()) -> Consistency:
     """`outputs[r]` is rank r's float32 logits for the same fixed batch; `reference`
-    the CPU's logits for it (tolerance `ref_tolerance`, default the dtype's)."""
+    the CPU's logits for it (tolerance `ref_tolerance`, default the dtype's); `stacks[r]`
+    rank r's `software_stack` (None or absent: no bitwise comparison)."""
     import torch
 
     stacked = torch.stack([o.float().cpu() for o in outputs])
@@ -89,14 +122,34 @@ def compare_outputs(outputs: Sequence[torch.Tensor], dtype: str,
     against = dict(enumerate(ref_devs)) if ref_devs is not None else {
         r: float("inf") for r, ok in enumerate(finite) if not ok}
     verdict = judge(labels, against, ref_tol)
+    groups = {r: stack for r, stack in enumerate(stacks) if stack and r < len(outputs)}
+    exact = judge({r: _digest(stacked[r]) for r in groups}, against, ref_tol, groups)
+    wrong = {r: _reason(r, against, ref_tol, deviations[r], tolerance)
+             for r in verdict.wrong}
+    wrong |= {r: _bitwise_reason(r, exact, groups) for r in exact.wrong if r not in wrong}
     return Consistency(
         images=int(stacked.shape[1]), tolerance=tolerance, deviations=deviations,
         nonfinite_ranks=tuple(r for r, ok in enumerate(finite) if not ok),
-        wrong={r: _reason(r, against, ref_tol, deviations[r], tolerance)
-               for r in verdict.wrong},
-        undecided=verdict.undecided, reference_deviations=ref_devs,
+        wrong=dict(sorted(wrong.items())),
+        undecided=tuple(sorted(set(verdict.undecided) - wrong.keys())),
+        reference_deviations=ref_devs,
         reference_tolerance=ref_tol if ref_devs is not None else None,
+        bitwise_groups={stack: tuple(r for r in groups if groups[r] == stack)
+                        for stack in sorted(set(groups.values()))},
+        bitwise_split=tuple(r for r in exact.undecided
+                            if r not in wrong and r not in verdict.undecided),
     )
+
+
+def _digest(logits: torch.Tensor) -> str:
+    """The exact bits of a rank's logits (float32: the dtype's values widened exactly)."""
+    return hashlib.sha256(logits.contiguous().numpy().tobytes()).hexdigest()
+
+
+def _bitwise_reason(rank: int, exact: Judgement, groups: dict[int, str]) -> str:
+    agree = sum(1 for r in groups if groups[r] == groups[rank] and r not in exact.wrong)
+    return (f"computed logits that differ bitwise from the {agree} other rank(s) of the "
+            f"same GPU model and software stack, which agree bit for bit ({groups[rank]})")
 
 
 def _reason(rank: int, against: dict[int, float], ref_tol: float, deviation: float,

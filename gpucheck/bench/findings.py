@@ -23,7 +23,8 @@ from gpucheck.report import Finding, Section, fail, ok, warn
 def bench_sections(spec: BenchSpec, images: ImageSet, outcome: BenchOutcome,
                    threshold: float) -> list[Section]:
     summary = aggregate(outcome.records, threshold)
-    consistency, reference = check_consistency(spec, outcome.outputs)
+    stacks = tuple(r.stack for r in sorted(outcome.records, key=lambda r: r.rank))
+    consistency, reference = check_consistency(spec, outcome.outputs, stacks)
     sections = [
         setup_section(spec, images, outcome),
         timing_section(outcome.records, summary, slowdown_causes(outcome.faults)),
@@ -41,7 +42,8 @@ def faults_of(records: tuple[RankRecord, ...], faults: Sequence[Mapping[str, Any
     return run_faults_section(faults, [r.rank for r in records], names)
 
 
-def check_consistency(spec: BenchSpec, outputs: tuple[Any, ...]) -> tuple[Consistency, str]:
+def check_consistency(spec: BenchSpec, outputs: tuple[Any, ...],
+                      stacks: tuple[str | None, ...] = ()) -> tuple[Consistency, str]:
     """The ranks' logits against each other and against a float32 CPU reference, which
     the reporting process computes now, after every rank has finished (one model build
     and one forward pass of the check batch: 0.7 to 0.9 s for ResNet50 on the quiet
@@ -50,9 +52,10 @@ def check_consistency(spec: BenchSpec, outputs: tuple[Any, ...]) -> tuple[Consis
         reference = cpu_reference(spec.model, spec.weights, spec.dtype, spec.images_dir,
                                   spec.files[:CONSISTENCY_IMAGES])
     except (RuntimeError, OSError, MemoryError) as exc:  # the ranks' own comparison stands
-        return compare_outputs(outputs, spec.dtype), f"not computed ({exc})"
+        return compare_outputs(outputs, spec.dtype, stacks=stacks), f"not computed ({exc})"
     return (compare_outputs(outputs, spec.dtype, reference,
-                            reference_tolerance(spec.dtype, spec.device)), "CPU float32")
+                            reference_tolerance(spec.dtype, spec.device), stacks),
+            "CPU float32")
 
 
 def setup_section(spec: BenchSpec, images: ImageSet, outcome: BenchOutcome) -> Section:
@@ -121,6 +124,9 @@ def rank_rows(records: tuple[RankRecord, ...], summary: BenchSummary) -> list[di
         "vs_others": paces[r.rank].vs_others if r.rank in paces else None,
         "slower_share": paces[r.rank].slower_share if r.rank in paces else None,
         "wall_vs_others": paces[r.rank].wall_vs_others if r.rank in paces else None,
+        "hold_back": paces[r.rank].hold_back if r.rank in paces else None,
+        "waited_s": paces[r.rank].waited_ms / 1e3 if r.rank in paces else None,
+        "others_spread": paces[r.rank].others_spread if r.rank in paces else None,
     } for r, v in zip(ordered, summary.vs_median, strict=True)]
 
 
@@ -161,12 +167,17 @@ def consistency_section(records: tuple[RankRecord, ...], result: Consistency,
     if result.reference_deviations is not None:
         data["reference_tolerance"] = result.reference_tolerance
         data["reference_deviation_per_rank"] = list(result.reference_deviations)
+    if result.bitwise_groups:
+        data["bitwise_groups"] = [{"stack": stack, "ranks": list(ranks)}
+                                  for stack, ranks in result.bitwise_groups.items()]
     by_rank = {r.rank: r for r in records}
     alike = len(result.wrong) == len(records) > 1 and not result.undecided and max(
         result.deviations) <= result.tolerance
     findings = [_wrong_rank(by_rank[rank], why, alike) for rank, why in result.wrong.items()]
     if result.undecided:
         findings.append(_undecided(result))
+    if result.bitwise_split:
+        findings.append(_bitwise_split(result))
     if not findings:
         findings.append(ok("bench.consistency", _agreement(len(records), result, dtype)))
     return Section("consistency", "Consistency across ranks", data, findings)
@@ -175,6 +186,9 @@ def consistency_section(records: tuple[RankRecord, ...], result: Consistency,
 def _agreement(n_ranks: int, result: Consistency, dtype: str) -> str:
     text = (f"all {n_ranks} rank(s) agree on the check batch (largest relative deviation "
             f"{result.max_deviation:.2g}, tolerance {result.tolerance:g} for {dtype})")
+    if result.bitwise_groups:
+        text += (f"; bit for bit within each GPU model and software stack "
+                 f"({len(result.bitwise_groups)} stack(s))")
     if result.reference_deviations is None:
         return text + "; no CPU reference to compare with"
     return (text + f" and with the CPU reference (largest {max(result.reference_deviations):.2g}"
@@ -190,6 +204,21 @@ def _wrong_rank(record: RankRecord, why: str, alike: bool) -> Finding:
              "a GPU that computes wrong answers: rerun, then run the vendor's diagnostics "
              "(dcgmi diag -r 3) and take it out of service if it repeats",
         subject=f"rank {record.rank}",
+    )
+
+
+def _bitwise_split(result: Consistency) -> Finding:
+    """Ranks of one stack whose logits differ bitwise, with no majority to name one."""
+    listed = ", ".join(f"rank {r}" for r in result.bitwise_split)
+    return warn(
+        "bench.consistency",
+        f"{listed} ran on one GPU model and software stack yet computed logits that differ "
+        f"bitwise (largest {max(result.deviations[r] for r in result.bitwise_split):.3g} "
+        "relative to the largest logit); each is within the CPU reference's tolerance and "
+        "no majority of that stack tells which is wrong",
+        hint="rerun with more GPUs of this model (a majority then names the odd one); "
+             "repeated disagreement points at one of these GPUs (dcgmi diag -r 3)",
+        subject=listed,
     )
 
 

@@ -12,12 +12,25 @@ Two clocks, two questions:
 On a GPU the events' timeline is the device's wall time (it includes the time the GPU
 waited for the host), so the two clocks are one there and every straggler is of the
 device kind.
+
+Two views of the same iterations (issue 21):
+- the median iteration (`vs_others`, `wall_vs_others`) says which KIND of straggler a
+  rank is: a slow device computes slower in most of its iterations;
+- the whole loop (`hold_back`) says what the rank COST the job: its timed loop's wall
+  time over the other ranks' (every rank runs the same work between the same barriers,
+  and the others wait at each end barrier for the last). A coarse stall (stopped 300 ms
+  of every 600 ms: a data loader, a neighbour, a quota on a long period) leaves most
+  iterations untouched,
+  so the median sits near 1 while the job takes twice as long: only the loop sees it.
+  One stall alone (a hiccup) is not a straggler: the loop is judged without the rank's
+  longest iteration's excess over its median iteration.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,6 +61,21 @@ class RankPace:
     # The same in wall time: each iteration from its start to its end on the rank's clock.
     wall_vs_others: float
     wall_slower_share: float
+    # What it cost the job: its whole timed loop over the other ranks' median loop, less
+    # its one longest stall (a hiccup); and how long the other ranks waited at the end
+    # barriers (for the last rank: the straggler when there is one).
+    hold_back: float = 1.0
+    waited_ms: float = 0.0
+    # How far healthy ranks' whole loops spread in this run (HEALTHY_SPREAD_FACTOR x the
+    # other ranks' median absolute deviation of wall_s / their median); 0 with fewer than
+    # MIN_SPREAD_RANKS other ranks, where --straggler-threshold alone is the bar.
+    others_spread: float = 0.0
+
+
+# The other ranks' own spread raises the hold-back bar on a noisy job: 3 median absolute
+# deviations (about 2 standard deviations of a normal spread) of their whole loops.
+HEALTHY_SPREAD_FACTOR = 3.0
+MIN_SPREAD_RANKS = 3
 
 
 @dataclass(frozen=True)
@@ -73,12 +101,27 @@ def rank_paces(records: Sequence[RankRecord]) -> tuple[RankPace, ...]:
     device = _against_others(records, lambda r: r.iter_ms)
     wall = _against_others(records, wall_ms)
     p50 = {r.rank: percentile(r.iter_ms, 50) for r in records}
+    held = {r.rank: _hold_back(records, r) for r in records}
     return tuple(RankPace(
         rank=r.rank, p50_ms=p50[r.rank], p99_ms=percentile(r.iter_ms, 99),
         others_p50_ms=statistics.median(v for k, v in p50.items() if k != r.rank),
         vs_others=device[r.rank].median, slower_share=device[r.rank].share,
         wall_vs_others=wall[r.rank].median, wall_slower_share=wall[r.rank].share,
+        hold_back=held[r.rank][0], waited_ms=held[r.rank][1],
+        others_spread=_others_spread(records, r.rank),
     ) for r in records)
+
+
+def _others_spread(records: Sequence[RankRecord], rank: int) -> float:
+    """The healthy spread this run shows: HEALTHY_SPREAD_FACTOR median absolute
+    deviations of the other ranks' whole loops, relative to their median (0 with too few
+    of them to tell a spread from a straggler)."""
+    walls = [r.wall_s for r in records if r.rank != rank]
+    if len(walls) < MIN_SPREAD_RANKS:
+        return 0.0
+    middle = statistics.median(walls)
+    deviation = statistics.median(abs(w - middle) for w in walls)
+    return HEALTHY_SPREAD_FACTOR * _ratio(deviation, middle)
 
 
 def _against_others(records: Sequence[RankRecord],
@@ -96,14 +139,39 @@ def _against_others(records: Sequence[RankRecord],
     result = {}
     for r in records:
         others_p50 = statistics.median(v for k, v in p50.items() if k != r.rank)
-        ratios = []
-        for middle, took in zip(_middles(_ends(r)), times_of(r), strict=True):
+        took = list(times_of(r))
+        refs = []
+        for middle in _middles(_ends(r)):
             others = [t for k, line in timelines.items() if k != r.rank
                       if (t := _running_at(line, middle)) is not None]
-            ratios.append(_ratio(took, statistics.median(others) if others else others_p50))
+            refs.append(statistics.median(others) if others else others_p50)
+        ratios = [_ratio(t, ref) for t, ref in zip(took, refs, strict=True)]
         result[r.rank] = _Against(statistics.median(ratios),
                                   sum(1 for x in ratios if x > 1) / len(ratios))
     return result
+
+
+def _hold_back(records: Sequence[RankRecord], record: RankRecord) -> tuple[float, float]:
+    """(hold-back, waited ms): its whole timed loop over the other ranks' median loop
+    (every rank runs the same work between the same barriers), and the same with each
+    loop less its one longest stall (a hiccup), whichever is smaller; and how long the
+    other ranks waited at the end barriers (span_s - wall_s: waiting for the last rank,
+    which the straggler is)."""
+    others = [r for r in records if r.rank != record.rank]
+    whole = _ratio(record.wall_s, statistics.median(r.wall_s for r in others))
+    steady = _ratio(_steady_loop_s(record), statistics.median(map(_steady_loop_s, others)))
+    waited = statistics.median(max(0.0, r.span_s - r.wall_s) for r in others)
+    # The smaller of the two: without the hiccups a rank held the job back only when it
+    # did with them too (taking one healthy rank's slow first iteration out, and not
+    # the other's, must not make a straggler of the other).
+    return min(whole, steady), waited * 1e3
+
+
+def _steady_loop_s(record: RankRecord) -> float:
+    """The timed loop's wall time less its longest iteration's excess over its median
+    iteration: one stop, one page-fault storm, one slow first iteration."""
+    walls = wall_ms(record)
+    return record.wall_s - max(0.0, max(walls) - percentile(walls, 50)) / 1e3
 
 
 def _ends(record: RankRecord) -> list[float]:
@@ -127,14 +195,35 @@ def _running_at(line: tuple[list[float], Sequence[float]], moment_ms: float) -> 
 def straggler_kind(pace: RankPace, threshold: float) -> str | None:
     """SLOW_DEVICE when its median device-time ratio is above 1 + `threshold` (half of its
     iterations or more computed that much longer than the other ranks' at the same
-    moments); else HOST_STALL when its wall-time ratio is (it held the job back, and
-    computed at speed: its host did not run it); else None. A persistent slowdown: a few
-    slow iterations (a hiccup) do not move a median."""
-    if pace.vs_others > 1 + threshold:
+    moments) and explains at least half of its hold-back; else HOST_STALL when it held
+    the job back (its median wall-time ratio, or its loop's hold-back, above the bar)
+    while its device kept pace: its host did not run it; else None. One stall alone (a
+    hiccup) moves neither."""
+    held = pace.wall_vs_others > 1 + threshold or held_back(pace, threshold)
+    if pace.vs_others > 1 + threshold and _device_explains(pace):
         return SLOW_DEVICE
-    if pace.wall_vs_others > 1 + threshold:
+    if held or pace.vs_others > 1 + threshold:
         return HOST_STALL
     return None
+
+
+def _device_explains(pace: RankPace) -> bool:
+    """Its slower device time explains at least half of how far it held the job back,
+    in log terms (compare's host-bound rule, gpucheck.analysis.hostbound): a rank
+    stopped half the time comes back to cold caches and computes 14% slower, yet held
+    the job back 1.9x: its host, not its device, is what to fix."""
+    held = max(pace.hold_back, pace.wall_vs_others, 1.0)
+    return math.log(max(pace.vs_others, 1.0)) >= 0.5 * math.log(held)
+
+
+def hold_back_bar(pace: RankPace, threshold: float) -> float:
+    """The hold-back above which a rank held the job back: 1 + the threshold, or + the
+    other ranks' own spread in this run when that is larger (a noisy job)."""
+    return 1 + max(threshold, pace.others_spread)
+
+
+def held_back(pace: RankPace, threshold: float) -> bool:
+    return pace.hold_back > hold_back_bar(pace, threshold)
 
 
 def is_straggler(pace: RankPace, threshold: float) -> bool:

@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Mapping
 
 from gpucheck.bench.aggregate import MIN_JUDGED_ITERS, BenchSummary, RankRecord
-from gpucheck.bench.pace import HOST_STALL, RankPace, straggler_kind
+from gpucheck.bench.pace import HOST_STALL, RankPace, hold_back_bar, straggler_kind
 from gpucheck.report import Finding, ok, skip, warn
 
 CHECK = "bench.rank.straggler"
@@ -65,12 +65,16 @@ def _device_message(record: RankRecord, pace: RankPace, loop: float) -> str:
 
 
 def _host_message(record: RankRecord, pace: RankPace, loop: float) -> str:
-    """The host kind: it held the job back in wall time, yet computed at the others' pace."""
+    """The host kind: it held the job back in wall time, yet computed at the others' pace.
+    What it cost the job first (the loop), then the typical iteration, which tells a stall
+    spread over every iteration from long stops that leave most of them untouched."""
     slower = round(pace.wall_slower_share * record.iters)
     return (f"rank {record.rank} on {record.host} ({record.gpu_label()}) held the job back: "
-            f"its iterations took {pace.wall_vs_others:.2f}x as long as the other ranks' at "
-            f"the same moments in wall time (median over {record.iters}; slower in {slower} "
-            f"of them), yet {pace.vs_others:.2f}x in {_clock(record)}: its host did not run "
+            f"its loop took {pace.hold_back:.2f}x as long as the other ranks' same work at "
+            f"the same moments in wall time (not counting its longest single stall; the "
+            f"others waited {pace.waited_ms / 1e3:.3g} s for it), its typical iteration "
+            f"{pace.wall_vs_others:.2f}x (median over {record.iters}; slower in {slower} of "
+            f"them), yet {pace.vs_others:.2f}x in {_clock(record)}: its host did not run "
             f"it part of the time; whole loop {loop:.2f}x the other ranks'")
 
 
@@ -83,7 +87,10 @@ def _no_straggler_message(records: tuple[RankRecord, ...], summary: BenchSummary
     if any(r.iter_wall_ms for r in records):
         late = max(summary.paces, key=lambda p: p.wall_vs_others)
         text += f"; rank {late.rank}, {late.wall_vs_others:.3f}x in wall time"
-    return text + f"; wall spread {summary.spread:.3f})"
+    held = max(summary.paces, key=lambda p: p.hold_back)
+    return text + (f"; no rank held the job back: largest loop hold-back rank {held.rank}, "
+                   f"{held.hold_back:.3f}x, bar {hold_back_bar(held, summary.threshold):.3f}"
+                   f"; wall spread {summary.spread:.3f})")
 
 
 def _device_hint(record: RankRecord) -> str:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from gpucheck.bench import data, layout, rotation
 from gpucheck.bench import model as bench_model
 from gpucheck.bench.aggregate import RankRecord
+from gpucheck.bench.consistency import software_stack
 from gpucheck.bench.marks import IterationMarks
 from gpucheck.bench.model import WeightsChoice
 from gpucheck.bench.partial import TimedSoFar
@@ -218,6 +219,7 @@ def _record(spec: BenchSpec, world: World, iters: int, timing: LoopTiming,
         segments=timing.segments,
         peak_memory_bytes=_peak_memory(spec.device, world.device_index),
         threads=threads,
+        stack=software_stack(world.device_index) if spec.device == "cuda" else None,
         nvml_index=gpu.nvml_index if gpu else None,
         pci_bus_id=gpu.pci_bus_id if gpu else None,
     )

@@ -9,13 +9,14 @@ The buffers are float32; the timed buffers are zeros (so repeated sums stay fini
 then one more call on a rank-specific pattern counts the wrong elements.
 
 How the `iters` operations run depends on the backend (`time_batch`):
-- NCCL: back to back, as nccl-tests does. Under TORCH_NCCL_BLOCKING_WAIT=1 (which
-  `process_group` sets) a synchronous op's `wait()` blocks the host in a 1 ms
-  sleep-poll loop until the op ends, so timing synchronous ops would count the GPU
-  idling between them. Every op is launched with `async_op=True`, the current stream
-  is made to wait on each (`block_current_stream`), the stop event is recorded, and
-  only then does the host `wait()` on the handles: bounded by the process group's
-  timeout, so a silent peer still ends in an error, not a hang.
+- NCCL: back to back, as nccl-tests does. Under TORCH_NCCL_BLOCKING_WAIT=1 (a user's
+  choice: `process_group` keeps NCCL's watchdog instead) a synchronous op's `wait()`
+  blocks the host in a 1 ms sleep-poll loop until the op ends, so timing synchronous
+  ops would count the GPU idling between them. Every op is launched with
+  `async_op=True`, the current stream is made to wait on each
+  (`block_current_stream`), the stop event is recorded, and only then does the host
+  `wait()` on the handles: bounded by the process group's timeout (NCCL's watchdog,
+  or blocking wait), so a silent peer still ends in an error, not a hang.
 - gloo (and anything else): one op at a time, each waited before the next. gloo runs
   async ops on a thread pool, so back-to-back ops could overlap and overstate the
   bandwidth; its synchronous op already returns when the op is done.

@@ -15,7 +15,7 @@ import datetime as _dt
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -279,10 +279,15 @@ def refuse_shared_gpus(infos: Sequence[RankInfo], views: Mapping[int, View], wor
     raise error
 
 
-def roll_call(store: Any, rank: int, world_size: int, window_s: float) -> list[int]:
-    """Answer, wait up to `window_s` for the others, return the ranks that never answered."""
+def roll_call(store: Any, rank: int, world_size: int, window_s: float,
+              meanwhile: Callable[[], object] | None = None) -> list[int]:
+    """Answer, run `meanwhile` (a rank's own work after a failure, which must not make
+    it late to answer), wait up to `window_s` for the others, return the ranks that
+    never answered."""
     store.set_timeout(_dt.timedelta(seconds=window_s))
     store.set(_key("alive", rank), "1")
+    if meanwhile is not None:
+        meanwhile()
     deadline = time.monotonic() + window_s
     keys = [_key("alive", r) for r in range(world_size)]
     while not store.check(keys) and time.monotonic() < deadline:

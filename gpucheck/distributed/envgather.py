@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpucheck.distributed.nodes import NodeId
+from gpucheck.probes.envvars import is_own
 from gpucheck.report import Finding, Report, Section, ok, warn
 
 GATHER_TIMEOUT_S = 300.0
@@ -53,7 +54,9 @@ def node_facts(report: Mapping[str, Any]) -> dict[str, str]:
     facts["GPU model"] = ", ".join(models) or "none"
     variables = data.get("environment", {}).get("variables") or {}
     for name, value in variables.items():
-        if not PER_NODE_VAR.search(name):
+        # is_own: reports written before gpucheck stopped listing its own variables
+        # still hold them (GPUCHECK_PROGRESS differs between a terminal and cron).
+        if not PER_NODE_VAR.search(name) and not is_own(str(name)):
             facts[f"${name}"] = str(value)
     return facts
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from gpucheck.distributed.checkin import SHARED_GPU_HINT
 from gpucheck.distributed.launch import RankFailure
 from gpucheck.escape import terminal
-from gpucheck.report import Finding, Report, Section, fail
+from gpucheck.report import Finding, Report, Section, fail, ok, skip
 
 if TYPE_CHECKING:
     from gpucheck.distributed.job import JobFailed
@@ -50,6 +51,28 @@ def rank_failure_findings(failures: list[RankFailure], command: str) -> list[Fin
     return findings
 
 
+def flight_findings(diagnoses: list[dict[str, Any]], command: str) -> list[Finding]:
+    """Where the survivors' Flight Recorder dumps went (OK), or why a rank wrote none
+    (SKIP, with torch's reason): gpucheck hang --traces reads them."""
+    outcomes = {d.get("rank"): d["flight_recorder"] for d in diagnoses
+                if isinstance(d.get("flight_recorder"), dict)}
+    check = f"{command}.flight_recorder"
+    written = sorted(str(r) for r, o in outcomes.items() if o.get("path"))
+    skipped: dict[str, list[str]] = {}
+    for rank, outcome in sorted(outcomes.items(), key=lambda item: str(item[0])):
+        if outcome.get("skipped"):
+            skipped.setdefault(str(outcome["skipped"]), []).append(str(rank))
+    found = [skip(check, f"rank(s) {', '.join(ranks)} wrote no Flight Recorder dump: {why}",
+                  subject=f"rank {', '.join(ranks)}") for why, ranks in skipped.items()]
+    if written:
+        folder = os.path.dirname(str(next(o["path"] for o in outcomes.values()
+                                          if o.get("path"))))
+        found.append(ok(check, f"rank(s) {', '.join(written)} wrote their Flight Recorder "
+                        f"dumps to {folder}: `gpucheck hang --traces {folder}` names the "
+                        "rank the others waited for"))
+    return found
+
+
 def failure_section(command: str, findings: list[Finding], partial: bool,
                     summary: str) -> Section:
     """The failure as FAIL findings; says whether the sections above are partial."""
@@ -70,8 +93,9 @@ def failed_job_report(command: str, exc: JobFailed, build: Callable[[Any], Repor
         print(f"gpucheck {command}: {terminal(summary)}", file=sys.stderr)
         raise SystemExit(1)
     report = build(exc.partial) if exc.partial else Report(command=command)
-    report.add(failure_section(command, rank_failure_findings(exc.failures, command),
-                               exc.partial is not None, summary))
+    findings = rank_failure_findings(exc.failures, command)
+    findings += flight_findings(exc.diagnoses, command)
+    report.add(failure_section(command, findings, exc.partial is not None, summary))
     if quiet_stdout:
         print(f"gpucheck {command}: FAIL: {terminal(summary)}", file=sys.stderr)
     return report

@@ -8,20 +8,55 @@ process sets them for itself before it joins):
   older releases recorded nothing unless TORCH_NCCL_TRACE_BUFFER_SIZE was set);
 - TORCH_FR_DUMP_TEMP_FILE (older: TORCH_NCCL_DEBUG_INFO_TEMP_FILE): the dump's
   path prefix, the rank is appended;
-- TORCH_NCCL_DUMP_ON_TIMEOUT=1: NCCL's watchdog dumps when a collective times out.
-gloo has no watchdog that dumps, so a rank whose gloo collective fails dumps itself
-(`dump_after_failure`, from the process-group frame).
+- TORCH_NCCL_DUMP_ON_TIMEOUT=1: NCCL's watchdog dumps when a collective times out
+  (and asks every other rank to dump through the store).
+Besides, every rank whose collective fails writes its own buffer (`dump_after_failure`,
+from the process-group frame): gloo has no watchdog at all, and on NCCL a rank's own
+dump taken after the failure does not depend on the watchdog having run.
+
+The default folder, `<tmp>/gpucheck-fr-<uid>`, is in a place every user can write:
+it is made 0700 and used only while it is a real directory of this user's with no
+access for others (`private_folder`); otherwise the run goes on without dumps and
+says why. gpucheck runs as root: a folder another user made first must never
+receive root's files, nor be read back as root's dumps.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
+import sys
 import tempfile
-from collections.abc import Iterator, MutableMapping
+import threading
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import dataclass
 
 BUFFER_ENTRIES = "2000"
 ARMED_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE")
+PREFIX_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+# torch._C._distributed_c10d's function returning a backend's buffer as pickle bytes
+# (torch 2.14: `_dump_fr_trace` for every backend but NCCL, `_dump_nccl_trace` for
+# NCCL, which adds the communicators' state).
+DUMPERS = {"gloo": "_dump_fr_trace", "nccl": "_dump_nccl_trace"}
+# A dump on NCCL queries the ops' CUDA events; on a GPU that hangs that may not
+# return, and the rank still has its roll call to hold.
+DUMP_WAIT_S = 20.0
+
+
+class UnsafeFolder(Exception):
+    """A folder in a shared place that another user could have made or can write."""
+
+
+@dataclass(frozen=True)
+class DumpOutcome:
+    """What `dump_after_failure` did: the file written, or why nothing was."""
+
+    path: str | None = None
+    skipped: str | None = None
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"path": self.path, "skipped": self.skipped}
 
 
 def dump_folder() -> str:
@@ -29,15 +64,39 @@ def dump_folder() -> str:
     return os.path.join(tempfile.gettempdir(), f"gpucheck-fr-{os.getuid()}")
 
 
+def private_folder(path: str) -> str:
+    """Make `path` (mode 0700) or accept it only as a real directory of this user's
+    that no one else can write (then made 0700): never through a symlink, never one
+    another user made first. UnsafeFolder says what is wrong and what to do."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)  # lstat: a symlink is refused, never followed
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise UnsafeFolder(f"{path} is not a directory (a link or a file): remove it")
+    if info.st_uid != os.getuid():
+        raise UnsafeFolder(f"{path} belongs to uid {info.st_uid}, not to this user "
+                           f"(uid {os.getuid()}): another user made it; remove it")
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o022:
+        raise UnsafeFolder(f"{path} is writable by other users (mode {mode:o}): others "
+                           "may have put files there; remove it")
+    if mode & 0o077:  # ours and closed to writers (an older gpucheck made it 0755)
+        os.chmod(path, 0o700)
+    return path
+
+
 def arm(command: str, environ: MutableMapping[str, str] | None = None) -> str | None:
     """Set the Flight Recorder variables not set yet; the dump prefix, or None when the
-    user chose their own."""
+    user chose their own or the default folder cannot be trusted (said on stderr)."""
     env = os.environ if environ is None else environ
-    if "TORCH_FR_DUMP_TEMP_FILE" in env or "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" in env:
+    if any(name in env for name in PREFIX_VARS):
         return None
-    folder = dump_folder()
-    with contextlib.suppress(OSError):
-        os.makedirs(folder, exist_ok=True)
+    try:
+        folder = private_folder(dump_folder())
+    except (OSError, UnsafeFolder) as exc:
+        print(f"gpucheck {command}: no Flight Recorder dumps for this run: {exc}",
+              file=sys.stderr)
+        return None
     prefix = os.path.join(folder, f"{command}_{_job_id(env)}_rank_")
     env.setdefault("TORCH_FR_BUFFER_SIZE", env.get("TORCH_NCCL_TRACE_BUFFER_SIZE",
                                                    BUFFER_ENTRIES))
@@ -70,13 +129,82 @@ def _job_id(env: MutableMapping[str, str]) -> str:
     return "".join(c for c in run_id if c.isalnum()) if run_id else str(os.getpid())
 
 
-def dump_after_failure(rank: int, backend: str) -> None:
-    """After a failed gloo collective: write this rank's Flight Recorder buffer to
-    `<TORCH_FR_DUMP_TEMP_FILE><rank>` (NCCL's watchdog does it for NCCL). Best effort:
-    an older torch without the binding, or an unwritable folder, changes nothing."""
-    if backend != "gloo" or "TORCH_FR_DUMP_TEMP_FILE" not in os.environ:
-        return
-    with contextlib.suppress(Exception):
-        import torch
+def dump_prefix(environ: MutableMapping[str, str] | None = None) -> str | None:
+    """Where this job's dumps go (`<prefix><rank>`), or None when not armed."""
+    env = os.environ if environ is None else environ
+    return next((env[name] for name in PREFIX_VARS if env.get(name)), None)
 
-        torch._C._distributed_c10d._dump_fr_trace_file(rank)
+
+def dumper(backend: str) -> tuple[Callable[[], bytes] | None, str | None]:
+    """(torch's function that returns this backend's buffer, None), or (None, why not):
+    a backend without a recorder, or a torch that lacks the function."""
+    name = DUMPERS.get(backend)
+    if name is None:
+        return None, f"torch keeps no Flight Recorder for the {backend} backend"
+    import torch
+
+    found = getattr(getattr(torch._C, "_distributed_c10d", None), name, None)
+    if found is None:
+        return None, (f"torch {torch.__version__} has no torch._C._distributed_c10d.{name} "
+                      f"to dump the {backend} Flight Recorder with")
+    return found, None
+
+
+def write_dump(path: str, data: bytes) -> None:
+    """Write `data` beside `path` and rename it into place: a reader never sees half a
+    dump, and a link at `path` is replaced, not followed."""
+    folder = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def dump_after_failure(rank: int, backend: str,
+                       wait_s: float = DUMP_WAIT_S) -> DumpOutcome | None:
+    """After a failed collective: write this rank's Flight Recorder buffer to
+    `<TORCH_FR_DUMP_TEMP_FILE><rank>`. None when the job is not armed; otherwise what
+    was written, or why nothing was (a missing torch function, a dump that did not
+    come back within `wait_s`, an unwritable folder): never silent."""
+    prefix = dump_prefix()
+    if prefix is None:
+        return None
+    function, why = dumper(backend)
+    if function is None:
+        return DumpOutcome(skipped=why)
+    data, error = _bounded(function, wait_s)
+    if data is None:
+        return DumpOutcome(skipped=error)
+    path = f"{prefix}{rank}"
+    try:
+        write_dump(path, data)
+    except OSError as exc:
+        return DumpOutcome(skipped=f"cannot write {path}: {exc.strerror or exc}")
+    return DumpOutcome(path=path)
+
+
+def _bounded(function: Callable[[], bytes], wait_s: float) -> tuple[bytes | None, str | None]:
+    """Call `function` in a daemon thread: (its bytes, None), or (None, why not)."""
+    result: dict[str, object] = {}
+
+    def call() -> None:
+        try:
+            result["data"] = function()
+        except Exception as exc:  # torch's own error: reported, not raised over the failure
+            result["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+
+    worker = threading.Thread(target=call, name="gpucheck-fr-dump", daemon=True)
+    worker.start()
+    worker.join(wait_s)
+    if "data" in result and isinstance(result["data"], bytes):
+        return result["data"], None
+    if "error" in result:
+        return None, f"the Flight Recorder dump failed: {result['error']}"
+    if worker.is_alive():
+        return None, f"the Flight Recorder dump did not return within {wait_s:g} s"
+    return None, "the Flight Recorder dump returned no bytes"

@@ -4,8 +4,9 @@ and when a collective fails, name the ranks that stopped answering.
 Hang safety lives here so every command that uses `process_group` gets it:
 - the job's key-value store is opened first and every rank checks in on it
   (`gpucheck.distributed.checkin`), so a rank that never starts is named, not waited for;
-- `timeout_s` bounds every collective (gloo; NCCL with blocking wait), so a rank
-  that stops answering ends the run instead of NCCL's 10-minute default;
+- `timeout_s` bounds every collective (gloo; NCCL through its watchdog, which dumps the
+  Flight Recorder and aborts the communicators: `ASYNC_ERROR_HANDLING` below), so a
+  rank that stops answering ends the run instead of NCCL's 10-minute default;
 - when a collective fails, the surviving ranks hold a roll call on the store and
   raise `RanksUnresponsive` naming the ranks that did not answer.
 """
@@ -16,6 +17,7 @@ import contextlib
 import datetime as _dt
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
@@ -43,6 +45,17 @@ SINGLE = World(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank
                master_addr="127.0.0.1", master_port=0, launcher="none")
 
 _session: dict[str, Any] = {"roster": [], "gpu": None, "device_index": None}
+
+# On a timed-out NCCL collective the watchdog (ProcessGroupNCCL's own thread) dumps the
+# Flight Recorder (TORCH_NCCL_DUMP_ON_TIMEOUT) and asks the other ranks to dump; by
+# default (3, SkipCleanUp) it then ends the process, before this rank can say which
+# peer did not answer. 2 (CleanUpOnly) aborts the communicators instead: the kernels
+# stop, the host thread's wait returns, and the rank's next collective raises
+# DistBackendError ("NCCL communicator was aborted") in its own thread, so the roll
+# call below still runs. TORCH_NCCL_BLOCKING_WAIT=1 would raise directly, but it
+# starts no watchdog at all, so nothing would dump on a timeout.
+ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+CLEAN_UP_ONLY = "2"
 
 _COMM_ERROR_WORDS = ("timed out", "timeout", "connection", "gloo", "nccl", "peer", "socket")
 
@@ -137,9 +150,7 @@ def bind_device(device: str, world: World,
     else:
         index = device_among_peers(world.local_rank, visible, peers(visible))
     torch.cuda.set_device(index)
-    # Without blocking wait NCCL's watchdog aborts the process on timeout,
-    # before this rank can say which peer did not answer.
-    os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+    os.environ.setdefault(ASYNC_ERROR_HANDLING, CLEAN_UP_ONLY)
     return replace(world, device_index=index)
 
 
@@ -199,10 +210,11 @@ def process_group(backend: str, device: str, timeout_s: float,
             yield world
     except BaseException as exc:
         faultwatch.publish_after_failure(world)  # before the roll call, which can take long
-        if isinstance(exc, Exception) and is_comm_error(exc):  # for gpucheck hang --traces
-            flight.dump_after_failure(world.rank, backend)
-        if world.world_size > 1 and isinstance(exc, Exception) and is_comm_error(exc):
-            raise _diagnose(store, world, timeout_s, exc) from exc
+        comm_error = isinstance(exc, Exception) and is_comm_error(exc)
+        if comm_error and world.world_size > 1:  # dumps inside the roll call
+            raise _diagnose(store, world, timeout_s, exc, backend) from exc
+        if comm_error:  # for gpucheck hang --traces
+            _dump_flight_recorder(world.rank, backend)
         raise
     else:
         dist.destroy_process_group()
@@ -222,20 +234,44 @@ def _leave_after_failure(backend: str, world: World) -> None:
             dist.destroy_process_group()
 
 
-def _diagnose(store: Any, world: World, timeout_s: float,
-              exc: BaseException) -> RanksUnresponsive:
-    """Roll call after a failed collective; record and return who did not answer."""
+def _dump_flight_recorder(rank: int, backend: str) -> flight.DumpOutcome | None:
+    """This rank's Flight Recorder buffer to its file; a line on stderr either way
+    (a dump that could not be written is said, never passed over)."""
+    outcome = flight.dump_after_failure(rank, backend)
+    if outcome is not None:
+        said = (f"written to {outcome.path}" if outcome.path
+                else f"SKIP: {outcome.skipped}")
+        print(f"gpucheck rank {rank}: Flight Recorder dump {said}", file=sys.stderr,
+              flush=True)
+    return outcome
+
+
+def _diagnose(store: Any, world: World, timeout_s: float, exc: BaseException,
+              backend: str) -> RanksUnresponsive:
+    """Roll call after a failed collective; record and return who did not answer.
+    The Flight Recorder dump is written once this rank has answered, so a slow dump
+    never makes it look silent to the others."""
     cause = _first_line(str(exc))
+    dumps: list[flight.DumpOutcome | None] = []
+
+    def dump() -> None:
+        dumps.append(_dump_flight_recorder(world.rank, backend))
+
     try:
-        missing = roll_call(store, world.rank, world.world_size, roll_call_window_s(timeout_s))
+        missing = roll_call(store, world.rank, world.world_size,
+                            roll_call_window_s(timeout_s), meanwhile=dump)
     except Exception as store_exc:  # the store's host may be the one that hangs
         missing = [0] if world.rank else []
         cause += f"; the job's store did not answer either ({_first_line(str(store_exc))})"
+    if not dumps:
+        dump()
+    dumped = dumps[0]
     step = progress.current_step()
     _end_silent_siblings(missing)
     error = RanksUnresponsive(missing, step, cause)
     progress.record_diagnosis({"rank": world.rank, "missing": missing, "step": step,
-                               "cause": cause, "message": str(error)})
+                               "cause": cause, "message": str(error),
+                               "flight_recorder": dumped.as_dict() if dumped else None})
     return error
 
 

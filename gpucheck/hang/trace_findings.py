@@ -6,7 +6,7 @@ from typing import Any
 
 from gpucheck.hang.trace_verdict import GroupVerdict, judge_group
 from gpucheck.hang.traces import MISSING, dump_files, groups, load
-from gpucheck.report import Finding, Section, fail, ok, warn
+from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
 _DESYNC_HINT = ("the ranks call collectives in different orders or with different "
                 "shapes: a branch on the rank or on data; fix the program "
@@ -28,7 +28,7 @@ def group_findings(v: GroupVerdict) -> list[Finding]:
                           f"{v.group} ({v.desc}) splits the ranks evenly: {sides}",
                           hint=_DESYNC_HINT))
     if v.no_dump and not v.culprits:
-        ranks = ", ".join(map(str, v.no_dump))
+        ranks = _some(v.no_dump)
         found.append(fail("hang.traces.no_dump", f"rank(s) {ranks} of group {v.group} left "
                           "no dump while the others agree: dead, or stuck before dumping",
                           hint="read those ranks' logs; a rank that died writes no dump",
@@ -39,6 +39,19 @@ def group_findings(v: GroupVerdict) -> list[Finding]:
                         f"{len(v.members)} ranks agree on every recorded collective, "
                         f"through {last}"))
     return found
+
+
+def _some(ranks: list[int], shown: int = 20) -> str:
+    """The first ranks of a list, and how many more (a group may list thousands)."""
+    more = f" and {len(ranks) - shown} more" if len(ranks) > shown else ""
+    return ", ".join(map(str, ranks[:shown])) + more
+
+
+def nothing_recorded(dumps: dict[int, dict[str, Any]]) -> Finding:
+    """Dumps that hold no collective: nothing to judge, which is not agreement."""
+    return skip("hang.traces.empty", f"the {len(dumps)} dump(s) hold no collective: "
+                "nothing was recorded (TORCH_FR_BUFFER_SIZE unset or 0 in the job, or a "
+                "job that failed before its first collective); nothing to judge")
 
 
 def group_row(v: GroupVerdict) -> dict[str, Any]:
@@ -66,9 +79,12 @@ def traces_section(directory: str, prefix: str | None) -> Section:
     if not dumps:
         raise UsageError(f"--traces {directory}: no dump torch can read: {unreadable[0]}")
     verdicts = [judge_group(g, set(dumps)) for g in groups(dumps)]
+    dropped = {rank: d["dropped"] for rank, d in sorted(dumps.items()) if d.get("dropped")}
     data = {"directory": directory, "ranks_dumped": sorted(dumps),
             "unreadable": unreadable,
             "torch_fr_version": sorted({str(d.get("version")) for d in dumps.values()}),
+            "entries_skipped": {str(r): n for r, n in dropped.items()} or None,
             "groups": [group_row(v) for v in verdicts]}
     findings = [f for v in verdicts for f in group_findings(v)]
-    return Section("traces", "Flight Recorder traces", data, findings)
+    return Section("traces", "Flight Recorder traces", data,
+                   findings or [nothing_recorded(dumps)])

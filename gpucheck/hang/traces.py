@@ -1,13 +1,18 @@
-"""Flight Recorder dumps: loaded with torch's own reader, judged here.
+"""Flight Recorder dumps: read here, with no code run, and judged here.
 
 torch keeps, per process group, a ring buffer of the last collectives each rank
 issued (TORCH_FR_BUFFER_SIZE entries) and writes it to `<TORCH_FR_DUMP_TEMP_FILE><rank>`
-(NCCL: on a watchdog timeout with TORCH_NCCL_DUMP_ON_TIMEOUT=1; any backend:
-`torch._C._distributed_c10d._dump_fr_trace_file(rank)`; docs/hang.md). Each file is
-read with `torch.distributed.flight_recorder.components.loader.read_dump`, the
-reader of torch's fr_trace tool.
+(NCCL: on a watchdog timeout with TORCH_NCCL_DUMP_ON_TIMEOUT=1; gpucheck's own ranks
+after any failed collective, `gpucheck.distributed.flight`; docs/hang.md). A dump is
+a pickle of plain values (dicts, lists, strings, numbers), so it is read with an
+unpickler that refuses every class (`PlainUnpickler`): torch's own reader
+(`flight_recorder.components.loader.read_dump`) uses `pickle.load`, which runs
+whatever a file names, and `gpucheck hang --traces` runs as root on folders other
+users may write. Files are taken only when they are regular files (never through a
+link), under MAX_DUMP_BYTES, and every field is checked for its type before use
+(`_checked`): a foreign or damaged file is a line in `unreadable`, never a traceback.
 
-Its analyzer (`build_db`) is not used: with torch 2.15 it raises KeyError on gloo
+torch's analyzer (`build_db`) is not used: with torch 2.15 it raises KeyError on gloo
 dumps (the group's config is recorded under the name '' while entries name it '0'),
 and it judges ranks against whichever rank's file it reads first, so the culprit it
 names depends on the file order. Here every rank's n-th collective of a group is
@@ -19,9 +24,11 @@ ranks that never arrived lose a tie against ranks that did (those wait for them)
 
 from __future__ import annotations
 
-import ast
+import io
 import os
+import pickle
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +40,32 @@ MISSING = "not reached"
 # all_to_all legitimately differ by rank or root: their op and dtypes are compared).
 SAME_SIZES = {"all_reduce", "allreduce", "broadcast", "reduce", "allreduce_coalesced",
               "barrier", "all_reduce_coalesced"}
-_NAME = re.compile(r"^(.*?)(\d+)$")
+# A rank of at most 7 digits: int() of a longer run of digits is slow or refused.
+_NAME = re.compile(r"^(.*?)(\d{1,7})$")
+# A 2000-entry NCCL dump with stack frames is a few MB; torch's largest buffers stay
+# far below these. Beyond them a file is not a dump worth the memory.
+MAX_DUMP_BYTES = 128 * 1024 * 1024
+MAX_ENTRIES = 200_000
+_RANKS = re.compile(r"^\s*[\[(]?\s*(-?\d{1,7}\s*(,\s*-?\d{1,7}\s*)*,?)?\s*[\])]?\s*$")
+
+
+class UnsafeDump(UsageError):
+    """A file among the dumps names a Python class: refused, nothing of it was run."""
+
+
+class NotADump(Exception):
+    """A file that is no Flight Recorder dump (damaged, truncated or foreign)."""
+
+
+class PlainUnpickler(pickle.Unpickler):
+    """Unpickles plain values only: any class or function a pickle names is refused
+    before it is imported, so nothing a file says is ever run."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"names {module}.{name}"[:160])
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("uses a persistent id")
 
 
 @dataclass(frozen=True)
@@ -62,16 +94,21 @@ class GroupTrace:
 
 
 def dump_files(directory: str, prefix: str | None = None) -> dict[int, str]:
-    """rank -> path of the dumps in `directory` (files named <prefix><rank>; without
-    a prefix, the most common one)."""
+    """rank -> path of the dumps in `directory` (regular files named <prefix><rank>;
+    without a prefix, the most common one)."""
     if not os.path.isdir(directory):
         raise UsageError(f"--traces {directory}: no such directory; give the folder "
                          "TORCH_FR_DUMP_TEMP_FILE's prefix points into")
     by_prefix: dict[str, dict[int, str]] = {}
-    for name in sorted(os.listdir(directory)):
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError as exc:
+        raise UsageError(f"--traces {directory}: cannot list it ({exc.strerror}); "
+                         "run as a user who may read it") from None
+    for name in names:
         match = _NAME.match(name)
         path = os.path.join(directory, name)
-        if match and os.path.isfile(path):
+        if match and _regular(path):
             by_prefix.setdefault(match[1], {})[int(match[2])] = path
     if prefix is not None:
         return by_prefix.get(prefix, {})
@@ -80,34 +117,109 @@ def dump_files(directory: str, prefix: str | None = None) -> dict[int, str]:
     return max(by_prefix.values(), key=len)
 
 
-def load(files: Mapping[int, str]) -> tuple[dict[int, dict[str, Any]], list[str]]:
-    """(rank -> dump, one line per file torch could not read), through torch's reader
-    (a pickle: read only your own jobs' dumps). A rank that died while dumping leaves
-    a truncated file: it counts as no dump, the others are still judged."""
-    from torch.distributed.flight_recorder.components.loader import read_dump
+def _regular(path: str) -> bool:
+    """A regular file itself, not a link to one (lstat: a link is never followed)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
+
+def load(files: Mapping[int, str]) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """(rank -> dump, one line per file that is no readable dump). A rank that died
+    while dumping leaves a truncated file: it counts as no dump, the others are still
+    judged. A file that names a Python class raises UnsafeDump (one line, the file
+    named): a dump holds plain values only, so such a file was put there on purpose."""
     dumps, unreadable = {}, []
     for rank, path in files.items():
-        match = _NAME.match(os.path.basename(path))
-        prefix = match[1] if match else ""  # read_dump takes the file name's prefix
         try:
-            dumps[rank] = read_dump(prefix, path)
-        except Exception as exc:  # truncated or foreign: say which, go on
-            unreadable.append(f"{path}: not a Flight Recorder dump torch can read "
-                              f"({type(exc).__name__}: {str(exc)[:120]})")
+            dumps[rank] = _checked(read_dump(path), rank)
+        except NotADump as exc:
+            unreadable.append(f"{path}: not a Flight Recorder dump ({exc})")
     return dumps, unreadable
 
 
+def read_dump(path: str) -> Any:
+    """The file's unpickled plain values. NotADump for a file that is not a regular
+    file, too big or no pickle; UnsafeDump for one that names a class."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise NotADump(f"cannot open it: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise NotADump("not a regular file")
+        if info.st_size > MAX_DUMP_BYTES:
+            raise NotADump(f"{info.st_size} bytes, more than the {MAX_DUMP_BYTES} a dump "
+                           "can have")
+        raw = handle.read(MAX_DUMP_BYTES + 1)
+    try:
+        return PlainUnpickler(io.BytesIO(raw)).load()
+    except pickle.UnpicklingError as exc:
+        if str(exc).startswith(("names ", "uses a persistent")):
+            raise UnsafeDump(f"--traces: {path} {exc}, which a Flight Recorder dump never "
+                             "does: refused, nothing in it was run; remove the file, "
+                             "and read only dumps your jobs wrote") from None
+        raise NotADump(f"{type(exc).__name__}: {str(exc)[:120]}") from None
+    except (EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
+            MemoryError, RecursionError, OverflowError) as exc:
+        raise NotADump(f"{type(exc).__name__}: {str(exc)[:120]}") from None
+
+
+def _checked(raw: Any, rank: int) -> dict[str, Any]:
+    """The dump's fields that judging reads, each of the type it must have (NotADump
+    otherwise); entries that are not records are dropped and counted."""
+    if not isinstance(raw, dict):
+        raise NotADump(f"a {type(raw).__name__}, not a dict")
+    entries = raw.get("entries", [])
+    if not isinstance(entries, list | tuple):
+        raise NotADump(f"'entries' is a {type(entries).__name__}, not a list")
+    if len(entries) > MAX_ENTRIES:
+        raise NotADump(f"{len(entries)} entries, more than the {MAX_ENTRIES} a buffer holds")
+    kept = [e for e in entries if isinstance(e, dict) and _seq(e) is not None]
+    config = raw.get("pg_config")
+    return {"rank": rank, "version": str(raw.get("version", "?"))[:40],
+            "entries": kept, "dropped": len(entries) - len(kept),
+            "pg_config": config if isinstance(config, dict) else {}}
+
+
+def _seq(entry: Mapping[str, Any]) -> int | None:
+    """The entry's collective sequence number (older torch: `seq_id`), if it is one."""
+    seq = entry.get("collective_seq_id", entry.get("seq_id"))
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0 else None
+
+
+def _text(value: Any, limit: int = 300) -> str:
+    """str() of a value from a file, bounded (a deeply nested list has no str())."""
+    try:
+        return str(value)[:limit]
+    except (RecursionError, MemoryError, ValueError):
+        return "?"
+
+
 def _op(entry: Mapping[str, Any]) -> str:
-    name = str(entry.get("profiling_name") or "?")
+    name = _text(entry.get("profiling_name") or "?")
     return name.split(":", 1)[1] if ":" in name else name
 
 
 def _call(entry: Mapping[str, Any]) -> Call:
     op = _op(entry)
-    sizes = str(entry.get("input_sizes")) if op in SAME_SIZES else ""
-    dtypes = str(entry.get("input_dtypes") or "")
+    sizes = _text(entry.get("input_sizes")) if op in SAME_SIZES else ""
+    dtypes = _text(entry.get("input_dtypes") or "")
     return Call(op, sizes, dtypes)
+
+
+def _ranks(value: Any) -> set[int]:
+    """A group's ranks as torch records them ("[0, 1]", or a list of ints); anything
+    else counts as none (the group's members then come from the dumps alone)."""
+    if isinstance(value, str):
+        if len(value) > 10_000_000 or not _RANKS.match(value):
+            return set()
+        return {int(r) for r in re.findall(r"-?\d+", value)}
+    if isinstance(value, list | tuple):
+        return {r for r in value if isinstance(r, int) and not isinstance(r, bool)}
+    return set()
 
 
 def _members(dumps: Mapping[int, Mapping[str, Any]], name: str, desc: str) -> set[int]:
@@ -115,26 +227,36 @@ def _members(dumps: Mapping[int, Mapping[str, Any]], name: str, desc: str) -> se
     its config under '') the one config of a rank that has only one."""
     members: set[int] = set()
     for dump in dumps.values():
-        config = dump.get("pg_config") or {}
+        config = dump.get("pg_config")
+        if not isinstance(config, dict):
+            continue
         entry = config.get(name) or (next(iter(config.values())) if len(config) == 1
                                      and desc == "default_pg" else None)
-        if entry and entry.get("ranks"):
-            ranks = entry["ranks"]
-            members.update(ast.literal_eval(ranks) if isinstance(ranks, str) else ranks)
+        if isinstance(entry, dict):
+            members |= _ranks(entry.get("ranks"))
     return members
+
+
+def _group_key(entry: Mapping[str, Any]) -> tuple[str, str]:
+    """(name, desc) of the entry's process group; "?" where torch recorded none."""
+    group = entry.get("process_group")
+    parts = list(group[:2]) if isinstance(group, list | tuple) else []
+    name, desc = (*parts, "?", "?")[:2]
+    return _text(name, 100), _text(desc, 100)
 
 
 def groups(dumps: Mapping[int, Mapping[str, Any]]) -> list[GroupTrace]:
     """Every process group's collectives, per rank (point-to-point ops are left out:
-    they pair two ranks, not the group)."""
+    they pair two ranks, not the group; entries that are no record are skipped)."""
     found: dict[str, GroupTrace] = {}
     for rank, dump in dumps.items():
-        for entry in dump.get("entries") or []:
-            if entry.get("is_p2p"):
+        entries = dump.get("entries")
+        for entry in entries if isinstance(entries, list | tuple) else []:
+            seq = _seq(entry) if isinstance(entry, dict) else None
+            if seq is None or entry.get("is_p2p"):
                 continue
-            name, desc = (*(entry.get("process_group") or ()), "?", "?")[:2]
-            group = found.setdefault(str(name), GroupTrace(str(name), str(desc), []))
-            seq = int(entry["collective_seq_id"])
+            name, desc = _group_key(entry)
+            group = found.setdefault(name, GroupTrace(name, desc, []))
             group.calls.setdefault(rank, {})[seq] = _call(entry)
             if entry.get("state") == "completed":  # NCCL records it; gloo never does
                 group.completed[rank] = max(seq, group.completed.get(rank, 0))

@@ -1,6 +1,8 @@
 """Environment variables that matter for GPU work, with secrets redacted.
 
-Only names matching the allowlist are ever reported; of those, any whose name
+Only names matching the allowlist are ever reported, and never gpucheck's own variables
+(`GPUCHECK_*`: what gpucheck sets for its ranks, such as GPUCHECK_PROGRESS, 1 at a
+terminal and 0 under cron, is no fact about the machine); of those, any whose name
 looks secret is shown as `<redacted>`, and in every other value the credentials
 it holds are replaced by `<redacted>` (`redact_value`): a password in a URL, a
 JWT, a well-known token shape, a `token=` pair, a conda channel token.
@@ -20,8 +22,11 @@ REDACTED = "<redacted>"
 ALLOWED_PREFIXES = (
     "CUDA_", "NCCL_", "TORCH_", "PYTORCH_", "OMP_", "MKL_", "KMP_", "SLURM_", "CONDA_",
     "NVIDIA_", "CUDNN_", "CUBLAS_", "TORCHELASTIC_", "GLOO_", "UCX_", "FI_", "HIP_", "ROCM_",
-    "TF32_", "GPUCHECK_",
+    "TF32_",
 )
+# gpucheck's own variables (set by gpucheck for its ranks, or its test hooks): never the
+# machine's environment, so never reported, compared between reports or called drift.
+OWN_PREFIX = "GPUCHECK_"
 ALLOWED_NAMES = frozenset({
     "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
     "GROUP_RANK", "ROLE_RANK", "NODE_RANK", "LD_LIBRARY_PATH", "LD_PRELOAD", "PATH",
@@ -34,7 +39,14 @@ _SECRET_RE = re.compile("|".join(SECRET_WORDS), re.IGNORECASE)
 
 def is_allowed(name: str) -> bool:
     """True when `name` is one the env report may mention."""
+    if is_own(name):
+        return False
     return name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)
+
+
+def is_own(name: str) -> bool:
+    """True for gpucheck's own variables (GPUCHECK_PROGRESS, GPUCHECK_RUN_DIR, ...)."""
+    return name.startswith(OWN_PREFIX)
 
 
 def looks_secret(name: str) -> bool:
