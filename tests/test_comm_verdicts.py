@@ -189,3 +189,30 @@ def expected(scenario: str, second: str, device: str) -> list[Row]:
 def test_each_comm_verdict_keeps_its_check_status_and_action_with_its_look_as_data(
         scenario: str, second: str, device: str) -> None:
     assert rows(scenario, second, device) == expected(scenario, second, device)
+
+
+def test_no_comm_module_words_a_look_or_names_an_action() -> None:
+    """The look is data and the action follows from it: no comm source writes the look's
+    words into a message (render/words.py does) or passes an explicit action."""
+    import ast
+    from pathlib import Path
+
+    import gpucheck.comm
+
+    for path in sorted(Path(gpucheck.comm.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        texts = [n.value for n in ast.walk(tree)
+                 if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        assert not [t for t in texts if "confirmed:" in t or "unstable:" in t], path
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.keyword)
+                    and n.arg == "action"], path
+
+
+def test_a_cut_of_zero_condemns_nothing() -> None:
+    """node_links.spread_cut falls to 0 when the healthy links' own spread is total: no
+    measured rate is below 0 x the reference, and the bound still exists (a Bound needs
+    a positive limit: the smallest float, which only a rate of exactly 0 is below)."""
+    from gpucheck.comm.looks import rate_bound
+
+    assert not rate_bound(0.0).worse(1e-12, 10.0)
+    assert rate_bound(0.5).worse(4.9, 10.0) and not rate_bound(0.5).worse(5.0, 10.0)

@@ -25,7 +25,8 @@ _CPU_NOTE = " (CPU ranks: a busy or throttled process on the node, not its hardw
 def rate_bound(fraction: float) -> Bound:
     """Slow below `fraction` x the reference, a rate (higher is better). A cut of 0 (the
     healthy links' own spread swallowed the fabric's fraction, node_links.spread_cut)
-    condemns nothing: the smallest positive limit stands for it, as a Bound needs one."""
+    condemns no measured rate: the smallest positive float stands for it, as a Bound
+    needs a positive limit (only a rate of exactly 0, which no timing gives, is below)."""
     return Bound(max(fraction, sys.float_info.min), Better.HIGHER) if fraction <= 0 \
         else Bound.fraction(fraction, Better.HIGHER)
 
