@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpucheck.render.charts import Chart, draw_charts
+from gpucheck.render.headline import headline_rows
 from gpucheck.render.safe import html as escape  # control characters too
-from gpucheck.render.values import fmt_field, is_table, table_columns
+from gpucheck.render.values import fmt_field, is_table, is_verbatim, table_columns
 from gpucheck.render.words import hint_words, message_words
 from gpucheck.report import Finding, Report, Section, Status
 
@@ -64,7 +65,14 @@ def _headline(report: Report) -> list[str]:
         f"gpucheck {escape(report.tool_version)}, command "
         f"<code>{escape(' '.join(report.argv))}</code></p>",
         _table(counts),
+        *_figures(report),
     ]
+
+
+def _figures(report: Report) -> list[str]:
+    """The headline figures (gpucheck.render.headline), outside every fold."""
+    rows = headline_rows(report)
+    return ["<h2>Figures</h2>", _table(rows, css="figures")] if rows else []
 
 
 def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:
@@ -112,8 +120,10 @@ def _section(section: Section) -> list[str]:
 
 def _data(data: dict[str, Any]) -> list[str]:
     """Scalars as one key/value table, nested dicts as nested lists, tables as tables."""
-    scalars = {k: v for k, v in data.items() if not isinstance(v, dict) and not is_table(v)}
-    lines = []
+    scalars = {k: v for k, v in data.items() if not isinstance(v, dict) and not is_table(v)
+               and not is_verbatim(str(k), v)}
+    lines = [f"<p><b>{escape(str(k))}</b></p><pre>{escape_block(v)}</pre>"
+             for k, v in data.items() if is_verbatim(str(k), v)]
     if scalars:
         rows = "".join(f"<tr><th>{escape(str(k))}</th><td>{escape(fmt_field(str(k), v))}</td>"
                        "</tr>" for k, v in scalars.items())
@@ -124,6 +134,11 @@ def _data(data: dict[str, Any]) -> list[str]:
         elif is_table(value):
             lines.append(f"<p><b>{escape(str(key))}</b></p>{_table(value)}")
     return lines
+
+
+def escape_block(text: str) -> str:
+    """Verbatim output for <pre>: each line escaped (controls too), the newlines kept."""
+    return "\n".join(escape(line) for line in text.splitlines())
 
 
 def _tree(data: dict[str, Any]) -> str:

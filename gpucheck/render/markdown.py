@@ -1,11 +1,24 @@
-"""Markdown renderer for cluster tickets: verdict and summary first, details folded."""
+"""Markdown renderer for cluster tickets: verdict, figures and problems first, details
+folded.
+
+Two flavours:
+- `markdown`: GitHub-flavoured Markdown (GFM): pipe tables and `<details>` folds, as
+  GitHub, GitLab and Gitea render them.
+- `markdown-plain`: CommonMark with neither: every table is an aligned text table in
+  a fenced code block and every section a heading, so a tracker that renders no
+  tables (or shows the source as it is) still reads in columns.
+A multi-line string under a key ending in `_output` (env's collect_env) is verbatim
+command output: a fenced code block in both.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from gpucheck.render import safe
-from gpucheck.render.values import fmt_field, is_table, table_columns
+from gpucheck.render.headline import headline_rows
+from gpucheck.render.values import fmt_field, is_table, is_verbatim, table_columns
 from gpucheck.render.words import hint_words, message_words
 from gpucheck.report import Finding, Report, Section, Status
 
@@ -14,7 +27,12 @@ def _cell(column: str, value: Any) -> str:
     return safe.markdown(fmt_field(str(column), value))
 
 
-def md_table(rows: list[dict[str, Any]]) -> list[str]:
+def md_table(rows: list[dict[str, Any]], plain: bool = False) -> list[str]:
+    """A GFM pipe table, or (`plain`) the text renderer's columns in a code block."""
+    if plain:
+        from gpucheck.render.text import table_lines
+
+        return fenced(table_lines(rows))
     columns = table_columns(rows)
     lines = ["| " + " | ".join(map(safe.markdown, columns)) + " |",
              "|" + "---|" * len(columns)]
@@ -22,7 +40,15 @@ def md_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def render_markdown(report: Report) -> str:
+def fenced(lines: list[str]) -> list[str]:
+    """`lines` as a CommonMark fenced code block: the fence is longer than any run of
+    backticks inside, so no value can close it early."""
+    longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, *lines, fence]
+
+
+def render_markdown(report: Report, plain: bool = False) -> str:
     lines = [
         f"# gpucheck {safe.markdown(report.command)}: **{report.verdict().value}**",
         "",
@@ -31,13 +57,20 @@ def render_markdown(report: Report) -> str:
         f"gpucheck {safe.markdown(report.tool_version)}, command "
         f"{safe.markdown_code(' '.join(report.argv))}",
         "",
-        *md_table([{"status": s, "count": n} for s, n in report.summary().items()]),
+        *md_table([{"status": s, "count": n} for s, n in report.summary().items()], plain),
         "",
+        *_figure_lines(report, plain),
     ]
-    lines.extend(_problem_lines(report.findings))
+    lines.extend(_problem_lines(report.findings, plain))
     for section in report.sections:
-        lines.extend(_section_lines(section))
+        lines.extend(_section_lines(section, plain))
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _figure_lines(report: Report, plain: bool) -> list[str]:
+    """The headline figures (gpucheck.render.headline) unfolded, under the verdict."""
+    rows = headline_rows(report)
+    return ["## Figures", "", *md_table(rows, plain), ""] if rows else []
 
 
 def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:
@@ -49,27 +82,35 @@ def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:
              "hint": hint_words(f) or ""} for f in findings]
 
 
-def _problem_lines(findings: list[Finding]) -> list[str]:
+def _problem_lines(findings: list[Finding], plain: bool) -> list[str]:
     problems = [f for f in findings if f.status in (Status.FAIL, Status.WARN)]
     problems.sort(key=lambda f: -f.status.severity)
     if not problems:
         return ["No FAIL or WARN findings.", ""]
-    return ["## Problems", "", *md_table(_finding_rows(problems)), ""]
+    return ["## Problems", "", *md_table(_finding_rows(problems), plain), ""]
 
 
-def _section_lines(section: Section) -> list[str]:
-    lines = [f"<details><summary><b>{safe.html(section.title)}</b> "
-             f"({_section_verdict(section)})"
-             "</summary>", ""]
-    scalars = [{"key": k, "value": fmt_field(k, v)} for k, v in _flatten(section.data).items()]
+def _section_lines(section: Section, plain: bool) -> list[str]:
+    if plain:  # no HTML: a heading instead of a fold
+        lines = [f"### {safe.markdown(section.title)} ({_section_verdict(section)})", ""]
+    else:
+        lines = [f"<details><summary><b>{safe.html(section.title)}</b> "
+                 f"({_section_verdict(section)})"
+                 "</summary>", ""]
+    flat = _flatten(section.data)
+    scalars = [{"key": k, "value": fmt_field(k, v)} for k, v in flat.items()
+               if not is_verbatim(k, v)]
     if scalars:
-        lines += [*md_table(scalars), ""]
+        lines += [*md_table(scalars, plain), ""]
+    for key, value in flat.items():
+        if is_verbatim(key, value):
+            lines += [f"**{safe.markdown(key)}**", "", *fenced(value.splitlines()), ""]
     for key, value in section.data.items():
         if is_table(value):
-            lines += [f"**{safe.markdown(key)}**", "", *md_table(value), ""]
+            lines += [f"**{safe.markdown(key)}**", "", *md_table(value, plain), ""]
     if section.findings:
-        lines += [*md_table(_finding_rows(section.findings)), ""]
-    return [*lines, "</details>", ""]
+        lines += [*md_table(_finding_rows(section.findings), plain), ""]
+    return lines if plain else [*lines, "</details>", ""]
 
 
 def _section_verdict(section: Section) -> str:

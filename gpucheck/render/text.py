@@ -6,8 +6,9 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
+from gpucheck.render.headline import headline_rows
 from gpucheck.render.safe import terminal as esc
-from gpucheck.render.values import fmt_field, is_table, table_columns
+from gpucheck.render.values import fmt_field, is_table, is_verbatim, table_columns
 from gpucheck.render.words import hint_words, message_words
 from gpucheck.report import Finding, Report, Section, Status
 
@@ -15,6 +16,9 @@ from gpucheck.report import Finding, Report, Section, Status
 # into column groups); the CLI passes a real terminal's own width.
 WIDTH = 100
 MIN_WIDTH = 60
+_KEY_MAX = 32
+# Columns that name a table's row, strongest first (see _key_count).
+_KEY_COLUMNS = ("node", "host", "metric", "check", "command", "rank", "gpu")
 _CELL_MAX = 48  # a longer cell wraps inside its column
 _HINT_INDENT = " " * 9  # under the text after "  [WARN] "
 
@@ -31,12 +35,19 @@ def render_text(report: Report, color: bool = False, width: int = WIDTH) -> str:
     if report.scope:
         lines += _wrap(f"Scope: {report.scope}", width, "  ")
     lines.append("")
+    lines += _figure_lines(report, width)
     lines += _problem_lines(report, color, width)
     for section in report.sections:
         lines += _section_lines(section, color, width)
         lines.append("")
     lines.append(_closing(report, width))
     return "\n".join(_paint_verdicts(lines, report, color)) + "\n"
+
+
+def _figure_lines(report: Report, width: int) -> list[str]:
+    """The command's headline figures (gpucheck.render.headline), when it has any."""
+    rows = headline_rows(report)
+    return ["Figures:", *table_lines(rows, "  ", width), ""] if rows else []
 
 
 def _headline(report: Report) -> str:
@@ -106,12 +117,15 @@ def _section_lines(section: Section, color: bool, width: int) -> list[str]:
 
 def _data_lines(data: dict[str, Any], indent: str, width: int) -> list[str]:
     scalars = {k: v for k, v in data.items() if not isinstance(v, dict) and not is_table(v)}
-    key_width = min(max((len(esc(k)) for k in scalars), default=0), 28)
+    # Up to 32 columns of key: the longest keys gpucheck writes (fault thresholds such as
+    # hw_slowdown_sustained_samples) keep their values in line with the others'.
+    key_width = min(max((len(esc(k)) for k in scalars), default=0), _KEY_MAX)
     lines: list[str] = []
     for key, value in scalars.items():
         head = f"{indent}{esc(key):<{key_width}}  "
-        lines += _wrap(esc(fmt_field(key, value)), width, " " * min(len(head), width // 2),
-                       head)
+        shown = (f"{len(value.splitlines())} lines, shown in the Markdown, HTML and JSON "
+                 "reports" if is_verbatim(key, value) else fmt_field(key, value))
+        lines += _wrap(esc(shown), width, " " * min(len(head), width // 2), head)
     for key, value in data.items():
         if isinstance(value, dict):
             lines.append(f"{indent}{esc(key)}:")
@@ -124,14 +138,15 @@ def _data_lines(data: dict[str, Any], indent: str, width: int) -> list[str]:
 
 def table_lines(rows: list[dict[str, Any]], indent: str = "", width: int = WIDTH) -> list[str]:
     """Rows of dicts as aligned columns under a header. A table wider than `width` is
-    split into column groups, each repeating the first column so rows stay named."""
+    split into column groups, each repeating the row's key columns (`_key_count`) so
+    rows stay named."""
     columns = table_columns(rows)
     cells = [[_cell_lines(esc(fmt_field(c, row.get(c)))) for c in columns] for row in rows]
     columns = [esc(c) for c in columns]
     widths = [max(len(c), *(len(line) for r in cells for line in r[i]))
               for i, c in enumerate(columns)]
     lines: list[str] = []
-    for group in _column_groups(widths, width - len(indent)):
+    for group in _column_groups(widths, width - len(indent), _key_count(columns)):
         if lines:
             lines.append("")
         lines += _table_block(columns, cells, widths, group, indent)
@@ -142,14 +157,28 @@ def _cell_lines(text: str) -> list[str]:
     return textwrap.wrap(text, _CELL_MAX, break_on_hyphens=False) or [""]
 
 
-def _column_groups(widths: list[int], room: int) -> list[list[int]]:
-    """Column indexes in groups that fit `room`; every group starts with column 0."""
-    groups: list[list[int]] = [[0]]
-    used = widths[0]
-    for index in range(1, len(widths)):
-        if used + 2 + widths[index] > room and len(groups[-1]) > 1:
-            groups.append([0])
-            used = widths[0]
+def _key_count(columns: list[str]) -> int:
+    """How many leading columns name a row: up to the first key column (fleet's
+    `rank, node`, `command, node`, `command, metric`) when it is among the first three,
+    else the first column alone."""
+    leading = columns[:3]
+    for key in _KEY_COLUMNS:  # the strongest name first: a node before its rank
+        if key in leading:
+            return leading.index(key) + 1
+    return 1
+
+
+def _column_groups(widths: list[int], room: int, keys: int = 1) -> list[list[int]]:
+    """Column indexes in groups that fit `room`; every group starts with the `keys`
+    leading columns."""
+    keys = min(keys, len(widths))
+    head = list(range(keys))
+    groups: list[list[int]] = [list(head)]
+    used = sum(widths[:keys]) + 2 * (keys - 1)
+    for index in range(keys, len(widths)):
+        if used + 2 + widths[index] > room and len(groups[-1]) > keys:
+            groups.append(list(head))
+            used = sum(widths[:keys]) + 2 * (keys - 1)
         groups[-1].append(index)
         used += 2 + widths[index]
     return groups
