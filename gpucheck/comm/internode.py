@@ -68,9 +68,15 @@ TEST_SLOW_RECVS_VAR = "GPUCHECK_TEST_SLOW_RECVS"
 GB = 1e9
 
 
-def round_schedule(nodes: int) -> list[list[tuple[int, int]]]:
-    """Round r (1 .. nodes-1): every node i sends to (i + r) mod nodes."""
-    return [[(i, (i + r) % nodes) for i in range(nodes)] for r in range(1, nodes)]
+def round_schedule(nodes: int, shifts: Sequence[int] | None = None,
+                   ) -> list[list[tuple[int, int]]]:
+    """Round r (1 .. nodes-1): every node i sends to (i + r) mod nodes. With `shifts`,
+    only those rounds (each below `nodes`, once): a constant number of rounds whatever
+    the node count (`gpucheck preflight` runs shifts 1 and 2), enough to find one slow
+    node by elimination (gpucheck.comm.confirm), not every pair."""
+    wanted = range(1, nodes) if shifts is None else \
+        sorted({s for s in shifts if 0 < s < nodes})
+    return [[(i, (i + r) % nodes) for i in range(nodes)] for r in wanted]
 
 
 def rail_links(node_ranks: Sequence[Sequence[int]], src_node: int,
@@ -238,9 +244,10 @@ Measured = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # links received o
 
 
 def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
-                      device: str, repeats: int = 1) -> Measured:
-    """Run every round; return the links this rank received on, and what it timed of
-    the links it sent on (NCCL only)."""
+                      device: str, repeats: int = 1,
+                      shifts: Sequence[int] | None = None) -> Measured:
+    """Run every round (or only `shifts`: `round_schedule`); return the links this rank
+    received on, and what it timed of the links it sent on (NCCL only)."""
     import torch.distributed as dist
 
     from gpucheck.distributed import progress
@@ -253,7 +260,8 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
     delays = _delays(mine_node, node_ranks[mine_node].index(me))
     links: list[dict[str, Any]] = []
     sent: list[dict[str, Any]] = []
-    for r, pairs in enumerate(round_schedule(len(node_ranks)), start=1):
+    for pairs in round_schedule(len(node_ranks), shifts):
+        r = (pairs[0][1] - pairs[0][0]) % len(node_ranks)  # the round's shift
         progress.set_step(f"between nodes: round {r}")
         to = {s: d for _, s, d in rail_links(node_ranks, *pairs[mine_node])}
         src_node = (mine_node - r) % len(node_ranks)
@@ -329,14 +337,15 @@ def exchanges_for(suspects: Suspects) -> list[tuple[int, int]]:
 
 
 def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
-                  device: str, threshold: float, repeats: int) -> dict[str, Any]:
+                  device: str, threshold: float, repeats: int,
+                  shifts: Sequence[int] | None = None) -> dict[str, Any]:
     """The rounds, gathered on every rank; then the slow node pairs (and a suspect
     node's pairs), and the node pairs of slow rail links, measured again beside
     known-good ones (gpucheck.comm.node_links, gpucheck.peers; `rail_exchanges`).
     Rank 0's list of exchanges is broadcast, so every rank runs the same steps."""
     import torch.distributed as dist
 
-    links = _gather(measure_internode(roster, size_bytes, iters, device, repeats))
+    links = _gather(measure_internode(roster, size_bytes, iters, device, repeats, shifts))
     suspects = find_node_suspects(node_samples(node_pair_rows(links)), threshold)
     wanted = sorted(set(exchanges_for(suspects)) | set(rail_exchanges(links, threshold)))
     box: list[Any] = [wanted]

@@ -93,6 +93,19 @@ def stress_worker(spec: StressSpec) -> dict[str, Any] | None:
     return result if world.is_reporter else None
 
 
+def open_phases(spec: StressSpec, world: World) -> tuple[RankContext, dict[str, Any]]:
+    """This rank's context and the result its phases fill, inside `process_group`: for
+    commands that compose stress's phases (`gpucheck preflight`) with `run_phase`."""
+    ctx = _context(spec, world)
+    return ctx, _initial_result(ctx)
+
+
+def run_phase(name: str, ctx: RankContext, result: dict[str, Any]) -> None:
+    """One phase by name ("gemm", "membw", "sdc", ...), as `stress_worker` runs it."""
+    dict(_phases())[name](ctx, result)
+    result["phases_done"].append(name)
+
+
 def _phase_text(name: str, spec: StressSpec) -> str:
     """What the terminal shows during a phase: the burn-in says how long it lasts."""
     texts = {"membw": "membw (device memory bandwidth)",
