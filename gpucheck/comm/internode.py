@@ -73,7 +73,7 @@ def round_schedule(nodes: int, shifts: Sequence[int] | None = None,
     """Round r (1 .. nodes-1): every node i sends to (i + r) mod nodes. With `shifts`,
     only those rounds (each below `nodes`, once): a constant number of rounds whatever
     the node count (`gpucheck preflight` runs shifts 1 and 2), enough to find one slow
-    node by elimination (gpucheck.comm.confirm), not every pair."""
+    node by elimination (gpucheck.peers.eliminate), not every pair."""
     wanted = range(1, nodes) if shifts is None else \
         sorted({s for s in shifts if 0 < s < nodes})
     return [[(i, (i + r) % nodes) for i in range(nodes)] for r in wanted]
