@@ -18,7 +18,7 @@ gathered and the slowest one reported, never an average that hides it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -193,7 +193,8 @@ def _looks(suspects: Suspects, first: Samples, again: Samples | None,
 
 
 def _slow_pair(pair: Pair, look: SecondLook, suspects: Suspects, samples: Sequence[float],
-               threshold: float, name: Any, device: str, kind: str = "") -> Finding:
+               threshold: float, name: Callable[[int], str], device: str,
+               kind: str = "") -> Finding:
     src, dst = pair
     median = f"the node's median {kind} pair" if kind else "the node's median"
     text = (f"{name(src)} -> {name(dst)}: {max(samples):.3g} GB/s (best of {len(samples)}), "
@@ -203,7 +204,7 @@ def _slow_pair(pair: Pair, look: SecondLook, suspects: Suspects, samples: Sequen
 
 
 def _noisy(node: int, suspects: Suspects, pairs: Sequence[Mapping[str, Any]],
-           threshold: float, name: Any) -> Finding:
+           threshold: float, name: Callable[[int], str]) -> Finding:
     """Below the threshold, but no further below the median than repeated timings of
     one pair spread: the measurement cannot tell a slow pair from noise here."""
     listed = ", ".join(f"{name(a)} -> {name(b)}" for a, b in suspects.noisy[:4])
