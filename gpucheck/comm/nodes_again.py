@@ -38,13 +38,12 @@ class NodeFigures:
     what: str
     unit: str
     values: dict[NodeId, float]
-    higher_is_better: bool
+    better: Better  # HIGHER for bandwidth, LOWER for times
 
     def bound(self, fraction: float) -> Bound:
         """Worse than `fraction` x the reference: below it for bandwidth, above the
         reference / `fraction` for times."""
-        better = Better.HIGHER if self.higher_is_better else Better.LOWER
-        return Bound.fraction(fraction, better)
+        return Bound.fraction(fraction, self.better)
 
 
 def pair_medians(ranks: Sequence[Mapping[str, Any]],
@@ -69,10 +68,10 @@ def node_figures(ranks: Sequence[Mapping[str, Any]], pairs: Sequence[Mapping[str
     """The pairs' medians when 2+ nodes have pairs, else the largest all_reduce's time."""
     medians = pair_medians(ranks, pairs)
     if len(medians) >= 2:
-        return NodeFigures("pairs", "median pair bandwidth", "GB/s", medians, True)
+        return NodeFigures("pairs", "median pair bandwidth", "GB/s", medians, Better.HIGHER)
     times = dict(enumerate(all_reduce[-1]["rank_times_us"])) if all_reduce else {}
     return NodeFigures("all_reduce", "largest all_reduce time", "us",
-                       node_metric(ranks, times, combine=max), False)
+                       node_metric(ranks, times, combine=max), Better.LOWER)
 
 
 def again_figures(first: NodeFigures, ranks: Sequence[Mapping[str, Any]],
@@ -103,7 +102,7 @@ def slow_node_verdicts(figures: NodeFigures, fraction: float,
     """`slow_node_findings`' verdicts, each WARN with its second look (`again`: what
     the worker measured again, None when it did not)."""
     first = slow_node_findings(figures.values, CHECK, figures.what, figures.unit,
-                               figures.higher_is_better, fraction)
+                               figures.better is Better.HIGHER, fraction)
     second = again_figures(figures, ranks, again) if again else {}
     by_rank = {n.node_rank: n for n in figures.values}
     known = by_rank.get(int(again["known_good"])) if again else None
