@@ -1,6 +1,9 @@
 """Checks of the comm area: each id declared once (see gpucheck/checks/__init__.py).
 
-Generated from the old actions.RULES and the finding sites; edit freely from here on.
+Every slow figure of comm (a GPU pair, a node, a node pair, a rail link, the node they
+share) is one WARN made by `gpucheck.comm.looks.slow`, with its second look as data:
+`on_look` (SLOW_TWICE) decides it, confirmed `drain-node`, unstable and not measured
+again `rerun`; cause `cpu_ranks` (set on CPU ranks) outranks the look: `rerun`.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from gpucheck.actions import Action, Status
 from gpucheck.checks.check import SLOW_TWICE, Cause, Check
 
 A, W, F = Action, Status.WARN, Status.FAIL
+_CPU_RANKS = Cause("cpu_ranks", A.RERUN, "CPU ranks: a slow link or node is a busy or "
+                   "throttled process, not a NIC or a GPU")
 
 CHECKS: tuple[Check, ...] = (
     Check("comm.internode.shared_node", "Comm internode shared node",
@@ -18,10 +23,7 @@ CHECKS: tuple[Check, ...] = (
           "contention from other jobs, a cold start or the host's CPU can explain it, so confirm"
           " before acting; the hint says where to look when it repeats",
           "docs/comm.md#comm-internode-shared-node",
-          causes=(
-              Cause("cpu_ranks", A.RERUN,
-                    "CPU ranks: a slow link or node is a busy or throttled process, not a NIC or"
-                    " a GPU"),),
+          causes=(_CPU_RANKS,),
           on_look=SLOW_TWICE),
     Check("comm.internode.slow_pair", "Comm internode slow pair",
           "node-to-node and NIC-to-NIC bandwidth (gpucheck comm; nccl-tests by hand)",
@@ -30,10 +32,7 @@ CHECKS: tuple[Check, ...] = (
           " start or the host's CPU can explain it, so confirm before acting; the hint says "
           "where to look when it repeats",
           "docs/comm.md#comm-internode-slow-pair",
-          causes=(
-              Cause("cpu_ranks", A.RERUN,
-                    "CPU ranks: a slow link or node is a busy or throttled process, not a NIC or"
-                    " a GPU"),),
+          causes=(_CPU_RANKS,),
           on_look=SLOW_TWICE),
     Check("comm.internode.slow_rail", "Comm internode slow rail",
           "node-to-node and NIC-to-NIC bandwidth (gpucheck comm; nccl-tests by hand)",
@@ -42,10 +41,7 @@ CHECKS: tuple[Check, ...] = (
           " start or the host's CPU can explain it, so confirm before acting; the hint says "
           "where to look when it repeats",
           "docs/comm.md#comm-internode-slow-rail",
-          causes=(
-              Cause("cpu_ranks", A.RERUN,
-                    "CPU ranks: a slow link or node is a busy or throttled process, not a NIC or"
-                    " a GPU"),),
+          causes=(_CPU_RANKS,),
           on_look=SLOW_TWICE),
     Check("comm.nodes.slow_node", "Comm nodes slow node",
           "each node's collective bandwidth against the others' (gpucheck comm; nccl-tests by "
@@ -55,10 +51,7 @@ CHECKS: tuple[Check, ...] = (
           " host's CPU can explain it, so confirm before acting; the hint says where to look "
           "when it repeats",
           "docs/comm.md#comm-nodes-slow-node",
-          causes=(
-              Cause("cpu_ranks", A.RERUN,
-                    "CPU ranks: a slow link or node is a busy or throttled process, not a NIC or"
-                    " a GPU"),),
+          causes=(_CPU_RANKS,),
           on_look=SLOW_TWICE),
     Check("comm.pairwise.slow_pair", "Comm pairwise slow pair",
           "send/recv bandwidth of every GPU pair (gpucheck comm; nccl-tests by hand)",

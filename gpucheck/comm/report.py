@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.comm.aggregate import (
@@ -95,9 +95,9 @@ def _nodes_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section | N
     for row in table:
         row["largest_all_reduce_us"] = time_metric.get(NodeId(row["node_rank"], row["host"]))
     again = result.get("nodes_again")
-    findings = on_cpu_ranks(slow_node_verdicts(node_figures(ranks, pairs, rows),
-                                               verdicts.slow_node_fraction, again, ranks),
-                            str(result.get("device")))
+    findings = slow_node_verdicts(node_figures(ranks, pairs, rows),
+                                  verdicts.slow_node_fraction, again, ranks,
+                                  str(result.get("device")))
     data: dict[str, Any] = {"nodes": table}
     if again:
         data["measured again"] = again
@@ -127,24 +127,13 @@ def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section
         data["measured again"] = [r | {"src": labels[r["src_node"]],
                                        "dst": labels[r["dst_node"]]}
                                   for r in node_pair_rows(internode["again"])]
+    # On CPU ranks every slow figure carries cause cpu_ranks (gpucheck.comm.looks).
+    device = str(result.get("device"))
     findings = (internode_findings(rows, verdicts.pair_threshold, labels,
-                                   internode.get("again"))
+                                   internode.get("again"), device)
                 + rail_findings(internode["links"], verdicts.pair_threshold, labels,
-                                internode.get("again")))
-    return Section("internode", title, data, on_cpu_ranks(findings, str(result.get("device"))))
-
-
-def on_cpu_ranks(findings: list[Finding], device: str) -> list[Finding]:
-    """CPU ranks (gloo on the host): a link or node confirmed slow twice is a busy or
-    throttled process, not a NIC or a GPU, so it asks for a rerun, not a drain, as
-    comm.pairwise.slow_pair does on CPU ranks."""
-    if device != "cpu":
-        return findings
-    return [replace(f, action="rerun",
-                    hint=f"{f.hint} (CPU ranks: a busy or throttled process on the node, "
-                         "not its hardware)")
-            if f.action == "drain-node" and "confirmed:" in f.message else f
-            for f in findings]
+                                internode.get("again"), device))
+    return Section("internode", title, data, findings)
 
 
 def _transport_section(result: Mapping[str, Any]) -> Section:
