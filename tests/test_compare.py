@@ -102,7 +102,7 @@ def test_a_gpu_fewer_in_b_fails(tmp_path: Path) -> None:
 
 def test_a_schema_1_report_compares_with_a_schema_2_one(tmp_path: Path) -> None:
     code, report = compare(tmp_path, path("bench_v1"), path("bench"))
-    assert report["schema_version"] == 2 and code in (0, 1)
+    assert report["schema_version"] == 3 and code in (0, 1)
     assert set(rows(report)) == set(rows(compare(tmp_path, path("bench"), path("bench"))[1]))
 
 

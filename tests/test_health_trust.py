@@ -176,7 +176,7 @@ def test_the_state_is_written_by_rename_and_never_through_a_link_made_meanwhile(
 
 
 def test_the_worst_finding_of_many_thousand_is_the_first_most_severe():
-    findings = [warn("x.y", f"m{i}", "h", f"s{i}") for i in range(5_000)]
+    findings = [warn("gpu.busy", f"m{i}", "h", f"s{i}") for i in range(5_000)]
     report = Report(command="health")
     report.add(Section("s", "S", {}, findings))
     assert worst_finding(report).subject == "s0"

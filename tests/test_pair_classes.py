@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpucheck.actions import resolve_action
+from gpucheck.checks.legacy import resolve_action
 from gpucheck.comm.aggregate import pair_findings
 from gpucheck.comm.pairwise import second_look_steps
 from gpucheck.probes.nvml import Nvml

@@ -14,12 +14,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpucheck.actions import ACTIONS, resolve_action
+from gpucheck.actions import ACTIONS
 from gpucheck.analysis.facts import Fact, extract_facts
 from gpucheck.analysis.metrics import Metric, extract_metrics
+from gpucheck.checks.legacy import resolve_action
 from gpucheck.errors import UsageError
 from gpucheck.inputs import InputError, JsonProblem, parse_json, read_capped
+from gpucheck.measure import SecondLook
 from gpucheck.report import READABLE_SCHEMA_VERSIONS, Status
+from gpucheck.subject import Subject
 
 STATUSES = frozenset(s.value for s in Status)
 BASELINE_KIND = "gpucheck-baseline"
@@ -181,15 +184,32 @@ def _section_problem(sections: Any) -> str | None:
                     and finding["status"] in STATUSES):
                 return f"{where}.findings[{j}] has no check id or a status other than " \
                        f"{', '.join(sorted(STATUSES))}"
-            problem = _field_problem(finding, _FINDING_TEXT, f"{where}.findings[{j}]")
+            problem = _field_problem(finding, _FINDING_TEXT, f"{where}.findings[{j}]") \
+                or _data_problem(finding, f"{where}.findings[{j}]")
             if problem is not None:
                 return problem
     return None
 
 
+def _data_problem(finding: Mapping[str, Any], where: str) -> str | None:
+    """A subject that is not a string, damaged subject fields, or a damaged look."""
+    subject, fields, look = finding.get("subject"), finding.get("subject_fields"), \
+        finding.get("look")
+    if subject is not None and not isinstance(subject, str):
+        return f"{where}.subject is a JSON {_json_type(subject)}, not a string"
+    try:
+        if fields is not None:
+            Subject.from_dict(fields)
+        if look is not None:
+            SecondLook.from_dict(look)
+    except (TypeError, ValueError, KeyError) as exc:
+        return f"{where}: {str(exc)[:120]}"
+    return None
+
+
 # Text fields: a string or null where present; anything else is a damaged report.
 _REPORT_TEXT = ("host", "created_at", "tool_version")
-_FINDING_TEXT = ("message", "hint", "subject", "action")
+_FINDING_TEXT = ("message", "hint", "action", "cause")
 
 
 def _field_problem(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> str | None:
