@@ -19,7 +19,7 @@ from gpucheck import __version__
 from gpucheck.actions import ACTIONS, Action, Status
 from gpucheck.checks import Check, lookup
 from gpucheck.checks.legacy import legacy_action, resolve_action
-from gpucheck.measure import SecondLook
+from gpucheck.measure import Metric, SecondLook
 from gpucheck.subject import Kind, Subject
 
 # 3: findings carry "cause", "look" (a second look, as data) and "subject_fields", the
@@ -176,6 +176,9 @@ class Section:
     title: str
     data: dict[str, JsonValue] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+    # The section's figures as data (gpucheck.measure.Metric): what compare, fleet,
+    # baselines and charts read, never the display tables in `data`.
+    metrics: list[Metric] = field(default_factory=list)
 
     def verdict(self) -> Status | None:
         """The section's badge: its worst WARN or FAIL, else OK when anything was checked;
@@ -193,6 +196,7 @@ class Section:
             "title": self.title,
             "data": self.data,
             "findings": [f.to_dict() for f in self.findings],
+            "metrics": [m.to_dict() for m in self.metrics],
         }
 
     @classmethod
@@ -204,7 +208,17 @@ class Section:
             title=raw["title"],
             data=dict(raw.get("data") or {}),
             findings=[Finding.from_dict(f) for f in raw.get("findings") or []],
+            metrics=[Metric.from_dict(m) for m in _list_of(raw, "metrics")],
         )
+
+
+def _list_of(raw: dict[str, JsonValue], key: str) -> list[JsonValue]:
+    value = raw.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"{key!r} is {type(value).__name__}, not a list")
+    return value
 
 
 def _utc_now() -> str:
