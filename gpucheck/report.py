@@ -230,7 +230,7 @@ class SchemaVersionError(ValueError):
 
     def __init__(self, version: object) -> None:
         self.version = version
-        readable = " and ".join(map(str, READABLE_SCHEMA_VERSIONS))
+        readable = ", ".join(map(str, READABLE_SCHEMA_VERSIONS))
         super().__init__(f"unknown schema_version {version!r} (gpucheck {__version__} "
                          f"reads {readable}; a newer gpucheck wrote it?)")
 

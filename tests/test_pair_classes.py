@@ -104,7 +104,7 @@ def test_a_pair_slower_than_its_own_class_is_caught_and_confirmed(
     found = [f for f in p2p_findings(_node(rows), "node 0", 0.6) if f.status is Status.WARN]
     assert [(f.subject, f.action) for f in found] == [
         (f"node 0 cuda:{pair[0]}->cuda:{pair[1]}", "drain-node")]
-    assert "confirmed" in found[0].message
+    assert found[0].look is not None and found[0].look.state.value == "confirmed"
 
 
 def test_the_second_look_asks_for_known_good_pairs_of_the_same_class() -> None:

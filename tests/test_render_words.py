@@ -58,3 +58,15 @@ def test_without_data_the_hint_loses_only_a_prefix_that_repeats_its_action() -> 
     assert hint_words(repeated) == "wait" and message_words(repeated) == "m"
     caused = warn("bench.rank.straggler", "m", "action: drain-node: look", cause="host_stall")
     assert hint_words(caused) == "look"
+
+
+def test_prometheus_and_line_read_the_fields_of_structured_subjects() -> None:
+    gpu = subject.gpu(3, "the third card", bus_id="00000000:9A:00.0")
+    port = subject.port("mlx5_0/1", "left rail")
+    report = Report("health", [Section("s", "S", findings=[
+        warn("gpu.pcie.width", "x8 of x16", "reseat", gpu),
+        warn("ib.port.rate", "HDR of NDR", "reseat", port)])], host="n1")
+    metrics = render(report, "prometheus")
+    assert 'subject="the third card",gpu="3",hca="",port=""' in metrics
+    assert 'subject="left rail",gpu="",hca="mlx5_0",port="1"' in metrics
+    assert "GPU 3 (bus 00000000:9A:00.0): gpu.pcie.width" in render(report, "line")

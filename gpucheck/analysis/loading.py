@@ -150,7 +150,7 @@ def check_report_shape(path: str, raw: Any) -> None:
         raise ReportError(path, f"is a damaged gpucheck report ({problem})")
     version = raw.get("schema_version")
     if isinstance(version, bool) or version not in READABLE_SCHEMA_VERSIONS:
-        readable = " and ".join(map(str, READABLE_SCHEMA_VERSIONS))
+        readable = ", ".join(map(str, READABLE_SCHEMA_VERSIONS))
         raise ReportError(path, f"has unknown schema_version {version!r} (this gpucheck "
                                 f"reads {readable}; a newer gpucheck wrote it?)")
     problem = _section_problem(raw.get("sections"))
