@@ -6,23 +6,23 @@ charts painted bars red under 0.9 x the median while stress on CPU warns under 0
 - stress `gemm` and `membw`: `peer_threshold` and `expected_threshold` in the
   section's data (the --peer-threshold and --expected-threshold the verdicts used),
   against each row's `vs_peers` (its value / its node's median) and `vs_expected`.
-  Reports without them: the ranks the section's WARN/FAIL findings name.
 - bench `timing`: the ranks its WARN/FAIL findings name (the straggler check judges
-  a rank's pace against the others', not its images/s against a line).
+  a rank's pace against the others', not its images/s against a line): a finding's
+  structured subject (its `rank` field), or a subject known only by its words that
+  are exactly a rank's own ("rank 2"); never a pattern over the words.
 - `baseline` (a load command run with --baseline): its `limits` rows, metric -> limit.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from gpucheck import subject
 from gpucheck.render.values import is_table
 from gpucheck.report import Report, Section, Status
-
-_RANK_SUBJECT = re.compile(r"rank (\d+)$")
+from gpucheck.subject import Kind
 
 
 def number(value: Any) -> float | None:
@@ -46,11 +46,29 @@ def baseline_limits(report: Report) -> dict[str, float]:
     return limits
 
 
-def flagged_ranks(section: Section) -> set[str]:
-    """`rank N` for every rank a WARN or FAIL finding of `section` names."""
-    return {f"rank {match.group(1)}" for f in section.findings
-            if f.status in (Status.WARN, Status.FAIL) and f.subject
-            and (match := _RANK_SUBJECT.match(f.subject))}
+def flagged_ranks(section: Section, ranks: Iterable[int] = ()) -> set[str]:
+    """`rank N` (the bar's label) for every rank a WARN or FAIL finding of `section` is
+    about: a rank subject's `rank` field; a subject known only by its words when they
+    are a rank's own words (`ranks`: the section's ranks, its metrics' ranks too)."""
+    known = set(ranks) | {m.subject.rank for m in section.metrics
+                          if m.subject is not None and m.subject.rank is not None}
+    by_words = {subject.rank(n).label: n for n in known}
+    found = set()
+    for f in section.findings:
+        who = f.subject
+        if f.status not in (Status.WARN, Status.FAIL) or who is None or isinstance(who, str):
+            continue
+        rank = who.rank if who.kind is Kind.RANK else None
+        if who.kind is Kind.TEXT:
+            rank = by_words.get(who.label)
+        if rank is not None:
+            found.add(f"rank {rank}")
+    return found
+
+
+def rank_numbers(rows: list[dict[str, Any]]) -> list[int]:
+    return [r["rank"] for r in rows
+            if isinstance(r.get("rank"), int) and not isinstance(r.get("rank"), bool)]
 
 
 def rank_baseline(rows: list[dict[str, Any]], limits: Mapping[str, float],
@@ -74,8 +92,8 @@ class PeerRule:
         self.expected = number(section.data.get("expected_threshold"))
 
     def flagged(self, rows: list[dict[str, Any]]) -> set[str]:
-        if self.peer is None:  # a report from before the thresholds were kept
-            return flagged_ranks(self.section)
+        if self.peer is None:  # no threshold in the data: what the findings flagged
+            return flagged_ranks(self.section, rank_numbers(rows))
         return {f"rank {r['rank']}" for r in rows if self._below(r)}
 
     def _below(self, row: dict[str, Any]) -> bool:

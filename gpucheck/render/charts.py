@@ -16,7 +16,13 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpucheck.render.chart_rules import PeerRule, baseline_limits, flagged_ranks, rank_baseline
+from gpucheck.render.chart_rules import (
+    PeerRule,
+    baseline_limits,
+    flagged_ranks,
+    rank_baseline,
+    rank_numbers,
+)
 from gpucheck.render.values import fmt_bytes, fmt_value, is_table
 from gpucheck.report import Report, Section
 
@@ -133,7 +139,7 @@ def _comm_chart(report: Report) -> LineSpec | None:
             if size is not None and busbw is not None and size > 0:
                 points.append((size, busbw))
                 metric = f"comm.{_short(section.name)}.busbw_gbps@{int(size)}"
-                if metric in limits:  # the name gpucheck.analysis.metrics gives it
+                if metric in limits:  # the metric's key (Metric.key())
                     floor.append((size, limits[metric]))
         if points:
             series[section.name] = sorted(points)
@@ -165,7 +171,7 @@ def _bench_chart(report: Report) -> BarSpec | None:
             bars = _per_rank(rows, "images_per_s")
             if bars:
                 spec.groups[section.name] = bars
-                spec.flagged[section.name] = flagged_ranks(section)
+                spec.flagged[section.name] = flagged_ranks(section, rank_numbers(rows))
                 spec.baseline[section.name] = rank_baseline(
                     rows, limits, lambda rank: f"bench.images_per_s.rank{rank}")
     return spec if spec.groups else None

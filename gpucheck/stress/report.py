@@ -9,8 +9,10 @@ from typing import Any
 
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
+from gpucheck.measured import attach
 from gpucheck.numa import cpulist, on_node, parse_cpulist
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
+from gpucheck.stress.metrics import stress_metrics
 from gpucheck.stress.p2p_verdicts import p2p_findings
 from gpucheck.stress.power import power_findings, reach
 from gpucheck.stress.sdc import BOUND_WORDS, beyond, judge
@@ -52,6 +54,7 @@ def stress_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Secti
     if "p2p" in done and result.get("p2p"):
         sections.append(_p2p_section(result, verdicts))
     sections.append(faults_of(result))
+    attach(sections, stress_metrics(result), {})  # stress.<phase>.*: the phase's section
     return sections
 
 
