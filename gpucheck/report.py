@@ -208,8 +208,15 @@ class Section:
             title=raw["title"],
             data=dict(raw.get("data") or {}),
             findings=[Finding.from_dict(f) for f in raw.get("findings") or []],
-            metrics=[Metric.from_dict(m) for m in _list_of(raw, "metrics")],
+            metrics=[_metric(m) for m in _list_of(raw, "metrics")],
         )
+
+
+def _metric(raw: JsonValue) -> Metric:
+    try:
+        return Metric.from_dict(raw)
+    except OverflowError:  # an integer too large for a float: a damaged file
+        raise ValueError("a metric's value is too large") from None
 
 
 def _list_of(raw: dict[str, JsonValue], key: str) -> list[JsonValue]:
