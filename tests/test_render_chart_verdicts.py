@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from gpucheck.analysis.baseline import Baseline, Expected
-from gpucheck.analysis.metrics import HIGHER
 from gpucheck.commands.baseline_option import baseline_section
+from gpucheck.measure import Better
 from gpucheck.render.chart_rules import flagged_ranks
 from gpucheck.render.charts import (
     FLAGGED_COLOR,
@@ -125,7 +125,7 @@ def test_bench_bars_are_red_exactly_for_the_ranks_the_straggler_check_named() ->
 
 def with_baseline(report: Report, limits: dict[str, float]) -> Report:
     """`report` judged against a baseline holding `limits` (metric -> floor)."""
-    baseline = Baseline(0.1, {name: Expected(limit / 0.9, limit, HIGHER, "", 5, 0.0)
+    baseline = Baseline(0.1, {name: Expected(limit / 0.9, limit, Better.HIGHER, "", 5, 0.0)
                               for name, limit in limits.items()})
     report.add(baseline_section(report, baseline))
     return report
