@@ -39,11 +39,11 @@ def headline_rows(report: Report) -> list[dict[str, str]]:
         for metric in section.metrics:  # the first of one key, as compare reads them
             metrics.setdefault(metric.key(), metric)
     pools: dict[str, list[Metric]] = {}
-    for metric in metrics.values():
+    for _, metric in sorted(metrics.items()):  # by key, as compare lists them
         pools.setdefault(metric.name, []).append(metric)
     rows = [row for pool, members in pools.items()
             if (row := _row(pool, members)) is not None]
-    rows += peak_busbw_rows(metrics)
+    rows += peak_busbw_rows(dict(sorted(metrics.items())))
     # bench, comm, stress; in each, the whole job's figures before the slowest rank's.
     return sorted(rows, key=lambda r: (_ORDER.get(r["figure"].split(" ", 1)[0], 9),
                                        "slowest" in r["figure"]))
