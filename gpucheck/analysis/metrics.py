@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from gpucheck.measure import Better, Metric
@@ -101,4 +100,6 @@ def slot_subject(metric: Metric) -> Subject | None:
     words = slot_words(metric)
     if metric.subject is None or words is None:
         return None
-    return replace(metric.subject, label=words)
+    who = metric.subject
+    return Subject(who.kind, words, rank=who.rank, gpu=who.gpu, bus_id=who.bus_id,
+                   uuid=who.uuid, node=who.node, host=who.host, peer=who.peer, port=who.port)

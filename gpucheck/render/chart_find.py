@@ -10,6 +10,7 @@ draw is left out with a one-line note: a chart must never cost the report.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,7 +101,7 @@ def _short(name: str) -> str:
 
 
 def _rows(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
-    value = data.get(key)
+    value: Any = data.get(key)
     return value if is_table(value) else []
 
 
@@ -176,8 +177,8 @@ def _stress_charts(report: Report) -> list[BarSpec]:
                               "TFLOP/s")
             for dtype in dict.fromkeys(str(r.get("dtype")) for r in rows):
                 mine = [r for r in rows if str(r.get("dtype")) == dtype]
-                _add_group(spec, section, dtype, mine, key, rank_baseline(
-                    mine, limits, lambda rank, d=dtype: f"stress.gemm.{d}.tflops.rank{rank}"))
+                _add_group(spec, section, dtype, mine, key,
+                           rank_baseline(mine, limits, _gemm_key(dtype)))
             if spec.groups:
                 charts.append(spec)
         elif _short(section.name) == "membw":
@@ -188,6 +189,11 @@ def _stress_charts(report: Report) -> list[BarSpec]:
             if spec.groups:
                 charts.append(spec)
     return charts
+
+
+def _gemm_key(dtype: str) -> Callable[[int], str]:
+    """A rank's GEMM metric key (`Metric.key()`) for `dtype`."""
+    return lambda rank: f"stress.gemm.{dtype}.tflops.rank{rank}"
 
 
 def _rule_bars(section: Section, rows: list[dict[str, Any]], title: str,

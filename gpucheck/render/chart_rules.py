@@ -22,7 +22,7 @@ from typing import Any
 from gpucheck import subject
 from gpucheck.render.values import is_table
 from gpucheck.report import Report, Section, Status
-from gpucheck.subject import Kind
+from gpucheck.subject import Kind, Subject
 
 
 def number(value: Any) -> float | None:
@@ -38,7 +38,7 @@ def baseline_limits(report: Report) -> dict[str, float]:
     for section in report.sections:
         if section.name.rsplit(".", 1)[-1] != "baseline":
             continue
-        rows = section.data.get("limits")
+        rows: Any = section.data.get("limits")
         for row in rows if is_table(rows) else []:
             limit = number(row.get("limit"))
             if limit is not None and isinstance(row.get("metric"), str):
@@ -56,7 +56,7 @@ def flagged_ranks(section: Section, ranks: Iterable[int] = ()) -> set[str]:
     found = set()
     for f in section.findings:
         who = f.subject
-        if f.status not in (Status.WARN, Status.FAIL) or who is None or isinstance(who, str):
+        if f.status not in (Status.WARN, Status.FAIL) or not isinstance(who, Subject):
             continue
         rank = who.rank if who.kind is Kind.RANK else None
         if who.kind is Kind.TEXT:
