@@ -202,6 +202,8 @@ def test_the_same_problem_on_another_nodes_gpu_is_not_new(tmp_path: Path) -> Non
     assert [(c["change"], c["subject"]) for c in
             section(other_slot, "findings")["data"]["changes"]] == [
         ("new in B", "gpu0"), ("gone in B", "gpu1")]
+    [new] = [f for f in findings(other_slot, "compare.findings") if f["status"] == "WARN"]
+    assert (new["subject_fields"]["kind"], new["subject_fields"]["gpu"]) == ("gpu", 0)
 
 
 @pytest.mark.parametrize("command", ["compare", "fleet"])

@@ -213,15 +213,22 @@ def _missing(table: list[dict[str, Any]]) -> list[Finding]:
 
 # --- findings ----------------------------------------------------------------------
 
+def _subject_of(finding: Mapping[str, Any]) -> Subject | None:
+    """The finding's subject: its fields when the report has them (schema 3), else its
+    words (loading.py has checked both)."""
+    fields, label = finding.get("subject_fields"), finding.get("subject")
+    if isinstance(fields, Mapping):
+        return Subject.from_dict(fields)
+    return Subject.of(label) if isinstance(label, str) else None
+
+
 def _subject_key(finding: Mapping[str, Any]) -> str:
     """The slot a finding is about: its subject's position ("gpu3", "rank1"), so "GPU 3"
     on two nodes is one slot whatever its bus id and UUID; else the subject's words."""
-    fields = finding.get("subject_fields")
-    if isinstance(fields, Mapping):
-        made = Subject.from_dict(fields)
-        if made.kind is not Kind.TEXT:
-            return made.position() or made.label
-    return str(finding.get("subject") or "")
+    made = _subject_of(finding)
+    if made is None:
+        return ""
+    return (made.position() if made.kind is not Kind.TEXT else None) or made.label
 
 
 def _problems(side: Side) -> dict[tuple[str, str, str], Mapping[str, Any]]:
@@ -256,5 +263,5 @@ def _change_row(change: str, f: Mapping[str, Any]) -> dict[str, Any]:
 def _new_problem(f: Mapping[str, Any]) -> Finding:
     hint = f.get("hint") if isinstance(f.get("hint"), str) else None
     return Finding("compare.findings", Status(f["status"]), f"new in B: {f['check']}: "
-                   f"{f.get('message')}", hint or "see B's report", f.get("subject"),
+                   f"{f.get('message')}", hint or "see B's report", _subject_of(f),
                    action=finding_action(f))
