@@ -1,16 +1,15 @@
-"""The charts of the HTML report, found in the report (drawn by gpucheck.render.charts).
+"""The charts of the HTML report, found in the report (drawn by gpucheck.render.charts):
+the bars and lines are the sections' metrics (`Section.metrics`), the colours and
+lines the verdicts' own thresholds and findings (gpucheck.render.chart_rules).
 
 Finding a chart's data (`find_charts`) is plain Python and never imports matplotlib.
-Data is found defensively by the section's
-name (its last dotted part, so `gpucheck all`'s `comm.all_reduce` counts) and the
-row keys; a section that does not have them gives no chart. A chart that fails to
-draw is left out with a one-line note: a chart must never cost the report.
+Sections are found by name (the last dotted part, so `gpucheck all`'s
+`comm.all_reduce` counts); a section without the metrics gives no chart.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +17,6 @@ from gpucheck.render.chart_rules import (
     PeerRule,
     baseline_limits,
     flagged_ranks,
-    rank_baseline,
-    rank_numbers,
 )
 from gpucheck.render.values import is_table
 from gpucheck.report import Report, Section
@@ -121,13 +118,13 @@ def _comm_chart(report: Report) -> LineSpec | None:
     limits = baseline_limits(report)
     for section in report.sections:
         points, floor = [], []
-        for row in _rows(section.data, "results"):
-            size, busbw = _number(row.get("size_bytes")), _number(row.get("busbw_gbps"))
-            if size is not None and busbw is not None and size > 0:
-                points.append((size, busbw))
-                metric = f"comm.{_short(section.name)}.busbw_gbps@{int(size)}"
-                if metric in limits:  # the metric's key (Metric.key())
-                    floor.append((size, limits[metric]))
+        family = f"comm.{_short(section.name)}.busbw_gbps@"
+        for metric in section.metrics:
+            size = metric.name.removeprefix(family)
+            if metric.name.startswith(family) and size.isdigit() and int(size) > 0:
+                points.append((float(size), metric.value))
+                if metric.key() in limits:
+                    floor.append((float(size), limits[metric.key()]))
         if points:
             series[section.name] = sorted(points)
         if floor:
@@ -137,13 +134,18 @@ def _comm_chart(report: Report) -> LineSpec | None:
     return LineSpec("Bus bandwidth by message size", "busbw (GB/s)", series, baseline)
 
 
-def _per_rank(rows: list[dict[str, Any]], key: str) -> list[tuple[str, float]]:
-    bars = []
-    for row in rows:
-        value = _number(row.get(key))
-        if value is not None and row.get("rank") is not None:
-            bars.append((f"rank {row['rank']}", value))
-    return bars
+def _per_rank(section: Section, name: str) -> list[tuple[str, float]]:
+    """`rank N` -> the section's `name` metric of rank N, in rank order."""
+    found = sorted((m.subject.rank, m.value) for m in section.metrics
+                   if m.name == name and m.subject is not None and m.subject.rank is not None)
+    return [(f"rank {rank}", value) for rank, value in found]
+
+
+def _rank_limits(section: Section, name: str, limits: dict[str, float]) -> dict[str, float]:
+    """`rank N` -> the baseline's limit of that rank's `name` metric, where it has one."""
+    return {f"rank {m.subject.rank}": limits[m.key()] for m in section.metrics
+            if m.name == name and m.subject is not None and m.subject.rank is not None
+            and m.key() in limits}
 
 
 def _bench_chart(report: Report) -> BarSpec | None:
@@ -154,13 +156,12 @@ def _bench_chart(report: Report) -> BarSpec | None:
     limits = baseline_limits(report)
     for section in report.sections:
         if _short(section.name) == "timing":
-            rows = _rows(section.data, "ranks")
-            bars = _per_rank(rows, "images_per_s")
+            bars = _per_rank(section, "bench.images_per_s")
             if bars:
                 spec.groups[section.name] = bars
-                spec.flagged[section.name] = flagged_ranks(section, rank_numbers(rows))
-                spec.baseline[section.name] = rank_baseline(
-                    rows, limits, lambda rank: f"bench.images_per_s.rank{rank}")
+                spec.flagged[section.name] = flagged_ranks(section)
+                spec.baseline[section.name] = _rank_limits(section, "bench.images_per_s",
+                                                           limits)
     return spec if spec.groups else None
 
 
@@ -172,28 +173,19 @@ def _stress_charts(report: Report) -> list[BarSpec]:
     for section in report.sections:
         rows = _rows(section.data, "results")
         if _short(section.name) == "gemm":
-            key = "tflops_p50" if any("tflops_p50" in r for r in rows) else "tflops"
             spec = _rule_bars(section, rows, "GEMM TFLOP/s per rank (median product)",
                               "TFLOP/s")
             for dtype in dict.fromkeys(str(r.get("dtype")) for r in rows):
                 mine = [r for r in rows if str(r.get("dtype")) == dtype]
-                _add_group(spec, section, dtype, mine, key,
-                           rank_baseline(mine, limits, _gemm_key(dtype)))
+                _add_group(spec, section, dtype, mine, f"stress.gemm.{dtype}.tflops", limits)
             if spec.groups:
                 charts.append(spec)
         elif _short(section.name) == "membw":
-            key = "gbps_p50" if any("gbps_p50" in r for r in rows) else "gbps"
             spec = _rule_bars(section, rows, "Memory bandwidth per rank", "GB/s")
-            _add_group(spec, section, "", rows, key, rank_baseline(
-                rows, limits, lambda rank: f"stress.membw.gbps.rank{rank}"))
+            _add_group(spec, section, "", rows, "stress.membw.gbps", limits)
             if spec.groups:
                 charts.append(spec)
     return charts
-
-
-def _gemm_key(dtype: str) -> Callable[[int], str]:
-    """A rank's GEMM metric key (`Metric.key()`) for `dtype`."""
-    return lambda rank: f"stress.gemm.{dtype}.tflops.rank{rank}"
 
 
 def _rule_bars(section: Section, rows: list[dict[str, Any]], title: str,
@@ -204,16 +196,17 @@ def _rule_bars(section: Section, rows: list[dict[str, Any]], title: str,
 
 
 def _add_group(spec: BarSpec, section: Section, group: str, rows: list[dict[str, Any]],
-               key: str, baseline: dict[str, float]) -> None:
-    """One panel of a stress chart, coloured and lined by the section's own thresholds."""
-    bars = _per_rank(rows, key)
+               name: str, limits: dict[str, float]) -> None:
+    """One panel of a stress chart: the bars are the section's `name` metrics, coloured
+    and lined by the section's own thresholds (its rows' `vs_peers`, `vs_expected`)."""
+    bars = _per_rank(section, name)
     if not bars:
         return
     rule = PeerRule(section)
     spec.groups[group] = bars
     spec.flagged[group] = rule.flagged(rows)
-    spec.limits[group] = rule.limits(rows, key)
-    spec.baseline[group] = baseline
+    spec.limits[group] = rule.limits(dict(bars), rows)
+    spec.baseline[group] = _rank_limits(section, name, limits)
 
 
 def _fleet_chart(report: Report) -> RangeSpec | None:

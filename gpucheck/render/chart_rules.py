@@ -10,13 +10,16 @@ charts painted bars red under 0.9 x the median while stress on CPU warns under 0
   a rank's pace against the others', not its images/s against a line): a finding's
   structured subject (its `rank` field), or a subject known only by its words that
   are exactly a rank's own ("rank 2"); never a pattern over the words.
-- `baseline` (a load command run with --baseline): its `limits` rows, metric -> limit.
+- `baseline` (a load command run with --baseline): its `limits` rows, metric key ->
+  limit, matched to the bars by their metrics' keys.
+
+The bars themselves are the sections' metrics (gpucheck.render.chart_find).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpucheck import subject
@@ -71,17 +74,6 @@ def rank_numbers(rows: list[dict[str, Any]]) -> list[int]:
             if isinstance(r.get("rank"), int) and not isinstance(r.get("rank"), bool)]
 
 
-def rank_baseline(rows: list[dict[str, Any]], limits: Mapping[str, float],
-                  metric: Callable[[int], str]) -> dict[str, float]:
-    """Bar label -> the baseline limit of that rank's metric, where the baseline has one."""
-    found = {}
-    for row in rows:
-        rank = row.get("rank")
-        if isinstance(rank, int) and metric(rank) in limits:
-            found[f"rank {rank}"] = limits[metric(rank)]
-    return found
-
-
 class PeerRule:
     """stress's rule for one section: a rank is flagged below `peer` x its node's median
     or `expected` x its GPU model's typical figure (`gpucheck.stress.verdicts`)."""
@@ -102,13 +94,15 @@ class PeerRule:
         return peers or (vs_expected is not None and self.expected is not None
                          and vs_expected < self.expected)
 
-    def limits(self, rows: list[dict[str, Any]], key: str) -> dict[str, float]:
-        """Bar label -> where the peer WARN starts for it: `peer` x its node's median."""
+    def limits(self, bars: Mapping[str, float], rows: list[dict[str, Any]]
+               ) -> dict[str, float]:
+        """Bar label -> where the peer WARN starts for it: `peer` x its node's median
+        (the bar's value over its row's `vs_peers`, the ratio the verdict used)."""
         found = {}
         for row in rows:
-            value, vs_peers = number(row.get(key)), number(row.get("vs_peers"))
-            if self.peer is not None and value is not None and vs_peers:
-                found[f"rank {row['rank']}"] = self.peer * value / vs_peers
+            label, vs_peers = f"rank {row.get('rank')}", number(row.get("vs_peers"))
+            if self.peer is not None and label in bars and vs_peers:
+                found[label] = self.peer * bars[label] / vs_peers
         return found
 
     def describe(self, rows: list[dict[str, Any]]) -> str:
