@@ -179,6 +179,8 @@ class Section:
     title: str
     data: dict[str, JsonValue] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+    # The section's figures as data (gpucheck.measure.Metric): what compare, fleet,
+    # baselines and charts read, never the display tables in `data`.
     metrics: list[Metric] = field(default_factory=list)
 
     def verdict(self) -> Status | None:
@@ -209,8 +211,24 @@ class Section:
             title=raw["title"],
             data=dict(raw.get("data") or {}),
             findings=[Finding.from_dict(f) for f in raw.get("findings") or []],
-            metrics=[Metric.from_dict(m) for m in raw.get("metrics") or []],
+            metrics=[_metric(m) for m in _list_of(raw, "metrics")],
         )
+
+
+def _metric(raw: JsonValue) -> Metric:
+    try:
+        return Metric.from_dict(raw)
+    except OverflowError:  # an integer too large for a float: a damaged file
+        raise ValueError("a metric's value is too large") from None
+
+
+def _list_of(raw: dict[str, JsonValue], key: str) -> list[JsonValue]:
+    value = raw.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"{key!r} is {type(value).__name__}, not a list")
+    return value
 
 
 def _utc_now() -> str:

@@ -16,12 +16,11 @@ from typing import Any
 
 from gpucheck.actions import ACTIONS
 from gpucheck.analysis.facts import Fact, extract_facts
-from gpucheck.analysis.metrics import Metric, extract_metrics
+from gpucheck.analysis.metrics import metrics_of
 from gpucheck.checks.legacy import resolve_action
 from gpucheck.errors import UsageError
 from gpucheck.inputs import InputError, JsonProblem, parse_json, read_capped
-from gpucheck.measure import Metric as MeasuredMetric  # analysis.metrics has its own, S4
-from gpucheck.measure import SecondLook
+from gpucheck.measure import Metric, SecondLook
 from gpucheck.report import READABLE_SCHEMA_VERSIONS, Status
 from gpucheck.subject import Subject
 
@@ -105,7 +104,7 @@ def load_report(path: str) -> LoadedReport:
     raw = _read_json(path)
     check_report_shape(path, raw)
     try:
-        metrics, facts = extract_metrics(raw), extract_facts(raw)
+        metrics, facts = metrics_of(raw), extract_facts(raw)
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as exc:
         # The trust boundary: a value of the wrong type deep in a section (a table
         # replaced by a number) is this file's fault, named, never a traceback.
@@ -202,7 +201,7 @@ def _metrics_problem(metrics: Any, where: str) -> str | None:
         return f"{where}.metrics is not a list"
     for i, metric in enumerate(metrics):
         try:
-            MeasuredMetric.from_dict(metric)
+            Metric.from_dict(metric)
         except (TypeError, ValueError, KeyError) as exc:
             return f"{where}.metrics[{i}]: {str(exc)[:120]}"
     return None

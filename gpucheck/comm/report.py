@@ -13,11 +13,13 @@ from gpucheck.comm.aggregate import (
     pair_matrix,
 )
 from gpucheck.comm.internode_verdicts import internode_findings, node_pair_rows, rail_findings
+from gpucheck.comm.metrics import comm_metrics
 from gpucheck.comm.nccl_log import transport_view
 from gpucheck.comm.nodes_again import node_figures, pair_medians, slow_node_verdicts
 from gpucheck.distributed.nodes import NodeId, group_by_node, node_metric, nodes_rows
 from gpucheck.distributed.placement import numa_findings
 from gpucheck.faults import gpu_names, run_faults_section
+from gpucheck.measured import attach
 from gpucheck.report import Finding, Section, skip
 from gpucheck.units import human_bytes as human_bytes  # its old home, re-exported
 
@@ -174,4 +176,5 @@ def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section
     sections.append(_internode_section(result, verdicts))
     sections.append(_transport_section(result))
     sections.append(faults_of(result))
+    attach(sections, comm_metrics(result), {})  # comm.<collective> / comm.pairwise
     return sections
