@@ -2,7 +2,7 @@
 
 The versions, GPU models and counts and environment variables that should match
 between nodes are the multi-node env comparison's own list
-(`gpucheck.distributed.envgather.node_facts`), so `gpucheck env` under torchrun,
+(`gpucheck.envfacts.node_facts`), so `gpucheck env` under torchrun,
 compare and fleet agree on what counts as drift. The run settings (batch size,
 ranks, message sizes, ...) are added here: two runs that differ in them measure
 different things.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.analysis.metrics import rows, section_kind
-from gpucheck.distributed.envgather import node_facts
+from gpucheck.envfacts import node_facts
 
 VERSION, HARDWARE, ENVIRONMENT, SETUP = "version", "hardware", "environment", "setup"
 KINDS = (VERSION, HARDWARE, ENVIRONMENT, SETUP)

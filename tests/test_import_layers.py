@@ -1,0 +1,130 @@
+"""The import layers of docs/DESIGN.md 2.6, read from the source with ast.
+
+Every import of every module under gpucheck/ counts, wherever it sits (top level,
+inside a function, under TYPE_CHECKING): a layer that reaches across once is coupled.
+ruff's banned-api rule (pyproject.toml) keeps render out of probes and workers at lint
+time; this table holds the rest.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "gpucheck"
+
+# Floor 1: these import nothing of gpucheck but each other (a Metric names its Subject).
+FLOOR_ONE = tuple(f"gpucheck.{name}" for name in
+                  ("stats", "measure", "subject", "units", "errors", "escape", "envfacts"))
+
+# (modules the rule covers, by prefix; imports they must not make, by prefix; why)
+RULES: tuple[tuple[tuple[str, ...], tuple[str, ...], str], ...] = (
+    (("gpucheck.bench",), ("gpucheck.stress", "gpucheck.comm"),
+     "bench imports neither stress nor comm (shared code lives in stats/peers)"),
+    (("gpucheck.stress",), ("gpucheck.comm",), "stress does not import comm"),
+    (("gpucheck.comm",), ("gpucheck.stress", "gpucheck.bench"),
+     "comm imports neither stress nor bench"),
+    (("gpucheck.distributed", "gpucheck.bench.worker", "gpucheck.stress.worker",
+      "gpucheck.comm.worker", "gpucheck.preflight.worker"), ("gpucheck.render",),
+     "the ranks and the launch layer never render"),
+    (("gpucheck.analysis",), ("torch", "gpucheck.distributed", "gpucheck.bench",
+                              "gpucheck.comm", "gpucheck.stress"),
+     "the report readers work on report files only: no torch, no launch or load layer"),
+    (("gpucheck.render",), ("gpucheck.analysis",), "render draws reports, never analyses"),
+)
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _covers(prefix: str, name: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def imports_of(path: Path, root: Path) -> Iterator[tuple[int, str]]:
+    """(line, absolute module name) of each import in one file, relative ones resolved."""
+    module = _module_name(path, root)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[:len(base) - node.level + 1]
+                name = ".".join([*base, node.module] if node.module else base)
+            else:
+                name = node.module or ""
+            # `from gpucheck import render` imports gpucheck.render.
+            for alias in node.names:
+                yield node.lineno, f"{name}.{alias.name}"
+
+
+def violations(root: Path = PACKAGE) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        module = _module_name(path, root)
+        for line, name in imports_of(path, root):
+            for owners, banned, why in RULES:
+                if any(_covers(owner, module) for owner in owners) and \
+                        any(_covers(prefix, name) for prefix in banned):
+                    where = path.relative_to(root.parent)
+                    found.append(f"{where}:{line} imports {name}: {why}")
+            if module in FLOOR_ONE and _covers("gpucheck", name) and \
+                    not any(_covers(floor, name) for floor in FLOOR_ONE):
+                where = path.relative_to(root.parent)
+                found.append(f"{where}:{line} imports {name}: floor 1 imports only floor 1")
+    return found
+
+
+def test_no_import_crosses_a_layer() -> None:
+    assert violations() == []
+
+
+def test_the_floor_one_prefix_agrees_with_the_env_probe() -> None:
+    # envfacts repeats the one prefix rather than import probes (it is on floor 1).
+    from gpucheck.envfacts import OWN_PREFIX
+    from gpucheck.probes.envvars import OWN_PREFIX as PROBE_PREFIX
+
+    assert OWN_PREFIX == PROBE_PREFIX
+
+
+@pytest.mark.parametrize(("module", "source", "expected"), [
+    ("bench/pace.py", "from gpucheck.stress.timing import percentile\n", "gpucheck.stress"),
+    ("analysis/facts.py", "from gpucheck.distributed import envgather\n",
+     "gpucheck.distributed"),
+    ("analysis/noise.py", "def f():\n    import torch\n", "torch"),
+    ("render/text.py", "from ..analysis import compare\n", "gpucheck.analysis"),
+    ("comm/worker.py", "from gpucheck import render\n", "gpucheck.render"),
+    ("stats.py", "from gpucheck.report import Finding\n", "gpucheck.report"),
+])
+def test_a_crossing_is_caught_and_named(tmp_path: Path, module: str, source: str,
+                                        expected: str) -> None:
+    tree = tmp_path / "gpucheck"
+    target = tree / module
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(source, encoding="utf-8")
+    found = violations(tree)
+    assert len(found) == 1 and f"imports {expected}" in found[0], found
+    assert found[0].startswith(f"gpucheck/{module}:")
+
+
+@pytest.mark.parametrize(("module", "source"), [
+    ("bench/pace.py", "from gpucheck.stats import percentile\n"),
+    ("analysis/facts.py", "from gpucheck.envfacts import node_facts\n"),
+    ("render/text.py", "from gpucheck.report import Report\n"),
+    ("stats.py", "import math\n"),
+    ("measure.py", "from gpucheck.subject import Subject\n"),
+])
+def test_an_allowed_import_passes(tmp_path: Path, module: str, source: str) -> None:
+    target = tmp_path / "gpucheck" / module
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(source, encoding="utf-8")
+    assert violations(tmp_path / "gpucheck") == []
