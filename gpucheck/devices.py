@@ -16,9 +16,11 @@ torch is passed in or imported lazily: importing this module never starts CUDA.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 
 def cuda_device_count(torch: Any) -> int:
@@ -153,7 +155,8 @@ class GpuIdentity:
         return asdict(self)
 
 
-def _ask_nvml(bus_id: str | None, nvml: Any | None, read: Any) -> Any:
+def _ask_nvml(bus_id: str | None, nvml: Any | None,
+              read: Callable[[Any, Any], _T]) -> _T | None:
     """`read(nvml, handle)` for the GPU at this PCI address; None when NVML cannot tell."""
     if not bus_id:
         return None
@@ -189,7 +192,7 @@ def _mig_visible() -> bool:
     return os.environ.get("CUDA_VISIBLE_DEVICES", "").strip().startswith("MIG-")
 
 
-def cuda_identity(torch: Any, ordinal: int, nvml: Any | None = None) -> GpuIdentity:
+def cuda_identity(torch: Any, ordinal: int, nvml: Any = None) -> GpuIdentity:
     """Name cuda:<ordinal> of this process by NVML index, bus id and UUID (a MIG
     instance's as "MIG-...")."""
     props = torch.cuda.get_device_properties(ordinal)

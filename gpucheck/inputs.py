@@ -19,7 +19,7 @@ import os
 import stat
 import zlib
 from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 MIB = 1024**2
 # A report of 8 GPUs' stress with every table is well under 1 MiB; 32 MiB leaves room
@@ -79,7 +79,13 @@ def read_capped(path: str, limit: int = REPORT_MAX_BYTES, follow: bool = True) -
     return data
 
 
-def bounded_lines(handle: BinaryIO, limit: int, max_line: int = MAX_LINE_BYTES,
+class LineReader(Protocol):
+    """What bounded_lines reads: a binary file, or a GzipFile (not a BinaryIO)."""
+
+    def readline(self, size: int = -1, /) -> bytes: ...
+
+
+def bounded_lines(handle: LineReader, limit: int, max_line: int = MAX_LINE_BYTES,
                   what: str = "") -> Iterator[bytes]:
     """The lines of `handle`, none longer than `max_line` (a longer one comes in
     pieces); InputError once more than `limit` bytes were read."""

@@ -180,4 +180,5 @@ def cpu_reference(model: str, weights: WeightsChoice, dtype: str, images_dir: st
     net = bench_model.build_model(model, weights).to(low).float()
     batch = data.load_tensor(images_dir, tuple(files)).to(low).float()
     with torch.inference_mode():
-        return net(batch.contiguous(memory_format=torch.channels_last))
+        logits: torch.Tensor = net(batch.contiguous(memory_format=torch.channels_last))
+    return logits

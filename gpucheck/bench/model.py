@@ -143,7 +143,7 @@ def build_model(name: str, weights: WeightsChoice) -> torch.nn.Module:
     import torchvision
 
     torch.manual_seed(WEIGHT_SEED)
-    model = torchvision.models.get_model(name, weights=None)
+    model: torch.nn.Module = torchvision.models.get_model(name, weights=None)
     if weights.path is not None:
         state = torch.load(weights.path, map_location="cpu", weights_only=True)
         model.load_state_dict(state)

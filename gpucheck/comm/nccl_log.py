@@ -75,7 +75,11 @@ def _kind(via: str) -> str:
 
 
 def parse_nccl_log(text: str) -> Transport:
-    network, oob, ib, sockets, via = None, None, [], [], {}
+    network: str | None = None
+    oob: str | None = None
+    ib: list[tuple[str, str]] = []
+    sockets: list[str] = []
+    via: dict[str, int] = {}
     for line in text.splitlines():
         if m := _USING_NETWORK.search(line):
             network = m.group(1)

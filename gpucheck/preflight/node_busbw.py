@@ -113,7 +113,7 @@ def looks(figures: Mapping[int, Mapping[str, Any]], wanted: Mapping[str, Any],
         now = None if again is None or node not in again else float(again[node]["busbw_gbps"])
         for reason in reasons:
             if reason == "peers":
-                ref = None if again is None or good not in again else \
+                ref = None if again is None or good is None or good not in again else \
                     float(again[good]["busbw_gbps"])
                 bound = Bound.fraction(SLOW_NODE_FRACTION, Better.HIGHER)
                 against: tuple[Any, ...] = () if good is None else (subject.node(good),)

@@ -63,7 +63,7 @@ class Run:
     world: World
     budget: Budget
     result: dict[str, Any]
-    stress: Any = None  # (stress RankContext, stress result) once opened
+    stress: tuple[Any, dict[str, Any]] | None = None  # (stress RankContext, result) once opened
 
 
 def preflight_worker(spec: PreflightSpec) -> dict[str, Any]:
@@ -83,12 +83,13 @@ def preflight_worker(spec: PreflightSpec) -> dict[str, Any]:
             run.result["faults"] = faultwatch.gather()
             decision = _decide(run)
         guarded.close()  # agreed: the hand-over has its own bound (handoff)
+        on_rank0 = store_on_rank0(world)
         out = {"decision": decision, "result": run.result if world.rank == 0 else None,
-               "store_on_rank0": store_on_rank0(world)}
+               "store_on_rank0": on_rank0}
         if decision["go"]:
             from gpucheck.preflight.handoff import release_store
 
-            release_store(job_store(), world, out["store_on_rank0"])
+            release_store(job_store(), world, on_rank0)
     return out
 
 
