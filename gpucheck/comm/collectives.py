@@ -117,6 +117,15 @@ class Work(Protocol):
     def block_current_stream(self) -> None: ...
 
 
+def started(work: Work | None) -> Work:
+    """The handle of a collective launched with `async_op=True`. torch types some of
+    them `Work | None` (None is the blocking call's answer); an async launch without a
+    handle would leave nothing to wait on, so it is an error, not a silent pass."""
+    if work is None:
+        raise RuntimeError("torch.distributed returned no Work handle for an async_op call")
+    return work
+
+
 class Clock(Protocol):
     """Marks the start and the end of a batch; `seconds` waits for the end mark."""
 
@@ -261,7 +270,8 @@ def _torch_op(current: str, older: str) -> Callable[..., Any]:
     which torch before 2.14 does not have."""
     import torch.distributed as dist
 
-    return getattr(dist, current, None) or getattr(dist, older)
+    op: Callable[..., Any] = getattr(dist, current, None) or getattr(dist, older)
+    return op
 
 
 Case = tuple[Callable[[], Work], Callable[[], int]]  # the timed launch, the check
@@ -330,7 +340,7 @@ def _all_to_all(count: int, rank: int, world: int, where: str) -> Case:
         expected = torch.cat([pattern(r, count, where)[rank * chunk:(rank + 1) * chunk]
                               for r in range(world)])
         return _wrong(out, expected)
-    return (lambda: dist.all_to_all_single(out, buf, async_op=True)), check
+    return (lambda: started(dist.all_to_all_single(out, buf, async_op=True))), check
 
 
 def _broadcast(count: int, rank: int, world: int, where: str) -> Case:
@@ -344,7 +354,7 @@ def _broadcast(count: int, rank: int, world: int, where: str) -> Case:
         buf.copy_(pattern(rank, count, where))
         dist.broadcast(buf, 0)
         return _wrong(buf, pattern(0, count, where))
-    return (lambda: dist.broadcast(buf, 0, async_op=True)), check
+    return (lambda: started(dist.broadcast(buf, 0, async_op=True))), check
 
 
 CASES: dict[str, Callable[[int, int, int, str], Case]] = {

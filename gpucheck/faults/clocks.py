@@ -32,7 +32,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from gpucheck.faults.counters import LOST_KINDS, NvmlDoor
+from gpucheck.faults.counters import LOST_KINDS
+from gpucheck.probes.gpu_read import NvmlDoor
 from gpucheck.probes.gpus import CLOCK_REASONS
 from gpucheck.probes.nvml import NvmlFailure
 

@@ -13,21 +13,9 @@ available" (the GPU is lost, the driver hangs) raises `NvmlFailure`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from gpucheck.probes.gpu_read import ALL_LINKS, BANK_FIELDS, read_fields
-
-
-class NvmlDoor(Protocol):
-    """What the watcher needs of the doorway: `Nvml`, or `Nvml` with its calls metered."""
-
-    @property
-    def module(self) -> Any: ...
-
-    def call(self, name: str, *args: Any, **kwargs: Any) -> Any: ...
-
-    def get(self, name: str, *args: Any, default: Any = None, **kwargs: Any) -> Any: ...
-
+from gpucheck.probes.gpu_read import ALL_LINKS, BANK_FIELDS, NvmlDoor, read_fields
 
 # Failures that mean the GPU (or the driver) stopped answering: a fault, never n/a.
 LOST_KINDS = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired", "Timeout")
@@ -185,12 +173,15 @@ def active_links(nvml: NvmlDoor, handle: Any) -> tuple[int, ...] | None:
     return tuple(links)
 
 
+PerLink = dict[int, dict[str, int]]  # link -> NVLink error counter -> count
+
+
 def _nvlink_errors(nvml: NvmlDoor, handle: Any,
-                   links: tuple[int, ...]) -> tuple[dict[str, int | None], dict[int, dict]]:
+                   links: tuple[int, ...]) -> tuple[dict[str, int | None], PerLink]:
     """Each error counter summed over `links`; None when no link has it."""
     m = nvml.module
     totals: dict[str, int | None] = dict.fromkeys(NVLINK_ERRORS)
-    per_link: dict[int, dict[str, int]] = {}
+    per_link: PerLink = {}
     for link in links:
         for name, constant in NVLINK_ERRORS.items():
             counter = getattr(m, constant, _NVLINK_DEFAULTS[constant])
@@ -217,7 +208,7 @@ def read_snapshot(nvml: NvmlDoor, handle: Any,
     now_active = active_links(nvml, handle)
     values["nvlink_active_links"] = None if now_active is None else len(now_active)
     links = now_active if error_links is None else error_links
-    per_link: dict[int, dict[str, int]] = {}
+    per_link: PerLink = {}
     values.update(dict.fromkeys(NVLINK_ERRORS))
     if links:
         errors, per_link = _nvlink_errors(nvml, handle, links)

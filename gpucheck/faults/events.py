@@ -21,7 +21,8 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.faults.counters import LOST_KINDS, NvmlDoor
+from gpucheck.faults.counters import LOST_KINDS
+from gpucheck.probes.gpu_read import NvmlDoor
 from gpucheck.probes.nvml import NvmlFailure
 
 MAX_EVENTS_PER_POLL = 64  # a storm cannot keep one tick busy for long
@@ -64,7 +65,8 @@ class EventWatch:
         return sorted(self._bits.values()) if self._bits else None
 
     def _supported(self) -> int | None:
-        return self._nvml.get("nvmlDeviceGetSupportedEventTypes", self._handle)
+        mask: int | None = self._nvml.get("nvmlDeviceGetSupportedEventTypes", self._handle)
+        return mask
 
     def open(self) -> None:
         """Create the set and register each supported kind; n/a (with `reason`) when

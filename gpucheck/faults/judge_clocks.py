@@ -34,7 +34,7 @@ def _slowdown_shares(clocks: Mapping[str, Any]) -> dict[str, tuple[float, float 
     fractions = clocks.get("fractions") or {}
     counters = clocks.get("slowdown_ms") or {}
     window_s = clocks.get("window_s") or 0.0
-    shares = {}
+    shares: dict[str, tuple[float, float | None]] = {}
     for reason in BAD_CLOCK_REASONS:
         if reason == "hw_slowdown":  # no counter; only its held, corroborated samples
             shares[reason] = (_hw_held_share(clocks), None)

@@ -152,16 +152,18 @@ class FaultWatch:
             return
         if not self._attach():
             return
+        door, meter = self._door, self._meter
+        assert door is not None and meter is not None  # _attach set both
         try:
             self._identify()
-            self._before = read_snapshot(self._door, self._handle)
-            self._slow["start"] = read_slowdown_ns(self._door, self._handle)
-            self._events = EventWatch(self._meter, self._handle)
+            self._before = read_snapshot(door, self._handle)
+            self._slow["start"] = read_slowdown_ns(door, self._handle)
+            self._events = EventWatch(meter, self._handle)
             self._events.open()
         except NvmlFailure as exc:
             self._record(exc, "before the run")
             return
-        self._clocks = ClockReader(self._meter, self._handle)
+        self._clocks = ClockReader(meter, self._handle)
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
@@ -305,7 +307,8 @@ class FaultWatch:
         """After the thread: the events queued since its last tick, then the counters.
         Nothing is read from a GPU that was lost (it would only fail again)."""
         try:
-            if self._handle is not None and not self._lost():
+            # A handle means _attach opened the door.
+            if self._handle is not None and self._door is not None and not self._lost():
                 self._drain_events()
                 links = self._before.links if self._before is not None else None
                 self._after = read_snapshot(self._door, self._handle, links)
@@ -316,7 +319,7 @@ class FaultWatch:
                 self._events.close()
 
     def _read_slowdown(self, phase: str) -> dict[str, int | None] | None:
-        if self._handle is None or self._lost():
+        if self._handle is None or self._door is None or self._lost():
             return None
         try:
             return read_slowdown_ns(self._door, self._handle)

@@ -69,7 +69,7 @@ def _watch_order(jobs: Mapping[str, list[RankProcess]]) -> list[tuple[str, RankP
 
 def _me() -> str:
     try:
-        return psutil.Process().username()
+        return str(psutil.Process().username())
     except psutil.Error:
         return ""
 

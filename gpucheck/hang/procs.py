@@ -222,7 +222,7 @@ def _read_in_time(path: str) -> bytes:
 
 def _owner(proc: psutil.Process) -> str:
     try:
-        return proc.username()
+        return str(proc.username())
     except (KeyError, psutil.AccessDenied):  # a uid with no name: the number
         return str(proc.uids().real)
 

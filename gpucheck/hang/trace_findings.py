@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpucheck.hang.trace_verdict import GroupVerdict, judge_group
-from gpucheck.hang.traces import MISSING, dump_files, groups, load
+from gpucheck.hang.traces import Call, dump_files, groups, load
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
 _DESYNC_HINT = ("the ranks call collectives in different orders or with different "
@@ -55,8 +55,8 @@ def nothing_recorded(dumps: dict[int, dict[str, Any]]) -> Finding:
 
 
 def group_row(v: GroupVerdict) -> dict[str, Any]:
-    expected = v.expected.describe() if v.expected is not None and v.expected != MISSING \
-        else v.expected
+    # A Call, or MISSING, or None (no majority).
+    expected = v.expected.describe() if isinstance(v.expected, Call) else v.expected
     return {"group": v.group, "desc": v.desc, "ranks": len(v.members),
             "recorded": f"#{v.first_seq}..#{v.last_seq}" if v.first_seq is not None else None,
             "first_mismatch": v.diverge_seq, "expected": expected,

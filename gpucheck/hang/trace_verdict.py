@@ -67,7 +67,10 @@ def judge_group(group: GroupTrace, dumped: set[int]) -> GroupVerdict:
         if len(set(values.values())) > 1:
             _diverged(verdict, seq, values, calls)
             break
-        verdict.last_agreed = (seq, next(iter(values.values())))  # type: ignore[assignment]
+        agreed = next(iter(values.values()))
+        # Every rank holds the same value at a number some rank recorded: a Call.
+        if isinstance(agreed, Call):
+            verdict.last_agreed = (seq, agreed)
     done = [group.completed[r] for r in ranks if r in group.completed]
     if done and len(done) == len(ranks):
         verdict.last_completed_by_all = min(done)

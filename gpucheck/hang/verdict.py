@@ -105,7 +105,7 @@ def gpu_waiting(views: list[RankView]) -> list[Culprit]:
     launching their part. Without GPU figures, or with every rank busy (a long
     step), nobody is named."""
     busy = [v for v in views if v.steady and (_sm_util(v) or 0) >= BUSY_PCT and v.where]
-    sites = Counter(v.where for v in busy).most_common(1)
+    sites = Counter(v.where for v in busy if v.where is not None).most_common(1)
     if not sites or 2 * sites[0][1] <= len(views):
         return []
     site, count = sites[0]

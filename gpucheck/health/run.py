@@ -196,8 +196,10 @@ def _remember(options: HealthOptions, report: Report, new: HealthState,
     assert options.state_dir is not None
     data = merged(options.state_dir, options.consumer, new, added, cleared)
     problem = write_state(options.state_dir, data)
+    health = report.section("health")
+    assert health is not None  # the report this run built has it
     if problem is not None:
-        report.section("health").findings.append(warn(  # type: ignore[union-attr]
+        health.findings.append(warn(
             "health.state", f"the state could not be saved ({problem}): the next run "
             "raises again what this one raised", "check the state dir's disk and rights"))
 

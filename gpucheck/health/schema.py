@@ -34,29 +34,35 @@ def _need(ok: bool, where: str, what: str) -> None:
         raise Damaged(f"{where} is not {what}")
 
 
+# The readers below test with isinstance in an `if` (not through _need) so that the
+# type checker knows what they return.
 def _dict(value: Any, where: str, most: int = 64) -> dict[str, Any]:
-    _need(isinstance(value, dict) and len(value) <= most, where, f"an object (<= {most} keys)")
+    if not isinstance(value, dict) or len(value) > most:
+        raise Damaged(f"{where} is not an object (<= {most} keys)")
     return value
 
 
-def _text(value: Any, where: str, optional: bool = True) -> str | None:
-    if value is None and optional:
-        return None
-    _need(isinstance(value, str) and len(value) <= MAX_TEXT, where, "a short string")
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str) or len(value) > MAX_TEXT:
+        raise Damaged(f"{where} is not a short string")
     return value
+
+
+def _text(value: Any, where: str) -> str | None:
+    return None if value is None else _str(value, where)
 
 
 def _int(value: Any, where: str) -> int | None:
     if value is None:
         return None
-    _need(isinstance(value, int) and not isinstance(value, bool) and value >= 0, where,
-          "a whole number")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise Damaged(f"{where} is not a whole number")
     return value
 
 
 def _texts(value: Any, where: str, most: int) -> list[str]:
     _need(isinstance(value, list) and len(value) <= most, where, f"a list (<= {most} items)")
-    return [_text(v, f"{where}[]", optional=False) for v in value]  # type: ignore[misc]
+    return [_str(v, f"{where}[]") for v in value]
 
 
 def cursor(value: Any, where: str) -> dict[str, Any]:
@@ -95,7 +101,7 @@ def consumer_part(value: Any, where: str) -> dict[str, Any]:
     ports = _dict(raw.get("ib_ports") or {}, f"{where}.ib_ports", MAX_PORTS)
     return {"boot_id": _text(raw.get("boot_id"), f"{where}.boot_id"),
             "kernel_log": cursor(raw.get("kernel_log"), f"{where}.kernel_log"),
-            "ib_ports": {_text(k, f"{where}.ib_ports key", False): _port(v, f"{where}.ib_ports")
+            "ib_ports": {_str(k, f"{where}.ib_ports key"): _port(v, f"{where}.ib_ports")
                          for k, v in ports.items()},
             "last": _last(raw.get("last"), f"{where}.last")}
 
@@ -104,7 +110,7 @@ def fault(value: Any, where: str) -> dict[str, Any]:
     """One fault still reported (gpucheck.health.faults): every field a short string."""
     raw = _dict(value, where)
     for key in ("key", "check", "status", "action", "message", "since"):
-        _text(raw.get(key), f"{where}.{key}", optional=False)
+        _str(raw.get(key), f"{where}.{key}")
     for key in ("subject", "hint", "boot_id"):
         _text(raw.get(key), f"{where}.{key}")
     _need(raw["status"] in ("WARN", "FAIL"), f"{where}.status", "WARN or FAIL")
@@ -130,7 +136,7 @@ def checked_state(raw: Any) -> dict[str, Any]:
     _need(version in (1, 2) and not isinstance(version, bool), "its version",
           "one this gpucheck wrote (1 or 2)")
     gpus = _dict(top.get("gpus") or {}, "gpus")
-    out = {"gpus": {"most_seen": _int(gpus.get("most_seen"), "gpus.most_seen")}}
+    out: dict[str, Any] = {"gpus": {"most_seen": _int(gpus.get("most_seen"), "gpus.most_seen")}}
     if version == 1:  # one consumer: the "default" one
         out.update(faults=[], baseline={}, consumers={"default": consumer_part(
             {k: top.get(k) for k in ("boot_id", "kernel_log", "ib_ports", "last")}, "the file")})

@@ -101,7 +101,8 @@ def _reworded(finding: Finding, reported_before: int) -> Finding:
 
 
 def xid_section(log: KernelLog | None, cursor: dict[str, Any], same_boot: bool,
-                gpus: Sequence[GpuRecord], error: str | None = None) -> tuple[Section, dict]:
+                gpus: Sequence[GpuRecord],
+                error: str | None = None) -> tuple[Section, dict[str, Any]]:
     """The kernel-log section of the new lines, and the cursor to remember (the old one
     when no log could be read: nothing was seen, nothing moves)."""
     if log is None or log.source is None:

@@ -12,7 +12,7 @@ import glob
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from gpucheck.numa import SYSFS, cpulist, read_local_cpus, read_numa_node
 from gpucheck.probes.fabric import read_fabric
@@ -20,6 +20,18 @@ from gpucheck.probes.gpu_record import CLOCK_REASONS, DriverInfo, GpuRecord
 from gpucheck.probes.nvml import Nvml, NvmlFailure
 
 K = TypeVar("K")  # read_fields' names for the fields it reads
+
+
+class NvmlDoor(Protocol):
+    """What a reader needs of the doorway: `Nvml`, or `Nvml` with its calls metered (the
+    fault watcher's)."""
+
+    @property
+    def module(self) -> Any: ...
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any: ...
+
+    def get(self, name: str, *args: Any, default: Any = None, **kwargs: Any) -> Any: ...
 NVIDIA_PCI_VENDOR = "0x10de"
 PCI_DISPLAY_CLASSES = ("0x0300", "0x0302")
 # NVML_GPU_RECOVERY_ACTION_* (pynvml; nvmlDeviceGpuRecoveryAction_t) -> our words.
@@ -110,7 +122,8 @@ def _process_list(nvml: Nvml, fn: str, handle: Any) -> list[Any] | None:
     NVML API reference): asked once more, then n/a, never a failed GPU."""
     for _ in range(2):
         try:
-            return nvml.get(fn, handle)
+            processes: list[Any] | None = nvml.get(fn, handle)
+            return processes
         except NvmlFailure as exc:
             if exc.kind != "NVMLError_InsufficientSize":
                 raise
@@ -217,7 +230,7 @@ def _member(value: Any) -> float | int | None:
     return None if member is None else getattr(value.value, member)
 
 
-def read_fields(nvml: Nvml, handle: Any,
+def read_fields(nvml: NvmlDoor, handle: Any,
                 wanted: Mapping[K, tuple[str, int]]) -> dict[K, float | int | None]:
     """Several `nvmlDeviceGetFieldValues` fields in one call: name -> (pynvml constant,
     scopeId: 0, a link, or ALL_LINKS). None per field where pynvml lacks the constant
@@ -234,7 +247,7 @@ def read_fields(nvml: Nvml, handle: Any,
     return out
 
 
-def field_value(nvml: Nvml, handle: Any, constant: str) -> float | int | None:
+def field_value(nvml: NvmlDoor, handle: Any, constant: str) -> float | int | None:
     """One `nvmlDeviceGetFieldValues` field, named by its pynvml constant; None when
     pynvml lacks the constant or NVML answers the field's own error (a driver that
     does not know the field id answers NVML_ERROR_NOT_SUPPORTED for it)."""

@@ -46,7 +46,7 @@ def copy_gbps(torch: Any, src: Any, dst: Any) -> float:
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
         if elapsed >= COPY_BUDGET_S or copies >= 100:
-            return src.numel() * src.element_size() * copies / elapsed / 1e9
+            return float(src.numel() * src.element_size() * copies / elapsed / 1e9)
 
 
 def check_one_gpu(torch: Any, index: int) -> dict[str, Any]:

@@ -108,7 +108,8 @@ def _phase1(nvml_timeout_s: float, environ: Mapping[str, str],
 def _torch_parts(outcome: Outcome) -> tuple[Section, TorchInfo]:
     if outcome.error is not None:
         return crashed_section("torch", outcome.error), TorchInfo(error=outcome.error)
-    return outcome.value
+    parts: tuple[Section, TorchInfo] = outcome.value  # probe_torch's return
+    return parts
 
 
 def _nvml_parts(outcome: Outcome) -> tuple[list[Section], NvmlResult | None]:
@@ -127,7 +128,8 @@ def _gpu_test(info: TorchInfo, enabled: bool, nvml_gpus: list[GpuRecord],
     outcome = run_concurrently({"gpu_test": lambda: probe_gputest(torch, enabled, nvml_gpus,
                                                                   run)}, timeout)["gpu_test"]
     if outcome.error is None:
-        return outcome.value
+        section: Section = outcome.value  # probe_gputest's return
+        return section
     hung = run.current
     if hung is None:  # failed before or after any GPU: the probe itself broke
         return crashed_section("gpu_test", outcome.error)

@@ -161,7 +161,8 @@ def burn(rank: int, dtype: str, n: int, device: Any, kind: str, duration_s: floa
         deadline = time.monotonic() + duration_s
         started = time.perf_counter()
         while len(times) < MIN_REPEATS or time.monotonic() < deadline:
-            marks, counts = Marks(kind), []
+            marks = Marks(kind)
+            counts: list[torch.Tensor] = []  # per product: its wrong rows, on the device
             marks.mark()
             for _ in range(chunk):
                 torch.matmul(a, b, out=out)
