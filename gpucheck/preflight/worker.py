@@ -63,7 +63,7 @@ class Run:
     world: World
     budget: Budget
     result: dict[str, Any]
-    stress: tuple[Any, dict[str, Any]] | None = None  # (stress RankContext, result) once opened
+    stress: Any = None  # (stress RankContext, stress result) once opened
 
 
 def preflight_worker(spec: PreflightSpec) -> dict[str, Any]:
@@ -169,7 +169,8 @@ def _stress(run: Run) -> tuple[Any, dict[str, Any]]:
             membw_window_s=spec.gemm_window_s, pin_numa=False, fault_watch=False,
             peer_fraction=spec.peer_fraction, expected_fraction=spec.expected_fraction)
         run.stress = open_phases(stress_spec, run.world)
-    return run.stress
+    opened: tuple[Any, dict[str, Any]] = run.stress
+    return opened
 
 
 def _stress_phase(name: str) -> Callable[[Run], dict[str, Any]]:
