@@ -169,8 +169,7 @@ def _stress(run: Run) -> tuple[Any, dict[str, Any]]:
             membw_window_s=spec.gemm_window_s, pin_numa=False, fault_watch=False,
             peer_fraction=spec.peer_fraction, expected_fraction=spec.expected_fraction)
         run.stress = open_phases(stress_spec, run.world)
-    opened: tuple[Any, dict[str, Any]] = run.stress
-    return opened
+    return run.stress
 
 
 def _stress_phase(name: str) -> Callable[[Run], dict[str, Any]]:
