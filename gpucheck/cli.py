@@ -2,9 +2,10 @@
 
 Each command lives in `gpucheck.commands.<name>` (listed in
 `gpucheck.commands.registry`) and provides `HELP`,
-`add_arguments(parser)` and `run(args) -> Report | None` (None on a rank that
-does not report, e.g. every rank but 0 under torchrun). Command modules are
-imported only when chosen, so `gpucheck --help` never imports torch.
+`add_arguments(parser)` and `run(args, ctx) -> Report | None` (None on a rank that
+does not report, e.g. every rank but 0 under torchrun). `ctx` (gpucheck.context) holds
+what the run is given; `main` gives the defaults, tests call `program` with theirs.
+Command modules are imported only when chosen, so `gpucheck --help` never imports torch.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, TextIO
 from gpucheck import __version__
 from gpucheck.commands import registry
 from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
+from gpucheck.context import RunContext, RunOptions
 from gpucheck.distributed import caught, terminal
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
 from gpucheck.escape import encodable
@@ -127,16 +129,21 @@ def _write_files(report: Report, formats: dict[str, str]) -> list[tuple[str, Usa
 
 
 def main(argv: list[str] | None = None) -> int:
+    return program(argv, RunOptions())
+
+
+def program(argv: list[str] | None, options: RunOptions) -> int:
+    """Run one command line with `options` (tests pass their hooks here); the exit code."""
     try:
         args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     except registry.BadOption as exc:
         print(exc, file=sys.stderr)
         return EXIT_USAGE
     with signals_as_interrupts():
-        return _run(args)
+        return _run(args, RunContext(options))
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, ctx: RunContext) -> int:
     module = registry.command_module(args.command)
     try:
         outputs = outputs_of(args)
@@ -146,7 +153,7 @@ def _run(args: argparse.Namespace) -> int:
             check_writable(path)
         baseline = read_baseline_option(args)
         terminal.configure(terminal.wanted(args.quiet))  # progress on stderr, rank 0 only
-        report = module.run(args)
+        report = module.run(args, ctx)
         if report is None:
             return 0
         if baseline is not None:

@@ -14,6 +14,7 @@ import pytest
 from gpucheck.comm.report import Verdicts as CommVerdicts
 from gpucheck.comm.report import comm_sections
 from gpucheck.commands import bench as bench_command
+from gpucheck.context import TestHooks
 from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.session import process_group
 from gpucheck.faults import run_faults_section, slowdown_causes
@@ -26,6 +27,7 @@ from tests.fake_pynvml import FakeGpu, FakeNvml
 
 BUS = "00000000:9A:00.0"
 XID = 0x8  # nvmlEventTypeXidCriticalError
+WATCHED = (BUS,)  # this one rank watches fake GPU 1 (TestHooks.fault_bus)
 LABEL = f"GPU 1 (NVIDIA H200, bus {BUS}, GPU-00000001-0000-0000-0000-000000000000)"
 
 
@@ -34,7 +36,6 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
     """Two fake H200s; this CPU rank watches GPU 1 through the test-only bus override."""
     fake = FakeNvml([FakeGpu(bus_id="00000000:18:00.0"), FakeGpu(bus_id=BUS)])
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
-    monkeypatch.setenv(faultwatch.TEST_BUS_VAR, BUS)
     progress.reset()
     return fake
 
@@ -55,7 +56,7 @@ def doorways(monkeypatch: pytest.MonkeyPatch) -> list[Nvml]:
 
 def test_the_frame_watches_the_rank_through_one_doorway_and_gathers_its_result(
         fake: FakeNvml, doorways: list[Nvml]) -> None:
-    with process_group("gloo", "cpu", 30) as world:
+    with process_group("gloo", "cpu", 30, fault_bus=WATCHED) as world:
         faultwatch.mark_start()
         assert fake.deliver_event(1, XID, 79) == 1
         faultwatch.mark_end()
@@ -70,7 +71,8 @@ def test_the_frame_watches_the_rank_through_one_doorway_and_gathers_its_result(
 
 def test_a_failed_run_publishes_rank_zeros_result_with_its_partial_results(
         fake: FakeNvml) -> None:
-    with pytest.raises(RuntimeError, match="simulated"), process_group("gloo", "cpu", 30):
+    with pytest.raises(RuntimeError, match="simulated"), \
+            process_group("gloo", "cpu", 30, fault_bus=WATCHED):
         progress.publish_partial({"measured": 1})
         fake.deliver_event(1, XID, 79)
         raise RuntimeError("simulated failure in the load")
@@ -83,7 +85,7 @@ def test_a_failed_run_publishes_rank_zeros_result_with_its_partial_results(
 
 def test_no_fault_watch_opens_no_doorway_and_reports_every_rank_as_off(
         fake: FakeNvml, doorways: list[Nvml]) -> None:
-    with process_group("gloo", "cpu", 30, fault_watch=False):
+    with process_group("gloo", "cpu", 30, fault_watch=False, fault_bus=WATCHED):
         faultwatch.mark_start()
         faultwatch.mark_end()
         results = faultwatch.gather()
@@ -92,8 +94,7 @@ def test_no_fault_watch_opens_no_doorway_and_reports_every_rank_as_off(
 
 
 def test_a_cpu_rank_without_the_override_opens_no_doorway(
-        fake: FakeNvml, doorways: list[Nvml], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(faultwatch.TEST_BUS_VAR)
+        fake: FakeNvml, doorways: list[Nvml]) -> None:
     with process_group("gloo", "cpu", 30):
         (result,) = faultwatch.gather()
     assert doorways == []
@@ -101,11 +102,11 @@ def test_a_cpu_rank_without_the_override_opens_no_doorway(
 
 
 @pytest.mark.parametrize(("value", "rank", "expected"), [
-    ("", 0, None), ("A,,B", 0, "A"), ("A,,B", 1, None), ("A,,B", 2, "B"), ("A", 5, None)])
+    ((), 0, None), (("A", None, "B"), 0, "A"), (("A", None, "B"), 1, None),
+    (("A", None, "B"), 2, "B"), (("A",), 5, None)])
 def test_the_test_bus_override_gives_each_rank_its_own_entry(
-        monkeypatch: pytest.MonkeyPatch, value: str, rank: int, expected: str | None) -> None:
-    monkeypatch.setenv(faultwatch.TEST_BUS_VAR, value)
-    assert faultwatch.test_bus_id(rank) == expected
+        value: tuple[str | None, ...], rank: int, expected: str | None) -> None:
+    assert TestHooks(fault_bus=value).bus_id(rank) == expected
 
 
 def _watched(rank: int, fractions: dict[str, float], samples: int = 10,
@@ -151,7 +152,7 @@ def test_ranks_whose_watch_did_not_come_back_are_named_not_dropped() -> None:
 
 
 def test_a_failure_before_any_result_still_reports_rank_zeros_faults(fake: FakeNvml) -> None:
-    with pytest.raises(RuntimeError), process_group("gloo", "cpu", 30):
+    with pytest.raises(RuntimeError), process_group("gloo", "cpu", 30, fault_bus=WATCHED):
         fake.deliver_event(1, XID, 79)
         raise RuntimeError("simulated failure before the first measurement")
     partial = progress.local_partial()
@@ -167,7 +168,8 @@ def test_a_failure_before_any_result_still_reports_rank_zeros_faults(fake: FakeN
 
 def test_benchs_stop_report_shows_rank_zeros_faults_apart_from_its_partial_numbers(
         fake: FakeNvml) -> None:
-    with pytest.raises(KeyboardInterrupt), process_group("gloo", "cpu", 30):
+    with pytest.raises(KeyboardInterrupt), \
+            process_group("gloo", "cpu", 30, fault_bus=WATCHED):
         progress.publish_partial({"rank0_warmup": {"iters": 2}})
         raise KeyboardInterrupt
     report = bench_command.partial_report(Namespace())
@@ -183,7 +185,7 @@ def test_a_watcher_that_cannot_start_leaves_the_load_running_and_says_why(
         raise ValueError("a watcher bug")
 
     monkeypatch.setattr(faultwatch.FaultWatch, "start", broken)
-    with process_group("gloo", "cpu", 30):
+    with process_group("gloo", "cpu", 30, fault_bus=WATCHED):
         faultwatch.mark_start()
         faultwatch.mark_end()
         (result,) = faultwatch.gather()

@@ -1,6 +1,6 @@
 """`gpucheck all`: env, stress, bench and comm in turn, one report (docs/all.md).
 
-Each command runs through its own `run(args)` with a Namespace built by its own
+Each command runs through its own `run(args, ctx)` with a Namespace built by its own
 parser (`gpucheck <cmd> ...`), so every option has that command's default and
 validation. Every option is checked for every command before the first one runs:
 a bad option is a usage error up front. A command that then fails becomes a FAIL
@@ -21,6 +21,7 @@ from typing import Any
 
 from gpucheck.commands.launch_options import add_launch_arguments
 from gpucheck.commands.option_types import positive_float
+from gpucheck.context import RunContext
 from gpucheck.distributed import terminal
 from gpucheck.errors import UsageError
 from gpucheck.escape import terminal as shown
@@ -68,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "alone, e.g. one srun task per node (docs/all.md)")
 
 
-def run(args: argparse.Namespace) -> Report | None:
+def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     chosen = _chosen(args.skip)
     if args.local:
         for name in LAUNCHER_VARS:
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> Report | None:
             _state["outcomes"].append(Outcome(name, "skipped", "--skip"))
             continue
         terminal.say(f"all: step {chosen.index(name) + 1} of {len(chosen)}: gpucheck {name}")
-        _state["outcomes"].append(_run_one(name, namespaces[name]))
+        _state["outcomes"].append(_run_one(name, namespaces[name], ctx))
         _state["current"] = None  # left set by an interrupt, for partial_report
     outcomes: list[Outcome] = _state["outcomes"]
     if not _is_reporter():
@@ -167,7 +168,7 @@ def _preflight(name: str, ns: argparse.Namespace) -> None:
         plan_launch(ns)
 
 
-def _run_one(name: str, ns: argparse.Namespace) -> Outcome:
+def _run_one(name: str, ns: argparse.Namespace, ctx: RunContext) -> Outcome:
     """Run one command; its failure is an outcome, not the end of `all`."""
     from gpucheck.commands.registry import command_module
     from gpucheck.distributed.checkin import namespaced
@@ -176,7 +177,7 @@ def _run_one(name: str, ns: argparse.Namespace) -> Outcome:
     start = time.monotonic()
     try:
         with namespaced(name):
-            report = command_module(name).run(ns)
+            report = command_module(name).run(ns, ctx)
     except SystemExit as exc:  # a rank > 0 whose job failed; it said why on stderr
         why = f"this rank exited with status {exc.code}"
         return Outcome(name, "failed", why, _since(start))

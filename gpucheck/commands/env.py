@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from gpucheck.commands.option_types import positive_float
+from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.probes.kernel_log import checked_kernel_log_path
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S
@@ -32,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "kern.log; .gz too) instead of this boot's log")
 
 
-def run(args: argparse.Namespace) -> Report | None:
+def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     from gpucheck.distributed.envgather import gather_env_reports
 
     timeout = getattr(args, "nvml_timeout", DEFAULT_TIMEOUT_S)

@@ -24,6 +24,7 @@ from gpucheck.analysis.metrics import Metric
 from gpucheck.analysis.nodes import Fleet, Unused, group_reports, newest_created_at
 from gpucheck.analysis.options import fraction, positive
 from gpucheck.commands.option_types import positive_float, positive_int
+from gpucheck.context import RunContext
 from gpucheck.distributed.slurm import expand_nodelist
 from gpucheck.errors import UsageError
 from gpucheck.output import WriteError, check_writable, same_file, write_atomic
@@ -55,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "reports, to FILE")
 
 
-def run(args: argparse.Namespace) -> Report:
+def run(args: argparse.Namespace, ctx: RunContext) -> Report:
     options = _options(args)
     if args.save_baseline is not None:
         if any(same_file(args.save_baseline, path) for path in _own_outputs(args)):

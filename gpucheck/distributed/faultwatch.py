@@ -16,7 +16,6 @@ On a CPU rank the watch is a no-op whose result says "n/a" (no GPU); with
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any
 
 from gpucheck.devices import GpuIdentity
@@ -25,35 +24,28 @@ from gpucheck.distributed.world import World
 from gpucheck.faults import FaultWatch
 from gpucheck.probes.nvml import Nvml
 
-# Test-only: comma-separated PCI bus ids, one per rank (empty: none), that ranks
-# watch instead of their own GPU, so CPU ranks can watch a fake GPU (the fake
-# pynvml of tests/fake_nvml_site). Only the test suite sets it; nothing in gpucheck does.
-TEST_BUS_VAR = "GPUCHECK_TEST_FAULT_BUS"
 OFF_REASON = "fault watching turned off (--no-fault-watch)"
 
 _state: dict[str, Any] = {"watch": None, "nvml": None, "off": False, "result": None}
 
 
-def test_bus_id(rank: int) -> str | None:
-    """The bus id GPUCHECK_TEST_FAULT_BUS gives this rank (test-only), else None."""
-    ids = [b.strip() for b in os.environ.get(TEST_BUS_VAR, "").split(",")]
-    return (ids[rank] or None) if 0 <= rank < len(ids) else None
-
-
-def rank_nvml(world: World, enabled: bool) -> Nvml | None:
+def rank_nvml(world: World, enabled: bool, test_bus: str | None = None) -> Nvml | None:
     """The rank's one NVML doorway (its GPU's name, its fault watch), or None when this
-    rank has no GPU to ask about. One per rank: each doorway runs a worker thread."""
-    wanted = world.device_index is not None or (enabled and test_bus_id(world.rank))
+    rank has no GPU to ask about. One per rank: each doorway runs a worker thread.
+    `test_bus` (tests only, `TestHooks.fault_bus`): a bus id watched instead of its GPU,
+    so CPU ranks can watch the fake GPU of tests/fake_nvml_site."""
+    wanted = world.device_index is not None or (enabled and test_bus)
     _state["nvml"] = Nvml() if wanted else None
     return _state["nvml"]
 
 
-def start(world: World, gpu: GpuIdentity | None, enabled: bool) -> None:
+def start(world: World, gpu: GpuIdentity | None, enabled: bool,
+          test_bus: str | None = None) -> None:
     """Start watching this rank's GPU (the counters' first snapshot is taken here)."""
     _state.update(watch=None, off=not enabled, result=None)
     if not enabled:
         return
-    bus_id = test_bus_id(world.rank) or (gpu.pci_bus_id if gpu else None)
+    bus_id = test_bus or (gpu.pci_bus_id if gpu else None)
     watch = FaultWatch(bus_id, nvml=_state["nvml"], rank=world.rank)
     try:
         watch.start()

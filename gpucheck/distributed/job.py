@@ -25,6 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gpucheck.context import RunContext, RunOptions
 from gpucheck.distributed import caught, progress, terminal
 from gpucheck.distributed.checkin import (
     CheckInFailed,
@@ -60,9 +61,10 @@ def resolve_nproc(requested: int | None, default: int) -> int:
     return world.world_size
 
 
-def run_job(worker: Callable[[S], Any], spec: S, nproc: int,
-            master_port: int | None = None) -> Any:
-    """Run `worker(spec)` on every rank; the reporting process gets rank 0's return value.
+def run_job(worker: Callable[[RunContext, S], Any], spec: S, nproc: int,
+            master_port: int | None = None, options: RunOptions | None = None) -> Any:
+    """Run `worker(ctx, spec)` on every rank; the reporting process gets rank 0's return
+    value. `options` cross into every rank beside the spec (each rank's `ctx` holds them).
 
     Under a launcher with several ranks this process is one of them: it returns
     its own worker's value (None on ranks that do not report). Otherwise a single
@@ -72,13 +74,14 @@ def run_job(worker: Callable[[S], Any], spec: S, nproc: int,
     if world is not None or nproc == 1:
         if world is None:  # under torchrun or srun, rank 0's check-in says it
             terminal.say("1 rank, in this process")
-        return _run_here(worker, spec)
+        return _run_here(worker, spec, options or RunOptions())
     terminal.say(f"launching {nproc} ranks (each starts python and torch, then they "
                  "join one process group)")
     progress.remember_ranks({})
     with _run_dir() as folder:
         try:
-            return launch_local(worker, (spec,), nproc, master_port)[0]
+            return launch_local(in_context, (worker, spec, options or RunOptions()), nproc,
+                                master_port)[0]
         except WorkersFailed as exc:
             partial, roster, diagnoses = progress.read_run_dir(folder)
             progress.remember_ranks(progress.read_ranks(folder))
@@ -188,11 +191,17 @@ def _run_dir() -> Iterator[Path]:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run_here(worker: Callable[[S], Any], spec: S) -> Any:
+def in_context(worker: Callable[[RunContext, S], Any], spec: S, options: RunOptions) -> Any:
+    """How a spawned rank runs its worker: with its own context, made from the options
+    the launching process pickled beside the spec."""
+    return worker(RunContext(options), spec)
+
+
+def _run_here(worker: Callable[[RunContext, S], Any], spec: S, options: RunOptions) -> Any:
     """This process is the only rank here: turn its failure into `JobFailed`."""
     progress.reset()
     try:
-        return worker(spec)
+        return in_context(worker, spec, options)
     except Exception as exc:
         if not isinstance(exc, (CheckInFailed, RanksUnresponsive, SharedGpu)):
             traceback.print_exc()

@@ -166,7 +166,8 @@ def _identify(world: World, nvml: Any | None = None) -> GpuIdentity | None:
 
 @contextmanager
 def process_group(backend: str, device: str, timeout_s: float,
-                  fault_watch: bool = True) -> Iterator[World]:
+                  fault_watch: bool = True,
+                  fault_bus: tuple[str | None, ...] = ()) -> Iterator[World]:
     """Check in, join the job's process group (or a private one-rank group) for the block.
 
     The world it yields carries this rank's `device_index` on CUDA. `timeout_s`
@@ -174,6 +175,7 @@ def process_group(backend: str, device: str, timeout_s: float,
     `RanksUnresponsive` naming the ranks that did not answer. With `fault_watch`
     the rank's GPU is watched for hardware faults for the whole block
     (`gpucheck.distributed.faultwatch`: the worker marks its timed window and gathers).
+    `fault_bus` (tests only, `TestHooks.fault_bus`): per rank, a bus id to watch instead.
     """
     import torch.distributed as dist
 
@@ -189,11 +191,12 @@ def process_group(backend: str, device: str, timeout_s: float,
         views.update(exchange_visible(store, launched, seen, timeout_s))
         return local_views(views, launched)
 
+    test_bus = fault_bus[world.rank] if 0 <= world.rank < len(fault_bus) else None
     world = bind_device(device, world, peers if world.launcher != "none" and
                         world.world_size > 1 else None)
     _session["device_index"] = world.device_index
     # Named before the check-in, so a slow NVML attach does not eat its window.
-    _session["gpu"] = _identify(world, faultwatch.rank_nvml(world, fault_watch))
+    _session["gpu"] = _identify(world, faultwatch.rank_nvml(world, fault_watch, test_bus))
     me = this_rank(world, _session["gpu"])
     infos = [me] if world.launcher == "none" else check_in(store, world, me, timeout_s)
     _session["roster"] = infos
@@ -205,7 +208,7 @@ def process_group(backend: str, device: str, timeout_s: float,
     progress.set_step(None)
     terminal.say(f"{world.world_size} rank(s) joined the process group ({backend}, {device})")
     try:
-        faultwatch.start(world, _session["gpu"], fault_watch)
+        faultwatch.start(world, _session["gpu"], fault_watch, test_bus)
         with caught.caught(world.rank):  # library warnings into the report, not stderr
             yield world
     except BaseException as exc:
