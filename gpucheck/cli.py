@@ -166,7 +166,7 @@ def _run(args: argparse.Namespace, ctx: RunContext) -> int:
                         getattr(sys.stderr, "encoding", None)), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
-        return _interrupted(module, args, stop_signal(exc))
+        return _interrupted(module, args, ctx, stop_signal(exc))
     decide = getattr(module, "exit_code", None)  # a command with its own convention
     return decide(report, args) if decide is not None else report.exit_code(strict=args.strict)
 
@@ -194,12 +194,13 @@ def _raise_interrupted(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
-def _interrupted(module: Any, args: argparse.Namespace, signum: signal.Signals) -> int:
+def _interrupted(module: Any, args: argparse.Namespace, ctx: RunContext,
+                 signum: signal.Signals) -> int:
     """Keep what was measured: the partial report in --output, with a FAIL saying how
     the run was stopped; one line on stderr; exit 128 + the signal (130, 143)."""
     how = describe_stop(signum)
     written = bool(outputs_of(args)) and _is_reporter() and _write_interrupted(
-        module, args, signum)
+        module, args, ctx, signum)
     where = f"; partial report in {', '.join(outputs_of(args))}" if written else ""
     print(f"gpucheck {args.command}: {how}{shown(where)}", file=sys.stderr)
     return 128 + int(signum)
@@ -217,11 +218,12 @@ def _is_reporter() -> bool:
     return world is None or world.is_reporter
 
 
-def _write_interrupted(module: Any, args: argparse.Namespace, signum: signal.Signals) -> bool:
-    """The command's partial report (`partial_report(args)`, when it has one) plus the
+def _write_interrupted(module: Any, args: argparse.Namespace, ctx: RunContext,
+                       signum: signal.Signals) -> bool:
+    """The command's partial report (`partial_report(args, ctx)`, when it has one) plus the
     `<command>.interrupted` section; False when it cannot be written."""
     build = getattr(module, "partial_report", None)
-    report = (build(args) if build is not None else None) or Report(command=args.command)
+    report = (build(args, ctx) if build is not None else None) or Report(command=args.command)
     add_log(report)
     report.add(interrupted_section(args.command, signum, partial=bool(report.sections)))
     try:

@@ -13,7 +13,7 @@ rank's worker.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # bench: function(model, rank) -> model, called before DDP wraps the model.
@@ -111,10 +111,28 @@ class RunOptions:
 
 
 @dataclass
+class AllRun:
+    """`gpucheck all` so far, for its partial report after a stop: each command's
+    outcome, the command running now, and every command's parsed options."""
+
+    outcomes: list[Any] = field(default_factory=list)
+    current: str | None = None
+    namespaces: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class RunContext:
     """One process's view of the run."""
 
     options: RunOptions = field(default_factory=RunOptions)
+    all_run: AllRun = field(default_factory=AllRun)  # filled by `gpucheck all` only
+    # The command's namespace on the job's store (`gpucheck all` runs several process
+    # groups in turn on one store): distributed.session.scoped_store.
+    scope: tuple[str, ...] = ()
+
+    def scoped(self, name: str) -> RunContext:
+        """This context for one command of a sequence (the same options and run)."""
+        return replace(self, scope=(*self.scope, name))
 
     @property
     def hooks(self) -> TestHooks:

@@ -14,7 +14,7 @@ import pytest
 from gpucheck.comm.report import Verdicts as CommVerdicts
 from gpucheck.comm.report import comm_sections
 from gpucheck.commands import bench as bench_command
-from gpucheck.context import TestHooks
+from gpucheck.context import RunContext, TestHooks
 from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.session import process_group
 from gpucheck.faults import run_faults_section, slowdown_causes
@@ -172,7 +172,7 @@ def test_benchs_stop_report_shows_rank_zeros_faults_apart_from_its_partial_numbe
             process_group("gloo", "cpu", 30, fault_bus=WATCHED):
         progress.publish_partial({"rank0_warmup": {"iters": 2}})
         raise KeyboardInterrupt
-    report = bench_command.partial_report(Namespace())
+    report = bench_command.partial_report(Namespace(), RunContext())
     assert report is not None
     assert [s.name for s in report.sections] == ["partial", "faults"]
     assert report.section("partial").data == {"rank0_warmup": {"iters": 2}}

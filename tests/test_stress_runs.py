@@ -20,7 +20,7 @@ import pytest
 import stress_workers
 
 from gpucheck.cli import program
-from gpucheck.context import RunOptions, TestHooks
+from gpucheck.context import RunContext, RunOptions, TestHooks
 
 SHORT = ("--duration", "1", "--timeout", "60", "-q")
 
@@ -151,13 +151,13 @@ def test_an_interrupted_run_reports_the_phases_it_had() -> None:
         "phases_done": ["gemm"], "complete": False})
     try:
         built = partial_report(Namespace(peer_threshold=0.9, expected_threshold=0.8,
-                                         copy_threshold=0.6))
+                                         copy_threshold=0.6), RunContext())
     finally:
         progress.reset()
     assert built is not None and [s.name for s in built.sections] == ["stress", "gemm",
                                                                       "faults"]
     assert built.sections[0].data["phases_done"] == "1 of 3: gemm"
-    assert partial_report(Namespace()) is None  # nothing published: nothing to keep
+    assert partial_report(Namespace(), RunContext()) is None  # nothing published: nothing to keep
 
 
 def test_torchrun_ranks_report_once_from_rank_zero(tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ class BenchOutcome:
 def bench_worker(ctx: RunContext, spec: BenchSpec) -> BenchOutcome | None:
     """Run the benchmark on this rank; rank 0 returns everything gathered."""
     try:
-        return _bench_rank(spec, ctx.hooks)
+        return _bench_rank(spec, ctx)
     except BaseException:
         _leave_private_group()
         raise
@@ -91,11 +91,13 @@ def _leave_private_group() -> None:
         dist.destroy_process_group()
 
 
-def _bench_rank(spec: BenchSpec, hooks: TestHooks) -> BenchOutcome | None:
+def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
     import torch.distributed as dist
 
+    hooks = ctx.hooks
     with process_group(spec.backend, spec.device, spec.timeout_s,
-                       fault_watch=spec.fault_watch, fault_bus=hooks.fault_bus) as world:
+                       fault_watch=spec.fault_watch, fault_bus=hooks.fault_bus,
+                       scope=ctx.scope) as world:
         threads = _set_threads(spec.device, world)
         share = data.rank_share(len(spec.files), world.rank, world.world_size)
         progress.set_step("model and data (DDP construction broadcasts rank 0's weights)")

@@ -157,14 +157,16 @@ def _pairs_and_nodes(spec: CommSpec, world: World, infos: list[dict[str, Any]], 
 def comm_worker(ctx: RunContext, spec: CommSpec) -> dict[str, Any] | None:
     """Run the sweep; rank 0 returns the results, the other ranks None."""
     with nccl_logging(spec.backend) as nccl_folder:
-        return _sweep(spec, nccl_folder, ctx.hooks)
+        return _sweep(spec, nccl_folder, ctx)
 
 
 def _sweep(spec: CommSpec, nccl_folder: str | None,
-           hooks: TestHooks) -> dict[str, Any] | None:
+           ctx: RunContext) -> dict[str, Any] | None:
     """Collectives, pairs, node-to-node rounds, the NCCL transport; rank 0's result."""
+    hooks = ctx.hooks
     with process_group(spec.backend, spec.device, spec.timeout_s,
-                       fault_watch=spec.fault_watch, fault_bus=hooks.fault_bus) as world:
+                       fault_watch=spec.fault_watch, fault_bus=hooks.fault_bus,
+                       scope=ctx.scope) as world:
         infos = [asdict(i) for i in roster()]
         sizes = sweep_sizes(spec.min_bytes, _agreed_max_bytes(spec, world))
         result: dict[str, Any] = {

@@ -90,8 +90,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     report = Report(command="bench")
     try:
         with armed("bench"):  # a hang leaves Flight Recorder dumps (gpucheck hang --traces)
-            outcome = run_job(bench_worker, spec, plan.nproc, plan.master_port,
-                              ctx.options)
+            outcome = run_job(bench_worker, spec, plan.nproc, plan.master_port, ctx)
     except WorkersFailed as exc:
         if not getattr(exc, "reporter", True):
             # A rank > 0 under torchrun: rank 0 reports; exit non-zero so the launcher knows.
@@ -110,7 +109,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     return add_launch_finding(report, plan)
 
 
-def partial_report(args: argparse.Namespace) -> Report | None:
+def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     """After Ctrl-C or SIGTERM: what rank 0 had measured, and every rank's timed
     iterations so far (`gpucheck.bench.partial`; gpucheck.cli adds the stop)."""
     from gpucheck.distributed import progress

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     # compares the nodes (gpucheck.distributed.envgather); otherwise just this machine.
     report = gather_env_reports(lambda: collect_env_report(
         gpu_test=getattr(args, "gpu_test", True), nvml_timeout_s=timeout,
-        kernel_log=kernel_log))
+        kernel_log=kernel_log), ctx.scope)
     if report is not None and wants_collect_env(args):
         from gpucheck.probes.collect_env import collect_env_section
 

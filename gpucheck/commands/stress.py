@@ -145,7 +145,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
 
     return run_reported("stress", stress_worker, spec, plan, lambda r: _report(args, r),
                         quiet_stdout=args.quiet and args.output is None,
-                        options=ctx.options)
+                        ctx=ctx)
 
 
 def _report(args: argparse.Namespace, result: dict) -> Report:  # type: ignore[type-arg]
@@ -154,6 +154,6 @@ def _report(args: argparse.Namespace, result: dict) -> Report:  # type: ignore[t
     return Report(command="stress", sections=stress_sections(result, _verdicts(args)))
 
 
-def partial_report(args: argparse.Namespace) -> Report | None:
+def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     """After Ctrl-C or SIGTERM: what was measured so far (gpucheck.cli adds the stop)."""
     return job_partial_report(lambda partial: _report(args, partial))

@@ -62,9 +62,10 @@ def resolve_nproc(requested: int | None, default: int) -> int:
 
 
 def run_job(worker: Callable[[RunContext, S], Any], spec: S, nproc: int,
-            master_port: int | None = None, options: RunOptions | None = None) -> Any:
+            master_port: int | None = None, ctx: RunContext | None = None) -> Any:
     """Run `worker(ctx, spec)` on every rank; the reporting process gets rank 0's return
-    value. `options` cross into every rank beside the spec (each rank's `ctx` holds them).
+    value. A rank in this process gets `ctx`; ranks it starts get a context of their
+    own made from `ctx.options`, which cross into every rank beside the spec.
 
     Under a launcher with several ranks this process is one of them: it returns
     its own worker's value (None on ranks that do not report). Otherwise a single
@@ -74,14 +75,14 @@ def run_job(worker: Callable[[RunContext, S], Any], spec: S, nproc: int,
     if world is not None or nproc == 1:
         if world is None:  # under torchrun or srun, rank 0's check-in says it
             terminal.say("1 rank, in this process")
-        return _run_here(worker, spec, options or RunOptions())
+        return _run_here(worker, spec, ctx or RunContext())
     terminal.say(f"launching {nproc} ranks (each starts python and torch, then they "
                  "join one process group)")
     progress.remember_ranks({})
     with _run_dir() as folder:
         try:
-            return launch_local(in_context, (worker, spec, options or RunOptions()), nproc,
-                                master_port)[0]
+            return launch_local(in_context, (worker, spec, (ctx or RunContext()).options),
+                                nproc, master_port)[0]
         except WorkersFailed as exc:
             partial, roster, diagnoses = progress.read_run_dir(folder)
             progress.remember_ranks(progress.read_ranks(folder))
@@ -197,11 +198,11 @@ def in_context(worker: Callable[[RunContext, S], Any], spec: S, options: RunOpti
     return worker(RunContext(options), spec)
 
 
-def _run_here(worker: Callable[[RunContext, S], Any], spec: S, options: RunOptions) -> Any:
+def _run_here(worker: Callable[[RunContext, S], Any], spec: S, ctx: RunContext) -> Any:
     """This process is the only rank here: turn its failure into `JobFailed`."""
     progress.reset()
     try:
-        return in_context(worker, spec, options)
+        return worker(ctx, spec)
     except Exception as exc:
         if not isinstance(exc, (CheckInFailed, RanksUnresponsive, SharedGpu)):
             traceback.print_exc()

@@ -36,7 +36,6 @@ from gpucheck.distributed.checkin import (
     refuse_shared_gpus,
     roll_call,
     roll_call_window_s,
-    scoped,
     this_rank,
 )
 from gpucheck.distributed.world import World, host_name, world_from_env
@@ -97,6 +96,16 @@ def is_comm_error(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and any(w in text for w in _COMM_ERROR_WORDS)
+
+
+def scoped_store(store: Any, scope: tuple[str, ...]) -> Any:
+    """The store as one command sees it. One process can join several process groups in
+    turn (`gpucheck all` under torchrun runs env, stress, bench and comm on the same
+    store): each command's keys live under its own prefix, so a check-in does not count
+    the previous group's ranks or read its keys (every rank uses the same scope)."""
+    import torch.distributed as dist
+
+    return dist.PrefixStore("/".join(scope), store) if scope else store
 
 
 def _job_store(world: World, timeout: _dt.timedelta) -> Any:
@@ -166,8 +175,8 @@ def _identify(world: World, nvml: Any | None = None) -> GpuIdentity | None:
 
 @contextmanager
 def process_group(backend: str, device: str, timeout_s: float,
-                  fault_watch: bool = True,
-                  fault_bus: tuple[str | None, ...] = ()) -> Iterator[World]:
+                  fault_watch: bool = True, fault_bus: tuple[str | None, ...] = (),
+                  scope: tuple[str, ...] = ()) -> Iterator[World]:
     """Check in, join the job's process group (or a private one-rank group) for the block.
 
     The world it yields carries this rank's `device_index` on CUDA. `timeout_s`
@@ -176,6 +185,7 @@ def process_group(backend: str, device: str, timeout_s: float,
     the rank's GPU is watched for hardware faults for the whole block
     (`gpucheck.distributed.faultwatch`: the worker marks its timed window and gathers).
     `fault_bus` (tests only, `TestHooks.fault_bus`): per rank, a bus id to watch instead.
+    `scope` (`RunContext.scope`): the command's namespace on the job's store.
     """
     import torch.distributed as dist
 
@@ -184,7 +194,7 @@ def process_group(backend: str, device: str, timeout_s: float,
     progress.set_step("check-in")
     if world.world_size > 1:
         terminal.say(f"rank 0 started: waiting for {world.world_size} ranks to check in")
-    store = _job_store(world, timeout)
+    store = scoped_store(_job_store(world, timeout), scope)
     views: dict[int, View] = {}
 
     def peers(seen: list[str], launched: World = world) -> dict[int, list[str]]:
@@ -203,7 +213,7 @@ def process_group(backend: str, device: str, timeout_s: float,
     if world.rank == 0:
         progress.publish_roster([asdict(i) for i in infos])
     refuse_shared_gpus(infos, views, world, backend)
-    dist.init_process_group(backend, store=dist.PrefixStore(scoped("gpucheck/pg"), store),
+    dist.init_process_group(backend, store=dist.PrefixStore("gpucheck/pg", store),
                             rank=world.rank, world_size=world.world_size, timeout=timeout)
     progress.set_step(None)
     terminal.say(f"{world.world_size} rank(s) joined the process group ({backend}, {device})")

@@ -77,7 +77,8 @@ Phase = Callable[[RankContext, dict[str, Any]], None]
 def stress_worker(run: RunContext, spec: StressSpec) -> dict[str, Any] | None:
     """Run every phase on this rank; rank 0 returns the gathered results."""
     with process_group(spec.backend, spec.device, spec.timeout_s,
-                       fault_watch=spec.fault_watch, fault_bus=run.hooks.fault_bus) as world:
+                       fault_watch=spec.fault_watch, fault_bus=run.hooks.fault_bus,
+                       scope=run.scope) as world:
         ctx = _context(spec, world, run.hooks)
         result = _initial_result(ctx)
         with watch_faults(ctx, result), terminal.bar("stress", len(PHASES), "phase") as shown:
