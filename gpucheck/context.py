@@ -108,6 +108,9 @@ class RunOptions:
     """Settings of the whole run, the same on every rank."""
 
     hooks: TestHooks = field(default_factory=TestHooks)
+    # The job's run directory, for the ranks gpucheck starts (distributed.progress):
+    # set by run_job, never by the environment of the ranks.
+    run_dir: str | None = None
 
 
 @dataclass

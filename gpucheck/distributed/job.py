@@ -15,13 +15,12 @@ the partial results the reporting rank had published (`gpucheck.distributed.prog
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -80,9 +79,9 @@ def run_job(worker: Callable[[RunContext, S], Any], spec: S, nproc: int,
                  "join one process group)")
     progress.remember_ranks({})
     with _run_dir() as folder:
+        options = replace((ctx or RunContext()).options, run_dir=str(folder))
         try:
-            return launch_local(in_context, (worker, spec, (ctx or RunContext()).options),
-                                nproc, master_port)[0]
+            return launch_local(in_context, (worker, spec, options), nproc, master_port)[0]
         except WorkersFailed as exc:
             partial, roster, diagnoses = progress.read_run_dir(folder)
             progress.remember_ranks(progress.read_ranks(folder))
@@ -177,24 +176,24 @@ def _silent(rank: int, diagnoses: list[dict[str, Any]],
 
 @contextmanager
 def _run_dir() -> Iterator[Path]:
-    """The job's run directory, handed to the workers through the environment."""
-    given = os.environ.get(progress.RUN_DIR_VAR)
-    folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="gpucheck-run-"))
+    """The job's run directory (the user's GPUCHECK_RUN_DIR, kept, else a temporary
+    one), handed to the workers in their RunOptions."""
+    given = progress.run_dir()
+    folder = given or Path(tempfile.mkdtemp(prefix="gpucheck-run-"))
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob(progress.RANK_GLOB):  # a kept folder's earlier run
         stale.unlink(missing_ok=True)
-    os.environ[progress.RUN_DIR_VAR] = str(folder)
     try:
         yield folder
     finally:
         if not given:
-            os.environ.pop(progress.RUN_DIR_VAR, None)
             shutil.rmtree(folder, ignore_errors=True)
 
 
 def in_context(worker: Callable[[RunContext, S], Any], spec: S, options: RunOptions) -> Any:
     """How a spawned rank runs its worker: with its own context, made from the options
     the launching process pickled beside the spec."""
+    progress.use_run_dir(options.run_dir)
     return worker(RunContext(options), spec)
 
 
