@@ -27,13 +27,6 @@ def test_no_production_module_reads_a_test_hook_from_the_environment() -> None:
     assert named == []
 
 
-def test_only_the_command_registry_imports_a_module_by_name() -> None:
-    calls = [f"{p.relative_to(PACKAGE)}:{n.lineno}" for p, tree in _sources()
-             for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-             and n.attr == "import_module"]
-    assert [c.split(":")[0] for c in calls] == ["commands/registry.py"]
-
-
 def test_options_with_hooks_cross_into_a_rank_by_pickle() -> None:
     options = RunOptions(hooks=TestHooks(model=bench_workers.wrong_rank_zero,
                                          fault_bus=("A", None),
