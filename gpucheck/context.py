@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the rank's frame sets it; this module stays below distributed/
+    from gpucheck.distributed.faultwatch import RankFaults
 
 # bench: function(model, rank) -> model, called before DDP wraps the model.
 ModelHook = Callable[[Any, int], Any]
@@ -132,6 +135,8 @@ class RunContext:
     # The command's namespace on the job's store (`gpucheck all` runs several process
     # groups in turn on one store): distributed.session.scoped_store.
     scope: tuple[str, ...] = ()
+    # This rank's fault watch while it is in a process group (distributed.session).
+    faults: RankFaults | None = None
 
     def scoped(self, name: str) -> RunContext:
         """This context for one command of a sequence (the same options and run)."""

@@ -59,7 +59,7 @@ def test_a_failing_command_is_a_fail_finding_and_the_next_one_still_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpucheck.commands import env
 
-    def broken(args: argparse.Namespace) -> Report:
+    def broken(args: argparse.Namespace, ctx: object) -> Report:
         raise RuntimeError("probe exploded\nsecond line")
 
     monkeypatch.setattr(env, "run", broken)

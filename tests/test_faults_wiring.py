@@ -14,7 +14,7 @@ import pytest
 from gpucheck.comm.report import Verdicts as CommVerdicts
 from gpucheck.comm.report import comm_sections
 from gpucheck.commands import bench as bench_command
-from gpucheck.context import RunContext, TestHooks
+from gpucheck.context import RunContext, RunOptions, TestHooks
 from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.session import process_group
 from gpucheck.faults import run_faults_section, slowdown_causes
@@ -28,6 +28,11 @@ from tests.fake_pynvml import FakeGpu, FakeNvml
 BUS = "00000000:9A:00.0"
 XID = 0x8  # nvmlEventTypeXidCriticalError
 WATCHED = (BUS,)  # this one rank watches fake GPU 1 (TestHooks.fault_bus)
+
+
+def watched() -> RunContext:
+    """A context whose one rank watches fake GPU 1 through the test-only bus override."""
+    return RunContext(RunOptions(hooks=TestHooks(fault_bus=WATCHED)))
 LABEL = f"GPU 1 (NVIDIA H200, bus {BUS}, GPU-00000001-0000-0000-0000-000000000000)"
 
 
@@ -56,11 +61,12 @@ def doorways(monkeypatch: pytest.MonkeyPatch) -> list[Nvml]:
 
 def test_the_frame_watches_the_rank_through_one_doorway_and_gathers_its_result(
         fake: FakeNvml, doorways: list[Nvml]) -> None:
-    with process_group("gloo", "cpu", 30, fault_bus=WATCHED) as world:
-        faultwatch.mark_start()
+    ctx = watched()
+    with process_group("gloo", "cpu", 30, ctx=ctx) as world:
+        faultwatch.of(ctx).mark_start()
         assert fake.deliver_event(1, XID, 79) == 1
-        faultwatch.mark_end()
-        results = faultwatch.gather()
+        faultwatch.of(ctx).mark_end()
+        results = faultwatch.of(ctx).gather()
     assert world.rank == 0 and len(doorways) == 1
     assert not fake.initialised  # the frame shut its doorway when the group was left
     (result,) = results
@@ -72,7 +78,7 @@ def test_the_frame_watches_the_rank_through_one_doorway_and_gathers_its_result(
 def test_a_failed_run_publishes_rank_zeros_result_with_its_partial_results(
         fake: FakeNvml) -> None:
     with pytest.raises(RuntimeError, match="simulated"), \
-            process_group("gloo", "cpu", 30, fault_bus=WATCHED):
+            process_group("gloo", "cpu", 30, ctx=watched()):
         progress.publish_partial({"measured": 1})
         fake.deliver_event(1, XID, 79)
         raise RuntimeError("simulated failure in the load")
@@ -85,18 +91,20 @@ def test_a_failed_run_publishes_rank_zeros_result_with_its_partial_results(
 
 def test_no_fault_watch_opens_no_doorway_and_reports_every_rank_as_off(
         fake: FakeNvml, doorways: list[Nvml]) -> None:
-    with process_group("gloo", "cpu", 30, fault_watch=False, fault_bus=WATCHED):
-        faultwatch.mark_start()
-        faultwatch.mark_end()
-        results = faultwatch.gather()
+    ctx = watched()
+    with process_group("gloo", "cpu", 30, fault_watch=False, ctx=ctx):
+        faultwatch.of(ctx).mark_start()
+        faultwatch.of(ctx).mark_end()
+        results = faultwatch.of(ctx).gather()
     assert doorways == [] and not fake.initialised
     assert results == [{"rank": 0, "status": "n/a", "reason": faultwatch.OFF_REASON}]
 
 
 def test_a_cpu_rank_without_the_override_opens_no_doorway(
         fake: FakeNvml, doorways: list[Nvml]) -> None:
-    with process_group("gloo", "cpu", 30):
-        (result,) = faultwatch.gather()
+    ctx = RunContext()
+    with process_group("gloo", "cpu", 30, ctx=ctx):
+        (result,) = faultwatch.of(ctx).gather()
     assert doorways == []
     assert (result["status"], result["reason"]) == ("n/a", "no GPU: this rank runs on the CPU")
 
@@ -152,7 +160,7 @@ def test_ranks_whose_watch_did_not_come_back_are_named_not_dropped() -> None:
 
 
 def test_a_failure_before_any_result_still_reports_rank_zeros_faults(fake: FakeNvml) -> None:
-    with pytest.raises(RuntimeError), process_group("gloo", "cpu", 30, fault_bus=WATCHED):
+    with pytest.raises(RuntimeError), process_group("gloo", "cpu", 30, ctx=watched()):
         fake.deliver_event(1, XID, 79)
         raise RuntimeError("simulated failure before the first measurement")
     partial = progress.local_partial()
@@ -169,7 +177,7 @@ def test_a_failure_before_any_result_still_reports_rank_zeros_faults(fake: FakeN
 def test_benchs_stop_report_shows_rank_zeros_faults_apart_from_its_partial_numbers(
         fake: FakeNvml) -> None:
     with pytest.raises(KeyboardInterrupt), \
-            process_group("gloo", "cpu", 30, fault_bus=WATCHED):
+            process_group("gloo", "cpu", 30, ctx=watched()):
         progress.publish_partial({"rank0_warmup": {"iters": 2}})
         raise KeyboardInterrupt
     report = bench_command.partial_report(Namespace(), RunContext())
@@ -185,10 +193,11 @@ def test_a_watcher_that_cannot_start_leaves_the_load_running_and_says_why(
         raise ValueError("a watcher bug")
 
     monkeypatch.setattr(faultwatch.FaultWatch, "start", broken)
-    with process_group("gloo", "cpu", 30, fault_bus=WATCHED):
-        faultwatch.mark_start()
-        faultwatch.mark_end()
-        (result,) = faultwatch.gather()
+    ctx = watched()
+    with process_group("gloo", "cpu", 30, ctx=ctx):
+        faultwatch.of(ctx).mark_start()
+        faultwatch.of(ctx).mark_end()
+        (result,) = faultwatch.of(ctx).gather()
     assert result["status"] == "n/a" and "a watcher bug" in result["reason"]
     (finding,) = run_faults_section([result]).findings
     assert finding.status is Status.SKIP and "did not start" in finding.message

@@ -94,22 +94,21 @@ def _leave_private_group() -> None:
 def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
     import torch.distributed as dist
 
-    hooks = ctx.hooks
     with process_group(spec.backend, spec.device, spec.timeout_s,
-                       fault_watch=spec.fault_watch, fault_bus=hooks.fault_bus,
-                       scope=ctx.scope) as world:
+                       fault_watch=spec.fault_watch, ctx=ctx) as world:
         threads = _set_threads(spec.device, world)
         share = data.rank_share(len(spec.files), world.rank, world.world_size)
         progress.set_step("model and data (DDP construction broadcasts rank 0's weights)")
-        ddp, batch, check_batch = _prepare(spec, world, share, hooks)
+        ddp, batch, check_batch = _prepare(spec, world, share, ctx.hooks)
         plan = _rotation_plan(spec, world)
-        record, output = _measure(spec, world, ddp, batch, check_batch, threads, plan)
+        record, output = _measure(spec, world, ddp, batch, check_batch, threads, plan,
+                                  faultwatch.of(ctx))
         _publish(world, rank0_record=asdict(record))  # kept if another rank fails now
         progress.set_step("all_gather of the per-rank records")
         gathered: list[Any] = [None] * world.world_size
         dist.all_gather_object(gathered, (record, output))
         progress.set_step(None)
-        faults = faultwatch.gather()
+        faults = faultwatch.of(ctx).gather()
     if not world.is_reporter:
         return None
     return BenchOutcome(
@@ -165,8 +164,8 @@ def _device(spec: BenchSpec, world: World) -> torch.device:
 
 
 def _measure(spec: BenchSpec, world: World, ddp: Any, batch: torch.Tensor,
-             check_batch: torch.Tensor, threads: int,
-             plan: rotation.RotationPlan | None) -> tuple[RankRecord, torch.Tensor]:
+             check_batch: torch.Tensor, threads: int, plan: rotation.RotationPlan | None,
+             faults: faultwatch.RankFaults) -> tuple[RankRecord, torch.Tensor]:
     """Warm up, agree on the iteration count, time the loop, run the check batch."""
     import torch
 
@@ -178,10 +177,10 @@ def _measure(spec: BenchSpec, world: World, ddp: Any, batch: torch.Tensor,
         iters = spec.iters or _agree_iters(per_iter_s, spec, world)
         progress.set_step("timed loop (between the start and end barriers)")
         bar.start("timed", iters)
-        faultwatch.mark_start()  # the fault watch's timed window is the timed loop
+        faults.mark_start()  # the fault watch's timed window is the timed loop
         with rotation.CoreRotation(plan):
             timing = _timed_loop(ddp, batch, iters, spec, world, bar)
-        faultwatch.mark_end()
+        faults.mark_end()
         progress.set_step("consistency batch")
         output = ddp(check_batch).float().cpu()
     return _record(spec, world, iters, timing, threads), output

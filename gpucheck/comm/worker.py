@@ -165,8 +165,8 @@ def _sweep(spec: CommSpec, nccl_folder: str | None,
     """Collectives, pairs, node-to-node rounds, the NCCL transport; rank 0's result."""
     hooks = ctx.hooks
     with process_group(spec.backend, spec.device, spec.timeout_s,
-                       fault_watch=spec.fault_watch, fault_bus=hooks.fault_bus,
-                       scope=ctx.scope) as world:
+                       fault_watch=spec.fault_watch, ctx=ctx) as world:
+        faults = faultwatch.of(ctx)
         infos = [asdict(i) for i in roster()]
         sizes = sweep_sizes(spec.min_bytes, _agreed_max_bytes(spec, world))
         result: dict[str, Any] = {
@@ -175,7 +175,7 @@ def _sweep(spec: CommSpec, nccl_folder: str | None,
             "ranks": infos, "collectives": {c: [] for c in spec.collectives},
             "pairwise": None, "internode": None, "complete": False,
         }
-        faultwatch.mark_start()
+        faults.mark_start()
         with terminal.bar("comm", len(spec.collectives) * len(sizes), "size") as shown:
             for collective in spec.collectives:
                 for size in sizes:
@@ -188,8 +188,8 @@ def _sweep(spec: CommSpec, nccl_folder: str | None,
                         progress.publish_partial(result)
             _pairs_and_nodes(spec, world, infos, sizes[-1], result, hooks)
         result["transport"] = _transport(spec, world, nccl_folder)
-        faultwatch.mark_end()
-        result["faults"] = faultwatch.gather()
+        faults.mark_end()
+        result["faults"] = faults.gather()
         result["complete"] = True
         progress.set_step(None)
         if world.rank == 0:

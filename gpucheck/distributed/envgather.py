@@ -135,11 +135,12 @@ def gather_per_node(build: Callable[[], Any], fault_watch: bool = True,
     values), rank 0 gets them all by node; other ranks get None. Shared by env and hang."""
     import torch.distributed as dist
 
+    from gpucheck.context import RunContext
     from gpucheck.distributed.session import process_group
     from gpucheck.distributed.world import host_name
 
     with process_group("gloo", "cpu", timeout_s, fault_watch=fault_watch,
-                       scope=scope) as world:
+                       ctx=RunContext(scope=scope)) as world:
         mine = build() if world.local_rank == 0 else None
         record = {"node_rank": world.node_rank, "host": host_name(), "value": mine}
         every: list[Any] = [None] * world.world_size if world.rank == 0 else []

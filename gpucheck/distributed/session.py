@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import Any
 
+from gpucheck.context import RunContext
 from gpucheck.devices import GpuIdentity
 from gpucheck.distributed import caught, faultwatch, flight, progress, terminal
 from gpucheck.distributed.checkin import (
@@ -175,17 +176,16 @@ def _identify(world: World, nvml: Any | None = None) -> GpuIdentity | None:
 
 @contextmanager
 def process_group(backend: str, device: str, timeout_s: float,
-                  fault_watch: bool = True, fault_bus: tuple[str | None, ...] = (),
-                  scope: tuple[str, ...] = ()) -> Iterator[World]:
+                  fault_watch: bool = True, ctx: RunContext | None = None) -> Iterator[World]:
     """Check in, join the job's process group (or a private one-rank group) for the block.
 
     The world it yields carries this rank's `device_index` on CUDA. `timeout_s`
     bounds the check-in and every collective. A failed collective leaves as
     `RanksUnresponsive` naming the ranks that did not answer. With `fault_watch`
     the rank's GPU is watched for hardware faults for the whole block
-    (`gpucheck.distributed.faultwatch`: the worker marks its timed window and gathers).
-    `fault_bus` (tests only, `TestHooks.fault_bus`): per rank, a bus id to watch instead.
-    `scope` (`RunContext.scope`): the command's namespace on the job's store.
+    (`gpucheck.distributed.faultwatch`: the worker marks its timed window and gathers,
+    on `ctx.faults`). `ctx`: the command's namespace on the job's store (`ctx.scope`),
+    and, from tests, a bus id to watch instead of the rank's GPU (`ctx.hooks.fault_bus`).
     """
     import torch.distributed as dist
 
@@ -194,19 +194,21 @@ def process_group(backend: str, device: str, timeout_s: float,
     progress.set_step("check-in")
     if world.world_size > 1:
         terminal.say(f"rank 0 started: waiting for {world.world_size} ranks to check in")
-    store = scoped_store(_job_store(world, timeout), scope)
+    ctx = ctx if ctx is not None else RunContext()
+    faults = ctx.faults = faultwatch.RankFaults()
+    store = scoped_store(_job_store(world, timeout), ctx.scope)
     views: dict[int, View] = {}
 
     def peers(seen: list[str], launched: World = world) -> dict[int, list[str]]:
         views.update(exchange_visible(store, launched, seen, timeout_s))
         return local_views(views, launched)
 
-    test_bus = fault_bus[world.rank] if 0 <= world.rank < len(fault_bus) else None
+    test_bus = ctx.hooks.bus_id(world.rank)
     world = bind_device(device, world, peers if world.launcher != "none" and
                         world.world_size > 1 else None)
     _session["device_index"] = world.device_index
     # Named before the check-in, so a slow NVML attach does not eat its window.
-    _session["gpu"] = _identify(world, faultwatch.rank_nvml(world, fault_watch, test_bus))
+    _session["gpu"] = _identify(world, faults.open_nvml(world, fault_watch, test_bus))
     me = this_rank(world, _session["gpu"])
     infos = [me] if world.launcher == "none" else check_in(store, world, me, timeout_s)
     _session["roster"] = infos
@@ -218,11 +220,11 @@ def process_group(backend: str, device: str, timeout_s: float,
     progress.set_step(None)
     terminal.say(f"{world.world_size} rank(s) joined the process group ({backend}, {device})")
     try:
-        faultwatch.start(world, _session["gpu"], fault_watch, test_bus)
+        faults.start(world, _session["gpu"], fault_watch, test_bus)
         with caught.caught(world.rank):  # library warnings into the report, not stderr
             yield world
     except BaseException as exc:
-        faultwatch.publish_after_failure(world)  # before the roll call, which can take long
+        faults.publish_after_failure(world)  # before the roll call, which can take long
         comm_error = isinstance(exc, Exception) and is_comm_error(exc)
         if comm_error and world.world_size > 1:  # dumps inside the roll call
             raise _diagnose(store, world, timeout_s, exc, backend) from exc
@@ -232,7 +234,7 @@ def process_group(backend: str, device: str, timeout_s: float,
     else:
         dist.destroy_process_group()
     finally:
-        faultwatch.close()
+        faults.close()
         _leave_after_failure(backend, world)
 
 

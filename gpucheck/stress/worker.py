@@ -77,11 +77,11 @@ Phase = Callable[[RankContext, dict[str, Any]], None]
 def stress_worker(run: RunContext, spec: StressSpec) -> dict[str, Any] | None:
     """Run every phase on this rank; rank 0 returns the gathered results."""
     with process_group(spec.backend, spec.device, spec.timeout_s,
-                       fault_watch=spec.fault_watch, fault_bus=run.hooks.fault_bus,
-                       scope=run.scope) as world:
+                       fault_watch=spec.fault_watch, ctx=run) as world:
         ctx = _context(spec, world, run.hooks)
         result = _initial_result(ctx)
-        with watch_faults(ctx, result), terminal.bar("stress", len(PHASES), "phase") as shown:
+        with watch_faults(faultwatch.of(run), result), \
+                terminal.bar("stress", len(PHASES), "phase") as shown:
             for name, phase in _phases():
                 progress.set_step(name)
                 shown.describe(_phase_text(name, spec))
@@ -104,7 +104,7 @@ def _phase_text(name: str, spec: StressSpec) -> str:
 
 
 @contextlib.contextmanager
-def watch_faults(ctx: RankContext, result: dict[str, Any]) -> Iterator[None]:
+def watch_faults(faults: faultwatch.RankFaults, result: dict[str, Any]) -> Iterator[None]:
     """The measured phases are the fault watch's timed window.
 
     The frame (`process_group`) watches this rank's GPU for the whole run; here the
@@ -112,10 +112,10 @@ def watch_faults(ctx: RankContext, result: dict[str, Any]) -> Iterator[None]:
     into result["faults"]. A failed phase skips the gather (a collective): rank 0's
     own result then reaches the failure report through its partial results.
     """
-    faultwatch.mark_start()
+    faults.mark_start()
     yield
-    faultwatch.mark_end()
-    result["faults"] = faultwatch.gather()
+    faults.mark_end()
+    result["faults"] = faults.gather()
 
 
 def _phases() -> list[tuple[str, Phase]]:
