@@ -61,9 +61,15 @@ from gpucheck.context import NO_HOOKS, TestHooks
 GB = 1e9
 
 
-def round_schedule(nodes: int) -> list[list[tuple[int, int]]]:
-    """Round r (1 .. nodes-1): every node i sends to (i + r) mod nodes."""
-    return [[(i, (i + r) % nodes) for i in range(nodes)] for r in range(1, nodes)]
+def round_schedule(nodes: int, shifts: Sequence[int] | None = None,
+                   ) -> list[list[tuple[int, int]]]:
+    """Round r (1 .. nodes-1): every node i sends to (i + r) mod nodes. With `shifts`,
+    only those rounds (each below `nodes`, once): a constant number of rounds whatever
+    the node count (`gpucheck preflight` runs shifts 1 and 2), enough to find one slow
+    node by elimination (gpucheck.comm.confirm), not every pair."""
+    wanted = range(1, nodes) if shifts is None else \
+        sorted({s for s in shifts if 0 < s < nodes})
+    return [[(i, (i + r) % nodes) for i in range(nodes)] for r in wanted]
 
 
 def rail_links(node_ranks: Sequence[Sequence[int]], src_node: int,
@@ -215,9 +221,12 @@ Measured = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # links received o
 
 
 def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
-                      device: str, repeats: int = 1, hooks: TestHooks = NO_HOOKS) -> Measured:
-    """Run every round; return the links this rank received on, and what it timed of
-    the links it sent on (NCCL only). `hooks`: tests' slow senders and receivers."""
+                      device: str, repeats: int = 1,
+                      shifts: Sequence[int] | None = None,
+                      hooks: TestHooks = NO_HOOKS) -> Measured:
+    """Run every round (or only `shifts`: `round_schedule`); return the links this rank
+    received on, and what it timed of the links it sent on (NCCL only). `hooks`: tests'
+    slow senders and receivers."""
     import torch.distributed as dist
 
     from gpucheck.distributed import progress
@@ -230,7 +239,8 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
     delays = hooks.node_delays(mine_node, node_ranks[mine_node].index(me))
     links: list[dict[str, Any]] = []
     sent: list[dict[str, Any]] = []
-    for r, pairs in enumerate(round_schedule(len(node_ranks)), start=1):
+    for pairs in round_schedule(len(node_ranks), shifts):
+        r = (pairs[0][1] - pairs[0][0]) % len(node_ranks)  # the round's shift
         progress.set_step(f"between nodes: round {r}")
         to = {s: d for _, s, d in rail_links(node_ranks, *pairs[mine_node])}
         src_node = (mine_node - r) % len(node_ranks)
@@ -303,6 +313,7 @@ def exchanges_for(suspects: Suspects) -> list[tuple[int, int]]:
 
 def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                   device: str, threshold: float, repeats: int,
+                  shifts: Sequence[int] | None = None,
                   hooks: TestHooks = NO_HOOKS) -> dict[str, Any]:
     """The rounds, gathered on every rank; then the slow node pairs (and a suspect
     node's pairs), and the node pairs of slow rail links, measured again beside
@@ -310,7 +321,8 @@ def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
     Rank 0's list of exchanges is broadcast, so every rank runs the same steps."""
     import torch.distributed as dist
 
-    links = _gather(measure_internode(roster, size_bytes, iters, device, repeats, hooks))
+    links = _gather(measure_internode(roster, size_bytes, iters, device, repeats, shifts,
+                                      hooks))
     suspects = find_node_suspects(node_samples(node_pair_rows(links)), threshold)
     wanted = sorted(set(exchanges_for(suspects)) | set(rail_exchanges(links, threshold)))
     box: list[Any] = [wanted]

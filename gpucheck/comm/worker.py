@@ -89,6 +89,12 @@ def _gather_size(collective: str, size: int, spec: CommSpec, world: World) -> di
         "rank_times_us": [round(t * 1e6, 2) for t in times]}
 
 
+def measure_size(collective: str, size: int, spec: CommSpec, world: World) -> dict[str, Any]:
+    """One collective at one size on every rank, as the sweep measures it (its report
+    row): for commands that compose comm's pieces (`gpucheck preflight`)."""
+    return _gather_size(collective, size, spec, world)
+
+
 def _pairwise(spec: CommSpec, infos: list[dict[str, Any]], largest: int,
               hooks: TestHooks) -> dict[str, Any]:
     return run_pairwise(infos, spec.pair_bytes or largest, spec.pair_iters, spec.device,

@@ -21,7 +21,7 @@ from gpucheck.escape import terminal
 from gpucheck.render import FORMATS
 
 COMMANDS = ("env", "bench", "comm", "stress", "all", "compare", "fleet", "health", "hang",
-            "show")
+            "show", "preflight")
 
 EXIT_USAGE = 2
 

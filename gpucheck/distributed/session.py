@@ -44,7 +44,7 @@ from gpucheck.distributed.world import World, host_name, world_from_env
 SINGLE = World(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                master_addr="127.0.0.1", master_port=0, launcher="none")
 
-_session: dict[str, Any] = {"roster": [], "gpu": None, "device_index": None}
+_session: dict[str, Any] = {"roster": [], "gpu": None, "device_index": None, "store": None}
 
 # On a timed-out NCCL collective the watchdog (ProcessGroupNCCL's own thread) dumps the
 # Flight Recorder (TORCH_NCCL_DUMP_ON_TIMEOUT) and asks the other ranks to dump; by
@@ -63,6 +63,13 @@ _COMM_ERROR_WORDS = ("timed out", "timeout", "connection", "gloo", "nccl", "peer
 def roster() -> list[RankInfo]:
     """Every rank of the current job as it checked in (host, node, device, pid)."""
     return list(_session["roster"])
+
+
+def job_store() -> Any:
+    """The store the last `process_group` checked in on (None before one): kept after the
+    block, so a command can still coordinate its ranks once the group is gone
+    (`gpucheck preflight` hands the job's port over to the command it starts)."""
+    return _session["store"]
 
 
 def gpu_identity() -> GpuIdentity | None:
@@ -126,6 +133,16 @@ def _job_store(world: World, timeout: _dt.timedelta) -> Any:
         raise CheckInFailed([0], [], world, timeout.total_seconds()) if world.rank else (
             RuntimeError(f"cannot host the job's store on {addr}:{port}: {exc}; "
                          "the port may be in use: set MASTER_PORT")) from exc
+
+
+def store_on_rank0(world: World) -> bool:
+    """Is the job's store (`_job_store`) hosted by rank 0's process? Yes for an `env://`
+    launch (srun, a hand-made RANK/WORLD_SIZE start), on MASTER_PORT; no under torchrun
+    (the agent hosts it) and for a rank alone (an in-process store)."""
+    from torch.distributed.rendezvous import _agent_store_serves
+
+    return world.launcher != "none" and world.world_size > 1 and \
+        not _agent_store_serves(world.master_addr, world.master_port)
 
 
 def bind_device(device: str, world: World,
@@ -196,7 +213,7 @@ def process_group(backend: str, device: str, timeout_s: float,
         terminal.say(f"rank 0 started: waiting for {world.world_size} ranks to check in")
     ctx = ctx if ctx is not None else RunContext()
     faults = ctx.faults = faultwatch.RankFaults()
-    store = scoped_store(_job_store(world, timeout), ctx.scope)
+    store = _session["store"] = scoped_store(_job_store(world, timeout), ctx.scope)
     views: dict[int, View] = {}
 
     def peers(seen: list[str], launched: World = world) -> dict[int, list[str]]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpucheck.context import RunContext, TestHooks
+from gpucheck.context import NO_HOOKS, RunContext, TestHooks
 from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.session import gpu_identity, process_group, roster
 from gpucheck.distributed.world import World, host_name
@@ -93,6 +93,20 @@ def stress_worker(run: RunContext, spec: StressSpec) -> dict[str, Any] | None:
         progress.set_step(None)
         _publish(ctx, result)
     return result if world.is_reporter else None
+
+
+def open_phases(spec: StressSpec, world: World,
+                hooks: TestHooks = NO_HOOKS) -> tuple[RankContext, dict[str, Any]]:
+    """This rank's context and the result its phases fill, inside `process_group`: for
+    commands that compose stress's phases (`gpucheck preflight`) with `run_phase`."""
+    ctx = _context(spec, world, hooks)
+    return ctx, _initial_result(ctx)
+
+
+def run_phase(name: str, ctx: RankContext, result: dict[str, Any]) -> None:
+    """One phase by name ("gemm", "membw", "sdc", ...), as `stress_worker` runs it."""
+    dict(_phases())[name](ctx, result)
+    result["phases_done"].append(name)
 
 
 def _phase_text(name: str, spec: StressSpec) -> str:

@@ -1,0 +1,207 @@
+"""`gpucheck preflight` on every rank: the checks, cheapest and most decisive first,
+inside the job's own process group and under one budget; then the verdict every rank
+agrees on.
+
+A composition of the other commands' pieces, not a copy: env's NVML judges
+(`gpucheck.probes`), stress's GEMM and burn-in phases (`gpucheck.stress.worker`),
+comm's all_reduce row and node-to-node rounds (`gpucheck.comm`). Rank 0 judges the
+gathered figures (`gpucheck.preflight.verdict`) and broadcasts the decision, so every
+rank goes, or none does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpucheck.context import NO_HOOKS, RunContext, TestHooks
+from gpucheck.distributed import faultwatch, progress, terminal
+from gpucheck.distributed.session import job_store, process_group, roster, store_on_rank0
+from gpucheck.distributed.world import World
+from gpucheck.preflight.budget import GRACE_S, Budget
+
+CHECKS = ("nvml", "gemm", "sdc", "alloc", "all_reduce", "links")
+# Ring shifts of the node-to-node rounds: two, whatever the node count (see links).
+LINK_SHIFTS = (1, 2)
+
+
+@dataclass(frozen=True)
+class PreflightSpec:
+    """Everything a rank needs (picklable: it crosses to self-launched ranks)."""
+
+    device: str  # "cuda" or "cpu"
+    backend: str
+    budget_s: float  # the checks' budget (start-up excluded)
+    startup_s: float  # how long the ranks may take to check in
+    strict: bool
+    dtype: str  # the GEMM's and the burn-in's
+    size: int  # n of the n x n x n products
+    warmup_s: float
+    gemm_window_s: float
+    burn_s: float
+    alloc_fraction: float  # of the free device memory, in one allocation
+    allreduce_bytes: int
+    link_bytes: int
+    iters: int
+    peer_fraction: float
+    expected_fraction: float
+    link_fraction: float
+    fault_watch: bool = True  # watch every rank's GPU during the checks (docs/faults.md)
+    # The least seconds each check needs; fewer left: it is a SKIP (budget).
+    costs_s: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass
+class Run:
+    """One rank's checks: its place, its spec, the budget, what the checks found."""
+
+    spec: PreflightSpec
+    world: World
+    budget: Budget
+    result: dict[str, Any]
+    stress: Any = None  # (stress RankContext, stress result) once opened
+    hooks: TestHooks = NO_HOOKS  # tests only (gpucheck.context)
+
+
+def preflight_worker(ctx: RunContext, spec: PreflightSpec) -> dict[str, Any]:
+    """Every check on this rank; every rank returns the agreed decision (rank 0 also
+    the gathered result), then knows whether it may hand over the job's store."""
+    ctx = ctx.scoped("preflight")  # preflight's keys apart from the command's on the store
+    with process_group(spec.backend, spec.device, spec.startup_s,
+                       fault_watch=spec.fault_watch, ctx=ctx) as world:
+        faults = faultwatch.of(ctx)
+        run = Run(spec, world, Budget(spec.budget_s), _initial(world, spec), hooks=ctx.hooks)
+        faults.mark_start()  # XID and ECC events, counters, during the checks
+        for name in CHECKS:
+            _check(run, name)
+        faults.mark_end()
+        run.budget.bound_waits(GRACE_S)
+        run.result["faults"] = faults.gather()
+        decision = _decide(run)
+    out = {"decision": decision, "result": run.result if world.rank == 0 else None,
+           "store_on_rank0": store_on_rank0(world)}
+    if decision["go"]:
+        from gpucheck.preflight.handoff import release_store
+
+        release_store(job_store(), world, out["store_on_rank0"])
+    return out
+
+
+def _initial(world: World, spec: PreflightSpec) -> dict[str, Any]:
+    return {"world_size": world.world_size, "device": spec.device, "backend": spec.backend,
+            "budget_s": spec.budget_s, "ranks": [asdict(i) for i in roster()],
+            "checks": {}, "strict": spec.strict,
+            "fractions": {"peer": spec.peer_fraction, "expected": spec.expected_fraction,
+                          "link": spec.link_fraction}}
+
+
+def _check(run: Run, name: str) -> None:
+    """Run check `name` when every rank has time left for it, else record the SKIP."""
+    need = dict(run.spec.costs_s).get(name, 1.0)
+    left = run.budget.agreed_left(run.spec.device)
+    if left < need:
+        run.result["checks"][name] = {"state": "unfinished",
+                                      "reason": f"{left:.3g} s of the {run.spec.budget_s:g} s "
+                                                f"budget left, the check needs {need:g} s"}
+        return
+    progress.set_step(f"preflight: {name}")
+    terminal.step(f"preflight: {name}")
+    run.budget.bound_waits()
+    run.result["checks"][name] = {"state": "done"} | _CHECK_FUNCTIONS[name](run)
+    progress.set_step(None)
+
+
+def _gather(mine: Any, world_size: int) -> list[Any]:
+    import torch.distributed as dist
+
+    every: list[Any] = [None] * world_size
+    dist.all_gather_object(every, mine)
+    return every
+
+
+def _nvml(run: Run) -> dict[str, Any]:
+    """Each node's local rank 0 reads every GPU of its node through NVML and judges it
+    with env's judges; the findings of every node are gathered."""
+    from gpucheck.preflight.checks import nvml_findings
+
+    mine = None
+    if run.world.local_rank == 0:
+        own = [int(r["pid"]) for r in run.result["ranks"]
+               if r["node_rank"] == run.world.node_rank]
+        mine = {"node_rank": run.world.node_rank,
+                "findings": nvml_findings(run.spec.device, own)}
+    return {"nodes": [n for n in _gather(mine, run.world.world_size) if n is not None]}
+
+
+def _stress(run: Run) -> tuple[Any, dict[str, Any]]:
+    if run.stress is None:
+        from gpucheck.stress.worker import StressSpec, open_phases
+
+        spec = run.spec
+        stress_spec = StressSpec(
+            device=spec.device, backend=spec.backend, timeout_s=spec.budget_s,
+            dtypes=(spec.dtype,), size=spec.size, duration_s=spec.burn_s,
+            warmup_s=spec.warmup_s, gemm_window_s=spec.gemm_window_s,
+            membw_window_s=spec.gemm_window_s, pin_numa=False, fault_watch=False,
+            peer_fraction=spec.peer_fraction, expected_fraction=spec.expected_fraction)
+        run.stress = open_phases(stress_spec, run.world, run.hooks)
+    return run.stress
+
+
+def _stress_phase(name: str) -> Callable[[Run], dict[str, Any]]:
+    def check(run: Run) -> dict[str, Any]:
+        from gpucheck.stress.worker import run_phase
+
+        ctx, result = _stress(run)
+        run_phase(name, ctx, result)
+        run.result["stress"] = result  # rank 0's: the one with the CPU reference
+        return {}
+    return check
+
+
+def _alloc(run: Run) -> dict[str, Any]:
+    from gpucheck.preflight.checks import large_allocation
+
+    return {"ranks": _gather(large_allocation(run.world.rank, run.spec.device,
+                                              run.spec.alloc_fraction),
+                             run.world.world_size)}
+
+
+def _all_reduce(run: Run) -> dict[str, Any]:
+    from gpucheck.comm.worker import CommSpec, measure_size
+
+    spec = run.spec
+    comm = CommSpec(device=spec.device, backend=spec.backend, timeout_s=spec.budget_s,
+                    collectives=("all_reduce",), iters=spec.iters, warmup=2)
+    return {"row": measure_size("all_reduce", spec.allreduce_bytes, comm, run.world)}
+
+
+def _links(run: Run) -> dict[str, Any]:
+    from gpucheck.comm.internode import run_internode
+    from gpucheck.distributed.nodes import group_by_node
+
+    if len(group_by_node(run.result["ranks"])) < 2:
+        return {"state": "not_applicable", "reason": "one node: nothing between nodes"}
+    spec = run.spec
+    return {"internode": run_internode(run.result["ranks"], spec.link_bytes, spec.iters,
+                                       spec.device, spec.link_fraction, repeats=3,
+                                       shifts=LINK_SHIFTS)}
+
+
+_CHECK_FUNCTIONS: dict[str, Callable[[Run], dict[str, Any]]] = {
+    "nvml": _nvml, "gemm": _stress_phase("gemm"), "sdc": _stress_phase("sdc"),
+    "alloc": _alloc, "all_reduce": _all_reduce, "links": _links}
+
+
+def _decide(run: Run) -> dict[str, Any]:
+    """Rank 0 judges everything gathered; its decision is broadcast, so every rank takes
+    the same one (go on every rank, or on none)."""
+    import torch.distributed as dist
+
+    from gpucheck.preflight.verdict import decide
+
+    run.budget.bound_waits(GRACE_S)  # the agreement itself may run past the budget a bit
+    box: list[Any] = [decide(run.result) if run.world.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return dict(box[0])

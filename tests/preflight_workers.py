@@ -1,0 +1,16 @@
+"""Test-only hooks for `gpucheck preflight` (`tests/hooked.py --stress
+preflight_workers:<function>`, TestHooks.stress): called on every rank after each timed
+GEMM and burn-in iteration, as for stress (gpucheck.stress.hooks). Nothing in gpucheck
+imports this module."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+
+def stop_rank_one(rank: int, phase: str, iteration: int, out: Any) -> None:
+    """Rank 1 stops itself (SIGSTOP) at its first timed GEMM: a hung rank mid-check."""
+    if rank == 1 and phase == "gemm" and iteration == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)

@@ -1,0 +1,175 @@
+"""`gpucheck preflight -- CMD` for real: 2 gloo ranks on 127.0.0.1, under torchrun and
+as srun starts them (each rank a process with RANK, WORLD_SIZE, ..., SLURM_*, no agent).
+A pass: every rank's own process becomes CMD, whose own init_process_group(env://) and
+all_reduce work. A fault: CMD starts on no rank, the report names the rank, the exclude
+file its host."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from comm_workers import PYTHON, ROOT, clean_env, free_port, start, tracked, wait_gone
+
+RUN_S = 300
+TRAIN = str(ROOT / "tests" / "preflight_train.py")
+HOOKED = str(ROOT / "tests" / "hooked.py")  # gpucheck with test hooks (TestHooks)
+HOOK_PATH = f"{ROOT}:{ROOT / 'tests'}"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """The test's environment with tests/ importable (the hooks' modules), without any
+    GPUCHECK_* variable (an earlier test's cli.main may have set one in this process),
+    so whatever the command finds of them, gpucheck left behind."""
+    env = {k: v for k, v in clean_env(**extra).items()
+           if not k.startswith("GPUCHECK_") or k in extra}
+    return env | {"PYTHONPATH": HOOK_PATH}
+
+
+def _trained(stdout: str) -> list[dict]:
+    return sorted((json.loads(line[len("TRAIN "):]) for line in stdout.splitlines()
+                   if line.startswith("TRAIN ")), key=lambda r: r["rank"])
+
+
+def _torchrun(tmp_path: Path, *options: str, hooks: tuple[str, ...] = (),
+              **env: str) -> subprocess.Popen[str]:
+    """`hooks`: tests/hooked.py's options (every rank gets them as TestHooks)."""
+    args = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+            "--max-restarts", "0", HOOKED, *hooks, "--", "preflight", *options,
+            "--", PYTHON, TRAIN]
+    return start(args, _env(**env))
+
+
+def _slurm_ranks(port: int, *options: str, nodes: int = 1, hooks: tuple[str, ...] = (),
+                 **env: str) -> list[subprocess.Popen[str]]:
+    """Two tasks as srun starts them: no agent, rank 0 hosts the store; with `nodes=2`
+    each task is its own "node" (node rank 0 and 1 on this one host)."""
+    procs = []
+    for rank in (0, 1):
+        node, local = (rank, 0) if nodes == 2 else (0, rank)
+        rank_env = _env(
+            RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(local),
+            LOCAL_WORLD_SIZE=str(2 // nodes), GROUP_RANK=str(node), MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port), SLURM_JOB_ID="4242", SLURM_STEP_ID="0",
+            SLURM_PROCID=str(rank), SLURM_LOCALID=str(local), SLURM_NODEID=str(node),
+            SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2", SLURM_NNODES=str(nodes),
+            SLURM_JOB_NODELIST="localhost", SLURM_STEP_NODELIST="localhost",
+            SLURM_TASKS_PER_NODE=str(2 // nodes), **env)
+        procs.append(start([PYTHON, HOOKED, *hooks, "--", "preflight", *options, "--",
+                            PYTHON, TRAIN], rank_env))
+    return procs
+
+
+def test_torchrun_pass_makes_each_rank_process_the_command(tmp_path: Path) -> None:
+    exclude = tmp_path / "exclude.txt"
+    proc = _torchrun(tmp_path, "-q", "--budget", "60", "--exclude-file", str(exclude))
+    with tracked([proc]) as seen:
+        stdout, stderr = proc.communicate(timeout=RUN_S)
+        assert proc.returncode == 0, stderr[-3000:]
+        assert wait_gone(seen) == []
+    trained = _trained(stdout)
+    assert [(r["rank"], r["sum"]) for r in trained] == [(0, 3.0), (1, 3.0)]
+    # The processes torchrun started became the command: its children, same pids.
+    assert {r["ppid"] for r in trained} == {proc.pid}
+    assert all(r["gpucheck_vars"] == [] and r["nccl_blocking_wait"] is None for r in trained)
+    assert exclude.read_text() == ""
+
+
+def test_slurm_shaped_pass_frees_master_port_for_the_command() -> None:
+    port = free_port()
+    procs = _slurm_ranks(port, "-q", "--budget", "60")
+    with tracked(procs):
+        outs = [p.communicate(timeout=RUN_S) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+    trained = [_trained(out)[0] for out, _ in outs]
+    assert [(r["rank"], r["sum"]) for r in trained] == [(0, 3.0), (1, 3.0)]
+    assert [r["pid"] for r in trained] == [p.pid for p in procs]
+    assert {r["master_port"] for r in trained} == {str(port)}
+
+
+def test_two_nodes_measure_their_links_then_run_the_command(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    procs = _slurm_ranks(free_port(), "-q", "-o", str(report), nodes=2)
+    with tracked(procs):
+        outs = [p.communicate(timeout=RUN_S) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+    assert [_trained(out)[0]["sum"] for out, _ in outs] == [3.0, 3.0]
+    sections = {s["name"]: s for s in json.loads(report.read_text())["sections"]}
+    assert sections["budget"]["data"]["checks"]["links"] == "done"
+    assert [(f["check"], f["status"]) for f in sections["internode"]["findings"]] == [
+        ("comm.internode.slow_pair", "OK")]
+
+
+@pytest.mark.parametrize("launch", ["torchrun", "slurm"])
+def test_wrong_matmul_on_rank_one_starts_the_command_nowhere(tmp_path: Path,
+                                                            launch: str) -> None:
+    exclude, report = tmp_path / "exclude.txt", tmp_path / "report.json"
+    options = ("-q", "-o", str(report), "--exclude-file", str(exclude))
+    hooks = ("--stress", "stress_workers:wrong_rank_one_always")
+    procs = [_torchrun(tmp_path, *options, hooks=hooks)] if launch == "torchrun" else \
+        _slurm_ranks(free_port(), *options, hooks=hooks)
+    with tracked(procs) as seen:
+        outs = [p.communicate(timeout=RUN_S) for p in procs]
+        assert wait_gone(seen) == []
+    assert all(p.returncode == 1 for p in procs), [e[-2000:] for _, e in outs]
+    assert all(_trained(out) == [] for out, _ in outs)
+    head = json.loads(report.read_text())["sections"][0]
+    assert head["name"] == "preflight" and head["data"]["go"] is False
+    [node] = head["data"]["failing_nodes"]
+    assert node["ranks"] == [1] and node["host"] == socket.gethostname()
+    assert "preflight.sdc" in node["checks"]
+    assert [f["subject"] for f in head["findings"] if f["status"] == "FAIL"] == [node["host"]]
+    assert exclude.read_text() == f"{socket.gethostname()}\n"
+
+
+def test_rank_stopped_during_the_checks_ends_the_run_and_is_named(tmp_path: Path) -> None:
+    exclude, report = tmp_path / "exclude.txt", tmp_path / "report.json"
+    proc = _torchrun(tmp_path, "-q", "--budget", "10", "-o", str(report), "--exclude-file",
+                     str(exclude), hooks=("--stress", "preflight_workers:stop_rank_one"))
+    with tracked([proc]) as seen:
+        stdout, stderr = proc.communicate(timeout=RUN_S)
+        assert wait_gone(seen) == []
+    assert proc.returncode == 1 and _trained(stdout) == [], stderr[-3000:]
+    failed = [f for s in json.loads(report.read_text())["sections"] for f in s["findings"]
+              if f["status"] == "FAIL"]
+    assert [f["subject"] for f in failed] == ["rank 1"]
+    assert failed[0]["check"] == "preflight.rank_unresponsive"
+    assert exclude.read_text() == f"{socket.gethostname()}\n"
+
+
+def test_alone_on_a_healthy_machine_is_ok_and_writes_an_empty_exclude_file(
+        tmp_path: Path) -> None:
+    exclude, report = tmp_path / "exclude.txt", tmp_path / "report.json"
+    proc = start([PYTHON, "-m", "gpucheck", "preflight", "-q", "--budget", "60", "-o",
+                  str(report), "--exclude-file", str(exclude)], clean_env())
+    with tracked([proc]) as seen:
+        _stdout, stderr = proc.communicate(timeout=RUN_S)
+        assert wait_gone(seen) == []
+    assert proc.returncode == 0, stderr[-3000:]
+    head = json.loads(report.read_text())["sections"][0]
+    assert head["data"]["go"] is True and head["data"]["failing_nodes"] == []
+    assert exclude.read_text() == ""
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_checks_that_do_not_fit_the_budget_skip_and_with_strict_stop_the_job(
+        tmp_path: Path, strict: bool) -> None:
+    # 1.5 s is less than every check but the allocation says it needs (DEFAULTS' costs).
+    report = tmp_path / "report.json"
+    proc = _torchrun(tmp_path, "-q", "--budget", "1.5", "-o", str(report),
+                     *(["--strict"] if strict else []))
+    with tracked([proc]) as seen:
+        stdout, stderr = proc.communicate(timeout=RUN_S)
+        assert wait_gone(seen) == []
+    assert proc.returncode == (1 if strict else 0), stderr[-3000:]
+    assert len(_trained(stdout)) == (0 if strict else 2)
+    sections = {s["name"]: s for s in json.loads(report.read_text())["sections"]}
+    states = sections["budget"]["data"]["checks"]
+    assert states["alloc"] == "done" and states["sdc"] == states["gemm"] == "unfinished"
+    unfinished = {f["subject"]: f["status"] for f in sections["budget"]["findings"]}
+    assert set(unfinished.values()) == {"FAIL" if strict else "SKIP"}
+    assert sections["preflight"]["data"]["failing_nodes"] == []
