@@ -158,7 +158,7 @@ def _run(args: argparse.Namespace, ctx: RunContext) -> int:
             return 0
         if baseline is not None:
             report.add(baseline_section(report, baseline))
-        add_log(report)
+        add_log(report, ctx)
         emit(report, fmt, outputs, args.quiet, formats=formats)
     except UsageError as exc:
         # shown(): the message may quote a report file (its command, host, path).
@@ -224,7 +224,7 @@ def _write_interrupted(module: Any, args: argparse.Namespace, ctx: RunContext,
     `<command>.interrupted` section; False when it cannot be written."""
     build = getattr(module, "partial_report", None)
     report = (build(args, ctx) if build is not None else None) or Report(command=args.command)
-    add_log(report)
+    add_log(report, ctx)
     report.add(interrupted_section(args.command, signum, partial=bool(report.sections)))
     try:
         formats = file_formats(args.format, outputs_of(args))
@@ -233,10 +233,10 @@ def _write_interrupted(module: Any, args: argparse.Namespace, ctx: RunContext,
     return not _write_files(report, formats)
 
 
-def add_log(report: Report) -> None:
+def add_log(report: Report, ctx: RunContext) -> None:
     """The warnings libraries raised on the ranks (gpucheck.distributed.caught), caught
     instead of printed: a `log` section, data only (a FutureWarning is no verdict)."""
-    rows = caught.log_rows()
+    rows = caught.log_rows(ctx.warnings)
     if rows:
         report.add(Section("log", "Warnings from libraries (caught, not printed)",
                            {"warnings": rows}))

@@ -137,6 +137,9 @@ class RunContext:
     scope: tuple[str, ...] = ()
     # This rank's fault watch while it is in a process group (distributed.session).
     faults: RankFaults | None = None
+    # Library warnings caught on the ranks, for the report's log (distributed.caught);
+    # shared by the contexts `scoped` makes, so `all` reports them once.
+    warnings: list[dict[str, Any]] = field(default_factory=list)
 
     def scoped(self, name: str) -> RunContext:
         """This context for one command of a sequence (the same options and run)."""

@@ -34,7 +34,7 @@ OWN_PREFIX_CLASSIFIERS = {"probes/envvars.py", "distributed/envgather.py"}
 
 # Still to move onto the RunContext (each entry: file, what).
 KNOWN = {
-    "state": {("distributed/caught.py", "_state"), ("distributed/progress.py", "_state"),
+    "state": {("distributed/progress.py", "_state"),
               ("distributed/session.py", "_session"), ("distributed/terminal.py", "_open")},
     # GPUCHECK_PROGRESS (the progress decision, for the ranks); all --local's launcher
     # variables (to become a launcher_env).

@@ -78,8 +78,9 @@ def run_job(worker: Callable[[RunContext, S], Any], spec: S, nproc: int,
     terminal.say(f"launching {nproc} ranks (each starts python and torch, then they "
                  "join one process group)")
     progress.remember_ranks({})
+    ctx = ctx or RunContext()
     with _run_dir() as folder:
-        options = replace((ctx or RunContext()).options, run_dir=str(folder))
+        options = replace(ctx.options, run_dir=str(folder))
         try:
             return launch_local(in_context, (worker, spec, options), nproc, master_port)[0]
         except WorkersFailed as exc:
@@ -91,7 +92,7 @@ def run_job(worker: Callable[[RunContext, S], Any], spec: S, nproc: int,
             progress.remember_ranks(progress.read_ranks(folder))
             raise
         finally:
-            caught.gather(folder)  # the ranks' library warnings, for the report's log
+            caught.gather(folder, ctx.warnings)  # the ranks' library warnings, for the log
 
 
 class JobFailed(WorkersFailed):

@@ -238,7 +238,8 @@ def process_group(backend: str, device: str, timeout_s: float,
     terminal.say(f"{world.world_size} rank(s) joined the process group ({backend}, {device})")
     try:
         faults.start(world, _session["gpu"], fault_watch, test_bus)
-        with caught.caught(world.rank):  # library warnings into the report, not stderr
+        # library warnings into the report, not stderr
+        with caught.caught(world.rank, ctx.warnings):
             yield world
     except BaseException as exc:
         faults.publish_after_failure(world)  # before the roll call, which can take long
