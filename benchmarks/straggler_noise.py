@@ -139,7 +139,7 @@ def one_run(kind: str, planted: int | None, extra: list[str], keep: Path | None,
         # tests/hooked.py: the planted hook travels to the ranks as data (TestHooks).
         launcher = ["-c", RECORDER, str(records)] if keep else [str(REPO / "tests" / "hooked.py")]
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, *launcher, *hooks, "--", "bench", "--quiet",
+        done = subprocess.run([sys.executable, *launcher, *hooks, "gpucheck", "bench", "--quiet",
                                "--output", str(out), *extra], cwd=folder, env=env,
                               timeout=RUN_TIMEOUT_S, check=False, capture_output=True,
                               text=True)

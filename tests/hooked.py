@@ -1,5 +1,7 @@
-"""Run one gpucheck command line with test hooks: `python tests/hooked.py [HOOKS] --
-COMMAND ARGS...` (also as the script torchrun starts on every rank).
+"""Run one gpucheck command line with test hooks: `python tests/hooked.py [HOOKS]
+gpucheck COMMAND ARGS...` (also as the script torchrun starts on every rank). The
+word `gpucheck` separates the hooks from the command line: torchrun's own parser
+swallows a `--` there.
 
 The hooks (gpucheck.context.TestHooks) travel as data: this test-only entry point
 builds them and calls `gpucheck.cli.program`, which hands them to every rank with
@@ -50,9 +52,12 @@ def fault_bus(text: str) -> tuple[str | None, ...]:
     return tuple(b.strip() or None for b in text.split(","))
 
 
+SEPARATOR = "gpucheck"
+
+
 def parse(argv: list[str]) -> tuple[TestHooks, list[str]]:
-    """The hooks before `--`, and the gpucheck command line after it."""
-    split = argv.index("--") if "--" in argv else len(argv)
+    """The hooks before the word `gpucheck`, and the gpucheck command line after it."""
+    split = argv.index(SEPARATOR) if SEPARATOR in argv else len(argv)
     parser = argparse.ArgumentParser(prog="hooked.py")
     parser.add_argument("--model", type=function)
     parser.add_argument("--stress", type=function)

@@ -65,7 +65,7 @@ def test_a_rank_failing_in_the_timed_loop_keeps_every_ranks_iterations_so_far(
         tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     hooked = [PYTHON, str(Path(__file__).resolve().parent / "hooked.py"),
-              "--model", "bench_workers:fail_rank_one_in_the_timed_loop", "--"]
+              "--model", "bench_workers:fail_rank_one_in_the_timed_loop", "gpucheck"]
     proc = start([*hooked, *LONG_BENCH, "--n-gpus", "2", "-q", "-o", str(out)], clean_env())
     with tracked([proc]):
         _, err = proc.communicate(timeout=START_S + END_S)

@@ -29,7 +29,7 @@ def _nodes(tmp_path: Path, *hooks: str, nodes: int = NODES, per_node: int = 1,
     torchrun = [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(nodes),
                 "--nproc-per-node", str(per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint",
                 f"127.0.0.1:{port}", "--rdzv-id", run_id, "--max-restarts", "0",
-                HOOKED, *hooks, "--", "comm", "--collectives", "all_reduce", "--max-bytes",
+                HOOKED, *hooks, "gpucheck", "comm", "--collectives", "all_reduce", "--max-bytes",
                 "4K", "--iters", "1", "--warmup", "0", "--pair-bytes", "256K",
                 "--timeout", "60", "-q", "-o", str(out)] + ([] if pairwise else ["--no-pairwise"])
     procs = [start(torchrun, clean_env()) for _ in range(nodes)]

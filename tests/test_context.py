@@ -66,7 +66,7 @@ def test_hooked_reads_the_old_hook_forms_into_data() -> None:
     hooks, command = hooked.parse([
         "--model", "bench_workers:slow_rank_one", "--fault-bus", "A,,B",
         "--slow-pair", "2:3:0.02,3:2:0.05:first", "--slow-sends", "1/1:0.02",
-        "--slow-recvs", "2:0.5:first", "--", "comm", "--n-gpus", "2"])
+        "--slow-recvs", "2:0.5:first", "gpucheck", "comm", "--n-gpus", "2"])
     assert command == ["comm", "--n-gpus", "2"]
     assert hooks == TestHooks(model=bench_workers.slow_rank_one, fault_bus=("A", None, "B"),
                               slow_pairs=(SlowPair(2, 3, 0.02), SlowPair(3, 2, 0.05, "first")),

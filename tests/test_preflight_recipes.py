@@ -42,7 +42,7 @@ def site(tmp_path: Path) -> dict:
     # gpucheck through tests/hooked.py: HOOKED_OPTIONS (this stand-in's, word-split) are
     # its test hooks, which reach every rank as data (gpucheck reads no such variable).
     hooked = shlex.quote(str(REPO / "tests" / "hooked.py"))
-    _script(bin_dir / "gpucheck", f'exec {python} {hooked} $HOOKED_OPTIONS -- "$@"\n')
+    _script(bin_dir / "gpucheck", f'exec {python} {hooked} $HOOKED_OPTIONS gpucheck "$@"\n')
     _script(bin_dir / "python", f'exec {python} "$@"\n')
     _script(bin_dir / "torchrun", f'exec {python} -m torch.distributed.run "$@"\n')
     log = tmp_path / "calls.log"

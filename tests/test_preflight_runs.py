@@ -39,7 +39,7 @@ def _torchrun(tmp_path: Path, *options: str, hooks: tuple[str, ...] = (),
     """`hooks`: tests/hooked.py's options (every rank gets them as TestHooks)."""
     args = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-            "--max-restarts", "0", HOOKED, *hooks, "--", "preflight", *options,
+            "--max-restarts", "0", HOOKED, *hooks, "gpucheck", "preflight", *options,
             "--", PYTHON, TRAIN]
     return start(args, _env(**env))
 
@@ -59,7 +59,7 @@ def _slurm_ranks(port: int, *options: str, nodes: int = 1, hooks: tuple[str, ...
             SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2", SLURM_NNODES=str(nodes),
             SLURM_JOB_NODELIST="localhost", SLURM_STEP_NODELIST="localhost",
             SLURM_TASKS_PER_NODE=str(2 // nodes), **env)
-        procs.append(start([PYTHON, HOOKED, *hooks, "--", "preflight", *options, "--",
+        procs.append(start([PYTHON, HOOKED, *hooks, "gpucheck", "preflight", *options, "--",
                             PYTHON, TRAIN], rank_env))
     return procs
 

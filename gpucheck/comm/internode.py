@@ -223,7 +223,7 @@ Measured = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # links received o
 def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                       device: str, repeats: int = 1,
                       shifts: Sequence[int] | None = None,
-                      hooks: TestHooks = NO_HOOKS) -> Measured:
+                      *, hooks: TestHooks = NO_HOOKS) -> Measured:
     """Run every round (or only `shifts`: `round_schedule`); return the links this rank
     received on, and what it timed of the links it sent on (NCCL only). `hooks`: tests'
     slow senders and receivers."""
@@ -272,7 +272,7 @@ def _pair_links(node_ranks: Sequence[Sequence[int]], me: int, x: int,
 
 def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple[int, int]],
                   size_bytes: int, iters: int, device: str, repeats: int,
-                  hooks: TestHooks = NO_HOOKS) -> Measured:
+                  *, hooks: TestHooks = NO_HOOKS) -> Measured:
     """The second look: each exchange (node x <-> node y, all rails, both ways at once,
     as in the rounds) alone, a barrier of all ranks around each; the links this rank
     received on and sent on, as `measure_internode` returns them (round "again")."""
@@ -314,7 +314,7 @@ def exchanges_for(suspects: Suspects) -> list[tuple[int, int]]:
 def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                   device: str, threshold: float, repeats: int,
                   shifts: Sequence[int] | None = None,
-                  hooks: TestHooks = NO_HOOKS) -> dict[str, Any]:
+                  *, hooks: TestHooks = NO_HOOKS) -> dict[str, Any]:
     """The rounds, gathered on every rank; then the slow node pairs (and a suspect
     node's pairs), and the node pairs of slow rail links, measured again beside
     known-good ones (gpucheck.comm.node_links, gpucheck.comm.confirm; `rail_exchanges`).
@@ -322,12 +322,13 @@ def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
     import torch.distributed as dist
 
     links = _gather(measure_internode(roster, size_bytes, iters, device, repeats, shifts,
-                                      hooks))
+                                      hooks=hooks))
     suspects = find_node_suspects(node_samples(node_pair_rows(links)), threshold)
     wanted = sorted(set(exchanges_for(suspects)) | set(rail_exchanges(links, threshold)))
     box: list[Any] = [wanted]
     dist.broadcast_object_list(box, src=0)
-    again = _gather(measure_again(roster, box[0], size_bytes, iters, device, repeats, hooks)) \
+    again = _gather(measure_again(roster, box[0], size_bytes, iters, device, repeats,
+                                  hooks=hooks)) \
         if box[0] else []
     return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats, "links": links,
             "again": again}

@@ -132,7 +132,7 @@ def sender_paths(roster: Sequence[Mapping[str, Any]], me: int) -> dict[tuple[int
 def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int, int],
                size_bytes: int, iters: int, device: str, repeats: int,
                again: bool, paths: Mapping[tuple[int, int], str] | None = None,
-               hooks: TestHooks = NO_HOOKS) -> list[dict[str, Any]]:
+               *, hooks: TestHooks = NO_HOOKS) -> list[dict[str, Any]]:
     """Each step's pairs side by side (one per node), a barrier of all ranks between
     steps; the rows of the pairs this rank sent from (with their path class when
     `paths` has it)."""
@@ -146,7 +146,7 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
                 progress.set_step(f"send/recv rank {src} -> rank {dst}"
                                   + (" (measured again)" if again else ""))
                 samples = _time_pair_samples(src, dst, size_bytes, iters, device, repeats,
-                                             again, hooks)
+                                             again, hooks=hooks)
                 if me == src:
                     mine.append({"src": src, "dst": dst, "node_rank": node_of[src],
                                  "size_bytes": size_bytes,
@@ -161,7 +161,7 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
 
 def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                   device: str, repeats: int = 1, again: bool = False,
-                  hooks: TestHooks = NO_HOOKS) -> list[dict[str, Any]]:
+                  *, hooks: TestHooks = NO_HOOKS) -> list[dict[str, Any]]:
     """Run the schedule; return the pairs this rank sent from ({src, dst, node_rank, ...}).
     `again`: a second look (a slow node's pairs, gpucheck.comm.nodes_again)."""
     import torch.distributed as dist
@@ -169,7 +169,7 @@ def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
     node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
     paths = sender_paths(roster, dist.get_rank()) if device == "cuda" else {}
     return _run_steps(pair_schedule(roster), node_of, size_bytes, iters, device, repeats,
-                      again, paths, hooks)
+                      again, paths, hooks=hooks)
 
 
 def second_look_steps(plans: Mapping[Any, Suspects]) -> list[list[tuple[int, int]]]:
@@ -188,7 +188,7 @@ def second_look_steps(plans: Mapping[Any, Suspects]) -> list[list[tuple[int, int
 
 def run_pairwise(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                  device: str, repeats: int, threshold: float,
-                 hooks: TestHooks = NO_HOOKS) -> dict[str, Any]:
+                 *, hooks: TestHooks = NO_HOOKS) -> dict[str, Any]:
     """Measure every pair, gather them on every rank, then measure the slow ones again
     beside a known-good pair. Every rank computes the same plan from the same gathered
     rows, and rank 0's copy is broadcast, so all ranks run the same steps."""

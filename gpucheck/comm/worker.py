@@ -98,13 +98,13 @@ def measure_size(collective: str, size: int, spec: CommSpec, world: World) -> di
 def _pairwise(spec: CommSpec, infos: list[dict[str, Any]], largest: int,
               hooks: TestHooks) -> dict[str, Any]:
     return run_pairwise(infos, spec.pair_bytes or largest, spec.pair_iters, spec.device,
-                        spec.pair_repeats, spec.pair_threshold, hooks)
+                        spec.pair_repeats, spec.pair_threshold, hooks=hooks)
 
 
 def _internode(spec: CommSpec, infos: list[dict[str, Any]], largest: int,
                hooks: TestHooks) -> dict[str, Any]:
     return run_internode(infos, spec.pair_bytes or largest, spec.pair_iters, spec.device,
-                         spec.pair_threshold, spec.pair_repeats, hooks)
+                         spec.pair_threshold, spec.pair_repeats, hooks=hooks)
 
 
 def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
