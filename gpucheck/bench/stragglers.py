@@ -70,9 +70,10 @@ def _host_message(record: RankRecord, pace: RankPace, loop: float) -> str:
     spread over every iteration from long stops that leave most of them untouched."""
     slower = round(pace.wall_slower_share * record.iters)
     return (f"rank {record.rank} on {record.host} ({record.gpu_label()}) held the job back: "
-            f"its loop took {pace.hold_back:.2f}x as long as the other ranks' same work at "
-            f"the same moments in wall time (not counting its longest single stall; the "
-            f"others waited {pace.waited_ms / 1e3:.3g} s for it), its typical iteration "
+            f"its timed loop took {pace.hold_back:.2f}x as long as the other ranks' in "
+            f"wall time (each loop without its longest single stall, when that is less; "
+            f"the others waited {pace.waited_ms / 1e3:.3g} s for it at the end barriers), "
+            f"its typical iteration "
             f"{pace.wall_vs_others:.2f}x (median over {record.iters}; slower in {slower} of "
             f"them), yet {pace.vs_others:.2f}x in {_clock(record)}: its host did not run "
             f"it part of the time; whole loop {loop:.2f}x the other ranks'")
