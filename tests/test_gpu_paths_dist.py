@@ -50,7 +50,8 @@ class FakeCuda:
 
     def props(self, index: Any) -> SimpleNamespace:
         gpu = self.physical[self._check("props", index)]
-        return SimpleNamespace(name="NVIDIA H200", major=9, pci_domain_id=0,
+        return SimpleNamespace(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132,
+                               pci_domain_id=0,
                                pci_bus_id=0x18 + gpu, pci_device_id=0,
                                uuid=f"00000000-0000-0000-0000-{gpu:012d}")
 

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from comm_workers import PYTHON, ROOT, clean_env, free_port, start, tracked, wait_gone
+from comm_workers import PYTHON, ROOT, clean_env, descendants, free_port, start, tracked, wait_gone
 
 RUN_S = 300
 TRAIN = str(ROOT / "tests" / "preflight_train.py")
@@ -173,3 +173,40 @@ def test_checks_that_do_not_fit_the_budget_skip_and_with_strict_stop_the_job(
     unfinished = {f["subject"]: f["status"] for f in sections["budget"]["findings"]}
     assert set(unfinished.values()) == {"FAIL" if strict else "SKIP"}
     assert sections["preflight"]["data"]["failing_nodes"] == []
+
+
+def test_rank_zero_stopped_still_stops_the_command_and_rank_one_speaks(
+        tmp_path: Path) -> None:
+    """Rank 0 (the reporter) stops (SIGSTOP) mid-check: rank 1 refuses the command, exits
+    1, and writes the report and the exclude file naming rank 0's host; bounded, no
+    process left."""
+    exclude, report = tmp_path / "exclude.txt", tmp_path / "report.json"
+    proc = _torchrun(tmp_path, "-q", "--budget", "10", "-o", str(report), "--exclude-file",
+                     str(exclude), hooks=("--stress", "preflight_workers:stop_rank_zero"))
+    with tracked([proc]) as seen:
+        stdout, stderr = proc.communicate(timeout=RUN_S)
+        assert wait_gone(seen) == []
+    assert proc.returncode == 1 and _trained(stdout) == [], stderr[-3000:]
+    assert "exitcode  : 1 (pid" in stderr  # rank 1 ended itself, with 1
+    failed = [f for s in json.loads(report.read_text())["sections"] for f in s["findings"]
+              if f["status"] == "FAIL"]
+    assert [(f["check"], f["subject"]) for f in failed] == [
+        ("preflight.rank_unresponsive", "rank 0")]
+    assert exclude.read_text() == f"{socket.gethostname()}\n"
+
+
+def test_rank_zero_stopped_under_srun_shape_rank_one_ends_and_names_it(
+        tmp_path: Path) -> None:
+    """srun's shape: rank 0's process hosts the job's store, so with rank 0 stopped a
+    store call on rank 1 cannot return; the hang guard ends rank 1 (exit 1, the
+    command not started) and it writes rank 0's host to the exclude file."""
+    exclude = tmp_path / "exclude.txt"
+    procs = _slurm_ranks(free_port(), "-q", "--budget", "10", "--exclude-file", str(exclude),
+                         hooks=("--stress", "preflight_workers:stop_rank_zero"))
+    with tracked(procs) as seen:
+        _stdout, stderr = procs[1].communicate(timeout=RUN_S)
+        seen.extend(p.pid for p in descendants(procs[1]))
+        assert procs[1].returncode == 1, stderr[-3000:]
+        assert wait_gone([procs[1].pid, *seen]) == []
+    assert _trained(_stdout) == []
+    assert exclude.read_text() == f"{socket.gethostname()}\n"

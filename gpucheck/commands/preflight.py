@@ -84,7 +84,8 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan) -> Any:
                          link_bytes=link_bytes, iters=iters,
                          peer_fraction=0.9 if plan.device == "cuda" else 0.5,
                          expected_fraction=0.8, link_fraction=0.5,
-                         fault_watch=args.fault_watch, costs_s=costs)
+                         fault_watch=args.fault_watch, costs_s=costs,
+                         exclude_file=args.exclude_file)
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
@@ -205,11 +206,17 @@ def _failed(args: argparse.Namespace, exc: Any) -> Report | None:
     """A rank crashed or went silent: no-go. The report (rank 0) names it, the exclude
     file its host; other ranks exit 1 with one line."""
     from gpucheck.distributed.failures import failed_job_report
-    from gpucheck.preflight.actions import failing_hosts
+    from gpucheck.distributed.world import world_from_env
+    from gpucheck.preflight.actions import failing_hosts, hold_sigterm, speaks_for_failed_job
 
     failing = [{"host": r.get("host"), "node_rank": r.get("node_rank")}
                for f in exc.failures if _node_fault(f)
                for r in exc.roster if r.get("rank") == f.rank]
+    world = world_from_env()  # rank 0 silent: each node's lowest live rank speaks
+    if not exc.reporter and speaks_for_failed_job([f.rank for f in exc.failures], exc.roster,
+                                                  world.rank if world else None, False):
+        hold_sigterm()
+        exc.reporter = True
     # On a rank that does not report: one line on stderr and exit 1.
     report = failed_job_report("preflight", exc, lambda partial: Report(command="preflight"),
                                args.quiet and args.output is None)

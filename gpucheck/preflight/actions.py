@@ -87,3 +87,35 @@ def drain_node(node: Mapping[str, Any] | None, device: str, under_slurm: bool, d
         return said | {"note": "not drained: not a SLURM job"}
     code = runner(argv)
     return said | {"ran": True, "exit_code": code}
+
+
+def speaks_for_failed_job(blamed: Sequence[int], roster: Sequence[Mapping[str, Any]],
+                          rank: int | None, reporter: bool) -> bool:
+    """Who writes the report and the exclude file after a failed agreement: rank 0
+    (the reporter) while it answers. When rank 0 itself is blamed (stopped, crashed,
+    never checked in), nobody would, and a wrapper reading the exclude file would find
+    none: so each node's lowest rank still answering speaks for what it knows (every
+    node's own, as the drain; on a shared file system each writes the same path
+    atomically, the last one's view stays)."""
+    if reporter:
+        return True
+    if rank is None or 0 not in set(blamed):
+        return False
+    me = next((r for r in roster if int(r.get("rank", -1)) == rank), None)
+    if me is None:
+        return False
+    node = me.get("node_rank")
+    alive = sorted(int(r["rank"]) for r in roster
+                   if r.get("node_rank") == node and int(r["rank"]) not in set(blamed))
+    return bool(alive) and alive[0] == rank
+
+
+def hold_sigterm() -> None:
+    """Block SIGTERM for the rest of this process (a rank about to write its files and
+    exit 1): under torchrun the agent sends it to every rank as soon as one has ended
+    (here: the silent rank 0, killed by the roll call), which would cut the report and
+    the exclude file short. The process still ends: it exits right after, and the
+    agent's SIGKILL follows its SIGTERM regardless."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})

@@ -3,23 +3,29 @@ env's NVML judges as a list of findings, and one large allocation."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import time
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gpucheck.report import fail, skip
+from gpucheck.report import Finding, fail, skip
 
 # A GPU that cannot give most of its free memory in one piece fails the job's first
 # step; leave room for the CUDA context, NCCL's buffers and fragmentation.
 DEFAULT_ALLOC_FRACTION = 0.8
 CPU_ALLOC_BYTES = 64 << 20  # CPU ranks: a token allocation (host memory is the OS's)
+# The kernel log's share of the nvml check: dmesg answers in well under a second on a
+# healthy node; journalctl -k -b on a long boot can take seconds. Past this, a SKIP.
+KERNEL_LOG_S = 3.0
 
 
-def nvml_findings(device: str, own_pids: Collection[int] = ()) -> list[dict[str, Any]]:
+def nvml_findings(device: str, own_pids: Collection[int] = (),
+                  kernel_log_s: float = KERNEL_LOG_S) -> list[dict[str, Any]]:
     """Every GPU of this node read through NVML and judged by env's judges (ECC, row
     remaps, retired pages, recovery action, fabric, clocks, lost GPUs): the findings,
     as dicts. `nvidia-smi -q` shows the same fields. The job's own ranks (`own_pids`)
-    are on the GPUs by now: `gpu.busy` counts only the other processes."""
+    are on the GPUs by now: `gpu.busy` counts only the other processes. The XIDs of
+    this boot come from the kernel log (`kernel_log_findings`)."""
     if device != "cuda":
         return [skip("preflight.nvml", "CPU ranks: no GPU to read through NVML").to_dict()]
     from gpucheck.probes.gpu_judge import busy_finding
@@ -32,6 +38,7 @@ def nvml_findings(device: str, own_pids: Collection[int] = ()) -> list[dict[str,
                      "run gpucheck env on this node to see why").to_dict()]
     findings = [f for section in result.sections for f in section.findings
                 if f.check != "gpu.busy"]
+    findings += kernel_log_findings(result.gpus, kernel_log_s)
     for gpu in result.gpus:
         if gpu.process_count is not None and not gpu.error:
             others = [p for p in gpu.processes if p.get("pid") not in set(own_pids)]
@@ -61,3 +68,28 @@ def large_allocation(rank: int, device: str, fraction: float) -> dict[str, Any]:
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
         return {"rank": rank, "bytes": size, "ok": False, "error": str(exc).splitlines()[0]}
     return {"rank": rank, "bytes": size, "ok": True, "error": None}
+
+
+def kernel_log_findings(gpus: Sequence[Any], within_s: float = KERNEL_LOG_S,
+                        runner: Callable[..., Any] | None = None,
+                        clock: Callable[[], float] = time.monotonic) -> list[Finding]:
+    """The XIDs since boot: this boot's kernel log read as env reads it (dmesg, else
+    journalctl -k -b; never a world-writable syslog file: gpucheck.probes.kernel_log),
+    judged by the XID table (gpucheck.probes.xid_section). Each command's own timeout
+    is cut to `within_s` in all, so a slow journal is a SKIP within the budget, never
+    a wait past it; unreadable is a SKIP with the reason."""
+    from gpucheck.probes.kernel_log import read_live_log, run_command
+    from gpucheck.probes.xid_section import kernel_log_section
+
+    run = runner or run_command
+    end = clock() + within_s
+
+    def capped(argv: Sequence[str], timeout_s: float) -> Any:
+        return run(argv, max(0.05, min(timeout_s, end - clock())))
+
+    try:
+        log = read_live_log(capped)
+    except Exception as exc:  # a probe that fails is a finding, never a crash
+        return [skip("kernel_log.read", f"the kernel log could not be read within "
+                     f"{within_s:g} s: {type(exc).__name__}: {exc}")]
+    return list(kernel_log_section(log, gpus).findings)

@@ -54,6 +54,10 @@ def judged_sections(result: Mapping[str, Any]) -> tuple[list[Section], list[dict
         blamed += bad
     if checks.get("all_reduce", {}).get("state") == "done":
         sections.append(all_reduce_section(checks["all_reduce"]["row"]))
+        if checks["all_reduce"].get("nodes") is not None:
+            section, bad = node_all_reduce_section(checks["all_reduce"]["nodes"], result)
+            sections.append(section)
+            blamed += bad
     links = checks.get("links", {})
     if links.get("state") == "done" and links.get("internode"):
         section, bad = links_section(links["internode"], result)
@@ -210,6 +214,28 @@ def all_reduce_section(row: Mapping[str, Any]) -> Section:
     return Section("all_reduce", "Job-wide all_reduce", {"result": table,
                    "rank_times_us": row.get("rank_times_us")},
                    correctness_findings("all_reduce", [row]))
+
+
+def node_all_reduce_section(nodes: Mapping[str, Any], result: Mapping[str, Any],
+                            ) -> tuple[Section, list[dict[str, Any]]]:
+    """Each node's own all_reduce busbw against the model's expected floor and the
+    other nodes, confirmed before condemning (gpucheck.preflight.node_busbw)."""
+    from gpucheck.preflight.node_busbw import node_findings
+
+    figures = {int(k): v for k, v in (nodes.get("figures") or {}).items()}
+    again = nodes.get("again")
+    again = None if again is None else {int(k): v for k, v in again.items()}
+    ids = {n.node_rank: n for n in group_by_node(result["ranks"])}
+    findings, condemned = node_findings(
+        figures, nodes.get("plan") or {"suspects": {}, "known_good": None}, again,
+        nodes.get("why_not"), {k: v.label for k, v in ids.items()}, result["device"])
+    blamed = [{"host": ids[n].host if n in ids else "?", "node_rank": n, "rank": None,
+               "gpu": None, "check": "preflight.node_all_reduce",
+               "why": "its own all_reduce bus bandwidth is low, confirmed when measured "
+                      "again"} for n in condemned]
+    data = {"figures": figures, "again": again, "plan": nodes.get("plan")}
+    return Section("node_all_reduce", "Each node's own all_reduce (busbw)", data,
+                   findings), blamed
 
 
 def links_section(internode: Mapping[str, Any], result: Mapping[str, Any],

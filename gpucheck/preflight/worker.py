@@ -12,6 +12,7 @@ rank goes, or none does.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -48,6 +49,8 @@ class PreflightSpec:
     expected_fraction: float
     link_fraction: float
     fault_watch: bool = True  # watch every rank's GPU during the checks (docs/faults.md)
+    # Where the hang guard writes what it knows (gpucheck.preflight.guard).
+    exclude_file: str | None = None
     # The least seconds each check needs; fewer left: it is a SKIP (budget).
     costs_s: tuple[tuple[str, float], ...] = ()
 
@@ -68,24 +71,39 @@ def preflight_worker(ctx: RunContext, spec: PreflightSpec) -> dict[str, Any]:
     """Every check on this rank; every rank returns the agreed decision (rank 0 also
     the gathered result), then knows whether it may hand over the job's store."""
     ctx = ctx.scoped("preflight")  # preflight's keys apart from the command's on the store
-    with process_group(spec.backend, spec.device, spec.startup_s,
-                       fault_watch=spec.fault_watch, ctx=ctx) as world:
-        faults = faultwatch.of(ctx)
-        run = Run(spec, world, Budget(spec.budget_s), _initial(world, spec), hooks=ctx.hooks)
-        faults.mark_start()  # XID and ECC events, counters, during the checks
-        for name in CHECKS:
-            _check(run, name)
-        faults.mark_end()
-        run.budget.bound_waits(GRACE_S)
-        run.result["faults"] = faults.gather()
-        decision = _decide(run)
-    out = {"decision": decision, "result": run.result if world.rank == 0 else None,
-           "store_on_rank0": store_on_rank0(world)}
-    if decision["go"]:
-        from gpucheck.preflight.handoff import release_store
+    with ExitStack() as guarded:
+        # The guard spans the frame's own roll call too (process_group's exit).
+        with process_group(spec.backend, spec.device, spec.startup_s,
+                           fault_watch=spec.fault_watch, ctx=ctx) as world:
+            faults = faultwatch.of(ctx)
+            run = Run(spec, world, Budget(spec.budget_s), _initial(world, spec),
+                      hooks=ctx.hooks)
+            guarded.enter_context(_hang_guard(run))
+            faults.mark_start()  # XID and ECC events, counters, during the checks
+            for name in CHECKS:
+                _check(run, name)
+            faults.mark_end()
+            run.budget.bound_waits(GRACE_S)
+            run.result["faults"] = faults.gather()
+            decision = _decide(run)
+        guarded.close()  # agreed: the hand-over has its own bound (handoff)
+        out = {"decision": decision, "result": run.result if world.rank == 0 else None,
+               "store_on_rank0": store_on_rank0(world)}
+        if decision["go"]:
+            from gpucheck.preflight.handoff import release_store
 
-        release_store(job_store(), world, out["store_on_rank0"])
+            release_store(job_store(), world, out["store_on_rank0"])
     return out
+
+
+def _hang_guard(run: Run) -> Any:
+    """Ends this rank (exit 1, the command not started) should the checks or the
+    agreement outlast every bound they have: a store whose host is stopped."""
+    from gpucheck.preflight.guard import HangGuard, exclude_on_hang, guard_seconds, on_hang_hosts
+
+    hosts = on_hang_hosts(run.world.rank, store_on_rank0(run.world), run.result["ranks"])
+    return HangGuard(guard_seconds(run.spec.budget_s, GRACE_S), run.world.rank,
+                     exclude_on_hang(run.spec.exclude_file, hosts))
 
 
 def _initial(world: World, spec: PreflightSpec) -> dict[str, Any]:
@@ -130,8 +148,16 @@ def _nvml(run: Run) -> dict[str, Any]:
         own = [int(r["pid"]) for r in run.result["ranks"]
                if r["node_rank"] == run.world.node_rank]
         mine = {"node_rank": run.world.node_rank,
-                "findings": nvml_findings(run.spec.device, own)}
+                "findings": nvml_findings(run.spec.device, own, _kernel_log_s(run))}
     return {"nodes": [n for n in _gather(mine, run.world.world_size) if n is not None]}
+
+
+def _kernel_log_s(run: Run) -> float:
+    """The kernel log's share: its default, less when the budget has less left (a
+    second kept for the gather that follows)."""
+    from gpucheck.preflight.checks import KERNEL_LOG_S
+
+    return max(0.1, min(KERNEL_LOG_S, run.budget.left_here() - 1.0))
 
 
 def _stress(run: Run) -> tuple[Any, dict[str, Any]]:
@@ -174,7 +200,12 @@ def _all_reduce(run: Run) -> dict[str, Any]:
     spec = run.spec
     comm = CommSpec(device=spec.device, backend=spec.backend, timeout_s=spec.budget_s,
                     collectives=("all_reduce",), iters=spec.iters, warmup=2)
-    return {"row": measure_size("all_reduce", spec.allreduce_bytes, comm, run.world)}
+    from gpucheck.preflight.node_busbw import measure_nodes
+
+    row = measure_size("all_reduce", spec.allreduce_bytes, comm, run.world)
+    # Then each node's own all_reduce: the per-node figure judged (node_busbw).
+    return {"row": row, "nodes": measure_nodes(run.world, run.result["ranks"], spec.device,
+                                               spec.allreduce_bytes, spec.iters, run.budget)}
 
 
 def _links(run: Run) -> dict[str, Any]:
