@@ -2,7 +2,8 @@
 judgement against a reference: pure functions of plain numbers and strings, no torch.
 
 Used by stress's burn-in (`gpucheck.stress.sdc`, which computes the digests and
-deviations on the GPU) and by bench's consistency check. Floor 1.
+deviations on the GPU) and by bench's consistency check. Floor 1: importing it loads
+no torch (`relative_deviation` imports it when called).
 
 - each rank's result is summarised by a `digest` (a hash of its exact bits) and, when
   a reference (fp64 on the CPU) was computed, by its `deviation` from it;
@@ -22,9 +23,14 @@ deviations on the GPU) and by bench's consistency check. Floor 1.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only relative_deviation touches tensors, and imports torch itself
+    import torch
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,9 @@ def judge(digests: Mapping[int, str], deviations: Mapping[int, float | None],
         for rank in odd:
             wrong[rank] = (f"its result differs bitwise from the {len(members) - len(odd)} "
                            "other rank(s) of the same GPU model, which agree")
-    found = software_splits(wrong, digests, groups or {}, nodes or {}) if splits else ()
+    off_reference = {r for r, d in deviations.items() if beyond(d, tolerance)}
+    found = software_splits(wrong, digests, groups or {}, nodes or {},
+                            off_reference) if splits else ()
     split = {r for side in found for r in side}
     return Judgement(wrong={r: w for r, w in sorted(wrong.items()) if r not in split},
                      undecided=tuple(sorted(undecided)), software=found)
@@ -94,10 +102,14 @@ def judge(digests: Mapping[int, str], deviations: Mapping[int, float | None],
 
 def software_splits(wrong: Mapping[int, str], digests: Mapping[int, str],
                     groups: Mapping[int, str], nodes: Mapping[int, int],
+                    off_reference: frozenset[int] | set[int] = frozenset(),
                     ) -> tuple[tuple[int, ...], ...]:
     """Sets of wrong ranks that are a software difference, not faulty GPUs: two or
     more with the same digest in one group, or every rank of their group on whole
-    nodes that hold two or more of them (the rest of the group outvoted them)."""
+    nodes that hold two or more of them (the rest of the group outvoted them). The
+    whole-node rule needs those ranks within the fp64 reference: ranks that each give
+    other bits AND miss the reference are wrong GPUs (one software gives one answer on
+    one node's identical GPUs), never excused as a split."""
     alike: dict[tuple[str, str], list[int]] = {}
     for rank in wrong:
         alike.setdefault((groups.get(rank, ""), digests.get(rank, "")), []).append(rank)
@@ -106,7 +118,7 @@ def software_splits(wrong: Mapping[int, str], digests: Mapping[int, str],
     for group in dict.fromkeys(groups.get(r, "") for r in wrong):
         members = [r for r in digests if groups.get(r, "") == group]
         left = sorted(r for r in wrong if groups.get(r, "") == group and r not in taken)
-        if left and _whole_nodes(left, members, nodes):
+        if left and not off_reference & set(left) and _whole_nodes(left, members, nodes):
             splits.append(tuple(left))
     return tuple(sorted(splits))
 
@@ -121,3 +133,14 @@ def _whole_nodes(ranks: list[int], members: list[int], nodes: Mapping[int, int])
     per_node = [sum(1 for r in ranks if nodes[r] == n) for n in covered]
     return sorted(on_them) == sorted(ranks) and min(per_node) >= 2 and \
         len(members) > len(ranks)
+
+
+def relative_deviation(values: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |values - reference| / max |reference| (inf when `values` is not finite)."""
+    import torch
+
+    got = values.to(torch.float64)
+    if not bool(torch.isfinite(got).all()):
+        return math.inf
+    scale = max(float(reference.abs().max()), 1e-30)
+    return float((got - reference).abs().max()) / scale

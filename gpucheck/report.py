@@ -16,91 +16,152 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucheck import __version__
-from gpucheck.actions import ACTIONS, Action, Status, resolve_action
+from gpucheck.actions import ACTIONS, Action, Status
+from gpucheck.checks import Check, lookup
+from gpucheck.checks.legacy import legacy_action, resolve_action
+from gpucheck.measure import Metric, SecondLook
+from gpucheck.subject import Kind, Subject
 
-# 2: findings carry "action" (every WARN and FAIL one of gpucheck.actions.ACTIONS,
-# null for OK and SKIP). 1: the same without it; still read, actions filled in.
-SCHEMA_VERSION = 2
-READABLE_SCHEMA_VERSIONS = (1, 2)
+# 3: sections carry "metrics" (gpucheck.measure.Metric as data); findings carry
+# "cause", "look" (a second look, as data) and "subject_fields", the subject as an
+# object ({"kind", "label", ...fields}; null for a subject known only by its words)
+# beside "subject", its label: the readers of the label (compare, fleet, health's
+# state, every test that reads a report) move to the fields stream by stream.
+# 2: "action" on every WARN and FAIL, subject a string.
+# 1: the same without the action. 1 and 2 are still read (their actions resolved or
+# kept) until every reader has moved to 3 (S6 drops them).
+SCHEMA_VERSION = 3
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 
 # JSON-able values only: str, int, float, bool, None, lists and dicts of them.
 JsonValue = Any
 
+__all__ = ["Action", "Finding", "Report", "ReportShapeError", "SchemaVersionError", "Section",
+           "Status", "fail", "ok", "skip", "warn", "worst"]
+
 
 @dataclass(frozen=True)
 class Finding:
-    """One verdict: a stable dotted check id, a status, what was seen, what to do.
+    """One verdict: a declared check id (`gpucheck.checks`), a status, what was seen
+    (the first figure only), what to do.
 
-    `action` is one of `gpucheck.actions.ACTIONS` for WARN and FAIL, None for OK and
-    SKIP. Left out, it is resolved here from the hint's "action: <x>: " prefix or
-    the central table (`gpucheck.actions.resolve_action`), so every finding has its
-    action from birth and JSON, Markdown and text cannot disagree.
+    `action` is derived when the finding is made: `checks.lookup(check).action(status,
+    cause, look, relayed)` for a finding that carries a `cause` key, a second `look` or
+    a `relayed` action (fleet and compare rows); today's words (`checks.legacy`) for one
+    made without them. An explicit `action` is still accepted while the finding sites
+    move over (S6 removes it). A `subject` given as a str becomes `subject.text(label)`.
+    An undeclared check id raises KeyError at once, naming the file to declare it in.
     """
 
     check: str
     status: Status
     message: str
     hint: str | None = None
-    subject: str | None = None
+    subject: Subject | str | None = None
     action: str | None = None
+    cause: str | None = None
+    look: SecondLook | None = None
+    relayed: Action | str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "subject", Subject.of(self.subject))
+        if self.relayed is not None:
+            object.__setattr__(self, "relayed", Action(self.relayed))
+        declared = lookup(self.check)  # KeyError: an undeclared id fails its first test
         action = self.action.value if isinstance(self.action, Action) else self.action
         if self.status not in (Status.WARN, Status.FAIL):
             if action is not None:
                 raise ValueError(f"{self.check}: a {self.status.value} finding has no "
                                  f"action (got {action!r})")
             return
-        if action is None:
-            action = resolve_action(self.check, self.status.value, self.message, self.hint)
-        elif action not in ACTIONS:
+        if action is not None and action not in ACTIONS:
             raise ValueError(f"{self.check}: unknown action {action!r}: choose one of "
                              f"{', '.join(ACTIONS)}")
+        if action is None:
+            action = self._derived(declared)
         object.__setattr__(self, "action", action)  # frozen: set once, here
 
+    def _derived(self, declared: Check) -> str | None:
+        relayed = self.relayed if isinstance(self.relayed, Action) else None
+        if self.cause is None and self.look is None and relayed is None:
+            found = legacy_action(declared, self.check, self.status, self.message, self.hint)
+        else:
+            found = declared.action(self.status, self.cause, self.look, relayed)
+        return found.value if found is not None else None
+
     def to_dict(self) -> dict[str, JsonValue]:
+        subject = self.subject if isinstance(self.subject, Subject) else None
+        structured = subject is not None and subject.kind is not Kind.TEXT
         return {
             "check": self.check,
             "status": self.status.value,
             "message": self.message,
             "hint": self.hint,
-            "subject": self.subject,
+            "subject": subject.label if subject is not None else None,
+            "subject_fields": subject.to_dict() if structured and subject else None,
             "action": self.action,
+            "cause": self.cause,
+            "look": self.look.to_dict() if self.look is not None else None,
         }
 
     @classmethod
     def from_dict(cls, raw: dict[str, JsonValue]) -> Finding:
-        """Version 2 keeps the stored action; version 1 has none, so it is resolved
-        as for a new finding."""
-        for key in ("check", "message", "hint", "subject", "action"):
+        """A finding as `to_dict` wrote it. The stored action is kept (a report is a
+        record: it says what was decided when it was made); a version-1 finding has
+        none, so it is resolved as for a new finding."""
+        for key in ("check", "message", "hint", "action", "cause"):
             _require_text(raw, key, optional=key not in ("check", "message"))
-        return cls(
-            check=raw["check"],
-            status=Status(raw["status"]),
-            message=raw["message"],
-            hint=raw.get("hint"),
-            subject=raw.get("subject"),
-            action=raw.get("action"),
-        )
+        fields, look = raw.get("subject_fields"), raw.get("look")
+        status = Status(raw["status"])
+        action = raw.get("action")
+        if action is None and status in (Status.WARN, Status.FAIL):
+            action = resolve_action(raw["check"], status.value, raw["message"], raw.get("hint"))
+        return _stored(cls, check=raw["check"], status=status, message=raw["message"],
+                       hint=raw.get("hint"), action=action, cause=raw.get("cause"),
+                       subject=Subject.from_dict(fields) if fields is not None
+                       else _text_or_none(raw.get("subject")),
+                       look=SecondLook.from_dict(look) if look is not None else None)
 
 
-def ok(check: str, message: str, subject: str | None = None) -> Finding:
-    return Finding(check, Status.OK, message, None, subject)
+def _text_or_none(value: object) -> Subject | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"'subject' is {type(value).__name__}, not a string")
+    return Subject.of(value)
 
 
-def warn(check: str, message: str, hint: str, subject: str | None = None, *,
-         action: str | None = None) -> Finding:
-    """`action`: only to overrule gpucheck.actions' table for this one finding."""
-    return Finding(check, Status.WARN, message, hint, subject, action)
+def _stored(cls: type[Finding], **fields: Any) -> Finding:
+    """A finding read back from a report: its stored action kept, its id not looked up
+    (a report of another gpucheck may hold ids this one does not declare)."""
+    if fields["action"] is not None and fields["action"] not in ACTIONS:
+        raise ValueError(f"{fields['check']}: unknown action {fields['action']!r}")
+    finding = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(finding, name, value)
+    object.__setattr__(finding, "relayed", None)
+    return finding
 
 
-def fail(check: str, message: str, hint: str, subject: str | None = None, *,
-         action: str | None = None) -> Finding:
-    """`action`: only to overrule gpucheck.actions' table for this one finding."""
-    return Finding(check, Status.FAIL, message, hint, subject, action)
+def ok(check: str, message: str, subject: Subject | str | None = None, *,
+       look: SecondLook | None = None) -> Finding:
+    return Finding(check, Status.OK, message, None, subject, look=look)
 
 
-def skip(check: str, message: str, subject: str | None = None) -> Finding:
+def warn(check: str, message: str, hint: str, subject: Subject | str | None = None, *,
+         action: str | None = None, cause: str | None = None,
+         look: SecondLook | None = None, relayed: Action | str | None = None) -> Finding:
+    """`cause`, `look`, `relayed`: the data the action follows from (gpucheck.checks).
+    `action`: only to overrule the registry for this one finding (going: S6)."""
+    return Finding(check, Status.WARN, message, hint, subject, action, cause, look, relayed)
+
+
+def fail(check: str, message: str, hint: str, subject: Subject | str | None = None, *,
+         action: str | None = None, cause: str | None = None,
+         look: SecondLook | None = None, relayed: Action | str | None = None) -> Finding:
+    """As `warn`, for a FAIL."""
+    return Finding(check, Status.FAIL, message, hint, subject, action, cause, look, relayed)
+
+
+def skip(check: str, message: str, subject: Subject | str | None = None) -> Finding:
     return Finding(check, Status.SKIP, message, None, subject)
 
 
@@ -109,13 +170,18 @@ class Section:
     """A titled group of data and findings (`system`, `gpus`, `ranks`, ...).
 
     `data` holds plain JSON-able values. Renderers show scalars as aligned
-    `key: value` lines, dicts as nested lines and lists of dicts as tables.
+    `key: value` lines, dicts as nested lines and lists of dicts as tables. `metrics`:
+    the section's figures as data (`gpucheck.measure.Metric`), what compare, fleet and
+    baselines read (schema 3; the producers attach them, S4).
     """
 
     name: str
     title: str
     data: dict[str, JsonValue] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+    # The section's figures as data (gpucheck.measure.Metric): what compare, fleet,
+    # baselines and charts read, never the display tables in `data`.
+    metrics: list[Metric] = field(default_factory=list)
 
     def verdict(self) -> Status | None:
         """The section's badge: its worst WARN or FAIL, else OK when anything was checked;
@@ -133,6 +199,7 @@ class Section:
             "title": self.title,
             "data": self.data,
             "findings": [f.to_dict() for f in self.findings],
+            "metrics": [m.to_dict() for m in self.metrics],
         }
 
     @classmethod
@@ -144,7 +211,24 @@ class Section:
             title=raw["title"],
             data=dict(raw.get("data") or {}),
             findings=[Finding.from_dict(f) for f in raw.get("findings") or []],
+            metrics=[_metric(m) for m in _list_of(raw, "metrics")],
         )
+
+
+def _metric(raw: JsonValue) -> Metric:
+    try:
+        return Metric.from_dict(raw)
+    except OverflowError:  # an integer too large for a float: a damaged file
+        raise ValueError("a metric's value is too large") from None
+
+
+def _list_of(raw: dict[str, JsonValue], key: str) -> list[JsonValue]:
+    value = raw.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"{key!r} is {type(value).__name__}, not a list")
+    return value
 
 
 def _utc_now() -> str:
@@ -156,7 +240,7 @@ class SchemaVersionError(ValueError):
 
     def __init__(self, version: object) -> None:
         self.version = version
-        readable = " and ".join(map(str, READABLE_SCHEMA_VERSIONS))
+        readable = ", ".join(map(str, READABLE_SCHEMA_VERSIONS))
         super().__init__(f"unknown schema_version {version!r} (gpucheck {__version__} "
                          f"reads {readable}; a newer gpucheck wrote it?)")
 

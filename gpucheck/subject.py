@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from typing import Any
 
 
@@ -27,27 +26,71 @@ class Kind(str, enum.Enum):
 
 _INT_FIELDS = ("rank", "gpu", "node", "peer")
 _TEXT_FIELDS = ("bus_id", "uuid", "host", "port")
+_FIELDS = ("rank", "gpu", "bus_id", "uuid", "node", "host", "peer", "port")
 
 
-@dataclass(frozen=True)
-class Subject:
+class Subject(str):
     """`label` is what people read ("rank 3", "GPU 5 (0000:17:00.0)", "cuda:0 -> cuda:1");
     the other fields are what programs read. A pair names its first member in `rank`,
-    `gpu` or `node` and the second in `peer`."""
+    `gpu` or `node` and the second in `peer`. Immutable.
+
+    A Subject is also the str of its label: the readers of today's string subjects
+    (text layout, tests, the regexes S4 and S6 replace) keep working while they move to
+    the fields. Two Subjects are equal when every field is; a Subject and a plain str
+    when the label is.
+    """
 
     kind: Kind
-    label: str
-    rank: int | None = None
-    gpu: int | None = None
-    bus_id: str | None = None
-    uuid: str | None = None
-    node: int | None = None
-    host: str | None = None
-    peer: int | None = None
-    port: str | None = None
+    rank: int | None
+    gpu: int | None
+    bus_id: str | None
+    uuid: str | None
+    node: int | None
+    host: str | None
+    peer: int | None
+    port: str | None
+
+    def __new__(cls, kind: Kind, label: str, rank: int | None = None, gpu: int | None = None,
+                bus_id: str | None = None, uuid: str | None = None, node: int | None = None,
+                host: str | None = None, peer: int | None = None,
+                port: str | None = None) -> Subject:
+        self = super().__new__(cls, label)
+        values = (rank, gpu, bus_id, uuid, node, host, peer, port)
+        object.__setattr__(self, "kind", Kind(kind))
+        for name, value in zip(_FIELDS, values, strict=True):
+            object.__setattr__(self, name, value)
+        return self
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a Subject is immutable (setting {name!r})")
+
+    @property
+    def label(self) -> str:
+        return str.__str__(self)
 
     def __str__(self) -> str:
         return self.label
+
+    def fields(self) -> tuple[object, ...]:
+        return (self.kind, self.label, *(getattr(self, n) for n in _FIELDS))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Subject):
+            return self.fields() == other.fields()
+        return str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = str.__hash__  # equal Subjects have equal labels
+
+    def __repr__(self) -> str:
+        set_fields = "".join(f", {n}={getattr(self, n)!r}" for n in _FIELDS
+                             if getattr(self, n) is not None)
+        return f"Subject({self.kind.value}, {self.label!r}{set_fields})"
+
+    def __reduce__(self) -> tuple[type[Subject], tuple[object, ...]]:
+        return (Subject, self.fields())
 
     def position(self) -> str | None:
         """The slot a figure is kept under across reports: "rank3", "gpu5",
@@ -64,8 +107,8 @@ class Subject:
 
     def to_dict(self) -> dict[str, Any]:
         """`{"kind", "label", ...}` with only the fields that are set."""
-        raw = {k: v for k, v in asdict(self).items() if v is not None}
-        raw["kind"] = self.kind.value
+        raw: dict[str, Any] = {"kind": self.kind.value, "label": self.label}
+        raw.update((n, getattr(self, n)) for n in _FIELDS if getattr(self, n) is not None)
         return raw
 
     @classmethod
@@ -77,18 +120,22 @@ class Subject:
         label = raw.get("label")
         if not isinstance(label, str):
             raise TypeError("a subject's 'label' is not a string")
-        fields: dict[str, Any] = {}
         for key in _INT_FIELDS:
             value = raw.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise TypeError(f"a subject's {key!r} is not an integer")
-            fields[key] = value
         for key in _TEXT_FIELDS:
             value = raw.get(key)
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"a subject's {key!r} is not a string")
-            fields[key] = value
-        return cls(Kind(raw.get("kind")), label, **fields)
+        return cls(Kind(raw.get("kind")), label, *(raw.get(n) for n in _FIELDS))
+
+    @classmethod
+    def of(cls, value: Subject | str | None) -> Subject | None:
+        """A Subject as it is, a plain str as `text(label)`, None as None."""
+        if value is None or isinstance(value, Subject):
+            return value
+        return text(value)
 
 
 def rank(number: int, label: str | None = None, *, gpu: int | None = None,

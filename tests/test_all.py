@@ -114,7 +114,8 @@ def test_an_interrupt_writes_what_finished_and_names_what_never_ran(
 
     monkeypatch.setattr(stress, "run", stopped)
     monkeypatch.setattr(stress, "partial_report", lambda args, ctx: Report(
-        command="stress", sections=[Section("gemm", "GEMM", {"tflops": 1.0}, [ok("x", "y")])]))
+        command="stress", sections=[Section("gemm", "GEMM", {"tflops": 1.0},
+        [ok("gpu.numa", "y")])]))
     out = tmp_path / "all.json"
     assert main(["all", *SHORT, "-o", str(out)]) == 130
     report = json.loads(out.read_text())

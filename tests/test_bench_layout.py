@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from torch import nn
@@ -59,23 +57,33 @@ def test_relayout_moves_every_weight_and_the_batch_to_new_memory_keeping_values(
     assert moved.data_ptr() != batch.data_ptr() and torch.equal(moved, batch)
 
 
-def test_marks_time_iterations_within_segments_and_not_the_gap_between_them() -> None:
+def recorded_clocks(monkeypatch: pytest.MonkeyPatch, cpu_s: list[float],
+                    wall_s: list[float]) -> None:
+    """The marks read these clock values in turn (recorded, not this machine's timing):
+    `process_time` (CPU time) and `perf_counter` (wall) at each mark."""
+    from types import SimpleNamespace
+
+    from gpucheck.bench import marks
+
+    cpu, wall = iter(cpu_s), iter(wall_s)
+    monkeypatch.setattr(marks, "time", SimpleNamespace(process_time=lambda: next(cpu),
+                                                       perf_counter=lambda: next(wall)))
+
+
+def test_marks_time_iterations_within_segments_and_not_the_gap_between_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two segments: two 10 ms iterations, 30 ms of re-placement between the segments
+    # (computation: on both clocks), one 10 ms iteration.
+    recorded_clocks(monkeypatch, [0.0, 0.010, 0.020, 0.050, 0.060],
+                    [0.0, 0.010, 0.020, 0.050, 0.060])
     marks = IterationMarks("cpu", 5)
     marks.begin()
     marks.mark()
     marks.mark()
-    # The re-placement between segments: 30 ms of computation (by the wall clock: the
-    # process's CPU time also counts any other thread of the test process).
-    gap_until = time.perf_counter() + 0.03
-    while time.perf_counter() < gap_until:
-        pass
     marks.begin()
     marks.mark()
     took, ends = marks.read_ms()
-    assert len(took) == len(ends) == 3
-    assert took[2] < 15  # the 30 ms between the segments is in no iteration
-    assert ends[2] - ends[1] >= 30  # but it is on the timeline
-    assert list(ends) == sorted(ends)
+    assert took == pytest.approx((10.0, 10.0, 10.0))  # the gap is in no iteration
+    assert ends == pytest.approx((10.0, 20.0, 60.0))  # but it is on the timeline
     walls = marks.read_wall_ms()  # each iteration's wall time: the gap in none either
-    assert len(walls) == 3 and walls[2] < ends[2] - ends[1]
-    assert walls[1] == pytest.approx(ends[1] - ends[0])
+    assert walls == pytest.approx((10.0, 10.0, 10.0))

@@ -4,7 +4,6 @@ the 2-core development VM (the noisy case the verdict must survive)."""
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -18,7 +17,7 @@ from gpucheck.bench.aggregate import (
 from gpucheck.bench.findings import rank_rows, straggler_findings
 from gpucheck.bench.pace import SLOW_DEVICE, straggler_kind
 from gpucheck.report import Status
-from gpucheck.stress.timing import percentile
+from gpucheck.stats import percentile
 
 # Per-iteration wall-clock ms of real default runs (2 CPU ranks, ResNet50, batch 4, 12
 # iterations) on the 2-core VM while other test suites ran (load average 4 to 5).
@@ -194,6 +193,9 @@ def test_a_rank_its_host_did_not_run_is_named_as_held_back_by_its_host() -> None
     assert summary.stragglers == (1,)
     [(subject, (message, action))] = judged(records).items()
     assert subject == "rank 1" and action == "fix-config"
+    (finding,) = [f for f in straggler_findings(records, summary) if f.status is Status.WARN]
+    assert finding.cause == "host_stall"  # the action follows from this, not the words
+    assert finding.subject is not None and finding.subject.position() == "rank1"
     for part in ("rank 1 on vm", "held the job back", "1.15x", "in wall time",
                  "1.00x in CPU time", "its host did not run it",
                  "whole loop 1.15x the other ranks'"):
@@ -206,6 +208,7 @@ def test_a_rank_that_computed_slower_is_named_as_slow_not_as_held_back_by_its_ho
                         (noisy(12, scale=1.15), noisy(12, scale=1.15)))
     [(subject, (message, action))] = judged(records).items()
     assert subject == "rank 1" and action == "rerun"
+    assert straggler_findings(records, aggregate(records))[0].cause is None
     assert "1.15x" in message and "a slow CPU" in message and "in CPU time" in message
     assert "did not run" not in message
     hint = straggler_findings(records, aggregate(records))[0].hint or ""
@@ -272,20 +275,25 @@ def test_iterations_are_lined_up_by_the_clock_not_by_their_index() -> None:
     assert straggler_kind(summary.paces[1], summary.threshold) != SLOW_DEVICE
 
 
-def test_cpu_marks_give_cpu_time_per_iteration_and_the_wall_clock_timeline() -> None:
+def test_cpu_marks_give_cpu_time_per_iteration_and_the_wall_clock_timeline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from gpucheck.bench import marks
     from gpucheck.bench.marks import IterationMarks
 
-    marks = IterationMarks("cpu", 3)
-    marks.begin()
-    until = time.process_time() + 0.02
-    while time.process_time() < until:  # 20 ms of computation
-        pass
-    marks.mark()
-    time.sleep(0.05)  # waiting, as for a core another process holds
-    marks.mark()
-    took, ends = marks.read_ms()
-    assert took[0] > 19.9 and took[1] < took[0]
-    assert ends[1] - ends[0] > 50 > took[1]  # the wait is on the timeline, not in took
+    # Recorded clocks: 20 ms of computation (CPU time and wall alike), then 50 ms of
+    # waiting, as for a core another process holds (wall only; 0.1 ms of CPU).
+    cpu, wall = iter([0.0, 0.020, 0.0201]), iter([0.0, 0.021, 0.071])
+    monkeypatch.setattr(marks, "time", SimpleNamespace(process_time=lambda: next(cpu),
+                                                       perf_counter=lambda: next(wall)))
+    timeline = IterationMarks("cpu", 3)
+    timeline.begin()
+    timeline.mark()
+    timeline.mark()
+    took, ends = timeline.read_ms()
+    assert took == pytest.approx((20.0, 0.1))
+    assert ends == pytest.approx((21.0, 71.0))  # the wait is on the timeline, not in took
 
 
 def coarse(n: int, stalls: int, stall_ms: float) -> list[float]:

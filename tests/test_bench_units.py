@@ -158,8 +158,10 @@ def test_ranks_that_all_differ_from_the_reference_alike_point_at_the_software() 
     result = compare_outputs([truth * 1.1] * 3, "fp32", reference=truth)
     assert result.bad_ranks == (0, 1, 2)
     records = tuple(record(r, 1.0) for r in range(3))
-    hints = {f.hint for f in consistency_section(records, result, "fp32").findings}
+    findings = consistency_section(records, result, "fp32").findings
+    hints = {f.hint for f in findings}
     assert len(hints) == 1 and "software" in hints.pop()
+    assert {(f.cause, f.action) for f in findings} == {("all_alike", "fix-config")}
 
 
 def test_healthy_ranks_agree_with_each_other_and_the_reference() -> None:

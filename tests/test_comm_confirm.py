@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucheck.comm.aggregate import pair_findings
-from gpucheck.comm.confirm import find_suspects, second_look
+from gpucheck.comm.aggregate import pair_findings, rank_pair
 from gpucheck.comm.internode import exchanges_for
 from gpucheck.comm.internode_verdicts import internode_findings
+from gpucheck.comm.looks import rate_bound
 from gpucheck.comm.pairwise import second_look_steps
+from gpucheck.measure import LookState
+from gpucheck.peers import Suspects, eliminate, pair_looks
 from gpucheck.report import Status
 
 NAMES = {r: f"rank {r} (cpu)" for r in range(4)}
@@ -28,6 +30,10 @@ def _pairs(samples: dict[tuple[int, int], list[float]]) -> list[dict[str, Any]]:
 def _all(ranks: int, gbps: float = 10.0) -> dict[tuple[int, int], list[float]]:
     return {(s, d): [gbps, gbps * 0.97, gbps * 1.02] for s in range(ranks)
             for d in range(ranks) if s != d}
+
+
+def find_suspects(samples: dict[tuple[int, int], list[float]], threshold: float) -> Suspects:
+    return eliminate(samples, rate_bound(threshold))
 
 
 def _statuses(findings: list[Any]) -> list[tuple[str, Status]]:
@@ -68,8 +74,13 @@ def _slow_one(first: float, again: float, device: str = "cuda") -> list[Any]:
 def test_a_slow_pair_slow_again_is_confirmed_against_a_known_good_pair() -> None:
     (finding,) = _slow_one(first=2.0, again=2.1)
     assert (finding.status, finding.subject) == (Status.WARN, "rank 1 -> rank 0")
-    assert "confirmed: measured again at 2.1 GB/s against rank" in finding.message
-    assert finding.hint is not None and "nvidia-smi topo" in finding.hint
+    assert (finding.subject.rank, finding.subject.peer) == (1, 0)
+    look = finding.look
+    assert look is not None and look.state is LookState.CONFIRMED
+    assert (look.first, look.again, look.unit) == (2.0, 2.1, "GB/s")
+    assert [a.position() for a in look.against] == ["rank0_to_rank1"]
+    assert finding.cause is None and finding.hint is not None
+    assert "nvidia-smi topo" in finding.hint
     # Slow twice, beside a known-good pair: a link to look into (docs/comm.md).
     assert finding.action == "drain-node"
 
@@ -77,20 +88,23 @@ def test_a_slow_pair_slow_again_is_confirmed_against_a_known_good_pair() -> None
 def test_a_confirmed_slow_pair_of_cpu_ranks_is_a_process_to_rerun_not_a_node_to_drain(
         ) -> None:
     (finding,) = _slow_one(first=2.0, again=2.1, device="cpu")
-    assert "confirmed" in finding.message and finding.action == "rerun"
+    assert finding.look is not None and finding.look.state is LookState.CONFIRMED
+    assert (finding.cause, finding.action) == ("cpu_ranks", "rerun")
 
 
 def test_a_slow_pair_fine_the_second_time_is_unstable_with_action_rerun() -> None:
     (finding,) = _slow_one(first=2.0, again=9.5)
     assert finding.status == Status.WARN and finding.action == "rerun"
-    assert "unstable" in finding.message and finding.subject == "rank 1 -> rank 0"
+    assert finding.look is not None and finding.look.state is LookState.UNSTABLE
+    assert finding.look.again == 9.5 and finding.subject == "rank 1 -> rank 0"
 
 
 def test_cpu_ranks_get_a_hint_about_processes_not_gpu_topology() -> None:
     samples = _all(3)
     samples[(1, 0)] = [1.0, 1.0, 1.0]
     (finding,) = pair_findings(_pairs(samples), 0.5, NAMES, device="cpu")
-    assert "not measured again" in finding.message
+    assert finding.look is not None and finding.look.state is LookState.NOT_MEASURED
+    assert finding.look.why_not == "the run ended first" and finding.cause == "cpu_ranks"
     assert finding.hint is not None and "nvidia-smi" not in finding.hint
 
 
@@ -109,7 +123,7 @@ def test_a_node_whose_every_pair_is_slow_is_found_although_it_dominates_the_medi
     suspects = find_suspects(_nodes(2, 0.4), 0.5)
     assert suspects.members == {2: "both"}
     assert set(suspects.pairs) == {(2, 0), (2, 1), (0, 2), (1, 2)}
-    assert suspects.reference_gbps == 10.0
+    assert suspects.reference == 10.0
     assert exchanges_for(suspects) == [(0, 1), (0, 2), (1, 2)]
 
 
@@ -142,29 +156,37 @@ def _node_findings(again_factor: float) -> list[Any]:
 def test_a_slow_node_slow_again_is_confirmed_against_known_good_nodes() -> None:
     findings = _node_findings(0.1)
     (node,) = [f for f in findings if f.check == "comm.internode.shared_node"]
-    assert node.subject == "node 2 (h2)" and "confirmed" in node.message
-    assert "node 0 (h0), node 1 (h1) (known good)" in node.message
+    assert node.subject == "node 2 (h2)" and node.subject.node == 2
+    assert node.look is not None and node.look.state is LookState.CONFIRMED
+    # One look per slow pair of the node, each beside the known-good pairs 0 <-> 1.
+    assert len(node.look.parts) == 4
+    assert {a.position() for a in node.look.against} == {"node0_to_node1", "node1_to_node0"}
     assert node.action == "drain-node"
     slow = [f for f in findings if f.check == "comm.internode.slow_pair"]
     assert {f.subject for f in slow} == {"node 2 -> node 0", "node 2 -> node 1",
                                          "node 0 -> node 2", "node 1 -> node 2"}
-    assert all("confirmed" in f.message and f.action == "drain-node" for f in slow)
+    assert all(f.look is not None and f.look.state is LookState.CONFIRMED
+               and f.action == "drain-node" for f in slow)
 
 
 def test_a_slow_node_fine_the_second_time_is_unstable_with_action_rerun() -> None:
     findings = _node_findings(1.0)
     assert findings and all(f.status == Status.WARN and f.action == "rerun"
-                            and "unstable" in f.message for f in findings)
+                            and f.look is not None and f.look.state is LookState.UNSTABLE
+                            for f in findings)
 
 
 def test_the_second_look_compares_with_the_known_good_pairs_measured_beside_it() -> None:
     samples = _all(3)
     samples[(1, 0)] = [1.0, 1.0, 1.0]
     suspects = find_suspects(samples, 0.5)
-    (look,) = second_look(suspects, {(1, 0): [1.0], suspects.references[0]: [2.5]}, 10.0)
-    assert look.reference_gbps == 2.5 and look.confirmed(0.5) is True
-    (missing,) = second_look(suspects, {}, 10.0)
-    assert missing.confirmed(0.5) is None
+    again = {(1, 0): [1.0], suspects.references[0]: [2.5]}
+    (look,) = pair_looks(suspects, samples, again, rate_bound(0.5), "GB/s",
+                         rank_pair).values()
+    assert look.reference == 2.5 and look.state is LookState.CONFIRMED
+    (missing,) = pair_looks(suspects, samples, {}, rate_bound(0.5), "GB/s",
+                            rank_pair).values()
+    assert missing.state is LookState.NOT_MEASURED
 
 
 def test_each_node_measures_its_reference_and_its_slow_pairs_again_side_by_side() -> None:

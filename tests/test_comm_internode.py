@@ -13,7 +13,8 @@ from gpucheck.comm.internode_verdicts import (
     shared_node,
 )
 from gpucheck.comm.report import Verdicts, comm_sections
-from gpucheck.report import Status
+from gpucheck.measure import LookState
+from gpucheck.report import Finding, Status
 
 LABELS = {i: f"node {i} (h{i})" for i in range(5)}
 
@@ -136,7 +137,7 @@ def test_a_slow_rail_is_named_even_when_its_node_pair_sum_is_fine() -> None:
         ("comm.internode.slow_rail", Status.WARN, "rank 1 -> rank 3")]
 
 
-def _one_slow_rail(again_gbps: float | None) -> list[object]:
+def _one_slow_rail(again_gbps: float | None) -> list[Finding]:
     links = _links({})
     slow = next(x for x in links if (x["src_node"], x["dst_node"], x["rail"]) == (0, 1, 1))
     slow["bandwidth_gbps"] = 1.0
@@ -159,13 +160,16 @@ def test_a_slow_rail_is_measured_again_with_its_node_pair_and_a_known_good_one()
 def test_a_slow_rail_slow_again_is_confirmed_and_fine_again_is_unstable() -> None:
     (confirmed,) = _one_slow_rail(1.1)
     assert (confirmed.subject, confirmed.action) == ("rank 1 -> rank 3", "drain-node")
-    assert "confirmed: measured again at 1.1 GB/s against 7 known-good rail link(s) " \
-        "measured with it at 9.8 GB/s" in confirmed.message
+    look = confirmed.look
+    assert look is not None and look.state is LookState.CONFIRMED
+    # Against the 7 known-good rail links measured with it, at their median.
+    assert (look.again, look.reference, len(look.against)) == (1.1, 9.8, 7)
     (unstable,) = _one_slow_rail(9.7)
     assert (unstable.subject, unstable.action) == ("rank 1 -> rank 3", "rerun")
-    assert "unstable: measured again at 9.7 GB/s" in unstable.message
-    (older,) = _one_slow_rail(None)
-    assert "not measured again" in older.message and older.action == "rerun"
+    assert unstable.look is not None and unstable.look.state is LookState.UNSTABLE
+    (ended,) = _one_slow_rail(None)
+    assert ended.look is not None and ended.look.state is LookState.NOT_MEASURED
+    assert ended.action == "rerun"
 
 
 def test_a_bad_nic_names_its_node_and_rail() -> None:
@@ -176,7 +180,9 @@ def test_a_bad_nic_names_its_node_and_rail() -> None:
     findings = rail_findings(links, 0.5, LABELS)
     assert len([f for f in findings if f.check == "comm.internode.slow_rail"]) == 4
     (named,) = [f for f in findings if f.check == "comm.internode.shared_node"]
-    assert named.subject == "node 2 (h2) rail 1"
+    assert named.subject == "node 2 (h2) rail 1" and named.subject.node == 2
+    # No second figure of its own (its links have theirs): the check's WARN action.
+    assert (named.look, named.cause, named.action) == (None, None, "rerun")
 
 
 def test_with_one_rail_the_node_pairs_say_it_all() -> None:

@@ -44,6 +44,12 @@ def _internode(report: dict[str, Any]) -> dict[str, Any]:
     return {s["name"]: s for s in report["sections"]}["internode"]
 
 
+def _state(finding: dict[str, Any]) -> str | None:
+    """The state of a finding's second look, as the report's JSON carries it."""
+    look = finding.get("look")
+    return look["state"] if look else None
+
+
 def _warns(section: dict[str, Any]) -> list[tuple[str, str, str]]:
     return [(f["check"], f["subject"], f["action"]) for f in section["findings"]
             if f["status"] == "WARN"]
@@ -61,9 +67,11 @@ def test_a_node_slow_in_every_round_is_named_and_confirmed_against_known_good_no
     # (known good), confirms it.
     named = [f for f in section["findings"] if f["check"] == "comm.internode.shared_node"]
     assert [(f["subject"][:6], f["status"]) for f in named] == [("node 2", "WARN")]
-    assert "confirmed" in named[0]["message"] and "known good" in named[0]["message"]
+    assert _state(named[0]) == "confirmed"
+    against = {a["label"] for a in named[0]["look"]["against"]}
+    assert against and all("node 2" not in a for a in against)  # known good: 0 and 1
     confirmed = {f["subject"] for f in section["findings"]
-                 if f["check"] == "comm.internode.slow_pair" and "confirmed" in f["message"]}
+                 if f["check"] == "comm.internode.slow_pair" and _state(f) == "confirmed"}
     assert {"node 2 -> node 0", "node 2 -> node 1"} <= confirmed
     again = {(r["src_node"], r["dst_node"]) for r in section["data"]["measured again"]}
     assert {(2, 0), (2, 1), (0, 1), (1, 0)} <= again
@@ -79,9 +87,9 @@ def test_a_node_slow_to_receive_is_named_for_its_receives_and_no_other_node_is_b
     section = _internode(report)
     named = [f for f in section["findings"] if f["check"] == "comm.internode.shared_node"]
     assert [f["subject"][:6] for f in named] == ["node 2"]
-    assert "it receives on" in named[0]["message"] and "confirmed" in named[0]["message"]
+    assert "it receives on" in named[0]["message"] and _state(named[0]) == "confirmed"
     confirmed = {f["subject"] for f in section["findings"]
-                 if f["check"] == "comm.internode.slow_pair" and "confirmed" in f["message"]}
+                 if f["check"] == "comm.internode.slow_pair" and _state(f) == "confirmed"}
     assert confirmed == {"node 0 -> node 2", "node 1 -> node 2"}
     # Nothing node 2 sends, and nothing between node 0 and node 1, is condemned.
     assert all(f["subject"].endswith("-> node 2") or f["action"] == "rerun"
@@ -95,7 +103,7 @@ def test_a_node_slow_only_in_the_rounds_is_unstable_and_asks_for_a_rerun(
     assert ("comm.internode.shared_node", "node 2 (", "rerun") in [
         (c, s[:8], a) for c, s, a in warns]
     assert all(a == "rerun" for _, _, a in warns), warns
-    assert all("unstable" in f["message"] for f in _internode(report)["findings"]
+    assert all(_state(f) == "unstable" for f in _internode(report)["findings"]
                if f["status"] == "WARN")
 
 
@@ -113,13 +121,13 @@ def test_two_nodes_of_two_ranks_run_both_rails_and_sum_them_per_node_pair(
              if f["check"] == "comm.internode.slow_rail" and f["status"] == "WARN"]
     # CPU ranks: confirmed is a busy process to rerun, not a node to drain (GPU ranks
     # drain: test_confirmed_links_on_cpu_ranks_are_rerun_and_on_gpus_drain below).
-    assert [(f["subject"], f["action"]) for f in rails if "confirmed" in f["message"]] == [
-        ("rank 3 -> rank 1", "rerun")]
+    assert [(f["subject"], f["action"], f["cause"]) for f in rails
+            if _state(f) == "confirmed"] == [("rank 3 -> rank 1", "rerun", "cpu_ranks")]
     assert all(f["action"] == "rerun" for f in rails)
     (slow,) = [f for f in sections["nodes"]["findings"] if f["status"] == "WARN"]
     assert slow["subject"].startswith("node 1 (") and slow["action"] == "rerun"
-    assert "CPU ranks" in slow["hint"]
-    assert "confirmed: measured again" in slow["message"] and "node 0 (" in slow["message"]
+    assert (slow["cause"], _state(slow)) == ("cpu_ranks", "confirmed")
+    assert [a["node"] for a in slow["look"]["against"]] == [0]
     assert sections["nodes"]["data"]["measured again"]["known_good"] == 0
     data = sections["internode"]["data"]
     assert data["rounds"] == 1
@@ -135,22 +143,21 @@ def test_two_nodes_of_two_ranks_run_both_rails_and_sum_them_per_node_pair(
     # Node 0's sends are healthy: nothing it sends on is condemned (noise on this shared
     # VM can at most make a figure "unstable", action rerun, after its second look).
     # Node 1 -> node 0 carries the slow rail: that node pair may rightly read slow.
-    assert all("confirmed" not in f["message"] and f["action"] in (None, "rerun")
+    assert all(_state(f) != "confirmed" and f["action"] in (None, "rerun")
                for f in sections["internode"]["findings"]
                if f["check"] != "comm.internode.slow_rail"
                and f["subject"] != "node 1 -> node 0"), sections["internode"]["findings"]
 
 
 def test_confirmed_links_on_cpu_ranks_are_rerun_and_on_gpus_drain() -> None:
-    from gpucheck.comm.report import on_cpu_ranks
-    from gpucheck.report import warn
+    from gpucheck.comm.internode_verdicts import rail_findings
 
-    confirmed = warn("comm.internode.slow_rail", "rail 1 slow; confirmed: measured again",
-                     hint="check the NIC", subject="rank 3 -> rank 1")
-    unstable = warn("comm.internode.slow_rail", "rail 0 slow; unstable: fine again",
-                    hint="rerun", subject="rank 2 -> rank 0")
-    assert confirmed.action == "drain-node" and unstable.action == "rerun"
-    assert on_cpu_ranks([confirmed, unstable], "cuda") == [confirmed, unstable]
-    on_cpu = on_cpu_ranks([confirmed, unstable], "cpu")
-    assert [f.action for f in on_cpu] == ["rerun", "rerun"]
-    assert "CPU ranks" in on_cpu[0].hint and on_cpu[1] is unstable
+    # Two nodes of two rails, rail 1 of node 1 -> node 0 at a tenth, slow again.
+    links = [{"round": 1, "src_node": a, "dst_node": 1 - a, "rail": r, "src": 2 * a + r,
+              "dst": 2 * (1 - a) + r, "bandwidth_gbps": 1.0 if (a, r) == (1, 1) else 10.0}
+             for a in (0, 1) for r in (0, 1)]
+    labels = {0: "node 0 (h0)", 1: "node 1 (h1)"}
+    for device, action, cause in (("cuda", "drain-node", None), ("cpu", "rerun", "cpu_ranks")):
+        (found,) = rail_findings(links, 0.5, labels, links, device)
+        assert found.look is not None and found.look.state.value == "confirmed"
+        assert (found.subject, found.action, found.cause) == ("rank 3 -> rank 1", action, cause)

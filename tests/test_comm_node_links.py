@@ -16,6 +16,7 @@ from gpucheck.comm.internode import round_schedule
 from gpucheck.comm.internode_verdicts import both_ends, internode_findings, node_pair_rows
 from gpucheck.comm.node_links import FABRIC_FRACTION, find_node_suspects, spread_cut
 from gpucheck.comm.report import Verdicts, comm_sections
+from gpucheck.measure import LookState
 from gpucheck.report import Status
 
 LABELS = {i: f"node {i} (h{i})" for i in range(5)}
@@ -77,8 +78,13 @@ def test_a_node_at_0_65x_the_others_is_named_and_no_other_node_is_blamed(
     assert sorted(pairs) == sorted(f"node {a} -> node {b}" for a, b in
                                    _relabel(ISSUE_21, order) if slow in (a, b))
     (node,) = [f for f in findings if f.check == "comm.internode.shared_node"]
-    assert "it is in" in node.message  # slow both ways
-    assert "not measured again" in node.message
+    assert suspects_way(order) == "both"  # slow both ways
+    assert node.look is not None and node.look.state is LookState.NOT_MEASURED
+    assert node.subject.node == slow and len(node.look.parts) == 4
+
+
+def suspects_way(order: list[int]) -> str:
+    return find_node_suspects(_relabel(ISSUE_21, order), 0.5).members[order[2]]
 
 
 def test_the_0_65x_node_is_judged_at_the_healthy_pairs_spread_against_them() -> None:
@@ -87,7 +93,7 @@ def test_the_0_65x_node_is_judged_at_the_healthy_pairs_spread_against_them() -> 
     # The healthy pair's repeats spread more than the fabric's 10%: 1 -> 0 dipped to
     # 1.43 against its 1.97 (27%), 0 -> 1 to 2.29 against 2.33 (2%); their median, 15%.
     assert suspects.cut == pytest.approx(1 - (0.04 / 2.33 + 0.54 / 1.97) / 2)
-    assert suspects.reference_gbps == pytest.approx((2.33 + 1.97) / 2)
+    assert suspects.reference == pytest.approx((2.33 + 1.97) / 2)
     assert set(suspects.references) == {(0, 1), (1, 0)}  # measured again beside it
 
 
@@ -119,22 +125,26 @@ def _internode_findings(device: str, again: list[dict[str, Any]]) -> list[Any]:
 def test_the_0_65x_node_slow_again_beside_a_known_good_pair_is_confirmed() -> None:
     findings = _internode_findings("cuda", _again(0.65))
     (node,) = [f for f in findings if f.check == "comm.internode.shared_node"]
-    assert node.subject == "node 2 (h2)" and "confirmed" in node.message
-    assert node.action == "drain-node"
+    assert node.subject == "node 2 (h2)" and node.action == "drain-node"
+    assert node.look is not None and node.look.state is LookState.CONFIRMED
+    # Each part judged at the cut the node was found at, not the pair threshold.
+    cut = find_node_suspects(ISSUE_21, 0.5).cut
+    assert [p.bound.limit for p in node.look.parts] == [pytest.approx(cut)] * 4
     assert all(f.action == "drain-node" for f in findings if f.status == Status.WARN)
 
 
 def test_on_cpu_ranks_the_confirmed_node_asks_for_a_rerun_not_a_drain() -> None:
     findings = _internode_findings("cpu", _again(0.65))
     warned = [f for f in findings if f.status == Status.WARN]
-    assert warned and all(f.action == "rerun" for f in warned)
-    assert all("CPU ranks" in f.hint for f in warned if "confirmed:" in f.message)
+    assert warned and all(f.action == "rerun" and f.cause == "cpu_ranks" for f in warned)
+    assert all(f.look is not None and f.look.state is LookState.CONFIRMED for f in warned)
 
 
 def test_the_0_65x_node_fine_the_second_time_is_unstable() -> None:
     findings = _internode_findings("cuda", _again(0.97))
     warned = [f for f in findings if f.status == Status.WARN]
-    assert warned and all(f.action == "rerun" and "unstable" in f.message for f in warned)
+    assert warned and all(f.action == "rerun" and f.look is not None
+                          and f.look.state is LookState.UNSTABLE for f in warned)
 
 
 @pytest.mark.parametrize("figures", [HEALTHY_FABRIC, *HEALTHY_LOADED_VM[:2]])
@@ -161,7 +171,8 @@ def test_a_process_starved_through_the_rounds_is_a_suspect_only_until_measured_a
     findings = internode_findings(_rows(starved), 0.5, LABELS, again)
     warned = [f for f in findings if f.status == Status.WARN]
     assert warned and all(f.action == "rerun" for f in warned)
-    assert not any("confirmed" in f.message for f in warned)
+    assert all(f.look is not None and f.look.state is not LookState.CONFIRMED
+               for f in warned)
 
 
 # That run's second look as it measured it (node pairs 0 <-> 2 and 1 <-> 2, GB/s).

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpucheck.comm.nodes_again import node_figures, plan, slow_node_verdicts
+from gpucheck.measure import Better, LookState
 from gpucheck.report import Status
 
 RANKS = [{"rank": r, "node_rank": r // 2, "host": f"h{r // 2}"} for r in range(6)]
@@ -21,13 +22,13 @@ def _pairs(gbps: dict[int, float]) -> list[dict[str, Any]]:
 FIRST = {0: 10.0, 1: 10.2, 2: 2.0}  # node 2 at a fifth of the others
 
 
-def _verdicts(again: dict[int, float] | None) -> list[Any]:
+def _verdicts(again: dict[int, float] | None, device: str = "cuda") -> list[Any]:
     figures = node_figures(RANKS, _pairs(FIRST), [])
     wanted = plan(figures, 0.9)
     second = None if again is None else (wanted or {}) | {"pairs": [
         p for p in _pairs(again | {n: 0.0 for n in FIRST if n not in again})
         if p["src"] // 2 in again]}
-    return slow_node_verdicts(figures, 0.9, second, RANKS)
+    return slow_node_verdicts(figures, 0.9, second, RANKS, device)
 
 
 def test_healthy_nodes_are_not_measured_again_and_stay_ok() -> None:
@@ -46,19 +47,30 @@ def test_a_node_slow_again_is_confirmed_against_the_known_good_node_and_drained(
     (found,) = _verdicts({2: 2.1, 0: 9.9})
     assert (found.status, found.subject, found.action) == (Status.WARN, "node 2 (h2)",
                                                            "drain-node")
-    assert "confirmed: measured again at 2.1 GB/s against node 0 (h0) (known good) at " \
-        "9.9 GB/s" in found.message
+    assert (found.subject.node, found.subject.host, found.cause) == (2, "h2", None)
+    look = found.look
+    assert look is not None and look.state is LookState.CONFIRMED
+    assert (look.first, look.again, look.reference, look.unit) == (2.0, 2.1, 9.9, "GB/s")
+    assert [a.position() for a in look.against] == ["node0"]
+
+
+def test_on_cpu_ranks_a_node_slow_again_is_a_busy_host_to_rerun() -> None:
+    (found,) = _verdicts({2: 2.1, 0: 9.9}, device="cpu")
+    assert found.look is not None and found.look.state is LookState.CONFIRMED
+    assert (found.cause, found.action) == ("cpu_ranks", "rerun")
 
 
 def test_a_node_fine_the_second_time_is_unstable_with_action_rerun() -> None:
     (found,) = _verdicts({2: 9.7, 0: 9.9})
     assert (found.subject, found.action) == ("node 2 (h2)", "rerun")
-    assert "unstable: measured again at 9.7 GB/s" in found.message
+    assert found.look is not None and found.look.state is LookState.UNSTABLE
+    assert found.look.again == 9.7
 
 
 def test_a_slow_node_not_measured_again_says_so_and_is_not_condemned() -> None:
     (found,) = _verdicts(None)
-    assert "not measured again" in found.message and found.action == "rerun"
+    assert found.look is not None and found.look.state is LookState.NOT_MEASURED
+    assert found.action == "rerun"
 
 
 def test_one_rank_per_node_is_judged_by_the_largest_all_reduce_time_again() -> None:
@@ -69,7 +81,13 @@ def test_one_rank_per_node_is_judged_by_the_largest_all_reduce_time_again() -> N
     assert wanted == {"kind": "all_reduce", "suspects": [2], "known_good": 1}
     slow = (wanted or {}) | {"rank_times_us": [100.0, 99.0, 390.0]}
     (found,) = slow_node_verdicts(figures, 0.9, slow, ranks)
-    assert found.subject == "node 2 (h2)" and "confirmed" in found.message
+    assert found.subject == "node 2 (h2)" and found.action == "drain-node"
+    look = found.look
+    assert look is not None and look.state is LookState.CONFIRMED
+    # Times: lower is better, worse above the known-good node's time / 0.9.
+    assert (look.unit, look.bound.better, look.again, look.reference) == (
+        "us", Better.LOWER, 390.0, 99.0)
     fine = (wanted or {}) | {"rank_times_us": [100.0, 99.0, 101.0]}
     (found,) = slow_node_verdicts(figures, 0.9, fine, ranks)
-    assert "unstable" in found.message and found.action == "rerun"
+    assert found.look is not None and found.look.state is LookState.UNSTABLE
+    assert found.action == "rerun"

@@ -26,8 +26,9 @@ SLOWED = {2: SlowPair(0, 1, 0.05, "once"), 3: SlowPair(1, 0, 0.05)}
 
 
 def _pair_warns(report: dict) -> list[tuple[str, str]]:  # type: ignore[type-arg]
+    """(subject, the state of its second look) of each slow pair."""
     pairwise = {s["name"]: s for s in report["sections"]}["pairwise"]
-    return [(f["subject"], f["message"]) for f in pairwise["findings"]
+    return [(f["subject"], f["look"]["state"]) for f in pairwise["findings"]
             if f["status"] == "WARN"]
 
 
@@ -40,11 +41,11 @@ def test_comm_sweep_reports_every_size_with_nccl_tests_bandwidths(
     if nproc == 2:  # one slow batch of three is noise: never a confirmed slow_pair
         # (a CI run once met more noise in the same pair's other batches: then the
         # second look clears it, at most an "unstable" WARN asking for a rerun)
-        assert all("unstable" in m for _, m in warns), warns
+        assert all(state == "unstable" for _, state in warns), warns
     else:  # slow in every batch, and again when measured again beside a good pair
         # The planted pair, confirmed; the hook's sleep is in rank 1's process, so its
         # other sends may be held up too (a CI run once confirmed rank 1 -> rank 2).
-        confirmed = [s for s, m in warns if "confirmed" in m]
+        confirmed = [s for s, state in warns if state == "confirmed"]
         assert "rank 1 -> rank 0" in confirmed
         assert all(s.startswith("rank 1 -> ") for s in confirmed), confirmed
     sections = {s["name"]: s for s in report["sections"]}
@@ -73,7 +74,7 @@ def test_a_pair_slow_the_first_time_only_is_an_unstable_warn_that_asks_for_a_rer
     pairwise = {s["name"]: s for s in report["sections"]}["pairwise"]
     (warned,) = [f for f in pairwise["findings"] if f["status"] == "WARN"]
     assert (warned["subject"], warned["action"]) == ("rank 1 -> rank 0", "rerun")
-    assert "unstable: measured again" in warned["message"]
+    assert (warned["look"]["state"], warned["cause"]) == ("unstable", "cpu_ranks")
 
 
 def test_baseline_busbw_above_what_loopback_gives_is_a_fail(tmp_path: Path) -> None:

@@ -88,6 +88,7 @@ def test_a_gpu_fewer_in_b_fails(tmp_path: Path) -> None:
     for s in raw["sections"]:
         if s["name"] == "gpus":
             s["data"]["gpus"] = s["data"]["gpus"][:1]
+            s["metrics"] = [m for m in s["metrics"] if m["subject"]["gpu"] == 0]
         if s["name"] == "driver":
             s["data"]["gpu_count"] = 1
     b = tmp_path / "one_gpu.json"
@@ -102,7 +103,7 @@ def test_a_gpu_fewer_in_b_fails(tmp_path: Path) -> None:
 
 def test_a_schema_1_report_compares_with_a_schema_2_one(tmp_path: Path) -> None:
     code, report = compare(tmp_path, path("bench_v1"), path("bench"))
-    assert report["schema_version"] == 2 and code in (0, 1)
+    assert report["schema_version"] == 3 and code in (0, 1)
     assert set(rows(report)) == set(rows(compare(tmp_path, path("bench"), path("bench"))[1]))
 
 
@@ -189,7 +190,9 @@ def test_the_same_problem_on_another_nodes_gpu_is_not_new(tmp_path: Path) -> Non
         section(raw, "gpus")["findings"].append({
             "check": "gpu.persistence_mode", "status": "WARN", "message": "off",
             "hint": "nvidia-smi -pm 1", "action": "fix-config",
-            "subject": f"GPU {index} (NVIDIA H200, bus 00000000:18:00.0, {uuid})"})
+            "subject": f"GPU {index} (NVIDIA H200, bus 00000000:18:00.0, {uuid})",
+            "subject_fields": {"kind": "gpu", "label": f"GPU {index} (...)", "gpu": index,
+                               "bus_id": "00000000:18:00.0", "uuid": uuid}})
         out = tmp_path / f"{uuid}-{index}.json"
         out.write_text(json.dumps(raw))
         return str(out)
@@ -198,7 +201,9 @@ def test_the_same_problem_on_another_nodes_gpu_is_not_new(tmp_path: Path) -> Non
     _, other_slot = compare(tmp_path, with_warn("GPU-aaaa", 1), with_warn("GPU-bbbb", 0))
     assert [(c["change"], c["subject"]) for c in
             section(other_slot, "findings")["data"]["changes"]] == [
-        ("new in B", "GPU 0"), ("gone in B", "GPU 1")]
+        ("new in B", "gpu0"), ("gone in B", "gpu1")]
+    [new] = [f for f in findings(other_slot, "compare.findings") if f["status"] == "WARN"]
+    assert (new["subject_fields"]["kind"], new["subject_fields"]["gpu"]) == ("gpu", 0)
 
 
 @pytest.mark.parametrize("command", ["compare", "fleet"])

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from gpucheck.analysis.metrics import HIGHER, Metric
 from gpucheck.analysis.noise import NOISY, noise_levels
 from gpucheck.cli import main
+from gpucheck.measure import Better, Metric
+from gpucheck.subject import rank as rank_subject
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -38,15 +39,18 @@ def metric_rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["metric"]: r for r in section["data"]["metrics"]}
 
 
-def scaled(raw: dict[str, Any], section: str, column: str, factor: float,
+def scaled(raw: dict[str, Any], section: str, name: str, factor: float,
            rank: int | None = None) -> dict[str, Any]:
+    """`raw` with the metric `name` (every message size of it; of `rank`, or every
+    one) times `factor`."""
     changed = copy.deepcopy(raw)
     for s in changed["sections"]:
         if s["name"] != section:
             continue
-        for row in s["data"].get("results") or s["data"].get("ranks") or []:
-            if rank is None or row.get("rank") == rank:
-                row[column] = round(row[column] * factor, 6)
+        for metric in s["metrics"]:
+            mine = rank is None or (metric["subject"] or {}).get("rank") == rank
+            if metric["name"].split("@")[0] == name and mine:
+                metric["value"] = round(metric["value"] * factor, 6)
     return changed
 
 
@@ -66,7 +70,7 @@ def test_two_healthy_back_to_back_comm_runs_on_this_vm_are_not_a_regression(
 def test_a_planted_30_percent_drop_of_every_size_is_still_a_regression(
         tmp_path: Path) -> None:
     a = load("comm_noisy_a")
-    code, report = compare(tmp_path, a, scaled(a, "all_reduce", "busbw_gbps", 0.7))
+    code, report = compare(tmp_path, a, scaled(a, "all_reduce", "comm.all_reduce.busbw_gbps", 0.7))
     assert code == 1
     rows = metric_rows(report)
     worse = [r for n, r in rows.items() if n.startswith("comm.all_reduce.")]
@@ -88,15 +92,15 @@ def test_every_judged_metric_says_its_threshold_and_where_its_noise_came_from(
 
 
 def test_a_change_inside_the_runs_own_iteration_spread_is_within_noise() -> None:
-    a = {"x.rank0": Metric("x.rank0", 100.0, "images/s", HIGHER, "rank0", spread=0.25)}
-    b = {"x.rank0": Metric("x.rank0", 85.0, "images/s", HIGHER, "rank0", spread=0.02)}
+    a = {"x.rank0": Metric("x", "images/s", Better.HIGHER, 100.0, rank_subject(0), 0.25)}
+    b = {"x.rank0": Metric("x", "images/s", Better.HIGHER, 85.0, rank_subject(0), 0.02)}
     level = noise_levels(a, b)["x.rank0"]
     assert level.source == "within the runs" and level.level == pytest.approx(0.2)
 
 
 def test_the_mirror_counts_only_the_family_improving_not_getting_worse() -> None:
     def m(name: str, value: float) -> Metric:
-        return Metric(name, value, "GB/s", HIGHER)
+        return Metric(name, "GB/s", Better.HIGHER, value)
 
     a = {f"c.busbw@{s}": m(f"c.busbw@{s}", 1.0) for s in (1, 2, 4)}
     slower = {n: m(n, 0.6) for n in a}
@@ -122,7 +126,8 @@ def test_a_bench_slowed_by_load_on_its_host_is_a_host_bound_warn_not_a_regressio
 def test_a_rank_whose_pace_slowed_with_its_wall_time_is_a_slower_device_and_fails(
         tmp_path: Path) -> None:
     a = load("bench")
-    slow = scaled(scaled(a, "timing", "images_per_s", 0.7, rank=1), "timing", "p50_ms",
+    slow = scaled(scaled(a, "timing", "bench.images_per_s", 0.7, rank=1), "timing",
+                  "bench.iteration_p50_ms",
                   1 / 0.7, rank=1)
     code, report = compare(tmp_path, a, slow)
     assert code == 1
@@ -149,11 +154,13 @@ def test_a_host_bound_stragglers_symptoms_are_reported_under_it_not_as_a_regress
 
 def test_a_worse_spread_beside_a_slower_device_is_still_a_regression(tmp_path: Path) -> None:
     a = load("bench")
-    slow = scaled(scaled(a, "timing", "images_per_s", 0.7, rank=1), "timing", "p50_ms",
+    slow = scaled(scaled(a, "timing", "bench.images_per_s", 0.7, rank=1), "timing",
+                  "bench.iteration_p50_ms",
                   1 / 0.7, rank=1)
     for section in slow["sections"]:
-        if section["name"] == "timing":
-            section["data"]["spread_slowest_vs_median"] *= 1.4
+        for metric in section["metrics"]:
+            if metric["name"] == "bench.spread_slowest_vs_median":
+                metric["value"] *= 1.4
     code, report = compare(tmp_path, a, slow)
     assert code == 1
     assert metric_rows(report)["bench.spread_slowest_vs_median"]["verdict"] == "worse"

@@ -145,9 +145,12 @@ def test_a_slow_stress_rank_warning_says_what_slowed_it() -> None:
                              {0: 10.0, 1: 20.0, 2: 10.0}, ranks, 0.9,
                              higher_is_better=False, causes=causes)
     assert [(f.status, f.subject) for f in findings] == [(Status.WARN, "rank 1")]
-    # The cause follows the figure; a single measurement says so after it.
-    assert "; it was in HW thermal slowdown 40% of the measured phases; not measured " \
-        "again" in findings[0].message
+    # The cause follows the figure; a single measurement's look says it was not
+    # measured again.
+    assert findings[0].message.endswith("; it was in HW thermal slowdown 40% of the "
+                                        "measured phases")
+    assert findings[0].look is not None and findings[0].look.state.value == \
+        "not measured again"
 
 
 def test_ranks_whose_watch_did_not_come_back_are_named_not_dropped() -> None:

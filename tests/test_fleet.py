@@ -43,6 +43,8 @@ def write_node(folder: Path, name: str, host: str, index: int = 0,
     for section in raw["sections"]:
         if section["name"] in MEASURED:
             section["data"] = _scaled(section["data"], factor)
+            for metric in section.get("metrics") or []:  # schema 1 has none
+                metric["value"] *= factor
     if edit is not None:
         edit(raw)
     out = folder / f"{name}-{host}.json"
@@ -54,14 +56,22 @@ def healthy_fleet(folder: Path, name: str, count: int, first: int = 1) -> list[P
     return [write_node(folder, name, f"gpu{i:02d}", i) for i in range(first, first + count)]
 
 
+# The table column each metric is read from by its producer.
+METRIC_OF = {"images_per_s": ("bench.images_per_s",), "gbps_p50": ("stress.membw.gbps",),
+             "tflops_p50": ("stress.gemm.bf16.tflops", "stress.gemm.fp32.tflops")}
+
+
 def rows_where(rank: int, key: str, factor: float) -> Edit:
-    """Scale `key` in every table row of rank `rank` (a slow GPU)."""
+    """Scale `key` in every table row of rank `rank` (a slow GPU), and its metrics."""
     def edit(raw: dict[str, Any]) -> None:
         for section in raw["sections"]:
             for table in section["data"].values():
                 for row in table if isinstance(table, list) else []:
                     if isinstance(row, dict) and row.get("rank") == rank and key in row:
                         row[key] *= factor
+            for metric in section.get("metrics") or []:
+                if metric["name"] in METRIC_OF[key] and metric["subject"]["rank"] == rank:
+                    metric["value"] *= factor
     return edit
 
 
@@ -392,8 +402,14 @@ def test_an_outlier_names_the_gpu_its_rank_used(tmp_path: Path) -> None:
     folder.mkdir()
 
     def on_gpus(raw: dict[str, Any]) -> None:
-        for row in section(raw, "stress")["data"]["ranks"]:
-            row["gpu"] = f"GPU {row['rank']} (NVIDIA H200, bus 0000000{row['rank']}:18:00.0)"
+        for s in raw["sections"]:
+            for metric in s.get("metrics") or []:
+                rank = (metric["subject"] or {}).get("rank")
+                if rank is not None:
+                    bus = f"0000000{rank}:18:00.0"
+                    metric["subject"] = {"kind": "rank", "rank": rank, "gpu": rank,
+                                         "bus_id": bus,
+                                         "label": f"GPU {rank} (NVIDIA H200, bus {bus})"}
     for i in range(1, 5):
         write_node(folder, "stress", f"gpu{i:02d}", i, on_gpus)
     write_node(folder, "stress", "gpu05", 5, lambda raw: (on_gpus(raw), rows_where(

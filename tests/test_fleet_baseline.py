@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gpucheck import subject
 from gpucheck.analysis.baseline import (
     BASELINE_SCHEMA_VERSION,
     Baseline,
@@ -20,10 +21,13 @@ from gpucheck.analysis.baseline import (
     expected_from,
     load_baseline,
 )
-from gpucheck.analysis.metrics import HIGHER, LOWER, Metric, extract_metrics
+from gpucheck.analysis.metrics import metrics_of
 from gpucheck.cli import main
+from gpucheck.measure import Better, Metric
 from gpucheck.report import Status
 from tests.test_fleet import REPORTS, healthy_fleet, rows_where, section, write_node
+
+HIGHER, LOWER = Better.HIGHER, Better.LOWER
 
 
 def save(tmp_path: Path, folder: Path, *extra: str) -> tuple[int, dict[str, Any]]:
@@ -34,7 +38,7 @@ def save(tmp_path: Path, folder: Path, *extra: str) -> tuple[int, dict[str, Any]
 
 
 def values(folder: Path, name: str) -> list[float]:
-    return sorted(extract_metrics(json.loads(p.read_text()))[name].value
+    return sorted(metrics_of(json.loads(p.read_text()))[name].value
                   for p in sorted(folder.glob("*.json")))
 
 
@@ -130,9 +134,12 @@ def test_a_baseline_of_another_command_is_skipped(tmp_path: Path) -> None:
     assert [f["status"] for f in section(report, "baseline")["findings"]] == ["SKIP"]
 
 
-def metric(name: str, value: float, direction: str = HIGHER, position: str | None = None
+def metric(key: str, value: float, better: Better = HIGHER, rank: int | None = None
            ) -> Metric:
-    return Metric(name, value, "GB/s", direction, position, None)
+    """The metric of `key`: for a rank, its name and `.rank<N>`."""
+    name = key.removesuffix(f".rank{rank}") if rank is not None else key
+    return Metric(name, "GB/s", better, value, subject.rank(rank) if rank is not None
+                  else None)
 
 
 BASE = Baseline(0.1, {
@@ -145,8 +152,8 @@ BASE = Baseline(0.1, {
 
 def test_baseline_findings_warn_below_a_floor_and_above_a_ceiling() -> None:
     found = baseline_findings({
-        "stress.membw.gbps.rank0": metric("stress.membw.gbps.rank0", 80.0, position="rank0"),
-        "stress.sdc.p50_ms.rank0": metric("stress.sdc.p50_ms.rank0", 3.0, LOWER, "rank0")},
+        "stress.membw.gbps.rank0": metric("stress.membw.gbps.rank0", 80.0, rank=0),
+        "stress.sdc.p50_ms.rank0": metric("stress.sdc.p50_ms.rank0", 3.0, LOWER, 0)},
         BASE)
     assert [(f.check, f.status, f.subject, f.action) for f in found] == [
         ("baseline.metric", Status.WARN, "rank0", "rerun"),
@@ -163,7 +170,7 @@ def test_a_collective_below_the_baseline_at_several_sizes_is_one_warning() -> No
 
 def test_baseline_findings_are_ok_within_the_limits_and_skip_without_overlap() -> None:
     within = baseline_findings({"stress.membw.gbps.rank0": metric(
-        "stress.membw.gbps.rank0", 91.0)}, BASE)
+        "stress.membw.gbps.rank0", 91.0, rank=0)}, BASE)
     assert [f.status for f in within] == [Status.OK]
     other = baseline_findings({"bench.job_wall_s": metric("bench.job_wall_s", 1.0)}, BASE)
     assert [f.status for f in other] == [Status.SKIP]

@@ -1,4 +1,5 @@
-"""Robust statistics behind fleet's outliers and baselines: median, MAD, the two rules."""
+"""Robust statistics behind fleet's outliers and baselines: median, MAD, the two rules
+(gpucheck.stats and gpucheck.peers, as fleet calls them with a metric's `better`)."""
 
 from __future__ import annotations
 
@@ -6,15 +7,17 @@ import math
 
 import pytest
 
-from gpucheck.analysis.metrics import HIGHER, INFO, LOWER
-from gpucheck.analysis.stats import (
-    MAD_MIN_VALUES,
-    describe,
-    is_outlier,
-    shortfall,
-    significant,
-    trimmed,
-)
+from gpucheck.measure import Better, Bound
+from gpucheck.peers import MAD_MIN_VALUES, outlier, shortfall, trimmed
+from gpucheck.stats import Spread, describe, significant
+
+HIGHER, LOWER, INFO = Better.HIGHER, Better.LOWER, Better.INFO
+
+
+def is_outlier(value: float, spread: Spread, better: Better, threshold: float,
+               mad_k: float) -> bool:
+    """As analysis/outliers.py asks: `threshold` worse than the median, or the MAD rule."""
+    return outlier(value, spread, Bound.shortfall(threshold, better), mad_k)
 
 
 def test_describe_gives_median_mad_and_range() -> None:
@@ -28,7 +31,7 @@ def test_describe_gives_median_mad_and_range() -> None:
     (110.0, 100.0, LOWER, 0.1), (90.0, 100.0, LOWER, -0.1),
     (3.0, 0.0, LOWER, math.inf), (0.0, 0.0, HIGHER, 0.0), (50.0, 100.0, INFO, 0.0)])
 def test_shortfall_is_how_much_worse_in_the_metrics_direction(
-        value: float, reference: float, direction: str, expected: float) -> None:
+        value: float, reference: float, direction: Better, expected: float) -> None:
     assert shortfall(value, reference, direction) == pytest.approx(expected)
 
 

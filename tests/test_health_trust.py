@@ -176,7 +176,7 @@ def test_the_state_is_written_by_rename_and_never_through_a_link_made_meanwhile(
 
 
 def test_the_worst_finding_of_many_thousand_is_the_first_most_severe():
-    findings = [warn("x.y", f"m{i}", "h", f"s{i}") for i in range(5_000)]
+    findings = [warn("gpu.busy", f"m{i}", "h", f"s{i}") for i in range(5_000)]
     report = Report(command="health")
     report.add(Section("s", "S", {}, findings))
     assert worst_finding(report).subject == "s0"
@@ -197,6 +197,9 @@ def test_the_worst_finding_of_many_thousand_is_the_first_most_severe():
     {"version": 2, "faults": [{"key": "k"}]},
     {"version": 2, "faults": [{"key": "k", "check": "c", "status": "OK", "action": "none",
                                "message": "m", "since": "t"}]},
+    # a check id this gpucheck does not declare (its finding could not be made)
+    {"version": 2, "faults": [{"key": "k", "check": "brand.new", "status": "FAIL",
+                               "action": "drain-node", "message": "m", "since": "t"}]},
     {"version": True},
     [1, 2],
     "text",

@@ -24,8 +24,8 @@ def hostile_report() -> Report:
     data = {"host_name": HOSTILE, HOSTILE: "as a key",
             "rows": [{"node": HOSTILE, "value": 1}, {"node": "gpu02", "value": 2}]}
     return Report("env", [Section("s", f"Title {HOSTILE}", data,
-                                   [fail("gpu.x", f"msg {HOSTILE}", hint=f"hint {HOSTILE}",
-                                         subject=HOSTILE), ok("gpu.y", "fine")])],
+                                   [fail("gpu.functional", f"msg {HOSTILE}", hint=f"hint {HOSTILE}",
+                                         subject=HOSTILE), ok("gpu.numa", "fine")])],
                   argv=["gpucheck", "env"], host=HOSTILE, created_at="2026-01-01T00:00:00")
 
 
@@ -59,14 +59,15 @@ def test_colour_codes_are_still_written_on_a_terminal() -> None:
 
 def test_markdown_keeps_data_out_of_tables_folds_and_html() -> None:
     hostile = hostile_report()
-    hostile.sections[0].findings[0] = fail("gpu.x", "a | b\nc </details><img src=x> [l](u)",
-                                           hint="h", subject="</details>")
+    hostile.sections[0].findings[0] = fail("gpu.functional",
+                                           "a | b\nc </details><img src=x> [l](u)", hint="h",
+                                           subject="</details>")
     md = render(hostile, "markdown")
     assert not CONTROL.search(md)
     assert md.count("</details>") == md.count("<details>") == 1  # only the renderer's own
     assert "<img" not in md and "&lt;img src=x&gt;" in md and "\\[l\\](u)" in md
     for line in md.splitlines():
-        if line.startswith("| FAIL") and "gpu.x" in line:  # a finding row, its columns
+        if line.startswith("| FAIL") and "gpu.functional" in line:  # a finding row, its columns
             assert len(re.findall(r"(?<!\\)\|", line)) == 7
 
 
@@ -109,10 +110,9 @@ def test_dollar_signs_in_fleet_names_are_text_in_the_chart_not_tex(tmp_path: Pat
         raw = json.loads((REPORTS / "bench.json").read_text())
         raw["host"] = host
         for section in raw["sections"]:  # a little spread, so the chart has ranges
-            for table in section["data"].values():
-                for row in table if isinstance(table, list) else []:
-                    if isinstance(row, dict) and "images_per_s" in row:
-                        row["images_per_s"] *= 0.6 if host == "$x^2$" else 1 + i / 100
+            for metric in section.get("metrics") or []:
+                if metric["name"] == "bench.images_per_s":
+                    metric["value"] *= 0.6 if host == "$x^2$" else 1 + i / 100
         (folder / f"n{i}.json").write_text(json.dumps(raw))
     out = tmp_path / "fleet.html"
     assert main(["fleet", str(folder), "-q", "-o", str(out)]) in (0, 1)

@@ -64,7 +64,7 @@ def odd_text(kind: str) -> str:
     if kind == "surrogate":
         return text.replace('"host": "', '"host": "\\ud800', 1)
     digits = {"400 digits": 400, "5000 digits": 5000}[kind]
-    return text.replace('"schema_version": 2', '"schema_version": 2, "n": ' + "9" * digits, 1)
+    return text.replace('"schema_version": 3', '"schema_version": 3, "n": ' + "9" * digits, 1)
 
 
 @pytest.mark.parametrize("kind", list(ODD_VALUES))

@@ -16,7 +16,7 @@ def _env_report(nccl: str, gpus: int, env: dict[str, str], model: str = "H100") 
         {"name": "driver", "title": "NVIDIA driver", "findings": [],
          "data": {"driver_version": "550.54"}},
         {"name": "gpus", "title": "GPUs", "data": {"gpus": [{"name": model}] * gpus},
-         "findings": [{"check": "gpu.ecc", "status": "OK", "message": "fine",
+         "findings": [{"check": "gpu.ecc.volatile_uncorrected", "status": "OK", "message": "fine",
                        "hint": None, "subject": "GPU 0"}]},
         {"name": "environment", "title": "Env", "findings": [], "data": {"variables": env}},
     ]}
@@ -41,15 +41,16 @@ def test_matching_nodes_give_one_ok_and_keep_each_nodes_verdicts() -> None:
     reports = {n: _env_report("2.21", 8, {"SLURM_NODEID": str(n.node_rank)}) for n in NODES[:2]}
     merged = merge_node_reports(reports)
     assert [f.status for f in merged.sections[0].findings] == [Status.OK]
-    gpu_findings = [f for f in merged.findings if f.check == "gpu.ecc"]
+    gpu_findings = [f for f in merged.findings if f.check == "gpu.ecc.volatile_uncorrected"]
     assert [f.subject for f in gpu_findings] == ["node 0 (a) GPU 0", "node 1 (b) GPU 0"]
 
 
 def test_a_finding_keeps_the_action_its_probe_set_when_nodes_are_merged() -> None:
     report = _env_report("2.21", 8, {})
     report["sections"][2]["findings"] = [{
-        "check": "gpu.ecc", "status": "FAIL", "message": "uncorrectable ECC errors",
-        "hint": None, "subject": "GPU 0", "action": "replace-hardware"}]
+        "check": "gpu.ecc.volatile_uncorrected", "status": "FAIL",
+        "message": "uncorrectable ECC errors", "hint": None, "subject": "GPU 0",
+        "action": "replace-hardware"}]
     merged = merge_node_reports({NODES[0]: report, NODES[1]: _env_report("2.21", 8, {})})
     failed = [f for f in merged.findings if f.status is Status.FAIL]
     assert [(f.subject, f.action) for f in failed] == [("node 0 (a) GPU 0", "replace-hardware")]

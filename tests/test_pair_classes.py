@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from gpucheck.actions import resolve_action
+from gpucheck.checks.legacy import resolve_action
 from gpucheck.comm.aggregate import pair_findings
 from gpucheck.comm.pairwise import second_look_steps
+from gpucheck.measure import LookState
 from gpucheck.probes.nvml import Nvml
 from gpucheck.probes.topology import PairPath, pair_paths
 from gpucheck.report import Status
@@ -104,7 +105,7 @@ def test_a_pair_slower_than_its_own_class_is_caught_and_confirmed(
     found = [f for f in p2p_findings(_node(rows), "node 0", 0.6) if f.status is Status.WARN]
     assert [(f.subject, f.action) for f in found] == [
         (f"node 0 cuda:{pair[0]}->cuda:{pair[1]}", "drain-node")]
-    assert "confirmed" in found[0].message
+    assert found[0].look is not None and found[0].look.state.value == "confirmed"
 
 
 def test_the_second_look_asks_for_known_good_pairs_of_the_same_class() -> None:
@@ -163,8 +164,8 @@ def test_comm_pairs_on_two_sockets_stay_quiet_and_a_slow_pair_of_a_class_is_caug
     again = [p for p in slow if (p["src"], p["dst"]) in ((4, 5), (0, 1), (1, 0))]
     found = [f for f in pair_findings(slow, 0.6, names, again=again)
              if f.status is Status.WARN]
-    assert [f.subject for f in found] == ["rank 4 -> rank 5"] and "confirmed" in \
-        found[0].message
+    assert [f.subject for f in found] == ["rank 4 -> rank 5"]
+    assert found[0].look is not None and found[0].look.state is LookState.CONFIRMED
 
 
 def test_a_nodes_classes_are_measured_again_one_pair_at_a_time() -> None:

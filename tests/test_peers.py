@@ -3,6 +3,9 @@ SDC majority vote: pure functions on recorded and handmade figures (deterministi
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from gpucheck import agreement, peers, stats
@@ -84,6 +87,25 @@ def test_slow_node_fraction_is_defined_once() -> None:
     assert peers.SLOW_NODE_FRACTION == 0.9
     assert nodes.DEFAULT_SLOW_NODE_FRACTION is peers.SLOW_NODE_FRACTION
     assert not hasattr(comm, "DEFAULT_SLOW_NODE_FRACTION")
+
+
+def test_a_slow_node_is_named_and_a_node_exactly_at_the_bound_is_not() -> None:
+    from gpucheck.distributed.nodes import NodeId, slow_node_findings
+
+    # A figure per node of a 4-node run; node 3 at 0.78x.
+    metric = {NodeId(0, "a"): 2410.0, NodeId(1, "b"): 2395.0, NodeId(2, "c"): 2402.0,
+              NodeId(3, "d"): 1874.0}
+    (slow,) = slow_node_findings(metric, "comm.nodes.slow_node", "images/s", "img/s")
+    assert (slow.status.value, slow.subject, slow.action) == ("WARN", "node 3 (d)", "rerun")
+    # 90.0 against a median of 100: `value < 0.9 x median` called it slow (0.9 x 100 is
+    # 90.00000000000001 in floating point); value / median == 0.9 is at the bound.
+    tie = {NodeId(0, "a"): 100.0, NodeId(1, "b"): 100.0, NodeId(2, "c"): 90.0}
+    assert [f.status.value for f in slow_node_findings(tie, "comm.nodes.slow_node", "x",
+                                                       "u")] == ["OK"]
+    times = {NodeId(0, "a"): 1.0, NodeId(1, "b"): 2.0, NodeId(2, "c"): 1.0}
+    (late,) = slow_node_findings(times, "comm.nodes.slow_node", "time", "s",
+                                 higher_is_better=False)
+    assert late.subject == "node 1 (b)"
 
 
 # --- eliminate (the rules of comm's send/recv pairs and stress's peer copies) ---
@@ -250,3 +272,48 @@ def test_a_whole_node_outvoted_alike_is_a_software_split() -> None:
     verdict = agreement.judge(digests, {}, 1e-2, nodes=nodes, splits=True)
     assert verdict.wrong == {} and verdict.software == ((2, 3),)
     assert agreement.odd_by_majority({0: "a", 1: "b"}) is None
+
+
+# --- no verdict word left in the measuring code ---
+
+def _strings(path: Path) -> list[str]:
+    """The string constants of a module, docstrings and comments left out."""
+    tree = ast.parse(path.read_text())
+    docs = {id(node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    return [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and isinstance(node.value, str) and id(node) not in docs]
+
+
+@pytest.mark.parametrize("package", ["stress", "bench"])
+def test_stress_and_bench_word_no_look_in_their_messages(package: str) -> None:
+    root = Path(__file__).resolve().parent.parent / "gpucheck" / package
+    words = ("confirmed:", "unstable:", "not measured again")
+    found = [(path.name, text) for path in sorted(root.glob("*.py"))
+             for text in _strings(path) if any(w in text for w in words)]
+    assert found == []
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+    return found | {node.module for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.module}
+
+
+@pytest.mark.parametrize(("package", "forbidden"), [
+    ("bench", ("gpucheck.stress", "gpucheck.comm")), ("stress", ("gpucheck.comm",))])
+def test_bench_and_stress_take_shared_rules_from_stats_peers_and_agreement(
+        package: str, forbidden: tuple[str, ...]) -> None:
+    root = Path(__file__).resolve().parent.parent / "gpucheck" / package
+    found = sorted((path.name, name) for path in root.glob("*.py")
+                   for name in _imports(path) if name.startswith(forbidden))
+    assert found == []
+
+
+def test_bench_records_and_pace_form_no_circle() -> None:
+    root = Path(__file__).resolve().parent.parent / "gpucheck" / "bench"
+    assert "gpucheck.bench.aggregate" not in _imports(root / "pace.py")
+    assert not {"gpucheck.bench.aggregate", "gpucheck.bench.pace"} & _imports(
+        root / "records.py")

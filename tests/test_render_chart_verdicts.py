@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from gpucheck import subject
 from gpucheck.analysis.baseline import Baseline, Expected
-from gpucheck.analysis.metrics import HIGHER
 from gpucheck.commands.baseline_option import baseline_section
+from gpucheck.measure import Better, Metric
 from gpucheck.render.chart_rules import flagged_ranks
 from gpucheck.render.charts import (
     FLAGGED_COLOR,
@@ -112,9 +113,10 @@ def test_a_report_without_thresholds_in_its_data_colours_by_its_findings() -> No
 
 def test_bench_bars_are_red_exactly_for_the_ranks_the_straggler_check_named() -> None:
     report = Report("bench")
-    rows = [{"rank": r, "images_per_s": v} for r, v in enumerate([100.0, 85.0, 99.0])]
-    report.add(Section("timing", "T", {"ranks": rows},
-                       [warn("bench.rank.straggler", "slow", hint="h", subject="rank 2")]))
+    metrics = [Metric("bench.images_per_s", "images/s", Better.HIGHER, v, subject.rank(r))
+               for r, v in enumerate([100.0, 85.0, 99.0])]
+    report.add(Section("timing", "T", {}, [warn("bench.rank.straggler", "slow", hint="h",
+                                                subject="rank 2")], metrics))
     spec = next(s for s in find_charts(report) if isinstance(s, BarSpec))
     assert spec.flagged["timing"] == {"rank 2"}  # not rank 1, lower but not judged slow
     assert bar_colors(drawn(spec))[2] == FLAGGED_COLOR
@@ -123,9 +125,25 @@ def test_bench_bars_are_red_exactly_for_the_ranks_the_straggler_check_named() ->
         "timing": set()}
 
 
+def test_a_rank_subject_flags_its_bar_and_the_bars_are_the_metrics() -> None:
+    """A structured subject names the rank by its field, whatever its words; the bars
+    come from the section's metrics, not its display table."""
+    report = Report("bench")
+    metrics = [Metric("bench.images_per_s", "images/s", Better.HIGHER, v,
+                      subject.rank(r, f"GPU {r} (bus 0000:1{r}:00.0)", gpu=r))
+               for r, v in enumerate([100.0, 40.0])]
+    report.add(Section("timing", "T", {"ranks": [{"rank": 0, "images_per_s": 1.0}]},
+                       [warn("bench.rank.straggler", "slow", hint="h",
+                             subject=subject.rank(1, "GPU 1 (bus 0000:11:00.0)", gpu=1))],
+                       metrics))
+    spec = next(s for s in find_charts(report) if isinstance(s, BarSpec))
+    assert spec.groups["timing"] == [("rank 0", 100.0), ("rank 1", 40.0)]
+    assert spec.flagged["timing"] == {"rank 1"}
+
+
 def with_baseline(report: Report, limits: dict[str, float]) -> Report:
     """`report` judged against a baseline holding `limits` (metric -> floor)."""
-    baseline = Baseline(0.1, {name: Expected(limit / 0.9, limit, HIGHER, "", 5, 0.0)
+    baseline = Baseline(0.1, {name: Expected(limit / 0.9, limit, Better.HIGHER, "", 5, 0.0)
                               for name, limit in limits.items()})
     report.add(baseline_section(report, baseline))
     return report

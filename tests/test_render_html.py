@@ -87,7 +87,7 @@ def hostile_report() -> Report:
     report.add(Section("environment", f"Env {evil}",
                        data={"variables": {"EVIL": f'"><img src=x onerror=alert(2)>{evil}'},
                              "rows": [{"name": evil, "status": "FAIL"}]},
-                       findings=[fail("env.evil", f"message {evil}", f"hint {evil}",
+                       findings=[fail("system.shm", f"message {evil}", f"hint {evil}",
                                       subject=evil)]))
     return report
 
@@ -112,7 +112,7 @@ def test_the_problems_table_comes_first_with_status_action_and_hint() -> None:
 
 def test_a_report_without_problems_says_so() -> None:
     report = Report("env")
-    report.add(Section("s", "S", findings=[ok("a.b", "fine")]))
+    report.add(Section("s", "S", findings=[ok("gpu.numa", "fine")]))
     page = render(report, "html")
     assert "No FAIL or WARN findings." in page
     assert '<span class="badge s-OK">OK</span>' in page
@@ -123,7 +123,7 @@ def test_data_renders_as_key_value_rows_nested_lists_and_tables() -> None:
     report.add(Section("s", "S", data={
         "memory_total_bytes": 2 * 2**30, "nested": {"inner": {"deep": 7}},
         "rows": [{"rank": 0, "status": "WARN"}, {"rank": 1, "extra": "x"}]},
-        findings=[warn("a.b", "slow", "look")]))
+        findings=[warn("gpu.busy", "slow", "look")]))
     page = render(report, "html")
     assert "<tr><th>memory_total_bytes</th><td>2.0 GiB</td></tr>" in page
     assert '<ul class="tree"><li>inner:<ul class="tree"><li>deep: 7</li></ul></li></ul>' in page

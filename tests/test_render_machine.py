@@ -94,7 +94,8 @@ def test_the_line_is_one_short_printable_line_whatever_the_message_holds():
 
 def test_the_line_of_a_healthy_report_counts_its_checks():
     report = Report(command="health", sections=[Section("x", "X", {}, [
-        ok("a.b", "fine"), ok("c.d", "fine"), skip("ib.ports", "no InfiniBand device")])])
+        ok("gpu.numa", "fine"), ok("system.shm", "fine"),
+        skip("ib.ports", "no InfiniBand device")])])
     assert render(report, "line") == ("gpucheck health OK: 2 checks OK, 1 skipped: ib.ports: "
                                       "no InfiniBand device\n")
 

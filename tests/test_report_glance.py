@@ -24,7 +24,7 @@ from gpucheck.probes import collect_env
 from gpucheck.render import render
 from gpucheck.render.headline import headline_rows
 from gpucheck.render.text import render_text, table_lines
-from gpucheck.report import Report, Section, Status
+from gpucheck.report import Report, ReportShapeError, Section, Status
 
 REPORTS = Path(__file__).parent / "data" / "reports"
 ROOT = Path(__file__).resolve().parents[1]
@@ -334,10 +334,19 @@ def test_all_with_a_markdown_output_asks_env_for_collect_env(outputs: list[str],
     assert wants_collect_env(namespaces["env"]) is wanted
 
 
-def test_a_hostile_number_leaves_the_figures_out_and_the_report_renders() -> None:
+def test_a_hostile_number_in_a_table_leaves_the_figures_and_the_report_renders() -> None:
     raw = json.loads((REPORTS / "comm.json").read_text())
     raw["sections"][1]["data"]["results"][0]["fastest_time_us"] = 10 ** 400
     report = Report.from_dict(raw)
-    assert headline_rows(report) == []
+    # The figures are the section's metrics, not its display table.
+    assert headline_rows(report) == headline_rows(Report.from_dict(
+        json.loads((REPORTS / "comm.json").read_text())))
     for fmt in ("text", "markdown", "markdown-plain", "html", "json"):
         assert render(report, fmt)
+
+
+def test_a_hostile_number_in_a_metric_is_a_damaged_report_not_a_crash() -> None:
+    raw = json.loads((REPORTS / "comm.json").read_text())
+    raw["sections"][1]["metrics"][0]["value"] = 10 ** 400
+    with pytest.raises(ReportShapeError):
+        Report.from_dict(raw)

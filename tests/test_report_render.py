@@ -26,7 +26,7 @@ def sample_report() -> Report:
                        [warn("gpu.pcie.width", "x8 of x16", "reseat the card", "GPU 1"),
                         fail("gpu.ecc.volatile_uncorrected", "3 errors", "drain the node",
                              "GPU 1"),
-                        skip("gpu.nvlink", "no NVLink")]))
+                        skip("faults.nvlink.crc", "no NVLink")]))
     return report
 
 
@@ -44,15 +44,15 @@ def test_summary_counts_every_status_and_the_worst_is_the_verdict() -> None:
 def test_exit_code_follows_the_worst_finding(statuses: list[Status], strict: bool,
                                              code: int) -> None:
     section = Section("s", "S", findings=[
-        {Status.OK: ok, Status.SKIP: skip}.get(s, lambda c, m: warn(c, m, "h"))("c", "m")
-        if s is not Status.FAIL else fail("c", "m", "h") for s in statuses])
+        {Status.OK: ok, Status.SKIP: skip}.get(s, lambda c, m: warn(c, m, "h"))("gpu.busy", "m")
+        if s is not Status.FAIL else fail("gpu.busy", "m", "h") for s in statuses])
     assert Report("env", [section]).exit_code(strict=strict) == code
 
 
 def test_json_round_trips_through_the_schema() -> None:
     report = sample_report()
     raw = json.loads(render(report, "json"))
-    assert raw["schema_version"] == 2
+    assert raw["schema_version"] == 3
     assert raw["verdict"] == "FAIL"
     assert raw["sections"][1]["findings"][1]["hint"] == "drain the node"
     assert [f["action"] for f in raw["sections"][1]["findings"]] == [
@@ -138,9 +138,10 @@ def test_unwritable_output_is_refused_before_any_work(tmp_path: Path,
 
 
 def test_skipped_checks_do_not_lower_an_ok_verdict() -> None:
-    assert Report("env", [Section("s", "S", findings=[ok("a", "m"), skip("b", "m")])]
+    assert Report("env", [Section("s", "S", findings=[ok("gpu.numa", "m"), skip("gpu.busy", "m")])]
                   ).verdict() is Status.OK
-    assert Report("env", [Section("s", "S", findings=[skip("b", "m")])]).verdict() is Status.SKIP
+    assert Report("env", [Section("s", "S", findings=[skip("gpu.busy", "m")])]
+                  ).verdict() is Status.SKIP
     assert Report("env").verdict() is Status.OK
 
 

@@ -38,6 +38,13 @@ def test_show_json_round_trips_the_report(capsys: pytest.CaptureFixture[str]) ->
     assert main(["show", str(REPORTS / "bench.json"), "--format", "json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     original = json.loads((REPORTS / "bench.json").read_text())
+    # show writes schema 3 whatever it read: the same sections, metrics and findings;
+    # keys a schema-2 file lacks (metrics, cause, look, subject_fields) come back empty.
+    for mine, theirs in zip(shown["sections"], original["sections"], strict=True):
+        assert mine.pop("metrics") == theirs.pop("metrics", [])
+        for finding, source in zip(mine["findings"], theirs["findings"], strict=True):
+            for key in ("cause", "look", "subject_fields"):
+                assert finding.pop(key) == source.pop(key, None)
     assert shown["sections"] == original["sections"]
     assert shown["verdict"] == original["verdict"]
 

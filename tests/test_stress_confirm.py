@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gpucheck.measure import Better, LookState
 from gpucheck.report import Status
 from gpucheck.stress import specs, verdicts
 from gpucheck.stress.verdicts import (
@@ -55,18 +56,29 @@ def test_a_slow_rank_slow_again_is_confirmed_against_its_node_measured_with_it()
     (found,) = _peers({0: 781.0, 1: 789.0, 2: 786.0, 3: 402.0})
     assert (found.status, found.subject, found.action) == (Status.WARN, "rank 3",
                                                            "drain-node")
-    assert "confirmed: measured again with its node's ranks at once: 0.51x" in found.message
+    look = found.look
+    assert look is not None and look.state is LookState.CONFIRMED
+    assert (look.first, look.again) == (400.0, 402.0)
+    assert look.reference == pytest.approx(783.5)  # its node measured again with it
+    assert [s.rank for s in look.against] == [0, 1, 2]
+    assert (found.subject.rank, found.subject.node, found.subject.host) == (3, 0, "n0")
 
 
 def test_a_slow_rank_fine_the_second_time_is_unstable_with_action_rerun() -> None:
     (found,) = _peers({0: 781.0, 1: 789.0, 2: 786.0, 3: 779.0})
     assert (found.status, found.subject, found.action) == (Status.WARN, "rank 3", "rerun")
-    assert "unstable" in found.message
+    assert found.look is not None and found.look.state is LookState.UNSTABLE
+    assert "unstable" not in found.message  # the message says the first figure only
 
 
 def test_a_slow_rank_not_measured_again_says_so() -> None:
     (found,) = _peers(None)
-    assert found.status == Status.WARN and "not measured again" in found.message
+    assert (found.status, found.action) == (Status.WARN, "rerun")
+    assert found.look is not None and found.look.state is LookState.NOT_MEASURED
+    assert found.look.why_not == verdicts.NO_SECOND
+    (absent,) = _peers({0: 781.0, 1: 789.0, 2: 786.0})  # the rank itself was not
+    assert absent.look is not None and absent.look.why_not == verdicts.RANK_NOT_AGAIN
+    assert absent.action == "rerun"
 
 
 def test_healthy_peers_stay_ok_whatever_the_second_measurement() -> None:
@@ -85,11 +97,19 @@ def _expected(again: float) -> list[Any]:
 
 def test_below_the_models_figure_twice_is_confirmed_and_once_is_unstable() -> None:
     (confirmed,) = _expected(510.0)
-    assert confirmed.status == Status.WARN and "confirmed: measured again at 510" in \
-        confirmed.message and confirmed.action == "fix-config"
+    assert (confirmed.status, confirmed.action) == (Status.WARN, "fix-config")
+    assert confirmed.look is not None and confirmed.look.state is LookState.CONFIRMED
+    figure = _bf16(H200)
+    assert figure is not None
+    assert (confirmed.look.again, confirmed.look.reference) == (510.0, figure.typical)
+    assert confirmed.look.against == ()  # against the model's figure, not a peer
     (unstable,) = _expected(780.0)
-    assert unstable.status == Status.WARN and unstable.action == "rerun"
-    assert "unstable: measured again at 780" in unstable.message
+    assert (unstable.status, unstable.action) == (Status.WARN, "rerun")
+    assert unstable.look is not None and unstable.look.state is LookState.UNSTABLE
+    (missing,) = expected_findings("stress.gemm.expected", "bf16 GEMM", "TFLOP/s", {0: 500.0},
+                                   _ranks(1), _bf16, 0.8)
+    assert missing.look is not None and missing.look.state is LookState.NOT_MEASURED
+    assert missing.action == "fix-config"  # below the model's figure, not cleared
 
 
 def _copy_row(rank: int, alone: float, together: float) -> dict[str, Any]:
@@ -108,11 +128,16 @@ def test_host_copies_below_the_link_or_their_peers_are_measured_again() -> None:
 def test_a_slow_link_is_confirmed_by_its_second_copies_alone_or_found_unstable() -> None:
     first = [{"rank": 0, "h2d_gbps": 20.0, "d2h_gbps": 21.0, "link": "Gen5 x16",
               "link_gbps": 63.0}]
-    for value, word, action in ((21.0, "confirmed", "drain-node"), (55.0, "unstable", "rerun")):
+    for value, state, action in ((21.0, LookState.CONFIRMED, "drain-node"),
+                                 (55.0, LookState.UNSTABLE, "rerun")):
         again = verdicts.copies_again([_copy_row(0, value, 50.0)], "alone")
         (found,) = verdicts.link_findings("stress.copies.link", first, _ranks(1), 0.6, again)
         assert (found.status, found.action) == (Status.WARN, action)
-        assert f"{word}: measured again alone at {value:.3g} GB/s" in found.message
+        assert found.look is not None and found.look.state is state
+        assert (found.look.first, found.look.again, found.look.reference) == (20.0, value, 63.0)
+    (missing,) = verdicts.link_findings("stress.copies.link", first, _ranks(1), 0.6)
+    assert missing.look is not None and missing.look.state is LookState.NOT_MEASURED
+    assert missing.action == "rerun"
 
 
 def test_the_worker_copies_again_only_when_a_rank_is_a_suspect(
@@ -184,13 +209,17 @@ def test_a_slow_peer_pair_slow_again_is_confirmed_and_fine_again_is_unstable() -
     (confirmed,) = p2p_findings({"pairs": first, "again": _again(88.0)}, "node 0", 0.6)
     assert (confirmed.status, confirmed.subject, confirmed.action) == (
         Status.WARN, "node 0 cuda:2->cuda:0", "drain-node")
-    assert "confirmed: measured again at 88 GB/s against cuda:0->cuda:1 and cuda:1->cuda:0" \
-        in confirmed.message
+    assert confirmed.subject.position() == "cuda2_to_cuda0"
+    look = confirmed.look
+    assert look is not None and look.state is LookState.CONFIRMED
+    assert (look.first, look.again, look.reference) == (90.0, 88.0, 381.0)
+    assert [s.position() for s in look.against] == ["cuda0_to_cuda1", "cuda1_to_cuda0"]
     (unstable,) = p2p_findings({"pairs": first, "again": _again(379.0)}, "node 0", 0.6)
     assert (unstable.status, unstable.action) == (Status.WARN, "rerun")
-    assert "unstable: measured again at 379 GB/s" in unstable.message
+    assert unstable.look is not None and unstable.look.state is LookState.UNSTABLE
     (older,) = p2p_findings({"pairs": first}, "node 0", 0.6)
-    assert "not measured again" in older.message and older.action == "rerun"
+    assert older.look is not None and older.look.state is LookState.NOT_MEASURED
+    assert older.action == "rerun"
 
 
 # --- the burn-in's straggler (stress.sdc.straggler: a time, lower is better) ----------
@@ -215,13 +244,15 @@ def _straggler(again: dict[int, float] | None) -> list[Any]:
 def test_a_burn_in_straggler_slow_again_is_confirmed_and_fine_again_is_unstable() -> None:
     (confirmed,) = _straggler({0: 7.1, 1: 7.0, 2: 29.0})
     assert (confirmed.subject, confirmed.action) == ("rank 2", "drain-node")
-    assert "confirmed: measured again with its node's ranks at once: 4.08x" in \
-        confirmed.message
+    assert confirmed.look is not None and confirmed.look.state is LookState.CONFIRMED
+    assert (confirmed.look.again, confirmed.look.reference) == (29.0, 7.1)
+    assert confirmed.look.bound.better is Better.LOWER
     (unstable,) = _straggler({0: 7.1, 1: 7.0, 2: 7.3})
     assert (unstable.subject, unstable.action) == ("rank 2", "rerun")
-    assert "unstable" in unstable.message
+    assert unstable.look is not None and unstable.look.state is LookState.UNSTABLE
     (older,) = _straggler(None)
-    assert "not measured again" in older.message and older.action == "rerun"
+    assert older.look is not None and older.look.state is LookState.NOT_MEASURED
+    assert older.action == "rerun"
     healthy = peer_findings("stress.sdc.straggler", "t", "ms", {0: 7.0, 1: 7.2, 2: 7.1},
                             _ranks(3), 0.9, higher_is_better=False)
     assert [f.status for f in healthy] == [Status.OK]

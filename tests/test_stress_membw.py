@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from gpucheck.analysis.metrics import extract_metrics
 from gpucheck.report import Status
 from gpucheck.stress import membw, specs, verdicts
 
@@ -47,15 +46,3 @@ def test_a_healthy_h200_at_nvbandwidths_figure_stays_ok_and_a_slow_one_is_named(
                                       {0: 2150.0, 1: 1200.0}, ranks, specs.copy_figure, 0.8)
     warned = [f for f in slow if f.status is Status.WARN]
     assert len(warned) == 1 and "GPU 1" in (warned[0].subject or "") + warned[0].message
-
-
-def _membw_report(counted: str, gbps: float) -> dict[str, Any]:
-    return {"command": "stress", "sections": [{"name": "membw", "data": {
-        "counted": counted, "results": [{"rank": 0, "gbps_p50": gbps}]}}]}
-
-
-def test_an_old_report_counting_read_and_write_is_halved_for_compare_and_fleet() -> None:
-    old = extract_metrics(_membw_report("2 x size_bytes per copy (read + write)", 4300.0))
-    new = extract_metrics(_membw_report(specs.COPY_COUNTED, 2150.0))
-    assert old["stress.membw.gbps.rank0"].value == 2150.0
-    assert new["stress.membw.gbps.rank0"].value == 2150.0

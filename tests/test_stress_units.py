@@ -54,7 +54,8 @@ def _rank(rank: int, gpu: str | None, node_rank: int = 0, **extra: Any) -> dict[
 
 def test_an_unknown_model_is_skipped_never_warned_however_slow() -> None:
     ranks = [_rank(0, "NVIDIA H200 NVL"), _rank(1, "NVIDIA L40S")]
-    found = verdicts.expected_findings("x", "bf16", "TFLOP/s", {0: 1.0, 1: 2.0}, ranks,
+    found = verdicts.expected_findings("stress.gemm.expected", "bf16", "TFLOP/s",
+                                       {0: 1.0, 1: 2.0}, ranks,
                                        lambda m: specs.gemm_figure(m, "bf16"), 0.8)
     assert {f.status for f in found} == {Status.SKIP}
     assert "NVIDIA H200 NVL" in found[0].message
@@ -281,7 +282,8 @@ def test_a_straggler_is_slower_in_time_not_faster() -> None:
                                    {0: 10.0, 1: 10.4, 2: 13.0}, ranks, 0.9,
                                    higher_is_better=False)
     assert [(f.status, f.subject) for f in found] == [(Status.WARN, "rank 2")]
-    fast = verdicts.peer_findings("s", "t", "ms", {0: 10.0, 1: 10.0, 2: 7.0}, ranks, 0.9,
+    fast = verdicts.peer_findings("stress.sdc.straggler", "t", "ms", {0: 10.0, 1: 10.0, 2: 7.0},
+                                  ranks, 0.9,
                                   higher_is_better=False)
     assert [f.status for f in fast] == [Status.OK]
 
@@ -289,13 +291,14 @@ def test_a_straggler_is_slower_in_time_not_faster() -> None:
 def test_peers_are_compared_within_their_node_only() -> None:
     ranks = [_rank(0, "A"), _rank(1, "A"), _rank(2, "B", node_rank=1),
              _rank(3, "B", node_rank=1)]
-    found = verdicts.peer_findings("p", "x", "u", {0: 100.0, 1: 100.0, 2: 50.0, 3: 50.0},
+    found = verdicts.peer_findings("stress.gemm.peers", "x", "u",
+                                   {0: 100.0, 1: 100.0, 2: 50.0, 3: 50.0},
                                    ranks, 0.9)
     assert [f.status for f in found] == [Status.OK]
 
 
 def test_one_rank_has_no_peers_to_compare_with() -> None:
-    found = verdicts.peer_findings("p", "x", "u", {0: 1.0}, [_rank(0, None)], 0.9)
+    found = verdicts.peer_findings("stress.gemm.peers", "x", "u", {0: 1.0}, [_rank(0, None)], 0.9)
     assert [f.status for f in found] == [Status.SKIP]
 
 

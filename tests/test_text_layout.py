@@ -19,7 +19,7 @@ def long_report() -> Report:
     report = Report(command="all", argv=["gpucheck", "all"], host="node7")
     for n in range(20):
         report.add(Section(f"s{n}", f"Section {n}", {f"key_{k}": "value " * 5 for k in range(8)},
-                           [ok(f"check.{n}.{k}", "fine") for k in range(5)]))
+                           [ok("gpu.numa", "fine") for k in range(5)]))
     report.add(Section("environment", "Environment", {"variables": {
         "PATH": ":".join(f"/opt/tool{n}/bin" for n in range(30))}}))
     rows = [{f"column_{c}": f"rank{r}-value-{c}" for c in range(12)} for r in range(4)]
@@ -28,7 +28,7 @@ def long_report() -> Report:
              "look at rank 3's GPU clocks and the processes sharing it", "rank 3 on node7"),
     ]))
     report.add(Section("xid", "Kernel log", {}, [
-        fail("kernel_log.xid.79", "GPU has fallen off the bus", "drain the node and reseat",
+        fail("kernel_log.xid", "GPU has fallen off the bus", "drain the node and reseat",
              "GPU 1 (NVIDIA H200, bus 00000000:28:00.0)")]))
     return report
 
@@ -37,7 +37,7 @@ def test_text_report_opens_with_the_verdict_and_the_problems_failures_first() ->
     lines = render_text(long_report()).splitlines()
     assert lines[0].startswith("gpucheck all on node7 at ") and ": FAIL (" in lines[0]
     assert lines[2] == "Problems (1 FAIL, 1 WARN):"
-    assert "[FAIL] kernel_log.xid.79 (GPU 1" in lines[3]
+    assert "[FAIL] kernel_log.xid (GPU 1" in lines[3]
     warn_line = next(i for i, line in enumerate(lines) if "[WARN] bench.rank.straggler" in line)
     assert warn_line < 12, "the WARN must be on the first screen, not hundreds of lines down"
     assert any("HINT (drain-node): drain the node and reseat" in line for line in lines[3:6])
@@ -46,7 +46,7 @@ def test_text_report_opens_with_the_verdict_and_the_problems_failures_first() ->
 def test_text_report_ends_with_a_one_line_summary_naming_the_first_problem() -> None:
     last = render_text(long_report()).splitlines()[-1]
     assert last == ("FAIL: 100 OK, 0 SKIP, 1 WARN, 1 FAIL; "
-                    "first: kernel_log.xid.79 on GPU 1 (drain-node)")
+                    "first: kernel_log.xid on GPU 1 (drain-node)")
 
 
 @pytest.mark.parametrize("width", [WIDTH, 80, 60])
@@ -75,8 +75,8 @@ def test_colour_paints_tags_and_verdict_without_changing_the_layout() -> None:
 
 
 def test_healthy_report_says_there_is_no_problem_and_ends_ok() -> None:
-    report = Report("env", [Section("s", "S", {}, [ok("a", "fine"), skip("b", "n/a")])],
-                    host="h")
+    report = Report("env", [Section("s", "S", {}, [ok("gpu.numa", "fine"),
+                                                   skip("gpu.busy", "n/a")])], host="h")
     lines = render_text(report).splitlines()
     assert lines[2] == "No problems: no check ended in WARN or FAIL."
     assert lines[-1] == "OK: 1 OK, 1 SKIP, 0 WARN, 0 FAIL"
@@ -84,10 +84,12 @@ def test_healthy_report_says_there_is_no_problem_and_ends_ok() -> None:
 
 @pytest.mark.parametrize(
     ("findings", "badge"),
-    [([ok("a", "m"), skip("b", "n/a")], Status.OK),
-     ([skip("a", "n/a"), skip("b", "n/a")], Status.SKIP),
-     ([ok("a", "m"), skip("b", "n/a"), warn("c", "m", "h")], Status.WARN),
-     ([warn("c", "m", "h"), fail("d", "m", "h"), skip("b", "n/a")], Status.FAIL),
+    [([ok("gpu.numa", "m"), skip("gpu.busy", "n/a")], Status.OK),
+     ([skip("gpu.numa", "n/a"), skip("gpu.busy", "n/a")], Status.SKIP),
+     ([ok("gpu.numa", "m"), skip("gpu.busy", "n/a"), warn("gpu.mig_mode", "m", "h")],
+      Status.WARN),
+     ([warn("gpu.mig_mode", "m", "h"), fail("gpu.functional", "m", "h"),
+       skip("gpu.busy", "n/a")], Status.FAIL),
      ([], None)],
 )
 def test_section_badge_is_worst_problem_else_ok_when_measured_skip_only_if_all_skipped(
@@ -104,8 +106,8 @@ def test_section_badge_is_worst_problem_else_ok_when_measured_skip_only_if_all_s
 
 
 def test_html_keeps_problem_sections_open_and_folds_the_rest() -> None:
-    report = Report("env", [Section("good", "Good", {}, [ok("a", "m")]),
-                            Section("bad", "Bad", {}, [warn("b", "m", "h")])])
+    report = Report("env", [Section("good", "Good", {}, [ok("gpu.numa", "m")]),
+                            Section("bad", "Bad", {}, [warn("gpu.busy", "m", "h")])])
     html = render(report, "html")
     assert '<details id="good">' in html
     assert '<details open id="bad">' in html
@@ -113,7 +115,7 @@ def test_html_keeps_problem_sections_open_and_folds_the_rest() -> None:
 
 def test_scope_of_an_env_without_a_gpu_is_in_every_headline() -> None:
     scope = "no NVIDIA GPU or driver found: software checks only"
-    report = Report("env", [Section("s", "S", {}, [ok("a", "m")])], scope=scope)
+    report = Report("env", [Section("s", "S", {}, [ok("gpu.numa", "m")])], scope=scope)
     lines = render(report, "text").splitlines()
     assert ": OK (" in lines[0] and lines[1] == f"Scope: {scope}"
     assert f"_{scope}_" in render(report, "markdown")
@@ -157,7 +159,7 @@ def test_all_shows_the_fault_watch_thresholds_once_and_points_back_to_them() -> 
     def faulted(command: str) -> Report:
         return Report(command, [Section("faults", "Fault watch",
                                         {"thresholds": thresholds, "gpus": 1},
-                                        [ok(f"{command}.faults", "none")])])
+                                        [ok("faults.summary", "none")])])
 
     other = {"thresholds": {"temperature_c": 80}}
     reports = [faulted("stress"), faulted("bench"),

@@ -169,3 +169,16 @@ def test_area_files() -> None:
     assert area_file("bench.probe") == "gpucheck/checks/bench.py"
     assert area_file("launch.cpu_ranks") == "gpucheck/checks/run.py"
     assert Kind("pair") is Kind.PAIR
+
+
+def test_a_subject_reads_as_its_label_and_crosses_processes_whole() -> None:
+    import copy
+    import pickle
+    made = subject.gpu(3, "GPU 3 (H200)", bus_id="0000:17:00.0")
+    assert made == "GPU 3 (H200)" and made.split(" (")[0] == "GPU 3"
+    assert made != subject.gpu(4, "GPU 3 (H200)")  # same words, another GPU
+    assert pickle.loads(pickle.dumps(made)) == made == copy.deepcopy(made)
+    assert pickle.loads(pickle.dumps(made)).bus_id == "0000:17:00.0"
+    with pytest.raises(AttributeError):
+        made.gpu = 5
+    assert Subject.of("rank 3") == subject.text("rank 3") and Subject.of(None) is None

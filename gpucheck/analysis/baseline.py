@@ -16,10 +16,12 @@ from typing import Any
 
 from gpucheck import __version__
 from gpucheck.analysis.loading import BASELINE_KIND
-from gpucheck.analysis.metrics import HIGHER, LOWER, Metric, number
-from gpucheck.analysis.stats import describe, shortfall, significant, trimmed
+from gpucheck.analysis.metrics import JUDGED, family, judged, number, position, slot_subject
 from gpucheck.inputs import InputError, JsonProblem, parse_json, read_capped
+from gpucheck.measure import Better, Metric
+from gpucheck.peers import shortfall, trimmed
 from gpucheck.report import Finding, ok, skip, warn
+from gpucheck.stats import describe, significant
 
 BASELINE_SCHEMA_VERSION = 1
 
@@ -31,23 +33,24 @@ class BaselineError(ValueError):
 @dataclass(frozen=True)
 class Expected:
     """One metric's expected value and its limit: a floor for `higher` metrics, a
-    ceiling for `lower` ones. `nodes` values were left after trimming; `mad` is theirs."""
+    ceiling for `lower` ones (the file calls it "direction"). `nodes` values were left
+    after trimming; `mad` is theirs."""
 
     expected: float
     limit: float
-    direction: str
+    better: Better
     unit: str
     nodes: int
     mad: float
 
     def beyond(self, value: float) -> bool:
         """True when `value` is worse than the limit."""
-        return value < self.limit if self.direction == HIGHER else value > self.limit
+        return value < self.limit if self.better is Better.HIGHER else value > self.limit
 
 
 @dataclass(frozen=True)
 class Baseline:
-    """Expected values by metric name (see gpucheck.analysis.metrics)."""
+    """Expected values by metric key (`Metric.key()`, gpucheck.analysis.metrics)."""
 
     tolerance: float
     metrics: Mapping[str, Expected]
@@ -55,24 +58,24 @@ class Baseline:
     source: Mapping[str, Any] = field(default_factory=dict)
 
 
-def expected_from(values: Sequence[float], direction: str, unit: str, tolerance: float,
+def expected_from(values: Sequence[float], better: Better, unit: str, tolerance: float,
                   mad_k: float) -> Expected:
     """The median of `values` after iterative trimming, with its limit `tolerance` away."""
     kept = trimmed(values, tolerance, mad_k)
     spread = describe(kept)
-    factor = 1 - tolerance if direction == HIGHER else 1 + tolerance
+    factor = 1 - tolerance if better is Better.HIGHER else 1 + tolerance
     return Expected(significant(spread.median), significant(spread.median * factor),
-                    direction, unit, spread.n, significant(spread.mad))
+                    better, unit, spread.n, significant(spread.mad))
 
 
 def build_baseline(samples: Mapping[str, Sequence[Metric]], tolerance: float, mad_k: float,
                    created_at: str = "", source: Mapping[str, Any] | None = None) -> Baseline:
-    """A baseline from every healthy node's metrics, by name (info metrics left out)."""
+    """A baseline from every healthy node's metrics, by key (info metrics left out)."""
     metrics = {}
     for name in sorted(samples):
         found = samples[name]
-        if found and found[0].direction in (HIGHER, LOWER):
-            metrics[name] = expected_from([m.value for m in found], found[0].direction,
+        if found and judged(found[0]):
+            metrics[name] = expected_from([m.value for m in found], found[0].better,
                                           found[0].unit, tolerance, mad_k)
     return Baseline(tolerance, metrics, created_at, dict(source or {}))
 
@@ -86,7 +89,7 @@ def baseline_to_dict(baseline: Baseline) -> dict[str, Any]:
         "source": dict(baseline.source),
         "tolerance": baseline.tolerance,
         "metrics": {name: {"expected": e.expected, "limit": e.limit,
-                           "direction": e.direction, "unit": e.unit, "nodes": e.nodes,
+                           "direction": e.better.value, "unit": e.unit, "nodes": e.nodes,
                            "mad": e.mad} for name, e in sorted(baseline.metrics.items())},
     }
 
@@ -131,16 +134,16 @@ def _expected(path: str, name: str, raw: Any) -> Expected:
     entry = raw if isinstance(raw, dict) else {}
     expected, limit = number(entry.get("expected")), number(entry.get("limit"))
     direction = entry.get("direction")
-    if expected is None or limit is None or direction not in (HIGHER, LOWER):
+    if expected is None or limit is None or direction not in JUDGED:
         raise BaselineError(f"{path}: metric {name!r} needs numbers \"expected\" and "
                             "\"limit\" and a \"direction\" of higher or lower")
     nodes, mad = entry.get("nodes"), number(entry.get("mad"))
-    return Expected(expected, limit, direction, str(entry.get("unit") or ""),
+    return Expected(expected, limit, Better(direction), str(entry.get("unit") or ""),
                     nodes if isinstance(nodes, int) else 0, mad or 0.0)
 
 
 def below_baseline(metrics: Mapping[str, Metric], baseline: Baseline) -> list[Metric]:
-    """The metrics worse than their baseline limit, by name."""
+    """The metrics worse than their baseline limit, by key."""
     return [m for name, m in sorted(metrics.items())
             if name in baseline.metrics and baseline.metrics[name].beyond(m.value)]
 
@@ -148,14 +151,14 @@ def below_baseline(metrics: Mapping[str, Metric], baseline: Baseline) -> list[Me
 def baseline_findings(report_metrics: Mapping[str, Metric], baseline: Baseline) -> list[Finding]:
     """WARN `baseline.metric` for each figure (a GPU's, or a collective's over its sizes)
     worse than the baseline's limit; one OK when none is; SKIP when the report and the
-    baseline share no metric. `report_metrics` is `extract_metrics(report_dict)`."""
+    baseline share no metric. `report_metrics` is `metrics_of(report)`."""
     shared = [name for name in report_metrics if name in baseline.metrics]
     if not shared:
         return [skip("baseline.metric", "no metric of this report is in the baseline (it "
                      "was saved from other commands, GPUs or message sizes)")]
     groups: dict[tuple[str, str | None], list[Metric]] = {}
     for metric in below_baseline(report_metrics, baseline):
-        groups.setdefault((metric.family, metric.position), []).append(metric)
+        groups.setdefault((family(metric), position(metric)), []).append(metric)
     findings = [_below_finding(found, baseline) for _, found in sorted(groups.items(),
                                                                          key=_group_key)]
     if not findings:
@@ -171,16 +174,16 @@ def _group_key(item: tuple[tuple[str, str | None], list[Metric]]) -> tuple[str, 
 
 
 def _below_finding(found: list[Metric], baseline: Baseline) -> Finding:
-    worst = max(found, key=lambda m: shortfall(m.value, baseline.metrics[m.name].expected,
-                                               m.direction))
-    entry = baseline.metrics[worst.name]
-    side = "floor" if entry.direction == HIGHER else "ceiling"
-    gap = shortfall(worst.value, entry.expected, worst.direction)
-    what = worst.name if len(found) == 1 else (
-        f"{worst.family}: {len(found)} figures beyond the baseline, worst {worst.name}")
+    worst = max(found, key=lambda m: shortfall(m.value, baseline.metrics[m.key()].expected,
+                                               m.better))
+    entry = baseline.metrics[worst.key()]
+    side = "floor" if entry.better is Better.HIGHER else "ceiling"
+    gap = shortfall(worst.value, entry.expected, worst.better)
+    what = worst.key() if len(found) == 1 else (
+        f"{family(worst)}: {len(found)} figures beyond the baseline, worst {worst.key()}")
     return warn("baseline.metric", f"{what} = {worst.value:.4g} {worst.unit}, beyond the "
                 f"baseline {side} {entry.limit:.4g} ({gap:.0%} worse than the expected "
                 f"{entry.expected:.4g})",
                 hint="run again to confirm; if it repeats, compare this node's gpucheck env "
                 "and stress with a healthy one (gpucheck compare)",
-                subject=worst.gpu or worst.position, action="rerun")
+                subject=slot_subject(worst), action="rerun")

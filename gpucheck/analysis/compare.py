@@ -7,7 +7,6 @@ new WARNs are WARNs.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,10 +14,12 @@ from typing import Any
 from gpucheck.analysis.facts import ENVIRONMENT, HARDWARE, SETUP, VERSION, Fact, gpu_count
 from gpucheck.analysis.hostbound import host_bound_finding, host_bound_ranks, relabel
 from gpucheck.analysis.loading import LoadedReport, finding_action
-from gpucheck.analysis.metrics import HIGHER, LOWER, Metric
+from gpucheck.analysis.metrics import family, judged, slot_subject
 from gpucheck.analysis.noise import NOISY, Noise, judged_threshold, noise_levels
-from gpucheck.analysis.stats import shortfall
+from gpucheck.measure import Metric
+from gpucheck.peers import shortfall
 from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
+from gpucheck.subject import Kind, Subject
 
 PROBLEMS = ("WARN", "FAIL")
 
@@ -98,11 +99,11 @@ def _verdict(ma: Metric | None, mb: Metric | None, threshold: float,
     when that is larger); a larger change inside the noise is "within noise"."""
     if ma is None or mb is None:
         return "only in B" if ma is None else "only in A"
-    if ma.direction not in (HIGHER, LOWER):
+    if not judged(ma):
         return "info"
     if noise is not None and noise.level >= NOISY:
         return "too noisy"
-    short = shortfall(mb.value, ma.value, ma.direction)
+    short = shortfall(mb.value, ma.value, ma.better)
     used = judged_threshold(threshold, noise)
     if abs(short) <= threshold:
         return "same"
@@ -122,14 +123,14 @@ def _metric_row(name: str, ma: Metric | None, mb: Metric | None,
                 threshold: float, noise: Noise | None) -> dict[str, Any]:
     any_metric = ma or mb
     assert any_metric is not None
-    judged = ma is not None and mb is not None and ma.direction in (HIGHER, LOWER)
+    both = ma is not None and mb is not None and judged(ma)
     return {"metric": name, "unit": any_metric.unit,
-            "better": any_metric.direction if any_metric.direction != "info" else "-",
+            "better": any_metric.better.value if judged(any_metric) else "-",
             "A": ma.value if ma else None, "B": mb.value if mb else None,
             "change_pct": change_pct(ma.value, mb.value) if ma and mb else None,
             "threshold_pct": round(judged_threshold(threshold, noise) * 100, 1)
-            if judged else None,
-            "noise": f"{noise.level:.1%} {noise.source}" if judged and noise else None,
+            if both else None,
+            "noise": f"{noise.level:.1%} {noise.source}" if both and noise else None,
             "verdict": _verdict(ma, mb, threshold, noise)}
 
 
@@ -139,11 +140,11 @@ def _metrics_section(a: Side, b: Side, threshold: float) -> Section:
     table = [_metric_row(n, a.metrics.get(n), b.metrics.get(n), threshold, noise.get(n))
              for n in names]
     host_bound = host_bound_ranks(table, a.metrics, b.metrics)
-    explained = relabel(table, host_bound)
+    explained = relabel(table, host_bound, a.metrics)
     worse: dict[str, list[dict[str, Any]]] = {}
     for row in table:
         if row["verdict"] == "worse":
-            worse.setdefault(a.metrics[row["metric"]].family, []).append(row)
+            worse.setdefault(family(a.metrics[row["metric"]]), []).append(row)
     findings = [_regression(family, found, a, b, threshold)
                 for family, found in sorted(worse.items())]
     findings += _missing(table)
@@ -185,7 +186,7 @@ def _regression(family: str, found: list[dict[str, Any]], a: Side, b: Side,
     """One FAIL per family (a GPU's figure, a collective over its sizes), naming the worst."""
     def short(row: dict[str, Any]) -> float:
         name = row["metric"]
-        return shortfall(b.metrics[name].value, a.metrics[name].value, a.metrics[name].direction)
+        return shortfall(b.metrics[name].value, a.metrics[name].value, a.metrics[name].better)
 
     worst = max(found, key=short)
     metric = b.metrics[worst["metric"]]
@@ -197,7 +198,7 @@ def _regression(family: str, found: list[dict[str, Any]], a: Side, b: Side,
                 f"{metric.unit} ({pct})",
                 hint="run both again to tell noise from a change; if B stays worse, look at "
                 "what changed between them (the facts above, gpucheck env on B's node)",
-                subject=metric.gpu or metric.position, action="rerun")
+                subject=slot_subject(metric), action="rerun")
 
 
 def _missing(table: list[dict[str, Any]]) -> list[Finding]:
@@ -212,19 +213,29 @@ def _missing(table: list[dict[str, Any]]) -> list[Finding]:
 
 # --- findings ----------------------------------------------------------------------
 
-_GPU_DETAILS = re.compile(r" \([^()]*(?:bus |GPU-)[^()]*\)")
+def _subject_of(finding: Mapping[str, Any]) -> Subject | None:
+    """The finding's subject: its fields when the report has them (schema 3), else its
+    words (loading.py has checked both)."""
+    fields, label = finding.get("subject_fields"), finding.get("subject")
+    if isinstance(fields, Mapping):
+        return Subject.from_dict(fields)
+    return Subject.of(label) if isinstance(label, str) else None
 
 
-def _subject_key(subject: Any) -> str:
-    """A subject without its GPU's bus id and UUID: "GPU 3" on two nodes is one slot."""
-    return _GPU_DETAILS.sub("", str(subject or ""))
+def _subject_key(finding: Mapping[str, Any]) -> str:
+    """The slot a finding is about: its subject's position ("gpu3", "rank1"), so "GPU 3"
+    on two nodes is one slot whatever its bus id and UUID; else the subject's words."""
+    made = _subject_of(finding)
+    if made is None:
+        return ""
+    return (made.position() if made.kind is not Kind.TEXT else None) or made.label
 
 
 def _problems(side: Side) -> dict[tuple[str, str, str], Mapping[str, Any]]:
     found: dict[tuple[str, str, str], Mapping[str, Any]] = {}
     for f in side.report.findings:
         if f["status"] in PROBLEMS:
-            found.setdefault((f["check"], _subject_key(f.get("subject")), f["status"]), f)
+            found.setdefault((f["check"], _subject_key(f), f["status"]), f)
     return found
 
 
@@ -245,12 +256,12 @@ def _findings_section(a: Side, b: Side) -> Section:
 
 def _change_row(change: str, f: Mapping[str, Any]) -> dict[str, Any]:
     return {"change": change, "status": f["status"], "check": f["check"],
-            "subject": _subject_key(f.get("subject")) or None, "action": finding_action(f),
+            "subject": _subject_key(f) or None, "action": finding_action(f),
             "message": f.get("message")}
 
 
 def _new_problem(f: Mapping[str, Any]) -> Finding:
     hint = f.get("hint") if isinstance(f.get("hint"), str) else None
     return Finding("compare.findings", Status(f["status"]), f"new in B: {f['check']}: "
-                   f"{f.get('message')}", hint or "see B's report", f.get("subject"),
+                   f"{f.get('message')}", hint or "see B's report", _subject_of(f),
                    action=finding_action(f))

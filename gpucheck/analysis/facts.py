@@ -41,7 +41,8 @@ class Fact:
 
 def extract_facts(report: Mapping[str, Any]) -> dict[str, Fact]:
     """Every fact of `report` (a report's JSON dict), by key, sorted by key."""
-    sections = [s for s in report.get("sections") or [] if isinstance(s, dict)]
+    sections: list[Mapping[str, Any]] = [s for s in report.get("sections") or []
+                                         if isinstance(s, dict)]
     facts = {"gpucheck version": Fact("gpucheck version", str(report.get("tool_version")),
                                       VERSION)}
     facts.update(_env_facts(sections))

@@ -16,10 +16,11 @@ from gpucheck.actions import ACTIONS
 from gpucheck.analysis.baseline import Baseline, baseline_findings, below_baseline
 from gpucheck.analysis.drift import Drift, drift_reasons, drift_row, find_drift
 from gpucheck.analysis.identity import identity_findings
+from gpucheck.analysis.metrics import gpu_words
 from gpucheck.analysis.nodes import Fleet, Reason, finding_reasons
 from gpucheck.analysis.outliers import judge_group, outlier_reasons, outlier_row
-from gpucheck.analysis.stats import significant
 from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
+from gpucheck.stats import significant
 
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_MAD_K = 5.0
@@ -206,14 +207,15 @@ def _baseline_section(fleet: Fleet, baseline: Baseline, reasons: list[Reason]) -
     for node in fleet.reports:
         shared += sum(1 for name in node.metrics if name in baseline.metrics)
         for metric in below_baseline(node.metrics, baseline):
-            entry = baseline.metrics[metric.name]
-            rows.append({"command": node.command, "node": node.node, "gpu": metric.gpu,
-                         "metric": metric.name, "value": significant(metric.value),
+            entry = baseline.metrics[metric.key()]
+            rows.append({"command": node.command, "node": node.node, "gpu": gpu_words(metric),
+                         "metric": metric.key(), "value": significant(metric.value),
                          "limit": entry.limit, "expected": entry.expected,
                          "unit": metric.unit})
         if any(name in baseline.metrics for name in node.metrics):
             reasons += [Reason(node.node, f.status.value, f.action or "rerun", f.check,
-                               f.message, f.subject, node.command, f.hint)
+                               f.message, None if f.subject is None else str(f.subject),
+                               node.command, f.hint)
                         for f in baseline_findings(node.metrics, baseline)
                         if f.status in (Status.WARN, Status.FAIL)]
     data = {"tolerance": baseline.tolerance, "baseline_from": baseline.created_at,

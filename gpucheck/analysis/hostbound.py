@@ -18,12 +18,13 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpucheck.analysis.metrics import Metric
+from gpucheck.analysis.metrics import position
+from gpucheck.measure import Metric
 from gpucheck.report import Finding, warn
 
 HOST_BOUND = "host-bound"
-_WALL = "bench.images_per_s."
-_PACE = "bench.iteration_p50_ms."
+_WALL = "bench.images_per_s"
+_PACE = "bench.iteration_p50_ms"
 # The job's figures that follow the slowest rank: host-bound when every worse rank is.
 _JOB = ("bench.aggregate_images_per_s", "bench.job_wall_s", "bench.parallel_efficiency",
         "bench.spread_slowest_vs_median")
@@ -38,10 +39,10 @@ def host_bound_ranks(table: list[dict[str, Any]], a: Mapping[str, Metric],
     found = {}
     for row in table:
         name = row["metric"]
-        if not name.startswith(_WALL) or row["verdict"] != "worse":
+        rank = _rank_of(a.get(name), _WALL)
+        if rank is None or row["verdict"] != "worse":
             continue
-        rank = name[len(_WALL):]
-        pace = _PACE + rank
+        pace = f"{_PACE}.{rank}"
         if pace not in a or pace not in b or min(a[pace].value, b[pace].value) <= 0 \
                 or b[name].value <= 0:
             continue
@@ -52,19 +53,27 @@ def host_bound_ranks(table: list[dict[str, Any]], a: Mapping[str, Metric],
     return found
 
 
-def relabel(table: list[dict[str, Any]], ranks: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _rank_of(metric: Metric | None, name: str) -> str | None:
+    """The rank position ("rank1") of a per-rank `name` figure, else None."""
+    if metric is None or metric.name != name:
+        return None
+    return position(metric)
+
+
+def relabel(table: list[dict[str, Any]], ranks: Mapping[str, Any],
+            metrics: Mapping[str, Metric]) -> list[dict[str, Any]]:
     """Mark the host-bound ranks' wall and pace rows, and the job's figures when every
     worse rank is host-bound; return the job's rows so marked (the symptoms the host-bound
     WARN explains)."""
-    worse_ranks = {r["metric"][len(_WALL):] for r in table
-                   if r["metric"].startswith(_WALL) and r["verdict"] == "worse"}
+    worse_ranks = {rank for r in table if r["verdict"] == "worse"
+                   and (rank := _rank_of(metrics.get(r["metric"]), _WALL)) is not None}
     explained = []
     for row in table:
         name = row["metric"]
         if row["verdict"] != "worse":
             continue
-        rank = name.rsplit(".", 1)[-1]
-        if name.startswith((_WALL, _PACE)) and rank in ranks:
+        rank = _rank_of(metrics.get(name), _WALL) or _rank_of(metrics.get(name), _PACE)
+        if rank is not None and rank in ranks:
             row["verdict"] = HOST_BOUND
         elif name in _JOB and worse_ranks and worse_ranks <= ranks.keys():
             row["verdict"] = HOST_BOUND

@@ -14,12 +14,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpucheck.actions import ACTIONS, resolve_action
+from gpucheck.actions import ACTIONS
 from gpucheck.analysis.facts import Fact, extract_facts
-from gpucheck.analysis.metrics import Metric, extract_metrics
+from gpucheck.analysis.metrics import metrics_of
+from gpucheck.checks.legacy import resolve_action
 from gpucheck.errors import UsageError
 from gpucheck.inputs import InputError, JsonProblem, parse_json, read_capped
+from gpucheck.measure import Metric, SecondLook
 from gpucheck.report import READABLE_SCHEMA_VERSIONS, Status
+from gpucheck.subject import Subject
 
 STATUSES = frozenset(s.value for s in Status)
 BASELINE_KIND = "gpucheck-baseline"
@@ -101,7 +104,7 @@ def load_report(path: str) -> LoadedReport:
     raw = _read_json(path)
     check_report_shape(path, raw)
     try:
-        metrics, facts = extract_metrics(raw), extract_facts(raw)
+        metrics, facts = metrics_of(raw), extract_facts(raw)
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as exc:
         # The trust boundary: a value of the wrong type deep in a section (a table
         # replaced by a number) is this file's fault, named, never a traceback.
@@ -147,7 +150,7 @@ def check_report_shape(path: str, raw: Any) -> None:
         raise ReportError(path, f"is a damaged gpucheck report ({problem})")
     version = raw.get("schema_version")
     if isinstance(version, bool) or version not in READABLE_SCHEMA_VERSIONS:
-        readable = " and ".join(map(str, READABLE_SCHEMA_VERSIONS))
+        readable = ", ".join(map(str, READABLE_SCHEMA_VERSIONS))
         raise ReportError(path, f"has unknown schema_version {version!r} (this gpucheck "
                                 f"reads {readable}; a newer gpucheck wrote it?)")
     problem = _section_problem(raw.get("sections"))
@@ -172,6 +175,8 @@ def _section_problem(sections: Any) -> str | None:
             return problem
         if not isinstance(section.get("data", {}), dict):
             return f"{where}.data is not an object"
+        if (problem := _metrics_problem(section.get("metrics"), where)) is not None:
+            return problem
         findings = section.get("findings", [])
         if not isinstance(findings, list):
             return f"{where}.findings is not a list"
@@ -181,15 +186,46 @@ def _section_problem(sections: Any) -> str | None:
                     and finding["status"] in STATUSES):
                 return f"{where}.findings[{j}] has no check id or a status other than " \
                        f"{', '.join(sorted(STATUSES))}"
-            problem = _field_problem(finding, _FINDING_TEXT, f"{where}.findings[{j}]")
+            problem = _field_problem(finding, _FINDING_TEXT, f"{where}.findings[{j}]") \
+                or _data_problem(finding, f"{where}.findings[{j}]")
             if problem is not None:
                 return problem
     return None
 
 
+def _metrics_problem(metrics: Any, where: str) -> str | None:
+    """Schema 3's metrics: a list of what `Metric.to_dict` writes, or absent."""
+    if metrics is None:
+        return None
+    if not isinstance(metrics, list):
+        return f"{where}.metrics is not a list"
+    for i, metric in enumerate(metrics):
+        try:
+            Metric.from_dict(metric)
+        except (TypeError, ValueError, KeyError) as exc:
+            return f"{where}.metrics[{i}]: {str(exc)[:120]}"
+    return None
+
+
+def _data_problem(finding: Mapping[str, Any], where: str) -> str | None:
+    """A subject that is not a string, damaged subject fields, or a damaged look."""
+    subject, fields, look = finding.get("subject"), finding.get("subject_fields"), \
+        finding.get("look")
+    if subject is not None and not isinstance(subject, str):
+        return f"{where}.subject is a JSON {_json_type(subject)}, not a string"
+    try:
+        if fields is not None:
+            Subject.from_dict(fields)
+        if look is not None:
+            SecondLook.from_dict(look)
+    except (TypeError, ValueError, KeyError) as exc:
+        return f"{where}: {str(exc)[:120]}"
+    return None
+
+
 # Text fields: a string or null where present; anything else is a damaged report.
 _REPORT_TEXT = ("host", "created_at", "tool_version")
-_FINDING_TEXT = ("message", "hint", "subject", "action")
+_FINDING_TEXT = ("message", "hint", "action", "cause")
 
 
 def _field_problem(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> str | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gpucheck.analysis.facts import Fact
 from gpucheck.analysis.loading import ANALYSIS_COMMANDS, LoadedReport, finding_action
-from gpucheck.analysis.metrics import Metric
+from gpucheck.measure import Metric
 from gpucheck.report import Status
 
 

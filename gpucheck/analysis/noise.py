@@ -22,8 +22,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpucheck.analysis.metrics import HIGHER, LOWER, Metric
-from gpucheck.analysis.stats import shortfall
+from gpucheck.analysis.metrics import family, judged
+from gpucheck.measure import Metric
+from gpucheck.peers import shortfall
 
 NOISY = 0.5  # a metric that can move by half by noise alone is not judged
 
@@ -38,8 +39,8 @@ class Noise:
 def noise_levels(a: Mapping[str, Metric], b: Mapping[str, Metric]) -> dict[str, Noise]:
     """Every metric both runs have, with its noise."""
     shared = sorted(a.keys() & b.keys())
-    moves = {n: shortfall(b[n].value, a[n].value, a[n].direction) for n in shared
-             if a[n].direction in (HIGHER, LOWER)}
+    moves = {n: shortfall(b[n].value, a[n].value, a[n].better) for n in shared
+             if judged(a[n])}
     levels: dict[str, Noise] = {}
     for name in moves:
         within = max(_as_shortfall(a[name].spread), _as_shortfall(b[name].spread))
@@ -79,4 +80,4 @@ def _family_members(name: str, metric: Metric, moves: Mapping[str, float],
                 a: Mapping[str, Metric]) -> list[str]:
     """The other figures of the metric's family (the other sizes of one collective, the
     other ranks of one figure), measured in the same two runs."""
-    return [n for n in moves if n != name and a[n].family == metric.family]
+    return [n for n in moves if n != name and family(a[n]) == family(metric)]

@@ -12,9 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.analysis.metrics import HIGHER, LOWER, Metric
+from gpucheck.analysis.metrics import family, gpu_words, judged, position, slot_words
 from gpucheck.analysis.nodes import NodeReport, Reason
-from gpucheck.analysis.stats import MIN_VALUES, Spread, describe, is_outlier, shortfall, significant
+from gpucheck.measure import Better, Bound, Metric
+from gpucheck.peers import MIN_VALUES, outlier, shortfall
+from gpucheck.stats import Spread, describe, significant
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class Outlier:
 
     @property
     def shortfall(self) -> float:
-        return shortfall(self.metric.value, self.reference.median, self.metric.direction)
+        return shortfall(self.metric.value, self.reference.median, self.metric.better)
 
 
 @dataclass(frozen=True)
@@ -45,10 +47,10 @@ def _values(group: Mapping[str, NodeReport]) -> tuple[dict[str, list[float]],
     by_name: dict[str, list[float]] = {}
     by_pool: dict[str, list[float]] = {}
     for node in group.values():
-        for metric in node.metrics.values():
-            by_name.setdefault(metric.name, []).append(metric.value)
-            if metric.position:
-                by_pool.setdefault(metric.pool, []).append(metric.value)
+        for key, metric in node.metrics.items():
+            by_name.setdefault(key, []).append(metric.value)
+            if position(metric):
+                by_pool.setdefault(metric.name, []).append(metric.value)
     return by_name, by_pool
 
 
@@ -57,33 +59,32 @@ def judge_group(command: str, group: Mapping[str, NodeReport], threshold: float,
     by_name, by_pool = _values(group)
     spreads = {name: describe(values) for name, values in sorted(by_name.items())}
     pools = {pool: describe(values) for pool, values in by_pool.items()}
-    outliers = []
+    found = []
     for node, report in group.items():
         for metric in report.metrics.values():
-            if metric.direction not in (HIGHER, LOWER):
+            if not judged(metric):
                 continue
             reference, against = _reference(metric, spreads, pools)
-            if reference and is_outlier(metric.value, reference, metric.direction, threshold,
-                                        mad_k):
-                outliers.append(Outlier(command, node, metric, reference, against))
-    outliers.sort(key=lambda o: (o.node, o.metric.name))
+            bound = Bound.shortfall(threshold, metric.better)
+            if reference and outlier(metric.value, reference, bound, mad_k):
+                found.append(Outlier(command, node, metric, reference, against))
+    found.sort(key=lambda o: (o.node, o.metric.key()))
     counts: dict[str, int] = {}
-    for outlier in outliers:
-        counts[outlier.metric.name] = counts.get(outlier.metric.name, 0) + 1
+    for one in found:
+        counts[one.metric.key()] = counts.get(one.metric.key(), 0) + 1
     rows = [_stats_row(command, name, spread, group, counts.get(name, 0))
             for name, spread in spreads.items()]
-    return Judged(rows, outliers)
+    return Judged(rows, found)
 
 
 def _reference(metric: Metric, spreads: Mapping[str, Spread],
                pools: Mapping[str, Spread]) -> tuple[Spread | None, str]:
-    own = spreads[metric.name]
+    own, slot = spreads[metric.key()], position(metric)
     if own.n >= MIN_VALUES:
-        where = f"{metric.position} of {own.n} nodes" if metric.position else f"{own.n} nodes"
-        return own, where
-    pool = pools.get(metric.pool) if metric.position else None
+        return own, f"{slot} of {own.n} nodes" if slot else f"{own.n} nodes"
+    pool = pools.get(metric.name) if slot else None
     if pool is not None and pool.n >= MIN_VALUES:
-        return pool, f"all {pool.n} GPU slots' {metric.pool}"
+        return pool, f"all {pool.n} GPU slots' {metric.name}"
     return None, ""
 
 
@@ -91,26 +92,28 @@ def _stats_row(command: str, name: str, spread: Spread, group: Mapping[str, Node
                outliers: int) -> dict[str, Any]:
     sample = next(n.metrics[name] for n in group.values() if name in n.metrics)
     return {"command": command, "metric": name, "unit": sample.unit,
-            "better": sample.direction if sample.direction in (HIGHER, LOWER) else "-",
+            "better": sample.better.value if judged(sample) else "-",
             "nodes": spread.n, "median": significant(spread.median),
             "mad": significant(spread.mad), "low": significant(spread.low),
             "high": significant(spread.high), "outliers": outliers}
 
 
-def outlier_row(outlier: Outlier) -> dict[str, Any]:
-    pct = outlier.shortfall * 100
-    return {"command": outlier.command, "node": outlier.node, "gpu": outlier.metric.gpu,
-            "metric": outlier.metric.name, "value": significant(outlier.metric.value),
-            "median": significant(outlier.reference.median), "unit": outlier.metric.unit,
+def outlier_row(found: Outlier) -> dict[str, Any]:
+    pct = found.shortfall * 100
+    metric = found.metric
+    return {"command": found.command, "node": found.node, "gpu": gpu_words(metric),
+            "metric": metric.key(), "value": significant(metric.value),
+            "median": significant(found.reference.median), "unit": metric.unit,
             "worse_pct": round(pct, 1) if pct != float("inf") else None,
-            "against": outlier.against}
+            "against": found.against}
+
 
 
 def outlier_reasons(outliers: list[Outlier]) -> list[Reason]:
     """One WARN per node and figure (a GPU slot's, or a collective over its sizes)."""
     groups: dict[tuple[str, str, str, str], list[Outlier]] = {}
     for o in outliers:
-        key = (o.node, o.command, o.metric.family, o.metric.position or "")
+        key = (o.node, o.command, family(o.metric), position(o.metric) or "")
         groups.setdefault(key, []).append(o)
     return [_reason(found) for _, found in sorted(groups.items())]
 
@@ -118,12 +121,12 @@ def outlier_reasons(outliers: list[Outlier]) -> list[Reason]:
 def _reason(found: list[Outlier]) -> Reason:
     worst = max(found, key=lambda o: o.shortfall)
     m = worst.metric
-    side = "below" if m.direction == HIGHER else "above"
-    more = f" (and {len(found) - 1} more of {m.family})" if len(found) > 1 else ""
+    side = "below" if m.better is Better.HIGHER else "above"
+    more = f" (and {len(found) - 1} more of {family(m)})" if len(found) > 1 else ""
     gap = "infinitely" if worst.shortfall == float("inf") else f"{worst.shortfall:.0%}"
-    message = (f"{m.name} = {m.value:.4g} {m.unit}, {gap} {side} the fleet median "
+    message = (f"{m.key()} = {m.value:.4g} {m.unit}, {gap} {side} the fleet median "
                f"{worst.reference.median:.4g} ({worst.against}){more}")
-    return Reason(worst.node, "WARN", "rerun", "fleet.outlier", message, m.gpu or m.position,
+    return Reason(worst.node, "WARN", "rerun", "fleet.outlier", message, slot_words(m),
                   worst.command, "run gpucheck again on this node to confirm; if it stays "
                   "behind, compare it with a healthy node (gpucheck compare) and check the "
                   "GPU's clocks, power and links (nvidia-smi -q)")

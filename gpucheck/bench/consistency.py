@@ -2,7 +2,8 @@
 
 Every rank runs the same images through the same weights (DDP broadcast rank 0's
 parameters at construction), so the logits should agree up to the rounding of
-the dtype. Two comparisons, judged together by `gpucheck.stress.sdc.judge`:
+the dtype. Two comparisons, judged together by `gpucheck.agreement.judge` (the
+vote stress's burn-in uses too):
 
 - against a CPU reference: the reporting process runs the same batch through the
   same weights in float32 on the CPU, after the job (the timed loop is long over).
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpucheck.stress.sdc import Judgement, beyond, judge, relative_deviation
+from gpucheck.agreement import Judgement, beyond, judge, relative_deviation
 
 if TYPE_CHECKING:
     import torch

@@ -13,11 +13,12 @@ from gpucheck.bench.consistency import (
     reference_tolerance,
 )
 from gpucheck.bench.data import ImageSet
-from gpucheck.bench.stragglers import straggler_findings
+from gpucheck.bench.stragglers import rank_subject, straggler_findings
 from gpucheck.bench.worker import CONSISTENCY_IMAGES, BenchOutcome, BenchSpec
 from gpucheck.distributed.placement import numa_findings
 from gpucheck.faults import run_faults_section, slowdown_causes
 from gpucheck.report import Finding, Section, fail, ok, warn
+from gpucheck.subject import node
 
 
 def bench_sections(spec: BenchSpec, images: ImageSet, outcome: BenchOutcome,
@@ -149,7 +150,7 @@ def nodes_section(nodes: tuple[NodeSummary, ...], threshold: float) -> Section:
                      f"time (ranks {', '.join(map(str, n.ranks))})",
                      hint="compare that node's GPUs, clocks and drivers with the others "
                           "(gpucheck env on each node)",
-                     subject=n.host) for n in nodes if n.slow]
+                     subject=node(n.node_rank, n.host, host=n.host)) for n in nodes if n.slow]
     if not findings:
         findings.append(ok("bench.node.slow",
                            f"all {len(nodes)} nodes within {threshold:.0%} of the median node"))
@@ -203,7 +204,7 @@ def _wrong_rank(record: RankRecord, why: str, alike: bool) -> Finding:
              "cuDNN, driver) or the reference's tolerance, not one GPU" if alike else
              "a GPU that computes wrong answers: rerun, then run the vendor's diagnostics "
              "(dcgmi diag -r 3) and take it out of service if it repeats",
-        subject=f"rank {record.rank}",
+        subject=rank_subject(record), cause="all_alike" if alike else None,
     )
 
 

@@ -34,12 +34,10 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from gpucheck.stress.timing import percentile
-
-if TYPE_CHECKING:
-    from gpucheck.bench.aggregate import RankRecord
+from gpucheck.bench.records import RankRecord
+from gpucheck.measure import Better, Bound
+from gpucheck.stats import percentile
 
 # The two kinds of straggler (straggler_kind).
 SLOW_DEVICE = "device"  # its device (or CPU) time was slow too: it computed slower
@@ -199,12 +197,21 @@ def straggler_kind(pace: RankPace, threshold: float) -> str | None:
     the job back (its median wall-time ratio, or its loop's hold-back, above the bar)
     while its device kept pace: its host did not run it; else None. One stall alone (a
     hiccup) moves neither."""
-    held = pace.wall_vs_others > 1 + threshold or held_back(pace, threshold)
-    if pace.vs_others > 1 + threshold and _device_explains(pace):
+    bar = slower(threshold)  # the ratios are already against the others: reference 1
+    computed_slower = bar.worse(pace.vs_others, 1.0)
+    held = bar.worse(pace.wall_vs_others, 1.0) or held_back(pace, threshold)
+    if computed_slower and _device_explains(pace):
         return SLOW_DEVICE
-    if held or pace.vs_others > 1 + threshold:
+    if held or computed_slower:
         return HOST_STALL
     return None
+
+
+def slower(threshold: float) -> Bound:
+    """More than `threshold` slower than the reference: `Bound.shortfall(threshold,
+    LOWER)`, built directly because --straggler-threshold may be 1 or more (2x slower
+    and beyond), which a shortfall of a higher-is-better figure cannot be."""
+    return Bound(1 + threshold, Better.LOWER)
 
 
 def _device_explains(pace: RankPace) -> bool:
@@ -223,7 +230,7 @@ def hold_back_bar(pace: RankPace, threshold: float) -> float:
 
 
 def held_back(pace: RankPace, threshold: float) -> bool:
-    return pace.hold_back > hold_back_bar(pace, threshold)
+    return Bound(hold_back_bar(pace, threshold), Better.LOWER).worse(pace.hold_back, 1.0)
 
 
 def is_straggler(pace: RankPace, threshold: float) -> bool:

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from gpucheck.distributed import progress
 from gpucheck.report import Section
-from gpucheck.stress.timing import percentile
+from gpucheck.stats import percentile
 
 PUBLISH_EVERY_S = 1.0
 # A publish writes every iteration so far: 1.4 ms with 12 of them, 36 ms with 30,000

@@ -6,9 +6,12 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 
-from gpucheck.bench.aggregate import MIN_JUDGED_ITERS, BenchSummary, RankRecord
+from gpucheck import subject
+from gpucheck.bench.aggregate import MIN_JUDGED_ITERS, BenchSummary
 from gpucheck.bench.pace import HOST_STALL, RankPace, hold_back_bar, straggler_kind
+from gpucheck.bench.records import RankRecord
 from gpucheck.report import Finding, ok, skip, warn
+from gpucheck.subject import Subject
 
 CHECK = "bench.rank.straggler"
 
@@ -29,12 +32,15 @@ def straggler_findings(records: tuple[RankRecord, ...], summary: BenchSummary,
     for rank in summary.stragglers:
         record, pace = by_rank[rank], paces[rank]
         loop = _loop_vs_others(record, records)
-        if straggler_kind(pace, summary.threshold) == HOST_STALL:
+        stalled = straggler_kind(pace, summary.threshold) == HOST_STALL
+        if stalled:
             message, hint = _host_message(record, pace, loop), HOST_HINT
         else:
             message, hint = _device_message(record, pace, loop), _device_hint(record)
-        cause = f"; {causes[rank]}" if causes and causes.get(rank) else ""
-        findings.append(warn(CHECK, message + cause, hint=hint, subject=f"rank {rank}"))
+        why = f"; {causes[rank]}" if causes and causes.get(rank) else ""
+        # The host-stall kind is data for the action (fix-config), not words in the message.
+        findings.append(warn(CHECK, message + why, hint=hint, subject=rank_subject(record),
+                             cause="host_stall" if stalled else None))
     if not findings:
         findings.append(ok(CHECK, _no_straggler_message(records, summary)))
     return findings
@@ -113,3 +119,9 @@ HOST_HINT = ("the rank computed at the others' pace but was not running part of 
              "on its cores (top, pidstat), a process stopped and continued (state T in ps), "
              "or, in a training job, a data loader it waits for; the job runs at the "
              "slowest rank's pace")
+
+
+def rank_subject(record: RankRecord) -> Subject:
+    """"rank 3", with its host, node and physical GPU as fields."""
+    return subject.rank(record.rank, host=record.host, node=record.node_rank,
+                        gpu=record.nvml_index, bus_id=record.pci_bus_id)

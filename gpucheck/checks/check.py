@@ -44,7 +44,11 @@ class Check:
     def __post_init__(self) -> None:
         if set(self.action_by_status) - set(PROBLEMS):
             raise ValueError(f"{self.id}: only WARN and FAIL have an action")
-        object.__setattr__(self, "_causes", {c.key: c for c in self.causes})
+        if self.on_look is not None and set(self.on_look) != set(LookState):
+            raise ValueError(f"{self.id}: on_look names every look state or none")
+        # Frozen all the way down: the registry is read by every finding.
+        object.__setattr__(self, "action_by_status", MappingProxyType(dict(self.action_by_status)))
+        object.__setattr__(self, "_causes", MappingProxyType({c.key: c for c in self.causes}))
 
     def action(self, status: Status, cause: str | None = None,
                look: SecondLook | None = None, relayed: Action | None = None) -> Action | None:
@@ -138,3 +142,18 @@ def find(table: Mapping[str, Check], check_id: str) -> Check:
         raise KeyError(f"check {check_id!r} is not declared: add it to "
                        f"{area_file(check_id)}")
     return table[max(templates, key=_specificity)]
+
+
+def _looks(confirmed: Action, unstable: Action, not_measured: Action) -> Mapping[LookState, Action]:
+    return MappingProxyType({LookState.CONFIRMED: confirmed, LookState.UNSTABLE: unstable,
+                             LookState.NOT_MEASURED: not_measured})
+
+
+# Slow twice, the second time beside known-good peers: contention would have slowed
+# those too, so the part is the suspect; unstable or not measured again condemns nothing.
+SLOW_TWICE = _looks(Action.DRAIN_NODE, Action.RERUN, Action.RERUN)
+# Below the model's typical figure (an estimate): a setting when it holds, a rerun when
+# the second look cleared it.
+BELOW_EXPECTED = _looks(Action.FIX_CONFIG, Action.RERUN, Action.FIX_CONFIG)
+# Copies of every GPU at once contend by design: never a drain, whatever the look.
+NEVER_DRAIN = _looks(Action.RERUN, Action.RERUN, Action.RERUN)

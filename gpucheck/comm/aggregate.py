@@ -18,13 +18,17 @@ gathered and the slowest one reported, never an average that hides it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpucheck.comm.confirm import Pair, Second, Suspects, find_suspects, second_look
+from gpucheck import subject
+from gpucheck.comm.looks import GBPS, on_cpu, rate_bound, slow
+from gpucheck.measure import SecondLook
+from gpucheck.peers import Pair, Suspects, eliminate, pair_looks, second_look
 from gpucheck.probes.topology import path_class
-from gpucheck.report import Finding, fail, ok, skip, warn
+from gpucheck.report import Finding, fail, ok, skip
+from gpucheck.stats import best
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 GB = 1e9
@@ -111,25 +115,32 @@ def baseline_findings(rows: Sequence[Mapping[str, Any]], baseline_gbps: float | 
 
 
 ClassKey = tuple[int, str]  # (node rank, path class: "NV", "PXB", "SYS"; "" unknown)
+Samples = dict[Pair, list[float]]
+
+
+def samples_by_node(pairs: Sequence[Mapping[str, Any]]) -> dict[ClassKey, Samples]:
+    """Each pair's repeated samples (one sample for rows without repeats), per node (by
+    the sender's node rank) and path class (`path`, from gpucheck.probes.topology: pairs
+    across a bridge, switch or socket are slower by design, so each is compared with
+    its own kind)."""
+    by_class: dict[ClassKey, Samples] = {}
+    for p in pairs:
+        samples = list(p.get("samples_gbps") or [p["bandwidth_gbps"]])
+        key = (int(p["node_rank"]), path_class(p.get("path")))
+        by_class.setdefault(key, {})[(int(p["src"]), int(p["dst"]))] = samples
+    return by_class
 
 
 def suspects_by_node(pairs: Sequence[Mapping[str, Any]],
                      threshold: float) -> dict[ClassKey, Suspects]:
-    """Per node (by the sender's node rank) and path class (`path`, from
-    gpucheck.probes.topology: pairs across a bridge, switch or socket are slower by
-    design, so each is compared with its own kind): `gpucheck.comm.confirm.find_suspects`
-    over each pair's repeated samples (one sample for rows without repeats)."""
-    by_class: dict[ClassKey, dict[Pair, Sequence[float]]] = {}
-    for p in pairs:
-        samples = p.get("samples_gbps") or [p["bandwidth_gbps"]]
-        key = (int(p["node_rank"]), path_class(p.get("path")))
-        by_class.setdefault(key, {})[(int(p["src"]), int(p["dst"]))] = samples
-    return {key: find_suspects(samples, threshold) for key, samples in by_class.items()}
+    """`gpucheck.peers.eliminate` at `threshold` x the median, per node and path class."""
+    return {key: eliminate(samples, rate_bound(threshold))
+            for key, samples in samples_by_node(pairs).items()}
 
 
 def _pair_hint(device: str) -> str:
     """Where to look for a slow pair: the GPUs' path, or (CPU ranks) the processes."""
-    if device == "cuda":
+    if not on_cpu(device):
         return ("one path is slow: check `nvidia-smi topo -m` and `nvidia-smi nvlink -s` "
                 "for these two GPUs, and their PCIe link width")
     return ("CPU ranks exchange through the host's memory: a slow pair means a busy, "
@@ -137,24 +148,29 @@ def _pair_hint(device: str) -> str:
             "not a link")
 
 
+def rank_pair(pair: Pair) -> subject.Subject:
+    return subject.pair(pair[0], pair[1])
+
+
 def pair_findings(pairs: Sequence[Mapping[str, Any]], threshold: float,
                   names: Mapping[int, str], again: Sequence[Mapping[str, Any]] | None = None,
                   device: str = "cuda") -> list[Finding]:
     """Per node: WARN for each pair resolvably slower than `threshold` x its node's
-    reference, confirmed or found unstable by its second measurement (`again`);
-    a note for pairs too noisy to judge (gpucheck.comm.confirm)."""
-    second = {(int(p["src"]), int(p["dst"])): p["samples_gbps"] for p in again or []}
+    reference, with its second look (`again`: the re-measured pairs; None when the run
+    ended first); a SKIP for pairs too noisy to judge (gpucheck.peers.eliminate)."""
+    second = {(int(p["src"]), int(p["dst"])): list(p["samples_gbps"]) for p in again or []}
 
     def name(rank: int) -> str:
         return names.get(rank, f"rank {rank}")
 
     findings: list[Finding] = []
-    classes = suspects_by_node(pairs, threshold)
-    for (node, kind), suspects in sorted(classes.items()):
-        looks = second_look(suspects, second, suspects.reference_gbps) if again is not None \
-            else [Second(p, None, None, ()) for p in suspects.pairs]
-        for look in looks:
-            findings.append(_slow_pair(look, suspects, pairs, threshold, name, device, kind))
+    classes = samples_by_node(pairs)
+    for (node, kind), samples in sorted(classes.items()):
+        suspects = eliminate(samples, rate_bound(threshold))
+        looks = _looks(suspects, samples, second if again is not None else None, threshold)
+        for pair, look in looks.items():
+            findings.append(_slow_pair(pair, look, suspects, samples[pair], threshold, name,
+                                       device, kind))
         if suspects.noisy:
             findings.append(_noisy(node, suspects, pairs, threshold, name))
     if pairs and not any(f.status.value == "WARN" for f in findings):
@@ -166,46 +182,42 @@ def pair_findings(pairs: Sequence[Mapping[str, Any]], threshold: float,
     return findings
 
 
-def _figure(pairs: Sequence[Mapping[str, Any]], pair: Pair) -> Mapping[str, Any]:
-    return next(p for p in pairs if (int(p["src"]), int(p["dst"])) == pair)
+def _looks(suspects: Suspects, first: Samples, again: Samples | None,
+           threshold: float) -> dict[Pair, SecondLook]:
+    """Each slow pair's second look (`again` None: the run ended before it)."""
+    bound = rate_bound(threshold)
+    if again is None:
+        return {p: second_look(best(first[p]), None, suspects.reference, (), bound, GBPS,
+                               "the run ended first") for p in suspects.pairs}
+    return pair_looks(suspects, first, again, bound, GBPS, rank_pair)
 
 
-def _slow_pair(look: Second, suspects: Suspects, pairs: Sequence[Mapping[str, Any]],
-               threshold: float, name: Any, device: str, kind: str = "") -> Finding:
-    src, dst = look.pair
-    row = _figure(pairs, look.pair)
-    samples = row.get("samples_gbps") or [row["bandwidth_gbps"]]
+def _slow_pair(pair: Pair, look: SecondLook, suspects: Suspects, samples: Sequence[float],
+               threshold: float, name: Callable[[int], str], device: str,
+               kind: str = "") -> Finding:
+    src, dst = pair
     median = f"the node's median {kind} pair" if kind else "the node's median"
     text = (f"{name(src)} -> {name(dst)}: {max(samples):.3g} GB/s (best of {len(samples)}), "
-            f"below {threshold:g} x {median} {suspects.reference_gbps:.3g} GB/s")
-    confirmed = look.confirmed(threshold)
-    subject = f"rank {src} -> rank {dst}"
-    against = " and ".join(f"rank {a} -> rank {b}" for a, b in look.against) or \
-        "the first measurement's median"
-    if confirmed is None:
-        return warn("comm.pairwise.slow_pair", text + "; not measured again (the run ended "
-                    "first)", hint=_pair_hint(device), subject=subject)
-    again = f"{look.again_gbps:.3g} GB/s against {against} at {look.reference_gbps:.3g} GB/s"
-    if confirmed:
-        return warn("comm.pairwise.slow_pair", f"{text}; confirmed: measured again at "
-                    f"{again}", hint=_pair_hint(device), subject=subject)
-    return warn("comm.pairwise.slow_pair", f"{text}; unstable: measured again at {again}, "
-                f"within {threshold:g} x", hint="slow once, fine when measured again: "
-                "contention or a transient; rerun, and look into it if it comes back",
-                subject=subject, action="rerun")
+            f"below {threshold:g} x {median} {suspects.reference:.3g} GB/s")
+    return slow("comm.pairwise.slow_pair", text, _pair_hint(device), rank_pair(pair), look,
+                device, cpu_hint=False)
 
 
 def _noisy(node: int, suspects: Suspects, pairs: Sequence[Mapping[str, Any]],
-           threshold: float, name: Any) -> Finding:
+           threshold: float, name: Callable[[int], str]) -> Finding:
     """Below the threshold, but no further below the median than repeated timings of
     one pair spread: the measurement cannot tell a slow pair from noise here."""
     listed = ", ".join(f"{name(a)} -> {name(b)}" for a, b in suspects.noisy[:4])
     size = _figure(pairs, suspects.noisy[0]).get("size_bytes")
     return skip("comm.pairwise.slow_pair", f"node {node}: too noisy to judge at {size} bytes: "
                 f"{listed} read below {threshold:g} x the median "
-                f"({suspects.reference_gbps:.3g} GB/s), but repeated timings of healthy "
-                f"pairs read as low as {suspects.floor_gbps:.3g} GB/s; a larger --pair-bytes "
-                "resolves more", subject=f"node {node}")
+                f"({suspects.reference:.3g} GB/s), but repeated timings of healthy "
+                f"pairs read as low as {suspects.floor:.3g} GB/s; a larger --pair-bytes "
+                "resolves more", subject=subject.node(node))
+
+
+def _figure(pairs: Sequence[Mapping[str, Any]], pair: Pair) -> Mapping[str, Any]:
+    return next(p for p in pairs if (int(p["src"]), int(p["dst"])) == pair)
 
 
 def pair_matrix(pairs: Sequence[Mapping[str, Any]], ranks: Sequence[int]) -> list[dict[str, Any]]:

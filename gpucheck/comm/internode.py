@@ -30,7 +30,7 @@ receivers read slow); the repeats' spread is the measurement's noise.
 
 Then the second look (`run_internode`): the slow node pairs, and a suspect node's
 pairs, are measured again, one node pair at a time, beside a pair of known-good
-nodes (gpucheck.comm.confirm; the verdicts are in gpucheck.comm.internode_verdicts).
+nodes (gpucheck.peers.eliminate; the verdicts are in gpucheck.comm.internode_verdicts).
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from gpucheck.comm.collectives import (
     synchronize,
     time_batch,
 )
-from gpucheck.comm.confirm import Suspects
 from gpucheck.comm.internode_verdicts import (
     both_ends,
     node_pair_rows,
@@ -57,6 +56,7 @@ from gpucheck.comm.internode_verdicts import (
 )
 from gpucheck.comm.node_links import find_node_suspects
 from gpucheck.context import NO_HOOKS, TestHooks
+from gpucheck.peers import Suspects
 
 GB = 1e9
 
@@ -66,7 +66,7 @@ def round_schedule(nodes: int, shifts: Sequence[int] | None = None,
     """Round r (1 .. nodes-1): every node i sends to (i + r) mod nodes. With `shifts`,
     only those rounds (each below `nodes`, once): a constant number of rounds whatever
     the node count (`gpucheck preflight` runs shifts 1 and 2), enough to find one slow
-    node by elimination (gpucheck.comm.confirm), not every pair."""
+    node by elimination (gpucheck.peers.eliminate), not every pair."""
     wanted = range(1, nodes) if shifts is None else \
         sorted({s for s in shifts if 0 < s < nodes})
     return [[(i, (i + r) % nodes) for i in range(nodes)] for r in wanted]
@@ -186,7 +186,7 @@ def _samples(peers: tuple[int | None, int | None], size_bytes: int, iters: int,
              device: str, delays: tuple[float, float], repeats: int) -> Samples:
     """`repeats` timed exchanges in a row: GB/s in each, as this rank received (None:
     no receive) and as its sends were timed (None: none, or gloo). Their spread is
-    the measurement's own noise (gpucheck.comm.confirm)."""
+    the measurement's own noise (gpucheck.peers.eliminate)."""
     from gpucheck.distributed.session import barrier
 
     timed = []
@@ -317,7 +317,7 @@ def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
                   *, hooks: TestHooks = NO_HOOKS) -> dict[str, Any]:
     """The rounds, gathered on every rank; then the slow node pairs (and a suspect
     node's pairs), and the node pairs of slow rail links, measured again beside
-    known-good ones (gpucheck.comm.node_links, gpucheck.comm.confirm; `rail_exchanges`).
+    known-good ones (gpucheck.comm.node_links, gpucheck.peers; `rail_exchanges`).
     Rank 0's list of exchanges is broadcast, so every rank runs the same steps."""
     import torch.distributed as dist
 

@@ -2,9 +2,9 @@
 
 A slow node is found by elimination at the fabric's cut (`gpucheck.comm.node_links`:
 0.9 x the pairs without it, or their own spread when larger), a single slow node pair
-at `--pair-threshold` (`gpucheck.comm.confirm`), each confirmed by a second look;
-rails (2+ per node) against the median rail link, with the node most of one rail's
-slow links share named.
+at `--pair-threshold` (`gpucheck.peers.eliminate`), each with its second look as data
+(`gpucheck.comm.looks`); rails (2+ per node) against the median rail link, with the
+node most of one rail's slow links share named.
 """
 
 from __future__ import annotations
@@ -13,9 +13,13 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpucheck.comm.confirm import Pair, Second, directed, second_look
+from gpucheck import subject
+from gpucheck.comm.looks import GBPS, rate_bound, slow
 from gpucheck.comm.node_links import FABRIC_FRACTION, NodeSuspects, find_node_suspects
-from gpucheck.report import Finding, ok, warn
+from gpucheck.measure import SecondLook
+from gpucheck.peers import Pair, against_median, combined, directed, second_look
+from gpucheck.report import Finding, ok
+from gpucheck.stats import best, median, typical
 
 
 def both_ends(links: Sequence[Mapping[str, Any]],
@@ -93,39 +97,39 @@ def shared_node(slow_pairs: Sequence[tuple[int, int]]) -> int | None:
 
 SLOW_LINK_HINT = ("check the NICs, cables and switch ports between these two nodes "
                   "(ibstat, ibdiagnet, ethtool) and the transport NCCL chose")
-UNSTABLE_HINT = ("slow once, fine when measured again: other traffic or a transient; "
-                 "rerun, and look into it if it comes back")
+NODE_HINT = ("suspect this node's NICs, their PCIe links or its switch port (ibstat, "
+             "ibdiagnet, the NICs' link width)")
+RAIL_HINT = ("one NIC or its cable: check this rail's NIC on both nodes (ibstat, its PCIe "
+             "link width, NCCL_IB_HCA's order)")
 
 
 def internode_findings(rows: Sequence[Mapping[str, Any]], threshold: float,
                        labels: Mapping[int, str],
-                       again: Sequence[Mapping[str, Any]] | None = None) -> list[Finding]:
+                       again: Sequence[Mapping[str, Any]] | None = None,
+                       device: str = "cuda") -> list[Finding]:
     """The suspect node by elimination (at the fabric's cut), and each slow node pair,
-    each confirmed or found unstable by the second look (`again`: the re-measured
-    links); see gpucheck.comm.node_links and gpucheck.comm.confirm for the rules."""
+    each with its second look (`again`: the re-measured links; None when the run ended
+    first); see gpucheck.comm.node_links and gpucheck.peers for the rules."""
     if not rows:
         return []
-    suspects = find_node_suspects(node_samples(rows), threshold)
-    check = "comm.internode.slow_pair"
+    first = node_samples(rows)
+    suspects = find_node_suspects(first, threshold)
     if suspects.empty:
-        return [ok(check, f"{len(rows)} node pairs: no node below {suspects.cut:.2g} x the "
-                   f"median of the pairs without it (the fabric's {FABRIC_FRACTION:g}, or "
-                   f"their own spread when larger) and no pair below {threshold:g} x the "
-                   f"median ({suspects.reference_gbps:.3g} GB/s)")]
+        return [ok("comm.internode.slow_pair", f"{len(rows)} node pairs: no node below "
+                   f"{suspects.cut:.2g} x the median of the pairs without it (the fabric's "
+                   f"{FABRIC_FRACTION:g}, or their own spread when larger) and no pair below "
+                   f"{threshold:g} x the median ({suspects.reference:.3g} GB/s)")]
     second = node_samples(node_pair_rows(again)) if again is not None else None
-    looks = {look.pair: look for look in (
-        second_look(suspects, second, suspects.reference_gbps) if second is not None
-        else [Second(p, None, None, ()) for p in suspects.pairs])}
-    figure = {p: max(v) for p, v in node_samples(rows).items()}
-    findings = [_node_finding(m, way, suspects, looks, labels)
+    looks = {p: _node_pair_look(p, first, second, suspects, threshold, labels)
+             for p in suspects.pairs}
+    findings = [_node_finding(m, way, suspects, looks, labels, device)
                 for m, way in sorted(suspects.members.items())]
     for pair, look in looks.items():
-        cut = _cut(pair, suspects, threshold)
-        text = (f"{labels[pair[0]]} -> {labels[pair[1]]}: {figure[pair]:.3g} GB/s (best "
-                f"repeat), below {cut:.2g} x the median node pair without a suspect "
-                f"({suspects.reference_gbps:.3g} GB/s)")
-        findings.append(_judged(check, text, look, cut, labels, SLOW_LINK_HINT,
-                                f"node {pair[0]} -> node {pair[1]}"))
+        text = (f"{labels[pair[0]]} -> {labels[pair[1]]}: {best(first[pair]):.3g} GB/s (best "
+                f"repeat), below {_cut(pair, suspects, threshold):.2g} x the median node "
+                f"pair without a suspect ({suspects.reference:.3g} GB/s)")
+        findings.append(slow("comm.internode.slow_pair", text, SLOW_LINK_HINT,
+                             subject.pair(*pair, by="node"), look, device))
     return findings
 
 
@@ -136,48 +140,39 @@ def _cut(pair: Pair, suspects: NodeSuspects, threshold: float) -> float:
     return suspects.cut if mine else threshold
 
 
-def _against(look: Second, labels: Mapping[int, str]) -> str:
-    pairs = " and ".join(f"{labels[a]} -> {labels[b]}" for a, b in look.against)
-    return f"{pairs or 'the first measurement'} at {look.reference_gbps:.3g} GB/s"
+def _node_pair_look(pair: Pair, first: Mapping[Pair, Sequence[float]],
+                    again: Mapping[Pair, Sequence[float]] | None, suspects: NodeSuspects,
+                    threshold: float, labels: Mapping[int, str]) -> SecondLook:
+    """A slow node pair's second look at the cut it was found at: its best re-measured
+    repeat against the typical figure of the known-good pairs measured beside it (or
+    the first measurement's reference, with none of those)."""
+    bound = rate_bound(_cut(pair, suspects, threshold))
+    if again is None:
+        return second_look(best(first[pair]), None, suspects.reference, (), bound, GBPS,
+                           "the run ended first")
+    refs = [p for p in suspects.references if again.get(p)]
+    reference = typical([typical(again[p]) for p in refs]) if refs else suspects.reference
+    against = tuple(subject.pair(a, b, f"{labels[a]} -> {labels[b]}", by="node")
+                    for a, b in refs)
+    mine = again.get(pair)
+    return second_look(best(first[pair]), best(mine) if mine else None, reference, against,
+                       bound, GBPS, None if mine else "the pair was not measured again")
 
 
-def _judged(check: str, text: str, look: Second, threshold: float, labels: Mapping[int, str],
-            hint: str, subject: str) -> Finding:
-    """One slow figure's WARN: confirmed, unstable (action rerun) or not measured again."""
-    confirmed = look.confirmed(threshold)
-    if confirmed is None:
-        return warn(check, f"{text}; not measured again (the run ended first)", hint=hint,
-                    subject=subject)
-    again = f"measured again at {look.again_gbps:.3g} GB/s against {_against(look, labels)}"
-    if confirmed:
-        return warn(check, f"{text}; confirmed: {again}", hint=hint, subject=subject)
-    return warn(check, f"{text}; unstable: {again}, within {threshold:.2g} x",
-                hint=UNSTABLE_HINT, subject=subject, action="rerun")
-
-
-def _node_finding(node: int, way: str, suspects: NodeSuspects, looks: Mapping[Pair, Second],
-                  labels: Mapping[int, str]) -> Finding:
-    """The suspect node: confirmed when every one of its slow pairs is slow again, at
-    the cut it was found at."""
+def _node_finding(node: int, way: str, suspects: NodeSuspects,
+                  looks: Mapping[Pair, SecondLook], labels: Mapping[int, str],
+                  device: str) -> Finding:
+    """The suspect node, its look made of its slow pairs' (each at the cut it was found
+    at): confirmed when every one is slow again, not measured again when any was not."""
     mine = [look for pair, look in looks.items() if directed(pair, node, way)]
-    verdicts = [look.confirmed(suspects.cut) for look in mine]
     words = {"sending": "it sends on", "receiving": "it receives on", "both": "it is in"}[way]
     text = (f"{labels[node]}: every node pair {words} is below {suspects.cut:.2g} x the "
-            f"median of the pairs without it ({suspects.reference_gbps:.3g} GB/s)")
-    hint = ("suspect this node's NICs, their PCIe links or its switch port (ibstat, "
-            "ibdiagnet, the NICs' link width)")
-    if any(v is None for v in verdicts) or not mine:
-        return warn("comm.internode.shared_node", f"{text}; not measured again", hint=hint,
-                    subject=labels[node])
-    against = _against(mine[0], labels)
-    if all(verdicts):
-        partners = sorted({n for look in mine for n in look.pair if n != node})
-        return warn("comm.internode.shared_node", f"{text}; confirmed: measured again with "
-                    f"{', '.join(labels[n] for n in partners)} (known good), against "
-                    f"{against}", hint=hint, subject=labels[node])
-    return warn("comm.internode.shared_node", f"{text}; unstable: {sum(map(bool, verdicts))} "
-                f"of {len(mine)} of its pairs were slow when measured again (against "
-                f"{against})", hint=UNSTABLE_HINT, subject=labels[node], action="rerun")
+            f"median of the pairs without it ({suspects.reference:.3g} GB/s)")
+    look = combined(mine) if mine else second_look(
+        suspects.reference, None, suspects.reference, (), rate_bound(suspects.cut), GBPS,
+        "none of its pairs was measured again")
+    return slow("comm.internode.shared_node", text, NODE_HINT,
+                subject.node(node, labels[node]), look, device)
 
 
 def slow_rails(links: Sequence[Mapping[str, Any]],
@@ -186,8 +181,9 @@ def slow_rails(links: Sequence[Mapping[str, Any]],
     rail per node (a rail is then its node pair, judged by `internode_findings`)."""
     if max((link["rail"] for link in links), default=0) < 1:
         return None, []
-    median = float(statistics.median(link["bandwidth_gbps"] for link in links))
-    return median, [x for x in links if x["bandwidth_gbps"] < threshold * median]
+    peers = against_median({i: float(x["bandwidth_gbps"]) for i, x in enumerate(links)},
+                           rate_bound(threshold), min_count=1)
+    return peers.reference, [links[i] for i in peers.worse]
 
 
 def rail_exchanges(links: Sequence[Mapping[str, Any]],
@@ -200,70 +196,73 @@ def rail_exchanges(links: Sequence[Mapping[str, Any]],
     _, slow = slow_rails(links, threshold)
     if not slow:
         return []
-    bad = {tuple(sorted((x["src_node"], x["dst_node"]))) for x in slow}
-    pairs = {tuple(sorted((x["src_node"], x["dst_node"]))) for x in links}
-    good = sorted(pairs - bad)
-    return sorted(bad | set(good[:1]))  # type: ignore[arg-type]
+    bad = {_unordered(x) for x in slow}
+    good = sorted({_unordered(x) for x in links} - bad)
+    return sorted(bad | set(good[:1]))
+
+
+def _unordered(link: Mapping[str, Any]) -> Pair:
+    a, b = int(link["src_node"]), int(link["dst_node"])
+    return (a, b) if a <= b else (b, a)
+
+
+def _link(link: Mapping[str, Any]) -> Pair:
+    return int(link["src"]), int(link["dst"])
 
 
 def _rail_look(link: Mapping[str, Any], slow: Sequence[Mapping[str, Any]],
-               again: Sequence[Mapping[str, Any]] | None) -> Second:
-    """A slow rail link's second look: its re-measured figure against the median of
-    the re-measured rail links that were not slow the first time (known good)."""
-    pair = (int(link["src"]), int(link["dst"]))
+               again: Sequence[Mapping[str, Any]] | None, threshold: float) -> SecondLook:
+    """A slow rail link's second look: its best re-measured figure against the median
+    of the re-measured rail links that were not slow the first time (known good)."""
+    first, bound = float(link["bandwidth_gbps"]), rate_bound(threshold)
     if again is None:
-        return Second(pair, None, None, ())
-    bad = {(int(x["src"]), int(x["dst"])) for x in slow}
-    mine = [x["bandwidth_gbps"] for x in again if (int(x["src"]), int(x["dst"])) == pair]
-    good = [x for x in again if (int(x["src"]), int(x["dst"])) not in bad]
-    reference = float(statistics.median(x["bandwidth_gbps"] for x in good)) if good else None
-    return Second(pair, max(mine) if mine else None, reference,
-                  tuple((int(x["src"]), int(x["dst"])) for x in good))
-
-
-def _rail_judged(text: str, look: Second, threshold: float, subject: str) -> Finding:
-    """A slow rail link's WARN: confirmed, unstable (rerun) or not measured again."""
-    check, hint = "comm.internode.slow_rail", ("one NIC or its cable: check this rail's "
-                                               "NIC on both nodes (ibstat, its PCIe link "
-                                               "width, NCCL_IB_HCA's order)")
-    confirmed = look.confirmed(threshold)
-    if confirmed is None:
-        return warn(check, f"{text}; not measured again", hint=hint, subject=subject)
-    again = (f"measured again at {look.again_gbps:.3g} GB/s against {len(look.against)} "
-             f"known-good rail link(s) measured with it at {look.reference_gbps:.3g} GB/s")
-    if confirmed:
-        return warn(check, f"{text}; confirmed: {again}", hint=hint, subject=subject)
-    return warn(check, f"{text}; unstable: {again}, within {threshold:g} x",
-                hint=UNSTABLE_HINT, subject=subject, action="rerun")
+        return second_look(first, None, None, (), bound, GBPS, "the run ended first")
+    bad = {_link(x) for x in slow}
+    mine = [float(x["bandwidth_gbps"]) for x in again if _link(x) == _link(link)]
+    good = [x for x in again if _link(x) not in bad]
+    reference = median(float(x["bandwidth_gbps"]) for x in good) if good else None
+    against = tuple(subject.pair(*_link(x)) for x in good)
+    return second_look(first, max(mine) if mine else None, reference, against, bound, GBPS,
+                       None if mine else "the link was not measured again")
 
 
 def rail_findings(links: Sequence[Mapping[str, Any]], threshold: float,
                   labels: Mapping[int, str],
-                  again: Sequence[Mapping[str, Any]] | None = None) -> list[Finding]:
-    """WARN each rail link below `threshold` x the median rail link, judged again on its
-    second look (`again`: the re-measured links), and the node a rail's slow links
-    share (its NIC on that rail). Only with 2+ rails per node: with one rail, a rail
-    is its node pair and `internode_findings` says it all."""
-    median, slow = slow_rails(links, threshold)
-    if median is None:
+                  again: Sequence[Mapping[str, Any]] | None = None,
+                  device: str = "cuda") -> list[Finding]:
+    """WARN each rail link below `threshold` x the median rail link, with its second
+    look (`again`: the re-measured links), and the node a rail's slow links share (its
+    NIC on that rail). Only with 2+ rails per node: with one rail, a rail is its node
+    pair and `internode_findings` says it all."""
+    reference, slow_links = slow_rails(links, threshold)
+    if reference is None:
         return []
-    check = "comm.internode.slow_rail"
-    if not slow:
-        return [ok(check, f"{len(links)} rail links within {threshold:g} x the median "
-                   f"({median:.3g} GB/s)")]
-    findings = [_rail_judged(f"rail {x['rail']}: rank {x['src']} ({labels[x['src_node']]}) "
-                             f"-> rank {x['dst']} ({labels[x['dst_node']]}): "
-                             f"{x['bandwidth_gbps']:.3g} GB/s, below {threshold:g} x the "
-                             f"median rail link's {median:.3g} GB/s",
-                             _rail_look(x, slow, again), threshold,
-                             f"rank {x['src']} -> rank {x['dst']}") for x in slow]
-    for rail in sorted({x["rail"] for x in slow}):
-        pairs = [(x["src_node"], x["dst_node"]) for x in slow if x["rail"] == rail]
+    if not slow_links:
+        return [ok("comm.internode.slow_rail", f"{len(links)} rail links within "
+                   f"{threshold:g} x the median ({reference:.3g} GB/s)")]
+    findings = [slow("comm.internode.slow_rail",
+                     f"rail {x['rail']}: rank {x['src']} ({labels[x['src_node']]}) -> rank "
+                     f"{x['dst']} ({labels[x['dst_node']]}): {x['bandwidth_gbps']:.3g} GB/s, "
+                     f"below {threshold:g} x the median rail link's {reference:.3g} GB/s",
+                     RAIL_HINT, subject.pair(*_link(x)), _rail_look(x, slow_links, again,
+                                                                    threshold), device)
+                for x in slow_links]
+    return findings + _rail_nodes(slow_links, labels, device)
+
+
+def _rail_nodes(slow_links: Sequence[Mapping[str, Any]], labels: Mapping[int, str],
+                device: str) -> list[Finding]:
+    """The node most of one rail's slow links share: its NIC on that rail. A suspect
+    with no second figure of its own (its links have theirs)."""
+    findings = []
+    for rail in sorted({x["rail"] for x in slow_links}):
+        pairs = [(x["src_node"], x["dst_node"]) for x in slow_links if x["rail"] == rail]
         suspect = shared_node(pairs)
         if suspect is not None:
-            findings.append(warn(
+            findings.append(slow(
                 "comm.internode.shared_node",
                 f"{labels[suspect]} is in most of the {len(pairs)} slow links of rail {rail}",
-                hint="suspect this node's NIC on that rail (ibstat, its PCIe link, its "
-                "cable and switch port)", subject=f"{labels[suspect]} rail {rail}"))
+                "suspect this node's NIC on that rail (ibstat, its PCIe link, its cable and "
+                "switch port)", subject.node(suspect, f"{labels[suspect]} rail {rail}"),
+                None, device))
     return findings

@@ -3,8 +3,9 @@
 A fabric's links are uniform by design: every NIC, cable and switch port between two
 nodes runs at the same rate, so a node whose links read 0.65x the others' is not a
 healthy variation but a NIC trained down, a bad cable or a port in trouble. The
-intra-node rule (`gpucheck.comm.confirm`, 0.5 x the median: GPU pairs on one node differ
-by design, NVLink against PCIe) let such a node through. Between nodes:
+intra-node rule (`gpucheck.peers.eliminate` at `--pair-threshold`, 0.5 x the median:
+GPU pairs on one node differ by design, NVLink against PCIe) let such a node through.
+Between nodes:
 
 - **The cut** is `FABRIC_FRACTION` (0.9) x the reference, or the healthy pairs' own
   measured spread when that is larger (`spread_cut`: between the pairs, and between
@@ -15,36 +16,30 @@ by design, NVLink against PCIe) let such a node through. Between nodes:
   all_reduce busbw falls below 460 GB/s (`check_nccl_allreduce 460.0`; about 480 is
   typical: a 4% shortfall) and a 400 Gb/s NIC (`check_hw_ib 400`) below 375 Gb/s
   GPUDirect RDMA (`check_ib_bw_gdr 375`: 6%); a 10% shortfall is past both.
-- **Elimination**, as `confirm`: a node whose every pair in one direction is below the
-  cut x the median of the pairs *without it* is the suspect (with 3 nodes, 4 of the 6
-  directed pairs involve any one node).
+- **Elimination**, as `gpucheck.peers.eliminate`: a node whose every pair in one
+  direction is below the cut x the median of the pairs *without it* is the suspect
+  (with 3 nodes, 4 of the 6 directed pairs involve any one node).
 - **Only what the measurement resolves**: every repeated reading of the suspect
   direction must also lie below every reading of the pairs without it but `STRAY`
   (one: a single stray healthy repeat, a descheduled moment, does not hide a node
   slow in every one of its own readings).
-- **A single node pair** of no suspect node keeps `confirm`'s rule at
+- **A single node pair** of no suspect node keeps `eliminate`'s rule at
   `--pair-threshold` (0.5): one pair's figure cannot be told from the spread of the
   one or two pairs left beside it (3 nodes, one suspect: two), so a tighter cut there
   would blame whichever direction of a healthy pair reads lower.
 
-The suspects are then measured again beside a known-good node pair (confirm's
-`second_look`), judged at the same cut.
+The suspects are then measured again beside a known-good node pair (`gpucheck.peers.
+pair_looks`), judged at the same cut (`gpucheck.comm.internode_verdicts`).
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpucheck.comm.confirm import (
-    Pair,
-    Samples,
-    Suspects,
-    directed,
-    find_suspects,
-    typical,
-)
+from gpucheck.comm.looks import rate_bound
+from gpucheck.peers import Pair, Samples, Suspects, directed, eliminate, known_good
+from gpucheck.stats import median, typical
 
 FABRIC_FRACTION = 0.9
 # Healthy readings a suspect node's readings may fail to be below: "below almost
@@ -70,12 +65,12 @@ def spread_cut(healthy: Samples, fabric: float = FABRIC_FRACTION) -> tuple[float
     typicals = [typical(s) for s in healthy.values() if s]
     if not typicals:
         return 0.0, fabric
-    reference = float(statistics.median(typicals))
+    reference = median(typicals)
     if reference <= 0:
         return reference, fabric
     between = 1 - min(typicals) / reference
-    within = statistics.median(1 - min(s) / typical(s) for s in healthy.values()
-                               if s and typical(s) > 0)
+    within = median(1 - min(s) / typical(s) for s in healthy.values()
+                    if s and typical(s) > 0)
     return reference, max(0.0, min(fabric, 1 - max(between, within)))
 
 
@@ -119,7 +114,7 @@ def slow_nodes(samples: Samples, fabric: float = FABRIC_FRACTION) -> dict[int, s
 def find_node_suspects(samples: Samples, pair_threshold: float,
                        fabric: float = FABRIC_FRACTION) -> NodeSuspects:
     """The slow nodes (at the fabric's cut) and node pairs (a pair of no suspect node:
-    `confirm`'s rule at `pair_threshold`, as before), the cut the nodes were judged
+    `eliminate` at `pair_threshold`, as before), the cut the nodes were judged
     at, and the known-good pairs to measure again beside them."""
     if not samples:
         return NodeSuspects(0.0, 0.0, cut=fabric)
@@ -127,7 +122,7 @@ def find_node_suspects(samples: Samples, pair_threshold: float,
     clean = {p: s for p, s in samples.items() if not set(p) & set(members)} or dict(samples)
     # One pair cannot be told from the spread of one or two others (3 nodes leave two
     # pairs without a suspect node): a single pair keeps the wider intra-node rule.
-    single = find_suspects(clean, pair_threshold).pairs
+    single = eliminate(clean, rate_bound(pair_threshold)).pairs
     healthy = {p: s for p, s in clean.items() if p not in single} or clean
     reference, cut = spread_cut(healthy, fabric)
     slow = sorted({p for p in samples for m, way in members.items() if directed(p, m, way)}
@@ -141,9 +136,10 @@ def _references(samples: Samples, slow: Sequence[Pair], members: Mapping[int, st
                 reference: float) -> tuple[Pair, ...]:
     """The known-good pair nearest the reference (no suspect end) and its reverse when
     that is good too; none when nothing is slow."""
-    good = [p for p in samples if p not in slow and not set(p) & set(members)]
-    if not slow or not good:
+    good = sorted(p for p in samples if p not in slow and not set(p) & set(members))
+    chosen = known_good({p: typical(samples[p]) for p in good}, (), reference) \
+        if slow else None
+    if chosen is None:
         return ()
-    chosen = min(good, key=lambda p: (abs(typical(samples[p]) - reference), p))
     back = (chosen[1], chosen[0])
     return (chosen, back) if back in good else (chosen,)

@@ -9,7 +9,7 @@ send from the receiver that the sender's stream waits on before its start event
 (`_align`: the start is aligned on the device, as the collectives' rendezvous); on
 gloo one at a time, unchanged.
 Each pair is timed `repeats` times after one warm-up: the spread of the repeats is the
-measurement's own noise, which decides what can be judged (gpucheck.comm.confirm).
+measurement's own noise, which decides what can be judged (gpucheck.peers.eliminate).
 Then the slow pairs are measured again beside a known-good pair of their node, with
 every rank following rank 0's plan (`run_pairwise`).
 """
@@ -32,11 +32,11 @@ from gpucheck.comm.collectives import (
     synchronize,
     time_batch,
 )
-from gpucheck.comm.confirm import Suspects
 from gpucheck.context import NO_HOOKS, TestHooks
 from gpucheck.distributed import progress
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.distributed.session import barrier
+from gpucheck.peers import Suspects
 
 
 def pair_schedule(roster: Sequence[Mapping[str, Any]]) -> list[list[tuple[int, int]]]:
@@ -89,7 +89,7 @@ def _time_pair(src: int, dst: int, size_bytes: int, iters: int, device: str) -> 
 def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: str,
                        repeats: int, again: bool, hooks: TestHooks = NO_HOOKS) -> list[float]:
     """`repeats` timed batches after one warm-up: GB/s each on the sender, [] on the
-    receiver. Repeats give the measurement's own spread (gpucheck.comm.confirm)."""
+    receiver. Repeats give the measurement's own spread (gpucheck.peers.eliminate)."""
     import torch
     import torch.distributed as dist
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.comm.aggregate import (
@@ -13,13 +13,15 @@ from gpucheck.comm.aggregate import (
     pair_matrix,
 )
 from gpucheck.comm.internode_verdicts import internode_findings, node_pair_rows, rail_findings
+from gpucheck.comm.metrics import comm_metrics
 from gpucheck.comm.nccl_log import transport_view
 from gpucheck.comm.nodes_again import node_figures, pair_medians, slow_node_verdicts
 from gpucheck.distributed.nodes import NodeId, group_by_node, node_metric, nodes_rows
 from gpucheck.distributed.placement import numa_findings
 from gpucheck.faults import gpu_names, run_faults_section
+from gpucheck.measured import attach
 from gpucheck.report import Finding, Section, skip
-from gpucheck.units import human_bytes
+from gpucheck.units import human_bytes as human_bytes  # its old home, re-exported
 
 TITLES = {"all_reduce": "all_reduce (busbw = algbw x 2(n-1)/n)",
           "all_gather": "all_gather (algbw counts the gathered output; busbw = algbw x (n-1)/n)",
@@ -95,9 +97,9 @@ def _nodes_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section | N
     for row in table:
         row["largest_all_reduce_us"] = time_metric.get(NodeId(row["node_rank"], row["host"]))
     again = result.get("nodes_again")
-    findings = on_cpu_ranks(slow_node_verdicts(node_figures(ranks, pairs, rows),
-                                               verdicts.slow_node_fraction, again, ranks),
-                            str(result.get("device")))
+    findings = slow_node_verdicts(node_figures(ranks, pairs, rows),
+                                  verdicts.slow_node_fraction, again, ranks,
+                                  str(result.get("device")))
     data: dict[str, Any] = {"nodes": table}
     if again:
         data["measured again"] = again
@@ -127,24 +129,13 @@ def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section
         data["measured again"] = [r | {"src": labels[r["src_node"]],
                                        "dst": labels[r["dst_node"]]}
                                   for r in node_pair_rows(internode["again"])]
+    # On CPU ranks every slow figure carries cause cpu_ranks (gpucheck.comm.looks).
+    device = str(result.get("device"))
     findings = (internode_findings(rows, verdicts.pair_threshold, labels,
-                                   internode.get("again"))
+                                   internode.get("again"), device)
                 + rail_findings(internode["links"], verdicts.pair_threshold, labels,
-                                internode.get("again")))
-    return Section("internode", title, data, on_cpu_ranks(findings, str(result.get("device"))))
-
-
-def on_cpu_ranks(findings: list[Finding], device: str) -> list[Finding]:
-    """CPU ranks (gloo on the host): a link or node confirmed slow twice is a busy or
-    throttled process, not a NIC or a GPU, so it asks for a rerun, not a drain, as
-    comm.pairwise.slow_pair does on CPU ranks."""
-    if device != "cpu":
-        return findings
-    return [replace(f, action="rerun",
-                    hint=f"{f.hint} (CPU ranks: a busy or throttled process on the node, "
-                         "not its hardware)")
-            if f.action == "drain-node" and "confirmed:" in f.message else f
-            for f in findings]
+                                internode.get("again"), device))
+    return Section("internode", title, data, findings)
 
 
 def _transport_section(result: Mapping[str, Any]) -> Section:
@@ -185,4 +176,5 @@ def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section
     sections.append(_internode_section(result, verdicts))
     sections.append(_transport_section(result))
     sections.append(faults_of(result))
+    attach(sections, comm_metrics(result), {})  # comm.<collective> / comm.pairwise
     return sections

@@ -253,7 +253,7 @@ def shown_once(report: Report, key: str) -> Report:
 
 def prefixed(command: str, section: Section) -> Section:
     return Section(f"{command}.{section.name}", f"{command}: {section.title}",
-                   section.data, section.findings)
+                   section.data, section.findings, section.metrics)
 
 
 def summary_section(outcomes: list[Outcome]) -> Section:

@@ -39,9 +39,9 @@ def read_baseline_option(args: argparse.Namespace) -> Any:
 def baseline_section(report: Report, baseline: Any) -> Section:
     """This report's figures against the baseline's limits."""
     from gpucheck.analysis.baseline import baseline_findings
-    from gpucheck.analysis.metrics import extract_metrics
+    from gpucheck.analysis.metrics import metrics_of
 
-    metrics = extract_metrics(report.to_dict())
+    metrics = metrics_of(report)
     shared = [name for name in metrics if name in baseline.metrics]
     data = {"tolerance": baseline.tolerance, "baseline_metrics": len(baseline.metrics),
             "report_metrics": len(metrics), "shared_metrics": len(shared),

@@ -103,9 +103,11 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     if not isinstance(outcome, BenchOutcome):
         return None  # a rank other than 0 under torchrun: rank 0 reports
     from gpucheck.bench.findings import bench_sections
+    from gpucheck.bench.metrics import with_bench_metrics
 
     for section in bench_sections(spec, images, outcome, args.straggler_threshold):
         report.add(section)
+    with_bench_metrics(report.sections, outcome.records, args.straggler_threshold)
     return add_launch_finding(report, plan)
 
 

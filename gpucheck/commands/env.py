@@ -11,6 +11,7 @@ from gpucheck.commands.option_types import positive_float
 from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.probes.kernel_log import checked_kernel_log_path
+from gpucheck.probes.metrics import with_env_metrics
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S
 from gpucheck.probes.runner import collect_env_report
 from gpucheck.render import format_for
@@ -48,6 +49,8 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     report = gather_env_reports(lambda: collect_env_report(
         gpu_test=getattr(args, "gpu_test", True), nvml_timeout_s=timeout,
         kernel_log=kernel_log), ctx.scope)
+    if report is not None:
+        with_env_metrics(report.sections)
     if report is not None and wants_collect_env(args):
         from gpucheck.probes.collect_env import collect_env_section
 

@@ -20,13 +20,13 @@ from gpucheck.analysis.baseline import (
 )
 from gpucheck.analysis.fleet import DEFAULT_MAD_K, DEFAULT_THRESHOLD, FleetOptions, fleet_sections
 from gpucheck.analysis.loading import LoadedReport, ReportError, load_report, report_paths
-from gpucheck.analysis.metrics import Metric
 from gpucheck.analysis.nodes import Fleet, Unused, group_reports, newest_created_at
 from gpucheck.analysis.options import fraction, positive
 from gpucheck.commands.option_types import positive_float, positive_int
 from gpucheck.context import RunContext
 from gpucheck.distributed.slurm import expand_nodelist
 from gpucheck.errors import UsageError
+from gpucheck.measure import Metric
 from gpucheck.output import WriteError, check_writable, same_file, write_atomic
 from gpucheck.report import Report, Section, fail
 

@@ -1,4 +1,5 @@
-"""Ranks grouped by node, and the node that is slower than the others.
+"""Ranks grouped by node, and the node that is slower than the others (the peer rule
+of `gpucheck.peers`, with its one SLOW_NODE_FRACTION).
 
 Shared by bench and comm. A node is (node_rank, host): under torchrun node_rank is
 GROUP_RANK, under srun SLURM_NODEID; two "nodes" on one machine (tests) share a host
@@ -14,7 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.peers import SLOW_NODE_FRACTION
+from gpucheck.measure import Better, Bound
+from gpucheck.peers import SLOW_NODE_FRACTION, against_median
 from gpucheck.report import Finding, ok, warn
 
 # The name comm/worker.py imports; the figure is gpucheck.peers' one definition.
@@ -62,24 +64,20 @@ def nodes_rows(records: Iterable[Mapping[str, Any]], metric: Mapping[NodeId, flo
 
 def slow_node_findings(metric: Mapping[NodeId, float], check: str, what: str, unit: str,
                        higher_is_better: bool = True,
-                       fraction: float = DEFAULT_SLOW_NODE_FRACTION) -> list[Finding]:
-    """WARN for each node worse than `fraction` of the median node (needs 2+ nodes).
-
-    With higher_is_better=False (times) a node is slow above median / fraction.
-    """
+                       fraction: float = SLOW_NODE_FRACTION) -> list[Finding]:
+    """WARN for each node worse than `fraction` of the median node (needs 2+ nodes):
+    `gpucheck.peers.against_median`, so with higher_is_better=False (times) a node is
+    slow above median / fraction, and a node exactly at the bound is not slow."""
     if len(metric) < 2:
         return []
-    median = statistics.median(metric.values())
-    findings = []
-    for node, value in metric.items():
-        slow = (value < fraction * median) if higher_is_better else (value > median / fraction)
-        if slow:
-            findings.append(warn(
-                check, f"{node.label}: {what} {value:.3g} {unit} against the median node's "
-                f"{median:.3g} {unit}",
-                hint="compare this node's `gpucheck env` with the others' and check its "
-                "GPUs, clocks and links (nvidia-smi -q, nvidia-smi topo -m)",
-                subject=node.label))
+    better = Better.HIGHER if higher_is_better else Better.LOWER
+    peers = against_median(metric, Bound.fraction(fraction, better))
+    median = peers.reference
+    findings = [warn(check, f"{node.label}: {what} {metric[node]:.3g} {unit} against the "
+                     f"median node's {median:.3g} {unit}",
+                     hint="compare this node's `gpucheck env` with the others' and check its "
+                     "GPUs, clocks and links (nvidia-smi -q, nvidia-smi topo -m)",
+                     subject=node.label) for node in peers.worse]
     if not findings:
         findings.append(ok(check, f"{len(metric)} nodes within {fraction:.0%} of the median "
                            f"node's {what} ({median:.3g} {unit})"))

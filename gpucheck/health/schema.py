@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from gpucheck.actions import ACTIONS
+from gpucheck.checks import lookup
 
 MAX_CONSUMERS = 32
 MAX_FAULTS = 256
@@ -108,7 +109,18 @@ def fault(value: Any, where: str) -> dict[str, Any]:
         _text(raw.get(key), f"{where}.{key}")
     _need(raw["status"] in ("WARN", "FAIL"), f"{where}.status", "WARN or FAIL")
     _need(raw["action"] in ACTIONS, f"{where}.action", "a gpucheck action")
+    _need(_declared(raw["check"]), f"{where}.check", "a check id this gpucheck declares")
     return raw
+
+
+def _declared(check: str) -> bool:
+    """Whether `check` is declared (gpucheck.checks): a fault is raised again as a
+    finding, and a finding of an undeclared id cannot be made."""
+    try:
+        lookup(check)
+    except KeyError:
+        return False
+    return True
 
 
 def checked_state(raw: Any) -> dict[str, Any]:

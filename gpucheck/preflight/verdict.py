@@ -15,6 +15,7 @@ from typing import Any
 
 from gpucheck.distributed.nodes import NodeId, group_by_node
 from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
+from gpucheck.subject import Subject
 
 NODE_HINT = ("keep this node out of the job (resubmit with the exclude file: sbatch "
              "--exclude, or drain it with --drain), then have it checked: gpucheck "
@@ -265,26 +266,21 @@ def links_section(internode: Mapping[str, Any], result: Mapping[str, Any],
 
 
 def confirmed_slow_nodes(internode: Mapping[str, Any], fraction: float) -> list[int]:
-    """Node indices every one of whose slow pairs was slow again beside a known-good
-    pair, at the fabric's cut (gpucheck.comm.node_links: elimination, then
-    gpucheck.comm.confirm's second look before condemning), as comm judges them."""
-    from gpucheck.comm.confirm import directed, second_look
-    from gpucheck.comm.internode_verdicts import node_pair_rows, node_samples
-    from gpucheck.comm.node_links import find_node_suspects
+    """Node indices comm's verdicts name slow with a confirmed second look: every one of
+    their slow pairs slow again beside a known-good pair, at the fabric's cut
+    (gpucheck.comm.node_links' elimination, gpucheck.comm.internode_verdicts' looks)."""
+    from gpucheck.comm.internode_verdicts import internode_findings, node_pair_rows
+    from gpucheck.measure import LookState
 
-    suspects = find_node_suspects(node_samples(node_pair_rows(internode["links"])),
-                                  fraction)
-    if suspects.empty or not internode.get("again"):
+    if not internode.get("again"):
         return []
-    again = node_samples(node_pair_rows(internode["again"]))
-    looks = second_look(suspects, again, suspects.reference_gbps)
-    found = []
-    for member, way in sorted(suspects.members.items()):
-        mine = [look.confirmed(suspects.cut) for look in looks
-                if directed(look.pair, member, way)]
-        if mine and all(mine):
-            found.append(member)
-    return found
+    rows = node_pair_rows(internode["links"])
+    labels = {n: f"node {n}" for r in rows for n in (int(r["src_node"]), int(r["dst_node"]))}
+    return sorted(f.subject.node for f in internode_findings(rows, fraction, labels,
+                                                             internode["again"])
+                  if f.check == "comm.internode.shared_node" and f.look is not None
+                  and f.look.state is LookState.CONFIRMED
+                  and isinstance(f.subject, Subject) and f.subject.node is not None)
 
 
 def verdict_section(result: Mapping[str, Any], failing: Sequence[Mapping[str, Any]],

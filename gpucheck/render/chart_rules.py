@@ -6,23 +6,26 @@ charts painted bars red under 0.9 x the median while stress on CPU warns under 0
 - stress `gemm` and `membw`: `peer_threshold` and `expected_threshold` in the
   section's data (the --peer-threshold and --expected-threshold the verdicts used),
   against each row's `vs_peers` (its value / its node's median) and `vs_expected`.
-  Reports without them: the ranks the section's WARN/FAIL findings name.
 - bench `timing`: the ranks its WARN/FAIL findings name (the straggler check judges
-  a rank's pace against the others', not its images/s against a line).
-- `baseline` (a load command run with --baseline): its `limits` rows, metric -> limit.
+  a rank's pace against the others', not its images/s against a line): a finding's
+  structured subject (its `rank` field), or a subject known only by its words that
+  are exactly a rank's own ("rank 2"); never a pattern over the words.
+- `baseline` (a load command run with --baseline): its `limits` rows, metric key ->
+  limit, matched to the bars by their metrics' keys.
+
+The bars themselves are the sections' metrics (gpucheck.render.chart_find).
 """
 
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpucheck import subject
 from gpucheck.render.values import is_table
 from gpucheck.report import Report, Section, Status
-
-_RANK_SUBJECT = re.compile(r"rank (\d+)$")
+from gpucheck.subject import Kind, Subject
 
 
 def number(value: Any) -> float | None:
@@ -38,7 +41,7 @@ def baseline_limits(report: Report) -> dict[str, float]:
     for section in report.sections:
         if section.name.rsplit(".", 1)[-1] != "baseline":
             continue
-        rows = section.data.get("limits")
+        rows: Any = section.data.get("limits")
         for row in rows if is_table(rows) else []:
             limit = number(row.get("limit"))
             if limit is not None and isinstance(row.get("metric"), str):
@@ -46,22 +49,29 @@ def baseline_limits(report: Report) -> dict[str, float]:
     return limits
 
 
-def flagged_ranks(section: Section) -> set[str]:
-    """`rank N` for every rank a WARN or FAIL finding of `section` names."""
-    return {f"rank {match.group(1)}" for f in section.findings
-            if f.status in (Status.WARN, Status.FAIL) and f.subject
-            and (match := _RANK_SUBJECT.match(f.subject))}
-
-
-def rank_baseline(rows: list[dict[str, Any]], limits: Mapping[str, float],
-                  metric: Callable[[int], str]) -> dict[str, float]:
-    """Bar label -> the baseline limit of that rank's metric, where the baseline has one."""
-    found = {}
-    for row in rows:
-        rank = row.get("rank")
-        if isinstance(rank, int) and metric(rank) in limits:
-            found[f"rank {rank}"] = limits[metric(rank)]
+def flagged_ranks(section: Section, ranks: Iterable[int] = ()) -> set[str]:
+    """`rank N` (the bar's label) for every rank a WARN or FAIL finding of `section` is
+    about: a rank subject's `rank` field; a subject known only by its words when they
+    are a rank's own words (`ranks`: the section's ranks, its metrics' ranks too)."""
+    known = set(ranks) | {m.subject.rank for m in section.metrics
+                          if m.subject is not None and m.subject.rank is not None}
+    by_words = {subject.rank(n).label: n for n in known}
+    found = set()
+    for f in section.findings:
+        who = f.subject
+        if f.status not in (Status.WARN, Status.FAIL) or not isinstance(who, Subject):
+            continue
+        rank = who.rank if who.kind is Kind.RANK else None
+        if who.kind is Kind.TEXT:
+            rank = by_words.get(who.label)
+        if rank is not None:
+            found.add(f"rank {rank}")
     return found
+
+
+def rank_numbers(rows: list[dict[str, Any]]) -> list[int]:
+    return [r["rank"] for r in rows
+            if isinstance(r.get("rank"), int) and not isinstance(r.get("rank"), bool)]
 
 
 class PeerRule:
@@ -74,8 +84,8 @@ class PeerRule:
         self.expected = number(section.data.get("expected_threshold"))
 
     def flagged(self, rows: list[dict[str, Any]]) -> set[str]:
-        if self.peer is None:  # a report from before the thresholds were kept
-            return flagged_ranks(self.section)
+        if self.peer is None:  # no threshold in the data: what the findings flagged
+            return flagged_ranks(self.section, rank_numbers(rows))
         return {f"rank {r['rank']}" for r in rows if self._below(r)}
 
     def _below(self, row: dict[str, Any]) -> bool:
@@ -84,13 +94,15 @@ class PeerRule:
         return peers or (vs_expected is not None and self.expected is not None
                          and vs_expected < self.expected)
 
-    def limits(self, rows: list[dict[str, Any]], key: str) -> dict[str, float]:
-        """Bar label -> where the peer WARN starts for it: `peer` x its node's median."""
+    def limits(self, bars: Mapping[str, float], rows: list[dict[str, Any]]
+               ) -> dict[str, float]:
+        """Bar label -> where the peer WARN starts for it: `peer` x its node's median
+        (the bar's value over its row's `vs_peers`, the ratio the verdict used)."""
         found = {}
         for row in rows:
-            value, vs_peers = number(row.get(key)), number(row.get("vs_peers"))
-            if self.peer is not None and value is not None and vs_peers:
-                found[f"rank {row['rank']}"] = self.peer * value / vs_peers
+            label, vs_peers = f"rank {row.get('rank')}", number(row.get("vs_peers"))
+            if self.peer is not None and label in bars and vs_peers:
+                found[label] = self.peer * bars[label] / vs_peers
         return found
 
     def describe(self, rows: list[dict[str, Any]]) -> str:

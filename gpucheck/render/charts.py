@@ -1,90 +1,35 @@
-"""Charts for the HTML report: found in the report's data, drawn by matplotlib as SVG.
+"""Charts for the HTML report: found in the report's data (gpucheck.render.chart_find),
+drawn by matplotlib as SVG.
 
-Finding a chart's data (`find_charts`) is plain Python and never imports matplotlib;
-drawing (`draw_charts`) imports it lazily, so gpucheck installs and renders HTML
-without it (the `html` extra adds it). Data is found defensively by the section's
-name (its last dotted part, so `gpucheck all`'s `comm.all_reduce` counts) and the
-row keys; a section that does not have them gives no chart. A chart that fails to
-draw is left out with a one-line note: a chart must never cost the report.
+Drawing (`draw_charts`) imports matplotlib lazily, so gpucheck installs and renders
+HTML without it (the `html` extra adds it). A chart that fails to draw is left out
+with a one-line note: a chart must never cost the report.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.render.chart_rules import PeerRule, baseline_limits, flagged_ranks, rank_baseline
-from gpucheck.render.values import fmt_bytes, fmt_value, is_table
-from gpucheck.report import Report, Section
+from gpucheck.render.chart_find import (
+    BarSpec,
+    ChangeSpec,
+    ChartSpec,
+    LineSpec,
+    RangeRow,
+    RangeSpec,
+    find_charts,
+)
+from gpucheck.render.values import fmt_bytes, fmt_value
+from gpucheck.report import Report
+
+__all__ = ["FLAGGED_COLOR", "INSTALL_NOTE", "BarSpec", "ChangeSpec", "Chart", "ChartSpec",
+           "LineSpec", "RangeRow", "RangeSpec", "draw_charts", "find_charts"]
 
 INSTALL_NOTE = ("charts need matplotlib: pip install '.[html]' from the gpucheck checkout "
                 "(or pip install matplotlib)")
-# A fleet of many metrics would make a chart too tall to read; the table has them all.
-MAX_RANGE_ROWS = 30
-
-
-@dataclass
-class LineSpec:
-    """Lines over message size (log x axis): one per series; `baseline`: per series the
-    baseline's limit at each size it has one for (`--baseline`)."""
-
-    title: str
-    ylabel: str
-    series: dict[str, list[tuple[float, float]]]
-    baseline: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-
-
-@dataclass
-class BarSpec:
-    """Bars per rank with the median as a line; one panel per group (a dtype).
-
-    What paints a bar red and where lines go come from the report, never from the
-    chart: `flagged` (group -> bar labels) are the bars the section's verdict flags,
-    `rule` says why in the legend, `limits` (group -> label -> value) is where the
-    check's threshold puts the WARN line for that bar, `baseline` the baseline's limit.
-    """
-
-    title: str
-    ylabel: str
-    groups: dict[str, list[tuple[str, float]]]
-    flagged: dict[str, set[str]] = field(default_factory=dict)
-    rule: str = ""
-    limits: dict[str, dict[str, float]] = field(default_factory=dict)
-    limit_label: str = ""
-    baseline: dict[str, dict[str, float]] = field(default_factory=dict)
-
-
-@dataclass
-class RangeRow:
-    label: str
-    median: float
-    low: float
-    high: float
-    outliers: list[tuple[str, float]] = field(default_factory=list)
-
-
-@dataclass
-class RangeSpec:
-    """Per metric, the fleet's low..high relative to its median, outlier nodes marked."""
-
-    title: str
-    rows: list[RangeRow]
-    left_out: int = 0
-
-
-@dataclass
-class ChangeSpec:
-    """compare: each metric's change from A to B in percent, coloured by its verdict."""
-
-    title: str
-    rows: list[tuple[str, float, str]]
-    left_out: int = 0
-
-
-ChartSpec = LineSpec | BarSpec | RangeSpec | ChangeSpec
 
 
 @dataclass
@@ -94,172 +39,6 @@ class Chart:
     title: str
     svg: str | None = None
     note: str | None = None
-
-
-def _number(value: Any) -> float | None:
-    """A finite int or float (not a bool), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _short(name: str) -> str:
-    return name.rsplit(".", 1)[-1]
-
-
-def _rows(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
-    value = data.get(key)
-    return value if is_table(value) else []
-
-
-def find_charts(report: Report) -> list[ChartSpec]:
-    """Every chart this report has data for, in the order they are shown."""
-    specs: list[ChartSpec | None] = [_comm_chart(report), _bench_chart(report),
-                                     *_stress_charts(report), _fleet_chart(report),
-                                     _compare_chart(report)]
-    return [spec for spec in specs if spec is not None]
-
-
-def _comm_chart(report: Report) -> LineSpec | None:
-    """busbw over message size, a line per collective: any section whose `results`
-    rows have size_bytes and busbw_gbps (all_reduce, all_gather, later ones too)."""
-    series: dict[str, list[tuple[float, float]]] = {}
-    baseline: dict[str, list[tuple[float, float]]] = {}
-    limits = baseline_limits(report)
-    for section in report.sections:
-        points, floor = [], []
-        for row in _rows(section.data, "results"):
-            size, busbw = _number(row.get("size_bytes")), _number(row.get("busbw_gbps"))
-            if size is not None and busbw is not None and size > 0:
-                points.append((size, busbw))
-                metric = f"comm.{_short(section.name)}.busbw_gbps@{int(size)}"
-                if metric in limits:  # the name gpucheck.analysis.metrics gives it
-                    floor.append((size, limits[metric]))
-        if points:
-            series[section.name] = sorted(points)
-        if floor:
-            baseline[section.name] = sorted(floor)
-    if not series:
-        return None
-    return LineSpec("Bus bandwidth by message size", "busbw (GB/s)", series, baseline)
-
-
-def _per_rank(rows: list[dict[str, Any]], key: str) -> list[tuple[str, float]]:
-    bars = []
-    for row in rows:
-        value = _number(row.get(key))
-        if value is not None and row.get("rank") is not None:
-            bars.append((f"rank {row['rank']}", value))
-    return bars
-
-
-def _bench_chart(report: Report) -> BarSpec | None:
-    """images/s per rank; red: the ranks the straggler check warned about; the
-    baseline's per-rank floor where there is one."""
-    spec = BarSpec("Images/s per rank", "images/s", {},
-                   rule="red: a rank this section's findings warned about (a straggler)")
-    limits = baseline_limits(report)
-    for section in report.sections:
-        if _short(section.name) == "timing":
-            rows = _rows(section.data, "ranks")
-            bars = _per_rank(rows, "images_per_s")
-            if bars:
-                spec.groups[section.name] = bars
-                spec.flagged[section.name] = flagged_ranks(section)
-                spec.baseline[section.name] = rank_baseline(
-                    rows, limits, lambda rank: f"bench.images_per_s.rank{rank}")
-    return spec if spec.groups else None
-
-
-def _stress_charts(report: Report) -> list[BarSpec]:
-    """GEMM TFLOP/s per rank, a panel per dtype (their scales differ by 10x and more),
-    and memory bandwidth per rank. The median product (`_p50`) is what stress judges."""
-    charts = []
-    limits = baseline_limits(report)
-    for section in report.sections:
-        rows = _rows(section.data, "results")
-        if _short(section.name) == "gemm":
-            key = "tflops_p50" if any("tflops_p50" in r for r in rows) else "tflops"
-            spec = _rule_bars(section, rows, "GEMM TFLOP/s per rank (median product)",
-                              "TFLOP/s")
-            for dtype in dict.fromkeys(str(r.get("dtype")) for r in rows):
-                mine = [r for r in rows if str(r.get("dtype")) == dtype]
-                _add_group(spec, section, dtype, mine, key, rank_baseline(
-                    mine, limits, lambda rank, d=dtype: f"stress.gemm.{d}.tflops.rank{rank}"))
-            if spec.groups:
-                charts.append(spec)
-        elif _short(section.name) == "membw":
-            key = "gbps_p50" if any("gbps_p50" in r for r in rows) else "gbps"
-            spec = _rule_bars(section, rows, "Memory bandwidth per rank", "GB/s")
-            _add_group(spec, section, "", rows, key, rank_baseline(
-                rows, limits, lambda rank: f"stress.membw.gbps.rank{rank}"))
-            if spec.groups:
-                charts.append(spec)
-    return charts
-
-
-def _rule_bars(section: Section, rows: list[dict[str, Any]], title: str,
-               ylabel: str) -> BarSpec:
-    rule = PeerRule(section)
-    return BarSpec(title, ylabel, {}, rule=rule.describe(rows),
-                   limit_label=rule.limit_label())
-
-
-def _add_group(spec: BarSpec, section: Section, group: str, rows: list[dict[str, Any]],
-               key: str, baseline: dict[str, float]) -> None:
-    """One panel of a stress chart, coloured and lined by the section's own thresholds."""
-    bars = _per_rank(rows, key)
-    if not bars:
-        return
-    rule = PeerRule(section)
-    spec.groups[group] = bars
-    spec.flagged[group] = rule.flagged(rows)
-    spec.limits[group] = rule.limits(rows, key)
-    spec.baseline[group] = baseline
-
-
-def _fleet_chart(report: Report) -> RangeSpec | None:
-    """The fleet's `metrics` rows (median, low, high) with the `outliers` rows' nodes.
-    Values are shown relative to the median, so metrics of every unit share an axis;
-    metrics with outliers come first."""
-    metrics = report.section("metrics")
-    if metrics is None:
-        return None
-    marked: dict[tuple[str, str], list[tuple[str, float]]] = {}
-    outliers = report.section("outliers")
-    for row in _rows(outliers.data, "outliers") if outliers else []:
-        value = _number(row.get("value"))
-        if value is not None:
-            key = (str(row.get("command")), str(row.get("metric")))
-            marked.setdefault(key, []).append((str(row.get("node")), value))
-    rows = []
-    for row in _rows(metrics.data, "metrics"):
-        median, low, high = (_number(row.get(k)) for k in ("median", "low", "high"))
-        if median is None or low is None or high is None or median <= 0:
-            continue
-        key = (str(row.get("command")), str(row.get("metric")))
-        rows.append(RangeRow(key[1], median, low, high, marked.get(key, [])))
-    if not rows:
-        return None
-    # Outliers first, then the widest spread: the rows most worth a look fit the chart.
-    rows.sort(key=lambda r: (not r.outliers, -(r.high - r.low) / r.median, r.label))
-    return RangeSpec("Fleet: each metric's range across nodes, relative to its median",
-                     rows[:MAX_RANGE_ROWS], max(0, len(rows) - MAX_RANGE_ROWS))
-
-
-def _compare_chart(report: Report) -> ChangeSpec | None:
-    """compare's `metrics` rows (change_pct, verdict): worse first, then the largest."""
-    metrics = report.section("metrics")
-    rows = []
-    for row in _rows(metrics.data, "metrics") if metrics else []:
-        change = _number(row.get("change_pct"))
-        if change is not None and "verdict" in row:
-            rows.append((str(row.get("metric")), change, str(row["verdict"])))
-    if not rows:
-        return None
-    rows.sort(key=lambda r: (r[2] != "worse", -abs(r[1]), r[0]))
-    return ChangeSpec("Change from A to B (%)", rows[:MAX_RANGE_ROWS],
-                      max(0, len(rows) - MAX_RANGE_ROWS))
 
 
 def draw_charts(report: Report) -> list[Chart]:

@@ -5,9 +5,9 @@ screen of a ticket: bench's images/s and efficiency, comm's peak bus bandwidth p
 collective, stress's TFLOP/s per dtype and memory bandwidth, with the slowest rank
 (and its GPU) named. stress's rows name the column its verdicts judge (`tflops_p50`,
 `gbps_p50`: the median product's or copy's rate, not the mean `tflops`). The figures
-come from the report's metrics (gpucheck.analysis.metrics, the names compare and fleet
-use), never from rendered cells, so a combined `all` report gathers the same rows as
-its commands do alone.
+come from the report's metrics (`Section.metrics`, keyed by `Metric.key()` as compare
+and fleet key them), never from rendered cells, so a combined `all` report gathers the
+same rows as its commands do alone. (render reads the report, never gpucheck.analysis.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 
-from gpucheck.analysis.metrics import Metric, extract_metrics
+from gpucheck.measure import Metric
 from gpucheck.render.values import fmt_bytes, fmt_value
 from gpucheck.report import Report
 
@@ -34,18 +34,16 @@ _JOB = {
 def headline_rows(report: Report) -> list[dict[str, str]]:
     """Rows `{figure, value, unit, where}`: empty for a report without such figures
     (env, health, compare...)."""
-    try:
-        metrics = extract_metrics(report.to_dict())
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError):
-        # A damaged or hostile report read back by `show` (a number too large for a
-        # float): its sections still render; the figures table is left out.
-        return []
+    metrics: dict[str, Metric] = {}
+    for section in report.sections:
+        for metric in section.metrics:  # the first of one key, as compare reads them
+            metrics.setdefault(metric.key(), metric)
     pools: dict[str, list[Metric]] = {}
-    for metric in metrics.values():
-        pools.setdefault(metric.pool, []).append(metric)
+    for _, metric in sorted(metrics.items()):  # by key, as compare lists them
+        pools.setdefault(metric.name, []).append(metric)
     rows = [row for pool, members in pools.items()
             if (row := _row(pool, members)) is not None]
-    rows += peak_busbw_rows(metrics)
+    rows += peak_busbw_rows(dict(sorted(metrics.items())))
     # bench, comm, stress; in each, the whole job's figures before the slowest rank's.
     return sorted(rows, key=lambda r: (_ORDER.get(r["figure"].split(" ", 1)[0], 9),
                                        "slowest" in r["figure"]))
@@ -87,21 +85,25 @@ def _slowest(figure: str, members: list[Metric]) -> dict[str, str]:
 
 def _position(metric: Metric) -> str:
     # "rank3" reads "rank 3"; a pair "rank0_to_rank1" reads "rank 0 to rank 1"
-    head = (metric.position or "").replace("_to_", " to ").replace("rank", "rank ")
-    return f"{head} ({metric.gpu})" if metric.gpu else head
+    who = metric.subject
+    if who is None:
+        return ""
+    head = (who.position() or "").replace("_to_", " to ").replace("rank", "rank ")
+    named_gpu = who.gpu is not None or who.bus_id or who.uuid
+    return f"{head} ({who.label})" if named_gpu else head
 
 
 def peak_busbw_rows(metrics: Mapping[str, Metric]) -> list[dict[str, str]]:
     """comm: each collective's highest bus bandwidth over its message sizes."""
     best: dict[str, Metric] = {}
     for metric in metrics.values():
-        family = metric.family
+        family = metric.name.split("@", 1)[0]
         if family.startswith("comm.") and family.endswith(".busbw_gbps") and (
                 family not in best or metric.value > best[family].value):
             best[family] = metric
     rows = []
     for family, metric in best.items():
-        size = metric.pool.split("@", 1)[1] if "@" in metric.pool else ""
+        size = metric.name.split("@", 1)[1] if "@" in metric.name else ""
         where = f"at {fmt_bytes(int(size))}" if size.isdigit() else ""
         rows.append(_made(f"comm {family.split('.')[1]} busbw, peak",
                           fmt_value(metric.value), metric.unit, where))

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucheck.actions import strip_hint
 from gpucheck.render.charts import Chart, draw_charts
 from gpucheck.render.headline import headline_rows
 from gpucheck.render.safe import html as escape  # control characters too
 from gpucheck.render.values import fmt_field, is_table, is_verbatim, table_columns
+from gpucheck.render.words import hint_words, message_words
 from gpucheck.report import Finding, Report, Section, Status
 
 _STYLE = """
@@ -78,8 +78,8 @@ def _figures(report: Report) -> list[str]:
 def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:
     """As in Markdown: the hint loses the "action: x:" prefix the action column shows."""
     return [{"status": f.status.value, "action": f.action or "", "check": f.check,
-             "subject": f.subject or "", "message": f.message,
-             "hint": strip_hint(f.hint, f.action) or ""} for f in findings]
+             "subject": f.subject or "", "message": message_words(f),
+             "hint": hint_words(f) or ""} for f in findings]
 
 
 def _problems(findings: list[Finding]) -> list[str]:

@@ -13,6 +13,7 @@ import re
 
 from gpucheck.actions import ACTIONS
 from gpucheck.report import Finding, Report, Status
+from gpucheck.subject import Kind, Subject
 
 MAX_CHARS = 200  # NPD's default max_output_length is 80: its config here raises it
 PREFIX = "gpucheck"
@@ -43,7 +44,11 @@ def _fit(text: str, limit: int = MAX_CHARS) -> str:
 
 def _short_subject(subject: str) -> str:
     """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)" -> "GPU 3 (bus 00000000:9A:00.0)":
-    the index and bus id find the GPU; the model and UUID are in the full report."""
+    the index and bus id find the GPU; the model and UUID are in the full report. From
+    the fields of a GPU subject, else from the words (subjects made as text)."""
+    if isinstance(subject, Subject) and subject.kind is Kind.GPU and subject.gpu is not None:
+        bus = f" (bus {subject.bus_id})" if subject.bus_id else ""
+        return f"GPU {subject.gpu}{bus}"
     match = re.match(r"(GPU \d+) \(.*?(bus [0-9A-Fa-f:.]+)", subject)
     return f"{match[1]} ({match[2]})" if match else subject
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpucheck.actions import strip_hint
 from gpucheck.render import safe
 from gpucheck.render.headline import headline_rows
 from gpucheck.render.values import fmt_field, is_table, is_verbatim, table_columns
+from gpucheck.render.words import hint_words, message_words
 from gpucheck.report import Finding, Report, Section, Status
 
 
@@ -78,8 +78,8 @@ def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:
     all-OK sections stay narrow. The hint loses an "action: x:" prefix the column shows."""
     with_action = any(f.action for f in findings)
     return [{"status": f.status.value, **({"action": f.action or ""} if with_action else {}),
-             "check": f.check, "subject": f.subject or "", "message": f.message,
-             "hint": strip_hint(f.hint, f.action) or ""} for f in findings]
+             "check": f.check, "subject": f.subject or "", "message": message_words(f),
+             "hint": hint_words(f) or ""} for f in findings]
 
 
 def _problem_lines(findings: list[Finding], plain: bool) -> list[str]:

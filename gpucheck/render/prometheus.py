@@ -23,6 +23,7 @@ import datetime as dt
 import re
 
 from gpucheck.report import Finding, Report
+from gpucheck.subject import Kind, Subject
 
 _GPU = re.compile(r"GPU (\d+)\b")
 _PORT = re.compile(r"(\S+) port (\d+)$")
@@ -50,7 +51,14 @@ def _header(name: str, text: str) -> list[str]:
 
 
 def _subject_labels(subject: str | None) -> dict[str, str]:
-    """The GPU index ("GPU 3 (...)") or HCA and port ("mlx5_0 port 1") a subject names."""
+    """The GPU index or HCA and port a subject names: its fields when it has them,
+    else read from its words ("GPU 3 (...)", "mlx5_0 port 1") until every finding site
+    makes structured subjects."""
+    if isinstance(subject, Subject) and subject.kind is not Kind.TEXT:
+        hca, _, number = (subject.port or "").rpartition("/")
+        return {"subject": subject.label,
+                "gpu": str(subject.gpu) if subject.gpu is not None else "",
+                "hca": hca, "port": number if subject.port else ""}
     subject = subject or ""
     gpu, port = _GPU.match(subject), _PORT.match(subject)
     return {"subject": subject, "gpu": gpu[1] if gpu else "",

@@ -6,10 +6,10 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from gpucheck.actions import strip_hint
 from gpucheck.render.headline import headline_rows
 from gpucheck.render.safe import terminal as esc
 from gpucheck.render.values import fmt_field, is_table, is_verbatim, table_columns
+from gpucheck.render.words import hint_words, message_words
 from gpucheck.report import Finding, Report, Section, Status
 
 # A terminal of 100 columns shows every line whole (tables too: wide ones are split
@@ -200,11 +200,11 @@ def finding_lines(finding: Finding, color: bool, width: int = WIDTH) -> list[str
     """`[WARN] check (subject): message`, then its hint and action, wrapped to `width`."""
     tag = f"[{finding.status.value:^4}]"
     subject = f" ({esc(finding.subject)})" if finding.subject else ""
-    lines = _wrap(f"{tag} {esc(finding.check)}{subject}: {esc(finding.message)}", width,
+    lines = _wrap(f"{tag} {esc(finding.check)}{subject}: {esc(message_words(finding))}", width,
                   _HINT_INDENT, "  ")
     if color:
         lines[0] = lines[0].replace(tag, _paint(tag, finding.status, True), 1)
-    hint = strip_hint(finding.hint, finding.action)
+    hint = hint_words(finding)
     action = f" ({esc(finding.action)})" if finding.action else ""
     if hint:
         lines += _wrap(f"HINT{action}: {esc(hint)}", width, _HINT_INDENT + "  ", _HINT_INDENT)

@@ -10,7 +10,7 @@ measures the whole matrix in a separate step, opening every GPU it can see, whil
 the other ranks wait on the host, off their GPUs (`gpucheck.stress.parking`); when
 it sees only its own GPU (CUDA_VISIBLE_DEVICES, srun --gpus-per-task) the matrix is
 skipped with that reason. A slow pair is measured again before it is judged
-(`second_look`, the rules of `gpucheck.comm.confirm`).
+(`second_look`, the rules of `gpucheck.peers.eliminate`).
 
 A pair is compared only with pairs of its own path class (`nvidia-smi topo -m`:
 NV#, PIX, PXB, PHB, NODE, SYS; `gpucheck.probes.topology.pair_paths`): on H100/H200
@@ -22,12 +22,13 @@ the slower kind.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.comm.confirm import Suspects, find_suspects
 from gpucheck.devices import cuda_device_count
+from gpucheck.measure import Better, Bound
+from gpucheck.peers import Suspects, eliminate
 from gpucheck.probes.topology import path_class as topology_class
 from gpucheck.probes.topology import paths_or_none
 from gpucheck.stress.timing import timed_batch
@@ -121,7 +122,7 @@ def path_class(pair: Mapping[str, Any]) -> str:
 
 def class_suspects(pairs: list[dict[str, Any]], fraction: float) -> dict[str, Suspects]:
     """Per path class, the slow pairs (and a GPU whose every pair one way is slow) by
-    `gpucheck.comm.confirm`'s rules against the median pair of that class."""
+    `gpucheck.peers.eliminate` against the median pair of that class."""
     by_class: dict[str, list[dict[str, Any]]] = {}
     for p in pairs:
         if p["gbps"] is not None:  # a pair without peer access has nothing to compare
@@ -131,9 +132,13 @@ def class_suspects(pairs: list[dict[str, Any]], fraction: float) -> dict[str, Su
 
 def peer_suspects(pairs: list[dict[str, Any]], fraction: float) -> Suspects:
     """The slow pairs (and a GPU whose every pair one way is slow) by
-    `gpucheck.comm.confirm`'s rules, the same as comm's send/recv pairs."""
-    return find_suspects({(p["src"], p["dst"]): [p["gbps"]] for p in pairs
-                          if p["gbps"] is not None}, fraction)
+    `gpucheck.peers.eliminate`, the same rule as comm's send/recv pairs."""
+    return eliminate(samples_of(pairs), Bound.fraction(fraction, Better.HIGHER))
+
+
+def samples_of(pairs: Sequence[Mapping[str, Any]]) -> dict[tuple[int, int], list[float]]:
+    """Each measured pair's reading (one per pair: the median copy's rate)."""
+    return {(p["src"], p["dst"]): [p["gbps"]] for p in pairs if p["gbps"] is not None}
 
 
 def second_look(pairs: list[dict[str, Any]], fraction: float,

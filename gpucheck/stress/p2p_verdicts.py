@@ -1,15 +1,15 @@
 """The peer-copy matrix's verdicts (`stress.p2p`): pure functions of the matrix.
 
-A pair is slow by `gpucheck.comm.confirm`'s rules, the same as comm's send/recv
+A pair is slow by `gpucheck.peers.eliminate`, the same rule as comm's send/recv
 pairs: below `--copy-threshold` x the median pair of its own path class (NV#, PIX,
 PXB, PHB, NODE, SYS: `gpucheck.stress.copies.class_suspects`; without a GPU whose
 every pair one way is slow). A pair without peer access across CPU sockets (or whose
 P2P status says the platform refuses it) is as designed, said in the OK; elsewhere
-it points at ACS or an IOMMU setting. Each slow pair was measured again by the
-node's local rank 0 beside a known-good pair, with the node's other ranks still
-parked off their GPUs (`gpucheck.stress.copies.second_look`): slow again is
-"confirmed" and says against which pair; fine the second time is "unstable",
-action `rerun`; a matrix without a second look (an older report) says so.
+it points at ACS or an IOMMU setting (cause `no_peer_access`). Each slow pair was
+measured again by the node's local rank 0 beside a known-good pair, with the node's
+other ranks still parked off their GPUs (`gpucheck.stress.copies.second_look`); its
+WARN carries that second look as data (confirmed, unstable, or not measured again
+when the matrix has none), and its action follows from the look.
 """
 
 from __future__ import annotations
@@ -17,17 +17,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpucheck.comm.confirm import Second, Suspects, second_look
+from gpucheck import subject
+from gpucheck.measure import Better, Bound, SecondLook
+from gpucheck.peers import Pair, Suspects, pair_looks, second_look
 from gpucheck.report import Finding, ok, skip, warn
-from gpucheck.stress.copies import class_suspects
-from gpucheck.stress.verdicts import UNSTABLE_HINT
+from gpucheck.stress.copies import class_suspects, samples_of
+from gpucheck.subject import Subject
 
 
 def p2p_findings(node: Mapping[str, Any], where: str, fraction: float) -> list[Finding]:
     """Pairs without peer access where the platform allows it; pairs slow against the
     median pair of their path class (without a GPU all of whose pairs one way are
-    slow), each confirmed or found unstable by its second look (`node["again"]`;
-    gpucheck.comm.confirm's rules)."""
+    slow), each with its second look (`node["again"]`)."""
     pairs = node["pairs"]
     measured = {(p["src"], p["dst"]): p["gbps"] for p in pairs if p["gbps"] is not None}
     if not measured:
@@ -36,9 +37,11 @@ def p2p_findings(node: Mapping[str, Any], where: str, fraction: float) -> list[F
                      subject=where)]
     findings = _blocked(pairs, len(measured), where)
     classes = class_suspects(list(pairs), fraction)
+    bound = Bound.fraction(fraction, Better.HIGHER)
     for kind, suspects in classes.items():
-        findings += [_slow_peer_pair(look, measured, suspects.reference_gbps, fraction, where,
-                                     kind) for look in _p2p_looks(node, suspects)]
+        looks = _p2p_looks(node, pairs, suspects, bound, where)
+        findings += [_slow_peer_pair(pair, look, measured, suspects.reference, where, kind)
+                     for pair, look in looks.items()]
     if not any(f.status.value == "WARN" for f in findings):
         findings.append(ok("stress.p2p", f"{where}: {len(measured)} pairs, each at or above "
                            f"{fraction:g} x the median pair of its path class ("
@@ -57,7 +60,8 @@ def _blocked(pairs: Sequence[Mapping[str, Any]], measured: int, where: str) -> l
     return [warn("stress.p2p", f"{where}: {len(blocked)} pair(s) without peer access while "
                  f"{measured} have it ({listed})",
                  hint="check nvidia-smi topo -m and nvidia-smi topo -p2p r; ACS or an IOMMU "
-                 "setting can block P2P between GPUs under one CPU socket", subject=where)]
+                 "setting can block P2P between GPUs under one CPU socket", subject=where,
+                 cause="no_peer_access")]
 
 
 def _by_design_words(pairs: Sequence[Mapping[str, Any]]) -> str:
@@ -69,36 +73,34 @@ def _by_design_words(pairs: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _class_medians(classes: Mapping[str, Suspects]) -> str:
-    return ", ".join(f"{kind or 'all'}: {s.reference_gbps:.4g} GB/s"
+    return ", ".join(f"{kind or 'all'}: {s.reference:.4g} GB/s"
                      for kind, s in classes.items())
 
 
-def _p2p_looks(node: Mapping[str, Any], suspects: Suspects) -> list[Second]:
+def _pair_subject(where: str, pair: Pair) -> Subject:
+    return subject.pair(pair[0], pair[1], f"{where} cuda:{pair[0]}->cuda:{pair[1]}",
+                        by="cuda")
+
+
+def _p2p_looks(node: Mapping[str, Any], pairs: Sequence[Mapping[str, Any]],
+               suspects: Suspects, bound: Bound, where: str) -> dict[Pair, SecondLook]:
     """Each slow pair's second look; not measured again when the node has none."""
+    first = samples_of(pairs)
     if "again" not in node:
-        return [Second(p, None, None, ()) for p in suspects.pairs]
+        return {p: second_look(first[p][0], None, None, (), bound, "GB/s",
+                               "the matrix has no second measurement") for p in suspects.pairs}
     again = {(p["src"], p["dst"]): [p["gbps"]] for p in node["again"] if p["gbps"]}
-    return second_look(suspects, again, suspects.reference_gbps)
+    return pair_looks(suspects, first, again, bound, "GB/s",
+                      lambda pair: _pair_subject(where, pair))
 
 
-def _slow_peer_pair(look: Second, measured: Mapping[tuple[int, int], float],
-                    reference: float, fraction: float, where: str, kind: str) -> Finding:
-    src, dst = look.pair
-    value = measured[look.pair]
+def _slow_peer_pair(pair: Pair, look: SecondLook, measured: Mapping[Pair, float],
+                    reference: float, where: str, kind: str) -> Finding:
+    src, dst = pair
+    value = measured[pair]
     median = f"the median {kind} pair" if kind else "the median pair"
     text = (f"{where}: cuda:{src}->cuda:{dst} copies at {value:.4g} GB/s, "
             f"{value / reference:.2f}x {median} ({reference:.4g} GB/s)")
     hint = ("check this pair's link: nvidia-smi nvlink -s / -e for NVLink errors, "
             "nvidia-smi topo -m for the path")
-    subject = f"{where} cuda:{src}->cuda:{dst}"
-    confirmed = look.confirmed(fraction)
-    if confirmed is None:
-        return warn("stress.p2p", f"{text}; not measured again", hint=hint, subject=subject)
-    against = " and ".join(f"cuda:{a}->cuda:{b}" for a, b in look.against) or \
-        "the first measurement's median"
-    again = (f"measured again at {look.again_gbps:.4g} GB/s against {against} at "
-             f"{look.reference_gbps:.4g} GB/s, with the node's other ranks parked")
-    if confirmed:
-        return warn("stress.p2p", f"{text}; confirmed: {again}", hint=hint, subject=subject)
-    return warn("stress.p2p", f"{text}; unstable: {again}", hint=UNSTABLE_HINT,
-                subject=subject, action="rerun")
+    return warn("stress.p2p", text, hint=hint, subject=_pair_subject(where, pair), look=look)

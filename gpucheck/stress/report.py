@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
+from gpucheck.measured import attach
 from gpucheck.numa import cpulist, on_node, parse_cpulist
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
+from gpucheck.stress.metrics import stress_metrics
 from gpucheck.stress.p2p_verdicts import p2p_findings
 from gpucheck.stress.power import power_findings, reach
 from gpucheck.stress.sdc import BOUND_WORDS, beyond, judge
-from gpucheck.stress.specs import COPY_COUNTED, copy_figure, gemm_figure
+from gpucheck.stress.specs import COPY_COUNTED, Figure, copy_figure, gemm_figure
 from gpucheck.stress.verdicts import (
     again_of,
     copies_again,
@@ -52,6 +54,7 @@ def stress_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Secti
     if "p2p" in done and result.get("p2p"):
         sections.append(_p2p_section(result, verdicts))
     sections.append(faults_of(result))
+    attach(sections, stress_metrics(result), {})  # stress.<phase>.*: the phase's section
     return sections
 
 
@@ -155,7 +158,7 @@ def _gemm_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
         findings += peer_findings("stress.gemm.peers", what, "TFLOP/s", values, ranks,
                                   verdicts.peer_fraction, causes=_causes(result), again=again)
         findings += expected_findings("stress.gemm.expected", what, "TFLOP/s", values, ranks,
-                                      lambda m, d=dtype: gemm_figure(m, d),
+                                      _gemm_figure_of(dtype),
                                       verdicts.expected_fraction, again)
     # Which column the verdicts judge: the median product's rate, not the mean `tflops`.
     data = {"flops_per_product": "2 n^3", "judged": "tflops_p50", **_thresholds(verdicts),
@@ -170,6 +173,11 @@ def _gemm_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
         findings += power_findings(power, ranks, labels)
     return Section("gemm", "Matrix multiply throughput per rank (TFLOP/s; verdicts use the "
                    "median product)", data, findings)
+
+
+def _gemm_figure_of(dtype: str) -> Callable[[str | None], Figure | None]:
+    """The typical figure of a GPU model for `dtype` (None for a model not listed)."""
+    return lambda model: gemm_figure(model, dtype)
 
 
 def _thresholds(verdicts: Verdicts) -> dict[str, float]:
@@ -375,8 +383,9 @@ def _copies_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
 def _together_ratio(row: Mapping[str, Any]) -> float | None:
     if not row.get("h2d_alone_gbps") or not row.get("d2h_alone_gbps"):
         return None
-    return round(min(row["h2d_together_gbps"] / row["h2d_alone_gbps"],
-                     row["d2h_together_gbps"] / row["d2h_alone_gbps"]), 3)
+    ratio: float = min(row["h2d_together_gbps"] / row["h2d_alone_gbps"],
+                       row["d2h_together_gbps"] / row["d2h_alone_gbps"])
+    return round(ratio, 3)
 
 
 def _p2p_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:

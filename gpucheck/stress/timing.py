@@ -13,6 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck.stats import percentile
+
+__all__ = ["LoopStats", "Marks", "Step", "iterations_for", "percentile", "summarise",
+           "synchronize", "timed_batch", "timed_window", "warm_up"]
+
 Step = Callable[[int], None]  # runs iteration i (launches it, on a GPU)
 
 
@@ -29,14 +34,6 @@ class LoopStats:
     @property
     def mean_s(self) -> float:
         return self.total_s / self.iters
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]) of a non-empty sequence: always a value
-    that was measured, so p50 of two iterations is the slower one, p99 of 50 the max."""
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))  # ceil(n q / 100), at least 1
-    return float(ordered[int(rank) - 1])
 
 
 def summarise(times_s: Sequence[float]) -> LoopStats:

@@ -1,6 +1,7 @@
 """Verdicts over per-rank numbers: against the node's peers, an expected figure, a link.
 
-Pure functions of plain numbers, so they are tested with handcrafted values.
+Pure functions of plain numbers, so they are tested with handcrafted values. Every
+comparison is `gpucheck.peers`' rule (value / reference against a `Bound`):
 
 - Peers: a rank is slow when its rate is below `fraction` x its node's median rate
   (a time: above the median / `fraction`). Rates come from the median iteration,
@@ -11,46 +12,58 @@ Pure functions of plain numbers, so they are tested with handcrafted values.
 Confirm before condemning (as DCGM's diagnostics and the cloud providers' health
 checks re-test a suspect): a rank below a bound is measured again, every rank of the
 job at once as the first time (`suspect_ranks` picks them in the worker, where the
-process group is still alive). Slow again: the WARN says "confirmed" and against
-what. Fine the second time: a WARN "unstable" with action `rerun`, never more.
-Not measured again (a run stopped in between, or an older report): said so.
+process group is still alive). Each WARN carries its second look as data
+(`gpucheck.measure.SecondLook`: confirmed, unstable or not measured again, against
+what); its action follows from the check's `on_look` (gpucheck/checks/stress.py), and
+the renderers word it. The message says the first figure only.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck import subject as subjects_
 from gpucheck.distributed.checkin import device_label
 from gpucheck.distributed.nodes import group_by_node
+from gpucheck.measure import Better, Bound, SecondLook
+from gpucheck.peers import against_median, second_look
 from gpucheck.report import Finding, ok, skip, warn
+from gpucheck.stats import median
 from gpucheck.stress.specs import Figure
+from gpucheck.subject import Subject
 
 DEFAULT_PEER_FRACTION = 0.9
 DEFAULT_EXPECTED_FRACTION = 0.8
 DEFAULT_COPY_FRACTION = 0.6
+NO_SECOND = "no second measurement ran"  # why a look was not measured again
+RANK_NOT_AGAIN = "this rank was not in the second measurement"
 
 
 @dataclass(frozen=True)
-class Subject:
-    """What a finding names: the rank and, in words, where it ran."""
+class Named:
+    """A rank as findings name it: its subject ("rank 3", with its node, host and GPU
+    as fields) and, in words, where it ran."""
 
     rank: int
     label: str  # "rank 3 (node 0 gpu7, cuda:3 GPU 3 (NVIDIA H200, bus ..., GPU-...))"
-
-    @property
-    def subject(self) -> str:
-        return f"rank {self.rank}"
+    subject: Subject
 
 
-def subjects(ranks: Sequence[Mapping[str, Any]]) -> dict[int, Subject]:
+def subjects(ranks: Sequence[Mapping[str, Any]]) -> dict[int, Named]:
     """Each rank named with its node and the physical GPU it used (NVML index, bus id,
     UUID: `GpuIdentity.label()`), or its check-in device when it has no GPU."""
-    return {int(r["rank"]): Subject(int(r["rank"]), f"rank {r['rank']} (node {r['node_rank']} "
-                                    f"{r['host']}, {r.get('gpu') or device_label(r)})")
-            for r in ranks}
+    return {int(r["rank"]): Named(
+        int(r["rank"]), f"rank {r['rank']} (node {r['node_rank']} {r['host']}, "
+        f"{r.get('gpu') or device_label(r)})",
+        subjects_.rank(int(r["rank"]), gpu=r.get("nvml_index"), bus_id=r.get("pci_bus_id"),
+                       host=str(r["host"]), node=int(r["node_rank"])))
+        for r in ranks}
+
+
+def bound_of(fraction: float, higher_is_better: bool = True) -> Bound:
+    return Bound.fraction(fraction, Better.HIGHER if higher_is_better else Better.LOWER)
 
 
 def suspect_ranks(values: Mapping[int, float], ranks: Sequence[Mapping[str, Any]],
@@ -59,14 +72,14 @@ def suspect_ranks(values: Mapping[int, float], ranks: Sequence[Mapping[str, Any]
     """Ranks below `fraction` x their node's median, or below `expected_fraction` x
     their model's typical figure: the ones to measure again before a WARN."""
     found: set[int] = set()
+    bound = bound_of(fraction, higher_is_better)
     for members in group_by_node(ranks).values():
         mine = {r: values[r] for r in members if values.get(r) is not None}
-        if len(mine) >= 2:
-            found |= set(slow_vs_median(mine, fraction, higher_is_better)[1])
+        found |= set(against_median(mine, bound).worse)
     for row in ranks:
         rank, figure = int(row["rank"]), figure_of(row.get("gpu_name"))
-        if figure is not None and rank in values and \
-                values[rank] < expected_fraction * figure.typical:
+        if figure is not None and rank in values and expected_fraction > 0 and \
+                bound_of(expected_fraction).worse(values[rank], figure.typical):
             found.add(rank)
     return sorted(found)
 
@@ -77,13 +90,10 @@ class Again:
 
     values: Mapping[int, float]  # rank -> the re-measured figure
 
-    def node_ratio(self, rank: int, members: Sequence[int]) -> tuple[float, float] | None:
-        """(re-measured value / its node's re-measured median, that median)."""
+    def node_median(self, members: Sequence[int]) -> float | None:
+        """The node's re-measured median; None when none of its ranks was measured."""
         mine = [self.values[m] for m in members if m in self.values]
-        if rank not in self.values or not mine:
-            return None
-        median = float(statistics.median(mine))
-        return (self.values[rank] / median if median > 0 else 1.0), median
+        return median(mine) if mine else None
 
 
 def again_of(rows: Sequence[Mapping[str, Any]] | None, key: str,
@@ -91,25 +101,6 @@ def again_of(rows: Sequence[Mapping[str, Any]] | None, key: str,
     """The second measurement's figures (of one dtype); None when there was none."""
     mine = [r for r in rows or [] if dtype is None or r.get("dtype") == dtype]
     return Again({int(r["rank"]): float(r[key]) for r in mine}) if mine else None
-
-
-UNSTABLE_HINT = ("below its bound once, within it when measured again with every rank at "
-                 "once: a transient (another process, a clock or power change); rerun, and "
-                 "look into this GPU if it comes back")
-
-
-def slow_vs_median(values: Mapping[int, float], fraction: float,
-                   higher_is_better: bool = True) -> tuple[float, dict[int, float]]:
-    """(the median, {rank: value / median} for each rank worse than the bound)."""
-    median = float(statistics.median(values.values()))
-    if median <= 0:
-        return median, {}
-    slow = {}
-    for rank, value in sorted(values.items()):
-        ratio = value / median
-        if (ratio < fraction) if higher_is_better else (ratio > 1 / fraction):
-            slow[rank] = ratio
-    return median, slow
 
 
 def peer_findings(check: str, what: str, unit: str, values: Mapping[int, float],
@@ -122,6 +113,7 @@ def peer_findings(check: str, what: str, unit: str, values: Mapping[int, float],
     40% of the measured phases", `gpucheck.faults.slowdown_causes`), added to its WARN.
     `again`: every rank measured a second time; None when it was not (see above)."""
     names = subjects(ranks)
+    bound = bound_of(fraction, higher_is_better)
     findings: list[Finding] = []
     compared = 0
     for node, members in group_by_node(ranks).items():
@@ -129,41 +121,39 @@ def peer_findings(check: str, what: str, unit: str, values: Mapping[int, float],
         if len(mine) < 2:
             continue
         compared += len(mine)
-        median, slow = slow_vs_median(mine, fraction, higher_is_better)
-        for rank, ratio in slow.items():
-            text = (f"{names[rank].label}: {what} {mine[rank]:.4g} {unit}, {ratio:.2f}x the "
-                    f"median of {node.label}'s {len(mine)} ranks ({median:.4g} {unit})"
+        peers = against_median(mine, bound)
+        for rank in peers.worse:
+            text = (f"{names[rank].label}: {what} {mine[rank]:.4g} {unit}, "
+                    f"{peers.ratios[rank]:.2f}x the median of {node.label}'s {len(mine)} "
+                    f"ranks ({peers.reference:.4g} {unit})"
                     + (f"; it {causes[rank]}" if causes and rank in causes else ""))
-            second = again.node_ratio(rank, list(mine)) if again else None
-            findings.append(_peer_verdict(check, text, unit, second, fraction,
-                                          higher_is_better, names[rank], again is not None))
+            look = _peer_look(mine[rank], rank, list(mine), again, bound, unit, names)
+            findings.append(warn(check, text, hint=PEER_HINT, subject=names[rank].subject,
+                                 look=look))
     if compared == 0:
         return [skip(check, f"{what}: one rank per node, no peers to compare with")]
     if not findings:
-        bound = f"within {1 - fraction:.0%} of" if higher_is_better else \
+        within = f"within {1 - fraction:.0%} of" if higher_is_better else \
             f"at most {1 / fraction - 1:.0%} slower than"
-        findings.append(ok(check, f"{what}: all {compared} ranks {bound} their node's median"))
+        findings.append(ok(check, f"{what}: all {compared} ranks {within} their node's median"))
     return findings
 
 
-def _peer_verdict(check: str, text: str, unit: str, second: tuple[float, float] | None,
-                  fraction: float, higher_is_better: bool, name: Subject,
-                  measured_again: bool) -> Finding:
-    """A slow rank's WARN: confirmed by its second measurement, or unstable (rerun)."""
-    hint = ("this GPU is slower than its peers: check its clocks, temperature, power "
-            "limit and throttle reasons (nvidia-smi -q -d PERFORMANCE,CLOCK,POWER) and "
-            "whether another process uses it")
-    if second is None:
-        why = "the rank was not" if measured_again else "not"
-        return warn(check, f"{text}; {why} measured again", hint=hint, subject=name.subject)
-    ratio, median = second
-    slow = ratio < fraction if higher_is_better else ratio > 1 / fraction
-    again = (f"measured again with its node's ranks at once: {ratio:.2f}x their median "
-             f"({median:.4g} {unit})")
-    if slow:
-        return warn(check, f"{text}; confirmed: {again}", hint=hint, subject=name.subject)
-    return warn(check, f"{text}; unstable: {again}", hint=UNSTABLE_HINT,
-                subject=name.subject, action="rerun")
+PEER_HINT = ("this GPU is slower than its peers: check its clocks, temperature, power "
+             "limit and throttle reasons (nvidia-smi -q -d PERFORMANCE,CLOCK,POWER) and "
+             "whether another process uses it")
+
+
+def _peer_look(first: float, rank: int, members: Sequence[int], again: Again | None,
+               bound: Bound, unit: str, names: Mapping[int, Named]) -> SecondLook:
+    """A slow rank measured again with its node's ranks at once, against their median."""
+    if again is None:
+        return second_look(first, None, None, (), bound, unit, NO_SECOND)
+    if rank not in again.values:
+        return second_look(first, None, None, (), bound, unit, RANK_NOT_AGAIN)
+    beside = tuple(names[m].subject for m in members if m != rank and m in again.values)
+    return second_look(first, again.values[rank], again.node_median(members), beside,
+                       bound, unit)
 
 
 def expected_findings(check: str, what: str, unit: str, values: Mapping[int, float],
@@ -171,8 +161,9 @@ def expected_findings(check: str, what: str, unit: str, values: Mapping[int, flo
                       figure_of: Callable[[str | None], Figure | None],
                       fraction: float, again: Again | None = None) -> list[Finding]:
     """Each rank against its GPU model's typical figure; SKIP for models without one.
-    A rank below it is judged again on its second measurement (`again`)."""
+    A rank below it carries the look of its second measurement (`again`)."""
     names = subjects(ranks)
+    bound = bound_of(fraction)
     findings: list[Finding] = []
     unknown: dict[str, list[int]] = {}
     passed: dict[str, tuple[Figure, list[int]]] = {}
@@ -184,13 +175,12 @@ def expected_findings(check: str, what: str, unit: str, values: Mapping[int, flo
         if figure is None:
             unknown.setdefault(model or "CPU", []).append(rank)
             continue
-        if values[rank] < fraction * figure.typical:
-            finding = _below_expected(check, what, unit, values[rank], figure, fraction,
-                                      names[rank])
-            findings.append(_expected_again(check, finding, again, rank, figure, fraction,
-                                            unit))
+        if bound.worse(values[rank], figure.typical):
+            look = _again_look(values[rank], again, rank, figure.typical, bound, unit)
+            findings.append(_below_expected(check, what, unit, values[rank], figure,
+                                            names[rank], look))
         else:
-            passed.setdefault(model, (figure, []))[1].append(rank)
+            passed.setdefault(model or "CPU", (figure, []))[1].append(rank)
     for model, (figure, members) in passed.items():
         findings.append(ok(check, f"{what}: {len(members)} {model} rank(s) at or above "
                            f"{fraction:g} x the typical {figure.typical:.4g} {unit} "
@@ -202,19 +192,14 @@ def expected_findings(check: str, what: str, unit: str, values: Mapping[int, flo
     return findings
 
 
-def _expected_again(check: str, finding: Finding, again: Again | None, rank: int, figure: Figure,
-                    fraction: float, unit: str) -> Finding:
-    """The below-expected WARN, confirmed or unstable by the rank's second figure."""
+def _again_look(first: float, again: Again | None, rank: int, reference: float,
+                bound: Bound, unit: str) -> SecondLook:
+    """The rank's second figure against the same reference as the first (the model's
+    typical figure, its link's rate): nothing known good is measured beside it."""
     if again is None or rank not in again.values:
-        return warn(check, f"{finding.message}; not measured again",
-                    hint=finding.hint or "", subject=finding.subject)
-    value = again.values[rank]
-    words = f"measured again at {value:.4g} {unit}, {value / figure.typical:.2f}x the typical"
-    if value < fraction * figure.typical:
-        return warn(check, f"{finding.message}; confirmed: {words}",
-                    hint=finding.hint or "", subject=finding.subject)
-    return warn(check, f"{finding.message}; unstable: {words}", hint=UNSTABLE_HINT,
-                subject=finding.subject, action="rerun")
+        why = NO_SECOND if again is None else RANK_NOT_AGAIN
+        return second_look(first, None, None, (), bound, unit, why)
+    return second_look(first, again.values[rank], reference, (), bound, unit)
 
 
 def _figure_words(figure: Figure, unit: str) -> str:
@@ -223,13 +208,13 @@ def _figure_words(figure: Figure, unit: str) -> str:
 
 
 def _below_expected(check: str, what: str, unit: str, value: float, figure: Figure,
-                    fraction: float, name: Subject) -> Finding:
+                    name: Named, look: SecondLook) -> Finding:
     return warn(check, f"{name.label}: {what} {value:.4g} {unit}, {value / figure.typical:.2f}x "
                 f"the typical {figure.typical:.4g} {unit} for this model "
                 f"({_figure_words(figure, unit)}; source: {figure.source})",
                 hint="the GPU reaches much less than a healthy one of its model: check clocks, "
                 "power limit and throttle reasons (nvidia-smi -q -d PERFORMANCE,POWER), and "
-                "compare with the node's other GPUs above", subject=name.subject)
+                "compare with the node's other GPUs above", subject=name.subject, look=look)
 
 
 def link_findings(check: str, rows: Sequence[Mapping[str, Any]],
@@ -238,6 +223,7 @@ def link_findings(check: str, rows: Sequence[Mapping[str, Any]],
     """Host copies of each rank measured alone against its link's one-direction rate;
     `again`: each rank's slower direction alone, measured a second time."""
     names = subjects(ranks)
+    bound = bound_of(fraction)
     findings: list[Finding] = []
     unknown = []
     for row in rows:
@@ -246,14 +232,15 @@ def link_findings(check: str, rows: Sequence[Mapping[str, Any]],
             unknown.append(rank)
             continue
         worst = min(row["h2d_gbps"], row["d2h_gbps"])
-        if worst < fraction * rate:
-            findings.append(_link_again(check, warn(
+        if bound.worse(worst, rate):
+            findings.append(warn(
                 check, f"{names[rank].label}: host copies alone {row['h2d_gbps']:.3g} GB/s "
                 f"H2D, {row['d2h_gbps']:.3g} GB/s D2H, below {fraction:g} x its link's "
                 f"{rate:.3g} GB/s ({row.get('link')})",
                 hint="check the link (nvidia-smi -q -d PCIE; lspci -vv for its width and "
                 "speed), the slot and riser, and that the rank runs on its GPU's NUMA node",
-                subject=names[rank].subject), again, rank, fraction * rate))
+                subject=names[rank].subject,
+                look=_again_look(worst, again, rank, rate, bound, "GB/s")))
     if unknown:
         findings.append(skip(check, "PCIe link rate unknown (sysfs has no link speed/width) "
                              f"for rank(s) {', '.join(map(str, unknown))}"))
@@ -264,28 +251,14 @@ def link_findings(check: str, rows: Sequence[Mapping[str, Any]],
     return findings
 
 
-def _link_again(check: str, finding: Finding, again: Again | None, rank: int,
-                bound: float) -> Finding:
-    """The slow-link WARN, confirmed or unstable by the rank's second copies alone."""
-    if again is None or rank not in again.values:
-        return warn(check, f"{finding.message}; not measured again",
-                    hint=finding.hint or "", subject=finding.subject)
-    value = again.values[rank]
-    words = f"measured again alone at {value:.3g} GB/s (slower direction)"
-    if value < bound:
-        return warn(check, f"{finding.message}; confirmed: {words}",
-                    hint=finding.hint or "", subject=finding.subject)
-    return warn(check, f"{finding.message}; unstable: {words}", hint=UNSTABLE_HINT,
-                subject=finding.subject, action="rerun")
-
-
 def copy_suspects(rows: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str, Any]],
                   copy_fraction: float, peer_fraction: float) -> list[int]:
     """Ranks whose host copies alone are below `copy_fraction` x their link's rate, or
     whose copies all at once are below `peer_fraction` x their node's median."""
+    link = bound_of(copy_fraction)
     found = {int(r["rank"]) for r in rows if r.get("link_gbps") and
              r.get("h2d_alone_gbps") is not None and
-             min(r["h2d_alone_gbps"], r["d2h_alone_gbps"]) < copy_fraction * r["link_gbps"]}
+             link.worse(min(r["h2d_alone_gbps"], r["d2h_alone_gbps"]), r["link_gbps"])}
     together = {int(r["rank"]): min(r["h2d_together_gbps"], r["d2h_together_gbps"])
                 for r in rows}
     return sorted(found | set(suspect_ranks(together, ranks, peer_fraction, lambda _: None,

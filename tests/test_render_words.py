@@ -1,0 +1,72 @@
+"""The second look and the hint in words: one wording for text, Markdown and HTML."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpucheck import subject
+from gpucheck.measure import Better, Bound, LookState, SecondLook
+from gpucheck.render import render
+from gpucheck.render.words import UNSTABLE_ADVICE, hint_words, look_words, message_words
+from gpucheck.report import Report, Section, warn
+
+BOUND = Bound.fraction(0.7, Better.HIGHER)
+
+
+def _look(state: LookState, again: float | None = 41.0, **more: object) -> SecondLook:
+    return SecondLook(40.0, again, 80.0, (subject.pair(2, 5),), "GB/s", BOUND, state,
+                      **more)  # type: ignore[arg-type]
+
+
+def test_a_confirmed_look_names_the_second_figure_its_peers_and_the_reference() -> None:
+    assert look_words(_look(LookState.CONFIRMED)) == (
+        "confirmed: measured again at 41 GB/s beside rank 2 -> rank 5 (reference 80 GB/s)")
+
+
+def test_an_unstable_look_gives_the_one_unstable_advice() -> None:
+    words = look_words(_look(LookState.UNSTABLE, 79.0))
+    assert words.startswith("unstable: measured again at 79 GB/s") and UNSTABLE_ADVICE in words
+
+
+def test_a_look_not_measured_again_says_why() -> None:
+    look = _look(LookState.NOT_MEASURED, None, why_not="the run ended first")
+    assert look_words(look) == "not measured again (the run ended first)"
+
+
+def test_a_shared_node_words_each_pair() -> None:
+    parts = (_look(LookState.CONFIRMED), _look(LookState.UNSTABLE, 79.0))
+    shared = SecondLook(40.0, None, 80.0, (), "GB/s", BOUND, LookState.CONFIRMED, parts=parts)
+    words = look_words(shared)
+    assert words.startswith("confirmed [confirmed: measured again at 41 GB/s")
+    assert "unstable: measured again at 79 GB/s" in words
+
+
+@pytest.mark.parametrize("form", ["text", "markdown", "html"])
+def test_every_renderer_words_the_look_and_drops_a_contradicting_prefix(form: str) -> None:
+    finding = warn("comm.pairwise.slow_pair", "cuda:2 -> cuda:5 at 40 GB/s",
+                   "action: drain-node: check the NVLink", subject.pair(2, 5, by="cuda"),
+                   look=_look(LookState.UNSTABLE, 79.0))
+    assert finding.action == "rerun"
+    page = " ".join(render(Report("comm", [Section("s", "S", findings=[finding])]),
+                           form).split())  # the text form wraps
+    assert "unstable: measured again at 79 GB/s" in page
+    assert "action: drain-node" not in page and "check the NVLink" in page
+
+
+def test_without_data_the_hint_loses_only_a_prefix_that_repeats_its_action() -> None:
+    repeated = warn("gpu.busy", "m", "action: rerun: wait")
+    assert hint_words(repeated) == "wait" and message_words(repeated) == "m"
+    caused = warn("bench.rank.straggler", "m", "action: drain-node: look", cause="host_stall")
+    assert hint_words(caused) == "look"
+
+
+def test_prometheus_and_line_read_the_fields_of_structured_subjects() -> None:
+    gpu = subject.gpu(3, "the third card", bus_id="00000000:9A:00.0")
+    port = subject.port("mlx5_0/1", "left rail")
+    report = Report("health", [Section("s", "S", findings=[
+        warn("gpu.pcie.width", "x8 of x16", "reseat", gpu),
+        warn("ib.port.rate", "HDR of NDR", "reseat", port)])], host="n1")
+    metrics = render(report, "prometheus")
+    assert 'subject="the third card",gpu="3",hca="",port=""' in metrics
+    assert 'subject="left rail",gpu="",hca="mlx5_0",port="1"' in metrics
+    assert "GPU 3 (bus 00000000:9A:00.0): gpu.pcie.width" in render(report, "line")
