@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck.checks.check import table_cause
 from gpucheck.report import Finding, Section, Status
 
 STICKY_ACTIONS = ("reset-gpu", "drain-node", "replace-hardware")
@@ -46,6 +47,7 @@ def new_faults(section: Section, boot_id: str | None, now: str) -> list[dict[str
             continue
         found.append({"key": _key(finding.subject, row["xid"]), "check": finding.check,
                       "status": finding.status.value, "action": finding.action,
+                      "cause": finding.cause,
                       "subject": finding.subject, "message": finding.message[:1000],
                       "hint": (finding.hint or "")[:1000], "boot_id": boot_id, "since": now})
     return found
@@ -84,5 +86,5 @@ def still_findings(still: Iterable[dict[str, Any]], raised: set[str]) -> list[Fi
                    f"{_until(fault['action'])})")
         findings.append(Finding(fault["check"], Status(fault["status"]), message,
                                 fault.get("hint") or None, fault.get("subject"),
-                                action=fault["action"]))
+                                cause=table_cause(fault["action"])))
     return findings
