@@ -757,3 +757,13 @@ def test_a_damaged_schema_3_field_is_a_damaged_report(tmp_path: Path, key: str,
     path.write_text(json.dumps(raw))
     with pytest.raises(ReportError, match="damaged"):
         load_report(str(path))
+
+
+def test_a_preflight_that_names_no_node_drains_nothing() -> None:
+    # A budget too short under --strict, or a no-go with no node named, is not a bad node.
+    from gpucheck.actions import Action, Status
+    from gpucheck.checks import lookup
+
+    assert lookup("preflight.budget").action(Status.FAIL, None, None) is Action.FIX_CONFIG
+    assert lookup("preflight.no_go").action(Status.FAIL, None, None) is Action.RERUN
+    assert lookup("preflight.node").action(Status.FAIL, None, None) is Action.DRAIN_NODE
