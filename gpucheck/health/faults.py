@@ -47,7 +47,6 @@ def new_faults(section: Section, boot_id: str | None, now: str) -> list[dict[str
             continue
         found.append({"key": _key(finding.subject, row["xid"]), "check": finding.check,
                       "status": finding.status.value, "action": finding.action,
-                      "cause": finding.cause,
                       "subject": finding.subject, "message": finding.message[:1000],
                       "hint": (finding.hint or "")[:1000], "boot_id": boot_id, "since": now})
     return found
