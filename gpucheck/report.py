@@ -114,14 +114,11 @@ def stored_action(check_id: str, status: Status, cause: object = None) -> str | 
     not declare (a report of another version): a FAIL drains, a WARN is run again."""
     if status not in (Status.WARN, Status.FAIL):
         return None
+    unknown = Action.DRAIN_NODE if status is Status.FAIL else Action.RERUN
     try:
-        check = lookup(check_id)
-    except KeyError:
-        return (Action.DRAIN_NODE if status is Status.FAIL else Action.RERUN).value
-    try:
-        found = check.action(status, cause if isinstance(cause, str) else None)
-    except ValueError:  # a cause or status this version does not declare
-        found = Action.DRAIN_NODE if status is Status.FAIL else Action.RERUN
+        found = lookup(check_id).action(status, cause if isinstance(cause, str) else None)
+    except (KeyError, ValueError):  # an id, cause or status this version does not declare
+        found = unknown
     return found.value if found is not None else None
 
 

@@ -308,3 +308,13 @@ def test_a_problem_without_a_hint_still_shows_its_action_in_text() -> None:
     finding = Finding("gpu.lost", Status.FAIL, "seen", None)
     text = render(Report("env", [Section("s", "S", findings=[finding])]), "text")
     assert "ACTION: drain-node" in text
+
+
+def test_a_stored_finding_without_an_action_takes_its_check_and_cause_never_its_words(
+        ) -> None:
+    from gpucheck.report import stored_action
+    assert stored_action("driver.nvml", Status.FAIL, "gpu_lost") == "drain-node"
+    assert stored_action("driver.nvml", Status.FAIL) == "fix-config"
+    assert stored_action("brand.new", Status.WARN) == "rerun"  # another gpucheck's id
+    assert stored_action("driver.nvml", Status.WARN, "gpu_lost") == "rerun"  # FAIL-only
+    assert stored_action("driver.nvml", Status.OK) is None
