@@ -844,8 +844,10 @@ def interleave(index: int, first: Callable[[], Any], second: Callable[[], Any]) 
 
 
 # TORCH_NCCL_BLOCKING_WAIT for (gpucheck, the bare loop) in each comm step: `comm` runs
-# gpucheck as it always runs (on) against nccl-tests' way (off); `comm_wait` the others.
-COMM_WAIT = {"comm": ("1", "0"), "comm_wait": ("0", "1")}
+# gpucheck as it runs by default (off: NCCL's watchdog stays, so a timeout leaves a Flight
+# Recorder dump) against nccl-tests' way (off), the goal; `comm_wait` both with it on,
+# what blocking wait costs each side.
+COMM_WAIT = {"comm": ("0", "0"), "comm_wait": ("1", "1")}
 
 
 def sampled_run(s: Session, name: str, argv: Sequence[str], kind: str,
@@ -928,7 +930,7 @@ def step_comm(s: Session, step: dict[str, Any], name: str = "comm") -> None:
 
 
 def step_comm_wait(s: Session, step: dict[str, Any]) -> None:
-    """gpucheck with blocking wait off, the bare loop with it on; then the four-way table."""
+    """gpucheck and the bare loop, both with blocking wait on; then the four-way table."""
     step_comm(s, step, "comm_wait")
     s.summary["blocking_wait"] = blocking_wait_table(s.summary["steps"])
 
@@ -942,13 +944,13 @@ def blocking_wait_table(steps: Mapping[str, Any]) -> dict[str, list[dict[str, An
 
     table: dict[str, list[dict[str, Any]]] = {}
     for collective in COLLECTIVES:
-        on_off, off_on = rows("comm", collective), rows("comm_wait", collective)
+        off, on = rows("comm", collective), rows("comm_wait", collective)
         table[collective] = []
-        for size in sorted(set(on_off) | set(off_on)):
-            ours_on = (on_off.get(size) or {}).get("gpucheck_busbw_gbps")
-            bare_off = (on_off.get(size) or {}).get("bare_busbw_gbps")
-            ours_off = (off_on.get(size) or {}).get("gpucheck_busbw_gbps")
-            bare_on = (off_on.get(size) or {}).get("bare_busbw_gbps")
+        for size in sorted(set(off) | set(on)):
+            ours_off = (off.get(size) or {}).get("gpucheck_busbw_gbps")
+            bare_off = (off.get(size) or {}).get("bare_busbw_gbps")
+            ours_on = (on.get(size) or {}).get("gpucheck_busbw_gbps")
+            bare_on = (on.get(size) or {}).get("bare_busbw_gbps")
             table[collective].append({
                 "size": human_size(size), "size_bytes": size,
                 "gpucheck_wait_on": ours_on, "gpucheck_wait_off": ours_off,
@@ -1456,7 +1458,8 @@ def _collective_op(collective: str, count: int, world: int,
     if collective == "all_reduce":
         return lambda: dist.all_reduce(buf, async_op=True)
     if collective == "all_gather":
-        return lambda: dist.all_gather_into_tensor(whole, buf, async_op=True)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda: gather(whole, buf, async_op=True)  # all_gather_single: torch 2.14
     if collective == "reduce_scatter":  # reduce_scatter_single: torch 2.14's new name
         scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
         return lambda: scatter(buf, whole, async_op=True)

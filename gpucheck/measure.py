@@ -8,6 +8,7 @@ against `Bound.limit`, whichever command measured it.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,7 +56,9 @@ class Bound:
 
     def worse(self, value: float, reference: float) -> bool:
         ratio = self.ratio(value, reference)
-        if ratio is None:
+        # A tie within float rounding is a tie: 8.1 / 9 is 0.8999999999999999, and 8.1
+        # against 9 at a 0.9 bound was "not worse" when the rule read value < f x median.
+        if ratio is None or math.isclose(ratio, self.limit, rel_tol=1e-9):
             return False
         return ratio < self.limit if self.better is Better.HIGHER else ratio > self.limit
 

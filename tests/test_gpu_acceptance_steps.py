@@ -89,8 +89,8 @@ def _medians(ours: float, bare: float) -> dict[str, Any]:
 
 
 def test_blocking_wait_table_puts_the_four_runs_side_by_side() -> None:
-    steps = {"comm": _medians(ours=95.0, bare=100.0),  # gpucheck on, bare off
-             "comm_wait": _medians(ours=98.0, bare=80.0)}  # gpucheck off, bare on
+    steps = {"comm": _medians(ours=98.0, bare=100.0),  # both off: gpucheck's default
+             "comm_wait": _medians(ours=95.0, bare=80.0)}  # both with blocking wait on
     row = ga.blocking_wait_table(steps)["all_reduce"][0]
     assert row["size"] == "1 GiB"
     assert row["gpucheck_on_over_bare_off"] == pytest.approx(0.95)

@@ -317,3 +317,10 @@ def test_bench_records_and_pace_form_no_circle() -> None:
     assert "gpucheck.bench.aggregate" not in _imports(root / "pace.py")
     assert not {"gpucheck.bench.aggregate", "gpucheck.bench.pace"} & _imports(
         root / "records.py")
+
+
+def test_a_figure_at_the_bound_within_float_rounding_is_not_worse() -> None:
+    # 8.1 / 9 rounds to 0.8999999999999999: at a 0.9 bound that is a tie, not a slow node.
+    assert not Bound.fraction(0.9, Better.HIGHER).worse(8.1, 9.0)
+    assert Bound.fraction(0.9, Better.HIGHER).worse(8.0, 9.0)
+    assert not Bound.fraction(0.9, Better.LOWER).worse(10.0, 9.0)

@@ -65,8 +65,9 @@ CHECKS: tuple[Check, ...] = (
           "docs/preflight.md#preflight-nvml"),
     Check("preflight.budget", "Preflight budget",
           "which checks finished within --budget (gpucheck preflight --budget S)",
-          {W: A.RERUN, F: A.DRAIN_NODE},
-          _UNRULED,
+          {W: A.RERUN, F: A.FIX_CONFIG},
+          "a check left unfinished (a FAIL only under --strict) says the budget was short "
+          "for this job, not that a node is bad: give a larger --budget",
           "docs/preflight.md#preflight-budget"),
     Check("preflight.alloc", "Preflight allocation",
           "one large allocation and write on each rank's GPU (gpucheck preflight)",
@@ -103,8 +104,9 @@ CHECKS: tuple[Check, ...] = (
           on_look=SLOW_TWICE),
     Check("preflight.no_go", "Preflight no-go",
           "the gate failed without naming a node (gpucheck preflight)",
-          {W: A.RERUN, F: A.DRAIN_NODE},
-          _UNRULED,
+          {W: A.RERUN, F: A.RERUN},
+          "nothing points at a node (ranks alike wrong, an agreement that failed): there is "
+          "no node to drain; read the findings, then run again",
           "docs/preflight.md#preflight-no-go"),
     Check("{command}.interrupted", "<command> interrupted",
           "whether the run was stopped before its end (Ctrl-C, a time limit) (every command: how"

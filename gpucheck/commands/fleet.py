@@ -75,8 +75,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report:
         except WriteError as exc:  # a full disk: the fleet's judgement is not lost
             report.add(Section("save_baseline", "Baseline not saved", {"file": args.save_baseline},
                                [fail("fleet.save_baseline", str(exc), hint="free space or give "
-                                     "another --save-baseline file, then rerun",
-                                     action="fix-config")]))
+                                     "another --save-baseline file, then rerun")]))
     return report
 
 
