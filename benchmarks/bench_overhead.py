@@ -29,11 +29,12 @@ from gpucheck.bench import model as bench_model
 from gpucheck.bench.model import WeightsChoice
 from gpucheck.cli import build_parser
 from gpucheck.commands import bench
+from gpucheck.context import RunContext
 
 
 def gpucheck_rate(extra: list[str]) -> tuple[float, dict[str, Any]]:
     args = build_parser().parse_args(["bench", "--n-gpus", "1", "--quiet", *extra])
-    report = bench.run(args)
+    report = bench.run(args, RunContext())
     assert report is not None
     setup = report.section("bench").data  # type: ignore[union-attr]
     timing = report.section("timing").data  # type: ignore[union-attr]

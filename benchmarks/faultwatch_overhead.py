@@ -36,20 +36,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # gpucheck and tes
 
 from gpucheck.cli import build_parser
 from gpucheck.commands import bench
-from gpucheck.distributed.faultwatch import TEST_BUS_VAR
+from gpucheck.context import RunContext, RunOptions, TestHooks
 
 FAKE_BUS = "00000000:9A:00.0"
 
 
 def _install_fake(on: bool) -> None:
-    """The fake pynvml and the bus override for the `fake` mode; neither otherwise."""
+    """The fake pynvml for the `fake` mode (the run watches it through the bus
+    override, `TestHooks.fault_bus`); the real one otherwise."""
     from tests.fake_pynvml import FakeGpu, FakeNvml
 
     sys.modules.pop("pynvml", None)
-    os.environ.pop(TEST_BUS_VAR, None)
     if on:
         sys.modules["pynvml"] = FakeNvml([FakeGpu(bus_id=FAKE_BUS)]).module
-        os.environ[TEST_BUS_VAR] = FAKE_BUS
 
 
 def one_run(mode: str, extra: list[str]) -> tuple[float, dict[str, Any] | None, str]:
@@ -57,7 +56,8 @@ def one_run(mode: str, extra: list[str]) -> tuple[float, dict[str, Any] | None, 
     _install_fake(mode == "fake")
     flags = ["--no-fault-watch"] if mode == "off" else []
     args = build_parser().parse_args(["bench", "--n-gpus", "1", "--quiet", *flags, *extra])
-    report = bench.run(args)
+    hooks = TestHooks(fault_bus=(FAKE_BUS,) if mode == "fake" else ())
+    report = bench.run(args, RunContext(RunOptions(hooks=hooks)))
     assert report is not None
     timing, setup = report.section("timing").data, report.section("bench").data
     gpus = report.section("faults").data["gpus"]

@@ -2,9 +2,10 @@
 
 Each command lives in `gpucheck.commands.<name>` (listed in
 `gpucheck.commands.registry`) and provides `HELP`,
-`add_arguments(parser)` and `run(args) -> Report | None` (None on a rank that
-does not report, e.g. every rank but 0 under torchrun). Command modules are
-imported only when chosen, so `gpucheck --help` never imports torch.
+`add_arguments(parser)` and `run(args, ctx) -> Report | None` (None on a rank that
+does not report, e.g. every rank but 0 under torchrun). `ctx` (gpucheck.context) holds
+what the run is given; `main` gives the defaults, tests call `program` with theirs.
+Command modules are imported only when chosen, so `gpucheck --help` never imports torch.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, TextIO
 from gpucheck import __version__
 from gpucheck.commands import registry
 from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
+from gpucheck.context import RunContext, RunOptions
 from gpucheck.distributed import caught, terminal
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
 from gpucheck.escape import encodable
@@ -127,16 +129,21 @@ def _write_files(report: Report, formats: dict[str, str]) -> list[tuple[str, Usa
 
 
 def main(argv: list[str] | None = None) -> int:
+    return program(argv, RunOptions())
+
+
+def program(argv: list[str] | None, options: RunOptions) -> int:
+    """Run one command line with `options` (tests pass their hooks here); the exit code."""
     try:
         args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     except registry.BadOption as exc:
         print(exc, file=sys.stderr)
         return EXIT_USAGE
     with signals_as_interrupts():
-        return _run(args)
+        return _run(args, RunContext(options))
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, ctx: RunContext) -> int:
     module = registry.command_module(args.command)
     try:
         outputs = outputs_of(args)
@@ -146,12 +153,12 @@ def _run(args: argparse.Namespace) -> int:
             check_writable(path)
         baseline = read_baseline_option(args)
         terminal.configure(terminal.wanted(args.quiet))  # progress on stderr, rank 0 only
-        report = module.run(args)
+        report = module.run(args, ctx)
         if report is None:
             return 0
         if baseline is not None:
             report.add(baseline_section(report, baseline))
-        add_log(report)
+        add_log(report, ctx)
         emit(report, fmt, outputs, args.quiet, formats=formats)
     except UsageError as exc:
         # shown(): the message may quote a report file (its command, host, path).
@@ -159,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
                         getattr(sys.stderr, "encoding", None)), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
-        return _interrupted(module, args, stop_signal(exc))
+        return _interrupted(module, args, ctx, stop_signal(exc))
     decide = getattr(module, "exit_code", None)  # a command with its own convention
     return decide(report, args) if decide is not None else report.exit_code(strict=args.strict)
 
@@ -187,12 +194,13 @@ def _raise_interrupted(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
-def _interrupted(module: Any, args: argparse.Namespace, signum: signal.Signals) -> int:
+def _interrupted(module: Any, args: argparse.Namespace, ctx: RunContext,
+                 signum: signal.Signals) -> int:
     """Keep what was measured: the partial report in --output, with a FAIL saying how
     the run was stopped; one line on stderr; exit 128 + the signal (130, 143)."""
     how = describe_stop(signum)
     written = bool(outputs_of(args)) and _is_reporter() and _write_interrupted(
-        module, args, signum)
+        module, args, ctx, signum)
     where = f"; partial report in {', '.join(outputs_of(args))}" if written else ""
     print(f"gpucheck {args.command}: {how}{shown(where)}", file=sys.stderr)
     return 128 + int(signum)
@@ -210,12 +218,13 @@ def _is_reporter() -> bool:
     return world is None or world.is_reporter
 
 
-def _write_interrupted(module: Any, args: argparse.Namespace, signum: signal.Signals) -> bool:
-    """The command's partial report (`partial_report(args)`, when it has one) plus the
+def _write_interrupted(module: Any, args: argparse.Namespace, ctx: RunContext,
+                       signum: signal.Signals) -> bool:
+    """The command's partial report (`partial_report(args, ctx)`, when it has one) plus the
     `<command>.interrupted` section; False when it cannot be written."""
     build = getattr(module, "partial_report", None)
-    report = (build(args) if build is not None else None) or Report(command=args.command)
-    add_log(report)
+    report = (build(args, ctx) if build is not None else None) or Report(command=args.command)
+    add_log(report, ctx)
     report.add(interrupted_section(args.command, signum, partial=bool(report.sections)))
     try:
         formats = file_formats(args.format, outputs_of(args))
@@ -224,10 +233,10 @@ def _write_interrupted(module: Any, args: argparse.Namespace, signum: signal.Sig
     return not _write_files(report, formats)
 
 
-def add_log(report: Report) -> None:
+def add_log(report: Report, ctx: RunContext) -> None:
     """The warnings libraries raised on the ranks (gpucheck.distributed.caught), caught
     instead of printed: a `log` section, data only (a FutureWarning is no verdict)."""
-    rows = caught.log_rows()
+    rows = caught.log_rows(ctx.warnings)
     if rows:
         report.add(Section("log", "Warnings from libraries (caught, not printed)",
                            {"warnings": rows}))

@@ -18,7 +18,6 @@ from typing import Any
 from gpucheck import __version__
 from gpucheck.actions import ACTIONS, Action, Status
 from gpucheck.checks import Check, lookup
-from gpucheck.checks.legacy import legacy_action, resolve_action
 from gpucheck.measure import Metric, SecondLook
 from gpucheck.subject import Kind, Subject
 
@@ -47,9 +46,9 @@ class Finding:
 
     `action` is derived when the finding is made: `checks.lookup(check).action(status,
     cause, look, relayed)` for a finding that carries a `cause` key, a second `look` or
-    a `relayed` action (fleet and compare rows); today's words (`checks.legacy`) for one
-    made without them. An explicit `action` is still accepted while the finding sites
-    move over (S6 removes it). A `subject` given as a str becomes `subject.text(label)`.
+    a `relayed` action (fleet and compare rows); else the check's action for the status.
+    No words of the message or hint decide it. A `subject` given as a str becomes
+    `subject.text(label)`.
     An undeclared check id raises KeyError at once, naming the file to declare it in.
     """
 
@@ -58,35 +57,21 @@ class Finding:
     message: str
     hint: str | None = None
     subject: Subject | str | None = None
-    action: str | None = None
     cause: str | None = None
     look: SecondLook | None = None
     relayed: Action | str | None = None
+    action: str | None = field(default=None, init=False)  # derived, stored in JSON
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "subject", Subject.of(self.subject))
         if self.relayed is not None:
             object.__setattr__(self, "relayed", Action(self.relayed))
         declared = lookup(self.check)  # KeyError: an undeclared id fails its first test
-        action = self.action.value if isinstance(self.action, Action) else self.action
-        if self.status not in (Status.WARN, Status.FAIL):
-            if action is not None:
-                raise ValueError(f"{self.check}: a {self.status.value} finding has no "
-                                 f"action (got {action!r})")
-            return
-        if action is not None and action not in ACTIONS:
-            raise ValueError(f"{self.check}: unknown action {action!r}: choose one of "
-                             f"{', '.join(ACTIONS)}")
-        if action is None:
-            action = self._derived(declared)
-        object.__setattr__(self, "action", action)  # frozen: set once, here
+        object.__setattr__(self, "action", self._derived(declared))  # frozen: set once
 
     def _derived(self, declared: Check) -> str | None:
         relayed = self.relayed if isinstance(self.relayed, Action) else None
-        if self.cause is None and self.look is None and relayed is None:
-            found = legacy_action(declared, self.check, self.status, self.message, self.hint)
-        else:
-            found = declared.action(self.status, self.cause, self.look, relayed)
+        found = declared.action(self.status, self.cause, self.look, relayed)
         return found.value if found is not None else None
 
     def to_dict(self) -> dict[str, JsonValue]:
@@ -115,12 +100,26 @@ class Finding:
         status = Status(raw["status"])
         action = raw.get("action")
         if action is None and status in (Status.WARN, Status.FAIL):
-            action = resolve_action(raw["check"], status.value, raw["message"], raw.get("hint"))
+            action = stored_action(raw["check"], status, raw.get("cause"))
         return _stored(cls, check=raw["check"], status=status, message=raw["message"],
                        hint=raw.get("hint"), action=action, cause=raw.get("cause"),
                        subject=Subject.from_dict(fields) if fields is not None
                        else _text_or_none(raw.get("subject")),
                        look=SecondLook.from_dict(look) if look is not None else None)
+
+
+def stored_action(check_id: str, status: Status, cause: object = None) -> str | None:
+    """The action of a stored WARN or FAIL that carries none (a version-1 report): its
+    declared check's, from its stored cause (never its words); an id this gpucheck does
+    not declare (a report of another version): a FAIL drains, a WARN is run again."""
+    if status not in (Status.WARN, Status.FAIL):
+        return None
+    unknown = Action.DRAIN_NODE if status is Status.FAIL else Action.RERUN
+    try:
+        found = lookup(check_id).action(status, cause if isinstance(cause, str) else None)
+    except (KeyError, ValueError):  # an id, cause or status this version does not declare
+        found = unknown
+    return found.value if found is not None else None
 
 
 def _text_or_none(value: object) -> Subject | None:
@@ -147,18 +146,17 @@ def ok(check: str, message: str, subject: Subject | str | None = None, *,
 
 
 def warn(check: str, message: str, hint: str, subject: Subject | str | None = None, *,
-         action: str | None = None, cause: str | None = None,
-         look: SecondLook | None = None, relayed: Action | str | None = None) -> Finding:
-    """`cause`, `look`, `relayed`: the data the action follows from (gpucheck.checks).
-    `action`: only to overrule the registry for this one finding (going: S6)."""
-    return Finding(check, Status.WARN, message, hint, subject, action, cause, look, relayed)
+         cause: str | None = None, look: SecondLook | None = None,
+         relayed: Action | str | None = None) -> Finding:
+    """`cause`, `look`, `relayed`: the data the action follows from (gpucheck.checks)."""
+    return Finding(check, Status.WARN, message, hint, subject, cause, look, relayed)
 
 
 def fail(check: str, message: str, hint: str, subject: Subject | str | None = None, *,
-         action: str | None = None, cause: str | None = None,
-         look: SecondLook | None = None, relayed: Action | str | None = None) -> Finding:
+         cause: str | None = None, look: SecondLook | None = None,
+         relayed: Action | str | None = None) -> Finding:
     """As `warn`, for a FAIL."""
-    return Finding(check, Status.FAIL, message, hint, subject, action, cause, look, relayed)
+    return Finding(check, Status.FAIL, message, hint, subject, cause, look, relayed)
 
 
 def skip(check: str, message: str, subject: Subject | str | None = None) -> Finding:

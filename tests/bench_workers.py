@@ -1,8 +1,9 @@
-"""Test-only model hooks for `gpucheck bench`, selected with GPUCHECK_TEST_HOOK=module:function.
+"""Test-only model hooks for `gpucheck bench`, given as `TestHooks(model=...)`
+(gpucheck.context; `tests/hooked.py --model bench_workers:<function>` in a subprocess).
 
 Each hook is called on every rank as hook(model, rank) before DDP wraps the model,
 so every rank wraps the same way (DDP checks that) and only the forward differs.
-Nothing in gpucheck imports this module; only tests set the variable.
+Nothing in gpucheck imports this module; only tests pass its functions.
 """
 
 from __future__ import annotations

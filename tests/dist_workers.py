@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
+from gpucheck.context import RunContext
 from gpucheck.distributed.session import process_group
 
 
-def gather_ranks(tag: str) -> list[dict[str, object]] | None:
+def gather_ranks(ctx: RunContext, tag: str) -> list[dict[str, object]] | None:
     """Every rank reports who it is; rank 0 returns the gathered list."""
     import torch.distributed as dist
 

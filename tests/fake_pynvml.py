@@ -477,6 +477,11 @@ class FakeNvml:
         self.born_ns = time.monotonic_ns()  # the clock `FakeGpu.slowdown_share` grows on
         self.absent, self.hang_s, self.attached = absent, hang_s, set()
         self.fabric_versions = fabric_versions
+        # A hung call blocks until `release()` or `hang_s`; `hangs` counts those that
+        # began and `hangs_ended` those that came back (a test asks whether gpucheck
+        # returned while one was still blocked).
+        self._released = threading.Event()
+        self.hangs, self.hangs_ended = 0, 0
         # Per GPU pair (NVML indices, either order): the NVML_TOPOLOGY_* level, and the
         # NVML_P2P_STATUS_* per (pair, NVML_P2P_CAPS_INDEX_*); others as above.
         self.topology_pairs: dict[frozenset[int], int] = {}
@@ -508,6 +513,15 @@ class FakeNvml:
                     f"NVML does not document {error} for {fn}: see tests/fake_pynvml.py")
                 self._raise(error)
 
+    def _hang(self) -> None:
+        self.hangs += 1
+        self._released.wait(self.hang_s)
+        self.hangs_ended += 1
+
+    def release(self) -> None:
+        """End every hung call now (a test's clean-up)."""
+        self._released.set()
+
     def _gpu(self, handle: _Handle, fn: str) -> FakeGpu:
         if fn in self.absent:
             self._raise("FunctionNotFound")
@@ -515,7 +529,7 @@ class FakeNvml:
             self._raise("Uninitialized")
         gpu = self.gpus[handle.index]
         if fn in gpu.hang:
-            time.sleep(self.hang_s)
+            self._hang()
         if gpu.lost:
             self._raise("GpuIsLost")
         self._injected(gpu, fn)
@@ -555,7 +569,7 @@ class FakeNvml:
             self._raise("InvalidArgument")
         gpu = self.gpus[index]
         if "nvmlDeviceGetHandleByIndex" in gpu.hang:
-            time.sleep(self.hang_s)
+            self._hang()
         if index not in self.attached:
             time.sleep(gpu.first_attach_s)  # NVML brings the GPU up on its first attach
             self.attached.add(index)

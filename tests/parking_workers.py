@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpucheck.context import RunContext
 from gpucheck.distributed.session import process_group
 from gpucheck.stress import worker
 
@@ -25,7 +26,7 @@ def _spec(backend: str) -> worker.StressSpec:
                              membw_window_s=0.0, pin_numa=False, fault_watch=False)
 
 
-def peer_phase_on_cpu(job: tuple[str, str]) -> dict[str, Any] | None:
+def peer_phase_on_cpu(ctx: RunContext, job: tuple[str, str]) -> dict[str, Any] | None:
     """job: (folder, the backend the phase believes it runs: "gloo" parks on the world
     group, "nccl" creates the node's own gloo group, as on a GPU node; the ranks'
     collectives are gloo either way)."""

@@ -17,8 +17,7 @@ dist.all_reduce(value)
 print("TRAIN " + json.dumps({
     "rank": dist.get_rank(), "sum": value.item(), "pid": os.getpid(), "ppid": os.getppid(),
     "master_port": os.environ.get("MASTER_PORT"),
-    "gpucheck_vars": sorted(k for k in os.environ if k.startswith("GPUCHECK_")
-                            and k != "GPUCHECK_STRESS_TEST_HOOK"),
+    "gpucheck_vars": sorted(k for k in os.environ if k.startswith("GPUCHECK_")),
     "nccl_blocking_wait": os.environ.get("TORCH_NCCL_BLOCKING_WAIT"),
 }), flush=True)
 dist.destroy_process_group()

@@ -1,10 +1,10 @@
-"""Test-only hooks for `gpucheck stress`, selected with
-GPUCHECK_STRESS_TEST_HOOK=stress_workers:<function>.
+"""Test-only hooks for `gpucheck stress`, given as `TestHooks(stress=...)`
+(gpucheck.context; `tests/hooked.py --stress stress_workers:<function>` in a subprocess).
 
 Each is called on every rank as hook(rank, phase, iteration, out) after every timed
 iteration of the "gemm", "membw" and "burn" loops (burn iteration 0 is the first
 result, the one the later products are compared with). Nothing in gpucheck imports
-this module; only tests set the variable.
+this module; only tests pass its functions.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ import pytest
 
 from gpucheck.actions import ACTIONS, Action
 from gpucheck.checks import lookup
-from gpucheck.checks.legacy import hint_action, resolve_action, strip_hint
 from gpucheck.probes.consistency import probe_consistency
 from gpucheck.probes.gpus import cuda_compat_findings, probe_nvml
 from gpucheck.probes.kernel_log import read_kernel_log
@@ -127,7 +126,7 @@ def test_every_problem_of_every_scenario_has_a_listed_action_that_is_not_a_fallb
     assert len(problems) >= len(SCENARIOS)
     for f in problems:
         assert f.action in ACTIONS, f
-        assert hint_action(f.hint) or f.status in lookup(f.check).action_by_status, f
+        assert f.cause is not None or f.status in lookup(f.check).action_by_status, f
     report = Report("env", [Section("all", "All", findings=problems)])
     rows = [line for line in render(report, "markdown").splitlines()  # not the summary's
             if line.startswith(("| WARN |", "| FAIL |")) and line.count(" | ") > 2]
@@ -141,23 +140,22 @@ def _kernel_log_findings(tmp_path: Path, lines: str) -> list[Finding]:
     return _problems(kernel_log_section(read_kernel_log(str(log)), []).findings)
 
 
-def test_xid_94_asks_to_restart_the_application_through_the_hint_prefix(
+def test_xid_94_asks_to_restart_the_application_through_its_table_cause(
         tmp_path: Path) -> None:
     [finding] = _kernel_log_findings(tmp_path, "[ 10.0] NVRM: Xid (PCI:0000:18:00): 94, "
                                      "pid=1234, name=python, Ch 00000008\n")
-    assert finding.hint is not None and finding.hint.startswith("action: restart-app: ")
-    assert finding.action == "restart-app"
-    # The table alone would say otherwise: the prefix is what decided.
-    assert resolve_action(finding.check, finding.status.value, finding.message) != \
-        "restart-app"
+    assert finding.cause == "table.restart-app" and finding.action == "restart-app"
+    assert finding.hint is not None and not finding.hint.startswith("action:")
+    # The check's default alone would say otherwise: the table's cause is what decided.
+    assert lookup(finding.check).action(finding.status) != Action.RESTART_APP
 
 
-def test_every_kernel_log_problem_takes_the_action_its_hint_names(tmp_path: Path) -> None:
+def test_every_kernel_log_problem_takes_the_action_its_table_row_names(tmp_path: Path) -> None:
     findings = _kernel_log_findings(tmp_path, "".join(
         f"[ {xid}.0] NVRM: Xid (PCI:0000:18:00): {xid}, pid=1, name=x, detail\n"
         for xid in (31, 48, 63, 64, 74, 79, 92, 94, 95, 119)))
     assert len(findings) >= 8
-    assert all(f.action == f.hint.split(": ")[1] for f in findings if f.hint)
+    assert all(f.cause == f"table.{f.action}" for f in findings)
     assert {"drain-node", "reset-gpu", "replace-hardware"} <= {f.action for f in findings}
 
 
@@ -166,25 +164,25 @@ def test_fixed_list_is_the_one_the_kernel_log_and_fault_watcher_write() -> None:
                                       "reset-gpu", "drain-node", "replace-hardware")
 
 
-@pytest.mark.parametrize(("check", "status", "text", "action"), [
-    ("torch.probe", "FAIL", "", "rerun"),  # how it ended beats the torch.* namespace
-    ("torch.cudnn", "WARN", "", "fix-config"),
-    ("comm.all_reduce.correct", "FAIL", "", "drain-node"),
-    ("comm.broadcast.busbw_baseline", "FAIL", "", "rerun"),
-    ("bench.interrupted", "FAIL", "", "rerun"),
-    ("stress.checkin", "FAIL", "", "fix-config"),
-    ("stress.gemm.peers", "WARN", "", "drain-node"),
-    ("stress.gemm.expected", "WARN", "", "fix-config"),
-    ("stress.sdc.agreement", "FAIL", "x", "drain-node"),
-    ("stress.sdc.agreement", "FAIL", "suspect the SOFTWARE", "fix-config"),
-    ("stress.sdc.agreement", "WARN", "", "rerun"),
-    ("driver.nvml", "FAIL", "driver/library version mismatch", "fix-config"),
-    ("driver.nvml", "FAIL", "the GPU needs a reset", "reset-gpu"),
-    ("driver.nvml", "WARN", "the GPU is lost", "fix-config"),  # keyword rules are FAIL-only
+@pytest.mark.parametrize(("check", "status", "cause", "action"), [
+    ("torch.probe", "FAIL", None, "rerun"),  # how it ended beats the torch.* namespace
+    ("torch.cudnn", "WARN", None, "fix-config"),
+    ("comm.all_reduce.correct", "FAIL", None, "drain-node"),
+    ("comm.broadcast.busbw_baseline", "FAIL", None, "rerun"),
+    ("bench.interrupted", "FAIL", None, "rerun"),
+    ("stress.checkin", "FAIL", None, "fix-config"),
+    ("stress.gemm.peers", "WARN", None, "drain-node"),
+    ("stress.gemm.expected", "WARN", None, "fix-config"),
+    ("stress.sdc.agreement", "FAIL", None, "drain-node"),
+    ("stress.sdc.agreement", "FAIL", "all_alike", "fix-config"),
+    ("stress.sdc.agreement", "WARN", None, "rerun"),
+    ("driver.nvml", "FAIL", None, "fix-config"),
+    ("driver.nvml", "FAIL", "needs_reset", "reset-gpu"),
+    ("driver.nvml", "WARN", None, "fix-config"),
 ])
-def test_the_most_specific_rule_decides(check: str, status: str, text: str,
-                                        action: str) -> None:
-    assert resolve_action(check, status, text) == action
+def test_the_most_specific_declaration_decides(check: str, status: str, cause: str | None,
+                                               action: str) -> None:
+    assert Finding(check, Status(status), "m", "h", cause=cause).action == action
 
 
 def test_a_template_segment_matches_exactly_one_segment() -> None:
@@ -203,32 +201,23 @@ def test_an_undeclared_check_id_fails_when_its_finding_is_made() -> None:
         ok("stress.brand_new", "m")
 
 
-def test_an_explicit_action_beats_the_hint_prefix_and_the_table() -> None:
-    assert warn("gpu.busy", "m", "action: reset-gpu: x").action == "reset-gpu"
-    assert warn("gpu.busy", "m", "action: reset-gpu: x", action="none").action == "none"
-    assert fail("gpu.lost", "m", "h", action=Action.RESET_GPU).action == "reset-gpu"
-    assert warn("gpu.busy", "m", "action: unheard-of: x").action == "rerun"
+def test_no_action_is_given_by_hand_nor_read_from_a_hint() -> None:
+    """The action follows from the check and its data only (issue 25)."""
+    assert warn("gpu.busy", "m", "action: reset-gpu: x").action == "rerun"
+    with pytest.raises(TypeError):
+        warn("gpu.busy", "m", "h", action="none")  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        Finding("gpu.busy", Status.WARN, "m", action="rerun")  # type: ignore[call-arg]
 
 
-def test_ok_and_skip_have_no_action_and_cannot_be_given_one() -> None:
+def test_ok_and_skip_have_no_action() -> None:
     assert ok("gpu.busy", "m").action is None and skip("gpu.busy", "m").action is None
-    with pytest.raises(ValueError, match="has no action"):
-        Finding("gpu.busy", Status.OK, "m", action="rerun")
+    assert Finding("fleet.node", Status.OK, "m", relayed="drain-node").action is None
 
 
-def test_an_action_outside_the_list_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown action 'reboot'"):
-        fail("gpu.lost", "m", "h", action="reboot")
-
-
-def test_strip_hint_drops_only_a_prefix_that_repeats_the_action() -> None:
-    assert strip_hint("action: reset-gpu: reset it", "reset-gpu") == "reset it"
-    assert strip_hint("action: reset-gpu: reset it", "none") == "action: reset-gpu: reset it"
-    assert strip_hint("reset it", "reset-gpu") == "reset it"
-    assert strip_hint(None, "reset-gpu") is None
-
-
-# ------------------------------------------------------------ schema and rendering
+def test_a_relayed_action_outside_the_list_is_refused() -> None:
+    with pytest.raises(ValueError, match="'reboot'"):
+        fail("fleet.node", "m", "h", relayed="reboot")
 
 
 V1_REPORT = """{
@@ -261,8 +250,9 @@ V1_REPORT = """{
 def test_a_version_1_report_is_read_and_its_actions_resolved_as_for_new_findings() -> None:
     report = Report.from_dict(json.loads(V1_REPORT))
     assert report.schema_version == 1
+    # The kernel-log finding's hint prefix counts for nothing: its check's FAIL action.
     assert [f.action for f in report.findings] == [None, "reset-gpu", "replace-hardware",
-                                                   "reset-gpu"]
+                                                   "drain-node"]
     raw = report.to_dict()
     assert raw["schema_version"] == 3 and raw["verdict"] == "FAIL"
     assert raw["sections"][1]["findings"][0]["hint"].startswith("action: reset-gpu: ")
@@ -271,7 +261,8 @@ def test_a_version_1_report_is_read_and_its_actions_resolved_as_for_new_findings
 
 def test_a_version_2_report_keeps_its_stored_actions() -> None:
     report = Report("env", [Section("gpus", "GPUs", findings=[
-        warn("gpu.busy", "busy", "wait", action="restart-app"), ok("gpu.numa", "fine")])])
+        warn("kernel_log.xid", "busy", "wait", cause="table.restart-app"),
+        ok("gpu.numa", "fine")])])
     raw = json.loads(render(report, "json"))
     assert [f["action"] for f in raw["sections"][0]["findings"]] == ["restart-app", None]
     raw["sections"][0]["findings"][0]["action"] = "none"  # as a person edited it
@@ -292,14 +283,14 @@ def test_a_version_2_finding_with_a_bad_action_is_refused() -> None:
 def test_every_status_and_action_renders_in_json_markdown_and_text(status: Status,
                                                                    action: str) -> None:
     maker = warn if status is Status.WARN else fail
-    finding = maker("gpu.busy", "seen", f"action: {action}: do this", "GPU 3", action=action)
+    finding = maker("kernel_log.xid", "seen", "do this", "GPU 3", cause=f"table.{action}")
     report = Report("env", [Section("s", "S", findings=[finding])], host="node7")
     assert json.loads(render(report, "json"))["sections"][0]["findings"][0]["action"] == action
     text = render(report, "text")
-    assert f"[{status.value}] gpu.busy (GPU 3): seen\n         HINT ({action}): do this\n" \
-        in text
+    assert f"[{status.value}] kernel_log.xid (GPU 3): seen\n         HINT ({action}): do " \
+        "this\n" in text
     markdown = render(report, "markdown")
-    row = f"| {status.value} | {action} | gpu.busy | GPU 3 | seen | do this |"
+    row = f"| {status.value} | {action} | kernel_log.xid | GPU 3 | seen | do this |"
     assert markdown.count(row) == 2  # the problems table and the section's own
 
 
@@ -314,6 +305,16 @@ def test_ok_and_skip_render_without_an_action(maker: Any) -> None:
 
 
 def test_a_problem_without_a_hint_still_shows_its_action_in_text() -> None:
-    finding = Finding("gpu.busy", Status.FAIL, "seen", None, None, "drain-node")
+    finding = Finding("gpu.lost", Status.FAIL, "seen", None)
     text = render(Report("env", [Section("s", "S", findings=[finding])]), "text")
     assert "ACTION: drain-node" in text
+
+
+def test_a_stored_finding_without_an_action_takes_its_check_and_cause_never_its_words(
+        ) -> None:
+    from gpucheck.report import stored_action
+    assert stored_action("driver.nvml", Status.FAIL, "gpu_lost") == "drain-node"
+    assert stored_action("driver.nvml", Status.FAIL) == "fix-config"
+    assert stored_action("brand.new", Status.WARN) == "rerun"  # another gpucheck's id
+    assert stored_action("driver.nvml", Status.WARN, "gpu_lost") == "rerun"  # FAIL-only
+    assert stored_action("driver.nvml", Status.OK) is None

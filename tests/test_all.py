@@ -59,7 +59,7 @@ def test_a_failing_command_is_a_fail_finding_and_the_next_one_still_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpucheck.commands import env
 
-    def broken(args: argparse.Namespace) -> Report:
+    def broken(args: argparse.Namespace, ctx: object) -> Report:
         raise RuntimeError("probe exploded\nsecond line")
 
     monkeypatch.setattr(env, "run", broken)
@@ -109,11 +109,11 @@ def test_an_interrupt_writes_what_finished_and_names_what_never_ran(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpucheck.commands import stress
 
-    def stopped(args: argparse.Namespace) -> Report:
+    def stopped(args: argparse.Namespace, ctx: object) -> Report:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(stress, "run", stopped)
-    monkeypatch.setattr(stress, "partial_report", lambda args: Report(
+    monkeypatch.setattr(stress, "partial_report", lambda args, ctx: Report(
         command="stress", sections=[Section("gemm", "GEMM", {"tflops": 1.0},
         [ok("gpu.numa", "y")])]))
     out = tmp_path / "all.json"
@@ -137,16 +137,23 @@ def test_local_ignores_the_launcher_variables(
     assert code == 0
 
 
-def test_check_in_keys_and_the_group_prefix_are_namespaced_per_command() -> None:
-    from gpucheck.distributed.checkin import _key, namespaced, scoped
+def test_each_command_checks_in_on_its_own_part_of_the_job_store() -> None:
+    import torch.distributed as dist
 
-    plain = _key("checkin", 0)
-    with namespaced("bench"):
-        assert _key("checkin", 0) != plain and _key("checkin", 0).endswith("/checkin/0")
-        assert scoped("gpucheck/pg") == "gpucheck/pg/bench"
-    with namespaced("comm"):
-        assert "comm" in _key("checkin", "count")
-    assert _key("checkin", 0) == plain and scoped("gpucheck/pg") == "gpucheck/pg"
+    from gpucheck.context import RunContext
+    from gpucheck.distributed.checkin import _key
+    from gpucheck.distributed.session import scoped_store
+
+    ctx = RunContext()
+    store = dist.HashStore()
+    bench = scoped_store(store, ctx.scoped("bench").scope)
+    comm = scoped_store(store, ctx.scoped("comm").scope)
+    bench.set(_key("checkin", 0), "bench's rank 0")
+    assert not comm.check([_key("checkin", 0)]) and not store.check([_key("checkin", 0)])
+    assert scoped_store(store, ()) is store
+    # A command's context shares the run (the partial report's state), not the scope.
+    assert ctx.scoped("bench").all_run is ctx.all_run and ctx.scope == ()
+    assert ctx.scoped("bench").scoped("x").scope == ("bench", "x")
 
 
 def test_sub_commands_get_their_own_defaults_plus_the_cpu_settings() -> None:

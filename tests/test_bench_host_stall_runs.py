@@ -8,10 +8,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import bench_workers
 import psutil
-import pytest
 
 from gpucheck.bench.layout import ITERS_PER_SEGMENT
+from gpucheck.context import TestHooks
 from tests.test_bench_runs import bench, findings, no_children_left, section
 
 # ResNet50 at batch 2: an iteration (about 0.2 s of CPU on a core) spans the throttle's
@@ -35,9 +36,9 @@ def leftover_throttles() -> list[psutil.Process]:
 
 
 def test_a_rank_stopped_from_outside_is_named_as_held_back_by_its_host(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPUCHECK_TEST_HOOK", "bench_workers:stop_rank_one_most_of_the_time")
-    code, report = bench(tmp_path, *ARGS)
+        tmp_path: Path) -> None:
+    code, report = bench(tmp_path, *ARGS,
+                         hooks=TestHooks(model=bench_workers.stop_rank_one_most_of_the_time))
     assert code == 0, report  # a WARN
     warned = findings(report, "bench.rank.straggler", "WARN")
     assert [f["subject"] for f in warned] == ["rank 1"]

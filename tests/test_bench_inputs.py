@@ -7,17 +7,19 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import bench_workers
 import pytest
 
 from gpucheck.bench.data import default_images_dir
-from gpucheck.cli import main
+from gpucheck.cli import main, program
+from gpucheck.context import RunOptions, TestHooks
 
 FAST = ["--model", "mobilenet_v3_small", "--iters", "1", "--warmup", "0", "--batch-size", "1"]
 
 
 @pytest.fixture(autouse=True)
 def _no_launcher(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GPUCHECK_TEST_HOOK"):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
     yield
     import psutil
@@ -179,9 +181,10 @@ def test_duration_picks_the_iteration_count_from_the_warm_up(tmp_path: Path) -> 
 
 
 def test_a_failing_rank_becomes_a_report_not_a_traceback(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("GPUCHECK_TEST_HOOK", "bench_workers:fail_rank_zero")
-    assert main(["bench", "--n-gpus", "1", *FAST, "--warmup", "1"]) == 1
+        capsys: pytest.CaptureFixture[str]) -> None:
+    hooks = TestHooks(model=bench_workers.fail_rank_zero)
+    assert program(["bench", "--n-gpus", "1", *FAST, "--warmup", "1"],
+                   RunOptions(hooks=hooks)) == 1
     out = capsys.readouterr().out
     assert "[FAIL] bench.rank_failed (rank 0)" in out
     assert "simulated device fault" in " ".join(out.split())  # the text report wraps lines

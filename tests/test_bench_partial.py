@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from comm_workers import clean_env, gpucheck, start, tracked, wait_gone
+from comm_workers import PYTHON, clean_env, gpucheck, start, tracked, wait_gone
 from test_signals import END_S, LONG_BENCH, START_S, interrupted, one_line
 
 from gpucheck.bench import partial
@@ -64,9 +64,9 @@ def test_ctrl_c_in_the_timed_loop_keeps_every_ranks_timed_iterations_and_summary
 def test_a_rank_failing_in_the_timed_loop_keeps_every_ranks_iterations_so_far(
         tmp_path: Path) -> None:
     out = tmp_path / "out.json"
-    env = clean_env(GPUCHECK_TEST_HOOK="bench_workers:fail_rank_one_in_the_timed_loop")
-    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(Path(__file__).parent)])
-    proc = start(gpucheck(*LONG_BENCH, "--n-gpus", "2", "-q", "-o", str(out)), env)
+    hooked = [PYTHON, str(Path(__file__).resolve().parent / "hooked.py"),
+              "--model", "bench_workers:fail_rank_one_in_the_timed_loop", "gpucheck"]
+    proc = start([*hooked, *LONG_BENCH, "--n-gpus", "2", "-q", "-o", str(out)], clean_env())
     with tracked([proc]):
         _, err = proc.communicate(timeout=START_S + END_S)
     assert proc.returncode == 1, err

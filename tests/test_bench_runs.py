@@ -10,10 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import bench_workers
 import pytest
 
 from gpucheck.bench.layout import ITERS_PER_SEGMENT
-from gpucheck.cli import main
+from gpucheck.cli import program
+from gpucheck.context import NO_HOOKS, RunOptions, TestHooks
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--model", "mobilenet_v3_small", "--batch-size", "2", "--warmup", "1", "--iters", "2"]
@@ -21,10 +23,11 @@ SUBPROCESS_TIMEOUT_S = 180
 SEGMENTED_ITERS = 2 * ITERS_PER_SEGMENT  # the fewest iterations CPU ranks split
 
 
-def bench(tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
-    """Run `gpucheck bench` in this process; (exit code, the JSON report)."""
+def bench(tmp_path: Path, *extra: str, hooks: TestHooks = NO_HOOKS) -> tuple[int, dict[str, Any]]:
+    """Run `gpucheck bench` in this process, with `hooks` on every rank; (exit code,
+    the JSON report)."""
     out = tmp_path / "report.json"
-    code = main(["bench", "--quiet", "--output", str(out), *extra])
+    code = program(["bench", "--quiet", "--output", str(out), *extra], RunOptions(hooks=hooks))
     return code, json.loads(out.read_text())
 
 
@@ -77,11 +80,10 @@ def test_two_self_launched_ranks_add_up(tmp_path: Path) -> None:
     assert no_children_left()
 
 
-def test_two_ranks_one_computing_wrong_logits_fail_naming_that_rank_only(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_ranks_one_computing_wrong_logits_fail_naming_that_rank_only(tmp_path: Path) -> None:
     # No majority with two ranks: the CPU reference tells which one is wrong.
-    monkeypatch.setenv("GPUCHECK_TEST_HOOK", "bench_workers:wrong_rank_zero")
-    code, report = bench(tmp_path, "--n-gpus", "2", *SMALL)
+    code, report = bench(tmp_path, "--n-gpus", "2", *SMALL,
+                         hooks=TestHooks(model=bench_workers.wrong_rank_zero))
     assert code == 1
     failed = findings(report, "bench.consistency", "FAIL")
     assert [f["subject"] for f in failed] == ["rank 0"]
@@ -95,12 +97,9 @@ def slow_and_wrong(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[i
     """Three ranks: rank 1 sleeps in every forward, rank 2 perturbs its logits; enough
     iterations for a straggler verdict (MIN_JUDGED_ITERS) in two segments, so the CPU
     ranks re-place their tensors once in the timed loop."""
-    os.environ["GPUCHECK_TEST_HOOK"] = "bench_workers:slow_rank_one_wrong_rank_two"
-    try:
-        yield bench(tmp_path_factory.mktemp("slow"), "--n-gpus", "3", *SMALL, "--iters",
-                    str(SEGMENTED_ITERS))
-    finally:
-        del os.environ["GPUCHECK_TEST_HOOK"]
+    yield bench(tmp_path_factory.mktemp("slow"), "--n-gpus", "3", *SMALL, "--iters",
+                str(SEGMENTED_ITERS),
+                hooks=TestHooks(model=bench_workers.slow_rank_one_wrong_rank_two))
 
 
 def test_job_wall_follows_the_slow_rank_that_rank_zero_would_hide(
@@ -131,7 +130,7 @@ def test_a_rank_computing_a_different_result_fails_consistency(
 
 def torchrun(tmp_path: Path, nproc_per_node: int, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GPUCHECK_TEST_HOOK"):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(var, None)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                str(nproc_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",

@@ -216,19 +216,10 @@ def _maker_statuses(module: Module, call: ast.Call) -> tuple[str, ...]:
     return ()
 
 
-def _hint(call: ast.Call) -> ast.expr | None:
-    keyword = next((k.value for k in call.keywords if k.arg == "hint"), None)
-    return keyword if keyword is not None else call.args[2] if len(call.args) > 2 else None
-
-
 def _names_its_action(module: Module, call: ast.Call) -> bool:
-    """An `action=` argument, or a hint that always starts with "action: "."""
-    action = next((k.value for k in call.keywords if k.arg == "action"), None)
-    if action is not None and not (isinstance(action, ast.Constant) and action.value is None):
-        return True
-    hint = _hint(call)
-    hints = strings(module, hint) if hint is not None else set()
-    return bool(hints) and all(h.startswith("action: ") for h in hints)
+    """A `cause=` or `relayed=` argument: data the action follows from at the site."""
+    given = [k.value for k in call.keywords if k.arg in ("cause", "relayed")]
+    return any(not (isinstance(v, ast.Constant) and v.value is None) for v in given)
 
 
 @cache
@@ -570,11 +561,56 @@ OLD_ACTIONS: list[tuple[str, str, str, str]] = [
 ]
 
 
+# The old keyword table's words, each as the data its finding's site now sets: (check
+# pattern, words, cause, look state, the only status the words counted for).
+_F, _W = Status.FAIL, Status.WARN
+OLD_WORDS: tuple[tuple[str, str, str | None, LookState | None, Status | None], ...] = (
+    ("driver.nvml", "is lost", "gpu_lost", None, _F),
+    ("driver.nvml", "needs a reset", "needs_reset", None, _F),
+    ("driver.nvml", "timed out", "timed_out", None, _F),
+    ("driver.nvml", "no answer", "no_answer", None, _F),
+    ("gpu.query", "not permitted", "no_permission", None, None),
+    ("gpu.fabric", "still in progress", "registering", None, None),
+    ("gpu.fabric.configuration", "INSUFFICIENT_NVLINKS", "insufficient_nvlinks", None, None),
+    ("gpu.recovery_action", "RECOVERY_ACTION_GPU_RESET", "gpu_reset", None, None),
+    ("gpu.recovery_action", "RECOVERY_ACTION_BUS_RESET", "bus_reset", None, None),
+    ("gpu.topology", "no answer", "no_answer", None, None),
+    ("gpu.topology", "timed out", "timed_out", None, None),
+    ("bench.rank.straggler", "its host did not run it", "host_stall", None, None),
+    ("bench.consistency", "suspect the software", "all_alike", None, None),
+    ("stress.sdc.agreement", "suspect the software", "all_alike", None, None),
+    ("stress.p2p", "without peer access", "no_peer_access", None, None),
+    ("comm.pairwise.slow_pair", "cpu ranks exchange", "cpu_ranks", None, _W),
+    *((c, "confirmed:", None, LookState.CONFIRMED, None) for c in (
+        "comm.pairwise.slow_pair", "comm.nodes.slow_node", "comm.internode.slow_pair",
+        "comm.internode.slow_rail", "comm.internode.shared_node")),
+    *((c, "not measured again", None, LookState.NOT_MEASURED, None) for c in (
+        "stress.*.peers", "stress.sdc.straggler", "stress.copies.together",
+        "stress.copies.link", "stress.p2p")),
+)
+
+
+def _as_data(check: str, status: Status, words: str) -> tuple[str | None, LookState | None]:
+    """The cause and look state a site sets where the old table read `words`."""
+    cause = look = None
+    for pattern, said, key, state, only in OLD_WORDS:
+        fits = len(pattern.split(".")) == len(check.split(".")) and all(
+            w in ("*", p) for w, p in zip(pattern.split("."), check.split("."), strict=True))
+        if fits and only in (None, status) and said.lower() in words.lower():
+            cause, look = key or cause, state or look
+    return cause, look
+
+
 @pytest.mark.parametrize(("check", "status", "words", "action"), OLD_ACTIONS)
 def test_every_old_rule_gives_the_same_action(check: str, status: str, words: str,
                                               action: str) -> None:
-    made = Finding(check, Status(status), words or "seen", "look")
-    assert made.action == action
+    """The same action from the data the sites set; the words themselves count for
+    nothing (the message below is the old words, and the plain one gives the same)."""
+    cause, state = _as_data(check, Status(status), words)
+    look = _look(state) if state is not None else None
+    made = Finding(check, Status(status), words or "seen", "look", cause=cause, look=look)
+    plain = Finding(check, Status(status), "seen", "look", cause=cause, look=look)
+    assert made.action == plain.action == action
 
 
 def _look(state: LookState) -> SecondLook:
@@ -666,12 +702,46 @@ def test_schema_3_round_trips_cause_look_and_subject_as_data() -> None:
     assert again.findings[2].subject.bus_id == "0000:17:00.0"  # type: ignore[union-attr]
 
 
-def test_no_hint_of_the_source_starts_with_an_action_once_data_decides() -> None:
-    """The action prefix lives on only where legacy.py reads it: the XID and fault
-    tables (S6 turns them into causes)."""
+def test_no_hint_of_the_source_starts_with_an_action() -> None:
+    """The "action: <x>: " prefix is gone: the XID and fault tables give causes."""
     prefixed = {m.name for m in modules()
                 if re.search(r"f?\"action: \{", ast.unparse(m.tree))}
-    assert prefixed <= {"probes/xid_section.py", "faults/findings.py"}
+    assert prefixed == set()
+
+
+def _reads_words(tree: ast.AST) -> list[str]:
+    """String matching in a module: `x in <message|hint|text|words>`, `.startswith` /
+    `.endswith` / `.lower` / `.split` on such a name, and any `re` use."""
+    found = []
+    wordy = re.compile(r"message|hint|text|words")
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+            found += [f"imports {n}" for n in names if n == "re"]
+        if isinstance(node, ast.Compare) and any(isinstance(o, (ast.In, ast.NotIn))
+                                                  for o in node.ops):
+            found += [ast.unparse(node) for c in node.comparators
+                      if wordy.search(ast.unparse(c))]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("startswith", "endswith", "lower", "split", "find") and \
+                wordy.search(ast.unparse(node.func.value)):
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_actions_and_checks_hold_no_string_matching_on_messages_or_hints() -> None:
+    """No decision reads a message: actions.py and checks/ match no words (issue 25)."""
+    files = [PACKAGE / "actions.py", *sorted((PACKAGE / "checks").glob("*.py"))]
+    assert not (PACKAGE / "checks" / "legacy.py").exists()
+    for path in files:
+        assert _reads_words(ast.parse(path.read_text())) == [], path
+
+
+def test_the_word_scan_sees_what_the_old_table_did() -> None:
+    old = ast.parse("import re\n"
+                    "def f(message, hint):\n"
+                    "    return 'is lost' in message or hint.startswith('action: ')\n")
+    assert len(_reads_words(old)) == 3
 
 
 @pytest.mark.parametrize(("key", "value"), [

@@ -1,8 +1,8 @@
 """Three "nodes" on one machine (three torchrun agents, c10d on 127.0.0.1), one slowed.
 
-The test hook GPUCHECK_TEST_SLOW_SENDS=2:SECONDS makes node 2's ranks sleep before
-each send between nodes (with ":first" in the rounds only, not in the second look):
-far slower than any noise, so the verdicts below are deterministic.
+The test hook `--slow-sends 2:SECONDS` (tests/hooked.py, TestHooks.slow_sends) makes
+node 2's ranks sleep before each send between nodes (with ":first" in the rounds only,
+not in the second look): far slower than any noise, so the verdicts below are deterministic.
 """
 
 from __future__ import annotations
@@ -15,24 +15,24 @@ from typing import Any
 import pytest
 from comm_workers import PYTHON, clean_env, free_port, start, tracked, wait_gone
 
-from gpucheck.comm.internode import TEST_SLOW_RECVS_VAR, TEST_SLOW_SENDS_VAR
-from gpucheck.comm.pairwise import TEST_SLOW_PAIR_VAR
+HOOKED = str(Path(__file__).resolve().parent / "hooked.py")
 
 RUN_S = 240
 NODES = 3
 
 
-def _nodes(tmp_path: Path, nodes: int = NODES, per_node: int = 1, pairwise: bool = False,
-           **env: str) -> dict[str, Any]:
-    """`gpucheck comm` under `nodes` torchrun nodes of `per_node` ranks; rank 0's report."""
+def _nodes(tmp_path: Path, *hooks: str, nodes: int = NODES, per_node: int = 1,
+           pairwise: bool = False) -> dict[str, Any]:
+    """`gpucheck comm` under `nodes` torchrun nodes of `per_node` ranks, every rank with
+    the test `hooks` (tests/hooked.py options); rank 0's report."""
     port, out, run_id = free_port(), tmp_path / "report.json", uuid.uuid4().hex[:8]
     torchrun = [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(nodes),
                 "--nproc-per-node", str(per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint",
                 f"127.0.0.1:{port}", "--rdzv-id", run_id, "--max-restarts", "0",
-                "-m", "gpucheck", "comm", "--collectives", "all_reduce", "--max-bytes",
+                HOOKED, *hooks, "gpucheck", "comm", "--collectives", "all_reduce", "--max-bytes",
                 "4K", "--iters", "1", "--warmup", "0", "--pair-bytes", "256K",
                 "--timeout", "60", "-q", "-o", str(out)] + ([] if pairwise else ["--no-pairwise"])
-    procs = [start(torchrun, clean_env(**env)) for _ in range(nodes)]
+    procs = [start(torchrun, clean_env()) for _ in range(nodes)]
     with tracked(procs) as seen:
         outputs = [p.communicate(timeout=RUN_S) for p in procs]
         assert [p.returncode for p in procs] == [0] * nodes, outputs
@@ -57,7 +57,7 @@ def _warns(section: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 def test_a_node_slow_in_every_round_is_named_and_confirmed_against_known_good_nodes(
         tmp_path: Path) -> None:
-    report = _nodes(tmp_path, **{TEST_SLOW_SENDS_VAR: "2:0.02"})
+    report = _nodes(tmp_path, "--slow-sends", "2:0.02")
     section = _internode(report)
     assert section["data"]["rounds"] == NODES - 1
     pairs = {(r["src_node"], r["dst_node"]) for r in section["data"]["node_pairs"]}
@@ -83,7 +83,7 @@ def test_a_node_slow_to_receive_is_named_for_its_receives_and_no_other_node_is_b
     figures, the verdicts): node 2 takes its receives in slowly; only the links into
     it read slow, and it is the one node named, for receiving. (NCCL's own figures,
     one group per rank, are judged on recorded group times in test_comm_node_links.)"""
-    report = _nodes(tmp_path, **{TEST_SLOW_RECVS_VAR: "2:0.02"})
+    report = _nodes(tmp_path, "--slow-recvs", "2:0.02")
     section = _internode(report)
     named = [f for f in section["findings"] if f["check"] == "comm.internode.shared_node"]
     assert [f["subject"][:6] for f in named] == ["node 2"]
@@ -98,7 +98,7 @@ def test_a_node_slow_to_receive_is_named_for_its_receives_and_no_other_node_is_b
 
 def test_a_node_slow_only_in_the_rounds_is_unstable_and_asks_for_a_rerun(
         tmp_path: Path) -> None:
-    report = _nodes(tmp_path, **{TEST_SLOW_SENDS_VAR: "2:0.02:first"})
+    report = _nodes(tmp_path, "--slow-sends", "2:0.02:first")
     warns = _warns(_internode(report))
     assert ("comm.internode.shared_node", "node 2 (", "rerun") in [
         (c, s[:8], a) for c, s, a in warns]
@@ -114,9 +114,8 @@ def test_two_nodes_of_two_ranks_run_both_rails_and_sum_them_per_node_pair(
     # Nothing between the nodes is slowed: the internode verdicts stay healthy.
     # Node 1's rail 1 (rank 3) sends slowly to node 0 in both looks: one slow NIC,
     # named as its rail link and confirmed against the known-good rails.
-    report = _nodes(tmp_path, nodes=2, per_node=2, pairwise=True,
-                    **{TEST_SLOW_PAIR_VAR: "2:3:0.02,3:2:0.02",
-                       TEST_SLOW_SENDS_VAR: "1/1:0.02"})
+    report = _nodes(tmp_path, "--slow-pair", "2:3:0.02,3:2:0.02", "--slow-sends", "1/1:0.02",
+                    nodes=2, per_node=2, pairwise=True)
     sections = {s["name"]: s for s in report["sections"]}
     rails = [f for f in sections["internode"]["findings"]
              if f["check"] == "comm.internode.slow_rail" and f["status"] == "WARN"]

@@ -7,21 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.cli import main
-from gpucheck.comm.pairwise import TEST_SLOW_PAIR_VAR
+from gpucheck.cli import main, program
+from gpucheck.context import NO_HOOKS, RunOptions, SlowPair, TestHooks
 
 
-def _sweep(tmp_path: Path, nproc: int, *extra: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+def _sweep(tmp_path: Path, nproc: int, *extra: str,
+           hooks: TestHooks = NO_HOOKS) -> tuple[int, dict]:  # type: ignore[type-arg]
     out = tmp_path / "comm.json"
-    code = main(["comm", "--n-gpus", str(nproc), "--min-bytes", "1K", "--max-bytes", "64K",
-                 "--iters", "3", "--warmup", "1", "--timeout", "30", "-q", "-o", str(out),
-                 *extra])
+    code = program(["comm", "--n-gpus", str(nproc), "--min-bytes", "1K", "--max-bytes", "64K",
+                    "--iters", "3", "--warmup", "1", "--timeout", "30", "-q", "-o", str(out),
+                    *extra], RunOptions(hooks=hooks))
     return code, json.loads(out.read_text())
 
 
-# Test hooks (gpucheck.comm.pairwise.TEST_SLOW_PAIR_VAR), each far beyond any noise: with
+# Test hooks (gpucheck.context.TestHooks.slow_pairs), each far beyond any noise: with
 # 2 ranks one batch of 0 -> 1 is slowed (noise: no alarm); with 3, 1 -> 0 always (found).
-SLOWED = {2: "0:1:0.05:once", 3: "1:0:0.05"}
+SLOWED = {2: SlowPair(0, 1, 0.05, "once"), 3: SlowPair(1, 0, 0.05)}
 
 
 def _pair_warns(report: dict) -> list[tuple[str, str]]:  # type: ignore[type-arg]
@@ -33,9 +34,8 @@ def _pair_warns(report: dict) -> list[tuple[str, str]]:  # type: ignore[type-arg
 
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_comm_sweep_reports_every_size_with_nccl_tests_bandwidths(
-        tmp_path: Path, nproc: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(TEST_SLOW_PAIR_VAR, SLOWED[nproc])
-    code, report = _sweep(tmp_path, nproc)
+        tmp_path: Path, nproc: int) -> None:
+    code, report = _sweep(tmp_path, nproc, hooks=TestHooks(slow_pairs=(SLOWED[nproc],)))
     assert code == 0, report
     warns = _pair_warns(report)
     if nproc == 2:  # one slow batch of three is noise: never a confirmed slow_pair
@@ -66,10 +66,10 @@ def test_comm_sweep_reports_every_size_with_nccl_tests_bandwidths(
 
 
 def test_a_pair_slow_the_first_time_only_is_an_unstable_warn_that_asks_for_a_rerun(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(TEST_SLOW_PAIR_VAR, "1:0:0.05:first")
+        tmp_path: Path) -> None:
     code, report = _sweep(tmp_path, 2, "--collectives", "all_reduce", "--max-bytes", "4K",
-                          "--pair-bytes", "1M")
+                          "--pair-bytes", "1M",
+                          hooks=TestHooks(slow_pairs=(SlowPair(1, 0, 0.05, "first"),)))
     assert code == 0
     pairwise = {s["name"]: s for s in report["sections"]}["pairwise"]
     (warned,) = [f for f in pairwise["findings"] if f["status"] == "WARN"]

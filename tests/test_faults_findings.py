@@ -108,7 +108,7 @@ def test_an_uncorrected_ecc_error_fails_with_drain_node(source):
         result["events"] = [event("ecc_uncorrected")]
     failed = _one(fault_findings([result]), "faults.ecc.uncorrected")
     assert failed.status is Status.FAIL and failed.subject == SUBJECT
-    assert failed.hint.startswith("action: drain-node:") and "nvidia-smi -r -i 3" in failed.hint
+    assert failed.action == "drain-node" and "nvidia-smi -r -i 3" in failed.hint
 
 
 def test_uncorrected_errors_from_before_the_run_are_not_blamed_on_it():
@@ -131,7 +131,7 @@ def test_a_few_corrected_ecc_errors_are_normal_and_stay_ok():
 def test_many_corrected_ecc_errors_warn_with_rerun():
     warned = _one(fault_findings([bump(healthy(), "ecc_corrected", CORRECTED_ECC_WARN)]),
                   "faults.ecc.corrected")
-    assert warned.status is Status.WARN and warned.hint.startswith("action: rerun:")
+    assert warned.status is Status.WARN and warned.action == "rerun"
     assert f"{CORRECTED_ECC_WARN} corrected (single-bit) ECC errors" in warned.message
 
 
@@ -148,14 +148,14 @@ def test_a_failed_row_remap_fails_with_replace_hardware():
     failed = _one(fault_findings([bump(healthy(), "remapped_rows_failed", 1)]),
                   "faults.remapped_rows.failed")
     assert failed.status is Status.FAIL and "failed during the run" in failed.message
-    assert failed.hint.startswith("action: replace-hardware:")
+    assert failed.action == "replace-hardware"
 
 
 def test_a_remap_already_pending_before_the_run_still_fails_but_says_so():
     failed = _one(fault_findings([bump(healthy(), "remapped_rows_pending", 1, before=1)]),
                   "faults.remapped_rows.pending")
     assert failed.status is Status.FAIL and "already pending before the run" in failed.message
-    assert failed.hint.startswith("action: reset-gpu:")
+    assert failed.action == "reset-gpu"
 
 
 def test_a_gpu_without_a_row_remapper_is_na():
@@ -168,7 +168,7 @@ def test_a_gpu_without_a_row_remapper_is_na():
                                                  ("retired_pages_sbe", Status.WARN)])
 def test_pages_retired_during_the_run_need_a_reset(counter, status):
     found = _one(fault_findings([bump(healthy(), counter, 1)]), "faults.retired_pages")
-    assert found.status is status and found.hint.startswith("action: reset-gpu:")
+    assert found.status is status and found.action == "reset-gpu"
 
 
 # -- PCIe and NVLink -----------------------------------------------------------------
@@ -179,7 +179,7 @@ def test_pcie_replays_at_the_limit_stay_ok_and_above_it_warn():
     warned = _one(fault_findings([bump(healthy(), "pcie_replays", PCIE_REPLAYS_PER_MIN + 1)]),
                   "faults.pcie.replay")
     assert warned.status is Status.WARN and "9 PCIe replays" in warned.message
-    assert warned.hint.startswith("action: replace-hardware:") and "riser" in warned.hint
+    assert warned.action == "replace-hardware" and "riser" in warned.hint
 
 
 def test_pcie_replays_are_judged_as_a_rate_over_a_long_run():
@@ -203,14 +203,14 @@ def test_nvlink_crc_errors_at_nvidias_rate_warn_naming_the_link():
     warned = _one(fault_findings([_nvlink(healthy(), "nvlink_replay", count)]),
                   "faults.nvlink.crc")
     assert warned.status is Status.WARN and "(link 7)" in warned.message
-    assert warned.hint.startswith("action: replace-hardware:")
+    assert warned.action == "replace-hardware"
 
 
 def test_an_nvlink_recovery_fails_with_reset_gpu():
     failed = _one(fault_findings([_nvlink(healthy(), "nvlink_recovery", 1, link=2)]),
                   "faults.nvlink.recovery")
     assert failed.status is Status.FAIL and "(link 2)" in failed.message
-    assert failed.hint.startswith("action: reset-gpu:")
+    assert failed.action == "reset-gpu"
 
 
 def test_an_nvlink_that_goes_down_during_the_run_fails():
@@ -228,7 +228,7 @@ def test_an_nvlink_that_goes_down_during_the_run_fails():
     (154, Status.WARN, "reset-gpu"), (999, Status.WARN, "rerun")])
 def test_xid_events_take_their_verdict_and_action_from_the_xid_table(xid, status, action):
     found = _one(fault_findings([healthy(events=[event("xid", xid)])]), "faults.xid")
-    assert found.status is status and found.hint.startswith(f"action: {action}:")
+    assert found.status is status and found.action == action
     assert f"XID {xid} (" in found.message and found.subject == SUBJECT
 
 
@@ -251,7 +251,7 @@ def test_a_repeated_xid_is_one_finding_with_its_count():
     ("gpu_recovery_action", 2, "faults.event.gpu_recovery_action", "drain-node")])
 def test_memory_and_recovery_events_fail_with_their_action(kind, data, check, action):
     failed = _one(fault_findings([healthy(events=[event(kind, data)])]), check)
-    assert failed.status is Status.FAIL and failed.hint.startswith(f"action: {action}:")
+    assert failed.status is Status.FAIL and failed.action == action
 
 
 def test_a_recovery_event_asking_for_no_action_is_not_a_fault():
@@ -272,7 +272,7 @@ def test_hw_thermal_slowdown_for_40_percent_of_the_loop_warns_with_the_share():
     warned = _one(fault_findings([result]), "faults.clocks.slowdown")
     assert warned.status is Status.WARN and warned.subject == SUBJECT
     assert warned.message.startswith("was in HW thermal slowdown 40% of the timed loop")
-    assert warned.hint.startswith("action: drain-node:")
+    assert warned.action == "drain-node"
 
 
 def test_a_brief_slowdown_below_the_threshold_is_noted_and_ok():
@@ -311,7 +311,7 @@ def test_a_sustained_hw_slowdown_with_a_low_sm_clock_under_load_warns_naming_ran
     assert warned.message.startswith("was in HW slowdown 40% of the timed loop")
     assert ("HW slowdown held in 40% of 250 samples (up to 60 samples in a row; the SM "
             "clock down to 30% of its 1980 MHz maximum, busy, in 104)") in warned.message
-    assert warned.hint.startswith("action: drain-node:")
+    assert warned.action == "drain-node"
     assert slowdown_causes([result]) == {3: "was in HW slowdown 40% of the timed loop"}
 
 
@@ -356,7 +356,7 @@ def test_a_gpu_that_stopped_answering_fails_as_lost():
     error = {"phase": "after the run", "kind": "Timeout", "function": "nvmlDeviceGetRemapped"
              "Rows", "message": "no answer within 3 s"}
     failed = _one(fault_findings([healthy(errors=[error])]), "faults.gpu_lost")
-    assert failed.status is Status.FAIL and failed.hint.startswith("action: drain-node:")
+    assert failed.status is Status.FAIL and failed.action == "drain-node"
 
 
 @pytest.mark.parametrize(("kind", "words", "action"), [
@@ -369,7 +369,7 @@ def test_a_gpu_lost_by_nvmls_word_or_by_a_hang_fails_named_with_its_action(kind,
              "message": "nvmlDeviceGetIndex: ..."}
     failed = _one(fault_findings([healthy(errors=[error])]), "faults.gpu_lost")
     assert failed.status is Status.FAIL and failed.subject == SUBJECT
-    assert words in failed.message and failed.hint.startswith(f"action: {action}:")
+    assert words in failed.message and failed.action == action
 
 
 SLOW = {"function": "nvmlDeviceGetCurrentClocksEventReasons", "waited_s": 4.2,
@@ -382,7 +382,7 @@ def test_one_slow_nvml_call_is_a_warn_nvml_slow_with_no_action_not_a_lost_gpu():
     assert slow.status is Status.WARN and slow.subject == SUBJECT
     assert slow.message == ("NVML slow, not lost: nvmlDeviceGetCurrentClocksEventReasons "
                             "answered after 4.2 s (its budget: 3 s)")
-    assert slow.hint.startswith("action: none:") and "second, longer budget" in slow.hint
+    assert slow.action == "none" and "second, longer budget" in slow.hint
     assert not [f for f in findings if f.status is Status.FAIL]
 
 
@@ -403,10 +403,10 @@ def test_other_watcher_trouble_warns_with_rerun_and_is_no_gpu_fault():
     error = {"phase": "during the run", "kind": "KeyError", "function": None,
              "message": "watcher error: 'x'"}
     warned = _one(fault_findings([healthy(errors=[error])]), "faults.watch")
-    assert warned.status is Status.WARN and warned.hint.startswith("action: rerun:")
+    assert warned.status is Status.WARN and warned.action == "rerun"
 
 
-def test_every_fault_carries_an_action_from_the_fixed_list_in_hint_and_rows():
+def test_every_fault_carries_an_action_from_the_fixed_list_as_cause_and_rows():
     result = healthy(events=[event("xid", 79), event("poison_contained")])
     for name, after in (("ecc_uncorrected", 1), ("ecc_corrected", 50), ("pcie_replays", 99),
                         ("remapped_rows_pending", 1), ("retired_pages_sbe", 1),
@@ -417,7 +417,8 @@ def test_every_fault_carries_an_action_from_the_fixed_list_in_hint_and_rows():
     bad = _bad(section.findings)
     assert len(bad) == 9
     for finding in bad:
-        assert finding.hint.split(":")[0] == "action" and finding.hint.split(": ")[1] in ACTIONS
+        assert finding.action in ACTIONS and finding.cause == f"table.{finding.action}"
+        assert not finding.hint.startswith("action:")  # plain advice
     assert {row["action"] for row in section.data["faults"]} <= set(ACTIONS)
     assert section.data["gpus"][0]["verdict"] == "FAIL"
     assert section.data["gpus"][0]["action"] in ACTIONS

@@ -14,6 +14,7 @@ import pytest
 from gpucheck.comm.report import Verdicts as CommVerdicts
 from gpucheck.comm.report import comm_sections
 from gpucheck.commands import bench as bench_command
+from gpucheck.context import RunContext, RunOptions, TestHooks
 from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.session import process_group
 from gpucheck.faults import run_faults_section, slowdown_causes
@@ -26,6 +27,12 @@ from tests.fake_pynvml import FakeGpu, FakeNvml
 
 BUS = "00000000:9A:00.0"
 XID = 0x8  # nvmlEventTypeXidCriticalError
+WATCHED = (BUS,)  # this one rank watches fake GPU 1 (TestHooks.fault_bus)
+
+
+def watched() -> RunContext:
+    """A context whose one rank watches fake GPU 1 through the test-only bus override."""
+    return RunContext(RunOptions(hooks=TestHooks(fault_bus=WATCHED)))
 LABEL = f"GPU 1 (NVIDIA H200, bus {BUS}, GPU-00000001-0000-0000-0000-000000000000)"
 
 
@@ -34,7 +41,6 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
     """Two fake H200s; this CPU rank watches GPU 1 through the test-only bus override."""
     fake = FakeNvml([FakeGpu(bus_id="00000000:18:00.0"), FakeGpu(bus_id=BUS)])
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
-    monkeypatch.setenv(faultwatch.TEST_BUS_VAR, BUS)
     progress.reset()
     return fake
 
@@ -55,11 +61,12 @@ def doorways(monkeypatch: pytest.MonkeyPatch) -> list[Nvml]:
 
 def test_the_frame_watches_the_rank_through_one_doorway_and_gathers_its_result(
         fake: FakeNvml, doorways: list[Nvml]) -> None:
-    with process_group("gloo", "cpu", 30) as world:
-        faultwatch.mark_start()
+    ctx = watched()
+    with process_group("gloo", "cpu", 30, ctx=ctx) as world:
+        faultwatch.of(ctx).mark_start()
         assert fake.deliver_event(1, XID, 79) == 1
-        faultwatch.mark_end()
-        results = faultwatch.gather()
+        faultwatch.of(ctx).mark_end()
+        results = faultwatch.of(ctx).gather()
     assert world.rank == 0 and len(doorways) == 1
     assert not fake.initialised  # the frame shut its doorway when the group was left
     (result,) = results
@@ -70,7 +77,8 @@ def test_the_frame_watches_the_rank_through_one_doorway_and_gathers_its_result(
 
 def test_a_failed_run_publishes_rank_zeros_result_with_its_partial_results(
         fake: FakeNvml) -> None:
-    with pytest.raises(RuntimeError, match="simulated"), process_group("gloo", "cpu", 30):
+    with pytest.raises(RuntimeError, match="simulated"), \
+            process_group("gloo", "cpu", 30, ctx=watched()):
         progress.publish_partial({"measured": 1})
         fake.deliver_event(1, XID, 79)
         raise RuntimeError("simulated failure in the load")
@@ -83,29 +91,30 @@ def test_a_failed_run_publishes_rank_zeros_result_with_its_partial_results(
 
 def test_no_fault_watch_opens_no_doorway_and_reports_every_rank_as_off(
         fake: FakeNvml, doorways: list[Nvml]) -> None:
-    with process_group("gloo", "cpu", 30, fault_watch=False):
-        faultwatch.mark_start()
-        faultwatch.mark_end()
-        results = faultwatch.gather()
+    ctx = watched()
+    with process_group("gloo", "cpu", 30, fault_watch=False, ctx=ctx):
+        faultwatch.of(ctx).mark_start()
+        faultwatch.of(ctx).mark_end()
+        results = faultwatch.of(ctx).gather()
     assert doorways == [] and not fake.initialised
     assert results == [{"rank": 0, "status": "n/a", "reason": faultwatch.OFF_REASON}]
 
 
 def test_a_cpu_rank_without_the_override_opens_no_doorway(
-        fake: FakeNvml, doorways: list[Nvml], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(faultwatch.TEST_BUS_VAR)
-    with process_group("gloo", "cpu", 30):
-        (result,) = faultwatch.gather()
+        fake: FakeNvml, doorways: list[Nvml]) -> None:
+    ctx = RunContext()
+    with process_group("gloo", "cpu", 30, ctx=ctx):
+        (result,) = faultwatch.of(ctx).gather()
     assert doorways == []
     assert (result["status"], result["reason"]) == ("n/a", "no GPU: this rank runs on the CPU")
 
 
 @pytest.mark.parametrize(("value", "rank", "expected"), [
-    ("", 0, None), ("A,,B", 0, "A"), ("A,,B", 1, None), ("A,,B", 2, "B"), ("A", 5, None)])
+    ((), 0, None), (("A", None, "B"), 0, "A"), (("A", None, "B"), 1, None),
+    (("A", None, "B"), 2, "B"), (("A",), 5, None)])
 def test_the_test_bus_override_gives_each_rank_its_own_entry(
-        monkeypatch: pytest.MonkeyPatch, value: str, rank: int, expected: str | None) -> None:
-    monkeypatch.setenv(faultwatch.TEST_BUS_VAR, value)
-    assert faultwatch.test_bus_id(rank) == expected
+        value: tuple[str | None, ...], rank: int, expected: str | None) -> None:
+    assert TestHooks(fault_bus=value).bus_id(rank) == expected
 
 
 def _watched(rank: int, fractions: dict[str, float], samples: int = 10,
@@ -154,7 +163,7 @@ def test_ranks_whose_watch_did_not_come_back_are_named_not_dropped() -> None:
 
 
 def test_a_failure_before_any_result_still_reports_rank_zeros_faults(fake: FakeNvml) -> None:
-    with pytest.raises(RuntimeError), process_group("gloo", "cpu", 30):
+    with pytest.raises(RuntimeError), process_group("gloo", "cpu", 30, ctx=watched()):
         fake.deliver_event(1, XID, 79)
         raise RuntimeError("simulated failure before the first measurement")
     partial = progress.local_partial()
@@ -170,10 +179,11 @@ def test_a_failure_before_any_result_still_reports_rank_zeros_faults(fake: FakeN
 
 def test_benchs_stop_report_shows_rank_zeros_faults_apart_from_its_partial_numbers(
         fake: FakeNvml) -> None:
-    with pytest.raises(KeyboardInterrupt), process_group("gloo", "cpu", 30):
+    with pytest.raises(KeyboardInterrupt), \
+            process_group("gloo", "cpu", 30, ctx=watched()):
         progress.publish_partial({"rank0_warmup": {"iters": 2}})
         raise KeyboardInterrupt
-    report = bench_command.partial_report(Namespace())
+    report = bench_command.partial_report(Namespace(), RunContext())
     assert report is not None
     assert [s.name for s in report.sections] == ["partial", "faults"]
     assert report.section("partial").data == {"rank0_warmup": {"iters": 2}}
@@ -186,10 +196,11 @@ def test_a_watcher_that_cannot_start_leaves_the_load_running_and_says_why(
         raise ValueError("a watcher bug")
 
     monkeypatch.setattr(faultwatch.FaultWatch, "start", broken)
-    with process_group("gloo", "cpu", 30):
-        faultwatch.mark_start()
-        faultwatch.mark_end()
-        (result,) = faultwatch.gather()
+    ctx = watched()
+    with process_group("gloo", "cpu", 30, ctx=ctx):
+        faultwatch.of(ctx).mark_start()
+        faultwatch.of(ctx).mark_end()
+        (result,) = faultwatch.of(ctx).gather()
     assert result["status"] == "n/a" and "a watcher bug" in result["reason"]
     (finding,) = run_faults_section([result]).findings
     assert finding.status is Status.SKIP and "did not start" in finding.message

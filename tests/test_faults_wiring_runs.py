@@ -10,19 +10,21 @@ its own, since other sections of CPU runs may warn about scheduling noise.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import bench_workers
 import pytest
 
-from gpucheck.cli import main
-from gpucheck.distributed.faultwatch import TEST_BUS_VAR
+from gpucheck.cli import program
+from gpucheck.context import NO_HOOKS, RunOptions, TestHooks
 
 SITE = Path(__file__).resolve().parent / "fake_nvml_site"
 BUS = ("00000000:18:00.0", "00000000:9A:00.0")
+WATCH_FAKE = TestHooks(fault_bus=BUS)  # rank r watches fake GPU r (the bus override)
 LABEL = ("GPU 0 (NVIDIA H200, bus 00000000:18:00.0, GPU-00000000-0000-0000-0000-000000000000)",
          "GPU 1 (NVIDIA H200, bus 00000000:9A:00.0, GPU-00000001-0000-0000-0000-000000000000)")
 XID = 0x8  # nvmlEventTypeXidCriticalError
@@ -35,7 +37,6 @@ COMM = ["--min-bytes", "1K", "--max-bytes", "4K", "--iters", "2", "--warmup", "1
 def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Two fake H200s in every rank; rank r watches GPU r. Call with the scenario."""
     monkeypatch.syspath_prepend(str(SITE))  # spawned ranks start from this sys.path
-    monkeypatch.setenv(TEST_BUS_VAR, ",".join(BUS))
     kept = sys.modules.pop("pynvml", None)
 
     def scenario(gpus: list[dict[str, Any]] | None = None,
@@ -51,9 +52,11 @@ def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         sys.modules["pynvml"] = kept
 
 
-def run(tmp_path: Path, command: str, *extra: str) -> tuple[int, dict[str, Any]]:
+def run(tmp_path: Path, command: str, *extra: str,
+        hooks: TestHooks = WATCH_FAKE) -> tuple[int, dict[str, Any]]:
     out = tmp_path / "report.json"
-    code = main([command, "--n-gpus", "2", "--timeout", "60", "-q", "-o", str(out), *extra])
+    code = program([command, "--n-gpus", "2", "--timeout", "60", "-q", "-o", str(out), *extra],
+                   RunOptions(hooks=hooks))
     return code, json.loads(out.read_text())
 
 
@@ -109,9 +112,8 @@ def test_counters_the_fake_gpus_lack_are_na_in_a_stress_run_never_a_fail(
 
 
 def test_the_default_cpu_bench_run_reports_the_watch_as_skipped_on_cpu(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(TEST_BUS_VAR, raising=False)
-    code, report = run(tmp_path, "bench", *BENCH)
+        tmp_path: Path) -> None:
+    code, report = run(tmp_path, "bench", *BENCH, hooks=NO_HOOKS)
     assert code == 0, report
     assert statuses(faults(report)) == [("faults.watch", "SKIP", None)]
     message = faults(report)["findings"][0]["message"]
@@ -130,11 +132,8 @@ def test_no_fault_watch_says_the_watch_was_turned_off(tmp_path: Path, fake_gpus)
 def test_a_failed_bench_run_still_reports_rank_zeros_own_faults(tmp_path: Path,
                                                                 fake_gpus) -> None:
     fake_gpus(events=[{"gpu": 0, "type": XID, "data": 79, "on_poll": 1}])
-    os.environ["GPUCHECK_TEST_HOOK"] = "bench_workers:fail_rank_zero"
-    try:
-        code, report = run(tmp_path, "bench", *BENCH)
-    finally:
-        del os.environ["GPUCHECK_TEST_HOOK"]
+    code, report = run(tmp_path, "bench", *BENCH,
+                       hooks=replace(WATCH_FAKE, model=bench_workers.fail_rank_zero))
     assert code == 1
     section = faults(report)
     assert ("faults.xid", "FAIL", f"rank 0 on {LABEL[0]}") in statuses(section)
@@ -143,12 +142,12 @@ def test_a_failed_bench_run_still_reports_rank_zeros_own_faults(tmp_path: Path,
 
 
 def test_a_bench_straggler_in_thermal_slowdown_is_told_why_it_was_slow(
-        tmp_path: Path, fake_gpus, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, fake_gpus) -> None:
     # Rank 1 sleeps in every forward (a slow GPU) and its GPU's HW thermal slowdown
     # counter (field 270) grows at half of real time: slowed down 50% of any window.
     fake_gpus(gpus=[{}, {"slowdown_share": {"270": 0.5}}])
-    monkeypatch.setenv("GPUCHECK_TEST_HOOK", "bench_workers:slow_rank_one")
-    code, report = run(tmp_path, "bench", *BENCH[:-1], "5")
+    code, report = run(tmp_path, "bench", *BENCH[:-1], "5",
+                       hooks=replace(WATCH_FAKE, model=bench_workers.slow_rank_one))
     assert code == 0, report
     warned = [f for s in report["sections"] for f in s["findings"]
               if f["check"] == "bench.rank.straggler" and f["status"] == "WARN"]

@@ -19,6 +19,7 @@ import pytest
 
 from gpucheck.cli import build_parser
 from gpucheck.commands import hang
+from gpucheck.context import RunContext
 from gpucheck.hang.procs import discover
 from gpucheck.hang.trace_verdict import judge_group
 from gpucheck.hang.traces import dump_files, groups, load
@@ -28,7 +29,7 @@ from tests.hang_launch import Job, hang_job, wait_for
 
 def run_hang(*argv: str) -> Report:
     args = build_parser().parse_args(["hang", *argv])
-    report = hang.run(args)
+    report = hang.run(args, RunContext())
     assert report is not None
     return report
 

@@ -9,6 +9,7 @@ import pytest
 
 from gpucheck.commands import job_report
 from gpucheck.commands.launch_options import LaunchPlan
+from gpucheck.context import RunContext
 from gpucheck.distributed import job
 from gpucheck.distributed.job import JobFailed
 from gpucheck.distributed.launch import RankFailure, WorkersFailed
@@ -23,14 +24,16 @@ def build(result: dict[str, Any]) -> Report:
 
 
 def run_with(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> Report | None:
-    def fake_run_job(worker: Any, spec: Any, nproc: int, port: int | None) -> Any:
+    def fake_run_job(worker: Any, spec: Any, nproc: int, port: int | None,
+                     ctx: RunContext) -> Any:
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
 
     monkeypatch.setattr(job, "run_job", fake_run_job)
     plan = LaunchPlan(nproc=2, device="cpu", backend="gloo", master_port=None, timeout_s=30)
-    return job_report.run_reported("stress", print, None, plan, build, quiet_stdout=False)
+    return job_report.run_reported("stress", print, None, plan, build, quiet_stdout=False,
+                                   ctx=RunContext())
 
 
 def test_the_result_becomes_the_report(monkeypatch: pytest.MonkeyPatch) -> None:

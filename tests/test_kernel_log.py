@@ -63,7 +63,7 @@ def test_xid_79_fails_once_per_gpu_naming_it_by_nvml_index_bus_id_and_uuid():
     section = section_of("dmesg_fallen_off_bus.log")
     (finding,) = xid_findings(section, 79)
     assert finding.status is Status.FAIL and finding.subject == GPU1_LABEL
-    assert finding.hint.startswith("action: drain-node")
+    assert finding.action == "drain-node" and finding.cause == "table.drain-node"
     # Two Xid 79 lines; the "fallen off the bus" line is the same loss, not a third.
     row = row_of(section, 79)
     assert row["count"] == 2 and row["action"] == "drain-node"
@@ -107,7 +107,7 @@ def test_each_gpu_fault_xid_is_caught_with_its_status_and_action(xid, status, ac
     section = section_of("journal_ecc_and_gsp.log")
     (finding,) = xid_findings(section, xid)
     assert finding.status is status and finding.check == "kernel_log.xid"
-    assert finding.hint.startswith(f"action: {action}:")
+    assert finding.action == action and finding.cause == f"table.{action}"
     assert row_of(section, xid)["action"] == action
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpucheck.checks.legacy import resolve_action
+from gpucheck.checks import lookup
 from gpucheck.comm.aggregate import pair_findings
 from gpucheck.comm.pairwise import second_look_steps
 from gpucheck.measure import LookState
@@ -223,7 +223,9 @@ def test_a_gpu_nvml_cannot_find_has_no_class(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_contended_copies_alone_never_drain() -> None:
-    assert resolve_action("stress.copies.together", "WARN", "confirmed") != "drain-node"
+    check = lookup("stress.copies.together")
+    assert check.on_look is not None and "drain-node" not in {*check.on_look.values(),
+                                                               *check.action_by_status.values()}
 
 
 def test_the_p2p_section_lists_the_path_classes() -> None:

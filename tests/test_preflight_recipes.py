@@ -39,7 +39,10 @@ def site(tmp_path: Path) -> dict:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     python = shlex.quote(sys.executable)
-    _script(bin_dir / "gpucheck", f'exec {python} -m gpucheck "$@"\n')
+    # gpucheck through tests/hooked.py: HOOKED_OPTIONS (this stand-in's, word-split) are
+    # its test hooks, which reach every rank as data (gpucheck reads no such variable).
+    hooked = shlex.quote(str(REPO / "tests" / "hooked.py"))
+    _script(bin_dir / "gpucheck", f'exec {python} {hooked} $HOOKED_OPTIONS gpucheck "$@"\n')
     _script(bin_dir / "python", f'exec {python} "$@"\n')
     _script(bin_dir / "torchrun", f'exec {python} -m torch.distributed.run "$@"\n')
     log = tmp_path / "calls.log"
@@ -80,7 +83,7 @@ def test_sbatch_recipe_starts_training_after_a_pass_and_submits_nothing(site: di
 
 
 def test_sbatch_recipe_excludes_the_failing_host_and_resubmits_once(site: dict) -> None:
-    done = _sbatch(site, GPUCHECK_STRESS_TEST_HOOK="stress_workers:wrong_rank_one_always")
+    done = _sbatch(site, HOOKED_OPTIONS="--stress stress_workers:wrong_rank_one_always")
     assert done.returncode == 1 and "TRAIN" not in done.stdout, done.stderr[-3000:]
     host = socket.gethostname()
     assert _calls(site, "sbatch") == [f"sbatch --exclude={host} --export=ALL,"

@@ -16,6 +16,7 @@ from comm_workers import PYTHON, ROOT, clean_env, descendants, free_port, start,
 
 RUN_S = 300
 TRAIN = str(ROOT / "tests" / "preflight_train.py")
+HOOKED = str(ROOT / "tests" / "hooked.py")  # gpucheck with test hooks (TestHooks)
 HOOK_PATH = f"{ROOT}:{ROOT / 'tests'}"
 
 
@@ -33,15 +34,17 @@ def _trained(stdout: str) -> list[dict]:
                    if line.startswith("TRAIN ")), key=lambda r: r["rank"])
 
 
-def _torchrun(tmp_path: Path, *options: str, **env: str) -> subprocess.Popen[str]:
+def _torchrun(tmp_path: Path, *options: str, hooks: tuple[str, ...] = (),
+              **env: str) -> subprocess.Popen[str]:
+    """`hooks`: tests/hooked.py's options (every rank gets them as TestHooks)."""
     args = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-            "--max-restarts", "0", "-m", "gpucheck", "preflight", *options,
+            "--max-restarts", "0", HOOKED, *hooks, "gpucheck", "preflight", *options,
             "--", PYTHON, TRAIN]
     return start(args, _env(**env))
 
 
-def _slurm_ranks(port: int, *options: str, nodes: int = 1,
+def _slurm_ranks(port: int, *options: str, nodes: int = 1, hooks: tuple[str, ...] = (),
                  **env: str) -> list[subprocess.Popen[str]]:
     """Two tasks as srun starts them: no agent, rank 0 hosts the store; with `nodes=2`
     each task is its own "node" (node rank 0 and 1 on this one host)."""
@@ -56,7 +59,7 @@ def _slurm_ranks(port: int, *options: str, nodes: int = 1,
             SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2", SLURM_NNODES=str(nodes),
             SLURM_JOB_NODELIST="localhost", SLURM_STEP_NODELIST="localhost",
             SLURM_TASKS_PER_NODE=str(2 // nodes), **env)
-        procs.append(start([PYTHON, "-m", "gpucheck", "preflight", *options, "--",
+        procs.append(start([PYTHON, HOOKED, *hooks, "gpucheck", "preflight", *options, "--",
                             PYTHON, TRAIN], rank_env))
     return procs
 
@@ -106,9 +109,9 @@ def test_wrong_matmul_on_rank_one_starts_the_command_nowhere(tmp_path: Path,
                                                             launch: str) -> None:
     exclude, report = tmp_path / "exclude.txt", tmp_path / "report.json"
     options = ("-q", "-o", str(report), "--exclude-file", str(exclude))
-    hook = {"GPUCHECK_STRESS_TEST_HOOK": "stress_workers:wrong_rank_one_always"}
-    procs = [_torchrun(tmp_path, *options, **hook)] if launch == "torchrun" else \
-        _slurm_ranks(free_port(), *options, **hook)
+    hooks = ("--stress", "stress_workers:wrong_rank_one_always")
+    procs = [_torchrun(tmp_path, *options, hooks=hooks)] if launch == "torchrun" else \
+        _slurm_ranks(free_port(), *options, hooks=hooks)
     with tracked(procs) as seen:
         outs = [p.communicate(timeout=RUN_S) for p in procs]
         assert wait_gone(seen) == []
@@ -126,7 +129,7 @@ def test_wrong_matmul_on_rank_one_starts_the_command_nowhere(tmp_path: Path,
 def test_rank_stopped_during_the_checks_ends_the_run_and_is_named(tmp_path: Path) -> None:
     exclude, report = tmp_path / "exclude.txt", tmp_path / "report.json"
     proc = _torchrun(tmp_path, "-q", "--budget", "10", "-o", str(report), "--exclude-file",
-                     str(exclude), GPUCHECK_STRESS_TEST_HOOK="preflight_workers:stop_rank_one")
+                     str(exclude), hooks=("--stress", "preflight_workers:stop_rank_one"))
     with tracked([proc]) as seen:
         stdout, stderr = proc.communicate(timeout=RUN_S)
         assert wait_gone(seen) == []
@@ -179,7 +182,7 @@ def test_rank_zero_stopped_still_stops_the_command_and_rank_one_speaks(
     process left."""
     exclude, report = tmp_path / "exclude.txt", tmp_path / "report.json"
     proc = _torchrun(tmp_path, "-q", "--budget", "10", "-o", str(report), "--exclude-file",
-                     str(exclude), GPUCHECK_STRESS_TEST_HOOK="preflight_workers:stop_rank_zero")
+                     str(exclude), hooks=("--stress", "preflight_workers:stop_rank_zero"))
     with tracked([proc]) as seen:
         stdout, stderr = proc.communicate(timeout=RUN_S)
         assert wait_gone(seen) == []
@@ -199,7 +202,7 @@ def test_rank_zero_stopped_under_srun_shape_rank_one_ends_and_names_it(
     command not started) and it writes rank 0's host to the exclude file."""
     exclude = tmp_path / "exclude.txt"
     procs = _slurm_ranks(free_port(), "-q", "--budget", "10", "--exclude-file", str(exclude),
-                         GPUCHECK_STRESS_TEST_HOOK="preflight_workers:stop_rank_zero")
+                         hooks=("--stress", "preflight_workers:stop_rank_zero"))
     with tracked(procs) as seen:
         _stdout, stderr = procs[1].communicate(timeout=RUN_S)
         seen.extend(p.pid for p in descendants(procs[1]))

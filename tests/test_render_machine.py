@@ -27,8 +27,8 @@ def _health_like() -> Report:
     section = Section("gpus", "GPUs", {"valid_until": "2026-11-24T10:10:00+00:00"}, [
         ok("driver.nvml", "driver 550"),
         ok("gpu.pcie.width", "x16", GPU3),
-        fail("kernel_log.xid", "XID 48 once", "action: reset-gpu: reset it", GPU3),
-        warn("kernel_log.xid", "XID 94 once", "action: restart-app: restart", GPU3),
+        fail("kernel_log.xid", "XID 48 once", "reset it", GPU3, cause="table.reset-gpu"),
+        warn("kernel_log.xid", "XID 94 once", "restart", GPU3, cause="table.restart-app"),
         warn("ib.port.rate", "runs at 200 Gb/sec", "reseat", "mlx5_1 port 1"),
         skip("ib.port.link_downed", "first check", "mlx5_0 port 1"),
     ])

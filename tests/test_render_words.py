@@ -42,22 +42,24 @@ def test_a_shared_node_words_each_pair() -> None:
 
 
 @pytest.mark.parametrize("form", ["text", "markdown", "html"])
-def test_every_renderer_words_the_look_and_drops_a_contradicting_prefix(form: str) -> None:
+def test_every_renderer_words_the_look_and_shows_the_plain_hint(form: str) -> None:
     finding = warn("comm.pairwise.slow_pair", "cuda:2 -> cuda:5 at 40 GB/s",
-                   "action: drain-node: check the NVLink", subject.pair(2, 5, by="cuda"),
+                   "check the NVLink", subject.pair(2, 5, by="cuda"),
                    look=_look(LookState.UNSTABLE, 79.0))
     assert finding.action == "rerun"
     page = " ".join(render(Report("comm", [Section("s", "S", findings=[finding])]),
                            form).split())  # the text form wraps
     assert "unstable: measured again at 79 GB/s" in page
-    assert "action: drain-node" not in page and "check the NVLink" in page
+    assert "check the NVLink" in page and "drain-node" not in page
 
 
-def test_without_data_the_hint_loses_only_a_prefix_that_repeats_its_action() -> None:
-    repeated = warn("gpu.busy", "m", "action: rerun: wait")
-    assert hint_words(repeated) == "wait" and message_words(repeated) == "m"
-    caused = warn("bench.rank.straggler", "m", "action: drain-node: look", cause="host_stall")
-    assert hint_words(caused) == "look"
+def test_the_hint_is_plain_advice_whatever_its_words() -> None:
+    """No prefix is parsed: a hint that looks like one stays as written and decides
+    nothing."""
+    plain = warn("gpu.busy", "m", "wait")
+    assert hint_words(plain) == "wait" and message_words(plain) == "m"
+    worded = warn("bench.rank.straggler", "m", "action: drain-node: look", cause="host_stall")
+    assert hint_words(worded) == "action: drain-node: look" and worded.action == "fix-config"
 
 
 def test_prometheus_and_line_read_the_fields_of_structured_subjects() -> None:

@@ -12,10 +12,12 @@ import sys
 import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpucheck.commands import all as all_command
+from gpucheck.context import RunContext
 from gpucheck.distributed import caught, progress, terminal
 from gpucheck.faults import faults_section
 from gpucheck.probes import collect_env
@@ -105,35 +107,36 @@ def test_all_without_a_narrower_part_has_no_scope() -> None:
 def test_a_library_warning_on_a_rank_is_caught_not_printed(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(progress.RUN_DIR_VAR, raising=False)
-    caught.log_rows()
-    with caught.caught(rank=0):
+    kept: list[dict[str, Any]] = []
+    with caught.caught(0, kept):
         warnings.warn("torch.distributed.all_gather_into_tensor is deprecated", FutureWarning,
                       stacklevel=1)
     assert capsys.readouterr().err == ""
-    rows = caught.log_rows()
+    rows = caught.log_rows(kept)
     assert [(r["category"], r["ranks"]) for r in rows] == [("FutureWarning", [0])]
-    assert caught.log_rows() == []  # taken once
+    assert caught.log_rows(kept) == []  # taken once
 
 
 def test_every_ranks_warnings_reach_the_launcher_once_with_their_ranks(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(progress.RUN_DIR_VAR, str(tmp_path))
     for rank in (0, 1):
-        with caught.caught(rank):
+        with caught.caught(rank, []):  # each rank's own list: the launcher reads the files
             warnings.warn("deprecated", FutureWarning, stacklevel=1)
-    caught.log_rows()  # what this process kept itself: the launcher reads the files
-    caught.gather(tmp_path)
-    rows = caught.log_rows()
+    launcher: list[dict[str, Any]] = []
+    caught.gather(tmp_path, launcher)
+    rows = caught.log_rows(launcher)
     assert len(rows) == 1 and rows[0]["ranks"] == [0, 1]
 
 
 def test_the_cli_puts_caught_warnings_in_the_reports_log_section() -> None:
     from gpucheck.cli import add_log
 
-    caught.remember([{"category": "FutureWarning", "message": "m", "where": "x.py:1",
-                      "ranks": [1]}])
+    ctx = RunContext()
+    caught.remember(ctx.warnings, [{"category": "FutureWarning", "message": "m",
+                                    "where": "x.py:1", "ranks": [1]}])
     report = Report("comm")
-    add_log(report)
+    add_log(report, ctx)
     log = report.section("log")
     assert log is not None and log.data["warnings"][0]["category"] == "FutureWarning"
     assert log.findings == []
@@ -141,7 +144,7 @@ def test_the_cli_puts_caught_warnings_in_the_reports_log_section() -> None:
 
 def test_the_process_group_frame_catches_warnings() -> None:
     source = (ROOT / "gpucheck" / "distributed" / "session.py").read_text()
-    assert "caught.caught(world.rank)" in source
+    assert "caught.caught(world.rank, ctx.warnings)" in source
 
 
 # --- item 5: the burn-in's own seconds -------------------------------------------------

@@ -170,7 +170,7 @@ def test_a_stop_before_anything_was_measured_still_writes_a_report_saying_so(
     from gpucheck.commands import bench
     from gpucheck.distributed import progress
 
-    def stopped(args: Any) -> None:
+    def stopped(args: Any, ctx: Any) -> None:
         raise Interrupted(signal.SIGTERM)
 
     progress.reset()

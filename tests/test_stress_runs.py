@@ -17,23 +17,21 @@ from typing import Any
 
 import psutil
 import pytest
+import stress_workers
 
-from gpucheck.cli import main
-from gpucheck.stress.hooks import TEST_HOOK_VAR
+from gpucheck.cli import program
+from gpucheck.context import RunContext, RunOptions, TestHooks
 
 SHORT = ("--duration", "1", "--timeout", "60", "-q")
 
 
 def stress(tmp_path: Path, nproc: int, *extra: str, hook: str | None = None,
            ) -> tuple[int, dict[str, Any]]:
+    """`hook`: the name of a tests/stress_workers.py function every rank calls."""
     out = tmp_path / "stress.json"
-    if hook:
-        os.environ[TEST_HOOK_VAR] = f"stress_workers:{hook}"
-    try:
-        code = main(["stress", "--n-gpus", str(nproc), *SHORT, "--format", "json",
-                     "-o", str(out), *extra])
-    finally:
-        os.environ.pop(TEST_HOOK_VAR, None)
+    hooks = TestHooks(stress=getattr(stress_workers, hook) if hook else None)
+    code = program(["stress", "--n-gpus", str(nproc), *SHORT, "--format", "json",
+                    "-o", str(out), *extra], RunOptions(hooks=hooks))
     return code, json.loads(out.read_text())
 
 
@@ -152,13 +150,13 @@ def test_an_interrupted_run_reports_the_phases_it_had() -> None:
         "phases_done": ["gemm"], "complete": False})
     try:
         built = partial_report(Namespace(peer_threshold=0.9, expected_threshold=0.8,
-                                         copy_threshold=0.6))
+                                         copy_threshold=0.6), RunContext())
     finally:
         progress.reset()
     assert built is not None and [s.name for s in built.sections] == ["stress", "gemm",
                                                                       "faults"]
     assert built.sections[0].data["phases_done"] == "1 of 3: gemm"
-    assert partial_report(Namespace()) is None  # nothing published: nothing to keep
+    assert partial_report(Namespace(), RunContext()) is None  # nothing published: nothing to keep
 
 
 def test_torchrun_ranks_report_once_from_rank_zero(tmp_path: Path) -> None:
@@ -167,7 +165,7 @@ def test_torchrun_ranks_report_once_from_rank_zero(tmp_path: Path) -> None:
 
     root = Path(__file__).resolve().parent.parent
     env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", TEST_HOOK_VAR)}
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["PYTHONPATH"] = str(root)
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",

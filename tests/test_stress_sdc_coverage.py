@@ -5,16 +5,16 @@ rows is caught, a healthy product stays OK, and the OK says how much was checked
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+import stress_workers
 import torch
 
-from gpucheck.cli import main
+from gpucheck.cli import program
+from gpucheck.context import RunOptions, TestHooks
 from gpucheck.stress import burn, sdc
 from gpucheck.stress.gemm import seeded_pair
-from gpucheck.stress.hooks import TEST_HOOK_VAR
 
 N = 2048
 ROWS = [5, 300, 1500]
@@ -68,13 +68,10 @@ def test_every_output_tile_of_the_lowest_height_has_a_row_checked() -> None:
 
 def _run(tmp_path: Path, hook: str | None) -> dict[str, Any]:
     out = tmp_path / "stress.json"
-    if hook:
-        os.environ[TEST_HOOK_VAR] = f"stress_workers:{hook}"
-    try:
-        main(["stress", "--n-gpus", "1", "--duration", "0.5", "--timeout", "60", "-q",
-              "--dtypes", "fp32", "--size", "1280", "--format", "json", "-o", str(out)])
-    finally:
-        os.environ.pop(TEST_HOOK_VAR, None)
+    hooks = TestHooks(stress=getattr(stress_workers, hook) if hook else None)
+    program(["stress", "--n-gpus", "1", "--duration", "0.5", "--timeout", "60", "-q",
+             "--dtypes", "fp32", "--size", "1280", "--format", "json", "-o", str(out)],
+            RunOptions(hooks=hooks))
     return json.loads(out.read_text())
 
 

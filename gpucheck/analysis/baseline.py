@@ -186,4 +186,4 @@ def _below_finding(found: list[Metric], baseline: Baseline) -> Finding:
                 f"{entry.expected:.4g})",
                 hint="run again to confirm; if it repeats, compare this node's gpucheck env "
                 "and stress with a healthy one (gpucheck compare)",
-                subject=slot_subject(worst), action="rerun")
+                subject=slot_subject(worst))

@@ -74,16 +74,15 @@ def _fact_finding(key: str, kind: str, va: str | None, vb: str | None) -> Findin
     if kind == HARDWARE and "count" in key and _fewer(va, vb):
         return fail("compare.hardware", f"B has fewer GPUs: {change}",
                     hint="a GPU is missing from B: check nvidia-smi -L and the kernel log "
-                    "(Xid 79: fell off the bus) on B's node", subject=key, action="drain-node")
+                    "(Xid 79: fell off the bus) on B's node", subject=key)
     if kind == SETUP:
         return warn("compare.setup", f"the runs differ in {change}: their figures measure "
                     "different things", hint="rerun both with the same options before "
-                    "reading their metrics as a regression", subject=key, action="fix-config")
+                    "reading their metrics as a regression", subject=key)
     check = {HARDWARE: "compare.hardware", ENVIRONMENT: "compare.environment",
              VERSION: "compare.versions"}.get(kind, "compare.versions")
     return warn(check, change, hint="if the change was not intended, align B with A (driver, "
-                "packages, container image, launcher environment)", subject=key,
-                action="fix-config")
+                "packages, container image, launcher environment)", subject=key)
 
 
 def _fewer(va: str | None, vb: str | None) -> bool:
@@ -198,7 +197,7 @@ def _regression(family: str, found: list[dict[str, Any]], a: Side, b: Side,
                 f"{metric.unit} ({pct})",
                 hint="run both again to tell noise from a change; if B stays worse, look at "
                 "what changed between them (the facts above, gpucheck env on B's node)",
-                subject=slot_subject(metric), action="rerun")
+                subject=slot_subject(metric))
 
 
 def _missing(table: list[dict[str, Any]]) -> list[Finding]:
@@ -208,7 +207,7 @@ def _missing(table: list[dict[str, Any]]) -> list[Finding]:
     shown = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
     return [warn("compare.missing", f"{len(gone)} metric(s) of A are missing from B: {shown}",
                  hint="B measured less (fewer ranks, sizes or phases, or a run that stopped "
-                 "early): rerun B with A's options", action="rerun")]
+                 "early): rerun B with A's options")]
 
 
 # --- findings ----------------------------------------------------------------------
@@ -264,4 +263,4 @@ def _new_problem(f: Mapping[str, Any]) -> Finding:
     hint = f.get("hint") if isinstance(f.get("hint"), str) else None
     return Finding("compare.findings", Status(f["status"]), f"new in B: {f['check']}: "
                    f"{f.get('message')}", hint or "see B's report", _subject_of(f),
-                   action=finding_action(f))
+                   relayed=finding_action(f))

@@ -68,8 +68,8 @@ def _inputs_section(fleet: Fleet, reasons: list[Reason]) -> Section:
         "unreadable": [{"file": u.path, "problem": u.why} for u in fleet.unreadable],
         "unused": [{"file": u.path, "why": u.why} for u in fleet.unused]}
     findings = [warn("fleet.unreadable", f"{u.path}: {u.why}", hint="left out; write the "
-                     "node's report again (rerun gpucheck on it)", subject=u.path,
-                     action="rerun") for u in fleet.unreadable]
+                     "node's report again (rerun gpucheck on it)", subject=u.path)
+                for u in fleet.unreadable]
     findings += identity_findings(fleet, reasons)
     findings.append(ok("fleet.inputs", f"{data['reports']} report(s) from {data['nodes']} "
                        f"node(s): {data['commands']}"))
@@ -98,13 +98,13 @@ def _coverage_section(fleet: Fleet, options: FleetOptions, reasons: list[Reason]
     if missing:
         findings.append(fail("fleet.missing", f"{len(missing)} of {len(options.expected_nodes)}"
                              f" expected node(s) sent no report: {_listed(missing)}",
-                             hint=_MISSING_HINT, action="rerun"))
+                             hint=_MISSING_HINT))
         reasons += [Reason(n, "FAIL", "rerun", "fleet.missing", "no report from this node",
                            None, "fleet", _MISSING_HINT) for n in missing]
     if unexpected:
         findings.append(warn("fleet.unexpected", f"{len(unexpected)} reporting node(s) not "
                              f"in --nodes: {_listed(unexpected)}", hint="check the node list "
-                             "(or old reports left in the directory)", action="fix-config"))
+                             "(or old reports left in the directory)"))
     for command, group in fleet.groups.items():
         findings += _command_coverage(command, sorted(group), nodes, options, reasons)
     rows = [_command_row(c, g) for c, g in fleet.groups.items()]
@@ -128,14 +128,14 @@ def _command_coverage(command: str, have: list[str], nodes: list[str],
     if lacking:
         findings.append(fail("fleet.missing", f"{command}: {len(lacking)} node(s) sent other "
                              f"reports but no {command} report: {_listed(lacking)}",
-                             hint=_MISSING_HINT, action="rerun"))
+                             hint=_MISSING_HINT))
         reasons += [Reason(n, "FAIL", "rerun", "fleet.missing", f"no {command} report (it "
                            "sent others)", None, "fleet", _MISSING_HINT) for n in lacking]
     count = options.expected_count
     if count is not None and not options.expected_nodes and len(have) < count:
         findings.append(fail("fleet.missing", f"{command}: {len(have)} report(s) from "
                              f"{count} expected node(s)", hint="give the node list (--nodes "
-                             "gpu[01-16]) to name the missing ones", action="rerun"))
+                             "gpu[01-16]) to name the missing ones"))
     return findings
 
 
@@ -160,7 +160,7 @@ def _drift_section(fleet: Fleet, reasons: list[Reason]) -> Section:
         findings.append(Finding("fleet.drift", status, f"{drift.command}: {drift.key}: "
                                 f"{drift_row(drift)['differ']}; most nodes "
                                 f"({drift.usual_nodes}) have {drift.usual!r}",
-                                found[0].hint, drift.key, action=found[0].action))
+                                found[0].hint, drift.key, relayed=found[0].action))
     if not drifts:
         findings.append(ok("fleet.drift", "the nodes agree on every version, GPU model and "
                            "count, environment variable and run setting their reports state"))
@@ -196,8 +196,7 @@ def _outlier_summary(command: str, rows: list[dict[str, Any]], found: list[Reaso
                   f"{judged} judged metric(s)")
     nodes = sorted({r.node for r in found})
     return warn("fleet.outlier", f"{command}: {len(nodes)} node(s) worse than the fleet: "
-                f"{_listed(nodes)}", hint="see the outliers table and each node's reasons",
-                action="rerun")
+                f"{_listed(nodes)}", hint="see the outliers table and each node's reasons")
 
 
 # --- baseline ----------------------------------------------------------------------
@@ -232,8 +231,7 @@ def _baseline_summary(rows: list[dict[str, Any]], shared: int) -> Finding:
                   "its limits")
     nodes = sorted({r["node"] for r in rows})
     return warn("fleet.baseline", f"{len(nodes)} node(s) beyond the baseline on {len(rows)} "
-                f"figure(s): {_listed(nodes)}", hint="see each node's reasons",
-                action="rerun")
+                f"figure(s): {_listed(nodes)}", hint="see each node's reasons")
 
 
 # --- the nodes to act on -----------------------------------------------------------
@@ -278,7 +276,7 @@ def _actions_section(reasons: Sequence[Reason], nodes: int) -> Section:
         others = f" (+{len(found) - 1} more: {_all_actions(found)})" if len(found) > 1 else ""
         findings.append(Finding("fleet.node", Status(top.status), f"{top.check}: "
                                 f"{top.message}{others}", top.hint or "see the reasons table",
-                                node, action=top.action))
+                                node, relayed=top.action))
     if not ranked:
         findings.append(ok("fleet.node", f"no node to act on among {nodes}"))
     return Section("actions", "Nodes to act on, most urgent first",

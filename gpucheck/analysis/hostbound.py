@@ -93,5 +93,4 @@ def host_bound_finding(ranks: Mapping[str, tuple[float, float]],
                 "process), so this is not a slower device"
                 + (f"; the job's figures fell with them ({also})" if also else ""),
                 hint="rerun B on an idle node (check top, the job's cgroup CPU quota, other "
-                "jobs on the node); if it stays slow, find what shares the node's CPUs",
-                action="rerun")
+                "jobs on the node); if it stays slow, find what shares the node's CPUs")

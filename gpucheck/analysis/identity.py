@@ -33,10 +33,10 @@ def duplicate_finding(dup: Duplicate) -> tuple[Finding, Reason]:
                f"only the newest ({judged.path}) is judged")
     if hidden_fail:
         finding = fail("fleet.duplicate_host", message, hint=_DUPLICATE_HINT,
-                       subject=dup.node, action="rerun")
+                       subject=dup.node)
     else:
         finding = warn("fleet.duplicate_host", message, hint=_DUPLICATE_HINT,
-                       subject=dup.node, action="fix-config")
+                       subject=dup.node)
     return finding, Reason(dup.node, finding.status.value, finding.action or "rerun",
                            "fleet.duplicate_host", message, None, "fleet", _DUPLICATE_HINT)
 
@@ -45,8 +45,7 @@ def future_finding(report: LoadedReport) -> tuple[Finding, Reason]:
     node = node_name(report)
     message = (f"{report.path} is dated {report.created_at}, ahead of this machine's clock "
                f"(claims host {node})")
-    finding = warn("fleet.future_report", message, hint=_FUTURE_HINT, subject=node,
-                   action="fix-config")
+    finding = warn("fleet.future_report", message, hint=_FUTURE_HINT, subject=node)
     return finding, Reason(node, "WARN", "fix-config", "fleet.future_report", message, None,
                            "fleet", _FUTURE_HINT)
 

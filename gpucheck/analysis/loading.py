@@ -17,11 +17,10 @@ from typing import Any
 from gpucheck.actions import ACTIONS
 from gpucheck.analysis.facts import Fact, extract_facts
 from gpucheck.analysis.metrics import metrics_of
-from gpucheck.checks.legacy import resolve_action
 from gpucheck.errors import UsageError
 from gpucheck.inputs import InputError, JsonProblem, parse_json, read_capped
 from gpucheck.measure import Metric, SecondLook
-from gpucheck.report import READABLE_SCHEMA_VERSIONS, Status
+from gpucheck.report import READABLE_SCHEMA_VERSIONS, Status, stored_action
 from gpucheck.subject import Subject
 
 STATUSES = frozenset(s.value for s in Status)
@@ -91,8 +90,7 @@ def finding_action(finding: Mapping[str, Any]) -> str | None:
     action = finding.get("action")
     if action in ACTIONS:
         return str(action)
-    return resolve_action(finding["check"], finding["status"], str(finding.get("message", "")),
-                          finding.get("hint") if isinstance(finding.get("hint"), str) else None)
+    return stored_action(str(finding["check"]), Status(finding["status"]), finding.get("cause"))
 
 
 def _kind(name: object) -> str:

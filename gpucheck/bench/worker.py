@@ -15,7 +15,6 @@ common end barrier.
 
 from __future__ import annotations
 
-import importlib
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -29,6 +28,7 @@ from gpucheck.bench.marks import IterationMarks
 from gpucheck.bench.model import WeightsChoice
 from gpucheck.bench.partial import TimedSoFar
 from gpucheck.bench.progress import Progress
+from gpucheck.context import RunContext, TestHooks
 from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.session import gpu_identity, process_group, roster
 from gpucheck.distributed.world import World, host_name
@@ -36,9 +36,6 @@ from gpucheck.distributed.world import World, host_name
 if TYPE_CHECKING:
     import torch
 
-# Test-only: "module:function" called as function(model, rank) -> model before DDP
-# wraps it. Only the test suite sets it; nothing in gpucheck does.
-TEST_HOOK_VAR = "GPUCHECK_TEST_HOOK"
 CONSISTENCY_IMAGES = 4
 
 
@@ -76,10 +73,10 @@ class BenchOutcome:
     rotation: str | None = None  # how CPU ranks took turns on rank 0's node's cores
 
 
-def bench_worker(spec: BenchSpec) -> BenchOutcome | None:
+def bench_worker(ctx: RunContext, spec: BenchSpec) -> BenchOutcome | None:
     """Run the benchmark on this rank; rank 0 returns everything gathered."""
     try:
-        return _bench_rank(spec)
+        return _bench_rank(spec, ctx)
     except BaseException:
         _leave_private_group()
         raise
@@ -94,23 +91,24 @@ def _leave_private_group() -> None:
         dist.destroy_process_group()
 
 
-def _bench_rank(spec: BenchSpec) -> BenchOutcome | None:
+def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
     import torch.distributed as dist
 
     with process_group(spec.backend, spec.device, spec.timeout_s,
-                       fault_watch=spec.fault_watch) as world:
+                       fault_watch=spec.fault_watch, ctx=ctx) as world:
         threads = _set_threads(spec.device, world)
         share = data.rank_share(len(spec.files), world.rank, world.world_size)
         progress.set_step("model and data (DDP construction broadcasts rank 0's weights)")
-        ddp, batch, check_batch = _prepare(spec, world, share)
+        ddp, batch, check_batch = _prepare(spec, world, share, ctx.hooks)
         plan = _rotation_plan(spec, world)
-        record, output = _measure(spec, world, ddp, batch, check_batch, threads, plan)
+        record, output = _measure(spec, world, ddp, batch, check_batch, threads, plan,
+                                  faultwatch.of(ctx))
         _publish(world, rank0_record=asdict(record))  # kept if another rank fails now
         progress.set_step("all_gather of the per-rank records")
         gathered: list[Any] = [None] * world.world_size
         dist.all_gather_object(gathered, (record, output))
         progress.set_step(None)
-        faults = faultwatch.gather()
+        faults = faultwatch.of(ctx).gather()
     if not world.is_reporter:
         return None
     return BenchOutcome(
@@ -135,8 +133,8 @@ def _set_threads(device: str, world: World) -> int:
     return torch.get_num_threads()
 
 
-def _prepare(spec: BenchSpec, world: World,
-             share: data.Share) -> tuple[Any, torch.Tensor, torch.Tensor]:
+def _prepare(spec: BenchSpec, world: World, share: data.Share,
+             hooks: TestHooks) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """Model under DDP on the device; the rank's batch and the fixed check batch there too."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
@@ -144,7 +142,9 @@ def _prepare(spec: BenchSpec, world: World,
     device = _device(spec, world)
     dtype = bench_model.torch_dtype(spec.dtype)
     fmt = torch.channels_last if spec.channels_last else torch.contiguous_format
-    model = _apply_test_hook(bench_model.build_model(spec.model, spec.weights), world.rank)
+    model = bench_model.build_model(spec.model, spec.weights)
+    if hooks.model is not None:  # tests only: a slow or wrong rank
+        model = hooks.model(model, world.rank)
     model = model.to(device=device, dtype=dtype, memory_format=fmt)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.index is not None
                                   else None)
@@ -163,17 +163,9 @@ def _device(spec: BenchSpec, world: World) -> torch.device:
         torch.device("cpu"))
 
 
-def _apply_test_hook(model: torch.nn.Module, rank: int) -> torch.nn.Module:
-    target = os.environ.get(TEST_HOOK_VAR)
-    if not target:
-        return model
-    module, _, function = target.partition(":")
-    return getattr(importlib.import_module(module), function)(model, rank)
-
-
 def _measure(spec: BenchSpec, world: World, ddp: Any, batch: torch.Tensor,
-             check_batch: torch.Tensor, threads: int,
-             plan: rotation.RotationPlan | None) -> tuple[RankRecord, torch.Tensor]:
+             check_batch: torch.Tensor, threads: int, plan: rotation.RotationPlan | None,
+             faults: faultwatch.RankFaults) -> tuple[RankRecord, torch.Tensor]:
     """Warm up, agree on the iteration count, time the loop, run the check batch."""
     import torch
 
@@ -185,10 +177,10 @@ def _measure(spec: BenchSpec, world: World, ddp: Any, batch: torch.Tensor,
         iters = spec.iters or _agree_iters(per_iter_s, spec, world)
         progress.set_step("timed loop (between the start and end barriers)")
         bar.start("timed", iters)
-        faultwatch.mark_start()  # the fault watch's timed window is the timed loop
+        faults.mark_start()  # the fault watch's timed window is the timed loop
         with rotation.CoreRotation(plan):
             timing = _timed_loop(ddp, batch, iters, spec, world, bar)
-        faultwatch.mark_end()
+        faults.mark_end()
         progress.set_step("consistency batch")
         output = ddp(check_batch).float().cpu()
     return _record(spec, world, iters, timing, threads), output

@@ -82,6 +82,23 @@ class Check:
         return found
 
 
+TABLE = "table"  # the cause family of the per-XID and per-event tables
+
+
+def table_cause(action: Action | str) -> str:
+    """The cause key of a finding whose action a per-XID or per-event table names
+    (probes/xid_table.py, faults/judge_events.py): "table.reset-gpu"."""
+    return f"{TABLE}.{Action(action).value}"
+
+
+def table_causes() -> tuple[Cause, ...]:
+    """One cause per action the tables can name: the table row is the measurement's
+    data (an XID number and its line, an NVML event kind), decided where it is read."""
+    return tuple(Cause(table_cause(a), a, "the per-XID or per-event table names this "
+                       "action for what was seen (probes/xid_table.py, "
+                       "faults/judge_events.py)") for a in Action)
+
+
 def both(action: Action) -> Mapping[Status, Action]:
     """The same action for WARN and FAIL."""
     return MappingProxyType({Status.WARN: action, Status.FAIL: action})

@@ -5,8 +5,10 @@ Generated from the old actions.RULES and the finding sites; edit freely from her
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpucheck.actions import Action, Status
-from gpucheck.checks.check import Check
+from gpucheck.checks.check import Check, table_causes
 
 A, W, F = Action, Status.WARN, Status.FAIL
 
@@ -65,8 +67,8 @@ CHECKS: tuple[Check, ...] = (
           "smi -q -d ECC,PAGE_RETIREMENT by hand)",
           {W: A.RERUN, F: A.DRAIN_NODE},
           "the action comes from the per-XID or per-event table (probes/xid_table.py, "
-          "faults/judge_events.py), written today as the hint's 'action: <x>:' prefix; these "
-          "defaults are the fallback's until those tables become causes",
+          "faults/judge_events.py), given as a cause 'table.<action>'; these "
+          "defaults are for a finding without one",
           "docs/faults.md#faults-event-kind"),
     Check("faults.gpu_lost", "Faults GPU lost",
           "whether a GPU was lost during the run (the fault watcher beside bench, comm and "
@@ -169,8 +171,8 @@ CHECKS: tuple[Check, ...] = (
           "stress; nvidia-smi -q -d ECC,PAGE_RETIREMENT by hand)",
           {W: A.RERUN},
           "the action comes from the per-XID or per-event table (probes/xid_table.py, "
-          "faults/judge_events.py), written today as the hint's 'action: <x>:' prefix; these "
-          "defaults are the fallback's until those tables become causes",
+          "faults/judge_events.py), given as a cause 'table.<action>'; these "
+          "defaults are for a finding without one",
           "docs/faults.md#faults-xid"),
     Check("kernel_log.read", "Kernel log read",
           "Xid lines in the kernel log (gpucheck env or health; dmesg | grep -i xid by hand)",
@@ -181,7 +183,12 @@ CHECKS: tuple[Check, ...] = (
           "Xid lines in the kernel log (gpucheck env or health; dmesg | grep -i xid by hand)",
           {W: A.RERUN, F: A.DRAIN_NODE},
           "the action comes from the per-XID or per-event table (probes/xid_table.py, "
-          "faults/judge_events.py), written today as the hint's 'action: <x>:' prefix; these "
-          "defaults are the fallback's until those tables become causes",
+          "faults/judge_events.py), given as a cause 'table.<action>'; these "
+          "defaults are for a finding without one",
           "docs/xid.md#kernel-log-xid"),
 )
+# Every id the fault watcher and the kernel-log reader make may carry the action its
+# table row names, as the cause "table.<action>" (the site's data, not its words).
+_TABLED = ("faults.", "kernel_log.xid")
+CHECKS = tuple(replace(c, causes=c.causes + table_causes())
+               if c.id.startswith(_TABLED) else c for c in CHECKS)

@@ -29,9 +29,9 @@ CHECKS: tuple[Check, ...] = (
           "docs/fleet.md#baseline-metric"),
     Check("compare.environment", "Compare environment",
           "versions, environment and settings of A and B (gpucheck compare A.json B.json)",
-          {W: A.RERUN},
-          "no rule today: gpucheck's fallback for an unknown id (run again: cheap, and it tells "
-          "a glitch from a lasting problem)",
+          {W: A.FIX_CONFIG},
+          "B's software or settings changed from A's: align them if the change was not "
+          "intended (the action compare has always given this finding)",
           "docs/fleet.md#compare-environment"),
     Check("compare.facts", "Compare facts",
           "versions, environment and settings of A and B (gpucheck compare A.json B.json)",
@@ -89,9 +89,9 @@ CHECKS: tuple[Check, ...] = (
           "docs/fleet.md#compare-setup"),
     Check("compare.versions", "Compare versions",
           "versions, environment and settings of A and B (gpucheck compare A.json B.json)",
-          {W: A.RERUN},
-          "no rule today: gpucheck's fallback for an unknown id (run again: cheap, and it tells "
-          "a glitch from a lasting problem)",
+          {W: A.FIX_CONFIG},
+          "B's software or settings changed from A's: align them if the change was not "
+          "intended (the action compare has always given this finding)",
           "docs/fleet.md#compare-versions"),
     Check("fleet.baseline", "Fleet baseline",
           "each node's metrics against the fleet baseline (gpucheck fleet DIR)",

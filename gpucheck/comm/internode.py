@@ -35,7 +35,6 @@ nodes (gpucheck.peers.eliminate; the verdicts are in gpucheck.comm.internode_ver
 
 from __future__ import annotations
 
-import os
 import statistics
 import threading
 import time
@@ -56,15 +55,9 @@ from gpucheck.comm.internode_verdicts import (
     rail_exchanges,
 )
 from gpucheck.comm.node_links import find_node_suspects
+from gpucheck.context import NO_HOOKS, TestHooks
 from gpucheck.peers import Suspects
 
-# Test-only: "NODE_RANK[/RAIL]:SECONDS[:first]" makes the ranks of that node (or only
-# its local rank RAIL) sleep before each send (with ":first" in the rounds only, not
-# when measured again).
-TEST_SLOW_SENDS_VAR = "GPUCHECK_TEST_SLOW_SENDS"
-# Test-only, the same form: that node's ranks sleep before waiting on each receive
-# (gloo: a node that takes its receives in slowly, the case of a slow receiving NIC).
-TEST_SLOW_RECVS_VAR = "GPUCHECK_TEST_SLOW_RECVS"
 GB = 1e9
 
 
@@ -84,22 +77,6 @@ def rail_links(node_ranks: Sequence[Sequence[int]], src_node: int,
     """(rail, src rank, dst rank): local rank k with local rank k, as far as both go."""
     src, dst = node_ranks[src_node], node_ranks[dst_node]
     return [(k, src[k], dst[k]) for k in range(min(len(src), len(dst)))]
-
-
-def _slow_sends(node_index: int, again: bool = False, rail: int = 0,
-                var: str = TEST_SLOW_SENDS_VAR) -> float:
-    """Seconds to sleep before each send (the test hook `var`; before each receive with
-    TEST_SLOW_RECVS_VAR), 0 when unset or another node.
-    "NODE:SECONDS:first" slows the first measurement only, not the second look;
-    "NODE/RAIL:SECONDS" only that node's local rank RAIL (one slow NIC)."""
-    raw = os.environ.get(var, "")
-    where, _, rest = raw.partition(":")
-    node, _, only = where.partition("/")
-    seconds, _, when = rest.partition(":")
-    if not raw or int(node) != node_index or (again and when == "first") or \
-            (only and int(only) != rail):
-        return 0.0
-    return float(seconds)
 
 
 class _Group:
@@ -245,9 +222,11 @@ Measured = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # links received o
 
 def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                       device: str, repeats: int = 1,
-                      shifts: Sequence[int] | None = None) -> Measured:
+                      shifts: Sequence[int] | None = None,
+                      *, hooks: TestHooks = NO_HOOKS) -> Measured:
     """Run every round (or only `shifts`: `round_schedule`); return the links this rank
-    received on, and what it timed of the links it sent on (NCCL only)."""
+    received on, and what it timed of the links it sent on (NCCL only). `hooks`: tests'
+    slow senders and receivers."""
     import torch.distributed as dist
 
     from gpucheck.distributed import progress
@@ -257,7 +236,7 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
     me = dist.get_rank()
     node_ranks = list(group_by_node(roster).values())
     mine_node = next(i for i, ranks in enumerate(node_ranks) if me in ranks)
-    delays = _delays(mine_node, node_ranks[mine_node].index(me))
+    delays = hooks.node_delays(mine_node, node_ranks[mine_node].index(me))
     links: list[dict[str, Any]] = []
     sent: list[dict[str, Any]] = []
     for pairs in round_schedule(len(node_ranks), shifts):
@@ -279,11 +258,6 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
     return links, sent
 
 
-def _delays(node: int, rail: int, again: bool = False) -> tuple[float, float]:
-    """The test hooks' sleeps for this rank: before each send, before each receive."""
-    return _slow_sends(node, again, rail), _slow_sends(node, again, rail, TEST_SLOW_RECVS_VAR)
-
-
 def _pair_links(node_ranks: Sequence[Sequence[int]], me: int, x: int,
                 y: int) -> tuple[int | None, int | None, tuple[int, int] | None]:
     """This rank's (send peer, receive peer, (rail, src)) in an exchange of nodes x and
@@ -297,7 +271,8 @@ def _pair_links(node_ranks: Sequence[Sequence[int]], me: int, x: int,
 
 
 def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple[int, int]],
-                  size_bytes: int, iters: int, device: str, repeats: int) -> Measured:
+                  size_bytes: int, iters: int, device: str, repeats: int,
+                  *, hooks: TestHooks = NO_HOOKS) -> Measured:
     """The second look: each exchange (node x <-> node y, all rails, both ways at once,
     as in the rounds) alone, a barrier of all ranks around each; the links this rank
     received on and sent on, as `measure_internode` returns them (round "again")."""
@@ -310,7 +285,7 @@ def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple
     me = dist.get_rank()
     node_ranks = list(group_by_node(roster).values())
     mine_node = next(i for i, ranks in enumerate(node_ranks) if me in ranks)
-    delays = _delays(mine_node, node_ranks[mine_node].index(me), again=True)
+    delays = hooks.node_delays(mine_node, node_ranks[mine_node].index(me), again=True)
     links: list[dict[str, Any]] = []
     sent: list[dict[str, Any]] = []
     for x, y in exchanges:
@@ -338,19 +313,22 @@ def exchanges_for(suspects: Suspects) -> list[tuple[int, int]]:
 
 def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                   device: str, threshold: float, repeats: int,
-                  shifts: Sequence[int] | None = None) -> dict[str, Any]:
+                  shifts: Sequence[int] | None = None,
+                  *, hooks: TestHooks = NO_HOOKS) -> dict[str, Any]:
     """The rounds, gathered on every rank; then the slow node pairs (and a suspect
     node's pairs), and the node pairs of slow rail links, measured again beside
     known-good ones (gpucheck.comm.node_links, gpucheck.peers; `rail_exchanges`).
     Rank 0's list of exchanges is broadcast, so every rank runs the same steps."""
     import torch.distributed as dist
 
-    links = _gather(measure_internode(roster, size_bytes, iters, device, repeats, shifts))
+    links = _gather(measure_internode(roster, size_bytes, iters, device, repeats, shifts,
+                                      hooks=hooks))
     suspects = find_node_suspects(node_samples(node_pair_rows(links)), threshold)
     wanted = sorted(set(exchanges_for(suspects)) | set(rail_exchanges(links, threshold)))
     box: list[Any] = [wanted]
     dist.broadcast_object_list(box, src=0)
-    again = _gather(measure_again(roster, box[0], size_bytes, iters, device, repeats)) \
+    again = _gather(measure_again(roster, box[0], size_bytes, iters, device, repeats,
+                                  hooks=hooks)) \
         if box[0] else []
     return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats, "links": links,
             "again": again}

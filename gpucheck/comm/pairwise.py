@@ -16,7 +16,6 @@ every rank following rank 0's plan (`run_pairwise`).
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +32,7 @@ from gpucheck.comm.collectives import (
     synchronize,
     time_batch,
 )
+from gpucheck.context import NO_HOOKS, TestHooks
 from gpucheck.distributed import progress
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.distributed.session import barrier
@@ -48,24 +48,7 @@ def pair_schedule(roster: Sequence[Mapping[str, Any]]) -> list[list[tuple[int, i
     return [[p[k] for p in per_node if k < len(p)] for k in range(steps)]
 
 
-# Test-only: "SRC:DST:SECONDS[:WHEN]" makes rank SRC sleep before each send to DST;
-# WHEN "always" (default), "first" (the first measurement only, not the second look)
-# or "once" (the first measurement's first repeat only: one noisy batch). Several
-# pairs: separated by commas.
-TEST_SLOW_PAIR_VAR = "GPUCHECK_TEST_SLOW_PAIR"
 DEFAULT_REPEATS = 3
-
-
-def _test_delay(src: int, dst: int, again: bool, repeat: int) -> float:
-    """Seconds to sleep before each send of this batch (the test hook), else 0."""
-    for spec in filter(None, os.environ.get(TEST_SLOW_PAIR_VAR, "").split(",")):
-        a, b, seconds, *when = spec.split(":")
-        if (int(a), int(b)) != (src, dst):
-            continue
-        mode = when[0] if when else "always"
-        slowed = mode == "always" or (not again and (mode == "first" or repeat == 0))
-        return float(seconds) if slowed else 0.0
-    return 0.0
 
 
 def _side(me: int, src: int, dst: int, buf: Any, ack: Any,
@@ -104,7 +87,7 @@ def _time_pair(src: int, dst: int, size_bytes: int, iters: int, device: str) -> 
 
 
 def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: str,
-                       repeats: int, again: bool) -> list[float]:
+                       repeats: int, again: bool, hooks: TestHooks = NO_HOOKS) -> list[float]:
     """`repeats` timed batches after one warm-up: GB/s each on the sender, [] on the
     receiver. Repeats give the measurement's own spread (gpucheck.peers.eliminate)."""
     import torch
@@ -121,7 +104,7 @@ def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: 
     samples = []
     for repeat in range(repeats):
         clock: Clock = make_clock(device) if me == src else NullClock()
-        delay = _test_delay(src, dst, again, repeat)
+        delay = hooks.pair_delay(src, dst, again, repeat)  # tests only: a slow pair
         align = _align(me, src, dst, flag) if in_a_row else None
         elapsed = time_batch(_side(me, src, dst, buf, ack, iters, delay), clock, in_a_row,
                              align)
@@ -149,7 +132,7 @@ def sender_paths(roster: Sequence[Mapping[str, Any]], me: int) -> dict[tuple[int
 def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int, int],
                size_bytes: int, iters: int, device: str, repeats: int,
                again: bool, paths: Mapping[tuple[int, int], str] | None = None,
-               ) -> list[dict[str, Any]]:
+               *, hooks: TestHooks = NO_HOOKS) -> list[dict[str, Any]]:
     """Each step's pairs side by side (one per node), a barrier of all ranks between
     steps; the rows of the pairs this rank sent from (with their path class when
     `paths` has it)."""
@@ -163,7 +146,7 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
                 progress.set_step(f"send/recv rank {src} -> rank {dst}"
                                   + (" (measured again)" if again else ""))
                 samples = _time_pair_samples(src, dst, size_bytes, iters, device, repeats,
-                                             again)
+                                             again, hooks=hooks)
                 if me == src:
                     mine.append({"src": src, "dst": dst, "node_rank": node_of[src],
                                  "size_bytes": size_bytes,
@@ -177,7 +160,8 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
 
 
 def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
-                  device: str, repeats: int = 1, again: bool = False) -> list[dict[str, Any]]:
+                  device: str, repeats: int = 1, again: bool = False,
+                  *, hooks: TestHooks = NO_HOOKS) -> list[dict[str, Any]]:
     """Run the schedule; return the pairs this rank sent from ({src, dst, node_rank, ...}).
     `again`: a second look (a slow node's pairs, gpucheck.comm.nodes_again)."""
     import torch.distributed as dist
@@ -185,7 +169,7 @@ def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
     node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
     paths = sender_paths(roster, dist.get_rank()) if device == "cuda" else {}
     return _run_steps(pair_schedule(roster), node_of, size_bytes, iters, device, repeats,
-                      again, paths)
+                      again, paths, hooks=hooks)
 
 
 def second_look_steps(plans: Mapping[Any, Suspects]) -> list[list[tuple[int, int]]]:
@@ -203,16 +187,18 @@ def second_look_steps(plans: Mapping[Any, Suspects]) -> list[list[tuple[int, int
 
 
 def run_pairwise(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
-                 device: str, repeats: int, threshold: float) -> dict[str, Any]:
+                 device: str, repeats: int, threshold: float,
+                 *, hooks: TestHooks = NO_HOOKS) -> dict[str, Any]:
     """Measure every pair, gather them on every rank, then measure the slow ones again
     beside a known-good pair. Every rank computes the same plan from the same gathered
     rows, and rank 0's copy is broadcast, so all ranks run the same steps."""
     node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
-    pairs = gather_rows(measure_pairs(roster, size_bytes, iters, device, repeats))
+    pairs = gather_rows(measure_pairs(roster, size_bytes, iters, device, repeats,
+                                      hooks=hooks))
     plans = _agree({n: s for n, s in suspects_by_node(pairs, threshold).items()
                     if not s.empty})
     again = gather_rows(_run_steps(second_look_steps(plans), node_of, size_bytes, iters,
-                                    device, repeats, True)) if plans else []
+                                    device, repeats, True, hooks=hooks)) if plans else []
     return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats, "pairs": pairs,
             "again": again}
 

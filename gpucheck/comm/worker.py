@@ -28,6 +28,7 @@ from gpucheck.comm.internode import run_internode
 from gpucheck.comm.nccl_log import nccl_logging, rank_entry
 from gpucheck.comm.nodes_again import node_figures, plan
 from gpucheck.comm.pairwise import DEFAULT_REPEATS, gather_rows, measure_pairs, run_pairwise
+from gpucheck.context import RunContext, TestHooks
 from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.nodes import DEFAULT_SLOW_NODE_FRACTION, group_by_node
 from gpucheck.distributed.session import process_group, roster
@@ -94,20 +95,21 @@ def measure_size(collective: str, size: int, spec: CommSpec, world: World) -> di
     return _gather_size(collective, size, spec, world)
 
 
-def _pairwise(spec: CommSpec, world: World, infos: list[dict[str, Any]],
-              largest: int) -> dict[str, Any]:
+def _pairwise(spec: CommSpec, infos: list[dict[str, Any]], largest: int,
+              hooks: TestHooks) -> dict[str, Any]:
     return run_pairwise(infos, spec.pair_bytes or largest, spec.pair_iters, spec.device,
-                        spec.pair_repeats, spec.pair_threshold)
+                        spec.pair_repeats, spec.pair_threshold, hooks=hooks)
 
 
-def _internode(spec: CommSpec, world: World, infos: list[dict[str, Any]],
-               largest: int) -> dict[str, Any]:
+def _internode(spec: CommSpec, infos: list[dict[str, Any]], largest: int,
+               hooks: TestHooks) -> dict[str, Any]:
     return run_internode(infos, spec.pair_bytes or largest, spec.pair_iters, spec.device,
-                         spec.pair_threshold, spec.pair_repeats)
+                         spec.pair_threshold, spec.pair_repeats, hooks=hooks)
 
 
 def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
-                 result: dict[str, Any], largest: int) -> dict[str, Any] | None:
+                 result: dict[str, Any], largest: int,
+                 hooks: TestHooks) -> dict[str, Any] | None:
     """Confirm before condemning a slow node (gpucheck.comm.nodes_again): rank 0's plan
     is broadcast, then every rank measures again the suspects' pairs beside a
     known-good node's (side by side, as the first pass), or the largest all_reduce.
@@ -127,7 +129,7 @@ def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
         chosen = {*wanted["suspects"], wanted["known_good"]}
         subset = [r for r in infos if int(r["node_rank"]) in chosen]
         mine = measure_pairs(subset, spec.pair_bytes or largest, spec.pair_iters,
-                             spec.device, spec.pair_repeats, again=True)
+                             spec.device, spec.pair_repeats, again=True, hooks=hooks)
         return wanted | {"pairs": gather_rows(mine)}
     row = _gather_size("all_reduce", largest, spec, world)
     return wanted | {"rank_times_us": row["rank_times_us"]}
@@ -145,29 +147,32 @@ def _transport(spec: CommSpec, world: World, folder: str | None) -> list[Any] | 
 
 
 def _pairs_and_nodes(spec: CommSpec, world: World, infos: list[dict[str, Any]], largest: int,
-                     result: dict[str, Any]) -> None:
+                     result: dict[str, Any], hooks: TestHooks) -> None:
     """Pairwise send/recv, a slow node measured again, then node-to-node rounds with 2+
     nodes (named on the terminal)."""
     if spec.pairwise and world.world_size > 1:
         terminal.step(f"pairwise send/recv, {human_bytes(spec.pair_bytes or largest)}")
-        result["pairwise"] = _pairwise(spec, world, infos, largest)
+        result["pairwise"] = _pairwise(spec, infos, largest, hooks)
     if len(group_by_node(infos)) > 1:
-        result["nodes_again"] = _nodes_again(spec, world, infos, result, largest)
+        result["nodes_again"] = _nodes_again(spec, world, infos, result, largest, hooks)
     if spec.internode and len(group_by_node(infos)) > 1:
         terminal.step("node-to-node rounds")
-        result["internode"] = _internode(spec, world, infos, largest)
+        result["internode"] = _internode(spec, infos, largest, hooks)
 
 
-def comm_worker(spec: CommSpec) -> dict[str, Any] | None:
+def comm_worker(ctx: RunContext, spec: CommSpec) -> dict[str, Any] | None:
     """Run the sweep; rank 0 returns the results, the other ranks None."""
     with nccl_logging(spec.backend) as nccl_folder:
-        return _sweep(spec, nccl_folder)
+        return _sweep(spec, nccl_folder, ctx)
 
 
-def _sweep(spec: CommSpec, nccl_folder: str | None) -> dict[str, Any] | None:
+def _sweep(spec: CommSpec, nccl_folder: str | None,
+           ctx: RunContext) -> dict[str, Any] | None:
     """Collectives, pairs, node-to-node rounds, the NCCL transport; rank 0's result."""
+    hooks = ctx.hooks
     with process_group(spec.backend, spec.device, spec.timeout_s,
-                       fault_watch=spec.fault_watch) as world:
+                       fault_watch=spec.fault_watch, ctx=ctx) as world:
+        faults = faultwatch.of(ctx)
         infos = [asdict(i) for i in roster()]
         sizes = sweep_sizes(spec.min_bytes, _agreed_max_bytes(spec, world))
         result: dict[str, Any] = {
@@ -176,7 +181,7 @@ def _sweep(spec: CommSpec, nccl_folder: str | None) -> dict[str, Any] | None:
             "ranks": infos, "collectives": {c: [] for c in spec.collectives},
             "pairwise": None, "internode": None, "complete": False,
         }
-        faultwatch.mark_start()
+        faults.mark_start()
         with terminal.bar("comm", len(spec.collectives) * len(sizes), "size") as shown:
             for collective in spec.collectives:
                 for size in sizes:
@@ -187,10 +192,10 @@ def _sweep(spec: CommSpec, nccl_folder: str | None) -> dict[str, Any] | None:
                     shown.advance()
                     if world.rank == 0:
                         progress.publish_partial(result)
-            _pairs_and_nodes(spec, world, infos, sizes[-1], result)
+            _pairs_and_nodes(spec, world, infos, sizes[-1], result, hooks)
         result["transport"] = _transport(spec, world, nccl_folder)
-        faultwatch.mark_end()
-        result["faults"] = faultwatch.gather()
+        faults.mark_end()
+        result["faults"] = faults.gather()
         result["complete"] = True
         progress.set_step(None)
         if world.rank == 0:

@@ -1,12 +1,12 @@
 """`gpucheck all`: env, stress, bench and comm in turn, one report (docs/all.md).
 
-Each command runs through its own `run(args)` with a Namespace built by its own
+Each command runs through its own `run(args, ctx)` with a Namespace built by its own
 parser (`gpucheck <cmd> ...`), so every option has that command's default and
 validation. Every option is checked for every command before the first one runs:
 a bad option is a usage error up front. A command that then fails becomes a FAIL
 finding `all.<cmd>.failed` and the next command runs. Under torchrun or srun every
 rank runs this sequence; each command's process group gets its own namespace on
-the job's store (`gpucheck.distributed.checkin.namespaced`).
+the job's store (`RunContext.scoped`, `gpucheck.distributed.session.scoped_store`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 from gpucheck.commands.launch_options import add_launch_arguments
 from gpucheck.commands.option_types import positive_float
+from gpucheck.context import AllRun, RunContext
 from gpucheck.distributed import terminal
 from gpucheck.errors import UsageError
 from gpucheck.escape import terminal as shown
@@ -51,10 +52,6 @@ class Outcome:
     report: Report | None = None
 
 
-# The run so far, for `partial_report` after Ctrl-C or SIGTERM.
-_state: dict[str, Any] = {"outcomes": [], "current": None, "namespaces": {}}
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_launch_arguments(parser)
     group = parser.add_argument_group("all")
@@ -68,21 +65,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "alone, e.g. one srun task per node (docs/all.md)")
 
 
-def run(args: argparse.Namespace) -> Report | None:
+def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     chosen = _chosen(args.skip)
     if args.local:
         for name in LAUNCHER_VARS:
             os.environ.pop(name, None)
     namespaces = _namespaces(args, chosen)
-    _state.update(outcomes=[], current=None, namespaces=namespaces)
+    # The run so far, kept on the context for `partial_report` after Ctrl-C or SIGTERM.
+    state = ctx.all_run = AllRun(namespaces=namespaces)
     for name in ORDER:
         if name not in chosen:
-            _state["outcomes"].append(Outcome(name, "skipped", "--skip"))
+            state.outcomes.append(Outcome(name, "skipped", "--skip"))
             continue
         terminal.say(f"all: step {chosen.index(name) + 1} of {len(chosen)}: gpucheck {name}")
-        _state["outcomes"].append(_run_one(name, namespaces[name]))
-        _state["current"] = None  # left set by an interrupt, for partial_report
-    outcomes: list[Outcome] = _state["outcomes"]
+        state.outcomes.append(_run_one(name, namespaces[name], ctx))
+        state.current = None  # left set by an interrupt, for partial_report
+    outcomes: list[Outcome] = state.outcomes
     if not _is_reporter():
         if any(o.outcome == "failed" for o in outcomes):
             raise SystemExit(1)  # the launcher should know this rank failed
@@ -167,16 +165,14 @@ def _preflight(name: str, ns: argparse.Namespace) -> None:
         plan_launch(ns)
 
 
-def _run_one(name: str, ns: argparse.Namespace) -> Outcome:
+def _run_one(name: str, ns: argparse.Namespace, ctx: RunContext) -> Outcome:
     """Run one command; its failure is an outcome, not the end of `all`."""
     from gpucheck.commands.registry import command_module
-    from gpucheck.distributed.checkin import namespaced
 
-    _state["current"] = name
+    ctx.all_run.current = name
     start = time.monotonic()
-    try:
-        with namespaced(name):
-            report = command_module(name).run(ns)
+    try:  # each command's process group on its own part of the job's store
+        report = command_module(name).run(ns, ctx.scoped(name))
     except SystemExit as exc:  # a rank > 0 whose job failed; it said why on stderr
         why = f"this rank exited with status {exc.code}"
         return Outcome(name, "failed", why, _since(start))
@@ -288,17 +284,17 @@ def _outcome_findings(o: Outcome) -> list[Finding]:
     return []
 
 
-def partial_report(args: argparse.Namespace) -> Report | None:
+def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     """After Ctrl-C or SIGTERM: the commands that finished, what the running one had
     measured, and which never ran (gpucheck.cli adds the `interrupted` section)."""
     from gpucheck.commands.registry import command_module
 
-    outcomes: list[Outcome] = list(_state["outcomes"])
-    current = _state["current"]
+    outcomes: list[Outcome] = list(ctx.all_run.outcomes)
+    current = ctx.all_run.current
     if current is not None:
         build = getattr(command_module(current), "partial_report", None)
-        ns = _state["namespaces"].get(current)
-        partial = build(ns) if build is not None and ns is not None else None
+        ns = ctx.all_run.namespaces.get(current)
+        partial = build(ns, ctx) if build is not None and ns is not None else None
         outcomes.append(Outcome(current, "interrupted", "stopped while running",
                                 report=partial))
     done = {o.command for o in outcomes}

@@ -17,6 +17,7 @@ from gpucheck.commands.launch_options import (
     plan_launch,
 )
 from gpucheck.commands.option_types import non_negative_int, positive_float, positive_int
+from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.escape import terminal
 from gpucheck.interrupts import deferred_interrupts
@@ -78,7 +79,7 @@ def _add_loop_arguments(group: argparse._ArgumentGroup) -> None:
                             f"(default: {DEFAULT_STRAGGLER_THRESHOLD:g})")
 
 
-def run(args: argparse.Namespace) -> Report | None:
+def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     from gpucheck.bench.worker import BenchOutcome, bench_worker
     from gpucheck.distributed.flight import armed
     from gpucheck.distributed.job import run_job
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> Report | None:
     report = Report(command="bench")
     try:
         with armed("bench"):  # a hang leaves Flight Recorder dumps (gpucheck hang --traces)
-            outcome = run_job(bench_worker, spec, plan.nproc, plan.master_port)
+            outcome = run_job(bench_worker, spec, plan.nproc, plan.master_port, ctx)
     except WorkersFailed as exc:
         if not getattr(exc, "reporter", True):
             # A rank > 0 under torchrun: rank 0 reports; exit non-zero so the launcher knows.
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> Report | None:
     return add_launch_finding(report, plan)
 
 
-def partial_report(args: argparse.Namespace) -> Report | None:
+def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     """After Ctrl-C or SIGTERM: what rank 0 had measured, and every rank's timed
     iterations so far (`gpucheck.bench.partial`; gpucheck.cli adds the stop)."""
     from gpucheck.distributed import progress

@@ -16,6 +16,7 @@ from gpucheck.commands.option_types import (
     positive_float,
     positive_int,
 )
+from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.peers import SLOW_NODE_FRACTION
 from gpucheck.report import Report
@@ -100,7 +101,7 @@ def _verdicts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return Verdicts(args.pair_threshold, args.baseline_busbw, SLOW_NODE_FRACTION)
 
 
-def run(args: argparse.Namespace) -> Report | None:
+def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     collectives = _check(args)
     plan = plan_launch(args)
     from gpucheck.comm.worker import comm_worker
@@ -109,7 +110,8 @@ def run(args: argparse.Namespace) -> Report | None:
     with armed("comm"):  # a hang leaves Flight Recorder dumps (gpucheck hang --traces)
         return run_reported("comm", comm_worker, _spec(args, plan, collectives), plan,
                             lambda r: _report(args, r),
-                            quiet_stdout=args.quiet and args.output is None)
+                            quiet_stdout=args.quiet and args.output is None,
+                            ctx=ctx)
 
 
 def _report(args: argparse.Namespace, result: dict) -> Report:  # type: ignore[type-arg]
@@ -118,6 +120,6 @@ def _report(args: argparse.Namespace, result: dict) -> Report:  # type: ignore[t
     return Report(command="comm", sections=comm_sections(result, _verdicts(args)))
 
 
-def partial_report(args: argparse.Namespace) -> Report | None:
+def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     """After Ctrl-C or SIGTERM: what was measured so far (gpucheck.cli adds the stop)."""
     return job_partial_report(lambda partial: _report(args, partial))

@@ -12,6 +12,7 @@ from gpucheck.analysis.compare import Side, compare_sections
 from gpucheck.analysis.loading import LoadedReport, ReportError, load_report
 from gpucheck.analysis.nodes import newest_created_at
 from gpucheck.analysis.options import fraction
+from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
 
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"default {DEFAULT_THRESHOLD}%)")  # %% in help: one %
 
 
-def run(args: argparse.Namespace) -> Report:
+def run(args: argparse.Namespace, ctx: RunContext) -> Report:
     threshold = fraction(args.threshold, "--threshold")
     a, b = _load(args.a), _load(args.b)
     if a.command != b.command:

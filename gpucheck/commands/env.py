@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from gpucheck.commands.option_types import positive_float
+from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.probes.kernel_log import checked_kernel_log_path
 from gpucheck.probes.metrics import with_env_metrics
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "kern.log; .gz too) instead of this boot's log")
 
 
-def run(args: argparse.Namespace) -> Report | None:
+def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     from gpucheck.distributed.envgather import gather_env_reports
 
     timeout = getattr(args, "nvml_timeout", DEFAULT_TIMEOUT_S)
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> Report | None:
     # compares the nodes (gpucheck.distributed.envgather); otherwise just this machine.
     report = gather_env_reports(lambda: collect_env_report(
         gpu_test=getattr(args, "gpu_test", True), nvml_timeout_s=timeout,
-        kernel_log=kernel_log))
+        kernel_log=kernel_log), ctx.scope)
     if report is not None:
         with_env_metrics(report.sections)
     if report is not None and wants_collect_env(args):

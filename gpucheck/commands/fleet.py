@@ -23,6 +23,7 @@ from gpucheck.analysis.loading import LoadedReport, ReportError, load_report, re
 from gpucheck.analysis.nodes import Fleet, Unused, group_reports, newest_created_at
 from gpucheck.analysis.options import fraction, positive
 from gpucheck.commands.option_types import positive_float, positive_int
+from gpucheck.context import RunContext
 from gpucheck.distributed.slurm import expand_nodelist
 from gpucheck.errors import UsageError
 from gpucheck.measure import Metric
@@ -55,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "reports, to FILE")
 
 
-def run(args: argparse.Namespace) -> Report:
+def run(args: argparse.Namespace, ctx: RunContext) -> Report:
     options = _options(args)
     if args.save_baseline is not None:
         if any(same_file(args.save_baseline, path) for path in _own_outputs(args)):
@@ -74,8 +75,7 @@ def run(args: argparse.Namespace) -> Report:
         except WriteError as exc:  # a full disk: the fleet's judgement is not lost
             report.add(Section("save_baseline", "Baseline not saved", {"file": args.save_baseline},
                                [fail("fleet.save_baseline", str(exc), hint="free space or give "
-                                     "another --save-baseline file, then rerun",
-                                     action="fix-config")]))
+                                     "another --save-baseline file, then rerun")]))
     return report
 
 

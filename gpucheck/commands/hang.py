@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from gpucheck.commands.option_types import finite_float, positive_float, positive_int
+from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
 
@@ -55,7 +56,7 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError(f"PID {bad[0]}: a process id is a positive number")
 
 
-def run(args: argparse.Namespace) -> Report | None:
+def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     _validate(args)
     report = Report(command="hang")
     if args.traces is not None:

@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from gpucheck.commands.option_types import finite_float, integer
+from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.health.budget import start_of_run
 from gpucheck.health.conventions import CONVENTIONS, DEFAULT_CONVENTION
@@ -121,7 +122,7 @@ def options_from(args: argparse.Namespace) -> HealthOptions:
         consumer=consumer, set_healthy=args.set_healthy)
 
 
-def run(args: argparse.Namespace) -> Report:
+def run(args: argparse.Namespace, ctx: RunContext) -> Report:
     options = options_from(args)
     # The budget counts from the process's start: what a scheduler times is all of it.
     return collect_health_report(options, start_of_run(options.budget_s))

@@ -8,22 +8,25 @@ from collections.abc import Callable
 from typing import Any
 
 from gpucheck.commands.launch_options import LaunchPlan
+from gpucheck.context import RunContext
 from gpucheck.report import Report
 
 Build = Callable[[Any], Report]
 
 
-def run_reported(command: str, worker: Callable[[Any], Any], spec: Any, plan: LaunchPlan,
-                 build: Build, quiet_stdout: bool) -> Report | None:
-    """Run `worker(spec)` on every rank; rank 0's report, or None on the other ranks
-    under torchrun or srun. A failed job is a report naming the ranks to blame
-    (`quiet_stdout`: --quiet without --output, so the FAIL gets a line on stderr)."""
+def run_reported(command: str, worker: Callable[[RunContext, Any], Any], spec: Any,
+                 plan: LaunchPlan, build: Build, quiet_stdout: bool,
+                 ctx: RunContext) -> Report | None:
+    """Run `worker(ctx, spec)` on every rank (gpucheck.distributed.job.run_job); rank 0's
+    report, or None on the other ranks under torchrun or srun. A failed job is a report
+    naming the ranks to blame (`quiet_stdout`: --quiet without --output, so the FAIL
+    gets a line on stderr)."""
     from gpucheck.distributed.failures import failed_job_report
     from gpucheck.distributed.job import JobFailed, run_job
     from gpucheck.distributed.launch import WorkersFailed
 
     try:
-        result = run_job(worker, spec, plan.nproc, plan.master_port)
+        result = run_job(worker, spec, plan.nproc, plan.master_port, ctx)
     except JobFailed as exc:  # first: it is a WorkersFailed that carries rank 0's results
         return failed_job_report(command, exc, build, quiet_stdout)
     except WorkersFailed as exc:  # the launcher saw ranks fail before any reported

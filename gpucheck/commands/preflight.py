@@ -17,6 +17,7 @@ from typing import Any
 
 from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
 from gpucheck.commands.option_types import positive_float
+from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.report import Report, Section
 
@@ -87,7 +88,7 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan) -> Any:
                          exclude_file=args.exclude_file)
 
 
-def run(args: argparse.Namespace) -> Report | None:
+def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     command = job_command(args)
     if args.exclude_file is not None:
         from gpucheck.output import check_writable
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> Report | None:
     from gpucheck.distributed.launch import WorkersFailed
 
     try:
-        out = run_job(_worker(), spec, plan.nproc, plan.master_port)
+        out = run_job(_worker(), spec, plan.nproc, plan.master_port, ctx)
     except JobFailed as exc:
         return _failed(args, exc)
     except WorkersFailed as exc:

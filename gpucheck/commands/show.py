@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.report import Report, ReportShapeError, SchemaVersionError
 
@@ -23,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a report written by gpucheck <command> -o FILE.json")
 
 
-def run(args: argparse.Namespace) -> Report:
+def run(args: argparse.Namespace, ctx: RunContext) -> Report:
     return load_shown(args.report)
 
 

@@ -10,6 +10,7 @@ from gpucheck.commands.job_report import partial_report as job_partial_report
 from gpucheck.commands.job_report import run_reported
 from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
 from gpucheck.commands.option_types import finite_float, positive_float, positive_int
+from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
 
@@ -137,13 +138,14 @@ def _verdicts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return Verdicts(args.peer_threshold, args.expected_threshold, args.copy_threshold)
 
 
-def run(args: argparse.Namespace) -> Report | None:
+def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     plan = plan_launch(args)
     spec = _check(args, plan)
     from gpucheck.stress.worker import stress_worker
 
     return run_reported("stress", stress_worker, spec, plan, lambda r: _report(args, r),
-                        quiet_stdout=args.quiet and args.output is None)
+                        quiet_stdout=args.quiet and args.output is None,
+                        ctx=ctx)
 
 
 def _report(args: argparse.Namespace, result: dict) -> Report:  # type: ignore[type-arg]
@@ -152,6 +154,6 @@ def _report(args: argparse.Namespace, result: dict) -> Report:  # type: ignore[t
     return Report(command="stress", sections=stress_sections(result, _verdicts(args)))
 
 
-def partial_report(args: argparse.Namespace) -> Report | None:
+def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     """After Ctrl-C or SIGTERM: what was measured so far (gpucheck.cli adds the stop)."""
     return job_partial_report(lambda partial: _report(args, partial))

@@ -6,7 +6,8 @@ and fire stderr alerting under cron or SLURM (`-q` means quiet).
 leaves what it caught in the job's run directory (a private mkdtemp folder, as the
 progress files), `gather(folder)` reads them back in the launching process, and
 `log_rows()` is what the CLI adds to the report (`log` section). Each distinct
-warning is kept once, with the ranks that raised it.
+warning is kept once, with the ranks that raised it, in the list the run keeps them
+in (`RunContext.warnings`).
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ WARNINGS_GLOB = "warnings-*.json"
 MAX_KEPT = 20  # distinct warnings; a flood is cut, not kept whole
 MAX_TEXT = 300
 
-_state: dict[str, Any] = {"rows": []}
+Rows = list[dict[str, Any]]
 
 
 @contextmanager
-def caught(rank: int) -> Iterator[None]:
+def caught(rank: int, kept: Rows) -> Iterator[None]:
     """Record every warning raised in the block (once per place, as Python's default
     filter shows it), keep it for the report, publish it for the launcher."""
     with warnings.catch_warnings(record=True) as seen:
@@ -39,7 +40,7 @@ def caught(rank: int) -> Iterator[None]:
             yield
         finally:
             rows = [_row(w, rank) for w in seen]
-            remember(rows)
+            remember(kept, rows)
             _publish(rank, rows)
 
 
@@ -60,7 +61,7 @@ def _publish(rank: int, rows: list[dict[str, Any]]) -> None:
                                                                 encoding="utf-8")
 
 
-def gather(folder: Path) -> None:
+def gather(folder: Path, kept: Rows) -> None:
     """The warnings every rank left in the run directory `folder`, kept for the report."""
     for path in sorted(folder.glob(WARNINGS_GLOB)):
         try:
@@ -68,12 +69,11 @@ def gather(folder: Path) -> None:
         except (OSError, ValueError):
             continue
         if isinstance(rows, list):
-            remember([r for r in rows if isinstance(r, dict)])
+            remember(kept, [r for r in rows if isinstance(r, dict)])
 
 
-def remember(rows: list[dict[str, Any]]) -> None:
-    """Merge `rows` into the kept ones: one row per (category, message, where)."""
-    kept: list[dict[str, Any]] = _state["rows"]
+def remember(kept: Rows, rows: Rows) -> None:
+    """Merge `rows` into the `kept` ones: one row per (category, message, where)."""
     for row in rows:
         key = (row.get("category"), row.get("message"), row.get("where"))
         same = next((k for k in kept if (k["category"], k["message"], k["where"]) == key),
@@ -85,8 +85,9 @@ def remember(rows: list[dict[str, Any]]) -> None:
                          "where": str(key[2]), "ranks": list(row.get("ranks", []))})
 
 
-def log_rows() -> list[dict[str, Any]]:
+def log_rows(kept: Rows) -> Rows:
     """Everything caught since the last call, then forgotten (`all` runs several
     commands in one process: its report gets them all once)."""
-    rows, _state["rows"] = _state["rows"], []
+    rows = list(kept)
+    kept.clear()
     return rows

@@ -15,8 +15,7 @@ import datetime as _dt
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -102,31 +101,11 @@ def expected_place(rank: int, world: World) -> str:
     return f"rank {rank} (expected node {rank // per_node}, local rank {rank % per_node})"
 
 
-# One process can join several process groups in turn (`gpucheck all` under torchrun
-# runs env, stress, bench and comm on the same store): each gets its own namespace,
-# so a check-in does not count the previous group's ranks or read its keys.
-_namespace: list[str] = []
-
-
-@contextmanager
-def namespaced(name: str) -> Iterator[None]:
-    """For the block, check-in and roll-call keys and the process group's store prefix
-    live under `name` (every rank must use the same names in the same order)."""
-    _namespace.append(name)
-    try:
-        yield
-    finally:
-        _namespace.pop()
-
-
-def scoped(prefix: str) -> str:
-    """`prefix`, extended by the current namespace when there is one."""
-    return "/".join([prefix, *_namespace])
-
-
 def _key(kind: str, rank: int | str) -> str:
+    """A check-in or roll-call key. Each process group's keys live in the store scoped
+    to its command (`gpucheck.distributed.session.scoped_store`, from `RunContext.scope`)."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return f"{scoped(f'{_PREFIX}/{attempt}')}/{kind}/{rank}"
+    return f"{_PREFIX}/{attempt}/{kind}/{rank}"
 
 
 def this_rank(world: World, gpu: GpuIdentity | None, sysfs: Path = SYSFS) -> RankInfo:

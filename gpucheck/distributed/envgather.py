@@ -72,29 +72,34 @@ def _on_node(finding: Finding, node: NodeId) -> Finding:
     return dataclasses.replace(finding, subject=subject)
 
 
-def gather_env_reports(build: Callable[[], Report]) -> Report | None:
+def gather_env_reports(build: Callable[[], Report],
+                       scope: tuple[str, ...] = ()) -> Report | None:
     """Under a launcher with several ranks: probe once per node, rank 0 merges.
 
-    Without one, just `build()`. Ranks other than 0 return None.
+    Without one, just `build()`. Ranks other than 0 return None. `scope`: the
+    command's namespace on the job's store (`RunContext.scope`).
     """
     from gpucheck.distributed.job import launched_world
 
     if launched_world() is None:
         return build()
-    reports = gather_per_node(lambda: build().to_dict())
+    reports = gather_per_node(lambda: build().to_dict(), scope=scope)
     return None if reports is None else merge_node_reports(reports)
 
 
 def gather_per_node(build: Callable[[], Any], fault_watch: bool = True,
-                    timeout_s: float = GATHER_TIMEOUT_S) -> dict[NodeId, Any] | None:
+                    timeout_s: float = GATHER_TIMEOUT_S,
+                    scope: tuple[str, ...] = ()) -> dict[NodeId, Any] | None:
     """Under a launcher with several ranks: each node's local rank 0 runs `build()` (plain
     values), rank 0 gets them all by node; other ranks get None. Shared by env and hang."""
     import torch.distributed as dist
 
+    from gpucheck.context import RunContext
     from gpucheck.distributed.session import process_group
     from gpucheck.distributed.world import host_name
 
-    with process_group("gloo", "cpu", timeout_s, fault_watch=fault_watch) as world:
+    with process_group("gloo", "cpu", timeout_s, fault_watch=fault_watch,
+                       ctx=RunContext(scope=scope)) as world:
         mine = build() if world.local_rank == 0 else None
         record = {"node_rank": world.node_rank, "host": host_name(), "value": mine}
         every: list[Any] = [None] * world.world_size if world.rank == 0 else []

@@ -2,8 +2,9 @@
 
 `process_group` opens one NVML doorway for the rank (`rank_nvml`), starts the rank's
 `FaultWatch` (gpucheck.faults) once the group is up (`start`) and stops it when the
-group is left (`close`), so bench, comm and stress all watch the same way. A worker
-only marks its timed window (`mark_start` / `mark_end`) and, on its success path,
+group is left (`close`), so bench, comm and stress all watch the same way. The state
+is a `RankFaults` on the rank's RunContext (`ctx.faults`, `of(ctx)`). A worker only
+marks its timed window (`mark_start` / `mark_end`) and, on its success path,
 `gather`s every rank's result for rank 0's report. When the run fails, the
 reporting rank publishes its own result with its partial results
 (`publish_after_failure`, from `process_group`'s failure path, which runs no
@@ -16,112 +17,111 @@ On a CPU rank the watch is a no-op whose result says "n/a" (no GPU); with
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any
 
+from gpucheck.context import RunContext
 from gpucheck.devices import GpuIdentity
 from gpucheck.distributed import progress
 from gpucheck.distributed.world import World
 from gpucheck.faults import FaultWatch
 from gpucheck.probes.nvml import Nvml
 
-# Test-only: comma-separated PCI bus ids, one per rank (empty: none), that ranks
-# watch instead of their own GPU, so CPU ranks can watch a fake GPU (the fake
-# pynvml of tests/fake_nvml_site). Only the test suite sets it; nothing in gpucheck does.
-TEST_BUS_VAR = "GPUCHECK_TEST_FAULT_BUS"
 OFF_REASON = "fault watching turned off (--no-fault-watch)"
 
-_state: dict[str, Any] = {"watch": None, "nvml": None, "off": False, "result": None}
 
+class RankFaults:
+    """One rank's fault watch for the life of its process group, held by its RunContext
+    (`ctx.faults`, set by `process_group`)."""
 
-def test_bus_id(rank: int) -> str | None:
-    """The bus id GPUCHECK_TEST_FAULT_BUS gives this rank (test-only), else None."""
-    ids = [b.strip() for b in os.environ.get(TEST_BUS_VAR, "").split(",")]
-    return (ids[rank] or None) if 0 <= rank < len(ids) else None
+    def __init__(self) -> None:
+        self.watch: FaultWatch | None = None
+        self.nvml: Nvml | None = None
+        self.off = False
+        self.result: dict[str, Any] | None = None
 
+    def open_nvml(self, world: World, enabled: bool, test_bus: str | None = None) -> Nvml | None:
+        """The rank's one NVML doorway (its GPU's name, its fault watch), or None when this
+        rank has no GPU to ask about. One per rank: each doorway runs a worker thread.
+        `test_bus` (tests only, `TestHooks.fault_bus`): a bus id watched instead of its
+        GPU, so CPU ranks can watch the fake GPU of tests/fake_nvml_site."""
+        wanted = world.device_index is not None or (enabled and test_bus)
+        self.nvml = Nvml() if wanted else None
+        return self.nvml
 
-def rank_nvml(world: World, enabled: bool) -> Nvml | None:
-    """The rank's one NVML doorway (its GPU's name, its fault watch), or None when this
-    rank has no GPU to ask about. One per rank: each doorway runs a worker thread."""
-    wanted = world.device_index is not None or (enabled and test_bus_id(world.rank))
-    _state["nvml"] = Nvml() if wanted else None
-    return _state["nvml"]
+    def start(self, world: World, gpu: GpuIdentity | None, enabled: bool,
+              test_bus: str | None = None) -> None:
+        """Start watching this rank's GPU (the counters' first snapshot is taken here)."""
+        self.watch, self.off, self.result = None, not enabled, None
+        if not enabled:
+            return
+        bus_id = test_bus or (gpu.pci_bus_id if gpu else None)
+        watch = FaultWatch(bus_id, nvml=self.nvml, rank=world.rank)
+        try:
+            watch.start()
+        except Exception as exc:  # a watcher bug must not fail the load: say so instead
+            with contextlib.suppress(Exception):
+                watch.stop()
+            self.result = {"rank": world.rank, "status": "n/a", "bus_id": bus_id,
+                           "reason": f"the fault watcher did not start ({exc!r})"}
+            return
+        self.watch = watch
 
+    def mark_start(self) -> None:
+        """The timed window starts now (clock-event reasons count from here)."""
+        if self.watch is not None:
+            self.watch.mark_start()
 
-def start(world: World, gpu: GpuIdentity | None, enabled: bool) -> None:
-    """Start watching this rank's GPU (the counters' first snapshot is taken here)."""
-    _state.update(watch=None, off=not enabled, result=None)
-    if not enabled:
-        return
-    bus_id = test_bus_id(world.rank) or (gpu.pci_bus_id if gpu else None)
-    watch = FaultWatch(bus_id, nvml=_state["nvml"], rank=world.rank)
-    try:
-        watch.start()
-    except Exception as exc:  # a watcher bug must not fail the load: say so instead
+    def mark_end(self) -> None:
+        """The timed window ended now (events are still watched until the group is left)."""
+        if self.watch is not None:
+            self.watch.mark_end()
+
+    def _own_result(self) -> dict[str, Any] | None:
+        """Stop the watch (the counters' second snapshot) and keep its result."""
+        if self.watch is not None and self.result is None:
+            self.watch.stop()
+            self.result = self.watch.result()
+        return self.result
+
+    def gather(self) -> list[dict[str, Any]]:
+        """Every rank's result, in rank order, on every rank. A collective: call it on the
+        success path only, after the load (with the watch off: no collective)."""
+        import torch.distributed as dist
+
+        if self.off:
+            return off_results(dist.get_world_size())
+        mine = self._own_result()
+        progress.set_step("all_gather of the fault watch results")
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+        progress.set_step(None)
+        return every
+
+    def publish_after_failure(self, world: World) -> None:
+        """On the reporting rank, put its own result into the partial results, so the
+        failure report shows its GPU's faults. Never raises: the failure is what matters."""
+        if not world.is_reporter or (self.watch is None and not self.off
+                                     and self.result is None):
+            return
         with contextlib.suppress(Exception):
-            watch.stop()
-        _state["result"] = {"rank": world.rank, "status": "n/a", "bus_id": bus_id,
-                            "reason": f"the fault watcher did not start ({exc!r})"}
-        return
-    _state["watch"] = watch
+            faults = off_results(world.world_size) if self.off else [self._own_result()]
+            progress.publish_partial((progress.local_partial() or {}) | {"faults": faults})
+
+    def close(self) -> None:
+        """Stop the watch (when still running) and shut the rank's doorway."""
+        with contextlib.suppress(Exception):
+            self._own_result()
+        nvml, self.watch, self.nvml = self.nvml, None, None
+        if nvml is not None:
+            nvml.shutdown()
 
 
-def mark_start() -> None:
-    """The timed window starts now (clock-event reasons count from here)."""
-    if _state["watch"] is not None:
-        _state["watch"].mark_start()
-
-
-def mark_end() -> None:
-    """The timed window ended now (events are still watched until the group is left)."""
-    if _state["watch"] is not None:
-        _state["watch"].mark_end()
-
-
-def _own_result() -> dict[str, Any] | None:
-    """Stop the watch (the counters' second snapshot) and keep its result."""
-    watch = _state["watch"]
-    if watch is not None and _state["result"] is None:
-        watch.stop()
-        _state["result"] = watch.result()
-    return _state["result"]
+def of(ctx: RunContext) -> RankFaults:
+    """The fault watch of the process group `ctx` is in (`process_group(..., ctx=ctx)`)."""
+    if ctx.faults is None:
+        raise RuntimeError("no fault watch: call this inside process_group(..., ctx=ctx)")
+    return ctx.faults
 
 
 def off_results(world_size: int) -> list[dict[str, Any]]:
     return [{"rank": r, "status": "n/a", "reason": OFF_REASON} for r in range(world_size)]
-
-
-def gather() -> list[dict[str, Any]]:
-    """Every rank's result, in rank order, on every rank. A collective: call it on the
-    success path only, after the load (with the watch off: no collective)."""
-    import torch.distributed as dist
-
-    if _state["off"]:
-        return off_results(dist.get_world_size())
-    mine = _own_result()
-    progress.set_step("all_gather of the fault watch results")
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
-    progress.set_step(None)
-    return every
-
-
-def publish_after_failure(world: World) -> None:
-    """On the reporting rank, put its own result into the partial results, so the
-    failure report shows its GPU's faults. Never raises: the failure is what matters."""
-    if not world.is_reporter or (_state["watch"] is None and not _state["off"]
-                                 and _state["result"] is None):
-        return
-    with contextlib.suppress(Exception):
-        faults = off_results(world.world_size) if _state["off"] else [_own_result()]
-        progress.publish_partial((progress.local_partial() or {}) | {"faults": faults})
-
-
-def close() -> None:
-    """Stop the watch (when still running) and shut the rank's doorway."""
-    with contextlib.suppress(Exception):
-        _own_result()
-    nvml = _state["nvml"]
-    _state.update(watch=None, nvml=None)
-    if nvml is not None:
-        nvml.shutdown()

@@ -15,16 +15,16 @@ the partial results the reporting rank had published (`gpucheck.distributed.prog
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gpucheck.context import RunContext, RunOptions
 from gpucheck.distributed import caught, progress, terminal
 from gpucheck.distributed.checkin import (
     CheckInFailed,
@@ -60,9 +60,11 @@ def resolve_nproc(requested: int | None, default: int) -> int:
     return world.world_size
 
 
-def run_job(worker: Callable[[S], Any], spec: S, nproc: int,
-            master_port: int | None = None) -> Any:
-    """Run `worker(spec)` on every rank; the reporting process gets rank 0's return value.
+def run_job(worker: Callable[[RunContext, S], Any], spec: S, nproc: int,
+            master_port: int | None = None, ctx: RunContext | None = None) -> Any:
+    """Run `worker(ctx, spec)` on every rank; the reporting process gets rank 0's return
+    value. A rank in this process gets `ctx`; ranks it starts get a context of their
+    own made from `ctx.options`, which cross into every rank beside the spec.
 
     Under a launcher with several ranks this process is one of them: it returns
     its own worker's value (None on ranks that do not report). Otherwise a single
@@ -72,13 +74,15 @@ def run_job(worker: Callable[[S], Any], spec: S, nproc: int,
     if world is not None or nproc == 1:
         if world is None:  # under torchrun or srun, rank 0's check-in says it
             terminal.say("1 rank, in this process")
-        return _run_here(worker, spec)
+        return _run_here(worker, spec, ctx or RunContext())
     terminal.say(f"launching {nproc} ranks (each starts python and torch, then they "
                  "join one process group)")
     progress.remember_ranks({})
+    ctx = ctx or RunContext()
     with _run_dir() as folder:
+        options = replace(ctx.options, run_dir=str(folder))
         try:
-            return launch_local(worker, (spec,), nproc, master_port)[0]
+            return launch_local(in_context, (worker, spec, options), nproc, master_port)[0]
         except WorkersFailed as exc:
             partial, roster, diagnoses = progress.read_run_dir(folder)
             progress.remember_ranks(progress.read_ranks(folder))
@@ -88,7 +92,7 @@ def run_job(worker: Callable[[S], Any], spec: S, nproc: int,
             progress.remember_ranks(progress.read_ranks(folder))
             raise
         finally:
-            caught.gather(folder)  # the ranks' library warnings, for the report's log
+            caught.gather(folder, ctx.warnings)  # the ranks' library warnings, for the log
 
 
 class JobFailed(WorkersFailed):
@@ -173,26 +177,32 @@ def _silent(rank: int, diagnoses: list[dict[str, Any]],
 
 @contextmanager
 def _run_dir() -> Iterator[Path]:
-    """The job's run directory, handed to the workers through the environment."""
-    given = os.environ.get(progress.RUN_DIR_VAR)
-    folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="gpucheck-run-"))
+    """The job's run directory (the user's GPUCHECK_RUN_DIR, kept, else a temporary
+    one), handed to the workers in their RunOptions."""
+    given = progress.run_dir()
+    folder = given or Path(tempfile.mkdtemp(prefix="gpucheck-run-"))
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob(progress.RANK_GLOB):  # a kept folder's earlier run
         stale.unlink(missing_ok=True)
-    os.environ[progress.RUN_DIR_VAR] = str(folder)
     try:
         yield folder
     finally:
         if not given:
-            os.environ.pop(progress.RUN_DIR_VAR, None)
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run_here(worker: Callable[[S], Any], spec: S) -> Any:
+def in_context(worker: Callable[[RunContext, S], Any], spec: S, options: RunOptions) -> Any:
+    """How a spawned rank runs its worker: with its own context, made from the options
+    the launching process pickled beside the spec."""
+    progress.use_run_dir(options.run_dir)
+    return worker(RunContext(options), spec)
+
+
+def _run_here(worker: Callable[[RunContext, S], Any], spec: S, ctx: RunContext) -> Any:
     """This process is the only rank here: turn its failure into `JobFailed`."""
     progress.reset()
     try:
-        return worker(spec)
+        return worker(ctx, spec)
     except Exception as exc:
         if not isinstance(exc, (CheckInFailed, RanksUnresponsive, SharedGpu)):
             traceback.print_exc()

@@ -2,10 +2,11 @@
 
 Workers call `set_step` before each phase (so a failure says where it happened) and
 `publish_partial` on the reporting rank whenever a result is complete. Under
-self-launch the job has a run directory (`GPUCHECK_RUN_DIR`, made by `run_job` or set
-by the user to keep it): partial results, the roster from the check-in and each
-survivor's diagnosis are written there atomically, so the launching process can still
-report them after the agent has stopped every worker. Without a run directory they
+self-launch the job has a run directory (made by `run_job`, or `GPUCHECK_RUN_DIR` set
+by the user to keep it; the ranks get it in their `RunOptions`, `use_run_dir`):
+partial results, the roster from the check-in and each survivor's diagnosis are
+written there atomically, so the launching process can still report them after the
+agent has stopped every worker. Without a run directory they
 stay in this process, for the reporting rank under torchrun or srun.
 """
 
@@ -24,11 +25,19 @@ DIAGNOSIS_GLOB = "diagnosis-*.json"
 RANK_FILE = "rank-{rank}.json"
 RANK_GLOB = "rank-*.json"
 
-_state: dict[str, Any] = {"step": None, "partial": None, "diagnoses": [], "ranks": {}}
+_state: dict[str, Any] = {"step": None, "partial": None, "diagnoses": [], "ranks": {},
+                          "run_dir": None}
+
+
+def use_run_dir(folder: str | None) -> None:
+    """This rank's run directory, from its RunOptions (a rank gpucheck started)."""
+    _state["run_dir"] = folder
 
 
 def run_dir() -> Path | None:
-    raw = os.environ.get(RUN_DIR_VAR)
+    """The run directory: the one the launching process gave this rank, else the one
+    the user named (`GPUCHECK_RUN_DIR`, e.g. under torchrun or srun), else None."""
+    raw = _state["run_dir"] or os.environ.get(RUN_DIR_VAR)
     return Path(raw) if raw else None
 
 

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import Any
 
+from gpucheck.context import RunContext
 from gpucheck.devices import GpuIdentity
 from gpucheck.distributed import caught, faultwatch, flight, progress, terminal
 from gpucheck.distributed.checkin import (
@@ -36,7 +37,6 @@ from gpucheck.distributed.checkin import (
     refuse_shared_gpus,
     roll_call,
     roll_call_window_s,
-    scoped,
     this_rank,
 )
 from gpucheck.distributed.world import World, host_name, world_from_env
@@ -104,6 +104,16 @@ def is_comm_error(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and any(w in text for w in _COMM_ERROR_WORDS)
+
+
+def scoped_store(store: Any, scope: tuple[str, ...]) -> Any:
+    """The store as one command sees it. One process can join several process groups in
+    turn (`gpucheck all` under torchrun runs env, stress, bench and comm on the same
+    store): each command's keys live under its own prefix, so a check-in does not count
+    the previous group's ranks or read its keys (every rank uses the same scope)."""
+    import torch.distributed as dist
+
+    return dist.PrefixStore("/".join(scope), store) if scope else store
 
 
 def _job_store(world: World, timeout: _dt.timedelta) -> Any:
@@ -183,14 +193,16 @@ def _identify(world: World, nvml: Any | None = None) -> GpuIdentity | None:
 
 @contextmanager
 def process_group(backend: str, device: str, timeout_s: float,
-                  fault_watch: bool = True) -> Iterator[World]:
+                  fault_watch: bool = True, ctx: RunContext | None = None) -> Iterator[World]:
     """Check in, join the job's process group (or a private one-rank group) for the block.
 
     The world it yields carries this rank's `device_index` on CUDA. `timeout_s`
     bounds the check-in and every collective. A failed collective leaves as
     `RanksUnresponsive` naming the ranks that did not answer. With `fault_watch`
     the rank's GPU is watched for hardware faults for the whole block
-    (`gpucheck.distributed.faultwatch`: the worker marks its timed window and gathers).
+    (`gpucheck.distributed.faultwatch`: the worker marks its timed window and gathers,
+    on `ctx.faults`). `ctx`: the command's namespace on the job's store (`ctx.scope`),
+    and, from tests, a bus id to watch instead of the rank's GPU (`ctx.hooks.fault_bus`).
     """
     import torch.distributed as dist
 
@@ -199,34 +211,38 @@ def process_group(backend: str, device: str, timeout_s: float,
     progress.set_step("check-in")
     if world.world_size > 1:
         terminal.say(f"rank 0 started: waiting for {world.world_size} ranks to check in")
-    store = _session["store"] = _job_store(world, timeout)
+    ctx = ctx if ctx is not None else RunContext()
+    faults = ctx.faults = faultwatch.RankFaults()
+    store = _session["store"] = scoped_store(_job_store(world, timeout), ctx.scope)
     views: dict[int, View] = {}
 
     def peers(seen: list[str], launched: World = world) -> dict[int, list[str]]:
         views.update(exchange_visible(store, launched, seen, timeout_s))
         return local_views(views, launched)
 
+    test_bus = ctx.hooks.bus_id(world.rank)
     world = bind_device(device, world, peers if world.launcher != "none" and
                         world.world_size > 1 else None)
     _session["device_index"] = world.device_index
     # Named before the check-in, so a slow NVML attach does not eat its window.
-    _session["gpu"] = _identify(world, faultwatch.rank_nvml(world, fault_watch))
+    _session["gpu"] = _identify(world, faults.open_nvml(world, fault_watch, test_bus))
     me = this_rank(world, _session["gpu"])
     infos = [me] if world.launcher == "none" else check_in(store, world, me, timeout_s)
     _session["roster"] = infos
     if world.rank == 0:
         progress.publish_roster([asdict(i) for i in infos])
     refuse_shared_gpus(infos, views, world, backend)
-    dist.init_process_group(backend, store=dist.PrefixStore(scoped("gpucheck/pg"), store),
+    dist.init_process_group(backend, store=dist.PrefixStore("gpucheck/pg", store),
                             rank=world.rank, world_size=world.world_size, timeout=timeout)
     progress.set_step(None)
     terminal.say(f"{world.world_size} rank(s) joined the process group ({backend}, {device})")
     try:
-        faultwatch.start(world, _session["gpu"], fault_watch)
-        with caught.caught(world.rank):  # library warnings into the report, not stderr
+        faults.start(world, _session["gpu"], fault_watch, test_bus)
+        # library warnings into the report, not stderr
+        with caught.caught(world.rank, ctx.warnings):
             yield world
     except BaseException as exc:
-        faultwatch.publish_after_failure(world)  # before the roll call, which can take long
+        faults.publish_after_failure(world)  # before the roll call, which can take long
         comm_error = isinstance(exc, Exception) and is_comm_error(exc)
         if comm_error and world.world_size > 1:  # dumps inside the roll call
             raise _diagnose(store, world, timeout_s, exc, backend) from exc
@@ -236,7 +252,7 @@ def process_group(backend: str, device: str, timeout_s: float,
     else:
         dist.destroy_process_group()
     finally:
-        faultwatch.close()
+        faults.close()
         _leave_after_failure(backend, world)
 
 

@@ -8,8 +8,8 @@ host and bus id) into one set of findings, and builds the section. A counter the
 GPU lacks is n/a (listed in the summary), never a FAIL. The thresholds and why
 they are where they are: docs/faults.md.
 
-Every WARN/FAIL hint starts with its action, one of `xid_table.ACTIONS`
-("action: drain-node: ..."), and the same word is in the section's `faults` rows.
+Every WARN/FAIL finding carries its verdict's action as the cause "table.<action>"
+(gpucheck.checks), and the same word is in the section's `faults` rows.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck.checks.check import table_cause
 from gpucheck.devices import normal_bus_id
 from gpucheck.faults.clocks import SM_LOW_FRACTION, SUSTAINED_SAMPLES
 from gpucheck.faults.judge_clocks import (
@@ -99,8 +100,8 @@ def _merge(groups_of_verdicts: Sequence[list[Verdict]]) -> list[Verdict]:
 def _gpu_findings(group: GpuGroup, verdicts: list[Verdict], subject: str) -> list[Finding]:
     """WARN/FAIL verdicts become findings; OK and n/a ones one summary line."""
     index = "<index>" if group.nvml_index is None else str(group.nvml_index)
-    faults = [Finding(v.check, v.status, v.message,
-                      f"action: {v.action}: {v.advice.replace('<index>', index)}", subject)
+    faults = [Finding(v.check, v.status, v.message, v.advice.replace("<index>", index),
+                      subject, cause=table_cause(v.action))
               for v in verdicts if v.status in (Status.WARN, Status.FAIL)]
     clean = [v.message for v in verdicts if v.status is Status.OK]
     missing = [v.message for v in verdicts if v.status is Status.SKIP]

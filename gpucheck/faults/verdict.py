@@ -8,7 +8,7 @@ Each kind of fault is judged in its own short module, on one rank's result dict:
 - `judge_watch`: the watcher itself (a GPU lost, NVML slow, watcher trouble).
 `gpucheck.faults.findings` runs them all, merges the ranks that shared a GPU and
 builds the section. Every WARN/FAIL verdict carries its action (one of
-`xid_table.ACTIONS`), which the finding's hint starts with.
+`xid_table.ACTIONS`), which its finding carries as the cause "table.<action>".
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck.checks.check import table_cause
 from gpucheck.report import Finding, Section, Status
 
 STICKY_ACTIONS = ("reset-gpu", "drain-node", "replace-hardware")
@@ -84,5 +85,5 @@ def still_findings(still: Iterable[dict[str, Any]], raised: set[str]) -> list[Fi
                    f"{_until(fault['action'])})")
         findings.append(Finding(fault["check"], Status(fault["status"]), message,
                                 fault.get("hint") or None, fault.get("subject"),
-                                action=fault["action"]))
+                                cause=table_cause(fault["action"])))
     return findings

@@ -23,7 +23,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpucheck.distributed.checkin import scoped
 from gpucheck.distributed.world import World
 
 POLL_S = 0.05
@@ -37,8 +36,9 @@ class HandoffFailed(RuntimeError):
 
 
 def _ready_key(rank: int) -> str:
+    """On the store preflight checked in on, already scoped to it (RunContext.scope)."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return f"{scoped('gpucheck/preflight')}/{attempt}/done/{rank}"
+    return f"gpucheck/preflight/{attempt}/done/{rank}"
 
 
 def release_store(store: Any, world: World, on_rank0: bool,

@@ -143,10 +143,10 @@ def node_findings(figures: Mapping[int, Mapping[str, Any]], wanted: Mapping[str,
         for reason, look in node_looks:
             text = _look_text(label, reason, look)
             if look.state is LookState.CONFIRMED and device == "cuda":
-                findings.append(fail(CHECK, text, HINT, subject=label, action="drain-node"))
+                findings.append(fail(CHECK, text, HINT, subject=label))
                 condemned.append(node)
             else:
-                findings.append(warn(CHECK, text, RERUN_HINT, subject=label, action="rerun"))
+                findings.append(warn(CHECK, text, RERUN_HINT, subject=label))
     if not findings:
         findings.append(ok(CHECK, _healthy_text(figures)))
     return findings, sorted(set(condemned))

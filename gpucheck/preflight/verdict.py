@@ -147,7 +147,8 @@ def nvml_section(nodes: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str
             finding = Finding.from_dict(raw)
             subject = f"{label} {finding.subject}" if finding.subject else label
             findings.append(Finding(finding.check, finding.status, finding.message,
-                                    finding.hint, subject, finding.action))
+                                    finding.hint, subject, cause=finding.cause,
+                                    look=finding.look))
             if finding.status is Status.FAIL:
                 blamed.append({"host": hosts.get(int(node["node_rank"]), "?"),
                                "node_rank": int(node["node_rank"]), "rank": None,
@@ -261,7 +262,7 @@ def links_section(internode: Mapping[str, Any], result: Mapping[str, Any],
             blamed.append({"host": node.host, "node_rank": node.node_rank, "rank": None,
                            "gpu": None, "check": "preflight.links", "why": why})
             section.findings.append(fail("preflight.links", f"{node.label}: {why}",
-                                         NODE_HINT, subject=node.label, action="drain-node"))
+                                         NODE_HINT, subject=node.label))
     return section, blamed
 
 
@@ -292,8 +293,7 @@ def verdict_section(result: Mapping[str, Any], failing: Sequence[Mapping[str, An
         where = ", ".join(f"rank {r}" for r in node["ranks"]) or "the node"
         gpus = f" on {', '.join(map(str, node['gpus']))}" if node["gpus"] else ""
         findings.append(fail("preflight.node", f"{label}: {where}{gpus}: "
-                             f"{'; '.join(node['why'])}", NODE_HINT, subject=node["host"],
-                             action="drain-node"))
+                             f"{'; '.join(node['why'])}", NODE_HINT, subject=node["host"]))
     if go:
         findings.append(ok("preflight.go", f"{result['world_size']} rank(s) on "
                            f"{len(group_by_node(result['ranks']))} node(s) passed: the "

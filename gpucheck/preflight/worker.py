@@ -16,8 +16,8 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpucheck.context import NO_HOOKS, RunContext, TestHooks
 from gpucheck.distributed import faultwatch, progress, terminal
-from gpucheck.distributed.checkin import namespaced
 from gpucheck.distributed.session import job_store, process_group, roster, store_on_rank0
 from gpucheck.distributed.world import World
 from gpucheck.preflight.budget import GRACE_S, Budget
@@ -64,23 +64,27 @@ class Run:
     budget: Budget
     result: dict[str, Any]
     stress: Any = None  # (stress RankContext, stress result) once opened
+    hooks: TestHooks = NO_HOOKS  # tests only (gpucheck.context)
 
 
-def preflight_worker(spec: PreflightSpec) -> dict[str, Any]:
+def preflight_worker(ctx: RunContext, spec: PreflightSpec) -> dict[str, Any]:
     """Every check on this rank; every rank returns the agreed decision (rank 0 also
     the gathered result), then knows whether it may hand over the job's store."""
-    with namespaced("preflight"), ExitStack() as guarded:
+    ctx = ctx.scoped("preflight")  # preflight's keys apart from the command's on the store
+    with ExitStack() as guarded:
         # The guard spans the frame's own roll call too (process_group's exit).
         with process_group(spec.backend, spec.device, spec.startup_s,
-                           fault_watch=spec.fault_watch) as world:
-            run = Run(spec, world, Budget(spec.budget_s), _initial(world, spec))
+                           fault_watch=spec.fault_watch, ctx=ctx) as world:
+            faults = faultwatch.of(ctx)
+            run = Run(spec, world, Budget(spec.budget_s), _initial(world, spec),
+                      hooks=ctx.hooks)
             guarded.enter_context(_hang_guard(run))
-            faultwatch.mark_start()  # XID and ECC events, counters, during the checks
+            faults.mark_start()  # XID and ECC events, counters, during the checks
             for name in CHECKS:
                 _check(run, name)
-            faultwatch.mark_end()
+            faults.mark_end()
             run.budget.bound_waits(GRACE_S)
-            run.result["faults"] = faultwatch.gather()
+            run.result["faults"] = faults.gather()
             decision = _decide(run)
         guarded.close()  # agreed: the hand-over has its own bound (handoff)
         on_rank0 = store_on_rank0(world)
@@ -168,7 +172,7 @@ def _stress(run: Run) -> tuple[Any, dict[str, Any]]:
             warmup_s=spec.warmup_s, gemm_window_s=spec.gemm_window_s,
             membw_window_s=spec.gemm_window_s, pin_numa=False, fault_watch=False,
             peer_fraction=spec.peer_fraction, expected_fraction=spec.expected_fraction)
-        run.stress = open_phases(stress_spec, run.world)
+        run.stress = open_phases(stress_spec, run.world, run.hooks)
     return run.stress
 
 

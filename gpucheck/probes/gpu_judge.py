@@ -33,8 +33,10 @@ def package_version(name: str) -> str | None:
 
 def _lost_finding(gpu: GpuRecord) -> Finding:
     check = "gpu.lost" if gpu.error_kind == "NVMLError_GpuIsLost" else "gpu.query"
+    cause = "no_permission" if check == "gpu.query" and \
+        gpu.error_kind == "NVMLError_NoPermission" else None
     return fail(check, f"query failed: {gpu.error}", gpu.error_hint or "run nvidia-smi",
-                gpu.subject)
+                gpu.subject, cause=cause)
 
 
 def busy_finding(gpu: GpuRecord) -> Finding:
@@ -203,7 +205,8 @@ def fabric_finding(gpu: GpuRecord) -> Finding | None:
         return fail(check, f"NVSwitch fabric registration {where.get(state, f'is {state}')}: CUDA "
                     "fails to initialise on this GPU (error 802, \"system not yet "
                     f"initialized\") until the fabric manager has registered it{wait}",
-                    FABRIC_HINT, gpu.subject)
+                    FABRIC_HINT, gpu.subject,
+                    cause="registering" if state == "in_progress" else None)
     if gpu.fabric_status != "success":
         return fail(check, f"NVSwitch fabric registration failed ({gpu.fabric_status}): CUDA "
                     "fails to initialise on this GPU (error 802)", FABRIC_HINT, gpu.subject)
@@ -270,7 +273,8 @@ def recovery_action_finding(gpu: GpuRecord) -> Finding:
     name = f"NVML_GPU_RECOVERY_ACTION_{action.upper()}"
     make = fail if is_fail else warn
     return make(check, f"NVML asks for a recovery action: {name}: {meaning}",
-                todo.format(index=gpu.index), gpu.subject)
+                todo.format(index=gpu.index), gpu.subject,
+                cause=action if action in ("gpu_reset", "bus_reset") else None)
 
 
 _FABRIC_LOOK = ("nvidia-smi -q | grep -A12 Fabric; nvidia-smi nvlink -s; the fabric "
@@ -300,7 +304,9 @@ def _fabric_problems(health: Mapping[str, str], gpu: GpuRecord) -> list[Finding]
     if config != "none" and not config.startswith("unknown"):
         found.append(fail("gpu.fabric.configuration", "the fabric reports an incorrect "
                           f"configuration: NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_"
-                          f"{config}", f"fix the configuration it names; {_FABRIC_LOOK}", s))
+                          f"{config}", f"fix the configuration it names; {_FABRIC_LOOK}", s,
+                          cause="insufficient_nvlinks"
+                          if config.upper() == "INSUFFICIENT_NVLINKS" else None))
     return found
 
 

@@ -38,6 +38,11 @@ __all__ = ["BAD_CLOCK_REASONS", "CLOCK_REASONS", "DriverInfo", "GpuRecord", "Nvm
            "probe_nvml"]
 
 
+# The NVML failures driver.nvml and gpu.topology act on (gpucheck/checks/env.py, gpu.py).
+_DRIVER_CAUSES = ("gpu_lost", "needs_reset", "timed_out", "no_answer")
+_TOPOLOGY_CAUSES = ("timed_out", "no_answer")
+
+
 def driver_finding(info: DriverInfo, pci_gpus: int) -> Finding:
     if info.present:
         return ok("driver.nvml", f"NVIDIA driver {info.driver_version} (CUDA "
@@ -52,7 +57,8 @@ def driver_finding(info: DriverInfo, pci_gpus: int) -> Finding:
     message = failure.meaning
     if pci_gpus:
         message += f" ({pci_gpus} NVIDIA GPU(s) on the PCI bus)"
-    return fail("driver.nvml", message, failure.hint)
+    cause = failure.cause if failure.cause in _DRIVER_CAUSES else None
+    return fail("driver.nvml", message, failure.hint, cause=cause)
 
 def driver_section(info: DriverInfo, pci_gpus: int) -> Section:
     data = {
@@ -77,7 +83,9 @@ def gpus_section(nvml: Nvml, gpus: list[GpuRecord],
         data["topology"] = read_topology(nvml, gpus) if len(gpus) > 1 else []
     except NvmlFailure as exc:
         data["topology"] = []
-        findings.append(fail("gpu.topology", f"topology query failed: {exc}", exc.hint))
+        cause = exc.cause if exc.cause in _TOPOLOGY_CAUSES else None
+        findings.append(fail("gpu.topology", f"topology query failed: {exc}", exc.hint,
+                             cause=cause))
     return Section("gpus", "GPUs", data, findings)
 
 

@@ -77,6 +77,15 @@ MEANINGS: dict[str, tuple[str, str]] = {
                 "node a reboot"),
 }
 # Field-level errors that mean "this GPU/driver does not have it": shown as n/a.
+# NVMLError subclass name -> the cause key a finding carries (gpucheck.checks: driver.nvml,
+# gpu.query, gpu.topology declare which of them they act on).
+CAUSES: dict[str, str] = {
+    "NVMLError_GpuIsLost": "gpu_lost",
+    "NVMLError_ResetRequired": "needs_reset",
+    "NVMLError_Timeout": "timed_out",
+    "Timeout": "no_answer",
+    "NVMLError_NoPermission": "no_permission",
+}
 NOT_AVAILABLE = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound",
                  "NVMLError_NotFound", "NVMLError_NoData", "NVMLError_InvalidArgument",
                  "NVMLError_NoPermission")
@@ -99,6 +108,11 @@ class NvmlFailure(Exception):
     def hint(self) -> str:
         hint = MEANINGS.get(self.kind, ("", ""))[1]
         return hint or "run nvidia-smi to see whether the driver itself reports the problem"
+
+    @property
+    def cause(self) -> str | None:
+        """The cause key of this failure (`CAUSES`), None for the others."""
+        return CAUSES.get(self.kind)
 
     @property
     def not_available(self) -> bool:

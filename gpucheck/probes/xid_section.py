@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from gpucheck.checks.check import table_cause
 from gpucheck.devices import normal_bus_id
 from gpucheck.probes.gpus import GpuRecord
 from gpucheck.probes.kernel_log import TITLE, KernelLog, XidEvent
@@ -117,9 +118,9 @@ def _fault_finding(group: XidClass, name: GpuName, source: str) -> Finding:
     message = (f"XID {group.xid} ({info.meaning}) {when} in the kernel log ({source}): "
                f"{group.sample}")
     index = "<index>" if name.nvml_index is None else str(name.nvml_index)
-    hint = f"action: {info.action}: {info.advice.replace('<index>', index)}"
+    hint = info.advice.replace("<index>", index)
     verdict = fail if info.severity == "fail" else warn
-    return verdict("kernel_log.xid", message, hint, name.label)
+    return verdict("kernel_log.xid", message, hint, name.label, cause=table_cause(info.action))
 
 
 def _summary_finding(log: KernelLog, app_level: list[str], faults: int) -> Finding | None:

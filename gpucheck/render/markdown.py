@@ -75,7 +75,7 @@ def _figure_lines(report: Report, plain: bool) -> list[str]:
 
 def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:
     """Rows of a findings table; the action column only where a finding has one, so
-    all-OK sections stay narrow. The hint loses an "action: x:" prefix the column shows."""
+    all-OK sections stay narrow."""
     with_action = any(f.action for f in findings)
     return [{"status": f.status.value, **({"action": f.action or ""} if with_action else {}),
              "check": f.check, "subject": f.subject or "", "message": message_words(f),

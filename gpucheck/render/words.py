@@ -7,7 +7,6 @@ found is data (`gpucheck.measure.SecondLook`), worded here and nowhere else.
 
 from __future__ import annotations
 
-from gpucheck.checks.legacy import strip_any_prefix, strip_hint
 from gpucheck.measure import LookState, SecondLook
 from gpucheck.render.values import fmt_value
 from gpucheck.report import Finding
@@ -50,8 +49,5 @@ def message_words(finding: Finding) -> str:
 
 
 def hint_words(finding: Finding) -> str | None:
-    """The hint a person reads: once a cause or a look decided the action, no prefix of
-    the hint names one; otherwise a prefix that only repeats the action is dropped."""
-    if finding.cause is not None or finding.look is not None:
-        return strip_any_prefix(finding.hint)
-    return strip_hint(finding.hint, finding.action)
+    """The hint a person reads: plain advice (the action is shown on its own)."""
+    return finding.hint

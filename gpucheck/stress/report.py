@@ -303,7 +303,8 @@ def _agreement_findings(records: Sequence[Mapping[str, Any]],
                            "software (torch, cuBLAS, driver), not one GPU") if every_one else
                      "this GPU computed a wrong product: drain it and run the vendor's "
                      "diagnostics (dcgmi diag -r 3); check ECC errors and XIDs",
-                     subject=f"rank {rank}") for rank, why in verdict.wrong.items()]
+                     subject=f"rank {rank}", cause="all_alike" if every_one else None)
+                for rank, why in verdict.wrong.items()]
     findings += [_software_split(side, digests, groups, deviation, tolerance, ranks)
                  for side in verdict.software]
     if verdict.undecided:
@@ -340,7 +341,7 @@ def _software_split(side: Sequence[int], digests: Mapping[int, str], groups: Map
                 "(torch, CUDA, the cuBLAS loaded, CUBLAS_WORKSPACE_CONFIG, "
                 "TORCH_BLAS_PREFER_CUBLASLT); the side beyond the reference's tolerance "
                 "computes wrongly, both within it is a harmless difference",
-                subject=listed, action="fix-config")
+                subject=listed)
 
 
 def _side_words(side: Sequence[int], deviation: Mapping[int, float | None],

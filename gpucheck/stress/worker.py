@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpucheck.context import NO_HOOKS, RunContext, TestHooks
 from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.session import gpu_identity, process_group, roster
 from gpucheck.distributed.world import World, host_name
@@ -25,7 +26,7 @@ from gpucheck.stress.again import again_hook, agreed, measure_again
 from gpucheck.stress.blas import loaded_blas
 from gpucheck.stress.copies import copy_buffers, host_copies, peer_matrix
 from gpucheck.stress.gemm import measure_gemm
-from gpucheck.stress.hooks import Hook, load_hook
+from gpucheck.stress.hooks import Hook, rank_hook
 from gpucheck.stress.membw import copy_bytes, free_device_bytes, measure_copy
 from gpucheck.stress.numa import Placement, cpulist, place_this_rank, read_link
 from gpucheck.stress.parking import host_wait
@@ -73,13 +74,14 @@ class RankContext:
 Phase = Callable[[RankContext, dict[str, Any]], None]
 
 
-def stress_worker(spec: StressSpec) -> dict[str, Any] | None:
+def stress_worker(run: RunContext, spec: StressSpec) -> dict[str, Any] | None:
     """Run every phase on this rank; rank 0 returns the gathered results."""
     with process_group(spec.backend, spec.device, spec.timeout_s,
-                       fault_watch=spec.fault_watch) as world:
-        ctx = _context(spec, world)
+                       fault_watch=spec.fault_watch, ctx=run) as world:
+        ctx = _context(spec, world, run.hooks)
         result = _initial_result(ctx)
-        with watch_faults(ctx, result), terminal.bar("stress", len(PHASES), "phase") as shown:
+        with watch_faults(faultwatch.of(run), result), \
+                terminal.bar("stress", len(PHASES), "phase") as shown:
             for name, phase in _phases():
                 progress.set_step(name)
                 shown.describe(_phase_text(name, spec))
@@ -93,10 +95,11 @@ def stress_worker(spec: StressSpec) -> dict[str, Any] | None:
     return result if world.is_reporter else None
 
 
-def open_phases(spec: StressSpec, world: World) -> tuple[RankContext, dict[str, Any]]:
+def open_phases(spec: StressSpec, world: World,
+                hooks: TestHooks = NO_HOOKS) -> tuple[RankContext, dict[str, Any]]:
     """This rank's context and the result its phases fill, inside `process_group`: for
     commands that compose stress's phases (`gpucheck preflight`) with `run_phase`."""
-    ctx = _context(spec, world)
+    ctx = _context(spec, world, hooks)
     return ctx, _initial_result(ctx)
 
 
@@ -115,7 +118,7 @@ def _phase_text(name: str, spec: StressSpec) -> str:
 
 
 @contextlib.contextmanager
-def watch_faults(ctx: RankContext, result: dict[str, Any]) -> Iterator[None]:
+def watch_faults(faults: faultwatch.RankFaults, result: dict[str, Any]) -> Iterator[None]:
     """The measured phases are the fault watch's timed window.
 
     The frame (`process_group`) watches this rank's GPU for the whole run; here the
@@ -123,10 +126,10 @@ def watch_faults(ctx: RankContext, result: dict[str, Any]) -> Iterator[None]:
     into result["faults"]. A failed phase skips the gather (a collective): rank 0's
     own result then reaches the failure report through its partial results.
     """
-    faultwatch.mark_start()
+    faults.mark_start()
     yield
-    faultwatch.mark_end()
-    result["faults"] = faultwatch.gather()
+    faults.mark_end()
+    result["faults"] = faults.gather()
 
 
 def _phases() -> list[tuple[str, Phase]]:
@@ -134,13 +137,14 @@ def _phases() -> list[tuple[str, Phase]]:
             ("p2p", _p2p)]
 
 
-def _context(spec: StressSpec, world: World) -> RankContext:
+def _context(spec: StressSpec, world: World, hooks: TestHooks) -> RankContext:
     import torch
 
     gpu = gpu_identity() if spec.device == "cuda" else None
     device = torch.device("cuda", world.device_index) if spec.device == "cuda" else \
         torch.device("cpu")
-    return RankContext(spec, world, device, load_hook(world.rank), gpu.pci_bus_id if gpu else None)
+    return RankContext(spec, world, device, rank_hook(hooks.stress, world.rank),
+                       gpu.pci_bus_id if gpu else None)
 
 
 def _initial_result(ctx: RankContext) -> dict[str, Any]:

@@ -1,0 +1,88 @@
+"""The causes the probe sites set (issue 25): the NVML doorway's error kind, the fabric
+state, NVML's recovery action and its configuration flag are data, and the action
+follows from them, never from a word of the message."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpucheck.probes import gpus as gpus_module
+from gpucheck.probes.gpu_judge import (
+    _fabric_problems,
+    _lost_finding,
+    fabric_finding,
+    recovery_action_finding,
+)
+from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
+from gpucheck.probes.gpus import driver_finding, gpus_section
+from gpucheck.probes.nvml import NvmlFailure
+from gpucheck.report import Status
+
+
+@pytest.mark.parametrize(("kind", "cause", "action"), [
+    ("NVMLError_GpuIsLost", "gpu_lost", "drain-node"),
+    ("NVMLError_ResetRequired", "needs_reset", "reset-gpu"),
+    ("NVMLError_Timeout", "timed_out", "reset-gpu"),
+    ("Timeout", "no_answer", "reset-gpu"),
+    ("NVMLError_LibRmVersionMismatch", None, "fix-config"),
+    ("NVMLError_DriverNotLoaded", None, "fix-config"),
+])
+def test_driver_nvml_takes_its_cause_from_the_error_kind(kind: str, cause: str | None,
+                                                         action: str) -> None:
+    info = DriverInfo(present=False, failure=NvmlFailure(kind, "detail", "nvmlInit"))
+    found = driver_finding(info, pci_gpus=2)
+    assert (found.status, found.cause, found.action) == (Status.FAIL, cause, action)
+
+
+def test_a_driver_message_with_the_old_words_decides_nothing() -> None:
+    """An unknown error kind whose detail says "is lost" stays a configuration fix."""
+    info = DriverInfo(present=False, failure=NvmlFailure("NVMLError_Other", "the GPU is "
+                                                         "lost, needs a reset", "nvmlInit"))
+    found = driver_finding(info, pci_gpus=1)
+    assert found.cause is None and found.action == "fix-config"
+
+
+def test_a_gpu_query_not_permitted_is_a_configuration_fix() -> None:
+    denied = GpuRecord(0, error="not permitted", error_kind="NVMLError_NoPermission")
+    wedged = GpuRecord(0, error="not permitted to query (detail)",
+                       error_kind="NVMLError_ResetRequired")
+    assert (_lost_finding(denied).cause, _lost_finding(denied).action) == \
+        ("no_permission", "fix-config")
+    assert (_lost_finding(wedged).cause, _lost_finding(wedged).action) == (None, "reset-gpu")
+
+
+@pytest.mark.parametrize(("kind", "cause", "action"), [
+    ("Timeout", "no_answer", "reset-gpu"), ("NVMLError_Timeout", "timed_out", "reset-gpu"),
+    ("NVMLError_Unknown", None, "rerun")])
+def test_a_topology_failure_takes_its_cause_from_the_error_kind(
+        monkeypatch: pytest.MonkeyPatch, kind: str, cause: str | None, action: str) -> None:
+    def broken(_nvml: object, _gpus: object) -> list[object]:
+        raise NvmlFailure(kind, "no answer, timed out", "nvmlDeviceGetTopologyCommonAncestor")
+    monkeypatch.setattr(gpus_module, "read_topology", broken)
+    section = gpus_section(object(), [GpuRecord(0), GpuRecord(1)])  # type: ignore[arg-type]
+    [found] = [f for f in section.findings if f.check == "gpu.topology"]
+    assert (found.cause, found.action) == (cause, action)
+
+
+def test_fabric_registration_in_progress_is_a_rerun_and_not_started_a_drain() -> None:
+    waiting = fabric_finding(GpuRecord(0, fabric_state="in_progress"))
+    stuck = fabric_finding(GpuRecord(0, fabric_state="not_started"))
+    assert waiting is not None and (waiting.cause, waiting.action) == ("registering", "rerun")
+    assert stuck is not None and stuck.cause is None and stuck.action != "rerun"
+
+
+@pytest.mark.parametrize(("recovery", "cause", "action"), [
+    ("gpu_reset", "gpu_reset", "reset-gpu"), ("bus_reset", "bus_reset", "reset-gpu"),
+    ("node_reboot", None, "drain-node"), ("drain_and_reset", None, "drain-node")])
+def test_nvml_recovery_action_is_a_cause(recovery: str, cause: str | None,
+                                         action: str) -> None:
+    found = recovery_action_finding(GpuRecord(0, recovery_action=recovery))
+    assert (found.cause, found.action) == (cause, action)
+
+
+def test_insufficient_nvlinks_drains_and_other_configurations_fix() -> None:
+    [few] = _fabric_problems({"incorrect_configuration": "INSUFFICIENT_NVLINKS"}, GpuRecord(0))
+    [other] = _fabric_problems({"incorrect_configuration": "INCOMPATIBLE_GPU_FW"},
+                               GpuRecord(0))
+    assert (few.cause, few.action) == ("insufficient_nvlinks", "drain-node")
+    assert other.cause is None and other.action != "drain-node"
