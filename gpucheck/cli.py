@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -167,7 +167,8 @@ def _run(args: argparse.Namespace, ctx: RunContext) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
         return _interrupted(module, args, ctx, stop_signal(exc))
-    decide = getattr(module, "exit_code", None)  # a command with its own convention
+    # A command with its own convention (health, preflight, show).
+    decide: Callable[[Report, argparse.Namespace], int] | None = getattr(module, "exit_code", None)
     return decide(report, args) if decide is not None else report.exit_code(strict=args.strict)
 
 

@@ -55,7 +55,9 @@ def _facts_section(a: Side, b: Side) -> Section:
     for key in keys:
         fa, fb = a.facts.get(key), b.facts.get(key)
         va, vb = (fa.value if fa else None), (fb.value if fb else None)
-        kind = (fa or fb).kind  # type: ignore[union-attr]
+        fact = fa or fb
+        assert fact is not None  # the key comes from one side or the other
+        kind = fact.kind
         if va == vb:
             same.append(key)
             continue

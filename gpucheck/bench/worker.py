@@ -145,7 +145,8 @@ def _prepare(spec: BenchSpec, world: World, share: data.Share,
     model = bench_model.build_model(spec.model, spec.weights)
     if hooks.model is not None:  # tests only: a slow or wrong rank
         model = hooks.model(model, world.rank)
-    model = model.to(device=device, dtype=dtype, memory_format=fmt)
+    # Module.to takes memory_format (torch._C._nn._parse_to) but its typed overloads omit it.
+    model = model.to(device=device, dtype=dtype, memory_format=fmt)  # type: ignore[call-overload]
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.index is not None
                                   else None)
     mine = data.load_tensor(spec.images_dir, tuple(spec.files[i] for i in share.indices))
@@ -159,7 +160,7 @@ def _device(spec: BenchSpec, world: World) -> torch.device:
     """This rank's device: its GPU among those this process sees (not its local rank)."""
     import torch
 
-    return torch.device("cuda", world.device_index) if spec.device == "cuda" else (
+    return torch.device("cuda", world.cuda_index) if spec.device == "cuda" else (
         torch.device("cpu"))
 
 
@@ -211,7 +212,7 @@ def _record(spec: BenchSpec, world: World, iters: int, timing: LoopTiming,
         segments=timing.segments,
         peak_memory_bytes=_peak_memory(spec.device, world.device_index),
         threads=threads,
-        stack=software_stack(world.device_index) if spec.device == "cuda" else None,
+        stack=software_stack(world.cuda_index) if spec.device == "cuda" else None,
         nvml_index=gpu.nvml_index if gpu else None,
         pci_bus_id=gpu.pci_bus_id if gpu else None,
     )
@@ -308,7 +309,7 @@ def _barrier(spec: BenchSpec, world: World) -> None:
     import torch.distributed as dist
 
     if spec.device == "cuda":
-        dist.barrier(device_ids=[world.device_index])
+        dist.barrier(device_ids=[world.cuda_index])
     else:
         dist.barrier()
 

@@ -45,6 +45,7 @@ from gpucheck.comm.collectives import (
     ELEMENT_BYTES,
     Work,
     make_clock,
+    started,
     synchronize,
     time_batch,
 )
@@ -162,7 +163,7 @@ def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: 
     for _ in range(iters if me_send is not None else 0):
         if delay_s:
             time.sleep(delay_s)
-        dist.isend(out, me_send).wait()
+        started(dist.isend(out, me_send)).wait()
     waiter.join()
     if len(ended) != 1:
         raise RuntimeError("a receive between nodes failed (see the rank's error)")

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpucheck.comm.aggregate import suspects_by_node
+from gpucheck.comm.aggregate import ClassKey, suspects_by_node
 from gpucheck.comm.collectives import (
     ELEMENT_BYTES,
     Clock,
@@ -29,6 +29,7 @@ from gpucheck.comm.collectives import (
     Work,
     back_to_back,
     make_clock,
+    started,
     synchronize,
     time_batch,
 )
@@ -61,9 +62,10 @@ def _side(me: int, src: int, dst: int, buf: Any, ack: Any,
         def send() -> Work:
             if delay_s:
                 time.sleep(delay_s)
-            return dist.isend(buf, dst)
-        return [send] * iters + [lambda: dist.irecv(ack, dst)]
-    return [lambda: dist.irecv(buf, src)] * iters + [lambda: dist.isend(ack, src)]
+            return started(dist.isend(buf, dst))
+        return [send] * iters + [lambda: started(dist.irecv(ack, dst))]
+    return [lambda: started(dist.irecv(buf, src))] * iters + [
+        lambda: started(dist.isend(ack, src))]
 
 
 def _align(me: int, src: int, dst: int, flag: Any) -> Callable[[], Work]:
@@ -76,8 +78,8 @@ def _align(me: int, src: int, dst: int, flag: Any) -> Callable[[], Work]:
     import torch.distributed as dist
 
     if me == src:
-        return lambda: dist.irecv(flag, dst)
-    return lambda: dist.isend(flag, src)
+        return lambda: started(dist.irecv(flag, dst))
+    return lambda: started(dist.isend(flag, src))
 
 
 def _time_pair(src: int, dst: int, size_bytes: int, iters: int, device: str) -> float | None:
@@ -214,7 +216,7 @@ def gather_rows(mine: list[dict[str, Any]], step: str = "gathering pairwise resu
     return sorted((p for rows in every for p in rows), key=lambda p: [p[k] for k in key])
 
 
-def _agree(plans: dict[int, Suspects]) -> dict[int, Suspects]:
+def _agree(plans: dict[ClassKey, Suspects]) -> dict[ClassKey, Suspects]:
     """Rank 0's plan on every rank (a collective, bounded by the group's timeout)."""
     import torch.distributed as dist
 

@@ -120,7 +120,7 @@ def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
     figures = node_figures(infos, pairs, result["collectives"].get("all_reduce") or [])
     box: list[Any] = [plan(figures, DEFAULT_SLOW_NODE_FRACTION) if world.rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    wanted = box[0]
+    wanted: dict[str, Any] | None = box[0]  # rank 0's plan
     if wanted is None:
         return None
     progress.set_step("slow node: measured again")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpucheck.bench.aggregate import DEFAULT_STRAGGLER_THRESHOLD
 from gpucheck.bench.data import ImageSet, default_images_dir, scan_images
@@ -22,6 +22,9 @@ from gpucheck.errors import UsageError
 from gpucheck.escape import terminal
 from gpucheck.interrupts import deferred_interrupts
 from gpucheck.report import Report, Section
+
+if TYPE_CHECKING:  # imported where used: the worker brings torch in
+    from gpucheck.bench.worker import BenchSpec
 
 HELP = "DDP ResNet50 inference benchmark that times every rank"
 
@@ -146,7 +149,7 @@ def _add_partial_faults(report: Report, partial: dict[str, Any] | None) -> None:
         report.add(run_faults_section(partial["faults"]))
 
 
-def _plan_bench(args: argparse.Namespace, plan: LaunchPlan):  # type: ignore[no-untyped-def]
+def _plan_bench(args: argparse.Namespace, plan: LaunchPlan) -> tuple[BenchSpec, ImageSet]:
     """Check every benchmark option before any rank starts; returns (BenchSpec, ImageSet)."""
     from gpucheck.bench.worker import BenchSpec
     from gpucheck.distributed import terminal

@@ -4,6 +4,7 @@ broadcast) and pairwise send/recv, hang-safe."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Any
 
 from gpucheck.comm.aggregate import COLLECTIVES
 from gpucheck.commands.job_report import partial_report as job_partial_report
@@ -18,6 +19,10 @@ from gpucheck.commands.option_types import (
 )
 from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
+
+if TYPE_CHECKING:  # imported where used: the workers bring torch in
+    from gpucheck.comm.report import Verdicts
+    from gpucheck.comm.worker import CommSpec
 from gpucheck.peers import SLOW_NODE_FRACTION
 from gpucheck.report import Report
 
@@ -85,7 +90,7 @@ def _check(args: argparse.Namespace) -> tuple[str, ...]:
     return collectives
 
 
-def _spec(args: argparse.Namespace, plan: LaunchPlan, collectives: tuple[str, ...]):  # type: ignore[no-untyped-def]
+def _spec(args: argparse.Namespace, plan: LaunchPlan, collectives: tuple[str, ...]) -> CommSpec:
     from gpucheck.comm.worker import CommSpec
 
     return CommSpec(device=plan.device, backend=plan.backend, timeout_s=plan.timeout_s,
@@ -95,7 +100,7 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan, collectives: tuple[str, ..
                     pair_threshold=args.pair_threshold, fault_watch=args.fault_watch)
 
 
-def _verdicts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _verdicts(args: argparse.Namespace) -> Verdicts:
     from gpucheck.comm.report import Verdicts
 
     return Verdicts(args.pair_threshold, args.baseline_busbw, SLOW_NODE_FRACTION)
@@ -114,7 +119,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
                             ctx=ctx)
 
 
-def _report(args: argparse.Namespace, result: dict) -> Report:  # type: ignore[type-arg]
+def _report(args: argparse.Namespace, result: dict[str, Any]) -> Report:
     from gpucheck.comm.report import comm_sections
 
     return Report(command="comm", sections=comm_sections(result, _verdicts(args)))

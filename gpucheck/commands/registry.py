@@ -76,9 +76,9 @@ def command_module(name: str) -> ModuleType:
     return importlib.import_module(f"gpucheck.commands.{name}")
 
 
-def output_options() -> argparse.ArgumentParser:
+def output_options() -> OneLineParser:
     """The options every command shares: format, output file, strictness, quiet."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = OneLineParser(add_help=False)  # the subparsers' own class: their parents' too
     group = common.add_argument_group("report")
     group.add_argument("--format", metavar="FMT", default=None,
                        help=f"report format: {', '.join(FORMATS)} (default: from --output's "

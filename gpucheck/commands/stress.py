@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from gpucheck.commands.job_report import partial_report as job_partial_report
 from gpucheck.commands.job_report import run_reported
@@ -13,6 +14,10 @@ from gpucheck.commands.option_types import finite_float, positive_float, positiv
 from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
+
+if TYPE_CHECKING:  # imported where used: the workers bring torch in
+    from gpucheck.stress.report import Verdicts
+    from gpucheck.stress.worker import StressSpec
 
 HELP = "every GPU at once: GEMM TFLOP/s, memory bandwidth, silent data corruption, copies"
 GPU_DTYPES = ("bf16", "fp16", "tf32", "fp32")
@@ -105,7 +110,7 @@ def _fraction(flag: str, value: float) -> float:
     return value
 
 
-def _check(args: argparse.Namespace, plan: LaunchPlan):  # type: ignore[no-untyped-def]
+def _check(args: argparse.Namespace, plan: LaunchPlan) -> StressSpec:
     """Every option checked before any rank starts; returns the StressSpec."""
     from gpucheck.stress.worker import StressSpec
 
@@ -132,7 +137,7 @@ def _check(args: argparse.Namespace, plan: LaunchPlan):  # type: ignore[no-untyp
                       copy_fraction=args.copy_threshold)
 
 
-def _verdicts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _verdicts(args: argparse.Namespace) -> Verdicts:
     from gpucheck.stress.report import Verdicts
 
     return Verdicts(args.peer_threshold, args.expected_threshold, args.copy_threshold)
@@ -148,7 +153,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
                         ctx=ctx)
 
 
-def _report(args: argparse.Namespace, result: dict) -> Report:  # type: ignore[type-arg]
+def _report(args: argparse.Namespace, result: dict[str, Any]) -> Report:
     from gpucheck.stress.report import stress_sections
 
     return Report(command="stress", sections=stress_sections(result, _verdicts(args)))

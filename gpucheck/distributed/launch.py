@@ -111,7 +111,8 @@ def launch_local(
     handlers = _signal_handlers()
     try:
         with _ranks_start_deaf_to_ctrl_c():
-            return elastic_launch(config, rank_main)(entrypoint, *args)
+            by_rank: dict[int, Any] = elastic_launch(config, rank_main)(entrypoint, *args)
+            return by_rank
     except ChildFailedError as exc:
         raise WorkersFailed(_failures(exc)) from None
     except SignalException as exc:

@@ -47,7 +47,8 @@ def set_step(label: str | None) -> None:
 
 
 def current_step() -> str | None:
-    return _state["step"]
+    step: str | None = _state["step"]
+    return step
 
 
 def _write_json(name: str, data: Any) -> None:
@@ -99,7 +100,8 @@ def local_ranks() -> dict[int, dict[str, Any]]:
     there is one (ranks on this node, under torchrun or srun with GPUCHECK_RUN_DIR)."""
     folder = run_dir()
     found = read_ranks(folder) if folder is not None and folder.is_dir() else {}
-    return found | _state["ranks"]
+    mine: dict[int, dict[str, Any]] = _state["ranks"]
+    return found | mine
 
 
 def read_ranks(folder: Path) -> dict[int, dict[str, Any]]:
@@ -113,7 +115,8 @@ def read_ranks(folder: Path) -> dict[int, dict[str, Any]]:
 
 
 def local_partial() -> dict[str, Any] | None:
-    return _state["partial"]
+    partial: dict[str, Any] | None = _state["partial"]
+    return partial
 
 
 def local_diagnoses() -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpucheck.context import RunContext
 from gpucheck.devices import GpuIdentity
@@ -74,7 +74,8 @@ def job_store() -> Any:
 
 def gpu_identity() -> GpuIdentity | None:
     """The physical GPU this rank uses (None on CPU): NVML index, bus id, UUID."""
-    return _session["gpu"]
+    gpu: GpuIdentity | None = _session["gpu"]
+    return gpu
 
 
 def barrier() -> None:
@@ -106,29 +107,46 @@ def is_comm_error(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(w in text for w in _COMM_ERROR_WORDS)
 
 
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import HashStore, PrefixStore, TCPStore
+
+
+class _Stores(NamedTuple):
+    tcp: type[TCPStore]
+    hashed: type[HashStore]
+    prefix: type[PrefixStore]
+
+
+def _stores() -> _Stores:
+    """torch.distributed's key-value stores, documented public API. Its __init__ imports
+    them from torch._C._distributed_c10d with no `as` alias and no __all__ entry, which
+    mypy --strict reads as not exported: the one ignore for it is here."""
+    from torch.distributed import HashStore, PrefixStore, TCPStore  # type: ignore[attr-defined]
+
+    return _Stores(TCPStore, HashStore, PrefixStore)
+
+
 def scoped_store(store: Any, scope: tuple[str, ...]) -> Any:
     """The store as one command sees it. One process can join several process groups in
     turn (`gpucheck all` under torchrun runs env, stress, bench and comm on the same
     store): each command's keys live under its own prefix, so a check-in does not count
     the previous group's ranks or read its keys (every rank uses the same scope)."""
-    import torch.distributed as dist
-
-    return dist.PrefixStore("/".join(scope), store) if scope else store
+    return _stores().prefix("/".join(scope), store) if scope else store
 
 
 def _job_store(world: World, timeout: _dt.timedelta) -> Any:
     """The job's store: the agent's under torchrun, else one hosted by rank 0."""
-    import torch.distributed as dist
     from torch.distributed.rendezvous import _agent_store_serves
 
+    stores = _stores()
     if world.launcher == "none":
-        return dist.HashStore()
+        return stores.hashed()
     addr, port = world.master_addr, world.master_port
     try:
         if _agent_store_serves(addr, port):
-            return dist.TCPStore(addr, port, world.world_size, is_master=False, timeout=timeout)
-        return dist.TCPStore(addr, port, world.world_size, is_master=world.rank == 0,
-                             timeout=timeout, wait_for_workers=False, multi_tenant=True)
+            return stores.tcp(addr, port, world.world_size, is_master=False, timeout=timeout)
+        return stores.tcp(addr, port, world.world_size, is_master=world.rank == 0,
+                          timeout=timeout, wait_for_workers=False, multi_tenant=True)
     except Exception as exc:
         raise CheckInFailed([0], [], world, timeout.total_seconds()) if world.rank else (
             RuntimeError(f"cannot host the job's store on {addr}:{port}: {exc}; "
@@ -232,7 +250,7 @@ def process_group(backend: str, device: str, timeout_s: float,
     if world.rank == 0:
         progress.publish_roster([asdict(i) for i in infos])
     refuse_shared_gpus(infos, views, world, backend)
-    dist.init_process_group(backend, store=dist.PrefixStore("gpucheck/pg", store),
+    dist.init_process_group(backend, store=_stores().prefix("gpucheck/pg", store),
                             rank=world.rank, world_size=world.world_size, timeout=timeout)
     progress.set_step(None)
     terminal.say(f"{world.world_size} rank(s) joined the process group ({backend}, {device})")

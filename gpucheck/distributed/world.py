@@ -31,6 +31,13 @@ class World:
     device_index: int | None = None
 
     @property
+    def cuda_index(self) -> int:
+        """`device_index` on a CUDA rank, where process_group always sets it."""
+        if self.device_index is None:
+            raise RuntimeError("a CUDA rank without a device index: process_group sets it")
+        return self.device_index
+
+    @property
     def is_reporter(self) -> bool:
         """Rank 0 gathers, aggregates and reports; the other ranks stay quiet."""
         return self.rank == 0

@@ -28,11 +28,12 @@ from gpucheck.faults.judge_clocks import (
     slowdown_causes,
     slowdown_pct,
 )
-from gpucheck.faults.judge_events import EVENT_VERDICTS, RECOVERY_ACTIONS, judge_events, meaning
+from gpucheck.faults.judge_events import EVENT_VERDICTS, judge_events, meaning
 from gpucheck.faults.judge_links import NVLINK_ERRORS_PER_S, PCIE_REPLAYS_PER_MIN, judge_links
 from gpucheck.faults.judge_memory import CORRECTED_ECC_WARN, judge_memory
 from gpucheck.faults.judge_watch import judge_errors
 from gpucheck.faults.verdict import Verdict, counter, events_of, rank_of
+from gpucheck.probes.xid_table import RECOVERY_ACTIONS
 from gpucheck.report import Finding, Section, Status, skip, worst
 
 __all__ = ["CORRECTED_ECC_WARN", "EVENT_VERDICTS", "NVLINK_ERRORS_PER_S",

@@ -62,7 +62,8 @@ class Carried:
 
 def carry(faults: Iterable[dict[str, Any]], boot_id: str | None) -> Carried:
     """Split the remembered faults: a reboot clears those a reset clears."""
-    still, cleared = [], []
+    still: list[dict[str, Any]] = []
+    cleared: list[dict[str, Any]] = []
     for fault in faults:
         rebooted = boot_id is not None and fault.get("boot_id") not in (None, boot_id)
         (cleared if rebooted and fault["action"] in CLEARED_BY_REBOOT else still).append(fault)

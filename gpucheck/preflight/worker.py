@@ -63,7 +63,7 @@ class Run:
     world: World
     budget: Budget
     result: dict[str, Any]
-    stress: Any = None  # (stress RankContext, stress result) once opened
+    stress: tuple[Any, dict[str, Any]] | None = None  # (stress RankContext, result) once opened
     hooks: TestHooks = NO_HOOKS  # tests only (gpucheck.context)
 
 

@@ -141,7 +141,7 @@ def _context(spec: StressSpec, world: World, hooks: TestHooks) -> RankContext:
     import torch
 
     gpu = gpu_identity() if spec.device == "cuda" else None
-    device = torch.device("cuda", world.device_index) if spec.device == "cuda" else \
+    device = torch.device("cuda", world.cuda_index) if spec.device == "cuda" else \
         torch.device("cpu")
     return RankContext(spec, world, device, rank_hook(hooks.stress, world.rank),
                        gpu.pci_bus_id if gpu else None)
@@ -223,7 +223,7 @@ def _barrier(ctx: RankContext) -> None:
     import torch.distributed as dist
 
     if ctx.spec.device == "cuda":
-        dist.barrier(device_ids=[ctx.world.device_index])
+        dist.barrier(device_ids=[ctx.world.cuda_index])
     else:
         dist.barrier()
 
@@ -253,8 +253,8 @@ def _gemm_dtype(ctx: RankContext, result: dict[str, Any], dtype: str) -> None:
     result["gemm"] += _gather(ctx, asdict(record))
     _publish(ctx, result)
     _again(ctx, result, "gemm", result["gemm"][-ctx.world.world_size:], "tflops_p50",
-           lambda m, d=dtype: gemm_figure(m, d),
-           lambda h, d=dtype: measure_gemm(ctx.world.rank, d, spec.size, ctx.device,
+           lambda m: gemm_figure(m, dtype),
+           lambda h: measure_gemm(ctx.world.rank, dtype, spec.size, ctx.device,
                                            spec.device, spec.warmup_s, spec.gemm_window_s, h))
 
 
