@@ -38,7 +38,7 @@ neighbour that always wants a core: the loaded case, reproducibly). Every run li
 with the machine's 1-minute load average when it ended: this 2-core VM is shared.
 
 The summary adds what other thresholds would have said of the same runs (the verdict is
-vs_others > 1 + threshold, else wall_vs_others or hold_back > 1 + threshold, so it can be
+hold_back > 1 + threshold (its kind from vs_others), so it can be
 recomputed from the reports' ranks tables), and each planted run's hold-back: the planted
 rank's whole-loop wall time over the other rank's.
 """
@@ -324,12 +324,12 @@ def _right_at(outcome: Outcome, threshold: float) -> bool:
     for r in outcome.ranks:
         bar = 1 + max(threshold, r.get("others_spread") or 0.0)
         device, wall = r["vs_others"] or 0.0, r.get("wall_vs_others") or 0.0
-        held = max(r.get("hold_back") or 0.0, wall, 1.0)
+        hold_back = r.get("hold_back") or 0.0
+        if hold_back <= bar:  # named only for what it cost the job
+            continue
+        held = max(hold_back, wall, 1.0)
         explains = math.log(max(device, 1.0)) >= 0.5 * math.log(held)
-        if device > 1 + threshold and explains:
-            named[int(r["rank"])] = "device"
-        elif device > 1 + threshold or wall > 1 + threshold or held > bar:
-            named[int(r["rank"])] = "host"
+        named[int(r["rank"])] = "device" if device > 1 + threshold and explains else "host"
     if outcome.planted is None:
         return not named
     return named == {outcome.planted: EXPECTED[outcome.kind]}
