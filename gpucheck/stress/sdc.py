@@ -1,23 +1,7 @@
-"""Which rank computed a wrong result? The burn-in's tolerances and deviations; the
-vote over per-rank digests and a reference is `gpucheck.agreement` (torch-free, shared
-with bench's consistency check):
-
-- each rank's result is summarised by a `digest` (a hash of its exact bits) and, when
-  a reference (fp64 on the CPU) was computed, by its `deviation` from it: the largest
-  |result - reference| over the compared elements / the largest |reference|;
-- ranks that should agree bit for bit (same GPU model, same library versions: the same
-  kernels on the same inputs) share a `group`;
-- a rank is wrong when its deviation is beyond the dtype's tolerance (or not finite),
-  or when a strict majority of its group shares a digest and it does not;
-- ranks that disagree bitwise where no majority exists (two ranks, a 2-2 split) and
-  the reference cannot tell apart (both within tolerance) stay `undecided`;
-- ranks named wrong that agree bitwise with each other, or that make up whole nodes
-  (two or more ranks each), are a `software` split, not faulty GPUs: independent
-  hardware faults never give the same wrong bits, and a node's GPUs do not all fail
-  at once. Different cuBLAS builds or settings pick different kernels (cuBLAS promises
-  identical bits only within one version, architecture and SM count: the cuBLAS
-  guide, "Results reproducibility"); the CPU reference says which side is right.
-"""
+"""Which rank computed a wrong result? The burn-in's tolerances and deviations. The
+vote over per-rank digests and a reference (groups, majority, undecided ranks, software
+splits) is `gpucheck.agreement`, torch-free and shared with bench's consistency check:
+its docstring says how a rank is judged wrong and when a split is software."""
 
 from __future__ import annotations
 
