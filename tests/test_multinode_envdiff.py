@@ -47,10 +47,12 @@ def test_matching_nodes_give_one_ok_and_keep_each_nodes_verdicts() -> None:
 
 def test_a_finding_keeps_the_action_its_probe_set_when_nodes_are_merged() -> None:
     report = _env_report("2.21", 8, {})
+    # The action a probe sets is its cause (here the XID table's row), never words: the
+    # merge keeps the cause, so the action stays the one the node's own report gave.
     report["sections"][2]["findings"] = [{
-        "check": "gpu.ecc.volatile_uncorrected", "status": "FAIL",
-        "message": "uncorrectable ECC errors", "hint": None, "subject": "GPU 0",
-        "action": "replace-hardware"}]
+        "check": "kernel_log.xid", "status": "FAIL",
+        "message": "XID 48 on GPU 0: double-bit ECC", "hint": None, "subject": "GPU 0",
+        "cause": "table.replace-hardware", "action": "replace-hardware"}]
     merged = merge_node_reports({NODES[0]: report, NODES[1]: _env_report("2.21", 8, {})})
     failed = [f for f in merged.findings if f.status is Status.FAIL]
     assert [(f.subject, f.action) for f in failed] == [("node 0 (a) GPU 0", "replace-hardware")]
