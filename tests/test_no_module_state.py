@@ -30,7 +30,7 @@ ENV_WRITES = {"pop", "update", "setdefault", "clear", "popitem", "__setitem__",
 TORCH_NCCL_SETTINGS = {"distributed/session.py", "distributed/flight.py",
                        "comm/nccl_log.py"}
 # Files that name GPUCHECK_ only to classify an environment listing, never to read it.
-OWN_PREFIX_CLASSIFIERS = {"probes/envvars.py", "distributed/envgather.py"}
+OWN_PREFIX_CLASSIFIERS = {"probes/envvars.py", "distributed/envgather.py", "envfacts.py"}
 
 # Still to move onto the RunContext (each entry: file, what).
 KNOWN = {

@@ -7,14 +7,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_faults_wiring_runs import LABEL, XID, fake_gpus  # noqa: F401 (a fixture)
+from test_faults_wiring_runs import (  # noqa: F401 (fake_gpus: a fixture)
+    LABEL,
+    WATCH_FAKE,
+    XID,
+    fake_gpus,
+)
 
-from gpucheck.cli import main
+from gpucheck.cli import program
+from gpucheck.context import RunOptions
 
 
 def _run(tmp_path: Path) -> tuple[int, dict]:
     out = tmp_path / "report.json"
-    code = main(["preflight", "--n-gpus", "2", "--budget", "60", "-q", "-o", str(out)])
+    # The fault watch reads the fake GPUs' bus ids from the test hooks (RunOptions).
+    code = program(["preflight", "--n-gpus", "2", "--budget", "60", "-q", "-o", str(out)],
+                   RunOptions(hooks=WATCH_FAKE))
     return code, json.loads(out.read_text())
 
 

@@ -7,6 +7,7 @@ file its host."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -30,8 +31,12 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _trained(stdout: str) -> list[dict]:
-    return sorted((json.loads(line[len("TRAIN "):]) for line in stdout.splitlines()
-                   if line.startswith("TRAIN ")), key=lambda r: r["rank"])
+    """Every `TRAIN {...}` the ranks printed: ranks under torchrun share one pipe, so
+    two writes may land on one line; each is read where it starts."""
+    decoder = json.JSONDecoder()
+    found = [decoder.raw_decode(stdout, match.end())[0]
+             for match in re.finditer(r"TRAIN ", stdout)]
+    return sorted(found, key=lambda r: r["rank"])
 
 
 def _torchrun(tmp_path: Path, *options: str, hooks: tuple[str, ...] = (),
