@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import socket
 import stat
@@ -108,8 +109,10 @@ def test_torchrun_wrapper_runs_the_command_on_every_rank(site: dict) -> None:
                            str(REPO / "tests" / "preflight_train.py")], cwd=site["dir"],
                           env=env, capture_output=True, text=True, timeout=RUN_S)
     assert done.returncode == 0, done.stderr[-3000:]
-    sums = sorted(json.loads(line[6:])["sum"] for line in done.stdout.splitlines()
-                  if line.startswith("TRAIN "))
+    # Ranks under torchrun share one pipe: two TRAIN writes may land on one line.
+    decoder = json.JSONDecoder()
+    sums = sorted(decoder.raw_decode(done.stdout, match.end())[0]["sum"]
+                  for match in re.finditer(r"TRAIN (?=\{)", done.stdout))
     assert sums == [3.0, 3.0]
     assert (site["dir"] / "preflight-exclude.txt").read_text() == ""
 
