@@ -49,6 +49,15 @@ def test_two_healthy_cpu_ranks_spread_by_noise_raise_no_alarm() -> None:
     assert _statuses(findings)[0] == ("comm.pairwise.slow_pair", Status.OK)
 
 
+def test_one_slow_batch_of_three_is_noise_and_raises_no_alarm() -> None:
+    # What a 50 ms stall in one repeat of 0 -> 1 leaves: one sample far below, the
+    # other two as healthy as every other pair's (a pair is judged by its best).
+    samples = _all(3)
+    samples[(0, 1)] = [0.001, 9.9, 10.1]
+    findings = pair_findings(_pairs(samples), 0.5, NAMES, again=[], device="cpu")
+    assert _statuses(findings) == [("comm.pairwise.slow_pair", Status.OK)]
+
+
 def test_a_pair_below_the_threshold_but_within_the_spread_is_too_noisy_to_judge() -> None:
     samples = _all(3)
     samples[(0, 1)] = [9.0, 4.0, 3.0]  # a healthy pair that read as low as 3 GB/s

@@ -20,9 +20,12 @@ def _sweep(tmp_path: Path, nproc: int, *extra: str,
     return code, json.loads(out.read_text())
 
 
-# Test hooks (gpucheck.context.TestHooks.slow_pairs), each far beyond any noise: with
-# 2 ranks one batch of 0 -> 1 is slowed (noise: no alarm); with 3, 1 -> 0 always (found).
-SLOWED = {2: SlowPair(0, 1, 0.05, "once"), 3: SlowPair(1, 0, 0.05)}
+# Test hooks (gpucheck.context.TestHooks.slow_pairs), far beyond any noise: with 3
+# ranks 1 -> 0 is slowed in every batch (found and confirmed). With 2 ranks nothing is
+# planted: which pair a loaded 2-core machine slows is noise, and a verdict on noise is
+# no test; one slow batch of three staying quiet is judged on handmade figures in
+# test_comm_confirm.py.
+SLOWED = {2: (), 3: (SlowPair(1, 0, 0.05),)}
 
 
 def _pair_warns(report: dict) -> list[tuple[str, str]]:  # type: ignore[type-arg]
@@ -35,17 +38,12 @@ def _pair_warns(report: dict) -> list[tuple[str, str]]:  # type: ignore[type-arg
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_comm_sweep_reports_every_size_with_nccl_tests_bandwidths(
         tmp_path: Path, nproc: int) -> None:
-    code, report = _sweep(tmp_path, nproc, hooks=TestHooks(slow_pairs=(SLOWED[nproc],)))
+    code, report = _sweep(tmp_path, nproc, hooks=TestHooks(slow_pairs=SLOWED[nproc]))
     assert code == 0, report
-    warns = _pair_warns(report)
-    if nproc == 2:  # one slow batch of three is noise: never a confirmed slow_pair
-        # (a CI run once met more noise in the same pair's other batches: then the
-        # second look clears it, at most an "unstable" WARN asking for a rerun)
-        assert all(state == "unstable" for _, state in warns), warns
-    else:  # slow in every batch, and again when measured again beside a good pair
+    if nproc == 3:  # slow in every batch, and again when measured again beside a good pair
         # The planted pair, confirmed; the hook's sleep is in rank 1's process, so its
         # other sends may be held up too (a CI run once confirmed rank 1 -> rank 2).
-        confirmed = [s for s, state in warns if state == "confirmed"]
+        confirmed = [s for s, state in _pair_warns(report) if state == "confirmed"]
         assert "rank 1 -> rank 0" in confirmed
         assert all(s.startswith("rank 1 -> ") for s in confirmed), confirmed
     sections = {s["name"]: s for s in report["sections"]}
