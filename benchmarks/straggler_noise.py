@@ -104,7 +104,8 @@ class Outcome:
     def describe(self) -> str:
         cells = "  ".join(f"r{r['rank']} p50 {r['p50_ms']:.0f} ms x{r['vs_others']:.3f} cpu "
                           f"x{r.get('wall_vs_others') or 0:.3f} wall "
-                          f"x{r.get('hold_back') or 0:.3f} loop" for r in self.ranks)
+                          f"x{r.get('hold_back') or 0:.3f} loop"
+                          f"{_again_cell(r)}" for r in self.ranks)
         named = ",".join(f"{r}:{k}" for r, k in sorted(self.named.items())) or "-"
         kind = self.kind if self.planted is None else f"{self.kind} r{self.planted}"
         return (f"{kind:14} {self.total_s:5.1f} s  WARN: {named:9}  {cells}  "
@@ -124,6 +125,13 @@ class Outcome:
             return max(walls.values()) / min(walls.values())
         others = [w for k, w in walls.items() if k != self.planted]
         return walls[self.planted] / statistics.median(others)
+
+
+def _again_cell(row: dict[str, Any]) -> str:
+    """" (x1.12 then x1.15 again)" when the loop ran a second time, else ""."""
+    if row.get("loop_again") is None:
+        return ""
+    return f" (x{row.get('whole_loop') or 0:.3f} then x{row['loop_again']:.3f} again)"
 
 
 def one_run(kind: str, planted: int | None, extra: list[str], keep: Path | None,
@@ -325,7 +333,11 @@ def _right_at(outcome: Outcome, threshold: float) -> bool:
         bar = 1 + max(threshold, r.get("others_spread") or 0.0)
         device, wall = r["vs_others"] or 0.0, r.get("wall_vs_others") or 0.0
         hold_back = r.get("hold_back") or 0.0
-        if hold_back <= bar:  # named only for what it cost the job
+        # Held back by one stall alone, then again in the second look (run when the
+        # default threshold asked for it: loop_again is None otherwise).
+        whole, again = r.get("whole_loop") or 0.0, r.get("loop_again")
+        recurred = again is not None and hold_back <= bar < whole and again > bar
+        if hold_back <= bar and not recurred:  # named only for what it cost the job
             continue
         held = max(hold_back, wall, 1.0)
         explains = math.log(max(device, 1.0)) >= 0.5 * math.log(held)

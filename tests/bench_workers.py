@@ -186,3 +186,35 @@ class _FailsLater(nn.Module):
 
 def fail_rank_one_in_the_timed_loop(model: nn.Module, rank: int) -> nn.Module:
     return _FailsLater(model, 2.5) if rank == 1 else model
+
+
+class _StallsAt(nn.Module):
+    """Sleeps `stall_s` in chosen forward calls (1: the first call): a rank its host
+    does not run for one long stretch, at known moments (no CPU time spent: the host
+    kind). With --warmup 1 --iters N, call 1 is the warm-up, calls 2..N+1 the timed loop
+    and N+2..2N+1 its second look when one is run."""
+
+    def __init__(self, inner: nn.Module, calls: frozenset[int], stall_s: float) -> None:
+        super().__init__()
+        self.inner = inner
+        self.stall_calls = calls
+        self.stall_s = stall_s
+        self.calls = 0
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls in self.stall_calls:
+            time.sleep(self.stall_s)
+        return self.inner(batch)
+
+
+STALL_S = 1.0
+STALLED_ITERS = 12  # the runs these hooks are for: --warmup 1 --iters 12
+
+
+def stall_rank_one_once_in_each_loop(model: nn.Module, rank: int) -> nn.Module:
+    """One 1 s stall in the middle of the timed loop and one in its second look: a
+    stall that recurs (a neighbour or a loader on a long period)."""
+    middle = 2 + STALLED_ITERS // 2
+    calls = frozenset({middle, middle + STALLED_ITERS}) if rank == SLOW_RANK else frozenset()
+    return _StallsAt(model, calls, STALL_S)

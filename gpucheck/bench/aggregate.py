@@ -21,14 +21,14 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpucheck.bench.pace import RankPace, is_straggler, rank_paces, slower
+from gpucheck.bench.pace import RankPace, is_straggler, one_stall_only, rank_paces, slower
 from gpucheck.bench.records import RankRecord
 from gpucheck.distributed.nodes import group_by_node
 
 # RankRecord lives in gpucheck.bench.records (pace reads it too: no import circle);
 # rank_paces in gpucheck.bench.pace. Both stay importable from here.
 __all__ = ["DEFAULT_STRAGGLER_THRESHOLD", "MIN_JUDGED_ITERS", "BenchSummary", "NodeSummary",
-           "RankPace", "RankRecord", "aggregate", "job_wall_s", "node_summaries",
+           "RankPace", "RankRecord", "aggregate", "job_wall_s", "look_again", "node_summaries",
            "rank_paces", "unjudged_reason"]
 
 DEFAULT_STRAGGLER_THRESHOLD = 0.10
@@ -106,6 +106,15 @@ def aggregate(records: Sequence[RankRecord],
         paces=paces,
         judged=judged,
     )
+
+
+def look_again(records: Sequence[RankRecord], threshold: float) -> bool:
+    """Whether the ranks run their timed loop a second time: some rank held the job
+    back by one stall alone (gpucheck.bench.pace.one_stall_only). Every rank decides
+    from the same gathered records, so all decide alike without another message."""
+    if unjudged_reason(records) != "yes" or any(r.again_wall_s is not None for r in records):
+        return False
+    return any(one_stall_only(p, threshold) for p in rank_paces(records))
 
 
 def unjudged_reason(records: Sequence[RankRecord]) -> str:

@@ -23,7 +23,10 @@ Two views of the same iterations (issue 21):
   iterations untouched,
   so the median sits near 1 while the job takes twice as long: only the loop sees it.
   One stall alone (a hiccup) is not a straggler: the loop is judged without the rank's
-  longest iteration's excess over its median iteration.
+  longest iteration's excess over its median iteration. When that one stall is all that
+  held the job back, the ranks run the loop once more (the second look, `again`): a
+  stall that recurs (a neighbour, a quota or a loader on a long period) holds the job
+  back again; a hiccup does not.
 """
 
 from __future__ import annotations
@@ -64,6 +67,10 @@ class RankPace:
     # barriers (for the last rank: the straggler when there is one).
     hold_back: float = 1.0
     waited_ms: float = 0.0
+    # Its whole timed loop over the other ranks' median loop, stalls and all; and the same
+    # in the second look (None when the loop was not run again).
+    whole: float = 1.0
+    again: float | None = None
     # How far healthy ranks' whole loops spread in this run (HEALTHY_SPREAD_FACTOR x the
     # other ranks' median absolute deviation of wall_s / their median); 0 with fewer than
     # MIN_SPREAD_RANKS other ranks, where --straggler-threshold alone is the bar.
@@ -105,9 +112,19 @@ def rank_paces(records: Sequence[RankRecord]) -> tuple[RankPace, ...]:
         others_p50_ms=statistics.median(v for k, v in p50.items() if k != r.rank),
         vs_others=device[r.rank].median, slower_share=device[r.rank].share,
         wall_vs_others=wall[r.rank].median, wall_slower_share=wall[r.rank].share,
-        hold_back=held[r.rank][0], waited_ms=held[r.rank][1],
+        hold_back=held[r.rank][0], waited_ms=held[r.rank][1], whole=held[r.rank][2],
+        again=_again(records, r),
         others_spread=_others_spread(records, r.rank),
     ) for r in records)
+
+
+def _again(records: Sequence[RankRecord], record: RankRecord) -> float | None:
+    """Its second-look loop over the other ranks' median second-look loop; None unless
+    every rank ran it."""
+    if any(r.again_wall_s is None for r in records):
+        return None
+    others = [r.again_wall_s for r in records if r.rank != record.rank]
+    return _ratio(record.again_wall_s or 0.0, statistics.median(o or 0.0 for o in others))
 
 
 def _others_spread(records: Sequence[RankRecord], rank: int) -> float:
@@ -149,12 +166,13 @@ def _against_others(records: Sequence[RankRecord],
     return result
 
 
-def _hold_back(records: Sequence[RankRecord], record: RankRecord) -> tuple[float, float]:
-    """(hold-back, waited ms): its whole timed loop over the other ranks' median loop
+def _hold_back(records: Sequence[RankRecord],
+               record: RankRecord) -> tuple[float, float, float]:
+    """(hold-back, waited ms, whole): its whole timed loop over the other ranks' median loop
     (every rank runs the same work between the same barriers), and the same with each
     loop less its one longest stall (a hiccup), whichever is smaller; and how long the
     other ranks waited at the end barriers (span_s - wall_s: waiting for the last rank,
-    which the straggler is)."""
+    which the straggler is); whole: the loop ratio with its stalls."""
     others = [r for r in records if r.rank != record.rank]
     whole = _ratio(record.wall_s, statistics.median(r.wall_s for r in others))
     steady = _ratio(_steady_loop_s(record), statistics.median(map(_steady_loop_s, others)))
@@ -162,7 +180,7 @@ def _hold_back(records: Sequence[RankRecord], record: RankRecord) -> tuple[float
     # The smaller of the two: without the hiccups a rank held the job back only when it
     # did with them too (taking one healthy rank's slow first iteration out, and not
     # the other's, must not make a straggler of the other).
-    return min(whole, steady), waited * 1e3
+    return min(whole, steady), waited * 1e3, whole
 
 
 def _steady_loop_s(record: RankRecord) -> float:
@@ -228,7 +246,26 @@ def hold_back_bar(pace: RankPace, threshold: float) -> float:
 
 
 def held_back(pace: RankPace, threshold: float) -> bool:
-    return Bound(hold_back_bar(pace, threshold), Better.LOWER).worse(pace.hold_back, 1.0)
+    """Above the bar without its one longest stall; or held back by one stall alone,
+    and again when the loop ran a second time (the stalls recur: `confirmed`)."""
+    bar = Bound(hold_back_bar(pace, threshold), Better.LOWER)
+    if bar.worse(pace.hold_back, 1.0):
+        return True
+    return confirmed_by_again(pace, threshold)
+
+
+def one_stall_only(pace: RankPace, threshold: float) -> bool:
+    """Its whole loop held the job back, and without its one longest stall it did not:
+    a hiccup or the first of recurring stalls, which only a second loop tells apart."""
+    bar = Bound(hold_back_bar(pace, threshold), Better.LOWER)
+    return bar.worse(pace.whole, 1.0) and not bar.worse(pace.hold_back, 1.0)
+
+
+def confirmed_by_again(pace: RankPace, threshold: float) -> bool:
+    """Held back by one stall, and its second loop held the job back too."""
+    bar = Bound(hold_back_bar(pace, threshold), Better.LOWER)
+    return (pace.again is not None and one_stall_only(pace, threshold)
+            and bar.worse(pace.again, 1.0))
 
 
 def is_straggler(pace: RankPace, threshold: float) -> bool:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gpucheck.bench import data, layout, rotation
 from gpucheck.bench import model as bench_model
-from gpucheck.bench.aggregate import RankRecord
+from gpucheck.bench.aggregate import DEFAULT_STRAGGLER_THRESHOLD, RankRecord, look_again
 from gpucheck.bench.consistency import software_stack
 from gpucheck.bench.marks import IterationMarks
 from gpucheck.bench.model import WeightsChoice
@@ -58,6 +58,8 @@ class BenchSpec:
     files: tuple[str, ...]
     progress: bool  # show a bar on rank 0 (stdout is a TTY and not --quiet)
     fault_watch: bool = True  # watch every rank's GPU (gpucheck.distributed.faultwatch)
+    # Decides the second look (gpucheck.bench.aggregate.look_again) on every rank.
+    straggler_threshold: float = DEFAULT_STRAGGLER_THRESHOLD
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,8 @@ def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
         progress.set_step("all_gather of the per-rank records")
         gathered: list[Any] = [None] * world.world_size
         dist.all_gather_object(gathered, (record, output))
+        if look_again([r for r, _ in gathered], spec.straggler_threshold):
+            gathered = _second_look(ddp, batch, spec, world, gathered)
         progress.set_step(None)
         faults = faultwatch.of(ctx).gather()
     if not world.is_reporter:
@@ -120,6 +124,42 @@ def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
         ranks=tuple(asdict(info) for info in roster()),
         rotation=plan.describe() if plan else None,
     )
+
+
+def _second_look(ddp: Any, batch: torch.Tensor, spec: BenchSpec, world: World,
+                 gathered: list[Any]) -> list[Any]:
+    """Every rank runs its timed loop once more and the loops' wall times are gathered
+    into the records: a rank held the job back by one stall alone, and only a second
+    loop tells a hiccup from a stall that recurs (gpucheck.bench.pace)."""
+    import torch
+    import torch.distributed as dist
+
+    progress.set_step("the timed loop again (a second look at a rank's stall)")
+    with torch.inference_mode():
+        mine = _loop_again(ddp, batch, gathered[world.rank][0].iters, spec, world)
+    walls: list[Any] = [None] * world.world_size
+    dist.all_gather_object(walls, mine)
+    return [(replace(record, again_wall_s=float(wall)), output)
+            for (record, output), wall in zip(gathered, walls, strict=True)]
+
+
+def _loop_again(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec,
+                world: World) -> float:
+    """The timed loop's wall time once more, in the same segments between the same
+    barriers (`_timed_loop`), without its per-iteration marks."""
+    sizes = layout.segment_sizes(iters, spec.device == "cpu" and world.world_size > 1)
+    wall_s = 0.0
+    for index, size in enumerate(sizes):
+        if index:
+            batch = layout.relayout(ddp.module, batch)
+        _barrier(spec, world)
+        started = time.perf_counter()
+        for _ in range(size):
+            ddp(batch)
+        _synchronize(spec.device)
+        wall_s += time.perf_counter() - started
+        _barrier(spec, world)
+    return wall_s
 
 
 def _set_threads(device: str, world: World) -> int:

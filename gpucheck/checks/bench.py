@@ -6,7 +6,7 @@ Generated from the old actions.RULES and the finding sites; edit freely from her
 from __future__ import annotations
 
 from gpucheck.actions import Action, Status
-from gpucheck.checks.check import Cause, Check
+from gpucheck.checks.check import NEVER_DRAIN, Cause, Check
 
 A, W, F = Action, Status.WARN, Status.FAIL
 
@@ -59,5 +59,8 @@ CHECKS: tuple[Check, ...] = (
               Cause("host_stall", A.FIX_CONFIG,
                     "the rank computed at speed and held the job back because its host did not "
                     "run it (a CPU quota, a competing or stopped process, a data loader): the "
-                    "host's settings or load, not the hardware"),)),
+                    "host's settings or load, not the hardware"),),
+          # One short run never drains a node: a stall seen again in a second loop is a
+          # host to fix (the host_stall cause) or, for a slow device, a rerun to confirm.
+          on_look=NEVER_DRAIN),
 )

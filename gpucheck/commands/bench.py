@@ -177,6 +177,7 @@ def _plan_bench(args: argparse.Namespace, plan: LaunchPlan) -> tuple[BenchSpec, 
         iters=iters, duration_s=args.duration, device=plan.device, backend=plan.backend,
         timeout_s=plan.timeout_s, images_dir=images.folder, files=images.files,
         progress=terminal.wanted(args.quiet), fault_watch=args.fault_watch,
+        straggler_threshold=args.straggler_threshold,
     )
     return spec, images
 
