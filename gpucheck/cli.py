@@ -177,12 +177,15 @@ def signals_as_interrupts() -> Iterator[None]:
     """For the block, SIGTERM and SIGHUP raise `Interrupted`, as Ctrl-C raises
     KeyboardInterrupt: a SLURM time limit, `timeout` or an eviction then ends the run
     the way Ctrl-C does (workers stopped, partial report kept, one line, exit 128+N)
-    instead of killing the process on the spot."""
+    instead of killing the process on the spot; unless the signal was ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be set on the main thread
         return
-    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    for sig in STOP_SIGNALS:
+    # A signal ignored when gpucheck started stays ignored: `nohup gpucheck ...` asked
+    # the run to outlive its terminal's hangup.
+    previous = {sig: handler for sig in STOP_SIGNALS
+                if (handler := signal.getsignal(sig)) != signal.SIG_IGN}
+    for sig in previous:
         signal.signal(sig, _raise_interrupted)
     try:
         yield

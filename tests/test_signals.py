@@ -102,6 +102,38 @@ def test_ctrl_c_stops_a_self_launched_bench_with_its_partial_report_and_130(
     assert interrupted(report)
 
 
+def test_a_hangup_stops_a_self_launched_bench_with_its_partial_report_and_129(
+        tmp_path: Path) -> None:
+    code, err, report = stop_mid_run(tmp_path, signal.SIGHUP, *LONG_BENCH, "--n-gpus", "2",
+                                     whole_group=True)
+    assert code == 129
+    one_line(err, "bench")
+    assert interrupted(report)
+
+
+def test_a_bench_under_nohup_outlives_its_terminals_hangup(tmp_path: Path) -> None:
+    # SIGHUP to the whole group mid-run, as a closing terminal sends it: under nohup
+    # neither gpucheck nor torch's agent nor a rank may stop for it.
+    run, out = tmp_path / "run", tmp_path / "out.json"
+    run.mkdir()
+    argv = ["nohup", *gpucheck("bench", "--model", "mobilenet_v3_small", "--batch-size", "1",
+                               "--warmup", "1", "--iters", "300", "--n-gpus", "2", "-q",
+                               "-o", str(out))]
+    proc = start(argv, clean_env(GPUCHECK_RUN_DIR=str(run)))
+    with tracked([proc]) as seen:
+        assert wait_for_file(run / "partial.json", START_S, proc) is not None, \
+            proc.communicate()
+        seen.extend(p.pid for p in _children(proc))
+        os.killpg(proc.pid, signal.SIGHUP)
+        _, err = proc.communicate(timeout=START_S)
+        assert wait_gone(seen) == []
+    assert proc.returncode in (0, 1), err  # 1: a WARN (a CPU straggler) is a finished run
+    report = json.loads(out.read_text())
+    assert not interrupted(report)
+    timing = next(s for s in report["sections"] if s["name"] == "timing")
+    assert [r["images"] for r in timing["data"]["ranks"]] == [300, 300]
+
+
 def test_sigterm_stops_a_self_launched_comm_with_the_sizes_measured_and_143(
         tmp_path: Path) -> None:
     code, err, report = stop_mid_run(tmp_path, signal.SIGTERM, *LONG_COMM, "--n-gpus", "2",

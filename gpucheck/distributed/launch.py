@@ -106,6 +106,7 @@ def launch_local(
         monitor_interval=0.1,
         start_method="spawn",
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        signals_to_handle=_signals_for_the_agent(),
     )
     _quiet_elastic_logs()
     handlers = _signal_handlers()
@@ -133,8 +134,9 @@ def rank_main(entrypoint: Callable[..., Any], *args: Any) -> Any:
     launching process reports the stop; what rank 0 measured is already in the run
     directory (written atomically), so a rank has nothing to unwind.
     """
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _exit_at_once)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) != signal.SIG_IGN:  # SIGHUP under nohup stays ignored
+            signal.signal(sig, _exit_at_once)
     # Started with SIGINT blocked (see _ranks_start_deaf_to_ctrl_c): a Ctrl-C that came
     # while the rank imported torch is pending and ends it here, silently.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
@@ -190,9 +192,14 @@ def quiet_resource_tracker() -> None:
 
     saved = list(sys.warnoptions)
     sys.warnoptions.append(_TRACKER_LEAK_WARNING)
+    # Born with SIGHUP blocked (a mask survives fork and exec), as CPython starts it
+    # with SIGINT and SIGTERM blocked: a hangup sent to the whole group killed the
+    # tracker, its successor then met the ranks' farewells and printed a traceback each.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
     try:
         resource_tracker.ensure_running()
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         sys.warnoptions[:] = saved
 
 
@@ -202,6 +209,13 @@ def _exit_at_once(signum: int, frame: object) -> None:
 
 # The signals torch's elastic agent takes over (TORCHELASTIC_SIGNALS_TO_HANDLE's default).
 _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _signals_for_the_agent() -> str:
+    """The stop signals torch's agent takes over, less those ignored: under `nohup`
+    (SIGHUP ignored) it would otherwise stop every rank when the terminal hangs up."""
+    return ",".join(sig.name for sig in _AGENT_SIGNALS
+                    if signal.getsignal(sig) != signal.SIG_IGN)
 
 
 def _signal_handlers() -> dict[signal.Signals, Any]:
