@@ -226,7 +226,9 @@ def schema_problem(version: object) -> str | None:
         return (f"has schema_version {version}, written by an older gpucheck: gpucheck "
                 f"{__version__} reads schema_version {SCHEMA_VERSION} only; run the command "
                 "again with this gpucheck for a report it reads")
-    return (f"has unknown schema_version {version!r} (gpucheck {__version__} reads "
+    shown = repr(version)  # a file's value: a long string or list is cut to one line
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return (f"has unknown schema_version {shown} (gpucheck {__version__} reads "
             f"{SCHEMA_VERSION}: read it with the gpucheck that wrote it)")
 
 
