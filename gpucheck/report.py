@@ -22,21 +22,19 @@ from gpucheck.measure import Metric, SecondLook
 from gpucheck.subject import Kind, Subject
 
 # 3: sections carry "metrics" (gpucheck.measure.Metric as data); findings carry
-# "cause", "look" (a second look, as data) and "subject_fields", the subject as an
-# object ({"kind", "label", ...fields}; null for a subject known only by its words)
-# beside "subject", its label: the readers of the label (compare, fleet, health's
-# state, every test that reads a report) move to the fields stream by stream.
-# 2: "action" on every WARN and FAIL, subject a string.
-# 1: the same without the action. 1 and 2 are still read (their actions resolved or
-# kept) until every reader has moved to 3 (S6 drops them).
+# "action" (every WARN and FAIL), "cause", "look" (a second look, as data) and
+# "subject_fields", the subject as an object ({"kind", "label", ...fields}; null for
+# a subject known only by its words) beside "subject", its label. Only this version
+# is read: versions 1 and 2 lived for days on development machines, and a report is
+# cheap to make again (the command run again with this gpucheck), so nothing reads
+# them back (issue 25).
 SCHEMA_VERSION = 3
-READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 
 # JSON-able values only: str, int, float, bool, None, lists and dicts of them.
 JsonValue = Any
 
 __all__ = ["Action", "Finding", "Report", "ReportShapeError", "SchemaVersionError", "Section",
-           "Status", "fail", "ok", "skip", "warn", "worst"]
+           "Status", "fail", "ok", "schema_problem", "skip", "warn", "worst"]
 
 
 @dataclass(frozen=True)
@@ -92,34 +90,20 @@ class Finding:
     @classmethod
     def from_dict(cls, raw: dict[str, JsonValue]) -> Finding:
         """A finding as `to_dict` wrote it. The stored action is kept (a report is a
-        record: it says what was decided when it was made); a version-1 finding has
-        none, so it is resolved as for a new finding."""
+        record: it says what was decided when it was made); a WARN or FAIL without
+        one is damaged (schema 3 writes it on every one)."""
         for key in ("check", "message", "hint", "action", "cause"):
             _require_text(raw, key, optional=key not in ("check", "message"))
         fields, look = raw.get("subject_fields"), raw.get("look")
         status = Status(raw["status"])
         action = raw.get("action")
         if action is None and status in (Status.WARN, Status.FAIL):
-            action = stored_action(raw["check"], status, raw.get("cause"))
+            raise ValueError(f"{raw['check']}: a {status.value} without an action")
         return _stored(cls, check=raw["check"], status=status, message=raw["message"],
                        hint=raw.get("hint"), action=action, cause=raw.get("cause"),
                        subject=Subject.from_dict(fields) if fields is not None
                        else _text_or_none(raw.get("subject")),
                        look=SecondLook.from_dict(look) if look is not None else None)
-
-
-def stored_action(check_id: str, status: Status, cause: object = None) -> str | None:
-    """The action of a stored WARN or FAIL that carries none (a version-1 report): its
-    declared check's, from its stored cause (never its words); an id this gpucheck does
-    not declare (a report of another version): a FAIL drains, a WARN is run again."""
-    if status not in (Status.WARN, Status.FAIL):
-        return None
-    unknown = Action.DRAIN_NODE if status is Status.FAIL else Action.RERUN
-    try:
-        found = lookup(check_id).action(status, cause if isinstance(cause, str) else None)
-    except (KeyError, ValueError):  # an id, cause or status this version does not declare
-        found = unknown
-    return found.value if found is not None else None
 
 
 def _text_or_none(value: object) -> Subject | None:
@@ -233,22 +217,35 @@ def _utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def schema_problem(version: object) -> str | None:
+    """None when this gpucheck reads a report of `version`; else what is wrong and what
+    to do, as the rest of a line that names the file ("bench.json has ...")."""
+    if type(version) is int and version == SCHEMA_VERSION:  # bool is an int: not `true`
+        return None
+    if type(version) is int and 0 < version < SCHEMA_VERSION:
+        return (f"has schema_version {version}, written by an older gpucheck: gpucheck "
+                f"{__version__} reads schema_version {SCHEMA_VERSION} only; run the command "
+                "again with this gpucheck for a report it reads")
+    shown = repr(version)  # a file's value: a long string or list is cut to one line
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return (f"has unknown schema_version {shown} (gpucheck {__version__} reads "
+            f"{SCHEMA_VERSION}: read it with the gpucheck that wrote it)")
+
+
 class SchemaVersionError(ValueError):
     """A report whose `schema_version` this gpucheck cannot read (`version` says which)."""
 
     def __init__(self, version: object) -> None:
         self.version = version
-        readable = ", ".join(map(str, READABLE_SCHEMA_VERSIONS))
-        super().__init__(f"unknown schema_version {version!r} (gpucheck {__version__} "
-                         f"reads {readable}; a newer gpucheck wrote it?)")
+        super().__init__(f"the report {schema_problem(version)}")
 
 
 @dataclass
 class Report:
     """Everything one command found, in the order it should be read.
 
-    `schema_version` is the version the report was read from (`from_dict`); `to_dict`
-    always writes the current SCHEMA_VERSION, the only shape it knows how to write.
+    `schema_version` is SCHEMA_VERSION: the only version `from_dict` reads and
+    `to_dict` writes.
     """
 
     command: str
@@ -313,13 +310,12 @@ class Report:
 
     @classmethod
     def from_dict(cls, raw: dict[str, JsonValue]) -> Report:
-        """A report as `to_dict` (or an older gpucheck: READABLE_SCHEMA_VERSIONS) wrote
-        it; SchemaVersionError for any other version."""
+        """A report as `to_dict` wrote it; SchemaVersionError for any other version
+        (`schema_problem` says what to do)."""
         if not isinstance(raw, dict):
             raise ReportShapeError(f"a report is a JSON object, not {type(raw).__name__}")
         version = raw.get("schema_version")
-        # bool is an int: `true` must not pass for version 1.
-        if isinstance(version, bool) or version not in READABLE_SCHEMA_VERSIONS:
+        if schema_problem(version) is not None:
             raise SchemaVersionError(version)
         try:
             return cls._from_checked(raw)

@@ -19,7 +19,7 @@ from gpucheck.probes.torch_build import TorchInfo
 from gpucheck.probes.xid_section import kernel_log_section
 from gpucheck.probes.xid_table import ACTIONS as XID_ACTIONS
 from gpucheck.render import render
-from gpucheck.report import Finding, Report, Section, Status, fail, ok, skip, warn
+from gpucheck.report import Finding, Report, ReportShapeError, Section, Status, fail, ok, skip, warn
 from tests.fake_pynvml import FakeGpu, FakeNvml
 
 LOGS = Path(__file__).parent / "data" / "kernel_logs"
@@ -220,46 +220,7 @@ def test_a_relayed_action_outside_the_list_is_refused() -> None:
         fail("fleet.node", "m", "h", relayed="reboot")
 
 
-V1_REPORT = """{
-  "schema_version": 1,
-  "tool": "gpucheck",
-  "tool_version": "0.1.0",
-  "command": "env",
-  "argv": ["gpucheck", "env"],
-  "host": "node7",
-  "created_at": "2026-11-20T23:02:10+00:00",
-  "verdict": "FAIL",
-  "summary": {"OK": 1, "SKIP": 0, "WARN": 1, "FAIL": 2},
-  "sections": [
-    {"name": "gpus", "title": "GPUs", "data": {"gpus": []}, "findings": [
-      {"check": "gpu.busy", "status": "OK", "message": "no processes on it",
-       "hint": null, "subject": "GPU 0"},
-      {"check": "gpu.remapped_rows.pending", "status": "FAIL",
-       "message": "a memory row remap is pending",
-       "hint": "reset the GPU (nvidia-smi -r) or reboot so the remap takes effect",
-       "subject": "GPU 1"},
-      {"check": "gpu.pcie.width", "status": "WARN", "message": "PCIe link is x8 of x16",
-       "hint": "reseat the GPU", "subject": "GPU 1"}]},
-    {"name": "kernel_log", "title": "Kernel log: Xid errors", "data": {}, "findings": [
-      {"check": "kernel_log.xid", "status": "FAIL", "message": "XID 95 once",
-       "hint": "action: reset-gpu: drain the node and reset the GPU", "subject": "GPU 1"}]}
-  ]
-}"""
-
-
-def test_a_version_1_report_is_read_and_its_actions_resolved_as_for_new_findings() -> None:
-    report = Report.from_dict(json.loads(V1_REPORT))
-    assert report.schema_version == 1
-    # The kernel-log finding's hint prefix counts for nothing: its check's FAIL action.
-    assert [f.action for f in report.findings] == [None, "reset-gpu", "replace-hardware",
-                                                   "drain-node"]
-    raw = report.to_dict()
-    assert raw["schema_version"] == 3 and raw["verdict"] == "FAIL"
-    assert raw["sections"][1]["findings"][0]["hint"].startswith("action: reset-gpu: ")
-    assert Report.from_dict(raw).to_dict() == raw
-
-
-def test_a_version_2_report_keeps_its_stored_actions() -> None:
+def test_a_stored_report_keeps_its_stored_actions() -> None:
     report = Report("env", [Section("gpus", "GPUs", findings=[
         warn("kernel_log.xid", "busy", "wait", cause="table.restart-app"),
         ok("gpu.numa", "fine")])])
@@ -271,7 +232,7 @@ def test_a_version_2_report_keeps_its_stored_actions() -> None:
     assert Report.from_dict(again.to_dict()).to_dict() == again.to_dict()
 
 
-def test_a_version_2_finding_with_a_bad_action_is_refused() -> None:
+def test_a_stored_finding_with_a_bad_action_is_refused() -> None:
     raw = Report("env", [Section("s", "S", findings=[fail("gpu.lost", "m", "h")])]).to_dict()
     raw["sections"][0]["findings"][0]["action"] = "panic"
     with pytest.raises(ValueError, match="unknown action 'panic'"):
@@ -310,11 +271,12 @@ def test_a_problem_without_a_hint_still_shows_its_action_in_text() -> None:
     assert "ACTION: drain-node" in text
 
 
-def test_a_stored_finding_without_an_action_takes_its_check_and_cause_never_its_words(
-        ) -> None:
-    from gpucheck.report import stored_action
-    assert stored_action("driver.nvml", Status.FAIL, "gpu_lost") == "drain-node"
-    assert stored_action("driver.nvml", Status.FAIL) == "fix-config"
-    assert stored_action("brand.new", Status.WARN) == "rerun"  # another gpucheck's id
-    assert stored_action("driver.nvml", Status.WARN, "gpu_lost") == "rerun"  # FAIL-only
-    assert stored_action("driver.nvml", Status.OK) is None
+@pytest.mark.parametrize("status", PROBLEMS)
+def test_a_stored_problem_without_an_action_is_a_damaged_report(status: Status) -> None:
+    """Schema 3 stores every WARN's and FAIL's action; none is resolved again on reading
+    (the schema-1 fallback went with issue 25)."""
+    maker = warn if status is Status.WARN else fail
+    raw = Report("env", [Section("s", "S", findings=[maker("gpu.busy", "m", "h")])]).to_dict()
+    raw["sections"][0]["findings"][0]["action"] = None
+    with pytest.raises(ReportShapeError, match="without an action"):
+        Report.from_dict(raw)

@@ -43,7 +43,7 @@ def write_node(folder: Path, name: str, host: str, index: int = 0,
     for section in raw["sections"]:
         if section["name"] in MEASURED:
             section["data"] = _scaled(section["data"], factor)
-            for metric in section.get("metrics") or []:  # schema 1 has none
+            for metric in section.get("metrics") or []:
                 metric["value"] *= factor
     if edit is not None:
         edit(raw)
@@ -286,22 +286,21 @@ def test_reports_of_every_command_are_grouped_by_command(tmp_path: Path) -> None
         "bench (3), comm (3), env (3), stress (3)")
 
 
-def test_schema_1_reports_join_the_fleet_and_their_findings_get_actions(
+def test_a_schema_1_report_is_listed_unreadable_saying_to_run_it_again_the_rest_judged(
         tmp_path: Path) -> None:
     folder = tmp_path / "reports"
     folder.mkdir()
-    healthy_fleet(folder, "bench", 2)
-
-    def straggler(raw: dict[str, Any]) -> None:
-        section(raw, "timing")["findings"] = [{
-            "check": "bench.rank.straggler", "status": "WARN", "message": "rank 1 slow",
-            "hint": "check its GPU", "subject": "rank 1"}]  # schema 1: no action
-    write_node(folder, "bench_v1", "gpu03", 3)
-    write_node(folder, "bench_v1", "gpu04", 4, straggler)
-    _, report = fleet(tmp_path, folder)
-    assert section(report, "inputs")["data"]["reports"] == 4
-    assert [(r["check"], r["action"]) for r in reasons(report, "gpu04")] == [
-        ("bench.rank.straggler", "rerun")]
+    healthy_fleet(folder, "bench", 3)
+    write_node(folder, "bench_v1", "gpu04", 4)
+    code, report = fleet(tmp_path, folder)
+    inputs = section(report, "inputs")
+    assert code == 0 and inputs["data"]["reports"] == 3
+    (unreadable,) = inputs["data"]["unreadable"]
+    assert Path(unreadable["file"]).name == "bench_v1-gpu04.json"
+    assert unreadable["problem"].startswith("has schema_version 1, written by an older gpucheck")
+    assert [f["check"] for f in inputs["findings"] if f["status"] != "OK"] == [
+        "fleet.unreadable"]
+    assert reasons(report, "gpu04") == []
 
 
 def test_an_older_report_of_the_same_node_and_analysis_reports_are_left_out(

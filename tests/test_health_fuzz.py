@@ -53,16 +53,8 @@ PATHS = [("version",), ("gpus",), ("gpus", "most_seen"), ("faults",), ("faults",
          ("consumers", "default", "last"), ("consumers", "default", "last", "problems")]
 
 
-GOOD_V1: dict[str, Any] = {"version": 1, "gpus": {"most_seen": 1},
-                           **GOOD["consumers"]["default"],
-                           "kernel_log": {"last_event": "ab", "source": "dmesg"}}
-PATHS_V1 = [("boot_id",), ("kernel_log",), ("kernel_log", "last_event"), ("ib_ports",),
-            ("ib_ports", "mlx5_0/1"), ("ib_ports", "mlx5_0/1", "counters"), ("last",),
-            ("last", "problems"), ("gpus", "most_seen")]
-
-
 def _replaced(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
-    state = json.loads(json.dumps(GOOD if path[0] in GOOD else GOOD_V1))
+    state = json.loads(json.dumps(GOOD))
     where = state
     for key in path[:-1]:
         where = where[key]
@@ -75,7 +67,7 @@ def _file(data: Any) -> bytes:
 
 
 CONTENTS = st.one_of(JSON.map(_file), st.binary(max_size=64),
-                     st.tuples(st.sampled_from(PATHS + PATHS_V1), JSON).map(
+                     st.tuples(st.sampled_from(PATHS), JSON).map(
                          lambda p: _file(_replaced(*p))))
 
 

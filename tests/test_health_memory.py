@@ -162,6 +162,49 @@ def test_a_consumer_s_write_keeps_what_another_wrote_meanwhile(node):
     assert [f["action"] for f in stored["faults"]] == ["reset-gpu"]
 
 
+# ---- issue 25: a fault is known by its data (GPU bus id, XID), never by its words ----
+
+UNCONTAINED = xid_line(130.0, BUS, 95, "Uncontained ECC error")  # FAIL reset-gpu, as 48
+
+
+def test_the_same_fault_seen_again_is_not_new_when_nvml_no_longer_names_its_gpu(
+        node, monkeypatch):
+    first = _run(node, [DBE])
+    assert _xid_problems(first) == [("FAIL", "reset-gpu")]
+    (named,) = [f.subject for f in first.section("kernel_log").findings]
+    assert named.startswith("GPU 0 (")
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([]).module)  # the GPU is gone
+    again = xid_line(200.0, BUS, 48, "An uncorrectable double bit error (DBE) has been detected.")
+    report = _run(node, [DBE, again])
+    faults = [f for f in report.section("kernel_log").findings if f.status is Status.FAIL]
+    assert [(f.action, f.subject) for f in faults] == [("reset-gpu", "PCI:0000:18:00")]
+    stored = json.loads((node / "state" / STATE_FILE).read_text())["faults"]
+    assert [(f["key"], f["subject"]) for f in stored] == [
+        ("kernel_log.xid|0000:18:00.0|48", named)]  # the first record, kept once
+    assert report.section("kernel_log").data["still_reported"] == [
+        "kernel_log.xid|0000:18:00.0|48"]
+
+
+def test_two_faults_of_one_gpu_whose_messages_collide_are_told_apart(node):
+    from dataclasses import replace
+
+    from gpucheck.health.faults import new_faults
+    from gpucheck.probes.kernel_log import read_kernel_log
+    from gpucheck.probes.xid_section import XidFault, kernel_log_part
+
+    log = read_kernel_log(str(write_log(node / "two.txt", [DBE, UNCONTAINED])))
+    _, faults = kernel_log_part(log, [])
+    same = [XidFault(f.bus_id, f.xid, replace(f.finding, message="GPU fault", hint="reset it"))
+            for f in faults]  # the same words, the same GPU, the same action and status
+    records = new_faults(same, "boot-1", "now")
+    assert [(r["key"], r["action"], r["status"]) for r in records] == [
+        ("kernel_log.xid|0000:18:00.0|48", "reset-gpu", "FAIL"),
+        ("kernel_log.xid|0000:18:00.0|95", "reset-gpu", "FAIL")]
+    # Through the runs: both remembered, both reported again on a later clean run.
+    _run(node, [DBE, UNCONTAINED])
+    assert _xid_problems(_run(node)) == [("FAIL", "reset-gpu"), ("FAIL", "reset-gpu")]
+
+
 # ---- item 7: identical lines are each an event ----
 
 @pytest.mark.parametrize("stamp", ["Nov 26 10:00:00 node7 kernel: ", ""])

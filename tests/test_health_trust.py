@@ -118,7 +118,7 @@ def test_a_state_file_that_is_no_state_is_a_warn_within_the_budget(node, kind):
         path.symlink_to("/dev/zero")
     else:  # 12 MB of a state gpucheck could have written, one problem repeated
         last = {"verdict": "WARN", "at": "x", "problems": ["gpu.x|GPU 0"] * 800_000}
-        path.write_text(json.dumps({"version": 1, "last": last}))
+        path.write_text(json.dumps({"version": 2, "consumers": {"default": {"last": last}}}))
     report = _run(node, budget=2)
     assert len(_state_warnings(report)) == 1
     assert (node / "state" / STATE_FILE).is_file()  # replaced by a good one
@@ -185,13 +185,17 @@ def test_the_worst_finding_of_many_thousand_is_the_first_most_severe():
 # ---- item 8: a damaged state file is a WARN, set aside, replaced ----
 
 @pytest.mark.parametrize("content", [
-    {"version": 1, "last": {"problems": 5}},
-    {"version": 1, "last": []},
-    {"version": 1, "kernel_log": "x"},
-    {"version": 1, "kernel_log": {"last_event": 7}},
-    {"version": 1, "ib_ports": {"mlx5_0/1": {"counters": {"link_downed": "1"}}}},
-    {"version": 1, "ib_ports": {"mlx5_0/1": 3}},
-    {"version": 1, "gpus": {"most_seen": "8"}},
+    {"version": 2, "consumers": {"default": {"last": {"problems": 5}}}},
+    {"version": 2, "consumers": {"default": {"last": []}}},
+    {"version": 2, "consumers": {"default": {"kernel_log": "x"}}},
+    {"version": 2, "consumers": {"default": {"kernel_log": {"tail": "ab"}}}},
+    {"version": 2, "consumers": {"default": {
+        "ib_ports": {"mlx5_0/1": {"counters": {"link_downed": "1"}}}}}},
+    {"version": 2, "consumers": {"default": {"ib_ports": {"mlx5_0/1": 3}}}},
+    {"version": 2, "gpus": {"most_seen": "8"}},
+    # another version: version 1 of the first days (no longer read, issue 25), a newer one
+    {"version": 1, "kernel_log": {"last_event": "ab", "source": "dmesg"}},
+    {"version": 3, "consumers": {}},
     {"version": 2, "consumers": {"default": {"kernel_log": {"tail": [1]}}}},
     {"version": 2, "consumers": {"../x": {}}},
     {"version": 2, "faults": [{"key": "k"}]},
@@ -215,16 +219,20 @@ def test_a_damaged_state_file_warns_once_is_set_aside_and_replaced(node, content
     assert _state_warnings(_run(node, [DBE])) == []
 
 
-def test_a_version_1_state_is_read_and_its_cursor_kept(node):
+def test_a_version_1_state_is_not_read_it_is_set_aside_and_the_run_starts_afresh(node):
+    """Version 1 (before consumers) lived for days: no longer read (issue 25)."""
     from gpucheck.health.xids import fingerprint
 
     (event,) = scan_lines([DBE]).events
-    (node / "state" / STATE_FILE).write_text(json.dumps({
-        "version": 1, "boot_id": "boot-1", "kernel_log": {"last_event": fingerprint(event)},
-        "last": {"verdict": "FAIL", "problems": []}}))
+    old = {"version": 1, "boot_id": "boot-1", "kernel_log": {"last_event": fingerprint(event)},
+           "last": {"verdict": "FAIL", "problems": []}}
+    (node / "state" / STATE_FILE).write_text(json.dumps(old))
     report = _run(node, [DBE])
-    assert _state_warnings(report) == []
-    assert report.section("kernel_log").data["xid_lines_new"] == 0
+    (message,) = _state_warnings(report)
+    assert "its version (1)" in message and SET_ASIDE in message
+    assert json.loads((node / "state" / SET_ASIDE).read_text()) == old
+    assert report.section("kernel_log").data["xid_lines_new"] == 1  # afresh: raised again
+    assert json.loads((node / "state" / STATE_FILE).read_text())["version"] == 2
 
 
 # ---- item 11: option extremes are usage errors ----

@@ -28,8 +28,8 @@ from gpucheck.report import Report, Section, fail, ok, warn
 
 REPORTS = Path(__file__).resolve().parent / "data" / "reports"
 # Files of tests/data/reports that are reports this gpucheck reads.
-SAMPLES = ["env", "env_gpu", "env_gpu_old_driver", "env_v1", "bench", "bench_slow",
-           "bench_v1", "comm", "comm_failed", "stress", "stress_fail"]
+SAMPLES = ["env", "env_gpu", "env_gpu_old_driver", "bench", "bench_slow", "comm",
+           "comm_failed", "stress", "stress_fail"]
 # Anything a browser could fetch: a scheme-qualified or protocol-relative address.
 NETWORK = re.compile(r"https?:|(src|href)\s*=\s*[\"']?//", re.IGNORECASE)
 

@@ -70,6 +70,19 @@ def test_json_from_an_unknown_schema_version_is_refused_by_name(version: object)
     assert caught.value.version == version and isinstance(caught.value, ValueError)
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_json_of_an_older_schema_is_refused_saying_to_run_the_command_again(
+        version: int) -> None:
+    """Versions 1 and 2 are not read back (issue 25): the error says which and what to do."""
+    raw = sample_report().to_dict()
+    raw["schema_version"] = version
+    with pytest.raises(SchemaVersionError) as caught:
+        Report.from_dict(raw)
+    assert caught.value.version == version
+    assert f"schema_version {version}, written by an older gpucheck" in str(caught.value)
+    assert "run the command again" in str(caught.value) and "\n" not in str(caught.value)
+
+
 def test_text_aligns_data_renders_tables_and_hints_without_colour() -> None:
     text = render(sample_report(), "text", color=False)
     assert "\033[" not in text

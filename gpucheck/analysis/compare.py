@@ -13,7 +13,7 @@ from typing import Any
 
 from gpucheck.analysis.facts import ENVIRONMENT, HARDWARE, SETUP, VERSION, Fact, gpu_count
 from gpucheck.analysis.hostbound import host_bound_finding, host_bound_ranks, relabel
-from gpucheck.analysis.loading import LoadedReport, finding_action
+from gpucheck.analysis.loading import LoadedReport
 from gpucheck.analysis.metrics import family, judged, slot_subject
 from gpucheck.analysis.noise import NOISY, Noise, judged_threshold, noise_levels
 from gpucheck.measure import Metric
@@ -257,7 +257,7 @@ def _findings_section(a: Side, b: Side) -> Section:
 
 def _change_row(change: str, f: Mapping[str, Any]) -> dict[str, Any]:
     return {"change": change, "status": f["status"], "check": f["check"],
-            "subject": _subject_key(f) or None, "action": finding_action(f),
+            "subject": _subject_key(f) or None, "action": f.get("action"),
             "message": f.get("message")}
 
 
@@ -265,4 +265,4 @@ def _new_problem(f: Mapping[str, Any]) -> Finding:
     hint = f.get("hint") if isinstance(f.get("hint"), str) else None
     return Finding("compare.findings", Status(f["status"]), f"new in B: {f['check']}: "
                    f"{f.get('message')}", hint or "see B's report", _subject_of(f),
-                   relayed=finding_action(f))
+                   relayed=f["action"])

@@ -1,9 +1,8 @@
 """Report files in, checked dicts out: one line naming the file and the problem otherwise.
 
 compare and fleet read the JSON as plain dicts rather than through `Report.from_dict`:
-they only read, a report of schema version 1 (no actions) must stay readable, and
-fleet reads a thousand of them, so the shape is checked once here and read
-defensively after that.
+they only read, and fleet reads a thousand of them, so the shape is checked once here
+(schema 3 only: `gpucheck.report.schema_problem`) and read defensively after that.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from gpucheck.analysis.metrics import metrics_of
 from gpucheck.errors import UsageError
 from gpucheck.inputs import InputError, JsonProblem, parse_json, read_capped
 from gpucheck.measure import Metric, SecondLook
-from gpucheck.report import READABLE_SCHEMA_VERSIONS, Status, stored_action
+from gpucheck.report import Status, schema_problem
 from gpucheck.subject import Subject
 
 STATUSES = frozenset(s.value for s in Status)
@@ -85,14 +84,6 @@ class LoadedReport:
         return any(_kind(s.get("name")) in ("failure", "interrupted") for s in self.sections)
 
 
-def finding_action(finding: Mapping[str, Any]) -> str | None:
-    """The finding's action (schema 2), else resolved as gpucheck.actions would have."""
-    action = finding.get("action")
-    if action in ACTIONS:
-        return str(action)
-    return stored_action(str(finding["check"]), Status(finding["status"]), finding.get("cause"))
-
-
 def _kind(name: object) -> str:
     return str(name or "").rsplit(".", 1)[-1]
 
@@ -146,11 +137,9 @@ def check_report_shape(path: str, raw: Any) -> None:
     problem = _field_problem(raw, _REPORT_TEXT, "") or _argv_problem(raw.get("argv"))
     if problem is not None:
         raise ReportError(path, f"is a damaged gpucheck report ({problem})")
-    version = raw.get("schema_version")
-    if isinstance(version, bool) or version not in READABLE_SCHEMA_VERSIONS:
-        readable = ", ".join(map(str, READABLE_SCHEMA_VERSIONS))
-        raise ReportError(path, f"has unknown schema_version {version!r} (this gpucheck "
-                                f"reads {readable}; a newer gpucheck wrote it?)")
+    problem = schema_problem(raw.get("schema_version"))
+    if problem is not None:
+        raise ReportError(path, problem)
     problem = _section_problem(raw.get("sections"))
     if problem is not None:
         raise ReportError(path, f"is a damaged gpucheck report ({problem})")
@@ -185,6 +174,7 @@ def _section_problem(sections: Any) -> str | None:
                 return f"{where}.findings[{j}] has no check id or a status other than " \
                        f"{', '.join(sorted(STATUSES))}"
             problem = _field_problem(finding, _FINDING_TEXT, f"{where}.findings[{j}]") \
+                or _action_problem(finding, f"{where}.findings[{j}]") \
                 or _data_problem(finding, f"{where}.findings[{j}]")
             if problem is not None:
                 return problem
@@ -202,6 +192,17 @@ def _metrics_problem(metrics: Any, where: str) -> str | None:
             Metric.from_dict(metric)
         except (TypeError, ValueError, KeyError) as exc:
             return f"{where}.metrics[{i}]: {str(exc)[:120]}"
+    return None
+
+
+def _action_problem(finding: Mapping[str, Any], where: str) -> str | None:
+    """Schema 3 stores the action of every WARN and FAIL, one of gpucheck.actions:
+    compare and fleet relay it as it is, never resolve it again."""
+    action = finding.get("action")
+    if action is None and finding["status"] in ("WARN", "FAIL"):
+        return f"{where} is a {finding['status']} without an action"
+    if action is not None and action not in ACTIONS:
+        return f"{where}.action {str(action)[:40]!r} is not one of gpucheck's actions"
     return None
 
 

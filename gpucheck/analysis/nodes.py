@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpucheck.analysis.facts import Fact
-from gpucheck.analysis.loading import ANALYSIS_COMMANDS, LoadedReport, finding_action
+from gpucheck.analysis.loading import ANALYSIS_COMMANDS, LoadedReport
 from gpucheck.measure import Metric
 from gpucheck.report import Status
 
@@ -167,7 +167,7 @@ def finding_reasons(node: NodeReport, shadowed: bool = False) -> list[Reason]:
         if f["status"] in wanted:
             hint = f.get("hint") if isinstance(f.get("hint"), str) else None
             subject = f.get("subject") if isinstance(f.get("subject"), str) else None
-            reasons.append(Reason(node.node, f["status"], finding_action(f) or "rerun",
+            reasons.append(Reason(node.node, f["status"], str(f["action"]),
                                   f["check"], where + str(f.get("message", "")), subject,
                                   node.command, hint))
     return reasons

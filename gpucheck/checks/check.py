@@ -16,7 +16,8 @@ PROBLEMS = (Status.WARN, Status.FAIL)
 @dataclass(frozen=True)
 class Cause:
     """A reason the measurement itself names, as a key ("gpu_lost", "host_stall",
-    "xid.79"), and what it calls for; `status`, when set, is the only status it fits."""
+    "table.reset-gpu"), and what it calls for; `status`, when set, is the only status
+    it fits."""
 
     key: str
     action: Action

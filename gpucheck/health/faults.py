@@ -23,31 +23,34 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.checks.check import table_cause
-from gpucheck.report import Finding, Section, Status
+from gpucheck.probes.xid_section import XidFault
+from gpucheck.report import Finding, Status
 
 STICKY_ACTIONS = ("reset-gpu", "drain-node", "replace-hardware")
 CLEARED_BY_REBOOT = ("reset-gpu", "drain-node")
 XID_CHECK = "kernel_log.xid"
 
 
-def _key(subject: str | None, xid: object) -> str:
-    return f"{XID_CHECK}|{subject or ''}|{xid}"
+def fault_key(bus_id: str, xid: int) -> str:
+    """A fault's identity: the check, the GPU's bus id and the XID number. Not the GPU's
+    label: NVML names a GPU in one run and not in the next (it fell off the bus), and
+    the same fault seen again must not be a new one."""
+    return f"{XID_CHECK}|{bus_id}|{xid}"
 
 
-def new_faults(section: Section, boot_id: str | None, now: str) -> list[dict[str, Any]]:
-    """The sticky faults among this run's new Xid findings, as state records."""
-    rows = [r for r in section.data.get("xids") or [] if r.get("action") in STICKY_ACTIONS]
+def new_faults(faults: Iterable[XidFault], boot_id: str | None,
+               now: str) -> list[dict[str, Any]]:
+    """The sticky faults among this run's new Xid findings, as state records: each
+    known by its data (`fault_key`), never by the words of its message."""
     found = []
-    for finding in section.findings:
+    for fault in faults:
+        finding = fault.finding
         if finding.check != XID_CHECK or finding.action not in STICKY_ACTIONS:
             continue
-        row = next((r for r in rows if r["gpu"] == finding.subject
-                    and finding.message.startswith(f"XID {r['xid']} ")), None)
-        if row is None:
-            continue
-        found.append({"key": _key(finding.subject, row["xid"]), "check": finding.check,
+        found.append({"key": fault_key(fault.bus_id, fault.xid), "check": finding.check,
                       "status": finding.status.value, "action": finding.action,
-                      "subject": finding.subject, "message": finding.message[:1000],
+                      "subject": str(finding.subject) if finding.subject else None,
+                      "message": finding.message[:1000],
                       "hint": (finding.hint or "")[:1000], "boot_id": boot_id, "since": now})
     return found
 

@@ -30,7 +30,7 @@ from gpucheck.health.state import (
     read_boot_id,
     write_state,
 )
-from gpucheck.health.xids import cursor_of, xid_section
+from gpucheck.health.xids import XidPart, cursor_of, xid_section
 from gpucheck.probes.kernel_log import TITLE as XID_TITLE
 from gpucheck.probes.kernel_log import Runner, read_kernel_log, run_command
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S, Nvml
@@ -106,10 +106,10 @@ def _start_cursor(state: HealthState, boot_id: str | None) -> tuple[dict[str, An
 
 
 def _xid_part(outcome: Outcome, progress: GpuProgress, state: HealthState,
-              boot_id: str | None, budget_s: float) -> tuple[Section, dict[str, Any]]:
+              boot_id: str | None, budget_s: float) -> XidPart:
     if not outcome.finished:
-        return (Section("kernel_log", XID_TITLE, {}, [_late("kernel_log.read",
-                "reading the kernel log", budget_s)]), state.kernel_log)
+        return XidPart(Section("kernel_log", XID_TITLE, {}, [_late("kernel_log.read",
+                       "reading the kernel log", budget_s)]), state.kernel_log)
     cursor, same_boot = _start_cursor(state, boot_id)
     return xid_section(outcome.value, cursor, same_boot, list(progress.records),
                        outcome.error)
@@ -204,11 +204,12 @@ def _remember(options: HealthOptions, report: Report, new: HealthState,
             "raises again what this one raised", "check the state dir's disk and rights"))
 
 
-def _faults(report: Report, xids: Section, state: HealthState,
+def _faults(report: Report, part: XidPart, state: HealthState,
             boot_id: str | None) -> tuple[list[dict[str, Any]], set[str]]:
     """Add the remembered faults still reported; return the new ones and those cleared."""
+    xids = part.section
     carried = carry(state.faults, boot_id)
-    added = new_faults(xids, boot_id, report.created_at)
+    added = new_faults(part.faults, boot_id, report.created_at)
     xids.findings += still_findings(carried.still, {f["key"] for f in added})
     xids.data["still_reported"] = [f["key"] for f in carried.still]
     state.cleared += [f"{f['key']} (cleared by a reboot)" for f in carried.cleared]
@@ -231,11 +232,10 @@ def collect_health_report(options: HealthOptions, start: float | None = None) ->
     most = state.gpus.get("most_seen")
     seen_before = most if isinstance(most, int) and not isinstance(most, bool) else None
     report.add(_gpu_part(outcomes["gpus"], progress, options, seen_before))
-    xids, cursor = _xid_part(outcomes["kernel_log"], progress, state, boot_id,
-                             options.budget_s)
+    xids = _xid_part(outcomes["kernel_log"], progress, state, boot_id, options.budget_s)
     added, cleared = (_faults(report, xids, state, boot_id) if options.state_dir is not None
                       else ([], set()))
-    report.add(xids)
+    report.add(xids.section)
     ib, ports = _ib_part(outcomes["ib"], state, same_boot, options, report.created_at)
     report.add(ib)
     unfinished = [name for name, outcome in outcomes.items() if not outcome.finished]
@@ -244,7 +244,7 @@ def collect_health_report(options: HealthOptions, start: float | None = None) ->
                         f"{', '.join(unfinished)} (an unknown, not an all-clear)")
     report.add(_health_section(report, options, state, unfinished, deadline.spent()))
     if options.state_dir is not None:
-        new = HealthState(boot_id=boot_id, kernel_log=cursor, ib_ports=ports,
+        new = HealthState(boot_id=boot_id, kernel_log=xids.cursor, ib_ports=ports,
                           gpus={"most_seen": most_seen(progress, seen_before)},
                           last={"verdict": report.verdict().value, "at": report.created_at,
                                 "problems": problem_keys(report)},

@@ -4,8 +4,8 @@ A state file is data another run (or a person, or a disk error) may have damaged
 `{"version": 1, "last": {"problems": 5}}` once gave a traceback on every run. So every
 field is checked for its type and size here, and a file that does not fit is
 `Damaged` (the caller makes it a WARN, sets the file aside and writes a new one).
-Version 1 files (one consumer, the last line's fingerprint) are read as the
-"default" consumer's part.
+Only version 2 is read (STATE_VERSION): a file of another version, version 1 of the
+first days included, is set aside the same way and the run starts afresh.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 from gpucheck.actions import ACTIONS
 from gpucheck.checks import lookup
 
+STATE_VERSION = 2  # what gpucheck.health.state writes; no other version is read
 MAX_CONSUMERS = 32
 MAX_FAULTS = 256
 MAX_PORTS = 1024
@@ -66,13 +67,10 @@ def _texts(value: Any, where: str, most: int) -> list[str]:
 
 
 def cursor(value: Any, where: str) -> dict[str, Any]:
-    """`kernel_log`: {count, chain, tail, source} (version 2) or {last_event, source}
-    (version 1, read as a tail of one line)."""
+    """`kernel_log`: {count, chain, tail, source}."""
     raw = _dict(value if value is not None else {}, where)
     out: dict[str, Any] = {"source": _text(raw.get("source"), f"{where}.source")}
-    last = _text(raw.get("last_event"), f"{where}.last_event")
-    tail = raw.get("tail", [last] if last else [])
-    out["tail"] = _texts(tail, f"{where}.tail", MAX_TAIL)
+    out["tail"] = _texts(raw.get("tail", []), f"{where}.tail", MAX_TAIL)
     out["count"] = _int(raw.get("count"), f"{where}.count")
     out["chain"] = _text(raw.get("chain"), f"{where}.chain")
     return out
@@ -130,17 +128,13 @@ def _declared(check: str) -> bool:
 
 
 def checked_state(raw: Any) -> dict[str, Any]:
-    """The file's data in version 2's shape, every field checked; Damaged otherwise."""
+    """The file's data, every field checked; Damaged otherwise (another version too)."""
     top = _dict(raw, "the file")
     version = top.get("version")
-    _need(version in (1, 2) and not isinstance(version, bool), "its version",
-          "one this gpucheck wrote (1 or 2)")
+    _need(type(version) is int and version == STATE_VERSION, f"its version ({version!r:.20})",
+          f"the one this gpucheck writes ({STATE_VERSION})")
     gpus = _dict(top.get("gpus") or {}, "gpus")
     out: dict[str, Any] = {"gpus": {"most_seen": _int(gpus.get("most_seen"), "gpus.most_seen")}}
-    if version == 1:  # one consumer: the "default" one
-        out.update(faults=[], baseline={}, consumers={"default": consumer_part(
-            {k: top.get(k) for k in ("boot_id", "kernel_log", "ib_ports", "last")}, "the file")})
-        return out
     consumers = _dict(top.get("consumers") or {}, "consumers", MAX_CONSUMERS)
     faults = top.get("faults") or []
     _need(isinstance(faults, list) and len(faults) <= MAX_FAULTS, "faults", "a short list")

@@ -34,12 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.errors import UsageError
-from gpucheck.health.schema import MAX_CONSUMERS, MAX_FAULTS, Damaged, checked_state
+from gpucheck.health.schema import MAX_CONSUMERS, MAX_FAULTS, STATE_VERSION, Damaged, checked_state
 from gpucheck.inputs import InputError, parse_json, read_capped
 
 STATE_FILE = "health-state.json"
 SET_ASIDE = STATE_FILE + ".bad"
-STATE_VERSION = 2
 BOOT_ID = "sys/kernel/random/boot_id"
 MAX_STATE_BYTES = 1024**2  # a node's state is a few KiB: 1 MiB is a wrong file
 DEFAULT_CONSUMER = "default"

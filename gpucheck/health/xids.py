@@ -26,7 +26,7 @@ from typing import Any
 
 from gpucheck.probes.gpu_record import GpuRecord
 from gpucheck.probes.kernel_log import KernelLog, XidEvent
-from gpucheck.probes.xid_section import kernel_log_section
+from gpucheck.probes.xid_section import XidFault, kernel_log_part
 from gpucheck.report import Finding, Section, ok
 
 _NO_XID = "no Xid in the kernel log"
@@ -100,16 +100,26 @@ def _reworded(finding: Finding, reported_before: int) -> Finding:
               f"line(s) already reported, not raised again){rest}", finding.subject)
 
 
+@dataclass(frozen=True)
+class XidPart:
+    """The kernel-log section of the new lines, its GPU faults (each with its bus id
+    and XID, for `gpucheck.health.faults`), and the cursor to remember."""
+
+    section: Section
+    cursor: dict[str, Any]
+    faults: tuple[XidFault, ...] = ()
+
+
 def xid_section(log: KernelLog | None, cursor: dict[str, Any], same_boot: bool,
-                gpus: Sequence[GpuRecord],
-                error: str | None = None) -> tuple[Section, dict[str, Any]]:
-    """The kernel-log section of the new lines, and the cursor to remember (the old one
-    when no log could be read: nothing was seen, nothing moves)."""
+                gpus: Sequence[GpuRecord], error: str | None = None) -> XidPart:
+    """The section of the new lines (the old cursor when no log could be read: nothing
+    was seen, nothing moves)."""
     if log is None or log.source is None:
-        return kernel_log_section(log, gpus, error), dict(cursor)
+        section, faults = kernel_log_part(log, gpus, error)
+        return XidPart(section, dict(cursor), tuple(faults))
     cut = cut_reported(log, cursor, same_boot)
-    section = kernel_log_section(replace(log, events=cut.new), gpus)
+    section, faults = kernel_log_part(replace(log, events=cut.new), gpus)
     section.data.update(xid_lines_new=len(cut.new), xid_lines_reported_before=cut.reported_before)
     if cut.reported_before:
         section.findings = [_reworded(f, cut.reported_before) for f in section.findings]
-    return section, cut.cursor
+    return XidPart(section, cut.cursor, tuple(faults))

@@ -69,6 +69,18 @@ def group_events(events: Iterable[XidEvent]) -> list[XidClass]:
 
 
 @dataclass(frozen=True)
+class XidFault:
+    """A GPU fault finding of the section and what it is about, as data: the GPU's bus
+    id (normal form) and the XID number. `gpucheck.health.faults` remembers a fault by
+    these, never by the finding's words or the GPU's label (which changes when NVML
+    stops naming a GPU that fell off the bus)."""
+
+    bus_id: str
+    xid: int
+    finding: Finding
+
+
+@dataclass(frozen=True)
 class GpuName:
     """How a finding names a GPU, and its NVML index when this machine has it."""
 
@@ -152,8 +164,14 @@ def _unread_section(log: KernelLog | None, error: str | None) -> Section:
 def kernel_log_section(log: KernelLog | None, gpus: Sequence[GpuRecord],
                        error: str | None = None) -> Section:
     """Phase 2: the Xid history, each GPU named as NVML names it (`nvidia-smi -i N`)."""
+    return kernel_log_part(log, gpus, error)[0]
+
+
+def kernel_log_part(log: KernelLog | None, gpus: Sequence[GpuRecord],
+                    error: str | None = None) -> tuple[Section, list[XidFault]]:
+    """The section, and each of its GPU fault findings with its bus id and XID."""
     if log is None or log.source is None:
-        return _unread_section(log, error)
+        return _unread_section(log, error), []
     data: dict[str, object] = {"source": log.source, "lines_scanned": log.lines_scanned}
     if log.not_read:
         data["not_read"] = list(log.not_read)
@@ -163,7 +181,7 @@ def kernel_log_section(log: KernelLog | None, gpus: Sequence[GpuRecord],
     if log.lines_scanned == 0:
         section.findings.append(skip("kernel_log.read", f"the kernel log ({log.source}) is "
                                      "empty: nothing to check"))
-        return section
+        return section, []
     rows, app_level, faults = [], [], []
     for group in group_events(log.events):
         name = gpu_name(group.bus_id, gpus, log.uuids_by_bus)
@@ -172,8 +190,9 @@ def kernel_log_section(log: KernelLog | None, gpus: Sequence[GpuRecord],
             app_level.append(f"XID {group.xid} ({group.info.meaning}) x{group.count} "
                              f"on {name.label}")
         else:
-            faults.append(_fault_finding(group, name, log.source))
+            faults.append(XidFault(group.bus_id, group.xid,
+                                   _fault_finding(group, name, log.source)))
     data["xids"] = rows
     summary = _summary_finding(log, app_level, len(faults))
-    section.findings.extend([*faults, *([summary] if summary else [])])
-    return section
+    section.findings.extend([*(f.finding for f in faults), *([summary] if summary else [])])
+    return section, faults
