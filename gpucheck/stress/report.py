@@ -1,4 +1,6 @@
-"""The stress results (from `stress_worker`, complete or partial) as report sections."""
+"""The stress results (from `stress_worker`, complete or partial) as report sections:
+setup and ranks, GEMM, memory bandwidth here; the burn-in in gpucheck.stress.sdc_section,
+host and peer copies in gpucheck.stress.copy_sections."""
 
 from __future__ import annotations
 
@@ -11,20 +13,14 @@ from gpucheck.distributed.nodes import group_by_node
 from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
 from gpucheck.measured import attach
 from gpucheck.numa import cpulist, on_node, parse_cpulist
-from gpucheck.report import Finding, Section, fail, ok, skip, warn
+from gpucheck.report import Finding, Section, ok, skip, warn
+from gpucheck.stress.copy_sections import copies_section, p2p_section
 from gpucheck.stress.metrics import stress_metrics
-from gpucheck.stress.p2p_verdicts import p2p_findings
+from gpucheck.stress.p2p_verdicts import p2p_findings as p2p_findings  # re-exported
 from gpucheck.stress.power import power_findings, reach
-from gpucheck.stress.sdc import BOUND_WORDS, beyond, judge
+from gpucheck.stress.sdc_section import sdc_section
 from gpucheck.stress.specs import COPY_COUNTED, Figure, copy_figure, gemm_figure
-from gpucheck.stress.verdicts import (
-    again_of,
-    copies_again,
-    expected_findings,
-    link_findings,
-    peer_findings,
-    subjects,
-)
+from gpucheck.stress.verdicts import again_of, expected_findings, peer_findings, subjects
 
 
 @dataclass(frozen=True)
@@ -48,11 +44,11 @@ def stress_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Secti
     if result.get("membw"):
         sections.append(_membw_section(result, verdicts))
     if result.get("sdc"):
-        sections.append(_sdc_section(result, verdicts))
+        sections.append(sdc_section(result, verdicts.peer_fraction, _causes(result)))
     if "copies" in done and result.get("copies"):
-        sections.append(_copies_section(result, verdicts))
+        sections.append(copies_section(result, verdicts.peer_fraction, verdicts.copy_fraction))
     if "p2p" in done and result.get("p2p"):
-        sections.append(_p2p_section(result, verdicts))
+        sections.append(p2p_section(result, verdicts.copy_fraction))
     sections.append(faults_of(result))
     attach(sections, stress_metrics(result), {})  # stress.<phase>.*: the phase's section
     return sections
@@ -211,234 +207,3 @@ def _membw_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     if result.get("membw_again"):
         data["measured again"] = list(result["membw_again"])
     return Section("membw", "Device memory bandwidth per rank (GB/s)", data, findings)
-
-
-def _sdc_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
-    sdc, ranks = result["sdc"], result["ranks"]
-    records = list(sdc["records"])
-    deviations = sdc.get("reference_deviations") or [None] * len(records)
-    table = [{k: v for k, v in r.items() if k != "group"} | {"reference_deviation": d}
-             for r, d in zip(records, deviations, strict=True)]
-    findings = _repeat_findings(records, ranks)
-    findings += _agreement_findings(records, deviations, sdc["tolerance"], ranks,
-                                    _reference_words(sdc))
-    times = {int(r["rank"]): float(r["p50_ms"]) for r in records}
-    findings += peer_findings("stress.sdc.straggler", "median burn-in product time", "ms",
-                              times, ranks, verdicts.peer_fraction, higher_is_better=False,
-                              causes=_causes(result),
-                              again=again_of(result.get("sdc_again"), "p50_ms"))
-    data = {"dtype": sdc["dtype"], "size": sdc["size"], "burn_in_s": sdc["duration_s"],
-            "tolerance_vs_reference": sdc["tolerance"], "rows_vs_reference": sdc["rows_checked"],
-            "reference": sdc.get("reference", "largest deviation / largest reference value"),
-            "reference_coverage": sdc.get("coverage"), "rows_seed": sdc.get("rows_seed"),
-            "kernel_groups": _kernel_groups(records), "results": table}
-    if result.get("sdc_again"):
-        data["measured again"] = [{k: r[k] for k in ("rank", "iters", "p50_ms", "p99_ms")}
-                                  for r in result["sdc_again"]]
-    return Section("sdc", "Silent data corruption: the same product, repeated and compared",
-                   data, findings)
-
-
-def _reference_words(sdc: Mapping[str, Any]) -> tuple[str, str]:
-    """(how a wrong rank's deviation reads, what the OK says was checked): per element
-    against its bound, or (older reports) the largest deviation / largest value."""
-    if sdc.get("reference") == "per-element bound":
-        return BOUND_WORDS, (f"each element within its bound of the fp64 CPU reference on "
-                             f"{sdc.get('coverage') or str(sdc['rows_checked']) + ' rows'}")
-    return ("deviates {:.3g} from the CPU reference (tolerance {:g})",
-            f"within {sdc['tolerance']:g} of the fp64 CPU reference on {sdc['rows_checked']} "
-            "rows")
-
-
-def _kernel_groups(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Which ranks were compared bit for bit: one row per group key (model, SMs,
-    torch, CUDA, the cuBLAS loaded and its settings)."""
-    groups: dict[str, list[int]] = {}
-    for r in records:
-        groups.setdefault(str(r.get("group")), []).append(int(r["rank"]))
-    return [{"group": g, "ranks": cpulist(tuple(sorted(m)))} for g, m in groups.items()]
-
-
-def _repeat_findings(records: Sequence[Mapping[str, Any]],
-                     ranks: Sequence[Mapping[str, Any]]) -> list[Finding]:
-    """Each rank's later products against its own first one."""
-    names = subjects(ranks)
-    findings = []
-    for r in records:
-        if not r["bad_iters"]:
-            continue
-        how = (f"up to {r['worst_elements']} element(s) differed bitwise" if r["mode"] ==
-               "bitwise" else "beyond the dtype's tolerance")
-        findings.append(fail(
-            "stress.sdc.repeat", f"{names[int(r['rank'])].label}: the same product on the "
-            f"same inputs gave a different result in {r['bad_iters']} of {r['iters']} "
-            f"repetitions (first at repetition {r['first_bad_iter']}; {how})",
-            hint="this GPU computes wrong results under load: drain it, check nvidia-smi -q "
-            "(ECC errors, retired/remapped rows, XIDs in dmesg) and run the vendor's "
-            "diagnostics (dcgmi diag -r 3) before it returns to service",
-            subject=f"rank {r['rank']}"))
-    if not findings:
-        total = sum(int(r["iters"]) for r in records)
-        modes = sorted({r["mode"] for r in records})
-        findings.append(ok("stress.sdc.repeat", f"all {len(records)} rank(s) repeated their "
-                           f"first result exactly ({'/'.join(modes)}) over {total} products"))
-    return findings
-
-
-def _agreement_findings(records: Sequence[Mapping[str, Any]],
-                        deviations: Sequence[float | None], tolerance: float,
-                        ranks: Sequence[Mapping[str, Any]],
-                        words: tuple[str, str]) -> list[Finding]:
-    """Ranks against each other (bitwise, by model) and against the CPU reference."""
-    names = subjects(ranks)
-    digests = {int(r["rank"]): r["digest"] for r in records}
-    groups = {int(r["rank"]): r["group"] for r in records}
-    deviation = {int(r["rank"]): d for r, d in zip(records, deviations, strict=True)}
-    nodes = {int(r["rank"]): int(r["node_rank"]) for r in ranks if "node_rank" in r}
-    verdict = judge(digests, deviation, tolerance, groups, nodes, splits=True,
-                    measure=words[0])
-    every_one = len(verdict.wrong) == len(records) > 1
-    findings = [fail("stress.sdc.agreement", f"{names[rank].label}: {why}",
-                     hint=("every rank disagrees with the reference alike: suspect the "
-                           "software (torch, cuBLAS, driver), not one GPU") if every_one else
-                     "this GPU computed a wrong product: drain it and run the vendor's "
-                     "diagnostics (dcgmi diag -r 3); check ECC errors and XIDs",
-                     subject=f"rank {rank}", cause="all_alike" if every_one else None)
-                for rank, why in verdict.wrong.items()]
-    findings += [_software_split(side, digests, groups, deviation, tolerance, ranks)
-                 for side in verdict.software]
-    if verdict.undecided:
-        listed = ", ".join(f"rank {r}" for r in verdict.undecided)
-        findings.append(warn(
-            "stress.sdc.agreement", f"{listed} differ bitwise but all stay within the CPU "
-            f"reference's tolerance ({tolerance:g}), and no majority names one",
-            hint="rerun with more GPUs (a majority then names the odd one) or a longer "
-            "--duration; repeated disagreement points at one of these GPUs",
-            subject=listed))
-    if not findings:
-        checked = sum(1 for d in deviation.values() if d is not None)
-        findings.append(ok("stress.sdc.agreement", f"all {len(records)} rank(s) agree "
-                           f"bitwise (same model and libraries); {checked} with {words[1]}"))
-    return findings
-
-
-def _software_split(side: Sequence[int], digests: Mapping[int, str], groups: Mapping[int, str],
-                    deviation: Mapping[int, float | None], tolerance: float,
-                    ranks: Sequence[Mapping[str, Any]]) -> Finding:
-    """Ranks that agree among themselves (or fill whole nodes) against the rest of their
-    group: a software difference, which the CPU reference settles (who is right)."""
-    rest = [r for r in digests if groups.get(r) == groups.get(side[0]) and r not in side]
-    hosts = sorted({f"node {r['node_rank']} ({r['host']})" for r in ranks
-                    if int(r["rank"]) in side and "node_rank" in r})
-    listed = f"rank(s) {cpulist(tuple(side))}" + (f" on {', '.join(hosts)}" if hosts else "")
-    return warn("stress.sdc.software_split",
-                f"{listed} agree with each other (or fill whole nodes) but differ bitwise "
-                f"from rank(s) {cpulist(tuple(sorted(rest))) or 'none'}: independent GPU "
-                f"faults never agree, so this is a software split; CPU reference: "
-                f"{_side_words(side, deviation, tolerance)} on this side, "
-                f"{_side_words(rest, deviation, tolerance)} on the other",
-                hint="make the nodes' software the same: compare gpucheck env across nodes "
-                "(torch, CUDA, the cuBLAS loaded, CUBLAS_WORKSPACE_CONFIG, "
-                "TORCH_BLAS_PREFER_CUBLASLT); the side beyond the reference's tolerance "
-                "computes wrongly, both within it is a harmless difference",
-                subject=listed)
-
-
-def _side_words(side: Sequence[int], deviation: Mapping[int, float | None],
-                tolerance: float) -> str:
-    """"within 2e-02" / "beyond 2e-02 (worst 0.4)" / "not compared" for one side."""
-    values = [d for r in side if (d := deviation.get(r)) is not None]
-    if not values:
-        return "not compared"
-    worst = max(values, key=lambda d: d if d == d else float("inf"))
-    return f"beyond {tolerance:g} (worst {worst:.3g})" if beyond(worst, tolerance) else \
-        f"within {tolerance:g} (worst {worst:.3g})"
-
-
-def _copies_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
-    copies, ranks = result["copies"], result["ranks"]
-    if "skipped" in copies:
-        return Section("copies", "Host<->device copies (pinned memory)", {},
-                       [skip("stress.copies", copies["skipped"])])
-    rows = list(copies["rows"])
-    alone = [{"rank": r["rank"], "h2d_gbps": r["h2d_alone_gbps"],
-              "d2h_gbps": r["d2h_alone_gbps"], "link": r["link"],
-              "link_gbps": r["link_gbps"]} for r in rows if r["h2d_alone_gbps"] is not None]
-    again = copies.get("again")
-    findings = link_findings("stress.copies.link", alone, ranks, verdicts.copy_fraction,
-                             copies_again(again, "alone"))
-    together = {int(r["rank"]): min(r["h2d_together_gbps"], r["d2h_together_gbps"])
-                for r in rows}
-    findings += peer_findings("stress.copies.together", "host copies with every GPU at once "
-                              "(slower direction)", "GB/s", together, ranks,
-                              verdicts.peer_fraction, again=copies_again(again, "together"))
-    table = [r | {"together_vs_alone": _together_ratio(r)} for r in rows]
-    data = {"counted": "bytes one way / median copy time (one PCIe direction)",
-            "results": table}
-    if again:
-        data["measured again"] = list(again)
-    return Section("copies", "Host<->device copies (pinned memory): each GPU alone, then "
-                   "all at once (GB/s)", data, findings)
-
-
-def _together_ratio(row: Mapping[str, Any]) -> float | None:
-    if not row.get("h2d_alone_gbps") or not row.get("d2h_alone_gbps"):
-        return None
-    ratio: float = min(row["h2d_together_gbps"] / row["h2d_alone_gbps"],
-                       row["d2h_together_gbps"] / row["d2h_alone_gbps"])
-    return round(ratio, 3)
-
-
-def _p2p_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
-    p2p = result["p2p"]
-    title = "Peer-to-peer copies between GPUs (GB/s, src row -> dst column)"
-    if "skipped" in p2p:
-        return Section("p2p", title, {}, [skip("stress.p2p", p2p["skipped"])])
-    data: dict[str, Any] = {}
-    findings: list[Finding] = []
-    for node in p2p["nodes"]:
-        where = f"node {node['node_rank']} ({node['host']})"
-        if "skipped" in node:
-            findings.append(skip("stress.p2p", f"{where}: {node['skipped']}", subject=where))
-            continue
-        data[f"{where} matrix"] = _p2p_matrix(node)
-        data[f"{where} path classes"] = _path_classes(node)
-        findings += p2p_findings(node, where, verdicts.copy_fraction)
-    return Section("p2p", title, data, findings)
-
-
-def _path_classes(node: Mapping[str, Any]) -> list[dict[str, Any]] | str:
-    """Per path class (`nvidia-smi topo -m`): its pairs, how many have peer access and
-    their median GB/s; or why the classes were not read (one class then)."""
-    if node.get("paths_unread"):
-        return str(node["paths_unread"])
-    classes: dict[str, list[Mapping[str, Any]]] = {}
-    for p in node["pairs"]:
-        classes.setdefault(str(p.get("path") or "unknown"), []).append(p)
-    rows = []
-    for kind, pairs in sorted(classes.items()):
-        rates = [p["gbps"] for p in pairs if p["gbps"] is not None]
-        rows.append({"path": kind, "pairs": len(pairs), "with_p2p": len(rates),
-                     "median_gbps": round(statistics.median(rates), 1) if rates else None,
-                     "p2p_status": sorted({str(p.get("p2p_status")) for p in pairs})})
-    return rows
-
-
-def _p2p_matrix(node: Mapping[str, Any]) -> list[dict[str, Any]]:
-    count = len(node["gpus"])
-    cell = {(p["src"], p["dst"]): p for p in node["pairs"]}
-    rows = []
-    for src in range(count):
-        row: dict[str, Any] = {"src": _gpu_name(node, src)}
-        for dst in range(count):
-            pair = cell.get((src, dst))
-            row[f"to cuda:{dst}"] = None if pair is None else (
-                round(pair["gbps"], 1) if pair["gbps"] is not None else "no P2P")
-        rows.append(row)
-    return rows
-
-
-def _gpu_name(node: Mapping[str, Any], index: int) -> str:
-    gpu = node["gpus"][index]
-    head = f"GPU {gpu['nvml_index']}" if gpu.get("nvml_index") is not None else "?"
-    return f"cuda:{index} ({head})"

@@ -1,0 +1,156 @@
+"""The burn-in's section (`gpucheck stress`, phase sdc): each rank's repeats against its
+own first product, the ranks against each other and the fp64 CPU reference, and the
+burn-in's straggler (gpucheck.stress.sdc judges; this module words the findings)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpucheck.numa import cpulist
+from gpucheck.report import Finding, Section, fail, ok, warn
+from gpucheck.stress.sdc import BOUND_WORDS, beyond, judge
+from gpucheck.stress.verdicts import again_of, peer_findings, subjects
+
+
+def sdc_section(result: Mapping[str, Any], peer_fraction: float,
+                causes: Mapping[int, str]) -> Section:
+    sdc, ranks = result["sdc"], result["ranks"]
+    records = list(sdc["records"])
+    deviations = sdc.get("reference_deviations") or [None] * len(records)
+    table = [{k: v for k, v in r.items() if k != "group"} | {"reference_deviation": d}
+             for r, d in zip(records, deviations, strict=True)]
+    findings = _repeat_findings(records, ranks)
+    findings += _agreement_findings(records, deviations, sdc["tolerance"], ranks,
+                                    _reference_words(sdc))
+    times = {int(r["rank"]): float(r["p50_ms"]) for r in records}
+    findings += peer_findings("stress.sdc.straggler", "median burn-in product time", "ms",
+                              times, ranks, peer_fraction, higher_is_better=False,
+                              causes=causes,
+                              again=again_of(result.get("sdc_again"), "p50_ms"))
+    data = {"dtype": sdc["dtype"], "size": sdc["size"], "burn_in_s": sdc["duration_s"],
+            "tolerance_vs_reference": sdc["tolerance"], "rows_vs_reference": sdc["rows_checked"],
+            "reference": sdc.get("reference", "largest deviation / largest reference value"),
+            "reference_coverage": sdc.get("coverage"), "rows_seed": sdc.get("rows_seed"),
+            "kernel_groups": _kernel_groups(records), "results": table}
+    if result.get("sdc_again"):
+        data["measured again"] = [{k: r[k] for k in ("rank", "iters", "p50_ms", "p99_ms")}
+                                  for r in result["sdc_again"]]
+    return Section("sdc", "Silent data corruption: the same product, repeated and compared",
+                   data, findings)
+
+
+def _reference_words(sdc: Mapping[str, Any]) -> tuple[str, str]:
+    """(how a wrong rank's deviation reads, what the OK says was checked): per element
+    against its bound, or (older reports) the largest deviation / largest value."""
+    if sdc.get("reference") == "per-element bound":
+        return BOUND_WORDS, (f"each element within its bound of the fp64 CPU reference on "
+                             f"{sdc.get('coverage') or str(sdc['rows_checked']) + ' rows'}")
+    return ("deviates {:.3g} from the CPU reference (tolerance {:g})",
+            f"within {sdc['tolerance']:g} of the fp64 CPU reference on {sdc['rows_checked']} "
+            "rows")
+
+
+def _kernel_groups(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Which ranks were compared bit for bit: one row per group key (model, SMs,
+    torch, CUDA, the cuBLAS loaded and its settings)."""
+    groups: dict[str, list[int]] = {}
+    for r in records:
+        groups.setdefault(str(r.get("group")), []).append(int(r["rank"]))
+    return [{"group": g, "ranks": cpulist(tuple(sorted(m)))} for g, m in groups.items()]
+
+
+def _repeat_findings(records: Sequence[Mapping[str, Any]],
+                     ranks: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """Each rank's later products against its own first one."""
+    names = subjects(ranks)
+    findings = []
+    for r in records:
+        if not r["bad_iters"]:
+            continue
+        how = (f"up to {r['worst_elements']} element(s) differed bitwise" if r["mode"] ==
+               "bitwise" else "beyond the dtype's tolerance")
+        findings.append(fail(
+            "stress.sdc.repeat", f"{names[int(r['rank'])].label}: the same product on the "
+            f"same inputs gave a different result in {r['bad_iters']} of {r['iters']} "
+            f"repetitions (first at repetition {r['first_bad_iter']}; {how})",
+            hint="this GPU computes wrong results under load: drain it, check nvidia-smi -q "
+            "(ECC errors, retired/remapped rows, XIDs in dmesg) and run the vendor's "
+            "diagnostics (dcgmi diag -r 3) before it returns to service",
+            subject=f"rank {r['rank']}"))
+    if not findings:
+        total = sum(int(r["iters"]) for r in records)
+        modes = sorted({r["mode"] for r in records})
+        findings.append(ok("stress.sdc.repeat", f"all {len(records)} rank(s) repeated their "
+                           f"first result exactly ({'/'.join(modes)}) over {total} products"))
+    return findings
+
+
+def _agreement_findings(records: Sequence[Mapping[str, Any]],
+                        deviations: Sequence[float | None], tolerance: float,
+                        ranks: Sequence[Mapping[str, Any]],
+                        words: tuple[str, str]) -> list[Finding]:
+    """Ranks against each other (bitwise, by model) and against the CPU reference."""
+    names = subjects(ranks)
+    digests = {int(r["rank"]): r["digest"] for r in records}
+    groups = {int(r["rank"]): r["group"] for r in records}
+    deviation = {int(r["rank"]): d for r, d in zip(records, deviations, strict=True)}
+    nodes = {int(r["rank"]): int(r["node_rank"]) for r in ranks if "node_rank" in r}
+    verdict = judge(digests, deviation, tolerance, groups, nodes, splits=True,
+                    measure=words[0])
+    every_one = len(verdict.wrong) == len(records) > 1
+    findings = [fail("stress.sdc.agreement", f"{names[rank].label}: {why}",
+                     hint=("every rank disagrees with the reference alike: suspect the "
+                           "software (torch, cuBLAS, driver), not one GPU") if every_one else
+                     "this GPU computed a wrong product: drain it and run the vendor's "
+                     "diagnostics (dcgmi diag -r 3); check ECC errors and XIDs",
+                     subject=f"rank {rank}", cause="all_alike" if every_one else None)
+                for rank, why in verdict.wrong.items()]
+    findings += [_software_split(side, digests, groups, deviation, tolerance, ranks)
+                 for side in verdict.software]
+    if verdict.undecided:
+        listed = ", ".join(f"rank {r}" for r in verdict.undecided)
+        findings.append(warn(
+            "stress.sdc.agreement", f"{listed} differ bitwise but all stay within the CPU "
+            f"reference's tolerance ({tolerance:g}), and no majority names one",
+            hint="rerun with more GPUs (a majority then names the odd one) or a longer "
+            "--duration; repeated disagreement points at one of these GPUs",
+            subject=listed))
+    if not findings:
+        checked = sum(1 for d in deviation.values() if d is not None)
+        findings.append(ok("stress.sdc.agreement", f"all {len(records)} rank(s) agree "
+                           f"bitwise (same model and libraries); {checked} with {words[1]}"))
+    return findings
+
+
+def _software_split(side: Sequence[int], digests: Mapping[int, str], groups: Mapping[int, str],
+                    deviation: Mapping[int, float | None], tolerance: float,
+                    ranks: Sequence[Mapping[str, Any]]) -> Finding:
+    """Ranks that agree among themselves (or fill whole nodes) against the rest of their
+    group: a software difference, which the CPU reference settles (who is right)."""
+    rest = [r for r in digests if groups.get(r) == groups.get(side[0]) and r not in side]
+    hosts = sorted({f"node {r['node_rank']} ({r['host']})" for r in ranks
+                    if int(r["rank"]) in side and "node_rank" in r})
+    listed = f"rank(s) {cpulist(tuple(side))}" + (f" on {', '.join(hosts)}" if hosts else "")
+    return warn("stress.sdc.software_split",
+                f"{listed} agree with each other (or fill whole nodes) but differ bitwise "
+                f"from rank(s) {cpulist(tuple(sorted(rest))) or 'none'}: independent GPU "
+                f"faults never agree, so this is a software split; CPU reference: "
+                f"{_side_words(side, deviation, tolerance)} on this side, "
+                f"{_side_words(rest, deviation, tolerance)} on the other",
+                hint="make the nodes' software the same: compare gpucheck env across nodes "
+                "(torch, CUDA, the cuBLAS loaded, CUBLAS_WORKSPACE_CONFIG, "
+                "TORCH_BLAS_PREFER_CUBLASLT); the side beyond the reference's tolerance "
+                "computes wrongly, both within it is a harmless difference",
+                subject=listed)
+
+
+def _side_words(side: Sequence[int], deviation: Mapping[int, float | None],
+                tolerance: float) -> str:
+    """"within 2e-02" / "beyond 2e-02 (worst 0.4)" / "not compared" for one side."""
+    values = [d for r in side if (d := deviation.get(r)) is not None]
+    if not values:
+        return "not compared"
+    worst = max(values, key=lambda d: d if d == d else float("inf"))
+    return f"beyond {tolerance:g} (worst {worst:.3g})" if beyond(worst, tolerance) else \
+        f"within {tolerance:g} (worst {worst:.3g})"
