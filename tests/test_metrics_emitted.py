@@ -46,7 +46,8 @@ def stress_result() -> dict[str, Any]:
                         "first_bad_iter": None, "worst_elements": 0, "p50_ms": p,
                         "p99_ms": p * 1.1, "digest": "aa", "group": "g"}
                        for r, p in ((0, 7.0), (1, 7.5))]}
-    copies = {"rows": [{"rank": r, "h2d_alone_gbps": 50.0 + r, "d2h_alone_gbps": 51.0 + r,
+    copies = {"rows": [{"rank": r, "size_bytes": 256 << 20,
+                        "h2d_alone_gbps": 50.0 + r, "d2h_alone_gbps": 51.0 + r,
                         "h2d_together_gbps": 40.0 + r, "d2h_together_gbps": 41.0 + r,
                         "link": "Gen5 x16", "link_gbps": 63.0} for r in (0, 1)]}
     node = {"node_rank": 0, "host": "n0", "gpus": [{"nvml_index": 0}, {"nvml_index": 1}],

@@ -10,11 +10,13 @@ from typing import Any
 from gpucheck.distributed import progress
 from gpucheck.distributed.session import roster
 from gpucheck.distributed.world import host_name
+from gpucheck.records import as_dict
 from gpucheck.stress.again import agreed
 from gpucheck.stress.copies import copy_buffers, host_copies, peer_matrix
 from gpucheck.stress.numa import read_link
 from gpucheck.stress.parking import host_wait
 from gpucheck.stress.rank import RankContext, barrier, gather, publish
+from gpucheck.stress.records import CopyRow
 from gpucheck.stress.verdicts import copy_suspects
 
 CPU_SKIP = "CPU ranks: there is no host<->device or peer link to measure"
@@ -55,12 +57,12 @@ def copy_row(ctx: RankContext, result: dict[str, Any]) -> dict[str, Any]:
     link = read_link(ctx.bus_id) if ctx.bus_id else None
     del host, dev
     torch.cuda.empty_cache()
-    row = {"rank": world.rank, "size_bytes": together.size_bytes,
-           "h2d_alone_gbps": alone.h2d_gbps if alone else None,
-           "d2h_alone_gbps": alone.d2h_gbps if alone else None,
-           "h2d_together_gbps": together.h2d_gbps, "d2h_together_gbps": together.d2h_gbps,
-           "link": link.label() if link else None, "link_gbps": link.rate_gbps if link else None}
-    return row
+    return as_dict(CopyRow(
+        rank=world.rank, size_bytes=together.size_bytes,
+        h2d_alone_gbps=alone.h2d_gbps if alone else None,
+        d2h_alone_gbps=alone.d2h_gbps if alone else None,
+        h2d_together_gbps=together.h2d_gbps, d2h_together_gbps=together.d2h_gbps,
+        link=link.label() if link else None, link_gbps=link.rate_gbps if link else None))
 
 
 def p2p_phase(ctx: RankContext, result: dict[str, Any]) -> None:

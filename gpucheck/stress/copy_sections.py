@@ -4,47 +4,60 @@ p2p): the tables, and the verdicts of gpucheck.stress.verdicts and .p2p_verdicts
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpucheck.records import as_dict
 from gpucheck.report import Finding, Section, skip
 from gpucheck.stress.p2p_verdicts import p2p_findings
-from gpucheck.stress.verdicts import copies_again, link_findings, peer_findings
+from gpucheck.stress.records import CopyRow, StressRecords
+from gpucheck.stress.verdicts import Again, link_findings, peer_findings
 
 
-def copies_section(result: Mapping[str, Any], peer_fraction: float,
+def copies_section(copies: Mapping[str, Any], records: StressRecords, peer_fraction: float,
                    copy_fraction: float) -> Section:
-    copies, ranks = result["copies"], result["ranks"]
+    """`copies`: the phase's result ({"skipped": why} on CPU ranks); `records`: every
+    rank's copy rows as read back."""
+    ranks = records.entries
     if "skipped" in copies:
         return Section("copies", "Host<->device copies (pinned memory)", {},
-                       [skip("stress.copies", copies["skipped"])])
-    rows = list(copies["rows"])
-    alone = [{"rank": r["rank"], "h2d_gbps": r["h2d_alone_gbps"],
-              "d2h_gbps": r["d2h_alone_gbps"], "link": r["link"],
-              "link_gbps": r["link_gbps"]} for r in rows if r["h2d_alone_gbps"] is not None]
-    again = copies.get("again")
+                       [skip("stress.copies", str(copies["skipped"]))])
+    rows = records.copies
+    alone = [{"rank": r.rank, "h2d_gbps": r.h2d_alone_gbps, "d2h_gbps": r.d2h_alone_gbps,
+              "link": r.link, "link_gbps": r.link_gbps}
+             for r in rows if r.h2d_alone_gbps is not None]
+    again = records.copies_again
     findings = link_findings("stress.copies.link", alone, ranks, copy_fraction,
-                             copies_again(again, "alone"))
-    together = {int(r["rank"]): min(r["h2d_together_gbps"], r["d2h_together_gbps"])
-                for r in rows}
+                             _slower(again, alone=True))
+    together = {r.rank: min(r.h2d_together_gbps, r.d2h_together_gbps) for r in rows}
     findings += peer_findings("stress.copies.together", "host copies with every GPU at once "
                               "(slower direction)", "GB/s", together, ranks,
-                              peer_fraction, again=copies_again(again, "together"))
-    table = [r | {"together_vs_alone": _together_ratio(r)} for r in rows]
-    data = {"counted": "bytes one way / median copy time (one PCIe direction)",
-            "results": table}
+                              peer_fraction, again=_slower(again, alone=False))
+    table = [as_dict(r) | {"together_vs_alone": _together_ratio(r)} for r in rows]
+    data: dict[str, Any] = {"counted": "bytes one way / median copy time (one PCIe direction)",
+                            "results": table}
     if again:
-        data["measured again"] = list(again)
+        data["measured again"] = [as_dict(r) for r in again]
     return Section("copies", "Host<->device copies (pinned memory): each GPU alone, then "
                    "all at once (GB/s)", data, findings)
 
 
-def _together_ratio(row: Mapping[str, Any]) -> float | None:
-    if not row.get("h2d_alone_gbps") or not row.get("d2h_alone_gbps"):
+def _slower(rows: Sequence[CopyRow] | None, alone: bool) -> Again | None:
+    """The second copies' slower direction per rank, alone or all at once; None when
+    they were not measured again."""
+    if not rows:
         return None
-    ratio: float = min(row["h2d_together_gbps"] / row["h2d_alone_gbps"],
-                       row["d2h_together_gbps"] / row["d2h_alone_gbps"])
-    return round(ratio, 3)
+    pairs = [(r.h2d_alone_gbps, r.d2h_alone_gbps) if alone else
+             (r.h2d_together_gbps, r.d2h_together_gbps) for r in rows]
+    return Again({r.rank: min(h2d, d2h) for r, (h2d, d2h) in zip(rows, pairs, strict=True)
+                  if h2d is not None and d2h is not None})
+
+
+def _together_ratio(row: CopyRow) -> float | None:
+    if not row.h2d_alone_gbps or not row.d2h_alone_gbps:
+        return None
+    return round(min(row.h2d_together_gbps / row.h2d_alone_gbps,
+                     row.d2h_together_gbps / row.d2h_alone_gbps), 3)
 
 
 def p2p_section(result: Mapping[str, Any], copy_fraction: float) -> Section:

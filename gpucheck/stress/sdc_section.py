@@ -8,34 +8,38 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpucheck.numa import cpulist
+from gpucheck.records import as_dict
 from gpucheck.report import Finding, Section, fail, ok, warn
+from gpucheck.stress.records import BurnRecord, StressRank, StressRecords
 from gpucheck.stress.sdc import BOUND_WORDS, beyond, judge
-from gpucheck.stress.verdicts import again_of, peer_findings, subjects
+from gpucheck.stress.verdicts import Again, Named, peer_findings, subjects
 
 
-def sdc_section(result: Mapping[str, Any], peer_fraction: float,
+def sdc_section(sdc: Mapping[str, Any], records: StressRecords, peer_fraction: float,
                 causes: Mapping[int, str]) -> Section:
-    sdc, ranks = result["sdc"], result["ranks"]
-    records = list(sdc["records"])
-    deviations = sdc.get("reference_deviations") or [None] * len(records)
-    table = [{k: v for k, v in r.items() if k != "group"} | {"reference_deviation": d}
-             for r, d in zip(records, deviations, strict=True)]
-    findings = _repeat_findings(records, ranks)
-    findings += _agreement_findings(records, deviations, sdc["tolerance"], ranks,
+    """`sdc`: rank 0's summary of the burn-in (dtype, size, tolerance, rows checked);
+    `records`: every rank's burn-in record as read back."""
+    burns, ranks = records.sdc, records.entries
+    deviations = records.sdc_deviations
+    table = [{k: v for k, v in as_dict(r).items() if k != "group"} | {"reference_deviation": d}
+             for r, d in zip(burns, deviations, strict=True)]
+    findings = _repeat_findings(burns, ranks)
+    findings += _agreement_findings(burns, deviations, sdc["tolerance"], records,
                                     _reference_words(sdc))
-    times = {int(r["rank"]): float(r["p50_ms"]) for r in records}
+    times = {r.rank: float(r.p50_ms) for r in burns}
     findings += peer_findings("stress.sdc.straggler", "median burn-in product time", "ms",
                               times, ranks, peer_fraction, higher_is_better=False,
                               causes=causes,
-                              again=again_of(result.get("sdc_again"), "p50_ms"))
+                              again=Again(second) if (second := {
+                                  r.rank: float(r.p50_ms) for r in records.sdc_again}) else None)
     data = {"dtype": sdc["dtype"], "size": sdc["size"], "burn_in_s": sdc["duration_s"],
             "tolerance_vs_reference": sdc["tolerance"], "rows_vs_reference": sdc["rows_checked"],
             "reference": sdc.get("reference", "largest deviation / largest reference value"),
             "reference_coverage": sdc.get("coverage"), "rows_seed": sdc.get("rows_seed"),
-            "kernel_groups": _kernel_groups(records), "results": table}
-    if result.get("sdc_again"):
-        data["measured again"] = [{k: r[k] for k in ("rank", "iters", "p50_ms", "p99_ms")}
-                                  for r in result["sdc_again"]]
+            "kernel_groups": _kernel_groups(burns), "results": table}
+    if records.sdc_again:
+        data["measured again"] = [{"rank": r.rank, "iters": r.iters, "p50_ms": r.p50_ms,
+                                   "p99_ms": r.p99_ms} for r in records.sdc_again]
     return Section("sdc", "Silent data corruption: the same product, repeated and compared",
                    data, findings)
 
@@ -51,62 +55,61 @@ def _reference_words(sdc: Mapping[str, Any]) -> tuple[str, str]:
             "rows")
 
 
-def _kernel_groups(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _kernel_groups(records: Sequence[BurnRecord]) -> list[dict[str, Any]]:
     """Which ranks were compared bit for bit: one row per group key (model, SMs,
     torch, CUDA, the cuBLAS loaded and its settings)."""
     groups: dict[str, list[int]] = {}
     for r in records:
-        groups.setdefault(str(r.get("group")), []).append(int(r["rank"]))
+        groups.setdefault(r.group, []).append(r.rank)
     return [{"group": g, "ranks": cpulist(tuple(sorted(m)))} for g, m in groups.items()]
 
 
-def _repeat_findings(records: Sequence[Mapping[str, Any]],
+def _repeat_findings(records: Sequence[BurnRecord],
                      ranks: Sequence[Mapping[str, Any]]) -> list[Finding]:
     """Each rank's later products against its own first one."""
     names = subjects(ranks)
     findings = []
     for r in records:
-        if not r["bad_iters"]:
+        if not r.bad_iters:
             continue
-        how = (f"up to {r['worst_elements']} element(s) differed bitwise" if r["mode"] ==
+        how = (f"up to {r.worst_elements} element(s) differed bitwise" if r.mode ==
                "bitwise" else "beyond the dtype's tolerance")
         findings.append(fail(
-            "stress.sdc.repeat", f"{names[int(r['rank'])].label}: the same product on the "
-            f"same inputs gave a different result in {r['bad_iters']} of {r['iters']} "
-            f"repetitions (first at repetition {r['first_bad_iter']}; {how})",
+            "stress.sdc.repeat", f"{_label(names, r.rank)}: the same product on the "
+            f"same inputs gave a different result in {r.bad_iters} of {r.iters} "
+            f"repetitions (first at repetition {r.first_bad_iter}; {how})",
             hint="this GPU computes wrong results under load: drain it, check nvidia-smi -q "
             "(ECC errors, retired/remapped rows, XIDs in dmesg) and run the vendor's "
             "diagnostics (dcgmi diag -r 3) before it returns to service",
-            subject=f"rank {r['rank']}"))
+            subject=f"rank {r.rank}"))
     if not findings:
-        total = sum(int(r["iters"]) for r in records)
-        modes = sorted({r["mode"] for r in records})
+        total = sum(r.iters for r in records)
+        modes = sorted({r.mode for r in records})
         findings.append(ok("stress.sdc.repeat", f"all {len(records)} rank(s) repeated their "
                            f"first result exactly ({'/'.join(modes)}) over {total} products"))
     return findings
 
 
-def _agreement_findings(records: Sequence[Mapping[str, Any]],
+def _agreement_findings(records: Sequence[BurnRecord],
                         deviations: Sequence[float | None], tolerance: float,
-                        ranks: Sequence[Mapping[str, Any]],
-                        words: tuple[str, str]) -> list[Finding]:
+                        read: StressRecords, words: tuple[str, str]) -> list[Finding]:
     """Ranks against each other (bitwise, by model) and against the CPU reference."""
-    names = subjects(ranks)
-    digests = {int(r["rank"]): r["digest"] for r in records}
-    groups = {int(r["rank"]): r["group"] for r in records}
-    deviation = {int(r["rank"]): d for r, d in zip(records, deviations, strict=True)}
-    nodes = {int(r["rank"]): int(r["node_rank"]) for r in ranks if "node_rank" in r}
+    names = subjects(read.entries)
+    digests = {r.rank: r.digest for r in records}
+    groups = {r.rank: r.group for r in records}
+    deviation = {r.rank: d for r, d in zip(records, deviations, strict=True)}
+    nodes = {r.rank: r.node_rank for r in read.ranks}
     verdict = judge(digests, deviation, tolerance, groups, nodes, splits=True,
                     measure=words[0])
     every_one = len(verdict.wrong) == len(records) > 1
-    findings = [fail("stress.sdc.agreement", f"{names[rank].label}: {why}",
+    findings = [fail("stress.sdc.agreement", f"{_label(names, rank)}: {why}",
                      hint=("every rank disagrees with the reference alike: suspect the "
                            "software (torch, cuBLAS, driver), not one GPU") if every_one else
                      "this GPU computed a wrong product: drain it and run the vendor's "
                      "diagnostics (dcgmi diag -r 3); check ECC errors and XIDs",
                      subject=f"rank {rank}", cause="all_alike" if every_one else None)
                 for rank, why in verdict.wrong.items()]
-    findings += [_software_split(side, digests, groups, deviation, tolerance, ranks)
+    findings += [_software_split(side, digests, groups, deviation, tolerance, read.ranks)
                  for side in verdict.software]
     if verdict.undecided:
         listed = ", ".join(f"rank {r}" for r in verdict.undecided)
@@ -125,12 +128,11 @@ def _agreement_findings(records: Sequence[Mapping[str, Any]],
 
 def _software_split(side: Sequence[int], digests: Mapping[int, str], groups: Mapping[int, str],
                     deviation: Mapping[int, float | None], tolerance: float,
-                    ranks: Sequence[Mapping[str, Any]]) -> Finding:
+                    ranks: Sequence[StressRank]) -> Finding:
     """Ranks that agree among themselves (or fill whole nodes) against the rest of their
     group: a software difference, which the CPU reference settles (who is right)."""
     rest = [r for r in digests if groups.get(r) == groups.get(side[0]) and r not in side]
-    hosts = sorted({f"node {r['node_rank']} ({r['host']})" for r in ranks
-                    if int(r["rank"]) in side and "node_rank" in r})
+    hosts = sorted({f"node {r.node_rank} ({r.host})" for r in ranks if r.rank in side})
     listed = f"rank(s) {cpulist(tuple(side))}" + (f" on {', '.join(hosts)}" if hosts else "")
     return warn("stress.sdc.software_split",
                 f"{listed} agree with each other (or fill whole nodes) but differ bitwise "
@@ -154,3 +156,9 @@ def _side_words(side: Sequence[int], deviation: Mapping[int, float | None],
     worst = max(values, key=lambda d: d if d == d else float("inf"))
     return f"beyond {tolerance:g} (worst {worst:.3g})" if beyond(worst, tolerance) else \
         f"within {tolerance:g} (worst {worst:.3g})"
+
+
+def _label(names: Mapping[int, Named], rank: int) -> str:
+    """The rank's name with its node and GPU; "rank N" when its entry in the roll of ranks
+    did not read (gpucheck.stress.records)."""
+    return names[rank].label if rank in names else f"rank {rank}"

@@ -16,13 +16,13 @@ import contextlib
 import os
 import platform
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from typing import Any
 
 from gpucheck.context import NO_HOOKS, RunContext, TestHooks
 from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.session import gpu_identity, process_group, roster
 from gpucheck.distributed.world import World
+from gpucheck.records import as_dict, read_all
 from gpucheck.stress import burn as sdc_burn
 from gpucheck.stress.again import again_hook, measure_again
 from gpucheck.stress.blas import loaded_blas
@@ -34,6 +34,7 @@ from gpucheck.stress.numa import Placement, cpulist, place_this_rank
 from gpucheck.stress.power import PowerSampler
 from gpucheck.stress.rank import Phase, RankContext, barrier, gather, publish
 from gpucheck.stress.rank import StressSpec as StressSpec  # its home for commands/preflight
+from gpucheck.stress.records import PlacementRow
 from gpucheck.stress.sdc import BOUND_TOLERANCE, bound_excess
 from gpucheck.stress.specs import copy_figure, gemm_figure
 
@@ -119,9 +120,10 @@ def _initial_result(ctx: RankContext) -> dict[str, Any]:
     """Place the rank on its GPU's NUMA node, then the roll of ranks with placements."""
     spec = ctx.spec
     placement = _place(ctx)
-    mine = _rank_row(ctx, placement)
-    rows = {int(r["rank"]): r for r in gather(ctx, mine)}
-    ranks = [asdict(info) | rows.get(info.rank, {}) for info in roster()]
+    rows, _ = read_all(PlacementRow, gather(ctx, as_dict(_rank_row(ctx, placement))),
+                       "placement row")  # one that does not read: its check-in alone
+    mine = {row.rank: as_dict(row) for row in rows}
+    ranks = [as_dict(info) | mine.get(info.rank, {}) for info in roster()]
     return {"world_size": ctx.world.world_size, "device": spec.device, "backend": spec.backend,
             "dtypes": list(spec.dtypes), "size": spec.size, "duration_s": spec.duration_s,
             "ranks": ranks, "gemm": [], "power": None, "membw": None, "sdc": None, "copies": None,
@@ -144,16 +146,16 @@ def _place(ctx: RankContext) -> Placement:
     return Placement(None, (), allowed, None, False)
 
 
-def _rank_row(ctx: RankContext, placement: Placement) -> dict[str, Any]:
+def _rank_row(ctx: RankContext, placement: Placement) -> PlacementRow:
     import torch
 
     gpu = gpu_identity() if ctx.spec.device == "cuda" else None
-    return {"rank": ctx.world.rank, "gpu": gpu.label() if gpu else None,
-            "gpu_name": gpu.name if gpu else None,
-            "cpus": cpulist(placement.cpus), "numa_node": placement.numa_node,
-            "gpu_cpus": cpulist(placement.gpu_cpus) or None,
-            "on_gpu_numa_node": placement.on_gpu_node, "pinned": placement.pinned,
-            "threads": torch.get_num_threads(), "group": _kernel_group(ctx)}
+    return PlacementRow(rank=ctx.world.rank, gpu=gpu.label() if gpu else None,
+                        gpu_name=gpu.name if gpu else None,
+                        cpus=cpulist(placement.cpus), numa_node=placement.numa_node,
+                        gpu_cpus=cpulist(placement.gpu_cpus) or None,
+                        on_gpu_numa_node=placement.on_gpu_node, pinned=placement.pinned,
+                        threads=torch.get_num_threads(), group=_kernel_group(ctx))
 
 
 def _kernel_group(ctx: RankContext) -> str:
@@ -187,7 +189,7 @@ def _gemm(ctx: RankContext, result: dict[str, Any]) -> None:
     with PowerSampler(ctx.world.rank, ctx.bus_id if spec.device == "cuda" else None) as power:
         for dtype in spec.dtypes:
             _gemm_dtype(ctx, result, dtype)
-    result["power"] = gather(ctx, power.result())
+    result["power"] = gather(ctx, as_dict(power.result()))
 
 
 def _gemm_dtype(ctx: RankContext, result: dict[str, Any], dtype: str) -> None:
@@ -197,7 +199,7 @@ def _gemm_dtype(ctx: RankContext, result: dict[str, Any], dtype: str) -> None:
     barrier(ctx)
     record = measure_gemm(ctx.world.rank, dtype, spec.size, ctx.device, spec.device,
                           spec.warmup_s, spec.gemm_window_s, ctx.hook)
-    result["gemm"] += gather(ctx, asdict(record))
+    result["gemm"] += gather(ctx, as_dict(record))
     publish(ctx, result)
     _again(ctx, result, "gemm", result["gemm"][-ctx.world.world_size:], "tflops_p50",
            lambda m: gemm_figure(m, dtype),
@@ -215,7 +217,7 @@ def _membw(ctx: RankContext, result: dict[str, Any]) -> None:
     barrier(ctx)
     record = measure_copy(ctx.world.rank, size, ctx.device, spec.device, spec.warmup_s,
                           spec.membw_window_s, ctx.hook)
-    result["membw"] = gather(ctx, asdict(record))
+    result["membw"] = gather(ctx, as_dict(record))
     _again(ctx, result, "membw", result["membw"], "gbps_p50", copy_figure,
            lambda h: measure_copy(ctx.world.rank, size, ctx.device, spec.device,
                                   spec.warmup_s, spec.membw_window_s, h))
@@ -229,7 +231,7 @@ def _again(ctx: RankContext, result: dict[str, Any], phase: str,
     def remeasure() -> dict[str, Any]:
         progress.set_step(f"{phase}: measured again")
         barrier(ctx)
-        return asdict(measure(again_hook(ctx.hook)))
+        return as_dict(measure(again_hook(ctx.hook)))
 
     bounds = (ctx.spec.peer_fraction, ctx.spec.expected_fraction)
     again = measure_again(ctx.world.rank, records, key, result["ranks"], bounds, figure_of,
@@ -252,7 +254,7 @@ def _sdc(ctx: RankContext, result: dict[str, Any]) -> None:
         record, golden, checks = sdc_burn.burn(ctx.world.rank, dtype, spec.size, ctx.device,
                                                spec.device, spec.duration_s, group, ctx.hook)
     progress.set_step("sdc: comparing results across ranks")
-    every = gather(ctx, (asdict(record), checks, sdc_burn.draw_seed()))
+    every = gather(ctx, (as_dict(record), checks, sdc_burn.draw_seed()))
     seed = every[0][2]  # rank 0's draw, so every rank sends the same rows
     rows = sdc_burn.rows_to_check(spec.size, [c for _, c, _ in every], seed)
     index = torch.tensor(rows, dtype=torch.long, device=golden.device)
