@@ -111,10 +111,10 @@ def comm_result() -> dict[str, Any]:
              "busbw_gbps": b, "wrong": 0, "slowest_rank": 1, "fastest_time_us": t / 1.25,
              "rank_times_us": [t / 1.25, t]} for s, t, b in ((1024, 500.0, 0.002),
                                                               (65536, 900.0, 0.07))]
-    pairs = [{"src": 0, "dst": 1, "node_rank": 0, "bandwidth_gbps": 0.027,
-              "samples_gbps": [0.027]},
-             {"src": 1, "dst": 0, "node_rank": 0, "bandwidth_gbps": 0.031,
-              "samples_gbps": [0.031]}]
+    pairs = [{"src": 0, "dst": 1, "node_rank": 0, "size_bytes": 1 << 20,
+              "bandwidth_gbps": 0.027, "samples_gbps": [0.027]},
+             {"src": 1, "dst": 0, "node_rank": 0, "size_bytes": 1 << 20,
+              "bandwidth_gbps": 0.031, "samples_gbps": [0.031]}]
     return {"world_size": 2, "device": "cpu", "backend": "gloo", "sizes_bytes": [1024, 65536],
             "iters": 3, "warmup": 1, "complete": True, "ranks": ranks,
             "collectives": {"all_reduce": rows},
