@@ -98,8 +98,10 @@ class Unread:
     why: str
 
 
-def read_all(cls: type[R], rows: object, what: str) -> tuple[list[R], list[Unread]]:
-    """Every row of `rows` (a list) that reads as `cls`, and the ones that do not."""
+def read_all(cls: type[R], rows: object, what: str,
+             sender: tuple[str, ...] = ("rank", "src")) -> tuple[list[R], list[Unread]]:
+    """Every row of `rows` (a list) that reads as `cls`, and the ones that do not, each
+    with the rank that sent it (the first of the `sender` keys that holds an int)."""
     if rows is None:
         return [], []
     if not isinstance(rows, (list, tuple)):
@@ -109,14 +111,14 @@ def read_all(cls: type[R], rows: object, what: str) -> tuple[list[R], list[Unrea
         try:
             good.append(read(cls, row))
         except RecordError as error:
-            bad.append(Unread(what, _sender(row), str(error)))
+            bad.append(Unread(what, _sender(row, sender), str(error)))
     return good, bad
 
 
-def _sender(row: object) -> int | None:
-    """The rank a malformed row names (`rank`, else `src`), when it is an int."""
+def _sender(row: object, keys: tuple[str, ...]) -> int | None:
+    """The rank a malformed row names under one of `keys`, when it is an int."""
     if isinstance(row, Mapping):
-        for key in ("rank", "src"):
+        for key in keys:
             value = row.get(key)
             if isinstance(value, int) and not isinstance(value, bool):
                 return value

@@ -66,3 +66,19 @@ def test_a_pairwise_list_that_is_not_a_list_names_no_rank() -> None:
     result["pairwise"]["pairs"] = {"src": 0}
     (found,) = _unread(result)
     assert found.subject is None and found.status is Status.WARN
+
+
+def test_a_malformed_node_to_node_link_names_its_receiver_and_the_rest_is_judged() -> None:
+    from tests.test_comm_node_links import _again, _result
+
+    healthy = _result("cuda", _again(1.0))
+    result = copy.deepcopy(healthy)
+    link = result["internode"]["links"][0]
+    link["bandwidth_gbps"] = None
+    sections = _sections(result)
+    (found,) = [f for f in sections["comm"].findings if f.check == "comm.rank_record"]
+    assert isinstance(found.subject, Subject) and found.subject.rank == link["dst"]
+    assert len(sections["internode"].data["rails"]) == \
+        len(_sections(healthy)["internode"].data["rails"]) - 1
+    assert not [f for f in _sections(healthy)["comm"].findings
+                if f.check == "comm.rank_record"]

@@ -31,13 +31,59 @@ class PairRow:
 
     def to_dict(self) -> dict[str, Any]:
         """The row as it crosses: `samples_gbps` and `path` only when known."""
-        row = as_dict(self)
-        for key in ("samples_gbps", "path"):
-            if row[key] is None:
-                del row[key]
-        if self.samples_gbps is not None:
-            row["samples_gbps"] = list(self.samples_gbps)
+        row = _without_none(as_dict(self), ("samples_gbps",))
+        if self.path is None:
+            del row["path"]
         return row
+
+
+@dataclass(frozen=True)
+class LinkRow:
+    """One rail link between two nodes in one round (gpucheck.comm.internode), as its
+    receiver measured it; on NCCL with what its sender timed of it merged in
+    (`internode_verdicts.both_ends`: `received_gbps`, `sent_gbps`)."""
+
+    round: int | str  # the round's shift, or "again" (a second look)
+    src_node: int
+    dst_node: int
+    rail: int
+    src: int
+    dst: int
+    bandwidth_gbps: float
+    samples_gbps: tuple[float, ...] | None = None
+    received_gbps: tuple[float, ...] | None = None
+    sent_gbps: tuple[float, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as it crosses: the sample lists only when known."""
+        return _without_none(as_dict(self), ("samples_gbps", "received_gbps", "sent_gbps"))
+
+
+@dataclass(frozen=True)
+class SentRow:
+    """What a sending rank timed of one link (NCCL: its group's time, both directions)."""
+
+    round: int | str
+    src_node: int
+    dst_node: int
+    src: int
+    dst: int
+    sent_gbps: tuple[float, ...] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        row = as_dict(self)
+        row["sent_gbps"] = list(self.sent_gbps) if self.sent_gbps is not None else None
+        return row
+
+
+def _without_none(row: dict[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
+    """`optional` keys dropped where None, the others as lists (as JSON has them)."""
+    for key in optional:
+        if row[key] is None:
+            del row[key]
+        else:
+            row[key] = list(row[key])
+    return row
 
 
 @dataclass(frozen=True)
@@ -59,6 +105,8 @@ class CommRecords:
     pairs: tuple[PairRow, ...]
     pairs_again: tuple[PairRow, ...]
     nodes_again_pairs: tuple[PairRow, ...]
+    links: tuple[LinkRow, ...]
+    links_again: tuple[LinkRow, ...]
     unread: tuple[Unread, ...]
 
 
@@ -66,12 +114,13 @@ def read_comm(result: Mapping[str, Any]) -> CommRecords:
     """Every per-rank record of `result` (complete or partial) read back."""
     unread: list[Unread] = []
 
-    def rows(raw: object, what: str) -> tuple[PairRow, ...]:
-        good, bad = read_all(PairRow, raw, what)
+    def rows(raw: object, what: str, cls: type[Any] = PairRow) -> tuple[Any, ...]:
+        # A pair's row comes from its sender, a link's from its receiver.
+        good, bad = read_all(cls, raw, what, ("dst",) if cls is LinkRow else ("src",))
         unread.extend(bad)
         return tuple(good)
 
-    pairwise = _mapping(result.get("pairwise"))
+    pairwise, internode = _mapping(result.get("pairwise")), _mapping(result.get("internode"))
     again = _mapping(result.get("nodes_again"))
     ranks, bad = read_all(CommRank, result.get("ranks"), "entry in the roll of ranks")
     unread.extend(bad)
@@ -85,6 +134,9 @@ def read_comm(result: Mapping[str, Any]) -> CommRecords:
                        pairs_again=rows(pairwise.get("again"), "pairwise row (measured again)"),
                        nodes_again_pairs=rows(again.get("pairs"),
                                               "pairwise row (a slow node measured again)"),
+                       links=rows(internode.get("links"), "node-to-node link", LinkRow),
+                       links_again=rows(internode.get("again"),
+                                        "node-to-node link (measured again)", LinkRow),
                        unread=tuple(unread))
 
 
@@ -103,6 +155,11 @@ def read_back(result: Mapping[str, Any], records: CommRecords) -> dict[str, Any]
         if "again" in pairwise:
             out["pairwise"]["again"] = [p.to_dict() for p in records.pairs_again] \
                 if pairwise["again"] is not None else None
+    internode = result.get("internode")
+    if isinstance(internode, Mapping):
+        out["internode"] = {**internode, "links": [x.to_dict() for x in records.links]}
+        if internode.get("again") is not None:
+            out["internode"]["again"] = [x.to_dict() for x in records.links_again]
     if isinstance(again, Mapping) and "pairs" in again:
         out["nodes_again"] = {**again, "pairs": [p.to_dict() for p in records.nodes_again_pairs]}
     return out
