@@ -101,3 +101,23 @@ def test_read_checks_every_field_and_round_trips() -> None:
             read(GemmRecord, bad)
     with pytest.raises(RecordError, match="no tflops"):
         read(GemmRecord, {k: v for k, v in row.items() if k != "tflops"})
+
+
+def test_a_malformed_peer_copy_pair_is_named_and_its_node_still_judged() -> None:
+    result = copy.deepcopy(stress_result())
+    result["p2p"]["nodes"][0]["pairs"][1]["gbps"] = "fast"
+    sections = _sections(result)
+    (found,) = [f for f in sections["stress"].findings if f.check == "stress.rank_record"]
+    assert found.status is Status.WARN and found.subject is None
+    (matrix,) = [v for k, v in sections["p2p"].data.items() if k.endswith("matrix")]
+    assert matrix[1]["to cuda:0"] is None and matrix[0]["to cuda:1"] == 300.0
+    assert {f.check for f in sections["p2p"].findings} == {"stress.p2p"}
+
+
+def test_a_peer_copy_matrix_without_its_node_is_named() -> None:
+    result = copy.deepcopy(stress_result())
+    del result["p2p"]["nodes"][0]["host"]
+    sections = _sections(result)
+    assert [f.check for f in sections["stress"].findings if f.status is Status.WARN] == [
+        "stress.rank_record"]
+    assert sections["p2p"].data == {}

@@ -60,14 +60,16 @@ def _together_ratio(row: CopyRow) -> float | None:
                      row.d2h_together_gbps / row.d2h_alone_gbps), 3)
 
 
-def p2p_section(result: Mapping[str, Any], copy_fraction: float) -> Section:
-    p2p = result["p2p"]
+def p2p_section(p2p: Mapping[str, Any], records: StressRecords,
+                copy_fraction: float) -> Section:
+    """`p2p`: the phase's result ({"skipped": why} on CPU ranks); `records`: each node's
+    matrix as read back."""
     title = "Peer-to-peer copies between GPUs (GB/s, src row -> dst column)"
     if "skipped" in p2p:
-        return Section("p2p", title, {}, [skip("stress.p2p", p2p["skipped"])])
+        return Section("p2p", title, {}, [skip("stress.p2p", str(p2p["skipped"]))])
     data: dict[str, Any] = {}
     findings: list[Finding] = []
-    for node in p2p["nodes"]:
+    for node in records.p2p_nodes:
         where = f"node {node['node_rank']} ({node['host']})"
         if "skipped" in node:
             findings.append(skip("stress.p2p", f"{where}: {node['skipped']}", subject=where))

@@ -127,6 +127,40 @@ class CopyRow:
 
 
 @dataclass(frozen=True)
+class PeerPair:
+    """One ordered pair of a node's GPUs in the peer-copy matrix (gpucheck.stress.copies),
+    with its path class and P2P status when NVML told them (`PairPath.row`)."""
+
+    src: int  # CUDA ordinals in the measuring process
+    dst: int
+    peer_access: bool
+    gbps: float | None  # None: no peer access, not measured
+    path: str | None = None
+    p2p_status: str | None = None
+    p2p_by_design: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as it crosses: the path's three keys only when the path was read."""
+        row = as_dict(self)
+        if self.path is None:
+            for key in ("path", "p2p_status", "p2p_by_design"):
+                del row[key]
+        return row
+
+
+@dataclass(frozen=True)
+class PeerNode:
+    """One node's peer-copy matrix as its local rank 0 sent it, less the pairs (read
+    apart: `read_peer_node`): skipped with why, or its GPUs and why the paths were not read."""
+
+    node_rank: int
+    host: str
+    skipped: str | None = None
+    gpus: tuple[dict[str, Any], ...] = ()  # identity rows (gpucheck.devices), shown as sent
+    paths_unread: str | None = None
+
+
+@dataclass(frozen=True)
 class StressRecords:
     """Every per-rank record of a stress result that read back, and the ones that did not
     (in the order the phases ran)."""
@@ -143,6 +177,7 @@ class StressRecords:
     sdc_again: tuple[BurnRecord, ...]
     copies: tuple[CopyRow, ...]
     copies_again: tuple[CopyRow, ...] | None  # None: not measured again
+    p2p_nodes: tuple[dict[str, Any], ...]  # each node's matrix, its pairs read back
     unread: tuple[Unread, ...]
 
 
@@ -175,6 +210,7 @@ def read_stress(result: Mapping[str, Any]) -> StressRecords:
                     "host copy row"),
         copies_again=None if again is None else rows(CopyRow, again,
                                                      "host copy row (measured again)"),
+        p2p_nodes=_peer_nodes(result.get("p2p"), unread),
         unread=tuple(unread))
 
 
@@ -232,4 +268,37 @@ def read_back(result: Mapping[str, Any], records: StressRecords) -> dict[str, An
                       "reference_deviations": list(records.sdc_deviations)}
     if isinstance(copies, Mapping) and "rows" in copies:
         out["copies"] = {**copies, "rows": [as_dict(r) for r in records.copies]}
+    p2p = result.get("p2p")
+    if isinstance(p2p, Mapping) and "nodes" in p2p:
+        out["p2p"] = {**p2p, "nodes": list(records.p2p_nodes)}
     return out
+
+
+def _peer_nodes(p2p: object, unread: list[Unread]) -> tuple[dict[str, Any], ...]:
+    """Every node's peer-copy matrix that reads, as the dict it was sent as, its pair rows
+    (and their second look) read back; a pair that does not read is left out."""
+    nodes = p2p.get("nodes") if isinstance(p2p, Mapping) else None
+    if nodes is None:
+        return ()
+    heads, bad = read_all(PeerNode, nodes, "peer-copy matrix", ())
+    unread.extend(bad)
+    raw = [n for n in nodes if isinstance(n, Mapping)] if isinstance(nodes, list) else []
+    by_node = {(n.get("node_rank"), n.get("host")): n for n in raw}
+    return tuple(_peer_node(head, by_node[(head.node_rank, head.host)], unread)
+                 for head in heads)
+
+
+def _peer_node(head: PeerNode, raw: Mapping[str, Any], unread: list[Unread]) -> dict[str, Any]:
+    node = dict(raw)
+    if head.skipped is not None:
+        return node
+    where = f"peer-copy pair of node {head.node_rank}"
+    if "pairs" not in raw:
+        unread.append(Unread(f"peer-copy matrix of node {head.node_rank}", None,
+                             "neither pairs nor why it was skipped"))
+    for key in ("pairs", "again"):
+        if key in raw or key == "pairs":
+            good, bad = read_all(PeerPair, raw.get(key), where, ())
+            unread.extend(bad)
+            node[key] = [pair.to_dict() for pair in good]
+    return node

@@ -55,7 +55,7 @@ def stress_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Secti
         sections.append(copies_section(result["copies"], records, verdicts.peer_fraction,
                                        verdicts.copy_fraction))
     if "p2p" in done and result.get("p2p"):
-        sections.append(p2p_section(result, verdicts.copy_fraction))
+        sections.append(p2p_section(result["p2p"], records, verdicts.copy_fraction))
     sections.append(faults_of(result, records))
     # stress.<phase>.*: the phase's section; the records that read, as the verdicts.
     attach(sections, stress_metrics(read_back(result, records)), {})
