@@ -82,3 +82,16 @@ def test_a_malformed_node_to_node_link_names_its_receiver_and_the_rest_is_judged
         len(_sections(healthy)["internode"].data["rails"]) - 1
     assert not [f for f in _sections(healthy)["comm"].findings
                 if f.check == "comm.rank_record"]
+
+
+def test_a_malformed_transport_entry_is_named_and_the_others_read() -> None:
+    from tests.test_comm_nccl_log import _entry
+
+    result = copy.deepcopy(comm_result())
+    result["backend"] = "nccl"
+    result["transport"] = [_entry(0, "ib_healthy.log", ["mlx5_0"]),
+                           {"rank": 1, "state": "read", "transport": None, "ib_sysfs": []}]
+    sections = _sections(result)
+    (found,) = [f for f in sections["comm"].findings if f.check == "comm.rank_record"]
+    assert isinstance(found.subject, Subject) and found.subject.rank == 1
+    assert [row["rank"] for row in sections["transport"].data["ranks"]] == [0]

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.records import Unread, as_dict, read_all
+from gpucheck.records import RecordError, Unread, as_dict, read_all
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,24 @@ def _without_none(row: dict[str, Any], optional: tuple[str, ...]) -> dict[str, A
 
 
 @dataclass(frozen=True)
+class TransportEntry:
+    """What one rank read of NCCL's init in its own log (gpucheck.comm.nccl_log.rank_entry):
+    `transport` is `Transport` as a dict when `state` is "read"."""
+
+    rank: int
+    state: str  # "read", "user_nccl_debug", "no_log"
+    transport: dict[str, Any] | None
+    ib_sysfs: tuple[str, ...] = ()  # the node's InfiniBand/RoCE devices
+
+    def __post_init__(self) -> None:
+        if self.state == "read" and self.transport is None:
+            raise RecordError("state is 'read' but no transport")
+
+    def to_dict(self) -> dict[str, Any]:
+        return as_dict(self) | {"ib_sysfs": list(self.ib_sysfs)}
+
+
+@dataclass(frozen=True)
 class CommRank:
     """One entry of the results' roll of ranks, as the report reads it (the rank's check-in,
     gpucheck.distributed.checkin.RankInfo; every other key kept in the raw entry)."""
@@ -107,6 +125,7 @@ class CommRecords:
     nodes_again_pairs: tuple[PairRow, ...]
     links: tuple[LinkRow, ...]
     links_again: tuple[LinkRow, ...]
+    transport: tuple[TransportEntry, ...] | None  # None: not gathered (gloo, an early end)
     unread: tuple[Unread, ...]
 
 
@@ -116,7 +135,7 @@ def read_comm(result: Mapping[str, Any]) -> CommRecords:
 
     def rows(raw: object, what: str, cls: type[Any] = PairRow) -> tuple[Any, ...]:
         # A pair's row comes from its sender, a link's from its receiver.
-        good, bad = read_all(cls, raw, what, ("dst",) if cls is LinkRow else ("src",))
+        good, bad = read_all(cls, raw, what, ("dst",) if cls is LinkRow else ("rank", "src"))
         unread.extend(bad)
         return tuple(good)
 
@@ -137,6 +156,8 @@ def read_comm(result: Mapping[str, Any]) -> CommRecords:
                        links=rows(internode.get("links"), "node-to-node link", LinkRow),
                        links_again=rows(internode.get("again"),
                                         "node-to-node link (measured again)", LinkRow),
+                       transport=None if result.get("transport") is None else rows(
+                           result.get("transport"), "NCCL transport entry", TransportEntry),
                        unread=tuple(unread))
 
 
@@ -155,6 +176,8 @@ def read_back(result: Mapping[str, Any], records: CommRecords) -> dict[str, Any]
         if "again" in pairwise:
             out["pairwise"]["again"] = [p.to_dict() for p in records.pairs_again] \
                 if pairwise["again"] is not None else None
+    if records.transport is not None:
+        out["transport"] = [entry.to_dict() for entry in records.transport]
     internode = result.get("internode")
     if isinstance(internode, Mapping):
         out["internode"] = {**internode, "links": [x.to_dict() for x in records.links]}
