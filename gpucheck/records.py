@@ -51,11 +51,12 @@ def _fits(value: object, hint: Any) -> bool:
 
 
 def _value(value: object, hint: Any) -> object:
-    """Lists become the tuples a frozen record holds."""
-    if typing.get_origin(hint) is tuple or (
-            isinstance(value, list) and any(typing.get_origin(a) is tuple
-                                            for a in typing.get_args(hint))):
-        return tuple(value)  # type: ignore[arg-type]  # _fits checked it is a list or tuple
+    """A list becomes the tuple the frozen record declares (`tuple[X, ...]`, alone or as
+    one arm of a union)."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    arms = typing.get_args(hint) if union else (hint,)
+    if isinstance(value, list) and any(typing.get_origin(a) is tuple for a in arms):
+        return tuple(value)
     return value
 
 
@@ -75,9 +76,15 @@ def read(cls: type[R], raw: object) -> R:
                 continue
             raise RecordError(f"no {field.name}")
         if not _fits(raw[field.name], hint):
-            raise RecordError(f"{field.name} is {raw[field.name]!r}, not {_words(hint)}")
+            raise RecordError(f"{field.name} is {_shown(raw[field.name])}, not {_words(hint)}")
         values[field.name] = _value(raw[field.name], hint)
     return cls(**values)
+
+
+def _shown(value: object, limit: int = 40) -> str:
+    """The value as the finding quotes it: its repr, cut short (a record is data)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _words(hint: Any) -> str:

@@ -95,3 +95,15 @@ def test_a_malformed_transport_entry_is_named_and_the_others_read() -> None:
     (found,) = [f for f in sections["comm"].findings if f.check == "comm.rank_record"]
     assert isinstance(found.subject, Subject) and found.subject.rank == 1
     assert [row["rank"] for row in sections["transport"].data["ranks"]] == [0]
+
+
+def test_lists_read_as_tuples_and_a_bad_value_is_quoted_short() -> None:
+    import pytest
+
+    from gpucheck.records import RecordError
+
+    row = comm_result()["pairwise"]["pairs"][0]
+    assert read(PairRow, row).samples_gbps == tuple(row["samples_gbps"])
+    with pytest.raises(RecordError) as caught:
+        read(PairRow, row | {"bandwidth_gbps": "x" * 500})
+    assert "bandwidth_gbps" in str(caught.value) and len(str(caught.value)) < 120
