@@ -122,6 +122,22 @@ def read_all(cls: type[R], rows: object, what: str,
     return good, bad
 
 
+def readable(cls: type[R], rows: object) -> list[Mapping[str, Any]]:
+    """The rows of `rows` that read as `cls`, as they were sent (every key kept: a second
+    look's rows carry the suspects it was measured for beside the record's fields)."""
+    if not isinstance(rows, (list, tuple)):
+        return []
+    return [row for row in rows if isinstance(row, Mapping) and _reads(cls, row)]
+
+
+def _reads(cls: type[R], row: Mapping[str, Any]) -> bool:
+    try:
+        read(cls, row)
+    except RecordError:
+        return False
+    return True
+
+
 def _sender(row: object, keys: tuple[str, ...]) -> int | None:
     """The rank a malformed row names under one of `keys`, when it is an int."""
     if isinstance(row, Mapping):

@@ -121,3 +121,12 @@ def test_a_peer_copy_matrix_without_its_node_is_named() -> None:
     assert [f.check for f in sections["stress"].findings if f.status is Status.WARN] == [
         "stress.rank_record"]
     assert sections["p2p"].data == {}
+
+
+def test_a_second_look_keeps_the_suspects_it_was_measured_for() -> None:
+    result = copy.deepcopy(stress_result())
+    result["membw_again"] = [row | {"suspects": [1]} for row in result["membw"]]
+    result["membw_again"][0]["gbps_p50"] = None  # one that does not read: left out
+    shown = _sections(result)["membw"].data["measured again"]
+    assert shown == [result["membw_again"][1]]
+    assert _unread(result)[0].subject.rank == 0

@@ -13,13 +13,20 @@ from gpucheck.distributed.nodes import group_by_node
 from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
 from gpucheck.measured import attach
 from gpucheck.numa import cpulist, on_node, parse_cpulist
-from gpucheck.records import as_dict
+from gpucheck.records import as_dict, readable
 from gpucheck.report import Finding, Section, ok, skip, warn
 from gpucheck.stress.copy_sections import copies_section, p2p_section
 from gpucheck.stress.metrics import stress_metrics
 from gpucheck.stress.p2p_verdicts import p2p_findings as p2p_findings  # re-exported
 from gpucheck.stress.power import power_findings, reach
-from gpucheck.stress.records import StressRank, StressRecords, read_back, read_stress
+from gpucheck.stress.records import (
+    CopyRecord,
+    GemmRecord,
+    StressRank,
+    StressRecords,
+    read_back,
+    read_stress,
+)
 from gpucheck.stress.sdc_section import sdc_section
 from gpucheck.stress.specs import COPY_COUNTED, Figure, copy_figure, gemm_figure
 from gpucheck.stress.verdicts import Again, expected_findings, peer_findings, subjects
@@ -45,9 +52,9 @@ def stress_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Secti
     sections = [_setup_section(result, records)]
     done = result.get("phases_done") or []
     if records.gemm:
-        sections.append(_gemm_section(records, verdicts, _causes(result)))
+        sections.append(_gemm_section(result, records, verdicts, _causes(result)))
     if records.membw:
-        sections.append(_membw_section(records, verdicts, _causes(result)))
+        sections.append(_membw_section(result, records, verdicts, _causes(result)))
     if result.get("sdc") and records.sdc:
         sections.append(sdc_section(result["sdc"], records, verdicts.peer_fraction,
                                     _causes(result)))
@@ -149,7 +156,7 @@ def again(values: Mapping[int, float]) -> Again | None:
     return Again(dict(values)) if values else None
 
 
-def _gemm_section(records: StressRecords, verdicts: Verdicts,
+def _gemm_section(result: Mapping[str, Any], records: StressRecords, verdicts: Verdicts,
                   causes: Mapping[int, str]) -> Section:
     ranks, findings = records.entries, []
     models = {r.rank: r.gpu_name for r in records.ranks}
@@ -175,8 +182,8 @@ def _gemm_section(records: StressRecords, verdicts: Verdicts,
     # Which column the verdicts judge: the median product's rate, not the mean `tflops`.
     data = {"flops_per_product": "2 n^3", "judged": "tflops_p50", **_thresholds(verdicts),
             "results": table}
-    if records.gemm_again:
-        data["measured again"] = [as_dict(r) for r in records.gemm_again]
+    if records.gemm_again:  # as sent: each row says the suspects it was measured for
+        data["measured again"] = readable(GemmRecord, result.get("gemm_again"))
     if records.power is not None:
         data["power under load (W)"] = [
             as_dict(r) | {"reach": round(x, 3) if (x := reach(r)) else None}
@@ -200,7 +207,7 @@ def _thresholds(verdicts: Verdicts) -> dict[str, float]:
             "expected_threshold": verdicts.expected_fraction}
 
 
-def _membw_section(records: StressRecords, verdicts: Verdicts,
+def _membw_section(result: Mapping[str, Any], records: StressRecords, verdicts: Verdicts,
                    causes: Mapping[int, str]) -> Section:
     ranks = records.entries
     models = {r.rank: r.gpu_name for r in records.ranks}
@@ -222,5 +229,5 @@ def _membw_section(records: StressRecords, verdicts: Verdicts,
     data = {"counted": COPY_COUNTED, "judged": "gbps_p50", **_thresholds(verdicts),
             "results": table}
     if records.membw_again:
-        data["measured again"] = [as_dict(r) for r in records.membw_again]
+        data["measured again"] = readable(CopyRecord, result.get("membw_again"))
     return Section("membw", "Device memory bandwidth per rank (GB/s)", data, findings)
