@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.records import RecordError, Unread, as_dict, read_all
+from gpucheck.records import RecordError, Unread, as_dict, read_all, readable
 
 
 @dataclass(frozen=True)
@@ -141,13 +141,8 @@ def read_comm(result: Mapping[str, Any]) -> CommRecords:
 
     pairwise, internode = _mapping(result.get("pairwise")), _mapping(result.get("internode"))
     again = _mapping(result.get("nodes_again"))
-    ranks, bad = read_all(CommRank, result.get("ranks"), "entry in the roll of ranks")
-    unread.extend(bad)
-    kept = {r.rank for r in ranks}
-    raw_ranks = result.get("ranks")
-    entries = tuple(e for e in raw_ranks if isinstance(e, Mapping) and e.get("rank") in kept
-                    and not read_all(CommRank, [e], "")[1]) \
-        if isinstance(raw_ranks, (list, tuple)) else ()
+    unread.extend(read_all(CommRank, result.get("ranks"), "entry in the roll of ranks")[1])
+    entries = tuple(readable(CommRank, result.get("ranks")))
     return CommRecords(entries=entries,
                        pairs=rows(pairwise.get("pairs"), "pairwise row"),
                        pairs_again=rows(pairwise.get("again"), "pairwise row (measured again)"),

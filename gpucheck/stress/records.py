@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.records import Unread, as_dict, read_all
+from gpucheck.records import Unread, as_dict, read_all, readable
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class PeerPair:
 @dataclass(frozen=True)
 class PeerNode:
     """One node's peer-copy matrix as its local rank 0 sent it, less the pairs (read
-    apart: `read_peer_node`): skipped with why, or its GPUs and why the paths were not read."""
+    apart: `_peer_nodes`): skipped with why, or its GPUs and why the paths were not read."""
 
     node_rank: int
     host: str
@@ -197,7 +197,7 @@ def read_stress(result: Mapping[str, Any]) -> StressRecords:
     ranks = rows(StressRank, result.get("ranks"), "entry in the roll of ranks")
     burns = _burns(sdc if isinstance(sdc, Mapping) else {}, unread)
     return StressRecords(
-        ranks=ranks, entries=_entries(result.get("ranks"), ranks),
+        ranks=ranks, entries=tuple(readable(StressRank, result.get("ranks"))),
         gemm=rows(GemmRecord, result.get("gemm"), "gemm record"),
         gemm_again=rows(GemmRecord, result.get("gemm_again"), "gemm record (measured again)"),
         power=None if power is None else rows(PowerReading, power, "power reading"),
@@ -212,20 +212,6 @@ def read_stress(result: Mapping[str, Any]) -> StressRecords:
                                                      "host copy row (measured again)"),
         p2p_nodes=_peer_nodes(result.get("p2p"), unread),
         unread=tuple(unread))
-
-
-def _entries(raw: object, ranks: tuple[StressRank, ...]) -> tuple[Mapping[str, Any], ...]:
-    """The raw entries that read as `ranks` (in order): the helpers shared with comm and
-    bench (node grouping, GPU names) read entries, and the setup table keeps every key."""
-    kept = {r.rank for r in ranks}
-    if not isinstance(raw, (list, tuple)):
-        return ()
-    return tuple(e for e in raw if isinstance(e, Mapping) and e.get("rank") in kept
-                 and _reads(e))
-
-
-def _reads(entry: Mapping[str, Any]) -> bool:
-    return not read_all(StressRank, [entry], "")[1]
 
 
 def _burns(sdc: Mapping[str, Any], unread: list[Unread]
