@@ -15,15 +15,16 @@ from typing import Any
 
 from gpucheck.context import RunContext
 from gpucheck.distributed.session import process_group
-from gpucheck.stress import worker
+from gpucheck.stress import copy_phases
+from gpucheck.stress.rank import RankContext, StressSpec
 
 PEER_S = 0.5  # long enough for a rank that does not wait to reach the gather first
 
 
-def _spec(backend: str) -> worker.StressSpec:
-    return worker.StressSpec(device="cpu", backend=backend, timeout_s=30.0, dtypes=("fp32",),
-                             size=8, duration_s=0.0, warmup_s=0.0, gemm_window_s=0.0,
-                             membw_window_s=0.0, pin_numa=False, fault_watch=False)
+def _spec(backend: str) -> StressSpec:
+    return StressSpec(device="cpu", backend=backend, timeout_s=30.0, dtypes=("fp32",),
+                      size=8, duration_s=0.0, warmup_s=0.0, gemm_window_s=0.0,
+                      membw_window_s=0.0, pin_numa=False, fault_watch=False)
 
 
 def peer_phase_on_cpu(ctx: RunContext, job: tuple[str, str]) -> dict[str, Any] | None:
@@ -41,17 +42,17 @@ def peer_phase_on_cpu(ctx: RunContext, job: tuple[str, str]) -> dict[str, Any] |
         return {"pairs": [], "gpus": local_world_size}
 
     with process_group("gloo", "cpu", timeout_s=30, fault_watch=False) as world:
-        ctx = worker.RankContext(_spec(backend), world, torch.device("cpu"), None, None)
-        gather = worker._gather
+        ctx = RankContext(_spec(backend), world, torch.device("cpu"), None, None)
+        gather = copy_phases.gather
 
-        def recording_gather(ctx: worker.RankContext, mine: Any) -> list[Any]:
+        def recording_gather(ctx: RankContext, mine: Any) -> list[Any]:
             entry = {"rank": world.rank, "matrix_done_at_entry": marker.exists()}
             (Path(folder) / f"gather-{world.rank}.json").write_text(json.dumps(entry))
             return gather(ctx, mine)
 
-        worker._gather = recording_gather  # type: ignore[assignment]
+        copy_phases.gather = recording_gather  # type: ignore[assignment]
         try:
-            result = worker.peer_phase(ctx, measure, [0, 1])
+            result = copy_phases.peer_phase(ctx, measure, [0, 1])
         finally:
-            worker._gather = gather  # type: ignore[assignment]
+            copy_phases.gather = gather  # type: ignore[assignment]
         return result if world.rank == 0 else None

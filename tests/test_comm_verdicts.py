@@ -49,8 +49,8 @@ def _pairwise(device: str, again: float | None) -> dict[str, Any]:
     # Every other pair measured again too (only the known-good ones nearest the median
     # are read as the reference).
     second = None if again is None else [
-        {"src": s, "dst": d, "samples_gbps": [10.0, 9.8, 10.1]} for s, d in samples
-        if (s, d) != (1, 0)] + [{"src": 1, "dst": 0, "samples_gbps": [again] * 3}]
+        _pair(s, d, [10.0, 9.8, 10.1]) for s, d in samples
+        if (s, d) != (1, 0)] + [_pair(1, 0, [again] * 3)]
     return _result(device, _ranks(3, 3, device), pairwise={
         "size_bytes": 65536, "iters": 10, "repeats": 3, "pairs": pairs, "again": second})
 

@@ -19,7 +19,8 @@ PACKAGE = ROOT / "gpucheck"
 
 # Floor 1: these import nothing of gpucheck but each other (a Metric names its Subject).
 FLOOR_ONE = tuple(f"gpucheck.{name}" for name in
-                  ("stats", "measure", "subject", "units", "errors", "escape", "envfacts"))
+                  ("stats", "measure", "subject", "units", "errors", "escape", "envfacts",
+                   "records"))
 
 # (modules the rule covers, by prefix; imports they must not make, by prefix; why)
 RULES: tuple[tuple[tuple[str, ...], tuple[str, ...], str], ...] = (
@@ -29,6 +30,7 @@ RULES: tuple[tuple[tuple[str, ...], tuple[str, ...], str], ...] = (
     (("gpucheck.comm",), ("gpucheck.stress", "gpucheck.bench"),
      "comm imports neither stress nor bench"),
     (("gpucheck.distributed", "gpucheck.bench.worker", "gpucheck.stress.worker",
+      "gpucheck.stress.rank", "gpucheck.stress.copy_phases",
       "gpucheck.comm.worker", "gpucheck.preflight.worker"), ("gpucheck.render",),
      "the ranks and the launch layer never render"),
     (("gpucheck.analysis",), ("torch", "gpucheck.distributed", "gpucheck.bench",

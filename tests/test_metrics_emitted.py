@@ -46,7 +46,8 @@ def stress_result() -> dict[str, Any]:
                         "first_bad_iter": None, "worst_elements": 0, "p50_ms": p,
                         "p99_ms": p * 1.1, "digest": "aa", "group": "g"}
                        for r, p in ((0, 7.0), (1, 7.5))]}
-    copies = {"rows": [{"rank": r, "h2d_alone_gbps": 50.0 + r, "d2h_alone_gbps": 51.0 + r,
+    copies = {"rows": [{"rank": r, "size_bytes": 256 << 20,
+                        "h2d_alone_gbps": 50.0 + r, "d2h_alone_gbps": 51.0 + r,
                         "h2d_together_gbps": 40.0 + r, "d2h_together_gbps": 41.0 + r,
                         "link": "Gen5 x16", "link_gbps": 63.0} for r in (0, 1)]}
     node = {"node_rank": 0, "host": "n0", "gpus": [{"nvml_index": 0}, {"nvml_index": 1}],
@@ -110,10 +111,10 @@ def comm_result() -> dict[str, Any]:
              "busbw_gbps": b, "wrong": 0, "slowest_rank": 1, "fastest_time_us": t / 1.25,
              "rank_times_us": [t / 1.25, t]} for s, t, b in ((1024, 500.0, 0.002),
                                                               (65536, 900.0, 0.07))]
-    pairs = [{"src": 0, "dst": 1, "node_rank": 0, "bandwidth_gbps": 0.027,
-              "samples_gbps": [0.027]},
-             {"src": 1, "dst": 0, "node_rank": 0, "bandwidth_gbps": 0.031,
-              "samples_gbps": [0.031]}]
+    pairs = [{"src": 0, "dst": 1, "node_rank": 0, "size_bytes": 1 << 20,
+              "bandwidth_gbps": 0.027, "samples_gbps": [0.027]},
+             {"src": 1, "dst": 0, "node_rank": 0, "size_bytes": 1 << 20,
+              "bandwidth_gbps": 0.031, "samples_gbps": [0.031]}]
     return {"world_size": 2, "device": "cpu", "backend": "gloo", "sizes_bytes": [1024, 65536],
             "iters": 3, "warmup": 1, "complete": True, "ranks": ranks,
             "collectives": {"all_reduce": rows},

@@ -143,21 +143,22 @@ def test_a_slow_link_is_confirmed_by_its_second_copies_alone_or_found_unstable()
 def test_the_worker_copies_again_only_when_a_rank_is_a_suspect(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The copies step's wiring without a GPU: its measurement and collectives faked."""
-    from gpucheck.stress import worker
+    from gpucheck.stress import copy_phases
+    from gpucheck.stress.rank import StressSpec
 
-    spec = worker.StressSpec(device="cuda", backend="nccl", timeout_s=1.0, dtypes=("bf16",),
-                             size=16, duration_s=1.0, warmup_s=0.0, gemm_window_s=0.0,
-                             membw_window_s=0.0)
+    spec = StressSpec(device="cuda", backend="nccl", timeout_s=1.0, dtypes=("bf16",),
+                      size=16, duration_s=1.0, warmup_s=0.0, gemm_window_s=0.0,
+                      membw_window_s=0.0)
     world = SimpleNamespace(rank=0, is_reporter=True)
     ctx = SimpleNamespace(spec=spec, world=world)
     for first, measured_again in ((20.0, True), (55.0, False)):
         copies = iter([_copy_row(0, first, 50.0), _copy_row(0, 55.0, 50.0)])
-        monkeypatch.setattr(worker, "_copy_row", lambda ctx, result, it=copies: next(it))
-        monkeypatch.setattr(worker, "_gather", lambda ctx, mine: [mine])
-        monkeypatch.setattr(worker, "agreed", lambda suspects: suspects)
-        monkeypatch.setattr(worker, "_publish", lambda ctx, result: None)
+        monkeypatch.setattr(copy_phases, "copy_row", lambda ctx, result, it=copies: next(it))
+        monkeypatch.setattr(copy_phases, "gather", lambda ctx, mine: [mine])
+        monkeypatch.setattr(copy_phases, "agreed", lambda suspects: suspects)
+        monkeypatch.setattr(copy_phases, "publish", lambda ctx, result: None)
         result: dict[str, Any] = {"ranks": _ranks(1)}
-        worker._copies(ctx, result)  # type: ignore[arg-type]
+        copy_phases.copies_phase(ctx, result)  # type: ignore[arg-type]
         assert ("again" in result["copies"]) is measured_again
 
 

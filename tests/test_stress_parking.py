@@ -19,7 +19,8 @@ from parking_workers import peer_phase_on_cpu
 
 from gpucheck.distributed.job import run_job
 from gpucheck.distributed.world import World
-from gpucheck.stress import worker
+from gpucheck.stress import copy_phases
+from gpucheck.stress.rank import RankContext, StressSpec
 
 HOST_GROUP = object()  # the gloo group the fake new_group hands out
 
@@ -30,11 +31,11 @@ def _world(rank: int, world_size: int = 2) -> World:
                  device_index=rank)
 
 
-def _ctx(rank: int, backend: str = "nccl", world_size: int = 2) -> worker.RankContext:
-    spec = worker.StressSpec(device="cuda", backend=backend, timeout_s=42.0, dtypes=("bf16",),
-                             size=8, duration_s=0.0, warmup_s=0.0, gemm_window_s=0.0,
-                             membw_window_s=0.0)
-    return worker.RankContext(spec, _world(rank, world_size), torch.device("cpu"), None, None)
+def _ctx(rank: int, backend: str = "nccl", world_size: int = 2) -> RankContext:
+    spec = StressSpec(device="cuda", backend=backend, timeout_s=42.0, dtypes=("bf16",),
+                      size=8, duration_s=0.0, warmup_s=0.0, gemm_window_s=0.0,
+                      membw_window_s=0.0)
+    return RankContext(spec, _world(rank, world_size), torch.device("cpu"), None, None)
 
 
 def _record(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
@@ -72,7 +73,7 @@ def _measure(log: list[tuple[Any, ...]]) -> Any:
 def test_a_rank_that_does_not_measure_waits_on_the_host_before_any_device_collective(
         monkeypatch: pytest.MonkeyPatch) -> None:
     log = _record(monkeypatch)
-    assert worker.peer_phase(_ctx(1), _measure(log), [0, 1]) == {"nodes": []}
+    assert copy_phases.peer_phase(_ctx(1), _measure(log), [0, 1]) == {"nodes": []}
     assert log == [("new_group", "gloo", [0, 1], 42.0), ("device barrier", [1]),
                    ("host barrier", "gloo group"), ("gather",)]
 
@@ -80,7 +81,7 @@ def test_a_rank_that_does_not_measure_waits_on_the_host_before_any_device_collec
 def test_local_rank_0_measures_then_joins_the_host_wait_then_the_gather(
         monkeypatch: pytest.MonkeyPatch) -> None:
     log = _record(monkeypatch)
-    result = worker.peer_phase(_ctx(0), _measure(log), [0, 1])
+    result = copy_phases.peer_phase(_ctx(0), _measure(log), [0, 1])
     assert log == [("new_group", "gloo", [0, 1], 42.0), ("device barrier", [0]), ("measure", 2),
                    ("host barrier", "gloo group"), ("gather",)]
     assert [node["node_rank"] for node in result["nodes"]] == [0, 0]  # the fake gathers twice
@@ -89,10 +90,10 @@ def test_local_rank_0_measures_then_joins_the_host_wait_then_the_gather(
 def test_on_gloo_the_world_group_parks_and_one_rank_parks_nobody(
         monkeypatch: pytest.MonkeyPatch) -> None:
     log = _record(monkeypatch)
-    worker.peer_phase(_ctx(1, backend="gloo"), _measure(log), [0, 1])
+    copy_phases.peer_phase(_ctx(1, backend="gloo"), _measure(log), [0, 1])
     assert log == [("device barrier", [1]), ("host barrier", "world"), ("gather",)]
     log.clear()
-    worker.peer_phase(_ctx(0, world_size=1), _measure(log), [0])
+    copy_phases.peer_phase(_ctx(0, world_size=1), _measure(log), [0])
     assert log == [("device barrier", [0]), ("measure", 1), ("gather",)]
 
 
@@ -101,10 +102,10 @@ def test_on_nccl_each_node_parks_its_own_ranks_and_a_one_rank_node_nobody(
     """gloo connects only the processes of one host: a host name that other nodes
     cannot reach (GLOO_SOCKET_IFNAME) cannot break an NCCL job's peer phase."""
     log = _record(monkeypatch)
-    worker.peer_phase(_ctx(3, world_size=4), _measure(log), [2, 3])
+    copy_phases.peer_phase(_ctx(3, world_size=4), _measure(log), [2, 3])
     assert log[0] == ("new_group", "gloo", [2, 3], 42.0)
     log.clear()
-    worker.peer_phase(_ctx(0, world_size=3), _measure(log), [0])  # alone on its node
+    copy_phases.peer_phase(_ctx(0, world_size=3), _measure(log), [0])  # alone on its node
     assert log == [("device barrier", [0]), ("measure", 3), ("gather",)]
 
 

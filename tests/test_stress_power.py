@@ -11,15 +11,17 @@ from typing import Any
 import pytest
 
 from gpucheck.probes.nvml import Nvml
+from gpucheck.records import as_dict
 from gpucheck.report import Status
 from gpucheck.stress import power
+from gpucheck.stress.records import PowerReading
 from gpucheck.stress.report import Verdicts, stress_sections
 from tests.fake_pynvml import FakeGpu, FakeNvml
 
 NAMES = {r: f"rank {r}" for r in range(4)}
 
 
-def _sample(monkeypatch: pytest.MonkeyPatch, gpu: FakeGpu) -> dict[str, Any]:
+def _sample(monkeypatch: pytest.MonkeyPatch, gpu: FakeGpu) -> PowerReading:
     fake = FakeNvml([gpu])
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
     with power.PowerSampler(0, gpu.bus_id, Nvml, every_s=0.01) as sampler:
@@ -34,14 +36,14 @@ def test_the_sampler_reads_draw_limit_and_default_limit(monkeypatch: pytest.Monk
                                                         ) -> None:
     row = _sample(monkeypatch, FakeGpu(power_mw=690_000, power_limit_mw=700_000,
                                        power_default_limit_mw=700_000))
-    assert row["samples"] >= 5 and row["why"] is None
-    assert (row["draw_p90_w"], row["limit_w"], row["default_limit_w"]) == (690.0, 700.0, 700.0)
+    assert row.samples >= 5 and row.why is None
+    assert (row.draw_p90_w, row.limit_w, row.default_limit_w) == (690.0, 700.0, 700.0)
 
 
 def test_a_gpu_without_power_readings_is_a_skip_with_why(monkeypatch: pytest.MonkeyPatch,
                                                          ) -> None:
     row = _sample(monkeypatch, FakeGpu(unsupported={"nvmlDeviceGetPowerUsage"}))
-    assert row["samples"] == 0 and "nvmlDeviceGetPowerUsage" in row["why"]
+    assert row.samples == 0 and row.why is not None and "nvmlDeviceGetPowerUsage" in row.why
     (found,) = power.power_findings([row], [_rank(0)], NAMES)
     assert (found.check, found.status) == ("stress.power.reach", Status.SKIP)
 
@@ -59,15 +61,15 @@ def _rank(rank: int, node: int = 0) -> dict[str, Any]:
 
 
 def _row(rank: int, draw: float, limit: float = 700.0, default: float = 700.0,
-         ) -> dict[str, Any]:
-    return {"rank": rank, "samples": 50, "draw_p90_w": draw, "draw_max_w": draw + 5,
-            "limit_w": limit, "default_limit_w": default, "why": None}
+         ) -> PowerReading:
+    return PowerReading(rank=rank, samples=50, draw_p90_w=draw, draw_max_w=draw + 5,
+                        limit_w=limit, default_limit_w=default, why=None)
 
 
 RANKS = [_rank(r) for r in range(4)]
 
 
-def _statuses(rows: list[dict[str, Any]]) -> list[tuple[str, Status, str | None, str | None]]:
+def _statuses(rows: list[PowerReading]) -> list[tuple[str, Status, str | None, str | None]]:
     return [(f.check, f.status, f.subject, f.action)
             for f in power.power_findings(rows, RANKS, NAMES)]
 
@@ -101,7 +103,8 @@ def test_the_gemm_section_carries_the_power_verdicts() -> None:
     gemm = [{"rank": r, "dtype": "bf16", "size": 8192, "iters": 900, "tflops": 700.0,
              "tflops_p50": 700.0, "p50_ms": 1.5, "p99_ms": 1.6} for r in range(4)]
     result = {"world_size": 4, "device": "cuda", "backend": "nccl", "dtypes": ["bf16"],
-              "size": 8192, "duration_s": 30.0, "ranks": ranks, "gemm": gemm, "power": rows,
+              "size": 8192, "duration_s": 30.0, "ranks": ranks, "gemm": gemm,
+              "power": [as_dict(r) for r in rows],
               "membw": None, "sdc": None, "copies": None, "p2p": None,
               "phases_planned": ["gemm"], "phases_done": ["gemm"]}
     section = next(s for s in stress_sections(result, Verdicts(0.9, 0.8, 0.6))

@@ -53,6 +53,14 @@ CHECKS: tuple[Check, ...] = (
           "docs/comm.md#comm-nodes-slow-node",
           causes=(_CPU_RANKS,),
           on_look=SLOW_TWICE),
+    Check("comm.rank_record", "Comm rank record",
+          "whether rank 0 could read back every rank's records (gpucheck comm; "
+          "gpucheck.records)",
+          {W: A.FIX_CONFIG, F: A.FIX_CONFIG},
+          "a record of another shape than rank 0 reads comes from a rank running another "
+          "gpucheck version (or a bug): its figures are left out of the verdicts, so the fix "
+          "is one version on every node, not the hardware",
+          "docs/comm.md#comm-rank-record"),
     Check("comm.pairwise.slow_pair", "Comm pairwise slow pair",
           "send/recv bandwidth of every GPU pair (gpucheck comm; nccl-tests by hand)",
           {W: A.RERUN, F: A.RERUN},

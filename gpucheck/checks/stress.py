@@ -66,6 +66,14 @@ CHECKS: tuple[Check, ...] = (
           {W: A.FIX_CONFIG, F: A.FIX_CONFIG},
           "CPU binding of the ranks is a launch setting",
           "docs/stress.md#stress-numa"),
+    Check("stress.rank_record", "Stress rank record",
+          "whether rank 0 could read back every rank's records (gpucheck stress; "
+          "gpucheck.records)",
+          {W: A.FIX_CONFIG, F: A.FIX_CONFIG},
+          "a record of another shape than rank 0 reads comes from a rank running another "
+          "gpucheck version (or a bug): its figures are left out of the verdicts, so the fix "
+          "is one version on every node, not the hardware",
+          "docs/stress.md#stress-rank-record"),
     Check("stress.p2p", "Stress P2P",
           "GPU-to-GPU copy bandwidth of each pair against its path class (gpucheck stress)",
           {W: A.DRAIN_NODE, F: A.DRAIN_NODE},

@@ -56,6 +56,7 @@ from gpucheck.comm.internode_verdicts import (
     rail_exchanges,
 )
 from gpucheck.comm.node_links import find_node_suspects
+from gpucheck.comm.records import LinkRow, SentRow
 from gpucheck.context import NO_HOOKS, TestHooks
 from gpucheck.peers import Suspects
 
@@ -206,16 +207,16 @@ def _samples(peers: tuple[int | None, int | None], size_bytes: int, iters: int,
 
 def _link(round_: int | str, src_node: int, dst_node: int, came: tuple[int, int], me: int,
           samples: list[float]) -> dict[str, Any]:
-    return {"round": round_, "src_node": src_node, "dst_node": dst_node, "rail": came[0],
-            "src": came[1], "dst": me, "bandwidth_gbps": statistics.median(samples),
-            "samples_gbps": samples}
+    return LinkRow(round=round_, src_node=src_node, dst_node=dst_node, rail=came[0],
+                   src=came[1], dst=me, bandwidth_gbps=statistics.median(samples),
+                   samples_gbps=tuple(samples)).to_dict()
 
 
 def _sent(round_: int | str, src_node: int, dst_node: int, me: int, to: int,
           samples: list[float]) -> dict[str, Any]:
     """What this rank's timing says of the link it sent on (NCCL: its group's time)."""
-    return {"round": round_, "src_node": src_node, "dst_node": dst_node, "src": me,
-            "dst": to, "sent_gbps": samples}
+    return SentRow(round=round_, src_node=src_node, dst_node=dst_node, src=me, dst=to,
+                   sent_gbps=tuple(samples)).to_dict()
 
 
 Measured = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # links received on, sent on

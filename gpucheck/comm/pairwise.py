@@ -33,6 +33,7 @@ from gpucheck.comm.collectives import (
     synchronize,
     time_batch,
 )
+from gpucheck.comm.records import PairRow
 from gpucheck.context import NO_HOOKS, TestHooks
 from gpucheck.distributed import progress
 from gpucheck.distributed.nodes import group_by_node
@@ -150,12 +151,11 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
                 samples = _time_pair_samples(src, dst, size_bytes, iters, device, repeats,
                                              again, hooks=hooks)
                 if me == src:
-                    mine.append({"src": src, "dst": dst, "node_rank": node_of[src],
-                                 "size_bytes": size_bytes,
-                                 "bandwidth_gbps": round(statistics.median(samples), 4),
-                                 "samples_gbps": [round(x, 4) for x in samples]}
-                                | ({"path": paths[(src, dst)]} if paths and (src, dst) in paths
-                                   else {}))
+                    mine.append(PairRow(
+                        src=src, dst=dst, node_rank=node_of[src], size_bytes=size_bytes,
+                        bandwidth_gbps=round(statistics.median(samples), 4),
+                        samples_gbps=tuple(round(x, 4) for x in samples),
+                        path=(paths or {}).get((src, dst))).to_dict())
         progress.set_step("barrier after a pair")
         barrier()
     return mine

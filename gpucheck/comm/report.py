@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,12 +16,15 @@ from gpucheck.comm.internode_verdicts import internode_findings, node_pair_rows,
 from gpucheck.comm.metrics import comm_metrics
 from gpucheck.comm.nccl_log import transport_view
 from gpucheck.comm.nodes_again import node_figures, pair_medians, slow_node_verdicts
+from gpucheck.comm.records import read_back, read_comm
 from gpucheck.distributed.nodes import NodeId, group_by_node, node_metric, nodes_rows
 from gpucheck.distributed.placement import numa_findings
 from gpucheck.faults import gpu_names, run_faults_section
 from gpucheck.measured import attach
+from gpucheck.records import Unread
 from gpucheck.report import Finding, Section, skip
 from gpucheck.units import human_bytes as human_bytes  # its old home, re-exported
+from gpucheck.unread import unread_findings
 
 TITLES = {"all_reduce": "all_reduce (busbw = algbw x 2(n-1)/n)",
           "all_gather": "all_gather (algbw counts the gathered output; busbw = algbw x (n-1)/n)",
@@ -40,7 +43,7 @@ class Verdicts:
     slow_node_fraction: float
 
 
-def _setup_section(result: Mapping[str, Any]) -> Section:
+def _setup_section(result: Mapping[str, Any], unread: Sequence[Unread] = ()) -> Section:
     sizes = result.get("sizes_bytes") or [0]
     data = {"world_size": result["world_size"], "nodes": len(group_by_node(result["ranks"])),
             "device": result["device"], "backend": result["backend"],
@@ -48,7 +51,7 @@ def _setup_section(result: Mapping[str, Any]) -> Section:
             "iters": result["iters"], "warmup": result["warmup"],
             "complete": result.get("complete", False), "ranks": result["ranks"]}
     return Section("comm", "Collective bandwidth: setup and ranks", data,
-                   numa_findings(result["ranks"]))
+                   numa_findings(result["ranks"]) + unread_findings("comm.rank_record", unread))
 
 
 def _collective_section(name: str, rows: list[dict[str, Any]], verdicts: Verdicts,
@@ -154,7 +157,7 @@ def _transport_section(result: Mapping[str, Any]) -> Section:
 
 def faults_of(result: Mapping[str, Any]) -> Section:
     """Hardware faults during the run: every rank's watch, or (a failed run) rank 0's."""
-    ranks = result.get("ranks") or []
+    ranks = read_comm(result).entries
     return run_faults_section(result.get("faults") or [], [int(r["rank"]) for r in ranks],
                               gpu_names(ranks))
 
@@ -164,7 +167,11 @@ def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section
     (skipped on one node), the NCCL transport, faults."""
     if "collectives" not in result:  # failed before the first size: rank 0's watch only
         return [faults_of(result)]
-    sections = [_setup_section(result)]
+    # Every rank's record read back first (gpucheck.comm.records): the sections below
+    # read only the ones that did; the others are named in the setup section.
+    records = read_comm(result)
+    result = read_back(result, records)
+    sections = [_setup_section(result, records.unread)]
     planned = len(result.get("sizes_bytes") or [])
     for name, rows in result["collectives"].items():
         sections.append(_collective_section(name, rows, verdicts, planned))

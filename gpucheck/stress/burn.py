@@ -29,11 +29,11 @@ import random
 import secrets
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpucheck.stress.gemm import matmul_precision, seeded_pair
 from gpucheck.stress.hooks import Hook
+from gpucheck.stress.records import BurnRecord as BurnRecord  # its home: records.py
 from gpucheck.stress.sdc import ACCUMULATION, OUTPUT_ROUNDING, TOLERANCE
 from gpucheck.stress.timing import Marks, percentile, synchronize
 
@@ -50,25 +50,6 @@ FULL_REFERENCE_MAX = 1024  # up to this n, the CPU reference covers the whole pr
 # checked, on every column (bands of 128 left half of the 64-row tiles unchecked) ...
 TILE_ROWS = 64
 EXTRA_ROWS = 8  # ... plus up to this many rows where the ranks disagree
-
-
-@dataclass(frozen=True)
-class BurnRecord:
-    """One rank's burn-in: how long, how often its result changed, how fast."""
-
-    rank: int
-    dtype: str
-    size: int
-    mode: str  # "bitwise" or "tolerance"
-    iters: int  # products compared with the first (not counting it)
-    duration_s: float
-    bad_iters: int  # products that differed from the first
-    first_bad_iter: int | None
-    worst_elements: int  # most elements wrong in one product (bitwise mode)
-    p50_ms: float
-    p99_ms: float
-    digest: str  # hash of the first result's bits
-    group: str  # ranks of one group should agree bit for bit
 
 
 def _bits(out: torch.Tensor) -> torch.Tensor:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpucheck.stress.hooks import Hook
+from gpucheck.stress.records import GemmRecord as GemmRecord  # its home: records.py
 from gpucheck.stress.timing import summarise, timed_window
 
 if TYPE_CHECKING:
@@ -22,20 +22,6 @@ if TYPE_CHECKING:
 DTYPES = ("bf16", "fp16", "tf32", "fp32")
 CPU_DTYPES = ("fp32", "bf16")
 THROUGHPUT_SEED = 1234
-
-
-@dataclass(frozen=True)
-class GemmRecord:
-    """One rank's throughput in one dtype."""
-
-    rank: int
-    dtype: str
-    size: int  # n of the n x n x n product
-    iters: int
-    tflops: float  # all timed products / their total time
-    tflops_p50: float  # from the median product's time: what the verdicts use
-    p50_ms: float
-    p99_ms: float
 
 
 def torch_dtype(name: str) -> torch.dtype:

@@ -13,27 +13,14 @@ cache (2 GiB on a GPU), so this is memory, not L2.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.stress.hooks import Hook
+from gpucheck.stress.records import CopyRecord as CopyRecord  # its home: records.py
 from gpucheck.stress.timing import summarise, timed_window
 
 GPU_COPY_BYTES = 2 << 30
 CPU_COPY_BYTES = 64 << 20
-
-
-@dataclass(frozen=True)
-class CopyRecord:
-    """One rank's device copy bandwidth."""
-
-    rank: int
-    size_bytes: int
-    iters: int
-    gbps: float  # size_bytes x iters / total time: copied bytes, counted once
-    gbps_p50: float  # from the median copy: what the verdicts use
-    p50_ms: float
-    p99_ms: float
 
 
 def copy_bytes(kind: str, free_bytes: int | None) -> int:

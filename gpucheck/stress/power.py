@@ -28,6 +28,7 @@ from typing import Any
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.probes.nvml import Nvml, NvmlFailure
 from gpucheck.report import Finding, ok, skip, warn
+from gpucheck.stress.records import PowerReading
 
 SAMPLE_S = 0.1
 REACH_FRACTION = 0.75  # DCGM targeted_power's target_power_min_ratio
@@ -93,42 +94,42 @@ class PowerSampler:
                 self.samples_w.append(float(draw) / 1000.0)
             self._stop.wait(self.every_s)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> PowerReading:
         samples = sorted(self.samples_w)
         p90 = samples[min(len(samples) - 1, int(0.9 * len(samples)))] if samples else None
-        return {"rank": self.rank, "samples": len(samples),
-                "draw_p90_w": None if p90 is None else round(p90, 1),
-                "draw_max_w": round(samples[-1], 1) if samples else None,
-                "limit_w": self.limit_w, "default_limit_w": self.default_limit_w,
-                "why": self.why if not samples or self.why else None}
+        return PowerReading(rank=self.rank, samples=len(samples),
+                            draw_p90_w=None if p90 is None else round(p90, 1),
+                            draw_max_w=round(samples[-1], 1) if samples else None,
+                            limit_w=self.limit_w, default_limit_w=self.default_limit_w,
+                            why=self.why if not samples or self.why else None)
 
 
 def _name(names: Mapping[int, str], rank: int) -> str:
     return names.get(rank, f"rank {rank}")
 
 
-def reach(row: Mapping[str, Any]) -> float | None:
+def reach(row: PowerReading) -> float | None:
     """Sustained draw / enforced limit, or None when either is unknown."""
-    if row.get("draw_p90_w") is None or not row.get("limit_w"):
+    if row.draw_p90_w is None or not row.limit_w:
         return None
-    return float(row["draw_p90_w"]) / float(row["limit_w"])
+    return row.draw_p90_w / row.limit_w
 
 
-def power_findings(rows: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str, Any]],
+def power_findings(rows: Sequence[PowerReading], ranks: Sequence[Mapping[str, Any]],
                    names: Mapping[int, str]) -> list[Finding]:
     """`stress.power.reach` and `stress.power.limit` over every rank's readings."""
     read = [r for r in rows if reach(r) is not None]
     if not read:
-        whys = sorted({str(r.get("why")) for r in rows if r.get("why")}) or [CPU_REASON]
+        whys = sorted({r.why for r in rows if r.why}) or [CPU_REASON]
         return [skip("stress.power.reach", f"no power reading under load: {whys[0]}")]
     return _reach_findings(read, ranks, names) + _limit_findings(read, names)
 
 
-def _reach_findings(rows: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str, Any]],
+def _reach_findings(rows: Sequence[PowerReading], ranks: Sequence[Mapping[str, Any]],
                     names: Mapping[int, str]) -> list[Finding]:
     """Per node and model: a GPU below REACH_FRACTION of its limit while the median of
     its peers reaches it; nothing to judge where the peers do not reach it either."""
-    by_rank = {int(r["rank"]): r for r in rows}
+    by_rank = {r.rank: r for r in rows}
     model = {int(r["rank"]): r.get("gpu_name") for r in ranks}
     findings, judged, short = [], 0, 0
     for members in group_by_node(ranks).values():
@@ -149,12 +150,12 @@ def _reach_findings(rows: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[s
     return findings
 
 
-def _short_of_limit(row: Mapping[str, Any], own: float, peers: float,
+def _short_of_limit(row: PowerReading, own: float, peers: float,
                     names: Mapping[int, str]) -> Finding:
-    rank = int(row["rank"])
+    rank = row.rank
     return warn("stress.power.reach",
-                f"{_name(names, rank)} drew {row['draw_p90_w']:g} W under the "
-                f"GEMM load, {own:.0%} of its {row['limit_w']:g} W limit, while its peers "
+                f"{_name(names, rank)} drew {row.draw_p90_w:g} W under the "
+                f"GEMM load, {own:.0%} of its {row.limit_w:g} W limit, while its peers "
                 f"reached {peers:.0%} of theirs (at least {REACH_FRACTION:.0%} expected, as "
                 "DCGM's targeted power)",
                 hint="a GPU that cannot draw its power under full load is held back by "
@@ -163,7 +164,7 @@ def _short_of_limit(row: Mapping[str, Any], own: float, peers: float,
                 subject=f"rank {rank}")
 
 
-def _reach_ok(rows: Sequence[Mapping[str, Any]], judged: int, short: int) -> Finding:
+def _reach_ok(rows: Sequence[PowerReading], judged: int, short: int) -> Finding:
     if not judged:
         return ok("stress.power.reach", f"{len(rows)} GPU(s) read under load; no peer of the "
                   "same model on its node to compare with (median reach "
@@ -174,18 +175,18 @@ def _reach_ok(rows: Sequence[Mapping[str, Any]], judged: int, short: int) -> Fin
               f"their enforced power limit under the GEMM load, as their peers{words}")
 
 
-def _limit_findings(rows: Sequence[Mapping[str, Any]],
+def _limit_findings(rows: Sequence[PowerReading],
                     names: Mapping[int, str]) -> list[Finding]:
-    capped = [r for r in rows if r.get("default_limit_w") and r.get("limit_w")
-              and float(r["limit_w"]) < LIMIT_SLACK * float(r["default_limit_w"])]
+    capped = [r for r in rows if r.default_limit_w and r.limit_w
+              and r.limit_w < LIMIT_SLACK * r.default_limit_w]
     findings = [warn("stress.power.limit",
-                     f"{_name(names, int(r['rank']))}: power limit "
-                     f"{r['limit_w']:g} W, below its default {r['default_limit_w']:g} W",
+                     f"{_name(names, r.rank)}: power limit "
+                     f"{r.limit_w:g} W, below its default {r.default_limit_w:g} W",
                      hint="someone capped this GPU's power (nvidia-smi -pl, a DCGM or site "
                      "policy): it runs slower than its peers by setting; restore it with "
                      "nvidia-smi -i N -pl <default> if the cap was not meant",
-                     subject=f"rank {r['rank']}") for r in capped]
-    known = [r for r in rows if r.get("default_limit_w")]
+                     subject=f"rank {r.rank}") for r in capped]
+    known = [r for r in rows if r.default_limit_w]
     if not findings and known:
         findings.append(ok("stress.power.limit", f"{len(known)} GPU(s) at their default "
                            "power limit"))

@@ -6,6 +6,8 @@ silent data corruption, host<->device copies (each GPU alone, then all at once) 
 the peer-copy matrix. Rank 0 publishes the results after every phase
 (`gpucheck.distributed.progress`), so a failure or a stop keeps what was measured.
 Knows nothing of reports: rank 0 returns the gathered results, the others None.
+The frame the phases share is gpucheck.stress.rank; the copy phases live in
+gpucheck.stress.copy_phases.
 """
 
 from __future__ import annotations
@@ -14,64 +16,31 @@ import contextlib
 import os
 import platform
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpucheck.context import NO_HOOKS, RunContext, TestHooks
 from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.session import gpu_identity, process_group, roster
-from gpucheck.distributed.world import World, host_name
+from gpucheck.distributed.world import World
+from gpucheck.records import as_dict, read_all
 from gpucheck.stress import burn as sdc_burn
-from gpucheck.stress.again import again_hook, agreed, measure_again
+from gpucheck.stress.again import again_hook, measure_again
 from gpucheck.stress.blas import loaded_blas
-from gpucheck.stress.copies import copy_buffers, host_copies, peer_matrix
+from gpucheck.stress.copy_phases import copies_phase, p2p_phase
 from gpucheck.stress.gemm import measure_gemm
 from gpucheck.stress.hooks import Hook, rank_hook
 from gpucheck.stress.membw import copy_bytes, free_device_bytes, measure_copy
-from gpucheck.stress.numa import Placement, cpulist, place_this_rank, read_link
-from gpucheck.stress.parking import host_wait
+from gpucheck.stress.numa import Placement, cpulist, place_this_rank
 from gpucheck.stress.power import PowerSampler
+from gpucheck.stress.rank import Phase, RankContext, barrier, gather, publish
+from gpucheck.stress.rank import StressSpec as StressSpec  # its home for commands/preflight
+from gpucheck.stress.records import PlacementRow
 from gpucheck.stress.sdc import BOUND_TOLERANCE, bound_excess
 from gpucheck.stress.specs import copy_figure, gemm_figure
-from gpucheck.stress.verdicts import copy_suspects
 
 PHASES = ("gemm", "membw", "sdc", "copies", "p2p")
-CPU_SKIP = "CPU ranks: there is no host<->device or peer link to measure"
 
 
-@dataclass(frozen=True)
-class StressSpec:
-    """Everything a rank needs, settled before any rank starts (picklable)."""
-
-    device: str  # "cuda" or "cpu"
-    backend: str
-    timeout_s: float
-    dtypes: tuple[str, ...]  # GEMM dtypes; the first is the burn-in's
-    size: int  # n of the n x n x n products
-    duration_s: float  # the burn-in's length
-    warmup_s: float  # before each timed window
-    gemm_window_s: float  # timed GEMM per dtype
-    membw_window_s: float
-    pin_numa: bool = True
-    fault_watch: bool = True  # watch every rank's GPU (gpucheck.distributed.faultwatch)
-    # The report's bounds: a rank below one is measured again (gpucheck.stress.again).
-    peer_fraction: float = 0.9
-    expected_fraction: float = 0.8
-    copy_fraction: float = 0.6
-
-
-@dataclass(frozen=True)
-class RankContext:
-    """This rank's fixed facts for the phases."""
-
-    spec: StressSpec
-    world: World
-    device: Any  # torch.device
-    hook: Hook | None
-    bus_id: str | None
-
-
-Phase = Callable[[RankContext, dict[str, Any]], None]
 
 
 def stress_worker(run: RunContext, spec: StressSpec) -> dict[str, Any] | None:
@@ -88,10 +57,10 @@ def stress_worker(run: RunContext, spec: StressSpec) -> dict[str, Any] | None:
                 phase(ctx, result)
                 result["phases_done"].append(name)
                 shown.advance()
-                _publish(ctx, result)
+                publish(ctx, result)
         result["complete"] = True
         progress.set_step(None)
-        _publish(ctx, result)
+        publish(ctx, result)
     return result if world.is_reporter else None
 
 
@@ -133,8 +102,8 @@ def watch_faults(faults: faultwatch.RankFaults, result: dict[str, Any]) -> Itera
 
 
 def _phases() -> list[tuple[str, Phase]]:
-    return [("gemm", _gemm), ("membw", _membw), ("sdc", _sdc), ("copies", _copies),
-            ("p2p", _p2p)]
+    return [("gemm", _gemm), ("membw", _membw), ("sdc", _sdc), ("copies", copies_phase),
+            ("p2p", p2p_phase)]
 
 
 def _context(spec: StressSpec, world: World, hooks: TestHooks) -> RankContext:
@@ -151,9 +120,10 @@ def _initial_result(ctx: RankContext) -> dict[str, Any]:
     """Place the rank on its GPU's NUMA node, then the roll of ranks with placements."""
     spec = ctx.spec
     placement = _place(ctx)
-    mine = _rank_row(ctx, placement)
-    rows = {int(r["rank"]): r for r in _gather(ctx, mine)}
-    ranks = [asdict(info) | rows.get(info.rank, {}) for info in roster()]
+    rows, _ = read_all(PlacementRow, gather(ctx, as_dict(_rank_row(ctx, placement))),
+                       "placement row")  # one that does not read: its check-in alone
+    mine = {row.rank: as_dict(row) for row in rows}
+    ranks = [as_dict(info) | mine.get(info.rank, {}) for info in roster()]
     return {"world_size": ctx.world.world_size, "device": spec.device, "backend": spec.backend,
             "dtypes": list(spec.dtypes), "size": spec.size, "duration_s": spec.duration_s,
             "ranks": ranks, "gemm": [], "power": None, "membw": None, "sdc": None, "copies": None,
@@ -176,16 +146,16 @@ def _place(ctx: RankContext) -> Placement:
     return Placement(None, (), allowed, None, False)
 
 
-def _rank_row(ctx: RankContext, placement: Placement) -> dict[str, Any]:
+def _rank_row(ctx: RankContext, placement: Placement) -> PlacementRow:
     import torch
 
     gpu = gpu_identity() if ctx.spec.device == "cuda" else None
-    return {"rank": ctx.world.rank, "gpu": gpu.label() if gpu else None,
-            "gpu_name": gpu.name if gpu else None,
-            "cpus": cpulist(placement.cpus), "numa_node": placement.numa_node,
-            "gpu_cpus": cpulist(placement.gpu_cpus) or None,
-            "on_gpu_numa_node": placement.on_gpu_node, "pinned": placement.pinned,
-            "threads": torch.get_num_threads(), "group": _kernel_group(ctx)}
+    return PlacementRow(rank=ctx.world.rank, gpu=gpu.label() if gpu else None,
+                        gpu_name=gpu.name if gpu else None,
+                        cpus=cpulist(placement.cpus), numa_node=placement.numa_node,
+                        gpu_cpus=cpulist(placement.gpu_cpus) or None,
+                        on_gpu_numa_node=placement.on_gpu_node, pinned=placement.pinned,
+                        threads=torch.get_num_threads(), group=_kernel_group(ctx))
 
 
 def _kernel_group(ctx: RankContext) -> str:
@@ -210,27 +180,6 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _gather(ctx: RankContext, mine: Any) -> list[Any]:
-    import torch.distributed as dist
-
-    every: list[Any] = [None] * ctx.world.world_size
-    dist.all_gather_object(every, mine)
-    return every
-
-
-def _barrier(ctx: RankContext) -> None:
-    """Every rank starts the next phase together. On CUDA name this rank's GPU."""
-    import torch.distributed as dist
-
-    if ctx.spec.device == "cuda":
-        dist.barrier(device_ids=[ctx.world.cuda_index])
-    else:
-        dist.barrier()
-
-
-def _publish(ctx: RankContext, result: dict[str, Any]) -> None:
-    if ctx.world.is_reporter:
-        progress.publish_partial(result)
 
 
 def _gemm(ctx: RankContext, result: dict[str, Any]) -> None:
@@ -240,18 +189,18 @@ def _gemm(ctx: RankContext, result: dict[str, Any]) -> None:
     with PowerSampler(ctx.world.rank, ctx.bus_id if spec.device == "cuda" else None) as power:
         for dtype in spec.dtypes:
             _gemm_dtype(ctx, result, dtype)
-    result["power"] = _gather(ctx, power.result())
+    result["power"] = gather(ctx, as_dict(power.result()))
 
 
 def _gemm_dtype(ctx: RankContext, result: dict[str, Any], dtype: str) -> None:
     spec = ctx.spec
     progress.set_step(f"gemm {dtype} {spec.size}^3")
     terminal.step(f"gemm {dtype} {spec.size}^3")
-    _barrier(ctx)
+    barrier(ctx)
     record = measure_gemm(ctx.world.rank, dtype, spec.size, ctx.device, spec.device,
                           spec.warmup_s, spec.gemm_window_s, ctx.hook)
-    result["gemm"] += _gather(ctx, asdict(record))
-    _publish(ctx, result)
+    result["gemm"] += gather(ctx, as_dict(record))
+    publish(ctx, result)
     _again(ctx, result, "gemm", result["gemm"][-ctx.world.world_size:], "tflops_p50",
            lambda m: gemm_figure(m, dtype),
            lambda h: measure_gemm(ctx.world.rank, dtype, spec.size, ctx.device,
@@ -265,10 +214,10 @@ def _membw(ctx: RankContext, result: dict[str, Any]) -> None:
 
         torch.cuda.empty_cache()  # the GEMM buffers would not count as free memory
     size = copy_bytes(spec.device, free_device_bytes(spec.device))
-    _barrier(ctx)
+    barrier(ctx)
     record = measure_copy(ctx.world.rank, size, ctx.device, spec.device, spec.warmup_s,
                           spec.membw_window_s, ctx.hook)
-    result["membw"] = _gather(ctx, asdict(record))
+    result["membw"] = gather(ctx, as_dict(record))
     _again(ctx, result, "membw", result["membw"], "gbps_p50", copy_figure,
            lambda h: measure_copy(ctx.world.rank, size, ctx.device, spec.device,
                                   spec.warmup_s, spec.membw_window_s, h))
@@ -281,15 +230,15 @@ def _again(ctx: RankContext, result: dict[str, Any], phase: str,
     to result[phase + "_again"] (gpucheck.stress.again)."""
     def remeasure() -> dict[str, Any]:
         progress.set_step(f"{phase}: measured again")
-        _barrier(ctx)
-        return asdict(measure(again_hook(ctx.hook)))
+        barrier(ctx)
+        return as_dict(measure(again_hook(ctx.hook)))
 
     bounds = (ctx.spec.peer_fraction, ctx.spec.expected_fraction)
     again = measure_again(ctx.world.rank, records, key, result["ranks"], bounds, figure_of,
-                          remeasure, lambda mine: _gather(ctx, mine), higher_is_better)
+                          remeasure, lambda mine: gather(ctx, mine), higher_is_better)
     if again:
         result.setdefault(f"{phase}_again", []).extend(again)
-        _publish(ctx, result)
+        publish(ctx, result)
 
 
 def _sdc(ctx: RankContext, result: dict[str, Any]) -> None:
@@ -300,16 +249,16 @@ def _sdc(ctx: RankContext, result: dict[str, Any]) -> None:
 
     spec, dtype = ctx.spec, ctx.spec.dtypes[0]
     group = next(r["group"] for r in result["ranks"] if r["rank"] == ctx.world.rank)
-    _barrier(ctx)
+    barrier(ctx)
     with terminal.timed("sdc burn-in", spec.duration_s):  # its own seconds, not a frozen bar
         record, golden, checks = sdc_burn.burn(ctx.world.rank, dtype, spec.size, ctx.device,
                                                spec.device, spec.duration_s, group, ctx.hook)
     progress.set_step("sdc: comparing results across ranks")
-    every = _gather(ctx, (asdict(record), checks, sdc_burn.draw_seed()))
+    every = gather(ctx, (as_dict(record), checks, sdc_burn.draw_seed()))
     seed = every[0][2]  # rank 0's draw, so every rank sends the same rows
     rows = sdc_burn.rows_to_check(spec.size, [c for _, c, _ in every], seed)
     index = torch.tensor(rows, dtype=torch.long, device=golden.device)
-    values = _gather(ctx, golden[index].float().cpu())
+    values = gather(ctx, golden[index].float().cpu())
     del golden
     deviations = None
     if ctx.world.is_reporter:
@@ -321,7 +270,7 @@ def _sdc(ctx: RankContext, result: dict[str, Any]) -> None:
                      "rows_checked": len(rows), "rows_seed": seed,
                      "coverage": sdc_burn.coverage(spec.size, rows),
                      "records": [r for r, _, _ in every], "reference_deviations": deviations}
-    _publish(ctx, result)
+    publish(ctx, result)
     _again(ctx, result, "sdc", result["sdc"]["records"], "p50_ms", lambda _: None,
            lambda h: _short_burn(ctx, group, h), higher_is_better=False)
 
@@ -335,72 +284,3 @@ def _short_burn(ctx: RankContext, group: str, hook: Hook | None) -> Any:
                                       spec.device, spec.gemm_window_s, group, hook)
     del golden
     return record
-
-
-def _copies(ctx: RankContext, result: dict[str, Any]) -> None:
-    """Pinned host copies: each GPU alone (local ranks take turns), then all at once."""
-    if ctx.spec.device != "cuda":
-        result["copies"] = {"skipped": CPU_SKIP}
-        return
-    rows = _gather(ctx, _copy_row(ctx, result))
-    result["copies"] = {"rows": rows}
-    spec = ctx.spec
-    mine = copy_suspects(rows, result["ranks"], spec.copy_fraction, spec.peer_fraction) \
-        if ctx.world.rank == 0 else []
-    if agreed(mine):  # confirm before condemning: every rank copies again, as before
-        _publish(ctx, result)
-        progress.set_step("copies: measured again")
-        result["copies"]["again"] = _gather(ctx, _copy_row(ctx, result))
-
-
-def _copy_row(ctx: RankContext, result: dict[str, Any]) -> dict[str, Any]:
-    """This rank's copies alone (local ranks take turns) and all at once."""
-    import torch
-
-    world = ctx.world
-    host, dev = copy_buffers(ctx.device)
-    alone = None
-    # As many turns as the largest node has ranks: every rank passes every barrier.
-    turns = 1 + max(int(r["local_rank"]) for r in result["ranks"])
-    for turn in range(turns):
-        _barrier(ctx)
-        if world.local_rank == turn:
-            alone = host_copies(world.rank, "alone", host, dev)
-    _barrier(ctx)
-    together = host_copies(world.rank, "together", host, dev)
-    # Read under load: an idle GPU's link may have dropped its speed to save power.
-    link = read_link(ctx.bus_id) if ctx.bus_id else None
-    del host, dev
-    torch.cuda.empty_cache()
-    row = {"rank": world.rank, "size_bytes": together.size_bytes,
-           "h2d_alone_gbps": alone.h2d_gbps if alone else None,
-           "d2h_alone_gbps": alone.d2h_gbps if alone else None,
-           "h2d_together_gbps": together.h2d_gbps, "d2h_together_gbps": together.d2h_gbps,
-           "link": link.label() if link else None, "link_gbps": link.rate_gbps if link else None}
-    return row
-
-
-def _p2p(ctx: RankContext, result: dict[str, Any]) -> None:
-    if ctx.spec.device != "cuda":
-        result["p2p"] = {"skipped": CPU_SKIP}
-        return
-    node_ranks = [r.rank for r in roster() if r.node_rank == ctx.world.node_rank]
-    result["p2p"] = peer_phase(ctx, lambda n: peer_matrix(n, ctx.spec.copy_fraction),
-                               node_ranks)
-
-
-def peer_phase(ctx: RankContext, measure: Callable[[int], dict[str, Any]],
-               node_ranks: list[int]) -> dict[str, Any]:
-    """Each node's local rank 0 measures the peer matrix; the other ranks of its node
-    (`node_ranks`) are parked on the host (`gpucheck.stress.parking`), not in the
-    gather's NCCL kernel."""
-    world, spec = ctx.world, ctx.spec
-    parking = host_wait(spec.backend, world.world_size, node_ranks, spec.timeout_s)
-    _barrier(ctx)
-    mine = None
-    if world.local_rank == 0:
-        mine = {"node_rank": world.node_rank, "host": host_name(),
-                **measure(world.local_world_size)}
-    if parking is not None:
-        parking.wait()
-    return {"nodes": [m for m in _gather(ctx, mine) if m is not None]}

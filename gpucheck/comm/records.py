@@ -1,0 +1,183 @@
+"""The records comm's ranks send to rank 0, as frozen dataclasses, and rank 0's reading of
+them back (`read_comm`). Plain data, no torch: the ranks build them
+(gpucheck.comm.pairwise), the report (gpucheck.comm.report) reads them.
+
+They cross as plain dicts (what `all_gather_object` carries and rank 0's partial results
+file holds), so the report's JSON keeps its shape; rank 0 reads each one back with
+`gpucheck.records.read`, and a row that does not read is left out of the verdicts and
+named in a `comm.rank_record` finding, never a crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpucheck.records import RecordError, Unread, as_dict, read_all, readable
+
+
+@dataclass(frozen=True)
+class PairRow:
+    """One ordered pair's send/recv bandwidth, as its sender measured it."""
+
+    src: int
+    dst: int
+    node_rank: int  # the sender's
+    size_bytes: int
+    bandwidth_gbps: float  # the median of the repeats
+    samples_gbps: tuple[float, ...] | None = None  # every repeat (None: one timing)
+    path: str | None = None  # the path class (NV#, PIX, SYS...) when NVML told it
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as it crosses: `samples_gbps` and `path` only when known."""
+        row = _without_none(as_dict(self), ("samples_gbps",))
+        if self.path is None:
+            del row["path"]
+        return row
+
+
+@dataclass(frozen=True)
+class LinkRow:
+    """One rail link between two nodes in one round (gpucheck.comm.internode), as its
+    receiver measured it; on NCCL with what its sender timed of it merged in
+    (`internode_verdicts.both_ends`: `received_gbps`, `sent_gbps`)."""
+
+    round: int | str  # the round's shift, or "again" (a second look)
+    src_node: int
+    dst_node: int
+    rail: int
+    src: int
+    dst: int
+    bandwidth_gbps: float
+    samples_gbps: tuple[float, ...] | None = None
+    received_gbps: tuple[float, ...] | None = None
+    sent_gbps: tuple[float, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as it crosses: the sample lists only when known."""
+        return _without_none(as_dict(self), ("samples_gbps", "received_gbps", "sent_gbps"))
+
+
+@dataclass(frozen=True)
+class SentRow:
+    """What a sending rank timed of one link (NCCL: its group's time, both directions)."""
+
+    round: int | str
+    src_node: int
+    dst_node: int
+    src: int
+    dst: int
+    sent_gbps: tuple[float, ...] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        row = as_dict(self)
+        row["sent_gbps"] = list(self.sent_gbps) if self.sent_gbps is not None else None
+        return row
+
+
+def _without_none(row: dict[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
+    """`optional` keys dropped where None, the others as lists (as JSON has them)."""
+    for key in optional:
+        if row[key] is None:
+            del row[key]
+        else:
+            row[key] = list(row[key])
+    return row
+
+
+@dataclass(frozen=True)
+class TransportEntry:
+    """What one rank read of NCCL's init in its own log (gpucheck.comm.nccl_log.rank_entry):
+    `transport` is `Transport` as a dict when `state` is "read"."""
+
+    rank: int
+    state: str  # "read", "user_nccl_debug", "no_log"
+    transport: dict[str, Any] | None
+    ib_sysfs: tuple[str, ...] = ()  # the node's InfiniBand/RoCE devices
+
+    def __post_init__(self) -> None:
+        if self.state == "read" and self.transport is None:
+            raise RecordError("state is 'read' but no transport")
+
+    def to_dict(self) -> dict[str, Any]:
+        return as_dict(self) | {"ib_sysfs": list(self.ib_sysfs)}
+
+
+@dataclass(frozen=True)
+class CommRank:
+    """One entry of the results' roll of ranks, as the report reads it (the rank's check-in,
+    gpucheck.distributed.checkin.RankInfo; every other key kept in the raw entry)."""
+
+    rank: int
+    node_rank: int
+    host: str
+    device: str
+
+
+@dataclass(frozen=True)
+class CommRecords:
+    """Every per-rank record of a comm result that read back, and the ones that did not."""
+
+    entries: tuple[Mapping[str, Any], ...]  # the raw entries of the ranks that read
+    pairs: tuple[PairRow, ...]
+    pairs_again: tuple[PairRow, ...]
+    nodes_again_pairs: tuple[PairRow, ...]
+    links: tuple[LinkRow, ...]
+    links_again: tuple[LinkRow, ...]
+    transport: tuple[TransportEntry, ...] | None  # None: not gathered (gloo, an early end)
+    unread: tuple[Unread, ...]
+
+
+def read_comm(result: Mapping[str, Any]) -> CommRecords:
+    """Every per-rank record of `result` (complete or partial) read back."""
+    unread: list[Unread] = []
+
+    def rows(raw: object, what: str, cls: type[Any] = PairRow) -> tuple[Any, ...]:
+        # A pair's row comes from its sender, a link's from its receiver.
+        good, bad = read_all(cls, raw, what, ("dst",) if cls is LinkRow else ("rank", "src"))
+        unread.extend(bad)
+        return tuple(good)
+
+    pairwise, internode = _mapping(result.get("pairwise")), _mapping(result.get("internode"))
+    again = _mapping(result.get("nodes_again"))
+    unread.extend(read_all(CommRank, result.get("ranks"), "entry in the roll of ranks")[1])
+    entries = tuple(readable(CommRank, result.get("ranks")))
+    return CommRecords(entries=entries,
+                       pairs=rows(pairwise.get("pairs"), "pairwise row"),
+                       pairs_again=rows(pairwise.get("again"), "pairwise row (measured again)"),
+                       nodes_again_pairs=rows(again.get("pairs"),
+                                              "pairwise row (a slow node measured again)"),
+                       links=rows(internode.get("links"), "node-to-node link", LinkRow),
+                       links_again=rows(internode.get("again"),
+                                        "node-to-node link (measured again)", LinkRow),
+                       transport=None if result.get("transport") is None else rows(
+                           result.get("transport"), "NCCL transport entry", TransportEntry),
+                       unread=tuple(unread))
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def read_back(result: Mapping[str, Any], records: CommRecords) -> dict[str, Any]:
+    """`result` with every per-rank list replaced by the records of it that read (as the
+    dicts they crossed as): what the verdicts, tables and metrics then read."""
+    out = dict(result)
+    out["ranks"] = list(records.entries)
+    pairwise, again = result.get("pairwise"), result.get("nodes_again")
+    if isinstance(pairwise, Mapping):
+        out["pairwise"] = {**pairwise, "pairs": [p.to_dict() for p in records.pairs]}
+        if "again" in pairwise:
+            out["pairwise"]["again"] = [p.to_dict() for p in records.pairs_again] \
+                if pairwise["again"] is not None else None
+    if records.transport is not None:
+        out["transport"] = [entry.to_dict() for entry in records.transport]
+    internode = result.get("internode")
+    if isinstance(internode, Mapping):
+        out["internode"] = {**internode, "links": [x.to_dict() for x in records.links]}
+        if internode.get("again") is not None:
+            out["internode"]["again"] = [x.to_dict() for x in records.links_again]
+    if isinstance(again, Mapping) and "pairs" in again:
+        out["nodes_again"] = {**again, "pairs": [p.to_dict() for p in records.nodes_again_pairs]}
+    return out
