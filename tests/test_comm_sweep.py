@@ -63,7 +63,7 @@ def test_comm_sweep_reports_every_size_with_nccl_tests_bandwidths(
                if row["src"] != f"rank {d}")
 
 
-def test_a_pair_slow_the_first_time_only_is_an_unstable_warn_that_asks_for_a_rerun(
+def test_a_pair_slow_the_first_time_is_measured_again_and_asks_for_a_rerun(
         tmp_path: Path) -> None:
     code, report = _sweep(tmp_path, 2, "--collectives", "all_reduce", "--max-bytes", "4K",
                           "--pair-bytes", "1M",
@@ -72,7 +72,11 @@ def test_a_pair_slow_the_first_time_only_is_an_unstable_warn_that_asks_for_a_rer
     pairwise = {s["name"]: s for s in report["sections"]}["pairwise"]
     (warned,) = [f for f in pairwise["findings"] if f["status"] == "WARN"]
     assert (warned["subject"], warned["action"]) == ("rank 1 -> rank 0", "rerun")
-    assert (warned["look"]["state"], warned["cause"]) == ("unstable", "cpu_ranks")
+    assert warned["cause"] == "cpu_ranks" and warned["look"]["again"] is not None
+    # Fine the second time (unplanted) reads "unstable", unless a loaded machine slowed
+    # the pair again (a CI run once read "confirmed"): which of the two is noise here,
+    # and judged on handmade figures in test_comm_confirm.py. CPU ranks rerun either way.
+    assert warned["look"]["state"] in ("unstable", "confirmed")
 
 
 def test_baseline_busbw_above_what_loopback_gives_is_a_fail(tmp_path: Path) -> None:
