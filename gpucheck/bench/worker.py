@@ -110,7 +110,7 @@ def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
         gathered: list[Any] = [None] * world.world_size
         dist.all_gather_object(gathered, (record, output))
         if look_again([r for r, _ in gathered], spec.straggler_threshold):
-            gathered = _second_look(ddp, batch, spec, world, gathered)
+            gathered = _second_look(ddp, batch, spec, world, gathered, plan)
         progress.set_step(None)
         faults = faultwatch.of(ctx).gather()
     if not world.is_reporter:
@@ -127,15 +127,16 @@ def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
 
 
 def _second_look(ddp: Any, batch: torch.Tensor, spec: BenchSpec, world: World,
-                 gathered: list[Any]) -> list[Any]:
+                 gathered: list[Any], plan: rotation.RotationPlan | None) -> list[Any]:
     """Every rank runs its timed loop once more and the loops' wall times are gathered
     into the records: a rank held the job back by one stall alone, and only a second
-    loop tells a hiccup from a stall that recurs (gpucheck.bench.pace)."""
+    loop tells a hiccup from a stall that recurs (gpucheck.bench.pace). CPU ranks take
+    turns on the cores as in the first loop (`plan`)."""
     import torch
     import torch.distributed as dist
 
     progress.set_step("the timed loop again (a second look at a rank's stall)")
-    with torch.inference_mode():
+    with torch.inference_mode(), rotation.CoreRotation(plan):
         mine = _loop_again(ddp, batch, gathered[world.rank][0].iters, spec, world)
     walls: list[Any] = [None] * world.world_size
     dist.all_gather_object(walls, mine)
