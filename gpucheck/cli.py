@@ -15,8 +15,9 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -36,6 +37,9 @@ EXIT_USAGE = registry.EXIT_USAGE
 EXIT_INTERRUPTED = 130  # Ctrl-C; every stop signal N exits 128 + N (SIGTERM: 143)
 # Signals that end a run like Ctrl-C does (SIGINT raises KeyboardInterrupt already).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# The user's setting to keep the job's run directory (partial results, roster,
+# diagnoses: gpucheck.distributed.progress), read here once into RunOptions.run_dir.
+RUN_DIR_VAR = "GPUCHECK_RUN_DIR"
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -140,7 +144,18 @@ def program(argv: list[str] | None, options: RunOptions) -> int:
         print(exc, file=sys.stderr)
         return EXIT_USAGE
     with signals_as_interrupts():
-        return _run(args, RunContext(options))
+        return _run(args, context(args, options, dict(os.environ)))
+
+
+def context(args: argparse.Namespace, options: RunOptions,
+            environ: Mapping[str, str]) -> RunContext:
+    """What the run is given, read once here: progress on stderr when it is a terminal
+    and no --quiet (shown by the ranks gpucheck starts too), the user's run directory
+    (GPUCHECK_RUN_DIR) unless `options` name one, and the environment whose launcher
+    variables place this process in a job."""
+    options = replace(options, run_dir=options.run_dir or environ.get(RUN_DIR_VAR) or None,
+                      show_progress=terminal.wanted(args.quiet))
+    return RunContext(options, launcher_env=environ)
 
 
 def _run(args: argparse.Namespace, ctx: RunContext) -> int:
@@ -152,7 +167,6 @@ def _run(args: argparse.Namespace, ctx: RunContext) -> int:
         for path in outputs:
             check_writable(path)
         baseline = read_baseline_option(args)
-        terminal.configure(terminal.wanted(args.quiet))  # progress on stderr, rank 0 only
         report = module.run(args, ctx)
         if report is None:
             return 0
@@ -203,20 +217,20 @@ def _interrupted(module: Any, args: argparse.Namespace, ctx: RunContext,
     """Keep what was measured: the partial report in --output, with a FAIL saying how
     the run was stopped; one line on stderr; exit 128 + the signal (130, 143)."""
     how = describe_stop(signum)
-    written = bool(outputs_of(args)) and _is_reporter() and _write_interrupted(
+    written = bool(outputs_of(args)) and _is_reporter(ctx) and _write_interrupted(
         module, args, ctx, signum)
     where = f"; partial report in {', '.join(outputs_of(args))}" if written else ""
     print(f"gpucheck {args.command}: {how}{shown(where)}", file=sys.stderr)
     return 128 + int(signum)
 
 
-def _is_reporter() -> bool:
+def _is_reporter(ctx: RunContext) -> bool:
     """Only the reporting rank writes --output (under torchrun or srun every rank runs
     this command line with the same --output)."""
-    from gpucheck.distributed.world import world_from_env
+    from gpucheck.distributed.world import world_of
 
     try:
-        world = world_from_env()
+        world = world_of(ctx)
     except UsageError:
         return True
     return world is None or world.is_reporter

@@ -12,7 +12,7 @@ rank's worker.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -111,9 +111,36 @@ class RunOptions:
     """Settings of the whole run, the same on every rank."""
 
     hooks: TestHooks = field(default_factory=TestHooks)
-    # The job's run directory, for the ranks gpucheck starts (distributed.progress):
-    # set by run_job, never by the environment of the ranks.
+    # The job's run directory (distributed.progress): the one the user named to keep
+    # (GPUCHECK_RUN_DIR, read once by cli.program), else for the ranks gpucheck starts
+    # the one run_job made; never read from the environment of the ranks.
     run_dir: str | None = None
+    # Progress on stderr (distributed.terminal): decided once by cli.program (a
+    # terminal, no --quiet), so the ranks gpucheck starts show it as the launcher does.
+    show_progress: bool = False
+
+
+@dataclass
+class Progress:
+    """What this rank has done so far (distributed.progress writes and reads it): the
+    step it is in, the reporting rank's partial results, each survivor's diagnosis of
+    a failure, and every rank's own figures."""
+
+    step: str | None = None
+    partial: dict[str, Any] | None = None
+    diagnoses: list[dict[str, Any]] = field(default_factory=list)
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class Session:
+    """The process group this rank was last in (distributed.session): the roster of
+    its check-in, this rank's GPU and the job's store, kept after the group so a
+    command can still coordinate its ranks."""
+
+    roster: list[Any] = field(default_factory=list)
+    gpu: Any = None  # gpucheck.devices.GpuIdentity on CUDA, else None
+    store: Any = None
 
 
 @dataclass
@@ -131,6 +158,16 @@ class RunContext:
     """One process's view of the run."""
 
     options: RunOptions = field(default_factory=RunOptions)
+    # The environment whose launcher variables (torchrun's RANK, WORLD_SIZE, ...,
+    # SLURM's) place this process in a job: the process's own, read once where it
+    # starts (cli.program, a rank gpucheck started); `all --local` gives its commands
+    # one without them. distributed.world.world_of reads the world from it. Empty: a
+    # process started on its own.
+    launcher_env: Mapping[str, str] = field(default_factory=dict)
+    progress: Progress = field(default_factory=Progress)
+    session: Session = field(default_factory=Session)
+    # The progress bars open in this process, innermost last (distributed.terminal).
+    bars: list[Any] = field(default_factory=list)
     all_run: AllRun = field(default_factory=AllRun)  # filled by `gpucheck all` only
     # The command's namespace on the job's store (`gpucheck all` runs several process
     # groups in turn on one store): distributed.session.scoped_store.
@@ -142,7 +179,8 @@ class RunContext:
     warnings: list[dict[str, Any]] = field(default_factory=list)
 
     def scoped(self, name: str) -> RunContext:
-        """This context for one command of a sequence (the same options and run)."""
+        """This context for one command of a sequence (the same options and run: the
+        progress, session and bars are shared, not copied)."""
         return replace(self, scope=(*self.scope, name))
 
     @property

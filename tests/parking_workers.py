@@ -41,18 +41,18 @@ def peer_phase_on_cpu(ctx: RunContext, job: tuple[str, str]) -> dict[str, Any] |
         marker.write_text("done")
         return {"pairs": [], "gpus": local_world_size}
 
-    with process_group("gloo", "cpu", timeout_s=30, fault_watch=False) as world:
-        ctx = RankContext(_spec(backend), world, torch.device("cpu"), None, None)
+    with process_group("gloo", "cpu", timeout_s=30, fault_watch=False, ctx=ctx) as world:
+        rank = RankContext(_spec(backend), world, torch.device("cpu"), None, None, ctx)
         gather = copy_phases.gather
 
-        def recording_gather(ctx: RankContext, mine: Any) -> list[Any]:
+        def recording_gather(on: RankContext, mine: Any) -> list[Any]:
             entry = {"rank": world.rank, "matrix_done_at_entry": marker.exists()}
             (Path(folder) / f"gather-{world.rank}.json").write_text(json.dumps(entry))
-            return gather(ctx, mine)
+            return gather(on, mine)
 
         copy_phases.gather = recording_gather  # type: ignore[assignment]
         try:
-            result = copy_phases.peer_phase(ctx, measure, [0, 1])
+            result = copy_phases.peer_phase(rank, measure, [0, 1])
         finally:
             copy_phases.gather = gather  # type: ignore[assignment]
         return result if world.rank == 0 else None

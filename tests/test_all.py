@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,18 @@ def test_local_ignores_the_launcher_variables(
     code, report = _run_all(tmp_path, "--local", "--skip", "stress,bench,comm")
     assert _rows(report)["env"]["outcome"] == "ran"
     assert code == 0
+    # The commands were given an environment without them; the process keeps its own.
+    assert os.environ["SLURM_PROCID"] == "0"
+    env = next(s for s in report["sections"] if s["name"] == "env.environment")
+    assert "SLURM_PROCID" not in env["data"]["variables"]
+    assert env["data"]["variables"]["SLURM_NTASKS"] == "2"
+
+
+def test_local_gives_the_commands_an_environment_without_the_launchers_rank() -> None:
+    given = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "SLURM_PROCID": "3",
+             "SLURM_NTASKS": "8", "MASTER_ADDR": "node0", "PATH": "/bin"}
+    assert all_cmd.without_launcher(given) == {"SLURM_NTASKS": "8", "MASTER_ADDR": "node0",
+                                               "PATH": "/bin"}
 
 
 def test_each_command_checks_in_on_its_own_part_of_the_job_store() -> None:

@@ -48,7 +48,7 @@ def test_more_gpus_than_visible_is_a_usage_error(capsys: pytest.CaptureFixture[s
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from gpucheck.commands import launch_options
 
-    monkeypatch.setattr(launch_options, "_visible_gpus", lambda: 2)
+    monkeypatch.setattr(launch_options, "_visible_gpus", lambda ctx: 2)
     line = usage_error(capsys, "--n-gpus", "4", "--device", "cuda")
     assert "only 2 GPU" in line
 
@@ -57,7 +57,7 @@ def test_cuda_without_a_gpu_is_a_usage_error(capsys: pytest.CaptureFixture[str],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from gpucheck.commands import launch_options
 
-    monkeypatch.setattr(launch_options, "_visible_gpus", lambda: 0)
+    monkeypatch.setattr(launch_options, "_visible_gpus", lambda ctx: 0)
     assert "--device cpu" in usage_error(capsys, "--device", "cuda")
 
 

@@ -20,6 +20,7 @@ from test_signals import END_S, LONG_BENCH, START_S, interrupted, one_line
 
 from gpucheck.bench import partial
 from gpucheck.bench.partial import TimedSoFar, rank_row, timed_so_far_section
+from gpucheck.context import RunContext, RunOptions
 from gpucheck.distributed import progress
 
 
@@ -108,13 +109,15 @@ def test_no_section_before_any_timed_iteration() -> None:
 
 
 def test_the_launcher_clears_rank_files_of_an_earlier_run_in_a_kept_folder(
-        tmp_path: Path, monkeypatch: Any) -> None:
+        tmp_path: Path) -> None:
     from gpucheck.distributed import job
 
     (tmp_path / "rank-3.json").write_text(json.dumps(_published(3, [1.0])))
-    monkeypatch.setenv(progress.RUN_DIR_VAR, str(tmp_path))
-    with job._run_dir() as folder:
+    kept = RunContext(RunOptions(run_dir=str(tmp_path)))  # GPUCHECK_RUN_DIR, as cli reads it
+    with job._run_dir(kept) as folder:
+        assert folder == tmp_path
         assert progress.read_ranks(folder) == {}
+    assert tmp_path.is_dir()  # the user's folder is kept
 
 
 class _Marks:
@@ -132,13 +135,13 @@ def test_a_slow_write_spaces_the_next_ones_so_publishing_stays_under_1_percent(
     clock = [100.0]
     monkeypatch.setattr(partial.time, "perf_counter", lambda: clock[0])
 
-    def slow_write(rank: int, data: dict[str, Any]) -> None:
+    def slow_write(ctx: RunContext, rank: int, data: dict[str, Any]) -> None:
         clock[0] += 0.05  # a 50 ms write
         written.append(data["iters_done"])
 
     written: list[int] = []
     monkeypatch.setattr(partial.progress, "publish_rank", slow_write)
-    so_far = TimedSoFar(_Marks(), {"rank": 0})
+    so_far = TimedSoFar(_Marks(), {"rank": 0}, RunContext())
     clock[0] += 1.0
     so_far.tick()  # 1 s since the start: publish
     clock[0] += 4.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from dist_workers import fail_on_rank_one, gather_ranks
 
+from gpucheck.context import RunContext
 from gpucheck.distributed.job import resolve_nproc, run_job
 from gpucheck.distributed.launch import WorkersFailed, check_port_free, launch_local
 from gpucheck.distributed.world import world_from_env
@@ -14,13 +15,13 @@ from gpucheck.errors import UsageError
 def test_run_job_one_rank_runs_in_this_process() -> None:
     import os
 
-    records = run_job(gather_ranks, "solo", nproc=1)
+    records = run_job(gather_ranks, "solo", 1, None, RunContext())
     assert records == [{"rank": 0, "tag": "solo", "pid": os.getpid()}]
 
 
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_run_job_gathers_every_rank_through_the_elastic_launcher(nproc: int) -> None:
-    records = run_job(gather_ranks, "many", nproc=nproc)
+    records = run_job(gather_ranks, "many", nproc, None, RunContext())
     assert [r["rank"] for r in records] == list(range(nproc))
     assert len({r["pid"] for r in records}) == nproc
 
@@ -52,15 +53,22 @@ def test_world_from_env_reads_torchrun_variables() -> None:
     assert world_from_env({}) is None
 
 
-def test_n_gpus_disagreeing_with_the_launchers_world_is_a_usage_error(
+def test_n_gpus_disagreeing_with_the_launchers_world_is_a_usage_error() -> None:
+    ctx = RunContext(launcher_env={"RANK": "0", "WORLD_SIZE": "2"})
+    with pytest.raises(UsageError, match="disagrees"):
+        resolve_nproc(4, 2, ctx)
+    assert resolve_nproc(None, 7, ctx) == 2
+
+
+def test_the_launchers_world_is_read_from_the_context_not_the_process(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    # `all --local` gives its commands an environment without the launcher's variables:
+    # what the process itself has set does not count.
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(UsageError, match="disagrees"):
-        resolve_nproc(4, default=2)
-    assert resolve_nproc(None, default=7) == 2
+    assert resolve_nproc(4, 2, RunContext(launcher_env={})) == 4
 
 
 def test_n_gpus_below_one_is_a_usage_error() -> None:
     with pytest.raises(UsageError):
-        resolve_nproc(0, default=2)
+        resolve_nproc(0, 2, RunContext())

@@ -41,7 +41,6 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
     """Two fake H200s; this CPU rank watches GPU 1 through the test-only bus override."""
     fake = FakeNvml([FakeGpu(bus_id="00000000:18:00.0"), FakeGpu(bus_id=BUS)])
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
-    progress.reset()
     return fake
 
 
@@ -77,12 +76,13 @@ def test_the_frame_watches_the_rank_through_one_doorway_and_gathers_its_result(
 
 def test_a_failed_run_publishes_rank_zeros_result_with_its_partial_results(
         fake: FakeNvml) -> None:
+    ctx = watched()
     with pytest.raises(RuntimeError, match="simulated"), \
-            process_group("gloo", "cpu", 30, ctx=watched()):
-        progress.publish_partial({"measured": 1})
+            process_group("gloo", "cpu", 30, ctx=ctx):
+        progress.publish_partial(ctx, {"measured": 1})
         fake.deliver_event(1, XID, 79)
         raise RuntimeError("simulated failure in the load")
-    partial = progress.local_partial()
+    partial = progress.local_partial(ctx)
     assert partial is not None and partial["measured"] == 1
     (result,) = partial["faults"]
     assert result["status"] == "watched" and [e["xid"] for e in result["events"]] == [79]
@@ -163,10 +163,11 @@ def test_ranks_whose_watch_did_not_come_back_are_named_not_dropped() -> None:
 
 
 def test_a_failure_before_any_result_still_reports_rank_zeros_faults(fake: FakeNvml) -> None:
-    with pytest.raises(RuntimeError), process_group("gloo", "cpu", 30, ctx=watched()):
+    ctx = watched()
+    with pytest.raises(RuntimeError), process_group("gloo", "cpu", 30, ctx=ctx):
         fake.deliver_event(1, XID, 79)
         raise RuntimeError("simulated failure before the first measurement")
-    partial = progress.local_partial()
+    partial = progress.local_partial(ctx)
     assert partial is not None and set(partial) == {"faults"}
     comm = comm_sections(partial, CommVerdicts(0.5, None, 0.9))
     stress = stress_sections(partial, StressVerdicts(0.9, 0.8, 0.6))
@@ -179,11 +180,12 @@ def test_a_failure_before_any_result_still_reports_rank_zeros_faults(fake: FakeN
 
 def test_benchs_stop_report_shows_rank_zeros_faults_apart_from_its_partial_numbers(
         fake: FakeNvml) -> None:
+    ctx = watched()
     with pytest.raises(KeyboardInterrupt), \
-            process_group("gloo", "cpu", 30, ctx=watched()):
-        progress.publish_partial({"rank0_warmup": {"iters": 2}})
+            process_group("gloo", "cpu", 30, ctx=ctx):
+        progress.publish_partial(ctx, {"rank0_warmup": {"iters": 2}})
         raise KeyboardInterrupt
-    report = bench_command.partial_report(Namespace(), RunContext())
+    report = bench_command.partial_report(Namespace(), ctx)
     assert report is not None
     assert [s.name for s in report.sections] == ["partial", "faults"]
     assert report.section("partial").data == {"rank0_warmup": {"iters": 2}}

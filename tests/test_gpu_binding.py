@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpucheck.distributed import checkin, job, progress
+from gpucheck.distributed import checkin, job
 from gpucheck.distributed.checkin import RankInfo, SharedGpu, View, shared_gpu_groups
 from gpucheck.distributed.failures import rank_failure_findings
 from gpucheck.distributed.session import bind_device
@@ -110,10 +110,7 @@ def _old_choice() -> list[RankInfo]:
     return [_info(t, closest_binding(t)[t % 4]) for t in range(8)]
 
 
-def test_ranks_on_one_gpu_uuid_are_refused_by_name_with_the_launch_setting(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(progress, "_write_json", lambda *a: None)
-    progress.reset()
+def test_ranks_on_one_gpu_uuid_are_refused_by_name_with_the_launch_setting() -> None:
     infos = _old_choice()
     world = replace(slurm_world(slurm_env(3)), device_index=3)
     with pytest.raises(SharedGpu) as caught:
@@ -122,11 +119,12 @@ def test_ranks_on_one_gpu_uuid_are_refused_by_name_with_the_launch_setting(
     assert "--gpu-bind" in str(caught.value) and "CUDA_VISIBLE_DEVICES='4,5,6,7'" in str(
         caught.value)
     roster = [{"rank": i.rank, "local_rank": i.local_rank} for i in infos]
-    failed = job.JobFailed([], None, progress.local_diagnoses(), roster, reporter=True)
+    diagnosis = caught.value.diagnosis  # process_group records it for the report
+    assert diagnosis is not None and diagnosis["shared"] == list(range(8))
+    failed = job.JobFailed([], None, [diagnosis], roster, reporter=True)
     findings = rank_failure_findings(failed.failures, "bench")
     assert [(f.check, f.status, f.subject) for f in findings] == [
         ("bench.shared_gpu", Status.FAIL, f"rank {r}") for r in range(8)]
-    progress.reset()
 
 
 def test_gloo_ranks_sharing_a_gpu_on_purpose_are_not_refused_but_an_idle_gpu_is() -> None:

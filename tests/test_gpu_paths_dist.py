@@ -22,6 +22,7 @@ from gpucheck.bench import model as bench_model
 from gpucheck.bench import worker as bench_worker
 from gpucheck.bench.model import WeightsChoice
 from gpucheck.commands import launch_options
+from gpucheck.context import RunContext
 from gpucheck.distributed.session import process_group, roster
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -84,6 +85,14 @@ def no_launcher(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]
     yield monkeypatch
 
 
+def here() -> RunContext:
+    """The context this process is given where a run starts: its environment as the
+    test set it (cli.program reads it the same way)."""
+    import os
+
+    return RunContext(launcher_env=dict(os.environ))
+
+
 def srun_task(monkeypatch: pytest.MonkeyPatch, local_id: int) -> None:
     """This process as an srun task with SLURM_LOCALID `local_id` (a one-task step, so
     the process group needs no peer)."""
@@ -105,7 +114,7 @@ def test_the_rank_count_under_mig_is_cudas_count_not_nvmls(
         no_launcher: pytest.MonkeyPatch) -> None:
     # CUDA_VISIBLE_DEVICES=MIG-a,MIG-b: NVML counts 2, CUDA enumerates only the first.
     FakeCuda(physical=[0], nvml_count=2).install(no_launcher)
-    plan = launch_options.plan_launch(launch_args())
+    plan = launch_options.plan_launch(launch_args(), here())
     assert (plan.device, plan.nproc) == ("cuda", 1)
 
 
@@ -115,14 +124,14 @@ def test_more_ranks_than_mig_instances_cuda_gives_is_a_usage_error(
 
     FakeCuda(physical=[0], nvml_count=2).install(no_launcher)
     with pytest.raises(UsageError, match="only 1 GPU"):
-        launch_options.plan_launch(launch_args(n_gpus=2, backend="nccl"))
+        launch_options.plan_launch(launch_args(n_gpus=2, backend="nccl"), here())
 
 
 def test_gloo_ranks_may_share_the_gpus_cuda_gives(no_launcher: pytest.MonkeyPatch) -> None:
     # NCCL needs a GPU per rank; gloo ranks on one GPU are how a GPU-less CI-style check
     # of the CUDA paths runs on a one-GPU machine.
     FakeCuda(physical=[0], nvml_count=1).install(no_launcher)
-    plan = launch_options.plan_launch(launch_args(n_gpus=2, backend="gloo"))
+    plan = launch_options.plan_launch(launch_args(n_gpus=2, backend="gloo"), here())
     assert (plan.device, plan.nproc, plan.backend) == ("cuda", 2, "gloo")
 
 
@@ -131,8 +140,9 @@ def test_an_srun_task_bound_to_one_gpu_uses_cuda_0_whatever_its_local_id(
     cuda = FakeCuda(physical=[3], nvml_count=1)
     cuda.install(no_launcher)
     srun_task(no_launcher, local_id=3)
-    with process_group("gloo", "cuda", timeout_s=30) as world:
-        me = roster()[0]
+    ctx = here()
+    with process_group("gloo", "cuda", timeout_s=30, ctx=ctx) as world:
+        me = roster(ctx)[0]
     assert world.local_rank == 3 and world.device_index == 0
     assert ("set_device", 0) in cuda.calls
     assert me.device == "cuda:0 NVIDIA H200"
@@ -149,8 +159,9 @@ def test_under_torchrun_local_rank_k_uses_cuda_k_and_names_its_gpu(
     for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "2",
                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
         no_launcher.setenv(name, value)
-    with process_group("gloo", "cuda", timeout_s=30) as world:
-        me = roster()[0]
+    ctx = here()
+    with process_group("gloo", "cuda", timeout_s=30, ctx=ctx) as world:
+        me = roster(ctx)[0]
     assert world.device_index == 2
     assert me.nvml_index == 6 and "cuda:2 = GPU 6 (" in me.describe()
 
@@ -172,14 +183,15 @@ def test_bench_times_and_records_the_gpu_the_task_sees_not_its_local_id(
     barriers: list[Any] = []
     no_launcher.setattr(dist, "barrier", lambda **kw: barriers.append(kw.get("device_ids")))
     spec = bench_spec()
-    with process_group("gloo", "cuda", timeout_s=30) as world:
+    ctx = here()
+    with process_group("gloo", "cuda", timeout_s=30, ctx=ctx) as world:
         assert str(bench_worker._device(spec, world)) == "cuda:0"
         bench_worker._barrier(spec, world)
         given = {"wall_s": 1.0, "span_s": 1.0, "device_s": 0.9, "iter_ms": (900.0,),
                  "iter_end_ms": (1000.0,), "iter_wall_ms": (1000.0,), "segments": 1}
         timing = bench_worker.LoopTiming(**{f.name: given[f.name] for f in
                                             dataclasses.fields(bench_worker.LoopTiming)})
-        record = bench_worker._record(spec, world, 1, timing, threads=1)
+        record = bench_worker._record(spec, world, 1, timing, 1, ctx)
     # device_ids on every CUDA barrier: NCCL would otherwise guess the GPU and warn.
     assert barriers == [[0]]
     assert (record.device, record.local_rank, record.nvml_index) == ("cuda:0", 3, 3)
@@ -216,6 +228,7 @@ def test_a_silent_rank_is_named_by_its_physical_gpu_in_the_failure() -> None:
 
 def test_comms_barrier_names_the_ranks_gpu_to_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
     # Without device_ids, NCCL's barrier warns "using the device under current context".
+    import torch
     import torch.distributed as dist
 
     from gpucheck.comm import collectives, pairwise
@@ -224,7 +237,7 @@ def test_comms_barrier_names_the_ranks_gpu_to_nccl(monkeypatch: pytest.MonkeyPat
     calls: list[Any] = []
     monkeypatch.setattr(dist, "barrier", lambda **kw: calls.append(kw.get("device_ids")))
     monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
-    monkeypatch.setitem(session._session, "device_index", 3)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)  # bind_device set it
     assert collectives.barrier is session.barrier and pairwise.barrier is session.barrier
     session.barrier()
     monkeypatch.setattr(dist, "get_backend", lambda *a: "gloo")

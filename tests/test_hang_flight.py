@@ -189,10 +189,12 @@ def test_gpucheck_comm_with_a_stopped_rank_leaves_dumps_that_name_it(tmp_path: P
 # collective must raise in this rank, which then writes its own dump.
 _NCCL_TIMEOUT = """
 import os, sys, torch, torch.distributed as dist
+from gpucheck.context import RunContext
 from gpucheck.distributed import session
 path = os.environ["TORCH_FR_DUMP_TEMP_FILE"] + "0"
+ctx = RunContext(launcher_env=dict(os.environ))
 try:
-    with session.process_group("nccl", "cuda", timeout_s=2.0, fault_watch=False):
+    with session.process_group("nccl", "cuda", timeout_s=2.0, fault_watch=False, ctx=ctx):
         print("watchdog", "off" if os.environ.get("TORCH_NCCL_BLOCKING_WAIT") == "1" else "on")
         t = torch.ones(4, device="cuda")
         dist.all_reduce(t)

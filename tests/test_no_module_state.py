@@ -6,8 +6,11 @@ Read by ast over gpucheck/:
   list()/dict()/set()/defaultdict()/deque()/...) except ALL_CAPS constants, which the
   code never changes, and `__all__`; no `global` statement;
 - no write to os.environ except the settings of torch and NCCL themselves;
-- no GPUCHECK_* name outside the files that only classify environment listings;
-- no importlib.import_module outside commands/registry.py (its fixed command list).
+- no GPUCHECK_* name outside the files that only classify environment listings, but
+  for the user's own settings, read once where a run starts (cli.py) into its context;
+- no importlib.import_module outside commands/registry.py (its fixed command list);
+- no reading of the launcher's world from the process's environment (world_from_env
+  without an explicit mapping): every caller reads it from the context it was given.
 
 KNOWN lists what is still to move (docs/DESIGN.md section 3, S5); each entry must
 still be there (remove it when its move lands), and nothing else may appear.
@@ -31,18 +34,12 @@ TORCH_NCCL_SETTINGS = {"distributed/session.py", "distributed/flight.py",
                        "comm/nccl_log.py"}
 # Files that name GPUCHECK_ only to classify an environment listing, never to read it.
 OWN_PREFIX_CLASSIFIERS = {"probes/envvars.py", "distributed/envgather.py", "envfacts.py"}
+# The user's settings, read once at the command boundary into RunOptions (file, name).
+USER_SETTINGS = {("cli.py", "GPUCHECK_RUN_DIR")}
 
-# Still to move onto the RunContext (each entry: file, what).
-KNOWN = {
-    "state": {("distributed/progress.py", "_state"),
-              ("distributed/session.py", "_session"), ("distributed/terminal.py", "_open")},
-    # GPUCHECK_PROGRESS (the progress decision, for the ranks); all --local's launcher
-    # variables (to become a launcher_env).
-    "env_write": {("distributed/terminal.py", "os.environ"), ("commands/all.py", "os.environ")},
-    # GPUCHECK_PROGRESS; GPUCHECK_RUN_DIR, the user's setting to keep the run directory.
-    "gpucheck_name": {("distributed/terminal.py", "GPUCHECK_PROGRESS"),
-                      ("distributed/progress.py", "GPUCHECK_RUN_DIR")},
-}
+# Still to move onto the RunContext (each entry: file, what): nothing left.
+KNOWN: dict[str, set[tuple[str, str]]] = {"state": set(), "env_write": set(),
+                                          "gpucheck_name": set()}
 
 
 def _modules() -> list[tuple[str, ast.Module]]:
@@ -97,7 +94,7 @@ def environment_writes() -> set[tuple[str, str]]:
 def gpucheck_names() -> set[tuple[str, str]]:
     return {(path, n.value) for path, tree in _modules() if path not in OWN_PREFIX_CLASSIFIERS
             for n in ast.walk(tree) if isinstance(n, ast.Constant)
-            and isinstance(n.value, str) and n.value.startswith("GPUCHECK_")}
+            and isinstance(n.value, str) and n.value.startswith("GPUCHECK_")} - USER_SETTINGS
 
 
 @pytest.mark.parametrize(("kind", "found"), [
@@ -127,3 +124,17 @@ def test_the_scanner_sees_each_kind_of_hidden_state() -> None:
     assert [(n, _mutable(v)) for n, v in _bindings(code)] == [
         ("_seen", True), ("SEEN", True), ("_made", True)]
     assert sum(_writes_environ(n) for n in ast.walk(code)) == 2
+
+
+def test_the_users_settings_are_read_where_the_run_starts() -> None:
+    assert {(path, n.value) for path, tree in _modules() for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and (path, n.value) in USER_SETTINGS} == USER_SETTINGS
+
+
+def test_every_reading_of_the_launchers_world_is_given_its_environment() -> None:
+    """world_from_env(mapping) only: a call without one would read os.environ wherever
+    it sits instead of the context's `launcher_env`."""
+    bare = [f"{path}:{n.lineno}" for path, tree in _modules() for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            and n.func.id == "world_from_env" and not (n.args or n.keywords)]
+    assert bare == []

@@ -15,9 +15,13 @@ import struct
 import subprocess
 import termios
 import time
+from pathlib import Path
 
 import pytest
 from comm_workers import ROOT, clean_env, gpucheck, kill_tree
+
+from gpucheck.context import RunContext, RunOptions
+from gpucheck.distributed import progress, terminal
 
 RUN_S = 180  # spawning ranks and loading torch on a busy 2-core machine
 TINY_COMM = ("comm", "--max-bytes", "2K", "--iters", "1", "--warmup", "0", "--timeout", "60")
@@ -113,3 +117,83 @@ def test_off_a_terminal_nothing_but_the_report_is_written() -> None:
     assert code == 0, shown + out
     assert shown == ""
     assert "comm: all_reduce" not in out and "in this process" not in out
+
+
+# --- what a run shows and keeps lives on its context (issue 25, no module state) -------
+
+class _Terminal:
+    """A stderr that is a terminal (nothing is written to it in these tests)."""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _rank_shows(options: RunOptions, environ: dict[str, str],
+                monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Whether a rank gpucheck started (job.in_context, its variables set by the agent)
+    shows progress, given the options the launching process pickled for it."""
+    from gpucheck.distributed import job
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    return bool(job.in_context(lambda ctx, spec: terminal.enabled(ctx), None, options))
+
+
+def test_the_progress_decision_reaches_the_ranks_in_their_options_not_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+    import sys
+
+    from gpucheck import cli
+
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    monkeypatch.delenv("GPUCHECK_PROGRESS", raising=False)
+    shown = cli.context(argparse.Namespace(quiet=False), RunOptions(), {}).options
+    quiet = cli.context(argparse.Namespace(quiet=True), RunOptions(), {}).options
+    assert (shown.show_progress, quiet.show_progress) == (True, False)
+    assert "GPUCHECK_PROGRESS" not in os.environ
+    rank = {"WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    assert _rank_shows(shown, rank | {"RANK": "0"}, monkeypatch)
+    assert not _rank_shows(shown, rank | {"RANK": "1"}, monkeypatch)  # one reporter
+    assert not _rank_shows(quiet, rank | {"RANK": "0"}, monkeypatch)
+    # The process's own setting of the old variable changes nothing.
+    monkeypatch.setenv("GPUCHECK_PROGRESS", "1")
+    assert not _rank_shows(quiet, rank | {"RANK": "0"}, monkeypatch)
+
+
+def test_the_users_run_directory_is_read_once_where_the_run_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from gpucheck import cli
+
+    monkeypatch.setenv("GPUCHECK_RUN_DIR", str(tmp_path / "elsewhere"))
+    assert progress.run_dir(RunContext()) is None  # never read below the boundary
+    ns = argparse.Namespace(quiet=True)
+    given = cli.context(ns, RunOptions(), {"GPUCHECK_RUN_DIR": str(tmp_path)})
+    assert progress.run_dir(given) == tmp_path
+    assert cli.context(ns, RunOptions(), {}).options.run_dir is None
+    kept = cli.context(ns, RunOptions(run_dir="/from/a/test"), {"GPUCHECK_RUN_DIR": "/x"})
+    assert kept.options.run_dir == "/from/a/test"
+
+
+def test_each_run_keeps_its_own_progress_and_bars_shared_only_by_its_commands() -> None:
+    one, other = RunContext(RunOptions(show_progress=True)), RunContext()
+    progress.set_step(one, "all_reduce 4 MiB")
+    progress.publish_partial(one, {"measured": 1})
+    assert (progress.current_step(other), progress.local_partial(other)) == (None, None)
+    command = one.scoped("bench")
+    assert progress.current_step(command) == "all_reduce 4 MiB"
+    with terminal.bar(command, "bench", 2) as opened:
+        assert one.bars == [opened] and other.bars == []
+    assert one.bars == []
+    progress.reset(command)  # a new job in the same run: in place, for every command
+    assert progress.local_partial(one) is None

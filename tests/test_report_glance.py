@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from gpucheck.commands import all as all_command
-from gpucheck.context import RunContext
-from gpucheck.distributed import caught, progress, terminal
+from gpucheck.context import RunContext, RunOptions
+from gpucheck.distributed import caught, terminal
 from gpucheck.faults import faults_section
 from gpucheck.probes import collect_env
 from gpucheck.render import render
@@ -105,10 +105,9 @@ def test_all_without_a_narrower_part_has_no_scope() -> None:
 # --- item 4: warnings from libraries ---------------------------------------------------
 
 def test_a_library_warning_on_a_rank_is_caught_not_printed(
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(progress.RUN_DIR_VAR, raising=False)
+        capsys: pytest.CaptureFixture[str]) -> None:
     kept: list[dict[str, Any]] = []
-    with caught.caught(0, kept):
+    with caught.caught(0, kept, None):
         warnings.warn("torch.distributed.all_gather_into_tensor is deprecated", FutureWarning,
                       stacklevel=1)
     assert capsys.readouterr().err == ""
@@ -118,10 +117,10 @@ def test_a_library_warning_on_a_rank_is_caught_not_printed(
 
 
 def test_every_ranks_warnings_reach_the_launcher_once_with_their_ranks(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(progress.RUN_DIR_VAR, str(tmp_path))
+        tmp_path: Path) -> None:
     for rank in (0, 1):
-        with caught.caught(rank, []):  # each rank's own list: the launcher reads the files
+        # each rank's own list: the launcher reads the files
+        with caught.caught(rank, [], tmp_path):
             warnings.warn("deprecated", FutureWarning, stacklevel=1)
     launcher: list[dict[str, Any]] = []
     caught.gather(tmp_path, launcher)
@@ -144,18 +143,15 @@ def test_the_cli_puts_caught_warnings_in_the_reports_log_section() -> None:
 
 def test_the_process_group_frame_catches_warnings() -> None:
     source = (ROOT / "gpucheck" / "distributed" / "session.py").read_text()
-    assert "caught.caught(world.rank, ctx.warnings)" in source
+    assert "caught.caught(world.rank, ctx.warnings, progress.run_dir(ctx))" in source
 
 
 # --- item 5: the burn-in's own seconds -------------------------------------------------
 
-def test_a_timed_bar_counts_seconds_while_its_block_runs(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(terminal.SHOW_VAR, "1")
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID"):
-        monkeypatch.delenv(name, raising=False)
+def test_a_timed_bar_counts_seconds_while_its_block_runs() -> None:
+    ctx = RunContext(RunOptions(show_progress=True))
     moved = threading.Event()
-    with terminal.timed("sdc burn-in", 3, tick_s=0.01) as bar:
+    with terminal.timed(ctx, "sdc burn-in", 3, tick_s=0.01) as bar:
         for _ in range(500):  # bounded: at most 5 s of waiting for the first tick
             if bar.tqdm.n >= 1:
                 moved.set()
@@ -165,9 +161,8 @@ def test_a_timed_bar_counts_seconds_while_its_block_runs(
     assert moved.is_set()
 
 
-def test_a_timed_bar_is_inert_when_progress_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(terminal.SHOW_VAR, "0")
-    with terminal.timed("sdc burn-in", 30) as bar:
+def test_a_timed_bar_is_inert_when_progress_is_off() -> None:
+    with terminal.timed(RunContext(RunOptions(show_progress=False)), "sdc burn-in", 30) as bar:
         assert bar.tqdm is None
 
 
@@ -330,7 +325,8 @@ def test_all_with_a_markdown_output_asks_env_for_collect_env(outputs: list[str],
     argv = ["all", "--skip", "stress,bench,comm"]
     for path in outputs:
         argv += ["-o", path]
-    namespaces = all_command._namespaces(build_parser(argv).parse_args(argv), ("env",))
+    namespaces = all_command._namespaces(build_parser(argv).parse_args(argv), ("env",),
+                                         RunContext())
     assert wants_collect_env(namespaces["env"]) is wanted
 
 

@@ -200,12 +200,10 @@ def test_a_stop_before_anything_was_measured_still_writes_a_report_saying_so(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     from gpucheck.commands import bench
-    from gpucheck.distributed import progress
 
     def stopped(args: Any, ctx: Any) -> None:
         raise Interrupted(signal.SIGTERM)
 
-    progress.reset()
     monkeypatch.setattr(bench, "run", stopped)
     out = tmp_path / "out.json"
     assert main(["bench", "-q", "-o", str(out)]) == 143

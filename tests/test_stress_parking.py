@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from parking_workers import peer_phase_on_cpu
 
+from gpucheck.context import RunContext
 from gpucheck.distributed.job import run_job
 from gpucheck.distributed.world import World
 from gpucheck.stress import copy_phases
@@ -35,7 +36,8 @@ def _ctx(rank: int, backend: str = "nccl", world_size: int = 2) -> RankContext:
     spec = StressSpec(device="cuda", backend=backend, timeout_s=42.0, dtypes=("bf16",),
                       size=8, duration_s=0.0, warmup_s=0.0, gemm_window_s=0.0,
                       membw_window_s=0.0)
-    return RankContext(spec, _world(rank, world_size), torch.device("cpu"), None, None)
+    return RankContext(spec, _world(rank, world_size), torch.device("cpu"), None, None,
+                       RunContext())
 
 
 def _record(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
@@ -112,7 +114,7 @@ def test_on_nccl_each_node_parks_its_own_ranks_and_a_one_rank_node_nobody(
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
 def test_real_ranks_enter_the_gather_only_after_the_matrix_is_measured(
         tmp_path: Path, backend: str) -> None:
-    result = run_job(peer_phase_on_cpu, (str(tmp_path), backend), nproc=2)
+    result = run_job(peer_phase_on_cpu, (str(tmp_path), backend), 2, None, RunContext())
     assert result == {"nodes": [{"node_rank": 0, "host": result["nodes"][0]["host"],
                                  "pairs": [], "gpus": 2}]}
     waiting = json.loads((tmp_path / "gather-1.json").read_text())

@@ -143,16 +143,14 @@ def test_an_interrupted_run_reports_the_phases_it_had() -> None:
               "gpu_name": None} for r in range(2)]
     gemm = [{"rank": r, "dtype": "fp32", "size": 512, "iters": 50, "tflops": 0.03,
              "tflops_p50": 0.03, "p50_ms": 9.0, "p99_ms": 12.0} for r in range(2)]
-    progress.remember_partial({
+    ctx = RunContext()
+    progress.remember_partial(ctx, {
         "world_size": 2, "device": "cpu", "backend": "gloo", "dtypes": ["fp32"], "size": 512,
         "duration_s": 8.0, "ranks": ranks, "gemm": gemm, "membw": None, "sdc": None,
         "copies": None, "p2p": None, "phases_planned": ["gemm", "membw", "sdc"],
         "phases_done": ["gemm"], "complete": False})
-    try:
-        built = partial_report(Namespace(peer_threshold=0.9, expected_threshold=0.8,
-                                         copy_threshold=0.6), RunContext())
-    finally:
-        progress.reset()
+    built = partial_report(Namespace(peer_threshold=0.9, expected_threshold=0.8,
+                                     copy_threshold=0.6), ctx)
     assert built is not None and [s.name for s in built.sections] == ["stress", "gemm",
                                                                       "faults"]
     assert built.sections[0].data["phases_done"] == "1 of 3: gemm"

@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from gpucheck.context import RunContext
 from gpucheck.distributed import progress
 from gpucheck.report import Section
 from gpucheck.stats import percentile
@@ -47,7 +48,8 @@ class Marks(Protocol):
 class TimedSoFar:
     """Publishes one rank's finished timed iterations while its loop runs."""
 
-    def __init__(self, marks: Marks, about: dict[str, Any]) -> None:
+    def __init__(self, marks: Marks, about: dict[str, Any], ctx: RunContext) -> None:
+        self._ctx = ctx  # the rank's: where its figures are kept
         self._marks = marks
         self._about = about  # rank, host, device, batch_size, iters_planned, world_size
         self._last = time.perf_counter()
@@ -61,7 +63,7 @@ class TimedSoFar:
     def publish(self) -> None:
         started = time.perf_counter()
         iter_ms, _ = self._marks.read_ms(self._marks.completed())
-        progress.publish_rank(int(self._about["rank"]),
+        progress.publish_rank(self._ctx, int(self._about["rank"]),
                               self._about | {"iters_done": len(iter_ms),
                                              "iter_ms": [round(t, 3) for t in iter_ms]})
         self._last = time.perf_counter()

@@ -17,7 +17,7 @@ class Progress:
 
     def __enter__(self) -> Progress:
         if self._enabled:
-            self._bar = terminal.Bar("bench", 0, "batch")
+            self._bar = terminal.Bar("bench", 0, "batch", show=True)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,

@@ -100,18 +100,19 @@ def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
                        fault_watch=spec.fault_watch, ctx=ctx) as world:
         threads = _set_threads(spec.device, world)
         share = data.rank_share(len(spec.files), world.rank, world.world_size)
-        progress.set_step("model and data (DDP construction broadcasts rank 0's weights)")
+        progress.set_step(ctx, "model and data (DDP construction broadcasts rank 0's "
+                               "weights)")
         ddp, batch, check_batch = _prepare(spec, world, share, ctx.hooks)
-        plan = _rotation_plan(spec, world)
-        record, output = _measure(spec, world, ddp, batch, check_batch, threads, plan,
-                                  faultwatch.of(ctx))
-        _publish(world, rank0_record=asdict(record))  # kept if another rank fails now
-        progress.set_step("all_gather of the per-rank records")
+        plan = _rotation_plan(spec, world, ctx)
+        record, output = _measure(spec, world, ddp, (batch, check_batch), threads, plan,
+                                  ctx)
+        _publish(ctx, world, rank0_record=asdict(record))  # kept if another rank fails now
+        progress.set_step(ctx, "all_gather of the per-rank records")
         gathered: list[Any] = [None] * world.world_size
         dist.all_gather_object(gathered, (record, output))
         if look_again([r for r, _ in gathered], spec.straggler_threshold):
-            gathered = _second_look(ddp, batch, spec, world, gathered, plan)
-        progress.set_step(None)
+            gathered = _second_look(ddp, batch, spec, world, gathered, plan, ctx)
+        progress.set_step(ctx, None)
         faults = faultwatch.of(ctx).gather()
     if not world.is_reporter:
         return None
@@ -121,13 +122,14 @@ def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
         padding=share.padding,
         per_rank_images=len(share.indices),
         faults=tuple(faults),
-        ranks=tuple(asdict(info) for info in roster()),
+        ranks=tuple(asdict(info) for info in roster(ctx)),
         rotation=plan.describe() if plan else None,
     )
 
 
 def _second_look(ddp: Any, batch: torch.Tensor, spec: BenchSpec, world: World,
-                 gathered: list[Any], plan: rotation.RotationPlan | None) -> list[Any]:
+                 gathered: list[Any], plan: rotation.RotationPlan | None,
+                 ctx: RunContext) -> list[Any]:
     """Every rank runs its timed loop once more and the loops' wall times are gathered
     into the records: a rank held the job back by one stall alone, and only a second
     loop tells a hiccup from a stall that recurs (gpucheck.bench.pace). CPU ranks take
@@ -135,7 +137,7 @@ def _second_look(ddp: Any, batch: torch.Tensor, spec: BenchSpec, world: World,
     import torch
     import torch.distributed as dist
 
-    progress.set_step("the timed loop again (a second look at a rank's stall)")
+    progress.set_step(ctx, "the timed loop again (a second look at a rank's stall)")
     with torch.inference_mode(), rotation.CoreRotation(plan):
         mine = _loop_again(ddp, batch, gathered[world.rank][0].iters, spec, world)
     walls: list[Any] = [None] * world.world_size
@@ -205,43 +207,48 @@ def _device(spec: BenchSpec, world: World) -> torch.device:
         torch.device("cpu"))
 
 
-def _measure(spec: BenchSpec, world: World, ddp: Any, batch: torch.Tensor,
-             check_batch: torch.Tensor, threads: int, plan: rotation.RotationPlan | None,
-             faults: faultwatch.RankFaults) -> tuple[RankRecord, torch.Tensor]:
-    """Warm up, agree on the iteration count, time the loop, run the check batch."""
+def _measure(spec: BenchSpec, world: World, ddp: Any,
+             batches: tuple[torch.Tensor, torch.Tensor], threads: int,
+             plan: rotation.RotationPlan | None,
+             ctx: RunContext) -> tuple[RankRecord, torch.Tensor]:
+    """Warm up, agree on the iteration count, time the loop, run the check batch
+    (`batches`: the timed batch, the check batch)."""
     import torch
 
+    batch, check_batch = batches
+    faults = faultwatch.of(ctx)
     with torch.inference_mode(), Progress(spec.progress and world.is_reporter) as bar:
-        progress.set_step("warm-up")
+        progress.set_step(ctx, "warm-up")
         bar.start("warm-up", spec.warmup)
         per_iter_s = _warm_up(ddp, batch, spec.warmup, spec.device, bar)
-        _publish(world, rank0_warmup={"iters": spec.warmup, "s_per_iter": per_iter_s})
+        _publish(ctx, world, rank0_warmup={"iters": spec.warmup, "s_per_iter": per_iter_s})
         iters = spec.iters or _agree_iters(per_iter_s, spec, world)
-        progress.set_step("timed loop (between the start and end barriers)")
+        progress.set_step(ctx, "timed loop (between the start and end barriers)")
         bar.start("timed", iters)
         faults.mark_start()  # the fault watch's timed window is the timed loop
         with rotation.CoreRotation(plan):
-            timing = _timed_loop(ddp, batch, iters, spec, world, bar)
+            timing = _timed_loop(ddp, batch, iters, spec, world, bar, ctx)
         faults.mark_end()
-        progress.set_step("consistency batch")
+        progress.set_step(ctx, "consistency batch")
         output = ddp(check_batch).float().cpu()
-    return _record(spec, world, iters, timing, threads), output
+    return _record(spec, world, iters, timing, threads, ctx), output
 
 
-def _rotation_plan(spec: BenchSpec, world: World) -> rotation.RotationPlan | None:
+def _rotation_plan(spec: BenchSpec, world: World,
+                   ctx: RunContext) -> rotation.RotationPlan | None:
     """CPU ranks take turns on the cores when every rank on this node may use all of
     them (`gpucheck.bench.rotation`); GPU ranks never do."""
     if spec.device != "cpu" or not hasattr(os, "sched_getaffinity"):
         return None
     return rotation.plan_rotation(
         sorted(os.sched_getaffinity(0)), world.local_rank, world.local_world_size,
-        [info.cpus for info in roster() if info.node_rank == world.node_rank])
+        [info.cpus for info in roster(ctx) if info.node_rank == world.node_rank])
 
 
 def _record(spec: BenchSpec, world: World, iters: int, timing: LoopTiming,
-            threads: int) -> RankRecord:
+            threads: int, ctx: RunContext) -> RankRecord:
     """This rank's record, naming the physical GPU it ran on (NVML index, bus id, UUID)."""
-    gpu = gpu_identity() if spec.device == "cuda" else None
+    gpu = gpu_identity(ctx) if spec.device == "cuda" else None
     return RankRecord(
         rank=world.rank, host=host_name(), node_rank=world.node_rank,
         local_rank=world.local_rank, device=str(_device(spec, world)),
@@ -259,11 +266,11 @@ def _record(spec: BenchSpec, world: World, iters: int, timing: LoopTiming,
     )
 
 
-def _publish(world: World, **results: Any) -> None:
+def _publish(ctx: RunContext, world: World, **results: Any) -> None:
     """Rank 0 keeps what it has measured so far, so a failure or a stop (Ctrl-C,
     SIGTERM) later in the run still reports it."""
     if world.is_reporter:
-        progress.publish_partial((progress.local_partial() or {}) | results)
+        progress.publish_partial(ctx, (progress.local_partial(ctx) or {}) | results)
 
 
 def _warm_up(ddp: Any, batch: torch.Tensor, warmup: int, device: str, bar: Progress) -> float:
@@ -293,7 +300,7 @@ def _agree_iters(per_iter_s: float, spec: BenchSpec, world: World) -> int:
 
 
 def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, world: World,
-                bar: Progress) -> LoopTiming:
+                bar: Progress, ctx: RunContext) -> LoopTiming:
     """The timed loop in segments (one on a GPU; CPU ranks re-place their tensors between
     them, `gpucheck.bench.layout`), each: barrier, clock, iterations (a mark after every
     one), device sync, clock, barrier, clock. The marks are read after the loop's one
@@ -305,7 +312,7 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
     so_far = TimedSoFar(marks, {"rank": world.rank, "host": host_name(),
                                 "device": str(_device(spec, world)),
                                 "batch_size": spec.batch_size, "iters_planned": iters,
-                                "world_size": world.world_size})
+                                "world_size": world.world_size}, ctx)
     wall_s = span_s = 0.0
     for index, size in enumerate(sizes):
         if index:

@@ -57,7 +57,7 @@ from gpucheck.comm.internode_verdicts import (
 )
 from gpucheck.comm.node_links import find_node_suspects
 from gpucheck.comm.records import LinkRow, SentRow
-from gpucheck.context import NO_HOOKS, TestHooks
+from gpucheck.context import RunContext
 from gpucheck.peers import Suspects
 
 GB = 1e9
@@ -225,10 +225,10 @@ Measured = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # links received o
 def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                       device: str, repeats: int = 1,
                       shifts: Sequence[int] | None = None,
-                      *, hooks: TestHooks = NO_HOOKS) -> Measured:
+                      *, ctx: RunContext) -> Measured:
     """Run every round (or only `shifts`: `round_schedule`); return the links this rank
-    received on, and what it timed of the links it sent on (NCCL only). `hooks`: tests'
-    slow senders and receivers."""
+    received on, and what it timed of the links it sent on (NCCL only). `ctx.hooks`:
+    tests' slow senders and receivers."""
     import torch.distributed as dist
 
     from gpucheck.distributed import progress
@@ -238,12 +238,12 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
     me = dist.get_rank()
     node_ranks = list(group_by_node(roster).values())
     mine_node = next(i for i, ranks in enumerate(node_ranks) if me in ranks)
-    delays = hooks.node_delays(mine_node, node_ranks[mine_node].index(me))
+    delays = ctx.hooks.node_delays(mine_node, node_ranks[mine_node].index(me))
     links: list[dict[str, Any]] = []
     sent: list[dict[str, Any]] = []
     for pairs in round_schedule(len(node_ranks), shifts):
         r = (pairs[0][1] - pairs[0][0]) % len(node_ranks)  # the round's shift
-        progress.set_step(f"between nodes: round {r}")
+        progress.set_step(ctx, f"between nodes: round {r}")
         to = {s: d for _, s, d in rail_links(node_ranks, *pairs[mine_node])}
         src_node = (mine_node - r) % len(node_ranks)
         came = {d: (k, s) for k, s, d in rail_links(node_ranks, src_node, mine_node)}
@@ -274,7 +274,7 @@ def _pair_links(node_ranks: Sequence[Sequence[int]], me: int, x: int,
 
 def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple[int, int]],
                   size_bytes: int, iters: int, device: str, repeats: int,
-                  *, hooks: TestHooks = NO_HOOKS) -> Measured:
+                  *, ctx: RunContext) -> Measured:
     """The second look: each exchange (node x <-> node y, all rails, both ways at once,
     as in the rounds) alone, a barrier of all ranks around each; the links this rank
     received on and sent on, as `measure_internode` returns them (round "again")."""
@@ -287,11 +287,11 @@ def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple
     me = dist.get_rank()
     node_ranks = list(group_by_node(roster).values())
     mine_node = next(i for i, ranks in enumerate(node_ranks) if me in ranks)
-    delays = hooks.node_delays(mine_node, node_ranks[mine_node].index(me), again=True)
+    delays = ctx.hooks.node_delays(mine_node, node_ranks[mine_node].index(me), again=True)
     links: list[dict[str, Any]] = []
     sent: list[dict[str, Any]] = []
     for x, y in exchanges:
-        progress.set_step(f"between nodes: node {x} <-> node {y} measured again")
+        progress.set_step(ctx, f"between nodes: node {x} <-> node {y} measured again")
         send, recv, came = _pair_links(node_ranks, me, x, y)
         if came is not None:  # warm-up, untimed, as in the rounds
             _exchange(send, recv, size_bytes, 1, device, 0.0)
@@ -316,7 +316,7 @@ def exchanges_for(suspects: Suspects) -> list[tuple[int, int]]:
 def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                   device: str, threshold: float, repeats: int,
                   shifts: Sequence[int] | None = None,
-                  *, hooks: TestHooks = NO_HOOKS) -> dict[str, Any]:
+                  *, ctx: RunContext) -> dict[str, Any]:
     """The rounds, gathered on every rank; then the slow node pairs (and a suspect
     node's pairs), and the node pairs of slow rail links, measured again beside
     known-good ones (gpucheck.comm.node_links, gpucheck.peers; `rail_exchanges`).
@@ -324,24 +324,24 @@ def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
     import torch.distributed as dist
 
     links = _gather(measure_internode(roster, size_bytes, iters, device, repeats, shifts,
-                                      hooks=hooks))
+                                      ctx=ctx), ctx)
     suspects = find_node_suspects(node_samples(node_pair_rows(links)), threshold)
     wanted = sorted(set(exchanges_for(suspects)) | set(rail_exchanges(links, threshold)))
     box: list[Any] = [wanted]
     dist.broadcast_object_list(box, src=0)
     again = _gather(measure_again(roster, box[0], size_bytes, iters, device, repeats,
-                                  hooks=hooks)) \
+                                  ctx=ctx), ctx) \
         if box[0] else []
     return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats, "links": links,
             "again": again}
 
 
-def _gather(mine: Measured) -> list[dict[str, Any]]:
+def _gather(mine: Measured, ctx: RunContext) -> list[dict[str, Any]]:
     """Every rank's links, each with what its sender timed of it (`both_ends`)."""
     from gpucheck.comm.pairwise import gather_rows
 
     received, sent = mine
-    links = gather_rows(received, "gathering node-to-node results",
+    links = gather_rows(received, ctx, "gathering node-to-node results",
                         ("src_node", "dst_node", "rail"))
-    senders = gather_rows(sent, "gathering node-to-node results", ("src", "dst"))
+    senders = gather_rows(sent, ctx, "gathering node-to-node results", ("src", "dst"))
     return both_ends(links, senders)

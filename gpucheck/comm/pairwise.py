@@ -34,7 +34,7 @@ from gpucheck.comm.collectives import (
     time_batch,
 )
 from gpucheck.comm.records import PairRow
-from gpucheck.context import NO_HOOKS, TestHooks
+from gpucheck.context import NO_HOOKS, RunContext, TestHooks
 from gpucheck.distributed import progress
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.distributed.session import barrier
@@ -135,7 +135,7 @@ def sender_paths(roster: Sequence[Mapping[str, Any]], me: int) -> dict[tuple[int
 def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int, int],
                size_bytes: int, iters: int, device: str, repeats: int,
                again: bool, paths: Mapping[tuple[int, int], str] | None = None,
-               *, hooks: TestHooks = NO_HOOKS) -> list[dict[str, Any]]:
+               *, ctx: RunContext) -> list[dict[str, Any]]:
     """Each step's pairs side by side (one per node), a barrier of all ranks between
     steps; the rows of the pairs this rank sent from (with their path class when
     `paths` has it)."""
@@ -146,24 +146,24 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
     for step in steps:
         for src, dst in step:
             if me in (src, dst):
-                progress.set_step(f"send/recv rank {src} -> rank {dst}"
+                progress.set_step(ctx, f"send/recv rank {src} -> rank {dst}"
                                   + (" (measured again)" if again else ""))
                 samples = _time_pair_samples(src, dst, size_bytes, iters, device, repeats,
-                                             again, hooks=hooks)
+                                             again, hooks=ctx.hooks)
                 if me == src:
                     mine.append(PairRow(
                         src=src, dst=dst, node_rank=node_of[src], size_bytes=size_bytes,
                         bandwidth_gbps=round(statistics.median(samples), 4),
                         samples_gbps=tuple(round(x, 4) for x in samples),
                         path=(paths or {}).get((src, dst))).to_dict())
-        progress.set_step("barrier after a pair")
+        progress.set_step(ctx, "barrier after a pair")
         barrier()
     return mine
 
 
 def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                   device: str, repeats: int = 1, again: bool = False,
-                  *, hooks: TestHooks = NO_HOOKS) -> list[dict[str, Any]]:
+                  *, ctx: RunContext) -> list[dict[str, Any]]:
     """Run the schedule; return the pairs this rank sent from ({src, dst, node_rank, ...}).
     `again`: a second look (a slow node's pairs, gpucheck.comm.nodes_again)."""
     import torch.distributed as dist
@@ -171,7 +171,7 @@ def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
     node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
     paths = sender_paths(roster, dist.get_rank()) if device == "cuda" else {}
     return _run_steps(pair_schedule(roster), node_of, size_bytes, iters, device, repeats,
-                      again, paths, hooks=hooks)
+                      again, paths, ctx=ctx)
 
 
 def second_look_steps(plans: Mapping[Any, Suspects]) -> list[list[tuple[int, int]]]:
@@ -190,27 +190,28 @@ def second_look_steps(plans: Mapping[Any, Suspects]) -> list[list[tuple[int, int
 
 def run_pairwise(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                  device: str, repeats: int, threshold: float,
-                 *, hooks: TestHooks = NO_HOOKS) -> dict[str, Any]:
+                 *, ctx: RunContext) -> dict[str, Any]:
     """Measure every pair, gather them on every rank, then measure the slow ones again
     beside a known-good pair. Every rank computes the same plan from the same gathered
     rows, and rank 0's copy is broadcast, so all ranks run the same steps."""
     node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
     pairs = gather_rows(measure_pairs(roster, size_bytes, iters, device, repeats,
-                                      hooks=hooks))
+                                      ctx=ctx), ctx)
     plans = _agree({n: s for n, s in suspects_by_node(pairs, threshold).items()
                     if not s.empty})
     again = gather_rows(_run_steps(second_look_steps(plans), node_of, size_bytes, iters,
-                                    device, repeats, True, hooks=hooks)) if plans else []
+                                    device, repeats, True, ctx=ctx), ctx) if plans else []
     return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats, "pairs": pairs,
             "again": again}
 
 
-def gather_rows(mine: list[dict[str, Any]], step: str = "gathering pairwise results",
+def gather_rows(mine: list[dict[str, Any]], ctx: RunContext,
+                step: str = "gathering pairwise results",
                 key: tuple[str, ...] = ("src", "dst")) -> list[dict[str, Any]]:
     """Every rank's rows, in one list sorted by the `key` columns (pairs, or links)."""
     import torch.distributed as dist
 
-    progress.set_step(step)
+    progress.set_step(ctx, step)
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     return sorted((p for rows in every for p in rows), key=lambda p: [p[k] for k in key])

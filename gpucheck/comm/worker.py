@@ -28,7 +28,7 @@ from gpucheck.comm.internode import run_internode
 from gpucheck.comm.nccl_log import nccl_logging, rank_entry
 from gpucheck.comm.nodes_again import node_figures, plan
 from gpucheck.comm.pairwise import DEFAULT_REPEATS, gather_rows, measure_pairs, run_pairwise
-from gpucheck.context import RunContext, TestHooks
+from gpucheck.context import RunContext
 from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.nodes import DEFAULT_SLOW_NODE_FRACTION, group_by_node
 from gpucheck.distributed.session import process_group, roster
@@ -71,12 +71,13 @@ def _agreed_max_bytes(spec: CommSpec, world: World) -> int:
     return int(value.item())
 
 
-def _gather_size(collective: str, size: int, spec: CommSpec, world: World) -> dict[str, Any]:
+def _gather_size(collective: str, size: int, spec: CommSpec, world: World,
+                 ctx: RunContext) -> dict[str, Any]:
     """Measure one size on every rank; all_gather the timings; the slowest rank wins."""
     import torch
     import torch.distributed as dist
 
-    progress.set_step(f"{collective} {size} bytes")
+    progress.set_step(ctx, f"{collective} {size} bytes")
     timing = measure(collective, size, spec.iters, spec.warmup, spec.device)
     where = "cuda" if spec.device == "cuda" else "cpu"
     mine = torch.tensor([timing.time_s, float(timing.wrong)], dtype=torch.float64, device=where)
@@ -89,27 +90,28 @@ def _gather_size(collective: str, size: int, spec: CommSpec, world: World) -> di
         "rank_times_us": [round(t * 1e6, 2) for t in times]}
 
 
-def measure_size(collective: str, size: int, spec: CommSpec, world: World) -> dict[str, Any]:
+def measure_size(collective: str, size: int, spec: CommSpec, world: World,
+                 ctx: RunContext) -> dict[str, Any]:
     """One collective at one size on every rank, as the sweep measures it (its report
     row): for commands that compose comm's pieces (`gpucheck preflight`)."""
-    return _gather_size(collective, size, spec, world)
+    return _gather_size(collective, size, spec, world, ctx)
 
 
 def _pairwise(spec: CommSpec, infos: list[dict[str, Any]], largest: int,
-              hooks: TestHooks) -> dict[str, Any]:
+              ctx: RunContext) -> dict[str, Any]:
     return run_pairwise(infos, spec.pair_bytes or largest, spec.pair_iters, spec.device,
-                        spec.pair_repeats, spec.pair_threshold, hooks=hooks)
+                        spec.pair_repeats, spec.pair_threshold, ctx=ctx)
 
 
 def _internode(spec: CommSpec, infos: list[dict[str, Any]], largest: int,
-               hooks: TestHooks) -> dict[str, Any]:
+               ctx: RunContext) -> dict[str, Any]:
     return run_internode(infos, spec.pair_bytes or largest, spec.pair_iters, spec.device,
-                         spec.pair_threshold, spec.pair_repeats, hooks=hooks)
+                         spec.pair_threshold, spec.pair_repeats, ctx=ctx)
 
 
 def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
                  result: dict[str, Any], largest: int,
-                 hooks: TestHooks) -> dict[str, Any] | None:
+                 ctx: RunContext) -> dict[str, Any] | None:
     """Confirm before condemning a slow node (gpucheck.comm.nodes_again): rank 0's plan
     is broadcast, then every rank measures again the suspects' pairs beside a
     known-good node's (side by side, as the first pass), or the largest all_reduce.
@@ -123,15 +125,15 @@ def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
     wanted: dict[str, Any] | None = box[0]  # rank 0's plan
     if wanted is None:
         return None
-    progress.set_step("slow node: measured again")
-    terminal.step("a slow node: measured again beside a known-good node")
+    progress.set_step(ctx, "slow node: measured again")
+    terminal.step(ctx, "a slow node: measured again beside a known-good node")
     if wanted["kind"] == "pairs":
         chosen = {*wanted["suspects"], wanted["known_good"]}
         subset = [r for r in infos if int(r["node_rank"]) in chosen]
         mine = measure_pairs(subset, spec.pair_bytes or largest, spec.pair_iters,
-                             spec.device, spec.pair_repeats, again=True, hooks=hooks)
-        return wanted | {"pairs": gather_rows(mine)}
-    row = _gather_size("all_reduce", largest, spec, world)
+                             spec.device, spec.pair_repeats, again=True, ctx=ctx)
+        return wanted | {"pairs": gather_rows(mine, ctx)}
+    row = _gather_size("all_reduce", largest, spec, world, ctx)
     return wanted | {"rank_times_us": row["rank_times_us"]}
 
 
@@ -147,17 +149,17 @@ def _transport(spec: CommSpec, world: World, folder: str | None) -> list[Any] | 
 
 
 def _pairs_and_nodes(spec: CommSpec, world: World, infos: list[dict[str, Any]], largest: int,
-                     result: dict[str, Any], hooks: TestHooks) -> None:
+                     result: dict[str, Any], ctx: RunContext) -> None:
     """Pairwise send/recv, a slow node measured again, then node-to-node rounds with 2+
     nodes (named on the terminal)."""
     if spec.pairwise and world.world_size > 1:
-        terminal.step(f"pairwise send/recv, {human_bytes(spec.pair_bytes or largest)}")
-        result["pairwise"] = _pairwise(spec, infos, largest, hooks)
+        terminal.step(ctx, f"pairwise send/recv, {human_bytes(spec.pair_bytes or largest)}")
+        result["pairwise"] = _pairwise(spec, infos, largest, ctx)
     if len(group_by_node(infos)) > 1:
-        result["nodes_again"] = _nodes_again(spec, world, infos, result, largest, hooks)
+        result["nodes_again"] = _nodes_again(spec, world, infos, result, largest, ctx)
     if spec.internode and len(group_by_node(infos)) > 1:
-        terminal.step("node-to-node rounds")
-        result["internode"] = _internode(spec, infos, largest, hooks)
+        terminal.step(ctx, "node-to-node rounds")
+        result["internode"] = _internode(spec, infos, largest, ctx)
 
 
 def comm_worker(ctx: RunContext, spec: CommSpec) -> dict[str, Any] | None:
@@ -169,11 +171,10 @@ def comm_worker(ctx: RunContext, spec: CommSpec) -> dict[str, Any] | None:
 def _sweep(spec: CommSpec, nccl_folder: str | None,
            ctx: RunContext) -> dict[str, Any] | None:
     """Collectives, pairs, node-to-node rounds, the NCCL transport; rank 0's result."""
-    hooks = ctx.hooks
     with process_group(spec.backend, spec.device, spec.timeout_s,
                        fault_watch=spec.fault_watch, ctx=ctx) as world:
         faults = faultwatch.of(ctx)
-        infos = [asdict(i) for i in roster()]
+        infos = [asdict(i) for i in roster(ctx)]
         sizes = sweep_sizes(spec.min_bytes, _agreed_max_bytes(spec, world))
         result: dict[str, Any] = {
             "world_size": world.world_size, "device": spec.device, "backend": spec.backend,
@@ -182,22 +183,22 @@ def _sweep(spec: CommSpec, nccl_folder: str | None,
             "pairwise": None, "internode": None, "complete": False,
         }
         faults.mark_start()
-        with terminal.bar("comm", len(spec.collectives) * len(sizes), "size") as shown:
+        with terminal.bar(ctx, "comm", len(spec.collectives) * len(sizes), "size") as shown:
             for collective in spec.collectives:
                 for size in sizes:
                     shown.describe(f"{collective} {human_bytes(size)} "
                                    f"(up to {human_bytes(sizes[-1])})")
-                    row = _gather_size(collective, size, spec, world)
+                    row = _gather_size(collective, size, spec, world, ctx)
                     result["collectives"][collective].append(row)
                     shown.advance()
                     if world.rank == 0:
-                        progress.publish_partial(result)
-            _pairs_and_nodes(spec, world, infos, sizes[-1], result, hooks)
+                        progress.publish_partial(ctx, result)
+            _pairs_and_nodes(spec, world, infos, sizes[-1], result, ctx)
         result["transport"] = _transport(spec, world, nccl_folder)
         faults.mark_end()
         result["faults"] = faults.gather()
         result["complete"] = True
-        progress.set_step(None)
+        progress.set_step(ctx, None)
         if world.rank == 0:
-            progress.publish_partial(result)
+            progress.publish_partial(ctx, result)
         return result if world.rank == 0 else None

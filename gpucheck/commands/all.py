@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,8 @@ CPU_SETTINGS: dict[str, tuple[str, ...]] = {
     "stress": ("--duration", "2"),
     "comm": ("--max-bytes", "64K", "--iters", "5"),
 }
-# What `--local` removes: the variables by which gpucheck reads a launcher's world
+# What `--local` leaves out of the environment its commands are given
+# (`RunContext.launcher_env`): the variables by which gpucheck reads a launcher's world
 # (gpucheck.distributed.world.world_from_env), so this node runs as a job of its own.
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")
 
@@ -67,25 +68,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     chosen = _chosen(args.skip)
-    if args.local:
-        for name in LAUNCHER_VARS:
-            os.environ.pop(name, None)
-    namespaces = _namespaces(args, chosen)
+    if args.local:  # on the run's own context: the CLI's stop report sees it too
+        ctx.launcher_env = without_launcher(ctx.launcher_env)
+    namespaces = _namespaces(args, chosen, ctx)
     # The run so far, kept on the context for `partial_report` after Ctrl-C or SIGTERM.
     state = ctx.all_run = AllRun(namespaces=namespaces)
     for name in ORDER:
         if name not in chosen:
             state.outcomes.append(Outcome(name, "skipped", "--skip"))
             continue
-        terminal.say(f"all: step {chosen.index(name) + 1} of {len(chosen)}: gpucheck {name}")
+        terminal.say(ctx, f"all: step {chosen.index(name) + 1} of {len(chosen)}: gpucheck {name}")
         state.outcomes.append(_run_one(name, namespaces[name], ctx))
         state.current = None  # left set by an interrupt, for partial_report
     outcomes: list[Outcome] = state.outcomes
-    if not _is_reporter():
+    if not _is_reporter(ctx):
         if any(o.outcome == "failed" for o in outcomes):
             raise SystemExit(1)  # the launcher should know this rank failed
         return None
     return combined_report(outcomes)
+
+
+def without_launcher(environ: Mapping[str, str]) -> dict[str, str]:
+    """`--local`: the environment the commands are given, without the launcher's rank
+    variables (the process's own environment is left as it is)."""
+    return {k: v for k, v in environ.items() if k not in LAUNCHER_VARS}
 
 
 def _chosen(skip_list: str) -> tuple[str, ...]:
@@ -100,20 +106,21 @@ def _chosen(skip_list: str) -> tuple[str, ...]:
     return chosen
 
 
-def _namespaces(args: argparse.Namespace, chosen: tuple[str, ...]) -> dict[str, Any]:
+def _namespaces(args: argparse.Namespace, chosen: tuple[str, ...],
+                ctx: RunContext) -> dict[str, Any]:
     """Each chosen command's options from its own parser, checked before anything runs."""
     from gpucheck.commands.launch_options import plan_launch
 
     if args.duration is not None and not args.duration > 0:
         raise UsageError(f"--duration {args.duration:g}: give a positive number of seconds")
     launched = [n for n in chosen if n != "env"]
-    device = plan_launch(args).device if launched else "cpu"
+    device = plan_launch(args, ctx).device if launched else "cpu"
     namespaces = {}
     for name in chosen:
         argv = _sub_argv(name, args, device)
         namespace = _parse(argv)
         try:
-            _preflight(name, namespace)
+            _preflight(name, namespace, ctx)
         except UsageError as exc:
             raise UsageError(f"{name} ({' '.join(argv)}): {exc}") from None
         if name == "env":  # `all -o ticket.md`: env's collect_env, as `env -o ticket.md`
@@ -148,7 +155,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return build_parser(__version__).parse_args(argv)
 
 
-def _preflight(name: str, ns: argparse.Namespace) -> None:
+def _preflight(name: str, ns: argparse.Namespace, ctx: RunContext) -> None:
     """The checks each command makes before it starts any rank (UsageError on a bad one)."""
     from gpucheck.commands import bench, comm, stress
     from gpucheck.commands.launch_options import plan_launch
@@ -157,12 +164,12 @@ def _preflight(name: str, ns: argparse.Namespace) -> None:
     if name == "env":
         checked_kernel_log_path(ns.kernel_log)
     elif name == "stress":
-        stress._check(ns, plan_launch(ns))
+        stress._check(ns, plan_launch(ns, ctx))
     elif name == "bench":
-        bench._plan_bench(ns, plan_launch(ns))
+        bench._plan_bench(ns, plan_launch(ns, ctx))
     elif name == "comm":
         comm._check(ns)
-        plan_launch(ns)
+        plan_launch(ns, ctx)
 
 
 def _run_one(name: str, ns: argparse.Namespace, ctx: RunContext) -> Outcome:
@@ -181,7 +188,7 @@ def _run_one(name: str, ns: argparse.Namespace, ctx: RunContext) -> Outcome:
         print(f"gpucheck all: {name} failed: {shown(why)}", file=sys.stderr)
         _leave_group()
         return Outcome(name, "failed", why, _since(start))
-    if report is None and _is_reporter():
+    if report is None and _is_reporter(ctx):
         return Outcome(name, "failed", "it returned no report", _since(start))
     return Outcome(name, "ran", "", _since(start), report)
 
@@ -207,10 +214,10 @@ def _leave_group() -> None:
         pass
 
 
-def _is_reporter() -> bool:
-    from gpucheck.distributed.world import world_from_env
+def _is_reporter(ctx: RunContext) -> bool:
+    from gpucheck.distributed.world import world_of
 
-    world = world_from_env()
+    world = world_of(ctx)
     return world is None or world.is_reporter
 
 

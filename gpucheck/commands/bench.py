@@ -88,7 +88,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     from gpucheck.distributed.job import run_job
     from gpucheck.distributed.launch import WorkersFailed
 
-    plan = plan_launch(args)
+    plan = plan_launch(args, ctx)
     spec, images = _plan_bench(args, plan)
     report = Report(command="bench")
     try:
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
             print(f"gpucheck bench: this rank failed: {terminal(exc)}", file=sys.stderr)
             raise SystemExit(1) from None
         report.add(_failed_section(exc))
-        _add_timed_so_far(report)
+        _add_timed_so_far(report, ctx)
         _add_partial_faults(report, getattr(exc, "partial", None))
         return report
     if not isinstance(outcome, BenchOutcome):
@@ -119,24 +119,24 @@ def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     iterations so far (`gpucheck.bench.partial`; gpucheck.cli adds the stop)."""
     from gpucheck.distributed import progress
 
-    partial = progress.local_partial()
+    partial = progress.local_partial(ctx)
     report = Report(command="bench")
     if partial is not None:
         shown = {k: v for k, v in partial.items() if k != "faults"}
         report.add(Section("partial", "Measured by rank 0 before the stop", shown))
-    _add_timed_so_far(report)
+    _add_timed_so_far(report, ctx)
     if not report.sections:
         return None
     _add_partial_faults(report, partial)
     return report
 
 
-def _add_timed_so_far(report: Report) -> None:
+def _add_timed_so_far(report: Report, ctx: RunContext) -> None:
     """Every rank's timed iterations published before a stop or a failure."""
     from gpucheck.bench.partial import timed_so_far_section
     from gpucheck.distributed import progress
 
-    timed = timed_so_far_section(progress.local_ranks())
+    timed = timed_so_far_section(progress.local_ranks(ctx))
     if timed is not None:
         report.add(timed)
 

@@ -43,18 +43,20 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     kernel_log = checked_kernel_log_path(getattr(args, "kernel_log", None))
     from gpucheck.distributed import terminal
 
-    terminal.say("env: probing this machine (system, Python, torch, NVML, each GPU)")
+    terminal.say(ctx, "env: probing this machine (system, Python, torch, NVML, each GPU)")
     # Under torchrun/srun with several ranks: each node's local rank 0 probes, rank 0
     # compares the nodes (gpucheck.distributed.envgather); otherwise just this machine.
+    # The environment listed is the one the run was given (`all --local`'s has no
+    # launcher variables).
     report = gather_env_reports(lambda: collect_env_report(
         gpu_test=getattr(args, "gpu_test", True), nvml_timeout_s=timeout,
-        kernel_log=kernel_log), ctx.scope)
+        environ=ctx.launcher_env, kernel_log=kernel_log), ctx)
     if report is not None:
         with_env_metrics(report.sections)
     if report is not None and wants_collect_env(args):
         from gpucheck.probes.collect_env import collect_env_section
 
-        terminal.say("env: python -m torch.utils.collect_env, for the Markdown/HTML report")
+        terminal.say(ctx, "env: python -m torch.utils.collect_env, for the Markdown/HTML report")
         report.add(collect_env_section())
     return report
 

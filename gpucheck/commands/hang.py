@@ -68,7 +68,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     from gpucheck.hang.gather import gather_views
     from gpucheck.hang.live import live_sections
 
-    nodes = gather_views(args.pids, args.window, args.nvml_timeout)
+    nodes = gather_views(args.pids, args.window, args.nvml_timeout, ctx)
     if nodes is None:
         return None
     for section in live_sections(nodes, args.window):

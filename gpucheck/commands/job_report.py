@@ -39,10 +39,10 @@ def run_reported(command: str, worker: Callable[[RunContext, Any], Any], spec: A
     return add_launch_finding(build(result), plan)
 
 
-def partial_report(build: Build) -> Report | None:
+def partial_report(build: Build, ctx: RunContext) -> Report | None:
     """After Ctrl-C or SIGTERM: what rank 0 had measured so far (gpucheck.cli adds the
     stop), or None when nothing was."""
     from gpucheck.distributed import progress
 
-    partial = progress.local_partial()
+    partial = progress.local_partial(ctx)
     return build(partial) if partial is not None else None

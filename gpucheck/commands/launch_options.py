@@ -10,6 +10,7 @@ from typing import Any
 
 from gpucheck.commands.baseline_option import add_baseline_argument
 from gpucheck.commands.option_types import port, positive_float, positive_int
+from gpucheck.context import RunContext
 from gpucheck.distributed import terminal
 from gpucheck.distributed.job import launched_world, resolve_nproc
 from gpucheck.distributed.launch import check_port_free
@@ -53,14 +54,14 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
                        "error counters, clock slowdowns) during the run (docs/faults.md)")
 
 
-def _visible_gpus() -> int:
+def _visible_gpus(ctx: RunContext) -> int:
     """The GPUs CUDA really gives this process: one rank per GPU.
 
     Not `torch.cuda.device_count()`, which before CUDA starts answers from NVML and
     counts every MIG instance in CUDA_VISIBLE_DEVICES, though CUDA enumerates only one.
     """
     if "torch" not in sys.modules:  # the first seconds of every load command
-        terminal.say("loading torch and looking for GPUs")
+        terminal.say(ctx, "loading torch and looking for GPUs")
     from gpucheck.devices import cuda_device_count
 
     return cuda_device_count(import_torch())
@@ -82,17 +83,18 @@ def import_torch() -> Any:
     return torch
 
 
-def plan_launch(args: argparse.Namespace) -> LaunchPlan:
-    """Check the launch options against this machine; every problem is a UsageError."""
+def plan_launch(args: argparse.Namespace, ctx: RunContext) -> LaunchPlan:
+    """Check the launch options against this machine and the launcher's world (`ctx`);
+    every problem is a UsageError."""
     if args.timeout <= 0:
         raise UsageError(f"--timeout {args.timeout:g}: give a positive number of seconds")
-    gpus = _visible_gpus()
+    gpus = _visible_gpus(ctx)
     device = args.device or ("cuda" if gpus else "cpu")
     if device == "cuda" and gpus == 0:
         raise UsageError("--device cuda but no GPU is visible to torch; run `gpucheck env` "
                          "to see why, or use --device cpu")
-    _check_rank_count(args.n_gpus, gpus)
-    nproc = resolve_nproc(args.n_gpus, default=gpus if device == "cuda" else DEFAULT_CPU_RANKS)
+    _check_rank_count(args.n_gpus, gpus, ctx)
+    nproc = resolve_nproc(args.n_gpus, gpus if device == "cuda" else DEFAULT_CPU_RANKS, ctx)
     backend = args.backend or ("nccl" if device == "cuda" else "gloo")
     _check_backend(backend, device)
     # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); gloo ranks can
@@ -119,9 +121,9 @@ def rank_limit(gpus: int) -> int:
     return max(MIN_RANK_LIMIT, RANKS_PER_CORE * (os.cpu_count() or 1), gpus)
 
 
-def _check_rank_count(requested: int | None, gpus: int) -> None:
+def _check_rank_count(requested: int | None, gpus: int, ctx: RunContext) -> None:
     """Under torchrun or srun --n-gpus is the job's world size (many nodes): not here."""
-    if requested is None or launched_world() is not None:
+    if requested is None or launched_world(ctx) is not None:
         return
     limit = rank_limit(gpus)
     if requested > limit:

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
         from gpucheck.output import check_writable
 
         check_writable(args.exclude_file, "--exclude-file")
-    plan = plan_launch(args)
+    plan = plan_launch(args, ctx)
     spec = _spec(args, plan)
     from gpucheck.distributed.job import JobFailed, run_job
     from gpucheck.distributed.launch import WorkersFailed
@@ -102,10 +102,10 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     try:
         out = run_job(_worker(), spec, plan.nproc, plan.master_port, ctx)
     except JobFailed as exc:
-        return _failed(args, exc)
+        return _failed(args, exc, ctx)
     except WorkersFailed as exc:
-        return _failed(args, JobFailed(exc.failures, None, [], None, reporter=True))
-    return _decided(args, spec, out, command)
+        return _failed(args, JobFailed(exc.failures, None, [], None, reporter=True), ctx)
+    return _decided(args, spec, out, command, ctx)
 
 
 def _worker() -> Any:
@@ -115,12 +115,12 @@ def _worker() -> Any:
 
 
 def _decided(args: argparse.Namespace, spec: Any, out: dict[str, Any],
-             command: list[str]) -> Report | None:
+             command: list[str], ctx: RunContext) -> Report | None:
     """Act on the agreed decision: drain (node rank 0), report and exclude file (rank
     0), then exec CMD on a pass or exit 1 on every rank."""
-    from gpucheck.distributed.world import world_from_env
+    from gpucheck.distributed.world import world_of
 
-    world = world_from_env()
+    world = world_of(ctx)
     decision = out["decision"]
     drained = _drain(args, spec, decision, world)
     reporter = world is None or world.world_size == 1 or world.rank == 0 or \
@@ -202,17 +202,17 @@ def _report(decision: dict[str, Any], drained: dict[str, Any] | None) -> Report:
     return Report(command="preflight", sections=sections)
 
 
-def _failed(args: argparse.Namespace, exc: Any) -> Report | None:
+def _failed(args: argparse.Namespace, exc: Any, ctx: RunContext) -> Report | None:
     """A rank crashed or went silent: no-go. The report (rank 0) names it, the exclude
     file its host; other ranks exit 1 with one line."""
     from gpucheck.distributed.failures import failed_job_report
-    from gpucheck.distributed.world import world_from_env
+    from gpucheck.distributed.world import world_of
     from gpucheck.preflight.actions import failing_hosts, hold_sigterm, speaks_for_failed_job
 
     failing = [{"host": r.get("host"), "node_rank": r.get("node_rank")}
                for f in exc.failures if _node_fault(f)
                for r in exc.roster if r.get("rank") == f.rank]
-    world = world_from_env()  # rank 0 silent: each node's lowest live rank speaks
+    world = world_of(ctx)  # rank 0 silent: each node's lowest live rank speaks
     if not exc.reporter and speaks_for_failed_job([f.rank for f in exc.failures], exc.roster,
                                                   world.rank if world else None, False):
         hold_sigterm()

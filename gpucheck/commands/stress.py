@@ -144,7 +144,7 @@ def _verdicts(args: argparse.Namespace) -> Verdicts:
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
-    plan = plan_launch(args)
+    plan = plan_launch(args, ctx)
     spec = _check(args, plan)
     from gpucheck.stress.worker import stress_worker
 
@@ -161,4 +161,4 @@ def _report(args: argparse.Namespace, result: dict[str, Any]) -> Report:
 
 def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     """After Ctrl-C or SIGTERM: what was measured so far (gpucheck.cli adds the stop)."""
-    return job_partial_report(lambda partial: _report(args, partial))
+    return job_partial_report(lambda partial: _report(args, partial), ctx)

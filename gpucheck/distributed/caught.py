@@ -20,8 +20,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gpucheck.distributed import progress
-
 WARNINGS_FILE = "warnings-{rank}.json"
 WARNINGS_GLOB = "warnings-*.json"
 MAX_KEPT = 20  # distinct warnings; a flood is cut, not kept whole
@@ -31,9 +29,10 @@ Rows = list[dict[str, Any]]
 
 
 @contextmanager
-def caught(rank: int, kept: Rows) -> Iterator[None]:
+def caught(rank: int, kept: Rows, folder: Path | None) -> Iterator[None]:
     """Record every warning raised in the block (once per place, as Python's default
-    filter shows it), keep it for the report, publish it for the launcher."""
+    filter shows it), keep it for the report, publish it for the launcher in the run
+    directory `folder` (when the job has one)."""
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("default")
         try:
@@ -41,7 +40,7 @@ def caught(rank: int, kept: Rows) -> Iterator[None]:
         finally:
             rows = [_row(w, rank) for w in seen]
             remember(kept, rows)
-            _publish(rank, rows)
+            _publish(folder, rank, rows)
 
 
 def _row(warning: warnings.WarningMessage, rank: int) -> dict[str, Any]:
@@ -51,8 +50,7 @@ def _row(warning: warnings.WarningMessage, rank: int) -> dict[str, Any]:
             "where": f"{Path(warning.filename).name}:{warning.lineno}", "ranks": [rank]}
 
 
-def _publish(rank: int, rows: list[dict[str, Any]]) -> None:
-    folder = progress.run_dir()
+def _publish(folder: Path | None, rank: int, rows: list[dict[str, Any]]) -> None:
     if folder is None or not rows:
         return
     # The log is a courtesy: a full disk must not fail the rank.

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.devices import GpuIdentity
-from gpucheck.distributed import progress
 from gpucheck.distributed.world import World, host_name
 from gpucheck.numa import SYSFS, allowed_cpus, rank_numa
 
@@ -77,6 +76,9 @@ class CheckInFailed(RuntimeError):
         self.missing = missing
         self.present = present
         self.expected = {r: expected_place(r, world) for r in missing}
+        # This rank's view of it, for the report (process_group records it): set
+        # where the check-in timed out.
+        self.diagnosis: dict[str, Any] | None = None
         names = ", ".join(self.expected.values())
         hint = (" (under sbatch, start the ranks with srun)" if world.launcher == "slurm" else "")
         super().__init__(
@@ -181,9 +183,9 @@ def _wait_for_all(store: Any, world: World, kind: str, timeout_s: float) -> None
             known = _present(store, "checkin", world.world_size) if kind == "checkin" else []
             error = CheckInFailed(missing, [_read_info(store, r) for r in known], world,
                                   timeout_s)
-            progress.record_diagnosis({"rank": world.rank, "missing": missing,
-                                       "expected": error.expected, "step": "check-in",
-                                       "cause": "never checked in", "message": str(error)})
+            error.diagnosis = {"rank": world.rank, "missing": missing,
+                               "expected": error.expected, "step": "check-in",
+                               "cause": "never checked in", "message": str(error)}
             raise error
         time.sleep(POLL_S)
 
@@ -208,6 +210,7 @@ class SharedGpu(RuntimeError):
     def __init__(self, groups: list[list[RankInfo]], views: Mapping[int, View],
                  launcher: str) -> None:
         self.ranks = sorted(i.rank for group in groups for i in group)
+        self.diagnosis: dict[str, Any] | None = None  # set by refuse_shared_gpus
         self.groups = [[i.rank for i in group] for group in groups]
         setting = ("srun's GPU binding (--gpu-bind / --gpus-per-task) gave" if
                    launcher == "slurm" else "the launch gave")
@@ -252,9 +255,8 @@ def refuse_shared_gpus(infos: Sequence[RankInfo], views: Mapping[int, View], wor
     if not groups:
         return
     error = SharedGpu(groups, views, world.launcher)
-    progress.record_diagnosis({"rank": world.rank, "missing": [], "shared": error.ranks,
-                               "step": "check-in", "cause": "shares a GPU",
-                               "message": str(error)})
+    error.diagnosis = {"rank": world.rank, "missing": [], "shared": error.ranks,
+                       "step": "check-in", "cause": "shares a GPU", "message": str(error)}
     raise error
 
 

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpucheck.context import RunContext
 from gpucheck.distributed.nodes import NodeId
 from gpucheck.envfacts import node_facts  # floor 1: analysis/ reads it without this layer
 from gpucheck.report import Finding, Report, Section, ok, warn
@@ -72,34 +73,31 @@ def _on_node(finding: Finding, node: NodeId) -> Finding:
     return dataclasses.replace(finding, subject=subject)
 
 
-def gather_env_reports(build: Callable[[], Report],
-                       scope: tuple[str, ...] = ()) -> Report | None:
+def gather_env_reports(build: Callable[[], Report], ctx: RunContext) -> Report | None:
     """Under a launcher with several ranks: probe once per node, rank 0 merges.
 
-    Without one, just `build()`. Ranks other than 0 return None. `scope`: the
-    command's namespace on the job's store (`RunContext.scope`).
+    Without one, just `build()`. Ranks other than 0 return None. `ctx`: the command's
+    (its world, its namespace on the job's store).
     """
     from gpucheck.distributed.job import launched_world
 
-    if launched_world() is None:
+    if launched_world(ctx) is None:
         return build()
-    reports = gather_per_node(lambda: build().to_dict(), scope=scope)
+    reports = gather_per_node(lambda: build().to_dict(), ctx)
     return None if reports is None else merge_node_reports(reports)
 
 
-def gather_per_node(build: Callable[[], Any], fault_watch: bool = True,
-                    timeout_s: float = GATHER_TIMEOUT_S,
-                    scope: tuple[str, ...] = ()) -> dict[NodeId, Any] | None:
+def gather_per_node(build: Callable[[], Any], ctx: RunContext, fault_watch: bool = True,
+                    timeout_s: float = GATHER_TIMEOUT_S) -> dict[NodeId, Any] | None:
     """Under a launcher with several ranks: each node's local rank 0 runs `build()` (plain
     values), rank 0 gets them all by node; other ranks get None. Shared by env and hang."""
     import torch.distributed as dist
 
-    from gpucheck.context import RunContext
     from gpucheck.distributed.session import process_group
     from gpucheck.distributed.world import host_name
 
     with process_group("gloo", "cpu", timeout_s, fault_watch=fault_watch,
-                       ctx=RunContext(scope=scope)) as world:
+                       ctx=ctx) as world:
         mine = build() if world.local_rank == 0 else None
         record = {"node_rank": world.node_rank, "host": host_name(), "value": mine}
         every: list[Any] = [None] * world.world_size if world.rank == 0 else []

@@ -33,7 +33,8 @@ class RankFaults:
     """One rank's fault watch for the life of its process group, held by its RunContext
     (`ctx.faults`, set by `process_group`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx  # the rank's, for its progress (the step, the partial results)
         self.watch: FaultWatch | None = None
         self.nvml: Nvml | None = None
         self.off = False
@@ -91,10 +92,10 @@ class RankFaults:
         if self.off:
             return off_results(dist.get_world_size())
         mine = self._own_result()
-        progress.set_step("all_gather of the fault watch results")
+        progress.set_step(self.ctx, "all_gather of the fault watch results")
         every: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
-        progress.set_step(None)
+        progress.set_step(self.ctx, None)
         return every
 
     def publish_after_failure(self, world: World) -> None:
@@ -105,7 +106,8 @@ class RankFaults:
             return
         with contextlib.suppress(Exception):
             faults = off_results(world.world_size) if self.off else [self._own_result()]
-            progress.publish_partial((progress.local_partial() or {}) | {"faults": faults})
+            partial = progress.local_partial(self.ctx) or {}
+            progress.publish_partial(self.ctx, partial | {"faults": faults})
 
     def close(self) -> None:
         """Stop the watch (when still running) and shut the rank's doorway."""

@@ -15,6 +15,7 @@ the partial results the reporting rank had published (`gpucheck.distributed.prog
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import traceback
@@ -33,23 +34,23 @@ from gpucheck.distributed.checkin import (
     device_label,
 )
 from gpucheck.distributed.launch import RankFailure, WorkersFailed, launch_local
-from gpucheck.distributed.world import World, world_from_env
+from gpucheck.distributed.world import World, world_of
 from gpucheck.errors import UsageError
 
 S = TypeVar("S")
 
 
-def launched_world() -> World | None:
+def launched_world(ctx: RunContext) -> World | None:
     """The launcher's world when it has more than one rank; None when gpucheck launches."""
-    world = world_from_env()
+    world = world_of(ctx)
     return world if world is not None and world.world_size > 1 else None
 
 
-def resolve_nproc(requested: int | None, default: int) -> int:
+def resolve_nproc(requested: int | None, default: int, ctx: RunContext) -> int:
     """How many ranks to run; a launcher's world that disagrees is a usage error."""
     if requested is not None and requested < 1:
         raise UsageError(f"--n-gpus {requested}: give 1 or more ranks")
-    world = launched_world()
+    world = launched_world(ctx)
     if world is None:
         return requested or default
     if requested is not None and requested != world.world_size:
@@ -61,7 +62,7 @@ def resolve_nproc(requested: int | None, default: int) -> int:
 
 
 def run_job(worker: Callable[[RunContext, S], Any], spec: S, nproc: int,
-            master_port: int | None = None, ctx: RunContext | None = None) -> Any:
+            master_port: int | None, ctx: RunContext) -> Any:
     """Run `worker(ctx, spec)` on every rank; the reporting process gets rank 0's return
     value. A rank in this process gets `ctx`; ranks it starts get a context of their
     own made from `ctx.options`, which cross into every rank beside the spec.
@@ -70,26 +71,25 @@ def run_job(worker: Callable[[RunContext, S], Any], spec: S, nproc: int,
     its own worker's value (None on ranks that do not report). Otherwise a single
     rank runs in this process, and several are started with the elastic launcher.
     """
-    world = launched_world()
+    world = launched_world(ctx)
     if world is not None or nproc == 1:
         if world is None:  # under torchrun or srun, rank 0's check-in says it
-            terminal.say("1 rank, in this process")
-        return _run_here(worker, spec, ctx or RunContext())
-    terminal.say(f"launching {nproc} ranks (each starts python and torch, then they "
-                 "join one process group)")
-    progress.remember_ranks({})
-    ctx = ctx or RunContext()
-    with _run_dir() as folder:
+            terminal.say(ctx, "1 rank, in this process")
+        return _run_here(worker, spec, ctx)
+    terminal.say(ctx, f"launching {nproc} ranks (each starts python and torch, then "
+                      "they join one process group)")
+    progress.remember_ranks(ctx, {})
+    with _run_dir(ctx) as folder:
         options = replace(ctx.options, run_dir=str(folder))
         try:
             return launch_local(in_context, (worker, spec, options), nproc, master_port)[0]
         except WorkersFailed as exc:
             partial, roster, diagnoses = progress.read_run_dir(folder)
-            progress.remember_ranks(progress.read_ranks(folder))
+            progress.remember_ranks(ctx, progress.read_ranks(folder))
             raise JobFailed(exc.failures, partial, diagnoses, roster, reporter=True) from None
         except KeyboardInterrupt:
-            progress.remember_partial(progress.read_run_dir(folder)[0])
-            progress.remember_ranks(progress.read_ranks(folder))
+            progress.remember_partial(ctx, progress.read_run_dir(folder)[0])
+            progress.remember_ranks(ctx, progress.read_ranks(folder))
             raise
         finally:
             caught.gather(folder, ctx.warnings)  # the ranks' library warnings, for the log
@@ -176,10 +176,10 @@ def _silent(rank: int, diagnoses: list[dict[str, Any]],
 
 
 @contextmanager
-def _run_dir() -> Iterator[Path]:
-    """The job's run directory (the user's GPUCHECK_RUN_DIR, kept, else a temporary
-    one), handed to the workers in their RunOptions."""
-    given = progress.run_dir()
+def _run_dir(ctx: RunContext) -> Iterator[Path]:
+    """The job's run directory (the user's GPUCHECK_RUN_DIR, `ctx.options.run_dir`,
+    kept, else a temporary one), handed to the workers in their RunOptions."""
+    given = progress.run_dir(ctx)
     folder = given or Path(tempfile.mkdtemp(prefix="gpucheck-run-"))
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob(progress.RANK_GLOB):  # a kept folder's earlier run
@@ -193,29 +193,33 @@ def _run_dir() -> Iterator[Path]:
 
 def in_context(worker: Callable[[RunContext, S], Any], spec: S, options: RunOptions) -> Any:
     """How a spawned rank runs its worker: with its own context, made from the options
-    the launching process pickled beside the spec."""
-    progress.use_run_dir(options.run_dir)
-    return worker(RunContext(options), spec)
+    the launching process pickled beside the spec, placed in the job by the variables
+    the elastic agent set in this process's environment (read here, once)."""
+    ctx = RunContext(options, launcher_env=dict(os.environ))
+    result = worker(ctx, spec)
+    # Stopping the ranks and writing the report take a few more seconds.
+    terminal.say(ctx, "measured: the ranks stop, then the report follows")
+    return result
 
 
 def _run_here(worker: Callable[[RunContext, S], Any], spec: S, ctx: RunContext) -> Any:
     """This process is the only rank here: turn its failure into `JobFailed`."""
-    progress.reset()
+    progress.reset(ctx)
     try:
         return worker(ctx, spec)
     except Exception as exc:
         if not isinstance(exc, (CheckInFailed, RanksUnresponsive, SharedGpu)):
             traceback.print_exc()
-        raise _job_failed_here(exc) from exc
+        raise _job_failed_here(exc, ctx) from exc
 
 
-def _job_failed_here(exc: Exception) -> JobFailed:
+def _job_failed_here(exc: Exception, ctx: RunContext) -> JobFailed:
     from gpucheck.distributed.session import roster
 
-    world = world_from_env()
+    world = world_of(ctx)
     rank, local_rank = (world.rank, world.local_rank) if world else (0, 0)
     lines = str(exc).strip().splitlines()
     failure = RankFailure(rank, local_rank, exitcode=1, signal=None,
                           message=lines[-1] if lines else type(exc).__name__)
-    return JobFailed([failure], progress.local_partial(), progress.local_diagnoses(),
-                     [asdict(i) for i in roster()], reporter=rank == 0)
+    return JobFailed([failure], progress.local_partial(ctx), progress.local_diagnoses(ctx),
+                     [asdict(i) for i in roster(ctx)], reporter=rank == 0)

@@ -140,12 +140,7 @@ def rank_main(entrypoint: Callable[..., Any], *args: Any) -> Any:
     # Started with SIGINT blocked (see _ranks_start_deaf_to_ctrl_c): a Ctrl-C that came
     # while the rank imported torch is pending and ends it here, silently.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    result = entrypoint(*args)
-    # Stopping the ranks and writing the report take a few more seconds.
-    from gpucheck.distributed import terminal
-
-    terminal.say("measured: the ranks stop, then the report follows")
-    return result
+    return entrypoint(*args)
 
 
 @contextmanager

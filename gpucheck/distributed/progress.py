@@ -1,13 +1,14 @@
 """What a rank has done so far, kept where a failure cannot take it away.
 
 Workers call `set_step` before each phase (so a failure says where it happened) and
-`publish_partial` on the reporting rank whenever a result is complete. Under
-self-launch the job has a run directory (made by `run_job`, or `GPUCHECK_RUN_DIR` set
-by the user to keep it; the ranks get it in their `RunOptions`, `use_run_dir`):
-partial results, the roster from the check-in and each survivor's diagnosis are
-written there atomically, so the launching process can still report them after the
-agent has stopped every worker. Without a run directory they
-stay in this process, for the reporting rank under torchrun or srun.
+`publish_partial` on the reporting rank whenever a result is complete; both keep it
+on the rank's RunContext (`ctx.progress`). When the job has a run directory (made by
+`run_job` for the ranks it starts, or named by the user with GPUCHECK_RUN_DIR to keep
+it: `ctx.options.run_dir`, read once by the CLI), partial results, the roster from
+the check-in and each survivor's diagnosis are also written there atomically, so the
+launching process can still report them after the agent has stopped every worker.
+Without a run directory they stay in this process, for the reporting rank under
+torchrun or srun.
 """
 
 from __future__ import annotations
@@ -18,41 +19,33 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-RUN_DIR_VAR = "GPUCHECK_RUN_DIR"
+from gpucheck.context import Progress, RunContext
+
 PARTIAL_FILE = "partial.json"
 ROSTER_FILE = "roster.json"
 DIAGNOSIS_GLOB = "diagnosis-*.json"
 RANK_FILE = "rank-{rank}.json"
 RANK_GLOB = "rank-*.json"
 
-_state: dict[str, Any] = {"step": None, "partial": None, "diagnoses": [], "ranks": {},
-                          "run_dir": None}
 
-
-def use_run_dir(folder: str | None) -> None:
-    """This rank's run directory, from its RunOptions (a rank gpucheck started)."""
-    _state["run_dir"] = folder
-
-
-def run_dir() -> Path | None:
+def run_dir(ctx: RunContext) -> Path | None:
     """The run directory: the one the launching process gave this rank, else the one
-    the user named (`GPUCHECK_RUN_DIR`, e.g. under torchrun or srun), else None."""
-    raw = _state["run_dir"] or os.environ.get(RUN_DIR_VAR)
+    the user named (GPUCHECK_RUN_DIR, e.g. under torchrun or srun), else None."""
+    raw = ctx.options.run_dir
     return Path(raw) if raw else None
 
 
-def set_step(label: str | None) -> None:
+def set_step(ctx: RunContext, label: str | None) -> None:
     """Name what this rank is doing now (`all_reduce 4 MiB`); failures quote it."""
-    _state["step"] = label
+    ctx.progress.step = label
 
 
-def current_step() -> str | None:
-    step: str | None = _state["step"]
-    return step
+def current_step(ctx: RunContext) -> str | None:
+    return ctx.progress.step
 
 
-def _write_json(name: str, data: Any) -> None:
-    folder = run_dir()
+def _write_json(ctx: RunContext, name: str, data: Any) -> None:
+    folder = run_dir(ctx)
     if folder is None:
         return
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
@@ -61,47 +54,46 @@ def _write_json(name: str, data: Any) -> None:
     os.replace(tmp, folder / name)
 
 
-def publish_partial(data: dict[str, Any]) -> None:
+def publish_partial(ctx: RunContext, data: dict[str, Any]) -> None:
     """Keep what the reporting rank has measured so far (replaces the previous copy)."""
-    _state["partial"] = data
-    _write_json(PARTIAL_FILE, data)
+    ctx.progress.partial = data
+    _write_json(ctx, PARTIAL_FILE, data)
 
 
-def remember_partial(data: dict[str, Any] | None) -> None:
+def remember_partial(ctx: RunContext, data: dict[str, Any] | None) -> None:
     """Keep partial results in this process only (the launcher, after Ctrl-C)."""
-    _state["partial"] = data
+    ctx.progress.partial = data
 
 
-def publish_roster(roster: list[dict[str, Any]]) -> None:
-    _write_json(ROSTER_FILE, roster)
+def publish_roster(ctx: RunContext, roster: list[dict[str, Any]]) -> None:
+    _write_json(ctx, ROSTER_FILE, roster)
 
 
-def record_diagnosis(diagnosis: dict[str, Any]) -> None:
+def record_diagnosis(ctx: RunContext, diagnosis: dict[str, Any]) -> None:
     """A surviving rank's view of a failure: who did not answer, during which step."""
-    _state["diagnoses"].append(diagnosis)
-    _write_json(f"diagnosis-{diagnosis['rank']}.json", diagnosis)
+    ctx.progress.diagnoses.append(diagnosis)
+    _write_json(ctx, f"diagnosis-{diagnosis['rank']}.json", diagnosis)
 
 
-def publish_rank(rank: int, data: dict[str, Any]) -> None:
+def publish_rank(ctx: RunContext, rank: int, data: dict[str, Any]) -> None:
     """Keep what THIS rank has measured so far, apart from rank 0's partial results: each
     rank writes its own file, so a stuck or killed rank costs only its own newest
     figures, and rank 0 never waits on another rank to keep them."""
-    _state["ranks"][rank] = data
-    _write_json(RANK_FILE.format(rank=rank), data)
+    ctx.progress.ranks[rank] = data
+    _write_json(ctx, RANK_FILE.format(rank=rank), data)
 
 
-def remember_ranks(ranks: dict[int, dict[str, Any]]) -> None:
+def remember_ranks(ctx: RunContext, ranks: dict[int, dict[str, Any]]) -> None:
     """Keep every rank's published figures in this process (the launcher, after Ctrl-C)."""
-    _state["ranks"] = dict(ranks)
+    ctx.progress.ranks = dict(ranks)
 
 
-def local_ranks() -> dict[int, dict[str, Any]]:
+def local_ranks(ctx: RunContext) -> dict[int, dict[str, Any]]:
     """Every rank's figures known here: this process's, and the run directory's when
     there is one (ranks on this node, under torchrun or srun with GPUCHECK_RUN_DIR)."""
-    folder = run_dir()
+    folder = run_dir(ctx)
     found = read_ranks(folder) if folder is not None and folder.is_dir() else {}
-    mine: dict[int, dict[str, Any]] = _state["ranks"]
-    return found | mine
+    return found | ctx.progress.ranks
 
 
 def read_ranks(folder: Path) -> dict[int, dict[str, Any]]:
@@ -114,17 +106,21 @@ def read_ranks(folder: Path) -> dict[int, dict[str, Any]]:
     return found
 
 
-def local_partial() -> dict[str, Any] | None:
-    partial: dict[str, Any] | None = _state["partial"]
-    return partial
+def local_partial(ctx: RunContext) -> dict[str, Any] | None:
+    return ctx.progress.partial
 
 
-def local_diagnoses() -> list[dict[str, Any]]:
-    return list(_state["diagnoses"])
+def local_diagnoses(ctx: RunContext) -> list[dict[str, Any]]:
+    return list(ctx.progress.diagnoses)
 
 
-def reset() -> None:
-    _state.update(step=None, partial=None, diagnoses=[], ranks={})
+def reset(ctx: RunContext) -> None:
+    """Start a new job's record in this process (the run directory stays). In place:
+    the contexts `RunContext.scoped` made share it."""
+    fresh = Progress()
+    record = ctx.progress
+    record.step, record.partial = fresh.step, fresh.partial
+    record.diagnoses, record.ranks = fresh.diagnoses, fresh.ranks
 
 
 def _read(path: Path) -> Any:

@@ -30,6 +30,7 @@ from gpucheck.distributed.checkin import (
     CheckInFailed,
     RankInfo,
     RanksUnresponsive,
+    SharedGpu,
     View,
     check_in,
     exchange_visible,
@@ -39,12 +40,10 @@ from gpucheck.distributed.checkin import (
     roll_call_window_s,
     this_rank,
 )
-from gpucheck.distributed.world import World, host_name, world_from_env
+from gpucheck.distributed.world import World, host_name, world_of
 
 SINGLE = World(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                master_addr="127.0.0.1", master_port=0, launcher="none")
-
-_session: dict[str, Any] = {"roster": [], "gpu": None, "device_index": None, "store": None}
 
 # On a timed-out NCCL collective the watchdog (ProcessGroupNCCL's own thread) dumps the
 # Flight Recorder (TORCH_NCCL_DUMP_ON_TIMEOUT) and asks the other ranks to dump; by
@@ -60,21 +59,21 @@ CLEAN_UP_ONLY = "2"
 _COMM_ERROR_WORDS = ("timed out", "timeout", "connection", "gloo", "nccl", "peer", "socket")
 
 
-def roster() -> list[RankInfo]:
+def roster(ctx: RunContext) -> list[RankInfo]:
     """Every rank of the current job as it checked in (host, node, device, pid)."""
-    return list(_session["roster"])
+    return list(ctx.session.roster)
 
 
-def job_store() -> Any:
+def job_store(ctx: RunContext) -> Any:
     """The store the last `process_group` checked in on (None before one): kept after the
     block, so a command can still coordinate its ranks once the group is gone
     (`gpucheck preflight` hands the job's port over to the command it starts)."""
-    return _session["store"]
+    return ctx.session.store
 
 
-def gpu_identity() -> GpuIdentity | None:
+def gpu_identity(ctx: RunContext) -> GpuIdentity | None:
     """The physical GPU this rank uses (None on CPU): NVML index, bus id, UUID."""
-    gpu: GpuIdentity | None = _session["gpu"]
+    gpu: GpuIdentity | None = ctx.session.gpu
     return gpu
 
 
@@ -83,16 +82,16 @@ def barrier() -> None:
 
     Without `device_ids`, NCCL's barrier guesses the device from the current
     context and warns ("barrier(): using the device under current context") on
-    every run. Binding the device in `init_process_group(device_id=...)` would
-    mute it too, but makes NCCL run point-to-point ops on the world communicator
-    instead of a 2-rank one per pair, which changes what comm's pair matrix
-    measures.
+    every run. The rank's GPU is the current CUDA device: `bind_device` set it (the
+    world's `device_index`). Binding the device in `init_process_group(device_id=...)`
+    would mute it too, but makes NCCL run point-to-point ops on the world communicator
+    instead of a 2-rank one per pair, which changes what comm's pair matrix measures.
     """
+    import torch
     import torch.distributed as dist
 
-    index = _session["device_index"]
-    if index is not None and dist.get_backend() == "nccl":
-        dist.barrier(device_ids=[index])
+    if dist.get_backend() == "nccl":
+        dist.barrier(device_ids=[torch.cuda.current_device()])
     else:
         dist.barrier()
 
@@ -210,8 +209,8 @@ def _identify(world: World, nvml: Any | None = None) -> GpuIdentity | None:
 
 
 @contextmanager
-def process_group(backend: str, device: str, timeout_s: float,
-                  fault_watch: bool = True, ctx: RunContext | None = None) -> Iterator[World]:
+def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool = True,
+                  *, ctx: RunContext) -> Iterator[World]:
     """Check in, join the job's process group (or a private one-rank group) for the block.
 
     The world it yields carries this rank's `device_index` on CUDA. `timeout_s`
@@ -219,51 +218,42 @@ def process_group(backend: str, device: str, timeout_s: float,
     `RanksUnresponsive` naming the ranks that did not answer. With `fault_watch`
     the rank's GPU is watched for hardware faults for the whole block
     (`gpucheck.distributed.faultwatch`: the worker marks its timed window and gathers,
-    on `ctx.faults`). `ctx`: the command's namespace on the job's store (`ctx.scope`),
-    and, from tests, a bus id to watch instead of the rank's GPU (`ctx.hooks.fault_bus`).
+    on `ctx.faults`). `ctx`: this rank's world (`ctx.launcher_env`), its command's
+    namespace on the job's store (`ctx.scope`), where the roster, store and GPU are
+    kept (`ctx.session`), and, from tests, a bus id to watch instead of the rank's GPU
+    (`ctx.hooks.fault_bus`).
     """
     import torch.distributed as dist
 
-    world = world_from_env() or SINGLE
-    timeout = _dt.timedelta(seconds=timeout_s)
-    progress.set_step("check-in")
+    world = world_of(ctx) or SINGLE
+    progress.set_step(ctx, "check-in")
     if world.world_size > 1:
-        terminal.say(f"rank 0 started: waiting for {world.world_size} ranks to check in")
-    ctx = ctx if ctx is not None else RunContext()
-    faults = ctx.faults = faultwatch.RankFaults()
-    store = _session["store"] = scoped_store(_job_store(world, timeout), ctx.scope)
-    views: dict[int, View] = {}
-
-    def peers(seen: list[str], launched: World = world) -> dict[int, list[str]]:
-        views.update(exchange_visible(store, launched, seen, timeout_s))
-        return local_views(views, launched)
-
-    test_bus = ctx.hooks.bus_id(world.rank)
-    world = bind_device(device, world, peers if world.launcher != "none" and
-                        world.world_size > 1 else None)
-    _session["device_index"] = world.device_index
-    # Named before the check-in, so a slow NVML attach does not eat its window.
-    _session["gpu"] = _identify(world, faults.open_nvml(world, fault_watch, test_bus))
-    me = this_rank(world, _session["gpu"])
-    infos = [me] if world.launcher == "none" else check_in(store, world, me, timeout_s)
-    _session["roster"] = infos
-    if world.rank == 0:
-        progress.publish_roster([asdict(i) for i in infos])
-    refuse_shared_gpus(infos, views, world, backend)
-    dist.init_process_group(backend, store=_stores().prefix("gpucheck/pg", store),
-                            rank=world.rank, world_size=world.world_size, timeout=timeout)
-    progress.set_step(None)
-    terminal.say(f"{world.world_size} rank(s) joined the process group ({backend}, {device})")
+        terminal.say(ctx, f"rank 0 started: waiting for {world.world_size} ranks to check in")
+    faults = ctx.faults = faultwatch.RankFaults(ctx)
     try:
-        faults.start(world, _session["gpu"], fault_watch, test_bus)
+        world, store = _check_in(backend, device, timeout_s, world,
+                                 lambda w: faults.open_nvml(w, fault_watch,
+                                                            ctx.hooks.bus_id(w.rank)), ctx)
+    except (CheckInFailed, SharedGpu) as exc:
+        if exc.diagnosis is not None:
+            progress.record_diagnosis(ctx, exc.diagnosis)
+        raise
+    dist.init_process_group(backend, store=_stores().prefix("gpucheck/pg", store),
+                            rank=world.rank, world_size=world.world_size,
+                            timeout=_dt.timedelta(seconds=timeout_s))
+    progress.set_step(ctx, None)
+    terminal.say(ctx, f"{world.world_size} rank(s) joined the process group ({backend}, "
+                      f"{device})")
+    try:
+        faults.start(world, ctx.session.gpu, fault_watch, ctx.hooks.bus_id(world.rank))
         # library warnings into the report, not stderr
-        with caught.caught(world.rank, ctx.warnings):
+        with caught.caught(world.rank, ctx.warnings, progress.run_dir(ctx)):
             yield world
     except BaseException as exc:
         faults.publish_after_failure(world)  # before the roll call, which can take long
         comm_error = isinstance(exc, Exception) and is_comm_error(exc)
         if comm_error and world.world_size > 1:  # dumps inside the roll call
-            raise _diagnose(store, world, timeout_s, exc, backend) from exc
+            raise _diagnose(ctx, store, world, timeout_s, exc, backend) from exc
         if comm_error:  # for gpucheck hang --traces
             _dump_flight_recorder(world.rank, backend)
         raise
@@ -272,6 +262,32 @@ def process_group(backend: str, device: str, timeout_s: float,
     finally:
         faults.close()
         _leave_after_failure(backend, world)
+
+
+def _check_in(backend: str, device: str, timeout_s: float, world: World,
+              open_nvml: Callable[[World], Any], ctx: RunContext) -> tuple[World, Any]:
+    """Open the job's store, pick this rank's GPU, check in and refuse shared GPUs: the
+    world with its device index, and the store (both kept in `ctx.session`).
+    `open_nvml(world)`: the rank's NVML doorway once its GPU is chosen, or None."""
+    timeout = _dt.timedelta(seconds=timeout_s)
+    store = ctx.session.store = scoped_store(_job_store(world, timeout), ctx.scope)
+    views: dict[int, View] = {}
+
+    def peers(seen: list[str], launched: World = world) -> dict[int, list[str]]:
+        views.update(exchange_visible(store, launched, seen, timeout_s))
+        return local_views(views, launched)
+
+    world = bind_device(device, world, peers if world.launcher != "none" and
+                        world.world_size > 1 else None)
+    # Named before the check-in, so a slow NVML attach does not eat its window.
+    ctx.session.gpu = _identify(world, open_nvml(world))
+    me = this_rank(world, ctx.session.gpu)
+    infos = [me] if world.launcher == "none" else check_in(store, world, me, timeout_s)
+    ctx.session.roster = infos
+    if world.rank == 0:
+        progress.publish_roster(ctx, [asdict(i) for i in infos])
+    refuse_shared_gpus(infos, views, world, backend)
+    return world, store
 
 
 def _leave_after_failure(backend: str, world: World) -> None:
@@ -297,8 +313,8 @@ def _dump_flight_recorder(rank: int, backend: str) -> flight.DumpOutcome | None:
     return outcome
 
 
-def _diagnose(store: Any, world: World, timeout_s: float, exc: BaseException,
-              backend: str) -> RanksUnresponsive:
+def _diagnose(ctx: RunContext, store: Any, world: World, timeout_s: float,
+              exc: BaseException, backend: str) -> RanksUnresponsive:
     """Roll call after a failed collective; record and return who did not answer.
     The Flight Recorder dump is written once this rank has answered, so a slow dump
     never makes it look silent to the others."""
@@ -317,16 +333,16 @@ def _diagnose(store: Any, world: World, timeout_s: float, exc: BaseException,
     if not dumps:
         dump()
     dumped = dumps[0]
-    step = progress.current_step()
-    _end_silent_siblings(missing)
+    step = progress.current_step(ctx)
+    _end_silent_siblings(ctx, missing)
     error = RanksUnresponsive(missing, step, cause)
-    progress.record_diagnosis({"rank": world.rank, "missing": missing, "step": step,
-                               "cause": cause, "message": str(error),
-                               "flight_recorder": dumped.as_dict() if dumped else None})
+    progress.record_diagnosis(ctx, {"rank": world.rank, "missing": missing, "step": step,
+                                    "cause": cause, "message": str(error),
+                                    "flight_recorder": dumped.as_dict() if dumped else None})
     return error
 
 
-def _end_silent_siblings(missing: list[int]) -> None:
+def _end_silent_siblings(ctx: RunContext, missing: list[int]) -> None:
     """SIGKILL silent ranks started by the same agent as this one (same parent process).
 
     A stopped or hung rank ignores the agent's SIGTERM, and the agent waits 30 s
@@ -336,7 +352,7 @@ def _end_silent_siblings(missing: list[int]) -> None:
     import psutil
 
     me = psutil.Process()
-    for info in roster():
+    for info in roster(ctx):
         if info.rank not in missing or info.host != host_name() or info.pid == me.pid:
             continue
         try:

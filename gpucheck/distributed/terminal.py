@@ -4,10 +4,12 @@ tqdm bar where there is a count, on stderr, from the reporting rank only.
 A rank job is quiet for a long time otherwise (spawning ranks and loading torch, a
 comm sweep, a stress burn-in), and a silent terminal reads as a hang. Progress is
 shown only when the person asked for it implicitly: stderr is a terminal and
-`--quiet` was not given. The CLI decides once (`configure`) and the decision travels
-to spawned ranks through the environment, as the run directory does
-(`gpucheck.distributed.progress`). Off a terminal nothing is written, so logs, pipes
-and CI output stay the report alone; progress never goes to stdout or into a report.
+`--quiet` was not given. The CLI decides once (`wanted`, into
+`RunOptions.show_progress`) and the decision travels to the ranks it starts in their
+RunOptions, beside the job spec, as the run directory does. The bars open in a
+process are kept on its RunContext (`ctx.bars`). Off a terminal nothing is written,
+so logs, pipes and CI output stay the report alone; progress never goes to stdout or
+into a report.
 """
 
 from __future__ import annotations
@@ -19,18 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from gpucheck.context import RunContext
 from gpucheck.escape import terminal as shown
-
-SHOW_VAR = "GPUCHECK_PROGRESS"
-
-# The bars open in this process, innermost last: `step` names what the innermost does.
-_open: list[Bar] = []
-
-
-def configure(show: bool) -> None:
-    """Show progress in this process and the ranks it starts (`show`: stderr is a
-    terminal and no --quiet)."""
-    os.environ[SHOW_VAR] = "1" if show else "0"
 
 
 def wanted(quiet: bool) -> bool:
@@ -38,46 +30,46 @@ def wanted(quiet: bool) -> bool:
     return not quiet and sys.stderr.isatty()
 
 
-def enabled() -> bool:
+def enabled(ctx: RunContext) -> bool:
     """Progress is on and this process reports: the launcher, one rank alone, or rank 0
     of a job launched by torchrun or srun (the other ranks would repeat it)."""
-    if os.environ.get(SHOW_VAR) != "1":
+    if not ctx.options.show_progress:
         return False
-    from gpucheck.distributed.world import world_from_env
+    from gpucheck.distributed.world import world_of
     from gpucheck.errors import UsageError
 
     try:
-        world = world_from_env()
+        world = world_of(ctx)
     except UsageError:
         return False  # the command itself says what is wrong with the environment
     return world is None or world.is_reporter
 
 
-def say(text: str) -> None:
+def say(ctx: RunContext, text: str) -> None:
     """One line of progress (above any open bar)."""
-    if not enabled():
+    if not enabled(ctx):
         return
     text = shown(text)  # a step can name a host or a file: shown, never obeyed
-    if _open and _open[-1].tqdm is not None:
-        _open[-1].tqdm.write(text, file=sys.stderr)
+    if ctx.bars and ctx.bars[-1].tqdm is not None:
+        ctx.bars[-1].tqdm.write(text, file=sys.stderr)
     else:
         print(text, file=sys.stderr, flush=True)
 
 
-def step(text: str) -> None:
+def step(ctx: RunContext, text: str) -> None:
     """Name what the innermost open bar is doing now (`gemm bf16 8192^3`)."""
-    if _open:
-        _open[-1].describe(text)
+    if ctx.bars:
+        ctx.bars[-1].describe(text)
 
 
 class Bar:
     """A tqdm bar `label: what it does now`, counting `unit`s; inert when progress is off
-    (tqdm is not even imported then)."""
+    (`show` False: tqdm is not even imported then)."""
 
-    def __init__(self, label: str, total: int | None, unit: str) -> None:
+    def __init__(self, label: str, total: int | None, unit: str, show: bool) -> None:
         self.label = label
         self.tqdm: Any = None
-        if enabled():
+        if show:
             from tqdm import tqdm
 
             # A terminal that reports no size (a bare pseudo-terminal: 0 columns) would
@@ -114,22 +106,23 @@ def _columns() -> int:
 
 
 @contextmanager
-def bar(label: str, total: int | None = None, unit: str = "it") -> Iterator[Bar]:
+def bar(ctx: RunContext, label: str, total: int | None = None,
+        unit: str = "it") -> Iterator[Bar]:
     """An open bar for the block; `step` names its current step."""
-    opened = Bar(label, total, unit)
-    _open.append(opened)
+    opened = Bar(label, total, unit, enabled(ctx))
+    ctx.bars.append(opened)
     try:
         yield opened
     finally:
-        _open.remove(opened)
+        ctx.bars.remove(opened)
         opened.close()
 
 
 @contextmanager
-def timed(label: str, seconds: float, tick_s: float = 1.0) -> Iterator[Bar]:
+def timed(ctx: RunContext, label: str, seconds: float, tick_s: float = 1.0) -> Iterator[Bar]:
     """A bar of `seconds` that counts the block's own seconds while it runs (a burn-in
     is one long call: without it the outer bar, ETA included, stands still)."""
-    with bar(label, max(1, round(seconds)), "s") as opened:
+    with bar(ctx, label, max(1, round(seconds)), "s") as opened:
         if opened.tqdm is None:
             yield opened
             return

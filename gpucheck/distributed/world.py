@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpucheck.distributed import slurm
 from gpucheck.errors import UsageError
+
+if TYPE_CHECKING:
+    from gpucheck.context import RunContext
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -93,17 +96,23 @@ def slurm_world(environ: Mapping[str, str]) -> World:
     )
 
 
-def world_from_env(environ: Mapping[str, str] | None = None) -> World | None:
-    """The launcher's world, or None when this process was started on its own.
+def world_from_env(environ: Mapping[str, str]) -> World | None:
+    """The launcher's world in `environ`, or None when it names none (a process
+    started on its own).
 
     torchrun's variables win; under srun without them, SLURM's are read.
     """
-    env = os.environ if environ is None else environ
-    if "RANK" in env and "WORLD_SIZE" in env:
-        return torchrun_world(env)
-    if slurm.is_slurm_step(env):
-        return slurm_world(env)
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        return torchrun_world(environ)
+    if slurm.is_slurm_step(environ):
+        return slurm_world(environ)
     return None
+
+
+def world_of(ctx: RunContext) -> World | None:
+    """The launcher's world of the process `ctx` belongs to (its `launcher_env`, read
+    where the process started); UsageError when the launcher's variables are wrong."""
+    return world_from_env(ctx.launcher_env)
 
 
 def host_name() -> str:

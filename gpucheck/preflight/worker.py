@@ -16,7 +16,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpucheck.context import NO_HOOKS, RunContext, TestHooks
+from gpucheck.context import RunContext
 from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.session import job_store, process_group, roster, store_on_rank0
 from gpucheck.distributed.world import World
@@ -63,8 +63,8 @@ class Run:
     world: World
     budget: Budget
     result: dict[str, Any]
+    ctx: RunContext  # the rank's run context (its progress, session, test hooks)
     stress: tuple[Any, dict[str, Any]] | None = None  # (stress RankContext, result) once opened
-    hooks: TestHooks = NO_HOOKS  # tests only (gpucheck.context)
 
 
 def preflight_worker(ctx: RunContext, spec: PreflightSpec) -> dict[str, Any]:
@@ -76,8 +76,7 @@ def preflight_worker(ctx: RunContext, spec: PreflightSpec) -> dict[str, Any]:
         with process_group(spec.backend, spec.device, spec.startup_s,
                            fault_watch=spec.fault_watch, ctx=ctx) as world:
             faults = faultwatch.of(ctx)
-            run = Run(spec, world, Budget(spec.budget_s), _initial(world, spec),
-                      hooks=ctx.hooks)
+            run = Run(spec, world, Budget(spec.budget_s), _initial(world, spec, ctx), ctx)
             guarded.enter_context(_hang_guard(run))
             faults.mark_start()  # XID and ECC events, counters, during the checks
             for name in CHECKS:
@@ -93,7 +92,7 @@ def preflight_worker(ctx: RunContext, spec: PreflightSpec) -> dict[str, Any]:
         if decision["go"]:
             from gpucheck.preflight.handoff import release_store
 
-            release_store(job_store(), world, on_rank0)
+            release_store(job_store(ctx), world, on_rank0)
     return out
 
 
@@ -107,9 +106,9 @@ def _hang_guard(run: Run) -> Any:
                      exclude_on_hang(run.spec.exclude_file, hosts))
 
 
-def _initial(world: World, spec: PreflightSpec) -> dict[str, Any]:
+def _initial(world: World, spec: PreflightSpec, ctx: RunContext) -> dict[str, Any]:
     return {"world_size": world.world_size, "device": spec.device, "backend": spec.backend,
-            "budget_s": spec.budget_s, "ranks": [asdict(i) for i in roster()],
+            "budget_s": spec.budget_s, "ranks": [asdict(i) for i in roster(ctx)],
             "checks": {}, "strict": spec.strict,
             "fractions": {"peer": spec.peer_fraction, "expected": spec.expected_fraction,
                           "link": spec.link_fraction}}
@@ -124,11 +123,11 @@ def _check(run: Run, name: str) -> None:
                                       "reason": f"{left:.3g} s of the {run.spec.budget_s:g} s "
                                                 f"budget left, the check needs {need:g} s"}
         return
-    progress.set_step(f"preflight: {name}")
-    terminal.step(f"preflight: {name}")
+    progress.set_step(run.ctx, f"preflight: {name}")
+    terminal.step(run.ctx, f"preflight: {name}")
     run.budget.bound_waits()
     run.result["checks"][name] = {"state": "done"} | _CHECK_FUNCTIONS[name](run)
-    progress.set_step(None)
+    progress.set_step(run.ctx, None)
 
 
 def _gather(mine: Any, world_size: int) -> list[Any]:
@@ -172,7 +171,7 @@ def _stress(run: Run) -> tuple[Any, dict[str, Any]]:
             warmup_s=spec.warmup_s, gemm_window_s=spec.gemm_window_s,
             membw_window_s=spec.gemm_window_s, pin_numa=False, fault_watch=False,
             peer_fraction=spec.peer_fraction, expected_fraction=spec.expected_fraction)
-        run.stress = open_phases(stress_spec, run.world, run.hooks)
+        run.stress = open_phases(stress_spec, run.world, run.ctx)
     return run.stress
 
 
@@ -203,7 +202,7 @@ def _all_reduce(run: Run) -> dict[str, Any]:
                     collectives=("all_reduce",), iters=spec.iters, warmup=2)
     from gpucheck.preflight.node_busbw import measure_nodes
 
-    row = measure_size("all_reduce", spec.allreduce_bytes, comm, run.world)
+    row = measure_size("all_reduce", spec.allreduce_bytes, comm, run.world, run.ctx)
     # Then each node's own all_reduce: the per-node figure judged (node_busbw).
     return {"row": row, "nodes": measure_nodes(run.world, run.result["ranks"], spec.device,
                                                spec.allreduce_bytes, spec.iters, run.budget)}
@@ -218,7 +217,7 @@ def _links(run: Run) -> dict[str, Any]:
     spec = run.spec
     return {"internode": run_internode(run.result["ranks"], spec.link_bytes, spec.iters,
                                        spec.device, spec.link_fraction, repeats=3,
-                                       shifts=LINK_SHIFTS)}
+                                       shifts=LINK_SHIFTS, ctx=run.ctx)}
 
 
 _CHECK_FUNCTIONS: dict[str, Callable[[Run], dict[str, Any]]] = {

@@ -34,7 +34,7 @@ def copies_phase(ctx: RankContext, result: dict[str, Any]) -> None:
         if ctx.world.rank == 0 else []
     if agreed(mine):  # confirm before condemning: every rank copies again, as before
         publish(ctx, result)
-        progress.set_step("copies: measured again")
+        progress.set_step(ctx.run, "copies: measured again")
         result["copies"]["again"] = gather(ctx, copy_row(ctx, result))
 
 
@@ -69,7 +69,7 @@ def p2p_phase(ctx: RankContext, result: dict[str, Any]) -> None:
     if ctx.spec.device != "cuda":
         result["p2p"] = {"skipped": CPU_SKIP}
         return
-    node_ranks = [r.rank for r in roster() if r.node_rank == ctx.world.node_rank]
+    node_ranks = [r.rank for r in roster(ctx.run) if r.node_rank == ctx.world.node_rank]
     result["p2p"] = peer_phase(ctx, lambda n: peer_matrix(n, ctx.spec.copy_fraction),
                                node_ranks)
 

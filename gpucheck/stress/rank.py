@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck.context import RunContext
 from gpucheck.distributed import progress
 from gpucheck.distributed.world import World
 from gpucheck.stress.hooks import Hook
@@ -43,6 +44,7 @@ class RankContext:
     device: Any  # torch.device
     hook: Hook | None
     bus_id: str | None
+    run: RunContext  # the rank's run context: its progress, session and bars
 
 
 Phase = Callable[[RankContext, dict[str, Any]], None]
@@ -68,4 +70,4 @@ def barrier(ctx: RankContext) -> None:
 
 def publish(ctx: RankContext, result: dict[str, Any]) -> None:
     if ctx.world.is_reporter:
-        progress.publish_partial(result)
+        progress.publish_partial(ctx.run, result)

@@ -18,7 +18,7 @@ import platform
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpucheck.context import NO_HOOKS, RunContext, TestHooks
+from gpucheck.context import RunContext
 from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.session import gpu_identity, process_group, roster
 from gpucheck.distributed.world import World
@@ -47,28 +47,28 @@ def stress_worker(run: RunContext, spec: StressSpec) -> dict[str, Any] | None:
     """Run every phase on this rank; rank 0 returns the gathered results."""
     with process_group(spec.backend, spec.device, spec.timeout_s,
                        fault_watch=spec.fault_watch, ctx=run) as world:
-        ctx = _context(spec, world, run.hooks)
+        ctx = _context(spec, world, run)
         result = _initial_result(ctx)
         with watch_faults(faultwatch.of(run), result), \
-                terminal.bar("stress", len(PHASES), "phase") as shown:
+                terminal.bar(run, "stress", len(PHASES), "phase") as shown:
             for name, phase in _phases():
-                progress.set_step(name)
+                progress.set_step(run, name)
                 shown.describe(_phase_text(name, spec))
                 phase(ctx, result)
                 result["phases_done"].append(name)
                 shown.advance()
                 publish(ctx, result)
         result["complete"] = True
-        progress.set_step(None)
+        progress.set_step(run, None)
         publish(ctx, result)
     return result if world.is_reporter else None
 
 
 def open_phases(spec: StressSpec, world: World,
-                hooks: TestHooks = NO_HOOKS) -> tuple[RankContext, dict[str, Any]]:
+                run: RunContext) -> tuple[RankContext, dict[str, Any]]:
     """This rank's context and the result its phases fill, inside `process_group`: for
     commands that compose stress's phases (`gpucheck preflight`) with `run_phase`."""
-    ctx = _context(spec, world, hooks)
+    ctx = _context(spec, world, run)
     return ctx, _initial_result(ctx)
 
 
@@ -106,14 +106,14 @@ def _phases() -> list[tuple[str, Phase]]:
             ("p2p", p2p_phase)]
 
 
-def _context(spec: StressSpec, world: World, hooks: TestHooks) -> RankContext:
+def _context(spec: StressSpec, world: World, run: RunContext) -> RankContext:
     import torch
 
-    gpu = gpu_identity() if spec.device == "cuda" else None
+    gpu = gpu_identity(run) if spec.device == "cuda" else None
     device = torch.device("cuda", world.cuda_index) if spec.device == "cuda" else \
         torch.device("cpu")
-    return RankContext(spec, world, device, rank_hook(hooks.stress, world.rank),
-                       gpu.pci_bus_id if gpu else None)
+    return RankContext(spec, world, device, rank_hook(run.hooks.stress, world.rank),
+                       gpu.pci_bus_id if gpu else None, run)
 
 
 def _initial_result(ctx: RankContext) -> dict[str, Any]:
@@ -123,7 +123,7 @@ def _initial_result(ctx: RankContext) -> dict[str, Any]:
     rows, _ = read_all(PlacementRow, gather(ctx, as_dict(_rank_row(ctx, placement))),
                        "placement row")  # one that does not read: its check-in alone
     mine = {row.rank: as_dict(row) for row in rows}
-    ranks = [as_dict(info) | mine.get(info.rank, {}) for info in roster()]
+    ranks = [as_dict(info) | mine.get(info.rank, {}) for info in roster(ctx.run)]
     return {"world_size": ctx.world.world_size, "device": spec.device, "backend": spec.backend,
             "dtypes": list(spec.dtypes), "size": spec.size, "duration_s": spec.duration_s,
             "ranks": ranks, "gemm": [], "power": None, "membw": None, "sdc": None, "copies": None,
@@ -149,7 +149,7 @@ def _place(ctx: RankContext) -> Placement:
 def _rank_row(ctx: RankContext, placement: Placement) -> PlacementRow:
     import torch
 
-    gpu = gpu_identity() if ctx.spec.device == "cuda" else None
+    gpu = gpu_identity(ctx.run) if ctx.spec.device == "cuda" else None
     return PlacementRow(rank=ctx.world.rank, gpu=gpu.label() if gpu else None,
                         gpu_name=gpu.name if gpu else None,
                         cpus=cpulist(placement.cpus), numa_node=placement.numa_node,
@@ -194,8 +194,8 @@ def _gemm(ctx: RankContext, result: dict[str, Any]) -> None:
 
 def _gemm_dtype(ctx: RankContext, result: dict[str, Any], dtype: str) -> None:
     spec = ctx.spec
-    progress.set_step(f"gemm {dtype} {spec.size}^3")
-    terminal.step(f"gemm {dtype} {spec.size}^3")
+    progress.set_step(ctx.run, f"gemm {dtype} {spec.size}^3")
+    terminal.step(ctx.run, f"gemm {dtype} {spec.size}^3")
     barrier(ctx)
     record = measure_gemm(ctx.world.rank, dtype, spec.size, ctx.device, spec.device,
                           spec.warmup_s, spec.gemm_window_s, ctx.hook)
@@ -229,7 +229,7 @@ def _again(ctx: RankContext, result: dict[str, Any], phase: str,
     """Measure `phase` again on every rank when one fell below a bound; the records go
     to result[phase + "_again"] (gpucheck.stress.again)."""
     def remeasure() -> dict[str, Any]:
-        progress.set_step(f"{phase}: measured again")
+        progress.set_step(ctx.run, f"{phase}: measured again")
         barrier(ctx)
         return as_dict(measure(again_hook(ctx.hook)))
 
@@ -250,10 +250,11 @@ def _sdc(ctx: RankContext, result: dict[str, Any]) -> None:
     spec, dtype = ctx.spec, ctx.spec.dtypes[0]
     group = next(r["group"] for r in result["ranks"] if r["rank"] == ctx.world.rank)
     barrier(ctx)
-    with terminal.timed("sdc burn-in", spec.duration_s):  # its own seconds, not a frozen bar
+    # its own seconds, not a frozen bar
+    with terminal.timed(ctx.run, "sdc burn-in", spec.duration_s):
         record, golden, checks = sdc_burn.burn(ctx.world.rank, dtype, spec.size, ctx.device,
                                                spec.device, spec.duration_s, group, ctx.hook)
-    progress.set_step("sdc: comparing results across ranks")
+    progress.set_step(ctx.run, "sdc: comparing results across ranks")
     every = gather(ctx, (as_dict(record), checks, sdc_burn.draw_seed()))
     seed = every[0][2]  # rank 0's draw, so every rank sends the same rows
     rows = sdc_burn.rows_to_check(spec.size, [c for _, c, _ in every], seed)
@@ -262,7 +263,7 @@ def _sdc(ctx: RankContext, result: dict[str, Any]) -> None:
     del golden
     deviations = None
     if ctx.world.is_reporter:
-        progress.set_step("sdc: CPU reference")
+        progress.set_step(ctx.run, "sdc: CPU reference")
         reference, bound = sdc_burn.reference_and_bounds(spec.size, dtype, rows)
         deviations = [bound_excess(v, reference, bound) for v in values]
     result["sdc"] = {"dtype": dtype, "size": spec.size, "duration_s": spec.duration_s,
