@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
+from gpucheck import subject as subjects
+
 _T = TypeVar("_T")
 
 
@@ -150,6 +152,12 @@ class GpuIdentity:
         details = [self.name, self.pci_bus_id and f"bus {self.pci_bus_id}", self.uuid]
         shown = ", ".join(d for d in details if d)
         return f"{head} ({shown})" if shown else head
+
+    def subject(self) -> subjects.Subject:
+        """The GPU a finding is about: `label()` as its words, its index, bus id and UUID
+        as fields."""
+        return subjects.gpu(self.nvml_index, self.label(), bus_id=self.pci_bus_id,
+                            uuid=self.uuid)
 
     def row(self) -> dict[str, Any]:
         return asdict(self)

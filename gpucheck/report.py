@@ -19,7 +19,7 @@ from gpucheck import __version__
 from gpucheck.actions import ACTIONS, Action, Status
 from gpucheck.checks import Check, lookup
 from gpucheck.measure import Metric, SecondLook
-from gpucheck.subject import Kind, Subject
+from gpucheck.subject import Kind, Subject, text
 
 # 3: sections carry "metrics" (gpucheck.measure.Metric as data); findings carry
 # "action" (every WARN and FAIL), "cause", "look" (a second look, as data) and
@@ -45,8 +45,9 @@ class Finding:
     `action` is derived when the finding is made: `checks.lookup(check).action(status,
     cause, look, relayed)` for a finding that carries a `cause` key, a second `look` or
     a `relayed` action (fleet and compare rows); else the check's action for the status.
-    No words of the message or hint decide it. A `subject` given as a str becomes
-    `subject.text(label)`.
+    No words of the message or hint decide it. `subject` is a `gpucheck.subject.Subject`
+    made by its constructors (rank, gpu, pair, node, ...): never a plain str, so JSON
+    always carries the fields compare, fleet, prometheus and line read.
     An undeclared check id raises KeyError at once, naming the file to declare it in.
     """
 
@@ -54,14 +55,17 @@ class Finding:
     status: Status
     message: str
     hint: str | None = None
-    subject: Subject | str | None = None
+    subject: Subject | None = None
     cause: str | None = None
     look: SecondLook | None = None
     relayed: Action | str | None = None
     action: str | None = field(default=None, init=False)  # derived, stored in JSON
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "subject", Subject.of(self.subject))
+        if self.subject is not None and not isinstance(self.subject, Subject):
+            # mypy rejects a plain str; this catches one typed Any (a value from a dict)
+            raise TypeError(f"{self.check}: a finding's subject is a gpucheck.subject.Subject "
+                            f"(made by its constructors), not {type(self.subject).__name__}")
         if self.relayed is not None:
             object.__setattr__(self, "relayed", Action(self.relayed))
         declared = lookup(self.check)  # KeyError: an undeclared id fails its first test
@@ -73,7 +77,7 @@ class Finding:
         return found.value if found is not None else None
 
     def to_dict(self) -> dict[str, JsonValue]:
-        subject = self.subject if isinstance(self.subject, Subject) else None
+        subject = self.subject
         structured = subject is not None and subject.kind is not Kind.TEXT
         return {
             "check": self.check,
@@ -107,9 +111,11 @@ class Finding:
 
 
 def _text_or_none(value: object) -> Subject | None:
+    """The subject of a finding stored without fields (a name, not a place: see
+    `gpucheck.subject.text`): its words only."""
     if value is not None and not isinstance(value, str):
         raise TypeError(f"'subject' is {type(value).__name__}, not a string")
-    return Subject.of(value)
+    return text(value) if value is not None else None
 
 
 def _stored(cls: type[Finding], **fields: Any) -> Finding:
@@ -124,26 +130,26 @@ def _stored(cls: type[Finding], **fields: Any) -> Finding:
     return finding
 
 
-def ok(check: str, message: str, subject: Subject | str | None = None, *,
+def ok(check: str, message: str, subject: Subject | None = None, *,
        look: SecondLook | None = None) -> Finding:
     return Finding(check, Status.OK, message, None, subject, look=look)
 
 
-def warn(check: str, message: str, hint: str, subject: Subject | str | None = None, *,
+def warn(check: str, message: str, hint: str, subject: Subject | None = None, *,
          cause: str | None = None, look: SecondLook | None = None,
          relayed: Action | str | None = None) -> Finding:
     """`cause`, `look`, `relayed`: the data the action follows from (gpucheck.checks)."""
     return Finding(check, Status.WARN, message, hint, subject, cause, look, relayed)
 
 
-def fail(check: str, message: str, hint: str, subject: Subject | str | None = None, *,
+def fail(check: str, message: str, hint: str, subject: Subject | None = None, *,
          cause: str | None = None, look: SecondLook | None = None,
          relayed: Action | str | None = None) -> Finding:
     """As `warn`, for a FAIL."""
     return Finding(check, Status.FAIL, message, hint, subject, cause, look, relayed)
 
 
-def skip(check: str, message: str, subject: Subject | str | None = None) -> Finding:
+def skip(check: str, message: str, subject: Subject | None = None) -> Finding:
     return Finding(check, Status.SKIP, message, None, subject)
 
 

@@ -8,12 +8,13 @@ imports nothing from gpucheck.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
 class Kind(str, enum.Enum):
     RANK = "rank"
+    RANKS = "ranks"  # several ranks named together ("rank(s) 1, 3 left no dump")
     GPU = "gpu"
     PAIR = "pair"
     NODE = "node"
@@ -21,12 +22,12 @@ class Kind(str, enum.Enum):
     HOST = "host"
     FILE = "file"
     JOB = "job"
-    TEXT = "text"  # a label no reader parses (the transition from str subjects)
+    TEXT = "text"  # a name, not a place: a setting, a command, a message size
 
 
 _INT_FIELDS = ("rank", "gpu", "node", "peer")
 _TEXT_FIELDS = ("bus_id", "uuid", "host", "port")
-_FIELDS = ("rank", "gpu", "bus_id", "uuid", "node", "host", "peer", "port")
+_FIELDS = ("rank", "gpu", "bus_id", "uuid", "node", "host", "peer", "port", "ranks")
 
 
 class Subject(str):
@@ -49,13 +50,15 @@ class Subject(str):
     host: str | None
     peer: int | None
     port: str | None
+    ranks: tuple[int, ...] | None
 
     def __new__(cls, kind: Kind, label: str, rank: int | None = None, gpu: int | None = None,
                 bus_id: str | None = None, uuid: str | None = None, node: int | None = None,
                 host: str | None = None, peer: int | None = None,
-                port: str | None = None) -> Subject:
+                port: str | None = None, ranks: tuple[int, ...] | None = None) -> Subject:
         self = super().__new__(cls, label)
-        values = (rank, gpu, bus_id, uuid, node, host, peer, port)
+        values = (rank, gpu, bus_id, uuid, node, host, peer, port,
+                  None if ranks is None else tuple(ranks))
         object.__setattr__(self, "kind", Kind(kind))
         for name, value in zip(_FIELDS, values, strict=True):
             object.__setattr__(self, name, value)
@@ -109,6 +112,8 @@ class Subject(str):
         """`{"kind", "label", ...}` with only the fields that are set."""
         raw: dict[str, Any] = {"kind": self.kind.value, "label": self.label}
         raw.update((n, getattr(self, n)) for n in _FIELDS if getattr(self, n) is not None)
+        if self.ranks is not None:
+            raw["ranks"] = list(self.ranks)
         return raw
 
     @classmethod
@@ -128,14 +133,30 @@ class Subject(str):
             value = raw.get(key)
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"a subject's {key!r} is not a string")
-        return cls(Kind(raw.get("kind")), label, *(raw.get(n) for n in _FIELDS))
+        ranks = raw.get("ranks")
+        if ranks is not None and (not isinstance(ranks, list) or not all(
+                isinstance(r, int) and not isinstance(r, bool) for r in ranks)):
+            raise TypeError("a subject's 'ranks' is not a list of integers")
+        values = {n: raw.get(n) for n in _FIELDS}
+        values["ranks"] = None if ranks is None else tuple(ranks)
+        return cls(Kind(raw.get("kind")), label, **values)
 
-    @classmethod
-    def of(cls, value: Subject | str | None) -> Subject | None:
-        """A Subject as it is, a plain str as `text(label)`, None as None."""
-        if value is None or isinstance(value, Subject):
-            return value
-        return text(value)
+    def _values(self) -> dict[str, Any]:
+        return {n: getattr(self, n) for n in _FIELDS}
+
+    def relabeled(self, label: str) -> Subject:
+        """The same subject, every field kept, under other words."""
+        return Subject(self.kind, label, **self._values())
+
+    def on_node(self, index: int, label: str, host: str | None = None) -> Subject:
+        """This subject of one node's report placed in a job's report: `label` is the
+        new words ("node 1 (h1) GPU 3 (...)"); `node` and `host` fill the fields it lacks.
+        A subject known only by its words has no other place: it becomes that node's."""
+        kind = Kind.NODE if self.kind is Kind.TEXT else self.kind
+        values = self._values()
+        values["node"] = index if values["node"] is None else values["node"]
+        values["host"] = host if values["host"] is None else values["host"]
+        return Subject(kind, label, **values)
 
 
 def rank(number: int, label: str | None = None, *, gpu: int | None = None,
@@ -145,11 +166,24 @@ def rank(number: int, label: str | None = None, *, gpu: int | None = None,
                    bus_id=bus_id, host=host, node=node)
 
 
-def gpu(index: int, label: str | None = None, *, bus_id: str | None = None,
+def ranks(numbers: Iterable[int], label: str | None = None) -> Subject:
+    """Several ranks one finding names together (the ranks that wrote no dump, that
+    agree on a wrong result): `ranks` holds them all, in order, even when the label
+    shortens the list. One rank is `rank(n)`: a reader of rank fields finds it there."""
+    held = tuple(numbers)
+    if len(held) == 1:
+        return rank(held[0], label)
+    return Subject(Kind.RANKS, label or f"rank {', '.join(map(str, held))}", ranks=held)
+
+
+def gpu(index: int | None, label: str | None = None, *, bus_id: str | None = None,
         uuid: str | None = None, rank: int | None = None,
-        host: str | None = None) -> Subject:
-    return Subject(Kind.GPU, label or f"GPU {index}", gpu=index, bus_id=bus_id, uuid=uuid,
-                   rank=rank, host=host)
+        host: str | None = None, ranks: Iterable[int] | None = None) -> Subject:
+    """A physical GPU (`index`: NVML's, None when NVML could not tell; then `label`
+    names it); `rank` the one rank that used it, `ranks` when several shared it."""
+    words = label or (f"GPU {index}" if index is not None else "a GPU")
+    return Subject(Kind.GPU, words, gpu=index, bus_id=bus_id, uuid=uuid, rank=rank,
+                   host=host, ranks=None if ranks is None else tuple(ranks))
 
 
 def pair(first: int, second: int, label: str | None = None, *, by: str = "rank") -> Subject:
@@ -184,5 +218,8 @@ def job(label: str = "the job") -> Subject:
 
 
 def text(label: str) -> Subject:
-    """A subject known only by its words (a str subject of an older finding site)."""
+    """A subject that is a name, not a place a reader locates: a setting or fact compared
+    ("CUDA_VISIBLE_DEVICES", "driver"), a command, a message size, a NUMA node. Its
+    words are its identity; JSON stores no fields for it. Never a rank, GPU, pair, node,
+    port, host or file: those have their constructors."""
     return Subject(Kind.TEXT, label)

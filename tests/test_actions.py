@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gpucheck import subject
 from gpucheck.actions import ACTIONS, Action
 from gpucheck.checks import lookup
 from gpucheck.probes.consistency import probe_consistency
@@ -244,7 +245,7 @@ def test_a_stored_finding_with_a_bad_action_is_refused() -> None:
 def test_every_status_and_action_renders_in_json_markdown_and_text(status: Status,
                                                                    action: str) -> None:
     maker = warn if status is Status.WARN else fail
-    finding = maker("kernel_log.xid", "seen", "do this", "GPU 3", cause=f"table.{action}")
+    finding = maker("kernel_log.xid", "seen", "do this", subject.gpu(3), cause=f"table.{action}")
     report = Report("env", [Section("s", "S", findings=[finding])], host="node7")
     assert json.loads(render(report, "json"))["sections"][0]["findings"][0]["action"] == action
     text = render(report, "text")

@@ -629,8 +629,9 @@ WORDS = ("confirmed: measured again", "not measured again", "action: drain-node:
 def test_action_ignores_message_words(words: str, state: LookState) -> None:
     """Once a cause or a look is set, no word of the message or hint counts."""
     for check in ("comm.pairwise.slow_pair", "stress.gemm.peers", "comm.nodes.slow_node"):
-        plain = warn(check, "slow", "h", "rank 3", look=_look(state))
-        worded = warn(check, f"slow; {words}", f"{words} (hint)", "rank 3", look=_look(state))
+        plain = warn(check, "slow", "h", subject.rank(3), look=_look(state))
+        worded = warn(check, f"slow; {words}", f"{words} (hint)", subject.rank(3),
+                      look=_look(state))
         assert worded.action == plain.action == lookup(check).action(Status.WARN,
                                                                       look=_look(state))
     caused = warn("comm.pairwise.slow_pair", words, words, cause="cpu_ranks")
@@ -682,7 +683,7 @@ def test_schema_3_round_trips_cause_look_and_subject_as_data() -> None:
                 warn("comm.nodes.slow_node", "slow", "h", subject.node(1, host="n1"),
                      look=_look(LookState.NOT_MEASURED), cause="cpu_ranks"),
                 fail("driver.nvml", "lost", "h", gpu, cause="gpu_lost"),
-                ok("gpu.numa", "fine", "a host string")]
+                ok("gpu.numa", "fine", subject.text("NUMA node 0"))]
     busbw = Metric("comm.all_reduce.busbw_gbps@1048576", "GB/s", Better.HIGHER, 80.5,
                    subject.pair(2, 5), spread=0.03)
     report = Report("comm", [Section("s", "S", findings=findings, metrics=[busbw])])
@@ -695,7 +696,7 @@ def test_schema_3_round_trips_cause_look_and_subject_as_data() -> None:
     assert stored[0]["subject_fields"] == {"kind": "pair", "label": "rank 2 -> rank 5",
                                            "rank": 2, "peer": 5}
     assert stored[1]["cause"] == "cpu_ranks" and stored[2]["subject_fields"]["gpu"] == 5
-    assert stored[3]["subject"] == "a host string" and stored[3]["subject_fields"] is None
+    assert stored[3]["subject"] == "NUMA node 0" and stored[3]["subject_fields"] is None
     again = Report.from_dict(raw)
     assert again.to_dict() == report.to_dict()
     assert again.findings == report.findings

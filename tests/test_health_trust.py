@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck import cli
+from gpucheck import cli, subject
 from gpucheck.health.run import HealthOptions, collect_health_report
 from gpucheck.health.state import SET_ASIDE, STATE_FILE
 from gpucheck.probes.kernel_log import parse_line, read_file, scan_lines
@@ -176,10 +176,10 @@ def test_the_state_is_written_by_rename_and_never_through_a_link_made_meanwhile(
 
 
 def test_the_worst_finding_of_many_thousand_is_the_first_most_severe():
-    findings = [warn("gpu.busy", f"m{i}", "h", f"s{i}") for i in range(5_000)]
+    findings = [warn("gpu.busy", f"m{i}", "h", subject.gpu(i)) for i in range(5_000)]
     report = Report(command="health")
     report.add(Section("s", "S", {}, findings))
-    assert worst_finding(report).subject == "s0"
+    assert worst_finding(report).subject == subject.gpu(0)
 
 
 # ---- item 8: a damaged state file is a WARN, set aside, replaced ----

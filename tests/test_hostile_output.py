@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucheck import subject
 from gpucheck.cli import main
 from gpucheck.render import render
 from gpucheck.render.safe import markdown, terminal
@@ -25,7 +26,7 @@ def hostile_report() -> Report:
             "rows": [{"node": HOSTILE, "value": 1}, {"node": "gpu02", "value": 2}]}
     return Report("env", [Section("s", f"Title {HOSTILE}", data,
                                    [fail("gpu.functional", f"msg {HOSTILE}", hint=f"hint {HOSTILE}",
-                                         subject=HOSTILE), ok("gpu.numa", "fine")])],
+                                         subject=subject.host(HOSTILE)), ok("gpu.numa", "fine")])],
                   argv=["gpucheck", "env"], host=HOSTILE, created_at="2026-01-01T00:00:00")
 
 
@@ -61,7 +62,7 @@ def test_markdown_keeps_data_out_of_tables_folds_and_html() -> None:
     hostile = hostile_report()
     hostile.sections[0].findings[0] = fail("gpu.functional",
                                            "a | b\nc </details><img src=x> [l](u)", hint="h",
-                                           subject="</details>")
+                                           subject=subject.file("</details>"))
     md = render(hostile, "markdown")
     assert not CONTROL.search(md)
     assert md.count("</details>") == md.count("<details>") == 1  # only the renderer's own

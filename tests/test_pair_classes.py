@@ -18,7 +18,10 @@ from gpucheck.probes.topology import PairPath, pair_paths
 from gpucheck.report import Status
 from gpucheck.stress.copies import class_suspects, second_look
 from gpucheck.stress.p2p_verdicts import p2p_findings
+from gpucheck.subject import node
 from tests.fake_pynvml import FakeGpu, FakeNvml
+
+NODE0 = node(0)
 
 NV, PCIE, SYS = "NV12", "NODE", "SYS"
 
@@ -77,12 +80,12 @@ def _node(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("matrix", [nvl_matrix, two_socket_matrix])
 def test_nvl_and_two_socket_boxes_stay_quiet(matrix: Any) -> None:
-    found = p2p_findings(_node(matrix()), "node 0", 0.6)
+    found = p2p_findings(_node(matrix()), NODE0, 0.6)
     assert [f.status for f in found] == [Status.OK]
 
 
 def test_cross_socket_pairs_without_p2p_are_as_designed_not_acs() -> None:
-    (found,) = p2p_findings(_node(nvl_matrix()), "node 0", 0.6)
+    (found,) = p2p_findings(_node(nvl_matrix()), NODE0, 0.6)
     assert found.status is Status.OK and "32 pair(s) without peer access across" in \
         found.message
 
@@ -92,7 +95,7 @@ def test_a_blocked_pair_under_one_socket_still_points_at_acs() -> None:
     blocked = next(r for r in rows if (r["src"], r["dst"]) == (0, 2))
     blocked.update(peer_access=False, gbps=None, p2p_status="not supported",
                    p2p_by_design=False)
-    found = p2p_findings(_node(rows), "node 0", 0.6)
+    found = p2p_findings(_node(rows), NODE0, 0.6)
     warned = [f for f in found if f.status is Status.WARN]
     assert len(warned) == 1 and warned[0].action == "fix-config"
 
@@ -102,7 +105,7 @@ def test_a_blocked_pair_under_one_socket_still_points_at_acs() -> None:
 def test_a_pair_slower_than_its_own_class_is_caught_and_confirmed(
         matrix: Any, pair: tuple[int, int]) -> None:
     rows = matrix({pair: 12.0 if pair == (1, 2) else 60.0})
-    found = [f for f in p2p_findings(_node(rows), "node 0", 0.6) if f.status is Status.WARN]
+    found = [f for f in p2p_findings(_node(rows), NODE0, 0.6) if f.status is Status.WARN]
     assert [(f.subject, f.action) for f in found] == [
         (f"node 0 cuda:{pair[0]}->cuda:{pair[1]}", "drain-node")]
     assert found[0].look is not None and found[0].look.state.value == "confirmed"
@@ -134,9 +137,9 @@ def hgx_matrix(lost_links_gpu: int | None = None) -> list[dict[str, Any]]:
 def test_a_gpu_that_lost_nvlinks_is_no_class_of_its_own() -> None:
     """NV#'s number is the GPU's own active-link count: a GPU with links down made a
     class of its own pairs, each as slow as the others, and read OK (before)."""
-    assert [f.status for f in p2p_findings(_node(hgx_matrix()), "node 0", 0.6)] == [
+    assert [f.status for f in p2p_findings(_node(hgx_matrix()), NODE0, 0.6)] == [
         Status.OK]
-    found = [f for f in p2p_findings(_node(hgx_matrix(3)), "node 0", 0.6)
+    found = [f for f in p2p_findings(_node(hgx_matrix(3)), NODE0, 0.6)
              if f.status is Status.WARN]
     assert {f.subject for f in found} == {f"node 0 cuda:3->cuda:{d}" for d in range(3)}
     names = {r: f"rank {r}" for r in range(4)}

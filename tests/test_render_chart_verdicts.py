@@ -116,7 +116,7 @@ def test_bench_bars_are_red_exactly_for_the_ranks_the_straggler_check_named() ->
     metrics = [Metric("bench.images_per_s", "images/s", Better.HIGHER, v, subject.rank(r))
                for r, v in enumerate([100.0, 85.0, 99.0])]
     report.add(Section("timing", "T", {}, [warn("bench.rank.straggler", "slow", hint="h",
-                                                subject="rank 2")], metrics))
+                                                subject=subject.rank(2))], metrics))
     spec = next(s for s in find_charts(report) if isinstance(s, BarSpec))
     assert spec.flagged["timing"] == {"rank 2"}  # not rank 1, lower but not judged slow
     assert bar_colors(drawn(spec))[2] == FLAGGED_COLOR

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gpucheck import subject
 from gpucheck.cli import main
 from gpucheck.render import charts as charts_module
 from gpucheck.render import format_for, render
@@ -88,7 +89,7 @@ def hostile_report() -> Report:
                        data={"variables": {"EVIL": f'"><img src=x onerror=alert(2)>{evil}'},
                              "rows": [{"name": evil, "status": "FAIL"}]},
                        findings=[fail("system.shm", f"message {evil}", f"hint {evil}",
-                                      subject=evil)]))
+                                      subject=subject.host(evil))]))
     return report
 
 

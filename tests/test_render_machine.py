@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucheck import subject
 from gpucheck.render import format_for, render
 from gpucheck.render.line import MAX_CHARS
 from gpucheck.render.prometheus import LABELS
@@ -16,7 +17,9 @@ from gpucheck.report import Report, Section, fail, ok, skip, warn
 
 parser = pytest.importorskip("prometheus_client.parser")
 REPORTS = Path(__file__).resolve().parent / "data" / "reports"
-GPU3 = "GPU 3 (NVIDIA H200, bus 00000000:48:00.0, GPU-00000003-0000-0000-0000-000000000000)"
+GPU3 = subject.gpu(3, "GPU 3 (NVIDIA H200, bus 00000000:48:00.0, "
+                   "GPU-00000003-0000-0000-0000-000000000000)", bus_id="00000000:48:00.0",
+                   uuid="GPU-00000003-0000-0000-0000-000000000000")
 
 
 def _families(text: str) -> dict:
@@ -29,8 +32,8 @@ def _health_like() -> Report:
         ok("gpu.pcie.width", "x16", GPU3),
         fail("kernel_log.xid", "XID 48 once", "reset it", GPU3, cause="table.reset-gpu"),
         warn("kernel_log.xid", "XID 94 once", "restart", GPU3, cause="table.restart-app"),
-        warn("ib.port.rate", "runs at 200 Gb/sec", "reseat", "mlx5_1 port 1"),
-        skip("ib.port.link_downed", "first check", "mlx5_0 port 1"),
+        warn("ib.port.rate", "runs at 200 Gb/sec", "reseat", subject.port("mlx5_1/1")),
+        skip("ib.port.link_downed", "first check", subject.port("mlx5_0/1")),
     ])
     return Report(command="health", sections=[section], created_at="2026-11-24T10:00:00+00:00")
 
@@ -47,7 +50,7 @@ def test_prometheus_text_parses_with_prometheus_own_parser_into_labelled_gauges(
     xid = by_key[("kernel_log.xid", GPU3)]
     assert xid.value == 3 and xid.labels["gpu"] == "3" and xid.labels["action"] == "reset-gpu"
     assert set(xid.labels) == set(LABELS) and xid.labels["command"] == "health"
-    rate = by_key[("ib.port.rate", "mlx5_1 port 1")]
+    rate = by_key[("ib.port.rate", "hca port mlx5_1/1")]
     assert (rate.value, rate.labels["hca"], rate.labels["port"]) == (2, "mlx5_1", "1")
     assert by_key[("driver.nvml", "")].value == 0
     assert families["gpucheck_verdict"].samples[0].value == 3
@@ -62,7 +65,7 @@ def test_prometheus_text_parses_with_prometheus_own_parser_into_labelled_gauges(
 def test_prometheus_label_values_are_escaped():
     odd = 'GPU 1 (a "quoted" \\ name\nwith a newline)'
     report = Report(command="health", sections=[Section("x", "X", {}, [
-        fail("gpu.query", "lost", "reset", odd)])])
+        fail("gpu.query", "lost", "reset", subject.gpu(1, odd))])])
     (sample,) = _families(render(report, "prometheus"))["gpucheck_check_status"].samples
     assert sample.labels["subject"] == odd and sample.labels["gpu"] == "1"
 

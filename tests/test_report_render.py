@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucheck import subject
 from gpucheck.errors import UsageError
 from gpucheck.output import check_writable, write_atomic
 from gpucheck.render import format_for, render
@@ -23,9 +24,9 @@ def sample_report() -> Report:
                        [ok("system.shm", "/dev/shm is 12 GiB")]))
     report.add(Section("gpus", "GPUs", {"gpus": [{"index": 0, "name": "H200", "temp_c": 41},
                                                  {"index": 1, "name": "H200", "temp_c": None}]},
-                       [warn("gpu.pcie.width", "x8 of x16", "reseat the card", "GPU 1"),
+                       [warn("gpu.pcie.width", "x8 of x16", "reseat the card", subject.gpu(1)),
                         fail("gpu.ecc.volatile_uncorrected", "3 errors", "drain the node",
-                             "GPU 1"),
+                             subject.gpu(1)),
                         skip("faults.nvlink.crc", "no NVLink")]))
     return report
 

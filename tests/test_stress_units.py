@@ -14,6 +14,9 @@ from gpucheck.cli import main
 from gpucheck.report import Status
 from gpucheck.stress import burn, numa, sdc, specs, timing, verdicts
 from gpucheck.stress.report import Verdicts, p2p_findings, stress_sections
+from gpucheck.subject import node
+
+NODE0 = node(0)
 
 # --- expected figures -------------------------------------------------------------------
 
@@ -323,17 +326,17 @@ def _pairs(gbps: dict[tuple[int, int], float | None]) -> dict[str, Any]:
 
 def test_a_slow_peer_pair_is_named_and_healthy_pairs_pass() -> None:
     cells = {(s, d): 380.0 for s in range(3) for d in range(3) if s != d}
-    assert [f.status for f in p2p_findings(_pairs(cells), "node 0", 0.6)] == [Status.OK]
-    found = p2p_findings(_pairs(cells | {(2, 0): 90.0}), "node 0", 0.6)
+    assert [f.status for f in p2p_findings(_pairs(cells), NODE0, 0.6)] == [Status.OK]
+    found = p2p_findings(_pairs(cells | {(2, 0): 90.0}), NODE0, 0.6)
     assert [f.status for f in found] == [Status.WARN]
     assert "cuda:2->cuda:0" in found[0].message
 
 
 def test_gpus_without_any_peer_access_are_skipped_and_a_blocked_pair_warned() -> None:
     none = {(s, d): None for s in range(3) for d in range(3) if s != d}
-    assert [f.status for f in p2p_findings(_pairs(none), "n", 0.6)] == [Status.SKIP]
+    assert [f.status for f in p2p_findings(_pairs(none), NODE0, 0.6)] == [Status.SKIP]
     cells = {(s, d): 380.0 for s in range(3) for d in range(3) if s != d} | {(0, 1): None}
-    found = p2p_findings(_pairs(cells), "n", 0.6)
+    found = p2p_findings(_pairs(cells), NODE0, 0.6)
     assert [f.status for f in found] == [Status.WARN] and "cuda:0->cuda:1" in found[0].message
 
 

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from gpucheck import subject
 from gpucheck.render import render
 from gpucheck.render.text import WIDTH, render_text
 from gpucheck.report import Report, Section, Status, fail, ok, skip, warn
@@ -25,11 +26,13 @@ def long_report() -> Report:
     rows = [{f"column_{c}": f"rank{r}-value-{c}" for c in range(12)} for r in range(4)]
     report.add(Section("ranks", "Ranks", {"ranks": rows}, [
         warn("bench.rank.straggler", "rank 3 ran 1.31x the other ranks' pace " + "x" * 150,
-             "look at rank 3's GPU clocks and the processes sharing it", "rank 3 on node7"),
+             "look at rank 3's GPU clocks and the processes sharing it",
+             subject.rank(3, "rank 3 on node7")),
     ]))
     report.add(Section("xid", "Kernel log", {}, [
         fail("kernel_log.xid", "GPU has fallen off the bus", "drain the node and reseat",
-             "GPU 1 (NVIDIA H200, bus 00000000:28:00.0)")]))
+             subject.gpu(1, "GPU 1 (NVIDIA H200, bus 00000000:28:00.0)",
+                         bus_id="00000000:28:00.0"))]))
     return report
 
 

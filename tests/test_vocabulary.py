@@ -181,4 +181,4 @@ def test_a_subject_reads_as_its_label_and_crosses_processes_whole() -> None:
     assert pickle.loads(pickle.dumps(made)).bus_id == "0000:17:00.0"
     with pytest.raises(AttributeError):
         made.gpu = 5
-    assert Subject.of("rank 3") == subject.text("rank 3") and Subject.of(None) is None
+    assert subject.text("rank 3") == "rank 3" and subject.text("rank 3").rank is None

@@ -19,7 +19,7 @@ from gpucheck.analysis.noise import NOISY, Noise, judged_threshold, noise_levels
 from gpucheck.measure import Metric
 from gpucheck.peers import shortfall
 from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
-from gpucheck.subject import Kind, Subject
+from gpucheck.subject import Kind, Subject, text
 
 PROBLEMS = ("WARN", "FAIL")
 
@@ -76,15 +76,15 @@ def _fact_finding(key: str, kind: str, va: str | None, vb: str | None) -> Findin
     if kind == HARDWARE and "count" in key and _fewer(va, vb):
         return fail("compare.hardware", f"B has fewer GPUs: {change}",
                     hint="a GPU is missing from B: check nvidia-smi -L and the kernel log "
-                    "(Xid 79: fell off the bus) on B's node", subject=key)
+                    "(Xid 79: fell off the bus) on B's node", subject=text(key))
     if kind == SETUP:
         return warn("compare.setup", f"the runs differ in {change}: their figures measure "
                     "different things", hint="rerun both with the same options before "
-                    "reading their metrics as a regression", subject=key)
+                    "reading their metrics as a regression", subject=text(key))
     check = {HARDWARE: "compare.hardware", ENVIRONMENT: "compare.environment",
              VERSION: "compare.versions"}.get(kind, "compare.versions")
     return warn(check, change, hint="if the change was not intended, align B with A (driver, "
-                "packages, container image, launcher environment)", subject=key)
+                "packages, container image, launcher environment)", subject=text(key))
 
 
 def _fewer(va: str | None, vb: str | None) -> bool:
@@ -220,7 +220,7 @@ def _subject_of(finding: Mapping[str, Any]) -> Subject | None:
     fields, label = finding.get("subject_fields"), finding.get("subject")
     if isinstance(fields, Mapping):
         return Subject.from_dict(fields)
-    return Subject.of(label) if isinstance(label, str) else None
+    return text(label) if isinstance(label, str) else None
 
 
 def _subject_key(finding: Mapping[str, Any]) -> str:

@@ -21,6 +21,7 @@ from gpucheck.analysis.nodes import Fleet, Reason, finding_reasons
 from gpucheck.analysis.outliers import judge_group, outlier_reasons, outlier_row
 from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
 from gpucheck.stats import significant
+from gpucheck.subject import file, host, text
 
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_MAD_K = 5.0
@@ -68,7 +69,7 @@ def _inputs_section(fleet: Fleet, reasons: list[Reason]) -> Section:
         "unreadable": [{"file": u.path, "problem": u.why} for u in fleet.unreadable],
         "unused": [{"file": u.path, "why": u.why} for u in fleet.unused]}
     findings = [warn("fleet.unreadable", f"{u.path}: {u.why}", hint="left out; write the "
-                     "node's report again (rerun gpucheck on it)", subject=u.path)
+                     "node's report again (rerun gpucheck on it)", subject=file(u.path))
                 for u in fleet.unreadable]
     findings += identity_findings(fleet, reasons)
     findings.append(ok("fleet.inputs", f"{data['reports']} report(s) from {data['nodes']} "
@@ -160,7 +161,7 @@ def _drift_section(fleet: Fleet, reasons: list[Reason]) -> Section:
         findings.append(Finding("fleet.drift", status, f"{drift.command}: {drift.key}: "
                                 f"{drift_row(drift)['differ']}; most nodes "
                                 f"({drift.usual_nodes}) have {drift.usual!r}",
-                                found[0].hint, drift.key, relayed=found[0].action))
+                                found[0].hint, text(drift.key), relayed=found[0].action))
     if not drifts:
         findings.append(ok("fleet.drift", "the nodes agree on every version, GPU model and "
                            "count, environment variable and run setting their reports state"))
@@ -276,7 +277,7 @@ def _actions_section(reasons: Sequence[Reason], nodes: int) -> Section:
         others = f" (+{len(found) - 1} more: {_all_actions(found)})" if len(found) > 1 else ""
         findings.append(Finding("fleet.node", Status(top.status), f"{top.check}: "
                                 f"{top.message}{others}", top.hint or "see the reasons table",
-                                node, relayed=top.action))
+                                host(node), relayed=top.action))
     if not ranked:
         findings.append(ok("fleet.node", f"no node to act on among {nodes}"))
     return Section("actions", "Nodes to act on, most urgent first",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from gpucheck.analysis.loading import LoadedReport
 from gpucheck.analysis.nodes import Duplicate, Fleet, Reason, node_name
 from gpucheck.report import Finding, fail, warn
+from gpucheck.subject import host
 
 _DUPLICATE_HINT = ("keep one report per node and command: remove the stale or copied "
                    "file, or rerun gpucheck on the node to learn which is true")
@@ -33,10 +34,10 @@ def duplicate_finding(dup: Duplicate) -> tuple[Finding, Reason]:
                f"only the newest ({judged.path}) is judged")
     if hidden_fail:
         finding = fail("fleet.duplicate_host", message, hint=_DUPLICATE_HINT,
-                       subject=dup.node)
+                       subject=host(dup.node))
     else:
         finding = warn("fleet.duplicate_host", message, hint=_DUPLICATE_HINT,
-                       subject=dup.node)
+                       subject=host(dup.node))
     return finding, Reason(dup.node, finding.status.value, finding.action or "rerun",
                            "fleet.duplicate_host", message, None, "fleet", _DUPLICATE_HINT)
 
@@ -45,7 +46,7 @@ def future_finding(report: LoadedReport) -> tuple[Finding, Reason]:
     node = node_name(report)
     message = (f"{report.path} is dated {report.created_at}, ahead of this machine's clock "
                f"(claims host {node})")
-    finding = warn("fleet.future_report", message, hint=_FUTURE_HINT, subject=node)
+    finding = warn("fleet.future_report", message, hint=_FUTURE_HINT, subject=host(node))
     return finding, Reason(node, "WARN", "fix-config", "fleet.future_report", message, None,
                            "fleet", _FUTURE_HINT)
 

@@ -18,7 +18,7 @@ from gpucheck.bench.worker import CONSISTENCY_IMAGES, BenchOutcome, BenchSpec
 from gpucheck.distributed.placement import numa_findings
 from gpucheck.faults import run_faults_section, slowdown_causes
 from gpucheck.report import Finding, Section, fail, ok, warn
-from gpucheck.subject import node
+from gpucheck.subject import file, node, ranks
 
 
 def bench_sections(spec: BenchSpec, images: ImageSet, outcome: BenchOutcome,
@@ -72,7 +72,7 @@ def setup_section(spec: BenchSpec, images: ImageSet, outcome: BenchOutcome) -> S
     }
     findings = [warn("bench.images.skipped", f"skipped {name}: {why}",
                      hint="remove or fix the file; only readable images are used",
-                     subject=name) for name, why in images.skipped]
+                     subject=file(name)) for name, why in images.skipped]
     share = (f"{len(images.files)} image(s) split over {n_ranks} rank(s), "
              f"{outcome.per_rank_images} each")
     if outcome.padding:
@@ -221,7 +221,7 @@ def _bitwise_split(result: Consistency) -> Finding:
         "no majority of that stack tells which is wrong",
         hint="rerun with more GPUs of this model (a majority then names the odd one); "
              "repeated disagreement points at one of these GPUs (dcgmi diag -r 3)",
-        subject=listed,
+        subject=ranks(result.bitwise_split, listed),
     )
 
 
@@ -235,5 +235,5 @@ def _undecided(result: Consistency) -> Finding:
         f"(tolerance {result.tolerance:g}); {why} and no majority tells which is wrong",
         hint="rerun with more GPUs (a majority then names the odd one); repeated "
              "disagreement points at one of these GPUs",
-        subject=listed,
+        subject=ranks(result.undecided, listed),
     )

@@ -96,7 +96,7 @@ def correctness_findings(collective: str, rows: Sequence[Mapping[str, Any]]) -> 
                  f"{r['wrong']} wrong element(s) at {r['size_bytes']} bytes",
                  hint="results differ from the expected sums: suspect a faulty GPU, link or "
                  "driver; rerun with NCCL_DEBUG=INFO and check dmesg for Xid errors",
-                 subject=f"{r['size_bytes']} bytes") for r in bad]
+                 subject=subject.text(f"{r['size_bytes']} bytes")) for r in bad]
 
 
 def baseline_findings(rows: Sequence[Mapping[str, Any]], baseline_gbps: float | None,

@@ -26,7 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpucheck import subject as subjects
 from gpucheck.report import Finding, ok, skip, warn
+from gpucheck.subject import Subject
 
 LOG_NAME = "nccl.%h.%p.log"
 # Interfaces that can never carry traffic between nodes: loopback, container and VM
@@ -125,8 +127,9 @@ def network_name(t: Transport) -> str | None:
     return None
 
 
-def rank_findings(label: str, t: Transport, ib_sysfs: Sequence[str]) -> list[Finding]:
-    """One rank's WARNs for traffic between nodes (call only with 2+ nodes)."""
+def rank_findings(label: Subject, t: Transport, ib_sysfs: Sequence[str]) -> list[Finding]:
+    """One rank's WARNs for traffic between nodes (call only with 2+ nodes); `label`:
+    the rank's subject, its words the messages' first."""
     findings = []
     if _uses_sockets(t) and ib_sysfs:
         findings.append(warn(
@@ -174,7 +177,8 @@ def transport_view(entries: Sequence[Mapping[str, Any]], labels: Mapping[int, st
         return data | {"between_nodes": "one node: no traffic between nodes"}, []
     transports = [transport_of(e["transport"]) for e in read]
     findings = [f for e, t in zip(read, transports, strict=True) for f in rank_findings(
-        labels.get(int(e["rank"]), f"rank {e['rank']}"), t, e.get("ib_sysfs") or [])]
+        subjects.rank(int(e["rank"]), labels.get(int(e["rank"]))), t,
+        e.get("ib_sysfs") or [])]
     if not findings:
         findings = [ok(check, f"{len(read)} ranks send between nodes over "
                        f"{_networks_said(transports)}, on no loopback or bridge interface")]

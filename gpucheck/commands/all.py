@@ -26,6 +26,7 @@ from gpucheck.distributed import terminal
 from gpucheck.errors import UsageError
 from gpucheck.escape import terminal as shown
 from gpucheck.report import Finding, Report, Section, fail, skip
+from gpucheck.subject import text
 
 HELP = "env, stress, bench and comm in turn on this node (or job): one report"
 
@@ -284,10 +285,10 @@ def _outcome_findings(o: Outcome) -> list[Finding]:
         return [fail(f"all.{o.command}.failed", f"gpucheck {o.command} did not finish: "
                      f"{o.why}; the other commands still ran",
                      hint=f"read its error above, then run `gpucheck {o.command}` alone "
-                          "to see it in full", subject=o.command)]
+                          "to see it in full", subject=text(o.command))]
     if o.outcome in ("skipped", "not run"):
         return [skip(f"all.{o.command}.{o.outcome.replace(' ', '_')}",
-                     f"gpucheck {o.command} did not run: {o.why}", subject=o.command)]
+                     f"gpucheck {o.command} did not run: {o.why}", subject=text(o.command))]
     return []
 
 

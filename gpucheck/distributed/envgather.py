@@ -42,7 +42,7 @@ def diff_findings(facts: Mapping[NodeId, Mapping[str, str]]) -> list[Finding]:
                 "env.nodes.differ", f"{node.label}: {what} is {values[node]!r}, "
                 f"the other nodes have {usual!r}",
                 hint="nodes of one job should match: align drivers, containers, "
-                "packages and launcher environment", subject=node.label))
+                "packages and launcher environment", subject=node.subject()))
     if not findings:
         findings.append(ok("env.nodes.differ", f"{len(facts)} nodes match on {len(keys)} "
                            "versions, GPU models/counts and environment variables"))
@@ -69,7 +69,8 @@ def merge_node_reports(reports: Mapping[NodeId, Mapping[str, Any]]) -> Report:
 def _on_node(finding: Finding, node: NodeId) -> Finding:
     """The finding with its node in the subject; its action (set by the probe or
     resolved at birth) is kept, not resolved again."""
-    subject = f"{node.label} {finding.subject}" if finding.subject else node.label
+    subject = (finding.subject.on_node(node.node_rank, f"{node.label} {finding.subject}",
+                                       node.host) if finding.subject else node.subject())
     return dataclasses.replace(finding, subject=subject)
 
 

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from gpucheck import subject as subjects
 from gpucheck.distributed.checkin import SHARED_GPU_HINT
 from gpucheck.distributed.launch import RankFailure
 from gpucheck.escape import terminal
@@ -47,8 +48,19 @@ def rank_failure_findings(failures: list[RankFailure], command: str) -> list[Fin
         check, hint = _CHECKS.get(f.cause or "", ("rank_failed", ANOTHER_RANK_HINT))
         findings.append(fail(f"{command}.{check}",
                              f"rank {f.rank} (local rank {f.local_rank}) {f.how()}: {f.message}",
-                             hint=hint, subject=f"rank {f.rank}"))
+                             hint=hint, subject=subjects.rank(f.rank)))
     return findings
+
+
+def _listed(ranks: list[Any]) -> str:
+    return ", ".join(map(str, ranks))
+
+
+def _ranks_subject(ranks: list[Any]) -> subjects.Subject:
+    """"rank 1, 3" with the ranks as fields (a diagnosis whose rank is not a number,
+    from a rank that could not tell, is in the words only)."""
+    numbers = [r for r in ranks if isinstance(r, int) and not isinstance(r, bool)]
+    return subjects.ranks(numbers, f"rank {_listed(ranks)}")
 
 
 def flight_findings(diagnoses: list[dict[str, Any]], command: str) -> list[Finding]:
@@ -58,12 +70,12 @@ def flight_findings(diagnoses: list[dict[str, Any]], command: str) -> list[Findi
                 if isinstance(d.get("flight_recorder"), dict)}
     check = f"{command}.flight_recorder"
     written = sorted(str(r) for r, o in outcomes.items() if o.get("path"))
-    skipped: dict[str, list[str]] = {}
+    skipped: dict[str, list[Any]] = {}
     for rank, outcome in sorted(outcomes.items(), key=lambda item: str(item[0])):
         if outcome.get("skipped"):
-            skipped.setdefault(str(outcome["skipped"]), []).append(str(rank))
-    found = [skip(check, f"rank(s) {', '.join(ranks)} wrote no Flight Recorder dump: {why}",
-                  subject=f"rank {', '.join(ranks)}") for why, ranks in skipped.items()]
+            skipped.setdefault(str(outcome["skipped"]), []).append(rank)
+    found = [skip(check, f"rank(s) {_listed(ranks)} wrote no Flight Recorder dump: {why}",
+                  subject=_ranks_subject(ranks)) for why, ranks in skipped.items()]
     if written:
         folder = os.path.dirname(str(next(o["path"] for o in outcomes.values()
                                           if o.get("path"))))

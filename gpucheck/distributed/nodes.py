@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck import subject as subjects
 from gpucheck.measure import Better, Bound
 from gpucheck.peers import SLOW_NODE_FRACTION, against_median
 from gpucheck.report import Finding, ok, warn
@@ -31,6 +32,9 @@ class NodeId:
     @property
     def label(self) -> str:
         return f"node {self.node_rank} ({self.host})"
+
+    def subject(self) -> subjects.Subject:
+        return subjects.node(self.node_rank, self.label, host=self.host)
 
 
 def group_by_node(records: Iterable[Mapping[str, Any]]) -> dict[NodeId, list[int]]:
@@ -77,7 +81,7 @@ def slow_node_findings(metric: Mapping[NodeId, float], check: str, what: str, un
                      f"median node's {median:.3g} {unit}",
                      hint="compare this node's `gpucheck env` with the others' and check its "
                      "GPUs, clocks and links (nvidia-smi -q, nvidia-smi topo -m)",
-                     subject=node.label) for node in peers.worse]
+                     subject=node.subject()) for node in peers.worse]
     if not findings:
         findings.append(ok(check, f"{len(metric)} nodes within {fraction:.0%} of the median "
                            f"node's {what} ({median:.3g} {unit})"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpucheck import subject as subjects
 from gpucheck.distributed.checkin import device_label
 from gpucheck.numa import cpulist
 from gpucheck.report import Finding, ok, warn
@@ -44,4 +45,5 @@ def _off_node(rank: Mapping[str, Any]) -> Finding:
             "srun --gpu-bind=closest under SLURM; gpucheck stress pins its ranks itself "
             f"(unless --no-numa-pin). If the job's cpuset (container, cgroup, SLURM "
             f"allocation) has no CPU on node {node}, widen it (taskset -cp <pid> shows it)")
-    return warn(CHECK, message, hint, f"rank {rank['rank']} ({device_label(rank)})")
+    return warn(CHECK, message, hint, subjects.rank(int(rank["rank"]),
+                f"rank {rank['rank']} ({device_label(rank)})"))

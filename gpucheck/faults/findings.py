@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck import subject as subjects
 from gpucheck.checks.check import table_cause
 from gpucheck.devices import normal_bus_id
 from gpucheck.faults.clocks import SM_LOW_FRACTION, SUSTAINED_SAMPLES
@@ -59,10 +60,13 @@ class GpuGroup:
     nvml_index: int | None
     results: tuple[Mapping[str, Any], ...]
 
-    def subject(self, multi_host: bool) -> str:
+    def subject(self, multi_host: bool) -> subjects.Subject:
+        """"rank 2 on GPU 3 (...)": the GPU, the rank (or ranks) that watched it."""
         who = ("rank " if len(self.ranks) == 1 else "ranks ") + ", ".join(map(str, self.ranks))
         where = f"{self.host} " if multi_host and self.host else ""
-        return f"{who} on {where}{self.label}"
+        one = self.ranks[0] if len(self.ranks) == 1 else None
+        return subjects.gpu(self.nvml_index, f"{who} on {where}{self.label}", rank=one,
+                            host=self.host, ranks=self.ranks if one is None else None)
 
 
 def group_by_gpu(results: Sequence[Mapping[str, Any]],
@@ -98,7 +102,8 @@ def _merge(groups_of_verdicts: Sequence[list[Verdict]]) -> list[Verdict]:
     return list(merged.values())
 
 
-def _gpu_findings(group: GpuGroup, verdicts: list[Verdict], subject: str) -> list[Finding]:
+def _gpu_findings(group: GpuGroup, verdicts: list[Verdict],
+                  subject: subjects.Subject) -> list[Finding]:
     """WARN/FAIL verdicts become findings; OK and n/a ones one summary line."""
     index = "<index>" if group.nvml_index is None else str(group.nvml_index)
     faults = [Finding(v.check, v.status, v.message, v.advice.replace("<index>", index),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpucheck import subject as subjects
 from gpucheck.hang.observe import RankView
 from gpucheck.hang.sites import Site
 from gpucheck.hang.stacks import PTRACE_CAPABILITY
@@ -51,11 +52,12 @@ def culprit_finding(culprit: Culprit, view: RankView, multi_node: bool = False,
                 hint=_HINTS[culprit.what], subject=_subject(view, multi_node, job))
 
 
-def _subject(view: RankView, multi_node: bool, job: str | None = None) -> str:
+def _subject(view: RankView, multi_node: bool, job: str | None = None) -> subjects.Subject:
     """`rank 2 on node7`; with several jobs seen, `rank 2 of job KEY on node7`."""
     where = f"node {view.node_rank} ({view.host})" if multi_node else view.host
     of_job = f" of job {job}" if job else ""
-    return f"rank {view.rank}{of_job} on {where}"
+    return subjects.rank(view.rank, f"rank {view.rank}{of_job} on {where}", host=view.host,
+                         node=view.node_rank if multi_node else None)
 
 
 def live_findings(views: list[RankView], window_s: float, multi_node: bool,
@@ -142,7 +144,7 @@ def stack_findings(views: list[RankView], job: str | None = None) -> list[Findin
     not watched are said once, in the verdict."""
     of_job = f" of job {job}" if job else ""
     return [skip("hang.stack", f"{label(v)}: {v.stack_error}",
-                 subject=f"rank {v.rank}{of_job}")
+                 subject=subjects.rank(v.rank, f"rank {v.rank}{of_job}"))
             for v in views if v.stack_error and v.watched]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpucheck import subject as subjects
 from gpucheck.hang.trace_verdict import GroupVerdict, judge_group
 from gpucheck.hang.traces import Call, dump_files, groups, load
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
@@ -21,7 +22,7 @@ def group_findings(v: GroupVerdict) -> list[Finding]:
         check = "hang.traces.missing" if "never reached" in what else "hang.traces.desync"
         found.append(fail(check, f"rank {rank} {what}",
                           hint=_MISSING_HINT if check.endswith("missing") else _DESYNC_HINT,
-                          subject=f"rank {rank}"))
+                          subject=subjects.rank(rank)))
     if v.split:
         sides = "; ".join(f"ranks {', '.join(map(str, r))}: {w}" for w, r in v.split.items())
         found.append(warn("hang.traces.split", f"collective #{v.diverge_seq} of group "
@@ -32,7 +33,7 @@ def group_findings(v: GroupVerdict) -> list[Finding]:
         found.append(fail("hang.traces.no_dump", f"rank(s) {ranks} of group {v.group} left "
                           "no dump while the others agree: dead, or stuck before dumping",
                           hint="read those ranks' logs; a rank that died writes no dump",
-                          subject=f"rank {ranks}"))
+                          subject=subjects.ranks(v.no_dump, f"rank {ranks}")))
     if not found:
         last = f"#{v.last_agreed[0]} ({v.last_agreed[1].describe()})" if v.last_agreed else "none"
         found.append(ok("hang.traces.agree", f"group {v.group} ({v.desc}): the "

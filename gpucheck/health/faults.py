@@ -25,6 +25,7 @@ from typing import Any
 from gpucheck.checks.check import table_cause
 from gpucheck.probes.xid_section import XidFault
 from gpucheck.report import Finding, Status
+from gpucheck.subject import Kind, Subject, text
 
 STICKY_ACTIONS = ("reset-gpu", "drain-node", "replace-hardware")
 CLEARED_BY_REBOOT = ("reset-gpu", "drain-node")
@@ -49,10 +50,25 @@ def new_faults(faults: Iterable[XidFault], boot_id: str | None,
             continue
         found.append({"key": fault_key(fault.bus_id, fault.xid), "check": finding.check,
                       "status": finding.status.value, "action": finding.action,
-                      "subject": str(finding.subject) if finding.subject else None,
+                      "subject": finding.subject.label if finding.subject else None,
+                      "subject_fields": _fields(finding.subject),
                       "message": finding.message[:1000],
                       "hint": (finding.hint or "")[:1000], "boot_id": boot_id, "since": now})
     return found
+
+
+def _fields(subject: Subject | None) -> dict[str, Any] | None:
+    """The subject's fields as the report's JSON keeps them (None for a name only)."""
+    return subject.to_dict() if subject is not None and subject.kind is not Kind.TEXT else None
+
+
+def _subject(fault: dict[str, Any]) -> Subject | None:
+    """The remembered subject: its fields (checked by gpucheck.health.schema), else its
+    words (a fault stored before the fields were)."""
+    fields, words = fault.get("subject_fields"), fault.get("subject")
+    if fields is not None:
+        return Subject.from_dict(fields)
+    return text(words) if words else None
 
 
 @dataclass(frozen=True)
@@ -88,6 +104,6 @@ def still_findings(still: Iterable[dict[str, Any]], raised: set[str]) -> list[Fi
         message = (f"{fault['message']} (first reported {fault['since']}; reported "
                    f"{_until(fault['action'])})")
         findings.append(Finding(fault["check"], Status(fault["status"]), message,
-                                fault.get("hint") or None, fault.get("subject"),
+                                fault.get("hint") or None, _subject(fault),
                                 cause=table_cause(fault["action"])))
     return findings

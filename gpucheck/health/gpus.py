@@ -24,6 +24,7 @@ from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
 from gpucheck.probes.gpus import driver_finding
 from gpucheck.probes.nvml import SLOW_ADVICE, Nvml, slow_words
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
+from gpucheck.subject import gpu
 
 NOT_IN_HEALTH = ("gpu.busy",)
 
@@ -97,7 +98,7 @@ def _unfinished(progress: GpuProgress, budget_s: float) -> list[Finding]:
     count = progress.driver.gpu_count or 0
     done = {r.index for r in progress.records}
     return [skip("gpu.query", f"NVML {why} while reading this GPU" if i == progress.reading
-                 else f"not read: NVML {why}", f"GPU {i}")
+                 else f"not read: NVML {why}", gpu(i))
             for i in range(count) if i not in done]
 
 

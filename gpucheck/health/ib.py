@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpucheck import subject as subjects
+
 INFINIBAND = Path("class/infiniband")
 ACTIVE_STATES = (4, 5)  # ACTIVE, ACTIVE_DEFER
 PHYS_DISABLED, PHYS_LINK_UP = 3, 5
@@ -51,9 +53,10 @@ class IbPort:
         return f"{self.hca}/{self.port}"
 
     @property
-    def subject(self) -> str:
-        """"mlx5_0 port 1", as findings name it (and the prometheus renderer reads it)."""
-        return f"{self.hca} port {self.port}"
+    def subject(self) -> subjects.Subject:
+        """"mlx5_0 port 1", as findings name it; its `port` field is the key "mlx5_0/1"
+        (the prometheus renderer reads the HCA and port number from it)."""
+        return subjects.port(self.key, f"{self.hca} port {self.port}")
 
     @property
     def active(self) -> bool:

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpucheck import subject as subjects
 from gpucheck.health.ib import COUNTERS, PHYS_DISABLED, IbPort
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
@@ -64,7 +65,7 @@ def missing_findings(ports: Sequence[IbPort], previous: dict[str, dict[str, Any]
                  "/sys/class/infiniband (the HCA fell off the bus or its driver did not load)",
                  "check lspci | grep -i mellanox, dmesg | grep mlx5 and the driver (mlx5_ib); "
                  f"if the HCA was removed on purpose, pass --ib-ignore {key}",
-                 key.replace("/", " port ", 1)) for key in gone]
+                 subjects.port(key, key.replace("/", " port ", 1))) for key in gone]
 
 
 def _look(port: IbPort) -> str:

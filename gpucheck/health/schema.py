@@ -15,6 +15,7 @@ from typing import Any
 
 from gpucheck.actions import ACTIONS
 from gpucheck.checks import lookup
+from gpucheck.subject import Subject
 
 STATE_VERSION = 2  # what gpucheck.health.state writes; no other version is read
 MAX_CONSUMERS = 32
@@ -111,9 +112,25 @@ def fault(value: Any, where: str) -> dict[str, Any]:
         _str(raw.get(key), f"{where}.{key}")
     for key in ("subject", "hint", "boot_id"):
         _text(raw.get(key), f"{where}.{key}")
+    if raw.get("subject_fields") is not None:
+        raw["subject_fields"] = _subject(raw["subject_fields"], f"{where}.subject_fields")
     _need(raw["status"] in ("WARN", "FAIL"), f"{where}.status", "WARN or FAIL")
     _need(raw["action"] in ACTIONS, f"{where}.action", "a gpucheck action")
     _need(_declared(raw["check"]), f"{where}.check", "a check id this gpucheck declares")
+    return raw
+
+
+def _subject(value: Any, where: str) -> dict[str, Any]:
+    """A subject as `Subject.to_dict` wrote it: short strings and numbers only, read
+    back whole by `Subject.from_dict` (TypeError or ValueError: damaged)."""
+    raw = _dict(value, where, most=16)
+    for key, field in raw.items():
+        _need(not isinstance(field, str) or len(field) <= MAX_TEXT, f"{where}.{key}",
+              "a short string")
+    try:
+        Subject.from_dict(raw)
+    except (TypeError, ValueError) as exc:
+        raise Damaged(f"{where} is not a subject ({str(exc)[:80]})") from None
     return raw
 
 

@@ -139,7 +139,7 @@ def node_findings(figures: Mapping[int, Mapping[str, Any]], wanted: Mapping[str,
     findings: list[Finding] = []
     condemned: list[int] = []
     for node, node_looks in sorted(looks(figures, wanted, again, why_not).items()):
-        label = labels.get(node, f"node {node}")
+        label = subject.node(node, labels.get(node))
         for reason, look in node_looks:
             text = _look_text(label, reason, look)
             if look.state is LookState.CONFIRMED and device == "cuda":

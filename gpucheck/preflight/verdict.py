@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpucheck import subject as subjects
 from gpucheck.distributed.nodes import NodeId, group_by_node
 from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
 from gpucheck.subject import Subject
@@ -127,8 +128,9 @@ def budget_section(checks: Mapping[str, Any], strict: bool) -> Section:
             continue
         text = f"{name}: not run within the budget ({entry['reason']})"
         findings.append(fail("preflight.budget", text, "give a larger --budget, or drop "
-                             "--strict to let the job start without it", subject=name)
-                        if strict else skip("preflight.budget", text, subject=name))
+                             "--strict to let the job start without it",
+                             subject=subjects.text(name))
+                        if strict else skip("preflight.budget", text, subject=subjects.text(name)))
     states = {name: entry.get("state") for name, entry in checks.items()}
     if not findings:
         findings.append(ok("preflight.budget", f"{len(states)} check(s) within the budget"))
@@ -145,7 +147,9 @@ def nvml_section(nodes: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str
         label = labels.get(int(node["node_rank"]), f"node {node['node_rank']}")
         for raw in node["findings"]:
             finding = Finding.from_dict(raw)
-            subject = f"{label} {finding.subject}" if finding.subject else label
+            index, host = int(node["node_rank"]), hosts.get(int(node["node_rank"]))
+            subject = (finding.subject.on_node(index, f"{label} {finding.subject}", host)
+                       if finding.subject else subjects.node(index, label, host=host))
             findings.append(Finding(finding.check, finding.status, finding.message,
                                     finding.hint, subject, cause=finding.cause,
                                     look=finding.look))
@@ -200,7 +204,7 @@ def alloc_section(rows: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str
             continue
         why = f"could not allocate {row['bytes']} bytes in one piece: {row['error']}"
         findings.append(fail("preflight.alloc", f"rank {row['rank']}: {why}", NODE_HINT,
-                             subject=f"rank {row['rank']}"))
+                             subject=subjects.rank(int(row["rank"]))))
         blamed.append(_blame(ranks, int(row["rank"]), "preflight.alloc", why))
     if not findings:
         findings.append(ok("preflight.alloc", f"{len(rows)} rank(s) allocated and wrote "
@@ -262,7 +266,7 @@ def links_section(internode: Mapping[str, Any], result: Mapping[str, Any],
             blamed.append({"host": node.host, "node_rank": node.node_rank, "rank": None,
                            "gpu": None, "check": "preflight.links", "why": why})
             section.findings.append(fail("preflight.links", f"{node.label}: {why}",
-                                         NODE_HINT, subject=node.label))
+                                         NODE_HINT, subject=node.subject()))
     return section, blamed
 
 
@@ -293,7 +297,9 @@ def verdict_section(result: Mapping[str, Any], failing: Sequence[Mapping[str, An
         where = ", ".join(f"rank {r}" for r in node["ranks"]) or "the node"
         gpus = f" on {', '.join(map(str, node['gpus']))}" if node["gpus"] else ""
         findings.append(fail("preflight.node", f"{label}: {where}{gpus}: "
-                             f"{'; '.join(node['why'])}", NODE_HINT, subject=node["host"]))
+                             f"{'; '.join(node['why'])}", NODE_HINT,
+                             subject=subjects.node(int(node["node_rank"]), node["host"],
+                                                   host=node["host"])))
     if go:
         findings.append(ok("preflight.go", f"{result['world_size']} rank(s) on "
                            f"{len(group_by_node(result['ranks']))} node(s) passed: the "

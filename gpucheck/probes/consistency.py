@@ -9,6 +9,7 @@ from gpucheck.probes.gpus import GpuRecord
 from gpucheck.probes.torch_build import TorchInfo
 from gpucheck.probes.visible import VisibleDevices, expected_visible, read_visible
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
+from gpucheck.subject import text
 
 
 def count_finding(nvml_count: int | None, torch: TorchInfo, cvd: str | None,
@@ -81,7 +82,7 @@ def visible_devices_finding(cvd: str | None, nvml_count: int | None,
                 f"({visible.cut_reason}) and will see only {visible.cuda_count} GPU(s); "
                 f"ignored: {', '.join(repr(e.strip()) for e in dropped) or entry}",
                 "list each GPU once, by index (nvidia-smi -L) or full UUID, with no empty "
-                "or unknown entries", subject="CUDA_VISIBLE_DEVICES")
+                "or unknown entries", subject=text("CUDA_VISIBLE_DEVICES"))
 
 
 _UNIFORM: dict[str, tuple[str, Callable[[GpuRecord], Any], str]] = {

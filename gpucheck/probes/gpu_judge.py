@@ -17,6 +17,7 @@ from gpucheck.numa import cpulist
 from gpucheck.probes.fabric import decode_health
 from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS, GpuRecord
 from gpucheck.report import Finding, fail, ok, skip, warn
+from gpucheck.subject import text
 
 FABRIC_HINT = ("start the fabric manager: systemctl start nvidia-fabricmanager (and "
                "systemctl enable it; its version must match the driver's); see journalctl -u "
@@ -358,6 +359,6 @@ def numa_findings(gpus: Sequence[GpuRecord], nodes: Mapping[int, str]) -> list[F
         if gpu.numa_node is not None:
             by_node.setdefault(gpu.numa_node, []).append(gpu.index)
     return [ok("gpu.numa", f"GPU {cpulist(tuple(indices))} on NUMA node {node}"
-               + (f" (CPUs {nodes[node]})" if nodes.get(node) else ""), f"NUMA node {node}")
+               + (f" (CPUs {nodes[node]})" if nodes.get(node) else ""), text(f"NUMA node {node}"))
             for node, indices in sorted(by_node.items())]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpucheck import subject as subjects
 from gpucheck.devices import GpuIdentity
 from gpucheck.probes.fabric import decode_health
 from gpucheck.probes.nvml import NvmlFailure
@@ -92,9 +93,11 @@ class GpuRecord:
     error_hint: str | None = None
 
     @property
-    def subject(self) -> str:
-        """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)", as in every other section."""
-        return GpuIdentity(None, self.index, self.name, self.pci_bus_id, self.uuid).label()
+    def subject(self) -> subjects.Subject:
+        """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)", as in every other section,
+        with its index, bus id and UUID as fields."""
+        label = GpuIdentity(None, self.index, self.name, self.pci_bus_id, self.uuid).label()
+        return subjects.gpu(self.index, label, bus_id=self.pci_bus_id, uuid=self.uuid)
 
     def row(self) -> dict[str, Any]:
         row = asdict(self)

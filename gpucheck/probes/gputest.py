@@ -14,6 +14,7 @@ from typing import Any
 
 from gpucheck.devices import GpuIdentity, bus_id_of, cuda_device_count, normal_bus_id, uuid_of
 from gpucheck.report import Finding, Section, fail, ok, skip
+from gpucheck.subject import Subject
 
 MATMUL_N = 512
 COPY_BYTES = 64 * 1024 * 1024
@@ -97,7 +98,7 @@ def identify(torch: Any, ordinal: int, nvml_gpus: Sequence[Any] = ()) -> GpuIden
                        uuid=uuid or getattr(match, "uuid", None))
 
 
-def _verdict(subject: str, row: dict[str, Any]) -> Finding:
+def _verdict(subject: Subject, row: dict[str, Any]) -> Finding:
     # Entries of a 512-wide product of N(0,1) values are ~22; float32 rounding is ~1e-4.
     if not row["matmul_max_abs_error"] < 1e-2:
         return fail("gpu.functional", f"matrix product differs from the CPU by "
@@ -127,10 +128,10 @@ def probe_gputest(torch: Any | None, enabled: bool = True, nvml_gpus: Sequence[A
         except Exception as exc:
             section.findings.append(fail("gpu.functional", f"{type(exc).__name__}: {exc}",
                                          "run nvidia-smi and check dmesg for Xid errors; "
-                                         "reset the GPU", identity.label()))
+                                         "reset the GPU", identity.subject()))
             continue
         row = {"gpu": identity.label(), **identity.row(), **measured}
         section.data["results"].append(row)
-        section.findings.append(_verdict(identity.label(), row))
+        section.findings.append(_verdict(identity.subject(), row))
     run.current = None
     return section

@@ -140,7 +140,7 @@ def _gpu_test(info: TorchInfo, enabled: bool, nvml_gpus: list[GpuRecord],
     kept.findings.append(fail(
         "gpu.functional", f"the test did not finish on this GPU: {outcome.error}",
         f"the GPU may be hung: check dmesg for Xid errors and nvidia-smi; reset it "
-        f"(nvidia-smi -r -i {index}) or drain the node", hung.label()))
+        f"(nvidia-smi -r -i {index}) or drain the node", hung.subject()))
     return kept
 
 

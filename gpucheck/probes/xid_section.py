@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from gpucheck import subject as subjects
 from gpucheck.checks.check import table_cause
 from gpucheck.devices import normal_bus_id
 from gpucheck.probes.gpus import GpuRecord
@@ -84,7 +85,7 @@ class XidFault:
 class GpuName:
     """How a finding names a GPU, and its NVML index when this machine has it."""
 
-    label: str
+    label: subjects.Subject  # its words are how the report names the GPU
     nvml_index: int | None
 
 
@@ -110,8 +111,8 @@ def gpu_name(bus_id: str, gpus: Sequence[GpuRecord], log_uuids: dict[str, str]) 
         if log_uuid and gpu.uuid and log_uuid != gpu.uuid:
             break
         return GpuName(gpu.subject, gpu.index)
-    return GpuName(f"PCI:{log_pci_name(bus_id)}" + (f" ({log_uuid})" if log_uuid else ""),
-                   None)
+    words = f"PCI:{log_pci_name(bus_id)}" + (f" ({log_uuid})" if log_uuid else "")
+    return GpuName(subjects.gpu(None, words, bus_id=bus_id, uuid=log_uuid), None)
 
 
 def _row(group: XidClass, name: GpuName) -> dict[str, object]:

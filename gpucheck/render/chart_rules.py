@@ -7,9 +7,8 @@ charts painted bars red under 0.9 x the median while stress on CPU warns under 0
   section's data (the --peer-threshold and --expected-threshold the verdicts used),
   against each row's `vs_peers` (its value / its node's median) and `vs_expected`.
 - bench `timing`: the ranks its WARN/FAIL findings name (the straggler check judges
-  a rank's pace against the others', not its images/s against a line): a finding's
-  structured subject (its `rank` field), or a subject known only by its words that
-  are exactly a rank's own ("rank 2"); never a pattern over the words.
+  a rank's pace against the others', not its images/s against a line): a rank
+  subject's `rank` field; never its words.
 - `baseline` (a load command run with --baseline): its `limits` rows, metric key ->
   limit, matched to the bars by their metrics' keys.
 
@@ -19,13 +18,12 @@ The bars themselves are the sections' metrics (gpucheck.render.chart_find).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from gpucheck import subject
 from gpucheck.render.values import is_table
 from gpucheck.report import Report, Section, Status
-from gpucheck.subject import Kind, Subject
+from gpucheck.subject import Kind
 
 
 def number(value: Any) -> float | None:
@@ -49,29 +47,12 @@ def baseline_limits(report: Report) -> dict[str, float]:
     return limits
 
 
-def flagged_ranks(section: Section, ranks: Iterable[int] = ()) -> set[str]:
+def flagged_ranks(section: Section) -> set[str]:
     """`rank N` (the bar's label) for every rank a WARN or FAIL finding of `section` is
-    about: a rank subject's `rank` field; a subject known only by its words when they
-    are a rank's own words (`ranks`: the section's ranks, its metrics' ranks too)."""
-    known = set(ranks) | {m.subject.rank for m in section.metrics
-                          if m.subject is not None and m.subject.rank is not None}
-    by_words = {subject.rank(n).label: n for n in known}
-    found = set()
-    for f in section.findings:
-        who = f.subject
-        if f.status not in (Status.WARN, Status.FAIL) or not isinstance(who, Subject):
-            continue
-        rank = who.rank if who.kind is Kind.RANK else None
-        if who.kind is Kind.TEXT:
-            rank = by_words.get(who.label)
-        if rank is not None:
-            found.add(f"rank {rank}")
-    return found
-
-
-def rank_numbers(rows: list[dict[str, Any]]) -> list[int]:
-    return [r["rank"] for r in rows
-            if isinstance(r.get("rank"), int) and not isinstance(r.get("rank"), bool)]
+    about: a rank subject's `rank` field."""
+    return {f"rank {f.subject.rank}" for f in section.findings
+            if f.status in (Status.WARN, Status.FAIL) and f.subject is not None
+            and f.subject.kind is Kind.RANK and f.subject.rank is not None}
 
 
 class PeerRule:
@@ -85,7 +66,7 @@ class PeerRule:
 
     def flagged(self, rows: list[dict[str, Any]]) -> set[str]:
         if self.peer is None:  # no threshold in the data: what the findings flagged
-            return flagged_ranks(self.section, rank_numbers(rows))
+            return flagged_ranks(self.section)
         return {f"rank {r['rank']}" for r in rows if self._below(r)}
 
     def _below(self, row: dict[str, Any]) -> bool:

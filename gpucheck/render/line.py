@@ -42,15 +42,14 @@ def _fit(text: str, limit: int = MAX_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
 
 
-def _short_subject(subject: str) -> str:
+def _short_subject(subject: Subject) -> str:
     """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)" -> "GPU 3 (bus 00000000:9A:00.0)":
     the index and bus id find the GPU; the model and UUID are in the full report. From
-    the fields of a GPU subject, else from the words (subjects made as text)."""
-    if isinstance(subject, Subject) and subject.kind is Kind.GPU and subject.gpu is not None:
+    a GPU subject's fields; any other subject as its label."""
+    if subject.kind is Kind.GPU and subject.gpu is not None:
         bus = f" (bus {subject.bus_id})" if subject.bus_id else ""
         return f"GPU {subject.gpu}{bus}"
-    match = re.match(r"(GPU \d+) \(.*?(bus [0-9A-Fa-f:.]+)", subject)
-    return f"{match[1]} ({match[2]})" if match else subject
+    return subject.label
 
 
 def render_line(report: Report) -> str:

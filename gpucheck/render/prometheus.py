@@ -20,13 +20,10 @@ escape backslash, double quote and newline; HELP text backslash and newline).
 from __future__ import annotations
 
 import datetime as dt
-import re
 
 from gpucheck.report import Finding, Report
-from gpucheck.subject import Kind, Subject
+from gpucheck.subject import Subject
 
-_GPU = re.compile(r"GPU (\d+)\b")
-_PORT = re.compile(r"(\S+) port (\d+)$")
 LABELS = ("command", "check", "subject", "gpu", "hca", "port", "status", "action")
 
 
@@ -50,19 +47,15 @@ def _header(name: str, text: str) -> list[str]:
     return [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
 
 
-def _subject_labels(subject: str | None) -> dict[str, str]:
-    """The GPU index or HCA and port a subject names: its fields when it has them,
-    else read from its words ("GPU 3 (...)", "mlx5_0 port 1") until every finding site
-    makes structured subjects."""
-    if isinstance(subject, Subject) and subject.kind is not Kind.TEXT:
-        hca, _, number = (subject.port or "").rpartition("/")
-        return {"subject": subject.label,
-                "gpu": str(subject.gpu) if subject.gpu is not None else "",
-                "hca": hca, "port": number if subject.port else ""}
-    subject = subject or ""
-    gpu, port = _GPU.match(subject), _PORT.match(subject)
-    return {"subject": subject, "gpu": gpu[1] if gpu else "",
-            "hca": port[1] if port else "", "port": port[2] if port else ""}
+def _subject_labels(subject: Subject | None) -> dict[str, str]:
+    """The GPU index or HCA and port a subject names, from its fields (a port's field
+    is "mlx5_0/1"); never read from its words."""
+    if subject is None:
+        return {"subject": "", "gpu": "", "hca": "", "port": ""}
+    hca, _, number = (subject.port or "").rpartition("/")
+    return {"subject": subject.label,
+            "gpu": str(subject.gpu) if subject.gpu is not None else "",
+            "hca": hca, "port": number if subject.port else ""}
 
 
 def folded(report: Report) -> list[Finding]:

@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpucheck import subject as subjects
 from gpucheck.records import as_dict
 from gpucheck.report import Finding, Section, skip
 from gpucheck.stress.p2p_verdicts import p2p_findings
@@ -70,7 +71,8 @@ def p2p_section(p2p: Mapping[str, Any], records: StressRecords,
     data: dict[str, Any] = {}
     findings: list[Finding] = []
     for node in records.p2p_nodes:
-        where = f"node {node['node_rank']} ({node['host']})"
+        where = subjects.node(int(node["node_rank"]), f"node {node['node_rank']} ({node['host']})",
+                              host=str(node["host"]))
         if "skipped" in node:
             findings.append(skip("stress.p2p", f"{where}: {node['skipped']}", subject=where))
             continue

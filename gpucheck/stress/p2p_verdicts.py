@@ -25,10 +25,10 @@ from gpucheck.stress.copies import class_suspects, samples_of
 from gpucheck.subject import Subject
 
 
-def p2p_findings(node: Mapping[str, Any], where: str, fraction: float) -> list[Finding]:
+def p2p_findings(node: Mapping[str, Any], where: Subject, fraction: float) -> list[Finding]:
     """Pairs without peer access where the platform allows it; pairs slow against the
     median pair of their path class (without a GPU all of whose pairs one way are
-    slow), each with its second look (`node["again"]`)."""
+    slow), each with its second look (`node["again"]`). `where`: the node's subject."""
     pairs = node["pairs"]
     measured = {(p["src"], p["dst"]): p["gbps"] for p in pairs if p["gbps"] is not None}
     if not measured:
@@ -49,7 +49,8 @@ def p2p_findings(node: Mapping[str, Any], where: str, fraction: float) -> list[F
     return findings
 
 
-def _blocked(pairs: Sequence[Mapping[str, Any]], measured: int, where: str) -> list[Finding]:
+def _blocked(pairs: Sequence[Mapping[str, Any]], measured: int,
+             where: Subject) -> list[Finding]:
     """A WARN for the pairs without peer access where nothing says the platform
     refuses it (the ones across sockets are in the OK)."""
     blocked = [p for p in pairs if not p["peer_access"] and not p.get("p2p_by_design")]

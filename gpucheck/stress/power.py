@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from gpucheck import subject as subjects
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.probes.nvml import Nvml, NvmlFailure
 from gpucheck.report import Finding, ok, skip, warn
@@ -161,7 +162,7 @@ def _short_of_limit(row: PowerReading, own: float, peers: float,
                 hint="a GPU that cannot draw its power under full load is held back by "
                 "something else: run dcgmi diag -r targeted_power, check nvidia-smi -q -d "
                 "PERFORMANCE,POWER (slowdown reasons), its power cables and the PSU",
-                subject=f"rank {rank}")
+                subject=subjects.rank(rank))
 
 
 def _reach_ok(rows: Sequence[PowerReading], judged: int, short: int) -> Finding:
@@ -185,7 +186,7 @@ def _limit_findings(rows: Sequence[PowerReading],
                      hint="someone capped this GPU's power (nvidia-smi -pl, a DCGM or site "
                      "policy): it runs slower than its peers by setting; restore it with "
                      "nvidia-smi -i N -pl <default> if the cap was not meant",
-                     subject=f"rank {r.rank}") for r in capped]
+                     subject=subjects.rank(r.rank)) for r in capped]
     known = [r for r in rows if r.default_limit_w]
     if not findings and known:
         findings.append(ok("stress.power.limit", f"{len(known)} GPU(s) at their default "

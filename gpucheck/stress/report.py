@@ -113,7 +113,7 @@ def _numa_findings(records: StressRecords) -> list[Finding]:
                      "--cpunodebind), or widen the job's cpuset to the GPU's CPUs so that "
                      "gpucheck can pin it: host copies and launches cross the CPU "
                      "interconnect otherwise",
-                     subject=f"rank {r.rank}") for r in off]
+                     subject=names[r.rank].subject) for r in off]
     if unknown:
         findings.append(skip("stress.numa", "the GPU's NUMA node is not known (sysfs) for "
                              f"rank(s) {', '.join(map(str, unknown))}"))

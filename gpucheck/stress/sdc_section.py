@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpucheck import subject as subjects_
 from gpucheck.numa import cpulist
 from gpucheck.records import as_dict
 from gpucheck.report import Finding, Section, fail, ok, warn
@@ -77,7 +78,7 @@ def _repeat_findings(records: Sequence[BurnRecord],
             hint="this GPU computes wrong results under load: drain it, check nvidia-smi -q "
             "(ECC errors, retired/remapped rows, XIDs in dmesg) and run the vendor's "
             "diagnostics (dcgmi diag -r 3) before it returns to service",
-            subject=f"rank {r.rank}"))
+            subject=_subject(names, r.rank)))
     if not findings:
         total = sum(r.iters for r in records)
         modes = sorted({r.mode for r in records})
@@ -103,7 +104,7 @@ def _agreement_findings(records: Sequence[BurnRecord],
                            "software (torch, cuBLAS, driver), not one GPU") if every_one else
                      "this GPU computed a wrong product: drain it and run the vendor's "
                      "diagnostics (dcgmi diag -r 3); check ECC errors and XIDs",
-                     subject=f"rank {rank}", cause="all_alike" if every_one else None)
+                     subject=_subject(names, rank), cause="all_alike" if every_one else None)
                 for rank, why in verdict.wrong.items()]
     findings += [_software_split(side, digests, groups, deviation, tolerance, read.ranks)
                  for side in verdict.software]
@@ -114,7 +115,7 @@ def _agreement_findings(records: Sequence[BurnRecord],
             f"reference's tolerance ({tolerance:g}), and no majority names one",
             hint="rerun with more GPUs (a majority then names the odd one) or a longer "
             "--duration; repeated disagreement points at one of these GPUs",
-            subject=listed))
+            subject=subjects_.ranks(verdict.undecided, listed)))
     if not findings:
         checked = sum(1 for d in deviation.values() if d is not None)
         findings.append(ok("stress.sdc.agreement", f"all {len(records)} rank(s) agree "
@@ -140,7 +141,7 @@ def _software_split(side: Sequence[int], digests: Mapping[int, str], groups: Map
                 "(torch, CUDA, the cuBLAS loaded, CUBLAS_WORKSPACE_CONFIG, "
                 "TORCH_BLAS_PREFER_CUBLASLT); the side beyond the reference's tolerance "
                 "computes wrongly, both within it is a harmless difference",
-                subject=listed)
+                subject=subjects_.ranks(side, listed))
 
 
 def _side_words(side: Sequence[int], deviation: Mapping[int, float | None],
@@ -152,6 +153,12 @@ def _side_words(side: Sequence[int], deviation: Mapping[int, float | None],
     worst = max(values, key=lambda d: d if d == d else float("inf"))
     return f"beyond {tolerance:g} (worst {worst:.3g})" if beyond(worst, tolerance) else \
         f"within {tolerance:g} (worst {worst:.3g})"
+
+
+def _subject(names: Mapping[int, Named], rank: int) -> subjects_.Subject:
+    """"rank N" with its fields: the words of today's findings, the roll's fields
+    (GPU, node, host) when its entry read."""
+    return names[rank].subject if rank in names else subjects_.rank(rank)
 
 
 def _label(names: Mapping[int, Named], rank: int) -> str:
