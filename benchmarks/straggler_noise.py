@@ -131,7 +131,8 @@ def _again_cell(row: dict[str, Any]) -> str:
     """" (x1.12 then x1.15 again)" when the loop ran a second time, else ""."""
     if row.get("loop_again") is None:
         return ""
-    return f" (x{row.get('whole_loop') or 0:.3f} then x{row['loop_again']:.3f} again)"
+    return (f" (x{row.get('whole_loop') or 0:.3f} then x{row['loop_again']:.3f} again, "
+            f"x{row.get('both_loops') or 0:.3f} both)")
 
 
 def one_run(kind: str, planted: int | None, extra: list[str], keep: Path | None,
@@ -333,11 +334,12 @@ def _right_at(outcome: Outcome, threshold: float) -> bool:
         bar = 1 + max(threshold, r.get("others_spread") or 0.0)
         device, wall = r["vs_others"] or 0.0, r.get("wall_vs_others") or 0.0
         hold_back = r.get("hold_back") or 0.0
-        # Held back by one stall alone, then again in the second look (run when the
-        # default threshold asked for it: loop_again is None otherwise).
-        whole, again = r.get("whole_loop") or 0.0, r.get("loop_again")
-        recurred = again is not None and hold_back <= bar < whole and again > bar
-        if hold_back <= bar and not recurred:  # named only for what it cost the job
+        # A suspect (its whole loop past the bar) is judged over both loops when the
+        # second look ran (when the default threshold asked for it), else on its loop
+        # without its longest stall (pace.held_back).
+        whole, both = r.get("whole_loop") or 0.0, r.get("both_loops")
+        judged = both if both is not None else hold_back
+        if whole <= bar or judged <= bar:  # named only for what it cost the job
             continue
         held = max(hold_back, wall, 1.0)
         explains = math.log(max(device, 1.0)) >= 0.5 * math.log(held)

@@ -91,24 +91,28 @@ def test_a_stopped_rank_whose_cpu_time_grew_a_little_is_still_its_hosts_fault() 
     assert straggler_kind(pace, summary.threshold) == HOST_STALL
 
 
-# One stall alone held the job back in these (a 138 ms stop in a 0.9 s loop, and one
-# healthy run's hiccup): without its longest stall each loop kept pace. Only a second
-# loop tells a stall that recurs from a hiccup (issue 21: 13 of 20 coarse 1.3x stalls
-# were named before the second look).
+# A suspect's whole loop held the job back: in these by one stall alone (a 138 ms stop
+# in a 0.9 s loop, and one healthy run's hiccup), in the planted runs by many. None is
+# named on one loop: the ranks run it again and it is judged over both (issue 21: 13
+# of 20 coarse 1.3x stalls were named before the second look; under load, 2 of 20
+# healthy runs were).
 ONE_STALL = ["094-coarse-1.3x-r0", "079-coarse-1.3x-r1", "045-healthy"]
 
 
-@pytest.mark.parametrize("name", ONE_STALL)
-def test_a_loop_held_back_by_one_stall_alone_is_run_again(name: str) -> None:
+@pytest.mark.parametrize("name", [*ONE_STALL, "004-coarse-1.3x-r0", "001-fine-2x-r1"])
+def test_a_loop_that_held_the_job_back_is_run_again(name: str) -> None:
     records = recorded(name)
     assert look_again(records, 0.1)
-    assert named(records) == {}  # not on one stall
     assert not look_again(again(records, {0: 1.0, 1: 1.0}), 0.1)  # once only
 
 
-@pytest.mark.parametrize("name", ["000-healthy", "005-healthy", "004-coarse-1.3x-r0",
-                                  "001-fine-2x-r1"])
-def test_a_loop_that_kept_pace_or_was_named_on_its_own_is_not_run_again(name: str) -> None:
+@pytest.mark.parametrize("name", ONE_STALL)
+def test_one_stall_alone_names_no_straggler_on_one_loop(name: str) -> None:
+    assert named(recorded(name)) == {}
+
+
+@pytest.mark.parametrize("name", ["000-healthy", "005-healthy", "040-healthy"])
+def test_a_loop_that_kept_pace_is_not_run_again(name: str) -> None:
     assert not look_again(recorded(name), 0.1)
 
 
@@ -137,14 +141,31 @@ def test_a_stall_not_seen_in_the_second_loop_is_an_ok_that_keeps_its_look(name: 
     records = again(recorded(name), {0: 1.0, 1: 1.02})
     found = _straggler(records)
     assert all(f.status is Status.OK for f in found)
-    (hiccup,) = [f for f in found if f.look is not None]
-    assert hiccup.look is not None and hiccup.look.state is LookState.UNSTABLE
-    assert hiccup.look.again is not None and hiccup.look.again <= 1.1
+    (cleared,) = [f for f in found if f.look is not None]
+    assert cleared.look is not None and cleared.look.state is LookState.UNSTABLE
     stalled = max(aggregate(records).paces, key=lambda p: p.whole)
-    assert hiccup.subject == f"rank {stalled.rank}"
+    assert cleared.subject == f"rank {stalled.rank}"
+    assert stalled.both is not None and stalled.both <= 1.1
+
+
+@pytest.mark.parametrize("name, rank", [("001-fine-2x-r1", 1), ("004-coarse-1.3x-r0", 0)])
+def test_a_straggler_slow_again_is_confirmed_over_both_loops(name: str, rank: int) -> None:
+    records = recorded(name)
+    walls = {r.rank: r.wall_s for r in records}  # the second loop as slow as the first
+    found = _straggler(again(records, walls))
+    (warned,) = [f for f in found if f.status is Status.WARN]
+    assert warned.subject == f"rank {rank}" and warned.look is not None
+    assert warned.look.state is LookState.CONFIRMED
+
+
+def test_a_suspect_whose_second_loop_kept_pace_is_not_named_over_both() -> None:
+    # The recorded healthy run whose rank 1 held the job back 1.109x (a hiccup, and one
+    # of two healthy runs named under load before the second look), then kept pace.
+    records = again(recorded("045-healthy"), {0: 1.0, 1: 0.98})
+    assert named(records) == {}
 
 
 def test_records_without_a_second_look_name_no_straggler_on_one_stall() -> None:
-    (_, hiccup) = _straggler(recorded("094-coarse-1.3x-r0"))
-    assert hiccup.status is Status.OK and hiccup.look is not None
-    assert hiccup.look.state is LookState.NOT_MEASURED and hiccup.look.again is None
+    (_, cleared) = _straggler(recorded("094-coarse-1.3x-r0"))
+    assert cleared.status is Status.OK and cleared.look is not None
+    assert cleared.look.state is LookState.NOT_MEASURED and cleared.look.again is None

@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpucheck.bench.pace import RankPace, is_straggler, one_stall_only, rank_paces, slower
+from gpucheck.bench.pace import RankPace, is_straggler, rank_paces, slower, suspect
 from gpucheck.bench.records import RankRecord
 from gpucheck.distributed.nodes import group_by_node
 
@@ -109,12 +109,12 @@ def aggregate(records: Sequence[RankRecord],
 
 
 def look_again(records: Sequence[RankRecord], threshold: float) -> bool:
-    """Whether the ranks run their timed loop a second time: some rank held the job
-    back by one stall alone (gpucheck.bench.pace.one_stall_only). Every rank decides
-    from the same gathered records, so all decide alike without another message."""
+    """Whether the ranks run their timed loop a second time: some rank's loop held
+    the job back (gpucheck.bench.pace.suspect). Every rank decides from the same
+    gathered records, so all decide alike without another message."""
     if unjudged_reason(records) != "yes" or any(r.again_wall_s is not None for r in records):
         return False
-    return any(one_stall_only(p, threshold) for p in rank_paces(records))
+    return any(suspect(p, threshold) for p in rank_paces(records))
 
 
 def unjudged_reason(records: Sequence[RankRecord]) -> str:

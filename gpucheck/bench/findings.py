@@ -128,6 +128,7 @@ def rank_rows(records: tuple[RankRecord, ...], summary: BenchSummary) -> list[di
         "hold_back": paces[r.rank].hold_back if r.rank in paces else None,
         "whole_loop": paces[r.rank].whole if r.rank in paces else None,
         "loop_again": paces[r.rank].again if r.rank in paces else None,
+        "both_loops": paces[r.rank].both if r.rank in paces else None,
         "waited_s": paces[r.rank].waited_ms / 1e3 if r.rank in paces else None,
         "others_spread": paces[r.rank].others_spread if r.rank in paces else None,
     } for r, v in zip(ordered, summary.vs_median, strict=True)]

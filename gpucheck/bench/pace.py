@@ -23,10 +23,12 @@ Two views of the same iterations (issue 21):
   iterations untouched,
   so the median sits near 1 while the job takes twice as long: only the loop sees it.
   One stall alone (a hiccup) is not a straggler: the loop is judged without the rank's
-  longest iteration's excess over its median iteration. When that one stall is all that
-  held the job back, the ranks run the loop once more (the second look, `again`): a
-  stall that recurs (a neighbour, a quota or a loader on a long period) holds the job
-  back again; a hiccup does not.
+  longest iteration's excess over its median iteration.
+- the second look: a rank whose whole loop held the job back (`suspect`) is not named
+  on one loop. The ranks run the loop once more (`again`) and it is judged over both
+  loops (`both`): a stall that recurs (a neighbour, a quota or a loader on a long
+  period, a slow device) holds the job back again; a hiccup, or a noisy machine's
+  spread, does not.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class RankPace:
     # in the second look (None when the loop was not run again).
     whole: float = 1.0
     again: float | None = None
+    both: float | None = None  # both loops together over the other ranks' (None: once)
     # How far healthy ranks' whole loops spread in this run (HEALTHY_SPREAD_FACTOR x the
     # other ranks' median absolute deviation of wall_s / their median); 0 with fewer than
     # MIN_SPREAD_RANKS other ranks, where --straggler-threshold alone is the bar.
@@ -113,9 +116,18 @@ def rank_paces(records: Sequence[RankRecord]) -> tuple[RankPace, ...]:
         vs_others=device[r.rank].median, slower_share=device[r.rank].share,
         wall_vs_others=wall[r.rank].median, wall_slower_share=wall[r.rank].share,
         hold_back=held[r.rank][0], waited_ms=held[r.rank][1], whole=held[r.rank][2],
-        again=_again(records, r),
+        again=_again(records, r), both=_both(records, r),
         others_spread=_others_spread(records, r.rank),
     ) for r in records)
+
+
+def _both(records: Sequence[RankRecord], record: RankRecord) -> float | None:
+    """Its two loops together over the other ranks' median of theirs; None unless every
+    rank ran the second."""
+    if any(r.again_wall_s is None for r in records):
+        return None
+    others = [r.wall_s + (r.again_wall_s or 0.0) for r in records if r.rank != record.rank]
+    return _ratio(record.wall_s + (record.again_wall_s or 0.0), statistics.median(others))
 
 
 def _again(records: Sequence[RankRecord], record: RankRecord) -> float | None:
@@ -246,26 +258,27 @@ def hold_back_bar(pace: RankPace, threshold: float) -> float:
 
 
 def held_back(pace: RankPace, threshold: float) -> bool:
-    """Above the bar without its one longest stall; or held back by one stall alone,
-    and again when the loop ran a second time (the stalls recur: `confirmed`)."""
+    """A suspect whose two loops together held the job back past the bar (`confirmed`);
+    with one loop only (records of a run that ended first), that loop without its one
+    longest stall past the bar."""
+    if not suspect(pace, threshold):
+        return False
+    if pace.both is not None:
+        return confirmed(pace, threshold)
+    return Bound(hold_back_bar(pace, threshold), Better.LOWER).worse(pace.hold_back, 1.0)
+
+
+def suspect(pace: RankPace, threshold: float) -> bool:
+    """Its whole loop, stalls and all, held the job back past the bar: the ranks run
+    the loop again before it is named (`gpucheck.bench.aggregate.look_again`)."""
+    return Bound(hold_back_bar(pace, threshold), Better.LOWER).worse(pace.whole, 1.0)
+
+
+def confirmed(pace: RankPace, threshold: float) -> bool:
+    """A suspect whose two loops together held the job back past the bar."""
     bar = Bound(hold_back_bar(pace, threshold), Better.LOWER)
-    if bar.worse(pace.hold_back, 1.0):
-        return True
-    return confirmed_by_again(pace, threshold)
-
-
-def one_stall_only(pace: RankPace, threshold: float) -> bool:
-    """Its whole loop held the job back, and without its one longest stall it did not:
-    a hiccup or the first of recurring stalls, which only a second loop tells apart."""
-    bar = Bound(hold_back_bar(pace, threshold), Better.LOWER)
-    return bar.worse(pace.whole, 1.0) and not bar.worse(pace.hold_back, 1.0)
-
-
-def confirmed_by_again(pace: RankPace, threshold: float) -> bool:
-    """Held back by one stall, and its second loop held the job back too."""
-    bar = Bound(hold_back_bar(pace, threshold), Better.LOWER)
-    return (pace.again is not None and one_stall_only(pace, threshold)
-            and bar.worse(pace.again, 1.0))
+    return (pace.both is not None and suspect(pace, threshold)
+            and bar.worse(pace.both, 1.0))
 
 
 def is_straggler(pace: RankPace, threshold: float) -> bool:

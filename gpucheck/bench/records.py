@@ -47,8 +47,8 @@ class RankRecord:
     # GPU ranks: the GPU model and software stack (gpucheck.bench.consistency
     # .software_stack); ranks of one stack must compute bit-identical logits. None on CPU.
     stack: str | None = None
-    # The second look (gpucheck.bench.pace.one_stall_only): the same timed loop run again
-    # when a rank held the job back by one stall alone; None when it was not run.
+    # The second look (gpucheck.bench.pace.suspect): the same timed loop run again when
+    # a rank's loop held the job back; None when it was not run.
     again_wall_s: float | None = None
 
     def gpu_label(self) -> str:

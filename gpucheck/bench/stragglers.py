@@ -11,10 +11,10 @@ from gpucheck.bench.aggregate import MIN_JUDGED_ITERS, BenchSummary
 from gpucheck.bench.pace import (
     HOST_STALL,
     RankPace,
-    confirmed_by_again,
+    confirmed,
     hold_back_bar,
-    one_stall_only,
     straggler_kind,
+    suspect,
     wall_ms,
 )
 from gpucheck.bench.records import RankRecord
@@ -44,8 +44,7 @@ def straggler_findings(records: tuple[RankRecord, ...], summary: BenchSummary,
         loop = _loop_vs_others(record, records)
         stalled = straggler_kind(pace, summary.threshold) == HOST_STALL
         if stalled:
-            recurred = confirmed_by_again(pace, summary.threshold)
-            message, hint = _host_message(record, pace, loop, recurred), HOST_HINT
+            message, hint = _host_message(record, pace, loop), HOST_HINT
         else:
             message, hint = _device_message(record, pace, loop), _device_hint(record)
         why = f"; {causes[rank]}" if causes and causes.get(rank) else ""
@@ -55,37 +54,41 @@ def straggler_findings(records: tuple[RankRecord, ...], summary: BenchSummary,
                              look=_look(pace, summary.threshold)))
     if not findings:
         findings.append(ok(CHECK, _no_straggler_message(records, summary)))
-        findings += [_hiccup(by_rank[p.rank], p, summary.threshold) for p in summary.paces
-                     if one_stall_only(p, summary.threshold)]
+        findings += [_cleared(by_rank[p.rank], p, summary.threshold) for p in summary.paces
+                     if suspect(p, summary.threshold)]
     return findings
 
 
 def _look(pace: RankPace, threshold: float) -> SecondLook | None:
-    """The second look at a rank held back by one stall alone (its loop run again),
-    as data: the whole loop's ratio to the other ranks' then and again; None for a rank
-    judged on its first loop."""
-    if not one_stall_only(pace, threshold):
+    """The second look at a suspect (its loop run again), as data: its whole loop's
+    ratio to the other ranks' the first time and again (judged over both loops); None
+    for a rank whose loop kept pace."""
+    if not suspect(pace, threshold):
         return None
     bound = Bound(hold_back_bar(pace, threshold), Better.LOWER)
     if pace.again is None:
         return SecondLook(pace.whole, None, 1.0, (), "x", bound, LookState.NOT_MEASURED,
                           why_not="the loop was not run again")
-    state = LookState.CONFIRMED if confirmed_by_again(pace, threshold) else LookState.UNSTABLE
+    state = LookState.CONFIRMED if confirmed(pace, threshold) else LookState.UNSTABLE
     return SecondLook(pace.whole, pace.again, 1.0, (), "x", bound, state)
 
 
-def _hiccup(record: RankRecord, pace: RankPace, threshold: float) -> Finding:
-    """An OK that keeps the second look: one stall held the job back once, and the loop
-    run again kept pace (or was not run again: no straggler is named on one stall)."""
-    walls = wall_ms(record)
-    stall = max(walls) - percentile(walls, 50)
-    again = (f"{pace.again:.2f}x when the loop ran again: a hiccup, not a straggler"
-             if pace.again is not None else "the loop was not run again: one stall "
-             "names no straggler")
+def _cleared(record: RankRecord, pace: RankPace, threshold: float) -> Finding:
+    """An OK that keeps the second look of a suspect not named: over both loops it kept
+    within the bar (a hiccup, a noisy machine), or, with one loop, only one stall held
+    the job back."""
+    bar = hold_back_bar(pace, threshold)
+    if pace.again is not None and pace.both is not None:
+        how = (f"{pace.again:.2f}x when the loop ran again, {pace.both:.2f}x over both "
+               f"loops: within the bar {bar:.2f}, not a straggler")
+    else:
+        walls = wall_ms(record)
+        stall = max(walls) - percentile(walls, 50)
+        how = (f"{pace.hold_back:.2f}x without its longest stall ({stall:.0f} ms in one "
+               "iteration), and the loop was not run again: one stall names no straggler")
     return ok(CHECK, f"rank {record.rank} on {record.host}: its timed loop took "
-              f"{pace.whole:.2f}x as long as the other ranks' by one stall ({stall:.0f} ms "
-              f"in one iteration), {again}", subject=rank_subject(record),
-              look=_look(pace, threshold))
+              f"{pace.whole:.2f}x as long as the other ranks', {how}",
+              subject=rank_subject(record), look=_look(pace, threshold))
 
 
 def _clock(record: RankRecord) -> str:
@@ -109,19 +112,26 @@ def _device_message(record: RankRecord, pace: RankPace, loop: float) -> str:
             f"{pace.vs_others:.2f}x as long as the other ranks at the same moments in "
             f"{_clock(record)} (median over {record.iters}; slower in {slower} of them)"
             f"{wall}: a slow {what}, it computed slower; p50 {pace.p50_ms:.4g} ms vs the "
-            f"others' {pace.others_p50_ms:.4g} ms, whole loop {loop:.2f}x the other ranks'")
+            f"others' {pace.others_p50_ms:.4g} ms, whole loop {loop:.2f}x the other ranks'"
+            f"{_again_words(pace)}")
 
 
-def _host_message(record: RankRecord, pace: RankPace, loop: float, recurred: bool) -> str:
+def _again_words(pace: RankPace) -> str:
+    if pace.again is None or pace.both is None:
+        return ""
+    return f", {pace.again:.2f}x when run again, {pace.both:.2f}x over both loops"
+
+
+def _host_message(record: RankRecord, pace: RankPace, loop: float) -> str:
     """The host kind: it held the job back in wall time, yet computed at the others' pace.
     What it cost the job first (the loop), then the typical iteration, which tells a stall
     spread over every iteration from long stops that leave most of them untouched."""
     slower = round(pace.wall_slower_share * record.iters)
     waited = f"the others waited {pace.waited_ms / 1e3:.3g} s for it at the end barriers"
-    if recurred and pace.again is not None:  # its second look named it
+    if pace.again is not None and pace.both is not None:  # named over both loops
         cost = (f"its timed loop took {pace.whole:.2f}x as long as the other ranks' in wall "
-                f"time by one stall, and {pace.again:.2f}x when the loop ran again: the "
-                f"stalls recur ({waited})")
+                f"time, {pace.again:.2f}x when the loop ran again, {pace.both:.2f}x over "
+                f"both loops ({waited})")
     else:
         cost = (f"its timed loop took {pace.hold_back:.2f}x as long as the other ranks' in "
                 f"wall time (each loop without its longest single stall, when that is "
