@@ -8,7 +8,7 @@ from gpucheck import subject
 from gpucheck.measure import Better, Bound, LookState, SecondLook
 from gpucheck.render import render
 from gpucheck.render.words import UNSTABLE_ADVICE, hint_words, look_words, message_words
-from gpucheck.report import Report, Section, warn
+from gpucheck.report import Report, Section, ok, warn
 
 BOUND = Bound.fraction(0.7, Better.HIGHER)
 
@@ -72,3 +72,11 @@ def test_prometheus_and_line_read_the_fields_of_structured_subjects() -> None:
     assert 'subject="the third card",gpu="3",hca="",port=""' in metrics
     assert 'subject="left rail",gpu="",hca="mlx5_0",port="1"' in metrics
     assert "GPU 3 (bus 00000000:9A:00.0): gpu.pcie.width" in render(report, "line")
+
+
+def test_an_ok_that_kept_an_unstable_look_asks_for_nothing() -> None:
+    look = _look(LookState.UNSTABLE, 79.0)
+    kept = ok("bench.rank.straggler", "within the bar over both loops", look=look)
+    assert UNSTABLE_ADVICE not in message_words(kept)
+    assert "unstable: measured again at 79" in message_words(kept)
+    assert UNSTABLE_ADVICE in look_words(look)

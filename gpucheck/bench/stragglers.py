@@ -67,10 +67,11 @@ def _look(pace: RankPace, threshold: float) -> SecondLook | None:
         return None
     bound = Bound(hold_back_bar(pace, threshold), Better.LOWER)
     if pace.again is None:
-        return SecondLook(pace.whole, None, 1.0, (), "x", bound, LookState.NOT_MEASURED,
+        return SecondLook(pace.whole, None, None, (), "x", bound, LookState.NOT_MEASURED,
                           why_not="the loop was not run again")
     state = LookState.CONFIRMED if confirmed(pace, threshold) else LookState.UNSTABLE
-    return SecondLook(pace.whole, pace.again, 1.0, (), "x", bound, state)
+    # Ratios to the other ranks' loops: the reference is theirs, 1x, so none is shown.
+    return SecondLook(pace.whole, pace.again, None, (), "x", bound, state)
 
 
 def _cleared(record: RankRecord, pace: RankPace, threshold: float) -> Finding:

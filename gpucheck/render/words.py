@@ -20,9 +20,10 @@ def _figure(value: float | None, unit: str) -> str:
     return f"{fmt_value(value)} {unit}".rstrip()
 
 
-def look_words(look: SecondLook) -> str:
+def look_words(look: SecondLook, advice: bool = True) -> str:
     """"confirmed: measured again at 41 GB/s beside rank 2 -> rank 5 (reference 80 GB/s)";
-    a shared node's look adds one clause per slow pair."""
+    a shared node's look adds one clause per slow pair. `advice`: an unstable look's
+    "run again" (none for an OK that kept its look: nothing to act on)."""
     beside = f" beside {', '.join(s.label for s in look.against)}" if look.against else ""
     reference = f" (reference {_figure(look.reference, look.unit)})" \
         if look.reference is not None else ""
@@ -36,7 +37,7 @@ def look_words(look: SecondLook) -> str:
                 f"{_figure(look.again, look.unit)}{beside}{reference}"
     if look.parts:
         words += " [" + "; ".join(look_words(p) for p in look.parts) + "]"
-    if look.state is LookState.UNSTABLE:
+    if look.state is LookState.UNSTABLE and advice:
         words += f"; {UNSTABLE_ADVICE}"
     return words
 
@@ -45,7 +46,7 @@ def message_words(finding: Finding) -> str:
     """The message, then the second look in words when the finding has one."""
     if finding.look is None:
         return finding.message
-    return f"{finding.message}; {look_words(finding.look)}"
+    return f"{finding.message}; {look_words(finding.look, finding.status.value != 'OK')}"
 
 
 def hint_words(finding: Finding) -> str | None:
