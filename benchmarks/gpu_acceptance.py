@@ -480,9 +480,10 @@ def make_plan(args: argparse.Namespace, gpus: int) -> Plan:
         # the dry run's time goes to the structure, not to starting torch again).
         return Plan(**common, dry_run=True, device="cpu", backend="gloo", comm_ranks=1,
                     comm_max=256 * KIB, comm_goals=((256 * KIB, 0.95), (64 * KIB, 0.90)),
-                    # resnet18 and tiny loops: the dry run checks the pipeline, not speed
+                    # resnet18, one image a batch, tiny loops: the dry run checks the
+                    # pipeline, not speed (the bare loop copies these settings)
                     bench_args=("--device", "cpu", "--n-gpus", "1", "--model", "resnet18",
-                                "--warmup", "1", "--iters", "4"),
+                                "--batch-size", "1", "--warmup", "1", "--iters", "2"),
                     shared_comm_max=64 * KIB,
                     shared_bench_args=("--model", "resnet18", "--warmup", "1", "--iters",
                                        "2", "--batch-size", "2"),

@@ -15,8 +15,10 @@ from gpucheck.commands import all as all_cmd
 from gpucheck.render import render
 from gpucheck.report import Report, Section, ok
 
-# Short settings so a test run takes seconds per command (2 CPU ranks).
-FAST_BENCH = ("--iters", "1", "--warmup", "0", "--batch-size", "1")
+# Short settings so a test run takes seconds per command (2 CPU ranks); the smallest
+# model (the bench's own runs test resnet50, the default).
+FAST_BENCH = ("--model", "mobilenet_v3_small", "--iters", "1", "--warmup", "0",
+              "--batch-size", "1")
 SHORT = ["--duration", "0.5", "--timeout", "60", "-q"]
 
 

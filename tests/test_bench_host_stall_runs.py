@@ -1,7 +1,11 @@
 """The host kind of straggler end to end: a CPU rank whose process is stopped from
 outside part of the time (tests/throttle.py, as a CPU quota does) computes at the other
-rank's pace and holds the job back; it is named as such, and a healthy pair is not.
-Real processes, gloo on loopback."""
+rank's pace and holds the job back; it is named as such. Real processes, gloo on loopback.
+
+A healthy pair staying OK is judged on the records of real healthy runs on this VM
+(tests/test_bench_stragglers_recorded.py, test_bench_stragglers.py): a live healthy
+pair on a loaded 2-core machine can legitimately hold the job back by more than the
+threshold, and a verdict on this machine's noise is no test."""
 
 from __future__ import annotations
 
@@ -45,23 +49,14 @@ def test_a_rank_stopped_from_outside_is_named_as_held_back_by_its_host(
     assert "held the job back" in warned[0]["message"]
     assert "its host did not run it" in warned[0]["message"]
     assert warned[0]["action"] == "fix-config" and "quota" in warned[0]["hint"]
-    one = section(report, "timing")["data"]["ranks"][1]
-    assert one["wall_vs_others"] > one["vs_others"]
+    ranks = section(report, "timing")["data"]["ranks"]
+    assert all(r["wall_vs_others"] is not None for r in ranks)  # both clocks, every rank
+    assert ranks[1]["wall_vs_others"] > ranks[1]["vs_others"]
     assert no_children_left()
     deadline = time.monotonic() + HELPER_EXIT_S
     while leftover_throttles() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not leftover_throttles()
-
-
-def test_two_healthy_ranks_are_ok_in_cpu_time_and_in_wall_time(tmp_path: Path) -> None:
-    code, report = bench(tmp_path, *ARGS)
-    assert code == 0, report
-    assert not findings(report, "bench.rank.straggler", "WARN")
-    [verdict] = findings(report, "bench.rank.straggler", "OK")
-    assert "in CPU time" in verdict["message"] and "in wall time" in verdict["message"]
-    assert all(r["wall_vs_others"] is not None
-               for r in section(report, "timing")["data"]["ranks"])
 
 
 def test_a_stall_in_each_loop_is_seen_again_in_a_second_loop_and_named(

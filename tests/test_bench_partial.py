@@ -48,7 +48,8 @@ def test_ctrl_c_in_the_timed_loop_keeps_every_ranks_timed_iterations_and_summary
         _, err = proc.communicate(timeout=END_S)
         assert wait_gone(seen) == [], "a worker outlived the command"
     assert proc.returncode == 130
-    assert "partial report in" in one_line(err, "bench")
+    line = one_line(err, "bench")
+    assert "interrupted (Ctrl-C)" in line and "partial report in" in line
     report = json.loads(out.read_text())
     assert interrupted(report)
     timed = next(s for s in report["sections"] if s["name"] == "timed_so_far")

@@ -19,11 +19,12 @@ def test_run_job_one_rank_runs_in_this_process() -> None:
     assert records == [{"rank": 0, "tag": "solo", "pid": os.getpid()}]
 
 
-@pytest.mark.parametrize("nproc", [2, 3])
-def test_run_job_gathers_every_rank_through_the_elastic_launcher(nproc: int) -> None:
-    records = run_job(gather_ranks, "many", nproc, None, RunContext())
-    assert [r["rank"] for r in records] == list(range(nproc))
-    assert len({r["pid"] for r in records}) == nproc
+def test_run_job_gathers_every_rank_through_the_elastic_launcher() -> None:
+    # Two ranks: the launch path (three self-launched ranks run in test_bench_runs.py,
+    # test_comm_sweep.py and test_stress_runs.py).
+    records = run_job(gather_ranks, "many", 2, None, RunContext())
+    assert [r["rank"] for r in records] == [0, 1]
+    assert len({r["pid"] for r in records}) == 2
 
 
 def test_launch_local_names_the_rank_that_failed() -> None:

@@ -33,17 +33,30 @@ def test_env_json_report_comes_out_and_parses():
     assert proc.returncode == (1 if report["verdict"] == "FAIL" else 0)
 
 
-@pytest.mark.parametrize("fmt", ["text", "json", "markdown"])
-def test_secrets_and_other_variables_never_appear_in_any_format(fmt):
-    proc = run_cli("env", "--format", fmt, "--no-gpu-test",
+@pytest.fixture(scope="module")
+def every_format(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """One `gpucheck env` run with the secrets set: text on stdout, json and markdown
+    written with -o (the same renderers); {format: output, "stderr": stderr}."""
+    folder = tmp_path_factory.mktemp("formats")
+    files = {"json": folder / "env.json", "markdown": folder / "env.md"}
+    proc = run_cli("env", "--format", "text", "--no-gpu-test",
+                   *(a for f in files.values() for a in ("-o", str(f))),
                    env={**SECRETS, "NCCL_DEBUG": "WARN-visible"})
-    assert proc.stdout and proc.returncode in (0, 1)
+    assert proc.stdout and proc.returncode in (0, 1), proc.stderr
+    return {"text": proc.stdout, "stderr": proc.stderr,
+            **{fmt: path.read_text() for fmt, path in files.items()}}
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "markdown"])
+def test_secrets_and_other_variables_never_appear_in_any_format(
+        every_format: dict[str, str], fmt: str) -> None:
+    out = every_format[fmt]
     for value in SECRETS.values():
-        assert value not in proc.stdout and value not in proc.stderr
+        assert value not in out and value not in every_format["stderr"]
     # Markdown escapes "<" (GitHub would swallow <redacted> as an HTML tag).
     marker = "&lt;redacted&gt;" if fmt == "markdown" else "<redacted>"
-    assert marker in proc.stdout and "WARN-visible" in proc.stdout
-    assert "MY_PRIVATE_NOTE" not in proc.stdout
+    assert marker in out and "WARN-visible" in out
+    assert "MY_PRIVATE_NOTE" not in out
 
 
 def test_broken_torch_still_gives_a_report_naming_the_error(tmp_path):

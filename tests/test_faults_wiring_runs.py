@@ -20,7 +20,7 @@ import bench_workers
 import pytest
 
 from gpucheck.cli import program
-from gpucheck.context import NO_HOOKS, RunOptions, TestHooks
+from gpucheck.context import RunOptions, TestHooks
 
 SITE = Path(__file__).resolve().parent / "fake_nvml_site"
 BUS = ("00000000:18:00.0", "00000000:9A:00.0")
@@ -111,14 +111,8 @@ def test_counters_the_fake_gpus_lack_are_na_in_a_stress_run_never_a_fail(
     assert [g["pcie_replays"] for g in section["data"]["gpus"]] == [None, None]
 
 
-def test_the_default_cpu_bench_run_reports_the_watch_as_skipped_on_cpu(
-        tmp_path: Path) -> None:
-    code, report = run(tmp_path, "bench", *BENCH, hooks=NO_HOOKS)
-    assert code == 0, report
-    assert statuses(faults(report)) == [("faults.watch", "SKIP", None)]
-    message = faults(report)["findings"][0]["message"]
-    assert message == ("hardware fault watching n/a on ranks 0, 1: no GPU: this rank runs "
-                       "on the CPU")
+# The default CPU bench (no fake GPUs): the watch is a SKIP that says why; asserted on
+# test_bench_runs.py's two-rank run of the same settings (one run fewer).
 
 
 def test_no_fault_watch_says_the_watch_was_turned_off(tmp_path: Path, fake_gpus) -> None:

@@ -60,13 +60,25 @@ def test_a_jwt_name_is_secret_by_name_too() -> None:
     assert allowed_env({"SLURM_JWT": "anything"}) == {"SLURM_JWT": REDACTED}
 
 
-@pytest.mark.parametrize("fmt", ["text", "json", "markdown", "html"])
-def test_no_secret_value_leaks_into_any_format(fmt: str) -> None:
+@pytest.fixture(scope="module")
+def every_format(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """One `gpucheck env` run: text on stdout, the other formats written with -o (the
+    same renderers); {format: output, "stderr": stderr}."""
+    folder = tmp_path_factory.mktemp("secrets")
+    files = {"json": folder / "env.json", "markdown": folder / "env.md",
+             "html": folder / "env.html"}
     env = {**os.environ, **ENV, "NO_COLOR": "1"}
-    proc = subprocess.run([sys.executable, "-m", "gpucheck", "env", "--format", fmt,
-                           "--no-gpu-test"], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=180)
+    proc = subprocess.run([sys.executable, "-m", "gpucheck", "env", "--format", "text",
+                           "--no-gpu-test", *(a for f in files.values() for a in ("-o", str(f)))],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
     assert proc.stdout and proc.returncode in (0, 1), proc.stderr
+    return {"text": proc.stdout, "stderr": proc.stderr,
+            **{fmt: path.read_text() for fmt, path in files.items()}}
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "markdown", "html"])
+def test_no_secret_value_leaks_into_any_format(every_format: dict[str, str], fmt: str) -> None:
+    out, err = every_format[fmt], every_format["stderr"]
     for secret in SECRET_VALUES:
-        assert secret not in proc.stdout and secret not in proc.stderr, secret
-    assert "head.cluster" in proc.stdout and "mlx5_1:1" in proc.stdout  # the rest is shown
+        assert secret not in out and secret not in err, secret
+    assert "head.cluster" in out and "mlx5_1:1" in out  # the rest is shown

@@ -93,13 +93,8 @@ def test_sigterm_stops_a_self_launched_bench_with_its_partial_report_and_143(
     assert partial["data"]["rank0_warmup"]["iters"] == 1
 
 
-def test_ctrl_c_stops_a_self_launched_bench_with_its_partial_report_and_130(
-        tmp_path: Path) -> None:
-    code, err, report = stop_mid_run(tmp_path, signal.SIGINT, *LONG_BENCH, "--n-gpus", "2",
-                                     whole_group=True)
-    assert code == 130
-    assert "interrupted (Ctrl-C)" in one_line(err, "bench")
-    assert interrupted(report)
+# Ctrl-C to a self-launched bench's whole group (exit 130, one line, the partial
+# report): test_bench_partial.py's Ctrl-C run, which also checks the timed iterations kept.
 
 
 def test_a_hangup_stops_a_self_launched_bench_with_its_partial_report_and_129(
