@@ -71,3 +71,16 @@ class RankRecord:
     @property
     def p99_ms(self) -> float | None:
         return percentile(self.iter_ms, 99) if self.iter_ms else None
+
+
+@dataclass(frozen=True)
+class LoopTiming:
+    """One rank's timed loop, each interval on its own clock."""
+
+    wall_s: float  # the segments' start barrier exit -> own loop end, added up
+    span_s: float  # the segments' start barrier exit -> end barrier exit, added up
+    device_s: float
+    iter_ms: tuple[float, ...]  # every timed iteration's device time, in order
+    iter_end_ms: tuple[float, ...]  # when each ended, from the first start barrier
+    segments: int = 1  # the loop's segments (CPU ranks re-place their tensors between)
+    iter_wall_ms: tuple[float, ...] = ()  # CPU: each iteration's wall time; GPU: empty

@@ -28,6 +28,7 @@ from gpucheck.bench.marks import IterationMarks
 from gpucheck.bench.model import WeightsChoice
 from gpucheck.bench.partial import TimedSoFar
 from gpucheck.bench.progress import Progress
+from gpucheck.bench.records import LoopTiming
 from gpucheck.context import RunContext, TestHooks
 from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.session import gpu_identity, process_group, roster
@@ -336,19 +337,6 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
     return LoopTiming(wall_s=wall_s, span_s=span_s, device_s=device_s, iter_ms=iter_ms,
                       iter_end_ms=iter_end_ms, segments=len(sizes),
                       iter_wall_ms=marks.read_wall_ms())
-
-
-@dataclass(frozen=True)
-class LoopTiming:
-    """One rank's timed loop, each interval on its own clock."""
-
-    wall_s: float  # the segments' start barrier exit -> own loop end, added up
-    span_s: float  # the segments' start barrier exit -> end barrier exit, added up
-    device_s: float
-    iter_ms: tuple[float, ...]  # every timed iteration's device time, in order
-    iter_end_ms: tuple[float, ...]  # when each ended, from the first start barrier
-    segments: int = 1  # the loop's segments (CPU ranks re-place their tensors between)
-    iter_wall_ms: tuple[float, ...] = ()  # CPU: each iteration's wall time; GPU: empty
 
 
 def _barrier(spec: BenchSpec, world: World) -> None:
