@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from gpucheck.comm import collectives, internode, pairwise
@@ -89,6 +90,8 @@ def _fake_dist(monkeypatch: pytest.MonkeyPatch, log: Log, backend: str, rank: in
     monkeypatch.setattr(dist, "get_rank", lambda *a, **k: rank)
     monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
     monkeypatch.setattr(dist, "get_backend", lambda *a, **k: backend)
+    # NCCL's barrier names the rank's GPU, the current CUDA device (none on this machine).
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     # raising=False: the fake clock is only looked up where the code has a clock factory.
     for module in (collectives, pairwise):
         monkeypatch.setattr(module, "make_clock", lambda device: FakeClock(log),

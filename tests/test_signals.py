@@ -52,6 +52,12 @@ def one_line(stderr: str, command: str) -> str:
     return lines[0]
 
 
+# The command as a terminal starts it, hearing SIGHUP, even when this test run itself
+# was started under nohup (its ignored SIGHUP would pass down to the command).
+HEARS_HANGUPS = ("import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                 "os.execv(sys.argv[1], sys.argv[1:])")
+
+
 def stop_mid_run(tmp_path: Path, sig: signal.Signals, *argv: str,
                  whole_group: bool = False) -> tuple[int, str, dict[str, Any]]:
     """Start `gpucheck ARGV -o FILE`, send `sig` once rank 0 has published a result
@@ -59,7 +65,8 @@ def stop_mid_run(tmp_path: Path, sig: signal.Signals, *argv: str,
     return (exit code, stderr, the report)."""
     run, out = tmp_path / "run", tmp_path / "out.json"
     run.mkdir()
-    proc = start(gpucheck(*argv, "-q", "-o", str(out)), clean_env(GPUCHECK_RUN_DIR=str(run)))
+    proc = start([PYTHON, "-c", HEARS_HANGUPS, *gpucheck(*argv, "-q", "-o", str(out))],
+                 clean_env(GPUCHECK_RUN_DIR=str(run)))
     with tracked([proc]) as seen:
         assert wait_for_file(run / "partial.json", START_S, proc) is not None, \
             proc.communicate()

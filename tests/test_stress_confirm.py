@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gpucheck.context import RunContext
 from gpucheck.measure import Better, LookState
 from gpucheck.report import Status
 from gpucheck.stress import specs, verdicts
@@ -150,7 +151,7 @@ def test_the_worker_copies_again_only_when_a_rank_is_a_suspect(
                       size=16, duration_s=1.0, warmup_s=0.0, gemm_window_s=0.0,
                       membw_window_s=0.0)
     world = SimpleNamespace(rank=0, is_reporter=True)
-    ctx = SimpleNamespace(spec=spec, world=world)
+    ctx = SimpleNamespace(spec=spec, world=world, run=RunContext())
     for first, measured_again in ((20.0, True), (55.0, False)):
         copies = iter([_copy_row(0, first, 50.0), _copy_row(0, 55.0, 50.0)])
         monkeypatch.setattr(copy_phases, "copy_row", lambda ctx, result, it=copies: next(it))
