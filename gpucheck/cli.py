@@ -29,6 +29,7 @@ from gpucheck.distributed import caught, terminal
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
 from gpucheck.escape import encodable
 from gpucheck.escape import terminal as shown
+from gpucheck.interrupts import hangup_ignored
 from gpucheck.output import WriteError, check_writable, write_atomic
 from gpucheck.render import EXTENSIONS, format_for, render
 from gpucheck.report import Report, Section, fail
@@ -191,14 +192,11 @@ def signals_as_interrupts() -> Iterator[None]:
     """For the block, SIGTERM and SIGHUP raise `Interrupted`, as Ctrl-C raises
     KeyboardInterrupt: a SLURM time limit, `timeout` or an eviction then ends the run
     the way Ctrl-C does (workers stopped, partial report kept, one line, exit 128+N)
-    instead of killing the process on the spot; unless the signal was ignored."""
+    instead of killing the process on the spot; a SIGHUP ignored (`nohup`) stays so."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be set on the main thread
         return
-    # A signal ignored when gpucheck started stays ignored: `nohup gpucheck ...` asked
-    # the run to outlive its terminal's hangup.
-    previous = {sig: handler for sig in STOP_SIGNALS
-                if (handler := signal.getsignal(sig)) != signal.SIG_IGN}
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS if not hangup_ignored(sig)}
     for sig in previous:
         signal.signal(sig, _raise_interrupted)
     try:

@@ -46,3 +46,11 @@ def _deliver(signum: int, handler: Any) -> None:
         handler(signum, None)
     elif handler == signal.SIG_DFL:
         signal.raise_signal(signum)
+
+
+def hangup_ignored(sig: int) -> bool:
+    """`nohup gpucheck ...` asked the run to outlive its terminal's hangup: a SIGHUP
+    ignored when gpucheck started stays ignored, in gpucheck, torch's agent and the
+    ranks. Only SIGHUP: a background job of a non-interactive shell is born with SIGINT
+    ignored too, and gpucheck's Ctrl-C and SIGTERM handling must not depend on that."""
+    return sig == signal.SIGHUP and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN

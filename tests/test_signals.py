@@ -198,6 +198,20 @@ def test_a_spawned_rank_ends_at_once_and_silently_on_a_stop_signal(
     assert (proc.returncode, err) == (128 + sig, "")
 
 
+def test_a_rank_born_with_ctrl_c_ignored_still_ends_at_once_on_it() -> None:
+    # A background job of a non-interactive shell (a CI script's `cmd &`) starts with
+    # SIGINT ignored; only an ignored SIGHUP (nohup) is kept as the user's wish.
+    code = ("import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "from gpucheck.distributed.launch import rank_main; "
+            "rank_main(lambda: (print('ready', flush=True), time.sleep(60)))")
+    proc = start([PYTHON, "-c", code], clean_env())
+    with tracked([proc]):
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=END_S)
+    assert (proc.returncode, err) == (130, "")
+
+
 def test_a_stop_before_anything_was_measured_still_writes_a_report_saying_so(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.errors import Interrupted, UsageError
-from gpucheck.interrupts import deferred_interrupts
+from gpucheck.interrupts import deferred_interrupts, hangup_ignored
 
 # Seconds the agent waits after SIGTERM before SIGKILL when it stops workers.
 SHUTDOWN_TIMEOUT_S = 3
@@ -135,7 +135,7 @@ def rank_main(entrypoint: Callable[..., Any], *args: Any) -> Any:
     directory (written atomically), so a rank has nothing to unwind.
     """
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) != signal.SIG_IGN:  # SIGHUP under nohup stays ignored
+        if not hangup_ignored(sig):
             signal.signal(sig, _exit_at_once)
     # Started with SIGINT blocked (see _ranks_start_deaf_to_ctrl_c): a Ctrl-C that came
     # while the rank imported torch is pending and ends it here, silently.
@@ -207,10 +207,9 @@ _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 def _signals_for_the_agent() -> str:
-    """The stop signals torch's agent takes over, less those ignored: under `nohup`
-    (SIGHUP ignored) it would otherwise stop every rank when the terminal hangs up."""
-    return ",".join(sig.name for sig in _AGENT_SIGNALS
-                    if signal.getsignal(sig) != signal.SIG_IGN)
+    """The stop signals torch's agent takes over, less SIGHUP under `nohup`: it would
+    otherwise stop every rank when the terminal hangs up."""
+    return ",".join(sig.name for sig in _AGENT_SIGNALS if not hangup_ignored(sig))
 
 
 def _signal_handlers() -> dict[signal.Signals, Any]:
