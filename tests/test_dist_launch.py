@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 from dist_workers import fail_on_rank_one, gather_ranks
 
 from gpucheck.context import RunContext
 from gpucheck.distributed.job import resolve_nproc, run_job
-from gpucheck.distributed.launch import WorkersFailed, check_port_free, launch_local
-from gpucheck.distributed.world import world_from_env
+from gpucheck.distributed.launch import (
+    WorkersFailed,
+    _launch_config,
+    check_port_free,
+    launch_local,
+)
+from gpucheck.distributed.world import World, agent_serves_store, world_from_env
 from gpucheck.errors import UsageError
 
 
@@ -73,3 +80,51 @@ def test_the_launchers_world_is_read_from_the_context_not_the_process(
 def test_n_gpus_below_one_is_a_usage_error() -> None:
     with pytest.raises(UsageError):
         resolve_nproc(0, 2, RunContext())
+
+
+AGENT = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400",
+         "TORCHELASTIC_USE_AGENT_STORE": "True"}
+
+
+def test_a_rank_is_a_client_of_the_agents_store_only_where_torchrun_says_so() -> None:
+    assert _world(AGENT).agent_store
+    assert not _world({**AGENT, "TORCHELASTIC_USE_AGENT_STORE": "False"}).agent_store
+    assert not _world({k: v for k, v in AGENT.items()
+                       if k != "TORCHELASTIC_USE_AGENT_STORE"}).agent_store
+
+
+def test_the_agents_flag_holds_only_at_the_address_the_agent_exported() -> None:
+    assert not agent_serves_store(AGENT, "10.0.0.2", 29400)
+    assert not agent_serves_store(AGENT, "10.0.0.1", 29401)
+    assert agent_serves_store(AGENT, "10.0.0.1", 29400)
+
+
+def _world(env: dict[str, str]) -> World:
+    world = world_from_env(env)
+    assert world is not None
+    return world
+
+
+@dataclass
+class _OlderLaunchConfig:
+    """LaunchConfig as torch 2.11 has it: no shutdown_timeout."""
+
+    nproc_per_node: int
+    signals_to_handle: str = "SIGTERM"
+
+
+@dataclass
+class _NewerLaunchConfig(_OlderLaunchConfig):
+    shutdown_timeout: int | None = None
+
+
+def test_a_launch_setting_this_torch_lacks_is_left_to_its_default() -> None:
+    older = _launch_config(_OlderLaunchConfig, nproc_per_node=2, shutdown_timeout=3)
+    assert older == _OlderLaunchConfig(nproc_per_node=2)
+    newer = _launch_config(_NewerLaunchConfig, nproc_per_node=2, shutdown_timeout=3)
+    assert newer.shutdown_timeout == 3
+
+
+def test_any_other_unknown_launch_setting_is_still_an_error() -> None:
+    with pytest.raises(TypeError):
+        _launch_config(_OlderLaunchConfig, nproc_per_node=2, typo_timeout=3)

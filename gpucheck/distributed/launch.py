@@ -18,14 +18,18 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from gpucheck.errors import Interrupted, UsageError
 from gpucheck.interrupts import deferred_interrupts, hangup_ignored
 
-# Seconds the agent waits after SIGTERM before SIGKILL when it stops workers.
+# Seconds the agent waits after SIGTERM before SIGKILL when it stops workers. torch
+# before 2.12 has no such setting and waits 30 s (`_launch_config`).
 SHUTDOWN_TIMEOUT_S = 3
+# LaunchConfig fields newer than the oldest torch gpucheck runs on: left out where the
+# installed torch lacks them, which then keeps its own default.
+NEWER_LAUNCH_SETTINGS = frozenset({"shutdown_timeout"})
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,8 @@ def launch_local(
 
     if master_port is not None:
         check_port_free(master_port)
-    config = LaunchConfig(
+    config = _launch_config(
+        LaunchConfig,
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,
@@ -123,6 +128,16 @@ def launch_local(
         raise Interrupted(exc.sigval) from None
     finally:
         _restore(handlers)
+
+
+def _launch_config(config_type: Any, **settings: Any) -> Any:
+    """`config_type(**settings)` less the newer settings this torch does not know.
+
+    Only NEWER_LAUNCH_SETTINGS may be dropped: any other unknown name is a mistake here,
+    and LaunchConfig's own TypeError says so."""
+    known = {field.name for field in fields(config_type)}
+    return config_type(**{name: value for name, value in settings.items()
+                          if name in known or name not in NEWER_LAUNCH_SETTINGS})
 
 
 def rank_main(entrypoint: Callable[..., Any], *args: Any) -> Any:

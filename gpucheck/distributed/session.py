@@ -135,14 +135,12 @@ def scoped_store(store: Any, scope: tuple[str, ...]) -> Any:
 
 def _job_store(world: World, timeout: _dt.timedelta) -> Any:
     """The job's store: the agent's under torchrun, else one hosted by rank 0."""
-    from torch.distributed.rendezvous import _agent_store_serves
-
     stores = _stores()
     if world.launcher == "none":
         return stores.hashed()
     addr, port = world.master_addr, world.master_port
     try:
-        if _agent_store_serves(addr, port):
+        if world.agent_store:
             return stores.tcp(addr, port, world.world_size, is_master=False, timeout=timeout)
         return stores.tcp(addr, port, world.world_size, is_master=world.rank == 0,
                           timeout=timeout, wait_for_workers=False, multi_tenant=True)
@@ -156,10 +154,7 @@ def store_on_rank0(world: World) -> bool:
     """Is the job's store (`_job_store`) hosted by rank 0's process? Yes for an `env://`
     launch (srun, a hand-made RANK/WORLD_SIZE start), on MASTER_PORT; no under torchrun
     (the agent hosts it) and for a rank alone (an in-process store)."""
-    from torch.distributed.rendezvous import _agent_store_serves
-
-    return world.launcher != "none" and world.world_size > 1 and \
-        not _agent_store_serves(world.master_addr, world.master_port)
+    return world.launcher != "none" and world.world_size > 1 and not world.agent_store
 
 
 def bind_device(device: str, world: World,

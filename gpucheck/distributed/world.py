@@ -32,6 +32,9 @@ class World:
     # by `process_group` on CUDA (None on CPU). Not the local rank: under
     # `srun --gpus-per-task=1` every task sees one GPU, its cuda:0.
     device_index: int | None = None
+    # Does the elastic agent serve the job's store at master_addr:master_port? torchrun
+    # says so in TORCHELASTIC_USE_AGENT_STORE; then every rank is a client of it.
+    agent_store: bool = False
 
     @property
     def cuda_index(self) -> int:
@@ -58,21 +61,34 @@ def _int_var(environ: Mapping[str, str], name: str, default: int | None = None) 
         raise UsageError(f"{name}={raw!r} is not an integer; fix the launcher") from None
 
 
+def agent_serves_store(environ: Mapping[str, str], addr: str, port: int) -> bool:
+    """Does the elastic agent host a store at `addr:port`? Only at the address it
+    exported with the flag: honouring the flag for another endpoint would make every
+    rank a client of a store nobody hosts. torch's own test of this is private and new
+    (2.14's `rendezvous._agent_store_serves`; 2.11 has none), so it is read here."""
+    return (environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            and environ.get("MASTER_ADDR") == addr
+            and environ.get("MASTER_PORT") == str(port))
+
+
 def torchrun_world(environ: Mapping[str, str]) -> World:
     """The world torchrun (or any elastic agent) describes in RANK, WORLD_SIZE, ...."""
     world_size = _int_var(environ, "WORLD_SIZE")
     rank = _int_var(environ, "RANK")
     if not 0 <= rank < world_size:
         raise UsageError(f"RANK={rank} is outside WORLD_SIZE={world_size}; fix the launcher")
+    addr = environ.get("MASTER_ADDR", "127.0.0.1")
+    port = _int_var(environ, "MASTER_PORT", 29500)
     return World(
         rank=rank,
         world_size=world_size,
         local_rank=_int_var(environ, "LOCAL_RANK", 0),
         local_world_size=_int_var(environ, "LOCAL_WORLD_SIZE", world_size),
         node_rank=_int_var(environ, "GROUP_RANK", 0),
-        master_addr=environ.get("MASTER_ADDR", "127.0.0.1"),
-        master_port=_int_var(environ, "MASTER_PORT", 29500),
+        master_addr=addr,
+        master_port=port,
         launcher="torchrun",
+        agent_store=agent_serves_store(environ, addr, port),
     )
 
 
@@ -84,15 +100,18 @@ def slurm_world(environ: Mapping[str, str]) -> World:
         raise UsageError(f"SLURM_PROCID={rank} is outside the task count {world_size}; "
                          "check the srun line")
     node_rank = _int_var(environ, "SLURM_NODEID", 0)
+    addr = slurm.master_addr(environ) if world_size > 1 else "127.0.0.1"
+    port = slurm.master_port(environ)
     return World(
         rank=rank,
         world_size=world_size,
         local_rank=_int_var(environ, "SLURM_LOCALID", 0),
         local_world_size=slurm.local_world_size(environ, node_rank, world_size),
         node_rank=node_rank,
-        master_addr=slurm.master_addr(environ) if world_size > 1 else "127.0.0.1",
-        master_port=slurm.master_port(environ),
+        master_addr=addr,
+        master_port=port,
         launcher="slurm",
+        agent_store=agent_serves_store(environ, addr, port),
     )
 
 
