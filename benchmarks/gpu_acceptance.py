@@ -213,7 +213,10 @@ def comm_busbw(report: Mapping[str, Any], collective: str) -> dict[int, float]:
         key = next((k for k in ("busbw_gbps", "busbw_GBps", "busbw") if k in row), None)
         if key is None:
             raise ReportError(f"{collective} row has no busbw field (fields: {', '.join(row)})")
-        out[int(row["size_bytes"])] = float(row[key])
+        value = row[key]
+        if value is None:  # one rank: gpucheck prints no busbw; the bare loop's is algbw
+            value = row["algbw_gbps"]
+        out[int(row["size_bytes"])] = float(value)
     return out
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gpucheck.comm.report import Verdicts, comm_sections
+from gpucheck.comm.worker import CommSpec, p2p_unsupported
 from gpucheck.measure import LookState
 from gpucheck.report import Finding, Status
 
@@ -216,3 +217,24 @@ def test_a_cut_of_zero_condemns_nothing() -> None:
 
     assert not rate_bound(0.0).worse(1e-12, 10.0)
     assert rate_bound(0.5).worse(4.9, 10.0) and not rate_bound(0.5).worse(5.0, 10.0)
+
+
+def test_gloo_on_cuda_skips_send_recv_and_says_why() -> None:
+    """gloo sends host tensors only: on CUDA buffers the pair's connection dropped (H100,
+    torch 2.11). The pairs and node-to-node rounds are a SKIP naming nccl."""
+    spec = CommSpec(backend="gloo", device="cuda", timeout_s=60)
+    reason = p2p_unsupported(spec)
+    assert reason is not None and "--backend nccl" in reason
+    assert p2p_unsupported(CommSpec(backend="gloo", device="cpu", timeout_s=60)) is None
+    assert p2p_unsupported(CommSpec(backend="nccl", device="cuda", timeout_s=60)) is None
+    result = _result("cuda", _ranks(4, 2, "cuda"), p2p_skipped=reason)
+    sections = {s.name: s for s in comm_sections(result, Verdicts(0.5, None, 0.9))}
+    for name, check in (("pairwise", "comm.pairwise.slow_pair"),
+                        ("internode", "comm.internode.slow_pair")):
+        [finding] = sections[name].findings
+        assert (finding.check, finding.status, finding.message) == (check, SKIP, reason)
+
+
+def test_a_run_that_can_send_has_no_skipped_pairwise_section() -> None:
+    result = _result("cpu", _ranks(2, 2, "cpu"), p2p_skipped=None)
+    assert "pairwise" not in {s.name for s in comm_sections(result, Verdicts(0.5, None, 0.9))}

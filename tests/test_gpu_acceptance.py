@@ -90,11 +90,19 @@ def test_sweep_covers_both_goal_sizes_like_gpucheck() -> None:
 
 
 @pytest.mark.parametrize("collective", ["all_reduce", "all_gather"])
-@pytest.mark.parametrize("world", [1, 2, 8])
+@pytest.mark.parametrize("world", [2, 8])
 def test_bus_factor_matches_gpucheck(collective: str, world: int) -> None:
     # Same formula on both sides, so the busbw ratio is the time ratio.
     assert ga.bus_factor(collective, world) == pytest.approx(
         gpucheck_bus_factor(collective, world))
+
+
+def test_one_rank_is_compared_by_algbw_where_gpucheck_prints_no_busbw() -> None:
+    assert gpucheck_bus_factor("all_reduce", 1) is None
+    assert ga.bus_factor("all_reduce", 1) == 1.0  # the bare loop's busbw is its algbw
+    report = comm_report({"all_reduce": {GIB: 2.0}})
+    report["sections"][1]["data"]["results"][0]["busbw_gbps"] = None
+    assert ga.comm_busbw(report, "all_reduce") == {GIB: 2.0}
 
 
 def test_bandwidths_count_all_gather_output_and_one_rank_is_algbw() -> None:

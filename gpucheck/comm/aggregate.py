@@ -44,12 +44,20 @@ def data_bytes(collective: str, count: int, world_size: int) -> int:
     return size * world_size if collective in N_FOLD else size
 
 
-def bus_factor(collective: str, world_size: int) -> float:
+ONE_RANK_BUSBW = ("one rank: no data crosses a link, so there is no bus bandwidth "
+                  "(the times are the library's own cost per call); run on 2+ GPUs")
+
+
+def bus_factor(collective: str, world_size: int) -> float | None:
     """busbw / algbw: how much each link must carry for the algorithm to be optimal
-    (nccl-tests doc/PERFORMANCE.md, "Summary")."""
+    (nccl-tests doc/PERFORMANCE.md, "Summary"). None on one rank: a collective there
+    moves nothing between GPUs (NCCL's 1-rank all_reduce returned in 17 us at 1 GiB on
+    an H100, "32 TB/s"), and a bus figure would only print that no-op as a speed."""
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}")
-    if world_size <= 1 or collective == "broadcast":
+    if world_size <= 1:
+        return None
+    if collective == "broadcast":
         return 1.0
     if collective == "all_reduce":
         return 2 * (world_size - 1) / world_size
@@ -65,7 +73,7 @@ class SizeResult:
     count: int
     time_us: float
     algbw_gbps: float
-    busbw_gbps: float
+    busbw_gbps: float | None  # None on one rank (`bus_factor`)
     wrong: int
     slowest_rank: int
     fastest_time_us: float
@@ -80,9 +88,10 @@ def size_result(collective: str, size_bytes: int, count: int, world_size: int,
     slowest = max(range(len(times_s)), key=lambda r: times_s[r])
     time_s = times_s[slowest]
     algbw = data_bytes(collective, count, world_size) / time_s / GB if time_s > 0 else 0.0
+    factor = bus_factor(collective, world_size)
+    busbw = None if factor is None else round(algbw * factor, 4)
     return SizeResult(collective, size_bytes, count, round(time_s * 1e6, 2), round(algbw, 4),
-                      round(algbw * bus_factor(collective, world_size), 4), int(sum(wrong)),
-                      slowest, round(min(times_s) * 1e6, 2))
+                      busbw, int(sum(wrong)), slowest, round(min(times_s) * 1e6, 2))
 
 
 def correctness_findings(collective: str, rows: Sequence[Mapping[str, Any]]) -> list[Finding]:
@@ -106,6 +115,8 @@ def baseline_findings(rows: Sequence[Mapping[str, Any]], baseline_gbps: float | 
         return []
     top = max(rows, key=lambda r: r["size_bytes"])
     check = f"comm.{collective}.busbw_baseline"
+    if top["busbw_gbps"] is None:
+        return [skip(check, ONE_RANK_BUSBW)]
     text = (f"busbw {top['busbw_gbps']:.3g} GB/s at {top['size_bytes']} bytes "
             f"(baseline {baseline_gbps:g} GB/s)")
     if top["busbw_gbps"] >= baseline_gbps:

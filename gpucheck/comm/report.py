@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.comm.aggregate import (
+    ONE_RANK_BUSBW,
     baseline_findings,
     correctness_findings,
     pair_findings,
@@ -34,6 +35,9 @@ TITLES = {"all_reduce": "all_reduce (busbw = algbw x 2(n-1)/n)",
           "broadcast": "broadcast from rank 0 (busbw = algbw)"}
 
 
+PAIRWISE_TITLE = "Pairwise send/recv bandwidth on each node (GB/s)"
+
+
 @dataclass(frozen=True)
 class Verdicts:
     """The thresholds the user chose."""
@@ -50,6 +54,8 @@ def _setup_section(result: Mapping[str, Any], unread: Sequence[Unread] = ()) -> 
             "sizes": f"{human_bytes(sizes[0])} .. {human_bytes(sizes[-1])} per rank buffer",
             "iters": result["iters"], "warmup": result["warmup"],
             "complete": result.get("complete", False), "ranks": result["ranks"]}
+    if result["world_size"] == 1:
+        data["bus_bandwidth"] = ONE_RANK_BUSBW
     return Section("comm", "Collective bandwidth: setup and ranks", data,
                    numa_findings(result["ranks"]) + unread_findings("comm.rank_record", unread))
 
@@ -82,7 +88,7 @@ def _pairwise_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
                                   for p in pairwise["again"]]
     findings = pair_findings(pairwise["pairs"], verdicts.pair_threshold, _names(result),
                              pairwise.get("again"), str(result.get("device")))
-    return Section("pairwise", "Pairwise send/recv bandwidth on each node (GB/s)", data,
+    return Section("pairwise", PAIRWISE_TITLE, data,
                    findings)
 
 
@@ -109,6 +115,10 @@ def _nodes_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section | N
     return Section("nodes", "Nodes", data, findings)
 
 
+def _skipped(name: str, title: str, check: str, reason: str) -> Section:
+    return Section(name, title, {"skipped": reason}, [skip(check, reason)])
+
+
 def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     """Node pairs (sum of rails) and every rail; skipped with the reason on one node."""
     nodes = list(group_by_node(result["ranks"]))
@@ -116,12 +126,12 @@ def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section
     internode = result.get("internode")
     title = "Between nodes: send/recv per node pair and rail (GB/s)"
     if len(nodes) < 2:
-        return Section("internode", title, {"skipped": "one node: nothing between nodes"},
-                       [skip("comm.internode.slow_pair", "one node: nothing between nodes")])
+        return _skipped("internode", title, "comm.internode.slow_pair",
+                        "one node: nothing between nodes")
     if not internode:
-        reason = "not measured (the run ended before the node-to-node rounds)"
-        return Section("internode", title, {"skipped": reason},
-                       [skip("comm.internode.slow_pair", reason)])
+        reason = str(result.get("p2p_skipped") or
+                     "not measured (the run ended before the node-to-node rounds)")
+        return _skipped("internode", title, "comm.internode.slow_pair", reason)
     rows = node_pair_rows(internode["links"])
     data = {"size_bytes": internode["size_bytes"], "iters": internode["iters"],
             "rounds": len(nodes) - 1,
@@ -177,6 +187,9 @@ def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section
         sections.append(_collective_section(name, rows, verdicts, planned))
     if (result.get("pairwise") or {}).get("pairs"):
         sections.append(_pairwise_section(result, verdicts))
+    elif result.get("p2p_skipped") and int(result["world_size"]) > 1:
+        sections.append(_skipped("pairwise", PAIRWISE_TITLE, "comm.pairwise.slow_pair",
+                                 str(result["p2p_skipped"])))
     nodes = _nodes_section(result, verdicts)
     if nodes is not None:
         sections.append(nodes)

@@ -148,16 +148,30 @@ def _transport(spec: CommSpec, world: World, folder: str | None) -> list[Any] | 
     return every
 
 
+# torch.distributed's gloo backend sends and receives host tensors only: on a CUDA
+# buffer its send writes from a device pointer and the pair's connection drops (seen on
+# an H100, torch 2.11). Its collectives take CUDA buffers; point-to-point does not.
+GLOO_CUDA_P2P = ("gloo sends and receives host memory only (torch.distributed: send/recv "
+                 "take CPU tensors on gloo): run with --backend nccl to measure GPU pairs")
+
+
+def p2p_unsupported(spec: CommSpec) -> str | None:
+    """Why this backend and device cannot send/recv, or None when they can."""
+    return GLOO_CUDA_P2P if spec.backend == "gloo" and spec.device == "cuda" else None
+
+
 def _pairs_and_nodes(spec: CommSpec, world: World, infos: list[dict[str, Any]], largest: int,
                      result: dict[str, Any], ctx: RunContext) -> None:
     """Pairwise send/recv, a slow node measured again, then node-to-node rounds with 2+
-    nodes (named on the terminal)."""
-    if spec.pairwise and world.world_size > 1:
+    nodes (named on the terminal); no send/recv where the backend cannot send the
+    device's buffers (`result["p2p_skipped"]` says why)."""
+    result["p2p_skipped"] = skipped = p2p_unsupported(spec)
+    if spec.pairwise and world.world_size > 1 and not skipped:
         terminal.step(ctx, f"pairwise send/recv, {human_bytes(spec.pair_bytes or largest)}")
         result["pairwise"] = _pairwise(spec, infos, largest, ctx)
-    if len(group_by_node(infos)) > 1:
+    if len(group_by_node(infos)) > 1:  # with no pairs measured, by its all_reduce
         result["nodes_again"] = _nodes_again(spec, world, infos, result, largest, ctx)
-    if spec.internode and len(group_by_node(infos)) > 1:
+    if spec.internode and len(group_by_node(infos)) > 1 and not skipped:
         terminal.step(ctx, "node-to-node rounds")
         result["internode"] = _internode(spec, infos, largest, ctx)
 
