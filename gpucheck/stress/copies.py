@@ -88,6 +88,8 @@ def peer_matrix(local_world_size: int, fraction: float = 0.6) -> dict[str, Any]:
     from gpucheck.devices import cuda_identity
 
     visible = cuda_device_count(torch)
+    if visible < 2 and local_world_size < 2:
+        return {"skipped": "one GPU in this run on this node: no peer to copy to"}
     if visible < 2:
         return {"skipped": "this process sees one GPU (CUDA_VISIBLE_DEVICES or srun "
                 "--gpus-per-task): peer copies need one process that sees every GPU"}
