@@ -82,8 +82,10 @@ def _fake_dist(monkeypatch: pytest.MonkeyPatch, log: Log, backend: str, rank: in
             return log.work() if name in ("isend", "irecv") else None
         return call
 
+    # raising=False: torch 2.11 has no all_gather_single / reduce_scatter_single (comm
+    # then calls the older names, which this test does not exercise).
     for name in TORCH_NAMES.values():
-        monkeypatch.setattr(dist, name, collective(name))
+        monkeypatch.setattr(dist, name, collective(name), raising=False)
     for name in ("isend", "irecv", "send", "recv"):
         monkeypatch.setattr(dist, name, p2p(name))
     monkeypatch.setattr(dist, "barrier", lambda *a, **k: log.events.append(("barrier",)))

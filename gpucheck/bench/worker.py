@@ -15,6 +15,7 @@ common end barrier.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from dataclasses import asdict, dataclass, replace
@@ -115,6 +116,13 @@ def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
             gathered = _second_look(ddp, batch, spec, world, gathered, plan, ctx)
         progress.set_step(ctx, None)
         faults = faultwatch.of(ctx).gather()
+        # Free DDP while its group exists. Freed after the group was destroyed, DDP's
+        # Reducer holds the group's last reference, and torch 2.11's ProcessGroupGloo
+        # destructor joins its worker thread with the GIL held while that thread waits
+        # for the GIL to free a finished all_gather's tensors: every rank hung at exit
+        # under torchrun. gc.collect also frees a DDP kept alive by a reference cycle.
+        del ddp
+        gc.collect()
     if not world.is_reporter:
         return None
     return BenchOutcome(
