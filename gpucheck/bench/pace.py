@@ -124,19 +124,26 @@ def rank_paces(records: Sequence[RankRecord]) -> tuple[RankPace, ...]:
 def _both(records: Sequence[RankRecord], record: RankRecord) -> float | None:
     """Its two loops together over the other ranks' median of theirs; None unless every
     rank ran the second."""
-    if any(r.again_wall_s is None for r in records):
-        return None
-    others = [r.wall_s + (r.again_wall_s or 0.0) for r in records if r.rank != record.rank]
-    return _ratio(record.wall_s + (record.again_wall_s or 0.0), statistics.median(others))
+    return _against_median(records, record,
+                           lambda r: None if r.again_wall_s is None else r.wall_s + r.again_wall_s)
 
 
 def _again(records: Sequence[RankRecord], record: RankRecord) -> float | None:
     """Its second-look loop over the other ranks' median second-look loop; None unless
     every rank ran it."""
-    if any(r.again_wall_s is None for r in records):
+    return _against_median(records, record, lambda r: r.again_wall_s)
+
+
+def _against_median(records: Sequence[RankRecord], record: RankRecord,
+                    seconds: Callable[[RankRecord], float | None]) -> float | None:
+    """`seconds` of this rank over the other ranks' median of it; None when any rank
+    lacks the figure (a loop not every rank ran compares nothing)."""
+    every = {r.rank: seconds(r) for r in records}
+    mine = every[record.rank]
+    others = [v for rank, v in every.items() if rank != record.rank]
+    if mine is None or any(v is None for v in others):
         return None
-    others = [r.again_wall_s for r in records if r.rank != record.rank]
-    return _ratio(record.again_wall_s or 0.0, statistics.median(o or 0.0 for o in others))
+    return _ratio(mine, statistics.median(v for v in others if v is not None))
 
 
 def _others_spread(records: Sequence[RankRecord], rank: int) -> float:
