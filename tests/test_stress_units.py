@@ -4,6 +4,7 @@ judgement, peer/straggler/link verdicts, report building, option validation."""
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -441,3 +442,15 @@ def test_bad_options_are_a_one_line_usage_error(capsys: pytest.CaptureFixture[st
     assert main(["stress", "--device", "cpu", *argv]) == 2
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1
+
+
+def test_a_burn_in_that_slows_after_its_first_product_still_ends_at_its_deadline() -> None:
+    """The chunk between clock checks is sized from the first product; a GPU (here a
+    hook) that turns slow afterwards must not run a whole chunk past the deadline:
+    with the deadline already past, the burn stops at its minimum repetitions."""
+    def slow_after_first(phase: str, iteration: int, out: Any) -> None:
+        if iteration > 0:
+            time.sleep(0.002)
+
+    record, _, _ = burn.burn(0, "fp32", 64, "cpu", "cpu", 0.0, "g", slow_after_first)
+    assert record.iters == burn.MIN_REPEATS

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     import torch
 
 SDC_SEED = 20260
-CHUNK_S = 0.5  # a synchronisation (and a look at the clock) this often
+CHUNK_S = 0.5  # a synchronisation this often (the clock is read every product)
 MIN_REPEATS = 10  # however short the duration: fewer repetitions prove nothing
 FULL_REFERENCE_MAX = 1024  # up to this n, the CPU reference covers the whole product
 # Otherwise one row drawn from every band of TILE_ROWS rows: cuBLAS's GEMM tiles are
@@ -151,6 +151,10 @@ def burn(rank: int, dtype: str, n: int, device: Any, kind: str, duration_s: floa
                     hook("burn", len(times) + len(counts) + 1, out)
                 counts.append(count(out))
                 marks.mark()
+                # The chunk is sized from the first product: a GPU that slows down later
+                # (or a planted sleep) would otherwise overrun the duration by a chunk.
+                if time.monotonic() >= deadline and len(times) + len(counts) >= MIN_REPEATS:
+                    break
             times += marks.intervals_s()
             wrong += [int(c) for c in torch.stack(counts).tolist()]
         elapsed = time.perf_counter() - started
