@@ -87,6 +87,9 @@ class TestHooks:
     slow_sends: SlowNode | None = None
     # gloo: a node that takes its receives in slowly (a slow receiving NIC).
     slow_recvs: SlowNode | None = None
+    # preflight: the hang guard's margin instead of gpucheck.preflight.guard.MARGIN_S,
+    # so a test of a stopped rank 0 ends in seconds, not half a minute.
+    hang_margin_s: float | None = None
 
     def bus_id(self, rank: int) -> str | None:
         """The bus id this rank watches instead of its own GPU, else None."""

@@ -14,6 +14,7 @@ HOOKS:
   --slow-pair SRC:DST:SECONDS[:WHEN][,...]   WHEN: always, first, once
   --slow-sends NODE[/RAIL]:SECONDS[:first]
   --slow-recvs NODE[/RAIL]:SECONDS[:first]
+  --hang-margin SECONDS       preflight: the hang guard's margin (default 30 s)
 """
 
 from __future__ import annotations
@@ -65,10 +66,11 @@ def parse(argv: list[str]) -> tuple[TestHooks, list[str]]:
     parser.add_argument("--slow-pair", type=slow_pairs, default=())
     parser.add_argument("--slow-sends", type=slow_node)
     parser.add_argument("--slow-recvs", type=slow_node)
+    parser.add_argument("--hang-margin", type=float)
     ns = parser.parse_args(argv[:split])
     return TestHooks(model=ns.model, stress=ns.stress, fault_bus=ns.fault_bus,
                      slow_pairs=ns.slow_pair, slow_sends=ns.slow_sends,
-                     slow_recvs=ns.slow_recvs), argv[split + 1:]
+                     slow_recvs=ns.slow_recvs, hang_margin_s=ns.hang_margin), argv[split + 1:]
 
 
 def main(argv: list[str]) -> int:

@@ -207,7 +207,8 @@ def test_rank_zero_stopped_under_srun_shape_rank_one_ends_and_names_it(
     command not started) and it writes rank 0's host to the exclude file."""
     exclude = tmp_path / "exclude.txt"
     procs = _slurm_ranks(free_port(), "-q", "--budget", "10", "--exclude-file", str(exclude),
-                         hooks=("--stress", "preflight_workers:stop_rank_zero"))
+                         hooks=("--stress", "preflight_workers:stop_rank_zero",
+                                "--hang-margin", "2"))
     with tracked(procs) as seen:
         _stdout, stderr = procs[1].communicate(timeout=RUN_S)
         seen.extend(p.pid for p in descendants(procs[1]))

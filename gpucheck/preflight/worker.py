@@ -102,7 +102,10 @@ def _hang_guard(run: Run) -> Any:
     from gpucheck.preflight.guard import HangGuard, exclude_on_hang, guard_seconds, on_hang_hosts
 
     hosts = on_hang_hosts(run.world.rank, store_on_rank0(run.world), run.result["ranks"])
-    return HangGuard(guard_seconds(run.spec.budget_s, GRACE_S), run.world.rank,
+    margin = run.ctx.hooks.hang_margin_s
+    seconds = guard_seconds(run.spec.budget_s, GRACE_S,
+                            *(() if margin is None else (margin,)))
+    return HangGuard(seconds, run.world.rank,
                      exclude_on_hang(run.spec.exclude_file, hosts))
 
 
