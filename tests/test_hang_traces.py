@@ -90,6 +90,30 @@ def test_a_member_without_a_dump_is_named_when_the_others_agree() -> None:
     assert (finding.check, finding.subject) == ("hang.traces.no_dump", "rank 2")
 
 
+def test_a_rank_one_collective_behind_a_silent_member_waits_and_the_silent_one_is_named(
+        ) -> None:
+    """Rank 1 stopped mid-sweep (seen on gloo under load): rank 2 finished #2 and
+    entered #3, rank 0 is still inside #2 waiting for rank 1's data. Rank 0 is not the
+    cause; rank 1, with no dump, is."""
+    members = "[0, 1, 2]"
+    dumps = {0: dump(0, steps(2), members), 2: dump(2, steps(3), members)}
+    (v,) = verdicts(dumps)
+    assert (v.culprits, v.waiting, v.no_dump) == ({}, {0: 2}, [1])
+    (finding,) = group_findings(v)
+    assert (finding.check, finding.subject) == ("hang.traces.no_dump", "rank 1")
+
+
+def test_a_rank_that_completed_its_last_collective_and_went_elsewhere_is_still_named(
+        ) -> None:
+    """NCCL records completion: rank 0 finished #2 and never entered #3, so it did
+    something else, whatever a silent member did."""
+    members = "[0, 1, 2]"
+    dumps = {0: dump(0, steps(2, state="completed"), members),
+             2: dump(2, steps(3), members)}
+    (v,) = verdicts(dumps)
+    assert list(v.culprits) == [0] and v.waiting == {}
+
+
 def test_a_ring_buffer_that_wrapped_is_compared_where_every_rank_has_entries() -> None:
     dumps = {r: dump(r, [entry(s) for s in range(3 + r, 10)]) for r in range(4)}
     (v,) = verdicts(dumps)

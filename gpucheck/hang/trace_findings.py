@@ -30,8 +30,11 @@ def group_findings(v: GroupVerdict) -> list[Finding]:
                           hint=_DESYNC_HINT))
     if v.no_dump and not v.culprits:
         ranks = _some(v.no_dump)
+        behind = "; ".join(f"rank {r} is still inside collective #{s}, one behind, waiting "
+                           "too" for r, s in sorted(v.waiting.items()))
         found.append(fail("hang.traces.no_dump", f"rank(s) {ranks} of group {v.group} left "
-                          "no dump while the others agree: dead, or stuck before dumping",
+                          "no dump while the others agree: dead, or stuck before dumping"
+                          + (f" ({behind})" if behind else ""),
                           hint="read those ranks' logs; a rank that died writes no dump",
                           subject=subjects.ranks(v.no_dump, f"rank {ranks}")))
     if not found:

@@ -27,6 +27,9 @@ class GroupVerdict:
     culprits: dict[int, str] = field(default_factory=dict)  # rank -> what it did
     split: dict[str, list[int]] = field(default_factory=dict)  # a tie: value -> ranks
     no_dump: list[int] = field(default_factory=list)
+    # rank -> the collective it is still inside, one behind the others, while a member
+    # left no dump: it waits for that member, as the others do (`_still_inside`).
+    waiting: dict[int, int] = field(default_factory=dict)
     last_agreed: tuple[int, Call] | None = None
     last_completed_by_all: int | None = None
 
@@ -65,7 +68,7 @@ def judge_group(group: GroupTrace, dumped: set[int]) -> GroupVerdict:
     for seq in recorded:
         values = {r: _value(calls[r], seq) for r in ranks}
         if len(set(values.values())) > 1:
-            _diverged(verdict, seq, values, calls)
+            _diverged(verdict, seq, values, calls, group.completed)
             break
         agreed = next(iter(values.values()))
         # Every rank holds the same value at a number some rank recorded: a Call.
@@ -77,8 +80,19 @@ def judge_group(group: GroupTrace, dumped: set[int]) -> GroupVerdict:
     return verdict
 
 
+def _still_inside(verdict: GroupVerdict, rank: int, seq: int, calls: dict[int, Call],
+                  completed: dict[int, int]) -> bool:
+    """Is a rank that never reached #seq still inside #seq-1, waiting for a member that
+    left no dump? With a peer stopped mid-collective, the ranks of a ring can end one
+    collective apart (some received everything before the stop, some did not): the one
+    behind is not the cause. Not when its trace shows #seq-1 completed (NCCL records
+    it; gloo never does): then it went elsewhere instead of entering #seq."""
+    return bool(verdict.no_dump) and max(calls, default=None) == seq - 1 and \
+        completed.get(rank, 0) < seq - 1
+
+
 def _diverged(verdict: GroupVerdict, seq: int, values: dict[int, Value],
-              calls: dict[int, dict[int, Call]]) -> None:
+              calls: dict[int, dict[int, Call]], completed: dict[int, int]) -> None:
     verdict.diverge_seq = seq
     expected = _majority(values)
     if expected is None:
@@ -89,6 +103,9 @@ def _diverged(verdict: GroupVerdict, seq: int, values: dict[int, Value],
     where = f"collective #{seq} of group {verdict.group} ({verdict.desc})"
     for rank, value in sorted(values.items()):
         if value == expected:
+            continue
+        if value == MISSING and _still_inside(verdict, rank, seq, calls[rank], completed):
+            verdict.waiting[rank] = seq - 1
             continue
         if value == MISSING:
             last = max(calls[rank], default=None)
