@@ -25,7 +25,7 @@ from gpucheck.errors import Interrupted, UsageError
 from gpucheck.interrupts import deferred_interrupts, hangup_ignored
 
 # Seconds the agent waits after SIGTERM before SIGKILL when it stops workers. torch
-# before 2.12 has no such setting and waits 30 s (`_launch_config`).
+# 2.11 has no such setting and waits 30 s (`_launch_config`); 2.14 has it.
 SHUTDOWN_TIMEOUT_S = 3
 # LaunchConfig fields newer than the oldest torch gpucheck runs on: left out where the
 # installed torch lacks them, which then keeps its own default.
