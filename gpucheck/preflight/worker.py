@@ -99,14 +99,14 @@ def preflight_worker(ctx: RunContext, spec: PreflightSpec) -> dict[str, Any]:
 def _hang_guard(run: Run) -> Any:
     """Ends this rank (exit 1, the command not started) should the checks or the
     agreement outlast every bound they have: a store whose host is stopped."""
-    from gpucheck.preflight.guard import HangGuard, exclude_on_hang, guard_seconds, on_hang_hosts
+    from gpucheck.preflight import guard
 
-    hosts = on_hang_hosts(run.world.rank, store_on_rank0(run.world), run.result["ranks"])
+    hosts = guard.on_hang_hosts(run.world.rank, store_on_rank0(run.world), run.result["ranks"])
     margin = run.ctx.hooks.hang_margin_s
-    seconds = guard_seconds(run.spec.budget_s, GRACE_S,
-                            *(() if margin is None else (margin,)))
-    return HangGuard(seconds, run.world.rank,
-                     exclude_on_hang(run.spec.exclude_file, hosts))
+    seconds = guard.guard_seconds(run.spec.budget_s, GRACE_S,
+                                  guard.MARGIN_S if margin is None else margin)
+    return guard.HangGuard(seconds, run.world.rank,
+                           guard.exclude_on_hang(run.spec.exclude_file, hosts))
 
 
 def _initial(world: World, spec: PreflightSpec, ctx: RunContext) -> dict[str, Any]:
