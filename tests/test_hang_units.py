@@ -75,6 +75,19 @@ def test_the_rank_outside_the_collective_is_named_with_its_line() -> None:
     assert findings[0].action == "restart-app"
 
 
+def test_a_rank_seen_entering_the_collective_in_the_window_is_not_named_stuck_outside() -> None:
+    """A peer just died: rank 1 was in its own code at the start of the window and in the
+    all_reduce at its end. Only a rank never seen in the waited collective is named."""
+    sleep = user(f"step at {TRAIN}:36")
+    arriving = view(1, sleep, False, moved=True, collectives_seen=[ALL_REDUCE.__dict__])
+    views = [view(0, ALL_REDUCE, True), arriving, view(2, None, False, state="exited")]
+    assert failing(live_findings(views, 2.0, multi_node=False)) == [
+        ("hang.rank.dead", "rank 2 on node7")]
+    arriving.collectives_seen = []
+    assert failing(live_findings(views, 2.0, multi_node=False)) == [
+        ("hang.rank.user_code", "rank 1 on node7"), ("hang.rank.dead", "rank 2 on node7")]
+
+
 def test_a_rank_in_d_state_is_named_only_while_the_others_wait() -> None:
     d_state = view(2, user(f"save at {TRAIN}:70"), False, state="disk-sleep")
     stuck = live_findings([view(0, ALL_REDUCE, True), view(1, ALL_REDUCE, True), d_state],

@@ -59,6 +59,8 @@ class RankView:
     moved: bool | None = None  # seen at two sites or more with Python frames (None: not
     # recorded, as in a view built by hand: then "sampled and not steady")
     samples: int = 0
+    collectives_seen: list[dict[str, Any]] = field(default_factory=list)  # every collective
+    # site of its samples, as dicts: one seen entering the waited collective is arriving
     site_share: float | None = None  # of the samples, the share at `site`
     stack: list[str] = field(default_factory=list)  # innermost first
     stack_error: str | None = None  # kind: detail
@@ -125,6 +127,7 @@ def _judge_samples(view: RankView, samples: stacks.Samples) -> None:
     view.steady = len(known) == 1
     view.moved = len(known) > 1  # samples with no Python frame say nothing of moving
     view.pinned = view.steady and known[0].kind == "collective"
+    view.collectives_seen = [asdict(s) for s in sites if s.kind == "collective"]
     view.stack = [f.where for f in stack_at[site][:MAX_FRAMES]]
 
 

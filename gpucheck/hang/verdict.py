@@ -135,12 +135,21 @@ def culprits(views: list[RankView]) -> tuple[Site | None, list[Culprit]]:
         if view.rank in waiting_ranks:
             continue
         what, detail = describe(view, site)
+        if what == "user-code" and _arrived(view, site):
+            continue
         # A dead or stopped rank stops the job whether or not the others have reached
         # their collective yet; a D state is often a short I/O wait, so it is named
         # only when the others are seen waiting.
         if site is not None or what in ("dead", "stopped"):
             named.append(Culprit(view.rank, view.host, what, detail))
     return site, named
+
+
+def _arrived(view: RankView, waited: Site | None) -> bool:
+    """Seen inside the collective the others wait in, though most samples were in its own
+    code: it came in during the window (the others had been waiting since before it),
+    so it is no rank that "never entered the collective"."""
+    return waited is not None and any(Site(**seen) == waited for seen in view.collectives_seen)
 
 
 def stuck_anyway(views: list[RankView]) -> list[Culprit]:
