@@ -27,10 +27,7 @@ from typing import Any
 from gpucheck.probes.gpu_record import GpuRecord
 from gpucheck.probes.kernel_log import KernelLog, XidEvent
 from gpucheck.probes.xid_section import XidFault, kernel_log_part
-from gpucheck.report import Finding, Section, ok
-
-_NO_XID = "no Xid in the kernel log"
-
+from gpucheck.report import Section
 
 TAIL_LINES = 32
 
@@ -91,15 +88,6 @@ def cut_reported(log: KernelLog, cursor: dict[str, Any], same_boot: bool) -> Xid
     return XidCut(tuple(events[start:]), start, cursor_of(log))
 
 
-def _reworded(finding: Finding, reported_before: int) -> Finding:
-    """The all-clear says what it covers: only lines newer than the last check."""
-    if finding.status.value != "OK" or not finding.message.startswith(_NO_XID):
-        return finding
-    rest = finding.message[len(_NO_XID):]
-    return ok(finding.check, f"no new Xid since the last check ({reported_before} earlier "
-              f"line(s) already reported, not raised again){rest}", finding.subject)
-
-
 @dataclass(frozen=True)
 class XidPart:
     """The kernel-log section of the new lines, its GPU faults (each with its bus id
@@ -118,8 +106,7 @@ def xid_section(log: KernelLog | None, cursor: dict[str, Any], same_boot: bool,
         section, faults = kernel_log_part(log, gpus, error)
         return XidPart(section, dict(cursor), tuple(faults))
     cut = cut_reported(log, cursor, same_boot)
-    section, faults = kernel_log_part(replace(log, events=cut.new), gpus)
+    section, faults = kernel_log_part(replace(log, events=cut.new), gpus,
+                                      reported_before=cut.reported_before)
     section.data.update(xid_lines_new=len(cut.new), xid_lines_reported_before=cut.reported_before)
-    if cut.reported_before:
-        section.findings = [_reworded(f, cut.reported_before) for f in section.findings]
     return XidPart(section, cut.cursor, tuple(faults))

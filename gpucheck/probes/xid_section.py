@@ -136,7 +136,8 @@ def _fault_finding(group: XidClass, name: GpuName, source: str) -> Finding:
     return verdict("kernel_log.xid", message, hint, name.label, cause=table_cause(info.action))
 
 
-def _summary_finding(log: KernelLog, app_level: list[str], faults: int) -> Finding | None:
+def _summary_finding(log: KernelLog, app_level: list[str], faults: int,
+                     reported_before: int) -> Finding | None:
     """OK when nothing in the log is a GPU fault; app-level XIDs are listed as information."""
     where = f"source: {log.source}, {log.lines_scanned} lines"
     if app_level:
@@ -146,7 +147,9 @@ def _summary_finding(log: KernelLog, app_level: list[str], faults: int) -> Findi
                   + "; ".join(app_level))
     if faults:
         return None
-    return ok("kernel_log.xid", f"no Xid in the kernel log ({where})")
+    none_new = (f"no new Xid since the last check ({reported_before} earlier line(s) already "
+                "reported, not raised again)" if reported_before else "no Xid in the kernel log")
+    return ok("kernel_log.xid", f"{none_new} ({where})")
 
 
 def _unread_section(log: KernelLog | None, error: str | None) -> Section:
@@ -169,8 +172,11 @@ def kernel_log_section(log: KernelLog | None, gpus: Sequence[GpuRecord],
 
 
 def kernel_log_part(log: KernelLog | None, gpus: Sequence[GpuRecord],
-                    error: str | None = None) -> tuple[Section, list[XidFault]]:
-    """The section, and each of its GPU fault findings with its bus id and XID."""
+                    error: str | None = None,
+                    reported_before: int = 0) -> tuple[Section, list[XidFault]]:
+    """The section, and each of its GPU fault findings with its bus id and XID.
+    `reported_before`: Xid lines a previous check already reported (`gpucheck health`
+    passes only the newer ones in `log.events`), so the all-clear says what it covers."""
     if log is None or log.source is None:
         return _unread_section(log, error), []
     data: dict[str, object] = {"source": log.source, "lines_scanned": log.lines_scanned}
@@ -194,6 +200,6 @@ def kernel_log_part(log: KernelLog | None, gpus: Sequence[GpuRecord],
             faults.append(XidFault(group.bus_id, group.xid,
                                    _fault_finding(group, name, log.source)))
     data["xids"] = rows
-    summary = _summary_finding(log, app_level, len(faults))
+    summary = _summary_finding(log, app_level, len(faults), reported_before)
     section.findings.extend([*(f.finding for f in faults), *([summary] if summary else [])])
     return section, faults
