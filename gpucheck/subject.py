@@ -108,6 +108,17 @@ class Subject(str):
                 return f"{prefix}{value}"
         return None
 
+    def short_name(self) -> str:
+        """A few words for a one-line summary ("node 1 GPU 3", "rank 2"), from the fields;
+        the label where no number names it."""
+        number = {Kind.RANK: self.rank, Kind.GPU: self.gpu, Kind.NODE: self.node}.get(self.kind)
+        if number is None:
+            return self.label
+        word = "GPU" if self.kind is Kind.GPU else self.kind.value
+        on_node = f"node {self.node} " if self.node is not None and self.kind is not Kind.NODE \
+            else ""
+        return f"{on_node}{word} {number}"
+
     def to_dict(self) -> dict[str, Any]:
         """`{"kind", "label", ...}` with only the fields that are set."""
         raw: dict[str, Any] = {"kind": self.kind.value, "label": self.label}

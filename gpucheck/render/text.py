@@ -68,7 +68,7 @@ def _closing(report: Report, width: int) -> str:
     top = problems[0]
     # One line whatever the width: the subject's short name ("GPU 1"), else no subject,
     # else the counts alone.
-    where = f" on {esc(top.subject.split(' (')[0])}" if top.subject else ""
+    where = f" on {esc(top.subject.short_name())}" if top.subject else ""
     for candidate in (f"{plain}; first: {esc(top.check)}{where} ({top.action})",
                       f"{plain}; first: {esc(top.check)} ({top.action})"):
         if len(candidate) <= width:
