@@ -16,6 +16,10 @@ import pytest
 from comm_workers import PYTHON, ROOT, clean_env, descendants, free_port, start, tracked, wait_gone
 
 RUN_S = 300
+# The stopped-rank runs: enough for the CPU GEMM check to start (its cost 2.2 s,
+# gpucheck.commands.preflight.DEFAULTS) after the NVML check, on a loaded machine; the
+# survivor's wait ends at the budget's end plus GRACE_S, so a shorter one ends sooner.
+STOPPED_BUDGET = "5"
 TRAIN = str(ROOT / "tests" / "preflight_train.py")
 HOOKED = str(ROOT / "tests" / "hooked.py")  # gpucheck with test hooks (TestHooks)
 HOOK_PATH = f"{ROOT}:{ROOT / 'tests'}"
@@ -133,7 +137,7 @@ def test_wrong_matmul_on_rank_one_starts_the_command_nowhere(tmp_path: Path,
 
 def test_rank_stopped_during_the_checks_ends_the_run_and_is_named(tmp_path: Path) -> None:
     exclude, report = tmp_path / "exclude.txt", tmp_path / "report.json"
-    proc = _torchrun(tmp_path, "-q", "--budget", "10", "-o", str(report), "--exclude-file",
+    proc = _torchrun(tmp_path, "-q", "--budget", STOPPED_BUDGET, "-o", str(report), "--exclude-file",
                      str(exclude), hooks=("--stress", "preflight_workers:stop_rank_one"))
     with tracked([proc]) as seen:
         stdout, stderr = proc.communicate(timeout=RUN_S)
@@ -186,7 +190,7 @@ def test_rank_zero_stopped_still_stops_the_command_and_rank_one_speaks(
     1, and writes the report and the exclude file naming rank 0's host; bounded, no
     process left."""
     exclude, report = tmp_path / "exclude.txt", tmp_path / "report.json"
-    proc = _torchrun(tmp_path, "-q", "--budget", "10", "-o", str(report), "--exclude-file",
+    proc = _torchrun(tmp_path, "-q", "--budget", STOPPED_BUDGET, "-o", str(report), "--exclude-file",
                      str(exclude), hooks=("--stress", "preflight_workers:stop_rank_zero"))
     with tracked([proc]) as seen:
         stdout, stderr = proc.communicate(timeout=RUN_S)
@@ -206,7 +210,7 @@ def test_rank_zero_stopped_under_srun_shape_rank_one_ends_and_names_it(
     store call on rank 1 cannot return; the hang guard ends rank 1 (exit 1, the
     command not started) and it writes rank 0's host to the exclude file."""
     exclude = tmp_path / "exclude.txt"
-    procs = _slurm_ranks(free_port(), "-q", "--budget", "10", "--exclude-file", str(exclude),
+    procs = _slurm_ranks(free_port(), "-q", "--budget", STOPPED_BUDGET, "--exclude-file", str(exclude),
                          hooks=("--stress", "preflight_workers:stop_rank_zero",
                                 "--hang-margin", "2"))
     with tracked(procs) as seen:
