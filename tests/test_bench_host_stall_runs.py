@@ -14,16 +14,18 @@ from pathlib import Path
 
 import bench_workers
 import psutil
+import pytest
 
 from gpucheck.bench.layout import ITERS_PER_SEGMENT
 from gpucheck.context import TestHooks
 from tests.test_bench_runs import bench, findings, no_children_left, section
 
-# ResNet50 at batch 2: an iteration (about 0.2 s of CPU on a core) spans the throttle's
-# periods (run 100 ms, stopped 300 ms), so every iteration is stopped. Four segments of
-# 3 iterations, as the default run has: a median over 12 iterations, not 6.
-ARGS = ["--n-gpus", "2", "--batch-size", "2", "--warmup", "1", "--iters",
+# ResNet50 at batch 1: an iteration (about 0.1 s of CPU on a core) spans two of the
+# throttle's periods (run 50 ms, stopped 150 ms), so every iteration is stopped. Four
+# segments of 3 iterations, as the default run has: a median over 12 iterations, not 6.
+ARGS = ["--n-gpus", "2", "--batch-size", "1", "--warmup", "1", "--iters",
         str(4 * ITERS_PER_SEGMENT)]
+THROTTLE_PERIOD_S = "0.2"
 THROTTLE_SCRIPT = str(Path(__file__).with_name("throttle.py"))
 HELPER_EXIT_S = 10  # the helper checks every 0.2 s or so whether its rank is gone
 
@@ -40,7 +42,8 @@ def leftover_throttles() -> list[psutil.Process]:
 
 
 def test_a_rank_stopped_from_outside_is_named_as_held_back_by_its_host(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(bench_workers.THROTTLE_PERIOD_VAR, THROTTLE_PERIOD_S)
     code, report = bench(tmp_path, *ARGS,
                          hooks=TestHooks(model=bench_workers.stop_rank_one_most_of_the_time))
     assert code == 0, report  # a WARN
