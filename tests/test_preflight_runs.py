@@ -137,8 +137,9 @@ def test_wrong_matmul_on_rank_one_starts_the_command_nowhere(tmp_path: Path,
 
 def test_rank_stopped_during_the_checks_ends_the_run_and_is_named(tmp_path: Path) -> None:
     exclude, report = tmp_path / "exclude.txt", tmp_path / "report.json"
-    proc = _torchrun(tmp_path, "-q", "--budget", STOPPED_BUDGET, "-o", str(report), "--exclude-file",
-                     str(exclude), hooks=("--stress", "preflight_workers:stop_rank_one"))
+    proc = _torchrun(tmp_path, "-q", "--budget", STOPPED_BUDGET, "-o", str(report),
+                     "--exclude-file", str(exclude),
+                     hooks=("--stress", "preflight_workers:stop_rank_one"))
     with tracked([proc]) as seen:
         stdout, stderr = proc.communicate(timeout=RUN_S)
         assert wait_gone(seen) == []
@@ -190,8 +191,9 @@ def test_rank_zero_stopped_still_stops_the_command_and_rank_one_speaks(
     1, and writes the report and the exclude file naming rank 0's host; bounded, no
     process left."""
     exclude, report = tmp_path / "exclude.txt", tmp_path / "report.json"
-    proc = _torchrun(tmp_path, "-q", "--budget", STOPPED_BUDGET, "-o", str(report), "--exclude-file",
-                     str(exclude), hooks=("--stress", "preflight_workers:stop_rank_zero"))
+    proc = _torchrun(tmp_path, "-q", "--budget", STOPPED_BUDGET, "-o", str(report),
+                     "--exclude-file", str(exclude),
+                     hooks=("--stress", "preflight_workers:stop_rank_zero"))
     with tracked([proc]) as seen:
         stdout, stderr = proc.communicate(timeout=RUN_S)
         assert wait_gone(seen) == []
@@ -210,8 +212,8 @@ def test_rank_zero_stopped_under_srun_shape_rank_one_ends_and_names_it(
     store call on rank 1 cannot return; the hang guard ends rank 1 (exit 1, the
     command not started) and it writes rank 0's host to the exclude file."""
     exclude = tmp_path / "exclude.txt"
-    procs = _slurm_ranks(free_port(), "-q", "--budget", STOPPED_BUDGET, "--exclude-file", str(exclude),
-                         hooks=("--stress", "preflight_workers:stop_rank_zero",
+    procs = _slurm_ranks(free_port(), "-q", "--budget", STOPPED_BUDGET, "--exclude-file",
+                         str(exclude), hooks=("--stress", "preflight_workers:stop_rank_zero",
                                 "--hang-margin", "2"))
     with tracked(procs) as seen:
         _stdout, stderr = procs[1].communicate(timeout=RUN_S)
