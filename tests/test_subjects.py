@@ -169,3 +169,14 @@ def test_a_node_finding_gathered_into_the_job_keeps_its_fields_and_gains_the_nod
         subject.Kind.GPU, 1, 2, "h2", "node 2 (h2) GPU 1 (H200)")
     named = subject.text("CUDA_VISIBLE_DEVICES").on_node(0, "node 0 (h0) CUDA_VISIBLE_DEVICES")
     assert (named.kind, named.node) == (subject.Kind.NODE, 0)
+
+
+def test_the_short_name_comes_from_the_fields_not_the_words() -> None:
+    assert subject.gpu(3, "GPU 3 (0000:17:00.0, NVIDIA H100)").short_name() == "GPU 3"
+    on_node = subject.gpu(3, "node 1 (h1) GPU 3 (0000:17:00.0)").on_node(1, "node 1 (h1) GPU 3")
+    assert on_node.short_name() == "node 1 GPU 3"
+    assert subject.rank(2, "rank 2 (pid 7, cuda:2)").short_name() == "rank 2"
+    assert subject.node(4, "node 4 (h4)").short_name() == "node 4"
+    # No number names a pair or a setting: its label, whole (a "(" in it is no cut).
+    assert subject.pair(0, 1, "cuda:0 -> cuda:1").short_name() == "cuda:0 -> cuda:1"
+    assert subject.text("NCCL_IB_HCA (mlx5_0)").short_name() == "NCCL_IB_HCA (mlx5_0)"
