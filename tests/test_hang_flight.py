@@ -157,8 +157,9 @@ def test_gpucheck_comm_with_a_stopped_rank_leaves_dumps_that_name_it(tmp_path: P
     fr.mkdir()
     # The first results within a second or two, then minutes more of sweep (as
     # test_hang_faults.LONG_SWEEP): rank 1 stops mid-run.
-    args = gpucheck("comm", "--n-gpus", "3", "--timeout", "3", "--max-bytes", "64M",
-                    "--iters", "300", "--warmup", "1", "--no-pairwise", "-q",
+    # --device cpu: gloo ranks on any machine (on a GPU machine comm picks cuda itself)
+    args = gpucheck("comm", "--device", "cpu", "--n-gpus", "3", "--timeout", "3",
+                    "--max-bytes", "64M", "--iters", "300", "--warmup", "1", "--no-pairwise", "-q",
                     "-o", str(tmp_path / "out.json"))
     proc = start(args, clean_env(GPUCHECK_RUN_DIR=str(run),
                                  TORCH_FR_DUMP_TEMP_FILE=str(fr / "comm_rank_")))
