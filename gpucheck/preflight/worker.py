@@ -102,9 +102,7 @@ def _hang_guard(run: Run) -> Any:
     from gpucheck.preflight import guard
 
     hosts = guard.on_hang_hosts(run.world.rank, store_on_rank0(run.world), run.result["ranks"])
-    margin = run.ctx.hooks.hang_margin_s
-    seconds = guard.guard_seconds(run.spec.budget_s, GRACE_S,
-                                  guard.MARGIN_S if margin is None else margin)
+    seconds = guard.guard_seconds(run.spec.budget_s, GRACE_S, run.ctx.hooks.hang_margin_s)
     return guard.HangGuard(seconds, run.world.rank,
                            guard.exclude_on_hang(run.spec.exclude_file, hosts))
 
