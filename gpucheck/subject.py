@@ -103,15 +103,17 @@ class Subject(str):
                 if first is not None:
                     return f"{prefix}{first}_to_{prefix}{self.peer}"
             return None
-        for prefix, value in (("rank", self.rank), ("gpu", self.gpu), ("node", self.node)):
-            if self.kind.value == prefix and value is not None:
-                return f"{prefix}{value}"
-        return None
+        number = self._own_number()
+        return None if number is None else f"{self.kind.value}{number}"
+
+    def _own_number(self) -> int | None:
+        """The number of a rank, GPU or node subject: its own kind's field."""
+        return {Kind.RANK: self.rank, Kind.GPU: self.gpu, Kind.NODE: self.node}.get(self.kind)
 
     def short_name(self) -> str:
         """A few words for a one-line summary ("node 1 GPU 3", "rank 2"), from the fields;
         the label where no number names it."""
-        number = {Kind.RANK: self.rank, Kind.GPU: self.gpu, Kind.NODE: self.node}.get(self.kind)
+        number = self._own_number()
         if number is None:
             return self.label
         word = "GPU" if self.kind is Kind.GPU else self.kind.value
