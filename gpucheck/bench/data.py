@@ -43,15 +43,8 @@ class Share:
 
 
 def default_images_dir() -> Path:
-    """The shipped sample images: package data when installed, else the repository's folder."""
-    from importlib import resources
-
-    # `gpucheck` is a regular package, so this is a real folder when installed
-    # (`sample_images` itself has no __init__.py and would be a namespace package).
-    packaged = Path(str(resources.files("gpucheck") / "sample_images"))
-    if packaged.is_dir():
-        return packaged
-    return Path(__file__).resolve().parents[2] / "sample_images"
+    """The shipped sample images (package data, in the source tree and when installed)."""
+    return Path(__file__).resolve().parents[1] / "sample_images"
 
 
 def scan_images(folder: str | Path) -> ImageSet:
