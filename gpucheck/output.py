@@ -1,22 +1,36 @@
-"""Writing reports: atomically, only to regular files, keeping what was there.
+"""Writing files: atomically, never through a link, never where another user can reach.
 
-Every report and baseline file goes through `write_atomic`. gpucheck runs as root
-on cluster nodes, so a careless or hostile `-o` must not turn into damage:
-`os.replace` onto `/dev/null`, a FIFO or a symlink to `/proc/self/fd/1` would swap
-the device or pipe for a regular file. Only regular files (or a new name) are
-written; a symlink to a regular file is written through, at its target. An
-existing file keeps its mode (a 0600 report stays 0600) and, as root, its owner.
+Every file gpucheck writes (reports, baselines, the exclude file, the run directory's
+files) goes through `write_atomic`. gpucheck runs as root on cluster nodes, where a
+careless `-o` or another user's plant must not turn into damage:
+- the last component is never resolved: a symlink there is refused (another user's
+  `exclude.txt -> /root/victim.conf` in a folder they can write would make root
+  overwrite the victim; `realpath` then `os.replace` bypasses protected_symlinks);
+- a file is written as a temp file in the same folder (O_EXCL | O_NOFOLLOW, through
+  the folder's descriptor, so the folder cannot be swapped between check and write),
+  then renamed over the name: no half file, and a link planted since is replaced,
+  never followed;
+- as root, no folder on the path that another user can write (unless sticky, like
+  /tmp), and none that another user owns;
+- a character device (`/dev/null`, a terminal) or an open descriptor (`/dev/stdout`,
+  `/dev/fd/N`: `-o /dev/stdout >> cron.log`) is written as a stream, never renamed
+  over: the log keeps what it had. A FIFO, a socket, a block device are refused.
+An existing file keeps its mode (a 0600 report stays 0600) and, as root, its owner.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import secrets
 import stat
-import tempfile
-from pathlib import Path
+from collections.abc import Callable
 
 from gpucheck.errors import UsageError
+
+# Names of a descriptor this process already has open: written to it as a stream.
+_OPEN_FD = re.compile(r"/(?:dev/(?:std(out|err)|fd/(\d+))|proc/self/fd/(\d+))")
 
 
 class WriteError(UsageError):
@@ -25,46 +39,127 @@ class WriteError(UsageError):
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISDIR, "a directory")):
+    for test, name in ((stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
         if test(mode):
             return name
     return "not a regular file"
 
 
-def regular_target(path: str, option: str = "--output") -> Path:
-    """The file `path` names, to be written: itself, or a symlink's regular target.
-    UsageError for a directory, a device, a FIFO, a socket or a dangling symlink."""
+def open_fd(path: str) -> int | None:
+    """The descriptor `/dev/stdout`, `/dev/stderr`, `/dev/fd/N` or `/proc/self/fd/N`
+    names, else None."""
+    match = _OPEN_FD.fullmatch(path)
+    if match is None:
+        return None
+    std, dev_fd, proc_fd = match.groups()
+    return {"out": 1, "err": 2}[std] if std else int(dev_fd or proc_fd)
+
+
+def others_may_write(info: os.stat_result) -> str | None:
+    """Why another user could change what is in this folder, or None: it is theirs, or
+    its group (not root's) or everyone may write it and it is not sticky."""
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid not in (0, os.geteuid()):
+        return f"belongs to uid {info.st_uid}"
+    if mode & stat.S_ISVTX:
+        return None
+    if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and info.st_gid != 0):
+        return f"may be written by other users (mode {mode:o}, not sticky)"
+    return None
+
+
+def _unsafe_folder(dfd: int, folder: str) -> str | None:
+    """As root: why `folder` (open as `dfd`) or a folder above it is not safe to write
+    in, or None. Checked on the real path, then matched against the open descriptor."""
+    if os.geteuid() != 0:
+        return None
+    real = os.path.realpath(folder)
+    opened, named = os.fstat(dfd), os.stat(real)
+    if (opened.st_dev, opened.st_ino) != (named.st_dev, named.st_ino):
+        return "changed while it was checked"
+    while True:
+        why = others_may_write(os.stat(real))
+        if why is not None:
+            return f"{real} {why}"
+        if real == os.path.dirname(real):
+            return None
+        real = os.path.dirname(real)
+
+
+def _open_folder(path: str, option: str) -> tuple[int, str]:
+    """(descriptor of the folder `path` is in, the last component): UsageError when it
+    is missing, not a folder, or (as root) another user could change it."""
+    if not path:
+        raise UsageError(f"{option} is empty: give a file name")
+    folder, name = os.path.split(path)
+    folder = folder or "."
+    if not name:
+        raise UsageError(f"{option} {path} is a directory: give a file name")
     try:
-        info = os.stat(path)  # follows symlinks: what would really be written
+        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
-        if os.path.islink(path):
-            raise UsageError(f"{option} {path} is a symlink to a missing file; give a "
-                             "plain file name") from None
-        return Path(path)
+        raise UsageError(f"{option} {path}: directory {folder} does not exist; create it "
+                         "first") from None
+    except NotADirectoryError:
+        raise UsageError(f"{option} {path}: {folder} is not a directory; choose another "
+                         "path") from None
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {folder}: {exc.strerror}; choose another "
+                         "path") from None
+    why = _unsafe_folder(dfd, folder)
+    if why is not None:
+        os.close(dfd)
+        raise UsageError(f"{option} {path}: {why}: root does not write where another user "
+                         "can plant a link; write to a folder only root may change")
+    return dfd, name
+
+
+def _existing(dfd: int, name: str, path: str, option: str) -> os.stat_result | None:
+    """What is at the name now (never followed): None for nothing; UsageError for a
+    link, a directory, a FIFO, a socket or a block device."""
+    try:
+        info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
     except OSError as exc:
         raise UsageError(f"{option} {path}: {exc.strerror}; choose another file") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise UsageError(f"{option} {path} is a symlink: gpucheck never writes through a "
+                         "link (another user could aim it at any file); give the file's "
+                         "own path")
     if stat.S_ISDIR(info.st_mode):
         raise UsageError(f"{option} {path} is a directory: give a file name")
-    if not stat.S_ISREG(info.st_mode):
-        raise UsageError(f"{option} {path} is {_kind(info.st_mode)}: gpucheck writes reports "
-                         "only to regular files; give a file name")
-    return Path(os.path.realpath(path))
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISCHR(info.st_mode)):
+        raise UsageError(f"{option} {path} is {_kind(info.st_mode)}: gpucheck writes only "
+                         "regular files and streams; give a file name")
+    return info
 
 
 def check_writable(path: str, option: str = "--output") -> None:
-    """Fail early (before any work) when `path` cannot be written."""
-    target = regular_target(path, option)
-    parent = target.parent if str(target.parent) else Path(".")
-    if parent.exists() and not parent.is_dir():
-        raise UsageError(f"{option} {path}: {parent} is not a directory; choose another path")
-    if not parent.is_dir():
-        raise UsageError(f"{option} {path}: directory {parent} does not exist; create it first")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{option} {path}: directory {parent} is not writable; choose another")
-    if target.exists() and not os.access(target, os.W_OK):
-        raise UsageError(f"{option} {path} is not writable; choose another file")
+    """Fail early (before any work) when `path` cannot or must not be written."""
+    fd = open_fd(path)
+    if fd is not None:
+        _check_open_fd(fd, path, option)
+        return
+    dfd, name = _open_folder(path, option)
+    try:
+        info = _existing(dfd, name, path, option)
+        if not os.access(os.path.dirname(path) or ".", os.W_OK | os.X_OK):
+            raise UsageError(f"{option} {path}: directory {os.path.dirname(path) or '.'} is "
+                             "not writable; choose another")
+        if info is not None and not os.access(name, os.W_OK, dir_fd=dfd):
+            raise UsageError(f"{option} {path} is not writable; choose another file")
+    finally:
+        os.close(dfd)
+
+
+def _check_open_fd(fd: int, path: str, option: str) -> None:
+    try:
+        os.fstat(fd)
+    except OSError:
+        raise UsageError(f"{option} {path}: descriptor {fd} is not open; give a file "
+                         "name") from None
 
 
 def same_file(a: str | None, b: str | None) -> bool:
@@ -73,42 +168,77 @@ def same_file(a: str | None, b: str | None) -> bool:
 
 
 def write_atomic(path: str, text: str, option: str = "--output") -> None:
-    """Write `text` to a temp file beside the target, then rename it into place.
+    """Write `text` at `path`: a regular file by temp file and rename, a device or an
+    open descriptor as a stream. Everything is checked again here (it may have changed
+    since check_writable); WriteError when the write fails, the target as it was."""
+    # backslashreplace: a lone surrogate in a value must not lose the whole report.
+    data = text.encode("utf-8", errors="backslashreplace")
+    fd = open_fd(path)
+    if fd is not None:
+        _check_open_fd(fd, path, option)
+        _guarded(path, option, lambda: _write_all(fd, data))
+        return
+    dfd, name = _open_folder(path, option)
+    try:
+        info = _existing(dfd, name, path, option)
+        if info is not None and stat.S_ISCHR(info.st_mode):
+            _guarded(path, option, lambda: _write_device(dfd, name, data))
+        else:
+            _guarded(path, option, lambda: _replace(dfd, name, data, info))
+    finally:
+        os.close(dfd)
 
-    The target is checked again here (it may have changed since check_writable);
-    WriteError when the write fails, the target left as it was."""
-    target = regular_target(path, option)
-    parent = target.parent if str(target.parent) else Path(".")
+
+def _guarded(path: str, option: str, write: Callable[[], None]) -> None:
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+        write()
     except OSError as exc:
-        raise WriteError(f"cannot write {option} {path}: {exc.strerror}") from None
-    try:
-        _copy_mode(fd, target)
-        # backslashreplace: a lone surrogate in a value must not lose the whole report.
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
         raise WriteError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _write_device(dfd: int, name: str, data: bytes) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 dir_fd=dfd)
+    try:
+        if not stat.S_ISCHR(os.fstat(fd).st_mode):  # swapped since it was looked at
+            raise OSError(0, "it changed while being written; try again")
+        _write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _replace(dfd: int, name: str, data: bytes, info: os.stat_result | None) -> None:
+    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600, dir_fd=dfd)
+    try:
+        try:
+            _copy_mode(fd, info)
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
         raise
 
 
-def _copy_mode(fd: int, target: Path) -> None:
+def _copy_mode(fd: int, info: os.stat_result | None) -> None:
     """The existing file's mode (and owner, when root may set it); else the umask's
-    default for a new file (mkstemp makes 0600 files)."""
-    try:
-        info = os.stat(target)
-    except FileNotFoundError:
+    default for a new file (the temp file is made 0600)."""
+    if info is None:
         os.fchmod(fd, 0o666 & ~_current_umask())
         return
     os.fchmod(fd, stat.S_IMODE(info.st_mode))
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
+    if os.geteuid() == 0:
         with contextlib.suppress(OSError):  # a filesystem without owners: mode still holds
             os.fchown(fd, info.st_uid, info.st_gid)
 
