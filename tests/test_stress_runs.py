@@ -85,12 +85,14 @@ def warns(report: dict[str, Any], check: str) -> list[dict[str, Any]]:
 
 def test_a_rank_always_wrong_of_two_is_named_through_the_cpu_reference(tmp_path: Path) -> None:
     # Rank 1 is also slow in the first GEMM and memory measurements only (not when
-    # measured again): "unstable", action rerun, never a drain.
+    # measured again). Live, only what noise cannot change is asserted: rank 1 and no
+    # other is named slow, and measured again; how many figures cross the bar and the
+    # look each gets (three unstable reruns) is judged on this run's recorded figures
+    # in test_stress_recorded.py (a loaded machine can slow a second look too).
     code, report = stress(tmp_path, 2, hook="wrong_rank_one_always_slow_once")
     assert code == 1
     slow = warns(report, "stress.gemm.peers") + warns(report, "stress.membw.peers")
-    assert [(f["subject"], f["action"]) for f in slow] == [("rank 1", "rerun")] * 3
-    assert all(f["look"]["state"] == "unstable" for f in slow)
+    assert {f["subject"] for f in slow} == {"rank 1"}
     assert {r["rank"] for r in section(report, "gemm")["data"]["measured again"]} == {0, 1}
 
     assert findings(report, "FAIL") == [("stress.sdc.agreement", "rank 1")]
@@ -123,8 +125,9 @@ def test_a_rank_slow_in_every_iteration_is_a_named_straggler(
     (straggler,) = warns(report, "stress.sdc.straggler")
     assert straggler["subject"] == "rank 1" and straggler["look"]["state"] == "confirmed"
     assert {r["rank"] for r in section(report, "sdc")["data"]["measured again"]} == {0, 1, 2}
-    slow = [f for f in warns(report, "stress.gemm.peers") if f["subject"] == "rank 1"]
-    assert len(slow) == 2 and all(f["look"]["state"] == "confirmed" for f in slow)
+    # Which GEMM dtypes cross the bar on a loaded machine is noise: rank 1 and no other
+    # is named; the count is judged on recorded figures (test_stress_recorded.py).
+    assert {f["subject"] for f in warns(report, "stress.gemm.peers")} == {"rank 1"}
     assert no_children_left()
 
 
