@@ -200,3 +200,34 @@ def test_random_dumps_give_a_verdict_or_a_one_line_error(files: list[Any]) -> No
     assert code in (0, 1, 2)
     if code == 2:
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def _memo_bomb(levels: int = 30, width: int = 10) -> list[Any]:
+    """A few hundred bytes once pickled (every level a memo reference to the one
+    below), 10**30 lists once written out."""
+    value: list[Any] = ["x"]
+    for _ in range(levels):
+        value = [value] * width
+    return value
+
+
+@pytest.mark.parametrize("field", ["version", "profiling_name"])
+def test_a_tiny_dump_of_shared_nested_lists_is_unreadable_in_bounded_time(
+        tmp_path: Path, field: str) -> None:
+    import subprocess
+    import sys
+
+    bomb = _memo_bomb()
+    dumps: dict[int, Any] = {0: dump([entry(0)]), 1: dump([entry(0)])}
+    if field == "version":
+        dumps[1]["version"] = bomb
+    else:
+        dumps[1]["entries"][0]["profiling_name"] = bomb
+    write(tmp_path, dumps)
+    assert (tmp_path / "rank_1").stat().st_size < 2000
+    # A child process, so that today's code cannot take the test run's memory with it.
+    proc = subprocess.run([sys.executable, "-m", "gpucheck", "hang", "--traces",
+                           str(tmp_path), "--format", "json"], capture_output=True,
+                          text=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "rank_1" in proc.stdout and "Traceback" not in proc.stderr

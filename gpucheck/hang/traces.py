@@ -28,6 +28,7 @@ import io
 import os
 import pickle
 import re
+import reprlib
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,12 @@ _NAME = re.compile(r"^(.*?)(\d{1,7})$")
 # far below these. Beyond them a file is not a dump worth the memory.
 MAX_DUMP_BYTES = 128 * 1024 * 1024
 MAX_ENTRIES = 200_000
+# What the unpickled value may be once written out as a tree (every shared reference
+# counted each time it is used, a string by its length): a pickle's memo lets 779
+# bytes stand for 10**30 nested lists, which str() would try to build. A real dump
+# nests about 6 deep and writes out to about its file size.
+MAX_WRITTEN_OUT = 4 * MAX_DUMP_BYTES
+MAX_DEPTH = 32
 _RANKS = re.compile(r"^\s*[\[(]?\s*(-?\d{1,7}\s*(,\s*-?\d{1,7}\s*)*,?)?\s*[\])]?\s*$")
 
 
@@ -155,7 +162,7 @@ def read_dump(path: str) -> Any:
                            "can have")
         raw = handle.read(MAX_DUMP_BYTES + 1)
     try:
-        return PlainUnpickler(io.BytesIO(raw)).load()
+        value = PlainUnpickler(io.BytesIO(raw)).load()
     except pickle.UnpicklingError as exc:
         if str(exc).startswith(("names ", "uses a persistent")):
             raise UnsafeDump(f"--traces: {path} {exc}, which a Flight Recorder dump never "
@@ -165,6 +172,57 @@ def read_dump(path: str) -> Any:
     except (EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
             MemoryError, RecursionError, OverflowError) as exc:
         raise NotADump(f"{type(exc).__name__}: {str(exc)[:120]}") from None
+    _bounded(value)
+    return value
+
+
+def _children(value: Any) -> list[Any] | None:
+    if isinstance(value, dict):
+        return [*value.keys(), *value.values()]
+    if isinstance(value, list | tuple | set | frozenset):
+        return list(value)
+    return None
+
+
+def _leaf_size(value: Any) -> int:
+    return 1 + len(value) if isinstance(value, str | bytes | bytearray) else 1
+
+
+def _bounded(root: Any) -> None:
+    """NotADump when `root`, written out as a tree, would exceed MAX_WRITTEN_OUT or
+    MAX_DEPTH, or refers to itself. In time and memory of the objects the unpickler
+    built (each container weighed once, its weight reused where it is shared)."""
+    weight: dict[int, tuple[int, int]] = {}  # id -> (written-out size, depth)
+    entered: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, leaving = stack.pop()
+        kids = _children(node)
+        if kids is None or (not leaving and id(node) in weight):
+            continue
+        if leaving:
+            entered.discard(id(node))
+            weight[id(node)] = _weigh(kids, weight)
+        elif id(node) in entered:
+            raise NotADump("a value that contains itself")
+        else:
+            entered.add(id(node))
+            stack.append((node, True))
+            stack.extend((kid, False) for kid in kids)
+
+
+def _weigh(kids: list[Any], weight: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    size, depth = 1, 1
+    for kid in kids:
+        kid_size, kid_depth = weight[id(kid)] if _children(kid) is not None else \
+            (_leaf_size(kid), 0)
+        size, depth = size + kid_size, max(depth, kid_depth + 1)
+    if size > MAX_WRITTEN_OUT:
+        raise NotADump(f"shared references that write out to more than {MAX_WRITTEN_OUT} "
+                       "values")
+    if depth > MAX_DEPTH:
+        raise NotADump(f"values nested more than {MAX_DEPTH} deep")
+    return size, depth
 
 
 def _checked(raw: Any, rank: int) -> dict[str, Any]:
@@ -179,7 +237,7 @@ def _checked(raw: Any, rank: int) -> dict[str, Any]:
         raise NotADump(f"{len(entries)} entries, more than the {MAX_ENTRIES} a buffer holds")
     kept = [e for e in entries if isinstance(e, dict) and _seq(e) is not None]
     config = raw.get("pg_config")
-    return {"rank": rank, "version": str(raw.get("version", "?"))[:40],
+    return {"rank": rank, "version": _text(raw.get("version", "?"), 40),
             "entries": kept, "dropped": len(entries) - len(kept),
             "pg_config": config if isinstance(config, dict) else {}}
 
@@ -190,10 +248,19 @@ def _seq(entry: Mapping[str, Any]) -> int | None:
     return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0 else None
 
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 4, 300, 60, 40
+_SHOWN.maxlist = _SHOWN.maxtuple = 64
+
+
 def _text(value: Any, limit: int = 300) -> str:
-    """str() of a value from a file, bounded (a deeply nested list has no str())."""
+    """A value from a file as text, bounded: a string as it is, anything else through
+    a bounded repr (a number of a million digits or a nest of lists is never built
+    whole)."""
+    if isinstance(value, str):
+        return value[:limit]
     try:
-        return str(value)[:limit]
+        return _SHOWN.repr(value)[:limit]
     except (RecursionError, MemoryError, ValueError):
         return "?"
 
