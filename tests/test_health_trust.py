@@ -77,7 +77,7 @@ def test_a_forged_xid_inside_another_message_is_not_an_xid(line):
     "[Thu Nov 26 10:00:00 2026] NVRM: Xid (PCI:0000:18:00): 79, off the bus",
     "kern  :err   : [ 1283.2] NVRM: Xid (PCI:0000:18:00): 79, off the bus",
     "<3>[ 1283.2] NVRM: Xid (PCI:0000:18:00): 79, off the bus",
-    "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.",
+    "kernel: NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.",
 ])
 def test_the_driver_s_own_lines_in_every_accepted_format_are_xids(line):
     event = parse_line(line)

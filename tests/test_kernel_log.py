@@ -231,7 +231,7 @@ def runner(**answers):
 
     def run(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
         calls.append((argv[0], timeout_s))
-        answer = answers[argv[0]]
+        answer = answers.get(argv[0], FileNotFoundError(argv[0]))
         if isinstance(answer, BaseException):
             raise answer
         return answer
@@ -244,20 +244,32 @@ def done(stdout: str = "", stderr: str = "", rc: int = 0) -> subprocess.Complete
 
 
 DENIED = done(stderr="dmesg: read kernel buffer failed: Operation not permitted\n", rc=1)
-JOURNAL = (LOGS / "journal_ecc_and_gsp.log").read_text()
+JOURNAL = "\n".join(json.dumps({
+    "_TRANSPORT": "kernel", "SYSLOG_FACILITY": "0", "_SOURCE_MONOTONIC_TIMESTAMP": str(us),
+    "MESSAGE": message}) for us, message in [
+    (5_000_000, "NVRM: GPU at PCI:0000:86:00: GPU-00000002-0000-0000-0000-000000000000"),
+    (9_000_000, "NVRM: Xid (PCI:0000:86:00): 94, pid=1234, name=python, Ch 00000008")]) + "\n"
+NOT_ROOT = PermissionError(1, "Operation not permitted")
 
 
 def test_dmesg_is_used_when_this_user_may_read_it():
     fake = runner(dmesg=done((LOGS / "dmesg_fallen_off_bus.log").read_text()))
     log = read_live_log(fake)
-    assert log.source == "dmesg" and log.not_read == () and fake.calls == [("dmesg", 5.0)]
+    assert log.source == "dmesg" and len(log.not_read) == 2
+    assert fake.calls == [("/dev/kmsg", 5.0), ("journalctl", 10.0), ("dmesg", 5.0)]
 
 
 def test_dmesg_restrict_falls_back_to_journalctl_and_says_why():
-    log = read_live_log(runner(dmesg=DENIED, journalctl=done(JOURNAL)))
+    log = read_live_log(runner(**{"/dev/kmsg": NOT_ROOT, "journalctl": done(JOURNAL)}))
     assert log.source == "journalctl -k -b" and 94 in {e.xid for e in log.events}
+    assert log.events[0].time == "9.000000 s after boot"
     (reason,) = log.not_read
-    assert "Operation not permitted" in reason and "dmesg_restrict" in reason
+    assert reason == "/dev/kmsg: Operation not permitted"
+
+
+def test_dmesg_restrict_is_named_when_dmesg_is_refused():
+    log = read_live_log(runner(**{"/dev/kmsg": NOT_ROOT, "dmesg": DENIED}))
+    assert log.source is None and "dmesg_restrict" in log.not_read[2]
 
 
 def test_syslog_files_any_user_writes_are_never_read_unasked(monkeypatch):
@@ -270,7 +282,7 @@ def test_syslog_files_any_user_writes_are_never_read_unasked(monkeypatch):
     monkeypatch.setattr(kl, "read_file", lambda path, *a, **k: opened.append(path) or forged)
     empty = done("-- No entries --\n", "Hint: You are currently not seeing messages from other "
                  "users and the system.\n")
-    log = read_live_log(runner(dmesg=DENIED, journalctl=empty))
+    log = read_live_log(runner(dmesg=DENIED, journalctl=empty, **{"/dev/kmsg": NOT_ROOT}))
     assert opened == [] and log.source is None and log.events == ()
     (finding,) = kernel_log_section(log, [GPU0]).findings
     assert finding.status is Status.SKIP and "logger -t kernel" in finding.message
@@ -284,9 +296,9 @@ def test_no_readable_source_is_a_skip_naming_each_reason():
     (finding,) = section.findings
     assert finding.status is Status.SKIP and finding.check == "kernel_log.read"
     for reason in ("dmesg: not installed", "journalctl -k -b: no answer within 10 s",
-                   "kern.log", "--kernel-log"):
+                   "/dev/kmsg: absent", "kern.log", "--kernel-log"):
         assert reason in finding.message
-    assert fake.calls == [("dmesg", 5.0), ("journalctl", 10.0)]
+    assert fake.calls == [("/dev/kmsg", 5.0), ("journalctl", 10.0), ("dmesg", 5.0)]
 
 
 def test_the_real_runner_passes_its_timeout_and_reports_a_hang(monkeypatch):
@@ -296,8 +308,9 @@ def test_the_real_runner_passes_its_timeout_and_reports_a_hang(monkeypatch):
         seen.update(kwargs)
         raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
     monkeypatch.setattr(kl.subprocess, "run", hanging_run)
+    monkeypatch.setattr(kl, "KMSG", "/nonexistent/kmsg")  # never this machine's log
     log = read_live_log()
-    assert seen["timeout"] == kl.JOURNAL_TIMEOUT_S and seen["stdin"] is subprocess.DEVNULL
+    assert seen["timeout"] == kl.DMESG_TIMEOUT_S and seen["stdin"] is subprocess.DEVNULL
     assert log.source is None and "dmesg: no answer within 5 s" in log.not_read
 
 

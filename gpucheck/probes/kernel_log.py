@@ -1,11 +1,13 @@
 """Xid errors in this boot's kernel log (`sudo dmesg | grep -iE 'xid|fallen off'`).
 
-Sources, first readable wins: `dmesg`, then `journalctl -k -b` (the kernel's own
-transport). /var/log/kern.log and /var/log/messages are never read unasked: any user
+Sources, first readable wins: /dev/kmsg, then `journalctl -k -b -o json` (each record
+whole, with its facility or transport: only the kernel's count), then `dmesg`'s text.
+/var/log/kern.log and /var/log/messages are never read unasked: any user
 writes a line there that no reader can tell from the kernel's (`logger -t kernel
 "NVRM: Xid ..."` gives "<time> <host> kernel: NVRM: Xid ..."), so a forged Xid would
-drain the node and a forged boot banner would hide real ones. `--kernel-log FILE`
-reads a saved log instead (a dmesg attached to a ticket, a kern.log the operator
+drain the node. `--kernel-log FILE`
+reads a saved log instead (a dmesg, `dmesg -T`, journalctl or syslog text, or a
+`cat /dev/kmsg`, attached to a ticket, a kern.log the operator
 vouches for; .gz too). Only NVRM lines are parsed, and
 only their parsed fields are kept: the kernel log can hold secrets, so no other
 line ever reaches the report. Each (GPU, XID) becomes one row and, unless the
@@ -19,8 +21,10 @@ forbidden source); naming the GPUs needs NVML, so the section is built later
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import subprocess
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +35,10 @@ from gpucheck.inputs import MAX_LINE_BYTES, bounded_lines, gzip_lines, open_regu
 
 TITLE = "Kernel log: Xid errors"
 DMESG_TIMEOUT_S = 5.0
+KMSG_SOURCE = "/dev/kmsg"  # the live source's name, as a runner is asked for it
+KMSG = KMSG_SOURCE  # the file it reads (a test points it elsewhere)
+KMSG_TIMEOUT_S = 5.0
+KMSG_READ_BYTES = 16384  # more than a record holds (the kernel refuses a smaller read)
 JOURNAL_TIMEOUT_S = 10.0
 # Not read unless given with --kernel-log (see the module doc): any user writes there.
 UNTRUSTED_FILES = "/var/log/kern.log, /var/log/messages: not read, any user can write a " \
@@ -39,53 +47,147 @@ MAX_READ_BYTES = 256 * 1024**2  # a years-old kern.log: read only its tail
 SAMPLE_CHARS = 120
 
 _PCI = r"(?:PCI:)?(?P<pci>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
-# Every pattern below is matched at the start of the message, after the prefix the
-# log's own format puts there (`_PREFIX`), never anywhere in a line: any user can put
-# text into the kernel log (a failed `mount -o "<text>"` logs
-# "tmpfs: Unknown parameter '<text>'"), and a forged "NVRM: Xid" inside such a line
-# must not drain a node. Only the driver writes a message that starts with "NVRM:".
+# Every pattern below is matched at the start of a kernel record's message, never
+# anywhere in a line: any user can put text into the kernel log (a failed
+# `mount -o "<text>"` logs "tmpfs: Unknown parameter '<text>'", with the text's own
+# \v, \f, \r or \n in it), and a forged "NVRM: Xid" inside such a record, or on the
+# continuation line its "\n" starts, must not drain a node. Only the driver writes a
+# record whose message starts with "NVRM:".
 # "NVRM: Xid (PCI:0000:3b:00): 79, ..."; on a MIG GPU the driver adds the instances:
 # "NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:02): 94, ..." (open-gpu-kernel-modules,
-# krcReportXid: "PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u").
-_XID_RE = re.compile(rf"NVRM: Xid \({_PCI}(?P<mig>(?:\s+GPU-C?I:\s*\d+)*)\s*\):\s*"
-                     r"(?P<xid>\d+)\b,?\s*(?P<detail>.*)")
+# krcReportXid: "PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u"); older drivers wrote no
+# "PCI:" ("NVRM: Xid (0000:03:00): 14, ...").
+_XID_RE = re.compile(rf"NVRM: Xid \({_PCI}(?P<mig>(?:[ \t]+GPU-C?I:[ \t]*\d+)*)[ \t]*\):"
+                     r"[ \t]*(?P<xid>\d+)\b,?[ \t]*(?P<detail>.*)")
 # "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus." (and the older
 # "NVRM: GPU at 0000:01:00.0 has fallen off the bus.")
 _OFF_BUS_RE = re.compile(rf"NVRM: GPU (?:at )?{_PCI}:? (?:GPU )?has fallen off the bus")
 _UUID_RE = re.compile(rf"NVRM: GPU at {_PCI}: (?P<uuid>GPU-[0-9A-Fa-f-]{{8,}})")
-# A GPU lost with no Xid line at all, on one line or wrapped over several NVRM: lines:
+# A GPU lost with no Xid line at all, in one record or wrapped over several NVRM: lines:
 #   NVRM: The NVIDIA GPU 0000:b3:00.0
 #                  NVRM: (PCI ID: 10de:26b5) installed in this system has
 #                  NVRM: fallen off the bus and is not responding to commands.
 _LOST_RE = re.compile(rf"NVRM: The NVIDIA GPU {_PCI}")
-_NVRM_TEXT = re.compile(r"NVRM:\s*(.*)")
+_NVRM_TEXT = re.compile(r"NVRM:[ \t]*(.*)")
 LOST_MESSAGE_LINES = 4  # NVRM: lines to read for "fallen off the bus" after its start
 _ISO = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
 _SYSLOG = r"[A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2}"
 _CTIME = r"[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4}"
-# What the accepted formats put before the kernel's message, each part optional:
-# a /dev/kmsg or `dmesg -r` level "<3>"; `dmesg -x` "kern  :err   : "; a journalctl
-# `-o short-iso`/`dmesg --time-format iso` or syslog/journalctl `short` stamp, then for
-# syslog and journalctl the host and "kernel:" (only after such a stamp: dmesg never
-# writes one, and a kernel message that begins with a user's words, a task's name,
-# must not pass for a prefix); then dmesg's "[ 1283.204] " or
-# `dmesg -T`'s "[Thu Nov 26 10:00:00 2026] ". Leading blanks: a wrapped message.
-_PREFIX = re.compile(
-    r"\s*(?:<\d{1,3}>)?(?:[a-z]+\s*:[a-z]+\s*: )?"
-    rf"(?:(?:(?P<iso>{_ISO})|(?P<syslog>{_SYSLOG}))\s+(?:\S+ kernel:\s*)?)?"
-    rf"(?:\[(?P<ctime>{_CTIME})\]\s*|\[\s*(?P<mono>\d+\.\d+)\]\s*)?")
+_TAG = r"(?:[^\s:]+ )?kernel: ?"  # "[host ]kernel:": journalctl and syslog's tag
+# The source of a record, by the forms each tool writes before the kernel's message:
+# `dmesg -r`/syslog's "<pri>" (facility 0: the kernel's); `dmesg -x`'s "kern  :err   : ";
+# journalctl `-o short-iso`/`dmesg --time-format iso` or syslog/journalctl `short`
+# stamp, then "[host ]kernel:" (after a short stamp it must be there: dmesg never
+# writes that stamp, and any program logs with a stamp and its own tag); a bare
+# "kernel:" tag; dmesg's "[ 1283.204] " or `dmesg -T`'s "[Thu Nov 26 10:00:00 2026] ".
+# Separators are spaces only: \v, \f and \r are text, never a record's edge.
+_START = re.compile(
+    r"(?:<(?P<pri>\d{1,4})>)?(?:(?P<facility>[a-z]+) *:[a-z]+ *: )?"
+    rf"(?:(?P<iso>{_ISO}) (?:{_TAG})?|(?P<syslog>{_SYSLOG}) {_TAG}|(?P<tag>kernel: ?))?"
+    rf"(?:\[(?P<ctime>{_CTIME})\] ?|\[ *(?P<mono>\d+\.\d+)\] ?)?")
+# /dev/kmsg (and a saved `cat /dev/kmsg`): "pri,seq,usec,flags[,...];message", the
+# message's control characters escaped as \xNN by the kernel; " KEY=value" lines follow.
+_KMSG = re.compile(r"(?P<pri>\d{1,4}),\d+,(?P<usec>\d+),[^;]*;(?P<text>.*)")
+_ESCAPED = re.compile(r"\\x([0-9a-fA-F]{2})")
+RECORD_LINES = 8  # a record's lines kept: the driver's longest message has 4
+KERNEL_FACILITY = 0  # LOG_KERN: what userspace can never claim (it gets LOG_USER)
 
 
-def message(line: str) -> tuple[str | None, str]:
-    """(the line's time, the kernel's message): what follows the prefix `_PREFIX`
-    accepts. Patterns match the message at its start, never inside another message."""
-    match = _PREFIX.match(line)
-    if match is None:  # the pattern is all optional: never, but keep the types honest
-        return None, line
+@dataclass(frozen=True)
+class Record:
+    """One kernel record: its time and its whole message, split on "\\n" only (the
+    first line is where a record's message starts; the others continue it)."""
+
+    time: str | None
+    lines: tuple[str, ...]
+
+    @property
+    def driver(self) -> bool:
+        """The NVIDIA driver's record: its message starts with "NVRM:"."""
+        return self.lines[0].startswith("NVRM:")
+
+
+def _after_boot(seconds: str) -> str:
+    return f"{seconds} s after boot"
+
+
+def _kmsg_record(match: re.Match[str]) -> Record | None:
+    """A /dev/kmsg record; None for one that is not the kernel's (facility != 0)."""
+    if int(match["pri"]) >> 3 != KERNEL_FACILITY:
+        return None
+    text = _ESCAPED.sub(lambda m: chr(int(m[1], 16)), match["text"])
+    usec = int(match["usec"])
+    return Record(_after_boot(f"{usec // 10**6}.{usec % 10**6:06d}"), tuple(text.split("\n")))
+
+
+def start_record(line: str) -> Record | None:
+    """The record a (non-continuation) line starts; None when its source is not the
+    kernel (another facility in its "<pri>", `dmesg -x` or /dev/kmsg form) or not
+    known (a line with none of the forms)."""
+    kmsg = _KMSG.fullmatch(line)
+    if kmsg is not None:
+        return _kmsg_record(kmsg)
+    match = _START.match(line)
+    if match is None or match.end() == 0:  # no source form: nothing says it is the kernel's
+        return None
+    if match["pri"] is not None and int(match["pri"]) >> 3 != KERNEL_FACILITY:
+        return None
+    if match["facility"] not in (None, "kern"):
+        return None
     stamp = match["iso"] or match["syslog"] or match["ctime"]  # the wall clock first
     if stamp is None and match["mono"] is not None:
-        stamp = f"{match['mono']} s after boot"
-    return stamp, line[match.end():]
+        stamp = _after_boot(match["mono"])
+    return Record(stamp, (line[match.end():],))
+
+
+def text_records(lines: Iterable[str]) -> Iterator[Record]:
+    """The kernel's records in lines split on "\\n" (never `str.splitlines`, which also
+    splits on \\v, \\f, \\r and more): a line that starts with a blank continues the
+    record before it (dmesg and journalctl indent a message's next lines), never
+    starts one; an empty line ends it; a record of another source is left out whole."""
+    current: Record | None = None
+    for line in lines:
+        line = line[:-1] if line.endswith("\n") else line
+        line = line[:-1] if line.endswith("\r") else line  # a saved log with CRLF ends
+        if line[:1] in (" ", "\t"):
+            if current is not None and len(current.lines) < RECORD_LINES:
+                current = Record(current.time, (*current.lines, line.strip(" \t")))
+            continue
+        if current is not None:
+            yield current
+        current = start_record(line) if line else None
+    if current is not None:
+        yield current
+
+
+def journal_records(lines: Iterable[str]) -> Iterator[Record]:
+    """`journalctl -k -o json`: one entry a line; only the kernel's (`_TRANSPORT`
+    kernel, set by journald, never by a client), each with its whole MESSAGE."""
+    import json
+
+    for line in lines:
+        try:
+            entry = json.loads(line) if len(line) <= MAX_LINE_BYTES else None
+        except ValueError:
+            continue
+        if not isinstance(entry, dict) or entry.get("_TRANSPORT") != "kernel" or \
+                entry.get("SYSLOG_FACILITY", "0") != "0":
+            continue
+        text = _journal_text(entry.get("MESSAGE"))
+        usec = str(entry.get("_SOURCE_MONOTONIC_TIMESTAMP", ""))
+        stamp = _after_boot(f"{int(usec) // 10**6}.{int(usec) % 10**6:06d}") \
+            if usec.isdigit() and len(usec) < 20 else None
+        if text:
+            yield Record(stamp, tuple(text.split("\n")[:RECORD_LINES]))
+
+
+def _journal_text(message: object) -> str | None:
+    """MESSAGE as text: a string, or (not UTF-8) the list of its bytes."""
+    if isinstance(message, str):
+        return message
+    if isinstance(message, list) and all(isinstance(b, int) and 0 <= b < 256 for b in message):
+        return bytes(message).decode("utf-8", errors="replace")
+    return None
 
 
 @dataclass(frozen=True)
@@ -144,11 +246,9 @@ def _truncate(text: str) -> str:
     return text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS - 1] + "…"
 
 
-def parse_line(line: str) -> XidEvent | tuple[str, str] | None:
-    """An Xid or fallen-off-the-bus event, a (bus id, UUID) pair, or None for other lines."""
-    if "NVRM:" not in line:
-        return None
-    stamp, text = message(line)
+def parse_message(text: str, stamp: str | None) -> XidEvent | tuple[str, str] | None:
+    """One line of a driver's record: an Xid or fallen-off-the-bus event, a (bus id,
+    UUID) pair, or None for other lines."""
     match = _XID_RE.match(text)
     if match:
         instance = " ".join(match["mig"].split()) or None
@@ -164,23 +264,28 @@ def parse_line(line: str) -> XidEvent | tuple[str, str] | None:
     return None
 
 
-def _follow_lost(scan: _Scan, line: str, parsed: bool) -> None:
+def parse_line(line: str) -> XidEvent | tuple[str, str] | None:
+    """What one log line says, read as the start of a record (None for a continuation
+    line, or a record that is not the driver's)."""
+    record = next(text_records([line]), None)
+    return parse_message(record.lines[0], record.time) if record and record.driver else None
+
+
+def _follow_lost(scan: _Scan, text: str, stamp: str | None, parsed: bool) -> None:
     """Read the driver's no-Xid "has fallen off the bus" message, wrapped or not: from its
     "The NVIDIA GPU <bus id>" start, over at most LOST_MESSAGE_LINES NVRM: lines. A line
     parsed as something else (an Xid line, another GPU's) ends it: its words are not
     this message's."""
     if parsed:
         scan.lost = None
-    if "NVRM:" not in line or parsed:
         return
-    stamp, said_here = message(line)
-    start = _LOST_RE.match(said_here)
+    start = _LOST_RE.match(text)
     if start is not None:
         scan.lost = _Lost(start["pci"], stamp, [])
-    text = _NVRM_TEXT.match(said_here)
-    if scan.lost is None or text is None:
+    said_here = _NVRM_TEXT.match(text)
+    if scan.lost is None or said_here is None:
         return
-    scan.lost.text.append(text[1].strip())
+    scan.lost.text.append(said_here[1].strip())
     said = " ".join(scan.lost.text)
     if "fallen off the bus" in said:
         lost = scan.lost
@@ -191,18 +296,32 @@ def _follow_lost(scan: _Scan, line: str, parsed: bool) -> None:
         scan.lost = None
 
 
-def scan_lines(lines: Iterable[str]) -> _Scan:
-    """Parse every line."""
-    scan = _Scan()
+def _counted(scan: _Scan, lines: Iterable[str]) -> Iterator[str]:
     for line in lines:
         scan.lines += 1
-        parsed = parse_line(line)
-        if isinstance(parsed, XidEvent):
-            scan.events.append(parsed)
-        elif parsed is not None:
-            scan.uuids[parsed[0]] = parsed[1]
-        _follow_lost(scan, line, parsed is not None)
+        yield line
+
+
+def scan_records(records: Iterable[Record], scan: _Scan | None = None) -> _Scan:
+    """Parse every line of every driver's record; other records are left out whole."""
+    scan = scan or _Scan()
+    for record in records:
+        if not record.driver:
+            continue
+        for text in record.lines:
+            parsed = parse_message(text, record.time)
+            if isinstance(parsed, XidEvent):
+                scan.events.append(parsed)
+            elif parsed is not None:
+                scan.uuids[parsed[0]] = parsed[1]
+            _follow_lost(scan, text, record.time, parsed is not None)
     return scan
+
+
+def scan_lines(lines: Iterable[str]) -> _Scan:
+    """Parse a text log (dmesg, journalctl, syslog, /dev/kmsg forms), every line counted."""
+    scan = _Scan()
+    return scan_records(text_records(_counted(scan, lines)), scan)
 
 
 def _is_gzip(path: str) -> bool:
@@ -216,16 +335,32 @@ def _file_lines(path: str) -> Iterator[str]:
     /dev/zero or a gzip bomb is refused, not read forever."""
     if _is_gzip(path):  # nvidia-bug-report.log.gz, a compressed kern.log.1.gz
         with open_regular(path) as raw:
-            for chunk in gzip_lines(raw, MAX_READ_BYTES):
-                yield chunk.decode("utf-8", errors="replace")
+            yield from _whole_lines(gzip_lines(raw, MAX_READ_BYTES))
         return
     with open_regular(path) as raw:
         size = os.fstat(raw.fileno()).st_size
         raw.seek(max(0, size - MAX_READ_BYTES))
+        pieces = bounded_lines(raw, MAX_READ_BYTES + MAX_LINE_BYTES)
         if size > MAX_READ_BYTES:
-            raw.readline(MAX_LINE_BYTES)  # a partial first line
-        for chunk in bounded_lines(raw, MAX_READ_BYTES + MAX_LINE_BYTES):
-            yield chunk.decode("utf-8", errors="replace")
+            pieces = _after_first_line(pieces)  # the first is what is left of a line
+        yield from _whole_lines(pieces)
+
+
+def _after_first_line(pieces: Iterator[bytes]) -> Iterator[bytes]:
+    for piece in pieces:
+        if piece.endswith(b"\n"):
+            break
+    yield from pieces
+
+
+def _whole_lines(pieces: Iterable[bytes]) -> Iterator[str]:
+    """Lines, without what follows the first MAX_LINE_BYTES of a longer one: no kernel
+    record is that long, and the rest of a line must never pass for a line's start."""
+    rest = False
+    for piece in pieces:
+        if not rest:
+            yield piece.decode("utf-8", errors="replace")
+        rest = not piece.endswith(b"\n")
 
 
 def _from_scan(source: str, scan: _Scan, not_read: Sequence[str] = (),
@@ -253,10 +388,43 @@ Runner = Callable[[Sequence[str], float], "subprocess.CompletedProcess[str]"]
 
 
 def run_command(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """Run a log command in the C locale (stable messages), never waiting past `timeout_s`."""
+    """Run a log command in the C locale (stable messages), never waiting past `timeout_s`;
+    `[KMSG]` reads the kernel's record device instead (`read_kmsg`)."""
+    if list(argv) == [KMSG_SOURCE]:
+        return subprocess.CompletedProcess(list(argv), 0, read_kmsg(KMSG, timeout_s), "")
     return subprocess.run(list(argv), capture_output=True, text=True, errors="replace",
                           timeout=timeout_s, check=False, stdin=subprocess.DEVNULL,
                           env={**os.environ, "LC_ALL": "C"})
+
+
+def read_kmsg(path: str, timeout_s: float) -> str:
+    """Every record /dev/kmsg still holds (`cat /dev/kmsg` without the wait), within
+    `timeout_s` and MAX_READ_BYTES. Opened non-blocking: the end is EAGAIN, never a
+    wait. Only the kernel's record device (char 1:11), or a regular file."""
+    import time
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        info = os.fstat(fd)
+        if not (stat.S_ISREG(info.st_mode) or (
+                stat.S_ISCHR(info.st_mode) and info.st_rdev == os.makedev(1, 11))):
+            raise OSError(errno.EINVAL, "not the kernel's record device")
+        chunks: list[bytes] = []
+        end, total = time.monotonic() + timeout_s, 0
+        while total < MAX_READ_BYTES and time.monotonic() < end:
+            try:
+                chunk = os.read(fd, KMSG_READ_BYTES)  # one record a read on the device
+            except BlockingIOError:  # no record left
+                break
+            except BrokenPipeError:  # a record overwritten while reading: go on
+                continue
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", errors="replace")
 
 
 def _command_output(runner: Runner, argv: Sequence[str],
@@ -266,7 +434,7 @@ def _command_output(runner: Runner, argv: Sequence[str],
     try:
         done = runner(argv, timeout_s)
     except FileNotFoundError:
-        return None, f"{name}: not installed"
+        return None, f"{name}: {'absent' if argv[0] == KMSG_SOURCE else 'not installed'}"
     except subprocess.TimeoutExpired:
         return None, f"{name}: no answer within {timeout_s:g} s"
     except OSError as exc:
@@ -279,21 +447,31 @@ def _command_output(runner: Runner, argv: Sequence[str],
         return None, f"{name}: {reason}"
     # journalctl marks its own notes with "-- ... --"; a user outside the
     # systemd-journal/adm groups gets only those.
-    if not any(line.strip() and not line.startswith("-- ") for line in done.stdout.splitlines()):
+    if not any(line.strip() and not line.startswith("-- ") for line in done.stdout.split("\n")):
         return None, f"{name}: {said or 'printed no kernel lines this user can read'}"
     return done.stdout, None
+
+
+# The live sources, in order: the structured ones first (each record's facility or
+# transport, and its whole text), dmesg's text last.
+_LIVE: tuple[tuple[str, tuple[str, ...], float, Callable[[Iterable[str]], Iterator[Record]]],
+             ...] = (
+    (KMSG_SOURCE, (KMSG_SOURCE,), KMSG_TIMEOUT_S, text_records),
+    ("journalctl -k -b", ("journalctl", "-k", "-b", "--no-pager", "-o", "json"),
+     JOURNAL_TIMEOUT_S, journal_records),
+    ("dmesg", ("dmesg",), DMESG_TIMEOUT_S, text_records),
+)
 
 
 def read_live_log(runner: Runner = run_command) -> KernelLog:
     """This boot's kernel log from the first readable source, with why the others were not."""
     not_read: list[str] = []
-    commands = ((["dmesg"], DMESG_TIMEOUT_S),
-                (["journalctl", "-k", "-b", "--no-pager", "-o", "short-iso"], JOURNAL_TIMEOUT_S))
-    for argv, timeout_s in commands:
+    for source, argv, timeout_s, records in _LIVE:
         text, reason = _command_output(runner, argv, timeout_s)
         if text is not None:
-            source = "journalctl -k -b" if argv[0] == "journalctl" else "dmesg"
-            return _from_scan(source, scan_lines(text.splitlines()), not_read)
+            scan = _Scan()
+            scan_records(records(_counted(scan, text.split("\n"))), scan)
+            return _from_scan(source, scan, not_read)
         not_read.append(reason or argv[0])
     return KernelLog(None, not_read=(*not_read, UNTRUSTED_FILES))
 
