@@ -1,11 +1,12 @@
 """Every test reads a kernel log the tests provide, never the machine's own.
 
-`gpucheck env`, `health`, `all` and `preflight` read this boot's kernel log through
-`dmesg` and `journalctl` found on PATH; tests/fake_bin holds both, printing one clean
-log (tests/fake_bin/kernel.log). Putting that folder first on PATH here reaches every
-test, in-process and in the rank and CLI processes they start (they inherit it), so a
-host whose log holds an Xid line cannot fail a test. A test that plants an Xid passes
-its own log (`--kernel-log FILE` or a runner).
+`gpucheck env`, `health` and `all` read a saved log instead of this boot's when
+GPUCHECK_KERNEL_LOG names one (gpucheck.probes.kernel_log.checked_kernel_log_path).
+Setting it here, before any test, reaches every test, in-process and in the rank and
+CLI processes they start (they inherit the environment), so a host whose kernel log
+holds an Xid line cannot fail a test. A test that plants an Xid passes its own log
+(`--kernel-log FILE`, which wins, or a runner); one that tests the live sources
+unsets the variable.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-FAKE_BIN = Path(__file__).resolve().parent / "fake_bin"
+from gpucheck.probes.kernel_log import KERNEL_LOG_VAR
+
+CLEAN_LOG = Path(__file__).resolve().parent / "data" / "kernel_logs" / "suite_clean.log"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    os.environ["PATH"] = os.pathsep.join((str(FAKE_BIN), os.environ.get("PATH", "")))
+    os.environ[KERNEL_LOG_VAR] = str(CLEAN_LOG)

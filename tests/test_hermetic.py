@@ -3,33 +3,45 @@
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-from gpucheck.probes.kernel_log import read_kernel_log
+import pytest
 
-FAKE_BIN = Path(__file__).resolve().parent / "fake_bin"  # put first on PATH by conftest.py
-LINES = len((FAKE_BIN / "kernel.log").read_text().splitlines())
+from gpucheck.errors import UsageError
+from gpucheck.probes.kernel_log import KERNEL_LOG_VAR, checked_kernel_log_path
 
-
-def test_the_log_commands_on_path_are_the_tests_own() -> None:
-    assert shutil.which("dmesg") == str(FAKE_BIN / "dmesg")
-    assert shutil.which("journalctl") == str(FAKE_BIN / "journalctl")
-
-
-def test_the_live_kernel_log_is_the_clean_one_the_tests_provide() -> None:
-    log = read_kernel_log(None)
-    assert (log.source, log.lines_scanned, log.events) == ("dmesg", LINES, ())
+ROOT = Path(__file__).resolve().parents[1]
+CLEAN_LOG = ROOT / "tests" / "data" / "kernel_logs" / "suite_clean.log"
+LINES = len(CLEAN_LOG.read_text().splitlines())
 
 
-def test_a_command_started_by_a_test_reads_the_same_log(tmp_path: Path) -> None:
+def test_every_test_is_given_the_clean_log() -> None:
+    assert os.environ[KERNEL_LOG_VAR] == str(CLEAN_LOG)
+
+
+def test_the_variable_names_the_log_and_the_option_wins(tmp_path: Path) -> None:
+    given = tmp_path / "saved.log"
+    given.write_text("[    1.0] NVRM: loading NVIDIA UNIX x86_64 Kernel Module\n")
+    environ = {KERNEL_LOG_VAR: str(CLEAN_LOG)}
+    assert checked_kernel_log_path(None, environ) == str(CLEAN_LOG)
+    assert checked_kernel_log_path(str(given), environ) == str(given)
+    assert checked_kernel_log_path(None, {}) is None  # this boot's live log
+
+
+def test_an_unreadable_log_in_the_variable_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=f"^{KERNEL_LOG_VAR}=.*missing.log: cannot read it"):
+        checked_kernel_log_path(None, {KERNEL_LOG_VAR: str(tmp_path / "missing.log")})
+
+
+def test_a_command_started_by_a_test_reads_the_clean_log(tmp_path: Path) -> None:
     out = tmp_path / "env.json"
     done = subprocess.run([sys.executable, "-m", "gpucheck", "env", "-q", "-o", str(out)],
-                          capture_output=True, text=True, timeout=120, check=False,
-                          cwd=Path(__file__).resolve().parents[1])
+                          capture_output=True, text=True, timeout=120, check=False, cwd=ROOT)
     assert done.returncode in (0, 1), done.stderr[-2000:]
     (section,) = [s for s in json.loads(out.read_text())["sections"]
                   if s["name"] == "kernel_log"]
-    assert (section["data"]["source"], section["data"]["lines_scanned"]) == ("dmesg", LINES)
+    assert (section["data"]["source"], section["data"]["lines_scanned"]) == (
+        str(CLEAN_LOG), LINES)

@@ -163,7 +163,7 @@ def _preflight(name: str, ns: argparse.Namespace, ctx: RunContext) -> None:
     from gpucheck.probes.kernel_log import checked_kernel_log_path
 
     if name == "env":
-        checked_kernel_log_path(ns.kernel_log)
+        checked_kernel_log_path(ns.kernel_log, ctx.launcher_env)
     elif name == "stress":
         stress._check(ns, plan_launch(ns, ctx))
     elif name == "bench":

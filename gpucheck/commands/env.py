@@ -40,7 +40,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     timeout = getattr(args, "nvml_timeout", DEFAULT_TIMEOUT_S)
     if not timeout > 0:
         raise UsageError(f"--nvml-timeout must be positive, not {timeout}")
-    kernel_log = checked_kernel_log_path(getattr(args, "kernel_log", None))
+    kernel_log = checked_kernel_log_path(getattr(args, "kernel_log", None), ctx.launcher_env)
     from gpucheck.distributed import terminal
 
     terminal.say(ctx, "env: probing this machine (system, Python, torch, NVML, each GPU)")

@@ -9,6 +9,7 @@ Prometheus) and the rules.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
 
 from gpucheck.commands.option_types import finite_float, integer
@@ -104,7 +105,8 @@ def _count(value: int | None, option: str) -> int | None:
     return value
 
 
-def options_from(args: argparse.Namespace) -> HealthOptions:
+def options_from(args: argparse.Namespace,
+                 environ: Mapping[str, str] | None = None) -> HealthOptions:
     """The checked options; UsageError (exit 2) for any that cannot be used."""
     consumer = _consumer(args.consumer, args.set_healthy, args.state_dir)
     sysfs = Path(args.sysfs)
@@ -117,13 +119,13 @@ def options_from(args: argparse.Namespace) -> HealthOptions:
         expect_gpus=_count(args.expect_gpus, "--expect-gpus"),
         ib=IbOptions(_count(args.expect_ib_ports, "--expect-ib-ports"), ignore),
         state_dir=checked_state_dir(args.state_dir),
-        kernel_log=checked_kernel_log_path(args.kernel_log),
+        kernel_log=checked_kernel_log_path(args.kernel_log, environ),
         valid_for_s=_positive(args.valid_for, "--valid-for", MAX_VALID_FOR_S), sysfs=sysfs,
         consumer=consumer, set_healthy=args.set_healthy)
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report:
-    options = options_from(args)
+    options = options_from(args, ctx.launcher_env)
     # The budget counts from the process's start: what a scheduler times is all of it.
     return collect_health_report(options, start_of_run(options.budget_s))
 

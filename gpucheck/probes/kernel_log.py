@@ -26,7 +26,7 @@ import os
 import re
 import stat
 import subprocess
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpucheck.devices import normal_bus_id
@@ -481,15 +481,25 @@ def read_kernel_log(path: str | None = None, runner: Runner = run_command) -> Ke
     return read_file(path) if path is not None else read_live_log(runner)
 
 
-def checked_kernel_log_path(path: str | None) -> str | None:
-    """`--kernel-log FILE`, once known readable; a UsageError (exit 2) when it is not."""
+KERNEL_LOG_VAR = "GPUCHECK_KERNEL_LOG"
+
+
+def checked_kernel_log_path(path: str | None,
+                            environ: Mapping[str, str] | None = None) -> str | None:
+    """`--kernel-log FILE`, else the saved log GPUCHECK_KERNEL_LOG names in `environ` (a
+    container that mounts the host's log instead of /dev/kmsg; the test suite), once
+    known readable; None for this boot's live log; a UsageError (exit 2) when unreadable."""
+    given = f"--kernel-log {path}"
+    if path is None and environ is not None and environ.get(KERNEL_LOG_VAR):
+        path = environ[KERNEL_LOG_VAR]
+        given = f"{KERNEL_LOG_VAR}={path}"
     if path is None:
         return None
     try:
         with open_regular(path) as handle:
             handle.read(1)
     except OSError as exc:
-        raise UsageError(f"--kernel-log {path}: cannot read it "
+        raise UsageError(f"{given}: cannot read it "
                          f"({exc.strerror or type(exc).__name__})") from None
     return path
 
