@@ -27,7 +27,7 @@ from gpucheck import subject
 from gpucheck.actions import Action, Status
 from gpucheck.checks import CHECKS, lookup
 from gpucheck.measure import Better, Bound, LookState, Metric, SecondLook
-from gpucheck.report import Finding, Report, Section, fail, ok, warn
+from gpucheck.report import Finding, Report, Section, fail, looked, ok, warn
 
 PACKAGE = Path(gpucheck.__file__).parent
 UNKNOWN = "*"
@@ -416,7 +416,7 @@ OLD_ACTIONS: list[tuple[str, str, str, str]] = [
     ('ib.port.link_downed', 'WARN', '', 'drain-node'),
     ('ib.port.link_downed', 'FAIL', '', 'drain-node'),
     ('health.state', 'WARN', '', 'fix-config'),
-    ('health.state', 'FAIL', '', 'fix-config'),
+    ('health.state', 'FAIL', '', 'drain-node'),  # not known to be healthy (issue 34)
     ('system.shm', 'WARN', '', 'fix-config'),
     ('system.shm', 'FAIL', '', 'fix-config'),
     ('torch.build', 'WARN', '', 'fix-config'),
@@ -625,7 +625,7 @@ WORDS = ("confirmed: measured again", "not measured again", "action: drain-node:
 
 
 @pytest.mark.parametrize("words", WORDS)
-@pytest.mark.parametrize("state", list(LookState))
+@pytest.mark.parametrize("state", [LookState.CONFIRMED, LookState.NOT_MEASURED])
 def test_action_ignores_message_words(words: str, state: LookState) -> None:
     """Once a cause or a look is set, no word of the message or hint counts."""
     for check in ("comm.pairwise.slow_pair", "stress.gemm.peers", "comm.nodes.slow_node"):
@@ -641,16 +641,36 @@ def test_action_ignores_message_words(words: str, state: LookState) -> None:
     assert straggler.action == Action.FIX_CONFIG
 
 
+ACTING = (LookState.CONFIRMED, LookState.NOT_MEASURED)
+
+
 def test_the_looks_decide_as_the_old_words_did() -> None:
-    """Confirmed drains, unstable and not measured again rerun (comm and stress peers);
-    contended copies never drain; below-expected stays a setting unless cleared."""
+    """Confirmed drains, not measured again reruns (comm and stress peers); contended
+    copies never drain; below-expected stays a setting."""
     for check in ("comm.internode.slow_rail", "stress.membw.peers", "stress.p2p"):
-        assert [warn(check, "m", "h", look=_look(s)).action for s in LookState] == [
-            "drain-node", "rerun", "rerun"]
+        assert [warn(check, "m", "h", look=_look(s)).action for s in ACTING] == [
+            "drain-node", "rerun"]
     assert {warn("stress.copies.together", "m", "h", look=_look(s)).action
-            for s in LookState} == {"rerun"}
+            for s in ACTING} == {"rerun"}
     assert [warn("stress.gemm.expected", "m", "h", look=_look(s)).action
-            for s in LookState] == ["fix-config", "rerun", "fix-config"]
+            for s in ACTING] == ["fix-config", "fix-config"]
+
+
+@pytest.mark.parametrize("check", ["comm.pairwise.slow_pair", "comm.internode.slow_pair",
+                                   "comm.nodes.slow_node", "stress.gemm.peers", "stress.p2p",
+                                   "stress.gemm.expected", "bench.rank.straggler",
+                                   "preflight.node_all_reduce"])
+def test_a_look_that_cleared_the_figure_is_an_ok_keeping_it(check: str) -> None:
+    """Issue 36 item 4: unstable ("act only if it repeats") is no WARN for any check with
+    a second look; `looked` is the one place that decides, and a WARN built by hand with
+    an unstable look is refused."""
+    unstable, confirmed = _look(LookState.UNSTABLE), _look(LookState.CONFIRMED)
+    cleared = looked(check, "m", "h", subject.rank(3), unstable)
+    assert (cleared.status, cleared.action, cleared.look) == (Status.OK, None, unstable)
+    named = looked(check, "m", "h", subject.rank(3), confirmed)
+    assert named.status is Status.WARN and named.action is not None
+    with pytest.raises(ValueError, match="asks nothing"):
+        warn(check, "m", "h", look=unstable)
 
 
 def test_a_cause_outranks_the_look_and_must_be_declared() -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from gpucheck import cli
 from gpucheck.render.line import MAX_CHARS
-from tests.health_fakes import healthy_ib_node, write_log, xid_line
+from tests.health_fakes import healthy_ib_node, set_state, write_log, xid_line
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "docs" / "health"
@@ -104,6 +104,59 @@ def test_the_prolog_passes_a_healthy_node_and_drains_a_sick_one_with_exit_1(node
     (call,) = _calls(node)
     assert done.returncode == 1 and call.startswith(
         "scontrol update nodename=gpu-node-7 state=drain reason=gpucheck health FAIL")
+
+
+def _set_healthy(node: dict) -> None:
+    done = subprocess.run([sys.executable, "-m", "gpucheck", "health", "--state-dir",
+                           node["env"]["GPUCHECK_STATE_DIR"], "--set-healthy", "-q",
+                           *node["env"]["GPUCHECK_HEALTH_ARGS"].split()],
+                          env=node["env"], text=True, capture_output=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("damage", ["count", "version"])
+def test_a_state_that_cannot_be_read_keeps_the_node_drained_until_it_is_cleared(node, damage):
+    """A GPU to replace, remembered; one field of the file damaged (or written by a newer
+    gpucheck): the recipe must not resume the node on a clean log (issue 34, item 4)."""
+    write_log(node["kernel_log"], [xid_line(100.5, "0000:18:00", 64, "ECC page retirement "
+                                            "or row remapper recording failure")])
+    _run("slurm-healthcheck.sh", node)
+    state = Path(node["env"]["GPUCHECK_STATE_DIR"]) / "health-state.json"
+    data = json.loads(state.read_text())
+    assert [f["action"] for f in data["faults"]] == ["replace-hardware"]
+    if damage == "count":
+        data["consumers"]["slurm-healthcheck"]["kernel_log"]["count"] = -1
+    else:
+        data["version"] = 3
+    state.write_text(json.dumps(data))
+    write_log(node["kernel_log"], [])  # the log rotated: nothing new in it
+    node["calls"].unlink()
+    drained = "gpucheck health FAIL replace-hardware: GPU 0"
+    for _ in range(2):  # not once: every run until an administrator clears it
+        _run("slurm-healthcheck.sh", node, FAKE_REASON=drained)
+        (call,) = [c for c in _calls(node) if c.startswith("scontrol")]
+        assert "state=drain" in call and "health.state" in call and "--set-healthy" in call
+        node["calls"].unlink()
+    _set_healthy(node)
+    _run("slurm-healthcheck.sh", node, FAKE_REASON=drained)
+    assert [c for c in _calls(node) if c.startswith("scontrol")] == [
+        "scontrol update nodename=gpu-node-7 state=resume"]
+
+
+def test_a_port_seen_active_by_the_prolog_is_down_for_the_health_check_too(node):
+    """The health check saw a port INIT, the prolog saw it ACTIVE, then it went DOWN:
+    both judge it from the node's one history (issue 34, item 5)."""
+    sysfs = node["dir"] / "sys"
+    set_state(sysfs, "mlx5_0", 1, state=2, phys=5)  # INIT: no subnet manager yet
+    _run("slurm-healthcheck.sh", node)
+    set_state(sysfs, "mlx5_0", 1, state=4, phys=5)
+    assert _run("slurm-prolog.sh", node).returncode == 0
+    set_state(sysfs, "mlx5_0", 1, state=1, phys=2)  # the cable pulled
+    node["calls"].unlink(missing_ok=True)
+    _run("slurm-healthcheck.sh", node, FAKE_REASON="gpucheck health FAIL drain-node: x")
+    (call,) = [c for c in _calls(node) if c.startswith("scontrol")]
+    assert "state=drain" in call and "mlx5_0 port 1" in call and "ib.port.state" in call
 
 
 def test_the_npd_plugin_config_is_what_node_problem_detector_accepts():

@@ -48,11 +48,13 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def _run(node: Path, lines: list[str] | None = None, budget: float = 20) -> Report:
+def _run(node: Path, lines: list[str] | None = None, budget: float = 20,
+         set_healthy: bool = False) -> Report:
     if lines is not None:
         write_log(node / "dmesg.txt", lines)
     options = HealthOptions(budget_s=budget, kernel_log=str(node / "dmesg.txt"),
-                            sysfs=node / "sys", proc=node / "proc", state_dir=node / "state")
+                            sysfs=node / "sys", proc=node / "proc", state_dir=node / "state",
+                            set_healthy=set_healthy)
     return collect_health_report(options)
 
 
@@ -122,7 +124,7 @@ def test_a_state_file_that_is_no_state_is_a_warn_within_the_budget(node, kind):
     report = _run(node, budget=2)
     assert len(_state_warnings(report)) == 1
     assert (node / "state" / STATE_FILE).is_file()  # replaced by a good one
-    assert _state_warnings(_run(node)) == []
+    assert _state_warnings(_run(node, set_healthy=True)) == []
 
 
 def test_a_state_file_of_another_user_is_not_trusted(node):
@@ -148,6 +150,52 @@ def test_a_state_dir_another_user_could_write_is_a_usage_error(node, how, monkey
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--state-dir" in err
     assert list(shared.iterdir()) == []
+
+
+@pytest.mark.parametrize("how", ["others_parent", "others_write_parent", "others_grandparent"])
+def test_a_state_dir_under_a_directory_another_user_may_change_is_a_usage_error(
+        node, how, capsys):
+    """Root's own 0755 state dir in alice's home: alice renames it away and puts her
+    own (or a link) in its place between runs (issue 34, item 11)."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a directory to another uid")
+    home = node / "home"
+    state = home / "alice" / "gpucheck"
+    state.mkdir(parents=True, mode=0o755)
+    if how == "others_parent":
+        os.chown(home / "alice", 12345, 12345)
+    elif how == "others_write_parent":
+        (home / "alice").chmod(0o777)  # writable by all, not sticky
+    else:
+        os.chown(home, 12345, 12345)
+    code = cli.main(["health", "--sysfs", str(node / "sys"), "--kernel-log",
+                     str(node / "dmesg.txt"), "--state-dir", str(state / "new")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "another user could move it" in err
+    assert list(state.iterdir()) == []  # nothing made under it either
+
+
+def test_a_state_dir_under_root_s_directories_and_a_sticky_one_is_taken(node):
+    (node / "sticky").mkdir()
+    (node / "sticky").chmod(0o1777)  # as /tmp: no one may move root's entry away
+    from gpucheck.health.state import checked_state_dir
+
+    assert checked_state_dir(str(node / "sticky" / "state")) == node / "sticky" / "state"
+
+
+def test_a_stop_signal_during_the_state_s_fsync_leaves_no_temp_file(node, monkeypatch):
+    """SIGTERM from the scheduler while the state is synced (issue 34, item 11)."""
+    import signal
+
+    from gpucheck.health import state as state_module
+
+    def fsync_then_stopped(fd: int) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # gpucheck's handler raises here
+    monkeypatch.setattr(state_module.os, "fsync", fsync_then_stopped)
+    code = cli.main(["health", "--sysfs", str(node / "sys"), "--kernel-log",
+                     str(node / "dmesg.txt"), "--state-dir", str(node / "state"), "-q"])
+    assert code == 128 + signal.SIGTERM
+    assert sorted(p.name for p in (node / "state").iterdir()) == []
 
 
 def test_a_state_dir_that_is_another_users_link_is_a_usage_error(node, capsys):
@@ -182,7 +230,7 @@ def test_the_worst_finding_of_many_thousand_is_the_first_most_severe():
     assert worst_finding(report).subject == subject.gpu(0)
 
 
-# ---- item 8: a damaged state file is a WARN, set aside, replaced ----
+# ---- item 8: a damaged state file is set aside, replaced, and FAILs until cleared ----
 
 @pytest.mark.parametrize("content", [
     {"version": 2, "consumers": {"default": {"last": {"problems": 5}}}},
@@ -208,15 +256,16 @@ def test_the_worst_finding_of_many_thousand_is_the_first_most_severe():
     [1, 2],
     "text",
 ])
-def test_a_damaged_state_file_warns_once_is_set_aside_and_replaced(node, content):
+def test_a_damaged_state_file_fails_is_set_aside_and_holds_until_cleared(node, content):
     path = node / "state" / STATE_FILE
     path.write_text(json.dumps(content))
     report = _run(node, [DBE])
     (message,) = _state_warnings(report)
-    assert SET_ASIDE in message
+    assert SET_ASIDE in message and "--set-healthy" in message
     assert json.loads((node / "state" / SET_ASIDE).read_text()) == content
     assert [f.status for f in report.findings if f.check == "kernel_log.xid"] == [Status.FAIL]
-    assert _state_warnings(_run(node, [DBE])) == []
+    assert len(_state_warnings(_run(node, [DBE]))) == 1  # not known healthy: still FAIL
+    assert _state_warnings(_run(node, [DBE], set_healthy=True)) == []
 
 
 def test_a_version_1_state_is_not_read_it_is_set_aside_and_the_run_starts_afresh(node):

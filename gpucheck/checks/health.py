@@ -13,9 +13,10 @@ A, W, F = Action, Status.WARN, Status.FAIL
 CHECKS: tuple[Check, ...] = (
     Check("health.state", "Health state",
           "whether the state dir can be read and written (gpucheck health)",
-          {W: A.FIX_CONFIG, F: A.FIX_CONFIG},
-          "the state dir could not be read or written: disk space or rights; the checks "
-          "themselves ran",
+          {W: A.FIX_CONFIG, F: A.DRAIN_NODE},
+          "WARN: the state could not be written: disk space or rights; the checks themselves "
+          "ran; FAIL: a state that could not be read may have held a fault that never clears "
+          "by itself: the node is not known to be healthy until an administrator clears it",
           "docs/health.md#health-state"),
     Check("ib.port.link_downed", "InfiniBand port link downed",
           "each port's link-downed counter since the last check (gpucheck health; ibstat by "

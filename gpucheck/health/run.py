@@ -25,6 +25,7 @@ from gpucheck.health.ib_judge import IbOptions, judge_ports
 from gpucheck.health.state import (
     DEFAULT_CONSUMER,
     HealthState,
+    clear_set_aside,
     load_state,
     merged,
     read_boot_id,
@@ -122,11 +123,18 @@ def _ib_part(outcome: Outcome, state: HealthState, same_boot: bool, options: Hea
                                                    options.budget_s)]), state.ib_ports)
     if outcome.error is not None:
         return _probe_failed("ib", IB_TITLE, outcome.error), state.ib_ports
-    # Counters of another boot were reset by the reboot: keep only what a port was.
-    previous = state.ib_ports if same_boot else {
-        key: {"seen_active": bool(v.get("seen_active"))} for key, v in state.ib_ports.items()}
-    judged = judge_ports(outcome.value, previous, options.ib, now)
+    judged = judge_ports(outcome.value, port_history(state, same_boot), options.ib, now)
     return judged.section, judged.remembered
+
+
+def port_history(state: HealthState, same_boot: bool) -> dict[str, dict[str, Any]]:
+    """Each port as this check starts from it: this consumer's counters (of this boot
+    only: a reboot reset them), and whether the node (any consumer) ever saw it active."""
+    own = state.ib_ports if same_boot else {}
+    return {key: {**own.get(key, {}), "seen_active": bool(
+                state.ib_history.get(key, {}).get("seen_active")
+                or state.ib_ports.get(key, {}).get("seen_active"))}
+            for key in {*state.ib_ports, *state.ib_history}}
 
 
 def problem_keys(report: Report) -> list[str]:
@@ -156,12 +164,20 @@ def _health_section(report: Report, options: HealthOptions, state: HealthState,
             "cleared_since_previous": [k.replace("|", " on ", 1).rstrip() for k in cleared]}
     if state.cleared:
         data["faults_cleared"] = state.cleared
-    findings = []
-    if state.problem is not None:
-        findings.append(warn("health.state", f"the state file could not be used ({state.problem}): "
-                             "this run starts afresh and replaces it",
-                             "nothing to do if it repeats no more; else check the state dir"))
+    findings = [] if state.unknown is None else [_unknown_finding(options, state)]
     return Section("health", "Health check run", data, findings)
+
+
+def _unknown_finding(options: HealthOptions, state: HealthState) -> Finding:
+    """A state that could not be read may have held a fault that never clears by
+    itself (a GPU to replace): until a person has looked, the node is not known to be
+    healthy, and no recipe may resume it. The how comes first: a drain reason is short."""
+    why = state.problem or f"{state.unknown} is still there"
+    return fail("health.state", "not known to be healthy until an administrator runs "
+                f"`gpucheck health --set-healthy --state-dir {options.state_dir}` (the state "
+                f"could not be read and was set aside: {why})",
+                f"look at {state.unknown} (the faults it held, if any, are not reported "
+                "now), deal with them, then run --set-healthy as the message says")
 
 
 def set_healthy(options: HealthOptions, state: HealthState, boot_id: str | None,
@@ -173,6 +189,12 @@ def set_healthy(options: HealthOptions, state: HealthState, boot_id: str | None,
     log = read_kernel_log(options.kernel_log, _capped(options.runner, deadline))
     now = state
     now.cleared = [f"{f['key']} (cleared by --set-healthy)" for f in state.faults]
+    if state.unknown is not None:
+        problem = clear_set_aside(options.state_dir)
+        if problem is not None:
+            raise UsageError(f"--set-healthy: {problem}")
+        now.cleared.append(f"health.state ({state.unknown} cleared by --set-healthy)")
+        now.unknown = None
     if log.source is not None:
         cursor = cursor_of(log)
         now.kernel_log, now.boot_id = cursor, boot_id
@@ -245,6 +267,8 @@ def collect_health_report(options: HealthOptions, start: float | None = None) ->
     report.add(_health_section(report, options, state, unfinished, deadline.spent()))
     if options.state_dir is not None:
         new = HealthState(boot_id=boot_id, kernel_log=xids.cursor, ib_ports=ports,
+                          ib_history={k: {"seen_active": True} for k, v in ports.items()
+                                      if v.get("seen_active")},
                           gpus={"most_seen": most_seen(progress, seen_before)},
                           last={"verdict": report.verdict().value, "at": report.created_at,
                                 "problems": problem_keys(report)},

@@ -3,14 +3,16 @@
 A state file is data another run (or a person, or a disk error) may have damaged:
 `{"version": 1, "last": {"problems": 5}}` once gave a traceback on every run. So every
 field is checked for its type and size here, and a file that does not fit is
-`Damaged` (the caller makes it a WARN, sets the file aside and writes a new one).
-Only version 2 is read (STATE_VERSION): a file of another version, version 1 of the
-first days included, is set aside the same way and the run starts afresh.
+`Damaged` (the caller sets the file aside, writes a new one, and FAILs `health.state`
+until an administrator clears it: gpucheck.health.state). Only version 2 is read
+(STATE_VERSION): a file of another version, a newer one included, is set aside the same
+way.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from gpucheck.actions import ACTIONS
@@ -165,4 +167,19 @@ def checked_state(raw: Any) -> dict[str, Any]:
         _need(isinstance(name, str) and CONSUMER.fullmatch(name) is not None,
               "a consumer's name", "a short name")
         out["consumers"][name] = consumer_part(part, f"consumers.{name}")
+    out["ib_ports"] = ib_history(top.get("ib_ports"), out["consumers"].values())
     return out
+
+
+def ib_history(value: Any, consumers: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`ib_ports`, the node's: each port any check saw active, whichever consumer ran it
+    (a port is the node's, so one consumer's view must not disagree with another's).
+    A file written before this was kept per consumer is read the same way."""
+    raw = _dict(value or {}, "ib_ports", MAX_PORTS)
+    seen = {_str(k, "ib_ports key"): _port(v, f"ib_ports.{k:.40}") for k, v in raw.items()}
+    for part in consumers:
+        for key, port in part["ib_ports"].items():
+            seen.setdefault(key, {"seen_active": False})
+            seen[key] = {"seen_active": bool(seen[key].get("seen_active") or
+                                             port.get("seen_active"))}
+    return {k: {"seen_active": True} for k, v in seen.items() if v.get("seen_active")}

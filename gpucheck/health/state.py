@@ -1,6 +1,8 @@
 """What `gpucheck health --state-dir DIR` remembers between runs, so health recovers.
 
 One JSON file, `DIR/health-state.json`. Shared by every consumer of the node:
+- `ib_ports`: each InfiniBand port any check saw active (`gpucheck.health.ib_judge`): a
+  port is the node's, so the prolog and the health check judge it from one history;
 - `gpus`: the most GPUs NVML has shown on this node (`gpucheck.health.gpus`);
 - `faults`: the faults that stay reported until what clears them has happened
   (`gpucheck.health.faults`: a reboot, or `gpucheck health --set-healthy`);
@@ -12,7 +14,7 @@ Xid lines), under `consumers.NAME`:
 - `boot_id` (/proc/sys/kernel/random/boot_id): a reboot resets what the kernel log
   and the InfiniBand counters mean, so positions of another boot are not compared;
 - `kernel_log`: where this consumer stopped reading the Xid lines (`gpucheck.health.xids`);
-- `ib_ports`: each port's error counters and whether it was active;
+- `ib_ports`: each port's error counters at this consumer's last check;
 - `last`: the previous run's verdict, its time and its problems.
 
 The state dir is trusted only when it is this user's and no one else may write it
@@ -20,8 +22,11 @@ The state dir is trusted only when it is this user's and no one else may write i
 link could make root overwrite another file, block, or fill memory. The file is read
 without following a link, only if it is a regular file of this user, up to
 MAX_STATE_BYTES; written as a temp file renamed into place (a link at the name is
-replaced, never followed). A file that cannot be used is a WARN: it is set aside
-(`health-state.json.bad`), the run starts afresh, and a new file replaces it.
+replaced, never followed). A file that cannot be used (damaged, another user's, a
+newer version) is set aside (`health-state.json.bad`) and a new file replaces it; but
+it may have held a fault that never clears by itself, so until an administrator runs
+`--set-healthy` (which moves it to `health-state.json.bad.cleared`) the node is not
+known to be healthy: `health.state` FAILs on every run, for every consumer.
 """
 
 from __future__ import annotations
@@ -34,11 +39,19 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.errors import UsageError
-from gpucheck.health.schema import MAX_CONSUMERS, MAX_FAULTS, STATE_VERSION, Damaged, checked_state
+from gpucheck.health.schema import (
+    MAX_CONSUMERS,
+    MAX_FAULTS,
+    MAX_PORTS,
+    STATE_VERSION,
+    Damaged,
+    checked_state,
+)
 from gpucheck.inputs import InputError, parse_json, read_capped
 
 STATE_FILE = "health-state.json"
 SET_ASIDE = STATE_FILE + ".bad"
+CLEARED = SET_ASIDE + ".cleared"
 BOOT_ID = "sys/kernel/random/boot_id"
 MAX_STATE_BYTES = 1024**2  # a node's state is a few KiB: 1 MiB is a wrong file
 DEFAULT_CONSUMER = "default"
@@ -60,11 +73,13 @@ class HealthState:
     boot_id: str | None = None
     kernel_log: dict[str, Any] = field(default_factory=dict)
     ib_ports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ib_history: dict[str, dict[str, Any]] = field(default_factory=dict)  # the node's
     last: dict[str, Any] = field(default_factory=dict)
     gpus: dict[str, Any] = field(default_factory=dict)
     faults: list[dict[str, Any]] = field(default_factory=list)
     baseline: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None
+    unknown: str | None = None  # a set-aside state no administrator has cleared yet
     cleared: list[str] = field(default_factory=list)  # faults this run saw cleared
 
     def same_boot(self, boot_id: str | None) -> bool:
@@ -92,6 +107,11 @@ def checked_state_dir(path: str | None) -> Path | None:
         return None
     directory = Path(path)
     _refuse_others_link(directory, path)
+    problem = _parents_problem(directory)
+    if problem is not None:
+        raise UsageError(f"--state-dir {path}: {problem}: another user could move it away and "
+                         "put their own in its place; give a directory under ones only root "
+                         "or this user may change (e.g. /var/lib/gpucheck)")
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"--state-dir {path} is not a directory: give a directory")
     try:
@@ -108,6 +128,24 @@ def checked_state_dir(path: str | None) -> Path | None:
         raise UsageError(f"--state-dir {path} is not writable by this user: choose another "
                          "directory or run as its owner")
     return directory
+
+
+def _parents_problem(directory: Path) -> str | None:
+    """Why a directory above the state dir lets another user replace it (theirs, or
+    writable by others and not sticky), or None. Those not made yet are made by this
+    user (0755)."""
+    for parent in Path(os.path.realpath(directory)).parents:
+        try:
+            info = os.stat(parent)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"{parent} cannot be looked at ({exc.strerror})"
+        if info.st_uid not in (0, os.geteuid()):
+            return f"{parent} belongs to uid {info.st_uid}"
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+            return f"{parent} may be written by other users (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
 
 
 def _refuse_others_link(directory: Path, path: str) -> None:
@@ -151,19 +189,38 @@ def read_raw(directory: Path) -> dict[str, Any] | None:
 
 def load_state(directory: Path | None, consumer: str = DEFAULT_CONSUMER) -> HealthState:
     """`consumer`'s view of the stored state; an empty one on a first run or without a
-    state dir; a damaged file is set aside and named in `problem`."""
+    state dir. A damaged file is set aside and named in `problem`; while a set-aside
+    file waits for an administrator (`--set-healthy`), `unknown` names it."""
     if directory is None:
         return HealthState()
     try:
         raw = read_raw(directory)
     except Damaged as exc:
-        return HealthState(problem=f"{directory / STATE_FILE}: {exc}{_set_aside(directory)}")
+        raw = None
+        problem: str | None = f"{directory / STATE_FILE}: {exc}{_set_aside(directory)}"
+    else:
+        problem = None
+    unknown = str(directory / SET_ASIDE) if _exists(directory / SET_ASIDE) else (
+        None if problem is None else str(directory / STATE_FILE))  # not set aside: still there
     if raw is None:
-        return HealthState()
+        return HealthState(problem=problem, unknown=unknown)
     own = raw["consumers"].get(consumer, {})
     return HealthState(boot_id=own.get("boot_id"), kernel_log=own.get("kernel_log", {}),
-                       ib_ports=own.get("ib_ports", {}), last=own.get("last", {}),
-                       gpus=raw["gpus"], faults=raw["faults"], baseline=raw["baseline"])
+                       ib_ports=own.get("ib_ports", {}), ib_history=raw["ib_ports"],
+                       last=own.get("last", {}),
+                       gpus=raw["gpus"], faults=raw["faults"], baseline=raw["baseline"],
+                       unknown=unknown)
+
+
+def _exists(path: Path) -> bool:
+    """Whether anything is at `path` (a link is not followed)."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # there but not readable: not known to be gone
+    return True
 
 
 def _set_aside(directory: Path) -> str:
@@ -173,6 +230,19 @@ def _set_aside(directory: Path) -> str:
     except OSError as exc:
         return f" (could not set it aside: {exc.strerror})"
     return f"; set aside as {SET_ASIDE}"
+
+
+def clear_set_aside(directory: Path) -> str | None:
+    """`--set-healthy`: an administrator looked at the set-aside file; keep it as
+    CLEARED (the last one cleared) so it no longer holds the node. The reason when it
+    could not be moved, else None."""
+    if not _exists(directory / SET_ASIDE):
+        return None
+    try:
+        os.replace(directory / SET_ASIDE, directory / CLEARED)
+    except OSError as exc:
+        return f"cannot move {directory / SET_ASIDE} aside: {exc.strerror}"
+    return None
 
 
 def merged(directory: Path, consumer: str, new: HealthState, added: list[dict[str, Any]],
@@ -186,7 +256,8 @@ def merged(directory: Path, consumer: str, new: HealthState, added: list[dict[st
     except Damaged:
         now = None
     if now is None:  # gone or damaged since: what this run read is the best there is
-        now = {"consumers": {}, "faults": new.faults, "baseline": new.baseline, "gpus": {}}
+        now = {"consumers": {}, "faults": new.faults, "baseline": new.baseline, "gpus": {},
+               "ib_ports": {}}
     keys = {f["key"] for f in now["faults"]}
     faults = [f for f in now["faults"] if f["key"] not in cleared]
     faults += [f for f in added if f["key"] not in keys]
@@ -194,6 +265,7 @@ def merged(directory: Path, consumer: str, new: HealthState, added: list[dict[st
             if isinstance(v, int)]
     return {"version": STATE_VERSION, "gpus": {"most_seen": max(most) if most else None},
             "faults": faults[-MAX_FAULTS:], "baseline": now["baseline"],
+            "ib_ports": dict(list({**now["ib_ports"], **new.ib_history}.items())[-MAX_PORTS:]),
             "consumers": _kept(now["consumers"], consumer, new.own())}
 
 
@@ -216,6 +288,7 @@ def write_state(directory: Path, data: dict[str, Any]) -> str | None:
         fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", suffix=".tmp", dir=directory)
     except OSError as exc:
         return f"cannot write {path}: {exc.strerror}"
+    replaced = False
     try:
         os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
@@ -223,7 +296,10 @@ def write_state(directory: Path, data: dict[str, Any]) -> str | None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        replaced = True
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
         return f"cannot write {path}: {exc.strerror or exc}"
+    finally:  # a failure, or a stop signal (SIGTERM raises) mid-write: no temp file left
+        if not replaced:
+            Path(tmp).unlink(missing_ok=True)
     return None
