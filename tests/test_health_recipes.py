@@ -223,7 +223,9 @@ def test_the_alert_rules_name_only_metrics_gpucheck_writes():
 
     report = Report(command="health", sections=[Section("health", "run", {
         "valid_until": "2026-11-24T10:10:00+00:00"}, [ok("gpu.count", "8 GPU(s)")])])
-    written = {f.name for f in parser.text_string_to_metric_families(render_prometheus(report))}
+    comm = Report.from_dict(json.loads((REPO / "tests/data/reports/comm.json").read_text()))
+    written = {f.name for r in (report, comm)
+               for f in parser.text_string_to_metric_families(render_prometheus(r))}
     rules = (RECIPES / "prometheus-alerts.yml").read_text()
     named = set(re.findall(r"\bgpucheck_[a-z_]+", rules))
     assert named and named <= written

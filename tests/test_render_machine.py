@@ -43,7 +43,7 @@ def test_prometheus_text_parses_with_prometheus_own_parser_into_labelled_gauges(
     assert {n: f.type for n, f in families.items()} == {
         "gpucheck_check_status": "gauge", "gpucheck_verdict": "gauge",
         "gpucheck_findings": "gauge", "gpucheck_report_timestamp_seconds": "gauge",
-        "gpucheck_valid_until_timestamp_seconds": "gauge"}
+        "gpucheck_valid_until_timestamp_seconds": "gauge", "gpucheck_info": "gauge"}
     samples = families["gpucheck_check_status"].samples
     by_key = {(s.labels["check"], s.labels["subject"]): s for s in samples}
     assert len(by_key) == len(samples) == 5  # two XIDs on GPU 3 fold into one series
@@ -106,3 +106,51 @@ def test_the_line_of_a_healthy_report_counts_its_checks():
 def test_a_prom_output_file_picks_the_prometheus_format():
     assert format_for(None, "/var/lib/node_exporter/textfile/gpucheck.prom") == "prometheus"
     assert format_for("line", None) == "line"
+
+
+# --- figures: every metric as a gauge in base units, the subject as labels ------------
+
+def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    return [(s.labels, s.value) for s in _families(text)[name].samples]
+
+
+def test_a_comm_report_exports_busbw_per_collective_and_size_in_bytes_per_second() -> None:
+    text = render(Report.from_dict(json.loads((REPORTS / "comm.json").read_text())),
+                  "prometheus")
+    busbw = _samples(text, "gpucheck_comm_busbw_bytes_per_second")
+    labels, value = next((lb, v) for lb, v in busbw
+                         if lb["collective"] == "all_gather" and lb["size_bytes"] == "65536")
+    assert labels == {"command": "comm", "collective": "all_gather", "size_bytes": "65536"}
+    assert value == pytest.approx(0.0721e9)  # 0.0721 GB/s in the report
+    pairs = {(lb["rank"], lb["peer"]) for lb, _ in
+             _samples(text, "gpucheck_comm_pairwise_bytes_per_second")}
+    assert pairs == {("0", "1"), ("1", "0")}
+
+
+def test_bench_figures_are_in_base_units_with_the_rank_as_a_label() -> None:
+    report = Report.from_dict(json.loads((REPORTS / "bench.json").read_text()))
+    text = render(report, "prometheus")
+    p50 = {lb["rank"]: v for lb, v in _samples(text, "gpucheck_bench_iteration_p50_seconds")}
+    in_ms = {m.subject.rank: m.value for s in report.sections for m in s.metrics
+             if m.name == "bench.iteration_p50_ms" and m.subject is not None}
+    assert p50 == {str(rank): pytest.approx(ms / 1000) for rank, ms in in_ms.items()}
+    (job,) = _samples(text, "gpucheck_bench_aggregate_images_per_second")
+    assert job[0] == {"command": "bench"} and job[1] > 0
+
+
+def test_gpu_figures_carry_dcgm_exporters_gpu_labels_and_every_family_one_label_set() -> None:
+    text = render(Report.from_dict(json.loads((REPORTS / "env_gpu.json").read_text())),
+                  "prometheus")
+    power = _samples(text, "gpucheck_env_gpu_power_limit_watts")
+    assert {lb["gpu"] for lb, _ in power} == {"0", "1"}
+    assert all(set(lb) == {"command", "gpu", "UUID", "pci_bus_id"} for lb, _ in power)
+    for family in _families(text).values():
+        assert len({frozenset(s.labels) for s in family.samples}) == 1, family.name
+    assert _samples(text, "gpucheck_env_gpu_sm_clock_max_hertz")[0][1] == 1980e6
+
+
+def test_the_scope_is_exported_and_a_report_without_figures_has_no_figure_family() -> None:
+    text = render(Report(command="health", sections=[], scope="no NVIDIA GPU"), "prometheus")
+    assert _samples(text, "gpucheck_info") == [({"command": "health",
+                                                 "scope": "no NVIDIA GPU"}, 1.0)]
+    assert not [n for n in _families(text) if n.startswith("gpucheck_health_")]

@@ -11,7 +11,15 @@ directory: `gpucheck health -o DIR/gpucheck.prom`) or any scraper. Metrics:
 - `gpucheck_findings{command, status}`: how many findings of each status;
 - `gpucheck_report_timestamp_seconds{command}`: when the report was made;
 - `gpucheck_valid_until_timestamp_seconds{command}`: until when it holds, for a report
-  that says so (`gpucheck health`'s `valid_until`): alert when `time()` passes it.
+  that says so (`gpucheck health`'s `valid_until`): alert when `time()` passes it;
+- `gpucheck_info{command, scope}`: 1, with the report's scope ("" for a full GPU run);
+- every figure the report measured (its metrics), one gauge family per figure in base
+  units named by its unit (`gpucheck_bench_images_per_second`,
+  `gpucheck_comm_busbw_bytes_per_second`, `gpucheck_stress_gemm_flops_per_second`), the
+  subject as labels: `gpu`, `UUID`, `pci_bus_id`, `Hostname` as dcgm-exporter names
+  them, `rank`, `peer` (a pair's second rank), `node`, and from the figure's name
+  `collective`, `size_bytes`, `dtype`. Every sample of a family has the same labels
+  (the collector refuses a family whose label names differ).
 No sample carries a timestamp: the textfile collector refuses them.
 Source: https://prometheus.io/docs/instrumenting/exposition_formats/ (label values
 escape backslash, double quote and newline; HELP text backslash and newline).
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from gpucheck.measure import Metric
 from gpucheck.report import Finding, Report
 from gpucheck.subject import Subject
 
@@ -109,7 +118,73 @@ def render_prometheus(report: Report) -> str:
     for status, count in report.summary().items():
         lines.append(f"gpucheck_findings{_labels({**command, 'status': status})} {count}")
     lines += _times(report, command)
+    lines += _header("gpucheck_info", "The report's scope: what its figures measure.")
+    lines.append(f"gpucheck_info{_labels({**command, 'scope': report.scope or ''})} 1")
+    lines += _figures(report, command)
     return "\n".join(lines) + "\n"
 
 
+# A figure's unit -> (the name's unit suffix, the factor to base units), after
+# https://prometheus.io/docs/practices/naming/ (base units, the unit in the name).
+_UNITS = {"s": ("seconds", 1.0), "ms": ("seconds", 1e-3), "GB/s": ("bytes_per_second", 1e9),
+          "TFLOP/s": ("flops_per_second", 1e12), "images/s": ("images_per_second", 1.0),
+          "bytes": ("bytes", 1.0), "W": ("watts", 1.0), "C": ("celsius", 1.0),
+          "MHz": ("hertz", 1e6), "%": ("ratio", 1e-2), "ratio": ("ratio", 1.0)}
+# The figure's own words that name its unit, dropped from the family's name.
+_UNIT_WORDS = ("gbps", "tflops", "ms", "s", "w", "c", "mhz", "pct", "bytes", "per", "images")
+_FIGURE_LABELS = ("command", "gpu", "UUID", "pci_bus_id", "Hostname", "rank", "peer", "node",
+                  "collective", "size_bytes", "dtype")
+_DTYPES = ("fp32", "fp16", "bf16", "tf32", "fp64", "fp8")
 
+
+def _figure_name(metric: Metric) -> tuple[str, dict[str, str]]:
+    """The family's name and the labels its metric name carries: "comm.all_reduce.
+    busbw_gbps@1024" is gpucheck_comm_busbw_bytes_per_second{collective="all_reduce",
+    size_bytes="1024"}, "stress.gemm.bf16.tflops" gpucheck_stress_gemm_flops_per_second
+    {dtype="bf16"}."""
+    name, _, size = metric.name.partition("@")
+    parts = name.split(".")
+    labels = {"size_bytes": size} if size else {}
+    if parts[0] == "comm" and len(parts) == 3 and parts[1] != "pairwise":
+        labels["collective"] = parts.pop(1)
+    if len(parts) > 2 and parts[2] in _DTYPES:
+        labels["dtype"] = parts.pop(2)
+    suffix, _ = _UNITS.get(metric.unit, (_sanitized(metric.unit), 1.0))
+    words = [w for w in "_".join(parts).split("_") if w not in _UNIT_WORDS]
+    if words and words[-1] == suffix:  # "nvlink_active_links" in links
+        words.pop()
+    return "_".join(["gpucheck", *map(_sanitized, words), suffix]), labels
+
+
+def _sanitized(word: str) -> str:
+    return "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_"
+                   for c in word.lower()).strip("_") or "value"
+
+
+def _figure_labels(metric: Metric) -> dict[str, str]:
+    s = metric.subject
+    if s is None:
+        return {}
+    fields = {"gpu": s.gpu, "UUID": s.uuid, "pci_bus_id": s.bus_id, "Hostname": s.host,
+              "rank": s.rank, "peer": s.peer, "node": s.node}
+    return {k: str(v) for k, v in fields.items() if v is not None}
+
+
+def _figures(report: Report, command: dict[str, str]) -> list[str]:
+    """Every metric of the report as a gauge in base units, one family per figure, every
+    sample of a family with the family's labels ("" where a sample has none)."""
+    families: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for section in report.sections:
+        for metric in section.metrics:
+            name, labels = _figure_name(metric)
+            labels = {**command, **labels, **_figure_labels(metric)}
+            value = metric.value * _UNITS.get(metric.unit, ("", 1.0))[1]
+            families.setdefault(name, []).append((labels, value))
+    lines: list[str] = []
+    for name, samples in families.items():
+        keys = [k for k in _FIGURE_LABELS if any(labels.get(k) for labels, _ in samples)]
+        series = {tuple((k, labels.get(k, "")) for k in keys): value
+                  for labels, value in reversed(samples)}  # a series once: the first
+        lines += _header(name, f"A figure gpucheck {report.command} measured ({name}).")
+        lines += [f"{name}{_labels(dict(full))} {value!r}" for full, value in series.items()]
+    return lines
