@@ -34,7 +34,7 @@ SCHEMA_VERSION = 3
 JsonValue = Any
 
 __all__ = ["Action", "Finding", "Report", "ReportShapeError", "SchemaVersionError", "Section",
-           "Status", "fail", "ok", "schema_problem", "skip", "warn", "worst"]
+           "Status", "fail", "looked", "ok", "schema_problem", "skip", "warn", "worst"]
 
 
 @dataclass(frozen=True)
@@ -147,6 +147,17 @@ def fail(check: str, message: str, hint: str, subject: Subject | None = None, *,
          relayed: Action | str | None = None) -> Finding:
     """As `warn`, for a FAIL."""
     return Finding(check, Status.FAIL, message, hint, subject, cause, look, relayed)
+
+
+def looked(check: str, message: str, hint: str, subject: Subject | None, look: SecondLook,
+           *, cause: str | None = None, status: Status = Status.WARN) -> Finding:
+    """A figure that crossed its bound, with its second look: the one place the look
+    decides the status. An OK keeping the look when the check's `on_look` asks nothing
+    of it (unstable: fine the second time, "act only if it repeats"); else `status`
+    (a WARN; preflight's confirmed slow node on GPU ranks is a FAIL)."""
+    if lookup(check).look_action(look) is None:
+        return ok(check, message, subject, look=look)
+    return Finding(check, status, message, hint, subject, cause, look)
 
 
 def skip(check: str, message: str, subject: Subject | None = None) -> Finding:

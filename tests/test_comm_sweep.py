@@ -64,20 +64,20 @@ def test_comm_sweep_reports_every_size_with_nccl_tests_bandwidths(
                if row["src"] != f"rank {d}")
 
 
-def test_a_pair_slow_the_first_time_is_measured_again_and_asks_for_a_rerun(
+def test_a_pair_slow_the_first_time_is_measured_again_and_asks_at_most_for_a_rerun(
         tmp_path: Path) -> None:
     code, report = _sweep(tmp_path, 2, "--collectives", "all_reduce", "--max-bytes", "4K",
                           "--pair-bytes", "1M",
                           hooks=TestHooks(slow_pairs=(SlowPair(1, 0, 0.05, "first"),)))
     assert code == 0
     pairwise = {s["name"]: s for s in report["sections"]}["pairwise"]
-    (warned,) = [f for f in pairwise["findings"] if f["status"] == "WARN"]
-    assert (warned["subject"], warned["action"]) == ("rank 1 -> rank 0", "rerun")
-    assert warned["cause"] == "cpu_ranks" and warned["look"]["again"] is not None
-    # Fine the second time (unplanted) reads "unstable", unless a loaded machine slowed
-    # the pair again (a CI run once read "confirmed"): which of the two is noise here,
-    # and judged on handmade figures in test_comm_confirm.py. CPU ranks rerun either way.
-    assert warned["look"]["state"] in ("unstable", "confirmed")
+    (looked,) = [f for f in pairwise["findings"] if f["look"]]
+    assert looked["subject"] == "rank 1 -> rank 0" and looked["look"]["again"] is not None
+    # Fine the second time (unplanted) reads "unstable", an OK, unless a loaded machine
+    # slowed the pair again (a CI run once read "confirmed"): which of the two is noise
+    # here, and judged on handmade figures in test_comm_confirm.py. CPU ranks rerun.
+    assert (looked["look"]["state"], looked["status"], looked["action"], looked["cause"]) in (
+        ("unstable", "OK", None, None), ("confirmed", "WARN", "rerun", "cpu_ranks"))
 
 
 def test_baseline_busbw_above_what_loopback_gives_is_a_fail(tmp_path: Path) -> None:

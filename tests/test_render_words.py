@@ -8,7 +8,7 @@ from gpucheck import subject
 from gpucheck.measure import Better, Bound, LookState, SecondLook
 from gpucheck.render import render
 from gpucheck.render.words import UNSTABLE_ADVICE, hint_words, look_words, message_words
-from gpucheck.report import Report, Section, ok, warn
+from gpucheck.report import Report, Section, looked, ok, warn
 
 BOUND = Bound.fraction(0.7, Better.HIGHER)
 
@@ -45,11 +45,14 @@ def test_a_shared_node_words_each_pair() -> None:
 def test_every_renderer_words_the_look_and_shows_the_plain_hint(form: str) -> None:
     finding = warn("comm.pairwise.slow_pair", "cuda:2 -> cuda:5 at 40 GB/s",
                    "check the NVLink", subject.pair(2, 5, by="cuda"),
-                   look=_look(LookState.UNSTABLE, 79.0))
-    assert finding.action == "rerun"
-    page = " ".join(render(Report("comm", [Section("s", "S", findings=[finding])]),
+                   look=_look(LookState.NOT_MEASURED, None, why_not="the run ended first"))
+    cleared = looked("comm.pairwise.slow_pair", "cuda:3 -> cuda:4 at 40 GB/s", "h",
+                     subject.pair(3, 4, by="cuda"), _look(LookState.UNSTABLE, 79.0))
+    assert (finding.action, cleared.status.value) == ("rerun", "OK")
+    page = " ".join(render(Report("comm", [Section("s", "S", findings=[finding, cleared])]),
                            form).split())  # the text form wraps
-    assert "unstable: measured again at 79 GB/s" in page
+    assert "not measured again (the run ended first)" in page
+    assert "unstable: measured again at 79 GB/s" in page and UNSTABLE_ADVICE not in page
     assert "check the NVLink" in page and "drain-node" not in page
 
 

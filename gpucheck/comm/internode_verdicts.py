@@ -16,7 +16,7 @@ from typing import Any
 from gpucheck import subject
 from gpucheck.comm.looks import GBPS, rate_bound, slow
 from gpucheck.comm.node_links import FABRIC_FRACTION, NodeSuspects, find_node_suspects
-from gpucheck.measure import SecondLook
+from gpucheck.measure import LookState, SecondLook
 from gpucheck.peers import Pair, against_median, combined, directed, second_look
 from gpucheck.report import Finding, ok
 from gpucheck.stats import best, median, typical
@@ -240,29 +240,33 @@ def rail_findings(links: Sequence[Mapping[str, Any]], threshold: float,
     if not slow_links:
         return [ok("comm.internode.slow_rail", f"{len(links)} rail links within "
                    f"{threshold:g} x the median ({reference:.3g} GB/s)")]
+    looks = [_rail_look(x, slow_links, again, threshold) for x in slow_links]
     findings = [slow("comm.internode.slow_rail",
                      f"rail {x['rail']}: rank {x['src']} ({labels[x['src_node']]}) -> rank "
                      f"{x['dst']} ({labels[x['dst_node']]}): {x['bandwidth_gbps']:.3g} GB/s, "
                      f"below {threshold:g} x the median rail link's {reference:.3g} GB/s",
-                     RAIL_HINT, subject.pair(*_link(x)), _rail_look(x, slow_links, again,
-                                                                    threshold), device)
-                for x in slow_links]
-    return findings + _rail_nodes(slow_links, labels, device)
+                     RAIL_HINT, subject.pair(*_link(x)), look, device)
+                for x, look in zip(slow_links, looks, strict=True)]
+    return findings + _rail_nodes(slow_links, looks, labels, device)
 
 
-def _rail_nodes(slow_links: Sequence[Mapping[str, Any]], labels: Mapping[int, str],
-                device: str) -> list[Finding]:
+def _rail_nodes(slow_links: Sequence[Mapping[str, Any]], looks: Sequence[SecondLook],
+                labels: Mapping[int, str], device: str) -> list[Finding]:
     """The node most of one rail's slow links share: its NIC on that rail. A suspect
-    with no second figure of its own (its links have theirs)."""
+    with no second figure of its own: a majority confirms nothing, so a rerun (no
+    look), or an OK keeping its links' looks when every one was fine again."""
     findings = []
     for rail in sorted({x["rail"] for x in slow_links}):
-        pairs = [(x["src_node"], x["dst_node"]) for x in slow_links if x["rail"] == rail]
+        mine = [(x, look) for x, look in zip(slow_links, looks, strict=True)
+                if x["rail"] == rail]
+        pairs = [(x["src_node"], x["dst_node"]) for x, _ in mine]
         suspect = shared_node(pairs)
+        look = combined([look for _, look in mine])
         if suspect is not None:
             findings.append(slow(
                 "comm.internode.shared_node",
                 f"{labels[suspect]} is in most of the {len(pairs)} slow links of rail {rail}",
                 "suspect this node's NIC on that rail (ibstat, its PCIe link, its cable and "
                 "switch port)", subject.node(suspect, f"{labels[suspect]} rail {rail}"),
-                None, device))
+                look if look.state is LookState.UNSTABLE else None, device))
     return findings

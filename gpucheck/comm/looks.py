@@ -4,9 +4,9 @@ Every slow figure of comm (a GPU pair, a node, a node pair, a rail link, a node 
 slow links share) is measured again before it is condemned (`gpucheck.peers`); the
 finding's message says the first figure, its `look` what the second one did, and the
 action follows from the check's `on_look` (gpucheck/checks/comm.py: confirmed drains,
-unstable and not measured again rerun). On CPU ranks (gloo on the host) a slow figure
-is a busy or throttled process, not a NIC or a GPU: cause `cpu_ranks`, a rerun, which
-outranks the look.
+not measured again reruns, unstable is an OK keeping its look). On CPU ranks (gloo
+on the host) a slow figure is a busy or throttled process, not a NIC or a GPU: cause
+`cpu_ranks`, a rerun, which outranks the look.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from gpucheck.measure import Better, Bound, SecondLook
-from gpucheck.report import Finding, warn
+from gpucheck.report import Finding, looked, warn
 from gpucheck.subject import Subject
 
 GBPS = "GB/s"
@@ -38,10 +38,14 @@ def on_cpu(device: str) -> bool:
 
 def slow(check: str, text: str, hint: str, subject: Subject, look: SecondLook | None,
          device: str, *, cpu_hint: bool = True) -> Finding:
-    """A slow figure's WARN: `look` as data, cause `cpu_ranks` on CPU ranks (with a word
-    on the hint unless `cpu_hint` is False: the hint already speaks of processes).
-    `look` None: a suspect no second figure can be taken for (one rail's slow links
-    sharing a node), its action the check's WARN."""
+    """A slow figure's WARN (`gpucheck.report.looked`: an OK when the look cleared it):
+    `look` as data, cause `cpu_ranks` on CPU ranks (with a word on the hint unless
+    `cpu_hint` is False: the hint already speaks of processes). `look` None: a suspect
+    no second figure can be taken for (one rail's slow links sharing a node), its
+    action the check's WARN."""
     cpu = on_cpu(device)
-    return warn(check, text, hint + (_CPU_NOTE if cpu and cpu_hint else ""), subject,
-                look=look, cause=CPU_RANKS if cpu else None)
+    hint += _CPU_NOTE if cpu and cpu_hint else ""
+    cause = CPU_RANKS if cpu else None
+    if look is None:
+        return warn(check, text, hint, subject, cause=cause)
+    return looked(check, text, hint, subject, look, cause=cause)

@@ -24,7 +24,7 @@ from typing import Any
 from gpucheck import subject
 from gpucheck.measure import Better, Bound, LookState, SecondLook
 from gpucheck.peers import SLOW_NODE_FRACTION, against_median, known_good, second_look
-from gpucheck.report import Finding, fail, ok, skip, warn
+from gpucheck.report import Finding, Status, looked, ok, skip
 
 CHECK = "preflight.node_all_reduce"
 UNIT = "GB/s"
@@ -131,8 +131,9 @@ def node_findings(figures: Mapping[int, Mapping[str, Any]], wanted: Mapping[str,
                   again: Mapping[int, Mapping[str, Any]] | None, why_not: str | None,
                   labels: Mapping[int, str], device: str,
                   ) -> tuple[list[Finding], list[int]]:
-    """The findings, and the nodes condemned: only a CONFIRMED look on GPU ranks
-    (a CPU rank's speed is the machine's load: WARN, rerun, never a drain)."""
+    """The findings, and the nodes condemned: only a CONFIRMED look on GPU ranks, a
+    FAIL (a CPU rank's speed is the machine's load: WARN, rerun, never a drain); an
+    unstable look is an OK (`gpucheck.report.looked`)."""
     if not figures:
         return [skip(CHECK, "no node has two ranks or more: no intra-node all_reduce "
                      "(the links between nodes are the links check's)")], []
@@ -143,11 +144,12 @@ def node_findings(figures: Mapping[int, Mapping[str, Any]], wanted: Mapping[str,
         for reason, look in node_looks:
             text = _look_text(label, reason, look)
             if look.state is LookState.CONFIRMED and device == "cuda":
-                findings.append(fail(CHECK, text, HINT, subject=label))
+                findings.append(looked(CHECK, text, HINT, label, look, status=Status.FAIL))
                 condemned.append(node)
             else:
-                findings.append(warn(CHECK, text, RERUN_HINT, subject=label))
-    if not findings:
+                findings.append(looked(CHECK, text, RERUN_HINT, label, look,
+                                       cause=None if device == "cuda" else "cpu_ranks"))
+    if not any(f.status in (Status.WARN, Status.FAIL) for f in findings):
         findings.append(ok(CHECK, _healthy_text(figures)))
     return findings, sorted(set(condemned))
 

@@ -20,7 +20,7 @@ from typing import Any
 from gpucheck import subject
 from gpucheck.measure import Better, Bound, SecondLook
 from gpucheck.peers import Pair, Suspects, pair_looks, second_look
-from gpucheck.report import Finding, ok, skip, warn
+from gpucheck.report import Finding, looked, ok, skip, warn
 from gpucheck.stress.copies import class_suspects, samples_of
 from gpucheck.subject import Subject
 
@@ -104,4 +104,4 @@ def _slow_peer_pair(pair: Pair, look: SecondLook, measured: Mapping[Pair, float]
             f"{value / reference:.2f}x {median} ({reference:.4g} GB/s)")
     hint = ("check this pair's link: nvidia-smi nvlink -s / -e for NVLink errors, "
             "nvidia-smi topo -m for the path")
-    return warn("stress.p2p", text, hint=hint, subject=_pair_subject(where, pair), look=look)
+    return looked("stress.p2p", text, hint, _pair_subject(where, pair), look)

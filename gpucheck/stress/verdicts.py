@@ -14,8 +14,9 @@ checks re-test a suspect): a rank below a bound is measured again, every rank of
 job at once as the first time (`suspect_ranks` picks them in the worker, where the
 process group is still alive). Each WARN carries its second look as data
 (`gpucheck.measure.SecondLook`: confirmed, unstable or not measured again, against
-what); its action follows from the check's `on_look` (gpucheck/checks/stress.py), and
-the renderers word it. The message says the first figure only.
+what); its status and action follow from the check's `on_look` (gpucheck/checks/
+stress.py; unstable is an OK keeping its look), and the renderers word it. The
+message says the first figure only.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from gpucheck.distributed.checkin import device_label
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.measure import Better, Bound, SecondLook
 from gpucheck.peers import against_median, second_look
-from gpucheck.report import Finding, ok, skip, warn
+from gpucheck.report import Finding, Status, looked, ok, skip
 from gpucheck.stats import median
 from gpucheck.stress.specs import Figure
 from gpucheck.subject import Subject
@@ -128,14 +129,14 @@ def peer_findings(check: str, what: str, unit: str, values: Mapping[int, float],
                     f"ranks ({peers.reference:.4g} {unit})"
                     + (f"; it {causes[rank]}" if causes and rank in causes else ""))
             look = _peer_look(mine[rank], rank, list(mine), again, bound, unit, names)
-            findings.append(warn(check, text, hint=PEER_HINT, subject=names[rank].subject,
-                                 look=look))
+            findings.append(looked(check, text, PEER_HINT, names[rank].subject, look))
     if compared == 0:
         return [skip(check, f"{what}: one rank per node, no peers to compare with")]
-    if not findings:
+    if not any(f.status is Status.WARN for f in findings):
         within = f"within {1 - fraction:.0%} of" if higher_is_better else \
             f"at most {1 / fraction - 1:.0%} slower than"
-        findings.append(ok(check, f"{what}: all {compared} ranks {within} their node's median"))
+        findings.insert(0, ok(check, f"{what}: all {compared} ranks {within} their node's "
+                              "median"))
     return findings
 
 
@@ -209,12 +210,12 @@ def _figure_words(figure: Figure, unit: str) -> str:
 
 def _below_expected(check: str, what: str, unit: str, value: float, figure: Figure,
                     name: Named, look: SecondLook) -> Finding:
-    return warn(check, f"{name.label}: {what} {value:.4g} {unit}, {value / figure.typical:.2f}x "
-                f"the typical {figure.typical:.4g} {unit} for this model "
-                f"({_figure_words(figure, unit)}; source: {figure.source})",
-                hint="the GPU reaches much less than a healthy one of its model: check clocks, "
-                "power limit and throttle reasons (nvidia-smi -q -d PERFORMANCE,POWER), and "
-                "compare with the node's other GPUs above", subject=name.subject, look=look)
+    return looked(check, f"{name.label}: {what} {value:.4g} {unit}, {value / figure.typical:.2f}x"
+                  f" the typical {figure.typical:.4g} {unit} for this model "
+                  f"({_figure_words(figure, unit)}; source: {figure.source})",
+                  "the GPU reaches much less than a healthy one of its model: check clocks, "
+                  "power limit and throttle reasons (nvidia-smi -q -d PERFORMANCE,POWER), and"
+                  " compare with the node's other GPUs above", name.subject, look)
 
 
 def link_findings(check: str, rows: Sequence[Mapping[str, Any]],
@@ -233,14 +234,13 @@ def link_findings(check: str, rows: Sequence[Mapping[str, Any]],
             continue
         worst = min(row["h2d_gbps"], row["d2h_gbps"])
         if bound.worse(worst, rate):
-            findings.append(warn(
+            findings.append(looked(
                 check, f"{names[rank].label}: host copies alone {row['h2d_gbps']:.3g} GB/s "
                 f"H2D, {row['d2h_gbps']:.3g} GB/s D2H, below {fraction:g} x its link's "
                 f"{rate:.3g} GB/s ({row.get('link')})",
-                hint="check the link (nvidia-smi -q -d PCIE; lspci -vv for its width and "
+                "check the link (nvidia-smi -q -d PCIE; lspci -vv for its width and "
                 "speed), the slot and riser, and that the rank runs on its GPU's NUMA node",
-                subject=names[rank].subject,
-                look=_again_look(worst, again, rank, rate, bound, "GB/s")))
+                names[rank].subject, _again_look(worst, again, rank, rate, bound, "GB/s")))
     if unknown:
         findings.append(skip(check, "PCIe link rate unknown (sysfs has no link speed/width) "
                              f"for rank(s) {', '.join(map(str, unknown))}"))
