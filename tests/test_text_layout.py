@@ -154,6 +154,25 @@ def test_cpu_ranks_within_the_cores_stay_ok_and_more_ranks_than_cores_warn_namin
     assert cpu_ranks_finding(LaunchPlan(8, "cuda", "nccl", None, 60.0), cores=2) is None
 
 
+@pytest.mark.parametrize("fmt", ["text", "markdown", "html", "line", "json", "prometheus"])
+def test_a_report_on_cpu_ranks_says_so_first_in_every_format(fmt: str) -> None:
+    from gpucheck.commands.launch_options import CPU_SCOPE, LaunchPlan, add_launch_finding
+    from gpucheck.render import render
+
+    figures = Section("stress", "Stress", {"device": "cpu"}, [ok("stress.gemm.peers", "ok")])
+    report = add_launch_finding(Report("stress", [figures]),
+                                LaunchPlan(2, "cpu", "gloo", None, 60.0))
+    assert report.scope == CPU_SCOPE
+    shown = render(report, fmt)
+    said = shown.find(CPU_SCOPE.split(":")[0])
+    after = [i for i in (shown.find("stress.gemm"), shown.find("Stress"), shown.find("OK:"))
+             if i >= 0]
+    assert 0 <= said < min(after, default=len(shown)), shown
+    on_gpu = add_launch_finding(Report("stress", [figures]),
+                                LaunchPlan(2, "cuda", "nccl", None, 60.0))
+    assert on_gpu.scope is None
+
+
 def test_all_shows_the_fault_watch_thresholds_once_and_points_back_to_them() -> None:
     from gpucheck.commands.all import Outcome, combined_report
 

@@ -14,6 +14,7 @@ from gpucheck.commands.launch_options import (
     LaunchPlan,
     add_launch_arguments,
     add_launch_finding,
+    launch_scope,
     plan_launch,
 )
 from gpucheck.commands.option_types import non_negative_int, positive_float, positive_int
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
 
     plan = plan_launch(args, ctx)
     spec, images = _plan_bench(args, plan)
-    report = Report(command="bench")
+    report = Report(command="bench", scope=launch_scope(plan))
     try:
         with armed("bench"):  # a hang leaves Flight Recorder dumps (gpucheck hang --traces)
             outcome = run_job(bench_worker, spec, plan.nproc, plan.master_port, ctx)

@@ -21,6 +21,7 @@ def run_reported(command: str, worker: Callable[[RunContext, Any], Any], spec: A
     report, or None on the other ranks under torchrun or srun. A failed job is a report
     naming the ranks to blame (`quiet_stdout`: --quiet without --output, so the FAIL
     gets a line on stderr)."""
+    from gpucheck.commands.launch_options import add_launch_finding, launch_scope
     from gpucheck.distributed.failures import failed_job_report
     from gpucheck.distributed.job import JobFailed, run_job
     from gpucheck.distributed.launch import WorkersFailed
@@ -28,15 +29,14 @@ def run_reported(command: str, worker: Callable[[RunContext, Any], Any], spec: A
     try:
         result = run_job(worker, spec, plan.nproc, plan.master_port, ctx)
     except JobFailed as exc:  # first: it is a WorkersFailed that carries rank 0's results
-        return failed_job_report(command, exc, build, quiet_stdout)
+        failed = exc
     except WorkersFailed as exc:  # the launcher saw ranks fail before any reported
         failed = JobFailed(exc.failures, None, [], None, reporter=True)
-        return failed_job_report(command, failed, build, quiet_stdout)
-    if result is None:
-        return None
-    from gpucheck.commands.launch_options import add_launch_finding
-
-    return add_launch_finding(build(result), plan)
+    else:
+        return None if result is None else add_launch_finding(build(result), plan)
+    report = failed_job_report(command, failed, build, quiet_stdout)
+    report.scope = report.scope or launch_scope(plan)
+    return report
 
 
 def partial_report(build: Build, ctx: RunContext) -> Report | None:

@@ -170,9 +170,19 @@ def cpu_ranks_finding(plan: LaunchPlan, cores: int | None = None) -> Finding | N
                 "(gpucheck env says why none is visible)")
 
 
+CPU_SCOPE = "CPU ranks, no GPU: every figure measures this host's CPU cores and loopback, " \
+    "not a GPU"
+
+
+def launch_scope(plan: LaunchPlan) -> str | None:
+    """What a launched command's figures measure, said first in every format."""
+    return CPU_SCOPE if plan.device == "cpu" else None
+
+
 def add_launch_finding(report: Report, plan: LaunchPlan) -> Report:
-    """The launch's own verdict in the report's first section (its setup)."""
+    """The launch's own verdict in the report's first section (its setup), and its scope."""
     finding = cpu_ranks_finding(plan)
     if finding is not None and report.sections:
         report.sections[0].findings.append(finding)
+    report.scope = report.scope or launch_scope(plan)
     return report

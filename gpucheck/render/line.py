@@ -52,6 +52,11 @@ def _short_subject(subject: Subject) -> str:
     return subject.label
 
 
+def _scope(report: Report) -> str:
+    """The scope's head, before its first colon ("CPU ranks, no GPU"): one line is short."""
+    return f" ({report.scope.split(':')[0]})" if report.scope else ""
+
+
 def render_line(report: Report) -> str:
     worst = worst_finding(report)
     counts = report.summary()
@@ -60,12 +65,12 @@ def render_line(report: Report) -> str:
         skipped = f", {counts['SKIP']} skipped" if counts["SKIP"] else ""
         first_skip = next((f for f in report.findings if f.status is Status.SKIP), None)
         why = f": {first_skip.check}: {first_skip.message}" if first_skip and skipped else ""
-        scope = f" ({report.scope})" if report.scope else ""
-        line = (f"{PREFIX} {report.command} {verdict}{scope}: {counts['OK']} checks OK"
+        line = (f"{PREFIX} {report.command} {verdict}{_scope(report)}: {counts['OK']} checks OK"
                 f"{skipped}{why}")
         return _fit(clean(line)) + "\n"
     others = counts["WARN"] + counts["FAIL"] - 1
     more = f" (+{others} more)" if others else ""
     about = f"{_short_subject(worst.subject)}: " if worst.subject else ""
-    head = f"{PREFIX} {report.command} {worst.status.value} {worst.action}{more}: {about}"
+    head = f"{PREFIX} {report.command} {worst.status.value} {worst.action}{_scope(report)}" \
+        f"{more}: {about}"
     return _fit(clean(f"{head}{worst.check}: {worst.message}")) + "\n"

@@ -106,7 +106,9 @@ def _times(report: Report, command: dict[str, str]) -> list[str]:
 
 def render_prometheus(report: Report) -> str:
     command = {"command": report.command}
-    lines = _header("gpucheck_check_status", "Status of one check on one subject: 0 OK, "
+    lines = _header("gpucheck_info", "The report's scope: what its figures measure.")
+    lines.append(f"gpucheck_info{_labels({**command, 'scope': report.scope or ''})} 1")
+    lines += _header("gpucheck_check_status", "Status of one check on one subject: 0 OK, "
                     "1 SKIP, 2 WARN, 3 FAIL.")
     for f in folded(report):
         labels = {**command, "check": f.check, **_subject_labels(f.subject),
@@ -118,8 +120,6 @@ def render_prometheus(report: Report) -> str:
     for status, count in report.summary().items():
         lines.append(f"gpucheck_findings{_labels({**command, 'status': status})} {count}")
     lines += _times(report, command)
-    lines += _header("gpucheck_info", "The report's scope: what its figures measure.")
-    lines.append(f"gpucheck_info{_labels({**command, 'scope': report.scope or ''})} 1")
     lines += _figures(report, command)
     return "\n".join(lines) + "\n"
 
