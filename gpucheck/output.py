@@ -154,6 +154,20 @@ def check_writable(path: str, option: str = "--output") -> None:
         os.close(dfd)
 
 
+def discard(path: str, option: str) -> None:
+    """Remove the regular file at `path` if there is one (never through a link), under
+    the same rules as writing it."""
+    if open_fd(path) is not None:
+        return
+    dfd, name = _open_folder(path, option)
+    try:
+        info = _existing(dfd, name, path, option)
+        if info is not None and stat.S_ISREG(info.st_mode):
+            _guarded(path, option, lambda: os.unlink(name, dir_fd=dfd))
+    finally:
+        os.close(dfd)
+
+
 def _check_open_fd(fd: int, path: str, option: str) -> None:
     try:
         os.fstat(fd)
@@ -167,10 +181,17 @@ def same_file(a: str | None, b: str | None) -> bool:
     return a is not None and b is not None and os.path.realpath(a) == os.path.realpath(b)
 
 
-def write_atomic(path: str, text: str, option: str = "--output") -> None:
+def check_folder(path: str, option: str) -> None:
+    """UsageError when the folder `path` is in is missing, or (as root) another user
+    could change it or a folder above it: the rules of writing a file at `path`."""
+    os.close(_open_folder(path, option)[0])
+
+
+def write_atomic(path: str, text: str, option: str = "--output", sync: bool = True) -> None:
     """Write `text` at `path`: a regular file by temp file and rename, a device or an
     open descriptor as a stream. Everything is checked again here (it may have changed
-    since check_writable); WriteError when the write fails, the target as it was."""
+    since check_writable); WriteError when the write fails, the target as it was.
+    `sync=False`: no fsync, for files that matter only while the run lasts."""
     # backslashreplace: a lone surrogate in a value must not lose the whole report.
     data = text.encode("utf-8", errors="backslashreplace")
     fd = open_fd(path)
@@ -184,7 +205,7 @@ def write_atomic(path: str, text: str, option: str = "--output") -> None:
         if info is not None and stat.S_ISCHR(info.st_mode):
             _guarded(path, option, lambda: _write_device(dfd, name, data))
         else:
-            _guarded(path, option, lambda: _replace(dfd, name, data, info))
+            _guarded(path, option, lambda: _replace(dfd, name, data, info, sync))
     finally:
         os.close(dfd)
 
@@ -213,7 +234,8 @@ def _write_device(dfd: int, name: str, data: bytes) -> None:
         os.close(fd)
 
 
-def _replace(dfd: int, name: str, data: bytes, info: os.stat_result | None) -> None:
+def _replace(dfd: int, name: str, data: bytes, info: os.stat_result | None,
+             sync: bool) -> None:
     tmp = f".{name}.{secrets.token_hex(6)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600, dir_fd=dfd)
@@ -221,7 +243,8 @@ def _replace(dfd: int, name: str, data: bytes, info: os.stat_result | None) -> N
         try:
             _copy_mode(fd, info)
             _write_all(fd, data)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)

@@ -95,3 +95,38 @@ def test_an_empty_output_name_is_refused_before_the_run(
     assert main(["compare", *SAME, "-o", ""]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "empty" in err
+
+
+@pytest.mark.parametrize("how", ["owned", "open"])
+def test_a_run_dir_another_user_can_write_is_refused_before_the_run(
+        tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    folder = _others_folder(tmp_path, how)
+    monkeypatch.setenv("GPUCHECK_RUN_DIR", str(folder))
+    assert main(["compare", *SAME]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "GPUCHECK_RUN_DIR" in err
+
+
+def test_a_run_dir_inside_another_users_folder_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("GPUCHECK_RUN_DIR", str(_others_folder(tmp_path, "owned") / "run"))
+    assert main(["compare", *SAME]) == 2
+    assert "another user" in capsys.readouterr().err
+
+
+READ_BACK = ("import sys\nfrom pathlib import Path\n"
+             "from gpucheck.distributed.progress import read_run_dir\n"
+             "print(read_run_dir(Path(sys.argv[1])))\n")
+
+
+def test_a_fifo_or_a_link_to_dev_zero_in_the_run_dir_neither_holds_nor_crashes(
+        tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "diagnosis-99.json")
+    (tmp_path / "roster.json").symlink_to("/dev/zero")
+    (tmp_path / "diagnosis-1.json").write_text('{"rank": 1}')
+    proc = subprocess.run([sys.executable, "-c", READ_BACK, str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "(None, None, [{'rank': 1}])"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 from typing import Any
 
@@ -27,6 +28,8 @@ DEFAULT_BUDGET_S = 60.0
 # The environment as the launcher gave it, captured before gpucheck sets anything
 # (this module is imported while the command line is parsed): CMD gets exactly it.
 STARTED_ENVIRONMENT = dict(os.environ)
+# The launcher's blocked signals, restored for CMD (preflight may block SIGTERM).
+STARTED_MASK = signal.pthread_sigmask(signal.SIG_BLOCK, ())
 
 # Per device: (dtype, n, warm-up s, GEMM window s, burn-in s, all_reduce bytes,
 # node-link bytes, iterations). Sized so every check fits a 60 s budget on 8 GPUs
@@ -85,15 +88,23 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan) -> Any:
                          peer_fraction=0.9 if plan.device == "cuda" else 0.5,
                          expected_fraction=0.8, link_fraction=0.5,
                          fault_watch=args.fault_watch, costs_s=costs,
-                         exclude_file=args.exclude_file)
+                         exclude_file=args.exclude_file, outputs=tuple(_outputs(args)))
+
+
+def _outputs(args: argparse.Namespace) -> list[str]:
+    from gpucheck.cli import outputs_of
+
+    return outputs_of(args)
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     command = job_command(args)
     if args.exclude_file is not None:
-        from gpucheck.output import check_writable
+        from gpucheck.output import check_writable, discard
 
         check_writable(args.exclude_file, "--exclude-file")
+        # A run stopped before its verdict must not leave the last run's hosts behind.
+        discard(args.exclude_file, "--exclude-file")
     plan = plan_launch(args, ctx)
     spec = _spec(args, plan)
     from gpucheck.distributed.job import JobFailed, run_job
@@ -125,6 +136,8 @@ def _decided(args: argparse.Namespace, spec: Any, out: dict[str, Any],
     drained = _drain(args, spec, decision, world)
     reporter = world is None or world.world_size == 1 or world.rank == 0 or \
         out.get("result") is not None
+    if decision.get("unwritable") and reporter:  # rank 0's files, checked before the vote
+        raise UsageError(f"{decision['unwritable']}; the command was started on no rank")
     if not reporter:
         if not decision["go"]:
             print(f"gpucheck preflight: rank {world.rank if world else 0}: no-go (rank 0 "
@@ -144,18 +157,16 @@ def _decided(args: argparse.Namespace, spec: Any, out: dict[str, Any],
 def _show(report: Report, args: argparse.Namespace) -> None:
     """The passing report, before this process becomes CMD (gpucheck.cli would show it
     only after `run` returns): --output written, text on stdout unless --quiet."""
+    from gpucheck.cli import emit, file_formats
     from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
-    from gpucheck.output import write_atomic
-    from gpucheck.render import format_for, render
+    from gpucheck.render import format_for
 
     baseline = read_baseline_option(args)  # gpucheck.cli adds it to a returned report
     if baseline is not None:
         report.add(baseline_section(report, baseline))
-    fmt = format_for(args.format, args.output)
-    if args.output is not None:
-        write_atomic(args.output, render(report, fmt))
-    if not args.quiet:
-        sys.stdout.write(render(report, "text" if args.output is not None else fmt))
+    outputs = _outputs(args)
+    emit(report, format_for(args.format, outputs[0] if outputs else None), outputs,
+         args.quiet, formats=file_formats(args.format, outputs))
 
 
 def _exec(command: list[str]) -> None:
@@ -163,7 +174,7 @@ def _exec(command: list[str]) -> None:
         return
     from gpucheck.preflight.handoff import exec_command
 
-    exec_command(command, STARTED_ENVIRONMENT)
+    exec_command(command, STARTED_ENVIRONMENT, STARTED_MASK)
 
 
 def _drain(args: argparse.Namespace, spec: Any, decision: dict[str, Any],

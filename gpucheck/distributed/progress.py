@@ -9,17 +9,26 @@ the check-in and each survivor's diagnosis are also written there atomically, so
 launching process can still report them after the agent has stopped every worker.
 Without a run directory they stay in this process, for the reporting rank under
 torchrun or srun.
+
+gpucheck runs as root, so a run directory the user names follows the state dir's
+rules (`checked_run_dir`): this user's alone, on a path no other user can change;
+its files are written by `gpucheck.output.write_atomic` and read only when they are
+regular files, never through a link, up to a cap (a FIFO or a link to /dev/zero
+planted there must neither hold nor crash the run).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import stat
 from pathlib import Path
 from typing import Any
 
 from gpucheck.context import Progress, RunContext
+from gpucheck.errors import UsageError
+from gpucheck.inputs import parse_json, read_capped
+from gpucheck.output import check_folder, write_atomic
 
 PARTIAL_FILE = "partial.json"
 ROSTER_FILE = "roster.json"
@@ -35,6 +44,28 @@ def run_dir(ctx: RunContext) -> Path | None:
     return Path(raw) if raw else None
 
 
+def checked_run_dir(path: str | None, option: str) -> None:
+    """The user's run directory, made (0700) when missing; UsageError (exit 2) unless it
+    is a directory of this user's that no other user may write, on a path no other
+    user can change (`gpucheck.output.check_folder`)."""
+    if path is None:
+        return
+    check_folder(path.rstrip("/") or "/", option)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UsageError(f"{option}={path}: cannot create it ({exc.strerror}); choose "
+                         "another directory") from None
+    info = os.lstat(path)
+    mode = stat.S_IMODE(info.st_mode)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or mode & 0o022:
+        raise UsageError(f"{option}={path}: not a directory of this user's alone (a link, "
+                         f"uid {info.st_uid}, mode {mode:o}): give a directory only this "
+                         "user may write, never a shared one like /tmp")
+
+
 def set_step(ctx: RunContext, label: str | None) -> None:
     """Name what this rank is doing now (`all_reduce 4 MiB`); failures quote it."""
     ctx.progress.step = label
@@ -48,10 +79,7 @@ def _write_json(ctx: RunContext, name: str, data: Any) -> None:
     folder = run_dir(ctx)
     if folder is None:
         return
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(data, handle)
-    os.replace(tmp, folder / name)
+    write_atomic(str(folder / name), json.dumps(data), "run directory", sync=False)
 
 
 def publish_partial(ctx: RunContext, data: dict[str, Any]) -> None:
@@ -124,9 +152,10 @@ def reset(ctx: RunContext) -> None:
 
 
 def _read(path: Path) -> Any:
+    """A file the ranks left, or None: regular, not a link, within the report cap."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return parse_json(read_capped(str(path), follow=False))
+    except (OSError, ValueError, RecursionError):
         return None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -135,4 +136,6 @@ def world_of(ctx: RunContext) -> World | None:
 
 
 def host_name() -> str:
-    return socket.gethostname()
+    """This node's name: SLURM's (SLURMD_NODENAME, what scontrol and sbatch --exclude
+    take; it may differ from the kernel's host name) when under SLURM."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()

@@ -18,9 +18,11 @@ other ranks exec only once rank 0's server has stopped answering.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from gpucheck.distributed.world import World
@@ -69,14 +71,43 @@ def _still_served(store: Any) -> bool:
     """Does rank 0's preflight store still answer? A closed connection (rank 0 exec'd)
     raises; a new server on the port (the command's, already up) lacks the key."""
     try:
-        return bool(store.check([_ready_key(0)]))
+        with _stderr_silenced():
+            return bool(store.check([_ready_key(0)]))
     except Exception:  # the server went away: what this loop waits for
         return False
 
 
-def exec_command(command: Sequence[str], environment: Mapping[str, str]) -> None:
-    """Become `command` (never returns). Output written so far is flushed first: the
-    command's own output must not overtake it."""
+@contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """c10d writes a store read that fails (here: rank 0's server reset as it execs,
+    the very thing awaited) as 14 lines of C++ frames on descriptor 2 before raising;
+    on a passing run that is noise on every rank above 0, `-q` or not."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+# Python ignores these at start-up (a write to a closed pipe raises instead of killing
+# it); an ignored signal stays ignored across exec, so the job would inherit it:
+# `yes | head -1` under pipefail would give 1 and "Broken pipe" instead of 141.
+PYTHON_IGNORED = ("SIGPIPE", "SIGXFSZ")
+
+
+def exec_command(command: Sequence[str], environment: Mapping[str, str],
+                 mask: Iterable[int] = ()) -> None:
+    """Become `command` (never returns), with the signal dispositions a process gets
+    by default and `mask` (the launcher's) as its blocked signals. Output written so
+    far is flushed first: the command's own output must not overtake it."""
     sys.stdout.flush()
     sys.stderr.flush()
+    for name in PYTHON_IGNORED:
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.execvpe(command[0], list(command), dict(environment))

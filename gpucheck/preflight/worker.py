@@ -51,6 +51,7 @@ class PreflightSpec:
     fault_watch: bool = True  # watch every rank's GPU during the checks (docs/faults.md)
     # Where the hang guard writes what it knows (gpucheck.preflight.guard).
     exclude_file: str | None = None
+    outputs: tuple[str, ...] = ()  # rank 0's -o files, checked before the vote
     # The least seconds each check needs; fewer left: it is a SKIP (budget).
     costs_s: tuple[tuple[str, float], ...] = ()
 
@@ -231,9 +232,27 @@ def _decide(run: Run) -> dict[str, Any]:
     the same one (go on every rank, or on none)."""
     import torch.distributed as dist
 
-    from gpucheck.preflight.verdict import decide
-
     run.budget.bound_waits(GRACE_S)  # the agreement itself may run past the budget a bit
-    box: list[Any] = [decide(run.result) if run.world.rank == 0 else None]
+    box: list[Any] = [_decision(run) if run.world.rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return dict(box[0])
+
+
+def _decision(run: Run) -> dict[str, Any]:
+    """Rank 0's verdict; no-go with `unwritable` when a file it must write cannot be:
+    once another rank has exec'd the command, rank 0 failing to write its report
+    could no longer stop the job."""
+    from gpucheck.errors import UsageError
+    from gpucheck.output import check_writable
+    from gpucheck.preflight.verdict import decide
+
+    decision = decide(run.result)
+    files = [(path, "--output") for path in run.spec.outputs]
+    if run.spec.exclude_file is not None:
+        files.append((run.spec.exclude_file, "--exclude-file"))
+    try:
+        for path, option in files:
+            check_writable(path, option)
+    except UsageError as exc:
+        return decision | {"go": False, "unwritable": str(exc)}
+    return decision
