@@ -86,13 +86,17 @@ def test_a_link_recovery_event_during_the_load_fails_with_a_gpu_reset(monkeypatc
 
 
 @pytest.mark.parametrize("during", [
-    _grow(EFFECTIVE, 3),
     lambda g: g.field_values.__setitem__((EFFECTIVE_BER, ALL_LINKS), _ber(3, 11)),
     lambda g: g.field_values.__setitem__((SYMBOL_BER, ALL_LINKS), _ber(2, 9))])
 def test_post_fec_errors_or_a_ber_over_dcgms_threshold_warn_replace_hardware(
         monkeypatch, during):
     result = _watched(monkeypatch, blackwell_gpu(bus_id=BUS), during)
     assert _problems(result) == [("faults.nvlink5.errors", Status.WARN, "replace-hardware")]
+
+
+def test_post_fec_errors_alone_a_deprecated_field_warn_rerun_not_a_part(monkeypatch):
+    result = _watched(monkeypatch, blackwell_gpu(bus_id=BUS), _grow(EFFECTIVE, 3))
+    assert _problems(result) == [("faults.nvlink5.errors", Status.WARN, "rerun")]
 
 
 def test_symbol_errors_the_fec_corrected_are_counted_not_alarmed(monkeypatch):
@@ -103,6 +107,12 @@ def test_symbol_errors_the_fec_corrected_are_counted_not_alarmed(monkeypatch):
     assert result["counters"]["nvlink5_symbol_errors"]["delta"] == 40
     assert result["counters"]["nvlink5_fec_history_1"]["delta"] == 40
     assert _problems(result) == []
+
+
+def test_fec_bin_0_codewords_that_needed_no_correction_are_not_summed(monkeypatch):
+    result = _watched(monkeypatch, blackwell_gpu(bus_id=BUS), _grow(FEC_1 - 1, 1000))
+    ok = [v for v in judge_links(result) if v.check == "faults.nvlink5.errors"]
+    assert [v.status for v in ok] == [Status.OK] and "+1000" not in ok[0].message
 
 
 def test_effective_ber_threshold_is_dcgms_1e_minus_12():

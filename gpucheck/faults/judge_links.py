@@ -141,7 +141,7 @@ def judge_nvlink5(result: Mapping[str, Any]) -> list[Verdict]:
     """NVLink5 (Blackwell) counters over all links, before and after the run; SKIP where
     the GPU lacks them. Link recovery events: FAIL (DCGM fails on one); effective
     (post-FEC) errors, or a BER over DCGM's threshold: WARN; symbol errors the FEC
-    corrected (FEC history bins) are counted in the OK line."""
+    corrected (FEC history bins 1-15) are counted in the OK line."""
     names = [n for n in COUNTERS if n.startswith("nvlink5_")]
     if all(counter(result, n, "after") is None for n in names):
         return [na("faults.nvlink5", "NVLink5 counters (link recovery, effective and symbol "
@@ -156,22 +156,35 @@ def judge_nvlink5(result: Mapping[str, Any]) -> list[Verdict]:
                                 "reset the GPU with its NVLink peers (nvidia-smi nvlink -e); "
                                 "drain the node and have the link hardware checked if it "
                                 "recurs"))
+    return verdicts + _nvlink5_errors(result)
+
+
+def _nvlink5_errors(result: Mapping[str, Any]) -> list[Verdict]:
+    """A BER over DCGM's threshold condemns the links (replace-hardware); the effective
+    error count alone (field 219, like 220 marked deprecated in DCGM's NVML header)
+    asks for the diagnostics first, never for a part."""
     effective = counter(result, "nvlink5_effective_errors")
-    bad = ([f"{effective} effective (post-FEC) error(s) during the run"] if effective
-           else []) + _nvlink5_ber(result)
-    if bad:
-        verdicts.append(Verdict("faults.nvlink5.errors", Status.WARN, "NVLink5: " + "; ".join(
-            bad), "replace-hardware", "the links carry errors the FEC did not correct: run "
-            "the field diagnostics (dcgmi diag -r 3), then have the NVLink cable, tray or "
-            "switch checked (nvidia-smi nvlink -e)"))
-    else:
-        verdicts.append(ok("faults.nvlink5.errors", _nvlink5_ok(result)))
-    return verdicts
+    ber = _nvlink5_ber(result)
+    said = "; ".join(([f"{effective} effective (post-FEC) error(s) during the run"]
+                      if effective else []) + ber)
+    if ber:
+        return [Verdict("faults.nvlink5.errors", Status.WARN, f"NVLink5: {said}",
+                        "replace-hardware", "the links carry errors the FEC did not "
+                        "correct: run the field diagnostics (dcgmi diag -r 3), then have "
+                        "the NVLink cable, tray or switch checked (nvidia-smi nvlink -e)")]
+    if effective:
+        return [Verdict("faults.nvlink5.errors", Status.WARN, f"NVLink5: {said}, BERs "
+                        "within DCGM's thresholds (the count is a deprecated NVML field)",
+                        "rerun", "run the field diagnostics (dcgmi diag -r 3) and look "
+                        "again; a BER over its threshold is what condemns a link")]
+    return [ok("faults.nvlink5.errors", _nvlink5_ok(result))]
 
 
 def _nvlink5_ok(result: Mapping[str, Any]) -> str:
     symbol = counter(result, "nvlink5_symbol_errors")
-    fec = [counter(result, f"nvlink5_fec_history_{b}") for b in range(16)]
+    # Bin b counts codewords in which the FEC corrected b symbols: bin 0 (nothing to
+    # correct) is no corrected error, so it is not summed.
+    fec = [counter(result, f"nvlink5_fec_history_{b}") for b in range(1, 16)]
     corrected = sum(v for v in fec if v) if any(v is not None for v in fec) else None
     return (f"NVLink5 effective errors +{counter(result, 'nvlink5_effective_errors') or 0}, "
             f"symbol errors {'n/a' if symbol is None else f'+{symbol}'} (FEC-corrected "
