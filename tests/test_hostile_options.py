@@ -27,6 +27,7 @@ BAD = [
     ("health", "--budget", "inf"), ("health", "--valid-for", "nan"),
     ("health", "--expect-gpus", "-1"), ("health", "--nvml-timeout", "inf"),
     ("hang", "--window", "nan"), ("hang", "--nvml-timeout", "inf"),
+    ("preflight", "--budget", "1e10"), ("preflight", "--budget", "1e20"),
 ]
 
 

@@ -42,6 +42,20 @@ def positive_float(text: str) -> float:
     return value
 
 
+# Longer than any run: beyond it a thread's timeout overflows (--budget 1e10 was a
+# traceback) or a deadline lands past every clock (1e20: a false rank failure).
+MAX_SECONDS = 7 * 24 * 3600.0
+
+
+def seconds(text: str) -> float:
+    """A duration greater than 0 and at most MAX_SECONDS (a week)."""
+    value = positive_float(text)
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text}: too long (at most {MAX_SECONDS:g} s, "
+                                         "a week)")
+    return value
+
+
 def _integer(text: str) -> int:
     raw = text.strip()
     if not (raw.lstrip("+-").isascii() and raw.lstrip("+-").isdigit()) or len(raw) > 16:

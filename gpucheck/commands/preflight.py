@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
-from gpucheck.commands.option_types import positive_float
+from gpucheck.commands.option_types import seconds
 from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.report import Report, Section
@@ -43,7 +43,7 @@ DEFAULTS: dict[str, tuple[str, int, float, float, float, int, int, int]] = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_launch_arguments(parser)
     group = parser.add_argument_group("preflight")
-    group.add_argument("--budget", type=positive_float, default=DEFAULT_BUDGET_S,
+    group.add_argument("--budget", type=seconds, default=DEFAULT_BUDGET_S,
                        metavar="SECONDS", help="bound on every check together, start-up "
                        f"excluded; a check that cannot finish in time is a SKIP (--strict: "
                        f"a FAIL) (default: {DEFAULT_BUDGET_S:g})")
