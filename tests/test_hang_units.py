@@ -205,6 +205,24 @@ def test_nvml_gives_each_ranks_gpu_memory_and_utilisation(monkeypatch) -> None:
     assert found[4242]["gpu_sm_util_pct"] == 0.0
 
 
+def test_a_gpu_nvml_fails_on_leaves_the_other_gpus_ranks_their_view(monkeypatch) -> None:
+    gpus = [FakeGpu(bus_id=f"00000000:{i + 1:02x}:00.0") for i in range(2)]
+    gpus[0].lost = True
+    gpus[1].pids, gpus[1].proc_util = [4242], {4242: 97}
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus).module)
+    found, note = per_process([4242])
+    assert found[4242]["gpu"] == 1 and found[4242]["gpu_sm_util_pct"] == 97
+    assert note is not None and note.startswith("NVML: GPU 0:")
+
+
+def test_every_gpu_nvml_can_read_keeps_the_view_without_a_note(monkeypatch) -> None:
+    gpus = [FakeGpu(bus_id=f"00000000:{i + 1:02x}:00.0") for i in range(2)]
+    gpus[0].pids = [4243]
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus).module)
+    found, note = per_process([4243])
+    assert note is None and found[4243]["gpu"] == 0
+
+
 @pytest.fixture
 def fake_rank(tmp_path: Path):  # type: ignore[no-untyped-def]
     """A real process that looks like a rank (no torch: cheap), a secret in its env."""

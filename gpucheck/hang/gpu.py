@@ -21,22 +21,41 @@ from gpucheck.probes.nvml import Nvml, NvmlFailure
 
 def per_process(pids: Iterable[int], timeout_s: float = 3.0,
                 window_s: float = 2.0) -> tuple[dict[int, dict[str, Any]], str | None]:
-    """({pid: {gpu, gpu_name, gpu_memory_bytes, gpu_sm_util_pct}}, why none when empty).
-    Utilisation is over the last `window_s` seconds: call it at the end of the window."""
+    """({pid: {gpu, gpu_name, gpu_memory_bytes, gpu_sm_util_pct}}, why some or none are
+    missing). Utilisation is over the last `window_s` seconds: call it at the end of the
+    window. A GPU NVML fails on is asked once more, then left out with its reason: the
+    other GPUs' ranks keep their view."""
     wanted = set(pids)
     since_us = max(0, int((time.time() - window_s) * 1e6))
     nvml = Nvml(timeout_s=timeout_s)
+    found: dict[int, dict[str, Any]] = {}
+    failed: list[str] = []
     try:
-        count = nvml.call("nvmlDeviceGetCount")
-        found: dict[int, dict[str, Any]] = {}
-        for index in range(count):
-            handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
-            found.update(_gpu_processes(nvml, handle, index, wanted, since_us))
+        for index in range(nvml.call("nvmlDeviceGetCount")):
+            seen, why = _one_gpu(nvml, index, wanted, since_us)
+            found.update(seen)
+            failed += [f"GPU {index}: {why}"] if why else []
     except NvmlFailure as exc:
         return {}, f"NVML: {exc.meaning}"
     finally:
         nvml.shutdown()
+    if failed:
+        return found, "NVML: " + "; ".join(failed)
     return found, None if found else "NVML lists none of these PIDs on any GPU"
+
+
+def _one_gpu(nvml: Nvml, index: int, wanted: set[int],
+             since_us: int) -> tuple[dict[int, dict[str, Any]], str | None]:
+    """One GPU's ranks, asked twice (as gpu_read asks a changing process list again):
+    (its ranks, None), or ({}, NVML's reason)."""
+    why = None
+    for _ in range(2):
+        try:
+            handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
+            return _gpu_processes(nvml, handle, index, wanted, since_us), None
+        except NvmlFailure as exc:
+            why = exc.meaning
+    return {}, why
 
 
 def _gpu_processes(nvml: Nvml, handle: Any, index: int, wanted: set[int],
