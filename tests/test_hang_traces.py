@@ -103,15 +103,33 @@ def test_a_rank_one_collective_behind_a_silent_member_waits_and_the_silent_one_i
     assert (finding.check, finding.subject) == ("hang.traces.no_dump", "rank 1")
 
 
-def test_a_rank_that_completed_its_last_collective_and_went_elsewhere_is_still_named(
+def test_survivors_last_collective_completed_after_an_abort_names_only_the_silent_rank(
         ) -> None:
-    """NCCL records completion: rank 0 finished #2 and never entered #3, so it did
-    something else, whatever a silent member did."""
+    """After an abort NCCL's aborted kernels read as completed: rank 0's #2
+    "completed" is no evidence it went elsewhere. Rank 1 left no dump: only it is named."""
     members = "[0, 1, 2]"
     dumps = {0: dump(0, steps(2, state="completed"), members),
-             2: dump(2, steps(3), members)}
+             2: dump(2, [*steps(2, state="completed"), entry(3, state="started")], members)}
+    (v,) = verdicts(dumps)
+    assert (v.culprits, v.waiting, v.no_dump) == ({}, {0: 2}, [1])
+    assert [(f.check, f.subject) for f in group_findings(v)] == [
+        ("hang.traces.no_dump", "rank 1")]
+
+
+def test_every_rank_dumped_one_that_completed_and_never_entered_the_next_is_named(
+        ) -> None:
+    """No dump missing: nobody to wait for, so the rank behind is the one named."""
+    members = "[0, 1, 2]"
+    dumps = {r: dump(r, steps(2 if r == 0 else 3, state="completed"), members)
+             for r in range(3)}
     (v,) = verdicts(dumps)
     assert list(v.culprits) == [0] and v.waiting == {}
+
+
+def test_every_rank_dumped_and_agreeing_stays_ok() -> None:
+    dumps = {r: dump(r, steps(3, state="completed"), "[0, 1, 2]") for r in range(3)}
+    (v,) = verdicts(dumps)
+    assert [f.check for f in group_findings(v)] == ["hang.traces.agree"]
 
 
 def test_a_ring_buffer_that_wrapped_is_compared_where_every_rank_has_entries() -> None:

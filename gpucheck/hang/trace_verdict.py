@@ -68,7 +68,7 @@ def judge_group(group: GroupTrace, dumped: set[int]) -> GroupVerdict:
     for seq in recorded:
         values = {r: _value(calls[r], seq) for r in ranks}
         if len(set(values.values())) > 1:
-            _diverged(verdict, seq, values, calls, group.completed)
+            _diverged(verdict, seq, values, calls)
             break
         agreed = next(iter(values.values()))
         # Every rank holds the same value at a number some rank recorded: a Call.
@@ -80,19 +80,19 @@ def judge_group(group: GroupTrace, dumped: set[int]) -> GroupVerdict:
     return verdict
 
 
-def _still_inside(verdict: GroupVerdict, rank: int, seq: int, calls: dict[int, Call],
-                  completed: dict[int, int]) -> bool:
+def _still_inside(verdict: GroupVerdict, seq: int, calls: dict[int, Call]) -> bool:
     """Is a rank that never reached #seq still inside #seq-1, waiting for a member that
     left no dump? With a peer stopped mid-collective, the ranks of a ring can end one
     collective apart (some received everything before the stop, some did not): the one
-    behind is not the cause. Not when its trace shows #seq-1 completed (NCCL records
-    it; gloo never does): then it went elsewhere instead of entering #seq."""
-    return bool(verdict.no_dump) and max(calls, default=None) == seq - 1 and \
-        completed.get(rank, 0) < seq - 1
+    behind is not the cause. Its #seq-1 reading "completed" proves nothing: once NCCL
+    aborts a communicator (gpucheck's deadline, or the watchdog), the aborted kernels
+    read as completed, and a dump taken after the abort shows every survivor's last
+    collective so. With one member's dump missing, that member is the one named."""
+    return bool(verdict.no_dump) and max(calls, default=None) == seq - 1
 
 
 def _diverged(verdict: GroupVerdict, seq: int, values: dict[int, Value],
-              calls: dict[int, dict[int, Call]], completed: dict[int, int]) -> None:
+              calls: dict[int, dict[int, Call]]) -> None:
     verdict.diverge_seq = seq
     expected = _majority(values)
     if expected is None:
@@ -104,7 +104,7 @@ def _diverged(verdict: GroupVerdict, seq: int, values: dict[int, Value],
     for rank, value in sorted(values.items()):
         if value == expected:
             continue
-        if value == MISSING and _still_inside(verdict, rank, seq, calls[rank], completed):
+        if value == MISSING and _still_inside(verdict, seq, calls[rank]):
             verdict.waiting[rank] = seq - 1
             continue
         if value == MISSING:
