@@ -25,7 +25,7 @@ from gpucheck import __version__
 from gpucheck.commands import registry
 from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
 from gpucheck.context import RunContext, RunOptions
-from gpucheck.distributed import caught, terminal
+from gpucheck.distributed import caught, progress, terminal
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
 from gpucheck.escape import encodable
 from gpucheck.escape import terminal as shown
@@ -59,9 +59,10 @@ def terminal_width(stream: TextIO) -> int | None:
     if not stream.isatty():
         return None
     try:
-        return os.get_terminal_size(stream.fileno()).columns
+        columns = os.get_terminal_size(stream.fileno()).columns
     except (OSError, ValueError):
         return None
+    return columns or None  # a pty that reports 0 columns does not know its width
 
 
 def outputs_of(args: argparse.Namespace) -> list[str]:
@@ -167,6 +168,7 @@ def _run(args: argparse.Namespace, ctx: RunContext) -> int:
         fmt = format_for(args.format, outputs[0] if outputs else None)
         for path in outputs:
             check_writable(path)
+        progress.checked_run_dir(ctx.options.run_dir, RUN_DIR_VAR)
         baseline = read_baseline_option(args)
         report = module.run(args, ctx)
         if report is None:

@@ -53,13 +53,42 @@ def test_text_report_ends_with_a_one_line_summary_naming_the_first_problem() -> 
 
 
 @pytest.mark.parametrize("width", [WIDTH, 80, 60])
-def test_every_line_fits_the_width_with_tables_split_into_column_groups(width: int) -> None:
+def test_every_line_fits_the_width_and_no_table_is_split_into_blocks(width: int) -> None:
     text = render_text(long_report(), width=width)
     too_wide = [line for line in text.splitlines() if len(line) > width]
     assert too_wide == []
-    # The wide table is split, and every group repeats the first column so rows stay named.
-    assert text.count("column_0") >= 2
-    assert "column_11" in text and "rank3-value-11" in text
+    headers = [line for line in text.splitlines() if line.split()[:2] == ["column_0", "column_1"]]
+    assert len(headers) <= 1  # one header (or the table row by row), never a second block
+
+
+def test_a_table_a_little_too_wide_leaves_out_its_rightmost_columns_and_names_them() -> None:
+    from gpucheck.render.text import table_lines
+
+    rows = [{f"column_{c}": f"rank{r}-value-{c}" for c in range(8)} for r in range(2)]
+    lines = table_lines(rows, "  ", 100)
+    assert lines[0].split() == [f"column_{c}" for c in range(6)]
+    assert " ".join(" ".join(lines[3:]).split()) == (
+        "(left out at 100 columns, rightmost first: column_6, column_7; every column is in "
+        "the JSON, Markdown and HTML reports)")
+
+
+def test_a_table_that_would_lose_half_its_columns_is_shown_row_by_row() -> None:
+    text = render_text(long_report(), width=60)
+    joined = " ".join(text.split())
+    for r in range(4):
+        row = "; ".join(f"column_{c} rank{r}-value-{c}" for c in range(1, 12))
+        assert f"column_0 rank{r}-value-0: {row}" in joined
+
+
+def test_a_table_that_fits_shows_every_column_and_wraps_no_header() -> None:
+    from gpucheck.render.text import table_lines
+
+    rows = [{"figure": "all_reduce busbw", "value": "1.234", "unit": "GB/s",
+             "where": "at 1 GiB; rank 3 on node7; median 1.5 of 8 ranks, measured again"}]
+    lines = table_lines(rows, "  ", 60)
+    assert lines[0].split() == ["figure", "value", "unit", "where"]
+    assert all(len(line) <= 60 for line in lines) and len(lines) > 2  # "where" wraps
+    assert "left out" not in "\n".join(lines)
 
 
 def test_wrapping_keeps_every_word_of_a_long_message_and_a_long_path() -> None:

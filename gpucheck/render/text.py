@@ -137,24 +137,63 @@ def _data_lines(data: dict[str, Any], indent: str, width: int) -> list[str]:
 
 
 def table_lines(rows: list[dict[str, Any]], indent: str = "", width: int = WIDTH) -> list[str]:
-    """Rows of dicts as aligned columns under a header. A table wider than `width` is
-    split into column groups, each repeating the row's key columns (`_key_count`) so
-    rows stay named."""
+    """Rows of dicts as aligned columns under one header, never split into blocks. A
+    table wider than `width` wraps its widest cells at spaces (never inside a word or
+    its column's name), then leaves out columns from the right, named in a last line
+    (never the key columns that name a row, `_key_count`); one that would lose half its
+    columns is shown row by row instead, each value beside its column's name."""
     columns = table_columns(rows)
-    cells = [[_cell_lines(esc(fmt_field(c, row.get(c)))) for c in columns] for row in rows]
-    columns = [esc(c) for c in columns]
-    widths = [max(len(c), *(len(line) for r in cells for line in r[i]))
-              for i, c in enumerate(columns)]
-    lines: list[str] = []
-    for group in _column_groups(widths, width - len(indent), _key_count(columns)):
-        if lines:
-            lines.append("")
-        lines += _table_block(columns, cells, widths, group, indent)
+    texts = [[esc(fmt_field(c, row.get(c))) for c in columns] for row in rows]
+    names = [esc(c) for c in columns]
+    keys = _key_count(names)
+    widths = _fitted_widths(names, texts, width - len(indent), keys)
+    if widths is None:
+        return _record_lines(names, texts, keys, indent, width)
+    shown = len(widths)
+    lines = _table_block(names[:shown], [[_cell_lines(t[i], w) for i, w in enumerate(widths)]
+                                         for t in texts], widths, indent)
+    if shown < len(names):
+        lines += _wrap(f"(left out at {width} columns, rightmost first: "
+                       f"{', '.join(names[shown:])}; every column is in the JSON, Markdown "
+                       "and HTML reports)", width, indent, indent)
     return lines
 
 
-def _cell_lines(text: str) -> list[str]:
-    return textwrap.wrap(text, _CELL_MAX, break_on_hyphens=False) or [""]
+def _fitted_widths(names: list[str], texts: list[list[str]], room: int,
+                   keys: int) -> list[int] | None:
+    """The widths of the leading columns shown: each as wide as its longest cell (at
+    most _CELL_MAX), the widest narrowed first down to its longest word or name, then
+    the rightmost columns left out until the rest fit `room`; None when that would
+    leave out half the columns or a key column."""
+    natural = [max(len(name), min(_CELL_MAX, max((len(t[i]) for t in texts), default=0)))
+               for i, name in enumerate(names)]
+    floor = [min(natural[i], max([len(name), *(len(w) for t in texts for w in t[i].split())]))
+             for i, name in enumerate(names)]
+    for shown in range(len(names), max(keys, (len(names) + 1) // 2) - 1, -1):
+        widths = natural[:shown]
+        while sum(widths) + 2 * (shown - 1) > room:
+            i = max(range(shown), key=lambda k: widths[k] - floor[k])
+            if widths[i] <= floor[i]:
+                break
+            widths[i] -= 1
+        else:
+            return widths
+    return None
+
+
+def _record_lines(names: list[str], texts: list[list[str]], keys: int, indent: str,
+                  width: int) -> list[str]:
+    """A table too wide to fit, one row at a time: `key value: name value; name value`."""
+    lines: list[str] = []
+    for t in texts:
+        head = " ".join(f"{names[i]} {t[i]}" for i in range(keys))
+        rest = "; ".join(f"{names[i]} {t[i]}" for i in range(keys, len(names)))
+        lines += _wrap(rest, width, indent + "    ", f"{indent}{head}: ")
+    return lines
+
+
+def _cell_lines(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, width, break_on_hyphens=False) or [""]
 
 
 def _key_count(columns: list[str]) -> int:
@@ -168,30 +207,14 @@ def _key_count(columns: list[str]) -> int:
     return 1
 
 
-def _column_groups(widths: list[int], room: int, keys: int = 1) -> list[list[int]]:
-    """Column indexes in groups that fit `room`; every group starts with the `keys`
-    leading columns."""
-    keys = min(keys, len(widths))
-    head = list(range(keys))
-    groups: list[list[int]] = [list(head)]
-    used = sum(widths[:keys]) + 2 * (keys - 1)
-    for index in range(keys, len(widths)):
-        if used + 2 + widths[index] > room and len(groups[-1]) > keys:
-            groups.append(list(head))
-            used = sum(widths[:keys]) + 2 * (keys - 1)
-        groups[-1].append(index)
-        used += 2 + widths[index]
-    return groups
-
-
 def _table_block(columns: list[str], cells: list[list[list[str]]], widths: list[int],
-                 group: list[int], indent: str) -> list[str]:
-    header = "  ".join(columns[i].ljust(widths[i]) for i in group).rstrip()
+                 indent: str) -> list[str]:
+    header = "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()
     lines = [f"{indent}{header}"]
     for row in cells:
-        height = max(len(row[i]) for i in group)
-        for k in range(height):
-            parts = [(row[i][k] if k < len(row[i]) else "").ljust(widths[i]) for i in group]
+        for k in range(max((len(cell) for cell in row), default=1)):
+            parts = [(cell[k] if k < len(cell) else "").ljust(w)
+                     for cell, w in zip(row, widths, strict=True)]
             lines.append(f"{indent}{'  '.join(parts).rstrip()}")
     return lines
 
