@@ -95,10 +95,19 @@ class Suspects:
     pairs: tuple[Pair, ...] = ()  # resolvably slow pairs (and a suspect's pairs)
     noisy: tuple[Pair, ...] = ()  # worse than the bound, but within the spread
     references: tuple[Pair, ...] = ()  # known-good pairs to measure beside them
+    # slow pairs whose repeats disagree widely: slow typically, yet one repeat or more
+    # within the bound (a flapping link, a congested uplink: issue 36 item 5)
+    intermittent: tuple[Pair, ...] = ()
 
     @property
     def empty(self) -> bool:
         return not self.pairs
+
+
+def intermittent(samples: Samples, pairs: Sequence[Pair], reference: float,
+                 bound: Bound) -> tuple[Pair, ...]:
+    """The slow `pairs` whose best repeat is not worse than `bound` x `reference`."""
+    return tuple(p for p in pairs if not bound.worse(best(samples[p]), reference))
 
 
 def slow_members(values: Mapping[Pair, float], bound: Bound) -> dict[int, str]:
@@ -131,16 +140,18 @@ def eliminate(samples: Samples, bound: Bound) -> Suspects:
     """Slow members and pairs of one group (a node's ranks or GPUs, or the nodes), from
     repeated rate readings per directed pair (`bound` must be HIGHER-is-better).
 
-    A pair is slow only when even its best reading is worse than the bound AND below
-    the worst reading of every other healthy pair (those show how far noise alone
-    reaches down); worse than the bound but within that spread is `noisy`, never a
-    WARN. A member stays a suspect only when every pair that makes it one is
-    resolvable."""
+    A pair is judged by its typical (median) reading, not its best: one lucky repeat
+    must not clear a link slow most of the time (issue 36 item 5). It is slow when
+    that is worse than the bound AND below the lowest reading of every other healthy
+    pair (how far noise alone reaches down); worse than the bound but within that
+    spread is `noisy`, never a WARN. The second look, not the best sample, is what
+    tells noise from a slow pair. A member stays a suspect only when every pair that
+    makes it one is resolvable."""
     if bound.better is not Better.HIGHER:
         raise ValueError("eliminate judges rates: its bound is HIGHER-is-better")
     if not samples:
         return Suspects(0.0, 0.0)
-    members = slow_members({p: best(s) for p, s in samples.items()}, bound)
+    members = slow_members({p: typical(s) for p, s in samples.items()}, bound)
     reference, floor, slow, noisy = _classify(samples, members, bound)
     kept = {m: way for m, way in members.items()
             if all(p in slow for p in samples if directed(p, m, way))}
@@ -148,7 +159,8 @@ def eliminate(samples: Samples, bound: Bound) -> Suspects:
         members = kept
         reference, floor, slow, noisy = _classify(samples, members, bound)
     return Suspects(reference, floor, members, tuple(slow), tuple(noisy),
-                    _references(samples, slow, members, reference))
+                    _references(samples, slow, members, reference),
+                    intermittent(samples, slow, reference, bound))
 
 
 def _classify(samples: Samples, members: Mapping[int, str], bound: Bound,
@@ -156,14 +168,14 @@ def _classify(samples: Samples, members: Mapping[int, str], bound: Bound,
     """(reference, lowest healthy reading, slow pairs, too-noisy pairs)."""
     clean = {p: s for p, s in samples.items() if not set(p) & set(members)} or samples
     reference = median(typical(s) for s in clean.values())
-    healthy = {p: min(s) for p, s in clean.items() if not bound.worse(best(s), reference)}
+    healthy = {p: min(s) for p, s in clean.items() if not bound.worse(typical(s), reference)}
     slow: list[Pair] = []
     noisy: list[Pair] = []
     for pair, values in sorted(samples.items()):
         by_member = any(directed(pair, m, way) for m, way in members.items())
-        if by_member or bound.worse(best(values), reference):
+        if by_member or bound.worse(typical(values), reference):
             floor = min((v for q, v in healthy.items() if q != pair), default=math.inf)
-            (slow if best(values) < floor else noisy).append(pair)
+            (slow if typical(values) < floor else noisy).append(pair)
     return reference, min(healthy.values(), default=0.0), slow, noisy
 
 
@@ -202,13 +214,14 @@ def second_look(first: float, again: float | None, reference: float | None,
 
 def pair_looks(suspects: Suspects, first: Samples, again: Samples, bound: Bound,
                unit: str, name: Callable[[Pair], Subject]) -> dict[Pair, SecondLook]:
-    """Each slow pair's second look: its best first reading, its best re-measured one,
-    against the typical figure of the known-good pairs measured again with it (`name`
-    makes their subjects), or, with none of those, the first measurement's reference."""
+    """Each slow pair's second look: its typical first reading, its typical re-measured
+    one, against the typical figure of the known-good pairs measured again with it
+    (`name` makes their subjects), or, with none of those, the first measurement's
+    reference."""
     refs = [p for p in suspects.references if again.get(p)]
     reference = typical([typical(again[p]) for p in refs]) if refs else suspects.reference
     against = tuple(name(p) for p in refs)
-    return {p: second_look(best(first[p]), best(again[p]) if again.get(p) else None,
+    return {p: second_look(typical(first[p]), typical(again[p]) if again.get(p) else None,
                            reference, against, bound, unit,
                            None if again.get(p) else "the pair was not measured again")
             for p in suspects.pairs}

@@ -23,12 +23,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpucheck import subject
-from gpucheck.comm.looks import GBPS, on_cpu, rate_bound, slow
+from gpucheck.comm.looks import GBPS, on_cpu, rate_bound, repeats_words, slow
 from gpucheck.measure import SecondLook
 from gpucheck.peers import Pair, Suspects, eliminate, pair_looks, second_look
 from gpucheck.probes.topology import path_class
 from gpucheck.report import Finding, fail, ok, skip
-from gpucheck.stats import best
+from gpucheck.stats import typical
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 GB = 1e9
@@ -198,7 +198,7 @@ def _looks(suspects: Suspects, first: Samples, again: Samples | None,
     """Each slow pair's second look (`again` None: the run ended before it)."""
     bound = rate_bound(threshold)
     if again is None:
-        return {p: second_look(best(first[p]), None, suspects.reference, (), bound, GBPS,
+        return {p: second_look(typical(first[p]), None, suspects.reference, (), bound, GBPS,
                                "the run ended first") for p in suspects.pairs}
     return pair_looks(suspects, first, again, bound, GBPS, rank_pair)
 
@@ -208,7 +208,7 @@ def _slow_pair(pair: Pair, look: SecondLook, suspects: Suspects, samples: Sequen
                kind: str = "") -> Finding:
     src, dst = pair
     median = f"the node's median {kind} pair" if kind else "the node's median"
-    text = (f"{name(src)} -> {name(dst)}: {max(samples):.3g} GB/s (best of {len(samples)}), "
+    text = (f"{name(src)} -> {name(dst)}: {repeats_words(samples, pair, suspects)}, "
             f"below {threshold:g} x {median} {suspects.reference:.3g} GB/s")
     return slow("comm.pairwise.slow_pair", text, _pair_hint(device), rank_pair(pair), look,
                 device, cpu_hint=False)

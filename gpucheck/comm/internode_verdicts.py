@@ -14,12 +14,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpucheck import subject
-from gpucheck.comm.looks import GBPS, rate_bound, slow
+from gpucheck.comm.looks import GBPS, rate_bound, repeats_words, slow
 from gpucheck.comm.node_links import FABRIC_FRACTION, NodeSuspects, find_node_suspects
 from gpucheck.measure import LookState, SecondLook
 from gpucheck.peers import Pair, against_median, combined, directed, second_look
 from gpucheck.report import Finding, ok
-from gpucheck.stats import best, median, typical
+from gpucheck.stats import median, typical
 
 
 def both_ends(links: Sequence[Mapping[str, Any]],
@@ -125,9 +125,10 @@ def internode_findings(rows: Sequence[Mapping[str, Any]], threshold: float,
     findings = [_node_finding(m, way, suspects, looks, labels, device)
                 for m, way in sorted(suspects.members.items())]
     for pair, look in looks.items():
-        text = (f"{labels[pair[0]]} -> {labels[pair[1]]}: {best(first[pair]):.3g} GB/s (best "
-                f"repeat), below {_cut(pair, suspects, threshold):.2g} x the median node "
-                f"pair without a suspect ({suspects.reference:.3g} GB/s)")
+        text = (f"{labels[pair[0]]} -> {labels[pair[1]]}: "
+                f"{repeats_words(first[pair], pair, suspects)}, below "
+                f"{_cut(pair, suspects, threshold):.2g} x the median node pair without a "
+                f"suspect ({suspects.reference:.3g} GB/s)")
         findings.append(slow("comm.internode.slow_pair", text, SLOW_LINK_HINT,
                              subject.pair(*pair, by="node"), look, device))
     return findings
@@ -143,20 +144,20 @@ def _cut(pair: Pair, suspects: NodeSuspects, threshold: float) -> float:
 def _node_pair_look(pair: Pair, first: Mapping[Pair, Sequence[float]],
                     again: Mapping[Pair, Sequence[float]] | None, suspects: NodeSuspects,
                     threshold: float, labels: Mapping[int, str]) -> SecondLook:
-    """A slow node pair's second look at the cut it was found at: its best re-measured
-    repeat against the typical figure of the known-good pairs measured beside it (or
+    """A slow node pair's second look at the cut it was found at: its typical
+    re-measured repeat against the typical figure of the known-good pairs measured beside it (or
     the first measurement's reference, with none of those)."""
     bound = rate_bound(_cut(pair, suspects, threshold))
     if again is None:
-        return second_look(best(first[pair]), None, suspects.reference, (), bound, GBPS,
+        return second_look(typical(first[pair]), None, suspects.reference, (), bound, GBPS,
                            "the run ended first")
     refs = [p for p in suspects.references if again.get(p)]
     reference = typical([typical(again[p]) for p in refs]) if refs else suspects.reference
     against = tuple(subject.pair(a, b, f"{labels[a]} -> {labels[b]}", by="node")
                     for a, b in refs)
     mine = again.get(pair)
-    return second_look(best(first[pair]), best(mine) if mine else None, reference, against,
-                       bound, GBPS, None if mine else "the pair was not measured again")
+    return second_look(typical(first[pair]), typical(mine) if mine else None, reference,
+                       against, bound, GBPS, None if mine else "the pair was not measured again")
 
 
 def _node_finding(node: int, way: str, suspects: NodeSuspects,

@@ -12,9 +12,12 @@ on the host) a slow figure is a busy or throttled process, not a NIC or a GPU: c
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 from gpucheck.measure import Better, Bound, SecondLook
+from gpucheck.peers import Pair, Suspects
 from gpucheck.report import Finding, looked, warn
+from gpucheck.stats import best, typical
 from gpucheck.subject import Subject
 
 GBPS = "GB/s"
@@ -49,3 +52,13 @@ def slow(check: str, text: str, hint: str, subject: Subject, look: SecondLook | 
     if look is None:
         return warn(check, text, hint, subject, cause=cause)
     return looked(check, text, hint, subject, look, cause=cause)
+
+
+def repeats_words(samples: Sequence[float], pair: Pair, suspects: Suspects) -> str:
+    """"0.7 GB/s (median of 3 repeats, best 1.56)", and whether they disagree widely."""
+    words = f"{typical(samples):.3g} GB/s (median of {len(samples)} repeats, best " \
+            f"{best(samples):.3g})"
+    if pair in suspects.intermittent:
+        words += f"; intermittent: slow in most repeats, not all ({min(samples):.3g} to " \
+                 f"{best(samples):.3g} GB/s)"
+    return words
