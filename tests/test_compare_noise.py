@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpucheck.analysis.noise import NOISY, noise_levels
+from gpucheck.analysis.noise import HOST_BOUND_RUNS, NOISY, noise_levels
 from gpucheck.cli import main
 from gpucheck.measure import Better, Metric
 from gpucheck.subject import rank as rank_subject
@@ -67,9 +67,63 @@ def test_two_healthy_back_to_back_comm_runs_on_this_vm_are_not_a_regression(
     assert noise and any("too noisy to judge" in f["message"] for f in noise)
 
 
+def on_gpus(raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw` as a GPU run's report (device cuda, NCCL): only its settings differ."""
+    changed = copy.deepcopy(raw)
+    for s in changed["sections"]:
+        if s["name"] == "comm":
+            s["data"].update(device="cuda", backend="nccl")
+    return changed
+
+
+def test_healthy_back_to_back_comm_runs_recorded_on_this_vm_compare_as_noise(
+        tmp_path: Path) -> None:
+    """Issue 36 item 9: two healthy `gpucheck comm` runs (tests/data/noise_pairs) exit 0;
+    on CPU ranks every figure is judged against what two runs differ by, and the
+    pairwise figures carry the spread of their repeats."""
+    a, b = load("comm_healthy_a"), load("comm_healthy_b")
+    code, report = compare(tmp_path, a, b)
+    assert code == 0
+    assert not [f for s in report["sections"] for f in s["findings"]
+                if f["check"] == "compare.regression"]
+    rows = metric_rows(report)
+    assert {r["verdict"] for r in rows.values()} <= {"same", "better", "within noise",
+                                                      "too noisy"}
+    assert all(r["threshold_pct"] >= HOST_BOUND_RUNS * 100 for r in rows.values())
+    pairs = [m for s in a["sections"] for m in s["metrics"] if m["name"] == "comm.pairwise.gbps"]
+    assert pairs and all(m["spread"] is not None and m["spread"] >= 0 for m in pairs)
+
+
+def test_a_3x_slower_collective_on_gpu_reports_is_still_a_regression(tmp_path: Path) -> None:
+    a = on_gpus(load("comm_healthy_a"))
+    code, report = compare(tmp_path, a, scaled(a, "broadcast", "comm.broadcast.busbw_gbps",
+                                               1 / 3))
+    assert code == 1
+    (found,) = [f for s in report["sections"] for f in s["findings"]
+                if f["check"] == "compare.regression"]
+    assert found["status"] == "FAIL"
+    worse = {n for n, r in metric_rows(report).items() if r["verdict"] == "worse"}
+    assert worse and {n.split("@")[0] for n in worse} == {"comm.broadcast.busbw_gbps"}
+
+
+def test_a_pairwise_figure_whose_repeats_spread_widely_is_judged_against_that_spread() -> None:
+    pair = rank_subject(0)
+    a = {"p": Metric("comm.pairwise.gbps", "GB/s", Better.HIGHER, 2.0, pair, 1.0)}
+    b = {"p": Metric("comm.pairwise.gbps", "GB/s", Better.HIGHER, 1.2, pair, 0.1)}
+    assert noise_levels(a, b)["p"].level == pytest.approx(0.5)  # 2x apart: half by noise
+
+
+def test_metrics_are_listed_by_collective_then_message_size_as_a_number(
+        tmp_path: Path) -> None:
+    _, report = compare(tmp_path, load("comm_healthy_a"), load("comm_healthy_b"))
+    names = [n for n in metric_rows(report) if n.startswith("comm.all_reduce.")]
+    sizes = [int(n.split("@")[1]) for n in names]
+    assert sizes == sorted(sizes) and len(sizes) > 3
+
+
 def test_a_planted_30_percent_drop_of_every_size_is_still_a_regression(
         tmp_path: Path) -> None:
-    a = load("comm_noisy_a")
+    a = on_gpus(load("comm_noisy_a"))
     code, report = compare(tmp_path, a, scaled(a, "all_reduce", "comm.all_reduce.busbw_gbps", 0.7))
     assert code == 1
     rows = metric_rows(report)
@@ -88,7 +142,8 @@ def test_every_judged_metric_says_its_threshold_and_where_its_noise_came_from(
         assert row["threshold_pct"] >= 5.0
         level, source = row["noise"].split("% ", 1)
         assert float(level) >= 0
-        assert source in ("within the runs", "others better in B", "none measured")
+        assert source in ("within the runs", "others better in B", "none measured",
+                          "CPU ranks: runs")
 
 
 def test_a_change_inside_the_runs_own_iteration_spread_is_within_noise() -> None:

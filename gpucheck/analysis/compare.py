@@ -14,8 +14,8 @@ from typing import Any
 from gpucheck.analysis.facts import ENVIRONMENT, HARDWARE, SETUP, VERSION, Fact, gpu_count
 from gpucheck.analysis.hostbound import host_bound_finding, host_bound_ranks, relabel
 from gpucheck.analysis.loading import LoadedReport
-from gpucheck.analysis.metrics import family, judged, slot_subject
-from gpucheck.analysis.noise import NOISY, Noise, judged_threshold, noise_levels
+from gpucheck.analysis.metrics import family, judged, metric_order, slot_subject
+from gpucheck.analysis.noise import NOISY, Noise, host_prefixes, judged_threshold, noise_levels
 from gpucheck.measure import Metric
 from gpucheck.peers import shortfall
 from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
@@ -136,8 +136,8 @@ def _metric_row(name: str, ma: Metric | None, mb: Metric | None,
 
 
 def _metrics_section(a: Side, b: Side, threshold: float) -> Section:
-    names = sorted(a.metrics.keys() | b.metrics.keys())
-    noise = noise_levels(a.metrics, b.metrics)
+    names = sorted(a.metrics.keys() | b.metrics.keys(), key=metric_order)
+    noise = noise_levels(a.metrics, b.metrics, host_prefixes(a.facts, b.facts))
     table = [_metric_row(n, a.metrics.get(n), b.metrics.get(n), threshold, noise.get(n))
              for n in names]
     host_bound = host_bound_ranks(table, a.metrics, b.metrics)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.analysis.metrics import family, gpu_words, judged, position, slot_words
+from gpucheck.analysis.metrics import family, gpu_words, judged, metric_order, position, slot_words
 from gpucheck.analysis.nodes import NodeReport, Reason
 from gpucheck.measure import Better, Bound, Metric
 from gpucheck.peers import MIN_VALUES, outlier, shortfall
@@ -57,7 +57,7 @@ def _values(group: Mapping[str, NodeReport]) -> tuple[dict[str, list[float]],
 def judge_group(command: str, group: Mapping[str, NodeReport], threshold: float,
                 mad_k: float) -> Judged:
     by_name, by_pool = _values(group)
-    spreads = {name: describe(values) for name, values in sorted(by_name.items())}
+    spreads = {name: describe(by_name[name]) for name in sorted(by_name, key=metric_order)}
     pools = {pool: describe(values) for pool, values in by_pool.items()}
     found = []
     for node, report in group.items():

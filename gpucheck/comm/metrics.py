@@ -1,7 +1,8 @@
 """comm's figures as metrics, from the worker's result (not the report's tables).
 
 `comm.<collective>.busbw_gbps@<bytes>` for the job (its spread: how far apart the ranks
-ended the same operations), `comm.pairwise.gbps` per ordered pair of ranks.
+ended the same operations), `comm.pairwise.gbps` per ordered pair of ranks (its spread:
+how far apart its repeats read).
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ def _pairs(pairs: Any, ranks: Mapping[int, Subject]) -> Iterator[Metric]:
     for pair in pairs:
         src, dst = whole(pair.get("src")), whole(pair.get("dst"))
         value = number(pair.get("bandwidth_gbps"))
+        samples = [v for v in pair.get("samples_gbps") or () if number(v) is not None]
+        spread = relative_spread(max(samples), min(samples)) if samples else None
         if src is not None and dst is not None and value is not None:
             yield Metric("comm.pairwise.gbps", "GB/s", Better.HIGHER, value,
-                         _pair(ranks, src, dst))
+                         _pair(ranks, src, dst), spread)
 
 
 def _pair(ranks: Mapping[int, Subject], src: int, dst: int) -> Subject:
