@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from gpucheck.cli import build_parser, main
 from gpucheck.distributed.slurm import MAX_HOSTS, expand_nodelist
+
+ROOT = Path(__file__).resolve().parents[1]
 
 REPORT = str(Path(__file__).resolve().parent / "data" / "reports" / "bench.json")
 
@@ -79,3 +83,30 @@ def test_a_huge_node_range_is_refused_without_expanding_it(
     assert len(expand_nodelist(f"gpu[1-{MAX_HOSTS}]")) == MAX_HOSTS  # the bound itself holds
     assert main(["fleet", REPORT, "--nodes", "gpu[1-999999999]"]) == 2
     assert "more than" in capsys.readouterr().err
+
+
+def test_a_rank_count_beyond_any_node_is_refused_before_torch_loads() -> None:
+    code = ("import sys; from gpucheck.cli import main; "
+            "rc = main(['bench', '--n-gpus', '100000']); print(rc, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False, cwd=ROOT)
+    assert done.stdout.split() == ["2", "False"], done.stderr
+    assert "--n-gpus 100000 is far beyond this node" in done.stderr
+
+
+def test_the_gpus_at_most_are_the_nvidia_device_files(tmp_path: Path) -> None:
+    from gpucheck.commands.launch_options import _gpus_at_most
+
+    for name in ("nvidia0", "nvidia1", "nvidia7", "nvidiactl", "nvidia-uvm", "nvme0"):
+        (tmp_path / name).touch()
+    assert _gpus_at_most(str(tmp_path)) == 3
+    assert _gpus_at_most(str(tmp_path / "missing")) == sys.maxsize  # never refuses wrongly
+
+
+def test_an_option_prefix_is_refused_naming_the_option_and_help_says_so(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--n-gpu", "2"]) == 2
+    assert "did you mean '--n-gpus'?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "a prefix such as --n-gpu is refused" in " ".join(capsys.readouterr().out.split())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,15 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
                        "error counters, clock slowdowns) during the run (docs/faults.md)")
 
 
+def _gpus_at_most(dev: str = "/dev") -> int:
+    """This node's GPUs at most, without torch: its /dev/nvidiaN device files (one per
+    GPU, MIG or not); unbounded when /dev cannot be listed."""
+    try:
+        return sum(1 for name in os.listdir(dev) if re.fullmatch(r"nvidia\d+", name))
+    except OSError:
+        return sys.maxsize
+
+
 def _visible_gpus(ctx: RunContext) -> int:
     """The GPUs CUDA really gives this process: one rank per GPU.
 
@@ -88,6 +98,7 @@ def plan_launch(args: argparse.Namespace, ctx: RunContext) -> LaunchPlan:
     every problem is a UsageError."""
     if args.timeout <= 0:
         raise UsageError(f"--timeout {args.timeout:g}: give a positive number of seconds")
+    _check_rank_count(args.n_gpus, _gpus_at_most(), ctx)  # before torch loads: at once
     gpus = _visible_gpus(ctx)
     device = args.device or ("cuda" if gpus else "cpu")
     if device == "cuda" and gpus == 0:

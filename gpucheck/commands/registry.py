@@ -36,6 +36,9 @@ class OneLineParser(argparse.ArgumentParser):
     mean" for a mistyped command or option, and the --help of the command concerned."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No prefixes (`--n-gpu` for `--n-gpus`): a script's prefix would change meaning,
+        # or stop parsing, the day an option that shares it is added.
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         # Filled by build_parser on the top parser: the parsers of the commands it built.
         self.command_parsers: dict[str, argparse.ArgumentParser] = {}
@@ -121,7 +124,9 @@ def build_parser(version: str, argv: Sequence[str] | None = None) -> argparse.Ar
         prog="gpucheck",
         description="Is this GPU server fit for distributed work? Exit codes: 0 no FAIL, "
                     "1 any FAIL (--strict: WARN too), 2 usage or input error, 130 "
-                    "interrupted (Ctrl-C), 143 terminated (SIGTERM).",
+                    "interrupted (Ctrl-C), 143 terminated (SIGTERM). Options are spelled "
+                    "out in full: a prefix such as --n-gpu is refused, naming the option it "
+                    "was probably meant to be.",
     )
     parser.add_argument("--version", action="version", version=f"gpucheck {version}")
     parser.set_defaults(outputs=[])
