@@ -55,3 +55,23 @@ def xid_line(seconds: float, bus: str, xid: int, detail: str) -> str:
 def write_log(path: Path, lines: list[str]) -> Path:
     path.write_text("[    0.000000] Linux version 6.8.0 (buildd@lcy02)\n" + "".join(lines))
     return path
+
+
+def add_pci_functions(sysfs: Path, *functions: tuple[str, str]) -> Path:
+    """PCI functions as sysfs shows them (/sys/bus/pci/devices/<bdf>/{vendor,class}):
+    each a (vendor, class) pair, e.g. ("0x10de", "0x030200") for an NVIDIA 3D controller."""
+    devices = sysfs / "bus/pci/devices"
+    for i, (vendor, klass) in enumerate(functions):
+        device = devices / f"0000:{0x18 + i:02x}:00.0"
+        device.mkdir(parents=True, exist_ok=True)
+        (device / "vendor").write_text(f"{vendor}\n")
+        (device / "class").write_text(f"{klass}\n")
+    return sysfs
+
+
+def gpu_node_sysfs(sysfs: Path, gpus: int = 8) -> Path:
+    """An HGX-like bus: `gpus` NVIDIA 3D controllers, NVSwitches (bridges, not GPUs), a
+    GPU's audio function and the board's own VGA, which are not counted."""
+    return add_pci_functions(sysfs, *[("0x10de", "0x030200")] * gpus,
+                             ("0x10de", "0x068000"), ("0x10de", "0x040300"),
+                             ("0x1a03", "0x030000"))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
-from gpucheck.probes import gpus as gpus_mod
 from gpucheck.probes.consistency import probe_consistency
 from gpucheck.probes.gpus import DriverInfo, cuda_compat_finding, probe_nvml
 from gpucheck.probes.nvml import Nvml
@@ -15,6 +15,9 @@ from gpucheck.probes.torch_build import TorchInfo
 from gpucheck.render import render
 from gpucheck.report import Report, Status
 from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.health_fakes import gpu_node_sysfs
+
+NO_SYSFS = Path("/nonexistent/sysfs")
 
 
 def _gpus(n: int, **faults: dict) -> list[FakeGpu]:
@@ -27,9 +30,10 @@ def _gpus(n: int, **faults: dict) -> list[FakeGpu]:
 
 
 def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, timeout_s: float = 2.0,
-           retry_s: float = 2.0):
+           retry_s: float = 2.0, sysfs: Path | None = None):
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
-    return probe_nvml(Nvml(timeout_s, retry_timeout_s=retry_s))
+    # never this machine's /sys: a bus with no GPU unless the test gives one
+    return probe_nvml(Nvml(timeout_s, retry_timeout_s=retry_s), {}, sysfs or NO_SYSFS)
 
 
 def _findings(result, check: str, status: Status | None = None):
@@ -183,19 +187,22 @@ def test_cuda_compat_skips_without_a_cuda_torch_or_a_driver():
     assert cuda_compat_finding(DriverInfo(False), "12.4").status is Status.SKIP
 
 
-def test_no_nvml_library_without_nvidia_hardware_is_skip(monkeypatch):
-    monkeypatch.setattr(gpus_mod, "nvidia_pci_devices", lambda: 0)
-    result = _probe(monkeypatch, FakeNvml([], init_error="NVMLError_LibraryNotFound"))
+def test_no_nvml_library_without_nvidia_hardware_is_skip(monkeypatch, tmp_path):
+    result = _probe(monkeypatch, FakeNvml([], init_error="NVMLError_LibraryNotFound"),
+                    sysfs=gpu_node_sysfs(tmp_path, gpus=0))
     finding = _findings(result, "driver.nvml")[0]
     assert finding.status is Status.SKIP and not result.driver.present
+    assert [f.status for f in _findings(result, "gpu.count")] == [Status.SKIP]
 
 
-def test_no_nvml_library_with_nvidia_gpus_on_the_bus_fails(monkeypatch):
-    monkeypatch.setattr(gpus_mod, "nvidia_pci_devices", lambda: 8)
-    result = _probe(monkeypatch, FakeNvml([], init_error="NVMLError_LibraryNotFound"))
+def test_no_nvml_library_with_nvidia_gpus_on_the_bus_fails(monkeypatch, tmp_path):
+    result = _probe(monkeypatch, FakeNvml([], init_error="NVMLError_LibraryNotFound"),
+                    sysfs=gpu_node_sysfs(tmp_path))
     finding = _findings(result, "driver.nvml")[0]
     assert finding.status is Status.FAIL and "8 NVIDIA GPU" in finding.message
     assert "driver" in finding.hint
+    (count,) = _findings(result, "gpu.count")
+    assert (count.status, count.action) == (Status.FAIL, "drain-node")
 
 
 def test_driver_library_mismatch_says_reboot(monkeypatch):

@@ -185,7 +185,7 @@ def test_a_missing_state_dir_is_created(node, monkeypatch, capsys):
 def test_too_few_gpus_for_the_node_fails_and_says_how_many(node, monkeypatch, capsys):
     code, out, _ = _main(monkeypatch, capsys, FakeNvml(_gpus(7)),
                          _argv(node, "--expect-gpus", "8", "--format", "line"))
-    assert code == 1 and "gpu.count: NVML sees 7 GPU(s), this node should have 8" in out
+    assert code == 1 and "FAIL drain-node: gpu.count: NVML sees 7 GPU(s), 8 expected" in out
 
 
 def test_a_busy_gpu_is_not_a_health_problem(node, monkeypatch, capsys):

@@ -88,17 +88,18 @@ def test_a_reboot_makes_every_line_of_the_new_boot_new(node):
     assert [s for s, _ in _xids(_run(node, [DBE]))] == ["FAIL"]
 
 
-def test_the_state_file_is_written_atomically_and_a_corrupt_one_warns_once(node):
+def test_the_state_file_is_written_atomically_and_a_corrupt_one_fails_until_cleared(node):
     _run(node, [DBE])
     state = node / "state" / STATE_FILE
     assert '"boot_id": "boot-1"' in state.read_text()
     assert [p.name for p in (node / "state").iterdir()] == [STATE_FILE]  # no temp file left
     state.write_text("{not json")
     report = _run(node, [DBE])
-    warned = [f for f in report.findings if f.check == "health.state"]
-    assert [f.status for f in warned] == [Status.WARN] and warned[0].action == "fix-config"
+    unread = [f for f in report.findings if f.check == "health.state"]
+    assert [f.status for f in unread] == [Status.FAIL] and unread[0].action == "drain-node"
     assert [s for s, _ in _xids(report)] == ["FAIL"]  # afresh: the DBE is raised again
-    assert not [f for f in _run(node, [DBE]).findings if f.check == "health.state"]
+    assert [f.status for f in _run(node, [DBE]).findings if f.check == "health.state"] == [
+        Status.FAIL]  # not known to be healthy until --set-healthy
 
 
 def test_the_report_says_what_cleared_since_the_previous_run(node):

@@ -12,10 +12,10 @@ sleeps past its budget and well inside the second one (10 s).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
-from gpucheck.probes import gpus as gpus_mod
 from gpucheck.probes.gpus import cuda_compat_findings, probe_nvml
 from gpucheck.probes.nvml import (
     ATTACH_TIMEOUT_S,
@@ -26,6 +26,7 @@ from gpucheck.probes.nvml import (
 )
 from gpucheck.report import Report, Status
 from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.health_fakes import gpu_node_sysfs
 
 STEADY_S, ATTACH_S, HANG_RETRY_S, SLOW_RETRY_S = 0.25, 10.0, 0.5, 10.0
 
@@ -35,9 +36,10 @@ def _gpus(n: int, **fields) -> list[FakeGpu]:
 
 
 def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, steady_s: float = STEADY_S,
-           attach_s: float = ATTACH_S, retry_s: float = HANG_RETRY_S):
+           attach_s: float = ATTACH_S, retry_s: float = HANG_RETRY_S,
+           sysfs: Path = Path("/nonexistent/sysfs")):  # never this machine's /sys
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
-    return probe_nvml(Nvml(steady_s, attach_s, retry_s))
+    return probe_nvml(Nvml(steady_s, attach_s, retry_s), {}, sysfs)
 
 
 def _findings(result, check: str, status: Status | None = None):
@@ -153,10 +155,10 @@ def test_persistence_mode_a_gpu_cannot_report_is_skipped_not_warned(monkeypatch)
     ("NVMLError_LibRmVersionMismatch", 8, "driver/library version mismatch"),
     ("NVMLError_DriverNotLoaded", 8, "kernel driver is not loaded"),
     ("NVMLError_LibraryNotFound", 8, "no NVIDIA driver")])
-def test_a_driver_nvml_cannot_use_fails_the_report_with_its_meaning(monkeypatch, error,
-                                                                    pci_gpus, meaning):
-    monkeypatch.setattr(gpus_mod, "nvidia_pci_devices", lambda: pci_gpus)
-    result = _probe(monkeypatch, FakeNvml(_gpus(8), init_error=error))
+def test_a_driver_nvml_cannot_use_fails_the_report_with_its_meaning(monkeypatch, tmp_path,
+                                                                    error, pci_gpus, meaning):
+    result = _probe(monkeypatch, FakeNvml(_gpus(8), init_error=error),
+                    sysfs=gpu_node_sysfs(tmp_path, pci_gpus))
     report = Report("env")
     for section in result.sections:
         report.add(section)
@@ -164,14 +166,14 @@ def test_a_driver_nvml_cannot_use_fails_the_report_with_its_meaning(monkeypatch,
                                                             ("sm_90",)))
     assert report.verdict() is Status.FAIL and report.exit_code() == 1
     failed = [f for f in report.findings if f.status is Status.FAIL]
-    assert [f.check for f in failed] == ["driver.nvml"]  # not a generic probe error
+    # not a generic probe error; and the 8 GPUs the bus has are not usable
+    assert [f.check for f in failed] == ["driver.nvml", "gpu.count"]
     assert meaning in failed[0].message and f"{pci_gpus} NVIDIA GPU(s)" in failed[0].message
     assert failed[0].hint and "nvidia-smi to see" not in failed[0].hint
 
 
-def test_a_healthy_driver_passes_the_same_report_with_exit_code_0(monkeypatch):
-    monkeypatch.setattr(gpus_mod, "nvidia_pci_devices", lambda: 8)
-    result = _probe(monkeypatch, FakeNvml(_gpus(8)))
+def test_a_healthy_driver_passes_the_same_report_with_exit_code_0(monkeypatch, tmp_path):
+    result = _probe(monkeypatch, FakeNvml(_gpus(8)), sysfs=gpu_node_sysfs(tmp_path))
     report = Report("env", sections=result.sections)
     assert report.verdict() is Status.OK and report.exit_code() == 0
 

@@ -126,6 +126,23 @@ def test_post_repair_gate_resumes_a_healthy_node(site: dict) -> None:
     assert _calls(site, "scontrol") == [f"scontrol update NodeName={node} State=RESUME"]
 
 
+def test_post_repair_gate_keeps_a_gpu_node_on_cpu_ranks_drained(site: dict) -> None:
+    """A GPU node whose driver did not load falls back to CPU ranks: never a pass that
+    resumes it (issue 34, item 2). Its 8 GPUs are on the (fake) PCI bus."""
+    from health_fakes import gpu_node_sysfs
+
+    env = {**site["env"], "GPUCHECK_SYSFS": str(gpu_node_sysfs(site["dir"] / "sys"))}
+    done = subprocess.run(["sh", str(RECIPES / "post-repair-gate.sh"),
+                           str(site["dir"] / "reports")], env=env,
+                          capture_output=True, text=True, timeout=RUN_S)
+    assert done.returncode == 1, done.stderr[-3000:] + done.stdout[-3000:]
+    assert not [c for c in _calls(site, "scontrol") if "RESUME" in c]
+    (report,) = (site["dir"] / "reports").glob("repair-*.json")
+    failed = {f["check"] for s in json.loads(report.read_text())["sections"]
+              for f in s["findings"] if f["status"] == "FAIL"}
+    assert "gpu.count" in failed
+
+
 def _gpucheck_args(command: list[str]) -> list[str]:
     return command[command.index("gpucheck") + 1:]
 

@@ -325,8 +325,8 @@ def test_all_with_a_markdown_output_asks_env_for_collect_env(outputs: list[str],
     argv = ["all", "--skip", "stress,bench,comm"]
     for path in outputs:
         argv += ["-o", path]
-    namespaces = all_command._namespaces(build_parser(argv).parse_args(argv), ("env",),
-                                         RunContext())
+    namespaces, _ = all_command._namespaces(build_parser(argv).parse_args(argv), ("env",),
+                                            RunContext())
     assert wants_collect_env(namespaces["env"]) is wanted
 
 

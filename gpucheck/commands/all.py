@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     chosen = _chosen(args.skip)
     if args.local:  # on the run's own context: the CLI's stop report sees it too
         ctx.launcher_env = without_launcher(ctx.launcher_env)
-    namespaces = _namespaces(args, chosen, ctx)
+    namespaces, device = _namespaces(args, chosen, ctx)
     # The run so far, kept on the context for `partial_report` after Ctrl-C or SIGTERM.
     state = ctx.all_run = AllRun(namespaces=namespaces)
     for name in ORDER:
@@ -86,7 +86,18 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
         if any(o.outcome == "failed" for o in outcomes):
             raise SystemExit(1)  # the launcher should know this rank failed
         return None
-    return combined_report(outcomes)
+    report = combined_report(outcomes)
+    if device == "cpu":  # on a node that should have GPUs, CPU ranks are no pass
+        report.sections[0].findings += cpu_ranks(ctx.launcher_env)
+    return report
+
+
+def cpu_ranks(environ: Mapping[str, str]) -> list[Finding]:
+    from gpucheck.probes.gpu_judge import cpu_ranks_finding
+    from gpucheck.probes.gpu_read import expected_gpus, sysfs_root
+
+    found = cpu_ranks_finding(expected_gpus(environ, sysfs_root(environ)))
+    return [found] if found is not None else []
 
 
 def without_launcher(environ: Mapping[str, str]) -> dict[str, str]:
@@ -108,14 +119,15 @@ def _chosen(skip_list: str) -> tuple[str, ...]:
 
 
 def _namespaces(args: argparse.Namespace, chosen: tuple[str, ...],
-                ctx: RunContext) -> dict[str, Any]:
-    """Each chosen command's options from its own parser, checked before anything runs."""
+                ctx: RunContext) -> tuple[dict[str, Any], str | None]:
+    """Each chosen command's options from its own parser, checked before anything runs,
+    and where their ranks compute (None when only env runs)."""
     from gpucheck.commands.launch_options import plan_launch
 
     if args.duration is not None and not args.duration > 0:
         raise UsageError(f"--duration {args.duration:g}: give a positive number of seconds")
     launched = [n for n in chosen if n != "env"]
-    device = plan_launch(args, ctx).device if launched else "cpu"
+    device = plan_launch(args, ctx).device if launched else None
     namespaces = {}
     for name in chosen:
         argv = _sub_argv(name, args, device)
@@ -127,10 +139,10 @@ def _namespaces(args: argparse.Namespace, chosen: tuple[str, ...],
         if name == "env":  # `all -o ticket.md`: env's collect_env, as `env -o ticket.md`
             namespace.format, namespace.outputs = args.format, list(args.outputs or [])
         namespaces[name] = namespace
-    return namespaces
+    return namespaces, device
 
 
-def _sub_argv(name: str, args: argparse.Namespace, device: str) -> list[str]:
+def _sub_argv(name: str, args: argparse.Namespace, device: str | None) -> list[str]:
     """`all`'s options as the command line of one command."""
     argv = [name, *(["--quiet"] if args.quiet else [])]
     if name == "env":

@@ -27,6 +27,7 @@ from gpucheck.health.run import (
 )
 from gpucheck.health.schema import CONSUMER
 from gpucheck.health.state import DEFAULT_CONSUMER, checked_state_dir
+from gpucheck.probes.gpu_read import sysfs_root
 from gpucheck.probes.kernel_log import checked_kernel_log_path
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S
 from gpucheck.report import Report
@@ -48,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="remember Xid lines already reported, IB counters and the last "
                              "verdict here, so old problems are not raised forever")
     parser.add_argument("--expect-gpus", type=integer, metavar="N", default=None,
-                        help="FAIL when NVML sees fewer GPUs than this")
+                        help="FAIL when NVML sees fewer GPUs than this (default: SLURM's "
+                             "GRES, the container's GPUs, else the NVIDIA GPUs on the PCI bus)")
     parser.add_argument("--expect-ib-ports", type=integer, metavar="N", default=None,
                         help="FAIL when fewer InfiniBand/RoCE ports than this are active")
     parser.add_argument("--ib-ignore", action="append", default=[], metavar="PATTERN",
@@ -63,8 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--kernel-log", metavar="FILE", default=None,
                         help="read Xid lines from this saved kernel log instead of this boot's")
-    parser.add_argument("--sysfs", metavar="DIR", default="/sys",
-                        help="where sysfs is mounted (a container with the host's at /host/sys)")
+    parser.add_argument("--sysfs", metavar="DIR", default=None,
+                        help="where sysfs is mounted (a container with the host's at "
+                             "/host/sys; default: $GPUCHECK_SYSFS, else /sys)")
     parser.add_argument("--consumer", metavar="NAME", default=DEFAULT_CONSUMER,
                         help="who reads the state dir (slurm-healthcheck, prometheus, ...): "
                              "each consumer reads the kernel log from its own position, so "
@@ -109,9 +112,9 @@ def options_from(args: argparse.Namespace,
                  environ: Mapping[str, str] | None = None) -> HealthOptions:
     """The checked options; UsageError (exit 2) for any that cannot be used."""
     consumer = _consumer(args.consumer, args.set_healthy, args.state_dir)
-    sysfs = Path(args.sysfs)
+    sysfs = Path(args.sysfs) if args.sysfs is not None else sysfs_root(environ or {})
     if not sysfs.is_dir():
-        raise UsageError(f"--sysfs {args.sysfs} is not a directory: give where sysfs is mounted")
+        raise UsageError(f"--sysfs {sysfs} is not a directory: give where sysfs is mounted")
     ignore = tuple(p.strip() for item in args.ib_ignore for p in item.split(",") if p.strip())
     return HealthOptions(
         budget_s=_positive(args.budget, "--budget", MAX_BUDGET_S),
@@ -121,7 +124,7 @@ def options_from(args: argparse.Namespace,
         state_dir=checked_state_dir(args.state_dir),
         kernel_log=checked_kernel_log_path(args.kernel_log, environ),
         valid_for_s=_positive(args.valid_for, "--valid-for", MAX_VALID_FOR_S), sysfs=sysfs,
-        consumer=consumer, set_healthy=args.set_healthy)
+        consumer=consumer, set_healthy=args.set_healthy, environ=dict(environ or {}))
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report:

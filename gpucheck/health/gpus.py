@@ -18,12 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpucheck.probes.clock_window import second_look
-from gpucheck.probes.gpu_judge import gpu_findings
-from gpucheck.probes.gpu_read import nvidia_pci_devices, read_driver, read_gpu
+from gpucheck.probes.gpu_judge import count_finding, gpu_findings
+from gpucheck.probes.gpu_read import (
+    ExpectedGpus,
+    nvidia_pci_devices,
+    read_driver,
+    read_gpu,
+)
 from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
 from gpucheck.probes.gpus import driver_finding
 from gpucheck.probes.nvml import SLOW_ADVICE, Nvml, slow_words
-from gpucheck.report import Finding, Section, fail, ok, skip, warn
+from gpucheck.report import Finding, Section, fail, skip, warn
 from gpucheck.subject import gpu
 
 NOT_IN_HEALTH = ("gpu.busy",)
@@ -34,15 +39,19 @@ class GpuProgress:
     """What the NVML read has got so far (written by its thread, read at the deadline)."""
 
     pci_gpus: int | None = None
+    expected: ExpectedGpus | None = None
     driver: DriverInfo | None = None
     records: list[GpuRecord] = field(default_factory=list)
     reading: int | None = None  # the GPU index being read now
     done: bool = False
 
 
-def read_gpus(progress: GpuProgress, nvml: Nvml, sysfs: Path) -> GpuProgress:
-    """Driver, then every GPU in turn (`nvidia-smi -q`), recording progress as it goes."""
+def read_gpus(progress: GpuProgress, nvml: Nvml, sysfs: Path,
+              expected: ExpectedGpus) -> GpuProgress:
+    """The driver, then every GPU in turn (`nvidia-smi -q`), recording progress as it
+    goes; `expected` (`expected_gpus`) is what the count is judged against."""
     progress.pci_gpus = nvidia_pci_devices(str(sysfs / "bus/pci/devices"))
+    progress.expected = expected
     progress.driver = read_driver(nvml)
     for index in range(progress.driver.gpu_count or 0):
         progress.reading = index
@@ -54,39 +63,6 @@ def read_gpus(progress: GpuProgress, nvml: Nvml, sysfs: Path) -> GpuProgress:
     progress.done = True
     nvml.shutdown()
     return progress
-
-
-def count_finding(nvml_count: int | None, pci_gpus: int | None, expected: int | None,
-                  most_seen: int | None = None) -> Finding:
-    """`gpu.count`: the GPUs NVML sees against --expect-gpus, else against the most an
-    earlier check saw (the state dir), else against the PCI bus.
-
-    Without --expect-gpus a shortfall against the PCI bus is only a WARN: a container
-    given some of the node's GPUs sees them all on the PCI bus and only its own in NVML.
-    A shortfall against an earlier check is a FAIL: this node had that GPU.
-    """
-    seen = nvml_count or 0
-    pci = f"{pci_gpus} NVIDIA GPU(s) on the PCI bus" if pci_gpus is not None else "PCI bus n/a"
-    if expected is not None:
-        if seen < expected:
-            return fail("gpu.count", f"NVML sees {seen} GPU(s), this node should have "
-                        f"{expected} ({pci})", "a GPU fell off the bus or is not initialised: "
-                        "check dmesg for Xid 79 and nvidia-smi; reboot or have it reseated")
-        if seen > expected:
-            return warn("gpu.count", f"NVML sees {seen} GPU(s), more than the {expected} "
-                        "expected", "correct --expect-gpus for this node")
-        return ok("gpu.count", f"{seen} GPU(s), as expected")
-    if most_seen is not None and seen < most_seen:
-        return fail("gpu.count", f"NVML sees {seen} GPU(s), {most_seen} at an earlier check "
-                    f"({pci})", "a GPU fell off the bus or did not initialise: check dmesg "
-                    "for Xid 79 and nvidia-smi; if it was removed on purpose, pass "
-                    f"--expect-gpus {seen} or delete the state dir's health-state.json")
-    if pci_gpus and seen < pci_gpus:
-        return warn("gpu.count", f"NVML sees {seen} GPU(s) of the {pci}: one may have fallen "
-                    "off the bus (in a container given only some GPUs this is expected)",
-                    "pass --expect-gpus N with the node's GPU count to judge it; check "
-                    "dmesg for Xid 79")
-    return ok("gpu.count", f"{seen} GPU(s) ({pci}; pass --expect-gpus to require a count)")
 
 
 def _unfinished(progress: GpuProgress, budget_s: float) -> list[Finding]:
@@ -102,19 +78,18 @@ def _unfinished(progress: GpuProgress, budget_s: float) -> list[Finding]:
             for i in range(count) if i not in done]
 
 
-def gpus_section(progress: GpuProgress, expected: int | None, budget_s: float,
-                 hang: Finding | None = None, most_seen: int | None = None) -> Section:
+def gpus_section(progress: GpuProgress, budget_s: float, hang: Finding | None = None,
+                 most_seen: int | None = None) -> Section:
     """Driver, count and per-GPU findings from what was read, finished or not."""
-    driver = progress.driver
+    driver, expected = progress.driver, progress.expected
     findings: list[Finding] = []
     if driver is not None:
         findings.append(driver_finding(driver, progress.pci_gpus or 0))
     if hang is not None:
         findings.append(hang)
-    if (progress.done and driver is not None and driver.present) or (
-            driver is not None and expected is not None):
-        findings.append(count_finding(driver.gpu_count if driver else None,
-                                      progress.pci_gpus, expected, most_seen))
+    if driver is not None and expected is not None and (driver.present or expected.count):
+        findings.append(count_finding(driver.gpu_count if driver.present else None,
+                                      expected, most_seen))
     for record in list(progress.records):
         findings += [f for f in gpu_findings(record) if f.check not in NOT_IN_HEALTH]
     if not progress.done:

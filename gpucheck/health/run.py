@@ -10,7 +10,7 @@ is kept as it was (nothing read, nothing moves).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from gpucheck.health.state import (
     write_state,
 )
 from gpucheck.health.xids import XidPart, cursor_of, xid_section
+from gpucheck.probes.gpu_read import expected_gpus
 from gpucheck.probes.kernel_log import TITLE as XID_TITLE
 from gpucheck.probes.kernel_log import Runner, read_kernel_log, run_command
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S, Nvml
@@ -59,6 +60,7 @@ class HealthOptions:
     runner: Runner = run_command
     consumer: str = DEFAULT_CONSUMER
     set_healthy: bool = False
+    environ: Mapping[str, str] = field(default_factory=dict)  # SLURM's GRES, the container's
 
 
 def _capped(runner: Runner, deadline: Deadline) -> Runner:
@@ -71,7 +73,8 @@ def _checks(options: HealthOptions, deadline: Deadline,
             progress: GpuProgress) -> dict[str, Callable[[], Any]]:
     nvml = Nvml(options.nvml_timeout_s, attach_timeout_s=options.budget_s)
     runner = _capped(options.runner, deadline)
-    return {"gpus": lambda: (read_gpus(progress, nvml, options.sysfs), nvml)[1],
+    expected = expected_gpus(options.environ, options.sysfs, options.expect_gpus)
+    return {"gpus": lambda: (read_gpus(progress, nvml, options.sysfs, expected), nvml)[1],
             "kernel_log": lambda: read_kernel_log(options.kernel_log, runner),
             "ib": lambda: read_ports(options.sysfs)}
 
@@ -92,7 +95,7 @@ def _gpu_part(outcome: Outcome, progress: GpuProgress, options: HealthOptions,
     if outcome.error is not None:
         return _probe_failed("gpus", "NVIDIA driver and GPUs", outcome.error)
     hang = hang_finding(outcome.value) if outcome.finished else None
-    return gpus_section(progress, options.expect_gpus, options.budget_s, hang, before)
+    return gpus_section(progress, options.budget_s, hang, before)
 
 
 def _start_cursor(state: HealthState, boot_id: str | None) -> tuple[dict[str, Any], bool]:

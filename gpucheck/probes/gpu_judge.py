@@ -15,6 +15,7 @@ from typing import Any
 
 from gpucheck.numa import cpulist
 from gpucheck.probes.fabric import decode_health
+from gpucheck.probes.gpu_read import ExpectedGpus
 from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS, GpuRecord
 from gpucheck.report import Finding, fail, ok, skip, warn
 from gpucheck.subject import text
@@ -362,3 +363,41 @@ def numa_findings(gpus: Sequence[GpuRecord], nodes: Mapping[int, str]) -> list[F
                + (f" (CPUs {nodes[node]})" if nodes.get(node) else ""), text(f"NUMA node {node}"))
             for node, indices in sorted(by_node.items())]
 
+
+
+def count_finding(seen: int | None, expected: ExpectedGpus, most_seen: int | None = None
+                  ) -> Finding:
+    """`gpu.count`: the GPUs NVML sees (None: NVML could not be read) against those this
+    process should be able to use (`gpu_read.expected_gpus`: --expect-gpus, SLURM's
+    GRES, the container's, the PCI bus), and against the most an earlier health check
+    saw here (its state dir). Fewer is a FAIL whoever says so: a GPU fell off the bus,
+    or the driver did not load, and a node that falls back to CPU is no GPU node."""
+    have = seen or 0
+    said = f"{expected.count} expected ({expected.source})"
+    if have < expected.count:
+        return fail("gpu.count", f"NVML sees {have if seen is not None else 'no'} GPU(s), "
+                    f"{said}", "a GPU fell off the bus, or the driver did not load or "
+                    "initialise it: check nvidia-smi, lspci -d 10de: and dmesg for Xid 79; "
+                    "reboot or have it reseated (if the node has fewer on purpose, pass "
+                    "--expect-gpus N)")
+    if most_seen is not None and have < most_seen and not expected.stated:
+        return fail("gpu.count", f"NVML sees {have} GPU(s), {most_seen} at an earlier check "
+                    f"({said})", "a GPU fell off the bus or did not initialise: check dmesg "
+                    "for Xid 79 and nvidia-smi; if it was removed on purpose, pass "
+                    f"--expect-gpus {have} or delete the state dir's health-state.json")
+    if have > expected.count and expected.stated:
+        return warn("gpu.count", f"NVML sees {have} GPU(s), more than the {expected.count} "
+                    "expected", "correct --expect-gpus for this node")
+    return ok("gpu.count", f"{have} GPU(s), {said}")
+
+
+def cpu_ranks_finding(expected: ExpectedGpus) -> Finding | None:
+    """CPU ranks are for trying gpucheck on a laptop: where GPUs are expected they mean
+    none was usable (the driver did not load, CUDA sees none): `gpu.count` FAIL, never
+    a pass that returns a GPU node to service. None where no GPU is expected."""
+    if not expected.count:
+        return None
+    return fail("gpu.count", f"the ranks ran on CPU: no GPU was usable, {expected.count} "
+                f"expected ({expected.source})", "run gpucheck env on this node to see why "
+                "(driver, nvidia-smi, CUDA_VISIBLE_DEVICES); a GPU node never passes on CPU "
+                "ranks")

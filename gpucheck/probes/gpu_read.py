@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -53,10 +54,53 @@ _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5
                   6: "usVal"}
 
 
+SYSFS_VAR = "GPUCHECK_SYSFS"  # where sysfs is (a container with the host's elsewhere)
+NODE_GPUS_VARS = ("SLURM_GPUS_ON_NODE",)  # SLURM's GRES: the GPUs this job has here
+
+
+@dataclass(frozen=True)
+class ExpectedGpus:
+    """How many GPUs this process should be able to use, and who says so."""
+
+    count: int
+    source: str
+
+    @property
+    def stated(self) -> bool:
+        """Given by a person (--expect-gpus): more than that is worth a word too."""
+        return self.source == "--expect-gpus"
+
+
+def sysfs_root(environ: Mapping[str, str]) -> Path:
+    return Path(environ.get(SYSFS_VAR) or SYSFS)
+
+
+def expected_gpus(environ: Mapping[str, str], sysfs: Path, option: int | None = None
+                  ) -> ExpectedGpus:
+    """--expect-gpus; else the job's GPUs on this node (SLURM's GRES); else those
+    given to this container (NVIDIA_VISIBLE_DEVICES, as the NVIDIA container toolkit
+    and Kubernetes' device plugin set it); else every NVIDIA GPU on the PCI bus. The
+    bus needs no driver: a GPU node whose driver did not load still has its GPUs."""
+    if option is not None:
+        return ExpectedGpus(option, "--expect-gpus")
+    for name in NODE_GPUS_VARS:
+        value = environ.get(name, "").strip()
+        if value.isdigit() and len(value) <= 4:
+            return ExpectedGpus(int(value), f"SLURM's GRES ({name}={value})")
+    given = environ.get("NVIDIA_VISIBLE_DEVICES", "").strip()
+    if given and given not in ("all", "none", "void") and len(given) <= 4096:
+        ids = {g.strip() for g in given.split(",") if g.strip()}
+        # MIG instances: NVML shows their parent GPUs, of which there is at least one
+        count = 1 if any(i.startswith("MIG-") for i in ids) else len(ids)
+        return ExpectedGpus(count, f"NVIDIA_VISIBLE_DEVICES ({count} given to this container)")
+    return ExpectedGpus(nvidia_pci_devices(str(sysfs / "bus/pci/devices")),
+                        "NVIDIA GPUs on the PCI bus")
+
+
 def nvidia_pci_devices(root: str = "/sys/bus/pci/devices") -> int:
     """NVIDIA display/3D controllers on the PCI bus (`lspci -d 10de:`), no driver needed."""
     count = 0
-    for device in glob.glob(f"{root}/*"):
+    for device in glob.glob(f"{glob.escape(root)}/*"):
         try:
             vendor = Path(device, "vendor").read_text().strip()
             klass = Path(device, "class").read_text().strip()

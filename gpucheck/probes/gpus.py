@@ -12,12 +12,13 @@ The names callers used from here are re-exported below.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpucheck.numa import SYSFS, cpulist, node_cpus, numa_nodes
+from gpucheck.numa import cpulist, node_cpus, numa_nodes
 from gpucheck.probes.clock_window import second_look
 from gpucheck.probes.compat import (
     arch_coverage,
@@ -25,8 +26,14 @@ from gpucheck.probes.compat import (
     cuda_compat_findings,
     parse_arch,
 )
-from gpucheck.probes.gpu_judge import gpu_findings, numa_findings
-from gpucheck.probes.gpu_read import nvidia_pci_devices, read_driver, read_gpu
+from gpucheck.probes.gpu_judge import count_finding, gpu_findings, numa_findings
+from gpucheck.probes.gpu_read import (
+    expected_gpus,
+    nvidia_pci_devices,
+    read_driver,
+    read_gpu,
+    sysfs_root,
+)
 from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS, CLOCK_REASONS, DriverInfo, GpuRecord
 from gpucheck.probes.nvml import SLOW_ADVICE, Nvml, NvmlFailure, slow_words
 from gpucheck.probes.topology import read_topology
@@ -97,11 +104,17 @@ class NvmlResult:
     pci_gpus: int
 
 
-def probe_nvml(nvml: Nvml | None = None, sysfs: Path = SYSFS) -> NvmlResult:
-    """Driver and every GPU (`nvidia-smi -q` and `nvidia-smi topo -m`); `sysfs` is where
-    the GPUs' NUMA nodes are read (a fake tree in tests)."""
+def probe_nvml(nvml: Nvml | None = None, environ: Mapping[str, str] | None = None,
+               sysfs: Path | None = None) -> NvmlResult:
+    """Driver and every GPU (`nvidia-smi -q` and `nvidia-smi topo -m`), and `gpu.count`
+    against the GPUs this process should have (`expected_gpus`: SLURM's GRES, the
+    container's, the PCI bus); `sysfs` is where the PCI bus and the GPUs' NUMA nodes
+    are read (GPUCHECK_SYSFS, else /sys; a fake tree in tests)."""
     nvml = nvml or Nvml()
-    pci_gpus = nvidia_pci_devices()
+    environ = os.environ if environ is None else environ
+    sysfs = sysfs or sysfs_root(environ)
+    pci_gpus = nvidia_pci_devices(str(sysfs / "bus/pci/devices"))
+    expected = expected_gpus(environ, sysfs)
     info = read_driver(nvml)
     sections = [driver_section(info, pci_gpus)]
     gpus: list[GpuRecord] = []
@@ -110,6 +123,9 @@ def probe_nvml(nvml: Nvml | None = None, sysfs: Path = SYSFS) -> NvmlResult:
         gpus = second_look(nvml, gpus)  # a slowdown in one sample: is it held?
         nodes = {n: cpulist(node_cpus(n, sysfs)) for n in numa_nodes(sysfs)}
         sections.append(gpus_section(nvml, gpus, nodes))
+    if info.present or expected.count:  # a node that should have GPUs: NVML must show them
+        sections[0].findings.append(count_finding(info.gpu_count if info.present else None,
+                                                  expected))
     else:
         sections.append(Section("gpus", "GPUs", {"gpus": []},
                                 [skip("gpu.count", "no GPU can be queried without NVML")]))
