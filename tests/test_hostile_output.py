@@ -147,3 +147,41 @@ def test_an_environment_value_that_is_not_utf8_or_holds_escapes_is_printed_escap
         hostile_env_outputs: dict[str, bytes], fmt: str) -> None:
     out = hostile_env_outputs[fmt].decode("utf-8")  # strict: what came out is valid UTF-8
     assert "eth\\udcff0\\x1b]0;owned\\x07" in out and "\x1b" not in out
+
+
+def _saved_with(tmp_path: Path, **fields: object) -> str:
+    raw = json.loads((REPORTS / "bench.json").read_text())
+    raw.update(fields)
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
+@pytest.mark.parametrize("fmt", ["text", "prometheus"])
+def test_show_never_writes_a_scope_or_label_with_controls_or_bidi_raw(
+        tmp_path: Path, fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _saved_with(tmp_path, scope="\x1b]0;PWNED\x07\x00\u202escope", command="bench\x1b[2J")
+    assert main(["show", path, "--format", fmt]) == 0
+    out = capsys.readouterr().out
+    assert not CONTROL.search(out.replace("\n", "")) and "\\x1b]0;PWNED" in out
+
+
+def test_a_backtick_in_a_host_cannot_break_out_of_code_in_markdown(tmp_path: Path) -> None:
+    from markdown_it import MarkdownIt
+
+    report = Report("env", [Section("s", "S", {}, [ok("gpu.numa", "fine")])],
+                    host="a`b ![t](http://evil/p.png) [l](http://evil/)", argv=["gpucheck"])
+    page = MarkdownIt("commonmark").render(render(report, "markdown"))
+    assert "<img" not in page and "<a href" not in page
+    assert "![t](http://evil/p.png)" in page.replace("&amp;", "&")  # shown as text
+
+
+def test_show_on_a_report_with_a_ten_megabyte_host_is_fast(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    path = _saved_with(tmp_path, host="h" * 10_000_000)
+    started = time.monotonic()
+    assert main(["show", path]) == 0
+    assert time.monotonic() - started < 10
+    assert len(capsys.readouterr().out) < 100_000

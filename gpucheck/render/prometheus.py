@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime as dt
 
 from gpucheck.measure import Metric
+from gpucheck.render.safe import terminal
 from gpucheck.report import Finding, Report
 from gpucheck.subject import Subject
 
@@ -39,12 +40,16 @@ LABELS = ("command", "check", "subject", "gpu", "hca", "port", "status", "action
 def escape(value: str) -> str:
     """A label value as the format wants it: UTF-8 text (a name read from sysfs that is
     not UTF-8 arrives as lone surrogates: they become \\xNN, shown as the bytes, with
-    the backslash escaped), then backslash, newline and double quote escaped."""
+    the backslash escaped), controls as escapes, then backslash and double quote
+    escaped."""
     if not value.isascii():
         try:  # a file name's undecodable bytes (surrogateescape) back to bytes, shown
             value = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         except UnicodeEncodeError:  # any other lone surrogate
             value = value.encode("utf-8", "backslashreplace").decode("ascii")
+    # Other controls (ESC, NUL) and bidi overrides as \\x1b: a label is shown by
+    # terminals and dashboards, never obeyed. A newline keeps the format's own escape.
+    value = "\n".join(map(terminal, value.split("\n")))
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
@@ -185,6 +190,6 @@ def _figures(report: Report, command: dict[str, str]) -> list[str]:
         keys = [k for k in _FIGURE_LABELS if any(labels.get(k) for labels, _ in samples)]
         series = {tuple((k, labels.get(k, "")) for k in keys): value
                   for labels, value in reversed(samples)}  # a series once: the first
-        lines += _header(name, f"A figure gpucheck {report.command} measured ({name}).")
+        lines += _header(name, f"A figure gpucheck {terminal(report.command)} measured ({name}).")
         lines += [f"{name}{_labels(dict(full))} {value!r}" for full, value in series.items()]
     return lines

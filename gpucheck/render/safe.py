@@ -23,7 +23,11 @@ import re
 
 from gpucheck.escape import terminal
 
-__all__ = ["html", "markdown", "markdown_code", "terminal"]
+__all__ = ["html", "markdown", "markdown_code", "shown", "terminal"]
+
+# One field on a terminal: a host name is at most 253 characters and a message a few
+# hundred; a field of megabytes (a hostile report) would take textwrap minutes.
+FIELD_MAX = 4096
 
 _MD_SPECIAL = re.compile(r"([\\`|\[\]])")
 _MD_ANY = re.compile(r"[\\`|\[\]&<>]")
@@ -41,11 +45,21 @@ def markdown(value: object) -> str:
 
 def markdown_code(value: object) -> str:
     """`value` as inline code: a code span shows `<` and `*` as they are; with a
-    backtick in it (which would end the span) as HTML <code> with entities."""
+    backtick in it (which would end the span) as HTML <code>, its text escaped as any
+    Markdown text (Markdown still applies inside an HTML tag: `![t](url)` would load)."""
     text = terminal(value)
     if "`" not in text:
         return f"`{text}`"
-    return "<code>" + _html.escape(text, quote=False).replace("`", "&#96;") + "</code>"
+    return f"<code>{markdown(text)}</code>"
+
+
+def shown(value: object) -> str:
+    """`terminal(value)` for the text report, cut at FIELD_MAX characters (the whole
+    value stays in the JSON report)."""
+    text = terminal(value)
+    if len(text) <= FIELD_MAX:
+        return text
+    return f"{text[:FIELD_MAX]}... ({len(text) - FIELD_MAX} more characters in the JSON report)"
 
 
 def html(value: object) -> str:
