@@ -7,7 +7,7 @@ import textwrap
 from typing import Any
 
 from gpucheck.render.headline import headline_rows
-from gpucheck.render.safe import terminal as esc
+from gpucheck.render.safe import shown as esc
 from gpucheck.render.values import fmt_field, is_table, is_verbatim, table_columns
 from gpucheck.render.words import hint_words, message_words
 from gpucheck.report import Finding, Report, Section, Status
@@ -33,7 +33,7 @@ def render_text(report: Report, color: bool = False, width: int = WIDTH) -> str:
     width = max(width, MIN_WIDTH)
     lines = _wrap(_headline(report), width, "  ")
     if report.scope:
-        lines += _wrap(f"Scope: {report.scope}", width, "  ")
+        lines += _wrap(f"Scope: {esc(report.scope)}", width, "  ")
     lines.append("")
     lines += _figure_lines(report, width)
     lines += _problem_lines(report, color, width)
