@@ -150,3 +150,17 @@ def test_a_decompression_bomb_image_is_skipped_not_a_crash(
         scan_images(str(images))
     monkeypatch.undo()
     assert scan_images(str(images)).files == (first.name,)
+
+
+def test_fleet_bounds_what_all_its_reports_hold_together(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    raw = json.loads((REPORTS / "bench.json").read_text())
+    raw["sections"][0]["data"]["pad"] = [{}] * 1_100_000  # 3.3 MB: well under 32 MiB
+    for n in range(4):  # 4.4 million objects in all, each a Python dict once parsed
+        raw["host"] = f"gpu{n:02d}"
+        (tmp_path / f"n{n}.json").write_text(json.dumps(raw, separators=(",", ":")))
+    assert main(["fleet", str(tmp_path), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fewer files" in err

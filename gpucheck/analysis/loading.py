@@ -28,6 +28,25 @@ BASELINE_KIND = "gpucheck-baseline"
 ANALYSIS_COMMANDS = frozenset({"compare", "fleet"})
 
 
+@dataclass
+class ReadBudget:
+    """What a run that reads many reports (fleet) may read in all: a thousand nodes'
+    reports are tens of MiB, while JSON of nothing but `{}` builds about 30 times its
+    size in memory (4 copies of a 32 MiB one took 3.3 GB and 43 s). Counted before
+    parsing; a UsageError (exit 2) once spent."""
+
+    bytes_left: int = 512 * 1024**2
+    containers_left: int = 4_000_000  # `{` and `[` (in strings too: an upper bound)
+
+    def spend(self, path: str, data: bytes) -> None:
+        self.bytes_left -= len(data)
+        self.containers_left -= data.count(b"{") + data.count(b"[")
+        if self.bytes_left < 0 or self.containers_left < 0:
+            raise UsageError(f"{path}: the reports read so far hold more than a fleet run "
+                             "reads at once (512 MiB, 4 million JSON objects and lists); "
+                             "judge fewer files at a time (one directory per rack)")
+
+
 class ReportError(Exception):
     """A file that is not a readable gpucheck report: `path` and what is wrong."""
 
@@ -88,9 +107,10 @@ def _kind(name: object) -> str:
     return str(name or "").rsplit(".", 1)[-1]
 
 
-def load_report(path: str) -> LoadedReport:
-    """The report at `path`, or ReportError saying what is wrong with the file."""
-    raw = _read_json(path)
+def load_report(path: str, budget: ReadBudget | None = None) -> LoadedReport:
+    """The report at `path`, or ReportError saying what is wrong with the file;
+    UsageError once `budget` (shared by the files of one run) is spent."""
+    raw = _read_json(path, budget)
     check_report_shape(path, raw)
     try:
         metrics, facts = metrics_of(raw), extract_facts(raw)
@@ -102,7 +122,7 @@ def load_report(path: str) -> LoadedReport:
     return LoadedReport(path, raw, metrics, facts)
 
 
-def _read_json(path: str) -> Any:
+def _read_json(path: str, budget: ReadBudget | None = None) -> Any:
     try:
         text = read_capped(path)  # regular files only, at most REPORT_MAX_BYTES
     except IsADirectoryError:
@@ -111,6 +131,8 @@ def _read_json(path: str) -> Any:
         raise ReportError(path, f"{exc.strerror}") from None
     except OSError as exc:
         raise ReportError(path, f"cannot be read ({exc.strerror})") from None
+    if budget is not None:
+        budget.spend(path, text)
     try:
         return parse_json(text)
     except JsonProblem as exc:

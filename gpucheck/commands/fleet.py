@@ -19,7 +19,13 @@ from gpucheck.analysis.baseline import (
     load_baseline,
 )
 from gpucheck.analysis.fleet import DEFAULT_MAD_K, DEFAULT_THRESHOLD, FleetOptions, fleet_sections
-from gpucheck.analysis.loading import LoadedReport, ReportError, load_report, report_paths
+from gpucheck.analysis.loading import (
+    LoadedReport,
+    ReadBudget,
+    ReportError,
+    load_report,
+    report_paths,
+)
 from gpucheck.analysis.nodes import Fleet, Unused, group_reports, newest_created_at
 from gpucheck.analysis.options import fraction, positive
 from gpucheck.commands.option_types import positive_float, positive_int
@@ -126,9 +132,10 @@ def _read(paths: list[str]) -> Fleet:
     """Every readable report; the others are listed. Exit 2 only when none is readable."""
     loaded: list[LoadedReport] = []
     unreadable: list[Unused] = []
+    budget = ReadBudget()  # every file together, not only each alone
     for path in paths:
         try:
-            loaded.append(load_report(path))
+            loaded.append(load_report(path, budget))
         except ReportError as exc:
             unreadable.append(Unused(exc.path, exc.problem))
     if not loaded and not unreadable:
