@@ -33,7 +33,7 @@ def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, timeout_s: float = 2
            retry_s: float = 2.0, sysfs: Path | None = None):
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
     # never this machine's /sys: a bus with no GPU unless the test gives one
-    return probe_nvml(Nvml(timeout_s, retry_timeout_s=retry_s), {}, sysfs or NO_SYSFS)
+    return probe_nvml(Nvml(timeout_s, retry_timeout_s=retry_s), sysfs or NO_SYSFS, {})
 
 
 def _findings(result, check: str, status: Status | None = None):

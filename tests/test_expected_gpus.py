@@ -77,7 +77,7 @@ def test_health_fails_a_gpu_node_whose_driver_did_not_load_and_skips_a_laptop(
 def test_env_fails_a_gpu_the_bus_has_and_nvml_does_not_show(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu()] * 3).module)
-    result = probe_nvml(Nvml(2.0), {}, gpu_node_sysfs(tmp_path, 4))
+    result = probe_nvml(Nvml(2.0), gpu_node_sysfs(tmp_path, 4), {})
     (count,) = [f for s in result.sections for f in s.findings if f.check == "gpu.count"]
     assert (count.status, count.action) == (Status.FAIL, "drain-node")
 

@@ -35,7 +35,8 @@ TORCH_NCCL_SETTINGS = {"distributed/session.py", "distributed/flight.py",
 # Files that name GPUCHECK_ only to classify an environment listing, never to read it.
 OWN_PREFIX_CLASSIFIERS = {"probes/envvars.py", "distributed/envgather.py", "envfacts.py"}
 # The user's settings, read once at the command boundary into RunOptions (file, name).
-USER_SETTINGS = {("cli.py", "GPUCHECK_RUN_DIR")}
+USER_SETTINGS = {("cli.py", "GPUCHECK_RUN_DIR"),
+                 ("probes/gpu_read.py", "GPUCHECK_SYSFS")}  # read from the environ given
 
 # Still to move onto the RunContext (each entry: file, what): nothing left.
 KNOWN: dict[str, set[tuple[str, str]]] = {"state": set(), "env_write": set(),

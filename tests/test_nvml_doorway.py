@@ -39,7 +39,7 @@ def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, steady_s: float = ST
            attach_s: float = ATTACH_S, retry_s: float = HANG_RETRY_S,
            sysfs: Path = Path("/nonexistent/sysfs")):  # never this machine's /sys
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
-    return probe_nvml(Nvml(steady_s, attach_s, retry_s), {}, sysfs)
+    return probe_nvml(Nvml(steady_s, attach_s, retry_s), sysfs, {})
 
 
 def _findings(result, check: str, status: Status | None = None):

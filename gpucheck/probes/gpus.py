@@ -104,8 +104,8 @@ class NvmlResult:
     pci_gpus: int
 
 
-def probe_nvml(nvml: Nvml | None = None, environ: Mapping[str, str] | None = None,
-               sysfs: Path | None = None) -> NvmlResult:
+def probe_nvml(nvml: Nvml | None = None, sysfs: Path | None = None,
+               environ: Mapping[str, str] | None = None) -> NvmlResult:
     """Driver and every GPU (`nvidia-smi -q` and `nvidia-smi topo -m`), and `gpu.count`
     against the GPUs this process should have (`expected_gpus`: SLURM's GRES, the
     container's, the PCI bus); `sysfs` is where the PCI bus and the GPUs' NUMA nodes

@@ -97,7 +97,7 @@ def _phase1(nvml_timeout_s: float, environ: Mapping[str, str],
             kernel_log: str | None = None) -> dict[str, Outcome]:
     return run_concurrently({
         "torch": probe_torch,
-        "nvml": lambda: probe_nvml(Nvml(nvml_timeout_s), environ),
+        "nvml": lambda: probe_nvml(Nvml(nvml_timeout_s), environ=environ),
         "system": probe_system,
         "python": probe_pyenv,
         "environment": lambda: probe_envvars(environ),
