@@ -4,6 +4,7 @@ drain (scontrol replaced by a recording stand-in), and the command line."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -17,6 +18,7 @@ from gpucheck.preflight import actions
 from gpucheck.preflight.budget import Budget
 from gpucheck.preflight.verdict import confirmed_slow_nodes, decide
 from gpucheck.preflight.worker import LINK_SHIFTS
+from gpucheck.report import Report, Section, ok, warn
 
 NODES = 512
 SLOW = 137
@@ -271,3 +273,51 @@ def test_only_the_failing_node_own_rank_0_drains_it(
     preflight._drain(argparse.Namespace(drain=True), SimpleNamespace(device="cuda"),
                      {"failing": [NODE]}, me)
     assert recording_scontrol.exists() is drained
+
+
+# --- what a passing gate prints before the job (issue 36 item 3) -----------------------
+
+def _passed(problems: int) -> Report:
+
+    findings = [ok("preflight.go", "2 rank(s) on 1 node(s) passed: the command starts on "
+                   "every rank")] + [warn("gpu.busy", f"GPU {n} is busy", "look at it")
+                                     for n in range(problems)]
+    return Report("preflight", [Section("preflight", "Preflight: go / no-go", {"go": True},
+                                        findings)] + [
+        Section(f"s{n}", f"Section {n}", {f"key_{k}": k for k in range(10)}) for n in range(12)])
+
+
+def test_a_passing_gate_prints_one_screen_and_writes_the_full_report(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+    import time
+
+    from gpucheck.commands import preflight
+
+    out = tmp_path / "pf.json"
+    args = argparse.Namespace(format=None, quiet=False, outputs=[str(out)], output=None,
+                              baseline=None)
+    preflight._show(_passed(1), args, time.monotonic() - 38)
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0].startswith("gpucheck preflight on ") and shown[0].endswith(" in 38 s")
+    assert any("[WARN] gpu.busy" in line for line in shown)
+    assert shown[-1] == f"Full report: {out}" and len(shown) < 10
+    assert len(json.loads(out.read_text())["sections"]) == 13
+
+
+def test_the_gate_summary_keeps_to_one_screen_however_many_problems() -> None:
+    from gpucheck.render.text import BRIEF_PROBLEM_LINES, render_brief
+
+    lines = render_brief(_passed(40), 12.0, []).splitlines()
+    assert len(lines) <= BRIEF_PROBLEM_LINES + 4
+    assert lines[-2].strip().endswith("more in the full report")
+    assert lines[-1] == "Full report: not kept (add -o FILE.json)"
+
+
+def test_a_gate_without_a_command_does_not_say_one_starts() -> None:
+    from gpucheck.preflight.verdict import verdict_section
+
+    result = {"world_size": 2, "ranks": [{"rank": r, "node_rank": 0, "host": "vm"}
+                                         for r in range(2)], "command_given": False}
+    (go,) = verdict_section(result, [], True).findings
+    assert "none starts" in go.message and "the command starts" not in go.message

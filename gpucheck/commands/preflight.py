@@ -14,12 +14,14 @@ import os
 import shutil
 import signal
 import sys
+import time
 from typing import Any
 
 from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
 from gpucheck.commands.option_types import seconds
 from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
+from gpucheck.render.text import WIDTH
 from gpucheck.report import Report, Section
 
 HELP = ("the gate before a job's first step: GPU health, GEMM and silent data corruption, "
@@ -88,7 +90,8 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan) -> Any:
                          peer_fraction=0.9 if plan.device == "cuda" else 0.5,
                          expected_fraction=0.8, link_fraction=0.5,
                          fault_watch=args.fault_watch, costs_s=costs,
-                         exclude_file=args.exclude_file, outputs=tuple(_outputs(args)))
+                         exclude_file=args.exclude_file, outputs=tuple(_outputs(args)),
+                         command_given=bool(job_command(args)))
 
 
 def _outputs(args: argparse.Namespace) -> list[str]:
@@ -98,6 +101,7 @@ def _outputs(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
+    started = time.monotonic()
     command = job_command(args)
     if args.exclude_file is not None:
         from gpucheck.output import check_writable, discard
@@ -116,7 +120,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
         return _failed(args, exc, ctx)
     except WorkersFailed as exc:
         return _failed(args, JobFailed(exc.failures, None, [], None, reporter=True), ctx)
-    return _decided(args, spec, out, command, ctx)
+    return _decided(args, spec, out, command, ctx, started)
 
 
 def _worker() -> Any:
@@ -126,7 +130,7 @@ def _worker() -> Any:
 
 
 def _decided(args: argparse.Namespace, spec: Any, out: dict[str, Any],
-             command: list[str], ctx: RunContext) -> Report | None:
+             command: list[str], ctx: RunContext, started: float) -> Report | None:
     """Act on the agreed decision: drain (node rank 0), report and exclude file (rank
     0), then exec CMD on a pass or exit 1 on every rank."""
     from gpucheck.distributed.world import world_of
@@ -149,24 +153,33 @@ def _decided(args: argparse.Namespace, spec: Any, out: dict[str, Any],
     _write_exclude(args, decision["failing"])
     if not decision["go"] or not command:
         return report
-    _show(report, args)
+    _show(report, args, started)
     _exec(command)
     return None
 
 
-def _show(report: Report, args: argparse.Namespace) -> None:
+def _show(report: Report, args: argparse.Namespace, started: float) -> None:
     """The passing report, before this process becomes CMD (gpucheck.cli would show it
-    only after `run` returns): --output written, text on stdout unless --quiet."""
-    from gpucheck.cli import emit, file_formats
+    only after `run` returns): every --output written; on stdout, unless --quiet, the
+    verdict, the problems, the seconds spent and where the full report went (one
+    screen before the job's first line), or the whole report in an asked --format."""
+    from gpucheck.cli import emit, file_formats, terminal_width, use_color
     from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
     from gpucheck.render import format_for
+    from gpucheck.render.text import render_brief
 
     baseline = read_baseline_option(args)  # gpucheck.cli adds it to a returned report
     if baseline is not None:
         report.add(baseline_section(report, baseline))
     outputs = _outputs(args)
-    emit(report, format_for(args.format, outputs[0] if outputs else None), outputs,
-         args.quiet, formats=file_formats(args.format, outputs))
+    fmt = format_for(args.format, outputs[0] if outputs else None)
+    if outputs or args.format not in (None, "text"):
+        emit(report, fmt, outputs, quiet=True, formats=file_formats(args.format, outputs))
+    if not args.quiet and (outputs or args.format in (None, "text")):
+        sys.stdout.write(render_brief(report, time.monotonic() - started, outputs,
+                                      use_color(sys.stdout),
+                                      terminal_width(sys.stdout) or WIDTH))
+        sys.stdout.flush()
 
 
 def _exec(command: list[str]) -> None:

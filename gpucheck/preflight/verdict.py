@@ -301,9 +301,10 @@ def verdict_section(result: Mapping[str, Any], failing: Sequence[Mapping[str, An
                              subject=subjects.node(int(node["node_rank"]), node["host"],
                                                    host=node["host"])))
     if go:
+        then = "the command starts on every rank" if result.get("command_given", True) \
+            else "no command was given, so none starts (a check only)"
         findings.append(ok("preflight.go", f"{result['world_size']} rank(s) on "
-                           f"{len(group_by_node(result['ranks']))} node(s) passed: the "
-                           "command starts on every rank"))
+                           f"{len(group_by_node(result['ranks']))} node(s) passed: {then}"))
     elif not failing:
         findings.append(warn("preflight.no_go", "the checks failed without naming a node "
                              "(see the sections below): the command starts on no rank",

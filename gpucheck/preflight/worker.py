@@ -54,6 +54,7 @@ class PreflightSpec:
     outputs: tuple[str, ...] = ()  # rank 0's -o files, checked before the vote
     # The least seconds each check needs; fewer left: it is a SKIP (budget).
     costs_s: tuple[tuple[str, float], ...] = ()
+    command_given: bool = True  # False: a check only, nothing starts after a pass
 
 
 @dataclass
@@ -111,7 +112,7 @@ def _hang_guard(run: Run) -> Any:
 def _initial(world: World, spec: PreflightSpec, ctx: RunContext) -> dict[str, Any]:
     return {"world_size": world.world_size, "device": spec.device, "backend": spec.backend,
             "budget_s": spec.budget_s, "ranks": [asdict(i) for i in roster(ctx)],
-            "checks": {}, "strict": spec.strict,
+            "checks": {}, "strict": spec.strict, "command_given": spec.command_given,
             "fractions": {"peer": spec.peer_fraction, "expected": spec.expected_fraction,
                           "link": spec.link_fraction}}
 

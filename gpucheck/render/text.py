@@ -240,3 +240,22 @@ def _wrap(text: str, width: int, indent: str, first: str = "") -> list[str]:
     """`text` in lines of at most `width` columns; long words (paths) are broken."""
     return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=indent,
                          break_on_hyphens=False) or [first.rstrip()]
+
+
+BRIEF_PROBLEM_LINES = 16  # a gate's summary stays on one screen
+
+
+def render_brief(report: Report, seconds: float, kept: list[str], color: bool = False,
+                 width: int = WIDTH) -> str:
+    """What a gate prints before the job it lets start: the verdict, the problems (one
+    screen at most), the seconds it took and where the full report went."""
+    width = max(width, MIN_WIDTH)
+    lines = _wrap(f"{_headline(report)} in {seconds:.0f} s", width, "  ")
+    problems = _problem_lines(report, color, width)[:-1]
+    if len(problems) > BRIEF_PROBLEM_LINES:
+        problems = problems[:BRIEF_PROBLEM_LINES]
+        shown = sum(line.lstrip().startswith(("[WARN]", "[FAIL]")) for line in problems)
+        problems.append(f"  ... {len(_problems(report)) - shown} more in the full report")
+    where = ", ".join(esc(p) for p in kept) if kept else "not kept (add -o FILE.json)"
+    lines += [*problems, f"Full report: {where}"]
+    return "\n".join([*_paint_verdicts(lines[:1], report, color), *lines[1:]]) + "\n"
