@@ -134,6 +134,31 @@ def test_the_report_renders_through_the_usual_formats(tmp_path: Path, fmt: str,
     assert "bench.images_per_s.rank1" in out and "compare.regression" in out
 
 
+def as_all(tmp_path: Path, *names: str) -> str:
+    """The saved reports of `names` as one `all` report makes them: sections
+    `<command>.<section>`, command "all" (docs/all.md)."""
+    raws = [json.loads(Path(path(n)).read_text()) for n in names]
+    merged = dict(raws[0], command="all", sections=[
+        dict(s, name=f"{r['command']}.{s['name']}") for r in raws for s in r["sections"]])
+    out = tmp_path / "all.json"
+    out.write_text(json.dumps(merged))
+    return str(out)
+
+
+def test_an_all_report_compares_with_a_single_commands_on_the_sections_both_have(
+        tmp_path: Path) -> None:
+    """Issue 36 item 7: compare reads an `all` like the single commands (docs/all.md)."""
+    combined = as_all(tmp_path, "env", "bench")
+    code, report = compare(tmp_path, combined, path("bench_slow"))
+    assert code == 1
+    assert rows(report)["bench.images_per_s.rank1"]["verdict"] == "worse"
+    assert not [n for n in rows(report) if not n.startswith("bench.")]  # env left out
+    assert not findings(report, "compare.missing")
+    same, _ = compare(tmp_path, path("bench"), combined)
+    assert same == 0
+    assert main(["compare", combined, path("comm")]) == 2  # comm did not run in it
+
+
 @pytest.mark.parametrize(("b", "says"), [
     ("malformed", "is not valid JSON"),
     ("not_a_report", "is not a gpucheck report"),

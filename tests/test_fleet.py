@@ -319,7 +319,9 @@ def test_an_older_report_of_the_same_node_and_analysis_reports_are_left_out(
     assert unused["old-gpu01.json"].startswith("an older bench report of gpu01")
 
 
-def test_the_same_inputs_give_a_byte_identical_report(tmp_path: Path) -> None:
+def test_the_same_inputs_give_the_same_report_dated_when_fleet_ran(tmp_path: Path) -> None:
+    """Issue 36 item 7: the header's time is the fleet's own (it said the newest
+    input's), the inputs' span is data; all else is identical for the same inputs."""
     folder = tmp_path / "reports"
     folder.mkdir()
     healthy_fleet(folder, "bench", 4)
@@ -329,10 +331,13 @@ def test_the_same_inputs_give_a_byte_identical_report(tmp_path: Path) -> None:
     for i in range(2):
         out = tmp_path / f"f{i}.json"
         main(["fleet", str(folder), "--nodes", "gpu[01-10]", "-q", "-o", str(out)])
-        outputs.append(out.read_bytes())
-    assert outputs[0] == outputs[1]
-    newest = max(json.loads(p.read_text())["created_at"] for p in folder.glob("bench-*.json"))
-    assert json.loads(outputs[0])["created_at"] == newest
+        outputs.append(json.loads(out.read_bytes()))
+    assert [dict(o, created_at=None) for o in outputs[0:1]] == [
+        dict(o, created_at=None) for o in outputs[1:]]
+    written = sorted(json.loads(p.read_text())["created_at"] for p in folder.glob("bench-*.json"))
+    assert (section(outputs[0], "inputs")["data"]["written_from"],
+            section(outputs[0], "inputs")["data"]["written_to"]) == (written[0], written[-1])
+    assert outputs[0]["created_at"] > written[-1]  # when fleet ran, after its inputs
 
 
 def test_the_order_files_are_given_in_changes_nothing_but_the_command_line(
@@ -391,7 +396,7 @@ def test_a_path_that_does_not_exist_is_a_usage_error(tmp_path: Path,
 
 def test_a_single_healthy_report_is_a_fleet_of_one(tmp_path: Path) -> None:
     code, report = fleet(tmp_path, REPORTS / "bench.json")
-    assert code == 0 and report["host"] == "1 nodes" and report["verdict"] == "OK"
+    assert code == 0 and report["host"] == "1 node" and report["verdict"] == "OK"
     assert ranked(report) == []
     assert os.path.basename(report["argv"][2]) == "bench.json"
 
@@ -433,3 +438,19 @@ def test_a_fleet_written_into_its_own_directory_does_not_read_itself(tmp_path: P
     assert outputs[0] == outputs[1]
     inputs = section(json.loads(outputs[1]), "inputs")["data"]
     assert inputs["unused"] == [] and inputs["unreadable"] == []
+
+
+def test_a_nodes_other_problems_are_counted_apart_from_the_actions_they_call_for() -> None:
+    """Issue 36 item 7: "(+2 more: drain-node, fix-config, rerun)" named three actions
+    for two more problems; the count and the list now say what they are."""
+    from gpucheck.analysis.fleet import _actions_section
+    from gpucheck.analysis.nodes import Reason
+
+    found = [Reason("n1", "FAIL", "drain-node", "stress.sdc.repeat", "wrong"),
+             Reason("n1", "WARN", "fix-config", "stress.numa", "unbound"),
+             Reason("n1", "WARN", "rerun", "bench.rank.straggler", "slow")]
+    actions = _actions_section(found, 1)
+    (row,) = actions.data["nodes"]
+    assert (row["problems"], row["all_actions"]) == (3, "drain-node, fix-config, rerun")
+    (node,) = actions.findings
+    assert f"+{row['problems'] - 1} more;" in node.message

@@ -17,7 +17,7 @@ from gpucheck.analysis.baseline import Baseline, baseline_findings, below_baseli
 from gpucheck.analysis.drift import Drift, drift_reasons, drift_row, find_drift
 from gpucheck.analysis.identity import identity_findings
 from gpucheck.analysis.metrics import gpu_words
-from gpucheck.analysis.nodes import Fleet, Reason, finding_reasons
+from gpucheck.analysis.nodes import Fleet, Reason, finding_reasons, timestamp
 from gpucheck.analysis.outliers import judge_group, outlier_reasons, outlier_row
 from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
 from gpucheck.stats import significant
@@ -67,14 +67,27 @@ def _inputs_section(fleet: Fleet, reasons: list[Reason]) -> Section:
         "reports": sum(commands.values()), "nodes": len(fleet.nodes),
         "commands": ", ".join(f"{c} ({n})" for c, n in commands.items()),
         "unreadable": [{"file": u.path, "problem": u.why} for u in fleet.unreadable],
-        "unused": [{"file": u.path, "why": u.why} for u in fleet.unused]}
+        "unused": [{"file": u.path, "why": u.why} for u in fleet.unused],
+        **_span(fleet)}
     findings = [warn("fleet.unreadable", f"{u.path}: {u.why}", hint="left out; write the "
                      "node's report again (rerun gpucheck on it)", subject=file(u.path))
                 for u in fleet.unreadable]
     findings += identity_findings(fleet, reasons)
+    written = f", written {data['written_from']} to {data['written_to']}" \
+        if data["written_from"] else ""
     findings.append(ok("fleet.inputs", f"{data['reports']} report(s) from {data['nodes']} "
-                       f"node(s): {data['commands']}"))
+                       f"node(s){written}: {data['commands']}"))
     return Section("inputs", "Reports read", data, findings)
+
+
+def _span(fleet: Fleet) -> dict[str, str | None]:
+    """When the reports read were written, oldest and newest (those dated ahead of now
+    left out): the fleet's own time is when it ran (issue 36 item 7)."""
+    future = {r.path for r in fleet.future}
+    stamps = sorted((timestamp(r.report.created_at), r.report.created_at)
+                    for r in fleet.reports if r.report.path not in future)
+    return {"written_from": stamps[0][1] if stamps else None,
+            "written_to": stamps[-1][1] if stamps else None}
 
 
 # --- coverage ----------------------------------------------------------------------
@@ -274,7 +287,8 @@ def _actions_section(reasons: Sequence[Reason], nodes: int) -> Section:
         details += [{"node": node, "status": r.status, "action": r.action, "from": r.source,
                      "check": r.check, "subject": r.subject, "message": r.message}
                     for r in found]
-        others = f" (+{len(found) - 1} more: {_all_actions(found)})" if len(found) > 1 else ""
+        others = f" (+{len(found) - 1} more; actions of all {len(found)}: " \
+            f"{_all_actions(found)})" if len(found) > 1 else ""
         findings.append(Finding("fleet.node", Status(top.status), f"{top.check}: "
                                 f"{top.message}{others}", top.hint or "see the reasons table",
                                 host(node), relayed=top.action))

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 
 from gpucheck.analysis.compare import Side, compare_sections
+from gpucheck.analysis.facts import extract_facts
 from gpucheck.analysis.loading import LoadedReport, ReportError, load_report
+from gpucheck.analysis.metrics import metrics_of
 from gpucheck.analysis.nodes import newest_created_at
 from gpucheck.analysis.options import fraction
 from gpucheck.context import RunContext
@@ -32,16 +34,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report:
     threshold = fraction(args.threshold, "--threshold")
-    a, b = _load(args.a), _load(args.b)
-    if a.command != b.command:
-        raise UsageError(f"{b.path}: is a report of gpucheck {b.command}, {a.path} one of "
-                         f"gpucheck {a.command}: compare needs two reports of the same command")
+    a, b = _shared(_load(args.a), _load(args.b))
     sides = [Side(r, r.metrics, r.facts) for r in (a, b)]
     hosts = a.host if a.host == b.host else f"{a.host} vs {b.host}"
     # created_at and host come from the inputs: the same two files give the same report.
     return Report("compare", compare_sections(sides[0], sides[1], threshold),
                   argv=["gpucheck", "compare", args.a, args.b, "--threshold", args.threshold],
                   host=hosts, created_at=newest_created_at([a, b]))
+
+
+def _shared(a: LoadedReport, b: LoadedReport) -> tuple[LoadedReport, LoadedReport]:
+    """Two reports of one command; an `all` report against one command's report is read
+    as that command's: its sections of it, `<command>.<section>` (docs/all.md)."""
+    if a.command == b.command:
+        return a, b
+    single = b.command if a.command == "all" else a.command if b.command == "all" else None
+    if single is not None:
+        part = _part(a if a.command == "all" else b, single)
+        if part.sections:  # the `all` ran that command
+            return (part, b) if a.command == "all" else (a, part)
+    raise UsageError(f"{b.path}: is a report of gpucheck {b.command}, {a.path} one of "
+                     f"gpucheck {a.command}: compare needs two reports of the same command "
+                     "(or an `all` report that ran it)")
+
+
+def _part(report: LoadedReport, command: str) -> LoadedReport:
+    """An `all` report's sections of one command, its metrics and facts read again."""
+    raw = dict(report.raw, sections=[s for s in report.sections
+                                     if str(s.get("name", "")).split(".", 1)[0] == command])
+    return LoadedReport(report.path, raw, metrics_of(raw), extract_facts(raw))
 
 
 def _load(path: str) -> LoadedReport:

@@ -72,12 +72,15 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report:
     fleet = _read(_inputs(args))
     future = {r.path for r in fleet.future}  # a forged date must not date the fleet's report
     loaded = [r.report for r in fleet.reports if r.report.path not in future]
+    # The report's time is when fleet ran (the inputs' span is in its inputs section);
+    # a saved baseline is as of its newest input.
+    count = len(fleet.nodes)
     report = Report("fleet", fleet_sections(fleet, options), argv=_argv(args),
-                    host=f"{len(fleet.nodes)} nodes", created_at=newest_created_at(loaded))
+                    host=f"{count} node{'' if count == 1 else 's'}")
     if args.save_baseline is not None:
         try:
             _save_baseline(args.save_baseline, fleet, options.threshold, options.mad_k,
-                           report.created_at)
+                           newest_created_at(loaded))
         except WriteError as exc:  # a full disk: the fleet's judgement is not lost
             report.add(Section("save_baseline", "Baseline not saved", {"file": args.save_baseline},
                                [fail("fleet.save_baseline", str(exc), hint="free space or give "
