@@ -112,3 +112,20 @@ def test_no_signal_in_a_deferred_step_changes_nothing() -> None:
     with deferred_interrupts():
         pass
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_health_run_stopped_by_sigterm_still_says_until_when_it_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpucheck.cli import main
+    from gpucheck.commands import health
+
+    def terminated(*args: object) -> None:
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(health, "collect_health_report", terminated)
+    prom = tmp_path / "gpucheck.prom"
+    assert main(["health", "-q", "-o", str(prom), "--valid-for", "600"]) == 143
+    text = prom.read_text()
+    assert "gpucheck_valid_until_timestamp_seconds{" in text
+    until = float(text.split("gpucheck_valid_until_timestamp_seconds{")[1].split()[1])
+    assert 500 < until - time.time() <= 600

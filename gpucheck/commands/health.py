@@ -30,7 +30,7 @@ from gpucheck.health.state import DEFAULT_CONSUMER, checked_state_dir
 from gpucheck.probes.gpu_read import sysfs_root
 from gpucheck.probes.kernel_log import checked_kernel_log_path
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S
-from gpucheck.report import Report
+from gpucheck.report import Report, Section
 
 HELP = ("fast node health for schedulers and monitors (NVML, Xid since the last check, "
         "InfiniBand ports) under a time budget; never imports torch")
@@ -131,6 +131,21 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report:
     options = options_from(args, ctx.launcher_env)
     # The budget counts from the process's start: what a scheduler times is all of it.
     return collect_health_report(options, start_of_run(options.budget_s))
+
+
+def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report:
+    """A run stopped (SIGTERM, a scheduler's timeout) still says until when its word
+    holds, as a finished one does: a Prometheus alert on a stale `valid_until` must
+    fire for it too."""
+    import datetime as dt
+
+    try:
+        valid_for = _positive(args.valid_for, "--valid-for", MAX_VALID_FOR_S)
+    except UsageError:
+        valid_for = DEFAULT_VALID_FOR_S
+    until = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=valid_for)
+    data = {"valid_until": until.isoformat(timespec="seconds"), "unfinished": ["all"]}
+    return Report(command="health", sections=[Section("health", "Health check run", data)])
 
 
 def exit_code(report: Report, args: argparse.Namespace) -> int:
