@@ -8,6 +8,10 @@
 # does not end in .prom, so the collector ignores it). The exit code is not needed:
 # the verdict is in the metrics, and a run that writes nothing leaves
 # gpucheck_valid_until_timestamp_seconds to go stale, which the alert rules catch.
+# A state file it cannot read, and fewer GPUs than the node should have, are FAILs
+# (gpucheck_check_status{check="health.state"} and {check="gpu.count"} at 3): the FAIL
+# alert fires until an administrator runs `gpucheck health --set-healthy` or the GPUs
+# are back.
 GPUCHECK=${GPUCHECK:-gpucheck}
 STATE_DIR=${GPUCHECK_STATE_DIR:-/var/lib/gpucheck}
 TEXTFILE_DIR=${TEXTFILE_DIR:-/var/lib/node_exporter/textfile}

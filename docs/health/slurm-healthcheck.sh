@@ -14,6 +14,13 @@
 #   starts with "gpucheck health"): a drain set by a person stays;
 # - gpucheck could not tell (exit 2: a check did not finish in its budget, or a bad
 #   option): change nothing and say so on stderr (slurmd logs it).
+# Two problems gpucheck itself makes a FAIL, so this drains for them as for any other:
+# - a state file it cannot read (damaged, a newer gpucheck's): the node is not known to
+#   be healthy, and stays drained until an administrator runs
+#   `gpucheck health --set-healthy --state-dir $STATE_DIR` (the drain reason says so);
+# - fewer GPUs than the node should have (--expect-gpus in GPUCHECK_HEALTH_ARGS, else
+#   the NVIDIA GPUs on its PCI bus, or fewer than an earlier check saw): drained until
+#   NVML shows them all again.
 # It always exits 0: slurmd kills it after 60 s, and the budget keeps it far below.
 GPUCHECK=${GPUCHECK:-gpucheck}
 STATE_DIR=${GPUCHECK_STATE_DIR:-/var/lib/gpucheck}

@@ -9,7 +9,10 @@
 # but the drain reason Slurm writes then is its own; so on a problem this drains the
 # node itself with gpucheck's one line, then exits 1. A short budget: every job waits
 # for it. Under --convention slurm an unknown (a check that did not finish) exits 0:
-# a job is never refused because gpucheck could not tell.
+# a job is never refused because gpucheck could not tell. A state file it cannot read
+# (not known to be healthy until `gpucheck health --set-healthy`) and fewer GPUs than
+# the node should have (its PCI bus, SLURM's GRES for the job, --expect-gpus) are FAILs:
+# drained, the job requeued.
 GPUCHECK=${GPUCHECK:-gpucheck}
 STATE_DIR=${GPUCHECK_STATE_DIR:-/var/lib/gpucheck}
 NODE=${GPUCHECK_NODE:-$(hostname -s)}
