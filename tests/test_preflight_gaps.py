@@ -27,12 +27,12 @@ def _runner(answers: dict[str, object], seen: list[tuple[str, float]] | None = N
 
 
 def test_kernel_log_without_xids_is_ok() -> None:
-    found = kernel_log_findings([], runner=_runner({"dmesg": HEALTHY}))
+    found = kernel_log_findings([], runner=_runner({"dmesg": HEALTHY}), environ={})
     assert [(f.check, f.status.value) for f in found] == [("kernel_log.xid", "OK")]
 
 
 def test_an_xid_79_since_boot_fails_and_fails_the_node() -> None:
-    found = kernel_log_findings([], runner=_runner({"dmesg": HEALTHY + XID79}))
+    found = kernel_log_findings([], runner=_runner({"dmesg": HEALTHY + XID79}), environ={})
     [xid] = [f for f in found if f.status.value == "FAIL"]
     assert xid.check == "kernel_log.xid" and "79" in xid.message
     decision = decide(_result({"nvml": {"state": "done", "nodes": [
@@ -46,10 +46,27 @@ def test_an_unreadable_kernel_log_is_a_skip_with_commands_bounded() -> None:
     seen: list[tuple[str, float]] = []
     fails = {"dmesg": subprocess.TimeoutExpired("dmesg", 1.0),
              "journalctl": subprocess.TimeoutExpired("journalctl", 1.0)}
-    found = kernel_log_findings([], within_s=0.5, runner=_runner(fails, seen))
+    found = kernel_log_findings([], within_s=0.5, runner=_runner(fails, seen), environ={})
     assert [(f.check, f.status.value) for f in found] == [("kernel_log.read", "SKIP")]
     assert [name for name, _ in seen] == ["/dev/kmsg", "journalctl", "dmesg"]
     assert all(timeout <= 0.5 for _, timeout in seen)  # cut to the share of the budget
+
+
+def test_cpu_ranks_read_the_xid_history_too_and_an_xid_79_is_no_go(tmp_path) -> None:
+    from gpucheck.preflight.checks import nvml_findings
+    from gpucheck.probes.kernel_log import KERNEL_LOG_VAR
+
+    log = tmp_path / "kern.log"
+    log.write_text(HEALTHY + XID79)
+    environ = {KERNEL_LOG_VAR: str(log), "GPUCHECK_SYSFS": str(tmp_path / "no-sysfs")}
+    found = nvml_findings("cpu", kernel_log_s=1.0, environ=environ)
+    assert ("kernel_log.xid", "FAIL") in [(f["check"], f["status"]) for f in found]
+    decision = decide(_result({"nvml": {"state": "done", "nodes": [
+        {"node_rank": 0, "findings": found}]}}, device="cpu"))
+    assert decision["go"] is False and decision["failing"][0]["checks"] == ["kernel_log.xid"]
+    log.write_text(HEALTHY)
+    clean = nvml_findings("cpu", kernel_log_s=1.0, environ=environ)
+    assert [f["status"] for f in clean if f["check"].startswith("kernel_log")] == ["OK"]
 
 
 def _result(checks: dict, device: str = "cuda", nodes: int = 1, per_node: int = 2) -> dict:

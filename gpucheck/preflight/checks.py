@@ -39,8 +39,9 @@ def nvml_findings(device: str, own_pids: Collection[int] = (),
     as dicts. `nvidia-smi -q` shows the same fields. The job's own ranks (`own_pids`)
     are on the GPUs by now: `gpu.busy` counts only the other processes. The XIDs of
     this boot come from the kernel log (`kernel_log_findings`)."""
-    if device != "cuda":
-        return [_cpu_ranks(environ).to_dict()]
+    if device != "cuda":  # no GPU to read, but a node whose log holds an Xid is no go
+        return [f.to_dict() for f in (_cpu_ranks(environ),
+                                      *kernel_log_findings([], kernel_log_s, environ=environ))]
     from gpucheck.probes.gpu_judge import busy_finding
     from gpucheck.probes.gpus import probe_nvml
 
@@ -85,14 +86,18 @@ def large_allocation(rank: int, device: str, fraction: float) -> dict[str, Any]:
 
 def kernel_log_findings(gpus: Sequence[Any], within_s: float = KERNEL_LOG_S,
                         runner: Callable[..., Any] | None = None,
-                        clock: Callable[[], float] = time.monotonic) -> list[Finding]:
-    """The XIDs since boot: this boot's kernel log read as env reads it (dmesg, else
+                        clock: Callable[[], float] = time.monotonic,
+                        environ: Mapping[str, str] | None = None) -> list[Finding]:
+    """The XIDs since boot: this boot's kernel log read as env reads it (/dev/kmsg, else
     journalctl -k -b; never a world-writable syslog file: gpucheck.probes.kernel_log),
-    judged by the XID table (gpucheck.probes.xid_section). Each command's own timeout
-    is cut to `within_s` in all, so a slow journal is a SKIP within the budget, never
-    a wait past it; unreadable is a SKIP with the reason."""
-    from gpucheck.probes.kernel_log import read_live_log, run_command
+    or the saved log GPUCHECK_KERNEL_LOG names, judged by the XID table
+    (gpucheck.probes.xid_section). Each command's own timeout is cut to `within_s` in
+    all, so a slow journal is a SKIP within the budget, never a wait past it;
+    unreadable is a SKIP with the reason."""
+    from gpucheck.probes.kernel_log import KERNEL_LOG_VAR, read_kernel_log, run_command
     from gpucheck.probes.xid_section import kernel_log_section
+
+    saved = (os.environ if environ is None else environ).get(KERNEL_LOG_VAR) or None
 
     run = runner or run_command
     end = clock() + within_s
@@ -101,7 +106,7 @@ def kernel_log_findings(gpus: Sequence[Any], within_s: float = KERNEL_LOG_S,
         return run(argv, max(0.05, min(timeout_s, end - clock())))
 
     try:
-        log = read_live_log(capped)
+        log = read_kernel_log(saved, capped)
     except Exception as exc:  # a probe that fails is a finding, never a crash
         return [skip("kernel_log.read", f"the kernel log could not be read within "
                      f"{within_s:g} s: {type(exc).__name__}: {exc}")]
