@@ -155,9 +155,10 @@ def _metrics_section(a: Side, b: Side, threshold: float) -> Section:
     if not worse:
         better = sum(1 for r in table if r["verdict"] == "better")
         compared = sum(1 for r in table if r["verdict"] in ("same", "better", "within noise"))
-        findings.append(ok("compare.metrics", f"{compared} metric(s) compared: none worse "
-                           f"in B beyond its threshold ({threshold:.0%}, or its runs' noise "
-                           f"when larger), {better} better"))
+        says = skip if not compared and any(r["verdict"] == "too noisy" for r in table) else ok
+        findings.append(says("compare.metrics", f"{compared} metric(s) compared: none worse "
+                             f"in B beyond its threshold ({threshold:.0%}, or its runs' noise "
+                             f"when larger), {better} better"))
     data = {"threshold": threshold, "metrics": table}
     return Section("metrics", f"Metrics (B against A; worse beyond {threshold:.0%}, or the "
                    "runs' own noise when larger, fails)", data, findings)
