@@ -111,13 +111,19 @@ def _after_boot(seconds: str) -> str:
     return f"{seconds} s after boot"
 
 
+def _usec_after_boot(usec: int) -> str:
+    """Microseconds since boot as dmesg shows them ("1283.204000 s after boot"), so a
+    line keeps one fingerprint whichever source read it (gpucheck.health.xids)."""
+    return _after_boot(f"{usec // 10**6}.{usec % 10**6:06d}")
+
+
 def _kmsg_record(match: re.Match[str]) -> Record | None:
     """A /dev/kmsg record; None for one that is not the kernel's (facility != 0)."""
     if int(match["pri"]) >> 3 != KERNEL_FACILITY:
         return None
     text = _ESCAPED.sub(lambda m: chr(int(m[1], 16)), match["text"])
-    usec = int(match["usec"])
-    return Record(_after_boot(f"{usec // 10**6}.{usec % 10**6:06d}"), tuple(text.split("\n")))
+    return Record(_usec_after_boot(int(match["usec"])),
+                  tuple(text.split("\n")[:RECORD_LINES]))
 
 
 def start_record(line: str) -> Record | None:
@@ -175,8 +181,7 @@ def journal_records(lines: Iterable[str]) -> Iterator[Record]:
             continue
         text = _journal_text(entry.get("MESSAGE"))
         usec = str(entry.get("_SOURCE_MONOTONIC_TIMESTAMP", ""))
-        stamp = _after_boot(f"{int(usec) // 10**6}.{int(usec) % 10**6:06d}") \
-            if usec.isdigit() and len(usec) < 20 else None
+        stamp = _usec_after_boot(int(usec)) if usec.isdigit() and len(usec) < 20 else None
         if text:
             yield Record(stamp, tuple(text.split("\n")[:RECORD_LINES]))
 
