@@ -327,3 +327,29 @@ def test_a_blocked_process_is_a_note_not_a_hang(tmp_path: Path, monkeypatch) -> 
     assert found.blocked == [pid] and found.not_ranks == []
     assert code == 0 and any(str(pid) in n for s in report["sections"]
                              for n in s["data"].get("notes", []))
+
+
+def test_a_crowd_claiming_huge_local_worlds_makes_up_no_more_ranks_than_the_node_holds(
+        monkeypatch) -> None:
+    """300 processes of another user, each RANK=0 WORLD_SIZE=1048576 LOCAL_WORLD_SIZE=
+    1024 (each its own job: one rank claimed twice): 81,840 dead ranks before. The
+    user's own job, watched first, still has its missing rank called dead."""
+    from gpucheck.hang import live, procs
+
+    crowd = {f"launcher pid 1 process {pid} (other)": [
+        RankProcess(pid, 0, 1 << 20, 0, 1024, "launcher pid 1", "python", user="other")]
+        for pid in range(10_000, 10_300)}
+    own = {"127.0.0.1:1/ (me)": [RankProcess(9_000 + r, r, 3, r, 3, "127.0.0.1:1/", "python",
+                                             user="me") for r in (0, 1)]}
+    monkeypatch.setattr(live, "discover", lambda pids: procs.Discovery(jobs={**crowd, **own}))
+    monkeypatch.setattr(live, "_me", lambda: "me")
+    monkeypatch.delenv("SUDO_USER", raising=False)
+    monkeypatch.setattr(live, "watch", lambda ranks, host, *a: (
+        [observe.RankView(r.rank, r.local_rank, r.world_size, r.pid, host, watched=False)
+         for r in ranks], None))
+    started = time.monotonic()
+    view = live.node_view(None, 1.0, "node7", 0, 3.0)
+    assert time.monotonic() - started < 5
+    assert sum(len(v) for v in view["jobs"].values()) == 300 + 2 + 1
+    assert [v["rank"] for v in view["jobs"]["127.0.0.1:1/ (me)"]] == [0, 1, 2]
+    assert any("more ranks than this machine can hold" in n for n in view["notes"])

@@ -16,7 +16,13 @@ import psutil
 from gpucheck.errors import UsageError
 from gpucheck.hang.findings import armed, job_row, jobs_section, ranks_section
 from gpucheck.hang.observe import RankView, watch
-from gpucheck.hang.procs import Discovery, RankProcess, discover, missing_local_ranks
+from gpucheck.hang.procs import (
+    Discovery,
+    RankProcess,
+    discover,
+    missing_local_ranks,
+    node_capacity,
+)
 from gpucheck.report import Section, skip
 
 
@@ -27,6 +33,27 @@ def _dead_views(ranks: list[RankProcess], host: str) -> list[RankView]:
             views.append(RankView(rank, local, ranks[0].world_size, None, host,
                                   state="exited", state_start="exited"))
     return views
+
+
+def _dead_by_job(found: Discovery, jobs: list[str], host: str
+                 ) -> tuple[dict[str, list[RankView]], list[str]]:
+    """Each job's missing local ranks as dead, the jobs in watch order (the user's own
+    first), while the ranks found and those made dead fit what this machine can hold
+    (`node_capacity`); a job that would pass it has none made up, and a note says so."""
+    capacity = room = node_capacity()
+    dead: dict[str, list[RankView]] = {}
+    left_out = 0
+    for job in jobs:
+        room -= len(found.jobs[job])
+        views = _dead_views(found.jobs[job], host)
+        if len(views) > room:
+            left_out += 1
+            continue
+        room -= len(views)
+        dead[job] = views
+    notes = [f"{left_out} job(s) claim more ranks than this machine can hold ({capacity} "
+             "in all): their missing ranks are not called dead"] if left_out else []
+    return dead, notes
 
 
 def _notes(found: Discovery) -> list[str]:
@@ -84,15 +111,16 @@ def node_view(pids: Sequence[int] | None, window_s: float, host: str, node_rank:
     jobs: dict[str, list[dict[str, Any]]] = {}
     for (job, _), view in zip(order, views, strict=True):
         jobs.setdefault(job, []).append(view.to_dict())
-    for job, ranks in found.jobs.items():
+    dead, bound_notes = _dead_by_job(found, list(jobs), host)
+    for job, dead_views in dead.items():
         # A job none of whose processes could be watched is not judged here: its
         # missing ranks are not called dead either (it is a row of the jobs table).
         watched = any(raw["watched"] for raw in jobs[job])
-        jobs[job].extend({**v.to_dict(), "watched": watched} for v in _dead_views(ranks, host))
+        jobs[job].extend({**v.to_dict(), "watched": watched} for v in dead_views)
     for raw in jobs.values():
         for view_dict in raw:
             view_dict["node_rank"] = node_rank
-    notes = _notes(found) + ([gpu_note] if gpu_note and found.jobs else [])
+    notes = _notes(found) + bound_notes + ([gpu_note] if gpu_note and found.jobs else [])
     return {"jobs": jobs, "notes": notes}
 
 

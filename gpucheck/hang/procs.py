@@ -41,6 +41,9 @@ ALLOWED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
 # 100k ranks; a node runs at most a few hundred (one per core on a CPU job).
 MAX_WORLD_SIZE = 1 << 20
 MAX_LOCAL_WORLD_SIZE = 1024
+# What one node can hold in all (ranks found plus ranks called dead): a rank per CPU,
+# never fewer than this (a small VM runs a few CPU ranks per core in tests and CI).
+MIN_NODE_RANKS = 64
 # /proc/PID/environ is at most ARG_MAX (a quarter of the stack limit, 2 MiB by
 # default) but a raised stack limit lifts that; launchers' variables come early
 # enough in any environment a job really has.
@@ -392,6 +395,13 @@ def missing_local_ranks(ranks: list[RankProcess]) -> list[tuple[int | None, int]
     present = {r.local_rank for r in ranks}
     return [(None if offset is None else offset + local, local)
             for local in range(size) if local not in present]
+
+
+def node_capacity() -> int:
+    """How many ranks this machine can hold: what another user's environments claim
+    is believed up to it (300 processes claiming LOCAL_WORLD_SIZE=1024 made 81,840
+    dead ranks and 70 MB of report)."""
+    return max(os.cpu_count() or 1, MIN_NODE_RANKS)
 
 
 def describe_env(rank: RankProcess) -> dict[str, Any]:
