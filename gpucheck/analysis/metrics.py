@@ -17,7 +17,6 @@ would make one corrected error an outlier. docs/fleet.md lists every name.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -39,14 +38,14 @@ def metrics_of(report: Report | Mapping[str, Any]) -> dict[str, Metric]:
     return {k: found[k] for k in sorted(found, key=metric_order)}
 
 
-_SIZED = re.compile(r"(.*)@(\d+)(.*)")
-
-
 def metric_order(key: str) -> tuple[str, int, str]:
     """How metric keys are listed: by family, then message size as a number (@1024
     before @131072 before @1048576), then position."""
-    sized = _SIZED.fullmatch(key)
-    return (sized[1], int(sized[2]), sized[3]) if sized else (key, -1, "")
+    name, at, rest = key.partition("@")
+    digits = len(rest) - len(rest.lstrip("0123456789"))
+    if not at or not digits or digits > 18:  # a size, not a forged run of digits
+        return (key, -1, "")
+    return (name, int(rest[:digits]), rest[digits:])
 
 
 def _all(report: Report | Mapping[str, Any]) -> Iterable[Metric]:
