@@ -26,6 +26,7 @@ from gpucheck.commands import registry
 from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
 from gpucheck.context import RunContext, RunOptions
 from gpucheck.distributed import caught, progress, terminal
+from gpucheck.distributed.deadline import exit_after_abort
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
 from gpucheck.escape import encodable
 from gpucheck.escape import terminal as shown
@@ -145,8 +146,11 @@ def program(argv: list[str] | None, options: RunOptions) -> int:
     except registry.BadOption as exc:
         print(exc, file=sys.stderr)
         return EXIT_USAGE
+    ctx = context(args, options, dict(os.environ))
     with signals_as_interrupts():
-        return _run(args, context(args, options, dict(os.environ)))
+        # A failed NCCL group aborted in this process: its report written, the process
+        # ends through os._exit with the command's code (gpucheck.distributed.deadline).
+        return exit_after_abort(lambda: ctx.session.aborted, lambda: _run(args, ctx))
 
 
 def context(args: argparse.Namespace, options: RunOptions,

@@ -144,6 +144,12 @@ class Session:
     roster: list[Any] = field(default_factory=list)
     gpu: Any = None  # gpucheck.devices.GpuIdentity on CUDA, else None
     store: Any = None
+    # gpucheck's own deadline on a host wait in the group (the command's timeout:
+    # distributed.deadline), the NCCL settings it chose where the user had none, and
+    # whether a failed NCCL group was aborted (the process then ends through os._exit).
+    wait_s: float = 0.0
+    backstop: dict[str, str] = field(default_factory=dict)
+    aborted: bool = False
 
 
 @dataclass

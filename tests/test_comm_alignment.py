@@ -38,6 +38,9 @@ class SimWork:
     def wait(self) -> None:  # the host waits after the end mark: nothing to simulate
         pass
 
+    def is_completed(self) -> bool:
+        return True
+
     def block_current_stream(self) -> None:  # one stream per rank in this model
         pass
 
@@ -51,6 +54,9 @@ class SimClock:
 
     def stop(self) -> None:
         self.rank.issue("stop")
+
+    def ended(self) -> bool:
+        return True
 
     def seconds(self) -> float:
         return 0.0  # read after `resolve`, from rank.events
@@ -86,7 +92,7 @@ def windows_us(align: bool) -> list[float]:
     ranks = [SimRank(0.0), SimRank(SKEW_US)]
     for rank in ranks:
         collectives.time_batch([_launcher(rank)] * ITERS, SimClock(rank), back_to_back=True,
-                               align=_launcher(rank) if align else None)
+                               wait_s=60.0, align=_launcher(rank) if align else None)
     resolve(ranks)
     return [rank.events["stop"] - rank.events["start"] for rank in ranks]
 

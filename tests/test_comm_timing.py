@@ -3,8 +3,9 @@
 Fake work handles and a fake clock write into one log, and `torch.distributed`'s
 functions are replaced by recorders, so the tests see exactly what the timed loop
 asks of NCCL and when: under NCCL every op of a batch is launched (async_op=True)
-before the host waits on any, the end mark goes on the stream before the waits, and
-the batch ends in exactly one device synchronisation (the clock's `seconds`).
+before the host polls any (`poll`: `is_completed()`, under gpucheck's deadline), the
+end mark goes on the stream before the polls and is polled too (`ended`), and the
+batch ends in exactly one read of the clock (`seconds`), once everything is done.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class FakeWork:
         self.log.events.append(("wait", self.number))
         return True
 
+    def is_completed(self) -> bool:
+        self.log.events.append(("poll", self.number))
+        return True
+
     def block_current_stream(self) -> None:
         self.log.events.append(("block", self.number))
 
@@ -56,9 +61,16 @@ class FakeClock:
     def stop(self) -> None:
         self.log.events.append(("stop",))
 
+    def ended(self) -> bool:
+        self.log.events.append(("ended",))
+        return True
+
     def seconds(self) -> float:
         self.log.events.append(("seconds",))
         return 1.0
+
+
+WAIT_S = 60.0  # gpucheck's deadline: never reached by these handles
 
 
 def _launcher(log: Log, name: str) -> Any:
@@ -106,54 +118,59 @@ def _kinds(events: list[Event]) -> list[str]:
 
 def test_a_back_to_back_batch_launches_every_op_before_the_first_wait() -> None:
     log = Log()
-    seconds = collectives.time_batch([_launcher(log, "op")] * 4, FakeClock(log), back_to_back=True)
+    seconds = collectives.time_batch([_launcher(log, "op")] * 4, FakeClock(log),
+                                     back_to_back=True, wait_s=WAIT_S)
     assert log.events == [
         ("start",),
         *[("launch", "op")] * 4,
         *[("block", n) for n in range(4)],  # the stream waits on every op, host free
-        ("stop",),  # the end mark is on the stream before the host waits
-        *[("wait", n) for n in range(4)],
-        ("seconds",),  # the one device synchronisation, last
+        ("stop",),  # the end mark is on the stream before the host polls
+        *[("poll", n) for n in range(4)], ("ended",),  # under gpucheck's deadline
+        *[("wait", n) for n in range(4)],  # each op's own error, if any
+        ("seconds",),  # the one read of the clock, last
     ]
     assert seconds == 1.0
 
 
 def test_a_one_at_a_time_batch_waits_on_each_op_before_the_next() -> None:
     log = Log()
-    collectives.time_batch([_launcher(log, "op")] * 3, FakeClock(log), back_to_back=False)
+    collectives.time_batch([_launcher(log, "op")] * 3, FakeClock(log), back_to_back=False,
+                           wait_s=WAIT_S)
     assert log.events == [("start",), ("launch", "op"), ("wait", 0), ("launch", "op"),
                           ("wait", 1), ("launch", "op"), ("wait", 2), ("stop",),
                           ("seconds",)]
 
 
-def test_a_long_batch_waits_on_the_op_max_in_flight_launches_back(
+def test_a_long_batch_polls_the_op_max_in_flight_launches_back(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(collectives, "MAX_IN_FLIGHT", 2)
     log = Log()
-    collectives.time_batch([_launcher(log, "op")] * 5, FakeClock(log), back_to_back=True)
+    collectives.time_batch([_launcher(log, "op")] * 5, FakeClock(log), back_to_back=True,
+                           wait_s=WAIT_S)
     launched_before_stop = log.events[:log.events.index(("stop",))]
     assert launched_before_stop == [
-        ("start",), ("launch", "op"), ("launch", "op"), ("wait", 0), ("launch", "op"),
-        ("wait", 1), ("launch", "op"), ("wait", 2), ("launch", "op"),
+        ("start",), ("launch", "op"), ("launch", "op"), ("poll", 0), ("launch", "op"),
+        ("poll", 1), ("launch", "op"), ("poll", 2), ("launch", "op"),
         *[("block", n) for n in range(5)]]
     assert log.events[-1] == ("seconds",) and _kinds(log.events).count("seconds") == 1
 
 
 @pytest.mark.parametrize(("collective", "torch_name"), sorted(TORCH_NAMES.items()))
-def test_the_nccl_timed_loop_launches_every_op_async_and_waits_once_at_the_end(
+def test_the_nccl_timed_loop_launches_every_op_async_and_polls_once_at_the_end(
         monkeypatch: pytest.MonkeyPatch, collective: str, torch_name: str) -> None:
     log = Log()
     _fake_dist(monkeypatch, log, backend="nccl")
     iters = 5
-    timing = collectives.measure(collective, 1024, iters, 2, "cpu")
+    timing = collectives.measure(collective, 1024, iters, 2, "cpu", WAIT_S)
     timed = log.events[log.events.index(("start",)):]
     launches = [e for e in timed if e[0] == "launch"]
-    # The timed ops, then the one synchronous call that checks the result.
-    assert launches == [("launch", torch_name, True)] * iters + [("launch", torch_name, False)]
-    first_wait = _kinds(timed).index("wait")
-    assert _kinds(timed[:first_wait]).count("launch") == iters
+    # The timed ops, then the one call that checks the result, polled the same way.
+    assert launches == [("launch", torch_name, True)] * (iters + 1)
+    first_poll = _kinds(timed).index("poll")
+    assert _kinds(timed[:first_poll]).count("launch") == iters
     assert _kinds(timed) == ["start", *["launch"] * iters, *["block"] * iters, "stop",
-                             *["wait"] * (iters + 1), "seconds", "launch"]
+                             *["poll"] * (iters + 1), "ended", *["wait"] * (iters + 1),
+                             "seconds", "launch", "block", "poll", "wait"]
     assert timing.time_s == pytest.approx(1.0 / iters)
 
 
@@ -164,31 +181,31 @@ def test_the_nccl_clock_starts_on_the_stream_after_an_untimed_all_reduce_of_ever
     counts the wait for the last one."""
     log = Log()
     _fake_dist(monkeypatch, log, backend="nccl")
-    collectives.measure("all_gather", 1024, 3, 1, "cpu")
+    collectives.measure("all_gather", 1024, 3, 1, "cpu", WAIT_S)
     after_barrier = log.events[log.events.index(("barrier",)) + 1:]
     assert after_barrier[:3] == [("launch", "all_reduce", True), ("block", 1), ("start",)]
-    rendezvous_wait = after_barrier.index(("wait", 1))
-    assert rendezvous_wait > after_barrier.index(("stop",))  # waited with the timed ops
-    assert rendezvous_wait < after_barrier.index(("seconds",))  # bounded before the sync
+    rendezvous_poll = after_barrier.index(("poll", 1))
+    assert rendezvous_poll > after_barrier.index(("stop",))  # polled with the timed ops
+    assert rendezvous_poll < after_barrier.index(("seconds",))  # bounded before the read
 
 
 def test_the_nccl_warm_up_runs_as_one_batch_before_the_barrier(
         monkeypatch: pytest.MonkeyPatch) -> None:
     log = Log()
     _fake_dist(monkeypatch, log, backend="nccl")
-    collectives.measure("all_reduce", 1024, 1, 3, "cpu")
+    collectives.measure("all_reduce", 1024, 1, 3, "cpu", WAIT_S)
     warm = log.events[:log.events.index(("barrier",))]
-    assert _kinds(warm) == [*["launch"] * 3, *["block"] * 3, *["wait"] * 3]
+    assert _kinds(warm) == [*["launch"] * 3, *["block"] * 3, *["poll"] * 3, *["wait"] * 3]
 
 
 def test_the_gloo_timed_loop_waits_on_each_op_before_launching_the_next(
         monkeypatch: pytest.MonkeyPatch) -> None:
     log = Log()
     _fake_dist(monkeypatch, log, backend="gloo")
-    collectives.measure("all_reduce", 1024, 3, 0, "cpu")
+    collectives.measure("all_reduce", 1024, 3, 0, "cpu", WAIT_S)
     timed = log.events[log.events.index(("barrier",)) + 1:]
     assert _kinds(timed) == ["start", "launch", "wait", "launch", "wait", "launch", "wait",
-                             "stop", "seconds", "launch"]
+                             "stop", "seconds", "launch", "wait"]
 
 
 def test_the_nccl_pair_sender_launches_every_send_and_the_ack_before_waiting(
@@ -205,7 +222,8 @@ def test_the_nccl_pair_sender_launches_every_send_and_the_ack_before_waiting(
                         *[("launch", "isend", 1)] * iters, ("launch", "irecv", 1)]
     timed = log.events[log.events.index(("start",)):]
     assert _kinds(timed) == ["start", *["launch"] * (iters + 1), *["block"] * (iters + 1),
-                             "stop", *["wait"] * (iters + 2), "seconds"]
+                             "stop", *["poll"] * (iters + 2), "ended",
+                             *["wait"] * (iters + 2), "seconds"]
     assert gbps == pytest.approx(4096 * iters / 1.0 / 1e9)
 
 
@@ -220,7 +238,7 @@ def test_the_nccl_pair_sender_starts_its_clock_only_after_the_stream_waited_on_t
     start = log.events.index(("start",))
     align = log.events[start - 2:start]
     assert align == [("launch", "irecv", 1), ("block", 2)]  # ops 0, 1: the warm-up
-    assert log.events.index(("wait", 2)) > log.events.index(("stop",))  # waited, bounded
+    assert log.events.index(("poll", 2)) > log.events.index(("stop",))  # polled, bounded
 
 
 def test_the_nccl_pair_receiver_posts_every_receive_and_the_ack_before_waiting(
@@ -233,7 +251,7 @@ def test_the_nccl_pair_receiver_posts_every_receive_and_the_ack_before_waiting(
     assert [e for e in timed if e[0] == "launch"] == [("launch", "isend", 0)] + [
         ("launch", "irecv", 0)] * 3 + [("launch", "isend", 0)]
     assert _kinds(timed) == ["launch", "block", *["launch"] * 4, *["block"] * 4,
-                             *["wait"] * 5]
+                             *["poll"] * 5, *["wait"] * 5]
     assert "start" not in _kinds(log.events)  # only the sender keeps time
 
 
@@ -266,14 +284,14 @@ def test_the_nccl_exchange_between_nodes_starts_its_clock_after_an_aligned_one_e
     log = Log()
     _fake_dist(monkeypatch, log, backend="nccl", rank=1)
     _fake_batches(monkeypatch, log)
-    timed = internode._exchange(2, 0, 4096, 3, "cpu", 0.0)
+    timed = internode._exchange(2, 0, 4096, 3, "cpu", 0.0, wait_s=WAIT_S)
     groups = [e for e in log.events if e[0] == "launch"]
     # The alignment: one element from the sender (rank 0) and to the receiver (rank 2).
     assert groups[0] == ("launch", "group", (("irecv", 0, 1), ("isend", 2, 1)))
     assert groups[1] == ("launch", "group", (("irecv", 0, 1024),) * 3 + (("isend", 2, 1024),) * 3)
     start = log.events.index(("start",))
     assert log.events[start - 1] == ("block", 0) and log.events[start + 1] == groups[1]
-    assert log.events.index(("wait", 0)) > log.events.index(("stop",))
+    assert log.events.index(("poll", 0)) > log.events.index(("stop",))
     # One group ends when both directions have: its time is reported for the link
     # received on and for the link sent on (internode_verdicts.both_ends).
     assert timed == internode.Exchange(1.0, 1.0)
@@ -284,7 +302,8 @@ def test_a_rank_that_only_sends_between_nodes_times_its_group_for_the_link_it_se
     log = Log()
     _fake_dist(monkeypatch, log, backend="nccl", rank=1)
     _fake_batches(monkeypatch, log)
-    assert internode._exchange(2, None, 4096, 2, "cpu", 0.0) == internode.Exchange(None, 1.0)
+    assert internode._exchange(2, None, 4096, 2, "cpu", 0.0, wait_s=WAIT_S) == \
+        internode.Exchange(None, 1.0)
     assert _kinds(log.events).count("start") == 1
     assert [e[2] for e in log.events if e[0] == "launch"] == [
         (("isend", 2, 1),), (("isend", 2, 1024),) * 2]
@@ -294,7 +313,7 @@ def test_gloo_times_the_receives_alone_and_has_no_alignment(
         monkeypatch: pytest.MonkeyPatch) -> None:
     gloo = Log()
     _fake_dist(monkeypatch, gloo, backend="gloo", rank=1)
-    timed = internode._exchange(2, 0, 4096, 2, "cpu", 0.0)
+    timed = internode._exchange(2, 0, 4096, 2, "cpu", 0.0, wait_s=WAIT_S)
     assert [e[1] for e in gloo.events if e[0] == "launch"] == ["irecv", "irecv", "isend",
                                                                 "isend"]
     # A gloo send is done when handed over, not when received: it times nothing.
@@ -307,6 +326,6 @@ def test_the_untimed_rendezvous_counts_as_one_op_in_flight(
     monkeypatch.setattr(collectives, "MAX_IN_FLIGHT", 2)
     log = Log()
     collectives.time_batch([_launcher(log, "op")] * 2, FakeClock(log), back_to_back=True,
-                           align=_launcher(log, "rendezvous"))
+                           wait_s=WAIT_S, align=_launcher(log, "rendezvous"))
     assert log.events[:7] == [("launch", "rendezvous"), ("block", 0), ("start",),
-                              ("launch", "op"), ("wait", 0), ("launch", "op"), ("block", 1)]
+                              ("launch", "op"), ("poll", 0), ("launch", "op"), ("block", 1)]

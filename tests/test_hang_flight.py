@@ -139,7 +139,7 @@ def test_a_gloo_rank_dumps_its_trace_after_a_failure(monkeypatch, tmp_path: Path
         # tests in this process left their own collectives in it.
         dist.all_reduce(torch.ones(4, 7))
         outcome = flight.dump_after_failure(0, "gloo")
-        assert outcome == flight.DumpOutcome(path=str(tmp_path / "rank_0"))
+        assert outcome == flight.DumpOutcome(path=str(tmp_path / "rank_gpucheck_0"))
     finally:
         dist.destroy_process_group()
     dumps, _ = load(dump_files(str(tmp_path)))

@@ -9,28 +9,27 @@ The buffers are float32; the timed buffers are zeros (so repeated sums stay fini
 then one more call on a rank-specific pattern counts the wrong elements.
 
 How the `iters` operations run depends on the backend (`time_batch`):
-- NCCL: back to back, as nccl-tests does. Under TORCH_NCCL_BLOCKING_WAIT=1 (a user's
-  choice: `process_group` keeps NCCL's watchdog instead) a synchronous op's `wait()`
-  blocks the host in a 1 ms sleep-poll loop until the op ends, so timing synchronous
-  ops would count the GPU idling between them. Every op is launched with
-  `async_op=True`, the current stream is made to wait on each
-  (`block_current_stream`), the stop event is recorded, and only then does the host
-  `wait()` on the handles: bounded by the process group's timeout (NCCL's watchdog,
-  or blocking wait), so a silent peer still ends in an error, not a hang.
+- NCCL: back to back, as nccl-tests does. Every op is launched with `async_op=True`,
+  the current stream is made to wait on each (`block_current_stream`), the stop event
+  is recorded, and only then does the host poll the handles and the stop event
+  (`deadline.settle`, every 2 ms, the command's timeout at most): the time is the
+  events', so the poll costs nothing, and a silent peer ends in `DeadlinePassed`, not
+  in a wait only NCCL's watchdog ends minutes later (`Work.wait()` without blocking
+  wait only makes the stream wait; an event's `synchronize()` returns when the
+  watchdog aborts).
 - gloo (and anything else): one op at a time, each waited before the next. gloo runs
   async ops on a thread pool, so back-to-back ops could overlap and overstate the
   bandwidth; its synchronous op already returns when the op is done.
 
-Why the device-side start (NCCL): under blocking wait the barrier is a 1 ms sleep-poll
-on the host, so the ranks leave it up to ~1 ms apart. A rank that started its clock
+Why the device-side start (NCCL): the barrier is a 2 ms poll on the host, so the ranks
+leave it up to ~2 ms apart. A rank that started its clock
 when it left would count the wait for the last rank inside its first op, and the
 slowest rank (the one reported) is the early one: at 64 KiB a 20-op batch lasts well
 under 1 ms, so the gap alone read 3-5x slow. An untimed 1-element all_reduce first,
 the current stream made to wait on it, then the start event: the event fires when
 that all_reduce ends, which is when every rank has joined it, on every rank within a
 hop's latency. nccl-tests gets the same effect from MPI_Barrier's tight spin
-(src/common.cu, BenchTime); gpucheck cannot spin on the host without giving up the
-timeout that blocking wait gives.
+(src/common.cu, BenchTime).
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpucheck.distributed.deadline import settle
 from gpucheck.distributed.session import barrier
 
 ELEMENT_BYTES = 4  # float32
@@ -48,9 +48,8 @@ MIB = 1024 * KIB
 DEFAULT_MIN_BYTES = KIB
 CPU_MAX_BYTES = 16 * MIB
 CUDA_MAX_BYTES = 1024 * MIB
-# The most NCCL ops queued before the host waits on the oldest one. Under blocking wait
-# there is no watchdog, only `wait()` enforces the timeout; a launch into a full CUDA
-# queue would block the host without a timeout if a peer hangs. Each op takes a few
+# The most NCCL ops queued before the host polls the oldest one: a launch into a full
+# CUDA queue would block the host beyond gpucheck's deadline if a peer hangs. Each op takes a few
 # queue entries (events, stream waits, the kernel), so 64 ops stay far below the queue's
 # ~1024 entries. `--iters` up to this many run as one uninterrupted batch.
 MAX_IN_FLIGHT = 64
@@ -114,6 +113,8 @@ class Work(Protocol):
 
     def wait(self) -> Any: ...
 
+    def is_completed(self) -> bool: ...
+
     def block_current_stream(self) -> None: ...
 
 
@@ -127,11 +128,14 @@ def started(work: Work | None) -> Work:
 
 
 class Clock(Protocol):
-    """Marks the start and the end of a batch; `seconds` waits for the end mark."""
+    """Marks the start and the end of a batch; `ended` says whether the end mark has
+    been reached (never blocks); `seconds` reads the span once it has."""
 
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
+
+    def ended(self) -> bool: ...
 
     def seconds(self) -> float: ...
 
@@ -148,12 +152,16 @@ class HostClock:
     def stop(self) -> None:
         self._ended = time.perf_counter()
 
+    def ended(self) -> bool:
+        return True
+
     def seconds(self) -> float:
         return self._ended - self._began
 
 
 class CudaEventClock:
-    """CUDA events on the current stream; `seconds` is the one device synchronisation."""
+    """CUDA events on the current stream; `ended` queries the end event, which
+    `time_batch` polls under gpucheck's deadline before `seconds` reads the span."""
 
     def __init__(self) -> None:
         import torch
@@ -167,8 +175,11 @@ class CudaEventClock:
     def stop(self) -> None:
         self._end.record()
 
+    def ended(self) -> bool:
+        return bool(self._end.query())
+
     def seconds(self) -> float:
-        self._end.synchronize()
+        self._end.synchronize()  # already reached: `time_batch` polled `ended` first
         return float(self._start.elapsed_time(self._end)) / 1000
 
 
@@ -180,6 +191,9 @@ class NullClock:
 
     def stop(self) -> None:
         pass
+
+    def ended(self) -> bool:
+        return True
 
     def seconds(self) -> float:
         return 0.0
@@ -197,17 +211,19 @@ def back_to_back() -> bool:
 
 
 def time_batch(launches: Sequence[Callable[[], Work]], clock: Clock,
-               back_to_back: bool, align: Callable[[], Work] | None = None) -> float:
+               back_to_back: bool, wait_s: float,
+               align: Callable[[], Work] | None = None) -> float:
     """Seconds for running every launch once, in order; each returns its op's handle.
 
     Back to back: `align`'s untimed op first when given (the current stream made to
-    wait on it, so the start mark fires only once it has ended; its handle is waited
-    with the others), start mark, every launch (waiting on the op MAX_IN_FLIGHT
-    launches back only past that many), the current stream made to wait on every
-    op, end mark, then the host waits (bounded by the group's timeout under
-    blocking wait), then `clock.seconds()`. The end mark is on the stream before
-    the host waits, so the host's poll latency is not counted. Otherwise each op is
-    waited before the next is launched, and the end mark follows the last wait.
+    wait on it, so the start mark fires only once it has ended), start mark, every
+    launch (polling the op MAX_IN_FLIGHT launches back only past that many), the
+    current stream made to wait on every op, end mark, then the host polls every op
+    and the end mark for at most `wait_s` (`deadline.settle`: a silent peer raises
+    `DeadlinePassed`), then `wait()` raises an op's own error, then
+    `clock.seconds()`. The end mark is on the stream before the host polls, so the
+    poll's latency is not counted. Otherwise each op is waited before the next is
+    launched (gloo's own timeout bounds it), and the end mark follows the last wait.
     """
     if not back_to_back:
         clock.start()
@@ -222,11 +238,13 @@ def time_batch(launches: Sequence[Callable[[], Work]], clock: Clock,
     works: list[Work] = []
     for launch in launches:
         if len(untimed) + len(works) >= MAX_IN_FLIGHT:
-            (untimed + works)[len(untimed) + len(works) - MAX_IN_FLIGHT].wait()
+            oldest = (untimed + works)[len(untimed) + len(works) - MAX_IN_FLIGHT]
+            settle([oldest], wait_s, "a queued collective")
         works.append(launch())
     for work in works:
         work.block_current_stream()
     clock.stop()
+    settle(untimed + works, wait_s, "a timed batch of collectives", clock.ended)
     for work in untimed + works:
         work.wait()
     return clock.seconds()
@@ -241,16 +259,20 @@ def rendezvous(device: str) -> Callable[[], Work]:
     return lambda: dist.all_reduce(flag, async_op=True)
 
 
-def time_op(launch: Callable[[], Work], iters: int, warmup: int, device: str) -> float:
+def time_op(launch: Callable[[], Work], iters: int, warmup: int, device: str,
+            wait_s: float) -> float:
     """Mean seconds per op, started together with the other ranks: after a barrier,
-    and on NCCL after an untimed all_reduce on the stream (`rendezvous`)."""
+    and on NCCL after an untimed all_reduce on the stream (`rendezvous`). Every host
+    wait on NCCL is bounded by `wait_s` (the warm-up's ops are polled to completion,
+    so the device synchronisation after them waits on nothing of NCCL's)."""
 
     in_a_row = back_to_back()
-    time_batch([launch] * warmup, NullClock(), in_a_row)
+    time_batch([launch] * warmup, NullClock(), in_a_row, wait_s)
     synchronize(device)
-    barrier()
+    barrier(wait_s)
     align = rendezvous(device) if in_a_row else None
-    return time_batch([launch] * iters, make_clock(device), in_a_row, align) / iters
+    return time_batch([launch] * iters, make_clock(device), in_a_row, wait_s,
+                      align) / iters
 
 
 def element_count(collective: str, size_bytes: int, world: int) -> int:
@@ -274,11 +296,20 @@ def _torch_op(current: str, older: str) -> Callable[..., Any]:
     return op
 
 
-Case = tuple[Callable[[], Work], Callable[[], int]]  # the timed launch, the check
+# The timed launch; the pattern it is checked on (written into its input); the wrong
+# elements of its output after one more call on that pattern.
+Case = tuple[Callable[[], Work], Callable[[], None], Callable[[], int]]
 
 
 def _wrong(got: Any, expected: Any) -> int:
     return int((got != expected).sum())
+
+
+def _fill(buf: Any, rank: int, where: str) -> Callable[[], None]:
+    """Write rank `rank`'s pattern into the timed input `buf` (before the checked call)."""
+    def fill() -> None:
+        buf.copy_(pattern(rank, buf.numel(), where))
+    return fill
 
 
 def _all_reduce(count: int, rank: int, world: int, where: str) -> Case:
@@ -286,12 +317,8 @@ def _all_reduce(count: int, rank: int, world: int, where: str) -> Case:
     import torch.distributed as dist
 
     buf = torch.zeros(count, dtype=torch.float32, device=where)
-
-    def check() -> int:
-        buf.copy_(pattern(rank, count, where))
-        dist.all_reduce(buf)
-        return _wrong(buf, pattern(0, count, where) * (world * (world + 1) // 2))
-    return (lambda: dist.all_reduce(buf, async_op=True)), check
+    return (lambda: dist.all_reduce(buf, async_op=True), _fill(buf, rank, where),
+            lambda: _wrong(buf, pattern(0, count, where) * (world * (world + 1) // 2)))
 
 
 def _all_gather(count: int, rank: int, world: int, where: str) -> Case:
@@ -300,12 +327,8 @@ def _all_gather(count: int, rank: int, world: int, where: str) -> Case:
     gather = _torch_op("all_gather_single", "all_gather_into_tensor")
     buf = torch.zeros(count, dtype=torch.float32, device=where)
     out = torch.zeros(count * world, dtype=torch.float32, device=where)
-
-    def check() -> int:
-        buf.copy_(pattern(rank, count, where))
-        gather(out, buf)
-        return _wrong(out, torch.cat([pattern(r, count, where) for r in range(world)]))
-    return (lambda: gather(out, buf, async_op=True)), check
+    return (lambda: gather(out, buf, async_op=True), _fill(buf, rank, where),
+            lambda: _wrong(out, torch.cat([pattern(r, count, where) for r in range(world)])))
 
 
 def _reduce_scatter(count: int, rank: int, world: int, where: str) -> Case:
@@ -317,12 +340,10 @@ def _reduce_scatter(count: int, rank: int, world: int, where: str) -> Case:
     buf = torch.zeros(count * world, dtype=torch.float32, device=where)
     out = torch.zeros(count, dtype=torch.float32, device=where)
 
-    def check() -> int:
-        buf.copy_(pattern(rank, count * world, where))
-        scatter(out, buf)
+    def wrong() -> int:
         total = pattern(0, count * world, where) * (world * (world + 1) // 2)
         return _wrong(out, total[rank * count:(rank + 1) * count])
-    return (lambda: scatter(out, buf, async_op=True)), check
+    return lambda: scatter(out, buf, async_op=True), _fill(buf, rank, where), wrong
 
 
 def _all_to_all(count: int, rank: int, world: int, where: str) -> Case:
@@ -334,13 +355,11 @@ def _all_to_all(count: int, rank: int, world: int, where: str) -> Case:
     buf = torch.zeros(count, dtype=torch.float32, device=where)
     out = torch.zeros(count, dtype=torch.float32, device=where)
 
-    def check() -> int:
-        buf.copy_(pattern(rank, count, where))
-        dist.all_to_all_single(out, buf)
-        expected = torch.cat([pattern(r, count, where)[rank * chunk:(rank + 1) * chunk]
-                              for r in range(world)])
-        return _wrong(out, expected)
-    return (lambda: started(dist.all_to_all_single(out, buf, async_op=True))), check
+    def wrong() -> int:
+        return _wrong(out, torch.cat([pattern(r, count, where)[rank * chunk:(rank + 1) * chunk]
+                                      for r in range(world)]))
+    return (lambda: started(dist.all_to_all_single(out, buf, async_op=True)),
+            _fill(buf, rank, where), wrong)
 
 
 def _broadcast(count: int, rank: int, world: int, where: str) -> Case:
@@ -349,12 +368,8 @@ def _broadcast(count: int, rank: int, world: int, where: str) -> Case:
     import torch.distributed as dist
 
     buf = torch.zeros(count, dtype=torch.float32, device=where)
-
-    def check() -> int:
-        buf.copy_(pattern(rank, count, where))
-        dist.broadcast(buf, 0)
-        return _wrong(buf, pattern(0, count, where))
-    return (lambda: started(dist.broadcast(buf, 0, async_op=True))), check
+    return (lambda: started(dist.broadcast(buf, 0, async_op=True)), _fill(buf, rank, where),
+            lambda: _wrong(buf, pattern(0, count, where)))
 
 
 CASES: dict[str, Callable[[int, int, int, str], Case]] = {
@@ -363,16 +378,17 @@ CASES: dict[str, Callable[[int, int, int, str], Case]] = {
 
 
 def measure(collective: str, size_bytes: int, iters: int, warmup: int,
-            device: str) -> RankTiming:
+            device: str, wait_s: float) -> RankTiming:
     """Time one collective at one size on this rank and count wrong elements: the
-    timed buffers hold zeros, then one synchronous call on a rank-specific pattern."""
+    timed buffers hold zeros, then one more call on a rank-specific pattern, its
+    host wait bounded as the timed batch's (`wait_s`)."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     where = "cuda" if device == "cuda" else "cpu"
-    launch, check = CASES[collective](element_count(collective, size_bytes, world), rank,
-                                      world, where)
-    time_s = time_op(launch, iters, warmup, device)
-    wrong = check()
-    synchronize(device)
-    return RankTiming(time_s, wrong)
+    launch, fill, wrong = CASES[collective](element_count(collective, size_bytes, world),
+                                            rank, world, where)
+    time_s = time_op(launch, iters, warmup, device, wait_s)
+    fill()
+    time_batch([launch], NullClock(), back_to_back(), wait_s)
+    return RankTiming(time_s, wrong())

@@ -92,6 +92,9 @@ class _Group:
             work.wait()
         return True
 
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
     def block_current_stream(self) -> None:
         for work in self.works:
             work.block_current_stream()
@@ -109,7 +112,7 @@ def _batch(peers: tuple[int | None, int | None], out: Any, into: Any,
 
 
 def _exchange_nccl(peers: tuple[int | None, int | None], out: Any, into: Any, iters: int,
-                   device: str) -> float:
+                   device: str, wait_s: float) -> float:
     """NCCL: one group of every send and receive, timed on the device from an aligned
     start: an untimed one-element exchange with the same peers first, the stream made
     to wait on it, then the start event (`collectives.time_batch`'s `align`). Without
@@ -118,7 +121,7 @@ def _exchange_nccl(peers: tuple[int | None, int | None], out: Any, into: Any, it
     once the sender has joined. The group ends when both its directions have: its time
     covers this rank's receives and its sends (`Exchange`)."""
     flag_out, flag_in = out[:1].clone(), into[:1].clone()
-    return time_batch([_batch(peers, out, into, iters)], make_clock(device), True,
+    return time_batch([_batch(peers, out, into, iters)], make_clock(device), True, wait_s,
                       _batch(peers, flag_out, flag_in, 1))
 
 
@@ -138,8 +141,10 @@ class Exchange(NamedTuple):
 
 
 def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: int,
-              device: str, delay_s: float, recv_delay_s: float = 0.0) -> Exchange:
-    """Send `iters` buffers to `me_send` while receiving as many from `me_recv`."""
+              device: str, delay_s: float, recv_delay_s: float = 0.0, *,
+              wait_s: float) -> Exchange:
+    """Send `iters` buffers to `me_send` while receiving as many from `me_recv`; on NCCL
+    the host waits at most `wait_s` (gloo's own timeout bounds its waits)."""
     import torch
     import torch.distributed as dist
 
@@ -150,7 +155,7 @@ def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: 
     if str(dist.get_backend()) == "nccl":
         if me_send is None and me_recv is None:
             return Exchange(None, None)
-        seconds = _exchange_nccl((me_send, me_recv), out, into, iters, device)
+        seconds = _exchange_nccl((me_send, me_recv), out, into, iters, device, wait_s)
         return Exchange(seconds if me_recv is not None else None,
                         seconds if me_send is not None else None)
     began = time.perf_counter()
@@ -185,7 +190,8 @@ Samples = tuple[list[float] | None, list[float] | None]  # GB/s received, sent p
 
 
 def _samples(peers: tuple[int | None, int | None], size_bytes: int, iters: int,
-             device: str, delays: tuple[float, float], repeats: int) -> Samples:
+             device: str, delays: tuple[float, float], repeats: int,
+             wait_s: float) -> Samples:
     """`repeats` timed exchanges in a row: GB/s in each, as this rank received (None:
     no receive) and as its sends were timed (None: none, or gloo). Their spread is
     the measurement's own noise (gpucheck.peers.eliminate)."""
@@ -195,8 +201,8 @@ def _samples(peers: tuple[int | None, int | None], size_bytes: int, iters: int,
     for _ in range(repeats):
         # Every repeat starts together: without the barrier a rank that waited on a slow
         # peer would start its next sends late, and its own receivers would read slow.
-        barrier()
-        timed.append(_exchange(*peers, size_bytes, iters, device, *delays))
+        barrier(wait_s)
+        timed.append(_exchange(*peers, size_bytes, iters, device, *delays, wait_s=wait_s))
 
     def gbps(seconds: list[float | None]) -> list[float] | None:
         if not seconds or any(s is None or s <= 0 for s in seconds):
@@ -250,13 +256,14 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
         peers = (to.get(me), came.get(me, (0, None))[1])
         # Warm-up, untimed: NCCL's first send/recv between two ranks creates their
         # communicator, which must not be inside the timed exchange.
-        _exchange(*peers, size_bytes, 1, device, 0.0)
-        received, sending = _samples(peers, size_bytes, iters, device, delays, repeats)
+        _exchange(*peers, size_bytes, 1, device, 0.0, wait_s=ctx.session.wait_s)
+        received, sending = _samples(peers, size_bytes, iters, device, delays, repeats,
+                                     ctx.session.wait_s)
         if received is not None:
             links.append(_link(r, src_node, mine_node, came[me], me, received))
         if sending is not None and peers[0] is not None:
             sent.append(_sent(r, mine_node, pairs[mine_node][1], me, peers[0], sending))
-    barrier()
+    barrier(ctx.session.wait_s)
     return links, sent
 
 
@@ -294,15 +301,16 @@ def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple
         progress.set_step(ctx, f"between nodes: node {x} <-> node {y} measured again")
         send, recv, came = _pair_links(node_ranks, me, x, y)
         if came is not None:  # warm-up, untimed, as in the rounds
-            _exchange(send, recv, size_bytes, 1, device, 0.0)
+            _exchange(send, recv, size_bytes, 1, device, 0.0, wait_s=ctx.session.wait_s)
         # Every rank passes the repeats' barriers; ranks of neither node exchange nothing.
-        received, sending = _samples((send, recv), size_bytes, iters, device, delays, repeats)
+        received, sending = _samples((send, recv), size_bytes, iters, device, delays, repeats,
+                                     ctx.session.wait_s)
         other = y if mine_node == x else x
         if received is not None and came is not None:
             links.append(_link("again", other, mine_node, came, me, received))
         if sending is not None and send is not None:
             sent.append(_sent("again", mine_node, other, me, send, sending))
-        barrier()
+        barrier(ctx.session.wait_s)
     return links, sent
 
 

@@ -83,16 +83,19 @@ def _align(me: int, src: int, dst: int, flag: Any) -> Callable[[], Work]:
     return lambda: started(dist.isend(flag, src))
 
 
-def _time_pair(src: int, dst: int, size_bytes: int, iters: int, device: str) -> float | None:
+def _time_pair(src: int, dst: int, size_bytes: int, iters: int, device: str,
+               wait_s: float = 60.0) -> float | None:
     """Bandwidth in GB/s on the sender; None on the receiver."""
-    samples = _time_pair_samples(src, dst, size_bytes, iters, device, 1, False)
+    samples = _time_pair_samples(src, dst, size_bytes, iters, device, 1, False, wait_s)
     return samples[0] if samples else None
 
 
 def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: str,
-                       repeats: int, again: bool, hooks: TestHooks = NO_HOOKS) -> list[float]:
+                       repeats: int, again: bool, wait_s: float,
+                       hooks: TestHooks = NO_HOOKS) -> list[float]:
     """`repeats` timed batches after one warm-up: GB/s each on the sender, [] on the
-    receiver. Repeats give the measurement's own spread (gpucheck.peers.eliminate)."""
+    receiver. Repeats give the measurement's own spread (gpucheck.peers.eliminate);
+    every host wait on NCCL is bounded by `wait_s`."""
     import torch
     import torch.distributed as dist
 
@@ -102,7 +105,7 @@ def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: 
     me = dist.get_rank()
     in_a_row = back_to_back()
     # Warm-up: the first NCCL send/recv between two ranks creates their communicator.
-    time_batch(_side(me, src, dst, buf, ack, 1), NullClock(), in_a_row)
+    time_batch(_side(me, src, dst, buf, ack, 1), NullClock(), in_a_row, wait_s)
     synchronize(device)
     samples = []
     for repeat in range(repeats):
@@ -110,7 +113,7 @@ def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: 
         delay = hooks.pair_delay(src, dst, again, repeat)  # tests only: a slow pair
         align = _align(me, src, dst, flag) if in_a_row else None
         elapsed = time_batch(_side(me, src, dst, buf, ack, iters, delay), clock, in_a_row,
-                             align)
+                             wait_s, align)
         if me == src:
             samples.append(size_bytes * iters / elapsed / 1e9)
     return samples
@@ -149,7 +152,7 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
                 progress.set_step(ctx, f"send/recv rank {src} -> rank {dst}"
                                   + (" (measured again)" if again else ""))
                 samples = _time_pair_samples(src, dst, size_bytes, iters, device, repeats,
-                                             again, hooks=ctx.hooks)
+                                             again, ctx.session.wait_s, hooks=ctx.hooks)
                 if me == src:
                     mine.append(PairRow(
                         src=src, dst=dst, node_rank=node_of[src], size_bytes=size_bytes,
@@ -157,7 +160,7 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
                         samples_gbps=tuple(round(x, 4) for x in samples),
                         path=(paths or {}).get((src, dst))).to_dict())
         progress.set_step(ctx, "barrier after a pair")
-        barrier()
+        barrier(ctx.session.wait_s)
     return mine
 
 

@@ -30,6 +30,7 @@ from gpucheck.comm.nodes_again import node_figures, plan
 from gpucheck.comm.pairwise import DEFAULT_REPEATS, gather_rows, measure_pairs, run_pairwise
 from gpucheck.context import RunContext
 from gpucheck.distributed import faultwatch, progress, terminal
+from gpucheck.distributed.deadline import settle
 from gpucheck.distributed.nodes import DEFAULT_SLOW_NODE_FRACTION, group_by_node
 from gpucheck.distributed.session import process_group, roster
 from gpucheck.distributed.world import World
@@ -78,11 +79,14 @@ def _gather_size(collective: str, size: int, spec: CommSpec, world: World,
     import torch.distributed as dist
 
     progress.set_step(ctx, f"{collective} {size} bytes")
-    timing = measure(collective, size, spec.iters, spec.warmup, spec.device)
+    timing = measure(collective, size, spec.iters, spec.warmup, spec.device, spec.timeout_s)
     where = "cuda" if spec.device == "cuda" else "cpu"
     mine = torch.tensor([timing.time_s, float(timing.wrong)], dtype=torch.float64, device=where)
     every = [torch.zeros_like(mine) for _ in range(world.world_size)]
-    dist.all_gather(every, mine)
+    gathered = dist.all_gather(every, mine, async_op=True)
+    settle([gathered] if gathered is not None else [], spec.timeout_s, "gathering timings")
+    if gathered is not None:
+        gathered.wait()  # its own error, if it failed
     times = [float(t[0]) for t in every]
     wrong = [int(t[1]) for t in every]
     count = element_count(collective, size, world.world_size)

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.devices import GpuIdentity
+from gpucheck.distributed.deadline import latest_arrival_s
+from gpucheck.distributed.flight import DUMP_WAIT_S
 from gpucheck.distributed.world import World, host_name
 from gpucheck.numa import SYSFS, allowed_cpus, rank_numa
 
@@ -260,25 +262,40 @@ def refuse_shared_gpus(infos: Sequence[RankInfo], views: Mapping[int, View], wor
     raise error
 
 
-def roll_call(store: Any, rank: int, world_size: int, window_s: float,
-              meanwhile: Callable[[], object] | None = None) -> list[int]:
-    """Answer, run `meanwhile` (a rank's own work after a failure, which must not make
-    it late to answer), wait up to `window_s` for the others, return the ranks that
-    never answered."""
+def roll_call(store: Any, rank: int, world_size: int, window_s: float, host: bool = False,
+              clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], object] = time.sleep) -> list[int]:
+    """Answer, wait up to `window_s` for the others, return the ranks that never
+    answered. The store's `host` (rank 0 where its process holds the store) then stays
+    until every rank that answered has read the call, at most another window: gone
+    sooner, it would look silent to a survivor still waiting (and a rank that answers
+    meanwhile is not named)."""
     store.set_timeout(_dt.timedelta(seconds=window_s))
     store.set(_key("alive", rank), "1")
-    if meanwhile is not None:
-        meanwhile()
-    deadline = time.monotonic() + window_s
-    keys = [_key("alive", r) for r in range(world_size)]
-    while not store.check(keys) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    return [r for r in range(world_size) if not store.check([keys[r]])]
+    alive = [_key("alive", r) for r in range(world_size)]
+    _until(lambda: bool(store.check(alive)), window_s, clock, sleep)
+    answered = [r for r in range(world_size) if store.check([alive[r]])]
+    store.set(_key("read", rank), "1")
+    if host:
+        _until(lambda: bool(store.check([_key("read", r) for r in answered])), window_s,
+               clock, sleep)
+    return [r for r in range(world_size) if not store.check([alive[r]])]
 
 
-def roll_call_window_s(timeout_s: float) -> float:
-    """Long enough for ranks whose own timeouts fire a little apart; short next to it."""
-    return min(5.0, max(1.0, timeout_s / 4))
+def _until(done: Callable[[], bool], window_s: float, clock: Callable[[], float],
+           sleep: Callable[[float], object]) -> None:
+    deadline = clock() + window_s
+    while not done() and clock() < deadline:
+        sleep(POLL_S)
+
+
+def roll_call_window_s(timeout_s: float, backend: str) -> float:
+    """How long survivors can take to reach the roll call after the first one, plus
+    their dump (taken before answering): on gloo, their own timeouts firing a little
+    apart; on NCCL, a rank whose wait escaped gpucheck's deadline arrives only once the
+    watchdog has aborted (`deadline.latest_arrival_s`, from the settings in effect)."""
+    apart = latest_arrival_s() if backend == "nccl" else min(5.0, max(1.0, timeout_s / 4))
+    return apart + DUMP_WAIT_S
 
 
 def infos_table(infos: Sequence[RankInfo]) -> list[dict[str, Any]]:

@@ -77,19 +77,23 @@ def flight_findings(diagnoses: list[dict[str, Any]], command: str) -> list[Findi
     found = [skip(check, f"rank(s) {_listed(ranks)} wrote no Flight Recorder dump: {why}",
                   subject=_ranks_subject(ranks)) for why, ranks in skipped.items()]
     if written:
-        folder = os.path.dirname(str(next(o["path"] for o in outcomes.values()
-                                          if o.get("path"))))
+        path = str(next(o["path"] for o in outcomes.values() if o.get("path")))
+        folder, prefix = os.path.dirname(path), os.path.basename(path).rstrip("0123456789")
         found.append(ok(check, f"rank(s) {', '.join(written)} wrote their Flight Recorder "
-                        f"dumps to {folder}: `gpucheck hang --traces {folder}` names the "
-                        "rank the others waited for"))
+                        f"dumps to {folder}: `gpucheck hang --traces {folder} --prefix "
+                        f"{prefix}` names the rank the others waited for"))
     return found
 
 
 def failure_section(command: str, findings: list[Finding], partial: bool,
-                    summary: str) -> Section:
-    """The failure as FAIL findings; says whether the sections above are partial."""
+                    summary: str, diagnoses: list[dict[str, Any]] | None = None) -> Section:
+    """The failure as FAIL findings; says whether the sections above are partial and
+    which NCCL settings gpucheck chose for the run (distributed.deadline.BACKSTOP)."""
+    chosen = next((d["nccl_settings"] for d in diagnoses or [] if d.get("nccl_settings")),
+                  None)
     data = {"outcome": summary,
-            "results_above": "partial: measured before the failure" if partial else "none"}
+            "results_above": "partial: measured before the failure" if partial else "none",
+            **({"nccl_set_by_gpucheck": chosen} if chosen else {})}
     return Section("failure", "Run failed", data,
                    findings or [fail(f"{command}.failed", summary, hint="see the ranks' output")])
 
@@ -107,7 +111,8 @@ def failed_job_report(command: str, exc: JobFailed, build: Callable[[Any], Repor
     report = build(exc.partial) if exc.partial else Report(command=command)
     findings = rank_failure_findings(exc.failures, command)
     findings += flight_findings(exc.diagnoses, command)
-    report.add(failure_section(command, findings, exc.partial is not None, summary))
+    report.add(failure_section(command, findings, exc.partial is not None, summary,
+                               exc.diagnoses))
     if quiet_stdout:
         print(f"gpucheck {command}: FAIL: {terminal(summary)}", file=sys.stderr)
     return report

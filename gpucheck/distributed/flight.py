@@ -1,18 +1,22 @@
-"""gpucheck's own jobs (bench, comm, stress) run with torch's Flight Recorder armed, so
-a hang leaves evidence that `gpucheck hang --traces DIR` reads (docs/hang.md).
+"""gpucheck's bench and comm run with torch's Flight Recorder armed, so a hang leaves
+evidence that `gpucheck hang --traces DIR` reads (docs/hang.md).
 
 The variables are set only where the user has not set them, before any process
 group exists (the ranks gpucheck starts inherit them; under torchrun or srun the
 process sets them for itself before it joins):
-- TORCH_FR_BUFFER_SIZE: entries kept per rank (torch 2.15 keeps 2000 by default;
-  older releases recorded nothing unless TORCH_NCCL_TRACE_BUFFER_SIZE was set);
+- TORCH_FR_BUFFER_SIZE: entries kept per rank (torch's own groups keep 2000 by
+  default since 2.6; a torchcomms-backed group keeps none unless it or the older
+  TORCH_NCCL_TRACE_BUFFER_SIZE is set, distributed_c10d.py);
 - TORCH_FR_DUMP_TEMP_FILE (older: TORCH_NCCL_DEBUG_INFO_TEMP_FILE): the dump's
   path prefix, the rank is appended;
 - TORCH_NCCL_DUMP_ON_TIMEOUT=1: NCCL's watchdog dumps when a collective times out
   (and asks every other rank to dump through the store).
 Besides, every rank whose collective fails writes its own buffer (`dump_after_failure`,
-from the process-group frame): gloo has no watchdog at all, and on NCCL a rank's own
-dump taken after the failure does not depend on the watchdog having run.
+from the process-group frame) before it answers the roll call and before an NCCL group
+is aborted, so the stuck op still reads scheduled or started (an abort makes NCCL's
+kernels read completed): gloo has no watchdog at all, and on NCCL gpucheck's deadline
+fires before the watchdog. Its file is `<prefix>gpucheck_<rank>` (`own_path`), never
+torch's `<prefix><rank>`, which the watchdog may write at the same time.
 
 The default folder, `<tmp>/gpucheck-fr-<uid>`, is in a place every user can write:
 it is made 0700 and used only while it is a real directory of this user's with no
@@ -40,8 +44,9 @@ PREFIX_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 # NCCL, which adds the communicators' state).
 DUMPERS = {"gloo": "_dump_fr_trace", "nccl": "_dump_nccl_trace"}
 # A dump on NCCL queries the ops' CUDA events; on a GPU that hangs that may not
-# return, and the rank still has its roll call to hold.
-DUMP_WAIT_S = 20.0
+# return, and the rank still has its roll call to answer (the window counts this).
+DUMP_WAIT_S = 5.0
+OWN_NAME = "gpucheck_"  # between torch's prefix and the rank: never torch's own file
 
 
 class UnsafeFolder(Exception):
@@ -135,9 +140,18 @@ def dump_prefix(environ: MutableMapping[str, str] | None = None) -> str | None:
     return next((env[name] for name in PREFIX_VARS if env.get(name)), None)
 
 
+def own_path(prefix: str, rank: int) -> str:
+    """gpucheck's dump of `rank`: `<prefix>gpucheck_<rank>`, a prefix of its own, so it
+    never replaces the `<prefix><rank>` torch's watchdog writes, and `gpucheck hang
+    --traces DIR --prefix <prefix>gpucheck_` reads gpucheck's dumps together."""
+    return f"{prefix}{OWN_NAME}{rank}"
+
+
 def dumper(backend: str) -> tuple[Callable[[], bytes] | None, str | None]:
     """(torch's function that returns this backend's buffer, None), or (None, why not):
-    a backend without a recorder, or a torch that lacks the function."""
+    a backend without a recorder, or a torch that lacks the function. Called without
+    stack traces: symbolising them can hold the GIL inside torch for seconds, which
+    no join could bound."""
     name = DUMPERS.get(backend)
     if name is None:
         return None, f"torch keeps no Flight Recorder for the {backend} backend"
@@ -147,7 +161,7 @@ def dumper(backend: str) -> tuple[Callable[[], bytes] | None, str | None]:
     if found is None:
         return None, (f"torch {torch.__version__} has no torch._C._distributed_c10d.{name} "
                       f"to dump the {backend} Flight Recorder with")
-    return found, None
+    return lambda: bytes(found(includeStackTraces=False)), None
 
 
 def write_dump(path: str, data: bytes) -> None:
@@ -167,8 +181,8 @@ def write_dump(path: str, data: bytes) -> None:
 
 def dump_after_failure(rank: int, backend: str,
                        wait_s: float = DUMP_WAIT_S) -> DumpOutcome | None:
-    """After a failed collective: write this rank's Flight Recorder buffer to
-    `<TORCH_FR_DUMP_TEMP_FILE><rank>`. None when the job is not armed; otherwise what
+    """After a failed collective: write this rank's Flight Recorder buffer to its own
+    file (`own_path`). None when the job is not armed; otherwise what
     was written, or why nothing was (a missing torch function, a dump that did not
     come back within `wait_s`, an unwritable folder): never silent."""
     prefix = dump_prefix()
@@ -180,7 +194,7 @@ def dump_after_failure(rank: int, backend: str,
     data, error = _bounded(function, wait_s)
     if data is None:
         return DumpOutcome(skipped=error)
-    path = f"{prefix}{rank}"
+    path = own_path(prefix, rank)
     try:
         write_dump(path, data)
     except OSError as exc:

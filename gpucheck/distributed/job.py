@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpucheck.context import RunContext, RunOptions
-from gpucheck.distributed import caught, progress, terminal
+from gpucheck.distributed import caught, deadline, progress, terminal
 from gpucheck.distributed.checkin import (
     CheckInFailed,
     RanksUnresponsive,
@@ -196,7 +196,13 @@ def in_context(worker: Callable[[RunContext, S], Any], spec: S, options: RunOpti
     the launching process pickled beside the spec, placed in the job by the variables
     the elastic agent set in this process's environment (read here, once)."""
     ctx = RunContext(options, launcher_env=dict(os.environ))
-    result = worker(ctx, spec)
+    try:
+        result = worker(ctx, spec)
+    except BaseException:
+        if ctx.session.aborted:  # an aborted NCCL group: its diagnosis is in the run
+            traceback.print_exc()  # directory for the launcher's report; no teardown
+            deadline.leave_if_aborted(True, 1)
+        raise
     # Stopping the ranks and writing the report take a few more seconds.
     terminal.say(ctx, "measured: the ranks stop, then the report follows")
     return result

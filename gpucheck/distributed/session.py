@@ -4,18 +4,19 @@ and when a collective fails, name the ranks that stopped answering.
 Hang safety lives here so every command that uses `process_group` gets it:
 - the job's key-value store is opened first and every rank checks in on it
   (`gpucheck.distributed.checkin`), so a rank that never starts is named, not waited for;
-- `timeout_s` bounds every collective (gloo; NCCL through its watchdog, which dumps the
-  Flight Recorder and aborts the communicators: `ASYNC_ERROR_HANDLING` below), so a
-  rank that stops answering ends the run instead of NCCL's 10-minute default;
-- when a collective fails, the surviving ranks hold a roll call on the store and
-  raise `RanksUnresponsive` naming the ranks that did not answer.
+- `timeout_s` bounds every collective: gloo's own timeout, and on NCCL gpucheck's own
+  deadline on each host wait, NCCL's watchdog kept as the backstop
+  (`gpucheck.distributed.deadline`), so a rank that stops answering ends the run;
+- when a collective fails, each surviving rank dumps its Flight Recorder, answers a
+  roll call on the store, aborts a failed NCCL group (never destroys it) and raises
+  `RanksUnresponsive` naming the ranks that did not answer; after an abort the
+  process ends through os._exit once its report is written (`deadline.exit_after_abort`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpucheck.context import RunContext
 from gpucheck.devices import GpuIdentity
-from gpucheck.distributed import caught, faultwatch, flight, progress, terminal
+from gpucheck.distributed import caught, deadline, faultwatch, flight, progress, terminal
 from gpucheck.distributed.checkin import (
     CheckInFailed,
     RankInfo,
@@ -44,17 +45,6 @@ from gpucheck.distributed.world import World, host_name, world_of
 
 SINGLE = World(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                master_addr="127.0.0.1", master_port=0, launcher="none")
-
-# On a timed-out NCCL collective the watchdog (ProcessGroupNCCL's own thread) dumps the
-# Flight Recorder (TORCH_NCCL_DUMP_ON_TIMEOUT) and asks the other ranks to dump; by
-# default (3, SkipCleanUp) it then ends the process, before this rank can say which
-# peer did not answer. 2 (CleanUpOnly) aborts the communicators instead: the kernels
-# stop, the host thread's wait returns, and the rank's next collective raises
-# DistBackendError ("NCCL communicator was aborted") in its own thread, so the roll
-# call below still runs. TORCH_NCCL_BLOCKING_WAIT=1 would raise directly, but it
-# starts no watchdog at all, so nothing would dump on a timeout.
-ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
-CLEAN_UP_ONLY = "2"
 
 _COMM_ERROR_WORDS = ("timed out", "timeout", "connection", "gloo", "nccl", "peer", "socket")
 
@@ -77,8 +67,9 @@ def gpu_identity(ctx: RunContext) -> GpuIdentity | None:
     return gpu
 
 
-def barrier() -> None:
-    """A barrier of the job's group that names this rank's GPU to NCCL.
+def barrier(wait_s: float) -> None:
+    """A barrier of the job's group that names this rank's GPU to NCCL; on NCCL the host
+    polls it for at most `wait_s` (`deadline.settle`), gloo's own timeout bounds it.
 
     Without `device_ids`, NCCL's barrier guesses the device from the current
     context and warns ("barrier(): using the device under current context") on
@@ -91,7 +82,8 @@ def barrier() -> None:
     import torch.distributed as dist
 
     if dist.get_backend() == "nccl":
-        dist.barrier(device_ids=[torch.cuda.current_device()])
+        work = dist.barrier(async_op=True, device_ids=[torch.cuda.current_device()])
+        deadline.settle([work] if work is not None else [], wait_s, "barrier")
     else:
         dist.barrier()
 
@@ -100,7 +92,7 @@ def is_comm_error(exc: BaseException) -> bool:
     """Did this come from a collective or the store (not from the worker's own code)?"""
     import torch.distributed as dist
 
-    if isinstance(exc, getattr(dist, "DistError", ())):
+    if isinstance(exc, (deadline.DeadlinePassed, getattr(dist, "DistError", ()))):
         return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and any(w in text for w in _COMM_ERROR_WORDS)
@@ -189,7 +181,6 @@ def bind_device(device: str, world: World,
     else:
         index = device_among_peers(world.local_rank, visible, peers(visible))
     torch.cuda.set_device(index)
-    os.environ.setdefault(ASYNC_ERROR_HANDLING, CLEAN_UP_ONLY)
     return replace(world, device_index=index)
 
 
@@ -233,9 +224,13 @@ def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool
         if exc.diagnosis is not None:
             progress.record_diagnosis(ctx, exc.diagnosis)
         raise
+    if backend == "nccl":  # before the group exists: torch reads them when it is made
+        ctx.session.backstop = deadline.nccl_backstop()
+    ctx.session.wait_s = timeout_s
     dist.init_process_group(backend, store=_stores().prefix("gpucheck/pg", store),
                             rank=world.rank, world_size=world.world_size,
-                            timeout=_dt.timedelta(seconds=timeout_s))
+                            timeout=_dt.timedelta(seconds=deadline.group_timeout_s(
+                                backend, timeout_s)))
     progress.set_step(ctx, None)
     terminal.say(ctx, f"{world.world_size} rank(s) joined the process group ({backend}, "
                       f"{device})")
@@ -246,17 +241,16 @@ def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool
             yield world
     except BaseException as exc:
         faults.publish_after_failure(world)  # before the roll call, which can take long
-        comm_error = isinstance(exc, Exception) and is_comm_error(exc)
-        if comm_error and world.world_size > 1:  # dumps inside the roll call
-            raise _diagnose(ctx, store, world, timeout_s, exc, backend) from exc
-        if comm_error:  # for gpucheck hang --traces
-            _dump_flight_recorder(world.rank, backend)
+        if isinstance(exc, Exception) and is_comm_error(exc):
+            error = _after_failure(ctx, store, world, timeout_s, exc, backend)
+            if error is not exc:
+                raise error from exc
         raise
     else:
         dist.destroy_process_group()
     finally:
         faults.close()
-        _leave_after_failure(backend, world)
+        _leave_after_failure(ctx, backend, world)
 
 
 def _check_in(backend: str, device: str, timeout_s: float, world: World,
@@ -285,15 +279,21 @@ def _check_in(backend: str, device: str, timeout_s: float, world: World,
     return world, store
 
 
-def _leave_after_failure(backend: str, world: World) -> None:
-    """Leave a group that failed when that cannot hang (one rank, or gloo), so this
-    process can run again; a failed multi-rank NCCL group is left to process exit."""
+def _leave_after_failure(ctx: RunContext, backend: str, world: World) -> None:
+    """Leave a group that failed when that cannot hang (gloo, one rank), so this process
+    can run again; an aborted NCCL group is never destroyed (`_after_failure`), and a
+    multi-rank NCCL group is left to process exit."""
     import torch.distributed as dist
 
-    if dist.is_initialized() and (world.world_size == 1 or backend == "gloo"):
+    if dist.is_initialized() and not ctx.session.aborted and (
+            world.world_size == 1 or backend == "gloo"):
         # The group may be broken already; the failure itself is being reported.
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+
+
+def _say(rank: int, text: str) -> None:
+    print(f"gpucheck rank {rank}: {text}", file=sys.stderr, flush=True)
 
 
 def _dump_flight_recorder(rank: int, backend: str) -> flight.DumpOutcome | None:
@@ -301,40 +301,58 @@ def _dump_flight_recorder(rank: int, backend: str) -> flight.DumpOutcome | None:
     (a dump that could not be written is said, never passed over)."""
     outcome = flight.dump_after_failure(rank, backend)
     if outcome is not None:
-        said = (f"written to {outcome.path}" if outcome.path
-                else f"SKIP: {outcome.skipped}")
-        print(f"gpucheck rank {rank}: Flight Recorder dump {said}", file=sys.stderr,
-              flush=True)
+        _say(rank, "Flight Recorder dump " + (f"written to {outcome.path}" if outcome.path
+                                              else f"SKIP: {outcome.skipped}"))
     return outcome
 
 
-def _diagnose(ctx: RunContext, store: Any, world: World, timeout_s: float,
-              exc: BaseException, backend: str) -> RanksUnresponsive:
-    """Roll call after a failed collective; record and return who did not answer.
-    The Flight Recorder dump is written once this rank has answered, so a slow dump
-    never makes it look silent to the others."""
+def _after_failure(ctx: RunContext, store: Any, world: World, timeout_s: float,
+                   exc: Exception, backend: str) -> Exception:
+    """After a failed collective, in this order: dump this rank's buffer (while the
+    stuck op still reads scheduled or started), answer the roll call, abort a failed
+    NCCL group, record what this rank saw (the launcher's report reads it). The error
+    to raise: `RanksUnresponsive` with several ranks, `exc` itself for a rank alone."""
+    dumped = _dump_flight_recorder(world.rank, backend)
+    missing, cause = (_roll_call(store, world, timeout_s, backend, exc)
+                      if world.world_size > 1 else ([], _first_line(str(exc))))
+    aborted = _abort(ctx, world.rank) if backend == "nccl" else None
+    if world.world_size == 1:
+        return exc
+    _end_silent_siblings(ctx, missing)
+    step = progress.current_step(ctx)
+    error = RanksUnresponsive(missing, step, cause)
+    progress.record_diagnosis(ctx, {
+        "rank": world.rank, "missing": missing, "step": step, "cause": cause,
+        "message": str(error), "flight_recorder": dumped.as_dict() if dumped else None,
+        "nccl_abort": aborted, "nccl_settings": dict(ctx.session.backstop) or None})
+    return error
+
+
+def _roll_call(store: Any, world: World, timeout_s: float, backend: str,
+               exc: Exception) -> tuple[list[int], str]:
+    """(the ranks that did not answer, the failure's cause) from this rank's view."""
     cause = _first_line(str(exc))
-    dumps: list[flight.DumpOutcome | None] = []
-
-    def dump() -> None:
-        dumps.append(_dump_flight_recorder(world.rank, backend))
-
     try:
         missing = roll_call(store, world.rank, world.world_size,
-                            roll_call_window_s(timeout_s), meanwhile=dump)
+                            roll_call_window_s(timeout_s, backend),
+                            host=world.rank == 0 and store_on_rank0(world))
     except Exception as store_exc:  # the store's host may be the one that hangs
         missing = [0] if world.rank else []
         cause += f"; the job's store did not answer either ({_first_line(str(store_exc))})"
-    if not dumps:
-        dump()
-    dumped = dumps[0]
-    step = progress.current_step(ctx)
-    _end_silent_siblings(ctx, missing)
-    error = RanksUnresponsive(missing, step, cause)
-    progress.record_diagnosis(ctx, {"rank": world.rank, "missing": missing, "step": step,
-                                    "cause": cause, "message": str(error),
-                                    "flight_recorder": dumped.as_dict() if dumped else None})
-    return error
+    return missing, cause
+
+
+def _abort(ctx: RunContext, rank: int) -> str:
+    """Abort this process's NCCL groups; from now on it leaves through os._exit
+    (`deadline.exit_after_abort`). "done", or the SKIP said on stderr."""
+    import torch.distributed as dist
+
+    why_not = deadline.abort_groups(dist)
+    ctx.session.aborted = True
+    if why_not is None:
+        return "done"
+    _say(rank, f"SKIP: {why_not}")
+    return f"SKIP: {why_not}"
 
 
 def _end_silent_siblings(ctx: RunContext, missing: list[int]) -> None:

@@ -1,0 +1,269 @@
+"""gpucheck's own deadline on NCCL host waits, the backstop settings, and how a rank
+whose NCCL group failed ends (gpucheck.distributed.deadline; issue 33), on fakes:
+handles and a store that never complete, fake clocks, nothing slept for real."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpucheck.comm import collectives
+from gpucheck.context import RunContext
+from gpucheck.distributed import checkin, deadline, flight, progress, session
+from gpucheck.distributed.world import World
+
+
+class FakeClock:
+    """Time moves only when the code sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Stuck:
+    """A Work whose op never completes (a silent peer)."""
+
+    def __init__(self, done_after_polls: int | None = None) -> None:
+        self.polls, self.done_after = 0, done_after_polls
+
+    def is_completed(self) -> bool:
+        self.polls += 1
+        return self.done_after is not None and self.polls > self.done_after
+
+    def wait(self) -> bool:
+        return True
+
+    def block_current_stream(self) -> None:
+        pass
+
+
+def test_a_wait_on_an_op_that_never_completes_ends_at_the_deadline() -> None:
+    clock = FakeClock()
+    with pytest.raises(deadline.DeadlinePassed, match="timed out"):
+        deadline.settle([Stuck()], 3.0, "an all_reduce", clock=clock, sleep=clock.sleep)
+    assert 3.0 <= clock.now - 1000.0 < 3.0 + 2 * deadline.POLL_S
+
+
+def test_an_op_that_completes_returns_without_reaching_the_deadline() -> None:
+    clock = FakeClock()
+    deadline.settle([Stuck(done_after_polls=3)], 3.0, "an all_reduce", clock=clock,
+                    sleep=clock.sleep)
+    assert clock.now - 1000.0 < 3.0
+
+
+def test_an_end_mark_never_reached_ends_at_the_deadline_too() -> None:
+    clock = FakeClock()
+    with pytest.raises(deadline.DeadlinePassed):
+        deadline.settle([], 1.0, "the end mark", done=lambda: False, clock=clock,
+                        sleep=clock.sleep)
+
+
+def test_a_timed_batch_with_a_silent_peer_raises_after_its_end_mark() -> None:
+    marks: list[str] = []
+
+    class Clock(collectives.NullClock):
+        def stop(self) -> None:
+            marks.append("stop")
+
+    with pytest.raises(deadline.DeadlinePassed) as raised:
+        collectives.time_batch([Stuck] * 3, Clock(), back_to_back=True, wait_s=0.0)
+    assert marks == ["stop"] and session.is_comm_error(raised.value)
+
+
+def test_the_backstop_sets_only_what_the_user_did_not() -> None:
+    env = {"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "600"}
+    chosen = deadline.nccl_backstop(env)
+    assert "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC" not in chosen
+    assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "600"
+    assert chosen == {k: v for k, v in deadline.BACKSTOP.items()
+                      if k != "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"}
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
+    assert "TORCH_NCCL_BLOCKING_WAIT" not in env  # it would start no watchdog
+
+
+def test_the_nccl_group_timeout_is_behind_gpuchecks_deadline_and_gloos_is_it() -> None:
+    assert deadline.group_timeout_s("nccl", 3.0) == 3.0 + deadline.BACKSTOP_S
+    assert deadline.group_timeout_s("gloo", 3.0) == 3.0
+
+
+def test_the_nccl_roll_call_window_follows_the_settings_in_effect(monkeypatch) -> None:
+    monkeypatch.setenv("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "3000")
+    short = checkin.roll_call_window_s(3.0, "nccl")
+    assert short == deadline.BACKSTOP_S + deadline.TRACEBACK_CAP_S + 12 + flight.DUMP_WAIT_S
+    monkeypatch.setenv("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "15000")
+    assert checkin.roll_call_window_s(3.0, "nccl") == short + 48
+    assert checkin.roll_call_window_s(3.0, "gloo") < short
+
+
+class FakeStore:
+    """A c10d store on a fake clock: `arrivals` maps a key to when it appears."""
+
+    def __init__(self, clock: FakeClock, arrivals: dict[str, float] | None = None) -> None:
+        self.clock, self.keys = clock, dict(arrivals or {})
+
+    def set_timeout(self, timeout: Any) -> None:
+        pass
+
+    def set(self, key: str, value: str) -> None:
+        self.keys[key] = self.clock.now
+
+    def check(self, keys: list[str]) -> bool:
+        return all(self.keys.get(k, float("inf")) <= self.clock.now for k in keys)
+
+
+def _alive(rank: int) -> str:
+    return checkin._key("alive", rank)
+
+
+def _read(rank: int) -> str:
+    return checkin._key("read", rank)
+
+
+def test_a_late_survivor_within_the_window_is_not_named() -> None:
+    clock = FakeClock()
+    store = FakeStore(clock, {_alive(1): clock.now + 40.0, _read(1): clock.now + 40.0})
+    missing = checkin.roll_call(store, 0, 3, window_s=55.0, clock=clock, sleep=clock.sleep)
+    assert missing == [2]
+
+
+def test_every_rank_answering_names_no_one() -> None:
+    clock = FakeClock()
+    store = FakeStore(clock, {_alive(1): clock.now, _alive(2): clock.now + 1})
+    assert checkin.roll_call(store, 0, 3, 55.0, clock=clock, sleep=clock.sleep) == []
+
+
+def test_the_stores_host_stays_until_every_rank_that_answered_has_read() -> None:
+    clock = FakeClock()
+    store = FakeStore(clock, {_alive(1): clock.now, _read(1): clock.now + 20.0})
+    missing = checkin.roll_call(store, 0, 3, 10.0, host=True, clock=clock,
+                                sleep=clock.sleep)
+    assert missing == [2] and clock.now - 1000.0 >= 20.0
+
+
+class FakeC10d:
+    def __init__(self, with_function: bool, group_abort: bool = True,
+                 fails: bool = False) -> None:
+        self.calls: list[str] = []
+        if with_function:
+            self._abort_process_group = self._whole
+        self.fails, self.group_abort = fails, group_abort
+
+    def _whole(self) -> None:
+        if self.fails:
+            raise RuntimeError("ncclCommAbort failed")
+        self.calls.append("_abort_process_group")
+
+    def _get_default_group(self) -> Any:
+        c10d = self
+
+        class Group:
+            def abort(self) -> None:
+                c10d.calls.append("group.abort")
+        return Group() if self.group_abort else object()
+
+
+class FakeDist:
+    def __init__(self, c10d: FakeC10d) -> None:
+        self.distributed_c10d = c10d
+
+
+def test_abort_uses_abort_process_group_where_torch_has_it() -> None:
+    c10d = FakeC10d(with_function=True)
+    assert deadline.abort_groups(FakeDist(c10d)) is None
+    assert c10d.calls == ["_abort_process_group"]
+
+
+def test_abort_falls_back_on_the_groups_own_abort() -> None:
+    c10d = FakeC10d(with_function=False)
+    assert deadline.abort_groups(FakeDist(c10d)) is None and c10d.calls == ["group.abort"]
+
+
+@pytest.mark.parametrize("c10d", [FakeC10d(with_function=False, group_abort=False),
+                                  FakeC10d(with_function=True, fails=True)])
+def test_an_abort_torch_cannot_do_is_said_never_swallowed(c10d: FakeC10d) -> None:
+    why = deadline.abort_groups(FakeDist(c10d))
+    assert why is not None and c10d.calls == []
+
+
+def test_a_command_that_aborted_nothing_returns_its_code() -> None:
+    left: list[int] = []
+    assert deadline.exit_after_abort(lambda: False, lambda: 0, left.append) == 0
+    assert left == []
+
+
+def _two_ranks() -> World:
+    return World(rank=1, world_size=2, local_rank=1, local_world_size=2, node_rank=0,
+                 master_addr="127.0.0.1", master_port=1, launcher="torchrun")
+
+
+def test_on_the_deadline_a_rank_dumps_answers_aborts_reports_then_exits(
+        monkeypatch, tmp_path: Path) -> None:
+    """The order of issue 33: the dump while the stuck op still reads started, the
+    roll call, the abort, the report, os._exit with the command's code."""
+    order: list[Any] = []
+    monkeypatch.setattr(flight, "dump_after_failure", lambda rank, backend: (
+        order.append("dump"), flight.DumpOutcome(path=str(tmp_path / "x_gpucheck_1")))[1])
+    monkeypatch.setattr(session, "roll_call", lambda *a, **k: (order.append("roll call"),
+                                                               [0])[1])
+    monkeypatch.setattr(deadline, "abort_groups", lambda dist: order.append("abort"))
+    monkeypatch.setattr(progress, "record_diagnosis",
+                        lambda ctx, d: order.append(("diagnosis", d["missing"])))
+    ctx = RunContext()
+    ctx.session.backstop = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+    stuck = deadline.DeadlinePassed("an all_reduce timed out")
+    error = session._after_failure(ctx, object(), _two_ranks(), 3.0, stuck, "nccl")
+    assert isinstance(error, checkin.RanksUnresponsive) and error.missing == [0]
+
+    def report() -> int:
+        order.append("report")
+        return 1
+    deadline.exit_after_abort(lambda: ctx.session.aborted, report,
+                              lambda code: order.append(("exit", code)))
+    assert order == ["dump", "roll call", "abort", ("diagnosis", [0]), "report", ("exit", 1)]
+
+
+def test_a_gloo_failure_dumps_and_answers_but_aborts_nothing(monkeypatch) -> None:
+    order: list[str] = []
+    monkeypatch.setattr(flight, "dump_after_failure",
+                        lambda rank, backend: order.append("dump"))
+    monkeypatch.setattr(session, "roll_call", lambda *a, **k: (order.append("roll call"),
+                                                               [])[1])
+    monkeypatch.setattr(deadline, "abort_groups", lambda dist: order.append("abort"))
+    monkeypatch.setattr(progress, "record_diagnosis", lambda ctx, d: None)
+    ctx = RunContext()
+    session._after_failure(ctx, object(), _two_ranks(), 3.0, RuntimeError("gloo timed out"),
+                           "gloo")
+    assert order == ["dump", "roll call"] and not ctx.session.aborted
+
+
+def test_gpuchecks_dump_never_replaces_the_file_torch_wrote(monkeypatch,
+                                                            tmp_path: Path) -> None:
+    prefix = str(tmp_path / "comm_rank_")
+    (tmp_path / "comm_rank_0").write_bytes(b"torch's own dump")
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", prefix)
+    monkeypatch.setattr(flight, "dumper", lambda backend: (lambda: b"gpucheck's", None))
+    outcome = flight.dump_after_failure(0, "nccl")
+    assert outcome == flight.DumpOutcome(path=flight.own_path(prefix, 0))
+    assert (tmp_path / "comm_rank_0").read_bytes() == b"torch's own dump"
+    assert Path(flight.own_path(prefix, 0)).read_bytes() == b"gpucheck's"
+
+
+def test_the_dump_is_asked_without_stack_traces(monkeypatch) -> None:
+    torch = pytest.importorskip("torch")
+    asked: list[dict[str, Any]] = []
+
+    def fake(**kwargs: Any) -> bytes:
+        asked.append(kwargs)
+        return b""
+    monkeypatch.setattr(torch._C._distributed_c10d, "_dump_fr_trace", fake)
+    function, _ = flight.dumper("gloo")
+    assert function is not None and function() == b""
+    assert asked == [{"includeStackTraces": False}]
