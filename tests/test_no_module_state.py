@@ -36,7 +36,8 @@ TORCH_NCCL_SETTINGS = {"distributed/session.py", "distributed/flight.py",
 OWN_PREFIX_CLASSIFIERS = {"probes/envvars.py", "distributed/envgather.py", "envfacts.py"}
 # The user's settings, read once at the command boundary into RunOptions (file, name).
 USER_SETTINGS = {("cli.py", "GPUCHECK_RUN_DIR"),
-                 ("probes/gpu_read.py", "GPUCHECK_SYSFS")}  # read from the environ given
+                 ("probes/gpu_read.py", "GPUCHECK_SYSFS"),  # read from the environ given
+                 ("probes/gpu_read.py", "GPUCHECK_EXPECT_GPUS")}
 
 # Still to move onto the RunContext (each entry: file, what): nothing left.
 KNOWN: dict[str, set[tuple[str, str]]] = {"state": set(), "env_write": set(),

@@ -50,7 +50,8 @@ def site(tmp_path: Path) -> dict:
     for tool in ("scontrol", "sbatch"):
         _script(bin_dir / tool, f'printf "%s\\n" "{tool} $*" >> {shlex.quote(str(log))}\n'
                 'case "$*" in "show hostnames"*) echo localhost;; '
-                '"show job"*) echo "   Command=/jobs/train.sbatch";; esac\n')
+                '"show job"*) echo "   Command=/jobs/train.sbatch";; '
+                '"show node"*) echo "${FAKE_NODE:-}";; esac\n')
     _script(bin_dir / "srun", 'exec "$@"\n')
     (tmp_path / "train.py").write_text(TRAIN)
     env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", SLURM_JOB_ID="77")
@@ -123,15 +124,20 @@ def test_post_repair_gate_resumes_a_healthy_node(site: dict) -> None:
                           capture_output=True, text=True, timeout=RUN_S)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     node = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
-    assert _calls(site, "scontrol") == [f"scontrol update NodeName={node} State=RESUME"]
+    assert _calls(site, "scontrol update") == [f"scontrol update NodeName={node} State=RESUME"]
 
 
-def test_post_repair_gate_keeps_a_gpu_node_on_cpu_ranks_drained(site: dict) -> None:
+@pytest.mark.parametrize("told_by", ["pci_bus", "slurm_gres"])
+def test_post_repair_gate_keeps_a_gpu_node_on_cpu_ranks_drained(site: dict,
+                                                                told_by: str) -> None:
     """A GPU node whose driver did not load falls back to CPU ranks: never a pass that
-    resumes it (issue 34, item 2). Its 8 GPUs are on the (fake) PCI bus."""
+    resumes it (issue 34, item 2). Its 8 GPUs are on the (fake) PCI bus, or in the GRES
+    slurm.conf gives the node (a dead GPU may not even show on the bus)."""
     from health_fakes import gpu_node_sysfs
 
-    env = {**site["env"], "GPUCHECK_SYSFS": str(gpu_node_sysfs(site["dir"] / "sys"))}
+    env = {**site["env"], "GPUCHECK_SYSFS": str(gpu_node_sysfs(site["dir"] / "sys"))} \
+        if told_by == "pci_bus" else \
+        {**site["env"], "FAKE_NODE": "   Gres=gpu:h100:8(S:0-1) NodeAddr=gpu-7"}
     done = subprocess.run(["sh", str(RECIPES / "post-repair-gate.sh"),
                            str(site["dir"] / "reports")], env=env,
                           capture_output=True, text=True, timeout=RUN_S)

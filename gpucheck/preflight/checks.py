@@ -46,7 +46,7 @@ def nvml_findings(device: str, own_pids: Collection[int] = (),
     from gpucheck.probes.gpus import probe_nvml
 
     try:
-        result = probe_nvml()
+        result = probe_nvml(environ=environ)
     except Exception as exc:  # a probe that fails is a finding, never a crash
         return [fail("preflight.nvml", f"NVML could not be read: {exc}",
                      "run gpucheck env on this node to see why").to_dict()]

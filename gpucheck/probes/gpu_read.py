@@ -55,6 +55,7 @@ _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5
 
 
 SYSFS_VAR = "GPUCHECK_SYSFS"  # where sysfs is (a container with the host's elsewhere)
+EXPECT_VAR = "GPUCHECK_EXPECT_GPUS"  # --expect-gpus for every command (a recipe sets it)
 NODE_GPUS_VARS = ("SLURM_GPUS_ON_NODE",)  # SLURM's GRES: the GPUs this job has here
 
 
@@ -68,7 +69,7 @@ class ExpectedGpus:
     @property
     def stated(self) -> bool:
         """Given by a person (--expect-gpus): more than that is worth a word too."""
-        return self.source == "--expect-gpus"
+        return self.source in ("--expect-gpus", EXPECT_VAR)
 
 
 def sysfs_root(environ: Mapping[str, str]) -> Path:
@@ -77,16 +78,18 @@ def sysfs_root(environ: Mapping[str, str]) -> Path:
 
 def expected_gpus(environ: Mapping[str, str], sysfs: Path, option: int | None = None
                   ) -> ExpectedGpus:
-    """--expect-gpus; else the job's GPUs on this node (SLURM's GRES); else those
+    """--expect-gpus (or GPUCHECK_EXPECT_GPUS, which a recipe sets from the node's
+    configured GRES); else the job's GPUs on this node (SLURM's GRES); else those
     given to this container (NVIDIA_VISIBLE_DEVICES, as the NVIDIA container toolkit
     and Kubernetes' device plugin set it); else every NVIDIA GPU on the PCI bus. The
     bus needs no driver: a GPU node whose driver did not load still has its GPUs."""
     if option is not None:
         return ExpectedGpus(option, "--expect-gpus")
-    for name in NODE_GPUS_VARS:
+    for name in (EXPECT_VAR, *NODE_GPUS_VARS):
         value = environ.get(name, "").strip()
         if value.isdigit() and len(value) <= 4:
-            return ExpectedGpus(int(value), f"SLURM's GRES ({name}={value})")
+            return ExpectedGpus(int(value), name if name == EXPECT_VAR else
+                                f"SLURM's GRES ({name}={value})")
     given = environ.get("NVIDIA_VISIBLE_DEVICES", "").strip()
     if given and given not in ("all", "none", "void") and len(given) <= 4096:
         ids = {g.strip() for g in given.split(",") if g.strip()}
