@@ -267,3 +267,25 @@ def test_the_dump_is_asked_without_stack_traces(monkeypatch) -> None:
     function, _ = flight.dumper("gloo")
     assert function is not None and function() == b""
     assert asked == [{"includeStackTraces": False}]
+
+
+def test_the_timeout_probe_dry_run_ends_through_the_deadline_and_leaves_a_dump(
+        tmp_path: Path) -> None:
+    """benchmarks/nccl_timeout_probe.py on the CPU (gloo, a stand-in op held back past
+    the timeout): the rank raises gpucheck's DeadlinePassed, dumps, exits 1, and the
+    probe records it all; the GPU run is the same script without --dry-run."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "benchmarks/nccl_timeout_probe.py", "--dry-run",
+                           "--out", str(tmp_path), "--timeout", "1", "--sleep", "30"],
+                          cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "probe.json").read_text())
+    assert result["rank"]["exit_code"] == 1 and result["rank"]["killed_after_s"] is None
+    assert result["rank"]["raised"]["type"] == "DeadlinePassed"
+    assert result["dumps"]["gpucheck"]["exists"] and not result["dumps"]["torch"]["exists"]
+    assert result["hang_traces"]["exit_code"] == 0
+    assert [f[0] for f in result["hang_traces"]["findings"]] == ["hang.traces.agree"]
