@@ -353,3 +353,24 @@ def test_a_crowd_claiming_huge_local_worlds_makes_up_no_more_ranks_than_the_node
     assert sum(len(v) for v in view["jobs"].values()) == 300 + 2 + 1
     assert [v["rank"] for v in view["jobs"]["127.0.0.1:1/ (me)"]] == [0, 1, 2]
     assert any("more ranks than this machine can hold" in n for n in view["notes"])
+
+
+def test_a_job_that_ended_is_not_hung_and_the_stuck_job_comes_first() -> None:
+    """Both ranks of job "a" exited during the window (destroy_process_group, then the
+    end of the script): no hang.rank.dead. Job "b" has a stopped rank: its section and
+    its problem lead."""
+    ended = [observe.RankView(r, r, 2, 500 + r, "node7", state="exited",
+                              stack_error="gone: the process exited") for r in range(2)]
+    stuck = [observe.RankView(0, 0, 2, 600, "node7", state="stopped", state_start="stopped",
+                              stack_error="gone"),
+             observe.RankView(1, 1, 2, 601, "node7", state="sleeping", pinned=True,
+                              steady=True, samples=5, site={"kind": "collective",
+                              "op": "all_reduce", "where": "step at train.py:10",
+                                                    "innermost": "wait at c10d.py:1"})]
+    sections = live_sections({0: {"jobs": {"a": [v.to_dict() for v in ended],
+                                           "b": [v.to_dict() for v in stuck]}}}, 1.0)
+    assert [s.data.get("job") for s in sections] == ["b", "a", None]  # the jobs table last
+    a_checks = {(f.check, f.status) for f in sections[1].findings}
+    assert ("hang.verdict", Status.OK) in a_checks
+    assert not any(f.check == "hang.rank.dead" for s in sections for f in s.findings)
+    assert sections[0].verdict() is Status.FAIL

@@ -17,7 +17,7 @@ from gpucheck import subject as subjects
 from gpucheck.hang.observe import RankView
 from gpucheck.hang.sites import Site
 from gpucheck.hang.stacks import PTRACE_CAPABILITY
-from gpucheck.hang.verdict import Culprit, culprits, label, stuck_anyway
+from gpucheck.hang.verdict import DEAD, Culprit, culprits, label, stuck_anyway
 from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
 
 ARM = ("export TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/$JOB/rank_ "
@@ -74,6 +74,9 @@ def live_findings(views: list[RankView], window_s: float, multi_node: bool,
                      "were not watched (more rank processes on this node than could be "
                      "watched in time): no verdict; give this job's PIDs or its "
                      "launcher's PID"), *named(stuck_anyway(views))]
+    if _ended(views, multi_node):
+        return [ok("hang.verdict", "every rank of this job exited during the window (after "
+                   "destroy_process_group, say): the job ended, nothing hangs")]
     if views and all(v.stack_error and v.stack_error.startswith("denied") for v in views):
         return [skip("hang.verdict", "no rank's stack could be read: needs "
                      + PTRACE_CAPABILITY)]
@@ -87,6 +90,14 @@ def live_findings(views: list[RankView], window_s: float, multi_node: bool,
     # Every rank of the job seen (several nodes gathered, or a one-node job whole).
     whole = multi_node or len(by_rank) == views[0].world_size
     return [_nobody_named(views, site, window_s, whole)]
+
+
+def _ended(views: list[RankView], multi_node: bool) -> bool:
+    """Every rank of the whole job was seen and every process seen has exited. Seen
+    from one node of several, an exited rank may be what the others wait for."""
+    seen = [v for v in views if v.pid is not None]
+    whole = multi_node or len({v.rank for v in views}) == views[0].world_size
+    return bool(seen) and whole and all(v.state in DEAD for v in seen)
 
 
 def _nobody_named(views: list[RankView], site: Site | None, window_s: float,

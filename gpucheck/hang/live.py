@@ -145,6 +145,8 @@ def live_sections(nodes: Mapping[int, Mapping[str, Any]], window_s: float) -> li
         section.findings.append(armed(views))
         sections.append(section)
         rows.append(job_row(job, views, section))
+    # Each job its own part, the stuck ones first: their problems lead the report.
+    sections.sort(key=lambda s: -(verdict.severity if (verdict := s.verdict()) else 0))
     if several:
         sections.append(jobs_section(rows))
     return sections
