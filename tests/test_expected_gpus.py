@@ -93,6 +93,8 @@ def test_preflight_on_cpu_ranks_fails_a_node_that_should_have_gpus(tmp_path: Pat
     laptop = {SYSFS_VAR: str(tmp_path / "laptop")}
     assert _gpu_findings(laptop) == [("preflight.nvml", "SKIP")]
     assert _gpu_findings({**laptop, EXPECT_VAR: "4"}) == [("gpu.count", "FAIL")]
+    asked = nvml_findings("cpu", environ={**laptop, EXPECT_VAR: "4"}, cpu_asked=True)
+    assert [f["status"] for f in asked if f["check"] == "gpu.count"] == ["SKIP"]
 
 
 def test_all_on_cpu_ranks_fails_a_node_that_should_have_gpus(
@@ -100,11 +102,12 @@ def test_all_on_cpu_ranks_fails_a_node_that_should_have_gpus(
     ran = Report(command="comm")
     monkeypatch.setattr(all_cmd, "_run_one",
                         lambda name, ns, ctx: all_cmd.Outcome(name, "ran", "", 0.1, ran))
-    for sysfs, code in ((gpu_node_sysfs(tmp_path / "gpu"), 1), (tmp_path / "laptop", 0)):
+    gpus, laptop = gpu_node_sysfs(tmp_path / "gpu"), tmp_path / "laptop"
+    for sysfs, device, counted in ((gpus, [], ["FAIL"]), (laptop, [], []),
+                                   (gpus, ["--device", "cpu"], ["SKIP"])):
         monkeypatch.setenv(SYSFS_VAR, str(sysfs))
-        out = tmp_path / f"all-{code}.json"
-        assert main(["all", "--skip", "env,stress,bench", "--device", "cpu", "-q",
-                     "-o", str(out)]) == code
+        out = tmp_path / "all.json"
+        code = main(["all", "--skip", "env,stress,bench", *device, "-q", "-o", str(out)])
         summary = json.loads(out.read_text())["sections"][0]
-        assert [f["check"] for f in summary["findings"] if f["status"] == "FAIL"] == (
-            ["gpu.count"] if code else [])
+        assert [f["status"] for f in summary["findings"] if f["check"] == "gpu.count"] == (
+            counted) and code == int(counted == ["FAIL"])

@@ -88,15 +88,15 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
         return None
     report = combined_report(outcomes)
     if device == "cpu":  # on a node that should have GPUs, CPU ranks are no pass
-        report.sections[0].findings += cpu_ranks(ctx.launcher_env)
+        report.sections[0].findings += cpu_ranks(ctx.launcher_env, args.device == "cpu")
     return report
 
 
-def cpu_ranks(environ: Mapping[str, str]) -> list[Finding]:
+def cpu_ranks(environ: Mapping[str, str], asked: bool) -> list[Finding]:
     from gpucheck.probes.gpu_judge import cpu_ranks_finding
     from gpucheck.probes.gpu_read import expected_gpus, sysfs_root
 
-    found = cpu_ranks_finding(expected_gpus(environ, sysfs_root(environ)))
+    found = cpu_ranks_finding(expected_gpus(environ, sysfs_root(environ)), asked)
     return [found] if found is not None else []
 
 

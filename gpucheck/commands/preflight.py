@@ -91,7 +91,8 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan) -> Any:
                          expected_fraction=0.8, link_fraction=0.5,
                          fault_watch=args.fault_watch, costs_s=costs,
                          exclude_file=args.exclude_file, outputs=tuple(_outputs(args)),
-                         command_given=bool(job_command(args)))
+                         command_given=bool(job_command(args)),
+                         cpu_asked=args.device == "cpu")
 
 
 def _outputs(args: argparse.Namespace) -> list[str]:

@@ -20,27 +20,28 @@ CPU_ALLOC_BYTES = 64 << 20  # CPU ranks: a token allocation (host memory is the 
 KERNEL_LOG_S = 3.0
 
 
-def _cpu_ranks(environ: Mapping[str, str] | None) -> Finding:
+def _cpu_ranks(environ: Mapping[str, str] | None, asked: bool) -> Finding:
     from gpucheck.probes.gpu_judge import cpu_ranks_finding
     from gpucheck.probes.gpu_read import expected_gpus, sysfs_root
 
     environ = os.environ if environ is None else environ
     expected = expected_gpus(environ, sysfs_root(environ))
-    return cpu_ranks_finding(expected) or skip(
+    return cpu_ranks_finding(expected, asked) or skip(
         "preflight.nvml", f"CPU ranks: no GPU to read through NVML, and none expected "
         f"({expected.source}: 0)")
 
 
 def nvml_findings(device: str, own_pids: Collection[int] = (),
                   kernel_log_s: float = KERNEL_LOG_S,
-                  environ: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+                  environ: Mapping[str, str] | None = None,
+                  cpu_asked: bool = False) -> list[dict[str, Any]]:
     """Every GPU of this node read through NVML and judged by env's judges (ECC, row
     remaps, retired pages, recovery action, fabric, clocks, lost GPUs): the findings,
     as dicts. `nvidia-smi -q` shows the same fields. The job's own ranks (`own_pids`)
     are on the GPUs by now: `gpu.busy` counts only the other processes. The XIDs of
     this boot come from the kernel log (`kernel_log_findings`)."""
     if device != "cuda":  # no GPU to read, but a node whose log holds an Xid is no go
-        return [f.to_dict() for f in (_cpu_ranks(environ),
+        return [f.to_dict() for f in (_cpu_ranks(environ, cpu_asked),
                                       *kernel_log_findings([], kernel_log_s, environ=environ))]
     from gpucheck.probes.gpu_judge import busy_finding
     from gpucheck.probes.gpus import probe_nvml

@@ -55,6 +55,7 @@ class PreflightSpec:
     # The least seconds each check needs; fewer left: it is a SKIP (budget).
     costs_s: tuple[tuple[str, float], ...] = ()
     command_given: bool = True  # False: a check only, nothing starts after a pass
+    cpu_asked: bool = False  # --device cpu: CPU ranks asked for, not a fallback
 
 
 @dataclass
@@ -151,7 +152,8 @@ def _nvml(run: Run) -> dict[str, Any]:
         own = [int(r["pid"]) for r in run.result["ranks"]
                if r["node_rank"] == run.world.node_rank]
         mine = {"node_rank": run.world.node_rank,
-                "findings": nvml_findings(run.spec.device, own, _kernel_log_s(run))}
+                "findings": nvml_findings(run.spec.device, own, _kernel_log_s(run),
+                                          cpu_asked=run.spec.cpu_asked)}
     return {"nodes": [n for n in _gather(mine, run.world.world_size) if n is not None]}
 
 

@@ -391,12 +391,17 @@ def count_finding(seen: int | None, expected: ExpectedGpus, most_seen: int | Non
     return ok("gpu.count", f"{have} GPU(s), {said}")
 
 
-def cpu_ranks_finding(expected: ExpectedGpus) -> Finding | None:
-    """CPU ranks are for trying gpucheck on a laptop: where GPUs are expected they mean
-    none was usable (the driver did not load, CUDA sees none): `gpu.count` FAIL, never
-    a pass that returns a GPU node to service. None where no GPU is expected."""
+def cpu_ranks_finding(expected: ExpectedGpus, asked: bool = False) -> Finding | None:
+    """CPU ranks are for trying gpucheck on a laptop: where GPUs are expected, ranks
+    that fell back to CPU mean none was usable (the driver did not load, CUDA sees
+    none): `gpu.count` FAIL, never a pass that returns a GPU node to service. Asked for
+    (--device cpu), they are what the person wanted: a SKIP saying the GPUs were not
+    checked. None where no GPU is expected."""
     if not expected.count:
         return None
+    if asked:
+        return skip("gpu.count", f"CPU ranks, as --device cpu asked: the {expected.count} "
+                    f"GPU(s) expected ({expected.source}) were not checked")
     return fail("gpu.count", f"the ranks ran on CPU: no GPU was usable, {expected.count} "
                 f"expected ({expected.source})", "run gpucheck env on this node to see why "
                 "(driver, nvidia-smi, CUDA_VISIBLE_DEVICES); a GPU node never passes on CPU "
