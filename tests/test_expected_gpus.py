@@ -29,6 +29,7 @@ from tests.health_fakes import gpu_node_sysfs
     ({"SLURM_GPUS_ON_NODE": "2"}, None, 2),
     ({"NVIDIA_VISIBLE_DEVICES": "GPU-a, GPU-b,GPU-c"}, None, 3),
     ({"NVIDIA_VISIBLE_DEVICES": "all"}, None, 8),
+    ({"NVIDIA_VISIBLE_DEVICES": "void"}, None, 0),
     ({"NVIDIA_VISIBLE_DEVICES": "MIG-a,MIG-b"}, None, 1),
     ({"SLURM_GPUS_ON_NODE": "a lot"}, None, 8),
     ({"GPUCHECK_EXPECT_GPUS": "4", "SLURM_GPUS_ON_NODE": "2"}, None, 4),

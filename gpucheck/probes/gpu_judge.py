@@ -378,8 +378,8 @@ def count_finding(seen: int | None, expected: ExpectedGpus, most_seen: int | Non
         return fail("gpu.count", f"NVML sees {have if seen is not None else 'no'} GPU(s), "
                     f"{said}", "a GPU fell off the bus, or the driver did not load or "
                     "initialise it: check nvidia-smi, lspci -d 10de: and dmesg for Xid 79; "
-                    "reboot or have it reseated (if the node has fewer on purpose, pass "
-                    "--expect-gpus N)")
+                    "reboot or have it reseated (if it has fewer on purpose, say so: "
+                    "--expect-gpus N, or GPUCHECK_EXPECT_GPUS=N)")
     if most_seen is not None and have < most_seen and not expected.stated:
         return fail("gpu.count", f"NVML sees {have} GPU(s), {most_seen} at an earlier check "
                     f"({said})", "a GPU fell off the bus or did not initialise: check dmesg "

@@ -91,7 +91,9 @@ def expected_gpus(environ: Mapping[str, str], sysfs: Path, option: int | None = 
             return ExpectedGpus(int(value), name if name == EXPECT_VAR else
                                 f"SLURM's GRES ({name}={value})")
     given = environ.get("NVIDIA_VISIBLE_DEVICES", "").strip()
-    if given and given not in ("all", "none", "void") and len(given) <= 4096:
+    if given in ("none", "void"):  # a container the toolkit was told to give no GPU
+        return ExpectedGpus(0, f"NVIDIA_VISIBLE_DEVICES={given}")
+    if given and given != "all" and len(given) <= 4096:
         ids = {g.strip() for g in given.split(",") if g.strip()}
         # MIG instances: NVML shows their parent GPUs, of which there is at least one
         count = 1 if any(i.startswith("MIG-") for i in ids) else len(ids)
