@@ -219,8 +219,8 @@ def test_the_line_of_a_run_cut_short_by_the_budget_says_so_first(node, monkeypat
     fake = FakeNvml(_gpus(2, gpu1={"hang": {"nvmlDeviceGetTotalEccErrors"}}), hang_s=10.0)
     code, out, _ = _main(monkeypatch, capsys, fake, _argv(
         node, "--budget", "1", "--nvml-timeout", "30", "--format", "line"))
-    assert code == 0 and out.startswith("gpucheck health OK (not finished within the 1 s "
-                                        "budget: gpus (an unknown, not an all-clear)): ")
+    assert code == 0 and out.startswith("gpucheck health OK (gpus not finished within the "
+                                        "1 s budget (an unknown, not an all-clear)): ")
 
 
 def test_a_gpu_gone_since_an_earlier_check_fails_without_expect_gpus(node, monkeypatch,
