@@ -87,11 +87,13 @@ def test_a_rank_always_wrong_of_two_is_named_through_the_cpu_reference(tmp_path:
     # Rank 1 is also slow in the first GEMM and memory measurements only (not when
     # measured again). Live, only what noise cannot change is asserted: rank 1 and no
     # other is named slow, and measured again; how many figures cross the bar and the
-    # look each gets (three unstable reruns) is judged on this run's recorded figures
-    # in test_stress_recorded.py (a loaded machine can slow a second look too).
+    # look each gets (three unstable looks, OKs since issue 36) is judged on this run's
+    # recorded figures in test_stress_recorded.py (a loaded machine can slow a second
+    # look too): the figures measured twice, whatever their status.
     code, report = stress(tmp_path, 2, hook="wrong_rank_one_always_slow_once")
     assert code == 1
-    slow = warns(report, "stress.gemm.peers") + warns(report, "stress.membw.peers")
+    slow = [f for s in report["sections"] for f in s["findings"] if f["look"]
+            and f["check"] in ("stress.gemm.peers", "stress.membw.peers")]
     assert {f["subject"] for f in slow} == {"rank 1"}
     assert {r["rank"] for r in section(report, "gemm")["data"]["measured again"]} == {0, 1}
 
