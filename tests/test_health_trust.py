@@ -268,6 +268,25 @@ def test_a_damaged_state_file_fails_is_set_aside_and_holds_until_cleared(node, c
     assert _state_warnings(_run(node, [DBE], set_healthy=True)) == []
 
 
+def test_a_set_aside_file_left_by_an_older_gpucheck_beside_a_good_state_holds_nothing(node):
+    """Older versions set a bad file aside and went on (every node that ran version 1
+    has one): after the upgrade, a good state with no mark of an unread one is healthy."""
+    _run(node)
+    (node / "state" / SET_ASIDE).write_text('{"version": 1}')
+    assert _state_warnings(_run(node)) == []
+
+
+def test_a_state_set_aside_with_no_new_one_written_since_still_holds(node):
+    """The run that set it aside could not write a new one (stopped, disk full): the
+    next run still does not know the node to be healthy."""
+    (node / "state" / SET_ASIDE).write_text('{"version": 3}')
+    (message,) = _state_warnings(_run(node))
+    assert "no state written since" in message
+    assert _state_warnings(_run(node)) == [message]  # the run above wrote a marked state
+    assert _state_warnings(_run(node, set_healthy=True)) == []
+    assert not (node / "state" / SET_ASIDE).exists()
+
+
 def test_a_version_1_state_is_not_read_it_is_set_aside_and_the_run_starts_afresh(node):
     """Version 1 (before consumers) lived for days: no longer read (issue 25)."""
     from gpucheck.health.xids import fingerprint

@@ -24,6 +24,7 @@ from gpucheck.health.ib_judge import TITLE as IB_TITLE
 from gpucheck.health.ib_judge import IbOptions, judge_ports
 from gpucheck.health.state import (
     DEFAULT_CONSUMER,
+    SET_ASIDE,
     HealthState,
     clear_set_aside,
     load_state,
@@ -175,12 +176,13 @@ def _unknown_finding(options: HealthOptions, state: HealthState) -> Finding:
     """A state that could not be read may have held a fault that never clears by
     itself (a GPU to replace): until a person has looked, the node is not known to be
     healthy, and no recipe may resume it. The how comes first: a drain reason is short."""
-    why = state.problem or f"{state.unknown} is still there"
+    assert options.state_dir is not None  # only a state dir has a state to read
     return fail("health.state", "not known to be healthy until an administrator runs "
-                f"`gpucheck health --set-healthy --state-dir {options.state_dir}` (the state "
-                f"could not be read and was set aside: {why})",
-                f"look at {state.unknown} (the faults it held, if any, are not reported "
-                "now), deal with them, then run --set-healthy as the message says")
+                f"`gpucheck health --set-healthy --state-dir {options.state_dir}` (a state "
+                f"could not be read: {state.unknown})",
+                f"look at {options.state_dir / SET_ASIDE} (the faults it held, if any, are "
+                "not reported now), deal with them, then run --set-healthy as the message "
+                "says")
 
 
 def set_healthy(options: HealthOptions, state: HealthState, boot_id: str | None,
@@ -192,18 +194,18 @@ def set_healthy(options: HealthOptions, state: HealthState, boot_id: str | None,
     log = read_kernel_log(options.kernel_log, _capped(options.runner, deadline))
     now = state
     now.cleared = [f"{f['key']} (cleared by --set-healthy)" for f in state.faults]
+    problem = clear_set_aside(options.state_dir)
+    if problem is not None:
+        raise UsageError(f"--set-healthy: {problem}")
     if state.unknown is not None:
-        problem = clear_set_aside(options.state_dir)
-        if problem is not None:
-            raise UsageError(f"--set-healthy: {problem}")
-        now.cleared.append(f"health.state ({state.unknown} cleared by --set-healthy)")
+        now.cleared.append(f"health.state ({state.unknown}: cleared by --set-healthy)")
         now.unknown = None
     if log.source is not None:
         cursor = cursor_of(log)
         now.kernel_log, now.boot_id = cursor, boot_id
         now.baseline = {"boot_id": boot_id, "kernel_log": cursor}
     data = merged(options.state_dir, options.consumer, now, [], {f["key"] for f in state.faults})
-    data["faults"] = []
+    data["faults"], data["unread"] = [], {}
     if log.source is not None:
         data["baseline"] = now.baseline
         for part in data["consumers"].values():
@@ -276,6 +278,7 @@ def collect_health_report(options: HealthOptions, start: float | None = None) ->
                           gpus={"most_seen": most_seen(progress, seen_before)},
                           last={"verdict": report.verdict().value, "at": report.created_at,
                                 "problems": problem_keys(report)},
-                          faults=state.faults, baseline=state.baseline)
+                          faults=state.faults, baseline=state.baseline,
+                          unknown=state.unknown)
         _remember(options, report, new, added, cleared)
     return report

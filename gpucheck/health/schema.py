@@ -168,6 +168,9 @@ def checked_state(raw: Any) -> dict[str, Any]:
               "a consumer's name", "a short name")
         out["consumers"][name] = consumer_part(part, f"consumers.{name}")
     out["ib_ports"] = ib_history(top.get("ib_ports"), out["consumers"].values())
+    unread = _dict(top.get("unread") or {}, "unread")
+    out["unread"] = {"why": _str(unread.get("why"), "unread.why"),
+                     "since": _str(unread.get("since"), "unread.since")} if unread else {}
     return out
 
 

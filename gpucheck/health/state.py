@@ -7,7 +7,9 @@ One JSON file, `DIR/health-state.json`. Shared by every consumer of the node:
 - `faults`: the faults that stay reported until what clears them has happened
   (`gpucheck.health.faults`: a reboot, or `gpucheck health --set-healthy`);
 - `baseline`: the kernel-log position `--set-healthy` cleared up to, where a consumer
-  seen for the first time starts.
+  seen for the first time starts;
+- `unread`: why a state before this one could not be read, and since when: the node
+  is not known to be healthy until `--set-healthy` clears it.
 Per consumer (`--consumer NAME`: the SLURM HealthCheckProgram, the prolog, the
 Prometheus textfile job each read the log for themselves, so none consumes another's
 Xid lines), under `consumers.NAME`:
@@ -23,10 +25,11 @@ link could make root overwrite another file, block, or fill memory. The file is 
 without following a link, only if it is a regular file of this user, up to
 MAX_STATE_BYTES; written as a temp file renamed into place (a link at the name is
 replaced, never followed). A file that cannot be used (damaged, another user's, a
-newer version) is set aside (`health-state.json.bad`) and a new file replaces it; but
-it may have held a fault that never clears by itself, so until an administrator runs
-`--set-healthy` (which moves it to `health-state.json.bad.cleared`) the node is not
-known to be healthy: `health.state` FAILs on every run, for every consumer.
+newer version) is set aside (`health-state.json.bad`) and a new file, marked `unread`,
+replaces it; it may have held a fault that never clears by itself, so until an
+administrator runs `--set-healthy` (which clears the mark and moves the file to
+`health-state.json.bad.cleared`) the node is not known to be healthy: `health.state`
+FAILs on every run, for every consumer.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from gpucheck.health.schema import (
     MAX_CONSUMERS,
     MAX_FAULTS,
     MAX_PORTS,
+    MAX_TEXT,
     STATE_VERSION,
     Damaged,
     checked_state,
@@ -67,8 +71,8 @@ def read_boot_id(proc: Path = Path("/proc")) -> str | None:
 
 @dataclass
 class HealthState:
-    """One consumer's view of the state: its own part, the shared part, and `problem`
-    saying why a stored file could not be used."""
+    """One consumer's view of the state: its own part, the shared part, and `unknown`
+    saying why a stored file could not be read."""
 
     boot_id: str | None = None
     kernel_log: dict[str, Any] = field(default_factory=dict)
@@ -78,8 +82,7 @@ class HealthState:
     gpus: dict[str, Any] = field(default_factory=dict)
     faults: list[dict[str, Any]] = field(default_factory=list)
     baseline: dict[str, Any] = field(default_factory=dict)
-    problem: str | None = None
-    unknown: str | None = None  # a set-aside state no administrator has cleared yet
+    unknown: str | None = None  # why a state could not be read (until --set-healthy)
     cleared: list[str] = field(default_factory=list)  # faults this run saw cleared
 
     def same_boot(self, boot_id: str | None) -> bool:
@@ -189,27 +192,24 @@ def read_raw(directory: Path) -> dict[str, Any] | None:
 
 def load_state(directory: Path | None, consumer: str = DEFAULT_CONSUMER) -> HealthState:
     """`consumer`'s view of the stored state; an empty one on a first run or without a
-    state dir. A damaged file is set aside and named in `problem`; while a set-aside
-    file waits for an administrator (`--set-healthy`), `unknown` names it."""
+    state dir. `unknown` says why the node is not known to be healthy: this file could
+    not be read (it is set aside), or one before it could not and no administrator has
+    cleared it yet (the file's `unread`)."""
     if directory is None:
         return HealthState()
     try:
         raw = read_raw(directory)
     except Damaged as exc:
-        raw = None
-        problem: str | None = f"{directory / STATE_FILE}: {exc}{_set_aside(directory)}"
-    else:
-        problem = None
-    unknown = str(directory / SET_ASIDE) if _exists(directory / SET_ASIDE) else (
-        None if problem is None else str(directory / STATE_FILE))  # not set aside: still there
-    if raw is None:
-        return HealthState(problem=problem, unknown=unknown)
+        return HealthState(unknown=f"{directory / STATE_FILE}: {exc}{_set_aside(directory)}")
+    if raw is None:  # set aside by a run that could not write a new one since
+        return HealthState(unknown=f"{directory / SET_ASIDE} was set aside, and no state "
+                           "written since" if _exists(directory / SET_ASIDE) else None)
     own = raw["consumers"].get(consumer, {})
     return HealthState(boot_id=own.get("boot_id"), kernel_log=own.get("kernel_log", {}),
                        ib_ports=own.get("ib_ports", {}), ib_history=raw["ib_ports"],
                        last=own.get("last", {}),
                        gpus=raw["gpus"], faults=raw["faults"], baseline=raw["baseline"],
-                       unknown=unknown)
+                       unknown=raw["unread"].get("why"))
 
 
 def _exists(path: Path) -> bool:
@@ -257,7 +257,7 @@ def merged(directory: Path, consumer: str, new: HealthState, added: list[dict[st
         now = None
     if now is None:  # gone or damaged since: what this run read is the best there is
         now = {"consumers": {}, "faults": new.faults, "baseline": new.baseline, "gpus": {},
-               "ib_ports": {}}
+               "ib_ports": {}, "unread": {}}
     keys = {f["key"] for f in now["faults"]}
     faults = [f for f in now["faults"] if f["key"] not in cleared]
     faults += [f for f in added if f["key"] not in keys]
@@ -266,6 +266,9 @@ def merged(directory: Path, consumer: str, new: HealthState, added: list[dict[st
     return {"version": STATE_VERSION, "gpus": {"most_seen": max(most) if most else None},
             "faults": faults[-MAX_FAULTS:], "baseline": now["baseline"],
             "ib_ports": dict(list({**now["ib_ports"], **new.ib_history}.items())[-MAX_PORTS:]),
+            "unread": now["unread"] or ({"why": new.unknown[:MAX_TEXT],
+                                         "since": str(new.last.get("at"))}
+                                        if new.unknown else {}),
             "consumers": _kept(now["consumers"], consumer, new.own())}
 
 
