@@ -32,7 +32,7 @@ from gpucheck.bench.progress import Progress
 from gpucheck.bench.records import LoopTiming
 from gpucheck.context import RunContext, TestHooks
 from gpucheck.distributed import faultwatch, progress
-from gpucheck.distributed.session import gpu_identity, process_group, roster
+from gpucheck.distributed.session import barrier, gpu_identity, process_group, roster
 from gpucheck.distributed.world import World, host_name
 
 if TYPE_CHECKING:
@@ -164,13 +164,13 @@ def _loop_again(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec,
     for index, size in enumerate(sizes):
         if index:
             batch = layout.relayout(ddp.module, batch)
-        _barrier(spec, world)
+        barrier(spec.timeout_s)
         started = time.perf_counter()
         for _ in range(size):
             ddp(batch)
         _synchronize(spec.device)
         wall_s += time.perf_counter() - started
-        _barrier(spec, world)
+        barrier(spec.timeout_s)
     return wall_s
 
 
@@ -326,7 +326,7 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
     for index, size in enumerate(sizes):
         if index:
             batch = layout.relayout(ddp.module, batch)
-        _barrier(spec, world)
+        barrier(spec.timeout_s)
         started = time.perf_counter()
         marks.begin()
         for _ in range(size):
@@ -336,7 +336,7 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
             so_far.tick()  # every rank's iterations survive a stop (gpucheck.bench.partial)
         _synchronize(spec.device)
         wall_s += time.perf_counter() - started
-        _barrier(spec, world)
+        barrier(spec.timeout_s)
         span_s += time.perf_counter() - started
         so_far.publish()
     iter_ms, iter_end_ms = marks.read_ms()
@@ -346,16 +346,6 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
                       iter_end_ms=iter_end_ms, segments=len(sizes),
                       iter_wall_ms=marks.read_wall_ms())
 
-
-def _barrier(spec: BenchSpec, world: World) -> None:
-    """On CUDA name this rank's GPU: without device_ids NCCL's barrier guesses it and
-    warns "barrier(): using the device under current context"."""
-    import torch.distributed as dist
-
-    if spec.device == "cuda":
-        dist.barrier(device_ids=[world.cuda_index])
-    else:
-        dist.barrier()
 
 
 def _synchronize(device: str) -> None:

@@ -56,6 +56,8 @@ def _setup_section(result: Mapping[str, Any], unread: Sequence[Unread] = ()) -> 
             "complete": result.get("complete", False), "ranks": result["ranks"]}
     if result["world_size"] == 1:
         data["bus_bandwidth"] = ONE_RANK_BUSBW
+    if result.get("nccl_set_by_gpucheck"):  # distributed.deadline.BACKSTOP, where unset
+        data["nccl_set_by_gpucheck"] = result["nccl_set_by_gpucheck"]
     return Section("comm", "Collective bandwidth: setup and ranks", data,
                    numa_findings(result["ranks"]) + unread_findings("comm.rank_record", unread))
 

@@ -68,8 +68,16 @@ def _agreed_max_bytes(spec: CommSpec, world: World) -> int:
     mine = default_max_bytes(spec.device, world.world_size, free_bytes(spec.device))
     value = torch.tensor([mine], dtype=torch.int64,
                          device="cuda" if spec.device == "cuda" else "cpu")
-    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    _bounded(dist.all_reduce(value, op=dist.ReduceOp.MIN, async_op=True), spec,
+             "agreeing on the largest size")
     return int(value.item())
+
+
+def _bounded(work: Any, spec: CommSpec, what: str) -> None:
+    """Wait for an async collective under gpucheck's deadline, then raise its error."""
+    settle([work] if work is not None else [], spec.timeout_s, what)
+    if work is not None:
+        work.wait()
 
 
 def _gather_size(collective: str, size: int, spec: CommSpec, world: World,
@@ -83,10 +91,7 @@ def _gather_size(collective: str, size: int, spec: CommSpec, world: World,
     where = "cuda" if spec.device == "cuda" else "cpu"
     mine = torch.tensor([timing.time_s, float(timing.wrong)], dtype=torch.float64, device=where)
     every = [torch.zeros_like(mine) for _ in range(world.world_size)]
-    gathered = dist.all_gather(every, mine, async_op=True)
-    settle([gathered] if gathered is not None else [], spec.timeout_s, "gathering timings")
-    if gathered is not None:
-        gathered.wait()  # its own error, if it failed
+    _bounded(dist.all_gather(every, mine, async_op=True), spec, "gathering timings")
     times = [float(t[0]) for t in every]
     wrong = [int(t[1]) for t in every]
     count = element_count(collective, size, world.world_size)
@@ -199,6 +204,7 @@ def _sweep(spec: CommSpec, nccl_folder: str | None,
             "iters": spec.iters, "warmup": spec.warmup, "sizes_bytes": sizes,
             "ranks": infos, "collectives": {c: [] for c in spec.collectives},
             "pairwise": None, "internode": None, "complete": False,
+            "nccl_set_by_gpucheck": ctx.session.backstop or None,
         }
         faults.mark_start()
         with terminal.bar(ctx, "comm", len(spec.collectives) * len(sizes), "size") as shown:

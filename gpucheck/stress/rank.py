@@ -59,11 +59,15 @@ def gather(ctx: RankContext, mine: Any) -> list[Any]:
 
 
 def barrier(ctx: RankContext) -> None:
-    """Every rank starts the next phase together. On CUDA name this rank's GPU."""
+    """Every rank starts the next phase together. On CUDA name this rank's GPU, and
+    poll the barrier under gpucheck's deadline (`distributed.deadline.settle`)."""
     import torch.distributed as dist
 
+    from gpucheck.distributed.deadline import settle
+
     if ctx.spec.device == "cuda":
-        dist.barrier(device_ids=[ctx.world.cuda_index])
+        work = dist.barrier(async_op=True, device_ids=[ctx.world.cuda_index])
+        settle([work] if work is not None else [], ctx.spec.timeout_s, "barrier")
     else:
         dist.barrier()
 
