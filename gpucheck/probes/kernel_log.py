@@ -462,8 +462,10 @@ def _command_output(runner: Runner, argv: Sequence[str],
 _LIVE: tuple[tuple[str, tuple[str, ...], float, Callable[[Iterable[str]], Iterator[Record]]],
              ...] = (
     (KMSG_SOURCE, (KMSG_SOURCE,), KMSG_TIMEOUT_S, text_records),
-    ("journalctl -k -b", ("journalctl", "-k", "-b", "--no-pager", "-o", "json"),
-     JOURNAL_TIMEOUT_S, journal_records),
+    # only the fields read: a whole boot's kernel entries in full JSON run to 100s of MB
+    ("journalctl -k -b", ("journalctl", "-k", "-b", "--no-pager", "-o", "json",
+                          "--output-fields=MESSAGE,_TRANSPORT,SYSLOG_FACILITY,"
+                          "_SOURCE_MONOTONIC_TIMESTAMP"), JOURNAL_TIMEOUT_S, journal_records),
     ("dmesg", ("dmesg",), DMESG_TIMEOUT_S, text_records),
 )
 
