@@ -5,7 +5,10 @@
 #
 # -o FILE.prom picks the Prometheus format and writes it atomically (a temp file in the
 # same directory, then a rename: the collector never reads half a file; its temp name
-# does not end in .prom, so the collector ignores it). The exit code is not needed:
+# does not end in .prom, so the collector ignores it). The directory must be root's and
+# writable by no one else (chown root; chmod 755: node_exporter only reads it): as root,
+# gpucheck refuses to write where another user could plant a link (exit 2).
+# The exit code is not needed:
 # the verdict is in the metrics, and a run that writes nothing leaves
 # gpucheck_valid_until_timestamp_seconds to go stale, which the alert rules catch.
 # A state file it cannot read, and fewer GPUs than the node should have, are FAILs
