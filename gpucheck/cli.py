@@ -18,12 +18,12 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from gpucheck import __version__
 from gpucheck.commands import registry
 from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
+from gpucheck.commands.registry import emit, file_formats, outputs_of, write_files
 from gpucheck.context import RunContext, RunOptions
 from gpucheck.distributed import caught, progress, terminal
 from gpucheck.distributed.deadline import exit_after_abort
@@ -31,8 +31,8 @@ from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
 from gpucheck.escape import encodable
 from gpucheck.escape import terminal as shown
 from gpucheck.interrupts import hangup_ignored
-from gpucheck.output import WriteError, check_writable, write_atomic
-from gpucheck.render import EXTENSIONS, format_for, render
+from gpucheck.output import check_writable
+from gpucheck.render import format_for
 from gpucheck.report import Report, Section, fail
 
 EXIT_USAGE = registry.EXIT_USAGE
@@ -47,92 +47,6 @@ RUN_DIR_VAR = "GPUCHECK_RUN_DIR"
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """Every command's parser, or (given the command line) only its command's."""
     return registry.build_parser(__version__, argv)
-
-
-def use_color(stream: TextIO) -> bool:
-    """Colour only on a terminal, and never when NO_COLOR is set (no-color.org)."""
-    return stream.isatty() and "NO_COLOR" not in os.environ
-
-
-def terminal_width(stream: TextIO) -> int | None:
-    """A terminal's own width, so text lines fit it; None off a terminal (the text
-    renderer's fixed default keeps files and pipes stable)."""
-    if not stream.isatty():
-        return None
-    try:
-        columns = os.get_terminal_size(stream.fileno()).columns
-    except (OSError, ValueError):
-        return None
-    return columns or None  # a pty that reports 0 columns does not know its width
-
-
-def outputs_of(args: argparse.Namespace) -> list[str]:
-    """Every `-o` file, in order (`-o` may be given more than once)."""
-    given = getattr(args, "outputs", None) or []
-    single = getattr(args, "output", None)
-    return list(given) if given else ([single] if single is not None else [])
-
-
-def file_formats(requested: str | None, outputs: list[str]) -> dict[str, str]:
-    """Each output file's format. One file: --format, else its extension (as ever).
-    Several: each file's extension, --format only for a file whose extension names no
-    format. UsageError when two -o name one file."""
-    seen: dict[str, str] = {}
-    for path in outputs:
-        real = os.path.realpath(path)
-        if real in seen:
-            raise UsageError(f"-o {path} names the same file as -o {seen[real]}; give "
-                             "each file once")
-        seen[real] = path
-    if len(outputs) <= 1:
-        return {path: format_for(requested, path) for path in outputs}
-    format_for(requested, None)  # an unknown --format is refused all the same
-    return {path: (format_for(None, path) if Path(path).suffix.lower() in EXTENSIONS
-                   else format_for(requested, path)) for path in outputs}
-
-
-def emit(report: Report, fmt: str, output: str | list[str] | None, quiet: bool,
-         stream: TextIO | None = None, formats: dict[str, str] | None = None) -> None:
-    """Write the report files (if asked) and show the report on `stream`.
-
-    `formats`: each file's format (`file_formats`), else `fmt` for all. A failed write
-    (a full disk at the end of a long run) still writes the other files and shows the
-    report on `stream` unless `quiet`, then raises WriteError saying where it went."""
-    stream = stream or sys.stdout
-    width = terminal_width(stream)
-    outputs = [output] if isinstance(output, str) else list(output or [])
-    if not outputs:
-        stream.write(encodable(render(report, fmt, color=fmt == "text" and use_color(stream),
-                                      width=width if fmt == "text" else None),
-                               getattr(stream, "encoding", None)))
-        stream.flush()
-        return
-    failed = _write_files(report, {p: (formats or {}).get(p, fmt) for p in outputs})
-    if not quiet:
-        stream.write(encodable(render(report, "text", color=use_color(stream), width=width),
-                               getattr(stream, "encoding", None)))
-        stream.flush()
-    if failed:
-        written = [p for p in outputs if p not in {f[0] for f in failed}]
-        kept = ("the report is on stdout" if not quiet else
-                "nothing was kept on stdout (-q)") + (
-            f" and in {', '.join(written)}" if written else
-            ("" if not quiet else ": rerun without -q or with another --output"))
-        raise WriteError(f"{'; '.join(str(f[1]) for f in failed)}; {kept}") from None
-
-
-def _write_files(report: Report, formats: dict[str, str]) -> list[tuple[str, UsageError]]:
-    """Each file atomically, in its format; the ones that failed, with why."""
-    failed: list[tuple[str, UsageError]] = []
-    rendered: dict[str, str] = {}  # one rendering per format
-    for path, fmt in formats.items():
-        if fmt not in rendered:
-            rendered[fmt] = render(report, fmt)
-        try:
-            write_atomic(path, rendered[fmt])
-        except UsageError as exc:  # WriteError, or the target turned into a FIFO
-            failed.append((path, exc))
-    return failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,7 +166,7 @@ def _write_interrupted(module: Any, args: argparse.Namespace, ctx: RunContext,
         formats = file_formats(args.format, outputs_of(args))
     except UsageError:
         return False
-    return not _write_files(report, formats)
+    return not write_files(report, formats)
 
 
 def add_log(report: Report, ctx: RunContext) -> None:

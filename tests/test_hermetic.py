@@ -18,8 +18,11 @@ CLEAN_LOG = ROOT / "tests" / "data" / "kernel_logs" / "suite_clean.log"
 LINES = len(CLEAN_LOG.read_text().splitlines())
 
 
-def test_every_test_is_given_the_clean_log() -> None:
+def test_every_test_is_given_the_clean_log_and_an_empty_sysfs() -> None:
+    from gpucheck.probes.gpu_read import SYSFS_VAR
+
     assert os.environ[KERNEL_LOG_VAR] == str(CLEAN_LOG)
+    assert os.listdir(os.environ[SYSFS_VAR]) == []
 
 
 def test_the_variable_names_the_log_and_the_option_wins(tmp_path: Path) -> None:

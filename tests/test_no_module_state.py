@@ -37,7 +37,8 @@ OWN_PREFIX_CLASSIFIERS = {"probes/envvars.py", "distributed/envgather.py", "envf
 # The user's settings, read once at the command boundary into RunOptions (file, name).
 USER_SETTINGS = {("cli.py", "GPUCHECK_RUN_DIR"),
                  ("probes/gpu_read.py", "GPUCHECK_SYSFS"),  # read from the environ given
-                 ("probes/gpu_read.py", "GPUCHECK_EXPECT_GPUS")}
+                 ("probes/gpu_read.py", "GPUCHECK_EXPECT_GPUS"),
+                 ("probes/kernel_log.py", "GPUCHECK_KERNEL_LOG")}  # from the environ given
 
 # Still to move onto the RunContext (each entry: file, what): nothing left.
 KNOWN: dict[str, set[tuple[str, str]]] = {"state": set(), "env_write": set(),

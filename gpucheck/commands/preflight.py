@@ -96,7 +96,7 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan) -> Any:
 
 
 def _outputs(args: argparse.Namespace) -> list[str]:
-    from gpucheck.cli import outputs_of
+    from gpucheck.commands.registry import outputs_of
 
     return outputs_of(args)
 
@@ -173,8 +173,8 @@ def _show(report: Report, args: argparse.Namespace, started: float) -> None:
     only after `run` returns): every --output written; on stdout, unless --quiet, the
     verdict, the problems, the seconds spent and where the full report went (one
     screen before the job's first line), or the whole report in an asked --format."""
-    from gpucheck.cli import emit, file_formats, terminal_width, use_color
     from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
+    from gpucheck.commands.registry import emit, file_formats, terminal_width, use_color
     from gpucheck.render import format_for
     from gpucheck.render.text import render_brief
 

@@ -1,4 +1,5 @@
-"""The command registry: which subcommands exist, their modules, and the parser.
+"""The command registry: which subcommands exist, their modules, the parser, and the
+output options honoured (`emit`: the report files written and the report shown).
 
 Both the CLI (`gpucheck.cli`) and commands that run other commands
 (`gpucheck.commands.all`) use it, so no command reaches up into the CLI.
@@ -11,14 +12,19 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import re
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 from gpucheck.errors import UsageError
-from gpucheck.escape import terminal
-from gpucheck.render import FORMATS
+from gpucheck.escape import encodable, terminal
+from gpucheck.output import WriteError, write_atomic
+from gpucheck.render import EXTENSIONS, FORMATS, format_for, render
+from gpucheck.report import Report
 
 COMMANDS = ("env", "bench", "comm", "stress", "all", "compare", "fleet", "health", "hang",
             "show", "preflight")
@@ -139,3 +145,91 @@ def build_parser(version: str, argv: Sequence[str] | None = None) -> argparse.Ar
         module.add_arguments(command_parser)
         parser.command_parsers[name] = command_parser
     return parser
+
+
+# --- the output options honoured: files written, the report shown -----------------
+
+def use_color(stream: TextIO) -> bool:
+    """Colour only on a terminal, and never when NO_COLOR is set (no-color.org)."""
+    return stream.isatty() and "NO_COLOR" not in os.environ
+
+
+def terminal_width(stream: TextIO) -> int | None:
+    """A terminal's own width, so text lines fit it; None off a terminal (the text
+    renderer's fixed default keeps files and pipes stable)."""
+    if not stream.isatty():
+        return None
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError):
+        return None
+    return columns or None  # a pty that reports 0 columns does not know its width
+
+
+def outputs_of(args: argparse.Namespace) -> list[str]:
+    """Every `-o` file, in order (`-o` may be given more than once)."""
+    given = getattr(args, "outputs", None) or []
+    single = getattr(args, "output", None)
+    return list(given) if given else ([single] if single is not None else [])
+
+
+def file_formats(requested: str | None, outputs: list[str]) -> dict[str, str]:
+    """Each output file's format. One file: --format, else its extension (as ever).
+    Several: each file's extension, --format only for a file whose extension names no
+    format. UsageError when two -o name one file."""
+    seen: dict[str, str] = {}
+    for path in outputs:
+        real = os.path.realpath(path)
+        if real in seen:
+            raise UsageError(f"-o {path} names the same file as -o {seen[real]}; give "
+                             "each file once")
+        seen[real] = path
+    if len(outputs) <= 1:
+        return {path: format_for(requested, path) for path in outputs}
+    format_for(requested, None)  # an unknown --format is refused all the same
+    return {path: (format_for(None, path) if Path(path).suffix.lower() in EXTENSIONS
+                   else format_for(requested, path)) for path in outputs}
+
+
+def emit(report: Report, fmt: str, output: str | list[str] | None, quiet: bool,
+         stream: TextIO | None = None, formats: dict[str, str] | None = None) -> None:
+    """Write the report files (if asked) and show the report on `stream`.
+
+    `formats`: each file's format (`file_formats`), else `fmt` for all. A failed write
+    (a full disk at the end of a long run) still writes the other files and shows the
+    report on `stream` unless `quiet`, then raises WriteError saying where it went."""
+    stream = stream or sys.stdout
+    width = terminal_width(stream)
+    outputs = [output] if isinstance(output, str) else list(output or [])
+    if not outputs:
+        stream.write(encodable(render(report, fmt, color=fmt == "text" and use_color(stream),
+                                      width=width if fmt == "text" else None),
+                               getattr(stream, "encoding", None)))
+        stream.flush()
+        return
+    failed = write_files(report, {p: (formats or {}).get(p, fmt) for p in outputs})
+    if not quiet:
+        stream.write(encodable(render(report, "text", color=use_color(stream), width=width),
+                               getattr(stream, "encoding", None)))
+        stream.flush()
+    if failed:
+        written = [p for p in outputs if p not in {f[0] for f in failed}]
+        kept = ("the report is on stdout" if not quiet else
+                "nothing was kept on stdout (-q)") + (
+            f" and in {', '.join(written)}" if written else
+            ("" if not quiet else ": rerun without -q or with another --output"))
+        raise WriteError(f"{'; '.join(str(f[1]) for f in failed)}; {kept}") from None
+
+
+def write_files(report: Report, formats: dict[str, str]) -> list[tuple[str, UsageError]]:
+    """Each file atomically, in its format; the ones that failed, with why."""
+    failed: list[tuple[str, UsageError]] = []
+    rendered: dict[str, str] = {}  # one rendering per format
+    for path, fmt in formats.items():
+        if fmt not in rendered:
+            rendered[fmt] = render(report, fmt)
+        try:
+            write_atomic(path, rendered[fmt])
+        except UsageError as exc:  # WriteError, or the target turned into a FIFO
+            failed.append((path, exc))
+    return failed
