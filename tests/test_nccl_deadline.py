@@ -219,7 +219,8 @@ def test_on_the_deadline_a_rank_dumps_answers_aborts_reports_then_exits(
     ctx = RunContext()
     ctx.session.backstop = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
     stuck = deadline.DeadlinePassed("an all_reduce timed out")
-    error = session._after_failure(ctx, object(), _two_ranks(), 3.0, stuck, "nccl")
+    (error,) = session._after_failure(ctx, object(), _two_ranks(), 3.0, stuck,
+                                      "nccl") or []
     assert isinstance(error, checkin.RanksUnresponsive) and error.missing == [0]
 
     def report() -> int:

@@ -242,9 +242,9 @@ def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool
     except BaseException as exc:
         faults.publish_after_failure(world)  # before the roll call, which can take long
         if isinstance(exc, Exception) and is_comm_error(exc):
-            error = _after_failure(ctx, store, world, timeout_s, exc, backend)
-            if error is not exc:
-                raise error from exc
+            named = _after_failure(ctx, store, world, timeout_s, exc, backend)
+            if named is not None:  # never kept in a local: the frame would hold it
+                raise named.pop() from exc
         raise
     else:
         dist.destroy_process_group()
@@ -307,17 +307,18 @@ def _dump_flight_recorder(rank: int, backend: str) -> flight.DumpOutcome | None:
 
 
 def _after_failure(ctx: RunContext, store: Any, world: World, timeout_s: float,
-                   exc: Exception, backend: str) -> Exception:
+                   exc: Exception, backend: str) -> list[RanksUnresponsive] | None:
     """After a failed collective, in this order: dump this rank's buffer (while the
     stuck op still reads scheduled or started), answer the roll call, abort a failed
     NCCL group, record what this rank saw (the launcher's report reads it). The error
-    to raise: `RanksUnresponsive` with several ranks, `exc` itself for a rank alone."""
+    to raise instead of `exc` with several ranks (`RanksUnresponsive`, in a list the
+    caller empties), None for a rank alone."""
     dumped = _dump_flight_recorder(world.rank, backend)
     missing, cause = (_roll_call(store, world, timeout_s, backend, exc)
                       if world.world_size > 1 else ([], _first_line(str(exc))))
     aborted = _abort(ctx, world.rank) if backend == "nccl" else None
     if world.world_size == 1:
-        return exc
+        return None
     _end_silent_siblings(ctx, missing)
     step = progress.current_step(ctx)
     error = RanksUnresponsive(missing, step, cause)
@@ -325,7 +326,7 @@ def _after_failure(ctx: RunContext, store: Any, world: World, timeout_s: float,
         "rank": world.rank, "missing": missing, "step": step, "cause": cause,
         "message": str(error), "flight_recorder": dumped.as_dict() if dumped else None,
         "nccl_abort": aborted, "nccl_settings": dict(ctx.session.backstop) or None})
-    return error
+    return [error]
 
 
 def _roll_call(store: Any, world: World, timeout_s: float, backend: str,

@@ -25,12 +25,18 @@ from typing import Any
 # GEMM on a loaded machine) without anything being wrong; the guard must never end a
 # healthy run, only one that cannot end by itself.
 MARGIN_S = 30.0
-ROLL_CALL_S = 5.0  # gpucheck.distributed.checkin.roll_call_window_s's most
 
 
-def guard_seconds(budget_s: float, grace_s: float, margin_s: float | None = None) -> float:
-    """`margin_s`: None for MARGIN_S (a test hook gives a shorter one)."""
-    return budget_s + grace_s + ROLL_CALL_S + (MARGIN_S if margin_s is None else margin_s)
+def guard_seconds(budget_s: float, grace_s: float, backend: str,
+                  margin_s: float | None = None) -> float:
+    """`margin_s`: None for MARGIN_S (a test hook gives a shorter one). The roll call
+    counts twice (the store's host stays another window for late readers), at its
+    length on `backend` (`checkin.roll_call_window_s`, from the settings in effect):
+    the guard must not end a rank still holding a roll call."""
+    from gpucheck.distributed.checkin import roll_call_window_s
+
+    roll_call_s = 2 * roll_call_window_s(budget_s, backend)
+    return budget_s + grace_s + roll_call_s + (MARGIN_S if margin_s is None else margin_s)
 
 
 def on_hang_hosts(rank: int, store_on_rank0: bool,

@@ -105,7 +105,8 @@ def _hang_guard(run: Run) -> Any:
     from gpucheck.preflight import guard
 
     hosts = guard.on_hang_hosts(run.world.rank, store_on_rank0(run.world), run.result["ranks"])
-    seconds = guard.guard_seconds(run.spec.budget_s, GRACE_S, run.ctx.hooks.hang_margin_s)
+    seconds = guard.guard_seconds(run.spec.budget_s, GRACE_S, run.spec.backend,
+                                  run.ctx.hooks.hang_margin_s)
     return guard.HangGuard(seconds, run.world.rank,
                            guard.exclude_on_hang(run.spec.exclude_file, hosts))
 
