@@ -71,20 +71,28 @@ def others_may_write(info: os.stat_result) -> str | None:
 
 def _unsafe_folder(dfd: int, folder: str) -> str | None:
     """As root: why `folder` (open as `dfd`) or a folder above it is not safe to write
-    in, or None. Checked on the real path, then matched against the open descriptor."""
+    in, or None. Checked on the path as given (a link in it must be root's, in a safe
+    folder) and on the real path, then matched against the open descriptor."""
     if os.geteuid() != 0:
         return None
     real = os.path.realpath(folder)
     opened, named = os.fstat(dfd), os.stat(real)
     if (opened.st_dev, opened.st_ino) != (named.st_dev, named.st_ino):
         return "changed while it was checked"
+    return _unsafe_chain(os.path.abspath(folder)) or _unsafe_chain(real)
+
+
+def _unsafe_chain(path: str) -> str | None:
+    """The first of `path` and the folders above it that another user could change."""
     while True:
-        why = others_may_write(os.stat(real))
+        info = os.lstat(path)
+        why = (f"is a link made by uid {info.st_uid}" if info.st_uid not in (0, os.geteuid())
+               else None) if stat.S_ISLNK(info.st_mode) else others_may_write(info)
         if why is not None:
-            return f"{real} {why}"
-        if real == os.path.dirname(real):
+            return f"{path} {why}"
+        if path == os.path.dirname(path):
             return None
-        real = os.path.dirname(real)
+        path = os.path.dirname(path)
 
 
 def _open_folder(path: str, option: str) -> tuple[int, str]:

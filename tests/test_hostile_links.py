@@ -130,3 +130,13 @@ def test_a_fifo_or_a_link_to_dev_zero_in_the_run_dir_neither_holds_nor_crashes(
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "(None, None, [{'rank': 1}])"
+
+
+def test_a_link_inside_another_users_folder_cannot_aim_roots_write(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    aimed = tmp_path / "etc"
+    aimed.mkdir(mode=0o755)  # root's own: the real path alone looks safe
+    (_others_folder(tmp_path, "owned") / "d").symlink_to(aimed)
+    assert main(["compare", *SAME, "-q", "-o", str(tmp_path / "owned" / "d" / "x.json")]) == 2
+    assert "another user" in capsys.readouterr().err
+    assert list(aimed.iterdir()) == []
