@@ -204,7 +204,8 @@ def _sweep(spec: CommSpec, nccl_folder: str | None,
             "iters": spec.iters, "warmup": spec.warmup, "sizes_bytes": sizes,
             "ranks": infos, "collectives": {c: [] for c in spec.collectives},
             "pairwise": None, "internode": None, "complete": False,
-            "nccl_set_by_gpucheck": ctx.session.backstop or None,
+            "nccl_set_by_gpucheck": (ctx.session.backstop or None) if spec.backend == "nccl"
+            else None,
         }
         faults.mark_start()
         with terminal.bar(ctx, "comm", len(spec.collectives) * len(sizes), "size") as shown:

@@ -225,7 +225,7 @@ def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool
             progress.record_diagnosis(ctx, exc.diagnosis)
         raise
     if backend == "nccl":  # before the group exists: torch reads them when it is made
-        ctx.session.backstop = deadline.nccl_backstop()
+        ctx.session.backstop |= deadline.nccl_backstop()  # `all`: the first group sets
     ctx.session.wait_s = timeout_s
     dist.init_process_group(backend, store=_stores().prefix("gpucheck/pg", store),
                             rank=world.rank, world_size=world.world_size,
@@ -325,7 +325,8 @@ def _after_failure(ctx: RunContext, store: Any, world: World, timeout_s: float,
     progress.record_diagnosis(ctx, {
         "rank": world.rank, "missing": missing, "step": step, "cause": cause,
         "message": str(error), "flight_recorder": dumped.as_dict() if dumped else None,
-        "nccl_abort": aborted, "nccl_settings": dict(ctx.session.backstop) or None})
+        "nccl_abort": aborted,
+        "nccl_settings": dict(ctx.session.backstop) if aborted else None})
     return [error]
 
 
