@@ -290,3 +290,15 @@ def test_the_timeout_probe_dry_run_ends_through_the_deadline_and_leaves_a_dump(
     assert result["dumps"]["gpucheck"]["exists"] and not result["dumps"]["torch"]["exists"]
     assert result["hang_traces"]["exit_code"] == 0
     assert [f[0] for f in result["hang_traces"]["findings"]] == ["hang.traces.agree"]
+
+
+def test_the_failure_section_lists_the_nccl_settings_gpucheck_chose_and_only_those() -> None:
+    from gpucheck.distributed.failures import failure_section
+
+    chose = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+    nccl = failure_section("comm", [], False, "rank 1 did not answer",
+                           [{"rank": 0, "missing": [1], "nccl_settings": chose}])
+    gloo = failure_section("comm", [], False, "rank 1 did not answer",
+                           [{"rank": 0, "missing": [1], "nccl_settings": None}])
+    assert nccl.data["nccl_set_by_gpucheck"] == chose
+    assert "nccl_set_by_gpucheck" not in gloo.data
