@@ -29,7 +29,6 @@ def test_arming_sets_the_variables_and_restores_them_afterwards(monkeypatch) -> 
     with flight.armed("comm") as prefix:
         assert prefix == os.path.join(flight.dump_folder(), "comm_29555_rank_")
         assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == prefix
-        assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
         assert os.environ["TORCH_FR_BUFFER_SIZE"] == flight.BUFFER_ENTRIES
     assert not any(name in os.environ for name in flight.ARMED_VARS)
 

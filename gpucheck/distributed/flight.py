@@ -8,9 +8,9 @@ process sets them for itself before it joins):
   default since 2.6; a torchcomms-backed group keeps none unless it or the older
   TORCH_NCCL_TRACE_BUFFER_SIZE is set, distributed_c10d.py);
 - TORCH_FR_DUMP_TEMP_FILE (older: TORCH_NCCL_DEBUG_INFO_TEMP_FILE): the dump's
-  path prefix, the rank is appended;
-- TORCH_NCCL_DUMP_ON_TIMEOUT=1: NCCL's watchdog dumps when a collective times out
-  (and asks every other rank to dump through the store).
+  path prefix, the rank is appended.
+TORCH_NCCL_DUMP_ON_TIMEOUT=1 (NCCL's watchdog dumps on a timeout) is one of the NCCL
+settings every NCCL group of gpucheck's gets (`gpucheck.distributed.deadline`).
 Besides, every rank whose collective fails writes its own buffer (`dump_after_failure`,
 from the process-group frame) before it answers the roll call and before an NCCL group
 is aborted, so the stuck op still reads scheduled or started (an abort makes NCCL's
@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 
 BUFFER_ENTRIES = "2000"
-ARMED_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE")
+ARMED_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE")
 PREFIX_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 # torch._C._distributed_c10d's function returning a backend's buffer as pickle bytes
 # (torch 2.14: `_dump_fr_trace` for every backend but NCCL, `_dump_nccl_trace` for
@@ -105,7 +105,6 @@ def arm(command: str, environ: MutableMapping[str, str] | None = None) -> str | 
     prefix = os.path.join(folder, f"{command}_{_job_id(env)}_rank_")
     env.setdefault("TORCH_FR_BUFFER_SIZE", env.get("TORCH_NCCL_TRACE_BUFFER_SIZE",
                                                    BUFFER_ENTRIES))
-    env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     env["TORCH_FR_DUMP_TEMP_FILE"] = prefix
     return prefix
 
