@@ -175,25 +175,19 @@ def bench_spec() -> bench_worker.BenchSpec:
 
 def test_bench_times_and_records_the_gpu_the_task_sees_not_its_local_id(
         no_launcher: pytest.MonkeyPatch) -> None:
-    import torch.distributed as dist
 
     cuda = FakeCuda(physical=[3], nvml_count=1)
     cuda.install(no_launcher)
     srun_task(no_launcher, local_id=3)
-    barriers: list[Any] = []
-    no_launcher.setattr(dist, "barrier", lambda **kw: barriers.append(kw.get("device_ids")))
     spec = bench_spec()
     ctx = here()
     with process_group("gloo", "cuda", timeout_s=30, ctx=ctx) as world:
         assert str(bench_worker._device(spec, world)) == "cuda:0"
-        bench_worker._barrier(spec, world)
         given = {"wall_s": 1.0, "span_s": 1.0, "device_s": 0.9, "iter_ms": (900.0,),
                  "iter_end_ms": (1000.0,), "iter_wall_ms": (1000.0,), "segments": 1}
         timing = bench_worker.LoopTiming(**{f.name: given[f.name] for f in
                                             dataclasses.fields(bench_worker.LoopTiming)})
         record = bench_worker._record(spec, world, 1, timing, 1, ctx)
-    # device_ids on every CUDA barrier: NCCL would otherwise guess the GPU and warn.
-    assert barriers == [[0]]
     assert (record.device, record.local_rank, record.nvml_index) == ("cuda:0", 3, 3)
     assert record.pci_bus_id == bus_id(3) and record.device_uuid.endswith("000000000003")
     assert record.peak_memory_bytes == 1000  # read from cuda:0
@@ -238,8 +232,11 @@ def test_comms_barrier_names_the_ranks_gpu_to_nccl(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(dist, "barrier", lambda **kw: calls.append(kw.get("device_ids")))
     monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)  # bind_device set it
+    from gpucheck.bench import worker as bench_worker
+
     assert collectives.barrier is session.barrier and pairwise.barrier is session.barrier
-    session.barrier()
+    assert bench_worker.barrier is session.barrier
+    session.barrier(1.0)  # bench's barriers are this one too (bench.worker imports it)
     monkeypatch.setattr(dist, "get_backend", lambda *a: "gloo")
-    session.barrier()
+    session.barrier(1.0)
     assert calls == [[3], None]
