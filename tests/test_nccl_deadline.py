@@ -302,3 +302,44 @@ def test_the_failure_section_lists_the_nccl_settings_gpucheck_chose_and_only_tho
                            [{"rank": 0, "missing": [1], "nccl_settings": None}])
     assert nccl.data["nccl_set_by_gpucheck"] == chose
     assert "nccl_set_by_gpucheck" not in gloo.data
+
+
+class _Event:
+    """A torch.cuda.Event stand-in: complete after `after` queries (never when None)."""
+
+    def __init__(self, after: int | None) -> None:
+        self.after, self.queries, self.recorded = after, 0, False
+
+    def record(self) -> None:
+        self.recorded = True
+
+    def query(self) -> bool:
+        self.queries += 1
+        return self.after is not None and self.queries > self.after
+
+
+@pytest.mark.parametrize("after", [0, 3])
+def test_a_device_sync_returns_once_its_end_event_completes(
+        monkeypatch: pytest.MonkeyPatch, after: int) -> None:
+    import torch
+
+    event = _Event(after)
+    monkeypatch.setattr(torch.cuda, "Event", lambda: event)
+    deadline.synchronize("cuda", 60.0, "the timed loop")
+    assert event.recorded and event.queries == after + 1
+
+
+def test_a_device_sync_behind_a_hung_collective_ends_at_the_deadline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "Event", lambda: _Event(None))
+    with pytest.raises(deadline.DeadlinePassed, match="the timed loop timed out"):
+        deadline.synchronize("cuda", 0.02, "the timed loop")
+
+
+def test_a_cpu_rank_has_no_device_to_wait_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "Event", lambda: pytest.fail("no event on CPU"))
+    deadline.synchronize("cpu", 0.0, "the timed loop")

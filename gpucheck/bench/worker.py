@@ -32,6 +32,7 @@ from gpucheck.bench.progress import Progress
 from gpucheck.bench.records import LoopTiming
 from gpucheck.context import RunContext, TestHooks
 from gpucheck.distributed import faultwatch, progress
+from gpucheck.distributed.deadline import synchronize
 from gpucheck.distributed.session import barrier, gpu_identity, process_group, roster
 from gpucheck.distributed.world import World, host_name
 
@@ -168,7 +169,7 @@ def _loop_again(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec,
         started = time.perf_counter()
         for _ in range(size):
             ddp(batch)
-        _synchronize(spec.device)
+        synchronize(spec.device, spec.timeout_s, "the timed loop's device work")
         wall_s += time.perf_counter() - started
         barrier(spec.timeout_s)
     return wall_s
@@ -229,7 +230,7 @@ def _measure(spec: BenchSpec, world: World, ddp: Any,
     with torch.inference_mode(), Progress(spec.progress and world.is_reporter) as bar:
         progress.set_step(ctx, "warm-up")
         bar.start("warm-up", spec.warmup)
-        per_iter_s = _warm_up(ddp, batch, spec.warmup, spec.device, bar)
+        per_iter_s = _warm_up(ddp, batch, spec.warmup, spec, bar)
         _publish(ctx, world, rank0_warmup={"iters": spec.warmup, "s_per_iter": per_iter_s})
         iters = spec.iters or _agree_iters(per_iter_s, spec, world)
         progress.set_step(ctx, "timed loop (between the start and end barriers)")
@@ -282,16 +283,17 @@ def _publish(ctx: RunContext, world: World, **results: Any) -> None:
         progress.publish_partial(ctx, (progress.local_partial(ctx) or {}) | results)
 
 
-def _warm_up(ddp: Any, batch: torch.Tensor, warmup: int, device: str, bar: Progress) -> float:
+def _warm_up(ddp: Any, batch: torch.Tensor, warmup: int, spec: BenchSpec,
+             bar: Progress) -> float:
     """Run `warmup` iterations; seconds per iteration, not counting the first one."""
     started = time.perf_counter()
     for i in range(warmup):
         ddp(batch)
         if i == 0:
-            _synchronize(device)
+            synchronize(spec.device, spec.timeout_s, "the warm-up's first iteration")
             started = time.perf_counter()
         bar.advance()
-    _synchronize(device)
+    synchronize(spec.device, spec.timeout_s, "the warm-up")
     timed = max(warmup - 1, 0)
     return (time.perf_counter() - started) / timed if timed else 0.0
 
@@ -334,7 +336,7 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
             marks.mark()
             bar.advance()
             so_far.tick()  # every rank's iterations survive a stop (gpucheck.bench.partial)
-        _synchronize(spec.device)
+        synchronize(spec.device, spec.timeout_s, "the timed loop's device work")
         wall_s += time.perf_counter() - started
         barrier(spec.timeout_s)
         span_s += time.perf_counter() - started
@@ -346,13 +348,6 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
                       iter_end_ms=iter_end_ms, segments=len(sizes),
                       iter_wall_ms=marks.read_wall_ms())
 
-
-
-def _synchronize(device: str) -> None:
-    import torch
-
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def _reset_peak_memory(device: str, index: int | None) -> None:

@@ -70,6 +70,19 @@ def settle(pending: Iterable[Pending], wait_s: float, what: str,
         sleep(POLL_S)
 
 
+def synchronize(device: str, wait_s: float, what: str) -> None:
+    """`torch.cuda.synchronize()` under gpucheck's deadline: an event recorded after the
+    work and polled, so a kernel stuck behind a hung NCCL op (DDP's buffer broadcast, an
+    all_reduce) costs the deadline, not the watchdog's backstop. Nothing on CPU."""
+    if device != "cuda":
+        return
+    import torch
+
+    end = torch.cuda.Event()
+    end.record()
+    settle([], wait_s, what, done=end.query)
+
+
 def nccl_backstop(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     """Set the `BACKSTOP` settings the user has not set (before the group is made);
     what was set, for the report's run section."""

@@ -67,9 +67,10 @@ def gpu_identity(ctx: RunContext) -> GpuIdentity | None:
     return gpu
 
 
-def barrier(wait_s: float) -> None:
-    """A barrier of the job's group that names this rank's GPU to NCCL; on NCCL the host
-    polls it for at most `wait_s` (`deadline.settle`), gloo's own timeout bounds it.
+def barrier(wait_s: float, group: Any = None) -> None:
+    """A barrier of the job's group (or `group`) that names this rank's GPU to NCCL; on
+    NCCL the host polls it for at most `wait_s` (`deadline.settle`), gloo's own timeout
+    bounds it.
 
     Without `device_ids`, NCCL's barrier guesses the device from the current
     context and warns ("barrier(): using the device under current context") on
@@ -81,11 +82,12 @@ def barrier(wait_s: float) -> None:
     import torch
     import torch.distributed as dist
 
-    if dist.get_backend() == "nccl":
-        work = dist.barrier(async_op=True, device_ids=[torch.cuda.current_device()])
+    if dist.get_backend(group) == "nccl":
+        work = dist.barrier(group=group, async_op=True,
+                            device_ids=[torch.cuda.current_device()])
         deadline.settle([work] if work is not None else [], wait_s, "barrier")
     else:
-        dist.barrier()
+        dist.barrier(group=group)
 
 
 def is_comm_error(exc: BaseException) -> bool:

@@ -22,8 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck import subject
+from gpucheck.distributed.deadline import synchronize
+from gpucheck.distributed.session import barrier
 from gpucheck.measure import Better, Bound, LookState, SecondLook
 from gpucheck.peers import SLOW_NODE_FRACTION, against_median, known_good, second_look
+from gpucheck.preflight.budget import GRACE_S
 from gpucheck.report import Finding, Status, looked, ok, skip
 
 CHECK = "preflight.node_all_reduce"
@@ -194,7 +197,7 @@ def measure_nodes(world: Any, roster: Sequence[Mapping[str, Any]], device: str,
     # destroy_process_group. One node: the job's own group.
     group = None if len(nodes) == 1 else \
         dist.new_subgroups_by_enumeration([sorted(v) for _, v in sorted(nodes.items())])[0]
-    figures = _pass(world, device, size_bytes, iters, group)
+    figures = _pass(world, device, size_bytes, iters, group, budget)
     box: list[Any] = [plan(figures) if world.rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     wanted, again, why_not = box[0], None, None
@@ -202,7 +205,7 @@ def measure_nodes(world: Any, roster: Sequence[Mapping[str, Any]], device: str,
         cost = 1.0 + 2 * max(_seconds(figures), 0.1)
         if budget.agreed_left(device) >= cost:
             budget.bound_waits()
-            again = _pass(world, device, size_bytes, iters, group)
+            again = _pass(world, device, size_bytes, iters, group, budget)
         else:
             why_not = f"no {cost:.2g} s left of the budget to measure it again"
     return {"figures": figures, "plan": wanted, "again": again, "why_not": why_not}
@@ -213,37 +216,34 @@ def _seconds(figures: Mapping[int, Mapping[str, Any]]) -> float:
                 if f["busbw_gbps"] > 0), default=0.0)
 
 
-def _pass(world: Any, device: str, size_bytes: int, iters: int,
-          group: Any) -> dict[int, dict[str, Any]]:
+def _pass(world: Any, device: str, size_bytes: int, iters: int, group: Any,
+          budget: Any) -> dict[int, dict[str, Any]]:
     import torch.distributed as dist
 
-    record = _timed(world, device, size_bytes, iters, group)
+    # Every host wait on NCCL under gpucheck's deadline: the budget's end and its grace.
+    record = _timed(world, device, size_bytes, iters, group, budget.left_here() + GRACE_S)
     every: list[Any] = [None] * world.world_size
     dist.all_gather_object(every, record)
     return node_figures(every)
 
 
-def _timed(world: Any, device: str, size_bytes: int, iters: int, group: Any) -> dict[str, Any]:
+def _timed(world: Any, device: str, size_bytes: int, iters: int, group: Any,
+           wait_s: float) -> dict[str, Any]:
     """This rank's mean all_reduce time in its node's group (2 warm-ups, then `iters`,
-    between barriers of the group)."""
+    between barriers of the group), no host wait past `wait_s` each."""
     import torch
     import torch.distributed as dist
 
     where = f"cuda:{torch.cuda.current_device()}" if device == "cuda" else "cpu"
     data = torch.ones(max(1, size_bytes // 4), dtype=torch.float32, device=where)
-
-    def sync() -> None:
-        if device == "cuda":
-            torch.cuda.synchronize()
-
     for _ in range(2):
         dist.all_reduce(data, group=group)
-    sync()
-    dist.barrier(group=group)
+    synchronize(device, wait_s, "the node all_reduce's warm-up")
+    barrier(wait_s, group)
     start = time.perf_counter()
     for _ in range(iters):
         dist.all_reduce(data, group=group)
-    sync()
+    synchronize(device, wait_s, "the node all_reduce")
     seconds = (time.perf_counter() - start) / max(1, iters)
     model = torch.cuda.get_device_name() if device == "cuda" else None
     return {"rank": world.rank, "node_rank": world.node_rank, "model": model,
