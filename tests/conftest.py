@@ -8,7 +8,9 @@ holds an Xid line cannot fail a test. A test that plants an Xid passes its own l
 (`--kernel-log FILE`, which wins, or a runner); one that tests the live sources
 unsets the variable. GPUCHECK_SYSFS points at an empty folder the same way: the GPUs a
 node should have (NVIDIA functions on the PCI bus) and its InfiniBand ports are the
-tests' own (tests/health_fakes.py builds a fake sysfs), not this machine's.
+tests' own (tests/health_fakes.py builds a fake sysfs), not this machine's; the other
+sources of that count (the job's GRES, the container's GPUs, the recipes' setting) are
+taken out of the environment, so a GPU machine's runner cannot change a verdict.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.probes.gpu_read import SYSFS_VAR
+from gpucheck.probes.gpu_read import EXPECT_VAR, NODE_GPUS_VARS, SYSFS_VAR
 from gpucheck.probes.kernel_log import KERNEL_LOG_VAR
 
 CLEAN_LOG = Path(__file__).resolve().parent / "data" / "kernel_logs" / "suite_clean.log"
@@ -29,6 +31,8 @@ CLEAN_LOG = Path(__file__).resolve().parent / "data" / "kernel_logs" / "suite_cl
 def pytest_configure(config: pytest.Config) -> None:
     os.environ[KERNEL_LOG_VAR] = str(CLEAN_LOG)
     os.environ[SYSFS_VAR] = tempfile.mkdtemp(prefix="gpucheck-empty-sysfs-")
+    for name in (EXPECT_VAR, *NODE_GPUS_VARS, "NVIDIA_VISIBLE_DEVICES"):
+        os.environ.pop(name, None)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -18,11 +18,14 @@ CLEAN_LOG = ROOT / "tests" / "data" / "kernel_logs" / "suite_clean.log"
 LINES = len(CLEAN_LOG.read_text().splitlines())
 
 
-def test_every_test_is_given_the_clean_log_and_an_empty_sysfs() -> None:
+def test_every_test_is_given_the_clean_log_an_empty_sysfs_and_no_gpu_count() -> None:
     from gpucheck.probes.gpu_read import SYSFS_VAR
 
     assert os.environ[KERNEL_LOG_VAR] == str(CLEAN_LOG)
     assert os.listdir(os.environ[SYSFS_VAR]) == []
+    from gpucheck.probes.gpu_read import EXPECT_VAR, NODE_GPUS_VARS
+
+    assert not {EXPECT_VAR, *NODE_GPUS_VARS, "NVIDIA_VISIBLE_DEVICES"} & set(os.environ)
 
 
 def test_the_variable_names_the_log_and_the_option_wins(tmp_path: Path) -> None:
