@@ -146,8 +146,8 @@ def test_rank_stopped_during_the_checks_ends_the_run_and_is_named(tmp_path: Path
     assert proc.returncode == 1 and _trained(stdout) == [], stderr[-3000:]
     failed = [f for s in json.loads(report.read_text())["sections"] for f in s["findings"]
               if f["status"] == "FAIL"]
-    assert [f["subject"] for f in failed] == ["rank 1"]
-    assert failed[0]["check"] == "preflight.rank_unresponsive"
+    assert [(f["check"], f["subject"]) for f in failed] == [
+        ("preflight.rank_unresponsive", "rank 1")], failed
     assert exclude.read_text() == f"{socket.gethostname()}\n"
 
 
