@@ -25,12 +25,16 @@ HOOKED = str(ROOT / "tests" / "hooked.py")  # gpucheck with test hooks (TestHook
 HOOK_PATH = f"{ROOT}:{ROOT / 'tests'}"
 
 
+# The suite's own settings (tests/conftest.py: the kernel log and sysfs the tests provide).
+SUITE_SETTINGS = ("GPUCHECK_KERNEL_LOG", "GPUCHECK_SYSFS")
+
+
 def _env(**extra: str) -> dict[str, str]:
     """The test's environment with tests/ importable (the hooks' modules), without any
-    GPUCHECK_* variable (an earlier test's cli.main may have set one in this process),
-    so whatever the command finds of them, gpucheck left behind."""
+    GPUCHECK_* variable but the suite's own (an earlier test's cli.main may have set one
+    in this process), so whatever else the command finds of them, gpucheck left behind."""
     env = {k: v for k, v in clean_env(**extra).items()
-           if not k.startswith("GPUCHECK_") or k in extra}
+           if not k.startswith("GPUCHECK_") or k in extra or k in SUITE_SETTINGS}
     return env | {"PYTHONPATH": HOOK_PATH}
 
 
@@ -84,7 +88,8 @@ def test_torchrun_pass_makes_each_rank_process_the_command(tmp_path: Path) -> No
     assert [(r["rank"], r["sum"]) for r in trained] == [(0, 3.0), (1, 3.0)]
     # The processes torchrun started became the command: its children, same pids.
     assert {r["ppid"] for r in trained} == {proc.pid}
-    assert all(r["gpucheck_vars"] == [] and r["nccl_blocking_wait"] is None for r in trained)
+    assert all(r["gpucheck_vars"] == sorted(SUITE_SETTINGS) and r["nccl_blocking_wait"] is None
+               for r in trained)  # gpucheck adds none of its own
     assert exclude.read_text() == ""
 
 
