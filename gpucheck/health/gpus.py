@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpucheck.probes.clock_window import second_look
-from gpucheck.probes.gpu_judge import count_finding, gpu_findings
+from gpucheck.probes.gpu_judge import count_finding, driver_finding, gpu_findings
 from gpucheck.probes.gpu_read import (
     ExpectedGpus,
     nvidia_pci_devices,
@@ -26,7 +26,6 @@ from gpucheck.probes.gpu_read import (
     read_gpu,
 )
 from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
-from gpucheck.probes.gpus import driver_finding
 from gpucheck.probes.nvml import SLOW_ADVICE, Nvml, slow_words
 from gpucheck.report import Finding, Section, fail, skip, warn
 from gpucheck.subject import gpu

@@ -10,13 +10,12 @@ docs/env.md explains each rule and its source.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from gpucheck.numa import cpulist
 from gpucheck.probes.fabric import decode_health
 from gpucheck.probes.gpu_read import ExpectedGpus
-from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS, GpuRecord
+from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS, DriverInfo, GpuRecord
 from gpucheck.report import Finding, fail, ok, skip, warn
 from gpucheck.subject import text
 
@@ -27,10 +26,34 @@ FABRIC_HINT = ("start the fabric manager: systemctl start nvidia-fabricmanager (
 
 def package_version(name: str) -> str | None:
     """An installed package's version (`pip show NAME`), None when not installed."""
+    from importlib.metadata import PackageNotFoundError, version  # slow: only when asked
+
     try:
         return version(name)
     except PackageNotFoundError:
         return None
+
+
+# The NVML failures driver.nvml acts on (gpucheck/checks/env.py).
+_DRIVER_CAUSES = ("gpu_lost", "needs_reset", "timed_out", "no_answer")
+
+
+def driver_finding(info: DriverInfo, pci_gpus: int) -> Finding:
+    if info.present:
+        return ok("driver.nvml", f"NVIDIA driver {info.driver_version} (CUDA "
+                  f"{info.cuda_version or 'n/a'}), {info.gpu_count} GPU(s)")
+    failure = info.failure
+    assert failure is not None
+    if failure.kind == "ImportError":
+        return warn("driver.nvml", f"cannot query the driver: {failure.detail}",
+                    "pip install nvidia-ml-py")
+    if failure.kind == "NVMLError_LibraryNotFound" and pci_gpus == 0:
+        return skip("driver.nvml", "no NVIDIA driver and no NVIDIA GPU on this machine")
+    message = failure.meaning
+    if pci_gpus:
+        message += f" ({pci_gpus} NVIDIA GPU(s) on the PCI bus)"
+    cause = failure.cause if failure.cause in _DRIVER_CAUSES else None
+    return fail("driver.nvml", message, failure.hint, cause=cause)
 
 
 def _lost_finding(gpu: GpuRecord) -> Finding:

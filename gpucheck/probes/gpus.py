@@ -26,7 +26,7 @@ from gpucheck.probes.compat import (
     cuda_compat_findings,
     parse_arch,
 )
-from gpucheck.probes.gpu_judge import count_finding, gpu_findings, numa_findings
+from gpucheck.probes.gpu_judge import count_finding, driver_finding, gpu_findings, numa_findings
 from gpucheck.probes.gpu_read import (
     expected_gpus,
     nvidia_pci_devices,
@@ -37,35 +37,18 @@ from gpucheck.probes.gpu_read import (
 from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS, CLOCK_REASONS, DriverInfo, GpuRecord
 from gpucheck.probes.nvml import SLOW_ADVICE, Nvml, NvmlFailure, slow_words
 from gpucheck.probes.topology import read_topology
-from gpucheck.report import Finding, Section, fail, ok, skip, warn
+from gpucheck.report import Section, fail, skip, warn
 
 # What callers import from here (gpucheck.probes.gpus), as before the split.
 __all__ = ["BAD_CLOCK_REASONS", "CLOCK_REASONS", "DriverInfo", "GpuRecord", "NvmlResult",
-           "arch_coverage", "cuda_compat_finding", "cuda_compat_findings", "parse_arch",
+           "arch_coverage", "cuda_compat_finding", "cuda_compat_findings", "driver_finding",
+           "parse_arch",
            "probe_nvml"]
 
 
-# The NVML failures driver.nvml and gpu.topology act on (gpucheck/checks/env.py, gpu.py).
-_DRIVER_CAUSES = ("gpu_lost", "needs_reset", "timed_out", "no_answer")
+# The NVML failures gpu.topology acts on (gpucheck/checks/gpu.py).
 _TOPOLOGY_CAUSES = ("timed_out", "no_answer")
 
-
-def driver_finding(info: DriverInfo, pci_gpus: int) -> Finding:
-    if info.present:
-        return ok("driver.nvml", f"NVIDIA driver {info.driver_version} (CUDA "
-                  f"{info.cuda_version or 'n/a'}), {info.gpu_count} GPU(s)")
-    failure = info.failure
-    assert failure is not None
-    if failure.kind == "ImportError":
-        return warn("driver.nvml", f"cannot query the driver: {failure.detail}",
-                    "pip install nvidia-ml-py")
-    if failure.kind == "NVMLError_LibraryNotFound" and pci_gpus == 0:
-        return skip("driver.nvml", "no NVIDIA driver and no NVIDIA GPU on this machine")
-    message = failure.meaning
-    if pci_gpus:
-        message += f" ({pci_gpus} NVIDIA GPU(s) on the PCI bus)"
-    cause = failure.cause if failure.cause in _DRIVER_CAUSES else None
-    return fail("driver.nvml", message, failure.hint, cause=cause)
 
 def driver_section(info: DriverInfo, pci_gpus: int) -> Section:
     data = {
