@@ -23,6 +23,7 @@ wait but starts no watchdog, so nothing would dump. So:
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -70,10 +71,12 @@ def settle(pending: Iterable[Pending], wait_s: float, what: str,
         sleep(POLL_S)
 
 
-def synchronize(device: str, wait_s: float, what: str) -> None:
+def synchronize(device: str, wait_s: float = math.inf, what: str = "the device's work",
+                ) -> None:
     """`torch.cuda.synchronize()` under gpucheck's deadline: an event recorded after the
     work and polled, so a kernel stuck behind a hung NCCL op (DDP's buffer broadcast, an
-    all_reduce) costs the deadline, not the watchdog's backstop. Nothing on CPU."""
+    all_reduce) costs the deadline, not the watchdog's backstop; no deadline where no
+    NCCL op can be in flight (`wait_s` infinite). Nothing on CPU."""
     if device != "cuda":
         return
     import torch
