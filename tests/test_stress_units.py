@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import torch
 
+from gpucheck import timing
 from gpucheck.cli import main
 from gpucheck.report import Status
-from gpucheck.stress import burn, numa, sdc, specs, timing, verdicts
+from gpucheck.stress import burn, numa, sdc, specs, verdicts
 from gpucheck.stress.report import Verdicts, p2p_findings, stress_sections
 from gpucheck.subject import node
 
@@ -71,7 +72,7 @@ def test_a_gpu_below_its_models_typical_figure_is_named() -> None:
                                        {0: 780.0, 1: 560.0}, ranks,
                                        lambda m: specs.gemm_figure(m, "bf16"), 0.8)
     warned = [f for f in found if f.status is Status.WARN]
-    assert [f.subject for f in warned] == ["rank 1"]
+    assert [f.subject.label for f in warned] == ["rank 1"]
     assert "GPU 1" in warned[0].message and "source" in warned[0].message
     assert any(f.status is Status.OK and "1 NVIDIA H200" in f.message for f in found)
 
@@ -275,7 +276,7 @@ def test_a_rank_slow_throughout_is_named_against_its_nodes_median() -> None:
     ranks = [_rank(r, "NVIDIA H200") for r in range(8)]
     values = dict.fromkeys(range(8), 790.0) | {5: 640.0}
     found = verdicts.peer_findings("stress.gemm.peers", "bf16", "TFLOP/s", values, ranks, 0.9)
-    assert [(f.status, f.subject) for f in found] == [(Status.WARN, "rank 5")]
+    assert [(f.status, f.subject.label) for f in found] == [(Status.WARN, "rank 5")]
     assert "0.81x" in found[0].message
     assert "GPU 5 (NVIDIA H200, bus 00000000:15:00.0, GPU-5)" in found[0].message
 
@@ -285,7 +286,7 @@ def test_a_straggler_is_slower_in_time_not_faster() -> None:
     found = verdicts.peer_findings("stress.sdc.straggler", "median time", "ms",
                                    {0: 10.0, 1: 10.4, 2: 13.0}, ranks, 0.9,
                                    higher_is_better=False)
-    assert [(f.status, f.subject) for f in found] == [(Status.WARN, "rank 2")]
+    assert [(f.status, f.subject.label) for f in found] == [(Status.WARN, "rank 2")]
     fast = verdicts.peer_findings("stress.sdc.straggler", "t", "ms", {0: 10.0, 1: 10.0, 2: 7.0},
                                   ranks, 0.9,
                                   higher_is_better=False)
@@ -314,7 +315,7 @@ def test_host_copies_are_judged_against_the_links_rate() -> None:
              "link_gbps": 31.5},
             {"rank": 2, "h2d_gbps": 12.0, "d2h_gbps": 12.5, "link": None, "link_gbps": None}]
     found = verdicts.link_findings("stress.copies.link", rows, ranks, 0.6)
-    assert [(f.status, f.subject) for f in found] == [(Status.WARN, "rank 1"),
+    assert [(f.status, f.subject.label) for f in found] == [(Status.WARN, "rank 1"),
                                                        (Status.SKIP, None)]
     healthy = verdicts.link_findings("stress.copies.link", rows[:1], ranks, 0.6)
     assert [f.status for f in healthy] == [Status.OK]

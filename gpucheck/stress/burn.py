@@ -31,11 +31,13 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from gpucheck.distributed.deadline import synchronize
+from gpucheck.stats import percentile
 from gpucheck.stress.gemm import matmul_precision, seeded_pair
 from gpucheck.stress.hooks import Hook
 from gpucheck.stress.records import BurnRecord as BurnRecord  # its home: records.py
 from gpucheck.stress.sdc import ACCUMULATION, OUTPUT_ROUNDING, TOLERANCE
-from gpucheck.stress.timing import Marks, percentile, synchronize
+from gpucheck.timing import Marks
 
 if TYPE_CHECKING:
     import torch

@@ -31,7 +31,7 @@ from gpucheck.measure import Better, Bound
 from gpucheck.peers import Suspects, eliminate
 from gpucheck.probes.topology import path_class as topology_class
 from gpucheck.probes.topology import paths_or_none
-from gpucheck.stress.timing import timed_batch
+from gpucheck.timing import timed_batch
 
 HOST_COPY_BYTES = 256 << 20
 PEER_COPY_BYTES = 256 << 20

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpucheck.stress.hooks import Hook
 from gpucheck.stress.records import GemmRecord as GemmRecord  # its home: records.py
-from gpucheck.stress.timing import summarise, timed_window
+from gpucheck.timing import summarise, timed_window
 
 if TYPE_CHECKING:
     import torch

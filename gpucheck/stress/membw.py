@@ -17,7 +17,7 @@ from typing import Any
 
 from gpucheck.stress.hooks import Hook
 from gpucheck.stress.records import CopyRecord as CopyRecord  # its home: records.py
-from gpucheck.stress.timing import summarise, timed_window
+from gpucheck.timing import summarise, timed_window
 
 GPU_COPY_BYTES = 2 << 30
 CPU_COPY_BYTES = 64 << 20

@@ -1,0 +1,175 @@
+"""The one timer: marks on a rank's timeline, and timed loops that keep every
+iteration's time. On a GPU a mark is a CUDA event recorded on the stream, all read
+after one synchronisation (the host only launches work: its overhead is not counted);
+on CPU, or with `host=True`, the host's clocks (wall time and the process's CPU time).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpucheck.distributed.deadline import settle, synchronize
+from gpucheck.stats import percentile
+
+Step = Callable[[int], None]  # runs iteration i (launches it, on a GPU)
+
+
+class Marks:
+    """`begin` where a segment starts, `mark` where an iteration ends. `points` events
+    are made before the loop (none made inside it); more are made as needed."""
+
+    def __init__(self, device: str, points: int = 0, *, host: bool = False) -> None:
+        self.device = device
+        self.cuda = device == "cuda" and not host
+        self.events: list[Any] = [_event() for _ in range(points)] if self.cuda else []
+        self.ends_iteration: list[bool] = []  # per mark: False where a segment begins
+        self.cpu_s: list[float] = []
+        self.wall_s: list[float] = []
+        self.done = 0  # marks known complete (`completed`)
+
+    def begin(self) -> None:
+        self._point(ends_iteration=False)
+
+    def mark(self) -> None:
+        self._point(ends_iteration=True)
+
+    def _point(self, ends_iteration: bool) -> None:
+        if self.cuda:
+            if len(self.ends_iteration) == len(self.events):
+                self.events.append(_event())
+            self.events[len(self.ends_iteration)].record()
+        else:
+            self.cpu_s.append(time.process_time())
+            self.wall_s.append(time.perf_counter())
+        self.ends_iteration.append(ends_iteration)
+
+    def completed(self) -> int:
+        """How many marks have happened: on a GPU the leading events already complete
+        (a stream completes them in order; `query` never waits)."""
+        if not self.cuda:
+            return len(self.ends_iteration)
+        while self.done < len(self.ends_iteration) and self.events[self.done].query():
+            self.done += 1
+        return self.done
+
+    def ended(self) -> bool:
+        return self.completed() == len(self.ends_iteration)
+
+    def wait(self, wait_s: float, what: str) -> None:
+        """Until the last mark is reached (host marks: the device's work is done), polled
+        under gpucheck's deadline (`deadline.settle`)."""
+        if self.cuda:
+            settle([], wait_s, what, done=self.ended)
+        else:
+            synchronize(self.device, wait_s, what)
+
+    def span_s(self) -> float:
+        """Seconds from the first mark to the last."""
+        return self._elapsed_ms(0, len(self.ends_iteration) - 1, self.wall_s) / 1e3
+
+    def intervals_s(self) -> list[float]:
+        """Each iteration's seconds, from the mark before it."""
+        return [self._elapsed_ms(i - 1, i, self.wall_s) / 1e3
+                for i in range(1, len(self.ends_iteration))]
+
+    def read_ms(self, points: int | None = None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(each iteration's device ms, each one's end in ms from the first mark), over
+        the first `points` marks (default all; on a GPU those must be complete). On
+        CPU the process's CPU time is the device time: a core shared with another
+        process does not make the rank's computation slower (docs/bench.md)."""
+        took, ends = [], []
+        for index in range(1, points if points is not None else len(self.ends_iteration)):
+            if self.ends_iteration[index]:
+                took.append(self._elapsed_ms(index - 1, index, self.cpu_s))
+                ends.append(self._elapsed_ms(0, index, self.wall_s))
+        return tuple(took), tuple(ends)
+
+    def read_wall_ms(self) -> tuple[float, ...]:
+        """CPU: each iteration's wall time (with the CPU time, it tells a rank that computed
+        slower from one its host did not run, gpucheck.bench.pace). Empty on a GPU: the
+        host runs ahead of the device, whose events already give its timeline."""
+        if self.cuda:
+            return ()
+        return tuple((self.wall_s[i] - self.wall_s[i - 1]) * 1e3
+                     for i in range(1, len(self.ends_iteration)) if self.ends_iteration[i])
+
+    def _elapsed_ms(self, first: int, last: int, clock: list[float]) -> float:
+        """Between two marks: the events' time on a GPU (the later one waited for), else
+        `clock`'s."""
+        if last <= first:
+            return 0.0
+        if self.cuda:
+            self.events[last].synchronize()  # at once when it is already complete
+            return float(self.events[first].elapsed_time(self.events[last]))
+        return (clock[last] - clock[first]) * 1e3
+
+
+def _event() -> Any:
+    import torch
+
+    return torch.cuda.Event(enable_timing=True)
+
+
+@dataclass(frozen=True)
+class LoopStats:
+    """A timed batch: its iterations' times summarised (seconds)."""
+
+    iters: int
+    total_s: float
+    p50_s: float
+    p99_s: float
+    max_s: float
+
+    @property
+    def mean_s(self) -> float:
+        return self.total_s / self.iters
+
+
+def summarise(times_s: Sequence[float]) -> LoopStats:
+    return LoopStats(iters=len(times_s), total_s=float(sum(times_s)),
+                     p50_s=percentile(times_s, 50), p99_s=percentile(times_s, 99),
+                     max_s=float(max(times_s)))
+
+
+def warm_up(step: Step, device: str, warmup_s: float) -> float:
+    """Run `step` untimed for about `warmup_s` (at least twice); seconds per iteration
+    of the last batch, once caches, clocks and library heuristics have settled."""
+    batch, started, per_iter = 1, time.perf_counter(), 0.0
+    step(0)  # the first call pays for set-up (cuBLAS handles, oneDNN kernels)
+    synchronize(device)
+    while True:
+        begun = time.perf_counter()
+        for i in range(batch):
+            step(i)
+        synchronize(device)
+        per_iter = (time.perf_counter() - begun) / batch
+        if time.perf_counter() - started >= warmup_s:
+            return per_iter
+        batch = min(batch * 2, 1024)
+
+
+def iterations_for(window_s: float, per_iter_s: float, low: int, high: int) -> int:
+    """How many iterations fill `window_s`, within [low, high]."""
+    if per_iter_s <= 0:
+        return high
+    return int(min(high, max(low, round(window_s / per_iter_s))))
+
+
+def timed_batch(step: Step, iters: int, device: str) -> list[float]:
+    """Each iteration's seconds: back to back, a mark between iterations, one sync."""
+    marks = Marks(device)
+    marks.mark()
+    for i in range(iters):
+        step(i)
+        marks.mark()
+    return marks.intervals_s()
+
+
+def timed_window(step: Step, device: str, warmup_s: float, window_s: float,
+                 low: int = 5, high: int = 5000) -> list[float]:
+    """Warm up, then time as many iterations as fill about `window_s` seconds."""
+    per_iter = warm_up(step, device, warmup_s)
+    return timed_batch(step, iterations_for(window_s, per_iter, low, high), device)
