@@ -1,10 +1,5 @@
 """The two closed lists a finding is made of: its Status and, for a WARN or FAIL, one
-Action from a fixed list of seven.
-
-Which action a check calls for is declared once per check id in `gpucheck.checks`
-(`Check.action_by_status`, its causes and its second looks); `gpucheck.report.Finding`
-asks it when the finding is made. OK and SKIP findings have no action.
-"""
+Action of seven, which `gpucheck.checks` declares once per check id."""
 
 from __future__ import annotations
 
@@ -12,9 +7,8 @@ import enum
 
 
 class Status(str, enum.Enum):
-    """A check's verdict, ordered from best to worst by `severity`. Here beside Action
-    (the two closed lists a finding is made of) so gpucheck.checks sits below report.py,
-    which re-exports it."""
+    """A check's verdict, ordered from best to worst by `severity` (report.py re-exports
+    it; here so gpucheck.checks sits below report.py)."""
 
     OK = "OK"
     SKIP = "SKIP"
@@ -42,4 +36,3 @@ class Action(str, enum.Enum):
 
 
 ACTIONS: tuple[str, ...] = tuple(a.value for a in Action)
-PROBLEM_STATUSES = ("WARN", "FAIL")

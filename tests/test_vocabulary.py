@@ -8,7 +8,7 @@ import pytest
 
 from gpucheck import subject
 from gpucheck.actions import Action, Status
-from gpucheck.checks.check import Cause, Check, area_file, both, build, find
+from gpucheck.checks.check import Cause, Check, both, build, docs_of, find, title_of
 from gpucheck.measure import Better, Bound, LookState, Metric, SecondLook
 from gpucheck.subject import Kind, Subject
 from gpucheck.units import fmt_bytes, human_bytes
@@ -109,8 +109,8 @@ def test_status_moved_beside_action_and_is_re_exported() -> None:
     assert Old is Status and Status.FAIL.severity > Status.WARN.severity
 
 
-_SLOW = Check("comm.pairwise.slow_pair", "slow pair", "send/recv per pair",
-              both(Action.RERUN), "one short run", "docs/comm.md#x",
+_SLOW = Check("comm.pairwise.slow_pair", "send/recv per pair", both(Action.RERUN),
+              "one short run",
               causes=(Cause("cpu_ranks", Action.RERUN, "busy process"),
                       Cause("fail_only", Action.DRAIN_NODE, "x", Status.FAIL)),
               on_look=MappingProxyType({LookState.CONFIRMED: Action.DRAIN_NODE,
@@ -132,18 +132,17 @@ def test_check_refuses_what_it_does_not_declare() -> None:
         _SLOW.action(Status.WARN, "no_such_cause")
     with pytest.raises(ValueError):
         _SLOW.action(Status.WARN, "fail_only")
-    plain = Check("gpu.busy", "t", "m", {Status.WARN: Action.RERUN}, "w", "docs/env.md#a")
+    plain = Check("gpu.busy", "m", {Status.WARN: Action.RERUN}, "w")
     with pytest.raises(ValueError):
         plain.action(Status.WARN, look=_look())
     with pytest.raises(ValueError):
         plain.action(Status.FAIL)
     with pytest.raises(ValueError):
-        Check("a.b", "t", "m", {Status.OK: Action.NONE}, "w", "docs/x.md#a")
+        Check("a.b", "m", {Status.OK: Action.NONE}, "w")
 
 
 def test_relaying_checks_take_the_relayed_action() -> None:
-    node = Check("fleet.node", "t", "m", both(Action.RERUN), "w", "docs/fleet.md#a",
-                 relays=True)
+    node = Check("fleet.node", "m", both(Action.RERUN), "w", relays=True)
     assert node.action(Status.WARN, relayed=Action.DRAIN_NODE) is Action.DRAIN_NODE
     assert node.action(Status.WARN) is Action.RERUN
     assert _SLOW.action(Status.WARN, relayed=Action.DRAIN_NODE) is Action.RERUN
@@ -151,23 +150,29 @@ def test_relaying_checks_take_the_relayed_action() -> None:
 
 def test_lookup_exact_then_most_specific_template() -> None:
     def make(i: str) -> Check:
-        return Check(i, "t", "m", both(Action.RERUN), "w", "docs/x.md#a")
+        return Check(i, "m", both(Action.RERUN), "w")
     table = build(make(i) for i in ("hang.rank.{state}", "hang.rank.d_state",
                                     "{command}.probe", "comm.{op}.correct", "{a}.{b}"))
     assert find(table, "hang.rank.d_state").id == "hang.rank.d_state"
     assert find(table, "hang.rank.stopped").id == "hang.rank.{state}"
     assert find(table, "comm.probe").id == "{command}.probe"
     assert find(table, "comm.all_reduce.correct").id == "comm.{op}.correct"
-    with pytest.raises(KeyError, match=r"gpucheck/checks/stress\.py"):
+    with pytest.raises(KeyError, match=r"gpucheck/checks/node\.py or runs\.py"):
         find(table, "stress.new.thing")
     with pytest.raises(ValueError, match="twice"):
         build([make("a.b"), make("a.b")])
 
 
-def test_area_files() -> None:
-    assert area_file("driver.nvml") == "gpucheck/checks/env.py"
-    assert area_file("bench.probe") == "gpucheck/checks/bench.py"
-    assert area_file("launch.cpu_ranks") == "gpucheck/checks/run.py"
+def test_title_and_docs_anchor_come_from_the_id_unless_given() -> None:
+    assert title_of("gpu.pcie.width") == "GPU PCIe width"
+    assert title_of("comm.{op}.busbw_baseline") == "Comm <collective> bus bandwidth baseline"
+    assert title_of("{command}.rank_failed") == "<command> rank failed"
+    assert docs_of("kernel_log.xid") == "docs/xid.md#kernel-log-xid"
+    assert docs_of("{command}.probe") == "docs/all.md#command-probe"
+    made = Check("ib.port.rate", "m", {}, "w")
+    assert (made.title, made.docs_anchor) == ("InfiniBand port rate", "docs/health.md#ib-port-rate")
+    given = Check("preflight.no_go", "m", {}, "w", title="Preflight no-go", docs_anchor="d#a")
+    assert (given.title, given.docs_anchor) == ("Preflight no-go", "d#a")
     assert Kind("pair") is Kind.PAIR
 
 
@@ -175,10 +180,10 @@ def test_a_subject_reads_as_its_label_and_crosses_processes_whole() -> None:
     import copy
     import pickle
     made = subject.gpu(3, "GPU 3 (H200)", bus_id="0000:17:00.0")
-    assert made == "GPU 3 (H200)" and made.split(" (")[0] == "GPU 3"
+    assert str(made) == f"{made}" == "GPU 3 (H200)" and made != "GPU 3 (H200)"
     assert made != subject.gpu(4, "GPU 3 (H200)")  # same words, another GPU
     assert pickle.loads(pickle.dumps(made)) == made == copy.deepcopy(made)
     assert pickle.loads(pickle.dumps(made)).bus_id == "0000:17:00.0"
     with pytest.raises(AttributeError):
         made.gpu = 5
-    assert subject.text("rank 3") == "rank 3" and subject.text("rank 3").rank is None
+    assert subject.text("rank 3").label == "rank 3" and subject.text("rank 3").rank is None

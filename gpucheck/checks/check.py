@@ -1,9 +1,9 @@
-"""The shapes of a declaration: Check and Cause, and how an id finds its Check.
-Imports only actions and measure (floor 1), so every area module can import it."""
+"""The shapes of a declaration (Check, Cause), how an id finds its Check, and the title
+and docs anchor a check gets from its id. Imports only actions and measure (floor 1)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -11,13 +11,15 @@ from gpucheck.actions import Action, Status
 from gpucheck.measure import LookState, SecondLook
 
 PROBLEMS = (Status.WARN, Status.FAIL)
+INFO = "OK and SKIP only: information, never an action"
+SITE = ("the finding's own site names its action (per kind, per XID or per event); this "
+        "default is what that site passes")
 
 
 @dataclass(frozen=True)
 class Cause:
-    """A reason the measurement itself names, as a key ("gpu_lost", "host_stall",
-    "table.reset-gpu"), and what it calls for; `status`, when set, is the only status
-    it fits."""
+    """A reason the measurement itself names, as a key ("gpu_lost", "table.reset-gpu"),
+    and what it calls for; `status`, when set, is the only status it fits."""
 
     key: str
     action: Action
@@ -27,20 +29,20 @@ class Cause:
 
 @dataclass(frozen=True)
 class Check:
-    """One check id. `action_by_status` holds WARN and/or FAIL (OK and SKIP have no
-    action); `on_look` decides a figure measured a second time (an action, or None: the
-    look asks nothing, and the finding is an OK keeping it, `gpucheck.report.looked`);
-    `relays` checks (fleet, compare) take the action of the finding they relay."""
+    """One check id. `action_by_status` holds WARN and/or FAIL; `on_look` decides a
+    figure measured a second time (None: the look asks nothing, an OK keeping it);
+    `relays` checks (fleet, compare) take the action of the finding they relay. `title`
+    and `docs_anchor` are derived from the id unless given."""
 
     id: str
-    title: str
     measures: str  # what is measured, and the command to see it by hand
     action_by_status: Mapping[Status, Action]
     why: str
-    docs_anchor: str  # "docs/env.md#gpu-pcie-width"
     causes: tuple[Cause, ...] = ()
     on_look: Mapping[LookState, Action | None] | None = None
     relays: bool = False
+    title: str = ""
+    docs_anchor: str = ""  # "docs/env.md#gpu-pcie-width"
     _causes: Mapping[str, Cause] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -50,7 +52,11 @@ class Check:
             raise ValueError(f"{self.id}: on_look names every look state or none")
         # Frozen all the way down: the registry is read by every finding.
         object.__setattr__(self, "action_by_status", MappingProxyType(dict(self.action_by_status)))
+        if self.on_look is not None:
+            object.__setattr__(self, "on_look", MappingProxyType(dict(self.on_look)))
         object.__setattr__(self, "_causes", MappingProxyType({c.key: c for c in self.causes}))
+        object.__setattr__(self, "title", self.title or title_of(self.id))
+        object.__setattr__(self, "docs_anchor", self.docs_anchor or docs_of(self.id))
 
     def action(self, status: Status, cause: str | None = None,
                look: SecondLook | None = None, relayed: Action | None = None) -> Action | None:
@@ -65,44 +71,70 @@ class Check:
         if self.relays and relayed is not None:
             return relayed
         if cause is not None:
-            return self._cause(cause, status).action
+            found = self._causes.get(cause)
+            if found is None:
+                raise ValueError(f"{self.id}: unknown cause {cause!r} (declare it in {TABLES})")
+            if found.status is not None and found.status is not status:
+                raise ValueError(f"{self.id}: cause {cause!r} is a {found.status.value}, "
+                                 f"not a {status.value}")
+            return found.action
         if look is not None:
             return self.look_action(look)
         if status not in self.action_by_status:
             raise ValueError(f"{self.id}: no action declared for {status.value} "
-                             f"(declare it in {area_file(self.id)})")
+                             f"(declare it in {TABLES})")
         return self.action_by_status[status]
 
     def look_action(self, look: SecondLook) -> Action | None:
         """What the second look calls for; None: nothing (the figure was fine again)."""
         if self.on_look is None:
             raise ValueError(f"{self.id}: a second look on a check without on_look "
-                             f"(declare it in {area_file(self.id)})")
+                             f"(declare it in {TABLES})")
         return self.on_look[look.state]
 
-    def _cause(self, key: str, status: Status) -> Cause:
-        found = self._causes.get(key)
-        if found is None:
-            raise ValueError(f"{self.id}: unknown cause {key!r} (declare it in "
-                             f"{area_file(self.id)})")
-        if found.status is not None and found.status is not status:
-            raise ValueError(f"{self.id}: cause {key!r} is a {found.status.value}, "
-                             f"not a {status.value}")
-        return found
+
+TABLES = "gpucheck/checks/node.py or runs.py"
+_WORDS = {"gpu": "GPU", "cuda": "CUDA", "nvml": "NVML", "cudnn": "cuDNN", "nccl": "NCCL",
+          "ib": "InfiniBand", "nvlink": "NVLink", "nvlink5": "NVLink5", "pcie": "PCIe",
+          "ecc": "ECC", "xid": "Xid", "sdc": "SDC", "gemm": "GEMM", "p2p": "P2P", "mig": "MIG",
+          "numa": "NUMA", "cpu": "CPU", "membw": "memory bandwidth", "busbw": "bus bandwidth",
+          "shm": "/dev/shm", "{op}": "<collective>", "{field}": "<setting>"}
+# The docs page of each id's first segment; any other is docs/all.md.
+_DOCS = {"driver": "env", "torch": "env", "python": "env", "system": "env", "gpu": "env",
+         "consistency": "env", "env": "env", "faults": "faults", "kernel_log": "xid",
+         "ib": "health", "health": "health", "bench": "bench", "comm": "comm",
+         "stress": "stress", "hang": "hang", "fleet": "fleet", "compare": "fleet",
+         "baseline": "fleet", "preflight": "preflight"}
 
 
-TABLE = "table"  # the cause family of the per-XID and per-event tables
+def title_of(check_id: str) -> str:
+    """"gpu.pcie.width" -> "GPU PCIe width", "comm.{op}.correct" -> "Comm <collective> correct"."""
+    words = [_WORDS.get(w, w.replace("{", "<").replace("}", ">"))
+             for segment in check_id.split(".") for w in segment.split("_")]
+    if words[0].islower():
+        words[0] = words[0].capitalize()
+    return " ".join(words)
+
+
+def docs_of(check_id: str) -> str:
+    """"docs/env.md#gpu-pcie-width": the area's page, the id's slug."""
+    slug = check_id.lower().translate(str.maketrans("._", "--", "{}"))
+    return f"docs/{_DOCS.get(check_id.split('.', 1)[0], 'all')}.md#{slug}"
+
+
+def how(where: str) -> Callable[[str], str]:
+    """What is measured, followed by how to see it: `how("gpucheck env")("x")`."""
+    return lambda what: f"{what} ({where})"
 
 
 def table_cause(action: Action | str) -> str:
     """The cause key of a finding whose action a per-XID or per-event table names
     (probes/xid_table.py, faults/judge_events.py): "table.reset-gpu"."""
-    return f"{TABLE}.{Action(action).value}"
+    return f"table.{Action(action).value}"
 
 
 def table_causes() -> tuple[Cause, ...]:
-    """One cause per action the tables can name: the table row is the measurement's
-    data (an XID number and its line, an NVML event kind), decided where it is read."""
+    """One cause per action the tables can name: the row is the measurement's data."""
     return tuple(Cause(table_cause(a), a, "the per-XID or per-event table names this "
                        "action for what was seen (probes/xid_table.py, "
                        "faults/judge_events.py)") for a in Action)
@@ -111,24 +143,6 @@ def table_causes() -> tuple[Cause, ...]:
 def both(action: Action) -> Mapping[Status, Action]:
     """The same action for WARN and FAIL."""
     return MappingProxyType({Status.WARN: action, Status.FAIL: action})
-
-
-_AREAS = (("driver", "env"), ("torch", "env"), ("python", "env"), ("system", "env"),
-          ("consistency", "env"), ("env", "env"), ("gpu", "gpu"), ("faults", "faults"),
-          ("kernel_log", "faults"), ("ib", "health"), ("health", "health"),
-          ("bench", "bench"), ("comm", "comm"), ("stress", "stress"), ("hang", "hang"),
-          ("fleet", "fleet"), ("compare", "fleet"), ("baseline", "fleet"))
-
-
-def area_file(check_id: str) -> str:
-    """The module a check id is declared in."""
-    first = check_id.split(".", 1)[0]
-    area = next((a for prefix, a in _AREAS if prefix == first), "run")
-    return f"gpucheck/checks/{area}.py"
-
-
-def _is_template(check_id: str) -> bool:
-    return "{" in check_id
 
 
 def _matches(template: str, check_id: str) -> bool:
@@ -140,8 +154,7 @@ def _matches(template: str, check_id: str) -> bool:
 def _specificity(template: str) -> tuple[int, int]:
     """More literal segments win, then more literal segments at the end (the last
     segment says how a check ended, `{command}.probe`)."""
-    segments = template.split(".")
-    literal = [not s.startswith("{") for s in segments]
+    literal = [not s.startswith("{") for s in template.split(".")]
     trailing = len(literal) - max((i + 1 for i, lit in enumerate(literal) if not lit),
                                   default=0)
     return sum(literal), trailing
@@ -158,29 +171,12 @@ def build(declared: Iterable[Check]) -> Mapping[str, Check]:
 
 
 def find(table: Mapping[str, Check], check_id: str) -> Check:
-    """The exact id, else the most specific matching template; KeyError naming the file
-    to declare it in."""
+    """The exact id, else the most specific matching template; KeyError naming where to
+    declare it."""
     found = table.get(check_id)
     if found is not None:
         return found
-    templates = [t for t in table if _is_template(t) and _matches(t, check_id)]
+    templates = [t for t in table if "{" in t and _matches(t, check_id)]
     if not templates:
-        raise KeyError(f"check {check_id!r} is not declared: add it to "
-                       f"{area_file(check_id)}")
+        raise KeyError(f"check {check_id!r} is not declared: add it to {TABLES}")
     return table[max(templates, key=_specificity)]
-
-
-def _looks(confirmed: Action, not_measured: Action) -> Mapping[LookState, Action | None]:
-    # Unstable (fine when measured again) asks nothing: "act only if it repeats" is no
-    # WARN, as bench kept it (issue 36 item 4); the OK keeps the look for the record.
-    return MappingProxyType({LookState.CONFIRMED: confirmed, LookState.UNSTABLE: None,
-                             LookState.NOT_MEASURED: not_measured})
-
-
-# Slow twice, the second time beside known-good peers: contention would have slowed
-# those too, so the part is the suspect; not measured again condemns nothing.
-SLOW_TWICE = _looks(Action.DRAIN_NODE, Action.RERUN)
-# Below the model's typical figure (an estimate): a setting when it holds.
-BELOW_EXPECTED = _looks(Action.FIX_CONFIG, Action.FIX_CONFIG)
-# Copies of every GPU at once contend by design: never a drain, whatever the look.
-NEVER_DRAIN = _looks(Action.RERUN, Action.RERUN)

@@ -3,7 +3,7 @@
 Every slow figure of comm (a GPU pair, a node, a node pair, a rail link, a node its
 slow links share) is measured again before it is condemned (`gpucheck.peers`); the
 finding's message says the first figure, its `look` what the second one did, and the
-action follows from the check's `on_look` (gpucheck/checks/comm.py: confirmed drains,
+action follows from the check's `on_look` (gpucheck/checks/runs.py: confirmed drains,
 not measured again reruns, unstable is an OK keeping its look). On CPU ranks (gloo
 on the host) a slow figure is a busy or throttled process, not a NIC or a GPU: cause
 `cpu_ranks`, a rerun, which outranks the look.
