@@ -150,14 +150,20 @@ def fail(check: str, message: str, hint: str, subject: Subject | None = None, *,
 
 
 def looked(check: str, message: str, hint: str, subject: Subject | None, look: SecondLook,
-           *, cause: str | None = None, status: Status = Status.WARN) -> Finding:
+           *, cause: str | None = None) -> Finding:
     """A figure that crossed its bound, with its second look: the one place the look
     decides the status. An OK keeping the look when the check's `on_look` asks nothing
-    of it (unstable: fine the second time, "act only if it repeats"); else `status`
-    (a WARN; preflight's confirmed slow node on GPU ranks is a FAIL)."""
-    if lookup(check).look_action(look) is None:
+    of it (unstable: fine the second time, "act only if it repeats"); else a WARN, or a
+    FAIL where the action taken (the cause's, else the look's) is one the check declares
+    for a FAIL and not for a WARN (preflight's confirmed slow node on GPU ranks)."""
+    declared = lookup(check)
+    if declared.look_action(look) is None:
         return ok(check, message, subject, look=look)
-    return Finding(check, status, message, hint, subject, cause, look)
+    action = declared.action(Status.WARN, cause, look)
+    by_status = declared.action_by_status
+    fails = by_status.get(Status.FAIL) is action and by_status.get(Status.WARN) is not action
+    return Finding(check, Status.FAIL if fails else Status.WARN, message, hint, subject, cause,
+                   look)
 
 
 def skip(check: str, message: str, subject: Subject | None = None) -> Finding:

@@ -1,33 +1,21 @@
-"""Each node's all_reduce bus bandwidth, judged against the model's expected figure and
-against the other nodes, measured again before it condemns.
-
-The per-node figure: an all_reduce among each node's own ranks, every node at once
-(its own process group), after the job-wide one. The job-wide all_reduce gives one
-figure for the whole job, set by its slowest link: it cannot say which node is slow,
-and the links between nodes are already judged node by node (`links`). What is left
-is each node's own fabric (NVLink / NVSwitch, or PCIe): the figure the field checks
-per node (Azure's node health checks run an 8-GPU all_reduce per node and fail it
-below a busbw floor). A node with one rank has no such figure (its links are the
-`links` check's). One node alone: its figure is the job's, measured on its ranks.
-
-busbw as nccl-tests reports it: size / time x 2(n-1)/n, with the time of the slowest
-rank of the node (gpucheck.comm.aggregate).
-"""
+"""Each node's own all_reduce bus bandwidth (its ranks in a group of their own, every
+node at once), judged against the model's expected floor and the other nodes, and
+measured again before it condemns (docs/preflight.md)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpucheck import subject
-from gpucheck.distributed.deadline import synchronize
+from gpucheck.confirm import Suspect, confirm, remeasure
 from gpucheck.distributed.session import barrier
-from gpucheck.measure import Better, Bound, LookState, SecondLook
-from gpucheck.peers import SLOW_NODE_FRACTION, against_median, known_good, second_look
+from gpucheck.measure import Better, Bound
+from gpucheck.peers import SLOW_NODE_FRACTION, against_median, known_good
 from gpucheck.preflight.budget import GRACE_S
-from gpucheck.report import Finding, Status, looked, ok, skip
+from gpucheck.report import Finding, Status, ok, skip
+from gpucheck.timing import Marks
 
 CHECK = "preflight.node_all_reduce"
 UNIT = "GB/s"
@@ -103,69 +91,49 @@ def plan(figures: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     return {"suspects": suspects, "known_good": good}
 
 
-def looks(figures: Mapping[int, Mapping[str, Any]], wanted: Mapping[str, Any],
-          again: Mapping[int, Mapping[str, Any]] | None,
-          why_not: str | None) -> dict[int, list[tuple[str, SecondLook]]]:
-    """Each suspect's second look per reason: against the known-good node measured
-    again beside it (peers), against the expected floor (expected)."""
-    out: dict[int, list[tuple[str, SecondLook]]] = {}
-    good = wanted.get("known_good")
-    for node, reasons in wanted["suspects"].items():
-        node = int(node)
-        first = float(figures[node]["busbw_gbps"])
-        now = None if again is None or node not in again else float(again[node]["busbw_gbps"])
-        for reason in reasons:
-            if reason == "peers":
-                ref = None if again is None or good is None or good not in again else \
-                    float(again[good]["busbw_gbps"])
-                bound = Bound.fraction(SLOW_NODE_FRACTION, Better.HIGHER)
-                against: tuple[Any, ...] = () if good is None else (subject.node(good),)
-            else:
-                f = figures[node]
-                exp = expected_for(f.get("model"), int(f["ranks"]), int(f["size_bytes"]))
-                ref, bound, against = (exp.floor_gbps if exp else None,
-                                       Bound.fraction(1.0, Better.HIGHER), ())
-            out.setdefault(node, []).append(
-                (reason, second_look(first, now, ref, against, bound, UNIT, why_not)))
-    return out
-
-
 def node_findings(figures: Mapping[int, Mapping[str, Any]], wanted: Mapping[str, Any],
                   again: Mapping[int, Mapping[str, Any]] | None, why_not: str | None,
                   labels: Mapping[int, str], device: str,
                   ) -> tuple[list[Finding], list[int]]:
-    """The findings, and the nodes condemned: only a CONFIRMED look on GPU ranks, a
-    FAIL (a CPU rank's speed is the machine's load: WARN, rerun, never a drain); an
-    unstable look is an OK (`gpucheck.report.looked`)."""
+    """The findings, each suspect's with its second look per reason (beside the known-good
+    node, or against the expected floor), and the nodes condemned (a FAIL: confirmed on
+    GPU ranks; on CPU ranks the machine's load, `cpu_ranks`, a WARN)."""
     if not figures:
         return [skip(CHECK, "no node has two ranks or more: no intra-node all_reduce "
                      "(the links between nodes are the links check's)")], []
     findings: list[Finding] = []
-    condemned: list[int] = []
-    for node, node_looks in sorted(looks(figures, wanted, again, why_not).items()):
+    good = wanted.get("known_good")
+    cause = None if device == "cuda" else "cpu_ranks"
+    for node, reasons in sorted((int(n), r) for n, r in wanted["suspects"].items()):
         label = subject.node(node, labels.get(node))
-        for reason, look in node_looks:
-            text = _look_text(label, reason, look)
-            if look.state is LookState.CONFIRMED and device == "cuda":
-                findings.append(looked(CHECK, text, HINT, label, look, status=Status.FAIL))
-                condemned.append(node)
+        first, now = float(figures[node]["busbw_gbps"]), _busbw(again, node)
+        text = f"{label}: all_reduce busbw {first:.3g} {UNIT}, below "
+        for reason in reasons:
+            if reason == "peers":
+                suspect = Suspect(label, text + f"{SLOW_NODE_FRACTION:g} x the known-good "
+                                  "node's", first, now, _busbw(again, good),
+                                  () if good is None else (subject.node(good),), why_not)
+                bound = Bound.fraction(SLOW_NODE_FRACTION, Better.HIGHER)
             else:
-                findings.append(looked(CHECK, text, RERUN_HINT, label, look,
-                                       cause=None if device == "cuda" else "cpu_ranks"))
+                exp = _expected(figures[node])
+                suspect = Suspect(label, text + "the expected floor", first, now,
+                                  exp.floor_gbps if exp else None, (), why_not)
+                bound = Bound.fraction(1.0, Better.HIGHER)
+            findings += confirm(CHECK, [suspect], bound, UNIT, RERUN_HINT, cause=cause,
+                                fail_hint=HINT)
     if not any(f.status in (Status.WARN, Status.FAIL) for f in findings):
         findings.append(ok(CHECK, _healthy_text(figures)))
-    return findings, sorted(set(condemned))
+    return findings, sorted({f.subject.node for f in findings if f.status is Status.FAIL
+                             and f.subject is not None and f.subject.node is not None})
 
 
-def _look_text(label: str, reason: str, look: SecondLook) -> str:
-    what = (f"below {SLOW_NODE_FRACTION:g} x the known-good node's" if reason == "peers"
-            else "below the expected floor of")
-    ref = "?" if look.reference is None else f"{look.reference:.3g}"
-    again = "not measured again" if look.again is None else f"again {look.again:.3g}"
-    state = look.state.value if look.why_not is None else f"{look.state.value}: " \
-        f"{look.why_not}"
-    return (f"{label}: all_reduce busbw {look.first:.3g} {UNIT} ({again}), {what} "
-            f"{ref} {UNIT} ({state})")
+def _busbw(again: Mapping[int, Mapping[str, Any]] | None, node: int | None) -> float | None:
+    found = None if again is None or node is None else again.get(node)
+    return None if found is None else float(found["busbw_gbps"])
+
+
+def _expected(figure: Mapping[str, Any]) -> Expected | None:
+    return expected_for(figure.get("model"), int(figure["ranks"]), int(figure["size_bytes"]))
 
 
 def _healthy_text(figures: Mapping[int, Mapping[str, Any]]) -> str:
@@ -184,31 +152,31 @@ def _healthy_text(figures: Mapping[int, Mapping[str, Any]]) -> str:
 
 def measure_nodes(world: Any, roster: Sequence[Mapping[str, Any]], device: str,
                   size_bytes: int, iters: int, budget: Any) -> dict[str, Any]:
-    """Every node's all_reduce among its own ranks (first pass, and a second pass of
-    every node at once when rank 0's plan names a suspect and the budget allows), as
-    {figures, plan, again, why_not}; every rank returns the same."""
+    """Every node's all_reduce among its own ranks, then every node again at once when
+    rank 0's plan names a suspect and the budget allows: {figures, plan, again, why_not},
+    the same on every rank."""
     import torch.distributed as dist
 
     nodes: dict[int, list[int]] = {}
     for r in roster:
         nodes.setdefault(int(r["node_rank"]), []).append(int(r["rank"]))
-    # Each node's own group (torch.distributed.new_subgroups_by_enumeration: every rank
-    # takes part in creating each); torn down with the rest by the frame's
-    # destroy_process_group. One node: the job's own group.
+    # Each node's own group (every rank takes part in creating each); torn down with the
+    # rest by the frame's destroy_process_group. One node: the job's own group.
     group = None if len(nodes) == 1 else \
         dist.new_subgroups_by_enumeration([sorted(v) for _, v in sorted(nodes.items())])[0]
     figures = _pass(world, device, size_bytes, iters, group, budget)
-    box: list[Any] = [plan(figures) if world.rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    wanted, again, why_not = box[0], None, None
-    if wanted["suspects"]:
-        cost = 1.0 + 2 * max(_seconds(figures), 0.1)
-        if budget.agreed_left(device) >= cost:
-            budget.bound_waits()
-            again = _pass(world, device, size_bytes, iters, group, budget)
-        else:
-            why_not = f"no {cost:.2g} s left of the budget to measure it again"
-    return {"figures": figures, "plan": wanted, "again": again, "why_not": why_not}
+    cost = 1.0 + 2 * max(_seconds(figures), 0.1)
+
+    def again(_: Any) -> tuple[Any, str | None]:
+        if budget.agreed_left(device) < cost:
+            return None, f"no {cost:.2g} s left of the budget to measure it again"
+        budget.bound_waits()
+        return _pass(world, device, size_bytes, iters, group, budget), None
+
+    wanted, second = remeasure(world.rank, lambda: plan(figures), again,
+                               lambda p: bool(p["suspects"]))
+    measured, why_not = second or (None, None)
+    return {"figures": figures, "plan": wanted, "again": measured, "why_not": why_not}
 
 
 def _seconds(figures: Mapping[int, Mapping[str, Any]]) -> float:
@@ -218,33 +186,28 @@ def _seconds(figures: Mapping[int, Mapping[str, Any]]) -> float:
 
 def _pass(world: Any, device: str, size_bytes: int, iters: int, group: Any,
           budget: Any) -> dict[int, dict[str, Any]]:
-    import torch.distributed as dist
-
-    # Every host wait on NCCL under gpucheck's deadline: the budget's end and its grace.
-    record = _timed(world, device, size_bytes, iters, group, budget.left_here() + GRACE_S)
-    every: list[Any] = [None] * world.world_size
-    dist.all_gather_object(every, record)
-    return node_figures(every)
-
-
-def _timed(world: Any, device: str, size_bytes: int, iters: int, group: Any,
-           wait_s: float) -> dict[str, Any]:
-    """This rank's mean all_reduce time in its node's group (2 warm-ups, then `iters`,
-    between barriers of the group), no host wait past `wait_s` each."""
+    """This rank's mean all_reduce time in its node's group (2 warm-ups, then `iters`
+    between barriers of the group), every host wait under the budget's end and its
+    grace; every rank's figures."""
     import torch
     import torch.distributed as dist
 
+    wait_s = budget.left_here() + GRACE_S
     where = f"cuda:{torch.cuda.current_device()}" if device == "cuda" else "cpu"
     data = torch.ones(max(1, size_bytes // 4), dtype=torch.float32, device=where)
     for _ in range(2):
         dist.all_reduce(data, group=group)
-    synchronize(device, wait_s, "the node all_reduce's warm-up")
+    marks = Marks(device, host=True)
+    marks.wait(wait_s, "the node all_reduce's warm-up")
     barrier(wait_s, group)
-    start = time.perf_counter()
+    marks.mark()
     for _ in range(iters):
         dist.all_reduce(data, group=group)
-    synchronize(device, wait_s, "the node all_reduce")
-    seconds = (time.perf_counter() - start) / max(1, iters)
+    marks.wait(wait_s, "the node all_reduce")
+    marks.mark()
     model = torch.cuda.get_device_name() if device == "cuda" else None
-    return {"rank": world.rank, "node_rank": world.node_rank, "model": model,
-            "size_bytes": data.numel() * 4, "time_s": seconds}
+    record = {"rank": world.rank, "node_rank": world.node_rank, "model": model,
+              "size_bytes": data.numel() * 4, "time_s": marks.span_s() / max(1, iters)}
+    every: list[Any] = [None] * world.world_size
+    dist.all_gather_object(every, record)
+    return node_figures(every)
