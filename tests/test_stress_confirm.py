@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch.distributed
 
 from gpucheck.context import RunContext
 from gpucheck.measure import Better, LookState
@@ -55,7 +56,7 @@ def _peers(again: dict[int, float] | None) -> list[Any]:
 
 def test_a_slow_rank_slow_again_is_confirmed_against_its_node_measured_with_it() -> None:
     (found,) = _peers({0: 781.0, 1: 789.0, 2: 786.0, 3: 402.0})
-    assert (found.status, found.subject, found.action) == (Status.WARN, "rank 3",
+    assert (found.status, found.subject.label, found.action) == (Status.WARN, "rank 3",
                                                            "drain-node")
     look = found.look
     assert look is not None and look.state is LookState.CONFIRMED
@@ -68,7 +69,7 @@ def test_a_slow_rank_slow_again_is_confirmed_against_its_node_measured_with_it()
 def test_a_slow_rank_fine_the_second_time_is_an_ok_keeping_its_unstable_look() -> None:
     summary, found = _peers({0: 781.0, 1: 789.0, 2: 786.0, 3: 779.0})
     assert (summary.subject, summary.status) == (None, Status.OK)
-    assert (found.status, found.subject, found.action) == (Status.OK, "rank 3", None)
+    assert (found.status, found.subject.label, found.action) == (Status.OK, "rank 3", None)
     assert found.look is not None and found.look.state is LookState.UNSTABLE
     assert "unstable" not in found.message  # the message says the first figure only
 
@@ -158,7 +159,7 @@ def test_the_worker_copies_again_only_when_a_rank_is_a_suspect(
         copies = iter([_copy_row(0, first, 50.0), _copy_row(0, 55.0, 50.0)])
         monkeypatch.setattr(copy_phases, "copy_row", lambda ctx, result, it=copies: next(it))
         monkeypatch.setattr(copy_phases, "gather", lambda ctx, mine: [mine])
-        monkeypatch.setattr(copy_phases, "agreed", lambda suspects: suspects)
+        monkeypatch.setattr(torch.distributed, "broadcast_object_list", lambda box, src: None)
         monkeypatch.setattr(copy_phases, "publish", lambda ctx, result: None)
         result: dict[str, Any] = {"ranks": _ranks(1)}
         copy_phases.copies_phase(ctx, result)  # type: ignore[arg-type]
@@ -211,7 +212,7 @@ def test_a_slow_peer_pair_slow_again_is_confirmed_and_fine_again_is_unstable() -
 
     first = _matrix({(2, 0): 90.0})
     (confirmed,) = p2p_findings({"pairs": first, "again": _again(88.0)}, "node 0", 0.6)
-    assert (confirmed.status, confirmed.subject, confirmed.action) == (
+    assert (confirmed.status, confirmed.subject.label, confirmed.action) == (
         Status.WARN, "node 0 cuda:2->cuda:0", "drain-node")
     assert confirmed.subject.position() == "cuda2_to_cuda0"
     look = confirmed.look
@@ -247,12 +248,12 @@ def _straggler(again: dict[int, float] | None) -> list[Any]:
 
 def test_a_burn_in_straggler_slow_again_is_confirmed_and_fine_again_is_unstable() -> None:
     (confirmed,) = _straggler({0: 7.1, 1: 7.0, 2: 29.0})
-    assert (confirmed.subject, confirmed.action) == ("rank 2", "drain-node")
+    assert (confirmed.subject.label, confirmed.action) == ("rank 2", "drain-node")
     assert confirmed.look is not None and confirmed.look.state is LookState.CONFIRMED
     assert (confirmed.look.again, confirmed.look.reference) == (29.0, 7.1)
     assert confirmed.look.bound.better is Better.LOWER
     _, unstable = _straggler({0: 7.1, 1: 7.0, 2: 7.3})
-    assert (unstable.subject, unstable.status, unstable.action) == ("rank 2", Status.OK, None)
+    assert (unstable.subject.label, unstable.status, unstable.action) == ("rank 2", Status.OK, None)
     assert unstable.look is not None and unstable.look.state is LookState.UNSTABLE
     (older,) = _straggler(None)
     assert older.look is not None and older.look.state is LookState.NOT_MEASURED

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gpucheck.confirm import remeasure
 from gpucheck.distributed import progress
 from gpucheck.distributed.session import roster
 from gpucheck.distributed.world import host_name
 from gpucheck.records import as_dict
-from gpucheck.stress.again import agreed
 from gpucheck.stress.copies import copy_buffers, host_copies, peer_matrix
 from gpucheck.stress.numa import read_link
 from gpucheck.stress.parking import host_wait
@@ -30,12 +30,16 @@ def copies_phase(ctx: RankContext, result: dict[str, Any]) -> None:
     rows = gather(ctx, copy_row(ctx, result))
     result["copies"] = {"rows": rows}
     spec = ctx.spec
-    mine = copy_suspects(rows, result["ranks"], spec.copy_fraction, spec.peer_fraction) \
-        if ctx.world.rank == 0 else []
-    if agreed(mine):  # confirm before condemning: every rank copies again, as before
+
+    def again(_: Any) -> list[Any]:  # confirm before condemning: every rank copies again
         publish(ctx, result)
         progress.set_step(ctx.run, "copies: measured again")
-        result["copies"]["again"] = gather(ctx, copy_row(ctx, result))
+        return gather(ctx, copy_row(ctx, result))
+
+    _, second = remeasure(ctx.world.rank, lambda: copy_suspects(
+        rows, result["ranks"], spec.copy_fraction, spec.peer_fraction), again)
+    if second is not None:
+        result["copies"]["again"] = second
 
 
 def copy_row(ctx: RankContext, result: dict[str, Any]) -> dict[str, Any]:
