@@ -202,7 +202,7 @@ def loaded_libraries() -> dict[str, Any]:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from gpucheck.probes.loaded import loaded_nccl
+    from gpucheck.probes.torch_build import loaded_nccl
     from gpucheck.stress.blas import loaded_blas
 
     if torch.cuda.is_available():  # cuBLAS is mapped by its first use at the latest

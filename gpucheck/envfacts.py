@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 # gpucheck's own variables (GPUCHECK_PROGRESS, GPUCHECK_RUN_DIR, ...): the same prefix as
-# gpucheck.probes.envvars.OWN_PREFIX (tests/test_import_layers.py checks they agree).
+# gpucheck.probes.system.OWN_PREFIX (tests/test_import_layers.py checks they agree).
 OWN_PREFIX = "GPUCHECK_"
 
 # (label, section, key) of the env report's data compared between nodes.

@@ -12,7 +12,7 @@ import pytest
 
 from gpucheck.devices import GpuIdentity, cuda_identity, uuid_of
 from gpucheck.faults import FaultWatch, fault_findings
-from gpucheck.probes import gputest
+from gpucheck.probes import runner as gputest
 from gpucheck.probes.gpus import GpuRecord, probe_nvml
 from gpucheck.probes.nvml import Nvml
 from gpucheck.report import Status
@@ -51,7 +51,7 @@ def test_a_b200_whose_nvlink_counters_nvml_removed_says_so_and_raises_no_alarm(m
     findings = fault_findings([result])
     assert not [f for f in findings if f.status in (Status.WARN, Status.FAIL)]
     summary = _summary(findings)
-    assert "NVIDIA B200" in summary.subject
+    assert "NVIDIA B200" in summary.subject.label
     assert "removed them on Blackwell" in summary.message and "NotSupported" in summary.message
 
 
@@ -70,7 +70,7 @@ def test_a_b200_link_that_goes_down_is_still_caught_without_the_error_counters(m
         watch.mark_end()
     down = [f for f in fault_findings([watch.result()]) if f.check == "faults.nvlink.down"]
     assert [(f.status, f.action) for f in down] == [(Status.FAIL, "reset-gpu")]
-    assert "NVIDIA B200" in down[0].subject and "2 NVLink link(s)" in down[0].message
+    assert "NVIDIA B200" in down[0].subject.label and "2 NVLink link(s)" in down[0].message
 
 
 def test_env_on_a_healthy_b200_node_raises_no_alarm(monkeypatch):

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.cli import main
-from gpucheck.probes.envvars import allowed_env, probe_envvars
+from gpucheck.probes.system import allowed_env, probe_envvars
 
 REPORTS = Path(__file__).resolve().parent / "data" / "reports"
 

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from gpucheck.devices import cuda_device_count, local_device_index
-from gpucheck.probes import gputest, runner
+from gpucheck.probes import runner
+from gpucheck.probes import runner as gputest
 from gpucheck.probes.consistency import count_finding, probe_consistency
 from gpucheck.probes.gpus import GpuRecord
 from gpucheck.probes.torch_build import TorchInfo, cuda_available_finding, read_torch
@@ -98,8 +99,9 @@ def test_gpu_test_names_each_gpu_by_nvml_index_bus_id_and_uuid(monkeypatch):
     assert [r["nvml_index"] for r in rows] == [4, 5, 6, 7]
     assert [r["cuda_ordinal"] for r in rows] == [0, 1, 2, 3]
     bad = [f for f in section.findings if f.status is Status.FAIL]
-    assert len(bad) == 1 and bad[0].subject.startswith("GPU 5 (NVIDIA H200, bus 00000000:68:00.0")
-    assert "GPU-aaaaaaaa-0000-0000-0000-000000000068" in bad[0].subject
+    assert len(bad) == 1
+    assert bad[0].subject.label.startswith("GPU 5 (NVIDIA H200, bus 00000000:68:00.0")
+    assert "GPU-aaaaaaaa-0000-0000-0000-000000000068" in bad[0].subject.label
 
 
 def test_a_gpu_test_that_hangs_keeps_the_rows_measured_and_names_the_hung_gpu(monkeypatch):
@@ -120,7 +122,7 @@ def test_a_gpu_test_that_hangs_keeps_the_rows_measured_and_names_the_hung_gpu(mo
         release.set()
     assert [r["nvml_index"] for r in section.data["results"]] == [0]
     hung = [f for f in section.findings if f.status is Status.FAIL]
-    assert len(hung) == 1 and hung[0].subject.startswith("GPU 1 (")
+    assert len(hung) == 1 and hung[0].subject.label.startswith("GPU 1 (")
     assert "nvidia-smi -r -i 1" in hung[0].hint
 
 

@@ -10,12 +10,11 @@ import threading
 import pytest
 
 from gpucheck.probes import runner
-from gpucheck.probes.envvars import REDACTED, allowed_env
+from gpucheck.probes.consistency import expected_visible
 from gpucheck.probes.pyenv import torchvision_finding
 from gpucheck.probes.runner import collect_env_report, run_concurrently
-from gpucheck.probes.system import shm_finding
-from gpucheck.probes.torch_build import TorchInfo, cuda_unavailable_reason
-from gpucheck.probes.visible import expected_visible, parse_visible_devices
+from gpucheck.probes.system import REDACTED, allowed_env, shm_finding
+from gpucheck.probes.torch_build import TorchInfo, cuda_unavailable_reason, parse_visible_devices
 from gpucheck.report import Status
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.probes.envvars import REDACTED, allowed_env, redact_value
+from gpucheck.probes.system import REDACTED, allowed_env, redact_value
 
 ROOT = Path(__file__).resolve().parents[1]
 GITHUB = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"

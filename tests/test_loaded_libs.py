@@ -13,7 +13,7 @@ import pytest
 
 from gpucheck.distributed.envgather import diff_findings, node_facts
 from gpucheck.distributed.nodes import NodeId
-from gpucheck.probes import loaded
+from gpucheck.probes import torch_build as loaded
 from gpucheck.probes.torch_build import nccl_loaded_finding
 from gpucheck.report import Status
 
@@ -109,7 +109,7 @@ def test_two_nodes_with_different_loaded_nccl_are_called_different() -> None:
                nodes[1]: _torch_section("2.21.5", "2.21.5"),
                nodes[2]: _torch_section("2.21.5", "2.23.4")}
     findings = diff_findings({n: node_facts(r) for n, r in reports.items()})
-    assert [(f.check, f.status, f.subject) for f in findings] == [
+    assert [(f.check, f.status, f.subject.label) for f in findings] == [
         ("env.nodes.differ", Status.WARN, "node 2 (c)")]
     same = {n: _torch_section("2.21.5", "2.21.5") for n in nodes}
     assert [f.status for f in diff_findings({n: node_facts(r) for n, r in same.items()})] == [

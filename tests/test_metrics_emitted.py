@@ -15,7 +15,7 @@ from gpucheck.bench.metrics import with_bench_metrics
 from gpucheck.comm.report import Verdicts as CommBounds
 from gpucheck.comm.report import comm_sections
 from gpucheck.measure import Better
-from gpucheck.probes.metrics import with_env_metrics
+from gpucheck.probes.runner import with_env_metrics
 from gpucheck.report import Report, Section
 from gpucheck.stress.report import Verdicts as StressBounds
 from gpucheck.stress.report import stress_sections

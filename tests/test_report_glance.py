@@ -20,7 +20,7 @@ from gpucheck.commands import all as all_command
 from gpucheck.context import RunContext, RunOptions
 from gpucheck.distributed import caught, terminal
 from gpucheck.faults import faults_section
-from gpucheck.probes import collect_env
+from gpucheck.probes import system as collect_env
 from gpucheck.render import render
 from gpucheck.render.headline import headline_rows
 from gpucheck.render.text import render_text, table_lines

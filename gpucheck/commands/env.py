@@ -11,9 +11,8 @@ from gpucheck.commands.option_types import positive_float
 from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.probes.kernel_log import checked_kernel_log_path
-from gpucheck.probes.metrics import with_env_metrics
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S
-from gpucheck.probes.runner import collect_env_report
+from gpucheck.probes.runner import collect_env_report, with_env_metrics
 from gpucheck.render import format_for
 from gpucheck.report import Report
 
@@ -54,7 +53,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     if report is not None:
         with_env_metrics(report.sections)
     if report is not None and wants_collect_env(args):
-        from gpucheck.probes.collect_env import collect_env_section
+        from gpucheck.probes.system import collect_env_section
 
         terminal.say(ctx, "env: python -m torch.utils.collect_env, for the Markdown/HTML report")
         report.add(collect_env_section())

@@ -1,15 +1,90 @@
-"""Consistency: do NVML, torch and CUDA_VISIBLE_DEVICES agree; are the GPUs alike?"""
+"""Consistency: do NVML, torch and CUDA_VISIBLE_DEVICES agree; are the GPUs alike?
+CUDA_VISIBLE_DEVICES is read the way CUDA reads it: up to the first entry it cannot use
+(docs/env.md); pure functions on strings, the NVML facts passed in."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpucheck.probes.gpus import GpuRecord
-from gpucheck.probes.torch_build import TorchInfo
-from gpucheck.probes.visible import VisibleDevices, expected_visible, read_visible
+from gpucheck.probes.torch_build import TorchInfo, well_formed
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 from gpucheck.subject import text
+
+
+@dataclass(frozen=True)
+class VisibleDevices:
+    """What CUDA will make of CUDA_VISIBLE_DEVICES on this machine."""
+
+    value: str | None
+    used: list[str] = field(default_factory=list)  # the entries CUDA will honour
+    cut_at: str | None = None  # the first entry CUDA stops at (None: all honoured)
+    cut_reason: str | None = None
+    cuda_count: int | None = None  # devices CUDA will enumerate (None: unknown)
+
+    @property
+    def is_set(self) -> bool:
+        return self.value is not None
+
+
+def _uuid_matches(entry: str, uuids: Sequence[str]) -> list[str]:
+    # CUDA accepts any unique prefix of a GPU's UUID ("GPU-8c1e").
+    return [u for u in uuids if u.startswith(entry)]
+
+
+def _entry_problem(entry: str, nvml_count: int | None, uuids: Sequence[str] | None,
+                   seen: set[str]) -> tuple[str | None, str | None]:
+    """(why CUDA stops at this entry or None, the GPU it names)."""
+    if entry == "":
+        return "an empty entry", None
+    if not well_formed(entry):
+        return "neither a GPU index nor a UUID", None
+    name = entry
+    if entry.isdigit() and nvml_count is not None and int(entry) >= nvml_count:
+        return f"no GPU has index {entry} (this machine has {nvml_count})", None
+    if entry.startswith("GPU-") and uuids:
+        matches = _uuid_matches(entry, uuids)
+        if len(matches) != 1:
+            return ("no GPU has this UUID" if not matches
+                    else f"the UUID prefix matches {len(matches)} GPUs"), None
+        name = matches[0]
+    if entry.isdigit() and uuids and int(entry) < len(uuids):
+        name = uuids[int(entry)]
+    if name in seen:
+        return "a GPU listed twice", None
+    return None, name
+
+
+def read_visible(value: str | None, nvml_count: int | None,
+                 uuids: Sequence[str] | None = None) -> VisibleDevices:
+    """Walk the entries as CUDA does; `uuids` are NVML's GPU UUIDs in index order."""
+    if value is None:
+        return VisibleDevices(None, cuda_count=nvml_count)
+    used: list[str] = []
+    seen: set[str] = set()
+    for raw in value.split(","):
+        entry = raw.strip()
+        reason, name = _entry_problem(entry, nvml_count, uuids, seen)
+        if reason is not None:
+            return VisibleDevices(value, used, entry, reason, _cuda_count(used))
+        used.append(entry)
+        seen.add(name or entry)
+    return VisibleDevices(value, used, cuda_count=_cuda_count(used))
+
+
+def _cuda_count(used: list[str]) -> int:
+    """Devices CUDA enumerates from the honoured entries (one MIG instance at most)."""
+    if any(e.startswith("MIG-") for e in used):
+        return 1
+    return len(used)
+
+
+def expected_visible(nvml_count: int | None, cvd: str | None,
+                     uuids: Sequence[str] | None = None) -> int | None:
+    """How many GPUs CUDA should expose given NVML's count and CUDA_VISIBLE_DEVICES."""
+    return read_visible(cvd, nvml_count, uuids).cuda_count
 
 
 def count_finding(nvml_count: int | None, torch: TorchInfo, cvd: str | None,

@@ -13,9 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpucheck.numa import cpulist
-from gpucheck.probes.fabric import decode_health
 from gpucheck.probes.gpu_read import ExpectedGpus
-from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS, DriverInfo, GpuRecord
+from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS, DriverInfo, GpuRecord, decode_health
 from gpucheck.report import Finding, fail, ok, skip, warn
 from gpucheck.subject import text
 

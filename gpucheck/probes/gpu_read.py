@@ -8,6 +8,7 @@ in its record, so the others are still reported. What the facts mean is
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import os
 from collections.abc import Mapping
@@ -16,8 +17,13 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from gpucheck.numa import SYSFS, cpulist, read_local_cpus, read_numa_node
-from gpucheck.probes.fabric import read_fabric
-from gpucheck.probes.gpu_record import CLOCK_REASONS, DriverInfo, GpuRecord
+from gpucheck.probes.gpu_record import (
+    CLOCK_REASONS,
+    FABRIC_STATES,
+    HEALTH_SUMMARIES,
+    DriverInfo,
+    GpuRecord,
+)
 from gpucheck.probes.nvml import Nvml, NvmlFailure
 
 K = TypeVar("K")  # read_fields' names for the fields it reads
@@ -360,6 +366,68 @@ def _numa(nvml: Nvml, handle: Any, bus_id: str | None, sysfs: Path) -> dict[str,
         return {"numa_node": None, "cpu_affinity": None}
     cpus = _cpu_affinity(nvml, handle) or read_local_cpus(bus_id, sysfs)
     return {"numa_node": read_numa_node(bus_id, sysfs), "cpu_affinity": cpulist(cpus) or None}
+
+
+# The newest struct first: v3 adds healthSummary, v2 has healthMask, the unversioned
+# call (deprecated) neither. A driver that does not know a version answers
+# ArgumentVersionMismatch; one without the V call, FunctionNotFound.
+FABRIC_CALLS = (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v3_t"),
+                ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+                ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"))
+_OLDER_DRIVER = ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch")
+
+
+def _return_name(module: Any, code: int) -> str:
+    """An nvmlReturn_t as its pynvml constant name ("NVML_ERROR_NOT_READY (27)")."""
+    names = [n for n in dir(module) if n.startswith("NVML_ERROR_")
+             and getattr(module, n) == code]
+    return f"{names[0]} ({code})" if names else f"NVML error {code}"
+
+
+def _fabric_info(nvml: Nvml, handle: Any) -> Any:
+    """The GPU's fabric struct, or None where the GPU or the driver has no fabric API.
+
+    pynvml hands the argument to C as is, so it must be byref(struct); each
+    versioned struct's constructor sets its `version`.
+    """
+    m = nvml.module
+    for fn, struct in FABRIC_CALLS:
+        cls = getattr(m, struct, None)
+        if cls is None:
+            continue  # a pynvml too old to know this struct
+        info = cls()
+        try:
+            nvml.call(fn, handle, ctypes.byref(info))
+        except NvmlFailure as exc:
+            if exc.kind in _OLDER_DRIVER:
+                continue  # an older driver: try the older struct or call
+            if exc.not_available:
+                return None
+            raise
+        return info
+    return None
+
+
+def read_fabric(nvml: Nvml, handle: Any) -> dict[str, Any]:
+    """`nvidia-smi -q` "Fabric": registration state, once completed its status, and the
+    health mask and summary where the struct has them (None: n/a)."""
+    info = _fabric_info(nvml, handle)
+    if info is None:
+        return {"fabric_state": None, "fabric_status": None,
+                "fabric_health_mask": None, "fabric_health_summary": None}
+    m = nvml.module
+    state = FABRIC_STATES.get(int(info.state), f"unknown ({int(info.state)})")
+    status = None
+    # NVML: `status` is valid only once the state is COMPLETED.
+    if int(info.state) == getattr(m, "NVML_GPU_FABRIC_STATE_COMPLETED", 3):
+        code = int(info.status)
+        status = "success" if code == getattr(m, "NVML_SUCCESS", 0) else _return_name(m, code)
+    mask = getattr(info, "healthMask", None)
+    summary = getattr(info, "healthSummary", None)
+    return {"fabric_state": state, "fabric_status": status,
+            "fabric_health_mask": None if mask is None else int(mask),
+            "fabric_health_summary": None if not summary else HEALTH_SUMMARIES.get(
+                int(summary), f"unknown ({int(summary)})")}
 
 
 def read_gpu(nvml: Nvml, index: int, sysfs: Path = SYSFS) -> GpuRecord:

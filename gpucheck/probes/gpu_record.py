@@ -12,7 +12,6 @@ from typing import Any
 
 from gpucheck import subject as subjects
 from gpucheck.devices import GpuIdentity
-from gpucheck.probes.fabric import decode_health
 from gpucheck.probes.nvml import NvmlFailure
 
 # Clock-event (throttle) reason bits, as in nvml.h / pynvml nvmlClocksEventReason*.
@@ -24,6 +23,48 @@ CLOCK_REASONS = {
 }
 BAD_CLOCK_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
                      "hw_power_brake_slowdown")
+
+# NVML_GPU_FABRIC_STATE_* (pynvml) -> the words the report uses.
+FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+@dataclass(frozen=True)
+class HealthField:
+    """One sub-field of healthMask: where it sits and what its values say."""
+
+    name: str  # our word, also the key in the record's decoded health
+    shift: int
+    width: int
+    words: dict[int, str]  # value -> word; 0 is always "not supported" (left out)
+
+
+# pynvml NVML_GPU_FABRIC_HEALTH_MASK_{SHIFT,WIDTH}_<FIELD> and the value names.
+_TRUE_FALSE = {1: "true", 2: "false"}
+HEALTH_FIELDS = (
+    HealthField("degraded_bandwidth", 0, 0x3, _TRUE_FALSE),
+    HealthField("route_recovery", 2, 0x3, {1: "in_progress", 2: "false"}),
+    HealthField("route_unhealthy", 4, 0x3, _TRUE_FALSE),
+    HealthField("access_timeout_recovery", 6, 0x3, {1: "in_progress", 2: "false"}),
+    HealthField("incorrect_configuration", 8, 0xF, {
+        1: "none", 2: "INCORRECT_SYSGUID", 3: "INCORRECT_CHASSIS_SN", 4: "NO_PARTITION",
+        5: "INSUFFICIENT_NVLINKS", 6: "INCOMPATIBLE_GPU_FW", 7: "INVALID_LOCATION",
+        8: "GPU_STATE_INVALID"}),
+    HealthField("partition_assigned", 12, 0x3, _TRUE_FALSE),
+    HealthField("gfm_state", 14, 0x3, {1: "connected", 2: "disconnected"}),
+)
+# NVML_GPU_FABRIC_HEALTH_SUMMARY_*: 0 is "not supported" (None in the record).
+HEALTH_SUMMARIES = {1: "healthy", 2: "unhealthy", 3: "limited_capacity"}
+
+
+def decode_health(mask: int | None) -> dict[str, str]:
+    """healthMask -> {field: word} for the fields this GPU/driver supports (value != 0);
+    an undocumented value is kept as "unknown (N)" rather than dropped."""
+    if mask is None:
+        return {}
+    decoded = {}
+    for f in HEALTH_FIELDS:
+        value = (int(mask) >> f.shift) & f.width
+        if value:
+            decoded[f.name] = f.words.get(value, f"unknown ({value})")
+    return decoded
 
 
 @dataclass(frozen=True)
@@ -79,8 +120,8 @@ class GpuRecord:
     nvlink_active_links: int | None = None
     fabric_state: str | None = None  # FABRIC_STATES; None: no fabric API (n/a)
     fabric_status: str | None = None  # "success" or the NVML_ERROR_* name, once completed
-    fabric_health_mask: int | None = None  # healthMask (fabric.decode_health); None: n/a
-    fabric_health_summary: str | None = None  # fabric.HEALTH_SUMMARIES; None: n/a (v2 struct)
+    fabric_health_mask: int | None = None  # healthMask (decode_health); None: n/a
+    fabric_health_summary: str | None = None  # HEALTH_SUMMARIES; None: n/a (v2 struct)
     recovery_action: str | None = None  # gpu_read.RECOVERY_ACTIONS; None: n/a (pre-R565)
     # Why the recovery action is n/a: "nvidia-ml-py" (the package is too old to ask) or
     # "driver" (the driver does not report it); None when it was read.

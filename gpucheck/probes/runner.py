@@ -1,12 +1,7 @@
-"""Run the env probes concurrently and assemble the report.
-
-Phase 1 runs the independent probes on daemon threads (system, python env, torch
-import, NVML, environment) while the torchvision ops check runs in a child
-process. Phase 2 joins what needs two of them (driver vs torch CUDA, counts,
-the GPU functional test). A probe that raises becomes a FAIL finding; one that
-does not finish in time is reported and left behind (daemon threads never
-block exit).
-"""
+"""`gpucheck env`: the probes run concurrently and assembled into one report, the quick
+functional test of every visible GPU (a matrix product checked against the CPU, pinned
+copies both ways, about a second each), and env's figures as metrics. Phase 1 runs the
+independent probes on daemon threads; phase 2 joins them (docs/env.md)."""
 
 from __future__ import annotations
 
@@ -14,12 +9,15 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from gpucheck import subject as subjects
+from gpucheck.devices import GpuIdentity, bus_id_of, cuda_device_count, normal_bus_id, uuid_of
+from gpucheck.measure import Better, Metric
+from gpucheck.measured import number, whole
 from gpucheck.probes.consistency import probe_consistency
-from gpucheck.probes.envvars import probe_envvars
 from gpucheck.probes.gpus import (
     DriverInfo,
     GpuRecord,
@@ -27,14 +25,13 @@ from gpucheck.probes.gpus import (
     cuda_compat_findings,
     probe_nvml,
 )
-from gpucheck.probes.gputest import GpuTestRun, probe_gputest
 from gpucheck.probes.kernel_log import read_kernel_log
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S, Nvml
 from gpucheck.probes.pyenv import TorchvisionCheck, probe_pyenv
-from gpucheck.probes.system import probe_system
+from gpucheck.probes.system import probe_envvars, probe_system
 from gpucheck.probes.torch_build import TorchInfo, cuda_available_finding, probe_torch
 from gpucheck.probes.xid_section import kernel_log_section
-from gpucheck.report import Report, Section, fail
+from gpucheck.report import Finding, Report, Section, fail, ok, skip
 
 # NVML may take 30 s to start and seconds per GPU to attach with persistence off (see
 # probes/nvml.py): the phase waits long enough for a slow but healthy 8-GPU node.
@@ -118,6 +115,129 @@ def _nvml_parts(outcome: Outcome) -> tuple[list[Section], NvmlResult | None]:
     return outcome.value.sections, outcome.value
 
 
+# ---- the GPU functional test ----
+
+MATMUL_N = 512
+COPY_BYTES = 64 * 1024 * 1024
+COPY_BUDGET_S = 0.25
+
+
+def matmul_error(torch: Any, device: Any) -> float:
+    """Largest |GPU - CPU| of a float32 matrix product (TF32 off)."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(MATMUL_N, MATMUL_N, generator=gen)
+    b = torch.randn(MATMUL_N, MATMUL_N, generator=gen)
+    expected = a @ b
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        got = (a.to(device) @ b.to(device)).cpu()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    return float((got - expected).abs().max())
+
+
+def copy_gbps(torch: Any, src: Any, dst: Any) -> float:
+    """GB/s of repeated `dst.copy_(src)` for about COPY_BUDGET_S, synchronised."""
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    copies, start = 0, time.perf_counter()
+    while True:
+        dst.copy_(src, non_blocking=True)
+        copies += 1
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        if elapsed >= COPY_BUDGET_S or copies >= 100:
+            return float(src.numel() * src.element_size() * copies / elapsed / 1e9)
+
+
+def check_one_gpu(torch: Any, index: int) -> dict[str, Any]:
+    """Allocate, multiply, copy both ways on cuda:<index>; returns the measured figures."""
+    device = torch.device("cuda", index)
+    with torch.cuda.device(index):
+        start = time.perf_counter()
+        error = matmul_error(torch, device)
+        host = torch.empty(COPY_BYTES, dtype=torch.uint8).pin_memory()
+        dev = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
+        h2d = copy_gbps(torch, host, dev)
+        d2h = copy_gbps(torch, dev, host)
+        del host, dev
+        return {"matmul_max_abs_error": error, "h2d_gbps": round(h2d, 2),
+                "d2h_gbps": round(d2h, 2), "seconds": round(time.perf_counter() - start, 3)}
+
+
+@dataclass
+class GpuTestRun:
+    """The test's progress, readable from another thread: when the test hangs on a GPU,
+    the runner keeps the rows of the GPUs that passed and names the one in `current`."""
+
+    section: Section = field(default_factory=lambda: Section(
+        "gpu_test", "GPU functional test", {"results": []}))
+    current: GpuIdentity | None = None
+
+
+def identify(torch: Any, ordinal: int, nvml_gpus: Sequence[Any] = ()) -> GpuIdentity:
+    """cuda:<ordinal> named as NVML names it: matched on PCI bus id, else on UUID.
+
+    CUDA ordinals follow CUDA_VISIBLE_DEVICES and CUDA's own order; NVML indices are
+    PCI order. The match makes "GPU 4" here the GPU 4 of the GPU section.
+    """
+    try:
+        props = torch.cuda.get_device_properties(ordinal)
+    except Exception:
+        return GpuIdentity(ordinal, None, None, None, None)
+    bus_id = bus_id_of(props)
+    match = next((g for g in nvml_gpus if bus_id and
+                  normal_bus_id(getattr(g, "pci_bus_id", None)) == normal_bus_id(bus_id)),
+                 None)
+    # On a GPU in MIG mode CUDA sees a MIG instance and reports its MIG UUID.
+    uuid = uuid_of(props, mig=bool(getattr(match, "mig_mode", False)))
+    match = match or next((g for g in nvml_gpus if uuid and g.uuid == uuid), None)
+    return GpuIdentity(cuda_ordinal=ordinal, nvml_index=None if match is None else match.index,
+                       name=str(getattr(props, "name", "")) or None,
+                       pci_bus_id=bus_id or getattr(match, "pci_bus_id", None),
+                       uuid=uuid or getattr(match, "uuid", None))
+
+
+def _verdict(subject: subjects.Subject, row: dict[str, Any]) -> Finding:
+    # Entries of a 512-wide product of N(0,1) values are ~22; float32 rounding is ~1e-4.
+    if not row["matmul_max_abs_error"] < 1e-2:
+        return fail("gpu.functional", f"matrix product differs from the CPU by "
+                    f"{row['matmul_max_abs_error']:.3g}", "the GPU computes wrong results: "
+                    "drain the node, reset the GPU and run the vendor diagnostics (dcgmi diag)",
+                    subject)
+    return ok("gpu.functional", f"matmul matches the CPU; pinned copies H2D {row['h2d_gbps']} "
+              f"GB/s, D2H {row['d2h_gbps']} GB/s", subject)
+
+
+def probe_gputest(torch: Any | None, enabled: bool = True, nvml_gpus: Sequence[Any] = (),
+                  run: GpuTestRun | None = None) -> Section:
+    """Run the functional test on each GPU CUDA enumerates (one at a time: copies share
+    PCIe). Rows and findings name each GPU by NVML index, bus id and UUID."""
+    run = run or GpuTestRun()
+    section = run.section
+    if not enabled:
+        section.findings.append(skip("gpu.functional", "skipped (--no-gpu-test)"))
+        return section
+    if torch is None or not torch.cuda.is_available():
+        section.findings.append(skip("gpu.functional", "no CUDA GPU visible to torch"))
+        return section
+    for ordinal in range(cuda_device_count(torch)):
+        run.current = identity = identify(torch, ordinal, nvml_gpus)
+        try:
+            measured = check_one_gpu(torch, ordinal)
+        except Exception as exc:
+            section.findings.append(fail("gpu.functional", f"{type(exc).__name__}: {exc}",
+                                         "run nvidia-smi and check dmesg for Xid errors; "
+                                         "reset the GPU", identity.subject()))
+            continue
+        row = {"gpu": identity.label(), **identity.row(), **measured}
+        section.data["results"].append(row)
+        section.findings.append(_verdict(identity.subject(), row))
+    run.current = None
+    return section
+
+
 def _gpu_test(info: TorchInfo, enabled: bool, nvml_gpus: list[GpuRecord],
               timeout_s: float | None = None) -> Section:
     """The GPU functional test, bounded; on a hang the GPUs that passed keep their rows
@@ -178,3 +298,86 @@ def collect_env_report(gpu_test: bool = True, nvml_timeout_s: float = DEFAULT_TI
     report.add(_section(phase1["environment"], "environment"))
     python.findings.append(torchvision.finding())
     return report
+
+
+# ---- env's figures as metrics ----
+
+GPU_FIGURES = {
+    "memory_total_bytes": ("bytes", Better.HIGHER), "power_limit_w": ("W", Better.HIGHER),
+    "sm_clock_max_mhz": ("MHz", Better.HIGHER), "pcie_width_current": ("lanes", Better.HIGHER),
+    "pcie_width_max": ("lanes", Better.HIGHER), "pcie_gen_max": ("gen", Better.HIGHER),
+    "nvlink_active_links": ("links", Better.HIGHER),
+    # The GPU's state at the moment of the probe: compared, never judged.
+    "temperature_c": ("C", Better.INFO), "power_draw_w": ("W", Better.INFO),
+    "sm_clock_mhz": ("MHz", Better.INFO), "memory_used_bytes": ("bytes", Better.INFO),
+    "utilization_gpu_pct": ("%", Better.INFO), "pcie_gen_current": ("gen", Better.INFO),
+}
+SYSTEM_FIGURES = {
+    "memory_total_bytes": ("bytes", Better.HIGHER), "shm_total_bytes": ("bytes", Better.HIGHER),
+    "cpu_logical_cores": ("cores", Better.HIGHER), "cpu_usable_cores": ("cores", Better.HIGHER),
+    "memory_available_bytes": ("bytes", Better.INFO)}
+GPU_TEST_FIGURES = ("h2d_gbps", "d2h_gbps")
+
+
+def gpu_words(record: Mapping[str, Any]) -> str:
+    """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)", as the other sections say it."""
+    details = [record.get("name"), record.get("pci_bus_id") and f"bus {record['pci_bus_id']}",
+               record.get("uuid")]
+    shown = ", ".join(str(d) for d in details if d)
+    head = f"GPU {record.get('index')}"
+    return f"{head} ({shown})" if shown else head
+
+
+def gpu_metrics(records: Sequence[Mapping[str, Any]]) -> Iterator[Metric]:
+    """NVML's record of each GPU (`probes.gpus`), by NVML index."""
+    for record in records:
+        index = whole(record.get("index"))
+        if index is None:
+            continue
+        bus, uuid = record.get("pci_bus_id"), record.get("uuid")
+        who = subjects.gpu(index, gpu_words(record), bus_id=bus if isinstance(bus, str) else None,
+                          uuid=uuid if isinstance(uuid, str) else None)
+        for name, (unit, better) in GPU_FIGURES.items():
+            value = number(record.get(name))
+            if value is not None:
+                yield Metric(f"env.gpu.{name}", unit, better, value, who)
+
+
+def gpu_test_metrics(results: Sequence[Mapping[str, Any]]) -> Iterator[Metric]:
+    """The quick functional test's pinned copies, per GPU (NVML index)."""
+    for row in results:
+        index = whole(row.get("nvml_index"))
+        if index is None:
+            continue
+        label = row.get("gpu") if isinstance(row.get("gpu"), str) else None
+        for name in GPU_TEST_FIGURES:
+            value = number(row.get(name))
+            if value is not None:
+                yield Metric(f"env.gpu_test.{name}", "GB/s", Better.HIGHER, value,
+                             subjects.gpu(index, label))
+
+
+def system_metrics(system: Mapping[str, Any]) -> Iterator[Metric]:
+    for name, (unit, better) in SYSTEM_FIGURES.items():
+        value = number(system.get(name))
+        if value is not None:
+            yield Metric(f"env.system.{name}", unit, better, value)
+
+
+def with_env_metrics(sections: Sequence[Any]) -> None:
+    """The one call commands/env.py makes: each probe section's figures onto it (a
+    gathered report's `node1.gpus` too, by the last part of its name)."""
+    for section in sections:
+        kind, data = str(section.name).rsplit(".", 1)[-1], section.data
+        if not isinstance(data, Mapping):
+            continue
+        if kind == "gpus":
+            section.metrics += gpu_metrics(_records(data.get("gpus")))
+        elif kind == "gpu_test":
+            section.metrics += gpu_test_metrics(_records(data.get("results")))
+        elif kind == "system":
+            section.metrics += system_metrics(data)
+
+
+def _records(value: Any) -> list[Mapping[str, Any]]:
+    return [r for r in value if isinstance(r, Mapping)] if isinstance(value, list) else []

@@ -1,18 +1,18 @@
-"""PyTorch build probe: what torch was built with and what it actually loaded.
-
-`import torch` happens here (inside the probe), never at import of gpucheck.
-Equivalent of `python -m torch.utils.collect_env` for the build part.
-"""
+"""What torch was built with and what it loaded: the PyTorch build probe (`import torch`
+happens inside it, never at import of gpucheck; the build part of `python -m
+torch.utils.collect_env`), and the NCCL this process really mapped (docs/env.md)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpucheck.devices import cuda_device_count
-from gpucheck.probes.loaded import LoadedLibrary, loaded_nccl
-from gpucheck.probes.visible import parse_visible_devices
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
 
@@ -177,6 +177,27 @@ def probe_torch() -> tuple[Section, TorchInfo]:
     return Section("torch", "PyTorch build", data, build_findings(info, data)), info
 
 
+def well_formed(entry: str) -> bool:
+    return entry.startswith(("GPU-", "MIG-")) or entry.isdigit()
+
+
+def parse_visible_devices(value: str | None) -> list[str] | None:
+    """The entries CUDA can parse: None when unset; up to the first malformed entry.
+
+    "-1" hides everything, "0,1,-1,2" exposes two GPUs. Existence of the GPUs is
+    checked by `read_visible` when NVML's facts are known.
+    """
+    if value is None:
+        return None
+    entries = []
+    for raw in value.split(","):
+        entry = raw.strip()
+        if not well_formed(entry):
+            break
+        entries.append(entry)
+    return entries
+
+
 def cuda_unavailable_reason(info: TorchInfo, driver_present: bool | None,
                             driver_cuda: str | None, environ: dict[str, str]) -> str:
     """The most likely reason `torch.cuda.is_available()` is False, in plain words."""
@@ -236,3 +257,82 @@ def _reason_hint(reason: str) -> str:
     if "no NVIDIA driver" in reason:
         return "install the NVIDIA driver (or start the container with --gpus all)"
     return "run nvidia-smi; check dmesg for Xid errors; reboot after a driver upgrade"
+
+
+# ---- the NCCL this process loaded ----
+
+MAPS = Path("/proc/self/maps")
+# libnccl.so, libnccl.so.2, libnccl.so.2.21.5; not libnccl-net.so (a network plugin).
+NCCL_NAME = re.compile(r"^libnccl\.so(\.\d+)*$")
+
+
+@dataclass(frozen=True)
+class LoadedLibrary:
+    """One shared library as mapped in this process: its path and the version it reports.
+
+    `path` None: no such library is mapped (`why` says so); `version` None with a path:
+    it is mapped but would not say its version (`why` says what went wrong)."""
+
+    path: str | None
+    version: str | None
+    why: str | None = None
+
+
+def mapped_paths(pattern: re.Pattern[str], maps: Path = MAPS) -> list[str]:
+    """Paths of the mapped files whose name matches `pattern`, in map order, once each."""
+    try:
+        text = maps.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    found: list[str] = []
+    for line in text.splitlines():
+        fields = line.split(None, 5)  # address perms offset dev inode [path]
+        if len(fields) < 6:
+            continue
+        path = fields[5].strip()
+        if path.startswith("/") and pattern.match(Path(path).name) and path not in found:
+            found.append(path)
+    return found
+
+
+def nccl_version_text(code: int) -> str:
+    """ncclGetVersion's integer as "2.21.5": NCCL_VERSION_CODE is major*10000 + minor*100
+    + patch since 2.9 (major*1000 + minor*100 + patch before; nccl.h.in)."""
+    if code >= 10000:
+        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+
+
+Opener = Callable[[str], Any]
+
+
+def already_loaded(path: str) -> Any:
+    """The library only if this process has it loaded already (RTLD_NOLOAD)."""
+    return ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+
+
+def _open(path: str, opener: Opener) -> tuple[Any, str | None]:
+    try:
+        return opener(path), None
+    except OSError as exc:
+        return None, f"{path} is mapped but could not be opened: {exc}"
+
+
+def loaded_nccl(maps: Path = MAPS, opener: Opener = already_loaded) -> LoadedLibrary:
+    """The libnccl mapped in this process and its `ncclGetVersion`."""
+    paths = mapped_paths(NCCL_NAME, maps)
+    if not paths:
+        return LoadedLibrary(None, None, "no libnccl is loaded in this process (a CPU-only "
+                             "torch, or torch without NCCL)")
+    lib, why = _open(paths[0], opener)
+    if lib is None:
+        return LoadedLibrary(paths[0], None, why)
+    get = getattr(lib, "ncclGetVersion", None)
+    if get is None:
+        return LoadedLibrary(paths[0], None, f"{paths[0]} has no ncclGetVersion")
+    code = ctypes.c_int(0)
+    result = int(get(ctypes.byref(code)))
+    if result != 0:
+        return LoadedLibrary(paths[0], None, f"ncclGetVersion returned error {result}")
+    extra = f"; also mapped: {', '.join(paths[1:])}" if len(paths) > 1 else None
+    return LoadedLibrary(paths[0], nccl_version_text(code.value), extra)

@@ -25,7 +25,7 @@ MAPS = "/proc/self/maps"
 # libraryPropertyType (library_types.h): MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL.
 _PROPERTIES = (0, 1, 2)
 # Environment variables read by cuBLAS or torch that change the kernel choice; their
-# values are shown (CUBLAS_ and TORCH_ are on gpucheck.probes.envvars' allowlist).
+# values are shown (CUBLAS_ and TORCH_ are on gpucheck.probes.system' allowlist).
 SETTINGS_VARS = ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE",
                  "TORCH_BLAS_PREFER_CUBLASLT")
 
