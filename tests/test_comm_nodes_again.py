@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucheck.comm.nodes_again import node_figures, plan, slow_node_verdicts
+from gpucheck.comm.looks import node_figures, plan, slow_node_verdicts
 from gpucheck.measure import Better, LookState
 from gpucheck.report import Status
 
@@ -45,7 +45,7 @@ def test_a_slow_node_is_measured_again_beside_the_known_good_node_nearest_the_me
 
 def test_a_node_slow_again_is_confirmed_against_the_known_good_node_and_drained() -> None:
     (found,) = _verdicts({2: 2.1, 0: 9.9})
-    assert (found.status, found.subject, found.action) == (Status.WARN, "node 2 (h2)",
+    assert (found.status, found.subject.label, found.action) == (Status.WARN, "node 2 (h2)",
                                                            "drain-node")
     assert (found.subject.node, found.subject.host, found.cause) == (2, "h2", None)
     look = found.look
@@ -62,7 +62,7 @@ def test_on_cpu_ranks_a_node_slow_again_is_a_busy_host_to_rerun() -> None:
 
 def test_a_node_fine_the_second_time_is_an_ok_keeping_its_unstable_look() -> None:
     (found,) = _verdicts({2: 9.7, 0: 9.9})
-    assert (found.subject, found.status, found.action) == ("node 2 (h2)", Status.OK, None)
+    assert (found.subject.label, found.status, found.action) == ("node 2 (h2)", Status.OK, None)
     assert found.look is not None and found.look.state is LookState.UNSTABLE
     assert found.look.again == 9.7
 
@@ -81,7 +81,7 @@ def test_one_rank_per_node_is_judged_by_the_largest_all_reduce_time_again() -> N
     assert wanted == {"kind": "all_reduce", "suspects": [2], "known_good": 1}
     slow = (wanted or {}) | {"rank_times_us": [100.0, 99.0, 390.0]}
     (found,) = slow_node_verdicts(figures, 0.9, slow, ranks)
-    assert found.subject == "node 2 (h2)" and found.action == "drain-node"
+    assert found.subject.label == "node 2 (h2)" and found.action == "drain-node"
     look = found.look
     assert look is not None and look.state is LookState.CONFIRMED
     # Times: lower is better, worse above the known-good node's time / 0.9.

@@ -168,7 +168,7 @@ def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
                   device: str, repeats: int = 1, again: bool = False,
                   *, ctx: RunContext) -> list[dict[str, Any]]:
     """Run the schedule; return the pairs this rank sent from ({src, dst, node_rank, ...}).
-    `again`: a second look (a slow node's pairs, gpucheck.comm.nodes_again)."""
+    `again`: a second look (a slow node's pairs, gpucheck.comm.looks)."""
     import torch.distributed as dist
 
     node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}

@@ -14,9 +14,9 @@ from gpucheck.comm.aggregate import (
     pair_matrix,
 )
 from gpucheck.comm.internode_verdicts import internode_findings, node_pair_rows, rail_findings
+from gpucheck.comm.looks import node_figures, pair_medians, slow_node_verdicts
 from gpucheck.comm.metrics import comm_metrics
 from gpucheck.comm.nccl_log import transport_view
-from gpucheck.comm.nodes_again import node_figures, pair_medians, slow_node_verdicts
 from gpucheck.comm.records import read_back, read_comm
 from gpucheck.distributed.nodes import NodeId, group_by_node, node_metric, nodes_rows
 from gpucheck.distributed.placement import numa_findings
@@ -96,7 +96,7 @@ def _pairwise_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
 
 def _nodes_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section | None:
     """Per node: its ranks, median intra-node pair bandwidth, slowest all_reduce time;
-    a slow node confirmed or not by its second look (gpucheck.comm.nodes_again)."""
+    a slow node confirmed or not by its second look (gpucheck.comm.looks)."""
     ranks = result["ranks"]
     if len(group_by_node(ranks)) < 2:
         return None

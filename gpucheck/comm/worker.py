@@ -1,14 +1,6 @@
-"""The comm sweep on every rank; rank 0 gathers and keeps the results.
-
-Rank 0 publishes its results after every message size (`gpucheck.distributed.progress`),
-so a failure later in the run loses nothing already measured. Every rank's GPU is
-watched for hardware faults by the frame; the sweep (collectives and pairs) is the
-watch's timed window, and every rank's result comes back in `result["faults"]`.
-With 2+ nodes a slow node is measured again (`gpucheck.comm.nodes_again`), then the
-node-to-node rounds follow (`gpucheck.comm.internode`);
-on NCCL each rank logs NCCL's init into a folder of its own around the process group
-and reports the transport it read there (`gpucheck.comm.nccl_log`).
-"""
+"""The comm sweep on every rank (collectives, pairs, a slow node measured again,
+node-to-node rounds, the NCCL transport); rank 0 gathers the results and publishes them
+after every message size, so a later failure loses nothing measured (docs/comm.md)."""
 
 from __future__ import annotations
 
@@ -25,9 +17,10 @@ from gpucheck.comm.collectives import (
     sweep_sizes,
 )
 from gpucheck.comm.internode import run_internode
+from gpucheck.comm.looks import node_figures, plan
 from gpucheck.comm.nccl_log import nccl_logging, rank_entry
-from gpucheck.comm.nodes_again import node_figures, plan
 from gpucheck.comm.pairwise import DEFAULT_REPEATS, gather_rows, measure_pairs, run_pairwise
+from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext
 from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.deadline import settle
@@ -80,9 +73,10 @@ def _bounded(work: Any, spec: CommSpec, what: str) -> None:
         work.wait()
 
 
-def _gather_size(collective: str, size: int, spec: CommSpec, world: World,
+def measure_size(collective: str, size: int, spec: CommSpec, world: World,
                  ctx: RunContext) -> dict[str, Any]:
-    """Measure one size on every rank; all_gather the timings; the slowest rank wins."""
+    """One collective at one size on every rank, its timings gathered: the slowest rank's
+    is the row's (preflight composes it too)."""
     import torch
     import torch.distributed as dist
 
@@ -97,13 +91,6 @@ def _gather_size(collective: str, size: int, spec: CommSpec, world: World,
     count = element_count(collective, size, world.world_size)
     return size_result(collective, size, count, world.world_size, times, wrong).row() | {
         "rank_times_us": [round(t * 1e6, 2) for t in times]}
-
-
-def measure_size(collective: str, size: int, spec: CommSpec, world: World,
-                 ctx: RunContext) -> dict[str, Any]:
-    """One collective at one size on every rank, as the sweep measures it (its report
-    row): for commands that compose comm's pieces (`gpucheck preflight`)."""
-    return _gather_size(collective, size, spec, world, ctx)
 
 
 def _pairwise(spec: CommSpec, infos: list[dict[str, Any]], largest: int,
@@ -121,29 +108,25 @@ def _internode(spec: CommSpec, infos: list[dict[str, Any]], largest: int,
 def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
                  result: dict[str, Any], largest: int,
                  ctx: RunContext) -> dict[str, Any] | None:
-    """Confirm before condemning a slow node (gpucheck.comm.nodes_again): rank 0's plan
-    is broadcast, then every rank measures again the suspects' pairs beside a
-    known-good node's (side by side, as the first pass), or the largest all_reduce.
-    None when no node is slow. Every step is a collective bounded by --timeout."""
-    import torch.distributed as dist
-
+    """A slow node measured again (gpucheck.comm.looks, after rank 0's plan): its pairs
+    beside a known-good node's, side by side as in the first pass, or the largest
+    all_reduce; None when no node is slow."""
     pairs = (result.get("pairwise") or {}).get("pairs") or []
     figures = node_figures(infos, pairs, result["collectives"].get("all_reduce") or [])
-    box: list[Any] = [plan(figures, DEFAULT_SLOW_NODE_FRACTION) if world.rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    wanted: dict[str, Any] | None = box[0]  # rank 0's plan
-    if wanted is None:
-        return None
-    progress.set_step(ctx, "slow node: measured again")
-    terminal.step(ctx, "a slow node: measured again beside a known-good node")
-    if wanted["kind"] == "pairs":
-        chosen = {*wanted["suspects"], wanted["known_good"]}
-        subset = [r for r in infos if int(r["node_rank"]) in chosen]
-        mine = measure_pairs(subset, spec.pair_bytes or largest, spec.pair_iters,
-                             spec.device, spec.pair_repeats, again=True, ctx=ctx)
-        return wanted | {"pairs": gather_rows(mine, ctx)}
-    row = _gather_size("all_reduce", largest, spec, world, ctx)
-    return wanted | {"rank_times_us": row["rank_times_us"]}
+
+    def again(wanted: dict[str, Any]) -> dict[str, Any]:
+        progress.set_step(ctx, "slow node: measured again")
+        terminal.step(ctx, "a slow node: measured again beside a known-good node")
+        if wanted["kind"] == "pairs":
+            chosen = {*wanted["suspects"], wanted["known_good"]}
+            subset = [r for r in infos if int(r["node_rank"]) in chosen]
+            mine = measure_pairs(subset, spec.pair_bytes or largest, spec.pair_iters,
+                                 spec.device, spec.pair_repeats, again=True, ctx=ctx)
+            return wanted | {"pairs": gather_rows(mine, ctx)}
+        row = measure_size("all_reduce", largest, spec, world, ctx)
+        return wanted | {"rank_times_us": row["rank_times_us"]}
+
+    return remeasure(world.rank, lambda: plan(figures, DEFAULT_SLOW_NODE_FRACTION), again)[1]
 
 
 def _transport(spec: CommSpec, world: World, folder: str | None) -> list[Any] | None:
@@ -213,7 +196,7 @@ def _sweep(spec: CommSpec, nccl_folder: str | None,
                 for size in sizes:
                     shown.describe(f"{collective} {human_bytes(size)} "
                                    f"(up to {human_bytes(sizes[-1])})")
-                    row = _gather_size(collective, size, spec, world, ctx)
+                    row = measure_size(collective, size, spec, world, ctx)
                     result["collectives"][collective].append(row)
                     shown.advance()
                     if world.rank == 0:
