@@ -1,11 +1,7 @@
 """Command line: parse, run one command, render its report, pick the exit code.
 
-Each command lives in `gpucheck.commands.<name>` (listed in
-`gpucheck.commands.registry`) and provides `HELP`,
-`add_arguments(parser)` and `run(args, ctx) -> Report | None` (None on a rank that
-does not report, e.g. every rank but 0 under torchrun). `ctx` (gpucheck.context) holds
-what the run is given; `main` gives the defaults, tests call `program` with theirs.
-Command modules are imported only when chosen, so `gpucheck --help` never imports torch.
+Each command is `gpucheck.commands.<name>` (`HELP`, `add_arguments`, `run(args, ctx)`),
+imported only when chosen: `gpucheck --help` never imports torch, `health` starts fast.
 """
 
 from __future__ import annotations
@@ -18,19 +14,16 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from types import ModuleType
 
 from gpucheck import __version__
 from gpucheck.commands import registry
-from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
+from gpucheck.commands.options import baseline_section, read_baseline_option
 from gpucheck.commands.registry import emit, file_formats, outputs_of, write_files
-from gpucheck.context import RunContext, RunOptions
-from gpucheck.distributed import caught, progress, terminal
-from gpucheck.distributed.deadline import exit_after_abort
+from gpucheck.context import Console, RunContext, RunOptions
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
 from gpucheck.escape import encodable
 from gpucheck.escape import terminal as shown
-from gpucheck.interrupts import hangup_ignored
 from gpucheck.output import check_writable
 from gpucheck.render import format_for
 from gpucheck.report import Report, Section, fail
@@ -39,8 +32,7 @@ EXIT_USAGE = registry.EXIT_USAGE
 EXIT_INTERRUPTED = 130  # Ctrl-C; every stop signal N exits 128 + N (SIGTERM: 143)
 # Signals that end a run like Ctrl-C does (SIGINT raises KeyboardInterrupt already).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-# The user's setting to keep the job's run directory (partial results, roster,
-# diagnoses: gpucheck.distributed.progress), read here once into RunOptions.run_dir.
+# The user's run directory (partial results, roster: gpucheck.distributed.progress).
 RUN_DIR_VAR = "GPUCHECK_RUN_DIR"
 
 
@@ -61,6 +53,8 @@ def program(argv: list[str] | None, options: RunOptions) -> int:
         print(exc, file=sys.stderr)
         return EXIT_USAGE
     ctx = context(args, options, dict(os.environ))
+    from gpucheck.distributed.deadline import exit_after_abort
+
     with signals_as_interrupts():
         # A failed NCCL group aborted in this process: its report written, the process
         # ends through os._exit with the command's code (gpucheck.distributed.deadline).
@@ -69,13 +63,12 @@ def program(argv: list[str] | None, options: RunOptions) -> int:
 
 def context(args: argparse.Namespace, options: RunOptions,
             environ: Mapping[str, str]) -> RunContext:
-    """What the run is given, read once here: progress on stderr when it is a terminal
-    and no --quiet (shown by the ranks gpucheck starts too), the user's run directory
-    (GPUCHECK_RUN_DIR) unless `options` name one, and the environment whose launcher
-    variables place this process in a job."""
+    """What the run is given: progress on a terminal stderr unless --quiet, the run
+    directory (GPUCHECK_RUN_DIR) unless `options` name one, the launcher's variables."""
+    console = Console.of_process(environ)  # the one read of the terminal
     options = replace(options, run_dir=options.run_dir or environ.get(RUN_DIR_VAR) or None,
-                      show_progress=terminal.wanted(args.quiet))
-    return RunContext(options, launcher_env=environ)
+                      show_progress=not args.quiet and console.stderr_tty)
+    return RunContext(options, launcher_env=environ, console=console)
 
 
 def _run(args: argparse.Namespace, ctx: RunContext) -> int:
@@ -86,7 +79,10 @@ def _run(args: argparse.Namespace, ctx: RunContext) -> int:
         fmt = format_for(args.format, outputs[0] if outputs else None)
         for path in outputs:
             check_writable(path)
-        progress.checked_run_dir(ctx.options.run_dir, RUN_DIR_VAR)
+        if ctx.options.run_dir is not None:
+            from gpucheck.distributed.progress import checked_run_dir
+
+            checked_run_dir(ctx.options.run_dir, RUN_DIR_VAR)
         baseline = read_baseline_option(args)
         report = module.run(args, ctx)
         if report is None:
@@ -94,7 +90,7 @@ def _run(args: argparse.Namespace, ctx: RunContext) -> int:
         if baseline is not None:
             report.add(baseline_section(report, baseline))
         add_log(report, ctx)
-        emit(report, fmt, outputs, args.quiet, formats=formats)
+        emit(report, fmt, outputs, args.quiet, ctx.console, formats)
     except UsageError as exc:
         # shown(): the message may quote a report file (its command, host, path).
         print(encodable(f"gpucheck {args.command}: error: {shown(exc)}",
@@ -109,13 +105,14 @@ def _run(args: argparse.Namespace, ctx: RunContext) -> int:
 
 @contextmanager
 def signals_as_interrupts() -> Iterator[None]:
-    """For the block, SIGTERM and SIGHUP raise `Interrupted`, as Ctrl-C raises
-    KeyboardInterrupt: a SLURM time limit, `timeout` or an eviction then ends the run
-    the way Ctrl-C does (workers stopped, partial report kept, one line, exit 128+N)
-    instead of killing the process on the spot; a SIGHUP ignored (`nohup`) stays so."""
+    """For the block, SIGTERM and SIGHUP raise `Interrupted` as Ctrl-C raises
+    KeyboardInterrupt (a SLURM time limit ends the run as Ctrl-C does, partial report
+    kept); a SIGHUP ignored (`nohup`) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be set on the main thread
         return
+    from gpucheck.interrupts import hangup_ignored
+
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS if not hangup_ignored(sig)}
     for sig in previous:
         signal.signal(sig, _raise_interrupted)
@@ -130,21 +127,19 @@ def _raise_interrupted(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
-def _interrupted(module: Any, args: argparse.Namespace, ctx: RunContext,
+def _interrupted(module: ModuleType, args: argparse.Namespace, ctx: RunContext,
                  signum: signal.Signals) -> int:
-    """Keep what was measured: the partial report in --output, with a FAIL saying how
-    the run was stopped; one line on stderr; exit 128 + the signal (130, 143)."""
-    how = describe_stop(signum)
+    """The partial report in --output, with a FAIL saying how the run was stopped; one
+    line on stderr; exit 128 + the signal (130, 143)."""
     written = bool(outputs_of(args)) and _is_reporter(ctx) and _write_interrupted(
         module, args, ctx, signum)
     where = f"; partial report in {', '.join(outputs_of(args))}" if written else ""
-    print(f"gpucheck {args.command}: {how}{shown(where)}", file=sys.stderr)
+    print(f"gpucheck {args.command}: {describe_stop(signum)}{shown(where)}", file=sys.stderr)
     return 128 + int(signum)
 
 
 def _is_reporter(ctx: RunContext) -> bool:
-    """Only the reporting rank writes --output (under torchrun or srun every rank runs
-    this command line with the same --output)."""
+    """Only the reporting rank writes --output (every rank runs the same command line)."""
     from gpucheck.distributed.world import world_of
 
     try:
@@ -154,10 +149,10 @@ def _is_reporter(ctx: RunContext) -> bool:
     return world is None or world.is_reporter
 
 
-def _write_interrupted(module: Any, args: argparse.Namespace, ctx: RunContext,
+def _write_interrupted(module: ModuleType, args: argparse.Namespace, ctx: RunContext,
                        signum: signal.Signals) -> bool:
-    """The command's partial report (`partial_report(args, ctx)`, when it has one) plus the
-    `<command>.interrupted` section; False when it cannot be written."""
+    """The command's `partial_report(args, ctx)` plus the `<command>.interrupted`
+    section; False when it cannot be written."""
     build = getattr(module, "partial_report", None)
     report = (build(args, ctx) if build is not None else None) or Report(command=args.command)
     add_log(report, ctx)
@@ -170,9 +165,13 @@ def _write_interrupted(module: Any, args: argparse.Namespace, ctx: RunContext,
 
 
 def add_log(report: Report, ctx: RunContext) -> None:
-    """The warnings libraries raised on the ranks (gpucheck.distributed.caught), caught
-    instead of printed: a `log` section, data only (a FutureWarning is no verdict)."""
-    rows = caught.log_rows(ctx.warnings)
+    """Library warnings caught on the ranks (gpucheck.distributed.caught): a `log`
+    section, data only (a FutureWarning is no verdict)."""
+    if not ctx.warnings:
+        return
+    from gpucheck.distributed.caught import log_rows
+
+    rows = log_rows(ctx.warnings)
     if rows:
         report.add(Section("log", "Warnings from libraries (caught, not printed)",
                            {"warnings": rows}))

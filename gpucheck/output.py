@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import secrets
 import stat
 from collections.abc import Callable
 
@@ -244,7 +243,7 @@ def _write_device(dfd: int, name: str, data: bytes) -> None:
 
 def _replace(dfd: int, name: str, data: bytes, info: os.stat_result | None,
              sync: bool) -> None:
-    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    tmp = f".{name}.{os.urandom(6).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600, dir_fd=dfd)
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 import bench_workers
 import pytest
 
-from gpucheck.bench.data import default_images_dir
+from gpucheck.bench.model import default_images_dir
 from gpucheck.cli import main, program
 from gpucheck.context import RunOptions, TestHooks
 
@@ -46,18 +46,18 @@ def test_n_gpus_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str], n
 
 def test_more_gpus_than_visible_is_a_usage_error(capsys: pytest.CaptureFixture[str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpucheck.commands import launch_options
+    from gpucheck.commands import options
 
-    monkeypatch.setattr(launch_options, "_visible_gpus", lambda ctx: 2)
+    monkeypatch.setattr(options, "_visible_gpus", lambda ctx: 2)
     line = usage_error(capsys, "--n-gpus", "4", "--device", "cuda")
     assert "only 2 GPU" in line
 
 
 def test_cuda_without_a_gpu_is_a_usage_error(capsys: pytest.CaptureFixture[str],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpucheck.commands import launch_options
+    from gpucheck.commands import options
 
-    monkeypatch.setattr(launch_options, "_visible_gpus", lambda ctx: 0)
+    monkeypatch.setattr(options, "_visible_gpus", lambda ctx: 0)
     assert "--device cpu" in usage_error(capsys, "--device", "cuda")
 
 

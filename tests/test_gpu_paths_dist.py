@@ -21,7 +21,7 @@ from comm_workers import free_port
 from gpucheck.bench import model as bench_model
 from gpucheck.bench import worker as bench_worker
 from gpucheck.bench.model import WeightsChoice
-from gpucheck.commands import launch_options
+from gpucheck.commands import options
 from gpucheck.context import RunContext
 from gpucheck.distributed.session import process_group, roster
 
@@ -114,7 +114,7 @@ def test_the_rank_count_under_mig_is_cudas_count_not_nvmls(
         no_launcher: pytest.MonkeyPatch) -> None:
     # CUDA_VISIBLE_DEVICES=MIG-a,MIG-b: NVML counts 2, CUDA enumerates only the first.
     FakeCuda(physical=[0], nvml_count=2).install(no_launcher)
-    plan = launch_options.plan_launch(launch_args(), here())
+    plan = options.plan_launch(launch_args(), here())
     assert (plan.device, plan.nproc) == ("cuda", 1)
 
 
@@ -124,14 +124,14 @@ def test_more_ranks_than_mig_instances_cuda_gives_is_a_usage_error(
 
     FakeCuda(physical=[0], nvml_count=2).install(no_launcher)
     with pytest.raises(UsageError, match="only 1 GPU"):
-        launch_options.plan_launch(launch_args(n_gpus=2, backend="nccl"), here())
+        options.plan_launch(launch_args(n_gpus=2, backend="nccl"), here())
 
 
 def test_gloo_ranks_may_share_the_gpus_cuda_gives(no_launcher: pytest.MonkeyPatch) -> None:
     # NCCL needs a GPU per rank; gloo ranks on one GPU are how a GPU-less CI-style check
     # of the CUDA paths runs on a one-GPU machine.
     FakeCuda(physical=[0], nvml_count=1).install(no_launcher)
-    plan = launch_options.plan_launch(launch_args(n_gpus=2, backend="gloo"), here())
+    plan = options.plan_launch(launch_args(n_gpus=2, backend="gloo"), here())
     assert (plan.device, plan.nproc, plan.backend) == ("cuda", 2, "gloo")
 
 

@@ -7,7 +7,7 @@ import os
 import threading
 import time
 
-from gpucheck.health.budget import Deadline, process_age_s, run_until, start_of_run
+from gpucheck.health.run import Deadline, process_age_s, run_until, start_of_run
 
 
 def test_finished_raised_and_unfinished_checks_each_say_what_happened():

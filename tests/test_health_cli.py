@@ -108,11 +108,12 @@ def test_a_hung_nvml_call_ends_at_the_budget_as_a_skip_naming_the_gpu(node, monk
     finally:
         fake.release()
     report = Report.from_dict(json.loads(out))
-    skipped = {f.subject: f.message for f in report.findings if f.check == "gpu.query"}
+    skipped = {f.subject.label: f.message for f in report.findings
+               if f.check == "gpu.query" and f.subject is not None}
     assert "while reading this GPU" in skipped["GPU 2"] and "1 s budget" in skipped["GPU 2"]
     assert "not read" in skipped["GPU 3"]
     assert all(f.status is Status.SKIP for f in report.findings if f.check == "gpu.query")
-    assert any(f.subject and f.subject.startswith("GPU 1 (") for f in report.findings)
+    assert any(f.subject and f.subject.label.startswith("GPU 1 (") for f in report.findings)
     assert report.section("health").data["unfinished"] == ["gpus"]
     assert code == 0  # slurm: an unknown never drains
 
@@ -160,8 +161,8 @@ def test_the_line_names_the_worst_problem_its_gpu_and_its_action(node, monkeypat
 
 
 @pytest.mark.parametrize(("extra", "says"), [
-    (["--budget", "0"], "--budget must be a positive"),
-    (["--expect-gpus", "-1"], "--expect-gpus must be 0 or more"),
+    (["--budget", "0"], "--budget 0: give a number greater than 0"),
+    (["--expect-gpus", "-1"], "--expect-gpus -1: give 0 or more"),
     (["--sysfs", "/nonexistent/sys"], "--sysfs /nonexistent/sys is not a directory"),
 ])
 def test_bad_options_are_one_line_usage_errors(extra, says, node, monkeypatch, capsys):

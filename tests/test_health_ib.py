@@ -6,8 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from gpucheck.health.ib import read_ports
-from gpucheck.health.ib_judge import IbOptions, judge_ports
+from gpucheck.health.ib import IbOptions, judge_ports, read_ports
 from gpucheck.report import Status
 from tests.health_fakes import add_port, healthy_ib_node, set_counters, set_state
 
@@ -19,7 +18,8 @@ def _judge(sysfs: Path, previous: dict | None = None, **options):
 
 
 def _problems(judged) -> list[tuple[str, str, str | None]]:
-    return [(f.check, f.status.value, f.subject) for f in judged.section.findings
+    return [(f.check, f.status.value, f.subject and f.subject.label)
+            for f in judged.section.findings
             if f.status in (Status.WARN, Status.FAIL)]
 
 
@@ -55,7 +55,8 @@ def test_a_port_disabled_by_the_admin_is_ok(tmp_path):
     add_port(tmp_path, "mlx5_1", port=2, state=1, phys=3)
     judged = _judge(tmp_path)
     assert _problems(judged) == []
-    state = [f for f in judged.section.findings if f.subject == "mlx5_1 port 2"]
+    state = [f for f in judged.section.findings
+             if f.subject is not None and f.subject.label == "mlx5_1 port 2"]
     assert "disabled by an administrator" in state[0].message
 
 

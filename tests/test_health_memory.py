@@ -172,15 +172,15 @@ def test_the_same_fault_seen_again_is_not_new_when_nvml_no_longer_names_its_gpu(
     first = _run(node, [DBE])
     assert _xid_problems(first) == [("FAIL", "reset-gpu")]
     (named,) = [f.subject for f in first.section("kernel_log").findings]
-    assert named.startswith("GPU 0 (")
+    assert named is not None and named.label.startswith("GPU 0 (")
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([]).module)  # the GPU is gone
     again = xid_line(200.0, BUS, 48, "An uncorrectable double bit error (DBE) has been detected.")
     report = _run(node, [DBE, again])
     faults = [f for f in report.section("kernel_log").findings if f.status is Status.FAIL]
-    assert [(f.action, f.subject) for f in faults] == [("reset-gpu", "PCI:0000:18:00")]
+    assert [(f.action, f.subject.label) for f in faults] == [("reset-gpu", "PCI:0000:18:00")]
     stored = json.loads((node / "state" / STATE_FILE).read_text())["faults"]
     assert [(f["key"], f["subject"]) for f in stored] == [
-        ("kernel_log.xid|0000:18:00.0|48", named)]  # the first record, kept once
+        ("kernel_log.xid|0000:18:00.0|48", named.label)]  # the first record, kept once
     assert report.section("kernel_log").data["still_reported"] == [
         "kernel_log.xid|0000:18:00.0|48"]
 
@@ -188,7 +188,7 @@ def test_the_same_fault_seen_again_is_not_new_when_nvml_no_longer_names_its_gpu(
 def test_two_faults_of_one_gpu_whose_messages_collide_are_told_apart(node):
     from dataclasses import replace
 
-    from gpucheck.health.faults import new_faults
+    from gpucheck.health.xids import new_faults
     from gpucheck.probes.kernel_log import read_kernel_log
     from gpucheck.probes.xid_section import XidFault, kernel_log_part
 
@@ -219,7 +219,7 @@ def test_two_new_identical_lines_after_a_first_one_are_raised(node, stamp):
 
 
 def test_more_consumers_than_the_file_keeps_drop_the_oldest_never_the_file(node):
-    from gpucheck.health.schema import MAX_CONSUMERS
+    from gpucheck.health.state import MAX_CONSUMERS
 
     for i in range(MAX_CONSUMERS + 3):
         report = _run(node, [PUSH], consumer=f"job-{i}")

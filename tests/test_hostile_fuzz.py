@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpucheck.cli import build_parser, main
-from gpucheck.commands import option_types
+from gpucheck.commands import options
 from gpucheck.commands.registry import BadOption
 from gpucheck.render import render
 from gpucheck.report import Report, ReportShapeError, SchemaVersionError
@@ -138,7 +138,7 @@ VALUES = st.one_of(
 
 
 def _numeric_options() -> list[tuple[str, argparse.Action]]:
-    """(command, action) for every option of every command typed by option_types."""
+    """(command, action) for every option of every command typed by gpucheck.commands.options."""
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return [(name, action) for name, command in sub.choices.items()
@@ -169,10 +169,10 @@ def test_every_option_parses_to_a_sound_value_or_refuses_in_one_line(
     parsed = getattr(args, action.dest)
     if isinstance(parsed, float):
         assert math.isfinite(parsed)
-    if action.type in (option_types.positive_float, option_types.positive_int):
+    if action.type in (options.positive_float, options.positive_int):
         assert parsed > 0
     if isinstance(parsed, int) and not isinstance(parsed, bool):
-        assert -option_types.MAX_COUNT <= parsed <= option_types.MAX_COUNT
+        assert -options.MAX_COUNT <= parsed <= options.MAX_COUNT
 
 
 @FUZZ

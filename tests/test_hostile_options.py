@@ -95,7 +95,7 @@ def test_a_rank_count_beyond_any_node_is_refused_before_torch_loads() -> None:
 
 
 def test_the_gpus_at_most_are_the_nvidia_device_files(tmp_path: Path) -> None:
-    from gpucheck.commands.launch_options import _gpus_at_most
+    from gpucheck.commands.options import _gpus_at_most
 
     for name in ("nvidia0", "nvidia1", "nvidia7", "nvidiactl", "nvidia-uvm", "nvme0"):
         (tmp_path / name).touch()

@@ -1,4 +1,4 @@
-"""comm and stress run their job through `gpucheck.commands.job_report`: the result,
+"""comm and stress run their job through `gpucheck.commands.options`: the result,
 a failure carrying rank 0's results, a launcher failure, and the other ranks' None."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gpucheck.commands import job_report
-from gpucheck.commands.launch_options import LaunchPlan
+from gpucheck.commands import options
+from gpucheck.commands.options import LaunchPlan
 from gpucheck.context import RunContext
 from gpucheck.distributed import job
 from gpucheck.distributed.job import JobFailed
@@ -32,7 +32,7 @@ def run_with(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> Report | None:
 
     monkeypatch.setattr(job, "run_job", fake_run_job)
     plan = LaunchPlan(nproc=2, device="cpu", backend="gloo", master_port=None, timeout_s=30)
-    return job_report.run_reported("stress", print, None, plan, build, quiet_stdout=False,
+    return options.run_reported("stress", print, None, plan, build, quiet_stdout=False,
                                    ctx=RunContext())
 
 
@@ -50,7 +50,7 @@ def test_a_failed_job_keeps_rank_zeros_results_and_names_the_rank(
     report = run_with(monkeypatch, JobFailed([CRASH], {"tflops": 1.0}, [], None,
                                              reporter=True))
     assert report is not None and [s.name for s in report.sections] == ["gemm", "failure"]
-    assert report.sections[1].findings[0].subject == "rank 1"
+    assert report.sections[1].findings[0].subject.label == "rank 1"
 
 
 def test_a_launcher_failure_is_a_report_naming_the_rank(

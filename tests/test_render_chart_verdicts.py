@@ -14,7 +14,7 @@ import pytest
 
 from gpucheck import subject
 from gpucheck.analysis.baseline import Baseline, Expected
-from gpucheck.commands.baseline_option import baseline_section
+from gpucheck.commands.options import baseline_section
 from gpucheck.measure import Better, Metric
 from gpucheck.render.chart_rules import flagged_ranks
 from gpucheck.render.charts import (
@@ -83,7 +83,7 @@ def test_a_cpu_gemm_bar_at_0_85x_the_median_is_not_red_and_one_at_0_4x_is() -> N
     report = cpu_stress(FIVE_CPU_RANKS)
     section = report.section("gemm")
     assert section is not None and section.data["peer_threshold"] == 0.5
-    warned = [f.subject for f in section.findings if f.status is Status.WARN]
+    warned = [f.subject and f.subject.label for f in section.findings if f.status is Status.WARN]
     assert warned == ["rank 4"]  # the check, on CPU: below 0.5 x the median
     spec = gemm_chart(report)
     assert spec.flagged["fp32"] == {"rank 4"} == flagged_ranks(section)

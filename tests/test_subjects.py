@@ -20,9 +20,9 @@ from gpucheck.distributed.failures import flight_findings, rank_failure_findings
 from gpucheck.distributed.launch import RankFailure
 from gpucheck.hang.trace_findings import group_findings
 from gpucheck.hang.trace_verdict import GroupVerdict
-from gpucheck.health import faults as sticky
-from gpucheck.health.schema import Damaged
-from gpucheck.health.schema import fault as checked_fault
+from gpucheck.health import xids as sticky
+from gpucheck.health.state import Damaged
+from gpucheck.health.state import fault as checked_fault
 from gpucheck.preflight.verdict import alloc_section
 from gpucheck.probes.xid_section import XidFault
 from gpucheck.render import render
@@ -117,7 +117,7 @@ def test_a_capped_gpu_and_a_failed_allocation_name_their_rank() -> None:
             for r in range(2)]
     capped = [f for f in power_findings(rows, [], {}) if f.check == "stress.power.limit"
               and f.status is Status.WARN]
-    assert [f.subject.rank for f in capped] == [1] and capped[0].subject == "rank 1"
+    assert [f.subject.rank for f in capped] == [1] and capped[0].subject.label == "rank 1"
     section, _ = alloc_section([{"rank": 5, "ok": False, "bytes": 1, "error": "OOM"}],
                                [{"rank": 5, "host": "h", "node_rank": 0}])
     assert _stored(section.findings)[0]["subject_fields"]["rank"] == 5

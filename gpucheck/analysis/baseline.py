@@ -2,7 +2,7 @@
 
 `gpucheck fleet --save-baseline FILE` writes one from a fleet's healthy reports;
 `--baseline FILE` (fleet; bench, comm, stress and all through
-gpucheck/commands/baseline_option.py) warns on a metric worse than its limit. The
+gpucheck/commands/options.py) warns on a metric worse than its limit. The
 file format is documented in
 docs/fleet.md ("Baseline files") and versioned by BASELINE_SCHEMA_VERSION.
 """

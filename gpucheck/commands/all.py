@@ -1,12 +1,7 @@
 """`gpucheck all`: env, stress, bench and comm in turn, one report (docs/all.md).
 
-Each command runs through its own `run(args, ctx)` with a Namespace built by its own
-parser (`gpucheck <cmd> ...`), so every option has that command's default and
-validation. Every option is checked for every command before the first one runs:
-a bad option is a usage error up front. A command that then fails becomes a FAIL
-finding `all.<cmd>.failed` and the next command runs. Under torchrun or srun every
-rank runs this sequence; each command's process group gets its own namespace on
-the job's store (`RunContext.scoped`, `gpucheck.distributed.session.scoped_store`).
+Each command runs with a Namespace from its own parser, every option checked before
+the first runs; a command that fails is a FAIL `all.<cmd>.failed` and the next runs.
 """
 
 from __future__ import annotations
@@ -19,9 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.commands.launch_options import add_launch_arguments
-from gpucheck.commands.option_types import positive_float
-from gpucheck.context import AllRun, RunContext
+from gpucheck.commands.options import LaunchOptions, opt, positive_float
+from gpucheck.context import AllRun, Outcome, RunContext
 from gpucheck.distributed import terminal
 from gpucheck.errors import UsageError
 from gpucheck.escape import terminal as shown
@@ -37,34 +31,24 @@ CPU_SETTINGS: dict[str, tuple[str, ...]] = {
     "stress": ("--duration", "2"),
     "comm": ("--max-bytes", "64K", "--iters", "5"),
 }
-# What `--local` leaves out of the environment its commands are given
-# (`RunContext.launcher_env`): the variables by which gpucheck reads a launcher's world
+# What `--local` leaves out of the commands' environment: the launcher's rank variables
 # (gpucheck.distributed.world.world_from_env), so this node runs as a job of its own.
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")
 
 
-@dataclass
-class Outcome:
-    """How one command went: ran, skipped, failed or not run, and why."""
+@dataclass(frozen=True)
+class AllArgs(LaunchOptions):
+    skip: str = opt("--skip", default="", group="all", metavar="LIST",
+                    help=f"commands not to run, comma-separated: {', '.join(ORDER)}")
+    duration: float | None = opt("--duration", group="all", type=positive_float,
+                                 metavar="SECONDS", help="stress's burn-in length (default: "
+                                 f"stress's, 30 on GPU; {CPU_SETTINGS['stress'][1]} on CPU)")
+    local: bool = opt("--local", default=False, group="all", action="store_true",
+                      help="ignore torchrun's and SLURM's rank variables: run this node alone, "
+                      "e.g. one srun task per node (docs/all.md)")
 
-    command: str
-    outcome: str
-    why: str = ""
-    wall_s: float | None = None
-    report: Report | None = None
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_launch_arguments(parser)
-    group = parser.add_argument_group("all")
-    group.add_argument("--skip", default="", metavar="LIST",
-                       help=f"commands not to run, comma-separated: {', '.join(ORDER)}")
-    group.add_argument("--duration", type=positive_float, default=None, metavar="SECONDS",
-                       help="stress's burn-in length (default: stress's, 30 on GPU; "
-                            f"{CPU_SETTINGS['stress'][1]} on CPU)")
-    group.add_argument("--local", action="store_true",
-                       help="ignore torchrun's and SLURM's rank variables: run this node "
-                            "alone, e.g. one srun task per node (docs/all.md)")
+add_arguments = AllArgs.add_to
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
@@ -101,8 +85,7 @@ def cpu_ranks(environ: Mapping[str, str], asked: bool) -> list[Finding]:
 
 
 def without_launcher(environ: Mapping[str, str]) -> dict[str, str]:
-    """`--local`: the environment the commands are given, without the launcher's rank
-    variables (the process's own environment is left as it is)."""
+    """`--local`: the commands' environment without the launcher's rank variables."""
     return {k: v for k, v in environ.items() if k not in LAUNCHER_VARS}
 
 
@@ -122,18 +105,17 @@ def _namespaces(args: argparse.Namespace, chosen: tuple[str, ...],
                 ctx: RunContext) -> tuple[dict[str, Any], str | None]:
     """Each chosen command's options from its own parser, checked before anything runs,
     and where their ranks compute (None when only env runs)."""
-    from gpucheck.commands.launch_options import plan_launch
+    from gpucheck.commands.options import plan_launch
+    from gpucheck.commands.registry import command_module
 
-    if args.duration is not None and not args.duration > 0:
-        raise UsageError(f"--duration {args.duration:g}: give a positive number of seconds")
     launched = [n for n in chosen if n != "env"]
     device = plan_launch(args, ctx).device if launched else None
     namespaces = {}
     for name in chosen:
         argv = _sub_argv(name, args, device)
         namespace = _parse(argv)
-        try:
-            _preflight(name, namespace, ctx)
+        try:  # each command's own checks, before anything runs
+            command_module(name).check(namespace, ctx)
         except UsageError as exc:
             raise UsageError(f"{name} ({' '.join(argv)}): {exc}") from None
         if name == "env":  # `all -o ticket.md`: env's collect_env, as `env -o ticket.md`
@@ -168,23 +150,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return build_parser(__version__).parse_args(argv)
 
 
-def _preflight(name: str, ns: argparse.Namespace, ctx: RunContext) -> None:
-    """The checks each command makes before it starts any rank (UsageError on a bad one)."""
-    from gpucheck.commands import bench, comm, stress
-    from gpucheck.commands.launch_options import plan_launch
-    from gpucheck.probes.kernel_log import checked_kernel_log_path
-
-    if name == "env":
-        checked_kernel_log_path(ns.kernel_log, ctx.launcher_env)
-    elif name == "stress":
-        stress._check(ns, plan_launch(ns, ctx))
-    elif name == "bench":
-        bench._plan_bench(ns, plan_launch(ns, ctx))
-    elif name == "comm":
-        comm._check(ns)
-        plan_launch(ns, ctx)
-
-
 def _run_one(name: str, ns: argparse.Namespace, ctx: RunContext) -> Outcome:
     """Run one command; its failure is an outcome, not the end of `all`."""
     from gpucheck.commands.registry import command_module
@@ -216,8 +181,8 @@ def _first_line(text: str) -> str:
 
 
 def _leave_group() -> None:
-    """A command that failed inside its process group may have left it joined; leave,
-    so the next command can join its own (best effort: it may be broken)."""
+    """Leave a process group a failed command left joined (best effort: it may be
+    broken), so the next command can join its own."""
     try:
         import torch.distributed as dist
 
@@ -245,8 +210,7 @@ def combined_report(outcomes: list[Outcome]) -> Report:
 
 
 def narrowest_scope(outcomes: list[Outcome]) -> str | None:
-    """A report covers no more than its narrowest part: every command's scope (env's
-    "no NVIDIA GPU or driver found: software checks only"), each named once."""
+    """A report covers no more than its narrowest part: every command's scope, once."""
     scopes = {o.report.scope: o.command for o in reversed(outcomes)
               if o.report is not None and o.report.scope}
     ordered = sorted(scopes.items(), key=lambda item: ORDER.index(item[1])
@@ -257,8 +221,8 @@ def narrowest_scope(outcomes: list[Outcome]) -> str | None:
 
 
 def shown_once(report: Report, key: str) -> Report:
-    """A data value that every load command repeats (the fault watcher's thresholds)
-    is shown in the first section that has it; later identical ones point there."""
+    """A value every load command repeats (the fault watch's thresholds) is shown in the
+    first section that has it; later identical ones point there."""
     first: dict[str, str] = {}  # the value's JSON form -> the title of the first section
     for section in report.sections:
         if key not in section.data:
@@ -277,8 +241,7 @@ def prefixed(command: str, section: Section) -> Section:
 
 
 def summary_section(outcomes: list[Outcome]) -> Section:
-    """One row per command (verdict, counts, outcome, wall time), and a finding for
-    each command that failed or was skipped."""
+    """One row per command, and a finding for each that failed or was skipped."""
     rows, findings = [], []
     for o in outcomes:
         counts = o.report.summary() if o.report else {}
@@ -306,10 +269,10 @@ def _outcome_findings(o: Outcome) -> list[Finding]:
 
 def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     """After Ctrl-C or SIGTERM: the commands that finished, what the running one had
-    measured, and which never ran (gpucheck.cli adds the `interrupted` section)."""
+    measured, and which never ran."""
     from gpucheck.commands.registry import command_module
 
-    outcomes: list[Outcome] = list(ctx.all_run.outcomes)
+    outcomes = list(ctx.all_run.outcomes)
     current = ctx.all_run.current
     if current is not None:
         build = getattr(command_module(current), "partial_report", None)

@@ -7,19 +7,28 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpucheck.bench.aggregate import DEFAULT_STRAGGLER_THRESHOLD
-from gpucheck.bench.data import ImageSet, default_images_dir, scan_images
-from gpucheck.bench.model import DTYPES, check_model, resolve_dtype, resolve_weights
-from gpucheck.commands.launch_options import (
+from gpucheck.bench.model import (
+    DTYPES,
+    ImageSet,
+    check_model,
+    default_images_dir,
+    resolve_dtype,
+    resolve_weights,
+    scan_images,
+)
+from gpucheck.bench.pace import DEFAULT_STRAGGLER_THRESHOLD
+from gpucheck.commands.options import (
+    LaunchOptions,
     LaunchPlan,
-    add_launch_arguments,
     add_launch_finding,
     launch_scope,
+    non_negative_int,
+    opt,
     plan_launch,
+    positive_float,
+    positive_int,
 )
-from gpucheck.commands.option_types import non_negative_int, positive_float, positive_int
 from gpucheck.context import RunContext
-from gpucheck.errors import UsageError
 from gpucheck.escape import terminal
 from gpucheck.interrupts import deferred_interrupts
 from gpucheck.report import Report, Section
@@ -43,44 +52,49 @@ DEFAULTS = {"cuda": Defaults(batch_size=128, warmup=20, iters=100),
             "cpu": Defaults(batch_size=4, warmup=2, iters=12)}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_launch_arguments(parser)
-    group = parser.add_argument_group("benchmark")
-    group.add_argument("--images", metavar="DIR", default=None,
-                       help="folder of images (default: the shipped sample_images)")
-    group.add_argument("--model", default="resnet50",
-                       help="any torchvision classification model (default: resnet50)")
-    group.add_argument("--weights", default="random", metavar="random|imagenet|PATH",
-                       help="random (seeded, default), imagenet (torchvision's, from the local "
-                            "cache) or a saved state_dict file")
-    group.add_argument("--download", action="store_true",
-                       help="with --weights imagenet, download the weights when not cached")
+CUDA, CPU = DEFAULTS["cuda"], DEFAULTS["cpu"]
+
+
+@dataclass(frozen=True)
+class BenchArgs(LaunchOptions):
+    images: str | None = opt("--images", group="benchmark", metavar="DIR",
+                             help="folder of images (default: the shipped sample_images)")
+    model: str = opt("--model", default="resnet50", group="benchmark",
+                     help="any torchvision classification model (default: resnet50)")
+    weights: str = opt("--weights", default="random", group="benchmark",
+                       metavar="random|imagenet|PATH", help="random (seeded, default), imagenet "
+                       "(torchvision's, from the local cache) or a saved state_dict file")
+    download: bool = opt("--download", default=False, group="benchmark", action="store_true",
+                         help="with --weights imagenet, download the weights when not cached")
     # choices: fp64 and the like are refused by the parser, before torch is imported.
-    group.add_argument("--dtype", default="auto", metavar="|".join(DTYPES), choices=DTYPES,
-                       help="auto (default): bf16 on GPUs that support it, else fp16; fp32 on CPU")
-    group.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
-                       help="channels_last memory format (default: on; faster on GPU and CPU)")
-    _add_loop_arguments(group)
+    dtype: str = opt("--dtype", default="auto", group="benchmark", metavar="|".join(DTYPES),
+                     choices=DTYPES, help="auto (default): bf16 on GPUs that support it, else "
+                     "fp16; fp32 on CPU")
+    channels_last: bool = opt("--channels-last", default=True, group="benchmark",
+                              action=argparse.BooleanOptionalAction,
+                              help="channels_last memory format (default: on; faster on GPU "
+                              "and CPU)")
+    batch_size: int | None = opt("--batch-size", group="benchmark", type=positive_int,
+                                 metavar="N", help="images per batch and rank (default: "
+                                 f"{CUDA.batch_size} on GPU, {CPU.batch_size} on CPU)")
+    warmup: int | None = opt("--warmup", group="benchmark", type=non_negative_int,
+                             metavar="N", help=f"untimed iterations first (default: "
+                             f"{CUDA.warmup} on GPU, {CPU.warmup} on CPU)")
+    iters: int | None = opt("--iters", group="benchmark", exclusive="loop", type=positive_int,
+                            metavar="N", help=f"timed iterations (default: {CUDA.iters} on "
+                            f"GPU, {CPU.iters} on CPU)")
+    duration: float | None = opt("--duration", group="benchmark", exclusive="loop",
+                                 type=positive_float, metavar="SECONDS", help="instead of "
+                                 "--iters: as many iterations as fit in SECONDS at the slowest "
+                                 "rank's warm-up speed")
+    straggler_threshold: float = opt("--straggler-threshold",
+                                     default=DEFAULT_STRAGGLER_THRESHOLD, group="benchmark",
+                                     type=positive_float, metavar="FRACTION",
+                                     help="warn about a rank this much slower than the median "
+                                     f"(default: {DEFAULT_STRAGGLER_THRESHOLD:g})")
 
 
-def _add_loop_arguments(group: argparse._ArgumentGroup) -> None:
-    cuda, cpu = DEFAULTS["cuda"], DEFAULTS["cpu"]
-    group.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
-                       help=f"images per batch and rank (default: {cuda.batch_size} on GPU, "
-                            f"{cpu.batch_size} on CPU)")
-    group.add_argument("--warmup", type=non_negative_int, default=None, metavar="N",
-                       help=f"untimed iterations first (default: {cuda.warmup} on GPU, "
-                            f"{cpu.warmup} on CPU)")
-    loop = group.add_mutually_exclusive_group()
-    loop.add_argument("--iters", type=positive_int, default=None, metavar="N",
-                      help=f"timed iterations (default: {cuda.iters} on GPU, {cpu.iters} on CPU)")
-    loop.add_argument("--duration", type=positive_float, default=None, metavar="SECONDS",
-                      help="instead of --iters: as many iterations as fit in SECONDS at the "
-                           "slowest rank's warm-up speed")
-    group.add_argument("--straggler-threshold", type=positive_float,
-                       default=DEFAULT_STRAGGLER_THRESHOLD, metavar="FRACTION",
-                       help="warn about a rank this much slower than the median "
-                            f"(default: {DEFAULT_STRAGGLER_THRESHOLD:g})")
+add_arguments = BenchArgs.add_to
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
@@ -89,8 +103,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     from gpucheck.distributed.job import run_job
     from gpucheck.distributed.launch import WorkersFailed
 
-    plan = plan_launch(args, ctx)
-    spec, images = _plan_bench(args, plan)
+    plan, spec, images = check(args, ctx)
     report = Report(command="bench", scope=launch_scope(plan))
     try:
         with armed("bench"):  # a hang leaves Flight Recorder dumps (gpucheck hang --traces)
@@ -106,8 +119,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
         return report
     if not isinstance(outcome, BenchOutcome):
         return None  # a rank other than 0 under torchrun: rank 0 reports
-    from gpucheck.bench.findings import bench_sections
-    from gpucheck.bench.metrics import with_bench_metrics
+    from gpucheck.bench.findings import bench_sections, with_bench_metrics
 
     for section in bench_sections(spec, images, outcome, args.straggler_threshold):
         report.add(section)
@@ -117,7 +129,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
 
 def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     """After Ctrl-C or SIGTERM: what rank 0 had measured, and every rank's timed
-    iterations so far (`gpucheck.bench.partial`; gpucheck.cli adds the stop)."""
+    iterations so far (`gpucheck.bench.findings`; gpucheck.cli adds the stop)."""
     from gpucheck.distributed import progress
 
     partial = progress.local_partial(ctx)
@@ -150,23 +162,15 @@ def _add_partial_faults(report: Report, partial: dict[str, Any] | None) -> None:
         report.add(run_faults_section(partial["faults"]))
 
 
-def _plan_bench(args: argparse.Namespace, plan: LaunchPlan) -> tuple[BenchSpec, ImageSet]:
-    """Check every benchmark option before any rank starts; returns (BenchSpec, ImageSet)."""
+def check(args: argparse.Namespace, ctx: RunContext) -> tuple[LaunchPlan, BenchSpec, ImageSet]:
+    """Every option checked before any rank starts (`all` checks them all up front)."""
     from gpucheck.bench.worker import BenchSpec
-    from gpucheck.distributed import terminal
 
+    plan = plan_launch(args, ctx)
     defaults = DEFAULTS[plan.device]
-    batch_size = _positive("--batch-size", args.batch_size, defaults.batch_size)
+    batch_size = args.batch_size or defaults.batch_size
     warmup = args.warmup if args.warmup is not None else defaults.warmup
-    if warmup < 0:
-        raise UsageError(f"--warmup {warmup}: give 0 or more iterations")
-    iters = None if args.duration is not None else _positive("--iters", args.iters,
-                                                             defaults.iters)
-    if args.duration is not None and args.duration <= 0:
-        raise UsageError(f"--duration {args.duration:g}: give a positive number of seconds")
-    if args.straggler_threshold <= 0:
-        raise UsageError(f"--straggler-threshold {args.straggler_threshold:g}: give a "
-                         "positive fraction such as 0.1")
+    iters = None if args.duration is not None else args.iters or defaults.iters
     dtype = resolve_dtype(args.dtype, plan.device)
     with deferred_interrupts():  # imports torchvision: Ctrl-C is raised after it
         check_model(args.model)
@@ -177,18 +181,10 @@ def _plan_bench(args: argparse.Namespace, plan: LaunchPlan) -> tuple[BenchSpec, 
         batch_size=batch_size, warmup=max(warmup, 2) if args.duration is not None else warmup,
         iters=iters, duration_s=args.duration, device=plan.device, backend=plan.backend,
         timeout_s=plan.timeout_s, images_dir=images.folder, files=images.files,
-        progress=terminal.wanted(args.quiet), fault_watch=args.fault_watch,
+        progress=ctx.options.show_progress, fault_watch=args.fault_watch,
         straggler_threshold=args.straggler_threshold,
     )
-    return spec, images
-
-
-def _positive(flag: str, value: int | None, default: int) -> int:
-    if value is None:
-        return default
-    if value < 1:
-        raise UsageError(f"{flag} {value}: give 1 or more")
-    return value
+    return plan, spec, images
 
 
 def _failed_section(exc: Exception) -> Section:

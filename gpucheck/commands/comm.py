@@ -4,19 +4,23 @@ broadcast) and pairwise send/recv, hang-safe."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpucheck.comm.aggregate import COLLECTIVES
-from gpucheck.commands.job_report import partial_report as job_partial_report
-from gpucheck.commands.job_report import run_reported
-from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
-from gpucheck.commands.option_types import (
+from gpucheck.commands.options import (
     MAX_COUNT,
-    finite_float,
+    LaunchOptions,
+    LaunchPlan,
+    fraction,
     non_negative_int,
+    opt,
+    plan_launch,
     positive_float,
     positive_int,
+    run_reported,
 )
+from gpucheck.commands.options import partial_report as job_partial_report
 from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 
@@ -47,47 +51,55 @@ def _size(text: str) -> int:
     return size
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_launch_arguments(parser)
-    group = parser.add_argument_group("sweep")
-    group.add_argument("--min-bytes", type=_size, default=1024, metavar="SIZE",
-                       help="smallest per-rank buffer (default: 1K)")
-    group.add_argument("--max-bytes", type=_size, default=None, metavar="SIZE",
-                       help="largest per-rank buffer (default: from free device memory, at "
-                       "most 1G on GPU and 16M on CPU)")
-    group.add_argument("--iters", type=positive_int, default=20, metavar="N",
-                       help="timed operations per size (default: 20)")
-    group.add_argument("--warmup", type=non_negative_int, default=5, metavar="N",
-                       help="untimed operations per size first (default: 5)")
-    group.add_argument("--collectives", default=",".join(COLLECTIVES), metavar="LIST",
-                       help=f"comma-separated, of: {', '.join(COLLECTIVES)} (default: all)")
-    group.add_argument("--no-pairwise", dest="pairwise", action="store_false",
-                       help="skip the pairwise send/recv matrix")
-    group.add_argument("--pair-bytes", type=_size, default=None, metavar="SIZE",
-                       help="buffer for each send/recv pair (default: the largest size)")
-    group.add_argument("--pair-threshold", type=finite_float, default=DEFAULT_PAIR_THRESHOLD,
-                       metavar="FRACTION", help="WARN for a pair below this fraction of its "
-                       f"node's median pair bandwidth (default: {DEFAULT_PAIR_THRESHOLD:g})")
-    group.add_argument("--baseline-busbw", type=positive_float, default=None, metavar="GBPS",
-                       help="FAIL when the largest all_reduce's bus bandwidth is below GBPS")
+@dataclass(frozen=True)
+class CommArgs(LaunchOptions):
+    min_bytes: int = opt("--min-bytes", default=1024, group="sweep", type=_size,
+                         metavar="SIZE", help="smallest per-rank buffer (default: 1K)")
+    max_bytes: int | None = opt("--max-bytes", group="sweep", type=_size, metavar="SIZE",
+                                help="largest per-rank buffer (default: from free device "
+                                "memory, at most 1G on GPU and 16M on CPU)")
+    iters: int = opt("--iters", default=20, group="sweep", type=positive_int, metavar="N",
+                     help="timed operations per size (default: 20)")
+    warmup: int = opt("--warmup", default=5, group="sweep", type=non_negative_int,
+                      metavar="N", help="untimed operations per size first (default: 5)")
+    collectives: str = opt("--collectives", default=",".join(COLLECTIVES), group="sweep",
+                           metavar="LIST", help=f"comma-separated, of: {', '.join(COLLECTIVES)} "
+                           "(default: all)")
+    pairwise: bool = opt("--no-pairwise", default=True, group="sweep", action="store_false",
+                         help="skip the pairwise send/recv matrix")
+    pair_bytes: int | None = opt("--pair-bytes", group="sweep", type=_size, metavar="SIZE",
+                                 help="buffer for each send/recv pair (default: the largest "
+                                 "size)")
+    pair_threshold: float = opt("--pair-threshold", default=DEFAULT_PAIR_THRESHOLD,
+                                group="sweep", type=fraction, metavar="FRACTION",
+                                help="WARN for a pair below this fraction of its node's median "
+                                f"pair bandwidth (default: {DEFAULT_PAIR_THRESHOLD:g})")
+    baseline_busbw: float | None = opt("--baseline-busbw", group="sweep", type=positive_float,
+                                       metavar="GBPS", help="FAIL when the largest all_reduce's "
+                                       "bus bandwidth is below GBPS")
+
+    def __post_init__(self) -> None:
+        if self.min_bytes < 4 or (self.max_bytes is not None and
+                                  self.max_bytes < self.min_bytes):
+            raise UsageError("--min-bytes must be at least 4 and --max-bytes at least "
+                             "--min-bytes")
+        if not self.chosen():
+            raise UsageError(f"--collectives {self.collectives!r}: use one or more of "
+                             f"{', '.join(COLLECTIVES)}, comma-separated")
+
+    def chosen(self) -> tuple[str, ...]:
+        """The collectives asked for; () when any is unknown."""
+        names = tuple(c.strip() for c in self.collectives.split(",") if c.strip())
+        return () if set(names) - set(COLLECTIVES) else names
 
 
-def _check(args: argparse.Namespace) -> tuple[str, ...]:
-    if args.iters < 1 or args.warmup < 0:
-        raise UsageError("--iters must be 1 or more and --warmup 0 or more")
-    if args.min_bytes < 4 or (args.max_bytes is not None and args.max_bytes < args.min_bytes):
-        raise UsageError("--min-bytes must be at least 4 and --max-bytes at least --min-bytes")
-    if not 0 < args.pair_threshold <= 1:
-        raise UsageError(f"--pair-threshold {args.pair_threshold:g}: give a fraction in (0, 1]")
-    if args.baseline_busbw is not None and not args.baseline_busbw > 0:
-        raise UsageError(f"--baseline-busbw {args.baseline_busbw:g}: give the expected bus "
-                         "bandwidth in GB/s, a positive number")
-    collectives = tuple(c.strip() for c in args.collectives.split(",") if c.strip())
-    unknown = set(collectives) - set(COLLECTIVES)
-    if unknown or not collectives:
-        raise UsageError(f"--collectives {args.collectives!r}: use one or more of "
-                         f"{', '.join(COLLECTIVES)}, comma-separated")
-    return collectives
+add_arguments = CommArgs.add_to
+
+
+def check(args: argparse.Namespace, ctx: RunContext) -> tuple[LaunchPlan, tuple[str, ...]]:
+    """Every option checked before any rank starts (`all` checks them all up front)."""
+    collectives = CommArgs.of(args).chosen()
+    return plan_launch(args, ctx), collectives
 
 
 def _spec(args: argparse.Namespace, plan: LaunchPlan, collectives: tuple[str, ...]) -> CommSpec:
@@ -107,8 +119,7 @@ def _verdicts(args: argparse.Namespace) -> Verdicts:
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
-    collectives = _check(args)
-    plan = plan_launch(args, ctx)
+    plan, collectives = check(args, ctx)
     from gpucheck.comm.worker import comm_worker
     from gpucheck.distributed.flight import armed
 
@@ -126,5 +137,5 @@ def _report(args: argparse.Namespace, result: dict[str, Any]) -> Report:
 
 
 def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report | None:
-    """After Ctrl-C or SIGTERM: what was measured so far (gpucheck.cli adds the stop)."""
+    """After Ctrl-C or SIGTERM: what was measured so far."""
     return job_partial_report(lambda partial: _report(args, partial), ctx)

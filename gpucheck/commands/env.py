@@ -6,10 +6,10 @@ torch and pynvml are imported only inside the probes, never by this module.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
-from gpucheck.commands.option_types import positive_float
+from gpucheck.commands.options import Options, opt, positive_float
 from gpucheck.context import RunContext
-from gpucheck.errors import UsageError
 from gpucheck.probes.kernel_log import checked_kernel_log_path
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S
 from gpucheck.probes.runner import collect_env_report, with_env_metrics
@@ -20,26 +20,32 @@ TICKET_FORMATS = {"markdown", "markdown-plain", "html"}
 HELP = "probe OS, Python, PyTorch, CUDA/cuDNN/NCCL, driver and GPU health"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-gpu-test", dest="gpu_test", action="store_false",
-                        help="skip the quick functional test of every visible GPU "
-                             "(matmul check and pinned copy bandwidth, ~1 s per GPU)")
-    parser.add_argument("--nvml-timeout", type=positive_float, default=DEFAULT_TIMEOUT_S,
-                        metavar="SECONDS",
-                        help="give up on an NVML call after this long (default: "
-                             f"{DEFAULT_TIMEOUT_S:g})")
-    parser.add_argument("--kernel-log", metavar="FILE", default=None,
-                        help="read Xid errors from this saved kernel log (dmesg, journalctl -k, "
-                             "kern.log; .gz too) instead of this boot's log")
+@dataclass(frozen=True)
+class EnvArgs(Options):
+    gpu_test: bool = opt("--no-gpu-test", default=True, action="store_false",
+                         help="skip the quick functional test of every visible GPU (matmul "
+                         "check and pinned copy bandwidth, ~1 s per GPU)")
+    nvml_timeout: float = opt("--nvml-timeout", default=DEFAULT_TIMEOUT_S, type=positive_float,
+                              metavar="SECONDS", help="give up on an NVML call after this "
+                              f"long (default: {DEFAULT_TIMEOUT_S:g})")
+    kernel_log: str | None = opt("--kernel-log", metavar="FILE",
+                                 help="read Xid errors from this saved kernel log (dmesg, "
+                                 "journalctl -k, kern.log; .gz too) instead of this boot's log")
+
+
+add_arguments = EnvArgs.add_to
+
+
+def check(args: argparse.Namespace, ctx: RunContext) -> str | None:
+    """The saved kernel log to read, checked before anything runs (`all` too)."""
+    return checked_kernel_log_path(args.kernel_log, ctx.launcher_env)
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     from gpucheck.distributed.envgather import gather_env_reports
 
-    timeout = getattr(args, "nvml_timeout", DEFAULT_TIMEOUT_S)
-    if not timeout > 0:
-        raise UsageError(f"--nvml-timeout must be positive, not {timeout}")
-    kernel_log = checked_kernel_log_path(getattr(args, "kernel_log", None), ctx.launcher_env)
+    options = EnvArgs.of(args)
+    kernel_log = check(args, ctx)
     from gpucheck.distributed import terminal
 
     terminal.say(ctx, "env: probing this machine (system, Python, torch, NVML, each GPU)")
@@ -48,7 +54,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     # The environment listed is the one the run was given (`all --local`'s has no
     # launcher variables).
     report = gather_env_reports(lambda: collect_env_report(
-        gpu_test=getattr(args, "gpu_test", True), nvml_timeout_s=timeout,
+        gpu_test=options.gpu_test, nvml_timeout_s=options.nvml_timeout,
         environ=ctx.launcher_env, kernel_log=kernel_log), ctx)
     if report is not None:
         with_env_metrics(report.sections)
@@ -61,8 +67,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
 
 
 def wants_collect_env(args: argparse.Namespace) -> bool:
-    """PyTorch's collect_env only for a Markdown or HTML report (it takes seconds; the
-    terminal report stays as fast): --format, or a -o file's extension."""
+    """PyTorch's collect_env (seconds) only for a Markdown or HTML report."""
     formats = {getattr(args, "format", None)}
     formats |= {format_for(None, path) for path in getattr(args, "outputs", None) or []}
     single = getattr(args, "output", None)

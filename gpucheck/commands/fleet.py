@@ -28,7 +28,7 @@ from gpucheck.analysis.loading import (
 )
 from gpucheck.analysis.nodes import Fleet, Unused, group_reports, newest_created_at
 from gpucheck.analysis.options import fraction, positive
-from gpucheck.commands.option_types import positive_float, positive_int
+from gpucheck.commands.options import positive_float, positive_int
 from gpucheck.context import RunContext
 from gpucheck.distributed.slurm import expand_nodelist
 from gpucheck.errors import UsageError

@@ -1,130 +1,119 @@
 """`gpucheck health`: the node check a scheduler or a monitor runs every few minutes.
 
-Never imports torch (nor does anything it imports): it runs before a job's
-environment exists, and a broken torch changes nothing. The checks live in
-`gpucheck.health`; docs/health.md has the recipes (SLURM, node-problem-detector,
-Prometheus) and the rules.
+Never imports torch, nor does anything it imports: it runs before a job's environment
+exists. The checks live in `gpucheck.health`; docs/health.md has the recipes and rules.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from gpucheck.commands.option_types import finite_float, integer
+from gpucheck.commands.options import Options, count, opt, real
 from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
-from gpucheck.health.budget import start_of_run
-from gpucheck.health.conventions import CONVENTIONS, DEFAULT_CONVENTION
-from gpucheck.health.conventions import exit_code as convention_exit_code
-from gpucheck.health.ib_judge import IbOptions
+from gpucheck.health.ib import IbOptions
 from gpucheck.health.run import (
     DEFAULT_BUDGET_S,
     DEFAULT_VALID_FOR_S,
     HealthOptions,
     collect_health_report,
+    start_of_run,
 )
-from gpucheck.health.schema import CONSUMER
-from gpucheck.health.state import DEFAULT_CONSUMER, checked_state_dir
+from gpucheck.health.state import CONSUMER, DEFAULT_CONSUMER, checked_state_dir
 from gpucheck.probes.gpu_read import sysfs_root
 from gpucheck.probes.kernel_log import checked_kernel_log_path
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S
-from gpucheck.report import Report, Section
+from gpucheck.report import Report, Section, Status
 
 HELP = ("fast node health for schedulers and monitors (NVML, Xid since the last check, "
         "InfiniBand ports) under a time budget; never imports torch")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--budget", type=finite_float, default=DEFAULT_BUDGET_S,
-                        metavar="SECONDS",
-                        help="never take longer than this: what has not finished is a SKIP "
-                             f"(default: {DEFAULT_BUDGET_S:g})")
-    parser.add_argument("--convention", choices=CONVENTIONS, default=DEFAULT_CONVENTION,
-                        help="exit codes for: slurm (1 on FAIL), npd (node-problem-detector: "
-                             "1 problem, 2 unknown), nagios (0/1/2/3) (default: "
-                             f"{DEFAULT_CONVENTION}; see docs/health.md)")
-    parser.add_argument("--state-dir", metavar="DIR", default=None,
-                        help="remember Xid lines already reported, IB counters and the last "
-                             "verdict here, so old problems are not raised forever")
-    parser.add_argument("--expect-gpus", type=integer, metavar="N", default=None,
-                        help="FAIL when NVML sees fewer GPUs than this (default: SLURM's "
-                             "GRES, the container's GPUs, else the NVIDIA GPUs on the PCI bus)")
-    parser.add_argument("--expect-ib-ports", type=integer, metavar="N", default=None,
-                        help="FAIL when fewer InfiniBand/RoCE ports than this are active")
-    parser.add_argument("--ib-ignore", action="append", default=[], metavar="PATTERN",
-                        help="ports not to judge: mlx5_2 or mlx5_2/1, globs allowed, "
-                             "comma-separated or repeated")
-    parser.add_argument("--valid-for", type=finite_float, default=DEFAULT_VALID_FOR_S,
-                        metavar="SECONDS", help="the result's valid_until is this far after "
-                        f"it was made (default: {DEFAULT_VALID_FOR_S:g})")
-    parser.add_argument("--nvml-timeout", type=finite_float, default=DEFAULT_TIMEOUT_S,
-                        metavar="SECONDS", help="an NVML call answered later than this is "
-                        "slow (a WARN); unanswered 30 s more, hung (default: "
-                        f"{DEFAULT_TIMEOUT_S:g})")
-    parser.add_argument("--kernel-log", metavar="FILE", default=None,
-                        help="read Xid lines from this saved kernel log instead of this boot's")
-    parser.add_argument("--sysfs", metavar="DIR", default=None,
-                        help="where sysfs is mounted (a container with the host's at "
-                             "/host/sys; default: $GPUCHECK_SYSFS, else /sys)")
-    parser.add_argument("--consumer", metavar="NAME", default=DEFAULT_CONSUMER,
-                        help="who reads the state dir (slurm-healthcheck, prometheus, ...): "
-                             "each consumer reads the kernel log from its own position, so "
-                             f"none takes another's Xid lines (default: {DEFAULT_CONSUMER})")
-    parser.add_argument("--set-healthy", action="store_true",
-                        help="with --state-dir: the remembered faults were dealt with (a GPU "
-                             "reset, a part replaced): forget them and every Xid line so far")
-
-
-# Upper bounds: SLURM kills a HealthCheckProgram after 60 s and node-problem-detector a
-# plugin after its timeout, so an hour is already far past any use; beyond these,
-# threading's timeouts overflow (--budget 1e10) and datetime does (--valid-for 1e12).
+# Exit codes per convention (docs/health.md, "Exit codes"): slurm knows zero and not,
+# node-problem-detector reads 2 as unknown, Nagios 0/1/2/3.
+CONVENTIONS = ("slurm", "npd", "nagios")
+DEFAULT_CONVENTION = "slurm"
+# SLURM kills a HealthCheckProgram after 60 s: an hour is far past any use, and beyond
+# these threading's timeouts overflow (--budget 1e10) and datetime does (--valid-for 1e12).
 MAX_BUDGET_S = 3600.0
-MAX_NVML_TIMEOUT_S = 3600.0
 MAX_VALID_FOR_S = 366 * 86400.0
 
 
-def _positive(value: float, option: str, most: float) -> float:
-    if not value > 0:
-        raise UsageError(f"{option} must be a positive number of seconds, not {value:g}")
-    if value > most:
-        raise UsageError(f"{option} {value:g} is too long: give at most {most:.0f} seconds")
-    return value
+@dataclass(frozen=True)
+class HealthArgs(Options):
+    budget: float = opt("--budget", default=DEFAULT_BUDGET_S,
+                        type=real(above=0, most=MAX_BUDGET_S), metavar="SECONDS",
+                        help="never take longer than this: what has not finished is a SKIP "
+                        f"(default: {DEFAULT_BUDGET_S:g})")
+    convention: str = opt("--convention", default=DEFAULT_CONVENTION, choices=CONVENTIONS,
+                          help="exit codes for: slurm (1 on FAIL), npd (node-problem-detector: "
+                          "1 problem, 2 unknown), nagios (0/1/2/3) (default: "
+                          f"{DEFAULT_CONVENTION}; see docs/health.md)")
+    state_dir: str | None = opt("--state-dir", metavar="DIR",
+                                help="remember Xid lines already reported, IB counters and "
+                                "the last verdict here, so old problems are not raised forever")
+    expect_gpus: int | None = opt("--expect-gpus", type=count(least=0), metavar="N",
+                                  help="FAIL when NVML sees fewer GPUs than this (default: "
+                                  "SLURM's GRES, the container's GPUs, else the NVIDIA GPUs "
+                                  "on the PCI bus)")
+    expect_ib_ports: int | None = opt("--expect-ib-ports", type=count(least=0), metavar="N",
+                                      help="FAIL when fewer InfiniBand/RoCE ports than this "
+                                      "are active")
+    ib_ignore: Sequence[str] | None = opt("--ib-ignore", action="append", metavar="PATTERN",
+                                      help="ports not to judge: mlx5_2 or mlx5_2/1, globs "
+                                      "allowed, comma-separated or repeated")
+    valid_for: float = opt("--valid-for", default=DEFAULT_VALID_FOR_S,
+                           type=real(above=0, most=MAX_VALID_FOR_S), metavar="SECONDS",
+                           help="the result's valid_until is this far after it was made "
+                           f"(default: {DEFAULT_VALID_FOR_S:g})")
+    nvml_timeout: float = opt("--nvml-timeout", default=DEFAULT_TIMEOUT_S,
+                              type=real(above=0, most=MAX_BUDGET_S), metavar="SECONDS",
+                              help="an NVML call answered later than this is slow (a WARN); "
+                              f"unanswered 30 s more, hung (default: {DEFAULT_TIMEOUT_S:g})")
+    kernel_log: str | None = opt("--kernel-log", metavar="FILE", help="read Xid lines from "
+                                 "this saved kernel log instead of this boot's")
+    sysfs: str | None = opt("--sysfs", metavar="DIR",
+                            help="where sysfs is mounted (a container with the host's at "
+                            "/host/sys; default: $GPUCHECK_SYSFS, else /sys)")
+    consumer: str = opt("--consumer", default=DEFAULT_CONSUMER, metavar="NAME",
+                        help="who reads the state dir (slurm-healthcheck, prometheus, ...): "
+                        "each consumer reads the kernel log from its own position, so none "
+                        f"takes another's Xid lines (default: {DEFAULT_CONSUMER})")
+    set_healthy: bool = opt("--set-healthy", default=False, action="store_true",
+                            help="with --state-dir: the remembered faults were dealt with (a "
+                            "GPU reset, a part replaced): forget them and every Xid line so far")
+
+    def __post_init__(self) -> None:
+        if CONSUMER.fullmatch(self.consumer) is None:
+            raise UsageError(f"--consumer {self.consumer!r}: give a short name of letters, "
+                             "digits, '.', '_' or '-' (e.g. slurm-healthcheck)")
+        if self.set_healthy and self.state_dir is None:
+            raise UsageError("--set-healthy needs --state-dir DIR: the state it clears")
+
+    def health_options(self, environ: Mapping[str, str]) -> HealthOptions:
+        """The run's options: paths checked, defaults read from `environ`."""
+        sysfs = Path(self.sysfs) if self.sysfs is not None else sysfs_root(environ)
+        if not sysfs.is_dir():
+            raise UsageError(f"--sysfs {sysfs} is not a directory: give where sysfs is mounted")
+        ignore = tuple(p.strip() for item in self.ib_ignore or () for p in item.split(",")
+                       if p.strip())
+        return HealthOptions(
+            budget_s=self.budget, nvml_timeout_s=self.nvml_timeout,
+            expect_gpus=self.expect_gpus, ib=IbOptions(self.expect_ib_ports, ignore),
+            state_dir=checked_state_dir(self.state_dir),
+            kernel_log=checked_kernel_log_path(self.kernel_log, environ),
+            valid_for_s=self.valid_for, sysfs=sysfs, consumer=self.consumer,
+            set_healthy=self.set_healthy, environ=dict(environ))
 
 
-def _consumer(name: str, set_healthy: bool, state_dir: str | None) -> str:
-    if CONSUMER.fullmatch(name) is None:
-        raise UsageError(f"--consumer {name!r}: give a short name of letters, digits, "
-                         "'.', '_' or '-' (e.g. slurm-healthcheck)")
-    if set_healthy and state_dir is None:
-        raise UsageError("--set-healthy needs --state-dir DIR: the state it clears")
-    return name
-
-
-def _count(value: int | None, option: str) -> int | None:
-    if value is not None and value < 0:
-        raise UsageError(f"{option} must be 0 or more, not {value}")
-    return value
+add_arguments = HealthArgs.add_to
 
 
 def options_from(args: argparse.Namespace,
                  environ: Mapping[str, str] | None = None) -> HealthOptions:
     """The checked options; UsageError (exit 2) for any that cannot be used."""
-    consumer = _consumer(args.consumer, args.set_healthy, args.state_dir)
-    sysfs = Path(args.sysfs) if args.sysfs is not None else sysfs_root(environ or {})
-    if not sysfs.is_dir():
-        raise UsageError(f"--sysfs {sysfs} is not a directory: give where sysfs is mounted")
-    ignore = tuple(p.strip() for item in args.ib_ignore for p in item.split(",") if p.strip())
-    return HealthOptions(
-        budget_s=_positive(args.budget, "--budget", MAX_BUDGET_S),
-        nvml_timeout_s=_positive(args.nvml_timeout, "--nvml-timeout", MAX_NVML_TIMEOUT_S),
-        expect_gpus=_count(args.expect_gpus, "--expect-gpus"),
-        ib=IbOptions(_count(args.expect_ib_ports, "--expect-ib-ports"), ignore),
-        state_dir=checked_state_dir(args.state_dir),
-        kernel_log=checked_kernel_log_path(args.kernel_log, environ),
-        valid_for_s=_positive(args.valid_for, "--valid-for", MAX_VALID_FOR_S), sysfs=sysfs,
-        consumer=consumer, set_healthy=args.set_healthy, environ=dict(environ or {}))
+    return HealthArgs.of(args).health_options(environ or {})
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report:
@@ -134,20 +123,37 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report:
 
 
 def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report:
-    """A run stopped (SIGTERM, a scheduler's timeout) still says until when its word
-    holds, as a finished one does: a Prometheus alert on a stale `valid_until` must
-    fire for it too."""
+    """A stopped run still says until when its word holds (a Prometheus alert on a
+    stale `valid_until` must fire for it too)."""
     import datetime as dt
 
-    try:
-        valid_for = _positive(args.valid_for, "--valid-for", MAX_VALID_FOR_S)
-    except UsageError:
-        valid_for = DEFAULT_VALID_FOR_S
-    until = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=valid_for)
+    until = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=args.valid_for)
     data = {"valid_until": until.isoformat(timespec="seconds"), "unfinished": ["all"]}
     return Report(command="health", sections=[Section("health", "Health check run", data)])
 
 
+def is_unknown(report: Report) -> bool:
+    """A check did not finish, or every one was skipped (a problem found still wins)."""
+    health = report.section("health")
+    unfinished = bool(health is not None and health.data.get("unfinished"))
+    return unfinished or report.verdict() is Status.SKIP
+
+
+def convention_exit_code(report: Report, convention: str, strict: bool = False) -> int:
+    verdict = report.verdict()
+    if convention == "nagios":
+        if verdict is Status.FAIL:
+            return 2
+        if verdict is Status.WARN:
+            return 1
+        return 3 if is_unknown(report) else 0
+    if verdict is Status.FAIL or (strict and verdict is Status.WARN):
+        return 1
+    if convention == "npd" and is_unknown(report):
+        return 2
+    return 0
+
+
 def exit_code(report: Report, args: argparse.Namespace) -> int:
-    """The exit code `--convention` reads right (gpucheck.health.conventions)."""
+    """The exit code `--convention` reads right."""
     return convention_exit_code(report, args.convention, args.strict)

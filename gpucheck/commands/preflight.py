@@ -1,10 +1,6 @@
-"""`gpucheck preflight [options] -- CMD ...`: the gate in the job's own launch.
-
-Under torchrun or srun every rank runs the checks in the job's real world; when they
-pass, every rank's process becomes CMD (exec: same PID, the launcher's environment);
-when they fail, CMD starts on no rank, the report names the node, GPU and rank, and
-the exit status is 1. Alone, it starts its own ranks (every GPU, or 2 CPU ranks), as
-bench does, and runs CMD (if given) in this process after a pass.
+"""`gpucheck preflight [options] -- CMD ...`: the gate in the job's own launch: every
+rank checks, then becomes CMD on a pass (exec: same PID, the launcher's environment),
+or none does and the report names the node (docs/preflight.md).
 """
 
 from __future__ import annotations
@@ -15,11 +11,12 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
-from gpucheck.commands.option_types import seconds
-from gpucheck.context import RunContext
+from gpucheck.commands.options import LaunchOptions, LaunchPlan, opt, plan_launch, seconds
+from gpucheck.context import Console, RunContext
 from gpucheck.errors import UsageError
 from gpucheck.render.text import WIDTH
 from gpucheck.report import Report, Section
@@ -42,21 +39,24 @@ DEFAULTS: dict[str, tuple[str, int, float, float, float, int, int, int]] = {
 }
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_launch_arguments(parser)
-    group = parser.add_argument_group("preflight")
-    group.add_argument("--budget", type=seconds, default=DEFAULT_BUDGET_S,
-                       metavar="SECONDS", help="bound on every check together, start-up "
-                       f"excluded; a check that cannot finish in time is a SKIP (--strict: "
-                       f"a FAIL) (default: {DEFAULT_BUDGET_S:g})")
-    group.add_argument("--exclude-file", metavar="PATH", default=None,
-                       help="write the failing nodes' host names here, one a line (written "
-                       "when empty too), for sbatch --exclude")
-    group.add_argument("--drain", action="store_true",
-                       help="under SLURM, drain a failing node (scontrol update ... "
-                       "State=DRAIN) from its own rank 0; without it the command is printed")
-    parser.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- CMD",
-                        help="the job's command, started on every rank after a pass")
+@dataclass(frozen=True)
+class PreflightArgs(LaunchOptions):
+    budget: float = opt("--budget", default=DEFAULT_BUDGET_S, group="preflight", type=seconds,
+                        metavar="SECONDS", help="bound on every check together, start-up "
+                        "excluded; a check that cannot finish in time is a SKIP (--strict: a "
+                        f"FAIL) (default: {DEFAULT_BUDGET_S:g})")
+    exclude_file: str | None = opt("--exclude-file", group="preflight", metavar="PATH",
+                                   help="write the failing nodes' host names here, one a line "
+                                   "(written when empty too), for sbatch --exclude")
+    drain: bool = opt("--drain", default=False, group="preflight", action="store_true",
+                      help="under SLURM, drain a failing node (scontrol update ... "
+                      "State=DRAIN) from its own rank 0; without it the command is printed")
+    job_command: Sequence[str] | None = opt("job_command", nargs=argparse.REMAINDER,
+                                            metavar="-- CMD", help="the job's command, "
+                                            "started on every rank after a pass")
+
+
+add_arguments = PreflightArgs.add_to
 
 
 def job_command(args: argparse.Namespace) -> list[str]:
@@ -163,18 +163,18 @@ def _decided(args: argparse.Namespace, spec: Any, out: dict[str, Any],
     _write_exclude(args, decision["failing"])
     if not decision["go"] or not command:
         return report
-    _show(report, args, started)
+    _show(report, args, started, ctx.console)
     _exec(command)
     return None
 
 
-def _show(report: Report, args: argparse.Namespace, started: float) -> None:
-    """The passing report, before this process becomes CMD (gpucheck.cli would show it
-    only after `run` returns): every --output written; on stdout, unless --quiet, the
-    verdict, the problems, the seconds spent and where the full report went (one
-    screen before the job's first line), or the whole report in an asked --format."""
-    from gpucheck.commands.baseline_option import baseline_section, read_baseline_option
-    from gpucheck.commands.registry import emit, file_formats, terminal_width, use_color
+def _show(report: Report, args: argparse.Namespace, started: float,
+          console: Console) -> None:
+    """The passing report, before this process becomes CMD (the CLI would show it only
+    after `run` returns): every --output written; on stdout, unless --quiet, a brief
+    (verdict, problems, seconds, where the report went), or the asked --format."""
+    from gpucheck.commands.options import baseline_section, read_baseline_option
+    from gpucheck.commands.registry import emit, file_formats
     from gpucheck.render import format_for
     from gpucheck.render.text import render_brief
 
@@ -184,12 +184,12 @@ def _show(report: Report, args: argparse.Namespace, started: float) -> None:
     outputs = _outputs(args)
     fmt = format_for(args.format, outputs[0] if outputs else None)
     if outputs or args.format not in (None, "text"):
-        emit(report, fmt, outputs, quiet=True, formats=file_formats(args.format, outputs))
+        emit(report, fmt, outputs, True, console, file_formats(args.format, outputs))
     if not args.quiet and (outputs or args.format in (None, "text")):
-        sys.stdout.write(render_brief(report, time.monotonic() - started, outputs,
-                                      use_color(sys.stdout),
-                                      terminal_width(sys.stdout) or WIDTH))
-        sys.stdout.flush()
+        console.stdout.write(render_brief(report, time.monotonic() - started, outputs,
+                                          console.color,
+                                          console.columns(console.stdout) or WIDTH))
+        console.stdout.flush()
 
 
 def _exec(command: list[str]) -> None:
@@ -237,8 +237,8 @@ def _report(decision: dict[str, Any], drained: dict[str, Any] | None) -> Report:
 
 
 def _failed(args: argparse.Namespace, exc: Any, ctx: RunContext) -> Report | None:
-    """A rank crashed or went silent: no-go. The report (rank 0) names it, the exclude
-    file its host; other ranks exit 1 with one line."""
+    """A rank crashed or went silent: no-go; the report names it, the exclude file its
+    host; other ranks exit 1 with one line."""
     from gpucheck.distributed.failures import failed_job_report
     from gpucheck.distributed.world import world_of
     from gpucheck.preflight.actions import failing_hosts, hold_sigterm, speaks_for_failed_job
@@ -261,9 +261,8 @@ def _failed(args: argparse.Namespace, exc: Any, ctx: RunContext) -> Report | Non
 
 
 def _node_fault(failure: Any) -> bool:
-    """Does this rank's end point at its node? Silent (stopped, hung) or never arrived,
-    or killed by a signal other than a stop request. A rank that raised (exit code 1)
-    is software, not the node: its host is not excluded."""
+    """Does this rank's end point at its node: silent, never arrived, or killed by a
+    signal other than a stop request (a rank that raised is software, not the node)?"""
     if failure.cause in ("did not answer", "never checked in"):
         return True
     return failure.signal is not None and failure.signal not in ("SIGTERM", "SIGINT",

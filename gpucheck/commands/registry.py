@@ -14,12 +14,12 @@ import difflib
 import importlib
 import os
 import re
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn
 
+from gpucheck.context import Console
 from gpucheck.errors import UsageError
 from gpucheck.escape import encodable, terminal
 from gpucheck.output import WriteError, write_atomic
@@ -149,23 +149,6 @@ def build_parser(version: str, argv: Sequence[str] | None = None) -> argparse.Ar
 
 # --- the output options honoured: files written, the report shown -----------------
 
-def use_color(stream: TextIO) -> bool:
-    """Colour only on a terminal, and never when NO_COLOR is set (no-color.org)."""
-    return stream.isatty() and "NO_COLOR" not in os.environ
-
-
-def terminal_width(stream: TextIO) -> int | None:
-    """A terminal's own width, so text lines fit it; None off a terminal (the text
-    renderer's fixed default keeps files and pipes stable)."""
-    if not stream.isatty():
-        return None
-    try:
-        columns = os.get_terminal_size(stream.fileno()).columns
-    except (OSError, ValueError):
-        return None
-    return columns or None  # a pty that reports 0 columns does not know its width
-
-
 def outputs_of(args: argparse.Namespace) -> list[str]:
     """Every `-o` file, in order (`-o` may be given more than once)."""
     given = getattr(args, "outputs", None) or []
@@ -192,24 +175,24 @@ def file_formats(requested: str | None, outputs: list[str]) -> dict[str, str]:
 
 
 def emit(report: Report, fmt: str, output: str | list[str] | None, quiet: bool,
-         stream: TextIO | None = None, formats: dict[str, str] | None = None) -> None:
+         console: Console, formats: dict[str, str] | None = None) -> None:
     """Write the report files (if asked) and show the report on `stream`.
 
     `formats`: each file's format (`file_formats`), else `fmt` for all. A failed write
     (a full disk at the end of a long run) still writes the other files and shows the
-    report on `stream` unless `quiet`, then raises WriteError saying where it went."""
-    stream = stream or sys.stdout
-    width = terminal_width(stream)
+    report on stdout unless `quiet`, then raises WriteError saying where it went."""
+    stream, color = console.stdout, console.color
+    width = console.columns(stream)  # None off a terminal: files and pipes stay stable
     outputs = [output] if isinstance(output, str) else list(output or [])
     if not outputs:
-        stream.write(encodable(render(report, fmt, color=fmt == "text" and use_color(stream),
+        stream.write(encodable(render(report, fmt, color=fmt == "text" and color,
                                       width=width if fmt == "text" else None),
                                getattr(stream, "encoding", None)))
         stream.flush()
         return
     failed = write_files(report, {p: (formats or {}).get(p, fmt) for p in outputs})
     if not quiet:
-        stream.write(encodable(render(report, "text", color=use_color(stream), width=width),
+        stream.write(encodable(render(report, "text", color=color, width=width),
                                getattr(stream, "encoding", None)))
         stream.flush()
     if failed:

@@ -7,10 +7,17 @@ import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpucheck.commands.job_report import partial_report as job_partial_report
-from gpucheck.commands.job_report import run_reported
-from gpucheck.commands.launch_options import LaunchPlan, add_launch_arguments, plan_launch
-from gpucheck.commands.option_types import finite_float, positive_float, positive_int
+from gpucheck.commands.options import (
+    LaunchOptions,
+    LaunchPlan,
+    count,
+    fraction,
+    opt,
+    plan_launch,
+    positive_float,
+    run_reported,
+)
+from gpucheck.commands.options import partial_report as job_partial_report
 from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
@@ -47,35 +54,50 @@ DEFAULTS = {"cuda": Defaults(size=8192, duration_s=30.0, warmup_s=0.5, gemm_wind
                             membw_window_s=0.5)}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_launch_arguments(parser)
-    cuda, cpu = DEFAULTS["cuda"], DEFAULTS["cpu"]
-    group = parser.add_argument_group("stress")
-    group.add_argument("--dtypes", default=None, metavar="LIST",
-                       help="GEMM dtypes, comma-separated, the first also burns in: bf16, "
-                       f"fp16, tf32, fp32 (default: {','.join(GPU_DTYPES)} as the GPU "
-                       f"supports them; {','.join(CPU_DTYPES)} on CPU)")
-    group.add_argument("--size", type=positive_int, default=None, metavar="N",
-                       help=f"n of the n x n x n products (default: {cuda.size} on GPU, "
-                       f"{cpu.size} on CPU)")
-    group.add_argument("--duration", type=positive_float, default=None, metavar="SECONDS",
-                       help="length of the burn-in that looks for silent data corruption "
-                       f"(default: {cuda.duration_s:g} on GPU, {cpu.duration_s:g} on CPU)")
-    group.add_argument("--peer-threshold", type=finite_float, default=None,
-                       metavar="FRACTION", help="WARN for a rank below FRACTION x its node's "
-                       f"median (default: {DEFAULT_PEER_FRACTION:g} on GPU, "
-                       f"{DEFAULT_CPU_PEER_FRACTION:g} on CPU)")
-    group.add_argument("--expected-threshold", type=finite_float,
-                       default=DEFAULT_EXPECTED_FRACTION,
-                       metavar="FRACTION", help="WARN below FRACTION x the GPU model's typical "
-                       f"figure (default: {DEFAULT_EXPECTED_FRACTION:g})")
-    group.add_argument("--copy-threshold", type=finite_float, default=DEFAULT_COPY_FRACTION,
-                       metavar="FRACTION", help="WARN for host copies below FRACTION x the "
-                       "PCIe link's rate, and for a peer pair below FRACTION x the median "
-                       f"pair (default: {DEFAULT_COPY_FRACTION:g})")
-    group.add_argument("--no-numa-pin", dest="pin_numa", action="store_false",
-                       help="leave each rank's CPU affinity as the launcher set it (default: "
-                       "pin it to its GPU's NUMA node)")
+CUDA, CPU = DEFAULTS["cuda"], DEFAULTS["cpu"]
+
+
+@dataclass(frozen=True)
+class StressArgs(LaunchOptions):
+    dtypes: str | None = opt("--dtypes", group="stress", metavar="LIST",
+                             help="GEMM dtypes, comma-separated, the first also burns in: "
+                             f"bf16, fp16, tf32, fp32 (default: {','.join(GPU_DTYPES)} as the "
+                             f"GPU supports them; {','.join(CPU_DTYPES)} on CPU)")
+    size: int | None = opt("--size", group="stress", type=count(least=16, most=65536),
+                           metavar="N", help=f"n of the n x n x n products (default: "
+                           f"{CUDA.size} on GPU, {CPU.size} on CPU)")
+    duration: float | None = opt("--duration", group="stress", type=positive_float,
+                                 metavar="SECONDS", help="length of the burn-in that looks for "
+                                 f"silent data corruption (default: {CUDA.duration_s:g} on GPU, "
+                                 f"{CPU.duration_s:g} on CPU)")
+    peer_threshold: float | None = opt("--peer-threshold", group="stress", type=fraction,
+                                       metavar="FRACTION", help="WARN for a rank below "
+                                       "FRACTION x its node's median (default: "
+                                       f"{DEFAULT_PEER_FRACTION:g} on GPU, "
+                                       f"{DEFAULT_CPU_PEER_FRACTION:g} on CPU)")
+    expected_threshold: float = opt("--expected-threshold", default=DEFAULT_EXPECTED_FRACTION,
+                                    group="stress", type=fraction, metavar="FRACTION",
+                                    help="WARN below FRACTION x the GPU model's typical figure "
+                                    f"(default: {DEFAULT_EXPECTED_FRACTION:g})")
+    copy_threshold: float = opt("--copy-threshold", default=DEFAULT_COPY_FRACTION,
+                                group="stress", type=fraction, metavar="FRACTION",
+                                help="WARN for host copies below FRACTION x the PCIe link's "
+                                "rate, and for a peer pair below FRACTION x the median pair "
+                                f"(default: {DEFAULT_COPY_FRACTION:g})")
+    pin_numa: bool = opt("--no-numa-pin", default=True, group="stress", action="store_false",
+                         help="leave each rank's CPU affinity as the launcher set it "
+                         "(default: pin it to its GPU's NUMA node)")
+
+    def verdicts(self, device: str) -> Verdicts:
+        from gpucheck.stress.report import Verdicts
+
+        peer = self.peer_threshold
+        if peer is None:
+            peer = DEFAULT_PEER_FRACTION if device == "cuda" else DEFAULT_CPU_PEER_FRACTION
+        return Verdicts(peer, self.expected_threshold, self.copy_threshold)
+
+
+add_arguments = StressArgs.add_to
 
 
 def _dtypes(args: argparse.Namespace, device: str) -> tuple[str, ...]:
@@ -104,48 +126,26 @@ def _gpu_default_dtypes() -> tuple[str, ...]:
     return GPU_DTYPES if modern else ("fp16", "fp32")
 
 
-def _fraction(flag: str, value: float) -> float:
-    if not 0 < value <= 1:
-        raise UsageError(f"{flag} {value:g}: give a fraction in (0, 1]")
-    return value
-
-
-def _check(args: argparse.Namespace, plan: LaunchPlan) -> StressSpec:
-    """Every option checked before any rank starts; returns the StressSpec."""
+def check(args: argparse.Namespace, ctx: RunContext) -> tuple[LaunchPlan, StressSpec]:
+    """Every option checked before any rank starts (`all` checks them all up front)."""
     from gpucheck.stress.worker import StressSpec
 
+    plan = plan_launch(args, ctx)
+    options = StressArgs.of(args)
     defaults = DEFAULTS[plan.device]
-    duration = defaults.duration_s if args.duration is None else args.duration
-    if not duration > 0:
-        raise UsageError(f"--duration {args.duration:g}: give a positive number of seconds")
-    size = defaults.size if args.size is None else args.size
-    if not 16 <= size <= 65536:
-        raise UsageError(f"--size {size}: give n between 16 and 65536")
-    if args.peer_threshold is None:
-        args.peer_threshold = DEFAULT_PEER_FRACTION if plan.device == "cuda" else \
-            DEFAULT_CPU_PEER_FRACTION
-    for flag, value in (("--peer-threshold", args.peer_threshold),
-                        ("--expected-threshold", args.expected_threshold),
-                        ("--copy-threshold", args.copy_threshold)):
-        _fraction(flag, value)
-    return StressSpec(device=plan.device, backend=plan.backend, timeout_s=plan.timeout_s,
-                      dtypes=_dtypes(args, plan.device), size=size, duration_s=duration,
+    verdicts = options.verdicts(plan.device)
+    return plan, StressSpec(device=plan.device, backend=plan.backend, timeout_s=plan.timeout_s,
+                      dtypes=_dtypes(args, plan.device), size=options.size or defaults.size,
+                      duration_s=options.duration or defaults.duration_s,
                       warmup_s=defaults.warmup_s, gemm_window_s=defaults.gemm_window_s,
-                      membw_window_s=defaults.membw_window_s, pin_numa=args.pin_numa,
-                      fault_watch=args.fault_watch, peer_fraction=args.peer_threshold,
-                      expected_fraction=args.expected_threshold,
-                      copy_fraction=args.copy_threshold)
-
-
-def _verdicts(args: argparse.Namespace) -> Verdicts:
-    from gpucheck.stress.report import Verdicts
-
-    return Verdicts(args.peer_threshold, args.expected_threshold, args.copy_threshold)
+                      membw_window_s=defaults.membw_window_s, pin_numa=options.pin_numa,
+                      fault_watch=options.fault_watch, peer_fraction=verdicts.peer_fraction,
+                      expected_fraction=verdicts.expected_fraction,
+                      copy_fraction=verdicts.copy_fraction)
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
-    plan = plan_launch(args, ctx)
-    spec = _check(args, plan)
+    plan, spec = check(args, ctx)
     from gpucheck.stress.worker import stress_worker
 
     return run_reported("stress", stress_worker, spec, plan, lambda r: _report(args, r),
@@ -156,9 +156,10 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
 def _report(args: argparse.Namespace, result: dict[str, Any]) -> Report:
     from gpucheck.stress.report import stress_sections
 
-    return Report(command="stress", sections=stress_sections(result, _verdicts(args)))
+    verdicts = StressArgs.of(args).verdicts(str(result.get("device")))
+    return Report(command="stress", sections=stress_sections(result, verdicts))
 
 
 def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report | None:
-    """After Ctrl-C or SIGTERM: what was measured so far (gpucheck.cli adds the stop)."""
+    """After Ctrl-C or SIGTERM: what was measured so far."""
     return job_partial_report(lambda partial: _report(args, partial), ctx)

@@ -1,27 +1,23 @@
-"""Assemble `gpucheck health`: state in, checks under the budget, report, state out.
-
-The budget covers the whole command once it has parsed its options: the checks get
-it less a small reserve (`RESERVE_S`) for judging, writing the state and rendering.
-Every check starts at once on its own daemon thread (`budget.run_until`); what did
-not finish by the deadline is a SKIP naming it, and the state it would have updated
-is kept as it was (nothing read, nothing moves).
+"""`gpucheck health`: state in, every check on its own daemon thread under one
+deadline, report, state out. What did not finish by the deadline is a SKIP and its
+state is kept as it was (docs/health.md, "The budget").
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpucheck.errors import UsageError
-from gpucheck.health.budget import Deadline, Outcome, run_until
-from gpucheck.health.faults import carry, new_faults, still_findings
 from gpucheck.health.gpus import GpuProgress, gpus_section, hang_finding, most_seen, read_gpus
-from gpucheck.health.ib import read_ports
-from gpucheck.health.ib_judge import TITLE as IB_TITLE
-from gpucheck.health.ib_judge import IbOptions, judge_ports
+from gpucheck.health.ib import TITLE as IB_TITLE
+from gpucheck.health.ib import IbOptions, judge_ports, read_ports
 from gpucheck.health.state import (
     DEFAULT_CONSUMER,
     SET_ASIDE,
@@ -32,12 +28,90 @@ from gpucheck.health.state import (
     read_boot_id,
     write_state,
 )
-from gpucheck.health.xids import XidPart, cursor_of, xid_section
+from gpucheck.health.xids import XidPart, carry, cursor_of, new_faults, still_findings, xid_section
 from gpucheck.probes.gpu_read import expected_gpus
 from gpucheck.probes.kernel_log import TITLE as XID_TITLE
 from gpucheck.probes.kernel_log import Runner, read_kernel_log, run_command
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S, Nvml
 from gpucheck.report import Finding, Report, Section, Status, fail, skip, warn
+
+# --- the budget: one deadline, each check on a daemon thread ----------------
+
+@dataclass(frozen=True)
+class Outcome:
+    """A check's value, the error that ended it, or neither when it did not finish."""
+
+    value: Any = None
+    error: str | None = None
+    finished: bool = True
+    seconds: float = 0.0
+
+
+class Deadline:
+    """An instant on the monotonic clock, and how long until it."""
+
+    def __init__(self, budget_s: float, start: float | None = None) -> None:
+        self.budget_s = budget_s
+        self.start = time.monotonic() if start is None else start
+        self.at = self.start + budget_s
+
+    def left(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+    def spent(self) -> float:
+        return time.monotonic() - self.start
+
+
+def run_until(checks: Mapping[str, Callable[[], Any]], deadline: Deadline) -> dict[str, Outcome]:
+    """Run every check concurrently; return at the deadline or when all are done (one
+    still running keeps its daemon thread: what it shares is read as a snapshot)."""
+    results: dict[str, Outcome] = {}
+    lock = threading.Lock()
+
+    def target(name: str, check: Callable[[], Any]) -> None:
+        began = time.monotonic()
+        try:
+            outcome = Outcome(check(), None, True, time.monotonic() - began)
+        except Exception as exc:  # a check must never take the command down
+            outcome = Outcome(None, f"{type(exc).__name__}: {exc}", True,
+                              time.monotonic() - began)
+        with lock:
+            results[name] = outcome
+
+    threads = [threading.Thread(target=target, args=item, daemon=True,
+                                name=f"gpucheck-health-{item[0]}") for item in checks.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(deadline.left())
+    with lock:
+        done = dict(results)
+    return {name: done.get(name, Outcome(finished=False, seconds=deadline.spent()))
+            for name in checks}
+
+
+def process_age_s(proc: str = "/proc") -> float | None:
+    """Seconds since this process started (`ps -o etimes= -p $$`): /proc/self/stat's
+    starttime and /proc/uptime; None where unreadable."""
+    try:
+        with open(f"{proc}/self/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        with open(f"{proc}/uptime", encoding="ascii") as uptime:
+            up_s = float(uptime.read().split()[0])
+        ticks = os.sysconf("SC_CLK_TCK")
+        age = up_s - int(fields[19]) / ticks  # field 22 counted from 1, after "pid (comm)"
+    except (OSError, ValueError, IndexError):
+        return None
+    return age if age >= 0 else None
+
+
+def start_of_run(budget_s: float, now: float | None = None) -> float:
+    """When the budget starts: at the process's start when recent (what a scheduler
+    times), else now (an older process calling in, e.g. a test runner)."""
+    now = time.monotonic() if now is None else now
+    age = process_age_s()
+    return now - age if age is not None and age < budget_s / 2 else now
+
 
 DEFAULT_BUDGET_S = 5.0
 DEFAULT_VALID_FOR_S = 600.0
@@ -47,7 +121,7 @@ RESERVE_SHARE = 0.2  # and at most this share of a short budget
 
 @dataclass(frozen=True)
 class HealthOptions:
-    """What `gpucheck health`'s options say; the roots are parameters for fake trees."""
+    """`gpucheck health`'s options; the roots are parameters for fake trees."""
 
     budget_s: float = DEFAULT_BUDGET_S
     nvml_timeout_s: float = DEFAULT_TIMEOUT_S
@@ -65,8 +139,7 @@ class HealthOptions:
 
 
 def _capped(runner: Runner, deadline: Deadline) -> Runner:
-    """The log commands' own timeouts, cut to the budget left: a dmesg still running at
-    the deadline is killed by its timeout, never left behind."""
+    """The log commands' timeouts cut to the budget left (never a dmesg left behind)."""
     return lambda argv, timeout_s: runner(argv, max(0.05, min(timeout_s, deadline.left())))
 
 
@@ -100,8 +173,7 @@ def _gpu_part(outcome: Outcome, progress: GpuProgress, options: HealthOptions,
 
 
 def _start_cursor(state: HealthState, boot_id: str | None) -> tuple[dict[str, Any], bool]:
-    """Where this consumer reads from: its own cursor; a new consumer starts where
-    `--set-healthy` cleared the log (the baseline), else at the boot's first line."""
+    """This consumer's cursor; a new one starts at the `--set-healthy` baseline."""
     if state.kernel_log.get("tail") or state.kernel_log.get("count"):
         return state.kernel_log, state.same_boot(boot_id)
     base = state.baseline
@@ -132,8 +204,8 @@ def _ib_part(outcome: Outcome, state: HealthState, same_boot: bool, options: Hea
 
 
 def port_history(state: HealthState, same_boot: bool) -> dict[str, dict[str, Any]]:
-    """Each port as this check starts from it: this consumer's counters (of this boot
-    only: a reboot reset them), and whether the node (any consumer) ever saw it active."""
+    """Each port: this consumer's counters (this boot's), and whether the node ever saw
+    it active."""
     own = state.ib_ports if same_boot else {}
     return {key: {**own.get(key, {}), "seen_active": bool(
                 state.ib_history.get(key, {}).get("seen_active")
@@ -156,7 +228,7 @@ def _utc(stamp: str) -> dt.datetime:
 
 def _health_section(report: Report, options: HealthOptions, state: HealthState,
                     unfinished: list[str], spent_s: float) -> Section:
-    """How this run went: budget, what did not finish, until when it holds, what cleared."""
+    """Budget, what did not finish, until when it holds, what cleared."""
     valid_until = _utc(report.created_at) + dt.timedelta(seconds=options.valid_for_s)
     last = state.last
     cleared = sorted(set(last.get("problems") or []) - set(problem_keys(report)))
@@ -173,9 +245,8 @@ def _health_section(report: Report, options: HealthOptions, state: HealthState,
 
 
 def _unknown_finding(options: HealthOptions, state: HealthState) -> Finding:
-    """A state that could not be read may have held a fault that never clears by
-    itself (a GPU to replace): until a person has looked, the node is not known to be
-    healthy, and no recipe may resume it. The how comes first: a drain reason is short."""
+    """An unread state may have held a fault that never clears by itself: unknown until
+    a person has looked (the how first: a drain reason is short)."""
     assert options.state_dir is not None  # only a state dir has a state to read
     return fail("health.state", "not known to be healthy until an administrator runs "
                 f"`gpucheck health --set-healthy --state-dir {options.state_dir}` (a state "
@@ -187,9 +258,8 @@ def _unknown_finding(options: HealthOptions, state: HealthState) -> Finding:
 
 def set_healthy(options: HealthOptions, state: HealthState, boot_id: str | None,
                 deadline: Deadline) -> HealthState:
-    """`--set-healthy`: forget every remembered fault, and move every consumer's cursor
-    (and the baseline a new consumer starts from) to the end of the log as it is now,
-    so no line read before is raised again. Returns the state to run on."""
+    """`--set-healthy`: forget every fault, move every consumer's cursor (and the
+    baseline) to the log's end; the state to run on."""
     assert options.state_dir is not None  # the command refuses --set-healthy without one
     log = read_kernel_log(options.kernel_log, _capped(options.runner, deadline))
     now = state
@@ -219,7 +289,6 @@ def set_healthy(options: HealthOptions, state: HealthState, boot_id: str | None,
 
 def _remember(options: HealthOptions, report: Report, new: HealthState,
               added: list[dict[str, Any]], cleared: set[str]) -> None:
-    """Write the state (merged with what other consumers wrote meanwhile)."""
     assert options.state_dir is not None
     data = merged(options.state_dir, options.consumer, new, added, cleared)
     problem = write_state(options.state_dir, data)
@@ -244,8 +313,7 @@ def _faults(report: Report, part: XidPart, state: HealthState,
 
 
 def collect_health_report(options: HealthOptions, start: float | None = None) -> Report:
-    """Every check under one budget, as a Report; with a state dir, the state is
-    read first and written last (atomically)."""
+    """Every check under one budget; the state read first and written last."""
     reserve = min(RESERVE_S, options.budget_s * RESERVE_SHARE)
     deadline = Deadline(options.budget_s - reserve, start)
     state = load_state(options.state_dir, options.consumer)

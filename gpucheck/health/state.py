@@ -1,57 +1,194 @@
-"""What `gpucheck health --state-dir DIR` remembers between runs, so health recovers.
-
-One JSON file, `DIR/health-state.json`. Shared by every consumer of the node:
-- `ib_ports`: each InfiniBand port any check saw active (`gpucheck.health.ib_judge`): a
-  port is the node's, so the prolog and the health check judge it from one history;
-- `gpus`: the most GPUs NVML has shown on this node (`gpucheck.health.gpus`);
-- `faults`: the faults that stay reported until what clears them has happened
-  (`gpucheck.health.faults`: a reboot, or `gpucheck health --set-healthy`);
-- `baseline`: the kernel-log position `--set-healthy` cleared up to, where a consumer
-  seen for the first time starts;
-- `unread`: why a state before this one could not be read, and since when: the node
-  is not known to be healthy until `--set-healthy` clears it.
-Per consumer (`--consumer NAME`: the SLURM HealthCheckProgram, the prolog, the
-Prometheus textfile job each read the log for themselves, so none consumes another's
-Xid lines), under `consumers.NAME`:
-- `boot_id` (/proc/sys/kernel/random/boot_id): a reboot resets what the kernel log
-  and the InfiniBand counters mean, so positions of another boot are not compared;
-- `kernel_log`: where this consumer stopped reading the Xid lines (`gpucheck.health.xids`);
-- `ib_ports`: each port's error counters at this consumer's last check;
-- `last`: the previous run's verdict, its time and its problems.
-
-The state dir is trusted only when it is this user's and no one else may write it
-(else a UsageError): gpucheck runs as root, and a file another user can replace or
-link could make root overwrite another file, block, or fill memory. The file is read
-without following a link, only if it is a regular file of this user, up to
-MAX_STATE_BYTES; written as a temp file renamed into place (a link at the name is
-replaced, never followed). A file that cannot be used (damaged, another user's, a
-newer version) is set aside (`health-state.json.bad`) and a new file, marked `unread`,
-replaces it; it may have held a fault that never clears by itself, so until an
-administrator runs `--set-healthy` (which clears the mark and moves the file to
-`health-state.json.bad.cleared`) the node is not known to be healthy: `health.state`
-FAILs on every run, for every consumer.
+"""What `gpucheck health --state-dir DIR` remembers between runs (`DIR/health-state.json`):
+per consumer its boot id, kernel-log cursor, IB counters and last verdict; shared, the
+ports seen active, the most GPUs seen, the sticky faults, the `--set-healthy` baseline.
+Read only from a directory and file of this user's alone, every field checked; a file
+that cannot be used is set aside and FAILs `health.state` (docs/health.md, "State").
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import stat
-import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpucheck.actions import ACTIONS
+from gpucheck.checks import lookup
 from gpucheck.errors import UsageError
-from gpucheck.health.schema import (
-    MAX_CONSUMERS,
-    MAX_FAULTS,
-    MAX_PORTS,
-    MAX_TEXT,
-    STATE_VERSION,
-    Damaged,
-    checked_state,
-)
 from gpucheck.inputs import InputError, parse_json, read_capped
+from gpucheck.output import others_may_write, write_atomic
+from gpucheck.subject import Subject
+
+STATE_VERSION = 2  # what this module writes; no other version is read
+MAX_CONSUMERS = 32
+MAX_FAULTS = 256
+MAX_PORTS = 1024
+MAX_PROBLEMS = 4096
+MAX_TAIL = 64
+MAX_TEXT = 4096
+CONSUMER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class Damaged(ValueError):
+    """The state file cannot be used; the message says why."""
+
+
+def _need(ok: bool, where: str, what: str) -> None:
+    if not ok:
+        raise Damaged(f"{where} is not {what}")
+
+
+# The readers test isinstance in an `if` (not through _need): the type checker sees it.
+def _dict(value: Any, where: str, most: int = 64) -> dict[str, Any]:
+    if not isinstance(value, dict) or len(value) > most:
+        raise Damaged(f"{where} is not an object (<= {most} keys)")
+    return value
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str) or len(value) > MAX_TEXT:
+        raise Damaged(f"{where} is not a short string")
+    return value
+
+
+def _text(value: Any, where: str) -> str | None:
+    return None if value is None else _str(value, where)
+
+
+def _int(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise Damaged(f"{where} is not a whole number")
+    return value
+
+
+def _texts(value: Any, where: str, most: int) -> list[str]:
+    _need(isinstance(value, list) and len(value) <= most, where, f"a list (<= {most} items)")
+    return [_str(v, f"{where}[]") for v in value]
+
+
+def cursor(value: Any, where: str) -> dict[str, Any]:
+    """`kernel_log`: {count, chain, tail, source}."""
+    raw = _dict(value if value is not None else {}, where)
+    out: dict[str, Any] = {"source": _text(raw.get("source"), f"{where}.source")}
+    out["tail"] = _texts(raw.get("tail", []), f"{where}.tail", MAX_TAIL)
+    out["count"] = _int(raw.get("count"), f"{where}.count")
+    out["chain"] = _text(raw.get("chain"), f"{where}.chain")
+    return out
+
+
+def _port(value: Any, where: str) -> dict[str, Any]:
+    raw = _dict(value, where)
+    _need(isinstance(raw.get("seen_active", False), bool), f"{where}.seen_active", "true/false")
+    counters = _dict(raw.get("counters", {}), f"{where}.counters")
+    for name, count in counters.items():
+        _int(count, f"{where}.counters.{name}")
+    _text(raw.get("at"), f"{where}.at")
+    return raw
+
+
+def _last(value: Any, where: str) -> dict[str, Any]:
+    raw = _dict(value if value is not None else {}, where)
+    _text(raw.get("verdict"), f"{where}.verdict")
+    _text(raw.get("at"), f"{where}.at")
+    _texts(raw.get("problems", []), f"{where}.problems", MAX_PROBLEMS)
+    return raw
+
+
+def consumer_part(value: Any, where: str) -> dict[str, Any]:
+    raw = _dict(value, where)
+    ports = _dict(raw.get("ib_ports") or {}, f"{where}.ib_ports", MAX_PORTS)
+    return {"boot_id": _text(raw.get("boot_id"), f"{where}.boot_id"),
+            "kernel_log": cursor(raw.get("kernel_log"), f"{where}.kernel_log"),
+            "ib_ports": {_str(k, f"{where}.ib_ports key"): _port(v, f"{where}.ib_ports")
+                         for k, v in ports.items()},
+            "last": _last(raw.get("last"), f"{where}.last")}
+
+
+def fault(value: Any, where: str) -> dict[str, Any]:
+    """One fault still reported: every field a short string."""
+    raw = _dict(value, where)
+    for key in ("key", "check", "status", "action", "message", "since"):
+        _str(raw.get(key), f"{where}.{key}")
+    for key in ("subject", "hint", "boot_id"):
+        _text(raw.get(key), f"{where}.{key}")
+    if raw.get("subject_fields") is not None:
+        raw["subject_fields"] = _subject(raw["subject_fields"], f"{where}.subject_fields")
+    _need(raw["status"] in ("WARN", "FAIL"), f"{where}.status", "WARN or FAIL")
+    _need(raw["action"] in ACTIONS, f"{where}.action", "a gpucheck action")
+    _need(_declared(raw["check"]), f"{where}.check", "a check id this gpucheck declares")
+    return raw
+
+
+def _subject(value: Any, where: str) -> dict[str, Any]:
+    """A subject as `Subject.to_dict` wrote it, read back whole by `Subject.from_dict`."""
+    raw = _dict(value, where, most=16)
+    for key, item in raw.items():
+        _need(not isinstance(item, str) or len(item) <= MAX_TEXT, f"{where}.{key}",
+              "a short string")
+    try:
+        Subject.from_dict(raw)
+    except (TypeError, ValueError) as exc:
+        raise Damaged(f"{where} is not a subject ({str(exc)[:80]})") from None
+    return raw
+
+
+def _declared(check: str) -> bool:
+    """A fault is raised again as a finding: its check id must be declared."""
+    try:
+        lookup(check)
+    except KeyError:
+        return False
+    return True
+
+
+def checked_state(raw: Any) -> dict[str, Any]:
+    """The file's data, every field checked; Damaged otherwise (another version too)."""
+    top = _dict(raw, "the file")
+    version = top.get("version")
+    _need(type(version) is int and version == STATE_VERSION, f"its version ({version!r:.20})",
+          f"the one this gpucheck writes ({STATE_VERSION})")
+    gpus = _dict(top.get("gpus") or {}, "gpus")
+    out: dict[str, Any] = {"gpus": {"most_seen": _int(gpus.get("most_seen"), "gpus.most_seen")}}
+    consumers = _dict(top.get("consumers") or {}, "consumers", MAX_CONSUMERS)
+    faults = top.get("faults") or []
+    _need(isinstance(faults, list) and len(faults) <= MAX_FAULTS, "faults", "a short list")
+    baseline = _dict(top.get("baseline") or {}, "baseline")
+    out["faults"] = [fault(f, "faults[]") for f in faults]
+    out["baseline"] = ({"boot_id": _text(baseline.get("boot_id"), "baseline.boot_id"),
+                        "kernel_log": cursor(baseline.get("kernel_log"), "baseline.kernel_log")}
+                       if baseline else {})
+    out["consumers"] = {}
+    for name, part in consumers.items():
+        _need(isinstance(name, str) and CONSUMER.fullmatch(name) is not None,
+              "a consumer's name", "a short name")
+        out["consumers"][name] = consumer_part(part, f"consumers.{name}")
+    out["ib_ports"] = ib_history(top.get("ib_ports"), out["consumers"].values())
+    unread = _dict(top.get("unread") or {}, "unread")
+    out["unread"] = {"why": _str(unread.get("why"), "unread.why"),
+                     "since": _str(unread.get("since"), "unread.since")} if unread else {}
+    return out
+
+
+def ib_history(value: Any, consumers: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`ib_ports`, the node's: each port any consumer saw active (older files kept it
+    per consumer: read the same way)."""
+    raw = _dict(value or {}, "ib_ports", MAX_PORTS)
+    seen = {_str(k, "ib_ports key"): _port(v, f"ib_ports.{k:.40}") for k, v in raw.items()}
+    for part in consumers:
+        for key, port in part["ib_ports"].items():
+            seen.setdefault(key, {"seen_active": False})
+            seen[key] = {"seen_active": bool(seen[key].get("seen_active") or
+                                             port.get("seen_active"))}
+    return {k: {"seen_active": True} for k, v in seen.items() if v.get("seen_active")}
+
+
+# --- the file: read, merged, written ------------------------------------------
 
 STATE_FILE = "health-state.json"
 SET_ASIDE = STATE_FILE + ".bad"
@@ -62,7 +199,7 @@ DEFAULT_CONSUMER = "default"
 
 
 def read_boot_id(proc: Path = Path("/proc")) -> str | None:
-    """This boot's id (`cat /proc/sys/kernel/random/boot_id`); None where unreadable."""
+    """`cat /proc/sys/kernel/random/boot_id`; None where unreadable."""
     try:
         return (proc / BOOT_ID).read_text().strip()[:64] or None
     except (OSError, UnicodeDecodeError):
@@ -71,8 +208,7 @@ def read_boot_id(proc: Path = Path("/proc")) -> str | None:
 
 @dataclass
 class HealthState:
-    """One consumer's view of the state: its own part, the shared part, and `unknown`
-    saying why a stored file could not be read."""
+    """One consumer's view: its own part, the shared part, and why a file was unread."""
 
     boot_id: str | None = None
     kernel_log: dict[str, Any] = field(default_factory=dict)
@@ -86,7 +222,7 @@ class HealthState:
     cleared: list[str] = field(default_factory=list)  # faults this run saw cleared
 
     def same_boot(self, boot_id: str | None) -> bool:
-        """True when the stored positions belong to this boot (unknown ids never match)."""
+        """The stored positions are this boot's (unknown ids never match)."""
         return boot_id is not None and self.boot_id == boot_id
 
     def own(self) -> dict[str, Any]:
@@ -104,8 +240,7 @@ def _trust_problem(info: os.stat_result, what: str) -> str | None:
 
 
 def checked_state_dir(path: str | None) -> Path | None:
-    """`--state-dir DIR`, created (0755) when missing; a UsageError (exit 2) when it cannot
-    be, or when it is not this user's alone to write."""
+    """`--state-dir DIR`, made (0755) when missing; UsageError unless this user's alone."""
     if path is None:
         return None
     directory = Path(path)
@@ -134,9 +269,7 @@ def checked_state_dir(path: str | None) -> Path | None:
 
 
 def _parents_problem(directory: Path) -> str | None:
-    """Why a directory above the state dir lets another user replace it (theirs, or
-    writable by others and not sticky), or None. Those not made yet are made by this
-    user (0755)."""
+    """Why a directory above the state dir lets another user replace it, or None."""
     for parent in Path(os.path.realpath(directory)).parents:
         try:
             info = os.stat(parent)
@@ -144,16 +277,15 @@ def _parents_problem(directory: Path) -> str | None:
             continue
         except OSError as exc:
             return f"{parent} cannot be looked at ({exc.strerror})"
-        if info.st_uid not in (0, os.geteuid()):
-            return f"{parent} belongs to uid {info.st_uid}"
-        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
-            return f"{parent} may be written by other users (mode {stat.S_IMODE(info.st_mode):o})"
+        why = others_may_write(info)
+        if why is not None:
+            return f"{parent} {why}"
     return None
 
 
 def _refuse_others_link(directory: Path, path: str) -> None:
-    """A state dir given as a symbolic link that another user made (in /tmp, say) is
-    refused: it would point root's writes at any directory root owns."""
+    """Refuse a state dir that is another user's symbolic link (root's writes would
+    follow it)."""
     try:
         info = os.lstat(directory)
     except OSError:
@@ -164,8 +296,7 @@ def _refuse_others_link(directory: Path, path: str) -> None:
 
 
 def read_raw(directory: Path) -> dict[str, Any] | None:
-    """The stored state as checked data; None when there is none. Damaged when it
-    cannot be used (a link, a FIFO, too big, another user's, not what gpucheck wrote)."""
+    """The stored state, checked; None when there is none; Damaged when unusable."""
     path = directory / STATE_FILE
     try:
         info = os.lstat(path)
@@ -191,10 +322,8 @@ def read_raw(directory: Path) -> dict[str, Any] | None:
 
 
 def load_state(directory: Path | None, consumer: str = DEFAULT_CONSUMER) -> HealthState:
-    """`consumer`'s view of the stored state; an empty one on a first run or without a
-    state dir. `unknown` says why the node is not known to be healthy: this file could
-    not be read (it is set aside), or one before it could not and no administrator has
-    cleared it yet (the file's `unread`)."""
+    """`consumer`'s view of the stored state (empty on a first run); `unknown` says why
+    the node is not known to be healthy (a file set aside, now or before)."""
     if directory is None:
         return HealthState()
     try:
@@ -224,7 +353,7 @@ def _exists(path: Path) -> bool:
 
 
 def _set_aside(directory: Path) -> str:
-    """Rename the unusable file (a link is renamed, not followed) so a person can look."""
+    """Rename the unusable file (a link is not followed) so a person can look."""
     try:
         os.replace(directory / STATE_FILE, directory / SET_ASIDE)
     except OSError as exc:
@@ -233,9 +362,7 @@ def _set_aside(directory: Path) -> str:
 
 
 def clear_set_aside(directory: Path) -> str | None:
-    """`--set-healthy`: an administrator looked at the set-aside file; keep it as
-    CLEARED (the last one cleared) so it no longer holds the node. The reason when it
-    could not be moved, else None."""
+    """`--set-healthy`: the set-aside file becomes CLEARED; why not, when it cannot."""
     if not _exists(directory / SET_ASIDE):
         return None
     try:
@@ -247,10 +374,9 @@ def clear_set_aside(directory: Path) -> str | None:
 
 def merged(directory: Path, consumer: str, new: HealthState, added: list[dict[str, Any]],
            cleared: set[str]) -> dict[str, Any]:
-    """The file to write: this consumer's part, every other consumer's part and the
-    faults as the file holds them now (read again just before writing, so that a run
-    beside this one, or a `--set-healthy`, is kept: at worst a duplicate, never a
-    loss), less the faults this run saw cleared, plus those it added."""
+    """The file to write: this consumer's part, the others' and the faults as the file
+    holds them now (read again: a run beside this one is kept), less the faults this
+    run saw cleared, plus those it added."""
     try:
         now = read_raw(directory)
     except Damaged:
@@ -273,36 +399,17 @@ def merged(directory: Path, consumer: str, new: HealthState, added: list[dict[st
 
 
 def _kept(consumers: dict[str, Any], name: str, own: dict[str, Any]) -> dict[str, Any]:
-    """Every consumer's part with this one's replaced; beyond MAX_CONSUMERS, those that
-    ran longest ago are dropped (a file the reader would refuse helps no one)."""
+    """Every consumer's part with this one's; beyond MAX_CONSUMERS the oldest go."""
     others = sorted(((k, v) for k, v in consumers.items() if k != name),
                     key=lambda item: str(item[1].get("last", {}).get("at") or ""))
     return {**dict(others[max(0, len(others) - MAX_CONSUMERS + 1):]), name: own}
 
 
 def write_state(directory: Path, data: dict[str, Any]) -> str | None:
-    """Write `data` as the state file: a temp file in the dir (O_EXCL, never a link),
-    fsync, rename over the name (a link there is replaced, not followed). The reason
-    when it could not be written, else None."""
-    import json
-
-    path = directory / STATE_FILE
+    """Write `data` as the state file (atomically, never through a link); why not."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", suffix=".tmp", dir=directory)
-    except OSError as exc:
-        return f"cannot write {path}: {exc.strerror}"
-    replaced = False
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
-            handle.write(json.dumps(data, indent=1) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        replaced = True
-    except OSError as exc:
-        return f"cannot write {path}: {exc.strerror or exc}"
-    finally:  # a failure, or a stop signal (SIGTERM raises) mid-write: no temp file left
-        if not replaced:
-            Path(tmp).unlink(missing_ok=True)
+        write_atomic(str(directory / STATE_FILE), json.dumps(data, indent=1) + "\n",
+                     option="--state-dir")
+    except UsageError as exc:
+        return str(exc)
     return None

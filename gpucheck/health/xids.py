@@ -1,39 +1,28 @@
-"""Xid lines since the last check: the kernel log read by `gpucheck.probes.kernel_log`,
-judged by `xid_table.judge_xid`, less what an earlier check already reported.
+"""Xid lines since the last check, and the faults that stay reported until cleared.
 
-Without a state dir every Xid of this boot is raised (as `gpucheck env` does); with
-one, each consumer's cursor says where it stopped reading: how many Xid lines it had
-read, a hash chained over all of them, and the fingerprints of the last TAIL_LINES.
-Only the lines after the cursor are raised. (A fault that needs a reset or a reboot
-stays reported after that by `gpucheck.health.faults`, not by raising its line again.)
-- the log grew: its first `count` lines still hash to `chain`: the rest are new, so two
-  identical lines after a first one (stamped to the second, or unstamped) are two new
-  events, never taken for the one already read;
-- the kernel ring buffer wrapped, or kern.log was rotated (the chain no longer holds):
-  logs lose their oldest lines first, so the remembered tail is found at the earliest
-  place it fits, and what follows is new (when lines are so alike that two places fit,
-  the earliest raises a line twice rather than lose one); a tail not found at all was
-  rotated away: every line is new;
-- a reboot (another boot id): the log is another boot's, every line in it is new.
-A line is its fingerprint: GPU, XID, timestamp and the driver's words.
+Each consumer's cursor (count, chain hash, tail fingerprints) says where it stopped
+reading; a fault needing a reset or a reboot is remembered in the state dir until a
+reboot or `--set-healthy` clears it. docs/health.md ("State") has the rules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpucheck.checks.check import table_cause
 from gpucheck.probes.gpu_record import GpuRecord
 from gpucheck.probes.kernel_log import KernelLog, XidEvent
 from gpucheck.probes.xid_section import XidFault, kernel_log_part
-from gpucheck.report import Section
+from gpucheck.report import Finding, Section, Status
+from gpucheck.subject import Kind, Subject, text
 
 TAIL_LINES = 32
 
 
 def fingerprint(event: XidEvent) -> str:
-    import hashlib  # only when there are Xid lines: loading OpenSSL costs every run ~10 ms
+    import hashlib  # only when there are Xid lines: loading OpenSSL costs ~10 ms
 
     text = "|".join(str(v) for v in (event.bus_id, event.xid, event.time, event.detail,
                                      event.off_bus_line, event.instance))
@@ -56,8 +45,8 @@ class XidCut:
 
 
 def _tail_end(prints: Sequence[str], tail: Sequence[str]) -> int:
-    """Where the remembered tail ends in a log that lost its oldest lines: the earliest
-    end it fits (the log's first lines may be the tail's last ones), 0 where none."""
+    """Where the remembered tail ends in a log that lost its oldest lines (the earliest
+    fit), 0 where none."""
     for end in range(1, len(prints) + 1):
         size = min(end, len(tail))
         if list(prints[end - size:end]) == list(tail[len(tail) - size:]):
@@ -66,7 +55,7 @@ def _tail_end(prints: Sequence[str], tail: Sequence[str]) -> int:
 
 
 def start_of_new(prints: Sequence[str], cursor: dict[str, Any]) -> int:
-    """How many of the log's Xid lines the cursor had read (see the module doc)."""
+    """How many of the log's Xid lines the cursor had read."""
     count, chain, tail = cursor.get("count"), cursor.get("chain"), cursor.get("tail") or []
     if isinstance(count, int) and 0 < count <= len(prints) and chain == _chain(prints[:count]):
         return count
@@ -81,7 +70,6 @@ def cursor_of(log: KernelLog) -> dict[str, Any]:
 
 
 def cut_reported(log: KernelLog, cursor: dict[str, Any], same_boot: bool) -> XidCut:
-    """Split the log's events where this consumer stopped reading (see above)."""
     events = list(log.events)
     prints = [fingerprint(e) for e in events]
     start = start_of_new(prints, cursor) if same_boot else 0
@@ -90,8 +78,7 @@ def cut_reported(log: KernelLog, cursor: dict[str, Any], same_boot: bool) -> Xid
 
 @dataclass(frozen=True)
 class XidPart:
-    """The kernel-log section of the new lines, its GPU faults (each with its bus id
-    and XID, for `gpucheck.health.faults`), and the cursor to remember."""
+    """The kernel-log section of the new lines, their GPU faults, the cursor to keep."""
 
     section: Section
     cursor: dict[str, Any]
@@ -110,3 +97,79 @@ def xid_section(log: KernelLog | None, cursor: dict[str, Any], same_boot: bool,
                                       reported_before=cut.reported_before)
     section.data.update(xid_lines_new=len(cut.new), xid_lines_reported_before=cut.reported_before)
     return XidPart(section, cut.cursor, tuple(faults))
+
+
+# --- faults that stay reported (a reboot or --set-healthy clears them) -------
+
+STICKY_ACTIONS = ("reset-gpu", "drain-node", "replace-hardware")
+CLEARED_BY_REBOOT = ("reset-gpu", "drain-node")
+XID_CHECK = "kernel_log.xid"
+
+
+def fault_key(bus_id: str, xid: int) -> str:
+    """A fault's identity: check, bus id, XID (not the GPU's label, which NVML may not
+    give next run)."""
+    return f"{XID_CHECK}|{bus_id}|{xid}"
+
+
+def new_faults(faults: Iterable[XidFault], boot_id: str | None,
+               now: str) -> list[dict[str, Any]]:
+    """The sticky faults among this run's new Xid findings, as state records."""
+    found = []
+    for fault in faults:
+        finding, subject = fault.finding, fault.finding.subject
+        if finding.check != XID_CHECK or finding.action not in STICKY_ACTIONS:
+            continue
+        found.append({"key": fault_key(fault.bus_id, fault.xid), "check": finding.check,
+                      "status": finding.status.value, "action": finding.action,
+                      "subject": finding.subject.label if finding.subject else None,
+                      "subject_fields": subject.to_dict() if subject is not None
+                      and subject.kind is not Kind.TEXT else None,
+                      "message": finding.message[:1000],
+                      "hint": (finding.hint or "")[:1000], "boot_id": boot_id, "since": now})
+    return found
+
+
+def _subject(fault: dict[str, Any]) -> Subject | None:
+    """The remembered subject: its fields, else its words (an older file)."""
+    fields, words = fault.get("subject_fields"), fault.get("subject")
+    if fields is not None:
+        return Subject.from_dict(fields)
+    return text(words) if words else None
+
+
+@dataclass(frozen=True)
+class Carried:
+
+    still: list[dict[str, Any]]
+    cleared: list[dict[str, Any]]
+
+
+def carry(faults: Iterable[dict[str, Any]], boot_id: str | None) -> Carried:
+    """Split the remembered faults: a reboot clears those a reset clears."""
+    still: list[dict[str, Any]] = []
+    cleared: list[dict[str, Any]] = []
+    for fault in faults:
+        rebooted = boot_id is not None and fault.get("boot_id") not in (None, boot_id)
+        (cleared if rebooted and fault["action"] in CLEARED_BY_REBOOT else still).append(fault)
+    return Carried(still, cleared)
+
+
+def _until(action: str) -> str:
+    if action in CLEARED_BY_REBOOT:
+        return "until a reboot, or `gpucheck health --set-healthy` after a GPU reset"
+    return "until the part is replaced and `gpucheck health --set-healthy` is run"
+
+
+def still_findings(still: Iterable[dict[str, Any]], raised: set[str]) -> list[Finding]:
+    """A finding for each remembered fault not raised again by a new line this run."""
+    findings = []
+    for fault in still:
+        if fault["key"] in raised:
+            continue
+        message = (f"{fault['message']} (first reported {fault['since']}; reported "
+                   f"{_until(fault['action'])})")
+        findings.append(Finding(fault["check"], Status(fault["status"]), message,
+                                fault.get("hint") or None, _subject(fault),
+                                cause=table_cause(fault["action"])))
+    return findings
