@@ -1,11 +1,5 @@
-"""How each GPU is judged: the `nvidia-smi -q` facts of a `GpuRecord` -> findings.
-
-One function per check id, each a pure function of the record (read by
-`gpu_read`): busy, PCIe width, ECC, memory retirement, clock-event reasons,
-persistence and MIG mode, the NVSwitch fabric (registration and health), and the
-recovery action NVML itself asks for. Their actions are in gpucheck/actions.py;
-docs/env.md explains each rule and its source.
-"""
+"""How each GPU is judged: a `GpuRecord`'s `nvidia-smi -q` facts -> findings, one pure
+function per check id; docs/env.md gives each rule and its source."""
 
 from __future__ import annotations
 
@@ -24,7 +18,7 @@ FABRIC_HINT = ("start the fabric manager: systemctl start nvidia-fabricmanager (
 
 
 def package_version(name: str) -> str | None:
-    """An installed package's version (`pip show NAME`), None when not installed."""
+    """`pip show NAME`'s version, None when not installed."""
     from importlib.metadata import PackageNotFoundError, version  # slow: only when asked
 
     try:
@@ -148,9 +142,8 @@ def _banks(gpu: GpuRecord) -> str:
 
 
 def clock_finding(gpu: GpuRecord) -> Finding:
-    """`nvidia-smi -q -d PERFORMANCE`: a thermal or power-brake slowdown held through the
-    second look (gpucheck/probes/clock_window.py) is a WARN; one seen in one sample only
-    is not judged, and a brief one is noted in the OK line."""
+    """`nvidia-smi -q -d PERFORMANCE`: a slowdown held through the second look is a WARN;
+    one seen in one sample only is not judged, a brief one is noted in the OK."""
     reasons, check = gpu.clock_event_reasons, "gpu.clocks.event_reasons"
     if reasons is None:
         return skip(check, "clock event reasons: n/a", gpu.subject)
@@ -237,10 +230,7 @@ def fabric_finding(gpu: GpuRecord) -> Finding | None:
     return ok(check, "NVSwitch fabric registration completed", gpu.subject)
 
 
-# NVML's recovery action -> (WARN or FAIL, what it means, what to do). The words are
-# NVIDIA's ("Error Recovery and Response Flags", GPU Memory Error Management guide;
-# nvmlDeviceGpuRecoveryAction_t in the NVML API reference). The action (reset-gpu,
-# drain-node) is gpucheck/actions.py's, matched on the NVML name in the message.
+# NVML's recovery action -> (FAIL?, what it means, what to do), in NVIDIA's words.
 RECOVERY_VERDICTS: dict[str, tuple[bool, str, str]] = {
     "gpu_reset": (True, "the GPU hit a fault that only a GPU reset clears",
                   "stop every process on it, then reset it: nvidia-smi -r -i {index}"),
@@ -264,7 +254,6 @@ RECOVERY_VERDICTS: dict[str, tuple[bool, str, str]] = {
 
 
 def _recovery_na_words(why: str | None) -> str:
-    """Which side is too old to report the recovery action: the package or the driver."""
     if why == "nvidia-ml-py":
         return (f"recovery action: n/a (the installed nvidia-ml-py "
                 f"{package_version('nvidia-ml-py') or ''} lacks "
@@ -276,12 +265,8 @@ def _recovery_na_words(why: str | None) -> str:
 
 
 def recovery_action_finding(gpu: GpuRecord) -> Finding:
-    """`gpu.recovery_action`: the action NVML asks for (XID 154 announces a change).
-
-    NONE is OK; any other is a WARN/FAIL naming NVML's constant; a value this table
-    does not know is a WARN to look up, never OK; not reported (drivers before R565,
-    or a GPU without it) is a SKIP that says so.
-    """
+    """The action NVML asks for: NONE is OK, a known one WARN/FAIL naming NVML's
+    constant, an unknown one a WARN, none reported a SKIP."""
     check, action = "gpu.recovery_action", gpu.recovery_action
     if action is None:
         return skip(check, _recovery_na_words(gpu.recovery_action_na), gpu.subject)
@@ -306,7 +291,6 @@ _FABRIC_LOOK = ("nvidia-smi -q | grep -A12 Fabric; nvidia-smi nvlink -s; the fab
 
 
 def _fabric_problems(health: Mapping[str, str], gpu: GpuRecord) -> list[Finding]:
-    """One finding per health-mask field that reports a problem."""
     s, found = gpu.subject, []
     if health.get("degraded_bandwidth") == "true":
         found.append(warn("gpu.fabric.degraded_bandwidth", "NVSwitch fabric bandwidth is "
@@ -335,12 +319,8 @@ def _fabric_problems(health: Mapping[str, str], gpu: GpuRecord) -> list[Finding]
 
 
 def fabric_health_findings(gpu: GpuRecord) -> list[Finding]:
-    """NVSwitch systems: the fabric's own health (mask fields, and the v3 summary).
-
-    Judged only once registration completed (before that `gpu.fabric` FAILs and the
-    mask means nothing). A field is judged only when it reports a problem; the
-    summary adds a finding only when no field explains it.
-    """
+    """The fabric's own health once registered: each field that reports a problem, the
+    summary only when no field explains it."""
     if gpu.fabric_state != "completed" or gpu.fabric_status != "success":
         return []
     health, summary = decode_health(gpu.fabric_health_mask), gpu.fabric_health_summary
@@ -371,10 +351,8 @@ def gpu_findings(gpu: GpuRecord) -> list[Finding]:
 
 
 def numa_findings(gpus: Sequence[GpuRecord], nodes: Mapping[int, str]) -> list[Finding]:
-    """`gpu.numa`: an OK per NUMA node naming its GPUs and CPUs (`nvidia-smi topo -m`), on
-    machines with more than one node (`nodes`: node -> its cpulist). Never a WARN: where a
-    GPU sits is the board's design; what costs is a rank running on another node's CPUs,
-    which bench, comm and stress judge (`ranks.numa`)."""
+    """An OK per NUMA node naming its GPUs and CPUs, where there are several nodes; never a
+    WARN (where a GPU sits is the board's design; `ranks.numa` judges placement)."""
     if len(nodes) < 2:
         return []  # one node, or no NUMA information: nothing to say
     by_node: dict[int, list[int]] = {}
@@ -389,11 +367,8 @@ def numa_findings(gpus: Sequence[GpuRecord], nodes: Mapping[int, str]) -> list[F
 
 def count_finding(seen: int | None, expected: ExpectedGpus, most_seen: int | None = None
                   ) -> Finding:
-    """`gpu.count`: the GPUs NVML sees (None: NVML could not be read) against those this
-    process should be able to use (`gpu_read.expected_gpus`: --expect-gpus, SLURM's
-    GRES, the container's, the PCI bus), and against the most an earlier health check
-    saw here (its state dir). Fewer is a FAIL whoever says so: a GPU fell off the bus,
-    or the driver did not load, and a node that falls back to CPU is no GPU node."""
+    """The GPUs NVML sees (None: not read) against those expected and the most an earlier
+    health check saw here: fewer is a FAIL whoever says so."""
     have = seen or 0
     said = f"{expected.count} expected ({expected.source})"
     if have < expected.count:
@@ -414,11 +389,8 @@ def count_finding(seen: int | None, expected: ExpectedGpus, most_seen: int | Non
 
 
 def cpu_ranks_finding(expected: ExpectedGpus, asked: bool = False) -> Finding | None:
-    """CPU ranks are for trying gpucheck on a laptop: where GPUs are expected, ranks
-    that fell back to CPU mean none was usable (the driver did not load, CUDA sees
-    none): `gpu.count` FAIL, never a pass that returns a GPU node to service. Asked for
-    (--device cpu), they are what the person wanted: a SKIP saying the GPUs were not
-    checked. None where no GPU is expected."""
+    """`gpu.count` for CPU ranks where GPUs are expected: FAIL when they fell back to CPU,
+    a SKIP when --device cpu asked for them; None where no GPU is expected."""
     if not expected.count:
         return None
     if asked:

@@ -1,10 +1,6 @@
-"""Driver and per-GPU facts through NVML (the `nvidia-smi -q` view): reading only.
-
-Every call goes through `Nvml` (one doorway). A field the GPU does not support is
-None (shown as n/a); a GPU that fails mid-query (lost, needs reset) keeps its error
-in its record, so the others are still reported. What the facts mean is
-`gpu_judge`'s part.
-"""
+"""Reading NVML into records: the driver, each GPU's `nvidia-smi -q` view, its NVSwitch
+fabric, and the GPUs this process should have (no judging here). A field the GPU lacks
+is None (n/a); a GPU that fails mid-query keeps its error in its record."""
 
 from __future__ import annotations
 
@@ -24,14 +20,13 @@ from gpucheck.probes.gpu_record import (
     DriverInfo,
     GpuRecord,
 )
-from gpucheck.probes.nvml import Nvml, NvmlFailure
+from gpucheck.probes.nvml import Nvml, NvmlFailure, decode
 
 K = TypeVar("K")  # read_fields' names for the fields it reads
 
 
 class NvmlDoor(Protocol):
-    """What a reader needs of the doorway: `Nvml`, or `Nvml` with its calls metered (the
-    fault watcher's)."""
+    """`Nvml`, or `Nvml` with its calls metered (the fault watcher's)."""
 
     @property
     def module(self) -> Any: ...
@@ -39,17 +34,17 @@ class NvmlDoor(Protocol):
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any: ...
 
     def get(self, name: str, *args: Any, default: Any = None, **kwargs: Any) -> Any: ...
+
+
 NVIDIA_PCI_VENDOR = "0x10de"
 PCI_DISPLAY_CLASSES = ("0x0300", "0x0302")
 # NVML_GPU_RECOVERY_ACTION_* (pynvml; nvmlDeviceGpuRecoveryAction_t) -> our words.
 RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
                     4: "drain_and_reset", 5: "recover_imex_domain", 6: "bus_reset",
                     7: "system_reboot"}
-# nvmlDeviceGetFieldValues' scopeId for a value summed over all NVLinks (NVLink5, as DCGM
-# reads them: "NVLink5+ requires scopeId = UINT_MAX", DcgmCacheManager.cpp).
+# nvmlDeviceGetFieldValues' scopeId for a value summed over all NVLinks (NVLink5, as DCGM).
 ALL_LINKS = 0xFFFFFFFF
-# Bank remapper (nvmlEccBankRemapperStatus_v1_t as field values): active and inactive
-# remappings, and whether one is pending (it takes effect at the next reset).
+# Bank remapper (nvmlEccBankRemapperStatus_v1_t as field values).
 BANK_FIELDS: dict[str, tuple[str, int]] = {
     "bank_remaps_active": ("NVML_FI_DEV_ACTIVE_BANK_REMAPPINGS", 0),
     "bank_remaps_inactive": ("NVML_FI_DEV_INACTIVE_BANK_REMAPPINGS", 0),
@@ -67,14 +62,13 @@ NODE_GPUS_VARS = ("SLURM_GPUS_ON_NODE",)  # SLURM's GRES: the GPUs this job has 
 
 @dataclass(frozen=True)
 class ExpectedGpus:
-    """How many GPUs this process should be able to use, and who says so."""
 
     count: int
     source: str
 
     @property
     def stated(self) -> bool:
-        """Given by a person (--expect-gpus): more than that is worth a word too."""
+        """Given by a person: more than that is worth a word too."""
         return self.source in ("--expect-gpus", EXPECT_VAR)
 
 
@@ -84,11 +78,8 @@ def sysfs_root(environ: Mapping[str, str]) -> Path:
 
 def expected_gpus(environ: Mapping[str, str], sysfs: Path, option: int | None = None
                   ) -> ExpectedGpus:
-    """--expect-gpus (or GPUCHECK_EXPECT_GPUS, which a recipe sets from the node's
-    configured GRES); else the job's GPUs on this node (SLURM's GRES); else those
-    given to this container (NVIDIA_VISIBLE_DEVICES, as the NVIDIA container toolkit
-    and Kubernetes' device plugin set it); else every NVIDIA GPU on the PCI bus. The
-    bus needs no driver: a GPU node whose driver did not load still has its GPUs."""
+    """--expect-gpus (or GPUCHECK_EXPECT_GPUS); else SLURM's GRES on this node; else
+    NVIDIA_VISIBLE_DEVICES; else the NVIDIA GPUs on the PCI bus (no driver needed)."""
     if option is not None:
         return ExpectedGpus(option, "--expect-gpus")
     for name in (EXPECT_VAR, *NODE_GPUS_VARS):
@@ -130,7 +121,7 @@ def cuda_version_str(value: int | None) -> str | None:
 
 
 def read_driver(nvml: Nvml) -> DriverInfo:
-    """`nvidia-smi --query-gpu=driver_version --format=csv` plus the CUDA the driver supports."""
+    """`nvidia-smi --query-gpu=driver_version` and the CUDA the driver supports."""
     try:
         version = nvml.call("nvmlSystemGetDriverVersion")
         cuda = nvml.get("nvmlSystemGetCudaDriverVersion_v2")
@@ -143,7 +134,7 @@ def read_driver(nvml: Nvml) -> DriverInfo:
 
 
 def _memory(nvml: Nvml, handle: Any) -> tuple[int | None, int | None]:
-    """Total/used bytes via the v2 call (`nvidia-smi --query-gpu=memory.total,memory.used`)."""
+    """`nvidia-smi --query-gpu=memory.total,memory.used`, by the v2 call where it exists."""
     version = getattr(nvml.module, "nvmlMemory_v2", None)
     mem = nvml.get("nvmlDeviceGetMemoryInfo", handle, version=version) if version else None
     if mem is None:
@@ -172,9 +163,8 @@ def _clock_reasons(nvml: Nvml, handle: Any) -> list[str] | None:
 
 
 def _process_list(nvml: Nvml, fn: str, handle: Any) -> list[Any] | None:
-    """One process list; None when n/a. InsufficientSize means processes started
-    between pynvml's sizing call and its read (the list changes while it is read,
-    NVML API reference): asked once more, then n/a, never a failed GPU."""
+    """One process list; None when n/a. InsufficientSize (the list grew while read) is
+    asked once more, then n/a, never a failed GPU."""
     for _ in range(2):
         try:
             processes: list[Any] | None = nvml.get(fn, handle)
@@ -186,8 +176,8 @@ def _process_list(nvml: Nvml, fn: str, handle: Any) -> list[Any] | None:
 
 
 def _processes(nvml: Nvml, handle: Any) -> list[dict[str, Any]] | None:
-    """Compute and graphics processes (`nvidia-smi --query-compute-apps=pid,used_memory`);
-    None (n/a) when the compute list is: an empty graphics list says nothing of CUDA."""
+    """`nvidia-smi --query-compute-apps=pid,used_memory`, graphics ones too; None when
+    the compute list is n/a (an empty graphics list says nothing of CUDA)."""
     seen: dict[int, dict[str, Any]] = {}
     answered = False
     for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
@@ -228,9 +218,7 @@ def _ecc(nvml: Nvml, handle: Any) -> dict[str, Any]:
 
 
 def _retirement(nvml: Nvml, handle: Any) -> dict[str, Any]:
-    """Retired pages (pre-Ampere), remapped rows (Ampere+), `nvidia-smi -q -d ROW_REMAPPER`,
-    and the bank remapper beside them (field values 303/304/307; n/a where the GPU or
-    driver lacks it)."""
+    """Retired pages, remapped rows (`nvidia-smi -q -d ROW_REMAPPER`) and bank remaps."""
     pending_pages = nvml.get("nvmlDeviceGetRetiredPagesPendingStatus", handle)
     rows = nvml.get("nvmlDeviceGetRemappedRows", handle)
     banks = read_fields(nvml, handle, BANK_FIELDS)
@@ -260,13 +248,9 @@ def _identity(nvml: Nvml, handle: Any) -> dict[str, Any]:
     return {
         "name": nvml.get("nvmlDeviceGetName", handle),
         "uuid": nvml.get("nvmlDeviceGetUUID", handle),
-        "pci_bus_id": None if pci is None else _decode(pci.busId),
+        "pci_bus_id": None if pci is None else str(decode(pci.busId)),
         "compute_capability": None if cc is None else f"{cc[0]}.{cc[1]}",
     }
-
-
-def _decode(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _mig(nvml: Nvml, handle: Any) -> dict[str, Any]:
@@ -278,7 +262,6 @@ def _mig(nvml: Nvml, handle: Any) -> dict[str, Any]:
 
 
 def _member(value: Any) -> float | int | None:
-    """One c_nvmlFieldValue_t's value, None when NVML answered the field's own error."""
     if int(value.nvmlReturn) != 0:  # NVML_SUCCESS
         return None
     member = _VALUE_MEMBERS.get(int(value.valueType))
@@ -288,8 +271,7 @@ def _member(value: Any) -> float | int | None:
 def read_fields(nvml: NvmlDoor, handle: Any,
                 wanted: Mapping[K, tuple[str, int]]) -> dict[K, float | int | None]:
     """Several `nvmlDeviceGetFieldValues` fields in one call: name -> (pynvml constant,
-    scopeId: 0, a link, or ALL_LINKS). None per field where pynvml lacks the constant
-    or NVML answers the field's own error (NotSupported: this GPU or driver lacks it)."""
+    scopeId); None per field pynvml or the GPU lacks."""
     m = nvml.module
     ids = {n: getattr(m, c) for n, (c, _) in wanted.items() if getattr(m, c, None) is not None}
     out: dict[K, float | int | None] = dict.fromkeys(wanted)
@@ -303,18 +285,13 @@ def read_fields(nvml: NvmlDoor, handle: Any,
 
 
 def field_value(nvml: NvmlDoor, handle: Any, constant: str) -> float | int | None:
-    """One `nvmlDeviceGetFieldValues` field, named by its pynvml constant; None when
-    pynvml lacks the constant or NVML answers the field's own error (a driver that
-    does not know the field id answers NVML_ERROR_NOT_SUPPORTED for it)."""
+    """One `nvmlDeviceGetFieldValues` field by its pynvml constant; None when n/a."""
     return read_fields(nvml, handle, {"value": (constant, 0)})["value"]
 
 
 def read_recovery_action(nvml: Nvml, handle: Any) -> tuple[str | None, str | None]:
-    """The action NVML asks for to recover this GPU (`nvidia-smi -q` "Recovery Action";
-    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, drivers R565+; XID 154 announces a change),
-    and, when it is n/a, which side is too old: "nvidia-ml-py" (the installed package
-    lacks the constant or the call: gpucheck cannot even ask) or "driver" (it asked,
-    and the driver answered NotSupported for the field or lacks the call)."""
+    """NVML's recovery action for this GPU (`nvidia-smi -q` "Recovery Action", R565+) and,
+    when n/a, which side is too old: "nvidia-ml-py" (cannot ask) or "driver"."""
     m = nvml.module
     if getattr(m, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None) is None \
             or getattr(m, "nvmlDeviceGetFieldValues", None) is None:
@@ -344,10 +321,8 @@ def _state(nvml: Nvml, handle: Any) -> dict[str, Any]:
 
 
 def _cpu_affinity(nvml: Nvml, handle: Any) -> tuple[int, ...]:
-    """`nvidia-smi topo -m`'s "CPU Affinity": a bitmask in 64-bit words, CPU 64*i+b in
-    word i bit b; () when NVML cannot say."""
-    # Room for every CPU id (NVML leaves out those that do not fit); 1024 at least, for
-    # CPU ids past the count of configured CPUs.
+    """`nvidia-smi topo -m`'s "CPU Affinity" (64-bit words); () when NVML cannot say."""
+    # Room for every CPU id, 1024 at least: ids can pass the count of configured CPUs.
     words = max(os.cpu_count() or 0, 1024) // 64 + 1
     mask = nvml.get("nvmlDeviceGetCpuAffinity", handle, words)
     if mask is None:
@@ -357,20 +332,16 @@ def _cpu_affinity(nvml: Nvml, handle: Any) -> tuple[int, ...]:
 
 
 def _numa(nvml: Nvml, handle: Any, bus_id: str | None, sysfs: Path) -> dict[str, Any]:
-    """The GPU's NUMA node (`cat /sys/bus/pci/devices/<bus>/numa_node`) and the CPUs near it.
-
-    Not nvmlDeviceGetNumaNodeId: that is the node of the GPU's own memory on platforms
-    where the GPU is a NUMA node (Grace Hopper), not the node of the CPUs near it.
-    """
+    """The GPU's NUMA node from sysfs and the CPUs near it (not nvmlDeviceGetNumaNodeId:
+    on Grace Hopper that is the node of the GPU's own memory)."""
     if bus_id is None:
         return {"numa_node": None, "cpu_affinity": None}
     cpus = _cpu_affinity(nvml, handle) or read_local_cpus(bus_id, sysfs)
     return {"numa_node": read_numa_node(bus_id, sysfs), "cpu_affinity": cpulist(cpus) or None}
 
 
-# The newest struct first: v3 adds healthSummary, v2 has healthMask, the unversioned
-# call (deprecated) neither. A driver that does not know a version answers
-# ArgumentVersionMismatch; one without the V call, FunctionNotFound.
+# The newest struct first (v3 adds healthSummary, v2 has healthMask); an older driver
+# answers ArgumentVersionMismatch or FunctionNotFound.
 FABRIC_CALLS = (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v3_t"),
                 ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
                 ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"))
@@ -385,11 +356,7 @@ def _return_name(module: Any, code: int) -> str:
 
 
 def _fabric_info(nvml: Nvml, handle: Any) -> Any:
-    """The GPU's fabric struct, or None where the GPU or the driver has no fabric API.
-
-    pynvml hands the argument to C as is, so it must be byref(struct); each
-    versioned struct's constructor sets its `version`.
-    """
+    """The GPU's fabric struct (byref: pynvml hands it to C as is), None without one."""
     m = nvml.module
     for fn, struct in FABRIC_CALLS:
         cls = getattr(m, struct, None)
@@ -409,8 +376,7 @@ def _fabric_info(nvml: Nvml, handle: Any) -> Any:
 
 
 def read_fabric(nvml: Nvml, handle: Any) -> dict[str, Any]:
-    """`nvidia-smi -q` "Fabric": registration state, once completed its status, and the
-    health mask and summary where the struct has them (None: n/a)."""
+    """`nvidia-smi -q` "Fabric": state, status once completed, health mask and summary."""
     info = _fabric_info(nvml, handle)
     if info is None:
         return {"fabric_state": None, "fabric_status": None,

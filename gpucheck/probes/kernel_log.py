@@ -1,23 +1,7 @@
-"""Xid errors in this boot's kernel log (`sudo dmesg | grep -iE 'xid|fallen off'`).
-
-Sources, first readable wins: /dev/kmsg, then `journalctl -k -b -o json` (each record
-whole, with its facility or transport: only the kernel's count), then `dmesg`'s text.
-/var/log/kern.log and /var/log/messages are never read unasked: any user
-writes a line there that no reader can tell from the kernel's (`logger -t kernel
-"NVRM: Xid ..."` gives "<time> <host> kernel: NVRM: Xid ..."), so a forged Xid would
-drain the node. `--kernel-log FILE`
-reads a saved log instead (a dmesg, `dmesg -T`, journalctl or syslog text, or a
-`cat /dev/kmsg`, attached to a ticket, a kern.log the operator
-vouches for; .gz too). Only NVRM lines are parsed, and
-only their parsed fields are kept: the kernel log can hold secrets, so no other
-line ever reaches the report. Each (GPU, XID) becomes one row and, unless the
-table calls it information, one finding, judged by `xid_table.judge_xid` on the
-line's own words (see gpucheck/probes/xid_table.py and docs/xid.md).
-
-Reading happens in phase 1 (`read_kernel_log`, never raises for a missing or
-forbidden source); naming the GPUs needs NVML, so the section is built later
-(`gpucheck.probes.xid_section.kernel_log_section`).
-"""
+"""Xid errors in this boot's kernel log (`sudo dmesg | grep -iE 'xid|fallen off'`): phase 1
+of env, reading only (`read_kernel_log`, never raises). Sources, first readable wins:
+/dev/kmsg, `journalctl -k -b -o json`, `dmesg`; kern.log only when given (--kernel-log).
+Only NVRM records are parsed and only their fields kept (docs/xid.md says why)."""
 
 from __future__ import annotations
 
@@ -40,33 +24,22 @@ KMSG = KMSG_SOURCE  # the file it reads (a test points it elsewhere)
 KMSG_TIMEOUT_S = 5.0
 KMSG_READ_BYTES = 16384  # more than a record holds (the kernel refuses a smaller read)
 JOURNAL_TIMEOUT_S = 10.0
-# Not read unless given with --kernel-log (see the module doc): any user writes there.
 UNTRUSTED_FILES = "/var/log/kern.log, /var/log/messages: not read, any user can write a " \
     "'kernel:' line there (logger -t kernel); pass one with --kernel-log to trust it"
 MAX_READ_BYTES = 256 * 1024**2  # a years-old kern.log: read only its tail
 SAMPLE_CHARS = 120
 
 _PCI = r"(?:PCI:)?(?P<pci>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
-# Every pattern below is matched at the start of a kernel record's message, never
-# anywhere in a line: any user can put text into the kernel log (a failed
-# `mount -o "<text>"` logs "tmpfs: Unknown parameter '<text>'", with the text's own
-# \v, \f, \r or \n in it), and a forged "NVRM: Xid" inside such a record, or on the
-# continuation line its "\n" starts, must not drain a node. Only the driver writes a
-# record whose message starts with "NVRM:".
-# "NVRM: Xid (PCI:0000:3b:00): 79, ..."; on a MIG GPU the driver adds the instances:
-# "NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:02): 94, ..." (open-gpu-kernel-modules,
-# krcReportXid: "PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u"); older drivers wrote no
-# "PCI:" ("NVRM: Xid (0000:03:00): 14, ...").
+# Matched at the start of a record's message only: any user can put text into the kernel
+# log, and only the driver writes a record that starts with "NVRM:" (docs/xid.md).
+# "NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:02): 94, ..." (MIG instances optional,
+# "PCI:" absent on older drivers).
 _XID_RE = re.compile(rf"NVRM: Xid \({_PCI}(?P<mig>(?:[ \t]+GPU-C?I:[ \t]*\d+)*)[ \t]*\):"
                      r"[ \t]*(?P<xid>\d+)\b,?[ \t]*(?P<detail>.*)")
-# "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus." (and the older
-# "NVRM: GPU at 0000:01:00.0 has fallen off the bus.")
 _OFF_BUS_RE = re.compile(rf"NVRM: GPU (?:at )?{_PCI}:? (?:GPU )?has fallen off the bus")
 _UUID_RE = re.compile(rf"NVRM: GPU at {_PCI}: (?P<uuid>GPU-[0-9A-Fa-f-]{{8,}})")
-# A GPU lost with no Xid line at all, in one record or wrapped over several NVRM: lines:
-#   NVRM: The NVIDIA GPU 0000:b3:00.0
-#                  NVRM: (PCI ID: 10de:26b5) installed in this system has
-#                  NVRM: fallen off the bus and is not responding to commands.
+# A GPU lost with no Xid line: "NVRM: The NVIDIA GPU 0000:b3:00.0 ... has fallen off the
+# bus", possibly wrapped over several NVRM: lines.
 _LOST_RE = re.compile(rf"NVRM: The NVIDIA GPU {_PCI}")
 _NVRM_TEXT = re.compile(r"NVRM:[ \t]*(.*)")
 LOST_MESSAGE_LINES = 4  # NVRM: lines to read for "fallen off the bus" after its start
@@ -74,19 +47,15 @@ _ISO = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
 _SYSLOG = r"[A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2}"
 _CTIME = r"[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4}"
 _TAG = r"(?:[^\s:]+ )?kernel: ?"  # "[host ]kernel:": journalctl and syslog's tag
-# The source of a record, by the forms each tool writes before the kernel's message:
-# `dmesg -r`/syslog's "<pri>" (facility 0: the kernel's); `dmesg -x`'s "kern  :err   : ";
-# journalctl `-o short-iso`/`dmesg --time-format iso` or syslog/journalctl `short`
-# stamp, then "[host ]kernel:" (after a short stamp it must be there: dmesg never
-# writes that stamp, and any program logs with a stamp and its own tag); a bare
-# "kernel:" tag; dmesg's "[ 1283.204] " or `dmesg -T`'s "[Thu Nov 26 10:00:00 2026] ".
-# Separators are spaces only: \v, \f and \r are text, never a record's edge.
+# A record's source by the forms each tool writes before the message: "<pri>", `dmesg
+# -x`'s "kern  :err   : ", an ISO or syslog stamp then "[host ]kernel:" (a syslog stamp
+# needs the tag: any program logs with a stamp), "[ 1283.204] " or `dmesg -T`'s stamp.
+# Spaces only separate: \v, \f and \r are text, never a record's edge.
 _START = re.compile(
     r"(?:<(?P<pri>\d{1,4})>)?(?:(?P<facility>[a-z]+) *:[a-z]+ *: )?"
     rf"(?:(?P<iso>{_ISO}) (?:{_TAG})?|(?P<syslog>{_SYSLOG}) {_TAG}|(?P<tag>kernel: ?))?"
     rf"(?:\[(?P<ctime>{_CTIME})\] ?|\[ *(?P<mono>\d+\.\d+)\] ?)?")
-# /dev/kmsg (and a saved `cat /dev/kmsg`): "pri,seq,usec,flags[,...];message", the
-# message's control characters escaped as \xNN by the kernel; " KEY=value" lines follow.
+# /dev/kmsg: "pri,seq,usec,flags[,...];message", control characters escaped as \xNN.
 _KMSG = re.compile(r"(?P<pri>\d{1,4}),\d+,(?P<usec>\d+),[^;]*;(?P<text>.*)")
 _ESCAPED = re.compile(r"\\x([0-9a-fA-F]{2})")
 RECORD_LINES = 8  # a record's lines kept: the driver's longest message has 4
@@ -95,8 +64,7 @@ KERNEL_FACILITY = 0  # LOG_KERN: what userspace can never claim (it gets LOG_USE
 
 @dataclass(frozen=True)
 class Record:
-    """One kernel record: its time and its whole message, split on "\\n" only (the
-    first line is where a record's message starts; the others continue it)."""
+    """One kernel record: its time and its message's lines (split on "\\n" only)."""
 
     time: str | None
     lines: tuple[str, ...]
@@ -112,8 +80,7 @@ def _after_boot(seconds: str) -> str:
 
 
 def _usec_after_boot(usec: int) -> str:
-    """Microseconds since boot as dmesg shows them ("1283.204000 s after boot"), so a
-    line keeps one fingerprint whichever source read it (gpucheck.health.xids)."""
+    """"1283.204000 s after boot", as dmesg shows it: one fingerprint whatever the source."""
     return _after_boot(f"{usec // 10**6}.{usec % 10**6:06d}")
 
 
@@ -127,9 +94,7 @@ def _kmsg_record(match: re.Match[str]) -> Record | None:
 
 
 def start_record(line: str) -> Record | None:
-    """The record a (non-continuation) line starts; None when its source is not the
-    kernel (another facility in its "<pri>", `dmesg -x` or /dev/kmsg form) or not
-    known (a line with none of the forms)."""
+    """The record a line starts; None when its source is not the kernel, or not known."""
     kmsg = _KMSG.fullmatch(line)
     if kmsg is not None:
         return _kmsg_record(kmsg)
@@ -147,10 +112,9 @@ def start_record(line: str) -> Record | None:
 
 
 def text_records(lines: Iterable[str]) -> Iterator[Record]:
-    """The kernel's records in lines split on "\\n" (never `str.splitlines`, which also
-    splits on \\v, \\f, \\r and more): a line that starts with a blank continues the
-    record before it (dmesg and journalctl indent a message's next lines), never
-    starts one; an empty line ends it; a record of another source is left out whole."""
+    """The kernel's records in lines split on "\\n" (never `str.splitlines`): an indented
+    line continues the record before it, an empty line ends it; other sources' records
+    are left out whole."""
     current: Record | None = None
     for line in lines:
         line = line[:-1] if line.endswith("\n") else line
@@ -167,8 +131,8 @@ def text_records(lines: Iterable[str]) -> Iterator[Record]:
 
 
 def journal_records(lines: Iterable[str]) -> Iterator[Record]:
-    """`journalctl -k -o json`: one entry a line; only the kernel's (`_TRANSPORT`
-    kernel, set by journald, never by a client), each with its whole MESSAGE."""
+    """`journalctl -k -o json`: only the kernel's entries (`_TRANSPORT` kernel, which
+    only journald sets), each with its whole MESSAGE."""
     import json
 
     for line in lines:
@@ -197,7 +161,7 @@ def _journal_text(message: object) -> str | None:
 
 @dataclass(frozen=True)
 class XidEvent:
-    """One NVRM line: which GPU, which XID, when, and the driver's words (truncated)."""
+    """One NVRM line: which GPU, which XID, when, and the driver's words."""
 
     bus_id: str  # normal form, "0000:3B:00.0"
     pci_id: str  # as the log wrote it, "0000:3b:00"
@@ -252,8 +216,7 @@ def _truncate(text: str) -> str:
 
 
 def parse_message(text: str, stamp: str | None) -> XidEvent | tuple[str, str] | None:
-    """One line of a driver's record: an Xid or fallen-off-the-bus event, a (bus id,
-    UUID) pair, or None for other lines."""
+    """An Xid or fallen-off-the-bus event, a (bus id, UUID) pair, or None."""
     match = _XID_RE.match(text)
     if match:
         instance = " ".join(match["mig"].split()) or None
@@ -270,17 +233,14 @@ def parse_message(text: str, stamp: str | None) -> XidEvent | tuple[str, str] | 
 
 
 def parse_line(line: str) -> XidEvent | tuple[str, str] | None:
-    """What one log line says, read as the start of a record (None for a continuation
-    line, or a record that is not the driver's)."""
+    """What one log line says, read as the start of a record."""
     record = next(text_records([line]), None)
     return parse_message(record.lines[0], record.time) if record and record.driver else None
 
 
 def _follow_lost(scan: _Scan, text: str, stamp: str | None, parsed: bool) -> None:
-    """Read the driver's no-Xid "has fallen off the bus" message, wrapped or not: from its
-    "The NVIDIA GPU <bus id>" start, over at most LOST_MESSAGE_LINES NVRM: lines. A line
-    parsed as something else (an Xid line, another GPU's) ends it: its words are not
-    this message's."""
+    """Follow a "The NVIDIA GPU <bus id>" message over at most LOST_MESSAGE_LINES NVRM:
+    lines; a line parsed as something else ends it."""
     if parsed:
         scan.lost = None
         return
@@ -308,7 +268,6 @@ def _counted(scan: _Scan, lines: Iterable[str]) -> Iterator[str]:
 
 
 def scan_records(records: Iterable[Record], scan: _Scan | None = None) -> _Scan:
-    """Parse every line of every driver's record; other records are left out whole."""
     scan = scan or _Scan()
     for record in records:
         if not record.driver:
@@ -324,7 +283,6 @@ def scan_records(records: Iterable[Record], scan: _Scan | None = None) -> _Scan:
 
 
 def scan_lines(lines: Iterable[str]) -> _Scan:
-    """Parse a text log (dmesg, journalctl, syslog, /dev/kmsg forms), every line counted."""
     scan = _Scan()
     return scan_records(text_records(_counted(scan, lines)), scan)
 
@@ -335,9 +293,8 @@ def _is_gzip(path: str) -> bool:
 
 
 def _file_lines(path: str) -> Iterator[str]:
-    """The lines of a text or gzip file; of a huge text one, only the last MAX_READ_BYTES.
-    Regular files only, lines and gzip inflation bounded (gpucheck/inputs.py): a FIFO,
-    /dev/zero or a gzip bomb is refused, not read forever."""
+    """A text or gzip file's lines (of a huge text file only the tail), regular files
+    only, bounded (gpucheck/inputs.py)."""
     if _is_gzip(path):  # nvidia-bug-report.log.gz, a compressed kern.log.1.gz
         with open_regular(path) as raw:
             yield from _whole_lines(gzip_lines(raw, MAX_READ_BYTES))
@@ -359,8 +316,7 @@ def _after_first_line(pieces: Iterator[bytes]) -> Iterator[bytes]:
 
 
 def _whole_lines(pieces: Iterable[bytes]) -> Iterator[str]:
-    """Lines, without what follows the first MAX_LINE_BYTES of a longer one: no kernel
-    record is that long, and the rest of a line must never pass for a line's start."""
+    """Lines cut at MAX_LINE_BYTES: the rest of a line never passes for a line's start."""
     rest = False
     for piece in pieces:
         if not rest:
@@ -375,7 +331,6 @@ def _from_scan(source: str, scan: _Scan, not_read: Sequence[str] = (),
 
 
 def read_file(path: str, source: str | None = None) -> KernelLog:
-    """A saved or on-disk kernel log; unreadable -> source None with the reason."""
     name = source or path
     try:
         cut_short = os.stat(path).st_size > MAX_READ_BYTES and not _is_gzip(path)
@@ -393,8 +348,7 @@ Runner = Callable[[Sequence[str], float], "subprocess.CompletedProcess[str]"]
 
 
 def run_command(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """Run a log command in the C locale (stable messages), never waiting past `timeout_s`;
-    `[KMSG]` reads the kernel's record device instead (`read_kmsg`)."""
+    """A log command in the C locale within `timeout_s`; `[KMSG]` reads /dev/kmsg."""
     if list(argv) == [KMSG_SOURCE]:
         return subprocess.CompletedProcess(list(argv), 0, read_kmsg(KMSG, timeout_s), "")
     return subprocess.run(list(argv), capture_output=True, text=True, errors="replace",
@@ -403,9 +357,8 @@ def run_command(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedPr
 
 
 def read_kmsg(path: str, timeout_s: float) -> str:
-    """Every record /dev/kmsg still holds (`cat /dev/kmsg` without the wait), within
-    `timeout_s` and MAX_READ_BYTES. Opened non-blocking: the end is EAGAIN, never a
-    wait. Only the kernel's record device (char 1:11), or a regular file."""
+    """Every record /dev/kmsg still holds, non-blocking (the end is EAGAIN), bounded;
+    only the kernel's record device (char 1:11) or a regular file."""
     import time
 
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -434,7 +387,6 @@ def read_kmsg(path: str, timeout_s: float) -> str:
 
 def _command_output(runner: Runner, argv: Sequence[str],
                     timeout_s: float) -> tuple[str | None, str | None]:
-    """(stdout, None) when the command gave kernel lines, else (None, why not)."""
     name = " ".join(argv[:3]) if argv[0] == "journalctl" else argv[0]
     try:
         done = runner(argv, timeout_s)
@@ -457,8 +409,7 @@ def _command_output(runner: Runner, argv: Sequence[str],
     return done.stdout, None
 
 
-# The live sources, in order: the structured ones first (each record's facility or
-# transport, and its whole text), dmesg's text last.
+# The live sources, structured ones first (facility or transport, whole text).
 _LIVE: tuple[tuple[str, tuple[str, ...], float, Callable[[Iterable[str]], Iterator[Record]]],
              ...] = (
     (KMSG_SOURCE, (KMSG_SOURCE,), KMSG_TIMEOUT_S, text_records),
@@ -471,7 +422,6 @@ _LIVE: tuple[tuple[str, tuple[str, ...], float, Callable[[Iterable[str]], Iterat
 
 
 def read_live_log(runner: Runner = run_command) -> KernelLog:
-    """This boot's kernel log from the first readable source, with why the others were not."""
     not_read: list[str] = []
     for source, argv, timeout_s, records in _LIVE:
         text, reason = _command_output(runner, argv, timeout_s)
@@ -493,9 +443,8 @@ KERNEL_LOG_VAR = "GPUCHECK_KERNEL_LOG"
 
 def checked_kernel_log_path(path: str | None,
                             environ: Mapping[str, str] | None = None) -> str | None:
-    """`--kernel-log FILE`, else the saved log GPUCHECK_KERNEL_LOG names in `environ` (a
-    container that mounts the host's log instead of /dev/kmsg; the test suite), once
-    known readable; None for this boot's live log; a UsageError (exit 2) when unreadable."""
+    """`--kernel-log FILE`, else GPUCHECK_KERNEL_LOG from `environ`, checked readable
+    (UsageError otherwise); None for this boot's live log."""
     given = f"--kernel-log {path}"
     if path is None and environ is not None and environ.get(KERNEL_LOG_VAR):
         path = environ[KERNEL_LOG_VAR]

@@ -1,28 +1,7 @@
-"""The one doorway to NVML: lazy start, bytes decoded, errors mapped to meanings.
-
-Every NVML call in gpucheck goes through `Nvml.call`. It imports `pynvml` (from the
-nvidia-ml-py package) only when first used, starts NVML once, decodes bytes to
-str, and turns an `NVMLError` into an `NvmlFailure` that says what it means.
-Calls run on one daemon worker thread with a timeout, so a hanging driver call
-costs at most its budgets once: after a hang the doorway stays closed and every
-later call fails at once with the same meaning.
-
-Slow is not hung. A call's budget counts the time it waits behind the driver's
-other work (CUDA contexts being created on the node's GPUs, another process's
-calls), so one late answer says little. A call that misses its budget is given a
-second, longer one (`retry_timeout_s` more, 30 s): it is the same call waited on,
-not a second call, because the worker is still inside the first and a new call
-would only queue behind it. An answer within the second budget is a slow call
-(`slow_calls`, a WARN for the callers); only a call that misses both is a hang
-("Timeout"), the one case callers may treat as a GPU or driver that is gone.
-
-Two budgets. `nvmlInit` and the first `nvmlDeviceGetHandleBy*` of each GPU get
-`attach_timeout_s` (30 s): nvmlInit_v2 initialises no GPU, the GPUs are brought
-up in the `nvmlDeviceGetHandleBy*` calls instead (NVML API reference,
-"Initialization and Cleanup"), and with persistence mode off that bring-up takes
-seconds on GSP-based GPUs (H100/H200/B200). It is slow, not hung. Every other
-call is steady state and gets `timeout_s` (`--nvml-timeout`, 3 s).
-"""
+"""The one doorway to NVML: lazy start, bytes decoded, errors mapped to meanings, each
+call on one worker thread under a budget (`timeout_s`; `attach_timeout_s` for nvmlInit
+and a GPU's first attach), a late call given a second budget before it counts as hung
+(docs/env.md, "Slow is not lost" in docs/faults.md). Also NVML's name for a CUDA device."""
 
 from __future__ import annotations
 
@@ -36,8 +15,7 @@ from typing import Any, NamedTuple
 
 DEFAULT_TIMEOUT_S = 3.0
 ATTACH_TIMEOUT_S = 30.0
-# The second budget a late call gets before it counts as hung: as patient as a
-# GPU's bring-up (ATTACH_TIMEOUT_S), the slowest legitimate NVML call we know.
+# The second budget a late call gets: as patient as a GPU's bring-up.
 RETRY_TIMEOUT_S = 30.0
 # The calls that attach (bring up) a GPU the first time they name it.
 ATTACH_PREFIX = "nvmlDeviceGetHandleBy"
@@ -70,15 +48,12 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "NVMLError_Uninitialized": ("NVML is not initialised", "report a gpucheck bug"),
     "NVMLError_Timeout": ("the NVML call timed out in the driver",
                          "check dmesg for Xid errors; the GPU may need a reset"),
-    # Our own: the call did not come back within its budget nor the second (the doorway
-    # closes).
+    # Our own: no answer within its budget nor the second (the doorway closes).
     "Timeout": ("no answer from the driver (within two budgets)",
                 "check dmesg for Xid errors; the GPU may need a reset (nvidia-smi -r) or the "
                 "node a reboot"),
 }
-# Field-level errors that mean "this GPU/driver does not have it": shown as n/a.
-# NVMLError subclass name -> the cause key a finding carries (gpucheck.checks: driver.nvml,
-# gpu.query, gpu.topology declare which of them they act on).
+# NVMLError subclass name -> the cause key a finding carries (gpucheck.checks).
 CAUSES: dict[str, str] = {
     "NVMLError_GpuIsLost": "gpu_lost",
     "NVMLError_ResetRequired": "needs_reset",
@@ -86,6 +61,7 @@ CAUSES: dict[str, str] = {
     "Timeout": "no_answer",
     "NVMLError_NoPermission": "no_permission",
 }
+# Field-level errors that mean "this GPU/driver does not have it": shown as n/a.
 NOT_AVAILABLE = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound",
                  "NVMLError_NotFound", "NVMLError_NoData", "NVMLError_InvalidArgument",
                  "NVMLError_NoPermission")
@@ -111,8 +87,7 @@ class NvmlFailure(Exception):
 
     @property
     def cause(self) -> str | None:
-        """The cause key of this failure (`CAUSES`), None for the others."""
-        return CAUSES.get(self.kind)
+            return CAUSES.get(self.kind)
 
     @property
     def not_available(self) -> bool:
@@ -128,8 +103,8 @@ SLOW_ADVICE = ("the call answered and nothing is missing; a late answer is most 
 
 
 def slow_words(calls: Sequence[tuple[str, float, float]]) -> str:
-    """"nvmlDeviceGetTemperature answered after 4.2 s (its budget: 3 s)", or for several
-    "3 NVML calls answered late, the slowest ...", from (function, waited_s, budget_s)."""
+    """"nvmlDeviceGetTemperature answered after 4.2 s (its budget: 3 s)", from (function,
+    waited_s, budget_s); several are counted."""
     function, waited_s, budget_s = max(calls, key=lambda c: c[1])
     slowest = f"{function} answered after {waited_s:g} s (its budget: {budget_s:g} s)"
     return slowest if len(calls) == 1 else (f"{len(calls)} NVML calls answered late, the "
@@ -160,16 +135,13 @@ class _Job:
 
 
 class Nvml:
-    """Lazy NVML session. `call("nvmlDeviceGetName", handle)` -> decoded value or NvmlFailure.
-
-    Equivalent of what `nvidia-smi -q` reads.
-    """
+    """Lazy NVML session: `call("nvmlDeviceGetName", handle)` -> decoded value or
+    NvmlFailure."""
 
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S,
                  attach_timeout_s: float = ATTACH_TIMEOUT_S,
                  retry_timeout_s: float = RETRY_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
-        # Never shorter than the steady budget: a slow bring-up is never less patient.
         self.attach_timeout_s = max(attach_timeout_s, timeout_s)
         self.retry_timeout_s = retry_timeout_s
         self.slow_calls: list[SlowCall] = []  # appended by the callers' threads
@@ -184,7 +156,6 @@ class Nvml:
 
     @property
     def module(self) -> Any:
-        """The pynvml module (after `start`)."""
         return self._module
 
     def start(self) -> None:
@@ -209,7 +180,6 @@ class Nvml:
         return None
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Call pynvml.<name>(*args) through the doorway; raises NvmlFailure."""
         self.start()
         fn = getattr(self._module, name, None)
         if fn is None:

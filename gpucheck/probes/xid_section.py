@@ -1,9 +1,5 @@
-"""The kernel log's Xid section: one row per (GPU, XID), each GPU named by NVML, each
-row judged by `xid_table.judge_xid` on the line's own words (docs/xid.md).
-
-The log is read by `gpucheck.probes.kernel_log` (phase 1 of env, no NVML needed);
-this module builds the section once NVML has named the GPUs.
-"""
+"""The kernel log's Xid section (phase 2 of env, once NVML has named the GPUs): one row
+per (GPU, XID), each judged by `xid_table.judge_xid` on the line's own words (docs/xid.md)."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
 @dataclass(frozen=True)
 class XidClass:
-    """Every event of one XID on one GPU: how many, the first and last time, the
-    verdict, and the sample of the line that decided it."""
+    """Every event of one XID on one GPU, its verdict and the line that decided it."""
 
     bus_id: str
     pci_id: str
@@ -36,9 +31,8 @@ class XidClass:
 
 def _verdict(xid: int, seen: Sequence[XidEvent],
              companions: set[int]) -> tuple[XidInfo, XidEvent]:
-    """The verdict of one (GPU, XID) and the line behind it: for XID 154 the last line
-    (the recovery action the GPU is in now: a later "to 0x0 (None)" means it was done),
-    for any other the worst line (one fatal NVLink line among non-fatal ones)."""
+    """The verdict of one (GPU, XID) and its line: for XID 154 the last (the recovery
+    action the GPU is in now), for any other the worst."""
     judged = [(judge_xid(xid, e.detail, companions), e) for e in seen]
     if xid == 154:
         return judged[-1]
@@ -46,11 +40,8 @@ def _verdict(xid: int, seen: Sequence[XidEvent],
 
 
 def group_events(events: Iterable[XidEvent]) -> list[XidClass]:
-    """One class per (GPU, XID), in order of first appearance.
-
-    The driver often logs an Xid 79 line *and* a "fallen off the bus" line for the
-    same loss: the latter counts only for a GPU with no Xid 79 line of its own.
-    """
+    """One class per (GPU, XID), in order of first appearance; a "fallen off the bus"
+    line counts only for a GPU with no Xid 79 line of its own."""
     groups: dict[tuple[str, int], list[XidEvent]] = {}
     off_bus: dict[tuple[str, int], list[XidEvent]] = {}
     for event in events:
@@ -71,58 +62,43 @@ def group_events(events: Iterable[XidEvent]) -> list[XidClass]:
 
 @dataclass(frozen=True)
 class XidFault:
-    """A GPU fault finding of the section and what it is about, as data: the GPU's bus
-    id (normal form) and the XID number. `gpucheck.health.faults` remembers a fault by
-    these, never by the finding's words or the GPU's label (which changes when NVML
-    stops naming a GPU that fell off the bus)."""
+    """A fault finding with its GPU's bus id and XID: health remembers a fault by these,
+    never by words or label (a lost GPU's label changes)."""
 
     bus_id: str
     xid: int
     finding: Finding
 
 
-@dataclass(frozen=True)
-class GpuName:
-    """How a finding names a GPU, and its NVML index when this machine has it."""
-
-    label: subjects.Subject  # its words are how the report names the GPU
-    nvml_index: int | None
-
-
 def log_pci_name(bus_id: str) -> str:
-    """"0000:B3:00.0" -> "0000:b3:00", the form of the driver's Xid lines: one GPU gets
-    one name whether a line wrote 0000:b3:00, 0000:b3:00.0 or 00000000:B3:00.0."""
+    """"0000:B3:00.0" -> "0000:b3:00", the form of the driver's Xid lines."""
     head, _, function = bus_id.lower().rpartition(".")
     return head if head and function == "0" else bus_id.lower()
 
 
-def gpu_name(bus_id: str, gpus: Sequence[GpuRecord], log_uuids: dict[str, str]) -> GpuName:
-    """NVML's name for the GPU at this bus id, as every section names it
-    ("GPU 3 (NVIDIA H200, bus 00000000:3B:00.0, GPU-...)"), else its PCI id as the
-    driver writes it.
-
-    A saved log from another machine can name a bus this one also has: when the log
-    gives that GPU's UUID and NVML's differs, it is not the same GPU, so it stays unnamed.
-    """
+def gpu_name(bus_id: str, gpus: Sequence[GpuRecord],
+             log_uuids: dict[str, str]) -> subjects.Subject:
+    """NVML's name for the GPU at this bus id, else its PCI id as the driver writes it (a
+    saved log's GPU whose UUID differs from NVML's is another machine's: unnamed)."""
     log_uuid = log_uuids.get(bus_id)
     for gpu in gpus:
         if normal_bus_id(gpu.pci_bus_id) != bus_id:
             continue
         if log_uuid and gpu.uuid and log_uuid != gpu.uuid:
             break
-        return GpuName(gpu.subject, gpu.index)
+        return gpu.subject
     words = f"PCI:{log_pci_name(bus_id)}" + (f" ({log_uuid})" if log_uuid else "")
-    return GpuName(subjects.gpu(None, words, bus_id=bus_id, uuid=log_uuid), None)
+    return subjects.gpu(None, words, bus_id=bus_id, uuid=log_uuid)
 
 
-def _row(group: XidClass, name: GpuName) -> dict[str, object]:
+def _row(group: XidClass, name: subjects.Subject) -> dict[str, object]:
     info = group.info
-    return {"gpu": name.label, "xid": group.xid, "count": group.count, "first": group.first,
+    return {"gpu": name, "xid": group.xid, "count": group.count, "first": group.first,
             "last": group.last, "meaning": info.meaning, "severity": info.severity,
             "action": info.action, "sample": group.sample}
 
 
-def _fault_finding(group: XidClass, name: GpuName, source: str) -> Finding:
+def _fault_finding(group: XidClass, name: subjects.Subject, source: str) -> Finding:
     info = group.info
     when = "once" if group.count == 1 else f"{group.count} times"
     if group.first is not None:  # `dmesg -t` logs carry no time at all
@@ -130,15 +106,15 @@ def _fault_finding(group: XidClass, name: GpuName, source: str) -> Finding:
                  else f", first {group.first}, last {group.last}")
     message = (f"XID {group.xid} ({info.meaning}) {when} in the kernel log ({source}): "
                f"{group.sample}")
-    index = "<index>" if name.nvml_index is None else str(name.nvml_index)
+    index = "<index>" if name.gpu is None else str(name.gpu)
     hint = info.advice.replace("<index>", index)
     verdict = fail if info.severity == "fail" else warn
-    return verdict("kernel_log.xid", message, hint, name.label, cause=table_cause(info.action))
+    return verdict("kernel_log.xid", message, hint, name, cause=table_cause(info.action))
 
 
 def _summary_finding(log: KernelLog, app_level: list[str], faults: int,
                      reported_before: int) -> Finding | None:
-    """OK when nothing in the log is a GPU fault; app-level XIDs are listed as information."""
+    """OK when nothing is a GPU fault; app-level XIDs are listed as information."""
     where = f"source: {log.source}, {log.lines_scanned} lines"
     if app_level:
         only = "" if faults else " only"
@@ -174,9 +150,8 @@ def kernel_log_section(log: KernelLog | None, gpus: Sequence[GpuRecord],
 def kernel_log_part(log: KernelLog | None, gpus: Sequence[GpuRecord],
                     error: str | None = None,
                     reported_before: int = 0) -> tuple[Section, list[XidFault]]:
-    """The section, and each of its GPU fault findings with its bus id and XID.
-    `reported_before`: Xid lines a previous check already reported (`gpucheck health`
-    passes only the newer ones in `log.events`), so the all-clear says what it covers."""
+    """The section and its fault findings with their bus id and XID; `reported_before`:
+    Xid lines an earlier health check reported (the all-clear says what it covers)."""
     if log is None or log.source is None:
         return _unread_section(log, error), []
     data: dict[str, object] = {"source": log.source, "lines_scanned": log.lines_scanned}
@@ -195,7 +170,7 @@ def kernel_log_part(log: KernelLog | None, gpus: Sequence[GpuRecord],
         rows.append(_row(group, name))
         if group.info.severity == "info":
             app_level.append(f"XID {group.xid} ({group.info.meaning}) x{group.count} "
-                             f"on {name.label}")
+                             f"on {name}")
         else:
             faults.append(XidFault(group.bus_id, group.xid,
                                    _fault_finding(group, name, log.source)))

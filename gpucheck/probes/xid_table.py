@@ -1,33 +1,6 @@
-"""What each NVIDIA XID means, how bad it is, and what to do about it.
-
-XIDs are the driver's error codes, logged to the kernel log as
-`NVRM: Xid (PCI:0000:3b:00): 79, ...` (see them with `sudo dmesg | grep -i xid`).
-
-Source: NVIDIA's Xid catalog for Ampere and newer GPUs, "Analyzing Xid Errors with the
-Xid Catalog" (CATALOG_URL, the same content as its spreadsheet
-https://docs.nvidia.com/Xid-Catalog.xlsx), as read on CATALOG_READ (2026-11-24); that
-edition covers drivers up to R575: XIDs 1-172, the "XID 144-150 Decode" sheet and the
-"Fault Resolution Buckets" sheet. Each entry keeps the catalog's "Resolution Bucket
-(Immediate Action)" in `bucket`, and its action is that bucket in gpucheck's words:
-
-    RESTART_APP -> restart-app        RESET_GPU -> reset-gpu
-    RESTART_BM (reboot) -> drain-node  IGNORE -> none (severity info)
-    CHECK_MECHANICALS -> replace-hardware (reseat: hands on the box)
-    UPDATE_SWFW -> fix-config         RESTART_VM -> restart-app (the VM)
-    WORKFLOW_XID_48 -> reset-gpu alone, drain-node with a 63/64 on the GPU (DRAIN_AND_RESET)
-    WORKFLOW_NVLINK_ERR (74) -> reset-gpu ("a GPU reset or node reboot is needed")
-    WORKFLOW_NVLINK5_ERR (144-150) -> the line's own word: Fatal -> reset-gpu (FAIL),
-        Nonfatal -> restart-app (WARN; the catalog's IGNORE or XID_154_EVAL)
-    XID_154 -> the recovery action the line names (`RECOVERY_ACTIONS`)
-
-Two deliberate departures, argued in docs/xid.md: 63 (IGNORE) stays a WARN reset-gpu,
-as its own line says "reset gpu to activate"; 64 (RESET_GPU) is replace-hardware, as
-NVIDIA's memory-error RMA policy treats a row-remap failure.
-
-Severity is about the GPU, not the job: `info` XIDs (an application's own fault, or
-the catalog's IGNORE) are information, not a GPU fault. An XID the table does not
-know is a WARN that points at the catalog (action rerun: see `xid_info`).
-"""
+"""What each NVIDIA XID means, how bad it is for the GPU, and what to do: NVIDIA's Xid
+catalog (CATALOG_URL, read CATALOG_READ) with its Resolution Bucket in gpucheck's actions;
+docs/xid.md gives the mapping, the two departures and why."""
 
 from __future__ import annotations
 
@@ -197,11 +170,7 @@ _NVLINK_FATALITY = re.compile(r"(?:^|\s)(?P<unit>[A-Z][A-Z0-9_/]*)\s+"
 
 
 def xid_info(xid: int) -> XidInfo:
-    """The table's entry, or an "unknown XID N" WARN pointing at NVIDIA's catalog.
-
-    Its action is rerun, not none: someone must look the XID up. Not drain-node: since
-    R570 an XID that needs a recovery comes with an XID 154 naming it, judged on its
-    own, and draining nodes on every XID a newer driver adds would cost more trust."""
+    """The table's entry, or an "unknown XID N" WARN, action rerun (docs/xid.md)."""
     known = XID_TABLE.get(xid)
     if known is not None:
         return known
@@ -211,14 +180,12 @@ def xid_info(xid: int) -> XidInfo:
 
 
 def recovery_action(code: int) -> tuple[str, str] | None:
-    """(what the driver asks, our action) for an NVML recovery-action value; None for
-    0 (no action) or a value newer than this table."""
+    """(what the driver asks, our action); None for 0 or a value newer than the table."""
     return RECOVERY_ACTIONS.get(code)
 
 
 def _judge_154(base: XidInfo, detail: str) -> XidInfo:
-    """XID 154: the catalog says follow the action its line names, e.g. "GPU recovery
-    action changed from 0x0 (None) to 0x1 (GPU Reset Required)"."""
+    """XID 154: follow the recovery action its line names."""
     match = _RECOVERY_CHANGE.search(detail)
     if match is None:
         return base
@@ -241,9 +208,7 @@ def _judge_154(base: XidInfo, detail: str) -> XidInfo:
 
 
 def _judge_nvlink5(base: XidInfo, detail: str) -> XidInfo:
-    """XIDs 144-150: the line says "<unit> Fatal|Nonfatal XC.. i.. Link NN (...)"; the
-    catalog's decode gives RESET_GPU for the fatal rows and IGNORE or XID_154_EVAL
-    (restart the application unless an XID 154 names more) for the non-fatal ones."""
+    """XIDs 144-150: the line's Fatal (reset-gpu) or Nonfatal (restart-app) word."""
     match = _NVLINK_FATALITY.search(detail)
     if match is None:
         return base
@@ -259,10 +224,8 @@ def _judge_nvlink5(base: XidInfo, detail: str) -> XidInfo:
 
 
 def judge_xid(xid: int, detail: str = "", companions: Collection[int] = ()) -> XidInfo:
-    """The verdict on one Xid line: the table's entry, refined where the catalog says
-    the line decides (154: the recovery action it names; 144-150: its Fatal/Nonfatal
-    word) or the other XIDs of the same GPU do (48 with a 63/64: WORKFLOW_XID_48's
-    DRAIN_AND_RESET)."""
+    """The verdict on one Xid line: the table's entry, refined by the line (154,
+    144-150) or by the GPU's other XIDs (48 with a 63/64: DRAIN_AND_RESET)."""
     base = xid_info(xid)
     if xid == 154:
         return _judge_154(base, detail)
