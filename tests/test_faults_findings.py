@@ -12,13 +12,9 @@ import pytest
 
 from gpucheck.faults import fault_findings, faults_section, findings, slowdown_causes
 from gpucheck.faults.counters import COUNTERS
-from gpucheck.faults.findings import (
-    CORRECTED_ECC_WARN,
-    NVLINK_ERRORS_PER_S,
-    PCIE_REPLAYS_PER_MIN,
-    SLOWDOWN_MIN_SAMPLES,
-    SLOWDOWN_WARN_FRACTION,
-)
+from gpucheck.faults.clocks import SLOWDOWN_MIN_SAMPLES, SLOWDOWN_WARN_FRACTION
+from gpucheck.faults.judge import CORRECTED_ECC_WARN
+from gpucheck.faults.links import NVLINK_ERRORS_PER_S, PCIE_REPLAYS_PER_MIN
 from gpucheck.probes.xid_table import ACTIONS
 from gpucheck.report import Finding, Status
 
@@ -453,7 +449,7 @@ def test_cpu_ranks_are_one_skip_per_reason():
 
 def test_the_docs_name_every_check_id_and_threshold():
     docs = (Path(__file__).parents[1] / "docs" / "faults.md").read_text()
-    # Every module of gpucheck/faults that makes a verdict (judge_*.py, findings.py).
+    # Every module of gpucheck/faults that makes a verdict.
     source = "\n".join(p.read_text() for p in Path(findings.__file__).parent.glob("*.py"))
     ids = set(re.findall(r'"(faults\.[a-z_.]+)"', source))
     ids |= {f"faults.event.{kind}" for kind in findings.EVENT_VERDICTS}

@@ -44,7 +44,7 @@ def _env(monkeypatch, fake: FakeNvml):
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
     result = probe_nvml(Nvml(2.0))
     findings = [f for s in result.sections for f in s.findings if f.check == CHECK]
-    return result, {f.subject.split(" (")[0]: f for f in findings}
+    return result, {f.subject.label.split(" (")[0]: f for f in findings}
 
 
 @pytest.mark.parametrize("bit", [SW_THERMAL, HW_THERMAL, POWER_BRAKE])
@@ -92,7 +92,7 @@ def test_a_slow_counter_read_never_makes_a_reason_look_held(monkeypatch):
     call that then takes 0.2 s (a busy driver). Over the window after that call, the
     counter's growth read 0.45 as 0.67 (held: a drain); over its own reads' bracket it
     can only read low."""
-    real, calls = clock_window._counters_ns, []
+    real, calls = clock_window.read_slowdown_ns, []
 
     def sampled_then_slow(nvml, handle):
         values = real(nvml, handle)
@@ -101,7 +101,7 @@ def test_a_slow_counter_read_never_makes_a_reason_look_held(monkeypatch):
             time.sleep(0.2)
         return values
 
-    monkeypatch.setattr(clock_window, "_counters_ns", sampled_then_slow)
+    monkeypatch.setattr(clock_window, "read_slowdown_ns", sampled_then_slow)
     fake = FakeNvml(_gpus(clock_reasons_seq=[SW_THERMAL], clock_reasons=0,
                           slowdown_share={SW_THERM_NS: 0.45}))
     result, found = _env(monkeypatch, fake)

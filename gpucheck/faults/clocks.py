@@ -1,68 +1,38 @@
-"""Why the clocks were held down during the timed loop.
-
-Two sources, both through the `Nvml` doorway:
-- the clock-event reasons bitmask (`nvidia-smi --query-gpu=clocks_event_reasons.active`,
-  `nvmlDeviceGetCurrentClocksEventReasons`, or the older ...ThrottleReasons), sampled
-  by the watcher's thread: the fraction of samples in which each reason was active;
-- the driver's own slowdown-time counters (`nvidia-smi -q -d PERFORMANCE`, "Clocks
-  Event Reasons Counters"; `nvmlDeviceGetFieldValues` with
-  NVML_FI_DEV_CLOCKS_EVENT_REASON_*), read at the start and end of the window:
-  exact where they exist (recent drivers and GPUs), n/a elsewhere. HW slowdown
-  (0x8) has no counter, so sampling is the one source that covers every reason.
-
-HW slowdown (0x8) alone proves little. NVML API reference (NvmlClocksEventReasons,
-nvmlClocksEventReasonHwSlowdown): "HW Slowdown (reducing the core clocks by a
-factor of 2 or more) is engaged. This is an indicator of: temperature being too
-high; External Power Brake Assertion is triggered (e.g. by the system power
-supply); Power draw is too high and Fast Trigger protection is reducing the
-clocks; May be also reported during PState or clock change. This behavior may be
-removed in a later release." A load full of idle-busy transitions (comm, stress)
-sets it at transitions on a healthy GPU. So each 0x8 sample is corroborated or not
-(`corroboration`): by the HW thermal (0x40) or HW power brake (0x80) bit set with
-it, or, with the GPU busy (no GPU-idle bit), by the SM clock read right then at
-SM_LOW_FRACTION of its maximum or less (a real HW slowdown halves the clock). Only
-corroborated samples in runs of SUSTAINED_SAMPLES consecutive ticks or more count
-as held (`HwSlowdownRuns`): a P-state or clock change lasts milliseconds, not
-three ticks. The SM clock is read only for a 0x8 sample that needs it, so a
-healthy GPU costs no extra call.
-"""
+"""Why the clocks were held down during the timed loop: the watcher's samples of the
+clock-event reasons, HW slowdown's corroboration, and their verdict
+(`faults.clocks.slowdown`). docs/faults.md says why HW slowdown (0x8) alone proves
+little and what corroborates it."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpucheck.faults.counters import LOST_KINDS
+from gpucheck.faults.judge import fault
+from gpucheck.probes.clock_window import MASK_FUNCTIONS, SLOWDOWN_FIELDS, held_s, read_mask
 from gpucheck.probes.gpu_read import NvmlDoor
-from gpucheck.probes.gpus import CLOCK_REASONS
-from gpucheck.probes.nvml import NvmlFailure
+from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS, CLOCK_REASONS
+from gpucheck.report import Finding, Status, ok, skip
 
-MASK_FUNCTIONS = ("nvmlDeviceGetCurrentClocksEventReasons",
-                  "nvmlDeviceGetCurrentClocksThrottleReasons")
-# Reason -> the pynvml field id constant of its cumulative time counter (ns, per nvml.h).
-SLOWDOWN_FIELDS: dict[str, str] = {
-    "sw_power_cap": "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP",
-    "sw_thermal_slowdown": "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN",
-    "hw_thermal_slowdown": "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN",
-    "hw_power_brake_slowdown": "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN",
-}
-# c_nvmlFieldValue_t.valueType (NVML_VALUE_TYPE_*) -> the member of its value union.
-_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
-                  6: "usVal"}
 # Clock-event reason bits (nvml.h nvmlClocksEventReason*) the HW slowdown rule reads.
 GPU_IDLE, HW_SLOWDOWN, HW_THERMAL, HW_POWER_BRAKE = 0x1, 0x8, 0x40, 0x80
 SM_LOW_FRACTION = 0.6  # SM clock / max at or below which a busy 0x8 sample is believed
 SUSTAINED_SAMPLES = 3  # consecutive corroborated 0x8 samples that make a held slowdown
-# Words the report uses for a reason ("HW thermal slowdown").
+SLOWDOWN_WARN_FRACTION = 0.10  # of the window: at least ~5% of throughput lost
+SLOWDOWN_MIN_SAMPLES = 5  # fewer cannot tell 10% from noise
 REASON_WORDS = {
     "hw_slowdown": "HW slowdown", "sw_thermal_slowdown": "SW thermal slowdown",
     "hw_thermal_slowdown": "HW thermal slowdown",
     "hw_power_brake_slowdown": "HW power brake slowdown", "sw_power_cap": "SW power cap",
 }
+_COOLING = ("the GPU slowed itself down to protect itself: check cooling (fans, airflow, "
+            "inlet temperature) and the power supply; nvidia-smi -q -d "
+            "PERFORMANCE,TEMPERATURE,POWER shows the reasons and their counters")
 
 
 class ClockReader:
-    """Reads the reasons bitmask, remembering which of the two functions this driver has."""
+    """Reads the reasons mask, and the SM clock when a 0x8 sample needs it."""
 
     def __init__(self, nvml: NvmlDoor, handle: Any) -> None:
         self._nvml, self._handle = nvml, handle
@@ -78,41 +48,30 @@ class ClockReader:
         return self._functions[0] if self._functions else None
 
     def read(self) -> int | None:
-        """The mask now; None when neither function exists here (n/a from then on)."""
-        while self._functions:
-            mask = self._nvml.get(self._functions[0], self._handle)
-            if mask is not None:
-                return int(mask)
-            self._functions.pop(0)  # not on this driver: never ask again
-        return None
+        return read_mask(self._nvml, self._handle, self._functions)
 
     def sm_ratio(self, mask: int) -> float | None:
-        """The SM clock now over its maximum (`nvidia-smi --query-gpu=clocks.sm,
-        clocks.max.sm`), read only for a sample whose 0x8 needs it; None when not
-        needed or n/a. The maximum is read once."""
+        """The SM clock over its maximum (`nvidia-smi --query-gpu=clocks.sm,clocks.max.sm`),
+        read only for a sample whose 0x8 needs it; None when not needed or n/a."""
         if not needs_sm_clock(mask):
             return None
         sm = getattr(self._nvml.module, "NVML_CLOCK_SM", 1)
         if self._max_mhz is None:
             self._max_mhz = int(self._nvml.get("nvmlDeviceGetMaxClockInfo", self._handle, sm)
                                 or 0)
-        if not self._max_mhz:  # n/a here: no clock to corroborate with
+        if not self._max_mhz:
             return None
         current = self._nvml.get("nvmlDeviceGetClockInfo", self._handle, sm)
-        if current is None:
-            return None
-        return int(current) / self._max_mhz
+        return None if current is None else int(current) / self._max_mhz
 
     @property
     def sm_max_mhz(self) -> int | None:
-        """The SM clock's maximum, once read (0 or None: n/a or not needed)."""
         return self._max_mhz or None
 
 
 def corroboration(mask: int, sm_ratio: float | None) -> str | None:
-    """Why a sample with 0x8 set is believed: "bits" (HW thermal or power brake set
-    with it), "low_clock" (busy, SM clock at SM_LOW_FRACTION of its max or less), or
-    None (not corroborated, or 0x8 not set)."""
+    """Why a 0x8 sample is believed: "bits" (HW thermal or power brake with it),
+    "low_clock" (busy, SM clock at SM_LOW_FRACTION of its max or less), or None."""
     if not mask & HW_SLOWDOWN:
         return None
     if mask & (HW_THERMAL | HW_POWER_BRAKE):
@@ -128,14 +87,14 @@ def needs_sm_clock(mask: int) -> bool:
 
 
 class HwSlowdownRuns:
-    """The 0x8 samples of a window: how many, how many corroborated, and how many in
-    runs of SUSTAINED_SAMPLES consecutive corroborated samples or more (held)."""
+    """The 0x8 samples of a window: flagged, corroborated, and held (in runs of
+    SUSTAINED_SAMPLES consecutive corroborated samples or more)."""
 
     def __init__(self) -> None:
-        self.flagged = 0  # samples with 0x8 set
+        self.flagged = 0
         self.by = {"bits": 0, "low_clock": 0}
         self.held_closed = 0  # samples of finished runs that were long enough
-        self.run = 0  # the current run of corroborated samples
+        self.run = 0
         self.longest = 0
         self.lowest_ratio: float | None = None
 
@@ -155,7 +114,6 @@ class HwSlowdownRuns:
                                  else min(sm_ratio, self.lowest_ratio))
 
     def summary(self) -> dict[str, Any]:
-        """Plain JSON for the result (the current run counts if already long enough)."""
         held = self.held_closed + (self.run if self.run >= SUSTAINED_SAMPLES else 0)
         return {"flagged": self.flagged, "corroborated_by_bits": self.by["bits"],
                 "corroborated_by_low_clock": self.by["low_clock"], "held": held,
@@ -178,7 +136,6 @@ class ClockTally:
             self._hw = HwSlowdownRuns()
 
     def add(self, mask: int, sm_ratio: float | None = None) -> None:
-        """One sample: the reasons mask, and the SM clock / max when it was read."""
         with self._lock:
             self._samples += 1
             for bit, name in CLOCK_REASONS.items():
@@ -187,7 +144,6 @@ class ClockTally:
             self._hw.add(mask, sm_ratio)
 
     def hw_slowdown(self) -> dict[str, Any]:
-        """How the window's 0x8 samples were corroborated (HwSlowdownRuns.summary)."""
         with self._lock:
             return self._hw.summary()
 
@@ -205,54 +161,131 @@ class ClockTally:
                     for name, count in sorted(self._counts.items())}
 
 
-def _field_value(value: Any) -> int | None:
-    if int(value.nvmlReturn) != 0:  # NVML_SUCCESS; anything else: this field is n/a
-        return None
-    member = _VALUE_MEMBERS.get(int(value.valueType))
-    return None if member is None else int(getattr(value.value, member))
-
-
-def read_slowdown_ns(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
-    """Cumulative ns each reason has held the clocks down (n/a per field).
-
-    One nvmlDeviceGetFieldValues call; a field this driver does not know answers
-    its own error in the returned array, and a pynvml that lacks the constant
-    leaves that reason n/a.
-    """
-    m = nvml.module
-    ids = {name: getattr(m, constant) for name, constant in SLOWDOWN_FIELDS.items()
-           if hasattr(m, constant)}
-    result: dict[str, int | None] = dict.fromkeys(SLOWDOWN_FIELDS)
-    if not ids:
-        return result
-    try:
-        values = nvml.get("nvmlDeviceGetFieldValues", handle, list(ids.values()))
-    except NvmlFailure as exc:
-        if exc.kind in LOST_KINDS:
-            raise
-        return result  # an unexpected answer for optional counters: n/a
-    if values is None:
-        return result
-    for name, value in zip(ids, values, strict=True):
-        result[name] = _field_value(value)
-    return result
-
-
 def slowdown_ms(start: dict[str, int | None] | None, end: dict[str, int | None] | None,
                 window_s: float | None) -> dict[str, float | None]:
-    """Per reason, ms held down during the window; None when n/a or implausible.
-
-    A value longer than the window itself means the counter is not what we think
-    (a pynvml whose field ids differ from the driver's: NVIDIA renumbered these
-    fields between releases), so it is dropped rather than believed.
-    """
-    out: dict[str, float | None] = dict.fromkeys(SLOWDOWN_FIELDS)
+    """Per reason, ms held down during the window by the driver's counter (None: n/a)."""
     if start is None or end is None or not window_s:
-        return out
-    for name in SLOWDOWN_FIELDS:
-        a, b = start.get(name), end.get(name)
-        if a is None or b is None or b < a:
+        return dict.fromkeys(SLOWDOWN_FIELDS)
+    return {r: None if s is None else round(s * 1000, 3)
+            for r, s in held_s(start, end, window_s).items()}
+
+
+# -- the verdict ----------------------------------------------------------------------
+
+def _shares(clocks: Mapping[str, Any]) -> dict[str, tuple[float, float | None]]:
+    """Per bad reason: (share of samples, share by the driver's counter or None); HW
+    slowdown has no counter and counts its held, corroborated samples only."""
+    fractions = clocks.get("fractions") or {}
+    counters = clocks.get("slowdown_ms") or {}
+    window_s = clocks.get("window_s") or 0.0
+    shares: dict[str, tuple[float, float | None]] = {}
+    for reason in BAD_CLOCK_REASONS:
+        if reason == "hw_slowdown":
+            shares[reason] = (_hw_held_share(clocks), None)
             continue
-        ms = (b - a) / 1e6
-        out[name] = round(ms, 3) if ms <= window_s * 1000 * 1.05 else None
-    return out
+        ms = counters.get(reason)
+        counted = ms / 1000.0 / window_s if ms is not None and window_s > 0 else None
+        shares[reason] = (float(fractions.get(reason, 0.0)), counted)
+    return shares
+
+
+def _hw_held_share(clocks: Mapping[str, Any]) -> float:
+    samples = int(clocks.get("samples") or 0)
+    held = int((clocks.get("hw_slowdown") or {}).get("held") or 0)
+    return held / samples if samples else 0.0
+
+
+def _hw_evidence(clocks: Mapping[str, Any]) -> str:
+    """"up to 40 samples in a row; HW thermal or power brake bits with it in 10; ..."."""
+    hw = clocks.get("hw_slowdown") or {}
+    parts = [f"up to {hw.get('longest_run')} samples in a row"]
+    if hw.get("corroborated_by_bits"):
+        parts.append(f"HW thermal or power brake bits with it in {hw['corroborated_by_bits']}")
+    if hw.get("corroborated_by_low_clock"):
+        ratio, top = hw.get("lowest_sm_ratio"), hw.get("sm_clock_max_mhz")
+        clock = f"down to {ratio * 100:.0f}%" if ratio is not None else "low"
+        parts.append(f"the SM clock {clock} of its {top} MHz maximum, busy, in "
+                     f"{hw['corroborated_by_low_clock']}")
+    return "; ".join(parts)
+
+
+def _headline(reason: str, share: tuple[float, float | None]) -> str:
+    return f"{REASON_WORDS[reason]} {max(share[0], share[1] or 0.0) * 100:.0f}%"
+
+
+def _detail(reason: str, share: tuple[float, float | None], clocks: Mapping[str, Any]) -> str:
+    sampled, counted = share
+    samples = int(clocks.get("samples") or 0)
+    if reason == "hw_slowdown":
+        return (f"{REASON_WORDS[reason]} held in {sampled * 100:.0f}% of {samples} samples "
+                f"({_hw_evidence(clocks)})")
+    text = f"{REASON_WORDS[reason]} in {sampled * 100:.0f}% of {samples} samples"
+    return text + (f", {counted * 100:.0f}% by the driver's counter" if counted is not None
+                   else "")
+
+
+def _bad_slowdowns(clocks: Mapping[str, Any]) -> dict[str, tuple[float, float | None]]:
+    """Reasons held for SLOWDOWN_WARN_FRACTION of the window or more: sampled (with
+    SLOWDOWN_MIN_SAMPLES samples or more), or by the driver's counter alone."""
+    judged = int(clocks.get("samples") or 0) >= SLOWDOWN_MIN_SAMPLES
+    return {r: s for r, s in _shares(clocks).items()
+            if (judged and s[0] >= SLOWDOWN_WARN_FRACTION)
+            or (s[1] is not None and s[1] >= SLOWDOWN_WARN_FRACTION)}
+
+
+def _window_words(clocks: Mapping[str, Any]) -> str:
+    return "timed loop" if clocks.get("window") == "timed" else "watched run"
+
+
+def judge_clocks(result: Mapping[str, Any]) -> Finding:
+    """A slowdown held for SLOWDOWN_WARN_FRACTION of the window or more: WARN."""
+    check, clocks = "faults.clocks.slowdown", result.get("clocks") or {}
+    if clocks.get("fractions") is None:
+        return skip(check, "clock-event reasons")
+    window = _window_words(clocks)
+    samples, window_s = int(clocks.get("samples") or 0), clocks.get("window_s")
+    bad = _bad_slowdowns(clocks)
+    if bad:
+        words = ", ".join(_headline(r, s) for r, s in bad.items())
+        details = "; ".join(_detail(r, s, clocks) for r, s in bad.items())
+        return fault(check, Status.WARN, f"was in {words} of the {window} ({window_s} s: "
+                     f"{details})", "drain-node", _COOLING)
+    span = f"{window_s} s, {samples} samples"
+    if samples < SLOWDOWN_MIN_SAMPLES:
+        return skip(check, f"slowdowns (too few clock samples: {span})")
+    seen = [_headline(r, s) for r, s in _shares(clocks).items()
+            if r != "hw_slowdown" and (s[0] or s[1])]
+    flagged = float((clocks.get("fractions") or {}).get("hw_slowdown", 0.0))
+    if flagged:
+        seen.append(f"HW slowdown flag {flagged * 100:.0f}%, {_hw_held_share(clocks) * 100:.0f}"
+                    "% held with a low SM clock or thermal/power-brake bits (NVML also sets "
+                    "the flag at P-state and clock changes)")
+    power = (clocks.get("fractions") or {}).get("sw_power_cap")
+    if power:  # the power limit is doing its job: information
+        seen.append(f"at its power limit {power * 100:.0f}%")
+    return ok(check, f"no slowdown in the {window} ({span})" + (
+        f"; briefly: {', '.join(seen)}" if seen else ""))
+
+
+def slowdown_pct(clocks: Mapping[str, Any]) -> float | None:
+    """The largest share of the window any bad reason held the clocks, in %."""
+    if clocks.get("fractions") is None:
+        return None
+    return round(100 * max(s[0] for s in _shares(clocks).values()), 1)
+
+
+def slowdown_causes(results: Sequence[Mapping[str, Any]],
+                    window: str | None = None) -> dict[int, str]:
+    """Rank -> "was in HW thermal slowdown 40% of the timed loop" for ranks over the
+    slowdown threshold, for the straggler findings; `window` replaces the window's words."""
+    causes: dict[int, str] = {}
+    for position, result in enumerate(results):
+        clocks = result.get("clocks") or {}
+        if result.get("status") != "watched" or clocks.get("fractions") is None:
+            continue
+        if bad := _bad_slowdowns(clocks):
+            words = ", ".join(_headline(r, s) for r, s in bad.items())
+            rank = result.get("rank")
+            causes[position if rank is None else int(rank)] = (
+                f"was in {words} of the {window or _window_words(clocks)}")
+    return causes

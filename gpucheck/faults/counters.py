@@ -1,21 +1,17 @@
-"""One GPU's error counters, read before and after a load.
-
-The `nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT`, `nvidia-smi -q` "Replays
-Since Reset" and `nvidia-smi nvlink -e` view, as plain integers: every value is
-an int, or None where this GPU or driver does not have the counter (n/a; ECC
-off, no NVLink, a pre-Ampere GPU without row remapping, ...). Flags (a pending
-remap) are 0/1 so that before, after and delta have one shape.
-
-Every call goes through the `Nvml` doorway; a failure that is not "not
-available" (the GPU is lost, the driver hangs) raises `NvmlFailure`.
-"""
+"""What the watcher reads of one GPU: its error counters before and after a load
+(`nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT`, "Replays Since Reset", `nvidia-smi
+nvlink -e`), as ints or None where the GPU or driver lacks one (n/a), and its NVML event
+set (XIDs, ECC and memory events), polled with a 0 ms wait on the watcher's tick so it
+never holds the doorway (docs/faults.md)."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpucheck.probes.gpu_read import ALL_LINKS, BANK_FIELDS, NvmlDoor, read_fields
+from gpucheck.probes.nvml import NvmlFailure
 
 # Failures that mean the GPU (or the driver) stopped answering: a fault, never n/a.
 LOST_KINDS = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired", "Timeout")
@@ -245,3 +241,105 @@ def link_deltas(before: Snapshot | None, after: Snapshot | None) -> dict[str, di
             if change:
                 grown.setdefault(str(link), {})[name] = change
     return grown
+
+
+# -- NVML events ------------------------------------------------------------------
+
+MAX_EVENTS_PER_POLL = 64  # a storm cannot keep one tick busy for long
+
+
+@dataclass(frozen=True)
+class EventKind:
+    """One NVML event type the watcher listens to."""
+
+    constant: str  # the pynvml name of its bit (nvmlEventType...)
+    name: str  # the word the result and the report use
+
+
+WATCHED: tuple[EventKind, ...] = (
+    EventKind("nvmlEventTypeXidCriticalError", "xid"),
+    EventKind("nvmlEventTypeDoubleBitEccError", "ecc_uncorrected"),
+    EventKind("nvmlEventTypeSingleBitEccError", "ecc_corrected"),
+    EventKind("nvmlEventTypeSingleBitEccErrorStorm", "ecc_corrected_storm"),
+    EventKind("nvmlEventTypeDramRetirementEvent", "dram_retirement"),
+    EventKind("nvmlEventTypeDramRetirementFailure", "dram_retirement_failure"),
+    EventKind("nvmlEventTypeNonFatalPoisonError", "poison_contained"),
+    EventKind("nvmlEventTypeFatalPoisonError", "poison_uncontained"),
+    EventKind("nvmlEventTypeGpuUnavailableError", "gpu_unavailable"),
+    EventKind("nvmlEventTypeGpuRecoveryAction", "gpu_recovery_action"),
+)
+
+
+class EventWatch:
+    """One GPU's event set. `open` registers, `poll` drains, `close` frees."""
+
+    def __init__(self, nvml: NvmlDoor, handle: Any) -> None:
+        self._nvml, self._handle = nvml, handle
+        self._set: Any = None
+        self._bits: dict[int, str] = {}
+        self.reason: str | None = None  # why events are n/a
+
+    @property
+    def registered(self) -> list[str] | None:
+        """The event kinds registered; None when events are n/a here."""
+        return sorted(self._bits.values()) if self._bits else None
+
+    def _supported(self) -> int | None:
+        mask: int | None = self._nvml.get("nvmlDeviceGetSupportedEventTypes", self._handle)
+        return mask
+
+    def open(self) -> None:
+        """Create the set and register each supported kind; n/a (with `reason`) when
+        the driver has no events for this GPU (containers often answer NotSupported)."""
+        m = self._nvml.module
+        supported = self._supported()
+        wanted = {getattr(m, k.constant): k.name for k in WATCHED if hasattr(m, k.constant)}
+        if supported is not None:
+            wanted = {bit: name for bit, name in wanted.items() if bit & supported}
+        if not wanted:
+            self.reason = "this GPU supports none of the watched NVML event types"
+            return
+        event_set = self._nvml.get("nvmlEventSetCreate")
+        if event_set is None:
+            self.reason = "NVML event sets are not available here"
+            return
+        self._set = event_set  # from here on `close` frees it, whatever happens
+        for bit, name in wanted.items():
+            if self._register(bit, event_set):
+                self._bits[bit] = name
+        if not self._bits:
+            self.reason = "the driver refused to register XID/ECC events for this GPU"
+            self.close()
+
+    def _register(self, bit: int, event_set: Any) -> bool:
+        try:
+            self._nvml.call("nvmlDeviceRegisterEvents", self._handle, bit, event_set)
+        except NvmlFailure as exc:
+            if exc.kind in LOST_KINDS:
+                raise
+            return False  # one kind refused: keep the others
+        return True
+
+    def poll(self) -> list[tuple[str, int]]:
+        """Every queued event as (kind, eventData); XID events carry the XID number."""
+        events: list[tuple[str, int]] = []
+        while self._set is not None and len(events) < MAX_EVENTS_PER_POLL:
+            try:
+                data = self._nvml.call("nvmlEventSetWait_v2", self._set, 0)
+            except NvmlFailure as exc:
+                if exc.kind == "NVMLError_Timeout":  # nothing queued: the normal answer
+                    break
+                raise
+            events.extend(self._kinds(int(data.eventType), int(data.eventData)))
+        return events
+
+    def _kinds(self, event_type: int, data: int) -> list[tuple[str, int]]:
+        named = [(name, data) for bit, name in self._bits.items() if event_type & bit]
+        return named or [(f"event_type_0x{event_type:x}", data)]
+
+    def close(self) -> None:
+        """Free the set (best effort: a lost GPU must not stop the watcher's exit)."""
+        if self._set is not None:
+            event_set, self._set = self._set, None
+            with contextlib.suppress(NvmlFailure):
+                self._nvml.call("nvmlEventSetFree", event_set)

@@ -1,53 +1,54 @@
-"""Rank 0's verdicts on every rank's `FaultWatch.result()`: findings and a section.
-
-What `dcgmi health -c` would say after the run, from the counters, events and
-clock samples each rank brought back. Each kind is judged in its own module
-(`gpucheck.faults.verdict` lists them: memory, links, events, clocks, the watcher);
-this one runs them on every rank, merges the ranks that used the same GPU (same
-host and bus id) into one set of findings, and builds the section. A counter the
-GPU lacks is n/a (listed in the summary), never a FAIL. The thresholds and why
-they are where they are: docs/faults.md.
-
-Every WARN/FAIL finding carries its verdict's action as the cause "table.<action>"
-(gpucheck.checks), and the same word is in the section's `faults` rows.
-"""
+"""Rank 0's findings and section from every rank's `FaultWatch.result()`: each result
+judged (`judge`, `links`, `clocks`), the ranks that used one GPU (same host and bus id)
+merged, a counter the GPU lacks n/a (in the summary), never a FAIL. Every WARN/FAIL
+carries its action as the cause "table.<action>" (docs/faults.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpucheck import subject as subjects
-from gpucheck.checks.check import table_cause
-from gpucheck.devices import normal_bus_id
-from gpucheck.faults.clocks import SM_LOW_FRACTION, SUSTAINED_SAMPLES
-from gpucheck.faults.judge_clocks import (
+from gpucheck.devices import GpuIdentity, normal_bus_id
+from gpucheck.faults.clocks import (
     SLOWDOWN_MIN_SAMPLES,
     SLOWDOWN_WARN_FRACTION,
+    SM_LOW_FRACTION,
+    SUSTAINED_SAMPLES,
     judge_clocks,
-    slowdown_causes,
     slowdown_pct,
 )
-from gpucheck.faults.judge_events import EVENT_VERDICTS, judge_events, meaning
-from gpucheck.faults.judge_links import NVLINK_ERRORS_PER_S, PCIE_REPLAYS_PER_MIN, judge_links
-from gpucheck.faults.judge_memory import CORRECTED_ECC_WARN, judge_memory
-from gpucheck.faults.judge_watch import judge_errors
-from gpucheck.faults.verdict import Verdict, counter, events_of, rank_of
+from gpucheck.faults.judge import (
+    CORRECTED_ECC_WARN,
+    EVENT_VERDICTS,
+    counter,
+    events_of,
+    judge_errors,
+    judge_events,
+    judge_memory,
+    meaning,
+)
+from gpucheck.faults.links import NVLINK_ERRORS_PER_S, PCIE_REPLAYS_PER_MIN, judge_links
 from gpucheck.probes.xid_table import RECOVERY_ACTIONS
 from gpucheck.report import Finding, Section, Status, skip, worst
 
-__all__ = ["CORRECTED_ECC_WARN", "EVENT_VERDICTS", "NVLINK_ERRORS_PER_S",
-           "PCIE_REPLAYS_PER_MIN", "RECOVERY_ACTIONS", "SLOWDOWN_MIN_SAMPLES",
-           "SLOWDOWN_WARN_FRACTION", "Verdict", "fault_findings", "faults_section", "judge",
-           "slowdown_causes"]
+__all__ = ["EVENT_VERDICTS", "RECOVERY_ACTIONS", "fault_findings", "faults_section",
+           "gpu_names", "judge", "run_faults_section"]
 TITLE = "Hardware faults during the run"
+NOT_BACK = "its watch did not come back (the run ended before the ranks' results were gathered)"
 
 
-def judge(result: Mapping[str, Any]) -> list[Verdict]:
-    """Every verdict on one watched rank's result."""
+def judge(result: Mapping[str, Any]) -> list[Finding]:
+    """Every verdict on one watched rank's result (no subject yet)."""
     return [*judge_errors(result), *judge_memory(result), *judge_links(result),
             *judge_events(result), judge_clocks(result)]
+
+
+def _rank(result: Mapping[str, Any], position: int) -> int:
+    rank = result.get("rank")
+    return position if rank is None else int(rank)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def group_by_gpu(results: Sequence[Mapping[str, Any]],
     gpus: dict[tuple[Any, Any], list[tuple[int, Mapping[str, Any]]]] = {}
     not_watched: dict[str, list[int]] = {}
     for position, result in enumerate(results):
-        rank = rank_of(result, position)
+        rank = _rank(result, position)
         if result.get("status") != "watched":
             not_watched.setdefault(result.get("reason") or "not watched", []).append(rank)
             continue
@@ -91,24 +92,27 @@ def group_by_gpu(results: Sequence[Mapping[str, Any]],
     return groups, not_watched
 
 
-def _merge(groups_of_verdicts: Sequence[list[Verdict]]) -> list[Verdict]:
-    """One verdict per (check, key): the worst any rank of the GPU saw."""
-    merged: dict[tuple[str, str], Verdict] = {}
-    for verdicts in groups_of_verdicts:
-        for v in verdicts:
-            kept = merged.get((v.check, v.key))
-            if kept is None or v.status.severity > kept.status.severity:
-                merged[(v.check, v.key)] = v
-    return list(merged.values())
+def _merge(per_rank: Sequence[list[Finding]]) -> list[Finding]:
+    """Per check, the findings of the rank that saw it worst (the first on a tie)."""
+    chosen: dict[str, list[Finding]] = {}
+    for findings in per_rank:
+        mine: dict[str, list[Finding]] = {}
+        for f in findings:
+            mine.setdefault(f.check, []).append(f)
+        for check, seen in mine.items():
+            kept = chosen.get(check)
+            if kept is None or (max(f.status.severity for f in seen)
+                                > max(f.status.severity for f in kept)):
+                chosen[check] = seen
+    return [f for seen in chosen.values() for f in seen]
 
 
-def _gpu_findings(group: GpuGroup, verdicts: list[Verdict],
+def _gpu_findings(group: GpuGroup, verdicts: list[Finding],
                   subject: subjects.Subject) -> list[Finding]:
-    """WARN/FAIL verdicts become findings; OK and n/a ones one summary line."""
+    """The WARN/FAIL verdicts with their subject; OK and n/a ones one summary line."""
     index = "<index>" if group.nvml_index is None else str(group.nvml_index)
-    faults = [Finding(v.check, v.status, v.message, v.advice.replace("<index>", index),
-                      subject, cause=table_cause(v.action))
-              for v in verdicts if v.status in (Status.WARN, Status.FAIL)]
+    faults = [dataclasses.replace(v, subject=subject, hint=(v.hint or "").replace(
+        "<index>", index)) for v in verdicts if v.status in (Status.WARN, Status.FAIL)]
     clean = [v.message for v in verdicts if v.status is Status.OK]
     missing = [v.message for v in verdicts if v.status is Status.SKIP]
     na = f"; n/a: {', '.join(missing)}" if missing else ""
@@ -126,7 +130,7 @@ def _sum(values: Sequence[int | None]) -> int | None:
     return sum(known) if known else None
 
 
-def _gpu_row(group: GpuGroup, verdicts: list[Verdict]) -> dict[str, Any]:
+def _gpu_row(group: GpuGroup, verdicts: list[Finding]) -> dict[str, Any]:
     """One GPU's line in the section: deltas (None = n/a), verdict and action."""
     r = group.results[0]
     faults = [v for v in verdicts if v.status in (Status.WARN, Status.FAIL)]
@@ -137,7 +141,7 @@ def _gpu_row(group: GpuGroup, verdicts: list[Verdict]) -> dict[str, Any]:
     return {
         "ranks": ", ".join(map(str, group.ranks)), "host": group.host, "gpu": group.label,
         "verdict": worst(judged).value if judged else Status.SKIP.value,
-        "action": top.action if top else "none",
+        "action": (top.action or "none") if top else "none",
         "ecc_uncorrected": counter(r, "ecc_uncorrected"),
         "ecc_corrected": counter(r, "ecc_corrected"),
         "remap_pending": counter(r, "remapped_rows_pending", "after"),
@@ -207,8 +211,8 @@ def _build(results: Sequence[Mapping[str, Any]],
 
 def fault_findings(results: Sequence[Mapping[str, Any]],
                    names: Mapping[int, str] | None = None) -> list[Finding]:
-    """Findings for every rank's `FaultWatch.result()`; `names` maps a rank to the GPU
-    label the rest of the report uses (default: the label the watcher read itself)."""
+    """Findings for every rank's result; `names`: rank -> the GPU label the rest of the
+    report uses (default: the label the watcher read itself)."""
     return _build(results, names or {})[0]
 
 
@@ -217,3 +221,29 @@ def faults_section(results: Sequence[Mapping[str, Any]],
     """The "faults" section: per-GPU deltas, the faults with their actions, the events."""
     findings, data = _build(results, names or {})
     return Section("faults", TITLE, data, findings)
+
+
+def gpu_names(ranks: Iterable[Mapping[str, Any]]) -> dict[int, str]:
+    """Rank -> its physical GPU's label, from check-in rows (`RankInfo` as a dict); CPU
+    rows and rows without a bus id are left out (the watcher's own label is used)."""
+    names = {}
+    for row in ranks:
+        if not row.get("pci_bus_id"):
+            continue
+        name = str(row.get("device") or "").partition(" ")[2] or row.get("gpu_name")
+        names[int(row["rank"])] = GpuIdentity(None, row.get("nvml_index"), name or None,
+                                              row["pci_bus_id"], row.get("uuid")).label()
+    return names
+
+
+def run_faults_section(results: Sequence[Mapping[str, Any] | None],
+                       ranks: Iterable[int] = (),
+                       names: Mapping[int, str] | None = None) -> Section:
+    """The faults section of a load command from the results that came back (all of
+    them, or a failed run's reporting rank's own); a rank in `ranks` without one is
+    named n/a, never left out."""
+    back = [r for r in results if r is not None]
+    seen = {r.get("rank") for r in back}
+    back += [{"rank": rank, "status": "n/a", "reason": NOT_BACK}
+             for rank in sorted(set(ranks)) if rank not in seen]
+    return faults_section(back, names)

@@ -1,33 +1,7 @@
-"""`FaultWatch`: watch one GPU for hardware faults while a load runs on it.
-
-One rank, one GPU, one watcher. Before the load it snapshots the GPU's error
-counters and registers an NVML event set; during the load a daemon thread drains
-the event set and samples the clock-event reasons every `sample_s`; after the
-load it snapshots the counters again. `result()` is a plain JSON-able dict that
-travels with the rank's record to rank 0, where `gpucheck.faults.findings` turns
-every rank's result into findings. The command-line equivalent is running
-`nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT,PERFORMANCE` and
-`nvidia-smi nvlink -e` before and after the job, with `dcgmi health -c` (or
-`dmesg | grep Xid`) for what happened in between.
-
-    with FaultWatch(bus_id, rank=rank) as watch:
-        warm_up()
-        watch.mark_start()
-        timed_loop()
-        watch.mark_end()
-    record["faults"] = watch.result()
-
-It never raises into the load and never fails the run by itself: without a GPU
-(a CPU rank, `bus_id=None`), without NVML, or for a GPU NVML does not know, it is
-a no-op whose result says why (status "n/a"). All NVML calls go through the
-`Nvml` doorway, so a hanging driver costs one call's two budgets, not the run; a
-call that answers late (after its first budget) is listed in `nvml_slow`.
-
-Cost: per tick, one clock-reasons call and one 0 ms event-set wait (two NVML
-calls, each well under a millisecond), on a thread that sleeps in between: at
-the default 0.2 s that is 10 calls a second, a few hundredths of a percent of one
-CPU core, and nothing on the GPU. The result's `cost` says what it really took.
-"""
+"""`FaultWatch`: watch one GPU for hardware faults while a load runs on it: counters
+before and after, the NVML event set and the clock-event reasons sampled by a daemon
+thread in between. It never raises into the load: without a GPU or NVML its result
+says why (status "n/a"). docs/faults.md has its use, result and cost."""
 
 from __future__ import annotations
 
@@ -38,15 +12,16 @@ import time
 from typing import Any
 
 from gpucheck.devices import GpuIdentity
-from gpucheck.faults.clocks import ClockReader, ClockTally, read_slowdown_ns, slowdown_ms
+from gpucheck.faults.clocks import ClockReader, ClockTally, slowdown_ms
 from gpucheck.faults.counters import (
     LOST_KINDS,
+    EventWatch,
     Snapshot,
     counter_rows,
     link_deltas,
     read_snapshot,
 )
-from gpucheck.faults.events import EventWatch
+from gpucheck.probes.clock_window import read_slowdown_ns
 from gpucheck.probes.nvml import Nvml, NvmlFailure, decode
 
 RESULT_VERSION = 1
@@ -157,7 +132,9 @@ class FaultWatch:
         try:
             self._identify()
             self._before = read_snapshot(door, self._handle)
-            self._slow["start"] = read_slowdown_ns(door, self._handle)
+            self._slow["start"] = self._read_slowdown("before the run")
+            if self._lost():
+                return
             self._events = EventWatch(meter, self._handle)
             self._events.open()
         except NvmlFailure as exc:
@@ -323,8 +300,9 @@ class FaultWatch:
             return None
         try:
             return read_slowdown_ns(self._door, self._handle)
-        except NvmlFailure as exc:
-            self._record(exc, phase)
+        except NvmlFailure as exc:  # only a lost GPU is a fault: optional counters are n/a
+            if exc.kind in LOST_KINDS:
+                self._record(exc, phase)
             return None
 
     def _lost(self) -> bool:

@@ -1,10 +1,6 @@
-"""How the GPU's links are judged: PCIe replays, NVLink, and NVLink5's own counters.
-
-`nvidia-smi -q` "Replays Since Reset", `nvidia-smi nvlink --status` and `nvidia-smi
-nvlink -e`, before and after the run; on Blackwell the NVLink5 field values (link
-recovery events, effective and symbol errors and BER, FEC history). The rates and
-thresholds are DCGM's (docs/faults.md).
-"""
+"""How the GPU's links are judged: PCIe replays, NVLink up/down, recovery and CRC/replay
+errors (`nvidia-smi nvlink -e`), and NVLink5's own counters on Blackwell. The rates
+and thresholds are DCGM's (docs/faults.md)."""
 
 from __future__ import annotations
 
@@ -12,8 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpucheck.faults.counters import COUNTERS, decode_ber
-from gpucheck.faults.verdict import Verdict, counter, na, ok
-from gpucheck.report import Status
+from gpucheck.faults.judge import counter, fault
+from gpucheck.report import Finding, Status, ok, skip
 
 PCIE_REPLAYS_PER_MIN = 8  # DCGM's limit ("8 replays per minute is the maximum recommended")
 NVLINK_ERRORS_PER_S = 100.0  # DCGM: "CRC errors only matter at rates of 100+ per second"
@@ -21,19 +17,19 @@ BER_ZERO = (15, 255)  # the packed (mantissa, exponent) NVML gives for a BER of 
 SYMBOL_BER_FLOOR_EXP = 238  # DCGM_SYMBOL_BER_FLOOR_EXP_AGGREGATED (Blackwell, all links)
 
 
-def judge_pcie(result: Mapping[str, Any]) -> Verdict:
+def judge_pcie(result: Mapping[str, Any]) -> Finding:
     """PCIe replays: WARN above PCIE_REPLAYS_PER_MIN a minute (at least that many in a
     run shorter than a minute)."""
     check, count = "faults.pcie.replay", counter(result, "pcie_replays")
     if count is None:
-        return na(check, "PCIe replay counter")
+        return skip(check, "PCIe replay counter")
     minutes = max(1.0, (result.get("watched_s") or 0.0) / 60.0)
     if count > PCIE_REPLAYS_PER_MIN * minutes:
-        return Verdict(check, Status.WARN, f"{count} PCIe replays during the run "
-                       f"({count / minutes:.0f} a minute; the limit is {PCIE_REPLAYS_PER_MIN})",
-                       "replace-hardware", "the PCIe link kept retransmitting: at the next "
-                       "maintenance reseat the GPU and check its riser, cable and slot; "
-                       "replace the part if replays continue (nvidia-smi -q | grep -i replay)")
+        return fault(check, Status.WARN, f"{count} PCIe replays during the run "
+                     f"({count / minutes:.0f} a minute; the limit is {PCIE_REPLAYS_PER_MIN})",
+                     "replace-hardware", "the PCIe link kept retransmitting: at the next "
+                     "maintenance reseat the GPU and check its riser, cable and slot; "
+                     "replace the part if replays continue (nvidia-smi -q | grep -i replay)")
     return ok(check, f"PCIe replays +{count}")
 
 
@@ -43,7 +39,7 @@ def _links(result: Mapping[str, Any], name: str) -> str:
     return f" (link {', '.join(map(str, links))})" if links else ""
 
 
-def judge_nvlink(result: Mapping[str, Any]) -> list[Verdict]:
+def judge_nvlink(result: Mapping[str, Any]) -> list[Finding]:
     """A link that went down or a recovery (retraining): FAIL; CRC/replay errors at
     NVLINK_ERRORS_PER_S or more: WARN; fewer: noted, OK."""
     active = (counter(result, "nvlink_active_links", "before"),
@@ -51,32 +47,32 @@ def judge_nvlink(result: Mapping[str, Any]) -> list[Verdict]:
     d = {n: counter(result, f"nvlink_{n}") for n in ("crc_flit", "crc_data", "replay",
                                                       "recovery")}
     if active[0] is None or (not active[0] and not active[1]):
-        return [na("faults.nvlink.crc", "NVLink (none on this GPU)")]
+        return [skip("faults.nvlink.crc", "NVLink (none on this GPU)")]
     verdicts = []
     if active[1] is not None and active[1] < active[0]:
-        verdicts.append(Verdict("faults.nvlink.down", Status.FAIL, f"{active[0] - active[1]} "
-                                f"NVLink link(s) went down during the run ({active[0]} active "
-                                f"before, {active[1]} after)", "reset-gpu", "check nvidia-smi "
-                                "nvlink --status; reset the GPU with its NVLink peers, and "
-                                "have the NVLink/NVSwitch hardware checked if a link stays down"))
+        verdicts.append(fault("faults.nvlink.down", Status.FAIL, f"{active[0] - active[1]} "
+                              f"NVLink link(s) went down during the run ({active[0]} active "
+                              f"before, {active[1]} after)", "reset-gpu", "check nvidia-smi "
+                              "nvlink --status; reset the GPU with its NVLink peers, and "
+                              "have the NVLink/NVSwitch hardware checked if a link stays down"))
     if d["recovery"]:
-        verdicts.append(Verdict("faults.nvlink.recovery", Status.FAIL, f"{d['recovery']} "
-                                f"NVLink recovery error(s) during the run"
-                                f"{_links(result, 'nvlink_recovery')}: a link dropped and "
-                                "retrained, stalling its traffic", "reset-gpu", "reset the GPU "
-                                "with its NVLink peers (nvidia-smi nvlink -e shows the "
-                                "counters); drain the node and have the link hardware checked "
-                                "if it recurs"))
+        verdicts.append(fault("faults.nvlink.recovery", Status.FAIL, f"{d['recovery']} "
+                              f"NVLink recovery error(s) during the run"
+                              f"{_links(result, 'nvlink_recovery')}: a link dropped and "
+                              "retrained, stalling its traffic", "reset-gpu", "reset the GPU "
+                              "with its NVLink peers (nvidia-smi nvlink -e shows the "
+                              "counters); drain the node and have the link hardware checked "
+                              "if it recurs"))
     verdicts.append(_nvlink_errors(result, d))
     return verdicts
 
 
-def _nvlink_errors(result: Mapping[str, Any], d: dict[str, int | None]) -> Verdict:
+def _nvlink_errors(result: Mapping[str, Any], d: dict[str, int | None]) -> Finding:
     check = "faults.nvlink.crc"
     if all(d[n] is None for n in ("crc_flit", "crc_data", "replay")):
         # Links are up (judge_nvlink checked), so the counters were refused, not absent:
         # NVML removed them on Blackwell (change log, v560 -> v565). Say so.
-        return na(check, "NVLink error counters (NVML answers NotSupported on the active "
+        return skip(check, "NVLink error counters (NVML answers NotSupported on the active "
                   "links: it removed them on Blackwell, B200/GB200, from driver R565; "
                   "NVLink faults still arrive as XIDs 144-150)")
     # A CRC error is answered by a replay: count the larger side, not both.
@@ -85,11 +81,11 @@ def _nvlink_errors(result: Mapping[str, Any], d: dict[str, int | None]) -> Verdi
     rate = errors / seconds if seconds > 0 else 0.0
     where = _links(result, "nvlink_crc_flit") or _links(result, "nvlink_replay")
     if errors and rate >= NVLINK_ERRORS_PER_S:
-        return Verdict(check, Status.WARN, f"{errors} NVLink CRC/replay errors during the run"
-                       f"{where}, {rate:.0f}/s (WARN from {NVLINK_ERRORS_PER_S:.0f}/s): a "
-                       "marginal link, retransmitting", "replace-hardware", "reset the GPU with "
-                       "its NVLink peers; if the rate stays high, have the NVLink bridge, cable "
-                       "or NVSwitch tray checked (nvidia-smi nvlink -e)")
+        return fault(check, Status.WARN, f"{errors} NVLink CRC/replay errors during the run"
+                     f"{where}, {rate:.0f}/s (WARN from {NVLINK_ERRORS_PER_S:.0f}/s): a "
+                     "marginal link, retransmitting", "replace-hardware", "reset the GPU with "
+                     "its NVLink peers; if the rate stays high, have the NVLink bridge, cable "
+                     "or NVSwitch tray checked (nvidia-smi nvlink -e)")
     note = f"{where}, corrected by replay, {rate:.1f}/s" if errors else ""
     recovery = d["recovery"]
     return ok(check, f"NVLink CRC/replay +{errors}{note}, recovery "
@@ -137,29 +133,29 @@ def _nvlink5_ber(result: Mapping[str, Any]) -> list[str]:
     return bad
 
 
-def judge_nvlink5(result: Mapping[str, Any]) -> list[Verdict]:
+def judge_nvlink5(result: Mapping[str, Any]) -> list[Finding]:
     """NVLink5 (Blackwell) counters over all links, before and after the run; SKIP where
     the GPU lacks them. Link recovery events: FAIL (DCGM fails on one); effective
     (post-FEC) errors, or a BER over DCGM's threshold: WARN; symbol errors the FEC
     corrected (FEC history bins 1-15) are counted in the OK line."""
     names = [n for n in COUNTERS if n.startswith("nvlink5_")]
     if all(counter(result, n, "after") is None for n in names):
-        return [na("faults.nvlink5", "NVLink5 counters (link recovery, effective and symbol "
+        return [skip("faults.nvlink5", "NVLink5 counters (link recovery, effective and symbol "
                    "errors, BER, FEC history): NVML answers NotSupported for each; only "
                    "NVLink5 GPUs (B200, GB200 and later) have them")]
     verdicts = []
     recoveries = counter(result, "nvlink5_recovery_events")
     if recoveries:
-        verdicts.append(Verdict("faults.nvlink5.recovery", Status.FAIL, f"{recoveries} NVLink "
-                                "link recovery event(s) during the run: a link left the up "
-                                "state and retrained, stalling its traffic", "reset-gpu",
-                                "reset the GPU with its NVLink peers (nvidia-smi nvlink -e); "
-                                "drain the node and have the link hardware checked if it "
-                                "recurs"))
+        verdicts.append(fault("faults.nvlink5.recovery", Status.FAIL, f"{recoveries} NVLink "
+                              "link recovery event(s) during the run: a link left the up "
+                              "state and retrained, stalling its traffic", "reset-gpu",
+                              "reset the GPU with its NVLink peers (nvidia-smi nvlink -e); "
+                              "drain the node and have the link hardware checked if it "
+                              "recurs"))
     return verdicts + _nvlink5_errors(result)
 
 
-def _nvlink5_errors(result: Mapping[str, Any]) -> list[Verdict]:
+def _nvlink5_errors(result: Mapping[str, Any]) -> list[Finding]:
     """A BER over DCGM's threshold condemns the links (replace-hardware); the effective
     error count alone (field 219, like 220 marked deprecated in DCGM's NVML header)
     asks for the diagnostics first, never for a part."""
@@ -168,15 +164,15 @@ def _nvlink5_errors(result: Mapping[str, Any]) -> list[Verdict]:
     said = "; ".join(([f"{effective} effective (post-FEC) error(s) during the run"]
                       if effective else []) + ber)
     if ber:
-        return [Verdict("faults.nvlink5.errors", Status.WARN, f"NVLink5: {said}",
-                        "replace-hardware", "the links carry errors the FEC did not "
-                        "correct: run the field diagnostics (dcgmi diag -r 3), then have "
-                        "the NVLink cable, tray or switch checked (nvidia-smi nvlink -e)")]
+        return [fault("faults.nvlink5.errors", Status.WARN, f"NVLink5: {said}",
+                      "replace-hardware", "the links carry errors the FEC did not "
+                      "correct: run the field diagnostics (dcgmi diag -r 3), then have "
+                      "the NVLink cable, tray or switch checked (nvidia-smi nvlink -e)")]
     if effective:
-        return [Verdict("faults.nvlink5.errors", Status.WARN, f"NVLink5: {said}, BERs "
-                        "within DCGM's thresholds (the count is a deprecated NVML field)",
-                        "rerun", "run the field diagnostics (dcgmi diag -r 3) and look "
-                        "again; a BER over its threshold is what condemns a link")]
+        return [fault("faults.nvlink5.errors", Status.WARN, f"NVLink5: {said}, BERs "
+                      "within DCGM's thresholds (the count is a deprecated NVML field)",
+                      "rerun", "run the field diagnostics (dcgmi diag -r 3) and look "
+                      "again; a BER over its threshold is what condemns a link")]
     return [ok("faults.nvlink5.errors", _nvlink5_ok(result))]
 
 
@@ -193,6 +189,6 @@ def _nvlink5_ok(result: Mapping[str, Any]) -> str:
             f"{ber_words(counter(result, 'nvlink5_symbol_ber', 'after'))}")
 
 
-def judge_links(result: Mapping[str, Any]) -> list[Verdict]:
+def judge_links(result: Mapping[str, Any]) -> list[Finding]:
     """Every link verdict on one rank's result."""
     return [judge_pcie(result), *judge_nvlink(result), *judge_nvlink5(result)]
