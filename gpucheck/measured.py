@@ -8,25 +8,18 @@ object with `name` and `metrics`, so `report` stays above it).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from gpucheck import subject
 from gpucheck.measure import Metric
 from gpucheck.subject import Subject
+from gpucheck.units import number as number  # comm/metrics.py imports it from here until it goes
 
 
 class HasMetrics(Protocol):
     name: str
     metrics: list[Metric]
-
-
-def number(value: Any) -> float | None:
-    """A finite int or float (not a bool), else None: a record is read defensively."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def whole(value: Any) -> int | None:

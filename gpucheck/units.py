@@ -1,7 +1,9 @@
-"""Byte counts in words. Floor 1: imports nothing from gpucheck, so workers, probes and
-renderers can all use it (the comm worker used to import the report layer for this)."""
+"""Numbers in words and out of records: byte counts, and a figure read defensively. Floor
+1: imports nothing from gpucheck, so workers, probes, readers and renderers all use it."""
 
 from __future__ import annotations
+
+import math
 
 _EXACT_UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
 _BYTE_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
@@ -23,3 +25,10 @@ def fmt_bytes(count: int) -> str:
         if abs(count) >= size:
             return f"{count / size:.1f} {unit}"
     return f"{count} B"
+
+
+def number(value: object) -> float | None:
+    """A finite int or float (not a bool), else None: a record is read defensively."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None

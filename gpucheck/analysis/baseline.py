@@ -16,12 +16,13 @@ from typing import Any
 
 from gpucheck import __version__
 from gpucheck.analysis.loading import BASELINE_KIND
-from gpucheck.analysis.metrics import JUDGED, family, judged, number, position, slot_subject
+from gpucheck.analysis.metrics import JUDGED, family, judged, position, slot_subject
 from gpucheck.inputs import InputError, JsonProblem, parse_json, read_capped
 from gpucheck.measure import Better, Metric
 from gpucheck.peers import shortfall, trimmed
 from gpucheck.report import Finding, ok, skip, warn
 from gpucheck.stats import describe, significant
+from gpucheck.units import number
 
 BASELINE_SCHEMA_VERSION = 1
 

@@ -16,7 +16,6 @@ would make one corrected error an outlier. docs/fleet.md lists every name.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -72,13 +71,6 @@ def judged(metric: Metric) -> bool:
 def section_kind(name: Any) -> str:
     """`timing` for "timing" and for a combined report's "bench.timing"."""
     return str(name or "").rsplit(".", 1)[-1]
-
-
-def number(value: Any) -> float | None:
-    """A finite int or float (not a bool), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def rows(value: Any) -> list[Mapping[str, Any]]:

@@ -1,7 +1,6 @@
-"""`gpucheck env`: the probes run concurrently and assembled into one report, the quick
-functional test of every visible GPU (a matrix product checked against the CPU, pinned
-copies both ways, about a second each), and env's figures as metrics. Phase 1 runs the
-independent probes on daemon threads; phase 2 joins them (docs/env.md)."""
+"""`gpucheck env`: the probes run concurrently (phase 1 on daemon threads, phase 2 joins
+them) into one report; the quick functional test of every visible GPU (a matmul against
+the CPU, pinned copies both ways); env's figures as metrics (docs/env.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from typing import Any
 from gpucheck import subject as subjects
 from gpucheck.devices import GpuIdentity, bus_id_of, cuda_device_count, normal_bus_id, uuid_of
 from gpucheck.measure import Better, Metric
-from gpucheck.measured import number, whole
+from gpucheck.measured import whole
 from gpucheck.probes.consistency import probe_consistency
 from gpucheck.probes.gpus import (
     DriverInfo,
@@ -32,9 +31,9 @@ from gpucheck.probes.system import probe_envvars, probe_system
 from gpucheck.probes.torch_build import TorchInfo, cuda_available_finding, probe_torch
 from gpucheck.probes.xid_section import kernel_log_section
 from gpucheck.report import Finding, Report, Section, fail, ok, skip
+from gpucheck.units import number
 
-# NVML may take 30 s to start and seconds per GPU to attach with persistence off (see
-# probes/nvml.py): the phase waits long enough for a slow but healthy 8-GPU node.
+# Long enough for a slow but healthy 8-GPU node's NVML start and attaches.
 PHASE1_TIMEOUT_S = 120.0
 GPU_TEST_TIMEOUT_S = 10.0
 GPU_TEST_PER_GPU_S = 3.0
@@ -55,7 +54,7 @@ class Outcome:
 
 def run_concurrently(probes: Mapping[str, Callable[[], Any]],
                      timeout_s: float) -> dict[str, Outcome]:
-    """Run each probe on its own daemon thread; wait at most `timeout_s` for all."""
+    """Each probe on its own daemon thread; wait at most `timeout_s` for all."""
     results: dict[str, Outcome] = {}
 
     def target(name: str, probe: Callable[[], Any]) -> None:
@@ -79,7 +78,6 @@ def run_concurrently(probes: Mapping[str, Callable[[], Any]],
 
 
 def crashed_section(name: str, error: str) -> Section:
-    """What a probe that raised or hung leaves in the report."""
     return Section(name, TITLES.get(name, name), {"probe_error": error},
                    [fail(f"{name}.probe", f"the {name} probe failed: {error}",
                          "run it again with --format json and report a gpucheck bug "
@@ -240,8 +238,7 @@ def probe_gputest(torch: Any | None, enabled: bool = True, nvml_gpus: Sequence[A
 
 def _gpu_test(info: TorchInfo, enabled: bool, nvml_gpus: list[GpuRecord],
               timeout_s: float | None = None) -> Section:
-    """The GPU functional test, bounded; on a hang the GPUs that passed keep their rows
-    and the finding names the GPU it hung on."""
+    """The GPU functional test, bounded; on a hang the passed GPUs keep their rows."""
     torch = sys.modules.get("torch") if info.imported and info.cuda_available else None
     timeout = timeout_s or GPU_TEST_TIMEOUT_S + GPU_TEST_PER_GPU_S * info.device_count
     run = GpuTestRun()
@@ -271,7 +268,6 @@ NO_GPU_SCOPE = "no NVIDIA GPU or driver found: software checks only"
 def collect_env_report(gpu_test: bool = True, nvml_timeout_s: float = DEFAULT_TIMEOUT_S,
                        environ: Mapping[str, str] | None = None,
                        kernel_log: str | None = None) -> Report:
-    """Every env probe, as one Report (also the unit a multi-node gather collects)."""
     environ = dict(os.environ if environ is None else environ)
     phase1 = _phase1(nvml_timeout_s, environ, kernel_log)
     torch_section, info = _torch_parts(phase1["torch"])
@@ -319,24 +315,15 @@ SYSTEM_FIGURES = {
 GPU_TEST_FIGURES = ("h2d_gbps", "d2h_gbps")
 
 
-def gpu_words(record: Mapping[str, Any]) -> str:
-    """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)", as the other sections say it."""
-    details = [record.get("name"), record.get("pci_bus_id") and f"bus {record['pci_bus_id']}",
-               record.get("uuid")]
-    shown = ", ".join(str(d) for d in details if d)
-    head = f"GPU {record.get('index')}"
-    return f"{head} ({shown})" if shown else head
-
-
 def gpu_metrics(records: Sequence[Mapping[str, Any]]) -> Iterator[Metric]:
     """NVML's record of each GPU (`probes.gpus`), by NVML index."""
     for record in records:
         index = whole(record.get("index"))
         if index is None:
             continue
-        bus, uuid = record.get("pci_bus_id"), record.get("uuid")
-        who = subjects.gpu(index, gpu_words(record), bus_id=bus if isinstance(bus, str) else None,
-                          uuid=uuid if isinstance(uuid, str) else None)
+        name, bus, uuid = (v if isinstance(v, str) else None
+                           for v in (record.get(k) for k in ("name", "pci_bus_id", "uuid")))
+        who = GpuIdentity(None, index, name, bus, uuid).subject()
         for name, (unit, better) in GPU_FIGURES.items():
             value = number(record.get(name))
             if value is not None:

@@ -9,7 +9,6 @@ Sections are found by name (the last dotted part, so `gpucheck all`'s
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +19,7 @@ from gpucheck.render.chart_rules import (
 )
 from gpucheck.render.values import is_table
 from gpucheck.report import Report, Section
+from gpucheck.units import number
 
 # A fleet of many metrics would make a chart too tall to read; the table has them all.
 MAX_RANGE_ROWS = 30
@@ -84,13 +84,6 @@ class ChangeSpec:
 
 
 ChartSpec = LineSpec | BarSpec | RangeSpec | ChangeSpec
-
-
-def _number(value: Any) -> float | None:
-    """A finite int or float (not a bool), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def _short(name: str) -> str:
@@ -219,13 +212,13 @@ def _fleet_chart(report: Report) -> RangeSpec | None:
     marked: dict[tuple[str, str], list[tuple[str, float]]] = {}
     outliers = report.section("outliers")
     for row in _rows(outliers.data, "outliers") if outliers else []:
-        value = _number(row.get("value"))
+        value = number(row.get("value"))
         if value is not None:
             key = (str(row.get("command")), str(row.get("metric")))
             marked.setdefault(key, []).append((str(row.get("node")), value))
     rows = []
     for row in _rows(metrics.data, "metrics"):
-        median, low, high = (_number(row.get(k)) for k in ("median", "low", "high"))
+        median, low, high = (number(row.get(k)) for k in ("median", "low", "high"))
         if median is None or low is None or high is None or median <= 0:
             continue
         key = (str(row.get("command")), str(row.get("metric")))
@@ -243,7 +236,7 @@ def _compare_chart(report: Report) -> ChangeSpec | None:
     metrics = report.section("metrics")
     rows = []
     for row in _rows(metrics.data, "metrics") if metrics else []:
-        change = _number(row.get("change_pct"))
+        change = number(row.get("change_pct"))
         if change is not None and "verdict" in row:
             rows.append((str(row.get("metric")), change, str(row["verdict"])))
     if not rows:

@@ -17,20 +17,13 @@ The bars themselves are the sections' metrics (gpucheck.render.chart_find).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from gpucheck.render.values import is_table
 from gpucheck.report import Report, Section, Status
 from gpucheck.subject import Kind
-
-
-def number(value: Any) -> float | None:
-    """A finite int or float (not a bool), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
+from gpucheck.units import number
 
 
 def baseline_limits(report: Report) -> dict[str, float]:
