@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from gpucheck.devices import RankInfo
 from gpucheck.distributed import checkin, job
-from gpucheck.distributed.checkin import RankInfo, SharedGpu, View, shared_gpu_groups
+from gpucheck.distributed.checkin import SharedGpu, View, shared_gpu_groups
 from gpucheck.distributed.failures import rank_failure_findings
 from gpucheck.distributed.session import bind_device
 from gpucheck.distributed.world import slurm_world

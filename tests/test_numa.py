@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from gpucheck import numa
-from gpucheck.devices import GpuIdentity
-from gpucheck.distributed.checkin import RankInfo, this_rank
+from gpucheck.devices import GpuIdentity, RankInfo
+from gpucheck.distributed.checkin import this_rank
 from gpucheck.distributed.placement import numa_findings
 from gpucheck.distributed.world import World
 from gpucheck.probes.gpus import probe_nvml

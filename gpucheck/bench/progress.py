@@ -5,19 +5,20 @@ from __future__ import annotations
 
 from types import TracebackType
 
+from gpucheck.context import Console
 from gpucheck.distributed import terminal
 
 
 class Progress:
-    """`bench: warm-up` then `bench: timed`, counting batches; nothing when not `enabled`."""
+    """`bench: warm-up` then `bench: timed`, counting batches; nothing without a console."""
 
-    def __init__(self, enabled: bool) -> None:
-        self._enabled = enabled
+    def __init__(self, console: Console | None) -> None:
+        self._console = console  # None: no bar
         self._bar: terminal.Bar | None = None
 
     def __enter__(self) -> Progress:
-        if self._enabled:
-            self._bar = terminal.Bar("bench", 0, "batch", show=True)
+        if self._console is not None:
+            self._bar = terminal.Bar("bench", 0, "batch", self._console)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,

@@ -227,7 +227,8 @@ def _measure(spec: BenchSpec, world: World, ddp: Any,
 
     batch, check_batch = batches
     faults = faultwatch.of(ctx)
-    with torch.inference_mode(), Progress(spec.progress and world.is_reporter) as bar:
+    shown = ctx.console if spec.progress and world.is_reporter else None
+    with torch.inference_mode(), Progress(shown) as bar:
         progress.set_step(ctx, "warm-up")
         bar.start("warm-up", spec.warmup)
         per_iter_s = _warm_up(ddp, batch, spec.warmup, spec, bar)

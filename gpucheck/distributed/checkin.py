@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpucheck.devices import GpuIdentity
+from gpucheck.devices import GpuIdentity, RankInfo, device_label
 from gpucheck.distributed.deadline import latest_arrival_s
 from gpucheck.distributed.flight import DUMP_WAIT_S
 from gpucheck.distributed.world import World, host_name
@@ -29,45 +29,6 @@ from gpucheck.numa import SYSFS, allowed_cpus, rank_numa
 POLL_S = 0.05
 HOST_GRACE_S = 1.5
 _PREFIX = "gpucheck"
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    """One rank as it checked in."""
-
-    rank: int
-    local_rank: int
-    node_rank: int
-    host: str
-    device: str  # "cpu", or the CUDA ordinal in this rank's process and name: "cuda:0 NVIDIA H200"
-    pid: int
-    # The physical GPU on CUDA (None on CPU, or when NVML cannot tell the index).
-    nvml_index: int | None = None
-    pci_bus_id: str | None = None
-    uuid: str | None = None
-    # Where it runs: its CPUs at check-in ("0-27,56-83"), its GPU's NUMA node (sysfs) and
-    # whether those CPUs are on that node (`gpucheck.numa.RankNuma`; None: nothing to judge).
-    cpus: str | None = None
-    numa_node: int | None = None
-    on_gpu_numa: bool | None = None
-
-    def describe(self) -> str:
-        return (f"rank {self.rank} (node {self.node_rank} {self.host}, local rank "
-                f"{self.local_rank}, {device_label(asdict(self))}, pid {self.pid})")
-
-
-def device_label(info: Mapping[str, Any]) -> str:
-    """A check-in record's device as messages name it: "cpu", or
-    "cuda:0 = GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)" (NVML index, bus id,
-    UUID: cuda:0 alone is a different GPU on every rank under SLURM's binding)."""
-    device = str(info.get("device", "unknown device"))
-    ordinal, _, name = device.partition(" ")
-    if not ordinal.startswith("cuda:"):
-        return device
-    gpu = GpuIdentity(int(ordinal[5:]) if ordinal[5:].isdigit() else None,
-                      info.get("nvml_index"), name or None, info.get("pci_bus_id"),
-                      info.get("uuid"))
-    return gpu.label() if gpu.nvml_index is None else f"{ordinal} = {gpu.label()}"
 
 
 class CheckInFailed(RuntimeError):

@@ -1,17 +1,6 @@
-"""Every rank of a load command watches its GPU for hardware faults, set up once here.
-
-`process_group` opens one NVML doorway for the rank (`rank_nvml`), starts the rank's
-`FaultWatch` (gpucheck.faults) once the group is up (`start`) and stops it when the
-group is left (`close`), so bench, comm and stress all watch the same way. The state
-is a `RankFaults` on the rank's RunContext (`ctx.faults`, `of(ctx)`). A worker only
-marks its timed window (`mark_start` / `mark_end`) and, on its success path,
-`gather`s every rank's result for rank 0's report. When the run fails, the
-reporting rank publishes its own result with its partial results
-(`publish_after_failure`, from `process_group`'s failure path, which runs no
-collective), so the failure report still shows what its GPU went through.
-
-On a CPU rank the watch is a no-op whose result says "n/a" (no GPU); with
-`--no-fault-watch` there is no watch, no thread and no NVML doorway at all.
+"""Every rank of a load command watches its GPU for hardware faults, set up once here:
+one NVML doorway per rank, a `FaultWatch` for the life of its process group, a worker's
+timed window marked, every rank's result gathered on the success path (docs/faults.md).
 """
 
 from __future__ import annotations
@@ -30,8 +19,7 @@ OFF_REASON = "fault watching turned off (--no-fault-watch)"
 
 
 class RankFaults:
-    """One rank's fault watch for the life of its process group, held by its RunContext
-    (`ctx.faults`, set by `process_group`)."""
+    """One rank's fault watch for the life of its process group (`ctx.session.faults`)."""
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx  # the rank's, for its progress (the step, the partial results)
@@ -41,10 +29,8 @@ class RankFaults:
         self.result: dict[str, Any] | None = None
 
     def open_nvml(self, world: World, enabled: bool, test_bus: str | None = None) -> Nvml | None:
-        """The rank's one NVML doorway (its GPU's name, its fault watch), or None when this
-        rank has no GPU to ask about. One per rank: each doorway runs a worker thread.
-        `test_bus` (tests only, `TestHooks.fault_bus`): a bus id watched instead of its
-        GPU, so CPU ranks can watch the fake GPU of tests/fake_nvml_site."""
+        """The rank's one NVML doorway (each runs a worker thread), None without a GPU.
+        `test_bus` (`TestHooks.fault_bus`): a bus id watched instead of the rank's GPU."""
         wanted = world.device_index is not None or (enabled and test_bus)
         self.nvml = Nvml() if wanted else None
         return self.nvml
@@ -120,9 +106,9 @@ class RankFaults:
 
 def of(ctx: RunContext) -> RankFaults:
     """The fault watch of the process group `ctx` is in (`process_group(..., ctx=ctx)`)."""
-    if ctx.faults is None:
+    if not isinstance(ctx.session.faults, RankFaults):
         raise RuntimeError("no fault watch: call this inside process_group(..., ctx=ctx)")
-    return ctx.faults
+    return ctx.session.faults
 
 
 def off_results(world_size: int) -> list[dict[str, Any]]:

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpucheck.context import RunContext, RunOptions
+from gpucheck.devices import device_label
 from gpucheck.distributed import caught, deadline, progress, terminal
 from gpucheck.distributed.checkin import (
     CheckInFailed,
     RanksUnresponsive,
     SharedGpu,
-    device_label,
 )
 from gpucheck.distributed.launch import RankFailure, WorkersFailed, launch_local
 from gpucheck.distributed.world import World, world_of

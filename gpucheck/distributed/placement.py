@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpucheck import subject as subjects
-from gpucheck.distributed.checkin import device_label
+from gpucheck.devices import device_label
 from gpucheck.numa import cpulist
 from gpucheck.report import Finding, ok, warn
 

@@ -25,11 +25,10 @@ from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpucheck.context import RunContext
-from gpucheck.devices import GpuIdentity
+from gpucheck.devices import GpuIdentity, RankInfo
 from gpucheck.distributed import caught, deadline, faultwatch, flight, progress, terminal
 from gpucheck.distributed.checkin import (
     CheckInFailed,
-    RankInfo,
     RanksUnresponsive,
     SharedGpu,
     View,
@@ -54,7 +53,7 @@ def roster(ctx: RunContext) -> list[RankInfo]:
     return list(ctx.session.roster)
 
 
-def job_store(ctx: RunContext) -> Any:
+def job_store(ctx: RunContext) -> Store | None:
     """The store the last `process_group` checked in on (None before one): kept after the
     block, so a command can still coordinate its ranks once the group is gone
     (`gpucheck preflight` hands the job's port over to the command it starts)."""
@@ -63,8 +62,7 @@ def job_store(ctx: RunContext) -> Any:
 
 def gpu_identity(ctx: RunContext) -> GpuIdentity | None:
     """The physical GPU this rank uses (None on CPU): NVML index, bus id, UUID."""
-    gpu: GpuIdentity | None = ctx.session.gpu
-    return gpu
+    return ctx.session.gpu
 
 
 def barrier(wait_s: float, group: Any = None) -> None:
@@ -101,7 +99,7 @@ def is_comm_error(exc: BaseException) -> bool:
 
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import HashStore, PrefixStore, TCPStore
+    from torch._C._distributed_c10d import HashStore, PrefixStore, Store, TCPStore
 
 
 class _Stores(NamedTuple):
@@ -206,10 +204,9 @@ def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool
     `RanksUnresponsive` naming the ranks that did not answer. With `fault_watch`
     the rank's GPU is watched for hardware faults for the whole block
     (`gpucheck.distributed.faultwatch`: the worker marks its timed window and gathers,
-    on `ctx.faults`). `ctx`: this rank's world (`ctx.launcher_env`), its command's
-    namespace on the job's store (`ctx.scope`), where the roster, store and GPU are
-    kept (`ctx.session`), and, from tests, a bus id to watch instead of the rank's GPU
-    (`ctx.hooks.fault_bus`).
+    on `ctx.session.faults`). `ctx`: this rank's world (`ctx.launcher_env`), its
+    command's namespace on the job's store (`ctx.scope`), where the roster, store and
+    GPU are kept (`ctx.session`).
     """
     import torch.distributed as dist
 
@@ -217,7 +214,7 @@ def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool
     progress.set_step(ctx, "check-in")
     if world.world_size > 1:
         terminal.say(ctx, f"rank 0 started: waiting for {world.world_size} ranks to check in")
-    faults = ctx.faults = faultwatch.RankFaults(ctx)
+    faults = ctx.session.faults = faultwatch.RankFaults(ctx)
     try:
         world, store = _check_in(backend, device, timeout_s, world,
                                  lambda w: faults.open_nvml(w, fault_watch,

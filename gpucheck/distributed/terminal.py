@@ -1,33 +1,21 @@
 """What the person at the terminal sees while a command runs: one line per step and a
-tqdm bar where there is a count, on stderr, from the reporting rank only.
-
-A rank job is quiet for a long time otherwise (spawning ranks and loading torch, a
-comm sweep, a stress burn-in), and a silent terminal reads as a hang. Progress is
-shown only when the person asked for it implicitly: stderr is a terminal and
-`--quiet` was not given. The CLI decides once (`wanted`, into
-`RunOptions.show_progress`) and the decision travels to the ranks it starts in their
-RunOptions, beside the job spec, as the run directory does. The bars open in a
-process are kept on its RunContext (`ctx.bars`). Off a terminal nothing is written,
-so logs, pipes and CI output stay the report alone; progress never goes to stdout or
-into a report.
-"""
+tqdm bar where there is a count, on stderr, from the reporting rank only, and only on a
+terminal without --quiet (decided once by the CLI; docs/DESIGN.md)."""
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from gpucheck.context import RunContext
+from gpucheck.context import Console, RunContext
 from gpucheck.escape import terminal as shown
 
 
-def wanted(quiet: bool) -> bool:
-    """Whether a command run with `quiet` on this stderr should show progress."""
-    return not quiet and sys.stderr.isatty()
+def wanted(quiet: bool, console: Console) -> bool:
+    """Whether a command run with `quiet` on this console should show progress."""
+    return not quiet and console.stderr_tty
 
 
 def enabled(ctx: RunContext) -> bool:
@@ -50,10 +38,8 @@ def say(ctx: RunContext, text: str) -> None:
     if not enabled(ctx):
         return
     text = shown(text)  # a step can name a host or a file: shown, never obeyed
-    if ctx.bars and ctx.bars[-1].tqdm is not None:
-        ctx.bars[-1].tqdm.write(text, file=sys.stderr)
-    else:
-        print(text, file=sys.stderr, flush=True)
+    if not (ctx.bars and ctx.bars[-1].write_above(text)):
+        print(text, file=ctx.console.stderr, flush=True)
 
 
 def step(ctx: RunContext, text: str) -> None:
@@ -66,17 +52,25 @@ class Bar:
     """A tqdm bar `label: what it does now`, counting `unit`s; inert when progress is off
     (`show` False: tqdm is not even imported then)."""
 
-    def __init__(self, label: str, total: int | None, unit: str, show: bool) -> None:
+    def __init__(self, label: str, total: int | None, unit: str,
+                 console: Console | None) -> None:
         self.label = label
         self.tqdm: Any = None
-        if show:
+        self.stderr = console.stderr if console else None
+        if console is not None:
             from tqdm import tqdm
 
             # A terminal that reports no size (a bare pseudo-terminal: 0 columns) would
             # get an empty bar; it gets 80 columns instead.
-            fixed = None if _columns() else 80
-            self.tqdm = tqdm(total=total, unit=unit, leave=False, file=sys.stderr,
+            fixed = None if console.columns(console.stderr) else 80
+            self.tqdm = tqdm(total=total, unit=unit, leave=False, file=console.stderr,
                              desc=label, ncols=fixed, dynamic_ncols=fixed is None)
+
+    def write_above(self, text: str) -> bool:
+        """A line above the bar; False when the bar is inert."""
+        if self.tqdm is not None:
+            self.tqdm.write(text, file=self.stderr)
+        return self.tqdm is not None
 
     def describe(self, text: str) -> None:
         if self.tqdm is not None:
@@ -98,18 +92,11 @@ class Bar:
             self.tqdm = None
 
 
-def _columns() -> int:
-    try:
-        return os.get_terminal_size(sys.stderr.fileno()).columns
-    except (OSError, ValueError):
-        return 0
-
-
 @contextmanager
 def bar(ctx: RunContext, label: str, total: int | None = None,
         unit: str = "it") -> Iterator[Bar]:
     """An open bar for the block; `step` names its current step."""
-    opened = Bar(label, total, unit, enabled(ctx))
+    opened = Bar(label, total, unit, ctx.console if enabled(ctx) else None)
     ctx.bars.append(opened)
     try:
         yield opened

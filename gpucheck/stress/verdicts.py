@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck import subject as subjects_
-from gpucheck.distributed.checkin import device_label
+from gpucheck.devices import device_label
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.measure import Better, Bound, SecondLook
 from gpucheck.peers import against_median, second_look
