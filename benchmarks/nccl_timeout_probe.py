@@ -109,7 +109,7 @@ def rank(args: argparse.Namespace) -> int:
                                        ctx=ctx):
                 tensor = torch.ones(4, device=device)
                 dist.all_reduce(tensor)  # a completed collective before the stuck one
-                collectives.synchronize(device)
+                deadline.synchronize(device)
                 launch = _stalled_op(args, tensor)
                 note("issued")
                 collectives.time_batch([launch], collectives.make_clock(device), True,

@@ -18,16 +18,17 @@ P = TypeVar("P")
 R = TypeVar("R")
 
 
-def remeasure(rank: int, plan: Callable[[], P], measure: Callable[[P], R],
-              needed: Callable[[P], object] = bool) -> tuple[P, R | None]:
+def remeasure(rank: int, plan: Callable[[], P | None],
+              measure: Callable[[P], R]) -> tuple[P | None, R | None]:
     """Rank 0's `plan()` on every rank (a broadcast), then every rank's `measure(plan)`
-    when `needed(plan)`: every rank agrees on whether a second measurement happens."""
+    when the plan names something: every rank agrees on whether a second measurement
+    happens."""
     import torch.distributed as dist
 
     box: list[Any] = [plan() if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    wanted: P = box[0]
-    return wanted, measure(wanted) if needed(wanted) else None
+    wanted: P | None = box[0]
+    return wanted, measure(wanted) if wanted else None
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ class Marks:
             if len(self.ends_iteration) == len(self.events):
                 self.events.append(_event())
             self.events[len(self.ends_iteration)].record()
+        elif ends_iteration:  # the wall clock innermost: no other clock read in a span
+            self.wall_s.append(time.perf_counter())
+            self.cpu_s.append(time.process_time())
         else:
             self.cpu_s.append(time.process_time())
             self.wall_s.append(time.perf_counter())

@@ -49,16 +49,16 @@ class SimClock:
     def __init__(self, rank: SimRank) -> None:
         self.rank = rank
 
-    def start(self) -> None:
+    def begin(self) -> None:
         self.rank.issue("start")
 
-    def stop(self) -> None:
+    def mark(self) -> None:
         self.rank.issue("stop")
 
     def ended(self) -> bool:
         return True
 
-    def seconds(self) -> float:
+    def span_s(self) -> float:
         return 0.0  # read after `resolve`, from rank.events
 
 

@@ -55,17 +55,17 @@ class FakeClock:
     def __init__(self, log: Log) -> None:
         self.log = log
 
-    def start(self) -> None:
+    def begin(self) -> None:
         self.log.events.append(("start",))
 
-    def stop(self) -> None:
+    def mark(self) -> None:
         self.log.events.append(("stop",))
 
     def ended(self) -> bool:
         self.log.events.append(("ended",))
         return True
 
-    def seconds(self) -> float:
+    def span_s(self) -> float:
         self.log.events.append(("seconds",))
         return 1.0
 

@@ -70,7 +70,7 @@ def test_a_timed_batch_with_a_silent_peer_raises_after_its_end_mark() -> None:
     marks: list[str] = []
 
     class Clock(collectives.NullClock):
-        def stop(self) -> None:
+        def mark(self) -> None:
             marks.append("stop")
 
     with pytest.raises(deadline.DeadlinePassed) as raised:

@@ -34,13 +34,13 @@ hop's latency. nccl-tests gets the same effect from MPI_Barrier's tight spin
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpucheck.distributed.deadline import settle
+from gpucheck.distributed.deadline import settle, synchronize
 from gpucheck.distributed.session import barrier
+from gpucheck.timing import Marks
 
 ELEMENT_BYTES = 4  # float32
 KIB = 1024
@@ -101,13 +101,6 @@ def pattern(rank: int, count: int, device: Any) -> Any:
     return (torch.arange(count, device=device) % 7 + 1).float() * (rank + 1)
 
 
-def synchronize(device: str) -> None:
-    if device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
-
-
 class Work(Protocol):
     """What `time_batch` needs of a `torch.distributed.Work` handle."""
 
@@ -128,79 +121,38 @@ def started(work: Work | None) -> Work:
 
 
 class Clock(Protocol):
-    """Marks the start and the end of a batch; `ended` says whether the end mark has
-    been reached (never blocks); `seconds` reads the span once it has."""
+    """Marks the start and the end of a batch (`gpucheck.timing.Marks`): `ended` says
+    whether the end mark has been reached (never blocks), `span_s` reads the span."""
 
-    def start(self) -> None: ...
+    def begin(self) -> None: ...
 
-    def stop(self) -> None: ...
+    def mark(self) -> None: ...
 
     def ended(self) -> bool: ...
 
-    def seconds(self) -> float: ...
-
-
-class HostClock:
-    """time.perf_counter: for ops that are done when their `wait()` returns (gloo, CPU)."""
-
-    def __init__(self) -> None:
-        self._began = self._ended = 0.0
-
-    def start(self) -> None:
-        self._began = time.perf_counter()
-
-    def stop(self) -> None:
-        self._ended = time.perf_counter()
-
-    def ended(self) -> bool:
-        return True
-
-    def seconds(self) -> float:
-        return self._ended - self._began
-
-
-class CudaEventClock:
-    """CUDA events on the current stream; `ended` queries the end event, which
-    `time_batch` polls under gpucheck's deadline before `seconds` reads the span."""
-
-    def __init__(self) -> None:
-        import torch
-
-        self._start = torch.cuda.Event(enable_timing=True)
-        self._end = torch.cuda.Event(enable_timing=True)
-
-    def start(self) -> None:
-        self._start.record()
-
-    def stop(self) -> None:
-        self._end.record()
-
-    def ended(self) -> bool:
-        return bool(self._end.query())
-
-    def seconds(self) -> float:
-        self._end.synchronize()  # already reached: `time_batch` polled `ended` first
-        return float(self._start.elapsed_time(self._end)) / 1000
+    def span_s(self) -> float: ...
 
 
 class NullClock:
     """For untimed batches (warm-up, the receiving side of a pair)."""
 
-    def start(self) -> None:
+    def begin(self) -> None:
         pass
 
-    def stop(self) -> None:
+    def mark(self) -> None:
         pass
 
     def ended(self) -> bool:
         return True
 
-    def seconds(self) -> float:
+    def span_s(self) -> float:
         return 0.0
 
 
 def make_clock(device: str) -> Clock:
-    return CudaEventClock() if device == "cuda" else HostClock()
+    """CUDA events on the current stream (polled under gpucheck's deadline by
+    `time_batch`), else perf_counter: for ops done when their `wait()` returns."""
+    return Marks(device)
 
 
 def back_to_back() -> bool:
@@ -221,20 +173,20 @@ def time_batch(launches: Sequence[Callable[[], Work]], clock: Clock,
     current stream made to wait on every op, end mark, then the host polls every op
     and the end mark for at most `wait_s` (`deadline.settle`: a silent peer raises
     `DeadlinePassed`), then `wait()` raises an op's own error, then
-    `clock.seconds()`. The end mark is on the stream before the host polls, so the
+    `clock.span_s()`. The end mark is on the stream before the host polls, so the
     poll's latency is not counted. Otherwise each op is waited before the next is
     launched (gloo's own timeout bounds it), and the end mark follows the last wait.
     """
     if not back_to_back:
-        clock.start()
+        clock.begin()
         for launch in launches:
             launch().wait()
-        clock.stop()
-        return clock.seconds()
+        clock.mark()
+        return clock.span_s()
     untimed: list[Work] = [align()] if align is not None else []
     for work in untimed:
         work.block_current_stream()
-    clock.start()
+    clock.begin()
     works: list[Work] = []
     for launch in launches:
         if len(untimed) + len(works) >= MAX_IN_FLIGHT:
@@ -243,11 +195,11 @@ def time_batch(launches: Sequence[Callable[[], Work]], clock: Clock,
         works.append(launch())
     for work in works:
         work.block_current_stream()
-    clock.stop()
+    clock.mark()
     settle(untimed + works, wait_s, "a timed batch of collectives", clock.ended)
     for work in untimed + works:
         work.wait()
-    return clock.seconds()
+    return clock.span_s()
 
 
 def rendezvous(device: str) -> Callable[[], Work]:

@@ -46,7 +46,6 @@ from gpucheck.comm.collectives import (
     Work,
     make_clock,
     started,
-    synchronize,
     time_batch,
 )
 from gpucheck.comm.internode_verdicts import (
@@ -58,6 +57,7 @@ from gpucheck.comm.internode_verdicts import (
 from gpucheck.comm.node_links import find_node_suspects
 from gpucheck.comm.records import LinkRow, SentRow
 from gpucheck.context import RunContext
+from gpucheck.distributed.deadline import synchronize
 from gpucheck.peers import Suspects
 
 GB = 1e9

@@ -30,12 +30,12 @@ from gpucheck.comm.collectives import (
     back_to_back,
     make_clock,
     started,
-    synchronize,
     time_batch,
 )
 from gpucheck.comm.records import PairRow
 from gpucheck.context import NO_HOOKS, RunContext, TestHooks
 from gpucheck.distributed import progress
+from gpucheck.distributed.deadline import synchronize
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.distributed.session import barrier
 from gpucheck.peers import Suspects

@@ -167,16 +167,17 @@ def measure_nodes(world: Any, roster: Sequence[Mapping[str, Any]], device: str,
     figures = _pass(world, device, size_bytes, iters, group, budget)
     cost = 1.0 + 2 * max(_seconds(figures), 0.1)
 
-    def again(_: Any) -> tuple[Any, str | None]:
+    def again(wanted: dict[str, Any]) -> tuple[Any, str | None]:
+        if not wanted["suspects"]:
+            return None, None
         if budget.agreed_left(device) < cost:
             return None, f"no {cost:.2g} s left of the budget to measure it again"
         budget.bound_waits()
         return _pass(world, device, size_bytes, iters, group, budget), None
 
-    wanted, second = remeasure(world.rank, lambda: plan(figures), again,
-                               lambda p: bool(p["suspects"]))
-    measured, why_not = second or (None, None)
-    return {"figures": figures, "plan": wanted, "again": measured, "why_not": why_not}
+    found = remeasure(world.rank, lambda: plan(figures), again)  # (plan, (again, why not))
+    measured, why_not = found[1] or (None, None)
+    return {"figures": figures, "plan": found[0], "again": measured, "why_not": why_not}
 
 
 def _seconds(figures: Mapping[int, Mapping[str, Any]]) -> float:
