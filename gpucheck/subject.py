@@ -1,12 +1,11 @@
 """What a finding or a figure is about: a rank, a GPU, a pair, a node, a port, a host,
-a file or the whole job, as fields (not a display string to parse back).
-
-Renderers print `label`; compare, charts, prometheus and line read the fields. Floor 1:
-imports nothing from gpucheck.
+a file or the whole job, as fields (not a display string to parse back). Renderers print
+`label`; compare, charts, prometheus and line read the fields. Imports nothing from gpucheck.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -30,70 +29,40 @@ _TEXT_FIELDS = ("bus_id", "uuid", "host", "port")
 _FIELDS = ("rank", "gpu", "bus_id", "uuid", "node", "host", "peer", "port", "ranks")
 
 
-class Subject(str):
+@dataclasses.dataclass(frozen=True, slots=True)
+class Subject:
     """`label` is what people read ("rank 3", "GPU 5 (0000:17:00.0)", "cuda:0 -> cuda:1");
     the other fields are what programs read. A pair names its first member in `rank`,
-    `gpu` or `node` and the second in `peer`. Immutable.
-
-    A Subject is also the str of its label: the readers of today's string subjects
-    (text layout, tests, the regexes S4 and S6 replace) keep working while they move to
-    the fields. Two Subjects are equal when every field is; a Subject and a plain str
-    when the label is.
-    """
+    `gpu` or `node` and the second in `peer`. `str()` and `format()` give the label; a
+    Subject equals only a Subject with every field equal (never a str)."""
 
     kind: Kind
-    rank: int | None
-    gpu: int | None
-    bus_id: str | None
-    uuid: str | None
-    node: int | None
-    host: str | None
-    peer: int | None
-    port: str | None
-    ranks: tuple[int, ...] | None
+    label: str
+    rank: int | None = None
+    gpu: int | None = None
+    bus_id: str | None = None
+    uuid: str | None = None
+    node: int | None = None
+    host: str | None = None
+    peer: int | None = None
+    port: str | None = None
+    ranks: tuple[int, ...] | None = None
 
-    def __new__(cls, kind: Kind, label: str, rank: int | None = None, gpu: int | None = None,
-                bus_id: str | None = None, uuid: str | None = None, node: int | None = None,
-                host: str | None = None, peer: int | None = None,
-                port: str | None = None, ranks: tuple[int, ...] | None = None) -> Subject:
-        self = super().__new__(cls, label)
-        values = (rank, gpu, bus_id, uuid, node, host, peer, port,
-                  None if ranks is None else tuple(ranks))
-        object.__setattr__(self, "kind", Kind(kind))
-        for name, value in zip(_FIELDS, values, strict=True):
-            object.__setattr__(self, name, value)
-        return self
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"a Subject is immutable (setting {name!r})")
-
-    @property
-    def label(self) -> str:
-        return str.__str__(self)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", Kind(self.kind))
+        if self.ranks is not None:
+            object.__setattr__(self, "ranks", tuple(self.ranks))
 
     def __str__(self) -> str:
         return self.label
 
-    def fields(self) -> tuple[object, ...]:
-        return (self.kind, self.label, *(getattr(self, n) for n in _FIELDS))
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Subject):
-            return self.fields() == other.fields()
-        return str.__eq__(self, other)
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    __hash__ = str.__hash__  # equal Subjects have equal labels
+    def __format__(self, spec: str) -> str:
+        return format(self.label, spec)
 
     def __repr__(self) -> str:
         set_fields = "".join(f", {n}={getattr(self, n)!r}" for n in _FIELDS
                              if getattr(self, n) is not None)
         return f"Subject({self.kind.value}, {self.label!r}{set_fields})"
-
-    def __reduce__(self) -> tuple[type[Subject], tuple[object, ...]]:
-        return (Subject, self.fields())
 
     def position(self) -> str | None:
         """The slot a figure is kept under across reports: "rank3", "gpu5",
@@ -138,38 +107,37 @@ class Subject(str):
         label = raw.get("label")
         if not isinstance(label, str):
             raise TypeError("a subject's 'label' is not a string")
-        for key in _INT_FIELDS:
+        values: dict[str, Any] = {}
+        for key in _FIELDS:
             value = raw.get(key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            if value is None:
+                continue
+            if key == "ranks":
+                if not isinstance(value, list) or not all(_is_int(r) for r in value):
+                    raise TypeError("a subject's 'ranks' is not a list of integers")
+            elif key in _INT_FIELDS and not _is_int(value):
                 raise TypeError(f"a subject's {key!r} is not an integer")
-        for key in _TEXT_FIELDS:
-            value = raw.get(key)
-            if value is not None and not isinstance(value, str):
+            elif key in _TEXT_FIELDS and not isinstance(value, str):
                 raise TypeError(f"a subject's {key!r} is not a string")
-        ranks = raw.get("ranks")
-        if ranks is not None and (not isinstance(ranks, list) or not all(
-                isinstance(r, int) and not isinstance(r, bool) for r in ranks)):
-            raise TypeError("a subject's 'ranks' is not a list of integers")
-        values = {n: raw.get(n) for n in _FIELDS}
-        values["ranks"] = None if ranks is None else tuple(ranks)
+            values[key] = value
         return cls(Kind(raw.get("kind")), label, **values)
-
-    def _values(self) -> dict[str, Any]:
-        return {n: getattr(self, n) for n in _FIELDS}
 
     def relabeled(self, label: str) -> Subject:
         """The same subject, every field kept, under other words."""
-        return Subject(self.kind, label, **self._values())
+        return dataclasses.replace(self, label=label)
 
     def on_node(self, index: int, label: str, host: str | None = None) -> Subject:
         """This subject of one node's report placed in a job's report: `label` is the
         new words ("node 1 (h1) GPU 3 (...)"); `node` and `host` fill the fields it lacks.
         A subject known only by its words has no other place: it becomes that node's."""
-        kind = Kind.NODE if self.kind is Kind.TEXT else self.kind
-        values = self._values()
-        values["node"] = index if values["node"] is None else values["node"]
-        values["host"] = host if values["host"] is None else values["host"]
-        return Subject(kind, label, **values)
+        return dataclasses.replace(
+            self, kind=Kind.NODE if self.kind is Kind.TEXT else self.kind, label=label,
+            node=index if self.node is None else self.node,
+            host=host if self.host is None else self.host)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def rank(number: int, label: str | None = None, *, gpu: int | None = None,

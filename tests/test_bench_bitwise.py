@@ -37,7 +37,7 @@ def one_ulp_off(values: torch.Tensor) -> torch.Tensor:
 
 def statuses(n: int, result: object) -> list[tuple[Status, str | None]]:
     section = consistency_section(tuple(record(r) for r in range(n)), result, "bf16")
-    return [(f.status, f.subject) for f in section.findings]
+    return [(f.status, f.subject and f.subject.label) for f in section.findings]
 
 
 def test_one_ulp_off_the_other_ranks_of_its_stack_is_a_wrong_rank() -> None:

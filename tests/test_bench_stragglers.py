@@ -49,7 +49,7 @@ def noisy(n: int, scale: float = 1.0) -> list[float]:
 
 def warned(records: tuple[RankRecord, ...], **kwargs: float) -> list[str | None]:
     findings = straggler_findings(records, aggregate(records, **kwargs))
-    return [f.subject for f in findings if f.status is Status.WARN]
+    return [f.subject and f.subject.label for f in findings if f.status is Status.WARN]
 
 
 def test_a_rank_slower_in_every_iteration_is_named() -> None:
@@ -140,7 +140,7 @@ def test_one_rank_has_no_straggler_to_judge() -> None:
 def test_the_straggler_warning_names_rank_host_gpu_and_figures() -> None:
     records = ranks(noisy(12), noisy(12, scale=1.3), host="node7")
     [finding] = straggler_findings(records, aggregate(records))
-    assert finding.status is Status.WARN and finding.subject == "rank 1"
+    assert finding.status is Status.WARN and finding.subject.label == "rank 1"
     for part in ("rank 1 on node7", "NVIDIA H100", "GPU-1", "1.30x", "slower in"):
         assert part in finding.message
 
@@ -149,7 +149,7 @@ def test_a_cause_is_appended_to_the_straggler_warning_of_its_rank_only() -> None
     records = ranks(noisy(12), noisy(12, scale=1.3), noisy(12, scale=1.3), noisy(12))
     causes = {1: "was in HW thermal slowdown 40% of the timed loop", 3: "unrelated"}
     findings = straggler_findings(records, aggregate(records), causes)
-    by_subject = {f.subject: f.message for f in findings}
+    by_subject = {str(f.subject): f.message for f in findings}
     assert by_subject["rank 1"].endswith("; was in HW thermal slowdown 40% of the timed loop")
     assert "thermal" not in by_subject["rank 2"]
     assert "unrelated" not in " ".join(by_subject.values())  # rank 3 is no straggler
@@ -179,7 +179,7 @@ def cpu_ranks(*runs: tuple[Sequence[float], Sequence[float]]) -> tuple[RankRecor
 def judged(records: tuple[RankRecord, ...]) -> dict[str, tuple[str, str]]:
     """{subject: (message, action)} of the straggler WARNs."""
     findings = straggler_findings(records, aggregate(records))
-    return {f.subject or "": (f.message, f.action or "") for f in findings
+    return {str(f.subject or ""): (f.message, f.action or "") for f in findings
             if f.status is Status.WARN}
 
 

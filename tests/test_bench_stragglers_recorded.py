@@ -27,7 +27,7 @@ def recorded(name: str) -> tuple[RankRecord, ...]:
 
 def named(records: tuple[RankRecord, ...]) -> dict[str | None, str | None]:
     """{subject: action} of the straggler WARNs."""
-    return {f.subject: f.action for f in straggler_findings(records, aggregate(records))
+    return {f.subject and f.subject.label: f.action for f in straggler_findings(records, aggregate(records))
             if f.status is Status.WARN}
 
 
@@ -128,7 +128,7 @@ def _straggler(records: tuple[RankRecord, ...]) -> list[Finding]:
 def test_a_stall_that_recurs_in_the_second_loop_is_named_with_its_look_confirmed() -> None:
     records = again(recorded("094-coarse-1.3x-r0"), {0: 1.15, 1: 1.0})
     (warned,) = [f for f in _straggler(records) if f.status is Status.WARN]
-    assert (warned.subject, warned.action, warned.cause) == ("rank 0", "fix-config",
+    assert (warned.subject.label, warned.action, warned.cause) == ("rank 0", "fix-config",
                                                              "host_stall")
     look = warned.look
     assert look is not None and look.state is LookState.CONFIRMED
@@ -144,7 +144,7 @@ def test_a_stall_not_seen_in_the_second_loop_is_an_ok_that_keeps_its_look(name: 
     (cleared,) = [f for f in found if f.look is not None]
     assert cleared.look is not None and cleared.look.state is LookState.UNSTABLE
     stalled = max(aggregate(records).paces, key=lambda p: p.whole)
-    assert cleared.subject == f"rank {stalled.rank}"
+    assert cleared.subject.label == f"rank {stalled.rank}"
     assert stalled.both is not None and stalled.both <= 1.1
 
 
@@ -154,7 +154,7 @@ def test_a_straggler_slow_again_is_confirmed_over_both_loops(name: str, rank: in
     walls = {r.rank: r.wall_s for r in records}  # the second loop as slow as the first
     found = _straggler(again(records, walls))
     (warned,) = [f for f in found if f.status is Status.WARN]
-    assert warned.subject == f"rank {rank}" and warned.look is not None
+    assert warned.subject.label == f"rank {rank}" and warned.look is not None
     assert warned.look.state is LookState.CONFIRMED
 
 

@@ -82,7 +82,7 @@ def test_ranks_are_grouped_by_node_and_a_slow_node_is_flagged() -> None:
                                                           ("b", (4, 5, 6, 7))]
     section = nodes_section(summary.nodes, summary.threshold)
     warned = [f for f in section.findings if f.status is Status.WARN]
-    assert [f.subject for f in warned] == ["b"]
+    assert [f.subject.label for f in warned] == ["b"]
 
 
 def test_a_single_node_is_never_a_slow_node() -> None:
@@ -130,7 +130,7 @@ def test_with_two_ranks_the_cpu_reference_names_the_wrong_one_only() -> None:
     assert "CPU reference" in result.wrong[0]
     records = (record(0, 1.0), record(1, 1.0))
     findings = consistency_section(records, result, "fp32", "CPU float32").findings
-    assert [(f.status, f.subject) for f in findings] == [(Status.FAIL, "rank 0")]
+    assert [(f.status, f.subject.label) for f in findings] == [(Status.FAIL, "rank 0")]
 
 
 def test_without_a_reference_two_disagreeing_ranks_are_a_warning_naming_both() -> None:
@@ -140,7 +140,7 @@ def test_without_a_reference_two_disagreeing_ranks_are_a_warning_naming_both() -
     result = compare_outputs([truth * 1.5, truth], "fp32")
     assert result.bad_ranks == () and result.undecided == (0, 1)
     findings = consistency_section((record(0, 1.0), record(1, 1.0)), result, "fp32").findings
-    assert [(f.status, f.subject) for f in findings] == [(Status.WARN, "rank 0, rank 1")]
+    assert [(f.status, f.subject.label) for f in findings] == [(Status.WARN, "rank 0, rank 1")]
 
 
 def test_a_single_wrong_rank_is_caught_by_the_cpu_reference() -> None:

@@ -78,7 +78,7 @@ def test_a_pair_slow_in_most_repeats_is_named_though_its_best_repeat_is_healthy(
     suspects = find_suspects(samples, 0.5)
     assert (suspects.pairs, suspects.intermittent) == (((0, 2),), ((0, 2),))
     (found,) = pair_findings(_pairs(samples), 0.5, NAMES, device="cuda")
-    assert (found.status, found.subject, found.action) == (Status.WARN, "rank 0 -> rank 2",
+    assert (found.status, found.subject.label, found.action) == (Status.WARN, "rank 0 -> rank 2",
                                                            "rerun")
     assert found.look is not None and found.look.first == 4.5  # its median, not 10.0
     steady = {**_all(3), (0, 2): [4.5, 4.4, 3.3]}
@@ -98,7 +98,7 @@ def _slow_one(first: float, again: float, device: str = "cuda") -> list[Any]:
 
 def test_a_slow_pair_slow_again_is_confirmed_against_a_known_good_pair() -> None:
     (finding,) = _slow_one(first=2.0, again=2.1)
-    assert (finding.status, finding.subject) == (Status.WARN, "rank 1 -> rank 0")
+    assert (finding.status, finding.subject.label) == (Status.WARN, "rank 1 -> rank 0")
     assert (finding.subject.rank, finding.subject.peer) == (1, 0)
     look = finding.look
     assert look is not None and look.state is LookState.CONFIRMED
@@ -121,7 +121,7 @@ def test_a_slow_pair_fine_the_second_time_is_an_ok_keeping_its_unstable_look() -
     summary, finding = _slow_one(first=2.0, again=9.5)
     assert summary.status == finding.status == Status.OK and finding.action is None
     assert finding.look is not None and finding.look.state is LookState.UNSTABLE
-    assert finding.look.again == 9.5 and finding.subject == "rank 1 -> rank 0"
+    assert finding.look.again == 9.5 and finding.subject.label == "rank 1 -> rank 0"
 
 
 def test_cpu_ranks_get_a_hint_about_processes_not_gpu_topology() -> None:
@@ -181,14 +181,14 @@ def _node_findings(again_factor: float) -> list[Any]:
 def test_a_slow_node_slow_again_is_confirmed_against_known_good_nodes() -> None:
     findings = _node_findings(0.1)
     (node,) = [f for f in findings if f.check == "comm.internode.shared_node"]
-    assert node.subject == "node 2 (h2)" and node.subject.node == 2
+    assert node.subject.label == "node 2 (h2)" and node.subject.node == 2
     assert node.look is not None and node.look.state is LookState.CONFIRMED
     # One look per slow pair of the node, each beside the known-good pairs 0 <-> 1.
     assert len(node.look.parts) == 4
     assert {a.position() for a in node.look.against} == {"node0_to_node1", "node1_to_node0"}
     assert node.action == "drain-node"
     slow = [f for f in findings if f.check == "comm.internode.slow_pair"]
-    assert {f.subject for f in slow} == {"node 2 -> node 0", "node 2 -> node 1",
+    assert {f.subject.label for f in slow} == {"node 2 -> node 0", "node 2 -> node 1",
                                          "node 0 -> node 2", "node 1 -> node 2"}
     assert all(f.look is not None and f.look.state is LookState.CONFIRMED
                and f.action == "drain-node" for f in slow)

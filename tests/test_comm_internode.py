@@ -78,10 +78,10 @@ def test_slow_pairs_that_share_a_node_name_that_node() -> None:
     rows = node_pair_rows(_links({(2, 0): 1.0, (2, 1): 1.0}))
     findings = internode_findings(rows, 0.5, LABELS)
     slow = [f for f in findings if f.check == "comm.internode.slow_pair"]
-    assert [f.subject for f in slow] == ["node 2 -> node 0", "node 2 -> node 1"]
+    assert [f.subject.label for f in slow] == ["node 2 -> node 0", "node 2 -> node 1"]
     assert all(f.status == Status.WARN for f in slow)
     (named,) = [f for f in findings if f.check == "comm.internode.shared_node"]
-    assert named.status == Status.WARN and named.subject == "node 2 (h2)"
+    assert named.status == Status.WARN and named.subject.label == "node 2 (h2)"
 
 
 def test_one_slow_pair_names_the_pair_but_no_node() -> None:
@@ -133,7 +133,7 @@ def test_a_slow_rail_is_named_even_when_its_node_pair_sum_is_fine() -> None:
     assert [f.status for f in internode_findings(node_pair_rows(links), 0.5, LABELS)] == [
         Status.OK]
     findings = rail_findings(links, 0.5, LABELS)
-    assert [(f.check, f.status, f.subject) for f in findings] == [
+    assert [(f.check, f.status, f.subject.label) for f in findings] == [
         ("comm.internode.slow_rail", Status.WARN, "rank 1 -> rank 3")]
 
 
@@ -159,13 +159,13 @@ def test_a_slow_rail_is_measured_again_with_its_node_pair_and_a_known_good_one()
 
 def test_a_slow_rail_slow_again_is_confirmed_and_fine_again_is_unstable() -> None:
     (confirmed,) = _one_slow_rail(1.1)
-    assert (confirmed.subject, confirmed.action) == ("rank 1 -> rank 3", "drain-node")
+    assert (confirmed.subject.label, confirmed.action) == ("rank 1 -> rank 3", "drain-node")
     look = confirmed.look
     assert look is not None and look.state is LookState.CONFIRMED
     # Against the 7 known-good rail links measured with it, at their median.
     assert (look.again, look.reference, len(look.against)) == (1.1, 9.8, 7)
     (unstable,) = _one_slow_rail(9.7)  # fine again: an OK keeping its look (issue 36)
-    assert (unstable.subject, unstable.status, unstable.action) == (
+    assert (unstable.subject.label, unstable.status, unstable.action) == (
         "rank 1 -> rank 3", Status.OK, None)
     assert unstable.look is not None and unstable.look.state is LookState.UNSTABLE
     (ended,) = _one_slow_rail(None)
@@ -181,7 +181,7 @@ def test_a_bad_nic_names_its_node_and_rail() -> None:
     findings = rail_findings(links, 0.5, LABELS)
     assert len([f for f in findings if f.check == "comm.internode.slow_rail"]) == 4
     (named,) = [f for f in findings if f.check == "comm.internode.shared_node"]
-    assert named.subject == "node 2 (h2) rail 1" and named.subject.node == 2
+    assert named.subject.label == "node 2 (h2) rail 1" and named.subject.node == 2
     # No second figure of its own (its links have theirs): the check's WARN action.
     assert (named.look, named.cause, named.action) == (None, None, "rerun")
 

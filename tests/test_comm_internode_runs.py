@@ -166,4 +166,5 @@ def test_confirmed_links_on_cpu_ranks_are_rerun_and_on_gpus_drain() -> None:
     for device, action, cause in (("cuda", "drain-node", None), ("cpu", "rerun", "cpu_ranks")):
         (found,) = rail_findings(links, 0.5, labels, links, device)
         assert found.look is not None and found.look.state.value == "confirmed"
-        assert (found.subject, found.action, found.cause) == ("rank 3 -> rank 1", action, cause)
+        assert (found.subject.label, found.action, found.cause) == (
+            "rank 3 -> rank 1", action, cause)

@@ -81,7 +81,7 @@ def test_sockets_while_the_node_has_infiniband_is_a_warn() -> None:
     entries = [_entry(0, "sockets_with_ib.log", ["mlx5_0", "mlx5_1"]),
                _entry(1, "ib_healthy.log", ["mlx5_0"])]
     data, findings = transport_view(entries, LABELS, "nccl", 2)
-    assert [(f.check, f.status, f.subject) for f in findings] == [
+    assert [(f.check, f.status, f.subject.label) for f in findings] == [
         ("comm.transport.sockets_with_ib", Status.WARN, "rank 0 (node 0 a)")]
     assert "mlx5_0, mlx5_1" in findings[0].message
     assert [r["network"] for r in data["ranks"]] == ["Socket", "IB"]
@@ -171,7 +171,7 @@ def test_a_socket_line_over_a_bridge_or_loopback_warns_without_a_using_network_l
     t = _parse(log)
     assert t.network is None and t.socket_interfaces == (interface,)
     data, findings = transport_view([_entry(1, log, [])], LABELS, "nccl", 2)
-    assert [(f.check, f.status, f.subject) for f in findings] == [
+    assert [(f.check, f.status, f.subject.label) for f in findings] == [
         ("comm.transport.bad_interface", Status.WARN, "rank 1 (node 1 b)")]
     assert f"over {interface}," in findings[0].message
     assert data["ranks"][0]["network"] == "Socket"

@@ -62,7 +62,7 @@ def _relabel(samples: Figures, order: list[int]) -> Figures:
 
 
 def _warned(findings: list[Any]) -> list[tuple[str, str]]:
-    return [(f.check, f.subject) for f in findings if f.status == Status.WARN]
+    return [(f.check, f.subject and f.subject.label) for f in findings if f.status == Status.WARN]
 
 
 @pytest.mark.parametrize("order", [[0, 1, 2], [2, 0, 1], [1, 2, 0], [0, 2, 1]])
@@ -125,7 +125,7 @@ def _internode_findings(device: str, again: list[dict[str, Any]]) -> list[Any]:
 def test_the_0_65x_node_slow_again_beside_a_known_good_pair_is_confirmed() -> None:
     findings = _internode_findings("cuda", _again(0.65))
     (node,) = [f for f in findings if f.check == "comm.internode.shared_node"]
-    assert node.subject == "node 2 (h2)" and node.action == "drain-node"
+    assert node.subject.label == "node 2 (h2)" and node.action == "drain-node"
     assert node.look is not None and node.look.state is LookState.CONFIRMED
     # Each part judged at the cut the node was found at, not the pair threshold.
     cut = find_node_suspects(ISSUE_21, 0.5).cut
@@ -292,11 +292,12 @@ def test_a_node_slow_to_receive_on_nccl_has_the_blame_on_its_own_links(nodes: in
     assert slow == sorted(expected)
     assert all(x["received_gbps"] and x["sent_gbps"] for x in merged)
     findings = internode_findings(node_pair_rows(merged), 0.5, LABELS)
-    named = [(f.subject, f.message) for f in findings
+    named = [(f.subject and f.subject.label, f.message) for f in findings
              if f.check == "comm.internode.shared_node"]
     assert [s for s, _ in named] == [LABELS[2]]
     assert "it receives on" in named[0][1]
-    pairs = [f.subject for f in findings if f.check == "comm.internode.slow_pair"]
+    pairs = [f.subject and f.subject.label for f in findings
+             if f.check == "comm.internode.slow_pair"]
     assert pairs and all("node 2" in s for s in pairs)
 
 

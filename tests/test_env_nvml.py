@@ -70,7 +70,7 @@ def test_pcie_topology_levels_show_as_nvidia_smi_topo_does(monkeypatch):
 def test_degraded_pcie_width_warns_for_that_gpu_only(monkeypatch):
     result = _probe(monkeypatch, FakeNvml(_gpus(4, gpu3={"pcie_width": (8, 16)})))
     warned = _findings(result, "gpu.pcie.width", Status.WARN)
-    assert [f.subject for f in warned] == [
+    assert [f.subject.label for f in warned] == [
         "GPU 3 (NVIDIA H200, bus 00000000:48:00.0, GPU-00000003-0000-0000-0000-000000000000)"]
     assert "x8 of x16" in warned[0].message and warned[0].hint
     assert len(_findings(result, "gpu.pcie.width", Status.OK)) == 3
@@ -86,7 +86,7 @@ def test_volatile_uncorrected_ecc_error_fails(monkeypatch):
     result = _probe(monkeypatch, FakeNvml(_gpus(2, gpu1={"ecc_volatile_unc": 3,
                                                        "ecc_aggregate_unc": 3})))
     failed = _findings(result, "gpu.ecc.volatile_uncorrected", Status.FAIL)
-    assert len(failed) == 1 and failed[0].subject.startswith("GPU 1 ")
+    assert len(failed) == 1 and failed[0].subject.label.startswith("GPU 1 ")
     assert "3 uncorrected" in failed[0].message
     assert _findings(result, "gpu.ecc.aggregate_uncorrected", Status.WARN)
 
@@ -122,7 +122,7 @@ def test_the_hw_slowdown_flag_alone_in_one_sample_is_noted_not_warned(monkeypatc
     noted = [f for f in _findings(result, "gpu.clocks.event_reasons")
              if "hw_slowdown" in f.message]
     assert len(noted) == 1 and "P-state and clock changes" in noted[0].message
-    assert noted[0].subject.startswith("GPU 0 (")
+    assert noted[0].subject.label.startswith("GPU 0 (")
 
 
 def test_sw_power_cap_alone_is_not_a_slowdown_warning(monkeypatch):
@@ -141,7 +141,7 @@ def test_busy_gpu_warns_and_lists_its_processes(monkeypatch):
 def test_lost_gpu_fails_and_the_others_are_still_reported(monkeypatch):
     result = _probe(monkeypatch, FakeNvml(_gpus(4, gpu2={"lost": True})))
     lost = _findings(result, "gpu.lost", Status.FAIL)
-    assert [f.subject for f in lost] == ["GPU 2"]
+    assert [f.subject.label for f in lost] == ["GPU 2"]
     assert "lost" in lost[0].message and "reset" in lost[0].hint
     rows = result.sections[1].data["gpus"]
     assert rows[3]["name"] == "NVIDIA H200" and rows[2]["name"] is None
@@ -161,7 +161,7 @@ def test_not_supported_fields_show_as_na(monkeypatch):
                 "remapped_rows_pending", "pcie_width_current", "clock_event_reasons",
                 "nvlink_active_links"):
         assert row[key] is None, key
-    subject_one = [f for f in result.sections[1].findings if f.subject.startswith("GPU 1 ")]
+    subject_one = [f for f in result.sections[1].findings if f.subject.label.startswith("GPU 1 ")]
     assert {f.status for f in subject_one} <= {Status.OK, Status.SKIP}
     assert any(f.status is Status.SKIP for f in subject_one)
     assert "n/a" in render(Report("env", sections=result.sections), "text")

@@ -28,7 +28,7 @@ def test_the_reporter_keeps_what_was_measured_and_names_the_failed_rank() -> Non
     assert [s.name for s in report.sections] == ["gemm", "failure"]
     failure = report.sections[-1]
     assert failure.data["results_above"] == "partial: measured before the failure"
-    assert [(f.check, f.status, f.subject) for f in failure.findings] == [
+    assert [(f.check, f.status, f.subject.label) for f in failure.findings] == [
         ("stress.rank_failed", Status.FAIL, "rank 1")]
     assert "simulated device fault" in failure.findings[0].message
 

@@ -75,7 +75,7 @@ def _summary(result: dict[str, Any]) -> Finding:
 
 def test_a_healthy_run_is_one_ok_summary_with_every_counter_listed():
     summary = _summary(healthy())
-    assert summary.status is Status.OK and summary.subject == SUBJECT
+    assert summary.status is Status.OK and summary.subject.label == SUBJECT
     for words in ("uncorrected ECC +0", "corrected ECC +0", "no row remap pending or failed",
                   "retired pages +0", "PCIe replays +0", "NVLink CRC/replay +0, recovery +0",
                   "no slowdown in the timed loop (50.0 s, 250 samples)"):
@@ -103,7 +103,7 @@ def test_an_uncorrected_ecc_error_fails_with_drain_node(source):
         result = bump(result, "ecc_uncorrected", None, None)
         result["events"] = [event("ecc_uncorrected")]
     failed = _one(fault_findings([result]), "faults.ecc.uncorrected")
-    assert failed.status is Status.FAIL and failed.subject == SUBJECT
+    assert failed.status is Status.FAIL and failed.subject.label == SUBJECT
     assert failed.action == "drain-node" and "nvidia-smi -r -i 3" in failed.hint
 
 
@@ -225,7 +225,7 @@ def test_an_nvlink_that_goes_down_during_the_run_fails():
 def test_xid_events_take_their_verdict_and_action_from_the_xid_table(xid, status, action):
     found = _one(fault_findings([healthy(events=[event("xid", xid)])]), "faults.xid")
     assert found.status is status and found.action == action
-    assert f"XID {xid} (" in found.message and found.subject == SUBJECT
+    assert f"XID {xid} (" in found.message and found.subject.label == SUBJECT
 
 
 @pytest.mark.parametrize("xid", [13, 31, 43, 45])
@@ -266,7 +266,7 @@ def _clocks(result: dict[str, Any], **changes: Any) -> dict[str, Any]:
 def test_hw_thermal_slowdown_for_40_percent_of_the_loop_warns_with_the_share():
     result = _clocks(healthy(), fractions={"hw_thermal_slowdown": 0.4, "sw_power_cap": 0.9})
     warned = _one(fault_findings([result]), "faults.clocks.slowdown")
-    assert warned.status is Status.WARN and warned.subject == SUBJECT
+    assert warned.status is Status.WARN and warned.subject.label == SUBJECT
     assert warned.message.startswith("was in HW thermal slowdown 40% of the timed loop")
     assert warned.action == "drain-node"
 
@@ -303,7 +303,7 @@ def test_a_sustained_hw_slowdown_with_a_low_sm_clock_under_load_warns_naming_ran
     result = _clocks(healthy(), fractions={"hw_slowdown": 0.42},
                      hw_slowdown=_hw(100, low_clock=104, longest=60, ratio=0.3, flagged=105))
     warned = _one(fault_findings([result]), "faults.clocks.slowdown")
-    assert warned.status is Status.WARN and warned.subject == SUBJECT
+    assert warned.status is Status.WARN and warned.subject.label == SUBJECT
     assert warned.message.startswith("was in HW slowdown 40% of the timed loop")
     assert ("HW slowdown held in 40% of 250 samples (up to 60 samples in a row; the SM "
             "clock down to 30% of its 1980 MHz maximum, busy, in 104)") in warned.message
@@ -315,7 +315,7 @@ def test_hw_slowdown_with_thermal_or_power_brake_bits_warns_naming_those_bits():
     result = _clocks(healthy(), fractions={"hw_slowdown": 0.5, "hw_power_brake_slowdown": 0.5},
                      hw_slowdown=_hw(125, bits=125, longest=125))
     warned = _one(fault_findings([result]), "faults.clocks.slowdown")
-    assert warned.status is Status.WARN and warned.subject == SUBJECT
+    assert warned.status is Status.WARN and warned.subject.label == SUBJECT
     assert "HW slowdown 50%, HW power brake slowdown 50%" in warned.message
     assert "HW thermal or power brake bits with it in 125" in warned.message
     assert faults_section([result]).data["gpus"][0]["slowdown_pct"] == 50.0
@@ -364,7 +364,7 @@ def test_a_gpu_lost_by_nvmls_word_or_by_a_hang_fails_named_with_its_action(kind,
     error = {"phase": "during the run", "kind": kind, "function": "nvmlDeviceGetIndex",
              "message": "nvmlDeviceGetIndex: ..."}
     failed = _one(fault_findings([healthy(errors=[error])]), "faults.gpu_lost")
-    assert failed.status is Status.FAIL and failed.subject == SUBJECT
+    assert failed.status is Status.FAIL and failed.subject.label == SUBJECT
     assert words in failed.message and failed.action == action
 
 
@@ -375,7 +375,7 @@ SLOW = {"function": "nvmlDeviceGetCurrentClocksEventReasons", "waited_s": 4.2,
 def test_one_slow_nvml_call_is_a_warn_nvml_slow_with_no_action_not_a_lost_gpu():
     findings = fault_findings([healthy(nvml_slow=[SLOW])])
     slow = _one(findings, "faults.nvml_slow")
-    assert slow.status is Status.WARN and slow.subject == SUBJECT
+    assert slow.status is Status.WARN and slow.subject.label == SUBJECT
     assert slow.message == ("NVML slow, not lost: nvmlDeviceGetCurrentClocksEventReasons "
                             "answered after 4.2 s (its budget: 3 s)")
     assert slow.action == "none" and "second, longer budget" in slow.hint
@@ -424,14 +424,14 @@ def test_ranks_on_several_hosts_are_named_with_their_host():
     a = healthy(host="node1", events=[event("xid", 79)])
     b = healthy(host="node2", rank=11)
     findings = fault_findings([a, b])
-    assert _one(findings, "faults.xid").subject == f"rank 3 on node1 {LABEL}"
-    assert [f.subject for f in findings if f.check == "faults.summary"] == [
+    assert _one(findings, "faults.xid").subject.label == f"rank 3 on node1 {LABEL}"
+    assert [f.subject.label for f in findings if f.check == "faults.summary"] == [
         f"rank 3 on node1 {LABEL}", f"rank 11 on node2 {LABEL}"]
 
 
 def test_the_callers_gpu_names_win_over_the_watchers_own():
     findings = fault_findings([healthy()], names={3: "GPU 3 (from the roster)"})
-    assert findings[0].subject == "rank 3 on GPU 3 (from the roster)"
+    assert findings[0].subject.label == "rank 3 on GPU 3 (from the roster)"
 
 
 def test_no_results_at_all_is_a_skip():

@@ -151,10 +151,10 @@ def test_env_shows_bank_remappings_beside_row_remaps_and_fails_a_pending_one(mon
     rows = result.sections[1].data["gpus"]
     assert [(r["bank_remaps_active"], r["bank_remap_pending"]) for r in rows] == [
         (3, False), (0, True), (None, None)]
-    bad = [(f.check, f.status, f.action, f.subject.split(" (")[0]) for f in findings
+    bad = [(f.check, f.status, f.action, f.subject.label.split(" (")[0]) for f in findings
            if f.status in (Status.WARN, Status.FAIL)]
     assert bad == [("gpu.bank_remap.pending", Status.FAIL, "reset-gpu", "GPU 1")]
-    retirement = {f.subject.split(" (")[0]: f.status for f in findings
+    retirement = {f.subject.label.split(" (")[0]: f.status for f in findings
                   if f.check == "gpu.memory_retirement"}
     assert retirement == {"GPU 0": Status.OK, "GPU 2": Status.OK}
 

@@ -75,7 +75,7 @@ def test_a_healthy_gpu_under_a_watched_load_stays_ok_with_every_counter_unchange
     assert result["events_registered"] == ["ecc_corrected", "ecc_uncorrected", "xid"]
     findings = fault_findings([result])
     assert [(f.check, f.status) for f in findings] == [("faults.summary", Status.OK)]
-    assert findings[0].subject == f"rank 3 on {LABEL}"
+    assert findings[0].subject.label == f"rank 3 on {LABEL}"
     assert "no new hardware fault" in findings[0].message
 
 
@@ -124,7 +124,7 @@ def test_an_uncorrected_ecc_error_mid_run_fails_naming_the_gpu_and_the_rank(fake
     result = _run(load)
     assert result["counters"]["ecc_uncorrected"] == {"before": 0, "after": 1, "delta": 1}
     failed = _one(fault_findings([result]), "faults.ecc.uncorrected")
-    assert failed.status is Status.FAIL and failed.subject == f"rank 3 on {LABEL}"
+    assert failed.status is Status.FAIL and failed.subject.label == f"rank 3 on {LABEL}"
     assert failed.message == "1 new uncorrected (double-bit) ECC error during the run"
     assert failed.action == "drain-node" and "nvidia-smi -r -i 1" in failed.hint
 
@@ -145,7 +145,7 @@ def test_an_xid_79_delivered_mid_run_fails_with_the_xid_meaning(fake):
     assert [(e["kind"], e["xid"], e["in_timed_loop"]) for e in result["events"]] == [
         ("xid", 79, True)]
     failed = _one(fault_findings([result]), "faults.xid")
-    assert failed.status is Status.FAIL and failed.subject == f"rank 3 on {LABEL}"
+    assert failed.status is Status.FAIL and failed.subject.label == f"rank 3 on {LABEL}"
     assert "XID 79 (GPU has fallen off the bus) once during the run" in failed.message
     assert "in the timed loop" in failed.message
     assert failed.action == "drain-node"
@@ -183,7 +183,7 @@ def test_hw_thermal_slowdown_most_of_the_timed_loop_warns_naming_rank_gpu_and_sh
     share = result["clocks"]["fractions"]["hw_thermal_slowdown"]
     assert result["clocks"]["window"] == "timed" and share >= 0.5
     warned = _one(fault_findings([result]), "faults.clocks.slowdown")
-    assert warned.status is Status.WARN and warned.subject == f"rank 3 on {LABEL}"
+    assert warned.status is Status.WARN and warned.subject.label == f"rank 3 on {LABEL}"
     assert f"was in HW thermal slowdown {share * 100:.0f}% of the timed loop" in warned.message
     assert warned.action == "drain-node"
 
@@ -211,7 +211,7 @@ def test_a_sustained_hw_slowdown_with_a_low_sm_clock_under_load_warns_naming_ran
     assert hw["held"] == result["clocks"]["samples"] >= 20
     assert hw["lowest_sm_ratio"] == round(700 / 1980, 3)
     warned = _one(fault_findings([result]), "faults.clocks.slowdown")
-    assert warned.status is Status.WARN and warned.subject == f"rank 3 on {LABEL}"
+    assert warned.status is Status.WARN and warned.subject.label == f"rank 3 on {LABEL}"
     assert warned.message.startswith("was in HW slowdown ")
     assert "the SM clock down to 35% of its 1980 MHz maximum, busy" in warned.message
     assert warned.action == "drain-node"
@@ -304,7 +304,7 @@ def test_one_slow_nvml_call_mid_run_is_a_warn_nvml_slow_and_not_a_lost_gpu(fake)
                                                         result["nvml_slow"]}
     findings = fault_findings([result])
     slow = _one(findings, "faults.nvml_slow")
-    assert slow.status is Status.WARN and slow.subject == f"rank 3 on {LABEL}"
+    assert slow.status is Status.WARN and slow.subject.label == f"rank 3 on {LABEL}"
     assert slow.message.startswith("NVML slow, not lost: ")
     assert slow.action == "none"
     assert not [f for f in findings if f.status is Status.FAIL]
@@ -317,7 +317,7 @@ def test_a_gpu_whose_nvml_call_hangs_through_both_budgets_fails_as_lost_naming_i
                   nvml=Nvml(0.1, retry_timeout_s=0.3))
     assert result["errors"][0]["kind"] == "Timeout"
     failed = _one(fault_findings([result]), "faults.gpu_lost")
-    assert failed.status is Status.FAIL and failed.subject == f"rank 3 on {LABEL}"
+    assert failed.status is Status.FAIL and failed.subject.label == f"rank 3 on {LABEL}"
     assert "never came back" in failed.message and "nor in 0.3 s more" in failed.message
     assert failed.action == "drain-node"
 
@@ -336,7 +336,8 @@ def test_a_gpu_already_lost_when_the_run_starts_fails_as_lost(monkeypatch):
     result = _run()
     assert result["status"] == "watched" and result["gpu"] is None
     failed = _one(fault_findings([result]), "faults.gpu_lost")
-    assert failed.status is Status.FAIL and failed.subject == f"rank 3 on the GPU at bus {BUS}"
+    assert failed.status is Status.FAIL
+    assert failed.subject.label == f"rank 3 on the GPU at bus {BUS}"
     assert "when it was looked up" in failed.message
 
 
@@ -380,7 +381,7 @@ def test_ranks_sharing_one_gpu_get_one_finding_naming_both(fake):
         results.append(watch.result())
     section = faults_section(results)
     failed = _one(section.findings, "faults.xid")
-    assert failed.subject == f"ranks 0, 1 on {LABEL}"
+    assert failed.subject.label == f"ranks 0, 1 on {LABEL}"
     assert len(section.data["events"]) == 1 and section.data["gpus"][0]["ranks"] == "0, 1"
 
 
@@ -391,7 +392,7 @@ def test_the_result_and_the_section_are_plain_json(fake):
     data = json.loads(json.dumps(section.to_dict()))
     assert data["name"] == "faults" and data["title"] == "Hardware faults during the run"
     assert data["data"]["faults"][0]["action"] == "drain-node"
-    assert section.findings[0].subject == "rank 3 on GPU 1 (as the roster names it)"
+    assert section.findings[0].subject.label == "rank 3 on GPU 1 (as the roster names it)"
 
 
 def test_the_watcher_reports_what_it_cost(fake):

@@ -144,7 +144,7 @@ def test_a_slow_stress_rank_warning_says_what_slowed_it() -> None:
     findings = peer_findings("stress.sdc.straggler", "median product time", "ms",
                              {0: 10.0, 1: 20.0, 2: 10.0}, ranks, 0.9,
                              higher_is_better=False, causes=causes)
-    assert [(f.status, f.subject) for f in findings] == [(Status.WARN, "rank 1")]
+    assert [(f.status, f.subject.label) for f in findings] == [(Status.WARN, "rank 1")]
     # The cause follows the figure; a single measurement's look says it was not
     # measured again.
     assert findings[0].message.endswith("; it was in HW thermal slowdown 40% of the "
@@ -173,7 +173,7 @@ def test_a_failure_before_any_result_still_reports_rank_zeros_faults(fake: FakeN
     stress = stress_sections(partial, StressVerdicts(0.9, 0.8, 0.6))
     for sections in (comm, stress):
         assert [s.name for s in sections] == ["faults"]
-        assert [(f.check, f.status, f.subject) for f in sections[0].findings
+        assert [(f.check, f.status, f.subject.label) for f in sections[0].findings
                 if f.status is Status.FAIL] == [("faults.xid", Status.FAIL,
                                                  f"rank 0 on {LABEL}")]
 

@@ -155,7 +155,7 @@ def test_baseline_findings_warn_below_a_floor_and_above_a_ceiling() -> None:
         "stress.membw.gbps.rank0": metric("stress.membw.gbps.rank0", 80.0, rank=0),
         "stress.sdc.p50_ms.rank0": metric("stress.sdc.p50_ms.rank0", 3.0, LOWER, 0)},
         BASE)
-    assert [(f.check, f.status, f.subject, f.action) for f in found] == [
+    assert [(f.check, f.status, f.subject.label, f.action) for f in found] == [
         ("baseline.metric", Status.WARN, "rank0", "rerun"),
         ("baseline.metric", Status.WARN, "rank0", "rerun")]
     assert "floor 90" in found[0].message and "ceiling 2.2" in found[1].message

@@ -124,7 +124,7 @@ def test_ranks_on_one_gpu_uuid_are_refused_by_name_with_the_launch_setting() -> 
     assert diagnosis is not None and diagnosis["shared"] == list(range(8))
     failed = job.JobFailed([], None, [diagnosis], roster, reporter=True)
     findings = rank_failure_findings(failed.failures, "bench")
-    assert [(f.check, f.status, f.subject) for f in findings] == [
+    assert [(f.check, f.status, f.subject.label) for f in findings] == [
         ("bench.shared_gpu", Status.FAIL, f"rank {r}") for r in range(8)]
 
 

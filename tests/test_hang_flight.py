@@ -100,7 +100,7 @@ def test_a_torch_without_the_dump_function_is_a_visible_skip(monkeypatch, tmp_pa
     assert outcome is not None and outcome.path is None
     assert "_dump_fr_trace" in (outcome.skipped or "") and list(tmp_path.iterdir()) == []
     findings = flight_findings([{"rank": 3, "flight_recorder": outcome.as_dict()}], "comm")
-    assert [(f.check, f.status.value, f.subject) for f in findings] == [
+    assert [(f.check, f.status.value, f.subject.label) for f in findings] == [
         ("comm.flight_recorder", "SKIP", "rank 3")]
 
 
@@ -172,7 +172,8 @@ def test_gpucheck_comm_with_a_stopped_rank_leaves_dumps_that_name_it(tmp_path: P
         assert wait_gone(list(seen), within_s=5) == []
     section = traces_section(str(fr), None)
     assert section.data["ranks_dumped"] == [0, 2]
-    assert [(f.check, f.subject) for f in section.findings] == [("hang.traces.no_dump", "rank 1")]
+    assert [(f.check, f.subject.label) for f in section.findings] == [
+        ("hang.traces.no_dump", "rank 1")]
     # The failed run's report says where the dumps went, and the CLI reads them back.
     report = json.loads((tmp_path / "out.json").read_text())
     said = [f for s in report["sections"] for f in s["findings"]

@@ -35,7 +35,7 @@ def run_hang(*argv: str) -> Report:
 
 
 def problems(report: Report) -> list[tuple[str, str | None]]:
-    return [(f.check, f.subject) for f in report.findings
+    return [(f.check, f.subject and f.subject.label) for f in report.findings
             if f.status in (Status.WARN, Status.FAIL)]
 
 

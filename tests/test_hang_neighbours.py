@@ -121,7 +121,7 @@ def test_one_job_has_no_jobs_table_and_no_job_in_its_subjects() -> None:
     views = [observe.RankView(r, r, 2, None, "node7", state="exited") for r in range(2)]
     (section,) = live_sections({0: {"jobs": {"j": [v.to_dict() for v in views]}}}, 2.0)
     assert section.data["jobs_seen"] == 1
-    assert {f.subject for f in section.findings if f.status is Status.FAIL} == {
+    assert {f.subject.label for f in section.findings if f.status is Status.FAIL} == {
         "rank 0 on node7", "rank 1 on node7"}
 
 

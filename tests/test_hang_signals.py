@@ -35,7 +35,7 @@ def judged(rank: int, raw: str, world: int = 3) -> RankView:
 
 
 def problems(findings: list) -> list[tuple[str, Status, str | None]]:  # type: ignore[type-arg]
-    return [(f.check, f.status, f.subject) for f in findings
+    return [(f.check, f.status, f.subject and f.subject.label) for f in findings
             if f.status in (Status.WARN, Status.FAIL)]
 
 

@@ -87,7 +87,7 @@ def test_a_member_without_a_dump_is_named_when_the_others_agree() -> None:
     (v,) = verdicts(dumps)
     assert v.no_dump == [2] and v.last_completed_by_all == 4
     (finding,) = group_findings(v)
-    assert (finding.check, finding.subject) == ("hang.traces.no_dump", "rank 2")
+    assert (finding.check, finding.subject.label) == ("hang.traces.no_dump", "rank 2")
 
 
 def test_a_rank_one_collective_behind_a_silent_member_waits_and_the_silent_one_is_named(
@@ -100,7 +100,7 @@ def test_a_rank_one_collective_behind_a_silent_member_waits_and_the_silent_one_i
     (v,) = verdicts(dumps)
     assert (v.culprits, v.waiting, v.no_dump) == ({}, {0: 2}, [1])
     (finding,) = group_findings(v)
-    assert (finding.check, finding.subject) == ("hang.traces.no_dump", "rank 1")
+    assert (finding.check, finding.subject.label) == ("hang.traces.no_dump", "rank 1")
 
 
 def test_survivors_last_collective_completed_after_an_abort_names_only_the_silent_rank(
@@ -112,7 +112,7 @@ def test_survivors_last_collective_completed_after_an_abort_names_only_the_silen
              2: dump(2, [*steps(2, state="completed"), entry(3, state="started")], members)}
     (v,) = verdicts(dumps)
     assert (v.culprits, v.waiting, v.no_dump) == ({}, {0: 2}, [1])
-    assert [(f.check, f.subject) for f in group_findings(v)] == [
+    assert [(f.check, f.subject.label) for f in group_findings(v)] == [
         ("hang.traces.no_dump", "rank 1")]
 
 
@@ -146,4 +146,5 @@ def test_a_truncated_dump_counts_as_no_dump_and_the_rest_is_judged(tmp_path: Pat
     (tmp_path / "rank_2").write_bytes(pickle.dumps(dump(2, steps(3)))[:40])
     section = traces_section(str(tmp_path), None)
     assert section.data["ranks_dumped"] == [0, 1, 3] and "rank_2" in section.data["unreadable"][0]
-    assert [(f.check, f.subject) for f in section.findings] == [("hang.traces.no_dump", "rank 2")]
+    assert [(f.check, f.subject.label) for f in section.findings] == [
+        ("hang.traces.no_dump", "rank 2")]

@@ -50,7 +50,7 @@ def run_traces(folder: Path) -> tuple[int, str, str]:
 
 def problems(folder: Path) -> list[tuple[str, str, str | None]]:
     section = traces_section(str(folder), None)
-    return [(f.check, f.status.value, f.subject) for f in section.findings]
+    return [(f.check, f.status.value, f.subject and f.subject.label) for f in section.findings]
 
 
 class RunsCode:
@@ -87,7 +87,8 @@ def test_links_and_fifos_among_the_dumps_are_not_followed(tmp_path: Path) -> Non
     os.mkfifo(folder / "rank_3")  # opening it for reading would block
     section = traces_section(str(folder), None)
     assert section.data["ranks_dumped"] == [0, 1]
-    assert [(f.check, f.subject) for f in section.findings] == [("hang.traces.no_dump", "rank 2")]
+    assert [(f.check, f.subject.label) for f in section.findings] == [
+        ("hang.traces.no_dump", "rank 2")]
 
 
 def test_dumps_of_an_older_torch_without_collective_seq_id_are_judged(tmp_path: Path) -> None:
@@ -102,7 +103,8 @@ def test_entries_of_another_type_make_that_file_unreadable_not_a_traceback(
     write(tmp_path, {0: dump([entry(1)]), 1: dump([entry(1)]), 2: dump("entries")})
     section = traces_section(str(tmp_path), None)
     assert "rank_2" in section.data["unreadable"][0] and section.data["ranks_dumped"] == [0, 1]
-    assert [(f.check, f.subject) for f in section.findings] == [("hang.traces.no_dump", "rank 2")]
+    assert [(f.check, f.subject.label) for f in section.findings] == [
+        ("hang.traces.no_dump", "rank 2")]
     only_bad = tmp_path / "bad"
     only_bad.mkdir()
     write(only_bad, {0: dump({"a": 1}), 1: ["not", "a", "dump"]})
@@ -136,7 +138,7 @@ def test_sequence_ids_far_apart_are_judged_without_counting_between(tmp_path: Pa
     write(tmp_path, {0: dump([entry(1), entry(10**12)]), 1: dump([entry(1), entry(10**12)]),
                      2: dump([entry(1)])})
     (finding,) = traces_section(str(tmp_path), None).findings
-    assert (finding.check, finding.subject) == ("hang.traces.missing", "rank 2")
+    assert (finding.check, finding.subject.label) == ("hang.traces.missing", "rank 2")
     assert f"#{10**12}" in finding.message
 
 

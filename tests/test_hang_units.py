@@ -45,7 +45,8 @@ def user(where: str) -> Site:
 
 
 def failing(findings: list) -> list[tuple[str, str | None]]:  # type: ignore[type-arg]
-    return [(f.check, f.subject) for f in findings if f.status in (Status.WARN, Status.FAIL)]
+    return [(f.check, f.subject and f.subject.label) for f in findings
+            if f.status in (Status.WARN, Status.FAIL)]
 
 
 def test_py_spy_raw_lines_become_per_thread_stacks_innermost_first() -> None:

@@ -358,7 +358,7 @@ def test_a_non_utf8_hca_name_keeps_one_name_across_runs(node):
     second = _run(node)
     assert _state_warnings(first) == _state_warnings(second) == []
     assert second.verdict() is Status.OK
-    assert [f.subject for f in second.findings if f.check == "ib.port.state"] == [
+    assert [f.subject.label for f in second.findings if f.check == "ib.port.state"] == [
         "mlx5_\\xff port 1"]
 
 

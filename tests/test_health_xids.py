@@ -40,7 +40,8 @@ def _run(node: Path, lines: list[str], state: bool = True):
 
 
 def _xids(report) -> list[tuple[str, str | None]]:
-    return [(f.status.value, f.subject) for f in report.section("kernel_log").findings
+    return [(f.status.value, f.subject and f.subject.label)
+            for f in report.section("kernel_log").findings
             if f.status in (Status.WARN, Status.FAIL)]
 
 

@@ -62,7 +62,7 @@ def test_a_clean_log_is_ok_and_names_its_source():
 def test_xid_79_fails_once_per_gpu_naming_it_by_nvml_index_bus_id_and_uuid():
     section = section_of("dmesg_fallen_off_bus.log")
     (finding,) = xid_findings(section, 79)
-    assert finding.status is Status.FAIL and finding.subject == GPU1_LABEL
+    assert finding.status is Status.FAIL and finding.subject.label == GPU1_LABEL
     assert finding.action == "drain-node" and finding.cause == "table.drain-node"
     # Two Xid 79 lines; the "fallen off the bus" line is the same loss, not a third.
     row = row_of(section, 79)
@@ -75,7 +75,7 @@ def test_a_fallen_off_the_bus_line_alone_still_fails_as_xid_79():
     log = kl.scan_lines(["[  9.0] NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."])
     section = kernel_log_section(KernelLog("dmesg", log.lines, tuple(log.events)), [GPU1])
     (finding,) = xid_findings(section, 79)
-    assert finding.status is Status.FAIL and finding.subject == GPU1_LABEL
+    assert finding.status is Status.FAIL and finding.subject.label == GPU1_LABEL
 
 
 def test_application_level_xids_alone_stay_ok_and_are_listed_as_information():
@@ -166,28 +166,28 @@ def test_bus_ids_match_whatever_the_domain_width_and_case():
     lower = GpuRecord(1, "H200", GPU1.uuid, "0000:3b:00.0")
     for gpu in (upper, lower):
         (finding,) = xid_findings(section_of("dmesg_fallen_off_bus.log", [gpu]), 79)
-        assert finding.subject.startswith("GPU 1 (H200, bus ")
+        assert finding.subject.label.startswith("GPU 1 (H200, bus ")
 
 
 def test_a_gpu_nvml_does_not_know_is_named_by_its_pci_id_and_the_logs_uuid():
     section = section_of("journal_ecc_and_gsp.log", [GPU0])
     (finding,) = xid_findings(section, 94)
-    assert finding.subject == "PCI:0000:86:00 (GPU-00000002-0000-0000-0000-000000000000)"
+    assert finding.subject.label == "PCI:0000:86:00 (GPU-00000002-0000-0000-0000-000000000000)"
     (finding,) = xid_findings(section, 48)
-    assert finding.subject == "PCI:0000:af:00" and "<index>" not in finding.hint
+    assert finding.subject.label == "PCI:0000:af:00" and "<index>" not in finding.hint
 
 
 def test_a_log_from_another_machine_is_not_pinned_on_this_machines_gpu_at_that_bus():
     other = GpuRecord(7, "NVIDIA H200", "GPU-99999999-0000-0000-0000-000000000000",
                       "00000000:3B:00.0")
     (finding,) = xid_findings(section_of("dmesg_fallen_off_bus.log", [other]), 79)
-    assert finding.subject == "PCI:0000:3b:00 (GPU-00000001-0000-0000-0000-000000000000)"
+    assert finding.subject.label == "PCI:0000:3b:00 (GPU-00000001-0000-0000-0000-000000000000)"
 
 
 def test_the_reset_hint_names_the_mapped_gpus_nvml_index():
     (finding,) = xid_findings(section_of("garbage.log", [GpuRecord(4, "H200", None,
                                                                    "00000000:01:00.0")]), 62)
-    assert "nvidia-smi -r -i 4" in finding.hint and finding.subject.startswith("GPU 4 ")
+    assert "nvidia-smi -r -i 4" in finding.hint and finding.subject.label.startswith("GPU 4 ")
 
 
 # ---- reading files ----

@@ -58,7 +58,7 @@ def test_xid_154_takes_the_recovery_action_its_line_names(tmp_path, to, action):
             f"from 0x0 (None) to {to}\n")
     finding = only_problem(section_for(tmp_path, line, [B3]))
     assert finding.status is Status.FAIL and finding.action == action
-    assert finding.subject == B3_LABEL and "unknown XID" not in finding.message
+    assert finding.subject.label == B3_LABEL and "unknown XID" not in finding.message
     assert f"changed to {to.split('(')[1].rstrip(')')}" in finding.message
 
 
@@ -97,7 +97,7 @@ def test_xid_109_context_switch_timeout_is_a_gpu_reset(tmp_path):
             "name=pt_main_thread, Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x58005\n")
     finding = only_problem(section_for(tmp_path, line))
     assert (finding.status, finding.action) == (Status.FAIL, "reset-gpu")
-    assert finding.subject == "PCI:0000:cb:00"
+    assert finding.subject.label == "PCI:0000:cb:00"
 
 
 @pytest.mark.parametrize(("detail", "status", "action"), [
@@ -115,7 +115,7 @@ def test_nvlink_xids_144_to_150_follow_the_lines_own_fatal_or_nonfatal_word(
         tmp_path, detail, status, action):
     finding = only_problem(section_for(
         tmp_path, f"[171167.620236] NVRM: Xid (PCI:0000:b3:00): {detail}\n", [B3]))
-    assert (finding.status, finding.action, finding.subject) == (status, action, B3_LABEL)
+    assert (finding.status, finding.action, finding.subject.label) == (status, action, B3_LABEL)
     assert detail.split()[1] in finding.message  # the unit, e.g. SAW_MVB
 
 
@@ -161,7 +161,7 @@ def test_a_gpu_fallen_off_the_bus_with_no_xid_line_fails_naming_it(tmp_path, lin
     for gpus, subject in (([B3], B3_LABEL), ([], "PCI:0000:b3:00")):
         section = section_for(tmp_path, lines, gpus)
         finding = only_problem(section)
-        assert (finding.status, finding.action, finding.subject) == (
+        assert (finding.status, finding.action, finding.subject.label) == (
             Status.FAIL, "drain-node", subject)
         assert "fallen off the bus" in finding.message and "XID 79" in finding.message
 
@@ -190,7 +190,7 @@ def test_another_gpus_xid_79_after_an_unsupported_gpu_message_is_not_pinned_on_i
              "[ 14.2] NVRM: Xid (PCI:0000:b3:00): 79, pid=1, name=x, GPU has fallen off the "
              "bus.\n")
     finding = only_problem(section_for(tmp_path, lines))
-    assert finding.subject == "PCI:0000:b3:00"
+    assert finding.subject.label == "PCI:0000:b3:00"
 
 
 # ---- MIG, bus id forms, healthy logs ----
@@ -202,7 +202,7 @@ def test_a_mig_xid_line_is_parsed_and_keeps_its_gpu_instance(tmp_path):
              "Graphics Exception\n")
     section = section_for(tmp_path, lines, [B3])
     finding = only_problem(section)
-    assert (finding.status, finding.action, finding.subject) == (
+    assert (finding.status, finding.action, finding.subject.label) == (
         Status.WARN, "restart-app", B3_LABEL)
     assert "[GPU-I:05] pid=7194" in finding.message
     assert [r["xid"] for r in section.data["xids"]] == [94, 13]
@@ -214,7 +214,7 @@ def test_one_gpu_written_three_ways_is_one_gpu(tmp_path):
              "[ 3.0] NVRM: Xid (PCI:00000000:B3:00.0): 119, pid=2, name=y, Timeout\n")
     for gpus, subject in (([], "PCI:0000:b3:00"), ([B3], B3_LABEL)):
         section = section_for(tmp_path, lines, gpus)
-        assert {f.subject for f in problems(section)} == {subject}
+        assert {f.subject.label for f in problems(section)} == {subject}
         assert [(r["xid"], r["count"]) for r in section.data["xids"]] == [(62, 2), (119, 1)]
 
 

@@ -30,7 +30,7 @@ def test_the_odd_node_is_named_for_each_difference() -> None:
                NODES[1]: _env_report("2.21", 8, {"NCCL_IB_HCA": "mlx5", "RANK": "8"}),
                NODES[2]: _env_report("2.18", 7, {"RANK": "16"}, model="A100")}
     findings = diff_findings({n: node_facts(r) for n, r in reports.items()})
-    assert all(f.status is Status.WARN and f.subject == "node 2 (c)" for f in findings)
+    assert all(f.status is Status.WARN and f.subject.label == "node 2 (c)" for f in findings)
     text = " ".join(f.message for f in findings)
     for expected in ("NCCL version", "GPU count", "GPU model", "NCCL_IB_HCA"):
         assert expected in text
@@ -42,7 +42,7 @@ def test_matching_nodes_give_one_ok_and_keep_each_nodes_verdicts() -> None:
     merged = merge_node_reports(reports)
     assert [f.status for f in merged.sections[0].findings] == [Status.OK]
     gpu_findings = [f for f in merged.findings if f.check == "gpu.ecc.volatile_uncorrected"]
-    assert [f.subject for f in gpu_findings] == ["node 0 (a) GPU 0", "node 1 (b) GPU 0"]
+    assert [f.subject.label for f in gpu_findings] == ["node 0 (a) GPU 0", "node 1 (b) GPU 0"]
 
 
 def test_a_finding_keeps_the_action_its_probe_set_when_nodes_are_merged() -> None:
@@ -55,4 +55,5 @@ def test_a_finding_keeps_the_action_its_probe_set_when_nodes_are_merged() -> Non
         "cause": "table.replace-hardware", "action": "replace-hardware"}]
     merged = merge_node_reports({NODES[0]: report, NODES[1]: _env_report("2.21", 8, {})})
     failed = [f for f in merged.findings if f.status is Status.FAIL]
-    assert [(f.subject, f.action) for f in failed] == [("node 0 (a) GPU 0", "replace-hardware")]
+    assert [(f.subject.label, f.action) for f in failed] == [
+        ("node 0 (a) GPU 0", "replace-hardware")]

@@ -152,7 +152,8 @@ def test_a_rank_pinned_on_the_other_node_is_warned_with_its_gpu_named() -> None:
     findings = numa_findings([rank_row(0, True, cpus="4-7"), rank_row(1, False, cpus="0-3")])
     warned = [f for f in findings if f.status is Status.WARN]
     assert len(warned) == 1 and warned[0].check == "ranks.numa"
-    assert warned[0].subject is not None and warned[0].subject.startswith("rank 1 (cuda:1 = GPU 1")
+    assert warned[0].subject is not None
+    assert warned[0].subject.label.startswith("rank 1 (cuda:1 = GPU 1")
     assert "CPUs 0-3" in warned[0].message and "NUMA node 1" in warned[0].message
     assert warned[0].hint is not None and "numactl --cpunodebind=1" in warned[0].hint
     assert "--numa-binding" in warned[0].hint
@@ -187,7 +188,8 @@ def test_env_shows_each_gpus_numa_node_and_cpus_and_one_ok_per_node(
     rows = section.data["gpus"]
     assert [(r["numa_node"], r["cpu_affinity"]) for r in rows] == \
         [(0, "0-3,8-11"), (0, "0-3,8-11"), (1, "4-7,12-15"), (1, "4-7,12-15")]
-    found = [(f.status, f.subject, f.message) for f in section.findings if f.check == "gpu.numa"]
+    found = [(f.status, f.subject and f.subject.label, f.message) for f in section.findings
+             if f.check == "gpu.numa"]
     assert found == [(Status.OK, "NUMA node 0", "GPU 0-1 on NUMA node 0 (CPUs 0-3,8-11)"),
                      (Status.OK, "NUMA node 1", "GPU 2-3 on NUMA node 1 (CPUs 4-7,12-15)")]
 
@@ -235,7 +237,7 @@ def test_comms_setup_section_warns_of_a_rank_off_its_gpus_node() -> None:
               "iters": 5, "warmup": 1, "complete": True, "pairwise": None, "collectives": {},
               "ranks": [rank_row(0, True, cpus="4-7"), rank_row(1, False, cpus="0-3")]}
     setup = comm_sections(result, Verdicts(0.5, None, 0.8))[0]
-    assert [(f.check, f.status, f.subject and f.subject[:6]) for f in setup.findings] == \
+    assert [(f.check, f.status, f.subject and f.subject.label[:6]) for f in setup.findings] == \
         [("ranks.numa", Status.WARN, "rank 1"), ("ranks.numa", Status.OK, None)]
     assert setup.data["ranks"][1]["cpus"] == "0-3"
 
@@ -259,7 +261,7 @@ def test_benchs_setup_section_warns_of_a_rank_off_its_gpus_node() -> None:
     outcome = BenchOutcome(records=records, outputs=(), padding=0, per_rank_images=1,
                            ranks=(rank_row(0, True, cpus="4-7"), rank_row(1, False, cpus="0-3")))
     setup = setup_section(spec, ImageSet("/x", ("a.png",), ()), outcome)
-    numa = [(f.status, f.subject and f.subject[:6]) for f in setup.findings
+    numa = [(f.status, f.subject and f.subject.label[:6]) for f in setup.findings
             if f.check == "ranks.numa"]
     assert numa == [(Status.WARN, "rank 1"), (Status.OK, None)]
     assert setup.data["rank_placement"][1]["cpus"] == "0-3"

@@ -99,7 +99,7 @@ def test_a_v100_under_a_torch_without_sm_70_fails_naming_the_gpu_and_the_list():
     findings = cuda_compat_findings(R580, "13.0", gpus, WHEEL_ARCHS)
     failed = [f for f in findings if f.status is Status.FAIL]
     assert [f.check for f in failed] == ["gpu.arch_supported"]
-    assert failed[0].subject.startswith("GPU 1 (Tesla V100-SXM2-32GB, bus 00000000:28:00.0")
+    assert failed[0].subject.label.startswith("GPU 1 (Tesla V100-SXM2-32GB, bus 00000000:28:00.0")
     assert "sm_70" in failed[0].message and "no kernel image is available" in failed[0].message
     assert ", ".join(WHEEL_ARCHS) in failed[0].message and "sm_70" in failed[0].hint
 
@@ -163,6 +163,7 @@ def test_gpucheck_env_on_an_8x_h100_sxm_node_on_r580_is_all_ok(monkeypatch, tmp_
                and f.check != "gpu.count"]  # the node's count names no one GPU
     assert len(per_gpu) >= 8 * 5
     for finding in per_gpu:
-        index = int(finding.subject.split()[1])
-        assert finding.subject == (f"GPU {index} ({H100}, bus 00000000:{0x18 + 0x10 * index:02X}"
-                                   f":00.0, GPU-{index:08d}-0000-0000-0000-000000000000)")
+        index = int(finding.subject.label.split()[1])
+        assert finding.subject.label == (
+            f"GPU {index} ({H100}, bus 00000000:{0x18 + 0x10 * index:02X}"
+            f":00.0, GPU-{index:08d}-0000-0000-0000-000000000000)")

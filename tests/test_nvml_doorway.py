@@ -81,7 +81,7 @@ def test_a_steady_state_call_that_hangs_through_both_budgets_closes_the_doorway(
     assert not _findings(result, "driver.nvml_slow")
     # Closed: the other GPUs fail at once instead of each waiting out a budget.
     failed = _findings(result, "gpu.query", Status.FAIL)
-    assert [f.subject.split(" (")[0] for f in failed] == ["GPU 0", "GPU 1", "GPU 2"]
+    assert [f.subject.label.split(" (")[0] for f in failed] == ["GPU 0", "GPU 1", "GPU 2"]
     assert all("hung" in f.message for f in failed[1:])
 
 
@@ -139,7 +139,7 @@ def test_persistence_mode_off_warns_per_gpu_with_the_way_to_turn_it_on(monkeypat
     gpus[2].persistence = 0
     result = _probe(monkeypatch, FakeNvml(gpus))
     warned = _findings(result, "gpu.persistence_mode", Status.WARN)
-    assert [f.subject.split(" (")[0] for f in warned] == ["GPU 2"]
+    assert [f.subject.label.split(" (")[0] for f in warned] == ["GPU 2"]
     assert "off" in warned[0].message
     assert "nvidia-smi -pm 1" in warned[0].hint and "nvidia-persistenced" in warned[0].hint
     assert len(_findings(result, "gpu.persistence_mode", Status.OK)) == 2

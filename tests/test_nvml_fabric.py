@@ -47,7 +47,7 @@ def test_an_unfinished_fabric_registration_fails_naming_the_fabric_manager(monke
     gpus[3].fabric = (state, 0)
     result = _probe(monkeypatch, FakeNvml(gpus))
     failed = _findings(result, "gpu.fabric", Status.FAIL)
-    assert [f.subject.split(" (")[0] for f in failed] == ["GPU 3"]
+    assert [f.subject.label.split(" (")[0] for f in failed] == ["GPU 3"]
     assert words in failed[0].message and "error 802" in failed[0].message
     assert "systemctl start nvidia-fabricmanager" in failed[0].hint
     assert len(_findings(result, "gpu.fabric", Status.OK)) == 3
@@ -89,7 +89,7 @@ def test_mig_mode_on_is_reported_per_gpu_with_what_it_means(monkeypatch):
     gpus[1].mig = [1, 1]
     result = _probe(monkeypatch, FakeNvml(gpus))
     mig = _findings(result, "gpu.mig_mode")
-    assert [(f.status, f.subject.split(" (")[0]) for f in mig] == [(Status.OK, "GPU 1")]
+    assert [(f.status, f.subject.label.split(" (")[0]) for f in mig] == [(Status.OK, "GPU 1")]
     assert "one MIG instance" in mig[0].message and "NCCL" in mig[0].message
 
 

@@ -42,7 +42,7 @@ def _problems(result):
 
 
 def _gpu(finding) -> str:
-    return finding.subject.split(" (")[0]
+    return finding.subject.label.split(" (")[0]
 
 
 def test_a_healthy_nvswitch_node_stays_ok_on_every_nvml_verdict(monkeypatch):

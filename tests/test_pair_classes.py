@@ -106,7 +106,7 @@ def test_a_pair_slower_than_its_own_class_is_caught_and_confirmed(
         matrix: Any, pair: tuple[int, int]) -> None:
     rows = matrix({pair: 12.0 if pair == (1, 2) else 60.0})
     found = [f for f in p2p_findings(_node(rows), NODE0, 0.6) if f.status is Status.WARN]
-    assert [(f.subject, f.action) for f in found] == [
+    assert [(f.subject.label, f.action) for f in found] == [
         (f"node 0 cuda:{pair[0]}->cuda:{pair[1]}", "drain-node")]
     assert found[0].look is not None and found[0].look.state.value == "confirmed"
 
@@ -141,12 +141,12 @@ def test_a_gpu_that_lost_nvlinks_is_no_class_of_its_own() -> None:
         Status.OK]
     found = [f for f in p2p_findings(_node(hgx_matrix(3)), NODE0, 0.6)
              if f.status is Status.WARN]
-    assert {f.subject for f in found} == {f"node 0 cuda:3->cuda:{d}" for d in range(3)}
+    assert {f.subject.label for f in found} == {f"node 0 cuda:3->cuda:{d}" for d in range(3)}
     names = {r: f"rank {r}" for r in range(4)}
     slow = _comm_pairs(hgx_matrix(3))
     warned = [f for f in pair_findings(slow, 0.6, names, again=slow)
               if f.status is Status.WARN]
-    assert {f.subject for f in warned} == {f"rank 3 -> rank {d}" for d in range(3)}
+    assert {f.subject.label for f in warned} == {f"rank 3 -> rank {d}" for d in range(3)}
 
 
 # --- comm's send/recv pairs on a node -----------------------------------------------------
@@ -167,7 +167,7 @@ def test_comm_pairs_on_two_sockets_stay_quiet_and_a_slow_pair_of_a_class_is_caug
     again = [p for p in slow if (p["src"], p["dst"]) in ((4, 5), (0, 1), (1, 0))]
     found = [f for f in pair_findings(slow, 0.6, names, again=again)
              if f.status is Status.WARN]
-    assert [f.subject for f in found] == ["rank 4 -> rank 5"]
+    assert [f.subject.label for f in found] == ["rank 4 -> rank 5"]
     assert found[0].look is not None and found[0].look.state is LookState.CONFIRMED
 
 

@@ -96,7 +96,7 @@ def test_a_slow_node_is_named_and_a_node_exactly_at_the_bound_is_not() -> None:
     metric = {NodeId(0, "a"): 2410.0, NodeId(1, "b"): 2395.0, NodeId(2, "c"): 2402.0,
               NodeId(3, "d"): 1874.0}
     (slow,) = slow_node_findings(metric, "comm.nodes.slow_node", "images/s", "img/s")
-    assert (slow.status.value, slow.subject, slow.action) == ("WARN", "node 3 (d)", "rerun")
+    assert (slow.status.value, slow.subject.label, slow.action) == ("WARN", "node 3 (d)", "rerun")
     # 90.0 against a median of 100: `value < 0.9 x median` called it slow (0.9 x 100 is
     # 90.00000000000001 in floating point); value / median == 0.9 is at the bound.
     tie = {NodeId(0, "a"): 100.0, NodeId(1, "b"): 100.0, NodeId(2, "c"): 90.0}
@@ -105,7 +105,7 @@ def test_a_slow_node_is_named_and_a_node_exactly_at_the_bound_is_not() -> None:
     times = {NodeId(0, "a"): 1.0, NodeId(1, "b"): 2.0, NodeId(2, "c"): 1.0}
     (late,) = slow_node_findings(times, "comm.nodes.slow_node", "time", "s",
                                  higher_is_better=False)
-    assert late.subject == "node 1 (b)"
+    assert late.subject.label == "node 1 (b)"
 
 
 # --- eliminate (the rules of comm's send/recv pairs and stress's peer copies) ---

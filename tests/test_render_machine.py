@@ -47,7 +47,7 @@ def test_prometheus_text_parses_with_prometheus_own_parser_into_labelled_gauges(
     samples = families["gpucheck_check_status"].samples
     by_key = {(s.labels["check"], s.labels["subject"]): s for s in samples}
     assert len(by_key) == len(samples) == 5  # two XIDs on GPU 3 fold into one series
-    xid = by_key[("kernel_log.xid", GPU3)]
+    xid = by_key[("kernel_log.xid", GPU3.label)]
     assert xid.value == 3 and xid.labels["gpu"] == "3" and xid.labels["action"] == "reset-gpu"
     assert set(xid.labels) == set(LABELS) and xid.labels["command"] == "health"
     rate = by_key[("ib.port.rate", "hca port mlx5_1/1")]

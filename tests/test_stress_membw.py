@@ -45,4 +45,4 @@ def test_a_healthy_h200_at_nvbandwidths_figure_stays_ok_and_a_slow_one_is_named(
     slow = verdicts.expected_findings("stress.membw.expected", "copy", "GB/s",
                                       {0: 2150.0, 1: 1200.0}, ranks, specs.copy_figure, 0.8)
     warned = [f for f in slow if f.status is Status.WARN]
-    assert len(warned) == 1 and "GPU 1" in (warned[0].subject or "") + warned[0].message
+    assert len(warned) == 1 and "GPU 1" in str(warned[0].subject or "") + warned[0].message

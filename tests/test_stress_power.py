@@ -70,7 +70,7 @@ RANKS = [_rank(r) for r in range(4)]
 
 
 def _statuses(rows: list[PowerReading]) -> list[tuple[str, Status, str | None, str | None]]:
-    return [(f.check, f.status, f.subject, f.action)
+    return [(f.check, f.status, f.subject and f.subject.label, f.action)
             for f in power.power_findings(rows, RANKS, NAMES)]
 
 
@@ -109,6 +109,7 @@ def test_the_gemm_section_carries_the_power_verdicts() -> None:
               "phases_planned": ["gemm"], "phases_done": ["gemm"]}
     section = next(s for s in stress_sections(result, Verdicts(0.9, 0.8, 0.6))
                    if s.name == "gemm")
-    warned = [(f.check, f.subject) for f in section.findings if f.status is Status.WARN]
+    warned = [(f.check, f.subject and f.subject.label) for f in section.findings
+              if f.status is Status.WARN]
     assert ("stress.power.reach", "rank 3") in warned
     assert section.data["power under load (W)"][3]["reach"] == round(400 / 700, 3)

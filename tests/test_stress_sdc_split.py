@@ -53,7 +53,7 @@ def test_a_node_with_other_software_is_one_software_split_not_four_drains() -> N
     assert [f for f in found if f.status is Status.FAIL] == []
     split = [f for f in found if f.check == "stress.sdc.software_split"]
     assert len(split) == 1 and split[0].status is Status.WARN
-    assert split[0].action == "fix-config" and "8-11" in (split[0].subject or "")
+    assert split[0].action == "fix-config" and "8-11" in str(split[0].subject or "")
 
 
 def test_the_reference_decides_which_side_of_a_split_is_right() -> None:
@@ -98,7 +98,8 @@ def test_two_outvoted_ranks_on_different_nodes_that_agree_are_software() -> None
 def test_one_odd_gpu_among_healthy_nodes_is_still_a_hardware_fail() -> None:
     digests = {r: ("b" if r == 9 else "a") for r in range(12)}
     found = _sdc_findings(_result(digests, dict.fromkeys(range(12), 0.3)))
-    fails = [(f.check, f.subject, f.action) for f in found if f.status is Status.FAIL]
+    fails = [(f.check, f.subject and f.subject.label, f.action) for f in found
+             if f.status is Status.FAIL]
     assert fails == [("stress.sdc.agreement", "rank 9", "drain-node")]
     assert not any(f.check == "stress.sdc.software_split" for f in found)
 
@@ -106,7 +107,7 @@ def test_one_odd_gpu_among_healthy_nodes_is_still_a_hardware_fail() -> None:
 def test_two_odd_gpus_with_different_wrong_bits_are_two_fails() -> None:
     digests = {r: {3: "b", 9: "c"}.get(r, "a") for r in range(12)}
     found = _sdc_findings(_result(digests, dict.fromkeys(range(12), 0.3)))
-    assert [f.subject for f in found if f.status is Status.FAIL] == ["rank 3", "rank 9"]
+    assert [f.subject.label for f in found if f.status is Status.FAIL] == ["rank 3", "rank 9"]
 
 
 def test_a_healthy_multi_node_burn_in_stays_ok() -> None:

@@ -63,7 +63,7 @@ class IbPort:
         return self.link_layer, self.hca_type
 
     def row(self) -> dict[str, object]:
-        return {"port": self.subject, "link_layer": self.link_layer,
+        return {"port": self.subject.label, "link_layer": self.link_layer,
                 "state": _label(self.state, self.state_name),
                 "phys_state": _label(self.phys_state, self.phys_name), "rate": self.rate,
                 **{name: self.counters.get(name) for name in COUNTERS}}

@@ -156,7 +156,8 @@ def nvml_section(nodes: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str
             if finding.status is Status.FAIL:
                 blamed.append({"host": hosts.get(int(node["node_rank"]), "?"),
                                "node_rank": int(node["node_rank"]), "rank": None,
-                               "gpu": finding.subject, "check": finding.check,
+                               "gpu": finding.subject and finding.subject.label,
+                               "check": finding.check,
                                "why": finding.message})
     return Section("nvml", "GPU health through NVML (env's judges), per node",
                    {"nodes": [n["node_rank"] for n in nodes]}, findings), blamed

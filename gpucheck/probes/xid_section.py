@@ -93,7 +93,7 @@ def gpu_name(bus_id: str, gpus: Sequence[GpuRecord],
 
 def _row(group: XidClass, name: subjects.Subject) -> dict[str, object]:
     info = group.info
-    return {"gpu": name, "xid": group.xid, "count": group.count, "first": group.first,
+    return {"gpu": name.label, "xid": group.xid, "count": group.count, "first": group.first,
             "last": group.last, "meaning": info.meaning, "severity": info.severity,
             "action": info.action, "sample": group.sample}
 

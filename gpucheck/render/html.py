@@ -78,7 +78,7 @@ def _figures(report: Report) -> list[str]:
 def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:
     """As in Markdown."""
     return [{"status": f.status.value, "action": f.action or "", "check": f.check,
-             "subject": f.subject or "", "message": message_words(f),
+             "subject": f.subject.label if f.subject else "", "message": message_words(f),
              "hint": hint_words(f) or ""} for f in findings]
 
 

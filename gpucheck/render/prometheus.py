@@ -76,7 +76,7 @@ def folded(report: Report) -> list[Finding]:
     """One finding per (check, subject): the worst, the first of equals."""
     worst: dict[tuple[str, str], Finding] = {}
     for finding in report.findings:
-        key = (finding.check, finding.subject or "")
+        key = (finding.check, "" if finding.subject is None else finding.subject.label)
         if key not in worst or finding.status.severity > worst[key].status.severity:
             worst[key] = finding
     return list(worst.values())

@@ -78,13 +78,13 @@ def _class_medians(classes: Mapping[str, Suspects]) -> str:
                      for kind, s in classes.items())
 
 
-def _pair_subject(where: str, pair: Pair) -> Subject:
+def _pair_subject(where: Subject, pair: Pair) -> Subject:
     return subject.pair(pair[0], pair[1], f"{where} cuda:{pair[0]}->cuda:{pair[1]}",
                         by="cuda")
 
 
 def _p2p_looks(node: Mapping[str, Any], pairs: Sequence[Mapping[str, Any]],
-               suspects: Suspects, bound: Bound, where: str) -> dict[Pair, SecondLook]:
+               suspects: Suspects, bound: Bound, where: Subject) -> dict[Pair, SecondLook]:
     """Each slow pair's second look; not measured again when the node has none."""
     first = samples_of(pairs)
     if "again" not in node:
@@ -96,7 +96,7 @@ def _p2p_looks(node: Mapping[str, Any], pairs: Sequence[Mapping[str, Any]],
 
 
 def _slow_peer_pair(pair: Pair, look: SecondLook, measured: Mapping[Pair, float],
-                    reference: float, where: str, kind: str) -> Finding:
+                    reference: float, where: Subject, kind: str) -> Finding:
     src, dst = pair
     value = measured[pair]
     median = f"the median {kind} pair" if kind else "the median pair"
