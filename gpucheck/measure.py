@@ -1,9 +1,5 @@
-"""Measured figures as data: which way is better, a bound against a reference, the
-second look at a figure that crossed it, and a named metric.
-
-Floor 1: imports only gpucheck.subject. The arithmetic is always `value / reference`
-against `Bound.limit`, whichever command measured it.
-"""
+"""Measured figures as data: which way is better, a bound (always `value / reference`
+against its limit), the second look at a figure that crossed it, a named metric."""
 
 from __future__ import annotations
 
@@ -24,8 +20,8 @@ class Better(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Bound:
-    """Worse than `limit` x the reference: for HIGHER, a ratio below the limit; for
-    LOWER, above it. A ratio exactly at the limit is not worse."""
+    """Worse than `limit` x the reference: below it (HIGHER), above it (LOWER); a ratio
+    exactly at the limit is not worse."""
 
     limit: float
     better: Better
@@ -50,12 +46,8 @@ class Bound:
             raise ValueError(f"a shortfall is in [0, 1), not {t!r}")
         return cls(1 - t if better is Better.HIGHER else 1 + t, better)
 
-    def ratio(self, value: float, reference: float) -> float | None:
-        """value / reference; None when the reference is not positive."""
-        return value / reference if reference > 0 else None
-
     def worse(self, value: float, reference: float) -> bool:
-        ratio = self.ratio(value, reference)
+        ratio = value / reference if reference > 0 else None
         # A tie within float rounding is a tie: 8.1 / 9 is 0.8999999999999999, and 8.1
         # against 9 at a 0.9 bound was "not worse" when the rule read value < f x median.
         if ratio is None or math.isclose(ratio, self.limit, rel_tol=1e-9):
@@ -67,10 +59,7 @@ class Bound:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Bound:
-        limit = raw["limit"]
-        if not isinstance(limit, (int, float)) or isinstance(limit, bool):
-            raise TypeError("a bound's 'limit' is not a number")
-        return cls(float(limit), Better(raw["better"]))
+        return cls(_number(raw["limit"]), Better(raw["better"]))
 
 
 class LookState(str, enum.Enum):
@@ -83,10 +72,9 @@ class LookState(str, enum.Enum):
 
 @dataclass(frozen=True)
 class SecondLook:
-    """A figure measured twice: `first` crossed `bound` against `reference`; `again` is
-    the second figure (None when not measured again, `why_not` says why), taken beside
-    `against` (known-good peers; () means against the first reference). `parts`: one
-    look per slow pair of a shared node."""
+    """A figure measured twice: `first` crossed `bound`; `again` (None: not measured
+    again, `why_not` says why) judged against `reference`, measured beside `against`
+    (known-good peers; (): the first reference). `parts`: a shared node's pairs."""
 
     first: float
     again: float | None
@@ -112,7 +100,6 @@ class SecondLook:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SecondLook:
-        """Read back what `to_dict` wrote; TypeError, ValueError or KeyError otherwise."""
         if not isinstance(raw, Mapping):
             raise TypeError(f"a look is an object, not {type(raw).__name__}")
         unit, why_not = raw.get("unit"), raw.get("why_not")
@@ -128,8 +115,8 @@ class SecondLook:
 
 @dataclass(frozen=True)
 class Metric:
-    """One figure of a report: `name` ("stress.gemm.bf16.tflops"), for `subject` (None:
-    the job). `spread`: how much it varied inside its own run, as a fraction."""
+    """One figure of a report ("stress.gemm.bf16.tflops") for `subject` (None: the job);
+    `spread`: how much it varied inside its own run, as a fraction."""
 
     name: str
     unit: str
@@ -139,8 +126,7 @@ class Metric:
     spread: float | None = None
 
     def key(self) -> str:
-        """The name and the subject's position: "stress.gemm.bf16.tflops.rank3" (the
-        keys baselines were written with); the name alone for the job."""
+        """"stress.gemm.bf16.tflops.rank3" (the keys baselines were written with)."""
         position = self.subject.position() if self.subject is not None else None
         return f"{self.name}.{position}" if position else self.name
 
@@ -172,8 +158,6 @@ def _optional(value: object) -> float | None:
 
 
 def _list(value: object) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
+    if not isinstance(value, (list, type(None))):
         raise TypeError(f"expected a list, got {type(value).__name__}")
-    return value
+    return value or []

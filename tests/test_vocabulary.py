@@ -30,7 +30,7 @@ def test_shortfall_bound() -> None:
 
 def test_no_reference_is_never_worse() -> None:
     bound = Bound.fraction(0.5, Better.HIGHER)
-    assert bound.ratio(1.0, 0.0) is None and not bound.worse(0.0, 0.0)
+    assert not bound.worse(0.0, 0.0) and not bound.worse(-1.0, 0.0)
 
 
 @pytest.mark.parametrize("bad", [0.0, -0.5, 1.5])
