@@ -2,7 +2,7 @@
 rank's timed iterations so far, and their summary, in the partial report.
 
 The real run is stopped once every rank has published timed iterations (each rank's
-own file in the run directory, `gpucheck.bench.partial`); the pure tests check the
+own file in the run directory, `gpucheck.bench.findings`); the pure tests check the
 section built from published figures.
 """
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,16 +19,14 @@ from gpucheck.bench.pace import DEFAULT_STRAGGLER_THRESHOLD
 from gpucheck.commands.options import (
     LaunchOptions,
     LaunchPlan,
-    add_launch_finding,
-    launch_scope,
     non_negative_int,
     opt,
     plan_launch,
     positive_float,
     positive_int,
+    run_reported,
 )
 from gpucheck.context import RunContext
-from gpucheck.escape import terminal
 from gpucheck.interrupts import deferred_interrupts
 from gpucheck.report import Report, Section
 
@@ -98,41 +95,42 @@ add_arguments = BenchArgs.add_to
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
-    from gpucheck.bench.worker import BenchOutcome, bench_worker
+    from gpucheck.bench.worker import bench_worker
     from gpucheck.distributed.flight import armed
-    from gpucheck.distributed.job import run_job
-    from gpucheck.distributed.launch import WorkersFailed
 
     plan, spec, images = check(args, ctx)
-    report = Report(command="bench", scope=launch_scope(plan))
-    try:
-        with armed("bench"):  # a hang leaves Flight Recorder dumps (gpucheck hang --traces)
-            outcome = run_job(bench_worker, spec, plan.nproc, plan.master_port, ctx)
-    except WorkersFailed as exc:
-        if not getattr(exc, "reporter", True):
-            # A rank > 0 under torchrun: rank 0 reports; exit non-zero so the launcher knows.
-            print(f"gpucheck bench: this rank failed: {terminal(exc)}", file=sys.stderr)
-            raise SystemExit(1) from None
-        report.add(_failed_section(exc))
-        _add_timed_so_far(report, ctx)
-        _add_partial_faults(report, getattr(exc, "partial", None))
-        return report
-    if not isinstance(outcome, BenchOutcome):
-        return None  # a rank other than 0 under torchrun: rank 0 reports
+    with armed("bench"):  # a hang leaves Flight Recorder dumps (gpucheck hang --traces)
+        return run_reported("bench", bench_worker, spec, plan,
+                            lambda result: _report(args, ctx, spec, images, result),
+                            quiet_stdout=args.quiet and args.output is None, ctx=ctx)
+
+
+def _report(args: argparse.Namespace, ctx: RunContext, spec: BenchSpec, images: ImageSet,
+            result: Any) -> Report:
+    """The run's report; given rank 0's partial results instead (a failed job), what was
+    measured before the failure."""
+    from gpucheck.bench.worker import BenchOutcome
+
+    if not isinstance(result, BenchOutcome):
+        return _measured_so_far(result, ctx) or Report(command="bench")
     from gpucheck.bench.findings import bench_sections, with_bench_metrics
 
-    for section in bench_sections(spec, images, outcome, args.straggler_threshold):
+    report = Report(command="bench")
+    for section in bench_sections(spec, images, result, args.straggler_threshold):
         report.add(section)
-    with_bench_metrics(report.sections, outcome.records, args.straggler_threshold)
-    return add_launch_finding(report, plan)
+    with_bench_metrics(report.sections, result.records, args.straggler_threshold)
+    return report
 
 
 def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     """After Ctrl-C or SIGTERM: what rank 0 had measured, and every rank's timed
-    iterations so far (`gpucheck.bench.findings`; gpucheck.cli adds the stop)."""
+    iterations so far."""
     from gpucheck.distributed import progress
 
-    partial = progress.local_partial(ctx)
+    return _measured_so_far(progress.local_partial(ctx), ctx)
+
+
+def _measured_so_far(partial: dict[str, Any] | None, ctx: RunContext) -> Report | None:
     report = Report(command="bench")
     if partial is not None:
         shown = {k: v for k, v in partial.items() if k != "faults"}
@@ -185,18 +183,3 @@ def check(args: argparse.Namespace, ctx: RunContext) -> tuple[LaunchPlan, BenchS
         straggler_threshold=args.straggler_threshold,
     )
     return plan, spec, images
-
-
-def _failed_section(exc: Exception) -> Section:
-    """The failed ranks, the silent ones, and whatever rank 0 had measured before."""
-    from gpucheck.distributed.failures import rank_failure_findings
-
-    failures = getattr(exc, "failures", [])
-    data: dict[str, Any] = {"failed_ranks": [f.rank for f in failures]}
-    unresponsive = getattr(exc, "unresponsive", [])
-    if unresponsive:
-        data["unresponsive_ranks"] = unresponsive
-    partial = getattr(exc, "partial", None)
-    if partial:
-        data["partial"] = {k: v for k, v in partial.items() if k != "faults"}
-    return Section("ranks", "Failed ranks", data, rank_failure_findings(failures, "bench"))
