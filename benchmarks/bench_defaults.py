@@ -1,55 +1,35 @@
 """How long does `gpucheck bench` with its defaults take, start-up included?
 
-Runs the plain command (no options but --quiet and a JSON report) several times
-in fresh processes and prints each run's wall time and the median, with what the
-report says about the timed loop. The issue's bar: at most 45 s on a 2-core CPU.
+The plain command (--quiet and a JSON report only) in fresh processes: each run's wall
+time with what its report says of the timed loop, then the median (issue bar: at most
+45 s on a 2-core CPU; docs/bench.md).
 
-    /work/venv/bin/python benchmarks/bench_defaults.py --runs 5
+    python benchmarks/bench_defaults.py --runs 5 [-- extra bench options]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def one_run(extra: list[str]) -> tuple[float, dict]:
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "r.json"
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "gpucheck", "bench", "--quiet", "--output",
-                        str(out), *extra], cwd=folder, env=env, check=True, timeout=300)
-        elapsed = time.perf_counter() - started
-        return elapsed, json.loads(out.read_text())
+from common import gpucheck_report, section, spread
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("extra", nargs="*", help="options passed to gpucheck bench")
     args = parser.parse_args()
     walls = []
     for i in range(args.runs):
-        wall, report = one_run(args.extra)
+        wall, report = gpucheck_report("bench", *args.extra, check=True, timeout=300)
         walls.append(wall)
-        setup = next(s for s in report["sections"] if s["name"] == "bench")["data"]
-        timing = next(s for s in report["sections"] if s["name"] == "timing")["data"]
+        setup, timing = section(report, "bench"), section(report, "timing")
         print(f"run {i + 1}: {wall:.1f} s total; {setup['ranks']} ranks x "
               f"{setup['timed_iters']} iters x batch {setup['batch_size']} {setup['model']} "
               f"{setup['dtype']}: job wall {timing['job_wall_s']:.2f} s, "
               f"{timing['aggregate_images_per_s']:.1f} images/s", flush=True)
-    print(f"median of {args.runs}: {statistics.median(walls):.1f} s "
-          f"(min {min(walls):.1f}, max {max(walls):.1f}) on {os.cpu_count()} cores")
+    print(f"{args.runs} runs: {spread(walls, digits=1)} on {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":

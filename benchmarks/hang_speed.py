@@ -1,50 +1,37 @@
-"""From `gpucheck hang` to its verdict, on a job that hangs on purpose.
+"""From `gpucheck hang` to its verdict, on a gloo job that hangs on purpose.
+
+A job of --ranks ranks (tests/hang_jobs.py "user": rank 1 loops in its own code, the
+others wait in all_reduce); the command run afresh each time, with the ranks' PIDs and
+without; each run must name rank 1 alone (goal: at most 10 s; docs/hang.md).
+--neighbours N adds N made-up ranks of another job (sleep processes named python3 with
+hostile RANK/WORLD_SIZE values): the run without PIDs must stay within the goal.
 
     PYTHONPATH=. python benchmarks/hang_speed.py [--ranks 3] [--runs 5] [--window 2]
                                                  [--neighbours 200]
-
-Starts a gloo job of --ranks ranks on 127.0.0.1 (tests/hang_jobs.py "user": rank 1
-loops in its own code, the others wait in all_reduce), then runs the command as a
-person types it, a new process each time, with the ranks' PIDs and without any
-(every rank process of the machine is looked at), and times each run from start to
-exit. Every run must name rank 1 and only it. The goal: at most 10 s.
-
---neighbours N adds N made-up ranks of another job beside it (`sleep` processes named
-python3 with RANK, WORLD_SIZE and LOCAL_WORLD_SIZE=10**12 in their environment, as a
-hostile user on a shared node can start): the run without PIDs must stay within the
-goal and never crash.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, gpucheck_report, spread
+
 sys.path.insert(0, str(ROOT))
 
-from tests.comm_workers import clean_env, free_port  # noqa: E402
-from tests.hang_launch import hang_job  # noqa: E402
+from tests.comm_workers import clean_env, free_port
+from tests.hang_launch import hang_job
 
 
 def one_run(pids: list[int] | None, window: float) -> tuple[float, list[str]]:
     """(seconds to the verdict, the subjects named)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "hang.json"
-        args = [sys.executable, "-m", "gpucheck", "hang", *map(str, pids or []),
-                "--window", str(window), "-q", "-o", str(out)]
-        start = time.monotonic()
-        subprocess.run(args, env=clean_env(), check=False, timeout=120)
-        elapsed = time.monotonic() - start
-        report = json.loads(out.read_text())
+    elapsed, report = gpucheck_report("hang", *map(str, pids or []), "--window", str(window),
+                                      env=clean_env(), timeout=120)
     named = [f["subject"] for s in report["sections"] for f in s["findings"]
              if f["status"] == "FAIL" and f["check"].startswith("hang.rank.")
              and (pids is None or s["data"].get("ranks"))]
@@ -59,8 +46,7 @@ def measure(label: str, pids: list[int] | None, runs: int, window: float,
         mine = [n for n in named if n.startswith(want)]
         print(f"  {label} run {k + 1}: {elapsed:.2f} s, named {mine or named}")
         times.append(elapsed)
-    print(f"{label}: median {statistics.median(times):.2f} s "
-          f"({min(times):.2f} to {max(times):.2f}) over {runs} runs")
+    print(f"{label}: {spread(times)} over {runs} runs")
 
 
 @contextlib.contextmanager

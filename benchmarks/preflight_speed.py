@@ -1,13 +1,10 @@
 """Seconds from launch to the job command's first line, with and without preflight.
 
-    PYTHONPATH=. python benchmarks/preflight_speed.py [--runs 5] [--budget 60]
+`torchrun --nproc-per-node 2` (gloo, CPU ranks) of a small training-like command,
+alone and behind `-m gpucheck preflight -q --`, in turn, a new launch each time;
+medians of --runs (goal: preflight adds at most 20 s here; docs/preflight.md).
 
-Each run starts `torchrun --standalone --nproc-per-node 2` (gloo, CPU ranks) with a
-small command that prints a line first thing, then joins its own process group and
-all_reduces (as a training script would), alone and behind `-m gpucheck preflight
--q --`, in turn, a new launch each time, and times from the launch to the first line
-of the command's output. Medians of --runs. The goal on this machine: preflight adds
-at most 20 s.
+    PYTHONPATH=. python benchmarks/preflight_speed.py [--runs 5] [--budget 60]
 """
 
 from __future__ import annotations
@@ -20,10 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, spread
+
 sys.path.insert(0, str(ROOT))
 
-from tests.comm_workers import clean_env, free_port  # noqa: E402
+from tests.comm_workers import clean_env, free_port
 
 COMMAND = """\
 import datetime, os, torch, torch.distributed as dist
@@ -68,10 +66,9 @@ def main() -> None:
             gated.append(one_run(script, True, args.budget))
             print(f"run {k + 1}: command alone {alone[-1]:.2f} s, behind preflight "
                   f"{gated[-1]:.2f} s", flush=True)
-    a, g = statistics.median(alone), statistics.median(gated)
-    print(f"command alone: median {a:.2f} s ({min(alone):.2f} to {max(alone):.2f})")
-    print(f"behind preflight: median {g:.2f} s ({min(gated):.2f} to {max(gated):.2f})")
-    print(f"preflight adds {g - a:.2f} s (goal: at most 20 s on 2 CPU ranks)")
+    print(f"command alone: {spread(alone)}\nbehind preflight: {spread(gated)}")
+    print(f"preflight adds {statistics.median(gated) - statistics.median(alone):.2f} s "
+          "(goal: at most 20 s on 2 CPU ranks)")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,9 @@
 """From a stopped rank (SIGSTOP) to the command's exit, against --timeout.
 
-    /work/venv/bin/python benchmarks/stop_to_exit.py [--timeout 10] [--ranks 3] [--runs 3]
+`gpucheck comm` with a long sweep; once results exist rank 1 is stopped and the time to
+exit measured, and no worker may be left (promise: at most --timeout + 10 s).
 
-Starts `gpucheck comm` with a long sweep, waits until results exist, stops rank 1,
-and times until the command exits; checks that no worker is left. The promise:
-at most --timeout + 10 s.
+    python benchmarks/stop_to_exit.py [--timeout 10] [--ranks 3] [--runs 3]
 """
 
 from __future__ import annotations

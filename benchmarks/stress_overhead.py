@@ -1,18 +1,12 @@
-"""Harness overhead of `gpucheck stress`: its reported rates vs bare loops.
+"""Harness overhead of `gpucheck stress`: its reported rates vs bare loops, side by side.
 
-Each side runs in its own process, alternating (gpucheck, bare, bare, gpucheck, ...)
-so both see the same machine load: `gpucheck stress --n-gpus 1` (one rank, in its
-process: process group, NUMA placement, per-iteration timestamps, hooks check,
-gathering, report) against a bare script that multiplies the same size and dtype
-into a preallocated output for the same timed window after the same warm-up, and
-copies a buffer of the same size, with nothing around it. Compared: GEMM TFLOP/s
-per dtype (gpucheck's `tflops`, all products over their total time, like the bare
-loop) and the device copy GB/s (2 x bytes / time on both sides). Prints every
-pair and the ratio of the medians; the goal is at least 0.95 (within 5-10%).
+`gpucheck stress --n-gpus 1` and a bare script (the same size and dtype multiplied into
+a preallocated output for the same window after the same warm-up, and a copy of the
+same size) run in their own processes, alternating; GEMM TFLOP/s per dtype and the
+device copy GB/s, each pair and the ratio of the medians (goal >= 0.95; docs/stress.md).
 
-    python benchmarks/stress_overhead.py --runs 5
+    python benchmarks/stress_overhead.py --runs 5 [-- --device cuda]
     taskset -c 1 python benchmarks/stress_overhead.py --runs 5      # one core: less noise
-    python benchmarks/stress_overhead.py --runs 5 -- --device cuda   # on a GPU
 """
 
 from __future__ import annotations
@@ -23,28 +17,20 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import ROOT, gpucheck_report, pairs, section
 
 
 def gpucheck_rates(extra: list[str]) -> dict[str, Any]:
     """One `gpucheck stress` run in its own process: {"fp32": TFLOP/s, ..., "copy": GB/s}."""
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "stress.json"
-        subprocess.run([sys.executable, "-m", "gpucheck", "stress", "--n-gpus", "1",
-                        "--duration", "1", "-q", "-o", str(out), *extra], cwd=ROOT,
-                       check=False, capture_output=True, timeout=600)
-        report = json.loads(out.read_text())
-    sections = {s["name"]: s["data"] for s in report["sections"]}
-    rates: dict[str, Any] = {r["dtype"]: r["tflops"] for r in sections["gemm"]["results"]}
-    copy = sections["membw"]["results"][0]
+    _, report = gpucheck_report("stress", "--n-gpus", "1", "--duration", "1", *extra)
+    setup, copy = section(report, "stress"), section(report, "membw")["results"][0]
+    rates: dict[str, Any] = {r["dtype"]: r["tflops"] for r in section(report, "gemm")["results"]}
     rates["copy"] = copy["gbps"]
-    rates["setup"] = {"device": sections["stress"]["device"], "size": sections["stress"]["size"],
-                      "dtypes": sections["stress"]["dtypes"], "copy_bytes": copy["size_bytes"]}
+    rates["setup"] = {"device": setup["device"], "size": setup["size"],
+                      "dtypes": setup["dtypes"], "copy_bytes": copy["size_bytes"]}
     return rates
 
 
@@ -110,22 +96,22 @@ def main() -> None:
         sys.path.insert(0, str(ROOT))
         print(json.dumps(run_bare(json.loads(args.bare))))
         return
-    ours: list[dict[str, Any]] = []
-    bare: list[dict[str, float]] = []
-    for i in range(args.runs):
-        if i % 2 == 0:
-            ours.append(gpucheck_rates(args.extra))
-            bare.append(bare_rates(ours[-1]["setup"]))
-        else:
-            bare.append(bare_rates(ours[-1]["setup"]))
-            ours.append(gpucheck_rates(args.extra))
-        cells = ", ".join(f"{k} {ours[-1][k]:.4g} vs {bare[-1][k]:.4g}" for k in bare[-1])
-        print(f"pair {i + 1} (gpucheck vs bare): {cells}", flush=True)
-    setup = ours[0]["setup"]
+    last: list[dict[str, Any]] = []  # bare copies the setup of gpucheck's latest run
+
+    def ours() -> dict[str, Any]:
+        last.append(gpucheck_rates(args.extra))
+        return last[-1]
+
+    def show(i: int, mine: dict[str, Any], plain: dict[str, float]) -> None:
+        cells = ", ".join(f"{k} {mine[k]:.4g} vs {plain[k]:.4g}" for k in plain)
+        print(f"pair {i} (gpucheck vs bare): {cells}", flush=True)
+
+    mine_all, bare = pairs(args.runs, ours, lambda: bare_rates(last[-1]["setup"]), show)
+    setup = mine_all[0]["setup"]
     print(f"{setup['device']}, n={setup['size']}, copy {setup['copy_bytes'] >> 20} MiB; "
           f"medians of {args.runs} runs (TFLOP/s for GEMM, GB/s for copy):")
     for key in bare[0]:
-        mine = statistics.median(o[key] for o in ours)
+        mine = statistics.median(o[key] for o in mine_all)
         theirs = statistics.median(b[key] for b in bare)
         print(f"  {key:5s} gpucheck {mine:.4g}  bare {theirs:.4g}  ratio {mine / theirs:.3f}")
 
