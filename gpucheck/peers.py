@@ -1,17 +1,6 @@
-"""Peer comparison, the one rule: a figure worse than a bound x a reference, which way
-is better, elimination between members of pairs, and the second look.
-
-Every command judges "slower than the others" here (stress's ranks, nodes of bench
-and comm, comm's pairs, stress's peer copies, the fleet's nodes), always as
-`value / reference` against `Bound.limit` (`gpucheck.measure`): a ratio exactly at the
-limit is not worse. Imports only stats, measure and subject (floor 1).
-
-Confirm before condemning (as DCGM's diagnostics, Azure's HPC health checks and
-Google's cluster scanner re-test a suspect against members already known good): a
-figure that crossed its bound is measured again, and `second_look` says what the
-second figure did: CONFIRMED (worse again), UNSTABLE (within the bound the second
-time: at most a rerun) or NOT_MEASURED (and why not).
-"""
+"""Peer comparison, the one rule: a figure against a bound x a reference (the median of
+its peers), elimination between members of directed pairs, the second look and the
+fleet's outliers. Floor 1: imports only stats, measure and subject (docs/DESIGN.md)."""
 
 from __future__ import annotations
 
@@ -24,20 +13,14 @@ from gpucheck.measure import Better, Bound, LookState, SecondLook
 from gpucheck.stats import MAD_SCALE, Spread, best, describe, median, typical
 from gpucheck.subject import Subject
 
-# A node (or a rank against its node's peers) is slow below this fraction of the
-# median: bench, comm and stress use it (distributed/nodes.py's slow_node_findings,
-# comm --slow-node-threshold). The one definition.
+# A node (or a rank against its node's peers) is slow below this fraction of the median.
 SLOW_NODE_FRACTION = 0.9
 
-# The fleet's outlier rule (`outlier`, `trimmed`). With two values the median cannot
-# tell which one is off.
+# The fleet's outlier rule: with two values the median cannot tell which one is off.
 MIN_VALUES = 3
-# The MAD rule alone would call a node 0.3% off an outlier in a fleet that agrees to
-# 0.05%: no one acts on that, so a node must also be this much worse.
+# A node must also be this much worse: a fleet agreeing to 0.05% makes 0.3% "5 MADs off".
 MAD_FLOOR = 0.02
-# A MAD from a handful of values is itself noise: eleven nodes with 2% noise can
-# happen to agree to 0.3%, which makes an ordinary node "5 MADs off" (seen with
-# benchmarks/fleet_scale.py --nodes 12). The MAD rule waits for this many values.
+# A MAD from a handful of values is itself noise (benchmarks/fleet_scale.py --nodes 12).
 MAD_MIN_VALUES = 20
 TRIM_ROUNDS = 20
 
@@ -48,9 +31,7 @@ Samples = Mapping[Pair, Sequence[float]]
 
 @dataclass(frozen=True)
 class Peers(Generic[K]):
-    """Members against their median: `ratios` value / reference for every member
-    (empty when the reference is not positive or there were too few), `worse` the
-    members beyond the bound, in the order of the values given."""
+    """Members against their median: value / reference each, and those beyond the bound."""
 
     reference: float
     ratios: Mapping[K, float]
@@ -58,8 +39,8 @@ class Peers(Generic[K]):
 
 
 def against_median(values: Mapping[K, float], bound: Bound, min_count: int = 2) -> Peers[K]:
-    """Each member against the median of all (itself included); nobody is worse with
-    fewer than `min_count` members or a median that is not positive."""
+    """Each member against the median of all; nobody is worse below `min_count` members
+    or with a median that is not positive."""
     if len(values) < max(min_count, 1):
         return Peers(median(values.values()) if values else 0.0, {}, ())
     reference = median(values.values())
@@ -72,9 +53,8 @@ def against_median(values: Mapping[K, float], bound: Bound, min_count: int = 2) 
 
 def known_good(values: Mapping[K, float], worse: Sequence[K],
                reference: float | None = None) -> K | None:
-    """The member not in `worse` closest to `reference` (default: the median of those
-    members): the one to measure again beside the suspects. Ties go to the first in
-    `values`' order; None when every member is worse."""
+    """The member not in `worse` closest to `reference` (default: their median), to
+    measure again beside the suspects; None when every member is worse."""
     good = [k for k in values if k not in worse]
     if not good:
         return None
@@ -95,8 +75,7 @@ class Suspects:
     pairs: tuple[Pair, ...] = ()  # resolvably slow pairs (and a suspect's pairs)
     noisy: tuple[Pair, ...] = ()  # worse than the bound, but within the spread
     references: tuple[Pair, ...] = ()  # known-good pairs to measure beside them
-    # slow pairs whose repeats disagree widely: slow typically, yet one repeat or more
-    # within the bound (a flapping link, a congested uplink: issue 36 item 5)
+    # slow pairs with a repeat within the bound (a flapping link, a congested uplink)
     intermittent: tuple[Pair, ...] = ()
 
     @property
@@ -111,10 +90,8 @@ def intermittent(samples: Samples, pairs: Sequence[Pair], reference: float,
 
 
 def slow_members(values: Mapping[Pair, float], bound: Bound) -> dict[int, str]:
-    """Members every one of whose pairs in one direction is worse than `bound` x the
-    median of the pairs without them: "sending", "receiving" or "both" ways. (With 3
-    nodes, 4 of the 6 directed pairs involve any one node: a median over all pairs
-    would be the slow node's own.)"""
+    """Members whose every pair in one direction is worse than `bound` x the median of
+    the pairs without them: "sending", "receiving" or "both"."""
     found: dict[int, str] = {}
     for m in sorted({m for pair in values for m in pair}):
         without = [v for (a, b), v in values.items() if m not in (a, b)]
@@ -137,16 +114,9 @@ def directed(pair: Pair, member: int, way: str) -> bool:
 
 
 def eliminate(samples: Samples, bound: Bound) -> Suspects:
-    """Slow members and pairs of one group (a node's ranks or GPUs, or the nodes), from
-    repeated rate readings per directed pair (`bound` must be HIGHER-is-better).
-
-    A pair is judged by its typical (median) reading, not its best: one lucky repeat
-    must not clear a link slow most of the time (issue 36 item 5). It is slow when
-    that is worse than the bound AND below the lowest reading of every other healthy
-    pair (how far noise alone reaches down); worse than the bound but within that
-    spread is `noisy`, never a WARN. The second look, not the best sample, is what
-    tells noise from a slow pair. A member stays a suspect only when every pair that
-    makes it one is resolvable."""
+    """Slow members and pairs of one group from repeated rate readings per directed pair:
+    a pair is slow when its typical reading is worse than the bound and below every other
+    healthy pair's lowest; worse but within that spread is `noisy` (docs/DESIGN.md)."""
     if bound.better is not Better.HIGHER:
         raise ValueError("eliminate judges rates: its bound is HIGHER-is-better")
     if not samples:
@@ -181,8 +151,7 @@ def _classify(samples: Samples, members: Mapping[int, str], bound: Bound,
 
 def _references(samples: Samples, slow: Sequence[Pair], members: Mapping[int, str],
                 reference: float) -> tuple[Pair, ...]:
-    """The known-good pair closest to the reference (none of its ends suspect), and its
-    reverse when that is good too; none when nothing is slow."""
+    """The known-good pair closest to the reference, and its reverse when good too."""
     if not slow:
         return ()
     good = sorted(p for p in samples if p not in slow and not set(p) & set(members))
@@ -199,10 +168,8 @@ def _references(samples: Samples, slow: Sequence[Pair], members: Mapping[int, st
 def second_look(first: float, again: float | None, reference: float | None,
                 against: tuple[Subject, ...], bound: Bound, unit: str,
                 why_not: str | None = None) -> SecondLook:
-    """The look at a figure that crossed `bound`: CONFIRMED when `again` is worse than
-    the bound x `reference` (the second reference: known-good peers measured beside
-    it, or the first one), UNSTABLE when it is not, NOT_MEASURED without a second
-    figure or a positive reference to judge it by."""
+    """CONFIRMED when `again` is worse than the bound x `reference`, UNSTABLE when not,
+    NOT_MEASURED without a second figure or a positive reference."""
     if again is None or reference is None or reference <= 0:
         why = why_not or ("not measured again" if again is None
                           else "nothing was measured beside it")
@@ -214,10 +181,8 @@ def second_look(first: float, again: float | None, reference: float | None,
 
 def pair_looks(suspects: Suspects, first: Samples, again: Samples, bound: Bound,
                unit: str, name: Callable[[Pair], Subject]) -> dict[Pair, SecondLook]:
-    """Each slow pair's second look: its typical first reading, its typical re-measured
-    one, against the typical figure of the known-good pairs measured again with it
-    (`name` makes their subjects), or, with none of those, the first measurement's
-    reference."""
+    """Each slow pair's second look against the known-good pairs measured again with it
+    (else the first reference)."""
     refs = [p for p in suspects.references if again.get(p)]
     reference = typical([typical(again[p]) for p in refs]) if refs else suspects.reference
     against = tuple(name(p) for p in refs)
@@ -228,9 +193,8 @@ def pair_looks(suspects: Suspects, first: Samples, again: Samples, bound: Bound,
 
 
 def combined(looks: Sequence[SecondLook]) -> SecondLook:
-    """One look for a member made of several (a shared node: one look per slow pair):
-    CONFIRMED when every part is, NOT_MEASURED when any part was not (or there are
-    none), else UNSTABLE. Its first figure is the worst part's."""
+    """One look made of several: CONFIRMED when every part is, NOT_MEASURED when any
+    part was not, else UNSTABLE; its first figure is the worst part's."""
     if not looks:
         raise ValueError("a combined look needs at least one part")
     bound = looks[0].bound
@@ -249,8 +213,7 @@ def combined(looks: Sequence[SecondLook]) -> SecondLook:
 
 
 def shortfall(value: float, reference: float, better: Better) -> float:
-    """How much worse `value` is than `reference`, as a fraction (negative: better; 0
-    for an INFO figure). From a reference of zero any worse value is infinitely worse."""
+    """How much worse `value` is than `reference`, as a fraction (negative: better)."""
     if better is Better.INFO:
         return 0.0
     worse = reference - value if better is Better.HIGHER else value - reference
@@ -260,10 +223,8 @@ def shortfall(value: float, reference: float, better: Better) -> float:
 
 
 def outlier(value: float, spread: Spread, bound: Bound, mad_k: float) -> bool:
-    """Worse than `bound` x the median, or (from MAD_MIN_VALUES values on) more than
-    `mad_k` scaled MADs off on the worse side when that is also at least MAD_FLOOR
-    worse. Better than the median is never an outlier: a fast node is not a problem.
-    """
+    """Worse than `bound` x the median, or (from MAD_MIN_VALUES values) more than `mad_k`
+    scaled MADs and MAD_FLOOR worse; better than the median never is."""
     if spread.n < MIN_VALUES:
         return False
     short = shortfall(value, spread.median, bound.better)
@@ -278,9 +239,7 @@ def outlier(value: float, spread: Spread, bound: Bound, mad_k: float) -> bool:
 
 
 def trimmed(values: Sequence[float], t: float, mad_k: float) -> list[float]:
-    """`values` without their outliers on either side (more than `t` off, or the MAD
-    rule), trimmed again against the new median until nothing more goes (a baseline
-    from the healthy majority)."""
+    """`values` without their outliers either side, trimmed until nothing more goes."""
     kept = sorted(values)
     bounds = (Bound.shortfall(t, Better.HIGHER), Bound.shortfall(t, Better.LOWER))
     for _ in range(TRIM_ROUNDS):

@@ -17,16 +17,6 @@ FABRIC_HINT = ("start the fabric manager: systemctl start nvidia-fabricmanager (
                "nvidia-fabricmanager, and nvidia-smi -q | grep -A3 Fabric")
 
 
-def package_version(name: str) -> str | None:
-    """`pip show NAME`'s version, None when not installed."""
-    from importlib.metadata import PackageNotFoundError, version  # slow: only when asked
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
 # The NVML failures driver.nvml acts on (gpucheck/checks/env.py).
 _DRIVER_CAUSES = ("gpu_lost", "needs_reset", "timed_out", "no_answer")
 
@@ -254,6 +244,8 @@ RECOVERY_VERDICTS: dict[str, tuple[bool, str, str]] = {
 
 
 def _recovery_na_words(why: str | None) -> str:
+    from gpucheck.probes.pyenv import package_version  # importlib.metadata: when asked
+
     if why == "nvidia-ml-py":
         return (f"recovery action: n/a (the installed nvidia-ml-py "
                 f"{package_version('nvidia-ml-py') or ''} lacks "

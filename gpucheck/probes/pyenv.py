@@ -1,9 +1,6 @@
-"""Python environment probe: interpreter, venv/conda, where torch comes from, versions.
-
-Versions come from package metadata (no `pip list` / `conda list` subprocess).
-The torchvision compiled-ops check runs in a subprocess started first and read
-last (`TorchvisionCheck`), so its cost overlaps the other probes.
-"""
+"""Python environment probe: interpreter, venv/conda, where torch comes from, package
+versions (from metadata, no pip subprocess), and torchvision's compiled ops run in a child
+against this torch (`TorchvisionCheck`, started early and read last)."""
 
 from __future__ import annotations
 
@@ -32,12 +29,10 @@ TORCHVISION_TIMEOUT_S = 30.0
 
 
 def package_version(name: str) -> str | None:
-    """`pip show <name>` without pip: the installed distribution's version, or None."""
+    """`pip show <name>`'s version, or None (a corrupt dist-info must not sink the probe)."""
     try:
         return md.version(name)
-    except md.PackageNotFoundError:
-        return None
-    except Exception:  # a corrupt dist-info must not sink the probe
+    except Exception:
         return None
 
 
@@ -65,7 +60,7 @@ def _under(path: str | None, prefix: str | None) -> bool:
 
 
 def torch_origin() -> str | None:
-    """The file `import torch` would load (`python -c 'import torch; print(torch.__file__)'`)."""
+    """The file `import torch` would load."""
     try:
         spec = importlib.util.find_spec("torch")
     except (ImportError, ValueError):
@@ -74,7 +69,7 @@ def torch_origin() -> str | None:
 
 
 def torch_location_finding(origin: str | None) -> Finding:
-    """Is torch imported from the active environment, or shadowed by user site / PYTHONPATH?"""
+    """Is torch from the active environment, or shadowed by user site / PYTHONPATH?"""
     check = "python.torch_location"
     if origin is None:
         return fail(check, "torch is not installed in this environment",
@@ -103,7 +98,6 @@ def deprecated_findings(versions: dict[str, str | None]) -> list[Finding]:
 
 
 def probe_pyenv() -> Section:
-    """Interpreter, environment kind, torch origin, package versions."""
     versions = {name: package_version(name) for name in (*PACKAGES, *DEPRECATED)}
     origin = torch_origin()
     data: dict[str, Any] = {
@@ -120,7 +114,7 @@ def probe_pyenv() -> Section:
 
 
 def torchvision_library() -> str | None:
-    """torchvision's compiled ops library (_C_stable.so or _C.so), found without importing it."""
+    """torchvision's compiled ops library (_C_stable.so or _C.so), without importing it."""
     try:
         spec = importlib.util.find_spec("torchvision")
     except (ImportError, ValueError):
@@ -136,11 +130,8 @@ def torchvision_library() -> str | None:
 
 
 def ops_check(torch: Any, library: str) -> dict[str, Any]:
-    """Load torchvision's ops as torchvision/extension.py does, then run one tiny nms.
-
-    Runs in a child (forked or spawned): a library built for another torch can
-    abort the process that loads it.
-    """
+    """Load torchvision's ops as torchvision/extension.py does and run one tiny nms, in a
+    child: a library built for another torch can abort the process."""
     try:
         torch.ops.load_library(library)
         ops = torch.ops.torchvision
@@ -167,12 +158,8 @@ print(json.dumps(ops_check(torch, sys.argv[1])))
 
 
 class TorchvisionCheck:
-    """torchvision's compiled ops against this torch, in a child bounded by a timeout.
-
-    With an already imported torch and os.fork, the child is forked (no second
-    `import torch`, ~0.2 s); otherwise a fresh interpreter is spawned. Equivalent:
-    `python -c "import torch, torchvision; torchvision.ops.nms(...)"`.
-    """
+    """torchvision's compiled ops against this torch, in a child under a timeout: forked
+    when torch is imported already (no second import), else spawned."""
 
     CHECK = "python.torchvision_ops"
 
@@ -241,7 +228,7 @@ class TorchvisionCheck:
 
 
 def _read_child(pid: int, fd: int, timeout_s: float) -> tuple[int, str, str]:
-    """Read a forked child's JSON from `fd`; kill it when it overruns `timeout_s`."""
+    """A forked child's JSON from `fd`; killed when it overruns `timeout_s`."""
     chunks, deadline = [], time.monotonic() + timeout_s
     try:
         while True:
@@ -262,7 +249,6 @@ def _read_child(pid: int, fd: int, timeout_s: float) -> tuple[int, str, str]:
 
 
 def torchvision_finding(returncode: int, out: str, err: str) -> Finding:
-    """Verdict from the child's JSON line (or its crash)."""
     check = TorchvisionCheck.CHECK
     lines = out.strip().splitlines()
     try:

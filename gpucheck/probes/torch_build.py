@@ -35,7 +35,7 @@ class TorchInfo:
 
 
 def import_torch() -> Any:
-    """`import torch`; any exception (not only ImportError) propagates to the caller."""
+    """`import torch`; any exception propagates."""
     import torch
 
     return torch
@@ -61,13 +61,6 @@ def _nccl_version(torch: Any) -> str | None:
     return None if version is None else str(version)
 
 
-def _nccl_loaded(loaded: LoadedLibrary) -> dict[str, Any]:
-    """The NCCL the loader mapped (path, `ncclGetVersion`), which a newer wheel, a site
-    NCCL in LD_LIBRARY_PATH or LD_PRELOAD makes differ from the build's `nccl_version`."""
-    return {"nccl_loaded_version": loaded.version, "nccl_loaded_path": loaded.path,
-            "nccl_loaded_note": loaded.why}
-
-
 def _backends(torch: Any) -> list[str]:
     dist = torch.distributed
     if not _call(dist.is_available, False):
@@ -78,7 +71,6 @@ def _backends(torch: Any) -> list[str]:
 
 
 def _init_error(torch: Any) -> str | None:
-    """The error torch gives when CUDA cannot start (`torch.cuda.init()`)."""
     try:
         torch.cuda.init()
     except Exception as exc:
@@ -87,7 +79,6 @@ def _init_error(torch: Any) -> str | None:
 
 
 def read_torch(torch: Any) -> TorchInfo:
-    """Build facts from an imported torch module."""
     available = bool(_call(torch.cuda.is_available, False))
     return TorchInfo(
         version=str(torch.__version__),
@@ -101,11 +92,8 @@ def read_torch(torch: Any) -> TorchInfo:
 
 
 def _arch_list(torch: Any) -> tuple[str, ...]:
-    """The architectures torch ships kernels for ('sm_90', 'compute_120', ...).
-
-    Some torch versions answer `get_arch_list()` with [] when CUDA is unavailable;
-    the compiled-in flags are the same list and do not need a working CUDA.
-    """
+    """torch's kernels ('sm_90', 'compute_120', ...); the compiled-in flags where
+    `get_arch_list()` answers [] without CUDA."""
     listed = _call(torch.cuda.get_arch_list, []) or []
     if not listed:
         flags = _call(getattr(torch._C, "_cuda_getArchFlags", lambda: None))
@@ -122,7 +110,7 @@ def torch_data(torch: Any, info: TorchInfo) -> dict[str, Any]:
         "hip_version": info.hip,
         **_cudnn(torch),
         "nccl_version": _nccl_version(torch),  # the headers torch was built against
-        **_nccl_loaded(loaded_nccl()),
+        **_nccl_loaded(),
         "distributed_backends": _backends(torch),
         "cuda_arch_list": list(info.arch_list),
         "cuda_available": info.cuda_available,
@@ -147,9 +135,8 @@ def build_findings(info: TorchInfo, data: dict[str, Any]) -> list[Finding]:
 
 
 def nccl_loaded_finding(data: dict[str, Any]) -> Finding:
-    """The NCCL this process loaded beside the one torch was built against. A loaded
-    NCCL newer than the build is normal (NCCL keeps its ABI within a major version), so
-    a difference is said, not judged; across nodes the loaded one is compared."""
+    """The NCCL this process loaded beside the build's: a difference is said, not judged
+    (NCCL keeps its ABI within a major version)."""
     loaded, path, build = (data.get("nccl_loaded_version"), data.get("nccl_loaded_path"),
                            data.get("nccl_version"))
     if loaded is None:
@@ -160,7 +147,6 @@ def nccl_loaded_finding(data: dict[str, Any]) -> Finding:
 
 
 def probe_torch() -> tuple[Section, TorchInfo]:
-    """Import torch and describe its build; a failing import becomes a FAIL finding."""
     try:
         torch = import_torch()
     except BaseException as exc:  # a broken torch may raise anything, even SystemExit
@@ -182,11 +168,8 @@ def well_formed(entry: str) -> bool:
 
 
 def parse_visible_devices(value: str | None) -> list[str] | None:
-    """The entries CUDA can parse: None when unset; up to the first malformed entry.
-
-    "-1" hides everything, "0,1,-1,2" exposes two GPUs. Existence of the GPUs is
-    checked by `read_visible` when NVML's facts are known.
-    """
+    """CUDA_VISIBLE_DEVICES's entries CUDA parses (up to the first malformed one; "-1"
+    hides all); None when unset."""
     if value is None:
         return None
     entries = []
@@ -259,7 +242,8 @@ def _reason_hint(reason: str) -> str:
     return "run nvidia-smi; check dmesg for Xid errors; reboot after a driver upgrade"
 
 
-# ---- the NCCL this process loaded ----
+# ---- the NCCL this process loaded: its path from /proc/self/maps, its version from the
+# mapped library's own ncclGetVersion (RTLD_NOLOAD: nothing new is loaded) ----
 
 MAPS = Path("/proc/self/maps")
 # libnccl.so, libnccl.so.2, libnccl.so.2.21.5; not libnccl-net.so (a network plugin).
@@ -268,10 +252,7 @@ NCCL_NAME = re.compile(r"^libnccl\.so(\.\d+)*$")
 
 @dataclass(frozen=True)
 class LoadedLibrary:
-    """One shared library as mapped in this process: its path and the version it reports.
-
-    `path` None: no such library is mapped (`why` says so); `version` None with a path:
-    it is mapped but would not say its version (`why` says what went wrong)."""
+    """A library mapped in this process and its version; `why` says what is missing."""
 
     path: str | None
     version: str | None
@@ -279,7 +260,7 @@ class LoadedLibrary:
 
 
 def mapped_paths(pattern: re.Pattern[str], maps: Path = MAPS) -> list[str]:
-    """Paths of the mapped files whose name matches `pattern`, in map order, once each."""
+    """Mapped files whose name matches `pattern`, in map order, once each."""
     try:
         text = maps.read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -296,8 +277,7 @@ def mapped_paths(pattern: re.Pattern[str], maps: Path = MAPS) -> list[str]:
 
 
 def nccl_version_text(code: int) -> str:
-    """ncclGetVersion's integer as "2.21.5": NCCL_VERSION_CODE is major*10000 + minor*100
-    + patch since 2.9 (major*1000 + minor*100 + patch before; nccl.h.in)."""
+    """ncclGetVersion's integer as "2.21.5" (major*10000 since 2.9, major*1000 before)."""
     if code >= 10000:
         return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
     return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
@@ -311,22 +291,16 @@ def already_loaded(path: str) -> Any:
     return ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
 
 
-def _open(path: str, opener: Opener) -> tuple[Any, str | None]:
-    try:
-        return opener(path), None
-    except OSError as exc:
-        return None, f"{path} is mapped but could not be opened: {exc}"
-
-
 def loaded_nccl(maps: Path = MAPS, opener: Opener = already_loaded) -> LoadedLibrary:
-    """The libnccl mapped in this process and its `ncclGetVersion`."""
     paths = mapped_paths(NCCL_NAME, maps)
     if not paths:
         return LoadedLibrary(None, None, "no libnccl is loaded in this process (a CPU-only "
                              "torch, or torch without NCCL)")
-    lib, why = _open(paths[0], opener)
-    if lib is None:
-        return LoadedLibrary(paths[0], None, why)
+    try:
+        lib = opener(paths[0])
+    except OSError as exc:
+        return LoadedLibrary(paths[0], None, f"{paths[0]} is mapped but could not be opened: "
+                             f"{exc}")
     get = getattr(lib, "ncclGetVersion", None)
     if get is None:
         return LoadedLibrary(paths[0], None, f"{paths[0]} has no ncclGetVersion")
@@ -336,3 +310,9 @@ def loaded_nccl(maps: Path = MAPS, opener: Opener = already_loaded) -> LoadedLib
         return LoadedLibrary(paths[0], None, f"ncclGetVersion returned error {result}")
     extra = f"; also mapped: {', '.join(paths[1:])}" if len(paths) > 1 else None
     return LoadedLibrary(paths[0], nccl_version_text(code.value), extra)
+
+
+def _nccl_loaded() -> dict[str, Any]:
+    loaded = loaded_nccl()
+    return {"nccl_loaded_version": loaded.version, "nccl_loaded_path": loaded.path,
+            "nccl_loaded_note": loaded.why}
