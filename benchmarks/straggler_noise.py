@@ -1,46 +1,18 @@
 """Does `gpucheck bench`'s straggler verdict hold on a noisy machine, for both kinds?
 
-Runs the default `gpucheck bench` (no options but --quiet and a JSON report, as a
-new user would: 2 CPU ranks without a GPU) N times for each kind of run, interleaved so
-all kinds see the same machine load, and counts the straggler WARNs:
-- healthy: nothing planted;
-- slowed (the slow-device kind): one rank does 15% more computation after each forward
-  (tests/bench_workers.py:slow_rank_{one,zero}_by_15_percent);
-- throttled (the host kind): one rank's process is stopped from outside for 15% of the
-  time it is let run, on a 100 ms period, as a CPU quota does (tests/throttle.py, through
-  tests/bench_workers.py:throttle_rank_{one,zero}_by_15_percent): it computes at speed,
-  and its host does not run it;
-- stalls of two grains and two strengths (the host kind, issue 21): the same stop from
-  outside, on a fine grain (a 100 ms period: 50 ms stopped of every 100 at 2x, 23 of 100
-  at 1.3x) or a coarse one (a 600 ms period: 300 of 600 at 2x, 138 of 600 at 1.3x):
-  fine-2x, fine-1.3x, coarse-2x, coarse-1.3x. "2x": the rank would take twice as long
-  alone on an idle machine. A coarse stall leaves most iterations untouched.
-Rank 0 and rank 1 take turns as the planted rank: the rank spawned second tends to run a
-few percent slower here, so planting only rank 1 would flatter the catch rate.
-Issue 14's goal: 0 WARNs in the healthy runs; the planted rank, and only it, named in
-every run, with the right kind ("a slow CPU" / "its host did not run it").
+The default `gpucheck bench` (2 CPU ranks, as a new user runs it) N times for each kind,
+interleaved so all kinds see the same load, the planted rank alternating between 0 and
+1 (the rank spawned second tends to run a few percent slower here): healthy; slowed
+(15% more computation: the device kind); throttled (stopped from outside 15% of the
+time, as a CPU quota does: the host kind); fine and coarse stalls of two strengths
+(issue 21: fine-2x, fine-1.3x, coarse-2x, coarse-1.3x). Goal: no WARN in
+the healthy runs, the planted rank alone named with the right kind in every other. The
+summary also judges the same runs at other thresholds. Measured runs: docs/bench.md.
 
     python benchmarks/straggler_noise.py --runs 20 [--kinds healthy,slowed,throttled]
-    python benchmarks/straggler_noise.py --runs 10 --busy 1   # a busy loop competing
-    python benchmarks/straggler_noise.py --reports DIR    # summarise kept reports again
-                                  # (judged again from their records when kept)
-    python benchmarks/straggler_noise.py --runs 3 --kinds throttled --throttle-share 0.5
-    python benchmarks/straggler_noise.py --runs 20 --kinds healthy,fine-2x,fine-1.3x,\
-        coarse-2x,coarse-1.3x --keep DIR -- --n-gpus 2 --model resnet18 --batch-size 4 \
-        --warmup 1 --iters 12     # issue 21's runs; DIR also gets each run's records
-
-With --keep, each run's per-rank records (every iteration's CPU and wall time, as rank 0
-gathered them) are saved beside its report (NNN-kind.records.json): tests re-judge them
-(tests/data/stragglers/).
-
-`--busy N` runs N busy-loop processes beside the benchmark for its whole length (a
-neighbour that always wants a core: the loaded case, reproducibly). Every run line ends
-with the machine's 1-minute load average when it ended: this 2-core VM is shared.
-
-The summary adds what other thresholds would have said of the same runs (the verdict is
-hold_back > 1 + threshold (its kind from vs_others), so it can be
-recomputed from the reports' ranks tables), and each planted run's hold-back: the planted
-rank's whole-loop wall time over the other rank's.
+    python benchmarks/straggler_noise.py --runs 10 --busy 1   # busy loops competing
+    python benchmarks/straggler_noise.py --runs 20 --keep DIR -- --model resnet18 ...
+    python benchmarks/straggler_noise.py --reports DIR   # kept reports, judged again
 """
 
 from __future__ import annotations
@@ -59,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from common import ROOT as REPO
+
 THROTTLE = {1: "bench_workers:throttle_rank_one_by_15_percent",
             0: "bench_workers:throttle_rank_zero_by_15_percent"}
 # Stalls from outside, issue 21: (stopped share of the time let run, period in seconds).
