@@ -93,18 +93,6 @@ def measure_size(collective: str, size: int, spec: CommSpec, world: World,
         "rank_times_us": [round(t * 1e6, 2) for t in times]}
 
 
-def _pairwise(spec: CommSpec, infos: list[dict[str, Any]], largest: int,
-              ctx: RunContext) -> dict[str, Any]:
-    return run_pairwise(infos, spec.pair_bytes or largest, spec.pair_iters, spec.device,
-                        spec.pair_repeats, spec.pair_threshold, ctx=ctx)
-
-
-def _internode(spec: CommSpec, infos: list[dict[str, Any]], largest: int,
-               ctx: RunContext) -> dict[str, Any]:
-    return run_internode(infos, spec.pair_bytes or largest, spec.pair_iters, spec.device,
-                         spec.pair_threshold, spec.pair_repeats, ctx=ctx)
-
-
 def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
                  result: dict[str, Any], largest: int,
                  ctx: RunContext) -> dict[str, Any] | None:
@@ -155,30 +143,27 @@ def p2p_unsupported(spec: CommSpec) -> str | None:
 def _pairs_and_nodes(spec: CommSpec, world: World, infos: list[dict[str, Any]], largest: int,
                      result: dict[str, Any], ctx: RunContext) -> None:
     """Pairwise send/recv, a slow node measured again, then node-to-node rounds with 2+
-    nodes (named on the terminal); no send/recv where the backend cannot send the
-    device's buffers (`result["p2p_skipped"]` says why)."""
+    nodes; no send/recv where the backend cannot send the device's buffers
+    (`result["p2p_skipped"]` says why)."""
     result["p2p_skipped"] = skipped = p2p_unsupported(spec)
+    size = spec.pair_bytes or largest
     if spec.pairwise and world.world_size > 1 and not skipped:
-        terminal.step(ctx, f"pairwise send/recv, {human_bytes(spec.pair_bytes or largest)}")
-        result["pairwise"] = _pairwise(spec, infos, largest, ctx)
+        terminal.step(ctx, f"pairwise send/recv, {human_bytes(size)}")
+        result["pairwise"] = run_pairwise(infos, size, spec.pair_iters, spec.device,
+                                          spec.pair_repeats, spec.pair_threshold, ctx=ctx)
     if len(group_by_node(infos)) > 1:  # with no pairs measured, by its all_reduce
         result["nodes_again"] = _nodes_again(spec, world, infos, result, largest, ctx)
     if spec.internode and len(group_by_node(infos)) > 1 and not skipped:
         terminal.step(ctx, "node-to-node rounds")
-        result["internode"] = _internode(spec, infos, largest, ctx)
+        result["internode"] = run_internode(infos, size, spec.pair_iters, spec.device,
+                                            spec.pair_threshold, spec.pair_repeats, ctx=ctx)
 
 
 def comm_worker(ctx: RunContext, spec: CommSpec) -> dict[str, Any] | None:
     """Run the sweep; rank 0 returns the results, the other ranks None."""
-    with nccl_logging(spec.backend) as nccl_folder:
-        return _sweep(spec, nccl_folder, ctx)
-
-
-def _sweep(spec: CommSpec, nccl_folder: str | None,
-           ctx: RunContext) -> dict[str, Any] | None:
-    """Collectives, pairs, node-to-node rounds, the NCCL transport; rank 0's result."""
-    with process_group(spec.backend, spec.device, spec.timeout_s,
-                       fault_watch=spec.fault_watch, ctx=ctx) as world:
+    with nccl_logging(spec.backend) as nccl_folder, \
+            process_group(spec.backend, spec.device, spec.timeout_s,
+                          fault_watch=spec.fault_watch, ctx=ctx) as world:
         faults = faultwatch.of(ctx)
         infos = [asdict(i) for i in roster(ctx)]
         sizes = sweep_sizes(spec.min_bytes, _agreed_max_bytes(spec, world))
