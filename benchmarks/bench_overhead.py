@@ -1,16 +1,12 @@
 """Harness overhead: gpucheck's reported images/s with 1 rank vs a bare loop.
 
-Side by side in one process, alternating (gpucheck, bare, bare, gpucheck, ...)
-so both see the same machine load: gpucheck runs its whole in-process path
-(process group, DDP, progress hooks, barriers, records) and reports images/s;
-the bare loop runs the same model, weights, dtype, memory format, batch (the
-same decoded images), warm-up, iterations and threads with nothing around it
-but inference mode and a device synchronisation before the clock is read.
-Prints each pair, the median per-pair ratio and the ratio of the medians; the
-issue's bar is at least 0.95.
+Side by side in one process, alternating: gpucheck's whole in-process bench path
+against a bare loop of the same model, weights, dtype, memory format, batch (the same
+decoded images), warm-up, iterations and threads with nothing around it but inference
+mode and a device synchronisation. Each pair, the median per-pair ratio and the ratio
+of the medians (bar: at least 0.95; docs/bench.md).
 
-    /work/venv/bin/python benchmarks/bench_overhead.py --runs 7
-    /work/venv/bin/python benchmarks/bench_overhead.py --runs 7 -- --device cuda
+    python benchmarks/bench_overhead.py --runs 7 [-- --device cuda]
 """
 
 from __future__ import annotations
@@ -19,10 +15,11 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import ROOT, pairs
+
+sys.path.insert(0, str(ROOT))
 
 from gpucheck.bench import data
 from gpucheck.bench import model as bench_model
@@ -71,24 +68,26 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("extra", nargs="*", help="options passed to gpucheck bench")
     args = parser.parse_args()
-    ours: list[float] = []
-    bare: list[float] = []
-    for i in range(args.runs):
-        if i % 2 == 0:
-            rate, setup = gpucheck_rate(args.extra)
-            ours.append(rate)
-            bare.append(bare_rate(setup))
-        else:
-            bare.append(bare_rate(setup))
-            ours.append(gpucheck_rate(args.extra)[0])
-        print(f"pair {i + 1}: gpucheck {ours[-1]:.2f} images/s, bare loop {bare[-1]:.2f} "
-              f"images/s, ratio {ours[-1] / bare[-1]:.3f} ({setup['model']} {setup['dtype']} "
-              f"batch {setup['batch_size']} x {setup['timed_iters']} iters, "
+    setups: list[dict[str, Any]] = []  # the bare loop copies gpucheck's latest setup
+
+    def ours() -> float:
+        rate, setup = gpucheck_rate(args.extra)
+        setups.append(setup)
+        return rate
+
+    def show(i: int, mine: float, plain: float) -> None:
+        setup = setups[-1]
+        print(f"pair {i}: gpucheck {mine:.2f} images/s, bare loop {plain:.2f} images/s, "
+              f"ratio {mine / plain:.3f} ({setup['model']} {setup['dtype']} batch "
+              f"{setup['batch_size']} x {setup['timed_iters']} iters, "
               f"{setup['threads_per_rank']} threads)", flush=True)
-    ratios = [o / b for o, b in zip(ours, bare, strict=True)]
-    print(f"median gpucheck {statistics.median(ours):.2f} images/s, median bare loop "
+
+    ours_rates, bare = pairs(args.runs, ours, lambda: bare_rate(setups[-1]), show)
+    ours_ = ours_rates
+    ratios = [o / b for o, b in zip(ours_, bare, strict=True)]
+    print(f"median gpucheck {statistics.median(ours_):.2f} images/s, median bare loop "
           f"{statistics.median(bare):.2f} images/s; ratio of medians "
-          f"{statistics.median(ours) / statistics.median(bare):.3f}, median per-pair ratio "
+          f"{statistics.median(ours_) / statistics.median(bare):.3f}, median per-pair ratio "
           f"{statistics.median(ratios):.3f} (bar: >= 0.95)")
 
 

@@ -1,16 +1,11 @@
 """What the CPU ranks' re-placement and core rotation do to two healthy ranks' spread.
 
-Two processes run bench's loop side by side (ResNet50, seeded random weights, batch 4,
-one thread each, the process's CPU time per iteration, 12 timed iterations in segments
-of 3 with a barrier before each segment, as `gpucheck bench` runs CPU ranks), in three
-modes, interleaved so all see the same machine:
-- "one placement": the tensors stay where they were allocated (bench before layout.py);
-- "re-placed": weights and batch copied to fresh memory between segments (bench now);
-- "re-placed, fixed cores": the same without the core rotation.
-Per run: each rank's vs_others as bench's straggler verdict computes it
-(`gpucheck.bench.aggregate.rank_paces`; bench WARNs above 1.10) and the ratio of the
-ranks' median iterations in each segment. Summary per mode: the slower rank's
-vs_others (median, largest, runs above 1.05 and 1.10) and the median iteration.
+Two processes run bench's CPU loop side by side (ResNet50, batch 4, one thread each,
+12 timed iterations in segments of 3 after a barrier each), in three modes interleaved:
+"one placement" (tensors stay where allocated), "re-placed" (copied to fresh memory
+between segments, as bench does) and "re-placed, fixed cores" (no core rotation). Per
+run each rank's vs_others (`gpucheck.bench.pace.rank_paces`) and rank 0 / rank 1 per
+segment; per mode the slower rank's vs_others and the median iteration (docs/bench.md).
 
     python benchmarks/cpu_placement.py --runs 8
 """
@@ -30,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpucheck.bench.aggregate import RankRecord, rank_paces
 from gpucheck.bench.layout import relayout, segment_sizes
+
 from gpucheck.bench.rotation import CoreRotation, plan_rotation
 from gpucheck.numa import cpulist
 
