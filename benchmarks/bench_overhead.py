@@ -21,7 +21,6 @@ from common import ROOT, pairs
 
 sys.path.insert(0, str(ROOT))
 
-from gpucheck.bench import data
 from gpucheck.bench import model as bench_model
 from gpucheck.bench.model import WeightsChoice
 from gpucheck.cli import build_parser
@@ -47,9 +46,10 @@ def bare_rate(setup: dict[str, Any]) -> float:
     fmt = torch.channels_last if setup["channels_last"] else torch.contiguous_format
     model = bench_model.build_model(setup["model"], WeightsChoice("random"))
     model = model.to(device=device, dtype=dtype, memory_format=fmt)
-    images = data.load_tensor(setup["images_dir"], data.scan_images(setup["images_dir"]).files)
-    x = data.fill_batch(images, setup["batch_size"]).to(device=device, dtype=dtype,
-                                                        memory_format=fmt)
+    images = bench_model.load_tensor(setup["images_dir"],
+                                     bench_model.scan_images(setup["images_dir"]).files)
+    x = bench_model.fill_batch(images, setup["batch_size"]).to(device=device, dtype=dtype,
+                                                               memory_format=fmt)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     with torch.inference_mode():
         for _ in range(setup["warmup_iters"]):

@@ -23,9 +23,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpucheck.bench.aggregate import RankRecord, rank_paces
-from gpucheck.bench.layout import relayout, segment_sizes
-
+from gpucheck.bench.model import relayout, segment_sizes
+from gpucheck.bench.pace import rank_paces
+from gpucheck.bench.records import RankRecord
 from gpucheck.bench.rotation import CoreRotation, plan_rotation
 from gpucheck.numa import cpulist
 

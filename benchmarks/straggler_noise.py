@@ -179,8 +179,9 @@ def kept_outcomes(folder: Path) -> list[Outcome]:
 
 def rejudged(report: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
     """`report` with its timing section recomputed from the run's saved records."""
-    from gpucheck.bench.aggregate import RankRecord, aggregate
     from gpucheck.bench.findings import timing_section
+    from gpucheck.bench.pace import aggregate
+    from gpucheck.bench.records import RankRecord
 
     records = tuple(RankRecord(**{k: tuple(v) if isinstance(v, list) else v
                                   for k, v in row.items()}) for row in rows)

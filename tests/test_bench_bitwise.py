@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from gpucheck.bench.aggregate import RankRecord
 from gpucheck.bench.consistency import compare_outputs, reference_tolerance
 from gpucheck.bench.findings import consistency_section
+from gpucheck.bench.records import RankRecord
 from gpucheck.report import Status
 
 H100 = "NVIDIA H100 80GB HBM3, 132 SMs, torch 2.14.1, CUDA 13.2, cuDNN 91000"

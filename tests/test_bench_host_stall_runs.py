@@ -16,7 +16,7 @@ import bench_workers
 import psutil
 import pytest
 
-from gpucheck.bench.layout import ITERS_PER_SEGMENT
+from gpucheck.bench.model import ITERS_PER_SEGMENT
 from gpucheck.context import TestHooks
 from tests.test_bench_runs import bench, findings, no_children_left, section
 

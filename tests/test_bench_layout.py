@@ -1,5 +1,5 @@
 """CPU ranks re-placing their tensors between segments of the timed loop
-(`gpucheck.bench.layout`) and the marks that time the segments."""
+(`gpucheck.bench.model`) and the marks that time the segments."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from gpucheck.bench.layout import MAX_SEGMENTS, relayout, segment_sizes
 from gpucheck.bench.marks import IterationMarks
+from gpucheck.bench.model import MAX_SEGMENTS, relayout, segment_sizes
 
 
 @pytest.mark.parametrize(("iters", "sizes"), [

@@ -13,7 +13,7 @@ from typing import Any
 import bench_workers
 import pytest
 
-from gpucheck.bench.layout import ITERS_PER_SEGMENT
+from gpucheck.bench.model import ITERS_PER_SEGMENT
 from gpucheck.cli import program
 from gpucheck.context import NO_HOOKS, RunOptions, TestHooks
 

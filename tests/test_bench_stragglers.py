@@ -9,13 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from gpucheck.bench.aggregate import (
-    MIN_JUDGED_ITERS,
-    RankRecord,
-    aggregate,
-)
 from gpucheck.bench.findings import rank_rows, straggler_findings
-from gpucheck.bench.pace import SLOW_DEVICE, straggler_kind
+from gpucheck.bench.pace import MIN_JUDGED_ITERS, SLOW_DEVICE, aggregate, straggler_kind
+from gpucheck.bench.records import RankRecord
 from gpucheck.report import Status
 from gpucheck.stats import percentile
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.bench.aggregate import RankRecord, aggregate, look_again
-from gpucheck.bench.pace import HOST_STALL, straggler_kind
+from gpucheck.bench.pace import HOST_STALL, aggregate, look_again, straggler_kind
+from gpucheck.bench.records import RankRecord
 from gpucheck.bench.stragglers import straggler_findings
 from gpucheck.measure import LookState
 from gpucheck.report import Finding, Status
@@ -27,8 +27,8 @@ def recorded(name: str) -> tuple[RankRecord, ...]:
 
 def named(records: tuple[RankRecord, ...]) -> dict[str | None, str | None]:
     """{subject: action} of the straggler WARNs."""
-    return {f.subject and f.subject.label: f.action for f in straggler_findings(records, aggregate(records))
-            if f.status is Status.WARN}
+    return {f.subject and f.subject.label: f.action
+            for f in straggler_findings(records, aggregate(records)) if f.status is Status.WARN}
 
 
 # 040 and 065: a rank whose median iteration read 1.15x (device) or whose wall clock

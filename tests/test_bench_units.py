@@ -7,16 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.bench.aggregate import RankRecord, aggregate, job_wall_s
 from gpucheck.bench.consistency import compare_outputs, cpu_reference, reference_tolerance
-from gpucheck.bench.data import (
+from gpucheck.bench.findings import consistency_section, nodes_section, straggler_findings
+from gpucheck.bench.model import (
     default_images_dir,
     fill_batch,
     load_tensor,
     rank_share,
     scan_images,
 )
-from gpucheck.bench.findings import consistency_section, nodes_section, straggler_findings
+from gpucheck.bench.pace import aggregate, job_wall_s
+from gpucheck.bench.records import RankRecord
 from gpucheck.report import Status
 
 

@@ -13,8 +13,14 @@ from typing import Any
 import pytest
 
 from gpucheck.comm.internode import round_schedule
-from gpucheck.comm.internode_verdicts import both_ends, internode_findings, node_pair_rows
-from gpucheck.comm.node_links import FABRIC_FRACTION, find_node_suspects, spread_cut
+from gpucheck.comm.internode_verdicts import (
+    FABRIC_FRACTION,
+    both_ends,
+    find_node_suspects,
+    internode_findings,
+    node_pair_rows,
+    spread_cut,
+)
 from gpucheck.comm.report import Verdicts, comm_sections
 from gpucheck.measure import LookState
 from gpucheck.report import Status

@@ -138,7 +138,7 @@ def test_a_decompression_bomb_image_is_skipped_not_a_crash(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from PIL import Image
 
-    from gpucheck.bench.data import default_images_dir, scan_images
+    from gpucheck.bench.model import default_images_dir, scan_images
 
     images = tmp_path / "images"
     images.mkdir()

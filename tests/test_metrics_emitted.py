@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.analysis.metrics import metrics_of
-from gpucheck.bench.aggregate import RankRecord
-from gpucheck.bench.metrics import with_bench_metrics
+from gpucheck.bench.findings import with_bench_metrics
+from gpucheck.bench.records import RankRecord
 from gpucheck.comm.report import Verdicts as CommBounds
 from gpucheck.comm.report import comm_sections
 from gpucheck.measure import Better

@@ -243,10 +243,9 @@ def test_comms_setup_section_warns_of_a_rank_off_its_gpus_node() -> None:
 
 
 def test_benchs_setup_section_warns_of_a_rank_off_its_gpus_node() -> None:
-    from gpucheck.bench.aggregate import RankRecord
-    from gpucheck.bench.data import ImageSet
     from gpucheck.bench.findings import setup_section
-    from gpucheck.bench.model import WeightsChoice
+    from gpucheck.bench.model import ImageSet, WeightsChoice
+    from gpucheck.bench.records import RankRecord
     from gpucheck.bench.worker import BenchOutcome, BenchSpec
 
     spec = BenchSpec(model="resnet50", weights=WeightsChoice("random"), dtype="bf16",

@@ -55,7 +55,7 @@ def test_the_wheel_holds_every_module_and_image_of_the_tree(tmp_path: Path) -> N
 
 
 def test_the_bench_finds_the_shipped_images_inside_the_package() -> None:
-    from gpucheck.bench.data import default_images_dir
+    from gpucheck.bench.model import default_images_dir
 
     folder = default_images_dir()
     assert folder == REPO / "gpucheck" / "sample_images"

@@ -13,7 +13,7 @@ import pytest
 
 from gpucheck import cli
 from gpucheck.comm.internode import round_schedule
-from gpucheck.comm.node_links import find_node_suspects
+from gpucheck.comm.internode_verdicts import find_node_suspects
 from gpucheck.preflight import actions
 from gpucheck.preflight.budget import Budget
 from gpucheck.preflight.verdict import confirmed_slow_nodes, decide

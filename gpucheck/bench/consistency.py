@@ -173,12 +173,11 @@ def cpu_reference(model: str, weights: WeightsChoice, dtype: str, images_dir: st
     ranks' arithmetic, not the rounding of their inputs."""
     import torch
 
-    from gpucheck.bench import data
     from gpucheck.bench import model as bench_model
 
     low = bench_model.torch_dtype(dtype)
     net = bench_model.build_model(model, weights).to(low).float()
-    batch = data.load_tensor(images_dir, tuple(files)).to(low).float()
+    batch = bench_model.load_tensor(images_dir, tuple(files)).to(low).float()
     with torch.inference_mode():
         logits: torch.Tensor = net(batch.contiguous(memory_format=torch.channels_last))
     return logits

@@ -1,22 +1,26 @@
-"""Turn the gathered records into report sections and verdicts (no rendering here)."""
+"""The gathered records as report sections and verdicts, and bench's figures as metrics
+(no rendering here)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpucheck.bench.aggregate import BenchSummary, NodeSummary, RankRecord, aggregate
 from gpucheck.bench.consistency import (
     Consistency,
     compare_outputs,
     cpu_reference,
     reference_tolerance,
 )
-from gpucheck.bench.data import ImageSet
+from gpucheck.bench.model import ImageSet
+from gpucheck.bench.pace import BenchSummary, NodeSummary, aggregate
+from gpucheck.bench.records import RankRecord
 from gpucheck.bench.stragglers import rank_subject, straggler_findings
 from gpucheck.bench.worker import CONSISTENCY_IMAGES, BenchOutcome, BenchSpec
 from gpucheck.distributed.placement import numa_findings
 from gpucheck.faults import run_faults_section, slowdown_causes
+from gpucheck.measure import Better, Metric
+from gpucheck.measured import HasMetrics, attach, rank_subjects, relative_spread
 from gpucheck.report import Finding, Section, fail, ok, warn
 from gpucheck.subject import file, node, ranks
 
@@ -238,3 +242,41 @@ def _undecided(result: Consistency) -> Finding:
              "disagreement points at one of these GPUs",
         subject=ranks(result.undecided, listed),
     )
+
+
+
+JOB_FIGURES = {"aggregate_images_per_s": ("images/s", Better.HIGHER),
+               "job_wall_s": ("s", Better.LOWER),
+               "parallel_efficiency": ("ratio", Better.HIGHER),
+               "spread_slowest_vs_median": ("ratio", Better.LOWER)}
+
+
+def bench_metrics(records: Sequence[RankRecord], summary: BenchSummary) -> list[Metric]:
+    ordered = sorted(records, key=lambda r: r.rank)
+    ranks = rank_subjects([{"rank": r.rank, "nvml_index": r.nvml_index, "host": r.host,
+                            "pci_bus_id": r.pci_bus_id, "node_rank": r.node_rank}
+                           for r in ordered])
+    spreads = {r.rank: relative_spread(r.p99_ms, r.p50_ms) for r in ordered}
+    # The job's figures vary as much as its most unsettled rank did.
+    job_spread = max((s for s in spreads.values() if s is not None), default=None)
+    values = {"aggregate_images_per_s": summary.aggregate_images_per_s,
+              "job_wall_s": summary.job_wall_s,
+              "parallel_efficiency": summary.parallel_efficiency,
+              "spread_slowest_vs_median": summary.spread}
+    found = [Metric(f"bench.{name}", unit, better, float(values[name]), spread=job_spread)
+             for name, (unit, better) in JOB_FIGURES.items()]
+    for r in ordered:
+        found.append(Metric("bench.images_per_s", "images/s", Better.HIGHER,
+                            float(r.images_per_s), ranks[r.rank], spreads[r.rank]))
+        if r.p50_ms is not None:
+            found.append(Metric("bench.iteration_p50_ms", "ms", Better.LOWER, r.p50_ms,
+                                ranks[r.rank], spreads[r.rank]))
+    return found
+
+
+def with_bench_metrics(sections: Sequence[HasMetrics], records: Sequence[RankRecord],
+                       threshold: float) -> None:
+    """The one call commands/bench.py makes: every bench figure onto its timing section."""
+    summary = aggregate(records, threshold)
+    attach(sections, bench_metrics(records, summary), dict.fromkeys(
+        ("images_per_s", "iteration_p50_ms", *JOB_FIGURES), "timing"))

@@ -1,35 +1,6 @@
-"""Stragglers: each rank's iterations against the other ranks' at the same moments, in
-device time and in wall time, and which kind of straggler a rank is (docs/bench.md,
-"Stragglers"). Pure functions over the ranks' records, no torch.
-
-Two clocks, two questions:
-- device time (CUDA events on a GPU, the process's CPU time on a CPU): did the rank
-  COMPUTE slower? A slow GPU, a slower core.
-- wall time (the rank's own clock, each iteration from its start to its end): did the
-  rank HOLD THE JOB BACK? A rank that computes at speed but is not run part of the time
-  (a CPU quota, another process on its core, a stopped process, a data loader it waits
-  for) holds the job back as surely as a slow device, and only the wall clock sees it.
-On a GPU the events' timeline is the device's wall time (it includes the time the GPU
-waited for the host), so the two clocks are one there and every straggler is of the
-device kind.
-
-Two views of the same iterations (issue 21):
-- the median iteration (`vs_others`, `wall_vs_others`) says which KIND of straggler a
-  rank is: a slow device computes slower in most of its iterations;
-- the whole loop (`hold_back`) says what the rank COST the job: its timed loop's wall
-  time over the other ranks' (every rank runs the same work between the same barriers,
-  and the others wait at each end barrier for the last). A coarse stall (stopped 300 ms
-  of every 600 ms: a data loader, a neighbour, a quota on a long period) leaves most
-  iterations untouched,
-  so the median sits near 1 while the job takes twice as long: only the loop sees it.
-  One stall alone (a hiccup) is not a straggler: the loop is judged without the rank's
-  longest iteration's excess over its median iteration.
-- the second look: a rank whose whole loop held the job back (`suspect`) is not named
-  on one loop. The ranks run the loop once more (`again`) and it is judged over both
-  loops (`both`): a stall that recurs (a neighbour, a quota or a loader on a long
-  period, a slow device) holds the job back again; a hiccup, or a noisy machine's
-  spread, does not.
-"""
+"""Rank 0's reading of the ranks' timed loops: the job's figures, each rank's pace
+against the other ranks' at the same moments, and whether it held the job back (docs/bench.md,
+"Stragglers"). Pure functions over the ranks' records, no torch."""
 
 from __future__ import annotations
 
@@ -41,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpucheck.bench.records import RankRecord
+from gpucheck.distributed.nodes import group_by_node
 from gpucheck.measure import Better, Bound
 from gpucheck.stats import percentile
 
@@ -277,7 +249,7 @@ def held_back(pace: RankPace, threshold: float) -> bool:
 
 def suspect(pace: RankPace, threshold: float) -> bool:
     """Its whole loop, stalls and all, held the job back past the bar: the ranks run
-    the loop again before it is named (`gpucheck.bench.aggregate.look_again`)."""
+    the loop again before it is named (`gpucheck.bench.pace.look_again`)."""
     return Bound(hold_back_bar(pace, threshold), Better.LOWER).worse(pace.whole, 1.0)
 
 
@@ -294,3 +266,126 @@ def is_straggler(pace: RankPace, threshold: float) -> bool:
 
 def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator > 0 else 0.0
+
+
+DEFAULT_STRAGGLER_THRESHOLD = 0.10
+# A straggler is judged on its typical iteration (docs/bench.md, "Stragglers"):
+# fewer iterations than this give a median that one or two hiccups can move.
+MIN_JUDGED_ITERS = 5
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    """The ranks of one node (same node_rank and host), for multi-node runs."""
+
+    node_rank: int
+    host: str
+    ranks: tuple[int, ...]
+    images: int
+    median_wall_s: float
+    slowest_wall_s: float
+    images_per_s: float  # the node's images / its slowest rank's wall time
+    vs_median: float  # the node's median wall / the median over nodes
+    slow: bool
+
+
+@dataclass(frozen=True)
+class BenchSummary:
+    """Rank 0's view of the whole job."""
+
+    n_ranks: int
+    job_wall_s: float
+    summed_device_s: float
+    total_images: int
+    aggregate_images_per_s: float  # all images / job wall time
+    median_wall_s: float
+    spread: float  # slowest rank's wall / median wall
+    parallel_efficiency: float  # summed device busy time / (N x job wall)
+    vs_median: tuple[float, ...]  # per rank, wall / median wall
+    stragglers: tuple[int, ...]  # ranks `threshold` slower in device or wall time (pace.py)
+    threshold: float
+    nodes: tuple[NodeSummary, ...]
+    paces: tuple[RankPace, ...] = ()  # per rank; empty when not judged (see `judged`)
+    judged: str = "yes"  # "yes", or why stragglers were not judged
+
+
+def job_wall_s(records: Sequence[RankRecord]) -> float:
+    """Common start to the last rank's end, measured without comparing host clocks."""
+    return max(max(r.wall_s, r.span_s) for r in records)
+
+
+def aggregate(records: Sequence[RankRecord],
+              threshold: float = DEFAULT_STRAGGLER_THRESHOLD) -> BenchSummary:
+    """Combine every rank's record (in any order) into the job's numbers."""
+    if not records:
+        raise ValueError("no rank records to aggregate")
+    ordered = sorted(records, key=lambda r: r.rank)
+    wall = job_wall_s(ordered)
+    median = statistics.median(r.wall_s for r in ordered)
+    vs_median = tuple(_ratio(r.wall_s, median) for r in ordered)
+    summed_device = sum(r.device_s for r in ordered)
+    images = sum(r.images for r in ordered)
+    judged = unjudged_reason(ordered)
+    paces = rank_paces(ordered) if judged == "yes" else ()
+    return BenchSummary(
+        n_ranks=len(ordered),
+        job_wall_s=wall,
+        summed_device_s=summed_device,
+        total_images=images,
+        aggregate_images_per_s=_ratio(images, wall),
+        median_wall_s=median,
+        spread=max(vs_median),
+        parallel_efficiency=_ratio(summed_device, len(ordered) * wall),
+        vs_median=vs_median,
+        stragglers=tuple(p.rank for p in paces if is_straggler(p, threshold)),
+        threshold=threshold,
+        nodes=node_summaries(ordered, threshold),
+        paces=paces,
+        judged=judged,
+    )
+
+
+def look_again(records: Sequence[RankRecord], threshold: float) -> bool:
+    """Whether the ranks run their timed loop a second time: some rank's loop held
+    the job back (gpucheck.bench.pace.suspect). Every rank decides from the same
+    gathered records, so all decide alike without another message."""
+    if unjudged_reason(records) != "yes" or any(r.again_wall_s is not None for r in records):
+        return False
+    return any(suspect(p, threshold) for p in rank_paces(records))
+
+
+def unjudged_reason(records: Sequence[RankRecord]) -> str:
+    """"yes" when stragglers can be judged, else why not."""
+    if len(records) < 2:
+        return "one rank, no other rank to compare with"
+    fewest = min(len(r.iter_ms) for r in records)
+    if fewest < MIN_JUDGED_ITERS:
+        return (f"{fewest} timed iteration(s) per rank, fewer than the {MIN_JUDGED_ITERS} "
+                "a typical iteration needs")
+    return "yes"
+
+
+def node_summaries(records: Sequence[RankRecord], threshold: float) -> tuple[NodeSummary, ...]:
+    """Group ranks by node; a node whose median rank is `threshold` slower is slow."""
+    by_rank = {r.rank: r for r in records}
+    rank_nodes = [{"rank": r.rank, "node_rank": r.node_rank, "host": r.host} for r in records]
+    groups = {node: [by_rank[rank] for rank in ranks]
+              for node, ranks in group_by_node(rank_nodes).items()}
+    medians = {node: statistics.median(r.wall_s for r in group) for node, group in groups.items()}
+    overall = statistics.median(medians.values())
+    nodes = []
+    for node, group in groups.items():
+        slowest = max(r.wall_s for r in group)
+        vs_median = _ratio(medians[node], overall)
+        nodes.append(NodeSummary(
+            node_rank=node.node_rank,
+            host=node.host,
+            ranks=tuple(r.rank for r in group),
+            images=sum(r.images for r in group),
+            median_wall_s=medians[node],
+            slowest_wall_s=slowest,
+            images_per_s=_ratio(sum(r.images for r in group), slowest),
+            vs_median=vs_median,
+            slow=len(groups) > 1 and slower(threshold).worse(medians[node], overall),
+        ))
+    return tuple(nodes)

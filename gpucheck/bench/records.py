@@ -1,5 +1,5 @@
 """One rank's record of its timed loop (`RankRecord`): what bench's ranks measure and
-gather, and what the aggregation (gpucheck.bench.aggregate) and the straggler judging
+gather, and what the aggregation (gpucheck.bench.pace) and the straggler judging
 (gpucheck.bench.pace) read. Plain data, no torch.
 """
 
@@ -42,7 +42,7 @@ class RankRecord:
     # whose events already run on the device's wall clock (gpucheck.bench.pace.wall_ms).
     iter_wall_ms: tuple[float, ...] = ()
     # The timed loop's segments: CPU ranks re-place their tensors in fresh memory
-    # between them (gpucheck.bench.layout); 1 on a GPU.
+    # between them (gpucheck.bench.model); 1 on a GPU.
     segments: int = 1
     # GPU ranks: the GPU model and software stack (gpucheck.bench.consistency
     # .software_stack); ranks of one stack must compute bit-identical logits. None on CPU.

@@ -7,9 +7,10 @@ import statistics
 from collections.abc import Mapping
 
 from gpucheck import subject
-from gpucheck.bench.aggregate import MIN_JUDGED_ITERS, BenchSummary
 from gpucheck.bench.pace import (
     HOST_STALL,
+    MIN_JUDGED_ITERS,
+    BenchSummary,
     RankPace,
     confirmed,
     hold_back_bar,

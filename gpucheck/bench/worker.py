@@ -21,15 +21,15 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from gpucheck.bench import data, layout, rotation
 from gpucheck.bench import model as bench_model
-from gpucheck.bench.aggregate import DEFAULT_STRAGGLER_THRESHOLD, RankRecord, look_again
+from gpucheck.bench import rotation
 from gpucheck.bench.consistency import software_stack
 from gpucheck.bench.marks import IterationMarks
 from gpucheck.bench.model import WeightsChoice
+from gpucheck.bench.pace import DEFAULT_STRAGGLER_THRESHOLD, look_again
 from gpucheck.bench.partial import TimedSoFar
 from gpucheck.bench.progress import Progress
-from gpucheck.bench.records import LoopTiming
+from gpucheck.bench.records import LoopTiming, RankRecord
 from gpucheck.context import RunContext, TestHooks
 from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.deadline import synchronize
@@ -61,7 +61,7 @@ class BenchSpec:
     files: tuple[str, ...]
     progress: bool  # show a bar on rank 0 (stdout is a TTY and not --quiet)
     fault_watch: bool = True  # watch every rank's GPU (gpucheck.distributed.faultwatch)
-    # Decides the second look (gpucheck.bench.aggregate.look_again) on every rank.
+    # Decides the second look (gpucheck.bench.pace.look_again) on every rank.
     straggler_threshold: float = DEFAULT_STRAGGLER_THRESHOLD
 
 
@@ -102,7 +102,7 @@ def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
     with process_group(spec.backend, spec.device, spec.timeout_s,
                        fault_watch=spec.fault_watch, ctx=ctx) as world:
         threads = _set_threads(spec.device, world)
-        share = data.rank_share(len(spec.files), world.rank, world.world_size)
+        share = bench_model.rank_share(len(spec.files), world.rank, world.world_size)
         progress.set_step(ctx, "model and data (DDP construction broadcasts rank 0's "
                                "weights)")
         ddp, batch, check_batch = _prepare(spec, world, share, ctx.hooks)
@@ -160,11 +160,11 @@ def _loop_again(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec,
                 world: World) -> float:
     """The timed loop's wall time once more, in the same segments between the same
     barriers (`_timed_loop`), without its per-iteration marks."""
-    sizes = layout.segment_sizes(iters, spec.device == "cpu" and world.world_size > 1)
+    sizes = bench_model.segment_sizes(iters, spec.device == "cpu" and world.world_size > 1)
     wall_s = 0.0
     for index, size in enumerate(sizes):
         if index:
-            batch = layout.relayout(ddp.module, batch)
+            batch = bench_model.relayout(ddp.module, batch)
         barrier(spec.timeout_s)
         started = time.perf_counter()
         for _ in range(size):
@@ -186,7 +186,7 @@ def _set_threads(device: str, world: World) -> int:
     return torch.get_num_threads()
 
 
-def _prepare(spec: BenchSpec, world: World, share: data.Share,
+def _prepare(spec: BenchSpec, world: World, share: bench_model.Share,
              hooks: TestHooks) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """Model under DDP on the device; the rank's batch and the fixed check batch there too."""
     import torch
@@ -202,9 +202,9 @@ def _prepare(spec: BenchSpec, world: World, share: data.Share,
     model = model.to(device=device, dtype=dtype, memory_format=fmt)  # type: ignore[call-overload]
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.index is not None
                                   else None)
-    mine = data.load_tensor(spec.images_dir, tuple(spec.files[i] for i in share.indices))
-    common = data.load_tensor(spec.images_dir, spec.files[:CONSISTENCY_IMAGES])
-    batch = data.fill_batch(mine, spec.batch_size)
+    mine = bench_model.load_tensor(spec.images_dir, tuple(spec.files[i] for i in share.indices))
+    common = bench_model.load_tensor(spec.images_dir, spec.files[:CONSISTENCY_IMAGES])
+    batch = bench_model.fill_batch(mine, spec.batch_size)
     return (ddp, batch.to(device=device, dtype=dtype, memory_format=fmt),
             common.to(device=device, dtype=dtype, memory_format=fmt))
 
@@ -314,12 +314,12 @@ def _agree_iters(per_iter_s: float, spec: BenchSpec, world: World) -> int:
 def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, world: World,
                 bar: Progress, ctx: RunContext) -> LoopTiming:
     """The timed loop in segments (one on a GPU; CPU ranks re-place their tensors between
-    them, `gpucheck.bench.layout`), each: barrier, clock, iterations (a mark after every
+    them, `gpucheck.bench.model`), each: barrier, clock, iterations (a mark after every
     one), device sync, clock, barrier, clock. The marks are read after the loop's one
     synchronisation: a sync per iteration would stall the launch queue and change what
     is measured. wall_s and span_s add up the segments' timed windows."""
     _reset_peak_memory(spec.device, world.device_index)
-    sizes = layout.segment_sizes(iters, spec.device == "cpu" and world.world_size > 1)
+    sizes = bench_model.segment_sizes(iters, spec.device == "cpu" and world.world_size > 1)
     marks = IterationMarks(spec.device, iters + len(sizes))
     so_far = TimedSoFar(marks, {"rank": world.rank, "host": host_name(),
                                 "device": str(_device(spec, world)),
@@ -328,7 +328,7 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
     wall_s = span_s = 0.0
     for index, size in enumerate(sizes):
         if index:
-            batch = layout.relayout(ddp.module, batch)
+            batch = bench_model.relayout(ddp.module, batch)
         barrier(spec.timeout_s)
         started = time.perf_counter()
         marks.begin()

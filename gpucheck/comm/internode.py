@@ -50,11 +50,11 @@ from gpucheck.comm.collectives import (
 )
 from gpucheck.comm.internode_verdicts import (
     both_ends,
+    find_node_suspects,
     node_pair_rows,
     node_samples,
     rail_exchanges,
 )
-from gpucheck.comm.node_links import find_node_suspects
 from gpucheck.comm.records import LinkRow, SentRow
 from gpucheck.context import RunContext
 from gpucheck.distributed.deadline import synchronize
@@ -327,7 +327,7 @@ def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
                   *, ctx: RunContext) -> dict[str, Any]:
     """The rounds, gathered on every rank; then the slow node pairs (and a suspect
     node's pairs), and the node pairs of slow rail links, measured again beside
-    known-good ones (gpucheck.comm.node_links, gpucheck.peers; `rail_exchanges`).
+    known-good ones (gpucheck.comm.internode_verdicts, gpucheck.peers; `rail_exchanges`).
     Rank 0's list of exchanges is broadcast, so every rank runs the same steps."""
     import torch.distributed as dist
 

@@ -1,25 +1,138 @@
-"""Verdicts on the node-to-node rounds (`gpucheck.comm.internode`): pure functions.
-
-A slow node is found by elimination at the fabric's cut (`gpucheck.comm.node_links`:
-0.9 x the pairs without it, or their own spread when larger), a single slow node pair
-at `--pair-threshold` (`gpucheck.peers.eliminate`), each with its second look as data
-(`gpucheck.comm.looks`); rails (2+ per node) against the median rail link, with the
-node most of one rail's slow links share named.
-"""
+"""Verdicts between nodes: which node (elimination at the fabric's cut), node pair and rail
+link is slow, each with its second look as data (docs/comm.md, "Between nodes"). Pure
+functions, no torch."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpucheck import subject
 from gpucheck.comm.looks import GBPS, rate_bound, repeats_words, slow
-from gpucheck.comm.node_links import FABRIC_FRACTION, NodeSuspects, find_node_suspects
 from gpucheck.measure import LookState, SecondLook
-from gpucheck.peers import Pair, against_median, combined, directed, second_look
+from gpucheck.peers import (
+    Pair,
+    Samples,
+    Suspects,
+    against_median,
+    combined,
+    directed,
+    eliminate,
+    intermittent,
+    known_good,
+    second_look,
+)
 from gpucheck.report import Finding, ok
 from gpucheck.stats import median, typical
+
+FABRIC_FRACTION = 0.9
+# Healthy readings a suspect node's readings may fail to be below: "below almost
+# every healthy reading" (issue 21: a 0.65x node, every reading below almost every
+# healthy one, was let through by "below every one").
+STRAY = 1
+
+
+@dataclass(frozen=True)
+class NodeSuspects(Suspects):
+    """`Suspects`, with the cut they were judged at (a fraction of the reference)."""
+
+    cut: float = FABRIC_FRACTION
+
+
+def spread_cut(healthy: Samples, fabric: float = FABRIC_FRACTION) -> tuple[float, float]:
+    """(reference, cut): the median typical figure of `healthy`, and the fraction of it
+    a slow figure is below: `fabric`, or 1 - the healthy pairs' own spread when that
+    is larger. Their spread is the larger of how far the lowest pair's typical figure
+    sits below the reference (between pairs) and how far a pair's lowest repeat
+    falls below its own typical figure, the median over the pairs (within a pair:
+    the median, so one pair's stray repeat does not set it)."""
+    typicals = [typical(s) for s in healthy.values() if s]
+    if not typicals:
+        return 0.0, fabric
+    reference = median(typicals)
+    if reference <= 0:
+        return reference, fabric
+    between = 1 - min(typicals) / reference
+    within = median(1 - min(s) / typical(s) for s in healthy.values()
+                    if s and typical(s) > 0)
+    return reference, max(0.0, min(fabric, 1 - max(between, within)))
+
+
+def below_almost_all(mine: Sequence[float], healthy: Sequence[float], stray: int) -> bool:
+    """Is every reading of `mine` below every healthy reading but the `stray` lowest?
+    (Never with no more healthy readings than that: nothing would be left to judge by.)"""
+    if not mine or len(healthy) <= stray:
+        return False
+    return max(mine) < sorted(healthy)[stray]
+
+
+def _slow_direction(samples: Samples, pairs: Sequence[Pair], healthy: Samples,
+                    fabric: float, stray: int) -> bool:
+    """Every pair below the cut x the healthy pairs' median, and their readings below
+    almost every healthy reading."""
+    if not pairs or not healthy:
+        return False
+    reference, cut = spread_cut(healthy, fabric)
+    if not all(typical(samples[p]) < cut * reference for p in pairs):
+        return False
+    return below_almost_all([typical(samples[p]) for p in pairs],
+                            [v for s in healthy.values() for v in s], stray)
+
+
+def slow_nodes(samples: Samples, fabric: float = FABRIC_FRACTION) -> dict[int, str]:
+    """Nodes every one of whose pairs in one direction is slow against the pairs
+    without them: "sending", "receiving" or "both" ways."""
+    found: dict[int, str] = {}
+    for m in sorted({m for pair in samples for m in pair}):
+        without = {p: s for p, s in samples.items() if m not in p}
+        sending = _slow_direction(samples, [p for p in samples if p[0] == m], without,
+                                  fabric, STRAY)
+        receiving = _slow_direction(samples, [p for p in samples if p[1] == m], without,
+                                    fabric, STRAY)
+        if sending or receiving:
+            found[m] = "both" if sending and receiving else "sending" if sending else \
+                "receiving"
+    return found
+
+
+def find_node_suspects(samples: Samples, pair_threshold: float,
+                       fabric: float = FABRIC_FRACTION) -> NodeSuspects:
+    """The slow nodes (at the fabric's cut) and node pairs (a pair of no suspect node:
+    `eliminate` at `pair_threshold`, as before), the cut the nodes were judged
+    at, and the known-good pairs to measure again beside them."""
+    if not samples:
+        return NodeSuspects(0.0, 0.0, cut=fabric)
+    members = slow_nodes(samples, fabric)
+    clean = {p: s for p, s in samples.items() if not set(p) & set(members)} or dict(samples)
+    # One pair cannot be told from the spread of one or two others (3 nodes leave two
+    # pairs without a suspect node): a single pair keeps the wider intra-node rule.
+    single = eliminate(clean, rate_bound(pair_threshold)).pairs
+    healthy = {p: s for p, s in clean.items() if p not in single} or clean
+    reference, cut = spread_cut(healthy, fabric)
+    slow = sorted({p for p in samples for m, way in members.items() if directed(p, m, way)}
+                  | set(single))
+    floor = min((v for s in healthy.values() for v in s), default=0.0)
+    flapping = intermittent(samples, [p for p in slow if p not in single], reference,
+                            rate_bound(cut)) + intermittent(samples, single, reference,
+                                                            rate_bound(pair_threshold))
+    return NodeSuspects(reference, floor, members, tuple(slow), (),
+                        _references(samples, slow, members, reference),
+                        tuple(sorted(flapping)), cut=cut)
+
+
+def _references(samples: Samples, slow: Sequence[Pair], members: Mapping[int, str],
+                reference: float) -> tuple[Pair, ...]:
+    """The known-good pair nearest the reference (no suspect end) and its reverse when
+    that is good too; none when nothing is slow."""
+    good = sorted(p for p in samples if p not in slow and not set(p) & set(members))
+    chosen = known_good({p: typical(samples[p]) for p in good}, (), reference) \
+        if slow else None
+    if chosen is None:
+        return ()
+    back = (chosen[1], chosen[0])
+    return (chosen, back) if back in good else (chosen,)
 
 
 def both_ends(links: Sequence[Mapping[str, Any]],
@@ -109,7 +222,7 @@ def internode_findings(rows: Sequence[Mapping[str, Any]], threshold: float,
                        device: str = "cuda") -> list[Finding]:
     """The suspect node by elimination (at the fabric's cut), and each slow node pair,
     each with its second look (`again`: the re-measured links; None when the run ended
-    first); see gpucheck.comm.node_links and gpucheck.peers for the rules."""
+    first); see gpucheck.comm.internode_verdicts and gpucheck.peers for the rules."""
     if not rows:
         return []
     first = node_samples(rows)

@@ -1,4 +1,5 @@
-"""The comm results (from `comm_worker`, complete or partial) as report sections."""
+"""The comm results (from `comm_worker`, complete or partial) as report sections, their
+figures as metrics from the records read back."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck import subject
 from gpucheck.comm.aggregate import (
     ONE_RANK_BUSBW,
     baseline_findings,
@@ -15,16 +17,17 @@ from gpucheck.comm.aggregate import (
 )
 from gpucheck.comm.internode_verdicts import internode_findings, node_pair_rows, rail_findings
 from gpucheck.comm.looks import node_figures, pair_medians, slow_node_verdicts
-from gpucheck.comm.metrics import comm_metrics
 from gpucheck.comm.nccl_log import transport_view
-from gpucheck.comm.records import read_back, read_comm
+from gpucheck.comm.records import CommRecords, read_back, read_comm
 from gpucheck.distributed.nodes import NodeId, group_by_node, node_metric, nodes_rows
 from gpucheck.distributed.placement import numa_findings
 from gpucheck.faults import gpu_names, run_faults_section
-from gpucheck.measured import attach
+from gpucheck.measure import Better, Metric
+from gpucheck.measured import attach, rank_subjects, relative_spread, whole
 from gpucheck.records import Unread
 from gpucheck.report import Finding, Section, skip
 from gpucheck.units import human_bytes as human_bytes  # its old home, re-exported
+from gpucheck.units import number
 from gpucheck.unread import unread_findings
 
 TITLES = {"all_reduce": "all_reduce (busbw = algbw x 2(n-1)/n)",
@@ -198,5 +201,32 @@ def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section
     sections.append(_internode_section(result, verdicts))
     sections.append(_transport_section(result))
     sections.append(faults_of(result))
-    attach(sections, comm_metrics(result), {})  # comm.<collective> / comm.pairwise
+    attach(sections, comm_metrics(result, records), {})
     return sections
+
+
+def comm_metrics(result: Mapping[str, Any], records: CommRecords) -> list[Metric]:
+    """`comm.<collective>.busbw_gbps@<bytes>` (spread: how far apart the ranks ended the
+    same operations) and `comm.pairwise.gbps` per ordered pair (spread: its repeats')."""
+    found = []
+    for name, rows in result["collectives"].items():
+        for row in rows if isinstance(rows, list) else ():
+            size, value = whole(row.get("size_bytes")), number(row.get("busbw_gbps"))
+            if size is not None and value is not None:
+                spread = relative_spread(row.get("time_us"), row.get("fastest_time_us"))
+                found.append(Metric(f"comm.{name}.busbw_gbps@{size}", "GB/s", Better.HIGHER,
+                                    value, spread=spread))
+    ranks = rank_subjects(records.entries)
+
+    def words(rank: int) -> str:
+        known = ranks.get(rank)
+        return known.label if known is not None and known.gpu is not None else ""
+
+    for pair in records.pairs:
+        src, dst, samples = pair.src, pair.dst, pair.samples_gbps
+        label = (f"{words(src) or f'rank {src}'} -> {words(dst) or f'rank {dst}'}"
+                 if words(src) or words(dst) else None)
+        found.append(Metric("comm.pairwise.gbps", "GB/s", Better.HIGHER, pair.bandwidth_gbps,
+                            subject.pair(src, dst, label),
+                            relative_spread(max(samples), min(samples)) if samples else None))
+    return found

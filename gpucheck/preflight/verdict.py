@@ -274,7 +274,7 @@ def links_section(internode: Mapping[str, Any], result: Mapping[str, Any],
 def confirmed_slow_nodes(internode: Mapping[str, Any], fraction: float) -> list[int]:
     """Node indices comm's verdicts name slow with a confirmed second look: every one of
     their slow pairs slow again beside a known-good pair, at the fabric's cut
-    (gpucheck.comm.node_links' elimination, gpucheck.comm.internode_verdicts' looks)."""
+    (gpucheck.comm.internode_verdicts' elimination, gpucheck.comm.internode_verdicts' looks)."""
     from gpucheck.comm.internode_verdicts import internode_findings, node_pair_rows
     from gpucheck.measure import LookState
 
