@@ -15,10 +15,11 @@ import argparse
 import os
 import statistics
 import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # gpucheck and tests.*
+from common import ROOT, spread
+
+sys.path.insert(0, str(ROOT))  # gpucheck and tests.*
 
 from gpucheck.cli import build_parser
 from gpucheck.commands import bench
@@ -75,8 +76,7 @@ def main() -> None:
         median = statistics.median(rates[mode])
         thread = (f"; watcher thread median {statistics.median(cpu_pct[mode]):.3f}% of one "
                   "core" if cpu_pct[mode] else "")
-        print(f"{mode:>4}: median {median:.2f} images/s (min {min(rates[mode]):.2f}, max "
-              f"{max(rates[mode]):.2f}), {median / base:.3f} of off{thread}")
+        print(f"{mode:>4}: {spread(rates[mode], 'images/s')}, {median / base:.3f} of off{thread}")
     print(f"{os.cpu_count()} cores; goal: on and fake at least 0.99 of off")
 
 

@@ -1,22 +1,15 @@
 """GPU acceptance: gpucheck's own commands on a real GPU, each judged by its JSON report.
 
     PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out DIR [--budget 300] [--only STEP,...]
-    PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out DIR --dry-run
+    PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out DIR --dry-run   # on the CPU
 
-Each step runs one command as a person types it (`python -m gpucheck CMD ... --format
-json --output DIR/STEP.json`, its output in DIR/STEP.log) and judges the report: it
-exists, reads back through gpucheck's own reader, is that command's, and the exit code
-agrees with its verdict (1 with a FAIL, else 0). A WARN or FAIL on a healthy machine is
-listed as a possible false alarm. --budget (seconds, all steps together) cuts every
-child's timeout to what is left; a step that no longer fits says SKIP. --dry-run runs
-the same steps on the CPU (gloo, tiny sizes), a test of this script the suite runs
-(tests/test_gpu_acceptance.py); steps that need a GPU say SKIP with why.
-
-gpucheck against bare loops is measured by bench_overhead.py, comm_overhead.py and
-stress_overhead.py (add `-- --device cuda`), the NCCL timeout path by
-nccl_timeout_probe.py. DIR/summary.json is rewritten after every step; the last output
-is a one-screen table. Exit 0: every step ran and said OK or WARN; 1: a step broke,
-timed out or said FAIL (or the run was interrupted); 2: bad input or no GPU.
+Each step runs one command as a person types it, `--format json --output DIR/STEP.json`
+(its output in DIR/STEP.log), and judges the report: readable by gpucheck's own reader,
+that command's, its exit code agreeing with its verdict; a WARN or FAIL on a healthy
+machine is a possible false alarm. --budget cuts every child's timeout to what is left.
+Bare-loop figures: *_overhead.py with `-- --device cuda`; the NCCL timeout path:
+nccl_timeout_probe.py. Exit 0: every step said OK or WARN (or SKIP); 1: one broke,
+timed out or FAILed, or the run was interrupted; 2: bad input or no GPU (README.md).
 """
 
 from __future__ import annotations
@@ -105,9 +98,9 @@ def judge(command: str, rc: int | None, report: Path) -> dict[str, Any]:
         return {"status": "BROKE", "why": f"a report of {raw.get('command')!r}, not {command}"}
     if rc not in (0, 1) or (rc == 1) != (verdict == "FAIL"):
         return {"status": "BROKE", "why": f"exit {rc} with verdict {verdict}"}
+    found = [f for s in raw["sections"] for f in s["findings"] if f["status"] in PROBLEMS]
     problems = [f"{f['status']} {f['check']}" + (f" ({f['subject']})" if f.get("subject")
-                                                 else "")
-                for s in raw["sections"] for f in s["findings"] if f["status"] in PROBLEMS]
+                                                 else "") for f in found]
     figures = [f"{f['figure']} {f['value']} {f['unit']}".strip() for f in raw.get("figures") or []]
     return {"status": verdict, "problems": problems, "figures": figures,
             "scope": raw.get("scope")}
@@ -116,24 +109,22 @@ def judge(command: str, rc: int | None, report: Path) -> dict[str, Any]:
 def run(argv: Sequence[str], log: Path, timeout_s: float,
         env: Mapping[str, str]) -> int | None:
     """The child's exit code, None when it ran past its timeout (its group is killed)."""
-    child_env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", **env}
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=log.parent,
-                                env=child_env, start_new_session=True)
+                                env={**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1",
+                                     **env}, start_new_session=True)
         try:
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            pass
+            return None
         finally:
-            if proc.poll() is None:
-                for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-                    os.killpg(proc.pid, sig)
-                    try:
-                        proc.wait(timeout=wait_s)
-                        break
-                    except subprocess.TimeoutExpired:
-                        continue
-    return None
+            if proc.poll() is None:  # timed out or interrupted: its whole group goes
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
 
 
 def write_json(path: Path, value: Any) -> None:

@@ -99,6 +99,13 @@ def test_without_a_gpu_the_real_run_exits_2_and_names_the_dry_run(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_step_past_its_timeout_is_cut_and_says_so(tmp_path: Path) -> None:
+    sleeper = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
+    assert ga.run(sleeper, tmp_path / "slow.log", 1.0, {}) is None
+    assert "started" in (tmp_path / "slow.log").read_text()
+    assert ga.run([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "x.log", 30, {}) == 3
+
+
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, dict[str, Any]]:
     out = tmp_path_factory.mktemp("acceptance") / "out"
