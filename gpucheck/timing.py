@@ -1,8 +1,6 @@
-"""The one timer: marks on a rank's timeline, and timed loops that keep every
-iteration's time. On a GPU a mark is a CUDA event recorded on the stream, all read
-after one synchronisation (the host only launches work: its overhead is not counted);
-on CPU, or with `host=True`, the host's clocks (wall time and the process's CPU time).
-"""
+"""The one timer: marks on a rank's timeline (CUDA events on the stream, read after one
+synchronisation, so the host's launch overhead is not counted; on CPU, or `host=True`,
+the wall and CPU clocks), and timed loops that keep every iteration's time."""
 
 from __future__ import annotations
 
@@ -18,8 +16,8 @@ Step = Callable[[int], None]  # runs iteration i (launches it, on a GPU)
 
 
 class Marks:
-    """`begin` where a segment starts, `mark` where an iteration ends. `points` events
-    are made before the loop (none made inside it); more are made as needed."""
+    """`begin` where a segment starts, `mark` where an iteration ends; `points` events
+    made before the loop, more as needed."""
 
     def __init__(self, device: str, points: int = 0, *, host: bool = False) -> None:
         self.device = device
@@ -50,8 +48,7 @@ class Marks:
         self.ends_iteration.append(ends_iteration)
 
     def completed(self) -> int:
-        """How many marks have happened: on a GPU the leading events already complete
-        (a stream completes them in order; `query` never waits)."""
+        """How many marks have happened (a stream completes its events in order)."""
         if not self.cuda:
             return len(self.ends_iteration)
         while self.done < len(self.ends_iteration) and self.events[self.done].query():
@@ -62,27 +59,23 @@ class Marks:
         return self.completed() == len(self.ends_iteration)
 
     def wait(self, wait_s: float, what: str) -> None:
-        """Until the last mark is reached (host marks: the device's work is done), polled
-        under gpucheck's deadline (`deadline.settle`)."""
+        """Until the last mark (host marks: the device's work) is reached, under
+        gpucheck's deadline."""
         if self.cuda:
             settle([], wait_s, what, done=self.ended)
         else:
             synchronize(self.device, wait_s, what)
 
-    def span_s(self) -> float:
-        """Seconds from the first mark to the last."""
+    def span_s(self) -> float:  # from the first mark to the last
         return self._elapsed_ms(0, len(self.ends_iteration) - 1, self.wall_s) / 1e3
 
-    def intervals_s(self) -> list[float]:
-        """Each iteration's seconds, from the mark before it."""
+    def intervals_s(self) -> list[float]:  # each iteration's, from the mark before it
         return [self._elapsed_ms(i - 1, i, self.wall_s) / 1e3
                 for i in range(1, len(self.ends_iteration))]
 
     def read_ms(self, points: int | None = None) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """(each iteration's device ms, each one's end in ms from the first mark), over
-        the first `points` marks (default all; on a GPU those must be complete). On
-        CPU the process's CPU time is the device time: a core shared with another
-        process does not make the rank's computation slower (docs/bench.md)."""
+        """(each iteration's device ms, its end in ms from the first mark) over the first
+        `points` marks; on CPU the device time is the process's CPU time (docs/bench.md)."""
         took, ends = [], []
         for index in range(1, points if points is not None else len(self.ends_iteration)):
             if self.ends_iteration[index]:
@@ -91,17 +84,14 @@ class Marks:
         return tuple(took), tuple(ends)
 
     def read_wall_ms(self) -> tuple[float, ...]:
-        """CPU: each iteration's wall time (with the CPU time, it tells a rank that computed
-        slower from one its host did not run, gpucheck.bench.pace). Empty on a GPU: the
-        host runs ahead of the device, whose events already give its timeline."""
+        """CPU: each iteration's wall time (gpucheck.bench.pace); empty on a GPU, whose
+        events already give its timeline."""
         if self.cuda:
             return ()
         return tuple((self.wall_s[i] - self.wall_s[i - 1]) * 1e3
                      for i in range(1, len(self.ends_iteration)) if self.ends_iteration[i])
 
     def _elapsed_ms(self, first: int, last: int, clock: list[float]) -> float:
-        """Between two marks: the events' time on a GPU (the later one waited for), else
-        `clock`'s."""
         if last <= first:
             return 0.0
         if self.cuda:
@@ -154,13 +144,6 @@ def warm_up(step: Step, device: str, warmup_s: float) -> float:
         batch = min(batch * 2, 1024)
 
 
-def iterations_for(window_s: float, per_iter_s: float, low: int, high: int) -> int:
-    """How many iterations fill `window_s`, within [low, high]."""
-    if per_iter_s <= 0:
-        return high
-    return int(min(high, max(low, round(window_s / per_iter_s))))
-
-
 def timed_batch(step: Step, iters: int, device: str) -> list[float]:
     """Each iteration's seconds: back to back, a mark between iterations, one sync."""
     marks = Marks(device)
@@ -175,4 +158,5 @@ def timed_window(step: Step, device: str, warmup_s: float, window_s: float,
                  low: int = 5, high: int = 5000) -> list[float]:
     """Warm up, then time as many iterations as fill about `window_s` seconds."""
     per_iter = warm_up(step, device, warmup_s)
-    return timed_batch(step, iterations_for(window_s, per_iter, low, high), device)
+    iters = high if per_iter <= 0 else int(min(high, max(low, round(window_s / per_iter))))
+    return timed_batch(step, iters, device)
