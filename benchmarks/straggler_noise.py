@@ -156,11 +156,9 @@ def outcome_of(report: dict[str, Any], kind: str, planted: int | None, total_s: 
 def kept_outcomes(folder: Path) -> list[Outcome]:
     """Reports saved by --keep: NNN-healthy.json, NNN-slowed-rK.json, NNN-throttled-rK.json,
     and loads.txt ("NNN load seconds" per run)."""
-    loads = {}
-    if (folder / "loads.txt").is_file():
-        for line in (folder / "loads.txt").read_text(encoding="utf-8").splitlines():
-            index, load, total = line.split()
-            loads[index] = (float(load), float(total))
+    lines = (folder / "loads.txt").read_text(encoding="utf-8").splitlines() \
+        if (folder / "loads.txt").is_file() else []
+    loads = {i: (float(load), float(total)) for i, load, total in map(str.split, lines)}
     outcomes = []
     for path in sorted(folder.glob("*.json")):
         if path.name.endswith(".records.json"):
@@ -193,14 +191,8 @@ def rejudged(report: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, An
 def plan(runs: int, kinds: list[str]) -> list[tuple[str, int | None]]:
     """Each round runs every kind once, the planted rank alternating between rounds (and
     between the two planted kinds within a round)."""
-    order = []
-    for i in range(runs):
-        for kind in kinds:
-            if kind == "healthy":
-                order.append((kind, None))
-            else:
-                order.append((kind, (i + kinds.index(kind)) % 2))
-    return order
+    return [(kind, None if kind == "healthy" else (i + kinds.index(kind)) % 2)
+            for i in range(runs) for kind in kinds]
 
 
 def main() -> None:
