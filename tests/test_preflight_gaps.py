@@ -219,7 +219,7 @@ def test_no_expected_figure_for_an_unlisted_model_or_a_small_message() -> None:
 
 
 def test_hang_guard_cancelled_in_time_does_nothing() -> None:
-    from gpucheck.preflight.guard import HangGuard
+    from gpucheck.preflight.actions import HangGuard
 
     ended: list[int] = []
     with HangGuard(60.0, 1, lambda: ended.append(-1), ended.append):
@@ -230,7 +230,7 @@ def test_hang_guard_cancelled_in_time_does_nothing() -> None:
 def test_hang_guard_fires_writes_what_it_knows_and_exits_1(tmp_path) -> None:
     import threading
 
-    from gpucheck.preflight.guard import HangGuard, exclude_on_hang, on_hang_hosts
+    from gpucheck.preflight.actions import HangGuard, exclude_on_hang, on_hang_hosts
 
     roster = [{"rank": 0, "node_rank": 0, "host": "gpu-a"},
               {"rank": 1, "node_rank": 0, "host": "gpu-a"},
@@ -250,7 +250,7 @@ def test_hang_guard_fires_writes_what_it_knows_and_exits_1(tmp_path) -> None:
 
 
 def test_hang_guard_names_rank_zero_only_when_its_store_is_what_hangs() -> None:
-    from gpucheck.preflight.guard import on_hang_hosts
+    from gpucheck.preflight.actions import on_hang_hosts
 
     roster = [{"rank": r, "node_rank": r // 2, "host": "ab"[r // 2]} for r in range(4)]
     assert on_hang_hosts(1, True, roster) == [{"host": "a", "node_rank": 0}]

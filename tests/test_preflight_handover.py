@@ -96,7 +96,7 @@ def test_rank_zeros_store_going_away_is_awaited_without_cpp_noise(
         capfd: pytest.CaptureFixture[str]) -> None:
     import torch.distributed as dist
 
-    from gpucheck.preflight import handoff
+    from gpucheck.preflight import actions as handoff
 
     port, key = free_port(), handoff._ready_key(0)
     server = subprocess.Popen([sys.executable, "-c", STORE_SERVER, str(port), key])

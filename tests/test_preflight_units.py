@@ -14,8 +14,9 @@ import pytest
 from gpucheck import cli
 from gpucheck.comm.internode import round_schedule
 from gpucheck.comm.internode_verdicts import find_node_suspects
+from gpucheck.context import Console
 from gpucheck.preflight import actions
-from gpucheck.preflight.budget import Budget
+from gpucheck.preflight.checks import Budget
 from gpucheck.preflight.verdict import confirmed_slow_nodes, decide
 from gpucheck.preflight.worker import LINK_SHIFTS
 from gpucheck.report import Report, Section, ok, warn
@@ -217,7 +218,7 @@ def test_nvml_counts_only_other_processes_as_busy(monkeypatch: pytest.MonkeyPatc
     from gpucheck.preflight.checks import nvml_findings
 
     _fake_nvml(monkeypatch, gpu0={"pids": [111]}, gpu1={"pids": [4242]})
-    found = nvml_findings("cuda", own_pids=[111, 112])
+    found = nvml_findings("cuda", own_pids=[111, 112], environ=os.environ)
     assert _by_check(found, "gpu.busy") == [("OK", "GPU 0"), ("WARN", "GPU 1")]
 
 
@@ -226,9 +227,9 @@ def test_nvml_fail_condemns_its_node_and_a_healthy_node_passes(
     from gpucheck.preflight.checks import nvml_findings
 
     _fake_nvml(monkeypatch, gpu1={"ecc_volatile_unc": 3, "ecc_aggregate_unc": 3})
-    bad = nvml_findings("cuda")
+    bad = nvml_findings("cuda", environ=os.environ)
     _fake_nvml(monkeypatch)
-    good = nvml_findings("cuda")
+    good = nvml_findings("cuda", environ=os.environ)
     assert [f for f in good if f["status"] == "FAIL"] == []
     nodes = [{"node_rank": 0, "findings": good}, {"node_rank": 1, "findings": bad}]
     decision = decide(_result({"nvml": {"state": "done", "nodes": nodes}}))
@@ -297,7 +298,7 @@ def test_a_passing_gate_prints_one_screen_and_writes_the_full_report(
     out = tmp_path / "pf.json"
     args = argparse.Namespace(format=None, quiet=False, outputs=[str(out)], output=None,
                               baseline=None)
-    preflight._show(_passed(1), args, time.monotonic() - 38)
+    preflight._show(_passed(1), args, time.monotonic() - 38, Console.of_process())
     shown = capsys.readouterr().out.splitlines()
     assert shown[0].startswith("gpucheck preflight on ") and shown[0].endswith(" in 38 s")
     assert any("[WARN] gpu.busy" in line for line in shown)

@@ -195,7 +195,7 @@ def _show(report: Report, args: argparse.Namespace, started: float,
 def _exec(command: list[str]) -> None:
     if not command:
         return
-    from gpucheck.preflight.handoff import exec_command
+    from gpucheck.preflight.actions import exec_command
 
     exec_command(command, STARTED_ENVIRONMENT, STARTED_MASK)
 

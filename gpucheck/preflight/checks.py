@@ -1,15 +1,59 @@
-"""The per-rank pieces of `gpucheck preflight` that no other command has in this form:
-env's NVML judges as a list of findings, and one large allocation."""
+"""The per-rank pieces of `gpucheck preflight`: the budget every rank agrees on, env's
+NVML judges as a list of findings, the kernel log's Xids, one large allocation.
+
+The budget: each check begins with an all_reduce (MIN) of the seconds left, so every
+rank runs it or SKIPs it alike, and the group's timeout is set to what is left: a rank
+that stops answering ends the wait at the budget's end (docs/preflight.md).
+"""
 
 from __future__ import annotations
 
-import os
+import datetime as _dt
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from gpucheck.report import Finding, fail, skip
+
+# Seconds a collective may wait beyond the budget's end: ranks reach the end a little
+# apart, and the final agreement (gather, decide, broadcast) needs its own moment.
+GRACE_S = 5.0
+
+
+class Budget:
+    """Seconds left of the checks' budget, agreed by every rank."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds = seconds
+        self._clock = clock
+        self._end = clock() + seconds
+
+    def left_here(self) -> float:
+        return max(0.0, self._end - self._clock())
+
+    def agreed_left(self, device: str) -> float:
+        """The least any rank has left (every rank calls it at the same point)."""
+        import torch
+        import torch.distributed as dist
+
+        self.bound_waits(GRACE_S)
+        where = "cuda" if device == "cuda" else "cpu"
+        value = torch.tensor([self.left_here()], dtype=torch.float64, device=where)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        return float(value.item())
+
+    def bound_waits(self, extra_s: float = 0.0) -> None:
+        """No collective from here on waits past the budget's end (plus `extra_s`)."""
+        import torch.distributed as dist
+
+        seconds = max(1.0, self.left_here() + extra_s)
+        # The group's own method: `dist.set_timeout` is newer than torch 2.11.
+        group = dist.group.WORLD
+        if group is None:
+            raise RuntimeError("the budget bounds a process group's waits: none is open")
+        group.set_timeout(_dt.timedelta(seconds=seconds))
+
 
 # A GPU that cannot give most of its free memory in one piece fails the job's first
 # step; leave room for the CUDA context, NCCL's buffers and fragmentation.
@@ -20,11 +64,10 @@ CPU_ALLOC_BYTES = 64 << 20  # CPU ranks: a token allocation (host memory is the 
 KERNEL_LOG_S = 3.0
 
 
-def _cpu_ranks(environ: Mapping[str, str] | None, asked: bool) -> Finding:
+def _cpu_ranks(environ: Mapping[str, str], asked: bool) -> Finding:
+    from gpucheck.devices import expected_gpus, sysfs_root
     from gpucheck.probes.gpu_judge import cpu_ranks_finding
-    from gpucheck.probes.gpu_read import expected_gpus, sysfs_root
 
-    environ = os.environ if environ is None else environ
     expected = expected_gpus(environ, sysfs_root(environ))
     return cpu_ranks_finding(expected, asked) or skip(
         "preflight.nvml", f"CPU ranks: no GPU to read through NVML, and none expected "
@@ -32,14 +75,11 @@ def _cpu_ranks(environ: Mapping[str, str] | None, asked: bool) -> Finding:
 
 
 def nvml_findings(device: str, own_pids: Collection[int] = (),
-                  kernel_log_s: float = KERNEL_LOG_S,
-                  environ: Mapping[str, str] | None = None,
+                  kernel_log_s: float = KERNEL_LOG_S, *, environ: Mapping[str, str],
                   cpu_asked: bool = False) -> list[dict[str, Any]]:
-    """Every GPU of this node read through NVML and judged by env's judges (ECC, row
-    remaps, retired pages, recovery action, fabric, clocks, lost GPUs): the findings,
-    as dicts. `nvidia-smi -q` shows the same fields. The job's own ranks (`own_pids`)
-    are on the GPUs by now: `gpu.busy` counts only the other processes. The XIDs of
-    this boot come from the kernel log (`kernel_log_findings`)."""
+    """Every GPU of this node read through NVML and judged by env's judges, and this
+    boot's XIDs: the findings, as dicts (`gpu.busy` counts only processes not the
+    job's own ranks, `own_pids`)."""
     if device != "cuda":  # no GPU to read, but a node whose log holds an Xid is no go
         return [f.to_dict() for f in (_cpu_ranks(environ, cpu_asked),
                                       *kernel_log_findings([], kernel_log_s, environ=environ))]
@@ -53,7 +93,7 @@ def nvml_findings(device: str, own_pids: Collection[int] = (),
                      "run gpucheck env on this node to see why").to_dict()]
     findings = [f for section in result.sections for f in section.findings
                 if f.check != "gpu.busy"]
-    findings += kernel_log_findings(result.gpus, kernel_log_s)
+    findings += kernel_log_findings(result.gpus, kernel_log_s, environ=environ)
     for gpu in result.gpus:
         if gpu.process_count is not None and not gpu.error:
             others = [p for p in gpu.processes if p.get("pid") not in set(own_pids)]
@@ -63,8 +103,8 @@ def nvml_findings(device: str, own_pids: Collection[int] = (),
 
 
 def large_allocation(rank: int, device: str, fraction: float) -> dict[str, Any]:
-    """Allocate `fraction` of the free device memory in one piece and write it (CPU: a
-    token 64 MiB): {rank, bytes, ok, error}."""
+    """Allocate `fraction` of the free device memory in one piece and write it:
+    {rank, bytes, ok, error}."""
     import torch
 
     if device == "cuda":
@@ -87,18 +127,14 @@ def large_allocation(rank: int, device: str, fraction: float) -> dict[str, Any]:
 
 def kernel_log_findings(gpus: Sequence[Any], within_s: float = KERNEL_LOG_S,
                         runner: Callable[..., Any] | None = None,
-                        clock: Callable[[], float] = time.monotonic,
-                        environ: Mapping[str, str] | None = None) -> list[Finding]:
-    """The XIDs since boot: this boot's kernel log read as env reads it (/dev/kmsg, else
-    journalctl -k -b; never a world-writable syslog file: gpucheck.probes.kernel_log),
-    or the saved log GPUCHECK_KERNEL_LOG names, judged by the XID table
-    (gpucheck.probes.xid_section). Each command's own timeout is cut to `within_s` in
-    all, so a slow journal is a SKIP within the budget, never a wait past it;
-    unreadable is a SKIP with the reason."""
+                        clock: Callable[[], float] = time.monotonic, *,
+                        environ: Mapping[str, str]) -> list[Finding]:
+    """This boot's XIDs, read as env reads the kernel log (or the saved log
+    GPUCHECK_KERNEL_LOG names) within `within_s` in all: slow or unreadable is a SKIP."""
     from gpucheck.probes.kernel_log import KERNEL_LOG_VAR, read_kernel_log, run_command
     from gpucheck.probes.xid_section import kernel_log_section
 
-    saved = (os.environ if environ is None else environ).get(KERNEL_LOG_VAR) or None
+    saved = environ.get(KERNEL_LOG_VAR) or None
 
     run = runner or run_command
     end = clock() + within_s

@@ -1,11 +1,6 @@
-"""From the gathered figures to the report's sections and the go/no-go, on rank 0.
-
-The figures are judged by the commands that own them (stress's GEMM and burn-in
-sections, comm's all_reduce and node-to-node verdicts, env's NVML judges); this module
-adds what the gate needs on top: which nodes fail (from the data, never from words),
-what to do with them, and one decision. A WARN never stops the job (unless
-`--strict`) and never condemns a node; an unfinished check is a SKIP (`--strict`:
-a FAIL).
+"""From the gathered figures to the report's sections and the go/no-go, on rank 0:
+the owning commands judge the figures; this adds which nodes fail (from the data) and
+one decision. A WARN never condemns a node, nor stops the job unless `--strict`.
 """
 
 from __future__ import annotations
@@ -66,23 +61,17 @@ def judged_sections(result: Mapping[str, Any]) -> tuple[list[Section], list[dict
         sections.append(section)
         blamed += bad
     if result.get("faults") is not None:
-        section = faults_section(result)
+        from gpucheck.stress.report import faults_of
+
+        section = faults_of(result)
         sections.append(section)
         blamed += [_blame(ranks, r, "preflight.faults", why)
                    for r, why in fault_ranks(section.data.get("gpus") or [])]
     return sections, failing_nodes(blamed)
 
 
-def faults_section(result: Mapping[str, Any]) -> Section:
-    """The hardware faults every rank's watch saw during the checks (docs/faults.md)."""
-    from gpucheck.stress.report import faults_of
-
-    return faults_of(result)
-
-
 def fault_ranks(gpus: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
-    """(rank, why) for each rank on a GPU whose fault verdict is FAIL (an XID 79, an
-    uncorrectable ECC error during the checks)."""
+    """(rank, why) for each rank on a GPU whose fault verdict is FAIL."""
     found = []
     for gpu in gpus:
         if gpu.get("verdict") != Status.FAIL.value:
@@ -172,9 +161,8 @@ def stress_sections_kept(stress: Mapping[str, Any], result: Mapping[str, Any]) -
 
 
 def sdc_wrong_ranks(stress: Mapping[str, Any]) -> dict[int, str]:
-    """Ranks whose product was wrong: changed during the burn-in, beyond the CPU
-    reference, or outvoted by their group (gpucheck.stress.sdc.judge)."""
-    from gpucheck.stress.sdc import judge
+    """Ranks whose product was wrong (gpucheck.agreement.judge)."""
+    from gpucheck.agreement import judge
 
     sdc = stress.get("sdc")
     if not sdc:
@@ -225,8 +213,7 @@ def all_reduce_section(row: Mapping[str, Any]) -> Section:
 
 def node_all_reduce_section(nodes: Mapping[str, Any], result: Mapping[str, Any],
                             ) -> tuple[Section, list[dict[str, Any]]]:
-    """Each node's own all_reduce busbw against the model's expected floor and the
-    other nodes, confirmed before condemning (gpucheck.preflight.node_busbw)."""
+    """Each node's own all_reduce busbw, confirmed before condemning (node_busbw)."""
     from gpucheck.preflight.node_busbw import node_findings
 
     figures = {int(k): v for k, v in (nodes.get("figures") or {}).items()}
@@ -247,8 +234,7 @@ def node_all_reduce_section(nodes: Mapping[str, Any], result: Mapping[str, Any],
 
 def links_section(internode: Mapping[str, Any], result: Mapping[str, Any],
                   ) -> tuple[Section, list[dict[str, Any]]]:
-    """comm's node-to-node verdicts on the two ring shifts; a node confirmed slow by its
-    second look fails on GPU ranks (on CPU ranks it stays comm's WARN)."""
+    """comm's node-to-node verdicts; a node confirmed slow fails on GPU ranks."""
     from gpucheck.comm.report import Verdicts, comm_sections
 
     fraction = (result.get("fractions") or {}).get("link", 0.5)
@@ -291,7 +277,7 @@ def confirmed_slow_nodes(internode: Mapping[str, Any], fraction: float) -> list[
 
 def verdict_section(result: Mapping[str, Any], failing: Sequence[Mapping[str, Any]],
                     go: bool) -> Section:
-    """The decision first: go, or each failing node with its ranks, GPUs and action."""
+    """The decision first: go, or each failing node with its ranks and GPUs."""
     findings: list[Finding] = []
     for node in failing:
         label = f"node {node['node_rank']} ({node['host']})"

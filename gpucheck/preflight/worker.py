@@ -1,12 +1,7 @@
 """`gpucheck preflight` on every rank: the checks, cheapest and most decisive first,
-inside the job's own process group and under one budget; then the verdict every rank
-agrees on.
-
-A composition of the other commands' pieces, not a copy: env's NVML judges
-(`gpucheck.probes`), stress's GEMM and burn-in phases (`gpucheck.stress.worker`),
-comm's all_reduce row and node-to-node rounds (`gpucheck.comm`). Rank 0 judges the
-gathered figures (`gpucheck.preflight.verdict`) and broadcasts the decision, so every
-rank goes, or none does.
+in the job's own process group under one budget, made of the other commands' pieces
+(env's NVML judges, stress's phases, comm's rounds); rank 0 judges and broadcasts the
+decision, so every rank goes or none does.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ from gpucheck.context import RunContext
 from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.session import job_store, process_group, roster, store_on_rank0
 from gpucheck.distributed.world import World
-from gpucheck.preflight.budget import GRACE_S, Budget
+from gpucheck.preflight.checks import GRACE_S, Budget
 
 CHECKS = ("nvml", "gemm", "sdc", "alloc", "all_reduce", "links")
 # Ring shifts of the node-to-node rounds: two, whatever the node count (see links).
@@ -49,7 +44,7 @@ class PreflightSpec:
     expected_fraction: float
     link_fraction: float
     fault_watch: bool = True  # watch every rank's GPU during the checks (docs/faults.md)
-    # Where the hang guard writes what it knows (gpucheck.preflight.guard).
+    # Where the hang guard writes what it knows (gpucheck.preflight.actions).
     exclude_file: str | None = None
     outputs: tuple[str, ...] = ()  # rank 0's -o files, checked before the vote
     # The least seconds each check needs; fewer left: it is a SKIP (budget).
@@ -71,8 +66,7 @@ class Run:
 
 
 def preflight_worker(ctx: RunContext, spec: PreflightSpec) -> dict[str, Any]:
-    """Every check on this rank; every rank returns the agreed decision (rank 0 also
-    the gathered result), then knows whether it may hand over the job's store."""
+    """Every check on this rank; the agreed decision (rank 0: also the gathered result)."""
     ctx = ctx.scoped("preflight")  # preflight's keys apart from the command's on the store
     with ExitStack() as guarded:
         # The guard spans the frame's own roll call too (process_group's exit).
@@ -93,16 +87,15 @@ def preflight_worker(ctx: RunContext, spec: PreflightSpec) -> dict[str, Any]:
         out = {"decision": decision, "result": run.result if world.rank == 0 else None,
                "store_on_rank0": on_rank0}
         if decision["go"]:
-            from gpucheck.preflight.handoff import release_store
+            from gpucheck.preflight.actions import release_store
 
             release_store(job_store(ctx), world, on_rank0)
     return out
 
 
 def _hang_guard(run: Run) -> Any:
-    """Ends this rank (exit 1, the command not started) should the checks or the
-    agreement outlast every bound they have: a store whose host is stopped."""
-    from gpucheck.preflight import guard
+    """Ends this rank (exit 1) should the checks outlast every bound they have."""
+    from gpucheck.preflight import actions as guard
 
     hosts = guard.on_hang_hosts(run.world.rank, store_on_rank0(run.world), run.result["ranks"])
     seconds = guard.guard_seconds(run.spec.budget_s, GRACE_S, run.spec.backend,
@@ -144,8 +137,7 @@ def _gather(mine: Any, world_size: int) -> list[Any]:
 
 
 def _nvml(run: Run) -> dict[str, Any]:
-    """Each node's local rank 0 reads every GPU of its node through NVML and judges it
-    with env's judges; the findings of every node are gathered."""
+    """Each node's local rank 0 judges its node's GPUs through NVML; all gathered."""
     from gpucheck.preflight.checks import nvml_findings
 
     mine = None
@@ -154,13 +146,13 @@ def _nvml(run: Run) -> dict[str, Any]:
                if r["node_rank"] == run.world.node_rank]
         mine = {"node_rank": run.world.node_rank,
                 "findings": nvml_findings(run.spec.device, own, _kernel_log_s(run),
+                                          environ=run.ctx.launcher_env,
                                           cpu_asked=run.spec.cpu_asked)}
     return {"nodes": [n for n in _gather(mine, run.world.world_size) if n is not None]}
 
 
 def _kernel_log_s(run: Run) -> float:
-    """The kernel log's share: its default, less when the budget has less left (a
-    second kept for the gather that follows)."""
+    """The kernel log's share, less when the budget has less left (a second kept)."""
     from gpucheck.preflight.checks import KERNEL_LOG_S
 
     return max(0.1, min(KERNEL_LOG_S, run.budget.left_here() - 1.0))
@@ -232,8 +224,7 @@ _CHECK_FUNCTIONS: dict[str, Callable[[Run], dict[str, Any]]] = {
 
 
 def _decide(run: Run) -> dict[str, Any]:
-    """Rank 0 judges everything gathered; its decision is broadcast, so every rank takes
-    the same one (go on every rank, or on none)."""
+    """Rank 0 judges everything gathered; its decision is broadcast to every rank."""
     import torch.distributed as dist
 
     run.budget.bound_waits(GRACE_S)  # the agreement itself may run past the budget a bit
@@ -243,9 +234,8 @@ def _decide(run: Run) -> dict[str, Any]:
 
 
 def _decision(run: Run) -> dict[str, Any]:
-    """Rank 0's verdict; no-go with `unwritable` when a file it must write cannot be:
-    once another rank has exec'd the command, rank 0 failing to write its report
-    could no longer stop the job."""
+    """Rank 0's verdict; no-go with `unwritable` when a file it must write cannot be
+    (once another rank has exec'd, a failed write could no longer stop the job)."""
     from gpucheck.errors import UsageError
     from gpucheck.output import check_writable
     from gpucheck.preflight.verdict import decide
