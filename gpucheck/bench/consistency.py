@@ -1,25 +1,7 @@
-"""Does every rank compute the right answer? Compare the logits of one fixed batch.
-
-Every rank runs the same images through the same weights (DDP broadcast rank 0's
-parameters at construction), so the logits should agree up to the rounding of
-the dtype. Two comparisons, judged together by `gpucheck.agreement.judge` (the
-vote stress's burn-in uses too):
-
-- against a CPU reference: the reporting process runs the same batch through the
-  same weights in float32 on the CPU, after the job (the timed loop is long over).
-  It needs no majority, so it names the wrong GPU of two, and a lone wrong GPU;
-- against the other ranks: the element-wise median over ranks; with three or more
-  ranks, a rank the reference cleared but whose logits stray from a majority that
-  agrees is named too;
-- bit for bit, within one GPU model and software stack (issue 23): those ranks run the
-  same kernels (cuDNN's heuristic picks, not its autotuner) on the same weights and
-  images, so their logits are identical to the last bit, as stress's products are. A
-  rank one ulp off a majority of its stack is wrong; two that differ with no majority
-  are named together. The tolerances stay for the CPU reference and between stacks
-  (other kernels round differently). CPU ranks have no bitwise group.
-
-Deviation is relative: max |logits - reference| / max |reference|.
-"""
+"""Does every rank compute the right answer? The logits of one fixed batch against a
+float32 CPU reference, the ranks' median, and bit for bit within one GPU model and
+software stack, judged by `gpucheck.agreement.judge` (docs/bench.md, "The CPU
+reference"). Deviation is relative: max |logits - reference| / max |reference|."""
 
 from __future__ import annotations
 
@@ -36,12 +18,8 @@ if TYPE_CHECKING:
 
     from gpucheck.bench.model import WeightsChoice
 
-# Relative tolerance per dtype: well above the rounding of different kernels on
-# different GPU models, well below what a faulty GPU produces. "tf32" is fp32 on a
-# GPU: cuDNN's default (torch.backends.cudnn.allow_tf32) runs fp32 convolutions
-# with TF32's 10-bit mantissa, as coarse as fp16's. Measured against the float32
-# CPU reference with ResNet50 on the sample images (CPU kernels, weights and inputs
-# rounded alike): bf16 2.3e-3, fp16 4.0e-4, each far inside its tolerance.
+# Relative tolerance per dtype: above the rounding of other kernels and GPU models, below
+# a faulty GPU's. "tf32": fp32 on a GPU, whose convolutions cuDNN runs in TF32 by default.
 TOLERANCE = {"fp32": 1e-3, "tf32": 2e-2, "fp16": 2e-2, "bf16": 5e-2}
 AGREE = "agrees with the ranks' median"
 # Settings that change which kernels cuBLAS and torch pick: ranks that differ in them
@@ -81,9 +59,8 @@ def reference_tolerance(dtype: str, device: str) -> float:
 
 
 def software_stack(device_index: int) -> str | None:
-    """The GPU model and software whose ranks must compute bit-identical logits: name,
-    SM count, torch, CUDA, cuDNN and the settings that change kernel choice; None when
-    cuDNN autotunes (benchmark mode times candidate kernels: ranks may pick others)."""
+    """The GPU model and software whose ranks must compute bit-identical logits; None
+    when cuDNN autotunes (ranks may pick other kernels)."""
     import torch
 
     if torch.backends.cudnn.benchmark:
@@ -99,9 +76,8 @@ def compare_outputs(outputs: Sequence[torch.Tensor], dtype: str,
                     reference: torch.Tensor | None = None,
                     ref_tolerance: float | None = None,
                     stacks: Sequence[str | None] = ()) -> Consistency:
-    """`outputs[r]` is rank r's float32 logits for the same fixed batch; `reference`
-    the CPU's logits for it (tolerance `ref_tolerance`, default the dtype's); `stacks[r]`
-    rank r's `software_stack` (None or absent: no bitwise comparison)."""
+    """`outputs[r]`: rank r's float32 logits for the fixed batch; `reference`: the CPU's
+    (`ref_tolerance`, default the dtype's); `stacks[r]`: rank r's `software_stack`."""
     import torch
 
     stacked = torch.stack([o.float().cpu() for o in outputs])
@@ -155,8 +131,7 @@ def _bitwise_reason(rank: int, exact: Judgement, groups: dict[int, str]) -> str:
 
 def _reason(rank: int, against: dict[int, float], ref_tol: float, deviation: float,
             tolerance: float) -> str:
-    """Why `rank` is wrong, in bench's terms (judge's majority wording is about bitwise
-    digests of one GPU model; here the ranks are compared within a tolerance)."""
+    """Why `rank` is wrong, in bench's terms (here ranks agree within a tolerance)."""
     if deviation == float("inf"):
         return "computed non-finite logits"
     if beyond(against.get(rank), ref_tol):
@@ -168,9 +143,8 @@ def _reason(rank: int, against: dict[int, float], ref_tol: float, deviation: flo
 
 def cpu_reference(model: str, weights: WeightsChoice, dtype: str, images_dir: str,
                   files: Sequence[str]) -> torch.Tensor:
-    """The check batch's logits on the CPU in float32. Weights and images are first
-    rounded to the run's dtype, as the ranks had them, so the comparison measures the
-    ranks' arithmetic, not the rounding of their inputs."""
+    """The check batch's logits on the CPU in float32, weights and images first rounded
+    to the run's dtype as the ranks had them."""
     import torch
 
     from gpucheck.bench import model as bench_model

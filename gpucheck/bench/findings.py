@@ -49,10 +49,8 @@ def faults_of(records: tuple[RankRecord, ...], faults: Sequence[Mapping[str, Any
 
 def check_consistency(spec: BenchSpec, outputs: tuple[Any, ...],
                       stacks: tuple[str | None, ...] = ()) -> tuple[Consistency, str]:
-    """The ranks' logits against each other and against a float32 CPU reference, which
-    the reporting process computes now, after every rank has finished (one model build
-    and one forward pass of the check batch: 0.7 to 0.9 s for ResNet50 on the quiet
-    2-core VM, a few seconds when it is loaded)."""
+    """The ranks' logits against each other and against a float32 CPU reference the
+    reporting process computes now, after the job."""
     try:
         reference = cpu_reference(spec.model, spec.weights, spec.dtype, spec.images_dir,
                                   spec.files[:CONSISTENCY_IMAGES])

@@ -45,11 +45,8 @@ def check_model(name: str) -> None:
 
 
 def resolve_dtype(requested: str, device: str) -> str:
-    """`auto`: bf16 on GPUs with native bf16 (Ampere and newer), else fp16; fp32 on CPU.
-
-    `is_bf16_supported()` alone also says yes on pre-Ampere GPUs, where bf16 runs
-    emulated and far slower than fp16: the benchmark would measure the emulation.
-    """
+    """`auto`: bf16 on GPUs with native bf16 (Ampere and newer; `is_bf16_supported()`
+    also says yes where bf16 is emulated), else fp16; fp32 on CPU."""
     if requested not in DTYPES:
         raise UsageError(f"--dtype {requested!r} is unknown; use one of {', '.join(DTYPES)}")
     if requested != "auto":
@@ -114,11 +111,7 @@ def _check_state_dict(path: str, model: str) -> None:
 
 
 def _load_state_dict(path: str) -> Mapping[str, Any]:
-    """The file's state_dict; a file torch cannot read is bad input, not a crash.
-
-    A corrupt or non-torch file fails in torch.load with whatever its bytes provoke
-    (UnpicklingError, KeyError, EOFError, ...), so every exception is caught here.
-    """
+    """The file's state_dict; any exception torch.load raises on a bad file is bad input."""
     import torch
 
     try:
@@ -182,10 +175,7 @@ def default_images_dir() -> Path:
 
 
 def scan_images(folder: str | Path) -> ImageSet:
-    """Decode every file of `folder` once to learn which are usable images.
-
-    Raises UsageError when the folder is missing or holds no readable image.
-    """
+    """Decode every file of `folder` once; UsageError when none is a readable image."""
     path = Path(folder)
     if not path.is_dir():
         raise UsageError(f"--images {folder}: no such folder; give a folder of JPEG/PNG images")
@@ -268,9 +258,8 @@ MAX_SEGMENTS = 8
 
 
 def segment_sizes(iters: int, relayout: bool) -> tuple[int, ...]:
-    """How many iterations each segment of the timed loop runs: one segment unless
-    `relayout`, else about ITERS_PER_SEGMENT each (at most MAX_SEGMENTS), the larger
-    ones first."""
+    """Iterations per segment of the timed loop: one segment unless `relayout`, else
+    about ITERS_PER_SEGMENT each (at most MAX_SEGMENTS), the larger ones first."""
     if not relayout or iters < 2 * ITERS_PER_SEGMENT:
         return (iters,)
     count = min(MAX_SEGMENTS, iters // ITERS_PER_SEGMENT)
@@ -279,9 +268,8 @@ def segment_sizes(iters: int, relayout: bool) -> tuple[int, ...]:
 
 
 def relayout(module: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    """Copy every parameter and buffer of `module` into fresh memory in place (the
-    module, and DDP's references to its tensors, stay the same objects; the old memory is
-    freed) and return a fresh copy of `batch`."""
+    """Every parameter and buffer of `module` copied into fresh memory in place (DDP's
+    references stay valid); returns a fresh copy of `batch`."""
     import torch
 
     with torch.inference_mode(False), torch.no_grad():

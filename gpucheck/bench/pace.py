@@ -29,27 +29,20 @@ class RankPace:
     p50_ms: float
     p99_ms: float
     others_p50_ms: float  # the median over the other ranks of their p50_ms
-    # Its iterations' device times against the other ranks' iterations running at the
-    # same moment (rank_paces): the median of those ratios, and the share of them above 1.
+    # Device time against the other ranks' iterations at the same moments: the median
+    # ratio and the share above 1; then the same in wall time.
     vs_others: float
     slower_share: float
-    # The same in wall time: each iteration from its start to its end on the rank's clock.
     wall_vs_others: float
     wall_slower_share: float
-    # What it cost the job: its whole timed loop over the other ranks' median loop, less
-    # its one longest stall (a hiccup); and how long the other ranks waited at the end
-    # barriers (for the last rank: the straggler when there is one).
+    # Loop over the other ranks' median loop: less its longest stall (hold_back), stalls
+    # and all (whole), the second loop (again) and both loops (both; None: run once).
     hold_back: float = 1.0
-    waited_ms: float = 0.0
-    # Its whole timed loop over the other ranks' median loop, stalls and all; and the same
-    # in the second look (None when the loop was not run again).
+    waited_ms: float = 0.0  # the other ranks' median wait at the end barriers
     whole: float = 1.0
     again: float | None = None
-    both: float | None = None  # both loops together over the other ranks' (None: once)
-    # How far healthy ranks' whole loops spread in this run (HEALTHY_SPREAD_FACTOR x the
-    # other ranks' median absolute deviation of wall_s / their median); 0 with fewer than
-    # MIN_SPREAD_RANKS other ranks, where --straggler-threshold alone is the bar.
-    others_spread: float = 0.0
+    both: float | None = None
+    others_spread: float = 0.0  # the healthy spread in this run (_others_spread)
 
 
 # The other ranks' own spread raises the hold-back bar on a noisy job: 3 median absolute
@@ -67,16 +60,15 @@ class _Against:
 
 
 def wall_ms(record: RankRecord) -> Sequence[float]:
-    """Each iteration's wall time: measured on CPU ranks; on a GPU (and in records from
-    before it was measured) the device time, whose events already run on the device's
-    wall clock."""
+    """Each iteration's wall time: measured on CPU ranks; on a GPU the device time
+    (CUDA events run on the device's wall clock)."""
     if len(record.iter_wall_ms) == len(record.iter_ms):
         return record.iter_wall_ms
     return record.iter_ms
 
 
 def rank_paces(records: Sequence[RankRecord]) -> tuple[RankPace, ...]:
-    """Each rank's iterations against what the other ranks' took AT THE SAME TIME, in
+    """Each rank's iterations against what the other ranks' took at the same time, in
     device time and in wall time."""
     device = _against_others(records, lambda r: r.iter_ms)
     wall = _against_others(records, wall_ms)
@@ -88,28 +80,17 @@ def rank_paces(records: Sequence[RankRecord]) -> tuple[RankPace, ...]:
         vs_others=device[r.rank].median, slower_share=device[r.rank].share,
         wall_vs_others=wall[r.rank].median, wall_slower_share=wall[r.rank].share,
         hold_back=held[r.rank][0], waited_ms=held[r.rank][1], whole=held[r.rank][2],
-        again=_again(records, r), both=_both(records, r),
+        again=_against_median(records, r, lambda x: x.again_wall_s),
+        both=_against_median(records, r, lambda x: None if x.again_wall_s is None
+                             else x.wall_s + x.again_wall_s),
         others_spread=_others_spread(records, r.rank),
     ) for r in records)
-
-
-def _both(records: Sequence[RankRecord], record: RankRecord) -> float | None:
-    """Its two loops together over the other ranks' median of theirs; None unless every
-    rank ran the second."""
-    return _against_median(records, record,
-                           lambda r: None if r.again_wall_s is None else r.wall_s + r.again_wall_s)
-
-
-def _again(records: Sequence[RankRecord], record: RankRecord) -> float | None:
-    """Its second-look loop over the other ranks' median second-look loop; None unless
-    every rank ran it."""
-    return _against_median(records, record, lambda r: r.again_wall_s)
 
 
 def _against_median(records: Sequence[RankRecord], record: RankRecord,
                     seconds: Callable[[RankRecord], float | None]) -> float | None:
     """`seconds` of this rank over the other ranks' median of it; None when any rank
-    lacks the figure (a loop not every rank ran compares nothing)."""
+    lacks it."""
     every = {r.rank: seconds(r) for r in records}
     mine = every[record.rank]
     others = [v for rank, v in every.items() if rank != record.rank]
@@ -119,9 +100,8 @@ def _against_median(records: Sequence[RankRecord], record: RankRecord,
 
 
 def _others_spread(records: Sequence[RankRecord], rank: int) -> float:
-    """The healthy spread this run shows: HEALTHY_SPREAD_FACTOR median absolute
-    deviations of the other ranks' whole loops, relative to their median (0 with too few
-    of them to tell a spread from a straggler)."""
+    """HEALTHY_SPREAD_FACTOR median absolute deviations of the other ranks' whole loops
+    over their median (0 with fewer than MIN_SPREAD_RANKS of them)."""
     walls = [r.wall_s for r in records if r.rank != rank]
     if len(walls) < MIN_SPREAD_RANKS:
         return 0.0
@@ -132,14 +112,9 @@ def _others_spread(records: Sequence[RankRecord], rank: int) -> float:
 
 def _against_others(records: Sequence[RankRecord],
                     times_of: Callable[[RankRecord], Sequence[float]]) -> dict[int, _Against]:
-    """Every rank's iterations are placed on its own clock from the common start barrier
-    (the same origin on every rank, whatever the hosts' clocks say). An iteration's time
-    is compared with the median time of the iterations the other ranks were running at
-    its midpoint: a load that comes and goes during the loop (a GPU clock ramp, a
-    neighbour's cache traffic) then slows both sides alike, where comparing whole-loop
-    medians would blame whichever rank it overlapped more. An iteration that ran after
-    every other rank had finished (the tail of a slower rank) is compared with the other
-    ranks' median iteration instead."""
+    """Each iteration on the rank's own clock from the common start barrier, against the
+    median of the other ranks' iterations running at its midpoint (the other ranks'
+    median iteration once they had all finished)."""
     timelines = {r.rank: (_ends(r), times_of(r)) for r in records}
     p50 = {r.rank: percentile(times_of(r), 50) for r in records}
     result = {}
@@ -147,7 +122,9 @@ def _against_others(records: Sequence[RankRecord],
         others_p50 = statistics.median(v for k, v in p50.items() if k != r.rank)
         took = list(times_of(r))
         refs = []
-        for middle in _middles(_ends(r)):
+        ends = _ends(r)
+        starts = [0.0, *ends[:-1]]
+        for middle in [(start + end) / 2 for start, end in zip(starts, ends, strict=True)]:
             others = [t for k, line in timelines.items() if k != r.rank
                       if (t := _running_at(line, middle)) is not None]
             refs.append(statistics.median(others) if others else others_p50)
@@ -159,11 +136,9 @@ def _against_others(records: Sequence[RankRecord],
 
 def _hold_back(records: Sequence[RankRecord],
                record: RankRecord) -> tuple[float, float, float]:
-    """(hold-back, waited ms, whole): its whole timed loop over the other ranks' median loop
-    (every rank runs the same work between the same barriers), and the same with each
-    loop less its one longest stall (a hiccup), whichever is smaller; and how long the
-    other ranks waited at the end barriers (span_s - wall_s: waiting for the last rank,
-    which the straggler is); whole: the loop ratio with its stalls."""
+    """(hold-back, waited ms, whole): its loop over the other ranks' median loop, the
+    smaller of with and without each loop's longest stall; the other ranks' median wait
+    at the end barriers; the loop ratio with its stalls."""
     others = [r for r in records if r.rank != record.rank]
     whole = _ratio(record.wall_s, statistics.median(r.wall_s for r in others))
     steady = _ratio(_steady_loop_s(record), statistics.median(map(_steady_loop_s, others)))
@@ -175,8 +150,7 @@ def _hold_back(records: Sequence[RankRecord],
 
 
 def _steady_loop_s(record: RankRecord) -> float:
-    """The timed loop's wall time less its longest iteration's excess over its median
-    iteration: one stop, one page-fault storm, one slow first iteration."""
+    """The loop's wall time less its longest iteration's excess over the median one."""
     walls = wall_ms(record)
     return record.wall_s - max(0.0, max(walls) - percentile(walls, 50)) / 1e3
 
@@ -188,10 +162,6 @@ def _ends(record: RankRecord) -> list[float]:
     return list(itertools.accumulate(record.iter_ms))
 
 
-def _middles(ends: Sequence[float]) -> list[float]:
-    return [(start + end) / 2 for start, end in zip([0.0, *ends], ends, strict=False)]
-
-
 def _running_at(line: tuple[list[float], Sequence[float]], moment_ms: float) -> float | None:
     """The time of the iteration running at `moment_ms`; None once the loop was over."""
     ends, times = line
@@ -200,13 +170,9 @@ def _running_at(line: tuple[list[float], Sequence[float]], moment_ms: float) -> 
 
 
 def straggler_kind(pace: RankPace, threshold: float) -> str | None:
-    """None unless the rank held the job back: its loop's hold-back above the bar (what
-    it cost the job, issue 21). Then SLOW_DEVICE when its median device-time ratio is
-    above 1 + `threshold` (half of its iterations or more computed that much longer than
-    the other ranks' at the same moments) and explains at least half of its hold-back;
-    else HOST_STALL: its device kept pace and its host did not run it. The median views
-    say only the kind: a rank whose median iteration reads slow while its loop kept
-    pace cost the job nothing (2 of 20 healthy runs were named that way on this VM)."""
+    """None unless the rank held the job back; then SLOW_DEVICE when its median
+    device-time ratio is above 1 + `threshold` and explains at least half of its
+    hold-back, else HOST_STALL."""
     if not held_back(pace, threshold):
         return None
     if slower(threshold).worse(pace.vs_others, 1.0) and _device_explains(pace):
@@ -215,30 +181,25 @@ def straggler_kind(pace: RankPace, threshold: float) -> str | None:
 
 
 def slower(threshold: float) -> Bound:
-    """More than `threshold` slower than the reference: `Bound.shortfall(threshold,
-    LOWER)`, built directly because --straggler-threshold may be 1 or more (2x slower
-    and beyond), which a shortfall of a higher-is-better figure cannot be."""
+    """More than `threshold` slower, built directly: --straggler-threshold may be 1 or
+    more, which a shortfall of a higher-is-better figure cannot be."""
     return Bound(1 + threshold, Better.LOWER)
 
 
 def _device_explains(pace: RankPace) -> bool:
-    """Its slower device time explains at least half of how far it held the job back,
-    in log terms (compare's host-bound rule, gpucheck.analysis.hostbound): a rank
-    stopped half the time comes back to cold caches and computes 14% slower, yet held
-    the job back 1.9x: its host, not its device, is what to fix."""
+    """Its slower device time explains at least half of its hold-back, in log terms
+    (compare's host-bound rule, gpucheck.analysis.hostbound)."""
     held = max(pace.hold_back, pace.wall_vs_others, 1.0)
     return math.log(max(pace.vs_others, 1.0)) >= 0.5 * math.log(held)
 
 
 def hold_back_bar(pace: RankPace, threshold: float) -> float:
-    """The hold-back above which a rank held the job back: 1 + the threshold, or + the
-    other ranks' own spread in this run when that is larger (a noisy job)."""
+    """1 + the threshold, or + the other ranks' own spread when that is larger."""
     return 1 + max(threshold, pace.others_spread)
 
 
 def held_back(pace: RankPace, threshold: float) -> bool:
-    """A suspect whose two loops together held the job back past the bar (`confirmed`);
-    with one loop only (records of a run that ended first), that loop without its one
+    """A suspect `confirmed` over both loops; with one loop, that loop without its
     longest stall past the bar."""
     if not suspect(pace, threshold):
         return False
@@ -248,20 +209,14 @@ def held_back(pace: RankPace, threshold: float) -> bool:
 
 
 def suspect(pace: RankPace, threshold: float) -> bool:
-    """Its whole loop, stalls and all, held the job back past the bar: the ranks run
-    the loop again before it is named (`gpucheck.bench.pace.look_again`)."""
+    """Its whole loop, stalls and all, past the bar: the loop is run again (`look_again`)."""
     return Bound(hold_back_bar(pace, threshold), Better.LOWER).worse(pace.whole, 1.0)
 
 
 def confirmed(pace: RankPace, threshold: float) -> bool:
-    """A suspect whose two loops together held the job back past the bar."""
     bar = Bound(hold_back_bar(pace, threshold), Better.LOWER)
     return (pace.both is not None and suspect(pace, threshold)
             and bar.worse(pace.both, 1.0))
-
-
-def is_straggler(pace: RankPace, threshold: float) -> bool:
-    return straggler_kind(pace, threshold) is not None
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -276,7 +231,7 @@ MIN_JUDGED_ITERS = 5
 
 @dataclass(frozen=True)
 class NodeSummary:
-    """The ranks of one node (same node_rank and host), for multi-node runs."""
+    """The ranks of one node (same node_rank and host)."""
 
     node_rank: int
     host: str
@@ -310,13 +265,13 @@ class BenchSummary:
 
 
 def job_wall_s(records: Sequence[RankRecord]) -> float:
-    """Common start to the last rank's end, measured without comparing host clocks."""
+    """Common start to the last rank's end, without comparing host clocks."""
     return max(max(r.wall_s, r.span_s) for r in records)
 
 
 def aggregate(records: Sequence[RankRecord],
               threshold: float = DEFAULT_STRAGGLER_THRESHOLD) -> BenchSummary:
-    """Combine every rank's record (in any order) into the job's numbers."""
+    """Every rank's record (in any order) combined into the job's figures."""
     if not records:
         raise ValueError("no rank records to aggregate")
     ordered = sorted(records, key=lambda r: r.rank)
@@ -337,7 +292,7 @@ def aggregate(records: Sequence[RankRecord],
         spread=max(vs_median),
         parallel_efficiency=_ratio(summed_device, len(ordered) * wall),
         vs_median=vs_median,
-        stragglers=tuple(p.rank for p in paces if is_straggler(p, threshold)),
+        stragglers=tuple(p.rank for p in paces if straggler_kind(p, threshold) is not None),
         threshold=threshold,
         nodes=node_summaries(ordered, threshold),
         paces=paces,
@@ -346,9 +301,8 @@ def aggregate(records: Sequence[RankRecord],
 
 
 def look_again(records: Sequence[RankRecord], threshold: float) -> bool:
-    """Whether the ranks run their timed loop a second time: some rank's loop held
-    the job back (gpucheck.bench.pace.suspect). Every rank decides from the same
-    gathered records, so all decide alike without another message."""
+    """Whether the ranks run their timed loop again: some rank is a `suspect`. Every
+    rank decides alike from the same gathered records."""
     if unjudged_reason(records) != "yes" or any(r.again_wall_s is not None for r in records):
         return False
     return any(suspect(p, threshold) for p in rank_paces(records))
@@ -366,7 +320,7 @@ def unjudged_reason(records: Sequence[RankRecord]) -> str:
 
 
 def node_summaries(records: Sequence[RankRecord], threshold: float) -> tuple[NodeSummary, ...]:
-    """Group ranks by node; a node whose median rank is `threshold` slower is slow."""
+    """Ranks grouped by node; a node whose median rank is `threshold` slower is slow."""
     by_rank = {r.rank: r for r in records}
     rank_nodes = [{"rank": r.rank, "node_rank": r.node_rank, "host": r.host} for r in records]
     groups = {node: [by_rank[rank] for rank in ranks]

@@ -1,21 +1,6 @@
-"""Every rank's timed iterations so far, kept where a stop cannot take them away.
-
-Interrupted at iteration 11 of 12, a bench used to keep only rank 0's warm-up: the
-records are gathered once, after the loop. Now every rank publishes its own timed
-iterations while the loop runs (`gpucheck.distributed.progress.publish_rank`: a file
-per rank in the run directory), at most once per PUBLISH_EVERY_S and at the end of
-each segment, so the partial report after Ctrl-C or SIGTERM, and the report of a
-job where a rank failed, show each rank's iterations and their summary. Each rank
-writes its own file, never through a collective: a rank that is stuck costs only its
-own newest figures.
-
-What the figures cover: the iterations each rank had finished when it last wrote
-(up to PUBLISH_EVERY_S before the stop or failure, longer in a very long loop: see
-PUBLISH_COST_FACTOR); on a GPU only those the GPU had finished (CUDA events already
-complete, read without a synchronisation). A write costs the host 1-2 ms once a
-second; on a GPU that is off the device's critical path, on CPU ranks it lands in
-the next iteration's time (0.1-0.2% of a CPU iteration of about a second).
-"""
+"""Every rank's timed iterations so far, each rank publishing its own file while the loop
+runs (no collective), so a stopped or failed run still reports them (docs/bench.md,
+"Stopped runs"); on a GPU only the iterations whose CUDA events had completed."""
 
 from __future__ import annotations
 
@@ -37,7 +22,7 @@ PUBLISH_COST_FACTOR = 100
 
 
 class Marks(Protocol):
-    """The timed loop's marks (`gpucheck.bench.marks.IterationMarks`)."""
+    """The timed loop's marks (`gpucheck.timing.Marks`)."""
 
     def completed(self) -> int: ...
 

@@ -1,7 +1,5 @@
-"""One rank's record of its timed loop (`RankRecord`): what bench's ranks measure and
-gather, and what the aggregation (gpucheck.bench.pace) and the straggler judging
-(gpucheck.bench.pace) read. Plain data, no torch.
-"""
+"""One rank's record of its timed loop, as bench's ranks gather it and rank 0 judges it
+(gpucheck.bench.pace). Plain data, no torch."""
 
 from __future__ import annotations
 

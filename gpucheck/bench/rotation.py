@@ -1,18 +1,6 @@
-"""CPU ranks take turns on the node's cores during the timed loop.
-
-Why: on a shared or virtual machine one core can compute 20-30% slower than another
-for tens of seconds (a busy neighbour on its host's hyperthread sibling: invisible from
-inside a VM, and not steal time, so CPU time counts it). A CPU rank left on that core
-is slower for its whole loop and reads as a straggler, while a rank that really is 15%
-slower can hide on the fast core (docs/bench.md, "Stragglers"). Moving every rank
-over every block of cores in lockstep, every `PERIOD_S`, gives each rank the same share
-of each core inside every iteration, so the cores' differences cancel and the ranks'
-remain.
-
-The ranks need not talk to switch together: they read the host's monotonic clock,
-which every process on a host shares, and take block (slot + period number) mod
-blocks. GPU ranks never rotate: each owns its GPU, and CUDA events time the GPU.
-"""
+"""CPU ranks take turns on the node's cores during the timed loop, in lockstep off the
+host's monotonic clock, so a core its host slows weighs on every rank alike
+(docs/bench.md, "Stragglers"). GPU ranks never rotate."""
 
 from __future__ import annotations
 
@@ -55,9 +43,8 @@ class RotationPlan:
 
 def plan_rotation(allowed: Sequence[int], local_rank: int, local_world_size: int,
                   node_cpu_sets: Sequence[str | None]) -> RotationPlan | None:
-    """The plan for a CPU rank, or None when rotating would not be fair or possible:
-    one rank on the node, fewer cores than ranks, or ranks on the node allowed on
-    different CPUs (a launcher bound each to its own: moving it would break that)."""
+    """The plan for a CPU rank; None with one rank on the node, fewer cores than ranks,
+    or ranks bound to different CPUs by a launcher."""
     if local_world_size < 2 or len(set(node_cpu_sets)) != 1 or None in node_cpu_sets:
         return None
     size = len(allowed) // local_world_size
@@ -69,8 +56,8 @@ def plan_rotation(allowed: Sequence[int], local_rank: int, local_world_size: int
 
 
 class CoreRotation:
-    """While active, a thread moves every thread of this process to the plan's block
-    at each switch; on exit every thread gets its CPUs back. No plan: does nothing."""
+    """While active, a thread moves every thread of this process to the plan's block at
+    each switch; on exit they get their CPUs back. No plan: does nothing."""
 
     def __init__(self, plan: RotationPlan | None) -> None:
         self.plan = plan
@@ -102,8 +89,6 @@ class CoreRotation:
             self._move_to(self.plan.block_at(time.monotonic()))
 
     def _move_to(self, cpus: Sequence[int]) -> None:
-        """Every thread of the process (the compute threads, and the others so they do
-        not disturb the rank on the other block)."""
         for tid in _thread_ids():
             try:
                 os.sched_setaffinity(tid, cpus)

@@ -3,7 +3,6 @@ straggler it is (gpucheck.bench.pace; docs/bench.md, "Stragglers")."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping
 
 from gpucheck import subject
@@ -29,9 +28,8 @@ CHECK = "bench.rank.straggler"
 
 def straggler_findings(records: tuple[RankRecord, ...], summary: BenchSummary,
                        causes: Mapping[int, str] | None = None) -> list[Finding]:
-    """WARN per straggler, saying its kind; `causes` maps a rank to why it was slow (say,
-    the fault watcher's "in HW thermal slowdown 40% of the timed loop"), appended to its
-    WARN."""
+    """WARN per straggler, saying its kind; `causes`: why a rank was slow (the fault
+    watcher's words), appended to its WARN."""
     if summary.n_ranks < 2:
         return [ok(CHECK, f"not judged: {summary.judged}")]
     if summary.judged != "yes":
@@ -42,12 +40,11 @@ def straggler_findings(records: tuple[RankRecord, ...], summary: BenchSummary,
     findings = []
     for rank in summary.stragglers:
         record, pace = by_rank[rank], paces[rank]
-        loop = _loop_vs_others(record, records)
         stalled = straggler_kind(pace, summary.threshold) == HOST_STALL
         if stalled:
-            message, hint = _host_message(record, pace, loop), HOST_HINT
+            message, hint = _host_message(record, pace), HOST_HINT
         else:
-            message, hint = _device_message(record, pace, loop), _device_hint(record)
+            message, hint = _device_message(record, pace), _device_hint(record)
         why = f"; {causes[rank]}" if causes and causes.get(rank) else ""
         # The host-stall kind is data for the action (fix-config), not words in the message.
         findings.append(warn(CHECK, message + why, hint=hint, subject=rank_subject(record),
@@ -61,8 +58,7 @@ def straggler_findings(records: tuple[RankRecord, ...], summary: BenchSummary,
 
 
 def _look(pace: RankPace, threshold: float) -> SecondLook | None:
-    """The second look at a suspect (its loop run again), as data: its whole loop's
-    ratio to the other ranks' the first time and again (judged over both loops); None
+    """A suspect's second look as data: its loop's ratio the first time and again; None
     for a rank whose loop kept pace."""
     if not suspect(pace, threshold):
         return None
@@ -76,9 +72,8 @@ def _look(pace: RankPace, threshold: float) -> SecondLook | None:
 
 
 def _cleared(record: RankRecord, pace: RankPace, threshold: float) -> Finding:
-    """An OK that keeps the second look of a suspect not named: over both loops it kept
-    within the bar (a hiccup, a noisy machine), or, with one loop, only one stall held
-    the job back."""
+    """An OK keeping the look of a suspect not named (within the bar over both loops, or
+    one stall only)."""
     bar = hold_back_bar(pace, threshold)
     if pace.again is not None and pace.both is not None:
         how = (f"{pace.again:.2f}x when the loop ran again, {pace.both:.2f}x over both "
@@ -97,15 +92,7 @@ def _clock(record: RankRecord) -> str:
     return "GPU time" if record.device.startswith("cuda") else "CPU time"
 
 
-def _loop_vs_others(record: RankRecord, records: tuple[RankRecord, ...]) -> float:
-    """Its whole loop's wall time over the other ranks' median: how long the job waited
-    for it (with two ranks, the median of both would halve the gap)."""
-    others = statistics.median(r.wall_s for r in records if r.rank != record.rank)
-    return record.wall_s / others if others > 0 else 0.0
-
-
-def _device_message(record: RankRecord, pace: RankPace, loop: float) -> str:
-    """The slow-device kind: its device time was slow (and so, mostly, its wall time)."""
+def _device_message(record: RankRecord, pace: RankPace) -> str:
     slower = round(pace.slower_share * record.iters)
     what = "GPU" if record.device.startswith("cuda") else "CPU"
     wall = ("" if not record.iter_wall_ms else
@@ -114,7 +101,7 @@ def _device_message(record: RankRecord, pace: RankPace, loop: float) -> str:
             f"{pace.vs_others:.2f}x as long as the other ranks at the same moments in "
             f"{_clock(record)} (median over {record.iters}; slower in {slower} of them)"
             f"{wall}: a slow {what}, it computed slower; p50 {pace.p50_ms:.4g} ms vs the "
-            f"others' {pace.others_p50_ms:.4g} ms, whole loop {loop:.2f}x the other ranks'"
+            f"others' {pace.others_p50_ms:.4g} ms, whole loop {pace.whole:.2f}x the other ranks'"
             f"{_again_words(pace)}")
 
 
@@ -124,10 +111,8 @@ def _again_words(pace: RankPace) -> str:
     return f", {pace.again:.2f}x when run again, {pace.both:.2f}x over both loops"
 
 
-def _host_message(record: RankRecord, pace: RankPace, loop: float) -> str:
-    """The host kind: it held the job back in wall time, yet computed at the others' pace.
-    What it cost the job first (the loop), then the typical iteration, which tells a stall
-    spread over every iteration from long stops that leave most of them untouched."""
+def _host_message(record: RankRecord, pace: RankPace) -> str:
+    """What it cost the job first (the loop), then its typical iteration."""
     slower = round(pace.wall_slower_share * record.iters)
     waited = f"the others waited {pace.waited_ms / 1e3:.3g} s for it at the end barriers"
     if pace.again is not None and pace.both is not None:  # named over both loops
@@ -142,7 +127,7 @@ def _host_message(record: RankRecord, pace: RankPace, loop: float) -> str:
             f"{cost}, its typical iteration "
             f"{pace.wall_vs_others:.2f}x (median over {record.iters}; slower in {slower} of "
             f"them), yet {pace.vs_others:.2f}x in {_clock(record)}: its host did not run "
-            f"it part of the time; whole loop {loop:.2f}x the other ranks'")
+            f"it part of the time; whole loop {pace.whole:.2f}x the other ranks'")
 
 
 def _no_straggler_message(records: tuple[RankRecord, ...], summary: BenchSummary) -> str:
@@ -182,6 +167,5 @@ HOST_HINT = ("the rank computed at the others' pace but was not running part of 
 
 
 def rank_subject(record: RankRecord) -> Subject:
-    """"rank 3", with its host, node and physical GPU as fields."""
     return subject.rank(record.rank, host=record.host, node=record.node_rank,
                         gpu=record.nvml_index, bus_id=record.pci_bus_id)

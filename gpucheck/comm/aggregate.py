@@ -1,20 +1,6 @@
-"""Bandwidth arithmetic and verdicts for the comm sweep: pure functions, no torch.
-
-Definitions follow nccl-tests (doc/PERFORMANCE.md, "Summary", and each test's
-`GetBw` in src/*.cu), with GB = 1e9 bytes. `size_bytes` is the per-rank buffer: what
-each rank passes in (all_reduce, all_gather, all_to_all, broadcast) or gets back
-(reduce_scatter). The data size S that algbw = S / time counts:
-- all_reduce: the buffer; busbw = algbw x 2(n-1)/n.
-- all_gather: the gathered output, n x size_bytes; busbw = algbw x (n-1)/n.
-- reduce_scatter: the reduced input, n x size_bytes (each rank's output is one of its
-  n chunks); busbw = algbw x (n-1)/n.
-- all_to_all: the buffer (n chunks, one per peer; rounded down to a multiple of n
-  elements); busbw = algbw x (n-1)/n.
-- broadcast (from rank 0): the buffer; busbw = algbw (all data leaves the root).
-- send/recv (pairwise): bandwidth = bytes sent / time, one direction.
-`time` is the slowest rank's mean time per operation: every rank's timings are
-gathered and the slowest one reported, never an average that hides it.
-"""
+"""Bandwidth arithmetic and the pairwise verdicts of the comm sweep, as nccl-tests
+defines algbw and busbw (GB = 1e9; docs/comm.md, "Columns"): pure functions, no torch.
+`time` is the slowest rank's mean time per operation, never an average that hides it."""
 
 from __future__ import annotations
 
@@ -49,10 +35,8 @@ ONE_RANK_BUSBW = ("one rank: no data crosses a link, so there is no bus bandwidt
 
 
 def bus_factor(collective: str, world_size: int) -> float | None:
-    """busbw / algbw: how much each link must carry for the algorithm to be optimal
-    (nccl-tests doc/PERFORMANCE.md, "Summary"). None on one rank: a collective there
-    moves nothing between GPUs (NCCL's 1-rank all_reduce returned in 17 us at 1 GiB on
-    an H100, "32 TB/s"), and a bus figure would only print that no-op as a speed."""
+    """busbw / algbw (nccl-tests doc/PERFORMANCE.md); None on one rank, where nothing
+    crosses a link."""
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}")
     if world_size <= 1:
@@ -130,10 +114,8 @@ Samples = dict[Pair, list[float]]
 
 
 def samples_by_node(pairs: Sequence[Mapping[str, Any]]) -> dict[ClassKey, Samples]:
-    """Each pair's repeated samples (one sample for rows without repeats), per node (by
-    the sender's node rank) and path class (`path`, from gpucheck.probes.topology: pairs
-    across a bridge, switch or socket are slower by design, so each is compared with
-    its own kind)."""
+    """Each pair's repeats by the sender's node and path class (pairs across a bridge,
+    switch or socket are slower by design: each is compared with its own kind)."""
     by_class: dict[ClassKey, Samples] = {}
     for p in pairs:
         samples = list(p.get("samples_gbps") or [p["bandwidth_gbps"]])
@@ -166,9 +148,8 @@ def rank_pair(pair: Pair) -> subject.Subject:
 def pair_findings(pairs: Sequence[Mapping[str, Any]], threshold: float,
                   names: Mapping[int, str], again: Sequence[Mapping[str, Any]] | None = None,
                   device: str = "cuda") -> list[Finding]:
-    """Per node: WARN for each pair resolvably slower than `threshold` x its node's
-    reference, with its second look (`again`: the re-measured pairs; None when the run
-    ended first); a SKIP for pairs too noisy to judge (gpucheck.peers.eliminate)."""
+    """Per node: WARN each pair resolvably below `threshold` x its node's reference, with
+    its second look (`again`; None when the run ended first); SKIP pairs too noisy to judge."""
     second = {(int(p["src"]), int(p["dst"])): list(p["samples_gbps"]) for p in again or []}
 
     def name(rank: int) -> str:
@@ -216,8 +197,7 @@ def _slow_pair(pair: Pair, look: SecondLook, suspects: Suspects, samples: Sequen
 
 def _noisy(node: int, suspects: Suspects, pairs: Sequence[Mapping[str, Any]],
            threshold: float, name: Callable[[int], str]) -> Finding:
-    """Below the threshold, but no further below the median than repeated timings of
-    one pair spread: the measurement cannot tell a slow pair from noise here."""
+    """Below the threshold, but no further below the median than one pair's repeats spread."""
     listed = ", ".join(f"{name(a)} -> {name(b)}" for a, b in suspects.noisy[:4])
     size = _figure(pairs, suspects.noisy[0]).get("size_bytes")
     return skip("comm.pairwise.slow_pair", f"node {node}: too noisy to judge at {size} bytes: "

@@ -42,12 +42,9 @@ class NodeSuspects(Suspects):
 
 
 def spread_cut(healthy: Samples, fabric: float = FABRIC_FRACTION) -> tuple[float, float]:
-    """(reference, cut): the median typical figure of `healthy`, and the fraction of it
-    a slow figure is below: `fabric`, or 1 - the healthy pairs' own spread when that
-    is larger. Their spread is the larger of how far the lowest pair's typical figure
-    sits below the reference (between pairs) and how far a pair's lowest repeat
-    falls below its own typical figure, the median over the pairs (within a pair:
-    the median, so one pair's stray repeat does not set it)."""
+    """(reference, cut): the median typical figure of `healthy`, and `fabric`, or 1 - the
+    healthy pairs' own spread (between pairs, or a pair's lowest repeat below its typical
+    figure, the median over pairs) when that is larger."""
     typicals = [typical(s) for s in healthy.values() if s]
     if not typicals:
         return 0.0, fabric
@@ -61,8 +58,7 @@ def spread_cut(healthy: Samples, fabric: float = FABRIC_FRACTION) -> tuple[float
 
 
 def below_almost_all(mine: Sequence[float], healthy: Sequence[float], stray: int) -> bool:
-    """Is every reading of `mine` below every healthy reading but the `stray` lowest?
-    (Never with no more healthy readings than that: nothing would be left to judge by.)"""
+    """Every reading of `mine` below every healthy reading but the `stray` lowest."""
     if not mine or len(healthy) <= stray:
         return False
     return max(mine) < sorted(healthy)[stray]
@@ -70,8 +66,7 @@ def below_almost_all(mine: Sequence[float], healthy: Sequence[float], stray: int
 
 def _slow_direction(samples: Samples, pairs: Sequence[Pair], healthy: Samples,
                     fabric: float, stray: int) -> bool:
-    """Every pair below the cut x the healthy pairs' median, and their readings below
-    almost every healthy reading."""
+    """Every pair below the cut x the healthy median, and below almost every healthy reading."""
     if not pairs or not healthy:
         return False
     reference, cut = spread_cut(healthy, fabric)
@@ -82,8 +77,8 @@ def _slow_direction(samples: Samples, pairs: Sequence[Pair], healthy: Samples,
 
 
 def slow_nodes(samples: Samples, fabric: float = FABRIC_FRACTION) -> dict[int, str]:
-    """Nodes every one of whose pairs in one direction is slow against the pairs
-    without them: "sending", "receiving" or "both" ways."""
+    """Nodes all of whose pairs one way are slow against the pairs without them:
+    "sending", "receiving" or "both"."""
     found: dict[int, str] = {}
     for m in sorted({m for pair in samples for m in pair}):
         without = {p: s for p, s in samples.items() if m not in p}
@@ -99,9 +94,8 @@ def slow_nodes(samples: Samples, fabric: float = FABRIC_FRACTION) -> dict[int, s
 
 def find_node_suspects(samples: Samples, pair_threshold: float,
                        fabric: float = FABRIC_FRACTION) -> NodeSuspects:
-    """The slow nodes (at the fabric's cut) and node pairs (a pair of no suspect node:
-    `eliminate` at `pair_threshold`, as before), the cut the nodes were judged
-    at, and the known-good pairs to measure again beside them."""
+    """The slow nodes (at the fabric's cut), the slow node pairs of no suspect node
+    (`eliminate` at `pair_threshold`), and the known-good pairs to measure beside them."""
     if not samples:
         return NodeSuspects(0.0, 0.0, cut=fabric)
     members = slow_nodes(samples, fabric)
@@ -124,8 +118,7 @@ def find_node_suspects(samples: Samples, pair_threshold: float,
 
 def _references(samples: Samples, slow: Sequence[Pair], members: Mapping[int, str],
                 reference: float) -> tuple[Pair, ...]:
-    """The known-good pair nearest the reference (no suspect end) and its reverse when
-    that is good too; none when nothing is slow."""
+    """The known-good pair nearest the reference, with its reverse when good too."""
     good = sorted(p for p in samples if p not in slow and not set(p) & set(members))
     chosen = known_good({p: typical(samples[p]) for p in good}, (), reference) \
         if slow else None
@@ -137,15 +130,9 @@ def _references(samples: Samples, slow: Sequence[Pair], members: Mapping[int, st
 
 def both_ends(links: Sequence[Mapping[str, Any]],
               sent: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Each received link with what its sender timed of it (NCCL; gloo sends none).
-
-    On NCCL a rank's sends and receives are one group, and the group's time covers
-    both: a receiver's figure is held down by its own sends too, so a node that takes
-    its receives in slowly made the link *into the node before it* (which sends to it)
-    read slow. Each repeat's figure is therefore the faster of the receiver's and the
-    sender's group time (the higher GB/s): both groups carried the link, so each time
-    bounds it, and only the link's own slowness slows both. The two ends' figures stay
-    in `received_gbps` and `sent_gbps`."""
+    """Each received link with what its sender timed of it (NCCL; gloo sends none): each
+    repeat is the faster of the two ends' group times, both of which carried the link
+    (docs/comm.md, "Between nodes")."""
     by_link = {(x["src"], x["dst"], x["round"]): x["sent_gbps"] for x in sent}
     merged = []
     for link in links:
@@ -193,9 +180,8 @@ def node_samples(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[int, int], lis
 
 
 def shared_node(slow_pairs: Sequence[tuple[int, int]]) -> int | None:
-    """The node in more than half of the slow pairs, and in more than any other node;
-    None with fewer than two slow pairs (one pair cannot tell its two ends apart).
-    Used for one rail's slow links; node pairs use elimination (`internode_findings`)."""
+    """The node in more than half of the slow pairs and more than any other node; None
+    with fewer than two slow pairs."""
     if len(slow_pairs) < 2:
         return None
     counts: dict[int, int] = {}
@@ -220,9 +206,8 @@ def internode_findings(rows: Sequence[Mapping[str, Any]], threshold: float,
                        labels: Mapping[int, str],
                        again: Sequence[Mapping[str, Any]] | None = None,
                        device: str = "cuda") -> list[Finding]:
-    """The suspect node by elimination (at the fabric's cut), and each slow node pair,
-    each with its second look (`again`: the re-measured links; None when the run ended
-    first); see gpucheck.comm.internode_verdicts and gpucheck.peers for the rules."""
+    """The suspect node by elimination and each slow node pair, each with its second look
+    (`again`: the re-measured links; None when the run ended first)."""
     if not rows:
         return []
     first = node_samples(rows)
@@ -248,8 +233,7 @@ def internode_findings(rows: Sequence[Mapping[str, Any]], threshold: float,
 
 
 def _cut(pair: Pair, suspects: NodeSuspects, threshold: float) -> float:
-    """The fraction a pair was judged at: a suspect node's cut for its pairs, the
-    pair rule's threshold for a pair slow on its own."""
+    """A suspect node's cut for its pairs; the pair rule's threshold for a lone pair."""
     mine = any(directed(pair, m, way) for m, way in suspects.members.items())
     return suspects.cut if mine else threshold
 
@@ -257,9 +241,8 @@ def _cut(pair: Pair, suspects: NodeSuspects, threshold: float) -> float:
 def _node_pair_look(pair: Pair, first: Mapping[Pair, Sequence[float]],
                     again: Mapping[Pair, Sequence[float]] | None, suspects: NodeSuspects,
                     threshold: float, labels: Mapping[int, str]) -> SecondLook:
-    """A slow node pair's second look at the cut it was found at: its typical
-    re-measured repeat against the typical figure of the known-good pairs measured beside it (or
-    the first measurement's reference, with none of those)."""
+    """A slow node pair's typical re-measured repeat against the known-good pairs
+    measured beside it (or the first reference, with none)."""
     bound = rate_bound(_cut(pair, suspects, threshold))
     if again is None:
         return second_look(typical(first[pair]), None, suspects.reference, (), bound, GBPS,
@@ -276,8 +259,7 @@ def _node_pair_look(pair: Pair, first: Mapping[Pair, Sequence[float]],
 def _node_finding(node: int, way: str, suspects: NodeSuspects,
                   looks: Mapping[Pair, SecondLook], labels: Mapping[int, str],
                   device: str) -> Finding:
-    """The suspect node, its look made of its slow pairs' (each at the cut it was found
-    at): confirmed when every one is slow again, not measured again when any was not."""
+    """The suspect node, its look combined from its slow pairs'."""
     mine = [look for pair, look in looks.items() if directed(pair, node, way)]
     words = {"sending": "it sends on", "receiving": "it receives on", "both": "it is in"}[way]
     text = (f"{labels[node]}: every node pair {words} is below {suspects.cut:.2g} x the "
@@ -291,8 +273,8 @@ def _node_finding(node: int, way: str, suspects: NodeSuspects,
 
 def slow_rails(links: Sequence[Mapping[str, Any]],
                threshold: float) -> tuple[float | None, list[Mapping[str, Any]]]:
-    """(the median rail link, the rail links below `threshold` x it); none with one
-    rail per node (a rail is then its node pair, judged by `internode_findings`)."""
+    """(the median rail link, the rail links below `threshold` x it); none with one rail
+    per node (a rail is then its node pair)."""
     if max((link["rail"] for link in links), default=0) < 1:
         return None, []
     peers = against_median({i: float(x["bandwidth_gbps"]) for i, x in enumerate(links)},
@@ -302,11 +284,8 @@ def slow_rails(links: Sequence[Mapping[str, Any]],
 
 def rail_exchanges(links: Sequence[Mapping[str, Any]],
                    threshold: float) -> list[tuple[int, int]]:
-    """The node pairs to measure again for the slow rails (each once, unordered): every
-    slow rail link's two nodes, and one node pair none of whose rail links was slow
-    (known good), when there is one. The other rails of a slow link's node pair run
-    with it (all rails at once, as in the rounds) and are known good when they were
-    not slow the first time."""
+    """The node pairs (unordered) to measure again for the slow rails, with one known-good
+    node pair when there is one."""
     _, slow = slow_rails(links, threshold)
     if not slow:
         return []
@@ -326,8 +305,8 @@ def _link(link: Mapping[str, Any]) -> Pair:
 
 def _rail_look(link: Mapping[str, Any], slow: Sequence[Mapping[str, Any]],
                again: Sequence[Mapping[str, Any]] | None, threshold: float) -> SecondLook:
-    """A slow rail link's second look: its best re-measured figure against the median
-    of the re-measured rail links that were not slow the first time (known good)."""
+    """A slow rail link's best re-measured figure against the re-measured links that were
+    not slow the first time."""
     first, bound = float(link["bandwidth_gbps"]), rate_bound(threshold)
     if again is None:
         return second_look(first, None, None, (), bound, GBPS, "the run ended first")
@@ -344,10 +323,8 @@ def rail_findings(links: Sequence[Mapping[str, Any]], threshold: float,
                   labels: Mapping[int, str],
                   again: Sequence[Mapping[str, Any]] | None = None,
                   device: str = "cuda") -> list[Finding]:
-    """WARN each rail link below `threshold` x the median rail link, with its second
-    look (`again`: the re-measured links), and the node a rail's slow links share (its
-    NIC on that rail). Only with 2+ rails per node: with one rail, a rail is its node
-    pair and `internode_findings` says it all."""
+    """WARN each rail link below `threshold` x the median rail link, with its second look,
+    and the node a rail's slow links share. Only with 2+ rails per node."""
     reference, slow_links = slow_rails(links, threshold)
     if reference is None:
         return []
@@ -366,9 +343,8 @@ def rail_findings(links: Sequence[Mapping[str, Any]], threshold: float,
 
 def _rail_nodes(slow_links: Sequence[Mapping[str, Any]], looks: Sequence[SecondLook],
                 labels: Mapping[int, str], device: str) -> list[Finding]:
-    """The node most of one rail's slow links share: its NIC on that rail. A suspect
-    with no second figure of its own: a majority confirms nothing, so a rerun (no
-    look), or an OK keeping its links' looks when every one was fine again."""
+    """The node most of one rail's slow links share (its NIC on that rail): a rerun, or
+    the links' looks when one was unstable."""
     findings = []
     for rail in sorted({x["rail"] for x in slow_links}):
         mine = [(x, look) for x, look in zip(slow_links, looks, strict=True)

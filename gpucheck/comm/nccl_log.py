@@ -1,18 +1,11 @@
-"""The transport NCCL really used, read from NCCL's own init log: pure functions.
-
-Each rank, on the NCCL backend and only when the user has not set NCCL_DEBUG, gets
-NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET (keeps it short) and NCCL_DEBUG_FILE in
-a folder of its own (NCCL expands %h to the host and %p to the pid). After the sweep
-the rank reads its own file (its node's view: the files of other nodes are not
-reachable from the reporting rank), lists /sys/class/infiniband, and sends both in
-its result. The lines read:
+"""The transport NCCL really used, read from each rank's own NCCL init log (NCCL_DEBUG=INFO
+to a file per rank, when the user has not set NCCL_DEBUG) and its node's InfiniBand
+devices (docs/comm.md, "NCCL transport per rank"). The lines read:
 
     NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE ; OOB eth0:10.0.0.1<0>
     NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>
     NCCL INFO Using network IB
-    NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM
-    NCCL INFO Channel 00/0 : 1[1] -> 2[0] [send] via NET/IB/0/GDRDMA
-"""
+    NCCL INFO Channel 00/0 : 1[1] -> 2[0] [send] via NET/IB/0/GDRDMA"""
 
 from __future__ import annotations
 
@@ -43,8 +36,8 @@ _VIA = re.compile(r"NCCL INFO Channel .* via (\S+)")
 
 
 def nccl_debug_env(environ: Mapping[str, str], log_dir: str, backend: str) -> dict[str, str]:
-    """The variables a rank gets so NCCL logs its transport: none off NCCL, none when
-    the user set NCCL_DEBUG (theirs is left alone; the transport is then not read)."""
+    """The variables that make NCCL log its transport: none off NCCL or when the user set
+    NCCL_DEBUG."""
     if backend != "nccl" or "NCCL_DEBUG" in environ:
         return {}
     return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
@@ -102,11 +95,8 @@ def bad_interface(name: str) -> bool:
 
 
 def _uses_sockets(t: Transport) -> bool:
-    """Sockets carry the traffic between nodes: NCCL says so ("Using network Socket", a
-    channel via NET/Socket), or its log names socket interfaces and nothing else. Some
-    logs have no "Using network" line (older NCCL, a log cut short, channels not logged
-    yet); NCCL tries its IB transport before sockets (src/net.cc), so a NET/Socket line
-    with no IB device and no other network means sockets."""
+    """Sockets carry the traffic between nodes: NCCL says so, or its log names socket
+    interfaces and nothing else (NCCL tries IB before sockets, src/net.cc)."""
     if t.network == "Socket" or "NET/Socket" in t.via:
         return True
     other_net = any(kind.startswith("NET/") for kind in t.via)
@@ -115,9 +105,7 @@ def _uses_sockets(t: Transport) -> bool:
 
 
 def network_name(t: Transport) -> str | None:
-    """The network this rank sends over between nodes: NCCL's own word, else what its
-    log shows (NET/Socket interfaces alone: Socket; IB devices or NET/IB channels: IB);
-    None when the log names none."""
+    """The network between nodes: NCCL's own word, else what its log shows; None."""
     if t.network:
         return t.network
     if _uses_sockets(t):
@@ -128,8 +116,7 @@ def network_name(t: Transport) -> str | None:
 
 
 def rank_findings(label: Subject, t: Transport, ib_sysfs: Sequence[str]) -> list[Finding]:
-    """One rank's WARNs for traffic between nodes (call only with 2+ nodes); `label`:
-    the rank's subject, its words the messages' first."""
+    """One rank's WARNs for traffic between nodes (only with 2+ nodes)."""
     findings = []
     if _uses_sockets(t) and ib_sysfs:
         findings.append(warn(
@@ -158,8 +145,7 @@ def transport_of(data: Mapping[str, Any]) -> Transport:
 
 def transport_view(entries: Sequence[Mapping[str, Any]], labels: Mapping[int, str],
                    backend: str, nodes: int) -> tuple[dict[str, Any], list[Finding]]:
-    """The section's data and findings from every rank's entry:
-    {rank, state ("read", "user_nccl_debug", "no_log"), transport, ib_sysfs}."""
+    """The section's data and findings from every rank's `TransportEntry` dict."""
     if backend != "nccl":
         return {"transport": f"n/a ({backend}): only NCCL logs its transport"}, []
     read = [e for e in entries if e["state"] == "read"]
@@ -200,7 +186,7 @@ def _networks_said(transports: Sequence[Transport]) -> str:
 @contextlib.contextmanager
 def nccl_logging(backend: str) -> Iterator[str | None]:
     """Set the NCCL_DEBUG variables for this process (restored after); yield the log
-    folder, or None when nothing was set (gloo, or the user's own NCCL_DEBUG)."""
+    folder, or None when nothing was set."""
     if not nccl_debug_env(os.environ, "/", backend):
         yield None
         return

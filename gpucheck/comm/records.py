@@ -1,12 +1,6 @@
-"""The records comm's ranks send to rank 0, as frozen dataclasses, and rank 0's reading of
-them back (`read_comm`). Plain data, no torch: the ranks build them
-(gpucheck.comm.pairwise), the report (gpucheck.comm.report) reads them.
-
-They cross as plain dicts (what `all_gather_object` carries and rank 0's partial results
-file holds), so the report's JSON keeps its shape; rank 0 reads each one back with
-`gpucheck.records.read`, and a row that does not read is left out of the verdicts and
-named in a `comm.rank_record` finding, never a crash.
-"""
+"""The records comm's ranks send to rank 0 (as plain dicts, so the report's JSON keeps
+its shape) and rank 0's reading of them back: a row that does not read is left out of
+the verdicts and named in a `comm.rank_record` finding, never a crash."""
 
 from __future__ import annotations
 
@@ -39,9 +33,8 @@ class PairRow:
 
 @dataclass(frozen=True)
 class LinkRow:
-    """One rail link between two nodes in one round (gpucheck.comm.internode), as its
-    receiver measured it; on NCCL with what its sender timed of it merged in
-    (`internode_verdicts.both_ends`: `received_gbps`, `sent_gbps`)."""
+    """One rail link between two nodes in one round, as its receiver measured it (NCCL:
+    with its sender's figures merged in, `internode_verdicts.both_ends`)."""
 
     round: int | str  # the round's shift, or "again" (a second look)
     src_node: int
@@ -88,8 +81,7 @@ def _without_none(row: dict[str, Any], optional: tuple[str, ...]) -> dict[str, A
 
 @dataclass(frozen=True)
 class TransportEntry:
-    """What one rank read of NCCL's init in its own log (gpucheck.comm.nccl_log.rank_entry):
-    `transport` is `Transport` as a dict when `state` is "read"."""
+    """What one rank read of NCCL's init log; `transport` (a `Transport` dict) when read."""
 
     rank: int
     state: str  # "read", "user_nccl_debug", "no_log"
@@ -106,8 +98,7 @@ class TransportEntry:
 
 @dataclass(frozen=True)
 class CommRank:
-    """One entry of the results' roll of ranks, as the report reads it (the rank's check-in,
-    gpucheck.distributed.checkin.RankInfo; every other key kept in the raw entry)."""
+    """One entry of the roll of ranks, as the report reads it."""
 
     rank: int
     node_rank: int
@@ -161,8 +152,7 @@ def _mapping(value: object) -> Mapping[str, Any]:
 
 
 def read_back(result: Mapping[str, Any], records: CommRecords) -> dict[str, Any]:
-    """`result` with every per-rank list replaced by the records of it that read (as the
-    dicts they crossed as): what the verdicts, tables and metrics then read."""
+    """`result` with every per-rank list replaced by its records that read."""
     out = dict(result)
     out["ranks"] = list(records.entries)
     pairwise, again = result.get("pairwise"), result.get("nodes_again")
