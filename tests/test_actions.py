@@ -167,19 +167,14 @@ def test_fixed_list_is_the_one_the_kernel_log_and_fault_watcher_write() -> None:
 
 @pytest.mark.parametrize(("check", "status", "cause", "action"), [
     ("torch.probe", "FAIL", None, "rerun"),  # how it ended beats the torch.* namespace
-    ("torch.cudnn", "WARN", None, "fix-config"),
     ("comm.all_reduce.correct", "FAIL", None, "drain-node"),
     ("comm.broadcast.busbw_baseline", "FAIL", None, "rerun"),
     ("bench.interrupted", "FAIL", None, "rerun"),
     ("stress.checkin", "FAIL", None, "fix-config"),
-    ("stress.gemm.peers", "WARN", None, "drain-node"),
-    ("stress.gemm.expected", "WARN", None, "fix-config"),
     ("stress.sdc.agreement", "FAIL", None, "drain-node"),
     ("stress.sdc.agreement", "FAIL", "all_alike", "fix-config"),
-    ("stress.sdc.agreement", "WARN", None, "rerun"),
     ("driver.nvml", "FAIL", None, "fix-config"),
     ("driver.nvml", "FAIL", "needs_reset", "reset-gpu"),
-    ("driver.nvml", "WARN", None, "fix-config"),
 ])
 def test_the_most_specific_declaration_decides(check: str, status: str, cause: str | None,
                                                action: str) -> None:
