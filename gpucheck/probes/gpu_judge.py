@@ -17,7 +17,7 @@ FABRIC_HINT = ("start the fabric manager: systemctl start nvidia-fabricmanager (
                "nvidia-fabricmanager, and nvidia-smi -q | grep -A3 Fabric")
 
 
-# The NVML failures driver.nvml acts on (gpucheck/checks/env.py).
+# The NVML failures driver.nvml acts on (gpucheck/checks/node.py).
 _DRIVER_CAUSES = ("gpu_lost", "needs_reset", "timed_out", "no_answer")
 
 

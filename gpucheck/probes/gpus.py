@@ -33,7 +33,7 @@ __all__ = ["BAD_CLOCK_REASONS", "CLOCK_REASONS", "DriverInfo", "GpuRecord", "Nvm
            "probe_nvml"]
 
 
-# The NVML failures gpu.topology acts on (gpucheck/checks/gpu.py).
+# The NVML failures gpu.topology acts on (gpucheck/checks/node.py).
 _TOPOLOGY_CAUSES = ("timed_out", "no_answer")
 
 
