@@ -1,36 +1,7 @@
-"""Timing collectives (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast)
-on one rank, and checking their results.
-
-Every rank: warm up, synchronise the device, pass a barrier, start the clock (CUDA
-events on GPU, perf_counter on CPU), run `iters` operations, stop. On NCCL the start
-is aligned on the device (`rendezvous`): ranks leave a host barrier up to ~1 ms apart,
-so the clock starts only once an untimed all_reduce has joined every rank's stream.
-The buffers are float32; the timed buffers are zeros (so repeated sums stay finite),
-then one more call on a rank-specific pattern counts the wrong elements.
-
-How the `iters` operations run depends on the backend (`time_batch`):
-- NCCL: back to back, as nccl-tests does. Every op is launched with `async_op=True`,
-  the current stream is made to wait on each (`block_current_stream`), the stop event
-  is recorded, and only then does the host poll the handles and the stop event
-  (`deadline.settle`, every 2 ms, the command's timeout at most): the time is the
-  events', so the poll costs nothing, and a silent peer ends in `DeadlinePassed`, not
-  in a wait only NCCL's watchdog ends minutes later (`Work.wait()` without blocking
-  wait only makes the stream wait; an event's `synchronize()` returns when the
-  watchdog aborts).
-- gloo (and anything else): one op at a time, each waited before the next. gloo runs
-  async ops on a thread pool, so back-to-back ops could overlap and overstate the
-  bandwidth; its synchronous op already returns when the op is done.
-
-Why the device-side start (NCCL): the barrier is a 2 ms poll on the host, so the ranks
-leave it up to ~2 ms apart. A rank that started its clock
-when it left would count the wait for the last rank inside its first op, and the
-slowest rank (the one reported) is the early one: at 64 KiB a 20-op batch lasts well
-under 1 ms, so the gap alone read 3-5x slow. An untimed 1-element all_reduce first,
-the current stream made to wait on it, then the start event: the event fires when
-that all_reduce ends, which is when every rank has joined it, on every rank within a
-hop's latency. nccl-tests gets the same effect from MPI_Barrier's tight spin
-(src/common.cu, BenchTime).
-"""
+"""Timing collectives (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast) on
+one rank and checking their results: on NCCL back to back from a start aligned on the
+device, polled under gpucheck's deadline; on gloo one op at a time (docs/comm.md, "How
+it measures")."""
 
 from __future__ import annotations
 
@@ -112,9 +83,7 @@ class Work(Protocol):
 
 
 def started(work: Work | None) -> Work:
-    """The handle of a collective launched with `async_op=True`. torch types some of
-    them `Work | None` (None is the blocking call's answer); an async launch without a
-    handle would leave nothing to wait on, so it is an error, not a silent pass."""
+    """The handle of an `async_op=True` launch; None (torch's type allows it) is an error."""
     if work is None:
         raise RuntimeError("torch.distributed returned no Work handle for an async_op call")
     return work
@@ -150,8 +119,7 @@ class NullClock:
 
 
 def make_clock(device: str) -> Clock:
-    """CUDA events on the current stream (polled under gpucheck's deadline by
-    `time_batch`), else perf_counter: for ops done when their `wait()` returns."""
+    """CUDA events on the current stream (polled by `time_batch`), else the host clock."""
     return Marks(device)
 
 
@@ -165,18 +133,10 @@ def back_to_back() -> bool:
 def time_batch(launches: Sequence[Callable[[], Work]], clock: Clock,
                back_to_back: bool, wait_s: float,
                align: Callable[[], Work] | None = None) -> float:
-    """Seconds for running every launch once, in order; each returns its op's handle.
-
-    Back to back: `align`'s untimed op first when given (the current stream made to
-    wait on it, so the start mark fires only once it has ended), start mark, every
-    launch (polling the op MAX_IN_FLIGHT launches back only past that many), the
-    current stream made to wait on every op, end mark, then the host polls every op
-    and the end mark for at most `wait_s` (`deadline.settle`: a silent peer raises
-    `DeadlinePassed`), then `wait()` raises an op's own error, then
-    `clock.span_s()`. The end mark is on the stream before the host polls, so the
-    poll's latency is not counted. Otherwise each op is waited before the next is
-    launched (gloo's own timeout bounds it), and the end mark follows the last wait.
-    """
+    """Seconds for running every launch once, in order (each returns its op's handle).
+    Back to back: `align`'s untimed op, start mark, every launch, the stream made to wait
+    on every op, end mark, then the host polls for at most `wait_s` (`deadline.settle`).
+    Otherwise each op is waited before the next and the end mark follows the last wait."""
     if not back_to_back:
         clock.begin()
         for launch in launches:
@@ -213,10 +173,8 @@ def rendezvous(device: str) -> Callable[[], Work]:
 
 def time_op(launch: Callable[[], Work], iters: int, warmup: int, device: str,
             wait_s: float) -> float:
-    """Mean seconds per op, started together with the other ranks: after a barrier,
-    and on NCCL after an untimed all_reduce on the stream (`rendezvous`). Every host
-    wait on NCCL is bounded by `wait_s` (the warm-up's ops are polled to completion,
-    so the device synchronisation after them waits on nothing of NCCL's)."""
+    """Mean seconds per op, started together with the other ranks (a barrier, and on
+    NCCL an untimed all_reduce on the stream); host waits bounded by `wait_s`."""
 
     in_a_row = back_to_back()
     time_batch([launch] * warmup, NullClock(), in_a_row, wait_s)
@@ -228,9 +186,8 @@ def time_op(launch: Callable[[], Work], iters: int, warmup: int, device: str,
 
 
 def element_count(collective: str, size_bytes: int, world: int) -> int:
-    """float32 elements of the per-rank buffer `size_bytes` names. all_to_all splits
-    it into `world` equal chunks, so its count is rounded down to a multiple of the
-    world size (nccl-tests rounds its count per peer down the same way)."""
+    """float32 elements of the per-rank buffer; all_to_all's rounded down to a multiple of
+    the world size (as nccl-tests does)."""
     count = max(size_bytes // ELEMENT_BYTES, 1)
     if collective == "all_to_all":
         return max(count // world, 1) * world
@@ -238,10 +195,8 @@ def element_count(collective: str, size_bytes: int, world: int) -> int:
 
 
 def _torch_op(current: str, older: str) -> Callable[..., Any]:
-    """torch.distributed's current name for an op, or the older one where this torch
-    predates it: torch 2.14 deprecates all_gather_into_tensor and reduce_scatter_tensor
-    (a FutureWarning on every call) for all_gather_single and reduce_scatter_single,
-    which torch before 2.14 does not have."""
+    """torch.distributed's current name for an op (torch 2.14's all_gather_single,
+    reduce_scatter_single), or the older one where torch predates it."""
     import torch.distributed as dist
 
     op: Callable[..., Any] = getattr(dist, current, None) or getattr(dist, older)
@@ -284,8 +239,7 @@ def _all_gather(count: int, rank: int, world: int, where: str) -> Case:
 
 
 def _reduce_scatter(count: int, rank: int, world: int, where: str) -> Case:
-    """Each rank gets back `count` elements: the sum of every rank's chunk of its input
-    (world x count elements, the nccl-tests "size")."""
+    """Each rank gets back `count` elements: the sum of every rank's chunk of its input."""
     import torch
 
     scatter = _torch_op("reduce_scatter_single", "reduce_scatter_tensor")
@@ -331,9 +285,8 @@ CASES: dict[str, Callable[[int, int, int, str], Case]] = {
 
 def measure(collective: str, size_bytes: int, iters: int, warmup: int,
             device: str, wait_s: float) -> RankTiming:
-    """Time one collective at one size on this rank and count wrong elements: the
-    timed buffers hold zeros, then one more call on a rank-specific pattern, its
-    host wait bounded as the timed batch's (`wait_s`)."""
+    """Time one collective at one size on this rank, then count wrong elements of one
+    more call on a rank-specific pattern."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -1,37 +1,7 @@
-"""Node-to-node bandwidth in parallel rounds, rail by rail.
-
-Round r (1 .. N-1) pairs node i with node (i + r) mod N: every node sends to node
-i + r and receives from node i - r at the same time, so N nodes need N - 1 rounds
-(not N^2 steps) and every ordered node pair is measured exactly once. Traffic is
-bidirectional because that is what all_reduce does to a node's links.
-
-All rails of a node pair run at once (local rank k of node i sends to local rank k
-of node i + r, for every k): that is what a real job puts on the node's NICs, and a
-node-pair figure is the sum of its rails. Each rail's own figure is kept too, so a
-single slow rail (NIC) still shows, although rails that share a NIC or a PCIe switch
-are measured under their real contention, not in isolation.
-
-Each link is timed apart from what its receiver sends, so slowness lands on the
-links of the node that has it. gloo: the receiver times its receives alone (a
-barrier, then from posting them to the last one done, waited on a helper thread
-while its sends go one at a time), so a slow sender shows on its own outgoing links
-only. NCCL: the sends and receives of a rank are one group (separate groups on one
-stream would deadlock in a ring), whose end waits for both directions; every rank
-times its group (CUDA events from a start aligned on the device: an untimed
-one-element exchange with the same peers first, `_exchange_nccl`) and reports it both
-for the link it received on and for the link it sent on. Both groups carried the
-link, so each time bounds it: a link's figure is the faster of its two ends'
-(`internode_verdicts.both_ends`). A node slow to receive slows its own group and its
-senders' groups, but not the groups of those senders' own senders: the link into
-the node before it reads its true rate from that link's sender.
-Each link is timed `repeats` times in a row, every repeat after a barrier (without
-it a rank held up by a slow peer would start its next sends late and make its own
-receivers read slow); the repeats' spread is the measurement's noise.
-
-Then the second look (`run_internode`): the slow node pairs, and a suspect node's
-pairs, are measured again, one node pair at a time, beside a pair of known-good
-nodes (gpucheck.peers.eliminate; the verdicts are in gpucheck.comm.internode_verdicts).
-"""
+"""Node-to-node bandwidth in N - 1 parallel rounds (round r: node i sends to node i + r
+and receives from i - r), all rails at once, each link timed so that slowness lands on
+the node that has it; then the slow node pairs measured again beside known-good ones
+(docs/comm.md, "Between nodes")."""
 
 from __future__ import annotations
 
@@ -65,10 +35,8 @@ GB = 1e9
 
 def round_schedule(nodes: int, shifts: Sequence[int] | None = None,
                    ) -> list[list[tuple[int, int]]]:
-    """Round r (1 .. nodes-1): every node i sends to (i + r) mod nodes. With `shifts`,
-    only those rounds (each below `nodes`, once): a constant number of rounds whatever
-    the node count (`gpucheck preflight` runs shifts 1 and 2), enough to find one slow
-    node by elimination (gpucheck.peers.eliminate), not every pair."""
+    """Round r (1 .. nodes-1): every node i sends to (i + r) mod nodes; with `shifts`,
+    only those rounds (preflight's constant number of rounds)."""
     wanted = range(1, nodes) if shifts is None else \
         sorted({s for s in shifts if 0 < s < nodes})
     return [[(i, (i + r) % nodes) for i in range(nodes)] for r in wanted]
@@ -113,28 +81,16 @@ def _batch(peers: tuple[int | None, int | None], out: Any, into: Any,
 
 def _exchange_nccl(peers: tuple[int | None, int | None], out: Any, into: Any, iters: int,
                    device: str, wait_s: float) -> float:
-    """NCCL: one group of every send and receive, timed on the device from an aligned
-    start: an untimed one-element exchange with the same peers first, the stream made
-    to wait on it, then the start event (`collectives.time_batch`'s `align`). Without
-    it the clock started when this rank left the barrier (a 1 ms host poll under
-    blocking wait) and counted the wait for its sender; with it the start event fires
-    once the sender has joined. The group ends when both its directions have: its time
-    covers this rank's receives and its sends (`Exchange`)."""
+    """NCCL: one group of every send and receive, timed on the device from a start
+    aligned by an untimed one-element exchange with the same peers."""
     flag_out, flag_in = out[:1].clone(), into[:1].clone()
     return time_batch([_batch(peers, out, into, iters)], make_clock(device), True, wait_s,
                       _batch(peers, flag_out, flag_in, 1))
 
 
 class Exchange(NamedTuple):
-    """One timed exchange on one rank: seconds until its receives were done, and
-    seconds that cover its sends (None: no receive, or no send, or not timed).
-
-    gloo times the receives alone (on a helper thread) and leaves `sent_s` None: a
-    gloo send is done when its bytes are handed over, not when they arrived. NCCL
-    cannot end a receive apart from the sends of its group (separate groups on one
-    stream deadlock in a ring), so both are the group's time: each covers the link,
-    and a link's figure is the faster of its two ends' (`internode_verdicts.both_ends`).
-    """
+    """One timed exchange on one rank: seconds until its receives were done, and seconds
+    that cover its sends (None: none, or gloo, whose sends end when handed over)."""
 
     received_s: float | None
     sent_s: float | None
@@ -143,8 +99,8 @@ class Exchange(NamedTuple):
 def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: int,
               device: str, delay_s: float, recv_delay_s: float = 0.0, *,
               wait_s: float) -> Exchange:
-    """Send `iters` buffers to `me_send` while receiving as many from `me_recv`; on NCCL
-    the host waits at most `wait_s` (gloo's own timeout bounds its waits)."""
+    """Send `iters` buffers to `me_send` while receiving as many from `me_recv`; NCCL's
+    host waits bounded by `wait_s`."""
     import torch
     import torch.distributed as dist
 
@@ -177,8 +133,7 @@ def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: 
 
 
 def _wait_all(works: Sequence[Any], ended: list[float], delay_s: float = 0.0) -> None:
-    """Wait on every work (the test hook's `delay_s` before each: a slow receiver);
-    append the time (nothing when a wait raised)."""
+    """Wait on every work (the test hook's delay before each); append the time."""
     for work in works:
         if delay_s:
             time.sleep(delay_s)
@@ -192,9 +147,8 @@ Samples = tuple[list[float] | None, list[float] | None]  # GB/s received, sent p
 def _samples(peers: tuple[int | None, int | None], size_bytes: int, iters: int,
              device: str, delays: tuple[float, float], repeats: int,
              wait_s: float) -> Samples:
-    """`repeats` timed exchanges in a row: GB/s in each, as this rank received (None:
-    no receive) and as its sends were timed (None: none, or gloo). Their spread is
-    the measurement's own noise (gpucheck.peers.eliminate)."""
+    """`repeats` timed exchanges, each after a barrier: GB/s as received and as sent
+    (None: no receive, or no timed send)."""
     from gpucheck.distributed.session import barrier
 
     timed = []
@@ -232,9 +186,8 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
                       device: str, repeats: int = 1,
                       shifts: Sequence[int] | None = None,
                       *, ctx: RunContext) -> Measured:
-    """Run every round (or only `shifts`: `round_schedule`); return the links this rank
-    received on, and what it timed of the links it sent on (NCCL only). `ctx.hooks`:
-    tests' slow senders and receivers."""
+    """Run every round (or only `shifts`): the links this rank received on, and what
+    it timed of the links it sent on (NCCL only)."""
     import torch.distributed as dist
 
     from gpucheck.distributed import progress
@@ -269,8 +222,7 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
 
 def _pair_links(node_ranks: Sequence[Sequence[int]], me: int, x: int,
                 y: int) -> tuple[int | None, int | None, tuple[int, int] | None]:
-    """This rank's (send peer, receive peer, (rail, src)) in an exchange of nodes x and
-    y both ways at once, all rails; Nones for a rank of neither node."""
+    """This rank's (send peer, receive peer, (rail, src)) in an exchange of nodes x and y."""
     for here, there in ((x, y), (y, x)):
         if me in node_ranks[here]:
             to = {s: d for _, s, d in rail_links(node_ranks, here, there)}
@@ -282,9 +234,8 @@ def _pair_links(node_ranks: Sequence[Sequence[int]], me: int, x: int,
 def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple[int, int]],
                   size_bytes: int, iters: int, device: str, repeats: int,
                   *, ctx: RunContext) -> Measured:
-    """The second look: each exchange (node x <-> node y, all rails, both ways at once,
-    as in the rounds) alone, a barrier of all ranks around each; the links this rank
-    received on and sent on, as `measure_internode` returns them (round "again")."""
+    """The second look: each exchange alone (both ways, all rails), a barrier of all
+    ranks around each; links as `measure_internode` returns them (round "again")."""
     import torch.distributed as dist
 
     from gpucheck.distributed import progress
@@ -315,8 +266,7 @@ def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple
 
 
 def exchanges_for(suspects: Suspects) -> list[tuple[int, int]]:
-    """The node pairs to measure again (unordered, each once): every slow pair's and
-    every known-good reference pair's two nodes."""
+    """The node pairs (unordered) of every slow pair and every known-good reference pair."""
     wanted = {tuple(sorted(p)) for p in (*suspects.pairs, *suspects.references)}
     return sorted((a, b) for a, b in wanted)
 
@@ -325,10 +275,8 @@ def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
                   device: str, threshold: float, repeats: int,
                   shifts: Sequence[int] | None = None,
                   *, ctx: RunContext) -> dict[str, Any]:
-    """The rounds, gathered on every rank; then the slow node pairs (and a suspect
-    node's pairs), and the node pairs of slow rail links, measured again beside
-    known-good ones (gpucheck.comm.internode_verdicts, gpucheck.peers; `rail_exchanges`).
-    Rank 0's list of exchanges is broadcast, so every rank runs the same steps."""
+    """The rounds gathered on every rank; then rank 0's exchanges to measure again (slow
+    node pairs, a suspect node's, slow rail links') broadcast and run."""
     import torch.distributed as dist
 
     links = _gather(measure_internode(roster, size_bytes, iters, device, repeats, shifts,

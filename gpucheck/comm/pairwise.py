@@ -1,18 +1,6 @@
-"""Send/recv bandwidth between every ordered pair of ranks on the same node.
-
-One pair at a time per node (pairs of different nodes run side by side), a barrier
-of all ranks between steps, so no two transfers on a node share the bus. The sender
-times `iters` sends of one buffer plus the receiver's one-element acknowledgement,
-with the same clock and batching as the collectives (`collectives.time_batch`): on
-NCCL every isend/irecv is launched before the first wait, after an untimed one-element
-send from the receiver that the sender's stream waits on before its start event
-(`_align`: the start is aligned on the device, as the collectives' rendezvous); on
-gloo one at a time, unchanged.
-Each pair is timed `repeats` times after one warm-up: the spread of the repeats is the
-measurement's own noise, which decides what can be judged (gpucheck.peers.eliminate).
-Then the slow pairs are measured again beside a known-good pair of their node, with
-every rank following rank 0's plan (`run_pairwise`).
-"""
+"""Send/recv bandwidth between every ordered pair of ranks on one node: one pair at a
+time per node, timed as the collectives are (`collectives.time_batch`), `repeats`
+times; then the slow pairs measured again beside a known-good pair (docs/comm.md)."""
 
 from __future__ import annotations
 
@@ -55,8 +43,8 @@ DEFAULT_REPEATS = 3
 
 def _side(me: int, src: int, dst: int, buf: Any, ack: Any,
           iters: int, delay_s: float = 0.0) -> list[Callable[[], Work]]:
-    """This rank's launches: `iters` isends then the ack's irecv on the sender, the
-    mirror image on the receiver (so the sender's last op ends after the last byte)."""
+    """This rank's launches: `iters` isends then the ack's irecv on the sender, the mirror
+    image on the receiver."""
     import torch.distributed as dist
 
     if me == src:
@@ -70,12 +58,8 @@ def _side(me: int, src: int, dst: int, buf: Any, ack: Any,
 
 
 def _align(me: int, src: int, dst: int, flag: Any) -> Callable[[], Work]:
-    """The untimed op that aligns a pair's start on the device (NCCL only): the
-    receiver sends one element to the sender. The sender's start event, recorded once
-    its stream has waited on that receive, fires only when the receiver has joined,
-    not when the sender left the host barrier (polled every 1 ms under blocking wait,
-    so the two leave it up to ~1 ms apart; gpucheck.comm.collectives). Sent before the
-    batch on the same pair, so NCCL matches it before the batch's ops, in order."""
+    """The untimed op that aligns a pair's start on the device (NCCL): the receiver sends
+    one element, before the batch, so NCCL matches it first."""
     import torch.distributed as dist
 
     if me == src:
@@ -94,8 +78,7 @@ def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: 
                        repeats: int, again: bool, wait_s: float,
                        hooks: TestHooks = NO_HOOKS) -> list[float]:
     """`repeats` timed batches after one warm-up: GB/s each on the sender, [] on the
-    receiver. Repeats give the measurement's own spread (gpucheck.peers.eliminate);
-    every host wait on NCCL is bounded by `wait_s`."""
+    receiver."""
     import torch
     import torch.distributed as dist
 
@@ -120,9 +103,8 @@ def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: 
 
 
 def sender_paths(roster: Sequence[Mapping[str, Any]], me: int) -> dict[tuple[int, int], str]:
-    """(me, peer) -> the path class between this rank's GPU and each other GPU of its
-    node (NV#, PIX, PXB, PHB, NODE, SYS: gpucheck.probes.topology), read through NVML
-    on this node; {} on CPU ranks or without NVML (the pairs then form one class)."""
+    """(me, peer) -> the path class (NV#, PIX, ... SYS) between this rank's GPU and each
+    other GPU of its node, through NVML; {} on CPU ranks or without NVML."""
     from gpucheck.probes.topology import paths_or_none
 
     mine = next((r for r in roster if int(r["rank"]) == me), None)
@@ -139,9 +121,8 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
                size_bytes: int, iters: int, device: str, repeats: int,
                again: bool, paths: Mapping[tuple[int, int], str] | None = None,
                *, ctx: RunContext) -> list[dict[str, Any]]:
-    """Each step's pairs side by side (one per node), a barrier of all ranks between
-    steps; the rows of the pairs this rank sent from (with their path class when
-    `paths` has it)."""
+    """Each step's pairs side by side (one per node), a barrier between steps; the rows
+    this rank sent."""
     import torch.distributed as dist
 
     me = dist.get_rank()
@@ -167,8 +148,7 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
 def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                   device: str, repeats: int = 1, again: bool = False,
                   *, ctx: RunContext) -> list[dict[str, Any]]:
-    """Run the schedule; return the pairs this rank sent from ({src, dst, node_rank, ...}).
-    `again`: a second look (a slow node's pairs, gpucheck.comm.looks)."""
+    """Run the schedule; the rows this rank sent. `again`: a second look."""
     import torch.distributed as dist
 
     node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
@@ -178,9 +158,8 @@ def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
 
 
 def second_look_steps(plans: Mapping[Any, Suspects]) -> list[list[tuple[int, int]]]:
-    """Per node: each path class's known-good reference pair(s), then its slow pairs,
-    one after the other (plans keyed by node, or by (node, path class)); nodes side
-    by side, so no two pairs of one node ever share its bus."""
+    """Per node: each path class's known-good pair(s), then its slow pairs, one after the
+    other; nodes side by side."""
     by_node: dict[int, list[tuple[int, int]]] = {}
     for key, plan in sorted(plans.items()):
         node = key[0] if isinstance(key, tuple) else key
@@ -194,9 +173,8 @@ def second_look_steps(plans: Mapping[Any, Suspects]) -> list[list[tuple[int, int
 def run_pairwise(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                  device: str, repeats: int, threshold: float,
                  *, ctx: RunContext) -> dict[str, Any]:
-    """Measure every pair, gather them on every rank, then measure the slow ones again
-    beside a known-good pair. Every rank computes the same plan from the same gathered
-    rows, and rank 0's copy is broadcast, so all ranks run the same steps."""
+    """Measure every pair, gather them everywhere, then measure the slow ones again beside
+    a known-good pair, following rank 0's plan."""
     node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
     pairs = gather_rows(measure_pairs(roster, size_bytes, iters, device, repeats,
                                       ctx=ctx), ctx)

@@ -98,8 +98,8 @@ def _pairwise_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
 
 
 def _nodes_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section | None:
-    """Per node: its ranks, median intra-node pair bandwidth, slowest all_reduce time;
-    a slow node confirmed or not by its second look (gpucheck.comm.looks)."""
+    """Per node: its ranks, median pair bandwidth and slowest all_reduce time, with the
+    slow node verdict and its second look."""
     ranks = result["ranks"]
     if len(group_by_node(ranks)) < 2:
         return None
@@ -178,8 +178,8 @@ def faults_of(result: Mapping[str, Any]) -> Section:
 
 
 def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section]:
-    """Setup, one section per collective, pairwise, nodes (when several), between nodes
-    (skipped on one node), the NCCL transport, faults."""
+    """Setup, each collective, pairwise, nodes (several), between nodes, the NCCL
+    transport, faults."""
     if "collectives" not in result:  # failed before the first size: rank 0's watch only
         return [faults_of(result)]
     # Every rank's record read back first (gpucheck.comm.records): the sections below
