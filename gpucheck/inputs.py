@@ -16,6 +16,7 @@ import errno
 import gzip
 import json
 import os
+import re
 import stat
 import zlib
 from collections.abc import Iterator
@@ -135,9 +136,19 @@ def parse_json(data: bytes) -> Any:
     printing or saving it would fail far from here. JsonProblem for either; the
     json module's own errors (JSONDecodeError, UnicodeDecodeError, RecursionError)
     pass through."""
-    value = json.loads(data, parse_int=_parse_int)
-    _check_strings(value)
+    # Both checks cost a call per value: made only where the bytes could hold what they
+    # look for (a run of 21 digits; a \\u escape of a surrogate, D800-DFFF). UTF-16 or
+    # -32 (NULs in the first bytes, as json detects them) is always checked.
+    wide = b"\x00" in data[:4]
+    long_digits = wide or b"0" * (MAX_INT_DIGITS + 1) in data.translate(_DIGITS_AS_0)
+    value = json.loads(data, parse_int=_parse_int) if long_digits else json.loads(data)
+    if wide or _SURROGATE_ESCAPE.search(data):
+        _check_strings(value)
     return value
+
+
+_DIGITS_AS_0 = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))  # "0" or " "
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def _check_strings(value: Any) -> None:

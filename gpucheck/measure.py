@@ -137,14 +137,19 @@ class Metric:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Metric:
-        if not isinstance(raw, Mapping):
+        if type(raw) is not dict and not isinstance(raw, Mapping):
             raise TypeError(f"a metric is an object, not {type(raw).__name__}")
         name, unit, subject = raw.get("name"), raw.get("unit"), raw.get("subject")
         if not isinstance(name, str) or not isinstance(unit, str):
             raise TypeError("a metric's 'name' or 'unit' is not a string")
-        return cls(name, unit, Better(raw.get("better")), _number(raw.get("value")),
+        better = raw.get("better")
+        known = _BETTER.get(better) if isinstance(better, str) else None
+        return cls(name, unit, known or Better(better), _number(raw.get("value")),
                    Subject.from_dict(subject) if subject is not None else None,
                    _optional(raw.get("spread")))
+
+
+_BETTER = {b.value: b for b in Better}  # a dict: Better(value) costs a call per metric
 
 
 def _number(value: object) -> float:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import datetime as _dt
 import socket
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gpucheck import __version__
 from gpucheck.actions import ACTIONS, Action, Status
@@ -96,38 +96,36 @@ class Finding:
         """A finding as `to_dict` wrote it. The stored action is kept (a report is a
         record: it says what was decided when it was made); a WARN or FAIL without
         one is damaged (schema 3 writes it on every one)."""
-        for key in ("check", "message", "hint", "action", "cause"):
-            _require_text(raw, key, optional=key not in ("check", "message"))
-        fields, look = raw.get("subject_fields"), raw.get("look")
-        status = Status(raw["status"])
-        action = raw.get("action")
+        said = raw.get("status") if isinstance(raw, dict) else None
+        status = _STATUS_OF.get(said) if isinstance(said, str) else None
+        check = raw.get("check") if status is not None else None
+        if not isinstance(check, str):
+            raise TypeError("has no check id or a status other than "
+                            f"{', '.join(sorted(_STATUS_OF))}")
+        message, hint, action, cause = (raw.get("message"), raw.get("hint"),
+                                        raw.get("action"), raw.get("cause"))
+        if not isinstance(message, str):
+            raise TypeError("'message' is not a string")
+        for key, value in (("hint", hint), ("action", action), ("cause", cause)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{key!r} is {type(value).__name__}, not a string")
         if action is None and status in (Status.WARN, Status.FAIL):
-            raise ValueError(f"{raw['check']}: a {status.value} without an action")
-        return _stored(cls, check=raw["check"], status=status, message=raw["message"],
-                       hint=raw.get("hint"), action=action, cause=raw.get("cause"),
-                       subject=Subject.from_dict(fields) if fields is not None
-                       else _text_or_none(raw.get("subject")),
-                       look=SecondLook.from_dict(look) if look is not None else None)
-
-
-def _text_or_none(value: object) -> Subject | None:
-    """The subject of a finding stored without fields (a name, not a place: see
-    `gpucheck.subject.text`): its words only."""
-    if value is not None and not isinstance(value, str):
-        raise TypeError(f"'subject' is {type(value).__name__}, not a string")
-    return text(value) if value is not None else None
-
-
-def _stored(cls: type[Finding], **fields: Any) -> Finding:
-    """A finding read back from a report: its stored action kept, its id not looked up
-    (a report of another gpucheck may hold ids this one does not declare)."""
-    if fields["action"] is not None and fields["action"] not in ACTIONS:
-        raise ValueError(f"{fields['check']}: unknown action {fields['action']!r}")
-    finding = object.__new__(cls)
-    for name, value in fields.items():
-        object.__setattr__(finding, name, value)
-    object.__setattr__(finding, "relayed", None)
-    return finding
+            raise ValueError(f"{check}: a {status.value} without an action")
+        if action is not None and action not in ACTIONS:
+            raise ValueError(f"{check}: unknown action {action!r}")
+        fields, look, words = raw.get("subject_fields"), raw.get("look"), raw.get("subject")
+        if words is not None and not isinstance(words, str):
+            raise TypeError(f"'subject' is {type(words).__name__}, not a string")
+        # Read back as stored: the action kept, the id not looked up (a report of
+        # another gpucheck may hold ids this one does not declare).
+        finding = object.__new__(cls)
+        finding.__dict__.update(
+            check=check, status=status, message=message, hint=hint, action=action,
+            cause=cause, relayed=None,
+            subject=Subject.from_dict(fields) if fields is not None
+            else None if words is None else text(words),
+            look=None if look is None else SecondLook.from_dict(look))
+        return finding
 
 
 def ok(check: str, message: str, subject: Subject | None = None, *,
@@ -209,15 +207,37 @@ class Section:
 
     @classmethod
     def from_dict(cls, raw: dict[str, JsonValue]) -> Section:
+        if not isinstance(raw, dict):
+            raise TypeError(f"a section is {type(raw).__name__}, not an object")
         _require_text(raw, "name", optional=False)
         _require_text(raw, "title", optional=False)
-        return cls(
-            name=raw["name"],
-            title=raw["title"],
-            data=dict(raw.get("data") or {}),
-            findings=[Finding.from_dict(f) for f in raw.get("findings") or []],
-            metrics=[_metric(m) for m in _list_of(raw, "metrics")],
-        )
+        data = raw.get("data") or {}
+        if not isinstance(data, dict):
+            raise TypeError("'data' is not an object")
+        return cls(name=raw["name"], title=raw["title"], data=data,
+                   findings=_each(_list_of(raw, "findings"), Finding.from_dict, "findings"),
+                   metrics=_each(_list_of(raw, "metrics"), _metric, "metrics"))
+
+
+_STATUS_OF = {s.value: s for s in Status}
+_T = TypeVar("_T")
+
+
+def _each(items: list[JsonValue], read: Callable[[Any], _T], where: str) -> list[_T]:
+    """`read` of each item; an error names the item ("findings[2]: ...")."""
+    try:
+        return [read(item) for item in items]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        at = next(i for i, item in enumerate(items) if not _reads(read, item))
+        raise ValueError(f"{where}[{at}]: {_said(exc)}") from None
+
+
+def _reads(read: Callable[[Any], object], item: JsonValue) -> bool:
+    try:
+        read(item)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return False
+    return True
 
 
 def _metric(raw: JsonValue) -> Metric:
@@ -344,7 +364,7 @@ class Report:
             return cls._from_checked(raw)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             # A damaged or hostile file: one error type with the cause, not a traceback.
-            raise ReportShapeError(f"{type(exc).__name__}: {str(exc)[:120]}") from None
+            raise ReportShapeError(_said(exc)[:160]) from None
 
     @classmethod
     def _from_checked(cls, raw: dict[str, JsonValue]) -> Report:
@@ -355,7 +375,7 @@ class Report:
             raise TypeError("'argv' is not a list of strings")
         return cls(
             command=raw["command"],
-            sections=[Section.from_dict(s) for s in raw.get("sections") or []],
+            sections=_each(_list_of(raw, "sections"), Section.from_dict, "sections"),
             argv=list(raw.get("argv") or []),
             host=raw.get("host", ""),
             created_at=raw.get("created_at", ""),
@@ -370,7 +390,12 @@ class ReportShapeError(ValueError):
     type (a table replaced by a number, a list where an object belongs)."""
 
     def __init__(self, problem: str) -> None:
+        self.problem = problem
         super().__init__(f"damaged report: {problem}")
+
+
+def _said(exc: Exception) -> str:
+    return f"no {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
 
 
 def _require_text(raw: dict[str, JsonValue], key: str, optional: bool = True) -> None:

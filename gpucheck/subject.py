@@ -27,6 +27,7 @@ class Kind(str, enum.Enum):
 _INT_FIELDS = ("rank", "gpu", "node", "peer")
 _TEXT_FIELDS = ("bus_id", "uuid", "host", "port")
 _FIELDS = ("rank", "gpu", "bus_id", "uuid", "node", "host", "peer", "port", "ranks")
+_FIELD_SET = frozenset(_FIELDS)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -49,7 +50,8 @@ class Subject:
     ranks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", Kind(self.kind))
+        if type(self.kind) is not Kind:
+            object.__setattr__(self, "kind", Kind(self.kind))
         if self.ranks is not None:
             object.__setattr__(self, "ranks", tuple(self.ranks))
 
@@ -108,9 +110,8 @@ class Subject:
         if not isinstance(label, str):
             raise TypeError("a subject's 'label' is not a string")
         values: dict[str, Any] = {}
-        for key in _FIELDS:
-            value = raw.get(key)
-            if value is None:
+        for key, value in raw.items():
+            if value is None or key not in _FIELD_SET:
                 continue
             if key == "ranks":
                 if not isinstance(value, list) or not all(_is_int(r) for r in value):

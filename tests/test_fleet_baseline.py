@@ -24,7 +24,7 @@ from gpucheck.analysis.baseline import (
 from gpucheck.analysis.metrics import metrics_of
 from gpucheck.cli import main
 from gpucheck.measure import Better, Metric
-from gpucheck.report import Status
+from gpucheck.report import Report, Status
 from tests.test_fleet import REPORTS, healthy_fleet, rows_where, section, write_node
 
 HIGHER, LOWER = Better.HIGHER, Better.LOWER
@@ -38,7 +38,7 @@ def save(tmp_path: Path, folder: Path, *extra: str) -> tuple[int, dict[str, Any]
 
 
 def values(folder: Path, name: str) -> list[float]:
-    return sorted(metrics_of(json.loads(p.read_text()))[name].value
+    return sorted(metrics_of(Report.from_dict(json.loads(p.read_text())))[name].value
                   for p in sorted(folder.glob("*.json")))
 
 

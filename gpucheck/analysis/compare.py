@@ -18,8 +18,8 @@ from gpucheck.analysis.metrics import family, judged, metric_order, slot_subject
 from gpucheck.analysis.noise import NOISY, Noise, host_prefixes, judged_threshold, noise_levels
 from gpucheck.measure import Metric
 from gpucheck.peers import shortfall
-from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
-from gpucheck.subject import Kind, Subject, text
+from gpucheck.report import Finding, Section, fail, ok, skip, warn
+from gpucheck.subject import Kind, text
 
 PROBLEMS = ("WARN", "FAIL")
 
@@ -41,7 +41,7 @@ def compare_sections(a: Side, b: Side, threshold: float) -> list[Section]:
 def _inputs_section(a: Side, b: Side) -> Section:
     table = [{"side": name, "file": s.report.path, "host": s.report.host,
               "command": s.report.command, "created_at": s.report.created_at,
-              "gpucheck": s.report.raw.get("tool_version"), "verdict": s.report.verdict}
+              "gpucheck": s.report.report.tool_version, "verdict": s.report.verdict}
              for name, s in (("A", a), ("B", b))]
     return Section("inputs", "Reports compared (B against A)", {"reports": table})
 
@@ -215,29 +215,20 @@ def _missing(table: list[dict[str, Any]]) -> list[Finding]:
 
 # --- findings ----------------------------------------------------------------------
 
-def _subject_of(finding: Mapping[str, Any]) -> Subject | None:
-    """The finding's subject: its fields when the report has them (schema 3), else its
-    words (loading.py has checked both)."""
-    fields, label = finding.get("subject_fields"), finding.get("subject")
-    if isinstance(fields, Mapping):
-        return Subject.from_dict(fields)
-    return text(label) if isinstance(label, str) else None
-
-
-def _subject_key(finding: Mapping[str, Any]) -> str:
+def _subject_key(finding: Finding) -> str:
     """The slot a finding is about: its subject's position ("gpu3", "rank1"), so "GPU 3"
     on two nodes is one slot whatever its bus id and UUID; else the subject's words."""
-    made = _subject_of(finding)
+    made = finding.subject
     if made is None:
         return ""
     return (made.position() if made.kind is not Kind.TEXT else None) or made.label
 
 
-def _problems(side: Side) -> dict[tuple[str, str, str], Mapping[str, Any]]:
-    found: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+def _problems(side: Side) -> dict[tuple[str, str, str], Finding]:
+    found: dict[tuple[str, str, str], Finding] = {}
     for f in side.report.findings:
-        if f["status"] in PROBLEMS:
-            found.setdefault((f["check"], _subject_key(f), f["status"]), f)
+        if f.status.value in PROBLEMS:
+            found.setdefault((f.check, _subject_key(f), f.status.value), f)
     return found
 
 
@@ -247,7 +238,9 @@ def _findings_section(a: Side, b: Side) -> Section:
     gone = [pa[k] for k in sorted(pa.keys() - pb.keys())]
     table = [_change_row("new in B", f) for f in new] + [_change_row("gone in B", f)
                                                           for f in gone]
-    findings = [_new_problem(f) for f in new]
+    findings = [Finding("compare.findings", f.status, f"new in B: {f.check}: {f.message}",
+                        f.hint or "see B's report", f.subject, relayed=f.action)
+                for f in new]
     if not new:
         findings.append(ok("compare.findings", "no WARN or FAIL in B that A did not have"))
     if gone:
@@ -256,14 +249,6 @@ def _findings_section(a: Side, b: Side) -> Section:
                    {"changes": table}, findings)
 
 
-def _change_row(change: str, f: Mapping[str, Any]) -> dict[str, Any]:
-    return {"change": change, "status": f["status"], "check": f["check"],
-            "subject": _subject_key(f) or None, "action": f.get("action"),
-            "message": f.get("message")}
-
-
-def _new_problem(f: Mapping[str, Any]) -> Finding:
-    hint = f.get("hint") if isinstance(f.get("hint"), str) else None
-    return Finding("compare.findings", Status(f["status"]), f"new in B: {f['check']}: "
-                   f"{f.get('message')}", hint or "see B's report", _subject_of(f),
-                   relayed=f["action"])
+def _change_row(change: str, f: Finding) -> dict[str, Any]:
+    return {"change": change, "status": f.status.value, "check": f.check,
+            "subject": _subject_key(f) or None, "action": f.action, "message": f.message}

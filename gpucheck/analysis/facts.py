@@ -16,6 +16,7 @@ from typing import Any
 
 from gpucheck.analysis.metrics import rows, section_kind
 from gpucheck.envfacts import node_facts
+from gpucheck.report import Report, Section
 
 VERSION, HARDWARE, ENVIRONMENT, SETUP = "version", "hardware", "environment", "setup"
 KINDS = (VERSION, HARDWARE, ENVIRONMENT, SETUP)
@@ -39,32 +40,28 @@ class Fact:
     kind: str  # one of KINDS
 
 
-def extract_facts(report: Mapping[str, Any]) -> dict[str, Fact]:
-    """Every fact of `report` (a report's JSON dict), by key, sorted by key."""
-    sections: list[Mapping[str, Any]] = [s for s in report.get("sections") or []
-                                         if isinstance(s, dict)]
-    facts = {"gpucheck version": Fact("gpucheck version", str(report.get("tool_version")),
-                                      VERSION)}
-    facts.update(_env_facts(sections))
-    for section in sections:
-        data = section.get("data")
-        kind = section_kind(section.get("name"))
-        if isinstance(data, dict) and kind in _SETUP:
-            facts.update(_setup_facts(kind, data))
-        if isinstance(data, dict) and kind == "timing":
-            facts.update(_bench_devices(data))
+def extract_facts(report: Report) -> dict[str, Fact]:
+    """Every fact of `report`, by key, sorted by key."""
+    facts = {"gpucheck version": Fact("gpucheck version", str(report.tool_version), VERSION)}
+    facts.update(_env_facts(report.sections))
+    for section in report.sections:
+        kind = section_kind(section.name)
+        if kind in _SETUP:
+            facts.update(_setup_facts(kind, section.data))
+        if kind == "timing":
+            facts.update(_bench_devices(section.data))
     return dict(sorted(facts.items()))
 
 
-def _env_facts(sections: list[Mapping[str, Any]]) -> dict[str, Fact]:
+def _env_facts(sections: list[Section]) -> dict[str, Fact]:
     """envgather's facts, from the first section of each env kind (a combined or
     multi-node report names them "env.driver", "node0.driver")."""
-    first: dict[str, Mapping[str, Any]] = {}
+    first: dict[str, Section] = {}
     for section in sections:
-        first.setdefault(section_kind(section.get("name")), section)
+        first.setdefault(section_kind(section.name), section)
     if not _ENV_KINDS & first.keys():
         return {}
-    plain = {"sections": [{"name": kind, "data": s.get("data") or {}}
+    plain = {"sections": [{"name": kind, "data": s.data}
                           for kind, s in first.items() if kind in _ENV_KINDS]}
     return {key: Fact(key, value, _kind_of(key)) for key, value in node_facts(plain).items()}
 

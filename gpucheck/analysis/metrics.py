@@ -16,7 +16,7 @@ would make one corrected error an outlier. docs/fleet.md lists every name.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from gpucheck.measure import Better, Metric
@@ -26,14 +26,13 @@ from gpucheck.subject import Subject
 JUDGED = (Better.HIGHER, Better.LOWER)
 
 
-def metrics_of(report: Report | Mapping[str, Any]) -> dict[str, Metric]:
-    """Every metric of `report` (a Report, or its JSON dict as compare and fleet read
-    it), by key, sorted; the first of two with one key wins (a gathered env report
-    names each node's GPUs alike). A damaged metric raises TypeError, ValueError or
-    KeyError: the loader names the file."""
+def metrics_of(report: Report) -> dict[str, Metric]:
+    """Every metric of `report` by key, sorted; the first of two with one key wins (a
+    gathered env report names each node's GPUs alike)."""
     found: dict[str, Metric] = {}
-    for metric in _all(report):
-        found.setdefault(metric.key(), metric)
+    for section in report.sections:
+        for metric in section.metrics:
+            found.setdefault(metric.key(), metric)
     return {k: found[k] for k in sorted(found, key=metric_order)}
 
 
@@ -45,13 +44,6 @@ def metric_order(key: str) -> tuple[str, int, str]:
     if not at or not digits or digits > 18:  # a size, not a forged run of digits
         return (key, -1, "")
     return (name, int(rest[:digits]), rest[digits:])
-
-
-def _all(report: Report | Mapping[str, Any]) -> Iterable[Metric]:
-    if isinstance(report, Report):
-        return [m for s in report.sections for m in s.metrics]
-    return [Metric.from_dict(raw) for s in rows(report.get("sections"))
-            for raw in s.get("metrics") or []]
 
 
 def position(metric: Metric) -> str | None:

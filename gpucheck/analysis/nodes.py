@@ -164,10 +164,8 @@ def finding_reasons(node: NodeReport, shadowed: bool = False) -> list[Reason]:
     wanted = ("FAIL",) if shadowed else ("WARN", "FAIL")
     where = f"in {node.report.path} (not the judged report): " if shadowed else ""
     for f in node.report.findings:
-        if f["status"] in wanted:
-            hint = f.get("hint") if isinstance(f.get("hint"), str) else None
-            subject = f.get("subject") if isinstance(f.get("subject"), str) else None
-            reasons.append(Reason(node.node, f["status"], str(f["action"]),
-                                  f["check"], where + str(f.get("message", "")), subject,
-                                  node.command, hint))
+        if f.status.value in wanted:
+            reasons.append(Reason(node.node, f.status.value, str(f.action), f.check,
+                                  where + f.message, None if f.subject is None else f.subject.label,
+                                  node.command, f.hint))
     return reasons

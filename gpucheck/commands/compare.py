@@ -7,11 +7,10 @@ worse than A beyond --threshold, so it works as a regression gate in CI.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from gpucheck.analysis.compare import Side, compare_sections
-from gpucheck.analysis.facts import extract_facts
 from gpucheck.analysis.loading import LoadedReport, ReportError, load_report
-from gpucheck.analysis.metrics import metrics_of
 from gpucheck.analysis.nodes import newest_created_at
 from gpucheck.analysis.options import fraction
 from gpucheck.context import RunContext
@@ -60,9 +59,8 @@ def _shared(a: LoadedReport, b: LoadedReport) -> tuple[LoadedReport, LoadedRepor
 
 def _part(report: LoadedReport, command: str) -> LoadedReport:
     """An `all` report's sections of one command, its metrics and facts read again."""
-    raw = dict(report.raw, sections=[s for s in report.sections
-                                     if str(s.get("name", "")).split(".", 1)[0] == command])
-    return LoadedReport(report.path, raw, metrics_of(raw), extract_facts(raw))
+    sections = [s for s in report.sections if s.name.split(".", 1)[0] == command]
+    return LoadedReport.of(report.path, dataclasses.replace(report.report, sections=sections))
 
 
 def _load(path: str) -> LoadedReport:

@@ -19,13 +19,7 @@ from gpucheck.analysis.baseline import (
     load_baseline,
 )
 from gpucheck.analysis.fleet import DEFAULT_MAD_K, DEFAULT_THRESHOLD, FleetOptions, fleet_sections
-from gpucheck.analysis.loading import (
-    LoadedReport,
-    ReadBudget,
-    ReportError,
-    load_report,
-    report_paths,
-)
+from gpucheck.analysis.loading import load_reports, report_paths
 from gpucheck.analysis.nodes import Fleet, Unused, group_reports, newest_created_at
 from gpucheck.analysis.options import fraction, positive
 from gpucheck.commands.options import positive_float, positive_int
@@ -133,14 +127,8 @@ def _own_outputs(args: argparse.Namespace) -> list[str]:
 
 def _read(paths: list[str]) -> Fleet:
     """Every readable report; the others are listed. Exit 2 only when none is readable."""
-    loaded: list[LoadedReport] = []
-    unreadable: list[Unused] = []
-    budget = ReadBudget()  # every file together, not only each alone
-    for path in paths:
-        try:
-            loaded.append(load_report(path, budget))
-        except ReportError as exc:
-            unreadable.append(Unused(exc.path, exc.problem))
+    loaded, errors = load_reports(paths)
+    unreadable = [Unused(e.path, e.problem) for e in errors]
     if not loaded and not unreadable:
         raise UsageError("no report to judge: the only input is this run's own output file")
     if not loaded:

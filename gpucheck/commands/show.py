@@ -13,7 +13,7 @@ import argparse
 
 from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
-from gpucheck.report import Report, ReportShapeError, SchemaVersionError
+from gpucheck.report import Report
 
 HELP = ("render a saved JSON report (of any command) as text, Markdown, HTML, one line "
         "or Prometheus text")
@@ -33,13 +33,9 @@ def load_shown(path: str) -> Report:
     from gpucheck.analysis.loading import ReportError, load_report
 
     try:
-        loaded = load_report(path)
+        return load_report(path).report
     except ReportError as exc:
         raise UsageError(f"{exc}; give a JSON report written with -o FILE.json") from None
-    try:
-        return Report.from_dict(dict(loaded.raw))
-    except (ReportShapeError, SchemaVersionError) as exc:
-        raise UsageError(f"{path}: {exc}") from None
 
 
 def exit_code(report: Report, args: argparse.Namespace) -> int:

@@ -78,7 +78,8 @@ def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:
     all-OK sections stay narrow."""
     with_action = any(f.action for f in findings)
     return [{"status": f.status.value, **({"action": f.action or ""} if with_action else {}),
-             "check": f.check, "subject": f.subject.label if f.subject else "", "message": message_words(f),
+             "check": f.check, "subject": f.subject.label if f.subject else "",
+             "message": message_words(f),
              "hint": hint_words(f) or ""} for f in findings]
 
 
