@@ -1,10 +1,6 @@
-"""What the metric producers (`{bench,comm,stress,probes}/metrics.py`) share: reading a
-number out of a worker's record, a spread from two figures, a rank as a subject, and
-attaching metrics to the section they describe.
-
-Floor 1 beside `measure` and `subject`: imports only those two (the sections are any
-object with `name` and `metrics`, so `report` stays above it).
-"""
+"""What metric producers share: a whole number out of a worker's record, ranks as
+subjects, and metrics attached to the section they describe. Imports only `subject`
+and `measure` (a section is any object with `name` and `metrics`)."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ from typing import Any, Protocol
 from gpucheck import subject
 from gpucheck.measure import Metric
 from gpucheck.subject import Subject
-from gpucheck.units import number as number  # comm/metrics.py imports it from here until it goes
+from gpucheck.units import number
 
 
 class HasMetrics(Protocol):
@@ -34,36 +30,25 @@ def relative_spread(high: Any, low: Any) -> float | None:
     return top / bottom - 1
 
 
-def gpu_words(row: Mapping[str, Any]) -> str | None:
-    """The GPU a rank used, as its record says it: stress's `gpu` label, else the NVML
-    index and bus id bench and comm keep; None for a CPU rank."""
-    if isinstance(row.get("gpu"), str):
-        return str(row["gpu"])
-    index = whole(row.get("nvml_index"))
-    if index is None:
-        return None
-    bus = row.get("pci_bus_id")
-    return f"GPU {index} (bus {bus})" if bus else f"GPU {index}"
-
-
 def rank_subjects(ranks: Iterable[Mapping[str, Any]]) -> dict[int, Subject]:
-    """Each rank as a subject: labelled by its GPU when it has one (the words compare
-    and fleet name a slot by), with the GPU's index, bus id and host as fields."""
+    """Each rank as a subject labelled by its GPU when it has one (stress's `gpu`
+    words, else "GPU <nvml_index> (bus <pci_bus_id>)"), the GPU's index, bus id and
+    host as fields; of two rows of one rank, the longer label wins."""
     found: dict[int, Subject] = {}
     for row in ranks:
-        number_ = whole(row.get("rank"))
-        if number_ is None:
+        number = whole(row.get("rank"))
+        if number is None:
             continue
-        label = gpu_words(row)
-        bus = row.get("pci_bus_id")
-        host = row.get("host")
-        made = subject.rank(number_, label, gpu=whole(row.get("nvml_index")),
+        index, bus, host = whole(row.get("nvml_index")), row.get("pci_bus_id"), row.get("host")
+        label = row["gpu"] if isinstance(row.get("gpu"), str) else None if index is None \
+            else f"GPU {index} (bus {bus})" if bus else f"GPU {index}"
+        made = subject.rank(number, label, gpu=index,
                             bus_id=bus if isinstance(bus, str) else None,
                             host=host if isinstance(host, str) else None,
                             node=whole(row.get("node_rank")))
-        known = found.get(number_)
+        known = found.get(number)
         if known is None or len(made.label) > len(known.label):
-            found[number_] = made
+            found[number] = made
     return found
 
 
