@@ -1,12 +1,6 @@
-"""Text that a terminal shows and never obeys: the one escaping every layer may use.
-
-Renderers use it through gpucheck/render/safe.py; stderr lines (cli, failures) use
-it directly, since a message can quote a host name, a file name or a report field.
-C0/C1 control characters (ESC starts colour, clear-screen and OSC title or
-hyperlink sequences, ECMA-48; BEL; 0x9b is an 8-bit CSI), DEL, Unicode
-bidirectional overrides (CVE-2021-42574, "Trojan Source") and lone surrogates are
-written as Python-style escapes (`\\x1b`, `\\n`, `\\u202e`): a newline in a field
-cannot start a forged line of a report, and stdout never fails to encode.
+"""Text that a terminal shows and never obeys, for every layer (renderers through
+render/safe.py; stderr lines directly): C0/C1 controls, DEL, bidi overrides
+(CVE-2021-42574) and lone surrogates written as Python escapes (`\\x1b`, `\\n`).
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ def _escape_one(match: re.Match[str]) -> str:
 
 
 def terminal(value: object) -> str:
-    """`value` as text that a terminal shows and never obeys (see the module doc)."""
+    """`value` as text that a terminal shows and never obeys."""
     text = value if isinstance(value, str) else str(value)
     if text.isascii() and text.isprintable():  # the usual case, at C speed
         return text
@@ -40,10 +34,8 @@ _ASCII = str.maketrans({"…": "...", "—": "-", "–": "-", "×": "x", "≥": 
 
 
 def encodable(text: str, encoding: str | None) -> str:
-    """`text` as a stream in `encoding` can write it (a terminal in a latin-1 or C
-    locale, PYTHONIOENCODING=ascii): gpucheck's own "…" as "...", any other character
-    the encoding lacks as a Python escape, so printing a report never raises
-    UnicodeEncodeError and loses it."""
+    """`text` as a stream in `encoding` can write it (a C locale, PYTHONIOENCODING=ascii):
+    "…" as "...", any other missing character as an escape, never UnicodeEncodeError."""
     if text.isascii():
         return text
     try:

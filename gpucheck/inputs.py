@@ -1,13 +1,6 @@
-"""Reading files given on the command line: regular files only, never unbounded.
-
-Every report file (compare, fleet's files and directories, --baseline) and the
---kernel-log file is opened here. What they name comes from other machines or a
-careless command line: a FIFO with no writer blocks `open()` forever, `/dev/zero`
-or `/dev/urandom` never ends, and a few kilobytes of gzip can inflate to
-gigabytes. So: the file is opened without blocking (O_NONBLOCK: opening a FIFO
-returns at once), refused unless `fstat` says it is a regular file, and read up
-to a cap; gzip is inflated up to a cap too. Errors are `InputError`, an OSError
-whose `strerror` says what is wrong in words a person can act on.
+"""Reading files given on the command line (reports, baselines, kernel logs): regular
+files only (opened O_NONBLOCK, checked by fstat), read and inflated up to a cap; errors
+are `InputError` in words a person can act on (README, "Trust boundaries").
 """
 
 from __future__ import annotations
@@ -46,12 +39,8 @@ def _kind(mode: int) -> str:
 
 
 def open_regular(path: str, follow: bool = True) -> BinaryIO:
-    """`path` open for reading in binary, once `fstat` says it is a regular file.
-
-    Opened with O_NONBLOCK, then checked on the open descriptor (no race with a
-    rename), so a FIFO or a device is refused before any read could block. With
-    `follow=False` a symlink is refused too (O_NOFOLLOW: ELOOP), for files gpucheck
-    keeps itself (the health state), which are never links."""
+    """`path` open for reading in binary once `fstat` says it is a regular file (a FIFO
+    never blocks: O_NONBLOCK); `follow=False` refuses a symlink too."""
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     if not follow:
         flags |= os.O_NOFOLLOW

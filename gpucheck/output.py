@@ -1,21 +1,6 @@
-"""Writing files: atomically, never through a link, never where another user can reach.
-
-Every file gpucheck writes (reports, baselines, the exclude file, the run directory's
-files) goes through `write_atomic`. gpucheck runs as root on cluster nodes, where a
-careless `-o` or another user's plant must not turn into damage:
-- the last component is never resolved: a symlink there is refused (another user's
-  `exclude.txt -> /root/victim.conf` in a folder they can write would make root
-  overwrite the victim; `realpath` then `os.replace` bypasses protected_symlinks);
-- a file is written as a temp file in the same folder (O_EXCL | O_NOFOLLOW, through
-  the folder's descriptor, so the folder cannot be swapped between check and write),
-  then renamed over the name: no half file, and a link planted since is replaced,
-  never followed;
-- as root, no folder on the path that another user can write (unless sticky, like
-  /tmp), and none that another user owns;
-- a character device (`/dev/null`, a terminal) or an open descriptor (`/dev/stdout`,
-  `/dev/fd/N`: `-o /dev/stdout >> cron.log`) is written as a stream, never renamed
-  over: the log keeps what it had. A FIFO, a socket, a block device are refused.
-An existing file keeps its mode (a 0600 report stays 0600) and, as root, its owner.
+"""Writing files: atomically, never through a link, never where another user can reach
+(as root); a device or an open descriptor (`-o /dev/stdout`) as a stream. Every file
+gpucheck writes goes through `write_atomic` (README, "Trust boundaries").
 """
 
 from __future__ import annotations
@@ -33,8 +18,7 @@ _OPEN_FD = re.compile(r"/(?:dev/(?:std(out|err)|fd/(\d+))|proc/self/fd/(\d+))")
 
 
 class WriteError(UsageError):
-    """The file could not be written (a full disk, a vanished directory): exit 2.
-    The CLI still shows the report on stdout, so a long run's results are not lost."""
+    """The file could not be written (a full disk): exit 2, the report still shown."""
 
 
 def _kind(mode: int) -> str:
@@ -69,24 +53,28 @@ def others_may_write(info: os.stat_result) -> str | None:
 
 
 def _unsafe_folder(dfd: int, folder: str) -> str | None:
-    """As root: why `folder` (open as `dfd`) or a folder above it is not safe to write
-    in, or None. Checked on the path as given (a link in it must be root's, in a safe
-    folder) and on the real path, then matched against the open descriptor."""
+    """As root: why `folder` (open as `dfd`) or one above it is not safe to write in,
+    on the path as given and the real path, matched against the descriptor; or None."""
     if os.geteuid() != 0:
         return None
     real = os.path.realpath(folder)
     opened, named = os.fstat(dfd), os.stat(real)
     if (opened.st_dev, opened.st_ino) != (named.st_dev, named.st_ino):
         return "changed while it was checked"
-    return _unsafe_chain(os.path.abspath(folder)) or _unsafe_chain(real)
+    return unsafe_chain(os.path.abspath(folder)) or unsafe_chain(real)
 
 
-def _unsafe_chain(path: str) -> str | None:
-    """The first of `path` and the folders above it that another user could change."""
+def unsafe_chain(path: str) -> str | None:
+    """The first of `path` and the folders above it that another user could change
+    (those not made yet are skipped)."""
     while True:
-        info = os.lstat(path)
-        why = (f"is a link made by uid {info.st_uid}" if info.st_uid not in (0, os.geteuid())
-               else None) if stat.S_ISLNK(info.st_mode) else others_may_write(info)
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            info = None
+        why = None if info is None else (
+            (f"is a link made by uid {info.st_uid}" if info.st_uid not in (0, os.geteuid())
+             else None) if stat.S_ISLNK(info.st_mode) else others_may_write(info))
         if why is not None:
             return f"{path} {why}"
         if path == os.path.dirname(path):
@@ -95,8 +83,7 @@ def _unsafe_chain(path: str) -> str | None:
 
 
 def _open_folder(path: str, option: str) -> tuple[int, str]:
-    """(descriptor of the folder `path` is in, the last component): UsageError when it
-    is missing, not a folder, or (as root) another user could change it."""
+    """(descriptor of the folder `path` is in, the last component), or UsageError."""
     if not path:
         raise UsageError(f"{option} is empty: give a file name")
     folder, name = os.path.split(path)
@@ -123,8 +110,8 @@ def _open_folder(path: str, option: str) -> tuple[int, str]:
 
 
 def _existing(dfd: int, name: str, path: str, option: str) -> os.stat_result | None:
-    """What is at the name now (never followed): None for nothing; UsageError for a
-    link, a directory, a FIFO, a socket or a block device."""
+    """What is at the name (never followed): None, or UsageError unless a file or a
+    character device."""
     try:
         info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
@@ -162,8 +149,7 @@ def check_writable(path: str, option: str = "--output") -> None:
 
 
 def discard(path: str, option: str) -> None:
-    """Remove the regular file at `path` if there is one (never through a link), under
-    the same rules as writing it."""
+    """Remove the regular file at `path` if any, under the rules of writing it."""
     if open_fd(path) is not None:
         return
     dfd, name = _open_folder(path, option)
@@ -189,16 +175,14 @@ def same_file(a: str | None, b: str | None) -> bool:
 
 
 def check_folder(path: str, option: str) -> None:
-    """UsageError when the folder `path` is in is missing, or (as root) another user
-    could change it or a folder above it: the rules of writing a file at `path`."""
+    """UsageError when a file at `path` could not be written (its folder's rules)."""
     os.close(_open_folder(path, option)[0])
 
 
 def write_atomic(path: str, text: str, option: str = "--output", sync: bool = True) -> None:
-    """Write `text` at `path`: a regular file by temp file and rename, a device or an
-    open descriptor as a stream. Everything is checked again here (it may have changed
-    since check_writable); WriteError when the write fails, the target as it was.
-    `sync=False`: no fsync, for files that matter only while the run lasts."""
+    """Write `text` at `path` (a temp file renamed over it; a device or a descriptor as
+    a stream), checked again here; WriteError leaves the target as it was. `sync=False`:
+    no fsync, for files that matter only while the run lasts."""
     # backslashreplace: a lone surrogate in a value must not lose the whole report.
     data = text.encode("utf-8", errors="backslashreplace")
     fd = open_fd(path)
@@ -262,8 +246,7 @@ def _replace(dfd: int, name: str, data: bytes, info: os.stat_result | None,
 
 
 def _copy_mode(fd: int, info: os.stat_result | None) -> None:
-    """The existing file's mode (and owner, when root may set it); else the umask's
-    default for a new file (the temp file is made 0600)."""
+    """The existing file's mode (and owner, as root); else the umask's default."""
     if info is None:
         os.fchmod(fd, 0o666 & ~_current_umask())
         return

@@ -1,7 +1,5 @@
-"""`gpucheck compare A.json B.json`: two reports of one command side by side.
-
-Reads report files only (never torch): it runs on any laptop. Exit 1 when B is
-worse than A beyond --threshold, so it works as a regression gate in CI.
+"""`gpucheck compare A.json B.json`: two reports of one command side by side; exit 1
+when B is worse than A beyond --threshold (a CI gate). Never imports torch.
 """
 
 from __future__ import annotations
@@ -43,8 +41,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report:
 
 
 def _shared(a: LoadedReport, b: LoadedReport) -> tuple[LoadedReport, LoadedReport]:
-    """Two reports of one command; an `all` report against one command's report is read
-    as that command's: its sections of it, `<command>.<section>` (docs/all.md)."""
+    """Two reports of one command (an `all` report read as the other's command's part)."""
     if a.command == b.command:
         return a, b
     single = b.command if a.command == "all" else a.command if b.command == "all" else None

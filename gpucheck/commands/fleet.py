@@ -1,9 +1,6 @@
-"""`gpucheck fleet REPORT... | DIR`: reports from many nodes, judged together.
-
-Collect one report per node with SLURM (`srun --ntasks-per-node 1 bash -c 'gpucheck
-all -o reports/$SLURMD_NODENAME.json'`: srun expands `%N` only in its own --output)
-or any launcher that runs gpucheck on every node; this command only reads the files
-(never torch), so it runs anywhere. docs/fleet.md.
+"""`gpucheck fleet REPORT... | DIR`: reports from many nodes judged together (one per
+node, e.g. `srun --ntasks-per-node 1 ... gpucheck all -o reports/$SLURMD_NODENAME.json`);
+reads files only, never torch (docs/fleet.md).
 """
 
 from __future__ import annotations
@@ -21,8 +18,9 @@ from gpucheck.analysis.baseline import (
 from gpucheck.analysis.fleet import DEFAULT_MAD_K, DEFAULT_THRESHOLD, FleetOptions, fleet_sections
 from gpucheck.analysis.loading import load_reports, report_paths
 from gpucheck.analysis.nodes import Fleet, Unused, group_reports, newest_created_at
-from gpucheck.analysis.options import fraction, positive
+from gpucheck.analysis.options import fraction
 from gpucheck.commands.options import positive_float, positive_int
+from gpucheck.commands.registry import outputs_of
 from gpucheck.context import RunContext
 from gpucheck.distributed.slurm import expand_nodelist
 from gpucheck.errors import UsageError
@@ -59,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, ctx: RunContext) -> Report:
     options = _options(args)
     if args.save_baseline is not None:
-        if any(same_file(args.save_baseline, path) for path in _own_outputs(args)):
+        if any(same_file(args.save_baseline, path) for path in outputs_of(args)):
             raise UsageError(f"--save-baseline and --output both name {args.save_baseline}: "
                              "one would overwrite the other; give two files")
         check_writable(args.save_baseline, "--save-baseline")
@@ -91,13 +89,11 @@ def _options(args: argparse.Namespace) -> FleetOptions:
             raise UsageError(f"--nodes {args.nodes!r}: {exc}; write it as SLURM does, e.g. "
                              "gpu[01-16],cpu3") from None
     count = args.expect_nodes
-    if count is not None and count < 1:
-        raise UsageError(f"--expect-nodes must be at least 1, not {count}")
     if count is not None and nodes and count != len(nodes):
         raise UsageError(f"--expect-nodes {count} disagrees with --nodes ({len(nodes)} "
                          "nodes): give one of them")
     return FleetOptions(fraction(args.threshold, "--threshold"),
-                        positive(args.mad_k, "--mad-k"), nodes, count,
+                        args.mad_k, nodes, count,
                         _baseline(args.baseline))
 
 
@@ -111,18 +107,10 @@ def _baseline(path: str | None) -> Baseline | None:
 
 
 def _inputs(args: argparse.Namespace) -> list[str]:
-    """The report files, without this run's own --output and --save-baseline files: a
-    second run into the same directory must not read the first one's report."""
-    own = {os.path.realpath(p) for p in (*_own_outputs(args), args.save_baseline)
+    """The report files, less this run's own -o and --save-baseline files."""
+    own = {os.path.realpath(p) for p in (*outputs_of(args), args.save_baseline)
            if p is not None}
     return [p for p in report_paths(args.inputs) if os.path.realpath(p) not in own]
-
-
-def _own_outputs(args: argparse.Namespace) -> list[str]:
-    """Every -o file of this run (-o may be given more than once)."""
-    outputs = getattr(args, "outputs", None) or []
-    single = getattr(args, "output", None)
-    return list(outputs) or ([single] if single is not None else [])
 
 
 def _read(paths: list[str]) -> Fleet:
@@ -139,8 +127,7 @@ def _read(paths: list[str]) -> Fleet:
 
 
 def _argv(args: argparse.Namespace) -> list[str]:
-    """The command line from the options (not sys.argv: `python -m gpucheck` and
-    `gpucheck` must give the same report)."""
+    """The command line from the options (not sys.argv: `python -m gpucheck` too)."""
     argv = ["gpucheck", "fleet", *args.inputs]
     for flag, value in (("--nodes", args.nodes), ("--expect-nodes", args.expect_nodes),
                         ("--threshold", args.threshold), ("--mad-k", args.mad_k),

@@ -1,10 +1,6 @@
-"""The command registry: which subcommands exist, their modules, the parser, and the
-output options honoured (`emit`: the report files written and the report shown).
-
-Both the CLI (`gpucheck.cli`) and commands that run other commands
-(`gpucheck.commands.all`) use it, so no command reaches up into the CLI.
-Command modules are imported only when chosen or when the parser is built, so
-`import gpucheck.commands.registry` never imports torch.
+"""The commands (their modules, imported only when chosen: never torch for --help or
+health), the parser, and the output options honoured (`emit`). Shared by the CLI and
+`all`, so no command reaches up into the CLI.
 """
 
 from __future__ import annotations
@@ -33,13 +29,11 @@ EXIT_USAGE = 2
 
 
 class BadOption(UsageError):
-    """An option argparse refused: `gpucheck.cli.main` prints the one line and returns
-    2, as for every other usage error (a caller of main() gets the code, not an exit)."""
+    """An option argparse refused: main() prints the one line and returns 2."""
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse with a one-line error (argparse prints the usage block too), a "did you
-    mean" for a mistyped command or option, and the --help of the command concerned."""
+    """argparse with a one-line error, a "did you mean", and the --help to read."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # No prefixes (`--n-gpu` for `--n-gpus`): a script's prefix would change meaning,
@@ -64,8 +58,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def did_you_mean(message: str, parser: argparse.ArgumentParser) -> str:
-    """The command or option argparse's `message` refused was probably meant to be
-    ('bench' for 'benhc', '--iters' for '--itres'); "" when nothing is close."""
+    """What argparse's refused command or option was probably meant to be, or ""."""
     choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
     if choice is not None:
         wrong, offered = choice[1], re.findall(r"'([^']*)'", choice[2])
@@ -104,8 +97,7 @@ def output_options() -> OneLineParser:
 
 
 class OutputAction(argparse.Action):
-    """`-o` given more than once: `outputs` holds every file, in order; `output` the
-    first (what commands that only need to know "is there a file" read)."""
+    """`-o` given more than once: `outputs` holds every file, `output` the first."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: object, option_string: str | None = None) -> None:
@@ -115,17 +107,15 @@ class OutputAction(argparse.Action):
 
 
 def parsed_commands(argv: Sequence[str] | None) -> tuple[str, ...]:
-    """The commands whose parsers are built: only the one `argv` names when it names one
-    (nothing else can parse, and the other modules, some heavy, stay unimported, so
-    `gpucheck health` starts fast); every one for `gpucheck --help` and usage errors."""
+    """The commands whose parsers are built: only the one `argv` names (the others stay
+    unimported: `gpucheck health` starts fast), else every one."""
     if argv and argv[0] in COMMANDS:
         return (argv[0],)
     return COMMANDS
 
 
 def build_parser(version: str, argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The command line: the shared options and every registered command, or only the
-    one `argv` names (`parsed_commands`)."""
+    """The command line: the shared options and the commands `parsed_commands` names."""
     parser = OneLineParser(
         prog="gpucheck",
         description="Is this GPU server fit for distributed work? Exit codes: 0 no FAIL, "
@@ -157,9 +147,8 @@ def outputs_of(args: argparse.Namespace) -> list[str]:
 
 
 def file_formats(requested: str | None, outputs: list[str]) -> dict[str, str]:
-    """Each output file's format. One file: --format, else its extension (as ever).
-    Several: each file's extension, --format only for a file whose extension names no
-    format. UsageError when two -o name one file."""
+    """Each output file's format: one file, --format else its extension; several, each
+    file's extension (--format for the others). UsageError when two -o name one file."""
     seen: dict[str, str] = {}
     for path in outputs:
         real = os.path.realpath(path)

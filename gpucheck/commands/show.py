@@ -1,10 +1,5 @@
-"""`gpucheck show REPORT.json`: a saved report in another format (README, "The commands").
-
-A JSON report from a node becomes Markdown for a ticket or HTML for a browser, with
-no Python: `gpucheck show node.json -o ticket.md`. The file goes through the bounded
-reader (gpucheck.inputs via gpucheck.analysis.loading), so a huge, hostile or damaged
-file is one line and exit 2. `show` judges nothing: it exits 0 once the report is
-rendered, whatever the report's own verdict (`--strict` is ignored).
+"""`gpucheck show REPORT.json`: a saved report in another format (`-o ticket.md`),
+read through the bounded reader; it judges nothing and exits 0 once rendered.
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report:
 
 
 def load_shown(path: str) -> Report:
-    """The report at `path` as a Report, or UsageError naming the file and the problem."""
+    """The report at `path`, or UsageError naming the file and the problem."""
     from gpucheck.analysis.loading import ReportError, load_report
 
     try:
@@ -39,5 +34,5 @@ def load_shown(path: str) -> Report:
 
 
 def exit_code(report: Report, args: argparse.Namespace) -> int:
-    """Rendering is the whole job: the shown report's verdict is not this run's."""
+    """The shown report's verdict is not this run's."""
     return 0

@@ -1,15 +1,6 @@
-"""NVML health per GPU for `gpucheck health`: read as `env` reads, judged by the same
-rules (`gpucheck.probes.gpu_judge`), less what only matters before a benchmark.
-
-Left out on purpose: `gpu.busy` (a health check runs while jobs use the GPUs: a busy
-GPU is a healthy one at work), the topology matrix and the NUMA lines (facts, not
-health). Kept: PCIe width, ECC, row remapping and retired pages, clock-event reasons,
-persistence and MIG mode, NVLink fabric registration and health, and NVML's
-recovery action, each with the check id and action `env` gives it.
-
-The read runs on the budget runner's thread and reports its progress here
-(`GpuProgress`), so when the budget ends mid-read the GPUs read so far keep their
-verdicts and the one NVML did not answer for is named.
+"""NVML health per GPU for `gpucheck health`: read and judged as `env` does, less
+`gpu.busy` (a GPU at work is healthy) and the topology; the read reports its progress
+(`GpuProgress`) so a budget ending mid-read keeps the GPUs read so far.
 """
 
 from __future__ import annotations
@@ -47,8 +38,7 @@ class GpuProgress:
 
 def read_gpus(progress: GpuProgress, nvml: Nvml, sysfs: Path,
               expected: ExpectedGpus) -> GpuProgress:
-    """The driver, then every GPU in turn (`nvidia-smi -q`), recording progress as it
-    goes; `expected` (`expected_gpus`) is what the count is judged against."""
+    """The driver, then every GPU in turn (`nvidia-smi -q`), recording progress."""
     progress.pci_gpus = nvidia_pci_devices(str(sysfs / "bus/pci/devices"))
     progress.expected = expected
     progress.driver = read_driver(nvml)
@@ -101,9 +91,8 @@ def gpus_section(progress: GpuProgress, budget_s: float, hang: Finding | None = 
 
 
 def hang_finding(nvml: Nvml) -> Finding | None:
-    """As `env` says it: `driver.nvml_hang` when an NVML call missed both its budgets
-    (--nvml-timeout, then 30 s more: gpucheck/probes/nvml.py), `driver.nvml_slow` (a
-    WARN, action none) when one answered late but answered. Slow is not hung."""
+    """As `env` says it: `driver.nvml_hang` when an NVML call missed both its budgets,
+    `driver.nvml_slow` (a WARN) when one answered late."""
     if nvml.hung is not None:
         return fail("driver.nvml_hang", str(nvml.hung), "check dmesg for Xid errors; the "
                     "driver may need a reset or the node a reboot")

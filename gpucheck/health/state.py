@@ -20,7 +20,7 @@ from gpucheck.actions import ACTIONS
 from gpucheck.checks import lookup
 from gpucheck.errors import UsageError
 from gpucheck.inputs import InputError, parse_json, read_capped
-from gpucheck.output import others_may_write, write_atomic
+from gpucheck.output import unsafe_chain, write_atomic
 from gpucheck.subject import Subject
 
 STATE_VERSION = 2  # what this module writes; no other version is read
@@ -73,7 +73,6 @@ def _texts(value: Any, where: str, most: int) -> list[str]:
 
 
 def cursor(value: Any, where: str) -> dict[str, Any]:
-    """`kernel_log`: {count, chain, tail, source}."""
     raw = _dict(value if value is not None else {}, where)
     out: dict[str, Any] = {"source": _text(raw.get("source"), f"{where}.source")}
     out["tail"] = _texts(raw.get("tail", []), f"{where}.tail", MAX_TAIL)
@@ -244,8 +243,7 @@ def checked_state_dir(path: str | None) -> Path | None:
     if path is None:
         return None
     directory = Path(path)
-    _refuse_others_link(directory, path)
-    problem = _parents_problem(directory)
+    problem = unsafe_chain(os.path.abspath(path)) or unsafe_chain(os.path.realpath(path))
     if problem is not None:
         raise UsageError(f"--state-dir {path}: {problem}: another user could move it away and "
                          "put their own in its place; give a directory under ones only root "
@@ -266,33 +264,6 @@ def checked_state_dir(path: str | None) -> Path | None:
         raise UsageError(f"--state-dir {path} is not writable by this user: choose another "
                          "directory or run as its owner")
     return directory
-
-
-def _parents_problem(directory: Path) -> str | None:
-    """Why a directory above the state dir lets another user replace it, or None."""
-    for parent in Path(os.path.realpath(directory)).parents:
-        try:
-            info = os.stat(parent)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            return f"{parent} cannot be looked at ({exc.strerror})"
-        why = others_may_write(info)
-        if why is not None:
-            return f"{parent} {why}"
-    return None
-
-
-def _refuse_others_link(directory: Path, path: str) -> None:
-    """Refuse a state dir that is another user's symbolic link (root's writes would
-    follow it)."""
-    try:
-        info = os.lstat(directory)
-    except OSError:
-        return
-    if stat.S_ISLNK(info.st_mode) and info.st_uid not in (os.geteuid(), 0):
-        raise UsageError(f"--state-dir {path} is a symbolic link made by uid {info.st_uid}, "
-                         "not by this user: give a directory only this user may write")
 
 
 def read_raw(directory: Path) -> dict[str, Any] | None:
@@ -342,7 +313,6 @@ def load_state(directory: Path | None, consumer: str = DEFAULT_CONSUMER) -> Heal
 
 
 def _exists(path: Path) -> bool:
-    """Whether anything is at `path` (a link is not followed)."""
     try:
         os.lstat(path)
     except FileNotFoundError:
