@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from gpucheck.bench.consistency import compare_outputs, cpu_reference, reference_tolerance
-from gpucheck.bench.findings import consistency_section, nodes_section, straggler_findings
+from gpucheck.bench.findings import consistency_section, nodes_section
 from gpucheck.bench.model import (
     default_images_dir,
     fill_batch,
@@ -59,20 +58,6 @@ def test_aggregate_adds_up_images_and_device_time() -> None:
 def test_aggregate_does_not_depend_on_record_order() -> None:
     records = [record(r, w) for r, w in enumerate([1.0, 1.3, 0.9])]
     assert aggregate(records) == aggregate(list(reversed(records)))
-
-
-def test_straggler_threshold_is_configurable() -> None:
-    records = [record(0, 1.0), record(1, 1.0), record(2, 1.08)]
-    assert aggregate(records, threshold=0.10).stragglers == ()
-    assert aggregate(records, threshold=0.05).stragglers == (2,)
-
-
-def test_straggler_warning_names_rank_host_and_gpu() -> None:
-    records = (record(0, 1.0), record(1, 1.0), record(2, 2.0, host="node7"))
-    findings = straggler_findings(records, aggregate(records))
-    assert [f.status for f in findings] == [Status.WARN]
-    assert "rank 2" in findings[0].message and "node7" in findings[0].message
-    assert "NVIDIA H100" in findings[0].message
 
 
 def test_ranks_are_grouped_by_node_and_a_slow_node_is_flagged() -> None:
@@ -237,7 +222,3 @@ def test_fill_batch_cycles_the_ranks_images() -> None:
     assert fill_batch(images, 2).shape[0] == 2
 
 
-def test_records_are_frozen() -> None:
-    with pytest.raises(AttributeError):
-        record(0, 1.0).wall_s = 2.0  # type: ignore[misc]
-    assert replace(record(0, 1.0), wall_s=2.0).images_per_s == 32

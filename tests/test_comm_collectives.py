@@ -34,10 +34,6 @@ def test_bus_factors_are_nccl_tests_for_every_collective(collective: str, world:
     assert bus_factor(collective, 1) is None  # one rank: nothing crosses a link
 
 
-def test_comm_sweeps_the_five_collectives_by_default() -> None:
-    assert set(COLLECTIVES) == set(NCCL_TESTS_FACTORS)
-
-
 def test_the_data_size_is_the_whole_array_for_gather_and_reduce_scatter() -> None:
     # 1 MB per rank, 4 ranks: all_gather's output and reduce_scatter's input are 4 MB.
     assert data_bytes("all_gather", 250_000, 4) == 4_000_000

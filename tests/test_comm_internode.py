@@ -69,11 +69,6 @@ def test_a_node_pair_is_the_sum_of_its_rails_and_keeps_its_slowest_rail() -> Non
     assert (first["slowest_rail"], first["slowest_rail_gbps"]) == (links[0]["rail"], 4.0)
 
 
-def test_healthy_node_pairs_are_ok() -> None:
-    findings = internode_findings(node_pair_rows(_links({})), 0.5, LABELS)
-    assert [(f.check, f.status) for f in findings] == [("comm.internode.slow_pair", Status.OK)]
-
-
 def test_slow_pairs_that_share_a_node_name_that_node() -> None:
     rows = node_pair_rows(_links({(2, 0): 1.0, (2, 1): 1.0}))
     findings = internode_findings(rows, 0.5, LABELS)

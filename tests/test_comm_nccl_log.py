@@ -27,16 +27,6 @@ def _parse(name: str):  # type: ignore[no-untyped-def]
     return parse_nccl_log((LOGS / name).read_text())
 
 
-def test_a_rank_on_nccl_gets_info_logging_into_its_own_folder() -> None:
-    env = nccl_debug_env({"PATH": "/bin"}, "/tmp/run/", "nccl")
-    assert env == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
-                   "NCCL_DEBUG_FILE": "/tmp/run/nccl.%h.%p.log"}
-
-
-def test_the_users_own_nccl_debug_is_left_alone() -> None:
-    assert nccl_debug_env({"NCCL_DEBUG": "WARN"}, "/tmp/run", "nccl") == {}
-
-
 def test_gloo_gets_no_nccl_variables() -> None:
     assert nccl_debug_env({}, "/tmp/run", "gloo") == {}
 
@@ -87,11 +77,6 @@ def test_sockets_while_the_node_has_infiniband_is_a_warn() -> None:
     assert [r["network"] for r in data["ranks"]] == ["Socket", "IB"]
 
 
-def test_sockets_without_infiniband_on_a_proper_interface_are_ok() -> None:
-    entries = [_entry(0, "sockets_with_ib.log", [])]
-    assert _statuses(entries) == [("comm.transport.sockets_with_ib", Status.OK)]
-
-
 def test_sockets_over_loopback_or_a_bridge_are_a_warn_naming_them() -> None:
     _, findings = transport_view([_entry(0, "socket_over_lo.log", [])], LABELS, "nccl", 2)
     assert [(f.check, f.status) for f in findings] == [
@@ -109,12 +94,6 @@ def test_a_user_set_nccl_debug_says_the_transport_could_not_be_read() -> None:
     data, findings = transport_view(entries, LABELS, "nccl", 2)
     assert "set by the user" in data["transport"]
     assert [f.status for f in findings] == [Status.SKIP]
-
-
-def test_gloo_has_no_nccl_log_and_no_warn() -> None:
-    data, findings = transport_view([], LABELS, "gloo", 2)
-    assert data == {"transport": "n/a (gloo): only NCCL logs its transport"}
-    assert findings == []
 
 
 def test_the_logging_variables_are_set_around_the_group_and_restored_after(

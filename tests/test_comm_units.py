@@ -6,7 +6,6 @@ import pytest
 
 from gpucheck.comm.aggregate import (
     baseline_findings,
-    bus_factor,
     correctness_findings,
     pair_findings,
     pair_matrix,
@@ -16,19 +15,6 @@ from gpucheck.comm.collectives import default_max_bytes, sweep_sizes
 from gpucheck.comm.pairwise import pair_schedule
 from gpucheck.distributed.nodes import NodeId, group_by_node, node_metric, slow_node_findings
 from gpucheck.report import Status
-
-
-def test_bus_factors_follow_nccl_tests() -> None:
-    assert bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
-    assert bus_factor("all_gather", 8) == pytest.approx(7 / 8)
-    assert bus_factor("all_reduce", 1) is None
-
-
-def test_all_gather_algbw_counts_the_gathered_output() -> None:
-    result = size_result("all_gather", 1_000_000, 250_000, 4, [0.001, 0.002, 0.001, 0.001],
-                         [0, 0, 0, 0])
-    assert result.algbw_gbps == pytest.approx(4 * 1e6 / 0.002 / 1e9)
-    assert result.busbw_gbps == pytest.approx(result.algbw_gbps * 3 / 4, rel=1e-3)
 
 
 def test_size_result_reports_the_slowest_rank_not_the_average() -> None:
