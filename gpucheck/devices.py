@@ -15,14 +15,13 @@ torch is passed in or imported lazily: importing this module never starts CUDA.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping, Sequence
+import glob
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any
 
 from gpucheck import subject as subjects
-
-_T = TypeVar("_T")
 
 
 def cuda_device_count(torch: Any) -> int:
@@ -163,63 +162,6 @@ class GpuIdentity:
         return asdict(self)
 
 
-def _ask_nvml(bus_id: str | None, nvml: Any | None,
-              read: Callable[[Any, Any], _T]) -> _T | None:
-    """`read(nvml, handle)` for the GPU at this PCI address; None when NVML cannot tell."""
-    if not bus_id:
-        return None
-    from gpucheck.probes.nvml import Nvml, NvmlFailure
-
-    own = nvml is None
-    nvml = nvml or Nvml()
-    try:
-        return read(nvml, nvml.call("nvmlDeviceGetHandleByPciBusId", bus_id))
-    except NvmlFailure:
-        return None
-    finally:
-        if own:
-            nvml.shutdown()
-
-
-def nvml_index_by_bus_id(bus_id: str | None, nvml: Any | None = None) -> int | None:
-    """NVML's index of the GPU at this PCI address (None when NVML cannot tell)."""
-    return _ask_nvml(bus_id, nvml, lambda n, h: int(n.call("nvmlDeviceGetIndex", h)))
-
-
-def mig_mode_by_bus_id(bus_id: str | None, nvml: Any | None = None) -> bool:
-    """Whether the GPU at this PCI address has MIG mode on (`nvidia-smi --query-gpu=
-    mig.mode.current`); False when NVML cannot tell or the GPU has no MIG."""
-    modes = _ask_nvml(bus_id, nvml, lambda n, h: n.get("nvmlDeviceGetMigMode", h))
-    current = modes[0] if isinstance(modes, (list, tuple)) and modes else modes
-    return bool(current)
-
-
-def _mig_visible() -> bool:
-    """CUDA_VISIBLE_DEVICES=MIG-<uuid>,...: CUDA enumerates the first entry, a MIG
-    instance (what tells it when NVML cannot)."""
-    return os.environ.get("CUDA_VISIBLE_DEVICES", "").strip().startswith("MIG-")
-
-
-def cuda_identity(torch: Any, ordinal: int, nvml: Any = None) -> GpuIdentity:
-    """Name cuda:<ordinal> of this process by NVML index, bus id and UUID (a MIG
-    instance's as "MIG-...")."""
-    props = torch.cuda.get_device_properties(ordinal)
-    bus_id = bus_id_of(props)
-    own = nvml is None and bus_id is not None
-    if own:
-        from gpucheck.probes.nvml import Nvml
-
-        nvml = Nvml()  # one session for both questions
-    try:
-        index = nvml_index_by_bus_id(bus_id, nvml)
-        mig = mig_mode_by_bus_id(bus_id, nvml) or _mig_visible()
-    finally:
-        if own:
-            nvml.shutdown()
-    return GpuIdentity(cuda_ordinal=ordinal, nvml_index=index, name=str(props.name),
-                       pci_bus_id=bus_id, uuid=uuid_of(props, mig))
-
-
 @dataclass(frozen=True)
 class RankInfo:
     """One rank as it checked in."""
@@ -257,3 +199,68 @@ def device_label(info: Mapping[str, Any]) -> str:
                       info.get("nvml_index"), name or None, info.get("pci_bus_id"),
                       info.get("uuid"))
     return gpu.label() if gpu.nvml_index is None else f"{ordinal} = {gpu.label()}"
+
+
+# ---- how many GPUs this node has and this process should have (no driver, no torch) ----
+
+SYSFS = Path("/sys")
+NVIDIA_PCI_VENDOR = "0x10de"
+PCI_DISPLAY_CLASSES = ("0x0300", "0x0302")
+SYSFS_VAR = "GPUCHECK_SYSFS"  # where sysfs is (a container with the host's elsewhere)
+EXPECT_VAR = "GPUCHECK_EXPECT_GPUS"  # --expect-gpus for every command (a recipe sets it)
+NODE_GPUS_VARS = ("SLURM_GPUS_ON_NODE",)  # SLURM's GRES: the GPUs this job has here
+
+
+@dataclass(frozen=True)
+class ExpectedGpus:
+    """How many GPUs this process should be able to use, and who says so."""
+
+    count: int
+    source: str
+
+    @property
+    def stated(self) -> bool:
+        """Given by a person: more than that is worth a word too."""
+        return self.source in ("--expect-gpus", EXPECT_VAR)
+
+
+def sysfs_root(environ: Mapping[str, str]) -> Path:
+    return Path(environ.get(SYSFS_VAR) or SYSFS)
+
+
+def expected_gpus(environ: Mapping[str, str], sysfs: Path, option: int | None = None
+                  ) -> ExpectedGpus:
+    """--expect-gpus (or GPUCHECK_EXPECT_GPUS); else SLURM's GRES on this node; else
+    NVIDIA_VISIBLE_DEVICES; else the NVIDIA GPUs on the PCI bus (no driver needed)."""
+    if option is not None:
+        return ExpectedGpus(option, "--expect-gpus")
+    for name in (EXPECT_VAR, *NODE_GPUS_VARS):
+        value = environ.get(name, "").strip()
+        if value.isdigit() and len(value) <= 4:
+            return ExpectedGpus(int(value), name if name == EXPECT_VAR else
+                                f"SLURM's GRES ({name}={value})")
+    given = environ.get("NVIDIA_VISIBLE_DEVICES", "").strip()
+    if given in ("none", "void"):  # a container the toolkit was told to give no GPU
+        return ExpectedGpus(0, f"NVIDIA_VISIBLE_DEVICES={given}")
+    if given and given != "all" and len(given) <= 4096:
+        ids = {g.strip() for g in given.split(",") if g.strip()}
+        # MIG instances: NVML shows their parent GPUs, of which there is at least one
+        count = 1 if any(i.startswith("MIG-") for i in ids) else len(ids)
+        return ExpectedGpus(count, f"NVIDIA_VISIBLE_DEVICES ({count} given to this container)")
+    return ExpectedGpus(nvidia_pci_devices(str(sysfs / "bus/pci/devices")),
+                        "NVIDIA GPUs on the PCI bus")
+
+
+def nvidia_pci_devices(root: str = "/sys/bus/pci/devices") -> int:
+    """NVIDIA display/3D controllers on the PCI bus (`lspci -d 10de:`): the one count of
+    a node's GPUs that needs no driver and no torch."""
+    count = 0
+    for device in glob.glob(f"{glob.escape(root)}/*"):
+        try:
+            vendor = Path(device, "vendor").read_text().strip()
+            klass = Path(device, "class").read_text().strip()
+        except OSError:
+            continue
+        if vendor == NVIDIA_PCI_VENDOR and klass.startswith(PCI_DISPLAY_CLASSES):
+            count += 1
+    return count

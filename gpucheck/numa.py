@@ -20,9 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpucheck.devices import normal_bus_id
-
-SYSFS = Path("/sys")
+from gpucheck.devices import SYSFS, normal_bus_id
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.probes.gpu_read import EXPECT_VAR, NODE_GPUS_VARS, SYSFS_VAR
+from gpucheck.devices import EXPECT_VAR, NODE_GPUS_VARS, SYSFS_VAR
 from gpucheck.probes.kernel_log import KERNEL_LOG_VAR
 
 CLEAN_LOG = Path(__file__).resolve().parent / "data" / "kernel_logs" / "suite_clean.log"

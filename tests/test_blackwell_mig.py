@@ -10,11 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpucheck.devices import GpuIdentity, cuda_identity, uuid_of
+from gpucheck.devices import GpuIdentity, uuid_of
 from gpucheck.faults import FaultWatch, fault_findings
 from gpucheck.probes import runner as gputest
-from gpucheck.probes.gpus import GpuRecord, probe_nvml
-from gpucheck.probes.nvml import Nvml
+from gpucheck.probes.gpu_record import GpuRecord
+from gpucheck.probes.gpus import probe_nvml
+from gpucheck.probes.nvml import Nvml, cuda_identity
 from gpucheck.report import Status
 from tests.fake_pynvml import FakeGpu, FakeNvml, blackwell_gpu
 

@@ -21,7 +21,7 @@ from comm_workers import free_port
 from gpucheck.bench import model as bench_model
 from gpucheck.bench import worker as bench_worker
 from gpucheck.bench.model import WeightsChoice
-from gpucheck.commands import options
+from gpucheck.commands import launch
 from gpucheck.context import RunContext
 from gpucheck.distributed.session import process_group, roster
 
@@ -59,7 +59,7 @@ class FakeCuda:
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import torch
 
-        from gpucheck import devices
+        from gpucheck.probes import nvml
 
         by_bus = {bus_id(p): p for p in self.physical}
         patches: dict[str, Any] = {
@@ -74,7 +74,7 @@ class FakeCuda:
         for name, fake in patches.items():
             monkeypatch.setattr(torch.cuda, name, fake)
         monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", lambda: len(self.physical))
-        monkeypatch.setattr(devices, "nvml_index_by_bus_id",
+        monkeypatch.setattr(nvml, "nvml_index_by_bus_id",
                             lambda bus, nvml=None: by_bus.get(bus or ""))
 
 
@@ -114,7 +114,7 @@ def test_the_rank_count_under_mig_is_cudas_count_not_nvmls(
         no_launcher: pytest.MonkeyPatch) -> None:
     # CUDA_VISIBLE_DEVICES=MIG-a,MIG-b: NVML counts 2, CUDA enumerates only the first.
     FakeCuda(physical=[0], nvml_count=2).install(no_launcher)
-    plan = options.plan_launch(launch_args(), here())
+    plan = launch.plan_launch(launch_args(), here())
     assert (plan.device, plan.nproc) == ("cuda", 1)
 
 
@@ -124,14 +124,14 @@ def test_more_ranks_than_mig_instances_cuda_gives_is_a_usage_error(
 
     FakeCuda(physical=[0], nvml_count=2).install(no_launcher)
     with pytest.raises(UsageError, match="only 1 GPU"):
-        options.plan_launch(launch_args(n_gpus=2, backend="nccl"), here())
+        launch.plan_launch(launch_args(n_gpus=2, backend="nccl"), here())
 
 
 def test_gloo_ranks_may_share_the_gpus_cuda_gives(no_launcher: pytest.MonkeyPatch) -> None:
     # NCCL needs a GPU per rank; gloo ranks on one GPU are how a GPU-less CI-style check
     # of the CUDA paths runs on a one-GPU machine.
     FakeCuda(physical=[0], nvml_count=1).install(no_launcher)
-    plan = options.plan_launch(launch_args(n_gpus=2, backend="gloo"), here())
+    plan = launch.plan_launch(launch_args(n_gpus=2, backend="gloo"), here())
     assert (plan.device, plan.nproc, plan.backend) == ("cuda", 2, "gloo")
 
 

@@ -19,11 +19,11 @@ LINES = len(CLEAN_LOG.read_text().splitlines())
 
 
 def test_every_test_is_given_the_clean_log_an_empty_sysfs_and_no_gpu_count() -> None:
-    from gpucheck.probes.gpu_read import SYSFS_VAR
+    from gpucheck.devices import SYSFS_VAR
 
     assert os.environ[KERNEL_LOG_VAR] == str(CLEAN_LOG)
     assert os.listdir(os.environ[SYSFS_VAR]) == []
-    from gpucheck.probes.gpu_read import EXPECT_VAR, NODE_GPUS_VARS
+    from gpucheck.devices import EXPECT_VAR, NODE_GPUS_VARS
 
     assert not {EXPECT_VAR, *NODE_GPUS_VARS, "NVIDIA_VISIBLE_DEVICES"} & set(os.environ)
 

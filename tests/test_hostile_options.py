@@ -94,13 +94,15 @@ def test_a_rank_count_beyond_any_node_is_refused_before_torch_loads() -> None:
     assert "--n-gpus 100000 is far beyond this node" in done.stderr
 
 
-def test_the_gpus_at_most_are_the_nvidia_device_files(tmp_path: Path) -> None:
-    from gpucheck.commands.options import _gpus_at_most
+def test_the_gpus_at_most_are_the_nvidia_gpus_on_the_pci_bus(tmp_path: Path) -> None:
+    from health_fakes import gpu_node_sysfs
 
-    for name in ("nvidia0", "nvidia1", "nvidia7", "nvidiactl", "nvidia-uvm", "nvme0"):
-        (tmp_path / name).touch()
-    assert _gpus_at_most(str(tmp_path)) == 3
-    assert _gpus_at_most(str(tmp_path / "missing")) == sys.maxsize  # never refuses wrongly
+    from gpucheck.commands.launch import _gpus_at_most
+    from gpucheck.devices import SYSFS_VAR
+
+    assert _gpus_at_most({SYSFS_VAR: str(gpu_node_sysfs(tmp_path, gpus=3))}) == 3
+    missing = {SYSFS_VAR: str(tmp_path / "missing")}
+    assert _gpus_at_most(missing) == sys.maxsize  # never refuses wrongly
 
 
 def test_an_option_prefix_is_refused_naming_the_option_and_help_says_so(

@@ -14,7 +14,7 @@ import pytest
 
 from gpucheck.cli import main
 from gpucheck.probes import kernel_log as kl
-from gpucheck.probes.gpus import GpuRecord
+from gpucheck.probes.gpu_record import GpuRecord
 from gpucheck.probes.kernel_log import (
     KernelLog,
     read_file,

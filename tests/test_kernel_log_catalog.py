@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.probes.gpus import GpuRecord
+from gpucheck.probes.gpu_record import GpuRecord
 from gpucheck.probes.kernel_log import read_kernel_log
 from gpucheck.probes.xid_section import kernel_log_section
 from gpucheck.probes.xid_table import (

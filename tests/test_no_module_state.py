@@ -36,8 +36,8 @@ TORCH_NCCL_SETTINGS = {"distributed/deadline.py", "distributed/flight.py",
 OWN_PREFIX_CLASSIFIERS = {"probes/system.py", "distributed/envgather.py", "envfacts.py"}
 # The user's settings, read once at the command boundary into RunOptions (file, name).
 USER_SETTINGS = {("cli.py", "GPUCHECK_RUN_DIR"),
-                 ("probes/gpu_read.py", "GPUCHECK_SYSFS"),  # read from the environ given
-                 ("probes/gpu_read.py", "GPUCHECK_EXPECT_GPUS"),
+                 ("devices.py", "GPUCHECK_SYSFS"),  # read from the environ given
+                 ("devices.py", "GPUCHECK_EXPECT_GPUS"),
                  ("probes/kernel_log.py", "GPUCHECK_KERNEL_LOG")}  # from the environ given
 
 # Still to move onto the RunContext (each entry: file, what): nothing left.

@@ -6,9 +6,8 @@ import sys
 
 import pytest
 
+from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
 from gpucheck.probes.gpus import (
-    DriverInfo,
-    GpuRecord,
     arch_coverage,
     cuda_compat_findings,
     parse_arch,

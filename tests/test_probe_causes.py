@@ -10,11 +10,12 @@ from gpucheck.probes import gpus as gpus_module
 from gpucheck.probes.gpu_judge import (
     _fabric_problems,
     _lost_finding,
+    driver_finding,
     fabric_finding,
     recovery_action_finding,
 )
 from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
-from gpucheck.probes.gpus import driver_finding, gpus_section
+from gpucheck.probes.gpus import gpus_section
 from gpucheck.probes.nvml import NvmlFailure
 from gpucheck.report import Status
 

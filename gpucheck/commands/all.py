@@ -77,8 +77,8 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
 
 
 def cpu_ranks(environ: Mapping[str, str], asked: bool) -> list[Finding]:
+    from gpucheck.devices import expected_gpus, sysfs_root
     from gpucheck.probes.gpu_judge import cpu_ranks_finding
-    from gpucheck.probes.gpu_read import expected_gpus, sysfs_root
 
     found = cpu_ranks_finding(expected_gpus(environ, sysfs_root(environ)), asked)
     return [found] if found is not None else []

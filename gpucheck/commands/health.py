@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gpucheck.commands.options import Options, count, opt, real
 from gpucheck.context import RunContext
+from gpucheck.devices import sysfs_root
 from gpucheck.errors import UsageError
 from gpucheck.health.ib import IbOptions
 from gpucheck.health.run import (
@@ -23,7 +24,6 @@ from gpucheck.health.run import (
     start_of_run,
 )
 from gpucheck.health.state import CONSUMER, DEFAULT_CONSUMER, checked_state_dir
-from gpucheck.probes.gpu_read import sysfs_root
 from gpucheck.probes.kernel_log import checked_kernel_log_path
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S
 from gpucheck.report import Report, Section, Status

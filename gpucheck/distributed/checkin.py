@@ -20,11 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpucheck.devices import GpuIdentity, RankInfo, device_label
+from gpucheck.devices import SYSFS, GpuIdentity, RankInfo, device_label
 from gpucheck.distributed.deadline import latest_arrival_s
 from gpucheck.distributed.flight import DUMP_WAIT_S
 from gpucheck.distributed.world import World, host_name
-from gpucheck.numa import SYSFS, allowed_cpus, rank_numa
+from gpucheck.numa import allowed_cpus, rank_numa
 
 POLL_S = 0.05
 HOST_GRACE_S = 1.5

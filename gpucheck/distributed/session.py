@@ -189,7 +189,7 @@ def _identify(world: World, nvml: Any | None = None) -> GpuIdentity | None:
         return None
     import torch
 
-    from gpucheck.devices import cuda_identity
+    from gpucheck.probes.nvml import cuda_identity
 
     return cuda_identity(torch, world.device_index, nvml)
 

@@ -8,14 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpucheck.devices import ExpectedGpus, nvidia_pci_devices
 from gpucheck.probes.clock_window import second_look
 from gpucheck.probes.gpu_judge import count_finding, driver_finding, gpu_findings
-from gpucheck.probes.gpu_read import (
-    ExpectedGpus,
-    nvidia_pci_devices,
-    read_driver,
-    read_gpu,
-)
+from gpucheck.probes.gpu_read import read_driver, read_gpu
 from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
 from gpucheck.probes.nvml import SLOW_ADVICE, Nvml, slow_words
 from gpucheck.report import Finding, Section, fail, skip, warn

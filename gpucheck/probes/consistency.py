@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpucheck.probes.gpus import GpuRecord
+from gpucheck.probes.gpu_record import GpuRecord
 from gpucheck.probes.torch_build import TorchInfo, well_formed
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 from gpucheck.subject import text

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpucheck.devices import ExpectedGpus
 from gpucheck.numa import cpulist
-from gpucheck.probes.gpu_read import ExpectedGpus
 from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS, DriverInfo, GpuRecord, decode_health
 from gpucheck.report import Finding, fail, ok, skip, warn
 from gpucheck.subject import text

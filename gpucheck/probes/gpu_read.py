@@ -1,18 +1,17 @@
-"""Reading NVML into records: the driver, each GPU's `nvidia-smi -q` view, its NVSwitch
-fabric, and the GPUs this process should have (no judging here). A field the GPU lacks
+"""Reading NVML into records: the driver, each GPU's `nvidia-smi -q` view and its NVSwitch
+fabric (no judging here). A field the GPU lacks
 is None (n/a); a GPU that fails mid-query keeps its error in its record."""
 
 from __future__ import annotations
 
 import ctypes
-import glob
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from gpucheck.numa import SYSFS, cpulist, read_local_cpus, read_numa_node
+from gpucheck.devices import SYSFS
+from gpucheck.numa import cpulist, read_local_cpus, read_numa_node
 from gpucheck.probes.gpu_record import (
     CLOCK_REASONS,
     FABRIC_STATES,
@@ -36,8 +35,6 @@ class NvmlDoor(Protocol):
     def get(self, name: str, *args: Any, default: Any = None, **kwargs: Any) -> Any: ...
 
 
-NVIDIA_PCI_VENDOR = "0x10de"
-PCI_DISPLAY_CLASSES = ("0x0300", "0x0302")
 # NVML_GPU_RECOVERY_ACTION_* (pynvml; nvmlDeviceGpuRecoveryAction_t) -> our words.
 RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
                     4: "drain_and_reset", 5: "recover_imex_domain", 6: "bus_reset",
@@ -53,64 +50,6 @@ BANK_FIELDS: dict[str, tuple[str, int]] = {
 # nvmlValueType_t -> the member of c_nvmlValue_t that holds a field value.
 _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
                   6: "usVal"}
-
-
-SYSFS_VAR = "GPUCHECK_SYSFS"  # where sysfs is (a container with the host's elsewhere)
-EXPECT_VAR = "GPUCHECK_EXPECT_GPUS"  # --expect-gpus for every command (a recipe sets it)
-NODE_GPUS_VARS = ("SLURM_GPUS_ON_NODE",)  # SLURM's GRES: the GPUs this job has here
-
-
-@dataclass(frozen=True)
-class ExpectedGpus:
-
-    count: int
-    source: str
-
-    @property
-    def stated(self) -> bool:
-        """Given by a person: more than that is worth a word too."""
-        return self.source in ("--expect-gpus", EXPECT_VAR)
-
-
-def sysfs_root(environ: Mapping[str, str]) -> Path:
-    return Path(environ.get(SYSFS_VAR) or SYSFS)
-
-
-def expected_gpus(environ: Mapping[str, str], sysfs: Path, option: int | None = None
-                  ) -> ExpectedGpus:
-    """--expect-gpus (or GPUCHECK_EXPECT_GPUS); else SLURM's GRES on this node; else
-    NVIDIA_VISIBLE_DEVICES; else the NVIDIA GPUs on the PCI bus (no driver needed)."""
-    if option is not None:
-        return ExpectedGpus(option, "--expect-gpus")
-    for name in (EXPECT_VAR, *NODE_GPUS_VARS):
-        value = environ.get(name, "").strip()
-        if value.isdigit() and len(value) <= 4:
-            return ExpectedGpus(int(value), name if name == EXPECT_VAR else
-                                f"SLURM's GRES ({name}={value})")
-    given = environ.get("NVIDIA_VISIBLE_DEVICES", "").strip()
-    if given in ("none", "void"):  # a container the toolkit was told to give no GPU
-        return ExpectedGpus(0, f"NVIDIA_VISIBLE_DEVICES={given}")
-    if given and given != "all" and len(given) <= 4096:
-        ids = {g.strip() for g in given.split(",") if g.strip()}
-        # MIG instances: NVML shows their parent GPUs, of which there is at least one
-        count = 1 if any(i.startswith("MIG-") for i in ids) else len(ids)
-        return ExpectedGpus(count, f"NVIDIA_VISIBLE_DEVICES ({count} given to this container)")
-    return ExpectedGpus(nvidia_pci_devices(str(sysfs / "bus/pci/devices")),
-                        "NVIDIA GPUs on the PCI bus")
-
-
-def nvidia_pci_devices(root: str = "/sys/bus/pci/devices") -> int:
-    """NVIDIA display/3D controllers on the PCI bus (`lspci -d 10de:`), no driver needed."""
-    count = 0
-    for device in glob.glob(f"{glob.escape(root)}/*"):
-        try:
-            vendor = Path(device, "vendor").read_text().strip()
-            klass = Path(device, "class").read_text().strip()
-        except OSError:
-            continue
-        if vendor == NVIDIA_PCI_VENDOR and klass.startswith(PCI_DISPLAY_CLASSES):
-            count += 1
-    return count
 
 
 def cuda_version_str(value: int | None) -> str | None:

@@ -11,27 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpucheck.devices import expected_gpus, nvidia_pci_devices, sysfs_root
 from gpucheck.numa import cpulist, node_cpus, numa_nodes
 from gpucheck.probes.clock_window import second_look
 from gpucheck.probes.gpu_judge import count_finding, driver_finding, gpu_findings, numa_findings
-from gpucheck.probes.gpu_read import (
-    expected_gpus,
-    nvidia_pci_devices,
-    read_driver,
-    read_gpu,
-    sysfs_root,
-)
-from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS, CLOCK_REASONS, DriverInfo, GpuRecord
+from gpucheck.probes.gpu_read import read_driver, read_gpu
+from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
 from gpucheck.probes.nvml import SLOW_ADVICE, Nvml, NvmlFailure, slow_words
 from gpucheck.probes.topology import read_topology
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
-
-# What callers import from here (gpucheck.probes.gpus), as before the split.
-__all__ = ["BAD_CLOCK_REASONS", "CLOCK_REASONS", "DriverInfo", "GpuRecord", "NvmlResult",
-           "arch_coverage", "cuda_compat_finding", "cuda_compat_findings", "driver_finding",
-           "parse_arch",
-           "probe_nvml"]
-
 
 # The NVML failures gpu.topology acts on (gpucheck/checks/node.py).
 _TOPOLOGY_CAUSES = ("timed_out", "no_answer")
@@ -51,7 +39,7 @@ def driver_section(info: DriverInfo, pci_gpus: int) -> Section:
 def gpus_section(nvml: Nvml, gpus: list[GpuRecord],
                  nodes: Mapping[int, str] | None = None) -> Section:
     """The GPU table, per-GPU findings, `gpu.numa` (`nodes`: NUMA node -> its CPUs) and
-    the topology matrix."""
+    `nvidia-smi topo -m`."""
     findings = [f for gpu in gpus for f in gpu_findings(gpu)]
     findings += numa_findings(gpus, nodes or {})
     data: dict[str, Any] = {"gpus": [g.row() for g in gpus]}
@@ -76,10 +64,8 @@ class NvmlResult:
 
 def probe_nvml(nvml: Nvml | None = None, sysfs: Path | None = None,
                environ: Mapping[str, str] | None = None) -> NvmlResult:
-    """Driver and every GPU (`nvidia-smi -q` and `nvidia-smi topo -m`), and `gpu.count`
-    against the GPUs this process should have (`expected_gpus`: SLURM's GRES, the
-    container's, the PCI bus); `sysfs` is where the PCI bus and the GPUs' NUMA nodes
-    are read (GPUCHECK_SYSFS, else /sys; a fake tree in tests)."""
+    """Driver and every GPU, and `gpu.count` against the GPUs expected here; `sysfs`
+    holds the PCI bus and NUMA nodes (GPUCHECK_SYSFS, else /sys)."""
     nvml = nvml or Nvml()
     environ = os.environ if environ is None else environ
     sysfs = sysfs or sysfs_root(environ)
@@ -120,19 +106,8 @@ def _version_tuple(version: str) -> tuple[int, int]:
         return 0, 0
 
 
-# Which GPUs torch's kernels run on. From the CUDA C++ Programming Guide ("Binary
-# Compatibility", "PTX Compatibility", and "Feature Availability" for the a/f suffixes;
-# and NVIDIA's "Blackwell and CUDA 12.9 introduce family-specific architecture
-# features" post):
-# - SASS (a cubin, 'sm_XY') built for X.Y runs on X.Z with Z >= Y, never across majors
-#   (sm_80 runs on sm_86 and sm_89, not on sm_90; sm_120 not on sm_100);
-# - 'sm_90a'/'sm_100a' (architecture-specific) run only on exactly 9.0/10.0;
-# - 'sm_100f' (family-specific, CUDA 12.9+) runs on 10.Z with Z >= 0, like plain SASS;
-# - PTX ('compute_XY') is JIT-compiled by the driver for any GPU of X.Y or newer,
-#   across majors (compute_120 PTX runs on a future sm_130), but the driver's JIT
-#   understands PTX only up to its own CUDA version (cudaErrorUnsupportedPtxVersion;
-#   the "Minor Version Compatibility" limits in NVIDIA's CUDA Compatibility guide).
-# Tegra parts (sm_72, sm_87, ...) have no binary compatibility; not modelled here.
+# Which GPUs torch's kernels run on (SASS within a major, 'a' exactly, 'f' like SASS, PTX
+# by JIT for any newer GPU up to the driver's CUDA): the rules and sources in docs/env.md.
 _ARCH = re.compile(r"(sm|compute)_(\d+)(\d)([af]?)")
 
 
@@ -163,13 +138,8 @@ def _runs_on(arch: tuple[str, int, int, str], cc: tuple[int, int]) -> bool:
 
 
 def arch_coverage(cc: str | None, arch_list: Sequence[str]) -> tuple[str, str | None]:
-    """How torch's kernels reach a GPU of this compute capability.
-
-    ("sass", 'sm_80') when a cubin runs on it natively, ("ptx", 'compute_90') when
-    only the driver's JIT can make its kernels, ("none", None) when nothing runs
-    ("no kernel image is available for execution on the device"), ("unknown", None)
-    without a compute capability.
-    """
+    """How torch's kernels reach a GPU of this compute capability: ("sass", 'sm_80'),
+    ("ptx", 'compute_90') by the driver's JIT, ("none", None), or ("unknown", None)."""
     gpu = parse_cc(cc)
     if gpu is None:
         return "unknown", None
@@ -213,13 +183,8 @@ def arch_finding(gpu: GpuRecord, arch_list: Sequence[str], ptx_jit_ok: bool) -> 
 
 
 def cuda_compat_finding(driver: DriverInfo, torch_cuda: str | None) -> Finding:
-    """The driver's newest CUDA against the CUDA torch was built with.
-
-    FAIL when the driver's CUDA major is older than torch's (CUDA cannot start);
-    OK when the major matches, with a note when the driver's minor is older:
-    CUDA 11+ runs it by minor-version compatibility (what the GPUs need from torch's
-    kernels is `gpu.arch_supported`'s part); OK otherwise.
-    """
+    """The driver's newest CUDA against torch's: an older major FAILs; an older minor is
+    OK by minor-version compatibility, with a note."""
     check = "driver.cuda_compat"
     if torch_cuda is None:
         return skip(check, "torch has no CUDA build to compare with the driver")

@@ -17,13 +17,8 @@ from gpucheck.devices import GpuIdentity, bus_id_of, cuda_device_count, normal_b
 from gpucheck.measure import Better, Metric
 from gpucheck.measured import whole
 from gpucheck.probes.consistency import probe_consistency
-from gpucheck.probes.gpus import (
-    DriverInfo,
-    GpuRecord,
-    NvmlResult,
-    cuda_compat_findings,
-    probe_nvml,
-)
+from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
+from gpucheck.probes.gpus import NvmlResult, cuda_compat_findings, probe_nvml
 from gpucheck.probes.kernel_log import read_kernel_log
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S, Nvml
 from gpucheck.probes.pyenv import TorchvisionCheck, probe_pyenv

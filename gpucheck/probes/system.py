@@ -20,7 +20,7 @@ SHM_MIN_BYTES = 1 * GIB
 
 
 def read_os_release(path: str = "/etc/os-release") -> dict[str, str]:
-    """Key/value pairs of /etc/os-release (`cat /etc/os-release`); empty when absent."""
+    """`cat /etc/os-release` as key/value pairs; empty when absent."""
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -69,7 +69,7 @@ def shm_bytes(path: str = "/dev/shm") -> int | None:
 
 
 def detect_container() -> str | None:
-    """A cheap guess: docker, podman, kubernetes, or a container cgroup; None when bare."""
+    """A cheap guess: docker, podman, kubernetes, a container cgroup; None when bare."""
     if Path("/.dockerenv").exists():
         return "docker"
     if Path("/run/.containerenv").exists():
@@ -134,8 +134,7 @@ ALLOWED_PREFIXES = (
     "NVIDIA_", "CUDNN_", "CUBLAS_", "TORCHELASTIC_", "GLOO_", "UCX_", "FI_", "HIP_", "ROCM_",
     "TF32_",
 )
-# gpucheck's own variables (set by gpucheck for its ranks, or its test hooks): never the
-# machine's environment, so never reported, compared between reports or called drift.
+# gpucheck's own variables: never the machine's environment, so never reported.
 OWN_PREFIX = "GPUCHECK_"
 ALLOWED_NAMES = frozenset({
     "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
@@ -148,34 +147,28 @@ _SECRET_RE = re.compile("|".join(SECRET_WORDS), re.IGNORECASE)
 
 
 def is_allowed(name: str) -> bool:
-    """True when `name` is one the env report may mention."""
     if is_own(name):
         return False
     return name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)
 
 
 def is_own(name: str) -> bool:
-    """True for gpucheck's own variables (GPUCHECK_PROGRESS, GPUCHECK_RUN_DIR, ...)."""
     return name.startswith(OWN_PREFIX)
 
 
 def looks_secret(name: str) -> bool:
-    """True when the name contains TOKEN, SECRET, KEY, PASSWORD, PASS, AUTH, ..."""
     return bool(_SECRET_RE.search(name))
 
 
-# Secrets by value, wherever they sit in a value (a URL, a list, key=value pairs).
-# Each pattern keeps what shows where the secret was and replaces the secret only.
+# Secrets by value, wherever they sit; each pattern replaces the secret only.
 _BOUNDARY = r"(?<![A-Za-z0-9_-])"
 _VALUE_SECRETS: tuple[tuple[re.Pattern[str], str], ...] = (
     # scheme://user:password@host or scheme://token@host (RFC 3986 userinfo)
     (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s]+@"), rf"\1{REDACTED}@"),
     # a JWT: three base64url parts, the first a JSON header ("eyJ" is '{"'); RFC 7519
     (re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"), REDACTED),
-    # token shapes their issuers document: GitHub (ghp_, gho_, ghu_, ghs_, ghr_,
-    # github_pat_), Slack (xoxb-, xoxp-, ...), AWS access key ids (AKIA, ASIA), Hugging
-    # Face (hf_), GitLab (glpat-), OpenAI/Anthropic-style (sk-), Google API (AIza),
-    # npm (npm_), PyPI (pypi-)
+    # token shapes their issuers document (GitHub, Slack, AWS, Hugging Face, GitLab,
+    # sk-, Google API, npm, PyPI)
     (re.compile(_BOUNDARY + r"(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
                 r"|xox[abposr]-[A-Za-z0-9-]{8,}|(?:AKIA|ASIA)[0-9A-Z]{16}"
                 r"|hf_[A-Za-z0-9]{20,}|glpat-[A-Za-z0-9_-]{20,}|sk-[A-Za-z0-9_-]{20,}"
@@ -190,15 +183,14 @@ _VALUE_SECRETS: tuple[tuple[re.Pattern[str], str], ...] = (
 
 
 def redact_value(value: str) -> str:
-    """`value` with every credential it holds replaced by `<redacted>`."""
     for pattern, replacement in _VALUE_SECRETS:
         value = pattern.sub(replacement, value)
     return value
 
 
 def allowed_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Allowlisted variables, sorted by name (`env | sort`); a value is `<redacted>`
-    when its name looks secret, else shown with the secrets it holds redacted."""
+    """Allowlisted variables, sorted; `<redacted>` when the name looks secret, else the
+    value with its secrets redacted."""
     environ = os.environ if environ is None else environ
     return {
         name: (REDACTED if looks_secret(name) else redact_value(value))
@@ -222,8 +214,7 @@ MAX_CHARS = 64_000  # a report field, not a log: PyTorch's output is ~5 kB
 
 def collect_env_section(timeout_s: float = TIMEOUT_S,
                         command: tuple[str, ...] = COMMAND) -> Section:
-    """`collect_env_output`: what the command printed on stdout (its stderr, warnings
-    from runpy, is not part of PyTorch's report), or a SKIP saying why there is none."""
+    """`python -m torch.utils.collect_env`'s stdout, or a SKIP saying why there is none."""
     shown = "python -m torch.utils.collect_env"
     data: dict[str, object] = {"command": shown}
     try:

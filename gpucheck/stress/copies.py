@@ -85,7 +85,7 @@ def peer_matrix(local_world_size: int, fraction: float = 0.6) -> dict[str, Any]:
     """
     import torch
 
-    from gpucheck.devices import cuda_identity
+    from gpucheck.probes.nvml import cuda_identity
 
     visible = cuda_device_count(torch)
     if visible < 2 and local_world_size < 2:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 # The general sysfs NUMA reading lives in gpucheck.numa (env and every rank's check-in use
 # it too); the names stay importable from here.
+from gpucheck.devices import SYSFS
 from gpucheck.numa import (
-    SYSFS,
     cpulist,
     parse_cpulist,
     pci_dir,
