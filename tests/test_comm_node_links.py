@@ -139,19 +139,6 @@ def test_the_0_65x_node_slow_again_beside_a_known_good_pair_is_confirmed() -> No
     assert all(f.action == "drain-node" for f in findings if f.status == Status.WARN)
 
 
-def test_on_cpu_ranks_the_confirmed_node_asks_for_a_rerun_not_a_drain() -> None:
-    findings = _internode_findings("cpu", _again(0.65))
-    warned = [f for f in findings if f.status == Status.WARN]
-    assert warned and all(f.action == "rerun" and f.cause == "cpu_ranks" for f in warned)
-    assert all(f.look is not None and f.look.state is LookState.CONFIRMED for f in warned)
-
-
-def test_the_0_65x_node_fine_the_second_time_is_an_ok_keeping_its_look() -> None:
-    findings = _internode_findings("cuda", _again(0.97))
-    assert findings and all(f.status == Status.OK and f.action is None and f.look is not None
-                            and f.look.state is LookState.UNSTABLE for f in findings)
-
-
 # Issue 36: node 2 of the issue-21 run with one lucky repeat in each of its pairs, as
 # issue 36's throttled node read (0 -> 2: 0.70, 1.56, 0.51 GB/s, passed by its 1.56).
 LUCKY = {p: [v[0], 2.4, v[2]] if 2 in p else v for p, v in ISSUE_21.items()}
