@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from gpucheck.context import RunContext
 from gpucheck.measure import Bound, SecondLook
 from gpucheck.peers import second_look
 from gpucheck.report import Finding, Status, looked
@@ -18,16 +19,14 @@ P = TypeVar("P")
 R = TypeVar("R")
 
 
-def remeasure(rank: int, plan: Callable[[], P | None],
-              measure: Callable[[P], R]) -> tuple[P | None, R | None]:
+def remeasure(rank: int, plan: Callable[[], P | None], measure: Callable[[P], R],
+              ctx: RunContext) -> tuple[P | None, R | None]:
     """Rank 0's `plan()` on every rank (a broadcast), then every rank's `measure(plan)`
     when the plan names something: every rank agrees on whether a second measurement
     happens."""
-    import torch.distributed as dist
+    from gpucheck.distributed.deadline import broadcast_object
 
-    box: list[Any] = [plan() if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    wanted: P | None = box[0]
+    wanted = broadcast_object(plan() if rank == 0 else None, ctx)
     return wanted, measure(wanted) if wanted else None
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 from gpucheck.devices import GpuIdentity, RankInfo
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Store
+    from torch._C._distributed_c10d import ProcessGroup, Store
 
     from gpucheck.report import Report
 
@@ -191,7 +191,7 @@ class Session:
     # This rank's fault watch while in the group (distributed.faultwatch.RankFaults).
     faults: object | None = None
     # The gloo group for object collectives beside an NCCL group (distributed.session).
-    objects: object | None = None
+    objects: ProcessGroup | None = None
 
 
 @dataclass

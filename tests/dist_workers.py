@@ -25,3 +25,23 @@ def fail_on_rank_one(message: str) -> None:
     with process_group("gloo", "cpu", timeout_s=30, ctx=ctx) as world:
         if world.rank == 1:
             raise RuntimeError(message)
+
+
+def gather_without_rank_one(ctx: RunContext, objects_timeout_s: float) -> None:
+    """Rank 1 stops before an object collective; rank 0 gathers through the session's
+    object group (on NCCL `process_group` makes it; here a gloo group with a short
+    timeout beside a default group with a long one)."""
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    from gpucheck.distributed import deadline, progress
+
+    with process_group("gloo", "cpu", timeout_s=120, ctx=ctx) as world:
+        ctx.session.objects = dist.new_group(
+            backend="gloo", timeout=datetime.timedelta(seconds=objects_timeout_s))
+        if world.rank == 1:
+            time.sleep(600)  # silent: the survivor ends it after the roll call
+        progress.set_step(ctx, "all_gather of the test's objects")
+        deadline.gather_objects({"rank": world.rank}, ctx)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from dist_workers import fail_on_rank_one, gather_ranks
+from dist_workers import fail_on_rank_one, gather_ranks, gather_without_rank_one
 
 from gpucheck.context import RunContext
-from gpucheck.distributed.job import resolve_nproc, run_job
+from gpucheck.distributed.job import JobFailed, resolve_nproc, run_job
 from gpucheck.distributed.launch import (
     WorkersFailed,
     _launch_config,
@@ -40,6 +40,17 @@ def test_launch_local_names_the_rank_that_failed() -> None:
     failed = {f.rank: f for f in caught.value.failures}
     assert 1 in failed
     assert "boom from rank one" in failed[1].message
+
+
+def test_an_object_collective_a_rank_never_joins_ends_at_its_groups_deadline() -> None:
+    """Objects cross on the session's object group, under its timeout (2 s), not the
+    default group's (120 s): gloo's error names the 2000 ms, and the rank is named."""
+    with pytest.raises(JobFailed) as caught:
+        run_job(gather_without_rank_one, 2.0, 2, None, RunContext())
+    silent = [f for f in caught.value.failures if f.cause == "did not answer"]
+    assert [f.rank for f in silent] == [1], caught.value.failures
+    assert "all_gather of the test's objects" in silent[0].message
+    assert "2000" in silent[0].message and "120000" not in silent[0].message
 
 
 def test_port_in_use_is_a_usage_error() -> None:

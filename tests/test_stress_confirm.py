@@ -159,7 +159,8 @@ def test_the_worker_copies_again_only_when_a_rank_is_a_suspect(
         copies = iter([_copy_row(0, first, 50.0), _copy_row(0, 55.0, 50.0)])
         monkeypatch.setattr(copy_phases, "copy_row", lambda ctx, result, it=copies: next(it))
         monkeypatch.setattr(copy_phases, "gather", lambda ctx, mine: [mine])
-        monkeypatch.setattr(torch.distributed, "broadcast_object_list", lambda box, src: None)
+        monkeypatch.setattr(torch.distributed, "broadcast_object_list",
+                            lambda box, src, group=None: None)
         monkeypatch.setattr(copy_phases, "publish", lambda ctx, result: None)
         result: dict[str, Any] = {"ranks": _ranks(1)}
         copy_phases.copies_phase(ctx, result)  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ from gpucheck.bench.progress import Progress
 from gpucheck.bench.records import LoopTiming, RankRecord
 from gpucheck.context import RunContext, TestHooks
 from gpucheck.distributed import faultwatch, progress
-from gpucheck.distributed.deadline import synchronize
+from gpucheck.distributed.deadline import gather_objects, synchronize
 from gpucheck.distributed.session import barrier, gpu_identity, process_group, roster
 from gpucheck.distributed.world import World, host_name
 
@@ -97,8 +97,6 @@ def _leave_private_group() -> None:
 
 
 def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
-    import torch.distributed as dist
-
     with process_group(spec.backend, spec.device, spec.timeout_s,
                        fault_watch=spec.fault_watch, ctx=ctx) as world:
         threads = _set_threads(spec.device, world)
@@ -111,8 +109,7 @@ def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
                                   ctx)
         _publish(ctx, world, rank0_record=asdict(record))  # kept if another rank fails now
         progress.set_step(ctx, "all_gather of the per-rank records")
-        gathered: list[Any] = [None] * world.world_size
-        dist.all_gather_object(gathered, (record, output))
+        gathered: list[Any] = gather_objects((record, output), ctx)
         if look_again([r for r, _ in gathered], spec.straggler_threshold):
             gathered = _second_look(ddp, batch, spec, world, gathered, plan, ctx)
         progress.set_step(ctx, None)
@@ -145,13 +142,11 @@ def _second_look(ddp: Any, batch: torch.Tensor, spec: BenchSpec, world: World,
     loop tells a hiccup from a stall that recurs (gpucheck.bench.pace). CPU ranks take
     turns on the cores as in the first loop (`plan`)."""
     import torch
-    import torch.distributed as dist
 
     progress.set_step(ctx, "the timed loop again (a second look at a rank's stall)")
     with torch.inference_mode(), rotation.CoreRotation(plan):
         mine = _loop_again(ddp, batch, gathered[world.rank][0].iters, spec, world)
-    walls: list[Any] = [None] * world.world_size
-    dist.all_gather_object(walls, mine)
+    walls: list[Any] = gather_objects(mine, ctx)
     return [(replace(record, again_wall_s=float(wall)), output)
             for (record, output), wall in zip(gathered, walls, strict=True)]
 

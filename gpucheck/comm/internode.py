@@ -27,7 +27,7 @@ from gpucheck.comm.internode_verdicts import (
 )
 from gpucheck.comm.records import LinkRow, SentRow
 from gpucheck.context import RunContext
-from gpucheck.distributed.deadline import synchronize
+from gpucheck.distributed.deadline import broadcast_object, synchronize
 from gpucheck.peers import Suspects
 
 GB = 1e9
@@ -277,14 +277,11 @@ def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
                   *, ctx: RunContext) -> dict[str, Any]:
     """The rounds gathered on every rank; then rank 0's exchanges to measure again (slow
     node pairs, a suspect node's, slow rail links') broadcast and run."""
-    import torch.distributed as dist
-
     links = _gather(measure_internode(roster, size_bytes, iters, device, repeats, shifts,
                                       ctx=ctx), ctx)
     suspects = find_node_suspects(node_samples(node_pair_rows(links)), threshold)
     wanted = sorted(set(exchanges_for(suspects)) | set(rail_exchanges(links, threshold)))
-    box: list[Any] = [wanted]
-    dist.broadcast_object_list(box, src=0)
+    box: list[Any] = [broadcast_object(wanted, ctx)]
     again = _gather(measure_again(roster, box[0], size_bytes, iters, device, repeats,
                                   ctx=ctx), ctx) \
         if box[0] else []

@@ -23,7 +23,7 @@ from gpucheck.comm.collectives import (
 from gpucheck.comm.records import PairRow
 from gpucheck.context import NO_HOOKS, RunContext, TestHooks
 from gpucheck.distributed import progress
-from gpucheck.distributed.deadline import synchronize
+from gpucheck.distributed.deadline import broadcast_object, gather_objects, synchronize
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.distributed.session import barrier
 from gpucheck.peers import Suspects
@@ -178,8 +178,8 @@ def run_pairwise(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: in
     node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
     pairs = gather_rows(measure_pairs(roster, size_bytes, iters, device, repeats,
                                       ctx=ctx), ctx)
-    plans = _agree({n: s for n, s in suspects_by_node(pairs, threshold).items()
-                    if not s.empty})
+    suspects = {n: s for n, s in suspects_by_node(pairs, threshold).items() if not s.empty}
+    plans = _agree(suspects, ctx)
     again = gather_rows(_run_steps(second_look_steps(plans), node_of, size_bytes, iters,
                                     device, repeats, True, ctx=ctx), ctx) if plans else []
     return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats, "pairs": pairs,
@@ -190,18 +190,11 @@ def gather_rows(mine: list[dict[str, Any]], ctx: RunContext,
                 step: str = "gathering pairwise results",
                 key: tuple[str, ...] = ("src", "dst")) -> list[dict[str, Any]]:
     """Every rank's rows, in one list sorted by the `key` columns (pairs, or links)."""
-    import torch.distributed as dist
-
     progress.set_step(ctx, step)
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
+    every = gather_objects(mine, ctx)
     return sorted((p for rows in every for p in rows), key=lambda p: [p[k] for k in key])
 
 
-def _agree(plans: dict[ClassKey, Suspects]) -> dict[ClassKey, Suspects]:
-    """Rank 0's plan on every rank (a collective, bounded by the group's timeout)."""
-    import torch.distributed as dist
-
-    box: list[Any] = [plans]
-    dist.broadcast_object_list(box, src=0)
-    return dict(box[0])
+def _agree(plans: dict[ClassKey, Suspects], ctx: RunContext) -> dict[ClassKey, Suspects]:
+    """Rank 0's plan on every rank (on the session's object group, under its deadline)."""
+    return dict(broadcast_object(plans, ctx))

@@ -23,7 +23,7 @@ from gpucheck.comm.pairwise import DEFAULT_REPEATS, gather_rows, measure_pairs, 
 from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext
 from gpucheck.distributed import faultwatch, progress, terminal
-from gpucheck.distributed.deadline import settle
+from gpucheck.distributed.deadline import gather_objects, settle
 from gpucheck.distributed.nodes import DEFAULT_SLOW_NODE_FRACTION, group_by_node
 from gpucheck.distributed.session import process_group, roster
 from gpucheck.distributed.world import World
@@ -114,18 +114,16 @@ def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
         row = measure_size("all_reduce", largest, spec, world, ctx)
         return wanted | {"rank_times_us": row["rank_times_us"]}
 
-    return remeasure(world.rank, lambda: plan(figures, DEFAULT_SLOW_NODE_FRACTION), again)[1]
+    return remeasure(world.rank, lambda: plan(figures, DEFAULT_SLOW_NODE_FRACTION), again,
+                     ctx)[1]
 
 
-def _transport(spec: CommSpec, world: World, folder: str | None) -> list[Any] | None:
+def _transport(spec: CommSpec, world: World, folder: str | None,
+               ctx: RunContext) -> list[Any] | None:
     """Every rank's NCCL transport (gpucheck.comm.nccl_log); None off NCCL."""
-    import torch.distributed as dist
-
     if spec.backend != "nccl":
         return None
-    every: list[Any] = [None] * world.world_size
-    dist.all_gather_object(every, rank_entry(world.rank, folder))
-    return every
+    return gather_objects(rank_entry(world.rank, folder), ctx)
 
 
 # torch.distributed's gloo backend sends and receives host tensors only: on a CUDA
@@ -187,7 +185,7 @@ def comm_worker(ctx: RunContext, spec: CommSpec) -> dict[str, Any] | None:
                     if world.rank == 0:
                         progress.publish_partial(ctx, result)
             _pairs_and_nodes(spec, world, infos, sizes[-1], result, ctx)
-        result["transport"] = _transport(spec, world, nccl_folder)
+        result["transport"] = _transport(spec, world, nccl_folder, ctx)
         faults.mark_end()
         result["faults"] = faults.gather()
         result["complete"] = True

@@ -1,25 +1,6 @@
-"""gpucheck's own deadline on every host wait on NCCL, NCCL's watchdog as the backstop,
-and how a rank whose group failed on NCCL ends (docs/hang.md, "When an NCCL collective
-times out").
-
-Why gpucheck does not leave a timed-out NCCL collective to torch (issue 33, read from
-ProcessGroupNCCL.cpp of torch 2.11 and 2.14): without TORCH_NCCL_BLOCKING_WAIT a
-`Work.wait()` only makes the current stream wait, and a CUDA synchronisation returns
-when the kernel ends, which on a silent peer is when the watchdog aborts the
-communicators: after the timeout, an up-to-8 s traceback and a sleep of
-4 x TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC (60 s by default) that holds the work list's
-mutex; the heartbeat monitor then ends the process TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC
-(480 s) later unless the group was aborted. TORCH_NCCL_BLOCKING_WAIT=1 would bound the
-wait but starts no watchdog, so nothing would dump. So:
-- the host polls the op's completion (`Work.is_completed()`, a CUDA event's `query()`)
-  every few ms until the command's timeout (`settle`), and raises `DeadlinePassed`;
-- the group's own timeout is the command's + BACKSTOP_S: the watchdog fires only where
-  a wait escaped the poll, with the `BACKSTOP` settings where the user set none;
-- the rank then dumps, answers the roll call, aborts the group (`abort_groups`),
-  writes its report and leaves through `os._exit` (`exit_after_abort`): a
-  `destroy_process_group` on a failed NCCL group can hang, and an interpreter exit
-  runs the group's destructor.
-"""
+"""gpucheck's own deadline on every host wait on NCCL (and objects on a gloo group), NCCL's
+watchdog as the backstop, and how a rank whose NCCL group failed ends (docs/hang.md,
+"When an NCCL collective times out")."""
 
 from __future__ import annotations
 
@@ -28,7 +9,10 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, MutableMapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from gpucheck.context import RunContext
 
 # The group's timeout is the command's + this: gpucheck's deadline always fires first.
 BACKSTOP_S = 30.0
@@ -41,6 +25,7 @@ BACKSTOP = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
             "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "3000",
             "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "60",
             "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+T = TypeVar("T")
 TRACEBACK_CAP_S = 8.0  # the watchdog's traceback print is given at most this long
 
 
@@ -84,6 +69,25 @@ def synchronize(device: str, wait_s: float = math.inf, what: str = "the device's
     end = torch.cuda.Event()
     end.record()
     settle([], wait_s, what, done=end.query)
+
+
+def gather_objects(obj: T, ctx: RunContext) -> list[T]:
+    """Every rank's `obj`, in rank order (all_gather_object on the session's object
+    group: gloo beside NCCL, so a silent rank costs gloo's timeout, not NCCL's)."""
+    import torch.distributed as dist
+
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, obj, group=ctx.session.objects)
+    return every
+
+
+def broadcast_object(obj: T, ctx: RunContext, src: int = 0) -> T:
+    """Rank `src`'s `obj` on every rank, through the session's object group."""
+    import torch.distributed as dist
+
+    box: list[Any] = [obj]
+    dist.broadcast_object_list(box, src=src, group=ctx.session.objects)
+    return box[0]  # type: ignore[no-any-return]
 
 
 def nccl_backstop(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from gpucheck.context import RunContext
 from gpucheck.devices import GpuIdentity
-from gpucheck.distributed import progress
+from gpucheck.distributed import deadline, progress
 from gpucheck.distributed.world import World
 from gpucheck.faults import FaultWatch
 from gpucheck.probes.nvml import Nvml
@@ -79,8 +79,7 @@ class RankFaults:
             return off_results(dist.get_world_size())
         mine = self._own_result()
         progress.set_step(self.ctx, "all_gather of the fault watch results")
-        every: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, mine)
+        every: list[Any] = deadline.gather_objects(mine, self.ctx)
         progress.set_step(self.ctx, None)
         return every
 

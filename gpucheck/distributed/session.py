@@ -230,6 +230,9 @@ def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool
                             rank=world.rank, world_size=world.world_size,
                             timeout=_dt.timedelta(seconds=deadline.group_timeout_s(
                                 backend, timeout_s)))
+    if backend == "nccl" and world.world_size > 1:  # objects cross on gloo, under the deadline
+        objects = dist.new_group(backend="gloo", timeout=_dt.timedelta(seconds=timeout_s))
+        ctx.session.objects = objects if isinstance(objects, dist.ProcessGroup) else None
     progress.set_step(ctx, None)
     terminal.say(ctx, f"{world.world_size} rank(s) joined the process group ({backend}, "
                       f"{device})")
@@ -248,6 +251,7 @@ def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool
     else:
         dist.destroy_process_group()
     finally:
+        ctx.session.objects = None
         faults.close()
         _leave_after_failure(ctx, backend, world)
 

@@ -10,6 +10,8 @@ from typing import Any
 
 from gpucheck import subject
 from gpucheck.confirm import Suspect, confirm, remeasure
+from gpucheck.context import RunContext
+from gpucheck.distributed.deadline import gather_objects
 from gpucheck.distributed.session import barrier
 from gpucheck.measure import Better, Bound
 from gpucheck.peers import SLOW_NODE_FRACTION, against_median, known_good
@@ -23,12 +25,14 @@ HINT = ("check the node's NVLink / NVSwitch (nvidia-smi nvlink -s, nvidia-smi to
         "nvidia-smi -q -d NVLINK), then gpucheck comm on it alone")
 RERUN_HINT = ("not condemned: slow once but not confirmed (or CPU ranks, whose speed is "
               "the machine's load); rerun, and look into it if it comes back")
+AZURE_ND_H100_V5 = ("Azure/azurehpc-health-checks conf/nd96isr_h100_v5.conf: "
+                    "check_nccl_allreduce 460.0 GB/s on 8 H100 SXM, about 480 typical")
 
 
 @dataclass(frozen=True)
 class Expected:
-    """A healthy node's all_reduce busbw, the fraction of it preflight's smaller message
-    must reach, and the least size it applies from."""
+    """A healthy node's all_reduce busbw for (model, GPUs on the node), the fraction of
+    it preflight's smaller message must reach, and the least size it applies from."""
 
     busbw_gbps: float
     fraction: float
@@ -45,10 +49,9 @@ class Expected:
 # with an NVLink down or an NVSwitch degraded falls far below that (to PCIe rates),
 # a healthy one stays well above (an estimate until measured on a device).
 EXPECTED: dict[tuple[str, int], Expected] = {
-    ("NVIDIA H100 80GB HBM3", 8): Expected(
-        480.0, 0.5, 256 << 20, "Azure/azurehpc-health-checks conf/nd96isr_h100_v5.conf: "
-        "check_nccl_allreduce 460.0 GB/s on 8 H100 SXM, about 480 typical; half of it "
-        "required at 256 MiB (estimate, docs/preflight.md)"),
+    ("NVIDIA H100 80GB HBM3", 8): Expected(480.0, 0.5, 256 << 20,
+                                           AZURE_ND_H100_V5 + "; half of it required at "
+                                           "256 MiB (estimate, docs/preflight.md)"),
 }
 
 
@@ -78,12 +81,12 @@ def node_figures(records: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, An
 
 def plan(figures: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     """Suspects ({node: [reasons]}: "peers", "expected") and the known-good node to
-    measure beside them."""
+    measure beside them; rank 0 makes it, every rank follows it."""
     values = {n: float(f["busbw_gbps"]) for n, f in figures.items()}
     peers = against_median(values, Bound.fraction(SLOW_NODE_FRACTION, Better.HIGHER))
     suspects: dict[int, list[str]] = {n: ["peers"] for n in peers.worse}
     for n, f in figures.items():
-        exp = _expected(f)
+        exp = expected_for(f.get("model"), int(f["ranks"]), int(f["size_bytes"]))
         if exp is not None and values[n] < exp.floor_gbps:
             suspects.setdefault(n, []).append("expected")
     good = known_good(values, list(suspects)) if suspects else None
@@ -137,7 +140,9 @@ def _expected(figure: Mapping[str, Any]) -> Expected | None:
 
 def _healthy_text(figures: Mapping[int, Mapping[str, Any]]) -> str:
     values = ", ".join(f"node {n} {f['busbw_gbps']:.3g}" for n, f in sorted(figures.items()))
-    against = "their expected floor and " if all(map(_expected, figures.values())) else \
+    expected = [expected_for(f.get("model"), int(f["ranks"]), int(f["size_bytes"]))
+                for f in figures.values()]
+    against = "their expected floor and " if all(expected) else \
         "the other nodes (no expected figure for this GPU model, GPU count and size; " \
         "gpucheck lists only sourced ones) and "
     return (f"{len(figures)} node(s) within {against}{SLOW_NODE_FRACTION:g} x the median "
@@ -148,7 +153,7 @@ def _healthy_text(figures: Mapping[int, Mapping[str, Any]]) -> str:
 
 
 def measure_nodes(world: Any, roster: Sequence[Mapping[str, Any]], device: str,
-                  size_bytes: int, iters: int, budget: Any) -> dict[str, Any]:
+                  size_bytes: int, iters: int, budget: Any, ctx: RunContext) -> dict[str, Any]:
     """Every node's all_reduce among its own ranks, then every node again at once when
     rank 0's plan names a suspect and the budget allows: {figures, plan, again, why_not},
     the same on every rank."""
@@ -161,7 +166,7 @@ def measure_nodes(world: Any, roster: Sequence[Mapping[str, Any]], device: str,
     # rest by the frame's destroy_process_group. One node: the job's own group.
     group = None if len(nodes) == 1 else \
         dist.new_subgroups_by_enumeration([sorted(v) for _, v in sorted(nodes.items())])[0]
-    figures = _pass(world, device, size_bytes, iters, group, budget)
+    figures = _pass(world, device, size_bytes, iters, group, budget, ctx)
     cost = 1.0 + 2 * max(_seconds(figures), 0.1)
 
     def again(wanted: dict[str, Any]) -> tuple[Any, str | None]:
@@ -170,9 +175,9 @@ def measure_nodes(world: Any, roster: Sequence[Mapping[str, Any]], device: str,
         if budget.agreed_left(device) < cost:
             return None, f"no {cost:.2g} s left of the budget to measure it again"
         budget.bound_waits()
-        return _pass(world, device, size_bytes, iters, group, budget), None
+        return _pass(world, device, size_bytes, iters, group, budget, ctx), None
 
-    found = remeasure(world.rank, lambda: plan(figures), again)  # (plan, (again, why not))
+    found = remeasure(world.rank, lambda: plan(figures), again, ctx)  # (plan, (again, why not))
     measured, why_not = found[1] or (None, None)
     return {"figures": figures, "plan": found[0], "again": measured, "why_not": why_not}
 
@@ -183,7 +188,7 @@ def _seconds(figures: Mapping[int, Mapping[str, Any]]) -> float:
 
 
 def _pass(world: Any, device: str, size_bytes: int, iters: int, group: Any,
-          budget: Any) -> dict[int, dict[str, Any]]:
+          budget: Any, ctx: RunContext) -> dict[int, dict[str, Any]]:
     """This rank's mean all_reduce time in its node's group (2 warm-ups, then `iters`
     between barriers of the group), every host wait under the budget's end and its
     grace; every rank's figures."""
@@ -206,6 +211,5 @@ def _pass(world: Any, device: str, size_bytes: int, iters: int, group: Any,
     model = torch.cuda.get_device_name() if device == "cuda" else None
     record = {"rank": world.rank, "node_rank": world.node_rank, "model": model,
               "size_bytes": data.numel() * 4, "time_s": marks.span_s() / max(1, iters)}
-    every: list[Any] = [None] * world.world_size
-    dist.all_gather_object(every, record)
+    every: list[Any] = gather_objects(record, ctx)
     return node_figures(every)

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpucheck.context import RunContext
 from gpucheck.distributed import faultwatch, progress, terminal
+from gpucheck.distributed.deadline import broadcast_object, gather_objects
 from gpucheck.distributed.session import job_store, process_group, roster, store_on_rank0
 from gpucheck.distributed.world import World
 from gpucheck.preflight.checks import GRACE_S, Budget
@@ -128,14 +129,6 @@ def _check(run: Run, name: str) -> None:
     progress.set_step(run.ctx, None)
 
 
-def _gather(mine: Any, world_size: int) -> list[Any]:
-    import torch.distributed as dist
-
-    every: list[Any] = [None] * world_size
-    dist.all_gather_object(every, mine)
-    return every
-
-
 def _nvml(run: Run) -> dict[str, Any]:
     """Each node's local rank 0 judges its node's GPUs through NVML; all gathered."""
     from gpucheck.preflight.checks import nvml_findings
@@ -148,7 +141,7 @@ def _nvml(run: Run) -> dict[str, Any]:
                 "findings": nvml_findings(run.spec.device, own, _kernel_log_s(run),
                                           environ=run.ctx.launcher_env,
                                           cpu_asked=run.spec.cpu_asked)}
-    return {"nodes": [n for n in _gather(mine, run.world.world_size) if n is not None]}
+    return {"nodes": [n for n in gather_objects(mine, run.ctx) if n is not None]}
 
 
 def _kernel_log_s(run: Run) -> float:
@@ -187,9 +180,8 @@ def _stress_phase(name: str) -> Callable[[Run], dict[str, Any]]:
 def _alloc(run: Run) -> dict[str, Any]:
     from gpucheck.preflight.checks import large_allocation
 
-    return {"ranks": _gather(large_allocation(run.world.rank, run.spec.device,
-                                              run.spec.alloc_fraction),
-                             run.world.world_size)}
+    return {"ranks": gather_objects(large_allocation(run.world.rank, run.spec.device,
+                                                     run.spec.alloc_fraction), run.ctx)}
 
 
 def _all_reduce(run: Run) -> dict[str, Any]:
@@ -203,7 +195,8 @@ def _all_reduce(run: Run) -> dict[str, Any]:
     row = measure_size("all_reduce", spec.allreduce_bytes, comm, run.world, run.ctx)
     # Then each node's own all_reduce: the per-node figure judged (node_busbw).
     return {"row": row, "nodes": measure_nodes(run.world, run.result["ranks"], spec.device,
-                                               spec.allreduce_bytes, spec.iters, run.budget)}
+                                               spec.allreduce_bytes, spec.iters, run.budget,
+                                               run.ctx)}
 
 
 def _links(run: Run) -> dict[str, Any]:
@@ -225,12 +218,9 @@ _CHECK_FUNCTIONS: dict[str, Callable[[Run], dict[str, Any]]] = {
 
 def _decide(run: Run) -> dict[str, Any]:
     """Rank 0 judges everything gathered; its decision is broadcast to every rank."""
-    import torch.distributed as dist
-
     run.budget.bound_waits(GRACE_S)  # the agreement itself may run past the budget a bit
-    box: list[Any] = [_decision(run) if run.world.rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return dict(box[0])
+    decision = broadcast_object(_decision(run) if run.world.rank == 0 else None, run.ctx)
+    return dict(decision or {})
 
 
 def _decision(run: Run) -> dict[str, Any]:

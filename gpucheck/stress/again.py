@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpucheck.confirm import remeasure
+from gpucheck.context import RunContext
 from gpucheck.stress.hooks import Hook
 from gpucheck.stress.specs import Figure
 from gpucheck.stress.verdicts import suspect_ranks
@@ -28,11 +29,11 @@ def measure_again(rank: int, records: Sequence[Mapping[str, Any]], key: str,
                   ranks: Sequence[Mapping[str, Any]], bounds: tuple[float, float],
                   figure_of: Callable[[str | None], Figure | None],
                   measure: Callable[[], Any], gather: Callable[[Any], list[Any]],
-                  higher_is_better: bool = True) -> list[Any] | None:
+                  higher_is_better: bool = True, *, ctx: RunContext) -> list[Any] | None:
     """Every rank's second record (`gather(measure())`) when a rank's `key` is below a
     bound, (peer fraction, expected fraction), else None."""
     values = {int(r["rank"]): float(r[key]) for r in records}
     suspects, again = remeasure(
         rank, lambda: suspect_ranks(values, ranks, bounds[0], figure_of, bounds[1],
-                                    higher_is_better), lambda _: gather(measure()))
+                                    higher_is_better), lambda _: gather(measure()), ctx)
     return None if again is None else [dict(r) | {"suspects": suspects} for r in again]

@@ -37,7 +37,7 @@ def copies_phase(ctx: RankContext, result: dict[str, Any]) -> None:
         return gather(ctx, copy_row(ctx, result))
 
     _, second = remeasure(ctx.world.rank, lambda: copy_suspects(
-        rows, result["ranks"], spec.copy_fraction, spec.peer_fraction), again)
+        rows, result["ranks"], spec.copy_fraction, spec.peer_fraction), again, ctx.run)
     if second is not None:
         result["copies"]["again"] = second
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from gpucheck.context import RunContext
 from gpucheck.distributed import progress
+from gpucheck.distributed.deadline import gather_objects
 from gpucheck.distributed.world import World
 from gpucheck.stress.hooks import Hook
 
@@ -51,11 +52,7 @@ Phase = Callable[[RankContext, dict[str, Any]], None]
 
 
 def gather(ctx: RankContext, mine: Any) -> list[Any]:
-    import torch.distributed as dist
-
-    every: list[Any] = [None] * ctx.world.world_size
-    dist.all_gather_object(every, mine)
-    return every
+    return gather_objects(mine, ctx.run)
 
 
 def barrier(ctx: RankContext) -> None:

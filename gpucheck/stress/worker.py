@@ -235,7 +235,8 @@ def _again(ctx: RankContext, result: dict[str, Any], phase: str,
 
     bounds = (ctx.spec.peer_fraction, ctx.spec.expected_fraction)
     again = measure_again(ctx.world.rank, records, key, result["ranks"], bounds, figure_of,
-                          remeasure, lambda mine: gather(ctx, mine), higher_is_better)
+                          remeasure, lambda mine: gather(ctx, mine), higher_is_better,
+                          ctx=ctx.run)
     if again:
         result.setdefault(f"{phase}_again", []).extend(again)
         publish(ctx, result)
