@@ -25,14 +25,12 @@ HINT = ("check the node's NVLink / NVSwitch (nvidia-smi nvlink -s, nvidia-smi to
         "nvidia-smi -q -d NVLINK), then gpucheck comm on it alone")
 RERUN_HINT = ("not condemned: slow once but not confirmed (or CPU ranks, whose speed is "
               "the machine's load); rerun, and look into it if it comes back")
-AZURE_ND_H100_V5 = ("Azure/azurehpc-health-checks conf/nd96isr_h100_v5.conf: "
-                    "check_nccl_allreduce 460.0 GB/s on 8 H100 SXM, about 480 typical")
 
 
 @dataclass(frozen=True)
 class Expected:
-    """A healthy node's all_reduce busbw for (model, GPUs on the node), the fraction of
-    it preflight's smaller message must reach, and the least size it applies from."""
+    """A healthy node's all_reduce busbw, the fraction of it preflight's smaller message
+    must reach, and the least size it applies from."""
 
     busbw_gbps: float
     fraction: float
@@ -49,9 +47,10 @@ class Expected:
 # with an NVLink down or an NVSwitch degraded falls far below that (to PCIe rates),
 # a healthy one stays well above (an estimate until measured on a device).
 EXPECTED: dict[tuple[str, int], Expected] = {
-    ("NVIDIA H100 80GB HBM3", 8): Expected(480.0, 0.5, 256 << 20,
-                                           AZURE_ND_H100_V5 + "; half of it required at "
-                                           "256 MiB (estimate, docs/preflight.md)"),
+    ("NVIDIA H100 80GB HBM3", 8): Expected(
+        480.0, 0.5, 256 << 20, "Azure/azurehpc-health-checks conf/nd96isr_h100_v5.conf: "
+        "check_nccl_allreduce 460.0 GB/s on 8 H100 SXM, about 480 typical; half of it "
+        "required at 256 MiB (estimate, docs/preflight.md)"),
 }
 
 
@@ -81,12 +80,12 @@ def node_figures(records: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, An
 
 def plan(figures: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     """Suspects ({node: [reasons]}: "peers", "expected") and the known-good node to
-    measure beside them; rank 0 makes it, every rank follows it."""
+    measure beside them."""
     values = {n: float(f["busbw_gbps"]) for n, f in figures.items()}
     peers = against_median(values, Bound.fraction(SLOW_NODE_FRACTION, Better.HIGHER))
     suspects: dict[int, list[str]] = {n: ["peers"] for n in peers.worse}
     for n, f in figures.items():
-        exp = expected_for(f.get("model"), int(f["ranks"]), int(f["size_bytes"]))
+        exp = _expected(f)
         if exp is not None and values[n] < exp.floor_gbps:
             suspects.setdefault(n, []).append("expected")
     good = known_good(values, list(suspects)) if suspects else None
@@ -140,9 +139,7 @@ def _expected(figure: Mapping[str, Any]) -> Expected | None:
 
 def _healthy_text(figures: Mapping[int, Mapping[str, Any]]) -> str:
     values = ", ".join(f"node {n} {f['busbw_gbps']:.3g}" for n, f in sorted(figures.items()))
-    expected = [expected_for(f.get("model"), int(f["ranks"]), int(f["size_bytes"]))
-                for f in figures.values()]
-    against = "their expected floor and " if all(expected) else \
+    against = "their expected floor and " if all(map(_expected, figures.values())) else \
         "the other nodes (no expected figure for this GPU model, GPU count and size; " \
         "gpucheck lists only sourced ones) and "
     return (f"{len(figures)} node(s) within {against}{SLOW_NODE_FRACTION:g} x the median "
