@@ -10,8 +10,16 @@ from typing import Any
 
 import pytest
 
-from gpucheck.analysis.facts import HARDWARE, SETUP, VERSION, extract_facts
-from gpucheck.analysis.metrics import family, metrics_of, position, slot_words
+from gpucheck.analysis.metrics import (
+    HARDWARE,
+    SETUP,
+    VERSION,
+    extract_facts,
+    family,
+    metrics_of,
+    position,
+    slot_words,
+)
 from gpucheck.measure import Better
 from gpucheck.report import Report, ReportShapeError
 

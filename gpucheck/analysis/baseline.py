@@ -1,10 +1,6 @@
-"""Baselines: the expected value of each metric on healthy nodes, and a floor under it.
-
-`gpucheck fleet --save-baseline FILE` writes one from a fleet's healthy reports;
-`--baseline FILE` (fleet; bench, comm, stress and all through
-gpucheck/commands/options.py) warns on a metric worse than its limit. The
-file format is documented in
-docs/fleet.md ("Baseline files") and versioned by BASELINE_SCHEMA_VERSION.
+"""Baselines: each metric's expected value on healthy nodes and a floor under it
+(`fleet --save-baseline` writes one; `--baseline` judges against it; docs/fleet.md,
+"Baselines").
 """
 
 from __future__ import annotations

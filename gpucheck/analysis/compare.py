@@ -1,8 +1,5 @@
-"""Two reports of one command side by side: facts, every metric's change, findings.
-
-B is judged against A: a metric worse by more than the threshold, fewer GPUs or a
-new FAIL is a FAIL (exit 1: a regression gate); differing versions or settings and
-new WARNs are WARNs.
+"""Two reports of one command side by side: facts, every metric's change, findings;
+B judged against A (docs/fleet.md, "gpucheck compare").
 """
 
 from __future__ import annotations
@@ -11,11 +8,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.analysis.facts import ENVIRONMENT, HARDWARE, SETUP, VERSION, Fact, gpu_count
-from gpucheck.analysis.hostbound import host_bound_finding, host_bound_ranks, relabel
 from gpucheck.analysis.loading import LoadedReport
-from gpucheck.analysis.metrics import family, judged, metric_order, slot_subject
-from gpucheck.analysis.noise import NOISY, Noise, host_prefixes, judged_threshold, noise_levels
+from gpucheck.analysis.metrics import (
+    ENVIRONMENT,
+    HARDWARE,
+    SETUP,
+    VERSION,
+    Fact,
+    family,
+    gpu_count,
+    judged,
+    metric_order,
+    slot_subject,
+)
+from gpucheck.analysis.noise import (
+    NOISY,
+    Noise,
+    host_bound_finding,
+    host_bound_ranks,
+    host_prefixes,
+    judged_threshold,
+    noise_levels,
+    relabel,
+)
 from gpucheck.measure import Metric
 from gpucheck.peers import shortfall
 from gpucheck.report import Finding, Section, fail, ok, skip, warn

@@ -1,9 +1,5 @@
-"""Reports from many nodes: coverage, drift, outliers, a baseline, and the nodes to act on.
-
-Every part gives `Reason`s naming a node; the "actions" section ranks the nodes by
-them: FAIL before WARN, then the most disruptive action, then the number of
-reasons, then the name. Everything is sorted, so the same inputs give the same
-report byte for byte.
+"""Reports from many nodes: coverage, drift, outliers, a baseline, and the nodes to act
+on, ranked by their `Reason`s; sorted throughout, so the same inputs give the same bytes.
 """
 
 from __future__ import annotations
@@ -14,11 +10,17 @@ from typing import Any
 
 from gpucheck.actions import ACTIONS
 from gpucheck.analysis.baseline import Baseline, baseline_findings, below_baseline
-from gpucheck.analysis.drift import Drift, drift_reasons, drift_row, find_drift
-from gpucheck.analysis.identity import identity_findings
 from gpucheck.analysis.metrics import gpu_words
-from gpucheck.analysis.nodes import Fleet, Reason, finding_reasons, timestamp
-from gpucheck.analysis.outliers import judge_group, outlier_reasons, outlier_row
+from gpucheck.analysis.nodes import Fleet, Reason, finding_reasons, identity_findings, timestamp
+from gpucheck.analysis.outliers import (
+    Drift,
+    drift_reasons,
+    drift_row,
+    find_drift,
+    judge_group,
+    outlier_reasons,
+    outlier_row,
+)
 from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
 from gpucheck.stats import significant
 from gpucheck.subject import file, host, text

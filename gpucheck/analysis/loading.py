@@ -1,17 +1,19 @@
 """Report files in, `Report`s out (read by `Report.from_dict`, the one reader), with
-their metrics and facts; one line naming the file and the problem otherwise."""
+their metrics and facts; one line naming the file and the problem otherwise. Also the
+option values compare and fleet share (`fraction`, `positive`).
+"""
 
 from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpucheck.analysis.facts import Fact, extract_facts
-from gpucheck.analysis.metrics import metrics_of
+from gpucheck.analysis.metrics import Fact, extract_facts, metrics_of
 from gpucheck.errors import UsageError
 from gpucheck.inputs import InputError, JsonProblem, parse_json, read_capped
 from gpucheck.measure import Metric
@@ -199,3 +201,23 @@ def report_paths(inputs: Sequence[str]) -> list[str]:
     for path in paths:
         unique.setdefault(os.path.realpath(path), path)
     return list(unique.values())
+
+
+def fraction(text: str, option: str) -> float:
+    """"0.05" or "5%" as 0.05; it must lie strictly between 0 and 1."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise UsageError(f"{option} {text!r} is not a number: give a fraction (0.05) or a "
+                         "percentage (5%)") from None
+    if not 0 < value < 1:
+        raise UsageError(f"{option} {text!r} must lie between 0 and 1 (0% and 100%), e.g. "
+                         "0.05 or 5%")
+    return value
+
+
+def positive(value: float, option: str) -> float:
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{option} must be a positive number, not {value}")
+    return value

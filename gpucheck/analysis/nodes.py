@@ -1,8 +1,5 @@
-"""A fleet's inputs grouped by command and node, and the reasons a node needs acting on.
-
-Every analysis of the fleet (coverage, drift, outliers, baseline, the node's own
-findings) gives `Reason`s naming a node; `gpucheck.analysis.fleet` ranks the nodes by
-them. Nodes are named by their report's `host` (the file name when it has none).
+"""A fleet's inputs grouped by command and node, the `Reason`s a node needs acting on,
+and the findings on the files themselves (two claiming one host, one dated ahead).
 """
 
 from __future__ import annotations
@@ -13,10 +10,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpucheck.analysis.facts import Fact
 from gpucheck.analysis.loading import ANALYSIS_COMMANDS, LoadedReport
+from gpucheck.analysis.metrics import Fact
 from gpucheck.measure import Metric
-from gpucheck.report import Status
+from gpucheck.report import Finding, Status, fail, warn
+from gpucheck.subject import host
 
 
 @dataclass(frozen=True)
@@ -169,3 +167,47 @@ def finding_reasons(node: NodeReport, shadowed: bool = False) -> list[Reason]:
                                   where + f.message, None if f.subject is None else f.subject.label,
                                   node.command, f.hint))
     return reasons
+
+
+_DUPLICATE_HINT = ("keep one report per node and command: remove the stale or copied "
+                   "file, or rerun gpucheck on the node to learn which is true")
+_FUTURE_HINT = ("check the node's clock (timedatectl; chrony or ntpd) or where the file "
+                "came from: a date ahead of now makes it win over the node's real reports")
+
+
+def _described(report: LoadedReport) -> str:
+    return f"{report.path} ({report.verdict}, {report.created_at or 'no date'})"
+
+
+def duplicate_finding(dup: Duplicate) -> tuple[Finding, Reason]:
+    """FAIL when a file that is not judged has a FAIL (it must not vanish), else WARN."""
+    judged = dup.reports[-1]
+    hidden_fail = any(r.verdict == "FAIL" for r in dup.reports[:-1])
+    files = "; ".join(_described(r) for r in dup.reports)
+    message = (f"{len(dup.reports)} {dup.command} reports claim host {dup.node}: {files}; "
+               f"only the newest ({judged.path}) is judged")
+    if hidden_fail:
+        finding = fail("fleet.duplicate_host", message, hint=_DUPLICATE_HINT,
+                       subject=host(dup.node))
+    else:
+        finding = warn("fleet.duplicate_host", message, hint=_DUPLICATE_HINT,
+                       subject=host(dup.node))
+    return finding, Reason(dup.node, finding.status.value, finding.action or "rerun",
+                           "fleet.duplicate_host", message, None, "fleet", _DUPLICATE_HINT)
+
+
+def future_finding(report: LoadedReport) -> tuple[Finding, Reason]:
+    node = node_name(report)
+    message = (f"{report.path} is dated {report.created_at}, ahead of this machine's clock "
+               f"(claims host {node})")
+    finding = warn("fleet.future_report", message, hint=_FUTURE_HINT, subject=host(node))
+    return finding, Reason(node, "WARN", "fix-config", "fleet.future_report", message, None,
+                           "fleet", _FUTURE_HINT)
+
+
+def identity_findings(fleet: Fleet, reasons: list[Reason]) -> list[Finding]:
+    """A finding per duplicate claim and per future-dated file; their reasons appended."""
+    found = [duplicate_finding(d) for d in fleet.duplicates]
+    found += [future_finding(r) for r in fleet.future]
+    reasons += [reason for _, reason in found]
+    return [finding for finding, _ in found]

@@ -1,34 +1,19 @@
-"""How far two runs' figures can differ by noise alone, per metric: what compare
-judges a change against, so two healthy back-to-back runs are not a regression.
-
-Three measures of noise, the largest wins:
-- within a run: how much the figure varied while it was measured (`Metric.spread`:
-  a rank's p99 iteration against its median, the slowest rank of a collective against
-  the fastest), in either run;
-- between the runs, in the other direction: noise moves figures both ways, a real
-  change moves them one way. A figure whose family (the other sizes of the same
-  collective, the other ranks of the same figure) came out *better* in B by some
-  amount shows that B and A differ by that much without anything being wrong, so a
-  drop of that size is not told apart from noise. A real 30% drop of every size or
-  of one rank has no such mirror and stays a regression;
-- between any two runs of the same setup, where one run's spread says little: comm
-  on CPU ranks (gloo through the host's memory and scheduler) moves by far more from
-  run to run than within one (`HOST_BOUND_RUNS`).
-
-The threshold a metric is judged with is the larger of the user's `--threshold` and
-this noise; beyond NOISY a metric is reported as too noisy to judge.
+"""How far two runs' figures can differ by noise alone, per metric (the largest of the
+spread within a run, the mirror between runs and HOST_BOUND_RUNS), and the host-bound
+rule: what compare judges a change against (docs/fleet.md, "Noise").
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from gpucheck.analysis.facts import Fact
-from gpucheck.analysis.metrics import family, judged
+from gpucheck.analysis.metrics import Fact, family, judged, position
 from gpucheck.measure import Metric
 from gpucheck.peers import shortfall
+from gpucheck.report import Finding, warn
 
 NOISY = 0.5  # a metric that can move by half by noise alone is not judged
 # Four healthy `gpucheck comm` runs back to back on CPU ranks (2-core VM, issue 36 item
@@ -102,3 +87,77 @@ def _family_members(name: str, metric: Metric, moves: Mapping[str, float],
     """The other figures of the metric's family (the other sizes of one collective, the
     other ranks of one figure), measured in the same two runs."""
     return [n for n in moves if n != name and family(a[n]) == family(metric)]
+
+
+HOST_BOUND = "host-bound"
+_WALL = "bench.images_per_s"
+_PACE = "bench.iteration_p50_ms"
+# The job's figures that follow the slowest rank: host-bound when every worse rank is.
+_JOB = ("bench.aggregate_images_per_s", "bench.job_wall_s", "bench.parallel_efficiency",
+        "bench.spread_slowest_vs_median")
+
+
+def host_bound_ranks(table: list[dict[str, Any]], a: Mapping[str, Metric],
+                     b: Mapping[str, Metric]) -> dict[str, tuple[float, float]]:
+    """Rank position -> (wall, pace) slowdown factors of B against A, for every rank
+    whose wall figure is worse and whose pace explains less than half of it (in log
+    terms: 6x slower on the wall clock at a 1.1x slower pace is a busy host; 1.4x at
+    1.4x is a slower device). Load also costs some pace (shared caches), hence half."""
+    found = {}
+    for row in table:
+        name = row["metric"]
+        rank = _rank_of(a.get(name), _WALL)
+        if rank is None or row["verdict"] != "worse":
+            continue
+        pace = f"{_PACE}.{rank}"
+        if pace not in a or pace not in b or min(a[pace].value, b[pace].value) <= 0 \
+                or b[name].value <= 0:
+            continue
+        wall_factor = a[name].value / b[name].value  # images/s: higher is better
+        pace_factor = b[pace].value / a[pace].value  # ms per iteration: lower is better
+        if math.log(max(pace_factor, 1.0)) < 0.5 * math.log(wall_factor):
+            found[rank] = (wall_factor, pace_factor)
+    return found
+
+
+def _rank_of(metric: Metric | None, name: str) -> str | None:
+    """The rank position ("rank1") of a per-rank `name` figure, else None."""
+    if metric is None or metric.name != name:
+        return None
+    return position(metric)
+
+
+def relabel(table: list[dict[str, Any]], ranks: Mapping[str, Any],
+            metrics: Mapping[str, Metric]) -> list[dict[str, Any]]:
+    """Mark the host-bound ranks' wall and pace rows, and the job's figures when every
+    worse rank is host-bound; return the job's rows so marked (the symptoms the host-bound
+    WARN explains)."""
+    worse_ranks = {rank for r in table if r["verdict"] == "worse"
+                   and (rank := _rank_of(metrics.get(r["metric"]), _WALL)) is not None}
+    explained = []
+    for row in table:
+        name = row["metric"]
+        if row["verdict"] != "worse":
+            continue
+        rank = _rank_of(metrics.get(name), _WALL) or _rank_of(metrics.get(name), _PACE)
+        if rank is not None and rank in ranks:
+            row["verdict"] = HOST_BOUND
+        elif name in _JOB and worse_ranks and worse_ranks <= ranks.keys():
+            row["verdict"] = HOST_BOUND
+            explained.append(row)
+    return explained
+
+
+def host_bound_finding(ranks: Mapping[str, tuple[float, float]],
+                       explained: Sequence[Mapping[str, Any]] = ()) -> Finding:
+    """The WARN naming the cause, and the job's figures it explains (`relabel`)."""
+    said = ", ".join(f"{rank}: {wall:.2f}x slower on the wall clock, pace {pace:.2f}x"
+                     for rank, (wall, pace) in sorted(ranks.items()))
+    also = "; ".join(f"{r['metric']} {r['A']:.4g} -> {r['B']:.4g}" for r in explained)
+    return warn("compare.host_bound",
+                f"B's ranks ran slower but computed at about A's pace ({said}): B's host did not "
+                "run them for part of the time (other load, a CPU quota, a stopped "
+                "process), so this is not a slower device"
+                + (f"; the job's figures fell with them ({also})" if also else ""),
+                hint="rerun B on an idle node (check top, the job's cgroup CPU quota, other "
+                "jobs on the node); if it stays slow, find what shares the node's CPUs")

@@ -8,9 +8,8 @@ import argparse
 import dataclasses
 
 from gpucheck.analysis.compare import Side, compare_sections
-from gpucheck.analysis.loading import LoadedReport, ReportError, load_report
+from gpucheck.analysis.loading import LoadedReport, ReportError, fraction, load_report
 from gpucheck.analysis.nodes import newest_created_at
-from gpucheck.analysis.options import fraction
 from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.report import Report

@@ -16,9 +16,8 @@ from gpucheck.analysis.baseline import (
     load_baseline,
 )
 from gpucheck.analysis.fleet import DEFAULT_MAD_K, DEFAULT_THRESHOLD, FleetOptions, fleet_sections
-from gpucheck.analysis.loading import load_reports, report_paths
+from gpucheck.analysis.loading import fraction, load_reports, report_paths
 from gpucheck.analysis.nodes import Fleet, Unused, group_reports, newest_created_at
-from gpucheck.analysis.options import fraction
 from gpucheck.commands.options import positive_float, positive_int
 from gpucheck.commands.registry import outputs_of
 from gpucheck.context import RunContext
