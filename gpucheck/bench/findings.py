@@ -120,20 +120,17 @@ def timing_section(records: tuple[RankRecord, ...], summary: BenchSummary,
 def rank_rows(records: tuple[RankRecord, ...], summary: BenchSummary) -> list[dict[str, Any]]:
     ordered = sorted(records, key=lambda r: r.rank)
     paces = {p.rank: p for p in summary.paces}
+    columns = {"vs_others": "vs_others", "slower_share": "slower_share",
+               "wall_vs_others": "wall_vs_others", "hold_back": "hold_back",
+               "whole_loop": "whole", "loop_again": "again", "both_loops": "both"}
     return [{
         "rank": r.rank, "host": r.host, "device": r.device_name, "images": r.images,
         "wall_s": r.wall_s, "device_s": r.device_s, "images_per_s": r.images_per_s,
         "vs_median": v, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,
-        "vs_others": paces[r.rank].vs_others if r.rank in paces else None,
-        "slower_share": paces[r.rank].slower_share if r.rank in paces else None,
-        "wall_vs_others": paces[r.rank].wall_vs_others if r.rank in paces else None,
-        "hold_back": paces[r.rank].hold_back if r.rank in paces else None,
-        "whole_loop": paces[r.rank].whole if r.rank in paces else None,
-        "loop_again": paces[r.rank].again if r.rank in paces else None,
-        "both_loops": paces[r.rank].both if r.rank in paces else None,
-        "waited_s": paces[r.rank].waited_ms / 1e3 if r.rank in paces else None,
-        "others_spread": paces[r.rank].others_spread if r.rank in paces else None,
-    } for r, v in zip(ordered, summary.vs_median, strict=True)]
+        **{key: getattr(pace, field, None) for key, field in columns.items()},
+        "waited_s": pace.waited_ms / 1e3 if pace else None,
+        "others_spread": pace.others_spread if pace else None,
+    } for r, v in zip(ordered, summary.vs_median, strict=True) for pace in [paces.get(r.rank)]]
 
 
 def detail_rows(records: tuple[RankRecord, ...]) -> list[dict[str, Any]]:

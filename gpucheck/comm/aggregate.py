@@ -199,16 +199,13 @@ def _noisy(node: int, suspects: Suspects, pairs: Sequence[Mapping[str, Any]],
            threshold: float, name: Callable[[int], str]) -> Finding:
     """Below the threshold, but no further below the median than one pair's repeats spread."""
     listed = ", ".join(f"{name(a)} -> {name(b)}" for a, b in suspects.noisy[:4])
-    size = _figure(pairs, suspects.noisy[0]).get("size_bytes")
+    size = next(p for p in pairs if (int(p["src"]), int(p["dst"])) == suspects.noisy[0]
+                ).get("size_bytes")
     return skip("comm.pairwise.slow_pair", f"node {node}: too noisy to judge at {size} bytes: "
                 f"{listed} read below {threshold:g} x the median "
                 f"({suspects.reference:.3g} GB/s), but repeated timings of healthy "
                 f"pairs read as low as {suspects.floor:.3g} GB/s; a larger --pair-bytes "
                 "resolves more", subject=subject.node(node))
-
-
-def _figure(pairs: Sequence[Mapping[str, Any]], pair: Pair) -> Mapping[str, Any]:
-    return next(p for p in pairs if (int(p["src"]), int(p["dst"])) == pair)
 
 
 def pair_matrix(pairs: Sequence[Mapping[str, Any]], ranks: Sequence[int]) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ functions, no torch."""
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -184,11 +185,7 @@ def shared_node(slow_pairs: Sequence[tuple[int, int]]) -> int | None:
     with fewer than two slow pairs."""
     if len(slow_pairs) < 2:
         return None
-    counts: dict[int, int] = {}
-    for pair in slow_pairs:
-        for node in set(pair):
-            counts[node] = counts.get(node, 0) + 1
-    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+    ranked = Counter(node for pair in slow_pairs for node in set(pair)).most_common(2)
     node, count = ranked[0]
     runner_up = ranked[1][1] if len(ranked) > 1 else 0
     return node if count * 2 > len(slow_pairs) and count > runner_up else None
