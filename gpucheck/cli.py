@@ -18,7 +18,7 @@ from types import ModuleType
 
 from gpucheck import __version__
 from gpucheck.commands import registry
-from gpucheck.commands.options import baseline_section, read_baseline_option
+from gpucheck.commands.launch import baseline_section, read_baseline_option
 from gpucheck.commands.registry import emit, file_formats, outputs_of, write_files
 from gpucheck.context import Console, RunContext, RunOptions
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal

@@ -6,12 +6,10 @@ are `InputError` in words a person can act on (README, "Trust boundaries").
 from __future__ import annotations
 
 import errno
-import gzip
 import json
 import os
 import re
 import stat
-import zlib
 from collections.abc import Iterator
 from typing import Any, BinaryIO, Protocol
 
@@ -94,6 +92,9 @@ def bounded_lines(handle: LineReader, limit: int, max_line: int = MAX_LINE_BYTES
 def gzip_lines(handle: BinaryIO, limit: int) -> Iterator[bytes]:
     """The lines of the gzip stream in `handle`, inflated up to `limit` bytes (a gzip
     bomb stops there); a damaged stream is an InputError, as a truncated one is."""
+    import gzip  # only for a .gz log: zlib and gzip cost every run otherwise
+    import zlib
+
     try:
         with gzip.GzipFile(fileobj=handle, mode="rb") as unzipped:
             yield from bounded_lines(unzipped, limit, what="decompresses to")

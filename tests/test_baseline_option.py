@@ -35,7 +35,7 @@ def test_a_comm_run_below_a_baseline_floor_warns_and_above_it_stays_ok(tmp_path)
     assert [f["status"] for f in found] == ["WARN"]
     assert "comm.all_reduce.busbw_gbps@1024" in found[0]["message"]
     from gpucheck.analysis.baseline import load_baseline
-    from gpucheck.commands.options import baseline_section
+    from gpucheck.commands.launch import baseline_section
     from gpucheck.report import Report
 
     report = Report.from_dict(json.loads(out.read_text()))

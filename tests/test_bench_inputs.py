@@ -41,18 +41,18 @@ def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 def test_more_gpus_than_visible_is_a_usage_error(capsys: pytest.CaptureFixture[str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpucheck.commands import options
+    from gpucheck.commands import launch
 
-    monkeypatch.setattr(options, "_visible_gpus", lambda ctx: 2)
+    monkeypatch.setattr(launch, "_visible_gpus", lambda ctx: 2)
     line = usage_error(capsys, "--n-gpus", "4", "--device", "cuda")
     assert "only 2 GPU" in line
 
 
 def test_cuda_without_a_gpu_is_a_usage_error(capsys: pytest.CaptureFixture[str],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpucheck.commands import options
+    from gpucheck.commands import launch
 
-    monkeypatch.setattr(options, "_visible_gpus", lambda ctx: 0)
+    monkeypatch.setattr(launch, "_visible_gpus", lambda ctx: 0)
     assert "--device cpu" in usage_error(capsys, "--device", "cuda")
 
 

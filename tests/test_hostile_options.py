@@ -97,7 +97,7 @@ def test_a_rank_count_beyond_any_node_is_refused_before_torch_loads() -> None:
 def test_the_gpus_at_most_are_the_nvidia_gpus_on_the_pci_bus(tmp_path: Path) -> None:
     from health_fakes import gpu_node_sysfs
 
-    from gpucheck.commands.options import _gpus_at_most
+    from gpucheck.commands.launch import _gpus_at_most
     from gpucheck.devices import SYSFS_VAR
 
     assert _gpus_at_most({SYSFS_VAR: str(gpu_node_sysfs(tmp_path, gpus=3))}) == 3

@@ -1,4 +1,4 @@
-"""comm and stress run their job through `gpucheck.commands.options`: the result,
+"""comm and stress run their job through `gpucheck.commands.launch`: the result,
 a failure carrying rank 0's results, a launcher failure, and the other ranks' None."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gpucheck.commands import options
-from gpucheck.commands.options import LaunchPlan
+from gpucheck.commands import launch
+from gpucheck.commands.launch import LaunchPlan
 from gpucheck.context import RunContext
 from gpucheck.distributed import job
 from gpucheck.distributed.job import JobFailed
@@ -32,7 +32,7 @@ def run_with(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> Report | None:
 
     monkeypatch.setattr(job, "run_job", fake_run_job)
     plan = LaunchPlan(nproc=2, device="cpu", backend="gloo", master_port=None, timeout_s=30)
-    return options.run_reported("stress", print, None, plan, build, quiet_stdout=False,
+    return launch.run_reported("stress", print, None, plan, build, quiet_stdout=False,
                                    ctx=RunContext())
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from gpucheck import subject
 from gpucheck.analysis.baseline import Baseline, Expected
-from gpucheck.commands.options import baseline_section
+from gpucheck.commands.launch import baseline_section
 from gpucheck.measure import Better, Metric
 from gpucheck.render.chart_rules import flagged_ranks
 from gpucheck.render.charts import (

@@ -172,7 +172,7 @@ def test_env_without_gpu_or_driver_says_so_and_with_gpus_claims_no_scope(monkeyp
 
 
 def test_cpu_ranks_within_the_cores_stay_ok_and_more_ranks_than_cores_warn_naming_them() -> None:
-    from gpucheck.commands.launch_options import LaunchPlan, cpu_ranks_finding
+    from gpucheck.commands.launch import LaunchPlan, cpu_ranks_finding
 
     fits = cpu_ranks_finding(LaunchPlan(2, "cpu", "gloo", None, 60.0), cores=2)
     assert fits is not None and fits.status is Status.OK
@@ -185,7 +185,7 @@ def test_cpu_ranks_within_the_cores_stay_ok_and_more_ranks_than_cores_warn_namin
 
 @pytest.mark.parametrize("fmt", ["text", "markdown", "html", "line", "json", "prometheus"])
 def test_a_report_on_cpu_ranks_says_so_first_in_every_format(fmt: str) -> None:
-    from gpucheck.commands.launch_options import CPU_SCOPE, LaunchPlan, add_launch_finding
+    from gpucheck.commands.launch import CPU_SCOPE, LaunchPlan, add_launch_finding
     from gpucheck.render import render
 
     figures = Section("stress", "Stress", {"device": "cpu"}, [ok("stress.gemm.peers", "ok")])
@@ -203,7 +203,8 @@ def test_a_report_on_cpu_ranks_says_so_first_in_every_format(fmt: str) -> None:
 
 
 def test_all_shows_the_fault_watch_thresholds_once_and_points_back_to_them() -> None:
-    from gpucheck.commands.all import Outcome, combined_report
+    from gpucheck.commands.all import combined_report
+    from gpucheck.context import Outcome
 
     thresholds = {"temperature_c": 90, "xid": "any"}
 

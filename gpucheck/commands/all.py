@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.commands.options import LaunchOptions, opt, positive_float
+from gpucheck.commands.launch import LaunchOptions
+from gpucheck.commands.options import opt, positive_float
 from gpucheck.context import AllRun, Outcome, RunContext
 from gpucheck.distributed import terminal
 from gpucheck.errors import UsageError
@@ -105,7 +106,7 @@ def _namespaces(args: argparse.Namespace, chosen: tuple[str, ...],
                 ctx: RunContext) -> tuple[dict[str, Any], str | None]:
     """Each chosen command's options from its own parser, checked before anything runs,
     and where their ranks compute (None when only env runs)."""
-    from gpucheck.commands.options import plan_launch
+    from gpucheck.commands.launch import plan_launch
     from gpucheck.commands.registry import command_module
 
     launched = [n for n in chosen if n != "env"]

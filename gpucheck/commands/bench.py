@@ -16,16 +16,8 @@ from gpucheck.bench.model import (
     scan_images,
 )
 from gpucheck.bench.pace import DEFAULT_STRAGGLER_THRESHOLD
-from gpucheck.commands.options import (
-    LaunchOptions,
-    LaunchPlan,
-    non_negative_int,
-    opt,
-    plan_launch,
-    positive_float,
-    positive_int,
-    run_reported,
-)
+from gpucheck.commands.launch import LaunchOptions, LaunchPlan, plan_launch, run_reported
+from gpucheck.commands.options import non_negative_int, opt, positive_float, positive_int
 from gpucheck.context import RunContext
 from gpucheck.interrupts import deferred_interrupts
 from gpucheck.report import Report, Section

@@ -8,19 +8,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpucheck.comm.aggregate import COLLECTIVES
+from gpucheck.commands.launch import LaunchOptions, LaunchPlan, plan_launch, run_reported
+from gpucheck.commands.launch import partial_report as job_partial_report
 from gpucheck.commands.options import (
     MAX_COUNT,
-    LaunchOptions,
-    LaunchPlan,
     fraction,
     non_negative_int,
     opt,
-    plan_launch,
     positive_float,
     positive_int,
-    run_reported,
 )
-from gpucheck.commands.options import partial_report as job_partial_report
 from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 

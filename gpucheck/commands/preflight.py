@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.commands.options import LaunchOptions, LaunchPlan, opt, plan_launch, seconds
+from gpucheck.commands.launch import LaunchOptions, LaunchPlan, plan_launch
+from gpucheck.commands.options import opt, seconds
 from gpucheck.context import Console, RunContext
 from gpucheck.errors import UsageError
 from gpucheck.render.text import WIDTH
@@ -173,7 +174,7 @@ def _show(report: Report, args: argparse.Namespace, started: float,
     """The passing report, before this process becomes CMD (the CLI would show it only
     after `run` returns): every --output written; on stdout, unless --quiet, a brief
     (verdict, problems, seconds, where the report went), or the asked --format."""
-    from gpucheck.commands.options import baseline_section, read_baseline_option
+    from gpucheck.commands.launch import baseline_section, read_baseline_option
     from gpucheck.commands.registry import emit, file_formats
     from gpucheck.render import format_for
     from gpucheck.render.text import render_brief

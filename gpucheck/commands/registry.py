@@ -6,7 +6,6 @@ health), the parser, and the output options honoured (`emit`). Shared by the CLI
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib
 import os
 import re
@@ -67,6 +66,8 @@ def did_you_mean(message: str, parser: argparse.ArgumentParser) -> str:
         words = unknown[1].split() if unknown else []
         wrong = next((w.split("=", 1)[0] for w in words if w.startswith("-")), "")
         offered = [o for a in parser._actions for o in a.option_strings]
+    import difflib
+
     close = difflib.get_close_matches(wrong, offered, n=1, cutoff=0.6) if wrong else []
     return close[0] if close else ""
 

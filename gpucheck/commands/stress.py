@@ -7,17 +7,9 @@ import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpucheck.commands.options import (
-    LaunchOptions,
-    LaunchPlan,
-    count,
-    fraction,
-    opt,
-    plan_launch,
-    positive_float,
-    run_reported,
-)
-from gpucheck.commands.options import partial_report as job_partial_report
+from gpucheck.commands.launch import LaunchOptions, LaunchPlan, plan_launch, run_reported
+from gpucheck.commands.launch import partial_report as job_partial_report
+from gpucheck.commands.options import count, fraction, opt, positive_float
 from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
