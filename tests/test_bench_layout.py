@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from gpucheck.bench.marks import IterationMarks
+from gpucheck import timing
 from gpucheck.bench.model import MAX_SEGMENTS, relayout, segment_sizes
 
 
@@ -63,11 +63,9 @@ def recorded_clocks(monkeypatch: pytest.MonkeyPatch, cpu_s: list[float],
     `process_time` (CPU time) and `perf_counter` (wall) at each mark."""
     from types import SimpleNamespace
 
-    from gpucheck.bench import marks
-
     cpu, wall = iter(cpu_s), iter(wall_s)
-    monkeypatch.setattr(marks, "time", SimpleNamespace(process_time=lambda: next(cpu),
-                                                       perf_counter=lambda: next(wall)))
+    monkeypatch.setattr(timing, "time", SimpleNamespace(process_time=lambda: next(cpu),
+                                                        perf_counter=lambda: next(wall)))
 
 
 def test_marks_time_iterations_within_segments_and_not_the_gap_between_them(
@@ -76,7 +74,7 @@ def test_marks_time_iterations_within_segments_and_not_the_gap_between_them(
     # (computation: on both clocks), one 10 ms iteration.
     recorded_clocks(monkeypatch, [0.0, 0.010, 0.020, 0.050, 0.060],
                     [0.0, 0.010, 0.020, 0.050, 0.060])
-    marks = IterationMarks("cpu", 5)
+    marks = timing.Marks("cpu", 5)
     marks.begin()
     marks.mark()
     marks.mark()

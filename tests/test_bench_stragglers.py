@@ -48,6 +48,11 @@ def warned(records: tuple[RankRecord, ...], **kwargs: float) -> list[str | None]
     return [f.subject and f.subject.label for f in findings if f.status is Status.WARN]
 
 
+def test_a_rank_slower_in_every_iteration_is_named() -> None:
+    records = ranks(noisy(12), noisy(12, scale=1.15), noisy(12))
+    assert warned(records) == ["rank 1"]
+
+
 def test_with_two_ranks_the_slow_one_is_compared_with_the_other_not_with_both() -> None:
     # Against the median of both ranks, 15% slower would read as only 7%.
     summary = aggregate(ranks(noisy(12), noisy(12, scale=1.15)))
@@ -206,12 +211,29 @@ def test_a_rank_that_computed_slower_is_named_as_slow_not_as_held_back_by_its_ho
     assert "quota" not in hint
 
 
+def test_a_host_stall_hint_points_at_quotas_and_stopped_processes() -> None:
+    records = cpu_ranks((noisy(12), noisy(12)), (noisy(12), noisy(12, scale=1.3)))
+    [finding] = straggler_findings(records, aggregate(records))
+    assert finding.hint and "quota" in finding.hint and "state T" in finding.hint
+
+
 def test_healthy_cpu_ranks_within_the_threshold_in_both_clocks_stay_ok() -> None:
     records = cpu_ranks((noisy(12), noisy(12, scale=1.06)),
                         (noisy(12, scale=1.04), noisy(12, scale=0.99)))
     findings = straggler_findings(records, aggregate(records))
     assert [f.status for f in findings] == [Status.OK]
     assert "in CPU time" in findings[0].message and "in wall time" in findings[0].message
+
+
+def test_a_rank_stopped_once_for_a_long_time_is_a_hiccup_not_a_straggler() -> None:
+    # One iteration stalled for two seconds in wall time (a stopped process, continued):
+    # the whole loop is 1.5x, the typical iteration is not.
+    stalled = noisy(12)
+    stalled[5] += 2000
+    records = cpu_ranks((noisy(12), noisy(12)), (noisy(12), stalled))
+    summary = aggregate(records)
+    assert summary.vs_median[1] > 1.2
+    assert summary.stragglers == ()
 
 
 def test_gpu_ranks_have_one_clock_so_a_slow_gpu_is_never_called_a_host_stall() -> None:
@@ -253,15 +275,14 @@ def test_cpu_marks_give_cpu_time_per_iteration_and_the_wall_clock_timeline(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    from gpucheck.bench import marks
-    from gpucheck.bench.marks import IterationMarks
+    from gpucheck import timing
 
     # Recorded clocks: 20 ms of computation (CPU time and wall alike), then 50 ms of
     # waiting, as for a core another process holds (wall only; 0.1 ms of CPU).
     cpu, wall = iter([0.0, 0.020, 0.0201]), iter([0.0, 0.021, 0.071])
-    monkeypatch.setattr(marks, "time", SimpleNamespace(process_time=lambda: next(cpu),
-                                                       perf_counter=lambda: next(wall)))
-    timeline = IterationMarks("cpu", 3)
+    monkeypatch.setattr(timing, "time", SimpleNamespace(process_time=lambda: next(cpu),
+                                                        perf_counter=lambda: next(wall)))
+    timeline = timing.Marks("cpu", 3)
     timeline.begin()
     timeline.mark()
     timeline.mark()

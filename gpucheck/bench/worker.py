@@ -1,17 +1,6 @@
-"""The per-rank benchmark: data, model under DDP, warm-up, timed loop, consistency batch.
-
-Runs on every rank (spawned by the elastic launcher, by torchrun, or in this
-process for one rank). Knows nothing of reports or rendering: rank 0 returns the
-gathered records, the other ranks return None.
-
-What DDP synchronises here. At construction it checks that every rank built a
-model with the same parameter shapes and broadcasts rank 0's parameters and
-buffers. The first forward without gradients broadcasts the buffers once more
-(`broadcast_buffers`); after that an inference forward runs no collective at all:
-no gradients, so no all-reduce. Ranks therefore run the timed loop independently,
-which is why each is timed on its own, between a common start barrier and a
-common end barrier.
-"""
+"""The per-rank benchmark: data, model under DDP, warm-up, timed loop, consistency
+batch; rank 0 returns the gathered records. An inference forward runs no collective,
+so each rank is timed on its own between common barriers (docs/bench.md)."""
 
 from __future__ import annotations
 
@@ -24,17 +13,18 @@ from typing import TYPE_CHECKING, Any
 from gpucheck.bench import model as bench_model
 from gpucheck.bench import rotation
 from gpucheck.bench.consistency import software_stack
-from gpucheck.bench.marks import IterationMarks
 from gpucheck.bench.model import WeightsChoice
 from gpucheck.bench.pace import DEFAULT_STRAGGLER_THRESHOLD, look_again
 from gpucheck.bench.partial import TimedSoFar
 from gpucheck.bench.progress import Progress
 from gpucheck.bench.records import LoopTiming, RankRecord
+from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext, TestHooks
 from gpucheck.distributed import faultwatch, progress
-from gpucheck.distributed.deadline import gather_objects, synchronize
+from gpucheck.distributed.deadline import synchronize
 from gpucheck.distributed.session import barrier, gpu_identity, process_group, roster
 from gpucheck.distributed.world import World, host_name
+from gpucheck.timing import Marks
 
 if TYPE_CHECKING:
     import torch
@@ -80,23 +70,21 @@ class BenchOutcome:
 
 def bench_worker(ctx: RunContext, spec: BenchSpec) -> BenchOutcome | None:
     """Run the benchmark on this rank; rank 0 returns everything gathered."""
+    import torch.distributed as dist
+
     try:
         return _bench_rank(spec, ctx)
     except BaseException:
-        _leave_private_group()
+        # Leave a one-rank group, so this process can run again (tests, benchmarks); a
+        # failed multi-rank group is kept (`process_group`): its peers may hang.
+        if dist.is_initialized() and dist.get_world_size() == 1:
+            dist.destroy_process_group()
         raise
 
 
-def _leave_private_group() -> None:
-    """After a failure, leave a one-rank group so this process can run again (tests,
-    benchmarks). `process_group` keeps a failed multi-rank group: peers may hang."""
+def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
     import torch.distributed as dist
 
-    if dist.is_initialized() and dist.get_world_size() == 1:
-        dist.destroy_process_group()
-
-
-def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
     with process_group(spec.backend, spec.device, spec.timeout_s,
                        fault_watch=spec.fault_watch, ctx=ctx) as world:
         threads = _set_threads(spec.device, world)
@@ -109,9 +97,9 @@ def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
                                   ctx)
         _publish(ctx, world, rank0_record=asdict(record))  # kept if another rank fails now
         progress.set_step(ctx, "all_gather of the per-rank records")
-        gathered: list[Any] = gather_objects((record, output), ctx)
-        if look_again([r for r, _ in gathered], spec.straggler_threshold):
-            gathered = _second_look(ddp, batch, spec, world, gathered, plan, ctx)
+        gathered: list[Any] = [None] * world.world_size
+        dist.all_gather_object(gathered, (record, output))
+        gathered = _second_look(ddp, batch, spec, world, gathered, plan, ctx)
         progress.set_step(ctx, None)
         faults = faultwatch.of(ctx).gather()
         # Free DDP while its group exists. Freed after the group was destroyed, DDP's
@@ -137,37 +125,24 @@ def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
 def _second_look(ddp: Any, batch: torch.Tensor, spec: BenchSpec, world: World,
                  gathered: list[Any], plan: rotation.RotationPlan | None,
                  ctx: RunContext) -> list[Any]:
-    """Every rank runs its timed loop once more and the loops' wall times are gathered
-    into the records: a rank held the job back by one stall alone, and only a second
-    loop tells a hiccup from a stall that recurs (gpucheck.bench.pace). CPU ranks take
-    turns on the cores as in the first loop (`plan`)."""
+    """When a rank is a suspect (`look_again`), every rank's timed loop once more, its wall
+    time gathered into the records: only a second loop tells a hiccup from a stall that
+    recurs (gpucheck.bench.pace). CPU ranks take turns on the cores as in the first."""
     import torch
+    import torch.distributed as dist
 
-    progress.set_step(ctx, "the timed loop again (a second look at a rank's stall)")
-    with torch.inference_mode(), rotation.CoreRotation(plan):
-        mine = _loop_again(ddp, batch, gathered[world.rank][0].iters, spec, world)
-    walls: list[Any] = gather_objects(mine, ctx)
-    return [(replace(record, again_wall_s=float(wall)), output)
-            for (record, output), wall in zip(gathered, walls, strict=True)]
+    def again(_: bool) -> list[Any]:
+        progress.set_step(ctx, "the timed loop again (a second look at a rank's stall)")
+        with torch.inference_mode(), rotation.CoreRotation(plan):
+            mine = _timed_loop(ddp, batch, gathered[world.rank][0].iters, spec, world,
+                               None, ctx).wall_s
+        walls: list[Any] = [None] * world.world_size
+        dist.all_gather_object(walls, mine)
+        return [(replace(record, again_wall_s=float(wall)), output)
+                for (record, output), wall in zip(gathered, walls, strict=True)]
 
-
-def _loop_again(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec,
-                world: World) -> float:
-    """The timed loop's wall time once more, in the same segments between the same
-    barriers (`_timed_loop`), without its per-iteration marks."""
-    sizes = bench_model.segment_sizes(iters, spec.device == "cpu" and world.world_size > 1)
-    wall_s = 0.0
-    for index, size in enumerate(sizes):
-        if index:
-            batch = bench_model.relayout(ddp.module, batch)
-        barrier(spec.timeout_s)
-        started = time.perf_counter()
-        for _ in range(size):
-            ddp(batch)
-        synchronize(spec.device, spec.timeout_s, "the timed loop's device work")
-        wall_s += time.perf_counter() - started
-        barrier(spec.timeout_s)
-    return wall_s
+    suspect = look_again([r for r, _ in gathered], spec.straggler_threshold)
+    return remeasure(world.rank, lambda: suspect, again)[1] or gathered
 
 
 def _set_threads(device: str, world: World) -> int:
@@ -307,15 +282,17 @@ def _agree_iters(per_iter_s: float, spec: BenchSpec, world: World) -> int:
 
 
 def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, world: World,
-                bar: Progress, ctx: RunContext) -> LoopTiming:
+                bar: Progress | None, ctx: RunContext) -> LoopTiming:
     """The timed loop in segments (one on a GPU; CPU ranks re-place their tensors between
-    them, `gpucheck.bench.model`), each: barrier, clock, iterations (a mark after every
-    one), device sync, clock, barrier, clock. The marks are read after the loop's one
-    synchronisation: a sync per iteration would stall the launch queue and change what
-    is measured. wall_s and span_s add up the segments' timed windows."""
-    _reset_peak_memory(spec.device, world.device_index)
+    them), each: barrier, clock, iterations (a mark after every one, read after the
+    loop's one synchronisation), device sync, clock, barrier, clock. `bar` None: the
+    second look, its wall time only, without marks."""
     sizes = bench_model.segment_sizes(iters, spec.device == "cpu" and world.world_size > 1)
-    marks = IterationMarks(spec.device, iters + len(sizes))
+    marks = Marks(spec.device, iters + len(sizes) if bar else 0)
+    if bar is not None and spec.device == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(world.device_index)
     so_far = TimedSoFar(marks, {"rank": world.rank, "host": host_name(),
                                 "device": str(_device(spec, world)),
                                 "batch_size": spec.batch_size, "iters_planned": iters,
@@ -326,17 +303,20 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
             batch = bench_model.relayout(ddp.module, batch)
         barrier(spec.timeout_s)
         started = time.perf_counter()
-        marks.begin()
+        if bar is not None:
+            marks.begin()
         for _ in range(size):
             ddp(batch)
-            marks.mark()
-            bar.advance()
-            so_far.tick()  # every rank's iterations survive a stop (gpucheck.bench.partial)
+            if bar is not None:
+                marks.mark()
+                bar.advance()
+                so_far.tick()  # every rank's iterations survive a stop
         synchronize(spec.device, spec.timeout_s, "the timed loop's device work")
         wall_s += time.perf_counter() - started
         barrier(spec.timeout_s)
         span_s += time.perf_counter() - started
-        so_far.publish()
+        if bar is not None:
+            so_far.publish()
     iter_ms, iter_end_ms = marks.read_ms()
     # On a GPU the events bracket the device's work; on CPU the loop's wall time is it.
     device_s = sum(iter_ms) / 1e3 if spec.device == "cuda" else wall_s
@@ -344,13 +324,6 @@ def _timed_loop(ddp: Any, batch: torch.Tensor, iters: int, spec: BenchSpec, worl
                       iter_end_ms=iter_end_ms, segments=len(sizes),
                       iter_wall_ms=marks.read_wall_ms())
 
-
-
-def _reset_peak_memory(device: str, index: int | None) -> None:
-    import torch
-
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats(index)
 
 
 def _peak_memory(device: str, index: int | None) -> int | None:
