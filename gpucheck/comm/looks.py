@@ -26,26 +26,22 @@ _CPU_NOTE = " (CPU ranks: a busy or throttled process on the node, not its hardw
 
 
 def rate_bound(fraction: float) -> Bound:
-    """Slow below `fraction` x the reference, a rate (higher is better). A cut of 0 (the
-    healthy links' own spread swallowed the fabric's fraction, node_links.spread_cut)
-    condemns no measured rate: the smallest positive float stands for it, as a Bound
-    needs a positive limit (only a rate of exactly 0, which no timing gives, is below)."""
+    """Slow below `fraction` x the reference, a rate. A cut of 0 (the healthy links' own
+    spread swallowed the fabric's fraction) condemns no measured rate: the smallest
+    positive float stands for it, as a Bound needs a positive limit."""
     return Bound(max(fraction, sys.float_info.min), Better.HIGHER) if fraction <= 0 \
         else Bound.fraction(fraction, Better.HIGHER)
 
 
-def on_cpu(device: str) -> bool:
-    """Ranks on the host's CPUs (`--device cpu`, gloo): their figures measure processes."""
+def on_cpu(device: str) -> bool:  # CPU ranks' figures measure processes
     return device == "cpu"
 
 
 def slow(check: str, text: str, hint: str, subject: Subject, look: SecondLook | None,
          device: str, *, cpu_hint: bool = True) -> Finding:
-    """A slow figure's WARN (`gpucheck.report.looked`: an OK when the look cleared it):
-    `look` as data, cause `cpu_ranks` on CPU ranks (with a word on the hint unless
-    `cpu_hint` is False: the hint already speaks of processes). `look` None: a suspect
-    no second figure can be taken for (one rail's slow links sharing a node), its
-    action the check's WARN."""
+    """A slow figure's WARN with its look (`gpucheck.report.looked`), cause `cpu_ranks`
+    on CPU ranks (a word on the hint unless `cpu_hint` is False); `look` None: a
+    suspect no second figure can be taken for (one rail's links sharing a node)."""
     cpu = on_cpu(device)
     hint += _CPU_NOTE if cpu and cpu_hint else ""
     cause = CPU_RANKS if cpu else None
@@ -113,9 +109,8 @@ def again_figures(first: NodeFigures, ranks: Sequence[Mapping[str, Any]],
 
 
 def plan(figures: NodeFigures, fraction: float) -> dict[str, Any] | None:
-    """What to measure again: the suspects and the known-good node, the one nearest the
-    median of all (node ranks); None when no node is worse than the bound or none is
-    left to compare with."""
+    """The suspects and the known-good node nearest the median (node ranks) to measure
+    again; None when no node is worse than the bound or none is left to compare with."""
     peers = against_median(figures.values, figures.bound(fraction))
     known = known_good(figures.values, peers.worse, peers.reference)
     if not peers.worse or known is None:
