@@ -1,17 +1,6 @@
-"""Which GPUs this process can really use, and one name for each of them.
-
-Three numberings meet on a GPU node and must not be confused:
-- the CUDA ordinal (`cuda:0`, `cuda:1`, ...) counts only the GPUs this process can
-  see: it follows CUDA_VISIBLE_DEVICES (and SLURM's per-task binding, which sets
-  it), and CUDA's own order;
-- the NVML index (`nvidia-smi -i N`) counts every GPU of the machine in PCI order;
-- the PCI bus id and the UUID name the physical GPU whatever the numbering.
-Every per-GPU row and finding names the GPU by NVML index, bus id and UUID
-(`GpuIdentity.label`), so "GPU 3" in one section is GPU 3 in every other, and
-`nvidia-smi -i 3` or `nvidia-smi -r -i 3` acts on the right one.
-
-torch is passed in or imported lazily: importing this module never starts CUDA.
-"""
+"""Which GPUs this process can use and one name for each (NVML index, bus id, UUID: the
+CUDA ordinal differs per process; docs/env.md "One name per GPU"), a rank's identity, and
+how many GPUs this node has, without driver or torch. Importing it never starts CUDA."""
 
 from __future__ import annotations
 
@@ -25,14 +14,8 @@ from gpucheck import subject as subjects
 
 
 def cuda_device_count(torch: Any) -> int:
-    """How many devices CUDA really enumerates in this process (0 without CUDA).
-
-    Before CUDA is initialised `torch.cuda.device_count()` answers from NVML: the
-    physical GPU count, trimmed by CUDA_VISIBLE_DEVICES. Under MIG that is wrong,
-    since CUDA enumerates only one MIG instance per process. The CUDA runtime's
-    own count (`cudaGetDeviceCount`, which initialises the driver but creates no
-    context, so it is safe before spawning workers) is the count that matters.
-    """
+    """How many devices the CUDA runtime enumerates here (`cudaGetDeviceCount`: no
+    context, safe before spawning; torch's count is NVML's, wrong under MIG); 0 without."""
     try:
         if not torch.cuda.is_available():
             return 0
@@ -48,25 +31,16 @@ def cuda_device_count(torch: Any) -> int:
 
 
 def local_device_index(local_rank: int, visible: int) -> int:
-    """The CUDA ordinal a rank with this local rank uses, among the `visible` GPUs.
-
-    Under torchrun every rank sees every GPU of the node, so local rank k uses
-    `cuda:k`. Under `srun --gpus-per-task=1` (or `--gpu-bind`) each task sees only
-    its own GPU, so SLURM_LOCALID 3 must use `cuda:0`: `set_device(3)` would fail
-    with "invalid device ordinal". Several ranks sharing fewer GPUs (gloo tests on
-    one GPU) are spread over them round-robin. Without the other ranks' view (one rank,
-    no store) this is all there is; with it, `device_among_peers` decides.
-    """
+    """The CUDA ordinal of this local rank among the `visible` GPUs, round-robin (a task
+    bound to one GPU sees it as cuda:0); `device_among_peers` decides where ranks meet."""
     if visible <= 0:
         raise ValueError("no CUDA device is visible to this process")
     return local_rank if local_rank < visible else local_rank % visible
 
 
 def visible_gpu_names(torch: Any, count: int) -> list[str]:
-    """What each CUDA ordinal of this process is, in CUDA's order: its UUID (or PCI
-    address when this torch gives no UUID; "cuda:N" when neither). Two ranks that list
-    the same names see the same GPUs, whatever CUDA_VISIBLE_DEVICES says (a cgroup may
-    renumber them)."""
+    """Each CUDA ordinal's UUID (else PCI address, else "cuda:N"): ranks that list the
+    same names see the same GPUs, whatever their numbering."""
     names = []
     for ordinal in range(count):
         try:
@@ -80,15 +54,8 @@ def visible_gpu_names(torch: Any, count: int) -> list[str]:
 
 def device_among_peers(local_rank: int, mine: Sequence[str],
                        peers: Mapping[int, Sequence[str]]) -> int:
-    """The CUDA ordinal for this rank: its position among this node's local ranks that
-    see the same GPUs (`peers`: local rank -> the GPUs it sees, this rank included).
-
-    `srun --gpu-bind=closest` on a two-socket node gives tasks 0,2,4,6 the first
-    socket's four GPUs and tasks 1,3,5,7 the second's; `local_rank % 4` would put
-    tasks 0 and 4 on one GPU and leave two GPUs of each socket idle. Counting only the
-    ranks that see the same GPUs gives tasks 0,2,4,6 cuda:0,1,2,3 of their socket.
-    More such ranks than GPUs (gloo sharing on purpose) wrap round-robin.
-    """
+    """This rank's CUDA ordinal: its place among the node's local ranks that see the same
+    GPUs (`peers`: local rank -> the GPUs it sees), round-robin past their count."""
     if not mine:
         raise ValueError("no CUDA device is visible to this process")
     same = sorted({r for r, seen in peers.items() if list(seen) == list(mine)} | {local_rank})
@@ -106,15 +73,8 @@ def bus_id_of(props: Any) -> str | None:
 
 
 def uuid_of(props: Any, mig: bool = False) -> str | None:
-    """The UUID as nvidia-smi prints it, from torch's device properties: "GPU-..." for a
-    whole GPU, "MIG-..." for a MIG instance (`mig`: its GPU has MIG mode on).
-
-    torch gives the bare 16 octets CUDA reports. On a GPU in MIG mode CUDA only ever
-    sees a MIG instance, and reports the instance's own UUID (cuDeviceGetUuid_v2:
-    "If the device is in MIG mode, returns its MIG UUID"), which nvidia-smi -L and
-    CUDA_VISIBLE_DEVICES write "MIG-<uuid>": prefixing it "GPU-" would name a GPU that
-    does not exist.
-    """
+    """The UUID as nvidia-smi prints it: "GPU-...", or "MIG-..." when its GPU has MIG mode
+    on (CUDA then reports the instance's own UUID; docs/env.md "Blackwell and MIG")."""
     uuid = getattr(props, "uuid", None)
     if uuid is None:
         return None
@@ -153,8 +113,7 @@ class GpuIdentity:
         return f"{head} ({shown})" if shown else head
 
     def subject(self) -> subjects.Subject:
-        """The GPU a finding is about: `label()` as its words, its index, bus id and UUID
-        as fields."""
+        """The GPU a finding is about: `label()` with its index, bus id and UUID."""
         return subjects.gpu(self.nvml_index, self.label(), bus_id=self.pci_bus_id,
                             uuid=self.uuid)
 

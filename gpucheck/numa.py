@@ -1,17 +1,6 @@
-"""Which NUMA node a GPU hangs off, which CPUs belong to it, and whether a process's
-CPUs are among them: sysfs reads and pure decisions, shared by `gpucheck env` (the GPU
-table), the check-in of every load command (bench, comm, stress) and stress's pinning.
-
-The sysfs root is a parameter so tests use a fake tree. The files read, as a person
-would read them:
-
-    cat /sys/bus/pci/devices/0000:9a:00.0/numa_node       # -1: the platform does not say
-    cat /sys/bus/pci/devices/0000:9a:00.0/local_cpulist   # "0-27,56-83"
-    cat /sys/devices/system/node/online                   # "0-1"
-    cat /sys/devices/system/node/node1/cpulist            # "28-55,84-111"
-
-`nvidia-smi topo -m` shows the same as its "CPU Affinity" and "NUMA Affinity" columns.
-"""
+"""Which NUMA node a GPU hangs off, its CPUs, and whether a process's CPUs are among
+them (`nvidia-smi topo -m`'s "CPU/NUMA Affinity"): sysfs reads (the root a parameter, for
+fake trees) and pure decisions, for env's GPU table, every rank's check-in and stress."""
 
 from __future__ import annotations
 
@@ -35,7 +24,7 @@ class RankNuma:
 
 
 def pci_dir(bus_id: str, root: Path = SYSFS) -> Path:
-    """sysfs directory of a PCI device given NVML's or CUDA's form of its address."""
+    """A PCI device's sysfs directory, from NVML's or CUDA's form of its address."""
     normal = normal_bus_id(bus_id) or bus_id
     return root / "bus" / "pci" / "devices" / normal.lower()
 
@@ -113,12 +102,8 @@ def node_cpus(node: int, root: Path = SYSFS) -> tuple[int, ...]:
 
 
 def on_node(allowed: tuple[int, ...], local: tuple[int, ...]) -> bool | None:
-    """True: all of `allowed` is in `local`; False: none is; None: both, or unknown.
-
-    Only a process with no CPU at all on its GPU's node is surely misplaced. One
-    with CPUs on both sides is not pinned (the scheduler's choice, or a cpuset
-    spanning sockets): not a fault to report.
-    """
+    """True: all of `allowed` is in `local`; False: none is (surely misplaced); None:
+    both (not pinned: no fault) or unknown."""
     if not allowed or not local:
         return None
     near = set(allowed) & set(local)

@@ -1,16 +1,7 @@
-"""Reading back the typed records that ranks send to rank 0 (comm, stress).
-
-A rank's record crosses as plain data (a dict: what `all_gather_object` carries and what
-rank 0's partial results file holds), and rank 0 reads it back into its frozen dataclass
-with `read`: every field present with its declared type, or a `RecordError` that names
-the field. The readers (comm and stress reports) turn that error into a finding about
-the rank, never a crash: a rank running another gpucheck version, or a bug, costs that
-rank's figures, not the report.
-
-Field types understood: int, float (an int is accepted: JSON writes 2.0 back as 2.0 but
-a hand-made figure may be 2), str, bool, `X | None`, `tuple[X, ...]` (a JSON list), and
-`dict[str, Any]` (kept as it is). Plain data only: nothing of gpucheck is imported.
-"""
+"""Reading back the typed records ranks send to rank 0 as plain dicts: `read` gives the
+frozen dataclass, every field with its declared type (int, float, str, bool, `X | None`,
+`tuple[X, ...]`, `dict[str, Any]`), or a `RecordError` naming the field, which readers
+turn into a finding about that rank, never a crash. Floor 1: imports nothing of gpucheck."""
 
 from __future__ import annotations
 
@@ -51,8 +42,7 @@ def _fits(value: object, hint: Any) -> bool:
 
 
 def _value(value: object, hint: Any) -> object:
-    """A list becomes the tuple the frozen record declares (`tuple[X, ...]`, alone or as
-    one arm of a union)."""
+    """A list becomes the tuple the frozen record declares."""
     union = typing.get_origin(hint) in (typing.Union, types.UnionType)
     arms = typing.get_args(hint) if union else (hint,)
     if isinstance(value, list) and any(typing.get_origin(a) is tuple for a in arms):
@@ -82,7 +72,6 @@ def read(cls: type[R], raw: object) -> R:
 
 
 def _shown(value: object, limit: int = 40) -> str:
-    """The value as the finding quotes it: its repr, cut short (a record is data)."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
 
@@ -107,8 +96,8 @@ class Unread:
 
 def read_all(cls: type[R], rows: object, what: str,
              sender: tuple[str, ...] = ("rank", "src")) -> tuple[list[R], list[Unread]]:
-    """Every row of `rows` (a list) that reads as `cls`, and the ones that do not, each
-    with the rank that sent it (the first of the `sender` keys that holds an int)."""
+    """The rows of `rows` that read as `cls`, and the ones that do not with their sender
+    (the first of the `sender` keys holding an int)."""
     if rows is None:
         return [], []
     if not isinstance(rows, (list, tuple)):
@@ -123,8 +112,7 @@ def read_all(cls: type[R], rows: object, what: str,
 
 
 def readable(cls: type[R], rows: object) -> list[Mapping[str, Any]]:
-    """The rows of `rows` that read as `cls`, as they were sent (every key kept: a second
-    look's rows carry the suspects it was measured for beside the record's fields)."""
+    """The rows of `rows` that read as `cls`, as sent (every key kept)."""
     if not isinstance(rows, (list, tuple)):
         return []
     return [row for row in rows if isinstance(row, Mapping) and _reads(cls, row)]
@@ -139,7 +127,6 @@ def _reads(cls: type[R], row: Mapping[str, Any]) -> bool:
 
 
 def _sender(row: object, keys: tuple[str, ...]) -> int | None:
-    """The rank a malformed row names under one of `keys`, when it is an int."""
     if isinstance(row, Mapping):
         for key in keys:
             value = row.get(key)

@@ -1,12 +1,6 @@
-"""Plain statistics over measured figures: median, nearest-rank percentile, the best
-and typical of repeated samples, and a robust spread (median and MAD).
-
-Floor 1: imports nothing from gpucheck, no torch. bench, comm, stress and the report
-readers take their statistics from here, so none of them imports another for them.
-
-Median and MAD, not mean and standard deviation: one dead GPU at a tenth of the speed
-would drag a mean and inflate a standard deviation until nothing stood out.
-"""
+"""Plain statistics over measured figures: median, nearest-rank percentile, best and
+typical of repeats, a robust spread. Median and MAD, not mean and standard deviation:
+one dead GPU would drag a mean until nothing stood out. Floor 1: imports nothing."""
 
 from __future__ import annotations
 
@@ -33,8 +27,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def best(samples: Sequence[float]) -> float:
-    """The fastest of repeated rate readings: noise (a descheduled process, other
-    traffic) only slows, so the best reading is the closest to what the path can do."""
+    """The fastest of repeated rate readings (noise only slows)."""
     return float(max(samples))
 
 

@@ -84,20 +84,15 @@ def _usec_after_boot(usec: int) -> str:
     return _after_boot(f"{usec // 10**6}.{usec % 10**6:06d}")
 
 
-def _kmsg_record(match: re.Match[str]) -> Record | None:
-    """A /dev/kmsg record; None for one that is not the kernel's (facility != 0)."""
-    if int(match["pri"]) >> 3 != KERNEL_FACILITY:
-        return None
-    text = _ESCAPED.sub(lambda m: chr(int(m[1], 16)), match["text"])
-    return Record(_usec_after_boot(int(match["usec"])),
-                  tuple(text.split("\n")[:RECORD_LINES]))
-
-
 def start_record(line: str) -> Record | None:
     """The record a line starts; None when its source is not the kernel, or not known."""
     kmsg = _KMSG.fullmatch(line)
-    if kmsg is not None:
-        return _kmsg_record(kmsg)
+    if kmsg is not None:  # /dev/kmsg: only facility 0 is the kernel's
+        if int(kmsg["pri"]) >> 3 != KERNEL_FACILITY:
+            return None
+        text = _ESCAPED.sub(lambda m: chr(int(m[1], 16)), kmsg["text"])
+        return Record(_usec_after_boot(int(kmsg["usec"])),
+                      tuple(text.split("\n")[:RECORD_LINES]))
     match = _START.match(line)
     if match is None or match.end() == 0:  # no source form: nothing says it is the kernel's
         return None
@@ -303,16 +298,11 @@ def _file_lines(path: str) -> Iterator[str]:
         size = os.fstat(raw.fileno()).st_size
         raw.seek(max(0, size - MAX_READ_BYTES))
         pieces = bounded_lines(raw, MAX_READ_BYTES + MAX_LINE_BYTES)
-        if size > MAX_READ_BYTES:
-            pieces = _after_first_line(pieces)  # the first is what is left of a line
+        if size > MAX_READ_BYTES:  # the first line is what is left of a line
+            for piece in pieces:
+                if piece.endswith(b"\n"):
+                    break
         yield from _whole_lines(pieces)
-
-
-def _after_first_line(pieces: Iterator[bytes]) -> Iterator[bytes]:
-    for piece in pieces:
-        if piece.endswith(b"\n"):
-            break
-    yield from pieces
 
 
 def _whole_lines(pieces: Iterable[bytes]) -> Iterator[str]:

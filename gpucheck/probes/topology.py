@@ -26,10 +26,7 @@ P2P_READ = 0
 
 def path_class(path: str | None) -> str:
     """The class a pair's bandwidth is compared within: its `nvidia-smi topo -m` path,
-    every NV# as one "NV" ("" when not read). NV#'s number is the row GPU's own count
-    of active NVLinks (`_link`), the same on every GPU of a healthy node: a GPU that
-    lost links would otherwise sit in a class of its own and be compared only with
-    its own slow pairs."""
+    every NV# as one "NV" (a GPU that lost links must not sit in a class of its own)."""
     path = str(path or "")
     return "NV" if path.startswith("NV") and path[2:].isdigit() else path
 
@@ -71,11 +68,7 @@ def _link(nvml: Nvml, a: Any, b: Any, links: int | None) -> str:
 
 
 def read_topology(nvml: Nvml, gpus: list[GpuRecord]) -> list[dict[str, Any]]:
-    """The `nvidia-smi topo -m` matrix: X, NV#, PIX, PXB, PHB, NODE, SYS (n/a on error).
-
-    NV# is the number of active NVLinks of the row GPU when NVML reports NVLink P2P
-    between the pair (exact for NVSwitch systems and two-GPU bridges).
-    """
+    """The `nvidia-smi topo -m` matrix (NV#: the row GPU's active NVLinks)."""
     healthy = [g for g in gpus if not g.error]
     handles = {g.index: nvml.call("nvmlDeviceGetHandleByIndex", g.index) for g in healthy}
     rows = []
@@ -90,9 +83,8 @@ def read_topology(nvml: Nvml, gpus: list[GpuRecord]) -> list[dict[str, Any]]:
 
 def pair_paths(nvml: Nvml, bus_ids: Sequence[str | None],
                ) -> dict[tuple[int, int], PairPath]:
-    """(i, j) -> the path between the GPUs at bus_ids[i] and bus_ids[j], for every
-    ordered pair; "n/a" for a GPU NVML cannot find (`nvidia-smi topo -m` and
-    `nvidia-smi topo -p2p r` show the same). Raises NvmlFailure when NVML is absent."""
+    """(i, j) -> the path between the GPUs at bus_ids[i] and bus_ids[j] (`nvidia-smi topo
+    -m`, `-p2p r`); "n/a" for a GPU NVML cannot find; NvmlFailure without NVML."""
     nvml.start()  # no NVML at all raises here; one GPU it cannot find is "n/a" below
     handles: dict[int, Any] = {}
     for i, bus in enumerate(bus_ids):
@@ -116,8 +108,7 @@ def pair_paths(nvml: Nvml, bus_ids: Sequence[str | None],
 
 def paths_or_none(bus_ids: Sequence[str | None]) -> tuple[dict[tuple[int, int], PairPath],
                                                            str | None]:
-    """`pair_paths` in an NVML session of its own: (paths, None), or ({}, why) when
-    NVML cannot answer (the pairs are then compared all together, as one class)."""
+    """`pair_paths` in an NVML session of its own, or ({}, why) when NVML cannot answer."""
     nvml = Nvml()
     try:
         return pair_paths(nvml, bus_ids), None
