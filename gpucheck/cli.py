@@ -18,7 +18,6 @@ from types import ModuleType
 
 from gpucheck import __version__
 from gpucheck.commands import registry
-from gpucheck.commands.launch import baseline_section, read_baseline_option
 from gpucheck.commands.registry import emit, file_formats, outputs_of, write_files
 from gpucheck.context import Console, RunContext, RunOptions
 from gpucheck.errors import Interrupted, UsageError, describe_stop, stop_signal
@@ -83,11 +82,17 @@ def _run(args: argparse.Namespace, ctx: RunContext) -> int:
             from gpucheck.distributed.progress import checked_run_dir
 
             checked_run_dir(ctx.options.run_dir, RUN_DIR_VAR)
-        baseline = read_baseline_option(args)
+        baseline = None
+        if getattr(args, "load_baseline", None) is not None:  # the load commands only
+            from gpucheck.commands.launch import read_baseline_option
+
+            baseline = read_baseline_option(args)
         report = module.run(args, ctx)
         if report is None:
             return 0
         if baseline is not None:
+            from gpucheck.commands.launch import baseline_section
+
             report.add(baseline_section(report, baseline))
         add_log(report, ctx)
         emit(report, fmt, outputs, args.quiet, ctx.console, formats)
