@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpucheck import cli
-from gpucheck.render.line import MAX_CHARS
+from gpucheck.render.headline import MAX_CHARS
 from tests.health_fakes import healthy_ib_node, set_state, write_log, xid_line
 
 REPO = Path(__file__).resolve().parents[1]

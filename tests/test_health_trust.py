@@ -16,7 +16,7 @@ from gpucheck import cli, subject
 from gpucheck.health.run import HealthOptions, collect_health_report
 from gpucheck.health.state import SET_ASIDE, STATE_FILE
 from gpucheck.probes.kernel_log import parse_line, read_file, scan_lines
-from gpucheck.render.line import worst_finding
+from gpucheck.render.headline import worst_finding
 from gpucheck.report import Report, Section, Status, warn
 from tests.fake_pynvml import FakeGpu, FakeNvml
 from tests.health_fakes import add_port, write_log, xid_line

@@ -11,7 +11,7 @@ import pytest
 from gpucheck import subject
 from gpucheck.cli import main
 from gpucheck.render import render
-from gpucheck.render.safe import markdown, terminal
+from gpucheck.render.words import markdown, terminal
 from gpucheck.report import Report, Section, fail, ok
 
 REPORTS = Path(__file__).resolve().parent / "data" / "reports"

@@ -16,7 +16,7 @@ from gpucheck import subject
 from gpucheck.analysis.baseline import Baseline, Expected
 from gpucheck.commands.launch import baseline_section
 from gpucheck.measure import Better, Metric
-from gpucheck.render.chart_rules import flagged_ranks
+from gpucheck.render.chart_find import flagged_ranks
 from gpucheck.render.charts import (
     FLAGGED_COLOR,
     BarSpec,

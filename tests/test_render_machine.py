@@ -11,7 +11,7 @@ import pytest
 
 from gpucheck import subject
 from gpucheck.render import format_for, render
-from gpucheck.render.line import MAX_CHARS
+from gpucheck.render.headline import MAX_CHARS
 from gpucheck.render.prometheus import LABELS
 from gpucheck.report import Report, Section, fail, ok, skip, warn
 

@@ -100,7 +100,7 @@ def test_units() -> None:
     assert human_bytes(64 << 20) == "64 MiB" and human_bytes(1536) == "1536 B"
     assert fmt_bytes(3 << 29) == "1.5 GiB"
     from gpucheck.comm.report import human_bytes as old
-    from gpucheck.render.values import fmt_bytes as old_fmt
+    from gpucheck.render.words import fmt_bytes as old_fmt
     assert old is human_bytes and old_fmt is fmt_bytes
 
 

@@ -335,7 +335,7 @@ def collect_health_report(options: HealthOptions, start: float | None = None) ->
     report.add(ib)
     unfinished = [name for name, outcome in outcomes.items() if not outcome.finished]
     if unfinished:  # the headline (and the one line) say what the verdict does not cover
-        # no colon: the one line shows a scope up to its first (gpucheck.render.line)
+        # no colon: the one line shows a scope up to its first (gpucheck.render.headline)
         report.scope = (f"{', '.join(unfinished)} not finished within the "
                         f"{options.budget_s:g} s budget (an unknown, not an all-clear)")
     report.add(_health_section(report, options, state, unfinished, deadline.spent()))

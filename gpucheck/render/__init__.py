@@ -1,9 +1,6 @@
 """Renderers: one `Report` in, text / JSON / Markdown / HTML out, or for machines one
-line (`line`: a drain reason) or Prometheus text (`prometheus`). They never probe.
-
-`line` and `prometheus` serve every command, not only `gpucheck health`: each needs
-nothing but the report (a stress run's drain reason, env's gauges for a textfile
-collector), so no command has to refuse them."""
+line (a drain reason) or Prometheus text, for every command. They never probe.
+"""
 
 from __future__ import annotations
 
@@ -35,7 +32,7 @@ def render(report: Report, fmt: str, color: bool = False, width: int | None = No
     """The report as a string in `fmt` (one of FORMATS); `width` (text only): the
     terminal's columns, else the text renderer's default."""
     if fmt == "json":
-        from gpucheck.render.json import render_json
+        from gpucheck.render.headline import render_json
 
         return render_json(report)
     if fmt in ("markdown", "markdown-plain"):
@@ -47,7 +44,7 @@ def render(report: Report, fmt: str, color: bool = False, width: int | None = No
 
         return render_html(report)
     if fmt == "line":
-        from gpucheck.render.line import render_line
+        from gpucheck.render.headline import render_line
 
         return render_line(report)
     if fmt == "prometheus":

@@ -1,9 +1,5 @@
-"""Charts for the HTML report: found in the report's data (gpucheck.render.chart_find),
-drawn by matplotlib as SVG.
-
-Drawing (`draw_charts`) imports matplotlib lazily, so gpucheck installs and renders
-HTML without it (the `html` extra adds it). A chart that fails to draw is left out
-with a one-line note: a chart must never cost the report.
+"""Charts for the HTML report drawn as SVG by matplotlib, imported lazily (the `html`
+extra); a chart that fails to draw is left out with a one-line note.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from gpucheck.render.chart_find import (
     RangeSpec,
     find_charts,
 )
-from gpucheck.render.values import fmt_bytes, fmt_value
+from gpucheck.render.words import fmt_bytes, fmt_value
 from gpucheck.report import Report
 
 __all__ = ["FLAGGED_COLOR", "INSTALL_NOTE", "BarSpec", "ChangeSpec", "Chart", "ChartSpec",

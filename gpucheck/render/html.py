@@ -1,9 +1,5 @@
-"""HTML renderer: one self-contained page for a ticket attachment or a browser.
-
-No scripts, no external CSS, fonts or images: the style is inline and the charts
-are inline SVG (`gpucheck.render.charts`), so the file opens offline. Every value
-of the report is escaped (hostnames, environment variables and messages are
-input from the machine, not markup).
+"""HTML renderer: one self-contained page (no scripts, no external CSS, fonts or
+images; charts inline SVG), every value escaped.
 """
 
 from __future__ import annotations
@@ -12,9 +8,15 @@ from typing import Any
 
 from gpucheck.render.charts import Chart, draw_charts
 from gpucheck.render.headline import headline_rows
-from gpucheck.render.safe import html as escape  # control characters too
-from gpucheck.render.values import fmt_field, is_table, is_verbatim, table_columns
-from gpucheck.render.words import hint_words, message_words
+from gpucheck.render.words import (
+    fmt_field,
+    hint_words,
+    is_table,
+    is_verbatim,
+    message_words,
+    table_columns,
+)
+from gpucheck.render.words import html as escape  # control characters too
 from gpucheck.report import Finding, Report, Section, Status
 
 _STYLE = """

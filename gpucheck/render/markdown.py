@@ -1,14 +1,6 @@
-"""Markdown renderer for cluster tickets: verdict, figures and problems first, details
-folded.
-
-Two flavours:
-- `markdown`: GitHub-flavoured Markdown (GFM): pipe tables and `<details>` folds, as
-  GitHub, GitLab and Gitea render them.
-- `markdown-plain`: CommonMark with neither: every table is an aligned text table in
-  a fenced code block and every section a heading, so a tracker that renders no
-  tables (or shows the source as it is) still reads in columns.
-A multi-line string under a key ending in `_output` (env's collect_env) is verbatim
-command output: a fenced code block in both.
+"""Markdown for cluster tickets, verdict, figures and problems first: `markdown` is GFM
+(pipe tables, `<details>` folds), `markdown-plain` CommonMark with neither (tables as
+aligned text in code blocks); `_output` values as code blocks in both.
 """
 
 from __future__ import annotations
@@ -16,15 +8,21 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpucheck.render import safe
+from gpucheck.render import words
 from gpucheck.render.headline import headline_rows
-from gpucheck.render.values import fmt_field, is_table, is_verbatim, table_columns
-from gpucheck.render.words import hint_words, message_words
+from gpucheck.render.words import (
+    fmt_field,
+    hint_words,
+    is_table,
+    is_verbatim,
+    message_words,
+    table_columns,
+)
 from gpucheck.report import Finding, Report, Section, Status
 
 
 def _cell(column: str, value: Any) -> str:
-    return safe.markdown(fmt_field(str(column), value))
+    return words.markdown(fmt_field(str(column), value))
 
 
 def md_table(rows: list[dict[str, Any]], plain: bool = False) -> list[str]:
@@ -34,7 +32,7 @@ def md_table(rows: list[dict[str, Any]], plain: bool = False) -> list[str]:
 
         return fenced(table_lines(rows))
     columns = table_columns(rows)
-    lines = ["| " + " | ".join(map(safe.markdown, columns)) + " |",
+    lines = ["| " + " | ".join(map(words.markdown, columns)) + " |",
              "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(c, row.get(c)) for c in columns) + " |" for row in rows]
     return lines
@@ -50,12 +48,12 @@ def fenced(lines: list[str]) -> list[str]:
 
 def render_markdown(report: Report, plain: bool = False) -> str:
     lines = [
-        f"# gpucheck {safe.markdown(report.command)}: **{report.verdict().value}**",
+        f"# gpucheck {words.markdown(report.command)}: **{report.verdict().value}**",
         "",
-        *([f"_{safe.markdown(report.scope)}_", ""] if report.scope else []),
-        f"Host {safe.markdown_code(report.host)}, {safe.markdown(report.created_at)}, "
-        f"gpucheck {safe.markdown(report.tool_version)}, command "
-        f"{safe.markdown_code(' '.join(report.argv))}",
+        *([f"_{words.markdown(report.scope)}_", ""] if report.scope else []),
+        f"Host {words.markdown_code(report.host)}, {words.markdown(report.created_at)}, "
+        f"gpucheck {words.markdown(report.tool_version)}, command "
+        f"{words.markdown_code(' '.join(report.argv))}",
         "",
         *md_table([{"status": s, "count": n} for s, n in report.summary().items()], plain),
         "",
@@ -93,9 +91,9 @@ def _problem_lines(findings: list[Finding], plain: bool) -> list[str]:
 
 def _section_lines(section: Section, plain: bool) -> list[str]:
     if plain:  # no HTML: a heading instead of a fold
-        lines = [f"### {safe.markdown(section.title)} ({_section_verdict(section)})", ""]
+        lines = [f"### {words.markdown(section.title)} ({_section_verdict(section)})", ""]
     else:
-        lines = [f"<details><summary><b>{safe.html(section.title)}</b> "
+        lines = [f"<details><summary><b>{words.html(section.title)}</b> "
                  f"({_section_verdict(section)})"
                  "</summary>", ""]
     flat = _flatten(section.data)
@@ -105,10 +103,10 @@ def _section_lines(section: Section, plain: bool) -> list[str]:
         lines += [*md_table(scalars, plain), ""]
     for key, value in flat.items():
         if is_verbatim(key, value):
-            lines += [f"**{safe.markdown(key)}**", "", *fenced(value.splitlines()), ""]
+            lines += [f"**{words.markdown(key)}**", "", *fenced(value.splitlines()), ""]
     for key, value in section.data.items():
         if is_table(value):
-            lines += [f"**{safe.markdown(key)}**", "", *md_table(value, plain), ""]
+            lines += [f"**{words.markdown(key)}**", "", *md_table(value, plain), ""]
     if section.findings:
         lines += [*md_table(_finding_rows(section.findings), plain), ""]
     return lines if plain else [*lines, "</details>", ""]

@@ -1,28 +1,6 @@
-"""`--format prometheus`: the report in Prometheus' text exposition format (0.0.4).
-
-For node_exporter's textfile collector (write it atomically into the collector's
-directory: `gpucheck health -o DIR/gpucheck.prom`) or any scraper. Metrics:
-- `gpucheck_check_status{command, check, subject, gpu, hca, port, status, action}`: one
-  gauge per check and per GPU or port, its value the status's severity (0 OK, 1 SKIP,
-  2 WARN, 3 FAIL); several findings of one check on one subject are folded into the
-  worst; `command` keeps two commands' files in one textfile directory apart (the
-  collector refuses one series written twice);
-- `gpucheck_verdict{command}`: the node's verdict, same scale;
-- `gpucheck_findings{command, status}`: how many findings of each status;
-- `gpucheck_report_timestamp_seconds{command}`: when the report was made;
-- `gpucheck_valid_until_timestamp_seconds{command}`: until when it holds, for a report
-  that says so (`gpucheck health`'s `valid_until`): alert when `time()` passes it;
-- `gpucheck_info{command, scope}`: 1, with the report's scope ("" for a full GPU run);
-- every figure the report measured (its metrics), one gauge family per figure in base
-  units named by its unit (`gpucheck_bench_images_per_second`,
-  `gpucheck_comm_busbw_bytes_per_second`, `gpucheck_stress_gemm_flops_per_second`), the
-  subject as labels: `gpu`, `UUID`, `pci_bus_id`, `Hostname` as dcgm-exporter names
-  them, `rank`, `peer` (a pair's second rank), `node`, and from the figure's name
-  `collective`, `size_bytes`, `dtype`. Every sample of a family has the same labels
-  (the collector refuses a family whose label names differ).
-No sample carries a timestamp: the textfile collector refuses them.
-Source: https://prometheus.io/docs/instrumenting/exposition_formats/ (label values
-escape backslash, double quote and newline; HELP text backslash and newline).
+"""`--format prometheus`: the report in Prometheus' text exposition format (0.0.4) for
+node_exporter's textfile collector; the families and labels are in docs/health.md.
+Source: https://prometheus.io/docs/instrumenting/exposition_formats/
 """
 
 from __future__ import annotations
@@ -30,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 
 from gpucheck.measure import Metric
-from gpucheck.render.safe import terminal
+from gpucheck.render.words import terminal
 from gpucheck.report import Finding, Report
 from gpucheck.subject import Subject
 

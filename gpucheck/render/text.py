@@ -7,9 +7,15 @@ import textwrap
 from typing import Any
 
 from gpucheck.render.headline import headline_rows
-from gpucheck.render.safe import shown as esc
-from gpucheck.render.values import fmt_field, is_table, is_verbatim, table_columns
-from gpucheck.render.words import hint_words, message_words
+from gpucheck.render.words import (
+    fmt_field,
+    hint_words,
+    is_table,
+    is_verbatim,
+    message_words,
+    table_columns,
+)
+from gpucheck.render.words import shown as esc
 from gpucheck.report import Finding, Report, Section, Status
 
 # A terminal of 100 columns shows every line whole (tables too: wide ones are split

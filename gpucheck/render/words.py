@@ -1,15 +1,18 @@
-"""A finding's data in words, the same in text, Markdown and HTML: its second look
-(`look_words`) after the message, and its hint without an action prefix (`hint_words`).
-
-The message of a measured finding says the first figure only; what the second look
-found is data (`gpucheck.measure.SecondLook`), worded here and nowhere else.
+"""A report's values in words, the same for every renderer: a finding's second look
+and hint, figures and tables (`fmt_value`, `fmt_field`), and each field escaped for
+where it lands: a terminal, Markdown, HTML (docs/html.md, "Escaping").
 """
 
 from __future__ import annotations
 
+import html as _html
+import re
+from typing import Any
+
+from gpucheck.escape import terminal as terminal
 from gpucheck.measure import LookState, SecondLook
-from gpucheck.render.values import fmt_value
 from gpucheck.report import Finding
+from gpucheck.units import fmt_bytes as fmt_bytes
 
 # What an unstable look asks of a person, once for every command.
 UNSTABLE_ADVICE = ("not slow the second time: contention from other jobs or a transient; "
@@ -52,3 +55,86 @@ def message_words(finding: Finding) -> str:
 def hint_words(finding: Finding) -> str | None:
     """The hint a person reads: plain advice (the action is shown on its own)."""
     return finding.hint
+
+
+def fmt_value(value: Any) -> str:
+    """A short human form: None is n/a, floats keep about four significant digits."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "n/a"
+        return f"{value:.0f}" if abs(value) >= 10_000 else f"{value:.4g}"
+    if isinstance(value, list) and all(not isinstance(v, (dict, list)) for v in value):
+        return ", ".join(fmt_value(v) for v in value) if value else "-"
+    return str(value)
+
+
+def fmt_field(key: str, value: Any) -> str:
+    """Like fmt_value, but byte counts (keys ending in `_bytes`) read as KiB/MiB/GiB/TiB."""
+    if key.endswith("_bytes") and isinstance(value, int) and not isinstance(value, bool):
+        return fmt_bytes(value)
+    return fmt_value(value)
+
+
+def is_table(value: Any) -> bool:
+    """A non-empty list of dicts renders as a table."""
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def table_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """Columns in first-seen order across all rows."""
+    columns: dict[str, None] = {}
+    for row in rows:
+        for key in row:
+            columns.setdefault(key, None)
+    return list(columns)
+
+
+def is_verbatim(key: str, value: Any) -> bool:
+    """Command output kept as written (env's `collect_env_output`): a multi-line string
+    under a key ending in `_output`. Markdown and HTML show it as a code block; text
+    says where to read it."""
+    return str(key).endswith("_output") and isinstance(value, str) and "\n" in value
+
+
+FIELD_MAX = 4096  # one field on a terminal (docs/html.md, "Escaping")
+
+_MD_SPECIAL = re.compile(r"([\\`|\[\]])")
+_MD_ANY = re.compile(r"[\\`|\[\]&<>]")
+
+
+def markdown(value: object) -> str:
+    """`value` as literal text in a Markdown table cell or paragraph."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isascii() and text.isprintable() and not _MD_ANY.search(text):
+        return text  # the usual cell: nothing to escape
+    # Markdown escapes first, on the raw text; then controls as `\n`, which Markdown
+    # shows as written (a backslash before a letter escapes nothing).
+    return terminal(_MD_SPECIAL.sub(r"\\\1", _html.escape(text, quote=False)))
+
+
+def markdown_code(value: object) -> str:
+    """`value` as inline code: a code span shows `<` and `*` as they are; with a
+    backtick in it (which would end the span) as HTML <code>, its text escaped as any
+    Markdown text (Markdown still applies inside an HTML tag: `![t](url)` would load)."""
+    text = terminal(value)
+    if "`" not in text:
+        return f"`{text}`"
+    return f"<code>{markdown(text)}</code>"
+
+
+def shown(value: object) -> str:
+    """`terminal(value)` for the text report, cut at FIELD_MAX characters (the whole
+    value stays in the JSON report)."""
+    text = terminal(value)
+    if len(text) <= FIELD_MAX:
+        return text
+    return f"{text[:FIELD_MAX]}... ({len(text) - FIELD_MAX} more characters in the JSON report)"
+
+
+def html(value: object) -> str:
+    """`value` as HTML text or an attribute value."""
+    return _html.escape(terminal(value))
