@@ -132,7 +132,7 @@ def _processes(nvml: Nvml, handle: Any) -> list[dict[str, Any]] | None:
     return list(seen.values()) if answered else None
 
 
-def _nvlink_active(nvml: Nvml, handle: Any) -> int | None:
+def nvlink_active(nvml: Nvml, handle: Any) -> int | None:
     """Active NVLink links (`nvidia-smi nvlink --status`); None when NVLink is absent."""
     max_links = getattr(nvml.module, "NVML_NVLINK_MAX_LINKS", 18)
     active = 0
@@ -349,7 +349,7 @@ def read_gpu(nvml: Nvml, index: int, sysfs: Path = SYSFS) -> GpuRecord:
         procs = _processes(nvml, handle)
         fields.update(process_count=None if procs is None else len(procs),
                       processes=procs or [])
-        fields["nvlink_active_links"] = _nvlink_active(nvml, handle)
+        fields["nvlink_active_links"] = nvlink_active(nvml, handle)
         fields.update(read_fabric(nvml, handle))
         fields["recovery_action"], fields["recovery_action_na"] = read_recovery_action(
             nvml, handle)

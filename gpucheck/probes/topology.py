@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck.probes.gpu_read import nvlink_active
 from gpucheck.probes.gpu_record import GpuRecord
 from gpucheck.probes.nvml import Nvml, NvmlFailure
 
@@ -50,12 +51,6 @@ class PairPath:
                 "p2p_by_design": self.without_p2p_by_design}
 
 
-def _active_links(nvml: Nvml, handle: Any) -> int | None:
-    from gpucheck.probes.gpu_read import _nvlink_active
-
-    return _nvlink_active(nvml, handle)
-
-
 def _link(nvml: Nvml, a: Any, b: Any, links: int | None) -> str:
     m = nvml.module
     if links:
@@ -92,7 +87,7 @@ def pair_paths(nvml: Nvml, bus_ids: Sequence[str | None],
             handles[i] = nvml.call("nvmlDeviceGetHandleByPciBusId", bus) if bus else None
         except NvmlFailure:
             handles[i] = None
-    links = {i: _active_links(nvml, h) if h is not None else None for i, h in handles.items()}
+    links = {i: nvlink_active(nvml, h) if h is not None else None for i, h in handles.items()}
     paths = {}
     for i, a in handles.items():
         for j, b in handles.items():
