@@ -1,24 +1,7 @@
-"""Which rank computed a wrong result? The majority vote over per-rank digests and the
-judgement against a reference: pure functions of plain numbers and strings, no torch.
-
-Used by stress's burn-in (`gpucheck.stress.sdc`, which computes the digests and
-deviations on the GPU) and by bench's consistency check. Floor 1: importing it loads
-no torch (`relative_deviation` imports it when called).
-
-- each rank's result is summarised by a `digest` (a hash of its exact bits) and, when
-  a reference (fp64 on the CPU) was computed, by its `deviation` from it;
-- ranks that should agree bit for bit (same GPU model, same library versions: the same
-  kernels on the same inputs) share a `group`;
-- a rank is wrong when its deviation is beyond the tolerance (or not finite), or when
-  a strict majority of its group shares a digest and it does not;
-- ranks that disagree bitwise where no majority exists (two ranks, a 2-2 split) and
-  the reference cannot tell apart (both within tolerance) stay `undecided`;
-- ranks named wrong that agree bitwise with each other, or that make up whole nodes
-  (two or more ranks each), are a `software` split, not faulty GPUs: independent
-  hardware faults never give the same wrong bits, and a node's GPUs do not all fail
-  at once. Different cuBLAS builds or settings pick different kernels (cuBLAS promises
-  identical bits only within one version, architecture and SM count: the cuBLAS
-  guide, "Results reproducibility"); the CPU reference says which side is right.
+"""Which rank computed a wrong result: a majority vote over per-rank digests within
+groups that should agree bit for bit, the judgement against a reference, and software
+splits set apart from faulty GPUs (docs/stress.md, "bitwise"). Pure functions; no torch
+until `relative_deviation` is called. Used by stress's burn-in and bench's consistency.
 """
 
 from __future__ import annotations
@@ -69,14 +52,9 @@ def judge(digests: Mapping[int, str], deviations: Mapping[int, float | None],
           nodes: Mapping[int, int] | None = None, splits: bool = False,
           measure: str = "deviates {:.3g} from the CPU reference (tolerance {:g})",
           ) -> Judgement:
-    """Name the wrong ranks from their digests and their deviations from a reference.
-
-    The reference speaks first (it needs no majority, so it names the wrong GPU of
-    one or two); the ranks it cleared are then compared bitwise within their group.
-    With `splits`, wrong ranks that agree with each other, or fill whole nodes
-    (`nodes`: rank -> node), are then set apart as software splits (`software_splits`;
-    bench's labels are not digests of exact bits, so it leaves them off).
-    """
+    """The wrong ranks: beyond the reference first (no majority needed), then outvoted
+    bitwise within their group; with `splits`, software splits set apart (bench's labels
+    are not digests of exact bits, so it leaves them off)."""
     wrong = {r: measure.format(d, tolerance) for r, d in sorted(deviations.items())
              if beyond(d, tolerance)}
     undecided: list[int] = []
@@ -104,12 +82,9 @@ def software_splits(wrong: Mapping[int, str], digests: Mapping[int, str],
                     groups: Mapping[int, str], nodes: Mapping[int, int],
                     off_reference: frozenset[int] | set[int] = frozenset(),
                     ) -> tuple[tuple[int, ...], ...]:
-    """Sets of wrong ranks that are a software difference, not faulty GPUs: two or
-    more with the same digest in one group, or every rank of their group on whole
-    nodes that hold two or more of them (the rest of the group outvoted them). The
-    whole-node rule needs those ranks within the fp64 reference: ranks that each give
-    other bits AND miss the reference are wrong GPUs (one software gives one answer on
-    one node's identical GPUs), never excused as a split."""
+    """Sets of wrong ranks that are a software difference, not faulty GPUs: two or more
+    with one digest in one group, or every rank of their group on whole nodes of two or
+    more, within the fp64 reference (ranks that also miss it are wrong GPUs)."""
     alike: dict[tuple[str, str], list[int]] = {}
     for rank in wrong:
         alike.setdefault((groups.get(rank, ""), digests.get(rank, "")), []).append(rank)

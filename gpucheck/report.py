@@ -1,10 +1,5 @@
-"""The one report shape every command produces.
-
-Probes and workers return `Finding`s and plain data; renderers turn a `Report`
-into text, JSON or Markdown. The JSON form is versioned (`SCHEMA_VERSION`) and
-round-trips through `Report.from_dict`, so later tools can read reports back.
-Every WARN and FAIL carries an action (`gpucheck.actions`), fixed when it is made.
-"""
+"""The one report shape every command produces: `Finding`s in `Section`s in a `Report`,
+whose JSON (versioned, SCHEMA_VERSION) `Report.from_dict` reads back: the one reader."""
 
 from __future__ import annotations
 
@@ -21,13 +16,8 @@ from gpucheck.checks import Check, lookup
 from gpucheck.measure import Metric, SecondLook
 from gpucheck.subject import Kind, Subject, text
 
-# 3: sections carry "metrics" (gpucheck.measure.Metric as data); findings carry
-# "action" (every WARN and FAIL), "cause", "look" (a second look, as data) and
-# "subject_fields", the subject as an object ({"kind", "label", ...fields}; null for
-# a subject known only by its words) beside "subject", its label. Only this version
-# is read: versions 1 and 2 lived for days on development machines, and a report is
-# cheap to make again (the command run again with this gpucheck), so nothing reads
-# them back (issue 25).
+# 3: sections carry "metrics"; findings "action", "cause", "look" and "subject_fields"
+# beside "subject" (its label). Only this version is read (README, "JSON schema").
 SCHEMA_VERSION = 3
 
 # JSON-able values only: str, int, float, bool, None, lists and dicts of them.
@@ -39,17 +29,9 @@ __all__ = ["Action", "Finding", "Report", "ReportShapeError", "SchemaVersionErro
 
 @dataclass(frozen=True)
 class Finding:
-    """One verdict: a declared check id (`gpucheck.checks`), a status, what was seen
-    (the first figure only), what to do.
-
-    `action` is derived when the finding is made: `checks.lookup(check).action(status,
-    cause, look, relayed)` for a finding that carries a `cause` key, a second `look` or
-    a `relayed` action (fleet and compare rows); else the check's action for the status.
-    No words of the message or hint decide it. `subject` is a `gpucheck.subject.Subject`
-    made by its constructors (rank, gpu, pair, node, ...): never a plain str, so JSON
-    always carries the fields compare, fleet, prometheus and line read.
-    An undeclared check id raises KeyError at once, naming the file to declare it in.
-    """
+    """One verdict: a declared check id, a status, what was seen, what to do. `action`
+    is derived when it is made (`lookup(check).action(status, cause, look, relayed)`),
+    never from the words; an undeclared id raises KeyError at once."""
 
     check: str
     status: Status
@@ -170,20 +152,13 @@ def skip(check: str, message: str, subject: Subject | None = None) -> Finding:
 
 @dataclass
 class Section:
-    """A titled group of data and findings (`system`, `gpus`, `ranks`, ...).
-
-    `data` holds plain JSON-able values. Renderers show scalars as aligned
-    `key: value` lines, dicts as nested lines and lists of dicts as tables. `metrics`:
-    the section's figures as data (`gpucheck.measure.Metric`), what compare, fleet and
-    baselines read (schema 3; the producers attach them, S4).
-    """
+    """A titled group: `data` (JSON-able values, shown as lines and tables), findings,
+    and `metrics`, the figures compare, fleet, baselines and charts read."""
 
     name: str
     title: str
     data: dict[str, JsonValue] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
-    # The section's figures as data (gpucheck.measure.Metric): what compare, fleet,
-    # baselines and charts read, never the display tables in `data`.
     metrics: list[Metric] = field(default_factory=list)
 
     def verdict(self) -> Status | None:
@@ -225,19 +200,13 @@ _T = TypeVar("_T")
 
 def _each(items: list[JsonValue], read: Callable[[Any], _T], where: str) -> list[_T]:
     """`read` of each item; an error names the item ("findings[2]: ...")."""
-    try:
-        return [read(item) for item in items]
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        at = next(i for i, item in enumerate(items) if not _reads(read, item))
-        raise ValueError(f"{where}[{at}]: {_said(exc)}") from None
-
-
-def _reads(read: Callable[[Any], object], item: JsonValue) -> bool:
-    try:
-        read(item)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return False
-    return True
+    done = []
+    for at, item in enumerate(items):
+        try:
+            done.append(read(item))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{where}[{at}]: {_said(exc)}") from None
+    return done
 
 
 def _metric(raw: JsonValue) -> Metric:
@@ -285,11 +254,7 @@ class SchemaVersionError(ValueError):
 
 @dataclass
 class Report:
-    """Everything one command found, in the order it should be read.
-
-    `schema_version` is SCHEMA_VERSION: the only version `from_dict` reads and
-    `to_dict` writes.
-    """
+    """Everything one command found, in the order it should be read."""
 
     command: str
     sections: list[Section] = field(default_factory=list)
@@ -320,10 +285,7 @@ class Report:
         return counts
 
     def verdict(self) -> Status:
-        """FAIL or WARN when any finding says so; a skipped check does not lower an OK.
-
-        SKIP only when every check was skipped; OK for an empty report.
-        """
+        """The worst WARN or FAIL; SKIP only when every check was skipped; else OK."""
         statuses = {f.status for f in self.findings}
         if statuses == {Status.SKIP}:
             return Status.SKIP
