@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import platform
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -21,9 +22,10 @@ from gpucheck.bench.records import LoopTiming, RankRecord
 from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext, TestHooks
 from gpucheck.distributed import faultwatch, progress
-from gpucheck.distributed.deadline import synchronize
+from gpucheck.distributed.deadline import gather_objects, synchronize
 from gpucheck.distributed.session import barrier, gpu_identity, process_group, roster
 from gpucheck.distributed.world import World, host_name
+from gpucheck.probes.system import cpu_model
 from gpucheck.timing import Marks
 
 if TYPE_CHECKING:
@@ -83,8 +85,6 @@ def bench_worker(ctx: RunContext, spec: BenchSpec) -> BenchOutcome | None:
 
 
 def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
-    import torch.distributed as dist
-
     with process_group(spec.backend, spec.device, spec.timeout_s,
                        fault_watch=spec.fault_watch, ctx=ctx) as world:
         threads = _set_threads(spec.device, world)
@@ -97,8 +97,7 @@ def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
                                   ctx)
         _publish(ctx, world, rank0_record=asdict(record))  # kept if another rank fails now
         progress.set_step(ctx, "all_gather of the per-rank records")
-        gathered: list[Any] = [None] * world.world_size
-        dist.all_gather_object(gathered, (record, output))
+        gathered: list[Any] = gather_objects((record, output), ctx)
         gathered = _second_look(ddp, batch, spec, world, gathered, plan, ctx)
         progress.set_step(ctx, None)
         faults = faultwatch.of(ctx).gather()
@@ -129,20 +128,17 @@ def _second_look(ddp: Any, batch: torch.Tensor, spec: BenchSpec, world: World,
     time gathered into the records: only a second loop tells a hiccup from a stall that
     recurs (gpucheck.bench.pace). CPU ranks take turns on the cores as in the first."""
     import torch
-    import torch.distributed as dist
 
     def again(_: bool) -> list[Any]:
         progress.set_step(ctx, "the timed loop again (a second look at a rank's stall)")
         with torch.inference_mode(), rotation.CoreRotation(plan):
             mine = _timed_loop(ddp, batch, gathered[world.rank][0].iters, spec, world,
                                None, ctx).wall_s
-        walls: list[Any] = [None] * world.world_size
-        dist.all_gather_object(walls, mine)
-        return [(replace(record, again_wall_s=float(wall)), output)
-                for (record, output), wall in zip(gathered, walls, strict=True)]
+        return [(replace(record, again_wall_s=float(wall)), output) for (record, output),
+                wall in zip(gathered, gather_objects(mine, ctx), strict=True)]
 
     suspect = look_again([r for r, _ in gathered], spec.straggler_threshold)
-    return remeasure(world.rank, lambda: suspect, again)[1] or gathered
+    return remeasure(world.rank, lambda: suspect, again, ctx)[1] or gathered
 
 
 def _set_threads(device: str, world: World) -> int:
@@ -180,7 +176,7 @@ def _prepare(spec: BenchSpec, world: World, share: bench_model.Share,
 
 
 def _device(spec: BenchSpec, world: World) -> torch.device:
-    """This rank's device: its GPU among those this process sees (not its local rank)."""
+    """Its GPU among those this process sees (not its local rank)."""
     import torch
 
     return torch.device("cuda", world.cuda_index) if spec.device == "cuda" else (
@@ -191,8 +187,7 @@ def _measure(spec: BenchSpec, world: World, ddp: Any,
              batches: tuple[torch.Tensor, torch.Tensor], threads: int,
              plan: rotation.RotationPlan | None,
              ctx: RunContext) -> tuple[RankRecord, torch.Tensor]:
-    """Warm up, agree on the iteration count, time the loop, run the check batch
-    (`batches`: the timed batch, the check batch)."""
+    """Warm up, agree on the iteration count, time the loop, run the check batch."""
     import torch
 
     batch, check_batch = batches
@@ -233,7 +228,7 @@ def _record(spec: BenchSpec, world: World, iters: int, timing: LoopTiming,
     return RankRecord(
         rank=world.rank, host=host_name(), node_rank=world.node_rank,
         local_rank=world.local_rank, device=str(_device(spec, world)),
-        device_name=(gpu.name or "GPU") if gpu else _cpu_name(),
+        device_name=(gpu.name or "GPU") if gpu else f"CPU {cpu_model() or platform.machine()}",
         device_uuid=gpu.uuid if gpu else None,
         images=iters * spec.batch_size, iters=iters, wall_s=timing.wall_s,
         span_s=timing.span_s, device_s=timing.device_s, iter_ms=timing.iter_ms,
@@ -248,8 +243,7 @@ def _record(spec: BenchSpec, world: World, iters: int, timing: LoopTiming,
 
 
 def _publish(ctx: RunContext, world: World, **results: Any) -> None:
-    """Rank 0 keeps what it has measured so far, so a failure or a stop (Ctrl-C,
-    SIGTERM) later in the run still reports it."""
+    """Rank 0 keeps what it has measured so far: a later failure or stop reports it."""
     if world.is_reporter:
         progress.publish_partial(ctx, (progress.local_partial(ctx) or {}) | results)
 
@@ -270,7 +264,7 @@ def _warm_up(ddp: Any, batch: torch.Tensor, warmup: int, spec: BenchSpec,
 
 
 def _agree_iters(per_iter_s: float, spec: BenchSpec, world: World) -> int:
-    """Iterations for --duration from the slowest rank's warm-up speed, the same on all ranks."""
+    """Iterations for --duration from the slowest rank's warm-up speed."""
     import torch
     import torch.distributed as dist
 
@@ -337,16 +331,3 @@ def _peak_memory(device: str, index: int | None) -> int | None:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
     except (ImportError, OSError):
         return None
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return "CPU " + line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return "CPU " + (platform.processor() or platform.machine())
