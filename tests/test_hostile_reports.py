@@ -63,40 +63,7 @@ def odd_text(kind: str) -> str:
     text = (REPORTS / "env_gpu.json").read_text()
     if kind == "surrogate":
         return text.replace('"host": "', '"host": "\\ud800', 1)
-    digits = {"400 digits": 400, "5000 digits": 5000}[kind]
-    return text.replace('"schema_version": 3', '"schema_version": 3, "n": ' + "9" * digits, 1)
-
-
-@pytest.mark.parametrize("kind", list(ODD_VALUES))
-def test_an_odd_value_makes_compare_exit_2_with_one_line(
-        kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    edit, said = ODD_VALUES[kind]
-    raw = sample("env_gpu.json")
-    edit(raw)
-    bad = write(tmp_path / "bad.json", raw)
-    assert main(["compare", str(REPORTS / "env_gpu.json"), str(bad)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "bad.json" in err and said in err
-
-
-@pytest.mark.parametrize("kind", ["400 digits", "5000 digits", "surrogate"])
-def test_huge_integers_and_lone_surrogates_make_compare_exit_2(
-        kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    bad = write(tmp_path / "bad.json", odd_text(kind))
-    assert main(["compare", str(bad), str(REPORTS / "env_gpu.json")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1
-    assert ("digits" in err) if "digits" in kind else ("surrogate" in err)
-
-
-def test_a_unicode_digit_gpu_count_is_no_count_not_a_crash(tmp_path: Path) -> None:
-    raw = sample("env_gpu.json")
-    _section(raw, "driver")["data"]["gpu_count"] = "²"  # "²".isdigit(), int("²") raises
-    odd = write(tmp_path / "odd.json", raw)
-    assert main(["compare", str(REPORTS / "env_gpu.json"), str(odd), "-q", "-o",
-                 str(tmp_path / "c.json")]) in (0, 1)
-    assert main(["fleet", str(odd), str(REPORTS / "env_gpu.json"), "-q", "-o",
-                 str(tmp_path / "f.json")]) in (0, 1)
+    return text.replace('"schema_version": 3', '"schema_version": 3, "n": ' + "9" * 5000, 1)
 
 
 def test_one_odd_node_is_an_unreadable_node_and_the_fleet_is_still_judged(
@@ -119,20 +86,9 @@ def test_one_odd_node_is_an_unreadable_node_and_the_fleet_is_still_judged(
     assert set(unreadable) == {"odd0.json", "odd1.json", "odd2.json", "odd3.json",
                                "huge.json", "surrogate.json"}
     assert "digits" in unreadable["huge.json"] and "surrogate" in unreadable["surrogate.json"]
+    for i, (_, said) in enumerate(ODD_VALUES.values()):  # each says why, in one line
+        assert said in unreadable[f"odd{i}.json"] and "\n" not in unreadable[f"odd{i}.json"]
     assert inputs["data"]["reports"] == 1
-
-
-@pytest.mark.parametrize("kind", ["5000 digits", "surrogate"])
-def test_an_odd_baseline_is_exit_2_with_one_line(
-        kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    text = json.dumps({"kind": "gpucheck-baseline", "schema_version": 1, "tolerance": 0.1,
-                       "metrics": {}, "source": [1]})
-    text = text.replace('"metrics": {}', '"metrics": {"\\udc80": 1}' if kind == "surrogate"
-                        else '"metrics": {}, "n": ' + "9" * 5000)
-    bad = write(tmp_path / "base.json", text)
-    assert main(["fleet", str(REPORTS / "bench.json"), "--baseline", str(bad)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "base.json" in err
 
 
 def test_report_from_dict_raises_one_error_type_for_wrong_types() -> None:
