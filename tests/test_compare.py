@@ -224,11 +224,3 @@ def test_the_same_problem_on_another_nodes_gpu_is_not_new(tmp_path: Path) -> Non
         ("new in B", "gpu0"), ("gone in B", "gpu1")]
     [new] = [f for f in findings(other_slot, "compare.findings") if f["status"] == "WARN"]
     assert (new["subject_fields"]["kind"], new["subject_fields"]["gpu"]) == ("gpu", 0)
-
-
-@pytest.mark.parametrize("command", ["compare", "fleet"])
-def test_help_shows_the_threshold_option(command: str,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as stop:
-        main([command, "--help"])
-    assert stop.value.code == 0 and "--threshold" in capsys.readouterr().out

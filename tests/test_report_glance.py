@@ -24,7 +24,7 @@ from gpucheck.probes import system as collect_env
 from gpucheck.render import render
 from gpucheck.render.headline import headline_rows
 from gpucheck.render.text import render_text, table_lines
-from gpucheck.report import Report, ReportShapeError, Section, Status
+from gpucheck.report import Report, Section, Status
 
 REPORTS = Path(__file__).parent / "data" / "reports"
 ROOT = Path(__file__).resolve().parents[1]
@@ -341,10 +341,3 @@ def test_a_hostile_number_in_a_table_leaves_the_figures_and_the_report_renders()
         json.loads((REPORTS / "comm.json").read_text())))
     for fmt in ("text", "markdown", "markdown-plain", "html", "json"):
         assert render(report, fmt)
-
-
-def test_a_hostile_number_in_a_metric_is_a_damaged_report_not_a_crash() -> None:
-    raw = json.loads((REPORTS / "comm.json").read_text())
-    raw["sections"][1]["metrics"][0]["value"] = 10 ** 400
-    with pytest.raises(ReportShapeError):
-        Report.from_dict(raw)
