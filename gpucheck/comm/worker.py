@@ -118,14 +118,6 @@ def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
                      ctx)[1]
 
 
-def _transport(spec: CommSpec, world: World, folder: str | None,
-               ctx: RunContext) -> list[Any] | None:
-    """Every rank's NCCL transport (gpucheck.comm.nccl_log); None off NCCL."""
-    if spec.backend != "nccl":
-        return None
-    return gather_objects(rank_entry(world.rank, folder), ctx)
-
-
 # torch.distributed's gloo backend sends and receives host tensors only: on a CUDA
 # buffer its send writes from a device pointer and the pair's connection drops (seen on
 # an H100, torch 2.11). Its collectives take CUDA buffers; point-to-point does not.
@@ -185,7 +177,8 @@ def comm_worker(ctx: RunContext, spec: CommSpec) -> dict[str, Any] | None:
                     if world.rank == 0:
                         progress.publish_partial(ctx, result)
             _pairs_and_nodes(spec, world, infos, sizes[-1], result, ctx)
-        result["transport"] = _transport(spec, world, nccl_folder, ctx)
+        result["transport"] = gather_objects(rank_entry(world.rank, nccl_folder), ctx) \
+            if spec.backend == "nccl" else None  # every rank's NCCL transport
         faults.mark_end()
         result["faults"] = faults.gather()
         result["complete"] = True
