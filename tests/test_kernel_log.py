@@ -16,13 +16,12 @@ from gpucheck.cli import main
 from gpucheck.probes import kernel_log as kl
 from gpucheck.probes.gpu_record import GpuRecord
 from gpucheck.probes.kernel_log import (
-    KernelLog,
     read_file,
     read_kernel_log,
     read_live_log,
     scan_lines,
 )
-from gpucheck.probes.xid_section import kernel_log_section
+from gpucheck.probes.xid_section import SAMPLE_CHARS, KernelLog, kernel_log_section
 from gpucheck.probes.xid_table import ACTIONS, SEVERITIES, XID_TABLE
 from gpucheck.report import Section, Status
 from tests.fake_pynvml import FakeGpu, FakeNvml
@@ -149,7 +148,7 @@ def test_garbage_lines_are_tolerated_and_only_the_real_xid_is_kept():
 
 def test_a_long_driver_message_is_truncated_in_the_report():
     row = row_of(section_of("journal_ecc_and_gsp.log"), 119)
-    assert len(row["sample"]) == kl.SAMPLE_CHARS and row["sample"].endswith("…")
+    assert len(row["sample"]) == SAMPLE_CHARS and row["sample"].endswith("…")
 
 
 def test_no_kernel_line_other_than_nvrm_fields_reaches_the_report():

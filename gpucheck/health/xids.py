@@ -13,8 +13,7 @@ from typing import Any
 
 from gpucheck.checks.check import table_cause
 from gpucheck.probes.gpu_record import GpuRecord
-from gpucheck.probes.kernel_log import KernelLog, XidEvent
-from gpucheck.probes.xid_section import XidFault, kernel_log_part
+from gpucheck.probes.xid_section import KernelLog, XidEvent, XidFault, kernel_log_part
 from gpucheck.report import Finding, Section, Status
 from gpucheck.subject import Kind, Subject, text
 

@@ -1,7 +1,7 @@
 """Xid errors in this boot's kernel log (`sudo dmesg | grep -iE 'xid|fallen off'`): phase 1
 of env, reading only (`read_kernel_log`, never raises). Sources, first readable wins:
 /dev/kmsg, `journalctl -k -b -o json`, `dmesg`; kern.log only when given (--kernel-log).
-Only NVRM records are parsed and only their fields kept (docs/xid.md says why)."""
+Only the kernel's records reach `xid_section`, which keeps only NVRM fields (docs/xid.md)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,12 @@ import re
 import stat
 import subprocess
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from gpucheck.devices import normal_bus_id
 from gpucheck.errors import UsageError
 from gpucheck.inputs import MAX_LINE_BYTES, bounded_lines, gzip_lines, open_regular
+from gpucheck.probes.xid_section import KernelLog, Scan, XidEvent, parse_message, scan_records
 
-TITLE = "Kernel log: Xid errors"
 DMESG_TIMEOUT_S = 5.0
 KMSG_SOURCE = "/dev/kmsg"  # the live source's name, as a runner is asked for it
 KMSG = KMSG_SOURCE  # the file it reads (a test points it elsewhere)
@@ -27,22 +26,6 @@ JOURNAL_TIMEOUT_S = 10.0
 UNTRUSTED_FILES = "/var/log/kern.log, /var/log/messages: not read, any user can write a " \
     "'kernel:' line there (logger -t kernel); pass one with --kernel-log to trust it"
 MAX_READ_BYTES = 256 * 1024**2  # a years-old kern.log: read only its tail
-SAMPLE_CHARS = 120
-
-_PCI = r"(?:PCI:)?(?P<pci>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
-# Matched at the start of a record's message only: any user can put text into the kernel
-# log, and only the driver writes a record that starts with "NVRM:" (docs/xid.md).
-# "NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:02): 94, ..." (MIG instances optional,
-# "PCI:" absent on older drivers).
-_XID_RE = re.compile(rf"NVRM: Xid \({_PCI}(?P<mig>(?:[ \t]+GPU-C?I:[ \t]*\d+)*)[ \t]*\):"
-                     r"[ \t]*(?P<xid>\d+)\b,?[ \t]*(?P<detail>.*)")
-_OFF_BUS_RE = re.compile(rf"NVRM: GPU (?:at )?{_PCI}:? (?:GPU )?has fallen off the bus")
-_UUID_RE = re.compile(rf"NVRM: GPU at {_PCI}: (?P<uuid>GPU-[0-9A-Fa-f-]{{8,}})")
-# A GPU lost with no Xid line: "NVRM: The NVIDIA GPU 0000:b3:00.0 ... has fallen off the
-# bus", possibly wrapped over several NVRM: lines.
-_LOST_RE = re.compile(rf"NVRM: The NVIDIA GPU {_PCI}")
-_NVRM_TEXT = re.compile(r"NVRM:[ \t]*(.*)")
-LOST_MESSAGE_LINES = 4  # NVRM: lines to read for "fallen off the bus" after its start
 _ISO = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
 _SYSLOG = r"[A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2}"
 _CTIME = r"[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4}"
@@ -154,131 +137,20 @@ def _journal_text(message: object) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class XidEvent:
-    """One NVRM line: which GPU, which XID, when, and the driver's words."""
-
-    bus_id: str  # normal form, "0000:3B:00.0"
-    pci_id: str  # as the log wrote it, "0000:3b:00"
-    xid: int
-    time: str | None
-    detail: str
-    off_bus_line: bool = False  # a "fallen off the bus" line, not an Xid line
-    instance: str | None = None  # on a MIG GPU, "GPU-I:05 GPU-CI:02"
-
-    @property
-    def sample(self) -> str:
-        return _truncate(f"[{self.instance}] {self.detail}" if self.instance else self.detail)
-
-
-@dataclass(frozen=True)
-class KernelLog:
-    """What was read: the source (None when none was readable) and the NVRM events."""
-
-    source: str | None
-    lines_scanned: int = 0
-    events: tuple[XidEvent, ...] = ()
-    uuids_by_bus: dict[str, str] = field(default_factory=dict)  # from "GPU at PCI:" lines
-    not_read: tuple[str, ...] = ()  # why each source tried before (or instead) failed
-    note: str | None = None
-
-
-@dataclass
-class _Lost:
-    """A "The NVIDIA GPU <bus id>" message still being read (it may wrap)."""
-
-    pci: str
-    time: str | None
-    text: list[str]
-
-
-@dataclass
-class _Scan:
-    lines: int = 0
-    events: list[XidEvent] = field(default_factory=list)
-    uuids: dict[str, str] = field(default_factory=dict)
-    lost: _Lost | None = None
-
-
-def _bus_id(pci: str) -> str:
-    full = pci if "." in pci else f"{pci}.0"
-    return normal_bus_id(full) or full
-
-
-def _truncate(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS - 1] + "…"
-
-
-def parse_message(text: str, stamp: str | None) -> XidEvent | tuple[str, str] | None:
-    """An Xid or fallen-off-the-bus event, a (bus id, UUID) pair, or None."""
-    match = _XID_RE.match(text)
-    if match:
-        instance = " ".join(match["mig"].split()) or None
-        return XidEvent(_bus_id(match["pci"]), match["pci"], int(match["xid"]), stamp,
-                        match["detail"].strip()[:SAMPLE_CHARS * 4], instance=instance)
-    match = _OFF_BUS_RE.match(text)
-    if match:
-        return XidEvent(_bus_id(match["pci"]), match["pci"], 79, stamp,
-                        "GPU has fallen off the bus.", off_bus_line=True)
-    match = _UUID_RE.match(text)
-    if match:
-        return _bus_id(match["pci"]), match["uuid"]
-    return None
-
-
 def parse_line(line: str) -> XidEvent | tuple[str, str] | None:
     """What one log line says, read as the start of a record."""
     record = next(text_records([line]), None)
     return parse_message(record.lines[0], record.time) if record and record.driver else None
 
 
-def _follow_lost(scan: _Scan, text: str, stamp: str | None, parsed: bool) -> None:
-    """Follow a "The NVIDIA GPU <bus id>" message over at most LOST_MESSAGE_LINES NVRM:
-    lines; a line parsed as something else ends it."""
-    if parsed:
-        scan.lost = None
-        return
-    start = _LOST_RE.match(text)
-    if start is not None:
-        scan.lost = _Lost(start["pci"], stamp, [])
-    said_here = _NVRM_TEXT.match(text)
-    if scan.lost is None or said_here is None:
-        return
-    scan.lost.text.append(said_here[1].strip())
-    said = " ".join(scan.lost.text)
-    if "fallen off the bus" in said:
-        lost = scan.lost
-        scan.events.append(XidEvent(_bus_id(lost.pci), lost.pci, 79, lost.time, said,
-                                    off_bus_line=True))
-        scan.lost = None
-    elif len(scan.lost.text) >= LOST_MESSAGE_LINES:  # another message ("not supported")
-        scan.lost = None
-
-
-def _counted(scan: _Scan, lines: Iterable[str]) -> Iterator[str]:
+def _counted(scan: Scan, lines: Iterable[str]) -> Iterator[str]:
     for line in lines:
         scan.lines += 1
         yield line
 
 
-def scan_records(records: Iterable[Record], scan: _Scan | None = None) -> _Scan:
-    scan = scan or _Scan()
-    for record in records:
-        if not record.driver:
-            continue
-        for text in record.lines:
-            parsed = parse_message(text, record.time)
-            if isinstance(parsed, XidEvent):
-                scan.events.append(parsed)
-            elif parsed is not None:
-                scan.uuids[parsed[0]] = parsed[1]
-            _follow_lost(scan, text, record.time, parsed is not None)
-    return scan
-
-
-def scan_lines(lines: Iterable[str]) -> _Scan:
-    scan = _Scan()
+def scan_lines(lines: Iterable[str]) -> Scan:
+    scan = Scan()
     return scan_records(text_records(_counted(scan, lines)), scan)
 
 
@@ -314,7 +186,7 @@ def _whole_lines(pieces: Iterable[bytes]) -> Iterator[str]:
         rest = not piece.endswith(b"\n")
 
 
-def _from_scan(source: str, scan: _Scan, not_read: Sequence[str] = (),
+def _from_scan(source: str, scan: Scan, not_read: Sequence[str] = (),
                note: str | None = None) -> KernelLog:
     return KernelLog(source, scan.lines, tuple(scan.events), dict(scan.uuids),
                      tuple(not_read), note)
@@ -416,7 +288,7 @@ def read_live_log(runner: Runner = run_command) -> KernelLog:
     for source, argv, timeout_s, records in _LIVE:
         text, reason = _command_output(runner, argv, timeout_s)
         if text is not None:
-            scan = _Scan()
+            scan = Scan()
             scan_records(records(_counted(scan, text.split("\n"))), scan)
             return _from_scan(source, scan, not_read)
         not_read.append(reason or argv[0])

@@ -1,18 +1,152 @@
-"""The kernel log's Xid section (phase 2 of env, once NVML has named the GPUs): one row
-per (GPU, XID), each judged by `xid_table.judge_xid` on the line's own words (docs/xid.md)."""
+"""What the driver's kernel records say (Xid lines, a lost GPU, a bus id's UUID) and the
+Xid section built from them once NVML has named the GPUs: one row per (GPU, XID), judged
+by `xid_table.judge_xid` on the line's own words (docs/xid.md)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpucheck import subject as subjects
 from gpucheck.checks.check import table_cause
 from gpucheck.devices import normal_bus_id
 from gpucheck.probes.gpu_record import GpuRecord
-from gpucheck.probes.kernel_log import TITLE, KernelLog, XidEvent
 from gpucheck.probes.xid_table import SEVERITIES, XidInfo, judge_xid
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
+
+if TYPE_CHECKING:
+    from gpucheck.probes.kernel_log import Record
+
+TITLE = "Kernel log: Xid errors"
+SAMPLE_CHARS = 120
+
+_PCI = r"(?:PCI:)?(?P<pci>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
+# Matched at the start of a record's message only: any user can put text into the kernel
+# log, and only the driver writes a record that starts with "NVRM:" (docs/xid.md).
+# "NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:02): 94, ..." (MIG instances optional,
+# "PCI:" absent on older drivers).
+_XID_RE = re.compile(rf"NVRM: Xid \({_PCI}(?P<mig>(?:[ \t]+GPU-C?I:[ \t]*\d+)*)[ \t]*\):"
+                     r"[ \t]*(?P<xid>\d+)\b,?[ \t]*(?P<detail>.*)")
+_OFF_BUS_RE = re.compile(rf"NVRM: GPU (?:at )?{_PCI}:? (?:GPU )?has fallen off the bus")
+_UUID_RE = re.compile(rf"NVRM: GPU at {_PCI}: (?P<uuid>GPU-[0-9A-Fa-f-]{{8,}})")
+# A GPU lost with no Xid line: "NVRM: The NVIDIA GPU 0000:b3:00.0 ... has fallen off the
+# bus", possibly wrapped over several NVRM: lines.
+_LOST_RE = re.compile(rf"NVRM: The NVIDIA GPU {_PCI}")
+_NVRM_TEXT = re.compile(r"NVRM:[ \t]*(.*)")
+LOST_MESSAGE_LINES = 4  # NVRM: lines to read for "fallen off the bus" after its start
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One NVRM line: which GPU, which XID, when, and the driver's words."""
+
+    bus_id: str  # normal form, "0000:3B:00.0"
+    pci_id: str  # as the log wrote it, "0000:3b:00"
+    xid: int
+    time: str | None
+    detail: str
+    off_bus_line: bool = False  # a "fallen off the bus" line, not an Xid line
+    instance: str | None = None  # on a MIG GPU, "GPU-I:05 GPU-CI:02"
+
+    @property
+    def sample(self) -> str:
+        return _truncate(f"[{self.instance}] {self.detail}" if self.instance else self.detail)
+
+
+@dataclass(frozen=True)
+class KernelLog:
+    """What was read: the source (None when none was readable) and the NVRM events."""
+
+    source: str | None
+    lines_scanned: int = 0
+    events: tuple[XidEvent, ...] = ()
+    uuids_by_bus: dict[str, str] = field(default_factory=dict)  # from "GPU at PCI:" lines
+    not_read: tuple[str, ...] = ()  # why each source tried before (or instead) failed
+    note: str | None = None
+
+
+@dataclass
+class _Lost:
+    """A "The NVIDIA GPU <bus id>" message still being read (it may wrap)."""
+
+    pci: str
+    time: str | None
+    text: list[str]
+
+
+@dataclass
+class Scan:
+    lines: int = 0
+    events: list[XidEvent] = field(default_factory=list)
+    uuids: dict[str, str] = field(default_factory=dict)
+    lost: _Lost | None = None
+
+
+def _bus_id(pci: str) -> str:
+    full = pci if "." in pci else f"{pci}.0"
+    return normal_bus_id(full) or full
+
+
+def _truncate(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS - 1] + "…"
+
+
+def parse_message(text: str, stamp: str | None) -> XidEvent | tuple[str, str] | None:
+    """An Xid or fallen-off-the-bus event, a (bus id, UUID) pair, or None."""
+    match = _XID_RE.match(text)
+    if match:
+        instance = " ".join(match["mig"].split()) or None
+        return XidEvent(_bus_id(match["pci"]), match["pci"], int(match["xid"]), stamp,
+                        match["detail"].strip()[:SAMPLE_CHARS * 4], instance=instance)
+    match = _OFF_BUS_RE.match(text)
+    if match:
+        return XidEvent(_bus_id(match["pci"]), match["pci"], 79, stamp,
+                        "GPU has fallen off the bus.", off_bus_line=True)
+    match = _UUID_RE.match(text)
+    if match:
+        return _bus_id(match["pci"]), match["uuid"]
+    return None
+
+
+def _follow_lost(scan: Scan, text: str, stamp: str | None, parsed: bool) -> None:
+    """Follow a "The NVIDIA GPU <bus id>" message over at most LOST_MESSAGE_LINES NVRM:
+    lines; a line parsed as something else ends it."""
+    if parsed:
+        scan.lost = None
+        return
+    start = _LOST_RE.match(text)
+    if start is not None:
+        scan.lost = _Lost(start["pci"], stamp, [])
+    said_here = _NVRM_TEXT.match(text)
+    if scan.lost is None or said_here is None:
+        return
+    scan.lost.text.append(said_here[1].strip())
+    said = " ".join(scan.lost.text)
+    if "fallen off the bus" in said:
+        lost = scan.lost
+        scan.events.append(XidEvent(_bus_id(lost.pci), lost.pci, 79, lost.time, said,
+                                    off_bus_line=True))
+        scan.lost = None
+    elif len(scan.lost.text) >= LOST_MESSAGE_LINES:  # another message ("not supported")
+        scan.lost = None
+
+
+def scan_records(records: Iterable[Record], scan: Scan | None = None) -> Scan:
+    scan = scan or Scan()
+    for record in records:
+        if not record.driver:
+            continue
+        for text in record.lines:
+            parsed = parse_message(text, record.time)
+            if isinstance(parsed, XidEvent):
+                scan.events.append(parsed)
+            elif parsed is not None:
+                scan.uuids[parsed[0]] = parsed[1]
+            _follow_lost(scan, text, record.time, parsed is not None)
+    return scan
 
 
 @dataclass(frozen=True)
