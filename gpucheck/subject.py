@@ -24,6 +24,7 @@ class Kind(str, enum.Enum):
     TEXT = "text"  # a name, not a place: a setting, a command, a message size
 
 
+_RANK, _GPU, _NODE, _PAIR = Kind.RANK, Kind.GPU, Kind.NODE, Kind.PAIR  # no enum lookups
 _INT_FIELDS = ("rank", "gpu", "node", "peer")
 _TEXT_FIELDS = ("bus_id", "uuid", "host", "port")
 _FIELDS = ("rank", "gpu", "bus_id", "uuid", "node", "host", "peer", "port", "ranks")
@@ -69,7 +70,7 @@ class Subject:
     def position(self) -> str | None:
         """The slot a figure is kept under across reports: "rank3", "gpu5",
         "cuda0_to_cuda1", "rank0_to_rank1", "node2"; None for hosts, files, the job."""
-        if self.kind is Kind.PAIR and self.peer is not None:
+        if self.kind is _PAIR and self.peer is not None:
             for prefix, first in (("rank", self.rank), ("cuda", self.gpu), ("node", self.node)):
                 if first is not None:
                     return f"{prefix}{first}_to_{prefix}{self.peer}"
@@ -79,7 +80,9 @@ class Subject:
 
     def _own_number(self) -> int | None:
         """The number of a rank, GPU or node subject: its own kind's field."""
-        return {Kind.RANK: self.rank, Kind.GPU: self.gpu, Kind.NODE: self.node}.get(self.kind)
+        kind = self.kind
+        return self.rank if kind is _RANK else self.gpu if kind is _GPU \
+            else self.node if kind is _NODE else None
 
     def short_name(self) -> str:
         """A few words for a one-line summary ("node 1 GPU 3", "rank 2"), from the fields;

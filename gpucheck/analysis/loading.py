@@ -5,6 +5,7 @@ option values compare and fleet share (`fraction`, `positive`).
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import math
@@ -89,7 +90,7 @@ class LoadedReport:
         """The worst WARN/FAIL finding (recomputed from the findings, not trusted)."""
         return self.report.verdict().value
 
-    @property
+    @functools.cached_property
     def run_failed(self) -> bool:
         """The run itself did not finish: a failure or stop section (see cli, stress)."""
         return any(s.name.rsplit(".", 1)[-1] in ("failure", "interrupted")

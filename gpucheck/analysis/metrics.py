@@ -5,6 +5,7 @@ environment and run settings (the multi-node env list, `gpucheck.envfacts`, plus
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,9 +25,11 @@ def metrics_of(report: Report) -> dict[str, Metric]:
     for section in report.sections:
         for metric in section.metrics:
             found.setdefault(metric.key(), metric)
-    return {k: found[k] for k in sorted(found, key=metric_order)}
+    order = sorted(found, key=metric_order)
+    return found if order == list(found) else {k: found[k] for k in order}
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a fleet's reports share their keys
 def metric_order(key: str) -> tuple[str, int, str]:
     """How metric keys are listed: by family, then message size as a number (@1024
     before @131072 before @1048576), then position."""

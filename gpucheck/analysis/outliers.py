@@ -12,6 +12,7 @@ from typing import Any
 
 from gpucheck.analysis.metrics import (
     HARDWARE,
+    JUDGED,
     family,
     gpu_count,
     gpu_words,
@@ -56,7 +57,7 @@ def _values(group: Mapping[str, NodeReport]) -> tuple[dict[str, list[float]],
     for node in group.values():
         for key, metric in node.metrics.items():
             by_name.setdefault(key, []).append(metric.value)
-            if position(metric):
+            if key != metric.name:  # a GPU slot's figure: its key carries the position
                 by_pool.setdefault(metric.name, []).append(metric.value)
     return by_name, by_pool
 
@@ -67,13 +68,13 @@ def judge_group(command: str, group: Mapping[str, NodeReport], threshold: float,
     spreads = {name: describe(by_name[name]) for name in sorted(by_name, key=metric_order)}
     pools = {pool: describe(values) for pool, values in by_pool.items()}
     found = []
+    bounds = {better: Bound.shortfall(threshold, better) for better in JUDGED}
     for node, report in group.items():
-        for metric in report.metrics.values():
+        for key, metric in report.metrics.items():
             if not judged(metric):
                 continue
-            reference, against = _reference(metric, spreads, pools)
-            bound = Bound.shortfall(threshold, metric.better)
-            if reference and outlier(metric.value, reference, bound, mad_k):
+            reference, against = _reference(key, metric, spreads, pools)
+            if reference and outlier(metric.value, reference, bounds[metric.better], mad_k):
                 found.append(Outlier(command, node, metric, reference, against))
     found.sort(key=lambda o: (o.node, o.metric.key()))
     counts: dict[str, int] = {}
@@ -84,9 +85,9 @@ def judge_group(command: str, group: Mapping[str, NodeReport], threshold: float,
     return Judged(rows, found)
 
 
-def _reference(metric: Metric, spreads: Mapping[str, Spread],
+def _reference(key: str, metric: Metric, spreads: Mapping[str, Spread],
                pools: Mapping[str, Spread]) -> tuple[Spread | None, str]:
-    own, slot = spreads[metric.key()], position(metric)
+    own, slot = spreads[key], key[len(metric.name) + 1:]
     if own.n >= MIN_VALUES:
         return own, f"{slot} of {own.n} nodes" if slot else f"{own.n} nodes"
     pool = pools.get(metric.name) if slot else None
