@@ -21,9 +21,10 @@ from gpucheck.comm.collectives import (
     time_batch,
 )
 from gpucheck.comm.records import PairRow
+from gpucheck.confirm import remeasure
 from gpucheck.context import NO_HOOKS, RunContext, TestHooks
 from gpucheck.distributed import progress
-from gpucheck.distributed.deadline import broadcast_object, gather_objects, synchronize
+from gpucheck.distributed.deadline import gather_objects, synchronize
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.distributed.session import barrier
 from gpucheck.peers import Suspects
@@ -174,16 +175,23 @@ def run_pairwise(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: in
                  device: str, repeats: int, threshold: float,
                  *, ctx: RunContext) -> dict[str, Any]:
     """Measure every pair, gather them everywhere, then measure the slow ones again beside
-    a known-good pair, following rank 0's plan."""
+    a known-good pair, following rank 0's plan (`gpucheck.confirm.remeasure`)."""
+    import torch.distributed as dist
+
     node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
     pairs = gather_rows(measure_pairs(roster, size_bytes, iters, device, repeats,
                                       ctx=ctx), ctx)
-    suspects = {n: s for n, s in suspects_by_node(pairs, threshold).items() if not s.empty}
-    plans = _agree(suspects, ctx)
-    again = gather_rows(_run_steps(second_look_steps(plans), node_of, size_bytes, iters,
-                                    device, repeats, True, ctx=ctx), ctx) if plans else []
+
+    def planned() -> dict[ClassKey, Suspects]:
+        return {n: s for n, s in suspects_by_node(pairs, threshold).items() if not s.empty}
+
+    def again(plans: dict[ClassKey, Suspects]) -> list[dict[str, Any]]:
+        return gather_rows(_run_steps(second_look_steps(plans), node_of, size_bytes, iters,
+                                      device, repeats, True, ctx=ctx), ctx)
+
+    second = remeasure(dist.get_rank(), planned, again, ctx)[1]
     return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats, "pairs": pairs,
-            "again": again}
+            "again": second or []}
 
 
 def gather_rows(mine: list[dict[str, Any]], ctx: RunContext,
@@ -193,8 +201,3 @@ def gather_rows(mine: list[dict[str, Any]], ctx: RunContext,
     progress.set_step(ctx, step)
     every = gather_objects(mine, ctx)
     return sorted((p for rows in every for p in rows), key=lambda p: [p[k] for k in key])
-
-
-def _agree(plans: dict[ClassKey, Suspects], ctx: RunContext) -> dict[ClassKey, Suspects]:
-    """Rank 0's plan on every rank (on the session's object group, under its deadline)."""
-    return dict(broadcast_object(plans, ctx))
