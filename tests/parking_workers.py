@@ -15,7 +15,7 @@ from typing import Any
 
 from gpucheck.context import RunContext
 from gpucheck.distributed.session import process_group
-from gpucheck.stress import copy_phases
+from gpucheck.stress import copies
 from gpucheck.stress.rank import RankContext, StressSpec
 
 PEER_S = 0.5  # long enough for a rank that does not wait to reach the gather first
@@ -43,16 +43,16 @@ def peer_phase_on_cpu(ctx: RunContext, job: tuple[str, str]) -> dict[str, Any] |
 
     with process_group("gloo", "cpu", timeout_s=30, fault_watch=False, ctx=ctx) as world:
         rank = RankContext(_spec(backend), world, torch.device("cpu"), None, None, ctx)
-        gather = copy_phases.gather
+        gather = copies.gather
 
         def recording_gather(on: RankContext, mine: Any) -> list[Any]:
             entry = {"rank": world.rank, "matrix_done_at_entry": marker.exists()}
             (Path(folder) / f"gather-{world.rank}.json").write_text(json.dumps(entry))
             return gather(on, mine)
 
-        copy_phases.gather = recording_gather  # type: ignore[assignment]
+        copies.gather = recording_gather  # type: ignore[assignment]
         try:
-            result = copy_phases.peer_phase(rank, measure, [0, 1])
+            result = copies.peer_phase(rank, measure, [0, 1])
         finally:
-            copy_phases.gather = gather  # type: ignore[assignment]
+            copies.gather = gather  # type: ignore[assignment]
         return result if world.rank == 0 else None

@@ -30,7 +30,7 @@ RULES: tuple[tuple[tuple[str, ...], tuple[str, ...], str], ...] = (
     (("gpucheck.comm",), ("gpucheck.stress", "gpucheck.bench"),
      "comm imports neither stress nor bench"),
     (("gpucheck.distributed", "gpucheck.bench.worker", "gpucheck.stress.worker",
-      "gpucheck.stress.rank", "gpucheck.stress.copy_phases",
+      "gpucheck.stress.rank", "gpucheck.stress.copies",
       "gpucheck.comm.worker", "gpucheck.preflight.worker"), ("gpucheck.render",),
      "the ranks and the launch layer never render"),
     (("gpucheck.analysis",), ("torch", "gpucheck.distributed", "gpucheck.bench",

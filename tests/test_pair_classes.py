@@ -16,8 +16,8 @@ from gpucheck.measure import LookState
 from gpucheck.probes.nvml import Nvml
 from gpucheck.probes.topology import PairPath, pair_paths
 from gpucheck.report import Status
-from gpucheck.stress.copies import class_suspects, second_look
-from gpucheck.stress.p2p_verdicts import p2p_findings
+from gpucheck.stress.copies import second_look
+from gpucheck.stress.verdicts import class_suspects, p2p_findings
 from gpucheck.subject import node
 from tests.fake_pynvml import FakeGpu, FakeNvml
 

@@ -16,7 +16,7 @@ import torch.distributed
 from gpucheck.context import RunContext
 from gpucheck.measure import Better, LookState
 from gpucheck.report import Status
-from gpucheck.stress import specs, verdicts
+from gpucheck.stress import gemm, verdicts
 from gpucheck.stress.verdicts import (
     again_of,
     expected_findings,
@@ -32,8 +32,8 @@ def _ranks(count: int, gpu: str | None = H200) -> list[dict[str, Any]]:
              "gpu": f"GPU {r} ({gpu})", "gpu_name": gpu} for r in range(count)]
 
 
-def _bf16(model: str | None) -> specs.Figure | None:
-    return specs.gemm_figure(model, "bf16")
+def _bf16(model: str | None) -> gemm.Figure | None:
+    return gemm.gemm_figure(model, "bf16")
 
 
 FIRST = {0: 780.0, 1: 790.0, 2: 785.0, 3: 400.0}  # rank 3 at half its peers and the model
@@ -147,7 +147,7 @@ def test_a_slow_link_is_confirmed_by_its_second_copies_alone_or_found_unstable()
 def test_the_worker_copies_again_only_when_a_rank_is_a_suspect(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The copies step's wiring without a GPU: its measurement and collectives faked."""
-    from gpucheck.stress import copy_phases
+    from gpucheck.stress import copies as copy_phases
     from gpucheck.stress.rank import StressSpec
 
     spec = StressSpec(device="cuda", backend="nccl", timeout_s=1.0, dtypes=("bf16",),
@@ -178,7 +178,7 @@ def _matrix(slow: dict[tuple[int, int], float] | None = None) -> list[dict[str, 
 
 def test_a_healthy_matrix_is_not_measured_again_and_stays_ok() -> None:
     from gpucheck.stress.copies import second_look
-    from gpucheck.stress.p2p_verdicts import p2p_findings
+    from gpucheck.stress.verdicts import p2p_findings
 
     asked: list[Any] = []
     assert second_look(_matrix(), 0.6, lambda wanted: asked.append(wanted) or []) == []
@@ -209,7 +209,7 @@ def _again(slow_again: float) -> list[dict[str, Any]]:
 
 
 def test_a_slow_peer_pair_slow_again_is_confirmed_and_fine_again_is_unstable() -> None:
-    from gpucheck.stress.p2p_verdicts import p2p_findings
+    from gpucheck.stress.verdicts import p2p_findings
 
     first = _matrix({(2, 0): 90.0})
     (confirmed,) = p2p_findings({"pairs": first, "again": _again(88.0)}, "node 0", 0.6)

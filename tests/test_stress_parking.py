@@ -20,7 +20,7 @@ from parking_workers import peer_phase_on_cpu
 from gpucheck.context import RunContext
 from gpucheck.distributed.job import run_job
 from gpucheck.distributed.world import World
-from gpucheck.stress import copy_phases
+from gpucheck.stress import copies
 from gpucheck.stress.rank import RankContext, StressSpec
 
 HOST_GROUP = object()  # the gloo group the fake new_group hands out
@@ -62,6 +62,7 @@ def _record(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     monkeypatch.setattr(dist, "new_group", new_group)
     monkeypatch.setattr(dist, "barrier", barrier)
     monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     return log
 
 
@@ -75,7 +76,7 @@ def _measure(log: list[tuple[Any, ...]]) -> Any:
 def test_a_rank_that_does_not_measure_waits_on_the_host_before_any_device_collective(
         monkeypatch: pytest.MonkeyPatch) -> None:
     log = _record(monkeypatch)
-    assert copy_phases.peer_phase(_ctx(1), _measure(log), [0, 1]) == {"nodes": []}
+    assert copies.peer_phase(_ctx(1), _measure(log), [0, 1]) == {"nodes": []}
     assert log == [("new_group", "gloo", [0, 1], 42.0), ("device barrier", [1]),
                    ("host barrier", "gloo group"), ("gather",)]
 
@@ -83,7 +84,7 @@ def test_a_rank_that_does_not_measure_waits_on_the_host_before_any_device_collec
 def test_local_rank_0_measures_then_joins_the_host_wait_then_the_gather(
         monkeypatch: pytest.MonkeyPatch) -> None:
     log = _record(monkeypatch)
-    result = copy_phases.peer_phase(_ctx(0), _measure(log), [0, 1])
+    result = copies.peer_phase(_ctx(0), _measure(log), [0, 1])
     assert log == [("new_group", "gloo", [0, 1], 42.0), ("device barrier", [0]), ("measure", 2),
                    ("host barrier", "gloo group"), ("gather",)]
     assert [node["node_rank"] for node in result["nodes"]] == [0, 0]  # the fake gathers twice
@@ -92,10 +93,10 @@ def test_local_rank_0_measures_then_joins_the_host_wait_then_the_gather(
 def test_on_gloo_the_world_group_parks_and_one_rank_parks_nobody(
         monkeypatch: pytest.MonkeyPatch) -> None:
     log = _record(monkeypatch)
-    copy_phases.peer_phase(_ctx(1, backend="gloo"), _measure(log), [0, 1])
+    copies.peer_phase(_ctx(1, backend="gloo"), _measure(log), [0, 1])
     assert log == [("device barrier", [1]), ("host barrier", "world"), ("gather",)]
     log.clear()
-    copy_phases.peer_phase(_ctx(0, world_size=1), _measure(log), [0])
+    copies.peer_phase(_ctx(0, world_size=1), _measure(log), [0])
     assert log == [("device barrier", [0]), ("measure", 1), ("gather",)]
 
 
@@ -104,10 +105,10 @@ def test_on_nccl_each_node_parks_its_own_ranks_and_a_one_rank_node_nobody(
     """gloo connects only the processes of one host: a host name that other nodes
     cannot reach (GLOO_SOCKET_IFNAME) cannot break an NCCL job's peer phase."""
     log = _record(monkeypatch)
-    copy_phases.peer_phase(_ctx(3, world_size=4), _measure(log), [2, 3])
+    copies.peer_phase(_ctx(3, world_size=4), _measure(log), [2, 3])
     assert log[0] == ("new_group", "gloo", [2, 3], 42.0)
     log.clear()
-    copy_phases.peer_phase(_ctx(0, world_size=3), _measure(log), [0])  # alone on its node
+    copies.peer_phase(_ctx(0, world_size=3), _measure(log), [0])  # alone on its node
     assert log == [("device barrier", [0]), ("measure", 3), ("gather",)]
 
 

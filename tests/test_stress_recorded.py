@@ -12,10 +12,13 @@ from typing import Any
 
 import pytest
 
-from gpucheck.commands.stress import DEFAULT_CPU_PEER_FRACTION
+from gpucheck.commands.stress import (
+    DEFAULT_COPY_FRACTION,
+    DEFAULT_CPU_PEER_FRACTION,
+    DEFAULT_EXPECTED_FRACTION,
+)
 from gpucheck.report import Status
 from gpucheck.stress.report import Verdicts, stress_sections
-from gpucheck.stress.verdicts import DEFAULT_COPY_FRACTION, DEFAULT_EXPECTED_FRACTION
 
 DATA = Path(__file__).resolve().parent / "data" / "stress"
 CPU = Verdicts(DEFAULT_CPU_PEER_FRACTION, DEFAULT_EXPECTED_FRACTION, DEFAULT_COPY_FRACTION)

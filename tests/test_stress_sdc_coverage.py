@@ -11,9 +11,10 @@ from typing import Any
 import stress_workers
 import torch
 
+from gpucheck import agreement
 from gpucheck.cli import program
 from gpucheck.context import RunOptions, TestHooks
-from gpucheck.stress import burn, sdc
+from gpucheck.stress import burn
 from gpucheck.stress.gemm import seeded_pair
 
 N = 2048
@@ -31,7 +32,7 @@ def _product_rows(dtype: str) -> torch.Tensor:
 
 def test_a_healthy_bf16_product_is_within_every_elements_bound() -> None:
     reference, bound = burn.reference_and_bounds(N, "bf16", ROWS)
-    assert sdc.bound_excess(_product_rows("bf16"), reference, bound) <= sdc.BOUND_TOLERANCE
+    assert burn.bound_excess(_product_rows("bf16"), reference, bound) <= burn.BOUND_TOLERANCE
 
 
 def test_a_flipped_small_element_is_caught_where_the_largest_value_scale_missed_it() -> None:
@@ -41,15 +42,15 @@ def test_a_flipped_small_element_is_caught_where_the_largest_value_scale_missed_
     row = got[2]
     col = int(torch.nonzero((row.abs() > 1) & (row.abs() < 2))[0])
     got[2, col] = -got[2, col]
-    assert sdc.relative_deviation(got, reference) < sdc.TOLERANCE["bf16"]  # the old scale
-    assert sdc.bound_excess(got, reference, bound) > sdc.BOUND_TOLERANCE
+    assert agreement.relative_deviation(got, reference) < burn.TOLERANCE["bf16"]  # the old scale
+    assert burn.bound_excess(got, reference, bound) > burn.BOUND_TOLERANCE
 
 
 def test_a_non_finite_element_is_beyond_any_bound() -> None:
     reference, bound = burn.reference_and_bounds(N, "fp32", ROWS)
     got = _product_rows("fp32")
     got[1, 9] = float("nan")
-    assert sdc.bound_excess(got, reference, bound) == float("inf")
+    assert burn.bound_excess(got, reference, bound) == float("inf")
 
 
 def test_coverage_says_how_much_of_the_product_was_checked() -> None:

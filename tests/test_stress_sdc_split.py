@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from gpucheck import agreement
 from gpucheck.report import Status
-from gpucheck.stress import blas, sdc
+from gpucheck.stress import burn
 from gpucheck.stress.report import Verdicts, stress_sections
 
 GROUP = "NVIDIA H100 80GB HBM3, 132 SMs, torch 2.14.1, CUDA 13.0, cuBLAS 13.1.1"
@@ -58,7 +59,7 @@ def test_a_node_with_other_software_is_one_software_split_not_four_drains() -> N
 
 def test_the_reference_decides_which_side_of_a_split_is_right() -> None:
     deviations = {r: (3.0 if r >= 8 else 0.3) for r in range(12)}
-    verdict = sdc.judge(NODE_SPLIT, deviations, 1.0, dict.fromkeys(range(12), GROUP),
+    verdict = agreement.judge(NODE_SPLIT, deviations, 1.0, dict.fromkeys(range(12), GROUP),
                         {r: r // 4 for r in range(12)}, splits=True)
     assert verdict.wrong == {} and verdict.software == ((8, 9, 10, 11),)
     found = _sdc_findings(_result(NODE_SPLIT, deviations))
@@ -68,7 +69,7 @@ def test_the_reference_decides_which_side_of_a_split_is_right() -> None:
 
 def test_a_whole_node_outvoted_with_mixed_digests_is_still_a_software_split() -> None:
     digests = {r: (f"x{r}" if r >= 8 else "a") for r in range(12)}
-    verdict = sdc.judge(digests, dict.fromkeys(range(12), 0.3), 1.0,
+    verdict = agreement.judge(digests, dict.fromkeys(range(12), 0.3), 1.0,
                         dict.fromkeys(range(12), GROUP), {r: r // 4 for r in range(12)},
                         splits=True)
     assert verdict.wrong == {} and verdict.software == ((8, 9, 10, 11),)
@@ -80,7 +81,7 @@ def test_a_whole_node_each_wrong_its_own_way_beyond_the_reference_is_four_fails(
     a software split: a WARN that drains nothing)."""
     digests = {r: (f"x{r}" if r >= 8 else "a") for r in range(12)}
     deviations = {r: (3.0 if r >= 8 else 0.3) for r in range(12)}
-    verdict = sdc.judge(digests, deviations, 1.0, dict.fromkeys(range(12), GROUP),
+    verdict = agreement.judge(digests, deviations, 1.0, dict.fromkeys(range(12), GROUP),
                         {r: r // 4 for r in range(12)}, splits=True)
     assert sorted(verdict.wrong) == [8, 9, 10, 11] and verdict.software == ()
     found = _sdc_findings(_result(digests, deviations))
@@ -90,7 +91,7 @@ def test_a_whole_node_each_wrong_its_own_way_beyond_the_reference_is_four_fails(
 
 def test_two_outvoted_ranks_on_different_nodes_that_agree_are_software() -> None:
     digests = {r: ("b" if r in (1, 6) else "a") for r in range(8)}
-    verdict = sdc.judge(digests, dict.fromkeys(range(8), 0.3), 1.0,
+    verdict = agreement.judge(digests, dict.fromkeys(range(8), 0.3), 1.0,
                         dict.fromkeys(range(8), GROUP), {r: r // 4 for r in range(8)}, splits=True)
     assert verdict.wrong == {} and verdict.software == ((1, 6),)
 
@@ -128,12 +129,12 @@ def test_the_loaded_cublas_and_its_settings_are_in_the_group_key(tmp_path: Path)
                     "7f20-7f30 r--p 00000000 00:00 0 \n")
     env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "TORCH_BLAS_PREFER_CUBLASLT": "1",
            "HOME": "/root"}
-    found = blas.loaded_blas(None, env, str(maps))
+    found = burn.loaded_blas(None, env, str(maps))
     assert found.path == "/opt/site/lib/libcublas.so.12"
     assert ("CUBLAS_WORKSPACE_CONFIG", ":4096:8") in found.settings
     assert ("TORCH_BLAS_PREFER_CUBLASLT", "1") in found.settings
     assert "HOME" not in found.key() and "CUBLAS_WORKSPACE_CONFIG=:4096:8" in found.key()
-    other = blas.loaded_blas(None, {}, str(maps))
+    other = burn.loaded_blas(None, {}, str(maps))
     assert other.key() != found.key()  # another workspace setting: another group
 
 
@@ -147,24 +148,24 @@ class _FakeCublas:
 
 
 def test_the_cublas_version_is_read_from_the_library_itself() -> None:
-    assert blas.library_version("libcublas.so.12", lambda _: _FakeCublas()) == ("12.4.5", None)
-    version, why = blas.library_version("libz.so", lambda _: object())
+    assert burn.library_version("libcublas.so.12", lambda _: _FakeCublas()) == ("12.4.5", None)
+    version, why = burn.library_version("libz.so", lambda _: object())
     assert version is None and "cublasGetProperty" in (why or "")
 
 
 def test_without_a_mapped_cublas_the_version_is_unknown_with_why(tmp_path: Path) -> None:
     maps = tmp_path / "maps"
     maps.write_text("7f00-7f10 r-xp 00000000 08:01 42 /usr/lib/libc.so.6\n")
-    found = blas.loaded_blas(None, {}, str(maps))
+    found = burn.loaded_blas(None, {}, str(maps))
     assert found.cublas is None and "no libcublas" in (found.why_unknown or "")
     assert found.key().startswith("cuBLAS unknown")
 
 
 def test_this_process_reads_the_cublas_it_loaded() -> None:
     torch = pytest.importorskip("torch")
-    if blas.mapped_library("libcublas.so") is None:
+    if burn.mapped_library("libcublas.so") is None:
         pytest.skip("this torch build maps no libcublas (a CPU-only build)")
-    found = blas.loaded_blas(None)
+    found = burn.loaded_blas(None)
     assert found.cublas is not None and found.cublas.count(".") == 2, found.why_unknown
     assert torch is not None
 
@@ -188,7 +189,7 @@ def test_torchs_blas_choices_join_the_key_or_say_they_were_not_read() -> None:
         backends = type("backends", (), {"cuda": _Cuda})
         _C = _Private
 
-    settings = dict(blas.torch_settings(_Torch))
+    settings = dict(burn.torch_settings(_Torch))
     assert settings["torch blas"] == "Cublaslt"
     assert settings["workspace bytes"] == "33554432"
     assert settings["Lt workspace bytes"].startswith("not read (CUDA driver")
@@ -198,4 +199,4 @@ def test_a_torch_getter_refusing_without_words_is_not_read_not_a_crash() -> None
     def silent() -> int:
         raise RuntimeError()
 
-    assert blas._read(silent) == "not read (RuntimeError)"  # IndexError before
+    assert burn._read(silent) == "not read (RuntimeError)"  # IndexError before

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from gpucheck import timing
+from gpucheck import agreement, numa, timing
 from gpucheck.cli import main
 from gpucheck.report import Status
-from gpucheck.stress import burn, numa, sdc, specs, verdicts
-from gpucheck.stress.report import Verdicts, p2p_findings, stress_sections
+from gpucheck.stress import burn, gemm, rank, verdicts
+from gpucheck.stress.report import Verdicts, stress_sections
+from gpucheck.stress.verdicts import p2p_findings
 from gpucheck.subject import node
 
 NODE0 = node(0)
@@ -24,7 +25,7 @@ NODE0 = node(0)
 
 
 def test_h200_sxm_has_the_measured_bf16_figure_and_its_source() -> None:
-    figure = specs.gemm_figure("NVIDIA H200", "bf16")
+    figure = gemm.gemm_figure("NVIDIA H200", "bf16")
     assert figure is not None and figure.measured
     assert figure.peak == 989.5 and figure.typical == pytest.approx(791.6)
     assert "790" in figure.source or "798" in figure.source
@@ -33,18 +34,18 @@ def test_h200_sxm_has_the_measured_bf16_figure_and_its_source() -> None:
 @pytest.mark.parametrize("name", ["NVIDIA H200 NVL", "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
                                   "NVIDIA A100 80GB PCIe", "Tesla V100-SXM2-16GB", "", None])
 def test_models_without_data_get_no_expected_figure(name: str | None) -> None:
-    assert specs.gemm_figure(name, "bf16") is None
-    assert specs.copy_figure(name) is None
+    assert gemm.gemm_figure(name, "bf16") is None
+    assert gemm.copy_figure(name) is None
 
 
 def test_every_listed_figure_names_its_source_and_a_sane_fraction() -> None:
-    for model in specs.MODELS.values():
+    for model in gemm.MODELS.values():
         for figure in [*model.gemm_tflops.values(), model.copy_gbps]:
             assert figure.source and 0.5 <= figure.typical_fraction <= 0.95
 
 
 def test_memory_peaks_are_half_the_datasheet_figures_as_a_copy_counted_once() -> None:
-    peaks = {name: specs.copy_figure(name).peak for name in specs.MODELS}  # type: ignore[union-attr]
+    peaks = {name: gemm.copy_figure(name).peak for name in gemm.MODELS}  # type: ignore[union-attr]
     assert peaks == {"NVIDIA H200": 4800.0 / 2, "NVIDIA H100 80GB HBM3": 3350.0 / 2,
                      "NVIDIA A100-SXM4-80GB": 2039.0 / 2, "NVIDIA A100-SXM4-40GB": 1555.0 / 2}
 
@@ -61,7 +62,7 @@ def test_an_unknown_model_is_skipped_never_warned_however_slow() -> None:
     ranks = [_rank(0, "NVIDIA H200 NVL"), _rank(1, "NVIDIA L40S")]
     found = verdicts.expected_findings("stress.gemm.expected", "bf16", "TFLOP/s",
                                        {0: 1.0, 1: 2.0}, ranks,
-                                       lambda m: specs.gemm_figure(m, "bf16"), 0.8)
+                                       lambda m: gemm.gemm_figure(m, "bf16"), 0.8)
     assert {f.status for f in found} == {Status.SKIP}
     assert "NVIDIA H200 NVL" in found[0].message
 
@@ -70,7 +71,7 @@ def test_a_gpu_below_its_models_typical_figure_is_named() -> None:
     ranks = [_rank(0, "NVIDIA H200"), _rank(1, "NVIDIA H200")]
     found = verdicts.expected_findings("stress.gemm.expected", "bf16", "TFLOP/s",
                                        {0: 780.0, 1: 560.0}, ranks,
-                                       lambda m: specs.gemm_figure(m, "bf16"), 0.8)
+                                       lambda m: gemm.gemm_figure(m, "bf16"), 0.8)
     warned = [f for f in found if f.status is Status.WARN]
     assert [f.subject.label for f in warned] == ["rank 1"]
     assert "GPU 1" in warned[0].message and "source" in warned[0].message
@@ -85,20 +86,20 @@ def test_a_gpu_below_its_models_typical_figure_is_named() -> None:
     (32.0, 16, 63.015), (64.0, 16, 121.0), (16.0, 8, 15.754)])
 def test_link_rate_is_lanes_times_the_encoded_lane_rate(gts: float, width: int,
                                                         gbps: float) -> None:
-    assert numa.link_rate_gbps(gts, width) == pytest.approx(gbps, rel=1e-3)
+    assert rank.link_rate_gbps(gts, width) == pytest.approx(gbps, rel=1e-3)
 
 
 def test_an_unknown_speed_or_width_has_no_rate() -> None:
-    assert numa.link_rate_gbps(None, 16) is None
-    assert numa.link_rate_gbps(16.0, None) is None
-    assert numa.link_rate_gbps(12.0, 16) is None
+    assert rank.link_rate_gbps(None, 16) is None
+    assert rank.link_rate_gbps(16.0, None) is None
+    assert rank.link_rate_gbps(12.0, 16) is None
 
 
 @pytest.mark.parametrize(("text", "value"), [("32.0 GT/s PCIe", 32.0), ("8 GT/s", 8.0),
                                              ("2.5 GT/s PCIe", 2.5), ("Unknown", None),
                                              ("", None), (None, None)])
 def test_link_speed_parses_every_kernel_form(text: str | None, value: float | None) -> None:
-    assert numa.parse_speed(text) == value
+    assert rank.parse_speed(text) == value
 
 
 def test_cpulist_parses_and_prints_the_kernels_form() -> None:
@@ -125,35 +126,35 @@ def test_sysfs_is_found_from_nvmls_bus_id_form(tmp_path: Path) -> None:
     assert numa.pci_dir("00000000:9A:00.0", tmp_path).name == "0000:9a:00.0"
     assert numa.read_numa_node("00000000:9A:00.0", tmp_path) == 1
     assert numa.read_local_cpus("00000000:9A:00.0", tmp_path) == (4, 5, 6, 7)
-    link = numa.read_link("00000000:9A:00.0", tmp_path)
+    link = rank.read_link("00000000:9A:00.0", tmp_path)
     assert link.rate_gbps == pytest.approx(31.5, rel=1e-2)
     assert link.label() == "Gen4 x16 (capable of Gen5 x16)"
 
 
 def test_a_platform_without_numa_reads_as_unknown(tmp_path: Path) -> None:
     fake_gpu(tmp_path, node="-1", cpus="")
-    placement, target = numa.plan_placement("0000:9a:00.0", (0, 1), pin=True, root=tmp_path)
+    placement, target = rank.plan_placement("0000:9a:00.0", (0, 1), pin=True, root=tmp_path)
     assert placement.numa_node is None and placement.on_gpu_node is None and target is None
 
 
 def test_a_rank_allowed_every_cpu_is_pinned_to_its_gpus_node(tmp_path: Path) -> None:
     fake_gpu(tmp_path)
-    placement, target = numa.plan_placement("0000:9a:00.0", tuple(range(8)), True, tmp_path)
+    placement, target = rank.plan_placement("0000:9a:00.0", tuple(range(8)), True, tmp_path)
     assert target == (4, 5, 6, 7)
     assert placement.on_gpu_node and placement.pinned and placement.cpus == (4, 5, 6, 7)
 
 
 def test_a_rank_bound_off_its_gpus_node_is_reported_off_it(tmp_path: Path) -> None:
     fake_gpu(tmp_path)
-    placement, target = numa.plan_placement("0000:9a:00.0", (0, 1, 2, 3), True, tmp_path)
+    placement, target = rank.plan_placement("0000:9a:00.0", (0, 1, 2, 3), True, tmp_path)
     assert target is None and placement.on_gpu_node is False and not placement.pinned
 
 
 def test_without_pinning_a_rank_spanning_both_nodes_is_not_on_its_gpus(tmp_path: Path) -> None:
     fake_gpu(tmp_path)
-    placement, target = numa.plan_placement("0000:9a:00.0", tuple(range(8)), False, tmp_path)
+    placement, target = rank.plan_placement("0000:9a:00.0", tuple(range(8)), False, tmp_path)
     assert target is None and placement.on_gpu_node is False
-    placement, _ = numa.plan_placement("0000:9a:00.0", (5, 6), False, tmp_path)
+    placement, _ = rank.plan_placement("0000:9a:00.0", (5, 6), False, tmp_path)
     assert placement.on_gpu_node is True
 
 
@@ -161,62 +162,62 @@ def test_without_pinning_a_rank_spanning_both_nodes_is_not_on_its_gpus(tmp_path:
 
 
 def test_two_ranks_that_disagree_are_told_apart_by_the_cpu_reference() -> None:
-    verdict = sdc.judge({0: "aa", 1: "bb"}, {0: 1e-7, 1: 0.3}, tolerance=1e-4)
+    verdict = agreement.judge({0: "aa", 1: "bb"}, {0: 1e-7, 1: 0.3}, tolerance=1e-4)
     assert list(verdict.wrong) == [1] and verdict.undecided == ()
     assert "reference" in verdict.wrong[1]
 
 
 def test_the_odd_one_of_three_is_named_by_majority_even_within_tolerance() -> None:
-    verdict = sdc.judge({0: "aa", 1: "aa", 2: "bb"}, {0: 0.0, 1: 0.0, 2: 1e-6}, 1e-4)
+    verdict = agreement.judge({0: "aa", 1: "aa", 2: "bb"}, {0: 0.0, 1: 0.0, 2: 1e-6}, 1e-4)
     assert list(verdict.wrong) == [2] and "bitwise" in verdict.wrong[2]
 
 
 def test_two_ranks_that_differ_within_tolerance_stay_undecided() -> None:
-    verdict = sdc.judge({0: "aa", 1: "bb"}, {0: 1e-6, 1: 2e-6}, 1e-4)
+    verdict = agreement.judge({0: "aa", 1: "bb"}, {0: 1e-6, 1: 2e-6}, 1e-4)
     assert verdict.wrong == {} and verdict.undecided == (0, 1)
 
 
 def test_healthy_ranks_are_all_agreeing() -> None:
-    verdict = sdc.judge({r: "aa" for r in range(8)}, dict.fromkeys(range(8), 1e-7), 1e-4)
+    verdict = agreement.judge({r: "aa" for r in range(8)}, dict.fromkeys(range(8), 1e-7), 1e-4)
     assert verdict.wrong == {} and verdict.undecided == ()
     assert verdict.agreeing(list(range(8))) == list(range(8))
 
 
 def test_a_non_finite_result_is_wrong() -> None:
-    verdict = sdc.judge({0: "aa", 1: "bb", 2: "cc"}, {0: math.inf, 1: math.nan, 2: 0.0}, 1e-4)
+    verdict = agreement.judge({0: "aa", 1: "bb", 2: "cc"}, {0: math.inf, 1: math.nan, 2: 0.0}, 1e-4)
     assert list(verdict.wrong) == [0, 1]
-    # The same non-finite bits on two ranks are alike: software (gpucheck.stress.sdc).
-    alike = sdc.judge({0: "aa", 1: "aa"}, {0: math.inf, 1: math.nan}, 1e-4, splits=True)
+    # The same non-finite bits on two ranks are alike: software (gpucheck.stress.burn).
+    alike = agreement.judge({0: "aa", 1: "aa"}, {0: math.inf, 1: math.nan}, 1e-4, splits=True)
     assert alike.wrong == {} and alike.software == ((0, 1),)
 
 
 def test_ranks_of_different_models_are_not_compared_bitwise() -> None:
-    verdict = sdc.judge({0: "aa", 1: "bb"}, {0: 1e-6, 1: 1e-6}, 1e-4,
+    verdict = agreement.judge({0: "aa", 1: "bb"}, {0: 1e-6, 1: 1e-6}, 1e-4,
                         groups={0: "H100", 1: "A100"})
     assert verdict.wrong == {} and verdict.undecided == ()
 
 
 def test_a_two_two_split_is_settled_by_the_reference() -> None:
-    verdict = sdc.judge({0: "aa", 1: "aa", 2: "bb", 3: "bb"},
+    verdict = agreement.judge({0: "aa", 1: "aa", 2: "bb", 3: "bb"},
                         {0: 1e-7, 1: 1e-7, 2: 0.5, 3: 0.5}, 1e-4, splits=True)
     # 2 and 3 are wrong alike (the same bits): a software split the reference settles.
     assert verdict.wrong == {} and verdict.undecided == () and verdict.software == ((2, 3),)
-    apart = sdc.judge({0: "aa", 1: "aa", 2: "bb", 3: "cc"},
+    apart = agreement.judge({0: "aa", 1: "aa", 2: "bb", 3: "cc"},
                       {0: 1e-7, 1: 1e-7, 2: 0.5, 3: 0.5}, 1e-4, splits=True)
     assert list(apart.wrong) == [2, 3] and apart.software == ()
 
 
 def test_majority_vote_needs_a_strict_majority() -> None:
-    assert sdc.odd_by_majority({0: "a", 1: "b"}) is None
-    assert sdc.odd_by_majority({0: "a", 1: "a", 2: "b", 3: "b"}) is None
-    assert sdc.odd_by_majority({0: "a", 1: "a"}) == ()
-    assert sdc.odd_by_majority({0: "a", 1: "b", 2: "a"}) == (1,)
+    assert agreement.odd_by_majority({0: "a", 1: "b"}) is None
+    assert agreement.odd_by_majority({0: "a", 1: "a", 2: "b", 3: "b"}) is None
+    assert agreement.odd_by_majority({0: "a", 1: "a"}) == ()
+    assert agreement.odd_by_majority({0: "a", 1: "b", 2: "a"}) == (1,)
 
 
 def test_relative_deviation_is_scaled_by_the_reference_and_inf_when_not_finite() -> None:
     ref = torch.tensor([[10.0, -20.0]], dtype=torch.float64)
-    assert sdc.relative_deviation(torch.tensor([[10.0, -19.0]]), ref) == pytest.approx(0.05)
-    assert sdc.relative_deviation(torch.tensor([[math.nan, 1.0]]), ref) == math.inf
+    assert agreement.relative_deviation(torch.tensor([[10.0, -19.0]]), ref) == pytest.approx(0.05)
+    assert agreement.relative_deviation(torch.tensor([[math.nan, 1.0]]), ref) == math.inf
 
 
 def test_row_checks_change_with_any_single_element() -> None:
@@ -246,9 +247,9 @@ def test_the_cpu_reference_is_the_fp64_product_of_the_seeded_inputs() -> None:
     from gpucheck.stress.gemm import seeded_pair
 
     a, b = seeded_pair(64, burn.SDC_SEED, "cpu", "fp32", on_cpu=True)
-    reference = burn.reference_rows(64, "fp32", [0, 5])
+    reference = burn.reference_and_bounds(64, "fp32", [0, 5])[0]
     assert torch.allclose(reference, (a.double() @ b.double())[[0, 5]])
-    assert sdc.relative_deviation((a @ b)[[0, 5]], reference) < sdc.TOLERANCE["fp32"]
+    assert agreement.relative_deviation((a @ b)[[0, 5]], reference) < burn.TOLERANCE["fp32"]
 
 
 # --- timing, peers, stragglers, links -----------------------------------------------------
@@ -395,40 +396,6 @@ def test_an_unpinned_rank_spanning_both_nodes_is_no_warning_but_said() -> None:
     assert findings_of(sections, Status.WARN) == []
     said = [f.message for s in sections for f in s.findings if f.check == "stress.numa"]
     assert len(said) == 1 and "rank(s) 1 also on other nodes' CPUs (not pinned" in said[0]
-
-
-def sdc_result(records: list[dict[str, Any]], deviations: list[float]) -> dict[str, Any]:
-    result = gpu_result({r["rank"]: 790.0 for r in records})
-    result["sdc"] = {"dtype": "bf16", "size": 8192, "duration_s": 30.0, "tolerance": 2e-2,
-                     "rows_checked": 16, "records": records,
-                     "reference_deviations": deviations}
-    return result
-
-
-def burn_record(rank: int, digest: str = "d", bad: int = 0) -> dict[str, Any]:
-    return {"rank": rank, "dtype": "bf16", "size": 8192, "mode": "bitwise", "iters": 20000,
-            "duration_s": 30.0, "bad_iters": bad, "first_bad_iter": 7 if bad else None,
-            "worst_elements": 1 if bad else 0, "p50_ms": 1.5, "p99_ms": 1.6,
-            "digest": digest, "group": "H200"}
-
-
-def test_a_gpu_whose_result_changes_under_load_fails_by_name() -> None:
-    sections = stress_sections(sdc_result([burn_record(0), burn_record(1, bad=3)],
-                                          [1e-3, 1e-3]), Verdicts(0.9, 0.8, 0.6))
-    assert findings_of(sections, Status.FAIL) == [("stress.sdc.repeat", "rank 1")]
-
-
-def test_a_wrong_gpu_of_two_fails_by_name_through_the_reference() -> None:
-    sections = stress_sections(sdc_result([burn_record(0), burn_record(1, digest="x")],
-                                          [1e-3, 0.4]), Verdicts(0.9, 0.8, 0.6))
-    assert findings_of(sections, Status.FAIL) == [("stress.sdc.agreement", "rank 1")]
-
-
-def test_healthy_burn_in_passes_every_sdc_check() -> None:
-    sections = stress_sections(sdc_result([burn_record(r) for r in range(4)], [1e-3] * 4),
-                               Verdicts(0.9, 0.8, 0.6))
-    sdc_findings = [f for s in sections if s.name == "sdc" for f in s.findings]
-    assert {f.status for f in sdc_findings} == {Status.OK}
 
 
 # --- options --------------------------------------------------------------------------

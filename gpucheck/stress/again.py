@@ -10,8 +10,8 @@ from typing import Any
 
 from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext
+from gpucheck.stress.gemm import Figure
 from gpucheck.stress.hooks import Hook
-from gpucheck.stress.specs import Figure
 from gpucheck.stress.verdicts import suspect_ranks
 
 AGAIN_SUFFIX = ".again"  # the test hook sees "gemm.again", "membw.again"

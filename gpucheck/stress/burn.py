@@ -1,34 +1,19 @@
-"""Silent data corruption under load (gpu-burn's method), on one device.
-
-Every rank multiplies the same seeded inputs (drawn on the CPU, so bit-identical on
-every rank) over and over for the run's duration and compares every result with
-its first one. cuBLAS is bitwise reproducible run to run on the same GPU with the
-same kernel, so on a GPU the comparison is exact (tolerance zero). That is checked
-first: two products are compared before the first result is taken; if they differ
-(a non-deterministic kernel), the loop compares within the dtype's tolerance
-instead and says so (mode "tolerance").
-
-The first result is also summarised for the cross-rank comparison: per row, the sum
-of its elements' bit patterns and the sum weighted by column (int64, exact), whose
-hash is the rank's digest; rows where ranks differ are located from them without
-moving the matrix.
-
-Against the fp64 CPU reference (what names a GPU that is wrong the same way every
-time, even alone), a product larger than FULL_REFERENCE_MAX is checked on one row
-drawn per run from every band of TILE_ROWS rows, so every output tile (and the SM
-that computed it) has a row checked, each element within its own bound
-(`gpucheck.stress.sdc.OUTPUT_ROUNDING` / `ACCUMULATION`), plus rows where ranks
-disagree. A different draw each run reaches other rows over time.
-"""
+"""Silent data corruption under load (gpu-burn's method) on one device: the burn-in, its
+row checks and digests, the fp64 CPU reference with each element's bound, and the cuBLAS
+that decides which ranks must agree bit for bit (docs/stress.md)."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
+import math
+import os
 import random
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpucheck.distributed.deadline import synchronize
@@ -36,20 +21,18 @@ from gpucheck.stats import percentile
 from gpucheck.stress.gemm import matmul_precision, seeded_pair
 from gpucheck.stress.hooks import Hook
 from gpucheck.stress.records import BurnRecord as BurnRecord  # its home: records.py
-from gpucheck.stress.sdc import ACCUMULATION, OUTPUT_ROUNDING, TOLERANCE
 from gpucheck.timing import Marks
 
 if TYPE_CHECKING:
     import torch
 
+
 SDC_SEED = 20260
 CHUNK_S = 0.5  # a synchronisation this often (the clock is read every product)
 MIN_REPEATS = 10  # however short the duration: fewer repetitions prove nothing
 FULL_REFERENCE_MAX = 1024  # up to this n, the CPU reference covers the whole product
-# Otherwise one row drawn from every band of TILE_ROWS rows: cuBLAS's GEMM tiles are
-# 64 to 256 rows high (CUTLASS/cuBLAS threadblock tiles; Hopper's 64xN kernels the
-# lowest), so a band no higher than the lowest tile gives each tile at least one row
-# checked, on every column (bands of 128 left half of the 64-row tiles unchecked) ...
+# Otherwise one row drawn from every band of TILE_ROWS rows: no higher than cuBLAS's
+# lowest GEMM tile, so every tile has a row checked ...
 TILE_ROWS = 64
 EXTRA_ROWS = 8  # ... plus up to this many rows where the ranks disagree
 
@@ -205,17 +188,13 @@ def coverage(n: int, rows: list[int]) -> str:
             f"elements; one drawn per {TILE_ROWS}-row band, so every output tile)")
 
 
-def reference_rows(n: int, dtype: str, rows: list[int]) -> torch.Tensor:
-    """The product's `rows` in fp64 on the CPU, from the same seeded inputs rounded to
-    the dtype (TF32's input rounding is left to the tolerance)."""
-    return reference_and_bounds(n, dtype, rows)[0]
 
 
 def reference_and_bounds(n: int, dtype: str, rows: list[int],
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the product's `rows` in fp64 on the CPU, each element's allowed error): the
     same seeded inputs rounded to the dtype; the bound is OUTPUT_ROUNDING x |r| +
-    ACCUMULATION x (|A| |B|) (gpucheck.stress.sdc)."""
+    ACCUMULATION x (|A| |B|) (gpucheck.stress.burn)."""
     import torch
 
     from gpucheck.stress.gemm import torch_dtype
@@ -229,3 +208,149 @@ def reference_and_bounds(n: int, dtype: str, rows: list[int],
     magnitude = left.abs_() @ right.abs_()
     bound = OUTPUT_ROUNDING[dtype] * reference.abs() + ACCUMULATION[dtype] * magnitude
     return reference, bound.clamp_(min=1e-300)
+
+
+# Largest |result - fp64 reference| / largest |reference| a healthy GPU stays under
+# (the tolerance mode and bench's consistency check; docs/stress.md).
+TOLERANCE = {"fp32": 1e-4, "tf32": 1e-2, "fp16": 1e-2, "bf16": 2e-2}
+
+# Each element's bound against the fp64 reference: |c - r| <= OUTPUT_ROUNDING x |r| +
+# ACCUMULATION x (|A| |B|); docs/stress.md gives each dtype's figures and why.
+OUTPUT_ROUNDING = {"fp32": 2.0 ** -22, "tf32": 2.0 ** -22, "fp16": 2.0 ** -9,
+                   "bf16": 2.0 ** -6}
+ACCUMULATION = {"fp32": 2.0 ** -16, "tf32": 2.0 ** -11, "fp16": 2.0 ** -13,
+                "bf16": 2.0 ** -13}
+BOUND_TOLERANCE = 1.0  # a deviation is |c - r| / bound: above 1 is beyond the bound
+
+
+def bound_excess(values: torch.Tensor, reference: torch.Tensor, bound: torch.Tensor) -> float:
+    """max over the elements of |values - reference| / bound: 1 is at the bound (inf
+    when `values` is not finite)."""
+    import torch
+
+    got = values.to(torch.float64)
+    if not bool(torch.isfinite(got).all()):
+        return math.inf
+    return float(((got - reference).abs() / bound).max())
+
+
+MAPS = "/proc/self/maps"
+_PROPERTIES = (0, 1, 2)  # libraryPropertyType: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+# Environment variables read by cuBLAS or torch that change the kernel choice; their
+# values are shown (CUBLAS_ and TORCH_ are on gpucheck.probes.system' allowlist).
+SETTINGS_VARS = ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE",
+                 "TORCH_BLAS_PREFER_CUBLASLT")
+
+
+@dataclass(frozen=True)
+class Blas:
+    """What decides the GEMM kernels beyond the GPU model: versions and settings."""
+
+    cublas: str | None  # "13.1.1" read from the loaded library, None when unknown
+    cublaslt: str | None  # cublasLtGetVersion(), e.g. "130101"
+    path: str | None  # the libcublas file mapped in this process
+    why_unknown: str | None  # why `cublas` is None
+    settings: tuple[tuple[str, str], ...]  # (name, value) of what was set
+
+    def key(self) -> str:
+        """The part of a kernel group that these make (stable text, sorted settings)."""
+        version = f"cuBLAS {self.cublas}" if self.cublas else "cuBLAS unknown"
+        if self.cublaslt:
+            version += f" (Lt {self.cublaslt})"
+        return ", ".join([version, *(f"{k}={v}" for k, v in self.settings)])
+
+
+def mapped_library(stem: str, maps: str = MAPS) -> str | None:
+    """The path of the first file mapped in this process whose name starts with `stem`
+    ("libcublas.so", "libcublasLt.so"); None when none is."""
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                parts = line.split(maxsplit=5)
+                path = parts[5].strip() if len(parts) == 6 else ""
+                if os.path.basename(path).startswith(stem):
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+def _already_loaded(path: str) -> Any:
+    """The library only if this process has it loaded (RTLD_NOLOAD): a file replaced on
+    disk since is never loaded, and nothing new runs."""
+    return ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+
+
+def library_version(path: str, loader: Callable[[str], Any] = _already_loaded,
+                    ) -> tuple[str | None, str | None]:
+    """(major.minor.patch, None) from `cublasGetProperty`, or (None, why)."""
+    try:
+        lib = loader(path)
+    except OSError as exc:
+        return None, f"could not open {os.path.basename(path)}: {exc}"
+    function = getattr(lib, "cublasGetProperty", None)
+    if function is None:
+        return None, f"{os.path.basename(path)} has no cublasGetProperty"
+    parts = []
+    for prop in _PROPERTIES:
+        value = ctypes.c_int(-1)
+        status = function(prop, ctypes.byref(value))
+        if status != 0:
+            return None, f"cublasGetProperty({prop}) returned status {status}"
+        parts.append(str(value.value))
+    return ".".join(parts), None
+
+
+def lt_version(path: str | None, loader: Callable[[str], Any] = _already_loaded,
+               ) -> str | None:
+    """cublasLtGetVersion() of the mapped libcublasLt, or None."""
+    if path is None:
+        return None
+    try:
+        function = getattr(loader(path), "cublasLtGetVersion", None)
+    except OSError:
+        return None
+    if function is None:
+        return None
+    function.restype = ctypes.c_size_t
+    return str(function())
+
+
+def torch_settings(torch: Any) -> list[tuple[str, str]]:
+    """torch's own choices: the preferred BLAS library and the workspace sizes (these
+    functions are private; a torch without one shows that it was not read)."""
+    found = []
+    prefer = getattr(torch.backends.cuda, "preferred_blas_library", None)
+    found.append(("torch blas", str(prefer()).rsplit(".", 1)[-1] if prefer else "not read"))
+    for name, label in (("_cuda_getCublasWorkspaceSize", "workspace bytes"),
+                        ("_cuda_getCublasLtWorkspaceSize", "Lt workspace bytes")):
+        getter = getattr(torch._C, name, None)
+        found.append((label, _read(getter) if getter is not None else "not read"))
+    return found
+
+
+def _read(getter: Callable[[], Any]) -> str:
+    """A torch getter's answer; its error's first words when CUDA refuses (a broken
+    driver is the fault watch's and env's to report, not a reason to stop here)."""
+    try:
+        return str(getter())
+    except RuntimeError as exc:  # a message may be empty: its type then
+        words = str(exc).strip().splitlines() or [type(exc).__name__]
+        return f"not read ({words[0][:80]})"
+
+
+def loaded_blas(torch: Any | None = None, environ: dict[str, str] | None = None,
+                maps: str = MAPS) -> Blas:
+    """The cuBLAS mapped in this process and the settings in force (call after the
+    first product on the GPU: torch loads cuBLAS and sizes its workspace lazily)."""
+    env = os.environ if environ is None else environ
+    settings = [(name, env[name]) for name in SETTINGS_VARS if name in env]
+    if torch is not None:
+        settings += torch_settings(torch)
+    path = mapped_library("libcublas.so", maps)
+    if path is None:
+        return Blas(None, None, None, "no libcublas is mapped in this process",
+                    tuple(settings))
+    version, why = library_version(path)
+    return Blas(version, lt_version(mapped_library("libcublasLt.so", maps)), path, why,
+                tuple(settings))

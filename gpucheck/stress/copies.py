@@ -1,36 +1,25 @@
-"""Host<->device copies through pinned memory, and peer copies between GPUs.
-
-Host copies count the bytes once (one direction over the PCIe link), so they
-compare with the link's one-direction rate (`gpucheck.stress.numa.link_rate_gbps`).
-Each rate is the buffer over the median copy's time.
-
-Peer copies need one process that sees both GPUs: with one process per GPU, a copy
-into another rank's memory would need CUDA IPC handles. So each node's local rank 0
-measures the whole matrix in a separate step, opening every GPU it can see, while
-the other ranks wait on the host, off their GPUs (`gpucheck.stress.parking`); when
-it sees only its own GPU (CUDA_VISIBLE_DEVICES, srun --gpus-per-task) the matrix is
-skipped with that reason. A slow pair is measured again before it is judged
-(`second_look`, the rules of `gpucheck.peers.eliminate`).
-
-A pair is compared only with pairs of its own path class (`nvidia-smi topo -m`:
-NV#, PIX, PXB, PHB, NODE, SYS; `gpucheck.probes.topology.pair_paths`): on H100/H200
-NVL (NVLink bridges in pairs), L40S or any two-socket PCIe box, pairs across a bridge,
-switch or socket are slower by design, and a median over all of them would condemn
-the slower kind.
-"""
+"""Host<->device copies through pinned memory and the peer-copy matrix between GPUs: the
+measurements, and the two phases that run them on every rank (CPU ranks skip both). Why
+local rank 0 measures the matrix alone, its path classes and its second look:
+docs/stress.md."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck.confirm import remeasure
 from gpucheck.devices import cuda_device_count
-from gpucheck.measure import Better, Bound
-from gpucheck.peers import Suspects, eliminate
-from gpucheck.probes.topology import path_class as topology_class
+from gpucheck.distributed import progress
+from gpucheck.distributed.session import roster
+from gpucheck.distributed.world import host_name
 from gpucheck.probes.topology import paths_or_none
+from gpucheck.records import as_dict
+from gpucheck.stress.rank import RankContext, barrier, gather, host_wait, publish, read_link
+from gpucheck.stress.records import CopyRow
+from gpucheck.stress.verdicts import class_suspects, copy_suspects
 from gpucheck.timing import timed_batch
 
 HOST_COPY_BYTES = 256 << 20
@@ -116,31 +105,12 @@ def with_paths(pairs: list[dict[str, Any]], paths: Mapping[tuple[int, int], Any]
             for p in pairs]
 
 
-def path_class(pair: Mapping[str, Any]) -> str:
-    """The class a pair is compared within: its path, NV# as one class
-    (`gpucheck.probes.topology.path_class`; "" when not read: one class)."""
-    return topology_class(pair.get("path"))
 
 
-def class_suspects(pairs: list[dict[str, Any]], fraction: float) -> dict[str, Suspects]:
-    """Per path class, the slow pairs (and a GPU whose every pair one way is slow) by
-    `gpucheck.peers.eliminate` against the median pair of that class."""
-    by_class: dict[str, list[dict[str, Any]]] = {}
-    for p in pairs:
-        if p["gbps"] is not None:  # a pair without peer access has nothing to compare
-            by_class.setdefault(path_class(p), []).append(p)
-    return {kind: peer_suspects(members, fraction) for kind, members in sorted(by_class.items())}
 
 
-def peer_suspects(pairs: list[dict[str, Any]], fraction: float) -> Suspects:
-    """The slow pairs (and a GPU whose every pair one way is slow) by
-    `gpucheck.peers.eliminate`, the same rule as comm's send/recv pairs."""
-    return eliminate(samples_of(pairs), Bound.fraction(fraction, Better.HIGHER))
 
 
-def samples_of(pairs: Sequence[Mapping[str, Any]]) -> dict[tuple[int, int], list[float]]:
-    """Each measured pair's reading (one per pair: the median copy's rate)."""
-    return {(p["src"], p["dst"]): [p["gbps"]] for p in pairs if p["gbps"] is not None}
 
 
 def second_look(pairs: list[dict[str, Any]], fraction: float,
@@ -148,7 +118,7 @@ def second_look(pairs: list[dict[str, Any]], fraction: float,
                 ) -> list[dict[str, Any]]:
     """Confirm before condemning: the known-good reference pair(s), then every slow
     pair, measured again by this same process (the node's other ranks are still
-    parked, `gpucheck.stress.parking`, so nothing else runs on the GPUs; only this
+    parked, `gpucheck.stress.rank`, so nothing else runs on the GPUs; only this
     process measures, so no other rank has to agree on the plan). [] when nothing
     is slow."""
     plans = [s for s in class_suspects(pairs, fraction).values() if not s.empty]
@@ -185,3 +155,79 @@ def _pair_gbps(src: Any, dst: Any) -> float:
         times = timed_batch(lambda i: dst.copy_(src, non_blocking=True), COPY_ITERS, "cuda")
         torch.cuda.synchronize(dst.device)
     return _gbps(src.numel(), times)
+
+
+CPU_SKIP = "CPU ranks: there is no host<->device or peer link to measure"
+
+
+def copies_phase(ctx: RankContext, result: dict[str, Any]) -> None:
+    """Pinned host copies: each GPU alone (local ranks take turns), then all at once."""
+    if ctx.spec.device != "cuda":
+        result["copies"] = {"skipped": CPU_SKIP}
+        return
+    rows = gather(ctx, copy_row(ctx, result))
+    result["copies"] = {"rows": rows}
+    spec = ctx.spec
+
+    def again(_: Any) -> list[Any]:  # confirm before condemning: every rank copies again
+        publish(ctx, result)
+        progress.set_step(ctx.run, "copies: measured again")
+        return gather(ctx, copy_row(ctx, result))
+
+    _, second = remeasure(ctx.world.rank, lambda: copy_suspects(
+        rows, result["ranks"], spec.copy_fraction, spec.peer_fraction), again, ctx.run)
+    if second is not None:
+        result["copies"]["again"] = second
+
+
+def copy_row(ctx: RankContext, result: dict[str, Any]) -> dict[str, Any]:
+    """This rank's copies alone (local ranks take turns) and all at once."""
+    import torch
+
+    world = ctx.world
+    host, dev = copy_buffers(ctx.device)
+    alone = None
+    # As many turns as the largest node has ranks: every rank passes every barrier.
+    turns = 1 + max(int(r["local_rank"]) for r in result["ranks"])
+    for turn in range(turns):
+        barrier(ctx)
+        if world.local_rank == turn:
+            alone = host_copies(world.rank, "alone", host, dev)
+    barrier(ctx)
+    together = host_copies(world.rank, "together", host, dev)
+    # Read under load: an idle GPU's link may have dropped its speed to save power.
+    link = read_link(ctx.bus_id) if ctx.bus_id else None
+    del host, dev
+    torch.cuda.empty_cache()
+    return as_dict(CopyRow(
+        rank=world.rank, size_bytes=together.size_bytes,
+        h2d_alone_gbps=alone.h2d_gbps if alone else None,
+        d2h_alone_gbps=alone.d2h_gbps if alone else None,
+        h2d_together_gbps=together.h2d_gbps, d2h_together_gbps=together.d2h_gbps,
+        link=link.label() if link else None, link_gbps=link.rate_gbps if link else None))
+
+
+def p2p_phase(ctx: RankContext, result: dict[str, Any]) -> None:
+    if ctx.spec.device != "cuda":
+        result["p2p"] = {"skipped": CPU_SKIP}
+        return
+    node_ranks = [r.rank for r in roster(ctx.run) if r.node_rank == ctx.world.node_rank]
+    result["p2p"] = peer_phase(ctx, lambda n: peer_matrix(n, ctx.spec.copy_fraction),
+                               node_ranks)
+
+
+def peer_phase(ctx: RankContext, measure: Callable[[int], dict[str, Any]],
+               node_ranks: list[int]) -> dict[str, Any]:
+    """Each node's local rank 0 measures the peer matrix; the other ranks of its node
+    (`node_ranks`) are parked on the host (`gpucheck.stress.rank`), not in the
+    gather's NCCL kernel."""
+    world, spec = ctx.world, ctx.spec
+    parking = host_wait(spec.backend, world.world_size, node_ranks, spec.timeout_s)
+    barrier(ctx)
+    mine = None
+    if world.local_rank == 0:
+        mine = {"node_rank": world.node_rank, "host": host_name(),
+                **measure(world.local_world_size)}
+    if parking is not None:
+        parking.wait()
+    return {"nodes": [m for m in gather(ctx, mine) if m is not None]}

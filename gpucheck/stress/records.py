@@ -1,20 +1,19 @@
-"""The records stress's ranks send to rank 0, one frozen dataclass each, and rank 0's
-reading of them back (`read_stress`). Plain data, no torch: the workers build them, the
-report (gpucheck.stress.report) reads them.
-
-They cross as plain dicts (`gpucheck.records.as_dict`: what `all_gather_object` carries
-and what rank 0's partial results file holds), so the report's JSON keeps its shape; rank
-0 reads each one back with `gpucheck.records.read`, and a row that does not read is left
-out of the verdicts and named in a `stress.rank_record` finding, never a crash.
-"""
+"""The records stress's ranks send to rank 0, rank 0's reading of them back
+(`read_stress`: a row that does not read is named, never judged), and the figures as
+metrics (`stress_metrics`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck import subject
+from gpucheck.measure import Better, Metric
+from gpucheck.measured import rank_of, rank_subjects, whole
 from gpucheck.records import Unread, as_dict, read_all, readable
+from gpucheck.subject import Kind, Subject
+from gpucheck.units import number
 
 
 @dataclass(frozen=True)
@@ -33,7 +32,7 @@ class GemmRecord:
 
 @dataclass(frozen=True)
 class CopyRecord:
-    """One rank's device copy bandwidth (gpucheck.stress.membw)."""
+    """One rank's device copy bandwidth (gpucheck.stress.gemm)."""
 
     rank: int
     size_bytes: int
@@ -114,7 +113,7 @@ class StressRank:
 @dataclass(frozen=True)
 class CopyRow:
     """One rank's pinned host copies, alone (None: not measured) and all at once, and its
-    PCIe link read under load (gpucheck.stress.copy_phases)."""
+    PCIe link read under load (gpucheck.stress.copies)."""
 
     rank: int
     size_bytes: int
@@ -242,24 +241,6 @@ def _number(value: object) -> float | None:
     return None
 
 
-def read_back(result: Mapping[str, Any], records: StressRecords) -> dict[str, Any]:
-    """`result` with every per-rank list replaced by the records of it that read (as the
-    dicts they crossed as): what the metrics read, so they count what the verdicts judge."""
-    out = dict(result)
-    out.update(ranks=list(records.entries), gemm=[as_dict(r) for r in records.gemm],
-               membw=[as_dict(r) for r in records.membw])
-    sdc, copies = result.get("sdc"), result.get("copies")
-    if isinstance(sdc, Mapping):
-        out["sdc"] = {**sdc, "records": [as_dict(r) for r in records.sdc],
-                      "reference_deviations": list(records.sdc_deviations)}
-    if isinstance(copies, Mapping) and "rows" in copies:
-        out["copies"] = {**copies, "rows": [as_dict(r) for r in records.copies]}
-    p2p = result.get("p2p")
-    if isinstance(p2p, Mapping) and "nodes" in p2p:
-        out["p2p"] = {**p2p, "nodes": list(records.p2p_nodes)}
-    return out
-
-
 def _peer_nodes(p2p: object, unread: list[Unread]) -> tuple[dict[str, Any], ...]:
     """Every node's peer-copy matrix that reads, as the dict it was sent as, its pair rows
     (and their second look) read back; a pair that does not read is left out."""
@@ -288,3 +269,50 @@ def _peer_node(head: PeerNode, raw: Mapping[str, Any], unread: list[Unread]) -> 
             unread.extend(bad)
             node[key] = [pair.to_dict() for pair in good]
     return node
+
+
+COPY_FIGURES = {"h2d_gbps": "h2d_alone_gbps", "d2h_gbps": "d2h_alone_gbps",
+                "h2d_together_gbps": "h2d_together_gbps",
+                "d2h_together_gbps": "d2h_together_gbps"}
+
+
+def stress_metrics(records: StressRecords) -> list[Metric]:
+    """Every figure of the records that read, named as compare, fleet and baselines
+    key them (`stress.gemm.<dtype>.tflops`, the median product's; `stress.p2p[.node<N>]
+    .gbps` per pair of a node's devices)."""
+    ranks = rank_subjects(records.entries)
+    rows: list[tuple[str, str, Better, Any, str]] = [
+        *((f"stress.gemm.{r.dtype}.tflops", "TFLOP/s", Better.HIGHER, r, "tflops_p50")
+          for r in records.gemm),
+        *(("stress.membw.gbps", "GB/s", Better.HIGHER, r, "gbps_p50") for r in records.membw),
+        *(("stress.sdc.p50_ms", "ms", Better.LOWER, r, "p50_ms") for r in records.sdc),
+        *((f"stress.copies.{name}", "GB/s", Better.HIGHER, r, column)
+          for name, column in COPY_FIGURES.items() for r in records.copies)]
+    found = [Metric(name, unit, better, value, rank_of(ranks, row.rank))
+             for name, unit, better, row, column in rows
+             if (value := number(getattr(row, column))) is not None]
+    return found + list(_p2p(records.p2p_nodes))
+
+
+def _p2p(nodes: Sequence[Mapping[str, Any]]) -> Iterator[Metric]:
+    for node in nodes:
+        index = whole(node.get("node_rank"))
+        if index is None or "skipped" in node:
+            continue
+        name = "stress.p2p.gbps" if index == 0 else f"stress.p2p.node{index}.gbps"
+        for pair in node.get("pairs") or []:
+            src, dst, value = whole(pair.get("src")), whole(pair.get("dst")), \
+                number(pair.get("gbps"))
+            if src is not None and dst is not None and value is not None:
+                yield Metric(name, "GB/s", Better.HIGHER, value, _pair(node, src, dst, index))
+
+
+def _pair(node: Mapping[str, Any], src: int, dst: int, index: int) -> Subject:
+    """cuda:src -> cuda:dst, labelled by their NVML indices when the node says them."""
+    gpus = node.get("gpus") or []
+    named = [whole(gpus[i].get("nvml_index")) if i < len(gpus) else None for i in (src, dst)]
+    label = f"GPU {named[0]} -> GPU {named[1]}" if None not in named else None
+    made = subject.pair(src, dst, label, by="cuda")
+    host = node.get("host")
+    return Subject(Kind.PAIR, made.label, gpu=src, peer=dst, node=index,
+                   host=host if isinstance(host, str) else None)

@@ -1,6 +1,6 @@
-"""The stress results (from `stress_worker`, complete or partial) as report sections:
-setup and ranks, GEMM, memory bandwidth here; the burn-in in gpucheck.stress.sdc_section,
-host and peer copies in gpucheck.stress.copy_sections."""
+"""The stress results (complete or partial) as report sections: setup and ranks, GEMM,
+memory bandwidth, host and peer copies; the burn-in's section is
+gpucheck.stress.sdc_section."""
 
 from __future__ import annotations
 
@@ -9,27 +9,34 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck import subject as subject_
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
 from gpucheck.measured import attach
 from gpucheck.numa import cpulist, on_node, parse_cpulist
 from gpucheck.records import as_dict, readable
 from gpucheck.report import Finding, Section, ok, skip, warn
-from gpucheck.stress.copy_sections import copies_section, p2p_section
-from gpucheck.stress.metrics import stress_metrics
-from gpucheck.stress.p2p_verdicts import p2p_findings as p2p_findings  # re-exported
+from gpucheck.stress.gemm import COPY_COUNTED, Figure, copy_figure, gemm_figure
 from gpucheck.stress.power import power_findings, reach
 from gpucheck.stress.records import (
     CopyRecord,
+    CopyRow,
     GemmRecord,
     StressRank,
     StressRecords,
-    read_back,
     read_stress,
+    stress_metrics,
 )
 from gpucheck.stress.sdc_section import sdc_section
-from gpucheck.stress.specs import COPY_COUNTED, Figure, copy_figure, gemm_figure
-from gpucheck.stress.verdicts import Again, expected_findings, peer_findings, subjects
+from gpucheck.stress.verdicts import (
+    again_of,
+    copies_again,
+    expected_findings,
+    link_findings,
+    p2p_findings,
+    peer_findings,
+    subjects,
+)
 from gpucheck.unread import unread_findings
 
 
@@ -65,7 +72,7 @@ def stress_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Secti
         sections.append(p2p_section(result["p2p"], records, verdicts.copy_fraction))
     sections.append(faults_of(result, records))
     # stress.<phase>.*: the phase's section; the records that read, as the verdicts.
-    attach(sections, stress_metrics(read_back(result, records)), {})
+    attach(sections, stress_metrics(records), {})
     return sections
 
 
@@ -151,34 +158,47 @@ def _vs_peers(values: Mapping[int, float], ranks: Sequence[Mapping[str, Any]],
     return ratio
 
 
-def again(values: Mapping[int, float]) -> Again | None:
-    """The second measurement's figures per rank; None when there was none."""
-    return Again(dict(values)) if values else None
+def _judged(check: str, what: str, unit: str, rows: Sequence[Any], key: str,
+            again_rows: Sequence[Any], records: StressRecords, verdicts: Verdicts,
+            causes: Mapping[int, str], figure_of: Callable[[str | None], Figure | None],
+            expected: tuple[str, int | None]) -> tuple[list[dict[str, Any]], list[Finding]]:
+    """The table rows (with vs_peers, the expected figure and vs_expected) and the peer
+    and expected findings of one figure (`key`) of `rows`, one record per rank;
+    `expected`: the expected figure's column and its rounding."""
+    ranks, models = records.entries, {r.rank: r.gpu_name for r in records.ranks}
+    values = {r.rank: float(getattr(r, key)) for r in rows}
+    peers, table = _vs_peers(values, ranks), []
+    for r in rows:
+        figure = figure_of(models.get(r.rank))
+        table.append(as_dict(r) | {
+            "vs_peers": peers.get(r.rank),
+            expected[0]: round(figure.typical, expected[1]) if figure else None,
+            "vs_expected": round(values[r.rank] / figure.typical, 3) if figure else None})
+    second = again_of([as_dict(r) for r in again_rows], key)
+    findings = peer_findings(f"{check}.peers", what, unit, values, ranks,
+                             verdicts.peer_fraction, causes=causes, again=second)
+    findings += expected_findings(f"{check}.expected", what, unit, values, ranks, figure_of,
+                                  verdicts.expected_fraction, second)
+    return table, findings
 
 
 def _gemm_section(result: Mapping[str, Any], records: StressRecords, verdicts: Verdicts,
                   causes: Mapping[int, str]) -> Section:
-    ranks, findings = records.entries, []
-    models = {r.rank: r.gpu_name for r in records.ranks}
-    table = []
+    findings: list[Finding] = []
+    table: list[dict[str, Any]] = []
     for dtype in dict.fromkeys(r.dtype for r in records.gemm):
         mine = [r for r in records.gemm if r.dtype == dtype]
-        values = {r.rank: float(r.tflops_p50) for r in mine}
-        peers = _vs_peers(values, ranks)
-        for r in mine:
-            figure = gemm_figure(models.get(r.rank), dtype)
-            table.append(as_dict(r) | {
-                "vs_peers": peers.get(r.rank),
-                "expected_tflops": round(figure.typical, 1) if figure else None,
-                "vs_expected": round(r.tflops_p50 / figure.typical, 3) if figure else None})
-        what = f"{dtype} GEMM {mine[0].size}^3"
-        second = again({r.rank: float(r.tflops_p50) for r in records.gemm_again
-                        if r.dtype == dtype})
-        findings += peer_findings("stress.gemm.peers", what, "TFLOP/s", values, ranks,
-                                  verdicts.peer_fraction, causes=causes, again=second)
-        findings += expected_findings("stress.gemm.expected", what, "TFLOP/s", values, ranks,
-                                      _gemm_figure_of(dtype),
-                                      verdicts.expected_fraction, second)
+
+        def figure_of(model: str | None, dtype: str = dtype) -> Figure | None:
+            return gemm_figure(model, dtype)
+
+        rows, found = _judged("stress.gemm", f"{dtype} GEMM {mine[0].size}^3", "TFLOP/s",
+                              mine, "tflops_p50",
+                              [r for r in records.gemm_again if r.dtype == dtype], records,
+                              verdicts, causes, figure_of,
+                              ("expected_tflops", 1))
+        table += rows
+        findings += found
     # Which column the verdicts judge: the median product's rate, not the mean `tflops`.
     data = {"flops_per_product": "2 n^3", "judged": "tflops_p50", **_thresholds(verdicts),
             "results": table}
@@ -188,46 +208,117 @@ def _gemm_section(result: Mapping[str, Any], records: StressRecords, verdicts: V
         data["power under load (W)"] = [
             as_dict(r) | {"reach": round(x, 3) if (x := reach(r)) else None}
             for r in records.power]
-        labels = {rank: s.label for rank, s in subjects(ranks).items()}
-        findings += power_findings(records.power, ranks, labels)
+        labels = {rank: s.label for rank, s in subjects(records.entries).items()}
+        findings += power_findings(records.power, records.entries, labels)
     return Section("gemm", "Matrix multiply throughput per rank (TFLOP/s; verdicts use the "
                    "median product)", data, findings)
 
 
-def _gemm_figure_of(dtype: str) -> Callable[[str | None], Figure | None]:
-    """The typical figure of a GPU model for `dtype` (None for a model not listed)."""
-    return lambda model: gemm_figure(model, dtype)
-
-
 def _thresholds(verdicts: Verdicts) -> dict[str, float]:
-    """The fractions the verdicts used, kept in the data so charts (and readers) use
-    the same: a rank is flagged below peer_threshold x its node's median (vs_peers)
-    or expected_threshold x its model's typical figure (vs_expected)."""
+    """The fractions the verdicts used, in the data so that charts use the same."""
     return {"peer_threshold": verdicts.peer_fraction,
             "expected_threshold": verdicts.expected_fraction}
 
 
 def _membw_section(result: Mapping[str, Any], records: StressRecords, verdicts: Verdicts,
                    causes: Mapping[int, str]) -> Section:
-    ranks = records.entries
-    models = {r.rank: r.gpu_name for r in records.ranks}
-    values = {r.rank: float(r.gbps_p50) for r in records.membw}
-    peers = _vs_peers(values, ranks)
-    table = []
-    for r in records.membw:
-        figure = copy_figure(models.get(r.rank))
-        table.append(as_dict(r) | {
-            "vs_peers": peers.get(r.rank),
-            "expected_gbps": round(figure.typical) if figure else None,
-            "vs_expected": round(r.gbps_p50 / figure.typical, 3) if figure else None})
-    what = "device memory copy"
-    second = again({r.rank: float(r.gbps_p50) for r in records.membw_again})
-    findings = peer_findings("stress.membw.peers", what, "GB/s", values, ranks,
-                             verdicts.peer_fraction, causes=causes, again=second)
-    findings += expected_findings("stress.membw.expected", what, "GB/s", values, ranks,
-                                  copy_figure, verdicts.expected_fraction, second)
+    table, findings = _judged("stress.membw", "device memory copy", "GB/s", records.membw,
+                              "gbps_p50", records.membw_again, records, verdicts, causes,
+                              copy_figure, ("expected_gbps", None))
     data = {"counted": COPY_COUNTED, "judged": "gbps_p50", **_thresholds(verdicts),
             "results": table}
     if records.membw_again:
         data["measured again"] = readable(CopyRecord, result.get("membw_again"))
     return Section("membw", "Device memory bandwidth per rank (GB/s)", data, findings)
+
+
+def copies_section(copies: Mapping[str, Any], records: StressRecords, peer_fraction: float,
+                   copy_fraction: float) -> Section:
+    """Host copies alone against each link, all at once against the node's peers."""
+    ranks = records.entries
+    if "skipped" in copies:
+        return Section("copies", "Host<->device copies (pinned memory)", {},
+                       [skip("stress.copies", str(copies["skipped"]))])
+    rows = records.copies
+    alone = [{"rank": r.rank, "h2d_gbps": r.h2d_alone_gbps, "d2h_gbps": r.d2h_alone_gbps,
+              "link": r.link, "link_gbps": r.link_gbps}
+             for r in rows if r.h2d_alone_gbps is not None]
+    again = [as_dict(r) for r in records.copies_again or ()]
+    findings = link_findings("stress.copies.link", alone, ranks, copy_fraction,
+                             copies_again(again, "alone"))
+    together = {r.rank: min(r.h2d_together_gbps, r.d2h_together_gbps) for r in rows}
+    findings += peer_findings("stress.copies.together", "host copies with every GPU at once "
+                              "(slower direction)", "GB/s", together, ranks,
+                              peer_fraction, again=copies_again(again, "together"))
+    table = [as_dict(r) | {"together_vs_alone": _together_ratio(r)} for r in rows]
+    data: dict[str, Any] = {"counted": "bytes one way / median copy time (one PCIe direction)",
+                            "results": table}
+    if again:
+        data["measured again"] = again
+    return Section("copies", "Host<->device copies (pinned memory): each GPU alone, then "
+                   "all at once (GB/s)", data, findings)
+
+
+def _together_ratio(row: CopyRow) -> float | None:
+    if not row.h2d_alone_gbps or not row.d2h_alone_gbps:
+        return None
+    return round(min(row.h2d_together_gbps / row.h2d_alone_gbps,
+                     row.d2h_together_gbps / row.d2h_alone_gbps), 3)
+
+
+def p2p_section(p2p: Mapping[str, Any], records: StressRecords,
+                copy_fraction: float) -> Section:
+    """`p2p`: the phase's result ({"skipped": why} on CPU ranks); `records`: each node's
+    matrix as read back."""
+    title = "Peer-to-peer copies between GPUs (GB/s, src row -> dst column)"
+    if "skipped" in p2p:
+        return Section("p2p", title, {}, [skip("stress.p2p", str(p2p["skipped"]))])
+    data: dict[str, Any] = {}
+    findings: list[Finding] = []
+    for node in records.p2p_nodes:
+        where = subject_.node(int(node["node_rank"]), f"node {node['node_rank']} ({node['host']})",
+                              host=str(node["host"]))
+        if "skipped" in node:
+            findings.append(skip("stress.p2p", f"{where}: {node['skipped']}", subject=where))
+            continue
+        data[f"{where} matrix"] = _p2p_matrix(node)
+        data[f"{where} path classes"] = _path_classes(node)
+        findings += p2p_findings(node, where, copy_fraction)
+    return Section("p2p", title, data, findings)
+
+
+def _path_classes(node: Mapping[str, Any]) -> list[dict[str, Any]] | str:
+    """Per path class (`nvidia-smi topo -m`): its pairs, how many have peer access and
+    their median GB/s; or why the classes were not read (one class then)."""
+    if node.get("paths_unread"):
+        return str(node["paths_unread"])
+    classes: dict[str, list[Mapping[str, Any]]] = {}
+    for p in node["pairs"]:
+        classes.setdefault(str(p.get("path") or "unknown"), []).append(p)
+    rows = []
+    for kind, pairs in sorted(classes.items()):
+        rates = [p["gbps"] for p in pairs if p["gbps"] is not None]
+        rows.append({"path": kind, "pairs": len(pairs), "with_p2p": len(rates),
+                     "median_gbps": round(statistics.median(rates), 1) if rates else None,
+                     "p2p_status": sorted({str(p.get("p2p_status")) for p in pairs})})
+    return rows
+
+
+def _p2p_matrix(node: Mapping[str, Any]) -> list[dict[str, Any]]:
+    count = len(node["gpus"])
+    cell = {(p["src"], p["dst"]): p for p in node["pairs"]}
+    rows = []
+    for src in range(count):
+        row: dict[str, Any] = {"src": _gpu_name(node, src)}
+        for dst in range(count):
+            pair = cell.get((src, dst))
+            row[f"to cuda:{dst}"] = None if pair is None else (
+                round(pair["gbps"], 1) if pair["gbps"] is not None else "no P2P")
+        rows.append(row)
+    return rows
+
+
+def _gpu_name(node: Mapping[str, Any], index: int) -> str:
+    gpu = node["gpus"][index]
+    head = f"GPU {gpu['nvml_index']}" if gpu.get("nvml_index") is not None else "?"
+    return f"cuda:{index} ({head})"

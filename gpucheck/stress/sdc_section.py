@@ -8,12 +8,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpucheck import subject as subjects_
+from gpucheck.agreement import beyond, judge
 from gpucheck.numa import cpulist
 from gpucheck.records import as_dict
 from gpucheck.report import Finding, Section, fail, ok, warn
 from gpucheck.stress.records import BurnRecord, StressRank, StressRecords
-from gpucheck.stress.sdc import BOUND_WORDS, beyond, judge
 from gpucheck.stress.verdicts import Again, Named, peer_findings, subjects
+
+BOUND_WORDS = "is {:.3g}x its per-element bound from the fp64 CPU reference (at most {:g})"
 
 
 def sdc_section(sdc: Mapping[str, Any], records: StressRecords, peer_fraction: float,

@@ -1,23 +1,6 @@
-"""Verdicts over per-rank numbers: against the node's peers, an expected figure, a link.
-
-Pure functions of plain numbers, so they are tested with handcrafted values. Every
-comparison is `gpucheck.peers`' rule (value / reference against a `Bound`):
-
-- Peers: a rank is slow when its rate is below `fraction` x its node's median rate
-  (a time: above the median / `fraction`). Rates come from the median iteration,
-  so one hiccup does not make a straggler; a rank that is slow throughout does.
-- Expected: below `fraction` x the model's typical figure (peak x typical fraction).
-- Link: a host copy below `fraction` x the PCIe link's one-direction rate.
-
-Confirm before condemning (as DCGM's diagnostics and the cloud providers' health
-checks re-test a suspect): a rank below a bound is measured again, every rank of the
-job at once as the first time (`suspect_ranks` picks them in the worker, where the
-process group is still alive). Each WARN carries its second look as data
-(`gpucheck.measure.SecondLook`: confirmed, unstable or not measured again, against
-what); its status and action follow from the check's `on_look` (gpucheck/checks/
-stress.py; unstable is an OK keeping its look), and the renderers word it. The
-message says the first figure only.
-"""
+"""Verdicts over per-rank numbers (against the node's peers, an expected figure, a PCIe
+link) and over the peer-copy matrix; each WARN carries its second look
+(`gpucheck.measure.SecondLook`). docs/stress.md has the rules."""
 
 from __future__ import annotations
 
@@ -25,19 +8,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck import subject
 from gpucheck import subject as subjects_
 from gpucheck.devices import device_label
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.measure import Better, Bound, SecondLook
-from gpucheck.peers import against_median, second_look
-from gpucheck.report import Finding, Status, looked, ok, skip
+from gpucheck.peers import Pair, Suspects, against_median, eliminate, pair_looks, second_look
+from gpucheck.probes.topology import path_class as topology_class
+from gpucheck.report import Finding, Status, looked, ok, skip, warn
 from gpucheck.stats import median
-from gpucheck.stress.specs import Figure
+from gpucheck.stress.gemm import Figure
 from gpucheck.subject import Subject
 
-DEFAULT_PEER_FRACTION = 0.9
-DEFAULT_EXPECTED_FRACTION = 0.8
-DEFAULT_COPY_FRACTION = 0.6
 NO_SECOND = "no second measurement ran"  # why a look was not measured again
 RANK_NOT_AGAIN = "this rank was not in the second measurement"
 
@@ -273,3 +255,112 @@ def copies_again(rows: Sequence[Mapping[str, Any]] | None,
     values = {int(r["rank"]): min(r[f"h2d_{setting}_gbps"], r[f"d2h_{setting}_gbps"])
               for r in rows if r.get(f"h2d_{setting}_gbps") is not None}
     return Again(values)
+
+
+def p2p_findings(node: Mapping[str, Any], where: Subject, fraction: float) -> list[Finding]:
+    """Pairs without peer access where the platform allows it; pairs slow against the
+    median pair of their path class (without a GPU all of whose pairs one way are
+    slow), each with its second look (`node["again"]`). `where`: the node's subject."""
+    pairs = node["pairs"]
+    measured = {(p["src"], p["dst"]): p["gbps"] for p in pairs if p["gbps"] is not None}
+    if not measured:
+        return [skip("stress.p2p", f"{where}: no GPU pair has peer access (PCIe without "
+                     "P2P support, or P2P disabled): copies go through host memory",
+                     subject=where)]
+    findings = _blocked(pairs, len(measured), where)
+    classes = class_suspects(list(pairs), fraction)
+    bound = Bound.fraction(fraction, Better.HIGHER)
+    for kind, suspects in classes.items():
+        looks = _p2p_looks(node, pairs, suspects, bound, where)
+        findings += [_slow_peer_pair(pair, look, measured, suspects.reference, where, kind)
+                     for pair, look in looks.items()]
+    if not any(f.status.value == "WARN" for f in findings):
+        findings.append(ok("stress.p2p", f"{where}: {len(measured)} pairs, each at or above "
+                           f"{fraction:g} x the median pair of its path class ("
+                           f"{_class_medians(classes)}){_by_design_words(pairs)}"))
+    return findings
+
+
+def _blocked(pairs: Sequence[Mapping[str, Any]], measured: int,
+             where: Subject) -> list[Finding]:
+    """A WARN for the pairs without peer access where nothing says the platform
+    refuses it (the ones across sockets are in the OK)."""
+    blocked = [p for p in pairs if not p["peer_access"] and not p.get("p2p_by_design")]
+    if not blocked:
+        return []
+    listed = ", ".join(f"cuda:{p['src']}->cuda:{p['dst']}"
+                       + (f" ({p['path']})" if p.get("path") else "") for p in blocked[:8])
+    return [warn("stress.p2p", f"{where}: {len(blocked)} pair(s) without peer access while "
+                 f"{measured} have it ({listed})",
+                 hint="check nvidia-smi topo -m and nvidia-smi topo -p2p r; ACS or an IOMMU "
+                 "setting can block P2P between GPUs under one CPU socket", subject=where,
+                 cause="no_peer_access")]
+
+
+def _by_design_words(pairs: Sequence[Mapping[str, Any]]) -> str:
+    apart = [p for p in pairs if not p["peer_access"] and p.get("p2p_by_design")]
+    if not apart:
+        return ""
+    return (f"; {len(apart)} pair(s) without peer access across CPU sockets, as the driver "
+            "does by design (copies go through host memory)")
+
+
+def _class_medians(classes: Mapping[str, Suspects]) -> str:
+    return ", ".join(f"{kind or 'all'}: {s.reference:.4g} GB/s"
+                     for kind, s in classes.items())
+
+
+def _pair_subject(where: Subject, pair: Pair) -> Subject:
+    return subject.pair(pair[0], pair[1], f"{where} cuda:{pair[0]}->cuda:{pair[1]}",
+                        by="cuda")
+
+
+def _p2p_looks(node: Mapping[str, Any], pairs: Sequence[Mapping[str, Any]],
+               suspects: Suspects, bound: Bound, where: Subject) -> dict[Pair, SecondLook]:
+    """Each slow pair's second look; not measured again when the node has none."""
+    first = samples_of(pairs)
+    if "again" not in node:
+        return {p: second_look(first[p][0], None, None, (), bound, "GB/s",
+                               "the matrix has no second measurement") for p in suspects.pairs}
+    again = {(p["src"], p["dst"]): [p["gbps"]] for p in node["again"] if p["gbps"]}
+    return pair_looks(suspects, first, again, bound, "GB/s",
+                      lambda pair: _pair_subject(where, pair))
+
+
+def _slow_peer_pair(pair: Pair, look: SecondLook, measured: Mapping[Pair, float],
+                    reference: float, where: Subject, kind: str) -> Finding:
+    src, dst = pair
+    value = measured[pair]
+    median = f"the median {kind} pair" if kind else "the median pair"
+    text = (f"{where}: cuda:{src}->cuda:{dst} copies at {value:.4g} GB/s, "
+            f"{value / reference:.2f}x {median} ({reference:.4g} GB/s)")
+    hint = ("check this pair's link: nvidia-smi nvlink -s / -e for NVLink errors, "
+            "nvidia-smi topo -m for the path")
+    return looked("stress.p2p", text, hint, _pair_subject(where, pair), look)
+
+
+def path_class(pair: Mapping[str, Any]) -> str:
+    """The class a pair is compared within: its path, NV# as one class
+    (`gpucheck.probes.topology.path_class`; "" when not read: one class)."""
+    return topology_class(pair.get("path"))
+
+
+def class_suspects(pairs: list[dict[str, Any]], fraction: float) -> dict[str, Suspects]:
+    """Per path class, the slow pairs (and a GPU whose every pair one way is slow) by
+    `gpucheck.peers.eliminate` against the median pair of that class."""
+    by_class: dict[str, list[dict[str, Any]]] = {}
+    for p in pairs:
+        if p["gbps"] is not None:  # a pair without peer access has nothing to compare
+            by_class.setdefault(path_class(p), []).append(p)
+    return {kind: peer_suspects(members, fraction) for kind, members in sorted(by_class.items())}
+
+
+def peer_suspects(pairs: list[dict[str, Any]], fraction: float) -> Suspects:
+    """The slow pairs (and a GPU whose every pair one way is slow) by
+    `gpucheck.peers.eliminate`, the same rule as comm's send/recv pairs."""
+    return eliminate(samples_of(pairs), Bound.fraction(fraction, Better.HIGHER))
+
+
+def samples_of(pairs: Sequence[Mapping[str, Any]]) -> dict[tuple[int, int], list[float]]:
+    """Each measured pair's reading (one per pair: the median copy's rate)."""
+    return {(p["src"], p["dst"]): [p["gbps"]] for p in pairs if p["gbps"] is not None}

@@ -1,14 +1,6 @@
-"""`gpucheck stress` on every rank: all GPUs at once, one rank per GPU.
-
-Phases, each started together after a barrier and ended with an all_gather of every
-rank's record: GEMM throughput per dtype, device memory bandwidth, the burn-in for
-silent data corruption, host<->device copies (each GPU alone, then all at once) and
-the peer-copy matrix. Rank 0 publishes the results after every phase
-(`gpucheck.distributed.progress`), so a failure or a stop keeps what was measured.
-Knows nothing of reports: rank 0 returns the gathered results, the others None.
-The frame the phases share is gpucheck.stress.rank; the copy phases live in
-gpucheck.stress.copy_phases.
-"""
+"""`gpucheck stress` on every rank, one rank per GPU: the phases (GEMM, memory
+bandwidth, the burn-in, host and peer copies), each started after a barrier and ended
+with an all_gather; rank 0 publishes the results after each phase and returns them."""
 
 from __future__ import annotations
 
@@ -22,25 +14,35 @@ from gpucheck.context import RunContext
 from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.session import gpu_identity, process_group, roster
 from gpucheck.distributed.world import World
+from gpucheck.numa import cpulist
 from gpucheck.records import as_dict, read_all
 from gpucheck.stress import burn as sdc_burn
 from gpucheck.stress.again import again_hook, measure_again
-from gpucheck.stress.blas import loaded_blas
-from gpucheck.stress.copy_phases import copies_phase, p2p_phase
-from gpucheck.stress.gemm import measure_gemm
+from gpucheck.stress.burn import BOUND_TOLERANCE, bound_excess, loaded_blas
+from gpucheck.stress.copies import copies_phase, p2p_phase
+from gpucheck.stress.gemm import (
+    copy_bytes,
+    copy_figure,
+    free_device_bytes,
+    gemm_figure,
+    measure_copy,
+    measure_gemm,
+)
 from gpucheck.stress.hooks import Hook, rank_hook
-from gpucheck.stress.membw import copy_bytes, free_device_bytes, measure_copy
-from gpucheck.stress.numa import Placement, cpulist, place_this_rank
 from gpucheck.stress.power import PowerSampler
-from gpucheck.stress.rank import Phase, RankContext, barrier, gather, publish
+from gpucheck.stress.rank import (
+    Phase,
+    Placement,
+    RankContext,
+    barrier,
+    gather,
+    place_this_rank,
+    publish,
+)
 from gpucheck.stress.rank import StressSpec as StressSpec  # its home for commands/preflight
 from gpucheck.stress.records import PlacementRow
-from gpucheck.stress.sdc import BOUND_TOLERANCE, bound_excess
-from gpucheck.stress.specs import copy_figure, gemm_figure
 
 PHASES = ("gemm", "membw", "sdc", "copies", "p2p")
-
-
 
 
 def stress_worker(run: RunContext, spec: StressSpec) -> dict[str, Any] | None:
@@ -88,13 +90,9 @@ def _phase_text(name: str, spec: StressSpec) -> str:
 
 @contextlib.contextmanager
 def watch_faults(faults: faultwatch.RankFaults, result: dict[str, Any]) -> Iterator[None]:
-    """The measured phases are the fault watch's timed window.
-
-    The frame (`process_group`) watches this rank's GPU for the whole run; here the
-    window is marked and, once every phase is done, every rank's result is gathered
-    into result["faults"]. A failed phase skips the gather (a collective): rank 0's
-    own result then reaches the failure report through its partial results.
-    """
+    """The measured phases are the fault watch's timed window; every rank's result is
+    gathered after them (a failed phase skips the gather: rank 0's own result reaches
+    the failure report through its partial results)."""
     faults.mark_start()
     yield
     faults.mark_end()
@@ -161,7 +159,7 @@ def _rank_row(ctx: RankContext, placement: Placement) -> PlacementRow:
 def _kernel_group(ctx: RankContext) -> str:
     """Ranks whose products should agree bit for bit: same model and SM count, same
     libraries (the cuBLAS actually loaded) and the settings that change cuBLAS's kernel
-    choice (gpucheck.stress.blas)."""
+    choice (gpucheck.stress.burn)."""
     import torch
 
     versions = f"torch {torch.__version__}"
