@@ -184,22 +184,25 @@ class Section:
     def from_dict(cls, raw: dict[str, JsonValue]) -> Section:
         if not isinstance(raw, dict):
             raise TypeError(f"a section is {type(raw).__name__}, not an object")
-        _require_text(raw, "name", optional=False)
-        _require_text(raw, "title", optional=False)
-        data = raw.get("data") or {}
+        name, title, data = raw.get("name"), raw.get("title"), raw.get("data") or {}
+        if not isinstance(name, str) or not isinstance(title, str):
+            raise TypeError("a section's 'name' or 'title' is not a string")
         if not isinstance(data, dict):
             raise TypeError("'data' is not an object")
-        return cls(name=raw["name"], title=raw["title"], data=data,
-                   findings=_each(_list_of(raw, "findings"), Finding.from_dict, "findings"),
-                   metrics=_each(_list_of(raw, "metrics"), _metric, "metrics"))
+        findings, metrics = raw.get("findings"), raw.get("metrics")
+        return cls(name, title, data,
+                   [] if findings is None else _each(findings, Finding.from_dict, "findings"),
+                   [] if metrics is None else _each(metrics, _metric, "metrics"))
 
 
 _STATUS_OF = {s.value: s for s in Status}
 _T = TypeVar("_T")
 
 
-def _each(items: list[JsonValue], read: Callable[[Any], _T], where: str) -> list[_T]:
-    """`read` of each item; an error names the item ("findings[2]: ...")."""
+def _each(items: JsonValue, read: Callable[[Any], _T], where: str) -> list[_T]:
+    """`read` of each item of a list; an error names the item ("findings[2]: ...")."""
+    if not isinstance(items, list):
+        raise TypeError(f"{where!r} is {type(items).__name__}, not a list")
     done = []
     for at, item in enumerate(items):
         try:
@@ -214,15 +217,6 @@ def _metric(raw: JsonValue) -> Metric:
         return Metric.from_dict(raw)
     except OverflowError:  # an integer too large for a float: a damaged file
         raise ValueError("a metric's value is too large") from None
-
-
-def _list_of(raw: dict[str, JsonValue], key: str) -> list[JsonValue]:
-    value = raw.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise TypeError(f"{key!r} is {type(value).__name__}, not a list")
-    return value
 
 
 def _utc_now() -> str:
@@ -337,7 +331,7 @@ class Report:
             raise TypeError("'argv' is not a list of strings")
         return cls(
             command=raw["command"],
-            sections=_each(_list_of(raw, "sections"), Section.from_dict, "sections"),
+            sections=_each(raw.get("sections") or [], Section.from_dict, "sections"),
             argv=list(raw.get("argv") or []),
             host=raw.get("host", ""),
             created_at=raw.get("created_at", ""),
