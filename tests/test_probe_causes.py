@@ -9,9 +9,9 @@ import pytest
 from gpucheck.probes import gpus as gpus_module
 from gpucheck.probes.gpu_judge import (
     _fabric_problems,
-    _lost_finding,
     driver_finding,
     fabric_finding,
+    gpu_findings,
     recovery_action_finding,
 )
 from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
@@ -47,9 +47,9 @@ def test_a_gpu_query_not_permitted_is_a_configuration_fix() -> None:
     denied = GpuRecord(0, error="not permitted", error_kind="NVMLError_NoPermission")
     wedged = GpuRecord(0, error="not permitted to query (detail)",
                        error_kind="NVMLError_ResetRequired")
-    assert (_lost_finding(denied).cause, _lost_finding(denied).action) == \
+    assert (gpu_findings(denied)[0].cause, gpu_findings(denied)[0].action) == \
         ("no_permission", "fix-config")
-    assert (_lost_finding(wedged).cause, _lost_finding(wedged).action) == (None, "reset-gpu")
+    assert (gpu_findings(wedged)[0].cause, gpu_findings(wedged)[0].action) == (None, "reset-gpu")
 
 
 @pytest.mark.parametrize(("kind", "cause", "action"), [

@@ -13,8 +13,8 @@ from gpucheck.probes.clock_window import second_look
 from gpucheck.probes.gpu_judge import count_finding, driver_finding, gpu_findings
 from gpucheck.probes.gpu_read import read_driver, read_gpu
 from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
-from gpucheck.probes.nvml import SLOW_ADVICE, Nvml, slow_words
-from gpucheck.report import Finding, Section, fail, skip, warn
+from gpucheck.probes.nvml import Nvml
+from gpucheck.report import Finding, Section, skip
 from gpucheck.subject import gpu
 
 NOT_IN_HEALTH = ("gpu.busy",)
@@ -84,17 +84,6 @@ def gpus_section(progress: GpuProgress, budget_s: float, hang: Finding | None = 
             "nvidia_pci_devices": progress.pci_gpus,
             "gpus": [r.row() for r in list(progress.records)]}
     return Section("gpus", "NVIDIA driver and GPUs", data, findings)
-
-
-def hang_finding(nvml: Nvml) -> Finding | None:
-    """As `env` says it: `driver.nvml_hang` when an NVML call missed both its budgets,
-    `driver.nvml_slow` (a WARN) when one answered late."""
-    if nvml.hung is not None:
-        return fail("driver.nvml_hang", str(nvml.hung), "check dmesg for Xid errors; the "
-                    "driver may need a reset or the node a reboot")
-    if nvml.slow_calls:
-        return warn("driver.nvml_slow", slow_words(nvml.slow_calls), SLOW_ADVICE)
-    return None
 
 
 def most_seen(progress: GpuProgress, before: int | None) -> int | None:

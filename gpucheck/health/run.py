@@ -16,7 +16,7 @@ from typing import Any
 
 from gpucheck.devices import expected_gpus
 from gpucheck.errors import UsageError
-from gpucheck.health.gpus import GpuProgress, gpus_section, hang_finding, most_seen, read_gpus
+from gpucheck.health.gpus import GpuProgress, gpus_section, most_seen, read_gpus
 from gpucheck.health.ib import TITLE as IB_TITLE
 from gpucheck.health.ib import IbOptions, judge_ports, read_ports
 from gpucheck.health.state import (
@@ -30,6 +30,7 @@ from gpucheck.health.state import (
     write_state,
 )
 from gpucheck.health.xids import XidPart, carry, cursor_of, new_faults, still_findings, xid_section
+from gpucheck.probes.gpu_judge import hang_finding
 from gpucheck.probes.kernel_log import Runner, read_kernel_log, run_command
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S, Nvml
 from gpucheck.probes.xid_section import TITLE as XID_TITLE

@@ -9,6 +9,7 @@ from typing import Any
 from gpucheck.devices import ExpectedGpus
 from gpucheck.numa import cpulist
 from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS, DriverInfo, GpuRecord, decode_health
+from gpucheck.probes.nvml import SLOW_ADVICE, Nvml, slow_words
 from gpucheck.report import Finding, fail, ok, skip, warn
 from gpucheck.subject import text
 
@@ -37,14 +38,6 @@ def driver_finding(info: DriverInfo, pci_gpus: int) -> Finding:
         message += f" ({pci_gpus} NVIDIA GPU(s) on the PCI bus)"
     cause = failure.cause if failure.cause in _DRIVER_CAUSES else None
     return fail("driver.nvml", message, failure.hint, cause=cause)
-
-
-def _lost_finding(gpu: GpuRecord) -> Finding:
-    check = "gpu.lost" if gpu.error_kind == "NVMLError_GpuIsLost" else "gpu.query"
-    cause = "no_permission" if check == "gpu.query" and \
-        gpu.error_kind == "NVMLError_NoPermission" else None
-    return fail(check, f"query failed: {gpu.error}", gpu.error_hint or "run nvidia-smi",
-                gpu.subject, cause=cause)
 
 
 def busy_finding(gpu: GpuRecord) -> Finding:
@@ -125,10 +118,9 @@ def retirement_findings(gpu: GpuRecord) -> list[Finding]:
 
 def _banks(gpu: GpuRecord) -> str:
     """"bank remappings: 2 active, 0 inactive" (`nvidia-smi -q -d ROW_REMAPPER`)."""
-    def count(value: int | None) -> str:
-        return "n/a" if value is None else str(value)
-    return (f"bank remappings: {count(gpu.bank_remaps_active)} active, "
-            f"{count(gpu.bank_remaps_inactive)} inactive")
+    active, inactive = ("n/a" if v is None else v
+                        for v in (gpu.bank_remaps_active, gpu.bank_remaps_inactive))
+    return f"bank remappings: {active} active, {inactive} inactive"
 
 
 def clock_finding(gpu: GpuRecord) -> Finding:
@@ -311,8 +303,7 @@ def _fabric_problems(health: Mapping[str, str], gpu: GpuRecord) -> list[Finding]
 
 
 def fabric_health_findings(gpu: GpuRecord) -> list[Finding]:
-    """The fabric's own health once registered: each field that reports a problem, the
-    summary only when no field explains it."""
+    """The fabric's health once registered; the summary only where no field explains it."""
     if gpu.fabric_state != "completed" or gpu.fabric_status != "success":
         return []
     health, summary = decode_health(gpu.fabric_health_mask), gpu.fabric_health_summary
@@ -335,7 +326,10 @@ def fabric_health_findings(gpu: GpuRecord) -> list[Finding]:
 
 def gpu_findings(gpu: GpuRecord) -> list[Finding]:
     if gpu.error:
-        return [_lost_finding(gpu)]
+        check = "gpu.lost" if gpu.error_kind == "NVMLError_GpuIsLost" else "gpu.query"
+        denied = check == "gpu.query" and gpu.error_kind == "NVMLError_NoPermission"
+        return [fail(check, f"query failed: {gpu.error}", gpu.error_hint or "run nvidia-smi",
+                     gpu.subject, cause="no_permission" if denied else None)]
     optional = [f for f in (mig_finding(gpu), fabric_finding(gpu)) if f is not None]
     return [busy_finding(gpu), pcie_finding(gpu), *ecc_findings(gpu),
             *retirement_findings(gpu), clock_finding(gpu), persistence_finding(gpu),
@@ -343,8 +337,7 @@ def gpu_findings(gpu: GpuRecord) -> list[Finding]:
 
 
 def numa_findings(gpus: Sequence[GpuRecord], nodes: Mapping[int, str]) -> list[Finding]:
-    """An OK per NUMA node naming its GPUs and CPUs, where there are several nodes; never a
-    WARN (where a GPU sits is the board's design; `ranks.numa` judges placement)."""
+    """An OK per NUMA node naming its GPUs and CPUs (never a WARN: the board's design)."""
     if len(nodes) < 2:
         return []  # one node, or no NUMA information: nothing to say
     by_node: dict[int, list[int]] = {}
@@ -355,6 +348,16 @@ def numa_findings(gpus: Sequence[GpuRecord], nodes: Mapping[int, str]) -> list[F
                + (f" (CPUs {nodes[node]})" if nodes.get(node) else ""), text(f"NUMA node {node}"))
             for node, indices in sorted(by_node.items())]
 
+
+
+def hang_finding(nvml: Nvml) -> Finding | None:
+    """A hung NVML call (both budgets missed) FAILs; a late one is a WARN."""
+    if nvml.hung is not None:
+        return fail("driver.nvml_hang", str(nvml.hung), "check dmesg for Xid errors; the "
+                    "driver may need a reset or the node a reboot")
+    if nvml.slow_calls:
+        return warn("driver.nvml_slow", slow_words(nvml.slow_calls), SLOW_ADVICE)
+    return None
 
 
 def count_finding(seen: int | None, expected: ExpectedGpus, most_seen: int | None = None

@@ -14,10 +14,16 @@ from typing import Any
 from gpucheck.devices import expected_gpus, nvidia_pci_devices, sysfs_root
 from gpucheck.numa import cpulist, node_cpus, numa_nodes
 from gpucheck.probes.clock_window import second_look
-from gpucheck.probes.gpu_judge import count_finding, driver_finding, gpu_findings, numa_findings
+from gpucheck.probes.gpu_judge import (
+    count_finding,
+    driver_finding,
+    gpu_findings,
+    hang_finding,
+    numa_findings,
+)
 from gpucheck.probes.gpu_read import read_driver, read_gpu
 from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
-from gpucheck.probes.nvml import SLOW_ADVICE, Nvml, NvmlFailure, slow_words
+from gpucheck.probes.nvml import Nvml, NvmlFailure
 from gpucheck.probes.topology import read_topology
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
@@ -85,13 +91,9 @@ def probe_nvml(nvml: Nvml | None = None, sysfs: Path | None = None,
     else:
         sections.append(Section("gpus", "GPUs", {"gpus": []},
                                 [skip("gpu.count", "no GPU can be queried without NVML")]))
-    if nvml.hung is not None:
-        sections[0].findings.append(fail("driver.nvml_hang", str(nvml.hung),
-                                         "check dmesg for Xid errors; the driver may need a "
-                                         "reset or the node a reboot"))
-    elif nvml.slow_calls:  # late but answered: not a hang (gpucheck/probes/nvml.py)
-        sections[0].findings.append(warn("driver.nvml_slow", slow_words(nvml.slow_calls),
-                                         SLOW_ADVICE))
+    hang = hang_finding(nvml)
+    if hang is not None:
+        sections[0].findings.append(hang)
     nvml.shutdown()
     return NvmlResult(info, gpus, sections, pci_gpus)
 
