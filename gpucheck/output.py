@@ -179,12 +179,13 @@ def check_folder(path: str, option: str) -> None:
     os.close(_open_folder(path, option)[0])
 
 
-def write_atomic(path: str, text: str, option: str = "--output", sync: bool = True) -> None:
+def write_atomic(path: str, text: str | bytes, option: str = "--output",
+                 sync: bool = True) -> None:
     """Write `text` at `path` (a temp file renamed over it; a device or a descriptor as
     a stream), checked again here; WriteError leaves the target as it was. `sync=False`:
     no fsync, for files that matter only while the run lasts."""
     # backslashreplace: a lone surrogate in a value must not lose the whole report.
-    data = text.encode("utf-8", errors="backslashreplace")
+    data = text if isinstance(text, bytes) else text.encode("utf-8", errors="backslashreplace")
     fd = open_fd(path)
     if fd is not None:
         _check_open_fd(fd, path, option)

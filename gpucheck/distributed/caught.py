@@ -20,6 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from gpucheck.errors import UsageError
+from gpucheck.output import write_atomic
+
 WARNINGS_FILE = "warnings-{rank}.json"
 WARNINGS_GLOB = "warnings-*.json"
 MAX_KEPT = 20  # distinct warnings; a flood is cut, not kept whole
@@ -54,9 +57,9 @@ def _publish(folder: Path | None, rank: int, rows: list[dict[str, Any]]) -> None
     if folder is None or not rows:
         return
     # The log is a courtesy: a full disk must not fail the rank.
-    with contextlib.suppress(OSError):
-        (folder / WARNINGS_FILE.format(rank=rank)).write_text(json.dumps(rows),
-                                                                encoding="utf-8")
+    with contextlib.suppress(UsageError):  # WriteError, or an unsafe folder
+        write_atomic(str(folder / WARNINGS_FILE.format(rank=rank)), json.dumps(rows),
+                     "the run directory", sync=False)
 
 
 def gather(folder: Path, kept: Rows) -> None:

@@ -36,6 +36,9 @@ import threading
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 
+from gpucheck.errors import UsageError
+from gpucheck.output import others_may_write, write_atomic
+
 BUFFER_ENTRIES = "2000"
 ARMED_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE")
 PREFIX_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
@@ -78,14 +81,11 @@ def private_folder(path: str) -> str:
     info = os.lstat(path)  # lstat: a symlink is refused, never followed
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         raise UnsafeFolder(f"{path} is not a directory (a link or a file): remove it")
-    if info.st_uid != os.getuid():
-        raise UnsafeFolder(f"{path} belongs to uid {info.st_uid}, not to this user "
-                           f"(uid {os.getuid()}): another user made it; remove it")
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o022:
-        raise UnsafeFolder(f"{path} is writable by other users (mode {mode:o}): others "
-                           "may have put files there; remove it")
-    if mode & 0o077:  # ours and closed to writers (an older gpucheck made it 0755)
+    why = others_may_write(info) or (None if info.st_uid == os.geteuid() else
+                                     f"belongs to uid {info.st_uid}")
+    if why is not None:
+        raise UnsafeFolder(f"{path} {why}: another user may have put files there; remove it")
+    if stat.S_IMODE(info.st_mode) & 0o077:  # ours, closed to writers (older gpucheck: 0755)
         os.chmod(path, 0o700)
     return path
 
@@ -163,21 +163,6 @@ def dumper(backend: str) -> tuple[Callable[[], bytes] | None, str | None]:
     return lambda: bytes(found(includeStackTraces=False)), None
 
 
-def write_dump(path: str, data: bytes) -> None:
-    """Write `data` beside `path` and rename it into place: a reader never sees half a
-    dump, and a link at `path` is replaced, not followed."""
-    folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def dump_after_failure(rank: int, backend: str,
                        wait_s: float = DUMP_WAIT_S) -> DumpOutcome | None:
     """After a failed collective: write this rank's Flight Recorder buffer to its own
@@ -195,9 +180,9 @@ def dump_after_failure(rank: int, backend: str,
         return DumpOutcome(skipped=error)
     path = own_path(prefix, rank)
     try:
-        write_dump(path, data)
-    except OSError as exc:
-        return DumpOutcome(skipped=f"cannot write {path}: {exc.strerror or exc}")
+        write_atomic(path, data, "the Flight Recorder dump", sync=False)
+    except UsageError as exc:  # WriteError, or a folder another user could change
+        return DumpOutcome(skipped=str(exc))
     return DumpOutcome(path=path)
 
 
