@@ -11,11 +11,17 @@ import re
 import stat
 import subprocess
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 from gpucheck.errors import UsageError
 from gpucheck.inputs import MAX_LINE_BYTES, bounded_lines, gzip_lines, open_regular
-from gpucheck.probes.xid_section import KernelLog, Scan, XidEvent, parse_message, scan_records
+from gpucheck.probes.xid_section import (
+    KernelLog,
+    Record,
+    Scan,
+    XidEvent,
+    parse_message,
+    scan_records,
+)
 
 DMESG_TIMEOUT_S = 5.0
 KMSG_SOURCE = "/dev/kmsg"  # the live source's name, as a runner is asked for it
@@ -43,19 +49,6 @@ _KMSG = re.compile(r"(?P<pri>\d{1,4}),\d+,(?P<usec>\d+),[^;]*;(?P<text>.*)")
 _ESCAPED = re.compile(r"\\x([0-9a-fA-F]{2})")
 RECORD_LINES = 8  # a record's lines kept: the driver's longest message has 4
 KERNEL_FACILITY = 0  # LOG_KERN: what userspace can never claim (it gets LOG_USER)
-
-
-@dataclass(frozen=True)
-class Record:
-    """One kernel record: its time and its message's lines (split on "\\n" only)."""
-
-    time: str | None
-    lines: tuple[str, ...]
-
-    @property
-    def driver(self) -> bool:
-        """The NVIDIA driver's record: its message starts with "NVRM:"."""
-        return self.lines[0].startswith("NVRM:")
 
 
 def _after_boot(seconds: str) -> str:

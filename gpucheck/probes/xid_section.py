@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from gpucheck import subject as subjects
 from gpucheck.checks.check import table_cause
@@ -15,9 +14,6 @@ from gpucheck.devices import normal_bus_id
 from gpucheck.probes.gpu_record import GpuRecord
 from gpucheck.probes.xid_table import SEVERITIES, XidInfo, judge_xid
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
-
-if TYPE_CHECKING:
-    from gpucheck.probes.kernel_log import Record
 
 TITLE = "Kernel log: Xid errors"
 SAMPLE_CHARS = 120
@@ -36,6 +32,19 @@ _UUID_RE = re.compile(rf"NVRM: GPU at {_PCI}: (?P<uuid>GPU-[0-9A-Fa-f-]{{8,}})")
 _LOST_RE = re.compile(rf"NVRM: The NVIDIA GPU {_PCI}")
 _NVRM_TEXT = re.compile(r"NVRM:[ \t]*(.*)")
 LOST_MESSAGE_LINES = 4  # NVRM: lines to read for "fallen off the bus" after its start
+
+
+@dataclass(frozen=True)
+class Record:
+    """One kernel record: its time and its message's lines (split on "\\n" only)."""
+
+    time: str | None
+    lines: tuple[str, ...]
+
+    @property
+    def driver(self) -> bool:
+        """The NVIDIA driver's record: its message starts with "NVRM:"."""
+        return self.lines[0].startswith("NVRM:")
 
 
 @dataclass(frozen=True)
