@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from gpucheck.faults import fault_findings, faults_section, findings, slowdown_causes
-from gpucheck.faults.counters import COUNTERS
 from gpucheck.faults.clocks import SLOWDOWN_MIN_SAMPLES, SLOWDOWN_WARN_FRACTION
+from gpucheck.faults.counters import COUNTERS
 from gpucheck.faults.judge import CORRECTED_ECC_WARN
 from gpucheck.faults.links import NVLINK_ERRORS_PER_S, PCIE_REPLAYS_PER_MIN
 from gpucheck.probes.xid_table import ACTIONS
@@ -263,14 +263,6 @@ def _clocks(result: dict[str, Any], **changes: Any) -> dict[str, Any]:
     return out
 
 
-def test_hw_thermal_slowdown_for_40_percent_of_the_loop_warns_with_the_share():
-    result = _clocks(healthy(), fractions={"hw_thermal_slowdown": 0.4, "sw_power_cap": 0.9})
-    warned = _one(fault_findings([result]), "faults.clocks.slowdown")
-    assert warned.status is Status.WARN and warned.subject.label == SUBJECT
-    assert warned.message.startswith("was in HW thermal slowdown 40% of the timed loop")
-    assert warned.action == "drain-node"
-
-
 def test_a_brief_slowdown_below_the_threshold_is_noted_and_ok():
     share = SLOWDOWN_WARN_FRACTION / 2
     summary = _summary(_clocks(healthy(), fractions={"hw_thermal_slowdown": share}))
@@ -297,18 +289,6 @@ def test_the_hw_slowdown_flag_alone_in_every_sample_stays_ok_and_is_noted():
 
 def test_a_result_without_corroboration_never_warns_on_the_hw_slowdown_flag():
     _summary(_clocks(healthy(), fractions={"hw_slowdown": 0.9}))
-
-
-def test_a_sustained_hw_slowdown_with_a_low_sm_clock_under_load_warns_naming_rank_and_gpu():
-    result = _clocks(healthy(), fractions={"hw_slowdown": 0.42},
-                     hw_slowdown=_hw(100, low_clock=104, longest=60, ratio=0.3, flagged=105))
-    warned = _one(fault_findings([result]), "faults.clocks.slowdown")
-    assert warned.status is Status.WARN and warned.subject.label == SUBJECT
-    assert warned.message.startswith("was in HW slowdown 40% of the timed loop")
-    assert ("HW slowdown held in 40% of 250 samples (up to 60 samples in a row; the SM "
-            "clock down to 30% of its 1980 MHz maximum, busy, in 104)") in warned.message
-    assert warned.action == "drain-node"
-    assert slowdown_causes([result]) == {3: "was in HW slowdown 40% of the timed loop"}
 
 
 def test_hw_slowdown_with_thermal_or_power_brake_bits_warns_naming_those_bits():
@@ -348,13 +328,6 @@ def test_clock_reasons_the_driver_lacks_are_na():
 # -- the watcher itself, ranks and the section ---------------------------------------
 
 
-def test_a_gpu_that_stopped_answering_fails_as_lost():
-    error = {"phase": "after the run", "kind": "Timeout", "function": "nvmlDeviceGetRemapped"
-             "Rows", "message": "no answer within 3 s"}
-    failed = _one(fault_findings([healthy(errors=[error])]), "faults.gpu_lost")
-    assert failed.status is Status.FAIL and failed.action == "drain-node"
-
-
 @pytest.mark.parametrize(("kind", "words", "action"), [
     ("NVMLError_GpuIsLost", "NVML says the GPU is lost", "drain-node"),
     ("NVMLError_ResetRequired", "NVML says the GPU needs a reset", "reset-gpu"),
@@ -370,16 +343,6 @@ def test_a_gpu_lost_by_nvmls_word_or_by_a_hang_fails_named_with_its_action(kind,
 
 SLOW = {"function": "nvmlDeviceGetCurrentClocksEventReasons", "waited_s": 4.2,
         "budget_s": 3.0}
-
-
-def test_one_slow_nvml_call_is_a_warn_nvml_slow_with_no_action_not_a_lost_gpu():
-    findings = fault_findings([healthy(nvml_slow=[SLOW])])
-    slow = _one(findings, "faults.nvml_slow")
-    assert slow.status is Status.WARN and slow.subject.label == SUBJECT
-    assert slow.message == ("NVML slow, not lost: nvmlDeviceGetCurrentClocksEventReasons "
-                            "answered after 4.2 s (its budget: 3 s)")
-    assert slow.action == "none" and "second, longer budget" in slow.hint
-    assert not [f for f in findings if f.status is Status.FAIL]
 
 
 def test_several_slow_calls_name_the_slowest():

@@ -54,17 +54,6 @@ def test_transitions_with_the_bit_set_briefly_are_never_held():
     assert hw["held"] == 0 and hw["longest_run"] == SUSTAINED_SAMPLES - 1
 
 
-def test_the_bit_at_full_clock_in_every_sample_is_never_held():
-    hw = _tally([(HW_SLOW, FULL)] * 100)
-    assert hw["flagged"] == 100 and hw["held"] == 0 and hw["longest_run"] == 0
-
-
-def test_a_sustained_slowdown_with_a_low_clock_under_load_is_held_with_its_lowest_clock():
-    samples = [(POWER_CAP, FULL)] * 5 + [(HW_SLOW, 0.4), (HW_SLOW, 0.25)] * 20
-    hw = _tally(samples + [(POWER_CAP, FULL)] * 5)
-    assert hw["held"] == 40 and hw["longest_run"] == 40 and hw["lowest_sm_ratio"] == 0.25
-
-
 def test_a_run_of_exactly_the_sustained_length_counts_and_one_shorter_does_not():
     short = [(HW_SLOW, LOW)] * (SUSTAINED_SAMPLES - 1) + [(0, None)]
     held = [(HW_SLOW | HW_BRAKE, None)] * SUSTAINED_SAMPLES + [(0, None)]

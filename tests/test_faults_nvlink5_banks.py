@@ -13,12 +13,12 @@ from collections.abc import Callable
 import pytest
 
 from gpucheck.faults import FaultWatch, fault_findings
+from gpucheck.faults.judge import judge_memory
 from gpucheck.faults.links import (
     effective_ber_too_high,
     judge_links,
     symbol_ber_too_high,
 )
-from gpucheck.faults.judge import judge_memory
 from gpucheck.probes.gpus import probe_nvml
 from gpucheck.probes.nvml import Nvml
 from gpucheck.report import Status

@@ -163,13 +163,6 @@ def test_an_xid_before_the_timed_loop_is_reported_but_not_as_in_the_loop(fake):
     assert "in the timed loop" not in failed.message
 
 
-def test_an_application_xid_13_is_information_not_a_gpu_fault(fake):
-    findings = fault_findings([_run(lambda w: fake.deliver_event(1, XID, 13))])
-    assert not _bad(findings)
-    assert "application-level XID 13 (Graphics Engine Exception)" in findings[0].message
-    assert "not a GPU fault" in findings[0].message
-
-
 def test_hw_thermal_slowdown_most_of_the_timed_loop_warns_naming_rank_gpu_and_share(fake):
     gpu = fake.gpus[1]
 

@@ -15,34 +15,6 @@ from gpucheck.probes.nvml import NvmlFailure
 
 # Failures that mean the GPU (or the driver) stopped answering: a fault, never n/a.
 LOST_KINDS = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired", "Timeout")
-# Counter name -> what `nvidia-smi` calls it (docs/faults.md has the full table).
-COUNTERS: dict[str, str] = {
-    "ecc_uncorrected": "ecc.errors.uncorrected.volatile.total",
-    "ecc_corrected": "ecc.errors.corrected.volatile.total",
-    "remapped_rows_pending": "remapped_rows.pending",
-    "remapped_rows_failed": "remapped_rows.failure",
-    "remapped_rows_uncorrected": "remapped_rows.uncorrectable",
-    "remapped_rows_corrected": "remapped_rows.correctable",
-    "retired_pages_dbe": "retired_pages.double_bit.count",
-    "retired_pages_sbe": "retired_pages.single_bit_ecc.count",
-    "retired_pages_pending": "retired_pages.pending",
-    "pcie_replays": "Replays Since Reset (nvidia-smi -q)",
-    "nvlink_active_links": "nvidia-smi nvlink --status",
-    "nvlink_crc_flit": "nvidia-smi nvlink -e: CRC Flit Errors",
-    "nvlink_crc_data": "nvidia-smi nvlink -e: CRC Data Errors",
-    "nvlink_replay": "nvidia-smi nvlink -e: Replay Errors",
-    "nvlink_recovery": "nvidia-smi nvlink -e: Recovery Errors",
-    "bank_remaps_active": "nvidia-smi -q -d ROW_REMAPPER: bank remappings, active",
-    "bank_remaps_inactive": "nvidia-smi -q -d ROW_REMAPPER: bank remappings, inactive",
-    "bank_remap_pending": "nvidia-smi -q -d ROW_REMAPPER: bank remapping pending",
-    "nvlink5_recovery_events": "NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS (all links)",
-    "nvlink5_effective_errors": "NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS (all links)",
-    "nvlink5_effective_ber": "NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER (all links, encoded)",
-    "nvlink5_symbol_errors": "NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS (all links)",
-    "nvlink5_symbol_ber": "NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER (all links, encoded)",
-    **{f"nvlink5_fec_history_{b}": f"NVML_FI_DEV_NVLINK_COUNT_FEC_HISTORY_{b} (all links)"
-       for b in range(16)},
-}
 # NVLink5 (Blackwell) counters, summed over the links (scopeId ALL_LINKS, as DCGM reads
 # them); every GPU before Blackwell answers NotSupported for each (n/a).
 NVLINK5_FIELDS: dict[str, tuple[str, int]] = {
@@ -61,6 +33,13 @@ NVLINK_ERRORS: dict[str, str] = {
     "nvlink_replay": "NVML_NVLINK_ERROR_DL_REPLAY",
     "nvlink_recovery": "NVML_NVLINK_ERROR_DL_RECOVERY",
 }
+# Every counter the result carries, in its order (docs/faults.md says what nvidia-smi
+# calls each).
+COUNTERS = ("ecc_uncorrected", "ecc_corrected", "remapped_rows_pending",
+            "remapped_rows_failed", "remapped_rows_uncorrected", "remapped_rows_corrected",
+            "retired_pages_dbe", "retired_pages_sbe", "retired_pages_pending", "pcie_replays",
+            "nvlink_active_links", *NVLINK_ERRORS, "bank_remaps_active",
+            "bank_remaps_inactive", "bank_remap_pending", *NVLINK5_FIELDS)
 # Fallbacks are nvml.h's values, for a pynvml too old to name them.
 _NVLINK_DEFAULTS = {"NVML_NVLINK_ERROR_DL_REPLAY": 0, "NVML_NVLINK_ERROR_DL_RECOVERY": 1,
                     "NVML_NVLINK_ERROR_DL_CRC_FLIT": 2, "NVML_NVLINK_ERROR_DL_CRC_DATA": 3}
@@ -154,11 +133,8 @@ def _retired_pages(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
 
 
 def active_links(nvml: NvmlDoor, handle: Any) -> tuple[int, ...] | None:
-    """The NVLinks that are up (`nvidia-smi nvlink --status`); None without NVLink.
-
-    NVML answers an error for link numbers past the GPU's last link, so the scan
-    stops at the first unanswered link, as in gpucheck/probes/gpu_read.py.
-    """
+    """The NVLinks that are up (`nvidia-smi nvlink --status`); None without NVLink. NVML
+    errs for link numbers past the GPU's last, so the scan stops at the first."""
     links: list[int] = []
     for link in range(getattr(nvml.module, "NVML_NVLINK_MAX_LINKS", 18)):
         state = nvml.get("nvmlDeviceGetNvLinkState", handle, link)

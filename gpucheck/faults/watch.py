@@ -66,12 +66,8 @@ def _utc_now() -> str:
 
 
 class FaultWatch:
-    """Watch the GPU at `bus_id` (NVML's or CUDA's form; None on a CPU rank).
-
-    `nvml`: the process's doorway, shared (not shut down here); a private one is
-    started and shut down when None. `sample_s`: the thread's tick. `rank` and
-    `host` only label the result.
-    """
+    """Watch the GPU at `bus_id` (None on a CPU rank); `nvml`: a shared doorway (a
+    private one is started and shut down when None); `rank`, `host`: labels."""
 
     def __init__(self, bus_id: str | None, nvml: Nvml | None = None,
                  sample_s: float = DEFAULT_SAMPLE_S, rank: int | None = None,

@@ -65,13 +65,8 @@ def copy_buffers(device: Any, size: int = HOST_COPY_BYTES) -> tuple[Any, Any]:
 
 
 def peer_matrix(local_world_size: int, fraction: float = 0.6) -> dict[str, Any]:
-    """Every ordered pair of the GPUs this process sees: peer access and GB/s; the
-    slow pairs measured again beside a known-good pair (`second_look`).
-
-    {"gpus": [identity rows], "pairs": [{src, dst, peer_access, gbps}],
-    "again": [the same rows, second look; only when a pair was slow]}, or
-    {"skipped": reason}.
-    """
+    """{"gpus", "pairs" (src, dst, peer_access, gbps), "again" (the slow pairs and a
+    known-good one measured again, when a pair was slow)} or {"skipped": why}."""
     import torch
 
     from gpucheck.probes.nvml import cuda_identity
@@ -105,22 +100,11 @@ def with_paths(pairs: list[dict[str, Any]], paths: Mapping[tuple[int, int], Any]
             for p in pairs]
 
 
-
-
-
-
-
-
-
-
 def second_look(pairs: list[dict[str, Any]], fraction: float,
                 measure: Callable[[list[tuple[int, int]]], list[dict[str, Any]]],
                 ) -> list[dict[str, Any]]:
-    """Confirm before condemning: the known-good reference pair(s), then every slow
-    pair, measured again by this same process (the node's other ranks are still
-    parked, `gpucheck.stress.rank`, so nothing else runs on the GPUs; only this
-    process measures, so no other rank has to agree on the plan). [] when nothing
-    is slow."""
+    """The known-good reference pair(s), then every slow pair, measured again by this
+    process while the node's other ranks are still parked; [] when nothing is slow."""
     plans = [s for s in class_suspects(pairs, fraction).values() if not s.empty]
     if not plans:
         return []
@@ -218,9 +202,8 @@ def p2p_phase(ctx: RankContext, result: dict[str, Any]) -> None:
 
 def peer_phase(ctx: RankContext, measure: Callable[[int], dict[str, Any]],
                node_ranks: list[int]) -> dict[str, Any]:
-    """Each node's local rank 0 measures the peer matrix; the other ranks of its node
-    (`node_ranks`) are parked on the host (`gpucheck.stress.rank`), not in the
-    gather's NCCL kernel."""
+    """Each node's local rank 0 measures the peer matrix while the node's other ranks
+    (`node_ranks`) are parked on the host, not in the gather's NCCL kernel."""
     world, spec = ctx.world, ctx.spec
     parking = host_wait(spec.backend, world.world_size, node_ranks, spec.timeout_s)
     barrier(ctx)

@@ -1,22 +1,7 @@
-"""Power reach under load (DCGM's targeted power, on stress's own GEMM).
-
-During the GEMM phase each rank samples its GPU's board power draw
-(`nvmlDeviceGetPowerUsage`, `nvidia-smi --query-gpu=power.draw`) against its enforced
-limit (`nvmlDeviceGetEnforcedPowerLimit`, `power.limit`) and reads the default limit
-(`nvmlDeviceGetPowerManagementDefaultLimit`, `power.default_limit`). Two verdicts,
-pure functions of the gathered readings:
-
-- `stress.power.reach`: a GPU whose draw (90th percentile of its samples: the
-  sustained level, not one spike) stays below REACH_FRACTION of its enforced limit
-  while the other GPUs of its node (same model) reach it. DCGM's targeted_power
-  plugin passes a GPU at `target_power_min_ratio` = 0.75 of its target (the DCGM
-  diagnostics reference, "Targeted Power Plugin"); here the target is the GPU's own
-  enforced limit, and only the peers reaching it make a GPU that does not an outlier
-  (a load that brings no GPU to its limit judges nothing).
-- `stress.power.limit`: an enforced limit below the default limit (beyond
-  LIMIT_SLACK): someone capped this GPU (`nvidia-smi -pl`), a setting, not a fault
-  (DCGM reports that apart too, as a configuration constraint).
-"""
+"""Power reach under load (DCGM's targeted power, on stress's own GEMM): each rank's
+board power sampled during the GEMM phase, and its two verdicts, `stress.power.reach`
+(a GPU short of its enforced limit while its peers reach theirs) and `stress.power.limit`
+(a limit capped below the default). docs/stress.md has the thresholds and why."""
 
 from __future__ import annotations
 
@@ -42,10 +27,8 @@ def _watts(milliwatts: Any) -> float | None:
 
 
 class PowerSampler:
-    """Sample one GPU's power draw on a thread while the load runs (a context manager).
-
-    Never raises into the load: without a bus id or NVML, or when a call fails, the
-    result says why (`why`) and holds what was read before."""
+    """Sample one GPU's power draw on a thread while the load runs; never raises into
+    the load (without a bus id or NVML, or a call failing, `why` says why)."""
 
     def __init__(self, rank: int, bus_id: str | None,
                  nvml_factory: Callable[[], Nvml] = Nvml, every_s: float = SAMPLE_S) -> None:

@@ -86,8 +86,7 @@ def publish(ctx: RankContext, result: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class HostWait:
-    """A barrier that waits on the host: `group` a gloo group, None the world group
-    (when the job's backend is gloo already)."""
+    """A barrier that waits on the host: a gloo group, or None for the world group."""
 
     group: Any | None
 
@@ -103,10 +102,9 @@ class HostWait:
 
 def host_wait(backend: str, world_size: int, node_ranks: Sequence[int],
               timeout_s: float) -> HostWait | None:
-    """The host-side barrier of this rank's node. On gloo the world group (every rank
-    decides alike from `world_size`); on NCCL a new gloo group of `node_ranks`, this
-    node's ranks (every one of them must make the call; other nodes' ranks do not).
-    None where nobody is parked: one rank in the job (gloo) or on this node (NCCL)."""
+    """The host-side barrier of this rank's node: the world group on gloo, a new gloo
+    group of `node_ranks` on NCCL (each of them makes the call); None where nobody is
+    parked (one rank in the job, or on this node)."""
     if backend == "gloo":
         return HostWait(None) if world_size > 1 else None
     if len(node_ranks) <= 1:
@@ -198,12 +196,8 @@ def read_link(bus_id: str, root: Path = SYSFS) -> PcieLink:
 
 def plan_placement(bus_id: str | None, allowed: tuple[int, ...], pin: bool,
                    root: Path = SYSFS) -> tuple[Placement, tuple[int, ...] | None]:
-    """(the placement, the CPUs to pin to or None) for a rank allowed `allowed` CPUs.
-
-    Pins to the allowed CPUs local to the GPU when some are and others are not.
-    When the launcher allowed none of the GPU's CPUs, nothing can be done here:
-    the rank stays off its GPU's node (a WARN in the report).
-    """
+    """(the placement, the CPUs to pin to or None): the allowed CPUs local to the GPU
+    when some are and others are not; none of them allowed: the rank stays off (a WARN)."""
     if not bus_id:
         return Placement(None, (), allowed, None, False), None
     node = read_numa_node(bus_id, root)
@@ -232,8 +226,7 @@ def place_this_rank(bus_id: str | None, pin: bool, root: Path = SYSFS) -> Placem
 
 
 def _pin_every_thread(cpus: tuple[int, ...]) -> None:
-    """sched_setaffinity acts on one thread: pin the threads that exist already (the
-    process group's), and this one, whose new threads (OpenMP's) inherit it."""
+    """Every thread that exists already, and this one, whose new threads inherit it."""
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), cpus)

@@ -1,6 +1,6 @@
 """The burn-in's section (`gpucheck stress`, phase sdc): each rank's repeats against its
-own first product, the ranks against each other and the fp64 CPU reference, and the
-burn-in's straggler (gpucheck.stress.sdc judges; this module words the findings)."""
+own first product, the ranks against each other and the fp64 CPU reference (the vote is
+`gpucheck.agreement.judge`), and the burn-in's straggler."""
 
 from __future__ import annotations
 

@@ -26,8 +26,7 @@ RANK_NOT_AGAIN = "this rank was not in the second measurement"
 
 @dataclass(frozen=True)
 class Named:
-    """A rank as findings name it: its subject ("rank 3", with its node, host and GPU
-    as fields) and, in words, where it ran."""
+    """A rank as findings name it: its subject and, in words, where it ran."""
 
     rank: int
     label: str  # "rank 3 (node 0 gpu7, cuda:3 GPU 3 (NVIDIA H200, bus ..., GPU-...))"
@@ -91,10 +90,8 @@ def peer_findings(check: str, what: str, unit: str, values: Mapping[int, float],
                   higher_is_better: bool = True,
                   causes: Mapping[int, str] | None = None,
                   again: Again | None = None) -> list[Finding]:
-    """Per node, WARN for each rank worse than `fraction` of the node's median.
-    `causes`: rank -> what the fault watch saw slow it ("was in HW thermal slowdown
-    40% of the measured phases", `gpucheck.faults.slowdown_causes`), added to its WARN.
-    `again`: every rank measured a second time; None when it was not (see above)."""
+    """Per node, a WARN for each rank worse than `fraction` of the node's median, with
+    what the fault watch saw slow it (`causes`) and its second look (`again`)."""
     names = subjects(ranks)
     bound = bound_of(fraction, higher_is_better)
     findings: list[Finding] = []
