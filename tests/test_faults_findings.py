@@ -124,13 +124,6 @@ def test_a_few_corrected_ecc_errors_are_normal_and_stay_ok():
     assert f"corrected ECC +{CORRECTED_ECC_WARN - 1} (corrected, no data lost" in summary.message
 
 
-def test_many_corrected_ecc_errors_warn_with_rerun():
-    warned = _one(fault_findings([bump(healthy(), "ecc_corrected", CORRECTED_ECC_WARN)]),
-                  "faults.ecc.corrected")
-    assert warned.status is Status.WARN and warned.action == "rerun"
-    assert f"{CORRECTED_ECC_WARN} corrected (single-bit) ECC errors" in warned.message
-
-
 def test_a_corrected_ecc_storm_event_warns_whatever_the_count():
     result = healthy(events_registered=["ecc_corrected_storm", "xid"],
                      events=[event("ecc_corrected_storm")])
@@ -140,31 +133,27 @@ def test_a_corrected_ecc_storm_event_warns_whatever_the_count():
 # -- row remapping and page retirement ---------------------------------------------
 
 
-def test_a_failed_row_remap_fails_with_replace_hardware():
-    failed = _one(fault_findings([bump(healthy(), "remapped_rows_failed", 1)]),
-                  "faults.remapped_rows.failed")
-    assert failed.status is Status.FAIL and "failed during the run" in failed.message
-    assert failed.action == "replace-hardware"
-
-
-def test_a_remap_already_pending_before_the_run_still_fails_but_says_so():
-    failed = _one(fault_findings([bump(healthy(), "remapped_rows_pending", 1, before=1)]),
-                  "faults.remapped_rows.pending")
-    assert failed.status is Status.FAIL and "already pending before the run" in failed.message
-    assert failed.action == "reset-gpu"
-
-
 def test_a_gpu_without_a_row_remapper_is_na():
     result = bump(bump(healthy(), "remapped_rows_pending", None, None),
                   "remapped_rows_failed", None, None)
     assert "row remapping (not on this GPU)" in _summary(result).message
 
 
-@pytest.mark.parametrize(("counter", "status"), [("retired_pages_dbe", Status.FAIL),
-                                                 ("retired_pages_sbe", Status.WARN)])
-def test_pages_retired_during_the_run_need_a_reset(counter, status):
-    found = _one(fault_findings([bump(healthy(), counter, 1)]), "faults.retired_pages")
-    assert found.status is status and found.action == "reset-gpu"
+@pytest.mark.parametrize(("counter", "before", "after", "check", "status", "words", "action"), [
+    ("ecc_corrected", 0, CORRECTED_ECC_WARN, "faults.ecc.corrected", Status.WARN,
+     f"{CORRECTED_ECC_WARN} corrected (single-bit) ECC errors", "rerun"),
+    ("remapped_rows_failed", 0, 1, "faults.remapped_rows.failed", Status.FAIL,
+     "failed during the run", "replace-hardware"),
+    ("remapped_rows_pending", 1, 1, "faults.remapped_rows.pending", Status.FAIL,
+     "already pending before the run", "reset-gpu"),
+    ("retired_pages_dbe", 0, 1, "faults.retired_pages", Status.FAIL, "double-bit", "reset-gpu"),
+    ("retired_pages_sbe", 0, 1, "faults.retired_pages", Status.WARN, "single-bit", "reset-gpu"),
+    ("nvlink_active_links", 18, 17, "faults.nvlink.down", Status.FAIL,
+     "18 active before, 17 after", "reset-gpu")])
+def test_a_counter_that_changed_during_the_run_gets_its_verdict_and_action(
+        counter, before, after, check, status, words, action):
+    found = _one(fault_findings([bump(healthy(), counter, after, before=before)]), check)
+    assert found.status is status and words in found.message and found.action == action
 
 
 # -- PCIe and NVLink -----------------------------------------------------------------
@@ -207,12 +196,6 @@ def test_an_nvlink_recovery_fails_with_reset_gpu():
                   "faults.nvlink.recovery")
     assert failed.status is Status.FAIL and "(link 2)" in failed.message
     assert failed.action == "reset-gpu"
-
-
-def test_an_nvlink_that_goes_down_during_the_run_fails():
-    failed = _one(fault_findings([bump(healthy(), "nvlink_active_links", 17, before=18)]),
-                  "faults.nvlink.down")
-    assert failed.status is Status.FAIL and "18 active before, 17 after" in failed.message
 
 
 # -- events ----------------------------------------------------------------------------
