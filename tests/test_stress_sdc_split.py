@@ -60,7 +60,7 @@ def test_a_node_with_other_software_is_one_software_split_not_four_drains() -> N
 def test_the_reference_decides_which_side_of_a_split_is_right() -> None:
     deviations = {r: (3.0 if r >= 8 else 0.3) for r in range(12)}
     verdict = agreement.judge(NODE_SPLIT, deviations, 1.0, dict.fromkeys(range(12), GROUP),
-                        {r: r // 4 for r in range(12)}, splits=True)
+                              {r: r // 4 for r in range(12)}, splits=True)
     assert verdict.wrong == {} and verdict.software == ((8, 9, 10, 11),)
     found = _sdc_findings(_result(NODE_SPLIT, deviations))
     split = next(f for f in found if f.check == "stress.sdc.software_split")
@@ -70,8 +70,8 @@ def test_the_reference_decides_which_side_of_a_split_is_right() -> None:
 def test_a_whole_node_outvoted_with_mixed_digests_is_still_a_software_split() -> None:
     digests = {r: (f"x{r}" if r >= 8 else "a") for r in range(12)}
     verdict = agreement.judge(digests, dict.fromkeys(range(12), 0.3), 1.0,
-                        dict.fromkeys(range(12), GROUP), {r: r // 4 for r in range(12)},
-                        splits=True)
+                              dict.fromkeys(range(12), GROUP), {r: r // 4 for r in range(12)},
+                              splits=True)
     assert verdict.wrong == {} and verdict.software == ((8, 9, 10, 11),)
 
 
@@ -82,7 +82,7 @@ def test_a_whole_node_each_wrong_its_own_way_beyond_the_reference_is_four_fails(
     digests = {r: (f"x{r}" if r >= 8 else "a") for r in range(12)}
     deviations = {r: (3.0 if r >= 8 else 0.3) for r in range(12)}
     verdict = agreement.judge(digests, deviations, 1.0, dict.fromkeys(range(12), GROUP),
-                        {r: r // 4 for r in range(12)}, splits=True)
+                              {r: r // 4 for r in range(12)}, splits=True)
     assert sorted(verdict.wrong) == [8, 9, 10, 11] and verdict.software == ()
     found = _sdc_findings(_result(digests, deviations))
     assert [f for f in found if f.check == "stress.sdc.software_split"] == []
@@ -92,7 +92,8 @@ def test_a_whole_node_each_wrong_its_own_way_beyond_the_reference_is_four_fails(
 def test_two_outvoted_ranks_on_different_nodes_that_agree_are_software() -> None:
     digests = {r: ("b" if r in (1, 6) else "a") for r in range(8)}
     verdict = agreement.judge(digests, dict.fromkeys(range(8), 0.3), 1.0,
-                        dict.fromkeys(range(8), GROUP), {r: r // 4 for r in range(8)}, splits=True)
+                              dict.fromkeys(range(8), GROUP), {r: r // 4 for r in range(8)},
+                              splits=True)
     assert verdict.wrong == {} and verdict.software == ((1, 6),)
 
 

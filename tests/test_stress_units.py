@@ -193,17 +193,17 @@ def test_a_non_finite_result_is_wrong() -> None:
 
 def test_ranks_of_different_models_are_not_compared_bitwise() -> None:
     verdict = agreement.judge({0: "aa", 1: "bb"}, {0: 1e-6, 1: 1e-6}, 1e-4,
-                        groups={0: "H100", 1: "A100"})
+                              groups={0: "H100", 1: "A100"})
     assert verdict.wrong == {} and verdict.undecided == ()
 
 
 def test_a_two_two_split_is_settled_by_the_reference() -> None:
     verdict = agreement.judge({0: "aa", 1: "aa", 2: "bb", 3: "bb"},
-                        {0: 1e-7, 1: 1e-7, 2: 0.5, 3: 0.5}, 1e-4, splits=True)
+                              {0: 1e-7, 1: 1e-7, 2: 0.5, 3: 0.5}, 1e-4, splits=True)
     # 2 and 3 are wrong alike (the same bits): a software split the reference settles.
     assert verdict.wrong == {} and verdict.undecided == () and verdict.software == ((2, 3),)
     apart = agreement.judge({0: "aa", 1: "aa", 2: "bb", 3: "cc"},
-                      {0: 1e-7, 1: 1e-7, 2: 0.5, 3: 0.5}, 1e-4, splits=True)
+                            {0: 1e-7, 1: 1e-7, 2: 0.5, 3: 0.5}, 1e-4, splits=True)
     assert list(apart.wrong) == [2, 3] and apart.software == ()
 
 
