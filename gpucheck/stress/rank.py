@@ -40,7 +40,7 @@ class StressSpec:
     membw_window_s: float
     pin_numa: bool = True
     fault_watch: bool = True  # watch every rank's GPU (gpucheck.distributed.faultwatch)
-    # The report's bounds: a rank below one is measured again (gpucheck.stress.again).
+    # The report's bounds: a rank below one is measured again (gpucheck.stress.worker._again).
     peer_fraction: float = 0.9
     expected_fraction: float = 0.8
     copy_fraction: float = 0.6

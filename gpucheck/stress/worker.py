@@ -10,6 +10,7 @@ import platform
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext
 from gpucheck.distributed import faultwatch, progress, terminal
 from gpucheck.distributed.session import gpu_identity, process_group, roster
@@ -17,7 +18,6 @@ from gpucheck.distributed.world import World
 from gpucheck.numa import cpulist
 from gpucheck.records import as_dict, read_all
 from gpucheck.stress import burn as sdc_burn
-from gpucheck.stress.again import again_hook, measure_again
 from gpucheck.stress.burn import BOUND_TOLERANCE, bound_excess, loaded_blas
 from gpucheck.stress.copies import copies_phase, p2p_phase
 from gpucheck.stress.gemm import (
@@ -41,6 +41,7 @@ from gpucheck.stress.rank import (
 )
 from gpucheck.stress.rank import StressSpec as StressSpec  # its home for commands/preflight
 from gpucheck.stress.records import PlacementRow
+from gpucheck.stress.verdicts import suspect_ranks
 
 PHASES = ("gemm", "membw", "sdc", "copies", "p2p")
 
@@ -224,19 +225,28 @@ def _membw(ctx: RankContext, result: dict[str, Any]) -> None:
 def _again(ctx: RankContext, result: dict[str, Any], phase: str,
            records: list[dict[str, Any]], key: str, figure_of: Callable[[str | None], Any],
            measure: Callable[[Hook | None], Any], higher_is_better: bool = True) -> None:
-    """Measure `phase` again on every rank when one fell below a bound; the records go
-    to result[phase + "_again"] (gpucheck.stress.again)."""
-    def remeasure() -> dict[str, Any]:
+    """Every rank measures `phase` again at once, as in the first pass (a GPU slow only
+    under a shared power or cooling budget is loaded the same way), when rank 0 finds a
+    rank below the report's bounds (`verdicts.suspect_ranks`); the records go to
+    result[phase + "_again"]. The test hook sees the phase as "gemm.again": it can slow
+    the first measurement only (an unstable rank)."""
+    hook = ctx.hook
+    values = {int(r["rank"]): float(r[key]) for r in records}
+
+    def suspects() -> list[int]:
+        return suspect_ranks(values, result["ranks"], ctx.spec.peer_fraction, figure_of,
+                             ctx.spec.expected_fraction, higher_is_better)
+
+    def again(named: list[int]) -> list[dict[str, Any]]:
         progress.set_step(ctx.run, f"{phase}: measured again")
         barrier(ctx)
-        return as_dict(measure(again_hook(ctx.hook)))
+        mine = as_dict(measure(None if hook is None else
+                               lambda p, i, out: hook(p + ".again", i, out)))
+        return [dict(r) | {"suspects": named} for r in gather(ctx, mine)]
 
-    bounds = (ctx.spec.peer_fraction, ctx.spec.expected_fraction)
-    again = measure_again(ctx.world.rank, records, key, result["ranks"], bounds, figure_of,
-                          remeasure, lambda mine: gather(ctx, mine), higher_is_better,
-                          ctx=ctx.run)
-    if again:
-        result.setdefault(f"{phase}_again", []).extend(again)
+    second = remeasure(ctx.world.rank, suspects, again, ctx.run)[1]
+    if second:
+        result.setdefault(f"{phase}_again", []).extend(second)
         publish(ctx, result)
 
 
