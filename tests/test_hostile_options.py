@@ -32,6 +32,9 @@ BAD = [
     ("health", "--expect-gpus", "-1"), ("health", "--nvml-timeout", "inf"),
     ("hang", "--window", "nan"), ("hang", "--nvml-timeout", "inf"),
     ("preflight", "--budget", "1e10"), ("preflight", "--budget", "1e20"),
+    ("preflight", "--budget", "0"), ("preflight", "--budget", "x"),
+    ("health", "--valid-for", "1e12"), ("health", "--budget", "1e10"),
+    ("health", "--nvml-timeout", "1e10"), ("health", "--budget", "0"),
 ]
 
 

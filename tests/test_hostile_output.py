@@ -11,7 +11,7 @@ import pytest
 from gpucheck import subject
 from gpucheck.cli import main
 from gpucheck.render import render
-from gpucheck.render.words import markdown, terminal
+from gpucheck.render.words import terminal
 from gpucheck.report import Report, Section, fail, ok
 
 REPORTS = Path(__file__).resolve().parent / "data" / "reports"
@@ -72,11 +72,6 @@ def test_markdown_keeps_data_out_of_tables_folds_and_html() -> None:
             assert len(re.findall(r"(?<!\\)\|", line)) == 7
 
 
-def test_markdown_escapes_pipes_and_newlines_in_a_cell() -> None:
-    assert markdown("a|b\nc") == "a\\|b\\nc"
-    assert markdown("<b>") == "&lt;b&gt;"
-
-
 def test_html_report_escapes_controls_too() -> None:
     page = render(hostile_report(), "html")
     assert not CONTROL.search(page) and "<img" not in page
@@ -92,14 +87,6 @@ def test_stderr_quoting_a_report_field_is_escaped(tmp_path: Path,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "\x1b" not in err and "\x07" not in err
     assert "\\x1b[2J" in err
-
-
-def test_a_file_name_with_an_escape_sequence_is_escaped_on_stderr(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    name = tmp_path / "r\x1b]0;t\x07.json"
-    assert main(["compare", str(name), str(REPORTS / "bench.json")]) == 2
-    err = capsys.readouterr().err
-    assert "\x1b" not in err and "\\x1b]0;t\\x07" in err
 
 
 def test_dollar_signs_in_fleet_names_are_text_in_the_chart_not_tex(tmp_path: Path) -> None:
