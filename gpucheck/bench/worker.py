@@ -87,12 +87,11 @@ def bench_worker(ctx: RunContext, spec: BenchSpec) -> BenchOutcome | None:
 def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
     with process_group(spec.backend, spec.device, spec.timeout_s,
                        fault_watch=spec.fault_watch, ctx=ctx) as world:
-        threads = _set_threads(spec.device, world)
+        threads, plan = _cores(spec, world, ctx)
         share = bench_model.rank_share(len(spec.files), world.rank, world.world_size)
         progress.set_step(ctx, "model and data (DDP construction broadcasts rank 0's "
                                "weights)")
         ddp, batch, check_batch = _prepare(spec, world, share, ctx.hooks)
-        plan = _rotation_plan(spec, world, ctx)
         record, output = _measure(spec, world, ddp, (batch, check_batch), threads, plan,
                                   ctx)
         _publish(ctx, world, rank0_record=asdict(record))  # kept if another rank fails now
@@ -141,15 +140,23 @@ def _second_look(ddp: Any, batch: torch.Tensor, spec: BenchSpec, world: World,
     return remeasure(world.rank, lambda: suspect, again, ctx)[1] or gathered
 
 
-def _set_threads(device: str, world: World) -> int:
-    """On CPU, split this machine's cores between the ranks that share it."""
+def _cores(spec: BenchSpec, world: World,
+           ctx: RunContext) -> tuple[int, rotation.RotationPlan | None]:
+    """torch's threads (on CPU this machine's cores split between the ranks that share
+    it), and how CPU ranks take turns on the cores when every rank on this node may use
+    all of them (`gpucheck.bench.rotation`); GPU ranks never do."""
     import torch
 
-    if device == "cpu":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
-        torch.set_num_threads(max(1, cores // world.local_world_size))
-    return torch.get_num_threads()
+    if spec.device != "cpu":
+        return torch.get_num_threads(), None
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    torch.set_num_threads(max(1, (len(allowed) or os.cpu_count() or 1)
+                              // world.local_world_size))
+    plan = rotation.plan_rotation(
+        allowed, world.local_rank, world.local_world_size,
+        [info.cpus for info in roster(ctx) if info.node_rank == world.node_rank]) \
+        if allowed else None
+    return torch.get_num_threads(), plan
 
 
 def _prepare(spec: BenchSpec, world: World, share: bench_model.Share,
@@ -208,17 +215,6 @@ def _measure(spec: BenchSpec, world: World, ddp: Any,
         progress.set_step(ctx, "consistency batch")
         output = ddp(check_batch).float().cpu()
     return _record(spec, world, iters, timing, threads, ctx), output
-
-
-def _rotation_plan(spec: BenchSpec, world: World,
-                   ctx: RunContext) -> rotation.RotationPlan | None:
-    """CPU ranks take turns on the cores when every rank on this node may use all of
-    them (`gpucheck.bench.rotation`); GPU ranks never do."""
-    if spec.device != "cpu" or not hasattr(os, "sched_getaffinity"):
-        return None
-    return rotation.plan_rotation(
-        sorted(os.sched_getaffinity(0)), world.local_rank, world.local_world_size,
-        [info.cpus for info in roster(ctx) if info.node_rank == world.node_rank])
 
 
 def _record(spec: BenchSpec, world: World, iters: int, timing: LoopTiming,
