@@ -97,23 +97,16 @@ def test_an_empty_output_name_is_refused_before_the_run(
     assert out == "" and err.count("\n") == 1 and "empty" in err
 
 
-@pytest.mark.parametrize("how", ["owned", "open"])
-def test_a_run_dir_another_user_can_write_is_refused_before_the_run(
-        tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(("how", "below"), [("owned", ""), ("open", ""), ("owned", "run")])
+def test_a_run_dir_another_user_can_write_or_holds_is_refused_before_the_run(
+        tmp_path: Path, how: str, below: str, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     folder = _others_folder(tmp_path, how)
-    monkeypatch.setenv("GPUCHECK_RUN_DIR", str(folder))
+    monkeypatch.setenv("GPUCHECK_RUN_DIR", str(folder / below))
     assert main(["compare", *SAME]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "GPUCHECK_RUN_DIR" in err
-
-
-def test_a_run_dir_inside_another_users_folder_is_refused(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("GPUCHECK_RUN_DIR", str(_others_folder(tmp_path, "owned") / "run"))
-    assert main(["compare", *SAME]) == 2
-    assert "another user" in capsys.readouterr().err
+    assert "another user" in err or not below
 
 
 READ_BACK = ("import sys\nfrom pathlib import Path\n"
