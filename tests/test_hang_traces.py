@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpucheck.hang.trace_findings import group_findings, traces_section
-from gpucheck.hang.trace_verdict import judge_group
+from gpucheck.hang.trace_verdict import group_findings, judge_group, traces_section
 from gpucheck.hang.traces import groups
 from gpucheck.report import Status
 

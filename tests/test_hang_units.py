@@ -13,11 +13,9 @@ import pytest
 
 from gpucheck.cli import main
 from gpucheck.hang.findings import live_findings, ranks_section
-from gpucheck.hang.gpu import per_process
-from gpucheck.hang.observe import RankView
+from gpucheck.hang.observe import RankView, per_process
 from gpucheck.hang.procs import ALLOWED, RankProcess, missing_local_ranks, rank_of
-from gpucheck.hang.sites import Site, site_of
-from gpucheck.hang.stacks import Frame, parse_raw
+from gpucheck.hang.stacks import Frame, Site, parse_raw, site_of
 from gpucheck.render import render
 from gpucheck.report import Report, Status
 from tests.comm_workers import clean_env

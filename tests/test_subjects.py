@@ -18,8 +18,7 @@ import pytest
 from gpucheck import subject
 from gpucheck.distributed.failures import flight_findings, rank_failure_findings
 from gpucheck.distributed.launch import RankFailure
-from gpucheck.hang.trace_findings import group_findings
-from gpucheck.hang.trace_verdict import GroupVerdict
+from gpucheck.hang.trace_verdict import GroupVerdict, group_findings
 from gpucheck.health import xids as sticky
 from gpucheck.health.state import Damaged
 from gpucheck.health.state import fault as checked_fault

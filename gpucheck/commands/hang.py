@@ -49,13 +49,12 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     options = HangArgs.of(args)
     report = Report(command="hang")
     if options.traces is not None:
-        from gpucheck.hang.trace_findings import traces_section
+        from gpucheck.hang.trace_verdict import traces_section
 
         report.add(traces_section(options.traces, options.prefix))
         if not options.pids:
             return report
-    from gpucheck.hang.gather import gather_views
-    from gpucheck.hang.live import live_sections
+    from gpucheck.hang.live import gather_views, live_sections
 
     nodes = gather_views(list(options.pids or ()), options.window, options.nvml_timeout, ctx)
     if nodes is None:

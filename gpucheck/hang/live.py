@@ -1,15 +1,11 @@
-"""This node's view of its rank processes, and the report built from every node's.
-
-`node_view` runs on one node (found ranks watched, missing local ranks added as dead)
-and returns plain values, so the views of several nodes can be gathered over the
-distributed frame and judged together by `live_sections`.
-"""
+"""This node's view of its rank processes (`node_view`, plain values), every node's
+gathered over the frame `gpucheck env` uses, and the report built from them."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -162,3 +158,30 @@ def _merge(nodes: Mapping[int, Mapping[str, Any]]) -> tuple[dict[str, list[RankV
         for job, raw in view.get("jobs", {}).items():
             jobs.setdefault(job, []).extend(RankView(**r) for r in raw)
     return jobs, notes
+
+
+if TYPE_CHECKING:
+    from gpucheck.context import RunContext
+
+# Looking at the ranks takes the window plus a few seconds; a node that has not
+# answered after this long is itself stuck.
+GATHER_TIMEOUT_S = 120.0
+
+
+def gather_views(pids: Sequence[int], window_s: float, nvml_timeout_s: float,
+                 ctx: RunContext) -> dict[int, dict[str, Any]] | None:
+    """{node_rank: node view}; None on ranks that do not report. `ctx`: the command's."""
+    from gpucheck.distributed.job import launched_world
+    from gpucheck.distributed.world import host_name
+
+    world = launched_world(ctx)
+    if world is None:
+        return {0: node_view(pids, window_s, host_name(), 0, nvml_timeout_s)}
+    from gpucheck.distributed.envgather import gather_per_node
+
+    nodes = gather_per_node(
+        lambda: node_view(pids, window_s, host_name(), world.node_rank, nvml_timeout_s),
+        ctx, fault_watch=False, timeout_s=GATHER_TIMEOUT_S)
+    if nodes is None:
+        return None
+    return {node.node_rank: view for node, view in nodes.items()}

@@ -1,23 +1,13 @@
-"""Watch every rank for a short window: stack samples, process state, CPU, GPU.
-
-All ranks are watched at once (one thread each), so N ranks cost one window, not N,
-up to MAX_PY_SPY py-spy processes at a time: every process on the node that calls
-itself a rank is watched, another user's 200 made-up ranks included, so their number
-must not start 200 py-spy processes or stretch the run. A rank whose turn has not
-come START_BUDGET_S after the start is not watched (said in the report): the run
-stays within about two windows whatever the node runs.
-One snapshot cannot tell a hung job from a slow one (a fast rank of a healthy job
-spends most of its time waiting in all_reduce for the slowest): what tells them
-apart is whether a rank ever leaves the collective during the window. py-spy samples
-each rank RECORD_RATE_HZ times a second for the window; a rank whose main thread
-sat in the same collective call in every sample is pinned there.
-"""
+"""Watch every rank for a short window, all at once and within about two windows
+whatever the node runs: stack samples, process state, CPU, and its GPU as NVML sees
+it (docs/hang.md, "What it looks at")."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -25,10 +15,9 @@ from typing import Any
 import psutil
 
 from gpucheck.hang import stacks
-from gpucheck.hang.gpu import per_process
 from gpucheck.hang.procs import RankProcess
-from gpucheck.hang.sites import Site, site_of
-from gpucheck.hang.stacks import Frame, StackError
+from gpucheck.hang.stacks import Frame, Site, StackError, site_of
+from gpucheck.probes.nvml import Nvml, NvmlFailure
 
 DEFAULT_WINDOW_S = 2.0
 MAX_FRAMES = 12
@@ -210,3 +199,75 @@ def watch(ranks: list[RankProcess], host: str, window_s: float = DEFAULT_WINDOW_
     for view in views:
         view.gpu = gpus.get(view.pid or -1)
     return views, gpu_note
+
+
+def per_process(pids: Iterable[int], timeout_s: float = 3.0,
+                window_s: float = 2.0) -> tuple[dict[int, dict[str, Any]], str | None]:
+    """({pid: {gpu, gpu_name, gpu_memory_bytes, gpu_sm_util_pct}}, why some or none are
+    missing). Utilisation is over the last `window_s` seconds: call it at the end of the
+    window. A GPU NVML fails on is asked once more, then left out with its reason: the
+    other GPUs' ranks keep their view."""
+    wanted = set(pids)
+    since_us = max(0, int((time.time() - window_s) * 1e6))
+    nvml = Nvml(timeout_s=timeout_s)
+    found: dict[int, dict[str, Any]] = {}
+    failed: list[str] = []
+    try:
+        for index in range(nvml.call("nvmlDeviceGetCount")):
+            seen, why = _one_gpu(nvml, index, wanted, since_us)
+            found.update(seen)
+            failed += [f"GPU {index}: {why}"] if why else []
+    except NvmlFailure as exc:
+        return {}, f"NVML: {exc.meaning}"
+    finally:
+        nvml.shutdown()
+    if failed:
+        return found, "NVML: " + "; ".join(failed)
+    return found, None if found else "NVML lists none of these PIDs on any GPU"
+
+
+def _one_gpu(nvml: Nvml, index: int, wanted: set[int],
+             since_us: int) -> tuple[dict[int, dict[str, Any]], str | None]:
+    """One GPU's ranks, asked twice (as gpu_read asks a changing process list again):
+    (its ranks, None), or ({}, NVML's reason)."""
+    why = None
+    for _ in range(2):
+        try:
+            handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
+            return _gpu_processes(nvml, handle, index, wanted, since_us), None
+        except NvmlFailure as exc:
+            why = exc.meaning
+    return {}, why
+
+
+def _gpu_processes(nvml: Nvml, handle: Any, index: int, wanted: set[int],
+                   since_us: int) -> dict[int, dict[str, Any]]:
+    procs = nvml.get("nvmlDeviceGetComputeRunningProcesses", handle, default=[]) or []
+    mine = {p.pid: p for p in procs if p.pid in wanted}
+    if not mine:
+        return {}
+    name = nvml.get("nvmlDeviceGetName", handle)
+    util = _sm_util(nvml, handle, since_us)
+    return {pid: {"gpu": index, "gpu_name": name,
+                  "gpu_memory_bytes": getattr(p, "usedGpuMemory", None),
+                  # Listed on the GPU with no sample since `since_us`: NVML keeps samples
+                  # only of processes with non-zero utilisation, so this one was at 0 %.
+                  "gpu_sm_util_pct": None if util is None else util.get(pid, 0.0)}
+            for pid, p in mine.items()}
+
+
+def _sm_util(nvml: Nvml, handle: Any, since_us: int) -> dict[int, float] | None:
+    """Mean SM utilisation per PID over the samples NVML took after `since_us` (CPU
+    time, microseconds: lastSeenTimeStamp), so a busy phase before the hang does not
+    count. NVML returns a sample only for a process with non-zero utilisation and
+    raises NotFound when no process has one (every process idle): {} then. None when
+    the figure is not to be had (NotSupported, NoPermission, a timeout)."""
+    try:
+        samples = nvml.call("nvmlDeviceGetProcessUtilization", handle, since_us)
+    except NvmlFailure as exc:
+        return {} if exc.kind == "NVMLError_NotFound" else None
+    by_pid: dict[int, list[int]] = defaultdict(list)
+    for sample in samples or []:
+        if getattr(sample, "timeStamp", since_us + 1) > since_us:
+            by_pid[sample.pid].append(sample.smUtil)
+    return {pid: sum(v) / len(v) for pid, v in by_pid.items()}

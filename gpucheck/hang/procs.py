@@ -1,19 +1,7 @@
-"""Find the torch.distributed rank processes of this node (psutil).
-
-A rank is a process whose environment holds RANK and WORLD_SIZE (torchrun, and any
-launcher that follows its convention) or, for a Python process started by srun,
-SLURM_PROCID with the step's task count. Only the variables in ALLOWED are ever read
-out of a target's environment: a job's environment holds tokens and passwords, and a
-report is pasted into tickets.
-
-Ranks of one job share a key (the rendezvous endpoint, or SLURM's job and step, else
-the launcher that started them) and an owner, so two jobs on one node, or gpucheck's
-own launcher, are never mixed up.
-
-Every process's environment is another user's data: it is read through a bounded
-reader, and every number in it is checked against a bound before it sizes anything
-(a `LOCAL_WORLD_SIZE=1000000000000` must not allocate a list of dead ranks).
-"""
+"""Find this node's torch.distributed rank processes (psutil): a process whose
+environment holds RANK and WORLD_SIZE, or SLURM_PROCID with the step's task count.
+Only the variables in ALLOWED are read, through a bounded reader, every number
+checked against a bound; ranks of one job share a key and an owner (docs/hang.md)."""
 
 from __future__ import annotations
 

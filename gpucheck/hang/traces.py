@@ -1,26 +1,7 @@
-"""Flight Recorder dumps: read here, with no code run, and judged here.
-
-torch keeps, per process group, a ring buffer of the last collectives each rank
-issued (TORCH_FR_BUFFER_SIZE entries) and writes it to `<TORCH_FR_DUMP_TEMP_FILE><rank>`
-(NCCL: on a watchdog timeout with TORCH_NCCL_DUMP_ON_TIMEOUT=1; gpucheck's own ranks
-after any failed collective, `gpucheck.distributed.flight`; docs/hang.md). A dump is
-a pickle of plain values (dicts, lists, strings, numbers), so it is read with an
-unpickler that refuses every class (`PlainUnpickler`): torch's own reader
-(`flight_recorder.components.loader.read_dump`) uses `pickle.load`, which runs
-whatever a file names, and `gpucheck hang --traces` runs as root on folders other
-users may write. Files are taken only when they are regular files (never through a
-link), under MAX_DUMP_BYTES, and every field is checked for its type before use
-(`_checked`): a foreign or damaged file is a line in `unreadable`, never a traceback.
-
-torch's analyzer (`build_db`) is not used: with torch 2.15 it raises KeyError on gloo
-dumps (the group's config is recorded under the name '' while entries name it '0'),
-and it judges ranks against whichever rank's file it reads first, so the culprit it
-names depends on the file order. Here every rank's n-th collective of a group is
-compared with every other rank's; at the first collective where they differ, the
-ranks in the majority are taken as right and the others named: those that never
-reached it, or called another op, size or dtype. A tie names no one, except that
-ranks that never arrived lose a tie against ranks that did (those wait for them).
-"""
+"""Flight Recorder dumps, read with no code run (`PlainUnpickler` refuses every class;
+regular files only, under MAX_DUMP_BYTES, every field type-checked: a foreign or
+damaged file is a line in `unreadable`), grouped per process group for the vote in
+trace_verdict (docs/hang.md, "Reading dumps safely")."""
 
 from __future__ import annotations
 
