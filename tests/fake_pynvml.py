@@ -98,6 +98,7 @@ from __future__ import annotations
 
 import ctypes
 import string
+import sys
 import threading
 import time
 import types
@@ -852,9 +853,6 @@ class FakeNvml:
         self._raise("Timeout")
         raise AssertionError("unreachable")
 
-    def nvmlEventSetWait(self, eventSet: _EventSet, timeoutms: int) -> c_nvmlEventData_t:
-        return self.nvmlEventSetWait_v2(eventSet, timeoutms)
-
     def nvmlEventSetFree(self, eventSet: _EventSet) -> None:
         self._check("nvmlEventSetFree")
         eventSet.freed = True
@@ -873,3 +871,26 @@ class FakeNvml:
                 event_set.ready.notify_all()
             delivered += 1
         return delivered
+
+
+# --- what the NVML tests share ---
+
+def gpus(n: int, **fields: Any) -> list[FakeGpu]:
+    """`n` GPUs on distinct buses (00000000:18:00.0, 00000000:28:00.0, ...), each with `fields`."""
+    return [FakeGpu(bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", **fields) for i in range(n)]
+
+
+def probe(monkeypatch: Any, fake: FakeNvml, nvml: Any = None, sysfs: Any = None,
+          environ: Any = None) -> Any:
+    """`probe_nvml` with `fake` as pynvml (a 2 s budget unless `nvml` is given)."""
+    from gpucheck.probes.gpus import probe_nvml
+    from gpucheck.probes.nvml import Nvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    return probe_nvml(nvml or Nvml(2.0), sysfs, environ)
+
+
+def findings(result: Any, check: str, status: Any = None) -> list[Any]:
+    """The findings of `check` in a probe result (of `status`, when given)."""
+    found = [f for s in result.sections for f in s.findings if f.check == check]
+    return [f for f in found if status is None or f.status is status]

@@ -15,6 +15,7 @@ from gpucheck.probes.torch_build import TorchInfo
 from gpucheck.render import render
 from gpucheck.report import Report, Status
 from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.fake_pynvml import findings as _findings
 from tests.health_fakes import gpu_node_sysfs
 
 NO_SYSFS = Path("/nonexistent/sysfs")
@@ -34,11 +35,6 @@ def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, timeout_s: float = 2
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
     # never this machine's /sys: a bus with no GPU unless the test gives one
     return probe_nvml(Nvml(timeout_s, retry_timeout_s=retry_s), sysfs or NO_SYSFS, {})
-
-
-def _findings(result, check: str, status: Status | None = None):
-    found = [f for s in result.sections for f in s.findings if f.check == check]
-    return [f for f in found if status is None or f.status is status]
 
 
 def _statuses(result) -> set[Status]:

@@ -10,17 +10,15 @@ from __future__ import annotations
 import ctypes
 import inspect
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpucheck.probes.gpus import probe_nvml
-from gpucheck.probes.nvml import Nvml
 from gpucheck.report import Status
 from tests import fake_pynvml
 from tests.fake_pynvml import DOCUMENTED_ERRORS, NO_INIT, FakeGpu, FakeNvml
+from tests.fake_pynvml import probe as _probe
 
 REPO = Path(__file__).resolve().parents[1]
 # A name in quotes ("nvmlDeviceGetName", the doorway's form) or after `pynvml.`.
@@ -122,11 +120,6 @@ def test_a_field_the_gpu_lacks_answers_not_supported_in_its_own_entry_not_for_th
     assert [v.nvmlReturn for v in values] == [fake.module.NVML_ERROR_NOT_SUPPORTED, 0]
     with pytest.raises(fake.module.NVMLError_InvalidArgument):
         fake.nvmlDeviceGetFieldValues(fake.nvmlDeviceGetHandleByIndex(0), [])
-
-
-def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml):
-    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
-    return probe_nvml(Nvml(2.0))
 
 
 def test_processes_that_start_while_nvml_lists_them_are_no_failed_gpu_query(monkeypatch):

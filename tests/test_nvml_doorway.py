@@ -22,14 +22,12 @@ from gpucheck.probes.nvml import (
     NvmlFailure,
 )
 from gpucheck.report import Report, Status
-from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.fake_pynvml import FakeNvml
+from tests.fake_pynvml import findings as _findings
+from tests.fake_pynvml import gpus as _gpus
 from tests.health_fakes import gpu_node_sysfs
 
 STEADY_S, ATTACH_S, HANG_RETRY_S, SLOW_RETRY_S = 0.25, 10.0, 0.5, 10.0
-
-
-def _gpus(n: int, **fields) -> list[FakeGpu]:
-    return [FakeGpu(bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", **fields) for i in range(n)]
 
 
 def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, steady_s: float = STEADY_S,
@@ -37,11 +35,6 @@ def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, steady_s: float = ST
            sysfs: Path = Path("/nonexistent/sysfs")):  # never this machine's /sys
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
     return probe_nvml(Nvml(steady_s, attach_s, retry_s), sysfs, {})
-
-
-def _findings(result, check: str, status: Status | None = None):
-    found = [f for s in result.sections for f in s.findings if f.check == check]
-    return [f for f in found if status is None or f.status is status]
 
 
 def test_a_steady_budget_above_the_attach_budget_makes_the_first_attach_as_patient():

@@ -4,32 +4,18 @@ from __future__ import annotations
 
 import ctypes
 import inspect
-import sys
 
 import pytest
 
-from gpucheck.probes.gpus import probe_nvml
-from gpucheck.probes.nvml import Nvml
 from gpucheck.report import Status
 from tests import fake_pynvml
 from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.fake_pynvml import findings as _findings
+from tests.fake_pynvml import gpus as _gpus
+from tests.fake_pynvml import probe as _probe
 
 NOT_STARTED, IN_PROGRESS, COMPLETED, NOT_SUPPORTED = 1, 2, 3, 0
 NVML_ERROR_NOT_READY = 27
-
-
-def _gpus(n: int, **fields) -> list[FakeGpu]:
-    return [FakeGpu(bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", **fields) for i in range(n)]
-
-
-def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml):
-    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
-    return probe_nvml(Nvml(2.0))
-
-
-def _findings(result, check: str, status: Status | None = None):
-    found = [f for s in result.sections for f in s.findings if f.check == check]
-    return [f for f in found if status is None or f.status is status]
 
 
 def test_a_registered_fabric_is_ok_on_every_gpu(monkeypatch):

@@ -3,14 +3,13 @@ NVSwitch fabric's health mask and summary, each judged per GPU on the fake pynvm
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from gpucheck.probes.gpus import probe_nvml
-from gpucheck.probes.nvml import Nvml
 from gpucheck.report import Status
-from tests.fake_pynvml import HEALTHY_FABRIC_MASK, FakeGpu, FakeNvml
+from tests.fake_pynvml import HEALTHY_FABRIC_MASK, FakeNvml
+from tests.fake_pynvml import findings as _findings
+from tests.fake_pynvml import gpus as _gpus
+from tests.fake_pynvml import probe as _probe
 
 NOT_STARTED, COMPLETED, NOT_SUPPORTED = 1, 3, 0
 FABRIC_V2 = 0x02000024
@@ -21,19 +20,6 @@ DEGRADED_BW, ROUTE_RECOVERY, ROUTE_UNHEALTHY, ACCESS_TIMEOUT, CONFIG = 0, 2, 4, 
 
 def _with(shift: int, value: int, width: int = 0x3) -> int:
     return HEALTHY_FABRIC_MASK & ~(width << shift) | value << shift
-
-
-def _gpus(n: int, **fields) -> list[FakeGpu]:
-    return [FakeGpu(bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", **fields) for i in range(n)]
-
-
-def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml):
-    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
-    return probe_nvml(Nvml(2.0))
-
-
-def _findings(result, check: str):
-    return [f for s in result.sections for f in s.findings if f.check == check]
 
 
 def _problems(result):
