@@ -111,7 +111,8 @@ def _numa_findings(records: StressRecords) -> list[Finding]:
     names = subjects(records.entries)
     if all(r.gpu_name is None for r in ranks):
         return [skip("stress.numa", "CPU ranks: no GPU NUMA node to be near")]
-    off = [r for r in ranks if r.on_gpu_numa_node is False and _none_near(r)]
+    off = [r for r in ranks if r.on_gpu_numa_node is False
+           and on_node(parse_cpulist(r.cpus), parse_cpulist(r.gpu_cpus)) is False]
     unknown = [r.rank for r in ranks if r.on_gpu_numa_node is None]
     findings = [warn("stress.numa", f"{names[r.rank].label} runs on CPUs {r.cpus}, "
                      f"none of them on its GPU's NUMA node {r.numa_node} "
@@ -130,9 +131,6 @@ def _numa_findings(records: StressRecords) -> list[Finding]:
     return findings
 
 
-def _none_near(rank: StressRank) -> bool:
-    """None of the rank's CPUs is local to its GPU (`gpucheck.numa.on_node`'s rule)."""
-    return on_node(parse_cpulist(rank.cpus), parse_cpulist(rank.gpu_cpus)) is False
 
 
 def _near_message(ranks: Sequence[StressRank], near: int) -> str:

@@ -28,7 +28,9 @@ def sdc_section(sdc: Mapping[str, Any], records: StressRecords, peer_fraction: f
              for r, d in zip(burns, deviations, strict=True)]
     findings = _repeat_findings(burns, ranks)
     findings += _agreement_findings(burns, deviations, sdc["tolerance"], records,
-                                    _reference_words(sdc))
+                                    (BOUND_WORDS, "each element within its bound of the "
+                                     "fp64 CPU reference on " + (sdc.get("coverage") or
+                                     f"{sdc['rows_checked']} rows")))
     times = {r.rank: float(r.p50_ms) for r in burns}
     findings += peer_findings("stress.sdc.straggler", "median burn-in product time", "ms",
                               times, ranks, peer_fraction, higher_is_better=False,
@@ -47,11 +49,6 @@ def sdc_section(sdc: Mapping[str, Any], records: StressRecords, peer_fraction: f
                    data, findings)
 
 
-def _reference_words(sdc: Mapping[str, Any]) -> tuple[str, str]:
-    """(how a wrong rank's deviation reads, what the OK says was checked): each element
-    against its bound (the worker's only reference, `gpucheck.stress.sdc`)."""
-    return BOUND_WORDS, (f"each element within its bound of the fp64 CPU reference on "
-                         f"{sdc.get('coverage') or str(sdc['rows_checked']) + ' rows'}")
 
 
 def _kernel_groups(records: Sequence[BurnRecord]) -> list[dict[str, Any]]:
