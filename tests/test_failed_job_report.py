@@ -1,4 +1,4 @@
-"""A failed comm or stress job as a report (`gpucheck.distributed.failures`), without
+"""A failed comm or stress job as a report (`gpucheck.distributed.job`), without
 processes: the culprit named, what was measured before kept, one line elsewhere."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpucheck.distributed.failures import failed_job_report
-from gpucheck.distributed.job import JobFailed
+from gpucheck.distributed.job import JobFailed, failed_job_report
 from gpucheck.distributed.launch import RankFailure
 from gpucheck.report import Report, Section, Status, ok
 

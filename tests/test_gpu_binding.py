@@ -14,7 +14,7 @@ import pytest
 from gpucheck.devices import RankInfo
 from gpucheck.distributed import checkin, job
 from gpucheck.distributed.checkin import SharedGpu, View, shared_gpu_groups
-from gpucheck.distributed.failures import rank_failure_findings
+from gpucheck.distributed.job import rank_failure_findings
 from gpucheck.distributed.session import bind_device
 from gpucheck.distributed.world import slurm_world
 from gpucheck.report import Status

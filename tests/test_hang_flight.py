@@ -16,7 +16,7 @@ import pytest
 
 from gpucheck.cli import main
 from gpucheck.distributed import flight
-from gpucheck.distributed.failures import flight_findings
+from gpucheck.distributed.job import flight_findings
 from gpucheck.hang.trace_verdict import traces_section
 from gpucheck.hang.traces import dump_files, groups, load
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpucheck.cli import build_parser, main
-from gpucheck.distributed.slurm import MAX_HOSTS, expand_nodelist
+from gpucheck.distributed.world import MAX_HOSTS, expand_nodelist
 
 ROOT = Path(__file__).resolve().parents[1]
 

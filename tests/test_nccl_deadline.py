@@ -293,7 +293,7 @@ def test_the_timeout_probe_dry_run_ends_through_the_deadline_and_leaves_a_dump(
 
 
 def test_the_failure_section_lists_the_nccl_settings_gpucheck_chose_and_only_those() -> None:
-    from gpucheck.distributed.failures import failure_section
+    from gpucheck.distributed.job import failure_section
 
     chose = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
     nccl = failure_section("comm", [], False, "rank 1 did not answer",

@@ -16,7 +16,7 @@ import pytest
 from gpucheck import numa
 from gpucheck.devices import GpuIdentity, RankInfo
 from gpucheck.distributed.checkin import this_rank
-from gpucheck.distributed.placement import numa_findings
+from gpucheck.distributed.nodes import numa_findings
 from gpucheck.distributed.world import World
 from gpucheck.probes.gpus import probe_nvml
 from gpucheck.probes.nvml import Nvml

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpucheck.distributed.slurm import expand_nodelist, master_port, tasks_per_node
-from gpucheck.distributed.world import world_from_env
+from gpucheck.distributed.world import expand_nodelist, master_port, tasks_per_node, world_from_env
 from gpucheck.errors import UsageError
 
 SRUN = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpucheck import subject
-from gpucheck.distributed.failures import flight_findings, rank_failure_findings
+from gpucheck.distributed.job import flight_findings, rank_failure_findings
 from gpucheck.distributed.launch import RankFailure
 from gpucheck.hang.trace_verdict import GroupVerdict, group_findings
 from gpucheck.health import xids as sticky

@@ -17,7 +17,7 @@ from gpucheck.bench.pace import BenchSummary, NodeSummary, aggregate
 from gpucheck.bench.records import RankRecord
 from gpucheck.bench.stragglers import rank_subject, straggler_findings
 from gpucheck.bench.worker import CONSISTENCY_IMAGES, BenchOutcome, BenchSpec
-from gpucheck.distributed.placement import numa_findings
+from gpucheck.distributed.nodes import numa_findings
 from gpucheck.faults import run_faults_section, slowdown_causes
 from gpucheck.measure import Better, Metric
 from gpucheck.measured import HasMetrics, attach, rank_subjects, relative_spread

@@ -19,8 +19,7 @@ from gpucheck.comm.internode_verdicts import internode_findings, node_pair_rows,
 from gpucheck.comm.looks import node_figures, pair_medians, slow_node_verdicts
 from gpucheck.comm.nccl_log import transport_view
 from gpucheck.comm.records import CommRecords, read_back, read_comm
-from gpucheck.distributed.nodes import NodeId, group_by_node, node_metric, nodes_rows
-from gpucheck.distributed.placement import numa_findings
+from gpucheck.distributed.nodes import NodeId, group_by_node, node_metric, nodes_rows, numa_findings
 from gpucheck.faults import gpu_names, run_faults_section
 from gpucheck.measure import Better, Metric
 from gpucheck.measured import attach, rank_subjects, relative_spread, whole

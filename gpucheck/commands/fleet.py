@@ -21,7 +21,7 @@ from gpucheck.analysis.nodes import Fleet, Unused, group_reports, newest_created
 from gpucheck.commands.options import positive_float, positive_int
 from gpucheck.commands.registry import outputs_of
 from gpucheck.context import RunContext
-from gpucheck.distributed.slurm import expand_nodelist
+from gpucheck.distributed.world import expand_nodelist
 from gpucheck.errors import UsageError
 from gpucheck.measure import Metric
 from gpucheck.output import WriteError, check_writable, same_file, write_atomic

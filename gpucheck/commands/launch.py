@@ -209,8 +209,7 @@ def run_reported(command: str, worker: Callable[[RunContext, Any], Any], spec: A
     """Run `worker(ctx, spec)` on every rank: rank 0's report (None on the others); a
     failed job is a report naming the ranks to blame (`quiet_stdout`: --quiet without
     --output, so the FAIL gets a line on stderr)."""
-    from gpucheck.distributed.failures import failed_job_report
-    from gpucheck.distributed.job import JobFailed, run_job
+    from gpucheck.distributed.job import JobFailed, failed_job_report, run_job
     from gpucheck.distributed.launch import WorkersFailed
 
     try:

@@ -204,8 +204,7 @@ def _exec(command: list[str]) -> None:
 def _drain(args: argparse.Namespace, spec: Any, decision: dict[str, Any],
            world: Any) -> dict[str, Any] | None:
     """This node's own rank 0 (local rank 0) acts for its node only."""
-    from gpucheck.distributed import slurm
-    from gpucheck.distributed.world import host_name
+    from gpucheck.distributed.world import host_name, is_slurm_step
     from gpucheck.preflight.actions import drain_node, my_failing_node
 
     if world is not None and world.local_rank != 0:
@@ -213,7 +212,7 @@ def _drain(args: argparse.Namespace, spec: Any, decision: dict[str, Any],
     node = my_failing_node(decision["failing"], host_name(),
                            world.node_rank if world is not None else 0)
     # An srun task, or a job's prolog / batch step (SLURM_JOB_ID without a task rank).
-    under_slurm = slurm.is_slurm_step(STARTED_ENVIRONMENT) or \
+    under_slurm = is_slurm_step(STARTED_ENVIRONMENT) or \
         "SLURM_JOB_ID" in STARTED_ENVIRONMENT
     done = drain_node(node, spec.device, under_slurm, args.drain)
     if done is not None:
@@ -240,7 +239,7 @@ def _report(decision: dict[str, Any], drained: dict[str, Any] | None) -> Report:
 def _failed(args: argparse.Namespace, exc: Any, ctx: RunContext) -> Report | None:
     """A rank crashed or went silent: no-go; the report names it, the exclude file its
     host; other ranks exit 1 with one line."""
-    from gpucheck.distributed.failures import failed_job_report
+    from gpucheck.distributed.job import failed_job_report
     from gpucheck.distributed.world import world_of
     from gpucheck.preflight.actions import failing_hosts, hold_sigterm, speaks_for_failed_job
 

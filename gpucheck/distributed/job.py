@@ -1,22 +1,12 @@
-"""Run a worker function on every rank, however the job was launched.
-
-Three launch paths give the same result:
-- `gpucheck CMD --n-gpus N`: gpucheck starts N local ranks through torch's
-  elastic launcher (`launch_local`).
-- `torchrun --nproc-per-node N -m gpucheck CMD`: every process is a rank already.
-- `torchrun -m gpucheck CMD --n-gpus N`: torchrun's default single process then
-  starts the N ranks itself, as in the first path.
-
-
-On failure every path raises `JobFailed` (a `WorkersFailed`): the failed ranks,
-the ranks that did not answer (from the survivors' roll call or the check-in), and
-the partial results the reporting rank had published (`gpucheck.distributed.progress`).
-"""
+"""Run a worker on every rank however the job was launched (gpucheck's own ranks,
+torchrun, srun), and a failed job as JobFailed and as its report: the ranks to blame,
+the survivors' diagnoses, the partial results (docs/DESIGN.md)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Iterator
@@ -25,10 +15,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gpucheck import subject as subjects
 from gpucheck.context import RunContext, RunOptions
 from gpucheck.devices import device_label
 from gpucheck.distributed import caught, deadline, progress, terminal
 from gpucheck.distributed.checkin import (
+    SHARED_GPU_HINT,
     CheckInFailed,
     RanksUnresponsive,
     SharedGpu,
@@ -36,6 +28,8 @@ from gpucheck.distributed.checkin import (
 from gpucheck.distributed.launch import RankFailure, WorkersFailed, launch_local
 from gpucheck.distributed.world import World, world_of
 from gpucheck.errors import UsageError
+from gpucheck.escape import terminal as shown
+from gpucheck.report import Finding, Report, Section, fail, ok, skip
 
 S = TypeVar("S")
 
@@ -229,3 +223,105 @@ def _job_failed_here(exc: Exception, ctx: RunContext) -> JobFailed:
                           message=lines[-1] if lines else type(exc).__name__)
     return JobFailed([failure], progress.local_partial(ctx), progress.local_diagnoses(ctx),
                      [asdict(i) for i in roster(ctx)], reporter=rank == 0)
+
+
+ANOTHER_RANK_HINT = (
+    "a rank can fail because another rank stopped answering: read the earliest failure "
+    "first, then that rank's own output above"
+)
+
+HUNG_HINT = (
+    "the rank is alive but stopped answering (a stopped process, a GPU that hangs, a "
+    "dead link): check that host's dmesg / nvidia-smi -q and its network; the launcher "
+    "has killed it"
+)
+NEVER_ARRIVED_HINT = (
+    "the rank never started or could not reach the rendezvous store: check that its node "
+    "was launched (torchrun/srun on every node) with the same --rdzv-endpoint/MASTER_ADDR"
+)
+
+
+_CHECKS = {"did not answer": ("rank_unresponsive", HUNG_HINT),
+           "never checked in": ("checkin", NEVER_ARRIVED_HINT),
+           "shares a GPU": ("shared_gpu", SHARED_GPU_HINT)}
+
+
+def rank_failure_findings(failures: list[RankFailure], command: str) -> list[Finding]:
+    """One FAIL per failed rank, naming it and its exit cause (or that it went silent).
+
+    With a `JobFailed`, pass `exc.failures`: the ranks to blame, not those that only
+    failed because another rank stopped answering.
+    """
+    findings = []
+    for f in failures:
+        check, hint = _CHECKS.get(f.cause or "", ("rank_failed", ANOTHER_RANK_HINT))
+        findings.append(fail(f"{command}.{check}",
+                             f"rank {f.rank} (local rank {f.local_rank}) {f.how()}: {f.message}",
+                             hint=hint, subject=subjects.rank(f.rank)))
+    return findings
+
+
+def _listed(ranks: list[Any]) -> str:
+    return ", ".join(map(str, ranks))
+
+
+def _ranks_subject(ranks: list[Any]) -> subjects.Subject:
+    """"rank 1, 3" with the ranks as fields (a diagnosis whose rank is not a number,
+    from a rank that could not tell, is in the words only)."""
+    numbers = [r for r in ranks if isinstance(r, int) and not isinstance(r, bool)]
+    return subjects.ranks(numbers, f"rank {_listed(ranks)}")
+
+
+def flight_findings(diagnoses: list[dict[str, Any]], command: str) -> list[Finding]:
+    """Where the survivors' Flight Recorder dumps went (OK), or why a rank wrote none
+    (SKIP, with torch's reason): gpucheck hang --traces reads them."""
+    outcomes = {d.get("rank"): d["flight_recorder"] for d in diagnoses
+                if isinstance(d.get("flight_recorder"), dict)}
+    check = f"{command}.flight_recorder"
+    written = sorted(str(r) for r, o in outcomes.items() if o.get("path"))
+    skipped: dict[str, list[Any]] = {}
+    for rank, outcome in sorted(outcomes.items(), key=lambda item: str(item[0])):
+        if outcome.get("skipped"):
+            skipped.setdefault(str(outcome["skipped"]), []).append(rank)
+    found = [skip(check, f"rank(s) {_listed(ranks)} wrote no Flight Recorder dump: {why}",
+                  subject=_ranks_subject(ranks)) for why, ranks in skipped.items()]
+    if written:
+        path = str(next(o["path"] for o in outcomes.values() if o.get("path")))
+        folder, prefix = os.path.dirname(path), os.path.basename(path).rstrip("0123456789")
+        found.append(ok(check, f"rank(s) {', '.join(written)} wrote their Flight Recorder "
+                        f"dumps to {folder}: `gpucheck hang --traces {folder} --prefix "
+                        f"{prefix}` names the rank the others waited for"))
+    return found
+
+
+def failure_section(command: str, findings: list[Finding], partial: bool,
+                    summary: str, diagnoses: list[dict[str, Any]] | None = None) -> Section:
+    """The failure as FAIL findings; says whether the sections above are partial and
+    which NCCL settings gpucheck chose for the run (distributed.deadline.BACKSTOP)."""
+    chosen = next((d["nccl_settings"] for d in diagnoses or [] if d.get("nccl_settings")),
+                  None)
+    data = {"outcome": summary,
+            "results_above": "partial: measured before the failure" if partial else "none",
+            **({"nccl_set_by_gpucheck": chosen} if chosen else {})}
+    return Section("failure", "Run failed", data,
+                   findings or [fail(f"{command}.failed", summary, hint="see the ranks' output")])
+
+
+def failed_job_report(command: str, exc: JobFailed, build: Callable[[Any], Report],
+                      quiet_stdout: bool) -> Report:
+    """The report of a job that failed: what rank 0 had published (`build(exc.partial)`)
+    plus the failure naming the ranks to blame. On a rank that does not report: one
+    line on stderr and exit 1. `quiet_stdout` (--quiet without --output): the FAIL
+    still gets its line on stderr."""
+    summary = "; ".join(f.describe() for f in exc.failures) or "the job failed"
+    if not exc.reporter:
+        print(f"gpucheck {command}: {shown(summary)}", file=sys.stderr)
+        raise SystemExit(1)
+    report = build(exc.partial) if exc.partial else Report(command=command)
+    findings = rank_failure_findings(exc.failures, command)
+    findings += flight_findings(exc.diagnoses, command)
+    report.add(failure_section(command, findings, exc.partial is not None, summary,
+                               exc.diagnoses))
+    if quiet_stdout:
+        print(f"gpucheck {command}: FAIL: {shown(summary)}", file=sys.stderr)
+    return report

@@ -1,12 +1,5 @@
-"""Ranks grouped by node, and the node that is slower than the others (the peer rule
-of `gpucheck.peers`, with its one SLOW_NODE_FRACTION).
-
-Shared by bench and comm. A node is (node_rank, host): under torchrun node_rank is
-GROUP_RANK, under srun SLURM_NODEID; two "nodes" on one machine (tests) share a host
-name, so the node rank is part of the key. Rank records are plain mappings with at
-least `rank`, `node_rank` and `host` (the check-in roster, `gpucheck.distributed.session.roster()`,
-gives them as `RankInfo`; `dataclasses.asdict` makes the mappings).
-"""
+"""Ranks by node: grouping, each node's figure against the median of the nodes, and
+whether each rank's CPUs sit on its GPU's NUMA node (check-in records)."""
 
 from __future__ import annotations
 
@@ -16,7 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck import subject as subjects
+from gpucheck.devices import device_label
 from gpucheck.measure import Better, Bound
+from gpucheck.numa import cpulist
 from gpucheck.peers import SLOW_NODE_FRACTION, against_median
 from gpucheck.report import Finding, ok, warn
 
@@ -86,3 +81,32 @@ def slow_node_findings(metric: Mapping[NodeId, float], check: str, what: str, un
         findings.append(ok(check, f"{len(metric)} nodes within {fraction:.0%} of the median "
                            f"node's {what} ({median:.3g} {unit})"))
     return findings
+
+
+CHECK = "ranks.numa"
+
+
+def numa_findings(ranks: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """A WARN per rank with no CPU on its GPU's NUMA node; one OK naming the ranks that run
+    only on it; nothing when no rank can be judged (see the module's docstring)."""
+    findings = [_off_node(r) for r in ranks if r.get("on_gpu_numa") is False]
+    near = tuple(int(r["rank"]) for r in ranks if r.get("on_gpu_numa") is True)
+    if near:
+        findings.append(ok(CHECK, f"rank(s) {cpulist(near)} run only on CPUs of their GPU's "
+                           "NUMA node"))
+    return findings
+
+
+def _off_node(rank: Mapping[str, Any]) -> Finding:
+    node = rank.get("numa_node")
+    message = (f"rank {rank['rank']} on {rank.get('host', 'its host')} runs on CPUs "
+               f"{rank.get('cpus') or 'unknown'}, none of them on NUMA node {node} where its "
+               "GPU is: its kernel launches and pinned host copies cross the socket "
+               "interconnect")
+    hint = (f"bind the rank to node {node}: numactl --cpunodebind={node} --membind={node} "
+            "<command>, torchrun --numa-binding=node (recent torch: see torchrun --help), or "
+            "srun --gpu-bind=closest under SLURM; gpucheck stress pins its ranks itself "
+            f"(unless --no-numa-pin). If the job's cpuset (container, cgroup, SLURM "
+            f"allocation) has no CPU on node {node}, widen it (taskset -cp <pid> shows it)")
+    return warn(CHECK, message, hint, subjects.rank(int(rank["rank"]),
+                f"rank {rank['rank']} ({device_label(rank)})"))

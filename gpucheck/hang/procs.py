@@ -153,7 +153,7 @@ def rank_of(pid: int, name: str, env: Mapping[str, str],
 def _slurm_local_size(env: Mapping[str, str], size: int | None) -> int | None:
     """This node's task count from SLURM's tasks-per-node variables; None without them
     (SLURM's own fallback, the whole step, would call ranks on other nodes dead)."""
-    from gpucheck.distributed import slurm
+    from gpucheck.distributed.world import local_world_size
     from gpucheck.errors import UsageError
 
     if size is None or not any(env.get(name) for name in
@@ -161,7 +161,7 @@ def _slurm_local_size(env: Mapping[str, str], size: int | None) -> int | None:
                                 "SLURM_NTASKS_PER_NODE")):
         return None
     try:
-        return slurm.local_world_size(env, _int(env, "SLURM_NODEID") or 0, size)
+        return local_world_size(env, _int(env, "SLURM_NODEID") or 0, size)
     except (UsageError, ValueError):
         return None
 
