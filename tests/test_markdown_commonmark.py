@@ -1,10 +1,10 @@
-"""The Markdown reports through a real CommonMark renderer (markdown-it-py), with the
-GitHub-style table extension and without it, as a ticket system that renders no tables
-shows them (issue 27, item 7)."""
+"""The Markdown reports through markdown-it-py, with GitHub's table extension and without
+it, as a ticket system that renders no tables shows them (issue 27, item 7)."""
 
 from __future__ import annotations
 
 import html
+import json
 import re
 from pathlib import Path
 
@@ -19,8 +19,6 @@ NAMES = ["env", "bench", "stress_fail", "comm_failed"]
 
 
 def saved(name: str) -> Report:
-    import json
-
     return Report.from_dict(json.loads((REPORTS / f"{name}.json").read_text()))
 
 
@@ -41,8 +39,7 @@ def test_github_markdown_tables_render_as_tables_where_tables_are_supported(name
 
 
 def test_github_markdown_without_table_support_shows_raw_pipes() -> None:
-    # What the README warns about: the default Markdown is GitHub's; elsewhere use
-    # --format markdown-plain.
+    # What the README warns of: elsewhere, use --format markdown-plain.
     rendered = commonmark(render(saved("stress_fail"), "markdown"), tables=False)
     assert "<table>" not in rendered
     assert [p for p in paragraphs(rendered) if p.lstrip().startswith("|")]
@@ -56,6 +53,7 @@ def test_plain_markdown_reads_the_same_with_and_without_table_support(name: str)
     assert "<table>" not in without
     assert not [p for p in paragraphs(without) if p.lstrip().startswith("|")]
     assert "<pre><code>" in without
+    assert not re.search(r"<(details|summary|b)>", without)  # no HTML outside code
 
 
 def test_plain_markdown_keeps_every_finding_id_readable_without_tables() -> None:
