@@ -83,16 +83,11 @@ def test_a_gpu_below_its_models_typical_figure_is_named() -> None:
 
 @pytest.mark.parametrize(("gts", "width", "gbps"), [
     (2.5, 1, 0.25), (5.0, 16, 8.0), (8.0, 16, 15.754), (16.0, 16, 31.508),
-    (32.0, 16, 63.015), (64.0, 16, 121.0), (16.0, 8, 15.754)])
-def test_link_rate_is_lanes_times_the_encoded_lane_rate(gts: float, width: int,
-                                                        gbps: float) -> None:
-    assert rank.link_rate_gbps(gts, width) == pytest.approx(gbps, rel=1e-3)
-
-
-def test_an_unknown_speed_or_width_has_no_rate() -> None:
-    assert rank.link_rate_gbps(None, 16) is None
-    assert rank.link_rate_gbps(16.0, None) is None
-    assert rank.link_rate_gbps(12.0, 16) is None
+    (32.0, 16, 63.015), (64.0, 16, 121.0), (16.0, 8, 15.754),
+    (None, 16, None), (16.0, None, None), (12.0, 16, None)])  # unknown: no rate
+def test_link_rate_is_lanes_times_the_encoded_lane_rate(gts: float | None, width: int | None,
+                                                        gbps: float | None) -> None:
+    assert rank.link_rate_gbps(gts, width) == (gbps and pytest.approx(gbps, rel=1e-3))
 
 
 @pytest.mark.parametrize(("text", "value"), [("32.0 GT/s PCIe", 32.0), ("8 GT/s", 8.0),
@@ -137,25 +132,18 @@ def test_a_platform_without_numa_reads_as_unknown(tmp_path: Path) -> None:
     assert placement.numa_node is None and placement.on_gpu_node is None and target is None
 
 
-def test_a_rank_allowed_every_cpu_is_pinned_to_its_gpus_node(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("allowed", "pin", "target", "cpus", "on_node", "pinned"), [
+    (tuple(range(8)), True, (4, 5, 6, 7), (4, 5, 6, 7), True, True),  # pinned to its node
+    ((0, 1, 2, 3), True, None, (0, 1, 2, 3), False, False),  # bound off it: said so
+    (tuple(range(8)), False, None, tuple(range(8)), False, False),  # spanning, unpinned
+    ((5, 6), False, None, (5, 6), True, False)])
+def test_a_ranks_placement_against_its_gpus_node(
+        tmp_path: Path, allowed: tuple[int, ...], pin: bool, target: tuple[int, ...] | None,
+        cpus: tuple[int, ...], on_node: bool, pinned: bool) -> None:
     fake_gpu(tmp_path)
-    placement, target = rank.plan_placement("0000:9a:00.0", tuple(range(8)), True, tmp_path)
-    assert target == (4, 5, 6, 7)
-    assert placement.on_gpu_node and placement.pinned and placement.cpus == (4, 5, 6, 7)
-
-
-def test_a_rank_bound_off_its_gpus_node_is_reported_off_it(tmp_path: Path) -> None:
-    fake_gpu(tmp_path)
-    placement, target = rank.plan_placement("0000:9a:00.0", (0, 1, 2, 3), True, tmp_path)
-    assert target is None and placement.on_gpu_node is False and not placement.pinned
-
-
-def test_without_pinning_a_rank_spanning_both_nodes_is_not_on_its_gpus(tmp_path: Path) -> None:
-    fake_gpu(tmp_path)
-    placement, target = rank.plan_placement("0000:9a:00.0", tuple(range(8)), False, tmp_path)
-    assert target is None and placement.on_gpu_node is False
-    placement, _ = rank.plan_placement("0000:9a:00.0", (5, 6), False, tmp_path)
-    assert placement.on_gpu_node is True
+    placement, planned = rank.plan_placement("0000:9a:00.0", allowed, pin, tmp_path)
+    assert planned == target and placement.cpus == cpus
+    assert (placement.on_gpu_node, placement.pinned) == (on_node, pinned)
 
 
 # --- SDC judgement ----------------------------------------------------------------------
