@@ -144,12 +144,13 @@ class Metric:
             raise TypeError("a metric's 'name' or 'unit' is not a string")
         better = raw.get("better")
         known = _BETTER.get(better) if isinstance(better, str) else None
+        value, spread = raw.get("value"), raw.get("spread")
         metric = object.__new__(cls)  # its fields at once: a fleet reads tens of thousands
         metric.__dict__.update(
             name=name, unit=unit, better=known or Better(better),
-            value=_number(raw.get("value")),
+            value=value if type(value) is float else _number(value),
             subject=Subject.from_dict(subject) if subject is not None else None,
-            spread=_optional(raw.get("spread")))
+            spread=spread if spread is None or type(spread) is float else _number(spread))
         return metric
 
 

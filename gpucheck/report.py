@@ -78,26 +78,25 @@ class Finding:
         """A finding as `to_dict` wrote it. The stored action is kept (a report is a
         record: it says what was decided when it was made); a WARN or FAIL without
         one is damaged (schema 3 writes it on every one)."""
-        said = raw.get("status") if isinstance(raw, dict) else None
-        status = _STATUS_OF.get(said) if isinstance(said, str) else None
+        said = raw.get("status") if type(raw) is dict else None
+        status = _STATUS_OF.get(said) if type(said) is str else None
         check = raw.get("check") if status is not None else None
-        if not isinstance(check, str):
+        if type(check) is not str:
             raise TypeError("has no check id or a status other than "
                             f"{', '.join(sorted(_STATUS_OF))}")
-        message, hint, action, cause = (raw.get("message"), raw.get("hint"),
-                                        raw.get("action"), raw.get("cause"))
-        if not isinstance(message, str):
+        message, hint, action, cause, words, fields, look = (
+            raw.get("message"), raw.get("hint"), raw.get("action"), raw.get("cause"),
+            raw.get("subject"), raw.get("subject_fields"), raw.get("look"))
+        if type(message) is not str:
             raise TypeError("'message' is not a string")
-        for key, value in (("hint", hint), ("action", action), ("cause", cause)):
-            if value is not None and not isinstance(value, str):
+        for key, value in (("hint", hint), ("action", action), ("cause", cause),
+                           ("subject", words)):
+            if value is not None and type(value) is not str:
                 raise TypeError(f"{key!r} is {type(value).__name__}, not a string")
-        if action is None and status in (Status.WARN, Status.FAIL):
+        if action is None and status in _ACTING:
             raise ValueError(f"{check}: a {status.value} without an action")
         if action is not None and action not in ACTIONS:
             raise ValueError(f"{check}: unknown action {action!r}")
-        fields, look, words = raw.get("subject_fields"), raw.get("look"), raw.get("subject")
-        if words is not None and not isinstance(words, str):
-            raise TypeError(f"'subject' is {type(words).__name__}, not a string")
         # Read back as stored: the action kept, the id not looked up (a report of
         # another gpucheck may hold ids this one does not declare).
         finding = object.__new__(cls)
@@ -196,6 +195,7 @@ class Section:
 
 
 _STATUS_OF = {s.value: s for s in Status}
+_ACTING = (Status.WARN, Status.FAIL)
 _T = TypeVar("_T")
 
 

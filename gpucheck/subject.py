@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -106,7 +107,24 @@ class Subject:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Subject:
         """Read back what `to_dict` wrote; TypeError or ValueError on any other shape
-        (a report file is data)."""
+        (a report file is data). A fleet's reports repeat their subjects: each is read once."""
+        if type(raw) is not dict:
+            return cls._read(raw)
+        # The values' types are part of the key: `true` and `1.0` equal 1 but are refused.
+        key = (tuple(raw.items()), tuple(map(type, raw.values())))
+        try:
+            return _READ[key]
+        except KeyError:
+            pass
+        except TypeError:  # a list ("ranks") cannot be a key
+            return cls._read(raw)
+        subject = _READ[key] = cls._read(raw)
+        if len(_READ) > _READ_MAX:
+            _READ.clear()
+        return subject
+
+    @classmethod
+    def _read(cls, raw: Mapping[str, Any]) -> Subject:
         if not isinstance(raw, Mapping):
             raise TypeError(f"a subject is an object or a string, not {type(raw).__name__}")
         label = raw.get("label")
@@ -138,6 +156,11 @@ class Subject:
             self, kind=Kind.NODE if self.kind is Kind.TEXT else self.kind, label=label,
             node=index if self.node is None else self.node,
             host=host if self.host is None else self.host)
+
+
+# Subjects read so far, by their JSON items (frozen: one object serves every report).
+_READ: dict[tuple[tuple[tuple[str, Any], ...], tuple[type, ...]], Subject] = {}
+_READ_MAX = 1 << 14
 
 
 def _is_int(value: object) -> bool:
@@ -202,6 +225,7 @@ def job(label: str = "the job") -> Subject:
     return Subject(Kind.JOB, label)
 
 
+@functools.lru_cache(maxsize=4096)  # a fleet's findings repeat their subjects' words
 def text(label: str) -> Subject:
     """A subject that is a name, not a place a reader locates: a setting or fact compared
     ("CUDA_VISIBLE_DEVICES", "driver"), a command, a message size, a NUMA node. Its

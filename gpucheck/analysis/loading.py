@@ -85,7 +85,7 @@ class LoadedReport:
     def findings(self) -> list[Finding]:
         return self.report.findings
 
-    @property
+    @functools.cached_property
     def verdict(self) -> str:
         """The worst WARN/FAIL finding (recomputed from the findings, not trusted)."""
         return self.report.verdict().value

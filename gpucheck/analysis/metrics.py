@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpucheck.envfacts import node_facts
 from gpucheck.measure import Better, Metric
@@ -106,8 +105,7 @@ _SETUP = {
 }
 
 
-@dataclass(frozen=True)
-class Fact:
+class Fact(NamedTuple):
     """One fact: `key` as people read it ("NVIDIA driver version", "bench.batch_size")."""
 
     key: str
@@ -120,10 +118,10 @@ def extract_facts(report: Report) -> dict[str, Fact]:
     facts = {"gpucheck version": Fact("gpucheck version", str(report.tool_version), VERSION)}
     facts.update(_env_facts(report.sections))
     for section in report.sections:
-        kind = section_kind(section.name)
+        kind = section.name.rsplit(".", 1)[-1]
         if kind in _SETUP:
             facts.update(_setup_facts(kind, section.data))
-        if kind == "timing":
+        elif kind == "timing":
             facts.update(_bench_devices(section.data))
     return dict(sorted(facts.items()))
 
@@ -133,18 +131,14 @@ def _env_facts(sections: list[Section]) -> dict[str, Fact]:
     multi-node report names them "env.driver", "node0.driver")."""
     first: dict[str, Section] = {}
     for section in sections:
-        first.setdefault(section_kind(section.name), section)
+        first.setdefault(section.name.rsplit(".", 1)[-1], section)
     if not _ENV_KINDS & first.keys():
         return {}
     plain = {"sections": [{"name": kind, "data": s.data}
                           for kind, s in first.items() if kind in _ENV_KINDS]}
-    return {key: Fact(key, value, _kind_of(key)) for key, value in node_facts(plain).items()}
-
-
-def _kind_of(key: str) -> str:
-    if key.startswith("$"):
-        return ENVIRONMENT
-    return HARDWARE if key in _HARDWARE else VERSION
+    return {key: Fact(key, value, ENVIRONMENT if key.startswith("$") else
+                      HARDWARE if key in _HARDWARE else VERSION)
+            for key, value in node_facts(plain).items()}
 
 
 def _setup_facts(kind: str, data: Mapping[str, Any]) -> dict[str, Fact]:

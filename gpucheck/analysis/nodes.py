@@ -159,10 +159,10 @@ def finding_reasons(node: NodeReport, shadowed: bool = False) -> list[Reason]:
     """The node's own WARN and FAIL findings, each with its action; of a `shadowed`
     report (another file claims the node), its FAILs only, naming the file."""
     reasons = []
-    wanted = ("FAIL",) if shadowed else ("WARN", "FAIL")
+    wanted = (Status.FAIL,) if shadowed else (Status.WARN, Status.FAIL)
     where = f"in {node.report.path} (not the judged report): " if shadowed else ""
     for f in node.report.findings:
-        if f.status.value in wanted:
+        if f.status in wanted:
             reasons.append(Reason(node.node, f.status.value, str(f.action), f.check,
                                   where + f.message, None if f.subject is None else f.subject.label,
                                   node.command, f.hint))

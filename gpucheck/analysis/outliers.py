@@ -50,37 +50,38 @@ class Judged:
     outliers: list[Outlier]
 
 
-def _values(group: Mapping[str, NodeReport]) -> tuple[dict[str, list[float]],
-                                                      dict[str, list[float]]]:
-    by_name: dict[str, list[float]] = {}
-    by_pool: dict[str, list[float]] = {}
-    for node in group.values():
-        for key, metric in node.metrics.items():
-            by_name.setdefault(key, []).append(metric.value)
-            if key != metric.name:  # a GPU slot's figure: its key carries the position
-                by_pool.setdefault(metric.name, []).append(metric.value)
-    return by_name, by_pool
-
-
 def judge_group(command: str, group: Mapping[str, NodeReport], threshold: float,
                 mad_k: float) -> Judged:
-    by_name, by_pool = _values(group)
-    spreads = {name: describe(by_name[name]) for name in sorted(by_name, key=metric_order)}
-    pools = {pool: describe(values) for pool, values in by_pool.items()}
-    found = []
-    bounds = {better: Bound.shortfall(threshold, better) for better in JUDGED}
+    members: dict[str, list[tuple[str, Metric]]] = {}
+    by_pool: dict[str, list[float]] = {}
     for node, report in group.items():
         for key, metric in report.metrics.items():
-            if not judged(metric):
+            members.setdefault(key, []).append((node, metric))
+            if key != metric.name:  # a GPU slot's figure: its key carries the position
+                by_pool.setdefault(metric.name, []).append(metric.value)
+    spreads = {key: describe([m.value for _, m in members[key]])
+               for key in sorted(members, key=metric_order)}
+    pools = {pool: describe(values) for pool, values in by_pool.items()}
+    bounds = {better: Bound.shortfall(threshold, better) for better in JUDGED}
+    found, references = [], {}
+    for key, of_key in members.items():
+        for node, metric in of_key:
+            better = metric.better
+            if better not in JUDGED:
                 continue
-            reference, against = _reference(key, metric, spreads, pools)
-            if reference and outlier(metric.value, reference, bounds[metric.better], mad_k):
+            at = (key, metric.name)
+            if at not in references:
+                references[at] = _reference(key, metric, spreads, pools)
+            reference, against = references[at]
+            value = metric.value
+            if reference is None or (value >= reference.median if better is Better.HIGHER
+                                     else value <= reference.median):
+                continue  # better than the median never is an outlier
+            if outlier(value, reference, bounds[better], mad_k):
                 found.append(Outlier(command, node, metric, reference, against))
     found.sort(key=lambda o: (o.node, o.metric.key()))
-    counts: dict[str, int] = {}
-    for one in found:
-        counts[one.metric.key()] = counts.get(one.metric.key(), 0) + 1
-    rows = [_stats_row(command, name, spread, group, counts.get(name, 0))
+    counts = Counter(o.metric.key() for o in found)
+    rows = [_stats_row(command, name, spread, members[name][0][1], counts.get(name, 0))
             for name, spread in spreads.items()]
     return Judged(rows, found)
 
@@ -96,9 +97,8 @@ def _reference(key: str, metric: Metric, spreads: Mapping[str, Spread],
     return None, ""
 
 
-def _stats_row(command: str, name: str, spread: Spread, group: Mapping[str, NodeReport],
+def _stats_row(command: str, name: str, spread: Spread, sample: Metric,
                outliers: int) -> dict[str, Any]:
-    sample = next(n.metrics[name] for n in group.values() if name in n.metrics)
     return {"command": command, "metric": name, "unit": sample.unit,
             "better": sample.better.value if judged(sample) else "-",
             "nodes": spread.n, "median": significant(spread.median),
