@@ -107,7 +107,11 @@ def peer_findings(check: str, what: str, unit: str, values: Mapping[int, float],
                     f"{peers.ratios[rank]:.2f}x the median of {node.label}'s {len(mine)} "
                     f"ranks ({peers.reference:.4g} {unit})"
                     + (f"; it {causes[rank]}" if causes and rank in causes else ""))
-            look = _peer_look(mine[rank], rank, list(mine), again, bound, unit, names)
+            beside = tuple(names[m].subject for m in mine
+                           if m != rank and again and m in again.values)
+            look = _again_look(mine[rank], again, rank,
+                               again.node_median(list(mine)) if again else None, bound, unit,
+                               beside)
             findings.append(looked(check, text, PEER_HINT, names[rank].subject, look))
     if compared == 0:
         return [skip(check, f"{what}: one rank per node, no peers to compare with")]
@@ -124,16 +128,6 @@ PEER_HINT = ("this GPU is slower than its peers: check its clocks, temperature, 
              "whether another process uses it")
 
 
-def _peer_look(first: float, rank: int, members: Sequence[int], again: Again | None,
-               bound: Bound, unit: str, names: Mapping[int, Named]) -> SecondLook:
-    """A slow rank measured again with its node's ranks at once, against their median."""
-    if again is None:
-        return second_look(first, None, None, (), bound, unit, NO_SECOND)
-    if rank not in again.values:
-        return second_look(first, None, None, (), bound, unit, RANK_NOT_AGAIN)
-    beside = tuple(names[m].subject for m in members if m != rank and m in again.values)
-    return second_look(first, again.values[rank], again.node_median(members), beside,
-                       bound, unit)
 
 
 def expected_findings(check: str, what: str, unit: str, values: Mapping[int, float],
@@ -172,14 +166,14 @@ def expected_findings(check: str, what: str, unit: str, values: Mapping[int, flo
     return findings
 
 
-def _again_look(first: float, again: Again | None, rank: int, reference: float,
-                bound: Bound, unit: str) -> SecondLook:
-    """The rank's second figure against the same reference as the first (the model's
-    typical figure, its link's rate): nothing known good is measured beside it."""
+def _again_look(first: float, again: Again | None, rank: int, reference: float | None,
+                bound: Bound, unit: str, beside: tuple[Subject, ...] = ()) -> SecondLook:
+    """The rank's second figure against `reference`: its node's re-measured median (the
+    ranks measured `beside` it), or the first figure's own (the model's, the link's)."""
     if again is None or rank not in again.values:
         why = NO_SECOND if again is None else RANK_NOT_AGAIN
         return second_look(first, None, None, (), bound, unit, why)
-    return second_look(first, again.values[rank], reference, (), bound, unit)
+    return second_look(first, again.values[rank], reference, beside, bound, unit)
 
 
 def _figure_words(figure: Figure, unit: str) -> str:
