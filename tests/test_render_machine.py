@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpucheck import subject
-from gpucheck.render import format_for, render
+from gpucheck.render import render
 from gpucheck.render.headline import MAX_CHARS
 from gpucheck.render.prometheus import LABELS
 from gpucheck.report import Report, Section, fail, ok, skip, warn
@@ -101,11 +101,6 @@ def test_the_line_of_a_healthy_report_counts_its_checks():
         skip("ib.ports", "no InfiniBand device")])])
     assert render(report, "line") == ("gpucheck health OK: 2 checks OK, 1 skipped: ib.ports: "
                                       "no InfiniBand device\n")
-
-
-def test_a_prom_output_file_picks_the_prometheus_format():
-    assert format_for(None, "/var/lib/node_exporter/textfile/gpucheck.prom") == "prometheus"
-    assert format_for("line", None) == "line"
 
 
 # --- figures: every metric as a gauge in base units, the subject as labels ------------

@@ -62,26 +62,20 @@ def test_json_round_trips_through_the_schema() -> None:
     assert again.to_dict() == report.to_dict()
 
 
-@pytest.mark.parametrize("version", [99, 0, None, "2", True])
-def test_json_from_an_unknown_schema_version_is_refused_by_name(version: object) -> None:
-    raw = sample_report().to_dict()
-    raw["schema_version"] = version
-    with pytest.raises(SchemaVersionError, match="unknown schema_version") as caught:
-        Report.from_dict(raw)
-    assert caught.value.version == version and isinstance(caught.value, ValueError)
-
-
-@pytest.mark.parametrize("version", [1, 2])
-def test_json_of_an_older_schema_is_refused_saying_to_run_the_command_again(
-        version: int) -> None:
-    """Versions 1 and 2 are not read back (issue 25): the error says which and what to do."""
+@pytest.mark.parametrize("version", [99, 0, None, "2", True, 1, 2])
+def test_json_of_an_unknown_or_older_schema_version_is_refused_in_one_line(
+        version: object) -> None:
     raw = sample_report().to_dict()
     raw["schema_version"] = version
     with pytest.raises(SchemaVersionError) as caught:
         Report.from_dict(raw)
-    assert caught.value.version == version
-    assert f"schema_version {version}, written by an older gpucheck" in str(caught.value)
-    assert "run the command again" in str(caught.value) and "\n" not in str(caught.value)
+    said = str(caught.value)
+    assert caught.value.version == version and isinstance(caught.value, ValueError)
+    if type(version) is int and version in (1, 2):  # not read back since issue 25
+        assert f"schema_version {version}, written by an older gpucheck" in said
+        assert "run the command again" in said and "\n" not in said
+    else:
+        assert "unknown schema_version" in said
 
 
 def test_text_aligns_data_renders_tables_and_hints_without_colour() -> None:
@@ -93,10 +87,6 @@ def test_text_aligns_data_renders_tables_and_hints_without_colour() -> None:
     assert re.search(r"^    1\s+H200\s+n/a$", text, re.M)
     assert "HINT (drain-node): drain the node" in text
     assert "HINT (replace-hardware): reseat the card" in text
-
-
-def test_text_colours_only_when_asked() -> None:
-    assert "\033[31;1m" in render(sample_report(), "text", color=True)
 
 
 def test_markdown_puts_verdict_and_problems_first_and_folds_details() -> None:
@@ -116,7 +106,9 @@ def test_markdown_puts_verdict_and_problems_first_and_folds_details() -> None:
 @pytest.mark.parametrize(
     ("requested", "output", "expected"),
     [(None, None, "text"), (None, "r.json", "json"), (None, "r.md", "markdown"),
-     ("json", "r.md", "json"), (None, "r.log", "text")],
+     ("json", "r.md", "json"), (None, "r.log", "text"), (None, "report.html", "html"),
+     (None, "REPORT.HTM", "html"), (None, "/var/lib/textfile/gpucheck.prom", "prometheus"),
+     ("line", None, "line")],
 )
 def test_format_comes_from_the_flag_then_the_extension(requested: str | None,
                                                       output: str | None, expected: str) -> None:
