@@ -85,13 +85,6 @@ def test_registering_a_type_the_gpu_lacks_is_refused_as_nvml_does():
         fake.nvmlDeviceRegisterEvents(handle, XID | 0x2, fake.nvmlEventSetCreate())
 
 
-def test_field_values_answer_per_field_and_unknown_fields_are_not_supported():
-    fake, handle = _started(field_values={270: 5_000})
-    known, unknown = fake.nvmlDeviceGetFieldValues(handle, [270, (269, 0)])
-    assert (known.nvmlReturn, known.valueType, known.value.ullVal) == (0, 3, 5_000)
-    assert unknown.nvmlReturn == fake.module.NVML_ERROR_NOT_SUPPORTED
-
-
 def test_gpus_are_found_by_bus_id_in_either_domain_width():
     fake, _ = _started(bus_id="00000000:9A:00.0")
     assert fake.nvmlDeviceGetIndex(fake.nvmlDeviceGetHandleByPciBusId("0000:9a:00.0")) == 0
