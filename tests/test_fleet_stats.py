@@ -35,35 +35,25 @@ def test_shortfall_is_how_much_worse_in_the_metrics_direction(
     assert shortfall(value, reference, direction) == pytest.approx(expected)
 
 
-def test_below_the_median_by_more_than_the_threshold_is_an_outlier() -> None:
-    spread = describe([100.0, 100.0, 100.0, 85.0])
-    assert is_outlier(85.0, spread, HIGHER, 0.10, 5)
-    assert not is_outlier(91.0, spread, HIGHER, 0.10, 5)
+_TIGHT = [100.0 + d for d in (-0.2, -0.1, 0.0, 0.0, 0.1, 0.2, 0.1, -0.1, 0.0)] * 3
+_FEW = [100.0, 100.1, 99.9, 100.0, 100.1, 99.9, 100.0, 100.1, 99.9, 96.0]
 
 
-def test_better_than_the_median_is_never_an_outlier() -> None:
-    spread = describe([100.0, 101.0, 99.0, 100.0])
-    assert not is_outlier(300.0, spread, HIGHER, 0.10, 5)
-    assert not is_outlier(1.0, spread, LOWER, 0.10, 5)
-    assert is_outlier(300.0, spread, LOWER, 0.10, 5)
-
-
-def test_a_tight_fleet_flags_a_node_several_mads_off_but_not_noise() -> None:
-    fleet = [100.0 + d for d in (-0.2, -0.1, 0.0, 0.0, 0.1, 0.2, 0.1, -0.1, 0.0)] * 3
-    spread = describe([*fleet, 96.0])
-    assert spread.n >= MAD_MIN_VALUES
-    assert is_outlier(96.0, spread, HIGHER, 0.10, 5)  # 4% off, far beyond 5 MADs
-    assert not is_outlier(99.0, describe([*fleet, 99.0]), HIGHER, 0.10, 5)  # under 2%
-
-
-def test_a_few_values_use_only_the_threshold_rule() -> None:
-    few = [100.0, 100.1, 99.9, 100.0, 100.1, 99.9, 100.0, 100.1, 99.9, 96.0]
-    assert len(few) < MAD_MIN_VALUES
-    assert not is_outlier(96.0, describe(few), HIGHER, 0.10, 5)
-
-
-def test_two_values_cannot_name_an_outlier() -> None:
-    assert not is_outlier(10.0, describe([10.0, 100.0]), HIGHER, 0.10, 5)
+@pytest.mark.parametrize(("values", "value", "better", "expected"), [
+    ([100.0, 100.0, 100.0, 85.0], 85.0, HIGHER, True),  # more than 10% below the median
+    ([100.0, 100.0, 100.0, 85.0], 91.0, HIGHER, False),
+    ([100.0, 101.0, 99.0, 100.0], 300.0, HIGHER, False),  # better is never an outlier
+    ([100.0, 101.0, 99.0, 100.0], 1.0, LOWER, False),
+    ([100.0, 101.0, 99.0, 100.0], 300.0, LOWER, True),
+    ([*_TIGHT, 96.0], 96.0, HIGHER, True),  # a tight fleet: 4% off, far beyond 5 MADs
+    ([*_TIGHT, 99.0], 99.0, HIGHER, False),  # beyond 5 MADs but under 2%
+    (_FEW, 96.0, HIGHER, False),  # under MAD_MIN_VALUES values: the threshold rule only
+    ([10.0, 100.0], 10.0, HIGHER, False),  # two values cannot name an outlier
+])
+def test_the_outlier_rules(values: list[float], value: float, better: Better,
+                           expected: bool) -> None:
+    assert len(_TIGHT) + 1 >= MAD_MIN_VALUES > len(_FEW)
+    assert is_outlier(value, describe(values), better, 0.10, 5) is expected
 
 
 def test_trimming_removes_both_sides_until_stable() -> None:
