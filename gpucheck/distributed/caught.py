@@ -1,14 +1,5 @@
-"""Warnings from libraries (torch's FutureWarnings and the like), caught on every rank
-into the report's log instead of printed on stderr, where they tear the progress bar
-and fire stderr alerting under cron or SLURM (`-q` means quiet).
-
-`caught()` wraps a rank's work (gpucheck.distributed.session.process_group); each rank
-leaves what it caught in the job's run directory (a private mkdtemp folder, as the
-progress files), `gather(folder)` reads them back in the launching process, and
-`log_rows()` is what the CLI adds to the report (`log` section). Each distinct
-warning is kept once, with the ranks that raised it, in the list the run keeps them
-in (`RunContext.warnings`).
-"""
+"""Library warnings caught on every rank into the report's `log` section instead of
+stderr (docs/hang.md, "The rank frame"); each kept once, with its ranks."""
 
 from __future__ import annotations
 

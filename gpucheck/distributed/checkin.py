@@ -1,13 +1,6 @@
-"""Who is in the job, and who stopped answering: check-in and roll call on the c10d store.
-
-Before any collective, every rank writes who it is (rank, host, local rank, device, on
-CUDA the physical GPU by NVML index, PCI bus id and UUID, pid, its CPUs and its GPU's NUMA
-node) under its own key of the job's key-value store and waits for the others. A rank
-that never arrives is named by rank, with the node and local rank it should have had.
-After a collective fails, the ranks still running answer a roll call on the same
-store; the ranks that do not answer are the ones that hang (stopped, or stuck on a GPU).
-A store needs no collective to work, so neither step can itself hang on a dead peer.
-"""
+"""Who is in the job and who stopped answering: the check-in before any collective and
+the roll call after a failed one, both on the job's key-value store (no collective,
+so neither can hang on a dead peer)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""`torchrun ... -m gpucheck env` on several nodes: probe each node once, compare them.
-
-Every node's local rank 0 builds the env report (the env command's own builder,
-handed in as a function: dist knows nothing of probes); rank 0 gathers them over a
-gloo group and reports each node's sections and verdicts, plus one WARN per
-difference between nodes that matters (driver, torch/CUDA/cuDNN/NCCL versions, GPU
-model and count, allowlisted environment variables), naming the odd node.
-"""
+"""`gpucheck env` (and `hang`) on several nodes: each node's local rank 0 builds its
+view, rank 0 gathers them over gloo and names the node that differs where it matters."""
 
 from __future__ import annotations
 

@@ -1,29 +1,6 @@
-"""gpucheck's bench and comm run with torch's Flight Recorder armed, so a hang leaves
-evidence that `gpucheck hang --traces DIR` reads (docs/hang.md).
-
-The variables are set only where the user has not set them, before any process
-group exists (the ranks gpucheck starts inherit them; under torchrun or srun the
-process sets them for itself before it joins):
-- TORCH_FR_BUFFER_SIZE: entries kept per rank (torch's own groups keep 2000 by
-  default since 2.6; a torchcomms-backed group keeps none unless it or the older
-  TORCH_NCCL_TRACE_BUFFER_SIZE is set, distributed_c10d.py);
-- TORCH_FR_DUMP_TEMP_FILE (older: TORCH_NCCL_DEBUG_INFO_TEMP_FILE): the dump's
-  path prefix, the rank is appended.
-TORCH_NCCL_DUMP_ON_TIMEOUT=1 (NCCL's watchdog dumps on a timeout) is one of the NCCL
-settings every NCCL group of gpucheck's gets (`gpucheck.distributed.deadline`).
-Besides, every rank whose collective fails writes its own buffer (`dump_after_failure`,
-from the process-group frame) before it answers the roll call and before an NCCL group
-is aborted, so the stuck op still reads scheduled or started (an abort makes NCCL's
-kernels read completed): gloo has no watchdog at all, and on NCCL gpucheck's deadline
-fires before the watchdog. Its file is `<prefix>gpucheck_<rank>` (`own_path`), never
-torch's `<prefix><rank>`, which the watchdog may write at the same time.
-
-The default folder, `<tmp>/gpucheck-fr-<uid>`, is in a place every user can write:
-it is made 0700 and used only while it is a real directory of this user's with no
-access for others (`private_folder`); otherwise the run goes on without dumps and
-says why. gpucheck runs as root: a folder another user made first must never
-receive root's files, nor be read back as root's dumps.
-"""
+"""torch's Flight Recorder armed for bench and comm, and this rank's own dump after a
+failed collective (`<prefix>gpucheck_<rank>`, never torch's file), taken before the
+roll call and any abort so the stuck op still reads started (docs/hang.md)."""
 
 from __future__ import annotations
 

@@ -57,14 +57,10 @@ def resolve_nproc(requested: int | None, default: int, ctx: RunContext) -> int:
 
 def run_job(worker: Callable[[RunContext, S], Any], spec: S, nproc: int,
             master_port: int | None, ctx: RunContext) -> Any:
-    """Run `worker(ctx, spec)` on every rank; the reporting process gets rank 0's return
-    value. A rank in this process gets `ctx`; ranks it starts get a context of their
-    own made from `ctx.options`, which cross into every rank beside the spec.
-
-    Under a launcher with several ranks this process is one of them: it returns
-    its own worker's value (None on ranks that do not report). Otherwise a single
-    rank runs in this process, and several are started with the elastic launcher.
-    """
+    """Run `worker(ctx, spec)` on every rank; this process gets rank 0's value (None on a
+    rank that does not report). Under a launcher with several ranks this process is one
+    of them; otherwise one rank runs here, or several through the elastic launcher, each
+    with a context of its own made from `ctx.options`."""
     world = launched_world(ctx)
     if world is not None or nproc == 1:
         if world is None:  # under torchrun or srun, rank 0's check-in says it
@@ -90,20 +86,11 @@ def run_job(worker: Callable[[RunContext, S], Any], spec: S, nproc: int,
 
 
 class JobFailed(WorkersFailed):
-    """The job ended badly.
-
-    `failures`: the ranks to blame, with their cause: ranks that crashed (exit code or
-    signal), then ranks the survivors found silent (`cause` "did not answer" or "never
-    checked in"); ranks that only failed because another stopped answering are left
-    out (they are in `raw_failures`). So `rank_failure_findings(exc.failures, cmd)`
-    names the culprit.
-    `partial`: what the reporting rank had published before the failure (or None).
-    `diagnoses`: each survivor's view ({rank, missing, expected, step, cause, message}).
-    `roster`: the check-in records ({rank, host, node_rank, local_rank, device, pid, and
-    on CUDA the physical GPU: nvml_index, pci_bus_id, uuid}).
-    `reporter`: whether this process should write the report (False on ranks > 0
-    under torchrun or srun, which should print one line and exit non-zero).
-    """
+    """The job ended badly. `failures`: the ranks to blame, crashed ones first, then the
+    silent (`cause` "did not answer" or "never checked in"); ranks that failed only
+    because another stopped answering are in `raw_failures`. `partial`: what the
+    reporting rank had published; `diagnoses`: each survivor's view; `roster`: the
+    check-in records; `reporter`: whether this process writes the report."""
 
     def __init__(self, failures: list[RankFailure], partial: dict[str, Any] | None,
                  diagnoses: list[dict[str, Any]], roster: list[Any] | None,

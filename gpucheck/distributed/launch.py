@@ -1,10 +1,6 @@
-"""Start local workers through torch's elastic launcher (the machinery behind torchrun).
-
-gpucheck never manages processes itself: `launch_local` hands a picklable worker
-function to `torch.distributed.launcher.api.elastic_launch`, which spawns the
-ranks, rendezvous over c10d on loopback, watches them, stops the others when
-one fails, and returns every rank's return value.
-"""
+"""Start local ranks through torch's elastic launcher (the machinery behind torchrun):
+it spawns them, rendezvous on loopback, stops the others when one fails, and returns
+every rank's value; gpucheck adds its signal handling around it."""
 
 from __future__ import annotations
 

@@ -1,21 +1,6 @@
-"""What a rank has done so far, kept where a failure cannot take it away.
-
-Workers call `set_step` before each phase (so a failure says where it happened) and
-`publish_partial` on the reporting rank whenever a result is complete; both keep it
-on the rank's RunContext (`ctx.progress`). When the job has a run directory (made by
-`run_job` for the ranks it starts, or named by the user with GPUCHECK_RUN_DIR to keep
-it: `ctx.options.run_dir`, read once by the CLI), partial results, the roster from
-the check-in and each survivor's diagnosis are also written there atomically, so the
-launching process can still report them after the agent has stopped every worker.
-Without a run directory they stay in this process, for the reporting rank under
-torchrun or srun.
-
-gpucheck runs as root, so a run directory the user names follows the state dir's
-rules (`checked_run_dir`): this user's alone, on a path no other user can change;
-its files are written by `gpucheck.output.write_atomic` and read only when they are
-regular files, never through a link, up to a cap (a FIFO or a link to /dev/zero
-planted there must neither hold nor crash the run).
-"""
+"""What a rank has done so far (its step, the reporting rank's partial results, the
+survivors' diagnoses), kept on its context and, with a run directory, in files the
+launching process reads after a failure (docs/hang.md, "The rank frame")."""
 
 from __future__ import annotations
 

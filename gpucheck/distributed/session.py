@@ -1,17 +1,6 @@
-"""The per-rank frame: check in, join the process group with a timeout, leave cleanly,
-and when a collective fails, name the ranks that stopped answering.
-
-Hang safety lives here so every command that uses `process_group` gets it:
-- the job's key-value store is opened first and every rank checks in on it
-  (`gpucheck.distributed.checkin`), so a rank that never starts is named, not waited for;
-- `timeout_s` bounds every collective: gloo's own timeout, and on NCCL gpucheck's own
-  deadline on each host wait, NCCL's watchdog kept as the backstop
-  (`gpucheck.distributed.deadline`), so a rank that stops answering ends the run;
-- when a collective fails, each surviving rank dumps its Flight Recorder, answers a
-  roll call on the store, aborts a failed NCCL group (never destroys it) and raises
-  `RanksUnresponsive` naming the ranks that did not answer; after an abort the
-  process ends through os._exit once its report is written (`deadline.exit_after_abort`).
-"""
+"""The per-rank frame: check in, join the process group under the command's timeout,
+leave cleanly, and when a collective fails dump, hold the roll call, abort a failed
+NCCL group and name the ranks that stopped answering (docs/hang.md, "The rank frame")."""
 
 from __future__ import annotations
 
@@ -66,17 +55,11 @@ def gpu_identity(ctx: RunContext) -> GpuIdentity | None:
 
 
 def barrier(wait_s: float, group: Any = None) -> None:
-    """A barrier of the job's group (or `group`) that names this rank's GPU to NCCL; on
-    NCCL the host polls it for at most `wait_s` (`deadline.settle`), gloo's own timeout
-    bounds it.
-
-    Without `device_ids`, NCCL's barrier guesses the device from the current
-    context and warns ("barrier(): using the device under current context") on
-    every run. The rank's GPU is the current CUDA device: `bind_device` set it (the
-    world's `device_index`). Binding the device in `init_process_group(device_id=...)`
-    would mute it too, but makes NCCL run point-to-point ops on the world communicator
-    instead of a 2-rank one per pair, which changes what comm's pair matrix measures.
-    """
+    """A barrier of the job's group (or `group`); on NCCL with the rank's device named
+    (else NCCL warns on every run) and polled for at most `wait_s` (`deadline.settle`).
+    The device is not bound in `init_process_group(device_id=...)`: NCCL would then run
+    point-to-point ops on the world communicator, not one per pair, and change comm's
+    pair matrix."""
     import torch
     import torch.distributed as dist
 
@@ -152,16 +135,10 @@ def store_on_rank0(world: World) -> bool:
 def bind_device(device: str, world: World,
                 peers: Callable[[list[str]], dict[int, list[str]]] | None = None,
                 torch: Any = None) -> World:
-    """Choose and set this rank's GPU; the world with its `device_index` (None on CPU).
-
-    The one place a local rank becomes a device index: every later use (set_device,
-    barriers, memory statistics, the GPU's identity) reads `world.device_index`.
-    Under torchrun local rank k sees every GPU and uses cuda:k; under
-    `srun --gpus-per-task=1` it sees only its own, cuda:0; under `--gpu-bind=closest`
-    it sees its socket's GPUs and takes its place among the local ranks that see the
-    same ones (`peers(visible)`: the first half of the check-in, which every rank
-    joins).
-    """
+    """Choose and set this rank's GPU; the world with its `device_index` (None on CPU),
+    the one place a local rank becomes a device index. torchrun: local rank k sees every
+    GPU and uses cuda:k; `srun --gpus-per-task=1`: cuda:0; `--gpu-bind=closest`: its
+    place among the local ranks that see the same GPUs (`peers`, the check-in's first half)."""
     if device != "cuda":
         return world
     if torch is None:
@@ -197,17 +174,10 @@ def _identify(world: World, nvml: Any | None = None) -> GpuIdentity | None:
 @contextmanager
 def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool = True,
                   *, ctx: RunContext) -> Iterator[World]:
-    """Check in, join the job's process group (or a private one-rank group) for the block.
-
-    The world it yields carries this rank's `device_index` on CUDA. `timeout_s`
-    bounds the check-in and every collective. A failed collective leaves as
-    `RanksUnresponsive` naming the ranks that did not answer. With `fault_watch`
-    the rank's GPU is watched for hardware faults for the whole block
-    (`gpucheck.distributed.faultwatch`: the worker marks its timed window and gathers,
-    on `ctx.session.faults`). `ctx`: this rank's world (`ctx.launcher_env`), its
-    command's namespace on the job's store (`ctx.scope`), where the roster, store and
-    GPU are kept (`ctx.session`).
-    """
+    """Check in and join the job's process group (a private one-rank group alone) for the
+    block; the world it yields has this rank's `device_index` on CUDA. `timeout_s` bounds
+    the check-in and every collective; a failed one leaves as `RanksUnresponsive`. With
+    `fault_watch` the rank's GPU is watched for the block (`ctx.session.faults`)."""
     import torch.distributed as dist
 
     world = world_of(ctx) or SINGLE
