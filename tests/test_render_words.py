@@ -57,24 +57,11 @@ def test_every_renderer_words_the_look_and_shows_the_plain_hint(form: str) -> No
 
 
 def test_the_hint_is_plain_advice_whatever_its_words() -> None:
-    """No prefix is parsed: a hint that looks like one stays as written and decides
-    nothing."""
+    # No prefix is parsed: a hint that looks like one stays as written, deciding nothing.
     plain = warn("gpu.busy", "m", "wait")
     assert hint_words(plain) == "wait" and message_words(plain) == "m"
     worded = warn("bench.rank.straggler", "m", "action: drain-node: look", cause="host_stall")
     assert hint_words(worded) == "action: drain-node: look" and worded.action == "fix-config"
-
-
-def test_prometheus_and_line_read_the_fields_of_structured_subjects() -> None:
-    gpu = subject.gpu(3, "the third card", bus_id="00000000:9A:00.0")
-    port = subject.port("mlx5_0/1", "left rail")
-    report = Report("health", [Section("s", "S", findings=[
-        warn("gpu.pcie.width", "x8 of x16", "reseat", gpu),
-        warn("ib.port.rate", "HDR of NDR", "reseat", port)])], host="n1")
-    metrics = render(report, "prometheus")
-    assert 'subject="the third card",gpu="3",hca="",port=""' in metrics
-    assert 'subject="left rail",gpu="",hca="mlx5_0",port="1"' in metrics
-    assert "GPU 3 (bus 00000000:9A:00.0): gpu.pcie.width" in render(report, "line")
 
 
 def test_an_ok_that_kept_an_unstable_look_asks_for_nothing() -> None:

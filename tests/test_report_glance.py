@@ -227,19 +227,6 @@ def test_collect_env_runs_only_for_markdown_and_html(argv: list[str], wanted: bo
     assert wants_collect_env(build_parser(argv).parse_args(argv)) is wanted
 
 
-def test_comm_quiet_prints_nothing_on_stderr(tmp_path: Path) -> None:
-    """A real 2-rank comm run: whatever a library warns lands in the `log`, not stderr."""
-    out = tmp_path / "comm.json"
-    proc = subprocess.run([sys.executable, "-m", "gpucheck", "comm", "--max-bytes", "8K",
-                           "--iters", "2", "--no-fault-watch", "-q", "-o", str(out)],
-                          capture_output=True, text=True, timeout=300, check=False, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "Warning" not in proc.stderr
-    report = json.loads(out.read_text())
-    for row in (s for s in report["sections"] if s["name"] == "log"):
-        assert all(w["category"].endswith("Warning") for w in row["data"]["warnings"])
-
-
 @pytest.mark.parametrize(("outputs", "wanted"), [([], False), (["node.json"], False),
                                                  (["node.json", "ticket.md"], True)])
 def test_all_with_a_markdown_output_asks_env_for_collect_env(outputs: list[str],

@@ -1,11 +1,6 @@
-"""Every finding's subject is a gpucheck.subject.Subject made by its constructors
-(issue 25, "metrics as data"): JSON carries the rank, GPU, node or port as fields, and
-no renderer reads them back from the words.
-
-Read by ast over gpucheck/: no `subject=` keyword, and no positional subject of
-ok/skip/warn/fail/Finding, is a string literal or an f-string (mypy --strict rejects a
-plain str through the types; this catches one that arrives typed Any).
-"""
+"""Every finding's subject is a gpucheck.subject.Subject (issue 25): JSON carries the rank,
+GPU, node or port as fields, and no renderer reads them back from the words. An ast scan
+finds text given as a subject (mypy rejects a plain str; this catches one typed Any)."""
 
 from __future__ import annotations
 
@@ -44,19 +39,18 @@ def _is_text(node: ast.expr) -> bool:
     return isinstance(node, ast.BinOp) and (_is_text(node.left) or _is_text(node.right))
 
 
+def _gives_text(call: ast.Call) -> bool:
+    given = [k.value for k in call.keywords if k.arg == "subject"]
+    name = getattr(call.func, "id", getattr(call.func, "attr", None))
+    if name in POSITION and len(call.args) > POSITION[name]:
+        given.append(call.args[POSITION[name]])
+    return any(_is_text(g) for g in given)
+
+
 def _text_subjects() -> list[str]:
-    found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if not isinstance(node, ast.Call):
-                continue
-            given = [k.value for k in node.keywords if k.arg == "subject"]
-            name = getattr(node.func, "id", getattr(node.func, "attr", None))
-            if name in POSITION and len(node.args) > POSITION[name]:
-                given.append(node.args[POSITION[name]])
-            found += [f"{path.relative_to(PACKAGE)}:{node.lineno}" for g in given
-                      if _is_text(g)]
-    return found
+    return [f"{path.relative_to(PACKAGE)}:{node.lineno}" for path in sorted(PACKAGE.rglob("*.py"))
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+            if isinstance(node, ast.Call) and _gives_text(node)]
 
 
 def test_no_finding_site_gives_its_subject_as_text() -> None:
@@ -66,12 +60,7 @@ def test_no_finding_site_gives_its_subject_as_text() -> None:
 def test_the_scan_sees_a_text_subject_in_each_form() -> None:
     for source in ('warn("c", "m", "h", subject=f"rank {r}")', 'skip("c", "m", "GPU 1")',
                    'fail("c", "m", "h", "rank " + str(r))', 'x(subject="a")'):
-        call = ast.parse(source).body[0].value  # type: ignore[attr-defined]
-        given = [k.value for k in call.keywords if k.arg == "subject"]
-        name = call.func.id
-        if name in POSITION and len(call.args) > POSITION[name]:
-            given.append(call.args[POSITION[name]])
-        assert any(_is_text(g) for g in given), source
+        assert _gives_text(ast.parse(source).body[0].value), source  # type: ignore[attr-defined]
 
 
 def test_a_plain_string_subject_is_refused_at_once() -> None:
@@ -123,13 +112,14 @@ def test_a_capped_gpu_and_a_failed_allocation_name_their_rank() -> None:
 
 
 def test_the_line_and_prometheus_read_fields_never_words() -> None:
-    """A GPU subject is shortened and labelled from its fields; words that look like a
-    GPU's, on a subject that is only a name, are left alone."""
     gpu = subject.gpu(3, "GPU 3 (H200, bus 0000:48:00.0, GPU-1)", bus_id="0000:48:00.0")
     words = subject.text("GPU 7 (H200, bus 0000:99:00.0)")
     assert "GPU 3 (bus 0000:48:00.0): " in render(
         Report("health", [Section("s", "S", findings=[fail("gpu.query", "m", "h", gpu)])]),
         "line")
+    rail = Report("health", [Section("s", "S", findings=[
+        warn("ib.port.rate", "HDR", "reseat", subject.port("mlx5_0/1", "left rail"))])])
+    assert 'subject="left rail",gpu="",hca="mlx5_0",port="1"' in render(rail, "prometheus")
     report = Report("health", [Section("s", "S", findings=[fail("gpu.query", "m", "h", words)])])
     assert "GPU 7 (H200, bus 0000:99:00.0): " in render(report, "line")
     assert 'gpu=""' in render(report, "prometheus")
