@@ -1,6 +1,5 @@
-"""Each command's canned result gives today's metric keys and values (the keys
-baselines were saved with), as data beside its sections: producers read the worker's
-result and records, never the report's display tables."""
+"""Each command's canned result gives today's metric keys and values (the keys baselines
+were saved with), from the worker's result and records, never the display tables."""
 
 from __future__ import annotations
 
@@ -66,8 +65,14 @@ def values(report: Report) -> dict[str, float]:
     return {key: m.value for key, m in metrics_of(report).items()}
 
 
-def test_stress_gives_each_phases_figures_per_rank_and_pair() -> None:
-    report = Report("stress", stress_sections(stress_result(), StressBounds(0.9, 0.8, 0.6)))
+def test_stress_gives_each_phases_figures_per_rank_and_pair_in_that_phases_section() -> None:
+    sections = stress_sections(stress_result(), StressBounds(0.9, 0.8, 0.6))
+    for section in sections:
+        assert all(m.name.split(".")[1] == section.name for m in section.metrics)
+    report = Report("stress", sections)
+    assert metrics_of(Report.from_dict(json.loads(json.dumps(report.to_dict())))) == \
+        metrics_of(report)  # and they travel through the report's JSON
+    assert sum(len(s.metrics) for s in sections) == len(metrics_of(report))  # none twice
     assert values(report) == {
         "stress.gemm.bf16.tflops.rank0": 600.0, "stress.gemm.bf16.tflops.rank1": 590.0,
         "stress.gemm.fp32.tflops.rank0": 50.0, "stress.gemm.fp32.tflops.rank1": 40.0,
@@ -88,13 +93,6 @@ def test_stress_gives_each_phases_figures_per_rank_and_pair() -> None:
     pair = metrics["stress.p2p.gbps.cuda0_to_cuda1"].subject
     assert pair is not None and (pair.kind, pair.gpu, pair.peer, pair.node) == (
         Kind.PAIR, 0, 1, 0)
-
-
-def test_each_metric_sits_in_its_phases_section() -> None:
-    sections = stress_sections(stress_result(), StressBounds(0.9, 0.8, 0.6))
-    for section in sections:
-        assert all(m.name.split(".")[1] == section.name for m in section.metrics)
-    assert sum(len(s.metrics) for s in sections) == 18
 
 
 def test_a_phase_that_did_not_finish_gives_no_metrics() -> None:
@@ -185,12 +183,6 @@ def test_env_gives_each_gpus_figures_and_the_systems() -> None:
     assert len(sections[3].metrics) == 3  # a gathered node's GPUs carry theirs too
 
 
-def test_metrics_travel_through_the_reports_json() -> None:
-    report = Report("stress", stress_sections(stress_result(), StressBounds(0.9, 0.8, 0.6)))
-    again = json.loads(json.dumps(report.to_dict()))
-    assert metrics_of(Report.from_dict(again)) == metrics_of(report)
-
-
 def _imports_re(path: Path) -> bool:
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
@@ -202,8 +194,7 @@ def _imports_re(path: Path) -> bool:
 
 
 def test_no_regex_in_the_report_readers() -> None:
-    """compare, fleet, baselines and the chart rules read metrics and subject fields,
-    never a pattern over rendered words."""
+    # compare, fleet, baselines and the chart rules read fields, never rendered words.
     readers = [*sorted((ROOT / "gpucheck" / "analysis").glob("*.py")),
                ROOT / "gpucheck" / "render" / "chart_find.py"]
     assert readers and [p.name for p in readers if _imports_re(p)] == []

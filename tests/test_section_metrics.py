@@ -20,14 +20,10 @@ def test_section_metrics_round_trip_through_json() -> None:
     assert back.sections[0].metrics[0].key() == "stress.gemm.bf16.tflops.rank3"
 
 
-def test_section_without_metrics_reads_as_none() -> None:
+def test_no_metrics_read_as_none_and_metrics_not_a_list_are_a_shape_error() -> None:
     raw = Report("env", [Section("system", "System")]).to_dict()
     del raw["sections"][0]["metrics"]
     assert Report.from_dict(raw).sections[0].metrics == []
-
-
-def test_metrics_that_are_not_a_list_are_a_shape_error() -> None:
-    raw = Report("env", [Section("system", "System")]).to_dict()
     raw["sections"][0]["metrics"] = {"name": "x"}
     with pytest.raises(ReportShapeError):
         Report.from_dict(raw)

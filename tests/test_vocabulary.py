@@ -14,34 +14,29 @@ from gpucheck.subject import Kind, Subject
 from gpucheck.units import fmt_bytes, human_bytes
 
 
-def test_fraction_bound_is_the_same_rule_both_ways() -> None:
-    higher = Bound.fraction(0.8, Better.HIGHER)
-    assert higher.worse(79, 100) and not higher.worse(80, 100) and not higher.worse(120, 100)
-    lower = Bound.fraction(0.8, Better.LOWER)
-    assert lower.limit == pytest.approx(1.25)
-    assert lower.worse(126, 100) and not lower.worse(125, 100) and not lower.worse(50, 100)
+@pytest.mark.parametrize(("bound", "value", "reference", "worse"), [
+    (Bound.fraction(0.8, Better.HIGHER), 79, 100, True),
+    (Bound.fraction(0.8, Better.HIGHER), 80, 100, False),
+    (Bound.fraction(0.8, Better.HIGHER), 120, 100, False),
+    (Bound.fraction(0.8, Better.LOWER), 126, 100, True),  # the same rule: limit 1 / 0.8
+    (Bound.fraction(0.8, Better.LOWER), 125, 100, False),
+    (Bound.fraction(0.8, Better.LOWER), 50, 100, False),
+    (Bound.shortfall(0.1, Better.LOWER), 1.11, 1.0, True),
+    (Bound.shortfall(0.1, Better.LOWER), 1.09, 1.0, False),
+    (Bound.shortfall(0.1, Better.HIGHER), 0.89, 1.0, True),
+    (Bound.fraction(0.5, Better.HIGHER), 0.0, 0.0, False),  # no reference: never worse
+    (Bound.fraction(0.5, Better.HIGHER), -1.0, 0.0, False)])
+def test_a_bound_judges_both_ways(bound: Bound, value: float, reference: float,
+                                  worse: bool) -> None:
+    assert bound.worse(value, reference) is worse
 
 
-def test_shortfall_bound() -> None:
-    assert Bound.shortfall(0.1, Better.LOWER).worse(1.11, 1.0)
-    assert not Bound.shortfall(0.1, Better.LOWER).worse(1.09, 1.0)
-    assert Bound.shortfall(0.1, Better.HIGHER).worse(0.89, 1.0)
-
-
-def test_no_reference_is_never_worse() -> None:
-    bound = Bound.fraction(0.5, Better.HIGHER)
-    assert not bound.worse(0.0, 0.0) and not bound.worse(-1.0, 0.0)
-
-
-@pytest.mark.parametrize("bad", [0.0, -0.5, 1.5])
-def test_fraction_out_of_range_is_refused(bad: float) -> None:
+@pytest.mark.parametrize(("fraction", "better"), [
+    (0.0, Better.HIGHER), (-0.5, Better.HIGHER), (1.5, Better.HIGHER), (1.0, Better.INFO)])
+def test_a_fraction_out_of_range_or_an_info_figure_has_no_bound(fraction: float,
+                                                                 better: Better) -> None:
     with pytest.raises(ValueError):
-        Bound.fraction(bad, Better.HIGHER)
-
-
-def test_info_figures_have_no_bound() -> None:
-    with pytest.raises(ValueError):
-        Bound(1.0, Better.INFO)
+        Bound.fraction(fraction, better) if better is Better.HIGHER else Bound(fraction, better)
 
 
 def _look(state: LookState = LookState.CONFIRMED, again: float | None = 41.0) -> SecondLook:
@@ -99,14 +94,6 @@ def test_damaged_subjects_are_refused(raw: object) -> None:
 def test_units() -> None:
     assert human_bytes(64 << 20) == "64 MiB" and human_bytes(1536) == "1536 B"
     assert fmt_bytes(3 << 29) == "1.5 GiB"
-    from gpucheck.comm.report import human_bytes as old
-    from gpucheck.render.words import fmt_bytes as old_fmt
-    assert old is human_bytes and old_fmt is fmt_bytes
-
-
-def test_status_moved_beside_action_and_is_re_exported() -> None:
-    from gpucheck.report import Status as Old
-    assert Old is Status and Status.FAIL.severity > Status.WARN.severity
 
 
 _SLOW = Check("comm.pairwise.slow_pair", "send/recv per pair", both(Action.RERUN),
