@@ -1,7 +1,6 @@
-"""The HTML charts agree with the verdicts: a bar is red exactly where the section's
-own threshold (kept in its data) or its findings flag the rank, the baseline's floor
-is drawn when the report was judged against a baseline, comm's size axis is
-logarithmic and the fleet chart's node names stay inside the figure."""
+"""The HTML charts agree with the verdicts: a bar is red exactly where the section's own
+threshold or its findings flag the rank, a baseline's floor is drawn where one judged,
+comm's size axis is logarithmic, the fleet chart's node names stay inside the figure."""
 
 from __future__ import annotations
 
@@ -56,15 +55,13 @@ def gemm_chart(report: Report) -> BarSpec:
 
 def drawn(spec: Any) -> Any:
     """The matplotlib Figure the chart is drawn as (the same code the page uses)."""
+    from matplotlib.figure import Figure
+
     from gpucheck.render import charts
 
-    figure = charts._draw_bars(spec) if isinstance(spec, BarSpec) else None
-    if isinstance(spec, LineSpec):
-        from matplotlib.figure import Figure
-
-        figure = charts._draw_lines(Figure(), spec)
-    elif isinstance(spec, RangeSpec):
-        figure = charts._draw_ranges(spec)
+    figure = (charts._draw_bars(spec) if isinstance(spec, BarSpec) else
+              charts._draw_lines(Figure(), spec) if isinstance(spec, LineSpec) else
+              charts._draw_ranges(spec))
     figure.savefig(io.StringIO(), format="svg")  # lays the figure out, as the page does
     return figure
 
@@ -149,8 +146,12 @@ def with_baseline(report: Report, limits: dict[str, float]) -> Report:
     return report
 
 
-def test_a_bench_under_a_baseline_draws_each_ranks_floor() -> None:
+def test_a_bench_under_a_baseline_draws_each_ranks_floor_and_none_without() -> None:
     report = sample("bench_slow")
+    spec = next(s for s in find_charts(report) if isinstance(s, BarSpec))
+    assert not any(spec.baseline.values())
+    legend = [t.get_text() for t in drawn(spec).axes[0].get_legend().get_texts()]
+    assert "baseline floor (--baseline)" not in legend
     ranks = report.section("timing").data["ranks"]
     floors = {f"bench.images_per_s.rank{r['rank']}": r["images_per_s"] * 1.2 for r in ranks}
     with_baseline(report, floors)
@@ -160,13 +161,6 @@ def test_a_bench_under_a_baseline_draws_each_ranks_floor() -> None:
         r["images_per_s"] * 1.2) for r in ranks}
     legend = [t.get_text() for t in drawn(spec).axes[0].get_legend().get_texts()]
     assert "baseline floor (--baseline)" in legend
-
-
-def test_without_a_baseline_no_floor_is_drawn() -> None:
-    spec = next(s for s in find_charts(sample("bench_slow")) if isinstance(s, BarSpec))
-    assert not any(spec.baseline.values())
-    legend = [t.get_text() for t in drawn(spec).axes[0].get_legend().get_texts()]
-    assert "baseline floor (--baseline)" not in legend
 
 
 def test_comm_draws_the_baseline_floor_over_message_size_on_a_log_axis() -> None:
