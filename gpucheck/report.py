@@ -325,7 +325,9 @@ class Report:
     @classmethod
     def _from_checked(cls, raw: dict[str, JsonValue]) -> Report:
         for key in ("command", "host", "created_at", "tool_version", "scope"):
-            _require_text(raw, key, optional=key != "command")
+            value = raw.get(key)
+            if not isinstance(value, str) and not (key != "command" and value is None):
+                raise TypeError(f"{key!r} is {type(value).__name__}, not a string")
         argv = raw.get("argv") or []
         if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
             raise TypeError("'argv' is not a list of strings")
@@ -352,13 +354,6 @@ class ReportShapeError(ValueError):
 
 def _said(exc: Exception) -> str:
     return f"no {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
-
-
-def _require_text(raw: dict[str, JsonValue], key: str, optional: bool = True) -> None:
-    """TypeError unless raw[key] is a string (or, when optional, null or missing)."""
-    value = raw.get(key)
-    if not isinstance(value, str) and not (optional and value is None):
-        raise TypeError(f"{key!r} is {type(value).__name__}, not a string")
 
 
 def worst(statuses: Iterable[Status]) -> Status:

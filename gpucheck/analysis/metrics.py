@@ -53,11 +53,6 @@ def judged(metric: Metric) -> bool:
     return metric.better in JUDGED
 
 
-def section_kind(name: Any) -> str:
-    """`timing` for "timing" and for a combined report's "bench.timing"."""
-    return str(name or "").rsplit(".", 1)[-1]
-
-
 def rows(value: Any) -> list[Mapping[str, Any]]:
     """The dict rows of a table (a list), skipping anything else."""
     # isinstance(r, dict), not Mapping: JSON gives dicts, and the ABC check is what

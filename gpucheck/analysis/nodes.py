@@ -175,15 +175,12 @@ _FUTURE_HINT = ("check the node's clock (timedatectl; chrony or ntpd) or where t
                 "came from: a date ahead of now makes it win over the node's real reports")
 
 
-def _described(report: LoadedReport) -> str:
-    return f"{report.path} ({report.verdict}, {report.created_at or 'no date'})"
-
-
 def duplicate_finding(dup: Duplicate) -> tuple[Finding, Reason]:
     """FAIL when a file that is not judged has a FAIL (it must not vanish), else WARN."""
     judged = dup.reports[-1]
     hidden_fail = any(r.verdict == "FAIL" for r in dup.reports[:-1])
-    files = "; ".join(_described(r) for r in dup.reports)
+    files = "; ".join(f"{r.path} ({r.verdict}, {r.created_at or 'no date'})"
+                      for r in dup.reports)
     message = (f"{len(dup.reports)} {dup.command} reports claim host {dup.node}: {files}; "
                f"only the newest ({judged.path}) is judged")
     if hidden_fail:
