@@ -12,7 +12,6 @@ from gpucheck.distributed.job import JobFailed, resolve_nproc, run_job
 from gpucheck.distributed.launch import (
     WorkersFailed,
     _launch_config,
-    check_port_free,
     launch_local,
 )
 from gpucheck.distributed.world import World, agent_serves_store, world_from_env
@@ -51,16 +50,6 @@ def test_an_object_collective_a_rank_never_joins_ends_at_its_groups_deadline() -
     assert [f.rank for f in silent] == [1], caught.value.failures
     assert "all_gather of the test's objects" in silent[0].message
     assert "2000" in silent[0].message and "120000" not in silent[0].message
-
-
-def test_port_in_use_is_a_usage_error() -> None:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        with pytest.raises(UsageError, match="in use"):
-            check_port_free(sock.getsockname()[1])
 
 
 def test_world_from_env_reads_torchrun_variables() -> None:

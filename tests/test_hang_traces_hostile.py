@@ -120,20 +120,6 @@ def test_records_that_are_not_records_are_skipped_and_counted(tmp_path: Path) ->
     assert [f.check for f in section.findings] == ["hang.traces.agree"]
 
 
-@pytest.mark.parametrize("ranks", [[[0], [1]], [{"a": 1}], "[[0], [1]]", "__import__('os')",
-                                   "[" * 100_000, 12, None])
-def test_odd_ranks_in_pg_config_give_a_verdict(tmp_path: Path, ranks: Any) -> None:
-    write(tmp_path, {r: dump([entry(1), entry(2)], ranks=ranks) for r in range(3)})
-    assert problems(tmp_path) == [("hang.traces.agree", "OK", None)]
-
-
-def test_a_list_for_pg_config_gives_a_verdict(tmp_path: Path) -> None:
-    raw = {r: {"version": "2.10", "entries": [entry(1)], "pg_config": [["0", "[0, 1]"]]}
-           for r in range(3)}
-    write(tmp_path, raw)
-    assert problems(tmp_path) == [("hang.traces.agree", "OK", None)]
-
-
 def test_sequence_ids_far_apart_are_judged_without_counting_between(tmp_path: Path) -> None:
     write(tmp_path, {0: dump([entry(1), entry(10**12)]), 1: dump([entry(1), entry(10**12)]),
                      2: dump([entry(1)])})

@@ -59,13 +59,6 @@ def test_an_op_that_completes_returns_without_reaching_the_deadline() -> None:
     assert clock.now - 1000.0 < 3.0
 
 
-def test_an_end_mark_never_reached_ends_at_the_deadline_too() -> None:
-    clock = FakeClock()
-    with pytest.raises(deadline.DeadlinePassed):
-        deadline.settle([], 1.0, "the end mark", done=lambda: False, clock=clock,
-                        sleep=clock.sleep)
-
-
 def test_a_timed_batch_with_a_silent_peer_raises_after_its_end_mark() -> None:
     marks: list[str] = []
 

@@ -235,8 +235,3 @@ def test_main_gives_back_the_sigterm_handler_it_installed() -> None:
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-@pytest.mark.parametrize("value", ["-3", "0", "nan"])
-def test_a_non_positive_comm_baseline_is_a_usage_error(
-        capsys: pytest.CaptureFixture[str], value: str) -> None:
-    assert main(["comm", "--baseline-busbw", value]) == 2
-    assert "--baseline-busbw" in one_line(capsys.readouterr().err, "comm")
