@@ -1,5 +1,7 @@
-"""comm and stress run their job through `gpucheck.commands.launch`: the result,
-a failure carrying rank 0's results, a launcher failure, and the other ranks' None."""
+"""bench, comm and stress run their job through `gpucheck.commands.launch`: the result,
+a launcher failure, the other ranks' None; a failed job as a report, without processes
+(`gpucheck.distributed.job.failed_job_report`): the culprit named, what was measured
+before kept, one line elsewhere."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ from gpucheck.commands import launch
 from gpucheck.commands.launch import LaunchPlan
 from gpucheck.context import RunContext
 from gpucheck.distributed import job
-from gpucheck.distributed.job import JobFailed
+from gpucheck.distributed.job import JobFailed, failed_job_report
 from gpucheck.distributed.launch import RankFailure, WorkersFailed
-from gpucheck.report import Report, Section
+from gpucheck.report import Report, Section, Status, ok
 
 CRASH = RankFailure(rank=1, local_rank=1, exitcode=1, signal=None,
                     message="RuntimeError: simulated device fault")
@@ -45,16 +47,44 @@ def test_the_ranks_that_do_not_report_get_none(monkeypatch: pytest.MonkeyPatch) 
     assert run_with(monkeypatch, None) is None
 
 
-def test_a_failed_job_keeps_rank_zeros_results_and_names_the_rank(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    report = run_with(monkeypatch, JobFailed([CRASH], {"tflops": 1.0}, [], None,
-                                             reporter=True))
-    assert report is not None and [s.name for s in report.sections] == ["gemm", "failure"]
-    assert report.sections[1].findings[0].subject.label == "rank 1"
-
-
 def test_a_launcher_failure_is_a_report_naming_the_rank(
         monkeypatch: pytest.MonkeyPatch) -> None:
     report = run_with(monkeypatch, WorkersFailed([CRASH]))
     assert report is not None and [s.name for s in report.sections] == ["failure"]
     assert report.sections[0].data["results_above"] == "none"
+
+
+def measured(partial: dict[str, Any]) -> Report:
+    report = Report(command="stress")
+    report.add(Section("gemm", "GEMM", dict(partial), [ok("stress.gemm.peers", "fine")]))
+    return report
+
+
+def test_the_reporter_keeps_what_was_measured_and_names_the_failed_rank() -> None:
+    exc = JobFailed([CRASH], {"tflops": 1.0}, [], None, reporter=True)
+    report = failed_job_report("stress", exc, measured, quiet_stdout=False)
+    assert [s.name for s in report.sections] == ["gemm", "failure"]
+    failure = report.sections[-1]
+    assert failure.data["results_above"] == "partial: measured before the failure"
+    assert [(f.check, f.status, f.subject.label) for f in failure.findings] == [
+        ("stress.rank_failed", Status.FAIL, "rank 1")]
+    assert "simulated device fault" in failure.findings[0].message
+
+
+def test_without_results_the_failure_is_the_whole_report(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    exc = JobFailed([CRASH], None, [], None, reporter=True)
+    report = failed_job_report("comm", exc, measured, quiet_stdout=True)
+    assert report.command == "comm" and [s.name for s in report.sections] == ["failure"]
+    assert report.sections[0].data["results_above"] == "none"
+    assert capsys.readouterr().err.startswith("gpucheck comm: FAIL: rank 1")
+
+
+def test_a_rank_that_does_not_report_says_one_line_and_exits_1(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    exc = JobFailed([CRASH], None, [], None, reporter=False)
+    with pytest.raises(SystemExit) as stop:
+        failed_job_report("comm", exc, measured, quiet_stdout=False)
+    assert stop.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpucheck comm: rank 1")
