@@ -145,13 +145,6 @@ def test_local_ignores_the_launcher_variables(
     assert env["data"]["variables"]["SLURM_NTASKS"] == "2"
 
 
-def test_local_gives_the_commands_an_environment_without_the_launchers_rank() -> None:
-    given = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "SLURM_PROCID": "3",
-             "SLURM_NTASKS": "8", "MASTER_ADDR": "node0", "PATH": "/bin"}
-    assert all_cmd.without_launcher(given) == {"SLURM_NTASKS": "8", "MASTER_ADDR": "node0",
-                                               "PATH": "/bin"}
-
-
 def test_each_command_checks_in_on_its_own_part_of_the_job_store() -> None:
     import torch.distributed as dist
 
