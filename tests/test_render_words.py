@@ -18,19 +18,16 @@ def _look(state: LookState, again: float | None = 41.0, **more: object) -> Secon
                       **more)  # type: ignore[arg-type]
 
 
-def test_a_confirmed_look_names_the_second_figure_its_peers_and_the_reference() -> None:
-    assert look_words(_look(LookState.CONFIRMED)) == (
-        "confirmed: measured again at 41 GB/s beside rank 2 -> rank 5 (reference 80 GB/s)")
-
-
-def test_an_unstable_look_gives_the_one_unstable_advice() -> None:
-    words = look_words(_look(LookState.UNSTABLE, 79.0))
-    assert words.startswith("unstable: measured again at 79 GB/s") and UNSTABLE_ADVICE in words
-
-
-def test_a_look_not_measured_again_says_why() -> None:
-    look = _look(LookState.NOT_MEASURED, None, why_not="the run ended first")
-    assert look_words(look) == "not measured again (the run ended first)"
+@pytest.mark.parametrize(("look", "words"), [
+    (_look(LookState.CONFIRMED), "confirmed: measured again at 41 GB/s beside rank 2 -> rank 5 "
+     "(reference 80 GB/s)"),
+    (_look(LookState.UNSTABLE, 79.0), "unstable: measured again at 79 GB/s beside rank 2 -> "
+     f"rank 5 (reference 80 GB/s); {UNSTABLE_ADVICE}"),
+    (_look(LookState.NOT_MEASURED, None, why_not="the run ended first"),
+     "not measured again (the run ended first)")])
+def test_a_look_names_the_second_figure_its_peers_and_the_reference_or_why_not(
+        look: SecondLook, words: str) -> None:
+    assert look_words(look) == words
 
 
 def test_a_shared_node_words_each_pair() -> None:

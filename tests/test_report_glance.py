@@ -21,7 +21,7 @@ from gpucheck.faults import faults_section
 from gpucheck.probes import system as collect_env
 from gpucheck.render import render
 from gpucheck.render.headline import headline_rows
-from gpucheck.render.text import render_text, table_lines
+from gpucheck.render.text import render_text
 from gpucheck.report import Report, Section, Status
 
 REPORTS = Path(__file__).parent / "data" / "reports"
@@ -120,16 +120,6 @@ def test_a_timed_bar_counts_seconds_while_its_block_runs_and_only_with_progress(
     assert moved.is_set()
     with terminal.timed(RunContext(RunOptions(show_progress=False)), "sdc burn-in", 30) as bar:
         assert bar.tqdm is None
-
-
-def test_a_fleet_table_too_wide_keeps_its_key_columns_under_one_header() -> None:
-    rows = [{"rank": 1, "node": "node-slow", "status": "WARN", "reason": "x" * 60,
-             "all_actions": "rerun, drain-node"}]
-    lines = table_lines(rows, "", 60)
-    headers = [line for line in lines if line.startswith("rank")]
-    assert len(headers) == 1 and headers[0].split()[:2] == ["rank", "node"]
-    assert "left out at 60 columns, rightmost first: reason, all_actions" in " ".join(lines)
-    assert all(len(line) <= 60 for line in lines)
 
 
 def test_a_fault_watch_that_watched_nothing_shows_no_thresholds() -> None:

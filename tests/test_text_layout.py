@@ -9,7 +9,7 @@ import pytest
 
 from gpucheck import subject
 from gpucheck.render import render
-from gpucheck.render.text import WIDTH, render_text
+from gpucheck.render.text import WIDTH, render_text, table_lines
 from gpucheck.report import Report, Section, Status, fail, ok, skip, warn
 
 ANSI = re.compile(r"\033\[[0-9;]*m")
@@ -57,15 +57,26 @@ def test_every_line_fits_the_width_keeping_every_word_and_no_table_in_blocks(wid
     assert "x" * 150 in joined and ":".join(f"/opt/tool{n}/bin" for n in range(30)) in joined
 
 
-def test_a_table_a_little_too_wide_leaves_out_its_rightmost_columns_and_names_them() -> None:
-    from gpucheck.render.text import table_lines
-
+def test_a_table_that_fits_wraps_and_one_a_little_too_wide_leaves_out_its_rightmost() -> None:
+    rows = [{"figure": "all_reduce busbw", "value": "1.234", "unit": "GB/s",
+             "where": "at 1 GiB; rank 3 on node7; median 1.5 of 8 ranks, measured again"}]
+    lines = table_lines(rows, "  ", 60)
+    assert lines[0].split() == ["figure", "value", "unit", "where"]
+    assert all(len(line) <= 60 for line in lines) and len(lines) > 2  # "where" wraps
+    assert "left out" not in "\n".join(lines)
     rows = [{f"column_{c}": f"rank{r}-value-{c}" for c in range(8)} for r in range(2)]
     lines = table_lines(rows, "  ", 100)
     assert lines[0].split() == [f"column_{c}" for c in range(6)]
     assert " ".join(" ".join(lines[3:]).split()) == (
         "(left out at 100 columns, rightmost first: column_6, column_7; every column is in "
         "the JSON, Markdown and HTML reports)")
+    rows = [{"rank": 1, "node": "node-slow", "status": "WARN", "reason": "x" * 60,
+             "all_actions": "rerun, drain-node"}]
+    lines = table_lines(rows, "", 60)  # the key columns stay, under one header
+    headers = [line for line in lines if line.startswith("rank")]
+    assert len(headers) == 1 and headers[0].split()[:2] == ["rank", "node"]
+    assert "left out at 60 columns, rightmost first: reason, all_actions" in " ".join(lines)
+    assert all(len(line) <= 60 for line in lines)
 
 
 def test_a_table_that_would_lose_half_its_columns_is_shown_row_by_row() -> None:
@@ -74,17 +85,6 @@ def test_a_table_that_would_lose_half_its_columns_is_shown_row_by_row() -> None:
     for r in range(4):
         row = "; ".join(f"column_{c} rank{r}-value-{c}" for c in range(1, 12))
         assert f"column_0 rank{r}-value-0: {row}" in joined
-
-
-def test_a_table_that_fits_shows_every_column_and_wraps_no_header() -> None:
-    from gpucheck.render.text import table_lines
-
-    rows = [{"figure": "all_reduce busbw", "value": "1.234", "unit": "GB/s",
-             "where": "at 1 GiB; rank 3 on node7; median 1.5 of 8 ranks, measured again"}]
-    lines = table_lines(rows, "  ", 60)
-    assert lines[0].split() == ["figure", "value", "unit", "where"]
-    assert all(len(line) <= 60 for line in lines) and len(lines) > 2  # "where" wraps
-    assert "left out" not in "\n".join(lines)
 
 
 def test_colour_paints_tags_and_verdict_without_changing_the_layout() -> None:
