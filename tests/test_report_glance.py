@@ -54,15 +54,12 @@ def test_json_carries_the_same_figures_and_still_reads_back() -> None:
     assert Report.from_dict(raw).sections[0].name == report.sections[0].name
 
 
-def test_all_gathers_the_same_figures_as_its_commands() -> None:
+def test_all_gathers_its_commands_figures_and_the_scope_of_its_narrowest_part() -> None:
     outcomes = [all_command.Outcome(n, "ran", report=saved(n)) for n in ("bench", "comm")]
     combined = all_command.combined_report(outcomes)
     expected = headline_rows(saved("bench")) + headline_rows(saved("comm"))
     assert sorted(r["figure"] for r in headline_rows(combined)) == \
         sorted(r["figure"] for r in expected)
-
-
-def test_all_takes_the_scope_of_its_narrowest_part_and_none_without_one() -> None:
     env = Report("env", scope="no NVIDIA GPU or driver found: software checks only")
     outcomes = [all_command.Outcome("env", "ran", report=env),
                 all_command.Outcome("bench", "ran", report=Report("bench"))]
@@ -70,8 +67,8 @@ def test_all_takes_the_scope_of_its_narrowest_part_and_none_without_one() -> Non
     assert all_command.combined_report(outcomes[1:]).scope is None
 
 
-def test_a_library_warning_on_a_rank_is_caught_not_printed(
-        capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_library_warning_on_a_rank_is_caught_and_reaches_the_launcher_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     kept: list[dict[str, Any]] = []
     with caught.caught(0, kept, None):
         warnings.warn("torch.distributed.all_gather_into_tensor is deprecated", FutureWarning,
@@ -80,12 +77,7 @@ def test_a_library_warning_on_a_rank_is_caught_not_printed(
     rows = caught.log_rows(kept)
     assert [(r["category"], r["ranks"]) for r in rows] == [("FutureWarning", [0])]
     assert caught.log_rows(kept) == []  # taken once
-
-
-def test_every_ranks_warnings_reach_the_launcher_once_with_their_ranks(
-        tmp_path: Path) -> None:
-    for rank in (0, 1):
-        # each rank's own list: the launcher reads the files
+    for rank in (0, 1):  # each rank's own list: the launcher reads the files
         with caught.caught(rank, [], tmp_path):
             warnings.warn("deprecated", FutureWarning, stacklevel=1)
     launcher: list[dict[str, Any]] = []
@@ -206,37 +198,28 @@ def test_a_failed_hung_or_missing_collect_env_is_a_skip(command: tuple[str, ...]
     assert section.verdict() is Status.SKIP
 
 
+ALL = ["all", "--skip", "stress,bench,comm"]
+
+
 @pytest.mark.parametrize(("argv", "wanted"), [
     (["env"], False), (["env", "-o", "e.json"], False), (["env", "--format", "markdown"], True),
     (["env", "-o", "e.json", "-o", "t.md"], True), (["env", "-o", "p.html"], True),
-    (["env", "--format", "markdown-plain"], True)])
+    (["env", "--format", "markdown-plain"], True), (ALL, False),
+    ([*ALL, "-o", "node.json"], False), ([*ALL, "-o", "node.json", "-o", "ticket.md"], True)])
 def test_collect_env_runs_only_for_markdown_and_html(argv: list[str], wanted: bool) -> None:
     from gpucheck.cli import build_parser
     from gpucheck.commands.env import wants_collect_env
 
-    assert wants_collect_env(build_parser(argv).parse_args(argv)) is wanted
-
-
-@pytest.mark.parametrize(("outputs", "wanted"), [([], False), (["node.json"], False),
-                                                 (["node.json", "ticket.md"], True)])
-def test_all_with_a_markdown_output_asks_env_for_collect_env(outputs: list[str],
-                                                             wanted: bool) -> None:
-    from gpucheck.cli import build_parser
-    from gpucheck.commands.env import wants_collect_env
-
-    argv = ["all", "--skip", "stress,bench,comm"]
-    for path in outputs:
-        argv += ["-o", path]
-    namespaces, _ = all_command._namespaces(build_parser(argv).parse_args(argv), ("env",),
-                                            RunContext())
-    assert wants_collect_env(namespaces["env"]) is wanted
+    args = build_parser(argv).parse_args(argv)
+    if argv[0] == "all":  # all asks env for it
+        args = all_command._namespaces(args, ("env",), RunContext())[0]["env"]
+    assert wants_collect_env(args) is wanted
 
 
 def test_a_hostile_number_in_a_table_leaves_the_figures_and_the_report_renders() -> None:
     raw = json.loads((REPORTS / "comm.json").read_text())
     raw["sections"][1]["data"]["results"][0]["fastest_time_us"] = 10 ** 400
     report = Report.from_dict(raw)
-    assert headline_rows(report) == headline_rows(Report.from_dict(
-        json.loads((REPORTS / "comm.json").read_text())))
+    assert headline_rows(report) == headline_rows(saved("comm"))
     for fmt in ("text", "markdown", "markdown-plain", "html", "json"):
         assert render(report, fmt)
