@@ -26,6 +26,7 @@ class Kind(str, enum.Enum):
 
 
 _RANK, _GPU, _NODE, _PAIR = Kind.RANK, Kind.GPU, Kind.NODE, Kind.PAIR  # no enum lookups
+_WORD = {kind: kind.value for kind in Kind}  # Enum.value is a slow property
 _INT_FIELDS = ("rank", "gpu", "node", "peer")
 _TEXT_FIELDS = ("bus_id", "uuid", "host", "port")
 _FIELDS = ("rank", "gpu", "bus_id", "uuid", "node", "host", "peer", "port", "ranks")
@@ -77,7 +78,7 @@ class Subject:
                     return f"{prefix}{first}_to_{prefix}{self.peer}"
             return None
         number = self._own_number()
-        return None if number is None else f"{self.kind.value}{number}"
+        return None if number is None else f"{_WORD[self.kind]}{number}"
 
     def _own_number(self) -> int | None:
         """The number of a rank, GPU or node subject: its own kind's field."""

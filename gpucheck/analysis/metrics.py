@@ -24,8 +24,16 @@ def metrics_of(report: Report) -> dict[str, Metric]:
     for section in report.sections:
         for metric in section.metrics:
             found.setdefault(metric.key(), metric)
-    order = sorted(found, key=metric_order)
-    return found if order == list(found) else {k: found[k] for k in order}
+    keys = tuple(found)
+    order = _ORDERS.get(keys)
+    if order is None:
+        order = _ORDERS[keys] = tuple(sorted(found, key=metric_order))
+        if len(_ORDERS) > 256:  # a fleet's reports share a few sets of keys
+            _ORDERS.clear()
+    return found if order == keys else {k: found[k] for k in order}
+
+
+_ORDERS: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 
 @functools.lru_cache(maxsize=1 << 16)  # a fleet's reports share their keys

@@ -63,22 +63,19 @@ def judge_group(command: str, group: Mapping[str, NodeReport], threshold: float,
                for key in sorted(members, key=metric_order)}
     pools = {pool: describe(values) for pool, values in by_pool.items()}
     bounds = {better: Bound.shortfall(threshold, better) for better in JUDGED}
-    found, references = [], {}
+    found = []
     for key, of_key in members.items():
+        references: dict[str, tuple[Spread | None, str]] = {}  # by name: one, but for a forgery
         for node, metric in of_key:
-            better = metric.better
-            if better not in JUDGED:
-                continue
-            at = (key, metric.name)
-            if at not in references:
-                references[at] = _reference(key, metric, spreads, pools)
-            reference, against = references[at]
-            value = metric.value
-            if reference is None or (value >= reference.median if better is Better.HIGHER
-                                     else value <= reference.median):
-                continue  # better than the median never is an outlier
-            if outlier(value, reference, bounds[better], mad_k):
-                found.append(Outlier(command, node, metric, reference, against))
+            better, value = metric.better, metric.value
+            if better is Better.HIGHER or better is Better.LOWER:
+                reference, against = references.get(metric.name) or references.setdefault(
+                    metric.name, _reference(key, metric, spreads, pools))
+                if reference is None or (value >= reference.median if better is Better.HIGHER
+                                         else value <= reference.median):
+                    continue  # better than the median never is an outlier
+                if outlier(value, reference, bounds[better], mad_k):
+                    found.append(Outlier(command, node, metric, reference, against))
     found.sort(key=lambda o: (o.node, o.metric.key()))
     counts = Counter(o.metric.key() for o in found)
     rows = [_stats_row(command, name, spread, members[name][0][1], counts.get(name, 0))
