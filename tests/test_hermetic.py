@@ -19,25 +19,21 @@ LINES = len(CLEAN_LOG.read_text().splitlines())
 
 
 def test_every_test_is_given_the_clean_log_an_empty_sysfs_and_no_gpu_count() -> None:
-    from gpucheck.devices import SYSFS_VAR
+    from gpucheck.devices import EXPECT_VAR, NODE_GPUS_VARS, SYSFS_VAR
 
     assert os.environ[KERNEL_LOG_VAR] == str(CLEAN_LOG)
     assert os.listdir(os.environ[SYSFS_VAR]) == []
-    from gpucheck.devices import EXPECT_VAR, NODE_GPUS_VARS
-
     assert not {EXPECT_VAR, *NODE_GPUS_VARS, "NVIDIA_VISIBLE_DEVICES"} & set(os.environ)
 
 
-def test_the_variable_names_the_log_and_the_option_wins(tmp_path: Path) -> None:
+def test_the_variable_names_the_log_the_option_wins_and_an_unreadable_one_is_refused(
+        tmp_path: Path) -> None:
     given = tmp_path / "saved.log"
     given.write_text("[    1.0] NVRM: loading NVIDIA UNIX x86_64 Kernel Module\n")
     environ = {KERNEL_LOG_VAR: str(CLEAN_LOG)}
     assert checked_kernel_log_path(None, environ) == str(CLEAN_LOG)
     assert checked_kernel_log_path(str(given), environ) == str(given)
     assert checked_kernel_log_path(None, {}) is None  # this boot's live log
-
-
-def test_an_unreadable_log_in_the_variable_is_a_usage_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=f"^{KERNEL_LOG_VAR}=.*missing.log: cannot read it"):
         checked_kernel_log_path(None, {KERNEL_LOG_VAR: str(tmp_path / "missing.log")})
 

@@ -1,12 +1,8 @@
 """Property tests (hypothesis): no report file and no option value makes a traceback.
 
-Report loading (compare, fleet, --baseline): a sample report with any part replaced
-by any JSON value (huge integers, non-finite floats, lone surrogates, control
-characters, lists, objects) gives exit 0, 1 or 2, every format renders, and an exit
-2 says why in one line. Options: every command's parser either parses a value into
-a finite number in range or refuses it with gpucheck's one-line error. Example counts
-are small and there is no deadline, so the file runs in seconds in CI.
-"""
+A sample report with any part replaced by any JSON value gives exit 0, 1 or 2 (2 in one
+line) and renders; every option parses to a finite number in range or is refused in one
+line."""
 
 from __future__ import annotations
 
@@ -138,7 +134,6 @@ VALUES = st.one_of(
 
 
 def _numeric_options() -> list[tuple[str, argparse.Action]]:
-    """(command, action) for every option of every command typed by gpucheck.commands.options."""
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return [(name, action) for name, command in sub.choices.items()
