@@ -10,11 +10,11 @@ import threading
 import pytest
 
 from gpucheck.probes import runner
-from gpucheck.probes.consistency import expected_visible
+from gpucheck.probes.consistency import read_visible
 from gpucheck.probes.pyenv import torchvision_finding
 from gpucheck.probes.runner import collect_env_report, run_concurrently
 from gpucheck.probes.system import REDACTED, allowed_env, shm_finding
-from gpucheck.probes.torch_build import TorchInfo, cuda_unavailable_reason, parse_visible_devices
+from gpucheck.probes.torch_build import TorchInfo, cuda_unavailable_reason
 from gpucheck.report import Status
 
 
@@ -111,11 +111,11 @@ def test_small_shm_warns_and_a_missing_one_fails():
 
 
 @pytest.mark.parametrize("value, parsed, visible", [
-    (None, None, 4), ("", [], 0), ("-1", [], 0), ("0,1", ["0", "1"], 2),
+    (None, [], 4), ("", [], 0), ("-1", [], 0), ("0,1", ["0", "1"], 2),
     ("1,-1,2", ["1"], 1), ("0,7", ["0", "7"], 1), ("GPU-abc,1", ["GPU-abc", "1"], 2)])
 def test_cuda_visible_devices_is_read_as_cuda_reads_it(value, parsed, visible):
-    assert parse_visible_devices(value) == parsed
-    assert expected_visible(4, value) == visible
+    assert read_visible(value, None).used == parsed
+    assert read_visible(value, 4).cuda_count == visible
 
 
 def test_cuda_unavailable_reasons_in_plain_words():

@@ -74,8 +74,8 @@ class FakeCuda:
         for name, fake in patches.items():
             monkeypatch.setattr(torch.cuda, name, fake)
         monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", lambda: len(self.physical))
-        monkeypatch.setattr(nvml, "nvml_index_by_bus_id",
-                            lambda bus, nvml=None: by_bus.get(bus or ""))
+        monkeypatch.setattr(nvml, "nvml_index_and_mig",
+                            lambda bus, nvml=None: (by_bus.get(bus or ""), False))
 
 
 @pytest.fixture

@@ -29,11 +29,6 @@ class VisibleDevices:
         return self.value is not None
 
 
-def _uuid_matches(entry: str, uuids: Sequence[str]) -> list[str]:
-    # CUDA accepts any unique prefix of a GPU's UUID ("GPU-8c1e").
-    return [u for u in uuids if u.startswith(entry)]
-
-
 def _entry_problem(entry: str, nvml_count: int | None, uuids: Sequence[str] | None,
                    seen: set[str]) -> tuple[str | None, str | None]:
     """(why CUDA stops at this entry or None, the GPU it names)."""
@@ -45,7 +40,7 @@ def _entry_problem(entry: str, nvml_count: int | None, uuids: Sequence[str] | No
     if entry.isdigit() and nvml_count is not None and int(entry) >= nvml_count:
         return f"no GPU has index {entry} (this machine has {nvml_count})", None
     if entry.startswith("GPU-") and uuids:
-        matches = _uuid_matches(entry, uuids)
+        matches = [u for u in uuids if u.startswith(entry)]  # CUDA takes a unique prefix
         if len(matches) != 1:
             return ("no GPU has this UUID" if not matches
                     else f"the UUID prefix matches {len(matches)} GPUs"), None
@@ -81,12 +76,6 @@ def _cuda_count(used: list[str]) -> int:
     return len(used)
 
 
-def expected_visible(nvml_count: int | None, cvd: str | None,
-                     uuids: Sequence[str] | None = None) -> int | None:
-    """How many GPUs CUDA should expose given NVML's count and CUDA_VISIBLE_DEVICES."""
-    return read_visible(cvd, nvml_count, uuids).cuda_count
-
-
 def count_finding(nvml_count: int | None, torch: TorchInfo, cvd: str | None,
                   gpus: list[GpuRecord] | None = None) -> Finding:
     """NVML count vs CUDA's device count vs CUDA_VISIBLE_DEVICES, explained.
@@ -105,7 +94,7 @@ def count_finding(nvml_count: int | None, torch: TorchInfo, cvd: str | None,
     if nvml_count is None:
         return warn(check, f"{facts}: NVML is unavailable, so torch's count cannot be "
                     "cross-checked", "install nvidia-ml-py and check the driver (nvidia-smi)")
-    expected = expected_visible(nvml_count, cvd, _uuids(gpus))
+    expected = read_visible(cvd, nvml_count, _uuids(gpus)).cuda_count
     if expected == 0:
         return warn(check, f"{facts}: CUDA_VISIBLE_DEVICES hides every GPU",
                     "unset CUDA_VISIBLE_DEVICES or list the GPUs to use (e.g. 0,1)")

@@ -12,11 +12,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 from gpucheck.devices import GpuIdentity, bus_id_of, uuid_of
-
-_T = TypeVar("_T")
 
 DEFAULT_TIMEOUT_S = 3.0
 ATTACH_TIMEOUT_S = 30.0
@@ -266,54 +264,35 @@ class Nvml:
 
 # ---- NVML's name for a CUDA device ----
 
-def _ask_nvml(bus_id: str | None, nvml: Any | None,
-              read: Callable[[Any, Any], _T]) -> _T | None:
-    """`read(nvml, handle)` for the GPU at this PCI address; None when NVML cannot tell."""
+def nvml_index_and_mig(bus_id: str | None, nvml: Any | None = None) -> tuple[int | None, bool]:
+    """NVML's index of the GPU at this PCI address and whether its MIG mode is on
+    (`nvidia-smi --query-gpu=index,mig.mode.current`); None and False where NVML cannot tell."""
     if not bus_id:
-        return None
+        return None, False
     own = nvml is None
     nvml = nvml or Nvml()
+    index, modes = None, None
     try:
-        return read(nvml, nvml.call("nvmlDeviceGetHandleByPciBusId", bus_id))
+        handle = nvml.call("nvmlDeviceGetHandleByPciBusId", bus_id)
+        with contextlib.suppress(NvmlFailure):
+            index = int(nvml.call("nvmlDeviceGetIndex", handle))
+        with contextlib.suppress(NvmlFailure):
+            modes = nvml.get("nvmlDeviceGetMigMode", handle)
     except NvmlFailure:
-        return None
+        pass
     finally:
         if own:
             nvml.shutdown()
-
-
-def nvml_index_by_bus_id(bus_id: str | None, nvml: Any | None = None) -> int | None:
-    """NVML's index of the GPU at this PCI address (None when NVML cannot tell)."""
-    return _ask_nvml(bus_id, nvml, lambda n, h: int(n.call("nvmlDeviceGetIndex", h)))
-
-
-def mig_mode_by_bus_id(bus_id: str | None, nvml: Any | None = None) -> bool:
-    """Whether the GPU at this PCI address has MIG mode on (`nvidia-smi --query-gpu=
-    mig.mode.current`); False when NVML cannot tell or the GPU has no MIG."""
-    modes = _ask_nvml(bus_id, nvml, lambda n, h: n.get("nvmlDeviceGetMigMode", h))
     current = modes[0] if isinstance(modes, (list, tuple)) and modes else modes
-    return bool(current)
-
-
-def _mig_visible() -> bool:
-    """CUDA_VISIBLE_DEVICES=MIG-<uuid>,...: CUDA enumerates the first entry, a MIG
-    instance (what tells it when NVML cannot)."""
-    return os.environ.get("CUDA_VISIBLE_DEVICES", "").strip().startswith("MIG-")
+    return index, bool(current)
 
 
 def cuda_identity(torch: Any, ordinal: int, nvml: Any = None) -> GpuIdentity:
     """Name cuda:<ordinal> of this process by NVML index, bus id and UUID (a MIG
-    instance's as "MIG-...")."""
+    instance's as "MIG-..."; CUDA_VISIBLE_DEVICES=MIG-... tells it when NVML cannot)."""
     props = torch.cuda.get_device_properties(ordinal)
     bus_id = bus_id_of(props)
-    own = nvml is None and bus_id is not None
-    if own:
-        nvml = Nvml()  # one session for both questions
-    try:
-        index = nvml_index_by_bus_id(bus_id, nvml)
-        mig = mig_mode_by_bus_id(bus_id, nvml) or _mig_visible()
-    finally:
-        if own:
-            nvml.shutdown()
+    index, mig = nvml_index_and_mig(bus_id, nvml)
+    mig = mig or os.environ.get("CUDA_VISIBLE_DEVICES", "").strip().startswith("MIG-")
     return GpuIdentity(cuda_ordinal=ordinal, nvml_index=index, name=str(props.name),
                        pci_bus_id=bus_id, uuid=uuid_of(props, mig))

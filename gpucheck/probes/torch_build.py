@@ -167,29 +167,14 @@ def well_formed(entry: str) -> bool:
     return entry.startswith(("GPU-", "MIG-")) or entry.isdigit()
 
 
-def parse_visible_devices(value: str | None) -> list[str] | None:
-    """CUDA_VISIBLE_DEVICES's entries CUDA parses (up to the first malformed one; "-1"
-    hides all); None when unset."""
-    if value is None:
-        return None
-    entries = []
-    for raw in value.split(","):
-        entry = raw.strip()
-        if not well_formed(entry):
-            break
-        entries.append(entry)
-    return entries
-
-
 def cuda_unavailable_reason(info: TorchInfo, driver_present: bool | None,
                             driver_cuda: str | None, environ: dict[str, str]) -> str:
     """The most likely reason `torch.cuda.is_available()` is False, in plain words."""
     if info.cuda is None and info.hip is None:
         return "this torch is a CPU-only build"
-    visible = parse_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"))
-    if visible is not None and not visible:
-        return (f"CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES')!r} hides every "
-                "GPU")
+    cvd = environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and not well_formed(cvd.split(",")[0].strip()):  # CUDA parses none
+        return f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU"
     if driver_present is False:
         return "no NVIDIA driver is installed or loaded on this machine"
     if driver_cuda and info.cuda and _major(driver_cuda) < _major(info.cuda):
