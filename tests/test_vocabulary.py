@@ -75,6 +75,7 @@ def test_metric_key_keeps_todays_names() -> None:
     (subject.pair(0, 1), "rank0_to_rank1"), (subject.pair(0, 1, by="cuda"), "cuda0_to_cuda1"),
     (subject.node(2, host="n2"), "node2"), (subject.port("mlx5_0/1"), None),
     (subject.host("n1"), None), (subject.file("/x"), None), (subject.text("y"), None),
+    (subject.ranks([0, 5], "rank 0, rank 5"), None),
 ])
 def test_subject_positions_and_round_trip(made: Subject, position: str | None) -> None:
     assert made.position() == position
@@ -85,6 +86,7 @@ def test_subject_positions_and_round_trip(made: Subject, position: str | None) -
 @pytest.mark.parametrize("raw", [
     {"kind": "rank", "label": 3}, {"kind": "rank", "label": "r", "rank": "3"},
     {"kind": "rank", "label": "r", "rank": True}, {"kind": "planet", "label": "x"}, [],
+    *({"kind": "ranks", "label": "r", "ranks": bad} for bad in ([0, "5"], "0,5", [True])),
 ])
 def test_damaged_subjects_are_refused(raw: object) -> None:
     with pytest.raises((TypeError, ValueError)):
