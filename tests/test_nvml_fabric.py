@@ -18,16 +18,18 @@ NOT_STARTED, IN_PROGRESS, COMPLETED, NOT_SUPPORTED = 1, 2, 3, 0
 NVML_ERROR_NOT_READY = 27
 
 
-@pytest.mark.parametrize("state, words", [(NOT_STARTED, "not started"),
-                                          (IN_PROGRESS, "in progress")])
-def test_an_unfinished_fabric_registration_fails_naming_the_fabric_manager(monkeypatch,
-                                                                           state, words):
+@pytest.mark.parametrize("state, words, cause, action", [
+    (NOT_STARTED, "not started", None, "fix-config"),
+    (IN_PROGRESS, "in progress", "registering", "rerun")])
+def test_an_unfinished_fabric_registration_fails_naming_the_fabric_manager(
+        monkeypatch, state, words, cause, action):
     gpus = _gpus(4)
     gpus[3].fabric = (state, 0)
     result = _probe(monkeypatch, FakeNvml(gpus))
     failed = _findings(result, "gpu.fabric", Status.FAIL)
     assert [f.subject.label.split(" (")[0] for f in failed] == ["GPU 3"]
     assert words in failed[0].message and "error 802" in failed[0].message
+    assert (failed[0].cause, failed[0].action) == (cause, action)
     assert "systemctl start nvidia-fabricmanager" in failed[0].hint
     assert len(_findings(result, "gpu.fabric", Status.OK)) == 3
 

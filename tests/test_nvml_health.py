@@ -47,23 +47,24 @@ def test_a_healthy_nvswitch_node_stays_ok_on_every_nvml_verdict(monkeypatch):
     assert row["fabric_health_summary"] == "healthy"
 
 
-@pytest.mark.parametrize("value, status, action, words", [
-    (1, Status.FAIL, "reset-gpu", "GPU_RESET"),
-    (2, Status.FAIL, "drain-node", "NODE_REBOOT"),
-    (3, Status.FAIL, "drain-node", "DRAIN_P2P"),
-    (4, Status.WARN, "drain-node", "DRAIN_AND_RESET"),
-    (5, Status.FAIL, "drain-node", "RECOVER_IMEX_DOMAIN"),
-    (6, Status.FAIL, "reset-gpu", "BUS_RESET"),
-    (7, Status.FAIL, "drain-node", "SYSTEM_REBOOT"),
+@pytest.mark.parametrize("value, status, action, cause, words", [
+    (1, Status.FAIL, "reset-gpu", "gpu_reset", "GPU_RESET"),
+    (2, Status.FAIL, "drain-node", None, "NODE_REBOOT"),
+    (3, Status.FAIL, "drain-node", None, "DRAIN_P2P"),
+    (4, Status.WARN, "drain-node", None, "DRAIN_AND_RESET"),
+    (5, Status.FAIL, "drain-node", None, "RECOVER_IMEX_DOMAIN"),
+    (6, Status.FAIL, "reset-gpu", "bus_reset", "BUS_RESET"),
+    (7, Status.FAIL, "drain-node", None, "SYSTEM_REBOOT"),
 ])
 def test_a_recovery_action_nvml_asks_for_is_caught_on_that_gpu_with_its_action(
-        monkeypatch, value, status, action, words):
+        monkeypatch, value, status, action, cause, words):
     gpus = _gpus(4)
     gpus[2].recovery_action = value
     result = _probe(monkeypatch, FakeNvml(gpus))
     bad = _problems(result)
-    assert [(f.check, f.status, f.action, _gpu(f)) for f in bad] == [
-        ("gpu.recovery_action", status, action, "GPU 2")]
+    # The action follows from the cause NVML's value gives, never from the message.
+    assert [(f.check, f.status, f.action, f.cause, _gpu(f)) for f in bad] == [
+        ("gpu.recovery_action", status, action, cause, "GPU 2")]
     assert f"NVML_GPU_RECOVERY_ACTION_{words}" in bad[0].message
     assert action != "reset-gpu" or "nvidia-smi -r -i 2" in bad[0].hint
     oks = [f for f in _findings(result, "gpu.recovery_action") if f.status is Status.OK]
@@ -114,6 +115,7 @@ def test_a_gpu_without_field_values_at_all_is_a_skip_not_a_failure(monkeypatch):
     (_with(ROUTE_RECOVERY, 1), "gpu.fabric.recovering", Status.WARN, "rerun", "route_recovery"),
     (_with(ACCESS_TIMEOUT, 1), "gpu.fabric.recovering", Status.WARN, "rerun",
      "access_timeout_recovery"),
+    # Too few NVLinks drains (cause insufficient_nvlinks); another configuration is a fix.
     (_with(CONFIG, 5, 0xF), "gpu.fabric.configuration", Status.FAIL, "drain-node",
      "INCORRECT_CONFIGURATION_INSUFFICIENT_NVLINKS"),
     (_with(CONFIG, 2, 0xF), "gpu.fabric.configuration", Status.FAIL, "fix-config",
@@ -130,6 +132,7 @@ def test_a_fabric_health_problem_is_caught_on_that_gpu_with_its_action(
     assert [(f.check, f.status, f.action, _gpu(f)) for f in bad] == [
         (check, status, action, "GPU 3")]
     assert words in bad[0].message
+    assert bad[0].cause == ("insufficient_nvlinks" if "NVLINKS" in words else None)
     assert [_gpu(f) for f in _findings(result, "gpu.fabric.health")] == ["GPU 0", "GPU 1",
                                                                          "GPU 2"]
 

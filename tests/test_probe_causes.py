@@ -1,19 +1,13 @@
-"""The causes the probe sites set (issue 25): the NVML doorway's error kind, the fabric
-state, NVML's recovery action and its configuration flag are data, and the action
-follows from them, never from a word of the message."""
+"""The causes the probe sites set (issue 25): the NVML doorway's error kind is data, and
+the action follows from it, never from a word of the message (the fabric state, recovery
+action and configuration flag: tests/test_nvml_health.py and test_nvml_fabric.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from gpucheck.probes import gpus as gpus_module
-from gpucheck.probes.gpu_judge import (
-    _fabric_problems,
-    driver_finding,
-    fabric_finding,
-    gpu_findings,
-    recovery_action_finding,
-)
+from gpucheck.probes.gpu_judge import driver_finding, gpu_findings
 from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
 from gpucheck.probes.gpus import gpus_section
 from gpucheck.probes.nvml import NvmlFailure
@@ -63,27 +57,3 @@ def test_a_topology_failure_takes_its_cause_from_the_error_kind(
     section = gpus_section(object(), [GpuRecord(0), GpuRecord(1)])  # type: ignore[arg-type]
     [found] = [f for f in section.findings if f.check == "gpu.topology"]
     assert (found.cause, found.action) == (cause, action)
-
-
-def test_fabric_registration_in_progress_is_a_rerun_and_not_started_a_drain() -> None:
-    waiting = fabric_finding(GpuRecord(0, fabric_state="in_progress"))
-    stuck = fabric_finding(GpuRecord(0, fabric_state="not_started"))
-    assert waiting is not None and (waiting.cause, waiting.action) == ("registering", "rerun")
-    assert stuck is not None and stuck.cause is None and stuck.action != "rerun"
-
-
-@pytest.mark.parametrize(("recovery", "cause", "action"), [
-    ("gpu_reset", "gpu_reset", "reset-gpu"), ("bus_reset", "bus_reset", "reset-gpu"),
-    ("node_reboot", None, "drain-node"), ("drain_and_reset", None, "drain-node")])
-def test_nvml_recovery_action_is_a_cause(recovery: str, cause: str | None,
-                                         action: str) -> None:
-    found = recovery_action_finding(GpuRecord(0, recovery_action=recovery))
-    assert (found.cause, found.action) == (cause, action)
-
-
-def test_insufficient_nvlinks_drains_and_other_configurations_fix() -> None:
-    [few] = _fabric_problems({"incorrect_configuration": "INSUFFICIENT_NVLINKS"}, GpuRecord(0))
-    [other] = _fabric_problems({"incorrect_configuration": "INCOMPATIBLE_GPU_FW"},
-                               GpuRecord(0))
-    assert (few.cause, few.action) == ("insufficient_nvlinks", "drain-node")
-    assert other.cause is None and other.action != "drain-node"
