@@ -1,5 +1,5 @@
-"""`--format line` and `--format prometheus`, for any report: one clean line; text that
-Prometheus' own parser (prometheus_client) reads back, one gauge per check and subject."""
+"""`--format line` (one clean line) and `--format prometheus` (read back by prometheus_client:
+one gauge per check and subject, every figure in base units)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ REPORTS = Path(__file__).resolve().parent / "data" / "reports"
 GPU3 = subject.gpu(3, "GPU 3 (NVIDIA H200, bus 00000000:48:00.0, "
                    "GPU-00000003-0000-0000-0000-000000000000)", bus_id="00000000:48:00.0",
                    uuid="GPU-00000003-0000-0000-0000-000000000000")
+
+
+def saved(name: str) -> Report:
+    return Report.from_dict(json.loads((REPORTS / name).read_text()))
 
 
 def _families(text: str) -> dict:
@@ -72,16 +76,14 @@ def test_prometheus_label_values_are_escaped():
 
 @pytest.mark.parametrize("name", ["env_gpu.json", "stress_fail.json", "bench.json"])
 def test_every_saved_report_renders_as_valid_prometheus_text(name):
-    report = Report.from_dict(json.loads((REPORTS / name).read_text()))
-    families = _families(render(report, "prometheus"))
+    families = _families(render(saved(name), "prometheus"))
     statuses = families["gpucheck_check_status"].samples
     assert len(statuses) == len({(s.labels["check"], s.labels["subject"]) for s in statuses})
     assert "gpucheck_valid_until_timestamp_seconds" not in families  # says no valid_until
 
 
 def test_the_line_of_a_saved_failed_stress_run_names_the_rank_and_drains():
-    report = Report.from_dict(json.loads((REPORTS / "stress_fail.json").read_text()))
-    line = render(report, "line")
+    line = render(saved("stress_fail.json"), "line")
     assert line.count("\n") == 1 and line.startswith("gpucheck stress FAIL drain-node")
     assert "stress.sdc.repeat" in line
 
@@ -110,8 +112,7 @@ def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
 
 
 def test_a_comm_report_exports_busbw_per_collective_and_size_in_bytes_per_second() -> None:
-    text = render(Report.from_dict(json.loads((REPORTS / "comm.json").read_text())),
-                  "prometheus")
+    text = render(saved("comm.json"), "prometheus")
     busbw = _samples(text, "gpucheck_comm_busbw_bytes_per_second")
     labels, value = next((lb, v) for lb, v in busbw
                          if lb["collective"] == "all_gather" and lb["size_bytes"] == "65536")
@@ -123,7 +124,7 @@ def test_a_comm_report_exports_busbw_per_collective_and_size_in_bytes_per_second
 
 
 def test_bench_figures_are_in_base_units_with_the_rank_as_a_label() -> None:
-    report = Report.from_dict(json.loads((REPORTS / "bench.json").read_text()))
+    report = saved("bench.json")
     text = render(report, "prometheus")
     p50 = {lb["rank"]: v for lb, v in _samples(text, "gpucheck_bench_iteration_p50_seconds")}
     in_ms = {m.subject.rank: m.value for s in report.sections for m in s.metrics
@@ -134,8 +135,7 @@ def test_bench_figures_are_in_base_units_with_the_rank_as_a_label() -> None:
 
 
 def test_gpu_figures_carry_dcgm_exporters_gpu_labels_and_every_family_one_label_set() -> None:
-    text = render(Report.from_dict(json.loads((REPORTS / "env_gpu.json").read_text())),
-                  "prometheus")
+    text = render(saved("env_gpu.json"), "prometheus")
     power = _samples(text, "gpucheck_env_gpu_power_limit_watts")
     assert {lb["gpu"] for lb, _ in power} == {"0", "1"}
     assert all(set(lb) == {"command", "gpu", "UUID", "pci_bus_id"} for lb, _ in power)
