@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import signal
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
@@ -265,17 +264,18 @@ def _leave_after_failure(ctx: RunContext, backend: str, world: World) -> None:
             dist.destroy_process_group()
 
 
-def _say(rank: int, text: str) -> None:
-    print(f"gpucheck rank {rank}: {text}", file=sys.stderr, flush=True)
+def _say(ctx: RunContext, rank: int, text: str) -> None:
+    print(f"gpucheck rank {rank}: {text}", file=ctx.console.stderr, flush=True)
 
 
-def _dump_flight_recorder(rank: int, backend: str) -> flight.DumpOutcome | None:
+def _dump_flight_recorder(ctx: RunContext, rank: int,
+                          backend: str) -> flight.DumpOutcome | None:
     """This rank's Flight Recorder buffer to its file; a line on stderr either way
     (a dump that could not be written is said, never passed over)."""
     outcome = flight.dump_after_failure(rank, backend)
     if outcome is not None:
-        _say(rank, "Flight Recorder dump " + (f"written to {outcome.path}" if outcome.path
-                                              else f"SKIP: {outcome.skipped}"))
+        done = f"written to {outcome.path}" if outcome.path else f"SKIP: {outcome.skipped}"
+        _say(ctx, rank, f"Flight Recorder dump {done}")
     return outcome
 
 
@@ -286,7 +286,7 @@ def _after_failure(ctx: RunContext, store: Any, world: World, timeout_s: float,
     NCCL group, record what this rank saw (the launcher's report reads it). The error
     to raise instead of `exc` with several ranks (`RanksUnresponsive`, in a list the
     caller empties), None for a rank alone."""
-    dumped = _dump_flight_recorder(world.rank, backend)
+    dumped = _dump_flight_recorder(ctx, world.rank, backend)
     missing, cause = (_roll_call(store, world, timeout_s, backend, exc)
                       if world.world_size > 1 else ([], _first_line(str(exc))))
     aborted = _abort(ctx, world.rank) if backend == "nccl" else None
@@ -326,7 +326,7 @@ def _abort(ctx: RunContext, rank: int) -> str:
     ctx.session.aborted = True
     if why_not is None:
         return "done"
-    _say(rank, f"SKIP: {why_not}")
+    _say(ctx, rank, f"SKIP: {why_not}")
     return f"SKIP: {why_not}"
 
 
