@@ -129,7 +129,7 @@ def how(where: str) -> Callable[[str], str]:
 
 def table_cause(action: Action | str) -> str:
     """The cause key of a finding whose action a per-XID or per-event table names
-    (probes/xid_table.py, faults/judge_events.py): "table.reset-gpu"."""
+    (probes/xid_table.py, faults/judge.py): "table.reset-gpu"."""
     return f"table.{Action(action).value}"
 
 
@@ -137,7 +137,7 @@ def table_causes() -> tuple[Cause, ...]:
     """One cause per action the tables can name: the row is the measurement's data."""
     return tuple(Cause(table_cause(a), a, "the per-XID or per-event table names this "
                        "action for what was seen (probes/xid_table.py, "
-                       "faults/judge_events.py)") for a in Action)
+                       "faults/judge.py)") for a in Action)
 
 
 def both(action: Action) -> Mapping[Status, Action]:
