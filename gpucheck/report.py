@@ -280,7 +280,7 @@ class Report:
 
     def verdict(self) -> Status:
         """The worst WARN or FAIL; SKIP only when every check was skipped; else OK."""
-        statuses = {f.status for f in self.findings}
+        statuses = {f.status for s in self.sections for f in s.findings}
         if statuses == {Status.SKIP}:
             return Status.SKIP
         return worst(statuses - {Status.SKIP})

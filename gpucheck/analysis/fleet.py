@@ -100,11 +100,12 @@ def match_nodes(seen: Sequence[str], expected: Sequence[str]) -> tuple[list[str]
     node names are not. No expected nodes: nothing is missing or unexpected."""
     if not expected:
         return [], []
-    short = {h.split(".", 1)[0]: h for h in seen}
-    found = {e for e in expected if e in seen or e.split(".", 1)[0] in short}
-    named = {h for h in seen if h in expected or h.split(".", 1)[0] in
-             {e.split(".", 1)[0] for e in expected}}
-    return sorted(set(expected) - found), sorted(set(seen) - named)
+    seen_set, expected_set = set(seen), set(expected)
+    short = {h.split(".", 1)[0] for h in seen}
+    expected_short = {e.split(".", 1)[0] for e in expected}
+    found = {e for e in expected if e in seen_set or e.split(".", 1)[0] in short}
+    named = {h for h in seen if h in expected_set or h.split(".", 1)[0] in expected_short}
+    return sorted(expected_set - found), sorted(seen_set - named)
 
 
 def _coverage_section(fleet: Fleet, options: FleetOptions, reasons: list[Reason]) -> Section:

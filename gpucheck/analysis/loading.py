@@ -1,14 +1,12 @@
 """Report files in, `Report`s out (read by `Report.from_dict`, the one reader), with
-their metrics and facts; one line naming the file and the problem otherwise. Also the
-option values compare and fleet share (`fraction`, `positive`).
-"""
+their metrics and facts; one line naming the file and the problem otherwise. Also
+compare's and fleet's --threshold (`fraction`)."""
 
 from __future__ import annotations
 
 import functools
 import gc
 import json
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -215,10 +213,4 @@ def fraction(text: str, option: str) -> float:
     if not 0 < value < 1:
         raise UsageError(f"{option} {text!r} must lie between 0 and 1 (0% and 100%), e.g. "
                          "0.05 or 5%")
-    return value
-
-
-def positive(value: float, option: str) -> float:
-    if not (math.isfinite(value) and value > 0):
-        raise UsageError(f"{option} must be a positive number, not {value}")
     return value
