@@ -4,8 +4,6 @@ B judged against A (docs/fleet.md, "gpucheck compare").
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.analysis.loading import LoadedReport
@@ -14,9 +12,8 @@ from gpucheck.analysis.metrics import (
     HARDWARE,
     SETUP,
     VERSION,
-    Fact,
     family,
-    gpu_count,
+    fewer_gpus,
     judged,
     metric_order,
     slot_subject,
@@ -39,31 +36,22 @@ from gpucheck.subject import Kind, text
 PROBLEMS = ("WARN", "FAIL")
 
 
-@dataclass(frozen=True)
-class Side:
-    """One input: the report, its metrics and facts."""
-
-    report: LoadedReport
-    metrics: Mapping[str, Metric]
-    facts: Mapping[str, Fact]
-
-
-def compare_sections(a: Side, b: Side, threshold: float) -> list[Section]:
+def compare_sections(a: LoadedReport, b: LoadedReport, threshold: float) -> list[Section]:
     return [_inputs_section(a, b), _facts_section(a, b), _metrics_section(a, b, threshold),
             _findings_section(a, b)]
 
 
-def _inputs_section(a: Side, b: Side) -> Section:
-    table = [{"side": name, "file": s.report.path, "host": s.report.host,
-              "command": s.report.command, "created_at": s.report.created_at,
-              "gpucheck": s.report.report.tool_version, "verdict": s.report.verdict}
+def _inputs_section(a: LoadedReport, b: LoadedReport) -> Section:
+    table = [{"side": name, "file": s.path, "host": s.host, "command": s.command,
+              "created_at": s.created_at, "gpucheck": s.report.tool_version,
+              "verdict": s.verdict}
              for name, s in (("A", a), ("B", b))]
     return Section("inputs", "Reports compared (B against A)", {"reports": table})
 
 
 # --- facts -------------------------------------------------------------------------
 
-def _facts_section(a: Side, b: Side) -> Section:
+def _facts_section(a: LoadedReport, b: LoadedReport) -> Section:
     """What differs, side by side; the facts both share only by name."""
     keys = sorted(a.facts.keys() | b.facts.keys())
     table, same, findings = [], [], []
@@ -88,7 +76,7 @@ def _facts_section(a: Side, b: Side) -> Section:
 def _fact_finding(key: str, kind: str, va: str | None, vb: str | None) -> Finding:
     change = f"{key}: {va if va is not None else 'absent'} (A) -> " \
              f"{vb if vb is not None else 'absent'} (B)"
-    if kind == HARDWARE and "count" in key and _fewer(va, vb):
+    if fewer_gpus(key, kind, va, vb):
         return fail("compare.hardware", f"B has fewer GPUs: {change}",
                     hint="a GPU is missing from B: check nvidia-smi -L and the kernel log "
                     "(Xid 79: fell off the bus) on B's node", subject=text(key))
@@ -100,11 +88,6 @@ def _fact_finding(key: str, kind: str, va: str | None, vb: str | None) -> Findin
              VERSION: "compare.versions"}.get(kind, "compare.versions")
     return warn(check, change, hint="if the change was not intended, align B with A (driver, "
                 "packages, container image, launcher environment)", subject=text(key))
-
-
-def _fewer(va: str | None, vb: str | None) -> bool:
-    ca, cb = gpu_count(va or ""), gpu_count(vb or "")
-    return ca is not None and (cb is None or cb < ca)
 
 
 # --- metrics -----------------------------------------------------------------------
@@ -150,7 +133,7 @@ def _metric_row(name: str, ma: Metric | None, mb: Metric | None,
             "verdict": _verdict(ma, mb, threshold, noise)}
 
 
-def _metrics_section(a: Side, b: Side, threshold: float) -> Section:
+def _metrics_section(a: LoadedReport, b: LoadedReport, threshold: float) -> Section:
     names = sorted(a.metrics.keys() | b.metrics.keys(), key=metric_order)
     noise = noise_levels(a.metrics, b.metrics, host_prefixes(a.facts, b.facts))
     table = [_metric_row(n, a.metrics.get(n), b.metrics.get(n), threshold, noise.get(n))
@@ -198,7 +181,7 @@ def _noisy(table: list[dict[str, Any]], threshold: float) -> list[Finding]:
     return findings
 
 
-def _regression(family: str, found: list[dict[str, Any]], a: Side, b: Side,
+def _regression(family: str, found: list[dict[str, Any]], a: LoadedReport, b: LoadedReport,
                 threshold: float) -> Finding:
     """One FAIL per family (a GPU's figure, a collective over its sizes), naming the worst."""
     def short(row: dict[str, Any]) -> float:
@@ -239,15 +222,15 @@ def _subject_key(finding: Finding) -> str:
     return (made.position() if made.kind is not Kind.TEXT else None) or made.label
 
 
-def _problems(side: Side) -> dict[tuple[str, str, str], Finding]:
+def _problems(side: LoadedReport) -> dict[tuple[str, str, str], Finding]:
     found: dict[tuple[str, str, str], Finding] = {}
-    for f in side.report.findings:
+    for f in side.findings:
         if f.status.value in PROBLEMS:
             found.setdefault((f.check, _subject_key(f), f.status.value), f)
     return found
 
 
-def _findings_section(a: Side, b: Side) -> Section:
+def _findings_section(a: LoadedReport, b: LoadedReport) -> Section:
     pa, pb = _problems(a), _problems(b)
     new = [pb[k] for k in sorted(pb.keys() - pa.keys())]
     gone = [pa[k] for k in sorted(pa.keys() - pb.keys())]

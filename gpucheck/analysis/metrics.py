@@ -162,8 +162,15 @@ def _bench_devices(data: Mapping[str, Any]) -> dict[str, Fact]:
     return {"bench.devices": Fact("bench.devices", ", ".join(devices), HARDWARE)}
 
 
-def gpu_count(value: str) -> int | None:
-    """A GPU-count fact as a number (None when it says "None" or anything else)."""
+def fewer_gpus(key: str, kind: str, usual: str | None, value: str | None) -> bool:
+    """`value` of a GPU-count fact is fewer than `usual` (or no longer a count)."""
+    if kind != HARDWARE or "count" not in key:
+        return False
+    want, have = _count(usual or ""), _count(value or "")
+    return want is not None and (have is None or have < want)
+
+
+def _count(value: str) -> int | None:
     # ASCII digits only: "²".isdigit() is True but int("²") raises, and a count of
     # thousands of digits is no GPU count (int() refuses over 4300 digits).
     return int(value) if value.isascii() and value.isdigit() and len(value) < 10 else None

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck.analysis.metrics import (
-    HARDWARE,
     JUDGED,
     family,
-    gpu_count,
+    fewer_gpus,
     gpu_words,
     judged,
     metric_order,
@@ -188,8 +187,7 @@ def drift_row(drift: Drift) -> dict[str, Any]:
 def drift_reasons(drift: Drift) -> list[Reason]:
     reasons = []
     for value, nodes in drift.others.items():
-        missing_gpus = drift.kind == HARDWARE and "count" in drift.key and _fewer(drift.usual,
-                                                                                  value)
+        missing_gpus = fewer_gpus(drift.key, drift.kind, drift.usual, value)
         for node in nodes:
             message = (f"{drift.key} is {value!r}; {drift.usual_nodes} other node(s) have "
                        f"{drift.usual!r}")
@@ -204,8 +202,3 @@ def drift_reasons(drift: Drift) -> list[Reason]:
                                       "others (driver, packages, container image, launcher "
                                       "environment), or confirm the difference is intended"))
     return reasons
-
-
-def _fewer(usual: str, value: str) -> bool:
-    want, have = gpu_count(usual), gpu_count(value)
-    return want is not None and (have is None or have < want)

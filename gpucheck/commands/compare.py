@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from gpucheck.analysis.compare import Side, compare_sections
+from gpucheck.analysis.compare import compare_sections
 from gpucheck.analysis.loading import LoadedReport, ReportError, fraction, load_report
 from gpucheck.analysis.nodes import newest_created_at
 from gpucheck.context import RunContext
@@ -31,10 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, ctx: RunContext) -> Report:
     threshold = fraction(args.threshold, "--threshold")
     a, b = _shared(_load(args.a), _load(args.b))
-    sides = [Side(r, r.metrics, r.facts) for r in (a, b)]
     hosts = a.host if a.host == b.host else f"{a.host} vs {b.host}"
     # created_at and host come from the inputs: the same two files give the same report.
-    return Report("compare", compare_sections(sides[0], sides[1], threshold),
+    return Report("compare", compare_sections(a, b, threshold),
                   argv=["gpucheck", "compare", args.a, args.b, "--threshold", args.threshold],
                   host=hosts, created_at=newest_created_at([a, b]))
 
