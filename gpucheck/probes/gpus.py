@@ -25,6 +25,7 @@ from gpucheck.probes.gpu_read import read_driver, read_gpu
 from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
 from gpucheck.probes.nvml import Nvml, NvmlFailure
 from gpucheck.probes.topology import read_topology
+from gpucheck.probes.torch_build import version_tuple
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
 # The NVML failures gpu.topology acts on (gpucheck/checks/node.py).
@@ -99,14 +100,6 @@ def probe_nvml(nvml: Nvml | None = None, sysfs: Path | None = None,
 
 
 # ---- the driver's CUDA and the GPUs' architectures against torch's build ----
-
-def _version_tuple(version: str) -> tuple[int, int]:
-    parts = ([*version.split("."), "0"])[:2]
-    try:
-        return int(parts[0]), int(parts[1])
-    except ValueError:
-        return 0, 0
-
 
 # Which GPUs torch's kernels run on (SASS within a major, 'a' exactly, 'f' like SASS, PTX
 # by JIT for any newer GPU up to the driver's CUDA): the rules and sources in docs/env.md.
@@ -192,7 +185,7 @@ def cuda_compat_finding(driver: DriverInfo, torch_cuda: str | None) -> Finding:
         return skip(check, "torch has no CUDA build to compare with the driver")
     if not driver.present or driver.cuda_version is None:
         return skip(check, f"torch needs CUDA {torch_cuda}; the driver's CUDA is unknown")
-    have, need = _version_tuple(driver.cuda_version), _version_tuple(torch_cuda)
+    have, need = version_tuple(driver.cuda_version), version_tuple(torch_cuda)
     versions = f"driver {driver.driver_version} supports CUDA {driver.cuda_version}, " \
                f"torch was built with CUDA {torch_cuda}"
     if have[0] < need[0]:
@@ -216,7 +209,7 @@ def cuda_compat_findings(driver: DriverInfo, torch_cuda: str | None,
     if not arch_list:
         return [*findings, skip("gpu.arch_supported", "torch reports no CUDA arch list "
                                 "(torch.cuda.get_arch_list()); GPU architectures not checked")]
-    have = _version_tuple(driver.cuda_version) if driver.cuda_version else None
-    ptx_jit_ok = have is None or have >= _version_tuple(torch_cuda)
+    have = version_tuple(driver.cuda_version) if driver.cuda_version else None
+    ptx_jit_ok = have is None or have >= version_tuple(torch_cuda)
     arch = [arch_finding(g, arch_list, ptx_jit_ok) for g in queried]
     return [*findings, *(f for f in arch if f is not None)]

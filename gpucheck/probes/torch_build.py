@@ -177,17 +177,19 @@ def cuda_unavailable_reason(info: TorchInfo, driver_present: bool | None,
         return f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU"
     if driver_present is False:
         return "no NVIDIA driver is installed or loaded on this machine"
-    if driver_cuda and info.cuda and _major(driver_cuda) < _major(info.cuda):
+    if driver_cuda and info.cuda and version_tuple(driver_cuda)[0] < version_tuple(info.cuda)[0]:
         return (f"the driver supports CUDA up to {driver_cuda} but torch was built with "
                 f"CUDA {info.cuda}: the driver is older than the build needs")
     return info.init_error or "torch could not initialise CUDA (no further detail)"
 
 
-def _major(version: str) -> int:
+def version_tuple(version: str) -> tuple[int, int]:
+    """"12.4" -> (12, 4); (0, 0) where it is not a version."""
+    parts = ([*version.split("."), "0"])[:2]
     try:
-        return int(version.split(".")[0])
+        return int(parts[0]), int(parts[1])
     except ValueError:
-        return 0
+        return 0, 0
 
 
 def cuda_available_finding(info: TorchInfo, driver_present: bool | None,
