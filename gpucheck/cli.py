@@ -170,11 +170,11 @@ def _write_interrupted(module: ModuleType, args: argparse.Namespace, ctx: RunCon
 
 
 def add_log(report: Report, ctx: RunContext) -> None:
-    """Library warnings caught on the ranks (gpucheck.distributed.caught): a `log`
+    """Library warnings caught on the ranks (gpucheck.distributed.progress): a `log`
     section, data only (a FutureWarning is no verdict)."""
     if not ctx.warnings:
         return
-    from gpucheck.distributed.caught import log_rows
+    from gpucheck.distributed.progress import log_rows
 
     rows = log_rows(ctx.warnings)
     if rows:

@@ -238,7 +238,7 @@ class RunContext:
     all_run: AllRun = field(default_factory=AllRun)
     # The command's namespace on the job's store (`all` runs several groups on one).
     scope: tuple[str, ...] = ()
-    # Library warnings caught on the ranks (distributed.caught); shared by `scoped`.
+    # Library warnings caught on the ranks (distributed.progress); shared by `scoped`.
     warnings: list[Json] = field(default_factory=list)
 
     def scoped(self, name: str) -> RunContext:

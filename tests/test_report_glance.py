@@ -16,7 +16,7 @@ import pytest
 
 from gpucheck.commands import all as all_command
 from gpucheck.context import RunContext, RunOptions
-from gpucheck.distributed import caught, terminal
+from gpucheck.distributed import progress, terminal
 from gpucheck.faults import faults_section
 from gpucheck.probes import system as collect_env
 from gpucheck.render import render
@@ -70,19 +70,19 @@ def test_all_gathers_its_commands_figures_and_the_scope_of_its_narrowest_part() 
 def test_a_library_warning_on_a_rank_is_caught_and_reaches_the_launcher_once(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     kept: list[dict[str, Any]] = []
-    with caught.caught(0, kept, None):
+    with progress.caught(0, kept, None):
         warnings.warn("torch.distributed.all_gather_into_tensor is deprecated", FutureWarning,
                       stacklevel=1)
     assert capsys.readouterr().err == ""
-    rows = caught.log_rows(kept)
+    rows = progress.log_rows(kept)
     assert [(r["category"], r["ranks"]) for r in rows] == [("FutureWarning", [0])]
-    assert caught.log_rows(kept) == []  # taken once
+    assert progress.log_rows(kept) == []  # taken once
     for rank in (0, 1):  # each rank's own list: the launcher reads the files
-        with caught.caught(rank, [], tmp_path):
+        with progress.caught(rank, [], tmp_path):
             warnings.warn("deprecated", FutureWarning, stacklevel=1)
     launcher: list[dict[str, Any]] = []
-    caught.gather(tmp_path, launcher)
-    rows = caught.log_rows(launcher)
+    progress.gather(tmp_path, launcher)
+    rows = progress.log_rows(launcher)
     assert len(rows) == 1 and rows[0]["ranks"] == [0, 1]
 
 
@@ -90,7 +90,7 @@ def test_the_cli_puts_caught_warnings_in_the_reports_log_section() -> None:
     from gpucheck.cli import add_log
 
     ctx = RunContext()
-    caught.remember(ctx.warnings, [{"category": "FutureWarning", "message": "m",
+    progress.remember(ctx.warnings, [{"category": "FutureWarning", "message": "m",
                                     "where": "x.py:1", "ranks": [1]}])
     report = Report("comm")
     add_log(report, ctx)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from gpucheck import subject as subjects
 from gpucheck.context import RunContext, RunOptions
 from gpucheck.devices import device_label
-from gpucheck.distributed import caught, deadline, progress, terminal
+from gpucheck.distributed import deadline, progress, terminal
 from gpucheck.distributed.checkin import (
     SHARED_GPU_HINT,
     CheckInFailed,
@@ -82,7 +82,7 @@ def run_job(worker: Callable[[RunContext, S], Any], spec: S, nproc: int,
             progress.remember_ranks(ctx, progress.read_ranks(folder))
             raise
         finally:
-            caught.gather(folder, ctx.warnings)  # the ranks' library warnings, for the log
+            progress.gather(folder, ctx.warnings)  # the ranks' library warnings, for the log
 
 
 class JobFailed(WorkersFailed):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpucheck.context import RunContext
 from gpucheck.devices import GpuIdentity, RankInfo
-from gpucheck.distributed import caught, deadline, faultwatch, flight, progress, terminal
+from gpucheck.distributed import deadline, faultwatch, flight, progress, terminal
 from gpucheck.distributed.checkin import (
     CheckInFailed,
     RanksUnresponsive,
@@ -208,7 +208,7 @@ def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool
     try:
         faults.start(world, ctx.session.gpu, fault_watch, ctx.hooks.bus_id(world.rank))
         # library warnings into the report, not stderr
-        with caught.caught(world.rank, ctx.warnings, progress.run_dir(ctx)):
+        with progress.caught(world.rank, ctx.warnings, progress.run_dir(ctx)):
             yield world
     except BaseException as exc:
         faults.publish_after_failure(world)  # before the roll call, which can take long
