@@ -15,9 +15,11 @@ from gpucheck.probes.gpu_record import GpuRecord
 from gpucheck.probes.kernel_log import read_kernel_log
 from gpucheck.probes.xid_section import kernel_log_section
 from gpucheck.probes.xid_table import (
+    ACTIONS,
     CATALOG_READ,
     CATALOG_URL,
     RECOVERY_ACTIONS,
+    SEVERITIES,
     XID_TABLE,
     judge_xid,
     xid_info,
@@ -231,9 +233,13 @@ def test_a_healthy_log_with_driver_lines_stays_ok(tmp_path):
 
 # ---- the table itself ----
 
-def test_every_entry_keeps_the_catalogs_resolution_bucket():
-    assert {info.bucket for info in XID_TABLE.values()} <= BUCKETS
-    assert all(info.bucket for info in XID_TABLE.values())
+def test_every_entry_keeps_the_catalogs_bucket_and_a_known_severity_and_action():
+    for xid, info in XID_TABLE.items():
+        assert info.xid == xid and info.severity in SEVERITIES and info.action in ACTIONS
+        assert info.bucket and info.bucket in BUCKETS
+    assert {x for x, i in XID_TABLE.items() if i.severity == "fail"} >= {48, 64, 74, 79, 95,
+                                                                          119, 120}
+    assert {x for x, i in XID_TABLE.items() if i.severity == "info"} >= {13, 31, 43, 45}
     assert (xid_info(109).action, xid_info(79).action, xid_info(13).severity) == (
         "reset-gpu", "drain-node", "info")
 
