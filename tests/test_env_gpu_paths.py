@@ -52,15 +52,14 @@ def test_torch_count_is_the_count_cuda_enumerates_not_nvmls_guess():
     assert read_torch(fake).device_count == 1
 
 
-def test_two_mig_instances_in_cuda_visible_devices_mean_one_device():
-    finding = count_finding(8, _torch(1), "MIG-aaaa,MIG-bbbb", _nvml_gpus(8, mig=True))
-    assert finding.status is Status.OK
-
-
-def test_mig_mode_with_nothing_set_is_no_false_alarm_but_a_real_shortfall_fails():
-    assert count_finding(8, _torch(1), None, _nvml_gpus(8, mig=True)).status is Status.OK
-    short = count_finding(8, _torch(6), None, _nvml_gpus(8))
-    assert short.status is Status.FAIL and "expected 8" in short.message
+@pytest.mark.parametrize("cvd, sees, mig, status, words", [
+    ("MIG-aaaa,MIG-bbbb", 1, True, Status.OK, "MIG is on"),  # two instances: one device
+    (None, 1, True, Status.OK, "MIG is on"),  # MIG with nothing set: no false alarm
+    (None, 6, False, Status.FAIL, "expected 8")])  # a real shortfall
+def test_under_mig_one_device_is_ok_and_without_it_a_shortfall_fails(cvd, sees, mig, status,
+                                                                     words):
+    finding = count_finding(8, _torch(sees), cvd, _nvml_gpus(8, mig=mig))
+    assert finding.status is status and words in finding.message
 
 
 @pytest.mark.parametrize("cvd, entry, sees", [

@@ -78,11 +78,8 @@ def _cuda_count(used: list[str]) -> int:
 
 def count_finding(nvml_count: int | None, torch: TorchInfo, cvd: str | None,
                   gpus: list[GpuRecord] | None = None) -> Finding:
-    """NVML count vs CUDA's device count vs CUDA_VISIBLE_DEVICES, explained.
-
-    `torch.device_count` is the count CUDA really enumerates (`cudaGetDeviceCount`),
-    not torch's NVML-based guess, so MIG and a cut-short CUDA_VISIBLE_DEVICES show.
-    """
+    """NVML's count vs CUDA's (`torch.device_count` is `cudaGetDeviceCount`'s, not torch's
+    NVML-based guess, so MIG and a cut-short CUDA_VISIBLE_DEVICES show), explained."""
     check = "consistency.gpu_count"
     shown = "unset" if cvd is None else repr(cvd)
     facts = (f"NVML sees {nvml_count if nvml_count is not None else 'n/a'}, "

@@ -1,9 +1,6 @@
-"""What NVML says about the driver and one GPU, as plain records (no NVML here).
-
-`GpuRecord` is one GPU's `nvidia-smi -q` view, read by `gpu_read`, judged by
-`gpu_judge`; `DriverInfo` is the driver's. Field names follow
-`nvidia-smi --query-gpu=...`; None is n/a (the GPU or driver does not have it).
-"""
+"""What NVML says about the driver (`DriverInfo`) and one GPU (`GpuRecord`, its
+`nvidia-smi -q` view), as plain records read by `gpu_read` and judged by `gpu_judge`:
+field names follow `nvidia-smi --query-gpu=...`, None is n/a."""
 
 from __future__ import annotations
 

@@ -261,11 +261,6 @@ def torchvision_finding(returncode: int, out: str, err: str) -> Finding:
                     "reinstall torchvision built for this torch (same index URL as torch)")
     if "torch_error" in result:
         return skip(check, "torch does not import, so torchvision cannot be checked")
-    return _ops_verdict(result)
-
-
-def _ops_verdict(result: dict[str, Any]) -> Finding:
-    check = TorchvisionCheck.CHECK
     hint = ("pip install --force-reinstall torch torchvision from the same index "
             "(e.g. --index-url https://download.pytorch.org/whl/cu124)")
     if "error" in result:

@@ -170,11 +170,8 @@ class GpuTestRun:
 
 
 def identify(torch: Any, ordinal: int, nvml_gpus: Sequence[Any] = ()) -> GpuIdentity:
-    """cuda:<ordinal> named as NVML names it: matched on PCI bus id, else on UUID.
-
-    CUDA ordinals follow CUDA_VISIBLE_DEVICES and CUDA's own order; NVML indices are
-    PCI order. The match makes "GPU 4" here the GPU 4 of the GPU section.
-    """
+    """cuda:<ordinal> named as NVML names it (matched on PCI bus id, else UUID), so "GPU 4"
+    here is the GPU 4 of the GPU section (docs/env.md "One name per GPU")."""
     try:
         props = torch.cuda.get_device_properties(ordinal)
     except Exception:
