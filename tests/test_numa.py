@@ -88,21 +88,16 @@ def test_a_ranks_cpus_are_judged_against_its_gpus_node(tmp_path: Path, allowed: 
     assert (place.cpus, place.numa_node, place.on_gpu_numa) == (allowed, 1, on_gpu_numa)
 
 
-def test_a_gpu_without_numa_information_is_not_judged(tmp_path: Path) -> None:
-    fake_machine(tmp_path, TWO_SOCKETS, {BUS: None})
-    place = numa.rank_numa(BUS, cpus("0-3"), tmp_path)
-    assert place.numa_node is None and place.on_gpu_numa is None
-
-
-def test_on_a_one_node_machine_there_is_nothing_to_judge(tmp_path: Path) -> None:
-    fake_machine(tmp_path, {0: "0-15"}, {BUS: 0})
-    place = numa.rank_numa(BUS, cpus("0-3"), tmp_path)
-    assert place.numa_node == 0 and place.on_gpu_numa is None
-
-
-def test_a_cpu_rank_records_only_its_cpus(tmp_path: Path) -> None:
-    fake_machine(tmp_path, TWO_SOCKETS, {BUS: 1})
-    assert numa.rank_numa(None, cpus("0-3"), tmp_path) == numa.RankNuma("0-3", None, None)
+@pytest.mark.parametrize(("nodes", "placed", "bus", "expected"), [
+    (TWO_SOCKETS, None, BUS, numa.RankNuma("0-3", None, None)),
+    ({0: "0-15"}, 0, BUS, numa.RankNuma("0-3", 0, None)),
+    (TWO_SOCKETS, 1, None, numa.RankNuma("0-3", None, None)),
+], ids=["no numa info", "one node", "cpu rank"])
+def test_a_rank_with_nothing_to_judge_records_its_cpus_only(
+        tmp_path: Path, nodes: dict[int, str], placed: int | None, bus: str | None,
+        expected: numa.RankNuma) -> None:
+    fake_machine(tmp_path, nodes, {BUS: placed})
+    assert numa.rank_numa(bus, cpus("0-3"), tmp_path) == expected
 
 
 def test_the_check_in_record_carries_the_ranks_cpus_and_its_gpus_node(tmp_path: Path) -> None:
@@ -194,22 +189,17 @@ def test_env_shows_each_gpus_numa_node_and_cpus_and_one_ok_per_node(
                      (Status.OK, "NUMA node 1", "GPU 2-3 on NUMA node 1 (CPUs 4-7,12-15)")]
 
 
-def test_cpus_past_the_first_64_come_through_nvmls_bitmask(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    nodes = {0: "0-55,112-167", 1: "56-111,168-223"}
+@pytest.mark.parametrize(("nodes", "absent"), [
+    ({0: "0-55,112-167", 1: "56-111,168-223"}, frozenset()),  # past the first 64: bitmask
+    (TWO_SOCKETS, frozenset({"nvmlDeviceGetCpuAffinity"})),  # without it: sysfs
+], ids=["nvml bitmask", "sysfs"])
+def test_a_gpus_cpus_come_from_nvmls_bitmask_else_from_sysfs(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, nodes: dict[int, str],
+        absent: frozenset[str]) -> None:
     gpus = four_gpus(nodes)
     fake_machine(tmp_path, nodes, {g.bus_id: 0 if i < 2 else 1 for i, g in enumerate(gpus)})
-    rows = probe(monkeypatch, FakeNvml(gpus), tmp_path).sections[1].data["gpus"]
-    assert rows[3]["cpu_affinity"] == "56-111,168-223"
-
-
-def test_without_nvmls_cpu_affinity_the_cpus_come_from_sysfs(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    gpus = four_gpus(TWO_SOCKETS)
-    fake_machine(tmp_path, TWO_SOCKETS, {g.bus_id: 0 if i < 2 else 1 for i, g in enumerate(gpus)})
-    fake = FakeNvml(gpus, absent=frozenset({"nvmlDeviceGetCpuAffinity"}))
-    rows = probe(monkeypatch, fake, tmp_path).sections[1].data["gpus"]
-    assert rows[2]["cpu_affinity"] == "4-7,12-15"
+    rows = probe(monkeypatch, FakeNvml(gpus, absent=absent), tmp_path).sections[1].data["gpus"]
+    assert rows[3]["cpu_affinity"] == nodes[1]
 
 
 @pytest.mark.parametrize(("nodes", "placed"), [
