@@ -138,12 +138,12 @@ def test_persistence_mode_a_gpu_cannot_report_is_skipped_not_warned(monkeypatch)
     assert [f.status for f in _findings(result, "gpu.persistence_mode")] == [Status.SKIP]
 
 
-@pytest.mark.parametrize("error, pci_gpus, meaning", [
-    ("NVMLError_LibRmVersionMismatch", 8, "driver/library version mismatch"),
-    ("NVMLError_DriverNotLoaded", 8, "kernel driver is not loaded"),
-    ("NVMLError_LibraryNotFound", 8, "no NVIDIA driver")])
-def test_a_driver_nvml_cannot_use_fails_the_report_with_its_meaning(monkeypatch, tmp_path,
-                                                                    error, pci_gpus, meaning):
+@pytest.mark.parametrize("error, pci_gpus, meaning, todo", [
+    ("NVMLError_LibRmVersionMismatch", 8, "driver/library version mismatch", "reboot"),
+    ("NVMLError_DriverNotLoaded", 8, "kernel driver is not loaded", "modprobe nvidia"),
+    ("NVMLError_LibraryNotFound", 8, "no NVIDIA driver", "install the NVIDIA driver")])
+def test_a_driver_nvml_cannot_use_fails_the_report_with_its_meaning(
+        monkeypatch, tmp_path, error, pci_gpus, meaning, todo):
     result = _probe(monkeypatch, FakeNvml(_gpus(8), init_error=error),
                     sysfs=gpu_node_sysfs(tmp_path, pci_gpus))
     report = Report("env")
@@ -156,7 +156,8 @@ def test_a_driver_nvml_cannot_use_fails_the_report_with_its_meaning(monkeypatch,
     # not a generic probe error; and the 8 GPUs the bus has are not usable
     assert [f.check for f in failed] == ["driver.nvml", "gpu.count"]
     assert meaning in failed[0].message and f"{pci_gpus} NVIDIA GPU(s)" in failed[0].message
-    assert failed[0].hint and "nvidia-smi to see" not in failed[0].hint
+    assert todo in failed[0].hint and "nvidia-smi to see" not in failed[0].hint
+    assert failed[1].action == "drain-node"
 
 
 def test_a_healthy_driver_passes_the_same_report_with_exit_code_0(monkeypatch, tmp_path):
