@@ -183,12 +183,8 @@ def duplicate_finding(dup: Duplicate) -> tuple[Finding, Reason]:
                       for r in dup.reports)
     message = (f"{len(dup.reports)} {dup.command} reports claim host {dup.node}: {files}; "
                f"only the newest ({judged.path}) is judged")
-    if hidden_fail:
-        finding = fail("fleet.duplicate_host", message, hint=_DUPLICATE_HINT,
-                       subject=host(dup.node))
-    else:
-        finding = warn("fleet.duplicate_host", message, hint=_DUPLICATE_HINT,
-                       subject=host(dup.node))
+    finding = (fail if hidden_fail else warn)("fleet.duplicate_host", message,
+                                              hint=_DUPLICATE_HINT, subject=host(dup.node))
     return finding, Reason(dup.node, finding.status.value, finding.action or "rerun",
                            "fleet.duplicate_host", message, None, "fleet", _DUPLICATE_HINT)
 
