@@ -14,7 +14,7 @@ from gpucheck.probes.nvml import Nvml
 from gpucheck.probes.torch_build import TorchInfo
 from gpucheck.render import render
 from gpucheck.report import Report, Status
-from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.fake_pynvml import FakeGpu, FakeNvml, probe
 from tests.fake_pynvml import findings as _findings
 from tests.health_fakes import gpu_node_sysfs
 
@@ -30,11 +30,9 @@ def _gpus(n: int, **faults: dict) -> list[FakeGpu]:
     return gpus
 
 
-def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, timeout_s: float = 2.0,
-           retry_s: float = 2.0, sysfs: Path | None = None):
-    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+def _probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, sysfs: Path = NO_SYSFS):
     # never this machine's /sys: a bus with no GPU unless the test gives one
-    return probe_nvml(Nvml(timeout_s, retry_timeout_s=retry_s), sysfs or NO_SYSFS, {})
+    return probe(monkeypatch, fake, sysfs=sysfs, environ={})
 
 
 def _statuses(result) -> set[Status]:

@@ -234,13 +234,6 @@ def gpu_name(bus_id: str, gpus: Sequence[GpuRecord],
     return subjects.gpu(None, words, bus_id=bus_id, uuid=log_uuid)
 
 
-def _row(group: XidClass, name: subjects.Subject) -> dict[str, object]:
-    info = group.info
-    return {"gpu": name.label, "xid": group.xid, "count": group.count, "first": group.first,
-            "last": group.last, "meaning": info.meaning, "severity": info.severity,
-            "action": info.action, "sample": group.sample}
-
-
 def _fault_finding(group: XidClass, name: subjects.Subject, source: str) -> Finding:
     info = group.info
     when = "once" if group.count == 1 else f"{group.count} times"
@@ -310,7 +303,10 @@ def kernel_log_part(log: KernelLog | None, gpus: Sequence[GpuRecord],
     rows, app_level, faults = [], [], []
     for group in group_events(log.events):
         name = gpu_name(group.bus_id, gpus, log.uuids_by_bus)
-        rows.append(_row(group, name))
+        info = group.info
+        rows.append({"gpu": name.label, "xid": group.xid, "count": group.count,
+                     "first": group.first, "last": group.last, "meaning": info.meaning,
+                     "severity": info.severity, "action": info.action, "sample": group.sample})
         if group.info.severity == "info":
             app_level.append(f"XID {group.xid} ({group.info.meaning}) x{group.count} "
                              f"on {name}")
