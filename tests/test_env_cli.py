@@ -71,22 +71,15 @@ def test_broken_torch_still_gives_a_report_naming_the_error(tmp_path):
     assert proc.returncode == 1
 
 
-def test_unwritable_output_is_a_one_line_error_and_exit_2(tmp_path):
-    target = tmp_path / "missing-dir" / "report.json"
-    proc = run_cli("env", "--output", str(target))
-    assert proc.returncode == 2
-    assert len(proc.stderr.strip().splitlines()) == 1 and "--output" in proc.stderr
-    assert not target.parent.exists()
-
-
-def test_output_that_is_a_directory_is_exit_2_and_nothing_is_written(tmp_path):
-    proc = run_cli("env", "--output", str(tmp_path))
-    assert proc.returncode == 2 and list(tmp_path.iterdir()) == []
-
-
-def test_unknown_format_is_exit_2():
-    proc = run_cli("env", "--format", "yaml")
-    assert proc.returncode == 2 and "yaml" in proc.stderr
+@pytest.mark.parametrize("args, words", [
+    (["--output", "{tmp}/missing-dir/report.json"], "--output"),
+    (["--output", "{tmp}"], "is a directory"),
+    (["--format", "yaml"], "yaml")], ids=["no such dir", "a directory", "unknown format"])
+def test_a_bad_output_or_format_is_a_one_line_error_exit_2_and_writes_nothing(
+        tmp_path, args, words):
+    proc = run_cli("env", *(a.format(tmp=tmp_path) for a in args))
+    assert proc.returncode == 2 and words in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and list(tmp_path.iterdir()) == []
 
 
 def test_output_file_takes_its_format_from_the_extension(tmp_path):
