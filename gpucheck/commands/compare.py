@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from dataclasses import dataclass
 
 from gpucheck.analysis.compare import compare_sections
 from gpucheck.analysis.loading import LoadedReport, ReportError, fraction, load_report
 from gpucheck.analysis.nodes import newest_created_at
+from gpucheck.commands.options import Options, opt
 from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
@@ -20,12 +22,16 @@ HELP = ("compare two reports of the same command (two nodes, or before and after
 DEFAULT_THRESHOLD = "5%"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("a", metavar="A.json", help="the reference report")
-    parser.add_argument("b", metavar="B.json", help="the report judged against A")
-    parser.add_argument("--threshold", metavar="FRACTION", default=DEFAULT_THRESHOLD,
-                        help="a metric worse than A by more than this fails (0.05 or 5%%; "
-                             f"default {DEFAULT_THRESHOLD}%)")  # %% in help: one %
+@dataclass(frozen=True)
+class CompareArgs(Options):
+    a: str = opt("a", metavar="A.json", help="the reference report")
+    b: str = opt("b", metavar="B.json", help="the report judged against A")
+    threshold: str = opt("--threshold", default=DEFAULT_THRESHOLD, metavar="FRACTION",
+                         help="a metric worse than A by more than this fails (0.05 or 5%%; "
+                         f"default {DEFAULT_THRESHOLD}%)")  # %% in help: one %
+
+
+add_arguments = CompareArgs.add_to
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report:

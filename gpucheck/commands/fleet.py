@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gpucheck.analysis.baseline import (
     Baseline,
@@ -18,7 +20,7 @@ from gpucheck.analysis.baseline import (
 from gpucheck.analysis.fleet import DEFAULT_MAD_K, DEFAULT_THRESHOLD, FleetOptions, fleet_sections
 from gpucheck.analysis.loading import fraction, load_reports, report_paths
 from gpucheck.analysis.nodes import Fleet, Unused, group_reports, newest_created_at
-from gpucheck.commands.options import positive_float, positive_int
+from gpucheck.commands.options import Options, opt, positive_float, positive_int
 from gpucheck.commands.registry import outputs_of
 from gpucheck.context import RunContext
 from gpucheck.distributed.world import expand_nodelist
@@ -31,26 +33,30 @@ HELP = ("judge reports from many nodes together: outlier nodes per metric and GP
         "version drift, missing or failed nodes, a ranked list of nodes to act on")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("inputs", nargs="+", metavar="REPORT|DIR",
-                        help="report files, or directories of them (*.json)")
-    parser.add_argument("--nodes", metavar="LIST", default=None,
-                        help="the nodes that should have reported, as SLURM writes them "
-                             "(gpu[01-16],cpu3): the missing ones are named")
-    parser.add_argument("--expect-nodes", type=positive_int, metavar="N", default=None,
-                        help="how many nodes should have reported (without names)")
-    parser.add_argument("--threshold", metavar="FRACTION", default=f"{DEFAULT_THRESHOLD:.0%}",
-                        help="a node worse than the fleet median by more than this is an "
-                             "outlier; also the baseline's tolerance (0.1 or 10%%; default "
-                             f"{DEFAULT_THRESHOLD:.0%}%)")
-    parser.add_argument("--mad-k", type=positive_float, metavar="K", default=DEFAULT_MAD_K,
-                        help="also an outlier: worse by more than K scaled MADs (and at least "
-                             f"2%%) (default {DEFAULT_MAD_K:g})")
-    parser.add_argument("--baseline", metavar="FILE", default=None,
-                        help="warn on figures beyond this baseline's limits")
-    parser.add_argument("--save-baseline", metavar="FILE", default=None,
-                        help="write the expected value of every metric, from the healthy "
-                             "reports, to FILE")
+@dataclass(frozen=True)
+class FleetArgs(Options):
+    inputs: Sequence[str] = opt("inputs", default=(), nargs="+", metavar="REPORT|DIR",
+                                help="report files, or directories of them (*.json)")
+    nodes: str | None = opt("--nodes", metavar="LIST",
+                            help="the nodes that should have reported, as SLURM writes them "
+                            "(gpu[01-16],cpu3): the missing ones are named")
+    expect_nodes: int | None = opt("--expect-nodes", type=positive_int, metavar="N",
+                                   help="how many nodes should have reported (without names)")
+    threshold: str = opt("--threshold", default=f"{DEFAULT_THRESHOLD:.0%}", metavar="FRACTION",
+                         help="a node worse than the fleet median by more than this is an "
+                         "outlier; also the baseline's tolerance (0.1 or 10%%; default "
+                         f"{DEFAULT_THRESHOLD:.0%}%)")
+    mad_k: float = opt("--mad-k", default=DEFAULT_MAD_K, type=positive_float, metavar="K",
+                       help="also an outlier: worse by more than K scaled MADs (and at least "
+                       f"2%%) (default {DEFAULT_MAD_K:g})")
+    baseline: str | None = opt("--baseline", metavar="FILE",
+                               help="warn on figures beyond this baseline's limits")
+    save_baseline: str | None = opt("--save-baseline", metavar="FILE",
+                                    help="write the expected value of every metric, from the "
+                                    "healthy reports, to FILE")
+
+
+add_arguments = FleetArgs.add_to
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report:

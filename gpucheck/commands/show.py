@@ -5,7 +5,9 @@ read through the bounded reader; it judges nothing and exits 0 once rendered.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
+from gpucheck.commands.options import Options, opt
 from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
 from gpucheck.report import Report
@@ -14,13 +16,17 @@ HELP = ("render a saved JSON report (of any command) as text, Markdown, HTML, on
         "or Prometheus text")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("report", metavar="REPORT.json",
-                        help="a report written by gpucheck <command> -o FILE.json")
+@dataclass(frozen=True)
+class ShowArgs(Options):
+    report: str = opt("report", metavar="REPORT.json",
+                      help="a report written by gpucheck <command> -o FILE.json")
+
+
+add_arguments = ShowArgs.add_to
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report:
-    return load_shown(args.report)
+    return load_shown(ShowArgs.of(args).report)
 
 
 def load_shown(path: str) -> Report:
