@@ -9,11 +9,11 @@ from typing import Any
 from gpucheck.render.charts import Chart, draw_charts
 from gpucheck.render.headline import headline_rows
 from gpucheck.render.words import (
+    finding_rows,
     fmt_field,
-    hint_words,
     is_table,
     is_verbatim,
-    message_words,
+    problems,
     table_columns,
 )
 from gpucheck.render.words import html as escape  # control characters too
@@ -77,19 +77,11 @@ def _figures(report: Report) -> list[str]:
     return ["<h2>Figures</h2>", _table(rows, css="figures")] if rows else []
 
 
-def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:
-    """As in Markdown."""
-    return [{"status": f.status.value, "action": f.action or "", "check": f.check,
-             "subject": f.subject.label if f.subject else "", "message": message_words(f),
-             "hint": hint_words(f) or ""} for f in findings]
-
-
 def _problems(findings: list[Finding]) -> list[str]:
-    problems = [f for f in findings if f.status in (Status.FAIL, Status.WARN)]
-    problems.sort(key=lambda f: -f.status.severity)  # stable: report order within a status
-    if not problems:
+    found = problems(findings)
+    if not found:
         return ["<h2>Problems</h2>", "<p>No FAIL or WARN findings.</p>"]
-    return ["<h2>Problems</h2>", _table(_finding_rows(problems), css="problems")]
+    return ["<h2>Problems</h2>", _table(finding_rows(found), css="problems")]
 
 
 def _charts(charts: list[Chart]) -> list[str]:
@@ -115,7 +107,7 @@ def _section(section: Section) -> list[str]:
              f'<span class="badge {badge_class}">{verdict}</span></summary>']
     lines.extend(_data(section.data))
     if section.findings:
-        lines.append(_table(_finding_rows(section.findings)))
+        lines.append(_table(finding_rows(section.findings)))
     lines.append("</details>")
     return lines
 

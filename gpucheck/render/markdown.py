@@ -11,14 +11,14 @@ from typing import Any
 from gpucheck.render import words
 from gpucheck.render.headline import headline_rows
 from gpucheck.render.words import (
+    finding_rows,
     fmt_field,
-    hint_words,
     is_table,
     is_verbatim,
-    message_words,
+    problems,
     table_columns,
 )
-from gpucheck.report import Finding, Report, Section, Status
+from gpucheck.report import Finding, Report, Section
 
 
 def _cell(column: str, value: Any) -> str:
@@ -71,22 +71,11 @@ def _figure_lines(report: Report, plain: bool) -> list[str]:
     return ["## Figures", "", *md_table(rows, plain), ""] if rows else []
 
 
-def _finding_rows(findings: list[Finding]) -> list[dict[str, Any]]:
-    """Rows of a findings table; the action column only where a finding has one, so
-    all-OK sections stay narrow."""
-    with_action = any(f.action for f in findings)
-    return [{"status": f.status.value, **({"action": f.action or ""} if with_action else {}),
-             "check": f.check, "subject": f.subject.label if f.subject else "",
-             "message": message_words(f),
-             "hint": hint_words(f) or ""} for f in findings]
-
-
 def _problem_lines(findings: list[Finding], plain: bool) -> list[str]:
-    problems = [f for f in findings if f.status in (Status.FAIL, Status.WARN)]
-    problems.sort(key=lambda f: -f.status.severity)
-    if not problems:
+    found = problems(findings)
+    if not found:
         return ["No FAIL or WARN findings.", ""]
-    return ["## Problems", "", *md_table(_finding_rows(problems), plain), ""]
+    return ["## Problems", "", *md_table(finding_rows(found, narrow=True), plain), ""]
 
 
 def _section_lines(section: Section, plain: bool) -> list[str]:
@@ -108,7 +97,7 @@ def _section_lines(section: Section, plain: bool) -> list[str]:
         if is_table(value):
             lines += [f"**{words.markdown(key)}**", "", *md_table(value, plain), ""]
     if section.findings:
-        lines += [*md_table(_finding_rows(section.findings), plain), ""]
+        lines += [*md_table(finding_rows(section.findings, narrow=True), plain), ""]
     return lines if plain else [*lines, "</details>", ""]
 
 

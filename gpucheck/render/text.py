@@ -15,6 +15,7 @@ from gpucheck.render.words import (
     message_words,
     table_columns,
 )
+from gpucheck.render.words import problems as worst_first
 from gpucheck.render.words import shown as esc
 from gpucheck.report import Finding, Report, Section, Status
 
@@ -68,7 +69,7 @@ def _counts(report: Report) -> str:
 def _closing(report: Report, width: int) -> str:
     counts = _counts(report)
     plain = f"{report.verdict().value}: {counts}"
-    problems = _problems(report)
+    problems = worst_first(report.findings)
     if not problems:
         return plain
     top = problems[0]
@@ -93,14 +94,8 @@ def _paint_verdicts(lines: list[str], report: Report, color: bool) -> list[str]:
     return [first, *lines[1:-1], last] if len(lines) > 1 else [first]
 
 
-def _problems(report: Report) -> list[Finding]:
-    """Every FAIL, then every WARN, each group in report order."""
-    found = [f for f in report.findings if f.status in (Status.FAIL, Status.WARN)]
-    return sorted(found, key=lambda f: -f.status.severity)
-
-
 def _problem_lines(report: Report, color: bool, width: int) -> list[str]:
-    problems = _problems(report)
+    problems = worst_first(report.findings)
     if not problems:
         return ["No problems: no check ended in WARN or FAIL.", ""]
     counts = {s: sum(f.status is s for f in problems) for s in (Status.FAIL, Status.WARN)}
@@ -261,7 +256,8 @@ def render_brief(report: Report, seconds: float, kept: list[str], color: bool = 
     if len(problems) > BRIEF_PROBLEM_LINES:
         problems = problems[:BRIEF_PROBLEM_LINES]
         shown = sum(line.lstrip().startswith(("[WARN]", "[FAIL]")) for line in problems)
-        problems.append(f"  ... {len(_problems(report)) - shown} more in the full report")
+        more = len(worst_first(report.findings)) - shown
+        problems.append(f"  ... {more} more in the full report")
     where = ", ".join(esc(p) for p in kept) if kept else "not kept (add -o FILE.json)"
     lines += [*problems, f"Full report: {where}"]
     return "\n".join([*_paint_verdicts(lines[:1], report, color), *lines[1:]]) + "\n"

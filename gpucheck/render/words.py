@@ -11,7 +11,7 @@ from typing import Any
 
 from gpucheck.escape import terminal as terminal
 from gpucheck.measure import LookState, SecondLook
-from gpucheck.report import Finding
+from gpucheck.report import Finding, Status
 from gpucheck.units import fmt_bytes as fmt_bytes
 
 # What an unstable look asks of a person, once for every command.
@@ -55,6 +55,21 @@ def message_words(finding: Finding) -> str:
 def hint_words(finding: Finding) -> str | None:
     """The hint a person reads: plain advice (the action is shown on its own)."""
     return finding.hint
+
+
+def problems(findings: list[Finding]) -> list[Finding]:
+    """Every FAIL, then every WARN, each group in report order."""
+    found = [f for f in findings if f.status in (Status.FAIL, Status.WARN)]
+    return sorted(found, key=lambda f: -f.status.severity)
+
+
+def finding_rows(findings: list[Finding], narrow: bool = False) -> list[dict[str, Any]]:
+    """Rows of a findings table; `narrow`: the action column only where a finding has
+    one, so all-OK sections stay narrow (Markdown)."""
+    with_action = not narrow or any(f.action for f in findings)
+    return [{"status": f.status.value, **({"action": f.action or ""} if with_action else {}),
+             "check": f.check, "subject": f.subject.label if f.subject else "",
+             "message": message_words(f), "hint": hint_words(f) or ""} for f in findings]
 
 
 def fmt_value(value: Any) -> str:
