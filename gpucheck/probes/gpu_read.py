@@ -1,6 +1,5 @@
 """Reading NVML into records: the driver, each GPU's `nvidia-smi -q` view and its NVSwitch
-fabric (no judging here). A field the GPU lacks
-is None (n/a); a GPU that fails mid-query keeps its error in its record."""
+fabric (no judging); a field the GPU lacks is None, a GPU failing mid-query keeps its error."""
 
 from __future__ import annotations
 
