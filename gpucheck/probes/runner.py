@@ -304,43 +304,36 @@ SYSTEM_FIGURES = {
     "memory_total_bytes": ("bytes", Better.HIGHER), "shm_total_bytes": ("bytes", Better.HIGHER),
     "cpu_logical_cores": ("cores", Better.HIGHER), "cpu_usable_cores": ("cores", Better.HIGHER),
     "memory_available_bytes": ("bytes", Better.INFO)}
-GPU_TEST_FIGURES = ("h2d_gbps", "d2h_gbps")
+GPU_TEST_FIGURES = {"h2d_gbps": ("GB/s", Better.HIGHER), "d2h_gbps": ("GB/s", Better.HIGHER)}
+
+
+def _figures(row: Mapping[str, Any], figures: Mapping[str, tuple[str, Better]], prefix: str,
+             subject: subjects.Subject | None = None) -> Iterator[Metric]:
+    for name, (unit, better) in figures.items():
+        value = number(row.get(name))
+        if value is not None:
+            yield Metric(f"{prefix}.{name}", unit, better, value, subject)
 
 
 def gpu_metrics(records: Sequence[Mapping[str, Any]]) -> Iterator[Metric]:
     """NVML's record of each GPU (`probes.gpus`), by NVML index."""
     for record in records:
         index = whole(record.get("index"))
-        if index is None:
-            continue
-        name, bus, uuid = (v if isinstance(v, str) else None
-                           for v in (record.get(k) for k in ("name", "pci_bus_id", "uuid")))
-        who = GpuIdentity(None, index, name, bus, uuid).subject()
-        for name, (unit, better) in GPU_FIGURES.items():
-            value = number(record.get(name))
-            if value is not None:
-                yield Metric(f"env.gpu.{name}", unit, better, value, who)
+        if index is not None:
+            name, bus, uuid = (v if isinstance(v, str) else None
+                               for v in (record.get(k) for k in ("name", "pci_bus_id", "uuid")))
+            who = GpuIdentity(None, index, name, bus, uuid).subject()
+            yield from _figures(record, GPU_FIGURES, "env.gpu", who)
 
 
 def gpu_test_metrics(results: Sequence[Mapping[str, Any]]) -> Iterator[Metric]:
     """The quick functional test's pinned copies, per GPU (NVML index)."""
     for row in results:
         index = whole(row.get("nvml_index"))
-        if index is None:
-            continue
-        label = row.get("gpu") if isinstance(row.get("gpu"), str) else None
-        for name in GPU_TEST_FIGURES:
-            value = number(row.get(name))
-            if value is not None:
-                yield Metric(f"env.gpu_test.{name}", "GB/s", Better.HIGHER, value,
-                             subjects.gpu(index, label))
-
-
-def system_metrics(system: Mapping[str, Any]) -> Iterator[Metric]:
-    for name, (unit, better) in SYSTEM_FIGURES.items():
-        value = number(system.get(name))
-        if value is not None:
-            yield Metric(f"env.system.{name}", unit, better, value)
+        if index is not None:
+            label = row.get("gpu") if isinstance(row.get("gpu"), str) else None
+            yield from _figures(row, GPU_TEST_FIGURES, "env.gpu_test",
+                                subjects.gpu(index, label))
 
 
 def with_env_metrics(sections: Sequence[Any]) -> None:
@@ -355,7 +348,7 @@ def with_env_metrics(sections: Sequence[Any]) -> None:
         elif kind == "gpu_test":
             section.metrics += gpu_test_metrics(_records(data.get("results")))
         elif kind == "system":
-            section.metrics += system_metrics(data)
+            section.metrics += _figures(data, SYSTEM_FIGURES, "env.system")
 
 
 def _records(value: Any) -> list[Mapping[str, Any]]:
