@@ -110,29 +110,24 @@ def launch_args(**given: Any) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
 
-def test_the_rank_count_under_mig_is_cudas_count_not_nvmls(
-        no_launcher: pytest.MonkeyPatch) -> None:
-    # CUDA_VISIBLE_DEVICES=MIG-a,MIG-b: NVML counts 2, CUDA enumerates only the first.
-    FakeCuda(physical=[0], nvml_count=2).install(no_launcher)
-    plan = launch.plan_launch(launch_args(), here())
-    assert (plan.device, plan.nproc) == ("cuda", 1)
-
-
-def test_more_ranks_than_mig_instances_cuda_gives_is_a_usage_error(
-        no_launcher: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("nvml_count", "n_gpus", "backend", "nproc"), [
+    (2, None, "gloo", 1),  # MIG-a,MIG-b: NVML counts 2, CUDA enumerates only the first
+    (2, 2, "nccl", None),  # more NCCL ranks than the GPUs CUDA gives: a usage error
+    # gloo ranks on one GPU: how a GPU-less CI-style check of the CUDA paths runs there
+    (1, 2, "gloo", 2)])
+def test_the_rank_count_is_cudas_count_not_nvmls_and_only_gloo_ranks_share(
+        no_launcher: pytest.MonkeyPatch, nvml_count: int, n_gpus: int | None, backend: str,
+        nproc: int | None) -> None:
     from gpucheck.errors import UsageError
 
-    FakeCuda(physical=[0], nvml_count=2).install(no_launcher)
-    with pytest.raises(UsageError, match="only 1 GPU"):
-        launch.plan_launch(launch_args(n_gpus=2, backend="nccl"), here())
-
-
-def test_gloo_ranks_may_share_the_gpus_cuda_gives(no_launcher: pytest.MonkeyPatch) -> None:
-    # NCCL needs a GPU per rank; gloo ranks on one GPU are how a GPU-less CI-style check
-    # of the CUDA paths runs on a one-GPU machine.
-    FakeCuda(physical=[0], nvml_count=1).install(no_launcher)
-    plan = launch.plan_launch(launch_args(n_gpus=2, backend="gloo"), here())
-    assert (plan.device, plan.nproc, plan.backend) == ("cuda", 2, "gloo")
+    FakeCuda(physical=[0], nvml_count=nvml_count).install(no_launcher)
+    args = launch_args(n_gpus=n_gpus, backend=backend)
+    if nproc is None:
+        with pytest.raises(UsageError, match="only 1 GPU"):
+            launch.plan_launch(args, here())
+        return
+    plan = launch.plan_launch(args, here())
+    assert (plan.device, plan.nproc, plan.backend) == ("cuda", nproc, backend)
 
 
 def test_an_srun_task_bound_to_one_gpu_uses_cuda_0_whatever_its_local_id(
