@@ -117,13 +117,6 @@ def test_the_rest_of_an_over_long_line_never_starts_a_record(tmp_path: Path) -> 
     assert read_file(str(log)).events == ()
 
 
-def test_the_driver_s_wrapped_lost_gpu_message_is_one_record_and_still_read() -> None:
-    text = _dmesg("NVRM: The NVIDIA GPU 0000:b3:00.0\nNVRM: (PCI ID: 10de:26b5) installed "
-                  "in this system has\nNVRM: fallen off the bus and is not responding.")
-    (event,) = scan_lines(text.split("\n")).events
-    assert event.xid == 79 and event.bus_id == "0000:B3:00.0"
-
-
 def _runner(kmsg: str | None = None, journal: str | None = None,
             dmesg: str | None = None):
     answers = {kl.KMSG_SOURCE: kmsg, "journalctl": journal, "dmesg": dmesg}
