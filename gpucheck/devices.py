@@ -19,13 +19,8 @@ def cuda_device_count(torch: Any) -> int:
     try:
         if not torch.cuda.is_available():
             return 0
-    except Exception:
-        return 0
-    runtime_count = getattr(torch._C, "_cuda_getDeviceCount", None)
-    try:
-        if runtime_count is not None:
-            return int(runtime_count())
-        return int(torch.cuda.device_count())
+        runtime_count = getattr(torch._C, "_cuda_getDeviceCount", None)
+        return int(runtime_count() if runtime_count is not None else torch.cuda.device_count())
     except Exception:
         return 0
 

@@ -54,18 +54,13 @@ def parse_cpulist(text: str | None) -> tuple[int, ...]:
 
 def cpulist(cpus: tuple[int, ...]) -> str:
     """(0, 1, 2, 3, 8) -> "0-3,8": the kernel's own short form."""
-    runs: list[str] = []
-    start = prev = None
+    runs: list[list[int]] = []  # [first, last] of each run
     for cpu in sorted(cpus):
-        if prev is not None and cpu == prev + 1:
-            prev = cpu
-            continue
-        if start is not None:
-            runs.append(f"{start}-{prev}" if prev != start else f"{start}")
-        start = prev = cpu
-    if start is not None:
-        runs.append(f"{start}-{prev}" if prev != start else f"{start}")
-    return ",".join(runs)
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{first}-{last}" if last != first else f"{first}" for first, last in runs)
 
 
 def read_numa_node(bus_id: str, root: Path = SYSFS) -> int | None:
