@@ -100,13 +100,6 @@ def test_consistency_fails_on_non_finite_logits() -> None:
     assert result.nonfinite_ranks == (2,) and result.bad_ranks == (2,)
 
 
-def test_consistency_tolerates_rounding_of_the_dtype() -> None:
-    import torch
-
-    base = torch.randn(4, 10)
-    assert compare_outputs([base, base + 1e-3 * base.abs().max()], "bf16").bad_ranks == ()
-
-
 def test_with_two_ranks_the_cpu_reference_names_the_wrong_one_only() -> None:
     import torch
 
@@ -127,14 +120,6 @@ def test_without_a_reference_two_disagreeing_ranks_are_a_warning_naming_both() -
     assert result.bad_ranks == () and result.undecided == (0, 1)
     findings = consistency_section((record(0, 1.0), record(1, 1.0)), result, "fp32").findings
     assert [(f.status, f.subject.label) for f in findings] == [(Status.WARN, "rank 0, rank 1")]
-
-
-def test_a_single_wrong_rank_is_caught_by_the_cpu_reference() -> None:
-    import torch
-
-    truth = torch.randn(4, 10)
-    assert compare_outputs([truth * 1.01], "fp32", reference=truth).bad_ranks == (0,)
-    assert compare_outputs([truth + 1e-6], "fp32", reference=truth).bad_ranks == ()
 
 
 def test_ranks_that_all_differ_from_the_reference_alike_point_at_the_software() -> None:

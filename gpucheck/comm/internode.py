@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from gpucheck.comm.collectives import (
@@ -188,47 +188,11 @@ def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iter
                       *, ctx: RunContext) -> Measured:
     """Run every round (or only `shifts`): the links this rank received on, and what
     it timed of the links it sent on (NCCL only)."""
-    import torch.distributed as dist
-
-    from gpucheck.distributed import progress
-    from gpucheck.distributed.nodes import group_by_node
-    from gpucheck.distributed.session import barrier
-
-    me = dist.get_rank()
-    node_ranks = list(group_by_node(roster).values())
-    mine_node = next(i for i, ranks in enumerate(node_ranks) if me in ranks)
-    delays = ctx.hooks.node_delays(mine_node, node_ranks[mine_node].index(me))
-    links: list[dict[str, Any]] = []
-    sent: list[dict[str, Any]] = []
-    for pairs in round_schedule(len(node_ranks), shifts):
-        r = (pairs[0][1] - pairs[0][0]) % len(node_ranks)  # the round's shift
-        progress.set_step(ctx, f"between nodes: round {r}")
-        to = {s: d for _, s, d in rail_links(node_ranks, *pairs[mine_node])}
-        src_node = (mine_node - r) % len(node_ranks)
-        came = {d: (k, s) for k, s, d in rail_links(node_ranks, src_node, mine_node)}
-        peers = (to.get(me), came.get(me, (0, None))[1])
-        # Warm-up, untimed: NCCL's first send/recv between two ranks creates their
-        # communicator, which must not be inside the timed exchange.
-        _exchange(*peers, size_bytes, 1, device, 0.0, wait_s=ctx.session.wait_s)
-        received, sending = _samples(peers, size_bytes, iters, device, delays, repeats,
-                                     ctx.session.wait_s)
-        if received is not None:
-            links.append(_link(r, src_node, mine_node, came[me], me, received))
-        if sending is not None and peers[0] is not None:
-            sent.append(_sent(r, mine_node, pairs[mine_node][1], me, peers[0], sending))
-    barrier(ctx.session.wait_s)
-    return links, sent
-
-
-def _pair_links(node_ranks: Sequence[Sequence[int]], me: int, x: int,
-                y: int) -> tuple[int | None, int | None, tuple[int, int] | None]:
-    """This rank's (send peer, receive peer, (rail, src)) in an exchange of nodes x and y."""
-    for here, there in ((x, y), (y, x)):
-        if me in node_ranks[here]:
-            to = {s: d for _, s, d in rail_links(node_ranks, here, there)}
-            came = {d: (k, s) for k, s, d in rail_links(node_ranks, there, here)}
-            return to.get(me), came.get(me, (0, None))[1], came.get(me)
-    return None, None, None
+    def steps(nodes: int, mine: int) -> Iterator[Step]:
+        for pairs in round_schedule(nodes, shifts):
+            r = (pairs[0][1] - pairs[0][0]) % nodes  # the round's shift
+            yield r, f"between nodes: round {r}", (mine + r) % nodes, (mine - r) % nodes
+    return _measure(roster, steps, size_bytes, iters, device, repeats, again=False, ctx=ctx)
 
 
 def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple[int, int]],
@@ -236,6 +200,24 @@ def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple
                   *, ctx: RunContext) -> Measured:
     """The second look: each exchange alone (both ways, all rails), a barrier of all
     ranks around each; links as `measure_internode` returns them (round "again")."""
+    def steps(nodes: int, mine: int) -> Iterator[Step]:
+        del nodes
+        for x, y in exchanges:
+            other = y if mine == x else x if mine == y else None
+            yield "again", f"between nodes: node {x} <-> node {y} measured again", other, other
+    return _measure(roster, steps, size_bytes, iters, device, repeats, again=True, ctx=ctx)
+
+
+# A step of this rank: its rows' round, the progress words, the node it sends to and the
+# node it receives from (None: neither, in a second look of other nodes).
+Step = tuple[int | str, str, int | None, int | None]
+
+
+def _measure(roster: Sequence[Mapping[str, Any]],
+             steps: Callable[[int, int], Iterator[Step]], size_bytes: int, iters: int,
+             device: str, repeats: int, *, again: bool, ctx: RunContext) -> Measured:
+    """Each step's exchange, every rank passing its barriers: the rounds end with one, a
+    second look's exchanges have one each."""
     import torch.distributed as dist
 
     from gpucheck.distributed import progress
@@ -244,23 +226,30 @@ def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple
 
     me = dist.get_rank()
     node_ranks = list(group_by_node(roster).values())
-    mine_node = next(i for i, ranks in enumerate(node_ranks) if me in ranks)
-    delays = ctx.hooks.node_delays(mine_node, node_ranks[mine_node].index(me), again=True)
+    mine = next(i for i, ranks in enumerate(node_ranks) if me in ranks)
+    delays = ctx.hooks.node_delays(mine, node_ranks[mine].index(me), again=again)
     links: list[dict[str, Any]] = []
     sent: list[dict[str, Any]] = []
-    for x, y in exchanges:
-        progress.set_step(ctx, f"between nodes: node {x} <-> node {y} measured again")
-        send, recv, came = _pair_links(node_ranks, me, x, y)
-        if came is not None:  # warm-up, untimed, as in the rounds
-            _exchange(send, recv, size_bytes, 1, device, 0.0, wait_s=ctx.session.wait_s)
-        # Every rank passes the repeats' barriers; ranks of neither node exchange nothing.
-        received, sending = _samples((send, recv), size_bytes, iters, device, delays, repeats,
+    for label, text, to_node, from_node in steps(len(node_ranks), mine):
+        progress.set_step(ctx, text)
+        send = None if to_node is None else \
+            {s: d for _, s, d in rail_links(node_ranks, mine, to_node)}.get(me)
+        came = None if from_node is None else \
+            {d: (k, s) for k, s, d in rail_links(node_ranks, from_node, mine)}.get(me)
+        peers = (send, came[1] if came is not None else None)
+        if came is not None or not again:
+            # Warm-up, untimed: NCCL's first send/recv between two ranks creates their
+            # communicator, which must not be inside the timed exchange.
+            _exchange(*peers, size_bytes, 1, device, 0.0, wait_s=ctx.session.wait_s)
+        received, sending = _samples(peers, size_bytes, iters, device, delays, repeats,
                                      ctx.session.wait_s)
-        other = y if mine_node == x else x
-        if received is not None and came is not None:
-            links.append(_link("again", other, mine_node, came, me, received))
-        if sending is not None and send is not None:
-            sent.append(_sent("again", mine_node, other, me, send, sending))
+        if received is not None and came is not None and from_node is not None:
+            links.append(_link(label, from_node, mine, came, me, received))
+        if sending is not None and send is not None and to_node is not None:
+            sent.append(_sent(label, mine, to_node, me, send, sending))
+        if again:
+            barrier(ctx.session.wait_s)
+    if not again:
         barrier(ctx.session.wait_s)
     return links, sent
 

@@ -149,9 +149,10 @@ def transport_view(entries: Sequence[Mapping[str, Any]], labels: Mapping[int, st
     if backend != "nccl":
         return {"transport": f"n/a ({backend}): only NCCL logs its transport"}, []
     read = [e for e in entries if e["state"] == "read"]
+    transports = [transport_of(e["transport"]) for e in read]
     rows = [{"rank": e["rank"], "ib_sysfs": " ".join(e.get("ib_sysfs") or []) or None}
-            | transport_of(e["transport"]).row()
-            | {"network": network_name(transport_of(e["transport"]))} for e in read]
+            | t.row() | {"network": network_name(t)}
+            for e, t in zip(read, transports, strict=True)]
     data: dict[str, Any] = {"ranks": rows}
     check = "comm.transport.sockets_with_ib"
     if not read:
@@ -161,7 +162,6 @@ def transport_view(entries: Sequence[Mapping[str, Any]], labels: Mapping[int, st
         return data | {"transport": reason}, [skip(check, reason)]
     if nodes < 2:
         return data | {"between_nodes": "one node: no traffic between nodes"}, []
-    transports = [transport_of(e["transport"]) for e in read]
     findings = [f for e, t in zip(read, transports, strict=True) for f in rank_findings(
         subjects.rank(int(e["rank"]), labels.get(int(e["rank"]))), t,
         e.get("ib_sysfs") or [])]
