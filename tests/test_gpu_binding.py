@@ -82,15 +82,16 @@ def _bind_all(views: dict[int, list[str]]) -> dict[int, str]:
     return chosen
 
 
-def test_closest_binding_on_two_sockets_puts_eight_tasks_on_eight_gpus() -> None:
-    chosen = _bind_all({task: closest_binding(task) for task in range(8)})
-    assert [chosen[t] for t in (0, 2, 4, 6)] == GPUS[:4]
-    assert [chosen[t] for t in (1, 3, 5, 7)] == GPUS[4:]
-
-
-def test_one_gpu_per_task_and_every_gpu_visible_keep_their_usual_choice() -> None:
-    assert _bind_all({t: [GPUS[t]] for t in range(8)}) == {t: GPUS[t] for t in range(8)}
-    assert _bind_all({t: list(GPUS) for t in range(8)}) == {t: GPUS[t] for t in range(8)}
+@pytest.mark.parametrize(("views", "expected"), [
+    # closest binding: tasks 0,2,4,6 on GPUs 0-3, tasks 1,3,5,7 on GPUs 4-7
+    ({t: closest_binding(t) for t in range(8)}, {t: GPUS[t // 2 + 4 * (t % 2)] for t in range(8)}),
+    # one GPU per task, and every GPU visible: the usual choice
+    ({t: [GPUS[t]] for t in range(8)}, dict(enumerate(GPUS))),
+    ({t: list(GPUS) for t in range(8)}, dict(enumerate(GPUS)))],
+    ids=["closest", "one per task", "all visible"])
+def test_eight_tasks_bind_eight_gpus_whatever_the_binding(
+        views: dict[int, list[str]], expected: dict[int, str]) -> None:
+    assert _bind_all(views) == expected
 
 
 def _info(rank: int, uuid: str, host: str = "gpu01") -> RankInfo:
