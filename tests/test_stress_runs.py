@@ -145,9 +145,9 @@ def test_a_crashed_rank_keeps_the_phases_measured_before_it(tmp_path: Path) -> N
 
 def test_an_interrupted_run_reports_the_phases_it_had() -> None:
     """After Ctrl-C the launcher holds rank 0's last published result: its report."""
-    from argparse import Namespace
+    from argparse import ArgumentParser, Namespace
 
-    from gpucheck.commands.stress import partial_report
+    from gpucheck.commands.stress import StressArgs, partial_report
     from gpucheck.distributed import progress
 
     ranks = [{"rank": r, "node_rank": 0, "host": "vm", "local_rank": r, "device": "cpu",
@@ -160,8 +160,11 @@ def test_an_interrupted_run_reports_the_phases_it_had() -> None:
         "duration_s": 8.0, "ranks": ranks, "gemm": gemm, "membw": None, "sdc": None,
         "copies": None, "p2p": None, "phases_planned": ["gemm", "membw", "sdc"],
         "phases_done": ["gemm"], "complete": False})
-    built = partial_report(Namespace(peer_threshold=0.9, expected_threshold=0.8,
-                                     copy_threshold=0.6), ctx)
+    parser = ArgumentParser()
+    StressArgs.add_to(parser)
+    args = parser.parse_args(["--peer-threshold", "0.9", "--expected-threshold", "0.8",
+                              "--copy-threshold", "0.6"])
+    built = partial_report(args, ctx)
     assert built is not None and [s.name for s in built.sections] == ["stress", "gemm",
                                                                       "faults"]
     assert built.sections[0].data["phases_done"] == "1 of 3: gemm"
