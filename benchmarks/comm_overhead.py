@@ -1,17 +1,12 @@
 """How much the comm sweep's own machinery costs: gpucheck's reported all_reduce
 bandwidth against a bare loop of the same collective, side by side in one job.
 
-    .venv/bin/python benchmarks/comm_overhead.py [--ranks 2] [--rounds 7] [--device cuda]
+Each round runs gpucheck's measurement (`gpucheck.comm.worker.measure_size`) and a bare
+loop, alternating which goes first, both reporting the slowest rank: on CPU (gloo on
+loopback) a plain all_reduce loop, on CUDA the nccl-tests loop (back to back, one
+synchronisation). The median of the rounds and the ratio gpucheck / bare per size.
 
-Large messages; loopback gloo on CPU (the default), NCCL with --device cuda (one rank
-per GPU). Each round runs gpucheck's measurement (`gpucheck.comm.worker.measure_size`:
-warm-up, barrier, timed batch, all_gather of every rank's time, slowest rank) and a
-bare loop, alternating which goes first; the bare loop's slowest rank comes from an
-all_reduce MAX. The bare loop is what each backend is best timed with: on CPU a plain
-synchronous all_reduce loop under perf_counter; on CUDA the nccl-tests loop (start
-event, `iters` all_reduces launched back to back with async_op=True, the stream made
-to wait on them, end event, one synchronisation). Prints the median of the rounds and
-the ratio gpucheck / bare (1.00 = no overhead).
+    .venv/bin/python benchmarks/comm_overhead.py [--ranks 2] [--rounds 7] [--device cuda]
 """
 
 from __future__ import annotations
