@@ -1,23 +1,12 @@
-"""`gpucheck fleet` on 1,000 node reports: how long, and are the planted bad nodes named?
+"""`gpucheck fleet` on 1,000 node reports beside a bare json.load of the same files.
 
-Builds a synthetic fleet from real reports (tests/data/reports: env, bench, comm and
-stress joined into one report per node, the shape `gpucheck all` gives; or --source
-FILE, e.g. a real `gpucheck all` report), with 2% Gaussian noise on every measured
-figure and four planted problems:
-
-    node0137  rank 1 at 60% speed (bench images/s, stress GEMM TFLOP/s)
-    node0421  an older NVIDIA driver (535.104.05)
-    node0777  a FAIL finding (stress.sdc.repeat: silent data corruption)
-    node0999  no report at all (the fleet is told to expect node[0000-0999])
-
-(at the same fractions of a smaller fleet: --nodes 12 plants nodes 1, 5, 9 and 11),
-plus one unreadable file. Then times `python -m gpucheck fleet DIR --nodes ... -o
-out.json -q` in a fresh process and, run by run beside it, a fresh process that only
-json.loads the same files; prints the medians and their ratio (issue 35 asks at most
-2.5x), and checks that the planted nodes are the ones named in the ranked list.
+A synthetic fleet from tests/data/reports (env, bench, comm and stress joined, as
+`gpucheck all` writes; or --source FILE), 2% noise on every measured figure, four
+planted problems (a rank at 60% speed, an old driver, a FAIL finding, a missing
+report) and one unreadable file. Prints both medians, their ratio (issue 35: at most
+2.5x) and whether the planted nodes are the ones named.
 
     python benchmarks/fleet_scale.py [--nodes 1000] [--runs 5] [--ranks 8] [--source FILE]
-                                     [--keep DIR]
 """
 
 from __future__ import annotations
@@ -59,8 +48,7 @@ def combined_source() -> dict[str, Any]:
 
 
 def widen(report: dict[str, Any], ranks: int) -> None:
-    """Every per-rank table given `ranks` rows (copies of the rows there are), so the
-    report has the metrics of an N-GPU node."""
+    """Every per-rank table given `ranks` rows (copies of the rows there are)."""
     for section in report["sections"]:
         for key, table in list(section.get("data", {}).items()):
             if isinstance(table, list) and table and all(
@@ -104,8 +92,7 @@ def node_report(source: dict[str, Any], index: int, rng: random.Random,
 
 
 def _slow_rank(report: dict[str, Any], rank: int, factor: float) -> None:
-    """The rank's throughputs times `factor`: its metrics (what fleet judges) and the
-    tables beside them."""
+    """The rank's throughputs (its metrics and table rows) times `factor`."""
     for section in report["sections"]:
         for metric in section.get("metrics") or []:
             if (metric.get("subject") or {}).get("rank") == rank and any(

@@ -1,27 +1,15 @@
-"""What happens when an NCCL collective times out under gpucheck's own path, measured
-on ONE GPU (issue 33): a 1-rank NCCL group whose all_reduce waits behind a ~10 s GPU
-sleep, with a 3 s timeout, through `process_group`, comm's `time_batch` (gpucheck's
-deadline), the dump, the abort and `os._exit`.
+"""An NCCL collective timing out under gpucheck's own path, on ONE GPU (issue 33): a
+1-rank NCCL all_reduce behind a ~10 s GPU sleep, a 3 s timeout, through
+`process_group`, comm's `time_batch`, the dump, the abort and `os._exit`.
 
     python benchmarks/nccl_timeout_probe.py --out $OUT/probe            # one GPU
     python benchmarks/nccl_timeout_probe.py --out /tmp/probe --dry-run  # CPU, seconds
 
-It records in OUT/probe.json (the rank's own output in OUT/rank.out and OUT/rank.err,
-`gpucheck hang --traces` on its dumps in OUT/hang.json):
-- seconds from the timeout (the op's launch + --timeout) to the rank's exit, and from
-  the launch to the raise (goal: exit under timeout + 10 s);
-- whether gpucheck's dump exists, and the stuck all_reduce's state in it (goal: not
-  completed), and torch's own dump, if the watchdog wrote one;
-- what `gpucheck hang --traces` says of the dumps;
-- the rank's threads just before it left (Python's, and the process's native ones by
-  name), its exit code, and whether it was still alive when the probe gave up.
-Every failure of the rank is a finding in probe.json, never a crash of the probe; the
-rank is killed at --timeout + --sleep + 90 s at the latest, so nothing hangs.
-
---dry-run: gloo on the CPU with a stand-in op that completes only after --sleep
-seconds (no GPU sleep, no NCCL, so no abort and no stuck op in the dump): the same
-frame, deadline, dump, report and exit, in a few seconds; part of the test suite
-(tests/test_nccl_deadline.py).
+OUT/probe.json: seconds from the timeout to the exit (goal: under timeout + 10 s); the
+dump and the stuck op's state in it (goal: not completed); `gpucheck hang --traces` on
+the dumps (OUT/hang.json); the threads left. A failure is a finding, never a crash;
+the rank is killed at --timeout + --sleep + 90 s. --dry-run: gloo on the CPU with a
+stand-in op (no NCCL, so no abort), part of the suite (tests/test_nccl_deadline.py).
 """
 
 from __future__ import annotations
