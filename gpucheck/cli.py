@@ -116,7 +116,7 @@ def signals_as_interrupts() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be set on the main thread
         return
-    from gpucheck.interrupts import hangup_ignored
+    from gpucheck.errors import hangup_ignored
 
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS if not hangup_ignored(sig)}
     for sig in previous:

@@ -13,8 +13,7 @@ import psutil
 import pytest
 
 from gpucheck.cli import signals_as_interrupts
-from gpucheck.errors import Interrupted
-from gpucheck.interrupts import deferred_interrupts
+from gpucheck.errors import Interrupted, deferred_interrupts
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--model", "mobilenet_v3_small", "--iters", "2", "--warmup", "0", "--batch-size", "1"]

@@ -19,7 +19,7 @@ from gpucheck.bench.pace import DEFAULT_STRAGGLER_THRESHOLD
 from gpucheck.commands.launch import LaunchOptions, LaunchPlan, plan_launch, run_reported
 from gpucheck.commands.options import non_negative_int, opt, positive_float, positive_int
 from gpucheck.context import RunContext
-from gpucheck.interrupts import deferred_interrupts
+from gpucheck.errors import deferred_interrupts
 from gpucheck.report import Report, Section
 
 if TYPE_CHECKING:  # imported where used: the worker brings torch in

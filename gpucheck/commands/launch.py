@@ -89,7 +89,7 @@ def _visible_gpus(ctx: RunContext) -> int:
 def import_torch() -> Any:
     """torch, or one UsageError line (exit 2), never an ImportError traceback (a missing
     CUDA library is an OSError, a broken install anything)."""
-    from gpucheck.interrupts import deferred_interrupts
+    from gpucheck.errors import deferred_interrupts
 
     try:
         with deferred_interrupts():  # Ctrl-C inside torch's import: raised after it

@@ -17,8 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any
 
-from gpucheck.errors import Interrupted, UsageError
-from gpucheck.interrupts import deferred_interrupts, hangup_ignored
+from gpucheck.errors import Interrupted, UsageError, deferred_interrupts, hangup_ignored
 
 # Seconds the agent waits after SIGTERM before SIGKILL when it stops workers. torch
 # 2.11 has no such setting and waits 30 s (`_launch_config`); 2.14 has it.
