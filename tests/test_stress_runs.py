@@ -22,7 +22,9 @@ import stress_workers
 from gpucheck.cli import program
 from gpucheck.context import RunContext, RunOptions, TestHooks
 
-SHORT = ("--duration", "1", "--timeout", "60", "-q")
+# The shortest burn-in: it still repeats the product MIN_REPEATS (10) times, past the
+# planted change after CHANGE_AFTER (5).
+SHORT = ("--duration", "0.1", "--timeout", "60", "-q")
 # Runs with a planted fault measure only the dtype that also burns in (fp32 first on
 # CPU): the fault is in the burn-in or in every loop, so one GEMM window shows it.
 ONE_DTYPE = ("--dtypes", "fp32")
@@ -186,7 +188,7 @@ def test_two_healthy_torchrun_ranks_run_every_phase_and_report_once_from_rank_ze
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m", "gpucheck",
-         "stress", "--duration", "1", "--timeout", "60", "-o", str(tmp_path / "r.json")],
+         "stress", "--duration", "0.1", "--timeout", "60", "-o", str(tmp_path / "r.json")],
         cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("gpucheck stress on") == 1
