@@ -75,7 +75,8 @@ def plan(dry_run: bool, gpus: int, first_gpu: str = "0") -> list[Step]:
     cpu = ("--device", "cpu", "--n-gpus", "1")
     why = "needs a GPU: on the CPU it is the bench and comm steps' path again"
     return [Step("env", "env", ("--no-gpu-test",)), Step("health", "health", timeout_s=60),
-            Step("stress", "stress", (*cpu, "--duration", "0.1", "--size", "16")),
+            Step("stress", "stress", (*cpu, "--duration", "0.1", "--size", "16", "--dtypes",
+                                      "fp32")),
             Step("bench", "bench", (*cpu, "--model", "mobilenet_v3_small", "--batch-size",
                                     "1", "--warmup", "1", "--iters", "1"), 180),
             Step("comm", "comm", (*cpu, "--max-bytes", "4K", "--iters", "1", "--warmup",
