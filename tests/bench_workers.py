@@ -19,7 +19,7 @@ from torch import nn
 
 SLOW_RANK = 1
 WRONG_RANK = 2
-SLEEP_S = 0.25
+SLEEP_S = 0.1  # busy CPU time per forward: several times a small model's iteration
 
 
 class _RankBehaviour(nn.Module):
@@ -209,7 +209,7 @@ class _StallsAt(nn.Module):
 
 
 STALL_S = 1.0
-STALLED_ITERS = 12  # the runs these hooks are for: --warmup 1 --iters 12
+STALLED_ITERS = 6  # the runs these hooks are for: --warmup 1 --iters 6
 
 
 def stall_rank_one_once_in_each_loop(model: nn.Module, rank: int) -> nn.Module:

@@ -68,25 +68,6 @@ def test_one_rank_of_resnet50_runs_in_this_process(tmp_path: Path) -> None:
     assert_records_add_up(report, 1, images_per_rank=2)
 
 
-def test_two_self_launched_ranks_add_up(tmp_path: Path) -> None:
-    code, report = bench(tmp_path, "--n-gpus", "2", *SMALL)
-    assert code == 0, report
-    assert_records_add_up(report, 2, images_per_rank=4)
-    consistency = section(report, "consistency")
-    assert consistency["data"]["max_deviation"] <= 1e-3
-    assert consistency["data"]["reference"] == "CPU float32"
-    assert len(consistency["data"]["reference_deviation_per_rank"]) == 2
-    assert [f["status"] for f in consistency["findings"]] == ["OK"]
-    # No GPU: the fault watch is a SKIP that says why (shared with test_faults_wiring_runs,
-    # whose other runs watch fake GPUs).
-    faults = section(report, "faults")["findings"]
-    assert [(f["check"], f["status"], f["subject"]) for f in faults] == [
-        ("faults.watch", "SKIP", None)]
-    assert faults[0]["message"] == ("hardware fault watching n/a on ranks 0, 1: no GPU: "
-                                    "this rank runs on the CPU")
-    assert no_children_left()
-
-
 def test_two_ranks_one_computing_wrong_logits_fail_naming_that_rank_only(tmp_path: Path) -> None:
     # No majority with two ranks: the CPU reference tells which one is wrong.
     code, report = bench(tmp_path, "--n-gpus", "2", *SMALL,
@@ -97,6 +78,7 @@ def test_two_ranks_one_computing_wrong_logits_fail_naming_that_rank_only(tmp_pat
     assert "CPU reference" in failed[0]["message"]
     deviations = section(report, "consistency")["data"]["reference_deviation_per_rank"]
     assert deviations[0] > section(report, "consistency")["data"]["reference_tolerance"]
+    assert no_children_left()
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +144,20 @@ def test_torchrun_single_process_launches_n_gpus_itself(tmp_path: Path, nproc: i
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "r.json").read_text())
     assert_records_add_up(report, nproc, images_per_rank=4)
+    if nproc == 2:  # two self-launched ranks agree: the healthy case of consistency
+        two_healthy_ranks_agree(report)
+
+
+def two_healthy_ranks_agree(report: dict[str, Any]) -> None:
+    consistency = section(report, "consistency")
+    assert consistency["data"]["max_deviation"] <= 1e-3
+    assert consistency["data"]["reference"] == "CPU float32"
+    assert len(consistency["data"]["reference_deviation_per_rank"]) == 2
+    assert [f["status"] for f in consistency["findings"]] == ["OK"]
+    # No GPU: the fault watch is a SKIP that says why (shared with test_faults_wiring_runs,
+    # whose other runs watch fake GPUs).
+    faults = section(report, "faults")["findings"]
+    assert [(f["check"], f["status"], f["subject"]) for f in faults] == [
+        ("faults.watch", "SKIP", None)]
+    assert faults[0]["message"] == ("hardware fault watching n/a on ranks 0, 1: no GPU: "
+                                    "this rank runs on the CPU")
