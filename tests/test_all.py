@@ -15,10 +15,13 @@ from gpucheck.commands import all as all_cmd
 from gpucheck.render import render
 from gpucheck.report import Report, Section, ok
 
-# Short settings so a test run takes seconds per command (2 CPU ranks); the smallest
-# model (the bench's own runs test resnet50, the default).
-FAST_BENCH = ("--model", "mobilenet_v3_small", "--iters", "1", "--warmup", "0",
-              "--batch-size", "1")
+# Short settings so a test run takes seconds per command (2 CPU ranks): the smallest
+# model (the bench's own runs test resnet50, the default), one GEMM dtype at a small size,
+# the smallest sizes a comm sweep and its pairs measure, once each.
+FAST = {"bench": ("--model", "mobilenet_v3_small", "--iters", "1", "--warmup", "0",
+                  "--batch-size", "1"),
+        "stress": ("--dtypes", "fp32", "--size", "128"),
+        "comm": ("--max-bytes", "4K", "--iters", "1", "--warmup", "0")}
 SHORT = ["--duration", "0.5", "--timeout", "60", "-q"]
 
 
@@ -35,11 +38,12 @@ def _rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture
-def fast_bench(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(all_cmd.CPU_SETTINGS, "bench", FAST_BENCH)
+def fast_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    for command, settings in FAST.items():
+        monkeypatch.setitem(all_cmd.CPU_SETTINGS, command, settings)
 
 
-@pytest.mark.usefixtures("fast_bench")
+@pytest.mark.usefixtures("fast_commands")
 def test_all_runs_every_command_into_one_report_with_a_summary_row_each(
         tmp_path: Path) -> None:
     code, report = _run_all(tmp_path)
@@ -58,6 +62,7 @@ def test_all_runs_every_command_into_one_report_with_a_summary_row_each(
     assert "<b>bench: " in markdown and "<b>Commands</b>" in markdown
 
 
+@pytest.mark.usefixtures("fast_commands")
 def test_a_failing_command_is_a_fail_finding_and_the_next_one_still_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpucheck.commands import env
