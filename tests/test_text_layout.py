@@ -195,3 +195,9 @@ def test_all_shows_the_fault_watch_thresholds_once_and_points_back_to_them() -> 
     assert data["bench.faults"]["thresholds"] == "as in stress: Fault watch"
     assert data["comm.faults"]["thresholds"] == {"temperature_c": 80}  # differs: shown
     assert reports[1].sections[0].data["thresholds"] == thresholds  # the input is kept
+
+
+def test_a_table_of_rows_without_fields_renders_as_nothing_not_a_crash() -> None:
+    # Found by test_hostile_fuzz: a damaged report's `"model": [{}]`.
+    assert table_lines([{}], "  ", 40) == []
+    assert table_lines([{}, {}], "", 100) == []

@@ -144,6 +144,8 @@ def table_lines(rows: list[dict[str, Any]], indent: str = "", width: int = WIDTH
     (never the key columns that name a row, `_key_count`); one that would lose half its
     columns is shown row by row instead, each value beside its column's name."""
     columns = table_columns(rows)
+    if not columns:  # rows without a field (a damaged report's `[{}]`): nothing to align
+        return []
     texts = [[esc(fmt_field(c, row.get(c))) for c in columns] for row in rows]
     names = [esc(c) for c in columns]
     keys = _key_count(names)
