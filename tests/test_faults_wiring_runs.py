@@ -10,6 +10,7 @@ its own, since other sections of CPU runs may warn about scheduling noise.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -147,6 +148,10 @@ def test_a_bench_straggler_in_thermal_slowdown_is_told_why_it_was_slow(
     warned = [f for s in report["sections"] for f in s["findings"]
               if f["check"] == "bench.rank.straggler" and f["status"] == "WARN"]
     assert [f["subject"] for f in warned] == ["rank 1"]
-    assert warned[0]["message"].endswith("; was in HW thermal slowdown 50% of the timed loop")
+    # The share is the counter's growth over the loop's own clock: 50% give or take the
+    # moment each was read (51% seen in a loaded CI run).
+    cause = re.search(r"; was in HW thermal slowdown (\d+)% of the timed loop$",
+                      warned[0]["message"])
+    assert cause and 45 <= int(cause[1]) <= 55, warned[0]["message"]
     slowed = [f for f in faults(report)["findings"] if f["check"] == "faults.clocks.slowdown"]
     assert [(f["status"], f["subject"]) for f in slowed] == [("WARN", f"rank 1 on {LABEL[1]}")]
