@@ -347,9 +347,7 @@ def test_a_crowd_claiming_huge_local_worlds_makes_up_no_more_ranks_than_the_node
     monkeypatch.setattr(live, "watch", lambda ranks, host, *a: (
         [observe.RankView(r.rank, r.local_rank, r.world_size, r.pid, host, watched=False)
          for r in ranks], None))
-    started = time.monotonic()
     view = live.node_view(None, 1.0, "node7", 0, 3.0)
-    assert time.monotonic() - started < 5
     assert sum(len(v) for v in view["jobs"].values()) == 300 + 2 + 1
     assert [v["rank"] for v in view["jobs"]["127.0.0.1:1/ (me)"]] == [0, 1, 2]
     assert any("more ranks than this machine can hold" in n for n in view["notes"])
