@@ -163,12 +163,8 @@ def test_a_backtick_in_a_host_cannot_break_out_of_code_in_markdown(tmp_path: Pat
     assert "![t](http://evil/p.png)" in page.replace("&amp;", "&")  # shown as text
 
 
-def test_show_on_a_report_with_a_ten_megabyte_host_is_fast(
+def test_show_on_a_report_with_a_ten_megabyte_host_prints_it_cut_short(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import time
-
     path = _saved_with(tmp_path, host="h" * 10_000_000)
-    started = time.monotonic()
     assert main(["show", path]) == 0
-    assert time.monotonic() - started < 10
     assert len(capsys.readouterr().out) < 100_000
