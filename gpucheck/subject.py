@@ -145,10 +145,6 @@ class Subject:
             values[key] = value
         return cls(Kind(raw.get("kind")), label, **values)
 
-    def relabeled(self, label: str) -> Subject:
-        """The same subject, every field kept, under other words."""
-        return dataclasses.replace(self, label=label)
-
     def on_node(self, index: int, label: str, host: str | None = None) -> Subject:
         """This subject of one node's report placed in a job's report: `label` is the
         new words ("node 1 (h1) GPU 3 (...)"); `node` and `host` fill the fields it lacks.

@@ -116,10 +116,6 @@ class LoopStats:
     p99_s: float
     max_s: float
 
-    @property
-    def mean_s(self) -> float:
-        return self.total_s / self.iters
-
 
 def summarise(times_s: Sequence[float]) -> LoopStats:
     return LoopStats(iters=len(times_s), total_s=float(sum(times_s)),

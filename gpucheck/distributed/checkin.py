@@ -250,7 +250,3 @@ def roll_call_window_s(timeout_s: float, backend: str) -> float:
     watchdog has aborted (`deadline.latest_arrival_s`, from the settings in effect)."""
     apart = latest_arrival_s() if backend == "nccl" else min(5.0, max(1.0, timeout_s / 4))
     return apart + DUMP_WAIT_S
-
-
-def infos_table(infos: Sequence[RankInfo]) -> list[dict[str, Any]]:
-    return [asdict(i) for i in infos]

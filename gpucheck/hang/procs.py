@@ -390,8 +390,3 @@ def node_capacity() -> int:
     is believed up to it (300 processes claiming LOCAL_WORLD_SIZE=1024 made 81,840
     dead ranks and 70 MB of report)."""
     return max(os.cpu_count() or 1, MIN_NODE_RANKS)
-
-
-def describe_env(rank: RankProcess) -> dict[str, Any]:
-    """The allowlisted variables shown in the report (never anything else)."""
-    return dict(sorted(rank.env.items()))
