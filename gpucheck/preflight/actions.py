@@ -234,7 +234,9 @@ def _still_served(store: Any) -> bool:
     try:
         with _stderr_silenced():
             return bool(store.check([_ready_key(0)]))
-    except Exception:  # the server went away: what this loop waits for
+    # The server went away (torch's DistError is a RuntimeError): what this loop waits
+    # for. Anything else (a store without `check`) is a bug to see, not a hand-over.
+    except (RuntimeError, OSError):
         return False
 
 
