@@ -112,6 +112,11 @@ def _fake_dist(monkeypatch: pytest.MonkeyPatch, log: Log, backend: str, rank: in
                             raising=False)
 
 
+def _time_pair(iters: int) -> list[float]:
+    """One timed batch of 4 KiB from rank 0 to rank 1, through comm's pair timing."""
+    return pairwise._time_pair_samples(0, 1, 4096, iters, "cpu", 1, False, WAIT_S)
+
+
 def _kinds(events: list[Event]) -> list[str]:
     return [e[0] for e in events]
 
@@ -213,7 +218,7 @@ def test_the_nccl_pair_sender_launches_every_send_and_the_ack_before_waiting(
     log = Log()
     _fake_dist(monkeypatch, log, backend="nccl", rank=0)
     iters = 3
-    gbps = pairwise._time_pair(0, 1, 4096, iters, "cpu")
+    (gbps,) = _time_pair(iters)
     launches = [e for e in log.events if e[0] == "launch"]
     # Warm-up (one send and the ack: it connects the pair), the untimed alignment
     # (the receiver's one element), then the timed batch.
@@ -234,7 +239,7 @@ def test_the_nccl_pair_sender_starts_its_clock_only_after_the_stream_waited_on_t
     stream waits on, so the skew is not counted in the pair's bandwidth."""
     log = Log()
     _fake_dist(monkeypatch, log, backend="nccl", rank=0)
-    pairwise._time_pair(0, 1, 4096, 2, "cpu")
+    _time_pair(2)
     start = log.events.index(("start",))
     align = log.events[start - 2:start]
     assert align == [("launch", "irecv", 1), ("block", 2)]  # ops 0, 1: the warm-up
@@ -245,7 +250,7 @@ def test_the_nccl_pair_receiver_posts_every_receive_and_the_ack_before_waiting(
         monkeypatch: pytest.MonkeyPatch) -> None:
     log = Log()
     _fake_dist(monkeypatch, log, backend="nccl", rank=1)
-    assert pairwise._time_pair(0, 1, 4096, 3, "cpu") is None
+    assert _time_pair(3) == []
     timed = log.events[_kinds(log.events).index("wait") + 2:]  # after the warm-up's waits
     # The alignment's one-element send to the sender, then the batch.
     assert [e for e in timed if e[0] == "launch"] == [("launch", "isend", 0)] + [
@@ -259,7 +264,7 @@ def test_the_gloo_pair_is_timed_one_op_at_a_time_without_an_alignment_op(
         monkeypatch: pytest.MonkeyPatch) -> None:
     log = Log()
     _fake_dist(monkeypatch, log, backend="gloo", rank=0)
-    pairwise._time_pair(0, 1, 4096, 2, "cpu")
+    _time_pair(2)
     timed = log.events[log.events.index(("start",)):]
     assert _kinds(timed) == ["start", "launch", "wait", "launch", "wait", "launch", "wait",
                              "stop", "seconds"]

@@ -1,6 +1,5 @@
-"""Send/recv bandwidth between every ordered pair of ranks on one node: one pair at a
-time per node, timed as the collectives are (`collectives.time_batch`), `repeats`
-times; then the slow pairs measured again beside a known-good pair (docs/comm.md)."""
+"""Send/recv bandwidth of every ordered pair of ranks on a node, one pair at a time per
+node, then the slow pairs measured again beside a known-good pair (docs/comm.md)."""
 
 from __future__ import annotations
 
@@ -66,13 +65,6 @@ def _align(me: int, src: int, dst: int, flag: Any) -> Callable[[], Work]:
     if me == src:
         return lambda: started(dist.irecv(flag, dst))
     return lambda: started(dist.isend(flag, src))
-
-
-def _time_pair(src: int, dst: int, size_bytes: int, iters: int, device: str,
-               wait_s: float = 60.0) -> float | None:
-    """Bandwidth in GB/s on the sender; None on the receiver."""
-    samples = _time_pair_samples(src, dst, size_bytes, iters, device, 1, False, wait_s)
-    return samples[0] if samples else None
 
 
 def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: str,
