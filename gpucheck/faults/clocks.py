@@ -1,7 +1,6 @@
 """Why the clocks were held down during the timed loop: the watcher's samples of the
-clock-event reasons, HW slowdown's corroboration, and their verdict
-(`faults.clocks.slowdown`). docs/faults.md says why HW slowdown (0x8) alone proves
-little and what corroborates it."""
+clock-event reasons and their verdict `faults.clocks.slowdown` (docs/faults.md says
+why HW slowdown, 0x8, needs corroboration)."""
 
 from __future__ import annotations
 
@@ -51,8 +50,7 @@ class ClockReader:
         return read_mask(self._nvml, self._handle, self._functions)
 
     def sm_ratio(self, mask: int) -> float | None:
-        """The SM clock over its maximum (`nvidia-smi --query-gpu=clocks.sm,clocks.max.sm`),
-        read only for a sample whose 0x8 needs it; None when not needed or n/a."""
+        """The SM clock over its maximum, read only for a sample whose 0x8 needs it."""
         if not needs_sm_clock(mask):
             return None
         sm = getattr(self._nvml.module, "NVML_CLOCK_SM", 1)
@@ -86,54 +84,20 @@ def needs_sm_clock(mask: int) -> bool:
     return bool(mask & HW_SLOWDOWN) and not mask & (HW_THERMAL | HW_POWER_BRAKE | GPU_IDLE)
 
 
-class HwSlowdownRuns:
-    """The 0x8 samples of a window: flagged, corroborated, and held (in runs of
-    SUSTAINED_SAMPLES consecutive corroborated samples or more)."""
-
-    def __init__(self) -> None:
-        self.flagged = 0
-        self.by = {"bits": 0, "low_clock": 0}
-        self.held_closed = 0  # samples of finished runs that were long enough
-        self.run = 0
-        self.longest = 0
-        self.lowest_ratio: float | None = None
-
-    def add(self, mask: int, sm_ratio: float | None) -> None:
-        why = corroboration(mask, sm_ratio)
-        self.flagged += bool(mask & HW_SLOWDOWN)
-        if why is None:
-            if self.run >= SUSTAINED_SAMPLES:
-                self.held_closed += self.run
-            self.run = 0
-            return
-        self.by[why] += 1
-        self.run += 1
-        self.longest = max(self.longest, self.run)
-        if why == "low_clock" and sm_ratio is not None:
-            self.lowest_ratio = (sm_ratio if self.lowest_ratio is None
-                                 else min(sm_ratio, self.lowest_ratio))
-
-    def summary(self) -> dict[str, Any]:
-        held = self.held_closed + (self.run if self.run >= SUSTAINED_SAMPLES else 0)
-        return {"flagged": self.flagged, "corroborated_by_bits": self.by["bits"],
-                "corroborated_by_low_clock": self.by["low_clock"], "held": held,
-                "longest_run": self.longest, "lowest_sm_ratio": (
-                    None if self.lowest_ratio is None else round(self.lowest_ratio, 3))}
-
-
 class ClockTally:
-    """Per-reason sample counts over the window; written by the sampler thread."""
+    """Per-reason sample counts over the window (written by the sampler thread), and
+    its 0x8 samples: flagged, corroborated, held (runs of SUSTAINED_SAMPLES or more)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._samples = 0
-        self._counts: dict[str, int] = {}
-        self._hw = HwSlowdownRuns()
+        self.reset()
 
     def reset(self) -> None:
         with self._lock:
-            self._samples, self._counts = 0, {}
-            self._hw = HwSlowdownRuns()
+            self._samples, self._counts = 0, dict[str, int]()
+            self._flagged, self._by = 0, {"bits": 0, "low_clock": 0}
+            self._held_closed = self._run = self._longest = 0  # held: in finished runs
+            self._lowest: float | None = None
 
     def add(self, mask: int, sm_ratio: float | None = None) -> None:
         with self._lock:
@@ -141,11 +105,27 @@ class ClockTally:
             for bit, name in CLOCK_REASONS.items():
                 if mask & bit:
                     self._counts[name] = self._counts.get(name, 0) + 1
-            self._hw.add(mask, sm_ratio)
+            why = corroboration(mask, sm_ratio)
+            self._flagged += bool(mask & HW_SLOWDOWN)
+            if why is None:
+                if self._run >= SUSTAINED_SAMPLES:
+                    self._held_closed += self._run
+                self._run = 0
+                return
+            self._by[why] += 1
+            self._run += 1
+            self._longest = max(self._longest, self._run)
+            if why == "low_clock" and sm_ratio is not None:
+                self._lowest = sm_ratio if self._lowest is None else min(sm_ratio,
+                                                                         self._lowest)
 
     def hw_slowdown(self) -> dict[str, Any]:
         with self._lock:
-            return self._hw.summary()
+            held = self._held_closed + (self._run if self._run >= SUSTAINED_SAMPLES else 0)
+            return {"flagged": self._flagged, "corroborated_by_bits": self._by["bits"],
+                    "corroborated_by_low_clock": self._by["low_clock"], "held": held,
+                    "longest_run": self._longest, "lowest_sm_ratio": (
+                        None if self._lowest is None else round(self._lowest, 3))}
 
     @property
     def samples(self) -> int:

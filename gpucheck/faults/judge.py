@@ -1,7 +1,5 @@
-"""Rank 0's verdicts on one rank's `FaultWatch.result()`: memory (ECC, row and bank
-remapping, page retirement), NVML events (XIDs and the others) and the watcher's own
-trouble (a GPU lost, NVML slow). Links are judged in `links`, clocks in `clocks`;
-docs/faults.md has every threshold and why."""
+"""Rank 0's verdicts on one rank's `FaultWatch.result()`: memory, NVML events and the
+watcher's own trouble (links: `links`, clocks: `clocks`; thresholds in docs/faults.md)."""
 
 from __future__ import annotations
 
@@ -32,11 +30,6 @@ def events_of(result: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
     return [e for e in result.get("events") or [] if e.get("kind") == kind]
 
 
-def registered(result: Mapping[str, Any], kind: str) -> bool:
-    """Whether the event set listened to `kind` (so its absence means none happened)."""
-    return kind in (result.get("events_registered") or [])
-
-
 def plural(count: int, word: str) -> str:
     return f"{count} {word}" + ("" if count == 1 else "s")
 
@@ -45,10 +38,9 @@ CORRECTED_ECC_WARN = 10  # corrected errors in one run that make a WARN
 
 
 def judge_uncorrected_ecc(result: Mapping[str, Any]) -> Finding:
-    """Any new uncorrected (double-bit) ECC error: FAIL, drain the node."""
     check, count = "faults.ecc.uncorrected", counter(result, "ecc_uncorrected")
     events = len(events_of(result, "ecc_uncorrected"))
-    if count is None and not registered(result, "ecc_uncorrected"):
+    if count is None and "ecc_uncorrected" not in (result.get("events_registered") or []):
         return skip(check, "uncorrected ECC (ECC off or not reported)")
     new = max(count or 0, events)
     if new:
@@ -61,8 +53,7 @@ def judge_uncorrected_ecc(result: Mapping[str, Any]) -> Finding:
 
 
 def judge_corrected_ecc(result: Mapping[str, Any]) -> Finding:
-    """Corrected errors are normal in small numbers: WARN from CORRECTED_ECC_WARN on,
-    or when the driver reports a storm of them."""
+    """WARN from CORRECTED_ECC_WARN corrected errors on, or a storm of them."""
     check, count = "faults.ecc.corrected", counter(result, "ecc_corrected")
     events = len(events_of(result, "ecc_corrected"))
     advice = ("ECC corrected them and no data was lost; run again and watch nvidia-smi -q -d "
@@ -70,7 +61,7 @@ def judge_corrected_ecc(result: Mapping[str, Any]) -> Finding:
     if events_of(result, "ecc_corrected_storm"):
         return fault(check, Status.WARN, "the driver reported a storm of corrected "
                      "(single-bit) ECC errors during the run", "rerun", advice)
-    if count is None and not registered(result, "ecc_corrected"):
+    if count is None and "ecc_corrected" not in (result.get("events_registered") or []):
         return skip(check, "corrected ECC (ECC off or not reported)")
     new = max(count or 0, events)
     if new >= CORRECTED_ECC_WARN:
@@ -124,10 +115,8 @@ def judge_retired_pages(result: Mapping[str, Any]) -> Finding:
 
 
 def judge_bank_remaps(result: Mapping[str, Any]) -> list[Finding]:
-    """The bank remapper, beside the row remapper (nvmlEccBankRemapperStatus_v1_t as
-    field values): a pending bank remap is a FAIL like a pending row remap (a reset
-    applies it); new bank remappings during the run are a WARN to watch (the memory
-    repaired a bank under this load); nothing where the GPU lacks the remapper."""
+    """A pending bank remap: FAIL (a reset applies it); new bank remappings: WARN;
+    nothing where the GPU lacks the remapper."""
     pending = (counter(result, "bank_remap_pending", "before"),
                counter(result, "bank_remap_pending", "after"))
     grown = {k: counter(result, f"bank_remaps_{k}") for k in ("active", "inactive")}
@@ -150,7 +139,6 @@ def judge_bank_remaps(result: Mapping[str, Any]) -> list[Finding]:
 
 
 def judge_memory(result: Mapping[str, Any]) -> list[Finding]:
-    """Every memory verdict on one rank's result."""
     return [judge_uncorrected_ecc(result), judge_corrected_ecc(result),
             *judge_remapped_rows(result), *judge_bank_remaps(result),
             judge_retired_pages(result)]
@@ -187,8 +175,7 @@ def when(events: Sequence[Mapping[str, Any]]) -> str:
 
 
 def judge_xids(result: Mapping[str, Any]) -> list[Finding]:
-    """Each XID seen, classified by the package's XID table; application-level ones
-    (13, 31, 43, ...) are information, not a GPU fault."""
+    """Each XID by the XID table; application-level ones (13, 31, ...) are an OK."""
     by_xid: dict[int, list[dict[str, Any]]] = {}
     for event in events_of(result, "xid"):
         by_xid.setdefault(int(event["xid"]), []).append(event)
@@ -205,17 +192,6 @@ def judge_xids(result: Mapping[str, Any]) -> list[Finding]:
     return verdicts
 
 
-def _recovery_verdicts(result: Mapping[str, Any]) -> list[Finding]:
-    verdicts = []
-    for event in events_of(result, "gpu_recovery_action"):
-        what, action = RECOVERY_ACTIONS.get(int(event["data"]), (None, "none"))
-        if what is not None:
-            verdicts.append(fault("faults.event.gpu_recovery_action", Status.FAIL,
-                                  f"the driver asks for a {what} ({when([event])})", action,
-                                  f"{what} before using the GPU again"))
-    return verdicts
-
-
 def judge_events(result: Mapping[str, Any]) -> list[Finding]:
     """XIDs and the memory/availability events; n/a when no event set could be registered."""
     if result.get("events_registered") is None:
@@ -227,7 +203,12 @@ def judge_events(result: Mapping[str, Any]) -> list[Finding]:
         if seen:
             verdicts.append(fault(f"faults.event.{kind}", status, f"NVML event: {meaning}, "
                                   f"{when(seen)}", action, advice))
-    verdicts += _recovery_verdicts(result)
+    for event in events_of(result, "gpu_recovery_action"):
+        what, action = RECOVERY_ACTIONS.get(int(event["data"]), (None, "none"))
+        if what is not None:
+            verdicts.append(fault("faults.event.gpu_recovery_action", Status.FAIL,
+                                  f"the driver asks for a {what} ({when([event])})", action,
+                                  f"{what} before using the GPU again"))
     unknown = [e for e in result.get("events") or [] if str(e.get("kind")).startswith("event_")]
     if unknown:
         verdicts.append(fault("faults.event.unknown", Status.WARN, f"NVML events of a type "
@@ -268,38 +249,19 @@ _LOST: dict[str, tuple[str, str, str]] = {
 }
 
 
-def judge_lost(result: Mapping[str, Any]) -> Finding | None:
-    """FAIL `faults.gpu_lost` when the GPU stopped answering; None when it did not."""
+def judge_errors(result: Mapping[str, Any]) -> list[Finding]:
+    """The GPU stopped answering: FAIL alone; NVML slow or other watcher trouble: WARN
+    (what was read before it is still judged)."""
     lost = [e for e in result.get("errors") or [] if e.get("kind") in LOST_KINDS]
-    if not lost:
-        return None
-    first = lost[0]
-    words, action, advice = _LOST.get(first.get("kind"), _LOST["Timeout"])
-    return fault("faults.gpu_lost", Status.FAIL, f"{words}, {first['phase']} "
-                 f"({first['message']})", action, advice)
-
-
-def judge_slow(result: Mapping[str, Any]) -> Finding | None:
-    """WARN `faults.nvml_slow` (action none) when calls answered late but answered."""
+    if lost:
+        words, action, advice = _LOST.get(lost[0].get("kind"), _LOST["Timeout"])
+        return [fault("faults.gpu_lost", Status.FAIL, f"{words}, {lost[0]['phase']} "
+                      f"({lost[0]['message']})", action, advice)]
     calls = [(c["function"], float(c["waited_s"]), float(c["budget_s"]))
              for c in result.get("nvml_slow") or []]
-    if not calls:
-        return None
-    return fault("faults.nvml_slow", Status.WARN, f"NVML slow, not lost: {slow_words(calls)}",
-                 "none", SLOW_ADVICE)
-
-
-def judge_errors(result: Mapping[str, Any]) -> list[Finding]:
-    """The GPU stopped answering: FAIL (and nothing else of the watcher's is said);
-    NVML slow: WARN; other watcher trouble: WARN, and what was read before it is
-    still judged."""
-    lost = judge_lost(result)
-    if lost is not None:
-        return [lost]
-    slow = judge_slow(result)
-    errors = result.get("errors") or []
-    return [*([slow] if slow else []),
-            *(fault("faults.watch", Status.WARN, f"the fault watcher ran into trouble "
-                    f"{e['phase']} ({e['message']}); what it could not read is n/a",
-                    "rerun", "run again; report a gpucheck bug if it repeats")
-              for e in errors)]
+    slow = [fault("faults.nvml_slow", Status.WARN, f"NVML slow, not lost: {slow_words(calls)}",
+                  "none", SLOW_ADVICE)] if calls else []
+    return [*slow, *(fault("faults.watch", Status.WARN, f"the fault watcher ran into trouble "
+                           f"{e['phase']} ({e['message']}); what it could not read is n/a",
+                           "rerun", "run again; report a gpucheck bug if it repeats")
+                     for e in result.get("errors") or [])]

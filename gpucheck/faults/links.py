@@ -1,6 +1,5 @@
-"""How the GPU's links are judged: PCIe replays, NVLink up/down, recovery and CRC/replay
-errors (`nvidia-smi nvlink -e`), and NVLink5's own counters on Blackwell. The rates
-and thresholds are DCGM's (docs/faults.md)."""
+"""The link verdicts: PCIe replays, NVLink up/down, recovery and CRC/replay errors, and
+NVLink5's counters on Blackwell, at DCGM's rates and thresholds (docs/faults.md)."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ SYMBOL_BER_FLOOR_EXP = 238  # DCGM_SYMBOL_BER_FLOOR_EXP_AGGREGATED (Blackwell, a
 
 
 def judge_pcie(result: Mapping[str, Any]) -> Finding:
-    """PCIe replays: WARN above PCIE_REPLAYS_PER_MIN a minute (at least that many in a
-    run shorter than a minute)."""
+    """WARN above PCIE_REPLAYS_PER_MIN replays a minute (a shorter run: a minute's)."""
     check, count = "faults.pcie.replay", counter(result, "pcie_replays")
     if count is None:
         return skip(check, "PCIe replay counter")
@@ -40,8 +38,7 @@ def _links(result: Mapping[str, Any], name: str) -> str:
 
 
 def judge_nvlink(result: Mapping[str, Any]) -> list[Finding]:
-    """A link that went down or a recovery (retraining): FAIL; CRC/replay errors at
-    NVLINK_ERRORS_PER_S or more: WARN; fewer: noted, OK."""
+    """A link down or retrained: FAIL; CRC/replay errors at NVLINK_ERRORS_PER_S: WARN."""
     active = (counter(result, "nvlink_active_links", "before"),
               counter(result, "nvlink_active_links", "after"))
     d = {n: counter(result, f"nvlink_{n}") for n in ("crc_flit", "crc_data", "replay",
@@ -101,8 +98,7 @@ def ber_words(raw: int | None) -> str:
 
 
 def effective_ber_too_high(raw: int) -> bool:
-    """DCGM's IsEffectiveBerThresholdExceeded (common/DcgmUtilities.cpp): worse than
-    1e-12; (15, 255) encodes a BER of zero."""
+    """DCGM's IsEffectiveBerThresholdExceeded: worse than 1e-12."""
     mantissa, exponent = decode_ber(raw)
     if (mantissa, exponent) == BER_ZERO or mantissa == 0:
         return False
@@ -111,9 +107,7 @@ def effective_ber_too_high(raw: int) -> bool:
 
 
 def symbol_ber_too_high(raw: int) -> bool:
-    """DCGM's IsSymbolBerThresholdExceeded for the aggregated (all links, Blackwell)
-    symbol BER: worse than 15e-238, i.e. any symbol BER the FEC did not clear
-    (modules/health/DcgmHealthWatch.cpp, DCGM_SYMBOL_BER_FLOOR_EXP_AGGREGATED)."""
+    """DCGM's IsSymbolBerThresholdExceeded (all links): worse than 15e-238."""
     mantissa, exponent = decode_ber(raw)
     if mantissa == 0:
         return False
@@ -121,23 +115,9 @@ def symbol_ber_too_high(raw: int) -> bool:
                                                 and mantissa > 15)
 
 
-def _nvlink5_ber(result: Mapping[str, Any]) -> list[str]:
-    """What is wrong with the BERs after the run ("effective BER 3e-11 (over 1e-12)")."""
-    bad = []
-    effective = counter(result, "nvlink5_effective_ber", "after")
-    symbol = counter(result, "nvlink5_symbol_ber", "after")
-    if effective is not None and effective_ber_too_high(effective):
-        bad.append(f"effective BER {ber_words(effective)} (over 1e-12)")
-    if symbol is not None and symbol_ber_too_high(symbol):
-        bad.append(f"symbol BER {ber_words(symbol)} (DCGM: none expected past the FEC)")
-    return bad
-
-
 def judge_nvlink5(result: Mapping[str, Any]) -> list[Finding]:
-    """NVLink5 (Blackwell) counters over all links, before and after the run; SKIP where
-    the GPU lacks them. Link recovery events: FAIL (DCGM fails on one); effective
-    (post-FEC) errors, or a BER over DCGM's threshold: WARN; symbol errors the FEC
-    corrected (FEC history bins 1-15) are counted in the OK line."""
+    """NVLink5 counters over all links: a recovery event FAILs (as DCGM); effective
+    errors or a BER over DCGM's threshold WARN; SKIP where the GPU lacks them."""
     names = [n for n in COUNTERS if n.startswith("nvlink5_")]
     if all(counter(result, n, "after") is None for n in names):
         return [skip("faults.nvlink5", "NVLink5 counters (link recovery, effective and symbol "
@@ -156,11 +136,16 @@ def judge_nvlink5(result: Mapping[str, Any]) -> list[Finding]:
 
 
 def _nvlink5_errors(result: Mapping[str, Any]) -> list[Finding]:
-    """A BER over DCGM's threshold condemns the links (replace-hardware); the effective
-    error count alone (field 219, like 220 marked deprecated in DCGM's NVML header)
-    asks for the diagnostics first, never for a part."""
+    """A BER over DCGM's threshold condemns the links; the effective error count alone
+    (a deprecated field) asks for the diagnostics first, never for a part."""
     effective = counter(result, "nvlink5_effective_errors")
-    ber = _nvlink5_ber(result)
+    ber: list[str] = []
+    raw = counter(result, "nvlink5_effective_ber", "after")
+    if raw is not None and effective_ber_too_high(raw):
+        ber.append(f"effective BER {ber_words(raw)} (over 1e-12)")
+    raw = counter(result, "nvlink5_symbol_ber", "after")
+    if raw is not None and symbol_ber_too_high(raw):
+        ber.append(f"symbol BER {ber_words(raw)} (DCGM: none expected past the FEC)")
     said = "; ".join(([f"{effective} effective (post-FEC) error(s) during the run"]
                       if effective else []) + ber)
     if ber:
@@ -173,22 +158,17 @@ def _nvlink5_errors(result: Mapping[str, Any]) -> list[Finding]:
                       "within DCGM's thresholds (the count is a deprecated NVML field)",
                       "rerun", "run the field diagnostics (dcgmi diag -r 3) and look "
                       "again; a BER over its threshold is what condemns a link")]
-    return [ok("faults.nvlink5.errors", _nvlink5_ok(result))]
-
-
-def _nvlink5_ok(result: Mapping[str, Any]) -> str:
     symbol = counter(result, "nvlink5_symbol_errors")
     # Bin b counts codewords in which the FEC corrected b symbols: bin 0 (nothing to
     # correct) is no corrected error, so it is not summed.
     fec = [counter(result, f"nvlink5_fec_history_{b}") for b in range(1, 16)]
     corrected = sum(v for v in fec if v) if any(v is not None for v in fec) else None
-    return (f"NVLink5 effective errors +{counter(result, 'nvlink5_effective_errors') or 0}, "
+    return [ok("faults.nvlink5.errors", f"NVLink5 effective errors +{effective or 0}, "
             f"symbol errors {'n/a' if symbol is None else f'+{symbol}'} (FEC-corrected "
             f"{'n/a' if corrected is None else f'+{corrected}'}), effective BER "
             f"{ber_words(counter(result, 'nvlink5_effective_ber', 'after'))}, symbol BER "
-            f"{ber_words(counter(result, 'nvlink5_symbol_ber', 'after'))}")
+            f"{ber_words(counter(result, 'nvlink5_symbol_ber', 'after'))}")]
 
 
 def judge_links(result: Mapping[str, Any]) -> list[Finding]:
-    """Every link verdict on one rank's result."""
     return [judge_pcie(result), *judge_nvlink(result), *judge_nvlink5(result)]
