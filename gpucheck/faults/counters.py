@@ -1,8 +1,6 @@
-"""What the watcher reads of one GPU: its error counters before and after a load
-(`nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT`, "Replays Since Reset", `nvidia-smi
-nvlink -e`), as ints or None where the GPU or driver lacks one (n/a), and its NVML event
-set (XIDs, ECC and memory events), polled with a 0 ms wait on the watcher's tick so it
-never holds the doorway (docs/faults.md)."""
+"""What the watcher reads of one GPU: its error counters before and after a load (None
+where the GPU or driver lacks one: n/a), and its NVML event set, polled with a 0 ms wait
+so it never holds the doorway (docs/faults.md names nvidia-smi's word for each)."""
 
 from __future__ import annotations
 
@@ -10,8 +8,8 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpucheck.probes.gpu_read import ALL_LINKS, BANK_FIELDS, NvmlDoor, read_fields
-from gpucheck.probes.nvml import NvmlFailure
+from gpucheck.probes.gpu_read import ALL_LINKS, BANK_FIELDS
+from gpucheck.probes.nvml import NvmlDoor, NvmlFailure, read_fields
 
 # Failures that mean the GPU (or the driver) stopped answering: a fault, never n/a.
 LOST_KINDS = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired", "Timeout")
@@ -58,32 +56,6 @@ def _flag(value: Any) -> int | None:
     return None if value is None else int(bool(value))
 
 
-def _ecc(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
-    """Volatile (since the driver loaded) ECC totals; n/a when ECC is off."""
-    m = nvml.module
-    volatile = getattr(m, "NVML_VOLATILE_ECC", 0)
-    read = {"ecc_uncorrected": getattr(m, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
-            "ecc_corrected": getattr(m, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)}
-    return {name: nvml.get("nvmlDeviceGetTotalEccErrors", handle, kind, volatile)
-            for name, kind in read.items()}
-
-
-def _remapped_rows(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
-    """Row remapper (Ampere and newer): (correctable, uncorrectable, pending, failure)."""
-    rows = nvml.get("nvmlDeviceGetRemappedRows", handle)
-    if rows is None:
-        return dict.fromkeys(("remapped_rows_corrected", "remapped_rows_uncorrected",
-                              "remapped_rows_pending", "remapped_rows_failed"))
-    return {"remapped_rows_corrected": int(rows[0]), "remapped_rows_uncorrected": int(rows[1]),
-            "remapped_rows_pending": _flag(rows[2]), "remapped_rows_failed": _flag(rows[3])}
-
-
-def _fields(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
-    """The bank remapper and the NVLink5 counters: one nvmlDeviceGetFieldValues call."""
-    values = read_fields(nvml, handle, {**BANK_FIELDS, **NVLINK5_FIELDS})
-    return {name: None if value is None else int(value) for name, value in values.items()}
-
-
 def decode_ber(raw: int) -> tuple[int, int]:
     """NVML's packed BER (NVML_FI_DEV_NVLINK_COUNT_*_BER): (mantissa, exponent), the BER
     being mantissa x 10^-exponent (nvml.h NVML_NVLINK_ERROR_COUNTER_BER_GET: mantissa
@@ -115,21 +87,6 @@ def _nvlink5_per_link(nvml: NvmlDoor, handle: Any,
         else:
             out[name] = (now or 0) + int(value)
     return out
-
-
-def _retired_pages(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
-    """Dynamic page retirement (before Ampere; newer GPUs remap rows instead)."""
-    m = nvml.module
-    causes = {"retired_pages_sbe": getattr(
-        m, "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", 0),
-        "retired_pages_dbe": getattr(m, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1)}
-    values: dict[str, int | None] = {}
-    for name, cause in causes.items():
-        pages = nvml.get("nvmlDeviceGetRetiredPages", handle, cause)
-        values[name] = None if pages is None else len(pages)
-    values["retired_pages_pending"] = _flag(
-        nvml.get("nvmlDeviceGetRetiredPagesPendingStatus", handle))
-    return values
 
 
 def active_links(nvml: NvmlDoor, handle: Any) -> tuple[int, ...] | None:
@@ -170,11 +127,31 @@ def read_snapshot(nvml: NvmlDoor, handle: Any,
     """All counters now. NVLink errors are read on `error_links` (after the run: the
     links that were active before it, so a link that went down is still read), or
     on the links active now when None."""
-    values: dict[str, int | None] = {}
-    values.update(_ecc(nvml, handle))
-    values.update(_remapped_rows(nvml, handle))
-    values.update(_retired_pages(nvml, handle))
-    values.update(_fields(nvml, handle))
+    m = nvml.module
+    volatile = getattr(m, "NVML_VOLATILE_ECC", 0)  # since the driver loaded
+    values: dict[str, int | None] = {
+        name: nvml.get("nvmlDeviceGetTotalEccErrors", handle, getattr(m, kind, default),
+                       volatile)
+        for name, kind, default in (
+            ("ecc_uncorrected", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+            ("ecc_corrected", "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0))}
+    rows = nvml.get("nvmlDeviceGetRemappedRows", handle)  # Ampere and newer
+    values.update(zip(("remapped_rows_corrected", "remapped_rows_uncorrected"),
+                      (None, None) if rows is None else (int(rows[0]), int(rows[1])),
+                      strict=True))
+    values["remapped_rows_pending"] = None if rows is None else _flag(rows[2])
+    values["remapped_rows_failed"] = None if rows is None else _flag(rows[3])
+    # Page retirement: before Ampere (newer GPUs remap rows instead).
+    for name, cause, default in (
+            ("retired_pages_sbe", "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", 0),
+            ("retired_pages_dbe", "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1)):
+        pages = nvml.get("nvmlDeviceGetRetiredPages", handle, getattr(m, cause, default))
+        values[name] = None if pages is None else len(pages)
+    values["retired_pages_pending"] = _flag(
+        nvml.get("nvmlDeviceGetRetiredPagesPendingStatus", handle))
+    # The bank remapper and the NVLink5 counters: one nvmlDeviceGetFieldValues call.
+    fields = read_fields(nvml, handle, {**BANK_FIELDS, **NVLINK5_FIELDS})
+    values.update((k, None if v is None else int(v)) for k, v in fields.items())
     replays = nvml.get("nvmlDeviceGetPcieReplayCounter", handle)
     values["pcie_replays"] = None if replays is None else int(replays)
     now_active = active_links(nvml, handle)

@@ -1,7 +1,5 @@
-"""Rank 0's findings and section from every rank's `FaultWatch.result()`: each result
-judged (`judge`, `links`, `clocks`), the ranks that used one GPU (same host and bus id)
-merged, a counter the GPU lacks n/a (in the summary), never a FAIL. Every WARN/FAIL
-carries its action as the cause "table.<action>" (docs/faults.md)."""
+"""Rank 0's findings and "faults" section from every rank's `FaultWatch.result()`, the
+ranks that used one GPU merged; a counter the GPU lacks is n/a, never a FAIL."""
 
 from __future__ import annotations
 
@@ -46,11 +44,6 @@ def judge(result: Mapping[str, Any]) -> list[Finding]:
             *judge_events(result), judge_clocks(result)]
 
 
-def _rank(result: Mapping[str, Any], position: int) -> int:
-    rank = result.get("rank")
-    return position if rank is None else int(rank)
-
-
 @dataclass(frozen=True)
 class GpuGroup:
     """The ranks that watched one physical GPU (same host, same bus id)."""
@@ -76,7 +69,7 @@ def group_by_gpu(results: Sequence[Mapping[str, Any]],
     gpus: dict[tuple[Any, Any], list[tuple[int, Mapping[str, Any]]]] = {}
     not_watched: dict[str, list[int]] = {}
     for position, result in enumerate(results):
-        rank = _rank(result, position)
+        rank = position if result.get("rank") is None else int(result["rank"])
         if result.get("status") != "watched":
             not_watched.setdefault(result.get("reason") or "not watched", []).append(rank)
             continue
@@ -131,7 +124,6 @@ def _sum(values: Sequence[int | None]) -> int | None:
 
 
 def _gpu_row(group: GpuGroup, verdicts: list[Finding]) -> dict[str, Any]:
-    """One GPU's line in the section: deltas (None = n/a), verdict and action."""
     r = group.results[0]
     faults = [v for v in verdicts if v.status in (Status.WARN, Status.FAIL)]
     top = max(faults, key=lambda v: v.status.severity) if faults else None
@@ -160,18 +152,6 @@ def _gpu_row(group: GpuGroup, verdicts: list[Finding]) -> dict[str, Any]:
     }
 
 
-def _event_rows(group: GpuGroup) -> list[dict[str, Any]]:
-    # Ranks sharing a GPU each got the same events: list one rank's (the fullest).
-    r = max(group.results, key=lambda res: len(res.get("events") or []))
-    rows = []
-    for event in r.get("events") or []:
-        what, action = meaning(event)
-        rows.append({"rank": r.get("rank"), "gpu": group.label, "t_s": event.get("t_s"),
-                     "in_timed_loop": event.get("in_timed_loop"), "kind": event.get("kind"),
-                     "xid": event.get("xid"), "meaning": what, "action": action})
-    return rows
-
-
 THRESHOLDS = {"corrected_ecc_warn": CORRECTED_ECC_WARN,
               "pcie_replays_per_min_warn": PCIE_REPLAYS_PER_MIN,
               "nvlink_errors_per_s_warn": NVLINK_ERRORS_PER_S,
@@ -197,7 +177,13 @@ def _build(results: Sequence[Mapping[str, Any]],
                                "check": v.check, "status": v.status.value, "action": v.action,
                                "message": v.message}
                               for v in verdicts if v.status in (Status.WARN, Status.FAIL))
-        data["events"].extend(_event_rows(group))
+        # Ranks sharing a GPU each got the same events: list one rank's (the fullest).
+        r = max(group.results, key=lambda res: len(res.get("events") or []))
+        data["events"].extend({"rank": r.get("rank"), "gpu": group.label, "t_s": e.get("t_s"),
+                               "in_timed_loop": e.get("in_timed_loop"), "kind": e.get("kind"),
+                               "xid": e.get("xid"), **dict(zip(("meaning", "action"),
+                                                               meaning(e), strict=True))}
+                              for e in r.get("events") or [])
     for reason, ranks in not_watched.items():
         who = ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
         findings.append(skip("faults.watch", f"hardware fault watching n/a on {who}: {reason}"))

@@ -1,7 +1,6 @@
-"""`FaultWatch`: watch one GPU for hardware faults while a load runs on it: counters
-before and after, the NVML event set and the clock-event reasons sampled by a daemon
-thread in between. It never raises into the load: without a GPU or NVML its result
-says why (status "n/a"). docs/faults.md has its use, result and cost."""
+"""`FaultWatch`: one GPU's counters before and after a load, its NVML events and clock
+reasons sampled by a daemon thread in between; it never raises into the load (without a
+GPU or NVML its result says why). docs/faults.md has its result and cost."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from gpucheck.faults.counters import (
     link_deltas,
     read_snapshot,
 )
-from gpucheck.probes.clock_window import read_slowdown_ns
+from gpucheck.probes.gpus import read_slowdown_ns
 from gpucheck.probes.nvml import Nvml, NvmlFailure, decode
 
 RESULT_VERSION = 1
@@ -59,10 +58,6 @@ class _Metered:
             if exc.not_available:
                 return default
             raise
-
-
-def _utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 class FaultWatch:
@@ -274,7 +269,7 @@ class FaultWatch:
             self._event_rows.append({
                 "kind": kind, "xid": data if kind == "xid" else None, "data": data,
                 "t_s": round(time.monotonic() - self._t0, 3), "in_timed_loop": in_loop,
-                "time": _utc_now()})
+                "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")})
 
     def _finish(self) -> None:
         """After the thread: the events queued since its last tick, then the counters.
@@ -311,11 +306,6 @@ class FaultWatch:
 
     # -- the result -----------------------------------------------------------------
 
-    def _slow_calls(self) -> list[dict[str, Any]]:
-        """NVML calls that answered late (after their budget, within the second one)."""
-        calls = self._door.slow_calls[self._slow_from:] if self._door is not None else []
-        return [call._asdict() for call in calls]
-
     def _window(self) -> dict[str, Any]:
         end = self._win_t1 if self._win_t1 is not None else self._t_end
         window_s = None if end is None or self._win_t0 is None else round(end - self._win_t0, 3)
@@ -346,7 +336,9 @@ class FaultWatch:
             "events": list(self._event_rows),
             "clocks": self._window(),
             "errors": list(self._errors),
-            "nvml_slow": self._slow_calls(),
+            # NVML calls that answered late (after their budget, within the second one).
+            "nvml_slow": [call._asdict() for call in (
+                self._door.slow_calls[self._slow_from:] if self._door is not None else [])],
             "cost": {"sample_s": self.sample_s, **{k: round(v, 6) if isinstance(v, float)
                                                    else v for k, v in self._cost.items()},
                      # For the GPU acceptance run: how late NVML answers under this load.
