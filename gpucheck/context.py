@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 from gpucheck.devices import GpuIdentity, RankInfo
 
@@ -21,106 +21,16 @@ if TYPE_CHECKING:
 
 Json = dict[str, object]  # one JSON object, as the run directory's files hold it
 
-# bench: function(model, rank) -> model, called before DDP wraps the model.
-ModelHook = Callable[[Any, int], Any]  # test faults: set by tests/hooked.py only
-# stress: function(rank, phase, iteration, out) after each timed iteration of the
-# GEMM ("gemm"), memory ("membw") and burn-in ("burn") loops; it may sleep (a slow
-# GPU) or change `out` in place (a GPU computing wrong results).
-StressHook = Callable[[int, str, int, Any], None]
-
-
-@dataclass(frozen=True)
-class SlowPair:
-    """Rank `src` sleeps `seconds` before each pairwise send to `dst`. `when`:
-    "always", "first" (the first measurement only, not the second look) or "once"
-    (the first measurement's first repeat only: one noisy batch)."""
-
-    src: int
-    dst: int
-    seconds: float
-    when: str = "always"
-
-    def delay(self, src: int, dst: int, again: bool, repeat: int) -> float | None:
-        """Seconds for this batch when it is this pair's, else None."""
-        if (self.src, self.dst) != (src, dst):
-            return None
-        slowed = self.when == "always" or (not again and (self.when == "first" or repeat == 0))
-        return self.seconds if slowed else 0.0
-
-
-@dataclass(frozen=True)
-class SlowNode:
-    """The ranks of node `node` (only its local rank `rail` when set) sleep `seconds`
-    before each node-to-node send (or receive); `first_only`: not in the second look."""
-
-    node: int
-    seconds: float
-    rail: int | None = None
-    first_only: bool = False
-
-    def delay(self, node: int, again: bool, rail: int) -> float:
-        if node != self.node or (again and self.first_only) or \
-                (self.rail is not None and self.rail != rail):
-            return 0.0
-        return self.seconds
-
-
-def _pair_delay(pairs: tuple[SlowPair, ...], src: int, dst: int, again: bool,
-                repeat: int) -> float:
-    for pair in pairs:
-        seconds = pair.delay(src, dst, again, repeat)
-        if seconds is not None:
-            return seconds
-    return 0.0
-
-
-@dataclass(frozen=True)
-class TestHooks:
-    """Faults planted by tests; every field empty in production."""
-
-    __test__ = False  # not a pytest test class, whatever its name
-
-    model: ModelHook | None = None
-    stress: StressHook | None = None
-    # PCI bus ids, one per rank (None: its own GPU), that ranks watch instead of their
-    # own GPU, so CPU ranks can watch the fake GPU of tests/fake_nvml_site.
-    fault_bus: tuple[str | None, ...] = ()
-    slow_pairs: tuple[SlowPair, ...] = ()
-    slow_sends: SlowNode | None = None
-    # gloo: a node that takes its receives in slowly (a slow receiving NIC).
-    slow_recvs: SlowNode | None = None
-    # preflight: the hang guard's margin instead of gpucheck.preflight.guard.MARGIN_S,
-    # so a test of a stopped rank 0 ends in seconds, not half a minute.
-    hang_margin_s: float | None = None
-
-    def bus_id(self, rank: int) -> str | None:
-        """The bus id this rank watches instead of its own GPU, else None."""
-        return self.fault_bus[rank] if 0 <= rank < len(self.fault_bus) else None
-
-    def pair_delay(self, src: int, dst: int, again: bool, repeat: int) -> float:
-        """Seconds to sleep before each send of this pairwise batch, else 0."""
-        return _pair_delay(self.slow_pairs, src, dst, again, repeat)
-
-    def node_delays(self, node: int, rail: int, again: bool = False) -> tuple[float, float]:
-        """Seconds to sleep before each node-to-node send, and before each receive."""
-        sends, recvs = (s.delay(node, again, rail) if s is not None else 0.0
-                        for s in (self.slow_sends, self.slow_recvs))
-        return sends, recvs
-
-
-NO_HOOKS = TestHooks()  # frozen: production's one value
-
 
 @dataclass(frozen=True)
 class RunOptions:
     """Settings of the whole run, the same on every rank (picklable: they cross into
     the ranks gpucheck starts)."""
 
-    hooks: TestHooks = field(default_factory=TestHooks)
     # The job's run directory (distributed.progress): the user's (GPUCHECK_RUN_DIR, read
     # once by cli.program), else for the ranks gpucheck starts the one run_job made.
     run_dir: str | None = None
-    # Progress on stderr (distributed.terminal), decided once by cli.program.
+    # Progress on stderr (distributed.progress), decided once by cli.program.
     show_progress: bool = False
 
 
@@ -215,7 +125,7 @@ class AllRun:
 
 
 class Bar(Protocol):
-    """An open progress bar (distributed.terminal.Bar)."""
+    """An open progress bar (distributed.progress.Bar)."""
 
     def describe(self, text: str) -> None: ...
 
@@ -244,7 +154,3 @@ class RunContext:
     def scoped(self, name: str) -> RunContext:
         """This context for one command of a sequence (progress, session, bars shared)."""
         return replace(self, scope=(*self.scope, name))
-
-    @property
-    def hooks(self) -> TestHooks:
-        return self.options.hooks

@@ -21,7 +21,7 @@ import pytest
 from comm_workers import ROOT, clean_env, gpucheck, kill_tree
 
 from gpucheck.context import RunContext, RunOptions
-from gpucheck.distributed import progress, terminal
+from gpucheck.distributed import progress
 
 RUN_S = 180  # spawning ranks and loading torch on a busy 2-core machine
 TINY_COMM = ("comm", "--max-bytes", "2K", "--iters", "1", "--warmup", "0", "--timeout", "60")
@@ -144,7 +144,7 @@ def _rank_shows(options: RunOptions, environ: dict[str, str],
         monkeypatch.delenv(name, raising=False)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    return bool(job.in_context(lambda ctx, spec: terminal.enabled(ctx), None, options))
+    return bool(job.in_context(lambda ctx, spec: progress.enabled(ctx), None, options))
 
 
 def test_the_progress_decision_reaches_the_ranks_in_their_options_not_the_environment(
@@ -192,7 +192,7 @@ def test_each_run_keeps_its_own_progress_and_bars_shared_only_by_its_commands() 
     assert (progress.current_step(other), progress.local_partial(other)) == (None, None)
     command = one.scoped("bench")
     assert progress.current_step(command) == "all_reduce 4 MiB"
-    with terminal.bar(command, "bench", 2) as opened:
+    with progress.bar(command, "bench", 2) as opened:
         assert one.bars == [opened] and other.bars == []
     assert one.bars == []
     progress.reset(command)  # a new job in the same run: in place, for every command

@@ -16,7 +16,7 @@ import pytest
 
 from gpucheck.commands import all as all_command
 from gpucheck.context import RunContext, RunOptions
-from gpucheck.distributed import progress, terminal
+from gpucheck.distributed import progress
 from gpucheck.faults import faults_section
 from gpucheck.probes import system as collect_env
 from gpucheck.render import render
@@ -102,7 +102,7 @@ def test_the_cli_puts_caught_warnings_in_the_reports_log_section() -> None:
 def test_a_timed_bar_counts_seconds_while_its_block_runs_and_only_with_progress() -> None:
     ctx = RunContext(RunOptions(show_progress=True))
     moved = threading.Event()
-    with terminal.timed(ctx, "sdc burn-in", 3, tick_s=0.01) as bar:
+    with progress.timed(ctx, "sdc burn-in", 3, tick_s=0.01) as bar:
         for _ in range(500):  # bounded: at most 5 s of waiting for the first tick
             if bar.tqdm.n >= 1:
                 moved.set()
@@ -110,7 +110,7 @@ def test_a_timed_bar_counts_seconds_while_its_block_runs_and_only_with_progress(
             moved.wait(0.01)
         assert bar.tqdm.total == 3
     assert moved.is_set()
-    with terminal.timed(RunContext(RunOptions(show_progress=False)), "sdc burn-in", 30) as bar:
+    with progress.timed(RunContext(RunOptions(show_progress=False)), "sdc burn-in", 30) as bar:
         assert bar.tqdm is None
 
 

@@ -1,12 +1,12 @@
 """One progress bar, on rank 0 only, reused for the warm-up and the timed loop
-(`gpucheck.distributed.terminal`: stderr, a terminal, no --quiet)."""
+(`gpucheck.distributed.progress`: stderr, a terminal, no --quiet)."""
 
 from __future__ import annotations
 
 from types import TracebackType
 
 from gpucheck.context import Console
-from gpucheck.distributed import terminal
+from gpucheck.distributed import progress
 
 
 class Progress:
@@ -14,11 +14,11 @@ class Progress:
 
     def __init__(self, console: Console | None) -> None:
         self._console = console  # None: no bar
-        self._bar: terminal.Bar | None = None
+        self._bar: progress.Bar | None = None
 
     def __enter__(self) -> Progress:
         if self._console is not None:
-            self._bar = terminal.Bar("bench", 0, "batch", self._console)
+            self._bar = progress.Bar("bench", 0, "batch", self._console)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,

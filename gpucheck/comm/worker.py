@@ -22,7 +22,7 @@ from gpucheck.comm.nccl_log import nccl_logging, rank_entry
 from gpucheck.comm.pairwise import DEFAULT_REPEATS, gather_rows, measure_pairs, run_pairwise
 from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext
-from gpucheck.distributed import faultwatch, progress, terminal
+from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.deadline import gather_objects, settle
 from gpucheck.distributed.nodes import DEFAULT_SLOW_NODE_FRACTION, group_by_node
 from gpucheck.distributed.session import process_group, roster
@@ -104,7 +104,7 @@ def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
 
     def again(wanted: dict[str, Any]) -> dict[str, Any]:
         progress.set_step(ctx, "slow node: measured again")
-        terminal.step(ctx, "a slow node: measured again beside a known-good node")
+        progress.bar_step(ctx, "a slow node: measured again beside a known-good node")
         if wanted["kind"] == "pairs":
             chosen = {*wanted["suspects"], wanted["known_good"]}
             subset = [r for r in infos if int(r["node_rank"]) in chosen]
@@ -138,13 +138,13 @@ def _pairs_and_nodes(spec: CommSpec, world: World, infos: list[dict[str, Any]], 
     result["p2p_skipped"] = skipped = p2p_unsupported(spec)
     size = spec.pair_bytes or largest
     if spec.pairwise and world.world_size > 1 and not skipped:
-        terminal.step(ctx, f"pairwise send/recv, {human_bytes(size)}")
+        progress.bar_step(ctx, f"pairwise send/recv, {human_bytes(size)}")
         result["pairwise"] = run_pairwise(infos, size, spec.pair_iters, spec.device,
                                           spec.pair_repeats, spec.pair_threshold, ctx=ctx)
     if len(group_by_node(infos)) > 1:  # with no pairs measured, by its all_reduce
         result["nodes_again"] = _nodes_again(spec, world, infos, result, largest, ctx)
     if spec.internode and len(group_by_node(infos)) > 1 and not skipped:
-        terminal.step(ctx, "node-to-node rounds")
+        progress.bar_step(ctx, "node-to-node rounds")
         result["internode"] = run_internode(infos, size, spec.pair_iters, spec.device,
                                             spec.pair_threshold, spec.pair_repeats, ctx=ctx)
 
@@ -166,7 +166,7 @@ def comm_worker(ctx: RunContext, spec: CommSpec) -> dict[str, Any] | None:
             else None,
         }
         faults.mark_start()
-        with terminal.bar(ctx, "comm", len(spec.collectives) * len(sizes), "size") as shown:
+        with progress.bar(ctx, "comm", len(spec.collectives) * len(sizes), "size") as shown:
             for collective in spec.collectives:
                 for size in sizes:
                     shown.describe(f"{collective} {human_bytes(size)} "

@@ -17,7 +17,7 @@ from typing import Any
 from gpucheck.commands.launch import LaunchOptions
 from gpucheck.commands.options import opt, positive_float
 from gpucheck.context import AllRun, Outcome, RunContext
-from gpucheck.distributed import terminal
+from gpucheck.distributed import progress
 from gpucheck.errors import UsageError
 from gpucheck.escape import terminal as shown
 from gpucheck.report import Finding, Report, Section, fail, skip
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
         if name not in chosen:
             state.outcomes.append(Outcome(name, "skipped", "--skip"))
             continue
-        terminal.say(ctx, f"all: step {chosen.index(name) + 1} of {len(chosen)}: gpucheck {name}")
+        progress.say(ctx, f"all: step {chosen.index(name) + 1} of {len(chosen)}: gpucheck {name}")
         state.outcomes.append(_run_one(name, namespaces[name], ctx))
         state.current = None  # left set by an interrupt, for partial_report
     outcomes: list[Outcome] = state.outcomes

@@ -46,9 +46,9 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
 
     options = EnvArgs.of(args)
     kernel_log = check(args, ctx)
-    from gpucheck.distributed import terminal
+    from gpucheck.distributed import progress
 
-    terminal.say(ctx, "env: probing this machine (system, Python, torch, NVML, each GPU)")
+    progress.say(ctx, "env: probing this machine (system, Python, torch, NVML, each GPU)")
     # Under torchrun/srun with several ranks: each node's local rank 0 probes, rank 0
     # compares the nodes (gpucheck.distributed.envgather); otherwise just this machine.
     # The environment listed is the one the run was given (`all --local`'s has no
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     if report is not None and wants_collect_env(args):
         from gpucheck.probes.system import collect_env_section
 
-        terminal.say(ctx, "env: python -m torch.utils.collect_env, for the Markdown/HTML report")
+        progress.say(ctx, "env: python -m torch.utils.collect_env, for the Markdown/HTML report")
         report.add(collect_env_section())
     return report
 

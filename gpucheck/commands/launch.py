@@ -78,9 +78,9 @@ def _visible_gpus(ctx: RunContext) -> int:
     """The GPUs CUDA gives this process (not torch.cuda.device_count(), which before
     CUDA starts counts every MIG instance NVML lists)."""
     if "torch" not in sys.modules:  # the first seconds of every load command
-        from gpucheck.distributed import terminal
+        from gpucheck.distributed import progress
 
-        terminal.say(ctx, "loading torch and looking for GPUs")
+        progress.say(ctx, "loading torch and looking for GPUs")
     from gpucheck.devices import cuda_device_count
 
     return cuda_device_count(import_torch())

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from gpucheck import subject as subjects
 from gpucheck.context import RunContext, RunOptions
 from gpucheck.devices import device_label
-from gpucheck.distributed import deadline, progress, terminal
+from gpucheck.distributed import deadline, progress
 from gpucheck.distributed.checkin import (
     SHARED_GPU_HINT,
     CheckInFailed,
@@ -64,9 +64,9 @@ def run_job(worker: Callable[[RunContext, S], Any], spec: S, nproc: int,
     world = launched_world(ctx)
     if world is not None or nproc == 1:
         if world is None:  # under torchrun or srun, rank 0's check-in says it
-            terminal.say(ctx, "1 rank, in this process")
+            progress.say(ctx, "1 rank, in this process")
         return _run_here(worker, spec, ctx)
-    terminal.say(ctx, f"launching {nproc} ranks (each starts python and torch, then "
+    progress.say(ctx, f"launching {nproc} ranks (each starts python and torch, then "
                       "they join one process group)")
     progress.remember_ranks(ctx, {})
     with _run_dir(ctx) as folder:
@@ -185,7 +185,7 @@ def in_context(worker: Callable[[RunContext, S], Any], spec: S, options: RunOpti
             deadline.leave_if_aborted(True, 1)
         raise
     # Stopping the ranks and writing the report take a few more seconds.
-    terminal.say(ctx, "measured: the ranks stop, then the report follows")
+    progress.say(ctx, "measured: the ranks stop, then the report follows")
     return result
 
 
@@ -208,7 +208,7 @@ def _job_failed_here(exc: Exception, ctx: RunContext) -> JobFailed:
     lines = str(exc).strip().splitlines()
     failure = RankFailure(rank, local_rank, exitcode=1, signal=None,
                           message=lines[-1] if lines else type(exc).__name__)
-    return JobFailed([failure], progress.local_partial(ctx), progress.local_diagnoses(ctx),
+    return JobFailed([failure], progress.local_partial(ctx), list(ctx.progress.diagnoses),
                      [asdict(i) for i in roster(ctx)], reporter=rank == 0)
 
 

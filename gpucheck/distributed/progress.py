@@ -1,7 +1,7 @@
-"""What a rank has done so far (its step, the reporting rank's partial results, the
-survivors' diagnoses) and the library warnings it caught, kept on its context and, with
-a run directory, in files the launching process reads after a failure (docs/hang.md,
-"The rank frame")."""
+"""What a rank has done so far (its step, rank 0's partial results, the survivors'
+diagnoses, caught library warnings), kept on its context and in the run directory the
+launching process reads after a failure; and what the terminal shows meanwhile
+(docs/hang.md, "The rank frame"; docs/DESIGN.md)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ import contextlib
 import json
 import os
 import stat
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gpucheck.context import Progress, RunContext
+from gpucheck.context import Console, Progress, RunContext
 from gpucheck.errors import UsageError
+from gpucheck.escape import terminal as shown
 from gpucheck.inputs import parse_json, read_capped
 from gpucheck.output import check_folder, write_atomic
 
@@ -25,19 +27,23 @@ ROSTER_FILE = "roster.json"
 DIAGNOSIS_GLOB = "diagnosis-*.json"
 RANK_FILE = "rank-{rank}.json"
 RANK_GLOB = "rank-*.json"
+WARNINGS_FILE = "warnings-{rank}.json"
+WARNINGS_GLOB = "warnings-*.json"
+MAX_KEPT = 20  # distinct warnings; a flood is cut, not kept whole
+MAX_TEXT = 300
+
+Rows = list[dict[str, Any]]
 
 
 def run_dir(ctx: RunContext) -> Path | None:
-    """The run directory: the one the launching process gave this rank, else the one
-    the user named (GPUCHECK_RUN_DIR, e.g. under torchrun or srun), else None."""
+    """The run directory the launching process (or GPUCHECK_RUN_DIR) gave this rank."""
     raw = ctx.options.run_dir
     return Path(raw) if raw else None
 
 
 def checked_run_dir(path: str | None, option: str) -> None:
-    """The user's run directory, made (0700) when missing; UsageError (exit 2) unless it
-    is a directory of this user's that no other user may write, on a path no other
-    user can change (`gpucheck.output.check_folder`)."""
+    """The user's run directory, made (0700) when missing; UsageError unless it is a
+    directory of this user's alone, on a path no other user can change."""
     if path is None:
         return
     check_folder(path.rstrip("/") or "/", option)
@@ -67,9 +73,8 @@ def current_step(ctx: RunContext) -> str | None:
 
 def _write_json(ctx: RunContext, name: str, data: Any) -> None:
     folder = run_dir(ctx)
-    if folder is None:
-        return
-    write_atomic(str(folder / name), json.dumps(data), "run directory", sync=False)
+    if folder is not None:
+        write_atomic(str(folder / name), json.dumps(data), "run directory", sync=False)
 
 
 def publish_partial(ctx: RunContext, data: dict[str, Any]) -> None:
@@ -94,21 +99,18 @@ def record_diagnosis(ctx: RunContext, diagnosis: dict[str, Any]) -> None:
 
 
 def publish_rank(ctx: RunContext, rank: int, data: dict[str, Any]) -> None:
-    """Keep what THIS rank has measured so far, apart from rank 0's partial results: each
-    rank writes its own file, so a stuck or killed rank costs only its own newest
-    figures, and rank 0 never waits on another rank to keep them."""
+    """Keep THIS rank's figures so far in a file of its own: a stuck or killed rank
+    costs only its own newest figures, and rank 0 never waits on another rank."""
     ctx.progress.ranks[rank] = data
     _write_json(ctx, RANK_FILE.format(rank=rank), data)
 
 
 def remember_ranks(ctx: RunContext, ranks: dict[int, dict[str, Any]]) -> None:
-    """Keep every rank's published figures in this process (the launcher, after Ctrl-C)."""
     ctx.progress.ranks = dict(ranks)
 
 
 def local_ranks(ctx: RunContext) -> dict[int, dict[str, Any]]:
-    """Every rank's figures known here: this process's, and the run directory's when
-    there is one (ranks on this node, under torchrun or srun with GPUCHECK_RUN_DIR)."""
+    """Every rank's figures known here: this process's, and the run directory's."""
     folder = run_dir(ctx)
     found = read_ranks(folder) if folder is not None and folder.is_dir() else {}
     return found | ctx.progress.ranks
@@ -128,13 +130,8 @@ def local_partial(ctx: RunContext) -> dict[str, Any] | None:
     return ctx.progress.partial
 
 
-def local_diagnoses(ctx: RunContext) -> list[dict[str, Any]]:
-    return list(ctx.progress.diagnoses)
-
-
 def reset(ctx: RunContext) -> None:
-    """Start a new job's record in this process (the run directory stays). In place:
-    the contexts `RunContext.scoped` made share it."""
+    """Start a new job's record in place: the contexts `RunContext.scoped` made share it."""
     fresh = Progress()
     record = ctx.progress
     record.step, record.partial = fresh.step, fresh.partial
@@ -156,43 +153,29 @@ def read_run_dir(folder: Path) -> tuple[dict[str, Any] | None, list[Any] | None,
     return _read(folder / PARTIAL_FILE), _read(folder / ROSTER_FILE), diagnoses
 
 
-WARNINGS_FILE = "warnings-{rank}.json"
-WARNINGS_GLOB = "warnings-*.json"
-MAX_KEPT = 20  # distinct warnings; a flood is cut, not kept whole
-MAX_TEXT = 300
-
-Rows = list[dict[str, Any]]
-
+# --- library warnings: into the report, not stderr ---------------------------------
 
 @contextmanager
 def caught(rank: int, kept: Rows, folder: Path | None) -> Iterator[None]:
-    """Record every warning raised in the block (once per place, as Python's default
-    filter shows it), keep it for the report, publish it for the launcher in the run
-    directory `folder` (when the job has one)."""
+    """Record every warning raised in the block (once per place), keep it for the
+    report and publish it in the run directory `folder` for the launcher."""
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("default")
         try:
             yield
         finally:
-            rows = [_row(w, rank) for w in seen]
+            rows = []
+            for w in seen:
+                text = str(w.message).strip().splitlines()
+                rows.append({"category": w.category.__name__,
+                             "message": (text[0] if text else "")[:MAX_TEXT],
+                             "where": f"{Path(w.filename).name}:{w.lineno}", "ranks": [rank]})
             remember(kept, rows)
-            _publish(folder, rank, rows)
-
-
-def _row(warning: warnings.WarningMessage, rank: int) -> dict[str, Any]:
-    text = str(warning.message).strip().splitlines()
-    return {"category": warning.category.__name__,
-            "message": (text[0] if text else "")[:MAX_TEXT],
-            "where": f"{Path(warning.filename).name}:{warning.lineno}", "ranks": [rank]}
-
-
-def _publish(folder: Path | None, rank: int, rows: list[dict[str, Any]]) -> None:
-    if folder is None or not rows:
-        return
-    # The log is a courtesy: a full disk must not fail the rank.
-    with contextlib.suppress(UsageError):  # WriteError, or an unsafe folder
-        write_atomic(str(folder / WARNINGS_FILE.format(rank=rank)), json.dumps(rows),
-                     "the run directory", sync=False)
+            if folder is not None and rows:
+                # The log is a courtesy: a full disk must not fail the rank.
+                with contextlib.suppress(UsageError):  # WriteError, or an unsafe folder
+                    write_atomic(str(folder / WARNINGS_FILE.format(rank=rank)),
+                                 json.dumps(rows), "the run directory", sync=False)
 
 
 def gather(folder: Path, kept: Rows) -> None:
@@ -220,8 +203,119 @@ def remember(kept: Rows, rows: Rows) -> None:
 
 
 def log_rows(kept: Rows) -> Rows:
-    """Everything caught since the last call, then forgotten (`all` runs several
-    commands in one process: its report gets them all once)."""
+    """Everything caught since the last call, then forgotten (`all`: once per run)."""
     rows = list(kept)
     kept.clear()
     return rows
+
+
+# --- the terminal: a line per step and a tqdm bar, on stderr, rank 0 only ----------
+
+def enabled(ctx: RunContext) -> bool:
+    """Progress is on (a terminal, no --quiet) and this process reports: the launcher,
+    a rank alone, or rank 0 of a job torchrun or srun launched."""
+    if not ctx.options.show_progress:
+        return False
+    from gpucheck.distributed.world import world_of
+
+    try:
+        world = world_of(ctx)
+    except UsageError:
+        return False  # the command itself says what is wrong with the environment
+    return world is None or world.is_reporter
+
+
+def say(ctx: RunContext, text: str) -> None:
+    """One line of progress (above any open bar)."""
+    if not enabled(ctx):
+        return
+    text = shown(text)  # a step can name a host or a file: shown, never obeyed
+    if not (ctx.bars and ctx.bars[-1].write_above(text)):
+        print(text, file=ctx.console.stderr, flush=True)
+
+
+def bar_step(ctx: RunContext, text: str) -> None:
+    """Name what the innermost open bar is doing now (`gemm bf16 8192^3`)."""
+    if ctx.bars:
+        ctx.bars[-1].describe(text)
+
+
+class Bar:
+    """A tqdm bar `label: what it does now`; inert without a console (tqdm unimported)."""
+
+    def __init__(self, label: str, total: int | None, unit: str,
+                 console: Console | None) -> None:
+        self.label = label
+        self.tqdm: Any = None
+        self.stderr = console.stderr if console else None
+        if console is not None:
+            from tqdm import tqdm
+
+            # A bare pseudo-terminal reports 0 columns: 80 instead of an empty bar.
+            fixed = None if console.columns(console.stderr) else 80
+            self.tqdm = tqdm(total=total, unit=unit, leave=False, file=console.stderr,
+                             desc=label, ncols=fixed, dynamic_ncols=fixed is None)
+
+    def write_above(self, text: str) -> bool:
+        """A line above the bar; False when the bar is inert."""
+        if self.tqdm is not None:
+            self.tqdm.write(text, file=self.stderr)
+        return self.tqdm is not None
+
+    def describe(self, text: str) -> None:
+        if self.tqdm is not None:
+            self.tqdm.set_description(f"{self.label}: {text}")
+
+    def restart(self, text: str, total: int | None) -> None:
+        """Count again from zero, for a new phase (bench's warm-up, then timed loop)."""
+        if self.tqdm is not None:
+            self.tqdm.reset(total=total)
+            self.describe(text)
+
+    def advance(self, count: int = 1) -> None:
+        if self.tqdm is not None:
+            self.tqdm.update(count)
+
+    def close(self) -> None:
+        if self.tqdm is not None:
+            self.tqdm.close()
+            self.tqdm = None
+
+
+@contextmanager
+def bar(ctx: RunContext, label: str, total: int | None = None,
+        unit: str = "it") -> Iterator[Bar]:
+    """An open bar for the block; `bar_step` names its current step."""
+    opened = Bar(label, total, unit, ctx.console if enabled(ctx) else None)
+    ctx.bars.append(opened)
+    try:
+        yield opened
+    finally:
+        ctx.bars.remove(opened)
+        opened.close()
+
+
+@contextmanager
+def timed(ctx: RunContext, label: str, seconds: float, tick_s: float = 1.0) -> Iterator[Bar]:
+    """A bar of `seconds` that counts the block's own seconds (a burn-in is one long
+    call: the bar, ETA included, would stand still), full at most (it may run over)."""
+    with bar(ctx, label, max(1, round(seconds)), "s") as opened:
+        if opened.tqdm is None:
+            yield opened
+            return
+        done = threading.Event()
+
+        def tick() -> None:
+            while not done.wait(tick_s):
+                now = opened.tqdm
+                if now is None or now.n >= now.total:
+                    return
+                now.update(1)
+
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        try:
+            yield opened
+        finally:
+            done.set()
+            ticker.join(timeout=5 * tick_s)

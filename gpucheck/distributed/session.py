@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpucheck.context import RunContext
 from gpucheck.devices import GpuIdentity, RankInfo
-from gpucheck.distributed import deadline, faultwatch, flight, progress, terminal
+from gpucheck.distributed import deadline, faultwatch, flight, progress
 from gpucheck.distributed.checkin import (
     CheckInFailed,
     RanksUnresponsive,
@@ -182,12 +182,11 @@ def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool
     world = world_of(ctx) or SINGLE
     progress.set_step(ctx, "check-in")
     if world.world_size > 1:
-        terminal.say(ctx, f"rank 0 started: waiting for {world.world_size} ranks to check in")
+        progress.say(ctx, f"rank 0 started: waiting for {world.world_size} ranks to check in")
     faults = ctx.session.faults = faultwatch.RankFaults(ctx)
     try:
         world, store = _check_in(backend, device, timeout_s, world,
-                                 lambda w: faults.open_nvml(w, fault_watch,
-                                                            ctx.hooks.bus_id(w.rank)), ctx)
+                                 lambda w: faults.open_nvml(w), ctx)
     except (CheckInFailed, SharedGpu) as exc:
         if exc.diagnosis is not None:
             progress.record_diagnosis(ctx, exc.diagnosis)
@@ -203,10 +202,10 @@ def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool
         objects = dist.new_group(backend="gloo", timeout=_dt.timedelta(seconds=timeout_s))
         ctx.session.objects = objects if isinstance(objects, dist.ProcessGroup) else None
     progress.set_step(ctx, None)
-    terminal.say(ctx, f"{world.world_size} rank(s) joined the process group ({backend}, "
+    progress.say(ctx, f"{world.world_size} rank(s) joined the process group ({backend}, "
                       f"{device})")
     try:
-        faults.start(world, ctx.session.gpu, fault_watch, ctx.hooks.bus_id(world.rank))
+        faults.start(world, ctx.session.gpu, fault_watch)
         # library warnings into the report, not stderr
         with progress.caught(world.rank, ctx.warnings, progress.run_dir(ctx)):
             yield world

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpucheck.context import RunContext
-from gpucheck.distributed import faultwatch, progress, terminal
+from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.deadline import broadcast_object, gather_objects
 from gpucheck.distributed.session import job_store, process_group, roster, store_on_rank0
 from gpucheck.distributed.world import World
@@ -62,7 +62,7 @@ class Run:
     world: World
     budget: Budget
     result: dict[str, Any]
-    ctx: RunContext  # the rank's run context (its progress, session, test hooks)
+    ctx: RunContext  # the rank's run context (its progress, session)
     stress: tuple[Any, dict[str, Any]] | None = None  # (stress RankContext, result) once opened
 
 
@@ -99,8 +99,7 @@ def _hang_guard(run: Run) -> Any:
     from gpucheck.preflight import actions as guard
 
     hosts = guard.on_hang_hosts(run.world.rank, store_on_rank0(run.world), run.result["ranks"])
-    seconds = guard.guard_seconds(run.spec.budget_s, GRACE_S, run.spec.backend,
-                                  run.ctx.hooks.hang_margin_s)
+    seconds = guard.guard_seconds(run.spec.budget_s, GRACE_S, run.spec.backend)
     return guard.HangGuard(seconds, run.world.rank,
                            guard.exclude_on_hang(run.spec.exclude_file, hosts))
 
@@ -123,7 +122,7 @@ def _check(run: Run, name: str) -> None:
                                                 f"budget left, the check needs {need:g} s"}
         return
     progress.set_step(run.ctx, f"preflight: {name}")
-    terminal.step(run.ctx, f"preflight: {name}")
+    progress.bar_step(run.ctx, f"preflight: {name}")
     run.budget.bound_waits()
     run.result["checks"][name] = {"state": "done"} | _CHECK_FUNCTIONS[name](run)
     progress.set_step(run.ctx, None)

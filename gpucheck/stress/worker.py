@@ -12,7 +12,7 @@ from typing import Any
 
 from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext
-from gpucheck.distributed import faultwatch, progress, terminal
+from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.session import gpu_identity, process_group, roster
 from gpucheck.distributed.world import World
 from gpucheck.numa import cpulist
@@ -28,7 +28,6 @@ from gpucheck.stress.gemm import (
     measure_copy,
     measure_gemm,
 )
-from gpucheck.stress.hooks import Hook, rank_hook
 from gpucheck.stress.power import PowerSampler
 from gpucheck.stress.rank import (
     Phase,
@@ -53,7 +52,7 @@ def stress_worker(run: RunContext, spec: StressSpec) -> dict[str, Any] | None:
         ctx = _context(spec, world, run)
         result = _initial_result(ctx)
         with watch_faults(faultwatch.of(run), result), \
-                terminal.bar(run, "stress", len(PHASES), "phase") as shown:
+                progress.bar(run, "stress", len(PHASES), "phase") as shown:
             for name, phase in _phases():
                 progress.set_step(run, name)
                 shown.describe(_phase_text(name, spec))
@@ -111,8 +110,7 @@ def _context(spec: StressSpec, world: World, run: RunContext) -> RankContext:
     gpu = gpu_identity(run) if spec.device == "cuda" else None
     device = torch.device("cuda", world.cuda_index) if spec.device == "cuda" else \
         torch.device("cpu")
-    return RankContext(spec, world, device, rank_hook(run.hooks.stress, world.rank),
-                       gpu.pci_bus_id if gpu else None, run)
+    return RankContext(spec, world, device, gpu.pci_bus_id if gpu else None, run)
 
 
 def _initial_result(ctx: RankContext) -> dict[str, Any]:
@@ -194,16 +192,16 @@ def _gemm(ctx: RankContext, result: dict[str, Any]) -> None:
 def _gemm_dtype(ctx: RankContext, result: dict[str, Any], dtype: str) -> None:
     spec = ctx.spec
     progress.set_step(ctx.run, f"gemm {dtype} {spec.size}^3")
-    terminal.step(ctx.run, f"gemm {dtype} {spec.size}^3")
+    progress.bar_step(ctx.run, f"gemm {dtype} {spec.size}^3")
     barrier(ctx)
     record = measure_gemm(ctx.world.rank, dtype, spec.size, ctx.device, spec.device,
-                          spec.warmup_s, spec.gemm_window_s, ctx.hook)
+                          spec.warmup_s, spec.gemm_window_s)
     result["gemm"] += gather(ctx, as_dict(record))
     publish(ctx, result)
     _again(ctx, result, "gemm", result["gemm"][-ctx.world.world_size:], "tflops_p50",
            lambda m: gemm_figure(m, dtype),
-           lambda h: measure_gemm(ctx.world.rank, dtype, spec.size, ctx.device,
-                                           spec.device, spec.warmup_s, spec.gemm_window_s, h))
+           lambda: measure_gemm(ctx.world.rank, dtype, spec.size, ctx.device,
+                                spec.device, spec.warmup_s, spec.gemm_window_s))
 
 
 def _membw(ctx: RankContext, result: dict[str, Any]) -> None:
@@ -215,22 +213,20 @@ def _membw(ctx: RankContext, result: dict[str, Any]) -> None:
     size = copy_bytes(spec.device, free_device_bytes(spec.device))
     barrier(ctx)
     record = measure_copy(ctx.world.rank, size, ctx.device, spec.device, spec.warmup_s,
-                          spec.membw_window_s, ctx.hook)
+                          spec.membw_window_s)
     result["membw"] = gather(ctx, as_dict(record))
     _again(ctx, result, "membw", result["membw"], "gbps_p50", copy_figure,
-           lambda h: measure_copy(ctx.world.rank, size, ctx.device, spec.device,
-                                  spec.warmup_s, spec.membw_window_s, h))
+           lambda: measure_copy(ctx.world.rank, size, ctx.device, spec.device,
+                                spec.warmup_s, spec.membw_window_s))
 
 
 def _again(ctx: RankContext, result: dict[str, Any], phase: str,
            records: list[dict[str, Any]], key: str, figure_of: Callable[[str | None], Any],
-           measure: Callable[[Hook | None], Any], higher_is_better: bool = True) -> None:
+           measure: Callable[[], Any], higher_is_better: bool = True) -> None:
     """Every rank measures `phase` again at once, as in the first pass (a GPU slow only
     under a shared power or cooling budget is loaded the same way), when rank 0 finds a
     rank below the report's bounds (`verdicts.suspect_ranks`); the records go to
-    result[phase + "_again"]. The test hook sees the phase as "gemm.again": it can slow
-    the first measurement only (an unstable rank)."""
-    hook = ctx.hook
+    result[phase + "_again"]."""
     values = {int(r["rank"]): float(r[key]) for r in records}
 
     def suspects() -> list[int]:
@@ -240,8 +236,7 @@ def _again(ctx: RankContext, result: dict[str, Any], phase: str,
     def again(named: list[int]) -> list[dict[str, Any]]:
         progress.set_step(ctx.run, f"{phase}: measured again")
         barrier(ctx)
-        mine = as_dict(measure(None if hook is None else
-                               lambda p, i, out: hook(p + ".again", i, out)))
+        mine = as_dict(measure())
         return [dict(r) | {"suspects": named} for r in gather(ctx, mine)]
 
     second = remeasure(ctx.world.rank, suspects, again, ctx.run)[1]
@@ -260,9 +255,9 @@ def _sdc(ctx: RankContext, result: dict[str, Any]) -> None:
     group = next(r["group"] for r in result["ranks"] if r["rank"] == ctx.world.rank)
     barrier(ctx)
     # its own seconds, not a frozen bar
-    with terminal.timed(ctx.run, "sdc burn-in", spec.duration_s):
+    with progress.timed(ctx.run, "sdc burn-in", spec.duration_s):
         record, golden, checks = sdc_burn.burn(ctx.world.rank, dtype, spec.size, ctx.device,
-                                               spec.device, spec.duration_s, group, ctx.hook)
+                                               spec.device, spec.duration_s, group)
     progress.set_step(ctx.run, "sdc: comparing results across ranks")
     every = gather(ctx, (as_dict(record), checks, sdc_burn.draw_seed()))
     seed = every[0][2]  # rank 0's draw, so every rank sends the same rows
@@ -282,15 +277,15 @@ def _sdc(ctx: RankContext, result: dict[str, Any]) -> None:
                      "records": [r for r, _, _ in every], "reference_deviations": deviations}
     publish(ctx, result)
     _again(ctx, result, "sdc", result["sdc"]["records"], "p50_ms", lambda _: None,
-           lambda h: _short_burn(ctx, group, h), higher_is_better=False)
+           lambda: _short_burn(ctx, group), higher_is_better=False)
 
 
-def _short_burn(ctx: RankContext, group: str, hook: Hook | None) -> Any:
+def _short_burn(ctx: RankContext, group: str) -> Any:
     """The burn-in's product again, for the straggler's second look: its median time
     is what `stress.sdc.straggler` judges. As long as a GEMM window (at least
     `burn.MIN_REPEATS` products): the time, not the corruption check, is wanted."""
     spec = ctx.spec
     record, golden, _ = sdc_burn.burn(ctx.world.rank, spec.dtypes[0], spec.size, ctx.device,
-                                      spec.device, spec.gemm_window_s, group, hook)
+                                      spec.device, spec.gemm_window_s, group)
     del golden
     return record
