@@ -12,8 +12,8 @@ import pytest
 from gpucheck import subject
 from gpucheck.actions import ACTIONS, Action
 from gpucheck.checks import lookup
-from gpucheck.probes.consistency import probe_consistency
-from gpucheck.probes.gpus import cuda_compat_findings, probe_nvml
+from gpucheck.probes.consistency import cuda_compat_findings, probe_consistency
+from gpucheck.probes.gpus import probe_nvml
 from gpucheck.probes.kernel_log import read_kernel_log
 from gpucheck.probes.nvml import Nvml
 from gpucheck.probes.torch_build import TorchInfo

@@ -13,7 +13,7 @@ import pytest
 from gpucheck.devices import GpuIdentity, uuid_of
 from gpucheck.faults import FaultWatch, fault_findings
 from gpucheck.probes import runner as gputest
-from gpucheck.probes.gpu_record import GpuRecord
+from gpucheck.probes.gpu_read import GpuRecord
 from gpucheck.probes.gpus import probe_nvml
 from gpucheck.probes.nvml import Nvml, cuda_identity
 from gpucheck.report import Status

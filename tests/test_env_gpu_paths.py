@@ -14,7 +14,7 @@ from gpucheck.devices import cuda_device_count, local_device_index
 from gpucheck.probes import runner
 from gpucheck.probes import runner as gputest
 from gpucheck.probes.consistency import count_finding, probe_consistency
-from gpucheck.probes.gpu_record import GpuRecord
+from gpucheck.probes.gpu_read import GpuRecord
 from gpucheck.probes.torch_build import TorchInfo, cuda_available_finding, read_torch
 from gpucheck.report import Status
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.probes.consistency import probe_consistency
-from gpucheck.probes.gpu_record import DriverInfo
-from gpucheck.probes.gpus import cuda_compat_finding, probe_nvml
+from gpucheck.probes.consistency import cuda_compat_finding, probe_consistency
+from gpucheck.probes.gpu_read import DriverInfo
+from gpucheck.probes.gpus import probe_nvml
 from gpucheck.probes.nvml import Nvml
 from gpucheck.probes.torch_build import TorchInfo
 from gpucheck.render import render

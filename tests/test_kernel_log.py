@@ -14,7 +14,7 @@ import pytest
 
 from gpucheck.cli import main
 from gpucheck.probes import kernel_log as kl
-from gpucheck.probes.gpu_record import GpuRecord
+from gpucheck.probes.gpu_read import GpuRecord
 from gpucheck.probes.kernel_log import (
     read_file,
     read_kernel_log,

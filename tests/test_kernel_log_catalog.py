@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.probes.gpu_record import GpuRecord
+from gpucheck.probes.gpu_read import GpuRecord
 from gpucheck.probes.kernel_log import read_kernel_log
 from gpucheck.probes.xid_section import kernel_log_section
 from gpucheck.probes.xid_table import (
@@ -87,9 +87,9 @@ def test_xid_154_with_a_value_gpucheck_does_not_know_still_asks_for_a_reset(tmp_
 def test_the_kernel_log_and_the_fault_watcher_read_recovery_actions_from_one_table():
     from gpucheck.faults import findings
     assert findings.RECOVERY_ACTIONS is RECOVERY_ACTIONS
-    for code, (_, action) in RECOVERY_ACTIONS.items():
+    for code, known in RECOVERY_ACTIONS.items():
         line = f"GPU recovery action changed from 0x0 (None) to 0x{code:x} (x)"
-        assert judge_xid(154, line).action == action
+        assert judge_xid(154, line).action == known.action
 
 
 # ---- XID 109, 48, NVLink 144-150 ----

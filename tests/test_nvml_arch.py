@@ -6,13 +6,9 @@ import sys
 
 import pytest
 
-from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
-from gpucheck.probes.gpus import (
-    arch_coverage,
-    cuda_compat_findings,
-    parse_arch,
-    probe_nvml,
-)
+from gpucheck.probes.consistency import arch_coverage, cuda_compat_findings, parse_arch
+from gpucheck.probes.gpu_read import DriverInfo, GpuRecord
+from gpucheck.probes.gpus import probe_nvml
 from gpucheck.probes.nvml import Nvml
 from gpucheck.report import Report, Status
 from tests.fake_pynvml import FakeGpu, FakeNvml

@@ -2,7 +2,7 @@
 
 A GPU at work touches its thermal or power limit for a moment; the clock-event reasons
 mask read once shows that moment as surely as a failed fan. The second look
-(gpucheck/probes/clock_window.py) watches a GPU whose sample showed a thermal or
+(gpucheck/probes/gpus.py) watches a GPU whose sample showed a thermal or
 power-brake slowdown: the driver's slowdown-time counters at both ends (fake: they
 grow by `slowdown_share` of real time) and the mask sampled in between.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpucheck import cli
-from gpucheck.probes import clock_window
+from gpucheck.probes import gpus as clock_window
 from gpucheck.probes.gpus import probe_nvml
 from gpucheck.probes.nvml import Nvml
 from gpucheck.report import Status

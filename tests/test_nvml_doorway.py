@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.probes.gpus import cuda_compat_findings, probe_nvml
+from gpucheck.probes.consistency import cuda_compat_findings
+from gpucheck.probes.gpus import probe_nvml
 from gpucheck.probes.nvml import (
     Nvml,
     NvmlFailure,

@@ -13,8 +13,8 @@ from gpucheck.checks import lookup
 from gpucheck.comm.aggregate import pair_findings
 from gpucheck.comm.pairwise import second_look_steps
 from gpucheck.measure import LookState
+from gpucheck.probes.gpus import PairPath, pair_paths
 from gpucheck.probes.nvml import Nvml
-from gpucheck.probes.topology import PairPath, pair_paths
 from gpucheck.report import Status
 from gpucheck.stress.copies import second_look
 from gpucheck.stress.verdicts import class_suspects, p2p_findings

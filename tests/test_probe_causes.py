@@ -8,7 +8,7 @@ import pytest
 
 from gpucheck.probes import gpus as gpus_module
 from gpucheck.probes.gpu_judge import driver_finding, gpu_findings
-from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
+from gpucheck.probes.gpu_read import DriverInfo, GpuRecord
 from gpucheck.probes.gpus import gpus_section
 from gpucheck.probes.nvml import NvmlFailure
 from gpucheck.report import Status

@@ -12,7 +12,7 @@ from gpucheck import subject
 from gpucheck.comm.looks import GBPS, on_cpu, rate_bound, repeats_words, slow
 from gpucheck.measure import SecondLook
 from gpucheck.peers import Pair, Suspects, eliminate, pair_looks, second_look
-from gpucheck.probes.topology import path_class
+from gpucheck.probes.gpus import path_class
 from gpucheck.report import Finding, fail, ok, skip
 from gpucheck.stats import typical
 

@@ -4,7 +4,6 @@ node, then the slow pairs measured again beside a known-good pair (docs/comm.md)
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,7 +20,7 @@ from gpucheck.comm.collectives import (
 )
 from gpucheck.comm.records import PairRow
 from gpucheck.confirm import remeasure
-from gpucheck.context import NO_HOOKS, RunContext, TestHooks
+from gpucheck.context import RunContext
 from gpucheck.distributed import progress
 from gpucheck.distributed.deadline import gather_objects, synchronize
 from gpucheck.distributed.nodes import group_by_node
@@ -42,17 +41,14 @@ DEFAULT_REPEATS = 3
 
 
 def _side(me: int, src: int, dst: int, buf: Any, ack: Any,
-          iters: int, delay_s: float = 0.0) -> list[Callable[[], Work]]:
+          iters: int) -> list[Callable[[], Work]]:
     """This rank's launches: `iters` isends then the ack's irecv on the sender, the mirror
     image on the receiver."""
     import torch.distributed as dist
 
     if me == src:
-        def send() -> Work:
-            if delay_s:
-                time.sleep(delay_s)
-            return started(dist.isend(buf, dst))
-        return [send] * iters + [lambda: started(dist.irecv(ack, dst))]
+        return [lambda: started(dist.isend(buf, dst))] * iters + [
+            lambda: started(dist.irecv(ack, dst))]
     return [lambda: started(dist.irecv(buf, src))] * iters + [
         lambda: started(dist.isend(ack, src))]
 
@@ -68,8 +64,7 @@ def _align(me: int, src: int, dst: int, flag: Any) -> Callable[[], Work]:
 
 
 def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: str,
-                       repeats: int, again: bool, wait_s: float,
-                       hooks: TestHooks = NO_HOOKS) -> list[float]:
+                       repeats: int, wait_s: float) -> list[float]:
     """`repeats` timed batches after one warm-up: GB/s each on the sender, [] on the
     receiver."""
     import torch
@@ -84,11 +79,10 @@ def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: 
     time_batch(_side(me, src, dst, buf, ack, 1), NullClock(), in_a_row, wait_s)
     synchronize(device)
     samples = []
-    for repeat in range(repeats):
+    for _ in range(repeats):
         clock: Clock = make_clock(device) if me == src else NullClock()
-        delay = hooks.pair_delay(src, dst, again, repeat)  # tests only: a slow pair
         align = _align(me, src, dst, flag) if in_a_row else None
-        elapsed = time_batch(_side(me, src, dst, buf, ack, iters, delay), clock, in_a_row,
+        elapsed = time_batch(_side(me, src, dst, buf, ack, iters), clock, in_a_row,
                              wait_s, align)
         if me == src:
             samples.append(size_bytes * iters / elapsed / 1e9)
@@ -98,7 +92,7 @@ def _time_pair_samples(src: int, dst: int, size_bytes: int, iters: int, device: 
 def sender_paths(roster: Sequence[Mapping[str, Any]], me: int) -> dict[tuple[int, int], str]:
     """(me, peer) -> the path class (NV#, PIX, ... SYS) between this rank's GPU and each
     other GPU of its node, through NVML; {} on CPU ranks or without NVML."""
-    from gpucheck.probes.topology import paths_or_none
+    from gpucheck.probes.gpus import paths_or_none
 
     mine = next((r for r in roster if int(r["rank"]) == me), None)
     if mine is None or not mine.get("pci_bus_id"):
@@ -126,7 +120,7 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
                 progress.set_step(ctx, f"send/recv rank {src} -> rank {dst}"
                                   + (" (measured again)" if again else ""))
                 samples = _time_pair_samples(src, dst, size_bytes, iters, device, repeats,
-                                             again, ctx.session.wait_s, hooks=ctx.hooks)
+                                             ctx.session.wait_s)
                 if me == src:
                     mine.append(PairRow(
                         src=src, dst=dst, node_rank=node_of[src], size_bytes=size_bytes,

@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpucheck.faults.judge import fault
-from gpucheck.probes.clock_window import MASK_FUNCTIONS, SLOWDOWN_FIELDS, held_s, read_mask
-from gpucheck.probes.gpu_read import NvmlDoor
-from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS, CLOCK_REASONS
+from gpucheck.probes.gpu_read import BAD_CLOCK_REASONS, CLOCK_REASONS, MASK_FUNCTIONS, read_mask
+from gpucheck.probes.gpus import SLOWDOWN_FIELDS, held_s
+from gpucheck.probes.nvml import NvmlDoor
 from gpucheck.report import Finding, Status, ok, skip
 
 # Clock-event reason bits (nvml.h nvmlClocksEventReason*) the HW slowdown rule reads.

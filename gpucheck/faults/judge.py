@@ -9,7 +9,7 @@ from typing import Any
 from gpucheck.checks.check import table_cause
 from gpucheck.faults.counters import LOST_KINDS
 from gpucheck.probes.nvml import SLOW_ADVICE, slow_words
-from gpucheck.probes.xid_table import RECOVERY_ACTIONS, xid_info
+from gpucheck.probes.xid_table import recovery_action, xid_info
 from gpucheck.report import Finding, Status, ok, skip
 
 # The advice every "takes effect at the next reset" verdict gives.
@@ -204,7 +204,7 @@ def judge_events(result: Mapping[str, Any]) -> list[Finding]:
             verdicts.append(fault(f"faults.event.{kind}", status, f"NVML event: {meaning}, "
                                   f"{when(seen)}", action, advice))
     for event in events_of(result, "gpu_recovery_action"):
-        what, action = RECOVERY_ACTIONS.get(int(event["data"]), (None, "none"))
+        what, action = recovery_action(int(event["data"])) or (None, "none")
         if what is not None:
             verdicts.append(fault("faults.event.gpu_recovery_action", Status.FAIL,
                                   f"the driver asks for a {what} ({when([event])})", action,
@@ -228,7 +228,7 @@ def meaning(event: Mapping[str, Any]) -> tuple[str, str]:
     if kind in EVENT_VERDICTS:
         return EVENT_VERDICTS[kind][2], EVENT_VERDICTS[kind][1]
     if kind == "gpu_recovery_action":
-        what, action = RECOVERY_ACTIONS.get(int(event["data"]), ("no action", "none"))
+        what, action = recovery_action(int(event["data"])) or ("no action", "none")
         return f"the driver asks for: {what}", action
     return _ECC_WORDS.get(kind, (f"unknown NVML event ({kind})", "rerun"))
 

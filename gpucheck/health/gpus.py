@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpucheck.devices import ExpectedGpus, nvidia_pci_devices
-from gpucheck.probes.clock_window import second_look
 from gpucheck.probes.gpu_judge import count_finding, driver_finding, gpu_findings
-from gpucheck.probes.gpu_read import read_driver, read_gpu
-from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
+from gpucheck.probes.gpu_read import DriverInfo, GpuRecord, read_driver, read_gpu
+from gpucheck.probes.gpus import second_look
 from gpucheck.probes.nvml import Nvml
 from gpucheck.report import Finding, Section, skip
 from gpucheck.subject import gpu

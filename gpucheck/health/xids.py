@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpucheck.checks.check import table_cause
-from gpucheck.probes.gpu_record import GpuRecord
+from gpucheck.probes.gpu_read import GpuRecord
 from gpucheck.probes.xid_section import KernelLog, XidEvent, XidFault, kernel_log_part
 from gpucheck.report import Finding, Section, Status
 from gpucheck.subject import Kind, Subject, text

@@ -1,15 +1,16 @@
-"""Consistency: do NVML, torch and CUDA_VISIBLE_DEVICES agree; are the GPUs alike?
-CUDA_VISIBLE_DEVICES is read the way CUDA reads it: up to the first entry it cannot use
-(docs/env.md); pure functions on strings, the NVML facts passed in."""
+"""Do NVML, torch and CUDA_VISIBLE_DEVICES agree, are the GPUs alike, and can torch's
+build run on this driver and these GPUs? Pure functions, the facts passed in; the rules
+and their sources are in docs/env.md."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpucheck.probes.gpu_record import GpuRecord
-from gpucheck.probes.torch_build import TorchInfo, well_formed
+from gpucheck.probes.gpu_read import DriverInfo, GpuRecord
+from gpucheck.probes.torch_build import TorchInfo, version_tuple, well_formed
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 from gpucheck.subject import text
 
@@ -187,3 +188,119 @@ def probe_consistency(nvml_count: int | None, gpus: list[GpuRecord], torch: Torc
         findings.append(visible)
     findings += uniformity_findings(gpus)
     return Section("consistency", "Consistency", data, findings)
+
+
+# ---- the driver's CUDA and the GPUs' architectures against torch's build ----
+
+# Which GPUs torch's kernels run on (SASS within a major, 'a' exactly, 'f' like SASS, PTX
+# by JIT for any newer GPU up to the driver's CUDA): the rules and sources in docs/env.md.
+_ARCH = re.compile(r"(sm|compute)_(\d+)(\d)([af]?)")
+
+
+def parse_arch(entry: str) -> tuple[str, int, int, str] | None:
+    """'sm_90' -> ('sm', 9, 0, ''), 'sm_100a' -> ('sm', 10, 0, 'a'), 'compute_120' -> PTX."""
+    match = _ARCH.fullmatch(entry.strip())
+    if match is None:
+        return None
+    return match[1], int(match[2]), int(match[3]), match[4]
+
+
+def parse_cc(cc: str | None) -> tuple[int, int] | None:
+    """NVML's compute capability "9.0" -> (9, 0)."""
+    try:
+        major, minor = (cc or "").split(".")
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+def _runs_on(arch: tuple[str, int, int, str], cc: tuple[int, int]) -> bool:
+    kind, major, minor, suffix = arch
+    if suffix == "a":  # architecture-specific: that exact GPU only
+        return cc == (major, minor)
+    if kind == "sm" or suffix == "f":  # SASS or family PTX: same major, minor >= Y
+        return cc[0] == major and cc[1] >= minor
+    return cc >= (major, minor)  # PTX: JIT for any newer GPU
+
+
+def arch_coverage(cc: str | None, arch_list: Sequence[str]) -> tuple[str, str | None]:
+    """How torch's kernels reach a GPU of this compute capability: ("sass", 'sm_80'),
+    ("ptx", 'compute_90') by the driver's JIT, ("none", None), or ("unknown", None)."""
+    gpu = parse_cc(cc)
+    if gpu is None:
+        return "unknown", None
+    parsed = [(entry, parse_arch(entry)) for entry in arch_list]
+    for kind in ("sm", "compute"):
+        for entry, arch in parsed:
+            if arch is not None and arch[0] == kind and _runs_on(arch, gpu):
+                return ("sass" if kind == "sm" else "ptx"), entry
+    return "none", None
+
+
+def sm_name(cc: str | None) -> str:
+    """"9.0" -> "sm_90" (the name torch's arch list uses)."""
+    parsed = parse_cc(cc)
+    return f"sm_{parsed[0]}{parsed[1]}" if parsed else f"compute capability {cc}"
+
+
+def arch_finding(gpu: GpuRecord, arch_list: Sequence[str], ptx_jit_ok: bool) -> Finding | None:
+    """`gpu.arch_supported`: does this torch have kernels this GPU can run?"""
+    how, entry = arch_coverage(gpu.compute_capability, arch_list)
+    if how == "unknown":
+        return None
+    check, sm = "gpu.arch_supported", sm_name(gpu.compute_capability)
+    listed = ", ".join(arch_list)
+    upgrade = (f"install a torch build whose arch list has {sm} (torch.cuda.get_arch_list()), "
+               f"or build torch with TORCH_CUDA_ARCH_LIST={gpu.compute_capability}")
+    if how == "sass":
+        return ok(check, f"{sm}: torch ships native kernels for it ({entry})", gpu.subject)
+    if how == "none":
+        return fail(check, f"{sm} is not in torch's arch list ({listed}): the first CUDA kernel "
+                    "fails with \"no kernel image is available for execution on the device\"",
+                    upgrade, gpu.subject)
+    message = (f"{sm} has no native kernels in torch's arch list ({listed}): it runs only by "
+               f"JIT-compiling torch's {entry} PTX")
+    if not ptx_jit_ok:
+        return fail(check, f"{message}, and this driver is older than torch's CUDA, so its "
+                    "JIT cannot compile that PTX (cudaErrorUnsupportedPtxVersion)",
+                    f"upgrade the NVIDIA driver, or {upgrade}", gpu.subject)
+    return warn(check, f"{message}: the first start compiles every kernel (minutes) and they "
+                "may run slower than native ones", upgrade, gpu.subject)
+
+
+def cuda_compat_finding(driver: DriverInfo, torch_cuda: str | None) -> Finding:
+    """The driver's newest CUDA against torch's: an older major FAILs; an older minor is
+    OK by minor-version compatibility, with a note."""
+    check = "driver.cuda_compat"
+    if torch_cuda is None:
+        return skip(check, "torch has no CUDA build to compare with the driver")
+    if not driver.present or driver.cuda_version is None:
+        return skip(check, f"torch needs CUDA {torch_cuda}; the driver's CUDA is unknown")
+    have, need = version_tuple(driver.cuda_version), version_tuple(torch_cuda)
+    versions = f"driver {driver.driver_version} supports CUDA {driver.cuda_version}, " \
+               f"torch was built with CUDA {torch_cuda}"
+    if have[0] < need[0]:
+        return fail(check, f"{versions}: the driver is too old for this torch",
+                    "upgrade the NVIDIA driver (then reboot), or install a torch built for "
+                    f"CUDA {driver.cuda_version} or older")
+    if have < need:
+        return ok(check, f"{versions}: runs by CUDA minor-version compatibility (the "
+                  "driver cannot JIT-compile torch's newer PTX; see gpu.arch_supported)")
+    return ok(check, versions)
+
+
+def cuda_compat_findings(driver: DriverInfo, torch_cuda: str | None,
+                         gpus: Sequence[GpuRecord] = (),
+                         arch_list: Sequence[str] = ()) -> list[Finding]:
+    """`driver.cuda_compat` and, for a CUDA torch, `gpu.arch_supported` per GPU."""
+    findings = [cuda_compat_finding(driver, torch_cuda)]
+    queried = [g for g in gpus if not g.error and g.compute_capability]
+    if torch_cuda is None or not queried:
+        return findings
+    if not arch_list:
+        return [*findings, skip("gpu.arch_supported", "torch reports no CUDA arch list "
+                                "(torch.cuda.get_arch_list()); GPU architectures not checked")]
+    have = version_tuple(driver.cuda_version) if driver.cuda_version else None
+    ptx_jit_ok = have is None or have >= version_tuple(torch_cuda)
+    arch = [arch_finding(g, arch_list, ptx_jit_ok) for g in queried]
+    return [*findings, *(f for f in arch if f is not None)]

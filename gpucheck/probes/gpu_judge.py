@@ -8,15 +8,12 @@ from typing import Any
 
 from gpucheck.devices import ExpectedGpus
 from gpucheck.numa import cpulist
-from gpucheck.probes.gpu_record import BAD_CLOCK_REASONS, DriverInfo, GpuRecord, decode_health
+from gpucheck.probes.fabric import fabric_finding, fabric_health_findings
+from gpucheck.probes.gpu_read import BAD_CLOCK_REASONS, DriverInfo, GpuRecord
 from gpucheck.probes.nvml import SLOW_ADVICE, Nvml, slow_words
+from gpucheck.probes.xid_table import RECOVERY_BY_NAME
 from gpucheck.report import Finding, fail, ok, skip, warn
 from gpucheck.subject import text
-
-FABRIC_HINT = ("start the fabric manager: systemctl start nvidia-fabricmanager (and "
-               "systemctl enable it; its version must match the driver's); see journalctl -u "
-               "nvidia-fabricmanager, and nvidia-smi -q | grep -A3 Fabric")
-
 
 # The NVML failures driver.nvml acts on (gpucheck/checks/node.py).
 _DRIVER_CAUSES = ("gpu_lost", "needs_reset", "timed_out", "no_answer")
@@ -193,48 +190,6 @@ def mig_finding(gpu: GpuRecord) -> Finding | None:
               "GPU, so a multi-GPU job needs one instance per physical GPU", gpu.subject)
 
 
-def fabric_finding(gpu: GpuRecord) -> Finding | None:
-    """NVSwitch systems: CUDA will not start (error 802) until the fabric registers the GPU."""
-    check, state = "gpu.fabric", gpu.fabric_state
-    if state in (None, "not_supported"):
-        return None  # no NVSwitch fabric on this GPU (PCIe cards, pre-Hopper)
-    if state != "completed":
-        wait = " (it can take a minute after boot: run again)" if state == "in_progress" else ""
-        where = {"not_started": "has not started", "in_progress": "is still in progress"}
-        return fail(check, f"NVSwitch fabric registration {where.get(state, f'is {state}')}: CUDA "
-                    "fails to initialise on this GPU (error 802, \"system not yet "
-                    f"initialized\") until the fabric manager has registered it{wait}",
-                    FABRIC_HINT, gpu.subject,
-                    cause="registering" if state == "in_progress" else None)
-    if gpu.fabric_status != "success":
-        return fail(check, f"NVSwitch fabric registration failed ({gpu.fabric_status}): CUDA "
-                    "fails to initialise on this GPU (error 802)", FABRIC_HINT, gpu.subject)
-    return ok(check, "NVSwitch fabric registration completed", gpu.subject)
-
-
-# NVML's recovery action -> (FAIL?, what it means, what to do), in NVIDIA's words.
-RECOVERY_VERDICTS: dict[str, tuple[bool, str, str]] = {
-    "gpu_reset": (True, "the GPU hit a fault that only a GPU reset clears",
-                  "stop every process on it, then reset it: nvidia-smi -r -i {index}"),
-    "node_reboot": (True, "the fault may have left the OS in an inconsistent state",
-                    "drain the node and reboot it"),
-    "drain_p2p": (True, "peer-to-peer traffic must be quiesced before NVML can say more",
-                  "stop every process doing peer-to-peer (NVLink/NCCL) traffic on it and "
-                  "turn off UVM persistence mode, then run gpucheck env again: NVML then "
-                  "names the next action"),
-    "drain_and_reset": (False, "the GPU keeps working, possibly at reduced capacity, but "
-                        "NVIDIA recommends draining it and resetting it",
-                        "drain the node (let running work finish, start nothing new), then "
-                        "reset the GPU: nvidia-smi -r -i {index}"),
-    "recover_imex_domain": (True, "the IMEX domain (memory shared over multi-node NVLink) "
-                            "must be recovered", "drain the node and recover the IMEX "
-                            "domain (restart nvidia-imex on the domain's nodes)"),
-    "bus_reset": (True, "the GPU's PCIe bus must be reset",
-                  "stop every process on it, then reset it: nvidia-smi -r -i {index}"),
-    "system_reboot": (True, "the system must be rebooted", "drain the node and reboot it"),
-}
-
-
 def _recovery_na_words(why: str | None) -> str:
     from gpucheck.probes.pyenv import package_version  # importlib.metadata: when asked
 
@@ -257,71 +212,16 @@ def recovery_action_finding(gpu: GpuRecord) -> Finding:
     if action == "none":
         return ok(check, "NVML asks for no recovery action (NVML_GPU_RECOVERY_ACTION_NONE)",
                   gpu.subject)
-    known = RECOVERY_VERDICTS.get(action)
+    known = RECOVERY_BY_NAME.get(action)
     if known is None:
         return warn(check, f"NVML asks for a recovery action gpucheck does not know ({action})",
                     "look the value up in nvmlDeviceGpuRecoveryAction_t (NVML API reference) "
                     "and nvidia-smi -q; keep the node out of service until then", gpu.subject)
-    is_fail, meaning, todo = known
     name = f"NVML_GPU_RECOVERY_ACTION_{action.upper()}"
-    make = fail if is_fail else warn
-    return make(check, f"NVML asks for a recovery action: {name}: {meaning}",
-                todo.format(index=gpu.index), gpu.subject,
+    make = fail if known.fails else warn
+    return make(check, f"NVML asks for a recovery action: {name}: {known.meaning}",
+                known.todo.format(index=gpu.index), gpu.subject,
                 cause=action if action in ("gpu_reset", "bus_reset") else None)
-
-
-_FABRIC_LOOK = ("nvidia-smi -q | grep -A12 Fabric; nvidia-smi nvlink -s; the fabric "
-                "manager's log: journalctl -u nvidia-fabricmanager")
-
-
-def _fabric_problems(health: Mapping[str, str], gpu: GpuRecord) -> list[Finding]:
-    s, found = gpu.subject, []
-    if health.get("degraded_bandwidth") == "true":
-        found.append(warn("gpu.fabric.degraded_bandwidth", "NVSwitch fabric bandwidth is "
-                          "degraded (NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE): collectives "
-                          "over NVLink run slower", f"have the NVLink/NVSwitch checked: "
-                          f"{_FABRIC_LOOK}", s))
-    if health.get("route_unhealthy") == "true":
-        found.append(fail("gpu.fabric.route_unhealthy", "an NVSwitch fabric route of this "
-                          "GPU is unhealthy (NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE): "
-                          "NVLink traffic to some peers can fail", f"drain the node; "
-                          f"{_FABRIC_LOOK}", s))
-    busy = [k for k in ("route_recovery", "access_timeout_recovery")
-            if health.get(k) == "in_progress"]
-    if busy:
-        found.append(warn("gpu.fabric.recovering", f"the fabric is recovering "
-                          f"({', '.join(busy)} in progress): NVLink traffic may stall until "
-                          "it ends", f"run gpucheck env again in a minute; {_FABRIC_LOOK}", s))
-    config = health.get("incorrect_configuration", "none")
-    if config != "none" and not config.startswith("unknown"):
-        found.append(fail("gpu.fabric.configuration", "the fabric reports an incorrect "
-                          f"configuration: NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_"
-                          f"{config}", f"fix the configuration it names; {_FABRIC_LOOK}", s,
-                          cause="insufficient_nvlinks"
-                          if config.upper() == "INSUFFICIENT_NVLINKS" else None))
-    return found
-
-
-def fabric_health_findings(gpu: GpuRecord) -> list[Finding]:
-    """The fabric's health once registered; the summary only where no field explains it."""
-    if gpu.fabric_state != "completed" or gpu.fabric_status != "success":
-        return []
-    health, summary = decode_health(gpu.fabric_health_mask), gpu.fabric_health_summary
-    if not health and summary is None:
-        return [skip("gpu.fabric.health", "fabric health: n/a (this driver reports no "
-                     "health mask: drivers before R550)", gpu.subject)]
-    found = _fabric_problems(health, gpu)
-    shown = ", ".join(f"{k}={v}" for k, v in health.items())
-    if not found and summary == "unhealthy":
-        found.append(fail("gpu.fabric.health", f"NVML calls the fabric unhealthy "
-                          f"(NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY; {shown})",
-                          f"drain the node; {_FABRIC_LOOK}", gpu.subject))
-    elif not found and summary == "limited_capacity":
-        found.append(warn("gpu.fabric.health", f"NVML says the fabric runs at limited capacity "
-                          f"(NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY; {shown})",
-                          f"have the NVLink/NVSwitch checked: {_FABRIC_LOOK}", gpu.subject))
-    return found or [ok("gpu.fabric.health", f"NVSwitch fabric healthy (summary "
-                        f"{summary or 'n/a'}; {shown or 'no health fields'})", gpu.subject)]
 
 
 def gpu_findings(gpu: GpuRecord) -> list[Finding]:

@@ -1,43 +1,120 @@
-"""Reading NVML into records: the driver, each GPU's `nvidia-smi -q` view and its NVSwitch
-fabric (no judging); a field the GPU lacks is None, a GPU failing mid-query keeps its error."""
+"""NVML read into records: the driver (`DriverInfo`) and each GPU's `nvidia-smi -q` view
+(`GpuRecord`, fields named after `nvidia-smi --query-gpu=...`, None is n/a) with its NVSwitch
+fabric; no judging. A GPU failing mid-query keeps its error."""
 
 from __future__ import annotations
 
-import ctypes
 import os
-from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
-from gpucheck.devices import SYSFS
+from gpucheck import subject as subjects
+from gpucheck.devices import SYSFS, GpuIdentity
 from gpucheck.numa import cpulist, read_local_cpus, read_numa_node
-from gpucheck.probes.gpu_record import (
-    CLOCK_REASONS,
-    FABRIC_STATES,
-    HEALTH_SUMMARIES,
-    DriverInfo,
-    GpuRecord,
-)
-from gpucheck.probes.nvml import Nvml, NvmlFailure, decode
+from gpucheck.probes.fabric import decode_health, read_fabric
+from gpucheck.probes.nvml import Nvml, NvmlDoor, NvmlFailure, decode, field_value, read_fields
+from gpucheck.probes.xid_table import RECOVERY_ACTIONS
 
-K = TypeVar("K")  # read_fields' names for the fields it reads
+# Clock-event (throttle) reason bits, as in nvml.h / pynvml nvmlClocksEventReason*.
+CLOCK_REASONS = {
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
+    0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+BAD_CLOCK_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                     "hw_power_brake_slowdown")
+MASK_FUNCTIONS = ("nvmlDeviceGetCurrentClocksEventReasons",
+                  "nvmlDeviceGetCurrentClocksThrottleReasons")
+
+@dataclass(frozen=True)
+class DriverInfo:
+    """NVML's view of the driver. `present` is False when no driver could be reached."""
+
+    present: bool
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    gpu_count: int | None = None
+    failure: NvmlFailure | None = None
 
 
-class NvmlDoor(Protocol):
-    """`Nvml`, or `Nvml` with its calls metered (the fault watcher's)."""
+@dataclass(frozen=True)
+class GpuRecord:
+    """One GPU, fields named after `nvidia-smi --query-gpu=...`; None is n/a."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    compute_capability: str | None = None
+    persistence_mode: bool | None = None
+    mig_mode: bool | None = None
+    mig_mode_pending: bool | None = None
+    temperature_c: int | None = None
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    utilization_gpu_pct: int | None = None
+    utilization_memory_pct: int | None = None
+    process_count: int | None = None
+    pcie_gen_current: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_current: int | None = None
+    pcie_width_max: int | None = None
+    ecc_mode: bool | None = None
+    ecc_volatile_uncorrected: int | None = None
+    ecc_aggregate_uncorrected: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failed: bool | None = None
+    bank_remaps_active: int | None = None  # NVML_FI_DEV_ACTIVE_BANK_REMAPPINGS
+    bank_remaps_inactive: int | None = None  # NVML_FI_DEV_INACTIVE_BANK_REMAPPINGS
+    bank_remap_pending: bool | None = None  # NVML_FI_DEV_PENDING_BANK_REMAPPING
+    clock_event_reasons: list[str] | None = None
+    # The second look (clock_window.second_look) when the sample showed a thermal or
+    # power-brake slowdown: window_s, samples, fractions, counter_share, held.
+    clock_window: dict[str, Any] | None = None
+    nvlink_active_links: int | None = None
+    fabric_state: str | None = None  # FABRIC_STATES; None: no fabric API (n/a)
+    fabric_status: str | None = None  # "success" or the NVML_ERROR_* name, once completed
+    fabric_health_mask: int | None = None  # healthMask (decode_health); None: n/a
+    fabric_health_summary: str | None = None  # HEALTH_SUMMARIES; None: n/a (v2 struct)
+    recovery_action: str | None = None  # xid_table.RECOVERY_ACTIONS' name; None: n/a (pre-R565)
+    # Why the recovery action is n/a: "nvidia-ml-py" (the package is too old to ask) or
+    # "driver" (the driver does not report it); None when it was read.
+    recovery_action_na: str | None = None
+    numa_node: int | None = None  # sysfs; None where it reads -1 (VMs, single socket)
+    cpu_affinity: str | None = None  # CPUs near the GPU, "0-27,56-83" (nvidia-smi topo -m)
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    error_kind: str | None = None
+    error_hint: str | None = None
 
     @property
-    def module(self) -> Any: ...
+    def subject(self) -> subjects.Subject:
+        """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)", as in every other section,
+        with its index, bus id and UUID as fields."""
+        label = GpuIdentity(None, self.index, self.name, self.pci_bus_id, self.uuid).label()
+        return subjects.gpu(self.index, label, bus_id=self.pci_bus_id, uuid=self.uuid)
 
-    def call(self, name: str, *args: Any, **kwargs: Any) -> Any: ...
+    def row(self) -> dict[str, Any]:
+        row = asdict(self)
+        for key in ("processes", "error_kind", "error_hint", "fabric_health_mask",
+                    "clock_window"):
+            row.pop(key)
+        look = self.clock_window
+        row["clock_held"] = ", ".join(look["held"]) or None if look else None
+        row["clock_look"] = (f"{look['samples']} samples over {look['window_s']} s"
+                             if look else None)
+        health = decode_health(self.fabric_health_mask)
+        row["fabric_health"] = ", ".join(f"{k}={v}" for k, v in health.items()) or None
+        return row
 
-    def get(self, name: str, *args: Any, default: Any = None, **kwargs: Any) -> Any: ...
 
-
-# NVML_GPU_RECOVERY_ACTION_* (pynvml; nvmlDeviceGpuRecoveryAction_t) -> our words.
-RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
-                    4: "drain_and_reset", 5: "recover_imex_domain", 6: "bus_reset",
-                    7: "system_reboot"}
 # nvmlDeviceGetFieldValues' scopeId for a value summed over all NVLinks (NVLink5, as DCGM).
 ALL_LINKS = 0xFFFFFFFF
 # Bank remapper (nvmlEccBankRemapperStatus_v1_t as field values).
@@ -46,11 +123,6 @@ BANK_FIELDS: dict[str, tuple[str, int]] = {
     "bank_remaps_inactive": ("NVML_FI_DEV_INACTIVE_BANK_REMAPPINGS", 0),
     "bank_remap_pending": ("NVML_FI_DEV_PENDING_BANK_REMAPPING", 0),
 }
-# nvmlValueType_t -> the member of c_nvmlValue_t that holds a field value.
-_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
-                  6: "usVal"}
-
-
 def cuda_version_str(value: int | None) -> str | None:
     """NVML's 12040 -> '12.4' (as in the `CUDA Version` of nvidia-smi's header)."""
     if not value:
@@ -90,14 +162,21 @@ def _watts(milliwatts: Any) -> float | None:
     return None if milliwatts is None else round(milliwatts / 1000.0, 1)
 
 
+def read_mask(nvml: NvmlDoor, handle: Any, functions: list[str]) -> int | None:
+    """The reasons bitmask now (`nvidia-smi --query-gpu=clocks_event_reasons.active`);
+    a function this driver lacks is dropped from `functions`, never asked again."""
+    while functions:
+        mask = nvml.get(functions[0], handle)
+        if mask is not None:
+            return int(mask)
+        functions.pop(0)
+    return None
+
+
+
 def _clock_reasons(nvml: Nvml, handle: Any) -> list[str] | None:
-    """`nvidia-smi --query-gpu=clocks_event_reasons.active`, as names."""
-    mask = nvml.get("nvmlDeviceGetCurrentClocksEventReasons", handle)
-    if mask is None:
-        mask = nvml.get("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
-    if mask is None:
-        return None
-    return [name for bit, name in CLOCK_REASONS.items() if int(mask) & bit]
+    mask = read_mask(nvml, handle, list(MASK_FUNCTIONS))
+    return None if mask is None else [n for bit, n in CLOCK_REASONS.items() if mask & bit]
 
 
 def _process_list(nvml: Nvml, fn: str, handle: Any) -> list[Any] | None:
@@ -199,34 +278,6 @@ def _mig(nvml: Nvml, handle: Any) -> dict[str, Any]:
             "mig_mode_pending": None if pending is None else bool(pending)}
 
 
-def _member(value: Any) -> float | int | None:
-    if int(value.nvmlReturn) != 0:  # NVML_SUCCESS
-        return None
-    member = _VALUE_MEMBERS.get(int(value.valueType))
-    return None if member is None else getattr(value.value, member)
-
-
-def read_fields(nvml: NvmlDoor, handle: Any,
-                wanted: Mapping[K, tuple[str, int]]) -> dict[K, float | int | None]:
-    """Several `nvmlDeviceGetFieldValues` fields in one call: name -> (pynvml constant,
-    scopeId); None per field pynvml or the GPU lacks."""
-    m = nvml.module
-    ids = {n: getattr(m, c) for n, (c, _) in wanted.items() if getattr(m, c, None) is not None}
-    out: dict[K, float | int | None] = dict.fromkeys(wanted)
-    if not ids:
-        return out
-    values = nvml.get("nvmlDeviceGetFieldValues", handle,
-                      [(field_id, wanted[n][1]) for n, field_id in ids.items()])
-    for name, value in zip(ids, values or (), strict=False):
-        out[name] = _member(value)
-    return out
-
-
-def field_value(nvml: NvmlDoor, handle: Any, constant: str) -> float | int | None:
-    """One `nvmlDeviceGetFieldValues` field by its pynvml constant; None when n/a."""
-    return read_fields(nvml, handle, {"value": (constant, 0)})["value"]
-
-
 def read_recovery_action(nvml: Nvml, handle: Any) -> tuple[str | None, str | None]:
     """NVML's recovery action for this GPU (`nvidia-smi -q` "Recovery Action", R565+) and,
     when n/a, which side is too old: "nvidia-ml-py" (cannot ask) or "driver"."""
@@ -237,7 +288,9 @@ def read_recovery_action(nvml: Nvml, handle: Any) -> tuple[str | None, str | Non
     value = field_value(nvml, handle, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")
     if value is None:
         return None, "driver"
-    return RECOVERY_ACTIONS.get(int(value), f"unknown ({int(value)})"), None
+    known = RECOVERY_ACTIONS.get(int(value))
+    word = "none" if int(value) == 0 else known.name if known else f"unknown ({int(value)})"
+    return word, None
 
 
 def _state(nvml: Nvml, handle: Any) -> dict[str, Any]:
@@ -276,62 +329,6 @@ def _numa(nvml: Nvml, handle: Any, bus_id: str | None, sysfs: Path) -> dict[str,
         return {"numa_node": None, "cpu_affinity": None}
     cpus = _cpu_affinity(nvml, handle) or read_local_cpus(bus_id, sysfs)
     return {"numa_node": read_numa_node(bus_id, sysfs), "cpu_affinity": cpulist(cpus) or None}
-
-
-# The newest struct first (v3 adds healthSummary, v2 has healthMask); an older driver
-# answers ArgumentVersionMismatch or FunctionNotFound.
-FABRIC_CALLS = (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v3_t"),
-                ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
-                ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"))
-_OLDER_DRIVER = ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch")
-
-
-def _return_name(module: Any, code: int) -> str:
-    """An nvmlReturn_t as its pynvml constant name ("NVML_ERROR_NOT_READY (27)")."""
-    names = [n for n in dir(module) if n.startswith("NVML_ERROR_")
-             and getattr(module, n) == code]
-    return f"{names[0]} ({code})" if names else f"NVML error {code}"
-
-
-def _fabric_info(nvml: Nvml, handle: Any) -> Any:
-    """The GPU's fabric struct (byref: pynvml hands it to C as is), None without one."""
-    m = nvml.module
-    for fn, struct in FABRIC_CALLS:
-        cls = getattr(m, struct, None)
-        if cls is None:
-            continue  # a pynvml too old to know this struct
-        info = cls()
-        try:
-            nvml.call(fn, handle, ctypes.byref(info))
-        except NvmlFailure as exc:
-            if exc.kind in _OLDER_DRIVER:
-                continue  # an older driver: try the older struct or call
-            if exc.not_available:
-                return None
-            raise
-        return info
-    return None
-
-
-def read_fabric(nvml: Nvml, handle: Any) -> dict[str, Any]:
-    """`nvidia-smi -q` "Fabric": state, status once completed, health mask and summary."""
-    info = _fabric_info(nvml, handle)
-    if info is None:
-        return {"fabric_state": None, "fabric_status": None,
-                "fabric_health_mask": None, "fabric_health_summary": None}
-    m = nvml.module
-    state = FABRIC_STATES.get(int(info.state), f"unknown ({int(info.state)})")
-    status = None
-    # NVML: `status` is valid only once the state is COMPLETED.
-    if int(info.state) == getattr(m, "NVML_GPU_FABRIC_STATE_COMPLETED", 3):
-        code = int(info.status)
-        status = "success" if code == getattr(m, "NVML_SUCCESS", 0) else _return_name(m, code)
-    mask = getattr(info, "healthMask", None)
-    summary = getattr(info, "healthSummary", None)
-    return {"fabric_state": state, "fabric_status": status,
-            "fabric_health_mask": None if mask is None else int(mask),
-            "fabric_health_summary": None if not summary else HEALTH_SUMMARIES.get(
-                int(summary), f"unknown ({int(summary)})")}
 
 
 def read_gpu(nvml: Nvml, index: int, sysfs: Path = SYSFS) -> GpuRecord:

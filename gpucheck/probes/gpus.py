@@ -1,11 +1,12 @@
-"""Driver and per-GPU health through NVML (the `nvidia-smi -q` view): the env probe's
-assembly (driver and GPU sections, `gpu.count`), and the driver's CUDA and the GPUs'
-architectures against torch's build. Reading is `gpu_read`'s, judging `gpu_judge`'s."""
+"""NVML's view of this node for `env` and `health`: the driver and GPU sections with
+`gpu.count`, the second look at a GPU whose one clock sample showed a slowdown, and the
+`nvidia-smi topo -m` matrix and path class of each GPU pair (docs/env.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,6 @@ from typing import Any
 
 from gpucheck.devices import expected_gpus, nvidia_pci_devices, sysfs_root
 from gpucheck.numa import cpulist, node_cpus, numa_nodes
-from gpucheck.probes.clock_window import second_look
 from gpucheck.probes.gpu_judge import (
     count_finding,
     driver_finding,
@@ -21,12 +21,19 @@ from gpucheck.probes.gpu_judge import (
     hang_finding,
     numa_findings,
 )
-from gpucheck.probes.gpu_read import read_driver, read_gpu
-from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
-from gpucheck.probes.nvml import Nvml, NvmlFailure
-from gpucheck.probes.topology import read_topology
-from gpucheck.probes.torch_build import version_tuple
-from gpucheck.report import Finding, Section, fail, ok, skip, warn
+from gpucheck.probes.gpu_read import (
+    BAD_CLOCK_REASONS,
+    CLOCK_REASONS,
+    MASK_FUNCTIONS,
+    DriverInfo,
+    GpuRecord,
+    nvlink_active,
+    read_driver,
+    read_gpu,
+    read_mask,
+)
+from gpucheck.probes.nvml import Nvml, NvmlDoor, NvmlFailure, read_fields
+from gpucheck.report import Section, fail, skip
 
 # The NVML failures gpu.topology acts on (gpucheck/checks/node.py).
 _TOPOLOGY_CAUSES = ("timed_out", "no_answer")
@@ -99,117 +106,209 @@ def probe_nvml(nvml: Nvml | None = None, sysfs: Path | None = None,
     return NvmlResult(info, gpus, sections, pci_gpus)
 
 
-# ---- the driver's CUDA and the GPUs' architectures against torch's build ----
+# ---- the second look at a slowdown in one clock sample ----
 
-# Which GPUs torch's kernels run on (SASS within a major, 'a' exactly, 'f' like SASS, PTX
-# by JIT for any newer GPU up to the driver's CUDA): the rules and sources in docs/env.md.
-_ARCH = re.compile(r"(sm|compute)_(\d+)(\d)([af]?)")
+WINDOW_S = 1.0  # how long a GPU with a slowdown in its sample is watched
+TICK_S = 0.05  # between two samples of the reasons mask
+HELD_SHARE = 0.5  # of the window: held, not touched
+MIN_SAMPLES = 5  # fewer samples cannot tell held from touched
+# Reason -> the pynvml field id of its cumulative time counter (ns, nvml.h).
+SLOWDOWN_FIELDS: dict[str, str] = {
+    "sw_power_cap": "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP",
+    "sw_thermal_slowdown": "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN",
+    "hw_thermal_slowdown": "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN",
+    "hw_power_brake_slowdown": "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN",
+}
+LOOKED_AT = tuple(r for r in BAD_CLOCK_REASONS if r != "hw_slowdown")
 
 
-def parse_arch(entry: str) -> tuple[str, int, int, str] | None:
-    """'sm_90' -> ('sm', 9, 0, ''), 'sm_100a' -> ('sm', 10, 0, 'a'), 'compute_120' -> PTX."""
-    match = _ARCH.fullmatch(entry.strip())
-    if match is None:
-        return None
-    return match[1], int(match[2]), int(match[3]), match[4]
+def read_slowdown_ns(nvml: NvmlDoor, handle: Any) -> dict[str, int | None]:
+    """Cumulative ns each reason held the clocks down (`nvidia-smi -q -d PERFORMANCE`
+    "Clocks Event Reasons Counters"); None per field this pynvml, driver or GPU lacks."""
+    values = read_fields(nvml, handle, {r: (c, 0) for r, c in SLOWDOWN_FIELDS.items()})
+    return {r: None if v is None else int(v) for r, v in values.items()}
 
 
-def parse_cc(cc: str | None) -> tuple[int, int] | None:
-    """NVML's compute capability "9.0" -> (9, 0)."""
+def held_s(start: Mapping[str, int | None], end: Mapping[str, int | None],
+           window_s: float) -> dict[str, float | None]:
+    """Per reason, the seconds its counter grew by over the window; None when n/a or
+    longer than the window (a pynvml whose field ids differ from the driver's)."""
+    out: dict[str, float | None] = {}
+    for reason in SLOWDOWN_FIELDS:
+        a, b = start.get(reason), end.get(reason)
+        grown = None if a is None or b is None or b < a else (b - a) / 1e9
+        out[reason] = grown if grown is not None and grown <= window_s * 1.05 else None
+    return out
+
+
+def needs_look(gpu: GpuRecord) -> bool:
+    """Whether the GPU's one sample showed a reason worth a second look."""
+    return bool(set(gpu.clock_event_reasons or ()) & set(LOOKED_AT)) and not gpu.error
+
+
+def _read_counters(nvml: NvmlDoor, handles: dict[int, Any],
+                   ) -> dict[int, tuple[float, float, dict[str, int | None]]]:
+    """Each GPU's counters with when its call began and ended: a share is taken over
+    the outer bracket of its two reads, so a slow call can only make it read low."""
+    read = {}
+    for i, handle in handles.items():
+        before = time.monotonic()
+        values = read_slowdown_ns(nvml, handle)
+        read[i] = (before, time.monotonic(), values)
+    return read
+
+
+def _watch(nvml: NvmlDoor, handles: dict[int, Any], window_s: float,
+           tick_s: float) -> dict[int, dict[str, Any]]:
+    """Sample every GPU's mask for `window_s`, counters at both ends."""
+    start = _read_counters(nvml, handles)
+    began = time.monotonic()
+    functions = {i: list(MASK_FUNCTIONS) for i in handles}
+    seen: dict[int, dict[str, int]] = {i: {} for i in handles}
+    samples = 0
+    while True:
+        for i, handle in handles.items():
+            mask = read_mask(nvml, handle, functions[i]) or 0
+            for bit, name in CLOCK_REASONS.items():
+                if mask & bit:
+                    seen[i][name] = seen[i].get(name, 0) + 1
+        samples += 1
+        if time.monotonic() - began >= window_s:
+            break
+        time.sleep(tick_s)
+    end = _read_counters(nvml, handles)
+    elapsed = time.monotonic() - began
+    looks = {}
+    for i in handles:
+        fractions = {r: round(n / samples, 3) for r, n in sorted(seen[i].items())}
+        span = max(end[i][1] - start[i][0], 1e-6)
+        grown = held_s(start[i][2], end[i][2], span)
+        counted = {r: None if (g := grown[r]) is None else round(g / span, 3)
+                   for r in SLOWDOWN_FIELDS if r in LOOKED_AT}
+        held = [r for r in LOOKED_AT if (counted.get(r) or 0.0) >= HELD_SHARE
+                or (samples >= MIN_SAMPLES and fractions.get(r, 0.0) >= HELD_SHARE)]
+        looks[i] = {"window_s": round(elapsed, 3), "samples": samples,
+                    "fractions": fractions, "counter_share": counted, "held": held}
+    return looks
+
+
+def second_look(nvml: NvmlDoor, gpus: Sequence[GpuRecord], window_s: float | None = None,
+                tick_s: float | None = None) -> list[GpuRecord]:
+    """`gpus` with `clock_window` filled for each whose sample showed a thermal or
+    power-brake slowdown (watched together, one window); the others, and all of them
+    when NVML fails during the look, unchanged (one sample: not judged)."""
+    suspects = [g for g in gpus if needs_look(g)]
+    if not suspects:
+        return list(gpus)
     try:
-        major, minor = (cc or "").split(".")
-        return int(major), int(minor)
-    except ValueError:
-        return None
+        handles = {g.index: nvml.call("nvmlDeviceGetHandleByIndex", g.index) for g in suspects}
+        looks = _watch(nvml, handles, WINDOW_S if window_s is None else window_s,
+                       TICK_S if tick_s is None else tick_s)
+    except NvmlFailure:
+        return list(gpus)  # the GPU's own failures are judged elsewhere (gpu.query)
+    return [dataclasses.replace(g, clock_window=looks[g.index]) if g.index in looks else g
+            for g in gpus]
 
 
-def _runs_on(arch: tuple[str, int, int, str], cc: tuple[int, int]) -> bool:
-    kind, major, minor, suffix = arch
-    if suffix == "a":  # architecture-specific: that exact GPU only
-        return cc == (major, minor)
-    if kind == "sm" or suffix == "f":  # SASS or family PTX: same major, minor >= Y
-        return cc[0] == major and cc[1] >= minor
-    return cc >= (major, minor)  # PTX: JIT for any newer GPU
+# ---- the topology between the GPUs ----
+
+# NVML_TOPOLOGY_* level -> the `nvidia-smi topo -m` legend.
+TOPOLOGY_LEVELS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+# nvmlDeviceGetP2PStatus's answers (nvmlGpuP2PStatus_t), as `nvidia-smi topo -p2p r`.
+P2P_STATUS = {0: "OK", 1: "chipset not supported", 2: "GPU not supported",
+              3: "IOH topology not supported", 4: "disabled by regkey", 5: "not supported",
+              6: "unknown"}
+# The platform refuses P2P here by design: the driver does not enable peer access
+# across CPU sockets (IOH topology) or on chipsets it does not support; ACS or an
+# IOMMU setting shows as plain "not supported" on a pair that shares a switch.
+BY_DESIGN = (1, 3)
+# NVML_P2P_CAPS_INDEX_READ is 0; pynvml spells it `= 0,` (a tuple), so it is not used.
+P2P_READ = 0
 
 
-def arch_coverage(cc: str | None, arch_list: Sequence[str]) -> tuple[str, str | None]:
-    """How torch's kernels reach a GPU of this compute capability: ("sass", 'sm_80'),
-    ("ptx", 'compute_90') by the driver's JIT, ("none", None), or ("unknown", None)."""
-    gpu = parse_cc(cc)
-    if gpu is None:
-        return "unknown", None
-    parsed = [(entry, parse_arch(entry)) for entry in arch_list]
-    for kind in ("sm", "compute"):
-        for entry, arch in parsed:
-            if arch is not None and arch[0] == kind and _runs_on(arch, gpu):
-                return ("sass" if kind == "sm" else "ptx"), entry
-    return "none", None
+def path_class(path: str | None) -> str:
+    """The class a pair's bandwidth is compared within: its `nvidia-smi topo -m` path,
+    every NV# as one "NV" (a GPU that lost links must not sit in a class of its own)."""
+    path = str(path or "")
+    return "NV" if path.startswith("NV") and path[2:].isdigit() else path
 
 
-def sm_name(cc: str | None) -> str:
-    """"9.0" -> "sm_90" (the name torch's arch list uses)."""
-    parsed = parse_cc(cc)
-    return f"sm_{parsed[0]}{parsed[1]}" if parsed else f"compute capability {cc}"
+@dataclass(frozen=True)
+class PairPath:
+    """One GPU pair's path: its `nvidia-smi topo -m` class and NVML's P2P read status."""
+
+    kind: str  # "NV12", "PIX", "PXB", "PHB", "NODE", "SYS"; "n/a" when NVML could not tell
+    p2p: int | None  # NVML_P2P_STATUS_* for reads; None when not read
+
+    @property
+    def without_p2p_by_design(self) -> bool:
+        """Across CPU sockets (SYS), or a status that says the platform refuses it."""
+        return self.kind == "SYS" or self.p2p in BY_DESIGN
+
+    def row(self) -> dict[str, Any]:
+        return {"path": self.kind,
+                "p2p_status": None if self.p2p is None else P2P_STATUS.get(self.p2p,
+                                                                            str(self.p2p)),
+                "p2p_by_design": self.without_p2p_by_design}
 
 
-def arch_finding(gpu: GpuRecord, arch_list: Sequence[str], ptx_jit_ok: bool) -> Finding | None:
-    """`gpu.arch_supported`: does this torch have kernels this GPU can run?"""
-    how, entry = arch_coverage(gpu.compute_capability, arch_list)
-    if how == "unknown":
-        return None
-    check, sm = "gpu.arch_supported", sm_name(gpu.compute_capability)
-    listed = ", ".join(arch_list)
-    upgrade = (f"install a torch build whose arch list has {sm} (torch.cuda.get_arch_list()), "
-               f"or build torch with TORCH_CUDA_ARCH_LIST={gpu.compute_capability}")
-    if how == "sass":
-        return ok(check, f"{sm}: torch ships native kernels for it ({entry})", gpu.subject)
-    if how == "none":
-        return fail(check, f"{sm} is not in torch's arch list ({listed}): the first CUDA kernel "
-                    "fails with \"no kernel image is available for execution on the device\"",
-                    upgrade, gpu.subject)
-    message = (f"{sm} has no native kernels in torch's arch list ({listed}): it runs only by "
-               f"JIT-compiling torch's {entry} PTX")
-    if not ptx_jit_ok:
-        return fail(check, f"{message}, and this driver is older than torch's CUDA, so its "
-                    "JIT cannot compile that PTX (cudaErrorUnsupportedPtxVersion)",
-                    f"upgrade the NVIDIA driver, or {upgrade}", gpu.subject)
-    return warn(check, f"{message}: the first start compiles every kernel (minutes) and they "
-                "may run slower than native ones", upgrade, gpu.subject)
+def _link(nvml: Nvml, a: Any, b: Any, links: int | None) -> str:
+    m = nvml.module
+    if links:
+        status = nvml.get("nvmlDeviceGetP2PStatus", a, b,
+                          getattr(m, "NVML_P2P_CAPS_INDEX_NVLINK", 2))
+        if status == getattr(m, "NVML_P2P_STATUS_OK", 0):
+            return f"NV{links}"
+    level = nvml.get("nvmlDeviceGetTopologyCommonAncestor", a, b)
+    return "n/a" if level is None else TOPOLOGY_LEVELS.get(int(level), str(level))
 
 
-def cuda_compat_finding(driver: DriverInfo, torch_cuda: str | None) -> Finding:
-    """The driver's newest CUDA against torch's: an older major FAILs; an older minor is
-    OK by minor-version compatibility, with a note."""
-    check = "driver.cuda_compat"
-    if torch_cuda is None:
-        return skip(check, "torch has no CUDA build to compare with the driver")
-    if not driver.present or driver.cuda_version is None:
-        return skip(check, f"torch needs CUDA {torch_cuda}; the driver's CUDA is unknown")
-    have, need = version_tuple(driver.cuda_version), version_tuple(torch_cuda)
-    versions = f"driver {driver.driver_version} supports CUDA {driver.cuda_version}, " \
-               f"torch was built with CUDA {torch_cuda}"
-    if have[0] < need[0]:
-        return fail(check, f"{versions}: the driver is too old for this torch",
-                    "upgrade the NVIDIA driver (then reboot), or install a torch built for "
-                    f"CUDA {driver.cuda_version} or older")
-    if have < need:
-        return ok(check, f"{versions}: runs by CUDA minor-version compatibility (the "
-                  "driver cannot JIT-compile torch's newer PTX; see gpu.arch_supported)")
-    return ok(check, versions)
+def read_topology(nvml: Nvml, gpus: list[GpuRecord]) -> list[dict[str, Any]]:
+    """The `nvidia-smi topo -m` matrix (NV#: the row GPU's active NVLinks)."""
+    healthy = [g for g in gpus if not g.error]
+    handles = {g.index: nvml.call("nvmlDeviceGetHandleByIndex", g.index) for g in healthy}
+    rows = []
+    for a in healthy:
+        row: dict[str, Any] = {"gpu": f"GPU{a.index}"}
+        for b in healthy:
+            row[f"GPU{b.index}"] = "X" if a.index == b.index else _link(
+                nvml, handles[a.index], handles[b.index], a.nvlink_active_links)
+        rows.append(row)
+    return rows
 
 
-def cuda_compat_findings(driver: DriverInfo, torch_cuda: str | None,
-                         gpus: Sequence[GpuRecord] = (),
-                         arch_list: Sequence[str] = ()) -> list[Finding]:
-    """`driver.cuda_compat` and, for a CUDA torch, `gpu.arch_supported` per GPU."""
-    findings = [cuda_compat_finding(driver, torch_cuda)]
-    queried = [g for g in gpus if not g.error and g.compute_capability]
-    if torch_cuda is None or not queried:
-        return findings
-    if not arch_list:
-        return [*findings, skip("gpu.arch_supported", "torch reports no CUDA arch list "
-                                "(torch.cuda.get_arch_list()); GPU architectures not checked")]
-    have = version_tuple(driver.cuda_version) if driver.cuda_version else None
-    ptx_jit_ok = have is None or have >= version_tuple(torch_cuda)
-    arch = [arch_finding(g, arch_list, ptx_jit_ok) for g in queried]
-    return [*findings, *(f for f in arch if f is not None)]
+def pair_paths(nvml: Nvml, bus_ids: Sequence[str | None],
+               ) -> dict[tuple[int, int], PairPath]:
+    """(i, j) -> the path between the GPUs at bus_ids[i] and bus_ids[j] (`nvidia-smi topo
+    -m`, `-p2p r`); "n/a" for a GPU NVML cannot find; NvmlFailure without NVML."""
+    nvml.start()  # no NVML at all raises here; one GPU it cannot find is "n/a" below
+    handles: dict[int, Any] = {}
+    for i, bus in enumerate(bus_ids):
+        try:
+            handles[i] = nvml.call("nvmlDeviceGetHandleByPciBusId", bus) if bus else None
+        except NvmlFailure:
+            handles[i] = None
+    links = {i: nvlink_active(nvml, h) if h is not None else None for i, h in handles.items()}
+    paths = {}
+    for i, a in handles.items():
+        for j, b in handles.items():
+            if i == j:
+                continue
+            if a is None or b is None:
+                paths[(i, j)] = PairPath("n/a", None)
+                continue
+            paths[(i, j)] = PairPath(_link(nvml, a, b, links[i]),
+                                     nvml.get("nvmlDeviceGetP2PStatus", a, b, P2P_READ))
+    return paths
+
+
+def paths_or_none(bus_ids: Sequence[str | None]) -> tuple[dict[tuple[int, int], PairPath],
+                                                           str | None]:
+    """`pair_paths` in an NVML session of its own, or ({}, why) when NVML cannot answer."""
+    nvml = Nvml()
+    try:
+        return pair_paths(nvml, bus_ids), None
+    except NvmlFailure as exc:
+        return {}, f"path classes not read ({exc.function}: {exc.meaning})"
+    finally:
+        nvml.shutdown()

@@ -10,9 +10,9 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from gpucheck.devices import GpuIdentity, bus_id_of, uuid_of
 
@@ -260,6 +260,55 @@ class Nvml:
         if self._module is not None and self._start_error is None and self._hung is None:
             with contextlib.suppress(NvmlFailure):
                 self._run(self._module.nvmlShutdown, (), {}, "nvmlShutdown", self.timeout_s)
+
+
+# ---- field values (nvmlDeviceGetFieldValues) ----
+
+K = TypeVar("K")  # read_fields' names for the fields it reads
+
+
+class NvmlDoor(Protocol):
+    """`Nvml`, or `Nvml` with its calls metered (the fault watcher's)."""
+
+    @property
+    def module(self) -> Any: ...
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any: ...
+
+    def get(self, name: str, *args: Any, default: Any = None, **kwargs: Any) -> Any: ...
+
+
+# nvmlValueType_t -> the member of c_nvmlValue_t that holds a field value.
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
+                  6: "usVal"}
+
+
+def _member(value: Any) -> float | int | None:
+    if int(value.nvmlReturn) != 0:  # NVML_SUCCESS
+        return None
+    member = _VALUE_MEMBERS.get(int(value.valueType))
+    return None if member is None else getattr(value.value, member)
+
+
+def read_fields(nvml: NvmlDoor, handle: Any,
+                wanted: Mapping[K, tuple[str, int]]) -> dict[K, float | int | None]:
+    """Several `nvmlDeviceGetFieldValues` fields in one call: name -> (pynvml constant,
+    scopeId); None per field pynvml or the GPU lacks."""
+    m = nvml.module
+    ids = {n: getattr(m, c) for n, (c, _) in wanted.items() if getattr(m, c, None) is not None}
+    out: dict[K, float | int | None] = dict.fromkeys(wanted)
+    if not ids:
+        return out
+    values = nvml.get("nvmlDeviceGetFieldValues", handle,
+                      [(field_id, wanted[n][1]) for n, field_id in ids.items()])
+    for name, value in zip(ids, values or (), strict=False):
+        out[name] = _member(value)
+    return out
+
+
+def field_value(nvml: NvmlDoor, handle: Any, constant: str) -> float | int | None:
+    """One `nvmlDeviceGetFieldValues` field by its pynvml constant; None when n/a."""
+    return read_fields(nvml, handle, {"value": (constant, 0)})["value"]
 
 
 # ---- NVML's name for a CUDA device ----

@@ -16,9 +16,9 @@ from gpucheck import subject as subjects
 from gpucheck.devices import GpuIdentity, bus_id_of, cuda_device_count, normal_bus_id, uuid_of
 from gpucheck.measure import Better, Metric
 from gpucheck.measured import whole
-from gpucheck.probes.consistency import probe_consistency
-from gpucheck.probes.gpu_record import DriverInfo, GpuRecord
-from gpucheck.probes.gpus import NvmlResult, cuda_compat_findings, probe_nvml
+from gpucheck.probes.consistency import cuda_compat_findings, probe_consistency
+from gpucheck.probes.gpu_read import DriverInfo, GpuRecord
+from gpucheck.probes.gpus import NvmlResult, probe_nvml
 from gpucheck.probes.kernel_log import read_kernel_log
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S, Nvml
 from gpucheck.probes.pyenv import TorchvisionCheck, probe_pyenv

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from gpucheck import subject as subjects
 from gpucheck.checks.check import table_cause
 from gpucheck.devices import normal_bus_id
-from gpucheck.probes.gpu_record import GpuRecord
+from gpucheck.probes.gpu_read import GpuRecord
 from gpucheck.probes.xid_table import SEVERITIES, XidInfo, judge_xid
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 

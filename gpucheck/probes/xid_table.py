@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from gpucheck.actions import ACTIONS as ACTIONS  # the fixed list every finding uses
 
@@ -154,15 +155,48 @@ XID_TABLE: dict[int, XidInfo] = {info.xid: info for info in (
       for x, unit in _NVLINK5.items()),
 )}
 
-# nvmlGpuRecoveryAction_t (pynvml NVML_GPU_RECOVERY_ACTION_*), which XID 154 announces
-# and NVML's recovery-action event carries -> (what the driver asks, our action).
-# NVIDIA's GPU memory error management guide: Drain P2P = quiesce peer-to-peer traffic,
-# then query again; Drain and Reset = drain the jobs, then reset.
-RECOVERY_ACTIONS: dict[int, tuple[str, str]] = {
-    1: ("GPU reset", "reset-gpu"), 2: ("node reboot", "drain-node"),
-    3: ("drain peer-to-peer traffic", "drain-node"), 4: ("drain and reset", "drain-node"),
-    5: ("recover the IMEX domain", "drain-node"), 6: ("bus reset", "reset-gpu"),
-    7: ("system reboot", "drain-node")}
+
+class Recovery(NamedTuple):
+    """One nvmlDeviceGpuRecoveryAction_t value: what the driver asks, our action, and
+    gpu.recovery_action's verdict on it (FAIL or WARN, meaning, what to do)."""
+
+    name: str  # NVML_GPU_RECOVERY_ACTION_<NAME>, lower case: the GPU record's word
+    what: str
+    action: str  # one of ACTIONS
+    fails: bool
+    meaning: str
+    todo: str  # "{index}": the GPU's NVML index
+
+
+_RESET_IT = "stop every process on it, then reset it: nvidia-smi -r -i {index}"
+# The one table of NVML's recovery actions, which XID 154 announces, NVML's event carries
+# and `nvidia-smi -q` shows (NVIDIA's GPU memory error management guide: Drain P2P =
+# quiesce peer-to-peer traffic, then query again; Drain and Reset = drain, then reset).
+RECOVERY_ACTIONS: dict[int, Recovery] = {
+    1: Recovery("gpu_reset", "GPU reset", "reset-gpu", True,
+                "the GPU hit a fault that only a GPU reset clears", _RESET_IT),
+    2: Recovery("node_reboot", "node reboot", "drain-node", True,
+                "the fault may have left the OS in an inconsistent state",
+                "drain the node and reboot it"),
+    3: Recovery("drain_p2p", "drain peer-to-peer traffic", "drain-node", True,
+                "peer-to-peer traffic must be quiesced before NVML can say more",
+                "stop every process doing peer-to-peer (NVLink/NCCL) traffic on it and "
+                "turn off UVM persistence mode, then run gpucheck env again: NVML then "
+                "names the next action"),
+    4: Recovery("drain_and_reset", "drain and reset", "drain-node", False,
+                "the GPU keeps working, possibly at reduced capacity, but NVIDIA recommends "
+                "draining it and resetting it", "drain the node (let running work finish, "
+                "start nothing new), then reset the GPU: nvidia-smi -r -i {index}"),
+    5: Recovery("recover_imex_domain", "recover the IMEX domain", "drain-node", True,
+                "the IMEX domain (memory shared over multi-node NVLink) must be recovered",
+                "drain the node and recover the IMEX domain (restart nvidia-imex on the "
+                "domain's nodes)"),
+    6: Recovery("bus_reset", "bus reset", "reset-gpu", True,
+                "the GPU's PCIe bus must be reset", _RESET_IT),
+    7: Recovery("system_reboot", "system reboot", "drain-node", True,
+                "the system must be rebooted", "drain the node and reboot it"),
+}
+RECOVERY_BY_NAME = {r.name: r for r in RECOVERY_ACTIONS.values()}
 _RECOVERY_CHANGE = re.compile(r"recovery action changed from .*?\bto\s+0x(?P<code>[0-9a-fA-F]+)"
                               r"(?:\s*\((?P<words>[^)]*)\))?", re.IGNORECASE)
 _NVLINK_FATALITY = re.compile(r"(?:^|\s)(?P<unit>[A-Z][A-Z0-9_/]*)\s+"
@@ -181,7 +215,8 @@ def xid_info(xid: int) -> XidInfo:
 
 def recovery_action(code: int) -> tuple[str, str] | None:
     """(what the driver asks, our action); None for 0 or a value newer than the table."""
-    return RECOVERY_ACTIONS.get(code)
+    known = RECOVERY_ACTIONS.get(code)
+    return None if known is None else (known.what, known.action)
 
 
 def _judge_154(base: XidInfo, detail: str) -> XidInfo:

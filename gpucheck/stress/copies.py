@@ -15,7 +15,7 @@ from gpucheck.devices import cuda_device_count
 from gpucheck.distributed import progress
 from gpucheck.distributed.session import roster
 from gpucheck.distributed.world import host_name
-from gpucheck.probes.topology import paths_or_none
+from gpucheck.probes.gpus import paths_or_none
 from gpucheck.records import as_dict
 from gpucheck.stress.rank import RankContext, barrier, gather, host_wait, publish, read_link
 from gpucheck.stress.records import CopyRow

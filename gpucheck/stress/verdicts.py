@@ -14,7 +14,7 @@ from gpucheck.devices import device_label
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.measure import Better, Bound, SecondLook
 from gpucheck.peers import Pair, Suspects, against_median, eliminate, pair_looks, second_look
-from gpucheck.probes.topology import path_class as topology_class
+from gpucheck.probes.gpus import path_class as topology_class
 from gpucheck.report import Finding, Status, looked, ok, skip, warn
 from gpucheck.stats import median
 from gpucheck.stress.gemm import Figure
@@ -332,7 +332,7 @@ def _slow_peer_pair(pair: Pair, look: SecondLook, measured: Mapping[Pair, float]
 
 def path_class(pair: Mapping[str, Any]) -> str:
     """The class a pair is compared within: its path, NV# as one class
-    (`gpucheck.probes.topology.path_class`; "" when not read: one class)."""
+    (`gpucheck.probes.gpus.path_class`; "" when not read: one class)."""
     return topology_class(pair.get("path"))
 
 
