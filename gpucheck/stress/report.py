@@ -1,6 +1,5 @@
 """The stress results (complete or partial) as report sections: setup and ranks, GEMM,
-memory bandwidth, host and peer copies; the burn-in's section is
-gpucheck.stress.sdc_section."""
+memory bandwidth, host and peer copies (the burn-in's: `sdc_section`)."""
 
 from __future__ import annotations
 
@@ -20,9 +19,7 @@ from gpucheck.stress.gemm import COPY_COUNTED, Figure, copy_figure, gemm_figure
 from gpucheck.stress.power import power_findings, reach
 from gpucheck.stress.records import (
     CopyRecord,
-    CopyRow,
     GemmRecord,
-    StressRank,
     StressRecords,
     read_stress,
     stress_metrics,
@@ -50,21 +47,21 @@ class Verdicts:
 
 
 def stress_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section]:
-    """Setup and ranks, then one section per phase that ran (in the order they ran),
-    then the hardware faults seen during the run. Every rank's record is read back
-    first (gpucheck.stress.records): one that does not read is named, never judged."""
+    """Setup and ranks, one section per phase that ran, then the hardware faults. A
+    rank's record that does not read back is named, never judged."""
     if "ranks" not in result:  # failed before the first phase: rank 0's fault watch only
         return [faults_of(result)]
     records = read_stress(result)
     sections = [_setup_section(result, records)]
     done = result.get("phases_done") or []
+    # Rank -> the clock slowdown its fault watch saw, for the slow-rank WARNs.
+    causes = slowdown_causes(result.get("faults") or [], window="measured phases")
     if records.gemm:
-        sections.append(_gemm_section(result, records, verdicts, _causes(result)))
+        sections.append(_gemm_section(result, records, verdicts, causes))
     if records.membw:
-        sections.append(_membw_section(result, records, verdicts, _causes(result)))
+        sections.append(_membw_section(result, records, verdicts, causes))
     if result.get("sdc") and records.sdc:
-        sections.append(sdc_section(result["sdc"], records, verdicts.peer_fraction,
-                                    _causes(result)))
+        sections.append(sdc_section(result["sdc"], records, verdicts.peer_fraction, causes))
     if "copies" in done and result.get("copies"):
         sections.append(copies_section(result["copies"], records, verdicts.peer_fraction,
                                        verdicts.copy_fraction))
@@ -83,11 +80,6 @@ def faults_of(result: Mapping[str, Any], records: StressRecords | None = None) -
                               gpu_names(entries))
 
 
-def _causes(result: Mapping[str, Any]) -> dict[int, str]:
-    """Rank -> the clock slowdown its fault watch saw, for the slow-rank WARNs."""
-    return slowdown_causes(result.get("faults") or [], window="measured phases")
-
-
 def _setup_section(result: Mapping[str, Any], records: StressRecords) -> Section:
     keep = ("rank", "node_rank", "host", "local_rank", "device", "gpu", "cpus", "numa_node",
             "on_gpu_numa_node", "pinned", "threads", "pid")
@@ -104,9 +96,8 @@ def _setup_section(result: Mapping[str, Any], records: StressRecords) -> Section
 
 
 def _numa_findings(records: StressRecords) -> list[Finding]:
-    """A WARN per rank with none of its CPUs on its GPU's NUMA node (as `ranks.numa`
-    judges bench and comm); a rank spanning nodes is unpinned (--no-numa-pin, or the
-    launcher's cpuset), the scheduler's choice and not a fault: said in the OK."""
+    """A WARN per rank with none of its CPUs on its GPU's NUMA node; one spanning nodes
+    is unpinned (the scheduler's choice, not a fault): said in the OK."""
     ranks = records.ranks
     names = subjects(records.entries)
     if all(r.gpu_name is None for r in ranks):
@@ -127,20 +118,14 @@ def _numa_findings(records: StressRecords) -> list[Finding]:
                              f"rank(s) {', '.join(map(str, unknown))}"))
     near = len(ranks) - len(off) - len(unknown)
     if near and not off:
-        findings.append(ok("stress.numa", _near_message(ranks, near)))
+        pinned = sum(1 for r in ranks if r.pinned)
+        spanning = [r.rank for r in ranks if r.on_gpu_numa_node is False]
+        findings.append(ok("stress.numa", f"{near} rank(s) run on their GPU's NUMA node "
+                           f"({pinned} pinned there by gpucheck)" + (
+                               f"; rank(s) {cpulist(tuple(spanning))} also on other nodes' "
+                               "CPUs (not pinned: --no-numa-pin or the launcher's binding)"
+                               if spanning else "")))
     return findings
-
-
-
-
-def _near_message(ranks: Sequence[StressRank], near: int) -> str:
-    pinned = sum(1 for r in ranks if r.pinned)
-    spanning = [r.rank for r in ranks if r.on_gpu_numa_node is False]
-    message = f"{near} rank(s) run on their GPU's NUMA node ({pinned} pinned there by gpucheck)"
-    if spanning:
-        message += (f"; rank(s) {cpulist(tuple(spanning))} also on other nodes' CPUs (not "
-                     "pinned: --no-numa-pin or the launcher's binding)")
-    return message
 
 
 def _vs_peers(values: Mapping[int, float], ranks: Sequence[Mapping[str, Any]],
@@ -160,9 +145,8 @@ def _judged(check: str, what: str, unit: str, rows: Sequence[Any], key: str,
             again_rows: Sequence[Any], records: StressRecords, verdicts: Verdicts,
             causes: Mapping[int, str], figure_of: Callable[[str | None], Figure | None],
             expected: tuple[str, int | None]) -> tuple[list[dict[str, Any]], list[Finding]]:
-    """The table rows (with vs_peers, the expected figure and vs_expected) and the peer
-    and expected findings of one figure (`key`) of `rows`, one record per rank;
-    `expected`: the expected figure's column and its rounding."""
+    """The table rows (with vs_peers and vs_expected) and the peer and expected findings
+    of one figure (`key`) of `rows`; `expected`: the expected column and its rounding."""
     ranks, models = records.entries, {r.rank: r.gpu_name for r in records.ranks}
     values = {r.rank: float(getattr(r, key)) for r in rows}
     peers, table = _vs_peers(values, ranks), []
@@ -248,7 +232,10 @@ def copies_section(copies: Mapping[str, Any], records: StressRecords, peer_fract
     findings += peer_findings("stress.copies.together", "host copies with every GPU at once "
                               "(slower direction)", "GB/s", together, ranks,
                               peer_fraction, again=copies_again(again, "together"))
-    table = [as_dict(r) | {"together_vs_alone": _together_ratio(r)} for r in rows]
+    table = [as_dict(r) | {"together_vs_alone": None if not r.h2d_alone_gbps or not
+                           r.d2h_alone_gbps else round(min(
+                               r.h2d_together_gbps / r.h2d_alone_gbps,
+                               r.d2h_together_gbps / r.d2h_alone_gbps), 3)} for r in rows]
     data: dict[str, Any] = {"counted": "bytes one way / median copy time (one PCIe direction)",
                             "results": table}
     if again:
@@ -257,17 +244,9 @@ def copies_section(copies: Mapping[str, Any], records: StressRecords, peer_fract
                    "all at once (GB/s)", data, findings)
 
 
-def _together_ratio(row: CopyRow) -> float | None:
-    if not row.h2d_alone_gbps or not row.d2h_alone_gbps:
-        return None
-    return round(min(row.h2d_together_gbps / row.h2d_alone_gbps,
-                     row.d2h_together_gbps / row.d2h_alone_gbps), 3)
-
-
 def p2p_section(p2p: Mapping[str, Any], records: StressRecords,
                 copy_fraction: float) -> Section:
-    """`p2p`: the phase's result ({"skipped": why} on CPU ranks); `records`: each node's
-    matrix as read back."""
+    """`p2p`: the phase's result; `records`: each node's matrix as read back."""
     title = "Peer-to-peer copies between GPUs (GB/s, src row -> dst column)"
     if "skipped" in p2p:
         return Section("p2p", title, {}, [skip("stress.p2p", str(p2p["skipped"]))])
@@ -307,7 +286,9 @@ def _p2p_matrix(node: Mapping[str, Any]) -> list[dict[str, Any]]:
     cell = {(p["src"], p["dst"]): p for p in node["pairs"]}
     rows = []
     for src in range(count):
-        row: dict[str, Any] = {"src": _gpu_name(node, src)}
+        index = node["gpus"][src].get("nvml_index")
+        row: dict[str, Any] = {"src": f"cuda:{src} ("
+                               + ("?" if index is None else f"GPU {index}") + ")"}
         for dst in range(count):
             pair = cell.get((src, dst))
             row[f"to cuda:{dst}"] = None if pair is None else (
@@ -315,8 +296,3 @@ def _p2p_matrix(node: Mapping[str, Any]) -> list[dict[str, Any]]:
         rows.append(row)
     return rows
 
-
-def _gpu_name(node: Mapping[str, Any], index: int) -> str:
-    gpu = node["gpus"][index]
-    head = f"GPU {gpu['nvml_index']}" if gpu.get("nvml_index") is not None else "?"
-    return f"cuda:{index} ({head})"

@@ -1,6 +1,5 @@
-"""The burn-in's section (`gpucheck stress`, phase sdc): each rank's repeats against its
-own first product, the ranks against each other and the fp64 CPU reference (the vote is
-`gpucheck.agreement.judge`), and the burn-in's straggler."""
+"""The burn-in's section: each rank's repeats against its first product, the ranks
+against each other and the fp64 CPU reference (`agreement.judge`), and its straggler."""
 
 from __future__ import annotations
 
@@ -20,18 +19,18 @@ BOUND_WORDS = "is {:.3g}x its per-element bound from the fp64 CPU reference (at 
 
 def sdc_section(sdc: Mapping[str, Any], records: StressRecords, peer_fraction: float,
                 causes: Mapping[int, str]) -> Section:
-    """`sdc`: rank 0's summary of the burn-in (dtype, size, tolerance, rows checked);
-    `records`: every rank's burn-in record as read back."""
+    """`sdc`: rank 0's summary of the burn-in; `records`: every rank's, read back."""
     burns, ranks = records.sdc, records.entries
     deviations = records.sdc_deviations
     table = [{k: v for k, v in as_dict(r).items() if k != "group"} | {"reference_deviation": d}
              for r, d in zip(burns, deviations, strict=True)]
     findings = _repeat_findings(burns, ranks)
     findings += _agreement_findings(burns, deviations, sdc["tolerance"], records,
-                                    (BOUND_WORDS, "each element within its bound of the "
-                                     "fp64 CPU reference on " + (sdc.get("coverage") or
-                                     f"{sdc['rows_checked']} rows")))
+                                    sdc.get("coverage") or f"{sdc['rows_checked']} rows")
     times = {r.rank: float(r.p50_ms) for r in burns}
+    groups: dict[str, list[int]] = {}  # which ranks were compared bit for bit
+    for r in burns:
+        groups.setdefault(r.group, []).append(r.rank)
     findings += peer_findings("stress.sdc.straggler", "median burn-in product time", "ms",
                               times, ranks, peer_fraction, higher_is_better=False,
                               causes=causes,
@@ -41,7 +40,8 @@ def sdc_section(sdc: Mapping[str, Any], records: StressRecords, peer_fraction: f
             "tolerance_vs_reference": sdc["tolerance"], "rows_vs_reference": sdc["rows_checked"],
             "reference": sdc.get("reference"),
             "reference_coverage": sdc.get("coverage"), "rows_seed": sdc.get("rows_seed"),
-            "kernel_groups": _kernel_groups(burns), "results": table}
+            "kernel_groups": [{"group": g, "ranks": cpulist(tuple(sorted(m)))}
+                              for g, m in groups.items()], "results": table}
     if records.sdc_again:
         data["measured again"] = [{"rank": r.rank, "iters": r.iters, "p50_ms": r.p50_ms,
                                    "p99_ms": r.p99_ms} for r in records.sdc_again]
@@ -49,21 +49,8 @@ def sdc_section(sdc: Mapping[str, Any], records: StressRecords, peer_fraction: f
                    data, findings)
 
 
-
-
-def _kernel_groups(records: Sequence[BurnRecord]) -> list[dict[str, Any]]:
-    """Which ranks were compared bit for bit: one row per group key (model, SMs,
-    torch, CUDA, the cuBLAS loaded and its settings)."""
-    groups: dict[str, list[int]] = {}
-    for r in records:
-        groups.setdefault(r.group, []).append(r.rank)
-    return [{"group": g, "ranks": cpulist(tuple(sorted(m)))} for g, m in groups.items()]
-
-
 def _repeat_findings(records: Sequence[BurnRecord],
                      ranks: Sequence[Mapping[str, Any]]) -> list[Finding]:
-    """Each rank's later products against its own first one."""
-    names = subjects(ranks)
     findings = []
     for r in records:
         if not r.bad_iters:
@@ -71,13 +58,13 @@ def _repeat_findings(records: Sequence[BurnRecord],
         how = (f"up to {r.worst_elements} element(s) differed bitwise" if r.mode ==
                "bitwise" else "beyond the dtype's tolerance")
         findings.append(fail(
-            "stress.sdc.repeat", f"{_label(names, r.rank)}: the same product on the "
+            "stress.sdc.repeat", f"{_named(ranks, r.rank).label}: the same product on the "
             f"same inputs gave a different result in {r.bad_iters} of {r.iters} "
             f"repetitions (first at repetition {r.first_bad_iter}; {how})",
             hint="this GPU computes wrong results under load: drain it, check nvidia-smi -q "
             "(ECC errors, retired/remapped rows, XIDs in dmesg) and run the vendor's "
             "diagnostics (dcgmi diag -r 3) before it returns to service",
-            subject=_subject(names, r.rank)))
+            subject=_named(ranks, r.rank).subject))
     if not findings:
         total = sum(r.iters for r in records)
         modes = sorted({r.mode for r in records})
@@ -88,22 +75,22 @@ def _repeat_findings(records: Sequence[BurnRecord],
 
 def _agreement_findings(records: Sequence[BurnRecord],
                         deviations: Sequence[float | None], tolerance: float,
-                        read: StressRecords, words: tuple[str, str]) -> list[Finding]:
+                        read: StressRecords, coverage: str) -> list[Finding]:
     """Ranks against each other (bitwise, by model) and against the CPU reference."""
-    names = subjects(read.entries)
     digests = {r.rank: r.digest for r in records}
     groups = {r.rank: r.group for r in records}
     deviation = {r.rank: d for r, d in zip(records, deviations, strict=True)}
     nodes = {r.rank: r.node_rank for r in read.ranks}
     verdict = judge(digests, deviation, tolerance, groups, nodes, splits=True,
-                    measure=words[0])
+                    measure=BOUND_WORDS)
     every_one = len(verdict.wrong) == len(records) > 1
-    findings = [fail("stress.sdc.agreement", f"{_label(names, rank)}: {why}",
+    findings = [fail("stress.sdc.agreement", f"{_named(read.entries, rank).label}: {why}",
                      hint=("every rank disagrees with the reference alike: suspect the "
                            "software (torch, cuBLAS, driver), not one GPU") if every_one else
                      "this GPU computed a wrong product: drain it and run the vendor's "
                      "diagnostics (dcgmi diag -r 3); check ECC errors and XIDs",
-                     subject=_subject(names, rank), cause="all_alike" if every_one else None)
+                     subject=_named(read.entries, rank).subject,
+                     cause="all_alike" if every_one else None)
                 for rank, why in verdict.wrong.items()]
     findings += [_software_split(side, digests, groups, deviation, tolerance, read.ranks)
                  for side in verdict.software]
@@ -118,7 +105,8 @@ def _agreement_findings(records: Sequence[BurnRecord],
     if not findings:
         checked = sum(1 for d in deviation.values() if d is not None)
         findings.append(ok("stress.sdc.agreement", f"all {len(records)} rank(s) agree "
-                           f"bitwise (same model and libraries); {checked} with {words[1]}"))
+                           f"bitwise (same model and libraries); {checked} with each element "
+                           f"within its bound of the fp64 CPU reference on {coverage}"))
     return findings
 
 
@@ -154,13 +142,6 @@ def _side_words(side: Sequence[int], deviation: Mapping[int, float | None],
         f"within {tolerance:g} (worst {worst:.3g})"
 
 
-def _subject(names: Mapping[int, Named], rank: int) -> subjects_.Subject:
-    """"rank N" with its fields: the words of today's findings, the roll's fields
-    (GPU, node, host) when its entry read."""
-    return names[rank].subject if rank in names else subjects_.rank(rank)
-
-
-def _label(names: Mapping[int, Named], rank: int) -> str:
-    """The rank's name with its node and GPU; "rank N" when its entry in the roll of ranks
-    did not read (gpucheck.stress.records)."""
-    return names[rank].label if rank in names else f"rank {rank}"
+def _named(ranks: Sequence[Mapping[str, Any]], rank: int) -> Named:
+    """The rank as findings name it; "rank N" when its roll entry did not read."""
+    return subjects(ranks).get(rank) or Named(rank, f"rank {rank}", subjects_.rank(rank))
