@@ -26,8 +26,9 @@ from gpucheck.comm.internode_verdicts import (
     rail_exchanges,
 )
 from gpucheck.comm.records import LinkRow, SentRow
+from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext
-from gpucheck.distributed.deadline import broadcast_object, synchronize
+from gpucheck.distributed.deadline import synchronize
 from gpucheck.peers import Suspects
 
 GB = 1e9
@@ -264,18 +265,24 @@ def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
                   device: str, threshold: float, repeats: int,
                   shifts: Sequence[int] | None = None,
                   *, ctx: RunContext) -> dict[str, Any]:
-    """The rounds gathered on every rank; then rank 0's exchanges to measure again (slow
-    node pairs, a suspect node's, slow rail links') broadcast and run."""
+    """The rounds gathered on every rank; then the exchanges rank 0 plans (slow node
+    pairs, a suspect node's, slow rail links') measured again (`confirm.remeasure`)."""
+    import torch.distributed as dist
+
     links = _gather(measure_internode(roster, size_bytes, iters, device, repeats, shifts,
                                       ctx=ctx), ctx)
-    suspects = find_node_suspects(node_samples(node_pair_rows(links)), threshold)
-    wanted = sorted(set(exchanges_for(suspects)) | set(rail_exchanges(links, threshold)))
-    box: list[Any] = [broadcast_object(wanted, ctx)]
-    again = _gather(measure_again(roster, box[0], size_bytes, iters, device, repeats,
-                                  ctx=ctx), ctx) \
-        if box[0] else []
+
+    def planned() -> list[tuple[int, int]]:
+        suspects = find_node_suspects(node_samples(node_pair_rows(links)), threshold)
+        return sorted(set(exchanges_for(suspects)) | set(rail_exchanges(links, threshold)))
+
+    def again(wanted: list[tuple[int, int]]) -> list[dict[str, Any]]:
+        return _gather(measure_again(roster, wanted, size_bytes, iters, device, repeats,
+                                     ctx=ctx), ctx)
+
+    second = remeasure(dist.get_rank(), planned, again, ctx)[1]
     return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats, "links": links,
-            "again": again}
+            "again": second or []}
 
 
 def _gather(mine: Measured, ctx: RunContext) -> list[dict[str, Any]]:
