@@ -12,7 +12,7 @@ from gpucheck.numa import cpulist
 from gpucheck.records import as_dict
 from gpucheck.report import Finding, Section, fail, ok, warn
 from gpucheck.stress.records import BurnRecord, StressRank, StressRecords
-from gpucheck.stress.verdicts import Again, Named, peer_findings, subjects
+from gpucheck.stress.verdicts import Named, peer_findings, subjects
 
 BOUND_WORDS = "is {:.3g}x its per-element bound from the fp64 CPU reference (at most {:g})"
 
@@ -34,8 +34,8 @@ def sdc_section(sdc: Mapping[str, Any], records: StressRecords, peer_fraction: f
     findings += peer_findings("stress.sdc.straggler", "median burn-in product time", "ms",
                               times, ranks, peer_fraction, higher_is_better=False,
                               causes=causes,
-                              again=Again(second) if (second := {
-                                  r.rank: float(r.p50_ms) for r in records.sdc_again}) else None)
+                              again={r.rank: float(r.p50_ms) for r in records.sdc_again}
+                              or None)
     data = {"dtype": sdc["dtype"], "size": sdc["size"], "burn_in_s": sdc["duration_s"],
             "tolerance_vs_reference": sdc["tolerance"], "rows_vs_reference": sdc["rows_checked"],
             "reference": sdc.get("reference"),

@@ -1,6 +1,5 @@
-"""Verdicts over per-rank numbers (against the node's peers, an expected figure, a PCIe
-link) and over the peer-copy matrix; each WARN carries its second look
-(`gpucheck.measure.SecondLook`). docs/stress.md has the rules."""
+"""Verdicts over per-rank figures (against the node's peers, an expected figure, a PCIe
+link) and over the peer-copy matrix, each WARN with its second look (docs/stress.md)."""
 
 from __future__ import annotations
 
@@ -66,23 +65,14 @@ def suspect_ranks(values: Mapping[int, float], ranks: Sequence[Mapping[str, Any]
     return sorted(found)
 
 
-@dataclass(frozen=True)
-class Again:
-    """A second measurement of every rank, and what it is judged against."""
-
-    values: Mapping[int, float]  # rank -> the re-measured figure
-
-    def node_median(self, members: Sequence[int]) -> float | None:
-        """The node's re-measured median; None when none of its ranks was measured."""
-        mine = [self.values[m] for m in members if m in self.values]
-        return median(mine) if mine else None
+Again = Mapping[int, float]  # a second measurement: rank -> its re-measured figure
 
 
 def again_of(rows: Sequence[Mapping[str, Any]] | None, key: str,
              dtype: str | None = None) -> Again | None:
     """The second measurement's figures (of one dtype); None when there was none."""
     mine = [r for r in rows or [] if dtype is None or r.get("dtype") == dtype]
-    return Again({int(r["rank"]): float(r[key]) for r in mine}) if mine else None
+    return {int(r["rank"]): float(r[key]) for r in mine} if mine else None
 
 
 def peer_findings(check: str, what: str, unit: str, values: Mapping[int, float],
@@ -108,10 +98,10 @@ def peer_findings(check: str, what: str, unit: str, values: Mapping[int, float],
                     f"ranks ({peers.reference:.4g} {unit})"
                     + (f"; it {causes[rank]}" if causes and rank in causes else ""))
             beside = tuple(names[m].subject for m in mine
-                           if m != rank and again and m in again.values)
-            look = _again_look(mine[rank], again, rank,
-                               again.node_median(list(mine)) if again else None, bound, unit,
-                               beside)
+                           if m != rank and again and m in again)
+            second = [again[m] for m in mine if again and m in again]  # the node's again
+            look = _again_look(mine[rank], again, rank, median(second) if second else None,
+                               bound, unit, beside)
             findings.append(looked(check, text, PEER_HINT, names[rank].subject, look))
     if compared == 0:
         return [skip(check, f"{what}: one rank per node, no peers to compare with")]
@@ -151,8 +141,14 @@ def expected_findings(check: str, what: str, unit: str, values: Mapping[int, flo
             continue
         if bound.worse(values[rank], figure.typical):
             look = _again_look(values[rank], again, rank, figure.typical, bound, unit)
-            findings.append(_below_expected(check, what, unit, values[rank], figure,
-                                            names[rank], look))
+            value = values[rank]
+            findings.append(looked(
+                check, f"{names[rank].label}: {what} {value:.4g} {unit}, "
+                f"{value / figure.typical:.2f}x the typical {figure.typical:.4g} {unit} for "
+                f"this model ({_figure_words(figure, unit)}; source: {figure.source})",
+                "the GPU reaches much less than a healthy one of its model: check clocks, "
+                "power limit and throttle reasons (nvidia-smi -q -d PERFORMANCE,POWER), and"
+                " compare with the node's other GPUs above", names[rank].subject, look))
         else:
             passed.setdefault(model or "CPU", (figure, []))[1].append(rank)
     for model, (figure, members) in passed.items():
@@ -170,25 +166,15 @@ def _again_look(first: float, again: Again | None, rank: int, reference: float |
                 bound: Bound, unit: str, beside: tuple[Subject, ...] = ()) -> SecondLook:
     """The rank's second figure against `reference`: its node's re-measured median (the
     ranks measured `beside` it), or the first figure's own (the model's, the link's)."""
-    if again is None or rank not in again.values:
+    if again is None or rank not in again:
         why = NO_SECOND if again is None else RANK_NOT_AGAIN
         return second_look(first, None, None, (), bound, unit, why)
-    return second_look(first, again.values[rank], reference, beside, bound, unit)
+    return second_look(first, again[rank], reference, beside, bound, unit)
 
 
 def _figure_words(figure: Figure, unit: str) -> str:
     how = "measured" if figure.measured else "estimated"
     return f"peak {figure.peak:.4g} {unit} x {figure.typical_fraction:g} {how}"
-
-
-def _below_expected(check: str, what: str, unit: str, value: float, figure: Figure,
-                    name: Named, look: SecondLook) -> Finding:
-    return looked(check, f"{name.label}: {what} {value:.4g} {unit}, {value / figure.typical:.2f}x"
-                  f" the typical {figure.typical:.4g} {unit} for this model "
-                  f"({_figure_words(figure, unit)}; source: {figure.source})",
-                  "the GPU reaches much less than a healthy one of its model: check clocks, "
-                  "power limit and throttle reasons (nvidia-smi -q -d PERFORMANCE,POWER), and"
-                  " compare with the node's other GPUs above", name.subject, look)
 
 
 def link_findings(check: str, rows: Sequence[Mapping[str, Any]],
@@ -245,7 +231,7 @@ def copies_again(rows: Sequence[Mapping[str, Any]] | None,
         return None
     values = {int(r["rank"]): min(r[f"h2d_{setting}_gbps"], r[f"d2h_{setting}_gbps"])
               for r in rows if r.get(f"h2d_{setting}_gbps") is not None}
-    return Again(values)
+    return values
 
 
 def p2p_findings(node: Mapping[str, Any], where: Subject, fraction: float) -> list[Finding]:
@@ -330,26 +316,15 @@ def _slow_peer_pair(pair: Pair, look: SecondLook, measured: Mapping[Pair, float]
     return looked("stress.p2p", text, hint, _pair_subject(where, pair), look)
 
 
-def path_class(pair: Mapping[str, Any]) -> str:
-    """The class a pair is compared within: its path, NV# as one class
-    (`gpucheck.probes.gpus.path_class`; "" when not read: one class)."""
-    return topology_class(pair.get("path"))
-
-
 def class_suspects(pairs: list[dict[str, Any]], fraction: float) -> dict[str, Suspects]:
-    """Per path class, the slow pairs (and a GPU whose every pair one way is slow) by
-    `gpucheck.peers.eliminate` against the median pair of that class."""
+    """Per path class (NV# as one; "" when not read), the slow pairs and a GPU whose
+    every pair one way is slow (`peers.eliminate`, as comm's pairs)."""
     by_class: dict[str, list[dict[str, Any]]] = {}
     for p in pairs:
         if p["gbps"] is not None:  # a pair without peer access has nothing to compare
-            by_class.setdefault(path_class(p), []).append(p)
-    return {kind: peer_suspects(members, fraction) for kind, members in sorted(by_class.items())}
-
-
-def peer_suspects(pairs: list[dict[str, Any]], fraction: float) -> Suspects:
-    """The slow pairs (and a GPU whose every pair one way is slow) by
-    `gpucheck.peers.eliminate`, the same rule as comm's send/recv pairs."""
-    return eliminate(samples_of(pairs), Bound.fraction(fraction, Better.HIGHER))
+            by_class.setdefault(topology_class(p.get("path")), []).append(p)
+    return {kind: eliminate(samples_of(members), Bound.fraction(fraction, Better.HIGHER))
+            for kind, members in sorted(by_class.items())}
 
 
 def samples_of(pairs: Sequence[Mapping[str, Any]]) -> dict[tuple[int, int], list[float]]:
