@@ -114,7 +114,7 @@ def _fake_dist(monkeypatch: pytest.MonkeyPatch, log: Log, backend: str, rank: in
 
 def _time_pair(iters: int) -> list[float]:
     """One timed batch of 4 KiB from rank 0 to rank 1, through comm's pair timing."""
-    return pairwise._time_pair_samples(0, 1, 4096, iters, "cpu", 1, False, WAIT_S)
+    return pairwise._time_pair_samples(0, 1, 4096, iters, "cpu", 1, WAIT_S)
 
 
 def _kinds(events: list[Event]) -> list[str]:
