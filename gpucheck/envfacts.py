@@ -1,7 +1,7 @@
 """The facts of one node's env report that should match across nodes (floor 1).
 
 `gpucheck env` under torchrun compares nodes with them
-(`gpucheck.distributed.envgather`), and compare and fleet read them back from saved
+(`gpucheck.distributed.nodes`), and compare and fleet read them back from saved
 reports (`gpucheck.analysis.metrics`), so both agree on what counts as drift. It imports
 nothing else of gpucheck: the report readers must not reach into the launch layer.
 """

@@ -96,7 +96,7 @@ def test_the_floor_one_prefix_agrees_with_the_env_probe() -> None:
 
 @pytest.mark.parametrize(("module", "source", "expected"), [
     ("bench/pace.py", "from gpucheck.stress.timing import percentile\n", "gpucheck.stress"),
-    ("analysis/facts.py", "from gpucheck.distributed import envgather\n",
+    ("analysis/facts.py", "from gpucheck.distributed import nodes\n",
      "gpucheck.distributed"),
     ("analysis/noise.py", "def f():\n    import torch\n", "torch"),
     ("render/text.py", "from ..analysis import compare\n", "gpucheck.analysis"),

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpucheck.distributed.envgather import diff_findings, node_facts
-from gpucheck.distributed.nodes import NodeId
+from gpucheck.distributed.nodes import NodeId, diff_findings, node_facts
 from gpucheck.probes import torch_build as loaded
 from gpucheck.probes.torch_build import nccl_loaded_finding
 from gpucheck.report import Status

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucheck.distributed.envgather import diff_findings, merge_node_reports, node_facts
-from gpucheck.distributed.nodes import NodeId
+from gpucheck.distributed.nodes import NodeId, diff_findings, merge_node_reports, node_facts
 from gpucheck.report import Status
 
 

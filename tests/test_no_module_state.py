@@ -33,7 +33,7 @@ ENV_WRITES = {"pop", "update", "setdefault", "clear", "popitem", "__setitem__",
 TORCH_NCCL_SETTINGS = {"distributed/deadline.py", "distributed/flight.py",
                        "comm/nccl_log.py"}
 # Files that name GPUCHECK_ only to classify an environment listing, never to read it.
-OWN_PREFIX_CLASSIFIERS = {"probes/system.py", "distributed/envgather.py", "envfacts.py"}
+OWN_PREFIX_CLASSIFIERS = {"probes/system.py", "distributed/nodes.py", "envfacts.py"}
 # The user's settings, read once at the command boundary into RunOptions (file, name).
 USER_SETTINGS = {("cli.py", "GPUCHECK_RUN_DIR"),
                  ("devices.py", "GPUCHECK_SYSFS"),  # read from the environ given

@@ -24,9 +24,10 @@ from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext
 from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.deadline import gather_objects, settle
-from gpucheck.distributed.nodes import DEFAULT_SLOW_NODE_FRACTION, group_by_node
+from gpucheck.distributed.nodes import group_by_node
 from gpucheck.distributed.session import process_group, roster
 from gpucheck.distributed.world import World
+from gpucheck.peers import SLOW_NODE_FRACTION
 from gpucheck.units import human_bytes
 
 
@@ -114,7 +115,7 @@ def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
         row = measure_size("all_reduce", largest, spec, world, ctx)
         return wanted | {"rank_times_us": row["rank_times_us"]}
 
-    return remeasure(world.rank, lambda: plan(figures, DEFAULT_SLOW_NODE_FRACTION), again,
+    return remeasure(world.rank, lambda: plan(figures, SLOW_NODE_FRACTION), again,
                      ctx)[1]
 
 

@@ -42,7 +42,7 @@ def check(args: argparse.Namespace, ctx: RunContext) -> str | None:
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
-    from gpucheck.distributed.envgather import gather_env_reports
+    from gpucheck.distributed.nodes import gather_env_reports
 
     options = EnvArgs.of(args)
     kernel_log = check(args, ctx)
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
 
     progress.say(ctx, "env: probing this machine (system, Python, torch, NVML, each GPU)")
     # Under torchrun/srun with several ranks: each node's local rank 0 probes, rank 0
-    # compares the nodes (gpucheck.distributed.envgather); otherwise just this machine.
+    # compares the nodes (gpucheck.distributed.nodes); otherwise just this machine.
     # The environment listed is the one the run was given (`all --local`'s has no
     # launcher variables).
     report = gather_env_reports(lambda: collect_env_report(

@@ -177,7 +177,7 @@ def gather_views(pids: Sequence[int], window_s: float, nvml_timeout_s: float,
     world = launched_world(ctx)
     if world is None:
         return {0: node_view(pids, window_s, host_name(), 0, nvml_timeout_s)}
-    from gpucheck.distributed.envgather import gather_per_node
+    from gpucheck.distributed.nodes import gather_per_node
 
     nodes = gather_per_node(
         lambda: node_view(pids, window_s, host_name(), world.node_rank, nvml_timeout_s),
