@@ -24,8 +24,9 @@ from comm_workers import (
 )
 
 from gpucheck.cli import main
+from gpucheck.hang.trace_verdict import traces_section
 
-TIMEOUT_S = 5
+TIMEOUT_S = 3
 # The first size's results come within a second or two (300 calls of 1 KiB), then the
 # sweep runs on for minutes (up to 64 MiB): a fault sent after the first results lands
 # mid-run, and the test waits little for them.
@@ -37,12 +38,13 @@ def _failed(report: dict) -> dict[str, str]:  # type: ignore[type-arg]
             if f["status"] == "FAIL"}
 
 
-def _fault_mid_run(tmp_path: Path, sig: signal.Signals) -> tuple[int, dict, list[int]]:  # type: ignore[type-arg]
-    """Start a 3-rank sweep, send `sig` to rank 1 once results exist; wait for the end."""
+def _fault_mid_run(tmp_path: Path, sig: signal.Signals, *args: str,
+                   **env: str) -> tuple[int, dict, list[int]]:  # type: ignore[type-arg]
+    """Start a sweep, send `sig` to rank 1 once results exist; wait for the end."""
     run, out = tmp_path / "run", tmp_path / "out.json"
     run.mkdir()
-    proc = start(gpucheck("comm", "--n-gpus", "3", "--timeout", str(TIMEOUT_S), *LONG_SWEEP,
-                          "-q", "-o", str(out)), clean_env(GPUCHECK_RUN_DIR=str(run)))
+    proc = start(gpucheck("comm", *args, "--timeout", str(TIMEOUT_S), *LONG_SWEEP, "-q",
+                          "-o", str(out)), clean_env(GPUCHECK_RUN_DIR=str(run), **env))
     with tracked([proc]) as seen:
         roster = wait_for_file(run / "roster.json", 90, proc)
         assert roster is not None, proc.communicate()
@@ -56,7 +58,7 @@ def _fault_mid_run(tmp_path: Path, sig: signal.Signals) -> tuple[int, dict, list
 
 def test_a_killed_rank_is_named_with_its_signal_and_partial_results_kept(
         tmp_path: Path) -> None:
-    code, report, left = _fault_mid_run(tmp_path, signal.SIGKILL)
+    code, report, left = _fault_mid_run(tmp_path, signal.SIGKILL, "--n-gpus", "2")
     assert code == 1
     failed = _failed(report)
     assert "rank 1" in failed["comm.rank_failed"] and "SIGKILL" in failed["comm.rank_failed"]
@@ -64,13 +66,33 @@ def test_a_killed_rank_is_named_with_its_signal_and_partial_results_kept(
     assert left == []
 
 
-def test_a_stopped_rank_is_named_within_the_timeout_and_killed(tmp_path: Path) -> None:
-    code, report, left = _fault_mid_run(tmp_path, signal.SIGSTOP)
+def test_a_stopped_rank_is_named_within_the_timeout_and_killed_and_its_dumps_name_it(
+        tmp_path: Path) -> None:
+    """gpucheck's own comm arms the Flight Recorder; rank 1 stops; the survivors dump
+    after their collective times out; `gpucheck hang --traces` names rank 1."""
+    fr = tmp_path / "fr"
+    fr.mkdir()
+    # --device cpu: gloo ranks, whose dumps are read here, on any machine.
+    code, report, left = _fault_mid_run(tmp_path, signal.SIGSTOP, "--device", "cpu",
+                                        "--n-gpus", "3",
+                                        TORCH_FR_DUMP_TEMP_FILE=str(fr / "comm_rank_"))
     assert code == 1
     failed = _failed(report)
     assert "rank 1" in failed["comm.rank_unresponsive"]
     assert set(failed) == {"comm.rank_unresponsive"}, failed
     assert left == []
+    section = traces_section(str(fr), None)
+    assert section.data["ranks_dumped"] == [0, 2]
+    assert [(f.check, f.subject.label) for f in section.findings] == [
+        ("hang.traces.no_dump", "rank 1")]
+    # The failed run's report says where the dumps went, and the CLI reads them back.
+    said = [f for s in report["sections"] for f in s["findings"]
+            if f["check"] == "comm.flight_recorder"]
+    assert [f["status"] for f in said] == ["OK"] and str(fr) in said[0]["message"]
+    out = tmp_path / "hang.json"
+    assert main(["hang", "--traces", str(fr), "-q", "-o", str(out)]) == 1
+    findings = json.loads(out.read_text())["sections"][0]["findings"]
+    assert [(f["check"], f["subject"]) for f in findings] == [("hang.traces.no_dump", "rank 1")]
 
 
 def _rank_env(rank: int, port: int, run: Path) -> dict[str, str]:

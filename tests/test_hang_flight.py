@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -14,10 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.cli import main
 from gpucheck.distributed import flight
 from gpucheck.distributed.job import flight_findings
-from gpucheck.hang.trace_verdict import traces_section
 from gpucheck.hang.traces import dump_files, groups, load
 
 
@@ -144,46 +141,6 @@ def test_a_gloo_rank_dumps_its_trace_after_a_failure(monkeypatch, tmp_path: Path
     dumps, _ = load(dump_files(str(tmp_path)))
     calls = [c for group in groups(dumps) for c in group.calls.get(0, {}).values()]
     assert any(c.op == "all_reduce" and "7" in c.sizes for c in calls)
-
-
-def test_gpucheck_comm_with_a_stopped_rank_leaves_dumps_that_name_it(tmp_path: Path) -> None:
-    """End to end: gpucheck's own comm arms the recorder; rank 1 stops; the survivors
-    dump after their collective times out; `gpucheck hang --traces` names rank 1."""
-    from tests.comm_workers import clean_env, gpucheck, start, tracked, wait_for_file, wait_gone
-
-    run, fr = tmp_path / "run", tmp_path / "fr"
-    run.mkdir()
-    fr.mkdir()
-    # The first results within a second or two, then minutes more of sweep (as
-    # test_hang_faults.LONG_SWEEP): rank 1 stops mid-run.
-    # --device cpu: gloo ranks on any machine (on a GPU machine comm picks cuda itself)
-    args = gpucheck("comm", "--device", "cpu", "--n-gpus", "3", "--timeout", "3",
-                    "--max-bytes", "64M", "--iters", "300", "--warmup", "1", "--no-pairwise", "-q",
-                    "-o", str(tmp_path / "out.json"))
-    proc = start(args, clean_env(GPUCHECK_RUN_DIR=str(run),
-                                 TORCH_FR_DUMP_TEMP_FILE=str(fr / "comm_rank_")))
-    with tracked([proc]) as seen:
-        roster = wait_for_file(run / "roster.json", 90, proc)
-        assert roster is not None, proc.communicate()
-        seen.extend(r["pid"] for r in roster)
-        assert wait_for_file(run / "partial.json", 60, proc) is not None
-        os.kill(roster[1]["pid"], signal.SIGSTOP)
-        proc.communicate(timeout=60)
-        assert wait_gone(list(seen), within_s=5) == []
-    section = traces_section(str(fr), None)
-    assert section.data["ranks_dumped"] == [0, 2]
-    assert [(f.check, f.subject.label) for f in section.findings] == [
-        ("hang.traces.no_dump", "rank 1")]
-    # The failed run's report says where the dumps went, and the CLI reads them back.
-    report = json.loads((tmp_path / "out.json").read_text())
-    said = [f for s in report["sections"] for f in s["findings"]
-            if f["check"] == "comm.flight_recorder"]
-    assert [f["status"] for f in said] == ["OK"] and str(fr) in said[0]["message"]
-    out = tmp_path / "hang.json"
-    assert main(["hang", "--traces", str(fr), "-q", "-o", str(out)]) == 1
-    findings = json.loads(out.read_text())["sections"][0]["findings"]
-    assert [(f["check"], f["subject"]) for f in findings] == [("hang.traces.no_dump", "rank 1")]
-
 
 
 def test_an_nccl_timeout_ends_the_rank_promptly_with_a_dump_of_the_stuck_op(

@@ -28,7 +28,8 @@ from tests.hang_launch import Job, hang_job, wait_for
 
 
 def run_hang(*argv: str) -> Report:
-    args = build_parser().parse_args(["hang", *argv])
+    # The shortest window (py-spy records whole seconds): the jobs below step in 0.3 s.
+    args = build_parser().parse_args(["hang", "--window", "1", *argv])
     report = hang.run(args, RunContext())
     assert report is not None
     return report
