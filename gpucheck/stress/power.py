@@ -1,7 +1,6 @@
 """Power reach under load (DCGM's targeted power, on stress's own GEMM): each rank's
-board power sampled during the GEMM phase, and its two verdicts, `stress.power.reach`
-(a GPU short of its enforced limit while its peers reach theirs) and `stress.power.limit`
-(a limit capped below the default). docs/stress.md has the thresholds and why."""
+board power sampled during the GEMM phase, and the verdicts `stress.power.reach` and
+`stress.power.limit` (docs/stress.md has the thresholds and why)."""
 
 from __future__ import annotations
 
@@ -88,10 +87,6 @@ class PowerSampler:
                             why=self.why if not samples or self.why else None)
 
 
-def _name(names: Mapping[int, str], rank: int) -> str:
-    return names.get(rank, f"rank {rank}")
-
-
 def reach(row: PowerReading) -> float | None:
     """Sustained draw / enforced limit, or None when either is unknown."""
     if row.draw_p90_w is None or not row.limit_w:
@@ -128,35 +123,27 @@ def _reach_findings(rows: Sequence[PowerReading], ranks: Sequence[Mapping[str, A
                 if peer_reach < REACH_FRACTION:
                     short += 1
                 elif own < REACH_FRACTION:
-                    findings.append(_short_of_limit(by_rank[m], own, peer_reach, names))
-    if not findings:
-        findings.append(_reach_ok(rows, judged, short))
-    return findings
-
-
-def _short_of_limit(row: PowerReading, own: float, peers: float,
-                    names: Mapping[int, str]) -> Finding:
-    rank = row.rank
-    return warn("stress.power.reach",
-                f"{_name(names, rank)} drew {row.draw_p90_w:g} W under the "
-                f"GEMM load, {own:.0%} of its {row.limit_w:g} W limit, while its peers "
-                f"reached {peers:.0%} of theirs (at least {REACH_FRACTION:.0%} expected, as "
-                "DCGM's targeted power)",
-                hint="a GPU that cannot draw its power under full load is held back by "
-                "something else: run dcgmi diag -r targeted_power, check nvidia-smi -q -d "
-                "PERFORMANCE,POWER (slowdown reasons), its power cables and the PSU",
-                subject=subjects.rank(rank))
-
-
-def _reach_ok(rows: Sequence[PowerReading], judged: int, short: int) -> Finding:
+                    row = by_rank[m]
+                    findings.append(warn(
+                        "stress.power.reach", f"{names.get(m, f'rank {m}')} drew "
+                        f"{row.draw_p90_w:g} W under the GEMM load, {own:.0%} of its "
+                        f"{row.limit_w:g} W limit, while its peers reached {peer_reach:.0%} "
+                        f"of theirs (at least {REACH_FRACTION:.0%} expected, as DCGM's "
+                        "targeted power)",
+                        hint="a GPU that cannot draw its power under full load is held back "
+                        "by something else: run dcgmi diag -r targeted_power, check "
+                        "nvidia-smi -q -d PERFORMANCE,POWER (slowdown reasons), its power "
+                        "cables and the PSU", subject=subjects.rank(m)))
+    if findings:
+        return findings
     if not judged:
-        return ok("stress.power.reach", f"{len(rows)} GPU(s) read under load; no peer of the "
-                  "same model on its node to compare with (median reach "
-                  f"{statistics.median(reach(r) or 0.0 for r in rows):.0%} of the limit)")
+        return [ok("stress.power.reach", f"{len(rows)} GPU(s) read under load; no peer of the "
+                   "same model on its node to compare with (median reach "
+                   f"{statistics.median(reach(r) or 0.0 for r in rows):.0%} of the limit)")]
     words = (f"; {short} judged against peers that did not reach {REACH_FRACTION:.0%} "
              "either (the load did not bring them to their limit)") if short else ""
-    return ok("stress.power.reach", f"{judged} GPU(s) drew at least {REACH_FRACTION:.0%} of "
-              f"their enforced power limit under the GEMM load, as their peers{words}")
+    return [ok("stress.power.reach", f"{judged} GPU(s) drew at least {REACH_FRACTION:.0%} of "
+               f"their enforced power limit under the GEMM load, as their peers{words}")]
 
 
 def _limit_findings(rows: Sequence[PowerReading],
@@ -164,7 +151,7 @@ def _limit_findings(rows: Sequence[PowerReading],
     capped = [r for r in rows if r.default_limit_w and r.limit_w
               and r.limit_w < LIMIT_SLACK * r.default_limit_w]
     findings = [warn("stress.power.limit",
-                     f"{_name(names, r.rank)}: power limit "
+                     f"{names.get(r.rank, f'rank {r.rank}')}: power limit "
                      f"{r.limit_w:g} W, below its default {r.default_limit_w:g} W",
                      hint="someone capped this GPU's power (nvidia-smi -pl, a DCGM or site "
                      "policy): it runs slower than its peers by setting; restore it with "
