@@ -1,6 +1,5 @@
-"""`gpucheck health`: state in, every check on its own daemon thread under one
-deadline, report, state out. What did not finish by the deadline is a SKIP and its
-state is kept as it was (docs/health.md, "The budget").
+"""`gpucheck health`: state in, every check (NVML, kernel log, IB) on its own daemon
+thread under one deadline, report, state out (docs/health.md, "The budget").
 """
 
 from __future__ import annotations
@@ -14,9 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpucheck.devices import expected_gpus
+from gpucheck.devices import ExpectedGpus, expected_gpus, nvidia_pci_devices
 from gpucheck.errors import UsageError
-from gpucheck.health.gpus import GpuProgress, gpus_section, most_seen, read_gpus
 from gpucheck.health.ib import TITLE as IB_TITLE
 from gpucheck.health.ib import IbOptions, judge_ports, read_ports
 from gpucheck.health.state import (
@@ -30,13 +28,15 @@ from gpucheck.health.state import (
     write_state,
 )
 from gpucheck.health.xids import XidPart, carry, cursor_of, new_faults, still_findings, xid_section
-from gpucheck.probes.gpu_judge import hang_finding
+from gpucheck.probes.gpu_judge import count_finding, driver_finding, gpu_findings, hang_finding
+from gpucheck.probes.gpu_read import DriverInfo, GpuRecord, read_driver, read_gpu
+from gpucheck.probes.gpus import second_look
 from gpucheck.probes.kernel_log import Runner, read_kernel_log, run_command
 from gpucheck.probes.nvml import DEFAULT_TIMEOUT_S, Nvml
 from gpucheck.probes.xid_section import TITLE as XID_TITLE
 from gpucheck.report import Finding, Report, Section, Status, fail, skip, warn
+from gpucheck.subject import gpu
 
-# --- the budget: one deadline, each check on a daemon thread ----------------
 
 @dataclass(frozen=True)
 class Outcome:
@@ -45,7 +45,6 @@ class Outcome:
     value: Any = None
     error: str | None = None
     finished: bool = True
-    seconds: float = 0.0
 
 
 class Deadline:
@@ -64,18 +63,16 @@ class Deadline:
 
 
 def run_until(checks: Mapping[str, Callable[[], Any]], deadline: Deadline) -> dict[str, Outcome]:
-    """Run every check concurrently; return at the deadline or when all are done (one
-    still running keeps its daemon thread: what it shares is read as a snapshot)."""
+    """Run every check concurrently until the deadline or all are done (one still
+    running keeps its daemon thread: what it shares is read as a snapshot)."""
     results: dict[str, Outcome] = {}
     lock = threading.Lock()
 
     def target(name: str, check: Callable[[], Any]) -> None:
-        began = time.monotonic()
         try:
-            outcome = Outcome(check(), None, True, time.monotonic() - began)
+            outcome = Outcome(check())
         except Exception as exc:  # a check must never take the command down
-            outcome = Outcome(None, f"{type(exc).__name__}: {exc}", True,
-                              time.monotonic() - began)
+            outcome = Outcome(None, f"{type(exc).__name__}: {exc}")
         with lock:
             results[name] = outcome
 
@@ -86,9 +83,68 @@ def run_until(checks: Mapping[str, Callable[[], Any]], deadline: Deadline) -> di
     for thread in threads:
         thread.join(deadline.left())
     with lock:
-        done = dict(results)
-    return {name: done.get(name, Outcome(finished=False, seconds=deadline.spent()))
-            for name in checks}
+        return {name: results.get(name, Outcome(finished=False)) for name in checks}
+
+
+# --- the GPUs: read as `env` reads them, less gpu.busy (a GPU at work is healthy) ---
+
+@dataclass
+class GpuProgress:
+    """What the NVML read has got so far (written by its thread, read at the deadline)."""
+
+    pci_gpus: int | None = None
+    expected: ExpectedGpus | None = None
+    driver: DriverInfo | None = None
+    records: list[GpuRecord] = field(default_factory=list)
+    reading: int | None = None  # the GPU index being read now
+    done: bool = False
+
+
+def read_gpus(progress: GpuProgress, nvml: Nvml, sysfs: Path,
+              expected: ExpectedGpus) -> GpuProgress:
+    """The driver, then every GPU in turn (`nvidia-smi -q`), recording progress."""
+    progress.pci_gpus = nvidia_pci_devices(str(sysfs / "bus/pci/devices"))
+    progress.expected = expected
+    progress.driver = read_driver(nvml)
+    for index in range(progress.driver.gpu_count or 0):
+        progress.reading = index
+        progress.records.append(read_gpu(nvml, index, sysfs))
+    progress.reading = None
+    # A slowdown in one sample is watched a moment: only a held one is judged.
+    progress.records[:] = second_look(nvml, progress.records)
+    progress.done = True
+    nvml.shutdown()
+    return progress
+
+
+def gpus_section(progress: GpuProgress, budget_s: float, hang: Finding | None = None,
+                 most_seen: int | None = None) -> Section:
+    """Driver, count and per-GPU findings from what was read; SKIPs for the rest."""
+    driver, expected = progress.driver, progress.expected
+    findings: list[Finding] = []
+    if driver is not None:
+        findings.append(driver_finding(driver, progress.pci_gpus or 0))
+    if hang is not None:
+        findings.append(hang)
+    if driver is not None and expected is not None and (driver.present or expected.count):
+        findings.append(count_finding(driver.gpu_count if driver.present else None,
+                                      expected, most_seen))
+    for record in list(progress.records):
+        findings += [f for f in gpu_findings(record) if f.check != "gpu.busy"]
+    why = f"did not finish within the {budget_s:g} s budget"
+    if not progress.done and driver is None:
+        findings.append(skip("driver.nvml", f"NVML {why} (starting NVML or reading the "
+                             "driver): nothing judged; run nvidia-smi to see whether it answers"))
+    elif not progress.done and driver is not None:
+        done = {r.index for r in progress.records}
+        findings += [skip("gpu.query", f"NVML {why} while reading this GPU"
+                          if i == progress.reading else f"not read: NVML {why}", gpu(i))
+                     for i in range(driver.gpu_count or 0) if i not in done]
+    data = {"driver_version": driver.driver_version if driver else None,
+            "gpu_count": driver.gpu_count if driver else None,
+            "nvidia_pci_devices": progress.pci_gpus,
+            "gpus": [r.row() for r in list(progress.records)]}
+    return Section("gpus", "NVIDIA driver and GPUs", data, findings)
 
 
 def process_age_s(proc: str = "/proc") -> float | None:
@@ -165,14 +221,6 @@ def _late(check: str, what: str, budget_s: float) -> Finding:
                 "this time (raise --budget if it is always slow)")
 
 
-def _gpu_part(outcome: Outcome, progress: GpuProgress, options: HealthOptions,
-              before: int | None) -> Section:
-    if outcome.error is not None:
-        return _probe_failed("gpus", "NVIDIA driver and GPUs", outcome.error)
-    hang = hang_finding(outcome.value) if outcome.finished else None
-    return gpus_section(progress, options.budget_s, hang, before)
-
-
 def _start_cursor(state: HealthState, boot_id: str | None) -> tuple[dict[str, Any], bool]:
     """This consumer's cursor; a new one starts at the `--set-healthy` baseline."""
     if state.kernel_log.get("tail") or state.kernel_log.get("count"):
@@ -220,41 +268,35 @@ def problem_keys(report: Report) -> list[str]:
                    if f.status in (Status.WARN, Status.FAIL)})
 
 
-def _utc(stamp: str) -> dt.datetime:
-    try:
-        return dt.datetime.fromisoformat(stamp)
-    except ValueError:
-        return dt.datetime.now(dt.timezone.utc)
-
-
 def _health_section(report: Report, options: HealthOptions, state: HealthState,
                     unfinished: list[str], spent_s: float) -> Section:
-    """Budget, what did not finish, until when it holds, what cleared."""
-    valid_until = _utc(report.created_at) + dt.timedelta(seconds=options.valid_for_s)
+    """Budget, what did not finish, until when it holds, what cleared; an unread state
+    FAILs (it may have held a fault that never clears by itself)."""
+    try:
+        created = dt.datetime.fromisoformat(report.created_at)
+    except ValueError:
+        created = dt.datetime.now(dt.timezone.utc)
     last = state.last
     cleared = sorted(set(last.get("problems") or []) - set(problem_keys(report)))
     data = {"budget_s": options.budget_s, "checks_s": round(spent_s, 3),
-            "unfinished": unfinished,
-            "valid_until": valid_until.isoformat(timespec="seconds"),
+            "unfinished": unfinished, "valid_until": (created + dt.timedelta(
+                seconds=options.valid_for_s)).isoformat(timespec="seconds"),
             "state_dir": None if options.state_dir is None else str(options.state_dir),
             "previous": {"verdict": last.get("verdict"), "at": last.get("at")} if last else None,
             "cleared_since_previous": [k.replace("|", " on ", 1).rstrip() for k in cleared]}
     if state.cleared:
         data["faults_cleared"] = state.cleared
-    findings = [] if state.unknown is None else [_unknown_finding(options, state)]
+    findings = []
+    if state.unknown is not None:  # the how first: a drain reason is short
+        assert options.state_dir is not None  # only a state dir has a state to read
+        findings.append(fail(
+            "health.state", "not known to be healthy until an administrator runs "
+            f"`gpucheck health --set-healthy --state-dir {options.state_dir}` (a state "
+            f"could not be read: {state.unknown})",
+            f"look at {options.state_dir / SET_ASIDE} (the faults it held, if "
+            "any, are not reported now), deal with them, then run --set-healthy as the "
+            "message says"))
     return Section("health", "Health check run", data, findings)
-
-
-def _unknown_finding(options: HealthOptions, state: HealthState) -> Finding:
-    """An unread state may have held a fault that never clears by itself: unknown until
-    a person has looked (the how first: a drain reason is short)."""
-    assert options.state_dir is not None  # only a state dir has a state to read
-    return fail("health.state", "not known to be healthy until an administrator runs "
-                f"`gpucheck health --set-healthy --state-dir {options.state_dir}` (a state "
-                f"could not be read: {state.unknown})",
-                f"look at {options.state_dir / SET_ASIDE} (the faults it held, if any, are "
-                "not reported now), deal with them, then run --set-healthy as the message "
-                "says")
 
 
 def set_healthy(options: HealthOptions, state: HealthState, boot_id: str | None,
@@ -288,31 +330,6 @@ def set_healthy(options: HealthOptions, state: HealthState, boot_id: str | None,
     return now
 
 
-def _remember(options: HealthOptions, report: Report, new: HealthState,
-              added: list[dict[str, Any]], cleared: set[str]) -> None:
-    assert options.state_dir is not None
-    data = merged(options.state_dir, options.consumer, new, added, cleared)
-    problem = write_state(options.state_dir, data)
-    health = report.section("health")
-    assert health is not None  # the report this run built has it
-    if problem is not None:
-        health.findings.append(warn(
-            "health.state", f"the state could not be saved ({problem}): the next run "
-            "raises again what this one raised", "check the state dir's disk and rights"))
-
-
-def _faults(report: Report, part: XidPart, state: HealthState,
-            boot_id: str | None) -> tuple[list[dict[str, Any]], set[str]]:
-    """Add the remembered faults still reported; return the new ones and those cleared."""
-    xids = part.section
-    carried = carry(state.faults, boot_id)
-    added = new_faults(part.faults, boot_id, report.created_at)
-    xids.findings += still_findings(carried.still, {f["key"] for f in added})
-    xids.data["still_reported"] = [f["key"] for f in carried.still]
-    state.cleared += [f"{f['key']} (cleared by a reboot)" for f in carried.cleared]
-    return added, {f["key"] for f in carried.cleared}
-
-
 def collect_health_report(options: HealthOptions, start: float | None = None) -> Report:
     """Every check under one budget; the state read first and written last."""
     reserve = min(RESERVE_S, options.budget_s * RESERVE_SHARE)
@@ -321,33 +338,52 @@ def collect_health_report(options: HealthOptions, start: float | None = None) ->
     boot_id = read_boot_id(options.proc)
     if options.set_healthy:
         state = set_healthy(options, state, boot_id, deadline)
-    same_boot = state.same_boot(boot_id)
     progress = GpuProgress()
     outcomes = run_until(_checks(options, deadline, progress), deadline)
     report = Report(command="health")
     most = state.gpus.get("most_seen")
     seen_before = most if isinstance(most, int) and not isinstance(most, bool) else None
-    report.add(_gpu_part(outcomes["gpus"], progress, options, seen_before))
+    gpus = outcomes["gpus"]
+    report.add(_probe_failed("gpus", "NVIDIA driver and GPUs", gpus.error) if gpus.error
+               else gpus_section(progress, options.budget_s, hang_finding(gpus.value)
+                                 if gpus.finished else None, seen_before))
     xids = _xid_part(outcomes["kernel_log"], progress, state, boot_id, options.budget_s)
-    added, cleared = (_faults(report, xids, state, boot_id) if options.state_dir is not None
-                      else ([], set()))
+    added: list[dict[str, Any]] = []
+    cleared: set[str] = set()
+    if options.state_dir is not None:  # the remembered faults still reported
+        carried = carry(state.faults, boot_id)
+        added = new_faults(xids.faults, boot_id, report.created_at)
+        xids.section.findings += still_findings(carried.still, {f["key"] for f in added})
+        xids.section.data["still_reported"] = [f["key"] for f in carried.still]
+        state.cleared += [f"{f['key']} (cleared by a reboot)" for f in carried.cleared]
+        cleared = {f["key"] for f in carried.cleared}
     report.add(xids.section)
-    ib, ports = _ib_part(outcomes["ib"], state, same_boot, options, report.created_at)
+    ib, ports = _ib_part(outcomes["ib"], state, state.same_boot(boot_id), options,
+                         report.created_at)
     report.add(ib)
     unfinished = [name for name, outcome in outcomes.items() if not outcome.finished]
     if unfinished:  # the headline (and the one line) say what the verdict does not cover
         # no colon: the one line shows a scope up to its first (gpucheck.render.headline)
         report.scope = (f"{', '.join(unfinished)} not finished within the "
                         f"{options.budget_s:g} s budget (an unknown, not an all-clear)")
-    report.add(_health_section(report, options, state, unfinished, deadline.spent()))
-    if options.state_dir is not None:
-        new = HealthState(boot_id=boot_id, kernel_log=xids.cursor, ib_ports=ports,
-                          ib_history={k: {"seen_active": True} for k, v in ports.items()
-                                      if v.get("seen_active")},
-                          gpus={"most_seen": most_seen(progress, seen_before)},
-                          last={"verdict": report.verdict().value, "at": report.created_at,
-                                "problems": problem_keys(report)},
-                          faults=state.faults, baseline=state.baseline,
-                          unknown=state.unknown)
-        _remember(options, report, new, added, cleared)
+    health = _health_section(report, options, state, unfinished, deadline.spent())
+    report.add(health)
+    if options.state_dir is None:
+        return report
+    driver = progress.driver
+    new = HealthState(boot_id=boot_id, kernel_log=xids.cursor, ib_ports=ports,
+                      ib_history={k: {"seen_active": True} for k, v in ports.items()
+                                  if v.get("seen_active")},
+                      gpus={"most_seen": max(seen_before or 0, driver.gpu_count or 0)
+                            if progress.done and driver is not None and driver.present
+                            else seen_before},
+                      last={"verdict": report.verdict().value, "at": report.created_at,
+                            "problems": problem_keys(report)},
+                      faults=state.faults, baseline=state.baseline, unknown=state.unknown)
+    problem = write_state(options.state_dir, merged(options.state_dir, options.consumer, new,
+                                                    added, cleared))
+    if problem is not None:
+        health.findings.append(warn(
+            "health.state", f"the state could not be saved ({problem}): the next run "
+            "raises again what this one raised", "check the state dir's disk and rights"))
     return report
