@@ -45,8 +45,7 @@ class CopyRecord:
 
 @dataclass(frozen=True)
 class BurnRecord:
-    """One rank's burn-in: how long, how often its result changed, how fast
-    (gpucheck.stress.burn)."""
+    """One rank's burn-in: how long, how often its result changed, how fast."""
 
     rank: int
     dtype: str
@@ -78,8 +77,7 @@ class PowerReading:
 
 @dataclass(frozen=True)
 class PlacementRow:
-    """Where one rank runs and which ranks it must agree with bit for bit, sent at setup
-    and merged into its check-in (gpucheck.distributed.checkin.RankInfo)."""
+    """Where one rank runs and its kernel group, merged into its check-in at setup."""
 
     rank: int
     gpu: str | None  # "GPU 3 (NVIDIA H200, bus ..., GPU-...)"; None on CPU
@@ -95,8 +93,7 @@ class PlacementRow:
 
 @dataclass(frozen=True)
 class StressRank:
-    """One entry of the results' roll of ranks, as the report reads it: the rank's check-in
-    and its placement (keys the report does not read are kept in the raw entry)."""
+    """One entry of the roll of ranks as the report reads it: check-in and placement."""
 
     rank: int
     local_rank: int
@@ -113,7 +110,7 @@ class StressRank:
 @dataclass(frozen=True)
 class CopyRow:
     """One rank's pinned host copies, alone (None: not measured) and all at once, and its
-    PCIe link read under load (gpucheck.stress.copies)."""
+    PCIe link read under load."""
 
     rank: int
     size_bytes: int
@@ -127,8 +124,8 @@ class CopyRow:
 
 @dataclass(frozen=True)
 class PeerPair:
-    """One ordered pair of a node's GPUs in the peer-copy matrix (gpucheck.stress.copies),
-    with its path class and P2P status when NVML told them (`PairPath.row`)."""
+    """One ordered pair of a node's GPUs in the peer-copy matrix, with its path class and
+    P2P status when NVML told them."""
 
     src: int  # CUDA ordinals in the measuring process
     dst: int
@@ -149,8 +146,7 @@ class PeerPair:
 
 @dataclass(frozen=True)
 class PeerNode:
-    """One node's peer-copy matrix as its local rank 0 sent it, less the pairs (read
-    apart: `_peer_nodes`): skipped with why, or its GPUs and why the paths were not read."""
+    """One node's peer-copy matrix as sent, less its pairs (read apart)."""
 
     node_rank: int
     host: str
@@ -161,8 +157,7 @@ class PeerNode:
 
 @dataclass(frozen=True)
 class StressRecords:
-    """Every per-rank record of a stress result that read back, and the ones that did not
-    (in the order the phases ran)."""
+    """Every per-rank record of a stress result that read back, and the ones that did not."""
 
     ranks: tuple[StressRank, ...]
     entries: tuple[Mapping[str, Any], ...]  # the raw entries of `ranks` (every key kept)
@@ -215,8 +210,7 @@ def read_stress(result: Mapping[str, Any]) -> StressRecords:
 
 def _burns(sdc: Mapping[str, Any], unread: list[Unread]
            ) -> list[tuple[BurnRecord, float | None]]:
-    """The burn-in records that read, each with its deviation from the CPU reference (the
-    list rank 0 computed beside them, in the same order; None where it has none)."""
+    """The burn-in records that read, each with its deviation from the CPU reference."""
     raw = sdc.get("records")
     if raw is None:
         return []
@@ -230,20 +224,15 @@ def _burns(sdc: Mapping[str, Any], unread: list[Unread]
     for row, deviation in zip(raw, deviations, strict=True):
         good, bad = read_all(BurnRecord, [row], "burn-in record")
         unread.extend(bad)
-        kept += [(record, _number(deviation)) for record in good]
+        # As rank 0 wrote it (NaN and inf included: `units.number` would drop them).
+        number_ = deviation if isinstance(deviation, (int, float)) and not isinstance(
+            deviation, bool) else None
+        kept += [(record, number_) for record in good]
     return kept
 
 
-def _number(value: object) -> float | None:
-    """A deviation as rank 0 wrote it (NaN included), or None for anything else."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return value
-    return None
-
-
 def _peer_nodes(p2p: object, unread: list[Unread]) -> tuple[dict[str, Any], ...]:
-    """Every node's peer-copy matrix that reads, as the dict it was sent as, its pair rows
-    (and their second look) read back; a pair that does not read is left out."""
+    """Every node's peer-copy matrix that reads, its pairs (and second look) read back."""
     nodes = p2p.get("nodes") if isinstance(p2p, Mapping) else None
     if nodes is None:
         return ()
@@ -277,9 +266,8 @@ COPY_FIGURES = {"h2d_gbps": "h2d_alone_gbps", "d2h_gbps": "d2h_alone_gbps",
 
 
 def stress_metrics(records: StressRecords) -> list[Metric]:
-    """Every figure of the records that read, named as compare, fleet and baselines
-    key them (`stress.gemm.<dtype>.tflops`, the median product's; `stress.p2p[.node<N>]
-    .gbps` per pair of a node's devices)."""
+    """Every figure of the records that read, named as compare, fleet and baselines key
+    them (`stress.gemm.<dtype>.tflops`: the median product's)."""
     ranks = rank_subjects(records.entries)
     rows: list[tuple[str, str, Better, Any, str]] = [
         *((f"stress.gemm.{r.dtype}.tflops", "TFLOP/s", Better.HIGHER, r, "tflops_p50")
