@@ -22,7 +22,7 @@ from gpucheck.analysis.metrics import (
 )
 from gpucheck.analysis.nodes import NodeReport, Reason
 from gpucheck.measure import Better, Bound, Metric
-from gpucheck.peers import MIN_VALUES, outlier, shortfall
+from gpucheck.peers import MAD_FLOOR, MIN_VALUES, outlier, shortfall
 from gpucheck.stats import Spread, describe, significant
 
 
@@ -52,29 +52,50 @@ class Judged:
 def judge_group(command: str, group: Mapping[str, NodeReport], threshold: float,
                 mad_k: float) -> Judged:
     members: dict[str, list[tuple[str, Metric]]] = {}
-    by_pool: dict[str, list[float]] = {}
     for node, report in group.items():
         for key, metric in report.metrics.items():
-            members.setdefault(key, []).append((node, metric))
+            of_key = members.get(key)
+            if of_key is None:
+                members[key] = [(node, metric)]
+            else:
+                of_key.append((node, metric))
+    spreads: dict[str, Spread] = {}
+    by_pool: dict[str, list[float]] = {}
+    for key in sorted(members, key=metric_order):
+        values = [m.value for _, m in members[key]]
+        spreads[key] = describe(values)
+        for _, metric in members[key]:
             if key != metric.name:  # a GPU slot's figure: its key carries the position
                 by_pool.setdefault(metric.name, []).append(metric.value)
-    spreads = {key: describe([m.value for _, m in members[key]])
-               for key in sorted(members, key=metric_order)}
     pools = {pool: describe(values) for pool, values in by_pool.items()}
     bounds = {better: Bound.shortfall(threshold, better) for better in JUDGED}
+    # No outlier is nearer the median than this fraction of it (the bound's margin, or
+    # the MAD rule's floor): the values between are passed over without `outlier`.
+    near = min(threshold, MAD_FLOOR) * (1 - 1e-6)
     found = []
     for key, of_key in members.items():
-        references: dict[str, tuple[Spread | None, str]] = {}  # by name: one, but for a forgery
+        # by name: one, but for a forgery; (reference, against, lowest and highest value
+        # that is no outlier)
+        references: dict[str, tuple[Spread | None, str, float, float]] = {}
         for node, metric in of_key:
-            better, value = metric.better, metric.value
-            if better is Better.HIGHER or better is Better.LOWER:
-                reference, against = references.get(metric.name) or references.setdefault(
-                    metric.name, _reference(key, metric, spreads, pools))
-                if reference is None or (value >= reference.median if better is Better.HIGHER
-                                         else value <= reference.median):
-                    continue  # better than the median never is an outlier
-                if outlier(value, reference, bounds[better], mad_k):
-                    found.append(Outlier(command, node, metric, reference, against))
+            better = metric.better
+            if better is not Better.HIGHER and better is not Better.LOWER:
+                continue
+            judged_by = references.get(metric.name)
+            if judged_by is None:
+                reference, against = _reference(key, metric, spreads, pools)
+                centre = reference.median if reference is not None else 0.0
+                judged_by = references[metric.name] = (
+                    reference, against, centre - near * abs(centre), centre + near * abs(centre))
+            reference, against, low, high = judged_by
+            value = metric.value
+            if reference is None or (value >= reference.median if better is Better.HIGHER
+                                     else value <= reference.median):
+                continue  # better than the median never is an outlier
+            if value > low if better is Better.HIGHER else value < high:
+                continue
+            if outlier(value, reference, bounds[better], mad_k):
+                found.append(Outlier(command, node, metric, reference, against))
     found.sort(key=lambda o: (o.node, o.metric.key()))
     counts = Counter(o.metric.key() for o in found)
     rows = [_stats_row(command, name, spread, members[name][0][1], counts.get(name, 0))
