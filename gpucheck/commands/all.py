@@ -163,7 +163,9 @@ def _run_one(name: str, ns: argparse.Namespace, ctx: RunContext) -> Outcome:
         why = f"this rank exited with status {exc.code}"
         return Outcome(name, "failed", why, _since(start))
     except Exception as exc:
-        why = f"{type(exc).__name__}: {_first_line(str(exc))}"
+        from gpucheck.distributed.session import first_line
+
+        why = f"{type(exc).__name__}: {first_line(str(exc))}"
         print(f"gpucheck all: {name} failed: {shown(why)}", file=sys.stderr)
         _leave_group()
         return Outcome(name, "failed", why, _since(start))
@@ -174,11 +176,6 @@ def _run_one(name: str, ns: argparse.Namespace, ctx: RunContext) -> Outcome:
 
 def _since(start: float) -> float:
     return round(time.monotonic() - start, 1)
-
-
-def _first_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[0][:300] if lines else "no message"
 
 
 def _leave_group() -> None:

@@ -1,6 +1,6 @@
-"""The per-rank frame: check in, join the process group under the command's timeout,
-leave cleanly, and when a collective fails dump, hold the roll call, abort a failed
-NCCL group and name the ranks that stopped answering (docs/hang.md, "The rank frame")."""
+"""The per-rank frame: check in, join the process group, leave; after a failed
+collective dump, hold the roll call, abort NCCL and name the silent ranks (docs/hang.md,
+"The rank frame")."""
 
 from __future__ import annotations
 
@@ -37,28 +37,25 @@ _COMM_ERROR_WORDS = ("timed out", "timeout", "connection", "gloo", "nccl", "peer
 
 
 def roster(ctx: RunContext) -> list[RankInfo]:
-    """Every rank of the current job as it checked in (host, node, device, pid)."""
+    """Every rank of the current job as it checked in."""
     return list(ctx.session.roster)
 
 
 def job_store(ctx: RunContext) -> Store | None:
-    """The store the last `process_group` checked in on (None before one): kept after the
-    block, so a command can still coordinate its ranks once the group is gone
-    (`gpucheck preflight` hands the job's port over to the command it starts)."""
+    """The store the last `process_group` checked in on, kept after the block (preflight
+    hands the job's port over to the command it starts)."""
     return ctx.session.store
 
 
 def gpu_identity(ctx: RunContext) -> GpuIdentity | None:
-    """The physical GPU this rank uses (None on CPU): NVML index, bus id, UUID."""
+    """The physical GPU this rank uses (None on CPU)."""
     return ctx.session.gpu
 
 
 def barrier(wait_s: float, group: Any = None) -> None:
-    """A barrier of the job's group (or `group`); on NCCL with the rank's device named
-    (else NCCL warns on every run) and polled for at most `wait_s` (`deadline.settle`).
-    The device is not bound in `init_process_group(device_id=...)`: NCCL would then run
-    point-to-point ops on the world communicator, not one per pair, and change comm's
-    pair matrix."""
+    """A barrier of the job's group (or `group`), on NCCL with the rank's device named
+    and polled for at most `wait_s`. (Not `init_process_group(device_id=...)`: NCCL
+    would run point-to-point ops on the world communicator, not one per pair.)"""
     import torch
     import torch.distributed as dist
 
@@ -91,19 +88,16 @@ class _Stores(NamedTuple):
 
 
 def _stores() -> _Stores:
-    """torch.distributed's key-value stores, documented public API. Its __init__ imports
-    them from torch._C._distributed_c10d with no `as` alias and no __all__ entry, which
-    mypy --strict reads as not exported: the one ignore for it is here."""
+    """torch.distributed's stores (public API that mypy --strict reads as not exported:
+    the one ignore for it is here)."""
     from torch.distributed import HashStore, PrefixStore, TCPStore  # type: ignore[attr-defined]
 
     return _Stores(TCPStore, HashStore, PrefixStore)
 
 
 def scoped_store(store: Any, scope: tuple[str, ...]) -> Any:
-    """The store as one command sees it. One process can join several process groups in
-    turn (`gpucheck all` under torchrun runs env, stress, bench and comm on the same
-    store): each command's keys live under its own prefix, so a check-in does not count
-    the previous group's ranks or read its keys (every rank uses the same scope)."""
+    """The store as one command sees it: `all` joins a group per command on one store,
+    each under its own prefix, so a check-in never counts the previous group's ranks."""
     return _stores().prefix("/".join(scope), store) if scope else store
 
 
@@ -125,19 +119,18 @@ def _job_store(world: World, timeout: _dt.timedelta) -> Any:
 
 
 def store_on_rank0(world: World) -> bool:
-    """Is the job's store (`_job_store`) hosted by rank 0's process? Yes for an `env://`
-    launch (srun, a hand-made RANK/WORLD_SIZE start), on MASTER_PORT; no under torchrun
-    (the agent hosts it) and for a rank alone (an in-process store)."""
+    """Is the job's store hosted by rank 0's process (srun, a hand-made env:// start),
+    not by torchrun's agent nor in-process (a rank alone)?"""
     return world.launcher != "none" and world.world_size > 1 and not world.agent_store
 
 
 def bind_device(device: str, world: World,
                 peers: Callable[[list[str]], dict[int, list[str]]] | None = None,
                 torch: Any = None) -> World:
-    """Choose and set this rank's GPU; the world with its `device_index` (None on CPU),
-    the one place a local rank becomes a device index. torchrun: local rank k sees every
-    GPU and uses cuda:k; `srun --gpus-per-task=1`: cuda:0; `--gpu-bind=closest`: its
-    place among the local ranks that see the same GPUs (`peers`, the check-in's first half)."""
+    """Choose and set this rank's GPU: the world with its `device_index`, the one place
+    a local rank becomes a device index (torchrun: cuda:<local rank>; srun
+    --gpus-per-task=1: cuda:0; --gpu-bind=closest: its place among the local ranks that
+    see the same GPUs, from `peers`)."""
     if device != "cuda":
         return world
     if torch is None:
@@ -160,23 +153,12 @@ def bind_device(device: str, world: World,
     return replace(world, device_index=index)
 
 
-def _identify(world: World, nvml: Any | None = None) -> GpuIdentity | None:
-    if world.device_index is None:
-        return None
-    import torch
-
-    from gpucheck.probes.nvml import cuda_identity
-
-    return cuda_identity(torch, world.device_index, nvml)
-
-
 @contextmanager
 def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool = True,
                   *, ctx: RunContext) -> Iterator[World]:
-    """Check in and join the job's process group (a private one-rank group alone) for the
-    block; the world it yields has this rank's `device_index` on CUDA. `timeout_s` bounds
-    the check-in and every collective; a failed one leaves as `RanksUnresponsive`. With
-    `fault_watch` the rank's GPU is watched for the block (`ctx.session.faults`)."""
+    """Check in and join the job's process group for the block (a private one for a rank
+    alone). `timeout_s` bounds the check-in and every collective; a failed one leaves as
+    `RanksUnresponsive`. With `fault_watch` the rank's GPU is watched meanwhile."""
     import torch.distributed as dist
 
     world = world_of(ctx) or SINGLE
@@ -185,8 +167,7 @@ def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool
         progress.say(ctx, f"rank 0 started: waiting for {world.world_size} ranks to check in")
     faults = ctx.session.faults = faultwatch.RankFaults(ctx)
     try:
-        world, store = _check_in(backend, device, timeout_s, world,
-                                 lambda w: faults.open_nvml(w), ctx)
+        world, store = _check_in(backend, device, timeout_s, world, faults.open_nvml, ctx)
     except (CheckInFailed, SharedGpu) as exc:
         if exc.diagnosis is not None:
             progress.record_diagnosis(ctx, exc.diagnosis)
@@ -226,9 +207,8 @@ def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool
 
 def _check_in(backend: str, device: str, timeout_s: float, world: World,
               open_nvml: Callable[[World], Any], ctx: RunContext) -> tuple[World, Any]:
-    """Open the job's store, pick this rank's GPU, check in and refuse shared GPUs: the
-    world with its device index, and the store (both kept in `ctx.session`).
-    `open_nvml(world)`: the rank's NVML doorway once its GPU is chosen, or None."""
+    """Open the job's store, pick this rank's GPU, check in, refuse shared GPUs: the world
+    with its device index, and the store. `open_nvml(world)`: the rank's NVML doorway."""
     timeout = _dt.timedelta(seconds=timeout_s)
     store = ctx.session.store = scoped_store(_job_store(world, timeout), ctx.scope)
     views: dict[int, View] = {}
@@ -240,7 +220,15 @@ def _check_in(backend: str, device: str, timeout_s: float, world: World,
     world = bind_device(device, world, peers if world.launcher != "none" and
                         world.world_size > 1 else None)
     # Named before the check-in, so a slow NVML attach does not eat its window.
-    ctx.session.gpu = _identify(world, open_nvml(world))
+    nvml = open_nvml(world)
+    if world.device_index is not None:
+        import torch
+
+        from gpucheck.probes.nvml import cuda_identity
+
+        ctx.session.gpu = cuda_identity(torch, world.device_index, nvml)
+    else:
+        ctx.session.gpu = None
     me = this_rank(world, ctx.session.gpu)
     infos = [me] if world.launcher == "none" else check_in(store, world, me, timeout_s)
     ctx.session.roster = infos
@@ -251,9 +239,8 @@ def _check_in(backend: str, device: str, timeout_s: float, world: World,
 
 
 def _leave_after_failure(ctx: RunContext, backend: str, world: World) -> None:
-    """Leave a group that failed when that cannot hang (gloo, one rank), so this process
-    can run again; an aborted NCCL group is never destroyed (`_after_failure`), and a
-    multi-rank NCCL group is left to process exit."""
+    """Leave a failed group where that cannot hang (gloo, one rank), so this process can
+    run again; an aborted or multi-rank NCCL group is left to process exit."""
     import torch.distributed as dist
 
     if dist.is_initialized() and not ctx.session.aborted and (
@@ -267,27 +254,24 @@ def _say(ctx: RunContext, rank: int, text: str) -> None:
     print(f"gpucheck rank {rank}: {text}", file=ctx.console.stderr, flush=True)
 
 
-def _dump_flight_recorder(ctx: RunContext, rank: int,
-                          backend: str) -> flight.DumpOutcome | None:
-    """This rank's Flight Recorder buffer to its file; a line on stderr either way
-    (a dump that could not be written is said, never passed over)."""
-    outcome = flight.dump_after_failure(rank, backend)
-    if outcome is not None:
-        done = f"written to {outcome.path}" if outcome.path else f"SKIP: {outcome.skipped}"
-        _say(ctx, rank, f"Flight Recorder dump {done}")
-    return outcome
-
-
 def _after_failure(ctx: RunContext, store: Any, world: World, timeout_s: float,
                    exc: Exception, backend: str) -> list[RanksUnresponsive] | None:
-    """After a failed collective, in this order: dump this rank's buffer (while the
-    stuck op still reads scheduled or started), answer the roll call, abort a failed
-    NCCL group, record what this rank saw (the launcher's report reads it). The error
-    to raise instead of `exc` with several ranks (`RanksUnresponsive`, in a list the
-    caller empties), None for a rank alone."""
-    dumped = _dump_flight_recorder(ctx, world.rank, backend)
-    missing, cause = (_roll_call(store, world, timeout_s, backend, exc)
-                      if world.world_size > 1 else ([], _first_line(str(exc))))
+    """In this order: dump this rank's buffer (while the stuck op still reads started),
+    answer the roll call, abort a failed NCCL group, record what this rank saw. The
+    error to raise instead (in a list the caller empties), None for a rank alone."""
+    dumped = flight.dump_after_failure(world.rank, backend)
+    if dumped is not None:  # said either way: a dump not written is never passed over
+        done = f"written to {dumped.path}" if dumped.path else f"SKIP: {dumped.skipped}"
+        _say(ctx, world.rank, f"Flight Recorder dump {done}")
+    missing, cause = [], first_line(str(exc))
+    if world.world_size > 1:
+        try:
+            missing = roll_call(store, world.rank, world.world_size,
+                                roll_call_window_s(timeout_s, backend),
+                                host=world.rank == 0 and store_on_rank0(world))
+        except Exception as store_exc:  # the store's host may be the one that hangs
+            missing = [0] if world.rank else []
+            cause += f"; the job's store did not answer either ({first_line(str(store_exc))})"
     aborted = _abort(ctx, world.rank) if backend == "nccl" else None
     if world.world_size == 1:
         return None
@@ -302,23 +286,9 @@ def _after_failure(ctx: RunContext, store: Any, world: World, timeout_s: float,
     return [error]
 
 
-def _roll_call(store: Any, world: World, timeout_s: float, backend: str,
-               exc: Exception) -> tuple[list[int], str]:
-    """(the ranks that did not answer, the failure's cause) from this rank's view."""
-    cause = _first_line(str(exc))
-    try:
-        missing = roll_call(store, world.rank, world.world_size,
-                            roll_call_window_s(timeout_s, backend),
-                            host=world.rank == 0 and store_on_rank0(world))
-    except Exception as store_exc:  # the store's host may be the one that hangs
-        missing = [0] if world.rank else []
-        cause += f"; the job's store did not answer either ({_first_line(str(store_exc))})"
-    return missing, cause
-
-
 def _abort(ctx: RunContext, rank: int) -> str:
-    """Abort this process's NCCL groups; from now on it leaves through os._exit
-    (`deadline.exit_after_abort`). "done", or the SKIP said on stderr."""
+    """Abort this process's NCCL groups (it then leaves through os._exit): "done", or
+    the SKIP said on stderr."""
     import torch.distributed as dist
 
     why_not = deadline.abort_groups(dist)
@@ -330,12 +300,8 @@ def _abort(ctx: RunContext, rank: int) -> str:
 
 
 def _end_silent_siblings(ctx: RunContext, missing: list[int]) -> None:
-    """SIGKILL silent ranks started by the same agent as this one (same parent process).
-
-    A stopped or hung rank ignores the agent's SIGTERM, and the agent waits 30 s
-    before its SIGKILL; a hung rank cannot be saved, so end it now. Ranks on other
-    nodes are left to their own node's survivors and agent.
-    """
+    """SIGKILL silent ranks of this rank's agent (same parent): a hung rank ignores the
+    agent's SIGTERM and cannot be saved. Other nodes' ranks are left to their own."""
     import psutil
 
     me = psutil.Process()
@@ -350,6 +316,7 @@ def _end_silent_siblings(ctx: RunContext, missing: list[int]) -> None:
             pass
 
 
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
+    """The first non-empty line, at most 300 characters."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[0][:300] if lines else "no message"
