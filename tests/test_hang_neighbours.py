@@ -209,16 +209,16 @@ def test_no_more_than_max_py_spy_run_at_once(monkeypatch) -> None:
     and a rank whose turn does not come in time is marked, not watched."""
     running, peak, lock = [0], [0], threading.Lock()
 
-    def fake_record(pid: int, duration_s: float) -> observe.stacks.Samples:
+    def fake_record(pid: int, duration_s: float) -> observe.Samples:
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
         time.sleep(0.05)
         with lock:
             running[0] -= 1
-        return observe.stacks.Samples()
+        return observe.Samples()
 
-    monkeypatch.setattr(observe.stacks, "record", fake_record)
+    monkeypatch.setattr(observe, "record", fake_record)
     monkeypatch.setattr(observe, "_gpu_after", lambda *a: ({}, None))
     ranks = [RankProcess(os.getpid(), r, 200, r, None, "fake", "python") for r in range(200)]
     views, _ = observe.watch(ranks, "node7", window_s=0.0)

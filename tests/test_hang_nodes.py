@@ -17,7 +17,8 @@ from tests.hang_launch import hang_job
 def _gpucheck_node(node: int, pids: list[int], port: int, out: Path) -> subprocess.Popen[str]:
     env = clean_env(RANK=str(node), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                     GROUP_RANK=str(node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    args = [sys.executable, "-m", "gpucheck", "hang", *map(str, pids), "--window", "1", "-q", "-o", str(out)]
+    args = [sys.executable, "-m", "gpucheck", "hang", *map(str, pids), "--window", "1", "-q",
+            "-o", str(out)]
     return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
 

@@ -12,8 +12,7 @@ import pytest
 
 from gpucheck.cli import main
 from gpucheck.hang.findings import live_findings
-from gpucheck.hang.observe import RankView, _judge_samples, per_process
-from gpucheck.hang.stacks import Frame, parse_raw
+from gpucheck.hang.observe import Frame, RankView, _judge_samples, parse_raw, per_process
 from gpucheck.report import Status
 from tests.fake_pynvml import FakeGpu, FakeNvml
 

@@ -13,9 +13,8 @@ import pytest
 
 from gpucheck.cli import main
 from gpucheck.hang.findings import live_findings, ranks_section
-from gpucheck.hang.observe import RankView, per_process
+from gpucheck.hang.observe import Frame, RankView, Site, parse_raw, per_process, site_of
 from gpucheck.hang.procs import ALLOWED, RankProcess, missing_local_ranks, rank_of
-from gpucheck.hang.stacks import Frame, Site, parse_raw, site_of
 from gpucheck.render import render
 from gpucheck.report import Report, Status
 from tests.comm_workers import clean_env

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck import subject as subjects
-from gpucheck.hang.observe import RankView
-from gpucheck.hang.stacks import PTRACE_CAPABILITY, Site
+from gpucheck.hang.observe import PTRACE_CAPABILITY, RankView, Site
 from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
 
 STOPPED = ("stopped", "tracing-stop")
