@@ -1,12 +1,11 @@
-"""Host<->device copies through pinned memory and the peer-copy matrix between GPUs: the
-measurements, and the two phases that run them on every rank (CPU ranks skip both). Why
-local rank 0 measures the matrix alone, its path classes and its second look:
-docs/stress.md."""
+"""Host<->device copies through pinned memory and the peer-copy matrix between GPUs, and
+the two phases that measure them on every rank (docs/stress.md says why local rank 0
+measures the matrix alone)."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,15 +54,6 @@ def host_copies(rank: int, setting: str, host: Any, dev: Any) -> HostCopies:
     return HostCopies(rank, setting, size, _gbps(size, h2d), _gbps(size, d2h))
 
 
-def copy_buffers(device: Any, size: int = HOST_COPY_BYTES) -> tuple[Any, Any]:
-    """(pinned host buffer, device buffer). Allocate after the rank is placed on its
-    GPU's NUMA node: pinned pages land on the node of the thread touching them."""
-    import torch
-
-    host = torch.ones(size, dtype=torch.uint8, pin_memory=True)
-    return host, torch.empty(size, dtype=torch.uint8, device=device)
-
-
 def peer_matrix(local_world_size: int, fraction: float = 0.6) -> dict[str, Any]:
     """{"gpus", "pairs" (src, dst, peer_access, gbps), "again" (the slow pairs and a
     known-good one measured again, when a pair was slow)} or {"skipped": why}."""
@@ -84,20 +74,14 @@ def peer_matrix(local_world_size: int, fraction: float = 0.6) -> dict[str, Any]:
     paths, why = paths_or_none([g.get("pci_bus_id") for g in gpus])
     every = [(s, d) for s in range(visible) for d in range(visible) if s != d]
     try:
-        pairs = with_paths(_measure_pairs(visible, every), paths)
+        pairs = [p | (paths[(p["src"], p["dst"])].row() if (p["src"], p["dst"]) in paths
+                      else {}) for p in _measure_pairs(visible, every)]
         again = second_look(pairs, fraction, lambda wanted: _measure_pairs(visible, wanted))
     except RuntimeError as exc:  # e.g. exclusive-process compute mode: no second context
         return {"gpus": gpus, "skipped": f"could not open every GPU from one process: "
                 f"{str(exc).strip().splitlines()[0][:200]}"}
     return {"gpus": gpus, "pairs": pairs} | ({"again": again} if again else {}) | \
         ({"paths_unread": why} if why else {})
-
-
-def with_paths(pairs: list[dict[str, Any]], paths: Mapping[tuple[int, int], Any],
-               ) -> list[dict[str, Any]]:
-    """Each pair row with its path class and P2P status (`PairPath.row`), when known."""
-    return [p | (paths[(p["src"], p["dst"])].row() if (p["src"], p["dst"]) in paths else {})
-            for p in pairs]
 
 
 def second_look(pairs: list[dict[str, Any]], fraction: float,
@@ -165,11 +149,13 @@ def copies_phase(ctx: RankContext, result: dict[str, Any]) -> None:
 
 
 def copy_row(ctx: RankContext, result: dict[str, Any]) -> dict[str, Any]:
-    """This rank's copies alone (local ranks take turns) and all at once."""
+    """This rank's copies alone (local ranks take turns), then all at once."""
     import torch
 
     world = ctx.world
-    host, dev = copy_buffers(ctx.device)
+    # After the rank is placed: pinned pages land on the node of the thread touching them.
+    host = torch.ones(HOST_COPY_BYTES, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(HOST_COPY_BYTES, dtype=torch.uint8, device=ctx.device)
     alone = None
     # As many turns as the largest node has ranks: every rank passes every barrier.
     turns = 1 + max(int(r["local_rank"]) for r in result["ranks"])
