@@ -14,7 +14,7 @@ import pytest
 
 from gpucheck.health.run import HealthOptions, collect_health_report
 from gpucheck.probes import kernel_log as kl
-from gpucheck.probes.kernel_log import parse_line, read_file, read_live_log, scan_lines
+from gpucheck.probes.kernel_log import read_file, read_live_log, scan_lines
 from gpucheck.report import Status
 from tests.fake_pynvml import FakeGpu, FakeNvml
 
@@ -98,7 +98,7 @@ def test_a_forged_xid_in_a_mount_option_is_no_xid_in_any_source(sep: str) -> Non
     "May 18 19:02:39 node7 alice: NVRM: Xid (PCI:0000:3b:00): 79, another program's tag",
 ])
 def test_a_line_that_is_not_the_start_of_a_kernel_record_is_never_an_xid(line: str) -> None:
-    assert parse_line(line) is None
+    assert scan_lines([line]).events == []
     assert scan_lines(["[ 1.0] usb 1-1: new device\n", line + "\n"]).events == []
 
 

@@ -18,8 +18,6 @@ from gpucheck.probes.xid_section import (
     KernelLog,
     Record,
     Scan,
-    XidEvent,
-    parse_message,
     scan_records,
 )
 
@@ -128,12 +126,6 @@ def _journal_text(message: object) -> str | None:
     if isinstance(message, list) and all(isinstance(b, int) and 0 <= b < 256 for b in message):
         return bytes(message).decode("utf-8", errors="replace")
     return None
-
-
-def parse_line(line: str) -> XidEvent | tuple[str, str] | None:
-    """What one log line says, read as the start of a record."""
-    record = next(text_records([line]), None)
-    return parse_message(record.lines[0], record.time) if record and record.driver else None
 
 
 def _counted(scan: Scan, lines: Iterable[str]) -> Iterator[str]:
