@@ -17,8 +17,8 @@ import pytest
 from comm_workers import clean_env, gpucheck, start, tracked, wait_gone
 
 from gpucheck.cli import main
-from gpucheck.comm.aggregate import COLLECTIVES, bus_factor, data_bytes, size_result
 from gpucheck.comm.collectives import element_count
+from gpucheck.comm.verdicts import COLLECTIVES, bus_factor, data_bytes, size_result
 
 NCCL_TESTS_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n,
                       "all_gather": lambda n: (n - 1) / n,

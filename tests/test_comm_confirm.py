@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucheck.comm.aggregate import pair_findings, rank_pair
 from gpucheck.comm.internode import exchanges_for
 from gpucheck.comm.internode_verdicts import internode_findings
-from gpucheck.comm.looks import rate_bound
 from gpucheck.comm.pairwise import second_look_steps
+from gpucheck.comm.verdicts import pair_findings, rank_pair, rate_bound
 from gpucheck.measure import LookState
 from gpucheck.peers import Suspects, eliminate, pair_looks
 from gpucheck.report import Status

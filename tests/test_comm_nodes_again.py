@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucheck.comm.looks import node_figures, plan, slow_node_verdicts
+from gpucheck.comm.verdicts import node_figures, plan, slow_node_verdicts
 from gpucheck.measure import Better, LookState
 from gpucheck.report import Status
 

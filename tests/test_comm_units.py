@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from gpucheck.comm.aggregate import (
+from gpucheck.comm.collectives import default_max_bytes, sweep_sizes
+from gpucheck.comm.pairwise import pair_schedule
+from gpucheck.comm.verdicts import (
     baseline_findings,
     correctness_findings,
     pair_findings,
     pair_matrix,
     size_result,
 )
-from gpucheck.comm.collectives import default_max_bytes, sweep_sizes
-from gpucheck.comm.pairwise import pair_schedule
 from gpucheck.distributed.nodes import NodeId, group_by_node, node_metric, slow_node_findings
 from gpucheck.report import Status
 

@@ -222,7 +222,7 @@ def test_a_cut_of_zero_condemns_nothing() -> None:
     """node_links.spread_cut falls to 0 when the healthy links' own spread is total: no
     measured rate is below 0 x the reference, and the bound still exists (a Bound needs
     a positive limit: the smallest float, which only a rate of exactly 0 is below)."""
-    from gpucheck.comm.looks import rate_bound
+    from gpucheck.comm.verdicts import rate_bound
 
     assert not rate_bound(0.0).worse(1e-12, 10.0)
     assert rate_bound(0.5).worse(4.9, 10.0) and not rate_bound(0.5).worse(5.0, 10.0)

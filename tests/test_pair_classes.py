@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from gpucheck.checks import lookup
-from gpucheck.comm.aggregate import pair_findings
 from gpucheck.comm.pairwise import second_look_steps
+from gpucheck.comm.verdicts import pair_findings
 from gpucheck.measure import LookState
 from gpucheck.probes.gpus import PairPath, pair_paths
 from gpucheck.probes.nvml import Nvml
@@ -172,7 +172,7 @@ def test_comm_pairs_on_two_sockets_stay_quiet_and_a_slow_pair_of_a_class_is_caug
 
 
 def test_a_nodes_classes_are_measured_again_one_pair_at_a_time() -> None:
-    from gpucheck.comm.aggregate import suspects_by_node
+    from gpucheck.comm.verdicts import suspects_by_node
 
     rows = _comm_pairs(nvl_matrix({(4, 5): 60.0, (0, 2): 10.0}))
     plans = {k: s for k, s in suspects_by_node(rows, 0.6).items() if not s.empty}

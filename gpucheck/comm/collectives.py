@@ -9,11 +9,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpucheck.comm.verdicts import ELEMENT_BYTES
 from gpucheck.distributed.deadline import settle, synchronize
 from gpucheck.distributed.session import barrier
 from gpucheck.timing import Marks
 
-ELEMENT_BYTES = 4  # float32
 KIB = 1024
 MIB = 1024 * KIB
 DEFAULT_MIN_BYTES = KIB

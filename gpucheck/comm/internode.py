@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from gpucheck.comm.collectives import (
-    ELEMENT_BYTES,
     Work,
     make_clock,
     started,
@@ -26,12 +25,11 @@ from gpucheck.comm.internode_verdicts import (
     rail_exchanges,
 )
 from gpucheck.comm.records import LinkRow, SentRow
+from gpucheck.comm.verdicts import ELEMENT_BYTES, GB
 from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext
 from gpucheck.distributed.deadline import synchronize
 from gpucheck.peers import Suspects
-
-GB = 1e9
 
 
 def round_schedule(nodes: int, shifts: Sequence[int] | None = None,

@@ -1,6 +1,5 @@
-"""Verdicts between nodes: which node (elimination at the fabric's cut), node pair and rail
-link is slow, each with its second look as data (docs/comm.md, "Between nodes"). Pure
-functions, no torch."""
+"""Verdicts between nodes, pure functions: the slow node (elimination at the fabric's
+cut), node pair and rail link, each with its second look (docs/comm.md, "Between nodes")."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck import subject
-from gpucheck.comm.looks import GBPS, rate_bound, repeats_words, slow
+from gpucheck.comm.verdicts import GBPS, ended_first, rate_bound, repeats_words, slow
 from gpucheck.measure import LookState, SecondLook
 from gpucheck.peers import (
     Pair,
@@ -58,23 +57,17 @@ def spread_cut(healthy: Samples, fabric: float = FABRIC_FRACTION) -> tuple[float
     return reference, max(0.0, min(fabric, 1 - max(between, within)))
 
 
-def below_almost_all(mine: Sequence[float], healthy: Sequence[float], stray: int) -> bool:
-    """Every reading of `mine` below every healthy reading but the `stray` lowest."""
-    if not mine or len(healthy) <= stray:
-        return False
-    return max(mine) < sorted(healthy)[stray]
-
-
 def _slow_direction(samples: Samples, pairs: Sequence[Pair], healthy: Samples,
                     fabric: float, stray: int) -> bool:
     """Every pair below the cut x the healthy median, and below almost every healthy reading."""
     if not pairs or not healthy:
         return False
     reference, cut = spread_cut(healthy, fabric)
-    if not all(typical(samples[p]) < cut * reference for p in pairs):
-        return False
-    return below_almost_all([typical(samples[p]) for p in pairs],
-                            [v for s in healthy.values() for v in s], stray)
+    mine = [typical(samples[p]) for p in pairs]
+    readings = sorted(v for s in healthy.values() for v in s)
+    # Below every healthy reading but the `stray` lowest, too.
+    return all(v < cut * reference for v in mine) and len(readings) > stray and \
+        max(mine) < readings[stray]
 
 
 def slow_nodes(samples: Samples, fabric: float = FABRIC_FRACTION) -> dict[int, str]:
@@ -242,8 +235,7 @@ def _node_pair_look(pair: Pair, first: Mapping[Pair, Sequence[float]],
     measured beside it (or the first reference, with none)."""
     bound = rate_bound(_cut(pair, suspects, threshold))
     if again is None:
-        return second_look(typical(first[pair]), None, suspects.reference, (), bound, GBPS,
-                           "the run ended first")
+        return ended_first(typical(first[pair]), suspects.reference, bound)
     refs = [p for p in suspects.references if again.get(p)]
     reference = typical([typical(again[p]) for p in refs]) if refs else suspects.reference
     against = tuple(subject.pair(a, b, f"{labels[a]} -> {labels[b]}", by="node")
@@ -306,7 +298,7 @@ def _rail_look(link: Mapping[str, Any], slow: Sequence[Mapping[str, Any]],
     not slow the first time."""
     first, bound = float(link["bandwidth_gbps"]), rate_bound(threshold)
     if again is None:
-        return second_look(first, None, None, (), bound, GBPS, "the run ended first")
+        return ended_first(first, None, bound)
     bad = {_link(x) for x in slow}
     mine = [float(x["bandwidth_gbps"]) for x in again if _link(x) == _link(link)]
     good = [x for x in again if _link(x) not in bad]

@@ -7,9 +7,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpucheck.comm.aggregate import ClassKey, suspects_by_node
 from gpucheck.comm.collectives import (
-    ELEMENT_BYTES,
     Clock,
     NullClock,
     Work,
@@ -19,6 +17,7 @@ from gpucheck.comm.collectives import (
     time_batch,
 )
 from gpucheck.comm.records import PairRow
+from gpucheck.comm.verdicts import ELEMENT_BYTES, ClassKey, suspects_by_node
 from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext
 from gpucheck.distributed import progress

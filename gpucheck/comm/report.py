@@ -8,17 +8,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck import subject
-from gpucheck.comm.aggregate import (
+from gpucheck.comm.internode_verdicts import internode_findings, node_pair_rows, rail_findings
+from gpucheck.comm.nccl_log import transport_view
+from gpucheck.comm.records import CommRecords, read_back, read_comm
+from gpucheck.comm.verdicts import (
     ONE_RANK_BUSBW,
     baseline_findings,
     correctness_findings,
+    node_figures,
     pair_findings,
     pair_matrix,
+    pair_medians,
+    slow_node_verdicts,
 )
-from gpucheck.comm.internode_verdicts import internode_findings, node_pair_rows, rail_findings
-from gpucheck.comm.looks import node_figures, pair_medians, slow_node_verdicts
-from gpucheck.comm.nccl_log import transport_view
-from gpucheck.comm.records import CommRecords, read_back, read_comm
 from gpucheck.distributed.nodes import NodeId, group_by_node, node_metric, nodes_rows, numa_findings
 from gpucheck.faults import gpu_names, run_faults_section
 from gpucheck.measure import Better, Metric
@@ -146,7 +148,7 @@ def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section
         data["measured again"] = [r | {"src": labels[r["src_node"]],
                                        "dst": labels[r["dst_node"]]}
                                   for r in node_pair_rows(internode["again"])]
-    # On CPU ranks every slow figure carries cause cpu_ranks (gpucheck.comm.looks).
+    # On CPU ranks every slow figure carries cause cpu_ranks (gpucheck.comm.verdicts).
     device = str(result.get("device"))
     findings = (internode_findings(rows, verdicts.pair_threshold, labels,
                                    internode.get("again"), device)

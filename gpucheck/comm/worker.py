@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpucheck.comm.aggregate import COLLECTIVES, size_result
 from gpucheck.comm.collectives import (
     DEFAULT_MIN_BYTES,
     default_max_bytes,
@@ -17,9 +16,9 @@ from gpucheck.comm.collectives import (
     sweep_sizes,
 )
 from gpucheck.comm.internode import run_internode
-from gpucheck.comm.looks import node_figures, plan
 from gpucheck.comm.nccl_log import nccl_logging, rank_entry
 from gpucheck.comm.pairwise import DEFAULT_REPEATS, gather_rows, measure_pairs, run_pairwise
+from gpucheck.comm.verdicts import COLLECTIVES, node_figures, plan, size_result
 from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext
 from gpucheck.distributed import faultwatch, progress
@@ -97,7 +96,7 @@ def measure_size(collective: str, size: int, spec: CommSpec, world: World,
 def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
                  result: dict[str, Any], largest: int,
                  ctx: RunContext) -> dict[str, Any] | None:
-    """A slow node measured again (gpucheck.comm.looks, after rank 0's plan): its pairs
+    """A slow node measured again (gpucheck.comm.verdicts, after rank 0's plan): its pairs
     beside a known-good node's, side by side as in the first pass, or the largest
     all_reduce; None when no node is slow."""
     pairs = (result.get("pairwise") or {}).get("pairs") or []

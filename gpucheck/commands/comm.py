@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpucheck.comm.aggregate import COLLECTIVES
+from gpucheck.comm.verdicts import COLLECTIVES
 from gpucheck.commands.launch import LaunchOptions, LaunchPlan, plan_launch, run_reported
 from gpucheck.commands.launch import partial_report as job_partial_report
 from gpucheck.commands.options import (

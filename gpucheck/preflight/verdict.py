@@ -203,7 +203,7 @@ def alloc_section(rows: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str
 
 
 def all_reduce_section(row: Mapping[str, Any]) -> Section:
-    from gpucheck.comm.aggregate import correctness_findings
+    from gpucheck.comm.verdicts import correctness_findings
 
     table = {k: v for k, v in row.items() if k != "rank_times_us"}
     return Section("all_reduce", "Job-wide all_reduce", {"result": table,
