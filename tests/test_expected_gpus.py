@@ -15,7 +15,7 @@ from gpucheck.cli import main
 from gpucheck.commands import all as all_cmd
 from gpucheck.devices import EXPECT_VAR, SYSFS_VAR, expected_gpus
 from gpucheck.health.run import HealthOptions, collect_health_report
-from gpucheck.preflight.checks import nvml_findings
+from gpucheck.preflight.worker import nvml_findings
 from gpucheck.probes.gpus import probe_nvml
 from gpucheck.probes.nvml import Nvml
 from gpucheck.report import Report, Status

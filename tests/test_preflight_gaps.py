@@ -8,8 +8,8 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Sequence
 
-from gpucheck.preflight.checks import kernel_log_findings
 from gpucheck.preflight.verdict import decide
+from gpucheck.preflight.worker import kernel_log_findings
 
 XID79 = "[ 912.5] NVRM: Xid (PCI:0000:18:00): 79, pid=1234, GPU has fallen off the bus.\n"
 HEALTHY = "[    0.0] Linux version 6.8.0\n[    3.1] nvidia: loading out-of-tree module\n"
@@ -53,7 +53,7 @@ def test_an_unreadable_kernel_log_is_a_skip_with_commands_bounded() -> None:
 
 
 def test_cpu_ranks_read_the_xid_history_too_and_an_xid_79_is_no_go(tmp_path) -> None:
-    from gpucheck.preflight.checks import nvml_findings
+    from gpucheck.preflight.worker import nvml_findings
     from gpucheck.probes.kernel_log import KERNEL_LOG_VAR
 
     log = tmp_path / "kern.log"

@@ -1,7 +1,6 @@
-"""From the gathered figures to the report's sections and the go/no-go, on rank 0:
-the owning commands judge the figures; this adds which nodes fail (from the data) and
-one decision. A WARN never condemns a node, nor stops the job unless `--strict`.
-"""
+"""Rank 0's go/no-go: the owning commands judge the gathered figures; this names the
+failing nodes and decides. A WARN never condemns a node, nor stops the job unless
+`--strict`."""
 
 from __future__ import annotations
 
@@ -32,6 +31,7 @@ def decide(result: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def judged_sections(result: Mapping[str, Any]) -> tuple[list[Section], list[dict[str, Any]]]:
+    """Each check's section, and the nodes its FAILs name."""
     ranks = result["ranks"]
     checks = result["checks"]
     blamed: list[dict[str, Any]] = []
@@ -83,15 +83,10 @@ def fault_ranks(gpus: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
     return found
 
 
-def _node_of(ranks: Sequence[Mapping[str, Any]], rank: int) -> Mapping[str, Any]:
-    return next((r for r in ranks if int(r["rank"]) == rank), {"rank": rank, "host": "?",
-                                                               "node_rank": -1})
-
-
 def _blame(ranks: Sequence[Mapping[str, Any]], rank: int, check: str,
            why: str) -> dict[str, Any]:
-    info = _node_of(ranks, rank)
-    return {"host": str(info.get("host")), "node_rank": int(info.get("node_rank", -1)),
+    info = next((r for r in ranks if int(r["rank"]) == rank), {})
+    return {"host": str(info.get("host", "?")), "node_rank": int(info.get("node_rank", -1)),
             "rank": rank, "gpu": info.get("device"), "check": check, "why": why}
 
 
@@ -143,10 +138,8 @@ def nvml_section(nodes: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str
                                     finding.hint, subject, cause=finding.cause,
                                     look=finding.look))
             if finding.status is Status.FAIL:
-                blamed.append({"host": hosts.get(int(node["node_rank"]), "?"),
-                               "node_rank": int(node["node_rank"]), "rank": None,
+                blamed.append({"host": host or "?", "node_rank": index, "check": finding.check,
                                "gpu": finding.subject and finding.subject.label,
-                               "check": finding.check,
                                "why": finding.message})
     return Section("nvml", "GPU health through NVML (env's judges), per node",
                    {"nodes": [n["node_rank"] for n in nodes]}, findings), blamed
@@ -223,8 +216,8 @@ def node_all_reduce_section(nodes: Mapping[str, Any], result: Mapping[str, Any],
     findings, condemned = node_findings(
         figures, nodes.get("plan") or {"suspects": {}, "known_good": None}, again,
         nodes.get("why_not"), {k: v.label for k, v in ids.items()}, result["device"])
-    blamed = [{"host": ids[n].host if n in ids else "?", "node_rank": n, "rank": None,
-               "gpu": None, "check": "preflight.node_all_reduce",
+    blamed = [{"host": ids[n].host if n in ids else "?", "node_rank": n,
+               "check": "preflight.node_all_reduce",
                "why": "its own all_reduce bus bandwidth is low, confirmed when measured "
                       "again"} for n in condemned]
     data = {"figures": figures, "again": again, "plan": nodes.get("plan")}
@@ -250,8 +243,8 @@ def links_section(internode: Mapping[str, Any], result: Mapping[str, Any],
         node: NodeId = nodes[index]
         why = "its node-to-node links are slow, confirmed against a known-good node"
         if result["device"] == "cuda":
-            blamed.append({"host": node.host, "node_rank": node.node_rank, "rank": None,
-                           "gpu": None, "check": "preflight.links", "why": why})
+            blamed.append({"host": node.host, "node_rank": node.node_rank,
+                           "check": "preflight.links", "why": why})
             section.findings.append(fail("preflight.links", f"{node.label}: {why}",
                                          NODE_HINT, subject=node.subject()))
     return section, blamed
