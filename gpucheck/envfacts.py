@@ -2,7 +2,7 @@
 
 `gpucheck env` under torchrun compares nodes with them
 (`gpucheck.distributed.nodes`), and compare and fleet read them back from saved
-reports (`gpucheck.analysis.metrics`), so both agree on what counts as drift. It imports
+reports (`gpucheck.analysis.loading`), so both agree on what counts as drift. It imports
 nothing else of gpucheck: the report readers must not reach into the launch layer.
 """
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpucheck.analysis.metrics import (
+from gpucheck.analysis.loading import (
     HARDWARE,
     SETUP,
     VERSION,

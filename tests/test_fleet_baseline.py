@@ -21,7 +21,7 @@ from gpucheck.analysis.baseline import (
     expected_from,
     load_baseline,
 )
-from gpucheck.analysis.metrics import metrics_of
+from gpucheck.analysis.loading import metrics_of
 from gpucheck.cli import main
 from gpucheck.measure import Better, Metric
 from gpucheck.report import Report, Status

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpucheck.analysis.metrics import metrics_of
+from gpucheck.analysis.loading import metrics_of
 from gpucheck.bench.findings import with_bench_metrics
 from gpucheck.bench.records import RankRecord
 from gpucheck.comm.report import Verdicts as CommBounds

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucheck import __version__
-from gpucheck.analysis.loading import BASELINE_KIND
-from gpucheck.analysis.metrics import JUDGED, family, judged, position, slot_subject
+from gpucheck.analysis.loading import BASELINE_KIND, JUDGED, family, judged, position, slot_subject
 from gpucheck.inputs import InputError, JsonProblem, parse_json, read_capped
 from gpucheck.measure import Better, Metric
 from gpucheck.peers import shortfall, trimmed
@@ -47,7 +46,7 @@ class Expected:
 
 @dataclass(frozen=True)
 class Baseline:
-    """Expected values by metric key (`Metric.key()`, gpucheck.analysis.metrics)."""
+    """Expected values by metric key (`Metric.key()`, gpucheck.analysis.loading)."""
 
     tolerance: float
     metrics: Mapping[str, Expected]

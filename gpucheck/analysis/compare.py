@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucheck.analysis.loading import LoadedReport
-from gpucheck.analysis.metrics import (
+from gpucheck.analysis.loading import (
     ENVIRONMENT,
     HARDWARE,
     SETUP,
     VERSION,
+    LoadedReport,
     family,
     fewer_gpus,
     judged,

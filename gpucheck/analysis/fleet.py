@@ -10,7 +10,7 @@ from typing import Any
 
 from gpucheck.actions import ACTIONS
 from gpucheck.analysis.baseline import Baseline, baseline_findings, below_baseline
-from gpucheck.analysis.metrics import gpu_words
+from gpucheck.analysis.loading import gpu_words
 from gpucheck.analysis.nodes import Fleet, Reason, finding_reasons, identity_findings, timestamp
 from gpucheck.analysis.outliers import (
     Drift,

@@ -10,8 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpucheck.analysis.loading import ANALYSIS_COMMANDS, LoadedReport
-from gpucheck.analysis.metrics import Fact
+from gpucheck.analysis.loading import ANALYSIS_COMMANDS, Fact, LoadedReport
 from gpucheck.measure import Metric
 from gpucheck.report import Finding, Status, fail, warn
 from gpucheck.subject import host

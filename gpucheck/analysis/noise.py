@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.analysis.metrics import Fact, family, judged, position
+from gpucheck.analysis.loading import Fact, family, judged, position
 from gpucheck.measure import Metric
 from gpucheck.peers import shortfall
 from gpucheck.report import Finding, warn

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.analysis.metrics import (
+from gpucheck.analysis.loading import (
     JUDGED,
     family,
     fewer_gpus,

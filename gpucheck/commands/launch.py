@@ -251,7 +251,7 @@ def read_baseline_option(args: argparse.Namespace) -> Any:
 def baseline_section(report: Report, baseline: Any) -> Section:
     """This report's figures against the baseline's limits: a WARN for each beyond."""
     from gpucheck.analysis.baseline import baseline_findings
-    from gpucheck.analysis.metrics import metrics_of
+    from gpucheck.analysis.loading import metrics_of
 
     metrics = metrics_of(report)
     shared = [name for name in metrics if name in baseline.metrics]
