@@ -1,7 +1,6 @@
-"""Timing collectives (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast) on
-one rank and checking their results: on NCCL back to back from a start aligned on the
-device, polled under gpucheck's deadline; on gloo one op at a time (docs/comm.md, "How
-it measures")."""
+"""Timing the five collectives on one rank and checking their results: on NCCL back to
+back from a start aligned on the device, on gloo one op at a time (docs/comm.md, "How it
+measures")."""
 
 from __future__ import annotations
 
@@ -90,8 +89,7 @@ def started(work: Work | None) -> Work:
 
 
 class Clock(Protocol):
-    """Marks the start and the end of a batch (`gpucheck.timing.Marks`): `ended` says
-    whether the end mark has been reached (never blocks), `span_s` reads the span."""
+    """A batch's start and end marks (`gpucheck.timing.Marks`); `ended` never blocks."""
 
     def begin(self) -> None: ...
 
@@ -124,7 +122,7 @@ def make_clock(device: str) -> Clock:
 
 
 def back_to_back() -> bool:
-    """Launch a batch without waiting per op: NCCL only (see the module docstring)."""
+    """Launch a batch without waiting per op: NCCL only."""
     import torch.distributed as dist
 
     return str(dist.get_backend()) == "nccl"
@@ -133,10 +131,9 @@ def back_to_back() -> bool:
 def time_batch(launches: Sequence[Callable[[], Work]], clock: Clock,
                back_to_back: bool, wait_s: float,
                align: Callable[[], Work] | None = None) -> float:
-    """Seconds for running every launch once, in order (each returns its op's handle).
-    Back to back: `align`'s untimed op, start mark, every launch, the stream made to wait
-    on every op, end mark, then the host polls for at most `wait_s` (`deadline.settle`).
-    Otherwise each op is waited before the next and the end mark follows the last wait."""
+    """Seconds for every launch once, in order. Back to back: `align`'s untimed op, start
+    mark, every launch, the stream waits on every op, end mark, then the host polls for at
+    most `wait_s`. Otherwise each op is waited before the next."""
     if not back_to_back:
         clock.begin()
         for launch in launches:
@@ -162,25 +159,19 @@ def time_batch(launches: Sequence[Callable[[], Work]], clock: Clock,
     return clock.span_s()
 
 
-def rendezvous(device: str) -> Callable[[], Work]:
-    """The untimed op that aligns the ranks' start on the device: a 1-element all_reduce."""
-    import torch
-    import torch.distributed as dist
-
-    flag = torch.zeros(1, dtype=torch.float32, device="cuda" if device == "cuda" else "cpu")
-    return lambda: dist.all_reduce(flag, async_op=True)
-
-
 def time_op(launch: Callable[[], Work], iters: int, warmup: int, device: str,
             wait_s: float) -> float:
     """Mean seconds per op, started together with the other ranks (a barrier, and on
-    NCCL an untimed all_reduce on the stream); host waits bounded by `wait_s`."""
+    NCCL an untimed 1-element all_reduce on the stream)."""
+    import torch
+    import torch.distributed as dist
 
     in_a_row = back_to_back()
     time_batch([launch] * warmup, NullClock(), in_a_row, wait_s)
     synchronize(device)
     barrier(wait_s)
-    align = rendezvous(device) if in_a_row else None
+    flag = torch.zeros(1, dtype=torch.float32, device="cuda" if device == "cuda" else "cpu")
+    align = (lambda: dist.all_reduce(flag, async_op=True)) if in_a_row else None
     return time_batch([launch] * iters, make_clock(device), in_a_row, wait_s,
                       align) / iters
 
@@ -195,8 +186,7 @@ def element_count(collective: str, size_bytes: int, world: int) -> int:
 
 
 def _torch_op(current: str, older: str) -> Callable[..., Any]:
-    """torch.distributed's current name for an op (torch 2.14's all_gather_single,
-    reduce_scatter_single), or the older one where torch predates it."""
+    """torch.distributed's current name for an op (torch 2.14's), or its older one."""
     import torch.distributed as dist
 
     op: Callable[..., Any] = getattr(dist, current, None) or getattr(dist, older)
@@ -213,7 +203,6 @@ def _wrong(got: Any, expected: Any) -> int:
 
 
 def _fill(buf: Any, rank: int, where: str) -> Callable[[], None]:
-    """Write rank `rank`'s pattern into the timed input `buf` (before the checked call)."""
     def fill() -> None:
         buf.copy_(pattern(rank, buf.numel(), where))
     return fill
@@ -285,8 +274,8 @@ CASES: dict[str, Callable[[int, int, int, str], Case]] = {
 
 def measure(collective: str, size_bytes: int, iters: int, warmup: int,
             device: str, wait_s: float) -> RankTiming:
-    """Time one collective at one size on this rank, then count wrong elements of one
-    more call on a rank-specific pattern."""
+    """Time one collective at one size, then count the wrong elements of one more call
+    on a rank-specific pattern."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -1,11 +1,5 @@
-"""The transport NCCL really used, read from each rank's own NCCL init log (NCCL_DEBUG=INFO
-to a file per rank, when the user has not set NCCL_DEBUG) and its node's InfiniBand
-devices (docs/comm.md, "NCCL transport per rank"). The lines read:
-
-    NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE ; OOB eth0:10.0.0.1<0>
-    NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>
-    NCCL INFO Using network IB
-    NCCL INFO Channel 00/0 : 1[1] -> 2[0] [send] via NET/IB/0/GDRDMA"""
+"""The transport NCCL really used, read from each rank's own NCCL init log and its node's
+InfiniBand devices (docs/comm.md, "NCCL transport per rank", shows the lines read)."""
 
 from __future__ import annotations
 
@@ -63,12 +57,6 @@ class Transport:
                 or None}
 
 
-def _kind(via: str) -> str:
-    """"NET/IB/0/GDRDMA" -> "NET/IB", "P2P/CUMEM" -> "P2P", "SHM" -> "SHM"."""
-    parts = via.split("/")
-    return "/".join(parts[:2]) if parts[0] == "NET" else parts[0]
-
-
 def parse_nccl_log(text: str) -> Transport:
     network: str | None = None
     oob: str | None = None
@@ -84,14 +72,12 @@ def parse_nccl_log(text: str) -> Transport:
         elif m := _NET_SOCKET.search(line):
             sockets = [d for d, _ in _DEVICE.findall(m.group(1))]
         elif m := _VIA.search(line):
-            kind = _kind(m.group(1))
+            # "NET/IB/0/GDRDMA" -> "NET/IB", "P2P/CUMEM" -> "P2P", "SHM" -> "SHM"
+            parts = m.group(1).split("/")
+            kind = "/".join(parts[:2]) if parts[0] == "NET" else parts[0]
             via[kind] = via.get(kind, 0) + 1
     return Transport(network, tuple(dict.fromkeys(ib)), oob, tuple(dict.fromkeys(sockets)),
                      via)
-
-
-def bad_interface(name: str) -> bool:
-    return name.startswith(BAD_PREFIXES)
 
 
 def _uses_sockets(t: Transport) -> bool:
@@ -116,7 +102,7 @@ def network_name(t: Transport) -> str | None:
 
 
 def rank_findings(label: Subject, t: Transport, ib_sysfs: Sequence[str]) -> list[Finding]:
-    """One rank's WARNs for traffic between nodes (only with 2+ nodes)."""
+    """One rank's WARNs for traffic between nodes."""
     findings = []
     if _uses_sockets(t) and ib_sysfs:
         findings.append(warn(
@@ -125,7 +111,8 @@ def rank_findings(label: Subject, t: Transport, ib_sysfs: Sequence[str]) -> list
             f"InfiniBand devices ({', '.join(ib_sysfs)})",
             hint="NCCL did not load its IB transport: check NCCL_IB_DISABLE, NCCL_NET, "
             "NCCL_IB_HCA, rdma-core/libibverbs in the container and `ibstat`", subject=label))
-    wrong = [i for i in t.socket_interfaces if bad_interface(i)] if _uses_sockets(t) else []
+    wrong = [i for i in t.socket_interfaces if i.startswith(BAD_PREFIXES)] \
+        if _uses_sockets(t) else []
     if wrong:
         findings.append(warn(
             "comm.transport.bad_interface",
@@ -136,20 +123,15 @@ def rank_findings(label: Subject, t: Transport, ib_sysfs: Sequence[str]) -> list
     return findings
 
 
-def transport_of(data: Mapping[str, Any]) -> Transport:
-    """A `Transport` back from its `dataclasses.asdict` form (lists for tuples)."""
-    return Transport(data.get("network"), tuple(tuple(d) for d in data.get("ib_devices", ())),
-                     data.get("oob_interface"), tuple(data.get("socket_interfaces", ())),
-                     dict(data.get("via", {})))
-
-
 def transport_view(entries: Sequence[Mapping[str, Any]], labels: Mapping[int, str],
                    backend: str, nodes: int) -> tuple[dict[str, Any], list[Finding]]:
     """The section's data and findings from every rank's `TransportEntry` dict."""
     if backend != "nccl":
         return {"transport": f"n/a ({backend}): only NCCL logs its transport"}, []
     read = [e for e in entries if e["state"] == "read"]
-    transports = [transport_of(e["transport"]) for e in read]
+    transports = [Transport(d.get("network"), tuple(tuple(x) for x in d.get("ib_devices", ())),
+                            d.get("oob_interface"), tuple(d.get("socket_interfaces", ())),
+                            dict(d.get("via", {}))) for d in (e["transport"] for e in read)]
     rows = [{"rank": e["rank"], "ib_sysfs": " ".join(e.get("ib_sysfs") or []) or None}
             | t.row() | {"network": network_name(t)}
             for e, t in zip(read, transports, strict=True)]
@@ -166,21 +148,13 @@ def transport_view(entries: Sequence[Mapping[str, Any]], labels: Mapping[int, st
         subjects.rank(int(e["rank"]), labels.get(int(e["rank"]))), t,
         e.get("ib_sysfs") or [])]
     if not findings:
+        names = {network_name(t) for t in transports}  # never the word None
+        said = sorted(n for n in names if n is not None) + (
+            ["a network NCCL's log does not name"] if None in names else [])
         findings = [ok(check, f"{len(read)} ranks send between nodes over "
-                       f"{_networks_said(transports)}, on no loopback or bridge interface")]
+                       f"{', '.join(said)}, on no loopback or bridge interface")]
     return data, findings
 
-
-def _networks_said(transports: Sequence[Transport]) -> str:
-    """"IB", "IB, Socket", or what the logs did not say: never the word None."""
-    names = {network_name(t) for t in transports}
-    said = sorted(n for n in names if n is not None)
-    if None in names:
-        said.append("a network NCCL's log does not name")
-    return ", ".join(said)
-
-
-# I/O on the rank: the environment around the process group, then the rank's own log.
 
 
 @contextlib.contextmanager
