@@ -2,21 +2,10 @@
 
     python tests/throttle.py PID SHARE [PERIOD_S]
 
-Runs beside the target process (its child: started by a test hook in tests/bench_workers.py)
-and, over and over, lets it run for PERIOD_S / (1 + SHARE) (RUN_S without a period),
-stops it (SIGSTOP) and continues it (SIGCONT) once its stopped time adds up to SHARE of
-the time it was let run. The share is kept on the running totals, so a late wake-up of
-this helper on a loaded machine makes the next stop shorter or the next run longer, not
-the slowdown larger: the target's wall time is (1 + SHARE) times what it would have been,
-and its CPU time is unchanged.
-
-A cgroup CPU quota (cpu.cfs_quota_us, cpu.max) throttles the same way on a 100 ms
-period; a cgroup needs privileges a test cannot count on, a signal needs none. A longer
-period is a coarser stall (300 ms stopped of every 600: a data loader or a neighbour that
-blocks for long stretches), which slows only some iterations and the whole loop as much.
-
-Ends, continuing the target, when the target ends (this helper's parent changes) or
-when told to (SIGTERM).
+Beside the target (started by tests/bench_workers.py), over and over: let it run, SIGSTOP
+it, SIGCONT it once its stopped time adds up to SHARE of its running time (on running
+totals, so a late wake-up never makes the slowdown larger). Ends, continuing the target,
+when the target ends (this helper's parent changes) or on SIGTERM.
 """
 
 from __future__ import annotations
