@@ -1,6 +1,5 @@
-"""The live verdict (which ranks the others wait for, and what they are doing) and
-`gpucheck hang`'s findings and sections: the verdict first, then each rank
-(check ids and their meanings: docs/hang.md)."""
+"""The live verdict: which ranks the others wait for, and what they are doing; and
+`gpucheck hang`'s sections (checks and their meanings: docs/hang.md)."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from gpucheck.hang.observe import PTRACE_CAPABILITY, RankView, Site
 from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
 
 STOPPED = ("stopped", "tracing-stop")
-# NCCL's kernels poll for their peers: a GPU waiting in one reads near 100 % SM
-# utilisation (nvidia-smi pmon's "sm"); a rank that launched nothing reads near 0.
+# NCCL's kernels poll for their peers: near 100 % SM; a rank that launched nothing: 0.
 BUSY_PCT = 90.0
 IDLE_PCT = 10.0
 DEAD = ("exited", "zombie", "dead")
@@ -34,26 +32,20 @@ def label(view: RankView) -> str:
     return f"rank {view.rank} ({view.host}{pid})"
 
 
-def _gpu_words(view: RankView) -> str:
-    gpu = view.gpu or {}
-    if gpu.get("gpu_sm_util_pct") is None:
-        return ""
-    return f"; its GPU {gpu['gpu']} at {gpu['gpu_sm_util_pct']:.0f} % SM utilisation"
-
-
 def describe(view: RankView, waited: Site | None) -> tuple[str, str]:
     """(what, detail) of a rank that is not where the others wait."""
     if view.state in DEAD or view.pid is None:
         how = ("its process is gone" if view.pid else
                "no process has this rank on this node although the launcher started it")
         return "dead", f"dead: {how}"
+    site = view.where
+    at = f"({site.describe()})" if site else ""
     if view.state in STOPPED or view.state_start in STOPPED:
         return "stopped", (f"stopped (state {view.state}: SIGSTOP, Ctrl-Z or a debugger) "
-                           f"{_at(view)}")
+                           f"{at}")
     if view.state == D_STATE and view.state_start == D_STATE:
         return "d-state", ("in uninterruptible sleep (D state) for the whole window: a "
-                           f"driver or file-system call that does not return {_at(view)}")
-    site = view.where
+                           f"driver or file-system call that does not return {at}")
     if site is None:
         return "unreadable", ("not in the collective; its stack could not be read "
                               f"({view.stack_error})")
@@ -62,18 +54,16 @@ def describe(view: RankView, waited: Site | None) -> tuple[str, str]:
                                     f"{site.where}, while the others wait in {waited.op} "
                                     f"called from {waited.where}")
     cpu = f"{view.cpu_pct:.0f} % CPU" if view.cpu_pct is not None else "CPU n/a"
-    return "user-code", (f"stuck in user code: {site.where} ({cpu}{_gpu_words(view)}) "
+    gpu = view.gpu or {}
+    if gpu.get("gpu_sm_util_pct") is not None:
+        cpu += f"; its GPU {gpu['gpu']} at {gpu['gpu_sm_util_pct']:.0f} % SM utilisation"
+    return "user-code", (f"stuck in user code: {site.where} ({cpu}) "
                          "and never entered the collective")
 
 
-def _at(view: RankView) -> str:
-    site = view.where
-    return f"({site.describe()})" if site else ""
-
-
 def waited_site(views: list[RankView]) -> tuple[Site | None, list[RankView]]:
-    """The collective site most pinned ranks share, and those ranks; (None, []) when
-    none is pinned or pinned ranks split evenly between sites (no majority)."""
+    """The collective site most pinned ranks share, and those ranks; None with no
+    majority."""
     pinned = [v for v in views if v.pinned and v.state not in STOPPED + DEAD and v.where]
     counts = Counter(v.where for v in pinned)
     if not counts:
@@ -85,19 +75,11 @@ def waited_site(views: list[RankView]) -> tuple[Site | None, list[RankView]]:
     return site, [v for v in pinned if v.where == site]
 
 
-def _sm_util(view: RankView) -> float | None:
-    return (view.gpu or {}).get("gpu_sm_util_pct")
-
-
 def gpu_waiting(views: list[RankView]) -> list[Culprit]:
-    """NCCL: `all_reduce` returns once its kernel is queued, so a waiting rank's Python
-    stack is at its next synchronisation in user code (`loss.item()`), while NCCL's
-    kernel polls for the missing peer and keeps the GPU busy. Ranks steady at one site
-    with a busy GPU (BUSY_PCT) are taken as waiting when they are a strict majority;
-    the ranks named are the others whose GPU is idle (IDLE_PCT): stuck before
-    launching their part. Without GPU figures, or with every rank busy (a long
-    step), nobody is named."""
-    busy = [v for v in views if v.steady and (_sm_util(v) or 0) >= BUSY_PCT and v.where]
+    """NCCL: a strict majority steady at one site with a busy GPU waits (the Python
+    stack is past the queued collective); the ranks named have an idle GPU."""
+    busy = [v for v in views if v.steady and v.where
+            and ((v.gpu or {}).get("gpu_sm_util_pct") or 0) >= BUSY_PCT]
     sites = Counter(v.where for v in busy if v.where is not None).most_common(1)
     if not sites or 2 * sites[0][1] <= len(views):
         return []
@@ -105,7 +87,7 @@ def gpu_waiting(views: list[RankView]) -> list[Culprit]:
     skip = {v.rank for v in busy} | {c.rank for c in stuck_anyway(views)}
     named = []
     for view in views:
-        util = _sm_util(view)
+        util = (view.gpu or {}).get("gpu_sm_util_pct")
         if view.rank in skip or util is None or util > IDLE_PCT or view.where is None:
             continue
         detail = (f"idle on its GPU ({util:.0f} % SM) {view.where.describe()}, while "
@@ -128,21 +110,15 @@ def culprits(views: list[RankView]) -> tuple[Site | None, list[Culprit]]:
         if view.rank in waiting_ranks:
             continue
         what, detail = describe(view, site)
-        if what == "user-code" and _arrived(view, site):
+        # Seen inside the waited collective during the window: arriving, not stuck.
+        if what == "user-code" and site is not None and any(
+                Site(**seen) == site for seen in view.collectives_seen):
             continue
-        # A dead or stopped rank stops the job whether or not the others have reached
-        # their collective yet; a D state is often a short I/O wait, so it is named
-        # only when the others are seen waiting.
+        # Dead or stopped stops the job anyway; a D state (often a short I/O wait) is
+        # named only when the others are seen waiting.
         if site is not None or what in ("dead", "stopped"):
             named.append(Culprit(view.rank, view.host, what, detail))
     return site, named
-
-
-def _arrived(view: RankView, waited: Site | None) -> bool:
-    """Seen inside the collective the others wait in, though most samples were in its own
-    code: it came in during the window (the others had been waiting since before it),
-    so it is no rank that "never entered the collective"."""
-    return waited is not None and any(Site(**seen) == waited for seen in view.collectives_seen)
 
 
 def stuck_anyway(views: list[RankView]) -> list[Culprit]:
@@ -177,22 +153,13 @@ _CHECK = {"dead": "dead", "stopped": "stopped", "d-state": "d_state",
 
 def culprit_finding(culprit: Culprit, view: RankView, multi_node: bool = False,
                     job: str | None = None) -> Finding:
-    # Spelled out where the actions differ (gpucheck/actions.py reads these ids).
-    check = f"hang.rank.{_CHECK[culprit.what]}"
-    if culprit.what == "d-state":
-        check = "hang.rank.d_state"
-    elif culprit.what == "unreadable":
-        check = "hang.rank.unreadable"
-    return fail(check, f"{label(view)} {culprit.detail}",
-                hint=_HINTS[culprit.what], subject=_subject(view, multi_node, job))
-
-
-def _subject(view: RankView, multi_node: bool, job: str | None = None) -> subjects.Subject:
-    """`rank 2 on node7`; with several jobs seen, `rank 2 of job KEY on node7`."""
+    """Its subject: `rank 2 on node7`; with several jobs seen, `rank 2 of job KEY on ...`."""
     where = f"node {view.node_rank} ({view.host})" if multi_node else view.host
     of_job = f" of job {job}" if job else ""
-    return subjects.rank(view.rank, f"rank {view.rank}{of_job} on {where}", host=view.host,
-                         node=view.node_rank if multi_node else None)
+    subject = subjects.rank(view.rank, f"rank {view.rank}{of_job} on {where}",
+                            host=view.host, node=view.node_rank if multi_node else None)
+    return fail(f"hang.rank.{_CHECK[culprit.what]}", f"{label(view)} {culprit.detail}",
+                hint=_HINTS[culprit.what], subject=subject)
 
 
 def live_findings(views: list[RankView], window_s: float, multi_node: bool,
@@ -209,7 +176,10 @@ def live_findings(views: list[RankView], window_s: float, multi_node: bool,
                      "were not watched (more rank processes on this node than could be "
                      "watched in time): no verdict; give this job's PIDs or its "
                      "launcher's PID"), *named(stuck_anyway(views))]
-    if _ended(views, multi_node):
+    # Every rank of the job seen (several nodes gathered, or a one-node job whole).
+    whole = multi_node or len({v.rank for v in views}) == views[0].world_size
+    seen = [v for v in views if v.pid is not None]
+    if seen and whole and all(v.state in DEAD for v in seen):
         return [ok("hang.verdict", "every rank of this job exited during the window (after "
                    "destroy_process_group, say): the job ended, nothing hangs")]
     if views and all(v.stack_error and v.stack_error.startswith("denied") for v in views):
@@ -222,17 +192,7 @@ def live_findings(views: list[RankView], window_s: float, multi_node: bool,
     site, culprit_list = culprits(views)
     if culprit_list:
         return named(culprit_list)
-    # Every rank of the job seen (several nodes gathered, or a one-node job whole).
-    whole = multi_node or len(by_rank) == views[0].world_size
     return [_nobody_named(views, site, window_s, whole)]
-
-
-def _ended(views: list[RankView], multi_node: bool) -> bool:
-    """Every rank of the whole job was seen and every process seen has exited. Seen
-    from one node of several, an exited rank may be what the others wait for."""
-    seen = [v for v in views if v.pid is not None]
-    whole = multi_node or len({v.rank for v in views}) == views[0].world_size
-    return bool(seen) and whole and all(v.state in DEAD for v in seen)
 
 
 def _nobody_named(views: list[RankView], site: Site | None, window_s: float,
@@ -270,10 +230,8 @@ def moved(view: RankView) -> bool:
 
 
 def _nothing_moved(views: list[RankView], window_s: float, unread_words: str) -> Finding:
-    """No rank in a collective and none seen moving: every readable rank sat at one
-    line of its own code (asleep, or in one long call) for the whole window. That is
-    a step longer than the window, or a job stuck outside torch.distributed (a data
-    loader, a lock, a file system): never an all-clear."""
+    """No rank in a collective and none moving: a long step or a job stuck outside
+    torch.distributed, never an all-clear."""
     sites = sorted({v.where.describe() for v in views if v.where is not None})
     cpu = [v.cpu_pct for v in views if v.cpu_pct is not None]
     cpu_words = f", at most {max(cpu):.0f} % CPU" if cpu else ""
@@ -286,8 +244,7 @@ def _nothing_moved(views: list[RankView], window_s: float, unread_words: str) ->
 
 
 def stack_findings(views: list[RankView], job: str | None = None) -> list[Finding]:
-    """One SKIP per rank whose stack could not be read (the capability named); ranks
-    not watched are said once, in the verdict."""
+    """One SKIP per watched rank whose stack could not be read."""
     of_job = f" of job {job}" if job else ""
     return [skip("hang.stack", f"{label(v)}: {v.stack_error}",
                  subject=subjects.rank(v.rank, f"rank {v.rank}{of_job}"))
@@ -312,7 +269,7 @@ def rank_rows(views: list[RankView]) -> list[dict[str, Any]]:
 
 def ranks_section(job: str, views: list[RankView], window_s: float, multi_node: bool,
                   notes: list[str], label_job: str | None = None) -> Section:
-    """One job's section; `label_job` (several jobs seen) puts the job in subjects."""
+    """`label_job` (several jobs seen) puts the job in subjects."""
     data: dict[str, Any] = {"job": job, "window_s": window_s, "ranks": rank_rows(views),
                             "stacks": {f"rank {v.rank}": v.stack for v in views if v.stack}}
     if notes:
@@ -323,7 +280,7 @@ def ranks_section(job: str, views: list[RankView], window_s: float, multi_node: 
 
 
 def job_row(job: str, views: list[RankView], section: Section | None) -> dict[str, Any]:
-    """One line of the jobs table: its ranks, how many were watched, its verdict."""
+
     problems = [f for f in (section.findings if section else [])
                 if f.status in (Status.WARN, Status.FAIL)]
     badge = section.verdict() if section is not None else None
@@ -334,11 +291,9 @@ def job_row(job: str, views: list[RankView], section: Section | None) -> dict[st
 
 
 def jobs_section(rows: list[dict[str, Any]]) -> Section:
-    """More than one job on the node: how many, each judged in its own section."""
     unwatched = [r["job"] for r in rows if r["verdict"] == "not watched"]
     said = f"{len(rows)} jobs seen, each judged on its own (their sections above)"
-    if unwatched:  # a job never looked at is no all-clear: another user's crowd of
-        # made-up ranks, watched first, must not leave a hung job reading OK
+    if unwatched:  # a job never looked at is no all-clear
         finding = skip("hang.jobs", f"{said}; {len(unwatched)} not watched at all (more "
                        "rank processes than could be watched in time): not judged; give "
                        "the PIDs of the job to judge, or its launcher's PID")

@@ -1,5 +1,5 @@
-"""This node's view of its rank processes (`node_view`, plain values), every node's
-gathered over the frame `gpucheck env` uses, and the report built from them."""
+"""This node's view of its rank processes (plain values), every node's gathered over
+the frame `gpucheck env` uses, and the sections built from them."""
 
 from __future__ import annotations
 
@@ -22,26 +22,19 @@ from gpucheck.hang.procs import (
 from gpucheck.report import Section, skip
 
 
-def _dead_views(ranks: list[RankProcess], host: str) -> list[RankView]:
-    views = []
-    for rank, local in missing_local_ranks(ranks):
-        if rank is not None:
-            views.append(RankView(rank, local, ranks[0].world_size, None, host,
-                                  state="exited", state_start="exited"))
-    return views
-
-
 def _dead_by_job(found: Discovery, jobs: list[str], host: str
                  ) -> tuple[dict[str, list[RankView]], list[str]]:
-    """Each job's missing local ranks as dead, the jobs in watch order (the user's own
-    first), while the ranks found and those made dead fit what this machine can hold
-    (`node_capacity`); a job that would pass it has none made up, and a note says so."""
+    """Each job's missing local ranks as dead, in watch order, while they fit what this
+    machine can hold (`node_capacity`); a note for the jobs left out."""
     capacity = room = node_capacity()
     dead: dict[str, list[RankView]] = {}
     left_out = 0
     for job in jobs:
         room -= len(found.jobs[job])
-        views = _dead_views(found.jobs[job], host)
+        ranks = found.jobs[job]
+        views = [RankView(rank, local, ranks[0].world_size, None, host, state="exited",
+                          state_start="exited")
+                 for rank, local in missing_local_ranks(ranks) if rank is not None]
         if len(views) > room:
             left_out += 1
             continue
@@ -83,8 +76,7 @@ def check_pids(pids: Sequence[int] | None, found: Discovery) -> None:
 
 
 def _watch_order(jobs: Mapping[str, list[RankProcess]]) -> list[tuple[str, RankProcess]]:
-    """Whole jobs one after the other, the user's own first: when the node holds more
-    ranks than can be watched in time, another user's ranks are the ones left out."""
+    """Whole jobs one after the other, the user's own first (others' left out first)."""
     me = os.environ.get("SUDO_USER") or _me()
     ordered = sorted(jobs.items(), key=lambda item: (item[1][0].user != me, item[0]))
     return [(job, rank) for job, ranks in ordered for rank in ranks]
@@ -109,8 +101,7 @@ def node_view(pids: Sequence[int] | None, window_s: float, host: str, node_rank:
         jobs.setdefault(job, []).append(view.to_dict())
     dead, bound_notes = _dead_by_job(found, list(jobs), host)
     for job, dead_views in dead.items():
-        # A job none of whose processes could be watched is not judged here: its
-        # missing ranks are not called dead either (it is a row of the jobs table).
+        # A job none of whose processes was watched is not judged: no dead ranks either.
         watched = any(raw["watched"] for raw in jobs[job])
         jobs[job].extend({**v.to_dict(), "watched": watched} for v in dead_views)
     for raw in jobs.values():
@@ -121,8 +112,8 @@ def node_view(pids: Sequence[int] | None, window_s: float, host: str, node_rank:
 
 
 def live_sections(nodes: Mapping[int, Mapping[str, Any]], window_s: float) -> list[Section]:
-    """One section per job, every node's ranks of it judged together, and with more
-    than one job a last section listing them all."""
+    """One section per job, every node's ranks of it judged together, and with several
+    jobs a last section listing them."""
     jobs, notes = _merge(nodes)
     if not jobs:
         finding = skip("hang.discovery", "no torch.distributed rank process found (none "
@@ -163,8 +154,7 @@ def _merge(nodes: Mapping[int, Mapping[str, Any]]) -> tuple[dict[str, list[RankV
 if TYPE_CHECKING:
     from gpucheck.context import RunContext
 
-# Looking at the ranks takes the window plus a few seconds; a node that has not
-# answered after this long is itself stuck.
+# A node that has not answered after this long (the window plus seconds) is stuck.
 GATHER_TIMEOUT_S = 120.0
 
 

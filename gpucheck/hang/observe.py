@@ -198,11 +198,9 @@ class RankView:
     site: dict[str, Any] | None = None  # Site as a dict: the most frequent site
     pinned: bool = False  # every sample at that one collective site
     steady: bool = False  # every sample at that one site, whatever its kind
-    moved: bool | None = None  # seen at two sites or more with Python frames (None: not
-    # recorded, as in a view built by hand: then "sampled and not steady")
+    moved: bool | None = None  # at two sites or more (None, built by hand: not steady)
     samples: int = 0
-    # Every collective site of its samples: one seen entering the waited one is arriving.
-    collectives_seen: list[dict[str, Any]] = field(default_factory=list)
+    collectives_seen: list[dict[str, Any]] = field(default_factory=list)  # arriving?
     site_share: float | None = None  # of the samples, the share at `site`
     stack: list[str] = field(default_factory=list)  # innermost first
     stack_error: str | None = None  # kind: detail
@@ -233,8 +231,7 @@ def _status(proc: psutil.Process) -> str:
 
 
 def _main_thread(samples: Samples, pid: int) -> int | None:
-    """The thread seen in a collective (the most often), else the main thread (its id
-    is the PID), else the busiest."""
+    """The thread seen in a collective most, else the main thread, else the busiest."""
     in_c10d: Counter[int] = Counter()
     seen: Counter[int] = Counter()
     for (tid, frames), count in samples.items():
@@ -330,8 +327,7 @@ def _gpu_after(pids: list[int], window_s: float,
 
 def watch(ranks: list[RankProcess], host: str, window_s: float = DEFAULT_WINDOW_S,
           nvml_timeout_s: float = 3.0) -> tuple[list[RankView], str | None]:
-    """Every rank at once, NVML beside them: (views in the order given, why no GPU
-    data). Give the ranks in the order they should be watched when not all can be."""
+    """(views in the order given, why no GPU data): ranks watched in that order."""
     if not ranks:
         return [], None
     turns = _Turns()

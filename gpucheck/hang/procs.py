@@ -1,7 +1,5 @@
-"""Find this node's torch.distributed rank processes (psutil): a process whose
-environment holds RANK and WORLD_SIZE, or SLURM_PROCID with the step's task count.
-Only the variables in ALLOWED are read, through a bounded reader, every number
-checked against a bound; ranks of one job share a key and an owner (docs/hang.md)."""
+"""Find this node's torch.distributed rank processes from their environments (RANK and
+WORLD_SIZE, or SLURM_PROCID), reading only ALLOWED, bounded (docs/hang.md)."""
 
 from __future__ import annotations
 
@@ -25,27 +23,17 @@ ALLOWED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
            "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
            "TORCH_FR_DUMP_ON_TIMEOUT")
-# Bounds on what another process's environment may claim. The largest jobs run about
-# 100k ranks; a node runs at most a few hundred (one per core on a CPU job).
+# Bounds on what another process's environment may claim (the largest jobs: ~100k ranks).
 MAX_WORLD_SIZE = 1 << 20
 MAX_LOCAL_WORLD_SIZE = 1024
-# What one node can hold in all (ranks found plus ranks called dead): a rank per CPU,
-# never fewer than this (a small VM runs a few CPU ranks per core in tests and CI).
-MIN_NODE_RANKS = 64
-# /proc/PID/environ is at most ARG_MAX (a quarter of the stack limit, 2 MiB by
-# default) but a raised stack limit lifts that; launchers' variables come early
-# enough in any environment a job really has.
-MAX_ENVIRON_BYTES = 1 << 20
+MIN_NODE_RANKS = 64  # one node holds a rank per CPU, never fewer than this
+MAX_ENVIRON_BYTES = 1 << 20  # launchers' variables come early in any environment
 MAX_VALUE_CHARS = 4096  # PATH_MAX: a longer value of an allowed variable is dropped
 _NUMBER = re.compile(r"\+?\d{1,9}")
-# Reading /proc/PID/environ takes the target's memory-map lock: a process stuck in
-# the kernel with it held (a page fault into a hung driver or file system) blocks the
-# read. Such a process is noted, never waited for.
+# Reading /proc/PID/environ takes the target's memory-map lock, which a process stuck
+# in the kernel holds: such a read is given up. One search spends at most
+# ENVIRON_BUDGET_S on them, then ENVIRON_FLOOR_S each (docs/hang.md).
 ENVIRON_TIMEOUT_S = 1.0
-# One search waits at most this long in all on such processes; after that each read
-# gets ENVIRON_FLOOR_S (a read that answers takes well under a millisecond). The ranks
-# of a job stuck in a hung driver (inside mmap, the lock held for writing) all block:
-# eight of them cost 8 s one after the other before, past the 10 s goal.
 ENVIRON_BUDGET_S = 2.0
 ENVIRON_FLOOR_S = 0.05
 
@@ -55,7 +43,7 @@ class EnvironBlocked(Exception):
 
 
 class Waits:
-    """The time one search has spent waiting on environments that never answered."""
+    """The time one search spent on environments that never answered."""
 
     def __init__(self) -> None:
         self.spent_s = 0.0
@@ -84,7 +72,6 @@ class RankProcess:
 
     @property
     def group(self) -> str:
-        """The job as gpucheck groups it on this node: its key and its owner."""
         return f"{self.job} ({self.user})" if self.user else self.job
 
 
@@ -115,8 +102,7 @@ def _int(env: Mapping[str, str], *names: str) -> int | None:
 
 
 def _endpoint_key(env: Mapping[str, str], parent: int | None) -> str:
-    """The rendezvous a job's ranks share on every node, else SLURM's step, else (a job
-    started without either) the launcher process of this node."""
+    """The rendezvous, else SLURM's step, else this node's launcher process."""
     if env.get("MASTER_PORT") or env.get("TORCHELASTIC_RUN_ID"):
         return (f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"
                 f"/{env.get('TORCHELASTIC_RUN_ID', '')}")
@@ -127,9 +113,8 @@ def _endpoint_key(env: Mapping[str, str], parent: int | None) -> str:
 
 def rank_of(pid: int, name: str, env: Mapping[str, str],
             parent: int | None = None) -> RankProcess | None:
-    """The rank a process is, from its (allowlisted) environment; None if it is none.
-    Numbers out of bounds make it no rank (RANK, WORLD_SIZE) or leave the node's rank
-    count unknown (LOCAL_WORLD_SIZE): no dead rank is ever made up from them."""
+    """The rank a process is, from its allowlisted environment; None if it is none (or
+    its numbers are out of bounds; a LOCAL_WORLD_SIZE out of bounds is unknown)."""
     env = allowed_env(env)
     if "RANK" in env and "WORLD_SIZE" in env:
         rank, size = _int(env, "RANK"), _int(env, "WORLD_SIZE")
@@ -151,8 +136,7 @@ def rank_of(pid: int, name: str, env: Mapping[str, str],
 
 
 def _slurm_local_size(env: Mapping[str, str], size: int | None) -> int | None:
-    """This node's task count from SLURM's tasks-per-node variables; None without them
-    (SLURM's own fallback, the whole step, would call ranks on other nodes dead)."""
+    """This node's task count from SLURM's tasks-per-node variables, else None."""
     from gpucheck.distributed.world import local_world_size
     from gpucheck.errors import UsageError
 
@@ -167,8 +151,7 @@ def _slurm_local_size(env: Mapping[str, str], size: int | None) -> int | None:
 
 
 def read_environ(pid: int) -> dict[str, str]:
-    """The allowlisted variables of a process, from at most MAX_ENVIRON_BYTES of
-    /proc/PID/environ; raises psutil's errors (AccessDenied, NoSuchProcess)."""
+    """The allowlisted variables of a process; raises psutil's errors."""
     try:
         raw = _read_in_time(f"/proc/{pid}/environ")
     except PermissionError:
@@ -185,9 +168,8 @@ def read_environ(pid: int) -> dict[str, str]:
 
 
 def _read_in_time(path: str) -> bytes:
-    """At most MAX_ENVIRON_BYTES of `path`, read by a daemon thread that is left behind
-    when it does not answer in time (its read is killable: it ends with gpucheck); in
-    a search (`discover`), the time is its share of ENVIRON_BUDGET_S."""
+    """At most MAX_ENVIRON_BYTES of `path`, read by a daemon thread left behind when it
+    does not answer in time (EnvironBlocked)."""
     result: dict[str, Any] = {}
 
     def read() -> None:
@@ -219,7 +201,6 @@ def _owner(proc: psutil.Process) -> str:
 
 
 def _read(proc: psutil.Process) -> RankProcess | None:
-    """The rank `proc` is; raises psutil errors (gone, denied) to the caller."""
     env = read_environ(proc.pid)
     if not env and proc.status() == psutil.STATUS_ZOMBIE:  # its environment went with it
         raise psutil.ZombieProcess(proc.pid)
@@ -229,22 +210,14 @@ def _read(proc: psutil.Process) -> RankProcess | None:
     return replace(rank, user=_owner(proc))
 
 
-def _own_job() -> str | None:
-    """gpucheck's own job (under srun or torchrun), never a target."""
-    mine = rank_of(os.getpid(), "python", os.environ, os.getppid())
-    return mine.job if mine is not None else None
-
-
 def _ancestors() -> set[int]:
-    """gpucheck itself and the processes above it (its shell, PID 1): never targets,
-    and never launchers standing for every rank below them."""
+    """gpucheck and the processes above it: never targets nor launchers of one."""
     return {os.getpid(), *(p.pid for p in psutil.Process().parents())}
 
 
 def discover(pids: Iterable[int] | None = None) -> Discovery:
-    """Every rank process on this node (pids None), or those PIDs (a launcher such as
-    torchrun stands for its workers: the ranks among its descendants); waits on
-    environments that never answer bounded together (ENVIRON_BUDGET_S)."""
+    """Every rank process on this node (pids None), or those PIDs (a launcher stands
+    for the ranks below it)."""
     token = _WAITS.set(Waits())
     try:
         return _discover(pids)
@@ -255,7 +228,8 @@ def discover(pids: Iterable[int] | None = None) -> Discovery:
 def _discover(pids: Iterable[int] | None) -> Discovery:
     found = Discovery()
     candidates = list(psutil.process_iter()) if pids is None else _expand(list(pids), found)
-    skip, own = _ancestors(), _own_job()
+    mine = rank_of(os.getpid(), "python", os.environ, os.getppid())
+    skip, own = _ancestors(), (mine.job if mine is not None else None)  # never a target
     for proc in candidates:
         if proc.pid in skip:
             continue
@@ -281,9 +255,8 @@ def _discover(pids: Iterable[int] | None) -> Discovery:
 
 
 def split_duplicates(jobs: dict[str, list[RankProcess]]) -> dict[str, list[RankProcess]]:
-    """A job in which two processes claim one rank is two jobs behind one key (the same
-    port reused, a made-up environment): their launchers tell them apart, else each
-    such process stands alone."""
+    """Two processes claiming one rank of a job are two jobs behind one key: their
+    launchers tell them apart, else each stands alone."""
     result: dict[str, list[RankProcess]] = {}
     for key, ranks in jobs.items():
         if _unique(ranks):
@@ -307,9 +280,7 @@ def _unique(ranks: list[RankProcess]) -> bool:
 
 
 def _expand(pids: list[int], found: Discovery) -> list[psutil.Process]:
-    """The given processes; one that is not a rank but has the ranks of one job below
-    it (torchrun, srun's step daemon) is replaced by them. gpucheck's own ancestors
-    (the shell, PID 1) are no launcher of any job: PIDs that are no rank."""
+    """The given processes, a launcher of one job's ranks replaced by them."""
     result: list[psutil.Process] = []
     ancestors = _ancestors()
     for pid in pids:
@@ -337,8 +308,7 @@ def _expand(pids: list[int], found: Discovery) -> list[psutil.Process]:
 
 
 def _launched(proc: psutil.Process, found: Discovery) -> list[psutil.Process]:
-    """The rank processes below a launcher: those of one job, else none (a PID above
-    several jobs, such as a login shell, does not say which job to look at)."""
+    """The rank processes below a launcher: those of one job, else none."""
     workers = _rank_descendants(proc)
     groups = {rank.group for _, rank in workers}
     if len(groups) > 1:
@@ -371,9 +341,7 @@ def _rank_descendants(proc: psutil.Process) -> list[tuple[psutil.Process, RankPr
 
 def missing_local_ranks(ranks: list[RankProcess]) -> list[tuple[int | None, int]]:
     """(rank or None, local rank) of the local ranks the launcher started that have no
-    process. Only LOCAL_WORLD_SIZE (torchrun sets it) says how many ranks this node
-    has: without it a rank not found here may well run on another node, and calling it
-    dead would be a false alarm."""
+    process; none without LOCAL_WORLD_SIZE (such a rank may run on another node)."""
     sizes = {r.local_world_size for r in ranks}
     if len(sizes) != 1 or None in sizes:
         return []
@@ -386,7 +354,5 @@ def missing_local_ranks(ranks: list[RankProcess]) -> list[tuple[int | None, int]
 
 
 def node_capacity() -> int:
-    """How many ranks this machine can hold: what another user's environments claim
-    is believed up to it (300 processes claiming LOCAL_WORLD_SIZE=1024 made 81,840
-    dead ranks and 70 MB of report)."""
+    """How many ranks this machine can hold: environments are believed up to it."""
     return max(os.cpu_count() or 1, MIN_NODE_RANKS)

@@ -1,6 +1,5 @@
-"""Judge Flight Recorder traces by a vote at each sequence number (never against a
-first-read rank): the first collective where a group's ranks differ, the ranks in the
-minority, the last one all agreed on; and `gpucheck hang --traces`'s section."""
+"""Judge Flight Recorder traces by a vote at each sequence number: the first collective
+where a group's ranks differ, the minority, the last agreed; `hang --traces`'s section."""
 
 from __future__ import annotations
 
@@ -27,15 +26,9 @@ class GroupVerdict:
     culprits: dict[int, str] = field(default_factory=dict)  # rank -> what it did
     split: dict[str, list[int]] = field(default_factory=dict)  # a tie: value -> ranks
     no_dump: list[int] = field(default_factory=list)
-    # rank -> the collective it is still inside, one behind the others, while a member
-    # left no dump: it waits for that member, as the others do (`_still_inside`).
     waiting: dict[int, int] = field(default_factory=dict)
     last_agreed: tuple[int, Call] | None = None
     last_completed_by_all: int | None = None
-
-
-def _value(calls: dict[int, Call], seq: int) -> Value:
-    return calls.get(seq, MISSING)
 
 
 def _words(value: Value) -> str:
@@ -43,8 +36,7 @@ def _words(value: Value) -> str:
 
 
 def _majority(values: dict[int, Value]) -> Value | None:
-    """The value most ranks share; on a tie, a call beats ranks that never arrived
-    (those wait for them); otherwise None."""
+    """The value most ranks share; on a tie, a call beats MISSING; otherwise None."""
     ranked = Counter(values.values()).most_common()
     top = [v for v, n in ranked if n == ranked[0][1]]
     if len(top) == 1:
@@ -66,7 +58,7 @@ def judge_group(group: GroupTrace, dumped: set[int]) -> GroupVerdict:
     # lacks alike (and ids 1 and 10**12 must not mean 10**12 steps).
     recorded = sorted({s for c in calls.values() for s in c if s >= verdict.first_seq})
     for seq in recorded:
-        values = {r: _value(calls[r], seq) for r in ranks}
+        values = {r: calls[r].get(seq, MISSING) for r in ranks}
         if len(set(values.values())) > 1:
             _diverged(verdict, seq, values, calls)
             break
@@ -78,17 +70,6 @@ def judge_group(group: GroupTrace, dumped: set[int]) -> GroupVerdict:
     if done and len(done) == len(ranks):
         verdict.last_completed_by_all = min(done)
     return verdict
-
-
-def _still_inside(verdict: GroupVerdict, seq: int, calls: dict[int, Call]) -> bool:
-    """Is a rank that never reached #seq still inside #seq-1, waiting for a member that
-    left no dump? With a peer stopped mid-collective, the ranks of a ring can end one
-    collective apart (some received everything before the stop, some did not): the one
-    behind is not the cause. Its #seq-1 reading "completed" proves nothing: once NCCL
-    aborts a communicator (gpucheck's deadline, or the watchdog), the aborted kernels
-    read as completed, and a dump taken after the abort shows every survivor's last
-    collective so. With one member's dump missing, that member is the one named."""
-    return bool(verdict.no_dump) and max(calls, default=None) == seq - 1
 
 
 def _diverged(verdict: GroupVerdict, seq: int, values: dict[int, Value],
@@ -104,7 +85,9 @@ def _diverged(verdict: GroupVerdict, seq: int, values: dict[int, Value],
     for rank, value in sorted(values.items()):
         if value == expected:
             continue
-        if value == MISSING and _still_inside(verdict, seq, calls[rank]):
+        # Still inside #seq-1 while a member left no dump: one behind in a ring stopped
+        # mid-collective, waiting for that member too (docs/hang.md).
+        if value == MISSING and verdict.no_dump and max(calls[rank], default=None) == seq - 1:
             verdict.waiting[rank] = seq - 1
             continue
         if value == MISSING:
@@ -141,7 +124,8 @@ def group_findings(v: GroupVerdict) -> list[Finding]:
                           f"{v.group} ({v.desc}) splits the ranks evenly: {sides}",
                           hint=_DESYNC_HINT))
     if v.no_dump and not v.culprits:
-        ranks = _some(v.no_dump)
+        more = f" and {len(v.no_dump) - 20} more" if len(v.no_dump) > 20 else ""
+        ranks = ", ".join(map(str, v.no_dump[:20])) + more  # a group may list thousands
         behind = "; ".join(f"rank {r} is still inside collective #{s}, one behind, waiting "
                            "too" for r, s in sorted(v.waiting.items()))
         found.append(fail("hang.traces.no_dump", f"rank(s) {ranks} of group {v.group} left "
@@ -157,14 +141,7 @@ def group_findings(v: GroupVerdict) -> list[Finding]:
     return found
 
 
-def _some(ranks: list[int], shown: int = 20) -> str:
-    """The first ranks of a list, and how many more (a group may list thousands)."""
-    more = f" and {len(ranks) - shown} more" if len(ranks) > shown else ""
-    return ", ".join(map(str, ranks[:shown])) + more
-
-
 def nothing_recorded(dumps: dict[int, dict[str, Any]]) -> Finding:
-    """Dumps that hold no collective: nothing to judge, which is not agreement."""
     return skip("hang.traces.empty", f"the {len(dumps)} dump(s) hold no collective: "
                 "nothing was recorded (TORCH_FR_BUFFER_SIZE unset or 0 in the job, or a "
                 "job that failed before its first collective); nothing to judge")

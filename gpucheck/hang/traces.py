@@ -1,7 +1,5 @@
-"""Flight Recorder dumps, read with no code run (`PlainUnpickler` refuses every class;
-regular files only, under MAX_DUMP_BYTES, every field type-checked: a foreign or
-damaged file is a line in `unreadable`), grouped per process group for the vote in
-trace_verdict (docs/hang.md, "Reading dumps safely")."""
+"""Flight Recorder dumps read with no code run (every class refused, sizes bounded,
+fields type-checked), grouped per process group (docs/hang.md, "Reading dumps safely")."""
 
 from __future__ import annotations
 
@@ -24,14 +22,11 @@ SAME_SIZES = {"all_reduce", "allreduce", "broadcast", "reduce", "allreduce_coale
               "barrier", "all_reduce_coalesced"}
 # A rank of at most 7 digits: int() of a longer run of digits is slow or refused.
 _NAME = re.compile(r"^(.*?)(\d{1,7})$")
-# A 2000-entry NCCL dump with stack frames is a few MB; torch's largest buffers stay
-# far below these. Beyond them a file is not a dump worth the memory.
+# A 2000-entry NCCL dump is a few MB: beyond these a file is no dump worth the memory.
 MAX_DUMP_BYTES = 128 * 1024 * 1024
 MAX_ENTRIES = 200_000
-# What the unpickled value may be once written out as a tree (every shared reference
-# counted each time it is used, a string by its length): a pickle's memo lets 779
-# bytes stand for 10**30 nested lists, which str() would try to build. A real dump
-# nests about 6 deep and writes out to about its file size.
+# The unpickled value written out as a tree (a pickle's memo lets 779 bytes stand for
+# 10**30 nested lists); a real dump nests about 6 deep, about its file size.
 MAX_WRITTEN_OUT = 4 * MAX_DUMP_BYTES
 MAX_DEPTH = 32
 _RANKS = re.compile(r"^\s*[\[(]?\s*(-?\d{1,7}\s*(,\s*-?\d{1,7}\s*)*,?)?\s*[\])]?\s*$")
@@ -46,8 +41,7 @@ class NotADump(Exception):
 
 
 class PlainUnpickler(pickle.Unpickler):
-    """Unpickles plain values only: any class or function a pickle names is refused
-    before it is imported, so nothing a file says is ever run."""
+    """Plain values only: a class or function a pickle names is refused unimported."""
 
     def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(f"names {module}.{name}"[:160])
@@ -82,8 +76,8 @@ class GroupTrace:
 
 
 def dump_files(directory: str, prefix: str | None = None) -> dict[int, str]:
-    """rank -> path of the dumps in `directory` (regular files named <prefix><rank>;
-    without a prefix, the most common one)."""
+    """rank -> path of the regular files named <prefix><rank> (default: the most common
+    prefix)."""
     if not os.path.isdir(directory):
         raise UsageError(f"--traces {directory}: no such directory; give the folder "
                          "TORCH_FR_DUMP_TEMP_FILE's prefix points into")
@@ -105,8 +99,7 @@ def dump_files(directory: str, prefix: str | None = None) -> dict[int, str]:
     return max(by_prefix.values(), key=len)
 
 
-def _regular(path: str) -> bool:
-    """A regular file itself, not a link to one (lstat: a link is never followed)."""
+def _regular(path: str) -> bool:  # lstat: a link is never followed
     try:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
@@ -114,10 +107,8 @@ def _regular(path: str) -> bool:
 
 
 def load(files: Mapping[int, str]) -> tuple[dict[int, dict[str, Any]], list[str]]:
-    """(rank -> dump, one line per file that is no readable dump). A rank that died
-    while dumping leaves a truncated file: it counts as no dump, the others are still
-    judged. A file that names a Python class raises UnsafeDump (one line, the file
-    named): a dump holds plain values only, so such a file was put there on purpose."""
+    """(rank -> dump, one line per file that is no readable dump, such as one cut short
+    by a dying rank); UnsafeDump for a file that names a class."""
     dumps, unreadable = {}, []
     for rank, path in files.items():
         try:
@@ -128,8 +119,7 @@ def load(files: Mapping[int, str]) -> tuple[dict[int, dict[str, Any]], list[str]
 
 
 def read_dump(path: str) -> Any:
-    """The file's unpickled plain values. NotADump for a file that is not a regular
-    file, too big or no pickle; UnsafeDump for one that names a class."""
+
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
@@ -170,9 +160,8 @@ def _leaf_size(value: Any) -> int:
 
 
 def _bounded(root: Any) -> None:
-    """NotADump when `root`, written out as a tree, would exceed MAX_WRITTEN_OUT or
-    MAX_DEPTH, or refers to itself. In time and memory of the objects the unpickler
-    built (each container weighed once, its weight reused where it is shared)."""
+    """NotADump when `root` written out exceeds MAX_WRITTEN_OUT or MAX_DEPTH, or holds
+    itself; each container weighed once, its weight reused where shared."""
     weight: dict[int, tuple[int, int]] = {}  # id -> (written-out size, depth)
     entered: set[int] = set()
     stack: list[tuple[Any, bool]] = [(root, False)]
@@ -207,8 +196,7 @@ def _weigh(kids: list[Any], weight: dict[int, tuple[int, int]]) -> tuple[int, in
 
 
 def _checked(raw: Any, rank: int) -> dict[str, Any]:
-    """The dump's fields that judging reads, each of the type it must have (NotADump
-    otherwise); entries that are not records are dropped and counted."""
+    """The fields judging reads, type-checked; entries that are no record dropped."""
     if not isinstance(raw, dict):
         raise NotADump(f"a {type(raw).__name__}, not a dict")
     entries = raw.get("entries", [])
@@ -235,9 +223,7 @@ _SHOWN.maxlist = _SHOWN.maxtuple = 64
 
 
 def _text(value: Any, limit: int = 300) -> str:
-    """A value from a file as text, bounded: a string as it is, anything else through
-    a bounded repr (a number of a million digits or a nest of lists is never built
-    whole)."""
+    """A value from a file as bounded text (a huge number is never built whole)."""
     if isinstance(value, str):
         return value[:limit]
     try:
@@ -259,8 +245,7 @@ def _call(entry: Mapping[str, Any]) -> Call:
 
 
 def _ranks(value: Any) -> set[int]:
-    """A group's ranks as torch records them ("[0, 1]", or a list of ints); anything
-    else counts as none (the group's members then come from the dumps alone)."""
+    """A group's ranks as torch records them ("[0, 1]", or a list of ints), else none."""
     if isinstance(value, str):
         if len(value) > 10_000_000 or not _RANKS.match(value):
             return set()
@@ -271,8 +256,7 @@ def _ranks(value: Any) -> set[int]:
 
 
 def _members(dumps: Mapping[int, Mapping[str, Any]], name: str, desc: str) -> set[int]:
-    """The group's ranks from the dumps' pg_config: under its name, else (gloo records
-    its config under '') the one config of a rank that has only one."""
+    """The group's ranks from pg_config: under its name, else (gloo) a rank's only one."""
     members: set[int] = set()
     for dump in dumps.values():
         config = dump.get("pg_config")
@@ -286,7 +270,6 @@ def _members(dumps: Mapping[int, Mapping[str, Any]], name: str, desc: str) -> se
 
 
 def _group_key(entry: Mapping[str, Any]) -> tuple[str, str]:
-    """(name, desc) of the entry's process group; "?" where torch recorded none."""
     group = entry.get("process_group")
     parts = list(group[:2]) if isinstance(group, list | tuple) else []
     name, desc = (*parts, "?", "?")[:2]
@@ -294,8 +277,7 @@ def _group_key(entry: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def groups(dumps: Mapping[int, Mapping[str, Any]]) -> list[GroupTrace]:
-    """Every process group's collectives, per rank (point-to-point ops are left out:
-    they pair two ranks, not the group; entries that are no record are skipped)."""
+    """Every process group's collectives per rank (point-to-point ops left out)."""
     found: dict[str, GroupTrace] = {}
     for rank, dump in dumps.items():
         entries = dump.get("entries")
