@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.analysis.loading import metrics_of
-from gpucheck.bench.findings import with_bench_metrics
+from gpucheck.bench.findings import timing_section
+from gpucheck.bench.pace import aggregate
 from gpucheck.bench.records import RankRecord
 from gpucheck.comm.report import Verdicts as CommBounds
 from gpucheck.comm.report import comm_sections
@@ -140,9 +141,7 @@ def _record(rank: int, wall_s: float, iter_ms: tuple[float, ...]) -> RankRecord:
 
 def test_bench_gives_the_jobs_figures_and_each_ranks_rate_and_pace() -> None:
     records = (_record(0, 6.0, (2000.0, 2000.0, 2200.0)), _record(1, 4.0, (1300.0,) * 3))
-    sections = [Section("timing", "Timing")]
-    with_bench_metrics(sections, records, 0.1)
-    metrics = metrics_of(Report("bench", sections))
+    metrics = metrics_of(Report("bench", [timing_section(records, aggregate(records, 0.1))]))
     assert set(metrics) == {"bench.aggregate_images_per_s", "bench.job_wall_s",
                             "bench.parallel_efficiency", "bench.spread_slowest_vs_median",
                             "bench.images_per_s.rank0", "bench.images_per_s.rank1",

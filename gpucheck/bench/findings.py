@@ -1,5 +1,5 @@
 """The gathered records as report sections and verdicts, and bench's figures as metrics
-(no rendering here)."""
+(no rendering here); the figures ride on the timing section."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from gpucheck.bench.worker import CONSISTENCY_IMAGES, BenchOutcome, BenchSpec
 from gpucheck.distributed.nodes import numa_findings
 from gpucheck.faults import run_faults_section, slowdown_causes
 from gpucheck.measure import Better, Metric
-from gpucheck.measured import HasMetrics, attach, rank_subjects, relative_spread
+from gpucheck.measured import rank_subjects, relative_spread
 from gpucheck.report import Finding, Section, fail, ok, warn
 from gpucheck.subject import file, node, ranks
 
@@ -114,7 +114,7 @@ def timing_section(records: tuple[RankRecord, ...], summary: BenchSummary,
         "rank_details": detail_rows(records),
     }
     return Section("timing", "Timing (every rank)", data,
-                   straggler_findings(records, summary, causes))
+                   straggler_findings(records, summary, causes), bench_metrics(records, summary))
 
 
 def rank_rows(records: tuple[RankRecord, ...], summary: BenchSummary) -> list[dict[str, Any]]:
@@ -267,11 +267,3 @@ def bench_metrics(records: Sequence[RankRecord], summary: BenchSummary) -> list[
             found.append(Metric("bench.iteration_p50_ms", "ms", Better.LOWER, r.p50_ms,
                                 ranks[r.rank], spreads[r.rank]))
     return found
-
-
-def with_bench_metrics(sections: Sequence[HasMetrics], records: Sequence[RankRecord],
-                       threshold: float) -> None:
-    """The one call commands/bench.py makes: every bench figure onto its timing section."""
-    summary = aggregate(records, threshold)
-    attach(sections, bench_metrics(records, summary), dict.fromkeys(
-        ("images_per_s", "iteration_p50_ms", *JOB_FIGURES), "timing"))

@@ -105,12 +105,11 @@ def _report(args: argparse.Namespace, ctx: RunContext, spec: BenchSpec, images: 
 
     if not isinstance(result, BenchOutcome):
         return _measured_so_far(result, ctx) or Report(command="bench")
-    from gpucheck.bench.findings import bench_sections, with_bench_metrics
+    from gpucheck.bench.findings import bench_sections
 
     report = Report(command="bench")
     for section in bench_sections(spec, images, result, args.straggler_threshold):
         report.add(section)
-    with_bench_metrics(report.sections, result.records, args.straggler_threshold)
     return report
 
 
