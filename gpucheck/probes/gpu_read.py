@@ -123,13 +123,6 @@ BANK_FIELDS: dict[str, tuple[str, int]] = {
     "bank_remaps_inactive": ("NVML_FI_DEV_INACTIVE_BANK_REMAPPINGS", 0),
     "bank_remap_pending": ("NVML_FI_DEV_PENDING_BANK_REMAPPING", 0),
 }
-def cuda_version_str(value: int | None) -> str | None:
-    """NVML's 12040 -> '12.4' (as in the `CUDA Version` of nvidia-smi's header)."""
-    if not value:
-        return None
-    return f"{value // 1000}.{(value % 1000) // 10}"
-
-
 def read_driver(nvml: Nvml) -> DriverInfo:
     """`nvidia-smi --query-gpu=driver_version` and the CUDA the driver supports."""
     try:
@@ -140,16 +133,9 @@ def read_driver(nvml: Nvml) -> DriverInfo:
         count = nvml.call("nvmlDeviceGetCount")
     except NvmlFailure as exc:
         return DriverInfo(present=False, failure=exc)
-    return DriverInfo(True, str(version), cuda_version_str(cuda), int(count))
-
-
-def _memory(nvml: Nvml, handle: Any) -> tuple[int | None, int | None]:
-    """`nvidia-smi --query-gpu=memory.total,memory.used`, by the v2 call where it exists."""
-    version = getattr(nvml.module, "nvmlMemory_v2", None)
-    mem = nvml.get("nvmlDeviceGetMemoryInfo", handle, version=version) if version else None
-    if mem is None:
-        mem = nvml.get("nvmlDeviceGetMemoryInfo", handle)
-    return (None, None) if mem is None else (int(mem.total), int(mem.used))
+    # NVML's 12040 is nvidia-smi's "CUDA Version: 12.4".
+    cuda_text = f"{cuda // 1000}.{(cuda % 1000) // 10}" if cuda else None
+    return DriverInfo(True, str(version), cuda_text, int(count))
 
 
 def _enabled(value: Any) -> bool | None:
@@ -162,8 +148,12 @@ def _watts(milliwatts: Any) -> float | None:
     return None if milliwatts is None else round(milliwatts / 1000.0, 1)
 
 
+def _flag(value: Any) -> bool | None:
+    return None if value is None else bool(value)
+
+
 def read_mask(nvml: NvmlDoor, handle: Any, functions: list[str]) -> int | None:
-    """The reasons bitmask now (`nvidia-smi --query-gpu=clocks_event_reasons.active`);
+    """The clock-event reasons mask now (`nvidia-smi --query-gpu=clocks_event_reasons.active`);
     a function this driver lacks is dropped from `functions`, never asked again."""
     while functions:
         mask = nvml.get(functions[0], handle)
@@ -173,32 +163,21 @@ def read_mask(nvml: NvmlDoor, handle: Any, functions: list[str]) -> int | None:
     return None
 
 
-
-def _clock_reasons(nvml: Nvml, handle: Any) -> list[str] | None:
-    mask = read_mask(nvml, handle, list(MASK_FUNCTIONS))
-    return None if mask is None else [n for bit, n in CLOCK_REASONS.items() if mask & bit]
-
-
-def _process_list(nvml: Nvml, fn: str, handle: Any) -> list[Any] | None:
-    """One process list; None when n/a. InsufficientSize (the list grew while read) is
-    asked once more, then n/a, never a failed GPU."""
-    for _ in range(2):
-        try:
-            processes: list[Any] | None = nvml.get(fn, handle)
-            return processes
-        except NvmlFailure as exc:
-            if exc.kind != "NVMLError_InsufficientSize":
-                raise
-    return None
-
-
 def _processes(nvml: Nvml, handle: Any) -> list[dict[str, Any]] | None:
     """`nvidia-smi --query-compute-apps=pid,used_memory`, graphics ones too; None when
-    the compute list is n/a (an empty graphics list says nothing of CUDA)."""
+    the compute list is n/a (an empty graphics list says nothing of CUDA). A list that
+    grew while read (InsufficientSize) is asked once more, then n/a, never a failed GPU."""
     seen: dict[int, dict[str, Any]] = {}
     answered = False
     for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-        procs = _process_list(nvml, fn, handle)
+        procs: list[Any] | None = None
+        for _ in range(2):
+            try:
+                procs = nvml.get(fn, handle)
+                break
+            except NvmlFailure as exc:
+                if exc.kind != "NVMLError_InsufficientSize":
+                    raise
         if procs is None:
             if fn == "nvmlDeviceGetComputeRunningProcesses":
                 return None
@@ -222,65 +201,9 @@ def nvlink_active(nvml: Nvml, handle: Any) -> int | None:
     return active
 
 
-def _ecc(nvml: Nvml, handle: Any) -> dict[str, Any]:
-    """`nvidia-smi --query-gpu=ecc.mode.current,ecc.errors.uncorrected.volatile.total,...`."""
-    m = nvml.module
-    unc = getattr(m, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
-    volatile = nvml.get("nvmlDeviceGetTotalEccErrors", handle, unc,
-                        getattr(m, "NVML_VOLATILE_ECC", 0))
-    aggregate = nvml.get("nvmlDeviceGetTotalEccErrors", handle, unc,
-                         getattr(m, "NVML_AGGREGATE_ECC", 1))
-    return {"ecc_mode": _enabled(nvml.get("nvmlDeviceGetEccMode", handle)),
-            "ecc_volatile_uncorrected": volatile, "ecc_aggregate_uncorrected": aggregate}
-
-
-def _retirement(nvml: Nvml, handle: Any) -> dict[str, Any]:
-    """Retired pages, remapped rows (`nvidia-smi -q -d ROW_REMAPPER`) and bank remaps."""
-    pending_pages = nvml.get("nvmlDeviceGetRetiredPagesPendingStatus", handle)
-    rows = nvml.get("nvmlDeviceGetRemappedRows", handle)
-    banks = read_fields(nvml, handle, BANK_FIELDS)
-    pending_bank = banks.pop("bank_remap_pending")
-    return {
-        "retired_pages_pending": None if pending_pages is None else bool(pending_pages),
-        "remapped_rows_pending": None if rows is None else bool(rows[2]),
-        "remapped_rows_failed": None if rows is None else bool(rows[3]),
-        **{k: None if v is None else int(v) for k, v in banks.items()},
-        "bank_remap_pending": None if pending_bank is None else bool(pending_bank),
-    }
-
-
-def _pcie(nvml: Nvml, handle: Any) -> dict[str, Any]:
-    """`nvidia-smi --query-gpu=pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.*`."""
-    return {
-        "pcie_gen_current": nvml.get("nvmlDeviceGetCurrPcieLinkGeneration", handle),
-        "pcie_gen_max": nvml.get("nvmlDeviceGetMaxPcieLinkGeneration", handle),
-        "pcie_width_current": nvml.get("nvmlDeviceGetCurrPcieLinkWidth", handle),
-        "pcie_width_max": nvml.get("nvmlDeviceGetMaxPcieLinkWidth", handle),
-    }
-
-
-def _identity(nvml: Nvml, handle: Any) -> dict[str, Any]:
-    pci = nvml.get("nvmlDeviceGetPciInfo", handle)
-    cc = nvml.get("nvmlDeviceGetCudaComputeCapability", handle)
-    return {
-        "name": nvml.get("nvmlDeviceGetName", handle),
-        "uuid": nvml.get("nvmlDeviceGetUUID", handle),
-        "pci_bus_id": None if pci is None else str(decode(pci.busId)),
-        "compute_capability": None if cc is None else f"{cc[0]}.{cc[1]}",
-    }
-
-
-def _mig(nvml: Nvml, handle: Any) -> dict[str, Any]:
-    """`nvidia-smi --query-gpu=mig.mode.current,mig.mode.pending`."""
-    modes = nvml.get("nvmlDeviceGetMigMode", handle)
-    pending = modes[1] if isinstance(modes, (list, tuple)) and len(modes) > 1 else None
-    return {"mig_mode": _enabled(modes),
-            "mig_mode_pending": None if pending is None else bool(pending)}
-
-
-def read_recovery_action(nvml: Nvml, handle: Any) -> tuple[str | None, str | None]:
-    """NVML's recovery action for this GPU (`nvidia-smi -q` "Recovery Action", R565+) and,
-    when n/a, which side is too old: "nvidia-ml-py" (cannot ask) or "driver"."""
+def _recovery_action(nvml: Nvml, handle: Any) -> tuple[str | None, str | None]:
+    """NVML's recovery action (`nvidia-smi -q` "Recovery Action", R565+) and, when n/a,
+    which side is too old: "nvidia-ml-py" (cannot ask) or "driver"."""
     m = nvml.module
     if getattr(m, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None) is None \
             or getattr(m, "nvmlDeviceGetFieldValues", None) is None:
@@ -293,64 +216,83 @@ def read_recovery_action(nvml: Nvml, handle: Any) -> tuple[str | None, str | Non
     return word, None
 
 
-def _state(nvml: Nvml, handle: Any) -> dict[str, Any]:
-    m = nvml.module
-    util = nvml.get("nvmlDeviceGetUtilizationRates", handle)
-    sm = getattr(m, "NVML_CLOCK_SM", 1)
-    return {
-        "persistence_mode": _enabled(nvml.get("nvmlDeviceGetPersistenceMode", handle)),
-        **_mig(nvml, handle),
-        "temperature_c": nvml.get("nvmlDeviceGetTemperature", handle,
-                                  getattr(m, "NVML_TEMPERATURE_GPU", 0)),
-        "power_draw_w": _watts(nvml.get("nvmlDeviceGetPowerUsage", handle)),
-        "power_limit_w": _watts(nvml.get("nvmlDeviceGetEnforcedPowerLimit", handle)),
-        "sm_clock_mhz": nvml.get("nvmlDeviceGetClockInfo", handle, sm),
-        "sm_clock_max_mhz": nvml.get("nvmlDeviceGetMaxClockInfo", handle, sm),
-        "utilization_gpu_pct": None if util is None else int(util.gpu),
-        "utilization_memory_pct": None if util is None else int(util.memory),
-    }
-
-
-def _cpu_affinity(nvml: Nvml, handle: Any) -> tuple[int, ...]:
-    """`nvidia-smi topo -m`'s "CPU Affinity" (64-bit words); () when NVML cannot say."""
+def _near_cpus(nvml: Nvml, handle: Any, bus_id: str, sysfs: Path) -> str | None:
+    """`nvidia-smi topo -m`'s "CPU Affinity" (64-bit words), else sysfs' local CPUs."""
     # Room for every CPU id, 1024 at least: ids can pass the count of configured CPUs.
     words = max(os.cpu_count() or 0, 1024) // 64 + 1
-    mask = nvml.get("nvmlDeviceGetCpuAffinity", handle, words)
-    if mask is None:
-        return ()
-    return tuple(64 * i + bit for i, word in enumerate(mask) for bit in range(64)
+    mask = nvml.get("nvmlDeviceGetCpuAffinity", handle, words) or ()
+    cpus = tuple(64 * i + bit for i, word in enumerate(mask) for bit in range(64)
                  if int(word) >> bit & 1)
-
-
-def _numa(nvml: Nvml, handle: Any, bus_id: str | None, sysfs: Path) -> dict[str, Any]:
-    """The GPU's NUMA node from sysfs and the CPUs near it (not nvmlDeviceGetNumaNodeId:
-    on Grace Hopper that is the node of the GPU's own memory)."""
-    if bus_id is None:
-        return {"numa_node": None, "cpu_affinity": None}
-    cpus = _cpu_affinity(nvml, handle) or read_local_cpus(bus_id, sysfs)
-    return {"numa_node": read_numa_node(bus_id, sysfs), "cpu_affinity": cpulist(cpus) or None}
+    return cpulist(cpus or read_local_cpus(bus_id, sysfs)) or None
 
 
 def read_gpu(nvml: Nvml, index: int, sysfs: Path = SYSFS) -> GpuRecord:
     """Everything `nvidia-smi -q -i <index>` shows that matters here."""
-    fields: dict[str, Any] = {}
+    f: dict[str, Any] = {}
     try:
-        handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
-        fields.update(_identity(nvml, handle))
-        total, used = _memory(nvml, handle)
-        fields.update(memory_total_bytes=total, memory_used_bytes=used)
-        fields.update(_state(nvml, handle), **_pcie(nvml, handle), **_ecc(nvml, handle))
-        fields.update(_retirement(nvml, handle))
-        fields["clock_event_reasons"] = _clock_reasons(nvml, handle)
-        procs = _processes(nvml, handle)
-        fields.update(process_count=None if procs is None else len(procs),
-                      processes=procs or [])
-        fields["nvlink_active_links"] = nvlink_active(nvml, handle)
-        fields.update(read_fabric(nvml, handle))
-        fields["recovery_action"], fields["recovery_action_na"] = read_recovery_action(
-            nvml, handle)
-        fields.update(_numa(nvml, handle, fields.get("pci_bus_id"), sysfs))
+        h = nvml.call("nvmlDeviceGetHandleByIndex", index)
+        m = nvml.module
+        pci = nvml.get("nvmlDeviceGetPciInfo", h)
+        cc = nvml.get("nvmlDeviceGetCudaComputeCapability", h)
+        f.update(name=nvml.get("nvmlDeviceGetName", h), uuid=nvml.get("nvmlDeviceGetUUID", h),
+                 pci_bus_id=None if pci is None else str(decode(pci.busId)),
+                 compute_capability=None if cc is None else f"{cc[0]}.{cc[1]}")
+        version = getattr(m, "nvmlMemory_v2", None)  # the v2 call where it exists
+        mem = nvml.get("nvmlDeviceGetMemoryInfo", h, version=version) if version else None
+        mem = mem or nvml.get("nvmlDeviceGetMemoryInfo", h)
+        f.update(memory_total_bytes=None if mem is None else int(mem.total),
+                 memory_used_bytes=None if mem is None else int(mem.used))
+        util = nvml.get("nvmlDeviceGetUtilizationRates", h)
+        sm = getattr(m, "NVML_CLOCK_SM", 1)
+        f["persistence_mode"] = _enabled(nvml.get("nvmlDeviceGetPersistenceMode", h))
+        modes = nvml.get("nvmlDeviceGetMigMode", h)  # `mig.mode.current,mig.mode.pending`
+        pending = modes[1] if isinstance(modes, (list, tuple)) and len(modes) > 1 else None
+        f.update(mig_mode=_enabled(modes), mig_mode_pending=_flag(pending))
+        f.update(temperature_c=nvml.get("nvmlDeviceGetTemperature", h,
+                                        getattr(m, "NVML_TEMPERATURE_GPU", 0)),
+                 power_draw_w=_watts(nvml.get("nvmlDeviceGetPowerUsage", h)),
+                 power_limit_w=_watts(nvml.get("nvmlDeviceGetEnforcedPowerLimit", h)),
+                 sm_clock_mhz=nvml.get("nvmlDeviceGetClockInfo", h, sm),
+                 sm_clock_max_mhz=nvml.get("nvmlDeviceGetMaxClockInfo", h, sm),
+                 utilization_gpu_pct=None if util is None else int(util.gpu),
+                 utilization_memory_pct=None if util is None else int(util.memory))
+        for key, fn in (("pcie_gen_current", "nvmlDeviceGetCurrPcieLinkGeneration"),
+                        ("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
+                        ("pcie_width_current", "nvmlDeviceGetCurrPcieLinkWidth"),
+                        ("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth")):
+            f[key] = nvml.get(fn, h)
+        unc = getattr(m, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+        f.update(ecc_volatile_uncorrected=nvml.get("nvmlDeviceGetTotalEccErrors", h, unc,
+                                                   getattr(m, "NVML_VOLATILE_ECC", 0)),
+                 ecc_aggregate_uncorrected=nvml.get("nvmlDeviceGetTotalEccErrors", h, unc,
+                                                    getattr(m, "NVML_AGGREGATE_ECC", 1)),
+                 ecc_mode=_enabled(nvml.get("nvmlDeviceGetEccMode", h)))
+        # Retired pages, remapped rows (`nvidia-smi -q -d ROW_REMAPPER`) and bank remaps.
+        f["retired_pages_pending"] = _flag(nvml.get("nvmlDeviceGetRetiredPagesPendingStatus", h))
+        rows = nvml.get("nvmlDeviceGetRemappedRows", h)
+        banks = read_fields(nvml, h, BANK_FIELDS)
+        f.update(remapped_rows_pending=None if rows is None else bool(rows[2]),
+                 remapped_rows_failed=None if rows is None else bool(rows[3]),
+                 bank_remaps_active=_count(banks["bank_remaps_active"]),
+                 bank_remaps_inactive=_count(banks["bank_remaps_inactive"]),
+                 bank_remap_pending=_flag(banks["bank_remap_pending"]))
+        mask = read_mask(nvml, h, list(MASK_FUNCTIONS))
+        f["clock_event_reasons"] = None if mask is None else [
+            name for bit, name in CLOCK_REASONS.items() if mask & bit]
+        procs = _processes(nvml, h)
+        f.update(process_count=None if procs is None else len(procs), processes=procs or [])
+        f["nvlink_active_links"] = nvlink_active(nvml, h)
+        f.update(read_fabric(nvml, h))
+        f["recovery_action"], f["recovery_action_na"] = _recovery_action(nvml, h)
+        # The NUMA node from sysfs, not nvmlDeviceGetNumaNodeId: on Grace Hopper that is
+        # the node of the GPU's own memory.
+        bus = f["pci_bus_id"]
+        f.update(numa_node=None if bus is None else read_numa_node(bus, sysfs),
+                 cpu_affinity=None if bus is None else _near_cpus(nvml, h, bus, sysfs))
     except NvmlFailure as exc:
-        fields.update(error=str(exc), error_kind=exc.kind, error_hint=exc.hint)
-    return GpuRecord(index=index, **fields)
+        f.update(error=str(exc), error_kind=exc.kind, error_hint=exc.hint)
+    return GpuRecord(index=index, **f)
 
+
+def _count(value: float | int | None) -> int | None:
+    return None if value is None else int(value)
