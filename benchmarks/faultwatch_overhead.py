@@ -23,14 +23,15 @@ sys.path.insert(0, str(ROOT))  # gpucheck and tests.*
 
 from gpucheck.cli import build_parser
 from gpucheck.commands import bench
-from gpucheck.context import RunContext, RunOptions, TestHooks
+from gpucheck.context import RunContext
+from tests.plant import Plant, planted
 
 FAKE_BUS = "00000000:9A:00.0"
 
 
 def _install_fake(on: bool) -> None:
     """The fake pynvml for the `fake` mode (the run watches it through the bus
-    override, `TestHooks.fault_bus`); the real one otherwise."""
+    override, `Plant.fault_bus` of tests/plant.py); the real one otherwise."""
     from tests.fake_pynvml import FakeGpu, FakeNvml
 
     sys.modules.pop("pynvml", None)
@@ -43,8 +44,8 @@ def one_run(mode: str, extra: list[str]) -> tuple[float, dict[str, Any] | None, 
     _install_fake(mode == "fake")
     flags = ["--no-fault-watch"] if mode == "off" else []
     args = build_parser().parse_args(["bench", "--n-gpus", "1", "--quiet", *flags, *extra])
-    hooks = TestHooks(fault_bus=(FAKE_BUS,) if mode == "fake" else ())
-    report = bench.run(args, RunContext(RunOptions(hooks=hooks)))
+    with planted(Plant(fault_bus=(FAKE_BUS,) if mode == "fake" else ())):
+        report = bench.run(args, RunContext())
     assert report is not None
     timing, setup = report.section("timing").data, report.section("bench").data
     gpus = report.section("faults").data["gpus"]

@@ -118,7 +118,7 @@ def one_run(kind: str, planted: int | None, extra: list[str], keep: Path | None,
             env["GPUCHECK_TEST_THROTTLE_SHARE"] = str(STALLS[kind][0])
             env["GPUCHECK_TEST_THROTTLE_PERIOD"] = str(STALLS[kind][1])
         records = Path(folder) / "records.json"
-        # tests/hooked.py: the planted hook travels to the ranks as data (TestHooks).
+        # tests/hooked.py: the planted fault reaches the ranks (tests/plant.py).
         launcher = ["-c", RECORDER, str(records)] if keep else [str(REPO / "tests" / "hooked.py")]
         started = time.perf_counter()
         done = subprocess.run([sys.executable, *launcher, *hooks, "gpucheck", "bench", "--quiet",

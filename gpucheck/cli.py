@@ -41,17 +41,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return program(argv, RunOptions())
-
-
-def program(argv: list[str] | None, options: RunOptions) -> int:
-    """Run one command line with `options` (tests pass their hooks here); the exit code."""
+    """Run one command line; the exit code."""
     try:
         args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     except registry.BadOption as exc:
         print(exc, file=sys.stderr)
         return EXIT_USAGE
-    ctx = context(args, options, dict(os.environ))
+    ctx = context(args, RunOptions(), dict(os.environ))
     from gpucheck.distributed.deadline import exit_after_abort
 
     with signals_as_interrupts():

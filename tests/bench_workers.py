@@ -1,5 +1,5 @@
-"""Test-only model hooks for `gpucheck bench`, given as `TestHooks(model=...)`
-(gpucheck.context; `tests/hooked.py --model bench_workers:<function>` in a subprocess).
+"""Test-only model hooks for `gpucheck bench`, given as `Plant(model=...)`
+(tests/plant.py; `tests/hooked.py --model bench_workers:<function>` in a subprocess).
 
 Each hook is called on every rank as hook(model, rank) before DDP wraps the model,
 so every rank wraps the same way (DDP checks that) and only the forward differs.

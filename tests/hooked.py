@@ -1,13 +1,9 @@
-"""Run one gpucheck command line with test hooks: `python tests/hooked.py [HOOKS]
-gpucheck COMMAND ARGS...` (also as the script torchrun starts on every rank). The
-word `gpucheck` separates the hooks from the command line: torchrun's own parser
-swallows a `--` there.
+"""Run one gpucheck command line with planted test faults: `python tests/hooked.py
+[FAULTS] gpucheck COMMAND ARGS...` (also as the script torchrun starts on every rank).
+The word `gpucheck` separates the faults from the command line: torchrun's own parser
+swallows a `--` there. The faults are a `plant.Plant` (tests/plant.py).
 
-The hooks (gpucheck.context.TestHooks) travel as data: this test-only entry point
-builds them and calls `gpucheck.cli.program`, which hands them to every rank with
-the job spec. gpucheck itself reads no hook from the environment.
-
-HOOKS:
+FAULTS:
   --model MODULE:FUNCTION     bench: function(model, rank) -> model (tests/bench_workers.py)
   --stress MODULE:FUNCTION    stress: function(rank, phase, iteration, out)
   --fault-bus ID,ID,...       per rank, a PCI bus id watched instead of its GPU ("" none)
@@ -20,18 +16,13 @@ HOOKS:
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
-from typing import Any
 
-from gpucheck.context import RunOptions, SlowNode, SlowPair, TestHooks
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # plant and the hook modules
 
-
-def function(target: str) -> Any:
-    """`module:function` (test code: the tests directory is on the path)."""
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+from plant import Plant, SlowNode, SlowPair, function, planted
 
 
 def slow_pairs(text: str) -> tuple[SlowPair, ...]:
@@ -56,8 +47,8 @@ def fault_bus(text: str) -> tuple[str | None, ...]:
 SEPARATOR = "gpucheck"
 
 
-def parse(argv: list[str]) -> tuple[TestHooks, list[str]]:
-    """The hooks before the word `gpucheck`, and the gpucheck command line after it."""
+def parse(argv: list[str]) -> tuple[Plant, list[str]]:
+    """The faults before the word `gpucheck`, and the gpucheck command line after it."""
     split = argv.index(SEPARATOR) if SEPARATOR in argv else len(argv)
     parser = argparse.ArgumentParser(prog="hooked.py")
     parser.add_argument("--model", type=function)
@@ -68,20 +59,18 @@ def parse(argv: list[str]) -> tuple[TestHooks, list[str]]:
     parser.add_argument("--slow-recvs", type=slow_node)
     parser.add_argument("--hang-margin", type=float)
     ns = parser.parse_args(argv[:split])
-    return TestHooks(model=ns.model, stress=ns.stress, fault_bus=ns.fault_bus,
-                     slow_pairs=ns.slow_pair, slow_sends=ns.slow_sends,
-                     slow_recvs=ns.slow_recvs, hang_margin_s=ns.hang_margin), argv[split + 1:]
+    return Plant(model=ns.model, stress=ns.stress, fault_bus=ns.fault_bus,
+                 slow_pairs=ns.slow_pair, slow_sends=ns.slow_sends,
+                 slow_recvs=ns.slow_recvs, hang_margin_s=ns.hang_margin), argv[split + 1:]
 
 
 def main(argv: list[str]) -> int:
-    from gpucheck.cli import program
+    from gpucheck.cli import main
 
-    hooks, command = parse(argv)
-    return program(command, RunOptions(hooks=hooks))
+    plant, command = parse(argv)
+    with planted(plant):
+        return main(command)
 
 
 if __name__ == "__main__":
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:  # the hook modules (bench_workers, stress_workers)
-        sys.path.insert(0, here)
     raise SystemExit(main(sys.argv[1:]))

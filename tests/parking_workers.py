@@ -54,7 +54,7 @@ def _one_pass(ctx: RunContext, world: World, folder: Path, backend: str,
         marker.write_text("done")
         return {"pairs": [], "gpus": local_world_size}
 
-    rank = RankContext(_spec(backend), world, device, None, None, ctx)
+    rank = RankContext(_spec(backend), world, device, None, ctx)
     gather = copies.gather
 
     def recording_gather(on: RankContext, mine: Any) -> list[Any]:

@@ -1,6 +1,6 @@
 """Test-only hooks for `gpucheck preflight` (`tests/hooked.py --stress
-preflight_workers:<function>`, TestHooks.stress): called on every rank after each timed
-GEMM and burn-in iteration, as for stress (gpucheck.stress.hooks). Nothing in gpucheck
+preflight_workers:<function>`, Plant.stress): called on every rank after each timed
+GEMM and burn-in iteration, as for stress. Nothing in gpucheck
 imports this module."""
 
 from __future__ import annotations

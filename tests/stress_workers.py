@@ -1,5 +1,5 @@
-"""Test-only hooks for `gpucheck stress`, given as `TestHooks(stress=...)`
-(gpucheck.context; `tests/hooked.py --stress stress_workers:<function>` in a subprocess).
+"""Test-only hooks for `gpucheck stress`, given as `Plant(stress=...)`
+(tests/plant.py; `tests/hooked.py --stress stress_workers:<function>` in a subprocess).
 
 Each is called on every rank as hook(rank, phase, iteration, out) after every timed
 iteration of the "gemm", "membw" and "burn" loops (burn iteration 0 is the first

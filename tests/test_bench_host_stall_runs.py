@@ -15,9 +15,9 @@ from pathlib import Path
 import bench_workers
 import psutil
 import pytest
+from plant import Plant
 
 from gpucheck.bench.model import ITERS_PER_SEGMENT
-from gpucheck.context import TestHooks
 from tests.test_bench_runs import bench, findings, no_children_left, section
 
 # ResNet50 at batch 1: an iteration (about 0.1 s of CPU on a core) spans two of the
@@ -45,7 +45,7 @@ def test_a_rank_stopped_from_outside_is_named_as_held_back_by_its_host(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(bench_workers.THROTTLE_PERIOD_VAR, THROTTLE_PERIOD_S)
     code, report = bench(tmp_path, *ARGS,
-                         hooks=TestHooks(model=bench_workers.stop_rank_one_most_of_the_time))
+                         plant=Plant(model=bench_workers.stop_rank_one_most_of_the_time))
     assert code == 0, report  # a WARN
     warned = findings(report, "bench.rank.straggler", "WARN")
     assert [f["subject"] for f in warned] == ["rank 1"]
@@ -68,7 +68,7 @@ def test_a_stall_in_each_loop_is_seen_again_in_a_second_loop_and_named(
     # run the loop again before naming it, and the stall recurs there.
     code, report = bench(tmp_path, "--n-gpus", "2", "--model", "resnet18", "--batch-size",
                          "2", "--warmup", "1", "--iters", str(bench_workers.STALLED_ITERS),
-                         hooks=TestHooks(model=bench_workers.stall_rank_one_once_in_each_loop))
+                         plant=Plant(model=bench_workers.stall_rank_one_once_in_each_loop))
     assert code == 0, report  # a WARN
     (warned,) = findings(report, "bench.rank.straggler", "WARN")
     assert (warned["subject"], warned["action"]) == ("rank 1", "fix-config")

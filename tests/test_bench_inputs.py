@@ -9,10 +9,10 @@ from pathlib import Path
 
 import bench_workers
 import pytest
+from plant import Plant, planted
 
 from gpucheck.bench.model import default_images_dir
-from gpucheck.cli import main, program
-from gpucheck.context import RunOptions, TestHooks
+from gpucheck.cli import main
 
 FAST = ["--model", "mobilenet_v3_small", "--iters", "1", "--warmup", "0", "--batch-size", "1"]
 
@@ -171,9 +171,8 @@ def test_duration_picks_the_iteration_count_from_the_warm_up(tmp_path: Path) -> 
 
 def test_a_failing_rank_becomes_a_report_not_a_traceback(
         capsys: pytest.CaptureFixture[str]) -> None:
-    hooks = TestHooks(model=bench_workers.fail_rank_zero)
-    assert program(["bench", "--n-gpus", "1", *FAST, "--warmup", "1"],
-                   RunOptions(hooks=hooks)) == 1
+    with planted(Plant(model=bench_workers.fail_rank_zero)):
+        assert main(["bench", "--n-gpus", "1", *FAST, "--warmup", "1"]) == 1
     out = capsys.readouterr().out
     assert "[FAIL] bench.rank_failed (rank 0)" in out
     assert "simulated device fault" in " ".join(out.split())  # the text report wraps lines

@@ -12,10 +12,10 @@ from typing import Any
 
 import bench_workers
 import pytest
+from plant import Plant, planted
 
 from gpucheck.bench.model import ITERS_PER_SEGMENT
-from gpucheck.cli import program
-from gpucheck.context import NO_HOOKS, RunOptions, TestHooks
+from gpucheck.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--model", "mobilenet_v3_small", "--batch-size", "2", "--warmup", "1", "--iters", "2"]
@@ -23,11 +23,12 @@ SUBPROCESS_TIMEOUT_S = 180
 SEGMENTED_ITERS = 2 * ITERS_PER_SEGMENT  # the fewest iterations CPU ranks split
 
 
-def bench(tmp_path: Path, *extra: str, hooks: TestHooks = NO_HOOKS) -> tuple[int, dict[str, Any]]:
+def bench(tmp_path: Path, *extra: str, plant: Plant | None = None) -> tuple[int, dict[str, Any]]:
     """Run `gpucheck bench` in this process, with `hooks` on every rank; (exit code,
     the JSON report)."""
     out = tmp_path / "report.json"
-    code = program(["bench", "--quiet", "--output", str(out), *extra], RunOptions(hooks=hooks))
+    with planted(plant or Plant()):
+        code = main(["bench", "--quiet", "--output", str(out), *extra])
     return code, json.loads(out.read_text())
 
 
@@ -71,7 +72,7 @@ def test_one_rank_of_resnet50_runs_in_this_process(tmp_path: Path) -> None:
 def test_two_ranks_one_computing_wrong_logits_fail_naming_that_rank_only(tmp_path: Path) -> None:
     # No majority with two ranks: the CPU reference tells which one is wrong.
     code, report = bench(tmp_path, "--n-gpus", "2", *SMALL,
-                         hooks=TestHooks(model=bench_workers.wrong_rank_zero))
+                         plant=Plant(model=bench_workers.wrong_rank_zero))
     assert code == 1
     failed = findings(report, "bench.consistency", "FAIL")
     assert [f["subject"] for f in failed] == ["rank 0"]
@@ -88,7 +89,7 @@ def slow_and_wrong(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[i
     ranks re-place their tensors once in the timed loop."""
     yield bench(tmp_path_factory.mktemp("slow"), "--n-gpus", "3", *SMALL, "--iters",
                 str(SEGMENTED_ITERS),
-                hooks=TestHooks(model=bench_workers.slow_rank_one_wrong_rank_two))
+                plant=Plant(model=bench_workers.slow_rank_one_wrong_rank_two))
 
 
 def test_job_wall_follows_the_slow_rank_that_rank_zero_would_hide(

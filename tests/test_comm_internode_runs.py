@@ -1,6 +1,6 @@
 """Three "nodes" on one machine (three torchrun agents, c10d on 127.0.0.1), one slowed.
 
-The test hook `--slow-sends 2:SECONDS` (tests/hooked.py, TestHooks.slow_sends) makes
+The test hook `--slow-sends 2:SECONDS` (tests/hooked.py, Plant.slow_sends) makes
 node 2's ranks sleep before each send between nodes (with ":first" in the rounds only,
 not in the second look): far slower than any noise, so the verdicts below are deterministic.
 """

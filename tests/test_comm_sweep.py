@@ -6,21 +6,22 @@ import json
 from pathlib import Path
 
 import pytest
+from plant import Plant, SlowPair, planted
 
-from gpucheck.cli import main, program
-from gpucheck.context import NO_HOOKS, RunOptions, SlowPair, TestHooks
+from gpucheck.cli import main
 
 
 def _sweep(tmp_path: Path, nproc: int, *extra: str,
-           hooks: TestHooks = NO_HOOKS) -> tuple[int, dict]:  # type: ignore[type-arg]
+           plant: Plant | None = None) -> tuple[int, dict]:  # type: ignore[type-arg]
     out = tmp_path / "comm.json"
-    code = program(["comm", "--n-gpus", str(nproc), "--min-bytes", "1K", "--max-bytes", "64K",
-                    "--iters", "3", "--warmup", "1", "--timeout", "30", "-q", "-o", str(out),
-                    *extra], RunOptions(hooks=hooks))
+    with planted(plant or Plant()):
+        code = main(["comm", "--n-gpus", str(nproc), "--min-bytes", "1K", "--max-bytes",
+                        "64K", "--iters", "3", "--warmup", "1", "--timeout", "30", "-q", "-o",
+                        str(out), *extra])
     return code, json.loads(out.read_text())
 
 
-# A test hook (gpucheck.context.TestHooks.slow_pairs), far beyond any noise: with 3
+# A planted fault (tests/plant.py, Plant.slow_pairs), far beyond any noise: with 3
 # ranks 1 -> 0 is slowed in every batch (found and confirmed). Nothing is planted in the
 # 2-rank runs below: which pair a loaded 2-core machine slows is noise, and a verdict on
 # noise is no test; one slow batch of three staying quiet is judged on handmade figures
@@ -37,7 +38,7 @@ def _pair_warns(report: dict) -> list[tuple[str, str]]:  # type: ignore[type-arg
 
 def test_comm_sweep_reports_every_size_with_nccl_tests_bandwidths(tmp_path: Path) -> None:
     nproc = 3  # the bandwidth factors with n; two ranks sweep in test_all and below
-    code, report = _sweep(tmp_path, nproc, hooks=TestHooks(slow_pairs=SLOWED))
+    code, report = _sweep(tmp_path, nproc, plant=Plant(slow_pairs=SLOWED))
     assert code == 0, report
     # Slow in every batch, and again when measured again beside a good pair: the planted
     # pair, confirmed. Which other pair a loaded 2-core machine also slows twice is noise
@@ -67,7 +68,7 @@ def test_a_pair_slow_the_first_time_is_measured_again_and_asks_at_most_for_a_rer
         tmp_path: Path) -> None:
     code, report = _sweep(tmp_path, 2, "--collectives", "all_reduce", "--max-bytes", "4K",
                           "--pair-bytes", "1M",
-                          hooks=TestHooks(slow_pairs=(SlowPair(1, 0, 0.05, "first"),)))
+                          plant=Plant(slow_pairs=(SlowPair(1, 0, 0.05, "first"),)))
     assert code == 0
     pairwise = {s["name"]: s for s in report["sections"]}["pairwise"]
     (looked,) = [f for f in pairwise["findings"] if f["look"]]

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import sys
 from argparse import Namespace
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from plant import Plant, planted
 
 from gpucheck.comm.report import Verdicts as CommVerdicts
 from gpucheck.comm.report import comm_sections
 from gpucheck.commands import bench as bench_command
-from gpucheck.context import RunContext, RunOptions, TestHooks
+from gpucheck.context import RunContext
 from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.session import process_group
 from gpucheck.faults import run_faults_section, slowdown_causes
@@ -27,12 +29,14 @@ from tests.fake_pynvml import FakeGpu, FakeNvml
 
 BUS = "00000000:9A:00.0"
 XID = 0x8  # nvmlEventTypeXidCriticalError
-WATCHED = (BUS,)  # this one rank watches fake GPU 1 (TestHooks.fault_bus)
+WATCHED = (BUS,)  # this one rank watches fake GPU 1 (Plant.fault_bus)
 
 
-def watched() -> RunContext:
-    """A context whose one rank watches fake GPU 1 through the test-only bus override."""
-    return RunContext(RunOptions(hooks=TestHooks(fault_bus=WATCHED)))
+@pytest.fixture
+def watched() -> Iterator[RunContext]:
+    """A context whose one rank watches fake GPU 1 through the planted bus override."""
+    with planted(Plant(fault_bus=WATCHED)):
+        yield RunContext()
 LABEL = f"GPU 1 (NVIDIA H200, bus {BUS}, GPU-00000001-0000-0000-0000-000000000000)"
 
 
@@ -59,8 +63,8 @@ def doorways(monkeypatch: pytest.MonkeyPatch) -> list[Nvml]:
 
 
 def test_the_frame_watches_the_rank_through_one_doorway_and_gathers_its_result(
-        fake: FakeNvml, doorways: list[Nvml]) -> None:
-    ctx = watched()
+        fake: FakeNvml, doorways: list[Nvml], watched: RunContext) -> None:
+    ctx = watched
     with process_group("gloo", "cpu", 30, ctx=ctx) as world:
         faultwatch.of(ctx).mark_start()
         assert fake.deliver_event(1, XID, 79) == 1
@@ -75,8 +79,8 @@ def test_the_frame_watches_the_rank_through_one_doorway_and_gathers_its_result(
 
 
 def test_a_failed_run_publishes_rank_zeros_result_with_its_partial_results(
-        fake: FakeNvml) -> None:
-    ctx = watched()
+        fake: FakeNvml, watched: RunContext) -> None:
+    ctx = watched
     with pytest.raises(RuntimeError, match="simulated"), \
             process_group("gloo", "cpu", 30, ctx=ctx):
         progress.publish_partial(ctx, {"measured": 1})
@@ -90,8 +94,8 @@ def test_a_failed_run_publishes_rank_zeros_result_with_its_partial_results(
 
 
 def test_no_fault_watch_opens_no_doorway_and_reports_every_rank_as_off(
-        fake: FakeNvml, doorways: list[Nvml]) -> None:
-    ctx = watched()
+        fake: FakeNvml, doorways: list[Nvml], watched: RunContext) -> None:
+    ctx = watched
     with process_group("gloo", "cpu", 30, fault_watch=False, ctx=ctx):
         faultwatch.of(ctx).mark_start()
         faultwatch.of(ctx).mark_end()
@@ -114,7 +118,7 @@ def test_a_cpu_rank_without_the_override_opens_no_doorway(
     (("A", None, "B"), 2, "B"), (("A",), 5, None)])
 def test_the_test_bus_override_gives_each_rank_its_own_entry(
         value: tuple[str | None, ...], rank: int, expected: str | None) -> None:
-    assert TestHooks(fault_bus=value).bus_id(rank) == expected
+    assert Plant(fault_bus=value).bus_id(rank) == expected
 
 
 def _watched(rank: int, fractions: dict[str, float], samples: int = 10,
@@ -162,8 +166,9 @@ def test_ranks_whose_watch_did_not_come_back_are_named_not_dropped() -> None:
                         "back (the run ended before the ranks' results were gathered)"]
 
 
-def test_a_failure_before_any_result_still_reports_rank_zeros_faults(fake: FakeNvml) -> None:
-    ctx = watched()
+def test_a_failure_before_any_result_still_reports_rank_zeros_faults(
+        fake: FakeNvml, watched: RunContext) -> None:
+    ctx = watched
     with pytest.raises(RuntimeError), process_group("gloo", "cpu", 30, ctx=ctx):
         fake.deliver_event(1, XID, 79)
         raise RuntimeError("simulated failure before the first measurement")
@@ -179,8 +184,8 @@ def test_a_failure_before_any_result_still_reports_rank_zeros_faults(fake: FakeN
 
 
 def test_benchs_stop_report_shows_rank_zeros_faults_apart_from_its_partial_numbers(
-        fake: FakeNvml) -> None:
-    ctx = watched()
+        fake: FakeNvml, watched: RunContext) -> None:
+    ctx = watched
     with pytest.raises(KeyboardInterrupt), \
             process_group("gloo", "cpu", 30, ctx=ctx):
         progress.publish_partial(ctx, {"rank0_warmup": {"iters": 2}})
@@ -193,12 +198,12 @@ def test_benchs_stop_report_shows_rank_zeros_faults_apart_from_its_partial_numbe
 
 
 def test_a_watcher_that_cannot_start_leaves_the_load_running_and_says_why(
-        fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+        fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, watched: RunContext) -> None:
     def broken(self: Any) -> None:
         raise ValueError("a watcher bug")
 
     monkeypatch.setattr(faultwatch.FaultWatch, "start", broken)
-    ctx = watched()
+    ctx = watched
     with process_group("gloo", "cpu", 30, ctx=ctx):
         faultwatch.of(ctx).mark_start()
         faultwatch.of(ctx).mark_end()

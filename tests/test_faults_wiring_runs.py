@@ -19,13 +19,13 @@ from typing import Any
 
 import bench_workers
 import pytest
+from plant import Plant, planted
 
-from gpucheck.cli import program
-from gpucheck.context import RunOptions, TestHooks
+from gpucheck.cli import main
 
 SITE = Path(__file__).resolve().parent / "fake_nvml_site"
 BUS = ("00000000:18:00.0", "00000000:9A:00.0")
-WATCH_FAKE = TestHooks(fault_bus=BUS)  # rank r watches fake GPU r (the bus override)
+WATCH_FAKE = Plant(fault_bus=BUS)  # rank r watches fake GPU r (the bus override)
 LABEL = ("GPU 0 (NVIDIA H200, bus 00000000:18:00.0, GPU-00000000-0000-0000-0000-000000000000)",
          "GPU 1 (NVIDIA H200, bus 00000000:9A:00.0, GPU-00000001-0000-0000-0000-000000000000)")
 XID = 0x8  # nvmlEventTypeXidCriticalError
@@ -54,10 +54,11 @@ def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def run(tmp_path: Path, command: str, *extra: str,
-        hooks: TestHooks = WATCH_FAKE) -> tuple[int, dict[str, Any]]:
+        plant: Plant = WATCH_FAKE) -> tuple[int, dict[str, Any]]:
     out = tmp_path / "report.json"
-    code = program([command, "--n-gpus", "2", "--timeout", "60", "-q", "-o", str(out), *extra],
-                   RunOptions(hooks=hooks))
+    with planted(plant):
+        code = main([command, "--n-gpus", "2", "--timeout", "60", "-q", "-o", str(out),
+                        *extra])
     return code, json.loads(out.read_text())
 
 
@@ -129,7 +130,7 @@ def test_a_failed_bench_run_still_reports_rank_zeros_own_faults(tmp_path: Path,
                                                                 fake_gpus) -> None:
     fake_gpus(events=[{"gpu": 0, "type": XID, "data": 79, "on_poll": 1}])
     code, report = run(tmp_path, "bench", *BENCH,
-                       hooks=replace(WATCH_FAKE, model=bench_workers.fail_rank_zero))
+                       plant=replace(WATCH_FAKE, model=bench_workers.fail_rank_zero))
     assert code == 1
     section = faults(report)
     assert ("faults.xid", "FAIL", f"rank 0 on {LABEL[0]}") in statuses(section)
@@ -143,7 +144,7 @@ def test_a_bench_straggler_in_thermal_slowdown_is_told_why_it_was_slow(
     # counter (field 270) grows at half of real time: slowed down 50% of any window.
     fake_gpus(gpus=[{}, {"slowdown_share": {"270": 0.5}}])
     code, report = run(tmp_path, "bench", *BENCH[:-1], "5",
-                       hooks=replace(WATCH_FAKE, model=bench_workers.slow_rank_one))
+                       plant=replace(WATCH_FAKE, model=bench_workers.slow_rank_one))
     assert code == 0, report
     warned = [f for s in report["sections"] for f in s["findings"]
               if f["check"] == "bench.rank.straggler" and f["status"] == "WARN"]

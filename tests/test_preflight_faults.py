@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from plant import planted
 from test_faults_wiring_runs import (  # noqa: F401 (fake_gpus: a fixture)
     LABEL,
     WATCH_FAKE,
@@ -14,15 +15,13 @@ from test_faults_wiring_runs import (  # noqa: F401 (fake_gpus: a fixture)
     fake_gpus,
 )
 
-from gpucheck.cli import program
-from gpucheck.context import RunOptions
+from gpucheck.cli import main
 
 
 def _run(tmp_path: Path) -> tuple[int, dict]:
     out = tmp_path / "report.json"
-    # The fault watch reads the fake GPUs' bus ids from the test hooks (RunOptions).
-    code = program(["preflight", "--n-gpus", "2", "--budget", "60", "-q", "-o", str(out)],
-                   RunOptions(hooks=WATCH_FAKE))
+    with planted(WATCH_FAKE):  # the ranks watch the fake GPUs' bus ids
+        code = main(["preflight", "--n-gpus", "2", "--budget", "60", "-q", "-o", str(out)])
     return code, json.loads(out.read_text())
 
 

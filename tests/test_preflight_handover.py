@@ -19,7 +19,6 @@ import pytest
 from comm_workers import PYTHON, ROOT, free_port, tracked
 from test_preflight_runs import RUN_S, _slurm_ranks, _trained
 
-from gpucheck.context import RunOptions
 from gpucheck.errors import Interrupted
 
 
@@ -114,7 +113,7 @@ def test_rank_zeros_store_going_away_is_awaited_without_cpp_noise(
 
 def test_a_stopped_run_leaves_no_stale_exclude_file(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpucheck.cli import program
+    from gpucheck.cli import main
     from gpucheck.distributed import job
 
     exclude = tmp_path / "exclude.txt"
@@ -127,5 +126,5 @@ def test_a_stopped_run_leaves_no_stale_exclude_file(tmp_path: Path,
     for name in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC"))] + \
             ["RANK", "WORLD_SIZE", "LOCAL_RANK"]:
         monkeypatch.delenv(name, raising=False)
-    assert program(["preflight", "-q", "--exclude-file", str(exclude)], RunOptions()) == 143
+    assert main(["preflight", "-q", "--exclude-file", str(exclude)]) == 143
     assert not exclude.exists()

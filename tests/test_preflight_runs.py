@@ -21,7 +21,7 @@ RUN_S = 300
 # survivor's wait ends at the budget's end plus GRACE_S, so a shorter one ends sooner.
 STOPPED_BUDGET = "5"
 TRAIN = str(ROOT / "tests" / "preflight_train.py")
-HOOKED = str(ROOT / "tests" / "hooked.py")  # gpucheck with test hooks (TestHooks)
+HOOKED = str(ROOT / "tests" / "hooked.py")  # gpucheck with planted faults (tests/plant.py)
 HOOK_PATH = f"{ROOT}:{ROOT / 'tests'}"
 
 
@@ -49,7 +49,7 @@ def _trained(stdout: str) -> list[dict]:
 
 def _torchrun(tmp_path: Path, *options: str, hooks: tuple[str, ...] = (),
               **env: str) -> subprocess.Popen[str]:
-    """`hooks`: tests/hooked.py's options (every rank gets them as TestHooks)."""
+    """`hooks`: tests/hooked.py's options (every rank plants them)."""
     args = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
             "--max-restarts", "0", HOOKED, *hooks, "gpucheck", "preflight", *options,

@@ -36,7 +36,7 @@ def _ctx(rank: int, backend: str = "nccl", world_size: int = 2) -> RankContext:
     spec = StressSpec(device="cuda", backend=backend, timeout_s=42.0, dtypes=("bf16",),
                       size=8, duration_s=0.0, warmup_s=0.0, gemm_window_s=0.0,
                       membw_window_s=0.0)
-    return RankContext(spec, _world(rank, world_size), torch.device("cpu"), None, None,
+    return RankContext(spec, _world(rank, world_size), torch.device("cpu"), None,
                        RunContext())
 
 

@@ -18,9 +18,10 @@ from typing import Any
 import psutil
 import pytest
 import stress_workers
+from plant import Plant, planted
 
-from gpucheck.cli import program
-from gpucheck.context import RunContext, RunOptions, TestHooks
+from gpucheck.cli import main
+from gpucheck.context import RunContext
 
 # The shortest burn-in: it still repeats the product MIN_REPEATS (10) times, past the
 # planted change after CHANGE_AFTER (5).
@@ -34,9 +35,9 @@ def stress(tmp_path: Path, nproc: int, *extra: str, hook: str | None = None,
            ) -> tuple[int, dict[str, Any]]:
     """`hook`: the name of a tests/stress_workers.py function every rank calls."""
     out = tmp_path / "stress.json"
-    hooks = TestHooks(stress=getattr(stress_workers, hook) if hook else None)
-    code = program(["stress", "--n-gpus", str(nproc), *SHORT, "--format", "json",
-                    "-o", str(out), *extra], RunOptions(hooks=hooks))
+    with planted(Plant(stress=getattr(stress_workers, hook) if hook else None)):
+        code = main(["stress", "--n-gpus", str(nproc), *SHORT, "--format", "json",
+                        "-o", str(out), *extra])
     return code, json.loads(out.read_text())
 
 

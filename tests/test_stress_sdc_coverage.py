@@ -10,10 +10,10 @@ from typing import Any
 
 import stress_workers
 import torch
+from plant import Plant, planted
 
 from gpucheck import agreement
-from gpucheck.cli import program
-from gpucheck.context import RunOptions, TestHooks
+from gpucheck.cli import main
 from gpucheck.stress import burn
 from gpucheck.stress.gemm import seeded_pair
 
@@ -69,10 +69,9 @@ def test_every_output_tile_of_the_lowest_height_has_a_row_checked() -> None:
 
 def _run(tmp_path: Path, hook: str | None) -> dict[str, Any]:
     out = tmp_path / "stress.json"
-    hooks = TestHooks(stress=getattr(stress_workers, hook) if hook else None)
-    program(["stress", "--n-gpus", "1", "--duration", "0.5", "--timeout", "60", "-q",
-             "--dtypes", "fp32", "--size", "1280", "--format", "json", "-o", str(out)],
-            RunOptions(hooks=hooks))
+    with planted(Plant(stress=getattr(stress_workers, hook) if hook else None)):
+        main(["stress", "--n-gpus", "1", "--duration", "0.5", "--timeout", "60", "-q",
+                 "--dtypes", "fp32", "--size", "1280", "--format", "json", "-o", str(out)])
     return json.loads(out.read_text())
 
 

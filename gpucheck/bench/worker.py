@@ -20,7 +20,7 @@ from gpucheck.bench.partial import TimedSoFar
 from gpucheck.bench.progress import Progress
 from gpucheck.bench.records import LoopTiming, RankRecord
 from gpucheck.confirm import remeasure
-from gpucheck.context import RunContext, TestHooks
+from gpucheck.context import RunContext
 from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.deadline import gather_objects, synchronize
 from gpucheck.distributed.session import barrier, gpu_identity, process_group, roster
@@ -91,7 +91,7 @@ def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
         share = bench_model.rank_share(len(spec.files), world.rank, world.world_size)
         progress.set_step(ctx, "model and data (DDP construction broadcasts rank 0's "
                                "weights)")
-        ddp, batch, check_batch = _prepare(spec, world, share, ctx.hooks)
+        ddp, batch, check_batch = _prepare(spec, world, share)
         record, output = _measure(spec, world, ddp, (batch, check_batch), threads, plan,
                                   ctx)
         _publish(ctx, world, rank0_record=asdict(record))  # kept if another rank fails now
@@ -159,8 +159,8 @@ def _cores(spec: BenchSpec, world: World,
     return torch.get_num_threads(), plan
 
 
-def _prepare(spec: BenchSpec, world: World, share: bench_model.Share,
-             hooks: TestHooks) -> tuple[Any, torch.Tensor, torch.Tensor]:
+def _prepare(spec: BenchSpec, world: World,
+             share: bench_model.Share) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """Model under DDP on the device; the rank's batch and the fixed check batch there too."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
@@ -169,8 +169,6 @@ def _prepare(spec: BenchSpec, world: World, share: bench_model.Share,
     dtype = bench_model.torch_dtype(spec.dtype)
     fmt = torch.channels_last if spec.channels_last else torch.contiguous_format
     model = bench_model.build_model(spec.model, spec.weights)
-    if hooks.model is not None:  # tests only: a slow or wrong rank
-        model = hooks.model(model, world.rank)
     # Module.to takes memory_format (torch._C._nn._parse_to) but its typed overloads omit it.
     model = model.to(device=device, dtype=dtype, memory_format=fmt)  # type: ignore[call-overload]
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.index is not None

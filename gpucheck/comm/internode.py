@@ -96,8 +96,7 @@ class Exchange(NamedTuple):
 
 
 def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: int,
-              device: str, delay_s: float, recv_delay_s: float = 0.0, *,
-              wait_s: float) -> Exchange:
+              device: str, *, wait_s: float) -> Exchange:
     """Send `iters` buffers to `me_send` while receiving as many from `me_recv`; NCCL's
     host waits bounded by `wait_s`."""
     import torch
@@ -118,12 +117,9 @@ def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: 
     # A helper thread waits on the receives, so this rank's own (possibly slow) sends
     # do not delay the moment its receives are seen done.
     ended: list[float] = []
-    waiter = threading.Thread(target=_wait_all, args=(posted, ended, recv_delay_s),
-                              daemon=True)
+    waiter = threading.Thread(target=_wait_all, args=(posted, ended), daemon=True)
     waiter.start()
     for _ in range(iters if me_send is not None else 0):
-        if delay_s:
-            time.sleep(delay_s)
         started(dist.isend(out, me_send)).wait()
     waiter.join()
     if len(ended) != 1:
@@ -131,11 +127,9 @@ def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: 
     return Exchange(ended[0] - began if me_recv is not None else None, None)
 
 
-def _wait_all(works: Sequence[Any], ended: list[float], delay_s: float = 0.0) -> None:
-    """Wait on every work (the test hook's delay before each); append the time."""
+def _wait_all(works: Sequence[Any], ended: list[float]) -> None:
+    """Wait on every work; append the time."""
     for work in works:
-        if delay_s:
-            time.sleep(delay_s)
         work.wait()
     ended.append(time.perf_counter())
 
@@ -144,8 +138,7 @@ Samples = tuple[list[float] | None, list[float] | None]  # GB/s received, sent p
 
 
 def _samples(peers: tuple[int | None, int | None], size_bytes: int, iters: int,
-             device: str, delays: tuple[float, float], repeats: int,
-             wait_s: float) -> Samples:
+             device: str, repeats: int, wait_s: float) -> Samples:
     """`repeats` timed exchanges, each after a barrier: GB/s as received and as sent
     (None: no receive, or no timed send)."""
     from gpucheck.distributed.session import barrier
@@ -155,7 +148,7 @@ def _samples(peers: tuple[int | None, int | None], size_bytes: int, iters: int,
         # Every repeat starts together: without the barrier a rank that waited on a slow
         # peer would start its next sends late, and its own receivers would read slow.
         barrier(wait_s)
-        timed.append(_exchange(*peers, size_bytes, iters, device, *delays, wait_s=wait_s))
+        timed.append(_exchange(*peers, size_bytes, iters, device, wait_s=wait_s))
 
     def gbps(seconds: list[float | None]) -> list[float] | None:
         if not seconds or any(s is None or s <= 0 for s in seconds):
@@ -226,7 +219,6 @@ def _measure(roster: Sequence[Mapping[str, Any]],
     me = dist.get_rank()
     node_ranks = list(group_by_node(roster).values())
     mine = next(i for i, ranks in enumerate(node_ranks) if me in ranks)
-    delays = ctx.hooks.node_delays(mine, node_ranks[mine].index(me), again=again)
     links: list[dict[str, Any]] = []
     sent: list[dict[str, Any]] = []
     for label, text, to_node, from_node in steps(len(node_ranks), mine):
@@ -239,8 +231,8 @@ def _measure(roster: Sequence[Mapping[str, Any]],
         if came is not None or not again:
             # Warm-up, untimed: NCCL's first send/recv between two ranks creates their
             # communicator, which must not be inside the timed exchange.
-            _exchange(*peers, size_bytes, 1, device, 0.0, wait_s=ctx.session.wait_s)
-        received, sending = _samples(peers, size_bytes, iters, device, delays, repeats,
+            _exchange(*peers, size_bytes, 1, device, wait_s=ctx.session.wait_s)
+        received, sending = _samples(peers, size_bytes, iters, device, repeats,
                                      ctx.session.wait_s)
         if received is not None and came is not None and from_node is not None:
             links.append(_link(label, from_node, mine, came, me, received))

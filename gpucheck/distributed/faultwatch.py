@@ -28,20 +28,17 @@ class RankFaults:
         self.off = False
         self.result: dict[str, Any] | None = None
 
-    def open_nvml(self, world: World, enabled: bool, test_bus: str | None = None) -> Nvml | None:
-        """The rank's one NVML doorway (each runs a worker thread), None without a GPU.
-        `test_bus` (`TestHooks.fault_bus`): a bus id watched instead of the rank's GPU."""
-        wanted = world.device_index is not None or (enabled and test_bus)
-        self.nvml = Nvml() if wanted else None
+    def open_nvml(self, world: World) -> Nvml | None:
+        """The rank's one NVML doorway (each runs a worker thread), None without a GPU."""
+        self.nvml = Nvml() if world.device_index is not None else None
         return self.nvml
 
-    def start(self, world: World, gpu: GpuIdentity | None, enabled: bool,
-              test_bus: str | None = None) -> None:
+    def start(self, world: World, gpu: GpuIdentity | None, enabled: bool) -> None:
         """Start watching this rank's GPU (the counters' first snapshot is taken here)."""
         self.watch, self.off, self.result = None, not enabled, None
         if not enabled:
             return
-        bus_id = test_bus or (gpu.pci_bus_id if gpu else None)
+        bus_id = gpu.pci_bus_id if gpu else None
         watch = FaultWatch(bus_id, nvml=self.nvml, rank=world.rank)
         try:
             watch.start()

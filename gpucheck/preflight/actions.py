@@ -127,14 +127,13 @@ def hold_sigterm() -> None:
 MARGIN_S = 30.0
 
 
-def guard_seconds(budget_s: float, grace_s: float, backend: str,
-                  margin_s: float | None = None) -> float:
+def guard_seconds(budget_s: float, grace_s: float, backend: str) -> float:
     """The budget, the grace, the roll call twice (its host stays a window for late
-    readers) and `margin_s` (None: MARGIN_S; a test hook gives a shorter one)."""
+    readers) and MARGIN_S."""
     from gpucheck.distributed.checkin import roll_call_window_s
 
     roll_call_s = 2 * roll_call_window_s(budget_s, backend)
-    return budget_s + grace_s + roll_call_s + (MARGIN_S if margin_s is None else margin_s)
+    return budget_s + grace_s + roll_call_s + MARGIN_S
 
 
 def on_hang_hosts(rank: int, store_on_rank0: bool,

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from gpucheck.distributed.deadline import synchronize
 from gpucheck.stats import percentile
 from gpucheck.stress.gemm import matmul_precision, seeded_pair
-from gpucheck.stress.hooks import Hook
 from gpucheck.stress.records import BurnRecord as BurnRecord  # its home: records.py
 from gpucheck.timing import Marks
 
@@ -73,8 +72,8 @@ def _mismatch_counter(golden: torch.Tensor, mode: str, dtype: str) -> Any:
     return lambda out: ((out.float() - golden.float()).abs().max() > limit).to(torch.int64)
 
 
-def _first_result(a: torch.Tensor, b: torch.Tensor, kind: str,
-                  hook: Hook | None) -> tuple[torch.Tensor, str, float]:
+def _first_result(a: torch.Tensor, b: torch.Tensor,
+                  kind: str) -> tuple[torch.Tensor, str, float]:
     """(the first result, the comparison mode, seconds per product)."""
     import torch
 
@@ -86,8 +85,6 @@ def _first_result(a: torch.Tensor, b: torch.Tensor, kind: str,
     per_iter = time.perf_counter() - started
     mode = "bitwise" if torch.equal(_bits(first), _bits(second)) else "tolerance"
     torch.matmul(a, b, out=first)
-    if hook is not None:
-        hook("burn", 0, first)
     return first, mode, per_iter
 
 
@@ -111,14 +108,14 @@ def full_precision_reductions() -> Iterator[None]:
 
 
 def burn(rank: int, dtype: str, n: int, device: Any, kind: str, duration_s: float,
-         group: str, hook: Hook | None) -> tuple[BurnRecord, torch.Tensor, torch.Tensor]:
+         group: str) -> tuple[BurnRecord, torch.Tensor, torch.Tensor]:
     """Repeat the product for `duration_s`; (the record, the first result, its row
     checks)."""
     import torch
 
     with torch.inference_mode(), matmul_precision(dtype), full_precision_reductions():
         a, b = seeded_pair(n, SDC_SEED, device, dtype, on_cpu=True)
-        golden, mode, per_iter = _first_result(a, b, kind, hook)
+        golden, mode, per_iter = _first_result(a, b, kind)
         count = _mismatch_counter(golden, mode, dtype)
         out = torch.empty_like(golden)
         chunk = max(1, min(1000, round(CHUNK_S / max(per_iter, 1e-6))))
@@ -132,8 +129,6 @@ def burn(rank: int, dtype: str, n: int, device: Any, kind: str, duration_s: floa
             marks.mark()
             for _ in range(chunk):
                 torch.matmul(a, b, out=out)
-                if hook is not None:
-                    hook("burn", len(times) + len(counts) + 1, out)
                 counts.append(count(out))
                 marks.mark()
                 # The chunk is sized from the first product: a GPU that slows down later

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpucheck.stress.hooks import Hook
 from gpucheck.stress.records import CopyRecord as CopyRecord  # its home: records.py
 from gpucheck.stress.records import GemmRecord as GemmRecord  # its home: records.py
 from gpucheck.timing import summarise, timed_window
@@ -59,7 +58,7 @@ def seeded_pair(n: int, seed: int, device: Any, dtype: str,
 
 
 def measure_gemm(rank: int, dtype: str, n: int, device: Any, kind: str,
-                 warmup_s: float, window_s: float, hook: Hook | None) -> GemmRecord:
+                 warmup_s: float, window_s: float) -> GemmRecord:
     """Warm up, then time back-to-back products into a preallocated output."""
     import torch
 
@@ -69,8 +68,6 @@ def measure_gemm(rank: int, dtype: str, n: int, device: Any, kind: str,
 
         def step(i: int) -> None:
             torch.matmul(a, b, out=out)
-            if hook is not None:
-                hook("gemm", i, out)
 
         stats = summarise(timed_window(step, kind, warmup_s, window_s))
     flops = 2.0 * n**3
@@ -103,7 +100,7 @@ def free_device_bytes(kind: str) -> int | None:
 
 
 def measure_copy(rank: int, size: int, device: Any, kind: str, warmup_s: float,
-                 window_s: float, hook: Hook | None) -> CopyRecord:
+                 window_s: float) -> CopyRecord:
     import torch
 
     src = torch.ones(size, dtype=torch.uint8, device=device)
@@ -111,8 +108,6 @@ def measure_copy(rank: int, size: int, device: Any, kind: str, warmup_s: float,
 
     def step(i: int) -> None:
         dst.copy_(src)
-        if hook is not None:
-            hook("membw", i, dst)
 
     stats = summarise(timed_window(step, kind, warmup_s, window_s))
     moved = float(size)  # counted once, as nvbandwidth (see the module docstring)

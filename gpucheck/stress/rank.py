@@ -22,7 +22,6 @@ from gpucheck.numa import (
     read_numa_node,
     read_value,
 )
-from gpucheck.stress.hooks import Hook
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,6 @@ class RankContext:
     spec: StressSpec
     world: World
     device: Any  # torch.device
-    hook: Hook | None
     bus_id: str | None
     run: RunContext  # the rank's run context: its progress, session and bars
 
