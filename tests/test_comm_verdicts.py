@@ -1,11 +1,6 @@
-"""Every comm verdict on recorded figures, through the report's own path (`comm_sections`):
-the same check, status, subject and action as before the verdicts moved onto
-`gpucheck.peers` (issue 25, S3; the expected rows were produced by main at 3533bd6),
-and now the second look and the cause as data.
-
-The figures are handmade in the shape the workers record (GB/s, microseconds), large
-against noise, so every case is deterministic.
-"""
+"""Every comm verdict on handmade figures (GB/s, microseconds, large against noise),
+through the report's own path (`comm_sections`): check, status, subject and action as
+main at 3533bd6 gave them (issue 25, S3), with the second look and the cause as data."""
 
 from __future__ import annotations
 
@@ -14,8 +9,9 @@ from typing import Any
 import pytest
 
 from gpucheck.comm.report import Verdicts, comm_sections
+from gpucheck.comm.verdicts import node_figures, plan
 from gpucheck.comm.worker import CommSpec, p2p_unsupported
-from gpucheck.measure import LookState
+from gpucheck.measure import Better, LookState
 from gpucheck.report import Finding, Status
 
 OK, SKIP, WARN = Status.OK, Status.SKIP, Status.WARN
@@ -199,6 +195,31 @@ def _cleared(scenario: str) -> list[Row]:
 def test_each_comm_verdict_keeps_its_check_status_and_action_with_its_look_as_data(
         scenario: str, second: str, device: str) -> None:
     assert rows(scenario, second, device) == expected(scenario, second, device)
+
+
+def test_rank_zero_plans_each_slow_node_beside_the_known_good_node_nearest_the_median(
+        ) -> None:
+    nodes, healthy = _nodes("cuda", None), _healthy("cuda", None)
+    assert plan(node_figures(nodes["ranks"], nodes["pairwise"]["pairs"], []), 0.9) == {
+        "kind": "pairs", "suspects": [2], "known_good": 0}
+    assert plan(node_figures(healthy["ranks"], healthy["pairwise"]["pairs"], []), 0.9) is None
+    by_time = _nodes_by_time("cuda", None)
+    rows = by_time["collectives"]["all_reduce"]
+    assert plan(node_figures(by_time["ranks"], [], rows), 0.9) == {
+        "kind": "all_reduce", "suspects": [2], "known_good": 1}
+
+
+def test_a_slow_node_is_judged_against_the_known_good_node_measured_beside_it() -> None:
+    (pairs,) = [f for f in judged("nodes", "confirmed", "cuda") if f.check == NS]
+    look = pairs.look
+    assert look is not None and (look.first, look.again, look.reference, look.unit) == (
+        2.0, 2.1, 9.9, "GB/s")
+    assert [a.position() for a in look.against] == ["node0"]
+    (times,) = judged("nodes_by_time", "confirmed", "cuda")[:1]
+    # Times: lower is better, worse above the known-good node's time / 0.9.
+    assert times.look is not None and (times.look.unit, times.look.bound.better,
+                                       times.look.again, times.look.reference) == (
+        "us", Better.LOWER, 390.0, 99.0)
 
 
 def test_no_comm_module_words_a_look_or_names_an_action() -> None:
