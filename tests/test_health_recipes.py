@@ -218,7 +218,7 @@ def test_the_textfile_script_writes_prometheus_text_atomically(node):
 
 def test_the_alert_rules_name_only_metrics_gpucheck_writes():
     parser = pytest.importorskip("prometheus_client.parser")
-    from gpucheck.render.prometheus import render_prometheus
+    from gpucheck.render.headline import render_prometheus
     from gpucheck.report import Report, Section, ok
 
     report = Report(command="health", sections=[Section("health", "run", {

@@ -11,8 +11,7 @@ import pytest
 
 from gpucheck import subject
 from gpucheck.render import render
-from gpucheck.render.headline import MAX_CHARS
-from gpucheck.render.prometheus import LABELS
+from gpucheck.render.headline import LABELS, MAX_CHARS
 from gpucheck.report import Report, Section, fail, ok, skip, warn
 
 parser = pytest.importorskip("prometheus_client.parser")

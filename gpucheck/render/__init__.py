@@ -48,7 +48,7 @@ def render(report: Report, fmt: str, color: bool = False, width: int | None = No
 
         return render_line(report)
     if fmt == "prometheus":
-        from gpucheck.render.prometheus import render_prometheus
+        from gpucheck.render.headline import render_prometheus
 
         return render_prometheus(report)
     from gpucheck.render.text import render_text

@@ -1,10 +1,11 @@
-"""Each command's headline figures under the verdict in every format, from the
-report's metrics (never rendered cells); the JSON renderer, which carries them as
-`figures`; and the one-line summary (`--format line`: a drain reason).
+"""Each command's headline figures (from the report's metrics, shown under the verdict
+in every format) and the formats for machines: JSON (with them as `figures`), one line
+(`--format line`: a drain reason) and Prometheus text (families: docs/health.md).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import statistics
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 
 from gpucheck.actions import ACTIONS
 from gpucheck.measure import Metric
-from gpucheck.render.words import fmt_bytes, fmt_value
+from gpucheck.render.words import fmt_bytes, fmt_value, terminal
 from gpucheck.report import Finding, Report, Status
 from gpucheck.subject import Kind, Subject
 
@@ -180,3 +181,163 @@ def render_json(report: Report) -> str:
     items = list(raw.items())
     shaped = dict([*items[:at], ("figures", headline_rows(report)), *items[at:]])
     return json.dumps(shaped, indent=2, sort_keys=False, default=str) + "\n"
+
+
+# Prometheus text exposition format 0.0.4 for node_exporter's textfile collector:
+# https://prometheus.io/docs/instrumenting/exposition_formats/
+LABELS = ("command", "check", "subject", "gpu", "hca", "port", "status", "action")
+
+
+def escape(value: str) -> str:
+    """A Prometheus label value: UTF-8 (undecodable bytes as \\xNN), controls escaped."""
+    if not value.isascii():
+        try:  # a file name's undecodable bytes (surrogateescape) back to bytes, shown
+            value = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:  # any other lone surrogate
+            value = value.encode("utf-8", "backslashreplace").decode("ascii")
+    # Other controls (ESC, NUL) and bidi overrides as \\x1b: a label is shown by
+    # terminals and dashboards, never obeyed. A newline keeps the format's own escape.
+    value = "\n".join(map(terminal, value.split("\n")))
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(pairs: dict[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{escape(v)}"' for k, v in pairs.items()) + "}"
+
+
+def _header(name: str, text: str) -> list[str]:
+    return [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
+
+
+def _subject_labels(subject: Subject | None) -> dict[str, str]:
+    """The GPU index or HCA and port a subject names, from its fields (a port's field
+    is "mlx5_0/1"); never read from its words."""
+    if subject is None:
+        return {"subject": "", "gpu": "", "hca": "", "port": ""}
+    hca, _, number = (subject.port or "").rpartition("/")
+    return {"subject": subject.label,
+            "gpu": str(subject.gpu) if subject.gpu is not None else "",
+            "hca": hca, "port": number if subject.port else ""}
+
+
+def folded(report: Report) -> list[Finding]:
+    """One finding per (check, subject): the worst, the first of equals."""
+    worst: dict[tuple[str, str], Finding] = {}
+    for finding in report.findings:
+        key = (finding.check, "" if finding.subject is None else finding.subject.label)
+        if key not in worst or finding.status.severity > worst[key].status.severity:
+            worst[key] = finding
+    return list(worst.values())
+
+
+def _epoch(stamp: str) -> float | None:
+    try:
+        return dt.datetime.fromisoformat(stamp).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
+def _valid_until(report: Report) -> float | None:
+    stamps = [s.data.get("valid_until") for s in report.sections]
+    return next((e for e in map(_epoch, (s for s in stamps if isinstance(s, str)))
+                 if e is not None), None)
+
+
+def _times(report: Report, command: dict[str, str]) -> list[str]:
+    lines: list[str] = []
+    created, until = _epoch(report.created_at), _valid_until(report)
+    if created is not None:
+        lines += _header("gpucheck_report_timestamp_seconds", "When the report was made "
+                         "(Unix time).")
+        lines.append(f"gpucheck_report_timestamp_seconds{_labels(command)} {created:.0f}")
+    if until is not None:
+        lines += _header("gpucheck_valid_until_timestamp_seconds", "Until when the report "
+                         "holds (Unix time): a later time() means the check stopped running.")
+        lines.append(f"gpucheck_valid_until_timestamp_seconds{_labels(command)} {until:.0f}")
+    return lines
+
+
+def render_prometheus(report: Report) -> str:
+    command = {"command": report.command}
+    lines = _header("gpucheck_info", "The report's scope: what its figures measure.")
+    lines.append(f"gpucheck_info{_labels({**command, 'scope': report.scope or ''})} 1")
+    lines += _header("gpucheck_check_status", "Status of one check on one subject: 0 OK, "
+                    "1 SKIP, 2 WARN, 3 FAIL.")
+    for f in folded(report):
+        labels = {**command, "check": f.check, **_subject_labels(f.subject),
+                  "status": f.status.value, "action": f.action or ""}
+        lines.append(f"gpucheck_check_status{_labels(labels)} {f.status.severity}")
+    lines += _header("gpucheck_verdict", "The report's verdict: 0 OK, 1 SKIP, 2 WARN, 3 FAIL.")
+    lines.append(f"gpucheck_verdict{_labels(command)} {report.verdict().severity}")
+    lines += _header("gpucheck_findings", "Findings of each status in the report.")
+    for status, count in report.summary().items():
+        lines.append(f"gpucheck_findings{_labels({**command, 'status': status})} {count}")
+    lines += _times(report, command)
+    lines += _figures(report, command)
+    return "\n".join(lines) + "\n"
+
+
+# A figure's unit -> (the name's unit suffix, the factor to base units), after
+# https://prometheus.io/docs/practices/naming/ (base units, the unit in the name).
+_UNITS = {"s": ("seconds", 1.0), "ms": ("seconds", 1e-3), "GB/s": ("bytes_per_second", 1e9),
+          "TFLOP/s": ("flops_per_second", 1e12), "images/s": ("images_per_second", 1.0),
+          "bytes": ("bytes", 1.0), "W": ("watts", 1.0), "C": ("celsius", 1.0),
+          "MHz": ("hertz", 1e6), "%": ("ratio", 1e-2), "ratio": ("ratio", 1.0)}
+# The figure's own words that name its unit, dropped from the family's name.
+_UNIT_WORDS = ("gbps", "tflops", "ms", "s", "w", "c", "mhz", "pct", "bytes", "per", "images")
+_FIGURE_LABELS = ("command", "gpu", "UUID", "pci_bus_id", "Hostname", "rank", "peer", "node",
+                  "collective", "size_bytes", "dtype")
+_DTYPES = ("fp32", "fp16", "bf16", "tf32", "fp64", "fp8")
+
+
+def _figure_name(metric: Metric) -> tuple[str, dict[str, str]]:
+    """The family's name and the labels its metric name carries: "comm.all_reduce.
+    busbw_gbps@1024" is gpucheck_comm_busbw_bytes_per_second{collective="all_reduce",
+    size_bytes="1024"}, "stress.gemm.bf16.tflops" gpucheck_stress_gemm_flops_per_second
+    {dtype="bf16"}."""
+    name, _, size = metric.name.partition("@")
+    parts = name.split(".")
+    labels = {"size_bytes": size} if size else {}
+    if parts[0] == "comm" and len(parts) == 3 and parts[1] != "pairwise":
+        labels["collective"] = parts.pop(1)
+    if len(parts) > 2 and parts[2] in _DTYPES:
+        labels["dtype"] = parts.pop(2)
+    suffix, _ = _UNITS.get(metric.unit, (_sanitized(metric.unit), 1.0))
+    words = [w for w in "_".join(parts).split("_") if w not in _UNIT_WORDS]
+    if words and words[-1] == suffix:  # "nvlink_active_links" in links
+        words.pop()
+    return "_".join(["gpucheck", *map(_sanitized, words), suffix]), labels
+
+
+def _sanitized(word: str) -> str:
+    return "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_"
+                   for c in word.lower()).strip("_") or "value"
+
+
+def _figure_labels(metric: Metric) -> dict[str, str]:
+    s = metric.subject
+    if s is None:
+        return {}
+    fields = {"gpu": s.gpu, "UUID": s.uuid, "pci_bus_id": s.bus_id, "Hostname": s.host,
+              "rank": s.rank, "peer": s.peer, "node": s.node}
+    return {k: str(v) for k, v in fields.items() if v is not None}
+
+
+def _figures(report: Report, command: dict[str, str]) -> list[str]:
+    """Every metric of the report as a gauge in base units, one family per figure, every
+    sample of a family with the family's labels ("" where a sample has none)."""
+    families: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for section in report.sections:
+        for metric in section.metrics:
+            name, labels = _figure_name(metric)
+            labels = {**command, **labels, **_figure_labels(metric)}
+            value = metric.value * _UNITS.get(metric.unit, ("", 1.0))[1]
+            families.setdefault(name, []).append((labels, value))
+    lines: list[str] = []
+    for name, samples in families.items():
+        keys = [k for k in _FIGURE_LABELS if any(labels.get(k) for labels, _ in samples)]
+        series = {tuple((k, labels.get(k, "")) for k in keys): value
+                  for labels, value in reversed(samples)}  # a series once: the first
+        lines += _header(name, f"A figure gpucheck {terminal(report.command)} measured ({name}).")
+        lines += [f"{name}{_labels(dict(full))} {value!r}" for full, value in series.items()]
+    return lines
