@@ -16,9 +16,8 @@ from typing import Any
 from gpucheck import subject as subjects
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
-INFINIBAND = Path("class/infiniband")
 ACTIVE_STATES = (4, 5)  # ACTIVE, ACTIVE_DEFER
-PHYS_DISABLED, PHYS_LINK_UP = 3, 5
+PHYS_DISABLED = 3
 # The counters read (each a file under counters/); absent ones are left out.
 COUNTERS = ("link_downed", "symbol_error", "port_rcv_errors", "link_error_recovery",
             "port_rcv_remote_physical_errors", "local_link_integrity_errors",
@@ -85,35 +84,25 @@ def _numbered(text: str | None) -> tuple[int | None, str | None]:
     return (None, None) if match is None else (int(match[1]), match[2].strip())
 
 
-def _counters(directory: Path) -> dict[str, int]:
-    found = {}
-    for name in COUNTERS:
-        text = _read(directory / name)
-        if text is not None and text.isdigit():
-            found[name] = int(text)
-    return found
-
-
-def _name(path: Path) -> str:
-    """A directory's name; bytes not UTF-8 as `\\xff` (no lone surrogates in reports)."""
-    return os.fsencode(path.name).decode("utf-8", "backslashreplace")
-
-
 def read_port(hca_dir: Path, port_dir: Path) -> IbPort:
     """`cat state phys_state rate link_layer counters/*` of one port."""
     state, state_name = _numbered(_read(port_dir / "state"))
     phys, phys_name = _numbered(_read(port_dir / "phys_state"))
     rate = _read(port_dir / "rate")
     match = _RATE.match(rate or "")
-    return IbPort(_name(hca_dir), int(port_dir.name), state, state_name, phys, phys_name,
+    counters = {name: _read(port_dir / "counters" / name) for name in COUNTERS}
+    # The HCA's name: bytes not UTF-8 as `\\xff` (no lone surrogates in reports).
+    return IbPort(os.fsencode(hca_dir.name).decode("utf-8", "backslashreplace"),
+                  int(port_dir.name), state, state_name, phys, phys_name,
                   float(match[1]) if match else None, rate, _read(port_dir / "link_layer"),
-                  _read(hca_dir / "hca_type"), _counters(port_dir / "counters"))
+                  _read(hca_dir / "hca_type"),
+                  {k: int(v) for k, v in counters.items() if v is not None and v.isdigit()})
 
 
 def read_ports(sysfs: Path = Path("/sys")) -> list[IbPort] | None:
     """Every port of every HCA, sorted; None without an InfiniBand class (no RDMA
     driver), [] with the class but no device."""
-    root = sysfs / INFINIBAND
+    root = sysfs / "class/infiniband"
     if not root.is_dir():
         return None
     ports = []
@@ -227,14 +216,6 @@ def flap_finding(port: IbPort, deltas: dict[str, int] | None,
     return ok(check, f"no link-down {since}{detail}", port.subject)
 
 
-def _fastest(ports: Sequence[IbPort]) -> dict[tuple[str | None, str | None], float]:
-    fastest: dict[tuple[str | None, str | None], float] = {}
-    for port in ports:
-        if port.active and port.rate_gbps is not None:
-            fastest[port.kind] = max(fastest.get(port.kind, 0.0), port.rate_gbps)
-    return fastest
-
-
 def _count_finding(judged: Sequence[IbPort], options: IbOptions) -> Finding:
     active = [p for p in judged if p.active]
     said = f"{len(active)} of {len(judged)} port(s) active"
@@ -260,7 +241,10 @@ def judge_ports(ports: list[IbPort] | None, previous: dict[str, dict[str, Any]],
         return IbJudgement(Section("ib", TITLE, {"ports": []}, [finding]), dict(previous))
     ports = ports or []
     judged = [p for p in ports if not ignored(p, options.ignore)]
-    fastest = _fastest(judged)
+    fastest: dict[tuple[str | None, str | None], float] = {}
+    for port in judged:
+        if port.active and port.rate_gbps is not None:
+            fastest[port.kind] = max(fastest.get(port.kind, 0.0), port.rate_gbps)
     findings: list[Finding] = [_count_finding(judged, options)]
     rows, remembered = [], dict(previous)
     for port in judged:

@@ -351,12 +351,12 @@ def collect_health_report(options: HealthOptions, start: float | None = None) ->
     added: list[dict[str, Any]] = []
     cleared: set[str] = set()
     if options.state_dir is not None:  # the remembered faults still reported
-        carried = carry(state.faults, boot_id)
+        still, gone = carry(state.faults, boot_id)
         added = new_faults(xids.faults, boot_id, report.created_at)
-        xids.section.findings += still_findings(carried.still, {f["key"] for f in added})
-        xids.section.data["still_reported"] = [f["key"] for f in carried.still]
-        state.cleared += [f"{f['key']} (cleared by a reboot)" for f in carried.cleared]
-        cleared = {f["key"] for f in carried.cleared}
+        xids.section.findings += still_findings(still, {f["key"] for f in added})
+        xids.section.data["still_reported"] = [f["key"] for f in still]
+        state.cleared += [f"{f['key']} (cleared by a reboot)" for f in gone]
+        cleared = {f["key"] for f in gone}
     report.add(xids.section)
     ib, ports = _ib_part(outcomes["ib"], state, state.same_boot(boot_id), options,
                          report.created_at)

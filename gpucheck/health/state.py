@@ -1,8 +1,5 @@
-"""What `gpucheck health --state-dir DIR` remembers between runs (`DIR/health-state.json`):
-per consumer its boot id, kernel-log cursor, IB counters and last verdict; shared, the
-ports seen active, the most GPUs seen, the sticky faults, the `--set-healthy` baseline.
-Read only from a directory and file of this user's alone, every field checked; a file
-that cannot be used is set aside and FAILs `health.state` (docs/health.md, "State").
+"""What `gpucheck health --state-dir DIR` remembers between runs, read only from a
+directory and file of this user's alone, every field checked (docs/health.md, "State").
 """
 
 from __future__ import annotations
@@ -120,7 +117,10 @@ def fault(value: Any, where: str) -> dict[str, Any]:
         raw["subject_fields"] = _subject(raw["subject_fields"], f"{where}.subject_fields")
     _need(raw["status"] in ("WARN", "FAIL"), f"{where}.status", "WARN or FAIL")
     _need(raw["action"] in ACTIONS, f"{where}.action", "a gpucheck action")
-    _need(_declared(raw["check"]), f"{where}.check", "a check id this gpucheck declares")
+    try:  # it is raised again as a finding: its check id must be declared
+        lookup(raw["check"])
+    except KeyError:
+        raise Damaged(f"{where}.check is not a check id this gpucheck declares") from None
     return raw
 
 
@@ -135,15 +135,6 @@ def _subject(value: Any, where: str) -> dict[str, Any]:
     except (TypeError, ValueError) as exc:
         raise Damaged(f"{where} is not a subject ({str(exc)[:80]})") from None
     return raw
-
-
-def _declared(check: str) -> bool:
-    """A fault is raised again as a finding: its check id must be declared."""
-    try:
-        lookup(check)
-    except KeyError:
-        return False
-    return True
 
 
 def checked_state(raw: Any) -> dict[str, Any]:
@@ -300,7 +291,12 @@ def load_state(directory: Path | None, consumer: str = DEFAULT_CONSUMER) -> Heal
     try:
         raw = read_raw(directory)
     except Damaged as exc:
-        return HealthState(unknown=f"{directory / STATE_FILE}: {exc}{_set_aside(directory)}")
+        try:  # renamed (a link is not followed) so a person can look
+            os.replace(directory / STATE_FILE, directory / SET_ASIDE)
+            aside = f"; set aside as {SET_ASIDE}"
+        except OSError as error:
+            aside = f" (could not set it aside: {error.strerror})"
+        return HealthState(unknown=f"{directory / STATE_FILE}: {exc}{aside}")
     if raw is None:  # set aside by a run that could not write a new one since
         return HealthState(unknown=f"{directory / SET_ASIDE} was set aside, and no state "
                            "written since" if _exists(directory / SET_ASIDE) else None)
@@ -320,15 +316,6 @@ def _exists(path: Path) -> bool:
     except OSError:
         return True  # there but not readable: not known to be gone
     return True
-
-
-def _set_aside(directory: Path) -> str:
-    """Rename the unusable file (a link is not followed) so a person can look."""
-    try:
-        os.replace(directory / STATE_FILE, directory / SET_ASIDE)
-    except OSError as exc:
-        return f" (could not set it aside: {exc.strerror})"
-    return f"; set aside as {SET_ASIDE}"
 
 
 def clear_set_aside(directory: Path) -> str | None:

@@ -1,9 +1,6 @@
-"""Xid lines since the last check, and the faults that stay reported until cleared.
-
-Each consumer's cursor (count, chain hash, tail fingerprints) says where it stopped
-reading; a fault needing a reset or a reboot is remembered in the state dir until a
-reboot or `--set-healthy` clears it. docs/health.md ("State") has the rules.
-"""
+"""Xid lines since the last check (each consumer's cursor: count, chain hash, tail
+fingerprints), and the faults that stay reported until a reboot or `--set-healthy`
+clears them (docs/health.md, "State")."""
 
 from __future__ import annotations
 
@@ -34,15 +31,6 @@ def _chain(prints: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(prints).encode("ascii")).hexdigest()[:24]
 
 
-@dataclass(frozen=True)
-class XidCut:
-    """The events not reported before, how many were, and the cursor to remember."""
-
-    new: tuple[XidEvent, ...]
-    reported_before: int
-    cursor: dict[str, Any]
-
-
 def _tail_end(prints: Sequence[str], tail: Sequence[str]) -> int:
     """Where the remembered tail ends in a log that lost its oldest lines (the earliest
     fit), 0 where none."""
@@ -68,13 +56,6 @@ def cursor_of(log: KernelLog) -> dict[str, Any]:
             "tail": prints[-TAIL_LINES:], "source": log.source}
 
 
-def cut_reported(log: KernelLog, cursor: dict[str, Any], same_boot: bool) -> XidCut:
-    events = list(log.events)
-    prints = [fingerprint(e) for e in events]
-    start = start_of_new(prints, cursor) if same_boot else 0
-    return XidCut(tuple(events[start:]), start, cursor_of(log))
-
-
 @dataclass(frozen=True)
 class XidPart:
     """The kernel-log section of the new lines, their GPU faults, the cursor to keep."""
@@ -91,11 +72,11 @@ def xid_section(log: KernelLog | None, cursor: dict[str, Any], same_boot: bool,
     if log is None or log.source is None:
         section, faults = kernel_log_part(log, gpus, error)
         return XidPart(section, dict(cursor), tuple(faults))
-    cut = cut_reported(log, cursor, same_boot)
-    section, faults = kernel_log_part(replace(log, events=cut.new), gpus,
-                                      reported_before=cut.reported_before)
-    section.data.update(xid_lines_new=len(cut.new), xid_lines_reported_before=cut.reported_before)
-    return XidPart(section, cut.cursor, tuple(faults))
+    start = start_of_new([fingerprint(e) for e in log.events], cursor) if same_boot else 0
+    new = tuple(log.events)[start:]
+    section, faults = kernel_log_part(replace(log, events=new), gpus, reported_before=start)
+    section.data.update(xid_lines_new=len(new), xid_lines_reported_before=start)
+    return XidPart(section, cursor_of(log), tuple(faults))
 
 
 # --- faults that stay reported (a reboot or --set-healthy clears them) -------
@@ -137,27 +118,16 @@ def _subject(fault: dict[str, Any]) -> Subject | None:
     return text(words) if words else None
 
 
-@dataclass(frozen=True)
-class Carried:
-
-    still: list[dict[str, Any]]
-    cleared: list[dict[str, Any]]
-
-
-def carry(faults: Iterable[dict[str, Any]], boot_id: str | None) -> Carried:
-    """Split the remembered faults: a reboot clears those a reset clears."""
+def carry(faults: Iterable[dict[str, Any]], boot_id: str | None,
+          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The remembered faults still reported, and those cleared (a reboot clears those a
+    reset clears)."""
     still: list[dict[str, Any]] = []
     cleared: list[dict[str, Any]] = []
     for fault in faults:
         rebooted = boot_id is not None and fault.get("boot_id") not in (None, boot_id)
         (cleared if rebooted and fault["action"] in CLEARED_BY_REBOOT else still).append(fault)
-    return Carried(still, cleared)
-
-
-def _until(action: str) -> str:
-    if action in CLEARED_BY_REBOOT:
-        return "until a reboot, or `gpucheck health --set-healthy` after a GPU reset"
-    return "until the part is replaced and `gpucheck health --set-healthy` is run"
+    return still, cleared
 
 
 def still_findings(still: Iterable[dict[str, Any]], raised: set[str]) -> list[Finding]:
@@ -166,8 +136,10 @@ def still_findings(still: Iterable[dict[str, Any]], raised: set[str]) -> list[Fi
     for fault in still:
         if fault["key"] in raised:
             continue
-        message = (f"{fault['message']} (first reported {fault['since']}; reported "
-                   f"{_until(fault['action'])})")
+        until = ("until a reboot, or `gpucheck health --set-healthy` after a GPU reset"
+                 if fault["action"] in CLEARED_BY_REBOOT else "until the part is replaced "
+                 "and `gpucheck health --set-healthy` is run")
+        message = f"{fault['message']} (first reported {fault['since']}; reported {until})"
         findings.append(Finding(fault["check"], Status(fault["status"]), message,
                                 fault.get("hint") or None, _subject(fault),
                                 cause=table_cause(fault["action"])))
