@@ -29,8 +29,8 @@ def fail_on_rank_one(message: str) -> None:
 
 def gather_without_rank_one(ctx: RunContext, objects_timeout_s: float) -> None:
     """Rank 1 stops before an object collective; rank 0 gathers through the session's
-    object group (on NCCL `process_group` makes it; here a gloo group with a short
-    timeout beside a default group with a long one)."""
+    object group (here a gloo group with a short timeout beside the default group's
+    10 s, which also sets the roll call's window)."""
     import datetime
     import time
 
@@ -38,7 +38,7 @@ def gather_without_rank_one(ctx: RunContext, objects_timeout_s: float) -> None:
 
     from gpucheck.distributed import deadline, progress
 
-    with process_group("gloo", "cpu", timeout_s=120, ctx=ctx) as world:
+    with process_group("gloo", "cpu", timeout_s=10, ctx=ctx) as world:
         ctx.session.objects = dist.new_group(
             backend="gloo", timeout=datetime.timedelta(seconds=objects_timeout_s))
         if world.rank == 1:

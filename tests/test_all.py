@@ -46,7 +46,9 @@ def fast_commands(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("fast_commands")
 def test_all_runs_every_command_into_one_report_with_a_summary_row_each(
         tmp_path: Path) -> None:
-    code, report = _run_all(tmp_path)
+    # One rank each, in this process: every command's group joined and left in turn
+    # (two ranks per command: test_all_torchrun.py).
+    code, report = _run_all(tmp_path, "--n-gpus", "1")
     assert report["command"] == "all"
     names = [s["name"] for s in report["sections"]]
     assert len(names) == len(set(names)), "section names must stay unique"
@@ -71,7 +73,7 @@ def test_a_failing_command_is_a_fail_finding_and_the_next_one_still_runs(
         raise RuntimeError("probe exploded\nsecond line")
 
     monkeypatch.setattr(env, "run", broken)
-    code, report = _run_all(tmp_path, "--skip", "stress,bench")
+    code, report = _run_all(tmp_path, "--skip", "stress,bench", "--n-gpus", "1")
     rows = _rows(report)
     assert rows["env"]["outcome"] == "failed"
     assert "RuntimeError: probe exploded" in rows["env"]["why"]
