@@ -1,6 +1,6 @@
-"""Plain statistics over measured figures: median, nearest-rank percentile, best and
-typical of repeats, a robust spread. Median and MAD, not mean and standard deviation:
-one dead GPU would drag a mean until nothing stood out. Floor 1: imports nothing."""
+"""Numbers: plain statistics over measured figures (median and MAD, never mean and
+standard deviation: docs/DESIGN.md), byte counts in words, a figure read defensively.
+Floor 1: imports nothing from gpucheck."""
 
 from __future__ import annotations
 
@@ -60,3 +60,32 @@ def significant(value: float, digits: int = 6) -> float:
     if value == 0 or not math.isfinite(value):
         return value
     return round(value, digits - 1 - math.floor(math.log10(abs(value))))
+
+
+_EXACT_UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+_BYTE_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def human_bytes(size: int) -> str:
+    """An exact size in the largest unit that divides it: a buffer size ("64 MiB",
+    "1536 B"); never rounded, so two sizes never read alike."""
+    for unit, scale in _EXACT_UNITS:
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+def fmt_bytes(count: int) -> str:
+    """A count in the largest unit it reaches, one decimal ("1.5 GiB"): a measured
+    amount, where the exact figure matters less than its size."""
+    for unit, size in _BYTE_UNITS:
+        if abs(count) >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} B"
+
+
+def number(value: object) -> float | None:
+    """A finite int or float (not a bool), else None: a record is read defensively."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None

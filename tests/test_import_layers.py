@@ -15,7 +15,7 @@ PACKAGE = ROOT / "gpucheck"
 
 # Floor 1: these import nothing of gpucheck but each other (a Metric names its Subject).
 FLOOR_ONE = tuple(f"gpucheck.{name}" for name in
-                  ("stats", "measure", "subject", "units", "errors", "escape", "envfacts",
+                  ("stats", "measure", "subject", "errors", "escape", "envfacts",
                    "records"))
 
 # (modules the rule covers, by prefix; imports they must not make, by prefix; why)

@@ -10,8 +10,8 @@ from gpucheck import subject
 from gpucheck.actions import Action, Status
 from gpucheck.checks.check import Cause, Check, both, build, docs_of, find, title_of
 from gpucheck.measure import Better, Bound, LookState, Metric, SecondLook
+from gpucheck.stats import fmt_bytes, human_bytes
 from gpucheck.subject import Kind, Subject
-from gpucheck.units import fmt_bytes, human_bytes
 
 
 @pytest.mark.parametrize(("bound", "value", "reference", "worse"), [

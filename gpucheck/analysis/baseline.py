@@ -16,8 +16,7 @@ from gpucheck.inputs import InputError, JsonProblem, parse_json, read_capped
 from gpucheck.measure import Better, Metric
 from gpucheck.peers import shortfall, trimmed
 from gpucheck.report import Finding, ok, skip, warn
-from gpucheck.stats import describe, significant
-from gpucheck.units import number
+from gpucheck.stats import describe, number, significant
 
 BASELINE_SCHEMA_VERSION = 1
 

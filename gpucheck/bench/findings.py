@@ -19,8 +19,7 @@ from gpucheck.bench.stragglers import rank_subject, straggler_findings
 from gpucheck.bench.worker import CONSISTENCY_IMAGES, BenchOutcome, BenchSpec
 from gpucheck.distributed.nodes import numa_findings
 from gpucheck.faults import run_faults_section, slowdown_causes
-from gpucheck.measure import Better, Metric
-from gpucheck.measured import rank_subjects, relative_spread
+from gpucheck.measure import Better, Metric, rank_subjects, relative_spread
 from gpucheck.report import Finding, Section, fail, ok, warn
 from gpucheck.subject import file, node, ranks
 

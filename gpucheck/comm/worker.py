@@ -27,7 +27,7 @@ from gpucheck.distributed.nodes import group_by_node
 from gpucheck.distributed.session import process_group, roster
 from gpucheck.distributed.world import World
 from gpucheck.peers import SLOW_NODE_FRACTION
-from gpucheck.units import human_bytes
+from gpucheck.stats import human_bytes
 
 
 @dataclass(frozen=True)

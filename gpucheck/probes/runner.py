@@ -14,8 +14,7 @@ from typing import Any
 
 from gpucheck import subject as subjects
 from gpucheck.devices import GpuIdentity, bus_id_of, cuda_device_count, normal_bus_id, uuid_of
-from gpucheck.measure import Better, Metric
-from gpucheck.measured import whole
+from gpucheck.measure import Better, Metric, whole
 from gpucheck.probes.consistency import cuda_compat_findings, probe_consistency
 from gpucheck.probes.gpu_read import DriverInfo, GpuRecord
 from gpucheck.probes.gpus import NvmlResult, probe_nvml
@@ -26,7 +25,7 @@ from gpucheck.probes.system import probe_envvars, probe_system
 from gpucheck.probes.torch_build import TorchInfo, cuda_available_finding, probe_torch
 from gpucheck.probes.xid_section import kernel_log_section
 from gpucheck.report import Finding, Report, Section, fail, ok, skip
-from gpucheck.units import number
+from gpucheck.stats import number
 
 # Long enough for a slow but healthy 8-GPU node's NVML start and attaches.
 PHASE1_TIMEOUT_S = 120.0

@@ -11,8 +11,8 @@ from typing import Any
 
 from gpucheck.render.words import is_table
 from gpucheck.report import Report, Section, Status
+from gpucheck.stats import number
 from gpucheck.subject import Kind
-from gpucheck.units import number
 
 # A fleet of many metrics would make a chart too tall to read; the table has them all.
 MAX_RANGE_ROWS = 30

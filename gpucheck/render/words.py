@@ -12,7 +12,7 @@ from typing import Any
 from gpucheck.escape import terminal as terminal
 from gpucheck.measure import LookState, SecondLook
 from gpucheck.report import Finding, Status
-from gpucheck.units import fmt_bytes as fmt_bytes
+from gpucheck.stats import fmt_bytes as fmt_bytes
 
 # What an unstable look asks of a person, once for every command.
 UNSTABLE_ADVICE = ("not slow the second time: contention from other jobs or a transient; "

@@ -9,11 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucheck import subject
-from gpucheck.measure import Better, Metric
-from gpucheck.measured import rank_of, rank_subjects, whole
+from gpucheck.measure import Better, Metric, rank_of, rank_subjects, whole
 from gpucheck.records import Unread, as_dict, read_all, readable
+from gpucheck.stats import number
 from gpucheck.subject import Kind, Subject
-from gpucheck.units import number
 
 
 @dataclass(frozen=True)

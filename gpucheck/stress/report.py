@@ -11,7 +11,7 @@ from typing import Any
 from gpucheck import subject as subject_
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
-from gpucheck.measured import attach
+from gpucheck.measure import attach
 from gpucheck.numa import cpulist, on_node, parse_cpulist
 from gpucheck.records import as_dict, readable
 from gpucheck.report import Finding, Section, ok, skip, warn
@@ -295,4 +295,3 @@ def _p2p_matrix(node: Mapping[str, Any]) -> list[dict[str, Any]]:
                 round(pair["gbps"], 1) if pair["gbps"] is not None else "no P2P")
         rows.append(row)
     return rows
-
