@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpucheck.analysis.noise import HOST_BOUND_RUNS, NOISY, noise_levels
+from gpucheck.analysis.compare import HOST_BOUND_RUNS, NOISY, noise_levels
 from gpucheck.cli import main
 from gpucheck.measure import Better, Metric
 from gpucheck.subject import rank as rank_subject

@@ -188,7 +188,7 @@ def slower(threshold: float) -> Bound:
 
 def _device_explains(pace: RankPace) -> bool:
     """Its slower device time explains at least half of its hold-back, in log terms
-    (compare's host-bound rule, gpucheck.analysis.noise)."""
+    (compare's host-bound rule, gpucheck.analysis.compare)."""
     held = max(pace.hold_back, pace.wall_vs_others, 1.0)
     return math.log(max(pace.vs_others, 1.0)) >= 0.5 * math.log(held)
 
