@@ -1,6 +1,5 @@
 """Run a worker on every rank however the job was launched (gpucheck's own ranks,
-torchrun, srun), and a failed job as JobFailed and as its report: the ranks to blame,
-the survivors' diagnoses, the partial results (docs/DESIGN.md)."""
+torchrun, srun); a failed job as JobFailed and as its report (docs/DESIGN.md)."""
 
 from __future__ import annotations
 
@@ -57,10 +56,9 @@ def resolve_nproc(requested: int | None, default: int, ctx: RunContext) -> int:
 
 def run_job(worker: Callable[[RunContext, S], Any], spec: S, nproc: int,
             master_port: int | None, ctx: RunContext) -> Any:
-    """Run `worker(ctx, spec)` on every rank; this process gets rank 0's value (None on a
-    rank that does not report). Under a launcher with several ranks this process is one
-    of them; otherwise one rank runs here, or several through the elastic launcher, each
-    with a context of its own made from `ctx.options`."""
+    """Run `worker(ctx, spec)` on every rank: rank 0's value here (None on a rank that
+    does not report). Under a launcher this process is one of the ranks; else one rank
+    runs here, or several through the elastic launcher."""
     world = launched_world(ctx)
     if world is not None or nproc == 1:
         if world is None:  # under torchrun or srun, rank 0's check-in says it
@@ -86,11 +84,9 @@ def run_job(worker: Callable[[RunContext, S], Any], spec: S, nproc: int,
 
 
 class JobFailed(WorkersFailed):
-    """The job ended badly. `failures`: the ranks to blame, crashed ones first, then the
-    silent (`cause` "did not answer" or "never checked in"); ranks that failed only
-    because another stopped answering are in `raw_failures`. `partial`: what the
-    reporting rank had published; `diagnoses`: each survivor's view; `roster`: the
-    check-in records; `reporter`: whether this process writes the report."""
+    """The job ended badly. `failures`: the ranks to blame (`blame`), every one that
+    failed in `raw_failures`; `partial`: rank 0's published results; `diagnoses`: each
+    survivor's view; `reporter`: whether this process writes the report."""
 
     def __init__(self, failures: list[RankFailure], partial: dict[str, Any] | None,
                  diagnoses: list[dict[str, Any]], roster: list[Any] | None,
@@ -158,8 +154,7 @@ def _silent(rank: int, diagnoses: list[dict[str, Any]],
 
 @contextmanager
 def _run_dir(ctx: RunContext) -> Iterator[Path]:
-    """The job's run directory (the user's GPUCHECK_RUN_DIR, `ctx.options.run_dir`,
-    kept, else a temporary one), handed to the workers in their RunOptions."""
+    """The job's run directory: the user's (kept), else a temporary one."""
     given = progress.run_dir(ctx)
     folder = given or Path(tempfile.mkdtemp(prefix="gpucheck-run-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -173,9 +168,8 @@ def _run_dir(ctx: RunContext) -> Iterator[Path]:
 
 
 def in_context(worker: Callable[[RunContext, S], Any], spec: S, options: RunOptions) -> Any:
-    """How a spawned rank runs its worker: with its own context, made from the options
-    the launching process pickled beside the spec, placed in the job by the variables
-    the elastic agent set in this process's environment (read here, once)."""
+    """How a spawned rank runs its worker: a context of its own from the pickled options
+    and the variables the elastic agent set (read here, once)."""
     ctx = RunContext(options, launcher_env=dict(os.environ))
     try:
         result = worker(ctx, spec)
@@ -190,26 +184,20 @@ def in_context(worker: Callable[[RunContext, S], Any], spec: S, options: RunOpti
 
 
 def _run_here(worker: Callable[[RunContext, S], Any], spec: S, ctx: RunContext) -> Any:
-    """This process is the only rank here: turn its failure into `JobFailed`."""
+    """This process is the only rank here: its failure becomes `JobFailed`."""
     progress.reset(ctx)
     try:
         return worker(ctx, spec)
     except Exception as exc:
         if not isinstance(exc, (CheckInFailed, RanksUnresponsive, SharedGpu)):
             traceback.print_exc()
-        raise _job_failed_here(exc, ctx) from exc
-
-
-def _job_failed_here(exc: Exception, ctx: RunContext) -> JobFailed:
-    from gpucheck.distributed.session import roster
-
-    world = world_of(ctx)
-    rank, local_rank = (world.rank, world.local_rank) if world else (0, 0)
-    lines = str(exc).strip().splitlines()
-    failure = RankFailure(rank, local_rank, exitcode=1, signal=None,
-                          message=lines[-1] if lines else type(exc).__name__)
-    return JobFailed([failure], progress.local_partial(ctx), list(ctx.progress.diagnoses),
-                     [asdict(i) for i in roster(ctx)], reporter=rank == 0)
+        world = world_of(ctx)
+        rank, local_rank = (world.rank, world.local_rank) if world else (0, 0)
+        lines = str(exc).strip().splitlines()
+        failure = RankFailure(rank, local_rank, exitcode=1, signal=None,
+                              message=lines[-1] if lines else type(exc).__name__)
+        raise JobFailed([failure], progress.local_partial(ctx), list(ctx.progress.diagnoses),
+                        [asdict(i) for i in ctx.session.roster], reporter=rank == 0) from exc
 
 
 ANOTHER_RANK_HINT = (
@@ -234,11 +222,7 @@ _CHECKS = {"did not answer": ("rank_unresponsive", HUNG_HINT),
 
 
 def rank_failure_findings(failures: list[RankFailure], command: str) -> list[Finding]:
-    """One FAIL per failed rank, naming it and its exit cause (or that it went silent).
-
-    With a `JobFailed`, pass `exc.failures`: the ranks to blame, not those that only
-    failed because another rank stopped answering.
-    """
+    """One FAIL per failed rank (a JobFailed's `failures`), naming how it ended."""
     findings = []
     for f in failures:
         check, hint = _CHECKS.get(f.cause or "", ("rank_failed", ANOTHER_RANK_HINT))
@@ -253,15 +237,13 @@ def _listed(ranks: list[Any]) -> str:
 
 
 def _ranks_subject(ranks: list[Any]) -> subjects.Subject:
-    """"rank 1, 3" with the ranks as fields (a diagnosis whose rank is not a number,
-    from a rank that could not tell, is in the words only)."""
+    """"rank 1, 3", with the ranks that are numbers as fields."""
     numbers = [r for r in ranks if isinstance(r, int) and not isinstance(r, bool)]
     return subjects.ranks(numbers, f"rank {_listed(ranks)}")
 
 
 def flight_findings(diagnoses: list[dict[str, Any]], command: str) -> list[Finding]:
-    """Where the survivors' Flight Recorder dumps went (OK), or why a rank wrote none
-    (SKIP, with torch's reason): gpucheck hang --traces reads them."""
+    """Where the survivors' Flight Recorder dumps went (OK), or why a rank wrote none."""
     outcomes = {d.get("rank"): d["flight_recorder"] for d in diagnoses
                 if isinstance(d.get("flight_recorder"), dict)}
     check = f"{command}.flight_recorder"
@@ -283,8 +265,8 @@ def flight_findings(diagnoses: list[dict[str, Any]], command: str) -> list[Findi
 
 def failure_section(command: str, findings: list[Finding], partial: bool,
                     summary: str, diagnoses: list[dict[str, Any]] | None = None) -> Section:
-    """The failure as FAIL findings; says whether the sections above are partial and
-    which NCCL settings gpucheck chose for the run (distributed.deadline.BACKSTOP)."""
+    """The failure's findings; whether the sections above are partial, and the NCCL
+    settings gpucheck chose for the run."""
     chosen = next((d["nccl_settings"] for d in diagnoses or [] if d.get("nccl_settings")),
                   None)
     data = {"outcome": summary,
@@ -296,10 +278,9 @@ def failure_section(command: str, findings: list[Finding], partial: bool,
 
 def failed_job_report(command: str, exc: JobFailed, build: Callable[[Any], Report],
                       quiet_stdout: bool) -> Report:
-    """The report of a job that failed: what rank 0 had published (`build(exc.partial)`)
-    plus the failure naming the ranks to blame. On a rank that does not report: one
-    line on stderr and exit 1. `quiet_stdout` (--quiet without --output): the FAIL
-    still gets its line on stderr."""
+    """What rank 0 had published (`build(exc.partial)`) plus the failure naming the ranks
+    to blame; on another rank one line and exit 1. `quiet_stdout`: the FAIL's line on
+    stderr all the same."""
     summary = "; ".join(f.describe() for f in exc.failures) or "the job failed"
     if not exc.reporter:
         print(f"gpucheck {command}: {shown(summary)}", file=sys.stderr)
