@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,35 +25,43 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
                           text=True, env=full_env, cwd=ROOT, timeout=120)
 
 
-def test_env_json_report_comes_out_and_parses():
-    proc = run_cli("env", "--format", "json", "--no-gpu-test")
-    report = json.loads(proc.stdout)
+@pytest.fixture(scope="module")
+def every_format(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One quiet `gpucheck env` run with the secrets set, each format written with -o and
+    chosen by the file's extension; {format: output, "proc": the process, "files": names}."""
+    folder = tmp_path_factory.mktemp("formats")
+    files = {"text": folder / "env.txt", "json": folder / "env.json",
+             "markdown": folder / "env.md"}
+    proc = run_cli("env", "--quiet", "--no-gpu-test",
+                   *(a for f in files.values() for a in ("-o", str(f))),
+                   env={**SECRETS, "NCCL_DEBUG": "WARN-visible"})
+    assert proc.returncode in (0, 1), proc.stderr
+    return {"proc": proc, "files": sorted(p.name for p in folder.iterdir()),
+            **{fmt: path.read_text() for fmt, path in files.items()}}
+
+
+def test_env_json_report_comes_out_and_parses(every_format: dict[str, Any]) -> None:
+    report = json.loads(every_format["json"])
     assert report["command"] == "env"
     names = [s["name"] for s in report["sections"]]
     assert names[:3] == ["system", "python", "torch"] and "environment" in names
-    assert proc.returncode == (1 if report["verdict"] == "FAIL" else 0)
+    assert every_format["proc"].returncode == (1 if report["verdict"] == "FAIL" else 0)
 
 
-@pytest.fixture(scope="module")
-def every_format(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """One `gpucheck env` run with the secrets set: text on stdout, json and markdown
-    written with -o (the same renderers); {format: output, "stderr": stderr}."""
-    folder = tmp_path_factory.mktemp("formats")
-    files = {"json": folder / "env.json", "markdown": folder / "env.md"}
-    proc = run_cli("env", "--format", "text", "--no-gpu-test",
-                   *(a for f in files.values() for a in ("-o", str(f))),
-                   env={**SECRETS, "NCCL_DEBUG": "WARN-visible"})
-    assert proc.stdout and proc.returncode in (0, 1), proc.stderr
-    return {"text": proc.stdout, "stderr": proc.stderr,
-            **{fmt: path.read_text() for fmt, path in files.items()}}
+def test_output_files_take_their_format_from_the_extension_and_quiet_prints_nothing(
+        every_format: dict[str, Any]) -> None:
+    assert every_format["proc"].stdout == ""
+    assert every_format["files"] == ["env.json", "env.md", "env.txt"]
+    assert every_format["markdown"].startswith("# gpucheck env: **")
+    assert every_format["text"].startswith("gpucheck env on ")
 
 
 @pytest.mark.parametrize("fmt", ["text", "json", "markdown"])
 def test_secrets_and_other_variables_never_appear_in_any_format(
-        every_format: dict[str, str], fmt: str) -> None:
+        every_format: dict[str, Any], fmt: str) -> None:
     out = every_format[fmt]
     for value in SECRETS.values():
-        assert value not in out and value not in every_format["stderr"]
+        assert value not in out and value not in every_format["proc"].stderr
     # Markdown escapes "<" (GitHub would swallow <redacted> as an HTML tag).
     marker = "&lt;redacted&gt;" if fmt == "markdown" else "<redacted>"
     assert marker in out and "WARN-visible" in out
@@ -63,7 +72,7 @@ def test_broken_torch_still_gives_a_report_naming_the_error(tmp_path):
     fake = tmp_path / "torch"
     fake.mkdir()
     (fake / "__init__.py").write_text('raise ImportError("simulated broken torch")\n')
-    proc = run_cli("env", "--format", "json", pythonpath=str(tmp_path))
+    proc = run_cli("env", "--format", "json", "--no-gpu-test", pythonpath=str(tmp_path))
     report = json.loads(proc.stdout)
     failed = [f for s in report["sections"] for f in s["findings"]
               if f["status"] == "FAIL" and f["check"] == "torch.import"]
@@ -80,14 +89,6 @@ def test_a_bad_output_or_format_is_a_one_line_error_exit_2_and_writes_nothing(
     proc = run_cli("env", *(a.format(tmp=tmp_path) for a in args))
     assert proc.returncode == 2 and words in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and list(tmp_path.iterdir()) == []
-
-
-def test_output_file_takes_its_format_from_the_extension(tmp_path):
-    target = tmp_path / "env.md"
-    proc = run_cli("env", "--no-gpu-test", "--quiet", "--output", str(target))
-    assert proc.returncode in (0, 1) and proc.stdout == ""
-    assert target.read_text().startswith("# gpucheck env: **")
-    assert [p.name for p in tmp_path.iterdir()] == ["env.md"]
 
 
 def test_importing_gpucheck_and_building_the_parser_never_imports_torch():
