@@ -31,10 +31,12 @@ def format_for(requested: str | None, output: str | None) -> str:
 def render(report: Report, fmt: str, color: bool = False, width: int | None = None) -> str:
     """The report as a string in `fmt` (one of FORMATS); `width` (text only): the
     terminal's columns, else the text renderer's default."""
-    if fmt == "json":
-        from gpucheck.render.headline import render_json
+    if fmt in ("json", "line", "prometheus"):
+        from gpucheck.render import headline
 
-        return render_json(report)
+        machine = {"json": headline.render_json, "line": headline.render_line,
+                   "prometheus": headline.render_prometheus}
+        return machine[fmt](report)
     if fmt in ("markdown", "markdown-plain"):
         from gpucheck.render.markdown import render_markdown
 
@@ -43,16 +45,6 @@ def render(report: Report, fmt: str, color: bool = False, width: int | None = No
         from gpucheck.render.html import render_html
 
         return render_html(report)
-    if fmt == "line":
-        from gpucheck.render.headline import render_line
+    from gpucheck.render.text import WIDTH, render_text
 
-        return render_line(report)
-    if fmt == "prometheus":
-        from gpucheck.render.headline import render_prometheus
-
-        return render_prometheus(report)
-    from gpucheck.render.text import render_text
-
-    if width is None:
-        return render_text(report, color=color)
-    return render_text(report, color=color, width=width)
+    return render_text(report, color=color, width=WIDTH if width is None else width)

@@ -1,7 +1,5 @@
-"""The charts of the HTML report found in the report, in plain Python (never
-matplotlib): bars and lines from the sections' metrics, colours and lines from the
-verdicts' own thresholds and findings (docs/html.md, "Charts").
-"""
+"""The HTML report's charts found in the report (no matplotlib here): bars and lines
+from the metrics, colours and limits from the verdicts' own thresholds (docs/html.md)."""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ MAX_RANGE_ROWS = 30
 
 @dataclass
 class LineSpec:
-    """Lines over message size (log x axis): one per series; `baseline`: per series the
-    baseline's limit at each size it has one for (`--baseline`)."""
+    """Lines over message size, one per series; `baseline`: each series' limits."""
 
     title: str
     ylabel: str
@@ -31,13 +28,8 @@ class LineSpec:
 
 @dataclass
 class BarSpec:
-    """Bars per rank with the median as a line; one panel per group (a dtype).
-
-    What paints a bar red and where lines go come from the report, never from the
-    chart: `flagged` (group -> bar labels) are the bars the section's verdict flags,
-    `rule` says why in the legend, `limits` (group -> label -> value) is where the
-    check's threshold puts the WARN line for that bar, `baseline` the baseline's limit.
-    """
+    """Bars per rank, one panel per group (a dtype); `flagged` (red), `limits` (the WARN
+    line per bar) and `baseline` come from the section's verdict, never the chart."""
 
     title: str
     ylabel: str
@@ -90,18 +82,17 @@ def _rows(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
 
 def find_charts(report: Report) -> list[ChartSpec]:
     """Every chart this report has data for, in the order they are shown."""
-    specs: list[ChartSpec | None] = [_comm_chart(report), _bench_chart(report),
-                                     *_stress_charts(report), _fleet_chart(report),
+    limits = baseline_limits(report)
+    specs: list[ChartSpec | None] = [_comm_chart(report, limits), _bench_chart(report, limits),
+                                     *_stress_charts(report, limits), _fleet_chart(report),
                                      _compare_chart(report)]
     return [spec for spec in specs if spec is not None]
 
 
-def _comm_chart(report: Report) -> LineSpec | None:
-    """busbw over message size, a line per collective: any section whose `results`
-    rows have size_bytes and busbw_gbps (all_reduce, all_gather, later ones too)."""
+def _comm_chart(report: Report, limits: dict[str, float]) -> LineSpec | None:
+    """busbw over message size, a line per collective (its busbw_gbps@SIZE metrics)."""
     series: dict[str, list[tuple[float, float]]] = {}
     baseline: dict[str, list[tuple[float, float]]] = {}
-    limits = baseline_limits(report)
     for section in report.sections:
         points, floor = [], []
         family = f"comm.{_short(section.name)}.busbw_gbps@"
@@ -121,25 +112,22 @@ def _comm_chart(report: Report) -> LineSpec | None:
 
 
 def _per_rank(section: Section, name: str) -> list[tuple[str, float]]:
-    """`rank N` -> the section's `name` metric of rank N, in rank order."""
+    """(`rank N`, the section's `name` metric of rank N), in rank order."""
     found = sorted((m.subject.rank, m.value) for m in section.metrics
                    if m.name == name and m.subject is not None and m.subject.rank is not None)
     return [(f"rank {rank}", value) for rank, value in found]
 
 
 def _rank_limits(section: Section, name: str, limits: dict[str, float]) -> dict[str, float]:
-    """`rank N` -> the baseline's limit of that rank's `name` metric, where it has one."""
     return {f"rank {m.subject.rank}": limits[m.key()] for m in section.metrics
             if m.name == name and m.subject is not None and m.subject.rank is not None
             and m.key() in limits}
 
 
-def _bench_chart(report: Report) -> BarSpec | None:
-    """images/s per rank; red: the ranks the straggler check warned about; the
-    baseline's per-rank floor where there is one."""
+def _bench_chart(report: Report, limits: dict[str, float]) -> BarSpec | None:
+    """images/s per rank; red: the ranks the straggler check warned about."""
     spec = BarSpec("Images/s per rank", "images/s", {},
                    rule="red: a rank this section's findings warned about (a straggler)")
-    limits = baseline_limits(report)
     for section in report.sections:
         if _short(section.name) == "timing":
             bars = _per_rank(section, "bench.images_per_s")
@@ -151,11 +139,9 @@ def _bench_chart(report: Report) -> BarSpec | None:
     return spec if spec.groups else None
 
 
-def _stress_charts(report: Report) -> list[BarSpec]:
-    """GEMM TFLOP/s per rank, a panel per dtype (their scales differ by 10x and more),
-    and memory bandwidth per rank. The median product (`_p50`) is what stress judges."""
+def _stress_charts(report: Report, limits: dict[str, float]) -> list[BarSpec]:
+    """GEMM TFLOP/s per rank, a panel per dtype (scales differ 10x), and memory GB/s."""
     charts = []
-    limits = baseline_limits(report)
     for section in report.sections:
         rows = _rows(section.data, "results")
         if _short(section.name) == "gemm":
@@ -183,8 +169,7 @@ def _rule_bars(section: Section, rows: list[dict[str, Any]], title: str,
 
 def _add_group(spec: BarSpec, section: Section, group: str, rows: list[dict[str, Any]],
                name: str, limits: dict[str, float]) -> None:
-    """One panel of a stress chart: the bars are the section's `name` metrics, coloured
-    and lined by the section's own thresholds (its rows' `vs_peers`, `vs_expected`)."""
+    """One panel: the section's `name` metrics, coloured and lined by its thresholds."""
     bars = _per_rank(section, name)
     if not bars:
         return
@@ -196,9 +181,7 @@ def _add_group(spec: BarSpec, section: Section, group: str, rows: list[dict[str,
 
 
 def _fleet_chart(report: Report) -> RangeSpec | None:
-    """The fleet's `metrics` rows (median, low, high) with the `outliers` rows' nodes.
-    Values are shown relative to the median, so metrics of every unit share an axis;
-    metrics with outliers come first."""
+    """The fleet's `metrics` rows relative to their median, the `outliers` nodes marked."""
     metrics = report.section("metrics")
     if metrics is None:
         return None
@@ -240,7 +223,7 @@ def _compare_chart(report: Report) -> ChangeSpec | None:
 
 
 def baseline_limits(report: Report) -> dict[str, float]:
-    """The baseline's limit per metric name, when the report was judged against one."""
+    """The baseline's limit per metric key, when the report was judged against one."""
     limits: dict[str, float] = {}
     for section in report.sections:
         if section.name.rsplit(".", 1)[-1] != "baseline":
@@ -254,8 +237,7 @@ def baseline_limits(report: Report) -> dict[str, float]:
 
 
 def flagged_ranks(section: Section) -> set[str]:
-    """`rank N` (the bar's label) for every rank a WARN or FAIL finding of `section` is
-    about: a rank subject's `rank` field."""
+    """`rank N` (the bar's label) of every rank a WARN or FAIL of `section` is about."""
     return {f"rank {f.subject.rank}" for f in section.findings
             if f.status in (Status.WARN, Status.FAIL) and f.subject is not None
             and f.subject.kind is Kind.RANK and f.subject.rank is not None}
@@ -283,8 +265,7 @@ class PeerRule:
 
     def limits(self, bars: Mapping[str, float], rows: list[dict[str, Any]]
                ) -> dict[str, float]:
-        """Bar label -> where the peer WARN starts for it: `peer` x its node's median
-        (the bar's value over its row's `vs_peers`, the ratio the verdict used)."""
+        """Bar label -> where its peer WARN starts: `peer` x value / `vs_peers`."""
         found = {}
         for row in rows:
             label, vs_peers = f"rank {row.get('rank')}", number(row.get("vs_peers"))

@@ -1,6 +1,5 @@
-"""Charts for the HTML report drawn as SVG by matplotlib, imported lazily (the `html`
-extra); a chart that fails to draw is left out with a one-line note.
-"""
+"""The HTML report's charts drawn as SVG by matplotlib (the `html` extra, imported
+lazily); a chart that fails to draw is left out with a one-line note."""
 
 from __future__ import annotations
 
@@ -58,16 +57,12 @@ def draw_charts(report: Report) -> list[Chart]:
 
 
 def _draw(spec: ChartSpec, salt: str) -> str:
-    # The object API (Figure, no pyplot) never touches a GUI backend or global figure
-    # state; the SVG canvas draws without Agg's rasteriser.
+    # The object API (Figure, no pyplot): no GUI backend, no global figure state.
     from matplotlib import rc_context
     from matplotlib.figure import Figure
 
-    # Text as <text>: no embedded glyphs, searchable; the hash salt keeps the ids
-    # stable from run to run; no date either, so the same report gives the same page.
-    # Labels are data (node, metric and GPU names from report files): never TeX.
-    # With mathtext on, "$\\frac{..}$" in a node name took a minute or removed the
-    # chart (matplotlib text.parse_math, text.usetex).
+    # Text as <text>; the salt keeps ids stable run to run (the same report, the same
+    # page); labels are data, never TeX ("$\\frac{..}$" in a node name took a minute).
     with rc_context({"svg.fonttype": "none", "svg.hashsalt": salt, "font.size": 9,
                      "text.parse_math": False, "text.usetex": False}):
         if isinstance(spec, LineSpec):
@@ -93,7 +88,10 @@ def _draw_lines(figure: Any, spec: LineSpec) -> Any:
                   color=colors.get(name, BASELINE_COLOR), linewidth=1,
                   label=f"{name}: baseline floor")
     axes.set_xscale("log", base=2)
-    axes.xaxis.set_major_formatter(_bytes_formatter())
+    from matplotlib.ticker import FuncFormatter
+
+    axes.xaxis.set_major_formatter(FuncFormatter(
+        lambda x, _pos: fmt_bytes(int(x)).replace(".0 ", " ")))
     axes.set_xlabel("message size (per rank buffer)")
     axes.set_ylabel(spec.ylabel)
     axes.set_title(spec.title)
@@ -101,12 +99,6 @@ def _draw_lines(figure: Any, spec: LineSpec) -> Any:
     axes.legend()
     figure.tight_layout()
     return figure
-
-
-def _bytes_formatter() -> Any:
-    from matplotlib.ticker import FuncFormatter
-
-    return FuncFormatter(lambda x, _pos: fmt_bytes(int(x)).replace(".0 ", " "))
 
 
 def _draw_bars(spec: BarSpec) -> Any:
@@ -129,8 +121,7 @@ FLAGGED_COLOR, BAR_COLOR, BASELINE_COLOR = "#c0392b", "#4878a8", "#e67e22"
 
 
 def _draw_panel(axes: Any, spec: BarSpec, group: str, bars: list[tuple[str, float]]) -> None:
-    """Bars coloured by the section's verdict; the median; the check's WARN line and the
-    baseline's floor per bar (each rank's own: a node's median, a GPU slot's limit)."""
+    """Bars coloured by the verdict; the median; per bar the WARN line and baseline."""
     from matplotlib.patches import Patch
 
     labels, values = [label for label, _ in bars], [v for _, v in bars]
@@ -173,8 +164,11 @@ def _draw_ranges(spec: RangeSpec) -> Any:
         axes.plot([row.low / row.median, row.high / row.median], [y, y], color="#4878a8",
                   linewidth=4, solid_capstyle="butt", alpha=0.6)
         axes.plot([1.0], [y], marker="|", color="black", markersize=10)
-        for node, value in row.outliers:
-            _mark_node(axes, node, value / row.median, y)
+        for node, value in row.outliers:  # a red x, its name above and right of it
+            x = value / row.median
+            axes.plot([x], [y], marker="x", color=FLAGGED_COLOR, markersize=8)
+            axes.annotate(node, (x, y), textcoords="offset points", xytext=(4, 5),
+                          fontsize=8, color=FLAGGED_COLOR)
     axes.set_yticks(range(len(spec.rows)), [row.label for row in spec.rows], fontsize=8)
     axes.margins(x=0.08, y=0.6 / max(len(spec.rows), 1))
     axes.invert_yaxis()
@@ -183,20 +177,10 @@ def _draw_ranges(spec: RangeSpec) -> Any:
         "in the table)" if spec.left_out else ""
     axes.set_title(spec.title + more)
     axes.grid(True, axis="x", alpha=0.3)
-    # Twice: the node names move with their points when the first pass narrows the
-    # axes, and a long name at the right edge would still be cut off after one.
+    # Twice: a long node name at the right edge is still cut off after one pass.
     figure.tight_layout()
     figure.tight_layout()
     return figure
-
-
-def _mark_node(axes: Any, node: str, x: float, y: float) -> None:
-    """An outlier node: a red x and its name, legible (8 pt), above the row's bar and to
-    the right of the mark (to the left it would run into the metric names); the
-    figure's tight_layout keeps the text inside the figure."""
-    axes.plot([x], [y], marker="x", color="#c0392b", markersize=8)
-    axes.annotate(node, (x, y), textcoords="offset points", xytext=(4, 5), fontsize=8,
-                  color="#c0392b")
 
 
 _VERDICT_COLORS = {"worse": "#c0392b", "better": "#2e8b57", "same": "#999999"}
@@ -227,10 +211,8 @@ _METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.DOTALL)
 
 
 def _svg(figure: Any, prefix: str) -> str:
-    """The figure as an <svg> element for inline HTML: no XML prolog, DOCTYPE,
-    metadata or namespace URLs (they are not fetched, but a reader of the file
-    should find no address in it at all), and every id and reference to one
-    prefixed: ids are page-wide, and each figure numbers its own from 1."""
+    """The figure as an inline <svg>: no prolog, metadata or namespace URLs (no address
+    in the file at all), every id prefixed (ids are page-wide)."""
     import io
 
     buffer = io.StringIO()

@@ -1,6 +1,5 @@
-"""HTML renderer: one self-contained page (no scripts, no external CSS, fonts or
-images; charts inline SVG), every value escaped.
-"""
+"""HTML renderer: one self-contained page (no scripts, no external files; charts inline
+SVG), every value escaped."""
 
 from __future__ import annotations
 
@@ -59,6 +58,7 @@ def render_html(report: Report) -> str:
 def _headline(report: Report) -> list[str]:
     verdict = report.verdict().value
     counts = [{"status": status, "count": n} for status, n in report.summary().items()]
+    rows = headline_rows(report)  # outside every fold
     return [
         f"<h1>gpucheck {escape(report.command)}: "
         f'<span class="badge s-{verdict}">{verdict}</span></h1>',
@@ -67,14 +67,8 @@ def _headline(report: Report) -> list[str]:
         f"gpucheck {escape(report.tool_version)}, command "
         f"<code>{escape(' '.join(report.argv))}</code></p>",
         _table(counts),
-        *_figures(report),
+        *(["<h2>Figures</h2>", _table(rows, css="figures")] if rows else []),
     ]
-
-
-def _figures(report: Report) -> list[str]:
-    """The headline figures (gpucheck.render.headline), outside every fold."""
-    rows = headline_rows(report)
-    return ["<h2>Figures</h2>", _table(rows, css="figures")] if rows else []
 
 
 def _problems(findings: list[Finding]) -> list[str]:
@@ -85,15 +79,10 @@ def _problems(findings: list[Finding]) -> list[str]:
 
 
 def _charts(charts: list[Chart]) -> list[str]:
-    if not charts:
-        return []
-    lines = ["<h2>Charts</h2>"]
-    for chart in charts:
-        if chart.svg is not None:
-            lines.append(f"<figure>{chart.svg}</figure>")
-        else:
-            lines.append(f'<p class="note">{escape(chart.title)}: {escape(chart.note or "")}</p>')
-    return lines
+    return ["<h2>Charts</h2>", *(
+        f"<figure>{c.svg}</figure>" if c.svg is not None else
+        f'<p class="note">{escape(c.title)}: {escape(c.note or "")}</p>' for c in charts)
+            ] if charts else []
 
 
 def _section(section: Section) -> list[str]:
@@ -116,7 +105,9 @@ def _data(data: dict[str, Any]) -> list[str]:
     """Scalars as one key/value table, nested dicts as nested lists, tables as tables."""
     scalars = {k: v for k, v in data.items() if not isinstance(v, dict) and not is_table(v)
                and not is_verbatim(str(k), v)}
-    lines = [f"<p><b>{escape(str(k))}</b></p><pre>{escape_block(v)}</pre>"
+    # Verbatim output for <pre>: each line escaped (controls too), the newlines kept.
+    lines = [f"<p><b>{escape(str(k))}</b></p><pre>"
+             + "\n".join(escape(line) for line in v.splitlines()) + "</pre>"
              for k, v in data.items() if is_verbatim(str(k), v)]
     if scalars:
         rows = "".join(f"<tr><th>{escape(str(k))}</th><td>{escape(fmt_field(str(k), v))}</td>"
@@ -128,11 +119,6 @@ def _data(data: dict[str, Any]) -> list[str]:
         elif is_table(value):
             lines.append(f"<p><b>{escape(str(key))}</b></p>{_table(value)}")
     return lines
-
-
-def escape_block(text: str) -> str:
-    """Verbatim output for <pre>: each line escaped (controls too), the newlines kept."""
-    return "\n".join(escape(line) for line in text.splitlines())
 
 
 def _tree(data: dict[str, Any]) -> str:

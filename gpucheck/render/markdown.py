@@ -1,7 +1,5 @@
-"""Markdown for cluster tickets, verdict, figures and problems first: `markdown` is GFM
-(pipe tables, `<details>` folds), `markdown-plain` CommonMark with neither (tables as
-aligned text in code blocks); `_output` values as code blocks in both.
-"""
+"""Markdown for cluster tickets, verdict, figures and problems first: GFM (pipe tables,
+`<details>` folds), or `markdown-plain` CommonMark (tables as text in code blocks)."""
 
 from __future__ import annotations
 
@@ -21,10 +19,6 @@ from gpucheck.render.words import (
 from gpucheck.report import Finding, Report, Section
 
 
-def _cell(column: str, value: Any) -> str:
-    return words.markdown(fmt_field(str(column), value))
-
-
 def md_table(rows: list[dict[str, Any]], plain: bool = False) -> list[str]:
     """A GFM pipe table, or (`plain`) the text renderer's columns in a code block."""
     if plain:
@@ -34,19 +28,20 @@ def md_table(rows: list[dict[str, Any]], plain: bool = False) -> list[str]:
     columns = table_columns(rows)
     lines = ["| " + " | ".join(map(words.markdown, columns)) + " |",
              "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(c, row.get(c)) for c in columns) + " |" for row in rows]
+    lines += ["| " + " | ".join(words.markdown(fmt_field(str(c), row.get(c))) for c in columns)
+              + " |" for row in rows]
     return lines
 
 
 def fenced(lines: list[str]) -> list[str]:
-    """`lines` as a CommonMark fenced code block: the fence is longer than any run of
-    backticks inside, so no value can close it early."""
+    """`lines` as a fenced code block, the fence longer than any backticks inside."""
     longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
     fence = "`" * max(3, longest + 1)
     return [fence, *lines, fence]
 
 
 def render_markdown(report: Report, plain: bool = False) -> str:
+    figures = headline_rows(report)
     lines = [
         f"# gpucheck {words.markdown(report.command)}: **{report.verdict().value}**",
         "",
@@ -57,18 +52,12 @@ def render_markdown(report: Report, plain: bool = False) -> str:
         "",
         *md_table([{"status": s, "count": n} for s, n in report.summary().items()], plain),
         "",
-        *_figure_lines(report, plain),
+        *(["## Figures", "", *md_table(figures, plain), ""] if figures else []),
     ]
     lines.extend(_problem_lines(report.findings, plain))
     for section in report.sections:
         lines.extend(_section_lines(section, plain))
     return "\n".join(lines).rstrip() + "\n"
-
-
-def _figure_lines(report: Report, plain: bool) -> list[str]:
-    """The headline figures (gpucheck.render.headline) unfolded, under the verdict."""
-    rows = headline_rows(report)
-    return ["## Figures", "", *md_table(rows, plain), ""] if rows else []
 
 
 def _problem_lines(findings: list[Finding], plain: bool) -> list[str]:

@@ -42,19 +42,14 @@ def render_text(report: Report, color: bool = False, width: int = WIDTH) -> str:
     if report.scope:
         lines += _wrap(f"Scope: {esc(report.scope)}", width, "  ")
     lines.append("")
-    lines += _figure_lines(report, width)
+    figures = headline_rows(report)
+    lines += ["Figures:", *table_lines(figures, "  ", width), ""] if figures else []
     lines += _problem_lines(report, color, width)
     for section in report.sections:
         lines += _section_lines(section, color, width)
         lines.append("")
     lines.append(_closing(report, width))
     return "\n".join(_paint_verdicts(lines, report, color)) + "\n"
-
-
-def _figure_lines(report: Report, width: int) -> list[str]:
-    """The command's headline figures (gpucheck.render.headline), when it has any."""
-    rows = headline_rows(report)
-    return ["Figures:", *table_lines(rows, "  ", width), ""] if rows else []
 
 
 def _headline(report: Report) -> str:
@@ -73,8 +68,7 @@ def _closing(report: Report, width: int) -> str:
     if not problems:
         return plain
     top = problems[0]
-    # One line whatever the width: the subject's short name ("GPU 1"), else no subject,
-    # else the counts alone.
+    # One line whatever the width: with the subject's short name, without, or counts only.
     where = f" on {esc(top.subject.short_name())}" if top.subject else ""
     for candidate in (f"{plain}; first: {esc(top.check)}{where} ({top.action})",
                       f"{plain}; first: {esc(top.check)} ({top.action})"):
@@ -118,8 +112,7 @@ def _section_lines(section: Section, color: bool, width: int) -> list[str]:
 
 def _data_lines(data: dict[str, Any], indent: str, width: int) -> list[str]:
     scalars = {k: v for k, v in data.items() if not isinstance(v, dict) and not is_table(v)}
-    # Up to 32 columns of key: the longest keys gpucheck writes (fault thresholds such as
-    # hw_slowdown_sustained_samples) keep their values in line with the others'.
+    # Up to 32 columns of key: the longest keys gpucheck writes keep their values aligned.
     key_width = min(max((len(esc(k)) for k in scalars), default=0), _KEY_MAX)
     lines: list[str] = []
     for key, value in scalars.items():
@@ -138,11 +131,9 @@ def _data_lines(data: dict[str, Any], indent: str, width: int) -> list[str]:
 
 
 def table_lines(rows: list[dict[str, Any]], indent: str = "", width: int = WIDTH) -> list[str]:
-    """Rows of dicts as aligned columns under one header, never split into blocks. A
-    table wider than `width` wraps its widest cells at spaces (never inside a word or
-    its column's name), then leaves out columns from the right, named in a last line
-    (never the key columns that name a row, `_key_count`); one that would lose half its
-    columns is shown row by row instead, each value beside its column's name."""
+    """Rows of dicts as aligned columns under one header. Too wide: the widest cells
+    wrap at spaces, then columns leave from the right (named in a last line, never a
+    key column); past half of them, row by row instead."""
     columns = table_columns(rows)
     if not columns:  # rows without a field (a damaged report's `[{}]`): nothing to align
         return []
@@ -164,10 +155,8 @@ def table_lines(rows: list[dict[str, Any]], indent: str = "", width: int = WIDTH
 
 def _fitted_widths(names: list[str], texts: list[list[str]], room: int,
                    keys: int) -> list[int] | None:
-    """The widths of the leading columns shown: each as wide as its longest cell (at
-    most _CELL_MAX), the widest narrowed first down to its longest word or name, then
-    the rightmost columns left out until the rest fit `room`; None when that would
-    leave out half the columns or a key column."""
+    """The widths of the leading columns shown (the widest narrowed first, down to its
+    longest word), None when half the columns or a key column would be left out."""
     natural = [max(len(name), min(_CELL_MAX, max((len(t[i]) for t in texts), default=0)))
                for i, name in enumerate(names)]
     floor = [min(natural[i], max([len(name), *(len(w) for t in texts for w in t[i].split())]))
@@ -200,9 +189,8 @@ def _cell_lines(text: str, width: int) -> list[str]:
 
 
 def _key_count(columns: list[str]) -> int:
-    """How many leading columns name a row: up to the first key column (fleet's
-    `rank, node`, `command, node`, `command, metric`) when it is among the first three,
-    else the first column alone."""
+    """How many leading columns name a row: up to a key column among the first three
+    (fleet's `rank, node`), else one."""
     leading = columns[:3]
     for key in _KEY_COLUMNS:  # the strongest name first: a node before its rank
         if key in leading:
@@ -250,8 +238,8 @@ BRIEF_PROBLEM_LINES = 16  # a gate's summary stays on one screen
 
 def render_brief(report: Report, seconds: float, kept: list[str], color: bool = False,
                  width: int = WIDTH) -> str:
-    """What a gate prints before the job it lets start: the verdict, the problems (one
-    screen at most), the seconds it took and where the full report went."""
+    """What a gate prints before its job: verdict, problems (one screen), seconds, and
+    where the full report went."""
     width = max(width, MIN_WIDTH)
     lines = _wrap(f"{_headline(report)} in {seconds:.0f} s", width, "  ")
     problems = _problem_lines(report, color, width)[:-1]

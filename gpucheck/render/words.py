@@ -1,7 +1,5 @@
-"""A report's values in words, the same for every renderer: a finding's second look
-and hint, figures and tables (`fmt_value`, `fmt_field`), and each field escaped for
-where it lands: a terminal, Markdown, HTML (docs/html.md, "Escaping").
-"""
+"""A report's values in words for every renderer: a finding's second look, figures and
+tables, each field escaped for where it lands (docs/html.md, "Escaping")."""
 
 from __future__ import annotations
 
@@ -19,16 +17,11 @@ UNSTABLE_ADVICE = ("not slow the second time: contention from other jobs or a tr
                    "run again, and act only if it repeats")
 
 
-def _figure(value: float | None, unit: str) -> str:
-    return f"{fmt_value(value)} {unit}".rstrip()
-
-
 def look_words(look: SecondLook, advice: bool = True) -> str:
-    """"confirmed: measured again at 41 GB/s beside rank 2 -> rank 5 (reference 80 GB/s)";
-    a shared node's look adds one clause per slow pair. `advice`: an unstable look's
-    "run again" (none for an OK that kept its look: nothing to act on)."""
+    """"confirmed: measured again at 41 GB/s beside rank 2 -> rank 5 (reference 80 GB/s)",
+    a clause per part; `advice`: an unstable look's "run again"."""
     beside = f" beside {', '.join(s.label for s in look.against)}" if look.against else ""
-    reference = f" (reference {_figure(look.reference, look.unit)})" \
+    reference = f" (reference {fmt_value(look.reference)} {look.unit}".rstrip() + ")" \
         if look.reference is not None else ""
     if look.state is LookState.NOT_MEASURED:
         words = f"not measured again ({look.why_not})" if look.why_not \
@@ -37,7 +30,7 @@ def look_words(look: SecondLook, advice: bool = True) -> str:
         words = look.state.value
     else:
         words = f"{look.state.value}: measured again at " \
-                f"{_figure(look.again, look.unit)}{beside}{reference}"
+                f"{fmt_value(look.again)} {look.unit}".rstrip() + f"{beside}{reference}"
     if look.parts:
         words += " [" + "; ".join(look_words(p) for p in look.parts) + "]"
     if look.state is LookState.UNSTABLE and advice:
@@ -64,8 +57,7 @@ def problems(findings: list[Finding]) -> list[Finding]:
 
 
 def finding_rows(findings: list[Finding], narrow: bool = False) -> list[dict[str, Any]]:
-    """Rows of a findings table; `narrow`: the action column only where a finding has
-    one, so all-OK sections stay narrow (Markdown)."""
+    """Rows of a findings table; `narrow`: an action column only if a finding has one."""
     with_action = not narrow or any(f.action for f in findings)
     return [{"status": f.status.value, **({"action": f.action or ""} if with_action else {}),
              "check": f.check, "subject": f.subject.label if f.subject else "",
@@ -109,9 +101,7 @@ def table_columns(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def is_verbatim(key: str, value: Any) -> bool:
-    """Command output kept as written (env's `collect_env_output`): a multi-line string
-    under a key ending in `_output`. Markdown and HTML show it as a code block; text
-    says where to read it."""
+    """Command output kept as written: a multi-line string under a key ending `_output`."""
     return str(key).endswith("_output") and isinstance(value, str) and "\n" in value
 
 
@@ -132,9 +122,7 @@ def markdown(value: object) -> str:
 
 
 def markdown_code(value: object) -> str:
-    """`value` as inline code: a code span shows `<` and `*` as they are; with a
-    backtick in it (which would end the span) as HTML <code>, its text escaped as any
-    Markdown text (Markdown still applies inside an HTML tag: `![t](url)` would load)."""
+    """`value` as inline code; with a backtick in it as HTML <code>, Markdown-escaped."""
     text = terminal(value)
     if "`" not in text:
         return f"`{text}`"
@@ -142,8 +130,7 @@ def markdown_code(value: object) -> str:
 
 
 def shown(value: object) -> str:
-    """`terminal(value)` for the text report, cut at FIELD_MAX characters (the whole
-    value stays in the JSON report)."""
+    """`terminal(value)` cut at FIELD_MAX characters (the JSON report keeps it whole)."""
     text = terminal(value)
     if len(text) <= FIELD_MAX:
         return text
