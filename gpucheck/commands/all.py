@@ -18,6 +18,7 @@ from gpucheck.commands.launch import LaunchOptions
 from gpucheck.commands.options import opt, positive_float
 from gpucheck.context import AllRun, Outcome, RunContext
 from gpucheck.distributed import progress
+from gpucheck.distributed.world import reports
 from gpucheck.errors import UsageError
 from gpucheck.escape import terminal as shown
 from gpucheck.report import Finding, Report, Section, fail, skip
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
         state.outcomes.append(_run_one(name, namespaces[name], ctx))
         state.current = None  # left set by an interrupt, for partial_report
     outcomes: list[Outcome] = state.outcomes
-    if not _is_reporter(ctx):
+    if not reports(ctx):
         if any(o.outcome == "failed" for o in outcomes):
             raise SystemExit(1)  # the launcher should know this rank failed
         return None
@@ -169,7 +170,7 @@ def _run_one(name: str, ns: argparse.Namespace, ctx: RunContext) -> Outcome:
         print(f"gpucheck all: {name} failed: {shown(why)}", file=sys.stderr)
         _leave_group()
         return Outcome(name, "failed", why, _since(start))
-    if report is None and _is_reporter(ctx):
+    if report is None and reports(ctx):
         return Outcome(name, "failed", "it returned no report", _since(start))
     return Outcome(name, "ran", "", _since(start), report)
 
@@ -188,13 +189,6 @@ def _leave_group() -> None:
             dist.destroy_process_group()
     except Exception:  # the failure itself is being reported
         pass
-
-
-def _is_reporter(ctx: RunContext) -> bool:
-    from gpucheck.distributed.world import world_of
-
-    world = world_of(ctx)
-    return world is None or world.is_reporter
 
 
 def combined_report(outcomes: list[Outcome]) -> Report:

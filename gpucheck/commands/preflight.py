@@ -111,7 +111,9 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
         check_writable(args.exclude_file, "--exclude-file")
         # A run stopped before its verdict must not leave the last run's hosts behind;
         # rank 0 only (it writes the file): a late rank must not remove a new one.
-        if _rank_zero(ctx):
+        from gpucheck.distributed.world import reports
+
+        if reports(ctx):
             discard(args.exclude_file, "--exclude-file")
     plan = plan_launch(args, ctx)
     spec = _spec(args, plan)
@@ -125,13 +127,6 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     except WorkersFailed as exc:
         return _failed(args, JobFailed(exc.failures, None, [], None, reporter=True), ctx)
     return _decided(args, spec, out, command, ctx, started)
-
-
-def _rank_zero(ctx: RunContext) -> bool:
-    from gpucheck.distributed.world import world_of
-
-    world = world_of(ctx)
-    return world is None or world.rank == 0
 
 
 def _worker() -> Any:

@@ -216,13 +216,12 @@ def enabled(ctx: RunContext) -> bool:
     a rank alone, or rank 0 of a job torchrun or srun launched."""
     if not ctx.options.show_progress:
         return False
-    from gpucheck.distributed.world import world_of
+    from gpucheck.distributed.world import reports
 
     try:
-        world = world_of(ctx)
+        return reports(ctx)
     except UsageError:
         return False  # the command itself says what is wrong with the environment
-    return world is None or world.is_reporter
 
 
 def say(ctx: RunContext, text: str) -> None:

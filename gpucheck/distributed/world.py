@@ -12,23 +12,53 @@ from typing import TYPE_CHECKING
 
 from gpucheck.errors import UsageError
 
+if TYPE_CHECKING:
+    from gpucheck.context import RunContext
+
 PORT_BASE = 20000
 PORT_SPAN = 20000
-DEFAULT_PORT = 29500
-
+# The largest SLURM clusters have tens of thousands of nodes; a host list longer
+# than this is a typo (gpu[1-99999999]), not a job.
+MAX_HOSTS = 100_000
 _NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 _PER_NODE_VARS = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE")
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the job (the variables torchrun sets for every worker)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    launcher: str  # "torchrun" (or the elastic agent gpucheck starts), "slurm", "none"
+    # The CUDA ordinal this rank computes on among the GPUs it sees (None on CPU), set
+    # by `process_group`: not the local rank (under srun --gpus-per-task=1 it is 0).
+    device_index: int | None = None
+    # Does the elastic agent serve the job's store at master_addr:master_port?
+    agent_store: bool = False
+
+    @property
+    def cuda_index(self) -> int:
+        """`device_index` on a CUDA rank, where process_group always sets it."""
+        if self.device_index is None:
+            raise RuntimeError("a CUDA rank without a device index: process_group sets it")
+        return self.device_index
+
+    @property
+    def is_reporter(self) -> bool:
+        """Rank 0 gathers, aggregates and reports; the other ranks stay quiet."""
+        return self.rank == 0
 
 
 def is_slurm_step(environ: Mapping[str, str]) -> bool:
     """True inside an srun task: SLURM gave it a rank and a task count."""
     return "SLURM_PROCID" in environ and (
         "SLURM_STEP_NUM_TASKS" in environ or "SLURM_NTASKS" in environ)
-
-
-# The largest SLURM clusters have tens of thousands of nodes; a host list longer
-# than this is a typo (gpu[1-99999999]), not a job.
-MAX_HOSTS = 100_000
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -55,35 +85,26 @@ def _expand_range(item: str) -> list[str]:
         raise ValueError(f"bad range {item!r}")
     if int(high) - int(low) >= MAX_HOSTS:
         raise ValueError(f"range {item!r} names more than {MAX_HOSTS} hosts")
-    width = len(low)
-    return [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
-
-
-def _expand_one(part: str) -> list[str]:
-    match = re.fullmatch(r"([^\[\]]*)\[([^\[\]]+)\]([^\[\]]*)", part)
-    if match is None:
-        if "[" in part or "]" in part:
-            raise ValueError(f"unsupported host list form {part!r}")
-        return [part]
-    prefix, ranges, suffix = match.groups()
-    hosts: list[str] = []
-    for item in ranges.split(","):
-        hosts += [f"{prefix}{n}{suffix}" for n in _expand_range(item.strip())]
-        if len(hosts) > MAX_HOSTS:
-            raise ValueError(f"more than {MAX_HOSTS} hosts")
-    return hosts
+    return [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
-    """SLURM's compact host list as host names: `gpu[01-02,07],cpu1` -> gpu01 gpu02 gpu07 cpu1.
-
-    Handles one bracket group per host name (the forms SLURM prints for a job's
-    nodes); raises ValueError for anything else (`scontrol show hostnames` does all).
-    """
+    """SLURM's compact host list as host names: `gpu[01-02,07],cpu1` -> gpu01 gpu02 gpu07
+    cpu1; one bracket group per name, ValueError for anything else."""
     hosts: list[str] = []
     for part in _split_top_level(nodelist):
-        hosts += _expand_one(part)
-        if len(hosts) > MAX_HOSTS:  # bounded: a typo must not fill the memory
+        match = re.fullmatch(r"([^\[\]]*)\[([^\[\]]+)\]([^\[\]]*)", part)
+        if match is None:
+            if "[" in part or "]" in part:
+                raise ValueError(f"unsupported host list form {part!r}")
+            hosts.append(part)
+        else:
+            prefix, ranges, suffix = match.groups()
+            for item in ranges.split(","):
+                hosts += [f"{prefix}{n}{suffix}" for n in _expand_range(item.strip())]
+                if len(hosts) > MAX_HOSTS:  # bounded: a typo must not fill the memory
+                    raise ValueError(f"more than {MAX_HOSTS} hosts")
+        if len(hosts) > MAX_HOSTS:
             raise ValueError(f"more than {MAX_HOSTS} hosts")
     if not hosts:
         raise ValueError("empty host list")
@@ -98,23 +119,24 @@ def tasks_per_node(value: str) -> list[int]:
         if match is None:
             raise ValueError(f"bad tasks-per-node item {part!r}")
         repeat = int(match.group(2) or 1)
-        # Bounded before expanding: `1(x99999999999999999999)` (another process's
-        # environment, read by `gpucheck hang`) must not allocate.
+        # Bounded before expanding: another process's environment (`gpucheck hang`)
+        # may say `1(x99999999999999999999)`.
         if repeat > MAX_HOSTS - len(counts):
             raise ValueError(f"more than {MAX_HOSTS} nodes in {part!r}")
         counts.extend([int(match.group(1))] * repeat)
     return counts
 
 
-def _int(environ: Mapping[str, str], *names: str) -> int:
-    for name in names:
-        if name in environ:
-            try:
-                return int(environ[name])
-            except ValueError:
-                raise UsageError(f"{name}={environ[name]!r} is not an integer; "
-                                 "check the srun line") from None
-    raise UsageError(f"{names[0]} is not set; run under srun or set it (or use torchrun)")
+def _int_var(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = environ.get(name)
+    if raw is None:
+        if default is None:
+            raise UsageError(f"{name} is not set; launch with torchrun or set it")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} is not an integer; fix the launcher") from None
 
 
 def master_addr(environ: Mapping[str, str]) -> str:
@@ -137,10 +159,10 @@ def master_addr(environ: Mapping[str, str]) -> str:
 def master_port(environ: Mapping[str, str]) -> int:
     """MASTER_PORT, else one derived from SLURM_JOB_ID (so two jobs rarely collide)."""
     if environ.get("MASTER_PORT"):
-        return _int(environ, "MASTER_PORT")
+        return _int_var(environ, "MASTER_PORT")
     if environ.get("SLURM_JOB_ID", "").isdigit():
         return PORT_BASE + int(environ["SLURM_JOB_ID"]) % PORT_SPAN
-    return DEFAULT_PORT
+    return 29500
 
 
 def local_world_size(environ: Mapping[str, str], node_rank: int, world_size: int) -> int:
@@ -155,62 +177,9 @@ def local_world_size(environ: Mapping[str, str], node_rank: int, world_size: int
     return world_size
 
 
-if TYPE_CHECKING:
-    from gpucheck.context import RunContext
-
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-@dataclass(frozen=True)
-class World:
-    """This process's place in the job (the variables torchrun sets for every worker)."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_rank: int
-    master_addr: str
-    master_port: int
-    launcher: str  # "torchrun" (or the elastic agent gpucheck starts), "slurm", "none"
-    # The CUDA ordinal this rank computes on, among the GPUs this process can see; set
-    # by `process_group` on CUDA (None on CPU). Not the local rank: under
-    # `srun --gpus-per-task=1` every task sees one GPU, its cuda:0.
-    device_index: int | None = None
-    # Does the elastic agent serve the job's store at master_addr:master_port? torchrun
-    # says so in TORCHELASTIC_USE_AGENT_STORE; then every rank is a client of it.
-    agent_store: bool = False
-
-    @property
-    def cuda_index(self) -> int:
-        """`device_index` on a CUDA rank, where process_group always sets it."""
-        if self.device_index is None:
-            raise RuntimeError("a CUDA rank without a device index: process_group sets it")
-        return self.device_index
-
-    @property
-    def is_reporter(self) -> bool:
-        """Rank 0 gathers, aggregates and reports; the other ranks stay quiet."""
-        return self.rank == 0
-
-
-def _int_var(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
-    raw = environ.get(name)
-    if raw is None:
-        if default is None:
-            raise UsageError(f"{name} is not set; launch with torchrun or set it")
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise UsageError(f"{name}={raw!r} is not an integer; fix the launcher") from None
-
-
 def agent_serves_store(environ: Mapping[str, str], addr: str, port: int) -> bool:
-    """Does the elastic agent host a store at `addr:port`? Only at the address it
-    exported with the flag: honouring the flag for another endpoint would make every
-    rank a client of a store nobody hosts. torch's own test of this is private and new
-    (2.14's `rendezvous._agent_store_serves`; 2.11 has none), so it is read here."""
+    """Does the elastic agent host a store at `addr:port`? Only at the address it exported
+    with TORCHELASTIC_USE_AGENT_STORE (torch's own test of it is private and new)."""
     return (environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
             and environ.get("MASTER_ADDR") == addr
             and environ.get("MASTER_PORT") == str(port))
@@ -224,21 +193,14 @@ def torchrun_world(environ: Mapping[str, str]) -> World:
         raise UsageError(f"RANK={rank} is outside WORLD_SIZE={world_size}; fix the launcher")
     addr = environ.get("MASTER_ADDR", "127.0.0.1")
     port = _int_var(environ, "MASTER_PORT", 29500)
-    return World(
-        rank=rank,
-        world_size=world_size,
-        local_rank=_int_var(environ, "LOCAL_RANK", 0),
-        local_world_size=_int_var(environ, "LOCAL_WORLD_SIZE", world_size),
-        node_rank=_int_var(environ, "GROUP_RANK", 0),
-        master_addr=addr,
-        master_port=port,
-        launcher="torchrun",
-        agent_store=agent_serves_store(environ, addr, port),
-    )
+    return World(rank, world_size, _int_var(environ, "LOCAL_RANK", 0),
+                 _int_var(environ, "LOCAL_WORLD_SIZE", world_size),
+                 _int_var(environ, "GROUP_RANK", 0), addr, port, "torchrun",
+                 agent_store=agent_serves_store(environ, addr, port))
 
 
 def slurm_world(environ: Mapping[str, str]) -> World:
-    """The world of an srun task, from SLURM's variables (see gpucheck.distributed.world)."""
+    """The world of an srun task, from SLURM's variables."""
     world_size = _int_var(environ, "SLURM_STEP_NUM_TASKS", _int_var(environ, "SLURM_NTASKS", 1))
     rank = _int_var(environ, "SLURM_PROCID")
     if not 0 <= rank < world_size:
@@ -247,25 +209,14 @@ def slurm_world(environ: Mapping[str, str]) -> World:
     node_rank = _int_var(environ, "SLURM_NODEID", 0)
     addr = master_addr(environ) if world_size > 1 else "127.0.0.1"
     port = master_port(environ)
-    return World(
-        rank=rank,
-        world_size=world_size,
-        local_rank=_int_var(environ, "SLURM_LOCALID", 0),
-        local_world_size=local_world_size(environ, node_rank, world_size),
-        node_rank=node_rank,
-        master_addr=addr,
-        master_port=port,
-        launcher="slurm",
-        agent_store=agent_serves_store(environ, addr, port),
-    )
+    return World(rank, world_size, _int_var(environ, "SLURM_LOCALID", 0),
+                 local_world_size(environ, node_rank, world_size), node_rank, addr, port,
+                 "slurm", agent_store=agent_serves_store(environ, addr, port))
 
 
 def world_from_env(environ: Mapping[str, str]) -> World | None:
-    """The launcher's world in `environ`, or None when it names none (a process
-    started on its own).
-
-    torchrun's variables win; under srun without them, SLURM's are read.
-    """
+    """The launcher's world in `environ` (torchrun's variables first, then SLURM's), or
+    None for a process started on its own."""
     if "RANK" in environ and "WORLD_SIZE" in environ:
         return torchrun_world(environ)
     if is_slurm_step(environ):
@@ -274,12 +225,16 @@ def world_from_env(environ: Mapping[str, str]) -> World | None:
 
 
 def world_of(ctx: RunContext) -> World | None:
-    """The launcher's world of the process `ctx` belongs to (its `launcher_env`, read
-    where the process started); UsageError when the launcher's variables are wrong."""
+    """The launcher's world of the process `ctx` belongs to (its `launcher_env`)."""
     return world_from_env(ctx.launcher_env)
 
 
+def reports(ctx: RunContext) -> bool:
+    """Does this process write the report: rank 0 of a launched job, or no launcher?"""
+    world = world_of(ctx)
+    return world is None or world.is_reporter
+
+
 def host_name() -> str:
-    """This node's name: SLURM's (SLURMD_NODENAME, what scontrol and sbatch --exclude
-    take; it may differ from the kernel's host name) when under SLURM."""
+    """This node's name: SLURM's (what scontrol and sbatch --exclude take) under SLURM."""
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
