@@ -82,31 +82,6 @@ def _section(outcome: Outcome, name: str) -> Section:
     return outcome.value if outcome.error is None else crashed_section(name, outcome.error)
 
 
-def _phase1(nvml_timeout_s: float, environ: Mapping[str, str],
-            kernel_log: str | None = None) -> dict[str, Outcome]:
-    return run_concurrently({
-        "torch": probe_torch,
-        "nvml": lambda: probe_nvml(Nvml(nvml_timeout_s), environ=environ),
-        "system": probe_system,
-        "python": probe_pyenv,
-        "environment": lambda: probe_envvars(environ),
-        "kernel_log": lambda: read_kernel_log(kernel_log),
-    }, PHASE1_TIMEOUT_S)
-
-
-def _torch_parts(outcome: Outcome) -> tuple[Section, TorchInfo]:
-    if outcome.error is not None:
-        return crashed_section("torch", outcome.error), TorchInfo(error=outcome.error)
-    parts: tuple[Section, TorchInfo] = outcome.value  # probe_torch's return
-    return parts
-
-
-def _nvml_parts(outcome: Outcome) -> tuple[list[Section], NvmlResult | None]:
-    if outcome.error is not None:
-        return [crashed_section("nvml", outcome.error)], None
-    return outcome.value.sections, outcome.value
-
-
 # ---- the GPU functional test ----
 
 MATMUL_N = 512
@@ -260,11 +235,23 @@ def collect_env_report(gpu_test: bool = True, nvml_timeout_s: float = DEFAULT_TI
                        environ: Mapping[str, str] | None = None,
                        kernel_log: str | None = None) -> Report:
     environ = dict(os.environ if environ is None else environ)
-    phase1 = _phase1(nvml_timeout_s, environ, kernel_log)
-    torch_section, info = _torch_parts(phase1["torch"])
+    phase1 = run_concurrently({
+        "torch": probe_torch,
+        "nvml": lambda: probe_nvml(Nvml(nvml_timeout_s), environ=environ),
+        "system": probe_system,
+        "python": probe_pyenv,
+        "environment": lambda: probe_envvars(environ),
+        "kernel_log": lambda: read_kernel_log(kernel_log),
+    }, PHASE1_TIMEOUT_S)
+    torch_section: Section
+    if (error := phase1["torch"].error) is not None:
+        torch_section, info = crashed_section("torch", error), TorchInfo(error=error)
+    else:
+        torch_section, info = phase1["torch"].value  # probe_torch's return
     # Forked only now, with every phase-1 thread finished (no lock held mid-fork).
     torchvision = TorchvisionCheck(sys.modules.get("torch") if info.imported else None)
-    nvml_sections, nvml = _nvml_parts(phase1["nvml"])
+    nvml: NvmlResult | None = phase1["nvml"].value
+    nvml_sections = nvml.sections if nvml else [crashed_section("nvml", str(phase1["nvml"].error))]
     driver = nvml.driver if nvml else DriverInfo(present=False)
     gpus = nvml.gpus if nvml else []
     gpus_present = bool((nvml and nvml.pci_gpus) or driver.gpu_count)

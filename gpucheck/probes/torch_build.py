@@ -49,69 +49,46 @@ def _call(fn: Any, default: Any = None) -> Any:
         return default
 
 
-def _cudnn(torch: Any) -> dict[str, Any]:
-    version = _call(torch.backends.cudnn.version)
-    return {"cudnn_version": version, "cudnn_enabled": bool(torch.backends.cudnn.enabled)}
-
-
-def _nccl_version(torch: Any) -> str | None:
-    version = _call(lambda: torch.cuda.nccl.version())
-    if isinstance(version, tuple):
-        return ".".join(str(v) for v in version)
-    return None if version is None else str(version)
-
-
-def _backends(torch: Any) -> list[str]:
-    dist = torch.distributed
-    if not _call(dist.is_available, False):
-        return []
-    checks = {"nccl": "is_nccl_available", "gloo": "is_gloo_available",
-              "mpi": "is_mpi_available", "ucc": "is_ucc_available"}
-    return [name for name, fn in checks.items() if _call(getattr(dist, fn, lambda: False))]
-
-
-def _init_error(torch: Any) -> str | None:
-    try:
-        torch.cuda.init()
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}".strip()
-    return None
-
-
 def read_torch(torch: Any) -> TorchInfo:
     available = bool(_call(torch.cuda.is_available, False))
-    return TorchInfo(
-        version=str(torch.__version__),
-        cuda=torch.version.cuda,
-        hip=getattr(torch.version, "hip", None),
-        cuda_available=available,
-        device_count=cuda_device_count(torch) if available else 0,
-        init_error=None if available or torch.version.cuda is None else _init_error(torch),
-        arch_list=_arch_list(torch),
-    )
-
-
-def _arch_list(torch: Any) -> tuple[str, ...]:
-    """torch's kernels ('sm_90', 'compute_120', ...); the compiled-in flags where
-    `get_arch_list()` answers [] without CUDA."""
-    listed = _call(torch.cuda.get_arch_list, []) or []
-    if not listed:
+    init_error = None
+    if not available and torch.version.cuda is not None:
+        try:
+            torch.cuda.init()
+        except Exception as exc:
+            init_error = f"{type(exc).__name__}: {exc}".strip()
+    # torch's kernels ('sm_90', 'compute_120', ...); the compiled-in flags where
+    # `get_arch_list()` answers [] without CUDA.
+    arch_list = _call(torch.cuda.get_arch_list, []) or []
+    if not arch_list:
         flags = _call(getattr(torch._C, "_cuda_getArchFlags", lambda: None))
-        listed = str(flags).split() if flags else []
-    return tuple(str(a) for a in listed)
+        arch_list = str(flags).split() if flags else []
+    return TorchInfo(version=str(torch.__version__), cuda=torch.version.cuda,
+                     hip=getattr(torch.version, "hip", None), cuda_available=available,
+                     device_count=cuda_device_count(torch) if available else 0,
+                     init_error=init_error, arch_list=tuple(str(a) for a in arch_list))
 
 
 def torch_data(torch: Any, info: TorchInfo) -> dict[str, Any]:
+    nccl = _call(lambda: torch.cuda.nccl.version())  # the headers torch was built against
+    if isinstance(nccl, tuple):
+        nccl = ".".join(str(v) for v in nccl)
+    dist = torch.distributed
+    backends = ("nccl", "gloo", "mpi", "ucc") if _call(dist.is_available, False) else ()
+    loaded = loaded_nccl()
     return {
         "version": info.version,
         "file": getattr(torch, "__file__", None),
         "debug": bool(getattr(torch.version, "debug", False)),
         "cuda_build_version": info.cuda,
         "hip_version": info.hip,
-        **_cudnn(torch),
-        "nccl_version": _nccl_version(torch),  # the headers torch was built against
-        **_nccl_loaded(),
-        "distributed_backends": _backends(torch),
+        "cudnn_version": _call(torch.backends.cudnn.version),
+        "cudnn_enabled": bool(torch.backends.cudnn.enabled),
+        "nccl_version": None if nccl is None else str(nccl),
+        "nccl_loaded_version": loaded.version, "nccl_loaded_path": loaded.path,
+        "nccl_loaded_note": loaded.why,
+        "distributed_backends": [b for b in backends if _call(getattr(
+            dist, f"is_{b}_available", lambda: False))],
         "cuda_arch_list": list(info.arch_list),
         "cuda_available": info.cuda_available,
         "cuda_device_count": info.device_count,
@@ -297,9 +274,3 @@ def loaded_nccl(maps: Path = MAPS, opener: Opener = already_loaded) -> LoadedLib
         return LoadedLibrary(paths[0], None, f"ncclGetVersion returned error {result}")
     extra = f"; also mapped: {', '.join(paths[1:])}" if len(paths) > 1 else None
     return LoadedLibrary(paths[0], nccl_version_text(code.value), extra)
-
-
-def _nccl_loaded() -> dict[str, Any]:
-    loaded = loaded_nccl()
-    return {"nccl_loaded_version": loaded.version, "nccl_loaded_path": loaded.path,
-            "nccl_loaded_note": loaded.why}
