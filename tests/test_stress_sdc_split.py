@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpucheck import agreement
+from gpucheck.probes.torch_build import mapped_paths
 from gpucheck.report import Status
 from gpucheck.stress import burn
 from gpucheck.stress.report import Verdicts, stress_sections
@@ -130,12 +131,12 @@ def test_the_loaded_cublas_and_its_settings_are_in_the_group_key(tmp_path: Path)
                     "7f20-7f30 r--p 00000000 00:00 0 \n")
     env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "TORCH_BLAS_PREFER_CUBLASLT": "1",
            "HOME": "/root"}
-    found = burn.loaded_blas(None, env, str(maps))
+    found = burn.loaded_blas(None, env, maps)
     assert found.path == "/opt/site/lib/libcublas.so.12"
     assert ("CUBLAS_WORKSPACE_CONFIG", ":4096:8") in found.settings
     assert ("TORCH_BLAS_PREFER_CUBLASLT", "1") in found.settings
     assert "HOME" not in found.key() and "CUBLAS_WORKSPACE_CONFIG=:4096:8" in found.key()
-    other = burn.loaded_blas(None, {}, str(maps))
+    other = burn.loaded_blas(None, {}, maps)
     assert other.key() != found.key()  # another workspace setting: another group
 
 
@@ -157,14 +158,14 @@ def test_the_cublas_version_is_read_from_the_library_itself() -> None:
 def test_without_a_mapped_cublas_the_version_is_unknown_with_why(tmp_path: Path) -> None:
     maps = tmp_path / "maps"
     maps.write_text("7f00-7f10 r-xp 00000000 08:01 42 /usr/lib/libc.so.6\n")
-    found = burn.loaded_blas(None, {}, str(maps))
+    found = burn.loaded_blas(None, {}, maps)
     assert found.cublas is None and "no libcublas" in (found.why_unknown or "")
     assert found.key().startswith("cuBLAS unknown")
 
 
 def test_this_process_reads_the_cublas_it_loaded() -> None:
     torch = pytest.importorskip("torch")
-    if burn.mapped_library("libcublas.so") is None:
+    if not mapped_paths(burn.CUBLAS):
         pytest.skip("this torch build maps no libcublas (a CPU-only build)")
     found = burn.loaded_blas(None)
     assert found.cublas is not None and found.cublas.count(".") == 2, found.why_unknown

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from plant import Plant, install
 
 from gpucheck import agreement, numa, timing
 from gpucheck.cli import main
@@ -377,13 +378,15 @@ def test_bad_options_are_a_one_line_usage_error(capsys: pytest.CaptureFixture[st
     assert words in err and err.count("\n") == 1
 
 
-def test_a_burn_in_that_slows_after_its_first_product_still_ends_at_its_deadline() -> None:
+def test_a_burn_in_that_slows_after_its_first_product_still_ends_at_its_deadline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The chunk between clock checks is sized from the first product; a GPU (here a
-    hook) that turns slow afterwards must not run a whole chunk past the deadline:
-    with the deadline already past, the burn stops at its minimum repetitions."""
-    def slow_after_first(phase: str, iteration: int, out: Any) -> None:
+    planted sleep) that turns slow afterwards must not run a whole chunk past the
+    deadline: with the deadline already past, the burn stops at its minimum repetitions."""
+    def slow_after_first(rank: int, phase: str, iteration: int, out: Any) -> None:
         if iteration > 0:
             time.sleep(0.002)
 
-    record, _, _ = burn.burn(0, "fp32", 64, "cpu", "cpu", 0.0, "g", slow_after_first)
+    install(Plant(stress=slow_after_first), monkeypatch.setattr)
+    record, _, _ = burn.burn(0, "fp32", 64, "cpu", "cpu", 0.0, "g")
     assert record.iters == burn.MIN_REPEATS

@@ -10,13 +10,16 @@ import hashlib
 import math
 import os
 import random
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpucheck.distributed.deadline import synchronize
+from gpucheck.probes.torch_build import MAPS, already_loaded, mapped_paths
 from gpucheck.stats import percentile
 from gpucheck.stress.gemm import matmul_precision, seeded_pair
 from gpucheck.stress.records import BurnRecord as BurnRecord  # its home: records.py
@@ -229,8 +232,8 @@ def bound_excess(values: torch.Tensor, reference: torch.Tensor, bound: torch.Ten
     return float(((got - reference).abs() / bound).max())
 
 
-MAPS = "/proc/self/maps"
 _PROPERTIES = (0, 1, 2)  # libraryPropertyType: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+CUBLAS, CUBLASLT = re.compile(r"^libcublas\.so"), re.compile(r"^libcublasLt\.so")
 # Environment variables read by cuBLAS or torch that change the kernel choice; their
 # values are shown (CUBLAS_ and TORCH_ are on gpucheck.probes.system' allowlist).
 SETTINGS_VARS = ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE",
@@ -255,28 +258,7 @@ class Blas:
         return ", ".join([version, *(f"{k}={v}" for k, v in self.settings)])
 
 
-def mapped_library(stem: str, maps: str = MAPS) -> str | None:
-    """The path of the first file mapped in this process whose name starts with `stem`
-    ("libcublas.so", "libcublasLt.so"); None when none is."""
-    try:
-        with open(maps, encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                parts = line.split(maxsplit=5)
-                path = parts[5].strip() if len(parts) == 6 else ""
-                if os.path.basename(path).startswith(stem):
-                    return path
-    except OSError:
-        return None
-    return None
-
-
-def _already_loaded(path: str) -> Any:
-    """The library only if this process has it loaded (RTLD_NOLOAD): a file replaced on
-    disk since is never loaded, and nothing new runs."""
-    return ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-
-
-def library_version(path: str, loader: Callable[[str], Any] = _already_loaded,
+def library_version(path: str, loader: Callable[[str], Any] = already_loaded,
                     ) -> tuple[str | None, str | None]:
     """(major.minor.patch, None) from `cublasGetProperty`, or (None, why)."""
     try:
@@ -296,7 +278,7 @@ def library_version(path: str, loader: Callable[[str], Any] = _already_loaded,
     return ".".join(parts), None
 
 
-def lt_version(path: str | None, loader: Callable[[str], Any] = _already_loaded,
+def lt_version(path: str | None, loader: Callable[[str], Any] = already_loaded,
                ) -> str | None:
     """cublasLtGetVersion() of the mapped libcublasLt, or None."""
     if path is None:
@@ -335,17 +317,16 @@ def _read(getter: Callable[[], Any]) -> str:
 
 
 def loaded_blas(torch: Any | None = None, environ: dict[str, str] | None = None,
-                maps: str = MAPS) -> Blas:
+                maps: Path = MAPS) -> Blas:
     """The cuBLAS mapped in this process and the settings in force (call after the
     first product on the GPU: torch loads cuBLAS and sizes its workspace lazily)."""
     env = os.environ if environ is None else environ
     settings = [(name, env[name]) for name in SETTINGS_VARS if name in env]
     if torch is not None:
         settings += torch_settings(torch)
-    path = mapped_library("libcublas.so", maps)
-    if path is None:
+    paths, lt = mapped_paths(CUBLAS, maps), mapped_paths(CUBLASLT, maps)
+    if not paths:
         return Blas(None, None, None, "no libcublas is mapped in this process",
                     tuple(settings))
-    version, why = library_version(path)
-    return Blas(version, lt_version(mapped_library("libcublasLt.so", maps)), path, why,
-                tuple(settings))
+    version, why = library_version(paths[0])
+    return Blas(version, lt_version(lt[0] if lt else None), paths[0], why, tuple(settings))
