@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 from pathlib import Path
 
@@ -76,31 +75,6 @@ def test_json_of_an_unknown_or_older_schema_version_is_refused_in_one_line(
         assert "run the command again" in said and "\n" not in said
     else:
         assert "unknown schema_version" in said
-
-
-def test_text_aligns_data_renders_tables_and_hints_without_colour() -> None:
-    text = render(sample_report(), "text", color=False)
-    assert "\033[" not in text
-    assert "gpucheck env on node7" in text and "FAIL" in text
-    assert re.search(r"^  os\s+Debian 12$", text, re.M)
-    assert re.search(r"^    index\s+name\s+temp_c$", text, re.M)
-    assert re.search(r"^    1\s+H200\s+n/a$", text, re.M)
-    assert "HINT (drain-node): drain the node" in text
-    assert "HINT (replace-hardware): reseat the card" in text
-
-
-def test_markdown_puts_verdict_and_problems_first_and_folds_details() -> None:
-    md = render(sample_report(), "markdown")
-    lines = md.splitlines()
-    assert lines[0] == "# gpucheck env: **FAIL**"
-    assert md.index("## Problems") < md.index("<details>")
-    problems = md[md.index("## Problems"):md.index("<details>")]
-    assert problems.index("FAIL") < problems.index("WARN")
-    assert "| status | action | check | subject | message | hint |" in problems
-    assert "| FAIL | drain-node | gpu.ecc.volatile_uncorrected | GPU 1 | 3 errors | drain the " \
-        "node |" in problems
-    assert md.count("<details>") == md.count("</details>") == 2
-    assert "| nested.b | yes |" in md
 
 
 @pytest.mark.parametrize(
