@@ -1,6 +1,5 @@
 """Who is in the job and who stopped answering: the check-in before any collective and
-the roll call after a failed one, both on the job's key-value store (no collective,
-so neither can hang on a dead peer)."""
+the roll call after a failed one, both on the job's store (neither can hang on a peer)."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ class CheckInFailed(RuntimeError):
         self.missing = missing
         self.present = present
         self.expected = {r: expected_place(r, world) for r in missing}
-        # This rank's view of it, for the report (process_group records it): set
-        # where the check-in timed out.
+        # This rank's view, for the report: set where the check-in timed out.
         self.diagnosis: dict[str, Any] | None = None
         names = ", ".join(self.expected.values())
         hint = (" (under sbatch, start the ranks with srun)" if world.launcher == "slurm" else "")
@@ -60,19 +58,14 @@ def expected_place(rank: int, world: World) -> str:
 
 
 def _key(kind: str, rank: int | str) -> str:
-    """A check-in or roll-call key. Each process group's keys live in the store scoped
-    to its command (`gpucheck.distributed.session.scoped_store`, from `RunContext.scope`)."""
+    """A check-in or roll-call key (in the store scoped to its command)."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return f"{_PREFIX}/{attempt}/{kind}/{rank}"
 
 
 def this_rank(world: World, gpu: GpuIdentity | None, sysfs: Path = SYSFS) -> RankInfo:
-    """This rank as it checks in: where it runs and, on CUDA, which physical GPU it uses
-    (`world.device_index` is its CUDA ordinal; `gpu` names that GPU), its CPUs
-    (`taskset -cp <pid>`) and its GPU's NUMA node (`cat /sys/bus/pci/devices/<bus>/numa_node`).
-
-    Read before any command moves the rank (stress pins after check-in and reports
-    the new CPUs itself)."""
+    """This rank as it checks in: where it runs, its GPU (`gpu`), its CPUs and its GPU's
+    NUMA node, read before any command moves it (stress pins after the check-in)."""
     place = rank_numa(gpu.pci_bus_id if gpu else None, allowed_cpus(), sysfs)
     where: dict[str, Any] = {"cpus": place.cpus or None, "numa_node": place.numa_node,
                              "on_gpu_numa": place.on_gpu_numa}
@@ -94,9 +87,8 @@ def check_in(store: Any, world: World, me: RankInfo, timeout_s: float) -> list[R
 
 @dataclass(frozen=True)
 class View:
-    """What one rank's process sees on CUDA, said before it picks its GPU: the GPUs (UUIDs
-    in CUDA order) and CUDA_VISIBLE_DEVICES as its launcher set it (srun's --gpu-bind
-    sets it per task)."""
+    """What one rank sees on CUDA before it picks its GPU: the GPUs (UUIDs in CUDA order)
+    and CUDA_VISIBLE_DEVICES as its launcher set it."""
 
     rank: int
     host: str
@@ -108,8 +100,8 @@ class View:
 
 def exchange_visible(store: Any, world: World, visible: Sequence[str],
                      timeout_s: float) -> dict[int, View]:
-    """The first half of the check-in on CUDA, before any rank picks its GPU: every rank
-    says which GPUs it sees and reads what every other one sees (rank -> `View`)."""
+    """The check-in's first half on CUDA: every rank says which GPUs it sees and reads
+    every other one's `View`."""
     mine = View(world.rank, host_name(), world.node_rank, world.local_rank, list(visible),
                 os.environ.get("CUDA_VISIBLE_DEVICES"))
     store.set(_key("visible", world.rank), json.dumps(asdict(mine)))
@@ -126,8 +118,8 @@ def local_views(views: Mapping[int, View], world: World) -> dict[int, list[str]]
 
 
 def _wait_for_all(store: Any, world: World, kind: str, timeout_s: float) -> None:
-    """Count this rank in under `kind` and wait until every rank has; a rank that never
-    arrives is named (`CheckInFailed`) and recorded as the check-in's diagnosis."""
+    """Count this rank in under `kind` and wait for every rank; one that never arrives
+    is named (`CheckInFailed`, with its diagnosis)."""
     counter = _key(kind, "count")
     store.add(counter, 1)
     # Rank 0 may host the store: it gives up last, so the others can still read it.
@@ -184,9 +176,8 @@ class SharedGpu(RuntimeError):
 
 def shared_gpu_groups(infos: Sequence[RankInfo], views: Mapping[int, View],
                       backend: str) -> list[list[RankInfo]]:
-    """Ranks on one GPU UUID that must not be: always on NCCL (it stops with "Duplicate
-    GPU detected"); on gloo only when a GPU the node's ranks see is left idle (more
-    ranks than GPUs is a deliberate share, `--backend gloo` on purpose)."""
+    """Ranks on one GPU that must not be: always on NCCL; on gloo only while a GPU the
+    node's ranks see is left idle (more ranks than GPUs is a deliberate share)."""
     by_gpu: dict[tuple[str, str], list[RankInfo]] = {}
     for info in infos:
         if info.uuid:
@@ -205,8 +196,7 @@ def _idle_gpu_on(host: str, infos: Sequence[RankInfo], views: Mapping[int, View]
 
 def refuse_shared_gpus(infos: Sequence[RankInfo], views: Mapping[int, View], world: World,
                        backend: str) -> None:
-    """Raise `SharedGpu` (every rank does, from the same roster and views) when ranks
-    share a GPU they should not; the diagnosis names them for the report (`*.shared_gpu`)."""
+    """Raise `SharedGpu` (on every rank alike) when ranks share a GPU they should not."""
     groups = shared_gpu_groups(infos, views, backend)
     if not groups:
         return
@@ -219,11 +209,9 @@ def refuse_shared_gpus(infos: Sequence[RankInfo], views: Mapping[int, View], wor
 def roll_call(store: Any, rank: int, world_size: int, window_s: float, host: bool = False,
               clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], object] = time.sleep) -> list[int]:
-    """Answer, wait up to `window_s` for the others, return the ranks that never
-    answered. The store's `host` (rank 0 where its process holds the store) then stays
-    until every rank that answered has read the call, at most another window: gone
-    sooner, it would look silent to a survivor still waiting (and a rank that answers
-    meanwhile is not named)."""
+    """Answer, wait up to `window_s` for the others, return the ranks that never did.
+    The store's `host` then stays until every rank that answered has read the call (at
+    most another window): gone sooner, it would look silent to them."""
     store.set_timeout(_dt.timedelta(seconds=window_s))
     store.set(_key("alive", rank), "1")
     alive = [_key("alive", r) for r in range(world_size)]
@@ -244,9 +232,8 @@ def _until(done: Callable[[], bool], window_s: float, clock: Callable[[], float]
 
 
 def roll_call_window_s(timeout_s: float, backend: str) -> float:
-    """How long survivors can take to reach the roll call after the first one, plus
-    their dump (taken before answering): on gloo, their own timeouts firing a little
-    apart; on NCCL, a rank whose wait escaped gpucheck's deadline arrives only once the
-    watchdog has aborted (`deadline.latest_arrival_s`, from the settings in effect)."""
+    """How long survivors can take to reach the roll call after the first, plus their
+    dump: on gloo their timeouts fire a little apart; on NCCL a rank whose wait escaped
+    the deadline arrives once the watchdog aborts (`deadline.latest_arrival_s`)."""
     apart = latest_arrival_s() if backend == "nccl" else min(5.0, max(1.0, timeout_s / 4))
     return apart + DUMP_WAIT_S
