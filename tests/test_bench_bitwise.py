@@ -45,7 +45,7 @@ def test_one_ulp_off_the_other_ranks_of_its_stack_is_a_wrong_rank() -> None:
     outputs = [truth, truth.clone(), one_ulp_off(truth)]
     result = compare_outputs(outputs, "bf16", truth, reference_tolerance("bf16", "cuda"),
                              stacks=[H100] * 3)
-    assert result.bad_ranks == (2,)
+    assert tuple(result.wrong) == (2,)
     assert "bitwise" in result.wrong[2]
     assert statuses(3, result) == [(Status.FAIL, "rank 2")]
     assert result.bitwise_groups == {H100: (0, 1, 2)}
@@ -55,7 +55,7 @@ def test_two_ranks_of_one_stack_one_ulp_apart_are_named_together() -> None:
     truth = logits()
     result = compare_outputs([truth, one_ulp_off(truth)], "bf16", truth,
                              reference_tolerance("bf16", "cuda"), stacks=[H100, H100])
-    assert result.bad_ranks == () and result.bitwise_split == (0, 1)
+    assert tuple(result.wrong) == () and result.bitwise_split == (0, 1)
     assert statuses(2, result) == [(Status.WARN, "rank 0, rank 1")]
 
 
@@ -72,14 +72,14 @@ def test_ranks_of_different_stacks_keep_the_tolerance() -> None:
     close = truth + 1e-4 * truth.abs().max()
     result = compare_outputs([truth, truth.clone(), close], "bf16", truth,
                              reference_tolerance("bf16", "cuda"), stacks=[H100, H100, A100])
-    assert result.bad_ranks == () and result.bitwise_split == ()
+    assert tuple(result.wrong) == () and result.bitwise_split == ()
     assert statuses(3, result) == [(Status.OK, None)]
 
 
 def test_cpu_ranks_and_the_cpu_reference_keep_their_tolerances() -> None:
     truth = logits()
     result = compare_outputs([truth, one_ulp_off(truth)], "fp32", truth)
-    assert result.bad_ranks == () and result.undecided == () and result.bitwise_split == ()
+    assert tuple(result.wrong) == () and result.undecided == () and result.bitwise_split == ()
     assert result.bitwise_groups == {}
     far = compare_outputs([truth, truth * 1.01], "fp32", truth)
-    assert far.bad_ranks == (1,) and "CPU reference" in far.wrong[1]
+    assert tuple(far.wrong) == (1,) and "CPU reference" in far.wrong[1]

@@ -82,7 +82,7 @@ def test_consistency_names_the_rank_that_disagrees() -> None:
     base = torch.randn(4, 10)
     outputs = [base, base + 1e-6, base * 1.5, base]
     result = compare_outputs(outputs, "fp32")
-    assert result.bad_ranks == (2,)
+    assert tuple(result.wrong) == (2,)
     assert result.max_deviation == result.deviations[2] > result.tolerance
     records = tuple(record(r, 1.0) for r in range(4))
     failed = [f for f in consistency_section(records, result, "fp32").findings
@@ -97,7 +97,7 @@ def test_consistency_fails_on_non_finite_logits() -> None:
     bad = base.clone()
     bad[0, 0] = float("nan")
     result = compare_outputs([base, base, bad], "bf16")
-    assert result.nonfinite_ranks == (2,) and result.bad_ranks == (2,)
+    assert result.nonfinite_ranks == (2,) and tuple(result.wrong) == (2,)
 
 
 def test_with_two_ranks_the_cpu_reference_names_the_wrong_one_only() -> None:
@@ -105,7 +105,7 @@ def test_with_two_ranks_the_cpu_reference_names_the_wrong_one_only() -> None:
 
     truth = torch.randn(4, 10)
     result = compare_outputs([truth * 1.5 + 1.0, truth + 1e-7], "fp32", reference=truth)
-    assert result.bad_ranks == (0,) and result.undecided == ()
+    assert tuple(result.wrong) == (0,) and result.undecided == ()
     assert "CPU reference" in result.wrong[0]
     records = (record(0, 1.0), record(1, 1.0))
     findings = consistency_section(records, result, "fp32", "CPU float32").findings
@@ -117,7 +117,7 @@ def test_without_a_reference_two_disagreeing_ranks_are_a_warning_naming_both() -
 
     truth = torch.randn(4, 10)
     result = compare_outputs([truth * 1.5, truth], "fp32")
-    assert result.bad_ranks == () and result.undecided == (0, 1)
+    assert tuple(result.wrong) == () and result.undecided == (0, 1)
     findings = consistency_section((record(0, 1.0), record(1, 1.0)), result, "fp32").findings
     assert [(f.status, f.subject.label) for f in findings] == [(Status.WARN, "rank 0, rank 1")]
 
@@ -127,7 +127,7 @@ def test_ranks_that_all_differ_from_the_reference_alike_point_at_the_software() 
 
     truth = torch.randn(4, 10)
     result = compare_outputs([truth * 1.1] * 3, "fp32", reference=truth)
-    assert result.bad_ranks == (0, 1, 2)
+    assert tuple(result.wrong) == (0, 1, 2)
     records = tuple(record(r, 1.0) for r in range(3))
     findings = consistency_section(records, result, "fp32").findings
     hints = {f.hint for f in findings}
@@ -163,8 +163,8 @@ def test_the_cpu_reference_matches_the_model_run_in_float32() -> None:
     with torch.inference_mode():
         direct = build_model("mobilenet_v3_small", WeightsChoice("random"))(
             load_tensor(images.folder, files))
-    assert compare_outputs([direct], "fp32", reference=reference).bad_ranks == ()
-    assert compare_outputs([direct * 1.01], "fp32", reference=reference).bad_ranks == (0,)
+    assert tuple(compare_outputs([direct], "fp32", reference=reference).wrong) == ()
+    assert tuple(compare_outputs([direct * 1.01], "fp32", reference=reference).wrong) == (0,)
 
 
 @pytest.mark.parametrize(("n_images", "world_size"), [(6, 1), (6, 2), (6, 4), (5, 3), (2, 3)])

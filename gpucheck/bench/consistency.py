@@ -46,10 +46,6 @@ class Consistency:
     bitwise_split: tuple[int, ...] = ()
 
     @property
-    def bad_ranks(self) -> tuple[int, ...]:
-        return tuple(self.wrong)
-
-    @property
     def max_deviation(self) -> float:
         return max(self.deviations)
 
