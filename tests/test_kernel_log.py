@@ -22,7 +22,7 @@ from gpucheck.probes.kernel_log import (
     scan_lines,
 )
 from gpucheck.probes.xid_section import SAMPLE_CHARS, KernelLog, kernel_log_section
-from gpucheck.probes.xid_table import XID_TABLE
+from gpucheck.probes.xid_table import CATALOG_READ, CATALOG_URL, XID_TABLE
 from gpucheck.report import Section, Status
 from tests.fake_pynvml import FakeGpu, FakeNvml
 
@@ -345,5 +345,6 @@ def test_gpucheck_env_with_a_saved_dmesg_fails_naming_the_lost_gpu(tmp_path, mon
 
 def test_the_documented_xid_table_matches_the_code():
     doc = (Path(__file__).parents[1] / "docs" / "xid.md").read_text()
+    assert CATALOG_URL in doc and CATALOG_READ in doc  # the catalog read, and when
     for xid, info in XID_TABLE.items():
         assert f"| {xid} | {info.meaning} | {info.severity} | `{info.action}` |" in doc

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,8 @@ from gpucheck.devices import GpuIdentity, RankInfo
 from gpucheck.distributed.checkin import this_rank
 from gpucheck.distributed.nodes import numa_findings
 from gpucheck.distributed.world import World
-from gpucheck.probes.gpus import probe_nvml
-from gpucheck.probes.nvml import Nvml
 from gpucheck.report import Status
-from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.fake_pynvml import FakeGpu, FakeNvml, probe
 
 BUS = "00000000:9A:00.0"  # NVML's form; sysfs has 0000:9a:00.0
 TWO_SOCKETS = {0: "0-3,8-11", 1: "4-7,12-15"}
@@ -163,11 +160,6 @@ def test_the_hint_names_a_torchrun_option_this_torch_has() -> None:
 # --- env: the GPU table -----------------------------------------------------------------
 
 
-def probe(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, sysfs: Path) -> Any:
-    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
-    return probe_nvml(Nvml(2.0), sysfs)
-
-
 def four_gpus(nodes: dict[int, str]) -> list[FakeGpu]:
     """GPU 0-1 on node 0, GPU 2-3 on the last node, each with that node's CPUs."""
     last = max(nodes)
@@ -179,7 +171,7 @@ def test_env_shows_each_gpus_numa_node_and_cpus_and_one_ok_per_node(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     gpus = four_gpus(TWO_SOCKETS)
     fake_machine(tmp_path, TWO_SOCKETS, {g.bus_id: 0 if i < 2 else 1 for i, g in enumerate(gpus)})
-    section = probe(monkeypatch, FakeNvml(gpus), tmp_path).sections[1]
+    section = probe(monkeypatch, FakeNvml(gpus), sysfs=tmp_path).sections[1]
     rows = section.data["gpus"]
     assert [(r["numa_node"], r["cpu_affinity"]) for r in rows] == \
         [(0, "0-3,8-11"), (0, "0-3,8-11"), (1, "4-7,12-15"), (1, "4-7,12-15")]
@@ -198,7 +190,8 @@ def test_a_gpus_cpus_come_from_nvmls_bitmask_else_from_sysfs(
         absent: frozenset[str]) -> None:
     gpus = four_gpus(nodes)
     fake_machine(tmp_path, nodes, {g.bus_id: 0 if i < 2 else 1 for i, g in enumerate(gpus)})
-    rows = probe(monkeypatch, FakeNvml(gpus, absent=absent), tmp_path).sections[1].data["gpus"]
+    result = probe(monkeypatch, FakeNvml(gpus, absent=absent), sysfs=tmp_path)
+    rows = result.sections[1].data["gpus"]
     assert rows[3]["cpu_affinity"] == nodes[1]
 
 
@@ -211,7 +204,7 @@ def test_env_says_nothing_about_numa_where_there_is_nothing_to_say(
         placed: int | None) -> None:
     gpus = four_gpus(nodes)
     fake_machine(tmp_path, nodes, {g.bus_id: placed for g in gpus})
-    result = probe(monkeypatch, FakeNvml(gpus), tmp_path)
+    result = probe(monkeypatch, FakeNvml(gpus), sysfs=tmp_path)
     assert [r["numa_node"] for r in result.sections[1].data["gpus"]] == [placed] * 4
     assert not [f for s in result.sections for f in s.findings if f.check == "gpu.numa"]
     assert {f.status for s in result.sections for f in s.findings} == {Status.OK}
