@@ -1,5 +1,5 @@
 """The fake pynvml's event sets, field values and fault counters, held to pynvml's own
-names, signatures, structs and behaviour (tests/test_nvml_fabric.py checks the rest)."""
+names, signatures, structs and behaviour (tests/test_nvml_health.py checks the rest)."""
 
 from __future__ import annotations
 
