@@ -1,14 +1,12 @@
-"""Three "nodes" on one machine (three torchrun agents, c10d on 127.0.0.1), one slowed.
-
-The test hook `--slow-sends 2:SECONDS` (tests/hooked.py, Plant.slow_sends) makes
-node 2's ranks sleep before each send between nodes (with ":first" in the rounds only,
-not in the second look): far slower than any noise, so the verdicts below are deterministic.
-"""
+"""Three "nodes" on one machine, one slowed: `--slow-sends 2:SECONDS` (tests/hooked.py,
+Plant.slow_sends) makes node 2's ranks sleep before each send between nodes, far slower
+than any noise, so the verdicts below are deterministic. Each rank is a process started
+as a launcher starts it (RANK, GROUP_RANK, ...; no agent, rank 0 hosts the store); the
+torchrun agents' own rendezvous is tested in test_multinode_runs.py."""
 
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,23 +17,25 @@ HOOKED = str(Path(__file__).resolve().parent / "hooked.py")
 
 RUN_S = 240
 NODES = 3
+SLEEP = "0.02"  # before each of the 10 sends of an exchange: 0.2 s, far beyond noise
 
 
 def _nodes(tmp_path: Path, *hooks: str, nodes: int = NODES, per_node: int = 1,
            pairwise: bool = False) -> dict[str, Any]:
-    """`gpucheck comm` under `nodes` torchrun nodes of `per_node` ranks, every rank with
-    the test `hooks` (tests/hooked.py options); rank 0's report."""
-    port, out, run_id = free_port(), tmp_path / "report.json", uuid.uuid4().hex[:8]
-    torchrun = [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(nodes),
-                "--nproc-per-node", str(per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                f"127.0.0.1:{port}", "--rdzv-id", run_id, "--max-restarts", "0",
-                HOOKED, *hooks, "gpucheck", "comm", "--collectives", "all_reduce", "--max-bytes",
-                "4K", "--iters", "1", "--warmup", "0", "--pair-bytes", "256K",
-                "--timeout", "60", "-q", "-o", str(out)] + ([] if pairwise else ["--no-pairwise"])
-    procs = [start(torchrun, clean_env()) for _ in range(nodes)]
+    """`gpucheck comm` on `nodes` nodes of `per_node` ranks, every rank with the planted
+    `hooks` (tests/hooked.py options); rank 0's report."""
+    port, out, world = free_port(), tmp_path / "report.json", nodes * per_node
+    command = [PYTHON, HOOKED, *hooks, "gpucheck", "comm", "--collectives", "all_reduce",
+               "--min-bytes", "4K", "--max-bytes", "4K", "--iters", "1", "--warmup", "0",
+               "--pair-bytes", "256K", "--timeout", "60", "-q", "-o", str(out),
+               *([] if pairwise else ["--no-pairwise"])]
+    procs = [start(command, clean_env(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_node),
+        LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(rank // per_node),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))) for rank in range(world)]
     with tracked(procs) as seen:
         outputs = [p.communicate(timeout=RUN_S) for p in procs]
-        assert [p.returncode for p in procs] == [0] * nodes, outputs
+        assert [p.returncode for p in procs] == [0] * world, outputs
         assert wait_gone(seen) == []
     return json.loads(out.read_text())
 
@@ -50,14 +50,9 @@ def _state(finding: dict[str, Any]) -> str | None:
     return look["state"] if look else None
 
 
-def _warns(section: dict[str, Any]) -> list[tuple[str, str, str]]:
-    return [(f["check"], f["subject"], f["action"]) for f in section["findings"]
-            if f["status"] == "WARN"]
-
-
 def test_a_node_slow_in_every_round_is_named_and_confirmed_against_known_good_nodes(
         tmp_path: Path) -> None:
-    report = _nodes(tmp_path, "--slow-sends", "2:0.02")
+    report = _nodes(tmp_path, "--slow-sends", f"2:{SLEEP}")
     section = _internode(report)
     assert section["data"]["rounds"] == NODES - 1
     pairs = {(r["src_node"], r["dst_node"]) for r in section["data"]["node_pairs"]}
@@ -83,7 +78,7 @@ def test_a_node_slow_to_receive_is_named_for_its_receives_and_no_other_node_is_b
     figures, the verdicts): node 2 takes its receives in slowly; only the links into
     it read slow, and it is the one node named, for receiving. (NCCL's own figures,
     one group per rank, are judged on recorded group times in test_comm_node_links.)"""
-    report = _nodes(tmp_path, "--slow-recvs", "2:0.02")
+    report = _nodes(tmp_path, "--slow-recvs", f"2:{SLEEP}")
     section = _internode(report)
     named = [f for f in section["findings"] if f["check"] == "comm.internode.shared_node"]
     assert [f["subject"][:6] for f in named] == ["node 2"]
@@ -96,23 +91,6 @@ def test_a_node_slow_to_receive_is_named_for_its_receives_and_no_other_node_is_b
                for f in section["findings"] if f["status"] == "WARN")
 
 
-def test_a_node_slow_only_in_the_rounds_is_measured_again_and_asks_for_a_rerun(
-        tmp_path: Path) -> None:
-    # Node 2 is planted slow in the rounds only. Whether its second look then reads
-    # "unstable" or, when this loaded machine slows the known-good pairs measured beside
-    # it, "confirmed" is noise (as test_comm_sweep.py's 2-rank pair once read in CI):
-    # that judging is tested on handmade figures (test_comm_confirm.py, a slow node fine
-    # the second time is unstable: an OK keeping its look). CPU ranks ask for a rerun
-    # at most.
-    report = _nodes(tmp_path, "--slow-sends", "2:0.02:first")
-    assert all(a == "rerun" for _, _, a in _warns(_internode(report)))
-    named = [f for f in _internode(report)["findings"]
-             if f["check"] == "comm.internode.shared_node" and f["look"]]
-    assert [f["subject"][:8] for f in named] == ["node 2 ("]
-    assert all((_state(f), f["status"]) in (("unstable", "OK"), ("confirmed", "WARN"))
-               for f in named)  # measured again
-
-
 def test_two_nodes_of_two_ranks_run_both_rails_and_sum_them_per_node_pair(
         tmp_path: Path) -> None:
     # Node 1's two intra-node pairs (ranks 2 <-> 3) are slowed, in both looks: the node
@@ -120,13 +98,13 @@ def test_two_nodes_of_two_ranks_run_both_rails_and_sum_them_per_node_pair(
     # Nothing between the nodes is slowed: the internode verdicts stay healthy.
     # Node 1's rail 1 (rank 3) sends slowly to node 0 in both looks: one slow NIC,
     # named as its rail link and confirmed against the known-good rails.
-    report = _nodes(tmp_path, "--slow-pair", "2:3:0.02,3:2:0.02", "--slow-sends", "1/1:0.02",
-                    nodes=2, per_node=2, pairwise=True)
+    report = _nodes(tmp_path, "--slow-pair", f"2:3:{SLEEP},3:2:{SLEEP}",
+                    "--slow-sends", f"1/1:{SLEEP}", nodes=2, per_node=2, pairwise=True)
     sections = {s["name"]: s for s in report["sections"]}
     rails = [f for f in sections["internode"]["findings"]
              if f["check"] == "comm.internode.slow_rail" and f["status"] == "WARN"]
     # CPU ranks: confirmed is a busy process to rerun, not a node to drain (GPU ranks
-    # drain: test_confirmed_links_on_cpu_ranks_are_rerun_and_on_gpus_drain below).
+    # drain: test_comm_verdicts.py, the rails scenario).
     assert [(f["subject"], f["action"], f["cause"]) for f in rails
             if _state(f) == "confirmed"] == [("rank 3 -> rank 1", "rerun", "cpu_ranks")]
     assert all(f["action"] == "rerun" for f in rails)
@@ -153,18 +131,3 @@ def test_two_nodes_of_two_ranks_run_both_rails_and_sum_them_per_node_pair(
                for f in sections["internode"]["findings"]
                if f["check"] != "comm.internode.slow_rail"
                and f["subject"] != "node 1 -> node 0"), sections["internode"]["findings"]
-
-
-def test_confirmed_links_on_cpu_ranks_are_rerun_and_on_gpus_drain() -> None:
-    from gpucheck.comm.internode_verdicts import rail_findings
-
-    # Two nodes of two rails, rail 1 of node 1 -> node 0 at a tenth, slow again.
-    links = [{"round": 1, "src_node": a, "dst_node": 1 - a, "rail": r, "src": 2 * a + r,
-              "dst": 2 * (1 - a) + r, "bandwidth_gbps": 1.0 if (a, r) == (1, 1) else 10.0}
-             for a in (0, 1) for r in (0, 1)]
-    labels = {0: "node 0 (h0)", 1: "node 1 (h1)"}
-    for device, action, cause in (("cuda", "drain-node", None), ("cpu", "rerun", "cpu_ranks")):
-        (found,) = rail_findings(links, 0.5, labels, links, device)
-        assert found.look is not None and found.look.state.value == "confirmed"
-        assert (found.subject.label, found.action, found.cause) == (
-            "rank 3 -> rank 1", action, cause)
