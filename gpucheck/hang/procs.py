@@ -233,25 +233,29 @@ def _discover(pids: Iterable[int] | None) -> Discovery:
     for proc in candidates:
         if proc.pid in skip:
             continue
-        try:
-            rank = _read(proc)
-        except EnvironBlocked:
-            found.blocked.append(proc.pid)
-            continue
-        except psutil.AccessDenied:
-            found.denied += 1
-            continue
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            if pids is not None:
-                found.gone.append(proc.pid)
-            continue
-        if rank is None or rank.job == own:
+        read, rank = _read_noted(proc, found, pids is not None)
+        if read and (rank is None or rank.job == own):
             if pids is not None and rank is None:
                 found.not_ranks.append(proc.pid)
-            continue
-        found.jobs.setdefault(rank.group, []).append(rank)
+        elif rank is not None:
+            found.jobs.setdefault(rank.group, []).append(rank)
     found.jobs = split_duplicates(found.jobs)
     return found
+
+
+def _read_noted(proc: psutil.Process, found: Discovery,
+                given: bool) -> tuple[bool, RankProcess | None]:
+    """(whether it was read, the rank it is); one not read is noted in `found`."""
+    try:
+        return True, _read(proc)
+    except EnvironBlocked:
+        found.blocked.append(proc.pid)
+    except psutil.AccessDenied:
+        found.denied += 1
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        if given:
+            found.gone.append(proc.pid)
+    return False, None
 
 
 def split_duplicates(jobs: dict[str, list[RankProcess]]) -> dict[str, list[RankProcess]]:
@@ -286,23 +290,17 @@ def _expand(pids: list[int], found: Discovery) -> list[psutil.Process]:
     for pid in pids:
         try:
             proc = psutil.Process(pid)
-            outside = pid == 1 or pid in ancestors
-            rank = None if outside else _read(proc)
-        except EnvironBlocked:
-            found.blocked.append(pid)
-            continue
-        except psutil.AccessDenied:
-            found.denied += 1
-            continue
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        except psutil.Error:
             found.gone.append(pid)
             continue
-        if rank is not None:
-            result.append(proc)
-        elif outside:
+        if pid == 1 or pid in ancestors:
             _not_a_rank(found, pid, "it is init or gpucheck's own parent, such as your "
                         "shell, above every job")
-        else:
+            continue
+        read, rank = _read_noted(proc, found, True)
+        if rank is not None:
+            result.append(proc)
+        elif read:
             result.extend(_launched(proc, found))
     return result
 
