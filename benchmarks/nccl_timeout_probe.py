@@ -160,7 +160,7 @@ def _span(began: float | None, ended: float | None) -> float | None:
 def dumps_seen(folder: Path) -> dict[str, Any]:
     """gpucheck's dump and torch's (if the watchdog wrote one): the last all_reduce's
     state in each."""
-    from gpucheck.distributed.flight import own_path
+    from gpucheck.distributed.deadline import own_path
     from gpucheck.hang.traces import NotADump, read_dump
 
     seen: dict[str, Any] = {}
@@ -183,7 +183,7 @@ def dumps_seen(folder: Path) -> dict[str, Any]:
 def traces_said(folder: Path, out: Path) -> dict[str, Any]:
     """What `gpucheck hang --traces` makes of gpucheck's dumps (its exit code and
     findings), as a person would run it."""
-    from gpucheck.distributed.flight import OWN_NAME
+    from gpucheck.distributed.deadline import OWN_NAME
 
     report = out / "hang.json"
     argv = [sys.executable, "-m", "gpucheck", "hang", "--traces", str(folder), "--prefix",

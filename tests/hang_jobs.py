@@ -40,11 +40,11 @@ def slow(rank: int, odd: int, dist, t) -> None:  # type: ignore[no-untyped-def]
 
 
 def desync(rank: int, odd: int, dist, t) -> None:  # type: ignore[no-untyped-def]
-    from gpucheck.distributed import flight
+    from gpucheck.distributed import deadline
 
     def dump() -> None:
-        # What gpucheck's own ranks do after a failed collective (flight.dump_after_failure).
-        outcome = flight.dump_after_failure(rank, "gloo")
+        # What gpucheck's own ranks do after a failed collective (deadline.dump_after_failure).
+        outcome = deadline.dump_after_failure(rank, "gloo")
         print(f"dumped {rank}" if outcome and outcome.path else f"no dump {rank}: {outcome}",
               flush=True)
 

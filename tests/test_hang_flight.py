@@ -13,26 +13,26 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.distributed import flight
+from gpucheck.distributed import deadline
 from gpucheck.distributed.job import flight_findings
 from gpucheck.hang.traces import dump_files, groups, load
 
 
 def test_arming_sets_the_variables_and_restores_them_afterwards(monkeypatch) -> None:
-    for name in (*flight.ARMED_VARS, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    for name in (*deadline.ARMED_VARS, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
                  "TORCH_NCCL_TRACE_BUFFER_SIZE", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MASTER_PORT", "29555")
-    with flight.armed("comm") as prefix:
-        assert prefix == os.path.join(flight.dump_folder(), "comm_29555_rank_")
+    with deadline.armed("comm") as prefix:
+        assert prefix == os.path.join(deadline.dump_folder(), "comm_29555_rank_")
         assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == prefix
-        assert os.environ["TORCH_FR_BUFFER_SIZE"] == flight.BUFFER_ENTRIES
-    assert not any(name in os.environ for name in flight.ARMED_VARS)
+        assert os.environ["TORCH_FR_BUFFER_SIZE"] == deadline.BUFFER_ENTRIES
+    assert not any(name in os.environ for name in deadline.ARMED_VARS)
 
 
 def test_a_users_own_dump_location_is_kept(monkeypatch) -> None:
     monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", "/shared/fr/job_")
-    with flight.armed("bench") as prefix:
+    with deadline.armed("bench") as prefix:
         assert prefix is None and os.environ["TORCH_FR_DUMP_TEMP_FILE"] == "/shared/fr/job_"
 
 
@@ -40,14 +40,14 @@ def test_a_users_own_dump_location_is_kept(monkeypatch) -> None:
 def own_folder(monkeypatch, tmp_path: Path) -> Path:
     """The default dump folder moved under tmp_path (the test may make it hostile)."""
     folder = tmp_path / "gpucheck-fr-test"
-    monkeypatch.setattr(flight, "dump_folder", lambda: str(folder))
-    for name in (*flight.ARMED_VARS, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+    monkeypatch.setattr(deadline, "dump_folder", lambda: str(folder))
+    for name in (*deadline.ARMED_VARS, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
         monkeypatch.delenv(name, raising=False)
     return folder
 
 
 def test_the_dump_folder_is_made_private_to_its_user(own_folder: Path) -> None:
-    with flight.armed("comm") as prefix:
+    with deadline.armed("comm") as prefix:
         assert prefix is not None and prefix.startswith(str(own_folder))
     info = os.lstat(own_folder)
     assert stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o700
@@ -58,7 +58,7 @@ def test_a_folder_others_can_write_is_refused_and_the_run_goes_on_unarmed(
         own_folder: Path, capsys) -> None:
     own_folder.mkdir()
     own_folder.chmod(0o777)  # what another user makes to catch root's files
-    with flight.armed("comm") as prefix:
+    with deadline.armed("comm") as prefix:
         assert prefix is None and "TORCH_FR_DUMP_TEMP_FILE" not in os.environ
     assert "may be written by other users" in capsys.readouterr().err
     assert stat.S_IMODE(os.lstat(own_folder).st_mode) == 0o777  # left as it was
@@ -67,9 +67,9 @@ def test_a_folder_others_can_write_is_refused_and_the_run_goes_on_unarmed(
 def test_a_folder_of_another_user_is_refused(own_folder: Path, monkeypatch) -> None:
     own_folder.mkdir(mode=0o700)
     monkeypatch.setattr(os, "geteuid", lambda: os.lstat(own_folder).st_uid + 4242)
-    with pytest.raises(flight.UnsafeFolder, match="belongs to uid"):
-        flight.private_folder(str(own_folder))
-    assert flight.arm("bench", {}) is None
+    with pytest.raises(deadline.UnsafeFolder, match="belongs to uid"):
+        deadline.private_folder(str(own_folder))
+    assert deadline.arm("bench", {}) is None
 
 
 def test_a_link_in_place_of_the_folder_is_refused_never_followed(
@@ -77,15 +77,15 @@ def test_a_link_in_place_of_the_folder_is_refused_never_followed(
     target = tmp_path / "elsewhere"
     target.mkdir(mode=0o700)
     own_folder.symlink_to(target)
-    with pytest.raises(flight.UnsafeFolder, match="not a directory"):
-        flight.private_folder(str(own_folder))
-    assert flight.arm("bench", {}) is None and list(target.iterdir()) == []
+    with pytest.raises(deadline.UnsafeFolder, match="not a directory"):
+        deadline.private_folder(str(own_folder))
+    assert deadline.arm("bench", {}) is None and list(target.iterdir()) == []
 
 
 def test_a_folder_of_this_user_closed_to_writers_is_taken_and_closed(own_folder: Path) -> None:
     own_folder.mkdir(mode=0o755)  # what an older gpucheck made
     own_folder.chmod(0o755)
-    assert flight.private_folder(str(own_folder)) == str(own_folder)
+    assert deadline.private_folder(str(own_folder)) == str(own_folder)
     assert stat.S_IMODE(os.lstat(own_folder).st_mode) == 0o700
 
 
@@ -93,7 +93,7 @@ def test_a_torch_without_the_dump_function_is_a_visible_skip(monkeypatch, tmp_pa
     torch = pytest.importorskip("torch")
     monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", str(tmp_path / "rank_"))
     monkeypatch.delattr(torch._C._distributed_c10d, "_dump_fr_trace")
-    outcome = flight.dump_after_failure(3, "gloo")
+    outcome = deadline.dump_after_failure(3, "gloo")
     assert outcome is not None and outcome.path is None
     assert "_dump_fr_trace" in (outcome.skipped or "") and list(tmp_path.iterdir()) == []
     findings = flight_findings([{"rank": 3, "flight_recorder": outcome.as_dict()}], "comm")
@@ -107,19 +107,19 @@ def test_a_dump_that_does_not_return_is_given_up_not_waited_for(monkeypatch,
 
     release = threading.Event()
     monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", str(tmp_path / "rank_"))
-    monkeypatch.setattr(flight, "dumper", lambda backend: (lambda: release.wait(30) and b"",
+    monkeypatch.setattr(deadline, "dumper", lambda backend: (lambda: release.wait(30) and b"",
                                                            None))
     try:
-        outcome = flight.dump_after_failure(0, "nccl", wait_s=0.2)
+        outcome = deadline.dump_after_failure(0, "nccl", wait_s=0.2)
     finally:
         release.set()
     assert outcome is not None and "did not return" in (outcome.skipped or "")
 
 
 def test_an_unarmed_job_dumps_nothing(monkeypatch) -> None:
-    for name in flight.PREFIX_VARS:
+    for name in deadline.PREFIX_VARS:
         monkeypatch.delenv(name, raising=False)
-    assert flight.dump_after_failure(0, "gloo") is None
+    assert deadline.dump_after_failure(0, "gloo") is None
 
 
 def test_a_gloo_rank_dumps_its_trace_after_a_failure(monkeypatch, tmp_path: Path) -> None:
@@ -134,8 +134,8 @@ def test_a_gloo_rank_dumps_its_trace_after_a_failure(monkeypatch, tmp_path: Path
         # A size no other test uses: the recorder's buffer is per process, and earlier
         # tests in this process left their own collectives in it.
         dist.all_reduce(torch.ones(4, 7))
-        outcome = flight.dump_after_failure(0, "gloo")
-        assert outcome == flight.DumpOutcome(path=str(tmp_path / "rank_gpucheck_0"))
+        outcome = deadline.dump_after_failure(0, "gloo")
+        assert outcome == deadline.DumpOutcome(path=str(tmp_path / "rank_gpucheck_0"))
     finally:
         dist.destroy_process_group()
     dumps, _ = load(dump_files(str(tmp_path)))

@@ -11,7 +11,7 @@ import pytest
 
 from gpucheck.comm import collectives
 from gpucheck.context import RunContext
-from gpucheck.distributed import checkin, deadline, flight, progress, session
+from gpucheck.distributed import checkin, deadline, progress, session
 from gpucheck.distributed.world import World
 
 
@@ -90,7 +90,7 @@ def test_the_nccl_group_timeout_is_behind_gpuchecks_deadline_and_gloos_is_it() -
 def test_the_nccl_roll_call_window_follows_the_settings_in_effect(monkeypatch) -> None:
     monkeypatch.setenv("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "3000")
     short = checkin.roll_call_window_s(3.0, "nccl")
-    assert short == deadline.BACKSTOP_S + deadline.TRACEBACK_CAP_S + 12 + flight.DUMP_WAIT_S
+    assert short == deadline.BACKSTOP_S + deadline.TRACEBACK_CAP_S + 12 + deadline.DUMP_WAIT_S
     monkeypatch.setenv("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "15000")
     assert checkin.roll_call_window_s(3.0, "nccl") == short + 48
     assert checkin.roll_call_window_s(3.0, "gloo") < short
@@ -202,8 +202,8 @@ def test_on_the_deadline_a_rank_dumps_answers_aborts_reports_then_exits(
     """The order of issue 33: the dump while the stuck op still reads started, the
     roll call, the abort, the report, os._exit with the command's code."""
     order: list[Any] = []
-    monkeypatch.setattr(flight, "dump_after_failure", lambda rank, backend: (
-        order.append("dump"), flight.DumpOutcome(path=str(tmp_path / "x_gpucheck_1")))[1])
+    monkeypatch.setattr(deadline, "dump_after_failure", lambda rank, backend: (
+        order.append("dump"), deadline.DumpOutcome(path=str(tmp_path / "x_gpucheck_1")))[1])
     monkeypatch.setattr(session, "roll_call", lambda *a, **k: (order.append("roll call"),
                                                                [0])[1])
     monkeypatch.setattr(deadline, "abort_groups", lambda dist: order.append("abort"))
@@ -226,7 +226,7 @@ def test_on_the_deadline_a_rank_dumps_answers_aborts_reports_then_exits(
 
 def test_a_gloo_failure_dumps_and_answers_but_aborts_nothing(monkeypatch) -> None:
     order: list[str] = []
-    monkeypatch.setattr(flight, "dump_after_failure",
+    monkeypatch.setattr(deadline, "dump_after_failure",
                         lambda rank, backend: order.append("dump"))
     monkeypatch.setattr(session, "roll_call", lambda *a, **k: (order.append("roll call"),
                                                                [])[1])
@@ -243,11 +243,11 @@ def test_gpuchecks_dump_never_replaces_the_file_torch_wrote(monkeypatch,
     prefix = str(tmp_path / "comm_rank_")
     (tmp_path / "comm_rank_0").write_bytes(b"torch's own dump")
     monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", prefix)
-    monkeypatch.setattr(flight, "dumper", lambda backend: (lambda: b"gpucheck's", None))
-    outcome = flight.dump_after_failure(0, "nccl")
-    assert outcome == flight.DumpOutcome(path=flight.own_path(prefix, 0))
+    monkeypatch.setattr(deadline, "dumper", lambda backend: (lambda: b"gpucheck's", None))
+    outcome = deadline.dump_after_failure(0, "nccl")
+    assert outcome == deadline.DumpOutcome(path=deadline.own_path(prefix, 0))
     assert (tmp_path / "comm_rank_0").read_bytes() == b"torch's own dump"
-    assert Path(flight.own_path(prefix, 0)).read_bytes() == b"gpucheck's"
+    assert Path(deadline.own_path(prefix, 0)).read_bytes() == b"gpucheck's"
 
 
 def test_the_dump_is_asked_without_stack_traces(monkeypatch) -> None:
@@ -258,7 +258,7 @@ def test_the_dump_is_asked_without_stack_traces(monkeypatch) -> None:
         asked.append(kwargs)
         return b""
     monkeypatch.setattr(torch._C._distributed_c10d, "_dump_fr_trace", fake)
-    function, _ = flight.dumper("gloo")
+    function, _ = deadline.dumper("gloo")
     assert function is not None and function() == b""
     assert asked == [{"includeStackTraces": False}]
 

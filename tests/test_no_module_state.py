@@ -30,7 +30,7 @@ MUTABLE_DISPLAYS = (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast
 ENV_WRITES = {"pop", "update", "setdefault", "clear", "popitem", "__setitem__",
               "__delitem__"}
 # Files that set torch's or NCCL's own variables (legitimate: that is their interface).
-TORCH_NCCL_SETTINGS = {"distributed/deadline.py", "distributed/flight.py",
+TORCH_NCCL_SETTINGS = {"distributed/deadline.py",
                        "comm/nccl_log.py"}
 # Files that name GPUCHECK_ only to classify an environment listing, never to read it.
 OWN_PREFIX_CLASSIFIERS = {"probes/system.py", "distributed/nodes.py", "envfacts.py"}

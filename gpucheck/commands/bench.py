@@ -88,7 +88,7 @@ add_arguments = BenchArgs.add_to
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     from gpucheck.bench.worker import bench_worker
-    from gpucheck.distributed.flight import armed
+    from gpucheck.distributed.deadline import armed
 
     plan, spec, images = check(args, ctx)
     with armed("bench"):  # a hang leaves Flight Recorder dumps (gpucheck hang --traces)

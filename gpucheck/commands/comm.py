@@ -118,7 +118,7 @@ def _verdicts(args: argparse.Namespace) -> Verdicts:
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     plan, collectives = check(args, ctx)
     from gpucheck.comm.worker import comm_worker
-    from gpucheck.distributed.flight import armed
+    from gpucheck.distributed.deadline import armed
 
     with armed("comm"):  # a hang leaves Flight Recorder dumps (gpucheck hang --traces)
         return run_reported("comm", comm_worker, _spec(args, plan, collectives), plan,

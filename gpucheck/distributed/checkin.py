@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.devices import SYSFS, GpuIdentity, RankInfo, device_label
-from gpucheck.distributed.deadline import latest_arrival_s
-from gpucheck.distributed.flight import DUMP_WAIT_S
+from gpucheck.distributed.deadline import DUMP_WAIT_S, latest_arrival_s
 from gpucheck.distributed.world import World, host_name
 from gpucheck.numa import allowed_cpus, rank_numa
 

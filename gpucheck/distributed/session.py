@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpucheck.context import RunContext
 from gpucheck.devices import GpuIdentity, RankInfo
-from gpucheck.distributed import deadline, faultwatch, flight, progress
+from gpucheck.distributed import deadline, faultwatch, progress
 from gpucheck.distributed.checkin import (
     CheckInFailed,
     RanksUnresponsive,
@@ -259,7 +259,7 @@ def _after_failure(ctx: RunContext, store: Any, world: World, timeout_s: float,
     """In this order: dump this rank's buffer (while the stuck op still reads started),
     answer the roll call, abort a failed NCCL group, record what this rank saw. The
     error to raise instead (in a list the caller empties), None for a rank alone."""
-    dumped = flight.dump_after_failure(world.rank, backend)
+    dumped = deadline.dump_after_failure(world.rank, backend)
     if dumped is not None:  # said either way: a dump not written is never passed over
         done = f"written to {dumped.path}" if dumped.path else f"SKIP: {dumped.skipped}"
         _say(ctx, world.rank, f"Flight Recorder dump {done}")
