@@ -1,12 +1,13 @@
 """The one report shape every command produces: `Finding`s in `Section`s in a `Report`,
-whose JSON (versioned, SCHEMA_VERSION) `Report.from_dict` reads back: the one reader."""
+whose JSON (versioned, SCHEMA_VERSION) `Report.from_dict` reads back: the one reader;
+and the findings for ranks' records rank 0 could not read back (`unread_findings`)."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import socket
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -14,7 +15,9 @@ from gpucheck import __version__
 from gpucheck.actions import ACTIONS, Action, Status
 from gpucheck.checks import Check, lookup
 from gpucheck.measure import Metric, SecondLook
+from gpucheck.records import Unread
 from gpucheck.subject import Kind, Subject, text
+from gpucheck.subject import rank as rank_subject
 
 # 3: sections carry "metrics"; findings "action", "cause", "look" and "subject_fields"
 # beside "subject" (its label). Only this version is read (README, "JSON schema").
@@ -24,7 +27,8 @@ SCHEMA_VERSION = 3
 JsonValue = Any
 
 __all__ = ["Action", "Finding", "Report", "ReportShapeError", "SchemaVersionError", "Section",
-           "Status", "fail", "looked", "ok", "schema_problem", "skip", "warn", "worst"]
+           "Status", "fail", "looked", "ok", "schema_problem", "skip", "unread_findings", "warn",
+           "worst"]
 
 
 @dataclass(frozen=True)
@@ -358,3 +362,19 @@ def _said(exc: Exception) -> str:
 
 def worst(statuses: Iterable[Status]) -> Status:
     return max(statuses, key=lambda s: s.severity, default=Status.OK)
+
+
+UNREAD_HINT = ("the rank sent a record of another shape than rank 0 reads: run one gpucheck "
+               "version on every node (pip show gpucheck on each), then run the command again")
+
+
+def unread_findings(check: str, unread: Sequence[Unread]) -> list[Finding]:
+    """One WARN per rank (or one for records that name no rank), nothing when all read."""
+    by_rank: dict[int | None, list[Unread]] = {}
+    for u in unread:
+        by_rank.setdefault(u.rank, []).append(u)
+    return [warn(check, f"{f'rank {who}:' if who is not None else 'a rank that named none:'} "
+                 f"{len(mine)} record(s) could not be read and were left out of the verdicts: "
+                 f"{'; '.join(f'{u.what} ({u.why})' for u in mine)}", hint=UNREAD_HINT,
+                 subject=rank_subject(who) if who is not None else None)
+            for who, mine in sorted(by_rank.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))]

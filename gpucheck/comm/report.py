@@ -25,10 +25,9 @@ from gpucheck.distributed.nodes import NodeId, group_by_node, node_metric, nodes
 from gpucheck.faults import gpu_names, run_faults_section
 from gpucheck.measure import Better, Metric, attach, rank_subjects, relative_spread, whole
 from gpucheck.records import Unread
-from gpucheck.report import Finding, Section, skip
+from gpucheck.report import Finding, Section, skip, unread_findings
 from gpucheck.stats import human_bytes as human_bytes  # its old home, re-exported
 from gpucheck.stats import number
-from gpucheck.unread import unread_findings
 
 TITLES = {"all_reduce": "all_reduce (busbw = algbw x 2(n-1)/n)",
           "all_gather": "all_gather (algbw counts the gathered output; busbw = algbw x (n-1)/n)",

@@ -14,7 +14,7 @@ from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
 from gpucheck.measure import attach
 from gpucheck.numa import cpulist, on_node, parse_cpulist
 from gpucheck.records import as_dict, readable
-from gpucheck.report import Finding, Section, ok, skip, warn
+from gpucheck.report import Finding, Section, ok, skip, unread_findings, warn
 from gpucheck.stress.gemm import COPY_COUNTED, Figure, copy_figure, gemm_figure
 from gpucheck.stress.power import power_findings, reach
 from gpucheck.stress.records import (
@@ -34,7 +34,6 @@ from gpucheck.stress.verdicts import (
     peer_findings,
     subjects,
 )
-from gpucheck.unread import unread_findings
 
 
 @dataclass(frozen=True)
