@@ -16,7 +16,7 @@ MIB = 1 << 20
 def test_a_copy_counts_its_bytes_once_as_nvbandwidth(monkeypatch: pytest.MonkeyPatch) -> None:
     # nvbandwidth device_local_copy: copy size x loops / time (memcpy.cpp, doMemcpyCore).
     monkeypatch.setattr(gemm, "timed_window", lambda *a, **k: [0.002, 0.001, 0.001])
-    record = gemm.measure_copy(0, 4 * MIB, "cpu", "cpu", 0.0, 0.0, None)
+    record = gemm.measure_copy(0, 4 * MIB, "cpu", "cpu", 0.0, 0.0)
     assert record.gbps_p50 == pytest.approx(4 * MIB / 0.001 / 1e9)
     assert record.gbps == pytest.approx(3 * 4 * MIB / 0.004 / 1e9)
 

@@ -13,7 +13,7 @@ import pytest
 from gpucheck.probes.nvml import Nvml
 from gpucheck.records import as_dict
 from gpucheck.report import Status
-from gpucheck.stress import power
+from gpucheck.stress import gemm as power
 from gpucheck.stress.records import PowerReading
 from gpucheck.stress.report import Verdicts, stress_sections
 from tests.fake_pynvml import FakeGpu, FakeNvml

@@ -21,7 +21,7 @@ from gpucheck.preflight.verdict import alloc_section
 from gpucheck.probes.xid_section import XidFault
 from gpucheck.render import render
 from gpucheck.report import Finding, Report, ReportShapeError, Section, Status, fail, warn
-from gpucheck.stress.power import power_findings
+from gpucheck.stress.gemm import power_findings
 from gpucheck.stress.records import PowerReading
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gpucheck"

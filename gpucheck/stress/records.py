@@ -63,7 +63,7 @@ class BurnRecord:
 
 @dataclass(frozen=True)
 class PowerReading:
-    """One rank's power draw under the GEMM load (gpucheck.stress.power)."""
+    """One rank's power draw under the GEMM load (gpucheck.stress.gemm)."""
 
     rank: int
     samples: int

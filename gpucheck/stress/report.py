@@ -15,8 +15,14 @@ from gpucheck.measure import attach
 from gpucheck.numa import cpulist, on_node, parse_cpulist
 from gpucheck.records import as_dict, readable
 from gpucheck.report import Finding, Section, ok, skip, unread_findings, warn
-from gpucheck.stress.gemm import COPY_COUNTED, Figure, copy_figure, gemm_figure
-from gpucheck.stress.power import power_findings, reach
+from gpucheck.stress.gemm import (
+    COPY_COUNTED,
+    Figure,
+    copy_figure,
+    gemm_figure,
+    power_findings,
+    reach,
+)
 from gpucheck.stress.records import (
     CopyRecord,
     GemmRecord,
@@ -294,3 +300,4 @@ def _p2p_matrix(node: Mapping[str, Any]) -> list[dict[str, Any]]:
                 round(pair["gbps"], 1) if pair["gbps"] is not None else "no P2P")
         rows.append(row)
     return rows
+

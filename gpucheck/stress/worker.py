@@ -21,6 +21,7 @@ from gpucheck.stress import burn as sdc_burn
 from gpucheck.stress.burn import BOUND_TOLERANCE, bound_excess, loaded_blas
 from gpucheck.stress.copies import copies_phase, p2p_phase
 from gpucheck.stress.gemm import (
+    PowerSampler,
     copy_bytes,
     copy_figure,
     free_device_bytes,
@@ -28,7 +29,6 @@ from gpucheck.stress.gemm import (
     measure_copy,
     measure_gemm,
 )
-from gpucheck.stress.power import PowerSampler
 from gpucheck.stress.rank import (
     Phase,
     Placement,
@@ -181,7 +181,7 @@ def _cpu_name() -> str:
 
 def _gemm(ctx: RankContext, result: dict[str, Any]) -> None:
     """Every dtype's GEMM window (and its second look), with this GPU's power draw
-    sampled throughout (gpucheck.stress.power)."""
+    sampled throughout (gpucheck.stress.gemm)."""
     spec = ctx.spec
     with PowerSampler(ctx.world.rank, ctx.bus_id if spec.device == "cuda" else None) as power:
         for dtype in spec.dtypes:
