@@ -53,26 +53,16 @@ _ORDER = {"bench": 0, "comm": 1, "stress": 2}
 def _row(pool: str, members: list[Metric]) -> dict[str, str] | None:
     first = members[0]
     if pool in _JOB:
-        value = f"{first.value:.1%}" if first.unit == "ratio" else fmt_value(first.value)
-        return _made(_JOB[pool], value, "" if first.unit == "ratio" else first.unit, "")
-    if pool in _PER_RANK or _is_gemm(pool):
-        return _slowest(_figure(pool), members)
-    return None
-
-
-def _is_gemm(pool: str) -> bool:
-    return pool.startswith("stress.gemm.") and pool.endswith(".tflops")
-
-
-def _figure(pool: str) -> str:
-    if _is_gemm(pool):
-        dtype = pool.split(".")[2]
-        return f"stress {dtype} matmul tflops_p50, slowest rank"
-    return _PER_RANK[pool]
-
-
-def _slowest(figure: str, members: list[Metric]) -> dict[str, str]:
-    """The slowest rank's figure, where it ran, and the median of all ranks."""
+        ratio = first.unit == "ratio"
+        return _made(_JOB[pool], f"{first.value:.1%}" if ratio else fmt_value(first.value),
+                     "" if ratio else first.unit, "")
+    if pool.startswith("stress.gemm.") and pool.endswith(".tflops"):
+        figure = f"stress {pool.split('.')[2]} matmul tflops_p50, slowest rank"
+    elif pool in _PER_RANK:
+        figure = _PER_RANK[pool]
+    else:
+        return None
+    # The slowest rank's figure, where it ran, and the median of all ranks.
     low = min(members, key=lambda m: m.value)
     where = _position(low)
     if len(members) > 1:
@@ -118,11 +108,6 @@ _UNSAFE = re.compile(r"[^\x20-\x7e]+")  # control characters and non-ASCII
 _SPACES = re.compile(r"\s+")
 
 
-def clean(text: str) -> str:
-    """One line of printable ASCII: anything else becomes a space, runs of spaces one."""
-    return _SPACES.sub(" ", _UNSAFE.sub(" ", text.replace("…", "..."))).strip()
-
-
 def worst_finding(report: Report) -> Finding | None:
     """The problem to name first: the most severe status, then the most disruptive action."""
     problems = [f for f in report.findings if f.status in (Status.WARN, Status.FAIL)]
@@ -135,42 +120,30 @@ def worst_finding(report: Report) -> Finding | None:
     return worst
 
 
-def _fit(text: str, limit: int = MAX_CHARS) -> str:
-    return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
-
-
-def _short_subject(subject: Subject) -> str:
-    """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)" -> "GPU 3 (bus 00000000:9A:00.0)":
-    the index and bus id find the GPU; the model and UUID are in the full report. From
-    a GPU subject's fields; any other subject as its label."""
-    if subject.kind is Kind.GPU and subject.gpu is not None:
-        bus = f" (bus {subject.bus_id})" if subject.bus_id else ""
-        return f"GPU {subject.gpu}{bus}"
-    return subject.label
-
-
-def _scope(report: Report) -> str:
-    """The scope's head, before its first colon ("CPU ranks, no GPU"): one line is short."""
-    return f" ({report.scope.split(':')[0]})" if report.scope else ""
-
-
 def render_line(report: Report) -> str:
+    """One printable ASCII line of at most MAX_CHARS: the verdict, or the worst problem."""
     worst = worst_finding(report)
     counts = report.summary()
+    scope = f" ({report.scope.split(':')[0]})" if report.scope else ""  # its head: short
     if worst is None:
-        verdict = report.verdict().value
         skipped = f", {counts['SKIP']} skipped" if counts["SKIP"] else ""
         first_skip = next((f for f in report.findings if f.status is Status.SKIP), None)
         why = f": {first_skip.check}: {first_skip.message}" if first_skip and skipped else ""
-        line = (f"{PREFIX} {report.command} {verdict}{_scope(report)}: {counts['OK']} checks OK"
-                f"{skipped}{why}")
-        return _fit(clean(line)) + "\n"
-    others = counts["WARN"] + counts["FAIL"] - 1
-    more = f" (+{others} more)" if others else ""
-    about = f"{_short_subject(worst.subject)}: " if worst.subject else ""
-    head = f"{PREFIX} {report.command} {worst.status.value} {worst.action}{_scope(report)}" \
-        f"{more}: {about}"
-    return _fit(clean(f"{head}{worst.check}: {worst.message}")) + "\n"
+        line = (f"{PREFIX} {report.command} {report.verdict().value}{scope}: "
+                f"{counts['OK']} checks OK{skipped}{why}")
+    else:
+        others = counts["WARN"] + counts["FAIL"] - 1
+        more = f" (+{others} more)" if others else ""
+        who = worst.subject
+        about = f"{who.label}: " if who is not None else ""
+        if who is not None and who.kind is Kind.GPU and who.gpu is not None:
+            # Its index and bus id find the GPU; the model and UUID are in the full report.
+            about = f"GPU {who.gpu}" + (f" (bus {who.bus_id})" if who.bus_id else "") + ": "
+        line = (f"{PREFIX} {report.command} {worst.status.value} {worst.action}{scope}"
+                f"{more}: {about}{worst.check}: {worst.message}")
+    # Controls and non-ASCII become spaces, runs of spaces one.
+    line = _SPACES.sub(" ", _UNSAFE.sub(" ", line.replace("…", "..."))).strip()
+    return (line if len(line) <= MAX_CHARS else line[:MAX_CHARS - 3].rstrip() + "...") + "\n"
 
 
 def render_json(report: Report) -> str:
