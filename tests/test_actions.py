@@ -206,11 +206,6 @@ def test_no_action_is_given_by_hand_nor_read_from_a_hint() -> None:
         Finding("gpu.busy", Status.WARN, "m", action="rerun")  # type: ignore[call-arg]
 
 
-def test_ok_and_skip_have_no_action() -> None:
-    assert ok("gpu.busy", "m").action is None and skip("gpu.busy", "m").action is None
-    assert Finding("fleet.node", Status.OK, "m", relayed="drain-node").action is None
-
-
 def test_a_relayed_action_outside_the_list_is_refused() -> None:
     with pytest.raises(ValueError, match="'reboot'"):
         fail("fleet.node", "m", "h", relayed="reboot")

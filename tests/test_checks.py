@@ -16,7 +16,7 @@ from gpucheck import subject
 from gpucheck.actions import Action, Status
 from gpucheck.checks import CHECKS, Check, lookup
 from gpucheck.measure import Better, Bound, LookState, Metric, SecondLook
-from gpucheck.report import Report, Section, fail, looked, ok, warn
+from gpucheck.report import Report, Section, fail, looked, ok, skip, warn
 
 PACKAGE = Path(gpucheck.__file__).parent
 # The makers, and the statuses whose action the declaration must hold (`looked` takes
@@ -175,6 +175,8 @@ def test_a_cause_outranks_the_look_and_must_be_declared() -> None:
 def test_relaying_checks_take_the_action_of_the_finding_they_relay() -> None:
     assert fail("fleet.node", "m", "h", relayed="reset-gpu").action == "reset-gpu"
     assert warn("compare.findings", "m", "h", relayed=Action.NONE).action == "none"
+    assert warn("gpu.busy", "m", "h", relayed=Action.DRAIN_NODE).action == "rerun"  # relays not
+    assert ok("fleet.node", "m").action is None and skip("gpu.busy", "m").action is None
 
 
 def test_schema_3_round_trips_cause_look_and_subject_as_data() -> None:
