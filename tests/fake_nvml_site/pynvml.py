@@ -10,9 +10,8 @@ JSON scenario makes `import pynvml` in every rank give a `FakeNvml`
 
 An event is delivered to GPU `gpu` just before this process's event-set poll number
 `on_poll` (from 1) is answered, so it arrives while the watch runs, however fast or
-slow the ranks are. `slowdown_share` makes a clock-event reason's time counter (a
-field id of nvmlDeviceGetFieldValues, in ns) grow at that share of real time: a GPU
-held down half of any window, whatever the window's length. Each rank is its own
+slow the ranks are. `slowdown_share` is `FakeGpu.slowdown_share`: a clock-event reason's
+time counter grows at that share of real time. Each rank is its own
 process with its own fake: an event on GPU 1 reaches only the rank that watches GPU 1.
 Nothing in gpucheck imports this.
 """
@@ -22,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +34,9 @@ _TUPLES = {"cc", "util", "pcie_gen", "pcie_width", "remapped"}
 
 
 def _gpu(fields: dict[str, Any]) -> FakeGpu:
-    return FakeGpu(**{k: set(v) if k in _SETS else tuple(v) if k in _TUPLES else v
-                      for k, v in fields.items()})
+    shares = {int(k): v for k, v in fields.pop("slowdown_share", {}).items()}  # JSON keys
+    return FakeGpu(slowdown_share=shares, **{
+        k: set(v) if k in _SETS else tuple(v) if k in _TUPLES else v for k, v in fields.items()})
 
 
 def _deliver_on_polls(fake: FakeNvml, events: list[dict[str, Any]]) -> None:
@@ -55,26 +54,10 @@ def _deliver_on_polls(fake: FakeNvml, events: list[dict[str, Any]]) -> None:
     fake.module.nvmlEventSetWait_v2 = counted_wait
 
 
-def _slowdown_counters(fake: FakeNvml, shares: list[dict[str, float]]) -> None:
-    """Wrap the field-value read so each slowdown counter reads share x elapsed ns."""
-    read, started = fake.module.nvmlDeviceGetFieldValues, time.monotonic_ns()
-
-    def grown(handle: Any, field_ids: list[Any]) -> Any:
-        for field_id, share in shares[handle.index].items():
-            held = int(share * (time.monotonic_ns() - started))
-            fake.gpus[handle.index].field_values[int(field_id)] = held
-        return read(handle, field_ids)
-
-    fake.module.nvmlDeviceGetFieldValues = grown
-
-
 def _build() -> FakeNvml:
     scenario = json.loads(os.environ.get(SCENARIO_VAR) or "{}")
-    gpus = scenario.get("gpus", [{}])
-    fake = FakeNvml([_gpu({k: v for k, v in g.items() if k != "slowdown_share"})
-                     for g in gpus])
+    fake = FakeNvml([_gpu(g) for g in scenario.get("gpus", [{}])])
     _deliver_on_polls(fake, scenario.get("events", []))
-    _slowdown_counters(fake, [g.get("slowdown_share", {}) for g in gpus])
     return fake
 
 
