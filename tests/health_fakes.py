@@ -1,9 +1,14 @@
 """Fakes at the boundary for the `gpucheck health` tests: a sysfs tree of InfiniBand
-ports written into a temporary directory, and a kernel log file of NVRM lines."""
+ports written into a temporary directory, a kernel log file of NVRM lines, and a node
+with one fake GPU, a boot id and a state dir that `run_health` checks."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 STATES = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 PHYS = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining",
@@ -75,3 +80,38 @@ def gpu_node_sysfs(sysfs: Path, gpus: int = 8) -> Path:
     return add_pci_functions(sysfs, *[("0x10de", "0x030200")] * gpus,
                              ("0x10de", "0x068000"), ("0x10de", "0x040300"),
                              ("0x1a03", "0x030000"))
+
+
+BUS = "0000:18:00"
+DBE = xid_line(100.5, BUS, 48, "An uncorrectable double bit error (DBE) has been detected.")
+PUSH = xid_line(60.0, BUS, 32, "Invalid or corrupted push buffer stream")  # WARN restart-app
+
+
+def state_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """One fake GPU (NVML), an empty sysfs and kernel log, boot "boot-1", a state dir."""
+    from tests.fake_pynvml import FakeGpu, FakeNvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu()]).module)
+    (tmp_path / "sys").mkdir()
+    reboot(tmp_path, "boot-1")
+    (tmp_path / "state").mkdir(mode=0o755)
+    write_log(tmp_path / "dmesg.txt", [])
+    return tmp_path
+
+
+def reboot(node: Path, boot_id: str) -> None:
+    boot = node / "proc/sys/kernel/random/boot_id"
+    boot.parent.mkdir(parents=True, exist_ok=True)
+    boot.write_text(f"{boot_id}\n")
+
+
+def run_health(node: Path, lines: list[str] | None = None, *, state: bool = True,
+               **options: Any) -> Any:
+    """`gpucheck health` on `node` (its kernel log `lines` when given), a 20 s budget."""
+    from gpucheck.health.run import HealthOptions, collect_health_report
+
+    if lines is not None:
+        write_log(node / "dmesg.txt", lines)
+    return collect_health_report(HealthOptions(**{
+        "budget_s": 20, "kernel_log": str(node / "dmesg.txt"), "sysfs": node / "sys",
+        "proc": node / "proc", "state_dir": node / "state" if state else None, **options}))

@@ -11,16 +11,12 @@ from pathlib import Path
 import pytest
 
 from gpucheck import cli
-from gpucheck.health.run import HealthOptions, collect_health_report
 from gpucheck.health.state import STATE_FILE
 from gpucheck.report import Report, Status
-from tests.fake_pynvml import FakeGpu, FakeNvml
-from tests.health_fakes import write_log, xid_line
+from tests.fake_pynvml import FakeNvml
+from tests.health_fakes import BUS, DBE, PUSH, reboot, run_health, state_node, write_log, xid_line
 
-BUS = "0000:18:00"
-DBE = xid_line(100.5, BUS, 48, "An uncorrectable double bit error (DBE) has been detected.")
 REMAP = xid_line(120.0, BUS, 64, "ECC page retirement or row remapper recording failure")
-PUSH = xid_line(60.0, BUS, 32, "Invalid or corrupted push buffer stream")  # WARN restart-app
 STICKY = {  # each action that stays reported, by an Xid the catalog gives it
     "reset-gpu": DBE, "drain-node": xid_line(900.0, BUS, 79, "GPU has fallen off the bus."),
     "replace-hardware": REMAP}
@@ -28,30 +24,10 @@ STICKY = {  # each action that stays reported, by an Xid the catalog gives it
 
 @pytest.fixture
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu()]).module)
-    (tmp_path / "sys").mkdir()
-    _reboot(tmp_path, "boot-1")
-    (tmp_path / "state").mkdir()
-    write_log(tmp_path / "dmesg.txt", [])
-    return tmp_path
+    return state_node(tmp_path, monkeypatch)
 
 
-def _reboot(node: Path, boot_id: str) -> None:
-    boot = node / "proc/sys/kernel/random/boot_id"
-    boot.parent.mkdir(parents=True, exist_ok=True)
-    boot.write_text(f"{boot_id}\n")
-
-
-def _run(node: Path, lines: list[str] | None = None, consumer: str = "default",
-         set_healthy: bool = False, raw: str | None = None) -> Report:
-    if lines is not None:
-        write_log(node / "dmesg.txt", lines)
-    if raw is not None:
-        (node / "dmesg.txt").write_text(raw)
-    options = HealthOptions(budget_s=20, kernel_log=str(node / "dmesg.txt"), sysfs=node / "sys",
-                            proc=node / "proc", state_dir=node / "state", consumer=consumer,
-                            set_healthy=set_healthy)
-    return collect_health_report(options)
+_run = run_health
 
 
 def _xid_problems(report: Report) -> list[tuple[str, str | None]]:
@@ -79,7 +55,7 @@ def test_a_restart_app_xid_is_reported_once(node):
 
 def test_a_reboot_clears_a_reset_fault_but_not_a_part_to_replace(node):
     _run(node, [DBE, REMAP])
-    _reboot(node, "boot-2")
+    reboot(node, "boot-2")
     report = _run(node, [])
     assert _xid_problems(report) == [("FAIL", "replace-hardware")]
     cleared = report.section("health").data["faults_cleared"]
@@ -210,8 +186,10 @@ def test_two_faults_of_one_gpu_whose_messages_collide_are_told_apart(node):
 @pytest.mark.parametrize("stamp", ["Nov 26 10:00:00 node7 kernel: ", "kernel: "])
 def test_two_new_identical_lines_after_a_first_one_are_raised(node, stamp):
     line = f"{stamp}NVRM: Xid (PCI:{BUS}): 48, An uncorrectable double bit error (DBE).\n"
-    _run(node, raw=line)
-    report = _run(node, raw=line * 3)
+    (node / "dmesg.txt").write_text(line)
+    _run(node)
+    (node / "dmesg.txt").write_text(line * 3)
+    report = _run(node)
     assert report.section("kernel_log").data["xid_lines_new"] == 2
     (row,) = report.section("kernel_log").data["xids"]
     assert row["count"] == 2

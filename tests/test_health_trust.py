@@ -13,18 +13,14 @@ from pathlib import Path
 import pytest
 
 from gpucheck import cli, subject
-from gpucheck.health.run import HealthOptions, collect_health_report
 from gpucheck.health.state import SET_ASIDE, STATE_FILE
 from gpucheck.probes.kernel_log import read_file, scan_lines
 from gpucheck.render.headline import worst_finding
 from gpucheck.report import Report, Section, Status, warn
-from tests.fake_pynvml import FakeGpu, FakeNvml
-from tests.health_fakes import add_port, write_log, xid_line
+from tests.health_fakes import BUS, DBE, add_port, run_health, state_node, write_log, xid_line
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_SITE = REPO / "tests" / "fake_nvml_site"
-BUS = "0000:18:00"
-DBE = xid_line(100.5, BUS, 48, "An uncorrectable double bit error (DBE) has been detected.")
 FORGED = [  # text any user can put into the kernel log, with "NVRM: Xid" inside it
     "[ 1283.200000] tmpfs: Unknown parameter 'NVRM: Xid (PCI:0000:18:00): 79'\n",
     "Nov 26 10:00:00 node7 kernel: [ 1283.2] tmpfs: Unknown parameter "
@@ -38,24 +34,10 @@ FORGED = [  # text any user can put into the kernel log, with "NVRM: Xid" inside
 
 @pytest.fixture
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu()]).module)
-    (tmp_path / "sys").mkdir()
-    boot = tmp_path / "proc/sys/kernel/random/boot_id"
-    boot.parent.mkdir(parents=True)
-    boot.write_text("boot-1\n")
-    (tmp_path / "state").mkdir(mode=0o755)
-    write_log(tmp_path / "dmesg.txt", [])
-    return tmp_path
+    return state_node(tmp_path, monkeypatch)
 
 
-def _run(node: Path, lines: list[str] | None = None, budget: float = 20,
-         set_healthy: bool = False) -> Report:
-    if lines is not None:
-        write_log(node / "dmesg.txt", lines)
-    options = HealthOptions(budget_s=budget, kernel_log=str(node / "dmesg.txt"),
-                            sysfs=node / "sys", proc=node / "proc", state_dir=node / "state",
-                            set_healthy=set_healthy)
-    return collect_health_report(options)
+_run = run_health
 
 
 def _state_warnings(report: Report) -> list[str]:
@@ -120,7 +102,7 @@ def test_a_state_file_that_is_no_state_is_a_warn_within_the_budget(node, kind):
     else:  # 12 MB of a state gpucheck could have written, one problem repeated
         last = {"verdict": "WARN", "at": "x", "problems": ["gpu.x|GPU 0"] * 800_000}
         path.write_text(json.dumps({"version": 2, "consumers": {"default": {"last": last}}}))
-    report = _run(node, budget=2)
+    report = _run(node, budget_s=2)
     assert len(_state_warnings(report)) == 1
     assert (node / "state" / STATE_FILE).is_file()  # replaced by a good one
     assert _state_warnings(_run(node, set_healthy=True)) == []
@@ -284,22 +266,6 @@ def test_a_state_set_aside_with_no_new_one_written_since_still_holds(node):
     assert _state_warnings(_run(node)) == [message]  # the run above wrote a marked state
     assert _state_warnings(_run(node, set_healthy=True)) == []
     assert not (node / "state" / SET_ASIDE).exists()
-
-
-def test_a_version_1_state_is_not_read_it_is_set_aside_and_the_run_starts_afresh(node):
-    """Version 1 (before consumers) lived for days: no longer read (issue 25)."""
-    from gpucheck.health.xids import fingerprint
-
-    (event,) = scan_lines([DBE]).events
-    old = {"version": 1, "boot_id": "boot-1", "kernel_log": {"last_event": fingerprint(event)},
-           "last": {"verdict": "FAIL", "problems": []}}
-    (node / "state" / STATE_FILE).write_text(json.dumps(old))
-    report = _run(node, [DBE])
-    (message,) = _state_warnings(report)
-    assert "its version (1)" in message and SET_ASIDE in message
-    assert json.loads((node / "state" / SET_ASIDE).read_text()) == old
-    assert report.section("kernel_log").data["xid_lines_new"] == 1  # afresh: raised again
-    assert json.loads((node / "state" / STATE_FILE).read_text())["version"] == 2
 
 
 # ---- item 12: any locale, any HCA name ----

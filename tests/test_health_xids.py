@@ -3,40 +3,21 @@ log rotation, a wrapped ring buffer and a reboot never hide a new line."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from gpucheck.health.run import HealthOptions, collect_health_report
 from gpucheck.health.state import STATE_FILE
 from gpucheck.report import Status
-from tests.fake_pynvml import FakeGpu, FakeNvml
-from tests.health_fakes import write_log, xid_line
+from tests.health_fakes import BUS, DBE, PUSH, reboot, run_health, state_node, xid_line
 
-BUS = "0000:18:00"
-DBE = xid_line(100.5, BUS, 48, "An uncorrectable double bit error (DBE) has been detected.")
 LOST = xid_line(900.0, BUS, 79, "GPU has fallen off the bus.")
 APP = xid_line(50.0, BUS, 13, "Graphics Exception: ESR 0x504648=0x80000000")
-PUSH = xid_line(60.0, BUS, 32, "Invalid or corrupted push buffer stream")  # WARN restart-app
 
 
 @pytest.fixture
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu()]).module)
-    (tmp_path / "sys").mkdir()
-    boot = tmp_path / "proc/sys/kernel/random/boot_id"
-    boot.parent.mkdir(parents=True)
-    boot.write_text("boot-1\n")
-    return tmp_path
-
-
-def _run(node: Path, lines: list[str], state: bool = True):
-    log = write_log(node / "dmesg.txt", lines)
-    options = HealthOptions(budget_s=20, kernel_log=str(log), sysfs=node / "sys",
-                            proc=node / "proc", state_dir=node / "state" if state else None)
-    (node / "state").mkdir(exist_ok=True)
-    return collect_health_report(options)
+    return state_node(tmp_path, monkeypatch)
 
 
 def _xids(report) -> list[tuple[str, str | None]]:
@@ -45,67 +26,64 @@ def _xids(report) -> list[tuple[str, str | None]]:
             if f.status in (Status.WARN, Status.FAIL)]
 
 
-def _reboot(node: Path, boot_id: str) -> None:
-    (node / "proc/sys/kernel/random/boot_id").write_text(f"{boot_id}\n")
-
 
 def test_a_clean_log_is_ok(node):
-    report = _run(node, [APP])
+    report = run_health(node, [APP])
     assert _xids(report) == [] and report.verdict() is Status.OK
 
 
 def test_a_new_xid_line_is_raised_once_naming_the_gpu_then_not_again(node):
-    first = _run(node, [APP, PUSH])
+    first = run_health(node, [APP, PUSH])
     assert [s for s, _ in _xids(first)] == ["WARN"]
     assert _xids(first)[0][1].startswith("GPU 0 (NVIDIA H200, bus 00000000:18:00.0")
-    second = _run(node, [APP, PUSH])
+    second = run_health(node, [APP, PUSH])
     assert _xids(second) == [] and second.verdict() is Status.OK
     ok = next(f for f in second.section("kernel_log").findings if f.check == "kernel_log.xid")
     assert ok.message.startswith("no new Xid since the last check (2 earlier line(s)")
 
 
 def test_a_line_after_the_last_reported_one_is_raised(node):
-    _run(node, [PUSH])
-    report = _run(node, [PUSH, LOST])
+    run_health(node, [PUSH])
+    report = run_health(node, [PUSH, LOST])
     (finding,) = [f for f in report.section("kernel_log").findings if f.status is Status.FAIL]
     assert "XID 79" in finding.message and finding.action == "drain-node"
 
 
 def test_without_a_state_dir_every_xid_of_the_boot_is_raised_every_time(node):
     for _ in range(2):
-        assert [s for s, _ in _xids(_run(node, [DBE], state=False))] == ["FAIL"]
+        assert [s for s, _ in _xids(run_health(node, [DBE], state=False))] == ["FAIL"]
 
 
 def test_a_rotated_log_without_the_remembered_line_raises_only_what_it_holds(node):
-    _run(node, [APP, PUSH])
-    assert [s for s, _ in _xids(_run(node, [DBE]))] == ["FAIL"]  # PUSH rotated away
-    third = _run(node, [DBE])
+    run_health(node, [APP, PUSH])
+    assert [s for s, _ in _xids(run_health(node, [DBE]))] == ["FAIL"]  # PUSH rotated away
+    third = run_health(node, [DBE])
     assert third.section("kernel_log").data["xid_lines_new"] == 0
 
 
 def test_a_reboot_makes_every_line_of_the_new_boot_new(node):
-    _run(node, [DBE])
-    _reboot(node, "boot-2")
-    assert [s for s, _ in _xids(_run(node, [DBE]))] == ["FAIL"]
+    run_health(node, [DBE])
+    reboot(node, "boot-2")
+    assert [s for s, _ in _xids(run_health(node, [DBE]))] == ["FAIL"]
 
 
 def test_the_state_file_is_written_atomically_and_a_corrupt_one_fails_until_cleared(node):
-    _run(node, [DBE])
+    run_health(node, [DBE])
     state = node / "state" / STATE_FILE
     assert '"boot_id": "boot-1"' in state.read_text()
     assert [p.name for p in (node / "state").iterdir()] == [STATE_FILE]  # no temp file left
     state.write_text("{not json")
-    report = _run(node, [DBE])
+    report = run_health(node, [DBE])
     unread = [f for f in report.findings if f.check == "health.state"]
     assert [f.status for f in unread] == [Status.FAIL] and unread[0].action == "drain-node"
     assert [s for s, _ in _xids(report)] == ["FAIL"]  # afresh: the DBE is raised again
-    assert [f.status for f in _run(node, [DBE]).findings if f.check == "health.state"] == [
+    assert [f.status for f in run_health(node, [DBE]).findings if f.check == "health.state"] == [
         Status.FAIL]  # not known to be healthy until --set-healthy
 
 
-def test_the_report_says_what_cleared_since_the_previous_run(node):
-    _run(node, [PUSH])
-    second = _run(node, [PUSH])
+def test_the_report_says_what_cleared_since_the_previousrun_health(node):
+    run_health(node, [PUSH])
+    second = run_health(node, [PUSH])
     data = second.section("health").data
     assert data["previous"]["verdict"] == "WARN"
     assert data["cleared_since_previous"] == [
