@@ -203,31 +203,11 @@ def folded(report: Report) -> list[Finding]:
     return list(worst.values())
 
 
-def _epoch(stamp: str) -> float | None:
+def _epoch(stamp: object) -> float | None:
     try:
-        return dt.datetime.fromisoformat(stamp).timestamp()
-    except (TypeError, ValueError):
+        return dt.datetime.fromisoformat(stamp).timestamp() if isinstance(stamp, str) else None
+    except ValueError:
         return None
-
-
-def _valid_until(report: Report) -> float | None:
-    stamps = [s.data.get("valid_until") for s in report.sections]
-    return next((e for e in map(_epoch, (s for s in stamps if isinstance(s, str)))
-                 if e is not None), None)
-
-
-def _times(report: Report, command: dict[str, str]) -> list[str]:
-    lines: list[str] = []
-    created, until = _epoch(report.created_at), _valid_until(report)
-    if created is not None:
-        lines += _header("gpucheck_report_timestamp_seconds", "When the report was made "
-                         "(Unix time).")
-        lines.append(f"gpucheck_report_timestamp_seconds{_labels(command)} {created:.0f}")
-    if until is not None:
-        lines += _header("gpucheck_valid_until_timestamp_seconds", "Until when the report "
-                         "holds (Unix time): a later time() means the check stopped running.")
-        lines.append(f"gpucheck_valid_until_timestamp_seconds{_labels(command)} {until:.0f}")
-    return lines
 
 
 def render_prometheus(report: Report) -> str:
@@ -245,7 +225,16 @@ def render_prometheus(report: Report) -> str:
     lines += _header("gpucheck_findings", "Findings of each status in the report.")
     for status, count in report.summary().items():
         lines.append(f"gpucheck_findings{_labels({**command, 'status': status})} {count}")
-    lines += _times(report, command)
+    until = next((e for s in report.sections
+                  if (e := _epoch(s.data.get("valid_until"))) is not None), None)
+    for name, value, text in (
+            ("report_timestamp", _epoch(report.created_at), "When the report was made "
+             "(Unix time)."),
+            ("valid_until_timestamp", until, "Until when the report holds (Unix time): a "
+             "later time() means the check stopped running.")):
+        if value is not None:
+            lines += _header(f"gpucheck_{name}_seconds", text)
+            lines.append(f"gpucheck_{name}_seconds{_labels(command)} {value:.0f}")
     lines += _figures(report, command)
     return "\n".join(lines) + "\n"
 
