@@ -111,17 +111,14 @@ def _comm_chart(report: Report, limits: dict[str, float]) -> LineSpec | None:
     return LineSpec("Bus bandwidth by message size", "busbw (GB/s)", series, baseline)
 
 
-def _per_rank(section: Section, name: str) -> list[tuple[str, float]]:
-    """(`rank N`, the section's `name` metric of rank N), in rank order."""
-    found = sorted((m.subject.rank, m.value) for m in section.metrics
-                   if m.name == name and m.subject is not None and m.subject.rank is not None)
-    return [(f"rank {rank}", value) for rank, value in found]
-
-
-def _rank_limits(section: Section, name: str, limits: dict[str, float]) -> dict[str, float]:
-    return {f"rank {m.subject.rank}": limits[m.key()] for m in section.metrics
-            if m.name == name and m.subject is not None and m.subject.rank is not None
-            and m.key() in limits}
+def _per_rank(section: Section, name: str, limits: dict[str, float]
+              ) -> tuple[list[tuple[str, float]], dict[str, float]]:
+    """(`rank N`, value) of the section's `name` metrics in rank order, and the
+    baseline's limit per `rank N` where it has one."""
+    mine = sorted((m.subject.rank, m.value, m.key()) for m in section.metrics
+                  if m.name == name and m.subject is not None and m.subject.rank is not None)
+    return ([(f"rank {rank}", value) for rank, value, _ in mine],
+            {f"rank {rank}": limits[key] for rank, _, key in mine if key in limits})
 
 
 def _bench_chart(report: Report, limits: dict[str, float]) -> BarSpec | None:
@@ -129,55 +126,40 @@ def _bench_chart(report: Report, limits: dict[str, float]) -> BarSpec | None:
     spec = BarSpec("Images/s per rank", "images/s", {},
                    rule="red: a rank this section's findings warned about (a straggler)")
     for section in report.sections:
-        if _short(section.name) == "timing":
-            bars = _per_rank(section, "bench.images_per_s")
-            if bars:
-                spec.groups[section.name] = bars
-                spec.flagged[section.name] = flagged_ranks(section)
-                spec.baseline[section.name] = _rank_limits(section, "bench.images_per_s",
-                                                           limits)
+        bars, floor = _per_rank(section, "bench.images_per_s", limits)
+        if _short(section.name) == "timing" and bars:
+            spec.groups[section.name] = bars
+            spec.flagged[section.name] = flagged_ranks(section)
+            spec.baseline[section.name] = floor
     return spec if spec.groups else None
 
 
 def _stress_charts(report: Report, limits: dict[str, float]) -> list[BarSpec]:
-    """GEMM TFLOP/s per rank, a panel per dtype (scales differ 10x), and memory GB/s."""
+    """GEMM TFLOP/s per rank, a panel per dtype (scales differ 10x), and memory GB/s;
+    each bar coloured and lined by the section's own thresholds."""
     charts = []
     for section in report.sections:
+        gemm = _short(section.name) == "gemm"
+        if not gemm and _short(section.name) != "membw":
+            continue
         rows = _rows(section.data, "results")
-        if _short(section.name) == "gemm":
-            spec = _rule_bars(section, rows, "GEMM TFLOP/s per rank (median product)",
-                              "TFLOP/s")
-            for dtype in dict.fromkeys(str(r.get("dtype")) for r in rows):
-                mine = [r for r in rows if str(r.get("dtype")) == dtype]
-                _add_group(spec, section, dtype, mine, f"stress.gemm.{dtype}.tflops", limits)
-            if spec.groups:
-                charts.append(spec)
-        elif _short(section.name) == "membw":
-            spec = _rule_bars(section, rows, "Memory bandwidth per rank", "GB/s")
-            _add_group(spec, section, "", rows, "stress.membw.gbps", limits)
-            if spec.groups:
-                charts.append(spec)
+        rule = PeerRule(section)
+        spec = BarSpec("GEMM TFLOP/s per rank (median product)" if gemm else
+                       "Memory bandwidth per rank", "TFLOP/s" if gemm else "GB/s", {},
+                       rule=rule.describe(rows), limit_label=rule.limit_label())
+        dtypes = dict.fromkeys(str(r.get("dtype")) for r in rows) if gemm else {"": None}
+        for group in dtypes:
+            mine = [r for r in rows if str(r.get("dtype")) == group] if gemm else rows
+            name = f"stress.gemm.{group}.tflops" if gemm else "stress.membw.gbps"
+            bars, floor = _per_rank(section, name, limits)
+            if bars:
+                spec.groups[group] = bars
+                spec.flagged[group] = rule.flagged(mine)
+                spec.limits[group] = rule.limits(dict(bars), mine)
+                spec.baseline[group] = floor
+        if spec.groups:
+            charts.append(spec)
     return charts
-
-
-def _rule_bars(section: Section, rows: list[dict[str, Any]], title: str,
-               ylabel: str) -> BarSpec:
-    rule = PeerRule(section)
-    return BarSpec(title, ylabel, {}, rule=rule.describe(rows),
-                   limit_label=rule.limit_label())
-
-
-def _add_group(spec: BarSpec, section: Section, group: str, rows: list[dict[str, Any]],
-               name: str, limits: dict[str, float]) -> None:
-    """One panel: the section's `name` metrics, coloured and lined by its thresholds."""
-    bars = _per_rank(section, name)
-    if not bars:
-        return
-    rule = PeerRule(section)
-    spec.groups[group] = bars
-    spec.flagged[group] = rule.flagged(rows)
-    spec.limits[group] = rule.limits(dict(bars), rows)
-    spec.baseline[group] = _rank_limits(section, name, limits)
 
 
 def _fleet_chart(report: Report) -> RangeSpec | None:
