@@ -49,7 +49,13 @@ def test_the_ranks_that_do_not_report_get_none(monkeypatch: pytest.MonkeyPatch) 
 
 def test_a_launcher_failure_is_a_report_naming_the_rank(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    report = run_with(monkeypatch, WorkersFailed([CRASH]))
+    def failed(*args: Any) -> Any:
+        raise WorkersFailed([CRASH])
+
+    monkeypatch.setattr(job, "launch_local", failed)  # run_job makes it a JobFailed
+    plan = LaunchPlan(nproc=2, device="cpu", backend="gloo", master_port=None, timeout_s=30)
+    report = launch.run_reported("stress", print, None, plan, build, quiet_stdout=False,
+                                 ctx=RunContext())
     assert report is not None and [s.name for s in report.sections] == ["failure"]
     assert report.sections[0].data["results_above"] == "none"
 

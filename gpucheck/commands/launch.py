@@ -1,7 +1,5 @@
-"""The launch options bench, comm, stress, all and preflight share, checked against
-this machine before any rank starts; running a rank job to its report (a failed job
-too); `--baseline FILE` against a report's figures (docs/fleet.md).
-"""
+"""The launch options bench, comm, stress, all and preflight share, checked before any
+rank starts; a rank job run to its report (a failed one too); `--baseline FILE`."""
 
 from __future__ import annotations
 
@@ -66,8 +64,7 @@ class LaunchPlan:
 
 
 def _gpus_at_most(environ: Mapping[str, str]) -> int:
-    """This node's GPUs at most, without torch or a driver: gpu.count's reader (its NVIDIA
-    GPUs on the PCI bus); no bound where sysfs cannot be read."""
+    """This node's NVIDIA GPUs on the PCI bus, without torch (no bound without sysfs)."""
     from gpucheck.devices import nvidia_pci_devices, sysfs_root
 
     root = sysfs_root(environ)
@@ -75,8 +72,7 @@ def _gpus_at_most(environ: Mapping[str, str]) -> int:
 
 
 def _visible_gpus(ctx: RunContext) -> int:
-    """The GPUs CUDA gives this process (not torch.cuda.device_count(), which before
-    CUDA starts counts every MIG instance NVML lists)."""
+    """The GPUs CUDA gives this process (`devices.cuda_device_count`)."""
     if "torch" not in sys.modules:  # the first seconds of every load command
         from gpucheck.distributed import progress
 
@@ -87,8 +83,7 @@ def _visible_gpus(ctx: RunContext) -> int:
 
 
 def import_torch() -> Any:
-    """torch, or one UsageError line (exit 2), never an ImportError traceback (a missing
-    CUDA library is an OSError, a broken install anything)."""
+    """torch, or one UsageError line (exit 2) however its import fails."""
     from gpucheck.errors import deferred_interrupts
 
     try:
@@ -129,18 +124,14 @@ def plan_launch(args: LaunchOptions | argparse.Namespace, ctx: RunContext) -> La
     return LaunchPlan(nproc, device, backend, args.master_port, args.timeout)
 
 
-def rank_limit(gpus: int) -> int:
-    """The most ranks one node may self-launch."""
-    return max(MIN_RANK_LIMIT, RANKS_PER_CORE * (os.cpu_count() or 1), gpus)
-
-
 def _check_rank_count(requested: int | None, gpus: int, ctx: RunContext) -> None:
-    """Under torchrun or srun --n-gpus is the job's world size (many nodes): not here."""
+    """The most ranks one node may self-launch (under a launcher --n-gpus is the job's
+    world size, not checked here)."""
     from gpucheck.distributed.job import launched_world
 
     if requested is None or launched_world(ctx) is not None:
         return
-    limit = rank_limit(gpus)
+    limit = max(MIN_RANK_LIMIT, RANKS_PER_CORE * (os.cpu_count() or 1), gpus)
     if requested > limit:
         raise UsageError(f"--n-gpus {requested} is far beyond this node ({gpus} GPU(s), "
                          f"{os.cpu_count()} CPU core(s)): at most {limit} ranks; for more, "
@@ -160,20 +151,16 @@ def _check_backend(backend: str, device: str) -> None:
         raise UsageError("--backend nccl needs --device cuda; use gloo on cpu")
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (a cgroup or taskset narrows them)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def cpu_ranks_finding(plan: LaunchPlan, cores: int | None = None) -> Finding | None:
-    """More CPU ranks than cores time-share them: every figure measures the contention
-    (GPU runs are not judged here: a GPU rank mostly waits on its device)."""
+    """More CPU ranks than usable cores time-share them: every figure measures the
+    contention (a GPU rank mostly waits on its device: not judged)."""
     if plan.device != "cpu":
         return None
-    cores = usable_cores() if cores is None else cores
+    if cores is None:
+        try:
+            cores = len(os.sched_getaffinity(0))  # a cgroup or taskset narrows them
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
     said = f"{plan.nproc} CPU rank(s) on {cores} usable core(s)"
     if plan.nproc <= cores:
         return ok("launch.cpu_ranks", said)
@@ -184,17 +171,12 @@ def cpu_ranks_finding(plan: LaunchPlan, cores: int | None = None) -> Finding | N
                 "(gpucheck env says why none is visible)")
 
 
-def launch_scope(plan: LaunchPlan) -> str | None:
-    """What a launched command's figures measure, said first in every format."""
-    return CPU_SCOPE if plan.device == "cpu" else None
-
-
 def add_launch_finding(report: Report, plan: LaunchPlan) -> Report:
     """The launch's own verdict in the report's first section, and its scope."""
     finding = cpu_ranks_finding(plan)
     if finding is not None and report.sections:
         report.sections[0].findings.append(finding)
-    report.scope = report.scope or launch_scope(plan)
+    report.scope = report.scope or (CPU_SCOPE if plan.device == "cpu" else None)
     return report
 
 
@@ -210,19 +192,14 @@ def run_reported(command: str, worker: Callable[[RunContext, Any], Any], spec: A
     failed job is a report naming the ranks to blame (`quiet_stdout`: --quiet without
     --output, so the FAIL gets a line on stderr)."""
     from gpucheck.distributed.job import JobFailed, failed_job_report, run_job
-    from gpucheck.distributed.launch import WorkersFailed
 
     try:
         result = run_job(worker, spec, plan.nproc, plan.master_port, ctx)
-    except JobFailed as exc:  # first: it is a WorkersFailed that carries rank 0's results
-        failed = exc
-    except WorkersFailed as exc:  # the launcher saw ranks fail before any reported
-        failed = JobFailed(exc.failures, None, [], None, reporter=True)
-    else:
-        return None if result is None else add_launch_finding(build(result), plan)
-    report = failed_job_report(command, failed, build, quiet_stdout)
-    report.scope = report.scope or launch_scope(plan)
-    return report
+    except JobFailed as exc:
+        report = failed_job_report(command, exc, build, quiet_stdout)
+        report.scope = report.scope or (CPU_SCOPE if plan.device == "cpu" else None)
+        return report
+    return None if result is None else add_launch_finding(build(result), plan)
 
 
 def partial_report(build: Build, ctx: RunContext) -> Report | None:

@@ -118,21 +118,13 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     plan = plan_launch(args, ctx)
     spec = _spec(args, plan)
     from gpucheck.distributed.job import JobFailed, run_job
-    from gpucheck.distributed.launch import WorkersFailed
-
-    try:
-        out = run_job(_worker(), spec, plan.nproc, plan.master_port, ctx)
-    except JobFailed as exc:
-        return _failed(args, exc, ctx)
-    except WorkersFailed as exc:
-        return _failed(args, JobFailed(exc.failures, None, [], None, reporter=True), ctx)
-    return _decided(args, spec, out, command, ctx, started)
-
-
-def _worker() -> Any:
     from gpucheck.preflight.worker import preflight_worker
 
-    return preflight_worker
+    try:
+        out = run_job(preflight_worker, spec, plan.nproc, plan.master_port, ctx)
+    except JobFailed as exc:  # run_job's one failure, on every launch path
+        return _failed(args, exc, ctx)
+    return _decided(args, spec, out, command, ctx, started)
 
 
 def _decided(args: argparse.Namespace, spec: Any, out: dict[str, Any],
