@@ -37,17 +37,6 @@ def _rows_with_nodes(report: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def test_comm_on_two_nodes_groups_ranks_by_node(tmp_path: Path) -> None:
-    report = _two_nodes(tmp_path, "comm", "--max-bytes", "16K", "--iters", "2",
-                        "--timeout", "30")
-    sections = {s["name"]: s for s in report["sections"]}
-    assert sections["comm"]["data"]["nodes"] == 2
-    nodes = sections["nodes"]["data"]["nodes"]
-    assert [n["node_rank"] for n in nodes] == [0, 1]
-    assert [f["check"] for f in sections["nodes"]["findings"]] == ["comm.nodes.slow_node"]
-    assert "pairwise" not in sections  # one rank per node: no intra-node pair
-
-
 def test_bench_on_two_nodes_reports_ranks_of_both_nodes(tmp_path: Path) -> None:
     report = _two_nodes(tmp_path, "bench", "--model", "mobilenet_v3_small", "--iters", "1",
                         "--warmup", "0", "--batch-size", "1", "--timeout", "60")
@@ -55,12 +44,18 @@ def test_bench_on_two_nodes_reports_ranks_of_both_nodes(tmp_path: Path) -> None:
 
 
 @pytest.mark.filterwarnings("ignore")
-def test_env_on_two_nodes_compares_the_nodes(tmp_path: Path) -> None:
-    report = _two_nodes(tmp_path, "env", "--no-gpu-test")
-    nodes = report["sections"][0]
-    assert nodes["name"] == "nodes"
+def test_env_and_comm_on_two_nodes_compare_the_nodes_and_group_ranks_by_node(
+        tmp_path: Path) -> None:
+    # One launch: `all` runs env's node comparison, then comm's group, on both nodes.
+    report = _two_nodes(tmp_path, "all", "--skip", "stress,bench", "--timeout", "60")
+    sections = {s["name"]: s for s in report["sections"]}
+    nodes = sections["env.nodes"]
     assert [n["node_rank"] for n in nodes["data"]["nodes"]] == [0, 1]
     # Same machine, same software: no difference may be reported.
     assert [f["status"] for f in nodes["findings"]] == ["OK"], nodes["findings"]
-    names = {s["name"] for s in report["sections"]}
-    assert {"node0.torch", "node1.torch"} <= names
+    assert {"env.node0.torch", "env.node1.torch"} <= set(sections)
+    assert sections["comm.comm"]["data"]["nodes"] == 2
+    comm_nodes = sections["comm.nodes"]
+    assert [n["node_rank"] for n in comm_nodes["data"]["nodes"]] == [0, 1]
+    assert [f["check"] for f in comm_nodes["findings"]] == ["comm.nodes.slow_node"]
+    assert "comm.pairwise" not in sections  # one rank per node: no intra-node pair
