@@ -39,17 +39,6 @@ from gpucheck.report import Section, fail, skip
 _TOPOLOGY_CAUSES = ("timed_out", "no_answer")
 
 
-def driver_section(info: DriverInfo, pci_gpus: int) -> Section:
-    data = {
-        "driver_version": info.driver_version,
-        "cuda_driver_version": info.cuda_version,
-        "gpu_count": info.gpu_count,
-        "nvidia_pci_devices": pci_gpus,
-        "nvml_error": None if info.failure is None else str(info.failure),
-    }
-    return Section("driver", "NVIDIA driver", data, [driver_finding(info, pci_gpus)])
-
-
 def gpus_section(nvml: Nvml, gpus: list[GpuRecord],
                  nodes: Mapping[int, str] | None = None) -> Section:
     """The GPU table, per-GPU findings, `gpu.numa` (`nodes`: NUMA node -> its CPUs) and
@@ -86,7 +75,11 @@ def probe_nvml(nvml: Nvml | None = None, sysfs: Path | None = None,
     pci_gpus = nvidia_pci_devices(str(sysfs / "bus/pci/devices"))
     expected = expected_gpus(environ, sysfs)
     info = read_driver(nvml)
-    sections = [driver_section(info, pci_gpus)]
+    sections = [Section("driver", "NVIDIA driver", {
+        "driver_version": info.driver_version, "cuda_driver_version": info.cuda_version,
+        "gpu_count": info.gpu_count, "nvidia_pci_devices": pci_gpus,
+        "nvml_error": None if info.failure is None else str(info.failure),
+    }, [driver_finding(info, pci_gpus)])]
     gpus: list[GpuRecord] = []
     if info.present:
         gpus = [read_gpu(nvml, i, sysfs) for i in range(info.gpu_count or 0)]
@@ -141,11 +134,6 @@ def held_s(start: Mapping[str, int | None], end: Mapping[str, int | None],
     return out
 
 
-def needs_look(gpu: GpuRecord) -> bool:
-    """Whether the GPU's one sample showed a reason worth a second look."""
-    return bool(set(gpu.clock_event_reasons or ()) & set(LOOKED_AT)) and not gpu.error
-
-
 def _read_counters(nvml: NvmlDoor, handles: dict[int, Any],
                    ) -> dict[int, tuple[float, float, dict[str, int | None]]]:
     """Each GPU's counters with when its call began and ended: a share is taken over
@@ -197,7 +185,8 @@ def second_look(nvml: NvmlDoor, gpus: Sequence[GpuRecord], window_s: float | Non
     """`gpus` with `clock_window` filled for each whose sample showed a thermal or
     power-brake slowdown (watched together, one window); the others, and all of them
     when NVML fails during the look, unchanged (one sample: not judged)."""
-    suspects = [g for g in gpus if needs_look(g)]
+    suspects = [g for g in gpus
+                if set(g.clock_event_reasons or ()) & set(LOOKED_AT) and not g.error]
     if not suspects:
         return list(gpus)
     try:

@@ -211,7 +211,10 @@ class Nvml:
             raise NvmlFailure("Timeout", f"an earlier call ({self._hung.function}) hung",
                               name)
         job = _Job(fn, args, kwargs, threading.Event())
-        self._ensure_worker()
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._serve, name="gpucheck-nvml",
+                                            daemon=True)
+            self._worker.start()
         started = time.monotonic()
         self._jobs.put(job)
         if not job.done.wait(budget_s):
@@ -223,18 +226,9 @@ class Nvml:
             self.slow_calls.append(SlowCall(name, round(time.monotonic() - started, 3),
                                             budget_s))
         if job.error is not None:
-            raise self._translate(job.error, name) from job.error
+            # NVMLError subclasses are named NVMLError_<Meaning>; anything else keeps its name.
+            raise NvmlFailure(type(job.error).__name__, str(job.error), name) from job.error
         return job.result
-
-    def _translate(self, error: BaseException, name: str) -> NvmlFailure:
-        # NVMLError subclasses are named NVMLError_<Meaning>; anything else keeps its name.
-        return NvmlFailure(type(error).__name__, str(error), name)
-
-    def _ensure_worker(self) -> None:
-        if self._worker is None:
-            self._worker = threading.Thread(target=self._serve, name="gpucheck-nvml",
-                                            daemon=True)
-            self._worker.start()
 
     def _serve(self) -> None:
         while True:
