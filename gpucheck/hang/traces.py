@@ -155,10 +155,6 @@ def _children(value: Any) -> list[Any] | None:
     return None
 
 
-def _leaf_size(value: Any) -> int:
-    return 1 + len(value) if isinstance(value, str | bytes | bytearray) else 1
-
-
 def _bounded(root: Any) -> None:
     """NotADump when `root` written out exceeds MAX_WRITTEN_OUT or MAX_DEPTH, or holds
     itself; each container weighed once, its weight reused where shared."""
@@ -185,7 +181,7 @@ def _weigh(kids: list[Any], weight: dict[int, tuple[int, int]]) -> tuple[int, in
     size, depth = 1, 1
     for kid in kids:
         kid_size, kid_depth = weight[id(kid)] if _children(kid) is not None else \
-            (_leaf_size(kid), 0)
+            (1 + len(kid) if isinstance(kid, str | bytes | bytearray) else 1, 0)
         size, depth = size + kid_size, max(depth, kid_depth + 1)
     if size > MAX_WRITTEN_OUT:
         raise NotADump(f"shared references that write out to more than {MAX_WRITTEN_OUT} "
@@ -232,13 +228,9 @@ def _text(value: Any, limit: int = 300) -> str:
         return "?"
 
 
-def _op(entry: Mapping[str, Any]) -> str:
-    name = _text(entry.get("profiling_name") or "?")
-    return name.split(":", 1)[1] if ":" in name else name
-
-
 def _call(entry: Mapping[str, Any]) -> Call:
-    op = _op(entry)
+    name = _text(entry.get("profiling_name") or "?")  # "nccl:all_reduce"
+    op = name.split(":", 1)[1] if ":" in name else name
     sizes = _text(entry.get("input_sizes")) if op in SAME_SIZES else ""
     dtypes = _text(entry.get("input_dtypes") or "")
     return Call(op, sizes, dtypes)
@@ -269,13 +261,6 @@ def _members(dumps: Mapping[int, Mapping[str, Any]], name: str, desc: str) -> se
     return members
 
 
-def _group_key(entry: Mapping[str, Any]) -> tuple[str, str]:
-    group = entry.get("process_group")
-    parts = list(group[:2]) if isinstance(group, list | tuple) else []
-    name, desc = (*parts, "?", "?")[:2]
-    return _text(name, 100), _text(desc, 100)
-
-
 def groups(dumps: Mapping[int, Mapping[str, Any]]) -> list[GroupTrace]:
     """Every process group's collectives per rank (point-to-point ops left out)."""
     found: dict[str, GroupTrace] = {}
@@ -285,7 +270,9 @@ def groups(dumps: Mapping[int, Mapping[str, Any]]) -> list[GroupTrace]:
             seq = _seq(entry) if isinstance(entry, dict) else None
             if seq is None or entry.get("is_p2p"):
                 continue
-            name, desc = _group_key(entry)
+            key = entry.get("process_group")  # (name, desc); "?" where torch recorded none
+            parts = list(key[:2]) if isinstance(key, list | tuple) else []
+            name, desc = (_text(part, 100) for part in (*parts, "?", "?")[:2])
             group = found.setdefault(name, GroupTrace(name, desc, []))
             group.calls.setdefault(rank, {})[seq] = _call(entry)
             if entry.get("state") == "completed":  # NCCL records it; gloo never does
