@@ -1,8 +1,5 @@
-"""`gpucheck all`: env, stress, bench and comm in turn, one report (docs/all.md).
-
-Each command runs with a Namespace from its own parser, every option checked before
-the first runs; a command that fails is a FAIL `all.<cmd>.failed` and the next runs.
-"""
+"""`gpucheck all`: env, stress, bench and comm in turn, every option checked first, one
+report; a command that fails is a FAIL `all.<cmd>.failed` and the next runs (docs/all.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +7,6 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,14 +23,12 @@ from gpucheck.subject import text
 HELP = "env, stress, bench and comm in turn on this node (or job): one report"
 
 ORDER = ("env", "stress", "bench", "comm")
-# Without a GPU the ranks are CPU processes: short settings keep the whole run near a
-# minute (docs/all.md has the measured times). GPU runs keep every command's defaults.
+# CPU ranks get short settings (the run near a minute, docs/all.md); GPUs the defaults.
 CPU_SETTINGS: dict[str, tuple[str, ...]] = {
     "stress": ("--duration", "2"),
     "comm": ("--max-bytes", "64K", "--iters", "5"),
 }
-# What `--local` leaves out of the commands' environment: the launcher's rank variables
-# (gpucheck.distributed.world.world_from_env), so this node runs as a job of its own.
+# What `--local` leaves out of the commands' environment: this node runs as its own job.
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")
 
 
@@ -56,9 +50,9 @@ add_arguments = AllArgs.add_to
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     chosen = _chosen(args.skip)
     if args.local:  # on the run's own context: the CLI's stop report sees it too
-        ctx.launcher_env = without_launcher(ctx.launcher_env)
+        ctx.launcher_env = {k: v for k, v in ctx.launcher_env.items()
+                            if k not in LAUNCHER_VARS}
     namespaces, device = _namespaces(args, chosen, ctx)
-    # The run so far, kept on the context for `partial_report` after Ctrl-C or SIGTERM.
     state = ctx.all_run = AllRun(namespaces=namespaces)
     for name in ORDER:
         if name not in chosen:
@@ -74,21 +68,14 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
         return None
     report = combined_report(outcomes)
     if device == "cpu":  # on a node that should have GPUs, CPU ranks are no pass
-        report.sections[0].findings += cpu_ranks(ctx.launcher_env, args.device == "cpu")
+        from gpucheck.devices import expected_gpus, sysfs_root
+        from gpucheck.probes.gpu_judge import cpu_ranks_finding
+
+        environ = ctx.launcher_env
+        found = cpu_ranks_finding(expected_gpus(environ, sysfs_root(environ)),
+                                  args.device == "cpu")
+        report.sections[0].findings += [found] if found is not None else []
     return report
-
-
-def cpu_ranks(environ: Mapping[str, str], asked: bool) -> list[Finding]:
-    from gpucheck.devices import expected_gpus, sysfs_root
-    from gpucheck.probes.gpu_judge import cpu_ranks_finding
-
-    found = cpu_ranks_finding(expected_gpus(environ, sysfs_root(environ)), asked)
-    return [found] if found is not None else []
-
-
-def without_launcher(environ: Mapping[str, str]) -> dict[str, str]:
-    """`--local`: the commands' environment without the launcher's rank variables."""
-    return {k: v for k, v in environ.items() if k not in LAUNCHER_VARS}
 
 
 def _chosen(skip_list: str) -> tuple[str, ...]:
@@ -106,7 +93,7 @@ def _chosen(skip_list: str) -> tuple[str, ...]:
 def _namespaces(args: argparse.Namespace, chosen: tuple[str, ...],
                 ctx: RunContext) -> tuple[dict[str, Any], str | None]:
     """Each chosen command's options from its own parser, checked before anything runs,
-    and where their ranks compute (None when only env runs)."""
+    and where the ranks compute (None when only env runs)."""
     from gpucheck.commands.launch import plan_launch
     from gpucheck.commands.registry import command_module
 
@@ -168,7 +155,13 @@ def _run_one(name: str, ns: argparse.Namespace, ctx: RunContext) -> Outcome:
 
         why = f"{type(exc).__name__}: {first_line(str(exc))}"
         print(f"gpucheck all: {name} failed: {shown(why)}", file=sys.stderr)
-        _leave_group()
+        try:  # leave a group the failed command left joined, so the next can join its own
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # it may be broken; the failure itself is being reported
+            pass
         return Outcome(name, "failed", why, _since(start))
     if report is None and reports(ctx):
         return Outcome(name, "failed", "it returned no report", _since(start))
@@ -177,18 +170,6 @@ def _run_one(name: str, ns: argparse.Namespace, ctx: RunContext) -> Outcome:
 
 def _since(start: float) -> float:
     return round(time.monotonic() - start, 1)
-
-
-def _leave_group() -> None:
-    """Leave a process group a failed command left joined (best effort: it may be
-    broken), so the next command can join its own."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:  # the failure itself is being reported
-        pass
 
 
 def combined_report(outcomes: list[Outcome]) -> Report:
@@ -214,7 +195,7 @@ def narrowest_scope(outcomes: list[Outcome]) -> str | None:
 
 def shown_once(report: Report, key: str) -> Report:
     """A value every load command repeats (the fault watch's thresholds) is shown in the
-    first section that has it; later identical ones point there."""
+    first section that has it; later ones point there."""
     first: dict[str, str] = {}  # the value's JSON form -> the title of the first section
     for section in report.sections:
         if key not in section.data:
