@@ -17,7 +17,7 @@ from gpucheck.render.words import (
 )
 from gpucheck.render.words import problems as worst_first
 from gpucheck.render.words import shown as esc
-from gpucheck.report import Finding, Report, Section, Status
+from gpucheck.report import Finding, Report, Status
 
 # A terminal of 100 columns shows every line whole (tables too: wide ones are split
 # into column groups); the CLI passes a real terminal's own width.
@@ -46,7 +46,11 @@ def render_text(report: Report, color: bool = False, width: int = WIDTH) -> str:
     lines += ["Figures:", *table_lines(figures, "  ", width), ""] if figures else []
     lines += _problem_lines(report, color, width)
     for section in report.sections:
-        lines += _section_lines(section, color, width)
+        verdict = section.verdict()
+        badge = f" ({verdict.value})" if verdict is not None else ""
+        lines += [f"== {esc(section.title)}{badge} ==", *_data_lines(section.data, "  ", width)]
+        for finding in section.findings:
+            lines += finding_lines(finding, color, width)
         lines.append("")
     lines.append(_closing(report, width))
     return "\n".join(_paint_verdicts(lines, report, color)) + "\n"
@@ -62,8 +66,7 @@ def _counts(report: Report) -> str:
 
 
 def _closing(report: Report, width: int) -> str:
-    counts = _counts(report)
-    plain = f"{report.verdict().value}: {counts}"
+    plain = f"{report.verdict().value}: {_counts(report)}"
     problems = worst_first(report.findings)
     if not problems:
         return plain
@@ -81,10 +84,10 @@ def _paint_verdicts(lines: list[str], report: Report, color: bool) -> list[str]:
     """The verdict word of the headline and the closing line in its colour."""
     if not color or not lines:
         return lines
-    verdict = report.verdict()
-    word = verdict.value
-    first = lines[0].replace(f": {word}", f": {_paint(word, verdict, True)}", 1)
-    last = lines[-1].replace(word, _paint(word, verdict, True), 1)
+    word = report.verdict().value
+    painted = _paint(word, report.verdict(), True)
+    first = lines[0].replace(f": {word}", f": {painted}", 1)
+    last = lines[-1].replace(word, painted, 1)
     return [first, *lines[1:-1], last] if len(lines) > 1 else [first]
 
 
@@ -98,16 +101,6 @@ def _problem_lines(report: Report, color: bool, width: int) -> list[str]:
     for finding in problems:
         lines += finding_lines(finding, color, width)
     return [*lines, ""]
-
-
-def _section_lines(section: Section, color: bool, width: int) -> list[str]:
-    verdict = section.verdict()
-    badge = f" ({verdict.value})" if verdict is not None else ""
-    lines = [f"== {esc(section.title)}{badge} =="]
-    lines += _data_lines(section.data, "  ", width)
-    for finding in section.findings:
-        lines += finding_lines(finding, color, width)
-    return lines
 
 
 def _data_lines(data: dict[str, Any], indent: str, width: int) -> list[str]:
