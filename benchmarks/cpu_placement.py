@@ -23,10 +23,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpucheck.bench.model import relayout, segment_sizes
+from gpucheck.bench.model import CoreRotation, plan_rotation, relayout, segment_sizes
 from gpucheck.bench.pace import rank_paces
 from gpucheck.bench.records import RankRecord
-from gpucheck.bench.rotation import CoreRotation, plan_rotation
 from gpucheck.numa import cpulist
 
 RANKS = 2

@@ -18,8 +18,8 @@ from typing import Any
 from comm_workers import PYTHON, clean_env, gpucheck, start, tracked, wait_gone
 from test_signals import END_S, LONG_BENCH, START_S, interrupted, one_line
 
-from gpucheck.bench import partial
-from gpucheck.bench.partial import TimedSoFar, rank_row, timed_so_far_section
+from gpucheck.bench import records
+from gpucheck.bench.records import TimedSoFar, rank_row, timed_so_far_section
 from gpucheck.context import RunContext, RunOptions
 from gpucheck.distributed import progress
 
@@ -134,14 +134,14 @@ class _Marks:
 def test_a_slow_write_spaces_the_next_ones_so_publishing_stays_under_1_percent(
         monkeypatch: Any, tmp_path: Path) -> None:
     clock = [100.0]
-    monkeypatch.setattr(partial.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(records.time, "perf_counter", lambda: clock[0])
 
     def slow_write(ctx: RunContext, rank: int, data: dict[str, Any]) -> None:
         clock[0] += 0.05  # a 50 ms write
         written.append(data["iters_done"])
 
     written: list[int] = []
-    monkeypatch.setattr(partial.progress, "publish_rank", slow_write)
+    monkeypatch.setattr(records.progress, "publish_rank", slow_write)
     so_far = TimedSoFar(_Marks(), {"rank": 0}, RunContext())
     clock[0] += 1.0
     so_far.tick()  # 1 s since the start: publish

@@ -1,4 +1,4 @@
-"""CPU ranks taking turns on the cores (`gpucheck.bench.rotation`): the plan, and the
+"""CPU ranks taking turns on the cores (`gpucheck.bench.model`): the plan, and the
 real thread moving this process's threads."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from gpucheck.bench import rotation
-from gpucheck.bench.rotation import CoreRotation, RotationPlan, plan_rotation
+from gpucheck.bench import model as bench_model
+from gpucheck.bench.model import CoreRotation, RotationPlan, plan_rotation
 
 ALLOWED = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 needs_two_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="needs 2 CPUs to rotate over")
@@ -98,7 +98,7 @@ def test_every_thread_visits_both_blocks_and_gets_its_cpus_back() -> None:
 @needs_two_cpus
 def test_a_thread_that_ended_while_listed_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     gone = 2**22 + 12345  # above the kernel's largest pid: no such thread
-    monkeypatch.setattr(rotation, "_thread_ids", lambda: [gone, threading.get_native_id()])
+    monkeypatch.setattr(bench_model, "_thread_ids", lambda: [gone, threading.get_native_id()])
     turns = CoreRotation(RotationPlan(blocks=((ALLOWED[0],), (ALLOWED[1],)), slot=1))
     turns._move_to((ALLOWED[1],))
     try:

@@ -9,18 +9,16 @@ import os
 import platform
 import time
 from dataclasses import asdict, dataclass, replace
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from gpucheck.bench import model as bench_model
-from gpucheck.bench import rotation
 from gpucheck.bench.consistency import software_stack
 from gpucheck.bench.model import WeightsChoice
 from gpucheck.bench.pace import DEFAULT_STRAGGLER_THRESHOLD, look_again
-from gpucheck.bench.partial import TimedSoFar
-from gpucheck.bench.progress import Progress
-from gpucheck.bench.records import LoopTiming, RankRecord
+from gpucheck.bench.records import LoopTiming, RankRecord, TimedSoFar
 from gpucheck.confirm import remeasure
-from gpucheck.context import RunContext
+from gpucheck.context import Console, RunContext
 from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.deadline import gather_objects, synchronize
 from gpucheck.distributed.session import barrier, gpu_identity, process_group, roster
@@ -121,7 +119,7 @@ def _bench_rank(spec: BenchSpec, ctx: RunContext) -> BenchOutcome | None:
 
 
 def _second_look(ddp: Any, batch: torch.Tensor, spec: BenchSpec, world: World,
-                 gathered: list[Any], plan: rotation.RotationPlan | None,
+                 gathered: list[Any], plan: bench_model.RotationPlan | None,
                  ctx: RunContext) -> list[Any]:
     """When a rank is a suspect (`look_again`), every rank's timed loop once more, its wall
     time gathered into the records: only a second loop tells a hiccup from a stall that
@@ -130,7 +128,7 @@ def _second_look(ddp: Any, batch: torch.Tensor, spec: BenchSpec, world: World,
 
     def again(_: bool) -> list[Any]:
         progress.set_step(ctx, "the timed loop again (a second look at a rank's stall)")
-        with torch.inference_mode(), rotation.CoreRotation(plan):
+        with torch.inference_mode(), bench_model.CoreRotation(plan):
             mine = _timed_loop(ddp, batch, gathered[world.rank][0].iters, spec, world,
                                None, ctx).wall_s
         return [(replace(record, again_wall_s=float(wall)), output) for (record, output),
@@ -141,10 +139,10 @@ def _second_look(ddp: Any, batch: torch.Tensor, spec: BenchSpec, world: World,
 
 
 def _cores(spec: BenchSpec, world: World,
-           ctx: RunContext) -> tuple[int, rotation.RotationPlan | None]:
+           ctx: RunContext) -> tuple[int, bench_model.RotationPlan | None]:
     """torch's threads (on CPU this machine's cores split between the ranks that share
     it), and how CPU ranks take turns on the cores when every rank on this node may use
-    all of them (`gpucheck.bench.rotation`); GPU ranks never do."""
+    all of them (`gpucheck.bench.model`); GPU ranks never do."""
     import torch
 
     if spec.device != "cpu":
@@ -152,7 +150,7 @@ def _cores(spec: BenchSpec, world: World,
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     torch.set_num_threads(max(1, (len(allowed) or os.cpu_count() or 1)
                               // world.local_world_size))
-    plan = rotation.plan_rotation(
+    plan = bench_model.plan_rotation(
         allowed, world.local_rank, world.local_world_size,
         [info.cpus for info in roster(ctx) if info.node_rank == world.node_rank]) \
         if allowed else None
@@ -190,7 +188,7 @@ def _device(spec: BenchSpec, world: World) -> torch.device:
 
 def _measure(spec: BenchSpec, world: World, ddp: Any,
              batches: tuple[torch.Tensor, torch.Tensor], threads: int,
-             plan: rotation.RotationPlan | None,
+             plan: bench_model.RotationPlan | None,
              ctx: RunContext) -> tuple[RankRecord, torch.Tensor]:
     """Warm up, agree on the iteration count, time the loop, run the check batch."""
     import torch
@@ -207,7 +205,7 @@ def _measure(spec: BenchSpec, world: World, ddp: Any,
         progress.set_step(ctx, "timed loop (between the start and end barriers)")
         bar.start("timed", iters)
         faults.mark_start()  # the fault watch's timed window is the timed loop
-        with rotation.CoreRotation(plan):
+        with bench_model.CoreRotation(plan):
             timing = _timed_loop(ddp, batch, iters, spec, world, bar, ctx)
         faults.mark_end()
         progress.set_step(ctx, "consistency batch")
@@ -325,3 +323,30 @@ def _peak_memory(device: str, index: int | None) -> int | None:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
     except (ImportError, OSError):
         return None
+
+
+class Progress:
+    """Rank 0's one bar, `bench: warm-up` then `bench: timed`, counting batches (stderr,
+    a terminal, no --quiet); nothing without a console."""
+
+    def __init__(self, console: Console | None) -> None:
+        self._console = console  # None: no bar
+        self._bar: progress.Bar | None = None
+
+    def __enter__(self) -> Progress:
+        if self._console is not None:
+            self._bar = progress.Bar("bench", 0, "batch", self._console)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+    def start(self, phase: str, total: int) -> None:
+        if self._bar is not None:
+            self._bar.restart(phase, total)
+
+    def advance(self) -> None:
+        if self._bar is not None:
+            self._bar.advance()

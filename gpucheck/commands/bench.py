@@ -135,7 +135,7 @@ def _measured_so_far(partial: dict[str, Any] | None, ctx: RunContext) -> Report 
 
 def _add_timed_so_far(report: Report, ctx: RunContext) -> None:
     """Every rank's timed iterations published before a stop or a failure."""
-    from gpucheck.bench.partial import timed_so_far_section
+    from gpucheck.bench.records import timed_so_far_section
     from gpucheck.distributed import progress
 
     timed = timed_so_far_section(progress.local_ranks(ctx))
