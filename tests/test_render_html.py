@@ -20,7 +20,6 @@ from gpucheck.render import charts as charts_module
 from gpucheck.render import render
 from gpucheck.render.charts import (
     INSTALL_NOTE,
-    BarSpec,
     ChangeSpec,
     LineSpec,
     RangeSpec,
@@ -154,21 +153,6 @@ def test_comm_charts_busbw_per_collective_over_message_size() -> None:
     assert list(spec.series) == ["all_reduce", "all_gather"]
     sizes = [size for size, _ in spec.series["all_reduce"]]
     assert sizes == sorted(sizes) and sizes[0] == 1024 and sizes[-1] == 65536
-
-
-def test_bench_charts_images_per_s_per_rank() -> None:
-    spec = next(s for s in find_charts(sample("bench_slow")) if isinstance(s, BarSpec))
-    raw = sample("bench_slow").section("timing").data["ranks"]
-    assert spec.groups["timing"] == [(f"rank {r['rank']}", r["images_per_s"]) for r in raw]
-
-
-def test_stress_charts_gemm_tflops_per_dtype_and_memory_bandwidth() -> None:
-    bars = [s for s in find_charts(sample("stress")) if isinstance(s, BarSpec)]
-    assert [s.ylabel for s in bars] == ["TFLOP/s", "GB/s"]
-    assert list(bars[0].groups) == ["fp32", "bf16"]
-    gemm = sample("stress").section("gemm").data["results"]
-    fp32 = [r["tflops_p50"] for r in gemm if r["dtype"] == "fp32"]
-    assert [v for _, v in bars[0].groups["fp32"]] == fp32
 
 
 def test_sections_of_a_combined_report_are_found_by_their_last_dotted_name() -> None:

@@ -32,12 +32,6 @@ def saved(name: str) -> Report:
     return Report.from_dict(json.loads((REPORTS / f"{name}.json").read_text()))
 
 
-def test_a_report_without_figures_gets_no_figures_table() -> None:
-    report = saved("env")
-    assert headline_rows(report) == []
-    assert "Figures" not in render_text(report)
-
-
 def test_an_ok_report_shows_its_figures_before_the_problems_in_html() -> None:
     report = saved("stress")  # text and Markdown: tests/golden/stress.*
     assert report.verdict() is Status.OK
