@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-# gpucheck's own variables (GPUCHECK_PROGRESS, GPUCHECK_RUN_DIR, ...): the same prefix as
-# gpucheck.probes.system.OWN_PREFIX (tests/test_import_layers.py checks they agree).
+# gpucheck's own variables (GPUCHECK_PROGRESS, GPUCHECK_RUN_DIR, ...), never reported as
+# the machine's environment (gpucheck.probes.system reads it from here).
 OWN_PREFIX = "GPUCHECK_"
 
 # (label, section, key) of the env report's data compared between nodes.

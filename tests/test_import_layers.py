@@ -86,14 +86,6 @@ def test_no_import_crosses_a_layer() -> None:
     assert violations() == []
 
 
-def test_the_floor_one_prefix_agrees_with_the_env_probe() -> None:
-    # envfacts repeats the one prefix rather than import probes (it is on floor 1).
-    from gpucheck.envfacts import OWN_PREFIX
-    from gpucheck.probes.system import OWN_PREFIX as PROBE_PREFIX
-
-    assert OWN_PREFIX == PROBE_PREFIX
-
-
 @pytest.mark.parametrize(("module", "source", "expected"), [
     ("bench/pace.py", "from gpucheck.stress.timing import percentile\n", "gpucheck.stress"),
     ("analysis/facts.py", "from gpucheck.distributed import nodes\n",

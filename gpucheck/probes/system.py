@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from gpucheck.envfacts import OWN_PREFIX  # gpucheck's own variables: never reported
 from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
 GIB = 1024**3
@@ -134,8 +135,6 @@ ALLOWED_PREFIXES = (
     "NVIDIA_", "CUDNN_", "CUBLAS_", "TORCHELASTIC_", "GLOO_", "UCX_", "FI_", "HIP_", "ROCM_",
     "TF32_",
 )
-# gpucheck's own variables: never the machine's environment, so never reported.
-OWN_PREFIX = "GPUCHECK_"
 ALLOWED_NAMES = frozenset({
     "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
     "GROUP_RANK", "ROLE_RANK", "NODE_RANK", "LD_LIBRARY_PATH", "LD_PRELOAD", "PATH",
@@ -144,20 +143,6 @@ ALLOWED_NAMES = frozenset({
 SECRET_WORDS = ("TOKEN", "SECRET", "KEY", "PASSWORD", "PASSWD", "PASS", "CREDENTIAL",
                 "AUTH", "PRIVATE", "COOKIE", "SESSION", "SIGNATURE", "CERT", "JWT")
 _SECRET_RE = re.compile("|".join(SECRET_WORDS), re.IGNORECASE)
-
-
-def is_allowed(name: str) -> bool:
-    if is_own(name):
-        return False
-    return name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)
-
-
-def is_own(name: str) -> bool:
-    return name.startswith(OWN_PREFIX)
-
-
-def looks_secret(name: str) -> bool:
-    return bool(_SECRET_RE.search(name))
 
 
 # Secrets by value, wherever they sit; each pattern replaces the secret only.
@@ -192,11 +177,10 @@ def allowed_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Allowlisted variables, sorted; `<redacted>` when the name looks secret, else the
     value with its secrets redacted."""
     environ = os.environ if environ is None else environ
-    return {
-        name: (REDACTED if looks_secret(name) else redact_value(value))
-        for name, value in sorted(environ.items())
-        if is_allowed(name)
-    }
+    return {name: REDACTED if _SECRET_RE.search(name) else redact_value(value)
+            for name, value in sorted(environ.items())
+            if not name.startswith(OWN_PREFIX)
+            and (name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES))}
 
 
 def probe_envvars(environ: Mapping[str, str] | None = None) -> Section:
