@@ -61,7 +61,8 @@ class XidEvent:
 
     @property
     def sample(self) -> str:
-        return _truncate(f"[{self.instance}] {self.detail}" if self.instance else self.detail)
+        text = (f"[{self.instance}] {self.detail}" if self.instance else self.detail).strip()
+        return text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -96,11 +97,6 @@ class Scan:
 def _bus_id(pci: str) -> str:
     full = pci if "." in pci else f"{pci}.0"
     return normal_bus_id(full) or full
-
-
-def _truncate(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS - 1] + "…"
 
 
 def parse_message(text: str, stamp: str | None) -> XidEvent | tuple[str, str] | None:
@@ -213,12 +209,6 @@ class XidFault:
     finding: Finding
 
 
-def log_pci_name(bus_id: str) -> str:
-    """"0000:B3:00.0" -> "0000:b3:00", the form of the driver's Xid lines."""
-    head, _, function = bus_id.lower().rpartition(".")
-    return head if head and function == "0" else bus_id.lower()
-
-
 def gpu_name(bus_id: str, gpus: Sequence[GpuRecord],
              log_uuids: dict[str, str]) -> subjects.Subject:
     """NVML's name for the GPU at this bus id, else its PCI id as the driver writes it (a
@@ -230,7 +220,10 @@ def gpu_name(bus_id: str, gpus: Sequence[GpuRecord],
         if log_uuid and gpu.uuid and log_uuid != gpu.uuid:
             break
         return gpu.subject
-    words = f"PCI:{log_pci_name(bus_id)}" + (f" ({log_uuid})" if log_uuid else "")
+    # "0000:B3:00.0" -> "0000:b3:00", the form of the driver's Xid lines.
+    head, _, function = bus_id.lower().rpartition(".")
+    pci = head if head and function == "0" else bus_id.lower()
+    words = f"PCI:{pci}" + (f" ({log_uuid})" if log_uuid else "")
     return subjects.gpu(None, words, bus_id=bus_id, uuid=log_uuid)
 
 
