@@ -354,9 +354,11 @@ def _plant_slow_nodes(plant: Plant, patch: Patch) -> None:
             if str(dist.get_backend()) == "nccl" or not any(delays):
                 return real(*args, **kwargs)
             isend, wait_all = dist.isend, internode._wait_all
-            dist.isend = lambda *a, **k: (time.sleep(delays[0]), isend(*a, **k))[1]
-            internode._wait_all = lambda works, ended: wait_all(
-                [_SlowWork(w, delays[1]) for w in works], ended)
+            if delays[0]:
+                dist.isend = lambda *a, **k: (time.sleep(delays[0]), isend(*a, **k))[1]
+            if delays[1]:
+                internode._wait_all = lambda works, ended: wait_all(
+                    [_SlowWork(w, delays[1]) for w in works], ended)
             try:
                 return real(*args, **kwargs)
             finally:
