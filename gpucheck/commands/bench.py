@@ -114,41 +114,30 @@ def _report(args: argparse.Namespace, ctx: RunContext, spec: BenchSpec, images: 
 
 
 def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report | None:
-    """After Ctrl-C or SIGTERM: what rank 0 had measured, and every rank's timed
-    iterations so far."""
-    from gpucheck.distributed import progress
-
-    return _measured_so_far(progress.local_partial(ctx), ctx)
+    """After Ctrl-C or SIGTERM: what rank 0 had measured, every rank's timed iterations."""
+    return _measured_so_far(ctx.progress.partial, ctx)
 
 
 def _measured_so_far(partial: dict[str, Any] | None, ctx: RunContext) -> Report | None:
+    """What rank 0 had published, every rank's timed iterations and rank 0's fault watch
+    before a stop or a failure; None when nothing was."""
+    from gpucheck.bench.records import timed_so_far_section
+    from gpucheck.distributed import progress
+
     report = Report(command="bench")
     if partial is not None:
         shown = {k: v for k, v in partial.items() if k != "faults"}
         report.add(Section("partial", "Measured by rank 0 before the stop", shown))
-    _add_timed_so_far(report, ctx)
-    if not report.sections:
-        return None
-    _add_partial_faults(report, partial)
-    return report
-
-
-def _add_timed_so_far(report: Report, ctx: RunContext) -> None:
-    """Every rank's timed iterations published before a stop or a failure."""
-    from gpucheck.bench.records import timed_so_far_section
-    from gpucheck.distributed import progress
-
     timed = timed_so_far_section(progress.local_ranks(ctx))
     if timed is not None:
         report.add(timed)
-
-
-def _add_partial_faults(report: Report, partial: dict[str, Any] | None) -> None:
-    """Rank 0's fault watch, when it published one before the failure or the stop."""
+    if not report.sections:
+        return None
     if partial and partial.get("faults"):
         from gpucheck.faults import run_faults_section
 
         report.add(run_faults_section(partial["faults"]))
+    return report
 
 
 def check(args: argparse.Namespace, ctx: RunContext) -> tuple[LaunchPlan, BenchSpec, ImageSet]:

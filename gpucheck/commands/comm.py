@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpucheck.comm.verdicts import COLLECTIVES
 from gpucheck.commands.launch import LaunchOptions, LaunchPlan, plan_launch, run_reported
@@ -20,10 +20,6 @@ from gpucheck.commands.options import (
 )
 from gpucheck.context import RunContext
 from gpucheck.errors import UsageError
-
-if TYPE_CHECKING:  # imported where used: the workers bring torch in
-    from gpucheck.comm.report import Verdicts
-    from gpucheck.comm.worker import CommSpec
 from gpucheck.peers import SLOW_NODE_FRACTION
 from gpucheck.report import Report
 
@@ -99,38 +95,28 @@ def check(args: argparse.Namespace, ctx: RunContext) -> tuple[LaunchPlan, tuple[
     return plan_launch(args, ctx), collectives
 
 
-def _spec(args: argparse.Namespace, plan: LaunchPlan, collectives: tuple[str, ...]) -> CommSpec:
-    from gpucheck.comm.worker import CommSpec
+def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
+    plan, collectives = check(args, ctx)
+    from gpucheck.comm.worker import CommSpec, comm_worker
+    from gpucheck.distributed.deadline import armed
 
-    return CommSpec(device=plan.device, backend=plan.backend, timeout_s=plan.timeout_s,
+    spec = CommSpec(device=plan.device, backend=plan.backend, timeout_s=plan.timeout_s,
                     collectives=collectives, min_bytes=args.min_bytes,
                     max_bytes=args.max_bytes, iters=args.iters, warmup=args.warmup,
                     pairwise=args.pairwise, pair_bytes=args.pair_bytes,
                     pair_threshold=args.pair_threshold, fault_watch=args.fault_watch)
-
-
-def _verdicts(args: argparse.Namespace) -> Verdicts:
-    from gpucheck.comm.report import Verdicts
-
-    return Verdicts(args.pair_threshold, args.baseline_busbw, SLOW_NODE_FRACTION)
-
-
-def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
-    plan, collectives = check(args, ctx)
-    from gpucheck.comm.worker import comm_worker
-    from gpucheck.distributed.deadline import armed
-
     with armed("comm"):  # a hang leaves Flight Recorder dumps (gpucheck hang --traces)
-        return run_reported("comm", comm_worker, _spec(args, plan, collectives), plan,
+        return run_reported("comm", comm_worker, spec, plan,
                             lambda r: _report(args, r),
                             quiet_stdout=args.quiet and args.output is None,
                             ctx=ctx)
 
 
 def _report(args: argparse.Namespace, result: dict[str, Any]) -> Report:
-    from gpucheck.comm.report import comm_sections
+    from gpucheck.comm.report import Verdicts, comm_sections
 
-    return Report(command="comm", sections=comm_sections(result, _verdicts(args)))
+    verdicts = Verdicts(args.pair_threshold, args.baseline_busbw, SLOW_NODE_FRACTION)
+    return Report(command="comm", sections=comm_sections(result, verdicts))
 
 
 def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report | None:

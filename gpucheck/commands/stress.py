@@ -93,29 +93,26 @@ add_arguments = StressArgs.add_to
 
 
 def _dtypes(args: argparse.Namespace, device: str) -> tuple[str, ...]:
-    allowed = GPU_DTYPES if device == "cuda" else CPU_DTYPES
+    allowed: tuple[str, ...] = CPU_DTYPES
+    native: tuple[str, ...] = CPU_DTYPES
+    if device == "cuda":
+        import torch
+
+        allowed = GPU_DTYPES  # bf16 and tf32 need compute capability 8.0 or newer
+        native = GPU_DTYPES if torch.cuda.get_device_capability(0) >= (8, 0) else (
+            "fp16", "fp32")
     if args.dtypes is None:
-        return _gpu_default_dtypes() if device == "cuda" else CPU_DTYPES
+        return native
     chosen = tuple(dict.fromkeys(d.strip() for d in args.dtypes.split(",") if d.strip()))
-    bad = [d for d in chosen if d not in allowed]
-    if bad or not chosen:
+    if not chosen or any(d not in allowed for d in chosen):
         where = "GPU" if device == "cuda" else "CPU"
         raise UsageError(f"--dtypes {args.dtypes!r}: on {where} ranks use "
                          f"{', '.join(allowed)}")
-    if device == "cuda":
-        missing = set(chosen) - set(_gpu_default_dtypes())
-        if missing:
-            raise UsageError(f"--dtypes: this GPU has no native {', '.join(sorted(missing))} "
-                             "(needs compute capability 8.0 or newer); use fp16,fp32")
+    missing = set(chosen) - set(native)
+    if missing:
+        raise UsageError(f"--dtypes: this GPU has no native {', '.join(sorted(missing))} "
+                         "(needs compute capability 8.0 or newer); use fp16,fp32")
     return chosen
-
-
-def _gpu_default_dtypes() -> tuple[str, ...]:
-    """bf16 and tf32 need Ampere (compute capability 8.0) or newer."""
-    import torch
-
-    modern = torch.cuda.get_device_capability(0) >= (8, 0)
-    return GPU_DTYPES if modern else ("fp16", "fp32")
 
 
 def check(args: argparse.Namespace, ctx: RunContext) -> tuple[LaunchPlan, StressSpec]:
