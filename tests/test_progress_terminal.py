@@ -64,13 +64,16 @@ def run_on_pty(*argv: str, stderr_on_pty: bool = True) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def comm_on_terminal() -> tuple[int, str, str]:
-    return run_on_pty(*TINY_COMM, "--n-gpus", "2")
+    # Through `all` (env, then comm on two ranks): one run for both commands' progress.
+    return run_on_pty("all", "--skip", "stress,bench", "--n-gpus", "2")
 
 
-def test_comm_on_a_terminal_says_it_launches_ranks_and_which_collective_and_size(
+def test_all_and_comm_on_a_terminal_say_each_step_the_ranks_and_each_collective_and_size(
         comm_on_terminal: tuple[int, str, str]) -> None:
     code, shown, out = comm_on_terminal
-    assert code == 0, shown + out
+    assert code in (0, 1), shown + out
+    assert "all: step 1 of 2: gpucheck env" in shown and "env: probing" in shown
+    assert "all: step 2 of 2: gpucheck comm" in shown
     assert "loading torch" in shown and "launching 2 ranks" in shown
     assert "2 rank(s) joined the process group (gloo, cpu)" in shown
     assert "comm: all_reduce 1 KiB" in shown and "comm: all_gather 2 KiB" in shown
@@ -82,7 +85,7 @@ def test_comm_on_a_terminal_says_it_launches_ranks_and_which_collective_and_size
 def test_progress_never_reaches_the_report_on_stdout(
         comm_on_terminal: tuple[int, str, str]) -> None:
     _, _, out = comm_on_terminal
-    assert "gpucheck comm" in out
+    assert "gpucheck all" in out
     assert "launching" not in out and "\r" not in out
 
 
@@ -98,12 +101,6 @@ def test_bench_on_a_terminal_names_its_warm_up_and_timed_loop() -> None:
                                   "1", "--warmup", "1", "--iters", "2", "--n-gpus", "1")
     assert code in (0, 1), shown + out
     assert "bench: warm-up" in shown and "bench: timed" in shown
-
-
-def test_all_on_a_terminal_says_which_step_it_runs() -> None:
-    code, shown, out = run_on_pty("all", "--skip", "stress,bench,comm")
-    assert code in (0, 1), shown + out
-    assert "all: step 1 of 1: gpucheck env" in shown and "env: probing" in shown
 
 
 def test_quiet_on_a_terminal_shows_no_progress() -> None:
