@@ -14,10 +14,10 @@ import time
 from typing import Any
 
 SLOW_RANK = 1
-# Ten times a 512^3 fp32 product, a 64 MiB copy or a burn-in repetition even on this
-# shared 2-core VM under load (19, 25 and 30 ms seen), so that a slowed rank stays
+# Over twice a 64 MiB copy and far more than a 256^3 fp32 product or burn-in repetition
+# on this shared 2-core VM under load (25-40 ms, a few ms), so that a slowed rank stays
 # below half its peers in both measurements and in the burn-in, whatever the load.
-SLEEP_S = 0.2
+SLEEP_S = 0.1
 WRONG_RANK = 1
 CHANGE_AFTER = 5
 

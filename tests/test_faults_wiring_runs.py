@@ -22,6 +22,7 @@ import pytest
 from plant import Plant, planted
 
 from gpucheck.cli import main
+from gpucheck.commands import stress as stress_command
 
 SITE = Path(__file__).resolve().parent / "fake_nvml_site"
 BUS = ("00000000:18:00.0", "00000000:9A:00.0")
@@ -83,28 +84,16 @@ def test_a_healthy_comm_run_shows_every_rank_and_its_gpu_ok(tmp_path: Path, fake
                for g in section["data"]["gpus"])
 
 
-def test_an_xid_79_on_rank_ones_gpu_mid_bench_fails_naming_rank_one_and_its_gpu(
-        tmp_path: Path, fake_gpus) -> None:
-    fake_gpus(events=[{"gpu": 1, "type": XID, "data": 79, "on_poll": 1}])
-    code, report = run(tmp_path, "bench", *BENCH)
-    assert code == 1
-    section = faults(report)
-    failed = [f for f in section["findings"] if f["status"] == "FAIL"]
-    assert [(f["check"], f["subject"]) for f in failed] == [("faults.xid",
-                                                             f"rank 1 on {LABEL[1]}")]
-    assert "XID 79 (GPU has fallen off the bus)" in failed[0]["message"]
-    assert ("faults.summary", "OK", f"rank 0 on {LABEL[0]}") in statuses(section)
-    assert [(e["rank"], e["xid"]) for e in section["data"]["events"]] == [(1, 79)]
-
-
 def test_counters_the_fake_gpus_lack_are_na_in_a_stress_run_never_a_fail(
-        tmp_path: Path, fake_gpus) -> None:
+        tmp_path: Path, fake_gpus, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Short measuring windows: the faults section is what is judged here.
+    monkeypatch.setitem(stress_command.DEFAULTS, "cpu", stress_command.Defaults(
+        size=64, duration_s=0.1, warmup_s=0.05, gemm_window_s=0.3, membw_window_s=0.2))
     # No field value supported: NVML answers NotSupported per field, not for the call.
     lacking = {"nvlinks": 0, "unsupported": ["nvmlDeviceGetPcieReplayCounter"],
                "field_values": {}}
     fake_gpus(gpus=[dict(lacking), dict(lacking)])
-    code, report = run(tmp_path, "stress", "--duration", "0.5", "--size", "64",
-                       "--dtypes", "fp32")
+    code, report = run(tmp_path, "stress", "--dtypes", "fp32")
     assert code == 0, [f for s in report["sections"] for f in s["findings"]
                        if f["status"] == "FAIL"]
     section = faults(report)
@@ -115,15 +104,8 @@ def test_counters_the_fake_gpus_lack_are_na_in_a_stress_run_never_a_fail(
 
 
 # The default CPU bench (no fake GPUs): the watch is a SKIP that says why; asserted on
-# test_bench_runs.py's two-rank run of the same settings (one run fewer).
-
-
-def test_no_fault_watch_says_the_watch_was_turned_off(tmp_path: Path, fake_gpus) -> None:
-    fake_gpus()
-    code, report = run(tmp_path, "comm", *COMM, "--no-fault-watch")
-    assert code == 0, report
-    assert statuses(faults(report)) == [("faults.watch", "SKIP", None)]
-    assert "turned off (--no-fault-watch)" in faults(report)["findings"][0]["message"]
+# test_bench_runs.py's two-rank run of the same settings (one run fewer). --no-fault-watch
+# reaching the ranks: test_stress_runs.py's one-rank run.
 
 
 def test_a_failed_bench_run_still_reports_rank_zeros_own_faults(tmp_path: Path,
@@ -138,14 +120,23 @@ def test_a_failed_bench_run_still_reports_rank_zeros_own_faults(tmp_path: Path,
     assert skipped == [], skipped  # bench's partial has no roll of ranks: rank 0 alone
 
 
-def test_a_bench_straggler_in_thermal_slowdown_is_told_why_it_was_slow(
+def test_a_bench_straggler_in_thermal_slowdown_is_told_why_and_an_xid_79_fails_its_gpu(
         tmp_path: Path, fake_gpus) -> None:
-    # Rank 1 sleeps in every forward (a slow GPU) and its GPU's HW thermal slowdown
-    # counter (field 270) grows at half of real time: slowed down 50% of any window.
-    fake_gpus(gpus=[{}, {"slowdown_share": {"270": 0.5}}])
+    # Rank 1 sleeps in every forward (a slow GPU), its GPU's HW thermal slowdown counter
+    # (field 270) grows at half of real time (slowed down 50% of any window), and an
+    # XID 79 reaches that GPU mid-bench. One run for both (each its own finding).
+    fake_gpus(gpus=[{}, {"slowdown_share": {"270": 0.5}}],
+              events=[{"gpu": 1, "type": XID, "data": 79, "on_poll": 1}])
     code, report = run(tmp_path, "bench", *BENCH[:-1], "5",
                        plant=replace(WATCH_FAKE, model=bench_workers.slow_rank_one))
-    assert code == 0, report
+    assert code == 1
+    section = faults(report)
+    failed = [f for f in section["findings"] if f["status"] == "FAIL"]
+    assert [(f["check"], f["subject"]) for f in failed] == [("faults.xid",
+                                                             f"rank 1 on {LABEL[1]}")]
+    assert "XID 79 (GPU has fallen off the bus)" in failed[0]["message"]
+    assert ("faults.summary", "OK", f"rank 0 on {LABEL[0]}") in statuses(section)
+    assert [(e["rank"], e["xid"]) for e in section["data"]["events"]] == [(1, 79)]
     warned = [f for s in report["sections"] for f in s["findings"]
               if f["check"] == "bench.rank.straggler" and f["status"] == "WARN"]
     assert [f["subject"] for f in warned] == ["rank 1"]
