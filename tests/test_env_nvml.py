@@ -95,6 +95,14 @@ def test_pending_or_failed_memory_retirement_fails_that_gpu_with_its_hint(monkey
     assert failed.subject.label.startswith("GPU 2 ")
 
 
+@pytest.fixture
+def short_look(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 0.2 s second look (10 samples, MIN_SAMPLES is 5) instead of 1 s per test."""
+    monkeypatch.setattr(gpus_module, "WINDOW_S", 0.2)
+    monkeypatch.setattr(gpus_module, "TICK_S", 0.02)
+
+
+@pytest.mark.usefixtures("short_look")
 @pytest.mark.parametrize("mask, reason", [(0x40, "hw_thermal_slowdown"),
                                           (0x20, "sw_thermal_slowdown"),
                                           (0x80, "hw_power_brake_slowdown"),
