@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 # NVML_GPU_FABRIC_STATE_* (pynvml) -> the words the report uses.
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+
+
 @dataclass(frozen=True)
 class HealthField:
     """One sub-field of healthMask: where it sits and what its values say."""

@@ -28,6 +28,7 @@ BAD_CLOCK_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown"
 MASK_FUNCTIONS = ("nvmlDeviceGetCurrentClocksEventReasons",
                   "nvmlDeviceGetCurrentClocksThrottleReasons")
 
+
 @dataclass(frozen=True)
 class DriverInfo:
     """NVML's view of the driver. `present` is False when no driver could be reached."""
