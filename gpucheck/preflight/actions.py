@@ -1,8 +1,6 @@
 """What preflight does with its verdict: the exclude file and the SLURM drain for a
-no-go (only a FAIL naming a node condemns it; CPU ranks never drain), the guard against
-a hang no timeout can end, and the hand-over of the job to its command (exec, the
-job's port freed first). docs/preflight.md says why each is so.
-"""
+no-go, the guard against a hang no timeout can end, and the hand-over of the job to its
+command (exec, the job's port freed first); docs/preflight.md says why each is so."""
 
 from __future__ import annotations
 
@@ -27,14 +25,9 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9 ._:,;=()/+-]")
 _HOST = re.compile(r"^[A-Za-z0-9._-]{1,253}$")
 
 
-def safe_host(host: str) -> str | None:
-    """A host name fit for a file line and a scontrol argument, or None."""
-    return host if _HOST.match(host) else None
-
-
 def failing_hosts(failing: Sequence[Mapping[str, Any]]) -> list[str]:
-    hosts = [safe_host(str(n.get("host", ""))) for n in failing]
-    return sorted({h for h in hosts if h})
+    """The hosts fit for a file line and a scontrol argument, sorted."""
+    return sorted({h for n in failing if _HOST.match(h := str(n.get("host", "")))})
 
 
 def write_exclude_file(path: str, failing: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -43,21 +36,6 @@ def write_exclude_file(path: str, failing: Sequence[Mapping[str, Any]]) -> list[
     hosts = failing_hosts(failing)
     write_atomic(path, "".join(f"{h}\n" for h in hosts), option="--exclude-file")
     return hosts
-
-
-def drain_reason(node: Mapping[str, Any]) -> str:
-    """"gpucheck preflight: <checks>: <why>", printable ASCII, at most REASON_MAX."""
-    why = "; ".join(map(str, node.get("why") or []))
-    text = f"gpucheck preflight: {','.join(map(str, node.get('checks') or []))}: {why}"
-    return _UNSAFE.sub("_", text)[:REASON_MAX]
-
-
-def drain_command(host: str, reason: str) -> list[str]:
-    return ["scontrol", "update", f"NodeName={host}", "State=DRAIN", f"Reason={reason}"]
-
-
-def shown_command(argv: Sequence[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
 
 
 def my_failing_node(failing: Sequence[Mapping[str, Any]], host: str,
@@ -81,10 +59,15 @@ def drain_node(node: Mapping[str, Any] | None, device: str, under_slurm: bool, d
                runner: Runner = _run_scontrol) -> dict[str, Any] | None:
     """This node's drain, from its own rank 0: {command, ran, exit_code, note}, or None
     when it does not fail. scontrol runs only with `drain`, under SLURM, on GPU ranks."""
-    if node is None or not safe_host(str(node.get("host", ""))):
+    if node is None or not _HOST.match(str(node.get("host", ""))):
         return None
-    argv = drain_command(str(node["host"]), drain_reason(node))
-    said = {"command": shown_command(argv), "ran": False, "exit_code": None, "note": None}
+    # The reason "gpucheck preflight: <checks>: <why>", printable ASCII, short.
+    why = "; ".join(map(str, node.get("why") or []))
+    reason = f"gpucheck preflight: {','.join(map(str, node.get('checks') or []))}: {why}"
+    argv = ["scontrol", "update", f"NodeName={node['host']}", "State=DRAIN",
+            f"Reason={_UNSAFE.sub('_', reason)[:REASON_MAX]}"]
+    said = {"command": " ".join(map(shlex.quote, argv)), "ran": False, "exit_code": None,
+            "note": None}
     if device != "cuda":
         return said | {"note": "not drained: CPU ranks (no GPU fault to drain for)"}
     if not drain:
@@ -114,8 +97,7 @@ def speaks_for_failed_job(blamed: Sequence[int], roster: Sequence[Mapping[str, A
 
 def hold_sigterm() -> None:
     """Block SIGTERM for the rest of this process (a rank about to write its files and
-    exit 1): torchrun's agent sends it to every rank once one has ended, which would cut
-    the report short; the agent's SIGKILL still follows."""
+    exit 1): torchrun's agent sends it to every rank once one has ended."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
@@ -132,8 +114,7 @@ def guard_seconds(budget_s: float, grace_s: float, backend: str) -> float:
     readers) and MARGIN_S."""
     from gpucheck.distributed.checkin import roll_call_window_s
 
-    roll_call_s = 2 * roll_call_window_s(budget_s, backend)
-    return budget_s + grace_s + roll_call_s + MARGIN_S
+    return budget_s + grace_s + 2 * roll_call_window_s(budget_s, backend) + MARGIN_S
 
 
 def on_hang_hosts(rank: int, store_on_rank0: bool,
@@ -199,8 +180,7 @@ class HandoffFailed(RuntimeError):
 
 
 def _ready_key(rank: int) -> str:
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return f"gpucheck/preflight/{attempt}/done/{rank}"
+    return f"gpucheck/preflight/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/done/{rank}"
 
 
 def release_store(store: Any, world: World, on_rank0: bool,

@@ -29,8 +29,8 @@ RERUN_HINT = ("not condemned: slow once but not confirmed (or CPU ranks, whose s
 
 @dataclass(frozen=True)
 class Expected:
-    """A healthy node's all_reduce busbw, the fraction of it preflight's smaller message
-    must reach, and the least size it applies from."""
+    """A healthy node's all_reduce busbw, the share of it preflight's message must reach,
+    and the least size it applies from."""
 
     busbw_gbps: float
     fraction: float
@@ -164,7 +164,9 @@ def measure_nodes(world: Any, roster: Sequence[Mapping[str, Any]], device: str,
     group = None if len(nodes) == 1 else \
         dist.new_subgroups_by_enumeration([sorted(v) for _, v in sorted(nodes.items())])[0]
     figures = _pass(world, device, size_bytes, iters, group, budget, ctx)
-    cost = 1.0 + 2 * max(_seconds(figures), 0.1)
+    slowest = max((f["size_bytes"] / (f["busbw_gbps"] * 1e9) for f in figures.values()
+                   if f["busbw_gbps"] > 0), default=0.0)
+    cost = 1.0 + 2 * max(slowest, 0.1)
 
     def again(wanted: dict[str, Any]) -> tuple[Any, str | None]:
         if not wanted["suspects"]:
@@ -177,11 +179,6 @@ def measure_nodes(world: Any, roster: Sequence[Mapping[str, Any]], device: str,
     found = remeasure(world.rank, lambda: plan(figures), again, ctx)  # (plan, (again, why not))
     measured, why_not = found[1] or (None, None)
     return {"figures": figures, "plan": found[0], "again": measured, "why_not": why_not}
-
-
-def _seconds(figures: Mapping[int, Mapping[str, Any]]) -> float:
-    return max((f["size_bytes"] / (f["busbw_gbps"] * 1e9) for f in figures.values()
-                if f["busbw_gbps"] > 0), default=0.0)
 
 
 def _pass(world: Any, device: str, size_bytes: int, iters: int, group: Any,

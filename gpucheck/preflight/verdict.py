@@ -32,42 +32,33 @@ def decide(result: Mapping[str, Any]) -> dict[str, Any]:
 
 def judged_sections(result: Mapping[str, Any]) -> tuple[list[Section], list[dict[str, Any]]]:
     """Each check's section, and the nodes its FAILs name."""
-    ranks = result["ranks"]
-    checks = result["checks"]
-    blamed: list[dict[str, Any]] = []
-    sections = [budget_section(checks, bool(result.get("strict")))]
-    if checks.get("nvml", {}).get("state") == "done":
-        section, bad = nvml_section(checks["nvml"]["nodes"], ranks)
-        sections.append(section)
-        blamed += bad
+    ranks, checks = result["ranks"], result["checks"]
+    done = {name for name, entry in checks.items() if entry.get("state") == "done"}
+    judged: list[tuple[Section | None, list[dict[str, Any]]]] = [
+        (budget_section(checks, bool(result.get("strict"))), [])]
+    if "nvml" in done:
+        judged.append(nvml_section(checks["nvml"]["nodes"], ranks))
     stress = result.get("stress")
     if stress:
-        sections += stress_sections_kept(stress, result)
-        blamed += [_blame(ranks, r, "preflight.sdc", why) for r, why in
-                   sdc_wrong_ranks(stress).items()]
-    if checks.get("alloc", {}).get("state") == "done":
-        section, bad = alloc_section(checks["alloc"]["ranks"], ranks)
-        sections.append(section)
-        blamed += bad
-    if checks.get("all_reduce", {}).get("state") == "done":
-        sections.append(all_reduce_section(checks["all_reduce"]["row"]))
+        judged += [(s, []) for s in stress_sections_kept(stress, result)]
+        judged.append((None, [_blame(ranks, r, "preflight.sdc", why)
+                              for r, why in sdc_wrong_ranks(stress).items()]))
+    if "alloc" in done:
+        judged.append(alloc_section(checks["alloc"]["ranks"], ranks))
+    if "all_reduce" in done:
+        judged.append((all_reduce_section(checks["all_reduce"]["row"]), []))
         if checks["all_reduce"].get("nodes") is not None:
-            section, bad = node_all_reduce_section(checks["all_reduce"]["nodes"], result)
-            sections.append(section)
-            blamed += bad
-    links = checks.get("links", {})
-    if links.get("state") == "done" and links.get("internode"):
-        section, bad = links_section(links["internode"], result)
-        sections.append(section)
-        blamed += bad
+            judged.append(node_all_reduce_section(checks["all_reduce"]["nodes"], result))
+    if "links" in done and checks["links"].get("internode"):
+        judged.append(links_section(checks["links"]["internode"], result))
     if result.get("faults") is not None:
         from gpucheck.stress.report import faults_of
 
         section = faults_of(result)
-        sections.append(section)
-        blamed += [_blame(ranks, r, "preflight.faults", why)
-                   for r, why in fault_ranks(section.data.get("gpus") or [])]
-    return sections, failing_nodes(blamed)
+        judged.append((section, [_blame(ranks, r, "preflight.faults", why)
+                                 for r, why in fault_ranks(section.data.get("gpus") or [])]))
+    return ([s for s, _ in judged if s is not None],
+            failing_nodes([b for _, bad in judged for b in bad]))
 
 
 def fault_ranks(gpus: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:

@@ -18,6 +18,7 @@ from gpucheck.distributed import faultwatch, progress
 from gpucheck.distributed.deadline import broadcast_object, gather_objects
 from gpucheck.distributed.session import job_store, process_group, roster, store_on_rank0
 from gpucheck.distributed.world import World
+from gpucheck.preflight import actions
 from gpucheck.report import Finding, fail, skip
 
 # Seconds a collective may wait beyond the budget's end: ranks reach the end a little
@@ -65,25 +66,21 @@ CPU_ALLOC_BYTES = 64 << 20  # CPU ranks: a token allocation (host memory is the 
 KERNEL_LOG_S = 3.0
 
 
-def _cpu_ranks(environ: Mapping[str, str], asked: bool) -> Finding:
-    from gpucheck.devices import expected_gpus, sysfs_root
-    from gpucheck.probes.gpu_judge import cpu_ranks_finding
-
-    expected = expected_gpus(environ, sysfs_root(environ))
-    return cpu_ranks_finding(expected, asked) or skip(
-        "preflight.nvml", f"CPU ranks: no GPU to read through NVML, and none expected "
-        f"({expected.source}: 0)")
-
-
 def nvml_findings(device: str, own_pids: Collection[int] = (),
                   kernel_log_s: float = KERNEL_LOG_S, *, environ: Mapping[str, str],
                   cpu_asked: bool = False) -> list[dict[str, Any]]:
-    """Every GPU of this node read through NVML and judged by env's judges, and this
-    boot's XIDs: the findings, as dicts (`gpu.busy` counts only processes not the
-    job's own ranks, `own_pids`)."""
+    """This node's GPUs judged by env's judges (`gpu.busy` counting only processes not
+    the job's own, `own_pids`) and this boot's XIDs, as dicts."""
     if device != "cuda":  # no GPU to read, but a node whose log holds an Xid is no go
-        return [f.to_dict() for f in (_cpu_ranks(environ, cpu_asked),
-                                      *kernel_log_findings([], kernel_log_s, environ=environ))]
+        from gpucheck.devices import expected_gpus, sysfs_root
+        from gpucheck.probes.gpu_judge import cpu_ranks_finding
+
+        expected = expected_gpus(environ, sysfs_root(environ))
+        cpu = cpu_ranks_finding(expected, cpu_asked) or skip(
+            "preflight.nvml", f"CPU ranks: no GPU to read through NVML, and none expected "
+            f"({expected.source}: 0)")
+        return [f.to_dict() for f in (cpu, *kernel_log_findings([], kernel_log_s,
+                                                               environ=environ))]
     from gpucheck.probes.gpu_judge import busy_finding
     from gpucheck.probes.gpus import probe_nvml
 
@@ -104,8 +101,7 @@ def nvml_findings(device: str, own_pids: Collection[int] = (),
 
 
 def large_allocation(rank: int, device: str, fraction: float) -> dict[str, Any]:
-    """Allocate `fraction` of the free device memory in one piece and write it:
-    {rank, bytes, ok, error}."""
+    """`fraction` of the free device memory in one piece, written: {rank, bytes, ok, error}."""
     import torch
 
     if device == "cuda":
@@ -118,8 +114,7 @@ def large_allocation(rank: int, device: str, fraction: float) -> dict[str, Any]:
         block.fill_(0xA5)
         if device == "cuda":
             torch.cuda.synchronize()
-        del block
-        if device == "cuda":
+            del block
             torch.cuda.empty_cache()
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
         return {"rank": rank, "bytes": size, "ok": False, "error": str(exc).splitlines()[0]}
@@ -127,24 +122,20 @@ def large_allocation(rank: int, device: str, fraction: float) -> dict[str, Any]:
 
 
 def kernel_log_findings(gpus: Sequence[Any], within_s: float = KERNEL_LOG_S,
-                        runner: Callable[..., Any] | None = None,
-                        clock: Callable[[], float] = time.monotonic, *,
+                        runner: Callable[..., Any] | None = None, *,
                         environ: Mapping[str, str]) -> list[Finding]:
     """This boot's XIDs, read as env reads the kernel log (or the saved log
     GPUCHECK_KERNEL_LOG names) within `within_s` in all: slow or unreadable is a SKIP."""
     from gpucheck.probes.kernel_log import KERNEL_LOG_VAR, read_kernel_log, run_command
     from gpucheck.probes.xid_section import kernel_log_section
 
-    saved = environ.get(KERNEL_LOG_VAR) or None
-
-    run = runner or run_command
-    end = clock() + within_s
+    run, end = runner or run_command, time.monotonic() + within_s
 
     def capped(argv: Sequence[str], timeout_s: float) -> Any:
-        return run(argv, max(0.05, min(timeout_s, end - clock())))
+        return run(argv, max(0.05, min(timeout_s, end - time.monotonic())))
 
     try:
-        log = read_kernel_log(saved, capped)
+        log = read_kernel_log(environ.get(KERNEL_LOG_VAR) or None, capped)
     except Exception as exc:  # a probe that fails is a finding, never a crash
         return [skip("kernel_log.read", f"the kernel log could not be read within "
                      f"{within_s:g} s: {type(exc).__name__}: {exc}")]
@@ -207,42 +198,35 @@ def preflight_worker(ctx: RunContext, spec: PreflightSpec) -> dict[str, Any]:
         with process_group(spec.backend, spec.device, spec.startup_s,
                            fault_watch=spec.fault_watch, ctx=ctx) as world:
             faults = faultwatch.of(ctx)
-            run = Run(spec, world, Budget(spec.budget_s), _initial(world, spec, ctx), ctx)
-            guarded.enter_context(_hang_guard(run))
+            result: dict[str, Any] = {
+                "world_size": world.world_size, "device": spec.device,
+                "backend": spec.backend, "budget_s": spec.budget_s,
+                "ranks": [asdict(i) for i in roster(ctx)], "checks": {},
+                "strict": spec.strict, "command_given": spec.command_given,
+                "fractions": {"peer": spec.peer_fraction, "link": spec.link_fraction,
+                              "expected": spec.expected_fraction}}
+            run = Run(spec, world, Budget(spec.budget_s), result, ctx)
+            # Ends this rank (exit 1) should the checks outlast every bound they have.
+            hosts = actions.on_hang_hosts(world.rank, store_on_rank0(world), result["ranks"])
+            guarded.enter_context(actions.HangGuard(
+                actions.guard_seconds(spec.budget_s, GRACE_S, spec.backend), world.rank,
+                actions.exclude_on_hang(spec.exclude_file, hosts)))
             faults.mark_start()  # XID and ECC events, counters, during the checks
             for name in CHECKS:
                 _check(run, name)
             faults.mark_end()
             run.budget.bound_waits(GRACE_S)
             run.result["faults"] = faults.gather()
-            decision = _decide(run)
+            run.budget.bound_waits(GRACE_S)  # the agreement may run past the budget a bit
+            agreed = broadcast_object(_decision(run) if world.rank == 0 else None, ctx)
+            decision = dict(agreed or {})
         guarded.close()  # agreed: the hand-over has its own bound (handoff)
         on_rank0 = store_on_rank0(world)
         out = {"decision": decision, "result": run.result if world.rank == 0 else None,
                "store_on_rank0": on_rank0}
         if decision["go"]:
-            from gpucheck.preflight.actions import release_store
-
-            release_store(job_store(ctx), world, on_rank0)
+            actions.release_store(job_store(ctx), world, on_rank0)
     return out
-
-
-def _hang_guard(run: Run) -> Any:
-    """Ends this rank (exit 1) should the checks outlast every bound they have."""
-    from gpucheck.preflight import actions as guard
-
-    hosts = guard.on_hang_hosts(run.world.rank, store_on_rank0(run.world), run.result["ranks"])
-    seconds = guard.guard_seconds(run.spec.budget_s, GRACE_S, run.spec.backend)
-    return guard.HangGuard(seconds, run.world.rank,
-                           guard.exclude_on_hang(run.spec.exclude_file, hosts))
-
-
-def _initial(world: World, spec: PreflightSpec, ctx: RunContext) -> dict[str, Any]:
-    return {"world_size": world.world_size, "device": spec.device, "backend": spec.backend,
-            "budget_s": spec.budget_s, "ranks": [asdict(i) for i in roster(ctx)],
-            "checks": {}, "strict": spec.strict, "command_given": spec.command_given,
-            "fractions": {"peer": spec.peer_fraction, "expected": spec.expected_fraction,
-                          "link": spec.link_fraction}}
 
 
 def _check(run: Run, name: str) -> None:
@@ -267,16 +251,13 @@ def _nvml(run: Run) -> dict[str, Any]:
     if run.world.local_rank == 0:
         own = [int(r["pid"]) for r in run.result["ranks"]
                if r["node_rank"] == run.world.node_rank]
+        # The kernel log's share, less when the budget has less left (a second kept).
+        log_s = max(0.1, min(KERNEL_LOG_S, run.budget.left_here() - 1.0))
         mine = {"node_rank": run.world.node_rank,
-                "findings": nvml_findings(run.spec.device, own, _kernel_log_s(run),
+                "findings": nvml_findings(run.spec.device, own, log_s,
                                           environ=run.ctx.launcher_env,
                                           cpu_asked=run.spec.cpu_asked)}
     return {"nodes": [n for n in gather_objects(mine, run.ctx) if n is not None]}
-
-
-def _kernel_log_s(run: Run) -> float:
-    """The kernel log's share, less when the budget has less left (a second kept)."""
-    return max(0.1, min(KERNEL_LOG_S, run.budget.left_here() - 1.0))
 
 
 def _stress(run: Run) -> tuple[Any, dict[str, Any]]:
@@ -340,13 +321,6 @@ def _links(run: Run) -> dict[str, Any]:
 _CHECK_FUNCTIONS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "nvml": _nvml, "gemm": _stress_phase("gemm"), "sdc": _stress_phase("sdc"),
     "alloc": _alloc, "all_reduce": _all_reduce, "links": _links}
-
-
-def _decide(run: Run) -> dict[str, Any]:
-    """Rank 0 judges everything gathered; its decision is broadcast to every rank."""
-    run.budget.bound_waits(GRACE_S)  # the agreement itself may run past the budget a bit
-    decision = broadcast_object(_decision(run) if run.world.rank == 0 else None, run.ctx)
-    return dict(decision or {})
 
 
 def _decision(run: Run) -> dict[str, Any]:
