@@ -1,7 +1,6 @@
-"""The one doorway to NVML: lazy start, bytes decoded, errors mapped to meanings, each
-call on one worker thread under a budget (`timeout_s`; `attach_timeout_s` for nvmlInit
-and a GPU's first attach), a late call given a second budget before it counts as hung
-(docs/env.md, "Slow is not lost" in docs/faults.md). Also NVML's name for a CUDA device."""
+"""The one doorway to NVML (`Nvml`: each call on one worker thread under a budget, a late
+call given a second budget before it counts as hung; docs/env.md, "Slow is not lost" in
+docs/faults.md), its field values (`read_fields`), and NVML's name for a CUDA device."""
 
 from __future__ import annotations
 
