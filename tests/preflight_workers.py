@@ -10,12 +10,6 @@ import signal
 from typing import Any
 
 
-def stop_rank_one(rank: int, phase: str, iteration: int, out: Any) -> None:
-    """Rank 1 stops itself (SIGSTOP) at its first timed GEMM: a hung rank mid-check."""
-    if rank == 1 and phase == "gemm" and iteration == 0:
-        os.kill(os.getpid(), signal.SIGSTOP)
-
-
 def stop_rank_zero(rank: int, phase: str, iteration: int, out: Any) -> None:
     """Rank 0 stops itself (SIGSTOP) at its first timed GEMM: the reporting rank hung."""
     if rank == 0 and phase == "gemm" and iteration == 0:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import socket
 import stat
@@ -17,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from comm_workers import clean_env, free_port
+from comm_workers import clean_env, free_port, tracked, wait_gone
+from test_preflight_runs import SUITE_SETTINGS, _trained
 
 from gpucheck import cli
 
@@ -71,13 +71,18 @@ def _sbatch(site: dict, **env: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=RUN_S)
 
 
+# A budget no check but the allocation fits (their costs, gpucheck.commands.preflight):
+# a pass without --strict, in a moment; the recipes' flow is what these tests are for.
+PASS_BUDGET = "1.5"
+
+
 def test_the_recipes_are_valid_shell() -> None:
     for script in sorted(RECIPES.glob("*.sh")):
         assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
 
 
 def test_sbatch_recipe_starts_training_after_a_pass_and_submits_nothing(site: dict) -> None:
-    done = _sbatch(site)
+    done = _sbatch(site, PREFLIGHT_BUDGET=PASS_BUDGET)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "TRAIN None" in done.stdout
     assert (site["dir"] / "preflight-exclude.77").read_text() == ""
@@ -85,13 +90,18 @@ def test_sbatch_recipe_starts_training_after_a_pass_and_submits_nothing(site: di
 
 
 def test_sbatch_recipe_excludes_the_failing_host_and_resubmits_once(site: dict) -> None:
-    done = _sbatch(site, HOOKED_OPTIONS="--stress stress_workers:wrong_rank_one_always")
+    from health_fakes import gpu_node_sysfs
+
+    # The node fails its first check: 8 GPUs on its PCI bus, CPU ranks (a wrong product
+    # on a rank: tests/test_preflight_runs.py); the NVML check's budget and a second.
+    done = _sbatch(site, PREFLIGHT_BUDGET="3",
+                   GPUCHECK_SYSFS=str(gpu_node_sysfs(site["dir"] / "sys")))
     assert done.returncode == 1 and "TRAIN" not in done.stdout, done.stderr[-3000:]
     host = socket.gethostname()
     assert _calls(site, "sbatch") == [f"sbatch --exclude={host} --export=ALL,"
                                       "PREFLIGHT_RESUBMITTED=1 /jobs/train.sbatch --lr 3e-4"]
     report = json.loads((site["dir"] / "preflight-77.json").read_text())
-    assert report["sections"][0]["data"]["failing_nodes"][0]["ranks"] == [1]
+    assert report["sections"][0]["data"]["failing_nodes"][0]["checks"] == ["gpu.count"]
 
 
 def test_sbatch_recipe_does_not_resubmit_a_resubmitted_job(site: dict) -> None:
@@ -104,17 +114,26 @@ def test_sbatch_recipe_does_not_resubmit_a_resubmitted_job(site: dict) -> None:
 
 
 def test_torchrun_wrapper_runs_the_command_on_every_rank(site: dict) -> None:
-    env = site["env"] | {"NPROC_PER_NODE": "2", "PREFLIGHT_BUDGET": "60",
+    """Checks past the budget are skipped (no --strict): a pass, and the processes
+    torchrun started become the command (its children, same pids), with no variable of
+    gpucheck's own."""
+    env = site["env"] | {"NPROC_PER_NODE": "2", "PREFLIGHT_BUDGET": PASS_BUDGET,
                          "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}
-    done = subprocess.run([str(RECIPES / "torchrun-preflight.sh"), "python",
-                           str(REPO / "tests" / "preflight_train.py")], cwd=site["dir"],
-                          env=env, capture_output=True, text=True, timeout=RUN_S)
-    assert done.returncode == 0, done.stderr[-3000:]
-    # Ranks under torchrun share one pipe: two TRAIN writes may land on one line.
-    decoder = json.JSONDecoder()
-    sums = sorted(decoder.raw_decode(done.stdout, match.end())[0]["sum"]
-                  for match in re.finditer(r"TRAIN (?=\{)", done.stdout))
-    assert sums == [3.0, 3.0]
+    env = {k: v for k, v in env.items()
+           if not k.startswith("GPUCHECK_") or k in SUITE_SETTINGS}
+    proc = subprocess.Popen([str(RECIPES / "torchrun-preflight.sh"), "python",
+                             str(REPO / "tests" / "preflight_train.py")], cwd=site["dir"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    with tracked([proc]) as seen:
+        stdout, stderr = proc.communicate(timeout=RUN_S)
+        assert wait_gone(seen) == []
+    assert proc.returncode == 0, stderr[-3000:]
+    trained = _trained(stdout)
+    assert [(r["rank"], r["sum"], r["ppid"]) for r in trained] == [
+        (0, 3.0, proc.pid), (1, 3.0, proc.pid)]
+    assert all(set(r["gpucheck_vars"]) <= set(SUITE_SETTINGS)
+               and r["nccl_blocking_wait"] is None for r in trained)
     assert (site["dir"] / "preflight-exclude.txt").read_text() == ""
 
 
@@ -135,9 +154,11 @@ def test_post_repair_gate_keeps_a_gpu_node_on_cpu_ranks_drained(site: dict,
     slurm.conf gives the node (a dead GPU may not even show on the bus)."""
     from health_fakes import gpu_node_sysfs
 
-    env = {**site["env"], "GPUCHECK_SYSFS": str(gpu_node_sysfs(site["dir"] / "sys"))} \
-        if told_by == "pci_bus" else \
-        {**site["env"], "FAKE_NODE": "   Gres=gpu:h100:8(S:0-1) NodeAddr=gpu-7"}
+    # The NVML check's 2 s and a second to spare: the checks after it do not fit (the
+    # GEMM's 2.2 s may), and under --strict each is a FAIL (preflight.budget) too.
+    env = {**site["env"], "PREFLIGHT_BUDGET": "3"}
+    env |= {"GPUCHECK_SYSFS": str(gpu_node_sysfs(site["dir"] / "sys"))} \
+        if told_by == "pci_bus" else {"FAKE_NODE": "   Gres=gpu:h100:8(S:0-1) NodeAddr=gpu-7"}
     done = subprocess.run(["sh", str(RECIPES / "post-repair-gate.sh"),
                            str(site["dir"] / "reports")], env=env,
                           capture_output=True, text=True, timeout=RUN_S)
@@ -146,7 +167,7 @@ def test_post_repair_gate_keeps_a_gpu_node_on_cpu_ranks_drained(site: dict,
     (report,) = (site["dir"] / "reports").glob("repair-*.json")
     failed = {f["check"] for s in json.loads(report.read_text())["sections"]
               for f in s["findings"] if f["status"] == "FAIL"}
-    assert "gpu.count" in failed
+    assert {"gpu.count", "preflight.budget"} <= failed
 
 
 def _gpucheck_args(command: list[str]) -> list[str]:

@@ -10,6 +10,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from test_preflight_gaps import result_of
 
 from gpucheck import cli
 from gpucheck.comm.internode import round_schedule
@@ -80,13 +81,7 @@ def test_the_slow_node_is_condemned_only_when_slow_again_beside_a_known_good_one
 
 
 def _result(checks: dict, strict: bool = False, stress: dict | None = None) -> dict:
-    ranks = [{"rank": r, "node_rank": 0, "host": "gpu-a", "device": f"cuda:{r}",
-              "local_rank": r} for r in (0, 1)] + \
-            [{"rank": r, "node_rank": 1, "host": "gpu-b", "device": f"cuda:{r - 2}",
-              "local_rank": r - 2} for r in (2, 3)]
-    return {"world_size": 4, "device": "cuda", "backend": "nccl", "budget_s": 60,
-            "ranks": ranks, "checks": checks, "strict": strict, "stress": stress,
-            "fractions": {"peer": 0.9, "expected": 0.8, "link": 0.5}}
+    return result_of(checks, nodes=2, strict=strict, stress=stress)
 
 
 def _sdc(wrong_rank: int | None) -> dict:
@@ -179,14 +174,6 @@ def test_drain_only_prints_the_command_otherwise(recording_scontrol: Path, devic
     assert done is not None and not done["ran"]
     assert done["command"].startswith("scontrol update NodeName=gpu-b State=DRAIN")
     assert not recording_scontrol.exists()
-
-
-def test_a_warn_fails_no_node_so_nothing_is_drained() -> None:
-    from gpucheck.preflight.verdict import failing_nodes
-
-    assert failing_nodes([]) == []
-    assert actions.drain_node(actions.my_failing_node([], "gpu-b", 1), "cuda", True,
-                              True) is None
 
 
 def test_a_command_not_on_path_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
