@@ -51,7 +51,6 @@ class Deadline:
     """An instant on the monotonic clock, and how long until it."""
 
     def __init__(self, budget_s: float, start: float | None = None) -> None:
-        self.budget_s = budget_s
         self.start = time.monotonic() if start is None else start
         self.at = self.start + budget_s
 
