@@ -27,17 +27,7 @@ READY_TIMEOUT_S = 120.0
 class Job:
     procs: list[subprocess.Popen[str]]  # the ranks, or torchrun alone
     lines: queue.Queue[str] = field(default_factory=queue.Queue)
-    workers: list[int] = field(default_factory=list)  # rank PIDs, by rank
-
-    @property
-    def pids(self) -> list[int]:
-        return self.workers
-
-
-def _pump(proc: subprocess.Popen[str], lines: queue.Queue[str]) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.put(line.strip())
+    pids: list[int] = field(default_factory=list)  # rank PIDs, by rank
 
 
 def wait_for(job: Job, word: str, count: int, timeout_s: float = READY_TIMEOUT_S) -> None:
@@ -63,31 +53,29 @@ def _rank_env(rank: int, nodes: list[int], port: int, extra: dict[str, str]) -> 
                      **extra)
 
 
-def _popen(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-
-
 @contextlib.contextmanager
 def hang_job(mode: str, odd: int = 2, n: int = 3, torchrun: bool = False,
              nodes: list[int] | None = None, **extra: str) -> Iterator[Job]:
     """A running job, every rank ready; killed (SIGKILL, every process) on exit.
     `nodes`: the "node" of each rank (all on this machine; default: one node)."""
     job = Job([])
+    port = free_port()
+    if torchrun:
+        runs = [([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                  "--nproc-per-node", str(n), str(JOBS), mode, str(odd)], clean_env(**extra))]
+    else:
+        runs = [([sys.executable, str(JOBS), mode, str(odd)],
+                 _rank_env(r, nodes or [0] * n, port, extra)) for r in range(n)]
     try:
-        if torchrun:
-            args = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc-per-node", str(n), str(JOBS), mode, str(odd)]
-            job.procs.append(_popen(args, clean_env(**extra)))
-        else:
-            port = free_port()
-            job.procs.extend(_popen([sys.executable, str(JOBS), mode, str(odd)],
-                                    _rank_env(r, nodes or [0] * n, port, extra))
-                             for r in range(n))
-        for proc in job.procs:
-            threading.Thread(target=_pump, args=(proc, job.lines), daemon=True).start()
+        for args, env in runs:
+            proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            job.procs.append(proc)
+            threading.Thread(target=lambda p=proc: [job.lines.put(line.strip())
+                                                    for line in p.stdout or []],
+                             daemon=True).start()
         wait_for(job, "ready", n)
-        job.workers = _workers(job, torchrun)
+        job.pids = _workers(job, torchrun)
         yield job
     finally:
         _kill(job)
@@ -107,7 +95,7 @@ def _workers(job: Job, torchrun: bool) -> list[int]:
 
 def _kill(job: Job) -> None:
     """Every process of the job: the ranks' sessions, torchrun's workers, then reap."""
-    pids = set(job.workers)
+    pids = set(job.pids)
     for proc in job.procs:
         with contextlib.suppress(psutil.Error):
             pids.update(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
