@@ -23,7 +23,7 @@ D_STATE = "disk-sleep"
 class Culprit:
     rank: int
     host: str
-    what: str  # "stopped", "dead", ...: stable words for the data table
+    what: str  # the check's last word: "stopped", "dead", "d_state", ...
     detail: str  # one sentence
 
 
@@ -44,20 +44,20 @@ def describe(view: RankView, waited: Site | None) -> tuple[str, str]:
         return "stopped", (f"stopped (state {view.state}: SIGSTOP, Ctrl-Z or a debugger) "
                            f"{at}")
     if view.state == D_STATE and view.state_start == D_STATE:
-        return "d-state", ("in uninterruptible sleep (D state) for the whole window: a "
+        return "d_state", ("in uninterruptible sleep (D state) for the whole window: a "
                            f"driver or file-system call that does not return {at}")
     if site is None:
         return "unreadable", ("not in the collective; its stack could not be read "
                               f"({view.stack_error})")
     if site.kind == "collective" and waited is not None and site != waited:
-        return "other-collective", (f"in a different collective: {site.op} called from "
+        return "desync", (f"in a different collective: {site.op} called from "
                                     f"{site.where}, while the others wait in {waited.op} "
                                     f"called from {waited.where}")
     cpu = f"{view.cpu_pct:.0f} % CPU" if view.cpu_pct is not None else "CPU n/a"
     gpu = view.gpu or {}
     if gpu.get("gpu_sm_util_pct") is not None:
         cpu += f"; its GPU {gpu['gpu']} at {gpu['gpu_sm_util_pct']:.0f} % SM utilisation"
-    return "user-code", (f"stuck in user code: {site.where} ({cpu}) "
+    return "user_code", (f"stuck in user code: {site.where} ({cpu}) "
                          "and never entered the collective")
 
 
@@ -93,7 +93,7 @@ def gpu_waiting(views: list[RankView]) -> list[Culprit]:
         detail = (f"idle on its GPU ({util:.0f} % SM) {view.where.describe()}, while "
                   f"{count} ranks' GPUs are busy (an NCCL kernel waiting for a peer) with "
                   f"their Python at {site.where}")
-        named.append(Culprit(view.rank, view.host, "user-code", detail))
+        named.append(Culprit(view.rank, view.host, "user_code", detail))
     return named
 
 
@@ -111,7 +111,7 @@ def culprits(views: list[RankView]) -> tuple[Site | None, list[Culprit]]:
             continue
         what, detail = describe(view, site)
         # Seen inside the waited collective during the window: arriving, not stuck.
-        if what == "user-code" and site is not None and any(
+        if what == "user_code" and site is not None and any(
                 Site(**seen) == site for seen in view.collectives_seen):
             continue
         # Dead or stopped stops the job anyway; a D state (often a short I/O wait) is
@@ -123,12 +123,8 @@ def culprits(views: list[RankView]) -> tuple[Site | None, list[Culprit]]:
 
 def stuck_anyway(views: list[RankView]) -> list[Culprit]:
     """Dead and stopped ranks: named whatever the others do."""
-    named = []
-    for view in views:
-        what, detail = describe(view, None)
-        if what in ("dead", "stopped"):
-            named.append(Culprit(view.rank, view.host, what, detail))
-    return named
+    found = (Culprit(view.rank, view.host, *describe(view, None)) for view in views)
+    return [c for c in found if c.what in ("dead", "stopped")]
 
 
 ARM = ("export TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/$JOB/rank_ "
@@ -138,17 +134,15 @@ _HINTS = {
             "must be restarted: the others will wait until their timeout",
     "stopped": "resume it (kill -CONT PID) or detach the debugger; a stop you did not "
                "ask for: look for a job-control or checkpoint tool",
-    "d-state": "a driver or file-system call that never returns: dmesg for Xid or I/O "
+    "d_state": "a driver or file-system call that never returns: dmesg for Xid or I/O "
                "errors, the kernel stack in /proc/PID/stack; the node needs a look",
-    "other-collective": "the ranks call collectives in different orders: a branch on "
+    "desync": "the ranks call collectives in different orders: a branch on "
                         "the rank or on data; fix the program (TORCH_DISTRIBUTED_DEBUG="
                         "DETAIL checks collective order on every call)",
-    "user-code": "the rank never reaches the collective: read its code at that line "
+    "user_code": "the rank never reaches the collective: read its code at that line "
                  "(a loop, a lock, I/O or a data loader that does not return)",
     "unreadable": "its stack could not be read: " + PTRACE_CAPABILITY,
 }
-_CHECK = {"dead": "dead", "stopped": "stopped", "d-state": "d_state",
-          "other-collective": "desync", "user-code": "user_code", "unreadable": "unreadable"}
 
 
 def culprit_finding(culprit: Culprit, view: RankView, multi_node: bool = False,
@@ -158,7 +152,7 @@ def culprit_finding(culprit: Culprit, view: RankView, multi_node: bool = False,
     of_job = f" of job {job}" if job else ""
     subject = subjects.rank(view.rank, f"rank {view.rank}{of_job} on {where}",
                             host=view.host, node=view.node_rank if multi_node else None)
-    return fail(f"hang.rank.{_CHECK[culprit.what]}", f"{label(view)} {culprit.detail}",
+    return fail(f"hang.rank.{culprit.what}", f"{label(view)} {culprit.detail}",
                 hint=_HINTS[culprit.what], subject=subject)
 
 
