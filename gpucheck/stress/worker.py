@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from gpucheck.confirm import remeasure
@@ -49,17 +49,25 @@ def stress_worker(run: RunContext, spec: StressSpec) -> dict[str, Any] | None:
     """Run every phase on this rank; rank 0 returns the gathered results."""
     with process_group(spec.backend, spec.device, spec.timeout_s,
                        fault_watch=spec.fault_watch, ctx=run) as world:
-        ctx = _context(spec, world, run)
-        result = _initial_result(ctx)
-        with watch_faults(faultwatch.of(run), result), \
-                progress.bar(run, "stress", len(PHASES), "phase") as shown:
-            for name, phase in _phases():
+        ctx, result = open_phases(spec, world, run)
+        # What the terminal shows during a phase: the burn-in says how long it lasts.
+        texts = {"membw": "membw (device memory bandwidth)",
+                 "sdc": f"sdc burn-in, {spec.duration_s:g} s of {spec.dtypes[0]} products",
+                 "copies": "copies (host<->device)", "p2p": "p2p (peer copies)"}
+        faults = faultwatch.of(run)
+        # The measured phases are the fault watch's timed window; every rank's result is
+        # gathered after them (a failed phase skips the gather: rank 0's own result
+        # reaches the failure report through its partial results).
+        faults.mark_start()
+        with progress.bar(run, "stress", len(PHASES), "phase") as shown:
+            for name in PHASES:
                 progress.set_step(run, name)
-                shown.describe(_phase_text(name, spec))
-                phase(ctx, result)
-                result["phases_done"].append(name)
+                shown.describe(texts.get(name, name))
+                run_phase(name, ctx, result)
                 shown.advance()
                 publish(ctx, result)
+        faults.mark_end()
+        result["faults"] = faults.gather()
         result["complete"] = True
         progress.set_step(run, None)
         publish(ctx, result)
@@ -70,54 +78,37 @@ def open_phases(spec: StressSpec, world: World,
                 run: RunContext) -> tuple[RankContext, dict[str, Any]]:
     """This rank's context and the result its phases fill, inside `process_group`: for
     commands that compose stress's phases (`gpucheck preflight`) with `run_phase`."""
-    ctx = _context(spec, world, run)
-    return ctx, _initial_result(ctx)
-
-
-def run_phase(name: str, ctx: RankContext, result: dict[str, Any]) -> None:
-    """One phase by name ("gemm", "membw", "sdc", ...), as `stress_worker` runs it."""
-    dict(_phases())[name](ctx, result)
-    result["phases_done"].append(name)
-
-
-def _phase_text(name: str, spec: StressSpec) -> str:
-    """What the terminal shows during a phase: the burn-in says how long it lasts."""
-    texts = {"membw": "membw (device memory bandwidth)",
-             "sdc": f"sdc burn-in, {spec.duration_s:g} s of {spec.dtypes[0]} products",
-             "copies": "copies (host<->device)", "p2p": "p2p (peer copies)"}
-    return texts.get(name, name)
-
-
-@contextlib.contextmanager
-def watch_faults(faults: faultwatch.RankFaults, result: dict[str, Any]) -> Iterator[None]:
-    """The measured phases are the fault watch's timed window; every rank's result is
-    gathered after them (a failed phase skips the gather: rank 0's own result reaches
-    the failure report through its partial results)."""
-    faults.mark_start()
-    yield
-    faults.mark_end()
-    result["faults"] = faults.gather()
-
-
-def _phases() -> list[tuple[str, Phase]]:
-    return [("gemm", _gemm), ("membw", _membw), ("sdc", _sdc), ("copies", copies_phase),
-            ("p2p", p2p_phase)]
-
-
-def _context(spec: StressSpec, world: World, run: RunContext) -> RankContext:
     import torch
 
     gpu = gpu_identity(run) if spec.device == "cuda" else None
     device = torch.device("cuda", world.cuda_index) if spec.device == "cuda" else \
         torch.device("cpu")
-    return RankContext(spec, world, device, gpu.pci_bus_id if gpu else None, run)
+    ctx = RankContext(spec, world, device, gpu.pci_bus_id if gpu else None, run)
+    return ctx, _initial_result(ctx)
+
+
+def run_phase(name: str, ctx: RankContext, result: dict[str, Any]) -> None:
+    """One phase by name ("gemm", "membw", "sdc", ...), as `stress_worker` runs it."""
+    phases: dict[str, Phase] = {"gemm": _gemm, "membw": _membw, "sdc": _sdc,
+                                "copies": copies_phase, "p2p": p2p_phase}
+    phases[name](ctx, result)
+    result["phases_done"].append(name)
 
 
 def _initial_result(ctx: RankContext) -> dict[str, Any]:
     """Place the rank on its GPU's NUMA node, then the roll of ranks with placements."""
+    import torch
+
     spec = ctx.spec
     placement = _place(ctx)
-    rows, _ = read_all(PlacementRow, gather(ctx, as_dict(_rank_row(ctx, placement))),
+    gpu = gpu_identity(ctx.run) if spec.device == "cuda" else None
+    row = PlacementRow(rank=ctx.world.rank, gpu=gpu.label() if gpu else None,
+                       gpu_name=gpu.name if gpu else None, cpus=cpulist(placement.cpus),
+                       numa_node=placement.numa_node,
+                       gpu_cpus=cpulist(placement.gpu_cpus) or None,
+                       on_gpu_numa_node=placement.on_gpu_node, pinned=placement.pinned,
+                       threads=torch.get_num_threads(), group=_kernel_group(ctx))
+    rows, _ = read_all(PlacementRow, gather(ctx, as_dict(row)),
                        "placement row")  # one that does not read: its check-in alone
     mine = {row.rank: as_dict(row) for row in rows}
     ranks = [as_dict(info) | mine.get(info.rank, {}) for info in roster(ctx.run)]
@@ -141,18 +132,6 @@ def _place(ctx: RankContext) -> Placement:
     allowed = tuple(sorted(os.sched_getaffinity(0)))
     torch.set_num_threads(max(1, len(allowed) // ctx.world.local_world_size))
     return Placement(None, (), allowed, None, False)
-
-
-def _rank_row(ctx: RankContext, placement: Placement) -> PlacementRow:
-    import torch
-
-    gpu = gpu_identity(ctx.run) if ctx.spec.device == "cuda" else None
-    return PlacementRow(rank=ctx.world.rank, gpu=gpu.label() if gpu else None,
-                        gpu_name=gpu.name if gpu else None,
-                        cpus=cpulist(placement.cpus), numa_node=placement.numa_node,
-                        gpu_cpus=cpulist(placement.gpu_cpus) or None,
-                        on_gpu_numa_node=placement.on_gpu_node, pinned=placement.pinned,
-                        threads=torch.get_num_threads(), group=_kernel_group(ctx))
 
 
 def _kernel_group(ctx: RankContext) -> str:
