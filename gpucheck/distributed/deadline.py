@@ -222,7 +222,13 @@ def arm(command: str, environ: MutableMapping[str, str] | None = None) -> str | 
         print(f"gpucheck {command}: no Flight Recorder dumps for this run: {exc}",
               file=sys.stderr)
         return None
-    prefix = os.path.join(folder, f"{command}_{_job_id(env)}_rank_")
+    # The same on every rank of one job: one prefix gathers the job's dumps.
+    if "SLURM_JOB_ID" in env:
+        job = f"slurm{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
+    else:
+        run_id = env.get("TORCHELASTIC_RUN_ID") or env.get("MASTER_PORT")
+        job = "".join(c for c in run_id if c.isalnum()) if run_id else str(os.getpid())
+    prefix = os.path.join(folder, f"{command}_{job}_rank_")
     env.setdefault("TORCH_FR_BUFFER_SIZE", env.get("TORCH_NCCL_TRACE_BUFFER_SIZE",
                                                    BUFFER_ENTRIES))
     env["TORCH_FR_DUMP_TEMP_FILE"] = prefix
@@ -241,14 +247,6 @@ def armed(command: str) -> Iterator[str | None]:
                 os.environ[name] = saved[name]
             else:
                 os.environ.pop(name, None)
-
-
-def _job_id(env: MutableMapping[str, str]) -> str:
-    """The same on every rank of one job: one prefix gathers the job's dumps."""
-    if "SLURM_JOB_ID" in env:
-        return f"slurm{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
-    run_id = env.get("TORCHELASTIC_RUN_ID") or env.get("MASTER_PORT")
-    return "".join(c for c in run_id if c.isalnum()) if run_id else str(os.getpid())
 
 
 def dump_prefix(environ: MutableMapping[str, str] | None = None) -> str | None:

@@ -104,19 +104,39 @@ def launch_local(
         # Less SIGHUP under nohup: the agent would stop every rank on a hangup.
         signals_to_handle=",".join(s.name for s in _AGENT_SIGNALS if not hangup_ignored(s)),
     )
-    _quiet_elastic_logs()
+    # The agent's config and signal logs: gpucheck says both itself. Every existing
+    # logger too: torch's `get_logger` gives each module its own level.
+    quiet = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+    for name in (*quiet, *(n for n in logging.Logger.manager.loggerDict if n.startswith(quiet))):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     handlers = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
     try:
         with _ranks_start_deaf_to_ctrl_c():
             by_rank: dict[int, Any] = elastic_launch(config, rank_main)(entrypoint, *args)
             return by_rank
     except ChildFailedError as exc:
-        raise WorkersFailed(_failures(exc)) from None
+        failures = []
+        for rank, failure in sorted(exc.failures.items()):
+            message = failure.message
+            while isinstance(message, dict):  # the error file written by @record
+                message = message.get("message", "")
+            lines = [line.strip() for line in str(message or "").splitlines() if line.strip()]
+            failures.append(RankFailure(
+                rank, failure.local_rank, failure.exitcode,
+                failure.signal_name() if failure.exitcode < 0 else None,
+                lines[-1] if lines else "no error message"))
+        raise WorkersFailed(failures) from None
     except SignalException as exc:
         # The agent has stopped every worker: the command keeps what was measured.
         raise Interrupted(exc.sigval) from None
     finally:
-        _restore(handlers)
+        # Give back the handlers the agent replaced and never restores (its
+        # SignalException outside the agent would end in a traceback); it registers
+        # none off the main thread.
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
 
 
 def _launch_config(config_type: Any, **settings: Any) -> Any:
@@ -182,46 +202,3 @@ def quiet_resource_tracker() -> None:
 
 def _exit_at_once(signum: int, frame: object) -> None:
     os._exit(128 + signum)
-
-
-def _restore(handlers: dict[signal.Signals, Any]) -> None:
-    """Give back the handlers the agent replaced and never restores (its SignalException
-    outside the agent would end in a traceback)."""
-    if threading.current_thread() is not threading.main_thread():
-        return  # the agent registers none off the main thread
-    for sig, handler in handlers.items():
-        if handler is not None:
-            signal.signal(sig, handler)
-
-
-def _failures(exc: Any) -> list[RankFailure]:
-    failures = []
-    for rank, failure in sorted(exc.failures.items()):
-        message = failure.message
-        while isinstance(message, dict):  # the error file written by @record
-            message = message.get("message", "")
-        failures.append(RankFailure(
-            rank=rank,
-            local_rank=failure.local_rank,
-            exitcode=failure.exitcode,
-            signal=failure.signal_name() if failure.exitcode < 0 else None,
-            message=_first_line(str(message or "")) or "no error message",
-        ))
-    return failures
-
-
-def _first_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else ""
-
-
-_QUIET_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher",
-                  "torch.multiprocessing")
-
-
-def _quiet_elastic_logs() -> None:
-    """Silence the agent's config and signal logs (gpucheck says both itself); every
-    existing logger too, as torch's `get_logger` gives each module its own level."""
-    names = [n for n in logging.Logger.manager.loggerDict if n.startswith(_QUIET_LOGGERS)]
-    for name in (*_QUIET_LOGGERS, *names):
-        logging.getLogger(name).setLevel(logging.CRITICAL)

@@ -116,22 +116,15 @@ def _off_node(rank: Mapping[str, Any]) -> Finding:
                 f"rank {rank['rank']} ({device_label(rank)})"))
 
 
-def _odd_nodes(values: Mapping[NodeId, str]) -> tuple[str, list[NodeId]]:
-    """(the usual value, nodes that differ): most common, ties to the lowest node's."""
-    counts = Counter(values.values())
-    best = max(counts.values())
-    usual = next(v for n, v in sorted(values.items()) if counts[v] == best)
-    return usual, [n for n, v in sorted(values.items()) if v != usual]
-
-
 def diff_findings(facts: Mapping[NodeId, Mapping[str, str]]) -> list[Finding]:
     """One WARN per fact and odd node; an OK when every node agrees."""
     keys = sorted({k for f in facts.values() for k in f})
     findings = []
     for key in keys:
         values = {node: f.get(key, "unset") for node, f in facts.items()}
-        usual, odd = _odd_nodes(values)
-        for node in odd:
+        counts = Counter(values.values())  # the usual value: most common, ties to the lowest
+        usual = next(v for n, v in sorted(values.items()) if counts[v] == max(counts.values()))
+        for node in (n for n, v in sorted(values.items()) if v != usual):
             what = f"environment variable {key}" if key.startswith("$") else key
             findings.append(warn(
                 "env.nodes.differ", f"{node.label}: {what} is {values[node]!r}, "
@@ -156,17 +149,12 @@ def merge_node_reports(reports: Mapping[NodeId, Mapping[str, Any]]) -> Report:
             section = Section.from_dict(raw)
             section.name = f"node{node.node_rank}.{section.name}"
             section.title = f"{node.label}: {section.title}"
-            section.findings = [_on_node(f, node) for f in section.findings]
+            # Each finding's subject gets its node; its action is kept, not resolved again.
+            section.findings = [dataclasses.replace(f, subject=f.subject.on_node(
+                node.node_rank, f"{node.label} {f.subject}", node.host) if f.subject
+                else node.subject()) for f in section.findings]
             merged.add(section)
     return merged
-
-
-def _on_node(finding: Finding, node: NodeId) -> Finding:
-    """The finding with its node in the subject; its action (set by the probe or
-    resolved at birth) is kept, not resolved again."""
-    subject = (finding.subject.on_node(node.node_rank, f"{node.label} {finding.subject}",
-                                       node.host) if finding.subject else node.subject())
-    return dataclasses.replace(finding, subject=subject)
 
 
 def gather_env_reports(build: Callable[[], Report], ctx: RunContext) -> Report | None:

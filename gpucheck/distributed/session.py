@@ -202,7 +202,12 @@ def process_group(backend: str, device: str, timeout_s: float, fault_watch: bool
     finally:
         ctx.session.objects = None
         faults.close()
-        _leave_after_failure(ctx, backend, world)
+        # Leave a failed group where that cannot hang (gloo, one rank), so this process
+        # can run again; an aborted or multi-rank NCCL group is left to process exit.
+        if dist.is_initialized() and not ctx.session.aborted and (
+                world.world_size == 1 or backend == "gloo"):
+            with contextlib.suppress(Exception):  # it may be broken; the failure is said
+                dist.destroy_process_group()
 
 
 def _check_in(backend: str, device: str, timeout_s: float, world: World,
@@ -238,18 +243,6 @@ def _check_in(backend: str, device: str, timeout_s: float, world: World,
     return world, store
 
 
-def _leave_after_failure(ctx: RunContext, backend: str, world: World) -> None:
-    """Leave a failed group where that cannot hang (gloo, one rank), so this process can
-    run again; an aborted or multi-rank NCCL group is left to process exit."""
-    import torch.distributed as dist
-
-    if dist.is_initialized() and not ctx.session.aborted and (
-            world.world_size == 1 or backend == "gloo"):
-        # The group may be broken already; the failure itself is being reported.
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
-
-
 def _say(ctx: RunContext, rank: int, text: str) -> None:
     print(f"gpucheck rank {rank}: {text}", file=ctx.console.stderr, flush=True)
 
@@ -272,7 +265,15 @@ def _after_failure(ctx: RunContext, store: Any, world: World, timeout_s: float,
         except Exception as store_exc:  # the store's host may be the one that hangs
             missing = [0] if world.rank else []
             cause += f"; the job's store did not answer either ({first_line(str(store_exc))})"
-    aborted = _abort(ctx, world.rank) if backend == "nccl" else None
+    aborted = None
+    if backend == "nccl":  # from now on this process leaves through os._exit
+        import torch.distributed as dist
+
+        why_not = deadline.abort_groups(dist)
+        ctx.session.aborted = True
+        aborted = "done" if why_not is None else f"SKIP: {why_not}"
+        if why_not is not None:
+            _say(ctx, world.rank, aborted)
     if world.world_size == 1:
         return None
     _end_silent_siblings(ctx, missing)
@@ -284,19 +285,6 @@ def _after_failure(ctx: RunContext, store: Any, world: World, timeout_s: float,
         "nccl_abort": aborted,
         "nccl_settings": dict(ctx.session.backstop) if aborted else None})
     return [error]
-
-
-def _abort(ctx: RunContext, rank: int) -> str:
-    """Abort this process's NCCL groups (it then leaves through os._exit): "done", or
-    the SKIP said on stderr."""
-    import torch.distributed as dist
-
-    why_not = deadline.abort_groups(dist)
-    ctx.session.aborted = True
-    if why_not is None:
-        return "done"
-    _say(ctx, rank, f"SKIP: {why_not}")
-    return f"SKIP: {why_not}"
 
 
 def _end_silent_siblings(ctx: RunContext, missing: list[int]) -> None:
