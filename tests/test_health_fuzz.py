@@ -1,10 +1,6 @@
-"""Property test (hypothesis): no state file makes `gpucheck health` raise.
-
-Random JSON as the whole file, a good state with one part replaced by any JSON value,
-and raw bytes: each run gives a report (at most one `health.state` WARN), and writes a
-state the next run reads without a warning. Example counts are small and there is no
-deadline, so the file runs in seconds in CI.
-"""
+"""Property test (hypothesis): no state file makes `gpucheck health` raise. Random JSON
+as the whole file, a good state with one part replaced by any JSON value, and raw bytes:
+each run gives a report, at most one `health.state` finding, the same on the next run."""
 
 from __future__ import annotations
 
@@ -18,10 +14,9 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpucheck.health.run import HealthOptions, collect_health_report
 from gpucheck.health.state import STATE_FILE
 from tests.fake_pynvml import FakeGpu, FakeNvml
-from tests.health_fakes import add_port, write_log, xid_line
+from tests.health_fakes import add_port, reboot, run_health, write_log, xid_line
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -71,12 +66,6 @@ CONTENTS = st.one_of(JSON.map(_file), st.binary(max_size=64),
                          lambda p: _file(_replaced(*p))))
 
 
-def _health(root: Path) -> Any:
-    options = HealthOptions(budget_s=20, kernel_log=str(root / "dmesg.txt"), sysfs=root / "sys",
-                            proc=root / "proc", state_dir=root / "state")
-    return collect_health_report(options)
-
-
 @FUZZ
 @given(content=CONTENTS)
 def test_no_state_file_makes_health_raise(content):
@@ -85,14 +74,12 @@ def test_no_state_file_makes_health_raise(content):
                                                                {"pynvml": fake.module}):
         root = Path(tmp)
         add_port(root / "sys", "mlx5_0")
-        boot = root / "proc/sys/kernel/random/boot_id"
-        boot.parent.mkdir(parents=True)
-        boot.write_text("boot-1\n")
+        reboot(root, "boot-1")
         write_log(root / "dmesg.txt", [xid_line(1.0, "0000:18:00", 48, "DBE")])
         (root / "state").mkdir()
         (root / "state" / STATE_FILE).write_bytes(content)
-        report = _health(root)
+        report = run_health(root)
         unread = [f for f in report.findings if f.check == "health.state"]
         assert len(unread) <= 1
-        again = _health(root)  # one that could not be read holds until cleared
+        again = run_health(root)  # one that could not be read holds until cleared
         assert len([f for f in again.findings if f.check == "health.state"]) == len(unread)
