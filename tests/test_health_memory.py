@@ -48,11 +48,6 @@ def test_a_fault_needing_a_reset_stays_reported_on_later_clean_runs(node, action
         assert later.verdict() is Status.FAIL
 
 
-def test_a_restart_app_xid_is_reported_once(node):
-    assert _xid_problems(_run(node, [PUSH])) == [("WARN", "restart-app")]
-    assert _xid_problems(_run(node, [PUSH])) == []
-
-
 def test_a_reboot_clears_a_reset_fault_but_not_a_part_to_replace(node):
     _run(node, [DBE, REMAP])
     reboot(node, "boot-2")
