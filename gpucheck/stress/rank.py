@@ -4,6 +4,7 @@ of parked ranks, and where the rank's GPU sits (NUMA node, PCIe link) with pinni
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 from collections.abc import Callable, Sequence
@@ -156,15 +157,11 @@ class Placement:
     pinned: bool  # gpucheck narrowed the rank's CPUs to the GPU's node
 
 
-def lane_gbps(speed_gts: float) -> float | None:
-    return LANE_GBPS.get(float(speed_gts))
-
-
 def link_rate_gbps(speed_gts: float | None, width: int | None) -> float | None:
     """Usable one-direction GB/s of `width` lanes at `speed_gts`; None when unknown."""
     if not speed_gts or not width:
         return None
-    lane = lane_gbps(speed_gts)
+    lane = LANE_GBPS.get(float(speed_gts))
     return lane * width if lane is not None else None
 
 
@@ -176,20 +173,16 @@ def parse_speed(text: str | None) -> float | None:
         return None
 
 
-def parse_width(text: str | None) -> int | None:
-    try:
-        width = int((text or "").strip())
-    except ValueError:
-        return None
-    return width if width > 0 else None
-
-
 def read_link(bus_id: str, root: Path = SYSFS) -> PcieLink:
     folder = pci_dir(bus_id, root)
+    widths = []
+    for name in ("current_link_width", "max_link_width"):
+        text = (read_value(folder / name) or "").strip()
+        widths.append(int(text) if text.isdigit() and int(text) > 0 else None)
     return PcieLink(speed_gts=parse_speed(read_value(folder / "current_link_speed")),
-                    width=parse_width(read_value(folder / "current_link_width")),
+                    width=widths[0],
                     max_speed_gts=parse_speed(read_value(folder / "max_link_speed")),
-                    max_width=parse_width(read_value(folder / "max_link_width")))
+                    max_width=widths[1])
 
 
 def plan_placement(bus_id: str | None, allowed: tuple[int, ...], pin: bool,
@@ -216,18 +209,13 @@ def place_this_rank(bus_id: str | None, pin: bool, root: Path = SYSFS) -> Placem
     placement, target = plan_placement(bus_id, allowed, pin, root)
     if target is not None:
         try:
-            _pin_every_thread(target)
+            # Every thread that exists already, and this one, whose new threads inherit it.
+            for tid in os.listdir("/proc/self/task"):
+                with contextlib.suppress(ProcessLookupError, ValueError):  # a thread ended
+                    os.sched_setaffinity(int(tid), target)
+            os.sched_setaffinity(0, target)
         except OSError:  # a cgroup or container may forbid it: report what is true
             on_node = bool(allowed) and set(allowed) <= set(placement.gpu_cpus)
             return Placement(placement.numa_node, placement.gpu_cpus, allowed, on_node, False)
     return placement
 
-
-def _pin_every_thread(cpus: tuple[int, ...]) -> None:
-    """Every thread that exists already, and this one, whose new threads inherit it."""
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except (ProcessLookupError, ValueError):
-            continue  # a thread that ended meanwhile
-    os.sched_setaffinity(0, cpus)
