@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpucheck.cli import main
-from gpucheck.hang.findings import live_findings, ranks_section
+from gpucheck.hang.findings import live_findings
+from gpucheck.hang.live import ranks_section
 from gpucheck.hang.observe import (
     Frame,
     RankView,

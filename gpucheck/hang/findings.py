@@ -1,15 +1,14 @@
-"""The live verdict: which ranks the others wait for, and what they are doing; and
-`gpucheck hang`'s sections (checks and their meanings: docs/hang.md)."""
+"""The live verdict: which ranks the others wait for, and what they are doing (checks
+and their meanings: docs/hang.md)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
 
 from gpucheck import subject as subjects
 from gpucheck.hang.observe import PTRACE_CAPABILITY, RankView, Site
-from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
+from gpucheck.report import Finding, fail, ok, skip, warn
 
 STOPPED = ("stopped", "tracing-stop")
 # NCCL's kernels poll for their peers: near 100 % SM; a rank that launched nothing: 0.
@@ -127,8 +126,6 @@ def stuck_anyway(views: list[RankView]) -> list[Culprit]:
     return [c for c in found if c.what in ("dead", "stopped")]
 
 
-ARM = ("export TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/$JOB/rank_ "
-       "TORCH_NCCL_DUMP_ON_TIMEOUT=1 before the job starts (docs/hang.md, 'Arming a job')")
 _HINTS = {
     "dead": "read this rank's own log for its last error (OOM killer: dmesg); the job "
             "must be restarted: the others will wait until their timeout",
@@ -235,75 +232,3 @@ def _nothing_moved(views: list[RankView], window_s: float, unread_words: str) ->
                 hint="a step longer than the window, or every rank stuck in its own code: "
                      "run again with a longer --window; if nothing moves still, read the "
                      "stacks below (a data loader, a lock, a file system)")
-
-
-def stack_findings(views: list[RankView], job: str | None = None) -> list[Finding]:
-    """One SKIP per watched rank whose stack could not be read."""
-    of_job = f" of job {job}" if job else ""
-    return [skip("hang.stack", f"{label(v)}: {v.stack_error}",
-                 subject=subjects.rank(v.rank, f"rank {v.rank}{of_job}"))
-            for v in views if v.stack_error and v.watched]
-
-
-def rank_rows(views: list[RankView]) -> list[dict[str, Any]]:
-    rows = []
-    for v in views:
-        site = v.where
-        gpu = v.gpu or {}
-        rows.append({
-            "rank": v.rank, "local_rank": v.local_rank, "host": v.host, "pid": v.pid,
-            "state": v.state, "cpu_pct": None if v.cpu_pct is None else round(v.cpu_pct, 1),
-            "gpu": gpu.get("gpu"), "gpu_sm_util_pct": gpu.get("gpu_sm_util_pct"),
-            "gpu_memory_bytes": gpu.get("gpu_memory_bytes"),
-            "where": site.describe() if site else v.stack_error,
-            "pinned": v.pinned, "samples": v.samples,
-        })
-    return rows
-
-
-def ranks_section(job: str, views: list[RankView], window_s: float, multi_node: bool,
-                  notes: list[str], label_job: str | None = None) -> Section:
-    """`label_job` (several jobs seen) puts the job in subjects."""
-    data: dict[str, Any] = {"job": job, "window_s": window_s, "ranks": rank_rows(views),
-                            "stacks": {f"rank {v.rank}": v.stack for v in views if v.stack}}
-    if notes:
-        data["notes"] = notes
-    findings = (live_findings(views, window_s, multi_node, label_job)
-                + stack_findings(views, label_job))
-    return Section("hang", f"Hang check: job {job}", data, findings)
-
-
-def job_row(job: str, views: list[RankView], section: Section | None) -> dict[str, Any]:
-
-    problems = [f for f in (section.findings if section else [])
-                if f.status in (Status.WARN, Status.FAIL)]
-    badge = section.verdict() if section is not None else None
-    verdict = "not watched" if section is None else badge.value if badge else "n/a"
-    return {"job": job, "ranks": len(views), "watched": sum(v.watched for v in views),
-            "nodes": len({v.node_rank for v in views}), "verdict": verdict,
-            "first": problems[0].check if problems else None}
-
-
-def jobs_section(rows: list[dict[str, Any]]) -> Section:
-    unwatched = [r["job"] for r in rows if r["verdict"] == "not watched"]
-    said = f"{len(rows)} jobs seen, each judged on its own (their sections above)"
-    if unwatched:  # a job never looked at is no all-clear
-        finding = skip("hang.jobs", f"{said}; {len(unwatched)} not watched at all (more "
-                       "rank processes than could be watched in time): not judged; give "
-                       "the PIDs of the job to judge, or its launcher's PID")
-    else:
-        finding = ok("hang.jobs", said)
-    return Section("hang", f"Hang check: {len(rows)} jobs", {"jobs": rows}, [finding])
-
-
-def armed(views: list[RankView]) -> Finding:
-    """Whether the job leaves Flight Recorder dumps, from its allowlisted variables."""
-    prefixes = {v.env.get("TORCH_FR_DUMP_TEMP_FILE") or v.env.get(
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE") for v in views}
-    prefixes.discard(None)
-    if prefixes:
-        return ok("hang.traces.armed", "the job is armed: Flight Recorder dumps go to "
-                  f"{', '.join(sorted(p for p in prefixes if p))}<rank>; read them with "
-                  "gpucheck hang --traces DIR")
-    return skip("hang.traces.armed", "no Flight Recorder dumps will be written for this job: "
-                f"next time, {ARM}")

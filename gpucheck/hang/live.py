@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from gpucheck import subject as subjects
 from gpucheck.errors import UsageError
-from gpucheck.hang.findings import armed, job_row, jobs_section, ranks_section
+from gpucheck.hang.findings import label, live_findings
 from gpucheck.hang.observe import RankView, watch
 from gpucheck.hang.procs import (
     Discovery,
@@ -19,7 +20,7 @@ from gpucheck.hang.procs import (
     missing_local_ranks,
     node_capacity,
 )
-from gpucheck.report import Section, skip
+from gpucheck.report import Finding, Section, Status, ok, skip
 
 
 def _dead_by_job(found: Discovery, jobs: list[str], host: str
@@ -175,3 +176,63 @@ def gather_views(pids: Sequence[int], window_s: float, nvml_timeout_s: float,
     if nodes is None:
         return None
     return {node.node_rank: view for node, view in nodes.items()}
+
+
+ARM = ("export TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/$JOB/rank_ "
+       "TORCH_NCCL_DUMP_ON_TIMEOUT=1 before the job starts (docs/hang.md, 'Arming a job')")
+def ranks_section(job: str, views: list[RankView], window_s: float, multi_node: bool,
+                  notes: list[str], label_job: str | None = None) -> Section:
+    """`label_job` (several jobs seen) puts the job in subjects; one SKIP per watched
+    rank whose stack could not be read."""
+    rows = [{"rank": v.rank, "local_rank": v.local_rank, "host": v.host, "pid": v.pid,
+             "state": v.state, "cpu_pct": None if v.cpu_pct is None else round(v.cpu_pct, 1),
+             "gpu": (v.gpu or {}).get("gpu"),
+             "gpu_sm_util_pct": (v.gpu or {}).get("gpu_sm_util_pct"),
+             "gpu_memory_bytes": (v.gpu or {}).get("gpu_memory_bytes"),
+             "where": v.where.describe() if v.where else v.stack_error,
+             "pinned": v.pinned, "samples": v.samples} for v in views]
+    data: dict[str, Any] = {"job": job, "window_s": window_s, "ranks": rows,
+                            "stacks": {f"rank {v.rank}": v.stack for v in views if v.stack}}
+    if notes:
+        data["notes"] = notes
+    of_job = f" of job {label_job}" if label_job else ""
+    unread = [skip("hang.stack", f"{label(v)}: {v.stack_error}",
+                   subject=subjects.rank(v.rank, f"rank {v.rank}{of_job}"))
+              for v in views if v.stack_error and v.watched]
+    return Section("hang", f"Hang check: job {job}", data,
+                   live_findings(views, window_s, multi_node, label_job) + unread)
+
+
+def job_row(job: str, views: list[RankView], section: Section | None) -> dict[str, Any]:
+    problems = [f for f in (section.findings if section else [])
+                if f.status in (Status.WARN, Status.FAIL)]
+    badge = section.verdict() if section is not None else None
+    verdict = "not watched" if section is None else badge.value if badge else "n/a"
+    return {"job": job, "ranks": len(views), "watched": sum(v.watched for v in views),
+            "nodes": len({v.node_rank for v in views}), "verdict": verdict,
+            "first": problems[0].check if problems else None}
+
+
+def jobs_section(rows: list[dict[str, Any]]) -> Section:
+    unwatched = [r["job"] for r in rows if r["verdict"] == "not watched"]
+    said = f"{len(rows)} jobs seen, each judged on its own (their sections above)"
+    if unwatched:  # a job never looked at is no all-clear
+        finding = skip("hang.jobs", f"{said}; {len(unwatched)} not watched at all (more "
+                       "rank processes than could be watched in time): not judged; give "
+                       "the PIDs of the job to judge, or its launcher's PID")
+    else:
+        finding = ok("hang.jobs", said)
+    return Section("hang", f"Hang check: {len(rows)} jobs", {"jobs": rows}, [finding])
+
+
+def armed(views: list[RankView]) -> Finding:
+    """Whether the job leaves Flight Recorder dumps, from its allowlisted variables."""
+    prefixes = {v.env.get("TORCH_FR_DUMP_TEMP_FILE") or v.env.get(
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE") for v in views}
+    prefixes.discard(None)
+    if prefixes:
+        return ok("hang.traces.armed", "the job is armed: Flight Recorder dumps go to "
+                  f"{', '.join(sorted(p for p in prefixes if p))}<rank>; read them with "
+                  "gpucheck hang --traces DIR")
+    return skip("hang.traces.armed", "no Flight Recorder dumps will be written for this job: "
+                f"next time, {ARM}")

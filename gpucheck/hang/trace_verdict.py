@@ -162,7 +162,7 @@ def group_row(v: GroupVerdict) -> dict[str, Any]:
 def traces_section(directory: str, prefix: str | None) -> Section:
     """Raises UsageError when DIR holds no dump torch can read."""
     from gpucheck.errors import UsageError
-    from gpucheck.hang.findings import ARM
+    from gpucheck.hang.live import ARM
 
     files = dump_files(directory, prefix)
     if not files:
