@@ -134,14 +134,3 @@ def test_the_trace_culprit_does_not_depend_on_the_order_of_the_files(
         verdict = judge_group(group, set(shuffled))
         verdicts.add((verdict.diverge_seq, tuple(sorted(verdict.culprits))))
     assert verdicts == {(4, (0,))}
-
-
-def test_a_rank_that_never_reached_the_collective_is_named_from_the_dumps(
-        desync_job: tuple[Job, Path]) -> None:
-    _, folder = desync_job
-    dumps, _ = load(dump_files(str(folder)))
-    dumps[0]["entries"] = dumps[0]["entries"][:-1]  # rank 0 stopped before #4
-    (group,) = groups(dumps)
-    verdict = judge_group(group, set(dumps))
-    assert list(verdict.culprits) == [0]
-    assert "never reached collective #4" in verdict.culprits[0]
