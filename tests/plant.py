@@ -1,4 +1,4 @@
-"""Test faults planted into gpucheck from outside the package (docs/testing.md).
+"""Test faults planted into gpucheck from outside the package (docs/DESIGN.md 2.5).
 
 A `Plant` says which faults a run gets (a slow or wrong rank, a slow pair or node, the
 fake GPU a rank watches, a short hang margin). `planted(plant)` patches gpucheck's own
