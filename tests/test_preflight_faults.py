@@ -20,8 +20,10 @@ from gpucheck.cli import main
 
 def _run(tmp_path: Path) -> tuple[int, dict]:
     out = tmp_path / "report.json"
+    # The fault is delivered at the watch's first poll, however short the run: a budget
+    # that fits the allocation only (the other checks skipped) is enough.
     with planted(WATCH_FAKE):  # the ranks watch the fake GPUs' bus ids
-        code = main(["preflight", "--n-gpus", "2", "--budget", "60", "-q", "-o", str(out)])
+        code = main(["preflight", "--n-gpus", "2", "--budget", "1.5", "-q", "-o", str(out)])
     return code, json.loads(out.read_text())
 
 
