@@ -9,7 +9,6 @@ from typing import Any
 from gpucheck.render.headline import headline_rows
 from gpucheck.render.words import (
     fmt_field,
-    hint_words,
     is_table,
     is_verbatim,
     message_words,
@@ -211,7 +210,7 @@ def finding_lines(finding: Finding, color: bool, width: int = WIDTH) -> list[str
                   _HINT_INDENT, "  ")
     if color:
         lines[0] = lines[0].replace(tag, _paint(tag, finding.status, True), 1)
-    hint = hint_words(finding)
+    hint = finding.hint
     action = f" ({esc(finding.action)})" if finding.action else ""
     if hint:
         lines += _wrap(f"HINT{action}: {esc(hint)}", width, _HINT_INDENT + "  ", _HINT_INDENT)

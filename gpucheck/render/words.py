@@ -45,11 +45,6 @@ def message_words(finding: Finding) -> str:
     return f"{finding.message}; {look_words(finding.look, finding.status.value != 'OK')}"
 
 
-def hint_words(finding: Finding) -> str | None:
-    """The hint a person reads: plain advice (the action is shown on its own)."""
-    return finding.hint
-
-
 def problems(findings: list[Finding]) -> list[Finding]:
     """Every FAIL, then every WARN, each group in report order."""
     found = [f for f in findings if f.status in (Status.FAIL, Status.WARN)]
@@ -61,7 +56,7 @@ def finding_rows(findings: list[Finding], narrow: bool = False) -> list[dict[str
     with_action = not narrow or any(f.action for f in findings)
     return [{"status": f.status.value, **({"action": f.action or ""} if with_action else {}),
              "check": f.check, "subject": f.subject.label if f.subject else "",
-             "message": message_words(f), "hint": hint_words(f) or ""} for f in findings]
+             "message": message_words(f), "hint": f.hint or ""} for f in findings]
 
 
 def fmt_value(value: Any) -> str:
