@@ -1,2 +1,1 @@
-"""`gpucheck health`: the node check a scheduler or a monitor runs (docs/health.md);
-nothing in this package imports torch."""
+"""`gpucheck health`: the node check a scheduler runs; nothing here imports torch."""

@@ -17,18 +17,19 @@ from gpucheck.subject import Kind, Subject, text
 TAIL_LINES = 32
 
 
-def fingerprint(event: XidEvent) -> str:
+def _digest(text: str) -> str:
     import hashlib  # only when there are Xid lines: loading OpenSSL costs ~10 ms
 
-    text = "|".join(str(v) for v in (event.bus_id, event.xid, event.time, event.detail,
-                                     event.off_bus_line, event.instance))
     return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:24]
 
 
-def _chain(prints: Sequence[str]) -> str:
-    import hashlib
+def fingerprint(event: XidEvent) -> str:
+    return _digest("|".join(str(v) for v in (event.bus_id, event.xid, event.time,
+                                             event.detail, event.off_bus_line, event.instance)))
 
-    return hashlib.sha256("\n".join(prints).encode("ascii")).hexdigest()[:24]
+
+def _chain(prints: Sequence[str]) -> str:
+    return _digest("\n".join(prints))  # fingerprints: ASCII, as UTF-8
 
 
 def _tail_end(prints: Sequence[str], tail: Sequence[str]) -> int:
