@@ -17,7 +17,7 @@ from gpucheck.distributed import progress
 from gpucheck.distributed.world import reports
 from gpucheck.errors import UsageError
 from gpucheck.escape import terminal as shown
-from gpucheck.report import Finding, Report, Section, fail, skip
+from gpucheck.report import Report, Section, fail, skip
 from gpucheck.subject import text
 
 HELP = "env, stress, bench and comm in turn on this node (or job): one report"
@@ -222,22 +222,18 @@ def summary_section(outcomes: list[Outcome]) -> Section:
                      "verdict": o.report.verdict().value if o.report else "-",
                      **{status: counts.get(status, 0) for status in ("FAIL", "WARN", "OK")},
                      "wall_s": o.wall_s, "why": o.why})
-        findings += _outcome_findings(o)
+        if o.outcome == "failed":
+            findings.append(fail(
+                f"all.{o.command}.failed", f"gpucheck {o.command} did not finish: {o.why}; "
+                "the other commands still ran", hint=f"read its error above, then run "
+                f"`gpucheck {o.command}` alone to see it in full", subject=text(o.command)))
+        elif o.outcome in ("skipped", "not run"):
+            findings.append(skip(f"all.{o.command}.{o.outcome.replace(' ', '_')}",
+                                 f"gpucheck {o.command} did not run: {o.why}",
+                                 subject=text(o.command)))
     ran = sum(o.outcome == "ran" for o in outcomes)
     return Section("summary", "Commands", {"commands_run": f"{ran} of {len(outcomes)}",
                                            "commands": rows}, findings)
-
-
-def _outcome_findings(o: Outcome) -> list[Finding]:
-    if o.outcome == "failed":
-        return [fail(f"all.{o.command}.failed", f"gpucheck {o.command} did not finish: "
-                     f"{o.why}; the other commands still ran",
-                     hint=f"read its error above, then run `gpucheck {o.command}` alone "
-                          "to see it in full", subject=text(o.command))]
-    if o.outcome in ("skipped", "not run"):
-        return [skip(f"all.{o.command}.{o.outcome.replace(' ', '_')}",
-                     f"gpucheck {o.command} did not run: {o.why}", subject=text(o.command))]
-    return []
 
 
 def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report | None:

@@ -230,8 +230,11 @@ def _failed(args: argparse.Namespace, exc: Any, ctx: RunContext) -> Report | Non
     from gpucheck.distributed.world import world_of
     from gpucheck.preflight.actions import failing_hosts, hold_sigterm, speaks_for_failed_job
 
+    # A rank's end points at its node when it went silent, never arrived, or was killed
+    # by a signal other than a stop request (a rank that raised is software).
     failing = [{"host": r.get("host"), "node_rank": r.get("node_rank")}
-               for f in exc.failures if _node_fault(f)
+               for f in exc.failures if f.cause in ("did not answer", "never checked in")
+               or f.signal not in (None, "SIGTERM", "SIGINT", "SIGHUP")
                for r in exc.roster if r.get("rank") == f.rank]
     world = world_of(ctx)  # rank 0 silent: each node's lowest live rank speaks
     if not exc.reporter and speaks_for_failed_job([f.rank for f in exc.failures], exc.roster,
@@ -245,15 +248,6 @@ def _failed(args: argparse.Namespace, exc: Any, ctx: RunContext) -> Report | Non
     if report is not None and failing:
         report.sections[-1].data["exclude"] = failing_hosts(failing)
     return report
-
-
-def _node_fault(failure: Any) -> bool:
-    """Does this rank's end point at its node: silent, never arrived, or killed by a
-    signal other than a stop request (a rank that raised is software, not the node)?"""
-    if failure.cause in ("did not answer", "never checked in"):
-        return True
-    return failure.signal is not None and failure.signal not in ("SIGTERM", "SIGINT",
-                                                                 "SIGHUP")
 
 
 def exit_code(report: Report, args: argparse.Namespace) -> int:

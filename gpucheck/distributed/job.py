@@ -102,10 +102,13 @@ class JobFailed(WorkersFailed):
 def blame(failures: list[RankFailure], diagnoses: list[dict[str, Any]],
           roster: list[dict[str, Any]]) -> list[RankFailure]:
     """Crashed ranks first, then silent ones; survivors that diagnosed are not blamed.
-    Ranks refused at check-in for sharing a GPU come first, once each."""
-    shared = _shared(diagnoses, roster)
-    if shared:
-        return shared
+    Ranks refused at check-in for sharing a GPU are the only ones, once each."""
+    said = next((d for d in diagnoses if d.get("shared")), None)
+    if said is not None:
+        local = {int(r["rank"]): int(r["local_rank"]) for r in roster if "rank" in r}
+        return [RankFailure(int(r), local.get(int(r), -1), 0, None,
+                            str(said.get("message", "")), cause="shares a GPU")
+                for r in sorted(set(said["shared"]))]
     diagnosed = {d["rank"] for d in diagnoses}
     missing = set(_missing(diagnoses))
     # A silent rank that a survivor then SIGKILLed is blamed for its silence.
@@ -115,17 +118,6 @@ def blame(failures: list[RankFailure], diagnoses: list[dict[str, Any]],
     silent = [_silent(r, diagnoses, roster) for r in _missing(diagnoses)
               if r not in taken and r not in diagnosed]
     return crashed + silent or failures
-
-
-def _shared(diagnoses: list[dict[str, Any]],
-            roster: list[dict[str, Any]]) -> list[RankFailure]:
-    """The ranks a check-in found on one GPU, each named with the refusal's message."""
-    said = next((d for d in diagnoses if d.get("shared")), None)
-    if said is None:
-        return []
-    local = {int(r["rank"]): int(r["local_rank"]) for r in roster if "rank" in r}
-    return [RankFailure(int(r), local.get(int(r), -1), 0, None, str(said.get("message", "")),
-                        cause="shares a GPU") for r in sorted(set(said["shared"]))]
 
 
 def _missing(diagnoses: list[dict[str, Any]]) -> list[int]:
@@ -232,16 +224,6 @@ def rank_failure_findings(failures: list[RankFailure], command: str) -> list[Fin
     return findings
 
 
-def _listed(ranks: list[Any]) -> str:
-    return ", ".join(map(str, ranks))
-
-
-def _ranks_subject(ranks: list[Any]) -> subjects.Subject:
-    """"rank 1, 3", with the ranks that are numbers as fields."""
-    numbers = [r for r in ranks if isinstance(r, int) and not isinstance(r, bool)]
-    return subjects.ranks(numbers, f"rank {_listed(ranks)}")
-
-
 def flight_findings(diagnoses: list[dict[str, Any]], command: str) -> list[Finding]:
     """Where the survivors' Flight Recorder dumps went (OK), or why a rank wrote none."""
     outcomes = {d.get("rank"): d["flight_recorder"] for d in diagnoses
@@ -252,8 +234,12 @@ def flight_findings(diagnoses: list[dict[str, Any]], command: str) -> list[Findi
     for rank, outcome in sorted(outcomes.items(), key=lambda item: str(item[0])):
         if outcome.get("skipped"):
             skipped.setdefault(str(outcome["skipped"]), []).append(rank)
-    found = [skip(check, f"rank(s) {_listed(ranks)} wrote no Flight Recorder dump: {why}",
-                  subject=_ranks_subject(ranks)) for why, ranks in skipped.items()]
+    found = []
+    for why, ranks in skipped.items():
+        listed = ", ".join(map(str, ranks))  # a rank that could not tell is in words only
+        numbers = [r for r in ranks if isinstance(r, int) and not isinstance(r, bool)]
+        found.append(skip(check, f"rank(s) {listed} wrote no Flight Recorder dump: {why}",
+                          subject=subjects.ranks(numbers, f"rank {listed}")))
     if written:
         path = str(next(o["path"] for o in outcomes.values() if o.get("path")))
         folder, prefix = os.path.dirname(path), os.path.basename(path).rstrip("0123456789")
