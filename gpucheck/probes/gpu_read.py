@@ -97,10 +97,8 @@ class GpuRecord:
 
     @property
     def subject(self) -> subjects.Subject:
-        """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)", as in every other section,
-        with its index, bus id and UUID as fields."""
-        label = GpuIdentity(None, self.index, self.name, self.pci_bus_id, self.uuid).label()
-        return subjects.gpu(self.index, label, bus_id=self.pci_bus_id, uuid=self.uuid)
+        """"GPU 3 (NVIDIA H200, bus 00000000:9A:00.0, GPU-...)", as every section names it."""
+        return GpuIdentity(None, self.index, self.name, self.pci_bus_id, self.uuid).subject()
 
     def row(self) -> dict[str, Any]:
         row = asdict(self)
