@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 SLOW_RANK = 1
-WRONG_RANK = 2
 SLEEP_S = 0.1  # busy CPU time per forward: several times a small model's iteration
 
 
@@ -53,13 +52,8 @@ def slow_rank_one(model: nn.Module, rank: int) -> nn.Module:
     return _RankBehaviour(model, SLEEP_S if rank == SLOW_RANK else 0.0, wrong=False)
 
 
-def wrong_rank_two(model: nn.Module, rank: int) -> nn.Module:
-    return _RankBehaviour(model, 0.0, wrong=rank == WRONG_RANK)
-
-
-def slow_rank_one_wrong_rank_two(model: nn.Module, rank: int) -> nn.Module:
-    return _RankBehaviour(model, SLEEP_S if rank == SLOW_RANK else 0.0,
-                          wrong=rank == WRONG_RANK)
+def slow_rank_one_wrong_rank_zero(model: nn.Module, rank: int) -> nn.Module:
+    return _RankBehaviour(model, SLEEP_S if rank == SLOW_RANK else 0.0, wrong=rank == 0)
 
 
 class _Broken(nn.Module):
