@@ -1,14 +1,15 @@
-"""Host<->device copies through pinned memory and the peer-copy matrix between GPUs, and
-the two phases that measure them on every rank (docs/stress.md says why local rank 0
-measures the matrix alone)."""
+"""Host<->device copies through pinned memory and the peer-copy matrix between GPUs: the
+two phases that measure them on every rank and their report sections (docs/stress.md
+says why local rank 0 measures the matrix alone)."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck import subject as subject_
 from gpucheck.confirm import remeasure
 from gpucheck.devices import cuda_device_count
 from gpucheck.distributed import progress
@@ -16,9 +17,17 @@ from gpucheck.distributed.session import roster
 from gpucheck.distributed.world import host_name
 from gpucheck.probes.gpus import paths_or_none
 from gpucheck.records import as_dict
+from gpucheck.report import Finding, Section, skip
 from gpucheck.stress.rank import RankContext, barrier, gather, host_wait, publish, read_link
-from gpucheck.stress.records import CopyRow
-from gpucheck.stress.verdicts import class_suspects, copy_suspects
+from gpucheck.stress.records import CopyRow, StressRecords
+from gpucheck.stress.verdicts import (
+    class_suspects,
+    copies_again,
+    copy_suspects,
+    link_findings,
+    p2p_findings,
+    peer_findings,
+)
 from gpucheck.timing import timed_batch
 
 HOST_COPY_BYTES = 256 << 20
@@ -200,3 +209,88 @@ def peer_phase(ctx: RankContext, measure: Callable[[int], dict[str, Any]],
     if parking is not None:
         parking.wait()
     return {"nodes": [m for m in gather(ctx, mine) if m is not None]}
+
+
+# -- the report's sections ----------------------------------------------------------
+
+def copies_section(copies: Mapping[str, Any], records: StressRecords, peer_fraction: float,
+                   copy_fraction: float) -> Section:
+    """Host copies alone against each link, all at once against the node's peers."""
+    ranks = records.entries
+    if "skipped" in copies:
+        return Section("copies", "Host<->device copies (pinned memory)", {},
+                       [skip("stress.copies", str(copies["skipped"]))])
+    rows = records.copies
+    alone = [{"rank": r.rank, "h2d_gbps": r.h2d_alone_gbps, "d2h_gbps": r.d2h_alone_gbps,
+              "link": r.link, "link_gbps": r.link_gbps}
+             for r in rows if r.h2d_alone_gbps is not None]
+    again = [as_dict(r) for r in records.copies_again or ()]
+    findings = link_findings("stress.copies.link", alone, ranks, copy_fraction,
+                             copies_again(again, "alone"))
+    together = {r.rank: min(r.h2d_together_gbps, r.d2h_together_gbps) for r in rows}
+    findings += peer_findings("stress.copies.together", "host copies with every GPU at once "
+                              "(slower direction)", "GB/s", together, ranks,
+                              peer_fraction, again=copies_again(again, "together"))
+    table = [as_dict(r) | {"together_vs_alone": None if not r.h2d_alone_gbps or not
+                           r.d2h_alone_gbps else round(min(
+                               r.h2d_together_gbps / r.h2d_alone_gbps,
+                               r.d2h_together_gbps / r.d2h_alone_gbps), 3)} for r in rows]
+    data: dict[str, Any] = {"counted": "bytes one way / median copy time (one PCIe direction)",
+                            "results": table}
+    if again:
+        data["measured again"] = again
+    return Section("copies", "Host<->device copies (pinned memory): each GPU alone, then "
+                   "all at once (GB/s)", data, findings)
+
+
+def p2p_section(p2p: Mapping[str, Any], records: StressRecords,
+                copy_fraction: float) -> Section:
+    """`p2p`: the phase's result; `records`: each node's matrix as read back."""
+    title = "Peer-to-peer copies between GPUs (GB/s, src row -> dst column)"
+    if "skipped" in p2p:
+        return Section("p2p", title, {}, [skip("stress.p2p", str(p2p["skipped"]))])
+    data: dict[str, Any] = {}
+    findings: list[Finding] = []
+    for node in records.p2p_nodes:
+        where = subject_.node(int(node["node_rank"]), f"node {node['node_rank']} ({node['host']})",
+                              host=str(node["host"]))
+        if "skipped" in node:
+            findings.append(skip("stress.p2p", f"{where}: {node['skipped']}", subject=where))
+            continue
+        data[f"{where} matrix"] = _p2p_matrix(node)
+        data[f"{where} path classes"] = _path_classes(node)
+        findings += p2p_findings(node, where, copy_fraction)
+    return Section("p2p", title, data, findings)
+
+
+def _path_classes(node: Mapping[str, Any]) -> list[dict[str, Any]] | str:
+    """Per path class (`nvidia-smi topo -m`): its pairs, how many have peer access and
+    their median GB/s; or why the classes were not read (one class then)."""
+    if node.get("paths_unread"):
+        return str(node["paths_unread"])
+    classes: dict[str, list[Mapping[str, Any]]] = {}
+    for p in node["pairs"]:
+        classes.setdefault(str(p.get("path") or "unknown"), []).append(p)
+    rows = []
+    for kind, pairs in sorted(classes.items()):
+        rates = [p["gbps"] for p in pairs if p["gbps"] is not None]
+        rows.append({"path": kind, "pairs": len(pairs), "with_p2p": len(rates),
+                     "median_gbps": round(statistics.median(rates), 1) if rates else None,
+                     "p2p_status": sorted({str(p.get("p2p_status")) for p in pairs})})
+    return rows
+
+
+def _p2p_matrix(node: Mapping[str, Any]) -> list[dict[str, Any]]:
+    count = len(node["gpus"])
+    cell = {(p["src"], p["dst"]): p for p in node["pairs"]}
+    rows = []
+    for src in range(count):
+        index = node["gpus"][src].get("nvml_index")
+        row: dict[str, Any] = {"src": f"cuda:{src} ("
+                               + ("?" if index is None else f"GPU {index}") + ")"}
+        for dst in range(count):
+            pair = cell.get((src, dst))
+            row[f"to cuda:{dst}"] = None if pair is None else (
+                round(pair["gbps"], 1) if pair["gbps"] is not None else "no P2P")
+        rows.append(row)
+    return rows

@@ -1,5 +1,5 @@
 """The stress results (complete or partial) as report sections: setup and ranks, GEMM,
-memory bandwidth, host and peer copies (the burn-in's: `sdc_section`)."""
+memory bandwidth, the burn-in (the copies' sections: `copies`)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck import subject as subject_
+from gpucheck import subject as subjects_
+from gpucheck.agreement import beyond, judge
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
 from gpucheck.measure import attach
 from gpucheck.numa import cpulist, on_node, parse_cpulist
 from gpucheck.records import as_dict, readable
-from gpucheck.report import Finding, Section, ok, skip, unread_findings, warn
+from gpucheck.report import Finding, Section, fail, ok, skip, unread_findings, warn
+from gpucheck.stress.copies import copies_section, p2p_section
 from gpucheck.stress.gemm import (
     COPY_COUNTED,
     Figure,
@@ -24,19 +26,18 @@ from gpucheck.stress.gemm import (
     reach,
 )
 from gpucheck.stress.records import (
+    BurnRecord,
     CopyRecord,
     GemmRecord,
+    StressRank,
     StressRecords,
     read_stress,
     stress_metrics,
 )
-from gpucheck.stress.sdc_section import sdc_section
 from gpucheck.stress.verdicts import (
+    Named,
     again_of,
-    copies_again,
     expected_findings,
-    link_findings,
-    p2p_findings,
     peer_findings,
     subjects,
 )
@@ -219,85 +220,134 @@ def _membw_section(result: Mapping[str, Any], records: StressRecords, verdicts: 
     return Section("membw", "Device memory bandwidth per rank (GB/s)", data, findings)
 
 
-def copies_section(copies: Mapping[str, Any], records: StressRecords, peer_fraction: float,
-                   copy_fraction: float) -> Section:
-    """Host copies alone against each link, all at once against the node's peers."""
-    ranks = records.entries
-    if "skipped" in copies:
-        return Section("copies", "Host<->device copies (pinned memory)", {},
-                       [skip("stress.copies", str(copies["skipped"]))])
-    rows = records.copies
-    alone = [{"rank": r.rank, "h2d_gbps": r.h2d_alone_gbps, "d2h_gbps": r.d2h_alone_gbps,
-              "link": r.link, "link_gbps": r.link_gbps}
-             for r in rows if r.h2d_alone_gbps is not None]
-    again = [as_dict(r) for r in records.copies_again or ()]
-    findings = link_findings("stress.copies.link", alone, ranks, copy_fraction,
-                             copies_again(again, "alone"))
-    together = {r.rank: min(r.h2d_together_gbps, r.d2h_together_gbps) for r in rows}
-    findings += peer_findings("stress.copies.together", "host copies with every GPU at once "
-                              "(slower direction)", "GB/s", together, ranks,
-                              peer_fraction, again=copies_again(again, "together"))
-    table = [as_dict(r) | {"together_vs_alone": None if not r.h2d_alone_gbps or not
-                           r.d2h_alone_gbps else round(min(
-                               r.h2d_together_gbps / r.h2d_alone_gbps,
-                               r.d2h_together_gbps / r.d2h_alone_gbps), 3)} for r in rows]
-    data: dict[str, Any] = {"counted": "bytes one way / median copy time (one PCIe direction)",
-                            "results": table}
-    if again:
-        data["measured again"] = again
-    return Section("copies", "Host<->device copies (pinned memory): each GPU alone, then "
-                   "all at once (GB/s)", data, findings)
+BOUND_WORDS = "is {:.3g}x its per-element bound from the fp64 CPU reference (at most {:g})"
 
 
-def p2p_section(p2p: Mapping[str, Any], records: StressRecords,
-                copy_fraction: float) -> Section:
-    """`p2p`: the phase's result; `records`: each node's matrix as read back."""
-    title = "Peer-to-peer copies between GPUs (GB/s, src row -> dst column)"
-    if "skipped" in p2p:
-        return Section("p2p", title, {}, [skip("stress.p2p", str(p2p["skipped"]))])
-    data: dict[str, Any] = {}
-    findings: list[Finding] = []
-    for node in records.p2p_nodes:
-        where = subject_.node(int(node["node_rank"]), f"node {node['node_rank']} ({node['host']})",
-                              host=str(node["host"]))
-        if "skipped" in node:
-            findings.append(skip("stress.p2p", f"{where}: {node['skipped']}", subject=where))
+def sdc_section(sdc: Mapping[str, Any], records: StressRecords, peer_fraction: float,
+                causes: Mapping[int, str]) -> Section:
+    """`sdc`: rank 0's summary of the burn-in; `records`: every rank's, read back."""
+    burns, ranks = records.sdc, records.entries
+    deviations = records.sdc_deviations
+    table = [{k: v for k, v in as_dict(r).items() if k != "group"} | {"reference_deviation": d}
+             for r, d in zip(burns, deviations, strict=True)]
+    findings = _repeat_findings(burns, ranks)
+    findings += _agreement_findings(burns, deviations, sdc["tolerance"], records,
+                                    sdc.get("coverage") or f"{sdc['rows_checked']} rows")
+    times = {r.rank: float(r.p50_ms) for r in burns}
+    groups: dict[str, list[int]] = {}  # which ranks were compared bit for bit
+    for r in burns:
+        groups.setdefault(r.group, []).append(r.rank)
+    findings += peer_findings("stress.sdc.straggler", "median burn-in product time", "ms",
+                              times, ranks, peer_fraction, higher_is_better=False,
+                              causes=causes,
+                              again={r.rank: float(r.p50_ms) for r in records.sdc_again}
+                              or None)
+    data = {"dtype": sdc["dtype"], "size": sdc["size"], "burn_in_s": sdc["duration_s"],
+            "tolerance_vs_reference": sdc["tolerance"], "rows_vs_reference": sdc["rows_checked"],
+            "reference": sdc.get("reference"),
+            "reference_coverage": sdc.get("coverage"), "rows_seed": sdc.get("rows_seed"),
+            "kernel_groups": [{"group": g, "ranks": cpulist(tuple(sorted(m)))}
+                              for g, m in groups.items()], "results": table}
+    if records.sdc_again:
+        data["measured again"] = [{"rank": r.rank, "iters": r.iters, "p50_ms": r.p50_ms,
+                                   "p99_ms": r.p99_ms} for r in records.sdc_again]
+    return Section("sdc", "Silent data corruption: the same product, repeated and compared",
+                   data, findings)
+
+
+def _repeat_findings(records: Sequence[BurnRecord],
+                     ranks: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    findings = []
+    for r in records:
+        if not r.bad_iters:
             continue
-        data[f"{where} matrix"] = _p2p_matrix(node)
-        data[f"{where} path classes"] = _path_classes(node)
-        findings += p2p_findings(node, where, copy_fraction)
-    return Section("p2p", title, data, findings)
+        how = (f"up to {r.worst_elements} element(s) differed bitwise" if r.mode ==
+               "bitwise" else "beyond the dtype's tolerance")
+        findings.append(fail(
+            "stress.sdc.repeat", f"{_named(ranks, r.rank).label}: the same product on the "
+            f"same inputs gave a different result in {r.bad_iters} of {r.iters} "
+            f"repetitions (first at repetition {r.first_bad_iter}; {how})",
+            hint="this GPU computes wrong results under load: drain it, check nvidia-smi -q "
+            "(ECC errors, retired/remapped rows, XIDs in dmesg) and run the vendor's "
+            "diagnostics (dcgmi diag -r 3) before it returns to service",
+            subject=_named(ranks, r.rank).subject))
+    if not findings:
+        total = sum(r.iters for r in records)
+        modes = sorted({r.mode for r in records})
+        findings.append(ok("stress.sdc.repeat", f"all {len(records)} rank(s) repeated their "
+                           f"first result exactly ({'/'.join(modes)}) over {total} products"))
+    return findings
 
 
-def _path_classes(node: Mapping[str, Any]) -> list[dict[str, Any]] | str:
-    """Per path class (`nvidia-smi topo -m`): its pairs, how many have peer access and
-    their median GB/s; or why the classes were not read (one class then)."""
-    if node.get("paths_unread"):
-        return str(node["paths_unread"])
-    classes: dict[str, list[Mapping[str, Any]]] = {}
-    for p in node["pairs"]:
-        classes.setdefault(str(p.get("path") or "unknown"), []).append(p)
-    rows = []
-    for kind, pairs in sorted(classes.items()):
-        rates = [p["gbps"] for p in pairs if p["gbps"] is not None]
-        rows.append({"path": kind, "pairs": len(pairs), "with_p2p": len(rates),
-                     "median_gbps": round(statistics.median(rates), 1) if rates else None,
-                     "p2p_status": sorted({str(p.get("p2p_status")) for p in pairs})})
-    return rows
+def _agreement_findings(records: Sequence[BurnRecord],
+                        deviations: Sequence[float | None], tolerance: float,
+                        read: StressRecords, coverage: str) -> list[Finding]:
+    """Ranks against each other (bitwise, by model) and against the CPU reference."""
+    digests = {r.rank: r.digest for r in records}
+    groups = {r.rank: r.group for r in records}
+    deviation = {r.rank: d for r, d in zip(records, deviations, strict=True)}
+    nodes = {r.rank: r.node_rank for r in read.ranks}
+    verdict = judge(digests, deviation, tolerance, groups, nodes, splits=True,
+                    measure=BOUND_WORDS)
+    every_one = len(verdict.wrong) == len(records) > 1
+    findings = [fail("stress.sdc.agreement", f"{_named(read.entries, rank).label}: {why}",
+                     hint=("every rank disagrees with the reference alike: suspect the "
+                           "software (torch, cuBLAS, driver), not one GPU") if every_one else
+                     "this GPU computed a wrong product: drain it and run the vendor's "
+                     "diagnostics (dcgmi diag -r 3); check ECC errors and XIDs",
+                     subject=_named(read.entries, rank).subject,
+                     cause="all_alike" if every_one else None)
+                for rank, why in verdict.wrong.items()]
+    findings += [_software_split(side, digests, groups, deviation, tolerance, read.ranks)
+                 for side in verdict.software]
+    if verdict.undecided:
+        listed = ", ".join(f"rank {r}" for r in verdict.undecided)
+        findings.append(warn(
+            "stress.sdc.agreement", f"{listed} differ bitwise but all stay within the CPU "
+            f"reference's tolerance ({tolerance:g}), and no majority names one",
+            hint="rerun with more GPUs (a majority then names the odd one) or a longer "
+            "--duration; repeated disagreement points at one of these GPUs",
+            subject=subjects_.ranks(verdict.undecided, listed)))
+    if not findings:
+        checked = sum(1 for d in deviation.values() if d is not None)
+        findings.append(ok("stress.sdc.agreement", f"all {len(records)} rank(s) agree "
+                           f"bitwise (same model and libraries); {checked} with each element "
+                           f"within its bound of the fp64 CPU reference on {coverage}"))
+    return findings
 
 
-def _p2p_matrix(node: Mapping[str, Any]) -> list[dict[str, Any]]:
-    count = len(node["gpus"])
-    cell = {(p["src"], p["dst"]): p for p in node["pairs"]}
-    rows = []
-    for src in range(count):
-        index = node["gpus"][src].get("nvml_index")
-        row: dict[str, Any] = {"src": f"cuda:{src} ("
-                               + ("?" if index is None else f"GPU {index}") + ")"}
-        for dst in range(count):
-            pair = cell.get((src, dst))
-            row[f"to cuda:{dst}"] = None if pair is None else (
-                round(pair["gbps"], 1) if pair["gbps"] is not None else "no P2P")
-        rows.append(row)
-    return rows
+def _software_split(side: Sequence[int], digests: Mapping[int, str], groups: Mapping[int, str],
+                    deviation: Mapping[int, float | None], tolerance: float,
+                    ranks: Sequence[StressRank]) -> Finding:
+    """Ranks that agree among themselves (or fill whole nodes) against the rest of their
+    group: a software difference, which the CPU reference settles (who is right)."""
+    rest = [r for r in digests if groups.get(r) == groups.get(side[0]) and r not in side]
+    hosts = sorted({f"node {r.node_rank} ({r.host})" for r in ranks if r.rank in side})
+    listed = f"rank(s) {cpulist(tuple(side))}" + (f" on {', '.join(hosts)}" if hosts else "")
+    return warn("stress.sdc.software_split",
+                f"{listed} agree with each other (or fill whole nodes) but differ bitwise "
+                f"from rank(s) {cpulist(tuple(sorted(rest))) or 'none'}: independent GPU "
+                f"faults never agree, so this is a software split; CPU reference: "
+                f"{_side_words(side, deviation, tolerance)} on this side, "
+                f"{_side_words(rest, deviation, tolerance)} on the other",
+                hint="make the nodes' software the same: compare gpucheck env across nodes "
+                "(torch, CUDA, the cuBLAS loaded, CUBLAS_WORKSPACE_CONFIG, "
+                "TORCH_BLAS_PREFER_CUBLASLT); the side beyond the reference's tolerance "
+                "computes wrongly, both within it is a harmless difference",
+                subject=subjects_.ranks(side, listed))
 
+
+def _side_words(side: Sequence[int], deviation: Mapping[int, float | None],
+                tolerance: float) -> str:
+    """"within 2e-02" / "beyond 2e-02 (worst 0.4)" / "not compared" for one side."""
+    values = [d for r in side if (d := deviation.get(r)) is not None]
+    if not values:
+        return "not compared"
+    worst = max(values, key=lambda d: d if d == d else float("inf"))
+    return f"beyond {tolerance:g} (worst {worst:.3g})" if beyond(worst, tolerance) else \
+        f"within {tolerance:g} (worst {worst:.3g})"
+
+
+def _named(ranks: Sequence[Mapping[str, Any]], rank: int) -> Named:
+    """The rank as findings name it; "rank N" when its roll entry did not read."""
+    return subjects(ranks).get(rank) or Named(rank, f"rank {rank}", subjects_.rank(rank))
