@@ -66,7 +66,10 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report:
             raise UsageError(f"--save-baseline and --output both name {args.save_baseline}: "
                              "one would overwrite the other; give two files")
         check_writable(args.save_baseline, "--save-baseline")
-    fleet = _read(_inputs(args))
+    # The report files, less this run's own -o and --save-baseline files.
+    own = {os.path.realpath(p) for p in (*outputs_of(args), args.save_baseline)
+           if p is not None}
+    fleet = _read([p for p in report_paths(args.inputs) if os.path.realpath(p) not in own])
     future = {r.path for r in fleet.future}  # a forged date must not date the fleet's report
     loaded = [r.report for r in fleet.reports if r.report.path not in future]
     # The report's time is when fleet ran (the inputs' span is in its inputs section);
@@ -97,25 +100,14 @@ def _options(args: argparse.Namespace) -> FleetOptions:
     if count is not None and nodes and count != len(nodes):
         raise UsageError(f"--expect-nodes {count} disagrees with --nodes ({len(nodes)} "
                          "nodes): give one of them")
-    return FleetOptions(fraction(args.threshold, "--threshold"),
-                        args.mad_k, nodes, count,
-                        _baseline(args.baseline))
-
-
-def _baseline(path: str | None) -> Baseline | None:
-    if path is None:
-        return None
-    try:
-        return load_baseline(path)
-    except BaselineError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _inputs(args: argparse.Namespace) -> list[str]:
-    """The report files, less this run's own -o and --save-baseline files."""
-    own = {os.path.realpath(p) for p in (*outputs_of(args), args.save_baseline)
-           if p is not None}
-    return [p for p in report_paths(args.inputs) if os.path.realpath(p) not in own]
+    baseline: Baseline | None = None
+    if args.baseline is not None:
+        try:
+            baseline = load_baseline(args.baseline)
+        except BaselineError as exc:
+            raise UsageError(str(exc)) from None
+    return FleetOptions(fraction(args.threshold, "--threshold"), args.mad_k, nodes, count,
+                        baseline)
 
 
 def _read(paths: list[str]) -> Fleet:

@@ -110,14 +110,8 @@ class HealthArgs(Options):
 add_arguments = HealthArgs.add_to
 
 
-def options_from(args: argparse.Namespace,
-                 environ: Mapping[str, str] | None = None) -> HealthOptions:
-    """The checked options; UsageError (exit 2) for any that cannot be used."""
-    return HealthArgs.of(args).health_options(environ or {})
-
-
 def run(args: argparse.Namespace, ctx: RunContext) -> Report:
-    options = options_from(args, ctx.launcher_env)
+    options = HealthArgs.of(args).health_options(ctx.launcher_env)
     # The budget counts from the process's start: what a scheduler times is all of it.
     return collect_health_report(options, start_of_run(options.budget_s))
 
@@ -132,28 +126,15 @@ def partial_report(args: argparse.Namespace, ctx: RunContext) -> Report:
     return Report(command="health", sections=[Section("health", "Health check run", data)])
 
 
-def is_unknown(report: Report) -> bool:
-    """A check did not finish, or every one was skipped (a problem found still wins)."""
-    health = report.section("health")
-    unfinished = bool(health is not None and health.data.get("unfinished"))
-    return unfinished or report.verdict() is Status.SKIP
-
-
-def convention_exit_code(report: Report, convention: str, strict: bool = False) -> int:
-    verdict = report.verdict()
-    if convention == "nagios":
-        if verdict is Status.FAIL:
-            return 2
-        if verdict is Status.WARN:
-            return 1
-        return 3 if is_unknown(report) else 0
-    if verdict is Status.FAIL or (strict and verdict is Status.WARN):
-        return 1
-    if convention == "npd" and is_unknown(report):
-        return 2
-    return 0
-
-
 def exit_code(report: Report, args: argparse.Namespace) -> int:
-    """The exit code `--convention` reads right."""
-    return convention_exit_code(report, args.convention, args.strict)
+    """The exit code `--convention` reads right (docs/health.md, "Exit codes")."""
+    verdict = report.verdict()
+    health = report.section("health")
+    # Unknown: a check did not finish, or every one was skipped (a problem found wins).
+    unknown = bool(health is not None and health.data.get("unfinished")) or \
+        verdict is Status.SKIP
+    if args.convention == "nagios":
+        return {Status.FAIL: 2, Status.WARN: 1}.get(verdict, 3 if unknown else 0)
+    if verdict is Status.FAIL or (args.strict and verdict is Status.WARN):
+        return 1
+    return 2 if args.convention == "npd" and unknown else 0

@@ -107,16 +107,9 @@ class OutputAction(argparse.Action):
         namespace.output = outputs[0]
 
 
-def parsed_commands(argv: Sequence[str] | None) -> tuple[str, ...]:
-    """The commands whose parsers are built: only the one `argv` names (the others stay
-    unimported: `gpucheck health` starts fast), else every one."""
-    if argv and argv[0] in COMMANDS:
-        return (argv[0],)
-    return COMMANDS
-
-
 def build_parser(version: str, argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The command line: the shared options and the commands `parsed_commands` names."""
+    """The command line: the shared options and the commands: only the one `argv` names
+    (the others stay unimported: `gpucheck health` starts fast), else every one."""
     parser = OneLineParser(
         prog="gpucheck",
         description="Is this GPU server fit for distributed work? Exit codes: 0 no FAIL, "
@@ -129,7 +122,7 @@ def build_parser(version: str, argv: Sequence[str] | None = None) -> argparse.Ar
     parser.set_defaults(outputs=[])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     common = output_options()
-    for name in parsed_commands(argv):
+    for name in (argv[0],) if argv and argv[0] in COMMANDS else COMMANDS:
         module = command_module(name)
         command_parser = sub.add_parser(name, help=module.HELP, description=module.HELP,
                                         parents=[common])
