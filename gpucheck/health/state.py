@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpucheck.actions import ACTIONS
-from gpucheck.checks import lookup
+from gpucheck.checks import ACTIONS, lookup
 from gpucheck.errors import UsageError
 from gpucheck.inputs import InputError, parse_json, read_capped
 from gpucheck.output import unsafe_chain, write_atomic
@@ -88,22 +87,17 @@ def _port(value: Any, where: str) -> dict[str, Any]:
     return raw
 
 
-def _last(value: Any, where: str) -> dict[str, Any]:
-    raw = _dict(value if value is not None else {}, where)
-    _text(raw.get("verdict"), f"{where}.verdict")
-    _text(raw.get("at"), f"{where}.at")
-    _texts(raw.get("problems", []), f"{where}.problems", MAX_PROBLEMS)
-    return raw
-
-
 def consumer_part(value: Any, where: str) -> dict[str, Any]:
     raw = _dict(value, where)
     ports = _dict(raw.get("ib_ports") or {}, f"{where}.ib_ports", MAX_PORTS)
+    last = _dict(raw.get("last") if raw.get("last") is not None else {}, f"{where}.last")
+    for key in ("verdict", "at"):
+        _text(last.get(key), f"{where}.last.{key}")
+    _texts(last.get("problems", []), f"{where}.last.problems", MAX_PROBLEMS)
     return {"boot_id": _text(raw.get("boot_id"), f"{where}.boot_id"),
             "kernel_log": cursor(raw.get("kernel_log"), f"{where}.kernel_log"),
             "ib_ports": {_str(k, f"{where}.ib_ports key"): _port(v, f"{where}.ib_ports")
-                         for k, v in ports.items()},
-            "last": _last(raw.get("last"), f"{where}.last")}
+                         for k, v in ports.items()}, "last": last}
 
 
 def fault(value: Any, where: str) -> dict[str, Any]:
@@ -170,11 +164,8 @@ def ib_history(value: Any, consumers: Iterable[dict[str, Any]]) -> dict[str, dic
     per consumer: read the same way)."""
     raw = _dict(value or {}, "ib_ports", MAX_PORTS)
     seen = {_str(k, "ib_ports key"): _port(v, f"ib_ports.{k:.40}") for k, v in raw.items()}
-    for part in consumers:
-        for key, port in part["ib_ports"].items():
-            seen.setdefault(key, {"seen_active": False})
-            seen[key] = {"seen_active": bool(seen[key].get("seen_active") or
-                                             port.get("seen_active"))}
+    seen |= {key: port for part in consumers for key, port in part["ib_ports"].items()
+             if port.get("seen_active")}
     return {k: {"seen_active": True} for k, v in seen.items() if v.get("seen_active")}
 
 
