@@ -24,7 +24,7 @@ from comm_workers import (
 )
 
 from gpucheck.cli import main
-from gpucheck.hang.trace_verdict import traces_section
+from gpucheck.hang.findings import traces_section
 
 TIMEOUT_S = 3
 # The first size's results come within a second or two (300 calls of 1 KiB), then the

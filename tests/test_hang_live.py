@@ -20,8 +20,8 @@ import pytest
 from gpucheck.cli import build_parser
 from gpucheck.commands import hang
 from gpucheck.context import RunContext
+from gpucheck.hang.findings import judge_group
 from gpucheck.hang.procs import discover
-from gpucheck.hang.trace_verdict import judge_group
 from gpucheck.hang.traces import dump_files, groups, load
 from gpucheck.report import Report, Status
 from tests.hang_launch import Job, hang_job, wait_for

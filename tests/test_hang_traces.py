@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpucheck.hang.trace_verdict import group_findings, judge_group, traces_section
+from gpucheck.hang.findings import group_findings, judge_group, traces_section
 from gpucheck.hang.traces import groups
 from gpucheck.report import Status
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpucheck.cli import main
-from gpucheck.hang.trace_verdict import traces_section
+from gpucheck.hang.findings import traces_section
 from gpucheck.hang.traces import UnsafeDump
 from gpucheck.report import Status
 

@@ -13,7 +13,7 @@ import pytest
 from gpucheck import subject
 from gpucheck.distributed.job import flight_findings, rank_failure_findings
 from gpucheck.distributed.launch import RankFailure
-from gpucheck.hang.trace_verdict import GroupVerdict, group_findings
+from gpucheck.hang.findings import GroupVerdict, group_findings
 from gpucheck.health import xids as sticky
 from gpucheck.health.state import Damaged
 from gpucheck.health.state import fault as checked_fault

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
     options = HangArgs.of(args)
     report = Report(command="hang")
     if options.traces is not None:
-        from gpucheck.hang.trace_verdict import traces_section
+        from gpucheck.hang.findings import traces_section
 
         report.add(traces_section(options.traces, options.prefix))
         if not options.pids:

@@ -1,14 +1,17 @@
-"""The live verdict: which ranks the others wait for, and what they are doing (checks
-and their meanings: docs/hang.md)."""
+"""`gpucheck hang`'s verdicts: live, the ranks the others wait for and what they do; from
+Flight Recorder dumps, a vote at each sequence number (checks: docs/hang.md)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from gpucheck import subject as subjects
+from gpucheck.errors import UsageError
 from gpucheck.hang.observe import PTRACE_CAPABILITY, RankView, Site
-from gpucheck.report import Finding, fail, ok, skip, warn
+from gpucheck.hang.traces import MISSING, Call, GroupTrace, dump_files, groups, load
+from gpucheck.report import Finding, Section, fail, ok, skip, warn
 
 STOPPED = ("stopped", "tracing-stop")
 # NCCL's kernels poll for their peers: near 100 % SM; a rank that launched nothing: 0.
@@ -126,6 +129,9 @@ def stuck_anyway(views: list[RankView]) -> list[Culprit]:
     return [c for c in found if c.what in ("dead", "stopped")]
 
 
+ARM = ("export TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/$JOB/rank_ "
+       "TORCH_NCCL_DUMP_ON_TIMEOUT=1 before the job starts (docs/hang.md, 'Arming a job')")
+
 _HINTS = {
     "dead": "read this rank's own log for its last error (OOM killer: dmesg); the job "
             "must be restarted: the others will wait until their timeout",
@@ -133,9 +139,9 @@ _HINTS = {
                "ask for: look for a job-control or checkpoint tool",
     "d_state": "a driver or file-system call that never returns: dmesg for Xid or I/O "
                "errors, the kernel stack in /proc/PID/stack; the node needs a look",
-    "desync": "the ranks call collectives in different orders: a branch on "
-                        "the rank or on data; fix the program (TORCH_DISTRIBUTED_DEBUG="
-                        "DETAIL checks collective order on every call)",
+    "desync": "the ranks call collectives in different orders: a branch on the rank or "
+              "on data; fix the program (TORCH_DISTRIBUTED_DEBUG=DETAIL checks collective "
+              "order on every call)",
     "user_code": "the rank never reaches the collective: read its code at that line "
                  "(a loop, a lock, I/O or a data loader that does not return)",
     "unreadable": "its stack could not be read: " + PTRACE_CAPABILITY,
@@ -207,22 +213,11 @@ def _nobody_named(views: list[RankView], site: Site | None, window_s: float,
     unread = [v.rank for v in views if v.stack_error]
     unread_words = (f"; rank(s) {', '.join(map(str, unread))} not read (below)"
                     if unread else "")
-    if not any(moved(v) for v in views):
-        return _nothing_moved(views, window_s, unread_words)
-    return ok("hang.verdict", f"every rank progressed: none sat in one collective for "
-              f"the whole {window_s:g} s window ({len(views)} ranks{unread_words})")
-
-
-def moved(view: RankView) -> bool:
-    """Seen at more than one place in its code during the window: it progresses."""
-    if view.stack_error or view.samples == 0:
-        return False
-    return view.moved if view.moved is not None else not view.steady
-
-
-def _nothing_moved(views: list[RankView], window_s: float, unread_words: str) -> Finding:
-    """No rank in a collective and none moving: a long step or a job stuck outside
-    torch.distributed, never an all-clear."""
+    if any(moved(v) for v in views):
+        return ok("hang.verdict", f"every rank progressed: none sat in one collective for "
+                  f"the whole {window_s:g} s window ({len(views)} ranks{unread_words})")
+    # None in a collective and none moving: a long step or a job stuck outside
+    # torch.distributed, never an all-clear.
     sites = sorted({v.where.describe() for v in views if v.where is not None})
     cpu = [v.cpu_pct for v in views if v.cpu_pct is not None]
     cpu_words = f", at most {max(cpu):.0f} % CPU" if cpu else ""
@@ -232,3 +227,174 @@ def _nothing_moved(views: list[RankView], window_s: float, unread_words: str) ->
                 hint="a step longer than the window, or every rank stuck in its own code: "
                      "run again with a longer --window; if nothing moves still, read the "
                      "stacks below (a data loader, a lock, a file system)")
+
+
+def moved(view: RankView) -> bool:  # seen at more than one place in the window
+    if view.stack_error or view.samples == 0:
+        return False
+    return view.moved if view.moved is not None else not view.steady
+
+
+Value = Call | str  # a Call, or MISSING
+
+
+@dataclass
+class GroupVerdict:
+    group: str
+    desc: str
+    members: list[int]
+    first_seq: int | None = None  # the first sequence number every rank's buffer holds
+    last_seq: int | None = None
+    diverge_seq: int | None = None
+    expected: Value | None = None  # the majority's call at diverge_seq
+    culprits: dict[int, str] = field(default_factory=dict)  # rank -> what it did
+    split: dict[str, list[int]] = field(default_factory=dict)  # a tie: value -> ranks
+    no_dump: list[int] = field(default_factory=list)
+    waiting: dict[int, int] = field(default_factory=dict)
+    last_agreed: tuple[int, Call] | None = None
+    last_completed_by_all: int | None = None
+
+
+def _words(value: Value) -> str:
+    return value.describe() if isinstance(value, Call) else value
+
+
+def _majority(values: dict[int, Value]) -> Value | None:
+    """The value most ranks share; on a tie, a call beats MISSING; otherwise None."""
+    ranked = Counter(values.values()).most_common()
+    top = [v for v, n in ranked if n == ranked[0][1]]
+    if len(top) == 1:
+        return top[0]
+    calls = [v for v in top if v != MISSING]
+    return calls[0] if len(calls) == 1 and MISSING in top else None
+
+
+def judge_group(group: GroupTrace, dumped: set[int]) -> GroupVerdict:
+    verdict = GroupVerdict(group.name, group.desc, group.members,
+                           no_dump=sorted(set(group.members) - dumped))
+    ranks = sorted(set(group.members) & dumped)
+    calls = {r: group.calls.get(r, {}) for r in ranks}
+    starts = [min(c) for c in calls.values() if c]
+    if not starts:
+        return verdict
+    verdict.first_seq, verdict.last_seq = max(starts), max(max(c) for c in calls.values() if c)
+    # Only the numbers some rank recorded: a number no rank holds is one every rank
+    # lacks alike (and ids 1 and 10**12 must not mean 10**12 steps).
+    recorded = sorted({s for c in calls.values() for s in c if s >= verdict.first_seq})
+    for seq in recorded:
+        values = {r: calls[r].get(seq, MISSING) for r in ranks}
+        if len(set(values.values())) > 1:
+            _diverged(verdict, seq, values, calls)
+            break
+        agreed = next(iter(values.values()))
+        # Every rank holds the same value at a number some rank recorded: a Call.
+        if isinstance(agreed, Call):
+            verdict.last_agreed = (seq, agreed)
+    done = [group.completed[r] for r in ranks if r in group.completed]
+    if done and len(done) == len(ranks):
+        verdict.last_completed_by_all = min(done)
+    return verdict
+
+
+def _diverged(verdict: GroupVerdict, seq: int, values: dict[int, Value],
+              calls: dict[int, dict[int, Call]]) -> None:
+    verdict.diverge_seq = seq
+    expected = _majority(values)
+    if expected is None:
+        for rank, value in sorted(values.items()):
+            verdict.split.setdefault(_words(value), []).append(rank)
+        return
+    verdict.expected = expected
+    where = f"collective #{seq} of group {verdict.group} ({verdict.desc})"
+    for rank, value in sorted(values.items()):
+        if value == expected:
+            continue
+        # Still inside #seq-1 while a member left no dump: one behind in a ring stopped
+        # mid-collective, waiting for that member too (docs/hang.md).
+        if value == MISSING and verdict.no_dump and max(calls[rank], default=None) == seq - 1:
+            verdict.waiting[rank] = seq - 1
+            continue
+        if value == MISSING:
+            last = max(calls[rank], default=None)
+            before = (f"its last was #{last} ({_words(calls[rank][last])})"
+                      if last is not None else "it issued none in this group")
+            verdict.culprits[rank] = (f"never reached {where}, {_words(expected)}, which "
+                                      f"the others entered: {before}")
+        elif expected == MISSING:
+            verdict.culprits[rank] = (f"called {_words(value)} as {where}, which no other "
+                                      "rank reached")
+        else:
+            verdict.culprits[rank] = (f"called {_words(value)} as {where}, where the others "
+                                      f"called {_words(expected)}")
+
+
+_DESYNC_HINT = ("the ranks call collectives in different orders or with different "
+                "shapes: a branch on the rank or on data; fix the program "
+                "(TORCH_DISTRIBUTED_DEBUG=DETAIL checks every call)")
+_MISSING_HINT = ("the others wait for this rank: see what it does instead (gpucheck hang "
+                 "on its node while the job still runs, or its log)")
+
+
+def group_findings(v: GroupVerdict) -> list[Finding]:
+    found = []
+    for rank, what in sorted(v.culprits.items()):
+        check = "hang.traces.missing" if "never reached" in what else "hang.traces.desync"
+        found.append(fail(check, f"rank {rank} {what}",
+                          hint=_MISSING_HINT if check.endswith("missing") else _DESYNC_HINT,
+                          subject=subjects.rank(rank)))
+    if v.split:
+        sides = "; ".join(f"ranks {', '.join(map(str, r))}: {w}" for w, r in v.split.items())
+        found.append(warn("hang.traces.split", f"collective #{v.diverge_seq} of group "
+                          f"{v.group} ({v.desc}) splits the ranks evenly: {sides}",
+                          hint=_DESYNC_HINT))
+    if v.no_dump and not v.culprits:
+        more = f" and {len(v.no_dump) - 20} more" if len(v.no_dump) > 20 else ""
+        ranks = ", ".join(map(str, v.no_dump[:20])) + more  # a group may list thousands
+        behind = "; ".join(f"rank {r} is still inside collective #{s}, one behind, waiting "
+                           "too" for r, s in sorted(v.waiting.items()))
+        found.append(fail("hang.traces.no_dump", f"rank(s) {ranks} of group {v.group} left "
+                          "no dump while the others agree: dead, or stuck before dumping"
+                          + (f" ({behind})" if behind else ""),
+                          hint="read those ranks' logs; a rank that died writes no dump",
+                          subject=subjects.ranks(v.no_dump, f"rank {ranks}")))
+    if not found:
+        last = f"#{v.last_agreed[0]} ({v.last_agreed[1].describe()})" if v.last_agreed else "none"
+        found.append(ok("hang.traces.agree", f"group {v.group} ({v.desc}): the "
+                        f"{len(v.members)} ranks agree on every recorded collective, "
+                        f"through {last}"))
+    return found
+
+
+def group_row(v: GroupVerdict) -> dict[str, Any]:
+    # A Call, or MISSING, or None (no majority).
+    expected = v.expected.describe() if isinstance(v.expected, Call) else v.expected
+    return {"group": v.group, "desc": v.desc, "ranks": len(v.members),
+            "recorded": f"#{v.first_seq}..#{v.last_seq}" if v.first_seq is not None else None,
+            "first_mismatch": v.diverge_seq, "expected": expected,
+            "culprits": ", ".join(map(str, sorted(v.culprits))) or None,
+            "last_agreed": (f"#{v.last_agreed[0]} {v.last_agreed[1].describe()}"
+                            if v.last_agreed else None),
+            "last_completed_by_all": v.last_completed_by_all}
+
+
+def traces_section(directory: str, prefix: str | None) -> Section:
+    """Raises UsageError when DIR holds no dump torch can read."""
+    files = dump_files(directory, prefix)
+    if not files:
+        raise UsageError(f"--traces {directory}: no Flight Recorder dump (files named "
+                         f"<prefix><rank>); to have them next time, {ARM}")
+    dumps, unreadable = load(files)
+    if not dumps:
+        raise UsageError(f"--traces {directory}: no dump torch can read: {unreadable[0]}")
+    verdicts = [judge_group(g, set(dumps)) for g in groups(dumps)]
+    dropped = {rank: d["dropped"] for rank, d in sorted(dumps.items()) if d.get("dropped")}
+    data = {"directory": directory, "ranks_dumped": sorted(dumps),
+            "unreadable": unreadable,
+            "torch_fr_version": sorted({str(d.get("version")) for d in dumps.values()}),
+            "entries_skipped": {str(r): n for r, n in dropped.items()} or None,
+            "groups": [group_row(v) for v in verdicts]}
+    findings = [f for v in verdicts for f in group_findings(v)]
+    return Section("traces", "Flight Recorder traces", data, findings or [
+        skip("hang.traces.empty", f"the {len(dumps)} dump(s) hold no collective: nothing "
+             "was recorded (TORCH_FR_BUFFER_SIZE unset or 0 in the job, or a job that "
+             "failed before its first collective); nothing to judge")])

@@ -11,7 +11,7 @@ import psutil
 
 from gpucheck import subject as subjects
 from gpucheck.errors import UsageError
-from gpucheck.hang.findings import label, live_findings
+from gpucheck.hang.findings import ARM, label, live_findings
 from gpucheck.hang.observe import RankView, watch
 from gpucheck.hang.procs import (
     Discovery,
@@ -178,8 +178,6 @@ def gather_views(pids: Sequence[int], window_s: float, nvml_timeout_s: float,
     return {node.node_rank: view for node, view in nodes.items()}
 
 
-ARM = ("export TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/$JOB/rank_ "
-       "TORCH_NCCL_DUMP_ON_TIMEOUT=1 before the job starts (docs/hang.md, 'Arming a job')")
 def ranks_section(job: str, views: list[RankView], window_s: float, multi_node: bool,
                   notes: list[str], label_job: str | None = None) -> Section:
     """`label_job` (several jobs seen) puts the job in subjects; one SKIP per watched
