@@ -3,7 +3,6 @@ memory bandwidth, the burn-in (the copies' sections: `copies`)."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +13,7 @@ from gpucheck.distributed.nodes import group_by_node
 from gpucheck.faults import gpu_names, run_faults_section, slowdown_causes
 from gpucheck.measure import attach
 from gpucheck.numa import cpulist, on_node, parse_cpulist
+from gpucheck.peers import against_median
 from gpucheck.records import as_dict, readable
 from gpucheck.report import Finding, Section, fail, ok, skip, unread_findings, warn
 from gpucheck.stress.copies import copies_section, p2p_section
@@ -37,6 +37,7 @@ from gpucheck.stress.records import (
 from gpucheck.stress.verdicts import (
     Named,
     again_of,
+    bound_of,
     expected_findings,
     peer_findings,
     subjects,
@@ -134,19 +135,6 @@ def _numa_findings(records: StressRecords) -> list[Finding]:
     return findings
 
 
-def _vs_peers(values: Mapping[int, float], ranks: Sequence[Mapping[str, Any]],
-              ) -> dict[int, float]:
-    """Each rank's figure / its node's median (rounded for the table)."""
-    ratio = {}
-    for members in group_by_node(ranks).values():
-        mine = [values[m] for m in members if m in values]
-        median = statistics.median(mine) if mine else 0.0
-        for m in members:
-            if m in values and median > 0:
-                ratio[m] = round(values[m] / median, 3)
-    return ratio
-
-
 def _judged(check: str, what: str, unit: str, rows: Sequence[Any], key: str,
             again_rows: Sequence[Any], records: StressRecords, verdicts: Verdicts,
             causes: Mapping[int, str], figure_of: Callable[[str | None], Figure | None],
@@ -155,11 +143,15 @@ def _judged(check: str, what: str, unit: str, rows: Sequence[Any], key: str,
     of one figure (`key`) of `rows`; `expected`: the expected column and its rounding."""
     ranks, models = records.entries, {r.rank: r.gpu_name for r in records.ranks}
     values = {r.rank: float(getattr(r, key)) for r in rows}
-    peers, table = _vs_peers(values, ranks), []
+    peers: dict[int, float] = {}  # each rank's figure / its node's median
+    for members in group_by_node(ranks).values():
+        peers |= against_median({m: values[m] for m in members if m in values},
+                                bound_of(1.0), min_count=1).ratios
+    table = []
     for r in rows:
         figure = figure_of(models.get(r.rank))
         table.append(as_dict(r) | {
-            "vs_peers": peers.get(r.rank),
+            "vs_peers": round(peers[r.rank], 3) if r.rank in peers else None,
             expected[0]: round(figure.typical, expected[1]) if figure else None,
             "vs_expected": round(values[r.rank] / figure.typical, 3) if figure else None})
     second = again_of([as_dict(r) for r in again_rows], key)
