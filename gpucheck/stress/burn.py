@@ -11,7 +11,6 @@ import math
 import os
 import random
 import re
-import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -155,11 +154,6 @@ def _record(rank: int, dtype: str, n: int, mode: str, times: list[float],
                       worst_elements=max(wrong) if mode == "bitwise" and wrong else 0,
                       p50_ms=percentile(times, 50) * 1e3, p99_ms=percentile(times, 99) * 1e3,
                       digest=digest, group=group)
-
-
-def draw_seed() -> int:
-    """This run's draw of reference rows (rank 0's is used by every rank)."""
-    return secrets.randbits(32)
 
 
 def rows_to_check(n: int, checks: list[torch.Tensor], seed: int = 0) -> list[int]:

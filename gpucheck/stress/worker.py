@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -238,8 +239,8 @@ def _sdc(ctx: RankContext, result: dict[str, Any]) -> None:
         record, golden, checks = sdc_burn.burn(ctx.world.rank, dtype, spec.size, ctx.device,
                                                spec.device, spec.duration_s, group)
     progress.set_step(ctx.run, "sdc: comparing results across ranks")
-    every = gather(ctx, (as_dict(record), checks, sdc_burn.draw_seed()))
-    seed = every[0][2]  # rank 0's draw, so every rank sends the same rows
+    every = gather(ctx, (as_dict(record), checks, secrets.randbits(32)))
+    seed = every[0][2]  # this run's draw of reference rows: rank 0's, the same on every rank
     rows = sdc_burn.rows_to_check(spec.size, [c for _, c, _ in every], seed)
     index = torch.tensor(rows, dtype=torch.long, device=golden.device)
     values = gather(ctx, golden[index].float().cpu())
