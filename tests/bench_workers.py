@@ -179,7 +179,7 @@ class _FailsLater(nn.Module):
 
 
 def fail_rank_one_in_the_timed_loop(model: nn.Module, rank: int) -> nn.Module:
-    return _FailsLater(model, 2.5) if rank == 1 else model
+    return _FailsLater(model, 1.5) if rank == 1 else model
 
 
 class _StallsAt(nn.Module):
