@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gpucheck import __version__
-from gpucheck.actions import ACTIONS, Action, Status
-from gpucheck.checks import Check, lookup
+from gpucheck.checks import ACTIONS, Action, Check, Status, lookup
 from gpucheck.measure import Metric, SecondLook
 from gpucheck.records import Unread
 from gpucheck.subject import Kind, Subject, text
@@ -26,9 +25,9 @@ SCHEMA_VERSION = 3
 # JSON-able values only: str, int, float, bool, None, lists and dicts of them.
 JsonValue = Any
 
-__all__ = ["Action", "Finding", "Report", "ReportShapeError", "SchemaVersionError", "Section",
-           "Status", "fail", "looked", "ok", "schema_problem", "skip", "unread_findings", "warn",
-           "worst"]
+__all__ = ["ACTIONS", "Action", "Finding", "Report", "ReportShapeError", "SchemaVersionError",
+           "Section", "Status", "fail", "looked", "ok", "schema_problem", "skip",
+           "unread_findings", "warn", "worst"]
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from gpucheck import subject
-from gpucheck.actions import ACTIONS, Action
-from gpucheck.checks import lookup
+from gpucheck.checks import ACTIONS, Action, lookup
 from gpucheck.probes.consistency import cuda_compat_findings, probe_consistency
 from gpucheck.probes.gpus import probe_nvml
 from gpucheck.probes.kernel_log import read_kernel_log

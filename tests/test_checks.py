@@ -13,8 +13,7 @@ import pytest
 
 import gpucheck
 from gpucheck import subject
-from gpucheck.actions import Action, Status
-from gpucheck.checks import CHECKS, Check, lookup
+from gpucheck.checks import CHECKS, Action, Check, Status, lookup
 from gpucheck.measure import Better, Bound, LookState, Metric, SecondLook
 from gpucheck.report import Report, Section, fail, looked, ok, skip, warn
 
@@ -223,8 +222,7 @@ def test_a_damaged_schema_3_field_is_a_damaged_report(tmp_path: Path, key: str,
 
 def test_a_preflight_that_names_no_node_drains_nothing() -> None:
     # A budget too short under --strict, or a no-go with no node named, is not a bad node.
-    from gpucheck.actions import Action, Status
-    from gpucheck.checks import lookup
+    from gpucheck.checks import Action, Status, lookup
 
     assert lookup("preflight.budget").action(Status.FAIL, None, None) is Action.FIX_CONFIG
     assert lookup("preflight.no_go").action(Status.FAIL, None, None) is Action.RERUN

@@ -7,8 +7,7 @@ from types import MappingProxyType
 import pytest
 
 from gpucheck import subject
-from gpucheck.actions import Action, Status
-from gpucheck.checks.check import Cause, Check, both, build, docs_of, title_of
+from gpucheck.checks.check import Action, Cause, Check, Status, both, build, docs_of, title_of
 from gpucheck.measure import Better, Bound, LookState, Metric, SecondLook
 from gpucheck.stats import fmt_bytes, human_bytes
 from gpucheck.subject import Kind, Subject

@@ -8,7 +8,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpucheck.actions import ACTIONS
 from gpucheck.analysis.baseline import Baseline, baseline_findings, below_baseline
 from gpucheck.analysis.loading import gpu_words
 from gpucheck.analysis.nodes import Fleet, Reason, finding_reasons, identity_findings, timestamp
@@ -21,7 +20,7 @@ from gpucheck.analysis.outliers import (
     outlier_reasons,
     outlier_row,
 )
-from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
+from gpucheck.report import ACTIONS, Finding, Section, Status, fail, ok, skip, warn
 from gpucheck.stats import significant
 from gpucheck.subject import file, host, text
 

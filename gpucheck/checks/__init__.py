@@ -8,9 +8,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpucheck.checks import node, runs
-from gpucheck.checks.check import PROBLEMS, Cause, Check, both, build, find
+from gpucheck.checks.check import (
+    ACTIONS,
+    PROBLEMS,
+    Action,
+    Cause,
+    Check,
+    Status,
+    both,
+    build,
+    find,
+)
 
-__all__ = ["CHECKS", "PROBLEMS", "Cause", "Check", "both", "lookup"]
+__all__ = ["ACTIONS", "CHECKS", "PROBLEMS", "Action", "Cause", "Check", "Status", "both",
+           "lookup"]
 
 CHECKS: Mapping[str, Check] = build(node.CHECKS + runs.CHECKS)
 

@@ -1,15 +1,47 @@
-"""The shapes of a declaration (Check, Cause), how an id finds its Check, and the title
-and docs anchor a check gets from its id. Imports only actions and measure (floor 1)."""
+"""A finding's two closed lists (Status, Action), the shapes of a declaration (Check,
+Cause), how an id finds its Check, and the title and docs anchor a check gets from its
+id. Imports only measure (floor 1)."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gpucheck.actions import Action, Status
 from gpucheck.measure import LookState, SecondLook
 
+
+class Status(str, enum.Enum):
+    """A check's verdict, ordered from best to worst by `severity` (report.py re-exports
+    it)."""
+
+    OK = "OK"
+    SKIP = "SKIP"
+    WARN = "WARN"
+    FAIL = "FAIL"
+
+    @property
+    def severity(self) -> int:
+        return _SEVERITY[self]
+
+
+_SEVERITY = {Status.OK: 0, Status.SKIP: 1, Status.WARN: 2, Status.FAIL: 3}
+
+
+class Action(str, enum.Enum):
+    """What to do about a WARN or FAIL: the fixed list, least to most disruptive."""
+
+    NONE = "none"  # nothing to do now: information, or a count to watch
+    RERUN = "rerun"  # run again: the result may be transient, or names no culprit yet
+    FIX_CONFIG = "fix-config"  # software, settings or the launch: the hardware is fine
+    RESTART_APP = "restart-app"  # the application's fault; the GPU is healthy
+    RESET_GPU = "reset-gpu"  # nvidia-smi -r (or a reboot) clears it; the node may stay
+    DRAIN_NODE = "drain-node"  # take the node out of service until someone has looked
+    REPLACE_HARDWARE = "replace-hardware"  # a part is bad or unseated: hands on the box
+
+
+ACTIONS: tuple[str, ...] = tuple(a.value for a in Action)
 PROBLEMS = (Status.WARN, Status.FAIL)
 INFO = "OK and SKIP only: information, never an action"
 SITE = ("the finding's own site names its action (per kind, per XID or per event); this "

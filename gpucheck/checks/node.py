@@ -5,8 +5,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpucheck.actions import Action, Status
-from gpucheck.checks.check import INFO, SITE, Cause, Check, both, how, table_causes
+from gpucheck.checks.check import (
+    INFO,
+    SITE,
+    Action,
+    Cause,
+    Check,
+    Status,
+    both,
+    how,
+    table_causes,
+)
 
 A, W, F = Action, Status.WARN, Status.FAIL
 _IB = how("gpucheck health; ibstat by hand")

@@ -4,8 +4,7 @@ unless given (check.py)."""
 
 from __future__ import annotations
 
-from gpucheck.actions import Action, Status
-from gpucheck.checks.check import INFO, SITE, Cause, Check, both, how
+from gpucheck.checks.check import INFO, SITE, Action, Cause, Check, Status, both, how
 from gpucheck.measure import LookState
 
 A, W, F = Action, Status.WARN, Status.FAIL

@@ -9,7 +9,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from gpucheck.actions import ACTIONS as ACTIONS  # the fixed list every finding uses
+from gpucheck.checks import ACTIONS as ACTIONS  # the fixed list every finding uses
 
 SEVERITIES = ("info", "warn", "fail")
 CATALOG_URL = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"

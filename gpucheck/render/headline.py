@@ -11,10 +11,9 @@ import re
 import statistics
 from collections.abc import Mapping
 
-from gpucheck.actions import ACTIONS
 from gpucheck.measure import Metric
 from gpucheck.render.words import fmt_bytes, fmt_value, terminal
-from gpucheck.report import Finding, Report, Status
+from gpucheck.report import ACTIONS, Finding, Report, Status
 from gpucheck.subject import Kind, Subject
 
 # Per-rank (or per-pair) families, shown as their slowest member beside the median.
