@@ -1,5 +1,6 @@
-"""The pure parts of stress: expected figures, PCIe arithmetic, sysfs NUMA, SDC
-judgement, peer/straggler/link verdicts, report building, option validation."""
+"""The pure parts of stress: expected figures (membw counted once, as nvbandwidth), PCIe
+arithmetic, sysfs NUMA, SDC judgement, peer/straggler/link verdicts, report building,
+option validation."""
 
 from __future__ import annotations
 
@@ -51,6 +52,22 @@ def test_memory_peaks_are_half_the_datasheet_figures_as_a_copy_counted_once() ->
                      "NVIDIA A100-SXM4-80GB": 2039.0 / 2, "NVIDIA A100-SXM4-40GB": 1555.0 / 2}
 
 
+def test_a_copy_counts_its_bytes_once_as_nvbandwidth(monkeypatch: pytest.MonkeyPatch) -> None:
+    # nvbandwidth device_local_copy: copy size x loops / time (memcpy.cpp, doMemcpyCore).
+    monkeypatch.setattr(gemm, "timed_window", lambda *a, **k: [0.002, 0.001, 0.001])
+    record = gemm.measure_copy(0, 4 << 20, "cpu", "cpu", 0.0, 0.0)
+    assert record.gbps_p50 == pytest.approx((4 << 20) / 0.001 / 1e9)
+    assert record.gbps == pytest.approx(3 * (4 << 20) / 0.004 / 1e9)
+
+
+def test_the_h200_copy_figure_is_the_measured_fraction_of_half_the_datasheet() -> None:
+    figure = gemm.copy_figure("NVIDIA H200")
+    assert figure is not None and figure.measured
+    # 4.3 TB/s read + write measured = 2.15 TB/s copied; 0.89 of 2400 GB/s.
+    assert figure.typical == pytest.approx(2136.0)
+    assert "2.15 TB/s" in figure.source and "half of the datasheet" in figure.source
+
+
 def _rank(rank: int, gpu: str | None, node_rank: int = 0, **extra: Any) -> dict[str, Any]:
     """A rank row as the worker builds it: the check-in record plus the GPU's label."""
     label = f"GPU {rank} ({gpu}, bus 00000000:{rank + 16:02X}:00.0, GPU-{rank})" if gpu else None
@@ -77,6 +94,19 @@ def test_a_gpu_below_its_models_typical_figure_is_named() -> None:
     assert [f.subject.label for f in warned] == ["rank 1"]
     assert "GPU 1" in warned[0].message and "source" in warned[0].message
     assert any(f.status is Status.OK and "1 NVIDIA H200" in f.message for f in found)
+
+
+def test_a_healthy_h200_at_nvbandwidths_figure_stays_ok_and_a_slow_one_is_named() -> None:
+    # 2150 GB/s is what nvbandwidth prints for a healthy H200's device_local_copy; before
+    # the unit was fixed, the figure expected 4272 GB/s of it and this was a false WARN.
+    ranks = [_rank(0, "NVIDIA H200"), _rank(1, "NVIDIA H200")]
+    healthy = verdicts.expected_findings("stress.membw.expected", "copy", "GB/s",
+                                         {0: 2150.0, 1: 2120.0}, ranks, gemm.copy_figure, 0.8)
+    assert [f.status for f in healthy] == [Status.OK]
+    slow = verdicts.expected_findings("stress.membw.expected", "copy", "GB/s",
+                                      {0: 2150.0, 1: 1200.0}, ranks, gemm.copy_figure, 0.8)
+    warned = [f for f in slow if f.status is Status.WARN]
+    assert len(warned) == 1 and "GPU 1" in str(warned[0].subject or "") + warned[0].message
 
 
 # --- PCIe link arithmetic and sysfs -----------------------------------------------------
