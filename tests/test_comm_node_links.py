@@ -1,10 +1,7 @@
-"""Between nodes, judged on recorded per-pair figures (deterministic, no processes).
-
-Issue 21, item 2: a node whose links run at 0.65x the others' was let through ("no
-node and no pair below 0.5 x the median"). Issue 22, defect 3: on NCCL a rank's
-receives and sends are one group, so a node slow to receive made the link into the
-node before it read slow. The real gloo runs are in test_comm_internode_runs.py.
-"""
+"""Between nodes, judged on recorded per-pair figures (no processes). Issue 21, item 2: a
+node at 0.65x the others' was let through. Issue 22, defect 3: on NCCL a rank's receives
+and sends are one group, so a node slow to receive made the link into the node before it
+read slow (node 1 sends to node 2 in round 1: node 0 -> node 1 read 0.3x)."""
 
 from __future__ import annotations
 
@@ -262,16 +259,6 @@ def _group_gbps(node: int, pairs: list[tuple[int, int]], slow_receiver: int) -> 
     slowest = max(_link_s(came_from[node], node, slow_receiver),
                   _link_s(node, send_to[node], slow_receiver))
     return round(1 / slowest, 4)
-
-
-def test_a_node_slow_to_receive_on_nccl_makes_the_link_into_the_node_before_it_read_slow(
-        ) -> None:
-    """The defect, in the figures: node 1 sends to node 2 in round 1, so node 1's
-    group is slow, and the link node 0 -> node 1 (received in that group) reads 0.3x."""
-    links, _ = _nccl_rounds(3, slow_receiver=2)
-    by_pair = {(x["src_node"], x["dst_node"]): x["bandwidth_gbps"] for x in links}
-    assert by_pair[(0, 1)] == pytest.approx(3.0)
-    assert by_pair[(1, 0)] == pytest.approx(3.0)  # node 0 sends to node 2 in round 2
 
 
 @pytest.mark.parametrize("nodes", [3, 4, 5])
