@@ -1,7 +1,5 @@
-"""Node-to-node bandwidth in N - 1 parallel rounds (round r: node i sends to node i + r
-and receives from i - r), all rails at once, each link timed so that slowness lands on
-the node that has it; then the slow node pairs measured again beside known-good ones
-(docs/comm.md, "Between nodes")."""
+"""Node-to-node bandwidth in N - 1 parallel rounds, all rails at once, then the slow node
+pairs measured again beside known-good ones (docs/comm.md, "Between nodes")."""
 
 from __future__ import annotations
 
@@ -11,12 +9,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from gpucheck.comm.collectives import (
-    Work,
-    make_clock,
-    started,
-    time_batch,
-)
+from gpucheck.comm.collectives import Work, make_clock, started, time_batch
 from gpucheck.comm.internode_verdicts import (
     both_ends,
     find_node_suspects,
@@ -78,15 +71,6 @@ def _batch(peers: tuple[int | None, int | None], out: Any, into: Any,
     return lambda: _Group(dist.batch_isend_irecv(ops))
 
 
-def _exchange_nccl(peers: tuple[int | None, int | None], out: Any, into: Any, iters: int,
-                   device: str, wait_s: float) -> float:
-    """NCCL: one group of every send and receive, timed on the device from a start
-    aligned by an untimed one-element exchange with the same peers."""
-    flag_out, flag_in = out[:1].clone(), into[:1].clone()
-    return time_batch([_batch(peers, out, into, iters)], make_clock(device), True, wait_s,
-                      _batch(peers, flag_out, flag_in, 1))
-
-
 class Exchange(NamedTuple):
     """One timed exchange on one rank: seconds until its receives were done, and seconds
     that cover its sends (None: none, or gloo, whose sends end when handed over)."""
@@ -97,8 +81,7 @@ class Exchange(NamedTuple):
 
 def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: int,
               device: str, *, wait_s: float) -> Exchange:
-    """Send `iters` buffers to `me_send` while receiving as many from `me_recv`; NCCL's
-    host waits bounded by `wait_s`."""
+    """Send `iters` buffers to `me_send` while receiving as many from `me_recv`."""
     import torch
     import torch.distributed as dist
 
@@ -109,7 +92,11 @@ def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: 
     if str(dist.get_backend()) == "nccl":
         if me_send is None and me_recv is None:
             return Exchange(None, None)
-        seconds = _exchange_nccl((me_send, me_recv), out, into, iters, device, wait_s)
+        # One group of every send and receive, timed on the device from a start aligned
+        # by an untimed one-element exchange with the same peers.
+        peers = (me_send, me_recv)
+        seconds = time_batch([_batch(peers, out, into, iters)], make_clock(device), True,
+                             wait_s, _batch(peers, out[:1].clone(), into[:1].clone(), 1))
         return Exchange(seconds if me_recv is not None else None,
                         seconds if me_send is not None else None)
     began = time.perf_counter()
@@ -128,7 +115,6 @@ def _exchange(me_send: int | None, me_recv: int | None, size_bytes: int, iters: 
 
 
 def _wait_all(works: Sequence[Any], ended: list[float]) -> None:
-    """Wait on every work; append the time."""
     for work in works:
         work.wait()
     ended.append(time.perf_counter())
@@ -155,20 +141,6 @@ def _samples(peers: tuple[int | None, int | None], size_bytes: int, iters: int,
             return None
         return [round(size_bytes * iters / s / GB, 4) for s in seconds if s is not None]
     return gbps([t.received_s for t in timed]), gbps([t.sent_s for t in timed])
-
-
-def _link(round_: int | str, src_node: int, dst_node: int, came: tuple[int, int], me: int,
-          samples: list[float]) -> dict[str, Any]:
-    return LinkRow(round=round_, src_node=src_node, dst_node=dst_node, rail=came[0],
-                   src=came[1], dst=me, bandwidth_gbps=statistics.median(samples),
-                   samples_gbps=tuple(samples)).to_dict()
-
-
-def _sent(round_: int | str, src_node: int, dst_node: int, me: int, to: int,
-          samples: list[float]) -> dict[str, Any]:
-    """What this rank's timing says of the link it sent on (NCCL: its group's time)."""
-    return SentRow(round=round_, src_node=src_node, dst_node=dst_node, src=me, dst=to,
-                   sent_gbps=tuple(samples)).to_dict()
 
 
 Measured = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # links received on, sent on
@@ -235,9 +207,14 @@ def _measure(roster: Sequence[Mapping[str, Any]],
         received, sending = _samples(peers, size_bytes, iters, device, repeats,
                                      ctx.session.wait_s)
         if received is not None and came is not None and from_node is not None:
-            links.append(_link(label, from_node, mine, came, me, received))
+            links.append(LinkRow(
+                round=label, src_node=from_node, dst_node=mine, rail=came[0], src=came[1],
+                dst=me, bandwidth_gbps=statistics.median(received),
+                samples_gbps=tuple(received)).to_dict())
         if sending is not None and send is not None and to_node is not None:
-            sent.append(_sent(label, mine, to_node, me, send, sending))
+            # What this rank's timing says of the link it sent on (NCCL: its group's time).
+            sent.append(SentRow(round=label, src_node=mine, dst_node=to_node, src=me,
+                                dst=send, sent_gbps=tuple(sending)).to_dict())
         if again:
             barrier(ctx.session.wait_s)
     if not again:
