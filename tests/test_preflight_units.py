@@ -17,7 +17,7 @@ import pytest
 
 from gpucheck import cli
 from gpucheck.comm.internode import round_schedule
-from gpucheck.comm.internode_verdicts import find_node_suspects
+from gpucheck.comm.internode_verdicts import find_node_suspects, internode_findings, node_pair_rows
 from gpucheck.context import Console
 from gpucheck.preflight import actions
 from gpucheck.preflight.verdict import confirmed_slow_nodes, decide
@@ -76,11 +76,15 @@ def test_the_slow_node_is_condemned_only_when_slow_again_beside_a_known_good_one
     suspects = find_node_suspects(_node_samples(links), 0.5)
     wanted = {p for x, y in exchanges_for(suspects) for p in ((x, y), (y, x))}
     assert suspects.references  # a known-good pair is measured beside the suspect's
-    confirmed = {"links": links, "again": _again(links, wanted, slow_again=True)}
-    assert confirmed_slow_nodes(confirmed, 0.5) == [SLOW % 32]
-    unstable = {"links": links, "again": _again(links, wanted, slow_again=False)}
-    assert confirmed_slow_nodes(unstable, 0.5) == []
-    assert confirmed_slow_nodes({"links": links, "again": []}, 0.5) == []
+    rows = node_pair_rows(links)
+    labels = {n: f"node {n}" for n in range(32)}
+
+    def condemned(again: list[dict] | None) -> list[int]:
+        return confirmed_slow_nodes(internode_findings(rows, 0.5, labels, again))
+
+    assert condemned(_again(links, wanted, slow_again=True)) == [SLOW % 32]
+    assert condemned(_again(links, wanted, slow_again=False)) == []
+    assert condemned([]) == [] and condemned(None) == []
 
 
 def _result(checks: dict, strict: bool = False, stress: dict | None = None) -> dict:

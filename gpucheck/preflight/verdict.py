@@ -10,7 +10,6 @@ from typing import Any
 from gpucheck import subject as subjects
 from gpucheck.distributed.nodes import NodeId, group_by_node
 from gpucheck.report import Finding, Section, Status, fail, ok, skip, warn
-from gpucheck.subject import Subject
 
 NODE_HINT = ("keep this node out of the job (resubmit with the exclude file: sbatch "
              "--exclude, or drain it with --drain), then have it checked: gpucheck "
@@ -230,7 +229,7 @@ def links_section(internode: Mapping[str, Any], result: Mapping[str, Any],
                    if s.name == "internode")
     nodes = list(group_by_node(result["ranks"]))
     blamed = []
-    for index in confirmed_slow_nodes(internode, fraction):
+    for index in confirmed_slow_nodes(section.findings):
         node: NodeId = nodes[index]
         why = "its node-to-node links are slow, confirmed against a known-good node"
         if result["device"] == "cuda":
@@ -241,22 +240,15 @@ def links_section(internode: Mapping[str, Any], result: Mapping[str, Any],
     return section, blamed
 
 
-def confirmed_slow_nodes(internode: Mapping[str, Any], fraction: float) -> list[int]:
-    """Node indices comm's verdicts name slow with a confirmed second look: every one of
-    their slow pairs slow again beside a known-good pair, at the fabric's cut
-    (gpucheck.comm.internode_verdicts' elimination, gpucheck.comm.internode_verdicts' looks)."""
-    from gpucheck.comm.internode_verdicts import internode_findings, node_pair_rows
+def confirmed_slow_nodes(findings: Sequence[Finding]) -> list[int]:
+    """The nodes comm's internode findings name slow with a confirmed second look (every
+    slow pair of theirs slow again beside a known-good pair)."""
     from gpucheck.measure import LookState
 
-    if not internode.get("again"):
-        return []
-    rows = node_pair_rows(internode["links"])
-    labels = {n: f"node {n}" for r in rows for n in (int(r["src_node"]), int(r["dst_node"]))}
-    return sorted(f.subject.node for f in internode_findings(rows, fraction, labels,
-                                                             internode["again"])
-                  if f.check == "comm.internode.shared_node" and f.look is not None
-                  and f.look.state is LookState.CONFIRMED
-                  and isinstance(f.subject, Subject) and f.subject.node is not None)
+    return sorted({f.subject.node for f in findings
+                   if f.check == "comm.internode.shared_node" and f.look is not None
+                   and f.look.state is LookState.CONFIRMED
+                   and f.subject is not None and f.subject.node is not None})
 
 
 def verdict_section(result: Mapping[str, Any], failing: Sequence[Mapping[str, Any]],
