@@ -8,17 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpucheck.checks import node, runs
-from gpucheck.checks.check import (
-    ACTIONS,
-    PROBLEMS,
-    Action,
-    Cause,
-    Check,
-    Status,
-    both,
-    build,
-    find,
-)
+from gpucheck.checks.check import ACTIONS, PROBLEMS, Action, Cause, Check, Status, both, build, find
 
 __all__ = ["ACTIONS", "CHECKS", "PROBLEMS", "Action", "Cause", "Check", "Status", "both",
            "lookup"]

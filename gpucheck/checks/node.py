@@ -5,17 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpucheck.checks.check import (
-    INFO,
-    SITE,
-    Action,
-    Cause,
-    Check,
-    Status,
-    both,
-    how,
-    table_causes,
-)
+from gpucheck.checks.check import INFO, SITE, Action, Cause, Check, Status, both, how, table_causes
 
 A, W, F = Action, Status.WARN, Status.FAIL
 _IB = how("gpucheck health; ibstat by hand")
