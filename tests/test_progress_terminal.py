@@ -186,9 +186,9 @@ def test_each_run_keeps_its_own_progress_and_bars_shared_only_by_its_commands() 
     one, other = RunContext(RunOptions(show_progress=True)), RunContext()
     progress.set_step(one, "all_reduce 4 MiB")
     progress.publish_partial(one, {"measured": 1})
-    assert (progress.current_step(other), progress.local_partial(other)) == (None, None)
+    assert (other.progress.step, progress.local_partial(other)) == (None, None)
     command = one.scoped("bench")
-    assert progress.current_step(command) == "all_reduce 4 MiB"
+    assert command.progress.step == "all_reduce 4 MiB"
     with progress.bar(command, "bench", 2) as opened:
         assert one.bars == [opened] and other.bars == []
     assert one.bars == []

@@ -204,9 +204,7 @@ def run_reported(command: str, worker: Callable[[RunContext, Any], Any], spec: A
 
 def partial_report(build: Build, ctx: RunContext) -> Report | None:
     """After Ctrl-C or SIGTERM: what rank 0 had measured so far, or None."""
-    from gpucheck.distributed import progress
-
-    partial = progress.local_partial(ctx)
+    partial = ctx.progress.partial
     return build(partial) if partial is not None else None
 
 

@@ -66,18 +66,18 @@ def run_job(worker: Callable[[RunContext, S], Any], spec: S, nproc: int,
         return _run_here(worker, spec, ctx)
     progress.say(ctx, f"launching {nproc} ranks (each starts python and torch, then "
                       "they join one process group)")
-    progress.remember_ranks(ctx, {})
+    ctx.progress.ranks = {}
     with _run_dir(ctx) as folder:
         options = replace(ctx.options, run_dir=str(folder))
         try:
             return launch_local(in_context, (worker, spec, options), nproc, master_port)[0]
         except WorkersFailed as exc:
             partial, roster, diagnoses = progress.read_run_dir(folder)
-            progress.remember_ranks(ctx, progress.read_ranks(folder))
+            ctx.progress.ranks = progress.read_ranks(folder)
             raise JobFailed(exc.failures, partial, diagnoses, roster, reporter=True) from None
         except KeyboardInterrupt:
-            progress.remember_partial(ctx, progress.read_run_dir(folder)[0])
-            progress.remember_ranks(ctx, progress.read_ranks(folder))
+            ctx.progress.partial = progress.read_run_dir(folder)[0]
+            ctx.progress.ranks = progress.read_ranks(folder)
             raise
         finally:
             progress.gather(folder, ctx.warnings)  # the ranks' library warnings, for the log
@@ -188,7 +188,7 @@ def _run_here(worker: Callable[[RunContext, S], Any], spec: S, ctx: RunContext) 
         lines = str(exc).strip().splitlines()
         failure = RankFailure(rank, local_rank, exitcode=1, signal=None,
                               message=lines[-1] if lines else type(exc).__name__)
-        raise JobFailed([failure], progress.local_partial(ctx), list(ctx.progress.diagnoses),
+        raise JobFailed([failure], ctx.progress.partial, list(ctx.progress.diagnoses),
                         [asdict(i) for i in ctx.session.roster], reporter=rank == 0) from exc
 
 

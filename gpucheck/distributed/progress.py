@@ -67,10 +67,6 @@ def set_step(ctx: RunContext, label: str | None) -> None:
     ctx.progress.step = label
 
 
-def current_step(ctx: RunContext) -> str | None:
-    return ctx.progress.step
-
-
 def _write_json(ctx: RunContext, name: str, data: Any) -> None:
     folder = run_dir(ctx)
     if folder is not None:
@@ -103,10 +99,6 @@ def publish_rank(ctx: RunContext, rank: int, data: dict[str, Any]) -> None:
     costs only its own newest figures, and rank 0 never waits on another rank."""
     ctx.progress.ranks[rank] = data
     _write_json(ctx, RANK_FILE.format(rank=rank), data)
-
-
-def remember_ranks(ctx: RunContext, ranks: dict[int, dict[str, Any]]) -> None:
-    ctx.progress.ranks = dict(ranks)
 
 
 def local_ranks(ctx: RunContext) -> dict[int, dict[str, Any]]:

@@ -277,7 +277,7 @@ def _after_failure(ctx: RunContext, store: Any, world: World, timeout_s: float,
     if world.world_size == 1:
         return None
     _end_silent_siblings(ctx, missing)
-    step = progress.current_step(ctx)
+    step = ctx.progress.step
     error = RanksUnresponsive(missing, step, cause)
     progress.record_diagnosis(ctx, {
         "rank": world.rank, "missing": missing, "step": step, "cause": cause,
