@@ -180,8 +180,6 @@ def coverage(n: int, rows: list[int]) -> str:
             f"elements; one drawn per {TILE_ROWS}-row band, so every output tile)")
 
 
-
-
 def reference_and_bounds(n: int, dtype: str, rows: list[int],
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the product's `rows` in fp64 on the CPU, each element's allowed error): the

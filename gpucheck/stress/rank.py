@@ -218,4 +218,3 @@ def place_this_rank(bus_id: str | None, pin: bool, root: Path = SYSFS) -> Placem
             on_node = bool(allowed) and set(allowed) <= set(placement.gpu_cpus)
             return Placement(placement.numa_node, placement.gpu_cpus, allowed, on_node, False)
     return placement
-

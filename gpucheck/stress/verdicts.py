@@ -118,8 +118,6 @@ PEER_HINT = ("this GPU is slower than its peers: check its clocks, temperature, 
              "whether another process uses it")
 
 
-
-
 def expected_findings(check: str, what: str, unit: str, values: Mapping[int, float],
                       ranks: Sequence[Mapping[str, Any]],
                       figure_of: Callable[[str | None], Figure | None],

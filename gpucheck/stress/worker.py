@@ -157,8 +157,6 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-
-
 def _gemm(ctx: RankContext, result: dict[str, Any]) -> None:
     """Every dtype's GEMM window (and its second look), with this GPU's power draw
     sampled throughout (gpucheck.stress.gemm)."""
