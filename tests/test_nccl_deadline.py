@@ -45,14 +45,11 @@ class Stuck:
         pass
 
 
-def test_a_wait_on_an_op_that_never_completes_ends_at_the_deadline() -> None:
+def test_a_wait_ends_at_the_deadline_unless_its_op_completes_first() -> None:
     clock = FakeClock()
     with pytest.raises(deadline.DeadlinePassed, match="timed out"):
         deadline.settle([Stuck()], 3.0, "an all_reduce", clock=clock, sleep=clock.sleep)
     assert 3.0 <= clock.now - 1000.0 < 3.0 + 2 * deadline.POLL_S
-
-
-def test_an_op_that_completes_returns_without_reaching_the_deadline() -> None:
     clock = FakeClock()
     deadline.settle([Stuck(done_after_polls=3)], 3.0, "an all_reduce", clock=clock,
                     sleep=clock.sleep)
@@ -120,17 +117,15 @@ def _read(rank: int) -> str:
     return checkin._key("read", rank)
 
 
-def test_a_late_survivor_within_the_window_is_not_named() -> None:
+@pytest.mark.parametrize(("arrivals", "missing"), [
+    ({_alive(1): 40.0, _read(1): 40.0}, [2]),  # a late survivor within the window
+    ({_alive(1): 0.0, _alive(2): 1.0}, []),  # every rank answers
+])
+def test_the_roll_call_names_only_the_ranks_that_never_answered_within_its_window(
+        arrivals: dict[str, float], missing: list[int]) -> None:
     clock = FakeClock()
-    store = FakeStore(clock, {_alive(1): clock.now + 40.0, _read(1): clock.now + 40.0})
-    missing = checkin.roll_call(store, 0, 3, window_s=55.0, clock=clock, sleep=clock.sleep)
-    assert missing == [2]
-
-
-def test_every_rank_answering_names_no_one() -> None:
-    clock = FakeClock()
-    store = FakeStore(clock, {_alive(1): clock.now, _alive(2): clock.now + 1})
-    assert checkin.roll_call(store, 0, 3, 55.0, clock=clock, sleep=clock.sleep) == []
+    store = FakeStore(clock, {key: clock.now + at for key, at in arrivals.items()})
+    assert checkin.roll_call(store, 0, 3, 55.0, clock=clock, sleep=clock.sleep) == missing
 
 
 def test_the_stores_host_stays_until_every_rank_that_answered_has_read() -> None:
@@ -168,22 +163,16 @@ class FakeDist:
         self.distributed_c10d = c10d
 
 
-def test_abort_uses_abort_process_group_where_torch_has_it() -> None:
-    c10d = FakeC10d(with_function=True)
-    assert deadline.abort_groups(FakeDist(c10d)) is None
-    assert c10d.calls == ["_abort_process_group"]
-
-
-def test_abort_falls_back_on_the_groups_own_abort() -> None:
-    c10d = FakeC10d(with_function=False)
-    assert deadline.abort_groups(FakeDist(c10d)) is None and c10d.calls == ["group.abort"]
-
-
-@pytest.mark.parametrize("c10d", [FakeC10d(with_function=False, group_abort=False),
-                                  FakeC10d(with_function=True, fails=True)])
-def test_an_abort_torch_cannot_do_is_said_never_swallowed(c10d: FakeC10d) -> None:
+@pytest.mark.parametrize(("c10d", "calls"), [
+    (FakeC10d(with_function=True), ["_abort_process_group"]),  # where torch has it
+    (FakeC10d(with_function=False), ["group.abort"]),  # else the group's own abort
+    (FakeC10d(with_function=False, group_abort=False), None),  # neither: said
+    (FakeC10d(with_function=True, fails=True), None),  # failed: said, never swallowed
+])
+def test_abort_uses_what_this_torch_has_and_says_why_not(c10d: FakeC10d,
+                                                         calls: list[str] | None) -> None:
     why = deadline.abort_groups(FakeDist(c10d))
-    assert why is not None and c10d.calls == []
+    assert (why is None, c10d.calls) == (calls is not None, calls or [])
 
 
 def test_a_command_that_aborted_nothing_returns_its_code() -> None:

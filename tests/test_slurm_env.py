@@ -47,20 +47,15 @@ def test_master_addr_and_port_when_set_win() -> None:
     assert world is not None and (world.master_addr, world.master_port) == ("10.0.0.9", 1234)
 
 
-def test_missing_nodelist_is_an_error_naming_master_addr() -> None:
-    env = {k: v for k, v in SRUN.items() if k != "SLURM_JOB_NODELIST"}
-    with pytest.raises(UsageError, match="MASTER_ADDR"):
+@pytest.mark.parametrize(("env", "named"), [
+    ({k: v for k, v in SRUN.items() if k != "SLURM_JOB_NODELIST"}, "set MASTER_ADDR"),
+    (SRUN | {"SLURM_JOB_NODELIST": "gpu[01-02]x[1-2]"}, "set MASTER_ADDR"),
+    (SRUN | {"SLURM_PROCID": "abc"}, "SLURM_PROCID"),
+])
+def test_a_missing_or_unreadable_variable_is_an_error_naming_the_fix(
+        env: dict[str, str], named: str) -> None:
+    with pytest.raises(UsageError, match=named):
         world_from_env(env)
-
-
-def test_unreadable_nodelist_is_an_error_naming_master_addr() -> None:
-    with pytest.raises(UsageError, match="set MASTER_ADDR"):
-        world_from_env(SRUN | {"SLURM_JOB_NODELIST": "gpu[01-02]x[1-2]"})
-
-
-def test_bad_rank_variable_names_it() -> None:
-    with pytest.raises(UsageError, match="SLURM_PROCID"):
-        world_from_env(SRUN | {"SLURM_PROCID": "abc"})
 
 
 def test_no_launcher_variables_means_no_world() -> None:
