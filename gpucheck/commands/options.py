@@ -57,7 +57,6 @@ def count(least: int = -MAX_COUNT, most: int = MAX_COUNT) -> Callable[[str], int
     return parse
 
 
-finite_float = real()
 positive_float = real(above=0)
 fraction = real(above=0, most=1)
 seconds = real(above=0, most=MAX_SECONDS)
