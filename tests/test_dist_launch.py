@@ -61,15 +61,14 @@ def test_world_from_env_reads_torchrun_variables() -> None:
     assert world_from_env({}) is None
 
 
-def test_n_gpus_disagreeing_with_the_launchers_world_is_a_usage_error() -> None:
+def test_n_gpus_is_refused_below_one_or_against_the_launchers_world_of_the_context(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = RunContext(launcher_env={"RANK": "0", "WORLD_SIZE": "2"})
     with pytest.raises(UsageError, match="disagrees"):
         resolve_nproc(4, 2, ctx)
     assert resolve_nproc(None, 7, ctx) == 2
-
-
-def test_the_launchers_world_is_read_from_the_context_not_the_process(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UsageError):
+        resolve_nproc(0, 2, RunContext())
     # `all --local` gives its commands an environment without the launcher's variables:
     # what the process itself has set does not count.
     monkeypatch.setenv("RANK", "0")
@@ -77,23 +76,16 @@ def test_the_launchers_world_is_read_from_the_context_not_the_process(
     assert resolve_nproc(4, 2, RunContext(launcher_env={})) == 4
 
 
-def test_n_gpus_below_one_is_a_usage_error() -> None:
-    with pytest.raises(UsageError):
-        resolve_nproc(0, 2, RunContext())
-
-
 AGENT = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400",
          "TORCHELASTIC_USE_AGENT_STORE": "True"}
 
 
-def test_a_rank_is_a_client_of_the_agents_store_only_where_torchrun_says_so() -> None:
+def test_a_rank_is_a_client_of_the_agents_store_only_where_and_at_what_torchrun_says(
+        ) -> None:
     assert _world(AGENT).agent_store
     assert not _world({**AGENT, "TORCHELASTIC_USE_AGENT_STORE": "False"}).agent_store
     assert not _world({k: v for k, v in AGENT.items()
                        if k != "TORCHELASTIC_USE_AGENT_STORE"}).agent_store
-
-
-def test_the_agents_flag_holds_only_at_the_address_the_agent_exported() -> None:
     assert not agent_serves_store(AGENT, "10.0.0.2", 29400)
     assert not agent_serves_store(AGENT, "10.0.0.1", 29401)
     assert agent_serves_store(AGENT, "10.0.0.1", 29400)

@@ -1,10 +1,5 @@
-"""Progress on a terminal: every command says what it is doing, on stderr, from the
-reporting process only; nothing off a terminal or with -q.
-
-The commands run as real processes with stderr on a pseudo-terminal (os.openpty), as
-a person's shell gives it, and stdout on a pipe: progress must never reach the
-report. Sizes and durations are the smallest that still run every step.
-"""
+"""Progress on a terminal (stderr on a pseudo-terminal, stdout on a pipe): every command
+says what it is doing, from the reporting process only; nothing off a terminal or with -q."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Stopping a run: Ctrl-C (SIGINT) and SIGTERM (a SLURM time limit, `timeout`, an eviction).
-
-Every command stopped by a signal keeps what it measured: the workers are stopped,
-the partial report is written to --output with a `<command>.interrupted` FAIL, one
-line of gpucheck's own goes to stderr, and the exit code is 128 + the signal (130,
-143). The real runs below signal gpucheck once rank 0 has published a result, and
-end by checking that no process is left.
-"""
+"""Stopping a run (Ctrl-C, SIGTERM, SIGHUP): the workers stop, the partial report with a
+`<command>.interrupted` FAIL, one line on stderr, exit 128 + the signal, no process left."""
 
 from __future__ import annotations
 
