@@ -1,8 +1,8 @@
 """`gpucheck hang` on real 3-rank gloo jobs (127.0.0.1) that hang on purpose.
 
-Three jobs, each shared by the tests of one module fixture: a healthy slow job (then
-one rank stopped, then killed), a torchrun job with a rank stuck in its own code, a
-desynchronised job that writes Flight Recorder dumps. Every test names the right
+Two jobs, each shared by the tests of one module fixture: a healthy slow job (then one
+rank stopped, then killed) and a desynchronised torchrun job that writes Flight Recorder
+dumps (a rank stuck in its own code: tests/test_hang_nodes.py). Every test names the right
 rank and only it; every process is killed when its fixture ends.
 """
 
@@ -47,15 +47,10 @@ def slow_job() -> Iterator[Job]:
 
 
 @pytest.fixture(scope="module")
-def torchrun_job() -> Iterator[Job]:
-    with hang_job("user", odd=1, torchrun=True) as job:
-        yield job
-
-
-@pytest.fixture(scope="module")
 def desync_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Job, Path]]:
     folder = tmp_path_factory.mktemp("fr")
-    with hang_job("desync", odd=0, TORCH_FR_DUMP_TEMP_FILE=str(folder / "rank_")) as job:
+    with hang_job("desync", odd=0, torchrun=True,
+                  TORCH_FR_DUMP_TEMP_FILE=str(folder / "rank_")) as job:
         wait_for(job, "dumped", 3)
         yield job, folder
 
@@ -87,27 +82,20 @@ def test_a_rank_that_died_is_named_and_only_it(slow_job: Job) -> None:
     assert "no longer exist" in str(report.sections[0].data["notes"])
 
 
-def test_a_rank_stuck_in_user_code_is_named_through_torchruns_pid(torchrun_job: Job) -> None:
-    report = run_hang(str(torchrun_job.procs[0].pid))
-    assert problems(report) == [("hang.rank.user_code", "rank 1 on " + report.host)]
-    message = next(f.message for f in report.findings if f.check == "hang.rank.user_code")
-    assert "stuck_in_user_code at " in message and "hang_jobs.py:" in message
-    assert sorted(r["pid"] for r in report.sections[0].data["ranks"]) == \
-        sorted(torchrun_job.pids)
-
-
-def test_without_pids_every_rank_of_the_job_is_found(torchrun_job: Job) -> None:
+def test_without_pids_every_rank_of_the_job_is_found(desync_job: tuple[Job, Path]) -> None:
+    job, _ = desync_job
     found = discover()
-    jobs = [ranks for ranks in found.jobs.values()
-            if {r.pid for r in ranks} & set(torchrun_job.pids)]
+    jobs = [ranks for ranks in found.jobs.values() if {r.pid for r in ranks} & set(job.pids)]
     assert len(jobs) == 1
-    assert sorted(r.pid for r in jobs[0]) == sorted(torchrun_job.pids)
+    assert sorted(r.pid for r in jobs[0]) == sorted(job.pids)
     assert [r.rank for r in jobs[0]] == [0, 1, 2]
 
 
-def test_a_rank_in_another_collective_is_named_live(desync_job: tuple[Job, Path]) -> None:
+def test_a_rank_in_another_collective_is_named_live_through_torchruns_pid(
+        desync_job: tuple[Job, Path]) -> None:
     job, _ = desync_job
-    report = run_hang(*map(str, job.pids))
+    report = run_hang(str(job.procs[0].pid))
+    assert sorted(r["pid"] for r in report.sections[0].data["ranks"]) == sorted(job.pids)
     assert problems(report) == [("hang.rank.desync", "rank 0 on " + report.host)]
     message = next(f.message for f in report.findings if f.check == "hang.rank.desync")
     assert "broadcast" in message and "all_reduce" in message

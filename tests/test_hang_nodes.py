@@ -40,6 +40,8 @@ def test_the_rank_on_another_node_is_named_with_its_node(tmp_path: Path) -> None
                 if f["status"] in ("WARN", "FAIL")]
     assert [(f["check"], f["subject"].split(" (")[0]) for f in findings] == [
         ("hang.rank.user_code", "rank 2 on node 1")]
+    assert "stuck_in_user_code at " in findings[0]["message"]
+    assert "hang_jobs.py:" in findings[0]["message"]
     ranks = report["sections"][0]["data"]["ranks"]
     assert [(r["rank"], r["pid"]) for r in ranks] == list(enumerate(job.pids))
     assert not (tmp_path / "unused.json").exists()
