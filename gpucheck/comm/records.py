@@ -106,68 +106,56 @@ class CommRank:
     device: str
 
 
+# Each per-rank list of a result: its part and key, its record, its words when it does
+# not read, and when rank 0 replaces it (always; when the key is given; when not None).
+_LISTS: tuple[tuple[str, str, type[Any], str, str], ...] = (
+    ("pairwise", "pairs", PairRow, "pairwise row", "always"),
+    ("pairwise", "again", PairRow, "pairwise row (measured again)", "listed"),
+    ("nodes_again", "pairs", PairRow, "pairwise row (a slow node measured again)", "given"),
+    ("internode", "links", LinkRow, "node-to-node link", "always"),
+    ("internode", "again", LinkRow, "node-to-node link (measured again)", "listed"))
+
+
 @dataclass(frozen=True)
 class CommRecords:
     """Every per-rank record of a comm result that read back, and the ones that did not."""
 
     entries: tuple[Mapping[str, Any], ...]  # the raw entries of the ranks that read
-    pairs: tuple[PairRow, ...]
-    pairs_again: tuple[PairRow, ...]
-    nodes_again_pairs: tuple[PairRow, ...]
-    links: tuple[LinkRow, ...]
-    links_again: tuple[LinkRow, ...]
+    rows: tuple[tuple[Any, ...], ...]  # one per `_LISTS` entry
     transport: tuple[TransportEntry, ...] | None  # None: not gathered (gloo, an early end)
     unread: tuple[Unread, ...]
+
+    @property
+    def pairs(self) -> tuple[PairRow, ...]:
+        return self.rows[0]
 
 
 def read_comm(result: Mapping[str, Any]) -> CommRecords:
     """Every per-rank record of `result` (complete or partial) read back."""
-    unread: list[Unread] = []
+    unread = list(read_all(CommRank, result.get("ranks"), "entry in the roll of ranks")[1])
 
-    def rows(raw: object, what: str, cls: type[Any] = PairRow) -> tuple[Any, ...]:
+    def rows(raw: object, what: str, cls: type[Any]) -> tuple[Any, ...]:
         # A pair's row comes from its sender, a link's from its receiver.
         good, bad = read_all(cls, raw, what, ("dst",) if cls is LinkRow else ("rank", "src"))
         unread.extend(bad)
         return tuple(good)
 
-    pairwise, internode = _mapping(result.get("pairwise")), _mapping(result.get("internode"))
-    again = _mapping(result.get("nodes_again"))
-    unread.extend(read_all(CommRank, result.get("ranks"), "entry in the roll of ranks")[1])
-    entries = tuple(readable(CommRank, result.get("ranks")))
-    return CommRecords(entries=entries,
-                       pairs=rows(pairwise.get("pairs"), "pairwise row"),
-                       pairs_again=rows(pairwise.get("again"), "pairwise row (measured again)"),
-                       nodes_again_pairs=rows(again.get("pairs"),
-                                              "pairwise row (a slow node measured again)"),
-                       links=rows(internode.get("links"), "node-to-node link", LinkRow),
-                       links_again=rows(internode.get("again"),
-                                        "node-to-node link (measured again)", LinkRow),
-                       transport=None if result.get("transport") is None else rows(
-                           result.get("transport"), "NCCL transport entry", TransportEntry),
-                       unread=tuple(unread))
-
-
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    read = tuple(rows(part.get(key) if isinstance(part := result.get(name), Mapping) else None,
+                      what, cls) for name, key, cls, what, _ in _LISTS)
+    transport = None if result.get("transport") is None else rows(
+        result.get("transport"), "NCCL transport entry", TransportEntry)
+    return CommRecords(tuple(readable(CommRank, result.get("ranks"))), read, transport,
+                       tuple(unread))
 
 
 def read_back(result: Mapping[str, Any], records: CommRecords) -> dict[str, Any]:
     """`result` with every per-rank list replaced by its records that read."""
-    out = dict(result)
-    out["ranks"] = list(records.entries)
-    pairwise, again = result.get("pairwise"), result.get("nodes_again")
-    if isinstance(pairwise, Mapping):
-        out["pairwise"] = {**pairwise, "pairs": [p.to_dict() for p in records.pairs]}
-        if "again" in pairwise:
-            out["pairwise"]["again"] = [p.to_dict() for p in records.pairs_again] \
-                if pairwise["again"] is not None else None
+    out = dict(result) | {"ranks": list(records.entries)}
+    for (name, key, _, _, when), rows in zip(_LISTS, records.rows, strict=True):
+        part = result.get(name)
+        if isinstance(part, Mapping) and (when == "always" or (key in part and (
+                when == "given" or part[key] is not None))):
+            out[name] = {**out[name], key: [row.to_dict() for row in rows]}
     if records.transport is not None:
         out["transport"] = [entry.to_dict() for entry in records.transport]
-    internode = result.get("internode")
-    if isinstance(internode, Mapping):
-        out["internode"] = {**internode, "links": [x.to_dict() for x in records.links]}
-        if internode.get("again") is not None:
-            out["internode"]["again"] = [x.to_dict() for x in records.links_again]
-    if isinstance(again, Mapping) and "pairs" in again:
-        out["nodes_again"] = {**again, "pairs": [p.to_dict() for p in records.nodes_again_pairs]}
     return out

@@ -26,8 +26,7 @@ from gpucheck.faults import gpu_names, run_faults_section
 from gpucheck.measure import Better, Metric, attach, rank_subjects, relative_spread, whole
 from gpucheck.records import Unread
 from gpucheck.report import Finding, Section, skip, unread_findings
-from gpucheck.stats import human_bytes as human_bytes  # its old home, re-exported
-from gpucheck.stats import number
+from gpucheck.stats import human_bytes, number
 
 TITLES = {"all_reduce": "all_reduce (busbw = algbw x 2(n-1)/n)",
           "all_gather": "all_gather (algbw counts the gathered output; busbw = algbw x (n-1)/n)",
@@ -41,8 +40,7 @@ PAIRWISE_TITLE = "Pairwise send/recv bandwidth on each node (GB/s)"
 
 
 @dataclass(frozen=True)
-class Verdicts:
-    """The thresholds the user chose."""
+class Verdicts:  # the thresholds the user chose
 
     pair_threshold: float
     baseline_busbw_gbps: float | None
@@ -90,15 +88,13 @@ def _pairwise_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     if pairwise.get("again"):
         data["measured again"] = [{k: p[k] for k in ("src", "dst", "samples_gbps")}
                                   for p in pairwise["again"]]
-    findings = pair_findings(pairwise["pairs"], verdicts.pair_threshold, _names(result),
-                             pairwise.get("again"), str(result.get("device")))
-    return Section("pairwise", PAIRWISE_TITLE, data,
-                   findings)
+    return Section("pairwise", PAIRWISE_TITLE, data, pair_findings(
+        pairwise["pairs"], verdicts.pair_threshold, _names(result), pairwise.get("again"),
+        str(result.get("device"))))
 
 
 def _nodes_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section | None:
-    """Per node: its ranks, median pair bandwidth and slowest all_reduce time, with the
-    slow node verdict and its second look."""
+    """Per node: its ranks, median pair bandwidth and slowest all_reduce time, judged."""
     ranks = result["ranks"]
     if len(group_by_node(ranks)) < 2:
         return None
@@ -146,7 +142,6 @@ def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section
         data["measured again"] = [r | {"src": labels[r["src_node"]],
                                        "dst": labels[r["dst_node"]]}
                                   for r in node_pair_rows(internode["again"])]
-    # On CPU ranks every slow figure carries cause cpu_ranks (gpucheck.comm.verdicts).
     device = str(result.get("device"))
     findings = (internode_findings(rows, verdicts.pair_threshold, labels,
                                    internode.get("again"), device)
@@ -156,7 +151,7 @@ def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section
 
 
 def _transport_section(result: Mapping[str, Any]) -> Section:
-    """The transport NCCL used on each rank; n/a on gloo (gpucheck.comm.nccl_log)."""
+    """The transport NCCL used on each rank; n/a on gloo."""
     title = "NCCL transport per rank"
     backend = str(result.get("backend"))
     entries = result.get("transport")
@@ -177,8 +172,7 @@ def faults_of(result: Mapping[str, Any]) -> Section:
 
 
 def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section]:
-    """Setup, each collective, pairwise, nodes (several), between nodes, the NCCL
-    transport, faults."""
+    """Setup, each collective, pairwise, nodes, between nodes, NCCL transport, faults."""
     if "collectives" not in result:  # failed before the first size: rank 0's watch only
         return [faults_of(result)]
     # Every rank's record read back first (gpucheck.comm.records): the sections below
