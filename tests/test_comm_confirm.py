@@ -1,5 +1,6 @@
 """Slow pairs and nodes on handmade figures (GB/s): only what the measurement resolves,
-confirmed by a second look. The real gloo runs: test_comm_internode_runs.py, test_comm_sweep.py."""
+confirmed by a second look. The real gloo runs: test_comm_internode_runs.py and
+test_comm_collectives.py."""
 
 from __future__ import annotations
 

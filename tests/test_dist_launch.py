@@ -27,7 +27,7 @@ def test_run_job_one_rank_runs_in_this_process() -> None:
 
 def test_run_job_gathers_every_rank_through_the_elastic_launcher() -> None:
     # Two ranks: the launch path (three self-launched ranks run in test_bench_runs.py,
-    # test_comm_sweep.py and test_stress_runs.py).
+    # test_comm_collectives.py and test_stress_runs.py).
     records = run_job(gather_ranks, "many", 2, None, RunContext())
     assert [r["rank"] for r in records] == [0, 1]
     assert len({r["pid"] for r in records}) == 2
