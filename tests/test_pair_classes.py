@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from gpucheck.checks import lookup
 from gpucheck.comm.pairwise import second_look_steps
 from gpucheck.comm.verdicts import pair_findings
 from gpucheck.measure import LookState
@@ -223,12 +222,6 @@ def test_a_gpu_nvml_cannot_find_has_no_class(monkeypatch: pytest.MonkeyPatch) ->
     finally:
         nvml.shutdown()
     assert paths[(0, 1)] == PairPath("n/a", None)
-
-
-def test_contended_copies_alone_never_drain() -> None:
-    check = lookup("stress.copies.together")
-    assert check.on_look is not None and "drain-node" not in {*check.on_look.values(),
-                                                               *check.action_by_status.values()}
 
 
 def test_the_p2p_section_lists_the_path_classes() -> None:
