@@ -1,4 +1,5 @@
-"""Secrets by value: credentials inside allowlisted values never reach any format."""
+"""Environment values in every format: credentials inside allowlisted values never reach
+any format, and a value that is not UTF-8 or holds escapes is shown escaped."""
 
 from __future__ import annotations
 
@@ -60,20 +61,26 @@ def test_a_jwt_name_is_secret_by_name_too() -> None:
     assert allowed_env({"SLURM_JWT": "anything"}) == {"SLURM_JWT": REDACTED}
 
 
+# Not UTF-8 and a terminal escape: shown escaped, in valid UTF-8.
+HOSTILE_IFNAME = b"eth\xff0\x1b]0;owned\x07"
+
+
 @pytest.fixture(scope="module")
 def every_format(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """One `gpucheck env` run: text on stdout, the other formats written with -o (the
-    same renderers); {format: output, "stderr": stderr}."""
+    same renderers), each read as strict UTF-8; {format: output, "stderr": stderr}."""
     folder = tmp_path_factory.mktemp("secrets")
     files = {"json": folder / "env.json", "markdown": folder / "env.md",
              "html": folder / "env.html"}
-    env = {**os.environ, **ENV, "NO_COLOR": "1"}
+    env = {k.encode(): v.encode() for k, v in {**os.environ, **ENV, "NO_COLOR": "1"}.items()}
+    env[b"GLOO_SOCKET_IFNAME"] = HOSTILE_IFNAME
     proc = subprocess.run([sys.executable, "-m", "gpucheck", "env", "--format", "text",
                            "--no-gpu-test", *(a for f in files.values() for a in ("-o", str(f)))],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
+                          capture_output=True, encoding="utf-8", env=env, cwd=ROOT,
+                          timeout=180)
     assert proc.stdout and proc.returncode in (0, 1), proc.stderr
     return {"text": proc.stdout, "stderr": proc.stderr,
-            **{fmt: path.read_text() for fmt, path in files.items()}}
+            **{fmt: path.read_text(encoding="utf-8") for fmt, path in files.items()}}
 
 
 @pytest.mark.parametrize("fmt", ["text", "json", "markdown", "html"])
@@ -82,3 +89,10 @@ def test_no_secret_value_leaks_into_any_format(every_format: dict[str, str], fmt
     for secret in SECRET_VALUES:
         assert secret not in out and secret not in err, secret
     assert "head.cluster" in out and "mlx5_1:1" in out  # the rest is shown
+
+
+@pytest.mark.parametrize("fmt", ["text", "html"])
+def test_an_environment_value_that_is_not_utf8_or_holds_escapes_is_printed_escaped(
+        every_format: dict[str, str], fmt: str) -> None:
+    assert "eth\\udcff0\\x1b]0;owned\\x07" in every_format[fmt]  # read as strict UTF-8
+    assert "\x1b" not in every_format[fmt]
