@@ -21,8 +21,7 @@ from gpucheck.faults.clocks import (
     needs_sm_clock,
 )
 from gpucheck.faults.counters import COUNTERS
-from gpucheck.faults.judge import CORRECTED_ECC_WARN
-from gpucheck.faults.links import NVLINK_ERRORS_PER_S, PCIE_REPLAYS_PER_MIN
+from gpucheck.faults.judge import CORRECTED_ECC_WARN, NVLINK_ERRORS_PER_S, PCIE_REPLAYS_PER_MIN
 from gpucheck.probes.xid_table import ACTIONS
 from gpucheck.report import Finding, Status
 

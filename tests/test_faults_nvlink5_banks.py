@@ -13,10 +13,10 @@ from collections.abc import Callable
 import pytest
 
 from gpucheck.faults import FaultWatch, fault_findings
-from gpucheck.faults.judge import judge_memory
-from gpucheck.faults.links import (
+from gpucheck.faults.judge import (
     effective_ber_too_high,
     judge_links,
+    judge_memory,
     symbol_ber_too_high,
 )
 from gpucheck.probes.gpus import probe_nvml

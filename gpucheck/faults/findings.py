@@ -21,15 +21,16 @@ from gpucheck.faults.clocks import (
 from gpucheck.faults.judge import (
     CORRECTED_ECC_WARN,
     EVENT_VERDICTS,
+    NVLINK_ERRORS_PER_S,
+    PCIE_REPLAYS_PER_MIN,
     counter,
     events_of,
     judge_errors,
     judge_events,
+    judge_links,
     judge_memory,
-    meaning,
 )
-from gpucheck.faults.links import NVLINK_ERRORS_PER_S, PCIE_REPLAYS_PER_MIN, judge_links
-from gpucheck.probes.xid_table import RECOVERY_ACTIONS
+from gpucheck.probes.xid_table import RECOVERY_ACTIONS, recovery_action, xid_info
 from gpucheck.report import Finding, Section, Status, skip, worst
 
 __all__ = ["EVENT_VERDICTS", "RECOVERY_ACTIONS", "fault_findings", "faults_section",
@@ -233,3 +234,23 @@ def run_faults_section(results: Sequence[Mapping[str, Any] | None],
     back += [{"rank": rank, "status": "n/a", "reason": NOT_BACK}
              for rank in sorted(set(ranks)) if rank not in seen]
     return faults_section(back, names)
+
+
+# The ECC events count into the ECC verdicts; in the events table:
+_ECC_WORDS = {"ecc_uncorrected": ("uncorrected ECC error", "drain-node"),
+              "ecc_corrected": ("corrected ECC error", "none"),
+              "ecc_corrected_storm": ("storm of corrected ECC errors", "rerun")}
+
+
+def meaning(event: Mapping[str, Any]) -> tuple[str, str]:
+    """(what the event means, its action), for the section's events table."""
+    kind = str(event.get("kind"))
+    if kind == "xid":
+        info = xid_info(int(event["xid"]))
+        return info.meaning, info.action
+    if kind in EVENT_VERDICTS:
+        return EVENT_VERDICTS[kind][2], EVENT_VERDICTS[kind][1]
+    if kind == "gpu_recovery_action":
+        what, action = recovery_action(int(event["data"])) or ("no action", "none")
+        return f"the driver asks for: {what}", action
+    return _ECC_WORDS.get(kind, (f"unknown NVML event ({kind})", "rerun"))

@@ -1,5 +1,5 @@
-"""Rank 0's verdicts on one rank's `FaultWatch.result()`: memory, NVML events and the
-watcher's own trouble (links: `links`, clocks: `clocks`; thresholds in docs/faults.md)."""
+"""Rank 0's verdicts on one rank's `FaultWatch.result()`: memory, NVML events, the
+watcher's own trouble and the links, at DCGM's rates (clocks: `clocks`; docs/faults.md)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpucheck.checks.check import table_cause
-from gpucheck.faults.counters import LOST_KINDS
+from gpucheck.faults.counters import COUNTERS, LOST_KINDS, decode_ber
 from gpucheck.probes.nvml import SLOW_ADVICE, slow_words
 from gpucheck.probes.xid_table import recovery_action, xid_info
 from gpucheck.report import Finding, Status, ok, skip
 
-# The advice every "takes effect at the next reset" verdict gives.
 RESET = "reset the GPU (nvidia-smi -r -i <index>) when it is idle, or reboot the node"
 
 
@@ -115,8 +114,7 @@ def judge_retired_pages(result: Mapping[str, Any]) -> Finding:
 
 
 def judge_bank_remaps(result: Mapping[str, Any]) -> list[Finding]:
-    """A pending bank remap: FAIL (a reset applies it); new bank remappings: WARN;
-    nothing where the GPU lacks the remapper."""
+    """A pending bank remap: FAIL (a reset applies it); new bank remappings: WARN."""
     pending = (counter(result, "bank_remap_pending", "before"),
                counter(result, "bank_remap_pending", "after"))
     grown = {k: counter(result, f"bank_remaps_{k}") for k in ("active", "inactive")}
@@ -160,12 +158,6 @@ EVENT_VERDICTS: dict[str, tuple[Status, str, str, str]] = {
     "gpu_unavailable": (Status.FAIL, "drain-node", "the GPU became unavailable",
                         "drain the node; check dmesg for Xid errors; reset or reboot"),
 }
-# The ECC events count into the ECC verdicts; in the events table:
-_ECC_WORDS = {"ecc_uncorrected": ("uncorrected ECC error", "drain-node"),
-              "ecc_corrected": ("corrected ECC error", "none"),
-              "ecc_corrected_storm": ("storm of corrected ECC errors", "rerun")}
-
-
 def when(events: Sequence[Mapping[str, Any]]) -> str:
     """"once during the run (first 12.5 s after the watch began, in the timed loop)"."""
     first = events[0]
@@ -219,21 +211,6 @@ def judge_events(result: Mapping[str, Any]) -> list[Finding]:
     return verdicts
 
 
-def meaning(event: Mapping[str, Any]) -> tuple[str, str]:
-    """(what the event means, its action), for the section's events table."""
-    kind = str(event.get("kind"))
-    if kind == "xid":
-        info = xid_info(int(event["xid"]))
-        return info.meaning, info.action
-    if kind in EVENT_VERDICTS:
-        return EVENT_VERDICTS[kind][2], EVENT_VERDICTS[kind][1]
-    if kind == "gpu_recovery_action":
-        what, action = recovery_action(int(event["data"])) or ("no action", "none")
-        return f"the driver asks for: {what}", action
-    return _ECC_WORDS.get(kind, (f"unknown NVML event ({kind})", "rerun"))
-
-
-# What each way of being lost means, and its action.
 _LOST: dict[str, tuple[str, str, str]] = {
     "NVMLError_GpuIsLost": ("NVML says the GPU is lost (fell off the bus or became "
                             "inaccessible)", "drain-node", "check dmesg for Xid 79 ('fallen "
@@ -250,8 +227,7 @@ _LOST: dict[str, tuple[str, str, str]] = {
 
 
 def judge_errors(result: Mapping[str, Any]) -> list[Finding]:
-    """The GPU stopped answering: FAIL alone; NVML slow or other watcher trouble: WARN
-    (what was read before it is still judged)."""
+    """The GPU stopped answering: FAIL alone; NVML slow or other watcher trouble: WARN."""
     lost = [e for e in result.get("errors") or [] if e.get("kind") in LOST_KINDS]
     if lost:
         words, action, advice = _LOST.get(lost[0].get("kind"), _LOST["Timeout"])
@@ -265,3 +241,160 @@ def judge_errors(result: Mapping[str, Any]) -> list[Finding]:
                            f"{e['phase']} ({e['message']}); what it could not read is n/a",
                            "rerun", "run again; report a gpucheck bug if it repeats")
                      for e in result.get("errors") or [])]
+
+
+# -- the links ---------------------------------------------------------------------
+
+PCIE_REPLAYS_PER_MIN = 8  # DCGM's limit ("8 replays per minute is the maximum recommended")
+NVLINK_ERRORS_PER_S = 100.0  # DCGM: "CRC errors only matter at rates of 100+ per second"
+BER_ZERO = (15, 255)  # the packed (mantissa, exponent) NVML gives for a BER of zero (DCGM)
+SYMBOL_BER_FLOOR_EXP = 238  # DCGM_SYMBOL_BER_FLOOR_EXP_AGGREGATED (Blackwell, all links)
+
+
+def judge_pcie(result: Mapping[str, Any]) -> Finding:
+    """WARN above PCIE_REPLAYS_PER_MIN replays a minute (a shorter run: a minute's)."""
+    check, count = "faults.pcie.replay", counter(result, "pcie_replays")
+    if count is None:
+        return skip(check, "PCIe replay counter")
+    minutes = max(1.0, (result.get("watched_s") or 0.0) / 60.0)
+    if count > PCIE_REPLAYS_PER_MIN * minutes:
+        return fault(check, Status.WARN, f"{count} PCIe replays during the run "
+                     f"({count / minutes:.0f} a minute; the limit is {PCIE_REPLAYS_PER_MIN})",
+                     "replace-hardware", "the PCIe link kept retransmitting: at the next "
+                     "maintenance reseat the GPU and check its riser, cable and slot; "
+                     "replace the part if replays continue (nvidia-smi -q | grep -i replay)")
+    return ok(check, f"PCIe replays +{count}")
+
+
+def _links(result: Mapping[str, Any], name: str) -> str:
+    grown = result.get("nvlink_links_grown") or {}
+    links = sorted((int(k) for k, v in grown.items() if v.get(name)))
+    return f" (link {', '.join(map(str, links))})" if links else ""
+
+
+def judge_nvlink(result: Mapping[str, Any]) -> list[Finding]:
+    """A link down or retrained: FAIL; CRC/replay errors at NVLINK_ERRORS_PER_S: WARN."""
+    active = (counter(result, "nvlink_active_links", "before"),
+              counter(result, "nvlink_active_links", "after"))
+    d = {n: counter(result, f"nvlink_{n}") for n in ("crc_flit", "crc_data", "replay",
+                                                      "recovery")}
+    if active[0] is None or (not active[0] and not active[1]):
+        return [skip("faults.nvlink.crc", "NVLink (none on this GPU)")]
+    verdicts = []
+    if active[1] is not None and active[1] < active[0]:
+        verdicts.append(fault("faults.nvlink.down", Status.FAIL, f"{active[0] - active[1]} "
+                              f"NVLink link(s) went down during the run ({active[0]} active "
+                              f"before, {active[1]} after)", "reset-gpu", "check nvidia-smi "
+                              "nvlink --status; reset the GPU with its NVLink peers, and "
+                              "have the NVLink/NVSwitch hardware checked if a link stays down"))
+    if d["recovery"]:
+        verdicts.append(fault("faults.nvlink.recovery", Status.FAIL, f"{d['recovery']} "
+                              f"NVLink recovery error(s) during the run"
+                              f"{_links(result, 'nvlink_recovery')}: a link dropped and "
+                              "retrained, stalling its traffic", "reset-gpu", "reset the GPU "
+                              "with its NVLink peers (nvidia-smi nvlink -e shows the "
+                              "counters); drain the node and have the link hardware checked "
+                              "if it recurs"))
+    verdicts.append(_nvlink_errors(result, d))
+    return verdicts
+
+
+def _nvlink_errors(result: Mapping[str, Any], d: dict[str, int | None]) -> Finding:
+    check = "faults.nvlink.crc"
+    if all(d[n] is None for n in ("crc_flit", "crc_data", "replay")):
+        # Links are up, so the counters were refused: NVML removed them on Blackwell.
+        return skip(check, "NVLink error counters (NVML answers NotSupported on the active "
+                  "links: it removed them on Blackwell, B200/GB200, from driver R565; "
+                  "NVLink faults still arrive as XIDs 144-150)")
+    # A CRC error is answered by a replay: count the larger side, not both.
+    errors = max((d["crc_flit"] or 0) + (d["crc_data"] or 0), d["replay"] or 0)
+    seconds = result.get("watched_s") or 0.0
+    rate = errors / seconds if seconds > 0 else 0.0
+    where = _links(result, "nvlink_crc_flit") or _links(result, "nvlink_replay")
+    if errors and rate >= NVLINK_ERRORS_PER_S:
+        return fault(check, Status.WARN, f"{errors} NVLink CRC/replay errors during the run"
+                     f"{where}, {rate:.0f}/s (WARN from {NVLINK_ERRORS_PER_S:.0f}/s): a "
+                     "marginal link, retransmitting", "replace-hardware", "reset the GPU with "
+                     "its NVLink peers; if the rate stays high, have the NVLink bridge, cable "
+                     "or NVSwitch tray checked (nvidia-smi nvlink -e)")
+    note = f"{where}, corrected by replay, {rate:.1f}/s" if errors else ""
+    return ok(check, f"NVLink CRC/replay +{errors}{note}, recovery "
+                     f"{'n/a' if d['recovery'] is None else '+' + str(d['recovery'])}")
+
+
+def ber_words(raw: int | None) -> str:
+    if raw is None:
+        return "n/a"
+    mantissa, exponent = decode_ber(raw)
+    return "0" if mantissa == 0 or (mantissa, exponent) == BER_ZERO else f"{mantissa}e-{exponent}"
+
+
+def effective_ber_too_high(raw: int) -> bool:
+    """DCGM's IsEffectiveBerThresholdExceeded: worse than 1e-12."""
+    mantissa, exponent = decode_ber(raw)
+    return (mantissa, exponent) != BER_ZERO and mantissa != 0 and (
+        exponent < 12 or (exponent == 12 and mantissa > 1) or (exponent == 13 and mantissa > 10))
+
+
+def symbol_ber_too_high(raw: int) -> bool:
+    """DCGM's IsSymbolBerThresholdExceeded (all links): worse than 15e-238."""
+    mantissa, exponent = decode_ber(raw)
+    return mantissa != 0 and (exponent < SYMBOL_BER_FLOOR_EXP or (
+        exponent == SYMBOL_BER_FLOOR_EXP and mantissa > 15))
+
+
+def judge_nvlink5(result: Mapping[str, Any]) -> list[Finding]:
+    """NVLink5 counters over all links: a recovery event FAILs (as DCGM's), errors WARN."""
+    names = [n for n in COUNTERS if n.startswith("nvlink5_")]
+    if all(counter(result, n, "after") is None for n in names):
+        return [skip("faults.nvlink5", "NVLink5 counters (link recovery, effective and symbol "
+                   "errors, BER, FEC history): NVML answers NotSupported for each; only "
+                   "NVLink5 GPUs (B200, GB200 and later) have them")]
+    verdicts = []
+    recoveries = counter(result, "nvlink5_recovery_events")
+    if recoveries:
+        verdicts.append(fault("faults.nvlink5.recovery", Status.FAIL, f"{recoveries} NVLink "
+                              "link recovery event(s) during the run: a link left the up "
+                              "state and retrained, stalling its traffic", "reset-gpu",
+                              "reset the GPU with its NVLink peers (nvidia-smi nvlink -e); "
+                              "drain the node and have the link hardware checked if it "
+                              "recurs"))
+    return verdicts + _nvlink5_errors(result)
+
+
+def _nvlink5_errors(result: Mapping[str, Any]) -> list[Finding]:
+    """A BER over DCGM's threshold condemns the links; effective errors alone (a
+    deprecated field) ask for the diagnostics first, never for a part."""
+    effective = counter(result, "nvlink5_effective_errors")
+    ber: list[str] = []
+    raw = counter(result, "nvlink5_effective_ber", "after")
+    if raw is not None and effective_ber_too_high(raw):
+        ber.append(f"effective BER {ber_words(raw)} (over 1e-12)")
+    raw = counter(result, "nvlink5_symbol_ber", "after")
+    if raw is not None and symbol_ber_too_high(raw):
+        ber.append(f"symbol BER {ber_words(raw)} (DCGM: none expected past the FEC)")
+    said = "; ".join(([f"{effective} effective (post-FEC) error(s) during the run"]
+                      if effective else []) + ber)
+    if ber:
+        return [fault("faults.nvlink5.errors", Status.WARN, f"NVLink5: {said}",
+                      "replace-hardware", "the links carry errors the FEC did not "
+                      "correct: run the field diagnostics (dcgmi diag -r 3), then have "
+                      "the NVLink cable, tray or switch checked (nvidia-smi nvlink -e)")]
+    if effective:
+        return [fault("faults.nvlink5.errors", Status.WARN, f"NVLink5: {said}, BERs "
+                      "within DCGM's thresholds (the count is a deprecated NVML field)",
+                      "rerun", "run the field diagnostics (dcgmi diag -r 3) and look "
+                      "again; a BER over its threshold is what condemns a link")]
+    symbol = counter(result, "nvlink5_symbol_errors")
+    # Bin b: codewords with b symbols corrected; bin 0 (nothing corrected) is not summed.
+    fec = [counter(result, f"nvlink5_fec_history_{b}") for b in range(1, 16)]
+    corrected = sum(v for v in fec if v) if any(v is not None for v in fec) else None
+    return [ok("faults.nvlink5.errors", f"NVLink5 effective errors +{effective or 0}, "
+            f"symbol errors {'n/a' if symbol is None else f'+{symbol}'} (FEC-corrected "
+            f"{'n/a' if corrected is None else f'+{corrected}'}), effective BER "
+            f"{ber_words(counter(result, 'nvlink5_effective_ber', 'after'))}, symbol BER "
+            f"{ber_words(counter(result, 'nvlink5_symbol_ber', 'after'))}")]
+
+
+def judge_links(result: Mapping[str, Any]) -> list[Finding]:
+    return [judge_pcie(result), *judge_nvlink(result), *judge_nvlink5(result)]
