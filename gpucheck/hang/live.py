@@ -15,7 +15,6 @@ from gpucheck.hang.findings import ARM, label, live_findings
 from gpucheck.hang.observe import RankView, watch
 from gpucheck.hang.procs import (
     Discovery,
-    RankProcess,
     discover,
     missing_local_ranks,
     node_capacity,
@@ -46,21 +45,6 @@ def _dead_by_job(found: Discovery, jobs: list[str], host: str
     return dead, notes
 
 
-def _notes(found: Discovery) -> list[str]:
-    notes = []
-    if found.gone:
-        notes.append(f"PID(s) {', '.join(map(str, found.gone))} no longer exist")
-    if found.blocked:
-        notes.append(f"PID(s) {', '.join(map(str, found.blocked[:20]))}: the environment "
-                     "gave no answer in time (1 s each, 0.05 s once 2 s were spent on "
-                     "such processes; a process stuck in the kernel with its memory map "
-                     "locked: look at its state, /proc/PID/stack)")
-    if found.denied:
-        notes.append(f"{found.denied} process(es) whose environment could not be read "
-                     "(another user's: run as that user or root)")
-    return notes
-
-
 def check_pids(pids: Sequence[int] | None, found: Discovery) -> None:
     """Usage errors: PIDs given that are no rank and lead to none."""
     if not pids:
@@ -76,13 +60,6 @@ def check_pids(pids: Sequence[int] | None, found: Discovery) -> None:
                          "of running ranks (or none, to find them all)")
 
 
-def _watch_order(jobs: Mapping[str, list[RankProcess]]) -> list[tuple[str, RankProcess]]:
-    """Whole jobs one after the other, the user's own first (others' left out first)."""
-    me = os.environ.get("SUDO_USER") or _me()
-    ordered = sorted(jobs.items(), key=lambda item: (item[1][0].user != me, item[0]))
-    return [(job, rank) for job, ranks in ordered for rank in ranks]
-
-
 def _me() -> str:
     try:
         return str(psutil.Process().username())
@@ -95,7 +72,10 @@ def node_view(pids: Sequence[int] | None, window_s: float, host: str, node_rank:
     """{jobs: {job: [view dicts]}, notes} of this node; every job's ranks watched at once."""
     found = discover(pids or None)
     check_pids(pids, found)
-    order = _watch_order(found.jobs)
+    # Whole jobs one after the other, the user's own first (others' are left out first).
+    me = os.environ.get("SUDO_USER") or _me()
+    order = [(job, rank) for job, ranks in sorted(
+        found.jobs.items(), key=lambda item: (item[1][0].user != me, item[0])) for rank in ranks]
     views, gpu_note = watch([rank for _, rank in order], host, window_s, nvml_timeout_s)
     jobs: dict[str, list[dict[str, Any]]] = {}
     for (job, _), view in zip(order, views, strict=True):
@@ -108,7 +88,16 @@ def node_view(pids: Sequence[int] | None, window_s: float, host: str, node_rank:
     for raw in jobs.values():
         for view_dict in raw:
             view_dict["node_rank"] = node_rank
-    notes = _notes(found) + bound_notes + ([gpu_note] if gpu_note and found.jobs else [])
+    notes = [f"PID(s) {', '.join(map(str, found.gone))} no longer exist"] if found.gone else []
+    if found.blocked:
+        notes.append(f"PID(s) {', '.join(map(str, found.blocked[:20]))}: the environment "
+                     "gave no answer in time (1 s each, 0.05 s once 2 s were spent on "
+                     "such processes; a process stuck in the kernel with its memory map "
+                     "locked: look at its state, /proc/PID/stack)")
+    if found.denied:
+        notes.append(f"{found.denied} process(es) whose environment could not be read "
+                     "(another user's: run as that user or root)")
+    notes += bound_notes + ([gpu_note] if gpu_note and found.jobs else [])
     return {"jobs": jobs, "notes": notes}
 
 
