@@ -68,12 +68,11 @@ def _problem_lines(findings: list[Finding], plain: bool) -> list[str]:
 
 
 def _section_lines(section: Section, plain: bool) -> list[str]:
-    if plain:  # no HTML: a heading instead of a fold
-        lines = [f"### {words.markdown(section.title)} ({_section_verdict(section)})", ""]
-    else:
-        lines = [f"<details><summary><b>{words.html(section.title)}</b> "
-                 f"({_section_verdict(section)})"
-                 "</summary>", ""]
+    verdict = section.verdict()
+    badge = verdict.value if verdict is not None else "info"
+    # plain: no HTML, a heading instead of a fold
+    lines = [f"### {words.markdown(section.title)} ({badge})" if plain else
+             f"<details><summary><b>{words.html(section.title)}</b> ({badge})</summary>", ""]
     flat = _flatten(section.data)
     scalars = [{"key": k, "value": fmt_field(k, v)} for k, v in flat.items()
                if not is_verbatim(k, v)]
@@ -88,11 +87,6 @@ def _section_lines(section: Section, plain: bool) -> list[str]:
     if section.findings:
         lines += [*md_table(finding_rows(section.findings, narrow=True), plain), ""]
     return lines if plain else [*lines, "</details>", ""]
-
-
-def _section_verdict(section: Section) -> str:
-    verdict = section.verdict()
-    return verdict.value if verdict is not None else "info"
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
