@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucheck.render.charts import Chart, draw_charts
+from gpucheck.render.charts import draw_charts
 from gpucheck.render.headline import headline_rows
 from gpucheck.render.words import (
     finding_rows,
@@ -16,7 +16,7 @@ from gpucheck.render.words import (
     table_columns,
 )
 from gpucheck.render.words import html as escape  # control characters too
-from gpucheck.report import Finding, Report, Section, Status
+from gpucheck.report import Report, Section, Status
 
 _STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }
@@ -42,24 +42,14 @@ _STATUS_COLUMNS = ("status", "verdict")
 def render_html(report: Report) -> str:
     verdict = report.verdict().value
     title = f"gpucheck {report.command} on {report.host}: {verdict}"
+    counts = [{"status": status, "count": n} for status, n in report.summary().items()]
+    rows = headline_rows(report)  # outside every fold
+    found = problems(report.findings)
+    charts = draw_charts(report)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{escape(title)}</title><style>{_STYLE}</style></head><body>",
-        *_headline(report),
-        *_problems(report.findings),
-        *_charts(draw_charts(report)),
-        *(line for section in report.sections for line in _section(section)),
-        "</body></html>",
-    ]
-    return "\n".join(parts) + "\n"
-
-
-def _headline(report: Report) -> list[str]:
-    verdict = report.verdict().value
-    counts = [{"status": status, "count": n} for status, n in report.summary().items()]
-    rows = headline_rows(report)  # outside every fold
-    return [
         f"<h1>gpucheck {escape(report.command)}: "
         f'<span class="badge s-{verdict}">{verdict}</span></h1>',
         *([f'<p class="note">{escape(report.scope)}</p>'] if report.scope else []),
@@ -68,21 +58,16 @@ def _headline(report: Report) -> list[str]:
         f"<code>{escape(' '.join(report.argv))}</code></p>",
         _table(counts),
         *(["<h2>Figures</h2>", _table(rows, css="figures")] if rows else []),
+        "<h2>Problems</h2>",
+        _table(finding_rows(found), css="problems") if found else
+        "<p>No FAIL or WARN findings.</p>",
+        *(["<h2>Charts</h2>"] if charts else []),
+        *(f"<figure>{c.svg}</figure>" if c.svg is not None else
+          f'<p class="note">{escape(c.title)}: {escape(c.note or "")}</p>' for c in charts),
+        *(line for section in report.sections for line in _section(section)),
+        "</body></html>",
     ]
-
-
-def _problems(findings: list[Finding]) -> list[str]:
-    found = problems(findings)
-    if not found:
-        return ["<h2>Problems</h2>", "<p>No FAIL or WARN findings.</p>"]
-    return ["<h2>Problems</h2>", _table(finding_rows(found), css="problems")]
-
-
-def _charts(charts: list[Chart]) -> list[str]:
-    return ["<h2>Charts</h2>", *(
-        f"<figure>{c.svg}</figure>" if c.svg is not None else
-        f'<p class="note">{escape(c.title)}: {escape(c.note or "")}</p>' for c in charts)
-            ] if charts else []
+    return "\n".join(parts) + "\n"
 
 
 def _section(section: Section) -> list[str]:
