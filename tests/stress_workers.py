@@ -51,6 +51,15 @@ def slow_rank_one_changes_on_rank_two(rank: int, phase: str, iteration: int,
         _plant(out)
 
 
+def slow_wrong_rank_one_changes_on_rank_two(rank: int, phase: str, iteration: int,
+                                            out: Any) -> None:
+    """Three ranks: rank 1 sleeps in every iteration and its every burn-in product is
+    wrong the same way (it agrees with itself: the other ranks and the CPU reference
+    name it); rank 2's burn-in products go wrong after CHANGE_AFTER repetitions."""
+    slow_rank_one_changes_on_rank_two(rank, phase, iteration, out)
+    wrong_rank_one_always(rank, phase, iteration, out)
+
+
 def wrong_rank_one_always_slow_once(rank: int, phase: str, iteration: int,
                                     out: Any) -> None:
     """As `wrong_rank_one_always`, and rank 1 sleeps in every GEMM and memory iteration

@@ -107,42 +107,34 @@ def warns(report: dict[str, Any], check: str) -> list[dict[str, Any]]:
             if f["status"] == "WARN" and f["check"] == check]
 
 
-def test_a_rank_always_wrong_of_two_is_named_through_the_cpu_reference(tmp_path: Path) -> None:
-    # Rank 1 is also slow in the first GEMM and memory measurements only (not when
-    # measured again). Live, only what noise cannot change is asserted: rank 1 and no
-    # other is named slow, and measured again; how many figures cross the bar and the
-    # look each gets (three unstable looks, OKs since issue 36) is judged on this run's
-    # recorded figures in test_stress_recorded.py (a loaded machine can slow a second
-    # look too): the figures measured twice, whatever their status.
-    code, report = stress(tmp_path, 2, *ONE_DTYPE, hook="wrong_rank_one_always_slow_once")
-    assert code == 1
-    slow = [f for s in report["sections"] for f in s["findings"] if f["look"]
-            and f["check"] in ("stress.gemm.peers", "stress.membw.peers")]
-    assert {f["subject"] for f in slow} == {"rank 1"}
-    assert {r["rank"] for r in section(report, "gemm")["data"]["measured again"]} == {0, 1}
-
-    assert findings(report, "FAIL") == [("stress.sdc.agreement", "rank 1")]
-    burn = section(report, "sdc")["data"]["results"]
-    assert [r["bad_iters"] for r in burn] == [0, 0]  # it agrees with itself
-    assert burn[0]["digest"] != burn[1]["digest"]
-    assert burn[1]["reference_deviation"] > 0.1 > burn[0]["reference_deviation"]
-
-
 @pytest.fixture(scope="module")
 def slow_and_changing(tmp_path_factory: pytest.TempPathFactory,
                       ) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Three ranks: rank 1 sleeps in every iteration, rank 2's results change."""
+    """Three ranks: rank 1 sleeps in every iteration and is always wrong the same way,
+    rank 2's results change."""
     yield stress(tmp_path_factory.mktemp("slow"), 3, *ONE_DTYPE,
-                 hook="slow_rank_one_changes_on_rank_two")
+                 hook="slow_wrong_rank_one_changes_on_rank_two")
 
 
 def test_a_gpu_whose_result_changes_under_load_fails_by_name(
         slow_and_changing: tuple[int, dict[str, Any]]) -> None:
     code, report = slow_and_changing
     assert code == 1
-    assert findings(report, "FAIL") == [("stress.sdc.repeat", "rank 2")]
+    assert findings(report, "FAIL") == [("stress.sdc.repeat", "rank 2"),
+                                        ("stress.sdc.agreement", "rank 1")]
     changed = section(report, "sdc")["data"]["results"][2]
     assert changed["first_bad_iter"] == 5 and changed["bad_iters"] == changed["iters"] - 4
+
+
+def test_a_rank_always_wrong_is_named_through_the_cpu_reference(
+        slow_and_changing: tuple[int, dict[str, Any]]) -> None:
+    # Two ranks, where only the reference can decide: test_preflight_runs.py's runs of
+    # wrong_rank_one_always (and agreement.judge in test_peers.py).
+    _, report = slow_and_changing
+    burn = section(report, "sdc")["data"]["results"]
+    assert [r["bad_iters"] for r in burn[:2]] == [0, 0]  # rank 1 agrees with itself
+    assert burn[0]["digest"] == burn[2]["digest"] != burn[1]["digest"]
+    assert burn[1]["reference_deviation"] > 0.1 > burn[0]["reference_deviation"]
 
 
 def test_a_rank_slow_in_every_iteration_is_a_named_straggler(
@@ -154,6 +146,7 @@ def test_a_rank_slow_in_every_iteration_is_a_named_straggler(
     # Which GEMM dtypes cross the bar on a loaded machine is noise: rank 1 and no other
     # is named; the count is judged on recorded figures (test_stress_recorded.py).
     assert {f["subject"] for f in warns(report, "stress.gemm.peers")} == {"rank 1"}
+    assert {r["rank"] for r in section(report, "gemm")["data"]["measured again"]} == {0, 1, 2}
     assert no_children_left()
 
 
