@@ -133,11 +133,23 @@ def table_lines(rows: list[dict[str, Any]], indent: str = "", width: int = WIDTH
     names = [esc(c) for c in columns]
     keys = _key_count(names)
     widths = _fitted_widths(names, texts, width - len(indent), keys)
-    if widths is None:
-        return _record_lines(names, texts, keys, indent, width)
+    lines: list[str] = []
+    if widths is None:  # too wide to fit: row by row, `key value: name value; name value`
+        for t in texts:
+            head = " ".join(f"{names[i]} {t[i]}" for i in range(keys))
+            rest = "; ".join(f"{names[i]} {t[i]}" for i in range(keys, len(names)))
+            lines += _wrap(rest, width, indent + "    ", f"{indent}{head}: ")
+        return lines
     shown = len(widths)
-    lines = _table_block(names[:shown], [[_cell_lines(t[i], w) for i, w in enumerate(widths)]
-                                         for t in texts], widths, indent)
+    header = "  ".join(c.ljust(w) for c, w in zip(names[:shown], widths, strict=True))
+    lines.append(f"{indent}{header.rstrip()}")
+    for t in texts:
+        cells = [textwrap.wrap(t[i], w, break_on_hyphens=False) or [""]
+                 for i, w in enumerate(widths)]
+        for k in range(max(len(cell) for cell in cells)):
+            parts = [(cell[k] if k < len(cell) else "").ljust(w)
+                     for cell, w in zip(cells, widths, strict=True)]
+            lines.append(f"{indent}{'  '.join(parts).rstrip()}")
     if shown < len(names):
         lines += _wrap(f"(left out at {width} columns, rightmost first: "
                        f"{', '.join(names[shown:])}; every column is in the JSON, Markdown "
@@ -165,21 +177,6 @@ def _fitted_widths(names: list[str], texts: list[list[str]], room: int,
     return None
 
 
-def _record_lines(names: list[str], texts: list[list[str]], keys: int, indent: str,
-                  width: int) -> list[str]:
-    """A table too wide to fit, one row at a time: `key value: name value; name value`."""
-    lines: list[str] = []
-    for t in texts:
-        head = " ".join(f"{names[i]} {t[i]}" for i in range(keys))
-        rest = "; ".join(f"{names[i]} {t[i]}" for i in range(keys, len(names)))
-        lines += _wrap(rest, width, indent + "    ", f"{indent}{head}: ")
-    return lines
-
-
-def _cell_lines(text: str, width: int) -> list[str]:
-    return textwrap.wrap(text, width, break_on_hyphens=False) or [""]
-
-
 def _key_count(columns: list[str]) -> int:
     """How many leading columns name a row: up to a key column among the first three
     (fleet's `rank, node`), else one."""
@@ -188,18 +185,6 @@ def _key_count(columns: list[str]) -> int:
         if key in leading:
             return leading.index(key) + 1
     return 1
-
-
-def _table_block(columns: list[str], cells: list[list[list[str]]], widths: list[int],
-                 indent: str) -> list[str]:
-    header = "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()
-    lines = [f"{indent}{header}"]
-    for row in cells:
-        for k in range(max((len(cell) for cell in row), default=1)):
-            parts = [(cell[k] if k < len(cell) else "").ljust(w)
-                     for cell, w in zip(row, widths, strict=True)]
-            lines.append(f"{indent}{'  '.join(parts).rstrip()}")
-    return lines
 
 
 def finding_lines(finding: Finding, color: bool, width: int = WIDTH) -> list[str]:
