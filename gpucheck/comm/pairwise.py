@@ -27,13 +27,16 @@ from gpucheck.distributed.session import barrier
 from gpucheck.peers import Suspects
 
 
-def pair_schedule(roster: Sequence[Mapping[str, Any]]) -> list[list[tuple[int, int]]]:
-    """Steps of (src, dst) pairs: step k holds every node's k-th ordered pair."""
-    per_node = []
-    for ranks in group_by_node(roster).values():
-        per_node.append([(a, b) for a in ranks for b in ranks if a != b])
+def _side_by_side(per_node: Sequence[Sequence[tuple[int, int]]]) -> list[list[tuple[int, int]]]:
+    """Steps of (src, dst) pairs: step k holds every node's k-th pair."""
     steps = max((len(p) for p in per_node), default=0)
     return [[p[k] for p in per_node if k < len(p)] for k in range(steps)]
+
+
+def pair_schedule(roster: Sequence[Mapping[str, Any]]) -> list[list[tuple[int, int]]]:
+    """Every node's ordered pairs, nodes side by side."""
+    return _side_by_side([[(a, b) for a in ranks for b in ranks if a != b]
+                          for ranks in group_by_node(roster).values()])
 
 
 DEFAULT_REPEATS = 3
@@ -151,9 +154,7 @@ def second_look_steps(plans: Mapping[Any, Suspects]) -> list[list[tuple[int, int
         node = key[0] if isinstance(key, tuple) else key
         mine = by_node.setdefault(int(node), [])
         mine += [p for p in (*plan.references, *plan.pairs) if p not in mine]
-    per_node = [by_node[n] for n in sorted(by_node)]
-    steps = max((len(p) for p in per_node), default=0)
-    return [[p[k] for p in per_node if k < len(p)] for k in range(steps)]
+    return _side_by_side([by_node[n] for n in sorted(by_node)])
 
 
 def run_pairwise(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
