@@ -146,7 +146,8 @@ def _stress_charts(report: Report, limits: dict[str, float]) -> list[BarSpec]:
         rule = PeerRule(section)
         spec = BarSpec("GEMM TFLOP/s per rank (median product)" if gemm else
                        "Memory bandwidth per rank", "TFLOP/s" if gemm else "GB/s", {},
-                       rule=rule.describe(rows), limit_label=rule.limit_label())
+                       rule=rule.describe(rows), limit_label="" if rule.peer is None else
+                       f"WARN below {rule.peer:g} x node median")
         dtypes = dict.fromkeys(str(r.get("dtype")) for r in rows) if gemm else {"": None}
         for group in dtypes:
             mine = [r for r in rows if str(r.get("dtype")) == group] if gemm else rows
@@ -237,13 +238,11 @@ class PeerRule:
     def flagged(self, rows: list[dict[str, Any]]) -> set[str]:
         if self.peer is None:  # no threshold in the data: what the findings flagged
             return flagged_ranks(self.section)
-        return {f"rank {r['rank']}" for r in rows if self._below(r)}
-
-    def _below(self, row: dict[str, Any]) -> bool:
-        vs_peers, vs_expected = number(row.get("vs_peers")), number(row.get("vs_expected"))
-        peers = vs_peers is not None and self.peer is not None and vs_peers < self.peer
-        return peers or (vs_expected is not None and self.expected is not None
-                         and vs_expected < self.expected)
+        peer, expected = self.peer, self.expected
+        return {f"rank {r['rank']}" for r in rows
+                if ((vs_peers := number(r.get("vs_peers"))) is not None and vs_peers < peer)
+                or ((vs_expected := number(r.get("vs_expected"))) is not None
+                    and expected is not None and vs_expected < expected)}
 
     def limits(self, bars: Mapping[str, float], rows: list[dict[str, Any]]
                ) -> dict[str, float]:
@@ -262,6 +261,3 @@ class PeerRule:
         expected = (f" or {self.expected:g} x its GPU model's typical figure"
                     if self.expected is not None and judged else "")
         return f"red: below {self.peer:g} x its node's median{expected}"
-
-    def limit_label(self) -> str:
-        return f"WARN below {self.peer:g} x node median" if self.peer is not None else ""
