@@ -42,9 +42,8 @@ class NodeSuspects(Suspects):
 
 
 def spread_cut(healthy: Samples, fabric: float = FABRIC_FRACTION) -> tuple[float, float]:
-    """(reference, cut): the median typical figure of `healthy`, and `fabric`, or 1 - the
-    healthy pairs' own spread (between pairs, or a pair's lowest repeat below its typical
-    figure, the median over pairs) when that is larger."""
+    """(reference, cut): the healthy pairs' median typical figure, and `fabric`, or 1 - their
+    own spread (between pairs, or within a pair's repeats) when that is larger."""
     typicals = [typical(s) for s in healthy.values() if s]
     if not typicals:
         return 0.0, fabric
@@ -124,9 +123,8 @@ def _references(samples: Samples, slow: Sequence[Pair], members: Mapping[int, st
 
 def both_ends(links: Sequence[Mapping[str, Any]],
               sent: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Each received link with what its sender timed of it (NCCL; gloo sends none): each
-    repeat is the faster of the two ends' group times, both of which carried the link
-    (docs/comm.md, "Between nodes")."""
+    """Each received link with what its sender timed of it (NCCL): each repeat the faster
+    of the two ends' group times, both of which carried the link."""
     by_link = {(x["src"], x["dst"], x["round"]): x["sent_gbps"] for x in sent}
     merged = []
     for link in links:
@@ -154,17 +152,11 @@ def node_pair_rows(links: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                      "rails": len(rails),
                      "bandwidth_gbps": round(sum(x["bandwidth_gbps"] for x in rails), 4),
                      "slowest_rail": slowest["rail"],
-                     "slowest_rail_gbps": slowest["bandwidth_gbps"]}
-                    | _summed_samples(rails))
+                     "slowest_rail_gbps": slowest["bandwidth_gbps"]})
+        every = [x.get("samples_gbps") for x in rails]  # the k-th repeats ran at once
+        if all(every) and len({len(x) for x in every if x}) == 1:
+            rows[-1]["samples_gbps"] = [round(sum(k), 4) for k in zip(*every, strict=True)]
     return rows
-
-
-def _summed_samples(rails: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
-    """The k-th repeat of every rail added up (the rails ran at the same time)."""
-    every = [x.get("samples_gbps") for x in rails]
-    if not all(every) or len({len(x) for x in every if x}) != 1:
-        return {}
-    return {"samples_gbps": [round(sum(k), 4) for k in zip(*every, strict=True)]}
 
 
 def node_samples(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[int, int], list[float]]:
@@ -174,8 +166,7 @@ def node_samples(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[int, int], lis
 
 
 def shared_node(slow_pairs: Sequence[tuple[int, int]]) -> int | None:
-    """The node in more than half of the slow pairs and more than any other node; None
-    with fewer than two slow pairs."""
+    """The node in more than half of the slow pairs and more than any other node."""
     if len(slow_pairs) < 2:
         return None
     ranked = Counter(node for pair in slow_pairs for node in set(pair)).most_common(2)
