@@ -96,9 +96,8 @@ def measure_size(collective: str, size: int, spec: CommSpec, world: World,
 def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
                  result: dict[str, Any], largest: int,
                  ctx: RunContext) -> dict[str, Any] | None:
-    """A slow node measured again (gpucheck.comm.verdicts, after rank 0's plan): its pairs
-    beside a known-good node's, side by side as in the first pass, or the largest
-    all_reduce; None when no node is slow."""
+    """A slow node's pairs measured again beside a known-good node's (or the largest
+    all_reduce), after rank 0's plan; None when no node is slow."""
     pairs = (result.get("pairwise") or {}).get("pairs") or []
     figures = node_figures(infos, pairs, result["collectives"].get("all_reduce") or [])
 
@@ -132,9 +131,8 @@ def p2p_unsupported(spec: CommSpec) -> str | None:
 
 def _pairs_and_nodes(spec: CommSpec, world: World, infos: list[dict[str, Any]], largest: int,
                      result: dict[str, Any], ctx: RunContext) -> None:
-    """Pairwise send/recv, a slow node measured again, then node-to-node rounds with 2+
-    nodes; no send/recv where the backend cannot send the device's buffers
-    (`result["p2p_skipped"]` says why)."""
+    """Pairwise send/recv, a slow node measured again, then node-to-node rounds; no
+    send/recv where the backend cannot send the device's buffers (`p2p_skipped`)."""
     result["p2p_skipped"] = skipped = p2p_unsupported(spec)
     size = spec.pair_bytes or largest
     if spec.pairwise and world.world_size > 1 and not skipped:
