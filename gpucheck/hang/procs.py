@@ -193,13 +193,6 @@ def _read_in_time(path: str) -> bytes:
     return bytes(result.get("raw", b""))
 
 
-def _owner(proc: psutil.Process) -> str:
-    try:
-        return str(proc.username())
-    except (KeyError, psutil.AccessDenied):  # a uid with no name: the number
-        return str(proc.uids().real)
-
-
 def _read(proc: psutil.Process) -> RankProcess | None:
     env = read_environ(proc.pid)
     if not env and proc.status() == psutil.STATUS_ZOMBIE:  # its environment went with it
@@ -207,7 +200,10 @@ def _read(proc: psutil.Process) -> RankProcess | None:
     rank = rank_of(proc.pid, proc.name(), env, proc.ppid())
     if rank is None:
         return None
-    return replace(rank, user=_owner(proc))
+    try:
+        return replace(rank, user=str(proc.username()))
+    except (KeyError, psutil.AccessDenied):  # a uid with no name: the number
+        return replace(rank, user=str(proc.uids().real))
 
 
 def _ancestors() -> set[int]:
@@ -307,7 +303,18 @@ def _expand(pids: list[int], found: Discovery) -> list[psutil.Process]:
 
 def _launched(proc: psutil.Process, found: Discovery) -> list[psutil.Process]:
     """The rank processes below a launcher: those of one job, else none."""
-    workers = _rank_descendants(proc)
+    workers: list[tuple[psutil.Process, RankProcess]] = []
+    try:
+        children = proc.children(recursive=True)
+    except psutil.Error:
+        children = []
+    for child in children:
+        try:
+            rank = _read(child)
+        except (psutil.Error, EnvironBlocked):
+            continue
+        if rank is not None:
+            workers.append((child, rank))
     groups = {rank.group for _, rank in workers}
     if len(groups) > 1:
         _not_a_rank(found, proc.pid, f"the ranks below it belong to {len(groups)} jobs: "
@@ -319,22 +326,6 @@ def _launched(proc: psutil.Process, found: Discovery) -> list[psutil.Process]:
 def _not_a_rank(found: Discovery, pid: int, why: str) -> None:
     found.not_ranks.append(pid)
     found.why_not[pid] = why
-
-
-def _rank_descendants(proc: psutil.Process) -> list[tuple[psutil.Process, RankProcess]]:
-    try:
-        children = proc.children(recursive=True)
-    except psutil.Error:
-        return []
-    ranks = []
-    for child in children:
-        try:
-            rank = _read(child)
-        except (psutil.Error, EnvironBlocked):
-            continue
-        if rank is not None:
-            ranks.append((child, rank))
-    return ranks
 
 
 def missing_local_ranks(ranks: list[RankProcess]) -> list[tuple[int | None, int]]:
