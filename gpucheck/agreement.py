@@ -1,8 +1,6 @@
-"""Which rank computed a wrong result: a majority vote over per-rank digests within
-groups that should agree bit for bit, the judgement against a reference, and software
-splits set apart from faulty GPUs (docs/stress.md, "bitwise"). Pure functions; no torch
-until `relative_deviation` is called. Used by stress's burn-in and bench's consistency.
-"""
+"""Which rank computed a wrong result: a majority vote over digests, the judgement
+against a reference, software splits set apart from faulty GPUs (docs/stress.md,
+"bitwise"). Used by stress's burn-in and bench's consistency."""
 
 from __future__ import annotations
 

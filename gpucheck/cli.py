@@ -1,8 +1,5 @@
-"""Command line: parse, run one command, render its report, pick the exit code.
-
-Each command is `gpucheck.commands.<name>` (`HELP`, `add_arguments`, `run(args, ctx)`),
-imported only when chosen: `gpucheck --help` never imports torch, `health` starts fast.
-"""
+"""Command line: parse, run one command (imported only when chosen), render its report,
+pick the exit code."""
 
 from __future__ import annotations
 

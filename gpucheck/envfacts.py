@@ -1,10 +1,5 @@
-"""The facts of one node's env report that should match across nodes (floor 1).
-
-`gpucheck env` under torchrun compares nodes with them
-(`gpucheck.distributed.nodes`), and compare and fleet read them back from saved
-reports (`gpucheck.analysis.loading`), so both agree on what counts as drift. It imports
-nothing else of gpucheck: the report readers must not reach into the launch layer.
-"""
+"""The facts of one node's env report that should match across nodes: `env` under
+torchrun compares them live, compare and fleet from saved reports (floor 1)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Errors that end a command with a one-line message, the stop signals behind an
-interruption, and Ctrl-C held during an import (torch's imports catch BaseException in
-places: a KeyboardInterrupt raised inside them was swallowed or turned into another
-error), then delivered right after it."""
+interruption, and Ctrl-C held during an import (torch's imports swallow it)."""
 
 from __future__ import annotations
 

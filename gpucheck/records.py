@@ -1,7 +1,5 @@
-"""Reading back the typed records ranks send to rank 0 as plain dicts: `read` gives the
-frozen dataclass, every field with its declared type (int, float, str, bool, `X | None`,
-`tuple[X, ...]`, `dict[str, Any]`), or a `RecordError` naming the field, which readers
-turn into a finding about that rank, never a crash. Floor 1: imports nothing of gpucheck."""
+"""The typed records ranks send to rank 0 as plain dicts, read back field by field into
+their dataclass or a `RecordError` naming the field (a finding, never a crash). Floor 1."""
 
 from __future__ import annotations
 
