@@ -250,9 +250,14 @@ def p2p_findings(node: Mapping[str, Any], where: Subject, fraction: float) -> li
         findings += [_slow_peer_pair(pair, look, measured, suspects.reference, where, kind)
                      for pair, look in looks.items()]
     if not any(f.status.value == "WARN" for f in findings):
+        medians = ", ".join(f"{kind or 'all'}: {s.reference:.4g} GB/s"
+                            for kind, s in classes.items())
+        apart = [p for p in pairs if not p["peer_access"] and p.get("p2p_by_design")]
         findings.append(ok("stress.p2p", f"{where}: {len(measured)} pairs, each at or above "
-                           f"{fraction:g} x the median pair of its path class ("
-                           f"{_class_medians(classes)}){_by_design_words(pairs)}"))
+                           f"{fraction:g} x the median pair of its path class ({medians})" + (
+                               f"; {len(apart)} pair(s) without peer access across CPU "
+                               "sockets, as the driver does by design (copies go through "
+                               "host memory)" if apart else "")))
     return findings
 
 
@@ -270,19 +275,6 @@ def _blocked(pairs: Sequence[Mapping[str, Any]], measured: int,
                  hint="check nvidia-smi topo -m and nvidia-smi topo -p2p r; ACS or an IOMMU "
                  "setting can block P2P between GPUs under one CPU socket", subject=where,
                  cause="no_peer_access")]
-
-
-def _by_design_words(pairs: Sequence[Mapping[str, Any]]) -> str:
-    apart = [p for p in pairs if not p["peer_access"] and p.get("p2p_by_design")]
-    if not apart:
-        return ""
-    return (f"; {len(apart)} pair(s) without peer access across CPU sockets, as the driver "
-            "does by design (copies go through host memory)")
-
-
-def _class_medians(classes: Mapping[str, Suspects]) -> str:
-    return ", ".join(f"{kind or 'all'}: {s.reference:.4g} GB/s"
-                     for kind, s in classes.items())
 
 
 def _pair_subject(where: Subject, pair: Pair) -> Subject:
