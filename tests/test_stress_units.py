@@ -178,6 +178,12 @@ def test_a_ranks_placement_against_its_gpus_node(
 # --- SDC judgement ----------------------------------------------------------------------
 
 
+def test_two_ranks_that_disagree_are_told_apart_by_the_cpu_reference() -> None:
+    verdict = agreement.judge({0: "aa", 1: "bb"}, {0: 1e-7, 1: 0.3}, tolerance=1e-4)
+    assert list(verdict.wrong) == [1] and verdict.undecided == ()
+    assert "reference" in verdict.wrong[1]
+
+
 def test_healthy_ranks_are_all_agreeing() -> None:
     verdict = agreement.judge({r: "aa" for r in range(8)}, dict.fromkeys(range(8), 1e-7), 1e-4)
     assert verdict.wrong == {} and verdict.undecided == ()
