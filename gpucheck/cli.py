@@ -25,7 +25,6 @@ from gpucheck.render import format_for
 from gpucheck.report import Report, Section, fail
 
 EXIT_USAGE = registry.EXIT_USAGE
-EXIT_INTERRUPTED = 130  # Ctrl-C; every stop signal N exits 128 + N (SIGTERM: 143)
 # Signals that end a run like Ctrl-C does (SIGINT raises KeyboardInterrupt already).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 # The user's run directory (partial results, roster: gpucheck.distributed.progress).
@@ -128,7 +127,7 @@ def _raise_interrupted(signum: int, frame: object) -> None:
 def _interrupted(module: ModuleType, args: argparse.Namespace, ctx: RunContext,
                  signum: signal.Signals) -> int:
     """The partial report in --output, with a FAIL saying how the run was stopped; one
-    line on stderr; exit 128 + the signal (130, 143)."""
+    line on stderr; exit 128 + the signal (130 for Ctrl-C, 143 for SIGTERM)."""
     written = bool(outputs_of(args)) and _is_reporter(ctx) and _write_interrupted(
         module, args, ctx, signum)
     where = f"; partial report in {', '.join(outputs_of(args))}" if written else ""

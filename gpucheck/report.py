@@ -282,11 +282,8 @@ class Report:
         return counts
 
     def verdict(self) -> Status:
-        """The worst WARN or FAIL; SKIP only when every check was skipped; else OK."""
-        statuses = {f.status for s in self.sections for f in s.findings}
-        if statuses == {Status.SKIP}:
-            return Status.SKIP
-        return worst(statuses - {Status.SKIP})
+        """As a section's verdict over every finding; OK with none."""
+        return Section("", "", findings=self.findings).verdict() or Status.OK
 
     def exit_code(self, strict: bool = False) -> int:
         """0 when nothing failed, 1 on any FAIL (with `strict`, on any WARN too)."""
