@@ -83,25 +83,22 @@ def dump_files(directory: str, prefix: str | None = None) -> dict[int, str]:
                          "TORCH_FR_DUMP_TEMP_FILE's prefix points into")
     by_prefix: dict[str, dict[int, str]] = {}
     try:
-        names = sorted(os.listdir(directory))
+        entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
     except OSError as exc:
         raise UsageError(f"--traces {directory}: cannot list it ({exc.strerror}); "
                          "run as a user who may read it") from None
-    for name in names:
-        match = _NAME.match(name)
-        path = os.path.join(directory, name)
-        if match and _regular(path):
-            by_prefix.setdefault(match[1], {})[int(match[2])] = path
+    for entry in entries:
+        match = _NAME.match(entry.name)
+        if match and _regular(entry):
+            by_prefix.setdefault(match[1], {})[int(match[2])] = entry.path
     if prefix is not None:
         return by_prefix.get(prefix, {})
-    if not by_prefix:
-        return {}
-    return max(by_prefix.values(), key=len)
+    return max(by_prefix.values(), key=len, default={})
 
 
-def _regular(path: str) -> bool:  # lstat: a link is never followed
+def _regular(entry: os.DirEntry[str]) -> bool:
     try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
+        return entry.is_file(follow_symlinks=False)  # a link is never followed
     except OSError:
         return False
 
