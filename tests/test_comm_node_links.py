@@ -8,19 +8,24 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpucheck.comm.internode import round_schedule
 from gpucheck.comm.internode_verdicts import (
     FABRIC_FRACTION,
+    STRAY,
     both_ends,
     find_node_suspects,
     internode_findings,
     node_pair_rows,
+    slow_nodes,
     spread_cut,
 )
 from gpucheck.comm.report import Verdicts, comm_sections
 from gpucheck.measure import LookState
 from gpucheck.report import Status
+from gpucheck.stats import median, typical
 
 LABELS = {i: f"node {i} (h{i})" for i in range(5)}
 Figures = dict[tuple[int, int], list[float]]
@@ -228,6 +233,54 @@ def test_a_node_within_the_healthy_pairs_spread_is_not_named() -> None:
     assert find_node_suspects(figures, 0.5).members == {}
     figures = {p: [v * 0.9 for v in s] if 2 in p else s for p, s in figures.items()}
     assert find_node_suspects(figures, 0.5).members == {2: "both"}  # 0.72x: beyond it
+
+
+def _cut_by_definition(healthy: Figures) -> tuple[float, float]:
+    typicals = [typical(s) for s in healthy.values() if s]
+    reference = median(typicals) if typicals else 0.0
+    if reference <= 0:
+        return reference, FABRIC_FRACTION
+    within = median(1 - min(s) / typical(s) for s in healthy.values() if s and typical(s) > 0)
+    between = 1 - min(typicals) / reference
+    return reference, max(0.0, min(FABRIC_FRACTION, 1 - max(between, within)))
+
+
+def _slow_nodes_by_definition(figures: Figures) -> dict[int, str]:
+    """Node by node, every pair without it judged again (n squared: the reference)."""
+    found = {}
+    for m in sorted({m for pair in figures for m in pair}):
+        without = {p: s for p, s in figures.items() if m not in p}
+        reference, cut = _cut_by_definition(without)
+        readings = sorted(v for s in without.values() for v in s)
+        ways = [[typical(s) for p, s in figures.items() if p[end] == m] for end in (0, 1)]
+        sending, receiving = (bool(mine) and all(v < cut * reference for v in mine) and
+                              len(readings) > STRAY and max(mine) < readings[STRAY]
+                              for mine in ways)
+        if sending or receiving:
+            found[m] = {(1, 1): "both", (1, 0): "sending", (0, 1): "receiving"}[
+                (sending, receiving)]
+    return found
+
+
+@st.composite
+def _fabrics(draw: st.DrawFn) -> Figures:
+    """Node pairs with ties, zeros, tight and wide figures, and a node or two slowed."""
+    n = draw(st.integers(2, 7))
+    slowed = draw(st.dictionaries(st.integers(0, n - 1), st.sampled_from([0.2, 0.7, 0.85])))
+    pairs = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1))
+                          .filter(lambda p: p[0] != p[1]), min_size=1, unique=True))
+    figure = st.one_of(st.sampled_from([0.0, 100.0]), st.floats(95, 100), st.floats(0, 200))
+    return {p: [v * slowed.get(p[0], 1) * slowed.get(p[1], 1)
+                for v in draw(st.lists(figure, min_size=1, max_size=4))] for p in pairs}
+
+
+@settings(deadline=None)
+@given(_fabrics())
+def test_the_slow_nodes_and_cut_are_the_definitions_node_by_node(figures: Figures) -> None:
+    """slow_nodes sorts once and leaves each node's pairs out (n log n): exactly what
+    judging every node against a fresh list of the pairs without it gives."""
+    assert slow_nodes(figures) == _slow_nodes_by_definition(figures)
+    assert spread_cut(figures) == _cut_by_definition(figures)
 
 
 # Issue 22, defect 3: what NCCL's group timing gives. Every rank's group holds its

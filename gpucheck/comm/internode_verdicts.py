@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,44 +41,77 @@ class NodeSuspects(Suspects):
     cut: float = FABRIC_FRACTION
 
 
+class _Left:
+    """Per-pair values sorted once, read with one node's pairs left out: the k-th smallest
+    costs the node's own pair count, so every node's cut costs n log n, not n squared."""
+
+    def __init__(self, items: Iterable[tuple[Pair, float]]) -> None:
+        ordered = sorted(items, key=lambda item: item[1])
+        self.values = [v for _, v in ordered]
+        self.at: dict[int | None, list[int]] = {}
+        for i, (pair, _) in enumerate(ordered):
+            for m in set(pair):
+                self.at.setdefault(m, []).append(i)
+
+    def count(self, m: int | None) -> int:
+        return len(self.values) - len(self.at.get(m, ()))
+
+    def nth(self, m: int | None, n: int) -> float:
+        """The n-th smallest (from 0) without m's values."""
+        for i in self.at.get(m, ()):
+            if i > n:
+                break
+            n += 1
+        return self.values[n]
+
+    def median(self, m: int | None) -> float:
+        half, odd = divmod(self.count(m), 2)  # as statistics.median computes it
+        return self.nth(m, half) if odd else (self.nth(m, half - 1) + self.nth(m, half)) / 2
+
+
+def _figures(samples: Samples) -> tuple[_Left, _Left]:
+    """The pairs' typical figures, and their repeats' spreads (1 - lowest / typical)."""
+    typicals = {p: typical(s) for p, s in samples.items() if s}
+    return _Left(typicals.items()), _Left((p, 1 - min(samples[p]) / t)
+                                          for p, t in typicals.items() if t > 0)
+
+
+def _cut_without(figures: _Left, spreads: _Left, m: int | None,
+                 fabric: float) -> tuple[float, float]:
+    """spread_cut over the pairs without node m (every pair with None)."""
+    if not figures.count(m):
+        return 0.0, fabric
+    reference = figures.median(m)
+    if reference <= 0:
+        return reference, fabric
+    between = 1 - figures.nth(m, 0) / reference
+    return reference, max(0.0, min(fabric, 1 - max(between, spreads.median(m))))
+
+
 def spread_cut(healthy: Samples, fabric: float = FABRIC_FRACTION) -> tuple[float, float]:
     """(reference, cut): the healthy pairs' median typical figure, and `fabric`, or 1 - their
     own spread (between pairs, or within a pair's repeats) when that is larger."""
-    typicals = [typical(s) for s in healthy.values() if s]
-    if not typicals:
-        return 0.0, fabric
-    reference = median(typicals)
-    if reference <= 0:
-        return reference, fabric
-    between = 1 - min(typicals) / reference
-    within = median(1 - min(s) / typical(s) for s in healthy.values()
-                    if s and typical(s) > 0)
-    return reference, max(0.0, min(fabric, 1 - max(between, within)))
-
-
-def _slow_direction(samples: Samples, pairs: Sequence[Pair], healthy: Samples,
-                    fabric: float, stray: int) -> bool:
-    """Every pair below the cut x the healthy median, and below almost every healthy reading."""
-    if not pairs or not healthy:
-        return False
-    reference, cut = spread_cut(healthy, fabric)
-    mine = [typical(samples[p]) for p in pairs]
-    readings = sorted(v for s in healthy.values() for v in s)
-    # Below every healthy reading but the `stray` lowest, too.
-    return all(v < cut * reference for v in mine) and len(readings) > stray and \
-        max(mine) < readings[stray]
+    return _cut_without(*_figures(healthy), None, fabric)
 
 
 def slow_nodes(samples: Samples, fabric: float = FABRIC_FRACTION) -> dict[int, str]:
-    """Nodes all of whose pairs one way are slow against the pairs without them:
-    "sending", "receiving" or "both"."""
+    """Nodes all of whose pairs one way are below the cut x the median of the pairs without
+    them, and below every reading of those but the STRAY lowest: "sending", "receiving" or
+    "both"."""
+    figures, spreads = _figures(samples)
+    readings = _Left((p, v) for p, s in samples.items() for v in s)
+    ways: dict[int, tuple[list[Pair], list[Pair]]] = {}
+    for p in samples:
+        ways.setdefault(p[0], ([], []))[0].append(p)
+        ways.setdefault(p[1], ([], []))[1].append(p)
     found: dict[int, str] = {}
-    for m in sorted({m for pair in samples for m in pair}):
-        without = {p: s for p, s in samples.items() if m not in p}
-        sending = _slow_direction(samples, [p for p in samples if p[0] == m], without,
-                                  fabric, STRAY)
-        receiving = _slow_direction(samples, [p for p in samples if p[1] == m], without,
-                                    fabric, STRAY)
+    for m in sorted(ways):
+        if len(samples) == len({p for way in ways[m] for p in way}):
+            continue  # no pair without m
+        reference, cut = _cut_without(figures, spreads, m, fabric)
+        sending, receiving = (bool(mine) and all(v < cut * reference for v in mine) and
+                              readings.count(m) > STRAY and max(mine) < readings.nth(m, STRAY)
+                              for mine in ([typical(samples[p]) for p in way] for way in ways[m]))
         if sending or receiving:
             found[m] = "both" if sending and receiving else "sending" if sending else \
                 "receiving"
@@ -92,16 +125,16 @@ def find_node_suspects(samples: Samples, pair_threshold: float,
     if not samples:
         return NodeSuspects(0.0, 0.0, cut=fabric)
     members = slow_nodes(samples, fabric)
-    clean = {p: s for p, s in samples.items() if not set(p) & set(members)} or dict(samples)
+    clean = {p: s for p, s in samples.items() if not _touches(p, members)} or dict(samples)
     # One pair cannot be told from the spread of one or two others (3 nodes leave two
     # pairs without a suspect node): a single pair keeps the wider intra-node rule.
     single = eliminate(clean, rate_bound(pair_threshold)).pairs
-    healthy = {p: s for p, s in clean.items() if p not in single} or clean
+    lone = set(single)
+    healthy = {p: s for p, s in clean.items() if p not in lone} or clean
     reference, cut = spread_cut(healthy, fabric)
-    slow = sorted({p for p in samples for m, way in members.items() if directed(p, m, way)}
-                  | set(single))
+    slow = sorted({p for p in samples if _suspects(p, members)} | lone)
     floor = min((v for s in healthy.values() for v in s), default=0.0)
-    flapping = intermittent(samples, [p for p in slow if p not in single], reference,
+    flapping = intermittent(samples, [p for p in slow if p not in lone], reference,
                             rate_bound(cut)) + intermittent(samples, single, reference,
                                                             rate_bound(pair_threshold))
     return NodeSuspects(reference, floor, members, tuple(slow), (),
@@ -109,10 +142,20 @@ def find_node_suspects(samples: Samples, pair_threshold: float,
                         tuple(sorted(flapping)), cut=cut)
 
 
+def _touches(pair: Pair, members: Mapping[int, str]) -> bool:
+    return pair[0] in members or pair[1] in members
+
+
+def _suspects(pair: Pair, members: Mapping[int, str]) -> bool:
+    """Is `pair` one of a suspect node's pairs in the direction it is slow in?"""
+    return any(directed(pair, m, members[m]) for m in pair if m in members)
+
+
 def _references(samples: Samples, slow: Sequence[Pair], members: Mapping[int, str],
                 reference: float) -> tuple[Pair, ...]:
     """The known-good pair nearest the reference, with its reverse when good too."""
-    good = sorted(p for p in samples if p not in slow and not set(p) & set(members))
+    bad = set(slow)
+    good = sorted(p for p in samples if p not in bad and not _touches(p, members))
     chosen = known_good({p: typical(samples[p]) for p in good}, (), reference) \
         if slow else None
     if chosen is None:
@@ -215,8 +258,7 @@ def internode_findings(rows: Sequence[Mapping[str, Any]], threshold: float,
 
 def _cut(pair: Pair, suspects: NodeSuspects, threshold: float) -> float:
     """A suspect node's cut for its pairs; the pair rule's threshold for a lone pair."""
-    mine = any(directed(pair, m, way) for m, way in suspects.members.items())
-    return suspects.cut if mine else threshold
+    return suspects.cut if _suspects(pair, suspects.members) else threshold
 
 
 def _node_pair_look(pair: Pair, first: Mapping[Pair, Sequence[float]],
