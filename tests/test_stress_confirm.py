@@ -16,7 +16,8 @@ import torch.distributed
 from gpucheck.context import RunContext
 from gpucheck.measure import Better, LookState
 from gpucheck.report import Status
-from gpucheck.stress import gemm, verdicts
+from gpucheck.stress import copies, gemm, verdicts
+from gpucheck.stress.records import CopyRow
 from gpucheck.stress.verdicts import (
     again_of,
     expected_findings,
@@ -36,15 +37,16 @@ def _bf16(model: str | None) -> gemm.Figure | None:
     return gemm.gemm_figure(model, "bf16")
 
 
+GEMM = ("stress.gemm.peers", "stress.gemm.expected")
 FIRST = {0: 780.0, 1: 790.0, 2: 785.0, 3: 400.0}  # rank 3 at half its peers and the model
 
 
 def test_a_rank_below_its_peers_or_its_model_is_a_suspect_to_measure_again() -> None:
-    assert suspect_ranks(FIRST, _ranks(4), 0.9, _bf16, 0.8) == [3]
+    assert suspect_ranks(GEMM, FIRST, _ranks(4), 0.9, _bf16, 0.8) == [3]
     healthy = {0: 780.0, 1: 790.0, 2: 785.0, 3: 775.0}
-    assert suspect_ranks(healthy, _ranks(4), 0.9, _bf16, 0.8) == []
+    assert suspect_ranks(GEMM, healthy, _ranks(4), 0.9, _bf16, 0.8) == []
     # Every H200 slow alike: no peer is worse, but every one is below the model's figure.
-    assert suspect_ranks({r: 500.0 for r in range(4)}, _ranks(4), 0.9, _bf16, 0.8) == [
+    assert suspect_ranks(GEMM, {r: 500.0 for r in range(4)}, _ranks(4), 0.9, _bf16, 0.8) == [
         0, 1, 2, 3]
 
 
@@ -116,16 +118,22 @@ def test_below_the_models_figure_twice_is_confirmed_and_once_is_unstable() -> No
 
 
 def _copy_row(rank: int, alone: float, together: float) -> dict[str, Any]:
-    return {"rank": rank, "h2d_alone_gbps": alone, "d2h_alone_gbps": alone + 1,
-            "h2d_together_gbps": together, "d2h_together_gbps": together + 1,
+    return {"rank": rank, "size_bytes": 1 << 28, "h2d_alone_gbps": alone,
+            "d2h_alone_gbps": alone + 1, "h2d_together_gbps": together,
+            "d2h_together_gbps": together + 1,
             "link": "Gen5 x16", "link_gbps": 63.0}
+
+
+def _copy_suspects(rows: list[dict[str, Any]]) -> list[int]:
+    return verdicts.crossed(copies.copy_findings([CopyRow(**r) for r in rows], _ranks(3),
+                                                 0.6, 0.9))
 
 
 def test_host_copies_below_the_link_or_their_peers_are_measured_again() -> None:
     rows = [_copy_row(0, 55.0, 50.0), _copy_row(1, 20.0, 50.0), _copy_row(2, 55.0, 20.0)]
-    assert verdicts.copy_suspects(rows, _ranks(3), 0.6, 0.9) == [1, 2]
+    assert _copy_suspects(rows) == [1, 2]
     healthy = [_copy_row(r, 55.0, 50.0) for r in range(3)]
-    assert verdicts.copy_suspects(healthy, _ranks(3), 0.6, 0.9) == []
+    assert _copy_suspects(healthy) == []
 
 
 def test_a_slow_link_is_confirmed_by_its_second_copies_alone_or_found_unstable() -> None:
@@ -230,14 +238,15 @@ def test_a_slow_peer_pair_slow_again_is_confirmed_and_fine_again_is_unstable() -
 
 # --- the burn-in's straggler (stress.sdc.straggler: a time, lower is better) ----------
 
+STRAGGLER = ("stress.sdc.straggler", None)
 TIMES = {0: 7.0, 1: 7.2, 2: 30.0}  # ms per product: rank 2 four times slower
 
 
 def test_a_slow_burn_in_rank_is_a_suspect_by_its_time_and_a_fast_one_is_not() -> None:
-    assert suspect_ranks(TIMES, _ranks(3), 0.9, lambda _: None, 0.8,
+    assert suspect_ranks(STRAGGLER, TIMES, _ranks(3), 0.9, lambda _: None, 0.8,
                          higher_is_better=False) == [2]
-    assert suspect_ranks({0: 7.0, 1: 7.2, 2: 7.1}, _ranks(3), 0.9, lambda _: None, 0.8,
-                         higher_is_better=False) == []
+    assert suspect_ranks(STRAGGLER, {0: 7.0, 1: 7.2, 2: 7.1}, _ranks(3), 0.9,
+                         lambda _: None, 0.8, higher_is_better=False) == []
 
 
 def _straggler(again: dict[int, float] | None) -> list[Any]:

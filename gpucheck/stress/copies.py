@@ -5,7 +5,7 @@ says why local rank 0 measures the matrix alone)."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ from gpucheck.stress.records import CopyRow, StressRecords
 from gpucheck.stress.verdicts import (
     class_suspects,
     copies_again,
-    copy_suspects,
+    crossed,
     link_findings,
     p2p_findings,
     peer_findings,
@@ -151,8 +151,9 @@ def copies_phase(ctx: RankContext, result: dict[str, Any]) -> None:
         progress.set_step(ctx.run, "copies: measured again")
         return gather(ctx, copy_row(ctx, result))
 
-    _, second = remeasure(ctx.world.rank, lambda: copy_suspects(
-        rows, result["ranks"], spec.copy_fraction, spec.peer_fraction), again, ctx.run)
+    _, second = remeasure(ctx.world.rank, lambda: crossed(copy_findings(
+        [CopyRow(**r) for r in rows], result["ranks"], spec.copy_fraction,
+        spec.peer_fraction)), again, ctx.run)
     if second is not None:
         result["copies"]["again"] = second
 
@@ -215,22 +216,14 @@ def peer_phase(ctx: RankContext, measure: Callable[[int], dict[str, Any]],
 
 def copies_section(copies: Mapping[str, Any], records: StressRecords, peer_fraction: float,
                    copy_fraction: float) -> Section:
-    """Host copies alone against each link, all at once against the node's peers."""
+    """The copies' table and `copy_findings`, or the phase's SKIP."""
     ranks = records.entries
     if "skipped" in copies:
         return Section("copies", "Host<->device copies (pinned memory)", {},
                        [skip("stress.copies", str(copies["skipped"]))])
     rows = records.copies
-    alone = [{"rank": r.rank, "h2d_gbps": r.h2d_alone_gbps, "d2h_gbps": r.d2h_alone_gbps,
-              "link": r.link, "link_gbps": r.link_gbps}
-             for r in rows if r.h2d_alone_gbps is not None]
     again = [as_dict(r) for r in records.copies_again or ()]
-    findings = link_findings("stress.copies.link", alone, ranks, copy_fraction,
-                             copies_again(again, "alone"))
-    together = {r.rank: min(r.h2d_together_gbps, r.d2h_together_gbps) for r in rows}
-    findings += peer_findings("stress.copies.together", "host copies with every GPU at once "
-                              "(slower direction)", "GB/s", together, ranks,
-                              peer_fraction, again=copies_again(again, "together"))
+    findings = copy_findings(rows, ranks, copy_fraction, peer_fraction, again)
     table = [as_dict(r) | {"together_vs_alone": None if not r.h2d_alone_gbps or not
                            r.d2h_alone_gbps else round(min(
                                r.h2d_together_gbps / r.h2d_alone_gbps,
@@ -241,6 +234,22 @@ def copies_section(copies: Mapping[str, Any], records: StressRecords, peer_fract
         data["measured again"] = again
     return Section("copies", "Host<->device copies (pinned memory): each GPU alone, then "
                    "all at once (GB/s)", data, findings)
+
+
+def copy_findings(rows: Sequence[CopyRow], ranks: Sequence[Mapping[str, Any]],
+                  copy_fraction: float, peer_fraction: float,
+                  again: Sequence[Mapping[str, Any]] = ()) -> list[Finding]:
+    """Host copies alone against each link, all at once against the node's peers; the
+    phase measures again the ranks these question (`verdicts.crossed`)."""
+    alone = [{"rank": r.rank, "h2d_gbps": r.h2d_alone_gbps, "d2h_gbps": r.d2h_alone_gbps,
+              "link": r.link, "link_gbps": r.link_gbps}
+             for r in rows if r.h2d_alone_gbps is not None]
+    findings = link_findings("stress.copies.link", alone, ranks, copy_fraction,
+                             copies_again(again, "alone"))
+    together = {r.rank: min(r.h2d_together_gbps, r.d2h_together_gbps) for r in rows}
+    return findings + peer_findings(
+        "stress.copies.together", "host copies with every GPU at once (slower direction)",
+        "GB/s", together, ranks, peer_fraction, again=copies_again(again, "together"))
 
 
 def p2p_section(p2p: Mapping[str, Any], records: StressRecords,

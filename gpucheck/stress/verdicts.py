@@ -47,22 +47,24 @@ def bound_of(fraction: float, higher_is_better: bool = True) -> Bound:
     return Bound.fraction(fraction, Better.HIGHER if higher_is_better else Better.LOWER)
 
 
-def suspect_ranks(values: Mapping[int, float], ranks: Sequence[Mapping[str, Any]],
-                  fraction: float, figure_of: Callable[[str | None], Figure | None],
-                  expected_fraction: float, higher_is_better: bool = True) -> list[int]:
-    """Ranks below `fraction` x their node's median, or below `expected_fraction` x
-    their model's typical figure: the ones to measure again before a WARN."""
-    found: set[int] = set()
-    bound = bound_of(fraction, higher_is_better)
-    for members in group_by_node(ranks).values():
-        mine = {r: values[r] for r in members if values.get(r) is not None}
-        found |= set(against_median(mine, bound).worse)
-    for row in ranks:
-        rank, figure = int(row["rank"]), figure_of(row.get("gpu_name"))
-        if figure is not None and rank in values and expected_fraction > 0 and \
-                bound_of(expected_fraction).worse(values[rank], figure.typical):
-            found.add(rank)
-    return sorted(found)
+def suspect_ranks(checks: tuple[str, str | None], values: Mapping[int, float],
+                  ranks: Sequence[Mapping[str, Any]], fraction: float,
+                  figure_of: Callable[[str | None], Figure | None], expected_fraction: float,
+                  higher_is_better: bool = True) -> list[int]:
+    """The ranks the report's peer and expected findings (`checks`) will question: the
+    ones to measure again before it judges them."""
+    peers, expected = checks
+    found = peer_findings(peers, peers, "", values, ranks, fraction, higher_is_better)
+    if expected is not None:
+        found += expected_findings(expected, expected, "", values, ranks, figure_of,
+                                   expected_fraction)
+    return crossed(found)
+
+
+def crossed(findings: Sequence[Finding]) -> list[int]:
+    """The ranks whose figure crossed a bound (their finding carries a look)."""
+    return sorted({f.subject.rank for f in findings if f.look is not None and
+                   f.subject is not None and f.subject.rank is not None})
 
 
 Again = Mapping[int, float]  # a second measurement: rank -> its re-measured figure
@@ -206,20 +208,6 @@ def link_findings(check: str, rows: Sequence[Mapping[str, Any]],
         findings.append(ok(check, f"{checked} rank(s) copy at or above {fraction:g} x their "
                            "PCIe link's rate"))
     return findings
-
-
-def copy_suspects(rows: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str, Any]],
-                  copy_fraction: float, peer_fraction: float) -> list[int]:
-    """Ranks whose host copies alone are below `copy_fraction` x their link's rate, or
-    whose copies all at once are below `peer_fraction` x their node's median."""
-    link = bound_of(copy_fraction)
-    found = {int(r["rank"]) for r in rows if r.get("link_gbps") and
-             r.get("h2d_alone_gbps") is not None and
-             link.worse(min(r["h2d_alone_gbps"], r["d2h_alone_gbps"]), r["link_gbps"])}
-    together = {int(r["rank"]): min(r["h2d_together_gbps"], r["d2h_together_gbps"])
-                for r in rows}
-    return sorted(found | set(suspect_ranks(together, ranks, peer_fraction, lambda _: None,
-                                            0.0)))
 
 
 def copies_again(rows: Sequence[Mapping[str, Any]] | None,

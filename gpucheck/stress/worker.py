@@ -200,7 +200,7 @@ def _membw(ctx: RankContext, result: dict[str, Any]) -> None:
 
 def _again(ctx: RankContext, result: dict[str, Any], phase: str,
            records: list[dict[str, Any]], key: str, figure_of: Callable[[str | None], Any],
-           measure: Callable[[], Any], higher_is_better: bool = True) -> None:
+           measure: Callable[[], Any], straggler: bool = False) -> None:
     """Every rank measures `phase` again at once, as in the first pass (a GPU slow only
     under a shared power or cooling budget is loaded the same way), when rank 0 finds a
     rank below the report's bounds (`verdicts.suspect_ranks`); the records go to
@@ -208,8 +208,10 @@ def _again(ctx: RankContext, result: dict[str, Any], phase: str,
     values = {int(r["rank"]): float(r[key]) for r in records}
 
     def suspects() -> list[int]:
-        return suspect_ranks(values, result["ranks"], ctx.spec.peer_fraction, figure_of,
-                             ctx.spec.expected_fraction, higher_is_better)
+        checks = ("stress.sdc.straggler", None) if straggler else (
+            f"stress.{phase}.peers", f"stress.{phase}.expected")
+        return suspect_ranks(checks, values, result["ranks"], ctx.spec.peer_fraction,
+                             figure_of, ctx.spec.expected_fraction, not straggler)
 
     def again(named: list[int]) -> list[dict[str, Any]]:
         progress.set_step(ctx.run, f"{phase}: measured again")
@@ -255,7 +257,7 @@ def _sdc(ctx: RankContext, result: dict[str, Any]) -> None:
                      "records": [r for r, _, _ in every], "reference_deviations": deviations}
     publish(ctx, result)
     _again(ctx, result, "sdc", result["sdc"]["records"], "p50_ms", lambda _: None,
-           lambda: _short_burn(ctx, group), higher_is_better=False)
+           lambda: _short_burn(ctx, group), straggler=True)
 
 
 def _short_burn(ctx: RankContext, group: str) -> Any:
