@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.devices import SYSFS, GpuIdentity, RankInfo, device_label
-from gpucheck.distributed.deadline import DUMP_WAIT_S, latest_arrival_s
+from gpucheck.distributed.deadline import BACKSTOP_S, DUMP_WAIT_S, TRACEBACK_CAP_S
 from gpucheck.distributed.world import World, host_name
 from gpucheck.numa import allowed_cpus, rank_numa
 
@@ -29,7 +29,9 @@ class CheckInFailed(RuntimeError):
                  waited_s: float) -> None:
         self.missing = missing
         self.present = present
-        self.expected = {r: expected_place(r, world) for r in missing}
+        per_node = max(world.local_world_size, 1)  # where each should have run
+        self.expected = {r: f"rank {r} (expected node {r // per_node}, local rank "
+                            f"{r % per_node})" for r in missing}
         # This rank's view, for the report: set where the check-in timed out.
         self.diagnosis: dict[str, Any] | None = None
         names = ", ".join(self.expected.values())
@@ -48,12 +50,6 @@ class RanksUnresponsive(RuntimeError):
         where = f" during {step}" if step else ""
         who = ", ".join(f"rank {r}" for r in missing) or "no rank (all answered)"
         super().__init__(f"a collective failed{where} ({cause}); did not answer: {who}")
-
-
-def expected_place(rank: int, world: World) -> str:
-    """Where a rank that never arrived should have run (uniform ranks per node)."""
-    per_node = max(world.local_world_size, 1)
-    return f"rank {rank} (expected node {rank // per_node}, local rank {rank % per_node})"
 
 
 def _key(kind: str, rank: int | str) -> str:
@@ -233,6 +229,10 @@ def _until(done: Callable[[], bool], window_s: float, clock: Callable[[], float]
 def roll_call_window_s(timeout_s: float, backend: str) -> float:
     """How long survivors can take to reach the roll call after the first, plus their
     dump: on gloo their timeouts fire a little apart; on NCCL a rank whose wait escaped
-    the deadline arrives once the watchdog aborts (`deadline.latest_arrival_s`)."""
-    apart = latest_arrival_s() if backend == "nccl" else min(5.0, max(1.0, timeout_s / 4))
-    return apart + DUMP_WAIT_S
+    the deadline arrives once the watchdog aborts (the backstop, the traceback, then
+    4 x the dump wait, as set or NCCL's default 15 s)."""
+    if backend != "nccl":
+        return min(5.0, max(1.0, timeout_s / 4)) + DUMP_WAIT_S
+    dump_ms = os.environ.get("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "")
+    dump_s = int(dump_ms) / 1000 if dump_ms.isdigit() else 15.0
+    return BACKSTOP_S + TRACEBACK_CAP_S + 4 * dump_s + DUMP_WAIT_S

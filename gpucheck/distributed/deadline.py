@@ -111,15 +111,6 @@ def group_timeout_s(backend: str, timeout_s: float) -> float:
     return timeout_s + BACKSTOP_S if backend == "nccl" else timeout_s
 
 
-def latest_arrival_s(environ: MutableMapping[str, str] | None = None) -> float:
-    """How long after the first survivor's deadline the last can reach the roll call:
-    when the watchdog aborts (the backstop, the traceback, 4 x the dump wait)."""
-    env = os.environ if environ is None else environ
-    dump_ms = env.get("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "")
-    seconds = int(dump_ms) / 1000 if dump_ms.isdigit() else 15.0  # NCCL's default 15000
-    return BACKSTOP_S + TRACEBACK_CAP_S + 4 * seconds
-
-
 def abort_groups(dist: Any) -> str | None:
     """Abort every process group of this process: None when done, else why not."""
     c10d = dist.distributed_c10d
@@ -249,12 +240,6 @@ def armed(command: str) -> Iterator[str | None]:
                 os.environ.pop(name, None)
 
 
-def dump_prefix(environ: MutableMapping[str, str] | None = None) -> str | None:
-    """Where this job's dumps go (`<prefix><rank>`), or None when not armed."""
-    env = os.environ if environ is None else environ
-    return next((env[name] for name in PREFIX_VARS if env.get(name)), None)
-
-
 def own_path(prefix: str, rank: int) -> str:
     """`<prefix>gpucheck_<rank>`: never the `<prefix><rank>` torch's watchdog writes."""
     return f"{prefix}{OWN_NAME}{rank}"
@@ -279,7 +264,7 @@ def dump_after_failure(rank: int, backend: str,
                        wait_s: float = DUMP_WAIT_S) -> DumpOutcome | None:
     """After a failed collective, this rank's buffer to its own file (`own_path`): None
     when not armed, else the file written or why nothing was (never silent)."""
-    prefix = dump_prefix()
+    prefix = next((os.environ[n] for n in PREFIX_VARS if os.environ.get(n)), None)
     if prefix is None:
         return None
     function, why = dumper(backend)
