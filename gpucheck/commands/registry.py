@@ -159,11 +159,8 @@ def file_formats(requested: str | None, outputs: list[str]) -> dict[str, str]:
 
 def emit(report: Report, fmt: str, output: str | list[str] | None, quiet: bool,
          console: Console, formats: dict[str, str] | None = None) -> None:
-    """Write the report files (if asked) and show the report on `stream`.
-
-    `formats`: each file's format (`file_formats`), else `fmt` for all. A failed write
-    (a full disk at the end of a long run) still writes the other files and shows the
-    report on stdout unless `quiet`, then raises WriteError saying where it went."""
+    """Write the report files (each in `formats`' format, else `fmt`) and show the report;
+    a failed write still writes the others and shows it, then says where it went."""
     stream, color = console.stdout, console.color
     width = console.columns(stream)  # None off a terminal: files and pipes stay stable
     outputs = [output] if isinstance(output, str) else list(output or [])

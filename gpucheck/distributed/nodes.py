@@ -68,9 +68,8 @@ def nodes_rows(records: Iterable[Mapping[str, Any]], metric: Mapping[NodeId, flo
 def slow_node_findings(metric: Mapping[NodeId, float], check: str, what: str, unit: str,
                        higher_is_better: bool = True,
                        fraction: float = SLOW_NODE_FRACTION) -> list[Finding]:
-    """WARN for each node worse than `fraction` of the median node (needs 2+ nodes):
-    `gpucheck.peers.against_median`, so with higher_is_better=False (times) a node is
-    slow above median / fraction, and a node exactly at the bound is not slow."""
+    """WARN for each node worse than `fraction` of the median node (2+ nodes; a node at
+    the bound is not slow, `gpucheck.peers.against_median`)."""
     if len(metric) < 2:
         return []
     better = Better.HIGHER if higher_is_better else Better.LOWER
@@ -158,11 +157,8 @@ def merge_node_reports(reports: Mapping[NodeId, Mapping[str, Any]]) -> Report:
 
 
 def gather_env_reports(build: Callable[[], Report], ctx: RunContext) -> Report | None:
-    """Under a launcher with several ranks: probe once per node, rank 0 merges.
-
-    Without one, just `build()`. Ranks other than 0 return None. `ctx`: the command's
-    (its world, its namespace on the job's store).
-    """
+    """Under a launcher with several ranks each node probes once and rank 0 merges (the
+    others get None); without one, just `build()`."""
     from gpucheck.distributed.job import launched_world
 
     if launched_world(ctx) is None:
