@@ -1,7 +1,5 @@
-"""Every rank of a load command watches its GPU for hardware faults, set up once here:
-one NVML doorway per rank, a `FaultWatch` for the life of its process group, a worker's
-timed window marked, every rank's result gathered on the success path (docs/faults.md).
-"""
+"""Each rank of a load command watches its GPU for hardware faults for the life of its
+process group: one NVML doorway, the timed window marked, the results gathered."""
 
 from __future__ import annotations
 
