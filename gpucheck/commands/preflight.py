@@ -17,6 +17,7 @@ from typing import Any
 
 from gpucheck.commands.launch import LaunchOptions, LaunchPlan, plan_launch
 from gpucheck.commands.options import opt, seconds
+from gpucheck.commands.registry import outputs_of
 from gpucheck.context import Console, RunContext
 from gpucheck.errors import UsageError
 from gpucheck.render.text import WIDTH
@@ -91,15 +92,9 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan) -> Any:
                          peer_fraction=0.9 if plan.device == "cuda" else 0.5,
                          expected_fraction=0.8, link_fraction=0.5,
                          fault_watch=args.fault_watch, costs_s=costs,
-                         exclude_file=args.exclude_file, outputs=tuple(_outputs(args)),
+                         exclude_file=args.exclude_file, outputs=tuple(outputs_of(args)),
                          command_given=bool(job_command(args)),
                          cpu_asked=args.device == "cpu")
-
-
-def _outputs(args: argparse.Namespace) -> list[str]:
-    from gpucheck.commands.registry import outputs_of
-
-    return outputs_of(args)
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
@@ -169,7 +164,7 @@ def _show(report: Report, args: argparse.Namespace, started: float,
     baseline = read_baseline_option(args)  # gpucheck.cli adds it to a returned report
     if baseline is not None:
         report.add(baseline_section(report, baseline))
-    outputs = _outputs(args)
+    outputs = outputs_of(args)
     fmt = format_for(args.format, outputs[0] if outputs else None)
     if outputs or args.format not in (None, "text"):
         emit(report, fmt, outputs, True, console, file_formats(args.format, outputs))
