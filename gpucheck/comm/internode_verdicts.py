@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,9 @@ from gpucheck.peers import (
     Pair,
     Samples,
     Suspects,
+    Without,
     against_median,
+    by_end,
     combined,
     directed,
     eliminate,
@@ -41,42 +43,14 @@ class NodeSuspects(Suspects):
     cut: float = FABRIC_FRACTION
 
 
-class _Left:
-    """Per-pair values sorted once, read with one node's pairs left out: the k-th smallest
-    costs the node's own pair count, so every node's cut costs n log n, not n squared."""
-
-    def __init__(self, items: Iterable[tuple[Pair, float]]) -> None:
-        ordered = sorted(items, key=lambda item: item[1])
-        self.values = [v for _, v in ordered]
-        self.at: dict[int | None, list[int]] = {}
-        for i, (pair, _) in enumerate(ordered):
-            for m in set(pair):
-                self.at.setdefault(m, []).append(i)
-
-    def count(self, m: int | None) -> int:
-        return len(self.values) - len(self.at.get(m, ()))
-
-    def nth(self, m: int | None, n: int) -> float:
-        """The n-th smallest (from 0) without m's values."""
-        for i in self.at.get(m, ()):
-            if i > n:
-                break
-            n += 1
-        return self.values[n]
-
-    def median(self, m: int | None) -> float:
-        half, odd = divmod(self.count(m), 2)  # as statistics.median computes it
-        return self.nth(m, half) if odd else (self.nth(m, half - 1) + self.nth(m, half)) / 2
-
-
-def _figures(samples: Samples) -> tuple[_Left, _Left]:
+def _figures(samples: Samples) -> tuple[Without, Without]:
     """The pairs' typical figures, and their repeats' spreads (1 - lowest / typical)."""
     typicals = {p: typical(s) for p, s in samples.items() if s}
-    return _Left(typicals.items()), _Left((p, 1 - min(samples[p]) / t)
-                                          for p, t in typicals.items() if t > 0)
+    return Without(typicals.items()), Without((p, 1 - min(samples[p]) / t)
+                                              for p, t in typicals.items() if t > 0)
 
 
-def _cut_without(figures: _Left, spreads: _Left, m: int | None,
+def _cut_without(figures: Without, spreads: Without, m: int | None,
                  fabric: float) -> tuple[float, float]:
     """spread_cut over the pairs without node m (every pair with None)."""
     if not figures.count(m):
@@ -99,11 +73,8 @@ def slow_nodes(samples: Samples, fabric: float = FABRIC_FRACTION) -> dict[int, s
     them, and below every reading of those but the STRAY lowest: "sending", "receiving" or
     "both"."""
     figures, spreads = _figures(samples)
-    readings = _Left((p, v) for p, s in samples.items() for v in s)
-    ways: dict[int, tuple[list[Pair], list[Pair]]] = {}
-    for p in samples:
-        ways.setdefault(p[0], ([], []))[0].append(p)
-        ways.setdefault(p[1], ([], []))[1].append(p)
+    readings = Without((p, v) for p, s in samples.items() for v in s)
+    ways = by_end(samples)
     found: dict[int, str] = {}
     for m in sorted(ways):
         if len(samples) == len({p for way in ways[m] for p in way}):
