@@ -210,14 +210,12 @@ def link_findings(check: str, rows: Sequence[Mapping[str, Any]],
     return findings
 
 
-def copies_again(rows: Sequence[Mapping[str, Any]] | None,
-                 setting: str) -> Again | None:
+def copies_again(rows: Sequence[Mapping[str, Any]] | None, setting: str) -> Again | None:
     """The second copies' slower direction per rank, "alone" or "together"."""
     if not rows:
         return None
-    values = {int(r["rank"]): min(r[f"h2d_{setting}_gbps"], r[f"d2h_{setting}_gbps"])
-              for r in rows if r.get(f"h2d_{setting}_gbps") is not None}
-    return values
+    return {int(r["rank"]): min(r[f"h2d_{setting}_gbps"], r[f"d2h_{setting}_gbps"])
+            for r in rows if r.get(f"h2d_{setting}_gbps") is not None}
 
 
 def p2p_findings(node: Mapping[str, Any], where: Subject, fraction: float) -> list[Finding]:
