@@ -237,15 +237,12 @@ class EventWatch:
         """The event kinds registered; None when events are n/a here."""
         return sorted(self._bits.values()) if self._bits else None
 
-    def _supported(self) -> int | None:
-        mask: int | None = self._nvml.get("nvmlDeviceGetSupportedEventTypes", self._handle)
-        return mask
-
     def open(self) -> None:
         """Create the set and register each supported kind; n/a (with `reason`) when
         the driver has no events for this GPU (containers often answer NotSupported)."""
         m = self._nvml.module
-        supported = self._supported()
+        supported: int | None = self._nvml.get("nvmlDeviceGetSupportedEventTypes",
+                                               self._handle)
         wanted = {getattr(m, k.constant): k.name for k in WATCHED if hasattr(m, k.constant)}
         if supported is not None:
             wanted = {bit: name for bit, name in wanted.items() if bit & supported}
