@@ -17,7 +17,7 @@ from gpucheck.comm.internode_verdicts import (
     node_samples,
     rail_exchanges,
 )
-from gpucheck.comm.records import LinkRow, SentRow
+from gpucheck.comm.records import LinkRow, SentRow, crossing
 from gpucheck.comm.verdicts import ELEMENT_BYTES, GB
 from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext
@@ -207,14 +207,14 @@ def _measure(roster: Sequence[Mapping[str, Any]],
         received, sending = _samples(peers, size_bytes, iters, device, repeats,
                                      ctx.session.wait_s)
         if received is not None and came is not None and from_node is not None:
-            links.append(LinkRow(
+            links.append(crossing(LinkRow(
                 round=label, src_node=from_node, dst_node=mine, rail=came[0], src=came[1],
                 dst=me, bandwidth_gbps=statistics.median(received),
-                samples_gbps=tuple(received)).to_dict())
+                samples_gbps=tuple(received))))
         if sending is not None and send is not None and to_node is not None:
             # What this rank's timing says of the link it sent on (NCCL: its group's time).
-            sent.append(SentRow(round=label, src_node=mine, dst_node=to_node, src=me,
-                                dst=send, sent_gbps=tuple(sending)).to_dict())
+            sent.append(crossing(SentRow(round=label, src_node=mine, dst_node=to_node,
+                                         src=me, dst=send, sent_gbps=tuple(sending))))
         if again:
             barrier(ctx.session.wait_s)
     if not again:

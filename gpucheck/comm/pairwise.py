@@ -16,7 +16,7 @@ from gpucheck.comm.collectives import (
     started,
     time_batch,
 )
-from gpucheck.comm.records import PairRow
+from gpucheck.comm.records import PairRow, crossing
 from gpucheck.comm.verdicts import ELEMENT_BYTES, ClassKey, suspects_by_node
 from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext
@@ -124,11 +124,11 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
                 samples = _time_pair_samples(src, dst, size_bytes, iters, device, repeats,
                                              ctx.session.wait_s)
                 if me == src:
-                    mine.append(PairRow(
+                    mine.append(crossing(PairRow(
                         src=src, dst=dst, node_rank=node_of[src], size_bytes=size_bytes,
                         bandwidth_gbps=round(statistics.median(samples), 4),
                         samples_gbps=tuple(round(x, 4) for x in samples),
-                        path=(paths or {}).get((src, dst))).to_dict())
+                        path=(paths or {}).get((src, dst)))))
         progress.set_step(ctx, "barrier after a pair")
         barrier(ctx.session.wait_s)
     return mine

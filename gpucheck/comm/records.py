@@ -5,10 +5,13 @@ the verdicts and named in a `comm.rank_record` finding, never a crash."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 from gpucheck.records import RecordError, Unread, as_dict, read_all, readable
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 @dataclass(frozen=True)
@@ -22,13 +25,6 @@ class PairRow:
     bandwidth_gbps: float  # the median of the repeats
     samples_gbps: tuple[float, ...] | None = None  # every repeat (None: one timing)
     path: str | None = None  # the path class (NV#, PIX, SYS...) when NVML told it
-
-    def to_dict(self) -> dict[str, Any]:
-        """The row as it crosses: `samples_gbps` and `path` only when known."""
-        row = _without_none(as_dict(self), ("samples_gbps",))
-        if self.path is None:
-            del row["path"]
-        return row
 
 
 @dataclass(frozen=True)
@@ -47,10 +43,6 @@ class LinkRow:
     received_gbps: tuple[float, ...] | None = None
     sent_gbps: tuple[float, ...] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """The row as it crosses: the sample lists only when known."""
-        return _without_none(as_dict(self), ("samples_gbps", "received_gbps", "sent_gbps"))
-
 
 @dataclass(frozen=True)
 class SentRow:
@@ -63,20 +55,13 @@ class SentRow:
     dst: int
     sent_gbps: tuple[float, ...] | None
 
-    def to_dict(self) -> dict[str, Any]:
-        row = as_dict(self)
-        row["sent_gbps"] = list(self.sent_gbps) if self.sent_gbps is not None else None
-        return row
 
-
-def _without_none(row: dict[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
-    """`optional` keys dropped where None, the others as lists (as JSON has them)."""
-    for key in optional:
-        if row[key] is None:
-            del row[key]
-        else:
-            row[key] = list(row[key])
-    return row
+def crossing(record: DataclassInstance) -> dict[str, Any]:
+    """A record as the plain dict it crosses as: tuples as lists (as JSON has them), a
+    field whose default is None left out while None."""
+    optional = {f.name for f in fields(record) if f.default is None}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in as_dict(record).items()
+            if v is not None or k not in optional}
 
 
 @dataclass(frozen=True)
@@ -91,9 +76,6 @@ class TransportEntry:
     def __post_init__(self) -> None:
         if self.state == "read" and self.transport is None:
             raise RecordError("state is 'read' but no transport")
-
-    def to_dict(self) -> dict[str, Any]:
-        return as_dict(self) | {"ib_sysfs": list(self.ib_sysfs)}
 
 
 @dataclass(frozen=True)
@@ -155,7 +137,7 @@ def read_back(result: Mapping[str, Any], records: CommRecords) -> dict[str, Any]
         part = result.get(name)
         if isinstance(part, Mapping) and (when == "always" or (key in part and (
                 when == "given" or part[key] is not None))):
-            out[name] = {**out[name], key: [row.to_dict() for row in rows]}
+            out[name] = {**out[name], key: [crossing(row) for row in rows]}
     if records.transport is not None:
-        out["transport"] = [entry.to_dict() for entry in records.transport]
+        out["transport"] = [crossing(entry) for entry in records.transport]
     return out
