@@ -24,6 +24,7 @@ from gpucheck.peers import (
     eliminate,
     intermittent,
     known_good,
+    pair_looks,
     second_look,
 )
 from gpucheck.report import Finding, ok
@@ -212,9 +213,20 @@ def internode_findings(rows: Sequence[Mapping[str, Any]], threshold: float,
                    f"{suspects.cut:.2g} x the median of the pairs without it (the fabric's "
                    f"{FABRIC_FRACTION:g}, or their own spread when larger) and no pair below "
                    f"{threshold:g} x the median ({suspects.reference:.3g} GB/s)")]
-    second = node_samples(node_pair_rows(again)) if again is not None else None
-    looks = {p: _node_pair_look(p, first, second, suspects, threshold, labels)
-             for p in suspects.pairs}
+    # A slow pair's typical re-measured repeat against the known-good pairs measured
+    # beside it, at its own cut (a suspect node's, or the pair rule's threshold).
+    bounds = {p: rate_bound(_cut(p, suspects, threshold)) for p in suspects.pairs}
+    if again is None:
+        looks = {p: ended_first(typical(first[p]), suspects.reference, bounds[p])
+                 for p in suspects.pairs}
+    else:
+        def name(p: Pair) -> subject.Subject:
+            return subject.pair(*p, f"{labels[p[0]]} -> {labels[p[1]]}", by="node")
+
+        second = node_samples(node_pair_rows(again))
+        by_bound = {bound: pair_looks(suspects, first, second, bound, GBPS, name)
+                    for bound in set(bounds.values())}
+        looks = {p: by_bound[bounds[p]][p] for p in suspects.pairs}
     findings = [_node_finding(m, way, suspects, looks, labels, device)
                 for m, way in sorted(suspects.members.items())]
     for pair, look in looks.items():
@@ -230,23 +242,6 @@ def internode_findings(rows: Sequence[Mapping[str, Any]], threshold: float,
 def _cut(pair: Pair, suspects: NodeSuspects, threshold: float) -> float:
     """A suspect node's cut for its pairs; the pair rule's threshold for a lone pair."""
     return suspects.cut if _suspects(pair, suspects.members) else threshold
-
-
-def _node_pair_look(pair: Pair, first: Mapping[Pair, Sequence[float]],
-                    again: Mapping[Pair, Sequence[float]] | None, suspects: NodeSuspects,
-                    threshold: float, labels: Mapping[int, str]) -> SecondLook:
-    """A slow node pair's typical re-measured repeat against the known-good pairs
-    measured beside it (or the first reference, with none)."""
-    bound = rate_bound(_cut(pair, suspects, threshold))
-    if again is None:
-        return ended_first(typical(first[pair]), suspects.reference, bound)
-    refs = [p for p in suspects.references if again.get(p)]
-    reference = typical([typical(again[p]) for p in refs]) if refs else suspects.reference
-    against = tuple(subject.pair(a, b, f"{labels[a]} -> {labels[b]}", by="node")
-                    for a, b in refs)
-    mine = again.get(pair)
-    return second_look(typical(first[pair]), typical(mine) if mine else None, reference,
-                       against, bound, GBPS, None if mine else "the pair was not measured again")
 
 
 def _node_finding(node: int, way: str, suspects: NodeSuspects,
