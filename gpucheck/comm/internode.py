@@ -146,32 +146,6 @@ def _samples(peers: tuple[int | None, int | None], size_bytes: int, iters: int,
 Measured = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # links received on, sent on
 
 
-def measure_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
-                      device: str, repeats: int = 1,
-                      shifts: Sequence[int] | None = None,
-                      *, ctx: RunContext) -> Measured:
-    """Run every round (or only `shifts`): the links this rank received on, and what
-    it timed of the links it sent on (NCCL only)."""
-    def steps(nodes: int, mine: int) -> Iterator[Step]:
-        for pairs in round_schedule(nodes, shifts):
-            r = (pairs[0][1] - pairs[0][0]) % nodes  # the round's shift
-            yield r, f"between nodes: round {r}", (mine + r) % nodes, (mine - r) % nodes
-    return _measure(roster, steps, size_bytes, iters, device, repeats, again=False, ctx=ctx)
-
-
-def measure_again(roster: Sequence[Mapping[str, Any]], exchanges: Sequence[tuple[int, int]],
-                  size_bytes: int, iters: int, device: str, repeats: int,
-                  *, ctx: RunContext) -> Measured:
-    """The second look: each exchange alone (both ways, all rails), a barrier of all
-    ranks around each; links as `measure_internode` returns them (round "again")."""
-    def steps(nodes: int, mine: int) -> Iterator[Step]:
-        del nodes
-        for x, y in exchanges:
-            other = y if mine == x else x if mine == y else None
-            yield "again", f"between nodes: node {x} <-> node {y} measured again", other, other
-    return _measure(roster, steps, size_bytes, iters, device, repeats, again=True, ctx=ctx)
-
-
 # A step of this rank: its rows' round, the progress words, the node it sends to and the
 # node it receives from (None: neither, in a second look of other nodes).
 Step = tuple[int | str, str, int | None, int | None]
@@ -232,20 +206,32 @@ def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
                   device: str, threshold: float, repeats: int,
                   shifts: Sequence[int] | None = None,
                   *, ctx: RunContext) -> dict[str, Any]:
-    """The rounds gathered on every rank; then the exchanges rank 0 plans (slow node
+    """Every round (or only `shifts`) gathered on every rank: the links received on, each
+    with what its sender timed of it (NCCL); then the exchanges rank 0 plans (slow node
     pairs, a suspect node's, slow rail links') measured again (`confirm.remeasure`)."""
     import torch.distributed as dist
 
-    links = _gather(measure_internode(roster, size_bytes, iters, device, repeats, shifts,
-                                      ctx=ctx), ctx)
+    def rounds(nodes: int, mine: int) -> Iterator[Step]:
+        for pairs in round_schedule(nodes, shifts):
+            r = (pairs[0][1] - pairs[0][0]) % nodes  # the round's shift
+            yield r, f"between nodes: round {r}", (mine + r) % nodes, (mine - r) % nodes
+
+    links = _gather(_measure(roster, rounds, size_bytes, iters, device, repeats, again=False,
+                             ctx=ctx), ctx)
 
     def planned() -> list[tuple[int, int]]:
         suspects = find_node_suspects(node_samples(node_pair_rows(links)), threshold)
         return sorted(set(exchanges_for(suspects)) | set(rail_exchanges(links, threshold)))
 
     def again(wanted: list[tuple[int, int]]) -> list[dict[str, Any]]:
-        return _gather(measure_again(roster, wanted, size_bytes, iters, device, repeats,
-                                     ctx=ctx), ctx)
+        # Each exchange alone (both ways, all rails), a barrier of all ranks around each.
+        def alone(nodes: int, mine: int) -> Iterator[Step]:
+            for x, y in wanted:
+                other = y if mine == x else x if mine == y else None
+                yield "again", f"between nodes: node {x} <-> node {y} measured again", \
+                    other, other
+        return _gather(_measure(roster, alone, size_bytes, iters, device, repeats, again=True,
+                                ctx=ctx), ctx)
 
     second = remeasure(dist.get_rank(), planned, again, ctx)[1]
     return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats, "links": links,
