@@ -156,7 +156,6 @@ def transport_view(entries: Sequence[Mapping[str, Any]], labels: Mapping[int, st
     return data, findings
 
 
-
 @contextlib.contextmanager
 def nccl_logging(backend: str) -> Iterator[str | None]:
     """Set the NCCL_DEBUG variables for this process (restored after); yield the log

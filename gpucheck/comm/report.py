@@ -77,17 +77,19 @@ def _names(result: Mapping[str, Any]) -> dict[int, str]:
             f"{r['device']})" for r in result["ranks"]}
 
 
+def _repeats(pairs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: p.get(k) for k in ("src", "dst", "samples_gbps")} for p in pairs]
+
+
 def _pairwise_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
     pairwise = result["pairwise"]
     ranks = [int(r["rank"]) for r in result["ranks"]]
     data = {"size_bytes": pairwise["size_bytes"], "iters": pairwise["iters"],
             "repeats": pairwise.get("repeats", 1),
             "bandwidth_gbps (src row -> dst column)": pair_matrix(pairwise["pairs"], ranks),
-            "repeats_gbps": [{k: p.get(k) for k in ("src", "dst", "samples_gbps")}
-                             for p in pairwise["pairs"]]}
+            "repeats_gbps": _repeats(pairwise["pairs"])}
     if pairwise.get("again"):
-        data["measured again"] = [{k: p[k] for k in ("src", "dst", "samples_gbps")}
-                                  for p in pairwise["again"]]
+        data["measured again"] = _repeats(pairwise["again"])
     return Section("pairwise", PAIRWISE_TITLE, data, pair_findings(
         pairwise["pairs"], verdicts.pair_threshold, _names(result), pairwise.get("again"),
         str(result.get("device"))))
@@ -133,15 +135,14 @@ def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section
                      "not measured (the run ended before the node-to-node rounds)")
         return _skipped("internode", title, "comm.internode.slow_pair", reason)
     rows = node_pair_rows(internode["links"])
+
+    def named(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r | {"src": labels[r["src_node"]], "dst": labels[r["dst_node"]]} for r in rows]
+
     data = {"size_bytes": internode["size_bytes"], "iters": internode["iters"],
-            "rounds": len(nodes) - 1,
-            "node_pairs": [r | {"src": labels[r["src_node"]], "dst": labels[r["dst_node"]]}
-                           for r in rows],
-            "rails": internode["links"]}
+            "rounds": len(nodes) - 1, "node_pairs": named(rows), "rails": internode["links"]}
     if internode.get("again"):
-        data["measured again"] = [r | {"src": labels[r["src_node"]],
-                                       "dst": labels[r["dst_node"]]}
-                                  for r in node_pair_rows(internode["again"])]
+        data["measured again"] = named(node_pair_rows(internode["again"]))
     device = str(result.get("device"))
     findings = (internode_findings(rows, verdicts.pair_threshold, labels,
                                    internode.get("again"), device)

@@ -327,14 +327,12 @@ def slow_node_verdicts(figures: NodeFigures, fraction: float,
         second = node_metric(ranks, dict(enumerate(again["rank_times_us"])), combine=max)
     known = next((n for n in second if again and n.node_rank == int(again["known_good"])),
                  None)
-    suspects = []
-    for node, finding in zip(worse, first, strict=True):
-        if known is None or node not in second:
-            suspects.append(Suspect(node.subject(), finding.message, figures.values[node],
-                                    None, None, why_not="the node was not measured again"))
-        else:
-            suspects.append(Suspect(node.subject(), finding.message, figures.values[node],
-                                    second[node], second[known], (known.subject(),)))
+    suspects = [Suspect(node.subject(), finding.message, figures.values[node], second[node],
+                        second[known], (known.subject(),))
+                if known is not None and node in second else
+                Suspect(node.subject(), finding.message, figures.values[node], None, None,
+                        why_not="the node was not measured again")
+                for node, finding in zip(worse, first, strict=True)]
     cpu = on_cpu(device)
     return confirm(SLOW_NODE, suspects, figures.bound(fraction), figures.unit,
                    (first[0].hint or "") + (_CPU_NOTE if cpu else ""),
