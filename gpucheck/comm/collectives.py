@@ -198,78 +198,40 @@ def _torch_op(current: str, older: str) -> Callable[..., Any]:
 Case = tuple[Callable[[], Work], Callable[[], None], Callable[[], int]]
 
 
-def _wrong(got: Any, expected: Any) -> int:
-    return int((got != expected).sum())
+def _case(collective: str, count: int, rank: int, world: int, where: str) -> Case:
+    """all_reduce and broadcast (from rank 0, nccl-tests' default root) in place; the others
+    into an output: all_gather's n x, reduce_scatter's input n x (each rank gets back the
+    sum of every rank's chunk of its own), all_to_all's chunk j of every rank to rank j.
+    Rank r's pattern is (r + 1) x rank 0's, so a sum is rank 0's x n(n + 1)/2."""
+    import torch
+    import torch.distributed as dist
 
+    buf = torch.zeros(count * world if collective == "reduce_scatter" else count,
+                      dtype=torch.float32, device=where)
+    out = buf if collective in ("all_reduce", "broadcast") else torch.zeros(
+        count * world if collective == "all_gather" else count, dtype=torch.float32,
+        device=where)
+    summed, chunk = world * (world + 1) // 2, count // world
+    launches: dict[str, Callable[[], Work]] = {
+        "all_reduce": lambda: dist.all_reduce(buf, async_op=True),
+        "all_gather": lambda: _torch_op("all_gather_single", "all_gather_into_tensor")(
+            out, buf, async_op=True),
+        "reduce_scatter": lambda: _torch_op("reduce_scatter_single", "reduce_scatter_tensor")(
+            out, buf, async_op=True),
+        "all_to_all": lambda: started(dist.all_to_all_single(out, buf, async_op=True)),
+        "broadcast": lambda: started(dist.broadcast(buf, 0, async_op=True))}
+    expected: dict[str, Callable[[], Any]] = {  # made only after the timing
+        "all_reduce": lambda: pattern(0, count, where) * summed,
+        "all_gather": lambda: torch.cat([pattern(r, count, where) for r in range(world)]),
+        "reduce_scatter": lambda: (pattern(0, count * world, where) * summed)[
+            rank * count:(rank + 1) * count],
+        "all_to_all": lambda: torch.cat([pattern(r, count, where)[rank * chunk:(rank + 1) * chunk]
+                                         for r in range(world)]),
+        "broadcast": lambda: pattern(0, count, where)}
 
-def _fill(buf: Any, rank: int, where: str) -> Callable[[], None]:
     def fill() -> None:
         buf.copy_(pattern(rank, buf.numel(), where))
-    return fill
-
-
-def _all_reduce(count: int, rank: int, world: int, where: str) -> Case:
-    import torch
-    import torch.distributed as dist
-
-    buf = torch.zeros(count, dtype=torch.float32, device=where)
-    return (lambda: dist.all_reduce(buf, async_op=True), _fill(buf, rank, where),
-            lambda: _wrong(buf, pattern(0, count, where) * (world * (world + 1) // 2)))
-
-
-def _all_gather(count: int, rank: int, world: int, where: str) -> Case:
-    import torch
-
-    gather = _torch_op("all_gather_single", "all_gather_into_tensor")
-    buf = torch.zeros(count, dtype=torch.float32, device=where)
-    out = torch.zeros(count * world, dtype=torch.float32, device=where)
-    return (lambda: gather(out, buf, async_op=True), _fill(buf, rank, where),
-            lambda: _wrong(out, torch.cat([pattern(r, count, where) for r in range(world)])))
-
-
-def _reduce_scatter(count: int, rank: int, world: int, where: str) -> Case:
-    """Each rank gets back `count` elements: the sum of every rank's chunk of its input."""
-    import torch
-
-    scatter = _torch_op("reduce_scatter_single", "reduce_scatter_tensor")
-    buf = torch.zeros(count * world, dtype=torch.float32, device=where)
-    out = torch.zeros(count, dtype=torch.float32, device=where)
-
-    def wrong() -> int:
-        total = pattern(0, count * world, where) * (world * (world + 1) // 2)
-        return _wrong(out, total[rank * count:(rank + 1) * count])
-    return lambda: scatter(out, buf, async_op=True), _fill(buf, rank, where), wrong
-
-
-def _all_to_all(count: int, rank: int, world: int, where: str) -> Case:
-    """Chunk j of every rank's buffer goes to rank j: rank k gets chunk k of each."""
-    import torch
-    import torch.distributed as dist
-
-    chunk = count // world
-    buf = torch.zeros(count, dtype=torch.float32, device=where)
-    out = torch.zeros(count, dtype=torch.float32, device=where)
-
-    def wrong() -> int:
-        return _wrong(out, torch.cat([pattern(r, count, where)[rank * chunk:(rank + 1) * chunk]
-                                      for r in range(world)]))
-    return (lambda: started(dist.all_to_all_single(out, buf, async_op=True)),
-            _fill(buf, rank, where), wrong)
-
-
-def _broadcast(count: int, rank: int, world: int, where: str) -> Case:
-    """From rank 0, as nccl-tests' default root."""
-    import torch
-    import torch.distributed as dist
-
-    buf = torch.zeros(count, dtype=torch.float32, device=where)
-    return (lambda: started(dist.broadcast(buf, 0, async_op=True)), _fill(buf, rank, where),
-            lambda: _wrong(buf, pattern(0, count, where)))
-
-
-CASES: dict[str, Callable[[int, int, int, str], Case]] = {
-    "all_reduce": _all_reduce, "all_gather": _all_gather,
-    "reduce_scatter": _reduce_scatter, "all_to_all": _all_to_all, "broadcast": _broadcast}
+    return launches[collective], fill, lambda: int((out != expected[collective]()).sum())
 
 
 def measure(collective: str, size_bytes: int, iters: int, warmup: int,
@@ -280,8 +242,8 @@ def measure(collective: str, size_bytes: int, iters: int, warmup: int,
 
     rank, world = dist.get_rank(), dist.get_world_size()
     where = "cuda" if device == "cuda" else "cpu"
-    launch, fill, wrong = CASES[collective](element_count(collective, size_bytes, world),
-                                            rank, world, where)
+    launch, fill, wrong = _case(collective, element_count(collective, size_bytes, world),
+                                rank, world, where)
     time_s = time_op(launch, iters, warmup, device, wait_s)
     fill()
     time_batch([launch], NullClock(), back_to_back(), wait_s)
