@@ -48,7 +48,14 @@ add_arguments = AllArgs.add_to
 
 
 def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
-    chosen = _chosen(args.skip)
+    skipped = {s.strip() for s in args.skip.split(",") if s.strip()}
+    unknown = sorted(skipped - set(ORDER))
+    if unknown:
+        raise UsageError(f"--skip {args.skip!r}: unknown command(s) {', '.join(unknown)}; "
+                         f"use {', '.join(ORDER)}")
+    chosen = tuple(n for n in ORDER if n not in skipped)
+    if not chosen:
+        raise UsageError(f"--skip {args.skip!r} leaves nothing to run")
     if args.local:  # on the run's own context: the CLI's stop report sees it too
         ctx.launcher_env = {k: v for k, v in ctx.launcher_env.items()
                             if k not in LAUNCHER_VARS}
@@ -76,18 +83,6 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report | None:
                                   args.device == "cpu")
         report.sections[0].findings += [found] if found is not None else []
     return report
-
-
-def _chosen(skip_list: str) -> tuple[str, ...]:
-    skipped = {s.strip() for s in skip_list.split(",") if s.strip()}
-    unknown = sorted(skipped - set(ORDER))
-    if unknown:
-        raise UsageError(f"--skip {skip_list!r}: unknown command(s) {', '.join(unknown)}; "
-                         f"use {', '.join(ORDER)}")
-    chosen = tuple(n for n in ORDER if n not in skipped)
-    if not chosen:
-        raise UsageError(f"--skip {skip_list!r} leaves nothing to run")
-    return chosen
 
 
 def _namespaces(args: argparse.Namespace, chosen: tuple[str, ...],

@@ -50,18 +50,14 @@ def _shared(a: LoadedReport, b: LoadedReport) -> tuple[LoadedReport, LoadedRepor
         return a, b
     single = b.command if a.command == "all" else a.command if b.command == "all" else None
     if single is not None:
-        part = _part(a if a.command == "all" else b, single)
+        whole = a if a.command == "all" else b  # its sections of that command, read again
+        part = LoadedReport.of(whole.path, dataclasses.replace(whole.report, sections=[
+            s for s in whole.sections if s.name.split(".", 1)[0] == single]))
         if part.sections:  # the `all` ran that command
             return (part, b) if a.command == "all" else (a, part)
     raise UsageError(f"{b.path}: is a report of gpucheck {b.command}, {a.path} one of "
                      f"gpucheck {a.command}: compare needs two reports of the same command "
                      "(or an `all` report that ran it)")
-
-
-def _part(report: LoadedReport, command: str) -> LoadedReport:
-    """An `all` report's sections of one command, its metrics and facts read again."""
-    sections = [s for s in report.sections if s.name.split(".", 1)[0] == command]
-    return LoadedReport.of(report.path, dataclasses.replace(report.report, sections=sections))
 
 
 def _load(path: str) -> LoadedReport:

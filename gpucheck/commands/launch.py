@@ -112,7 +112,16 @@ def plan_launch(args: LaunchOptions | argparse.Namespace, ctx: RunContext) -> La
     _check_rank_count(args.n_gpus, gpus, ctx)
     nproc = resolve_nproc(args.n_gpus, gpus if device == "cuda" else DEFAULT_CPU_RANKS, ctx)
     backend = args.backend or ("nccl" if device == "cuda" else "gloo")
-    _check_backend(backend, device)
+    import torch.distributed as dist
+
+    available = {"nccl": dist.is_nccl_available(), "gloo": dist.is_gloo_available(),
+                 "mpi": dist.is_mpi_available()}
+    if backend not in available:
+        raise UsageError(f"--backend {backend!r} is unknown; use nccl, gloo or mpi")
+    if not available[backend]:
+        raise UsageError(f"--backend {backend} is not built into this torch; use gloo")
+    if backend == "nccl" and device != "cuda":
+        raise UsageError("--backend nccl needs --device cuda; use gloo on cpu")
     # NCCL refuses two ranks on one GPU; gloo ranks can share GPUs (round-robin).
     if device == "cuda" and backend == "nccl" and args.n_gpus is not None and \
             args.n_gpus > gpus:
@@ -136,19 +145,6 @@ def _check_rank_count(requested: int | None, gpus: int, ctx: RunContext) -> None
         raise UsageError(f"--n-gpus {requested} is far beyond this node ({gpus} GPU(s), "
                          f"{os.cpu_count()} CPU core(s)): at most {limit} ranks; for more, "
                          "launch across nodes with torchrun or srun")
-
-
-def _check_backend(backend: str, device: str) -> None:
-    import torch.distributed as dist
-
-    available = {"nccl": dist.is_nccl_available(), "gloo": dist.is_gloo_available(),
-                 "mpi": dist.is_mpi_available()}
-    if backend not in available:
-        raise UsageError(f"--backend {backend!r} is unknown; use nccl, gloo or mpi")
-    if not available[backend]:
-        raise UsageError(f"--backend {backend} is not built into this torch; use gloo")
-    if backend == "nccl" and device != "cuda":
-        raise UsageError("--backend nccl needs --device cuda; use gloo on cpu")
 
 
 def cpu_ranks_finding(plan: LaunchPlan, cores: int | None = None) -> Finding | None:
