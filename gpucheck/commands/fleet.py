@@ -75,12 +75,27 @@ def run(args: argparse.Namespace, ctx: RunContext) -> Report:
     # The report's time is when fleet ran (the inputs' span is in its inputs section);
     # a saved baseline is as of its newest input.
     count = len(fleet.nodes)
-    report = Report("fleet", fleet_sections(fleet, options), argv=_argv(args),
+    argv = ["gpucheck", "fleet", *args.inputs]  # from the options: `python -m` too
+    for flag, value in (("--nodes", args.nodes), ("--expect-nodes", args.expect_nodes),
+                        ("--threshold", args.threshold), ("--mad-k", args.mad_k),
+                        ("--baseline", args.baseline),
+                        ("--save-baseline", args.save_baseline)):
+        if value is not None:
+            argv += [flag, str(value)]
+    report = Report("fleet", fleet_sections(fleet, options), argv=argv,
                     host=f"{count} node{'' if count == 1 else 's'}")
     if args.save_baseline is not None:
+        healthy = [r for r in fleet.reports if r.healthy]
+        samples: dict[str, list[Metric]] = {}
+        for node in healthy:
+            for name, metric in node.metrics.items():
+                samples.setdefault(name, []).append(metric)
+        source = {"reports": len(healthy), "nodes": len({r.node for r in healthy}),
+                  "commands": sorted({r.command for r in healthy})}
+        baseline = build_baseline(samples, options.threshold, options.mad_k,
+                                  newest_created_at(loaded), source)
         try:
-            _save_baseline(args.save_baseline, fleet, options.threshold, options.mad_k,
-                           newest_created_at(loaded))
+            write_atomic(args.save_baseline, baseline_json(baseline), "--save-baseline")
         except WriteError as exc:  # a full disk: the fleet's judgement is not lost
             report.add(Section("save_baseline", "Baseline not saved", {"file": args.save_baseline},
                                [fail("fleet.save_baseline", str(exc), hint="free space or give "
@@ -121,28 +136,3 @@ def _read(paths: list[str]) -> Fleet:
         more = f" (and {len(unreadable) - 1} more unreadable)" if len(unreadable) > 1 else ""
         raise UsageError(f"{first.path}: {first.why}{more}: no report to judge")
     return group_reports(loaded, unreadable)
-
-
-def _argv(args: argparse.Namespace) -> list[str]:
-    """The command line from the options (not sys.argv: `python -m gpucheck` too)."""
-    argv = ["gpucheck", "fleet", *args.inputs]
-    for flag, value in (("--nodes", args.nodes), ("--expect-nodes", args.expect_nodes),
-                        ("--threshold", args.threshold), ("--mad-k", args.mad_k),
-                        ("--baseline", args.baseline),
-                        ("--save-baseline", args.save_baseline)):
-        if value is not None:
-            argv += [flag, str(value)]
-    return argv
-
-
-def _save_baseline(path: str, fleet: Fleet, tolerance: float, mad_k: float,
-                   created_at: str) -> None:
-    healthy = [r for r in fleet.reports if r.healthy]
-    samples: dict[str, list[Metric]] = {}
-    for node in healthy:
-        for name, metric in node.metrics.items():
-            samples.setdefault(name, []).append(metric)
-    source = {"reports": len(healthy), "nodes": len({r.node for r in healthy}),
-              "commands": sorted({r.command for r in healthy})}
-    baseline = build_baseline(samples, tolerance, mad_k, created_at, source)
-    write_atomic(path, baseline_json(baseline), "--save-baseline")
