@@ -202,12 +202,12 @@ class _StallsAt(nn.Module):
         return self.inner(batch)
 
 
-STALL_S = 0.5
+STALL_S = 1.0
 STALLED_ITERS = 6  # the runs these hooks are for: --warmup 1 --iters 6
 
 
 def stall_rank_one_once_in_each_loop(model: nn.Module, rank: int) -> nn.Module:
-    """One 0.5 s stall in the middle of the timed loop and one in its second look: a
+    """One 1 s stall in the middle of the timed loop and one in its second look: a
     stall that recurs (a neighbour or a loader on a long period)."""
     middle = 2 + STALLED_ITERS // 2
     calls = frozenset({middle, middle + STALLED_ITERS}) if rank == SLOW_RANK else frozenset()

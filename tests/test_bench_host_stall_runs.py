@@ -64,17 +64,16 @@ def test_a_rank_stopped_from_outside_is_named_as_held_back_by_its_host(
 
 def test_a_stall_in_each_loop_is_seen_again_in_a_second_loop_and_named(
         tmp_path: Path) -> None:
-    # Rank 1 sleeps 0.5 s once in its timed loop: its loop held the job back, so the ranks
+    # Rank 1 sleeps 1 s once in its timed loop: its loop held the job back, so the ranks
     # run the loop again before naming it, and the stall recurs there.
-    code, report = bench(tmp_path, "--n-gpus", "2", "--model", "mobilenet_v3_small",
-                         "--batch-size", "2", "--warmup", "1", "--iters",
-                         str(bench_workers.STALLED_ITERS),
+    code, report = bench(tmp_path, "--n-gpus", "2", "--model", "resnet18", "--batch-size",
+                         "2", "--warmup", "1", "--iters", str(bench_workers.STALLED_ITERS),
                          plant=Plant(model=bench_workers.stall_rank_one_once_in_each_loop))
     assert code == 0, report  # a WARN
     (warned,) = findings(report, "bench.rank.straggler", "WARN")
     assert (warned["subject"], warned["action"]) == ("rank 1", "fix-config")
     ranks = section(report, "timing")["data"]["ranks"]
-    assert ranks[1]["whole_loop"] > 1.1  # a 0.5 s stall in a loop of 0.1 s (idle) to 1 s
+    assert ranks[1]["whole_loop"] > 1.1  # a 1 s stall in a loop of 0.25 s (idle) to 1 s
     assert ranks[1]["loop_again"] > 1.1 and ranks[1]["both_loops"] > 1.1
     assert warned["look"]["state"] == "confirmed"
     assert warned["look"]["first"] == ranks[1]["whole_loop"]
