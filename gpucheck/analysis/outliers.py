@@ -52,6 +52,7 @@ class Judged:
 def judge_group(command: str, group: Mapping[str, NodeReport], threshold: float,
                 mad_k: float) -> Judged:
     members: dict[str, list[tuple[str, Metric]]] = {}
+    by_pool: dict[str, list[float]] = {}
     for node, report in group.items():
         for key, metric in report.metrics.items():
             of_key = members.get(key)
@@ -59,14 +60,10 @@ def judge_group(command: str, group: Mapping[str, NodeReport], threshold: float,
                 members[key] = [(node, metric)]
             else:
                 of_key.append((node, metric))
-    spreads: dict[str, Spread] = {}
-    by_pool: dict[str, list[float]] = {}
-    for key in sorted(members, key=metric_order):
-        values = [m.value for _, m in members[key]]
-        spreads[key] = describe(values)
-        for _, metric in members[key]:
             if key != metric.name:  # a GPU slot's figure: its key carries the position
                 by_pool.setdefault(metric.name, []).append(metric.value)
+    spreads = {key: describe([m.value for _, m in members[key]])
+               for key in sorted(members, key=metric_order)}
     pools = {pool: describe(values) for pool, values in by_pool.items()}
     bounds = {better: Bound.shortfall(threshold, better) for better in JUDGED}
     # No outlier is nearer the median than this fraction of it (the bound's margin, or
