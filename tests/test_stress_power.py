@@ -24,11 +24,13 @@ NAMES = {r: f"rank {r}" for r in range(4)}
 def _sample(monkeypatch: pytest.MonkeyPatch, gpu: FakeGpu) -> PowerReading:
     fake = FakeNvml([gpu])
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
-    with power.PowerSampler(0, gpu.bus_id, Nvml, every_s=0.01) as sampler:
+    nvml = Nvml(2.0)
+    with power.PowerSampler(0, gpu.bus_id, nvml, every_s=0.01) as sampler:
         deadline = time.monotonic() + 30
         while len(sampler.samples_w) < 5 and sampler.why is None and \
                 time.monotonic() < deadline:
             time.sleep(0.01)
+    nvml.shutdown()
     return sampler.result()
 
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import contextlib
 import statistics
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpucheck import subject as subjects
 from gpucheck.distributed.nodes import group_by_node
-from gpucheck.probes.nvml import Nvml, NvmlFailure
+from gpucheck.probes.nvml import NvmlDoor, NvmlFailure
 from gpucheck.report import Finding, ok, skip, warn
 from gpucheck.stress.records import CopyRecord as CopyRecord  # its home: records.py
 from gpucheck.stress.records import GemmRecord as GemmRecord  # its home: records.py
@@ -237,25 +237,24 @@ def _watts(milliwatts: Any) -> float | None:
 
 
 class PowerSampler:
-    """Sample one GPU's power draw on a thread while the load runs; never raises into
-    the load (without a bus id or NVML, or a call failing, `why` says why)."""
+    """Sample one GPU's power draw on a thread while the load runs, through the rank's
+    NVML doorway; never raises into the load (without a bus id or NVML, or a call
+    failing, `why` says why)."""
 
-    def __init__(self, rank: int, bus_id: str | None,
-                 nvml_factory: Callable[[], Nvml] = Nvml, every_s: float = SAMPLE_S) -> None:
+    def __init__(self, rank: int, bus_id: str | None, nvml: NvmlDoor | None = None,
+                 every_s: float = SAMPLE_S) -> None:
         self.rank, self.bus_id, self.every_s = rank, bus_id, every_s
-        self._factory = nvml_factory
-        self._nvml: Nvml | None = None
+        self._nvml = nvml
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.samples_w: list[float] = []
         self.limit_w: float | None = None
         self.default_limit_w: float | None = None
-        self.why: str | None = None if bus_id else CPU_REASON
+        self.why = CPU_REASON if bus_id is None else None if nvml else "no NVML on this rank"
 
     def __enter__(self) -> PowerSampler:
-        if self.bus_id is None:
+        if self.bus_id is None or self._nvml is None:
             return self
-        self._nvml = self._factory()
         try:
             handle = self._nvml.call("nvmlDeviceGetHandleByPciBusId", self.bus_id)
             self.limit_w = _watts(self._nvml.get("nvmlDeviceGetEnforcedPowerLimit", handle))
@@ -264,8 +263,8 @@ class PowerSampler:
         except NvmlFailure as exc:
             self.why = f"power not read ({exc})"
             return self
-        self._thread = threading.Thread(target=self._run, args=(handle,), daemon=True,
-                                        name="gpucheck-power")
+        self._thread = threading.Thread(target=self._run, args=(self._nvml, handle),
+                                        daemon=True, name="gpucheck-power")
         self._thread.start()
         return self
 
@@ -273,14 +272,11 @@ class PowerSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10 * self.every_s + 60)
-        if self._nvml is not None:
-            self._nvml.shutdown()
 
-    def _run(self, handle: Any) -> None:
+    def _run(self, nvml: NvmlDoor, handle: Any) -> None:
         while not self._stop.is_set():
             try:
-                draw = self._nvml.call("nvmlDeviceGetPowerUsage", handle) if self._nvml \
-                    else None
+                draw = nvml.call("nvmlDeviceGetPowerUsage", handle)
             except NvmlFailure as exc:
                 self.why = f"power draw not read ({exc})"
                 return

@@ -161,7 +161,8 @@ def _gemm(ctx: RankContext, result: dict[str, Any]) -> None:
     """Every dtype's GEMM window (and its second look), with this GPU's power draw
     sampled throughout (gpucheck.stress.gemm)."""
     spec = ctx.spec
-    with PowerSampler(ctx.world.rank, ctx.bus_id if spec.device == "cuda" else None) as power:
+    gpu = ctx.bus_id if spec.device == "cuda" else None
+    with PowerSampler(ctx.world.rank, gpu, faultwatch.of(ctx.run).nvml) as power:
         for dtype in spec.dtypes:
             _gemm_dtype(ctx, result, dtype)
     result["power"] = gather(ctx, as_dict(power.result()))
