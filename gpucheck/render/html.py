@@ -14,6 +14,7 @@ from gpucheck.render.words import (
     is_verbatim,
     problems,
     table_columns,
+    walk,
 )
 from gpucheck.render.words import html as escape  # control characters too
 from gpucheck.report import Report, Section, Status
@@ -79,44 +80,31 @@ def _section(section: Section) -> list[str]:
     lines = [f'<details{opened} id="{escape(section.name)}"><summary><h2>'
              f"{escape(section.title)}</h2> "
              f'<span class="badge {badge_class}">{verdict}</span></summary>']
-    lines.extend(_data(section.data))
+    lines.extend(walk(section.data, _fields, _branch))
     if section.findings:
         lines.append(_table(finding_rows(section.findings)))
     lines.append("</details>")
     return lines
 
 
-def _data(data: dict[str, Any]) -> list[str]:
-    """Scalars as one key/value table, nested dicts as nested lists, tables as tables."""
-    scalars = {k: v for k, v in data.items() if not isinstance(v, dict) and not is_table(v)
-               and not is_verbatim(str(k), v)}
+def _fields(path: tuple[str, ...], items: dict[str, Any]) -> list[str]:
+    """Scalars as one key/value table, or inside a mapping's list as its items."""
+    if path:
+        return [f"<li>{escape(k)}: {escape(fmt_field(k, v))}</li>" for k, v in items.items()]
     # Verbatim output for <pre>: each line escaped (controls too), the newlines kept.
-    lines = [f"<p><b>{escape(str(k))}</b></p><pre>"
+    lines = [f"<p><b>{escape(k)}</b></p><pre>"
              + "\n".join(escape(line) for line in v.splitlines()) + "</pre>"
-             for k, v in data.items() if is_verbatim(str(k), v)]
-    if scalars:
-        rows = "".join(f"<tr><th>{escape(str(k))}</th><td>{escape(fmt_field(str(k), v))}</td>"
-                       "</tr>" for k, v in scalars.items())
-        lines.append(f'<table class="kv">{rows}</table>')
-    for key, value in data.items():
-        if isinstance(value, dict):
-            lines.append(f"<p><b>{escape(str(key))}</b></p>{_tree(value)}")
-        elif is_table(value):
-            lines.append(f"<p><b>{escape(str(key))}</b></p>{_table(value)}")
-    return lines
+             for k, v in items.items() if is_verbatim(k, v)]
+    rows = "".join(f"<tr><th>{escape(k)}</th><td>{escape(fmt_field(k, v))}</td></tr>"
+                   for k, v in items.items() if not is_verbatim(k, v))
+    return [*lines, f'<table class="kv">{rows}</table>'] if rows else lines
 
 
-def _tree(data: dict[str, Any]) -> str:
-    items = []
-    for key, value in data.items():
-        name = escape(str(key))
-        if isinstance(value, dict):
-            items.append(f"<li>{name}:{_tree(value)}</li>")
-        elif is_table(value):
-            items.append(f"<li>{name}:{_table(value)}</li>")
-        else:
-            items.append(f"<li>{name}: {escape(fmt_field(str(key), value))}</li>")
-    return f'<ul class="tree">{"".join(items)}</ul>' if items else ""
+def _branch(path: tuple[str, ...], key: str, value: Any, inner: list[str]) -> list[str]:
+    """A table, or a mapping as a nested list."""
+    inside = (_table(value) if is_table(value) else
+              f'<ul class="tree">{"".join(inner)}</ul>' if inner else "")
+    return [f"<li>{escape(key)}:{inside}</li>" if path else f"<p><b>{escape(key)}</b></p>{inside}"]
 
 
 def _table(rows: list[dict[str, Any]], css: str = "") -> str:

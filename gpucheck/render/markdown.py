@@ -15,6 +15,7 @@ from gpucheck.render.words import (
     is_verbatim,
     problems,
     table_columns,
+    walk,
 )
 from gpucheck.report import Finding, Report, Section
 
@@ -73,28 +74,21 @@ def _section_lines(section: Section, plain: bool) -> list[str]:
     # plain: no HTML, a heading instead of a fold
     lines = [f"### {words.markdown(section.title)} ({badge})" if plain else
              f"<details><summary><b>{words.html(section.title)}</b> ({badge})</summary>", ""]
-    flat = _flatten(section.data)
-    scalars = [{"key": k, "value": fmt_field(k, v)} for k, v in flat.items()
-               if not is_verbatim(k, v)]
+    flat = walk(section.data, _dotted, lambda path, key, value, inner:
+                _dotted(path, {key: value}) if is_table(value) else inner)
+    scalars = [{"key": k, "value": fmt_field(k, v)} for k, v in flat
+               if not is_table(v) and not is_verbatim(k, v)]
     if scalars:
         lines += [*md_table(scalars, plain), ""]
-    for key, value in flat.items():
-        if is_verbatim(key, value):
-            lines += [f"**{words.markdown(key)}**", "", *fenced(value.splitlines()), ""]
-    for key, value in section.data.items():
-        if is_table(value):
-            lines += [f"**{words.markdown(key)}**", "", *md_table(value, plain), ""]
+    blocks = [(k, fenced(v.splitlines())) for k, v in flat if is_verbatim(k, v)]
+    blocks += [(k, md_table(v, plain)) for k, v in flat if is_table(v)]
+    for key, block in blocks:
+        lines += [f"**{words.markdown(key)}**", "", *block, ""]
     if section.findings:
         lines += [*md_table(finding_rows(section.findings, narrow=True), plain), ""]
     return lines if plain else [*lines, "</details>", ""]
 
 
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as dotted keys; tables are left for their own blocks."""
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        elif not is_table(value):
-            flat[f"{prefix}{key}"] = value
-    return flat
+def _dotted(path: tuple[str, ...], items: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Nested keys as one dotted key."""
+    return [(".".join((*path, key)), value) for key, value in items.items()]

@@ -4,6 +4,7 @@ then a one-line summary; every line fits `width` columns; colour only when asked
 from __future__ import annotations
 
 import textwrap
+from functools import partial
 from typing import Any
 
 from gpucheck.render.headline import headline_rows
@@ -13,6 +14,7 @@ from gpucheck.render.words import (
     is_verbatim,
     message_words,
     table_columns,
+    walk,
 )
 from gpucheck.render.words import problems as worst_first
 from gpucheck.render.words import shown as esc
@@ -47,7 +49,8 @@ def render_text(report: Report, color: bool = False, width: int = WIDTH) -> str:
     for section in report.sections:
         verdict = section.verdict()
         badge = f" ({verdict.value})" if verdict is not None else ""
-        lines += [f"== {esc(section.title)}{badge} ==", *_data_lines(section.data, "  ", width)]
+        lines.append(f"== {esc(section.title)}{badge} ==")
+        lines += walk(section.data, partial(_fields, width), partial(_branch, width))
         for finding in section.findings:
             lines += finding_lines(finding, color, width)
         lines.append("")
@@ -102,24 +105,24 @@ def _problem_lines(report: Report, color: bool, width: int) -> list[str]:
     return [*lines, ""]
 
 
-def _data_lines(data: dict[str, Any], indent: str, width: int) -> list[str]:
-    scalars = {k: v for k, v in data.items() if not isinstance(v, dict) and not is_table(v)}
+def _fields(width: int, path: tuple[str, ...], items: dict[str, Any]) -> list[str]:
+    indent = "  " * (len(path) + 1)
     # Up to 32 columns of key: the longest keys gpucheck writes keep their values aligned.
-    key_width = min(max((len(esc(k)) for k in scalars), default=0), _KEY_MAX)
+    key_width = min(max((len(esc(k)) for k in items), default=0), _KEY_MAX)
     lines: list[str] = []
-    for key, value in scalars.items():
+    for key, value in items.items():
         head = f"{indent}{esc(key):<{key_width}}  "
         shown = (f"{len(value.splitlines())} lines, shown in the Markdown, HTML and JSON "
                  "reports" if is_verbatim(key, value) else fmt_field(key, value))
         lines += _wrap(esc(shown), width, " " * min(len(head), width // 2), head)
-    for key, value in data.items():
-        if isinstance(value, dict):
-            lines.append(f"{indent}{esc(key)}:")
-            lines += _data_lines(value, indent + "  ", width)
-        elif is_table(value):
-            lines.append(f"{indent}{esc(key)}:")
-            lines += table_lines(value, indent + "  ", width)
     return lines
+
+
+def _branch(width: int, path: tuple[str, ...], key: str, value: Any,
+            inner: list[str]) -> list[str]:
+    indent = "  " * (len(path) + 1)
+    rows = table_lines(value, indent + "  ", width) if is_table(value) else inner
+    return [f"{indent}{esc(key)}:", *rows]
 
 
 def table_lines(rows: list[dict[str, Any]], indent: str = "", width: int = WIDTH) -> list[str]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import html as _html
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from gpucheck.escape import terminal as terminal
 from gpucheck.measure import LookState, SecondLook
@@ -84,6 +85,24 @@ def fmt_field(key: str, value: Any) -> str:
 def is_table(value: Any) -> bool:
     """A non-empty list of dicts renders as a table."""
     return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+T = TypeVar("T")
+
+
+def walk(data: dict[str, Any], fields: Callable[[tuple[str, ...], dict[str, Any]], list[T]],
+         branch: Callable[[tuple[str, ...], str, Any, list[T]], list[T]],
+         path: tuple[str, ...] = ()) -> list[T]:
+    """A section's data as every format orders it: a level's scalars (`fields`), then its
+    mappings (`branch`, with their own walk as `inner`) and tables in data order."""
+    parts = fields(path, {k: v for k, v in data.items()
+                          if not isinstance(v, dict) and not is_table(v)})
+    for key, value in data.items():
+        if isinstance(value, dict):
+            parts += branch(path, key, value, walk(value, fields, branch, (*path, key)))
+        elif is_table(value):
+            parts += branch(path, key, value, [])
+    return parts
 
 
 def table_columns(rows: list[dict[str, Any]]) -> list[str]:
