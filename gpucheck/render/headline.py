@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Mapping
 
 from gpucheck.measure import Metric
-from gpucheck.render.words import fmt_bytes, fmt_value, terminal
+from gpucheck.render.words import fmt_bytes, fmt_value, problems, terminal
 from gpucheck.report import ACTIONS, Finding, Report, Status
 from gpucheck.subject import Kind, Subject
 
@@ -108,15 +108,10 @@ _SPACES = re.compile(r"\s+")
 
 
 def worst_finding(report: Report) -> Finding | None:
-    """The problem to name first: the most severe status, then the most disruptive action."""
-    problems = [f for f in report.findings if f.status in (Status.WARN, Status.FAIL)]
-    if not problems:
-        return None
-    # The position from enumerate: problems.index(f) made this quadratic (minutes for a
-    # report of many thousand findings).
-    _, worst = max(enumerate(problems), key=lambda pair: (
-        pair[1].status.severity, ACTIONS.index(pair[1].action or "none"), -pair[0]))
-    return worst
+    """The problem to name first: the most severe status, then the most disruptive action,
+    then the first in the report."""
+    return max(problems(report.findings), default=None,
+               key=lambda f: (f.status.severity, ACTIONS.index(f.action or "none")))
 
 
 def render_line(report: Report) -> str:
