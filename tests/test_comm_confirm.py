@@ -9,6 +9,7 @@ from typing import Any
 from gpucheck.comm.internode import exchanges_for
 from gpucheck.comm.internode_verdicts import internode_findings
 from gpucheck.comm.pairwise import second_look_steps
+from gpucheck.comm.records import LinkRow, PairRow
 from gpucheck.comm.verdicts import pair_findings, rank_pair, rate_bound
 from gpucheck.measure import LookState
 from gpucheck.peers import Suspects, eliminate, pair_looks
@@ -18,9 +19,8 @@ NAMES = {r: f"rank {r} (cpu)" for r in range(4)}
 LABELS = {n: f"node {n} (h{n})" for n in range(4)}
 
 
-def _pairs(samples: dict[tuple[int, int], list[float]]) -> list[dict[str, Any]]:
-    return [{"src": s, "dst": d, "node_rank": 0, "size_bytes": 65536,
-             "bandwidth_gbps": sorted(v)[len(v) // 2], "samples_gbps": v}
+def _pairs(samples: dict[tuple[int, int], list[float]]) -> list[PairRow]:
+    return [PairRow(s, d, 0, 65536, sorted(v)[len(v) // 2], tuple(v))
             for (s, d), v in sorted(samples.items())]
 
 
@@ -89,8 +89,7 @@ def _slow_one(first: float, again: float, device: str = "cuda") -> list[Any]:
     assert suspects.pairs == ((1, 0),) and suspects.references
     measured = {p: [10.0, 9.8, 10.1] for p in suspects.references} | {
         (1, 0): [again, again, again]}
-    rows = [{"src": s, "dst": d, "samples_gbps": v} for (s, d), v in measured.items()]
-    return pair_findings(_pairs(samples), 0.5, NAMES, again=rows, device=device)
+    return pair_findings(_pairs(samples), 0.5, NAMES, again=_pairs(measured), device=device)
 
 
 def test_a_slow_pair_slow_again_is_confirmed_against_a_known_good_pair() -> None:
@@ -150,9 +149,9 @@ def _rows(samples: dict[tuple[int, int], list[float]]) -> list[dict[str, Any]]:
 
 
 def _node_findings(again_factor: float) -> list[Any]:
-    first = _nodes(2, 0.1)
-    again = _rows({p: v for p, v in _nodes(2, again_factor).items()})
-    return internode_findings(_rows(first), 0.5, LABELS, again=again)
+    again = [LinkRow("again", a, b, 0, a, b, v[0], tuple(v))
+             for (a, b), v in _nodes(2, again_factor).items()]
+    return internode_findings(_rows(_nodes(2, 0.1)), 0.5, LABELS, again=again)
 
 
 def test_a_slow_node_slow_again_is_confirmed_against_known_good_nodes() -> None:

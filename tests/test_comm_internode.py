@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gpucheck.comm.internode import rail_links, round_schedule
@@ -12,6 +14,7 @@ from gpucheck.comm.internode_verdicts import (
     rail_findings,
     shared_node,
 )
+from gpucheck.comm.records import LinkRow, crossing
 from gpucheck.comm.report import Verdicts, comm_sections
 from gpucheck.measure import LookState
 from gpucheck.report import Status
@@ -47,26 +50,26 @@ def test_rails_pair_local_rank_k_with_local_rank_k_as_far_as_both_nodes_go() -> 
     assert rail_links(nodes, 1, 0) == [(0, 3, 0), (1, 4, 1)]
 
 
-def _link(src: int, dst: int, rail: int, gbps: float) -> dict[str, float | int]:
-    return {"round": (dst - src) % 3, "src_node": src, "dst_node": dst, "rail": rail,
-            "src": src * 2 + rail, "dst": dst * 2 + rail, "bandwidth_gbps": gbps}
+def _link(src: int, dst: int, rail: int, gbps: float) -> LinkRow:
+    return LinkRow((dst - src) % 3, src, dst, rail, src * 2 + rail, dst * 2 + rail, gbps)
 
 
-def _links(slow: dict[tuple[int, int], float]) -> list[dict[str, float | int]]:
-    """Three nodes, two rails each, 10 GB/s per rail unless `slow` says otherwise."""
-    return [_link(a, b, k, slow.get((a, b), 10.0)) for a in range(3) for b in range(3)
-            if a != b for k in range(2)]
+def _links(slow: dict[tuple[int, int], float],
+           rails: dict[tuple[int, int, int], float] | None = None) -> list[LinkRow]:
+    """Three nodes, two rails each, 10 GB/s per rail unless `slow` (a node pair) or `rails`
+    (a node pair's rail) says otherwise."""
+    return [_link(a, b, k, (rails or {}).get((a, b, k), slow.get((a, b), 10.0)))
+            for a in range(3) for b in range(3) if a != b for k in range(2)]
 
 
 def test_a_node_pair_is_the_sum_of_its_rails_and_keeps_its_slowest_rail() -> None:
-    links = _links({})
-    links[0] = links[0] | {"bandwidth_gbps": 4.0}
+    links = _links({}, {(0, 1, 0): 4.0})
     rows = node_pair_rows(links)
     assert len(rows) == 6
     first = rows[0]
     assert (first["src_node"], first["dst_node"], first["rails"]) == (0, 1, 2)
     assert first["bandwidth_gbps"] == pytest.approx(14.0)
-    assert (first["slowest_rail"], first["slowest_rail_gbps"]) == (links[0]["rail"], 4.0)
+    assert (first["slowest_rail"], first["slowest_rail_gbps"]) == (0, 4.0)
 
 
 def test_slow_pairs_that_share_a_node_name_that_node() -> None:
@@ -105,7 +108,7 @@ VERDICTS = Verdicts(0.5, None, 0.9)
 
 
 def test_the_report_names_node_pairs_by_their_nodes() -> None:
-    links = [_link(0, 1, 0, 5.0), _link(1, 0, 0, 5.0)]
+    links = [crossing(_link(0, 1, 0, 5.0)), crossing(_link(1, 0, 0, 5.0))]
     internode = {"size_bytes": 1024, "iters": 1, "links": links}
     sections = {s.name: s for s in comm_sections(_result(2, internode), VERDICTS)}
     data = sections["internode"].data
@@ -115,9 +118,7 @@ def test_the_report_names_node_pairs_by_their_nodes() -> None:
 
 
 def test_a_slow_rail_is_named_even_when_its_node_pair_sum_is_fine() -> None:
-    links = _links({})
-    slow = next(x for x in links if (x["src_node"], x["dst_node"], x["rail"]) == (0, 1, 1))
-    slow["bandwidth_gbps"] = 1.0
+    links = _links({}, {(0, 1, 1): 1.0})
     assert [f.status for f in internode_findings(node_pair_rows(links), 0.5, LABELS)] == [
         Status.OK]
     findings = rail_findings(links, 0.5, LABELS)
@@ -128,19 +129,15 @@ def test_a_slow_rail_is_named_even_when_its_node_pair_sum_is_fine() -> None:
 def test_a_slow_rail_is_measured_again_with_its_node_pair_and_a_known_good_one() -> None:
     links = _links({})
     assert rail_exchanges(links, 0.5) == []  # healthy: nothing to measure again
-    next(x for x in links if (x["src_node"], x["dst_node"], x["rail"]) == (0, 1, 1))[
-        "bandwidth_gbps"] = 1.0
-    assert rail_exchanges(links, 0.5) == [(0, 1), (0, 2)]
+    assert rail_exchanges(_links({}, {(0, 1, 1): 1.0}), 0.5) == [(0, 1), (0, 2)]
 
 
 def test_a_slow_rail_slow_again_is_confirmed_against_the_rail_links_measured_with_it(
         ) -> None:
-    links = _links({})
-    slow = next(x for x in links if (x["src_node"], x["dst_node"], x["rail"]) == (0, 1, 1))
-    slow["bandwidth_gbps"] = 1.0
-    again = [dict(x, round="again", bandwidth_gbps=1.1 if x is slow else 9.8)  # as planned
-             for x in links if tuple(sorted((x["src_node"], x["dst_node"]))) in
-             rail_exchanges(links, 0.5)]
+    links = _links({}, {(0, 1, 1): 1.0})
+    again = [replace(x, round="again", bandwidth_gbps=1.1 if x.bandwidth_gbps == 1.0 else 9.8)
+             for x in links if tuple(sorted((x.src_node, x.dst_node))) in
+             rail_exchanges(links, 0.5)]  # as planned
     (confirmed,) = rail_findings(links, 0.5, LABELS, again)
     assert (confirmed.subject.label, confirmed.action) == ("rank 1 -> rank 3", "drain-node")
     look = confirmed.look
@@ -150,5 +147,5 @@ def test_a_slow_rail_slow_again_is_confirmed_against_the_rail_links_measured_wit
 
 
 def test_with_one_rail_the_node_pairs_say_it_all() -> None:
-    links = [x for x in _links({(2, 0): 1.0, (2, 1): 1.0}) if x["rail"] == 0]
+    links = [x for x in _links({(2, 0): 1.0, (2, 1): 1.0}) if x.rail == 0]
     assert rail_findings(links, 0.5, LABELS) == []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,7 +15,9 @@ from gpucheck.comm.nccl_log import (
     rank_entry,
     transport_view,
 )
+from gpucheck.comm.records import TransportEntry
 from gpucheck.comm.report import Verdicts, comm_sections
+from gpucheck.records import read
 from gpucheck.report import Status
 
 LOGS = Path(__file__).parent / "data" / "nccl_logs"
@@ -52,12 +53,11 @@ def test_sockets_name_their_interfaces() -> None:
     assert (t.network, t.socket_interfaces) == ("Socket", ("lo", "docker0"))
 
 
-def _entry(rank: int, log: str, ib_sysfs: list[str], state: str = "read") -> dict[str, Any]:
-    return {"rank": rank, "state": state, "transport": asdict(_parse(log)),
-            "ib_sysfs": ib_sysfs}
+def _entry(rank: int, log: str, ib_sysfs: list[str]) -> TransportEntry:
+    return TransportEntry(rank, "read", asdict(_parse(log)), tuple(ib_sysfs))
 
 
-def _statuses(entries: list[dict[str, Any]], nodes: int = 2) -> list[tuple[str, Status]]:
+def _statuses(entries: list[TransportEntry], nodes: int = 2) -> list[tuple[str, Status]]:
     _, findings = transport_view(entries, LABELS, "nccl", nodes)
     return [(f.check, f.status) for f in findings]
 
@@ -90,7 +90,7 @@ def test_on_one_node_nothing_goes_between_nodes_so_nothing_is_warned() -> None:
 
 def test_a_user_set_nccl_debug_says_the_transport_could_not_be_read() -> None:
     assert parse_nccl_log((LOGS / "user_set_debug.log").read_text()).network is None
-    entries = [{"rank": 0, "state": "user_nccl_debug", "transport": None, "ib_sysfs": []}]
+    entries = [TransportEntry(0, "user_nccl_debug", None)]
     data, findings = transport_view(entries, LABELS, "nccl", 2)
     assert "set by the user" in data["transport"]
     assert [f.status for f in findings] == [Status.SKIP]
@@ -127,7 +127,8 @@ def test_a_rank_reads_the_log_named_by_its_own_pid(tmp_path: Path) -> None:
 
 def test_no_log_in_the_folder_is_said_so(tmp_path: Path) -> None:
     assert rank_entry(0, str(tmp_path))["state"] == "no_log"
-    data, findings = transport_view([rank_entry(0, str(tmp_path))], LABELS, "nccl", 2)
+    entry = read(TransportEntry, rank_entry(0, str(tmp_path)))
+    data, findings = transport_view([entry], LABELS, "nccl", 2)
     assert data["transport"].startswith("no NCCL log found")
     assert [f.status for f in findings] == [Status.SKIP]
 
@@ -179,15 +180,13 @@ def test_no_transport_message_ever_says_none() -> None:
             _, findings = transport_view([_entry(0, log, ib)], LABELS, "nccl", 2)
             assert findings and all("None" not in f.message for f in findings), log
     # A log that names no network at all: said in words, not as None.
-    entry = {"rank": 0, "state": "read", "transport": asdict(parse_nccl_log("NCCL INFO x")),
-             "ib_sysfs": []}
+    entry = TransportEntry(0, "read", asdict(parse_nccl_log("NCCL INFO x")))
     (finding,) = transport_view([entry], LABELS, "nccl", 2)[1]
     assert finding.status is Status.OK and "does not name" in finding.message
 
 
 def test_an_ib_log_with_no_using_network_line_reads_as_ib() -> None:
     text = (LOGS / "ib_healthy.log").read_text().replace("NCCL INFO Using network IB", "")
-    entry = {"rank": 0, "state": "read", "transport": asdict(parse_nccl_log(text)),
-             "ib_sysfs": ["mlx5_0"]}
+    entry = TransportEntry(0, "read", asdict(parse_nccl_log(text)), ("mlx5_0",))
     (finding,) = transport_view([entry], LABELS, "nccl", 2)[1]
     assert finding.status is Status.OK and "over IB," in finding.message

@@ -22,6 +22,7 @@ from gpucheck.comm.internode_verdicts import (
     slow_nodes,
     spread_cut,
 )
+from gpucheck.comm.records import LinkRow, SentRow
 from gpucheck.comm.report import Verdicts, comm_sections
 from gpucheck.measure import LookState
 from gpucheck.report import Status
@@ -63,6 +64,12 @@ def _rows(samples: Figures) -> list[dict[str, Any]]:
     return [{"src_node": a, "dst_node": b, "round": 1, "rails": 1, "rail": 0,
              "bandwidth_gbps": sorted(v)[1], "samples_gbps": v}
             for (a, b), v in sorted(samples.items())]
+
+
+def _links(samples: Figures) -> list[LinkRow]:
+    """A second look's links, one rail a node pair, at their median repeat."""
+    return [LinkRow("again", a, b, 0, a, b, sorted(v)[1], tuple(v))
+            for (a, b), v in samples.items()]
 
 
 def _relabel(samples: Figures, order: list[int]) -> Figures:
@@ -181,10 +188,8 @@ def test_a_process_starved_through_the_rounds_is_a_suspect_only_until_measured_a
     assert find_node_suspects(HEALTHY_LOADED_VM[1], 0.5).members == {}
     starved = HEALTHY_LOADED_VM[2]
     assert find_node_suspects(starved, 0.5).members == {1: "sending"}
-    again = [{"round": "again", "src_node": a, "dst_node": b, "rail": 0, "src": a, "dst": b,
-              "bandwidth_gbps": sorted(v)[1], "samples_gbps": v}
-             for (a, b), v in STARVED_AGAIN.items()]
-    findings = internode_findings(_rows(starved), 0.5, LABELS, again, device="cpu")
+    findings = internode_findings(_rows(starved), 0.5, LABELS, _links(STARVED_AGAIN),
+                                  device="cpu")
     warned = [f for f in findings if f.status == Status.WARN]
     assert warned and all(f.action == "rerun" and f.cause == "cpu_ranks" for f in warned)
 
@@ -196,8 +201,7 @@ def test_a_loaded_vms_slow_moment_is_a_suspect_until_the_second_look_clears_it()
     noise guard: measured again at the others' pace, nothing is left but OKs."""
     loaded = HEALTHY_LOADED_VM[0]
     assert find_node_suspects(loaded, 0.5).members == {1: "sending"}
-    again = [{"round": "again", "src_node": a, "dst_node": b, "rail": 0, "src": a, "dst": b,
-              "bandwidth_gbps": 0.45, "samples_gbps": [0.45, 0.5, 0.4]} for a, b in loaded]
+    again = _links({p: [0.45, 0.5, 0.4] for p in loaded})
     findings = internode_findings(_rows(loaded), 0.5, LABELS, again)
     assert findings and {f.status for f in findings} == {Status.OK}
 
@@ -290,18 +294,14 @@ def _link_s(src: int, dst: int, slow_receiver: int) -> float:
     return 1 / 3.0 if dst == slow_receiver else 1 / 10.0
 
 
-def _nccl_rounds(nodes: int, slow_receiver: int) -> tuple[list[dict[str, Any]],
-                                                          list[dict[str, Any]]]:
+def _nccl_rounds(nodes: int, slow_receiver: int) -> tuple[list[LinkRow], list[SentRow]]:
     """(links as each receiver timed its group, links as each sender timed its group)."""
     links, sent = [], []
     for r, pairs in enumerate(round_schedule(nodes), start=1):
         group = {node: _group_gbps(node, pairs, slow_receiver) for node, _ in pairs}
         for src, dst in pairs:
-            links.append({"round": r, "src_node": src, "dst_node": dst, "rail": 0,
-                          "src": src, "dst": dst, "bandwidth_gbps": group[dst],
-                          "samples_gbps": [group[dst]] * 3})
-            sent.append({"round": r, "src_node": src, "dst_node": dst, "src": src,
-                         "dst": dst, "sent_gbps": [group[src]] * 3})
+            links.append(LinkRow(r, src, dst, 0, src, dst, group[dst], (group[dst],) * 3))
+            sent.append(SentRow(r, src, dst, src, dst, (group[src],) * 3))
     return links, sent
 
 
@@ -318,12 +318,12 @@ def _group_gbps(node: int, pairs: list[tuple[int, int]], slow_receiver: int) -> 
 def test_a_node_slow_to_receive_on_nccl_has_the_blame_on_its_own_links(nodes: int) -> None:
     links, sent = _nccl_rounds(nodes, slow_receiver=2)
     merged = both_ends(links, sent)
-    slow = sorted((x["src_node"], x["dst_node"]) for x in merged if x["bandwidth_gbps"] < 5)
+    slow = sorted((x.src_node, x.dst_node) for x in merged if x.bandwidth_gbps < 5)
     expected = [(a, 2) for a in range(nodes) if a != 2]
     if nodes % 2 == 0:  # round N/2 pairs node 2 with one peer both ways: one group
         expected.append((2, (2 + nodes // 2) % nodes))
     assert slow == sorted(expected)
-    assert all(x["received_gbps"] and x["sent_gbps"] for x in merged)
+    assert all(x.received_gbps and x.sent_gbps for x in merged)
     findings = internode_findings(node_pair_rows(merged), 0.5, LABELS)
     named = [(f.subject and f.subject.label, f.message) for f in findings
              if f.check == "comm.internode.shared_node"]

@@ -89,7 +89,7 @@ def test_a_malformed_transport_entry_is_named_and_the_others_read() -> None:
 
     result = copy.deepcopy(comm_result())
     result["backend"] = "nccl"
-    result["transport"] = [_entry(0, "ib_healthy.log", ["mlx5_0"]),
+    result["transport"] = [crossing(_entry(0, "ib_healthy.log", ["mlx5_0"])),
                            {"rank": 1, "state": "read", "transport": None, "ib_sysfs": []}]
     sections = _sections(result)
     (found,) = [f for f in sections["comm"].findings if f.check == "comm.rank_record"]

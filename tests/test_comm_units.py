@@ -6,6 +6,7 @@ import pytest
 
 from gpucheck.comm.collectives import default_max_bytes, sweep_sizes
 from gpucheck.comm.pairwise import pair_schedule
+from gpucheck.comm.records import PairRow
 from gpucheck.comm.verdicts import (
     baseline_findings,
     correctness_findings,
@@ -51,9 +52,8 @@ def test_busbw_below_the_baseline_is_a_fail() -> None:
 
 
 def test_a_slow_pair_is_a_warn_naming_both_gpus() -> None:
-    pairs = [{"src": s, "dst": d, "node_rank": 0, "bandwidth_gbps": 100.0}
+    pairs = [PairRow(s, d, 0, 1024, 20.0 if (s, d) == (1, 0) else 100.0)
              for s in range(3) for d in range(3) if s != d]
-    pairs[2]["bandwidth_gbps"] = 20.0  # 1 -> 0
     names = {r: f"rank {r} (GPU {r})" for r in range(3)}
     findings = pair_findings(pairs, 0.5, names)
     assert [f.status for f in findings] == [Status.WARN]

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gpucheck.comm.records import read_comm
 from gpucheck.comm.report import Verdicts, comm_sections
 from gpucheck.comm.verdicts import node_figures, plan
 from gpucheck.comm.worker import CommSpec, p2p_unsupported
@@ -200,9 +201,9 @@ def test_each_comm_verdict_keeps_its_check_status_and_action_with_its_look_as_da
 def test_rank_zero_plans_each_slow_node_beside_the_known_good_node_nearest_the_median(
         ) -> None:
     nodes, healthy = _nodes("cuda", None), _healthy("cuda", None)
-    assert plan(node_figures(nodes["ranks"], nodes["pairwise"]["pairs"], []), 0.9) == {
+    assert plan(node_figures(nodes["ranks"], read_comm(nodes).pairs, []), 0.9) == {
         "kind": "pairs", "suspects": [2], "known_good": 0}
-    assert plan(node_figures(healthy["ranks"], healthy["pairwise"]["pairs"], []), 0.9) is None
+    assert plan(node_figures(healthy["ranks"], read_comm(healthy).pairs, []), 0.9) is None
     by_time = _nodes_by_time("cuda", None)
     rows = by_time["collectives"]["all_reduce"]
     assert plan(node_figures(by_time["ranks"], [], rows), 0.9) == {

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gpucheck.comm.pairwise import second_look_steps
+from gpucheck.comm.records import PairRow
 from gpucheck.comm.verdicts import pair_findings
 from gpucheck.measure import LookState
 from gpucheck.probes.gpus import PairPath, pair_paths
@@ -151,10 +152,9 @@ def test_a_gpu_that_lost_nvlinks_is_no_class_of_its_own() -> None:
 # --- comm's send/recv pairs on a node -----------------------------------------------------
 
 
-def _comm_pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _comm_pairs(rows: list[dict[str, Any]]) -> list[PairRow]:
     """stress-shaped rows as comm's: GB/s of three repeats, the pair's path."""
-    return [{"src": r["src"], "dst": r["dst"], "node_rank": 0, "size_bytes": 1 << 28,
-             "bandwidth_gbps": v, "samples_gbps": [v, v * 0.99, v * 0.98], "path": r["path"]}
+    return [PairRow(r["src"], r["dst"], 0, 1 << 28, v, (v, v * 0.99, v * 0.98), r["path"])
             for r in rows if (v := r["gbps"] if r["gbps"] is not None else 12.0)]
 
 
@@ -163,7 +163,7 @@ def test_comm_pairs_on_two_sockets_stay_quiet_and_a_slow_pair_of_a_class_is_caug
     quiet = pair_findings(_comm_pairs(nvl_matrix()), 0.6, names, again=[])
     assert [f.status for f in quiet] == [Status.OK]
     slow = _comm_pairs(nvl_matrix({(4, 5): 60.0}))
-    again = [p for p in slow if (p["src"], p["dst"]) in ((4, 5), (0, 1), (1, 0))]
+    again = [p for p in slow if (p.src, p.dst) in ((4, 5), (0, 1), (1, 0))]
     found = [f for f in pair_findings(slow, 0.6, names, again=again)
              if f.status is Status.WARN]
     assert [f.subject.label for f in found] == ["rank 4 -> rank 5"]

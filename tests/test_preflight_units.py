@@ -11,6 +11,7 @@ import os
 import stat
 import subprocess
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from gpucheck import cli
 from gpucheck.comm.internode import round_schedule
 from gpucheck.comm.internode_verdicts import find_node_suspects, internode_findings, node_pair_rows
+from gpucheck.comm.records import LinkRow
 from gpucheck.context import Console
 from gpucheck.preflight import actions
 from gpucheck.preflight.verdict import confirmed_slow_nodes, decide
@@ -28,25 +30,21 @@ NODES = 512
 SLOW = 137
 
 
-def _links(slow: int | None, nodes: int = NODES) -> list[dict]:
+def _links(slow: int | None, nodes: int = NODES) -> list[LinkRow]:
     """One rail per node, the two ring shifts; `slow` sends and receives at 1/5."""
     links = []
     for pairs in round_schedule(nodes, LINK_SHIFTS):
         for src, dst in pairs:
             gbps = 20.0 if slow in (src, dst) else 100.0 - (src * 7 + dst) % 5
-            links.append({"round": (dst - src) % nodes, "src_node": src, "dst_node": dst,
-                          "rail": 0, "src": src, "dst": dst, "bandwidth_gbps": gbps,
-                          "samples_gbps": [gbps, gbps * 0.99, gbps * 0.98]})
+            links.append(LinkRow((dst - src) % nodes, src, dst, 0, src, dst, gbps,
+                                 (gbps, gbps * 0.99, gbps * 0.98)))
     return links
 
 
-def _again(links: list[dict], pairs: set[tuple[int, int]], slow_again: bool) -> list[dict]:
-    out = []
-    for link in links:
-        if (link["src_node"], link["dst_node"]) in pairs:
-            gbps = link["bandwidth_gbps"] if slow_again else 99.0
-            out.append(link | {"round": "again", "samples_gbps": [gbps, gbps, gbps]})
-    return out
+def _again(links: list[LinkRow], pairs: set[tuple[int, int]],
+           slow_again: bool) -> list[LinkRow]:
+    return [replace(x, round="again", samples_gbps=(x.bandwidth_gbps if slow_again else 99.0,) * 3)
+            for x in links if (x.src_node, x.dst_node) in pairs]
 
 
 def test_two_ring_shifts_whatever_the_node_count() -> None:
@@ -62,7 +60,7 @@ def test_a_slow_node_among_512_is_named_alone_by_elimination() -> None:
     assert find_node_suspects(_node_samples(_links(None)), 0.5).empty
 
 
-def _node_samples(links: list[dict]) -> dict:
+def _node_samples(links: list[LinkRow]) -> dict:
     from gpucheck.comm.internode_verdicts import node_pair_rows, node_samples
 
     return node_samples(node_pair_rows(links))
@@ -79,7 +77,7 @@ def test_the_slow_node_is_condemned_only_when_slow_again_beside_a_known_good_one
     rows = node_pair_rows(links)
     labels = {n: f"node {n}" for n in range(32)}
 
-    def condemned(again: list[dict] | None) -> list[int]:
+    def condemned(again: list[LinkRow] | None) -> list[int]:
         return confirmed_slow_nodes(internode_findings(rows, 0.5, labels, again))
 
     assert condemned(_again(links, wanted, slow_again=True)) == [SLOW % 32]

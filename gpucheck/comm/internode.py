@@ -143,7 +143,7 @@ def _samples(peers: tuple[int | None, int | None], size_bytes: int, iters: int,
     return gbps([t.received_s for t in timed]), gbps([t.sent_s for t in timed])
 
 
-Measured = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # links received on, sent on
+Measured = tuple[list[LinkRow], list[SentRow]]  # links received on, sent on
 
 
 # A step of this rank: its rows' round, the progress words, the node it sends to and the
@@ -165,8 +165,8 @@ def _measure(roster: Sequence[Mapping[str, Any]],
     me = dist.get_rank()
     node_ranks = list(group_by_node(roster).values())
     mine = next(i for i, ranks in enumerate(node_ranks) if me in ranks)
-    links: list[dict[str, Any]] = []
-    sent: list[dict[str, Any]] = []
+    links: list[LinkRow] = []
+    sent: list[SentRow] = []
     for label, text, to_node, from_node in steps(len(node_ranks), mine):
         progress.set_step(ctx, text)
         send = None if to_node is None else \
@@ -181,14 +181,14 @@ def _measure(roster: Sequence[Mapping[str, Any]],
         received, sending = _samples(peers, size_bytes, iters, device, repeats,
                                      ctx.session.wait_s)
         if received is not None and came is not None and from_node is not None:
-            links.append(crossing(LinkRow(
+            links.append(LinkRow(
                 round=label, src_node=from_node, dst_node=mine, rail=came[0], src=came[1],
                 dst=me, bandwidth_gbps=statistics.median(received),
-                samples_gbps=tuple(received))))
+                samples_gbps=tuple(received)))
         if sending is not None and send is not None and to_node is not None:
             # What this rank's timing says of the link it sent on (NCCL: its group's time).
-            sent.append(crossing(SentRow(round=label, src_node=mine, dst_node=to_node,
-                                         src=me, dst=send, sent_gbps=tuple(sending))))
+            sent.append(SentRow(round=label, src_node=mine, dst_node=to_node, src=me,
+                                dst=send, sent_gbps=tuple(sending)))
         if again:
             barrier(ctx.session.wait_s)
     if not again:
@@ -223,7 +223,7 @@ def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
         suspects = find_node_suspects(node_samples(node_pair_rows(links)), threshold)
         return sorted(set(exchanges_for(suspects)) | set(rail_exchanges(links, threshold)))
 
-    def again(wanted: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    def again(wanted: list[tuple[int, int]]) -> list[LinkRow]:
         # Each exchange alone (both ways, all rails), a barrier of all ranks around each.
         def alone(nodes: int, mine: int) -> Iterator[Step]:
             for x, y in wanted:
@@ -234,11 +234,11 @@ def run_internode(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
                                 ctx=ctx), ctx)
 
     second = remeasure(dist.get_rank(), planned, again, ctx)[1]
-    return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats, "links": links,
-            "again": second or []}
+    return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats,
+            "links": [crossing(x) for x in links], "again": [crossing(x) for x in second or []]}
 
 
-def _gather(mine: Measured, ctx: RunContext) -> list[dict[str, Any]]:
+def _gather(mine: Measured, ctx: RunContext) -> list[LinkRow]:
     """Every rank's links, each with what its sender timed of it (`both_ends`)."""
     from gpucheck.comm.pairwise import gather_rows
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpucheck import subject
+from gpucheck.comm.records import LinkRow, SentRow
 from gpucheck.comm.verdicts import GBPS, ended_first, rate_bound, repeats_words, slow
 from gpucheck.measure import LookState, SecondLook
 from gpucheck.peers import (
@@ -136,40 +137,37 @@ def _references(samples: Samples, slow: Sequence[Pair], members: Mapping[int, st
     return (chosen, back) if back in good else (chosen,)
 
 
-def both_ends(links: Sequence[Mapping[str, Any]],
-              sent: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def both_ends(links: Sequence[LinkRow], sent: Sequence[SentRow]) -> list[LinkRow]:
     """Each received link with what its sender timed of it (NCCL): each repeat the faster
     of the two ends' group times, both of which carried the link."""
-    by_link = {(x["src"], x["dst"], x["round"]): x["sent_gbps"] for x in sent}
+    by_link = {(x.src, x.dst, x.round): x.sent_gbps for x in sent}
     merged = []
     for link in links:
-        theirs = by_link.get((link["src"], link["dst"], link["round"]))
-        mine = link.get("samples_gbps") or []
+        theirs = by_link.get((link.src, link.dst, link.round))
+        mine = link.samples_gbps or ()
         if not theirs or len(theirs) != len(mine):
-            merged.append(dict(link))
+            merged.append(link)
             continue
-        best_of = [max(a, b) for a, b in zip(mine, theirs, strict=True)]
-        merged.append(dict(link) | {"received_gbps": mine, "sent_gbps": list(theirs),
-                                    "samples_gbps": best_of,
-                                    "bandwidth_gbps": statistics.median(best_of)})
+        best_of = tuple(max(a, b) for a, b in zip(mine, theirs, strict=True))
+        merged.append(replace(link, received_gbps=mine, sent_gbps=theirs,
+                              samples_gbps=best_of, bandwidth_gbps=statistics.median(best_of)))
     return merged
 
 
-def node_pair_rows(links: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def node_pair_rows(links: Sequence[LinkRow]) -> list[dict[str, Any]]:
     """Per ordered node pair: the sum of its rails (they ran at once) and its slowest rail."""
-    by_pair: dict[tuple[int, int], list[Mapping[str, Any]]] = {}
+    by_pair: dict[tuple[int, int], list[LinkRow]] = {}
     for link in links:
-        by_pair.setdefault((link["src_node"], link["dst_node"]), []).append(link)
-    rows = []
+        by_pair.setdefault((link.src_node, link.dst_node), []).append(link)
+    rows: list[dict[str, Any]] = []
     for (src, dst), rails in sorted(by_pair.items()):
-        slowest = min(rails, key=lambda link: link["bandwidth_gbps"])
-        rows.append({"src_node": src, "dst_node": dst, "round": rails[0]["round"],
+        slowest = min(rails, key=lambda link: link.bandwidth_gbps)
+        rows.append({"src_node": src, "dst_node": dst, "round": rails[0].round,
                      "rails": len(rails),
-                     "bandwidth_gbps": round(sum(x["bandwidth_gbps"] for x in rails), 4),
-                     "slowest_rail": slowest["rail"],
-                     "slowest_rail_gbps": slowest["bandwidth_gbps"]})
-        every = [x.get("samples_gbps") for x in rails]  # the k-th repeats ran at once
-        if all(every) and len({len(x) for x in every if x}) == 1:
+                     "bandwidth_gbps": round(sum(x.bandwidth_gbps for x in rails), 4),
+                     "slowest_rail": slowest.rail, "slowest_rail_gbps": slowest.bandwidth_gbps})
+        every = [x.samples_gbps or () for x in rails]  # the k-th repeats ran at once
+        if all(every) and len({len(x) for x in every}) == 1:
             rows[-1]["samples_gbps"] = [round(sum(k), 4) for k in zip(*every, strict=True)]
     return rows
 
@@ -200,7 +198,7 @@ RAIL_HINT = ("one NIC or its cable: check this rail's NIC on both nodes (ibstat,
 
 def internode_findings(rows: Sequence[Mapping[str, Any]], threshold: float,
                        labels: Mapping[int, str],
-                       again: Sequence[Mapping[str, Any]] | None = None,
+                       again: Sequence[LinkRow] | None = None,
                        device: str = "cuda") -> list[Finding]:
     """The suspect node by elimination and each slow node pair, each with its second look
     (`again`: the re-measured links; None when the run ended first)."""
@@ -259,18 +257,18 @@ def _node_finding(node: int, way: str, suspects: NodeSuspects,
                 subject.node(node, labels[node]), look, device)
 
 
-def slow_rails(links: Sequence[Mapping[str, Any]],
-               threshold: float) -> tuple[float | None, list[Mapping[str, Any]]]:
+def slow_rails(links: Sequence[LinkRow],
+               threshold: float) -> tuple[float | None, list[LinkRow]]:
     """(the median rail link, the rail links below `threshold` x it); none with one rail
     per node (a rail is then its node pair)."""
-    if max((link["rail"] for link in links), default=0) < 1:
+    if max((link.rail for link in links), default=0) < 1:
         return None, []
-    peers = against_median({i: float(x["bandwidth_gbps"]) for i, x in enumerate(links)},
+    peers = against_median({i: x.bandwidth_gbps for i, x in enumerate(links)},
                            rate_bound(threshold), min_count=1)
     return peers.reference, [links[i] for i in peers.worse]
 
 
-def rail_exchanges(links: Sequence[Mapping[str, Any]],
+def rail_exchanges(links: Sequence[LinkRow],
                    threshold: float) -> list[tuple[int, int]]:
     """The node pairs (unordered) to measure again for the slow rails, with one known-good
     node pair when there is one."""
@@ -282,34 +280,33 @@ def rail_exchanges(links: Sequence[Mapping[str, Any]],
     return sorted(bad | set(good[:1]))
 
 
-def _unordered(link: Mapping[str, Any]) -> Pair:
-    a, b = int(link["src_node"]), int(link["dst_node"])
+def _unordered(link: LinkRow) -> Pair:
+    a, b = link.src_node, link.dst_node
     return (a, b) if a <= b else (b, a)
 
 
-def _link(link: Mapping[str, Any]) -> Pair:
-    return int(link["src"]), int(link["dst"])
+def _link(link: LinkRow) -> Pair:
+    return link.src, link.dst
 
 
-def _rail_look(link: Mapping[str, Any], slow: Sequence[Mapping[str, Any]],
-               again: Sequence[Mapping[str, Any]] | None, threshold: float) -> SecondLook:
+def _rail_look(link: LinkRow, slow: Sequence[LinkRow],
+               again: Sequence[LinkRow] | None, threshold: float) -> SecondLook:
     """A slow rail link's best re-measured figure against the re-measured links that were
     not slow the first time."""
-    first, bound = float(link["bandwidth_gbps"]), rate_bound(threshold)
+    first, bound = link.bandwidth_gbps, rate_bound(threshold)
     if again is None:
         return ended_first(first, None, bound)
     bad = {_link(x) for x in slow}
-    mine = [float(x["bandwidth_gbps"]) for x in again if _link(x) == _link(link)]
+    mine = [x.bandwidth_gbps for x in again if _link(x) == _link(link)]
     good = [x for x in again if _link(x) not in bad]
-    reference = median(float(x["bandwidth_gbps"]) for x in good) if good else None
+    reference = median(x.bandwidth_gbps for x in good) if good else None
     against = tuple(subject.pair(*_link(x)) for x in good)
     return second_look(first, max(mine) if mine else None, reference, against, bound, GBPS,
                        None if mine else "the link was not measured again")
 
 
-def rail_findings(links: Sequence[Mapping[str, Any]], threshold: float,
-                  labels: Mapping[int, str],
-                  again: Sequence[Mapping[str, Any]] | None = None,
+def rail_findings(links: Sequence[LinkRow], threshold: float,
+                  labels: Mapping[int, str], again: Sequence[LinkRow] | None = None,
                   device: str = "cuda") -> list[Finding]:
     """WARN each rail link below `threshold` x the median rail link, with its second look,
     and the node a rail's slow links share. Only with 2+ rails per node."""
@@ -321,23 +318,22 @@ def rail_findings(links: Sequence[Mapping[str, Any]], threshold: float,
                    f"{threshold:g} x the median ({reference:.3g} GB/s)")]
     looks = [_rail_look(x, slow_links, again, threshold) for x in slow_links]
     findings = [slow("comm.internode.slow_rail",
-                     f"rail {x['rail']}: rank {x['src']} ({labels[x['src_node']]}) -> rank "
-                     f"{x['dst']} ({labels[x['dst_node']]}): {x['bandwidth_gbps']:.3g} GB/s, "
+                     f"rail {x.rail}: rank {x.src} ({labels[x.src_node]}) -> rank "
+                     f"{x.dst} ({labels[x.dst_node]}): {x.bandwidth_gbps:.3g} GB/s, "
                      f"below {threshold:g} x the median rail link's {reference:.3g} GB/s",
                      RAIL_HINT, subject.pair(*_link(x)), look, device)
                 for x, look in zip(slow_links, looks, strict=True)]
     return findings + _rail_nodes(slow_links, looks, labels, device)
 
 
-def _rail_nodes(slow_links: Sequence[Mapping[str, Any]], looks: Sequence[SecondLook],
+def _rail_nodes(slow_links: Sequence[LinkRow], looks: Sequence[SecondLook],
                 labels: Mapping[int, str], device: str) -> list[Finding]:
     """The node most of one rail's slow links share (its NIC on that rail): a rerun, or
     the links' looks when one was unstable."""
     findings = []
-    for rail in sorted({x["rail"] for x in slow_links}):
-        mine = [(x, look) for x, look in zip(slow_links, looks, strict=True)
-                if x["rail"] == rail]
-        pairs = [(x["src_node"], x["dst_node"]) for x, _ in mine]
+    for rail in sorted({x.rail for x in slow_links}):
+        mine = [(x, look) for x, look in zip(slow_links, looks, strict=True) if x.rail == rail]
+        pairs = [(x.src_node, x.dst_node) for x, _ in mine]
         suspect = shared_node(pairs)
         look = combined([look for _, look in mine])
         if suspect is not None:

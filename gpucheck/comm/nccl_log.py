@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck import subject as subjects
+from gpucheck.comm.records import TransportEntry
 from gpucheck.report import Finding, ok, skip, warn
 from gpucheck.subject import Subject
 
@@ -123,32 +124,30 @@ def rank_findings(label: Subject, t: Transport, ib_sysfs: Sequence[str]) -> list
     return findings
 
 
-def transport_view(entries: Sequence[Mapping[str, Any]], labels: Mapping[int, str],
+def transport_view(entries: Sequence[TransportEntry], labels: Mapping[int, str],
                    backend: str, nodes: int) -> tuple[dict[str, Any], list[Finding]]:
-    """The section's data and findings from every rank's `TransportEntry` dict."""
+    """The section's data and findings from every rank's entry."""
     if backend != "nccl":
         return {"transport": f"n/a ({backend}): only NCCL logs its transport"}, []
-    read = [e for e in entries if e["state"] == "read"]
-    transports = [Transport(d.get("network"), tuple(tuple(x) for x in d.get("ib_devices", ())),
-                            d.get("oob_interface"), tuple(d.get("socket_interfaces", ())),
-                            dict(d.get("via", {}))) for d in (e["transport"] for e in read)]
-    rows = [{"rank": e["rank"], "ib_sysfs": " ".join(e.get("ib_sysfs") or []) or None}
-            | t.row() | {"network": network_name(t)}
-            for e, t in zip(read, transports, strict=True)]
+    read = [(e, Transport(d.get("network"), tuple(tuple(x) for x in d.get("ib_devices", ())),
+                          d.get("oob_interface"), tuple(d.get("socket_interfaces", ())),
+                          dict(d.get("via", {}))))
+            for e in entries if e.state == "read" and (d := e.transport) is not None]
+    rows = [{"rank": e.rank, "ib_sysfs": " ".join(e.ib_sysfs) or None} | t.row()
+            | {"network": network_name(t)} for e, t in read]
     data: dict[str, Any] = {"ranks": rows}
     check = "comm.transport.sockets_with_ib"
     if not read:
-        user = any(e["state"] == "user_nccl_debug" for e in entries)
+        user = any(e.state == "user_nccl_debug" for e in entries)
         reason = ("NCCL_DEBUG was set by the user: left alone, the transport not read"
                   if user else "no NCCL log found: the transport not read")
         return data | {"transport": reason}, [skip(check, reason)]
     if nodes < 2:
         return data | {"between_nodes": "one node: no traffic between nodes"}, []
-    findings = [f for e, t in zip(read, transports, strict=True) for f in rank_findings(
-        subjects.rank(int(e["rank"]), labels.get(int(e["rank"]))), t,
-        e.get("ib_sysfs") or [])]
+    findings = [f for e, t in read for f in rank_findings(
+        subjects.rank(e.rank, labels.get(e.rank)), t, e.ib_sysfs)]
     if not findings:
-        names = {network_name(t) for t in transports}  # never the word None
+        names = {network_name(t) for _, t in read}  # never the word None
         said = sorted(n for n in names if n is not None) + (
             ["a network NCCL's log does not name"] if None in names else [])
         findings = [ok(check, f"{len(read)} ranks send between nodes over "

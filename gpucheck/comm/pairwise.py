@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from gpucheck.comm.collectives import (
@@ -16,7 +17,7 @@ from gpucheck.comm.collectives import (
     started,
     time_batch,
 )
-from gpucheck.comm.records import PairRow, crossing
+from gpucheck.comm.records import PairRow
 from gpucheck.comm.verdicts import ELEMENT_BYTES, ClassKey, suspects_by_node
 from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext
@@ -25,6 +26,7 @@ from gpucheck.distributed.deadline import gather_objects, synchronize
 from gpucheck.distributed.nodes import group_by_node
 from gpucheck.distributed.session import barrier
 from gpucheck.peers import Suspects
+from gpucheck.records import R
 
 
 def _side_by_side(per_node: Sequence[Sequence[tuple[int, int]]]) -> list[list[tuple[int, int]]]:
@@ -109,7 +111,7 @@ def sender_paths(roster: Sequence[Mapping[str, Any]], me: int) -> dict[tuple[int
 def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int, int],
                size_bytes: int, iters: int, device: str, repeats: int,
                again: bool, paths: Mapping[tuple[int, int], str] | None = None,
-               *, ctx: RunContext) -> list[dict[str, Any]]:
+               *, ctx: RunContext) -> list[PairRow]:
     """Each step's pairs side by side (one per node), a barrier between steps; the rows
     this rank sent."""
     import torch.distributed as dist
@@ -124,11 +126,11 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
                 samples = _time_pair_samples(src, dst, size_bytes, iters, device, repeats,
                                              ctx.session.wait_s)
                 if me == src:
-                    mine.append(crossing(PairRow(
+                    mine.append(PairRow(
                         src=src, dst=dst, node_rank=node_of[src], size_bytes=size_bytes,
                         bandwidth_gbps=round(statistics.median(samples), 4),
                         samples_gbps=tuple(round(x, 4) for x in samples),
-                        path=(paths or {}).get((src, dst)))))
+                        path=(paths or {}).get((src, dst))))
         progress.set_step(ctx, "barrier after a pair")
         barrier(ctx.session.wait_s)
     return mine
@@ -136,7 +138,7 @@ def _run_steps(steps: Sequence[Sequence[tuple[int, int]]], node_of: Mapping[int,
 
 def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                   device: str, repeats: int = 1, again: bool = False,
-                  *, ctx: RunContext) -> list[dict[str, Any]]:
+                  *, ctx: RunContext) -> list[PairRow]:
     """Run the schedule; the rows this rank sent. `again`: a second look."""
     import torch.distributed as dist
 
@@ -159,9 +161,9 @@ def second_look_steps(plans: Mapping[Any, Suspects]) -> list[list[tuple[int, int
 
 def run_pairwise(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: int,
                  device: str, repeats: int, threshold: float,
-                 *, ctx: RunContext) -> dict[str, Any]:
+                 *, ctx: RunContext) -> tuple[list[PairRow], list[PairRow]]:
     """Measure every pair, gather them everywhere, then measure the slow ones again beside
-    a known-good pair, following rank 0's plan (`gpucheck.confirm.remeasure`)."""
+    a known-good pair, following rank 0's plan (`gpucheck.confirm.remeasure`); both lists."""
     import torch.distributed as dist
 
     node_of = {int(r["rank"]): int(r["node_rank"]) for r in roster}
@@ -171,19 +173,15 @@ def run_pairwise(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: in
     def planned() -> dict[ClassKey, Suspects]:
         return {n: s for n, s in suspects_by_node(pairs, threshold).items() if not s.empty}
 
-    def again(plans: dict[ClassKey, Suspects]) -> list[dict[str, Any]]:
+    def again(plans: dict[ClassKey, Suspects]) -> list[PairRow]:
         return gather_rows(_run_steps(second_look_steps(plans), node_of, size_bytes, iters,
                                       device, repeats, True, ctx=ctx), ctx)
 
-    second = remeasure(dist.get_rank(), planned, again, ctx)[1]
-    return {"size_bytes": size_bytes, "iters": iters, "repeats": repeats, "pairs": pairs,
-            "again": second or []}
+    return pairs, remeasure(dist.get_rank(), planned, again, ctx)[1] or []
 
 
-def gather_rows(mine: list[dict[str, Any]], ctx: RunContext,
-                step: str = "gathering pairwise results",
-                key: tuple[str, ...] = ("src", "dst")) -> list[dict[str, Any]]:
-    """Every rank's rows, in one list sorted by the `key` columns (pairs, or links)."""
+def gather_rows(mine: list[R], ctx: RunContext, step: str = "gathering pairwise results",
+                key: tuple[str, ...] = ("src", "dst")) -> list[R]:
+    """Every rank's rows, in one list sorted by the `key` fields (pairs, or links)."""
     progress.set_step(ctx, step)
-    every = gather_objects(mine, ctx)
-    return sorted((p for rows in every for p in rows), key=lambda p: [p[k] for k in key])
+    return sorted((p for rows in gather_objects(mine, ctx) for p in rows), key=attrgetter(*key))

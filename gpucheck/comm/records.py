@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from gpucheck.records import RecordError, Unread, as_dict, read_all, readable
+from gpucheck.records import R, RecordError, Unread, as_dict, read_all, readable
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -88,56 +88,41 @@ class CommRank:
     device: str
 
 
-# Each per-rank list of a result: its part and key, its record, its words when it does
-# not read, and when rank 0 replaces it (always; when the key is given; when not None).
-_LISTS: tuple[tuple[str, str, type[Any], str, str], ...] = (
-    ("pairwise", "pairs", PairRow, "pairwise row", "always"),
-    ("pairwise", "again", PairRow, "pairwise row (measured again)", "listed"),
-    ("nodes_again", "pairs", PairRow, "pairwise row (a slow node measured again)", "given"),
-    ("internode", "links", LinkRow, "node-to-node link", "always"),
-    ("internode", "again", LinkRow, "node-to-node link (measured again)", "listed"))
-
-
 @dataclass(frozen=True)
 class CommRecords:
-    """Every per-rank record of a comm result that read back, and the ones that did not."""
+    """Every per-rank record of a comm result that read back, and the ones that did not;
+    a second look's rows are None when the run ended before it."""
 
     entries: tuple[Mapping[str, Any], ...]  # the raw entries of the ranks that read
-    rows: tuple[tuple[Any, ...], ...]  # one per `_LISTS` entry
+    pairs: tuple[PairRow, ...]
+    pairs_again: tuple[PairRow, ...] | None
+    node_pairs: tuple[PairRow, ...]  # a slow node's pairs measured again
+    links: tuple[LinkRow, ...]
+    links_again: tuple[LinkRow, ...] | None
     transport: tuple[TransportEntry, ...] | None  # None: not gathered (gloo, an early end)
     unread: tuple[Unread, ...]
-
-    @property
-    def pairs(self) -> tuple[PairRow, ...]:
-        return self.rows[0]
 
 
 def read_comm(result: Mapping[str, Any]) -> CommRecords:
     """Every per-rank record of `result` (complete or partial) read back."""
     unread = list(read_all(CommRank, result.get("ranks"), "entry in the roll of ranks")[1])
 
-    def rows(raw: object, what: str, cls: type[Any]) -> tuple[Any, ...]:
+    def rows(name: str, key: str, cls: type[R], what: str) -> tuple[R, ...] | None:
+        part = result.get(name) if key else result
+        raw = part.get(key or name) if isinstance(part, Mapping) else None
+        if raw is None:
+            return None
         # A pair's row comes from its sender, a link's from its receiver.
         good, bad = read_all(cls, raw, what, ("dst",) if cls is LinkRow else ("rank", "src"))
         unread.extend(bad)
         return tuple(good)
 
-    read = tuple(rows(part.get(key) if isinstance(part := result.get(name), Mapping) else None,
-                      what, cls) for name, key, cls, what, _ in _LISTS)
-    transport = None if result.get("transport") is None else rows(
-        result.get("transport"), "NCCL transport entry", TransportEntry)
-    return CommRecords(tuple(readable(CommRank, result.get("ranks"))), read, transport,
-                       tuple(unread))
-
-
-def read_back(result: Mapping[str, Any], records: CommRecords) -> dict[str, Any]:
-    """`result` with every per-rank list replaced by its records that read."""
-    out = dict(result) | {"ranks": list(records.entries)}
-    for (name, key, _, _, when), rows in zip(_LISTS, records.rows, strict=True):
-        part = result.get(name)
-        if isinstance(part, Mapping) and (when == "always" or (key in part and (
-                when == "given" or part[key] is not None))):
-            out[name] = {**out[name], key: [crossing(row) for row in rows]}
-    if records.transport is not None:
-        out["transport"] = [crossing(entry) for entry in records.transport]
-    return out
+    return CommRecords(
+        tuple(readable(CommRank, result.get("ranks"))),
+        rows("pairwise", "pairs", PairRow, "pairwise row") or (),
+        rows("pairwise", "again", PairRow, "pairwise row (measured again)"),
+        rows("nodes_again", "pairs", PairRow, "pairwise row (a slow node measured again)")
+        or (),
+        rows("internode", "links", LinkRow, "node-to-node link") or (),
+        rows("internode", "again", LinkRow, "node-to-node link (measured again)"),
+        rows("transport", "", TransportEntry, "NCCL transport entry"), tuple(unread))

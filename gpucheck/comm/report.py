@@ -10,7 +10,7 @@ from typing import Any
 from gpucheck import subject
 from gpucheck.comm.internode_verdicts import internode_findings, node_pair_rows, rail_findings
 from gpucheck.comm.nccl_log import transport_view
-from gpucheck.comm.records import CommRecords, read_back, read_comm
+from gpucheck.comm.records import CommRecords, PairRow, crossing, read_comm
 from gpucheck.comm.verdicts import (
     ONE_RANK_BUSBW,
     baseline_findings,
@@ -77,30 +77,31 @@ def _names(result: Mapping[str, Any]) -> dict[int, str]:
             f"{r['device']})" for r in result["ranks"]}
 
 
-def _repeats(pairs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: p.get(k) for k in ("src", "dst", "samples_gbps")} for p in pairs]
+def _repeats(pairs: Sequence[PairRow]) -> list[dict[str, Any]]:
+    return [{"src": p.src, "dst": p.dst, "samples_gbps": None if p.samples_gbps is None
+             else list(p.samples_gbps)} for p in pairs]
 
 
-def _pairwise_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
-    pairwise = result["pairwise"]
+def _pairwise_section(result: Mapping[str, Any], records: CommRecords,
+                      verdicts: Verdicts) -> Section:
+    pairwise, pairs, again = result["pairwise"], records.pairs, records.pairs_again
     ranks = [int(r["rank"]) for r in result["ranks"]]
     data = {"size_bytes": pairwise["size_bytes"], "iters": pairwise["iters"],
             "repeats": pairwise.get("repeats", 1),
-            "bandwidth_gbps (src row -> dst column)": pair_matrix(pairwise["pairs"], ranks),
-            "repeats_gbps": _repeats(pairwise["pairs"])}
-    if pairwise.get("again"):
-        data["measured again"] = _repeats(pairwise["again"])
+            "bandwidth_gbps (src row -> dst column)": pair_matrix(pairs, ranks),
+            "repeats_gbps": _repeats(pairs)}
+    if again:
+        data["measured again"] = _repeats(again)
     return Section("pairwise", PAIRWISE_TITLE, data, pair_findings(
-        pairwise["pairs"], verdicts.pair_threshold, _names(result), pairwise.get("again"),
-        str(result.get("device"))))
+        pairs, verdicts.pair_threshold, _names(result), again, str(result.get("device"))))
 
 
-def _nodes_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section | None:
+def _nodes_section(result: Mapping[str, Any], records: CommRecords,
+                   verdicts: Verdicts) -> Section | None:
     """Per node: its ranks, median pair bandwidth and slowest all_reduce time, judged."""
-    ranks = result["ranks"]
+    ranks, pairs = result["ranks"], records.pairs
     if len(group_by_node(ranks)) < 2:
         return None
-    pairs = (result.get("pairwise") or {}).get("pairs") or []
     rows = result["collectives"].get("all_reduce") or []
     times = dict(enumerate(rows[-1]["rank_times_us"])) if rows else {}
     time_metric = node_metric(ranks, times, combine=max)
@@ -109,11 +110,12 @@ def _nodes_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section | N
         row["largest_all_reduce_us"] = time_metric.get(NodeId(row["node_rank"], row["host"]))
     again = result.get("nodes_again")
     findings = slow_node_verdicts(node_figures(ranks, pairs, rows),
-                                  verdicts.slow_node_fraction, again, ranks,
+                                  verdicts.slow_node_fraction, again, records.node_pairs, ranks,
                                   str(result.get("device")))
     data: dict[str, Any] = {"nodes": table}
     if again:
-        data["measured again"] = again
+        data["measured again"] = again | ({"pairs": [crossing(p) for p in records.node_pairs]}
+                                          if "pairs" in again else {})
     return Section("nodes", "Nodes", data, findings)
 
 
@@ -121,7 +123,8 @@ def _skipped(name: str, title: str, check: str, reason: str) -> Section:
     return Section(name, title, {"skipped": reason}, [skip(check, reason)])
 
 
-def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section:
+def _internode_section(result: Mapping[str, Any], records: CommRecords,
+                       verdicts: Verdicts) -> Section:
     """Node pairs (sum of rails) and every rail; skipped with the reason on one node."""
     nodes = list(group_by_node(result["ranks"]))
     labels = {i: node.label for i, node in enumerate(nodes)}
@@ -134,33 +137,33 @@ def _internode_section(result: Mapping[str, Any], verdicts: Verdicts) -> Section
         reason = str(result.get("p2p_skipped") or
                      "not measured (the run ended before the node-to-node rounds)")
         return _skipped("internode", title, "comm.internode.slow_pair", reason)
-    rows = node_pair_rows(internode["links"])
+    links, again = records.links, records.links_again
+    rows = node_pair_rows(links)
 
     def named(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [r | {"src": labels[r["src_node"]], "dst": labels[r["dst_node"]]} for r in rows]
 
     data = {"size_bytes": internode["size_bytes"], "iters": internode["iters"],
-            "rounds": len(nodes) - 1, "node_pairs": named(rows), "rails": internode["links"]}
-    if internode.get("again"):
-        data["measured again"] = named(node_pair_rows(internode["again"]))
+            "rounds": len(nodes) - 1, "node_pairs": named(rows),
+            "rails": [crossing(x) for x in links]}
+    if again:
+        data["measured again"] = named(node_pair_rows(again))
     device = str(result.get("device"))
-    findings = (internode_findings(rows, verdicts.pair_threshold, labels,
-                                   internode.get("again"), device)
-                + rail_findings(internode["links"], verdicts.pair_threshold, labels,
-                                internode.get("again"), device))
+    findings = (internode_findings(rows, verdicts.pair_threshold, labels, again, device)
+                + rail_findings(links, verdicts.pair_threshold, labels, again, device))
     return Section("internode", title, data, findings)
 
 
-def _transport_section(result: Mapping[str, Any]) -> Section:
+def _transport_section(result: Mapping[str, Any], records: CommRecords) -> Section:
     """The transport NCCL used on each rank; n/a on gloo."""
     title = "NCCL transport per rank"
     backend = str(result.get("backend"))
-    entries = result.get("transport")
+    entries = records.transport
     if backend == "nccl" and entries is None:
         reason = "not read (the run ended before the transport was gathered)"
         return Section("transport", title, {"transport": reason},
                        [skip("comm.transport.sockets_with_ib", reason)])
-    data, findings = transport_view(entries or [], _names(result), backend,
+    data, findings = transport_view(entries or (), _names(result), backend,
                                     len(group_by_node(result["ranks"])))
     return Section("transport", title, data, findings)
 
@@ -179,21 +182,21 @@ def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section
     # Every rank's record read back first (gpucheck.comm.records): the sections below
     # read only the ones that did; the others are named in the setup section.
     records = read_comm(result)
-    result = read_back(result, records)
+    result = {**result, "ranks": list(records.entries)}
     sections = [_setup_section(result, records.unread)]
     planned = len(result.get("sizes_bytes") or [])
     for name, rows in result["collectives"].items():
         sections.append(_collective_section(name, rows, verdicts, planned))
-    if (result.get("pairwise") or {}).get("pairs"):
-        sections.append(_pairwise_section(result, verdicts))
+    if records.pairs:
+        sections.append(_pairwise_section(result, records, verdicts))
     elif result.get("p2p_skipped") and int(result["world_size"]) > 1:
         sections.append(_skipped("pairwise", PAIRWISE_TITLE, "comm.pairwise.slow_pair",
                                  str(result["p2p_skipped"])))
-    nodes = _nodes_section(result, verdicts)
+    nodes = _nodes_section(result, records, verdicts)
     if nodes is not None:
         sections.append(nodes)
-    sections.append(_internode_section(result, verdicts))
-    sections.append(_transport_section(result))
+    sections.append(_internode_section(result, records, verdicts))
+    sections.append(_transport_section(result, records))
     sections.append(faults_of(result))
     attach(sections, comm_metrics(result, records), {})
     return sections

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpucheck import subject
+from gpucheck.comm.records import PairRow
 from gpucheck.confirm import Suspect, confirm
 from gpucheck.distributed.nodes import NodeId, group_by_node, node_metric, slow_node_findings
 from gpucheck.measure import Better, Bound, SecondLook
@@ -168,18 +169,21 @@ ClassKey = tuple[int, str]  # (node rank, path class: "NV", "PXB", "SYS"; "" unk
 Samples = dict[Pair, list[float]]
 
 
-def samples_by_node(pairs: Sequence[Mapping[str, Any]]) -> dict[ClassKey, Samples]:
+def _samples(pair: PairRow) -> list[float]:
+    return list(pair.samples_gbps or [pair.bandwidth_gbps])
+
+
+def samples_by_node(pairs: Sequence[PairRow]) -> dict[ClassKey, Samples]:
     """Each pair's repeats by the sender's node and path class (pairs across a bridge,
     switch or socket are slower by design: each is compared with its own kind)."""
     by_class: dict[ClassKey, Samples] = {}
     for p in pairs:
-        samples = list(p.get("samples_gbps") or [p["bandwidth_gbps"]])
-        key = (int(p["node_rank"]), path_class(p.get("path")))
-        by_class.setdefault(key, {})[(int(p["src"]), int(p["dst"]))] = samples
+        by_class.setdefault((p.node_rank, path_class(p.path)), {})[(p.src, p.dst)] = \
+            _samples(p)
     return by_class
 
 
-def suspects_by_node(pairs: Sequence[Mapping[str, Any]],
+def suspects_by_node(pairs: Sequence[PairRow],
                      threshold: float) -> dict[ClassKey, Suspects]:
     """`gpucheck.peers.eliminate` at `threshold` x the median, per node and path class."""
     return {key: eliminate(samples, rate_bound(threshold))
@@ -190,13 +194,13 @@ def rank_pair(pair: Pair) -> subject.Subject:
     return subject.pair(pair[0], pair[1])
 
 
-def pair_findings(pairs: Sequence[Mapping[str, Any]], threshold: float,
-                  names: Mapping[int, str], again: Sequence[Mapping[str, Any]] | None = None,
+def pair_findings(pairs: Sequence[PairRow], threshold: float,
+                  names: Mapping[int, str], again: Sequence[PairRow] | None = None,
                   device: str = "cuda") -> list[Finding]:
     """Per node and path class: WARN each pair resolvably below `threshold` x the
     reference, with its second look (`again` None: the run ended first); SKIP pairs too
     noisy to judge."""
-    second = {(int(p["src"]), int(p["dst"])): list(p["samples_gbps"]) for p in again or []}
+    second = {(p.src, p.dst): _samples(p) for p in again or []}
 
     def name(rank: int) -> str:
         return names.get(rank, f"rank {rank}")
@@ -231,12 +235,11 @@ def pair_findings(pairs: Sequence[Mapping[str, Any]], threshold: float,
     return findings
 
 
-def _noisy(node: int, suspects: Suspects, pairs: Sequence[Mapping[str, Any]],
+def _noisy(node: int, suspects: Suspects, pairs: Sequence[PairRow],
            threshold: float, name: Callable[[int], str]) -> Finding:
     """Below the threshold, but no further below the median than one pair's repeats spread."""
     listed = ", ".join(f"{name(a)} -> {name(b)}" for a, b in suspects.noisy[:4])
-    size = next(p for p in pairs if (int(p["src"]), int(p["dst"])) == suspects.noisy[0]
-                ).get("size_bytes")
+    size = next(p.size_bytes for p in pairs if (p.src, p.dst) == suspects.noisy[0])
     return skip("comm.pairwise.slow_pair", f"node {node}: too noisy to judge at {size} bytes: "
                 f"{listed} read below {threshold:g} x the median "
                 f"({suspects.reference:.3g} GB/s), but repeated timings of healthy "
@@ -244,9 +247,9 @@ def _noisy(node: int, suspects: Suspects, pairs: Sequence[Mapping[str, Any]],
                 "resolves more", subject=subject.node(node))
 
 
-def pair_matrix(pairs: Sequence[Mapping[str, Any]], ranks: Sequence[int]) -> list[dict[str, Any]]:
+def pair_matrix(pairs: Sequence[PairRow], ranks: Sequence[int]) -> list[dict[str, Any]]:
     """Rows `src` with one column per destination rank (GB/s; blank on the diagonal)."""
-    value = {(p["src"], p["dst"]): p["bandwidth_gbps"] for p in pairs}
+    value = {(p.src, p.dst): p.bandwidth_gbps for p in pairs}
     rows = []
     for src in ranks:
         row: dict[str, Any] = {"src": f"rank {src}"}
@@ -274,20 +277,19 @@ class NodeFigures:
 
 
 def pair_medians(ranks: Sequence[Mapping[str, Any]],
-                 pairs: Sequence[Mapping[str, Any]]) -> dict[NodeId, float]:
+                 pairs: Sequence[PairRow]) -> dict[NodeId, float]:
     """Per node: the median bandwidth over every one of its pairs (by the sender's node;
     not per rank: a rank sends to every other rank of its node)."""
     node_of = {rank: node for node, members in group_by_node(ranks).items()
                for rank in members}
     by_node: dict[NodeId, list[float]] = {}
     for pair in pairs:
-        node = node_of.get(int(pair["src"]))
-        if node is not None and pair.get("bandwidth_gbps") is not None:
-            by_node.setdefault(node, []).append(float(pair["bandwidth_gbps"]))
+        if (node := node_of.get(pair.src)) is not None:
+            by_node.setdefault(node, []).append(pair.bandwidth_gbps)
     return {node: median(values) for node, values in sorted(by_node.items())}
 
 
-def node_figures(ranks: Sequence[Mapping[str, Any]], pairs: Sequence[Mapping[str, Any]],
+def node_figures(ranks: Sequence[Mapping[str, Any]], pairs: Sequence[PairRow],
                  all_reduce: Sequence[Mapping[str, Any]]) -> NodeFigures:
     """The pairs' medians when 2+ nodes have pairs, else the largest all_reduce's time."""
     medians = pair_medians(ranks, pairs)
@@ -310,11 +312,12 @@ def plan(figures: NodeFigures, fraction: float) -> dict[str, Any] | None:
 
 
 def slow_node_verdicts(figures: NodeFigures, fraction: float,
-                       again: Mapping[str, Any] | None,
+                       again: Mapping[str, Any] | None, again_pairs: Sequence[PairRow],
                        ranks: Sequence[Mapping[str, Any]],
                        device: str = "cuda") -> list[Finding]:
     """`slow_node_findings`' verdicts, each slow node's with its second look beside the
-    known-good node (`again`: what the worker measured again, None when it did not)."""
+    known-good node (`again`: what the worker measured again, None when it did not; its
+    pairs, read back, `again_pairs`)."""
     first = slow_node_findings(figures.values, SLOW_NODE, figures.what, figures.unit,
                                figures.better is Better.HIGHER, fraction)
     worse = against_median(figures.values, figures.bound(fraction)).worse
@@ -322,7 +325,7 @@ def slow_node_verdicts(figures: NodeFigures, fraction: float,
         return first
     second: dict[NodeId, float] = {}
     if again and figures.kind == "pairs":  # read as the first pass was
-        second = pair_medians(ranks, again.get("pairs") or [])
+        second = pair_medians(ranks, again_pairs)
     elif again and again.get("rank_times_us"):
         second = node_metric(ranks, dict(enumerate(again["rank_times_us"])), combine=max)
     known = next((n for n in second if again and n.node_rank == int(again["known_good"])),

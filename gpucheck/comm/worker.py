@@ -18,6 +18,7 @@ from gpucheck.comm.collectives import (
 from gpucheck.comm.internode import run_internode
 from gpucheck.comm.nccl_log import nccl_logging, rank_entry
 from gpucheck.comm.pairwise import DEFAULT_REPEATS, gather_rows, measure_pairs, run_pairwise
+from gpucheck.comm.records import PairRow, crossing
 from gpucheck.comm.verdicts import COLLECTIVES, node_figures, plan, size_result
 from gpucheck.confirm import remeasure
 from gpucheck.context import RunContext
@@ -94,11 +95,10 @@ def measure_size(collective: str, size: int, spec: CommSpec, world: World,
 
 
 def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
-                 result: dict[str, Any], largest: int,
+                 result: dict[str, Any], pairs: list[PairRow], largest: int,
                  ctx: RunContext) -> dict[str, Any] | None:
     """A slow node's pairs measured again beside a known-good node's (or the largest
     all_reduce), after rank 0's plan; None when no node is slow."""
-    pairs = (result.get("pairwise") or {}).get("pairs") or []
     figures = node_figures(infos, pairs, result["collectives"].get("all_reduce") or [])
 
     def again(wanted: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +109,7 @@ def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
             subset = [r for r in infos if int(r["node_rank"]) in chosen]
             mine = measure_pairs(subset, spec.pair_bytes or largest, spec.pair_iters,
                                  spec.device, spec.pair_repeats, again=True, ctx=ctx)
-            return wanted | {"pairs": gather_rows(mine, ctx)}
+            return wanted | {"pairs": [crossing(p) for p in gather_rows(mine, ctx)]}
         row = measure_size("all_reduce", largest, spec, world, ctx)
         return wanted | {"rank_times_us": row["rank_times_us"]}
 
@@ -135,12 +135,16 @@ def _pairs_and_nodes(spec: CommSpec, world: World, infos: list[dict[str, Any]], 
     send/recv where the backend cannot send the device's buffers (`p2p_skipped`)."""
     result["p2p_skipped"] = skipped = p2p_unsupported(spec)
     size = spec.pair_bytes or largest
+    pairs: list[PairRow] = []
     if spec.pairwise and world.world_size > 1 and not skipped:
         progress.bar_step(ctx, f"pairwise send/recv, {human_bytes(size)}")
-        result["pairwise"] = run_pairwise(infos, size, spec.pair_iters, spec.device,
-                                          spec.pair_repeats, spec.pair_threshold, ctx=ctx)
+        pairs, again = run_pairwise(infos, size, spec.pair_iters, spec.device,
+                                    spec.pair_repeats, spec.pair_threshold, ctx=ctx)
+        result["pairwise"] = {"size_bytes": size, "iters": spec.pair_iters,
+                              "repeats": spec.pair_repeats, "pairs": [crossing(p) for p in pairs],
+                              "again": [crossing(p) for p in again]}
     if len(group_by_node(infos)) > 1:  # with no pairs measured, by its all_reduce
-        result["nodes_again"] = _nodes_again(spec, world, infos, result, largest, ctx)
+        result["nodes_again"] = _nodes_again(spec, world, infos, result, pairs, largest, ctx)
     if spec.internode and len(group_by_node(infos)) > 1 and not skipped:
         progress.bar_step(ctx, "node-to-node rounds")
         result["internode"] = run_internode(infos, size, spec.pair_iters, spec.device,
