@@ -15,15 +15,15 @@ from gpucheck import subject
 from gpucheck.analysis.baseline import Baseline, Expected
 from gpucheck.commands.launch import baseline_section
 from gpucheck.measure import Better, Metric
-from gpucheck.render.chart_find import flagged_ranks
-from gpucheck.render.charts import (
-    FLAGGED_COLOR,
+from gpucheck.render.chart_find import (
     BarSpec,
     LineSpec,
     RangeRow,
     RangeSpec,
     find_charts,
+    flagged_ranks,
 )
+from gpucheck.render.charts import FLAGGED_COLOR
 from gpucheck.report import Report, Section, Status, ok, warn
 from gpucheck.stress.report import Verdicts, stress_sections
 

@@ -18,13 +18,8 @@ from gpucheck import subject
 from gpucheck.cli import main
 from gpucheck.render import charts as charts_module
 from gpucheck.render import render
-from gpucheck.render.charts import (
-    INSTALL_NOTE,
-    ChangeSpec,
-    LineSpec,
-    RangeSpec,
-    find_charts,
-)
+from gpucheck.render.chart_find import ChangeSpec, LineSpec, RangeSpec, find_charts
+from gpucheck.render.charts import INSTALL_NOTE
 from gpucheck.report import Report, Section, fail, ok, warn
 
 REPORTS = Path(__file__).resolve().parent / "data" / "reports"

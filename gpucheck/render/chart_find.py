@@ -209,10 +209,9 @@ def baseline_limits(report: Report) -> dict[str, float]:
     """The baseline's limit per metric key, when the report was judged against one."""
     limits: dict[str, float] = {}
     for section in report.sections:
-        if section.name.rsplit(".", 1)[-1] != "baseline":
+        if _short(section.name) != "baseline":
             continue
-        rows: Any = section.data.get("limits")
-        for row in rows if is_table(rows) else []:
+        for row in _rows(section.data, "limits"):
             limit = number(row.get("limit"))
             if limit is not None and isinstance(row.get("metric"), str):
                 limits[row["metric"]] = limit

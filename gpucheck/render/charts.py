@@ -13,15 +13,11 @@ from gpucheck.render.chart_find import (
     ChangeSpec,
     ChartSpec,
     LineSpec,
-    RangeRow,
     RangeSpec,
     find_charts,
 )
 from gpucheck.render.words import fmt_bytes, fmt_value
 from gpucheck.report import Report
-
-__all__ = ["FLAGGED_COLOR", "INSTALL_NOTE", "BarSpec", "ChangeSpec", "Chart", "ChartSpec",
-           "LineSpec", "RangeRow", "RangeSpec", "draw_charts", "find_charts"]
 
 INSTALL_NOTE = ("charts need matplotlib: pip install '.[html]' from the gpucheck checkout "
                 "(or pip install matplotlib)")
