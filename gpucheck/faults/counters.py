@@ -56,16 +56,19 @@ def _flag(value: Any) -> int | None:
     return None if value is None else int(bool(value))
 
 
+BER_ZERO = (15, 255)  # the packed (mantissa, exponent) NVML gives for a BER of zero (DCGM)
+
+
 def decode_ber(raw: int) -> tuple[int, int]:
     """NVML's packed BER (NVML_FI_DEV_NVLINK_COUNT_*_BER): (mantissa, exponent), the BER
     being mantissa x 10^-exponent (nvml.h NVML_NVLINK_ERROR_COUNTER_BER_GET: mantissa
-    bits 8-11, exponent bits 0-7; (15, 255) encodes zero, as DCGM reads it)."""
+    bits 8-11, exponent bits 0-7; BER_ZERO encodes zero, as DCGM reads it)."""
     return (raw >> 8) & 0xF, raw & 0xFF
 
 
 def ber_value(raw: int) -> float:
     mantissa, exponent = decode_ber(raw)
-    return 0.0 if (mantissa, exponent) == (15, 255) else mantissa * 10.0 ** -exponent
+    return 0.0 if (mantissa, exponent) == BER_ZERO else mantissa * 10.0 ** -exponent
 
 
 def _nvlink5_per_link(nvml: NvmlDoor, handle: Any,

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpucheck.checks.check import table_cause
-from gpucheck.faults.counters import COUNTERS, LOST_KINDS, decode_ber
+from gpucheck.faults.counters import BER_ZERO, COUNTERS, LOST_KINDS, decode_ber
 from gpucheck.probes.nvml import SLOW_ADVICE, slow_words
 from gpucheck.probes.xid_table import recovery_action, xid_info
 from gpucheck.report import Finding, Status, ok, skip
@@ -247,7 +247,6 @@ def judge_errors(result: Mapping[str, Any]) -> list[Finding]:
 
 PCIE_REPLAYS_PER_MIN = 8  # DCGM's limit ("8 replays per minute is the maximum recommended")
 NVLINK_ERRORS_PER_S = 100.0  # DCGM: "CRC errors only matter at rates of 100+ per second"
-BER_ZERO = (15, 255)  # the packed (mantissa, exponent) NVML gives for a BER of zero (DCGM)
 SYMBOL_BER_FLOOR_EXP = 238  # DCGM_SYMBOL_BER_FLOOR_EXP_AGGREGATED (Blackwell, all links)
 
 

@@ -8,6 +8,7 @@ import datetime as _dt
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gpucheck.devices import GpuIdentity
@@ -42,22 +43,20 @@ class _Metered:
         return self._nvml.module
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(self._nvml.call, name, *args, **kwargs)
+
+    def get(self, name: str, *args: Any, default: Any = None, **kwargs: Any) -> Any:
+        return self._timed(self._nvml.get, name, *args, default=default, **kwargs)
+
+    def _timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
-            return self._nvml.call(name, *args, **kwargs)
+            return fn(*args, **kwargs)
         finally:
             took = time.perf_counter() - started
             self.calls += 1
             self.call_s += took
             self.longest_s = max(self.longest_s, took)
-
-    def get(self, name: str, *args: Any, default: Any = None, **kwargs: Any) -> Any:
-        try:
-            return self.call(name, *args, **kwargs)
-        except NvmlFailure as exc:
-            if exc.not_available:
-                return default
-            raise
 
 
 class FaultWatch:
