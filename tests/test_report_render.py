@@ -133,3 +133,14 @@ def test_byte_counts_read_in_binary_units_in_text_and_markdown() -> None:
     assert "| memory_total_bytes | 23.5 GiB |" in render(report, "markdown")
     assert json.loads(render(report, "json"))["sections"][0]["data"]["memory_total_bytes"] == \
         25276510208
+
+
+@pytest.mark.parametrize(("fmt", "order"), [("text", ["zlate", "zdeep", "zcell"]),
+                                            ("markdown", ["zlate", "m.zdeep", "m.t", "zcell"]),
+                                            ("html", ["zlate", "zdeep", "zcell"])])
+def test_every_format_shows_a_level_s_scalars_then_its_mappings_and_tables(
+        fmt: str, order: list[str]) -> None:
+    data = {"m": {"t": [{"c": "zcell"}], "zdeep": "x"}, "zlate": 5}
+    page = render(Report("env", [Section("s", "S", data)]), fmt)
+    at = [page.find(word) for word in order]
+    assert -1 not in at and at == sorted(at)
