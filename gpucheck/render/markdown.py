@@ -17,7 +17,7 @@ from gpucheck.render.words import (
     table_columns,
     walk,
 )
-from gpucheck.report import Finding, Report, Section
+from gpucheck.report import Report, Section
 
 
 def md_table(rows: list[dict[str, Any]], plain: bool = False) -> list[str]:
@@ -42,7 +42,7 @@ def fenced(lines: list[str]) -> list[str]:
 
 
 def render_markdown(report: Report, plain: bool = False) -> str:
-    figures = headline_rows(report)
+    figures, found = headline_rows(report), problems(report.findings)
     lines = [
         f"# gpucheck {words.markdown(report.command)}: **{report.verdict().value}**",
         "",
@@ -54,18 +54,12 @@ def render_markdown(report: Report, plain: bool = False) -> str:
         *md_table([{"status": s, "count": n} for s, n in report.summary().items()], plain),
         "",
         *(["## Figures", "", *md_table(figures, plain), ""] if figures else []),
+        *(["## Problems", "", *md_table(finding_rows(found, narrow=True), plain), ""] if found
+          else ["No FAIL or WARN findings.", ""]),
     ]
-    lines.extend(_problem_lines(report.findings, plain))
     for section in report.sections:
         lines.extend(_section_lines(section, plain))
     return "\n".join(lines).rstrip() + "\n"
-
-
-def _problem_lines(findings: list[Finding], plain: bool) -> list[str]:
-    found = problems(findings)
-    if not found:
-        return ["No FAIL or WARN findings.", ""]
-    return ["## Problems", "", *md_table(finding_rows(found, narrow=True), plain), ""]
 
 
 def _section_lines(section: Section, plain: bool) -> list[str]:
