@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from gpucheck import subject
@@ -65,7 +65,6 @@ def bus_factor(collective: str, world_size: int) -> float | None:
 class SizeResult:
     """One message size of one collective, as rank 0 reports it."""
 
-    collective: str
     size_bytes: int
     count: int
     time_us: float
@@ -74,9 +73,7 @@ class SizeResult:
     wrong: int
     slowest_rank: int
     fastest_time_us: float
-
-    def row(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "collective"}
+    rank_times_us: tuple[float, ...]
 
 
 def size_result(collective: str, size_bytes: int, count: int, world_size: int,
@@ -87,8 +84,9 @@ def size_result(collective: str, size_bytes: int, count: int, world_size: int,
     algbw = data_bytes(collective, count, world_size) / time_s / GB if time_s > 0 else 0.0
     factor = bus_factor(collective, world_size)
     busbw = None if factor is None else round(algbw * factor, 4)
-    return SizeResult(collective, size_bytes, count, round(time_s * 1e6, 2), round(algbw, 4),
-                      busbw, int(sum(wrong)), slowest, round(min(times_s) * 1e6, 2))
+    return SizeResult(size_bytes, count, round(time_s * 1e6, 2), round(algbw, 4), busbw,
+                      int(sum(wrong)), slowest, round(min(times_s) * 1e6, 2),
+                      tuple(round(t * 1e6, 2) for t in times_s))
 
 
 def correctness_findings(collective: str, rows: Sequence[Mapping[str, Any]]) -> list[Finding]:

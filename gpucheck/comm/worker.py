@@ -87,11 +87,9 @@ def measure_size(collective: str, size: int, spec: CommSpec, world: World,
     mine = torch.tensor([timing.time_s, float(timing.wrong)], dtype=torch.float64, device=where)
     every = [torch.zeros_like(mine) for _ in range(world.world_size)]
     _bounded(dist.all_gather(every, mine, async_op=True), spec, "gathering timings")
-    times = [float(t[0]) for t in every]
-    wrong = [int(t[1]) for t in every]
     count = element_count(collective, size, world.world_size)
-    return size_result(collective, size, count, world.world_size, times, wrong).row() | {
-        "rank_times_us": [round(t * 1e6, 2) for t in times]}
+    return crossing(size_result(collective, size, count, world.world_size,
+                                [float(t[0]) for t in every], [int(t[1]) for t in every]))
 
 
 def _nodes_again(spec: CommSpec, world: World, infos: list[dict[str, Any]],
