@@ -10,7 +10,6 @@ from gpucheck.render.headline import headline_rows
 from gpucheck.render.words import (
     finding_rows,
     fmt_field,
-    is_table,
     is_verbatim,
     problems,
     table_columns,
@@ -100,9 +99,9 @@ def _fields(path: tuple[str, ...], items: dict[str, Any]) -> list[str]:
     return [*lines, f'<table class="kv">{rows}</table>'] if rows else lines
 
 
-def _branch(path: tuple[str, ...], key: str, value: Any, inner: list[str]) -> list[str]:
+def _branch(path: tuple[str, ...], key: str, value: Any, inner: list[str] | None) -> list[str]:
     """A table, or a mapping as a nested list."""
-    inside = (_table(value) if is_table(value) else
+    inside = (_table(value) if inner is None else
               f'<ul class="tree">{"".join(inner)}</ul>' if inner else "")
     return [f"<li>{escape(key)}:{inside}</li>" if path else f"<p><b>{escape(key)}</b></p>{inside}"]
 

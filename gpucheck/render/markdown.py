@@ -69,7 +69,7 @@ def _section_lines(section: Section, plain: bool) -> list[str]:
     lines = [f"### {words.markdown(section.title)} ({badge})" if plain else
              f"<details><summary><b>{words.html(section.title)}</b> ({badge})</summary>", ""]
     flat = walk(section.data, _dotted, lambda path, key, value, inner:
-                _dotted(path, {key: value}) if is_table(value) else inner)
+                _dotted(path, {key: value}) if inner is None else inner)
     scalars = [{"key": k, "value": fmt_field(k, v)} for k, v in flat
                if not is_table(v) and not is_verbatim(k, v)]
     if scalars:

@@ -10,7 +10,6 @@ from typing import Any
 from gpucheck.render.headline import headline_rows
 from gpucheck.render.words import (
     fmt_field,
-    is_table,
     is_verbatim,
     message_words,
     table_columns,
@@ -119,9 +118,9 @@ def _fields(width: int, path: tuple[str, ...], items: dict[str, Any]) -> list[st
 
 
 def _branch(width: int, path: tuple[str, ...], key: str, value: Any,
-            inner: list[str]) -> list[str]:
+            inner: list[str] | None) -> list[str]:
     indent = "  " * (len(path) + 1)
-    rows = table_lines(value, indent + "  ", width) if is_table(value) else inner
+    rows = table_lines(value, indent + "  ", width) if inner is None else inner
     return [f"{indent}{esc(key)}:", *rows]
 
 

@@ -91,17 +91,17 @@ T = TypeVar("T")
 
 
 def walk(data: dict[str, Any], fields: Callable[[tuple[str, ...], dict[str, Any]], list[T]],
-         branch: Callable[[tuple[str, ...], str, Any, list[T]], list[T]],
+         branch: Callable[[tuple[str, ...], str, Any, list[T] | None], list[T]],
          path: tuple[str, ...] = ()) -> list[T]:
-    """A section's data as every format orders it: a level's scalars (`fields`), then its
-    mappings (`branch`, with their own walk as `inner`) and tables in data order."""
+    """A section's data as every format orders it: a level's scalars (`fields`), then in
+    data order its mappings (`branch`, `inner` their own walk) and tables (`inner` None)."""
     parts = fields(path, {k: v for k, v in data.items()
                           if not isinstance(v, dict) and not is_table(v)})
     for key, value in data.items():
         if isinstance(value, dict):
             parts += branch(path, key, value, walk(value, fields, branch, (*path, key)))
         elif is_table(value):
-            parts += branch(path, key, value, [])
+            parts += branch(path, key, value, None)
     return parts
 
 
