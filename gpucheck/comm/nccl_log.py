@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck import subject as subjects
-from gpucheck.comm.records import TransportEntry
+from gpucheck.comm.records import TransportEntry, crossing
 from gpucheck.report import Finding, ok, skip, warn
 from gpucheck.subject import Subject
 
@@ -187,11 +187,7 @@ def ib_sysfs(root: str = "/sys/class/infiniband") -> list[str]:
 
 def rank_entry(rank: int, folder: str | None) -> dict[str, Any]:
     """This rank's transport as read from its own log (NCCL names it by host and pid)."""
-    entry: dict[str, Any] = {"rank": rank, "transport": None, "ib_sysfs": ib_sysfs()}
-    if folder is None:
-        return entry | {"state": "user_nccl_debug"}
-    logs = sorted(Path(folder).glob(f"nccl.*.{os.getpid()}.log"))
-    if not logs:
-        return entry | {"state": "no_log"}
-    text = logs[0].read_text(errors="replace")
-    return entry | {"state": "read", "transport": asdict(parse_nccl_log(text))}
+    logs = [] if folder is None else sorted(Path(folder).glob(f"nccl.*.{os.getpid()}.log"))
+    state = "user_nccl_debug" if folder is None else "read" if logs else "no_log"
+    transport = asdict(parse_nccl_log(logs[0].read_text(errors="replace"))) if logs else None
+    return crossing(TransportEntry(rank, state, transport, tuple(ib_sysfs())))
