@@ -166,7 +166,7 @@ def eliminate(samples: Samples, bound: Bound) -> Suspects:
         members = kept
         reference, floor, slow, noisy = _classify(samples, members, bound)
     return Suspects(reference, floor, members, tuple(slow), tuple(noisy),
-                    _references(samples, slow, members, reference),
+                    known_good_pairs(samples, slow, members, reference),
                     intermittent(samples, slow, reference, bound))
 
 
@@ -186,7 +186,7 @@ def _classify(samples: Samples, members: Mapping[int, str], bound: Bound,
     return reference, min(healthy.values(), default=0.0), slow, noisy
 
 
-def _references(samples: Samples, slow: Sequence[Pair], members: Mapping[int, str],
+def known_good_pairs(samples: Samples, slow: Sequence[Pair], members: Mapping[int, str],
                 reference: float) -> tuple[Pair, ...]:
     """The known-good pair closest to the reference, and its reverse when good too."""
     if not slow:

@@ -24,7 +24,7 @@ from gpucheck.peers import (
     directed,
     eliminate,
     intermittent,
-    known_good,
+    known_good_pairs,
     pair_looks,
     second_look,
 )
@@ -98,7 +98,7 @@ def find_node_suspects(samples: Samples, pair_threshold: float,
     if not samples:
         return NodeSuspects(0.0, 0.0, cut=fabric)
     members = slow_nodes(samples, fabric)
-    clean = {p: s for p, s in samples.items() if not _touches(p, members)} or dict(samples)
+    clean = {p: s for p, s in samples.items() if not set(p) & set(members)} or dict(samples)
     # One pair cannot be told from the spread of one or two others (3 nodes leave two
     # pairs without a suspect node): a single pair keeps the wider intra-node rule.
     single = eliminate(clean, rate_bound(pair_threshold)).pairs
@@ -111,30 +111,13 @@ def find_node_suspects(samples: Samples, pair_threshold: float,
                             rate_bound(cut)) + intermittent(samples, single, reference,
                                                             rate_bound(pair_threshold))
     return NodeSuspects(reference, floor, members, tuple(slow), (),
-                        _references(samples, slow, members, reference),
+                        known_good_pairs(samples, slow, members, reference),
                         tuple(sorted(flapping)), cut=cut)
-
-
-def _touches(pair: Pair, members: Mapping[int, str]) -> bool:
-    return pair[0] in members or pair[1] in members
 
 
 def _suspects(pair: Pair, members: Mapping[int, str]) -> bool:
     """Is `pair` one of a suspect node's pairs in the direction it is slow in?"""
     return any(directed(pair, m, members[m]) for m in pair if m in members)
-
-
-def _references(samples: Samples, slow: Sequence[Pair], members: Mapping[int, str],
-                reference: float) -> tuple[Pair, ...]:
-    """The known-good pair nearest the reference, with its reverse when good too."""
-    bad = set(slow)
-    good = sorted(p for p in samples if p not in bad and not _touches(p, members))
-    chosen = known_good({p: typical(samples[p]) for p in good}, (), reference) \
-        if slow else None
-    if chosen is None:
-        return ()
-    back = (chosen[1], chosen[0])
-    return (chosen, back) if back in good else (chosen,)
 
 
 def both_ends(links: Sequence[LinkRow], sent: Sequence[SentRow]) -> list[LinkRow]:
