@@ -168,20 +168,16 @@ def _transport_section(result: Mapping[str, Any], records: CommRecords) -> Secti
     return Section("transport", title, data, findings)
 
 
-def faults_of(result: Mapping[str, Any]) -> Section:
-    """Hardware faults during the run: every rank's watch, or (a failed run) rank 0's."""
-    ranks = read_comm(result).entries
-    return run_faults_section(result.get("faults") or [], [int(r["rank"]) for r in ranks],
-                              gpu_names(ranks))
-
-
 def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section]:
     """Setup, each collective, pairwise, nodes, between nodes, NCCL transport, faults."""
-    if "collectives" not in result:  # failed before the first size: rank 0's watch only
-        return [faults_of(result)]
     # Every rank's record read back first (gpucheck.comm.records): the sections below
     # read only the ones that did; the others are named in the setup section.
     records = read_comm(result)
+    ranks = [int(r["rank"]) for r in records.entries]
+    # Hardware faults during the run: every rank's watch, or (a failed run) rank 0's.
+    faults = run_faults_section(result.get("faults") or [], ranks, gpu_names(records.entries))
+    if "collectives" not in result:  # failed before the first size: rank 0's watch only
+        return [faults]
     result = {**result, "ranks": list(records.entries)}
     sections = [_setup_section(result, records.unread)]
     planned = len(result.get("sizes_bytes") or [])
@@ -197,7 +193,7 @@ def comm_sections(result: Mapping[str, Any], verdicts: Verdicts) -> list[Section
         sections.append(nodes)
     sections.append(_internode_section(result, records, verdicts))
     sections.append(_transport_section(result, records))
-    sections.append(faults_of(result))
+    sections.append(faults)
     attach(sections, comm_metrics(result, records), {})
     return sections
 
