@@ -187,7 +187,7 @@ def test_each_node_measures_its_reference_and_its_slow_pairs_again_side_by_side(
     samples = _all(3)
     samples[(1, 0)] = [1.0, 1.0, 1.0]
     plan = find_suspects(samples, 0.5)
-    steps = second_look_steps({0: plan})
+    steps = second_look_steps({(0, ""): plan})
     assert [p for step in steps for p in step] == [*plan.references, (1, 0)]
 
 

@@ -148,13 +148,12 @@ def measure_pairs(roster: Sequence[Mapping[str, Any]], size_bytes: int, iters: i
                       again, paths, ctx=ctx)
 
 
-def second_look_steps(plans: Mapping[Any, Suspects]) -> list[list[tuple[int, int]]]:
+def second_look_steps(plans: Mapping[ClassKey, Suspects]) -> list[list[tuple[int, int]]]:
     """Per node: each path class's known-good pair(s), then its slow pairs, one after the
     other; nodes side by side."""
     by_node: dict[int, list[tuple[int, int]]] = {}
-    for key, plan in sorted(plans.items()):
-        node = key[0] if isinstance(key, tuple) else key
-        mine = by_node.setdefault(int(node), [])
+    for (node, _), plan in sorted(plans.items()):
+        mine = by_node.setdefault(node, [])
         mine += [p for p in (*plan.references, *plan.pairs) if p not in mine]
     return _side_by_side([by_node[n] for n in sorted(by_node)])
 
