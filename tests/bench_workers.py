@@ -125,9 +125,12 @@ def _throttled(model: nn.Module, share: float) -> nn.Module:
     process back part of its turn). The helper ends when this process does."""
     if share:
         period = os.environ.get(THROTTLE_PERIOD_VAR)
+        # Without the plant: planting imports gpucheck and torch, seconds in which the
+        # helper would not yet throttle anything.
+        env = {k: v for k, v in os.environ.items() if k != "GPUCHECK_TEST_PLANT"}
         subprocess.Popen([sys.executable, THROTTLE_SCRIPT, str(os.getpid()), str(share),
                           *([period] if period else [])],
-                         stdin=subprocess.DEVNULL, close_fds=True)
+                         stdin=subprocess.DEVNULL, close_fds=True, env=env)
     return model
 
 
