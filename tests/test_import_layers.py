@@ -111,3 +111,48 @@ def test_a_crossing_is_caught_and_named_and_an_allowed_import_passes(
     else:
         assert len(found) == 1 and f"imports {expected}" in found[0], found
         assert found[0].startswith(f"gpucheck/{module}:")
+
+
+def circles(root: Path = PACKAGE) -> list[list[str]]:
+    """Modules that import each other in a loop (a package's __init__ counts as a module;
+    an import of a name inside a module is an import of that module)."""
+    modules = {_module_name(p, root): p for p in root.rglob("*.py")}
+
+    def target(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    arrows = {m: {t for _, n in imports_of(p, root) if (t := target(n)) not in (None, m)}
+              for m, p in modules.items()}
+    found, done = [], set()
+    for start in sorted(modules):
+        path, seen = [start], {start}
+        stack = [iter(sorted(arrows[start]))]
+        while stack:
+            step = next(stack[-1], None)
+            if step is None:
+                stack.pop()
+                done.add(seen_last := path.pop())
+                seen.discard(seen_last)
+            elif step in seen:
+                found.append(path[path.index(step):])
+            elif step not in done:
+                path.append(step)
+                seen.add(step)
+                stack.append(iter(sorted(arrows[step])))
+    return found
+
+
+def test_no_modules_import_each_other_in_a_loop() -> None:
+    assert circles() == []
+
+
+def test_a_loop_of_imports_is_caught_and_named(tmp_path: Path) -> None:
+    package = tmp_path / "gpucheck" / "probes"
+    package.mkdir(parents=True)
+    (package / "a.py").write_text("from gpucheck.probes.b import X\n", encoding="utf-8")
+    (package / "b.py").write_text("if 0:\n    from gpucheck.probes.a import Y\n",
+                                  encoding="utf-8")
+    (package / "c.py").write_text("from gpucheck.probes import a\n", encoding="utf-8")
+    assert circles(tmp_path / "gpucheck") == [["gpucheck.probes.a", "gpucheck.probes.b"]]

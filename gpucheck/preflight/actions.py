@@ -107,6 +107,9 @@ def hold_sigterm() -> None:
 # GEMM on a loaded machine) without anything being wrong; the guard must never end a
 # healthy run, only one that cannot end by itself.
 MARGIN_S = 30.0
+# Seconds a collective may wait beyond the budget's end: ranks reach the end a little
+# apart, and the final agreement (gather, decide, broadcast) needs its own moment.
+GRACE_S = 5.0
 
 
 def guard_seconds(budget_s: float, grace_s: float, backend: str) -> float:

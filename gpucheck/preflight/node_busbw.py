@@ -15,7 +15,7 @@ from gpucheck.distributed.deadline import gather_objects
 from gpucheck.distributed.session import barrier
 from gpucheck.measure import Better, Bound
 from gpucheck.peers import SLOW_NODE_FRACTION, against_median, known_good
-from gpucheck.preflight.worker import GRACE_S
+from gpucheck.preflight.actions import GRACE_S
 from gpucheck.report import Finding, Status, ok, skip
 from gpucheck.timing import Marks
 

@@ -21,10 +21,6 @@ from gpucheck.distributed.world import World
 from gpucheck.preflight import actions
 from gpucheck.report import Finding, fail, skip
 
-# Seconds a collective may wait beyond the budget's end: ranks reach the end a little
-# apart, and the final agreement (gather, decide, broadcast) needs its own moment.
-GRACE_S = 5.0
-
 
 class Budget:
     """Seconds left of the checks' budget, agreed by every rank."""
@@ -42,7 +38,7 @@ class Budget:
         import torch
         import torch.distributed as dist
 
-        self.bound_waits(GRACE_S)
+        self.bound_waits(actions.GRACE_S)
         where = "cuda" if device == "cuda" else "cpu"
         value = torch.tensor([self.left_here()], dtype=torch.float64, device=where)
         dist.all_reduce(value, op=dist.ReduceOp.MIN)
@@ -209,15 +205,15 @@ def preflight_worker(ctx: RunContext, spec: PreflightSpec) -> dict[str, Any]:
             # Ends this rank (exit 1) should the checks outlast every bound they have.
             hosts = actions.on_hang_hosts(world.rank, store_on_rank0(world), result["ranks"])
             guarded.enter_context(actions.HangGuard(
-                actions.guard_seconds(spec.budget_s, GRACE_S, spec.backend), world.rank,
+                actions.guard_seconds(spec.budget_s, actions.GRACE_S, spec.backend), world.rank,
                 actions.exclude_on_hang(spec.exclude_file, hosts)))
             faults.mark_start()  # XID and ECC events, counters, during the checks
             for name in CHECKS:
                 _check(run, name)
             faults.mark_end()
-            run.budget.bound_waits(GRACE_S)
+            run.budget.bound_waits(actions.GRACE_S)
             run.result["faults"] = faults.gather()
-            run.budget.bound_waits(GRACE_S)  # the agreement may run past the budget a bit
+            run.budget.bound_waits(actions.GRACE_S)  # the agreement may run past the budget a bit
             agreed = broadcast_object(_decision(run) if world.rank == 0 else None, ctx)
             decision = dict(agreed or {})
         guarded.close()  # agreed: the hand-over has its own bound (handoff)

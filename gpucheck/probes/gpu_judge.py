@@ -8,7 +8,7 @@ from typing import Any
 
 from gpucheck.devices import ExpectedGpus
 from gpucheck.numa import cpulist
-from gpucheck.probes.fabric import fabric_finding, fabric_health_findings
+from gpucheck.probes.fabric import decode_health
 from gpucheck.probes.gpu_read import BAD_CLOCK_REASONS, DriverInfo, GpuRecord
 from gpucheck.probes.nvml import SLOW_ADVICE, Nvml, slow_words
 from gpucheck.probes.xid_table import RECOVERY_BY_NAME
@@ -295,3 +295,81 @@ def cpu_ranks_finding(expected: ExpectedGpus, asked: bool = False) -> Finding | 
                 f"expected ({expected.source})", "run gpucheck env on this node to see why "
                 "(driver, nvidia-smi, CUDA_VISIBLE_DEVICES); a GPU node never passes on CPU "
                 "ranks")
+
+
+FABRIC_HINT = ("start the fabric manager: systemctl start nvidia-fabricmanager (and "
+               "systemctl enable it; its version must match the driver's); see journalctl -u "
+               "nvidia-fabricmanager, and nvidia-smi -q | grep -A3 Fabric")
+
+
+def fabric_finding(gpu: GpuRecord) -> Finding | None:
+    """NVSwitch systems: CUDA will not start (error 802) until the fabric registers the GPU."""
+    check, state = "gpu.fabric", gpu.fabric_state
+    if state in (None, "not_supported"):
+        return None  # no NVSwitch fabric on this GPU (PCIe cards, pre-Hopper)
+    if state != "completed":
+        wait = " (it can take a minute after boot: run again)" if state == "in_progress" else ""
+        where = {"not_started": "has not started", "in_progress": "is still in progress"}
+        return fail(check, f"NVSwitch fabric registration {where.get(state, f'is {state}')}: CUDA "
+                    "fails to initialise on this GPU (error 802, \"system not yet "
+                    f"initialized\") until the fabric manager has registered it{wait}",
+                    FABRIC_HINT, gpu.subject,
+                    cause="registering" if state == "in_progress" else None)
+    if gpu.fabric_status != "success":
+        return fail(check, f"NVSwitch fabric registration failed ({gpu.fabric_status}): CUDA "
+                    "fails to initialise on this GPU (error 802)", FABRIC_HINT, gpu.subject)
+    return ok(check, "NVSwitch fabric registration completed", gpu.subject)
+
+
+_FABRIC_LOOK = ("nvidia-smi -q | grep -A12 Fabric; nvidia-smi nvlink -s; the fabric "
+                "manager's log: journalctl -u nvidia-fabricmanager")
+
+
+def _fabric_problems(health: Mapping[str, str], gpu: GpuRecord) -> list[Finding]:
+    s, found = gpu.subject, []
+    if health.get("degraded_bandwidth") == "true":
+        found.append(warn("gpu.fabric.degraded_bandwidth", "NVSwitch fabric bandwidth is "
+                          "degraded (NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE): collectives "
+                          "over NVLink run slower", f"have the NVLink/NVSwitch checked: "
+                          f"{_FABRIC_LOOK}", s))
+    if health.get("route_unhealthy") == "true":
+        found.append(fail("gpu.fabric.route_unhealthy", "an NVSwitch fabric route of this "
+                          "GPU is unhealthy (NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE): "
+                          "NVLink traffic to some peers can fail", f"drain the node; "
+                          f"{_FABRIC_LOOK}", s))
+    busy = [k for k in ("route_recovery", "access_timeout_recovery")
+            if health.get(k) == "in_progress"]
+    if busy:
+        found.append(warn("gpu.fabric.recovering", f"the fabric is recovering "
+                          f"({', '.join(busy)} in progress): NVLink traffic may stall until "
+                          "it ends", f"run gpucheck env again in a minute; {_FABRIC_LOOK}", s))
+    config = health.get("incorrect_configuration", "none")
+    if config != "none" and not config.startswith("unknown"):
+        found.append(fail("gpu.fabric.configuration", "the fabric reports an incorrect "
+                          f"configuration: NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_"
+                          f"{config}", f"fix the configuration it names; {_FABRIC_LOOK}", s,
+                          cause="insufficient_nvlinks"
+                          if config.upper() == "INSUFFICIENT_NVLINKS" else None))
+    return found
+
+
+def fabric_health_findings(gpu: GpuRecord) -> list[Finding]:
+    """The fabric's health once registered; the summary only where no field explains it."""
+    if gpu.fabric_state != "completed" or gpu.fabric_status != "success":
+        return []
+    health, summary = decode_health(gpu.fabric_health_mask), gpu.fabric_health_summary
+    if not health and summary is None:
+        return [skip("gpu.fabric.health", "fabric health: n/a (this driver reports no "
+                     "health mask: drivers before R550)", gpu.subject)]
+    found = _fabric_problems(health, gpu)
+    shown = ", ".join(f"{k}={v}" for k, v in health.items())
+    if not found and summary == "unhealthy":
+        found.append(fail("gpu.fabric.health", f"NVML calls the fabric unhealthy "
+                          f"(NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY; {shown})",
+                          f"drain the node; {_FABRIC_LOOK}", gpu.subject))
+    elif not found and summary == "limited_capacity":
+        found.append(warn("gpu.fabric.health", f"NVML says the fabric runs at limited capacity "
+                          f"(NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY; {shown})",
+                          f"have the NVLink/NVSwitch checked: {_FABRIC_LOOK}", gpu.subject))
+    return found or [ok("gpu.fabric.health", f"NVSwitch fabric healthy (summary "
+                        f"{summary or 'n/a'}; {shown or 'no health fields'})", gpu.subject)]
