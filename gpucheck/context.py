@@ -28,15 +28,15 @@ class RunOptions:
     the ranks gpucheck starts)."""
 
     # The job's run directory (distributed.progress): the user's (GPUCHECK_RUN_DIR, read
-    # once by cli.program), else for the ranks gpucheck starts the one run_job made.
+    # once by cli.context), else for the ranks gpucheck starts the one run_job made.
     run_dir: str | None = None
-    # Progress on stderr (distributed.progress), decided once by cli.program.
+    # Progress on stderr (distributed.progress), decided once by cli.context.
     show_progress: bool = False
 
 
 @dataclass(frozen=True)
 class Console:
-    """This process's terminal, read once where the process starts (cli.program, a
+    """This process's terminal, read once where the process starts (cli.main, a
     spawned rank) and passed down, as httpie's Environment is."""
 
     stdout: TextIO
@@ -134,7 +134,7 @@ class Bar(Protocol):
 
 @dataclass
 class RunContext:
-    """One process's view of the run: `cli.program` makes it for the command,
+    """One process's view of the run: `cli.main` makes it for the command,
     `distributed.job` for each rank gpucheck starts."""
 
     options: RunOptions = field(default_factory=RunOptions)

@@ -149,14 +149,14 @@ def _run_one(name: str, ns: argparse.Namespace, ctx: RunContext) -> Outcome:
         from gpucheck.distributed.session import first_line
 
         why = f"{type(exc).__name__}: {first_line(str(exc))}"
-        print(f"gpucheck all: {name} failed: {shown(why)}", file=sys.stderr)
         try:  # leave a group the failed command left joined, so the next can join its own
             import torch.distributed as dist
 
             if dist.is_available() and dist.is_initialized():
                 dist.destroy_process_group()
-        except Exception:  # it may be broken; the failure itself is being reported
-            pass
+        except Exception as left:  # a broken group: said beside the failure, not hidden
+            why += f"; its process group could not be left ({type(left).__name__})"
+        print(f"gpucheck all: {name} failed: {shown(why)}", file=sys.stderr)
         return Outcome(name, "failed", why, _since(start))
     if report is None and reports(ctx):
         return Outcome(name, "failed", "it returned no report", _since(start))
